@@ -1,0 +1,78 @@
+"""The ``racktwin`` command line: a thin dispatcher over ``agent/commands/<module>.py``.
+
+Each command module defines ``add_arguments(parser, command)`` and ``run(args, command) -> int``
+Modules are imported only when their command runs, so ``racktwin --help`` and light commands start
+fast (no Pyomo import for ``twin steady``). Errors that users can fix (bad files, bad options) are
+raised as :class:`agent.commands.common.UserError` and printed as one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from agent.commands.common import UserError
+
+#: command name -> (module under agent.commands, one-line help). Order is the order in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "closed-loop demo: embedded broker + simulator + agent, summary vs baseline"),
+    "agent": ("agent_cmd", "run the control agent service against an MQTT broker"),
+    "sim": ("sim_cmd", "run the MQTT rack simulator (virtual plant with workloads and faults)"),
+    "optimize": ("optimize", "offline optimization of a scenario: plan.json, per-rack CSV, report.html"),
+    "evaluate": ("evaluate", "closed-loop evaluation of control policies over a scenario"),
+    "twin": ("twin_cmd", "what-if runs of the digital twin (steady state of a site)"),
+    "fit-power": ("fit", "fit the card power model to a clock sweep CSV"),
+    "fit-thermal": ("fit", "fit a card's thermal resistance and time constant to a time series CSV"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="racktwin",
+        description=(
+            "racktwin keeps liquid-cooled AI racks under their power and thermal limits at the least "
+            "energy: a digital twin, Pyomo/HiGHS models and an MQTT control agent."
+        ),
+        epilog="Run 'racktwin COMMAND --help' for a command's options. Documentation: README.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not args or args[0] in ("-h", "--help"):
+        top.print_help()
+        return 0 if args else 2
+    name = args[0]
+    if name not in COMMANDS:
+        top.error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})")
+    module_name, help_text = COMMANDS[name]
+    try:
+        module = importlib.import_module(f"agent.commands.{module_name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("agent.commands"):
+            print(f"racktwin {name}: not available in this build ({exc.name} missing)", file=sys.stderr)
+            return 2
+        raise
+    parser = argparse.ArgumentParser(prog=f"racktwin {name}", description=help_text)
+    module.add_arguments(parser, name)
+    ns = parser.parse_args(args[1:])
+    try:
+        return int(module.run(ns, name))
+    except UserError as exc:
+        print(f"racktwin {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"racktwin {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

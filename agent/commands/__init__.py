@@ -1,0 +1,1 @@
+"""One module per ``racktwin`` command (see agent/cli.py)."""

@@ -1,0 +1,445 @@
+"""Hardware and site specifications: frozen dataclasses loaded from TOML and validated.
+
+A site is one TOML file (see ``examples/supernode-512.toml``, which cites a source for every value).
+All quantities are SI with the unit in the key's name (``power_limit_w``, ``supply_temp_c``,
+``flow_per_card_lpm``); conversions to the twin's internal units happen in the physics modules.
+
+Every problem in a spec file is reported as a :class:`SpecError` that names the file, the field
+(dotted path) and what is wrong: unknown key (with the closest known key and its unit), missing
+field, wrong type, value out of its physical range, tables of unequal length or a DVFS table that
+is not ordered from the fastest level (0) down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "CardSpec",
+    "CduSpec",
+    "ColdPlateSpec",
+    "FacilitySpec",
+    "LoopSpec",
+    "RackSpec",
+    "SiteSpec",
+    "SpecError",
+    "load_site",
+    "site_from_dict",
+]
+
+_UNIT_SUFFIXES = {
+    "_w": "W",
+    "_kw": "kW",
+    "_c": "deg C",
+    "_k": "K",
+    "_s": "s",
+    "_mhz": "MHz",
+    "_v": "V",
+    "_lpm": "L/min",
+    "_kpa": "kPa",
+    "_k_per_w": "K/W",
+    "_w_per_k": "W/K",
+    "_j_per_k": "J/K",
+    "_j_per_kg_k": "J/(kg K)",
+    "_kg_per_m3": "kg/m3",
+}
+
+
+class SpecError(ValueError):
+    """A spec file is wrong. The message names the file, the field and the problem."""
+
+    def __init__(self, source: str, path: str, problem: str) -> None:
+        self.source = source
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
+
+
+def _rng(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> dict[str, Any]:
+    """Field metadata: the physically sensible range of a value (inclusive unless ``lo_open``)."""
+    return {"lo": lo, "hi": hi, "lo_open": lo_open}
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CardSpec:
+    """One accelerator card type.
+
+    Power model (see ``twin.power``): at DVFS level ``k`` with utilization ``u`` and die
+    temperature ``T``::
+
+        P = idle_power_w * (V_k/V_0)^2                               (active idle, u = 0)
+          + leakage_w_per_k * (V_k/V_0) * (T - reference_temp_c)       (leakage vs temperature)
+          + u * dynamic_power_w * (f_k/f_0) * (V_k/V_0)^2              (switching, C f V^2)
+    """
+
+    model: str
+    clocks_mhz: tuple[float, ...] = field(metadata=_rng(100.0, 5000.0, lo_open=True))
+    voltages_v: tuple[float, ...] = field(metadata=_rng(0.3, 2.0, lo_open=True))
+    power_limit_w: float = field(metadata=_rng(50.0, 3000.0))
+    idle_power_w: float = field(metadata=_rng(0.0, 1000.0, lo_open=True))
+    dynamic_power_w: float = field(metadata=_rng(0.0, 3000.0, lo_open=True))
+    reference_temp_c: float = field(metadata=_rng(0.0, 100.0))
+    leakage_w_per_k: float = field(metadata=_rng(0.0, 20.0))
+    low_power_idle_w: float = field(metadata=_rng(0.0, 1000.0))
+    low_power_leakage_w_per_k: float = field(metadata=_rng(0.0, 20.0))
+    wake_latency_s: float = field(metadata=_rng(0.0, 600.0))
+    dvfs_latency_s: float = field(metadata=_rng(0.0, 60.0))
+    slowdown_temp_c: float = field(metadata=_rng(40.0, 130.0))
+    max_temp_c: float = field(metadata=_rng(40.0, 150.0))
+    die_heat_capacity_j_per_k: float = field(metadata=_rng(0.0, 1.0e5, lo_open=True))
+    r_die_to_case_k_per_w: float = field(metadata=_rng(0.0, 1.0, lo_open=True))
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.clocks_mhz)
+
+    @property
+    def top_clock_mhz(self) -> float:
+        return self.clocks_mhz[0]
+
+    def level_of_clock(self, clock_mhz: float) -> int:
+        """The slowest level whose clock is at least ``clock_mhz`` (clamped to the table)."""
+        level = 0
+        for k, f in enumerate(self.clocks_mhz):
+            if f >= clock_mhz - 1e-9:
+                level = k
+        return level
+
+
+@dataclass(frozen=True)
+class ColdPlateSpec:
+    """Cold plate: thermal resistance case -> coolant inlet vs flow per plate (interpolated)."""
+
+    fluid: str
+    flow_lpm: tuple[float, ...] = field(metadata=_rng(0.0, 100.0, lo_open=True))
+    r_case_to_coolant_k_per_w: tuple[float, ...] = field(metadata=_rng(0.0, 1.0, lo_open=True))
+    heat_capacity_j_per_k: float = field(metadata=_rng(0.0, 1.0e6, lo_open=True))
+
+
+@dataclass(frozen=True)
+class RackSpec:
+    """One rack: the cards of one z-plane of the supernode torus plus host overhead."""
+
+    host_overhead_w: float = field(metadata=_rng(0.0, 1.0e6))
+    power_limit_w: float = field(metadata=_rng(1.0e3, 1.0e6))
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """The rack (technology / secondary) coolant loop, one per rack, fed by its CDU."""
+
+    fluid: str
+    density_kg_per_m3: float = field(metadata=_rng(500.0, 2000.0))
+    specific_heat_j_per_kg_k: float = field(metadata=_rng(1000.0, 6000.0))
+    flow_per_card_lpm: float = field(metadata=_rng(0.0, 100.0, lo_open=True))
+    pump_head_kpa: float = field(metadata=_rng(0.0, 2000.0, lo_open=True))
+    pump_efficiency: float = field(metadata=_rng(0.05, 1.0))
+
+
+@dataclass(frozen=True)
+class CduSpec:
+    """Coolant distribution unit between the rack loop and the facility water loop."""
+
+    approach_k: float = field(metadata=_rng(0.0, 20.0))
+    facility_flow_ratio: float = field(metadata=_rng(0.2, 5.0))
+    facility_specific_heat_j_per_kg_k: float = field(metadata=_rng(1000.0, 6000.0))
+    facility_pump_head_kpa: float = field(metadata=_rng(0.0, 2000.0))
+    facility_pump_efficiency: float = field(metadata=_rng(0.05, 1.0))
+
+
+@dataclass(frozen=True)
+class FacilitySpec:
+    """Heat rejection (dry cooler with a trim chiller) and the facility's other overheads."""
+
+    ambient_temp_c: float = field(metadata=_rng(-40.0, 55.0))
+    supply_temp_c: float = field(metadata=_rng(5.0, 60.0))
+    supply_temp_options_c: tuple[float, ...] = field(metadata=_rng(5.0, 60.0))
+    dry_cooler_approach_k: float = field(metadata=_rng(0.5, 30.0))
+    dry_cooler_fan_power_fraction: float = field(metadata=_rng(0.0, 0.2))
+    dry_cooler_min_fan_speed: float = field(metadata=_rng(0.0, 1.0))
+    chiller_carnot_efficiency: float = field(metadata=_rng(0.05, 1.0))
+    chiller_max_cop: float = field(metadata=_rng(1.0, 50.0))
+    chiller_condenser_approach_k: float = field(metadata=_rng(0.0, 30.0))
+    chiller_evaporator_approach_k: float = field(metadata=_rng(0.0, 30.0))
+    ups_loss_fraction: float = field(metadata=_rng(0.0, 0.5))
+    other_overhead_w: float = field(metadata=_rng(0.0, 1.0e8))
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """A whole site: supernodes of racks of cards, their cooling and the facility.
+
+    Cards of a supernode form a 3D torus of ``torus_dims`` = (x, y, z); rack ``z`` of a supernode
+    holds the x*y cards of torus plane z, so ``racks_per_supernode == torus_dims[2]``. Card ``i`` of
+    the site is in supernode ``i // (x*y*z)``, rack ``i // (x*y)`` and at torus position
+    (x, y, z) = ((i % (x*y)) // y, i % y, rack % z).
+    """
+
+    name: str
+    pue_target: float = field(metadata=_rng(1.0, 3.0))
+    supernodes: int = field(metadata=_rng(1, 10_000))
+    racks_per_supernode: int = field(metadata=_rng(1, 1_000))
+    torus_dims: tuple[int, ...] = field(metadata=_rng(1, 1_000))
+    card: CardSpec
+    cold_plate: ColdPlateSpec
+    rack: RackSpec
+    loop: LoopSpec
+    cdu: CduSpec
+    facility: FacilitySpec
+
+    # ---- derived layout ---------------------------------------------------------------------
+    @property
+    def cards_per_rack(self) -> int:
+        return int(self.torus_dims[0] * self.torus_dims[1])
+
+    @property
+    def n_racks(self) -> int:
+        return self.supernodes * self.racks_per_supernode
+
+    @property
+    def n_cards(self) -> int:
+        return self.n_racks * self.cards_per_rack
+
+    @property
+    def rack_names(self) -> tuple[str, ...]:
+        return tuple(f"r{r}" for r in range(self.n_racks))
+
+    def card_rack(self) -> npt.NDArray[np.int64]:
+        """Rack index of every card, shape (n_cards,)."""
+        return np.repeat(np.arange(self.n_racks, dtype=np.int64), self.cards_per_rack)
+
+    def rack_supernode(self) -> npt.NDArray[np.int64]:
+        """Supernode index of every rack, shape (n_racks,)."""
+        return np.repeat(np.arange(self.supernodes, dtype=np.int64), self.racks_per_supernode)
+
+    def card_torus_xyz(self) -> npt.NDArray[np.int64]:
+        """Torus coordinates (x, y, z) of every card inside its supernode, shape (n_cards, 3)."""
+        _x, y, z = self.torus_dims
+        i = np.arange(self.n_cards, dtype=np.int64)
+        within = i % self.cards_per_rack
+        rack_z = (i // self.cards_per_rack) % z
+        return np.stack([within // y, within % y, rack_z], axis=1)
+
+    def rack_power_limits_w(self) -> npt.NDArray[np.float64]:
+        return np.full(self.n_racks, self.rack.power_limit_w)
+
+    def loop_flow_per_rack_lpm(self) -> float:
+        return self.loop.flow_per_card_lpm * self.cards_per_rack
+
+    def with_supernodes(self, supernodes: int) -> SiteSpec:
+        """The same hardware with another number of supernodes (for scale studies)."""
+        if supernodes < 1:
+            raise ValueError("supernodes must be >= 1")
+        return dataclasses.replace(self, supernodes=supernodes, name=f"{self.name}-x{supernodes}")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading and validation
+# --------------------------------------------------------------------------------------------
+
+
+def load_site(path: str | Path) -> SiteSpec:
+    """Read and validate a site spec TOML file. Raises :class:`SpecError` on any problem."""
+    p = Path(path)
+    source = str(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(source, "", "file not found") from None
+    except OSError as exc:
+        raise SpecError(source, "", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(source, "", f"not valid TOML: {exc}") from None
+    return site_from_dict(data, source=source)
+
+
+def site_from_dict(data: dict[str, Any], source: str = "<site>") -> SiteSpec:
+    """Build and validate a :class:`SiteSpec` from parsed TOML data."""
+    site = _decode_dataclass(SiteSpec, data, source, "")
+    _check_site(site, source)
+    return site
+
+
+def _unit_of(name: str) -> str | None:
+    for suffix in sorted(_UNIT_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return _UNIT_SUFFIXES[suffix]
+    return None
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _unknown_key_message(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    msg = "unknown key"
+    if close:
+        msg += f"; did you mean '{close[0]}'?"
+        unit_given, unit_known = _unit_of(key), _unit_of(close[0])
+        if unit_given and unit_known and unit_given != unit_known:
+            msg += f" (wrong unit: this field is in {unit_known}, not {unit_given})"
+    else:
+        msg += f"; known keys here: {', '.join(known)}"
+    return msg
+
+
+T = typing.TypeVar("T")
+
+
+def _decode_dataclass(cls: type[T], data: Any, source: str, prefix: str) -> T:
+    if not isinstance(data, dict):
+        raise SpecError(source, prefix or "(top level)", f"expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in data:
+        if key not in fields:
+            raise SpecError(source, _join(prefix, key), _unknown_key_message(key, list(fields)))
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        path = _join(prefix, name)
+        hint = hints[name]
+        if name not in data:
+            unit = _unit_of(name)
+            what = "table" if dataclasses.is_dataclass(hint) else f"value{f' in {unit}' if unit else ''}"
+            raise SpecError(source, path, f"missing required {what}")
+        values[name] = _decode_value(hint, data[name], source, path, f.metadata)
+    return cls(**values)
+
+
+def _decode_value(hint: Any, raw: Any, source: str, path: str, meta: Any) -> Any:
+    unit = _unit_of(path.rsplit(".", 1)[-1])
+    unit_txt = f" {unit}" if unit else ""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _decode_dataclass(hint, raw, source, path)
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        (item_type, _ellipsis) = typing.get_args(hint)
+        if not isinstance(raw, list):
+            raise SpecError(source, path, f"expected a list of numbers{unit_txt}, got {raw!r}")
+        if not raw:
+            raise SpecError(source, path, "must not be empty")
+        return tuple(
+            _decode_scalar(item_type, item, source, f"{path}[{i}]", meta, unit_txt) for i, item in enumerate(raw)
+        )
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"unsupported spec field type {hint}")  # pragma: no cover - programming error
+    return _decode_scalar(hint, raw, source, path, meta, unit_txt)
+
+
+def _decode_scalar(hint: Any, raw: Any, source: str, path: str, meta: Any, unit_txt: str) -> Any:
+    if hint is str:
+        if not isinstance(raw, str) or not raw.strip():
+            raise SpecError(source, path, f"expected a non-empty string, got {raw!r}")
+        return raw
+    if hint is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise SpecError(source, path, f"expected an integer{unit_txt}, got {raw!r}")
+        value: float = raw
+    elif hint is float:
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            hint_txt = " (write the number alone; the unit is in the key's name)" if isinstance(raw, str) else ""
+            raise SpecError(source, path, f"expected a number{unit_txt}, got {raw!r}{hint_txt}")
+        value = float(raw)
+        if not math.isfinite(value):
+            raise SpecError(source, path, f"must be a finite number, got {raw!r}")
+    else:  # pragma: no cover - programming error
+        raise TypeError(f"unsupported spec field type {hint}")
+    lo, hi = meta.get("lo"), meta.get("hi")
+    lo_open = meta.get("lo_open", False)
+    if lo is not None and (value < lo or (lo_open and value <= lo)):
+        bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
+        raise SpecError(source, path, f"must be {bound}{unit_txt}, got {raw!r}")
+    if hi is not None and value > hi:
+        raise SpecError(source, path, f"must be <= {hi:g}{unit_txt}, got {raw!r}")
+    return raw if hint is int else value
+
+
+def _check_site(site: SiteSpec, source: str) -> None:
+    """Cross-field checks that a per-field range cannot express."""
+    card = site.card
+    if len(card.voltages_v) != len(card.clocks_mhz):
+        raise SpecError(
+            source,
+            "card.voltages_v",
+            f"has {len(card.voltages_v)} entries but card.clocks_mhz has {len(card.clocks_mhz)}: one voltage per level",
+        )
+    for k in range(1, card.n_levels):
+        if not card.clocks_mhz[k] < card.clocks_mhz[k - 1]:
+            raise SpecError(
+                source,
+                "card.clocks_mhz",
+                "DVFS table must be strictly decreasing (level 0 is the fastest): "
+                f"level {k} ({card.clocks_mhz[k]:g} MHz) >= level {k - 1} ({card.clocks_mhz[k - 1]:g} MHz)",
+            )
+        if card.voltages_v[k] > card.voltages_v[k - 1]:
+            raise SpecError(
+                source,
+                "card.voltages_v",
+                "voltage must not rise as the clock falls: "
+                f"level {k} ({card.voltages_v[k]:g} V) > level {k - 1} ({card.voltages_v[k - 1]:g} V)",
+            )
+    if card.slowdown_temp_c >= card.max_temp_c:
+        raise SpecError(
+            source,
+            "card.slowdown_temp_c",
+            f"must be below card.max_temp_c ({card.max_temp_c:g} deg C), got {card.slowdown_temp_c:g}",
+        )
+    if card.low_power_idle_w >= card.idle_power_w:
+        raise SpecError(
+            source,
+            "card.low_power_idle_w",
+            f"the low-power idle state must draw less than active idle ({card.idle_power_w:g} W), "
+            f"got {card.low_power_idle_w:g}",
+        )
+    cp = site.cold_plate
+    if len(cp.flow_lpm) != len(cp.r_case_to_coolant_k_per_w):
+        raise SpecError(
+            source,
+            "cold_plate.r_case_to_coolant_k_per_w",
+            f"has {len(cp.r_case_to_coolant_k_per_w)} entries but cold_plate.flow_lpm has {len(cp.flow_lpm)}",
+        )
+    for k in range(1, len(cp.flow_lpm)):
+        if not cp.flow_lpm[k] > cp.flow_lpm[k - 1]:
+            raise SpecError(source, "cold_plate.flow_lpm", "must be strictly increasing")
+        if cp.r_case_to_coolant_k_per_w[k] > cp.r_case_to_coolant_k_per_w[k - 1]:
+            raise SpecError(
+                source,
+                "cold_plate.r_case_to_coolant_k_per_w",
+                "thermal resistance must not rise with flow",
+            )
+    if len(site.torus_dims) != 3:
+        raise SpecError(source, "torus_dims", f"must have 3 entries (x, y, z), got {len(site.torus_dims)}")
+    if site.torus_dims[2] != site.racks_per_supernode:
+        raise SpecError(
+            source,
+            "racks_per_supernode",
+            f"must equal torus_dims[2] ({site.torus_dims[2]}): one rack per torus plane",
+        )
+    fac = site.facility
+    if fac.supply_temp_c not in fac.supply_temp_options_c:
+        raise SpecError(
+            source,
+            "facility.supply_temp_c",
+            f"must be one of facility.supply_temp_options_c {list(fac.supply_temp_options_c)}",
+        )
+    if list(fac.supply_temp_options_c) != sorted(set(fac.supply_temp_options_c)):
+        raise SpecError(source, "facility.supply_temp_options_c", "must be strictly increasing")
