@@ -13,17 +13,15 @@ is not ordered from the fastest level (0) down.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from twin.tables import SpecError, decode_table, read_toml
+from twin.tables import rng as _rng
 
 __all__ = [
     "CardSpec",
@@ -37,39 +35,6 @@ __all__ = [
     "load_site",
     "site_from_dict",
 ]
-
-_UNIT_SUFFIXES = {
-    "_w": "W",
-    "_kw": "kW",
-    "_c": "deg C",
-    "_k": "K",
-    "_s": "s",
-    "_mhz": "MHz",
-    "_v": "V",
-    "_lpm": "L/min",
-    "_kpa": "kPa",
-    "_k_per_w": "K/W",
-    "_w_per_k": "W/K",
-    "_j_per_k": "J/K",
-    "_j_per_kg_k": "J/(kg K)",
-    "_kg_per_m3": "kg/m3",
-}
-
-
-class SpecError(ValueError):
-    """A spec file is wrong. The message names the file, the field and the problem."""
-
-    def __init__(self, source: str, path: str, problem: str) -> None:
-        self.source = source
-        self.path = path
-        self.problem = problem
-        super().__init__(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
-
-
-def _rng(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> dict[str, Any]:
-    """Field metadata: the physically sensible range of a value (inclusive unless ``lo_open``)."""
-    return {"lo": lo, "hi": hi, "lo_open": lo_open}
-
 
 # --------------------------------------------------------------------------------------------
 # Sections
@@ -256,121 +221,14 @@ class SiteSpec:
 
 def load_site(path: str | Path) -> SiteSpec:
     """Read and validate a site spec TOML file. Raises :class:`SpecError` on any problem."""
-    p = Path(path)
-    source = str(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(source, "", "file not found") from None
-    except OSError as exc:
-        raise SpecError(source, "", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(source, "", f"not valid TOML: {exc}") from None
-    return site_from_dict(data, source=source)
+    return site_from_dict(read_toml(path), source=str(path))
 
 
 def site_from_dict(data: dict[str, Any], source: str = "<site>") -> SiteSpec:
     """Build and validate a :class:`SiteSpec` from parsed TOML data."""
-    site = _decode_dataclass(SiteSpec, data, source, "")
+    site = decode_table(SiteSpec, data, source)
     _check_site(site, source)
     return site
-
-
-def _unit_of(name: str) -> str | None:
-    for suffix in sorted(_UNIT_SUFFIXES, key=len, reverse=True):
-        if name.endswith(suffix):
-            return _UNIT_SUFFIXES[suffix]
-    return None
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _unknown_key_message(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-    msg = "unknown key"
-    if close:
-        msg += f"; did you mean '{close[0]}'?"
-        unit_given, unit_known = _unit_of(key), _unit_of(close[0])
-        if unit_given and unit_known and unit_given != unit_known:
-            msg += f" (wrong unit: this field is in {unit_known}, not {unit_given})"
-    else:
-        msg += f"; known keys here: {', '.join(known)}"
-    return msg
-
-
-T = typing.TypeVar("T")
-
-
-def _decode_dataclass(cls: type[T], data: Any, source: str, prefix: str) -> T:
-    if not isinstance(data, dict):
-        raise SpecError(source, prefix or "(top level)", f"expected a table, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for key in data:
-        if key not in fields:
-            raise SpecError(source, _join(prefix, key), _unknown_key_message(key, list(fields)))
-    values: dict[str, Any] = {}
-    for name, f in fields.items():
-        path = _join(prefix, name)
-        hint = hints[name]
-        if name not in data:
-            unit = _unit_of(name)
-            what = "table" if dataclasses.is_dataclass(hint) else f"value{f' in {unit}' if unit else ''}"
-            raise SpecError(source, path, f"missing required {what}")
-        values[name] = _decode_value(hint, data[name], source, path, f.metadata)
-    return cls(**values)
-
-
-def _decode_value(hint: Any, raw: Any, source: str, path: str, meta: Any) -> Any:
-    unit = _unit_of(path.rsplit(".", 1)[-1])
-    unit_txt = f" {unit}" if unit else ""
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _decode_dataclass(hint, raw, source, path)
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        (item_type, _ellipsis) = typing.get_args(hint)
-        if not isinstance(raw, list):
-            raise SpecError(source, path, f"expected a list of numbers{unit_txt}, got {raw!r}")
-        if not raw:
-            raise SpecError(source, path, "must not be empty")
-        return tuple(
-            _decode_scalar(item_type, item, source, f"{path}[{i}]", meta, unit_txt) for i, item in enumerate(raw)
-        )
-    if origin in (typing.Union, types.UnionType):
-        raise TypeError(f"unsupported spec field type {hint}")  # pragma: no cover - programming error
-    return _decode_scalar(hint, raw, source, path, meta, unit_txt)
-
-
-def _decode_scalar(hint: Any, raw: Any, source: str, path: str, meta: Any, unit_txt: str) -> Any:
-    if hint is str:
-        if not isinstance(raw, str) or not raw.strip():
-            raise SpecError(source, path, f"expected a non-empty string, got {raw!r}")
-        return raw
-    if hint is int:
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise SpecError(source, path, f"expected an integer{unit_txt}, got {raw!r}")
-        value: float = raw
-    elif hint is float:
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            hint_txt = " (write the number alone; the unit is in the key's name)" if isinstance(raw, str) else ""
-            raise SpecError(source, path, f"expected a number{unit_txt}, got {raw!r}{hint_txt}")
-        value = float(raw)
-        if not math.isfinite(value):
-            raise SpecError(source, path, f"must be a finite number, got {raw!r}")
-    else:  # pragma: no cover - programming error
-        raise TypeError(f"unsupported spec field type {hint}")
-    lo, hi = meta.get("lo"), meta.get("hi")
-    lo_open = meta.get("lo_open", False)
-    if lo is not None and (value < lo or (lo_open and value <= lo)):
-        bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
-        raise SpecError(source, path, f"must be {bound}{unit_txt}, got {raw!r}")
-    if hi is not None and value > hi:
-        raise SpecError(source, path, f"must be <= {hi:g}{unit_txt}, got {raw!r}")
-    return raw if hint is int else value
 
 
 def _check_site(site: SiteSpec, source: str) -> None:
