@@ -1,0 +1,276 @@
+"""The agent's configuration: one TOML file, environment variables may override any key.
+
+Example (``examples/agent.toml``)::
+
+    site = "supernode-512.toml"     # site spec, relative to this file
+    site_id = "site1"               # the {site} segment of MQTT topics
+    mode = "advisory"               # or "enforce"
+
+    [broker]
+    url = "mqtt://127.0.0.1:1883"   # mqtts:// for TLS
+    username = "agent"
+    password_file = "/etc/racktwin/agent.password"
+
+    [control]
+    period_s = 15.0
+    ...
+
+Environment overrides are named ``RACKTWIN_<SECTION>_<KEY>`` for keys in a section and
+``RACKTWIN_<KEY>`` for top-level keys, upper case: ``RACKTWIN_MODE=enforce``,
+``RACKTWIN_BROKER_URL=mqtt://10.0.0.5:1883``, ``RACKTWIN_BROKER_PASSWORD=...``,
+``RACKTWIN_CONTROL_PERIOD_S=10``. Values are parsed as the field's type. Every problem is a
+:class:`twin.tables.SpecError` naming the file (or variable), the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from twin.spec import SiteSpec, load_site
+from twin.tables import SpecError, choices, decode_table, read_toml, rng
+
+ENV_PREFIX = "RACKTWIN_"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    url: str = "mqtt://127.0.0.1:1883"
+    username: str | None = None
+    password: str | None = None
+    password_file: str | None = None
+    client_id: str = "racktwin-agent"
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    keepalive_s: float = field(default=30.0, metadata=rng(5.0, 3600.0))
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (8883 if parts.scheme == "mqtts" else 1883)
+
+    @property
+    def tls(self) -> bool:
+        return urlsplit(self.url).scheme == "mqtts" or self.tls_ca_file is not None
+
+    def resolved_password(self) -> str | None:
+        """The password, read from ``password_file`` when that is set (first line, stripped)."""
+        if self.password_file is None:
+            return self.password
+        return Path(self.password_file).read_text(encoding="utf-8").splitlines()[0].strip()
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    # How often the controller decides (s, site time). Solves must finish within solve_deadline_s.
+    period_s: float = field(default=15.0, metadata=rng(0.05, 3600.0))
+    solve_deadline_s: float = field(default=8.0, metadata=rng(0.01, 3600.0, lo_open=True))
+    # Plans keep every rack this far under its power limit (W), every die this far under its limit (K).
+    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, 1.0e5))
+    die_margin_k: float = field(default=2.0, metadata=rng(0.0, 50.0))
+    # A rack whose telemetry is older than this is stale and goes to fail-safe caps (s).
+    telemetry_deadline_s: float = field(default=45.0, metadata=rng(0.1, 86400.0))
+    # A sensor reporting exactly the same value this many times in a row is flagged stuck.
+    stuck_after_readings: int = field(default=20, metadata=rng(3, 100_000))
+    # Commands expire this long after they are issued (s); the rack ignores them after that.
+    command_ttl_s: float = field(default=30.0, metadata=rng(0.1, 86400.0))
+    # Unacknowledged commands are re-sent at most this many times.
+    command_retries: int = field(default=2, metadata=rng(0, 100))
+    # Rate limit: a job's DVFS level moves by at most this many levels per period toward a faster level.
+    max_level_raise_per_period: int = field(default=8, metadata=rng(1, 64))
+    # Cards kept awake (not in low-power idle) per supernode for queued work.
+    idle_reserve_cards: int = field(default=16, metadata=rng(0, 1_000_000))
+    # Wall-clock seconds per site-time second (1 for real racks; 1/speed against an accelerated simulator).
+    time_scale: float = field(default=1.0, metadata=rng(1e-6, 1.0))
+    # Coolant supply set-point control (false keeps the site's fixed set-point).
+    control_setpoint: bool = True
+    # Job placement for queued jobs (false leaves placement to the site's scheduler).
+    control_placement: bool = True
+
+
+@dataclass(frozen=True)
+class PricesConfig:
+    # Price of facility energy and value of a top-clock card-hour of training, same currency.
+    energy_per_kwh: float = field(default=0.15, metadata=rng(0.0, 100.0))
+    card_hour_value: float = field(default=2.0, metadata=rng(0.0, 10_000.0))
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    path: str = "racktwin-journal.sqlite"
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    host: str = "127.0.0.1"
+    port: int = field(default=9464, metadata=rng(0, 65535))  # 0 = disabled
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = field(default="info", metadata=choices("debug", "info", "warning", "error"))
+    format: str = field(default="json", metadata=choices("json", "text"))
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    site: str
+    site_id: str = "site1"
+    mode: str = field(default="advisory", metadata=choices("advisory", "enforce"))
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    prices: PricesConfig = field(default_factory=PricesConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated configuration with its site spec loaded and paths resolved."""
+
+    config: AgentConfig
+    site: SiteSpec
+    source: str
+    overrides: tuple[str, ...]  # the environment variables that changed a value
+
+
+def _env_value(hint: Any, raw: str) -> Any:
+    """Parse an environment string as the field's type (validation follows in decode_table)."""
+    origin = typing.get_origin(hint)
+    if origin is not None:  # X | None
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if args else str
+    if hint is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        return raw
+    if hint is int:
+        try:
+            return int(raw)
+        except ValueError:
+            return raw
+    if hint is float:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Overlay ``RACKTWIN_*`` variables on parsed TOML data; returns the new data and the names used."""
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    used: list[str] = []
+    hints = typing.get_type_hints(AgentConfig)
+    for f in dataclasses.fields(AgentConfig):
+        hint = hints[f.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            sub_hints = typing.get_type_hints(hint)
+            for sf in dataclasses.fields(hint):
+                name = f"{ENV_PREFIX}{f.name}_{sf.name}".upper()
+                if name in env:
+                    section = out.setdefault(f.name, {})
+                    if not isinstance(section, dict):
+                        continue
+                    section[sf.name] = _env_value(sub_hints[sf.name], env[name])
+                    used.append(name)
+        else:
+            name = f"{ENV_PREFIX}{f.name}".upper()
+            if name in env:
+                out[f.name] = _env_value(hint, env[name])
+                used.append(name)
+    return out, used
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Read, override from the environment, validate, and load the site spec it names."""
+    source = str(path)
+    data = read_toml(path)
+    data, used = apply_env_overrides(data, os.environ if env is None else env)
+    label = source + (f" (with {', '.join(used)})" if used else "")
+    cfg = decode_table(AgentConfig, data, label)
+    base = Path(path).resolve().parent
+    site_path = Path(cfg.site) if Path(cfg.site).is_absolute() else base / cfg.site
+    site = load_site(site_path)
+    journal_path = Path(cfg.journal.path)
+    if not journal_path.is_absolute():
+        journal_path = base / journal_path
+    cfg = dataclasses.replace(
+        cfg, site=str(site_path), journal=dataclasses.replace(cfg.journal, path=str(journal_path))
+    )
+    _check(cfg, label)
+    return LoadedConfig(config=cfg, site=site, source=source, overrides=tuple(used))
+
+
+def _check(cfg: AgentConfig, source: str) -> None:
+    c = cfg.control
+    if c.solve_deadline_s >= c.period_s:
+        raise SpecError(
+            source,
+            "control.solve_deadline_s",
+            f"must be shorter than control.period_s ({c.period_s:g} s) so that no period is skipped",
+        )
+    if c.telemetry_deadline_s < c.period_s:
+        raise SpecError(
+            source,
+            "control.telemetry_deadline_s",
+            f"must be at least control.period_s ({c.period_s:g} s)",
+        )
+    scheme = urlsplit(cfg.broker.url).scheme
+    if scheme not in ("mqtt", "mqtts"):
+        raise SpecError(source, "broker.url", f"must start with mqtt:// or mqtts://, got {cfg.broker.url!r}")
+    if cfg.broker.password is not None and cfg.broker.password_file is not None:
+        raise SpecError(source, "broker.password_file", "set either broker.password or broker.password_file")
+    if cfg.broker.password_file is not None and not Path(cfg.broker.password_file).is_file():
+        raise SpecError(source, "broker.password_file", f"file not found: {cfg.broker.password_file}")
+    for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        value = getattr(cfg.broker, name)
+        if value is not None and not Path(value).is_file():
+            raise SpecError(source, f"broker.{name}", f"file not found: {value}")
+    if (cfg.broker.tls_cert_file is None) != (cfg.broker.tls_key_file is None):
+        raise SpecError(
+            source, "broker.tls_cert_file", "a client certificate needs both tls_cert_file and tls_key_file"
+        )
+
+
+def explain(loaded: LoadedConfig) -> str:
+    """A human-readable account of a valid configuration (for ``racktwin agent --check-config``)."""
+    cfg, site = loaded.config, loaded.site
+    c = cfg.control
+    lines = [
+        f"{loaded.source}: OK",
+        f"  site          {cfg.site} ({site.name}: {site.n_cards} cards in {site.n_racks} racks, "
+        f"{site.rack.power_limit_w / 1e3:g} kW limit per rack, PUE target {site.pue_target:g})",
+        f"  topics        racktwin/v1/{cfg.site_id}/...",
+        f"  mode          {cfg.mode}"
+        + ("  (commands are published)" if cfg.mode == "enforce" else "  (advice only, no command is sent)"),
+        f"  broker        {cfg.broker.url} as {cfg.broker.username or '(anonymous)'}"
+        + (" with TLS" if cfg.broker.tls else ""),
+        f"  control       every {c.period_s:g} s, solve deadline {c.solve_deadline_s:g} s, "
+        f"rack margin {c.rack_margin_w:g} W, die margin {c.die_margin_k:g} K",
+        f"  fail-safe     racks silent for {c.telemetry_deadline_s:g} s or with a stuck sensor get conservative caps",
+        f"  commands      expire after {c.command_ttl_s:g} s, at most {c.command_retries} retries",
+        f"  prices        {cfg.prices.energy_per_kwh:g} per kWh, {cfg.prices.card_hour_value:g} per card-hour",
+        f"  journal       {cfg.journal.path}",
+        "  http          " + (f"http://{cfg.http.host}:{cfg.http.port}/metrics" if cfg.http.port else "disabled"),
+    ]
+    if c.time_scale != 1.0:
+        lines.append(f"  time scale    {c.time_scale:g} wall s per site s (accelerated simulator)")
+    if loaded.overrides:
+        lines.append(f"  overridden by {', '.join(loaded.overrides)}")
+    return "\n".join(lines)

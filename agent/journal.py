@@ -1,0 +1,315 @@
+"""Durable record of decisions, commands, acks and calibrated parameters (SQLite in WAL mode).
+
+The rule (DESIGN.md): what must not be lost is written here *before* it is acted on. A command is
+journaled as ``pending`` in the same transaction as the decision that caused it, then published,
+then marked ``sent``; its ack marks it ``applied``, ``rejected`` or ``expired``. A restarted agent
+calls :meth:`Journal.expire` with the current site time (commands past their expiry are never
+re-sent) and re-publishes :meth:`Journal.unacked` commands that are still valid.
+
+Durability: WAL with ``synchronous=NORMAL`` survives a killed process (every committed
+transaction is in the WAL file); an operating-system crash may lose the last transactions, which
+the expiry of commands makes harmless. Times are site times (the clock in telemetry timestamps),
+so expiry works the same against real racks and an accelerated simulator.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    cycle INTEGER NOT NULL,
+    site_time_s REAL NOT NULL,
+    wall_time_s REAL NOT NULL,
+    mode TEXT NOT NULL,
+    status TEXT NOT NULL,
+    solve_s REAL NOT NULL,
+    summary TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS commands (
+    command_id TEXT PRIMARY KEY,
+    decision_id INTEGER REFERENCES decisions(id),
+    target TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    issued_s REAL NOT NULL,
+    expires_s REAL NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    updated_wall_s REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS commands_state ON commands(state);
+CREATE TABLE IF NOT EXISTS acks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    command_id TEXT NOT NULL,
+    site_time_s REAL NOT NULL,
+    result TEXT NOT NULL,
+    reason TEXT
+);
+CREATE TABLE IF NOT EXISTS calibration (
+    card INTEGER PRIMARY KEY,
+    r_th_k_per_w REAL NOT NULL,
+    leak_scale REAL NOT NULL,
+    site_time_s REAL NOT NULL
+);
+"""
+
+
+class CommandState(enum.StrEnum):
+    PENDING = "pending"  # journaled, not yet published
+    SENT = "sent"  # published at QoS 1, no ack yet
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    EXPIRED = "expired"  # expired before an ack (or acked as expired)
+    ABANDONED = "abandoned"  # retries exhausted
+
+    @property
+    def open(self) -> bool:
+        return self in (CommandState.PENDING, CommandState.SENT)
+
+
+@dataclass(frozen=True)
+class JournaledCommand:
+    command_id: str
+    decision_id: int | None
+    target: str
+    topic: str
+    payload: bytes
+    issued_s: float
+    expires_s: float
+    state: CommandState
+    attempts: int
+
+
+@dataclass(frozen=True)
+class NewCommand:
+    """A command about to be published (the journal's view: an id, a topic and bytes)."""
+
+    command_id: str
+    target: str
+    topic: str
+    payload: bytes
+    issued_s: float
+    expires_s: float
+
+
+class JournalError(RuntimeError):
+    """The journal file cannot be opened or written (disk full, wrong schema, permissions)."""
+
+
+class Journal:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: {exc}") from None
+        version = self.get_meta("schema_version")
+        if version is None:
+            self.set_meta("schema_version", str(SCHEMA_VERSION))
+        elif version != str(SCHEMA_VERSION):
+            raise JournalError(f"journal {self.path}: schema version {version}, this agent writes {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---- meta -----------------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    # ---- decisions and commands -------------------------------------------------------------------
+    def record_decision(
+        self,
+        cycle: int,
+        site_time_s: float,
+        mode: str,
+        status: str,
+        solve_s: float,
+        summary: dict[str, Any],
+        commands: Sequence[NewCommand] = (),
+    ) -> int:
+        """Write a decision and the commands it causes (state ``pending``) in one transaction."""
+        now = time.time()
+        try:
+            with self._transaction():
+                cur = self._db.execute(
+                    "INSERT INTO decisions(cycle, site_time_s, wall_time_s, mode, status, solve_s, summary) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (cycle, site_time_s, now, mode, status, solve_s, json.dumps(summary, default=_json_default)),
+                )
+                decision_id = int(cur.lastrowid or 0)
+                self._db.executemany(
+                    "INSERT INTO commands(command_id, decision_id, target, topic, payload, issued_s, expires_s, "
+                    "state, attempts, updated_wall_s) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?)",
+                    [
+                        (c.command_id, decision_id, c.target, c.topic, c.payload, c.issued_s, c.expires_s, now)
+                        for c in commands
+                    ],
+                )
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: {exc}") from None
+        return decision_id
+
+    def mark_sent(self, command_ids: Iterable[str]) -> None:
+        now = time.time()
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE commands SET state = CASE WHEN state IN ('pending', 'sent') THEN 'sent' ELSE state END, "
+                "attempts = attempts + 1, updated_wall_s = ? WHERE command_id = ?",
+                [(now, cid) for cid in command_ids],
+            )
+
+    def record_ack(self, command_id: str, site_time_s: float, result: str, reason: str | None = None) -> bool:
+        """Record an ack; returns False for an unknown command id (another agent's, or forged)."""
+        state = {"applied": CommandState.APPLIED, "rejected": CommandState.REJECTED, "expired": CommandState.EXPIRED}
+        new_state = state.get(result)
+        if new_state is None:
+            raise ValueError(f"unknown ack result {result!r}")
+        with self._transaction():
+            cur = self._db.execute(
+                "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ?",
+                (new_state.value, time.time(), command_id),
+            )
+            if cur.rowcount == 0:
+                return False
+            self._db.execute(
+                "INSERT INTO acks(command_id, site_time_s, result, reason) VALUES (?, ?, ?, ?)",
+                (command_id, site_time_s, result, reason),
+            )
+        return True
+
+    def expire(self, site_time_s: float) -> int:
+        """Mark open commands past their expiry as expired; returns how many."""
+        with self._transaction():
+            cur = self._db.execute(
+                "UPDATE commands SET state = 'expired', updated_wall_s = ? "
+                "WHERE state IN ('pending', 'sent') AND expires_s <= ?",
+                (time.time(), site_time_s),
+            )
+        return int(cur.rowcount)
+
+    def abandon(self, command_ids: Iterable[str]) -> None:
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE commands SET state = 'abandoned', updated_wall_s = ? WHERE command_id = ? "
+                "AND state IN ('pending', 'sent')",
+                [(time.time(), cid) for cid in command_ids],
+            )
+
+    def unacked(self, site_time_s: float) -> list[JournaledCommand]:
+        """Open commands (pending or sent) that have not expired at ``site_time_s``, oldest first."""
+        rows = self._db.execute(
+            "SELECT command_id, decision_id, target, topic, payload, issued_s, expires_s, state, attempts "
+            "FROM commands WHERE state IN ('pending', 'sent') AND expires_s > ? ORDER BY issued_s, rowid",
+            (site_time_s,),
+        ).fetchall()
+        return [_command(r) for r in rows]
+
+    def command(self, command_id: str) -> JournaledCommand | None:
+        row = self._db.execute(
+            "SELECT command_id, decision_id, target, topic, payload, issued_s, expires_s, state, attempts "
+            "FROM commands WHERE command_id = ?",
+            (command_id,),
+        ).fetchone()
+        return None if row is None else _command(row)
+
+    def command_counts(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT state, COUNT(*) FROM commands GROUP BY state").fetchall()
+        return {str(s): int(n) for s, n in rows}
+
+    def last_decision(self) -> tuple[int, float, dict[str, Any]] | None:
+        """(cycle, site time, summary) of the newest decision, or None."""
+        row = self._db.execute("SELECT cycle, site_time_s, summary FROM decisions ORDER BY id DESC LIMIT 1").fetchone()
+        if row is None:
+            return None
+        return int(row[0]), float(row[1]), json.loads(row[2])
+
+    def decision_count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+
+    # ---- calibration ------------------------------------------------------------------------------
+    def save_calibration(
+        self,
+        cards: npt.NDArray[np.int64],
+        r_th_k_per_w: npt.NDArray[np.float64],
+        leak_scale: npt.NDArray[np.float64],
+        site_time_s: float,
+    ) -> None:
+        with self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO calibration(card, r_th_k_per_w, leak_scale, site_time_s) VALUES (?, ?, ?, ?)",
+                [
+                    (int(c), float(r), float(k), site_time_s)
+                    for c, r, k in zip(cards, r_th_k_per_w, leak_scale, strict=True)
+                ],
+            )
+
+    def load_calibration(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        rows = self._db.execute("SELECT card, r_th_k_per_w, leak_scale FROM calibration ORDER BY card").fetchall()
+        if not rows:
+            return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+        arr = np.asarray(rows, dtype=np.float64)
+        return arr[:, 0].astype(np.int64), arr[:, 1].copy(), arr[:, 2].copy()
+
+    # ---- internals ----------------------------------------------------------------------------------
+    def _transaction(self) -> _Tx:
+        return _Tx(self._db)
+
+
+class _Tx:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")
+
+
+def _command(row: Sequence[Any]) -> JournaledCommand:
+    return JournaledCommand(
+        command_id=str(row[0]),
+        decision_id=None if row[1] is None else int(row[1]),
+        target=str(row[2]),
+        topic=str(row[3]),
+        payload=bytes(row[4]),
+        issued_s=float(row[5]),
+        expires_s=float(row[6]),
+        state=CommandState(row[7]),
+        attempts=int(row[8]),
+    )
+
+
+def _json_default(obj: object) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")

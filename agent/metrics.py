@@ -1,0 +1,132 @@
+"""Prometheus exposition (``/metrics``), liveness (``/healthz``) and readiness (``/readyz``).
+
+Metric names follow Prometheus conventions (base units, ``_total`` for counters, ``_ratio`` for
+ratios). Each agent has its own registry, so several can run in one process (tests). The HTTP
+server is a small asyncio handler for GET requests only; it needs no framework.
+
+/healthz answers 200 while the event loop runs (a hung loop does not answer at all);
+/readyz answers 200 once the agent is connected to the broker, has fresh telemetry from every
+rack and a working journal, else 503 with the reasons as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+ReadinessCheck = Callable[[], list[str]]  # returns the reasons it is not ready (empty = ready)
+
+
+class AgentMetrics:
+    """All metrics of one agent, on their own registry."""
+
+    def __init__(self, rack_names: Sequence[str], per_card_temperatures: bool = True) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rack_names = tuple(rack_names)
+        self.per_card_temperatures = per_card_temperatures
+        self.rack_power_watts = Gauge("racktwin_rack_power_watts", "Rack power (PDU)", ["rack"], registry=r)
+        self.rack_power_limit_watts = Gauge("racktwin_rack_power_limit_watts", "Rack power limit", ["rack"], registry=r)
+        self.rack_max_die_temperature_celsius = Gauge(
+            "racktwin_rack_max_die_temperature_celsius", "Hottest die in the rack", ["rack"], registry=r
+        )
+        self.card_die_temperature_celsius = Gauge(
+            "racktwin_card_die_temperature_celsius", "Die temperature per card", ["rack", "card"], registry=r
+        )
+        self.rack_supply_temperature_celsius = Gauge(
+            "racktwin_rack_supply_temperature_celsius", "Rack loop supply temperature", ["rack"], registry=r
+        )
+        self.rack_return_temperature_celsius = Gauge(
+            "racktwin_rack_return_temperature_celsius", "Rack loop return temperature", ["rack"], registry=r
+        )
+        self.telemetry_age_seconds = Gauge(
+            "racktwin_telemetry_age_seconds", "Age of the newest card telemetry per rack", ["rack"], registry=r
+        )
+        self.rack_failsafe = Gauge(
+            "racktwin_rack_failsafe", "1 while a rack is held at fail-safe caps", ["rack"], registry=r
+        )
+        self.pue_ratio = Gauge("racktwin_pue_ratio", "Power usage effectiveness (facility / IT)", registry=r)
+        self.it_power_watts = Gauge("racktwin_it_power_watts", "IT power of the site", registry=r)
+        self.facility_power_watts = Gauge("racktwin_facility_power_watts", "Facility power of the site", registry=r)
+        self.cooling_power_watts = Gauge("racktwin_cooling_power_watts", "Cooling plant power", registry=r)
+        self.supply_setpoint_celsius = Gauge("racktwin_supply_setpoint_celsius", "Coolant supply set-point", registry=r)
+        self.solve_seconds = Histogram(
+            "racktwin_solve_seconds",
+            "Control-cycle solve time",
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.control_cycles_total = Counter(
+            "racktwin_control_cycles_total", "Control cycles by plan source", ["source"], registry=r
+        )
+        self.commands_total = Counter(
+            "racktwin_commands_total",
+            "Commands by result (sent, applied, rejected, expired, ...)",
+            ["result"],
+            registry=r,
+        )
+        self.rejected_messages_total = Counter(
+            "racktwin_rejected_messages_total", "Incoming MQTT messages rejected, by reason", ["reason"], registry=r
+        )
+        self.messages_total = Counter(
+            "racktwin_messages_total", "Incoming MQTT messages accepted, by kind", ["kind"], registry=r
+        )
+        self.anomalies = Gauge(
+            "racktwin_anomalies",
+            "Current anomaly flags by kind (fouled plate, weak pump, stuck sensor)",
+            ["kind"],
+            registry=r,
+        )
+        self.broker_connected = Gauge("racktwin_broker_connected", "1 while connected to the broker", registry=r)
+        self.reconnects_total = Counter("racktwin_broker_reconnects_total", "Broker (re)connections", registry=r)
+        for name in self.rack_names:
+            self.rack_failsafe.labels(rack=name).set(0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def serve_http(metrics: AgentMetrics, readiness: ReadinessCheck, host: str, port: int) -> asyncio.Server:
+    """Start the HTTP endpoint; the caller closes the returned server."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            while True:  # drain headers
+                line = await asyncio.wait_for(reader.readline(), timeout=5.0)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+            parts = request.decode("latin-1").split()
+            method, path = (parts[0], parts[1].split("?", 1)[0]) if len(parts) >= 2 else ("", "")
+            if method not in ("GET", "HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET\n"
+            elif path == "/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, metrics.exposition()
+            elif path == "/healthz":
+                status, ctype, body = "200 OK", "text/plain", b"ok\n"
+            elif path == "/readyz":
+                reasons = readiness()
+                status = "200 OK" if not reasons else "503 Service Unavailable"
+                ctype = "application/json"
+                body = json.dumps({"ready": not reasons, "reasons": reasons}).encode() + b"\n"
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics, /healthz or /readyz\n"
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode("latin-1")
+            writer.write(head + (b"" if method == "HEAD" else body))
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    return await asyncio.start_server(handle, host, port)
