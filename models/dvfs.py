@@ -1,0 +1,279 @@
+"""DVFS + low-power idle for one control cycle (a MILP), in Pyomo and as a plain matrix for highspy.
+
+Decisions, aggregated (DESIGN.md: one level per synchronous job, identical cards summed):
+
+* ``x[j,k]`` in {0,1}: job ``j`` runs at level ``k`` (all its cards, in every rack it spans);
+* ``a[r]`` integer in 0..idle_r: idle cards of rack ``r`` kept awake (the rest in low-power idle);
+* ``s`` >= 0 W: facility power above the PUE target (soft constraint's slack).
+
+Data (``models.problem.DvfsTables``, predicted by the twin at the supply set-point):
+``P[j,r,k]`` the summed steady power of job ``j``'s cards in rack ``r`` at level ``k`` (with leakage
+at the predicted die temperature), ``B[r]`` host + failed + idle-in-low-power power, ``w[r]`` the
+extra power of one awake idle card, ``V[j,k]`` the value per hour of job ``j`` at level ``k``.
+
+Levels a job may not use (its hottest card above the die limit, below its SLO, or any level but
+its cheapest when its phase does no clock-sensitive work) get the upper bound 0 on ``x[j,k]``
+instead of rows: a card's temperature depends only on its own job's level, so the exclusion is
+exact and costs nothing; bounds are mutable, so a persistent model keeps its structure when they change.
+
+All numbers are mutable Pyomo parameters, so :class:`models.solve.DvfsSolver` can keep one model
+and one HiGHS instance across control cycles while the jobs' rack spans stay the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyomo.environ as pyo
+
+from models.problem import CycleProblem, DvfsTables, FacilityLine
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+__all__ = [
+    "DvfsMatrix",
+    "build_dvfs_model",
+    "dvfs_matrix",
+    "dvfs_structure_key",
+    "extract_dvfs",
+    "level_upper_bounds",
+    "set_dvfs_data",
+]
+
+
+def level_upper_bounds(t: DvfsTables) -> FloatArray:
+    """1 where a job may run at a level, else 0 (fixed jobs: only their cheapest level)."""
+    ub = t.allowed.astype(np.float64)
+    for j in np.flatnonzero(t.fixed & (t.cheapest_level >= 0)):
+        ub[j] = 0.0
+        ub[j, t.cheapest_level[j]] = 1.0
+    return ub
+
+
+def dvfs_structure_key(t: DvfsTables) -> tuple[object, ...]:
+    """Two tables with the same key fit the same model (only parameter values differ)."""
+    return (
+        t.n_jobs,
+        t.n_levels,
+        t.n_racks,
+        t.pair_job.tobytes(),
+        t.pair_rack.tobytes(),
+        (t.rack_idle > 0).tobytes(),
+    )
+
+
+def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.ConcreteModel:
+    """The DVFS + idle MILP at one supply set-point (maths in the ``_add_*`` docstrings)."""
+    m = pyo.ConcreteModel(name="dvfs")
+    m.J = pyo.RangeSet(0, t.n_jobs - 1) if t.n_jobs else pyo.Set(initialize=[])
+    m.K = pyo.RangeSet(0, t.n_levels - 1)
+    m.PAIRS = pyo.Set(initialize=range(t.pair_job.size))
+    racks_used = sorted(set(t.pair_rack.tolist()) | set(np.flatnonzero(t.rack_idle > 0).tolist()))
+    m.R = pyo.Set(initialize=racks_used)
+    m.RI = pyo.Set(initialize=np.flatnonzero(t.rack_idle > 0).tolist())
+    m._pair_job = t.pair_job.tolist()
+    m._pair_rack = t.pair_rack.tolist()
+    m._rack_pairs = {r: [] for r in racks_used}
+    for q, r in enumerate(m._pair_rack):
+        m._rack_pairs[r].append(q)
+
+    m.ub = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    m.pw = pyo.Param(m.PAIRS, m.K, mutable=True, initialize=0.0)
+    m.jpw = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    m.val = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    m.rhs = pyo.Param(m.R, mutable=True, initialize=0.0)
+    m.wake = pyo.Param(m.RI, mutable=True, initialize=0.0)
+    m.idle = pyo.Param(m.RI, mutable=True, initialize=0.0)
+    m.base_total = pyo.Param(mutable=True, initialize=0.0)
+    m.reserve = pyo.Param(mutable=True, initialize=0.0)
+    m.fa = pyo.Param(mutable=True, initialize=0.0)
+    m.fb = pyo.Param(mutable=True, initialize=1.0)
+    m.pue = pyo.Param(mutable=True, initialize=p.site.pue_target)
+    m.price_w = pyo.Param(mutable=True, initialize=0.0)
+    m.penalty_w = pyo.Param(mutable=True, initialize=0.0)
+
+    m.x = pyo.Var(m.J, m.K, domain=pyo.Binary, bounds=lambda m, j, k: (0, m.ub[j, k]))
+    m.a = pyo.Var(m.RI, domain=pyo.NonNegativeIntegers, bounds=lambda m, r: (0, m.idle[r]))
+    m.s = pyo.Var(domain=pyo.NonNegativeReals)
+    set_dvfs_data(m, p, t, line)
+    m.it_w = pyo.Expression(
+        expr=m.base_total
+        + sum(m.jpw[j, k] * m.x[j, k] for j in m.J for k in m.K)
+        + sum(m.wake[r] * m.a[r] for r in m.RI)
+    )
+    _add_level_choice_constraints(m, p)
+    _add_rack_power_constraints(m, p)
+    _add_reserve_constraints(m, p)
+    _add_pue_constraints(m, p)
+    m.obj = pyo.Objective(
+        expr=sum(m.val[j, k] * m.x[j, k] for j in m.J for k in m.K)
+        - m.price_w * (m.fa + m.fb * m.it_w)
+        - m.penalty_w * m.s,
+        sense=pyo.maximize,
+    )
+    return m
+
+
+def set_dvfs_data(m: pyo.ConcreteModel, p: CycleProblem, t: DvfsTables, line: FacilityLine) -> None:
+    """Load a cycle's numbers into the model's mutable parameters (same structure key required)."""
+    ub = level_upper_bounds(t)
+    for j in range(t.n_jobs):
+        for k in range(t.n_levels):
+            m.ub[j, k] = float(ub[j, k])
+            m.jpw[j, k] = float(t.job_power_w[j, k])
+            m.val[j, k] = float(t.job_value[j, k])
+    for q in range(t.pair_job.size):
+        for k in range(t.n_levels):
+            m.pw[q, k] = float(t.pair_power_w[q, k])
+    for r in m.R:
+        m.rhs[r] = float(t.rack_cap_w[r] - t.rack_base_w[r])
+    for r in m.RI:
+        m.wake[r] = float(t.rack_wake_w[r])
+        m.idle[r] = float(t.rack_idle[r])
+    m.base_total = float(t.rack_base_w.sum())
+    m.reserve = float(t.reserve)
+    m.fa = line.a_w
+    m.fb = line.b
+    m.pue = p.site.pue_target
+    m.price_w = p.prices.energy_price_per_kwh / 1000.0
+    m.penalty_w = p.prices.pue_penalty_per_kwh / 1000.0
+
+
+def _add_level_choice_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
+    """One level per job: ``sum_k x[j,k] = 1`` for every job ``j``."""
+    m.one_level = pyo.Constraint(m.J, rule=lambda m, j: sum(m.x[j, k] for k in m.K) == 1)
+
+
+def _add_rack_power_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
+    """Rack cap: ``B[r] + sum_{j in r} sum_k P[j,r,k] x[j,k] + w[r] a[r] <= limit[r] - margin``
+    for every rack holding a job or an idle card (``rhs = limit - margin - B``)."""
+
+    def rule(m: pyo.ConcreteModel, r: int) -> object:
+        body = sum(m.pw[q, k] * m.x[m._pair_job[q], k] for q in m._rack_pairs[r] for k in m.K)
+        if r in m.RI:
+            body = body + m.wake[r] * m.a[r]
+        return body <= m.rhs[r]
+
+    m.rack_power = pyo.Constraint(m.R, rule=rule)
+
+
+def _add_reserve_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
+    """Ready reserve: ``sum_r a[r] >= reserve`` awake idle cards for queued work (wake latency)."""
+    m.ready_reserve = pyo.Constraint(expr=sum(m.a[r] for r in m.RI) >= m.reserve)
+
+
+def _add_pue_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
+    """Soft PUE target: facility power ``F = a + b IT`` (affine fit of the twin's facility model at
+    this set-point) must stay within ``pue_target * IT``; the excess ``s`` is paid at the PUE
+    penalty in the objective: ``(b - pue) IT - s <= -a``."""
+    m.pue_soft = pyo.Constraint(expr=(m.fb - m.pue) * m.it_w - m.s <= -m.fa)
+
+
+def extract_dvfs(m: pyo.ConcreteModel, t: DvfsTables) -> tuple[IntArray, IntArray]:
+    """Job levels and awake idle cards per rack from a solved model."""
+    level = np.full(t.n_jobs, t.n_levels - 1, dtype=np.int64)
+    for j in range(t.n_jobs):
+        vals = [pyo.value(m.x[j, k], exception=False) or 0.0 for k in range(t.n_levels)]
+        level[j] = int(np.argmax(vals))
+    awake = np.zeros(t.n_racks, dtype=np.int64)
+    for r in m.RI:
+        awake[r] = round(pyo.value(m.a[r], exception=False) or 0.0)
+    return level, awake
+
+
+# --------------------------------------------------------------------------------------------
+# The same model as a matrix (for highspy directly: the lower bound on modelling overhead)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class DvfsMatrix:
+    """Columns: x[j,k] (j-major), then a[r] for racks with idle cards, then s. Rows as in the
+    Pyomo model. Maximize ``c @ v + c0``. The matrix is in row-wise triplets."""
+
+    c: FloatArray
+    c0: float
+    col_lo: FloatArray
+    col_hi: FloatArray
+    integer: npt.NDArray[np.bool_]
+    row_lo: FloatArray
+    row_hi: FloatArray
+    rows: IntArray
+    cols: IntArray
+    vals: FloatArray
+    n_x: int
+    idle_racks: IntArray
+
+
+def dvfs_matrix(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> DvfsMatrix:
+    n_j, n_lv = t.n_jobs, t.n_levels
+    n_x = n_j * n_lv
+    idle_racks = np.flatnonzero(t.rack_idle > 0).astype(np.int64)
+    n_a = idle_racks.size
+    n_col = n_x + n_a + 1
+    price_w = p.prices.energy_price_per_kwh / 1000.0
+    pue = p.site.pue_target
+    jpw = t.job_power_w.reshape(-1)
+    wake = t.rack_wake_w[idle_racks]
+    c = np.concatenate([t.job_value.reshape(-1) - price_w * line.b * jpw, -price_w * line.b * wake, [0.0]])
+    c[-1] = -p.prices.pue_penalty_per_kwh / 1000.0
+    c0 = -price_w * (line.a_w + line.b * float(t.rack_base_w.sum()))
+    col_lo = np.zeros(n_col)
+    col_hi = np.concatenate([level_upper_bounds(t).reshape(-1), t.rack_idle[idle_racks].astype(np.float64), [np.inf]])
+    integer = np.ones(n_col, dtype=bool)
+    integer[-1] = False
+    rows: list[IntArray] = []
+    cols: list[IntArray] = []
+    vals: list[FloatArray] = []
+    lo: list[float] = []
+    hi: list[float] = []
+    # one level per job
+    rows.append(np.repeat(np.arange(n_j), n_lv))
+    cols.append(np.arange(n_x))
+    vals.append(np.ones(n_x))
+    lo += [1.0] * n_j
+    hi += [1.0] * n_j
+    # rack power
+    racks_used = np.union1d(np.unique(t.pair_rack), idle_racks)
+    rack_row = {int(r): n_j + i for i, r in enumerate(racks_used)}
+    rr = np.array([rack_row[int(r)] for r in t.pair_rack], dtype=np.int64)
+    rows.append(np.repeat(rr, n_lv))
+    cols.append((t.pair_job[:, None] * n_lv + np.arange(n_lv)[None, :]).reshape(-1))
+    vals.append(t.pair_power_w.reshape(-1))
+    rows.append(np.array([rack_row[int(r)] for r in idle_racks], dtype=np.int64))
+    cols.append(n_x + np.arange(n_a))
+    vals.append(wake)
+    lo += [-np.inf] * racks_used.size
+    hi += (t.rack_cap_w[racks_used] - t.rack_base_w[racks_used]).tolist()
+    # reserve
+    r_res = n_j + racks_used.size
+    rows.append(np.full(n_a, r_res))
+    cols.append(n_x + np.arange(n_a))
+    vals.append(np.ones(n_a))
+    lo.append(float(t.reserve))
+    hi.append(np.inf)
+    # PUE soft row: (b - pue) (base + jpw x + wake a) - s <= -a
+    r_pue = r_res + 1
+    coef = line.b - pue
+    rows.append(np.full(n_x + n_a + 1, r_pue))
+    cols.append(np.arange(n_col))
+    vals.append(np.concatenate([coef * jpw, coef * wake, [-1.0]]))
+    lo.append(-np.inf)
+    hi.append(-line.a_w - coef * float(t.rack_base_w.sum()))
+    return DvfsMatrix(
+        c=c,
+        c0=c0,
+        col_lo=col_lo,
+        col_hi=col_hi,
+        integer=integer,
+        row_lo=np.asarray(lo, dtype=np.float64),
+        row_hi=np.asarray(hi, dtype=np.float64),
+        rows=np.concatenate(rows).astype(np.int64),
+        cols=np.concatenate(cols).astype(np.int64),
+        vals=np.concatenate(vals).astype(np.float64),
+        n_x=n_x,
+        idle_racks=idle_racks,
+    )

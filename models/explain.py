@@ -1,0 +1,86 @@
+"""Why a DVFS problem is infeasible, computed directly from the data (no solver).
+
+A card's power and die temperature fall monotonically toward the cheapest level its job may run
+at, and a job's cheapest level is the cheapest in every rack it spans at once. So the problem is
+feasible exactly when (1) every job has a level that keeps its hottest card under the die limit
+and meets its SLO, (2) every rack at the cheapest levels, with all idle cards in low power, stays
+under its limit minus margin, and (3) the ready reserve of awake idle cards fits into what the
+racks have left. :func:`explain_infeasible` checks these in order and names the group, the rack
+or the job and the numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from models.problem import CycleProblem, DvfsTables
+
+__all__ = ["explain_infeasible", "is_feasible", "min_rack_power_w", "reserve_capacity"]
+
+
+def min_rack_power_w(t: DvfsTables) -> npt.NDArray[np.float64]:
+    """Each rack's power with every job at its cheapest allowed level and idle cards in low power."""
+    lv = t.cheapest_level[t.pair_job]
+    ok = lv >= 0
+    power = t.rack_base_w.copy()
+    np.add.at(power, t.pair_rack[ok], t.pair_power_w[np.flatnonzero(ok), lv[ok]])
+    return power
+
+
+def reserve_capacity(t: DvfsTables, rack_power_w: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """How many idle cards each rack can wake within its cap at ``rack_power_w``."""
+    head = t.rack_cap_w - rack_power_w
+    per = np.where(t.rack_wake_w > 0, np.floor(np.maximum(head, 0.0) / np.maximum(t.rack_wake_w, 1e-12)), t.rack_idle)
+    return np.asarray(np.minimum(per, t.rack_idle), dtype=np.int64)
+
+
+def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
+    """An empty string when the problem is feasible, else one line per reason (most basic first)."""
+    reasons: list[str] = []
+    clocks = p.site.card.clocks_mhz
+    slowest = t.n_levels - 1
+    for j in np.flatnonzero(t.cheapest_level < 0):
+        job = p.jobs[int(j)]
+        if not t.die_ok[j].any():
+            reasons.append(
+                f"die limit: job {job.job_id}: hottest card reaches {t.job_die_max_c[j, slowest]:.1f} deg C "
+                f"even at the lowest level ({clocks[slowest]:g} MHz) > {p.die_limit_c:.1f} deg C limit "
+                f"(slowdown {p.site.card.slowdown_temp_c:g} - margin {p.margins.die_margin_k:g}) "
+                f"at supply {t.supply_c:g} deg C"
+            )
+        else:
+            fastest_die = int(np.flatnonzero(t.die_ok[j])[0])
+            slo_levels = np.flatnonzero(t.slo_ok[j])
+            reasons.append(
+                f"SLO: job {job.job_id} needs throughput >= {job.min_throughput_frac:.3g} of top clock, i.e. level <= "
+                f"{int(slo_levels[-1])} ({clocks[int(slo_levels[-1])]:g} MHz), but the die limit allows only level >= "
+                f"{fastest_die} ({clocks[fastest_die]:g} MHz) at supply {t.supply_c:g} deg C"
+            )
+    if reasons:
+        return "\n".join(reasons)
+    p_min = min_rack_power_w(t)
+    names = p.site.rack_names
+    for r in np.flatnonzero(p_min > t.rack_cap_w + 1e-6):
+        busy = int(t.pair_cards[t.pair_rack == r].sum())
+        reasons.append(
+            f"rack power: rack {names[int(r)]}: {busy} busy cards at their lowest allowed levels (+ host "
+            f"{p.site.rack.host_overhead_w / 1e3:.1f} kW, idle cards in low power) still draw "
+            f"{p_min[r] / 1e3:.1f} kW > "
+            f"{t.rack_cap_w[r] / 1e3:.1f} kW (limit {p.rack_limit_w[r] / 1e3:.1f} kW - margin "
+            f"{p.margins.rack_margin_w / 1e3:.1f} kW)"
+        )
+    if reasons:
+        return "\n".join(reasons)
+    cap = reserve_capacity(t, p_min)
+    if int(cap.sum()) < t.reserve:
+        reasons.append(
+            f"ready reserve: {t.reserve} awake idle cards are required but the racks' headroom at the lowest levels "
+            f"leaves room for only {int(cap.sum())} (each awake card adds up to "
+            f"{float(np.max(t.rack_wake_w, initial=0.0)):.1f} W)"
+        )
+    return "\n".join(reasons)
+
+
+def is_feasible(p: CycleProblem, t: DvfsTables) -> bool:
+    return explain_infeasible(p, t) == ""

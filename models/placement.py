@@ -1,0 +1,463 @@
+"""Placing queued jobs onto free cards: a greedy heuristic and an aggregated, decomposed MILP.
+
+Rules (issue 3): a job runs inside one supernode, on as few racks as possible (at most its
+``max_racks``), on a compact block of the supernode's 3D torus (a rack is one z-plane, so a job on
+``m`` racks takes ``m`` consecutive planes: a *window*), preferring racks with power and thermal
+headroom. A job that cannot be placed stays queued with the reason.
+
+Candidates: for a job of ``n`` cards, windows of ``ceil(n / cards_per_rack)`` up to ``max_racks``
+consecutive racks (ring order) of one supernode holding at least ``n`` free cards.
+
+Greedy (:func:`greedy_placement`): jobs by priority (then submit time, then size); each takes the
+window with the fewest racks, then the least power overload, the most headroom left and the most
+compact block (sum of torus distances of the chosen cards to the block's centre).
+
+MILP (:func:`build_placement_model`, per supernode): BASELINES measured a naive job x card/rack
+binary model exploding at 2,048 cards, so the MILP is aggregated and decomposed:
+
+1. jobs are assigned to supernodes by a small knapsack MILP on free-card counts
+   (``z[j,n]`` binary, ``sum_j n_j z[j,n] <= free_n``, ``sum_n z[j,n] <= 1``, maximise placed
+   priority-weighted cards) -- one binary per (job, supernode);
+2. inside each supernode, one binary per (job, window) and an integer card count per
+   (job, rack): ``sum_w y[j,w] = z_j``, ``c[j,r] <= free_r sum_{w contains r} y[j,w]``,
+   ``sum_r c[j,r] = n_j sum_w y[j,w]``, ``sum_j c[j,r] <= free_r``, overload
+   ``o[r] >= sum_j p_j c[j,r] - headroom_r``; objective: placed cards first, then fewer racks
+   (``y`` weighted by window length), then little overload.
+
+Cards inside the chosen racks are then picked compactly by the same routine as the greedy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyomo.environ as pyo
+from pyomo.contrib.solver.solvers.highs import Highs
+
+from models.problem import CycleProblem, ProblemError, dvfs_tables
+from twin.power import PowerModel
+from twin.spec import SiteSpec
+from twin.steady import card_steady_power_w
+from twin.workload import JobSpec, compute_utilization
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = [
+    "PlacementPlan",
+    "PlacementProblem",
+    "QueuedJob",
+    "build_placement_model",
+    "greedy_placement",
+    "make_placement_problem",
+    "place_jobs",
+]
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A job waiting for cards; ``max_racks`` limits how many racks it may span (locality)."""
+
+    spec: JobSpec
+    max_racks: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class PlacementProblem:
+    site: SiteSpec
+    free: BoolArray  # (n_cards,) idle and not failed
+    queue: tuple[QueuedJob, ...]
+    rack_headroom_w: FloatArray  # (n_racks,) cap - predicted power now
+    card_power_w: FloatArray  # (n_queue,) predicted power of one card of each queued job at the top level
+
+
+@dataclass(frozen=True, eq=False)
+class PlacementPlan:
+    """Where queued jobs go. ``cards[job_id]`` card indices, ``racks[job_id]`` rack indices;
+    ``unplaced[job_id]`` the reason a job stays queued."""
+
+    cards: dict[str, IntArray]
+    racks: dict[str, tuple[int, ...]]
+    unplaced: dict[str, str]
+    status: str
+    solve_time_s: float
+    source: str
+    overload_w: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def card_job_ids(self, n_cards: int) -> list[str | None]:
+        out: list[str | None] = [None] * n_cards
+        for jid, cards in self.cards.items():
+            for c in cards:
+                out[int(c)] = jid
+        return out
+
+
+def make_placement_problem(
+    p: CycleProblem, queue: Sequence[QueuedJob] | None = None, supply_c: float | None = None
+) -> PlacementProblem:
+    """Placement data from a cycle problem: free cards, and headroom with running jobs at the top
+    level (what they may draw once caps allow) and idle cards awake."""
+    site = p.site
+    q = tuple(queue) if queue is not None else tuple(QueuedJob(j) for j in p.queue)
+    for qj in q:
+        if qj.max_racks is not None and qj.max_racks < 1:
+            raise ProblemError(f"job {qj.spec.job_id}: max_racks must be >= 1, got {qj.max_racks}")
+        if qj.spec.n_cards > site.n_cards:
+            raise ProblemError(
+                f"job {qj.spec.job_id}: {qj.spec.n_cards} cards requested but the site has {site.n_cards}"
+            )
+    supply = p.supply_temp_c if supply_c is None else supply_c
+    t = dvfs_tables(p, supply)
+    top = np.zeros(t.n_jobs, dtype=np.int64)
+    rack_p = t.rack_base_w + t.rack_wake_w * t.rack_idle
+    np.add.at(rack_p, t.pair_rack, t.pair_power_w[np.arange(t.pair_job.size), top[t.pair_job]])
+    model = PowerModel.from_card(site.card)
+    r = np.array([float(np.mean(p.r_total_k_per_w))])
+    # a new job's card replaces an awake idle card (already counted in rack_p): only the difference is new
+    lp_w = float(
+        card_steady_power_w(model, np.array([model.n_levels - 1]), np.zeros(1), np.array([True]), supply, r)[0][0]
+    )
+    awake_w = lp_w + float(np.max(t.rack_wake_w, initial=0.0))
+    pw = np.zeros(len(q))
+    for i, qj in enumerate(q):
+        u = np.atleast_1d(compute_utilization(qj.spec.compute_share, 1.0, qj.spec.noncompute_utilization))
+        top_w = float(card_steady_power_w(model, np.array([0]), u, np.array([False]), supply, r)[0][0])
+        pw[i] = max(top_w - awake_w, 0.0)
+    return PlacementProblem(
+        site=site, free=p.idle_mask(), queue=q, rack_headroom_w=p.rack_cap_w() - rack_p, card_power_w=pw
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------
+
+
+def _windows(site: SiteSpec, n_racks_min: int, n_racks_max: int) -> list[tuple[int, tuple[int, ...]]]:
+    """(supernode, racks) of every window of consecutive racks (ring order within a supernode)."""
+    z = site.racks_per_supernode
+    out: list[tuple[int, tuple[int, ...]]] = []
+    for sn in range(site.supernodes):
+        for length in range(n_racks_min, min(n_racks_max, z) + 1):
+            starts = [0] if length == z else list(range(z))
+            for s0 in starts:
+                out.append((sn, tuple(sn * z + (s0 + i) % z for i in range(length))))
+    return out
+
+
+def _torus_dist(a: IntArray, b: IntArray, dims: tuple[int, ...]) -> IntArray:
+    d = np.abs(a - b)
+    return np.asarray(np.minimum(d, np.asarray(dims) - d).sum(axis=-1), dtype=np.int64)
+
+
+def _pick_compact(site: SiteSpec, free: BoolArray, racks: Sequence[int], n: int, xyz: IntArray) -> tuple[IntArray, int]:
+    """``n`` free cards of ``racks`` forming a compact block: the seed position (x, y) whose ``n``
+    nearest free cards (torus distance, z measured from the window's middle plane) are closest."""
+    cpr = site.cards_per_rack
+    cand = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in racks])
+    cand = cand[free[cand]]
+    if cand.size < n:
+        return np.empty(0, dtype=np.int64), 0
+    dims = tuple(int(d) for d in site.torus_dims)
+    zs = xyz[cand, 2]
+    z_mid = int(xyz[racks[0] * cpr, 2] + len(racks) // 2) % dims[2]
+    best: tuple[int, IntArray] | None = None
+    x_dim, y_dim = dims[0], dims[1]
+    for sx in range(x_dim):
+        for sy in range(y_dim):
+            seed = np.array([sx, sy, z_mid])
+            d = _torus_dist(xyz[cand], seed[None, :], dims)
+            order = np.argsort(d * 1000 + zs, kind="stable")[:n]
+            cost = int(d[order].sum())
+            if best is None or cost < best[0]:
+                best = (cost, cand[order])
+    assert best is not None
+    return np.sort(best[1]), best[0]
+
+
+def _order(queue: Sequence[QueuedJob]) -> list[int]:
+    return sorted(
+        range(len(queue)),
+        key=lambda i: (-queue[i].spec.priority, queue[i].spec.submit_time_s, -queue[i].spec.n_cards, i),
+    )
+
+
+def _why_not(pp: PlacementProblem, qj: QueuedJob, free: BoolArray) -> str:
+    site = pp.site
+    n = qj.spec.n_cards
+    per_sn = site.racks_per_supernode * site.cards_per_rack
+    if n > per_sn:
+        return f"needs {n} cards but a supernode has only {per_sn} (a job must stay inside one supernode)"
+    max_r = qj.max_racks or site.racks_per_supernode
+    need_r = math.ceil(n / site.cards_per_rack)
+    if need_r > max_r:
+        return f"needs {n} cards = at least {need_r} racks of {site.cards_per_rack}, but max_racks is {max_r}"
+    cpr = site.cards_per_rack
+    free_r = np.add.reduceat(free.astype(np.int64), np.arange(0, site.n_cards, cpr))
+    best = max((int(sum(free_r[r] for r in w)) for _sn, w in _windows(site, 1, max_r)), default=0)
+    return (
+        f"needs {n} free cards in at most {max_r} consecutive racks of one supernode; the best such window has {best}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy
+# --------------------------------------------------------------------------------------------
+
+
+def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
+    t0 = time.perf_counter()
+    site = pp.site
+    free = pp.free.copy()
+    head = pp.rack_headroom_w.copy()
+    xyz = site.card_torus_xyz()
+    cpr = site.cards_per_rack
+    card_rack = site.card_rack()
+    cards: dict[str, IntArray] = {}
+    racks: dict[str, tuple[int, ...]] = {}
+    unplaced: dict[str, str] = {}
+    overload = 0.0
+    for i in _order(pp.queue):
+        qj = pp.queue[i]
+        n = qj.spec.n_cards
+        max_r = min(qj.max_racks or site.racks_per_supernode, site.racks_per_supernode)
+        need_r = math.ceil(n / cpr)
+        free_r = np.bincount(card_rack[free], minlength=site.n_racks)
+        chosen: tuple[tuple[float, float, float, int], IntArray] | None = None
+        for length in range(need_r, max_r + 1):
+            for _sn, w in _windows(site, length, length):
+                if int(free_r[list(w)].sum()) < n:
+                    continue
+                picked, compact = _pick_compact(site, free, w, n, xyz)
+                if picked.size < n:
+                    continue
+                add = np.bincount(card_rack[picked], minlength=site.n_racks) * pp.card_power_w[i]
+                after = head - add
+                over = float(np.maximum(-after[list(w)], 0.0).sum())
+                score = (over, -float(after[list(w)].min()), float(compact), len(w))
+                if chosen is None or score < chosen[0]:
+                    chosen = (score, picked)
+            if chosen is not None:
+                break  # fewest racks first
+        if chosen is None:
+            unplaced[qj.spec.job_id] = _why_not(pp, qj, free)
+            continue
+        picked = chosen[1]
+        free[picked] = False
+        add = np.bincount(card_rack[picked], minlength=site.n_racks) * pp.card_power_w[i]
+        head -= add
+        overload += chosen[0][0]
+        cards[qj.spec.job_id] = picked
+        racks[qj.spec.job_id] = tuple(sorted({int(r) for r in card_rack[picked]}))
+    return PlacementPlan(cards, racks, unplaced, "heuristic", time.perf_counter() - t0, "greedy", overload)
+
+
+# --------------------------------------------------------------------------------------------
+# MILP (aggregated per rack counts, decomposed by supernode)
+# --------------------------------------------------------------------------------------------
+
+
+def build_supernode_assignment_model(pp: PlacementProblem, jobs: Sequence[int]) -> pyo.ConcreteModel:
+    """Stage 1: ``z[j,n]`` job to supernode (knapsack on free cards per supernode)."""
+    site = pp.site
+    per_sn = site.racks_per_supernode * site.cards_per_rack
+    free_sn = np.add.reduceat(pp.free.astype(np.int64), np.arange(0, site.n_cards, per_sn))
+    m = pyo.ConcreteModel(name="placement_supernodes")
+    m.J = pyo.Set(initialize=list(jobs))
+    m.N = pyo.RangeSet(0, site.supernodes - 1)
+    m.z = pyo.Var(m.J, m.N, domain=pyo.Binary)
+    _add_assignment_constraints(m, pp, free_sn)
+    m.obj = pyo.Objective(
+        expr=sum(
+            pp.queue[j].spec.priority * pp.queue[j].spec.n_cards * m.z[j, n] * (1.0 + 1e-3 * free_sn[n] / per_sn)
+            for j in m.J
+            for n in m.N
+        ),
+        sense=pyo.maximize,
+    )
+    return m
+
+
+def _add_assignment_constraints(m: pyo.ConcreteModel, pp: PlacementProblem, free_sn: IntArray) -> None:
+    """``sum_n z[j,n] <= 1`` (one supernode per job); ``sum_j n_j z[j,n] <= free_n``."""
+    m.one_sn = pyo.Constraint(m.J, rule=lambda m, j: sum(m.z[j, n] for n in m.N) <= 1)
+    m.sn_cap = pyo.Constraint(
+        m.N, rule=lambda m, n: sum(pp.queue[j].spec.n_cards * m.z[j, n] for j in m.J) <= int(free_sn[n])
+    )
+
+
+def build_placement_model(pp: PlacementProblem, supernode: int, jobs: Sequence[int]) -> pyo.ConcreteModel:
+    """Stage 2: windows and per-rack card counts of ``jobs`` inside one supernode."""
+    site = pp.site
+    cpr = site.cards_per_rack
+    z = site.racks_per_supernode
+    racks = list(range(supernode * z, (supernode + 1) * z))
+    free_r = np.bincount(site.card_rack()[pp.free], minlength=site.n_racks)
+    m = pyo.ConcreteModel(name=f"placement_sn{supernode}")
+    win: dict[tuple[int, int], tuple[int, ...]] = {}
+    for j in jobs:
+        qj = pp.queue[j]
+        need_r = math.ceil(qj.spec.n_cards / cpr)
+        max_r = min(qj.max_racks or z, z)
+        w_i = 0
+        for sn, w in _windows(site, need_r, max_r):
+            if sn != supernode or int(free_r[list(w)].sum()) < qj.spec.n_cards:
+                continue
+            win[(j, w_i)] = w
+            w_i += 1
+    m.J = pyo.Set(initialize=list(jobs))
+    m.W = pyo.Set(initialize=list(win), dimen=2)
+    m.R = pyo.Set(initialize=racks)
+    m.JR = pyo.Set(initialize=[(j, r) for j in jobs for r in racks], dimen=2)
+    m._win = win
+    m._free_r = {r: int(free_r[r]) for r in racks}
+    m.y = pyo.Var(m.W, domain=pyo.Binary)
+    m.c = pyo.Var(m.JR, domain=pyo.NonNegativeIntegers, bounds=lambda m, j, r: (0, m._free_r[r]))
+    m.o = pyo.Var(m.R, domain=pyo.NonNegativeReals)
+    _add_window_constraints(m, pp)
+    _add_rack_capacity_constraints(m, pp)
+    _add_headroom_constraints(m, pp)
+    big = 1.0 + max((pp.queue[j].spec.priority * pp.queue[j].spec.n_cards for j in jobs), default=1.0)
+    m.obj = pyo.Objective(
+        expr=sum(big * pp.queue[j].spec.priority * pp.queue[j].spec.n_cards * m.y[j, w] for (j, w) in m.W)
+        - sum(len(win[(j, w)]) * m.y[j, w] for (j, w) in m.W)
+        - 1e-4 * sum(m.o[r] for r in m.R),
+        sense=pyo.maximize,
+    )
+    return m
+
+
+def _add_window_constraints(m: pyo.ConcreteModel, pp: PlacementProblem) -> None:
+    """At most one window per job; cards only in the chosen window's racks; all cards or none:
+    ``sum_w y[j,w] <= 1``, ``c[j,r] <= free_r sum_{w contains r} y[j,w]``, ``sum_r c[j,r] = n_j sum_w y[j,w]``."""
+    by_job: dict[int, list[int]] = {}
+    for j, w in m._win:
+        by_job.setdefault(j, []).append(w)
+    m.one_window = pyo.Constraint(m.J, rule=lambda m, j: sum(m.y[j, w] for w in by_job.get(j, [])) <= 1)
+    m.in_window = pyo.Constraint(
+        m.JR,
+        rule=lambda m, j, r: (
+            m.c[j, r] <= m._free_r[r] * sum(m.y[j, w] for w in by_job.get(j, []) if r in m._win[(j, w)])
+        ),
+    )
+    m.all_cards = pyo.Constraint(
+        m.J,
+        rule=lambda m, j: (
+            sum(m.c[j, r] for r in m.R) == pp.queue[j].spec.n_cards * sum(m.y[j, w] for w in by_job.get(j, []))
+        ),
+    )
+
+
+def _add_rack_capacity_constraints(m: pyo.ConcreteModel, pp: PlacementProblem) -> None:
+    """Free cards: ``sum_j c[j,r] <= free_r``."""
+    m.rack_free = pyo.Constraint(m.R, rule=lambda m, r: sum(m.c[j, r] for j in m.J) <= m._free_r[r])
+
+
+def _add_headroom_constraints(m: pyo.ConcreteModel, pp: PlacementProblem) -> None:
+    """Power headroom (soft; DVFS absorbs the rest): ``o[r] >= sum_j p_j c[j,r] - headroom_r``."""
+    m.headroom = pyo.Constraint(
+        m.R,
+        rule=lambda m, r: (
+            m.o[r] >= sum(float(pp.card_power_w[j]) * m.c[j, r] for j in m.J) - float(pp.rack_headroom_w[r])
+        ),
+    )
+
+
+def _solve(m: pyo.ConcreteModel, time_limit_s: float, gap: float) -> bool:
+    from models.solve import highs_solve  # solve imports this module
+
+    info = highs_solve(Highs(), m, max(time_limit_s, 0.01), gap)
+    return info.objective is not None
+
+
+def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap: float = 1e-3) -> PlacementPlan:
+    """The decomposed MILP (module docstring). Jobs the MILP leaves out get the greedy's reason."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    site = pp.site
+    cpr = site.cards_per_rack
+    xyz = site.card_torus_xyz()
+    card_rack = site.card_rack()
+    jobs = [i for i in _order(pp.queue) if pp.queue[i].spec.n_cards <= site.racks_per_supernode * cpr]
+    m1 = build_supernode_assignment_model(pp, jobs)
+    if not jobs or not _solve(m1, deadline - time.perf_counter(), mip_rel_gap):
+        g = greedy_placement(pp)
+        return PlacementPlan(g.cards, g.racks, g.unplaced, "fallback", time.perf_counter() - t0, "greedy", g.overload_w)
+    by_sn: dict[int, list[int]] = {}
+    for j in jobs:
+        for n in range(site.supernodes):
+            if (pyo.value(m1.z[j, n], exception=False) or 0.0) > 0.5:
+                by_sn.setdefault(n, []).append(j)
+    free = pp.free.copy()
+    cards: dict[str, IntArray] = {}
+    racks: dict[str, tuple[int, ...]] = {}
+    overload = 0.0
+    status = "optimal"
+    for n, js in sorted(by_sn.items()):
+        m2 = build_placement_model(pp, n, js)
+        left = (deadline - time.perf_counter()) / max(len(by_sn), 1)
+        if not _solve(m2, left, mip_rel_gap):
+            status = "partial"
+            continue
+        for j, w in m2._win:
+            if (pyo.value(m2.y[j, w], exception=False) or 0.0) < 0.5:
+                continue
+            qj = pp.queue[j]
+            chosen: list[int] = []
+            for r in m2._win[(j, w)]:
+                cnt = round(pyo.value(m2.c[j, r], exception=False) or 0.0)
+                if cnt:
+                    chosen.append(r)
+            picked, _ = _pick_compact(site, free, sorted(chosen), qj.spec.n_cards, xyz)
+            if picked.size < qj.spec.n_cards:
+                status = "partial"
+                continue
+            free[picked] = False
+            cards[qj.spec.job_id] = picked
+            racks[qj.spec.job_id] = tuple(sorted({int(r) for r in card_rack[picked]}))
+        overload += float(sum(pyo.value(m2.o[r], exception=False) or 0.0 for r in m2.R))
+    # jobs the decomposition left out (stage 2 could not fit them): a greedy pass on what is left
+    left_idx = [i for i in range(len(pp.queue)) if pp.queue[i].spec.job_id not in cards]
+    unplaced: dict[str, str] = {}
+    if left_idx:
+        head = pp.rack_headroom_w.copy()
+        for i, q in enumerate(pp.queue):
+            if q.spec.job_id in cards:
+                head -= np.bincount(card_rack[cards[q.spec.job_id]], minlength=site.n_racks) * pp.card_power_w[i]
+        rest = PlacementProblem(
+            site, free, tuple(pp.queue[i] for i in left_idx), head, pp.card_power_w[np.asarray(left_idx)]
+        )
+        g = greedy_placement(rest)
+        cards.update(g.cards)
+        racks.update(g.racks)
+        unplaced.update(g.unplaced)
+        overload += g.overload_w
+    return PlacementPlan(cards, racks, unplaced, status, time.perf_counter() - t0, "milp", overload)
+
+
+def place_jobs(
+    pp: PlacementProblem, *, method: str = "auto", time_limit_s: float = 2.0, mip_rel_gap: float = 1e-3
+) -> PlacementPlan:
+    """Place queued jobs. ``method``: "greedy", "milp", or "auto" (MILP, keeping the greedy plan
+    when it places at least as many priority-weighted cards; the greedy at 16+ supernodes)."""
+    if method == "greedy":
+        return greedy_placement(pp)
+    g = greedy_placement(pp)
+    if method == "auto" and pp.site.supernodes >= 16:
+        return g
+    m = milp_placement(pp, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
+    if method == "milp":
+        return m
+
+    def score(plan: PlacementPlan) -> tuple[float, float]:
+        placed = sum(q.spec.priority * q.spec.n_cards for q in pp.queue if q.spec.job_id in plan.cards)
+        return placed, -plan.overload_w
+
+    return m if score(m) > score(g) else g

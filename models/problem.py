@@ -1,0 +1,511 @@
+"""Problem data for the models: plain frozen dataclasses built from numpy arrays and the twin.
+
+A :class:`CycleProblem` is one control cycle's snapshot: which card runs which job (or is idle or
+failed), each job's spec and phase, the coolant set-point options, ambient, margins and prices.
+:func:`make_problem` builds one from plain arrays and refuses bad data (:class:`ProblemError`, a
+``ValueError``) before any model is built.
+
+:func:`dvfs_tables` turns a problem at one supply set-point into the numbers every model and the
+heuristic share, all predicted by the twin:
+
+* the steady power of every card of a job at every DVFS level, with leakage at its predicted die
+  temperature (``twin.steady.card_steady_power_w``), summed per (job, rack): jobs are aggregated, a
+  job's power in a rack is exactly the sum of its cards' powers at the job's level;
+* the predicted steady die temperature of every card at every level, reduced to the hottest card
+  of each job: a level whose hottest card would exceed the die limit is *excluded* for that job
+  (no row is needed since a card's temperature depends only on its own job's level);
+* the value of each level (priority-weighted throughput) and the levels an SLO allows;
+* per rack: idle cards, their low-power and awake power, failed cards, host overhead, the cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from twin.cooling import facility_cooling
+from twin.power import PowerModel
+from twin.spec import SiteSpec
+from twin.steady import card_steady_power_w
+from twin.thermal import ThermalParams
+from twin.workload import JobSpec, Phase, compute_utilization, relative_throughput
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = [
+    "CycleProblem",
+    "DvfsTables",
+    "FacilityLine",
+    "Margins",
+    "Prices",
+    "ProblemError",
+    "dvfs_tables",
+    "facility_line",
+    "make_problem",
+    "phase_utilization",
+]
+
+#: card index of an idle card in ``card_job``
+IDLE = -1
+
+
+class ProblemError(ValueError):
+    """Problem data the models refuse (NaN, negative power, unknown card, duplicate card...)."""
+
+
+@dataclass(frozen=True)
+class Prices:
+    """The objective's prices (per hour, one currency unit).
+
+    Defaults: a card-hour of training at the top clock is worth 2.0 (the rental price of an
+    H100-class card-hour is 2-4 units), a kWh of facility energy costs 0.10 (an industrial tariff).
+    One DVFS level down saves ~70 W (0.007/h) but loses ~4.5% of a card's throughput (0.09/h):
+    the model never trades a meaningful throughput loss for tiny energy savings, it slows jobs only
+    when a cap forces it or when a job's phase does no clock-sensitive work.
+
+    ``pue_penalty_per_kwh`` prices each kWh of facility overhead above the PUE target (a soft
+    constraint that never makes a problem infeasible). It must stay below ``energy_price_per_kwh *
+    b / (pue_target - b)`` (b = marginal facility W per IT W, ~1.03-1.1): above that the model would
+    raise IT power (wake idle cards) only to improve the PUE ratio. The default (2x the energy
+    price) is far below that bound.
+    """
+
+    card_hour_value: float = 2.0
+    energy_price_per_kwh: float = 0.10
+    pue_penalty_per_kwh: float = 0.20
+
+    def __post_init__(self) -> None:
+        for name in ("card_hour_value", "energy_price_per_kwh", "pue_penalty_per_kwh"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ProblemError(f"prices.{name} must be a finite number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class Margins:
+    """Safety margins: rack power below its limit (W), die temperature below slowdown (K).
+
+    The die limit of a card is its ``slowdown_temp_c`` (above it the firmware throttles and the
+    plan no longer holds) minus ``die_margin_k``.
+    """
+
+    rack_margin_w: float = 1000.0
+    die_margin_k: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("rack_margin_w", "die_margin_k"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ProblemError(f"margins.{name} must be a finite number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class CycleProblem:
+    """One control cycle. Arrays are per card (``n_cards``) or per rack (``n_racks``).
+
+    ``card_job[i]`` is the index into ``jobs`` of the job card ``i`` runs, or -1 when idle.
+    Failed cards (``failed``) run nothing and are commanded to low-power idle.
+    ``die_offset_k`` is added to every predicted die temperature of a card (>= 0; see
+    :func:`make_problem`, which derives it from measured temperatures when the current levels are known).
+    """
+
+    site: SiteSpec
+    jobs: tuple[JobSpec, ...]
+    job_phase: tuple[Phase, ...]
+    card_job: IntArray
+    failed: BoolArray
+    die_temp_c: FloatArray
+    die_offset_k: FloatArray
+    r_total_k_per_w: FloatArray
+    rack_limit_w: FloatArray
+    ambient_c: float
+    supply_temp_c: float
+    supply_options_c: tuple[float, ...]
+    ready_reserve_cards: int
+    margins: Margins = field(default_factory=Margins)
+    prices: Prices = field(default_factory=Prices)
+    queue: tuple[JobSpec, ...] = ()
+
+    @property
+    def n_cards(self) -> int:
+        return self.site.n_cards
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def die_limit_c(self) -> float:
+        return self.site.card.slowdown_temp_c - self.margins.die_margin_k
+
+    def rack_cap_w(self) -> FloatArray:
+        """Each rack's usable power: its limit minus the margin."""
+        return np.asarray(self.rack_limit_w - self.margins.rack_margin_w, dtype=np.float64)
+
+    def idle_mask(self) -> BoolArray:
+        return np.asarray((self.card_job < 0) & ~self.failed, dtype=np.bool_)
+
+    def job_cards(self, j: int) -> IntArray:
+        return np.flatnonzero(self.card_job == j).astype(np.int64)
+
+    def with_supply(self, supply_temp_c: float) -> CycleProblem:
+        from dataclasses import replace
+
+        return replace(self, supply_temp_c=float(supply_temp_c))
+
+
+def _as_array(name: str, value: object, shape: tuple[int, ...], dtype: type) -> npt.NDArray[Any]:
+    try:
+        arr: npt.NDArray[Any] = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise ProblemError(f"{name}: not an array of {dtype.__name__}: {exc}") from None
+    if arr.ndim == 0:
+        arr = np.full(shape, arr, dtype=dtype)
+    if arr.shape != shape:
+        raise ProblemError(f"{name}: expected shape {shape}, got {arr.shape}")
+    if dtype is float and not np.all(np.isfinite(arr)):
+        bad = int(np.flatnonzero(~np.isfinite(arr))[0])
+        raise ProblemError(f"{name}: non-finite value (NaN or infinity) at index {bad}")
+    return arr
+
+
+def make_problem(
+    site: SiteSpec,
+    *,
+    jobs: Sequence[JobSpec] = (),
+    job_cards: Sequence[Sequence[int] | npt.NDArray[np.integer]] = (),
+    job_phase: Sequence[Phase] | None = None,
+    failed: Sequence[bool] | BoolArray | None = None,
+    die_temp_c: FloatArray | Sequence[float] | float | None = None,
+    current_level: IntArray | Sequence[int] | None = None,
+    thermal: ThermalParams | None = None,
+    ambient_c: float | None = None,
+    supply_temp_c: float | None = None,
+    supply_options_c: Sequence[float] | None = None,
+    rack_limit_w: FloatArray | Sequence[float] | float | None = None,
+    ready_reserve_cards: int | None = None,
+    margins: Margins | None = None,
+    prices: Prices | None = None,
+    queue: Sequence[JobSpec] = (),
+) -> CycleProblem:
+    """Build and validate a :class:`CycleProblem` from plain arrays.
+
+    ``job_cards[j]`` lists the card indices of ``jobs[j]``; ``job_phase`` defaults to COMPUTE.
+    ``die_temp_c`` (measured, per card) defaults to the supply temperature. When ``current_level``
+    (per card, the level it runs now) is given too, every card whose measured die temperature is
+    above the twin's steady prediction at its current level keeps that excess as a (conservative)
+    offset on all its predicted temperatures. ``ready_reserve_cards`` (awake idle cards kept for
+    queued work) defaults to the size of the largest queued job, clipped to the idle cards.
+    Raises :class:`ProblemError` on any invalid data.
+    """
+    n = site.n_cards
+    jobs = tuple(jobs)
+    if len(job_cards) != len(jobs):
+        raise ProblemError(f"job_cards has {len(job_cards)} entries but there are {len(jobs)} jobs")
+    phases = tuple(Phase.COMPUTE for _ in jobs) if job_phase is None else tuple(job_phase)
+    if len(phases) != len(jobs):
+        raise ProblemError(f"job_phase has {len(phases)} entries but there are {len(jobs)} jobs")
+    for j, ph in enumerate(phases):
+        if not isinstance(ph, Phase):
+            raise ProblemError(f"job {jobs[j].job_id}: phase {ph!r} is not a twin.workload.Phase")
+    ids = [job.job_id for job in jobs] + [job.job_id for job in queue]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ProblemError(f"job id {dup!r} appears twice (running jobs and queue must have unique ids)")
+    for job in (*jobs, *queue):
+        if not isinstance(job, JobSpec):
+            raise ProblemError(f"{job!r} is not a twin.workload.JobSpec")
+        if job.n_cards > n:
+            raise ProblemError(f"job {job.job_id}: {job.n_cards} cards requested but the site has only {n}")
+
+    card_job = np.full(n, IDLE, dtype=np.int64)
+    for j, cards in enumerate(job_cards):
+        idx = np.asarray(cards)
+        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+            raise ProblemError(f"job {jobs[j].job_id}: cards must be a list of integer card indices")
+        idx = idx.astype(np.int64)
+        if idx.size != jobs[j].n_cards:
+            raise ProblemError(
+                f"job {jobs[j].job_id}: {idx.size} cards given but the job has n_cards={jobs[j].n_cards}"
+            )
+        bad = idx[(idx < 0) | (idx >= n)]
+        if bad.size:
+            raise ProblemError(f"job {jobs[j].job_id}: unknown card index {int(bad[0])} (site has cards 0..{n - 1})")
+        if np.unique(idx).size != idx.size:
+            raise ProblemError(f"job {jobs[j].job_id}: a card is listed twice")
+        taken = card_job[idx] >= 0
+        if np.any(taken):
+            c = int(idx[np.flatnonzero(taken)[0]])
+            raise ProblemError(
+                f"card {c} is assigned to both job {jobs[int(card_job[c])].job_id} and job {jobs[j].job_id}"
+            )
+        card_job[idx] = j
+
+    failed_arr = np.zeros(n, dtype=bool) if failed is None else _as_array("failed", failed, (n,), bool)
+    busy_failed = np.flatnonzero(failed_arr & (card_job >= 0))
+    if busy_failed.size:
+        c = int(busy_failed[0])
+        raise ProblemError(f"card {c} is marked failed but assigned to job {jobs[int(card_job[c])].job_id}")
+
+    fac = site.facility
+    supply = fac.supply_temp_c if supply_temp_c is None else float(supply_temp_c)
+    options = tuple(float(x) for x in (fac.supply_temp_options_c if supply_options_c is None else supply_options_c))
+    if not options or not all(math.isfinite(x) for x in options):
+        raise ProblemError("supply_options_c must be a non-empty list of finite temperatures")
+    if not math.isfinite(supply):
+        raise ProblemError(f"supply_temp_c must be finite, got {supply}")
+    amb = fac.ambient_temp_c if ambient_c is None else float(ambient_c)
+    if not (math.isfinite(amb) and -60.0 <= amb <= 60.0):
+        raise ProblemError(f"ambient_c must be a finite temperature within -60..60 deg C, got {ambient_c}")
+
+    th = thermal if thermal is not None else ThermalParams.from_site(site)
+    r_tot = _as_array("thermal resistance", th.r_total_k_per_w, (n,), float).astype(np.float64)
+    if np.any(r_tot <= 0):
+        raise ProblemError("thermal resistance must be positive for every card")
+
+    die = _as_array("die_temp_c", supply if die_temp_c is None else die_temp_c, (n,), float).astype(np.float64)
+    offset = np.zeros(n)
+    if current_level is not None:
+        model = PowerModel.from_card(site.card)
+        lv = _as_array("current_level", current_level, (n,), int).astype(np.int64)
+        if np.any((lv < 0) | (lv >= model.n_levels)):
+            raise ProblemError(f"current_level must be within 0..{model.n_levels - 1}")
+        util = np.zeros(n)
+        for j, job in enumerate(jobs):
+            cards = card_job == j
+            util[cards] = phase_utilization(job, phases[j], site, lv[cards])
+        _p, die_pred = card_steady_power_w(model, lv, util, failed_arr, supply, r_tot)
+        offset = np.maximum(die - die_pred, 0.0)
+
+    limits = _as_array(
+        "rack_limit_w", site.rack.power_limit_w if rack_limit_w is None else rack_limit_w, (site.n_racks,), float
+    ).astype(np.float64)
+    if np.any(limits <= 0):
+        raise ProblemError("rack_limit_w must be positive for every rack")
+
+    n_idle = int(np.sum((card_job < 0) & ~failed_arr))
+    if ready_reserve_cards is None:
+        reserve = min(max((job.n_cards for job in queue), default=0), n_idle)
+    else:
+        if isinstance(ready_reserve_cards, bool) or not isinstance(ready_reserve_cards, int | np.integer):
+            raise ProblemError(f"ready_reserve_cards must be an integer, got {ready_reserve_cards!r}")
+        if ready_reserve_cards < 0:
+            raise ProblemError(f"ready_reserve_cards must be >= 0, got {ready_reserve_cards}")
+        reserve = int(ready_reserve_cards)
+    return CycleProblem(
+        site=site,
+        jobs=jobs,
+        job_phase=phases,
+        card_job=card_job,
+        failed=failed_arr.astype(np.bool_),
+        die_temp_c=die,
+        die_offset_k=offset,
+        r_total_k_per_w=r_tot,
+        rack_limit_w=limits,
+        ambient_c=amb,
+        supply_temp_c=supply,
+        supply_options_c=options,
+        ready_reserve_cards=reserve,
+        margins=margins if margins is not None else Margins(),
+        prices=prices if prices is not None else Prices(),
+        queue=tuple(queue),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Derived tables
+# --------------------------------------------------------------------------------------------
+
+
+def phase_utilization(job: JobSpec, phase: Phase, site: SiteSpec, level: IntArray | int) -> FloatArray:
+    """Average card utilization of a job in ``phase`` at ``level``.
+
+    COMPUTE: ``twin.workload.compute_utilization`` (the busy share of a step). COMMUNICATION: the
+    job's ``noncompute_utilization`` (cards wait on the network). CHECKPOINT and WAITING: 0 (the
+    cards are idle while state is written or input is missing).
+    """
+    clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
+    lv = np.asarray(level, dtype=np.int64)
+    if phase == Phase.COMPUTE:
+        return compute_utilization(job.compute_share, clocks[lv] / clocks[0], job.noncompute_utilization)
+    if phase == Phase.COMMUNICATION:
+        return np.full(lv.shape, job.noncompute_utilization, dtype=np.float64)
+    return np.zeros(lv.shape, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class FacilityLine:
+    """Facility power as an affine function of IT power at one set-point:
+    ``facility_w ~ a_w + b * it_w``, fitted (least squares) to ``twin.cooling.facility_cooling`` over
+    the IT range a plan can reach. ``max_error_w`` is the largest deviation on the fit grid."""
+
+    supply_temp_c: float
+    a_w: float
+    b: float
+    it_lo_w: float
+    it_hi_w: float
+    max_error_w: float
+
+    def facility_w(self, it_w: float) -> float:
+        return self.a_w + self.b * it_w
+
+
+def facility_line(site: SiteSpec, supply_c: float, ambient_c: float, it_lo_w: float, it_hi_w: float) -> FacilityLine:
+    lo, hi = float(it_lo_w), float(max(it_hi_w, it_lo_w + 1.0))
+    grid = np.linspace(lo, hi, 9)
+    fac = np.array([facility_cooling(site, float(it), supply_c, ambient_c).facility_power_w for it in grid])
+    b, a = np.polyfit(grid, fac, 1)
+    err = float(np.max(np.abs(a + b * grid - fac)))
+    return FacilityLine(float(supply_c), float(a), float(b), lo, hi, err)
+
+
+@dataclass(frozen=True, eq=False)
+class DvfsTables:
+    """Everything the DVFS models need at one supply temperature (see module docstring).
+
+    Jobs are split into *free* jobs (a level variable each) and *fixed* jobs (non-COMPUTE phases:
+    pinned at their cheapest allowed level, no variable). ``pair_*`` arrays list the (job, rack)
+    pairs of every job with the job's summed card power in that rack per level.
+    """
+
+    supply_c: float
+    n_levels: int
+    n_racks: int
+    # per job (n_jobs,) / (n_jobs, L)
+    job_power_w: FloatArray  # total power of the job's cards per level
+    job_die_max_c: FloatArray  # hottest card's predicted steady die temperature per level
+    job_value: FloatArray  # value per hour of each level (priority-weighted throughput)
+    job_throughput: FloatArray  # throughput in top-clock card equivalents per level
+    allowed: BoolArray  # level allowed (die limit and SLO)
+    die_ok: BoolArray  # level allowed by the die limit alone
+    slo_ok: BoolArray  # level allowed by the SLO alone
+    fixed: BoolArray  # job pinned (no clock-sensitive work this cycle)
+    cheapest_level: IntArray  # cheapest allowed level (-1 if none)
+    # per (job, rack) pair
+    pair_job: IntArray
+    pair_rack: IntArray
+    pair_cards: IntArray
+    pair_power_w: FloatArray  # (n_pairs, L)
+    # per rack
+    rack_base_w: FloatArray  # host + failed cards (low power) + all idle cards in low power
+    rack_idle: IntArray  # idle cards
+    rack_wake_w: FloatArray  # extra power of one idle card awake instead of low power (worst card)
+    rack_cap_w: FloatArray  # limit - margin
+    reserve: int
+    # per card (for plans)
+    card_level_power_w: FloatArray  # (n_cards, L) steady power of each busy card at each level
+    card_level_die_c: FloatArray  # (n_cards, L)
+    idle_awake_level: int
+
+    @property
+    def n_jobs(self) -> int:
+        return int(self.job_power_w.shape[0])
+
+
+def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
+    """Compute the twin's predictions for every job and level at ``supply_c`` (default: current)."""
+    site = p.site
+    supply = p.supply_temp_c if supply_c is None else float(supply_c)
+    model = PowerModel.from_card(site.card)
+    n_lv = model.n_levels
+    n, n_racks = site.n_cards, site.n_racks
+    card_rack = site.card_rack()
+    busy = p.card_job >= 0
+    busy_idx = np.flatnonzero(busy)
+    jb = p.card_job[busy_idx]
+    levels = np.arange(n_lv, dtype=np.int64)
+
+    # utilization per busy card per level (n_busy, L)
+    util = np.zeros((busy_idx.size, n_lv))
+    for j, job in enumerate(p.jobs):
+        rows = jb == j
+        util[rows, :] = phase_utilization(job, p.job_phase[j], site, levels)[None, :]
+    lv_grid = np.broadcast_to(levels[None, :], util.shape)
+    r_b = p.r_total_k_per_w[busy_idx][:, None]
+    pw, die = card_steady_power_w(model, lv_grid, util, np.zeros(util.shape, dtype=bool), supply, r_b)
+    die = die + p.die_offset_k[busy_idx][:, None]
+    card_level_power = np.zeros((n, n_lv))
+    card_level_die = np.zeros((n, n_lv))
+    card_level_power[busy_idx] = pw
+    card_level_die[busy_idx] = die
+
+    n_jobs = p.n_jobs
+    job_power = np.zeros((n_jobs, n_lv))
+    np.add.at(job_power, jb, pw)
+    job_die = np.full((n_jobs, n_lv), -np.inf)
+    np.maximum.at(job_die, jb, die)
+
+    clocks = model.clocks_mhz
+    thr = np.zeros((n_jobs, n_lv))
+    value = np.zeros((n_jobs, n_lv))
+    slo_ok = np.ones((n_jobs, n_lv), dtype=bool)
+    fixed = np.zeros(n_jobs, dtype=bool)
+    for j, job in enumerate(p.jobs):
+        if p.job_phase[j] == Phase.COMPUTE:
+            rel = relative_throughput(job.compute_share, clocks / clocks[0])
+            thr[j] = job.n_cards * rel
+            value[j] = job.priority * p.prices.card_hour_value * thr[j]
+            slo_ok[j] = rel >= job.min_throughput_frac - 1e-12
+        else:
+            fixed[j] = True
+    die_ok = job_die <= p.die_limit_c + 1e-9
+    allowed = die_ok & slo_ok
+    masked = np.where(allowed, job_power, np.inf)
+    cheapest = np.where(allowed.any(axis=1), np.argmin(masked, axis=1), -1).astype(np.int64)
+
+    key = jb * n_racks + card_rack[busy_idx]
+    uniq, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+    pair_power = np.zeros((uniq.size, n_lv))
+    np.add.at(pair_power, inv, pw)
+
+    idle = p.idle_mask()
+    zeros = np.zeros(n)
+    idle_lv = n_lv - 1
+    lp_w, _ = card_steady_power_w(model, np.full(n, idle_lv), zeros, np.ones(n, dtype=bool), supply, p.r_total_k_per_w)
+    aw_w, _ = card_steady_power_w(model, np.full(n, idle_lv), zeros, np.zeros(n, dtype=bool), supply, p.r_total_k_per_w)
+    base = np.full(n_racks, site.rack.host_overhead_w)
+    base += np.bincount(card_rack, weights=np.where(idle | p.failed, lp_w, 0.0), minlength=n_racks)
+    wake = np.zeros(n_racks)
+    np.maximum.at(wake, card_rack[idle], (aw_w - lp_w)[idle])
+    rack_idle = np.bincount(card_rack[idle], minlength=n_racks).astype(np.int64)
+    return DvfsTables(
+        supply_c=supply,
+        n_levels=n_lv,
+        n_racks=n_racks,
+        job_power_w=job_power,
+        job_die_max_c=job_die,
+        job_value=value,
+        job_throughput=thr,
+        allowed=allowed,
+        die_ok=die_ok,
+        slo_ok=slo_ok,
+        fixed=fixed,
+        cheapest_level=cheapest,
+        pair_job=(uniq // n_racks).astype(np.int64),
+        pair_rack=(uniq % n_racks).astype(np.int64),
+        pair_cards=counts.astype(np.int64),
+        pair_power_w=pair_power,
+        rack_base_w=base,
+        rack_idle=rack_idle,
+        rack_wake_w=wake,
+        rack_cap_w=p.rack_cap_w(),
+        reserve=int(min(p.ready_reserve_cards, int(rack_idle.sum()))),
+        card_level_power_w=card_level_power,
+        card_level_die_c=card_level_die,
+        idle_awake_level=idle_lv,
+    )
+
+
+def it_power_range_w(p: CycleProblem, t: DvfsTables) -> tuple[float, float]:
+    """IT power of the cheapest and of the most expensive plan (for the facility line's fit)."""
+    lo_lv = np.where(t.cheapest_level >= 0, t.cheapest_level, t.n_levels - 1)
+    lo = float(t.rack_base_w.sum() + t.job_power_w[np.arange(t.n_jobs), lo_lv].sum())
+    hi = float(t.rack_base_w.sum() + t.job_power_w.max(axis=1, initial=0.0).sum() + (t.rack_wake_w * t.rack_idle).sum())
+    return lo, hi
