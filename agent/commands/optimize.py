@@ -1,0 +1,730 @@
+"""``racktwin optimize SCENARIO.toml``: offline placement, DVFS / low-power idle and set-point.
+
+Reads a scenario (format in docs/models.md and the comments of examples/scenario-*.toml), places
+the queued jobs, plans DVFS levels, idle states and the coolant set-point with the models, judges
+the plan with the twin (``twin.steady.site_steady_state``) against the all-cards-at-top-clock
+baseline and the greedy plan, and writes ``plan.json``, ``racks.csv`` and ``report.html`` (plots
+embedded as PNG) to ``--out`` (default ``./out/<scenario name>``). ``--json`` prints a summary object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.commands.common import UserError, print_json
+from twin.spec import SiteSpec, SpecError, load_site
+from twin.tables import choices, decode_table, read_toml, rng
+from twin.workload import JobSpec, Phase
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_PHASES = {
+    "compute": Phase.COMPUTE,
+    "communication": Phase.COMMUNICATION,
+    "checkpoint": Phase.CHECKPOINT,
+    "waiting": Phase.WAITING,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario file
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """A running job (``[[jobs]]``: give ``cards`` or ``racks``) or a queued one (``[[queue]]``)."""
+
+    id: str
+    n_cards: int = field(metadata=rng(1, 1_000_000))
+    compute_share: float = field(default=0.9, metadata=rng(0.0, 1.0))
+    step_time_s: float = field(default=1.0, metadata=rng(0.0, 1e6, lo_open=True))
+    work_steps: float = field(default=100_000.0, metadata=rng(0.0, 1e12, lo_open=True))
+    priority: float = field(default=1.0, metadata=rng(0.0, 1e6, lo_open=True))
+    noncompute_utilization: float = field(default=0.2, metadata=rng(0.0, 1.0))
+    min_throughput_frac: float = field(default=0.0, metadata=rng(0.0, 1.0))
+    phase: str = field(default="compute", metadata=choices(*_PHASES))
+    cards: tuple[int, ...] | None = field(default=None, metadata=rng(0, None))
+    racks: tuple[int, ...] | None = field(default=None, metadata=rng(0, None))
+    max_racks: int | None = field(default=None, metadata=rng(1, 1_000))
+
+    def spec(self) -> JobSpec:
+        return JobSpec(
+            job_id=self.id,
+            n_cards=self.n_cards,
+            work_steps=self.work_steps,
+            step_time_s=self.step_time_s,
+            compute_share=self.compute_share,
+            priority=self.priority,
+            noncompute_utilization=self.noncompute_utilization,
+            min_throughput_frac=self.min_throughput_frac,
+        )
+
+
+@dataclass(frozen=True)
+class GenerateSection:
+    """``[generate]``: a seeded synthetic workload instead of (or besides) listed jobs."""
+
+    seed: int = field(default=0, metadata=rng(0, 2**31))
+    allocation: float = field(default=0.65, metadata=rng(0.0, 1.0))
+    sizes: tuple[int, ...] = field(default=(8, 16, 32, 64, 128, 256), metadata=rng(1, 1_000_000))
+    compute_share_min: float = field(default=0.85, metadata=rng(0.0, 1.0))
+    compute_share_max: float = field(default=0.97, metadata=rng(0.0, 1.0))
+    noncompute_utilization: float = field(default=0.3, metadata=rng(0.0, 1.0))
+    phase_weights: tuple[float, ...] = field(default=(0.85, 0.07, 0.05, 0.03), metadata=rng(0.0, None))
+    priorities: tuple[float, ...] = field(default=(1.0, 2.0), metadata=rng(0.0, None, lo_open=True))
+    slo_fraction: float = field(default=0.2, metadata=rng(0.0, 1.0))
+    slo_min_throughput: float = field(default=0.85, metadata=rng(0.0, 1.0))
+    queue_jobs: int = field(default=0, metadata=rng(0, 10_000))
+
+
+@dataclass(frozen=True)
+class PricesSection:
+    card_hour_value: float = field(default=2.0, metadata=rng(0.0, 1e6))
+    energy_price_per_kwh: float = field(default=0.10, metadata=rng(0.0, 1e3))
+    pue_penalty_per_kwh: float = field(default=0.20, metadata=rng(0.0, 1e3))
+
+
+@dataclass(frozen=True)
+class MarginsSection:
+    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, 1e6))
+    die_margin_k: float = field(default=2.0, metadata=rng(0.0, 50.0))
+
+
+@dataclass(frozen=True)
+class SolverSection:
+    time_limit_s: float = field(default=2.0, metadata=rng(0.0, 3600.0, lo_open=True))
+    mip_rel_gap: float = field(default=1e-4, metadata=rng(0.0, 0.5))
+    choose_setpoint: bool = True
+    placement: str = field(default="auto", metadata=choices("auto", "milp", "greedy"))
+
+
+@dataclass(frozen=True)
+class ScenarioFile:
+    """The top level of a scenario TOML file (lists of tables are decoded one by one)."""
+
+    name: str
+    site: str
+    ambient_c: float = field(metadata=rng(-40.0, 55.0))
+    supply_temp_c: float | None = field(default=None, metadata=rng(5.0, 60.0))
+    ready_reserve_cards: int | None = field(default=None, metadata=rng(0, 1_000_000))
+    failed_cards: tuple[int, ...] | None = field(default=None, metadata=rng(0, None))
+    prices: PricesSection = field(default_factory=PricesSection)
+    margins: MarginsSection = field(default_factory=MarginsSection)
+    solver: SolverSection = field(default_factory=SolverSection)
+    generate: GenerateSection | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Scenario:
+    name: str
+    path: Path
+    site: SiteSpec
+    file: ScenarioFile
+    jobs: tuple[JobSpec, ...]
+    job_cards: tuple[IntArray, ...]
+    job_phase: tuple[Phase, ...]
+    queue: tuple[JobEntry, ...]
+    failed: npt.NDArray[np.bool_]
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; every problem is a :class:`UserError` naming file and field."""
+    p = Path(path)
+    src = str(path)
+    try:
+        data = read_toml(p)
+        lists = {k: data.pop(k) for k in ("jobs", "queue") if k in data}
+        sf = decode_table(ScenarioFile, data, src)
+        entries: dict[str, list[JobEntry]] = {"jobs": [], "queue": []}
+        for key, raw in lists.items():
+            if not isinstance(raw, list):
+                raise SpecError(src, key, f"expected an array of tables ([[{key}]]), got {type(raw).__name__}")
+            for i, item in enumerate(raw):
+                entries[key].append(decode_table(JobEntry, item, src, f"{key}[{i}]"))
+        site_path = (p.parent / sf.site).resolve()
+        try:
+            site = load_site(site_path)
+        except SpecError as exc:
+            raise SpecError(src, "site", f"cannot load site spec {sf.site!r}: {exc}") from None
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+    n = site.n_cards
+    failed = np.zeros(n, dtype=bool)
+    for c in sf.failed_cards or ():
+        if c >= n:
+            raise UserError(f"{src}: failed_cards: card {c} does not exist (site has cards 0..{n - 1})")
+        failed[c] = True
+    if sf.supply_temp_c is not None and sf.supply_temp_c not in site.facility.supply_temp_options_c:
+        raise UserError(
+            f"{src}: supply_temp_c: must be one of the site's supply_temp_options_c "
+            f"{list(site.facility.supply_temp_options_c)}, got {sf.supply_temp_c:g}"
+        )
+    used = failed.copy()
+    jobs: list[JobSpec] = []
+    cards_l: list[IntArray] = []
+    phases: list[Phase] = []
+    cpr = site.cards_per_rack
+    for i, e in enumerate(entries["jobs"]):
+        where = f"{src}: jobs[{i}] ({e.id})"
+        try:
+            spec = e.spec()
+        except ValueError as exc:
+            raise UserError(f"{src}: jobs[{i}]: {exc}") from None
+        if e.cards is not None and e.racks is not None:
+            raise UserError(f"{where}: give either cards or racks, not both")
+        if e.cards is not None:
+            cards = np.asarray(e.cards, dtype=np.int64)
+            if cards.size != e.n_cards:
+                raise UserError(f"{where}: cards: {cards.size} cards listed but n_cards = {e.n_cards}")
+            if np.any(cards >= n):
+                raise UserError(f"{where}: cards: card {int(cards[cards >= n][0])} does not exist (0..{n - 1})")
+        elif e.racks is not None:
+            if any(r >= site.n_racks for r in e.racks):
+                raise UserError(f"{where}: racks: rack index out of range (site has racks 0..{site.n_racks - 1})")
+            pool = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in e.racks])
+            pool = pool[~used[pool]]
+            if pool.size < e.n_cards:
+                raise UserError(f"{where}: racks {list(e.racks)} have only {pool.size} free cards for {e.n_cards}")
+            cards = pool[: e.n_cards]
+        else:
+            raise UserError(f"{where}: a running job needs cards = [...] or racks = [...] (or put it in [[queue]])")
+        if np.any(used[cards]):
+            raise UserError(f"{where}: card {int(cards[used[cards]][0])} is already taken (another job or failed)")
+        used[cards] = True
+        jobs.append(spec)
+        cards_l.append(cards)
+        phases.append(_PHASES[e.phase])
+    queue = list(entries["queue"])
+    for i, e in enumerate(queue):
+        try:
+            e.spec()
+        except ValueError as exc:
+            raise UserError(f"{src}: queue[{i}]: {exc}") from None
+        if e.cards is not None or e.racks is not None:
+            raise UserError(f"{src}: queue[{i}] ({e.id}): queued jobs are placed by the optimizer; remove cards/racks")
+    if sf.generate is not None:
+        from models.synthetic import synthetic_workload
+
+        g = sf.generate
+        if len(g.phase_weights) != 4 or sum(g.phase_weights) <= 0:
+            raise UserError(
+                f"{src}: generate.phase_weights: need 4 weights (compute, communication, checkpoint, waiting)"
+            )
+        if g.compute_share_min > g.compute_share_max:
+            raise UserError(f"{src}: generate.compute_share_min: must be <= compute_share_max")
+        wl = synthetic_workload(
+            site,
+            seed=g.seed,
+            allocation=g.allocation,
+            sizes=g.sizes,
+            compute_share=(g.compute_share_min, g.compute_share_max),
+            noncompute_utilization=g.noncompute_utilization,
+            phase_weights=g.phase_weights,
+            priorities=g.priorities,
+            slo_fraction=g.slo_fraction,
+            slo_min_throughput=g.slo_min_throughput,
+            queue_jobs=g.queue_jobs,
+        )
+        for spec, cards, ph in zip(wl.jobs, wl.job_cards, wl.job_phase, strict=True):
+            if np.any(used[cards]):
+                continue  # a listed job or failed card is there: the generated job is dropped
+            used[cards] = True
+            jobs.append(spec)
+            cards_l.append(cards)
+            phases.append(ph)
+        for q in wl.queue:
+            queue.append(
+                JobEntry(
+                    id=q.job_id,
+                    n_cards=q.n_cards,
+                    compute_share=q.compute_share,
+                    step_time_s=q.step_time_s,
+                    work_steps=q.work_steps,
+                    priority=q.priority,
+                    noncompute_utilization=q.noncompute_utilization,
+                    min_throughput_frac=q.min_throughput_frac,
+                )
+            )
+    ids = [j.job_id for j in jobs] + [q.id for q in queue]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise UserError(f"{src}: job id {dup[0]!r} is used twice (jobs and queue ids must be unique)")
+    return Scenario(sf.name, p, site, sf, tuple(jobs), tuple(cards_l), tuple(phases), tuple(queue), failed)
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.add_argument("scenario", help="scenario TOML file (see examples/scenario-*.toml)")
+    parser.add_argument("--out", metavar="DIR", help="output folder (default: ./out/<scenario name>)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    parser.add_argument(
+        "--time-limit", type=float, metavar="S", help="solver time limit per cycle (overrides the file)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _progress(args: argparse.Namespace, msg: str) -> None:
+    if not args.quiet:
+        print(f"racktwin optimize: {msg}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    from models.placement import QueuedJob, make_placement_problem, place_jobs
+    from models.problem import Margins, Prices, ProblemError, make_problem
+    from models.solve import greedy_cycle, plan_cycle
+
+    t_all = time.perf_counter()
+    sc = load_scenario(args.scenario)
+    sf = sc.file
+    site = sc.site
+    time_limit = float(args.time_limit) if args.time_limit is not None else sf.solver.time_limit_s
+    if not (time_limit > 0 and math.isfinite(time_limit)):
+        raise UserError("--time-limit must be a positive number of seconds")
+    out_dir = Path(args.out) if args.out else Path("out") / sc.name
+    prices = Prices(sf.prices.card_hour_value, sf.prices.energy_price_per_kwh, sf.prices.pue_penalty_per_kwh)
+    margins = Margins(sf.margins.rack_margin_w, sf.margins.die_margin_k)
+    supply = sf.supply_temp_c if sf.supply_temp_c is not None else site.facility.supply_temp_c
+    common: dict[str, Any] = {
+        "failed": sc.failed,
+        "ambient_c": sf.ambient_c,
+        "supply_temp_c": supply,
+        "margins": margins,
+        "prices": prices,
+    }
+    _progress(args, f"{sc.name}: {site.n_cards} cards, {len(sc.jobs)} running jobs, {len(sc.queue)} queued")
+    try:
+        p0 = make_problem(
+            site,
+            jobs=sc.jobs,
+            job_cards=sc.job_cards,
+            job_phase=sc.job_phase,
+            queue=[q.spec() for q in sc.queue],
+            **common,
+        )
+        # ---- placement
+        t0 = time.perf_counter()
+        placement = None
+        jobs, cards, phases = list(sc.jobs), list(sc.job_cards), list(sc.job_phase)
+        unplaced: dict[str, str] = {}
+        if sc.queue:
+            _progress(args, f"placing {len(sc.queue)} queued jobs ({sf.solver.placement})")
+            pp = make_placement_problem(p0, [QueuedJob(q.spec(), q.max_racks) for q in sc.queue], supply)
+            placement = place_jobs(pp, method=sf.solver.placement, time_limit_s=time_limit)
+            for q in sc.queue:
+                if q.id in placement.cards:
+                    jobs.append(q.spec())
+                    cards.append(placement.cards[q.id])
+                    phases.append(Phase.COMPUTE)
+            unplaced = placement.unplaced
+        t_place = time.perf_counter() - t0
+        still_queued = [q.spec() for q in sc.queue if q.id in unplaced]
+        p1 = make_problem(
+            site,
+            jobs=jobs,
+            job_cards=cards,
+            job_phase=phases,
+            queue=still_queued,
+            ready_reserve_cards=sf.ready_reserve_cards,
+            **common,
+        )
+    except ProblemError as exc:
+        raise UserError(f"{args.scenario}: {exc}") from None
+    n_opt = len(p1.supply_options_c) if sf.solver.choose_setpoint else 1
+    _progress(args, f"planning DVFS + idle for {len(jobs)} jobs at {n_opt} set-point(s), limit {time_limit:g} s")
+    plan = plan_cycle(
+        p1, time_limit_s=time_limit, mip_rel_gap=sf.solver.mip_rel_gap, choose_setpoint=sf.solver.choose_setpoint
+    )
+    _progress(
+        args,
+        f"plan: {plan.status.value} ({plan.source}) in {plan.solve_time_s:.3f} s, supply {plan.supply_temp_c:g} deg C",
+    )
+    if plan.explanation:
+        for line in plan.explanation.splitlines():
+            _progress(args, f"infeasible: {line}")
+    greedy = greedy_cycle(p1, choose_setpoint=sf.solver.choose_setpoint)
+    judged = _judge(p1, plan.dvfs, plan.supply_temp_c) if plan.dvfs is not None else None
+    greedy_j = _judge(p1, greedy.dvfs, greedy.supply_temp_c) if greedy.dvfs is not None else None
+    base = _baseline(p1, supply)
+    summary: dict[str, Any] = {
+        "status": plan.status.value,
+        "solve_time_s": plan.solve_time_s,
+        "racks": [
+            {
+                "rack": site.rack_names[r],
+                "power_w": float(judged["rack_power_w"][r]) if judged else None,
+                "limit_w": float(p1.rack_limit_w[r]),
+                "max_die_temp_c": float(judged["rack_max_die_c"][r]) if judged else None,
+            }
+            for r in range(site.n_racks)
+        ],
+        "pue": judged["pue"] if judged else None,
+        "it_power_w": judged["it_power_w"] if judged else None,
+        "facility_power_w": judged["facility_power_w"] if judged else None,
+        "baseline_facility_power_w": base["facility_power_w"],
+        "throughput": judged["throughput"] if judged else None,
+        "baseline_throughput": base["throughput"],
+    }
+    _progress(args, f"writing {out_dir}/plan.json, racks.csv, report.html")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_plan_json(out_dir / "plan.json", sc, p1, plan, placement, unplaced, judged, base, t_place)
+        _write_racks_csv(out_dir / "racks.csv", p1, judged, greedy_j, base)
+        _write_report(out_dir / "report.html", sc, p1, plan, judged, greedy, greedy_j, base, t_place)
+    except OSError as exc:
+        raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
+    _progress(args, f"done in {time.perf_counter() - t_all:.1f} s")
+    if args.json:
+        print_json(summary)
+    elif judged is not None:
+        print(
+            f"{sc.name}: {plan.status.value}, supply {plan.supply_temp_c:g} deg C, "
+            f"IT {judged['it_power_w'] / 1e3:.1f} kW, "
+            f"facility {judged['facility_power_w'] / 1e3:.1f} kW (baseline {base['facility_power_w'] / 1e3:.1f} kW), "
+            f"PUE {judged['pue']:.3f}, throughput {judged['throughput']:.1f} (baseline {base['throughput']:.1f}); "
+            f"files in {out_dir}"
+        )
+    return 0 if plan.status.has_plan else 1
+
+
+# --------------------------------------------------------------------------------------------
+# Judging with the twin
+# --------------------------------------------------------------------------------------------
+
+
+def _card_utilization(p: Any, level: IntArray) -> FloatArray:
+    from models.problem import phase_utilization
+
+    u = np.zeros(p.n_cards)
+    for j, job in enumerate(p.jobs):
+        cards = p.card_job == j
+        u[cards] = phase_utilization(job, p.job_phase[j], p.site, level[cards])
+    return u
+
+
+def _judge(p: Any, dvfs: Any, supply_c: float) -> dict[str, Any]:
+    """The plan as the twin sees it: ``site_steady_state`` at the plan's levels and idle states."""
+    from twin.steady import site_steady_state
+
+    ss = site_steady_state(
+        p.site,
+        level=dvfs.card_level,
+        utilization=_card_utilization(p, dvfs.card_level),
+        supply_temp_c=supply_c,
+        ambient_c=p.ambient_c,
+        low_power=dvfs.card_low_power | p.failed,
+    )
+    return {
+        "rack_power_w": ss.rack_power_w,
+        "rack_max_die_c": ss.rack_max_die_temp_c,
+        "die_c": ss.die_temp_c,
+        "it_power_w": ss.it_power_w,
+        "facility_power_w": ss.cooling.facility_power_w,
+        "pue": ss.cooling.pue,
+        "throughput": dvfs.throughput,
+        "supply_c": supply_c,
+    }
+
+
+def _baseline(p: Any, supply_c: float) -> dict[str, Any]:
+    """No agent: every card at the top clock (idle cards in active idle), the scenario's set-point,
+    the cards' own firmware protection (power brake, thermal slowdown) as the only limit."""
+    from twin.steady import site_steady_state
+
+    level = np.zeros(p.n_cards, dtype=np.int64)
+    ss = site_steady_state(
+        p.site,
+        level=level,
+        utilization=_card_utilization(p, level),
+        supply_temp_c=supply_c,
+        ambient_c=p.ambient_c,
+        low_power=p.failed,
+    )
+    from twin.workload import relative_throughput
+
+    clocks = np.asarray(p.site.card.clocks_mhz)
+    thr = 0.0
+    for j, job in enumerate(p.jobs):
+        if p.job_phase[j] == Phase.COMPUTE:
+            lv = int(ss.level[p.card_job == j].max())  # the slowest card sets the pace
+            thr += job.n_cards * float(relative_throughput(job.compute_share, clocks[lv] / clocks[0]))
+    return {
+        "rack_power_w": ss.rack_power_w,
+        "rack_max_die_c": ss.rack_max_die_temp_c,
+        "die_c": ss.die_temp_c,
+        "it_power_w": ss.it_power_w,
+        "facility_power_w": ss.cooling.facility_power_w,
+        "pue": ss.cooling.pue,
+        "throughput": thr,
+        "supply_c": supply_c,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------------
+
+
+def _write_plan_json(
+    path: Path,
+    sc: Scenario,
+    p: Any,
+    plan: Any,
+    placement: Any,
+    unplaced: dict[str, str],
+    judged: dict[str, Any] | None,
+    base: dict[str, Any],
+    t_place: float,
+) -> None:
+    site = p.site
+    clocks = site.card.clocks_mhz
+    card_rack = site.card_rack()
+    placed = set(placement.cards) if placement is not None else set()
+    dv = plan.dvfs
+    jobs_out = []
+    for j, job in enumerate(p.jobs):
+        cards = p.job_cards(j)
+        lv = int(dv.job_level[j]) if dv is not None else None
+        jobs_out.append(
+            {
+                "id": job.job_id,
+                "phase": p.job_phase[j].name.lower(),
+                "placed_now": job.job_id in placed,
+                "racks": sorted({int(r) for r in card_rack[cards]}),
+                "cards": cards.tolist(),
+                "level": lv,
+                "clock_mhz": clocks[lv] if lv is not None else None,
+            }
+        )
+    cards_out = []
+    for i in range(site.n_cards):
+        j = int(p.card_job[i])
+        if p.failed[i]:
+            state = "failed"
+        elif j >= 0:
+            state = "busy"
+        elif dv is not None and dv.card_low_power[i]:
+            state = "low_power"
+        else:
+            state = "awake"
+        cards_out.append(
+            {
+                "card": i,
+                "rack": int(card_rack[i]),
+                "job": p.jobs[j].job_id if j >= 0 else None,
+                "state": state,
+                "level": int(dv.card_level[i]) if dv is not None else None,
+                "power_w": float(dv.card_power_w[i]) if dv is not None else None,
+                "die_temp_c": float(judged["die_c"][i]) if judged else None,
+            }
+        )
+    doc = {
+        "scenario": sc.name,
+        "status": plan.status.value,
+        "source": plan.source,
+        "explanation": plan.explanation,
+        "solve_time_s": plan.solve_time_s,
+        "placement_time_s": t_place,
+        "mip_gap": plan.mip_gap,
+        "supply_temp_c": plan.supply_temp_c,
+        "setpoint_options": [
+            {
+                "supply_temp_c": o.supply_temp_c,
+                "status": o.status.value,
+                "objective_per_h": o.objective_per_h,
+                "facility_power_w": o.facility_power_w,
+                "it_power_w": o.it_power_w,
+            }
+            for o in plan.setpoint.options
+        ],
+        "objective_per_h": plan.objective_per_h,
+        "it_power_w": judged["it_power_w"] if judged else None,
+        "facility_power_w": judged["facility_power_w"] if judged else None,
+        "pue": judged["pue"] if judged else None,
+        "baseline": {k: base[k] for k in ("it_power_w", "facility_power_w", "pue", "throughput")},
+        "unplaced": unplaced,
+        "jobs": jobs_out,
+        "cards": cards_out,
+    }
+    from agent.commands.common import _clean
+
+    path.write_text(json.dumps(_clean(doc), indent=1) + "\n", encoding="utf-8")
+
+
+def _write_racks_csv(
+    path: Path, p: Any, judged: dict[str, Any] | None, greedy: dict[str, Any] | None, base: dict[str, Any]
+) -> None:
+    site = p.site
+    card_rack = site.card_rack()
+    busy = np.bincount(card_rack[p.card_job >= 0], minlength=site.n_racks)
+    failed = np.bincount(card_rack[p.failed], minlength=site.n_racks)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            [
+                "rack",
+                "limit_w",
+                "cap_w",
+                "power_w",
+                "max_die_temp_c",
+                "busy_cards",
+                "failed_cards",
+                "greedy_power_w",
+                "baseline_power_w",
+                "baseline_max_die_temp_c",
+            ]
+        )
+        cap = p.rack_cap_w()
+        for r in range(site.n_racks):
+            w.writerow(
+                [
+                    site.rack_names[r],
+                    f"{p.rack_limit_w[r]:.1f}",
+                    f"{cap[r]:.1f}",
+                    f"{judged['rack_power_w'][r]:.1f}" if judged else "",
+                    f"{judged['rack_max_die_c'][r]:.2f}" if judged else "",
+                    int(busy[r]),
+                    int(failed[r]),
+                    f"{greedy['rack_power_w'][r]:.1f}" if greedy else "",
+                    f"{base['rack_power_w'][r]:.1f}",
+                    f"{base['rack_max_die_c'][r]:.2f}",
+                ]
+            )
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _write_report(
+    path: Path,
+    sc: Scenario,
+    p: Any,
+    plan: Any,
+    judged: dict[str, Any] | None,
+    greedy: Any,
+    greedy_j: dict[str, Any] | None,
+    base: dict[str, Any],
+    t_place: float,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    site = p.site
+    names = site.rack_names
+    x = np.arange(site.n_racks)
+    imgs: list[tuple[str, str]] = []
+    wide = max(6.0, min(0.25 * site.n_racks, 24.0))
+
+    fig, ax = plt.subplots(figsize=(wide, 3.2))
+    wb = 0.27
+    ax.bar(x - wb, base["rack_power_w"] / 1e3, wb, label="baseline (top clock)", color="#bbbbbb")
+    if greedy_j:
+        ax.bar(x, greedy_j["rack_power_w"] / 1e3, wb, label="greedy", color="#8fb3d9")
+    if judged:
+        ax.bar(x + wb, judged["rack_power_w"] / 1e3, wb, label="plan", color="#1f5fa8")
+    ax.axhline(float(p.rack_limit_w.max()) / 1e3, color="red", lw=1.2, label="limit")
+    ax.axhline(float(p.rack_cap_w().max()) / 1e3, color="red", lw=0.8, ls="--", label="limit - margin")
+    ax.set_ylabel("rack power (kW)")
+    ax.set_xticks(x[:: max(1, site.n_racks // 32)], [names[i] for i in x[:: max(1, site.n_racks // 32)]], fontsize=7)
+    lo = float(min(base["rack_power_w"].min(), judged["rack_power_w"].min() if judged else 1e9)) / 1e3
+    ax.set_ylim(max(0.0, lo - 5.0), float(max(base["rack_power_w"].max(), p.rack_limit_w.max())) / 1e3 + 2.0)
+    ax.legend(fontsize=7, ncol=5, loc="lower right")
+    imgs.append(("Rack power vs limit (twin steady state)", _png(fig)))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.0))
+    t_lo = float(min(base["die_c"].min(), judged["die_c"].min() if judged else 99.0)) - 1.0
+    bins = [float(b) for b in np.linspace(t_lo, p.site.card.max_temp_c + 1.0, 50)]
+    ax.hist(base["die_c"], bins=bins, alpha=0.5, label="baseline", color="#999999")
+    if judged:
+        ax.hist(judged["die_c"], bins=bins, alpha=0.7, label="plan", color="#1f5fa8")
+    ax.axvline(p.die_limit_c, color="red", lw=1.0, ls="--", label="die limit")
+    ax.axvline(p.site.card.slowdown_temp_c, color="red", lw=1.2, label="slowdown")
+    ax.set_xlabel("steady die temperature (deg C)")
+    ax.set_ylabel("cards")
+    ax.legend(fontsize=7)
+    imgs.append(("Die temperatures", _png(fig)))
+    plt.close(fig)
+
+    rows = [("baseline", base)] + ([("greedy", greedy_j)] if greedy_j else []) + ([("plan", judged)] if judged else [])
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.0))
+    labels = [r[0] for r in rows]
+    colors = ["#bbbbbb", "#8fb3d9", "#1f5fa8"][: len(rows)]
+    axes[0].bar(labels, [r[1]["facility_power_w"] / 1e3 for r in rows], color=colors)
+    axes[0].bar(labels, [r[1]["it_power_w"] / 1e3 for r in rows], color="none", edgecolor="k", hatch="//")
+    axes[0].set_ylabel("facility power (kW); hatched: IT")
+    axes[1].bar(labels, [r[1]["pue"] for r in rows], color=colors)
+    axes[1].axhline(site.pue_target, color="red", lw=1.0, label="target")
+    axes[1].set_ylim(1.0, max(max(r[1]["pue"] for r in rows), site.pue_target) + 0.02)
+    axes[1].set_ylabel("PUE")
+    axes[1].legend(fontsize=7)
+    axes[2].bar(labels, [r[1]["throughput"] for r in rows], color=colors)
+    axes[2].set_ylabel("throughput (top-clock card equiv.)")
+    fig.tight_layout()
+    imgs.append(("Energy, PUE and throughput against the baseline and the greedy plan", _png(fig)))
+    plt.close(fig)
+
+    opts = [o for o in plan.setpoint.options if o.facility_power_w is not None]
+    if len(plan.setpoint.options) > 1 and opts:
+        fig, ax = plt.subplots(figsize=(6.0, 2.8))
+        ax.plot([o.supply_temp_c for o in opts], [o.facility_power_w / 1e3 for o in opts], "o-", label="facility power")
+        ax.set_xlabel("rack supply set-point (deg C)")
+        ax.set_ylabel("facility power (kW)")
+        ax.axvline(plan.supply_temp_c, color="green", ls="--", label="chosen")
+        ax.legend(fontsize=7)
+        imgs.append(("Coolant set-point options (each with its own DVFS plan)", _png(fig)))
+        plt.close(fig)
+
+    def fmt(v: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+        return "-" if v is None else f"{v / scale:.{digits}f}{unit}"
+
+    table_rows = "".join(
+        f"<tr><td>{escape(n)}</td><td>{fmt(r['it_power_w'], ' kW', 1e3)}</td>"
+        f"<td>{fmt(r['facility_power_w'], ' kW', 1e3)}</td>"
+        f"<td>{fmt(r['pue'], '', 1, 3)}</td><td>{fmt(r['throughput'])}</td><td>{r['supply_c']:g} deg C</td>"
+        f"<td>{fmt(float(r['rack_power_w'].max()), ' kW', 1e3, 2)}</td>"
+        f"<td>{fmt(float(r['die_c'].max()), ' deg C')}</td></tr>"
+        for n, r in rows
+    )
+    expl = f"<pre>{escape(plan.explanation)}</pre>" if plan.explanation else ""
+    figs = "".join(f"<h2>{escape(t)}</h2><img alt='{escape(t)}' src='data:image/png;base64,{b}'/>" for t, b in imgs)
+    html = f"""<!doctype html><html><head><meta charset="utf-8"><title>racktwin optimize: {escape(sc.name)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:1em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}img{{max-width:100%}}</style></head><body>
+<h1>racktwin optimize: {escape(sc.name)}</h1>
+<p>Site {escape(site.name)}: {site.n_cards} cards, {site.n_racks} racks; {p.n_jobs} jobs running;
+ambient {p.ambient_c:g} deg C. Status <b>{escape(plan.status.value)}</b> ({escape(plan.source)}),
+solve {plan.solve_time_s:.3f} s, placement {t_place:.3f} s, chosen supply {plan.supply_temp_c:g} deg C.</p>{expl}
+<table><tr><th>plan</th><th>IT</th><th>facility</th><th>PUE</th><th>throughput</th><th>supply</th>
+<th>max rack</th><th>max die</th></tr>
+{table_rows}</table>
+<p>All numbers are the twin's steady state (<code>twin.steady.site_steady_state</code>) at each plan's levels
+and idle states. Baseline: every card at the top clock, idle cards in active idle, the scenario's set-point,
+only the cards' own protection.</p>
+{figs}</body></html>
+"""
+    path.write_text(html, encoding="utf-8")
