@@ -1,0 +1,496 @@
+"""The MQTT client used by the agent and the simulator. The only module that imports aiomqtt.
+
+:class:`Bus` keeps one connection alive: an outer loop connects (username/password, TLS), re-issues
+every subscription on every connect, hands incoming messages to the caller, and after a lost
+connection or a refused one waits a randomized exponential backoff (``reconnect_min_s`` doubling to
+``reconnect_max_s``, times a random factor in [0.5, 1)) before trying again. The caller never sees
+``aiomqtt.MqttError``: it iterates :meth:`Bus.messages` (or passes ``on_message``) and publishes with
+:meth:`Bus.publish` / :meth:`Bus.send`, which raise :class:`BusNotConnected` while the link is down
+so that the caller decides (telemetry: drop, commands: keep and retry)::
+
+    options = MqttOptions.from_url("mqtts://broker:8883", username="r0", password=..., ca_file="ca.crt")
+    async with Bus(options, subscriptions=[topics.rack_cmd("r0")], will=None) as bus:
+        await bus.wait_connected(10)
+        await bus.send(codec.outgoing(batch))
+        async for m in bus.messages():           # survives reconnects
+            msg = codec.decode(m.topic, m.payload)
+
+A last will (:class:`LastWill`, or a function returning one, called at every connect so its
+timestamp is fresh) is published by the broker only when the connection is lost *uncleanly*; a
+clean :meth:`Bus.close` sends DISCONNECT and the broker discards the will, so a service publishes
+its own "offline" status before closing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import aiomqtt
+from aiomqtt.exceptions import MqttConnectError
+
+from agent.wire import Outgoing
+
+__all__ = [
+    "Bus",
+    "BusConnectError",
+    "BusError",
+    "BusNotConnected",
+    "BusStats",
+    "Incoming",
+    "LastWill",
+    "MqttOptions",
+    "add_mqtt_arguments",
+    "backoff_delay_s",
+    "check_connection",
+    "mqtt_options_from_args",
+]
+
+log = logging.getLogger("racktwin.bus")
+
+#: Environment variable read for the password when no password file is given.
+PASSWORD_ENV = "RACKTWIN_MQTT_PASSWORD"
+
+
+class BusError(Exception):
+    """A publish or subscribe that could not be done."""
+
+
+class BusNotConnected(BusError):
+    """The bus is (momentarily) not connected; the message was not sent."""
+
+
+class BusConnectError(BusError):
+    """The broker could not be reached or refused the connection (bad credentials, not authorized)."""
+
+
+@dataclass(frozen=True)
+class MqttOptions:
+    """How to reach the broker. TLS is on when ``tls`` is set or any certificate file is given;
+    ``tls_insecure`` skips the host name check only (the certificate chain is still verified)."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    tls_insecure: bool = False
+    client_id: str | None = None
+    clean_session: bool = True
+    keepalive_s: int = 30
+    connect_timeout_s: float = 10.0
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    max_inflight: int = 100
+    max_queued_incoming: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be within 1..65535, got {self.port}")
+        if self.password is not None and self.username is None:
+            raise ValueError("a password needs a username")
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("a client key file needs a client certificate file")
+        if self.tls_insecure and not self.use_tls:
+            raise ValueError("tls_insecure only makes sense with TLS")
+        if not 0 < self.reconnect_min_s <= self.reconnect_max_s:
+            raise ValueError("need 0 < reconnect_min_s <= reconnect_max_s")
+
+    @property
+    def use_tls(self) -> bool:
+        return self.tls or self.ca_file is not None or self.cert_file is not None
+
+    @property
+    def url(self) -> str:
+        """``mqtt[s]://user@host:port`` (never the password), for logs."""
+        user = f"{self.username}@" if self.username else ""
+        return f"{'mqtts' if self.use_tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> MqttOptions:
+        """From ``mqtt://[user[:password]@]host[:port]`` or ``mqtts://...`` (TLS, default port 8883).
+        Keyword arguments override what the URL says."""
+        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+        if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+            raise ValueError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
+        tls = parts.scheme in ("mqtts", "ssl")
+        try:
+            port = parts.port or (8883 if tls else 1883)
+        except ValueError:
+            raise ValueError(f"broker URL {url!r}: bad port") from None
+        kw: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": port, "tls": tls}
+        if parts.username:
+            kw["username"] = unquote(parts.username)
+        if parts.password:
+            kw["password"] = unquote(parts.password)
+        kw.update(overrides)
+        return cls(**kw)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client TLS context (None without TLS). Reads the certificate files."""
+        if not self.use_tls:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
+        if self.cert_file is not None:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        if self.tls_insecure:
+            ctx.check_hostname = False
+        return ctx
+
+
+@dataclass(frozen=True)
+class LastWill:
+    """Published by the broker for us when our connection dies uncleanly (retained by default)."""
+
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A received message: topic, raw payload, retain flag (a retained message replayed on subscribe)."""
+
+    topic: str
+    payload: bytes
+    retain: bool
+    qos: int
+
+
+@dataclass
+class BusStats:
+    connects: int = 0
+    disconnects: int = 0
+    failed_connects: int = 0
+    received: int = 0
+    dropped: int = 0  # incoming messages dropped because the consumer's queue was full
+    published: int = 0
+    publish_errors: int = 0
+    last_error: str | None = None
+
+
+def backoff_delay_s(attempt: int, min_s: float, max_s: float, rng: random.Random | None = None) -> float:
+    """Randomized exponential backoff: ``min(max_s, min_s * 2**attempt) * U[0.5, 1)``."""
+    base = min(max_s, min_s * (2.0 ** min(attempt, 60)))
+    return base * (0.5 + 0.5 * (rng or random).random())
+
+
+OnConnect = Callable[["Bus"], Awaitable[None]]
+OnMessage = Callable[[Incoming], None]
+
+
+def _client(
+    options: MqttOptions, will: LastWill | None, queue_type: Any = None, tls_context: ssl.SSLContext | None = None
+) -> aiomqtt.Client:
+    return aiomqtt.Client(
+        options.host,
+        options.port,
+        username=options.username,
+        password=options.password,
+        identifier=options.client_id,
+        clean_session=options.clean_session,
+        keepalive=options.keepalive_s,
+        timeout=options.connect_timeout_s,
+        tls_context=tls_context if tls_context is not None else options.ssl_context(),
+        will=None if will is None else aiomqtt.Will(will.topic, will.payload, will.qos, will.retain),
+        max_inflight_messages=options.max_inflight,
+        max_queued_incoming_messages=options.max_queued_incoming,
+        queue_type=queue_type,
+        logger=logging.getLogger("racktwin.bus.mqtt"),
+    )
+
+
+def _forwarding_queue(deliver: Callable[[aiomqtt.Message], None]) -> type[asyncio.Queue[aiomqtt.Message]]:
+    """An aiomqtt ``queue_type`` that hands each message straight to ``deliver`` (no per-message
+    task as aiomqtt's own iterator creates). ``client.messages`` then only waits for a disconnect."""
+
+    class _Forward(asyncio.Queue[aiomqtt.Message]):
+        def put_nowait(self, item: aiomqtt.Message) -> None:
+            deliver(item)
+
+    return _Forward
+
+
+class Bus:
+    """One resilient MQTT connection (see the module docstring). Use as ``async with Bus(...)``."""
+
+    def __init__(
+        self,
+        options: MqttOptions,
+        *,
+        subscriptions: Iterable[str | tuple[str, int]] = (),
+        will: LastWill | Callable[[], LastWill] | None = None,
+        on_connect: OnConnect | None = None,
+        on_message: OnMessage | None = None,
+        name: str = "bus",
+    ) -> None:
+        self.options = options
+        self.name = name
+        self.stats = BusStats()
+        self._subs: dict[str, int] = {}
+        for s in subscriptions:
+            topic, qos = (s, 1) if isinstance(s, str) else s
+            self._subs[topic] = qos
+        self._will = will
+        self._on_connect = on_connect
+        self._on_message = on_message
+        self._tls_context = options.ssl_context()  # read certificate files now: a bad path fails here
+        self._queue: asyncio.Queue[Incoming | None] = asyncio.Queue(maxsize=options.max_queued_incoming)
+        self._client: aiomqtt.Client | None = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._rng = random.Random()
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    async def __aenter__(self) -> Bus:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        """Start the connection loop in the background (``async with`` does this)."""
+        if self._task is None:
+            self._closing = False
+            self._task = asyncio.create_task(self._run(), name=f"{self.name}-connection")
+
+    async def close(self) -> None:
+        """Disconnect cleanly (the broker drops our will) and stop reconnecting."""
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)  # ends messages()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def wait_connected(self, timeout_s: float | None = None) -> None:
+        """Wait until connected and subscribed; :class:`BusConnectError` after ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        except TimeoutError:
+            raise BusConnectError(
+                f"{self.name}: not connected to {self.options.url} after {timeout_s} s"
+                + (f" (last error: {self.stats.last_error})" if self.stats.last_error else "")
+            ) from None
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._closing:
+            will = self._will() if callable(self._will) else self._will
+            client = _client(self.options, will, _forwarding_queue(self._deliver), self._tls_context)
+            connected = False
+            try:
+                async with client:
+                    connected = True
+                    attempt = 0
+                    self._client = client
+                    for topic, qos in list(self._subs.items()):
+                        await client.subscribe(topic, qos)
+                    self.stats.connects += 1
+                    self._connected.set()
+                    log.info("%s: connected to %s (%d subscriptions)", self.name, self.options.url, len(self._subs))
+                    if self._on_connect is not None:
+                        try:
+                            await self._on_connect(self)
+                        except BusError as exc:
+                            log.warning("%s: on_connect could not publish: %s", self.name, exc)
+                        except Exception:
+                            log.exception("%s: on_connect failed", self.name)
+                    async for _ in client.messages:  # messages go to _deliver; this waits for a disconnect
+                        pass
+            except aiomqtt.MqttError as exc:
+                self.stats.last_error = str(exc)
+                if connected:
+                    self.stats.disconnects += 1
+                    log.warning("%s: connection to %s lost: %s", self.name, self.options.url, exc)
+                else:
+                    self.stats.failed_connects += 1
+                    level = logging.ERROR if isinstance(exc, MqttConnectError) else logging.WARNING
+                    log.log(level, "%s: cannot connect to %s: %s", self.name, self.options.url, exc)
+            finally:
+                self._connected.clear()
+                self._client = None
+            if self._closing:
+                break
+            delay = backoff_delay_s(attempt, self.options.reconnect_min_s, self.options.reconnect_max_s, self._rng)
+            attempt += 1
+            log.info("%s: reconnecting in %.2f s", self.name, delay)
+            await asyncio.sleep(delay)
+
+    # ---- receiving ------------------------------------------------------------------------
+    def _deliver(self, m: aiomqtt.Message) -> None:
+        payload = m.payload
+        if not isinstance(payload, bytes):
+            payload = bytes(payload) if isinstance(payload, bytearray) else str(payload).encode()
+        item = Incoming(m.topic.value, payload, bool(m.retain), int(m.qos))
+        self.stats.received += 1
+        if self._on_message is not None:
+            try:
+                self._on_message(item)
+            except Exception:
+                log.exception("%s: on_message failed for a message on %r", self.name, item.topic)
+            return
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.stats.dropped += 1
+            if self.stats.dropped in (1, 10, 100, 1000) or self.stats.dropped % 10_000 == 0:
+                log.warning("%s: consumer too slow, %d incoming messages dropped", self.name, self.stats.dropped)
+
+    async def messages(self) -> AsyncIterator[Incoming]:
+        """Every received message, across reconnects, until the bus is closed (or the caller stops)."""
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    def pending(self) -> int:
+        """Messages received and not yet taken from :meth:`messages`."""
+        return self._queue.qsize()
+
+    # ---- subscribing and publishing -------------------------------------------------------
+    async def subscribe(self, topic_filter: str, qos: int = 1) -> None:
+        """Subscribe now (if connected) and on every later connect."""
+        self._subs[topic_filter] = qos
+        client = self._client
+        if client is not None and self.connected:
+            try:
+                await client.subscribe(topic_filter, qos)
+            except aiomqtt.MqttError as exc:
+                log.warning("%s: subscribe %r failed (will retry on reconnect): %s", self.name, topic_filter, exc)
+
+    async def unsubscribe(self, topic_filter: str) -> None:
+        self._subs.pop(topic_filter, None)
+        client = self._client
+        if client is not None and self.connected:
+            with contextlib.suppress(aiomqtt.MqttError):
+                await client.unsubscribe(topic_filter)
+
+    async def publish(
+        self, topic: str, payload: bytes, *, qos: int = 0, retain: bool = False, timeout_s: float | None = None
+    ) -> None:
+        """Publish; at QoS 1 returns once the broker has acknowledged. Raises :class:`BusNotConnected`
+        when the link is down and :class:`BusError` when the publish fails (nothing is queued)."""
+        client = self._client
+        if client is None or not self.connected:
+            raise BusNotConnected(f"{self.name}: not connected to {self.options.url}")
+        try:
+            await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
+        except aiomqtt.MqttError as exc:
+            self.stats.publish_errors += 1
+            raise BusError(f"{self.name}: publish to {topic!r} failed: {exc}") from exc
+        self.stats.published += 1
+
+    async def send(self, out: Outgoing, *, timeout_s: float | None = None) -> None:
+        """Publish an encoded message with its protocol QoS and retain flag (``Codec.outgoing``)."""
+        await self.publish(out.topic, out.payload, qos=out.qos, retain=out.retain, timeout_s=timeout_s)
+
+
+async def check_connection(options: MqttOptions, timeout_s: float = 5.0) -> None:
+    """Connect once and disconnect; :class:`BusConnectError` saying why when that fails."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with _client(options, None):
+                return
+    except TimeoutError:
+        raise BusConnectError(f"no answer from {options.url} within {timeout_s} s") from None
+    except MqttConnectError as exc:
+        raise BusConnectError(f"{options.url} refused the connection: {exc}") from None
+    except aiomqtt.MqttError as exc:
+        raise BusConnectError(f"cannot connect to {options.url}: {exc}") from None
+    except (OSError, ssl.SSLError) as exc:
+        raise BusConnectError(f"cannot connect to {options.url}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Command-line options shared by `racktwin sim` and `racktwin agent`
+# --------------------------------------------------------------------------------------------
+
+
+def add_mqtt_arguments(parser: argparse.ArgumentParser, *, embedded_default: bool = True) -> None:
+    """Add ``--broker`` and the MQTT client options to a command's parser."""
+    g = parser.add_argument_group("MQTT broker")
+    g.add_argument(
+        "--broker",
+        metavar="URL",
+        default=None,
+        help="mqtt://host:port or mqtts://host:port (TLS)"
+        + ("; without it an embedded broker is started on a free loopback port" if embedded_default else ""),
+    )
+    g.add_argument("--mqtt-username", metavar="USER", default=None, help="user name for the broker")
+    g.add_argument(
+        "--mqtt-password-file",
+        metavar="FILE",
+        default=None,
+        help=f"file whose first line is the password (or set {PASSWORD_ENV})",
+    )
+    g.add_argument("--mqtt-ca-file", metavar="FILE", default=None, help="CA certificate(s) to verify the broker")
+    g.add_argument("--mqtt-cert-file", metavar="FILE", default=None, help="client certificate (TLS client auth)")
+    g.add_argument("--mqtt-key-file", metavar="FILE", default=None, help="client private key")
+    g.add_argument(
+        "--mqtt-tls-insecure",
+        action="store_true",
+        help="do not check the broker's host name against its certificate (testing only)",
+    )
+    g.add_argument("--mqtt-client-id", metavar="ID", default=None, help="MQTT client id (default: random)")
+
+
+def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOptions | None:
+    """MQTT options from :func:`add_mqtt_arguments`' options; None when ``--broker`` was not given.
+    Problems are raised as ``agent.commands.common.UserError`` (one line for the user)."""
+    from agent.commands.common import UserError
+
+    if ns.broker is None:
+        return None
+    password: str | None = None
+    if ns.mqtt_password_file is not None:
+        try:
+            lines = Path(ns.mqtt_password_file).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: {exc.strerror or exc}") from None
+        password = lines[0].strip() if lines else ""
+    elif os.environ.get(PASSWORD_ENV):
+        password = os.environ[PASSWORD_ENV]
+    for opt in ("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):
+        value = getattr(ns, opt)
+        if value is not None and not Path(value).is_file():
+            raise UserError(f"--{opt.replace('_', '-')} {value}: no such file")
+    kw: dict[str, Any] = {
+        "ca_file": ns.mqtt_ca_file,
+        "cert_file": ns.mqtt_cert_file,
+        "key_file": ns.mqtt_key_file,
+        "tls_insecure": ns.mqtt_tls_insecure,
+        "client_id": ns.mqtt_client_id,
+    }
+    if ns.mqtt_username is not None:
+        kw["username"] = ns.mqtt_username
+    if password is not None:
+        kw["password"] = password
+    kw.update(overrides)
+    try:
+        return MqttOptions.from_url(ns.broker, **kw)
+    except ValueError as exc:
+        raise UserError(f"--broker {ns.broker}: {exc}") from None

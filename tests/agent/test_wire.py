@@ -1,0 +1,446 @@
+"""The MQTT protocol (agent/wire.py) without a broker: topics, round trips, units, rejections."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import REPO, sample_messages
+
+from agent import wire
+from agent.wire import Codec, Kind, Rejection, RejectReason, SiteLayout, Topics
+from twin.spec import load_site
+
+pytestmark = pytest.mark.unit
+
+TS = 1_790_000_000.0
+
+
+# ---- topics ------------------------------------------------------------------------------------
+
+
+def test_topic_names_follow_the_documented_table() -> None:
+    t = Topics("site1")
+    assert t.cards("r0") == "racktwin/v1/site1/rack/r0/cards"
+    assert t.cdu("r0") == "racktwin/v1/site1/rack/r0/cdu"
+    assert t.pdu("r0") == "racktwin/v1/site1/rack/r0/pdu"
+    assert t.rack_cmd("r0") == "racktwin/v1/site1/rack/r0/cmd"
+    assert t.rack_ack("r0") == "racktwin/v1/site1/rack/r0/ack"
+    assert t.applied("r0") == "racktwin/v1/site1/rack/r0/applied"
+    assert t.facility == "racktwin/v1/site1/facility"
+    assert t.facility_cmd == "racktwin/v1/site1/facility/cmd"
+    assert t.facility_ack == "racktwin/v1/site1/facility/ack"
+    assert t.job_events == "racktwin/v1/site1/jobs/events"
+    assert t.scheduler_cmd == "racktwin/v1/site1/scheduler/cmd"
+    assert t.scheduler_ack == "racktwin/v1/site1/scheduler/ack"
+    assert t.agent_status == "racktwin/v1/site1/agent/status"
+    assert t.advice == "racktwin/v1/site1/agent/advice"
+    assert t.filter(Kind.CARDS) == "racktwin/v1/site1/rack/+/cards"
+    assert "racktwin/v1/site1/rack/+/cmd" in t.plant_filters()
+    assert t.plant_filters(["r1"])[0] == "racktwin/v1/site1/rack/r1/cmd"
+    assert set(t.agent_filters()).isdisjoint(t.plant_filters())
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "a+b", "#", "agent", "facility", "x" * 65, "s p"])
+def test_site_and_rack_names_must_be_single_safe_topic_levels(bad: str) -> None:
+    with pytest.raises(ValueError):
+        Topics(bad)
+    with pytest.raises(ValueError):
+        SiteLayout("site1", ("r0", bad), 64)
+
+
+def test_layout_from_the_example_site() -> None:
+    spec = load_site(REPO / "examples" / "supernode-512.toml")
+    layout = SiteLayout.from_spec(spec, site="site1")
+    assert layout.racks == tuple(f"r{i}" for i in range(8))
+    assert layout.cards_per_rack == 64
+    assert layout.n_levels == spec.card.n_levels
+
+
+@pytest.mark.parametrize(
+    ("topic", "reason"),
+    [
+        ("racktwin/v1/site1/rack/r9/cards", RejectReason.UNKNOWN_RACK),
+        ("racktwin/v1/site1/rack/r0/voltage", RejectReason.UNKNOWN_TOPIC),
+        ("racktwin/v1/site1/rack/r0/cards/extra", RejectReason.UNKNOWN_TOPIC),
+        ("racktwin/v1/other/rack/r0/cards", RejectReason.UNKNOWN_TOPIC),
+        ("racktwin/v2/site1/rack/r0/cards", RejectReason.UNKNOWN_TOPIC),
+        ("racktwin/v1/site1/r0/cards", RejectReason.UNKNOWN_TOPIC),
+        ("racktwin/v1/site1/facility/cmd/x", RejectReason.UNKNOWN_TOPIC),
+        ("", RejectReason.UNKNOWN_TOPIC),
+    ],
+)
+def test_bad_topics_are_rejected_and_counted(codec: Codec, topic: str, reason: RejectReason) -> None:
+    result = codec.decode(topic, b"{}")
+    assert isinstance(result, Rejection)
+    assert result.reason is reason
+    assert codec.counter.count(reason) == 1
+    assert codec.counter.total == 1
+
+
+def test_parse_topic(codec: Codec) -> None:
+    assert codec.parse_topic("racktwin/v1/site1/rack/r5/applied") == wire.TopicInfo(Kind.APPLIED, "r5")
+    assert codec.parse_topic("racktwin/v1/site1/jobs/events") == wire.TopicInfo(Kind.JOB_EVENT, None)
+
+
+# ---- round trips -------------------------------------------------------------------------------
+
+
+def test_every_message_kind_round_trips(codec: Codec, all_messages: list[Any]) -> None:
+    kinds = set()
+    for msg in all_messages:
+        out = codec.outgoing(msg)
+        back = codec.decode(out.topic, out.payload)
+        assert not isinstance(back, Rejection), back
+        assert back == msg, type(msg).__name__
+        assert wire.approx_equal(back, msg)
+        kinds.add(wire.kind_of(msg))
+    assert kinds == set(Kind)
+    assert codec.counter.total == 0
+
+
+def test_qos_and_retain_per_kind(codec: Codec, all_messages: list[Any]) -> None:
+    for msg in all_messages:
+        out = codec.outgoing(msg)
+        kind = wire.kind_of(msg)
+        if isinstance(msg, wire.RackCommand | wire.FacilityCommand | wire.SchedulerCommand):
+            assert (out.qos, out.retain) == (1, False)
+        elif kind in (Kind.APPLIED, Kind.AGENT_STATUS):
+            assert (out.qos, out.retain) == (1, True)
+        elif kind in (Kind.CARDS, Kind.CDU, Kind.PDU, Kind.FACILITY):
+            assert (out.qos, out.retain) == (0, False)
+        else:
+            assert (out.qos, out.retain) == (1, False)
+
+
+def test_ack_topics_follow_their_target(codec: Codec) -> None:
+    cid = wire.new_command_id()
+    for target, topic in [
+        ("r1", "racktwin/v1/site1/rack/r1/ack"),
+        (wire.FACILITY, "racktwin/v1/site1/facility/ack"),
+        (wire.SCHEDULER, "racktwin/v1/site1/scheduler/ack"),
+    ]:
+        ack = wire.Acknowledgement(target, cid, wire.AckResult.APPLIED, ts_s=TS, seq=0, publisher="sim")
+        assert codec.topic_for(ack) == topic
+
+
+def test_wire_names_and_units(codec: Codec, all_messages: list[Any]) -> None:
+    cards, cdu = all_messages[0], all_messages[1]
+    payload = json.loads(wire.encode(cards))
+    assert payload["schema"] == "racktwin.cards/1"
+    assert set(payload) == {
+        "schema",
+        "ts",
+        "seq",
+        "publisher",
+        "card_index",
+        "power_watts",
+        "temperature_celsius",
+        "sm_clock_mhz",
+        "utilization_percent",
+        "power_limit_watts",
+        "low_power",
+    }
+    assert payload["utilization_percent"] == pytest.approx(list(cards.utilization * 100.0))
+    payload = json.loads(wire.encode(cdu))
+    assert payload["delta_pressure_kpa"] == pytest.approx(cdu.delta_pressure_pa / 1000.0)
+    assert payload["flow_liters_per_minute"] == cdu.flow_lpm
+    decoded = codec.decode(codec.topics.cdu("r3"), wire.encode(cdu))
+    assert isinstance(decoded, wire.CduReading)
+    assert decoded.delta_pressure_pa == pytest.approx(150_000.0)
+
+
+def test_card_batches_decode_to_numpy_arrays(codec: Codec, all_messages: list[Any]) -> None:
+    batch = codec.decode(codec.topics.cards("r3"), wire.encode(all_messages[0]))
+    assert isinstance(batch, wire.CardBatch)
+    assert batch.card_index.dtype == np.int64
+    assert batch.power_w.dtype == np.float64
+    assert batch.low_power.dtype == np.bool_
+    assert float(batch.utilization.max()) <= 1.0
+    assert batch.rack == "r3"
+
+
+def test_a_batch_may_hold_a_subset_of_cards(codec: Codec) -> None:
+    payload = _cards_payload(card_index=[5, 2, 63])
+    batch = codec.decode(codec.topics.cards("r0"), payload)
+    assert isinstance(batch, wire.CardBatch)
+    assert batch.card_index.tolist() == [5, 2, 63]
+
+
+def test_percent_conversion_is_approximately_exact() -> None:
+    layout = SiteLayout("s", ("r0",), 4)
+    codec = Codec(layout)
+    u = np.array([0.1, 0.29, 0.57, 1.0 / 3.0])
+    batch = wire.CardBatch(
+        "r0", np.arange(4), np.ones(4), np.ones(4), np.ones(4), u, np.ones(4), np.zeros(4, bool), TS, 0, "p"
+    )
+    back = codec.decode(codec.topics.cards("r0"), wire.encode(batch))
+    assert wire.approx_equal(back, batch)
+
+
+# ---- commands ----------------------------------------------------------------------------------
+
+
+def test_expiry_and_acks(all_messages: list[Any]) -> None:
+    cmd = next(m for m in all_messages if isinstance(m, wire.RackCommand))
+    assert not wire.is_expired(cmd, cmd.ts_s)
+    assert not wire.is_expired(cmd, cmd.expires_s - 1e-3)
+    assert wire.is_expired(cmd, cmd.expires_s)
+    ack = wire.ack_for(cmd, wire.AckResult.EXPIRED, ts_s=cmd.expires_s + 1, seq=0, publisher="sim")
+    assert (ack.target, ack.command_id, ack.result) == ("r2", cmd.command_id, wire.AckResult.EXPIRED)
+    fac = next(m for m in all_messages if isinstance(m, wire.FacilityCommand))
+    assert wire.ack_for(fac, wire.AckResult.APPLIED, ts_s=TS, seq=0, publisher="sim").target == wire.FACILITY
+    sched = next(m for m in all_messages if isinstance(m, wire.SchedulerCommand))
+    assert wire.ack_for(sched, wire.AckResult.APPLIED, ts_s=TS, seq=0, publisher="sim").target == wire.SCHEDULER
+
+
+def test_card_settings_take_exactly_their_parameters() -> None:
+    with pytest.raises(ValueError, match="takes dvfs_level"):
+        wire.CardSetting(wire.CardAction.SET_DVFS_LEVEL)
+    with pytest.raises(ValueError, match="takes no parameters"):
+        wire.CardSetting(wire.CardAction.WAKE, power_limit_w=100.0)
+    with pytest.raises(ValueError, match="min_sm_clock_mhz <= max"):
+        wire.CardSetting.clock_range(1500.0, 1200.0)
+    with pytest.raises(ValueError, match="positive"):
+        wire.CardSetting.power_limit(0.0)
+
+
+def test_command_ids_are_uuids(codec: Codec, all_messages: list[Any]) -> None:
+    cmd = next(m for m in all_messages if isinstance(m, wire.RackCommand))
+    payload = json.loads(wire.encode(cmd))
+    assert uuid.UUID(payload["command_id"]) == cmd.command_id
+    assert payload["expires_at"] == cmd.expires_s
+
+
+# ---- rejections --------------------------------------------------------------------------------
+
+
+def _cards_payload(**changes: Any) -> bytes:
+    n = 4
+    body: dict[str, Any] = {
+        "schema": "racktwin.cards/1",
+        "ts": TS,
+        "seq": 1,
+        "publisher": "sim",
+        "card_index": list(range(n)),
+        "power_watts": [300.0] * n,
+        "temperature_celsius": [55.0] * n,
+        "sm_clock_mhz": [1980.0] * n,
+        "utilization_percent": [90.0] * n,
+        "power_limit_watts": [700.0] * n,
+        "low_power": [False] * n,
+    }
+    if "card_index" in changes and "power_watts" not in changes:
+        m = len(changes["card_index"])
+        for k in ("power_watts", "temperature_celsius", "sm_clock_mhz", "utilization_percent", "power_limit_watts"):
+            body[k] = body[k][:1] * m
+        body["low_power"] = [False] * m
+    for key, value in changes.items():
+        if value is _DELETE:
+            del body[key]
+        else:
+            body[key] = value
+    return json.dumps(body).encode()
+
+
+def _cmd_payload(**changes: Any) -> bytes:
+    body: dict[str, Any] = {
+        "schema": "racktwin.rack_cmd/1",
+        "ts": TS,
+        "seq": 1,
+        "publisher": "agent",
+        "command_id": str(uuid.uuid4()),
+        "expires_at": TS + 30,
+        "cards": [0, 1],
+        "action": "set_dvfs_level",
+        "dvfs_level": 2,
+    }
+    for key, value in changes.items():
+        if value is _DELETE:
+            del body[key]
+        else:
+            body[key] = value
+    return json.dumps(body).encode()
+
+
+_DELETE = object()
+CARDS = "racktwin/v1/site1/rack/r0/cards"
+CMD = "racktwin/v1/site1/rack/r0/cmd"
+
+REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
+    ("not json", CARDS, b"power=300", RejectReason.MALFORMED_JSON),
+    ("truncated", CARDS, _cards_payload()[:-5], RejectReason.MALFORMED_JSON),
+    ("trailing data", CARDS, _cards_payload() + b" {}", RejectReason.MALFORMED_JSON),
+    ("not utf-8", CARDS, b'{"schema": "\xff\xfe"}', RejectReason.MALFORMED_JSON),
+    ("empty", CARDS, b"", RejectReason.MALFORMED_JSON),
+    ("NaN literal", CARDS, _cards_payload().replace(b"300.0", b"NaN", 1), RejectReason.NON_FINITE),
+    ("Infinity literal", CARDS, _cards_payload().replace(b"55.0", b"-Infinity", 1), RejectReason.NON_FINITE),
+    ("overflow to inf", CARDS, _cards_payload().replace(b"300.0", b"1e400", 1), RejectReason.NON_FINITE),
+    ("null number", CARDS, _cards_payload(power_watts=[None, 1.0, 1.0, 1.0]), RejectReason.NON_FINITE),
+    ("top-level array", CARDS, b"[1, 2]", RejectReason.WRONG_TYPE),
+    ("missing field", CARDS, _cards_payload(sm_clock_mhz=_DELETE), RejectReason.MISSING_FIELD),
+    ("missing schema", CARDS, _cards_payload(schema=_DELETE), RejectReason.MISSING_FIELD),
+    ("missing seq", CARDS, _cards_payload(seq=_DELETE), RejectReason.MISSING_FIELD),
+    ("extra field", CARDS, _cards_payload(voltage_volts=[1.0] * 4), RejectReason.UNKNOWN_FIELD),
+    ("wrong type str", CARDS, _cards_payload(ts="yesterday"), RejectReason.WRONG_TYPE),
+    ("wrong type bool", CARDS, _cards_payload(power_watts=[True, 1.0, 1.0, 1.0]), RejectReason.WRONG_TYPE),
+    ("float index", CARDS, _cards_payload(card_index=[0.0, 1, 2, 3]), RejectReason.WRONG_TYPE),
+    ("column not a list", CARDS, _cards_payload(power_watts=300.0), RejectReason.WRONG_TYPE),
+    ("wrong schema version", CARDS, _cards_payload(schema="racktwin.cards/2"), RejectReason.WRONG_SCHEMA),
+    ("other kind's schema", CARDS, _cards_payload(schema="racktwin.cdu/1"), RejectReason.WRONG_SCHEMA),
+    ("negative power", CARDS, _cards_payload(power_watts=[-1.0, 1.0, 1.0, 1.0]), RejectReason.OUT_OF_RANGE),
+    ("too cold", CARDS, _cards_payload(temperature_celsius=[-60.0, 1.0, 1.0, 1.0]), RejectReason.OUT_OF_RANGE),
+    ("too hot", CARDS, _cards_payload(temperature_celsius=[20.0, 250.0, 1.0, 1.0]), RejectReason.OUT_OF_RANGE),
+    ("utilization > 100", CARDS, _cards_payload(utilization_percent=[101.0] * 4), RejectReason.OUT_OF_RANGE),
+    ("negative ts", CARDS, _cards_payload(ts=-1.0), RejectReason.OUT_OF_RANGE),
+    ("huge seq", CARDS, _cards_payload(seq=2**70), RejectReason.OUT_OF_RANGE),
+    ("bad publisher id", CARDS, _cards_payload(publisher="a b/c"), RejectReason.OUT_OF_RANGE),
+    ("negative card index", CARDS, _cards_payload(card_index=[-1, 0, 1, 2]), RejectReason.OUT_OF_RANGE),
+    ("card outside rack", CARDS, _cards_payload(card_index=[0, 1, 2, 64]), RejectReason.CARD_OUT_OF_RACK),
+    ("duplicate card", CARDS, _cards_payload(card_index=[0, 1, 1, 3]), RejectReason.DUPLICATE_CARD),
+    ("column too short", CARDS, _cards_payload(power_watts=[1.0, 2.0]), RejectReason.LENGTH_MISMATCH),
+    ("huge payload", CARDS, b" " * (wire.MAX_PAYLOAD_BYTES + 1), RejectReason.TOO_LARGE),
+    ("expired at issue", CMD, _cmd_payload(expires_at=TS), RejectReason.INCONSISTENT),
+    ("missing parameter", CMD, _cmd_payload(dvfs_level=_DELETE), RejectReason.INCONSISTENT),
+    ("extra parameter", CMD, _cmd_payload(power_limit_watts=500.0), RejectReason.INCONSISTENT),
+    ("level beyond table", CMD, _cmd_payload(dvfs_level=8), RejectReason.OUT_OF_RANGE),
+    ("unknown action", CMD, _cmd_payload(action="overclock"), RejectReason.OUT_OF_RANGE),
+    ("bad uuid", CMD, _cmd_payload(command_id="1234"), RejectReason.WRONG_TYPE),
+    ("no cards", CMD, _cmd_payload(cards=[]), RejectReason.OUT_OF_RANGE),
+    ("duplicate command card", CMD, _cmd_payload(cards=[3, 3]), RejectReason.DUPLICATE_CARD),
+    (
+        "clock range reversed",
+        CMD,
+        _cmd_payload(action="set_clock_range", dvfs_level=_DELETE, min_sm_clock_mhz=1500.0, max_sm_clock_mhz=1000.0),
+        RejectReason.INCONSISTENT,
+    ),
+    (
+        "zero power limit",
+        CMD,
+        _cmd_payload(action="set_power_limit", dvfs_level=_DELETE, power_limit_watts=0.0),
+        RejectReason.OUT_OF_RANGE,
+    ),
+    (
+        "rejected ack without reason",
+        "racktwin/v1/site1/rack/r0/ack",
+        json.dumps(
+            {
+                "schema": "racktwin.ack/1",
+                "ts": TS,
+                "seq": 0,
+                "publisher": "sim",
+                "command_id": str(uuid.uuid4()),
+                "result": "rejected",
+            }
+        ),
+        RejectReason.INCONSISTENT,
+    ),
+    (
+        "job started without cards",
+        "racktwin/v1/site1/jobs/events",
+        json.dumps(
+            {"schema": "racktwin.job_event/1", "ts": TS, "seq": 0, "publisher": "s", "event": "started", "job_id": "j"}
+        ),
+        RejectReason.INCONSISTENT,
+    ),
+    (
+        "job on an unknown rack",
+        "racktwin/v1/site1/jobs/events",
+        json.dumps(
+            {
+                "schema": "racktwin.job_event/1",
+                "ts": TS,
+                "seq": 0,
+                "publisher": "s",
+                "event": "started",
+                "job_id": "j",
+                "cards": {"r99": [0]},
+            }
+        ),
+        RejectReason.UNKNOWN_RACK,
+    ),
+    (
+        "placement outside the rack",
+        "racktwin/v1/site1/scheduler/cmd",
+        json.dumps(
+            {
+                "schema": "racktwin.scheduler_cmd/1",
+                "ts": TS,
+                "seq": 0,
+                "publisher": "agent",
+                "command_id": str(uuid.uuid4()),
+                "expires_at": TS + 5,
+                "action": "place",
+                "job_id": "j",
+                "cards": {"r0": [64]},
+            }
+        ),
+        RejectReason.CARD_OUT_OF_RACK,
+    ),
+    (
+        "facility set-point impossible",
+        "racktwin/v1/site1/facility/cmd",
+        json.dumps(
+            {
+                "schema": "racktwin.facility_cmd/1",
+                "ts": TS,
+                "seq": 0,
+                "publisher": "agent",
+                "command_id": str(uuid.uuid4()),
+                "expires_at": TS + 5,
+                "supply_setpoint_celsius": 500.0,
+            }
+        ),
+        RejectReason.OUT_OF_RANGE,
+    ),
+]
+
+
+@pytest.mark.parametrize(("topic", "payload", "reason"), [r[1:] for r in REJECTED], ids=[r[0] for r in REJECTED])
+def test_bad_payloads_are_rejected_with_their_reason_and_counted(
+    codec: Codec, topic: str, payload: bytes, reason: RejectReason
+) -> None:
+    result = codec.decode(topic, payload)
+    assert isinstance(result, Rejection)
+    assert result.reason is reason, result.detail
+    assert result.topic == topic
+    assert not result  # rejections are falsy
+    assert codec.counter.count(reason) == 1
+    assert codec.counter.snapshot()[reason.value] == 1
+    assert codec.counter.total == 1
+
+
+def test_valid_reference_payloads_pass(codec: Codec) -> None:
+    assert isinstance(codec.decode(CARDS, _cards_payload()), wire.CardBatch)
+    assert isinstance(codec.decode(CMD, _cmd_payload()), wire.RackCommand)
+    assert codec.counter.total == 0
+
+
+def test_rejections_are_logged_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    counter = wire.RejectionCounter(log_interval_s=10.0, log_burst=3, clock=lambda: now[0])
+    codec = Codec(SiteLayout("site1", ("r0",), 4), counter=counter)
+    with caplog.at_level(logging.WARNING, logger="racktwin.wire"):
+        for _ in range(20):
+            codec.decode(CARDS, b"garbage")
+        assert len(caplog.records) == 3
+        now[0] = 11.0
+        codec.decode(CARDS, b"garbage")
+    assert len(caplog.records) == 4
+    assert "17 more malformed_json rejections not logged" in caplog.records[-1].getMessage()
+    assert counter.count("malformed_json") == 21
+
+
+def test_sequencer_counts_per_topic() -> None:
+    seq = wire.Sequencer("sim")
+    assert [seq.next("a"), seq.next("a"), seq.next("b"), seq.next("a")] == [0, 1, 0, 2]
+    with pytest.raises(ValueError):
+        wire.Sequencer("bad id")
+
+
+def test_samples_cover_every_kind() -> None:
+    assert {wire.kind_of(m) for m in sample_messages()} == set(Kind)
