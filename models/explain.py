@@ -60,9 +60,23 @@ def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
     if reasons:
         return "\n".join(reasons)
     p_min = min_rack_power_w(t)
+    # the same without SLOs: a rack that fits then is over its cap because of SLO floors
+    die_only = np.where(t.die_ok, t.job_power_w, np.inf)
+    lv_noslo = np.where(t.die_ok.any(axis=1), np.argmin(die_only, axis=1), t.n_levels - 1)
+    p_noslo = t.rack_base_w.copy()
+    np.add.at(p_noslo, t.pair_rack, t.pair_power_w[np.arange(t.pair_job.size), lv_noslo[t.pair_job]])
     names = p.site.rack_names
     for r in np.flatnonzero(p_min > t.rack_cap_w + 1e-6):
         busy = int(t.pair_cards[t.pair_rack == r].sum())
+        if p_noslo[r] <= t.rack_cap_w[r] + 1e-6:
+            in_rack = t.pair_job[t.pair_rack == r]
+            slo_jobs = [p.jobs[int(j)].job_id for j in in_rack if t.cheapest_level[j] != lv_noslo[j]]
+            reasons.append(
+                f"SLO: rack {names[int(r)]}: the SLOs of job(s) {', '.join(slo_jobs)} keep it at "
+                f"{p_min[r] / 1e3:.1f} kW > {t.rack_cap_w[r] / 1e3:.1f} kW (limit - margin); without the SLO floors "
+                f"it could drop to {p_noslo[r] / 1e3:.1f} kW"
+            )
+            continue
         reasons.append(
             f"rack power: rack {names[int(r)]}: {busy} busy cards at their lowest allowed levels (+ host "
             f"{p.site.rack.host_overhead_w / 1e3:.1f} kW, idle cards in low power) still draw "

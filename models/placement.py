@@ -272,7 +272,17 @@ def build_supernode_assignment_model(pp: PlacementProblem, jobs: Sequence[int]) 
     m = pyo.ConcreteModel(name="placement_supernodes")
     m.J = pyo.Set(initialize=list(jobs))
     m.N = pyo.RangeSet(0, site.supernodes - 1)
-    m.z = pyo.Var(m.J, m.N, domain=pyo.Binary)
+    # (job, supernode) pairs where at least one window holds enough free cards for the job alone
+    free_r = np.bincount(site.card_rack()[pp.free], minlength=site.n_racks)
+    pairs = set()
+    for j in jobs:
+        qj = pp.queue[j]
+        need_r = math.ceil(qj.spec.n_cards / site.cards_per_rack)
+        max_r = min(qj.max_racks or site.racks_per_supernode, site.racks_per_supernode)
+        for sn, w in _windows(site, need_r, max_r):
+            if int(free_r[list(w)].sum()) >= qj.spec.n_cards:
+                pairs.add((j, sn))
+    m.z = pyo.Var(m.J, m.N, domain=pyo.Binary, bounds=lambda m, j, n: (0, 1 if (j, n) in pairs else 0))
     _add_assignment_constraints(m, pp, free_sn)
     m.obj = pyo.Objective(
         expr=sum(
@@ -340,19 +350,25 @@ def _add_window_constraints(m: pyo.ConcreteModel, pp: PlacementProblem) -> None:
     by_job: dict[int, list[int]] = {}
     for j, w in m._win:
         by_job.setdefault(j, []).append(w)
-    m.one_window = pyo.Constraint(m.J, rule=lambda m, j: sum(m.y[j, w] for w in by_job.get(j, [])) <= 1)
-    m.in_window = pyo.Constraint(
-        m.JR,
-        rule=lambda m, j, r: (
-            m.c[j, r] <= m._free_r[r] * sum(m.y[j, w] for w in by_job.get(j, []) if r in m._win[(j, w)])
-        ),
-    )
-    m.all_cards = pyo.Constraint(
-        m.J,
-        rule=lambda m, j: (
-            sum(m.c[j, r] for r in m.R) == pp.queue[j].spec.n_cards * sum(m.y[j, w] for w in by_job.get(j, []))
-        ),
-    )
+
+    def one_window(m: pyo.ConcreteModel, j: int) -> object:
+        if j not in by_job:
+            return pyo.Constraint.Skip
+        return sum(m.y[j, w] for w in by_job[j]) <= 1
+
+    def in_window(m: pyo.ConcreteModel, j: int, r: int) -> object:
+        if j not in by_job:
+            return m.c[j, r] == 0
+        return m.c[j, r] <= m._free_r[r] * sum(m.y[j, w] for w in by_job[j] if r in m._win[(j, w)])
+
+    def all_cards(m: pyo.ConcreteModel, j: int) -> object:
+        if j not in by_job:
+            return pyo.Constraint.Skip
+        return sum(m.c[j, r] for r in m.R) == pp.queue[j].spec.n_cards * sum(m.y[j, w] for w in by_job[j])
+
+    m.one_window = pyo.Constraint(m.J, rule=one_window)
+    m.in_window = pyo.Constraint(m.JR, rule=in_window)
+    m.all_cards = pyo.Constraint(m.J, rule=all_cards)
 
 
 def _add_rack_capacity_constraints(m: pyo.ConcreteModel, pp: PlacementProblem) -> None:

@@ -1,0 +1,126 @@
+"""``racktwin optimize`` on the shipped scenarios (JSON shape, files written) and on bad scenario files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from models_helpers import EXAMPLES
+
+from agent.cli import main
+
+pytestmark = pytest.mark.models
+
+KEYS = {
+    "status": str,
+    "solve_time_s": float,
+    "racks": list,
+    "pue": float,
+    "it_power_w": float,
+    "facility_power_w": float,
+    "baseline_facility_power_w": float,
+    "throughput": float,
+    "baseline_throughput": float,
+}
+
+
+def _run(capsys: pytest.CaptureFixture[str], scenario: Path, out: Path) -> dict[str, object]:
+    rc = main(["optimize", str(scenario), "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    lines = [ln for ln in captured.out.splitlines() if ln.strip()]
+    assert len(lines) == 1, captured.out  # one JSON object, nothing else on stdout
+    doc = json.loads(lines[0])
+    assert isinstance(doc, dict)
+    assert "racktwin optimize:" in captured.err  # progress lines go to stderr
+    return doc
+
+
+def _check_shape(doc: dict[str, object]) -> None:
+    for key, typ in KEYS.items():
+        assert isinstance(doc[key], typ), (key, doc[key])
+    racks = doc["racks"]
+    assert isinstance(racks, list) and len(racks) == 8
+    for r in racks:
+        assert set(r) == {"rack", "power_w", "limit_w", "max_die_temp_c"}
+        assert r["power_w"] <= r["limit_w"]
+        assert r["max_die_temp_c"] < 87.0
+
+
+def _check_files(out: Path) -> None:
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["cards"]) == 512
+    assert {c["state"] for c in plan["cards"]} <= {"busy", "awake", "low_power", "failed"}
+    for j in plan["jobs"]:
+        assert set(j) >= {"id", "racks", "cards", "level"}
+    with (out / "racks.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 8 and float(rows[0]["power_w"]) > 0
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 3
+
+
+def test_nominal_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _run(capsys, EXAMPLES / "scenario-nominal.toml", tmp_path / "nominal")
+    _check_shape(doc)
+    _check_files(tmp_path / "nominal")
+    assert doc["status"] == "optimal"
+    # far from the caps: no throughput is given up, energy is saved (idle cards, stalled jobs, set-point)
+    assert doc["throughput"] == pytest.approx(doc["baseline_throughput"])
+    assert doc["facility_power_w"] < doc["baseline_facility_power_w"]  # type: ignore[operator]
+    plan = json.loads((tmp_path / "nominal" / "plan.json").read_text())
+    assert plan["unplaced"] == {}
+    assert {j["id"] for j in plan["jobs"] if j["placed_now"]} == {"sweep", "debug"}
+
+
+def test_full_load_scenario_caps_bind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _run(capsys, EXAMPLES / "scenario-full-load.toml", tmp_path / "full")
+    _check_shape(doc)
+    _check_files(tmp_path / "full")
+    assert doc["status"] == "optimal"
+    # at the top clock every rack would exceed limit - margin: the plan gives up some throughput
+    assert doc["throughput"] < doc["baseline_throughput"]  # type: ignore[operator]
+    with (tmp_path / "full" / "racks.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert all(float(r["baseline_power_w"]) > float(r["cap_w"]) for r in rows)
+    assert all(float(r["power_w"]) <= float(r["cap_w"]) for r in rows)
+
+
+SITE_LINE = 'site = "{site}"\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('name = "x"\nambient_c = 20.0\n', "site: missing required value"),
+        ('name = "x"\nsite = "nope.toml"\nambient_c = 20.0\n', "site: cannot load site spec 'nope.toml'"),
+        ('name = "x"\n{site}ambient_c = "warm"\n', "ambient_c: expected a number deg C"),
+        ('name = "x"\n{site}ambient_c = 20.0\nambient_temp_c = 3\n', "ambient_temp_c: unknown key"),
+        ('name = "x"\n{site}ambient_c = 20.0\n[[jobs]]\nid = "a"\nn_cards = 8\n', "jobs[0] (a): a running job needs"),
+        (
+            'name = "x"\n{site}ambient_c = 20.0\n[[jobs]]\nid = "a"\nn_cards = 8\ncards = [0, 1]\n',
+            "jobs[0] (a): cards: 2 cards listed but n_cards = 8",
+        ),
+        (
+            'name = "x"\n{site}ambient_c = 20.0\n[[jobs]]\nid = "a"\nn_cards = 8\nracks = [0]\nphase = "sleeping"\n',
+            "jobs[0].phase: must be one of",
+        ),
+        ('name = "x"\n{site}ambient_c = 20.0\nsupply_temp_c = 33.0\n', "supply_temp_c: must be one of"),
+        ('name = "x"\n{site}ambient_c = 20.0\n[solver]\ntime_limit_s = 0\n', "solver.time_limit_s: must be > 0"),
+        ("name = = 3\n", "not valid TOML"),
+    ],
+)
+def test_bad_scenario_files_give_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, expected: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(body.replace("{site}", SITE_LINE.format(site=(EXAMPLES / "supernode-512.toml").as_posix())))
+    rc = main(["optimize", str(path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert str(path) in lines[0]
+    assert expected in lines[0]

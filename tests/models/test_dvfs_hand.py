@@ -1,0 +1,169 @@
+"""DVFS + idle on small cases whose optimum is derived by hand (explained in each test).
+
+Power and temperatures are the twin's (computed in the test with twin functions); the reasoning
+about which choice is optimal is ours. Common fact used throughout: with the default prices a
+card-hour of training is worth 2.0 and a kWh costs 0.10, so one level down (about -5% throughput
+= -0.1/h per card) is never paid for by its energy saving (about 60 W = 0.006/h per card): the
+optimum runs every compute job at the fastest level the caps allow.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from models_helpers import card_die_c, card_power_w, job, judge, problem, rack_cards
+
+from models.plans import SolveStatus
+from models.solve import plan_cycle
+from twin.cooling import facility_cooling
+from twin.spec import SiteSpec
+from twin.workload import Phase, relative_throughput
+
+pytestmark = pytest.mark.models
+
+HOST_W = 8800.0
+
+
+def test_single_job_runs_at_fastest_level_under_the_rack_cap(site: SiteSpec) -> None:
+    # 64 cards of one job fill rack r0: rack power = host + 64 P(k). At the top level that is
+    # ~50.4 kW > 49 kW (limit 50 kW - 1 kW margin), so the optimum is the fastest k with
+    # host + 64 P(k) <= 49 kW.
+    p = problem(site, [job("a", 64, share=0.95)], [rack_cards(0)], options=[30.0])
+    power = [HOST_W + 64 * card_power_w(site, 0.95, 0.5, k, 30.0) for k in range(8)]
+    expected = next(k for k in range(8) if power[k] <= 49_000.0)
+    assert expected == 1  # the cap binds: the test is about something
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL
+    assert plan.dvfs is not None
+    assert int(plan.dvfs.job_level[0]) == expected
+    rack_w, _ = judge(p, plan.dvfs, 30.0)
+    assert rack_w[0] == pytest.approx(power[expected], rel=1e-9)
+
+
+def test_priority_decides_who_keeps_the_top_clock(site: SiteSpec) -> None:
+    # Jobs H (priority 3) and L (priority 1), 32 cards each, share rack r0. The rack's cap is set to
+    # exactly host + 32 P(0) + 32 P(2) (+1 W). Feasible pairs (H, L) with a top clock in them:
+    #   (0, 2) and (2, 0) use that power exactly; (0, 1) and (1, 0) need 32 (P(1) - P(2)) ~ 1.9 kW more.
+    #   (1, 1) fits too (P(0) - P(1) > P(1) - P(2): power is convex in the level).
+    # Value per hour ~ 2.0 * (3 * 32 * tp(H) + 32 * tp(L)), tp(0) = 1, tp(1) = 0.947, tp(2) = 0.894 at
+    # share 0.95: (0, 2) -> 124.6 x 2.0, (1, 1) -> 121.2 x 2.0, (2, 0) -> 117.8 x 2.0. The energy
+    # difference of these is < 0.01/h. So the optimum is H at 0, L at 2.
+    tp = [float(relative_throughput(0.95, site.card.clocks_mhz[k] / site.card.clocks_mhz[0])) for k in range(8)]
+    assert 3 * tp[0] + tp[2] > 4 * tp[1] > 3 * tp[2] + tp[0]
+    p_k = [card_power_w(site, 0.95, 0.5, k, 30.0) for k in range(8)]
+    cap = HOST_W + 32 * p_k[0] + 32 * p_k[2] + 1.0
+    limits = np.full(8, 50_000.0)
+    limits[0] = cap + 1000.0
+    p = problem(
+        site,
+        [job("H", 32, share=0.95, priority=3.0), job("L", 32, share=0.95, priority=1.0)],
+        [rack_cards(0, 32), rack_cards(0, 32, start=32)],
+        limit_w=limits,
+        options=[30.0],
+    )
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.dvfs is not None
+    assert plan.dvfs.job_level.tolist() == [0, 2]
+    # the same answer by brute force over all 64 level pairs (value of throughput, caps by the twin's powers)
+    best = max(
+        (
+            (3 * 32 * tp[h] + 32 * tp[lo], h, lo)
+            for h, lo in itertools.product(range(8), range(8))
+            if HOST_W + 32 * (p_k[h] + p_k[lo]) <= cap
+        ),
+    )
+    assert (best[1], best[2]) == (0, 2)
+
+
+def test_jobs_without_clock_sensitive_work_take_their_cheapest_level(site: SiteSpec) -> None:
+    # A job in CHECKPOINT (cards idle, u = 0) or COMMUNICATION (u = noncompute_utilization) does no
+    # work whose speed depends on the clock: any level gives the same throughput (none this cycle),
+    # so the best level is the one with the least power. With u = 0 the levels 5..7 share the lowest
+    # voltage and draw the same power; the plan must draw that least power.
+    phases = [Phase.CHECKPOINT, Phase.COMMUNICATION, Phase.WAITING, Phase.COMPUTE]
+    jobs = [job(f"j{i}", 16) for i in range(4)]
+    p = problem(site, jobs, [rack_cards(1, 16, 16 * i) for i in range(4)], phases, options=[30.0])
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.dvfs is not None
+    from models.problem import dvfs_tables
+
+    t = dvfs_tables(p)
+    for j in range(3):
+        assert t.job_power_w[j, plan.dvfs.job_level[j]] == pytest.approx(t.job_power_w[j].min(), rel=1e-12)
+    assert int(plan.dvfs.job_level[1]) == 7  # communication: u > 0, so the slowest clock is cheapest
+    assert int(plan.dvfs.job_level[3]) == 0  # compute, far from any cap: top clock
+
+
+def test_idle_cards_sleep_except_the_ready_reserve_placed_where_there_is_room(site: SiteSpec) -> None:
+    # One 64-card job in r0, 448 idle cards in r1..r7. An awake idle card draws ~8.5 W more than one
+    # in low-power idle and earns nothing, so exactly the reserve (10) stays awake. Racks r1..r7 get
+    # a limit that leaves no room to wake a single card, except r5: all 10 awake cards must be in r5.
+    from models.problem import dvfs_tables
+
+    p0 = problem(site, [job("a", 64, share=0.8)], [rack_cards(0)], reserve=10, options=[30.0])
+    t = dvfs_tables(p0)
+    limits = t.rack_base_w + 1000.0 + 1.0  # base = host + idle cards in low power; +margin +1 W
+    limits[0] = 50_000.0
+    limits[5] = 50_000.0
+    p = problem(site, [job("a", 64, share=0.8)], [rack_cards(0)], reserve=10, limit_w=limits, options=[30.0])
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.dvfs is not None
+    assert plan.dvfs.rack_awake.tolist() == [0, 0, 0, 0, 0, 10, 0, 0]
+    assert int(plan.dvfs.card_low_power.sum()) == 448 - 10
+    rack_w, _ = judge(p, plan.dvfs, 30.0)
+    assert np.all(rack_w <= limits - 1000.0 + 1e-6)
+
+
+def test_die_limit_excludes_the_levels_that_would_overheat(site: SiteSpec) -> None:
+    # At a 45 deg C supply the hottest level-0 card reaches T0 and a level-1 card T1 < T0. With the
+    # die limit (slowdown 87 - margin) set between them, level 0 is forbidden although the rack has
+    # room (limit 100 kW): the job runs at level 1.
+    t0, t1 = (card_die_c(site, 0.95, 0.5, k, 45.0) for k in (0, 1))
+    margin = 87.0 - (t0 + t1) / 2.0
+    p = problem(
+        site, [job("a", 64, share=0.95)], [rack_cards(2)], limit_w=100_000.0, die_margin_k=margin, supply_c=45.0,
+        options=[45.0],
+    )  # fmt: skip
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.dvfs is not None
+    assert int(plan.dvfs.job_level[0]) == 1
+    _, die = judge(p, plan.dvfs, 45.0)
+    assert float(die.max()) <= 87.0 - margin
+
+
+def test_setpoint_with_least_facility_power_is_chosen(site: SiteSpec) -> None:
+    # Light load (two 64-card jobs at share 0.8, far below every cap): every set-point keeps the
+    # jobs at the top clock, so throughput is the same and, without a PUE penalty, the best
+    # set-point is the one with the least facility power for the resulting IT power (leakage rises
+    # with the supply temperature, chiller power falls). Checked with twin.cooling.facility_cooling
+    # at every option.
+    from models.problem import Prices
+
+    jobs, cards = [job("a", 64, share=0.8), job("b", 64, share=0.8)], [rack_cards(0), rack_cards(1)]
+    p = problem(site, jobs, cards, ambient_c=28.0, prices=Prices(pue_penalty_per_kwh=0.0))
+    plan = plan_cycle(p, time_limit_s=10.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.dvfs is not None
+    assert plan.dvfs.job_level.tolist() == [0, 0]
+    facility = {}
+    it = {}
+    for s in site.facility.supply_temp_options_c:
+        rack_w, _ = judge(p, plan.dvfs, s)
+        it[s] = float(rack_w.sum())
+        facility[s] = facility_cooling(site, it[s], s, 28.0).facility_power_w
+    best = min(facility, key=lambda s: facility[s])
+    assert plan.supply_temp_c == best
+    assert plan.dvfs.facility_power_w == pytest.approx(facility[best], rel=1e-6)
+
+    # With the default PUE penalty (a soft PUE target), the choice maximizes energy cost + penalty
+    # as the twin computes them: value is the same at every option, so it minimizes
+    # 0.10 F + 0.20 max(0, F - 1.08 IT) (per kWh).
+    p2 = problem(site, jobs, cards, ambient_c=28.0)
+    plan2 = plan_cycle(p2, time_limit_s=10.0)
+    assert plan2.dvfs is not None
+
+    def cost(s: float) -> float:
+        return 0.10 * facility[s] + 0.20 * max(0.0, facility[s] - site.pue_target * it[s])
+
+    assert plan2.supply_temp_c == min(facility, key=cost)

@@ -1,0 +1,82 @@
+"""Infeasible problems are explained from the data: which constraint group, which rack or job, the numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from models_helpers import card_die_c, job, problem, rack_cards
+
+from models.heuristic import greedy_dvfs
+from models.plans import SolveStatus
+from models.problem import dvfs_tables, facility_line, it_power_range_w
+from models.solve import greedy_cycle, plan_cycle
+from twin.spec import SiteSpec
+
+pytestmark = pytest.mark.models
+
+
+def test_rack_over_its_cap_at_the_lowest_level(site: SiteSpec) -> None:
+    # 64 cards in r3 with a 25 kW limit: even at 1210 MHz they draw ~18 kW + 8.8 kW host > 24 kW.
+    limits = np.full(8, 50_000.0)
+    limits[3] = 25_000.0
+    p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, options=[30.0])
+    plan = plan_cycle(p, choose_setpoint=False)
+    assert plan.status == SolveStatus.INFEASIBLE
+    assert plan.explanation.startswith("rack power: rack r3: 64 busy cards at their lowest allowed levels")
+    assert "> 24.0 kW (limit 25.0 kW - margin 1.0 kW)" in plan.explanation
+    assert plan.dvfs is not None  # the least-power plan is still returned for the caller's guard
+    assert greedy_cycle(p, choose_setpoint=False).status == SolveStatus.INFEASIBLE
+
+
+def test_die_limit_even_at_the_lowest_level(site: SiteSpec) -> None:
+    p = problem(site, [job("hot", 8)], [rack_cards(0, 8)], die_margin_k=60.0, options=[30.0])
+    plan = plan_cycle(p, choose_setpoint=False)
+    assert plan.status == SolveStatus.INFEASIBLE
+    assert "die limit: job hot: hottest card reaches" in plan.explanation
+    assert "27.0 deg C limit (slowdown 87 - margin 60)" in plan.explanation
+
+
+def test_slo_against_die_limit(site: SiteSpec) -> None:
+    # At a 45 deg C supply, a die margin between the level-2 and level-1 temperatures forbids
+    # levels 0 and 1; an SLO of 0.93 needs level <= 1 (tp(1) = 0.947, tp(2) = 0.894 at share 0.95).
+    t1, t2 = (card_die_c(site, 0.95, 0.5, k, 45.0) for k in (1, 2))
+    margin = 87.0 - (t1 + t2) / 2.0
+    p = problem(site, [job("slo", 64, slo=0.93)], [rack_cards(0)], die_margin_k=margin, supply_c=45.0, options=[45.0])
+    plan = plan_cycle(p, choose_setpoint=False)
+    assert plan.status == SolveStatus.INFEASIBLE
+    assert "SLO: job slo needs throughput >= 0.93 of top clock, i.e. level <= 1" in plan.explanation
+    assert "die limit allows only level >= 2" in plan.explanation
+
+
+def test_slo_against_rack_cap(site: SiteSpec) -> None:
+    # Without the SLO the job could slow down enough to fit; the SLO floor keeps the rack over.
+    p0 = problem(site, [job("a", 64, share=0.95, slo=0.93)], [rack_cards(4)], options=[30.0])
+    t = dvfs_tables(p0)
+    limits = np.full(8, 50_000.0)
+    limits[4] = t.rack_base_w[4] + t.job_power_w[0, 3] + 1000.0  # room for level 3 only; SLO needs <= 1
+    p = problem(site, [job("a", 64, share=0.95, slo=0.93)], [rack_cards(4)], limit_w=limits, options=[30.0])
+    plan = plan_cycle(p, choose_setpoint=False)
+    assert plan.status == SolveStatus.INFEASIBLE
+    assert plan.explanation.startswith("SLO: rack r4: the SLOs of job(s) a keep it at")
+
+
+def test_ready_reserve_that_cannot_wake(site: SiteSpec) -> None:
+    p0 = problem(site, [job("a", 64)], [rack_cards(0)], reserve=20, options=[30.0])
+    t = dvfs_tables(p0)
+    limits = t.rack_base_w + 1000.0 + 3.5 * t.rack_wake_w  # every idle rack can wake 3 cards: 21 in r1..r7
+    limits[0] = 50_000.0
+    ok = problem(site, [job("a", 64)], [rack_cards(0)], reserve=21, limit_w=limits, options=[30.0])
+    assert plan_cycle(ok, choose_setpoint=False).status == SolveStatus.OPTIMAL
+    bad = problem(site, [job("a", 64)], [rack_cards(0)], reserve=22, limit_w=limits, options=[30.0])
+    plan = plan_cycle(bad, choose_setpoint=False)
+    assert plan.status == SolveStatus.INFEASIBLE
+    assert "ready reserve: 22 awake idle cards are required but" in plan.explanation
+    assert "room for only 21" in plan.explanation
+
+
+def test_feasible_problem_has_no_explanation_and_greedy_agrees(site: SiteSpec) -> None:
+    p = problem(site, [job("a", 64)], [rack_cards(0)], options=[30.0])
+    t = dvfs_tables(p)
+    lo, hi = it_power_range_w(p, t)
+    g = greedy_dvfs(p, t, facility_line(site, 30.0, 25.0, lo, hi))
+    assert g.feasible and g.explanation == ""
