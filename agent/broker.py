@@ -22,6 +22,7 @@ import getpass
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -36,7 +37,7 @@ from typing import Any, Literal
 
 from agent.bus import MqttOptions
 
-__all__ = ["BrokerTls", "BrokerUnavailable", "EmbeddedBroker", "find_mosquitto", "free_port"]
+__all__ = ["BrokerTls", "BrokerUnavailable", "EmbeddedBroker", "find_mosquitto", "free_port", "mqtt_answers"]
 
 log = logging.getLogger("racktwin.broker")
 
@@ -46,6 +47,10 @@ AmqttMode = Literal["subprocess", "thread"]
 #: Set to a mosquitto binary to use that one (or to "" to ignore an installed mosquitto).
 MOSQUITTO_ENV = "RACKTWIN_MOSQUITTO"
 _MOSQUITTO_PLACES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/opt/homebrew/sbin/mosquitto")
+
+
+_MOSQUITTO_READY = re.compile(r"mosquitto version \S+ running")
+_AMQTT_READY = re.compile(r"racktwin-amqtt-ready")
 
 
 class BrokerUnavailable(RuntimeError):
@@ -79,7 +84,7 @@ _PROBE_CONNECT = bytes(
 )  # MQTT 3.1.1 CONNECT, clean session, keepalive 10 s, client id "racktwin-probe"
 
 
-def _mqtt_answers(host: str, port: int, *, tls: bool = False, timeout_s: float = 0.5) -> bool:
+def mqtt_answers(host: str, port: int, *, tls: bool = False, timeout_s: float = 0.5) -> bool:
     """True when an MQTT broker answers a CONNECT on host:port with a CONNACK (accepted or not)."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as raw:
@@ -119,6 +124,7 @@ async def main(host: str, port: int) -> None:
         "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
     })
     await broker.start()
+    print("racktwin-amqtt-ready", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -187,7 +193,8 @@ class EmbeddedBroker:
     """A broker on a free loopback port for as long as the context lasts (see the module docstring).
 
     ``backend``: "auto" (mosquitto if installed, else amqtt), "mosquitto" or "amqtt" (forces the
-    fallback). ``port``: None picks a free port; it is kept across :meth:`restart`.
+    fallback). ``port``: None picks a free port; once started, the broker keeps its port across
+    :meth:`stop`/:meth:`start` and :meth:`restart`.
     """
 
     def __init__(
@@ -292,10 +299,11 @@ class EmbeddedBroker:
                 elif self.amqtt_mode == "thread":
                     self._thread = _AmqttThread(self.host, self.port)
                     self._thread.start(self.startup_timeout_s)
-                    self._wait_ready()
+                    self._wait_ready(None)
                 else:
                     self._start_amqtt_subprocess()
                 self.backend = backend
+                self._fixed_port = self.port  # a later start() or restart() uses the same port
                 log.info("embedded %s broker on %s", backend, self.url)
                 return self
             except BrokerUnavailable as exc:
@@ -315,7 +323,7 @@ class EmbeddedBroker:
             stderr=open(self._dir / "stderr.log", "ab"),  # noqa: SIM115 - the child keeps it
             start_new_session=True,
         )
-        self._wait_ready()
+        self._wait_ready(_MOSQUITTO_READY)
 
     def _mosquitto_config(self) -> str:
         assert self._dir is not None
@@ -354,6 +362,7 @@ class EmbeddedBroker:
 
     def _start_amqtt_subprocess(self) -> None:
         assert self._dir is not None
+        (self._dir / "broker.log").write_bytes(b"")
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _AMQTT_MAIN, self.host, str(self.port)],
             stdin=subprocess.DEVNULL,
@@ -361,9 +370,11 @@ class EmbeddedBroker:
             stderr=open(self._dir / "broker.log", "ab"),  # noqa: SIM115 - the child keeps it
             start_new_session=True,
         )
-        self._wait_ready()
+        self._wait_ready(_AMQTT_READY)
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, marker: re.Pattern[str] | None) -> None:
+        """Until the broker answers MQTT on our port and, for a child process, its log says that *it*
+        is the one listening (another broker already on a fixed port would answer the probe too)."""
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self._proc is not None and self._proc.poll() is not None:
@@ -371,7 +382,9 @@ class EmbeddedBroker:
                     f"{self._requested_name()} exited with status {self._proc.returncode} on start: "
                     + self._tail_logs()
                 )
-            if _mqtt_answers(self.host, self.port, tls=self.tls is not None):
+            if (marker is None or marker.search(self.log_text())) and mqtt_answers(
+                self.host, self.port, tls=self.tls is not None
+            ):
                 return
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(
@@ -416,7 +429,6 @@ class EmbeddedBroker:
 
     def restart(self) -> None:
         """Stop and start again on the same port (clients see a lost connection)."""
-        self._fixed_port = self.port
         self.stop(keep_files=True)
         self.start()
 

@@ -1,0 +1,113 @@
+"""agent.bus against a real mosquitto that goes away and comes back on the same port."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from mqtt_helpers import WAIT_S, next_messages, wait_for
+
+from agent import wire
+from agent.broker import EmbeddedBroker, free_port
+from agent.bus import Bus, BusConnectError, BusNotConnected, MqttOptions, backoff_delay_s, check_connection
+from agent.wire import Codec
+
+pytestmark = pytest.mark.integration
+
+
+def fast(options: MqttOptions) -> MqttOptions:
+    """Reconnect quickly (tests only)."""
+    return dataclasses.replace(options, reconnect_min_s=0.05, reconnect_max_s=0.5)
+
+
+async def test_bus_reconnects_and_resubscribes_after_a_broker_restart(mosquitto: EmbeddedBroker, codec: Codec) -> None:
+    topic = codec.topics.rack_cmd("r1")
+    onlines: list[int] = []
+
+    async def announce(bus: Bus) -> None:  # runs on every connect, e.g. the agent's retained "online"
+        onlines.append(bus.stats.connects)
+        await bus.publish(codec.topics.agent_status, b"online", qos=1, retain=True)
+
+    sub = Bus(fast(mosquitto.options()), subscriptions=[topic], on_connect=announce, name="sub")
+    async with sub, Bus(fast(mosquitto.options()), name="pub") as pub:
+        await sub.wait_connected(WAIT_S)
+        await pub.wait_connected(WAIT_S)
+        await pub.publish(topic, b"before", qos=1)
+        [m] = await next_messages(sub, 1)
+        assert m.payload == b"before"
+
+        mosquitto.restart()  # same port, fresh broker: no sessions, no subscriptions, no retained messages
+        await wait_for(lambda: sub.stats.connects >= 2 and sub.connected, what="subscriber reconnect")
+        await wait_for(lambda: pub.stats.connects >= 2 and pub.connected, what="publisher reconnect")
+        assert sub.stats.disconnects >= 1
+
+        await pub.publish(topic, b"after", qos=1)  # reaches sub only if it subscribed again
+        [m] = await next_messages(sub, 1)
+        assert m.payload == b"after"
+    assert onlines[:2] == [1, 2]
+
+
+async def test_publishing_while_the_broker_is_down_raises_not_connected(mosquitto: EmbeddedBroker) -> None:
+    async with Bus(fast(mosquitto.options())) as bus:
+        await bus.wait_connected(WAIT_S)
+        mosquitto.stop(keep_files=True)
+        await wait_for(lambda: not bus.connected, what="disconnect")
+        with pytest.raises(BusNotConnected):
+            await bus.publish("racktwin/v1/site1/rack/r0/pdu", b"x")
+        mosquitto.start()  # same port
+        await bus.wait_connected(WAIT_S)
+        await bus.publish("racktwin/v1/site1/rack/r0/pdu", b"x")
+
+
+async def test_a_bus_keeps_trying_until_a_broker_appears() -> None:
+    port = free_port()
+    async with Bus(fast(MqttOptions(port=port))) as bus:
+        with pytest.raises(BusConnectError, match="not connected"):
+            await bus.wait_connected(0.3)
+        assert bus.stats.failed_connects >= 1
+        with EmbeddedBroker(port=port, backend="mosquitto"):
+            await bus.wait_connected(WAIT_S)
+
+
+async def test_check_connection_reports_an_unreachable_broker() -> None:
+    with pytest.raises(BusConnectError, match="cannot connect"):
+        await check_connection(MqttOptions(port=free_port()), timeout_s=WAIT_S)
+
+
+async def test_messages_end_when_the_bus_closes(mosquitto: EmbeddedBroker) -> None:
+    bus = Bus(mosquitto.options(), subscriptions=["racktwin/v1/site1/#"])
+    async with bus:
+        await bus.wait_connected(WAIT_S)
+    assert [m async for m in bus.messages()] == []
+
+
+async def test_send_uses_the_protocol_qos_and_retain(mosquitto: EmbeddedBroker, codec: Codec) -> None:
+    status = wire.AgentStatus(wire.AgentState.ONLINE, "0.1.0", ts_s=1.0, seq=0, publisher="agent")
+    async with Bus(mosquitto.options()) as bus:
+        await bus.wait_connected(WAIT_S)
+        await bus.send(codec.outgoing(status))
+    async with Bus(mosquitto.options(), subscriptions=[codec.topics.agent_status]) as late:
+        [m] = await next_messages(late, 1)
+    assert m.retain and codec.decode(m.topic, m.payload) == status
+
+
+def test_backoff_is_randomized_exponential_and_capped() -> None:
+    rng = random.Random(1)
+    delays = [backoff_delay_s(a, 0.5, 30.0, rng) for a in range(12)]
+    for a, d in enumerate(delays):
+        base = min(30.0, 0.5 * 2**a)
+        assert 0.5 * base <= d < base
+    assert max(delays) < 30.0
+    assert len({round(d, 6) for d in delays}) == len(delays)
+
+
+def test_options_from_url() -> None:
+    o = MqttOptions.from_url("mqtts://r0:s%40cret@broker.example")
+    assert (o.host, o.port, o.username, o.password, o.use_tls) == ("broker.example", 8883, "r0", "s@cret", True)
+    assert "s@cret" not in repr(o) and "s@cret" not in o.url
+    assert MqttOptions.from_url("mqtt://10.0.0.5:1884").port == 1884
+    with pytest.raises(ValueError, match="scheme"):
+        MqttOptions.from_url("http://x")
+    with pytest.raises(ValueError, match="tls_insecure"):
+        MqttOptions(tls_insecure=True)
