@@ -16,6 +16,11 @@ its cheapest when its phase does no clock-sensitive work) get the upper bound 0 
 instead of rows: a card's temperature depends only on its own job's level, so the exclusion is
 exact and costs nothing; bounds are mutable, so a persistent model keeps its structure when they change.
 
+Objective (maximize, per hour): ``sum V[j,k] x[j,k] - Vmax - price (a + b IT) - penalty s`` where
+``Vmax = sum_j max_k V[j,k]`` is a constant: the objective is minus the *loss* (throughput value
+given up plus facility energy cost plus PUE penalty), so HiGHS's relative gap is measured against
+that loss, not against the much larger total value (a 0.1% gap on the total would hide kilowatts).
+
 All numbers are mutable Pyomo parameters, so :class:`models.solve.DvfsSolver` can keep one model
 and one HiGHS instance across control cycles while the jobs' rack spans stay the same.
 """
@@ -94,6 +99,7 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     m.pue = pyo.Param(mutable=True, initialize=p.site.pue_target)
     m.price_w = pyo.Param(mutable=True, initialize=0.0)
     m.penalty_w = pyo.Param(mutable=True, initialize=0.0)
+    m.vmax = pyo.Param(mutable=True, initialize=0.0)
 
     m.x = pyo.Var(m.J, m.K, domain=pyo.Binary, bounds=lambda m, j, k: (0, m.ub[j, k]))
     m.a = pyo.Var(m.RI, domain=pyo.NonNegativeIntegers, bounds=lambda m, r: (0, m.idle[r]))
@@ -110,6 +116,7 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     _add_pue_constraints(m, p)
     m.obj = pyo.Objective(
         expr=sum(m.val[j, k] * m.x[j, k] for j in m.J for k in m.K)
+        - m.vmax
         - m.price_w * (m.fa + m.fb * m.it_w)
         - m.penalty_w * m.s,
         sense=pyo.maximize,
@@ -117,8 +124,18 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     return m
 
 
-def set_dvfs_data(m: pyo.ConcreteModel, p: CycleProblem, t: DvfsTables, line: FacilityLine) -> None:
-    """Load a cycle's numbers into the model's mutable parameters (same structure key required)."""
+def set_dvfs_data(
+    m: pyo.ConcreteModel,
+    p: CycleProblem,
+    t: DvfsTables,
+    line: FacilityLine,
+    it_price_per_wh: float | None = None,
+) -> None:
+    """Load a cycle's numbers into the model's mutable parameters (same structure key required).
+
+    ``it_price_per_wh`` (a part of a decomposed problem): IT power is priced at this marginal
+    rate (currency per W-hour) and the site-level PUE row is switched off (see ``models.decompose``).
+    """
     ub = level_upper_bounds(t)
     for j in range(t.n_jobs):
         for k in range(t.n_levels):
@@ -135,11 +152,19 @@ def set_dvfs_data(m: pyo.ConcreteModel, p: CycleProblem, t: DvfsTables, line: Fa
         m.idle[r] = float(t.rack_idle[r])
     m.base_total = float(t.rack_base_w.sum())
     m.reserve = float(t.reserve)
-    m.fa = line.a_w
-    m.fb = line.b
-    m.pue = p.site.pue_target
-    m.price_w = p.prices.energy_price_per_kwh / 1000.0
-    m.penalty_w = p.prices.pue_penalty_per_kwh / 1000.0
+    m.vmax = float(t.job_value.max(axis=1, initial=0.0).sum())
+    if it_price_per_wh is None:
+        m.fa = line.a_w
+        m.fb = line.b
+        m.pue = p.site.pue_target
+        m.price_w = p.prices.energy_price_per_kwh / 1000.0
+        m.penalty_w = p.prices.pue_penalty_per_kwh / 1000.0
+    else:  # the PUE row becomes -s <= 0; IT power costs it_price_per_wh
+        m.fa = 0.0
+        m.fb = 1.0
+        m.pue = 1.0
+        m.price_w = it_price_per_wh
+        m.penalty_w = 0.0
 
 
 def _add_level_choice_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
@@ -220,7 +245,7 @@ def dvfs_matrix(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> DvfsMatri
     wake = t.rack_wake_w[idle_racks]
     c = np.concatenate([t.job_value.reshape(-1) - price_w * line.b * jpw, -price_w * line.b * wake, [0.0]])
     c[-1] = -p.prices.pue_penalty_per_kwh / 1000.0
-    c0 = -price_w * (line.a_w + line.b * float(t.rack_base_w.sum()))
+    c0 = -price_w * (line.a_w + line.b * float(t.rack_base_w.sum())) - float(t.job_value.max(axis=1, initial=0.0).sum())
     col_lo = np.zeros(n_col)
     col_hi = np.concatenate([level_upper_bounds(t).reshape(-1), t.rack_idle[idle_racks].astype(np.float64), [np.inf]])
     integer = np.ones(n_col, dtype=bool)

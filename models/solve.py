@@ -30,6 +30,8 @@ import pyomo.environ as pyo
 from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
 from pyomo.contrib.solver.solvers.highs import Highs
 
+from models.decompose import it_price_per_wh as it_price_per_wh_for
+from models.decompose import split_chunks
 from models.dvfs import (
     DvfsMatrix,
     build_dvfs_model,
@@ -37,7 +39,7 @@ from models.dvfs import (
     extract_dvfs,
     set_dvfs_data,
 )
-from models.heuristic import greedy_dvfs
+from models.heuristic import GreedyDvfs, greedy_dvfs
 from models.placement import PlacementPlan, place_jobs
 from models.plans import CyclePlan, DvfsPlan, SetpointOption, SetpointPlan, SolveStatus, assess_dvfs
 from models.problem import CycleProblem, DvfsTables, FacilityLine, dvfs_tables, facility_line, it_power_range_w
@@ -47,6 +49,7 @@ T = TypeVar("T")
 
 __all__ = [
     "CyclePlanner",
+    "DecomposedDvfsSolver",
     "DvfsSolver",
     "PlacementPlan",
     "SolveInfo",
@@ -183,14 +186,18 @@ class DvfsSolver:
         self.builds = 0
         self.last_build_s = 0.0
 
-    def _prepare(self, p: CycleProblem, t: DvfsTables, line: FacilityLine) -> tuple[pyo.ConcreteModel, Highs]:
+    def _prepare(
+        self, p: CycleProblem, t: DvfsTables, line: FacilityLine, it_price: float | None
+    ) -> tuple[pyo.ConcreteModel, Highs]:
         key = dvfs_structure_key(t)
         t0 = time.perf_counter()
         if self.persistent and self._model is not None and self._solver is not None and key == self._key:
-            set_dvfs_data(self._model, p, t, line)
+            set_dvfs_data(self._model, p, t, line, it_price)
             self.last_build_s = time.perf_counter() - t0
             return self._model, self._solver
         model = build_dvfs_model(p, t, line)
+        if it_price is not None:
+            set_dvfs_data(model, p, t, line, it_price)
         solver = Highs()
         cfg = solver.config.auto_updates
         for name in (
@@ -227,8 +234,12 @@ class DvfsSolver:
         time_limit_s: float,
         mip_rel_gap: float,
         start: tuple[IntArray, IntArray] | None = None,
+        greedy: GreedyDvfs | None = None,
+        it_price_per_wh: float | None = None,
     ) -> tuple[SolveInfo, IntArray | None, IntArray | None]:
-        model, solver = self._prepare(p, t, line)
+        """Solve the cycle's DVFS MILP. ``greedy`` is unused here (see :class:`DecomposedDvfsSolver`);
+        ``it_price_per_wh`` prices IT power directly (a part of a decomposed problem)."""
+        model, solver = self._prepare(p, t, line, it_price_per_wh)
         if self.warm_start and start is not None and solver._solver_model is not None:
             self._set_start(model, solver, t, start)
         info = highs_solve(solver, model, time_limit_s, mip_rel_gap)
@@ -254,6 +265,96 @@ class DvfsSolver:
             idx.append(vmap[id(model.a[r])])
             val.append(float(awake[r]))
         solver._solver_model.setSolution(len(idx), np.asarray(idx, dtype=np.int32), np.asarray(val))
+
+
+class DecomposedDvfsSolver:
+    """The DVFS MILP solved in independent chunks (``models.decompose``), one persistent
+    :class:`DvfsSolver` per chunk. Same interface as :class:`DvfsSolver`; needs the greedy plan
+    (reserve split, PUE state, and the levels of any chunk whose solve fails)."""
+
+    def __init__(self, chunk_cards: int, persistent: bool = True, warm_start: bool = False) -> None:
+        self.chunk_cards = chunk_cards
+        self.persistent = persistent
+        self.warm_start = warm_start
+        self._parts: dict[int, DvfsSolver] = {}
+        self._current: DvfsSolver | None = None
+        self.last_chunks = 0
+
+    @property
+    def builds(self) -> int:
+        return sum(s.builds for s in self._parts.values())
+
+    def drop(self) -> None:
+        self._parts.clear()
+
+    def cancel(self) -> None:
+        if self._current is not None:
+            self._current.cancel()
+
+    def solve(
+        self,
+        p: CycleProblem,
+        t: DvfsTables,
+        line: FacilityLine,
+        time_limit_s: float,
+        mip_rel_gap: float,
+        start: tuple[IntArray, IntArray] | None = None,
+        greedy: GreedyDvfs | None = None,
+        it_price_per_wh: float | None = None,
+    ) -> tuple[SolveInfo, IntArray | None, IntArray | None]:
+        t0 = time.perf_counter()
+        g = greedy if greedy is not None else greedy_dvfs(p, t, line)
+        chunks = split_chunks(t, g, self.chunk_cards, p.site.cards_per_rack)
+        self.last_chunks = len(chunks)
+        g_it = float(t.rack_base_w.sum() + t.job_power_w[np.arange(t.n_jobs), g.job_level].sum())
+        g_it += float((t.rack_wake_w * g.rack_awake).sum())
+        price = it_price_per_wh_for(p, line, g_it) if it_price_per_wh is None else it_price_per_wh
+        level, awake = g.job_level.copy(), g.rack_awake.copy()
+        deadline = time.perf_counter() + time_limit_s
+        obj = bound = 0.0
+        statuses: list[SolveStatus] = []
+        highs_s = 0.0
+        for i, c in enumerate(chunks):
+            if c.jobs.size == 0:
+                continue
+            lim = (deadline - time.perf_counter()) / (len(chunks) - i)
+            if lim < 1e-3:
+                statuses.append(SolveStatus.TIMEOUT_NO_SOLUTION)
+                continue
+            part = self._parts.get(i)
+            if part is None:
+                part = self._parts[i] = DvfsSolver(self.persistent, self.warm_start)
+            self._current = part
+            sub_start = (level[c.jobs], awake[c.racks]) if start is None else (start[0][c.jobs], start[1][c.racks])
+            info, lv, aw = part.solve(p, c.tables, line, lim, mip_rel_gap, sub_start, None, price)
+            self._current = None
+            highs_s += info.highs_time_s
+            statuses.append(info.status)
+            if lv is None or aw is None or info.objective is None:
+                continue  # this chunk keeps the greedy levels
+            level[c.jobs] = lv
+            awake[c.racks] = aw
+            obj += info.objective
+            bound += info.bound if info.bound is not None else info.objective
+        if statuses and all(s == SolveStatus.OPTIMAL for s in statuses):
+            status = SolveStatus.OPTIMAL
+        elif any(s in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE) for s in statuses) or not statuses:
+            status = SolveStatus.FEASIBLE if statuses else SolveStatus.OPTIMAL
+        else:
+            status = statuses[0]
+        has = status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
+        info = SolveInfo(
+            status=status,
+            wall_time_s=time.perf_counter() - t0,
+            highs_time_s=highs_s,
+            objective=obj if has else None,
+            bound=bound if has else None,
+            gap=_gap(obj, bound) if has else None,
+            time_limit_s=time_limit_s,
+            mip_rel_gap=mip_rel_gap,
+            message=f"{len(chunks)} chunks",
+        )
+        return (info, level, awake) if has else (info, None, None)
 
 
 def solve_matrix_highspy(mat: DvfsMatrix, time_limit_s: float, mip_rel_gap: float) -> tuple[SolveInfo, Any]:
@@ -390,15 +491,20 @@ class CyclePlanner:
     keeps one planner for its lifetime).
     """
 
-    def __init__(self, persistent: bool = True, warm_start: bool = False) -> None:
+    def __init__(self, persistent: bool = True, warm_start: bool = False, chunk_cards: int | None = None) -> None:
         self.persistent = persistent
         self.warm_start = warm_start
-        self._solvers: dict[float, DvfsSolver] = {}
+        self.chunk_cards = chunk_cards
+        self._solvers: dict[float, DvfsSolver | DecomposedDvfsSolver] = {}
 
-    def solver_for(self, supply_c: float) -> DvfsSolver:
+    def solver_for(self, supply_c: float) -> DvfsSolver | DecomposedDvfsSolver:
         s = self._solvers.get(supply_c)
         if s is None:
-            s = self._solvers[supply_c] = DvfsSolver(self.persistent, self.warm_start)
+            if self.chunk_cards is not None:
+                s = DecomposedDvfsSolver(self.chunk_cards, self.persistent, self.warm_start)
+            else:
+                s = DvfsSolver(self.persistent, self.warm_start)
+            self._solvers[supply_c] = s
         return s
 
     def plan(
@@ -409,12 +515,15 @@ class CyclePlanner:
         time_limit_s: float = 1.0,
         mip_rel_gap: float = 1e-4,
         choose_setpoint: bool = True,
+        refine_top: int | None = None,
     ) -> CyclePlan:
         """DVFS levels, idle states and (optionally) the set-point for one cycle.
 
         ``time_limit_s`` bounds the whole call (shared by the set-point options; the last one
         gets what is left); ``previous_plan`` warm-starts the solver (when ``warm_start``). The
-        greedy plan is always computed first, so a late, failed or worse solve falls back to it.
+        greedy plan is always computed first, at every set-point, so a late, failed or worse solve
+        falls back to it. ``refine_top=k`` runs the MILP only at the ``k`` set-points whose greedy
+        plans score best (None: at all of them).
         """
         if not (time_limit_s > 0 and np.isfinite(time_limit_s)):
             raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
@@ -429,7 +538,9 @@ class CyclePlanner:
         best_source = "milp"
         records: list[SetpointOption] = []
         reasons: list[str] = []
-        for i, s in enumerate(options):
+        # 1. the twin's tables and the greedy plan at every set-point (cheap; also the fallback)
+        cands: list[tuple[float, DvfsTables, FacilityLine, GreedyDvfs, DvfsPlan]] = []
+        for s in options:
             t1 = time.monotonic()
             t, line = _tables_and_line(p, s)
             g = greedy_dvfs(p, t, line)
@@ -437,9 +548,14 @@ class CyclePlanner:
                 reasons.append(f"supply {s:g} deg C: {g.explanation}" if len(options) > 1 else g.explanation)
                 records.append(SetpointOption(s, SolveStatus.INFEASIBLE, None, None, None, time.monotonic() - t1))
                 continue
-            greedy_plan = assess_dvfs(p, g.job_level, g.rack_awake, s, t)
+            cands.append((s, t, line, g, assess_dvfs(p, g.job_level, g.rack_awake, s, t)))
+        # 2. the MILP for the set-points whose greedy plans score best (all unless refine_top)
+        cands.sort(key=lambda c: -c[4].objective_per_h)
+        n_refine = len(cands) if refine_top is None else min(max(refine_top, 1), len(cands))
+        for i, (s, t, line, g, greedy_plan) in enumerate(cands):
+            t1 = time.monotonic()
             left = deadline - time.monotonic()
-            share = left / (len(options) - i)
+            share = left / (n_refine - i) if i < n_refine else 0.0
             status, plan, gap, src = SolveStatus.FALLBACK, greedy_plan, None, "greedy"
             if share > 0.005:
                 solver = self.solver_for(s)
@@ -453,13 +569,14 @@ class CyclePlanner:
                 lim = max(share - DEADLINE_GRACE_S / 2, 0.001)
 
                 def call(
-                    solver: DvfsSolver = solver,
+                    solver: DvfsSolver | DecomposedDvfsSolver = solver,
                     t: DvfsTables = t,
                     line: FacilityLine = line,
                     lim: float = lim,
                     start: tuple[IntArray, IntArray] | None = start,
+                    g: GreedyDvfs = g,
                 ) -> tuple[SolveInfo, IntArray | None, IntArray | None]:
-                    return solver.solve(p, t, line, lim, mip_rel_gap, start)
+                    return solver.solve(p, t, line, lim, mip_rel_gap, start, g)
 
                 try:
                     done, out = _run_with_deadline(
@@ -494,6 +611,7 @@ class CyclePlanner:
             )
             if best is None or plan.objective_per_h > best.objective_per_h:
                 best, best_status, best_gap, best_source = plan, status, gap, src
+        records.sort(key=lambda r: r.supply_temp_c)
         return _finish(p, best, records, reasons, time.monotonic() - t_start, best_status, best_gap, best_source)
 
 
@@ -504,10 +622,16 @@ def plan_cycle(
     time_limit_s: float = 1.0,
     mip_rel_gap: float = 1e-4,
     choose_setpoint: bool = True,
+    refine_top: int | None = None,
     planner: CyclePlanner | None = None,
 ) -> CyclePlan:
     """One control cycle (see :meth:`CyclePlanner.plan`); pass a ``planner`` to keep solvers warm."""
     pl = planner if planner is not None else CyclePlanner()
     return pl.plan(
-        problem, previous_plan, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap, choose_setpoint=choose_setpoint
+        problem,
+        previous_plan,
+        time_limit_s=time_limit_s,
+        mip_rel_gap=mip_rel_gap,
+        choose_setpoint=choose_setpoint,
+        refine_top=refine_top,
     )
