@@ -10,17 +10,55 @@ All cards of a job run at the speed of the slowest one. Phases: COMPUTE (trainin
 COMMUNICATION (long collective stalls: cards wait on the network), CHECKPOINT (cards idle for
 minutes about every 15 minutes while state is written), WAITING (input stalls, a failed card,
 not yet started).
+
+Work is counted in *top-clock-equivalent card-seconds*: a job of ``n`` cards that makes training
+progress at relative throughput ``rho`` (1 at the top clock) does ``rho * n`` card-seconds of work
+per second; a finished job has done ``n_cards * work_steps * step_time_s``.
+
+This module also holds
+
+* :class:`PhaseModel`: how long start-up, stalls and restarts last and how busy cards are in each
+  phase (documented assumptions, used by ``twin.plant``);
+* :func:`generate_jobs`: a seeded generator whose sizes and run times follow a cluster row of
+  ``acme_cluster_summary.csv`` (AcmeTrace, NSDI'24), scaled to whole-host jobs of a supernode, with
+  Poisson arrivals at the rate Little's law gives for a target card allocation;
+* :func:`load_trace` / :func:`write_trace`: job traces as CSV (columns in :data:`TRACE_COLUMNS`).
 """
 
 from __future__ import annotations
 
+import csv
+import difflib
 import enum
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
+
+__all__ = [
+    "KALOS",
+    "TRACE_COLUMNS",
+    "GeneratorConfig",
+    "JobSpec",
+    "Phase",
+    "PhaseModel",
+    "TraceError",
+    "WorkloadStats",
+    "acme_stats",
+    "compute_utilization",
+    "expected_job_card_seconds",
+    "generate_jobs",
+    "load_trace",
+    "relative_step_time",
+    "relative_throughput",
+    "synchronous_utilization",
+    "write_trace",
+]
 
 
 class Phase(enum.IntEnum):
@@ -64,8 +102,22 @@ class JobSpec:
             problems.append(f"min_throughput_frac must be within 0..1, got {self.min_throughput_frac}")
         if not self.priority > 0:
             problems.append(f"priority must be positive, got {self.priority}")
+        if not (self.checkpoint_interval_s > 0 and self.checkpoint_duration_s >= 0):
+            problems.append("checkpoint_interval_s must be positive and checkpoint_duration_s >= 0")
+        if not (self.submit_time_s >= 0 and math.isfinite(self.submit_time_s)):
+            problems.append(f"submit_time_s must be >= 0, got {self.submit_time_s}")
         if problems:
             raise ValueError(f"job {self.job_id}: " + "; ".join(problems))
+
+    @property
+    def duration_s(self) -> float:
+        """Training time at the top clock, without checkpoints, stalls or start-up."""
+        return self.work_steps * self.step_time_s
+
+    @property
+    def work_card_s(self) -> float:
+        """The job's whole work in top-clock-equivalent card-seconds."""
+        return self.n_cards * self.work_steps * self.step_time_s
 
 
 def relative_step_time(compute_share: float | FloatArray, clock_rel: float | FloatArray) -> FloatArray:
@@ -89,3 +141,491 @@ def compute_utilization(
     busy = compute_share / clock_rel
     rest = 1.0 - compute_share
     return np.asarray((busy + rest * noncompute_utilization) / (busy + rest), dtype=np.float64)
+
+
+def synchronous_utilization(
+    compute_share: float | FloatArray,
+    clock_rel: float | FloatArray,
+    slowest_clock_rel: float | FloatArray,
+    noncompute_utilization: float | FloatArray,
+) -> FloatArray:
+    """Utilization of a card during COMPUTE when its job runs at the pace of its slowest card.
+
+    A card at clock ``f`` finishes its compute part in ``compute_share * f_top / f`` of a top-clock
+    step, then waits (at ``noncompute_utilization``) for the slowest card, whose step sets the
+    job's pace. Equals :func:`compute_utilization` for the slowest card itself.
+    """
+    r = 1.0 / np.asarray(clock_rel, dtype=np.float64)
+    r_slow = np.maximum(1.0 / np.asarray(slowest_clock_rel, dtype=np.float64), r)
+    cs = np.asarray(compute_share, dtype=np.float64)
+    step = cs * r_slow + (1.0 - cs)
+    busy = cs * r
+    return np.asarray((busy + (step - busy) * noncompute_utilization) / step, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# Phase dynamics (used by twin.plant)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PhaseModel:
+    """Durations and card utilization of the non-training phases. Values are assumptions
+    (no public per-phase measurements); each names what it stands for.
+
+    * ``startup_s``: WAITING after placement (container start, NCCL initialisation, loading the
+      last checkpoint) before the first step.
+    * ``restart_delay_s``: WAITING after a card failure before the job, rolled back to its last
+      checkpoint, is queued again (detection by the framework's watchdog, teardown).
+    * communication stalls (phase COMMUNICATION: a straggler or congested collective holds every
+      card) arrive as a Poisson process at ``comm_stalls_per_hour`` while the job computes, and last
+      a lognormal time of median ``comm_stall_median_s`` and shape ``stall_sigma``;
+    * input stalls (phase WAITING: the data loader or storage is late) likewise.
+    * ``max_restarts``: a job that loses cards more often than this fails for good.
+
+    Utilization during COMMUNICATION is the job's ``noncompute_utilization`` (the same busy level
+    as the non-scaling part of a step: collective kernels spin at low SM activity); CHECKPOINT and
+    WAITING leave the cards idle (0). ``twin.power`` turns utilization into switching power.
+    """
+
+    startup_s: float = 60.0
+    restart_delay_s: float = 180.0
+    comm_stalls_per_hour: float = 2.0
+    comm_stall_median_s: float = 20.0
+    input_stalls_per_hour: float = 1.0
+    input_stall_median_s: float = 30.0
+    stall_sigma: float = 0.5
+    checkpoint_utilization: float = 0.0
+    waiting_utilization: float = 0.0
+    max_restarts: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("startup_s", "restart_delay_s", "comm_stalls_per_hour", "comm_stall_median_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"PhaseModel.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("input_stalls_per_hour", "input_stall_median_s", "stall_sigma"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"PhaseModel.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("checkpoint_utilization", "waiting_utilization"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"PhaseModel.{name} must be within 0..1, got {getattr(self, name)}")
+
+    def stall_fraction(self) -> float:
+        """Expected share of wall time a computing job spends in stalls (lognormal means)."""
+        stretch = math.exp(self.stall_sigma**2 / 2.0)
+        comm = self.comm_stalls_per_hour * self.comm_stall_median_s
+        inp = self.input_stalls_per_hour * self.input_stall_median_s
+        return (comm + inp) * stretch / 3600.0
+
+    def expected_wall_time_s(
+        self, duration_s: float, checkpoint_interval_s: float, checkpoint_duration_s: float
+    ) -> float:
+        """Expected time a job holds its cards for ``duration_s`` of top-clock training."""
+        overhead = 1.0 + self.stall_fraction() + checkpoint_duration_s / checkpoint_interval_s
+        return self.startup_s + duration_s * overhead
+
+
+# --------------------------------------------------------------------------------------------
+# Generator
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """Job size and run time statistics of one cluster (a row of ``acme_cluster_summary.csv``)."""
+
+    name: str
+    median_gpus: float
+    mean_gpus: float
+    median_run_time_s: float
+    mean_run_time_s: float
+    max_run_time_s: float
+
+    def __post_init__(self) -> None:
+        if not (0 < self.median_gpus <= self.mean_gpus):
+            raise ValueError(f"{self.name}: need 0 < median_gpus <= mean_gpus (a right-skewed size distribution)")
+        if not (0 < self.median_run_time_s <= self.mean_run_time_s <= self.max_run_time_s):
+            raise ValueError(f"{self.name}: need 0 < median_run_time_s <= mean_run_time_s <= max_run_time_s")
+
+
+#: Kalos, the LLM training cluster of AcmeTrace (Hu et al., NSDI'24): GPU jobs' median/mean GPUs
+#: 1 / 26.77 and median/mean/max run time 124 / 1259.689 / 625740 s
+#: (../shared/data/acme_cluster_summary.csv, row "Kalos").
+KALOS = WorkloadStats(
+    name="Kalos",
+    median_gpus=1.0,
+    mean_gpus=26.77,
+    median_run_time_s=124.0,
+    mean_run_time_s=1259.689,
+    max_run_time_s=625740.0,
+)
+
+
+def acme_stats(path: str | Path, cluster: str) -> WorkloadStats:
+    """Read one cluster's row of an AcmeTrace ``cluster_summary.csv`` (columns ``id``,
+    ``med_gpu_num``, ``avg_gpu_num``, ``med_run_time_gpu``, ``avg_run_time_gpu``, ``max_run_time_gpu``)."""
+    source = str(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise TraceError(source, 0, "", f"cannot read: {exc.strerror or exc}") from None
+    for line, row in enumerate(rows, start=2):
+        if row.get("id") == cluster:
+            try:
+                return WorkloadStats(
+                    name=cluster,
+                    median_gpus=float(row["med_gpu_num"]),
+                    mean_gpus=float(row["avg_gpu_num"]),
+                    median_run_time_s=float(row["med_run_time_gpu"]),
+                    mean_run_time_s=float(row["avg_run_time_gpu"]),
+                    max_run_time_s=float(row["max_run_time_gpu"]),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TraceError(source, line, "", f"cluster {cluster!r}: {exc}") from None
+    known = ", ".join(r.get("id", "?") for r in rows)
+    raise TraceError(source, 0, "id", f"no cluster {cluster!r} (known: {known})")
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """How :func:`generate_jobs` draws jobs. Defaults and their sources:
+
+    * sizes: ``n = granularity * ceil(X / granularity)`` clipped to ``[granularity, max_cards]``,
+      ``X`` lognormal with the cluster's median and mean GPUs per job (heavy-tailed: on Kalos 79%
+      of jobs take one 8-card host, 1.6% take the 256-card maximum = half a supernode);
+    * top-clock run times: lognormal with the cluster's median and mean run time, clipped to
+      ``[min_duration_s, max_run_time_s]``, times ``duration_scale``; sizes and run times are
+      drawn independently;
+    * arrivals: Poisson, rate ``target_allocation * n_site_cards / E[n_cards * wall time]``
+      (Little's law), wall time from :meth:`PhaseModel.expected_wall_time_s`;
+    * step time: lognormal, median ``step_time_median_s`` (2 s, typical of large-model training
+      iterations; assumption) and shape 0.5, clipped to 0.2..30 s;
+    * compute share: uniform in ``compute_share_range`` (0.60..0.87; 0.87 is the clock-sensitive
+      share of the GPT-3 stage profile, a fit of time vs 1/f to
+      ``perseus_stage_profile_gpt3-175b+a100_sxm_bf16.csv``; lower values stand for jobs with
+      exposed communication, assumption);
+    * checkpoint every ``checkpoint_interval_s`` (900 s, DESIGN.md), lasting lognormal median
+      ``checkpoint_median_s`` (60 s) shape 0.3 clipped to 20..300 s (assumption);
+    * noncompute utilization uniform 0.1..0.3 (assumption);
+    * priority 0.5 / 1 / 2 with probabilities ``priority_probs`` (0.2 / 0.6 / 0.2), SLO
+      (``min_throughput_frac``) 0 / 0.7 / 0.9 by priority (assumption).
+    """
+
+    stats: WorkloadStats = KALOS
+    target_allocation: float = 0.65
+    granularity: int = 8
+    max_cards: int = 256
+    min_duration_s: float = 60.0
+    duration_scale: float = 1.0
+    step_time_median_s: float = 2.0
+    compute_share_range: tuple[float, float] = (0.60, 0.87)
+    checkpoint_interval_s: float = 900.0
+    checkpoint_median_s: float = 60.0
+    noncompute_utilization_range: tuple[float, float] = (0.1, 0.3)
+    priorities: tuple[float, ...] = (0.5, 1.0, 2.0)
+    priority_probs: tuple[float, ...] = (0.2, 0.6, 0.2)
+    slo_by_priority: tuple[float, ...] = (0.0, 0.7, 0.9)
+    phases: PhaseModel = PhaseModel()
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_allocation <= 1.0:
+            raise ValueError(f"target_allocation must be within (0, 1], got {self.target_allocation}")
+        if self.granularity < 1 or self.max_cards < self.granularity:
+            raise ValueError("need 1 <= granularity <= max_cards")
+        if not (len(self.priorities) == len(self.priority_probs) == len(self.slo_by_priority)):
+            raise ValueError("priorities, priority_probs and slo_by_priority must have the same length")
+        if abs(sum(self.priority_probs) - 1.0) > 1e-9:
+            raise ValueError("priority_probs must sum to 1")
+        if not 0.0 <= self.compute_share_range[0] <= self.compute_share_range[1] <= 1.0:
+            raise ValueError("compute_share_range must be an ordered pair within 0..1")
+        if not self.duration_scale > 0:
+            raise ValueError("duration_scale must be positive")
+
+    # ---- the two distributions -----------------------------------------------------------------
+    def _size_lognormal(self) -> tuple[float, float]:
+        st = self.stats
+        return math.log(st.median_gpus), math.sqrt(2.0 * math.log(st.mean_gpus / st.median_gpus))
+
+    def _duration_lognormal(self) -> tuple[float, float]:
+        st = self.stats
+        return math.log(st.median_run_time_s), math.sqrt(2.0 * math.log(st.mean_run_time_s / st.median_run_time_s))
+
+    def size_distribution(self) -> tuple[npt.NDArray[np.int64], FloatArray]:
+        """Possible job sizes and their probabilities."""
+        mu, sigma = self._size_lognormal()
+        g = self.granularity
+        sizes = np.arange(g, self.max_cards + 1, g, dtype=np.int64)
+        upper = [_norm_cdf((math.log(s) - mu) / sigma) if sigma > 0 else float(s >= math.exp(mu)) for s in sizes]
+        upper[-1] = 1.0
+        probs = np.diff(np.concatenate([[0.0], np.asarray(upper)]))
+        return sizes, np.asarray(probs, dtype=np.float64)
+
+    def mean_size_cards(self) -> float:
+        sizes, probs = self.size_distribution()
+        return float(np.dot(sizes, probs))
+
+    def mean_duration_s(self) -> float:
+        """Mean top-clock run time of the clipped, scaled lognormal."""
+        mu, sigma = self._duration_lognormal()
+        return self.duration_scale * _clipped_lognormal_mean(mu, sigma, self.min_duration_s, self.stats.max_run_time_s)
+
+    def mean_checkpoint_s(self) -> float:
+        return self.checkpoint_median_s * math.exp(0.3**2 / 2.0)
+
+
+def _norm_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def _clipped_lognormal_mean(mu: float, sigma: float, lo: float, hi: float) -> float:
+    """E[min(max(X, lo), hi)] for X = exp(N(mu, sigma^2))."""
+    if sigma <= 0:
+        return float(min(max(math.exp(mu), lo), hi))
+    a, b = (math.log(lo) - mu) / sigma, (math.log(hi) - mu) / sigma
+    inner = math.exp(mu + sigma**2 / 2.0) * (_norm_cdf(b - sigma) - _norm_cdf(a - sigma))
+    return lo * _norm_cdf(a) + hi * (1.0 - _norm_cdf(b)) + inner
+
+
+def expected_job_card_seconds(config: GeneratorConfig) -> float:
+    """E[n_cards * wall time] of a generated job (sizes and run times are independent)."""
+    wall = config.phases.expected_wall_time_s(
+        config.mean_duration_s(), config.checkpoint_interval_s, config.mean_checkpoint_s()
+    )
+    return config.mean_size_cards() * wall
+
+
+def generate_jobs(
+    n_site_cards: int,
+    horizon_s: float,
+    seed: int,
+    config: GeneratorConfig | None = None,
+    start_s: float = 0.0,
+    id_prefix: str = "j",
+) -> list[JobSpec]:
+    """Jobs submitted in ``[start_s, start_s + horizon_s)`` to a site of ``n_site_cards`` cards.
+
+    Seeded and reproducible: the same arguments give the same jobs. The arrival rate follows
+    Little's law so that, in the long run, ``config.target_allocation`` of the site's cards are
+    held by jobs (if the scheduler keeps up). Job ids are ``{id_prefix}{index:06d}``.
+    """
+    cfg = config if config is not None else GeneratorConfig()
+    if n_site_cards < 1:
+        raise ValueError("n_site_cards must be >= 1")
+    if not horizon_s >= 0:
+        raise ValueError("horizon_s must be >= 0")
+    rng = np.random.default_rng(seed)
+    rate_per_s = cfg.target_allocation * n_site_cards / expected_job_card_seconds(cfg)
+    # arrivals: draw a generous batch of gaps, extend if needed
+    times: list[float] = []
+    t = start_s
+    while True:
+        gaps = rng.exponential(1.0 / rate_per_s, size=max(16, int(rate_per_s * horizon_s * 1.2) + 16))
+        arrivals = t + np.cumsum(gaps)
+        inside = arrivals[arrivals < start_s + horizon_s]
+        times.extend(inside.tolist())
+        if inside.size < arrivals.size:
+            break
+        t = float(arrivals[-1])
+    n = len(times)
+    sizes, probs = cfg.size_distribution()
+    n_cards = rng.choice(sizes, size=n, p=probs).astype(np.int64)
+    n_cards = np.minimum(n_cards, (n_site_cards // cfg.granularity) * cfg.granularity or n_site_cards)
+    mu_d, sigma_d = cfg._duration_lognormal()
+    duration = np.clip(rng.lognormal(mu_d, sigma_d, size=n), cfg.min_duration_s, cfg.stats.max_run_time_s)
+    duration = duration * cfg.duration_scale
+    step = np.clip(rng.lognormal(math.log(cfg.step_time_median_s), 0.5, size=n), 0.2, 30.0)
+    cs = rng.uniform(cfg.compute_share_range[0], cfg.compute_share_range[1], size=n)
+    ckpt = np.clip(rng.lognormal(math.log(cfg.checkpoint_median_s), 0.3, size=n), 20.0, 300.0)
+    ncu = rng.uniform(cfg.noncompute_utilization_range[0], cfg.noncompute_utilization_range[1], size=n)
+    prio_idx = rng.choice(len(cfg.priorities), size=n, p=np.asarray(cfg.priority_probs))
+    jobs = []
+    for i in range(n):
+        k = int(prio_idx[i])
+        jobs.append(
+            JobSpec(
+                job_id=f"{id_prefix}{i:06d}",
+                n_cards=int(n_cards[i]),
+                work_steps=float(duration[i] / step[i]),
+                step_time_s=float(step[i]),
+                compute_share=float(cs[i]),
+                priority=float(cfg.priorities[k]),
+                submit_time_s=float(times[i]),
+                checkpoint_interval_s=float(cfg.checkpoint_interval_s),
+                checkpoint_duration_s=float(ckpt[i]),
+                noncompute_utilization=float(ncu[i]),
+                min_throughput_frac=float(cfg.slo_by_priority[k]),
+            )
+        )
+    return jobs
+
+
+# --------------------------------------------------------------------------------------------
+# Trace replay
+# --------------------------------------------------------------------------------------------
+
+#: Trace CSV columns: name -> (required, meaning). Exactly one of duration_s / work_steps is needed.
+TRACE_COLUMNS: dict[str, tuple[bool, str]] = {
+    "job_id": (True, "unique job name"),
+    "submit_time_s": (True, "submission time, s from the start of the run (>= 0)"),
+    "n_cards": (True, "cards the job needs (integer >= 1)"),
+    "duration_s": (False, "training time at the top clock, s (or give work_steps)"),
+    "work_steps": (False, "training steps to run (or give duration_s)"),
+    "step_time_s": (True, "time of one step at the top clock, s"),
+    "compute_share": (True, "share of a step that scales with 1/clock, 0..1"),
+    "priority": (False, "relative value of the job's work (> 0, default 1)"),
+    "checkpoint_interval_s": (False, "training time between checkpoints at the top clock, s (default 900)"),
+    "checkpoint_duration_s": (False, "time a checkpoint holds the cards idle, s (default 60)"),
+    "min_throughput_frac": (False, "SLO: least throughput as a fraction of top-clock throughput, 0..1 (default 0)"),
+    "noncompute_utilization": (False, "card utilization in the non-scaling part of a step, 0..1 (default 0.2)"),
+}
+
+
+class TraceError(ValueError):
+    """A trace file is wrong. The message names the file, the line, the column and the problem."""
+
+    def __init__(self, source: str, line: int, column: str, problem: str) -> None:
+        self.source = source
+        self.line = line
+        self.column = column
+        self.problem = problem
+        where = source + (f":{line}" if line else "") + (f": column {column!r}" if column else "")
+        super().__init__(f"{where}: {problem}")
+
+
+def _data_lines(fh: Iterable[str]) -> Iterable[tuple[int, str]]:
+    for lineno, line in enumerate(fh, start=1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            yield lineno, line
+
+
+def load_trace(path: str | Path) -> list[JobSpec]:
+    """Read a job trace CSV (see :data:`TRACE_COLUMNS`; lines starting with ``#`` are comments).
+
+    Jobs come back sorted by submission time (stable). Any problem raises :class:`TraceError`
+    naming the file, line and column.
+    """
+    source = str(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            numbered = list(_data_lines(fh))
+    except FileNotFoundError:
+        raise TraceError(source, 0, "", "file not found") from None
+    except UnicodeDecodeError:
+        raise TraceError(source, 0, "", "not a UTF-8 text file") from None
+    except OSError as exc:
+        raise TraceError(source, 0, "", f"cannot read: {exc.strerror or exc}") from None
+    if not numbered:
+        raise TraceError(source, 0, "", "empty trace: expected a header line and at least one job")
+    reader = csv.reader([line for _, line in numbered])
+    rows = list(reader)
+    header_line = numbered[0][0]
+    header = [h.strip() for h in rows[0]]
+    for col in header:
+        if col not in TRACE_COLUMNS:
+            close = difflib.get_close_matches(col, list(TRACE_COLUMNS), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known columns: {', '.join(TRACE_COLUMNS)}"
+            raise TraceError(source, header_line, col, f"unknown column{hint}")
+    if len(set(header)) != len(header):
+        dup = next(c for c in header if header.count(c) > 1)
+        raise TraceError(source, header_line, dup, "column appears twice")
+    for col, (required, meaning) in TRACE_COLUMNS.items():
+        if required and col not in header:
+            raise TraceError(source, header_line, col, f"missing required column ({meaning})")
+    if ("duration_s" in header) == ("work_steps" in header):
+        raise TraceError(source, header_line, "duration_s", "give exactly one of the columns duration_s and work_steps")
+    if len(rows) < 2:
+        raise TraceError(source, header_line, "", "no jobs after the header")
+    jobs: list[JobSpec] = []
+    seen: dict[str, int] = {}
+    for (lineno, _), row in zip(numbered[1:], rows[1:], strict=True):
+        if len(row) != len(header):
+            raise TraceError(source, lineno, "", f"expected {len(header)} fields, got {len(row)}")
+        rec = {h: v.strip() for h, v in zip(header, row, strict=True)}
+        jobs.append(_job_from_record(rec, source, lineno, seen))
+    jobs.sort(key=lambda j: j.submit_time_s)
+    return jobs
+
+
+def _number(rec: dict[str, str], col: str, source: str, line: int, *, integer: bool = False) -> float:
+    raw = rec[col]
+    if raw == "":
+        raise TraceError(source, line, col, "empty value")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise TraceError(source, line, col, f"not a number: {raw!r}") from None
+    if not math.isfinite(value):
+        raise TraceError(source, line, col, f"must be finite, got {raw!r}")
+    if integer and value != int(value):
+        raise TraceError(source, line, col, f"must be an integer, got {raw!r}")
+    return value
+
+
+def _job_from_record(rec: dict[str, str], source: str, line: int, seen: dict[str, int]) -> JobSpec:
+    job_id = rec["job_id"]
+    if not job_id:
+        raise TraceError(source, line, "job_id", "empty value")
+    if job_id in seen:
+        raise TraceError(source, line, "job_id", f"duplicate job id {job_id!r} (first on line {seen[job_id]})")
+    seen[job_id] = line
+    ranges: dict[str, tuple[float, float, bool]] = {  # lo, hi, lo_open
+        "submit_time_s": (0.0, math.inf, False),
+        "n_cards": (1.0, 1e7, False),
+        "duration_s": (0.0, math.inf, True),
+        "work_steps": (0.0, math.inf, True),
+        "step_time_s": (0.0, math.inf, True),
+        "compute_share": (0.0, 1.0, False),
+        "priority": (0.0, math.inf, True),
+        "checkpoint_interval_s": (0.0, math.inf, True),
+        "checkpoint_duration_s": (0.0, math.inf, False),
+        "min_throughput_frac": (0.0, 1.0, False),
+        "noncompute_utilization": (0.0, 1.0, False),
+    }
+    values: dict[str, float] = {}
+    for col, (lo, hi, lo_open) in ranges.items():
+        if col not in rec:
+            continue
+        v = _number(rec, col, source, line, integer=col == "n_cards")
+        if v < lo or (lo_open and v <= lo) or v > hi:
+            bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
+            span = f"{bound} and <= {hi:g}" if math.isfinite(hi) else bound
+            raise TraceError(source, line, col, f"must be {span}, got {rec[col]!r}")
+        values[col] = v
+    step = values["step_time_s"]
+    work = values["work_steps"] if "work_steps" in values else values["duration_s"] / step
+    return JobSpec(
+        job_id=job_id,
+        n_cards=int(values["n_cards"]),
+        work_steps=work,
+        step_time_s=step,
+        compute_share=values["compute_share"],
+        priority=values.get("priority", 1.0),
+        submit_time_s=values["submit_time_s"],
+        checkpoint_interval_s=values.get("checkpoint_interval_s", 900.0),
+        checkpoint_duration_s=values.get("checkpoint_duration_s", 60.0),
+        noncompute_utilization=values.get("noncompute_utilization", 0.2),
+        min_throughput_frac=values.get("min_throughput_frac", 0.0),
+    )
+
+
+def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
+    """Write jobs as a trace CSV that :func:`load_trace` reads back unchanged (work_steps form)."""
+    cols = [
+        "job_id",
+        "submit_time_s",
+        "n_cards",
+        "work_steps",
+        "step_time_s",
+        "compute_share",
+        "priority",
+        "checkpoint_interval_s",
+        "checkpoint_duration_s",
+        "min_throughput_frac",
+        "noncompute_utilization",
+    ]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for j in jobs:
+            w.writerow([repr(getattr(j, c)) if isinstance(getattr(j, c), float) else getattr(j, c) for c in cols])

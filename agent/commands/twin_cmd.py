@@ -1,0 +1,223 @@
+"""``racktwin twin``: what-if runs of the digital twin.
+
+twin steady [--site FILE] [--level K | --clock-mhz F] [--utilization U] [--supply-temp-c T]
+            [--ambient-c A] [--json]
+    Steady state of the whole site with every card at one level (``twin.steady``): per-rack power
+    against its limit, hottest die, coolant temperatures, then IT, cooling and facility power and PUE.
+
+twin sweep-supply [--site FILE] [--from-c A] [--to-c B] [--step-k S] [--ambient-c A]
+            [--level K] [--utilization U] [--compute-share C] [--json]
+    The supply-temperature trade-off at full load (``twin.sweep``): facility power falls as free
+    cooling grows, then rises with leakage; past the throttle onset the site loses speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import numpy as np
+
+from agent.commands.common import UserError, load_site_or_fail, print_json
+from twin.spec import SiteSpec
+from twin.steady import site_steady_state
+from twin.sweep import best_point, supply_sweep
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    st = sub.add_parser("steady", help="steady state of the site at one DVFS level (what-if)")
+    _common(st)
+    which = st.add_mutually_exclusive_group()
+    which.add_argument("--level", type=int, default=None, help="DVFS level of every card (0 = fastest)")
+    which.add_argument("--clock-mhz", type=float, default=None, help="clock of every card (nearest level at or above)")
+    st.add_argument("--utilization", type=float, default=1.0, help="card utilization 0..1 (default 1)")
+    st.add_argument("--supply-temp-c", type=float, default=None, help="rack supply set-point (default: the spec's)")
+    sw = sub.add_parser("sweep-supply", help="facility power vs coolant supply temperature at full load")
+    _common(sw)
+    sw.add_argument("--from-c", type=float, default=20.0, help="first supply temperature (default 20)")
+    sw.add_argument("--to-c", type=float, default=55.0, help="last supply temperature (default 55)")
+    sw.add_argument("--step-k", type=float, default=1.0, help="step (default 1 K)")
+    sw.add_argument("--level", type=int, default=0, help="DVFS level of every card (default 0)")
+    sw.add_argument("--utilization", type=float, default=1.0, help="card utilization 0..1 (default 1)")
+    sw.add_argument(
+        "--compute-share", type=float, default=0.8, help="clock-sensitive share of a step, for throughput (0.8)"
+    )
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--site", default=None, help="site spec TOML (default: examples/supernode-512.toml)")
+    p.add_argument("--ambient-c", type=float, default=None, help="outdoor temperature (default: the spec's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    site = load_site_or_fail(args.site)
+    _check(args.ambient_c, -40.0, 55.0, "--ambient-c", "deg C")
+    _check(args.utilization, 0.0, 1.0, "--utilization", "(a fraction, not percent)")
+    if args.action == "steady":
+        return _steady(site, args)
+    return _sweep(site, args)
+
+
+def _check(value: float | None, lo: float, hi: float, name: str, unit: str) -> None:
+    if value is not None and not (math.isfinite(value) and lo <= value <= hi):
+        raise UserError(f"{name} must be within {lo:g}..{hi:g} {unit}, got {value:g}")
+
+
+def _level(site: SiteSpec, level: int | None, clock_mhz: float | None) -> int:
+    n = site.card.n_levels
+    if clock_mhz is not None:
+        clocks = site.card.clocks_mhz
+        if not (math.isfinite(clock_mhz) and clocks[-1] <= clock_mhz <= clocks[0]):
+            raise UserError(f"--clock-mhz must be within {clocks[-1]:g}..{clocks[0]:g} MHz, got {clock_mhz:g}")
+        return site.card.level_of_clock(clock_mhz)
+    lv = 0 if level is None else level
+    if not 0 <= lv < n:
+        raise UserError(f"--level must be within 0..{n - 1} for {site.card.model}, got {lv}")
+    return lv
+
+
+def _steady(site: SiteSpec, args: argparse.Namespace) -> int:
+    level = _level(site, args.level, args.clock_mhz)
+    _check(args.supply_temp_c, 5.0, 60.0, "--supply-temp-c", "deg C")
+    ss = site_steady_state(
+        site, level=level, utilization=args.utilization, supply_temp_c=args.supply_temp_c, ambient_c=args.ambient_c
+    )
+    c = ss.cooling
+    limit = site.rack.power_limit_w
+    names = site.rack_names
+    throttled = int(np.count_nonzero(ss.level > level))
+    racks: list[dict[str, Any]] = [
+        {
+            "rack": names[r],
+            "power_w": float(ss.rack_power_w[r]),
+            "max_die_temp_c": float(ss.rack_max_die_temp_c[r]),
+            "return_temp_c": float(ss.rack_return_temp_c[r]),
+            "power_limit_w": limit,
+            "over_limit": bool(ss.rack_power_w[r] > limit),
+        }
+        for r in range(site.n_racks)
+    ]
+    out: dict[str, Any] = {
+        "site": site.name,
+        "level": level,
+        "clock_mhz": site.card.clocks_mhz[level],
+        "utilization": args.utilization,
+        "supply_temp_c": c.supply_temp_c,
+        "ambient_temp_c": c.ambient_temp_c,
+        "racks": racks,
+        "it_power_w": ss.it_power_w,
+        "cooling_power_w": c.cooling_power_w,
+        "chiller_power_w": c.chiller_w,
+        "facility_power_w": c.facility_power_w,
+        "pue": c.pue,
+        "pue_target": site.pue_target,
+        "free_cooling_fraction": c.free_cooling_fraction,
+        "facility_supply_temp_c": c.facility_supply_temp_c,
+        "facility_return_temp_c": c.facility_return_temp_c,
+        "max_die_temp_c": float(ss.die_temp_c.max()),
+        "throttled_cards": throttled,
+        "racks_over_limit": sum(1 for r in racks if r["over_limit"]),
+    }
+    if args.json:
+        print_json(out)
+        return 0
+    print(
+        f"{site.name}: {site.n_cards} cards at level {level} ({site.card.clocks_mhz[level]:g} MHz), "
+        f"utilization {args.utilization:g}, supply {c.supply_temp_c:g} deg C, ambient {c.ambient_temp_c:g} deg C"
+    )
+    print(f"{'rack':<6} {'power kW':>9} {'limit kW':>9} {'hottest die C':>14} {'supply C':>9} {'return C':>9}")
+    for r in racks:
+        flag = "  OVER" if r["over_limit"] else ""
+        print(
+            f"{r['rack']:<6} {r['power_w'] / 1e3:9.2f} {limit / 1e3:9.1f} {r['max_die_temp_c']:14.1f} "
+            f"{c.supply_temp_c:9.1f} {r['return_temp_c']:9.1f}{flag}"
+        )
+    print(f"IT power        {ss.it_power_w / 1e3:9.1f} kW")
+    print(
+        f"cooling power   {c.cooling_power_w / 1e3:9.1f} kW  (chiller {c.chiller_w / 1e3:.1f} kW, "
+        f"free cooling {100 * c.free_cooling_fraction:.0f}%)"
+    )
+    print(f"facility power  {c.facility_power_w / 1e3:9.1f} kW")
+    print(f"PUE             {c.pue:9.4f}   (target {site.pue_target:g})")
+    if throttled:
+        print(f"{throttled} cards throttle (slowdown temperature {site.card.slowdown_temp_c:g} deg C or power limit)")
+    return 0
+
+
+def _sweep(site: SiteSpec, args: argparse.Namespace) -> int:
+    lo, hi, step = args.from_c, args.to_c, args.step_k
+    _check(lo, 5.0, 60.0, "--from-c", "deg C")
+    _check(hi, 5.0, 60.0, "--to-c", "deg C")
+    if not (math.isfinite(step) and step > 0):
+        raise UserError(f"--step-k must be positive, got {step:g}")
+    if hi < lo:
+        raise UserError(f"--to-c ({hi:g}) must not be below --from-c ({lo:g})")
+    if (hi - lo) / step > 1000:
+        raise UserError("too many points: make --step-k larger")
+    _check(args.compute_share, 0.0, 1.0, "--compute-share", "")
+    level = _level(site, args.level, None)
+    temps = [float(x) for x in np.arange(lo, hi + step * 1e-6, step)]
+    points = supply_sweep(
+        site,
+        temps,
+        ambient_c=args.ambient_c,
+        level=level,
+        utilization=args.utilization,
+        compute_share=args.compute_share,
+    )
+    best = best_point(points)
+    amb = points[0].ambient_temp_c
+    if args.json:
+        print_json(
+            {
+                "site": site.name,
+                "ambient_temp_c": amb,
+                "level": level,
+                "utilization": args.utilization,
+                "points": [
+                    {
+                        "supply_temp_c": p.supply_temp_c,
+                        "it_power_w": p.it_power_w,
+                        "cooling_power_w": p.cooling_power_w,
+                        "chiller_power_w": p.chiller_power_w,
+                        "facility_power_w": p.facility_power_w,
+                        "pue": p.pue,
+                        "free_cooling_fraction": p.free_cooling_fraction,
+                        "max_die_temp_c": p.max_die_temp_c,
+                        "throttled_cards": p.throttled_cards,
+                        "throughput_frac": p.throughput_frac,
+                    }
+                    for p in points
+                ],
+                "best_supply_temp_c": best.supply_temp_c if best else None,
+                "best_facility_power_w": best.facility_power_w if best else None,
+            }
+        )
+        return 0
+    print(
+        f"{site.name}: supply temperature sweep at level {level} ({site.card.clocks_mhz[level]:g} MHz), "
+        f"utilization {args.utilization:g}, ambient {amb:g} deg C"
+    )
+    print(
+        f"{'supply C':>8} {'IT kW':>8} {'cool kW':>8} {'chill kW':>8} {'fac kW':>8} {'PUE':>7} "
+        f"{'free %':>6} {'die C':>6} {'thrott':>6} {'speed':>6}"
+    )
+    for p in points:
+        mark = "  <- best" if best is not None and p is best else ""
+        print(
+            f"{p.supply_temp_c:8.1f} {p.it_power_w / 1e3:8.1f} {p.cooling_power_w / 1e3:8.2f} "
+            f"{p.chiller_power_w / 1e3:8.2f} {p.facility_power_w / 1e3:8.1f} {p.pue:7.4f} "
+            f"{100 * p.free_cooling_fraction:6.0f} {p.max_die_temp_c:6.1f} {p.throttled_cards:6d} "
+            f"{p.throughput_frac:6.3f}{mark}"
+        )
+    if best is None:
+        print("every point throttles: lower the supply temperature range")
+    else:
+        print(
+            f"least facility power without throttling: {best.facility_power_w / 1e3:.1f} kW at "
+            f"{best.supply_temp_c:g} deg C (PUE {best.pue:.4f})"
+        )
+    return 0

@@ -1,0 +1,148 @@
+"""racktwin fit-power, fit-thermal, twin steady, twin sweep-supply: outputs and user errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+PERSEUS_EXAMPLE = REPO / "examples" / "sweep-perseus.csv"
+THERMAL_EXAMPLE = REPO / "examples" / "thermal-step.csv"
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_fit_power_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "900,1100"], capsys)
+    assert code == 0
+    assert "dynamic_power_w" in out and "mape" in out and "1100.0" in out
+    code, out, _ = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "900,1100", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"params", "mape", "predictions"}
+    assert data["mape"] < 0.01
+    assert [p["clock_mhz"] for p in data["predictions"]] == [900.0, 1100.0]
+    assert all(set(p) == {"clock_mhz", "power_w"} for p in data["predictions"])
+    assert 230 < data["predictions"][0]["power_w"] < 260  # measured 246 W at 900 MHz
+    assert {"idle_power_w", "dynamic_power_w", "leakage_w_per_k"} <= set(data["params"])
+
+
+def test_fit_power_with_utilization_and_temperature(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = ["clock_mhz,power_w,utilization,temperature_c"]
+    for i, f in enumerate(range(1000, 2000, 100)):
+        for u in (0.5, 1.0):
+            t = 50 + 3 * (i % 4)
+            rows.append(f"{f},{(80 + 560 * u * f / 1980) + 0.5 * (t - 55):.3f},{u},{t}")
+    path = tmp_path / "sweep.csv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    code, out, _ = _run(["fit-power", str(path), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["params"]["leakage_w_per_k"] == pytest.approx(0.5, rel=0.1)
+    assert data["predictions"] == []
+
+
+def test_fit_thermal_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["fit-thermal", str(THERMAL_EXAMPLE)], capsys)
+    assert code == 0 and "r_th_k_per_w" in out
+    code, out, _ = _run(["fit-thermal", str(THERMAL_EXAMPLE), "--json"], capsys)
+    data = json.loads(out)
+    assert set(data) == {"r_th_k_per_w", "tau_s", "rmse_k"}
+    assert data["r_th_k_per_w"] == pytest.approx(0.053, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "fragments"),
+    [
+        ("fit-power", "clock_mhz,watts\n1000,300\n", ["missing column 'power_w'", ":1:"]),
+        ("fit-power", "clock_mhz,power_w\n1000,300\n1100,abc\n", [":3:", "column 'power_w'", "not a number"]),
+        ("fit-power", "clock_mhz,power_w\n1000,300\n1100,nan\n", [":3:", "column 'power_w'", "finite"]),
+        ("fit-power", "clock_mhz,power_w\n1000,300\n1000,301\n1100,320\n", ["at least 4 distinct clocks"]),
+        ("fit-power", "clock_mhz,power_w,utilization\n1000,300,90\n", ["utilization", "0..1"]),
+        ("fit-power", "", ["empty file"]),
+        ("fit-power", "clock_mhz,power_w\n", ["no data lines"]),
+        ("fit-thermal", "t_s,power_w,inlet_temp_c\n0,1,2\n", ["missing column 'die_temp_c'"]),
+        ("fit-thermal", "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,100,30,inf\n", [":3:", "finite"]),
+        ("fit-thermal", "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,100,30,35\n", ["at least 10 samples"]),
+    ],
+)
+def test_bad_csv_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, text: str, fragments: list[str]
+) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = _run([command, str(path)], capsys)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert str(path) in lines[0] or "distinct" in lines[0]
+    for f in fragments:
+        assert f in lines[0]
+
+
+def test_missing_csv_and_bad_predict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(["fit-power", str(tmp_path / "nope.csv")], capsys)
+    assert code == 2 and "file not found" in err
+    code, _, err = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "900,fast"], capsys)
+    assert code == 2 and "--predict" in err
+
+
+def test_twin_steady_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["twin", "steady", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert {"racks", "it_power_w", "facility_power_w", "pue"} <= set(data)
+    assert len(data["racks"]) == 8
+    assert all({"rack", "power_w", "max_die_temp_c"} <= set(r) for r in data["racks"])
+    assert data["racks"][0]["rack"] == "r0"
+    assert data["pue"] == pytest.approx(data["facility_power_w"] / data["it_power_w"])
+    assert sum(r["power_w"] for r in data["racks"]) == pytest.approx(data["it_power_w"])
+
+
+def test_twin_steady_options_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["twin", "steady", "--clock-mhz", "1650", "--supply-temp-c", "40", "--ambient-c", "10"], capsys)
+    assert code == 0
+    assert "1650 MHz" in out and "PUE" in out and "r7" in out
+    code, out, _ = _run(["twin", "steady", "--level", "4", "--utilization", "0.5", "--json"], capsys)
+    low = json.loads(out)
+    code, out, _ = _run(["twin", "steady", "--json"], capsys)
+    assert low["it_power_w"] < json.loads(out)["it_power_w"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["twin", "steady", "--level", "9"], "--level must be within 0..7"),
+        (["twin", "steady", "--utilization", "80"], "--utilization"),
+        (["twin", "steady", "--clock-mhz", "3000"], "--clock-mhz"),
+        (["twin", "steady", "--site", "/nonexistent/site.toml"], "file not found"),
+        (["twin", "sweep-supply", "--from-c", "40", "--to-c", "30"], "--to-c"),
+    ],
+)
+def test_twin_user_errors(capsys: pytest.CaptureFixture[str], args: list[str], fragment: str) -> None:
+    code, _, err = _run(args, capsys)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_sweep_supply_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["twin", "sweep-supply", "--from-c", "20", "--to-c", "50", "--step-k", "2", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    pts = data["points"]
+    assert [p["supply_temp_c"] for p in pts] == [float(t) for t in range(20, 51, 2)]
+    assert 20.0 < data["best_supply_temp_c"] < 50.0
+    powers = [p["facility_power_w"] for p in pts]
+    assert min(powers) == data["best_facility_power_w"]
+    code, out, _ = _run(["twin", "sweep-supply", "--step-k", "5"], capsys)
+    assert code == 0 and "<- best" in out and "least facility power" in out

@@ -1,0 +1,71 @@
+"""Online calibration and anomaly flags, judged on plant data with injected faults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twin.estimate import Estimator
+from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation
+from twin.spec import SiteSpec
+from twin.workload import JobSpec, PhaseModel
+
+pytestmark = pytest.mark.unit
+
+PHASES = PhaseModel(startup_s=10.0, comm_stalls_per_hour=6.0, input_stalls_per_hour=3.0)
+
+
+def _jobs(n: int) -> list[JobSpec]:
+    """Two jobs with checkpoints and stalls: power moves between compute and idle phases."""
+    half = n // 2
+    return [
+        JobSpec("a", half, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=300.0),
+        JobSpec("b", half, work_steps=1e6, step_time_s=2.0, compute_share=0.7, checkpoint_interval_s=450.0),
+    ]
+
+
+def _run(p: Plant, est: Estimator, seconds: float) -> None:
+    end = p.time_s + seconds
+    while p.time_s < end - 1e-9:
+        p.step(1.0)
+        est.update(p.readings())
+
+
+def test_fouled_cold_plate_and_weak_pump_are_flagged_healthy_cards_are_not(small_site: SiteSpec) -> None:
+    faults = [
+        ColdPlateFouling(card=5, start_s=600.0, r_factor=2.0),
+        PumpDegradation(rack=1, start_s=600.0, flow_fraction=0.6),
+    ]
+    p = Plant(small_site, _jobs(small_site.n_cards), faults, config=PlantConfig(seed=11, phases=PHASES))
+    est = Estimator(small_site)
+    _run(p, est, 590.0)
+    assert est.anomalies() == []  # all healthy so far
+    e = est.estimates()
+    true_ratio = p.truth().r_total_k_per_w / e.r_expected_k_per_w
+    np.testing.assert_allclose(e.r_ratio, true_ratio, atol=0.04)  # per-card spread is learnt
+    _run(p, est, 1800.0)
+    found = {(a.kind, a.rack, a.card) for a in est.anomalies()}
+    assert found == {("fouled_cold_plate", 0, 5), ("weak_pump", 1, None)}
+    e = est.estimates()
+    true_ratio = p.truth().r_total_k_per_w / e.r_expected_k_per_w
+    assert e.r_ratio[5] == pytest.approx(true_ratio[5], rel=0.05)
+    # the weak pump's rack: expected resistances follow its measured flow, so no plate is flagged
+    assert np.all(e.r_expected_k_per_w[16:] > e.r_expected_k_per_w[:16].max())
+    assert e.rack_dt_ratio[1] == pytest.approx(1 / 0.6, rel=0.05)
+    assert e.rack_dt_ratio[0] == pytest.approx(1.0, abs=0.05)
+    assert e.rack_flow_deficit[1] == pytest.approx(0.4, abs=0.03)  # averaged over 10 min
+
+
+def test_leakage_scale_is_learnt_when_the_supply_temperature_moves(small_site: SiteSpec) -> None:
+    p = Plant(small_site, config=PlantConfig(seed=5))
+    est = Estimator(small_site)
+    for supply, seconds in ((30.0, 1200.0), (40.0, 1200.0), (20.0, 1200.0)):
+        p.set_supply_temp(supply)
+        _run(p, est, seconds)
+    e = est.estimates()
+    # ground truth: the plant's per-card leakage spread (CardVariation, 10% sd)
+    true_scale = p._s_leak  # the plant's true parameters are private; the test reads them on purpose
+    prior_error = float(np.std(true_scale - 1.0))
+    error = float(np.std(e.leakage_scale - true_scale))
+    assert error < 0.4 * prior_error
+    np.testing.assert_allclose(e.idle_scale, p._s_idle, atol=0.02)

@@ -1,0 +1,413 @@
+"""The virtual plant: physics against the analytic solution, protection, latencies, scheduling,
+jobs, faults, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from twin.plant import (
+    CardFailure,
+    CardVariation,
+    ColdPlateFouling,
+    CommandError,
+    DiurnalAmbient,
+    GarbageReadings,
+    HeatWave,
+    Plant,
+    PlantConfig,
+    PumpDegradation,
+    SensorDropout,
+    SensorNoise,
+    StuckSensor,
+)
+from twin.power import SLOWDOWN_K_PER_LEVEL
+from twin.readings import Readings
+from twin.spec import SiteSpec
+from twin.steady import site_steady_state
+from twin.workload import GeneratorConfig, JobSpec, Phase, PhaseModel, generate_jobs, relative_throughput
+
+pytestmark = pytest.mark.unit
+
+QUIET = PhaseModel(startup_s=0.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+
+
+def exact(**kw: object) -> PlantConfig:
+    """No card spread, no sensor noise, no stalls: results comparable with closed forms."""
+    base: dict[str, object] = {
+        "variation": CardVariation.none(),
+        "noise": SensorNoise.none(),
+        "phases": QUIET,
+    }
+    base.update(kw)
+    return PlantConfig(**base)  # type: ignore[arg-type]
+
+
+def job(job_id: str, n_cards: int, work_steps: float = 1e9, **kw: object) -> JobSpec:
+    args: dict[str, object] = {
+        "step_time_s": 1.0,
+        "compute_share": 1.0,
+        "checkpoint_interval_s": 1e9,
+        "noncompute_utilization": 0.0,
+    }
+    args.update(kw)
+    return JobSpec(job_id, n_cards, work_steps=work_steps, **args)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# physics
+# ------------------------------------------------------------------------------------------------
+def test_plant_energy_balance_and_die_temperature_at_steady_state(site: SiteSpec) -> None:
+    p = Plant(site, [job("all", site.n_cards)], config=exact())
+    p.run(900.0, 1.0)
+    tr = p.truth()
+    assert np.all(tr.utilization == 1.0) and np.all(tr.effective_level == 0)
+    # heat into the coolant = electrical power (within 0.1%), per rack and in total
+    np.testing.assert_allclose(tr.rack_heat_w, tr.rack_power_w, rtol=1e-3)
+    m_cp = site.loop_flow_per_rack_lpm() / 60_000 * site.loop.density_kg_per_m3 * site.loop.specific_heat_j_per_kg_k
+    np.testing.assert_allclose(m_cp * (tr.rack_return_temp_c - tr.rack_supply_temp_c), tr.rack_heat_w, rtol=1e-9)
+    # steady die temperature = T_in + P R within 0.1 K, and the same state as twin.steady
+    np.testing.assert_allclose(tr.die_temp_c, tr.rack_supply_temp_c[0] + tr.card_power_w * tr.r_total_k_per_w, atol=0.1)
+    ss = site_steady_state(site, level=0, utilization=1.0)
+    np.testing.assert_allclose(tr.card_power_w, ss.card_power_w, rtol=1e-6)
+    np.testing.assert_allclose(tr.die_temp_c, ss.die_temp_c, atol=0.01)
+    assert tr.cooling.facility_power_w == pytest.approx(ss.cooling.facility_power_w, rel=1e-6)
+
+
+def test_step_size_does_not_change_the_steady_state(small_site: SiteSpec) -> None:
+    finals = []
+    for dt in (0.1, 1.0, 30.0, 300.0):
+        p = Plant(small_site, [job("a", small_site.n_cards)], config=exact())
+        p.run(1200.0, dt)
+        finals.append(p.truth().die_temp_c)
+    for f in finals[1:]:
+        np.testing.assert_allclose(f, finals[0], atol=1e-3)
+
+
+def test_energy_integrals_accumulate_power(small_site: SiteSpec) -> None:
+    p = Plant(small_site, config=exact())
+    p.run(100.0, 1.0)
+    tr = p.truth()
+    acc = p.accounting()
+    assert acc.it_energy_j == pytest.approx(tr.it_power_w * 100.0, rel=1e-9)
+    assert acc.facility_energy_j == pytest.approx(tr.cooling.facility_power_w * 100.0, rel=1e-9)
+    assert acc.pue == pytest.approx(tr.cooling.pue)
+
+
+# ------------------------------------------------------------------------------------------------
+# the card's own protection and latencies
+# ------------------------------------------------------------------------------------------------
+def test_power_brake_holds_each_card_within_its_limit(small_site: SiteSpec) -> None:
+    p = Plant(small_site, [job("a", small_site.n_cards)], config=exact())
+    p.run(60.0, 1.0)
+    p.set_power_limits(np.arange(8), 450.0)
+    for _ in range(120):
+        p.step(1.0)
+        tr = p.truth()
+        assert np.all(tr.card_power_w[:8] <= 450.0 + 1e-9)
+    assert np.all(tr.effective_level[:8] > 0) and np.all(tr.level[:8] == 0)
+    assert p.accounting().throttled_card_s > 0
+    # the job runs at the pace of its slowest (braked) card; the others wait at lower utilization
+    assert np.all(tr.utilization[8:] < 1.0)
+
+
+def test_thermal_slowdown_above_the_slowdown_temperature(small_site: SiteSpec) -> None:
+    fouled = ColdPlateFouling(card=3, start_s=0.0, r_factor=2.5)
+    p = Plant(small_site, [job("a", small_site.n_cards)], [fouled], config=exact())
+    p.set_supply_temp(45.0)
+    p.run(1800.0, 1.0)
+    tr = p.truth()
+    slowdown = small_site.card.slowdown_temp_c
+    # firmware steps one level down per K over the slowdown temperature (twin.power): the die
+    # settles just above it, at a lower level, instead of running away
+    assert tr.effective_level[3] > 0
+    assert tr.die_temp_c[3] <= slowdown + SLOWDOWN_K_PER_LEVEL * (tr.effective_level[3] + 1)
+    assert tr.die_temp_c[3] < small_site.card.max_temp_c
+    healthy = np.arange(small_site.n_cards) != 3
+    assert np.all(tr.die_temp_c[healthy] < slowdown)
+    assert np.all(tr.effective_level[healthy] == 0)
+
+
+def test_dvfs_commands_take_effect_after_the_latency(small_site: SiteSpec) -> None:
+    p = Plant(small_site, config=exact())
+    latency = small_site.card.dvfs_latency_s
+    p.run(10.0, 0.1)
+    p.set_levels([0, 1], 3)
+    p.run(latency - 0.1, 0.1)
+    assert p.truth().level[0] == 0
+    p.run(0.2, 0.1)
+    assert p.truth().level[:2].tolist() == [3, 3]
+
+
+def test_wake_latency_is_honoured_and_a_job_on_sleeping_cards_waits(small_site: SiteSpec) -> None:
+    cfg = exact(placement="external", external_timeout_s=1e9)
+    p = Plant(small_site, [job("a", 4)], config=cfg)
+    p.enter_low_power(np.arange(small_site.n_cards))
+    p.step(1.0)
+    assert p.truth().card_power_w[0] < small_site.card.idle_power_w
+    p.place_job("a", [0, 1, 2, 3])
+    wake = small_site.card.wake_latency_s
+    t0 = p.time_s
+    r = p.readings()
+    assert r.racks[0].cards is not None and bool(r.racks[0].cards.waking[0])
+    phases = []
+    while p.time_s < t0 + wake + 2.0:
+        p.step(0.5)
+        phases.extend((e.time_s, e.phase) for e in p.drain_events() if e.kind == "phase")
+    start = [t for t, ph in phases if ph == Phase.COMPUTE]
+    assert start and start[0] >= t0 + wake - 1e-9
+    assert not p.readings().racks[0].cards.waking[0]  # type: ignore[union-attr]
+
+
+def test_commands_refuse_invalid_requests_with_a_reason(small_site: SiteSpec) -> None:
+    p = Plant(small_site, [job("a", 4)], [CardFailure(card=30, at_s=0.0)], config=exact())
+    p.step(1.0)
+    n_levels = small_site.card.n_levels
+    with pytest.raises(CommandError, match=f"not in 0..{n_levels - 1}"):
+        p.set_levels([5], n_levels)
+    with pytest.raises(CommandError, match="card 30 has failed"):
+        p.set_levels([30], 1)
+    with pytest.raises(CommandError, match="card 0 is busy with job a"):
+        p.enter_low_power([0, 10])
+    with pytest.raises(CommandError, match="not within"):
+        p.set_power_limits([1], 50.0)
+    with pytest.raises(CommandError, match=r"not in 0\.\.31"):
+        p.wake([99])
+    with pytest.raises(CommandError, match="deg C is not within"):
+        p.set_supply_temp(80.0)
+    with pytest.raises(CommandError, match="unknown job"):
+        p.place_job("zzz", [1])
+    with pytest.raises(CommandError, match="is running, not queued"):
+        p.place_job("a", [10, 11, 12, 13])
+    assert not p.truth().low_power[10], "a refused command changes nothing"
+
+
+# ------------------------------------------------------------------------------------------------
+# scheduling and jobs
+# ------------------------------------------------------------------------------------------------
+def test_builtin_first_fit_is_compact_and_prefers_one_supernode(site: SiteSpec) -> None:
+    two = site.with_supernodes(2)
+    p = Plant(two, [job("a", 256), job("b", 384), job("c", 128)], config=exact())
+    p.step(1.0)
+    assert p.job_cards("a").tolist() == list(range(256))
+    assert p.job_cards("b").tolist() == list(range(512, 896))  # 384 do not fit beside a in supernode 0
+    assert p.job_cards("c").tolist() == list(range(256, 384))
+
+
+def test_external_placement_and_fallback_after_the_timeout(small_site: SiteSpec) -> None:
+    cfg = exact(placement="external", external_timeout_s=60.0)
+    p = Plant(small_site, [job("a", 8), job("b", 8)], config=cfg)
+    p.step(1.0)
+    assert {j.job_id for j in p.queued_jobs()} == {"a", "b"}
+    p.place_job("b", [31, 30, 29, 28, 27, 26, 25, 24])
+    assert p.job_cards("b").tolist() == list(range(24, 32))
+    p.run(50.0, 1.0)
+    assert [j.job_id for j in p.queued_jobs()] == ["a"]
+    p.run(15.0, 1.0)
+    assert p.queued_jobs() == ()
+    assert p.job_cards("a").tolist() == list(range(8))
+
+
+def test_job_lifecycle_checkpoints_and_work_accounting(small_site: SiteSpec) -> None:
+    spec = job("a", 16, work_steps=2000.0, checkpoint_interval_s=900.0, checkpoint_duration_s=60.0)
+    p = Plant(
+        small_site,
+        [spec],
+        config=exact(phases=PhaseModel(startup_s=30.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)),
+    )
+    events = []
+    while p.accounting().jobs_finished == 0 and p.time_s < 5000:
+        p.step(1.0)
+        events.extend(p.drain_events())
+    kinds = [(e.kind, e.phase) for e in events]
+    assert kinds[0] == ("submitted", Phase.WAITING)
+    assert kinds[1] == ("started", Phase.WAITING) and len(events[1].cards) == 16
+    assert [ph for k, ph in kinds if k == "phase"] == [
+        Phase.COMPUTE,
+        Phase.CHECKPOINT,
+        Phase.COMPUTE,
+        Phase.CHECKPOINT,
+        Phase.COMPUTE,
+    ]
+    ckpt = [e.time_s for e in events if e.kind == "phase" and e.phase == Phase.CHECKPOINT]
+    assert ckpt[0] == pytest.approx(30.0 + 900.0, abs=1.0)
+    assert ckpt[1] == pytest.approx(30.0 + 1800.0 + 60.0, abs=2.0)
+    assert kinds[-1][0] == "finished"
+    assert events[-1].time_s == pytest.approx(30.0 + 2000.0 + 120.0, abs=2.0)
+    acc = p.accounting()
+    assert acc.work_card_s == pytest.approx(spec.work_card_s, rel=1e-9)
+    rec = {r.job_id: r for r in p.job_records()}["a"]
+    assert rec.state == "finished" and rec.work_done_card_s == pytest.approx(spec.work_card_s)
+
+
+def test_a_job_runs_at_the_pace_of_its_slowest_card(small_site: SiteSpec) -> None:
+    cs = 0.8
+    spec = job("a", 16, compute_share=cs, noncompute_utilization=0.2)
+    p = Plant(small_site, [spec], config=exact())
+    p.run(10.0, 1.0)
+    p.set_levels([5], 7)
+    p.run(2.0, 1.0)
+    w0 = p.accounting().work_card_s
+    p.run(100.0, 1.0)
+    clocks = small_site.card.clocks_mhz
+    expected = float(relative_throughput(cs, clocks[7] / clocks[0])) * 16 * 100.0
+    assert p.accounting().work_card_s - w0 == pytest.approx(expected, rel=1e-9)
+    u = p.truth().utilization
+    assert u[5] > u[0]  # the fast cards wait for card 5
+
+
+def test_card_failure_requeues_the_job_from_its_last_checkpoint(small_site: SiteSpec) -> None:
+    phases = PhaseModel(startup_s=10.0, restart_delay_s=60.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+    spec = job("a", 16, work_steps=5000.0, checkpoint_interval_s=300.0, checkpoint_duration_s=20.0)
+    fail = CardFailure(card=3, at_s=500.0, repair_after_s=1000.0)
+    p = Plant(small_site, [spec], [fail], config=exact(phases=phases))
+    events = []
+    p.run(499.0, 1.0)
+    work_before = p.accounting().work_card_s
+    p.run(2.0, 1.0)
+    events.extend(p.drain_events())
+    assert events[-1].kind == "phase" and events[-1].phase == Phase.WAITING and "card 3 failed" in events[-1].detail
+    tr = p.truth()
+    assert tr.failed[3] and tr.card_power_w[3] == 0.0
+    with pytest.raises(CommandError, match="has failed"):
+        p.set_power_limits([3], 300.0)
+    acc = p.accounting()
+    assert acc.lost_work_card_s > 0
+    assert acc.work_card_s == pytest.approx(work_before - acc.lost_work_card_s + 16.0, abs=20.0)
+    p.run(70.0, 1.0)
+    events = p.drain_events()
+    kinds = [e.kind for e in events]
+    assert "requeued" in kinds and "started" in kinds
+    started = next(e for e in events if e.kind == "started")
+    assert 3 not in started.cards and len(started.cards) == 16
+    rec = {r.job_id: r for r in p.job_records()}["a"]
+    assert rec.restarts == 1
+    p.run(1000.0, 10.0)
+    assert not p.truth().failed[3]
+
+
+def test_a_job_that_keeps_losing_cards_fails(small_site: SiteSpec) -> None:
+    phases = PhaseModel(
+        startup_s=0.0, restart_delay_s=10.0, comm_stalls_per_hour=0, input_stalls_per_hour=0, max_restarts=1
+    )
+    faults = [CardFailure(card=0, at_s=5.0), CardFailure(card=16, at_s=50.0)]
+    p = Plant(small_site, [job("a", 30)], faults, config=exact(phases=phases))
+    p.run(100.0, 1.0)
+    kinds = [e.kind for e in p.drain_events()]
+    assert kinds.count("requeued") == 1 and kinds[-1] == "failed"
+    assert p.accounting().jobs_failed == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# faults and sensors
+# ------------------------------------------------------------------------------------------------
+def test_sensor_faults(small_site: SiteSpec) -> None:
+    faults = [
+        SensorDropout(rack=0, start_s=10.0, end_s=20.0),
+        StuckSensor(rack=1, start_s=30.0, end_s=60.0),
+        GarbageReadings(rack=0, start_s=40.0, end_s=50.0, mode="nan"),
+        GarbageReadings(rack=1, start_s=70.0, end_s=80.0, mode="garbage", fraction=1.0),
+        StuckSensor(rack=0, start_s=90.0, card=5),
+    ]
+    p = Plant(small_site, [job("a", 32)], faults, config=PlantConfig(seed=1))
+
+    def at(t: float) -> Readings:
+        p.run(t - p.time_s, 1.0)
+        return p.readings()
+
+    assert [r.rack for r in at(15.0).racks] == [1]
+    assert [r.rack for r in at(25.0).racks] == [0, 1]
+    first = at(31.0).racks[1]
+    again = at(45.0).racks[1]
+    assert again.time_s == 45.0
+    assert again.cards is not None and first.cards is not None
+    np.testing.assert_array_equal(again.cards.die_temp_c, first.cards.die_temp_c)
+    nan = at(46.0).racks[0]
+    assert nan.cards is not None and np.all(np.isnan(nan.cards.power_w))
+    moving = at(61.0).racks[1]
+    assert moving.cards is not None and not np.array_equal(moving.cards.die_temp_c, first.cards.die_temp_c)
+    garbage = at(75.0).racks[1]
+    assert garbage.cards is not None and np.all(garbage.cards.die_temp_c > 1000)
+    a = at(91.0).racks[0].cards
+    b = at(99.0).racks[0].cards
+    assert a is not None and b is not None
+    assert a.power_w[5] == b.power_w[5] and a.power_w[6] != b.power_w[6]
+
+
+def test_pump_degradation_raises_return_and_die_temperatures(small_site: SiteSpec) -> None:
+    fault = PumpDegradation(rack=1, start_s=600.0, flow_fraction=0.5, ramp_s=60.0)
+    p = Plant(small_site, [job("a", 32)], [fault], config=exact())
+    p.run(590.0, 1.0)
+    before = p.truth()
+    p.run(900.0, 1.0)
+    after = p.truth()
+    assert after.rack_flow_lpm[1] == pytest.approx(0.5 * before.rack_flow_lpm[1])
+    dt_before = before.rack_return_temp_c - before.rack_supply_temp_c
+    dt_after = after.rack_return_temp_c - after.rack_supply_temp_c
+    assert dt_after[1] == pytest.approx(2.0 * dt_before[1], rel=0.02)
+    assert dt_after[0] == pytest.approx(dt_before[0], rel=1e-3)
+    assert after.die_temp_c[16:].mean() > before.die_temp_c[16:].mean() + 2.0
+    assert after.r_total_k_per_w[16] > before.r_total_k_per_w[16]
+    loop = p.readings().racks[1].loop
+    assert loop is not None and loop.flow_lpm == pytest.approx(after.rack_flow_lpm[1])
+
+
+def test_heat_wave_adds_to_the_ambient_profile(small_site: SiteSpec) -> None:
+    base = DiurnalAmbient(mean_c=25.0, amplitude_k=5.0, peak_time_s=15 * 3600.0)
+    wave = HeatWave(start_s=3600.0, peak_delta_k=10.0, ramp_s=1800.0, hold_s=3600.0)
+    p = Plant(small_site, [job("a", 32)], [wave], config=exact(ambient=base))
+    assert p.ambient_c(0.0) == pytest.approx(25.0 + 5.0 * math.cos(2 * math.pi * -15 / 24))
+    assert p.ambient_c(3600.0 + 900.0) == pytest.approx(base.temp_at_c(4500.0) + 5.0)
+    assert p.ambient_c(3600.0 + 3000.0) == pytest.approx(base.temp_at_c(6600.0) + 10.0)
+    assert p.ambient_c(20000.0) == pytest.approx(base.temp_at_c(20000.0))
+    p.run(3000.0, 10.0)
+    cool = p.truth().cooling
+    p.run(3000.0, 10.0)
+    hot = p.truth().cooling
+    assert hot.ambient_temp_c > cool.ambient_temp_c + 9.0
+    assert hot.cooling_power_w > cool.cooling_power_w
+
+
+# ------------------------------------------------------------------------------------------------
+# determinism
+# ------------------------------------------------------------------------------------------------
+def _trajectory(site: SiteSpec, seed: int, read_every: int) -> tuple[list[np.ndarray], list[str]]:
+    cfg = GeneratorConfig(max_cards=16, duration_scale=0.1, target_allocation=0.9)
+    jobs = generate_jobs(site.n_cards, 1800, seed=seed, config=cfg)
+    faults = [CardFailure(card=7, at_s=400.0), PumpDegradation(rack=0, start_s=300.0, flow_fraction=0.7)]
+    p = Plant(site, jobs, faults, config=PlantConfig(seed=seed))
+    truth, events = [], []
+    for k in range(900):
+        p.step(2.0)
+        if read_every and k % read_every == 0:
+            p.readings()
+        if k % 100 == 0:
+            truth.append(p.truth().die_temp_c)
+    events = [f"{e.time_s}:{e.job_id}:{e.kind}:{e.phase}" for e in p.drain_events()]
+    return truth, events
+
+
+def test_plant_is_deterministic_and_readings_do_not_perturb_it(small_site: SiteSpec) -> None:
+    a_truth, a_events = _trajectory(small_site, 5, read_every=1)
+    b_truth, b_events = _trajectory(small_site, 5, read_every=0)
+    assert a_events == b_events and len(a_events) > 10
+    for x, y in zip(a_truth, b_truth, strict=True):
+        np.testing.assert_array_equal(x, y)
+    c_truth, _ = _trajectory(small_site, 6, read_every=1)
+    assert not np.array_equal(a_truth[-1], c_truth[-1])
+
+
+def test_same_seed_same_readings(small_site: SiteSpec) -> None:
+    def run() -> Readings:
+        p = Plant(small_site, [job("a", 16)], config=PlantConfig(seed=3))
+        p.run(30.0, 1.0)
+        return p.readings()
+
+    a, b = run(), run()
+    for ra, rb in zip(a.racks, b.racks, strict=True):
+        assert ra.cards is not None and rb.cards is not None
+        np.testing.assert_array_equal(ra.cards.power_w, rb.cards.power_w)
+        assert ra.loop == rb.loop and ra.pdu == rb.pdu
+    assert a.facility == b.facility and a.jobs == b.jobs

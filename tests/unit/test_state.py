@@ -1,0 +1,148 @@
+"""TwinState: belief from the plant's readings and job events; freshness, stuck and bad sensors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
+from twin.readings import CardBatch, RackReading, Readings
+from twin.spec import SiteSpec
+from twin.state import TwinState
+from twin.workload import JobSpec, Phase, PhaseModel
+
+pytestmark = pytest.mark.unit
+
+PHASES = PhaseModel(startup_s=5.0, restart_delay_s=20.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+
+
+def _job(job_id: str, n: int, **kw: object) -> JobSpec:
+    return JobSpec(job_id, n, work_steps=1e6, step_time_s=1.0, compute_share=0.8, **kw)  # type: ignore[arg-type]
+
+
+def _feed(p: Plant, st: TwinState, seconds: float, dt: float = 1.0) -> None:
+    end = p.time_s + seconds
+    while p.time_s < end - 1e-9:
+        p.step(dt)
+        st.update(p.readings())
+        st.apply_events(p.drain_events())
+
+
+def test_state_follows_the_plant(small_site: SiteSpec) -> None:
+    p = Plant(small_site, [_job("a", 16, priority=2.0, min_throughput_frac=0.9)], config=PlantConfig(phases=PHASES))
+    st = TwinState(small_site)
+    _feed(p, st, 60.0)
+    tr = p.truth()
+    np.testing.assert_allclose(st.card_power_w, tr.card_power_w, atol=15.0)
+    np.testing.assert_allclose(st.card_die_temp_c, tr.die_temp_c, atol=2.5)
+    np.testing.assert_allclose(st.rack_power_w, tr.rack_power_w, rtol=0.03)
+    np.testing.assert_allclose(st.rack_return_temp_c, tr.rack_return_temp_c, atol=0.5)
+    snap = st.snapshot()
+    assert snap.time_s == p.time_s
+    assert [j.job_id for j in snap.jobs] == ["a"]
+    info = snap.jobs[0]
+    assert info.phase == Phase.COMPUTE and info.priority == 2.0 and info.min_throughput_frac == 0.9
+    assert info.cards == tuple(range(16)) and 0 < info.progress_frac < 1 and info.throughput_frac == 1.0
+    assert snap.card_job[:16].tolist() == [0] * 16 and snap.card_job[16:].tolist() == [-1] * 16
+    assert snap.facility is not None and snap.facility.facility_power_w > snap.facility.it_power_w
+    # a snapshot is a copy
+    snap.card_power_w[:] = 0
+    assert st.card_power_w[0] > 0
+    assert st.stale_racks(p.time_s, 5.0) == ()
+    assert st.summary()["jobs_running"] == 1
+
+
+def test_queue_requeue_and_finish_from_events(small_site: SiteSpec) -> None:
+    a = _job("a", 32)
+    b = JobSpec("b", 8, work_steps=20.0, step_time_s=1.0, compute_share=0.8, submit_time_s=10.0)
+    fail = CardFailure(card=2, at_s=30.0, repair_after_s=60.0)
+    p = Plant(small_site, [a, b], [fail], config=PlantConfig(phases=PHASES))
+    st = TwinState(small_site)
+    _feed(p, st, 15.0)
+    assert [j.job_id for j in st.queue()] == ["b"] and st.jobs["a"].state == "running"
+    _feed(p, st, 40.0)  # card 2 failed at 30 s; a requeued at 50 s; b fits beside the failed card
+    assert bool(st.card_failed[2])
+    assert [j.job_id for j in st.queue()] == ["a"] and st.jobs["a"].cards == ()
+    assert st.jobs["b"].state == "running"
+    _feed(p, st, 30.0)  # b finished at about 75 s
+    assert "b" not in st.jobs and st.jobs_finished == 1
+    _feed(p, st, 10.0)  # card 2 repaired at 90 s: a is placed again on all 32 cards
+    assert st.jobs["a"].state == "running" and st.queue() == ()
+    assert st.snapshot().card_job.tolist() == [0] * 32
+
+
+def test_dropout_makes_a_rack_stale(small_site: SiteSpec) -> None:
+    p = Plant(small_site, [_job("a", 32)], [SensorDropout(rack=1, start_s=20.0, end_s=40.0)], config=PlantConfig())
+    st = TwinState(small_site)
+    _feed(p, st, 30.0)
+    assert st.stale_racks(p.time_s, 5.0) == (1,)
+    assert st.stale_cards(p.time_s, 5.0) == tuple(range(16, 32))
+    assert 1 in st.summary(deadline_s=5.0)["stale_racks"]
+    _feed(p, st, 15.0)
+    assert st.stale_racks(p.time_s, 5.0) == ()
+
+
+def test_stuck_rack_and_stuck_card_are_detected(small_site: SiteSpec) -> None:
+    faults = [StuckSensor(rack=0, start_s=10.0, end_s=40.0), StuckSensor(rack=1, start_s=10.0, card=20)]
+    p = Plant(small_site, [_job("a", 32)], faults, config=PlantConfig())
+    st = TwinState(small_site, stuck_after=10)
+    _feed(p, st, 15.0)
+    assert st.stuck_racks() == () and st.stuck_cards() == ()
+    _feed(p, st, 10.0)
+    assert st.stuck_racks() == (0,)
+    assert st.stuck_cards() == (20,)
+    assert st.snapshot().stuck_racks == (0,)
+    _feed(p, st, 20.0)  # the rack recovers
+    assert st.stuck_racks() == ()
+
+
+def test_no_stuck_flags_when_nothing_changes_anywhere(small_site: SiteSpec) -> None:
+    st = TwinState(small_site, stuck_after=3)
+    p = Plant(
+        small_site,
+        config=PlantConfig(noise=dataclasses.replace(PlantConfig().noise, power_sd_w=0.0, die_temp_sd_k=0.0)),
+    )
+    p.run(600.0, 10.0)  # steady idle site without noise: nothing moves
+    for _ in range(6):
+        st.update(p.readings())
+    assert st.stuck_racks() == () and st.stuck_cards() == ()
+
+
+def test_garbage_is_refused_and_goes_stale(small_site: SiteSpec) -> None:
+    faults = [
+        GarbageReadings(rack=1, start_s=10.0, mode="nan"),
+        GarbageReadings(rack=0, start_s=10.0, mode="garbage", fraction=0.5),
+    ]
+    p = Plant(small_site, [_job("a", 32)], faults, config=PlantConfig(seed=2))
+    st = TwinState(small_site)
+    _feed(p, st, 9.0)
+    before = st.card_die_temp_c.copy()
+    _feed(p, st, 20.0)
+    assert np.all(np.isfinite(st.card_die_temp_c))
+    assert np.all(st.card_die_temp_c < 150.0) and np.all(st.card_power_w >= 0.0)
+    np.testing.assert_array_equal(st.card_die_temp_c[16:], before[16:])  # only NaN since: kept
+    assert st.invalid_count[16:].min() >= 19 and st.invalid_count[:16].sum() > 0
+    assert 1 in st.stale_racks(p.time_s, 5.0)
+
+
+def test_partial_rack_readings_from_separate_messages(small_site: SiteSpec) -> None:
+    p = Plant(small_site, config=PlantConfig())
+    p.step(1.0)
+    full = p.readings()
+    st = TwinState(small_site)
+    cards_only = Readings(
+        time_s=1.0, racks=tuple(RackReading(rack=r.rack, time_s=1.0, cards=r.cards) for r in full.racks)
+    )
+    st.update(cards_only)
+    assert np.all(np.isfinite(st.card_power_w)) and np.all(np.isnan(st.rack_power_w))
+    assert st.stale_racks(1.0, 5.0) == (0, 1)  # no loop or PDU reading yet
+    batch = full.racks[0].cards
+    assert isinstance(batch, CardBatch)
+    st.update(
+        Readings(
+            time_s=2.0, racks=tuple(RackReading(rack=r.rack, time_s=2.0, loop=r.loop, pdu=r.pdu) for r in full.racks)
+        )
+    )
+    assert st.stale_racks(2.0, 5.0) == ()

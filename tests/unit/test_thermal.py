@@ -1,0 +1,106 @@
+"""RC network die -> cold plate -> coolant: analytic steady state, exact discretization, fitting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twin.spec import SiteSpec
+from twin.thermal import ThermalNetwork, ThermalParams, fit_thermal, plate_resistance_k_per_w
+
+pytestmark = pytest.mark.unit
+
+
+def _network(site: SiteSpec) -> ThermalNetwork:
+    return ThermalNetwork(ThermalParams.from_site(site))
+
+
+def test_plate_resistance_follows_the_ocp_table(site: SiteSpec) -> None:
+    cp = site.cold_plate
+    r = plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, np.asarray(cp.flow_lpm))
+    np.testing.assert_allclose(r, cp.r_case_to_coolant_k_per_w)
+    # less flow, more resistance, also below the table (a weak pump)
+    low = plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, np.array([0.3, 0.2]))
+    assert cp.r_case_to_coolant_k_per_w[0] < low[0] < low[1]
+
+
+def test_steady_die_temperature_matches_analytic_within_0_1_k(site: SiteSpec) -> None:
+    net = _network(site)
+    n = site.n_cards
+    rng = np.random.default_rng(1)
+    power = rng.uniform(50, 700, n)
+    inlet = 30.0
+    die = np.full(n, inlet)
+    plate = np.full(n, inlet)
+    for _ in range(40):
+        die, plate = net.step(die, plate, power, inlet, 30.0)
+    r_total = site.card.r_die_to_case_k_per_w + np.asarray(net.params.r_case_coolant_k_per_w)
+    np.testing.assert_allclose(die, inlet + power * r_total, atol=0.1)
+    # heat into the coolant equals the electrical power at steady state
+    np.testing.assert_allclose(net.heat_to_coolant_w(plate, inlet), power, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dt_s", [0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0])
+def test_exact_discretization_is_stable_and_does_not_overshoot(site: SiteSpec, dt_s: float) -> None:
+    net = ThermalNetwork(ThermalParams.from_site(site.with_supernodes(1)))
+    n = site.n_cards
+    power = np.full(n, 650.0)
+    inlet = 35.0
+    die_ss, _ = net.steady_state(power, inlet)
+    die = np.full(n, inlet)
+    plate = np.full(n, inlet)
+    horizon = 600.0
+    steps = max(round(horizon / dt_s), 1)
+    trace = []
+    for _ in range(min(steps, 60_000)):
+        die, plate = net.step(die, plate, power, inlet, dt_s)
+        trace.append(float(die[0]))
+    tr = np.asarray(trace)
+    assert np.all(np.isfinite(tr))
+    assert np.all(np.diff(tr) >= -1e-9), "a heating step response rises monotonically"
+    assert tr.max() <= float(die_ss[0]) + 1e-9, "no overshoot"
+    assert tr[-1] == pytest.approx(float(die_ss[0]), abs=1e-3)
+
+
+def test_exact_step_equals_many_small_steps(site: SiteSpec) -> None:
+    net = _network(site)
+    n = site.n_cards
+    power = np.linspace(80, 700, n)
+    die0 = np.full(n, 40.0)
+    plate0 = np.full(n, 36.0)
+    big = net.step(die0, plate0, power, 30.0, 5.0)
+    d, p = die0, plate0
+    for _ in range(500):
+        d, p = net.step(d, p, power, 30.0, 0.01)
+    np.testing.assert_allclose(big[0], d, atol=1e-9)
+    np.testing.assert_allclose(big[1], p, atol=1e-9)
+
+
+def test_time_constants_are_seconds_to_tens_of_seconds(site: SiteSpec) -> None:
+    fast, slow = _network(site).time_constants_s()
+    assert 0.1 < float(fast[0]) < 5.0
+    assert 5.0 < float(slow[0]) < 60.0
+
+
+def test_fit_thermal_recovers_resistance(site: SiteSpec) -> None:
+    single = ThermalParams.from_site(site)
+    params = ThermalParams(
+        single.r_die_case_k_per_w[:1],
+        single.r_case_coolant_k_per_w[:1],
+        single.c_die_j_per_k[:1],
+        single.c_plate_j_per_k[:1],
+    )
+    net = ThermalNetwork(params)
+    t = np.arange(0.0, 900.0, 1.0)
+    power = np.where((t // 120) % 2 == 0, 650.0, 150.0)
+    inlet = np.full(t.size, 30.0)
+    d, p = net.steady_state(np.array([150.0]), 30.0)
+    die = np.empty(t.size)
+    for k in range(t.size):
+        die[k] = d[0]
+        d, p = net.step(d, p, power[k : k + 1], 30.0, 1.0)
+    fit = fit_thermal(t, power, inlet, die)
+    assert fit.r_th_k_per_w == pytest.approx(float(params.r_total_k_per_w[0]), rel=0.02)
+    fast, slow = net.time_constants_s()
+    assert float(fast[0]) < fit.tau_s < float(slow[0]) * 1.5
+    assert fit.rmse_k < 1.0

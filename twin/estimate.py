@@ -1,0 +1,349 @@
+"""Online calibration of every card and residual-based anomaly flags. Pure numpy, no I/O.
+
+``Estimator(site).update(readings)`` after each :class:`twin.readings.Readings`; ``estimates()``
+and ``anomalies()`` at any time.
+
+Thermal resistance (per card). The die temperature rise over the coolant inlet is the response of
+the card's RC network to its power (``twin.thermal``, as ``fit_thermal`` fits it offline). The
+estimator runs the *spec* network (cold-plate resistance at the rack's measured flow, from the OCP
+R-vs-flow table) on each card's measured power, zero-order hold between readings, giving the rise
+``x`` the spec predicts; the measured rise is ``y = T_die - T_supply``. A scalar Kalman filter with a
+random-walk state tracks the ratio ``g`` in ``y = g x + e``: ``g`` = R_true / R_expected, so the
+estimated resistance is ``g * R_expected``. Measurement noise ``die_noise_k``; the random walk lets
+``g`` drift by about 10% over ``r_time_constant_s``.
+
+Power coefficients (per card). ``P = s_idle idle_k + s_dyn u dyn_k + s_leak leak_k (T - T_ref)`` at the
+card's running level ``k`` (from its clock): a 3-state Kalman filter (random walk, prior 1 +- 0.1,
+0.1, 0.3) estimates the three scales; ``s_leak`` is the leakage scale. Leakage is told apart from
+switching power by die-temperature changes that do not come from utilization: thermal transients
+after a phase change, supply set-point changes, idle periods.
+
+Anomalies:
+
+* ``fouled_cold_plate``: ``g > 1 + r_threshold_frac`` with the estimate's standard deviation below a
+  third of the threshold (a fouled or badly mounted plate, dried thermal interface). Flow changes
+  are accounted for (R_expected follows the measured flow), so a weak pump does not flag plates.
+* ``weak_pump``: the rack loop's return - supply difference, averaged over ``pump_time_constant_s``,
+  exceeds ``1 + pump_threshold_frac`` times what the rack's PDU power and the loop's *nominal* flow
+  predict (``Q = m c_p dT``), or the measured flow is more than ``pump_threshold_frac`` below nominal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from twin.power import PowerModel
+from twin.readings import Readings
+from twin.spec import SiteSpec
+from twin.thermal import ThermalNetwork, ThermalParams, plate_resistance_k_per_w
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["Anomaly", "Estimates", "Estimator", "EstimatorConfig"]
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    r_threshold_frac: float = 0.15
+    pump_threshold_frac: float = 0.15
+    r_time_constant_s: float = 3600.0
+    coefficient_time_constant_s: float = 24 * 3600.0
+    die_noise_k: float = 0.7  # die sensor noise + model error (sd)
+    power_noise_w: float = 5.0  # power sensor noise + model error (sd)
+    pump_time_constant_s: float = 600.0
+    min_rack_power_w: float = 5000.0  # below this the loop dT is too small to judge
+    max_gap_s: float = 30.0  # a longer gap between a card's readings restarts its thermal model
+    flow_update_frac: float = 0.03  # re-derive expected resistances when a rack's flow moves this much
+
+
+@dataclass(frozen=True)
+class Estimates:
+    time_s: float
+    r_ratio: FloatArray  # estimated / expected die-to-inlet resistance per card
+    r_ratio_sd: FloatArray
+    r_th_k_per_w: FloatArray  # estimated die-to-inlet resistance
+    r_expected_k_per_w: FloatArray  # spec resistance at the measured flow
+    idle_scale: FloatArray
+    dynamic_scale: FloatArray
+    leakage_scale: FloatArray
+    leakage_w_per_k: FloatArray  # estimated leakage slope at level 0
+    rack_dt_ratio: FloatArray  # measured / predicted (nominal flow) loop temperature rise
+    rack_flow_deficit: FloatArray  # 1 - measured / nominal flow
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    kind: str  # "fouled_cold_plate" | "weak_pump"
+    rack: int
+    card: int | None
+    value: float  # the ratio that crossed the threshold
+    threshold: float
+    detail: str
+
+
+class Estimator:
+    def __init__(self, site: SiteSpec, config: EstimatorConfig | None = None) -> None:
+        self.site = site
+        self.config = cfg = config if config is not None else EstimatorConfig()
+        n, n_r, cpr = site.n_cards, site.n_racks, site.cards_per_rack
+        self._n, self._n_r, self._cpr = n, n_r, cpr
+        self._card_rack = site.card_rack()
+        self._model = PowerModel.from_card(site.card)
+        self._clocks = self._model.clocks_mhz
+        self.time_s = -math.inf
+        # thermal
+        self._flow_used = np.full(n_r, site.loop_flow_per_rack_lpm())
+        self._net = ThermalNetwork(self._params())
+        self._r_exp = self._net.params.r_total_k_per_w.copy()
+        self._xd = np.zeros(n)
+        self._xp = np.zeros(n)
+        self._last_t = np.full(n, -math.inf)
+        self._g = np.ones(n)
+        self._pg = np.full(n, 0.2**2)
+        self._q_g = 0.1**2 / cfg.r_time_constant_s
+        # power coefficients
+        self._theta = np.ones((n, 3))
+        prior = np.array([0.1**2, 0.1**2, 0.3**2])
+        self._p_theta = np.broadcast_to(np.diag(prior), (n, 3, 3)).copy()
+        self._q_theta = prior / cfg.coefficient_time_constant_s
+        self._last_pt = np.full(n, -math.inf)
+        # pump
+        self._mcp_nominal = site.loop_flow_per_rack_lpm() / 60_000.0 * site.loop.density_kg_per_m3
+        self._mcp_nominal *= site.loop.specific_heat_j_per_kg_k
+        self._dt_meas = np.zeros(n_r)
+        self._dt_pred = np.zeros(n_r)
+        self._flow_avg = np.full(n_r, site.loop_flow_per_rack_lpm())
+        self._rack_t = np.full(n_r, -math.inf)
+        self._rack_pdu_w = np.full(n_r, np.nan)
+        self._supply = np.full(n_r, np.nan)
+
+    def _params(self) -> ThermalParams:
+        site = self.site
+        q = self._flow_used[self._card_rack] / self._cpr
+        r_pc = plate_resistance_k_per_w(site.cold_plate.flow_lpm, site.cold_plate.r_case_to_coolant_k_per_w, q)
+        n = self._n
+        return ThermalParams(
+            r_die_case_k_per_w=np.full(n, site.card.r_die_to_case_k_per_w),
+            r_case_coolant_k_per_w=np.asarray(r_pc, dtype=np.float64),
+            c_die_j_per_k=np.full(n, site.card.die_heat_capacity_j_per_k),
+            c_plate_j_per_k=np.full(n, site.cold_plate.heat_capacity_j_per_k),
+        )
+
+    # ================================================================================================
+    def update(self, readings: Readings) -> None:
+        """Fold one set of readings into the estimates."""
+        self.time_s = max(self.time_s, readings.time_s)
+        n = self._n
+        power = np.full(n, np.nan)
+        die = np.full(n, np.nan)
+        util = np.full(n, np.nan)
+        clock = np.full(n, np.nan)
+        awake = np.zeros(n, dtype=bool)
+        t_card = np.full(n, np.nan)
+        supply = np.full(n, np.nan)
+        for rr in readings.racks:
+            r = rr.rack
+            if not 0 <= r < self._n_r:
+                continue
+            if rr.loop is not None:
+                self._update_loop(r, rr.time_s, rr.loop.supply_temp_c, rr.loop.return_temp_c, rr.loop.flow_lpm)
+            if rr.pdu is not None and math.isfinite(rr.pdu.power_w):
+                self._rack_pdu_w[r] = rr.pdu.power_w
+            b = rr.cards
+            if b is None:
+                continue
+            idx = np.asarray(b.card_index, dtype=np.int64)
+            ok = (idx >= 0) & (idx < n)
+            idx = idx[ok]
+            power[idx] = np.asarray(b.power_w, dtype=np.float64)[ok]
+            die[idx] = np.asarray(b.die_temp_c, dtype=np.float64)[ok]
+            util[idx] = np.asarray(b.utilization, dtype=np.float64)[ok]
+            clock[idx] = np.asarray(b.clock_mhz, dtype=np.float64)[ok]
+            awake[idx] = ~(
+                np.asarray(b.low_power, dtype=bool)[ok]
+                | np.asarray(b.failed, dtype=bool)[ok]
+                | np.asarray(b.waking, dtype=bool)[ok]
+            )
+            t_card[idx] = rr.time_s
+            supply[idx] = self._rack_supply(r)
+        with np.errstate(invalid="ignore"):
+            valid = (
+                np.isfinite(power)
+                & np.isfinite(die)
+                & np.isfinite(supply)
+                & np.isfinite(t_card)
+                & (power >= 0)
+                & (power < 5 * self.site.card.power_limit_w)
+                & (die > -20)
+                & (die < 150)
+            )
+        self._maybe_update_flow()
+        # leakage sees the die temperature at the start of each interval (power is held over it);
+        # the thermal model's prediction is used there because the noisy measured temperature as a
+        # regressor would bias the leakage scale towards zero (errors in variables)
+        fresh = valid & (t_card - self._last_t <= self.config.max_gap_s)
+        die_start = np.where(fresh, supply + self._g * self._xd, die)
+        self._update_thermal(valid, t_card, power, die, supply)
+        with np.errstate(invalid="ignore"):
+            pvalid = valid & awake & np.isfinite(util) & (util >= 0) & (util <= 1) & np.isfinite(clock) & (clock > 0)
+        self._update_power(pvalid, t_card, power, die_start, util, clock)
+
+    def _rack_supply(self, r: int) -> float:
+        return float(self._supply[r])
+
+    def _update_loop(self, r: int, t: float, supply_c: float, return_c: float, flow_lpm: float) -> None:
+        if not (math.isfinite(supply_c) and math.isfinite(return_c) and math.isfinite(flow_lpm)):
+            return
+        if not (-20 < supply_c < 100 and -20 < return_c < 120 and flow_lpm >= 0):
+            return
+        self._supply[r] = supply_c
+        cfg = self.config
+        dt = t - self._rack_t[r]
+        self._rack_t[r] = t
+        if not (0 < dt <= cfg.max_gap_s * 10):
+            self._flow_avg[r] = flow_lpm
+            return
+        lam = math.exp(-dt / cfg.pump_time_constant_s)
+        self._flow_avg[r] = lam * self._flow_avg[r] + (1 - lam) * flow_lpm
+        p = self._rack_pdu_w[r]
+        if math.isfinite(p) and p >= cfg.min_rack_power_w:
+            self._dt_meas[r] = lam * self._dt_meas[r] + (1 - lam) * (return_c - supply_c)
+            self._dt_pred[r] = lam * self._dt_pred[r] + (1 - lam) * p / self._mcp_nominal
+
+    def _maybe_update_flow(self) -> None:
+        moved = np.abs(self._flow_avg / self._flow_used - 1.0) > self.config.flow_update_frac
+        if moved.any():
+            self._flow_used = np.where(moved, self._flow_avg, self._flow_used)
+            self._net.set_params(self._params())
+            self._r_exp = self._net.params.r_total_k_per_w.copy()
+
+    def _update_thermal(
+        self, valid: BoolArray, t_card: FloatArray, power: FloatArray, die: FloatArray, supply: FloatArray
+    ) -> None:
+        cfg = self.config
+        dt = np.where(valid, t_card - self._last_t, np.nan)
+        cont = valid & (dt > 0) & (dt <= cfg.max_gap_s)
+        restart = valid & ~cont & ~(dt == 0)
+        if restart.any():
+            idx = np.flatnonzero(restart)
+            xd, xp = self._net.steady_state(power, 0.0)
+            self._xd[idx], self._xp[idx] = xd[idx], xp[idx]
+            self._last_t[idx] = t_card[idx]
+        if not cont.any():
+            return
+        idx = np.flatnonzero(cont)
+        for step in np.unique(dt[idx]):
+            sel = idx[dt[idx] == step]
+            xd, xp = self._net.step(self._xd, self._xp, np.nan_to_num(power), 0.0, float(step))
+            self._xd[sel], self._xp[sel] = xd[sel], xp[sel]
+        self._last_t[idx] = t_card[idx]
+        x = self._xd[idx]
+        y = die[idx] - supply[idx]
+        pg = self._pg[idx] + self._q_g * dt[idx]
+        s = x * x * pg + cfg.die_noise_k**2
+        k = pg * x / s
+        self._g[idx] += k * (y - self._g[idx] * x)
+        self._pg[idx] = pg - k * x * pg
+
+    def _update_power(
+        self,
+        valid: BoolArray,
+        t_card: FloatArray,
+        power: FloatArray,
+        die: FloatArray,
+        util: FloatArray,
+        clock: FloatArray,
+    ) -> None:
+        if not valid.any():
+            return
+        idx = np.flatnonzero(valid)
+        m = self._model
+        lvl = np.abs(clock[idx][:, None] - self._clocks[None, :]).argmin(axis=1)
+        phi = np.stack(
+            [m.idle_w[lvl], util[idx] * m.dyn_w[lvl], m.leak_w_per_k[lvl] * (die[idx] - m.reference_temp_c)], axis=1
+        )
+        dt = t_card[idx] - self._last_pt[idx]
+        dt = np.where(np.isfinite(dt) & (dt > 0), np.minimum(dt, 3600.0), 0.0)
+        self._last_pt[idx] = t_card[idx]
+        p = self._p_theta[idx]
+        p[:, [0, 1, 2], [0, 1, 2]] += self._q_theta[None, :] * dt[:, None]
+        p_phi = np.einsum("nij,nj->ni", p, phi)
+        s = np.einsum("ni,ni->n", phi, p_phi) + self.config.power_noise_w**2
+        k = p_phi / s[:, None]
+        innov = power[idx] - np.einsum("ni,ni->n", phi, self._theta[idx])
+        self._theta[idx] += k * innov[:, None]
+        self._p_theta[idx] = p - np.einsum("ni,nj->nij", k, p_phi)
+
+    # ================================================================================================
+    def estimates(self) -> Estimates:
+        site = self.site
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where(self._dt_pred > 0, self._dt_meas / self._dt_pred, np.nan)
+        return Estimates(
+            time_s=self.time_s,
+            r_ratio=self._g.copy(),
+            r_ratio_sd=np.sqrt(self._pg),
+            r_th_k_per_w=self._g * self._r_exp,
+            r_expected_k_per_w=self._r_exp.copy(),
+            idle_scale=self._theta[:, 0].copy(),
+            dynamic_scale=self._theta[:, 1].copy(),
+            leakage_scale=self._theta[:, 2].copy(),
+            leakage_w_per_k=self._theta[:, 2] * site.card.leakage_w_per_k,
+            rack_dt_ratio=np.asarray(ratio, dtype=np.float64),
+            rack_flow_deficit=1.0 - self._flow_avg / site.loop_flow_per_rack_lpm(),
+        )
+
+    def anomalies(self) -> list[Anomaly]:
+        cfg = self.config
+        out: list[Anomaly] = []
+        thr = cfg.r_threshold_frac
+        sure = np.sqrt(self._pg) < thr / 3.0
+        fouled = np.flatnonzero((self._g > 1.0 + thr) & sure)
+        for c in fouled:
+            g = float(self._g[c])
+            out.append(
+                Anomaly(
+                    kind="fouled_cold_plate",
+                    rack=int(self._card_rack[c]),
+                    card=int(c),
+                    value=g,
+                    threshold=1.0 + thr,
+                    detail=f"card {int(c)}: thermal resistance {100 * (g - 1):.0f}% above the spec at the "
+                    f"measured flow ({g * self._r_exp[c]:.4f} vs {self._r_exp[c]:.4f} K/W)",
+                )
+            )
+        est = self.estimates()
+        pthr = cfg.pump_threshold_frac
+        for r in range(self._n_r):
+            ratio = float(est.rack_dt_ratio[r])
+            deficit = float(est.rack_flow_deficit[r])
+            if math.isfinite(ratio) and ratio > 1.0 + pthr:
+                out.append(
+                    Anomaly(
+                        kind="weak_pump",
+                        rack=r,
+                        card=None,
+                        value=ratio,
+                        threshold=1.0 + pthr,
+                        detail=f"rack {r}: loop dT {100 * (ratio - 1):.0f}% above what its power and nominal flow "
+                        f"predict (flow {100 * deficit:.0f}% below nominal)",
+                    )
+                )
+            elif deficit > pthr:
+                out.append(
+                    Anomaly(
+                        kind="weak_pump",
+                        rack=r,
+                        card=None,
+                        value=1.0 / max(1.0 - deficit, 1e-6),
+                        threshold=1.0 + pthr,
+                        detail=f"rack {r}: flow {100 * deficit:.0f}% below nominal",
+                    )
+                )
+        return out

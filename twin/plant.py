@@ -1,0 +1,1443 @@
+"""The virtual plant: the whole site stepped in time with its TRUE parameters.
+
+``Plant(site, jobs, faults, config)`` holds every card's die and cold-plate temperature, DVFS level,
+power limit, low-power state and job; every rack loop; the facility. ``step(dt_s)`` advances it
+with power and coolant inlet held over the step (zero-order hold):
+
+1. due actions: job submissions, DVFS commands whose latency has passed, cards that finished
+   waking, faults starting or ending, the built-in scheduler;
+2. each card's own protection (``twin.power``): power brake to the fastest level at or below the
+   commanded one whose power, at the utilization the card would have at that level, stays within
+   its power limit; then one level slower per ``SLOWDOWN_K_PER_LEVEL`` above its slowdown
+   temperature (same rules as ``PowerModel.protected_level``);
+3. jobs: a job computes at the pace of its slowest card, ``relative_throughput(compute_share,
+   f_slowest/f_top)``; cards faster than the slowest wait (``synchronous_utilization``); power
+   ``P = idle_k + leak_k (T - T_ref) + u dyn_k`` per card with per-card manufacturing spread
+   (``CardVariation``); low-power cards draw the low-power idle power, failed cards 0 W;
+4. the RC network (``twin.thermal.ThermalNetwork``, exact for any step);
+5. racks (cards + host overhead), loop return temperature from ``Q = m c_p dT``, the facility
+   (``twin.cooling.facility_cooling`` at the current ambient, heat waves included), energy and
+   work accounting; jobs reaching a checkpoint or their end change phase.
+
+Commands (``set_levels``, ``set_power_limits``, ``enter_low_power``, ``wake``,
+``set_supply_temp``, ``place_job``) either apply entirely or raise :class:`CommandError` with the
+reason. ``readings()`` gives noisy telemetry (``twin.readings``) with sensor faults applied;
+``truth()`` the exact values; ``drain_events()`` the job events; ``accounting()`` energy and work.
+
+Work is counted in top-clock-equivalent card-seconds (``twin.workload``): throughput is work per
+second. Everything is seeded: the same site, jobs, faults, config and command sequence give the
+same trajectory; sensor noise has its own random stream, so how often readings are taken does not
+change the physics.
+
+Speed: the hot path is vectorized over cards; Python loops run over jobs only when one of them
+changes phase. See benchmarks/bench_twin.py.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import zlib
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from twin.cooling import CoolingPoint, facility_cooling, rack_pump_power_w
+from twin.faults import (
+    Ambient,
+    CardFailure,
+    ColdPlateFouling,
+    ConstantAmbient,
+    DiurnalAmbient,
+    Fault,
+    GarbageReadings,
+    HeatWave,
+    PiecewiseAmbient,
+    PumpDegradation,
+    SensorDropout,
+    StuckSensor,
+)
+from twin.power import SLOWDOWN_K_PER_LEVEL, PowerModel
+from twin.readings import (
+    CardBatch,
+    FacilityReading,
+    JobEvent,
+    JobReading,
+    LoopReading,
+    PduReading,
+    RackReading,
+    Readings,
+)
+from twin.spec import SiteSpec
+from twin.thermal import ThermalNetwork, ThermalParams, plate_resistance_k_per_w
+from twin.workload import JobSpec, Phase, PhaseModel
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = [
+    "Accounting",
+    "Ambient",
+    "CardFailure",
+    "CardVariation",
+    "ColdPlateFouling",
+    "CommandError",
+    "ConstantAmbient",
+    "DiurnalAmbient",
+    "Fault",
+    "GarbageReadings",
+    "HeatWave",
+    "JobRecord",
+    "PiecewiseAmbient",
+    "Plant",
+    "PlantConfig",
+    "PumpDegradation",
+    "SensorDropout",
+    "SensorNoise",
+    "StuckSensor",
+    "Truth",
+]
+
+_EPS_S = 1e-6
+_INF = math.inf
+
+
+class CommandError(ValueError):
+    """A command the plant refuses (nothing of it was applied). ``reason`` is one line."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass(frozen=True)
+class SensorNoise:
+    """Standard deviations of the Gaussian sensor noise (assumptions near data-sheet accuracies:
+    NVML board power +-5 W, GPU temperature 1 deg C resolution, class-1 PDU metering, PT1000
+    coolant sensors)."""
+
+    power_sd_w: float = 3.0
+    die_temp_sd_k: float = 0.5
+    utilization_sd: float = 0.01  # relative: an idle card reads exactly 0
+    coolant_temp_sd_k: float = 0.1
+    flow_sd_frac: float = 0.01
+    pdu_power_sd_frac: float = 0.005
+    facility_sd_frac: float = 0.01
+    ambient_sd_k: float = 0.2
+
+    @classmethod
+    def none(cls) -> SensorNoise:
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class CardVariation:
+    """Card-to-card spread of the TRUE parameters around the spec (relative standard deviations,
+    clipped at +-3 sd). Assumptions: silicon lottery of a few percent in switching power, ~10% in
+    leakage, a few percent in thermal interface quality (applied to both resistances)."""
+
+    idle_sd_frac: float = 0.03
+    dynamic_sd_frac: float = 0.02
+    leakage_sd_frac: float = 0.10
+    r_th_sd_frac: float = 0.03
+
+    @classmethod
+    def none(cls) -> CardVariation:
+        return cls(0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class PlantConfig:
+    """How the plant behaves beyond the site spec.
+
+    * ``placement``: ``"builtin"`` (first-fit scheduler places queued jobs) or ``"external"``
+      (queued jobs wait for :meth:`Plant.place_job`; after ``external_timeout_s`` in the queue the
+      built-in scheduler places them anyway).
+    * ``backfill_wait_s``: once the oldest waiting job has waited this long, smaller jobs behind it
+      no longer jump ahead (so big jobs do not starve).
+    * ``supply_time_constant_s``: the rack supply temperature follows its set-point as a first-order
+      lag (CDU valve loop, assumption).
+    * ``min_power_limit_w``: the lowest power limit a card accepts (H100 SXM: 200 W, ``nvidia-smi -q``
+      "Min Power Limit").
+    """
+
+    seed: int = 0
+    noise: SensorNoise = field(default_factory=SensorNoise)
+    variation: CardVariation = field(default_factory=CardVariation)
+    ambient: Ambient | None = None
+    phases: PhaseModel = field(default_factory=PhaseModel)
+    placement: str = "builtin"
+    external_timeout_s: float = 300.0
+    backfill_wait_s: float = 1800.0
+    supply_time_constant_s: float = 120.0
+    min_power_limit_w: float = 200.0
+    initial_level: int = 0
+    initial_low_power: bool = False
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("builtin", "external"):
+            raise ValueError(f"placement must be 'builtin' or 'external', got {self.placement!r}")
+        if not self.external_timeout_s >= 0:
+            raise ValueError("external_timeout_s must be >= 0")
+        if not self.supply_time_constant_s >= 0:
+            raise ValueError("supply_time_constant_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Exact state of the site (ground truth for judging controllers and estimators)."""
+
+    time_s: float
+    card_power_w: FloatArray
+    die_temp_c: FloatArray
+    plate_temp_c: FloatArray
+    level: IntArray  # commanded level in force
+    effective_level: IntArray  # level after the card's protection
+    utilization: FloatArray
+    low_power: BoolArray
+    failed: BoolArray
+    r_total_k_per_w: FloatArray  # true die-to-inlet resistance of every card
+    rack_power_w: FloatArray  # cards + host overhead
+    rack_heat_w: FloatArray  # heat into each rack loop
+    rack_max_die_temp_c: FloatArray
+    rack_supply_temp_c: FloatArray
+    rack_return_temp_c: FloatArray
+    rack_flow_lpm: FloatArray
+    supply_setpoint_c: float
+    ambient_temp_c: float
+    cooling: CoolingPoint
+
+    @property
+    def it_power_w(self) -> float:
+        return float(self.rack_power_w.sum())
+
+    @property
+    def facility_power_w(self) -> float:
+        return self.cooling.facility_power_w
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Integrals since the start of the run (J, s, card-s)."""
+
+    time_s: float
+    it_energy_j: float
+    cooling_energy_j: float
+    facility_energy_j: float
+    work_card_s: float  # top-clock-equivalent card-seconds of training kept (after rollbacks)
+    lost_work_card_s: float  # work rolled back by card failures
+    jobs_submitted: int
+    jobs_finished: int
+    jobs_failed: int
+    jobs_running: int
+    jobs_queued: int
+    slo_violation_s: float  # job-seconds computing below the job's min_throughput_frac
+    rack_over_limit_s: float  # rack-seconds above the rack power limit
+    rack_over_limit_j: float  # energy above the rack limits
+    throttled_card_s: float  # card-seconds below the commanded level (own protection)
+    max_die_temp_c: float
+
+    @property
+    def pue(self) -> float:
+        return self.facility_energy_j / self.it_energy_j if self.it_energy_j > 0 else math.inf
+
+    @property
+    def throughput_card(self) -> float:
+        """Mean throughput: top-clock-equivalent cards of training over the run."""
+        return self.work_card_s / self.time_s if self.time_s > 0 else 0.0
+
+    @property
+    def facility_energy_per_work_j(self) -> float:
+        """Facility energy per top-clock-equivalent card-second of training."""
+        return self.facility_energy_j / self.work_card_s if self.work_card_s > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    state: str  # "pending" (not yet submitted), "queued", "running", "finished", "failed"
+    phase: Phase
+    n_cards: int
+    priority: float
+    submit_time_s: float
+    start_time_s: float | None  # first placement
+    finish_time_s: float | None
+    work_done_card_s: float
+    work_total_card_s: float
+    slo_violation_s: float
+    restarts: int
+    cards: tuple[int, ...]
+
+
+class _Job:
+    """Mutable record of one job inside the plant."""
+
+    __slots__ = (
+        "cards",
+        "ckpt_interval_steps",
+        "finish_s",
+        "last_ckpt_steps",
+        "next_action",
+        "pending_ckpt_steps",
+        "phase",
+        "progress_steps",
+        "queued_since_s",
+        "restarts",
+        "rng",
+        "slo_violation_s",
+        "slot",
+        "spec",
+        "start_s",
+        "state",
+    )
+
+    def __init__(self, spec: JobSpec, seed: int) -> None:
+        self.spec = spec
+        self.rng = np.random.default_rng([seed, 1, zlib.crc32(spec.job_id.encode("utf-8"))])
+        self.state = "pending"
+        self.phase = Phase.WAITING
+        self.slot = 0
+        self.cards: IntArray = np.zeros(0, dtype=np.int64)
+        self.queued_since_s = 0.0
+        self.start_s: float | None = None
+        self.finish_s: float | None = None
+        self.restarts = 0
+        self.progress_steps = 0.0
+        self.last_ckpt_steps = 0.0
+        self.pending_ckpt_steps = 0.0
+        self.ckpt_interval_steps = spec.checkpoint_interval_s / spec.step_time_s
+        self.next_action: tuple[Any, ...] = ("none",)
+        self.slo_violation_s = 0.0
+
+
+class Plant:
+    """The whole site in time. See the module docstring."""
+
+    def __init__(
+        self,
+        site: SiteSpec,
+        jobs: list[JobSpec] | tuple[JobSpec, ...] = (),
+        faults: list[Fault] | tuple[Fault, ...] = (),
+        config: PlantConfig | None = None,
+    ) -> None:
+        cfg = config if config is not None else PlantConfig()
+        self.site = site
+        self.config = cfg
+        card = site.card
+        n, n_racks, cpr = site.n_cards, site.n_racks, site.cards_per_rack
+        self._n, self._n_racks, self._cpr = n, n_racks, cpr
+        self._model = PowerModel.from_card(card)
+        self._n_levels = card.n_levels
+        if not 0 <= cfg.initial_level < self._n_levels:
+            raise ValueError(f"initial_level must be within 0..{self._n_levels - 1}")
+        self._clocks = self._model.clocks_mhz
+        self._r_clock = self._clocks[0] / self._clocks  # step stretch f_top / f per level
+        self._card_rack = site.card_rack()
+        self._card_index = np.arange(n, dtype=np.int64)
+        default_ambient = ConstantAmbient(site.facility.ambient_temp_c)
+        self._ambient: Ambient = cfg.ambient if cfg.ambient is not None else default_ambient
+
+        # ---- true per-card parameters (spread around the spec) ----------------------------------
+        var_rng = np.random.default_rng([cfg.seed, 0])
+        v = cfg.variation
+
+        def spread(sd: float) -> FloatArray:
+            return np.asarray(1.0 + sd * np.clip(var_rng.standard_normal(n), -3.0, 3.0), dtype=np.float64)
+
+        self._s_idle = spread(v.idle_sd_frac)
+        self._s_dyn = spread(v.dynamic_sd_frac)
+        self._s_leak = spread(v.leakage_sd_frac)
+        self._s_r = spread(v.r_th_sd_frac)
+        self._lp_idle_w = card.low_power_idle_w * self._s_idle
+        self._lp_leak = card.low_power_leakage_w_per_k * self._s_leak
+        self._t_ref = card.reference_temp_c
+        self._slowdown_c = card.slowdown_temp_c
+
+        # ---- cooling ------------------------------------------------------------------------------
+        self._flow_frac = np.ones(n_racks)
+        self._r_foul = np.ones(n)
+        self._thermal = ThermalNetwork(self._thermal_params())
+        self._setpoint_c = site.facility.supply_temp_c
+        self._supply_c = self._setpoint_c
+        self._rack_pump_w = rack_pump_power_w(site, self._flow_frac)
+        self._mcp_nominal = site.loop_flow_per_rack_lpm() / 60_000.0 * site.loop.density_kg_per_m3
+        self._mcp_nominal *= site.loop.specific_heat_j_per_kg_k
+        self._heat_waves: list[HeatWave] = []
+        self._pump_faults: list[PumpDegradation] = []
+        self._fouling: list[ColdPlateFouling] = []
+
+        # ---- card state ---------------------------------------------------------------------------
+        self._t = 0.0
+        self._set_level = np.full(n, cfg.initial_level, dtype=np.int64)
+        self._eff_level = self._set_level.copy()
+        self._limit = np.full(n, card.power_limit_w)
+        self._low = np.full(n, cfg.initial_low_power, dtype=bool)
+        self._waking = np.zeros(n, dtype=bool)
+        self._wake_at = np.zeros(n)
+        self._failed = np.zeros(n, dtype=bool)
+        self._n_low = int(self._low.sum())
+        self._n_failed = 0
+        self._card_slot = np.zeros(n, dtype=np.int64)
+        self._card_cs = np.zeros(n)  # compute share while computing, else 0
+        self._card_omc = np.ones(n)  # 1 - card_cs
+        self._card_ncu = np.zeros(n)  # utilization of the non-scaling part (or of the phase)
+        self._card_a = np.zeros(n)  # omc * ncu
+        self._power = np.zeros(n)
+        self._util = np.zeros(n)
+        self._n_throttled = 0
+
+        # ---- job slots (slot 0 = "no job") ----------------------------------------------------------
+        self._cap = 0
+        empty = np.zeros(0)
+        self._s_computing: BoolArray = np.zeros(0, dtype=bool)
+        self._s_cs = self._s_omc = self._s_step = self._s_ncards = self._s_progress = empty
+        self._s_work = self._s_next_ckpt = self._s_threshold = self._s_next_event = empty
+        self._s_min_frac = self._s_rslow = self._s_rate = empty
+        self._slot_job: list[_Job | None] = []
+        self._free_slots: list[int] = []
+        self._grow_slots(64)
+        self._order = np.zeros(0, dtype=np.int64)
+        self._starts = np.zeros(0, dtype=np.int64)
+        self._seg_slot = np.zeros(0, dtype=np.int64)
+        self._order_dirty = False
+        self._n_computing = 0
+        self._job_timer_min = _INF
+
+        # ---- queue, events, timeline ---------------------------------------------------------------
+        self._jobs: dict[str, _Job] = {}
+        self._queue: list[_Job] = []
+        self._sched_dirty = False
+        self._fallback_at = _INF
+        self._events: deque[JobEvent] = deque()
+        self._heap: list[tuple[float, int, str, Any]] = []
+        self._seq = 0
+
+        # ---- sensors -------------------------------------------------------------------------------
+        self._sensor_rng = np.random.default_rng([cfg.seed, 2])
+        self._dropout = np.zeros(n_racks, dtype=np.int64)
+        self._stuck_rack = np.zeros(n_racks, dtype=np.int64)
+        self._stuck_cards: dict[int, int] = {}
+        self._frozen_rack: dict[int, RackReading] = {}
+        self._frozen_card: dict[int, tuple[float, float, float, float]] = {}
+        self._garbage: dict[int, list[GarbageReadings]] = {}
+
+        # ---- accounting ---------------------------------------------------------------------------
+        self._acc = {
+            "it_j": 0.0,
+            "cool_j": 0.0,
+            "fac_j": 0.0,
+            "work": 0.0,
+            "lost": 0.0,
+            "slo": 0.0,
+            "over_s": 0.0,
+            "over_j": 0.0,
+            "throttled": 0.0,
+        }
+        self._n_submitted = self._n_finished = self._n_failed_jobs = 0
+        self._max_die = -_INF
+
+        # ---- initial steady state at idle ---------------------------------------------------------
+        self._supply_decay: dict[float, float] = {}
+        self._init_thermal_steady()
+        self._max_die = float(self._die.max())
+        for job in jobs:
+            self.submit(job)
+        for f in faults:
+            self.add_fault(f)
+
+    # ================================================================================================
+    # setup helpers
+    # ================================================================================================
+    def _thermal_params(self) -> ThermalParams:
+        site = self.site
+        q = site.loop.flow_per_card_lpm * self._flow_frac[self._card_rack]
+        r_pc = plate_resistance_k_per_w(site.cold_plate.flow_lpm, site.cold_plate.r_case_to_coolant_k_per_w, q)
+        n = self._n
+        return ThermalParams(
+            r_die_case_k_per_w=site.card.r_die_to_case_k_per_w * self._s_r,
+            r_case_coolant_k_per_w=np.asarray(r_pc * self._s_r * self._r_foul, dtype=np.float64),
+            c_die_j_per_k=np.full(n, site.card.die_heat_capacity_j_per_k),
+            c_plate_j_per_k=np.full(n, site.cold_plate.heat_capacity_j_per_k),
+        )
+
+    def _init_thermal_steady(self) -> None:
+        """Start every card at the thermal steady state of its initial (idle) power."""
+        m = self._model
+        lvl = self._set_level
+        p_r = np.where(self._low, self._lp_idle_w, m.idle_w[lvl] * self._s_idle)
+        k = np.where(self._low, self._lp_leak, m.leak_w_per_k[lvl] * self._s_leak)
+        r_tot = self._thermal.params.r_total_k_per_w
+        power = (p_r + k * (self._supply_c - self._t_ref)) / (1.0 - k * r_tot)
+        self._die, self._plate = self._thermal.steady_state(power, self._supply_c)
+        self._power = power
+        self._finish_step_outputs(0.0, self._supply_c)
+
+    def _grow_slots(self, new_cap: int) -> None:
+        """Make room for ``new_cap`` job slots (slot 0 is reserved for "no job")."""
+        old = self._cap
+        new_cap = max(new_cap, 2)
+
+        def grow(arr: FloatArray, fill: float) -> FloatArray:
+            out = np.full(new_cap, fill, dtype=np.float64)
+            out[: arr.size] = arr
+            return out
+
+        comp = np.zeros(new_cap, dtype=bool)
+        comp[:old] = self._s_computing
+        self._s_computing = comp
+        self._s_cs = grow(self._s_cs, 0.0)
+        self._s_omc = grow(self._s_omc, 1.0)
+        self._s_step = grow(self._s_step, 1.0)
+        self._s_ncards = grow(self._s_ncards, 0.0)
+        self._s_progress = grow(self._s_progress, 0.0)
+        self._s_work = grow(self._s_work, _INF)
+        self._s_next_ckpt = grow(self._s_next_ckpt, _INF)
+        self._s_threshold = grow(self._s_threshold, _INF)
+        self._s_next_event = grow(self._s_next_event, _INF)
+        self._s_min_frac = grow(self._s_min_frac, 0.0)
+        self._s_rslow = grow(self._s_rslow, 1.0)
+        self._s_rate = grow(self._s_rate, 0.0)
+        self._slot_job.extend([None] * (new_cap - old))
+        self._free_slots.extend(range(new_cap - 1, max(old, 1) - 1, -1))
+        self._free_slots.sort(reverse=True)
+        self._cap = new_cap
+
+    def _push(self, time_s: float, kind: str, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (time_s, self._seq, kind, payload))
+
+    # ================================================================================================
+    # public: inputs
+    # ================================================================================================
+    @property
+    def time_s(self) -> float:
+        return self._t
+
+    @property
+    def n_cards(self) -> int:
+        return self._n
+
+    def submit(self, job: JobSpec) -> None:
+        """Add a job; it enters the queue at ``job.submit_time_s`` (now if that has passed)."""
+        if job.job_id in self._jobs:
+            raise ValueError(f"job {job.job_id!r} was already submitted")
+        if job.n_cards > self._n:
+            raise ValueError(f"job {job.job_id!r} needs {job.n_cards} cards, the site has {self._n}")
+        rec = _Job(job, self.config.seed)
+        self._jobs[job.job_id] = rec
+        if job.submit_time_s > self._t + _EPS_S:
+            self._push(job.submit_time_s, "submit", rec)
+        else:
+            self._enqueue(rec, self._t, front=False)
+
+    def add_fault(self, fault: Fault) -> None:
+        """Schedule a fault (see ``twin.faults``)."""
+        if isinstance(fault, HeatWave):
+            self._heat_waves.append(fault)
+            return
+        if isinstance(fault, SensorDropout | StuckSensor | GarbageReadings | PumpDegradation) and not (
+            0 <= fault.rack < self._n_racks
+        ):
+            raise ValueError(f"{type(fault).__name__}: rack {fault.rack} is not in 0..{self._n_racks - 1}")
+        if isinstance(fault, CardFailure | ColdPlateFouling) and not 0 <= fault.card < self._n:
+            raise ValueError(f"{type(fault).__name__}: card {fault.card} is not in 0..{self._n - 1}")
+        if (
+            isinstance(fault, StuckSensor)
+            and fault.card is not None
+            and (not 0 <= fault.card < self._n or self._card_rack[fault.card] != fault.rack)
+        ):
+            raise ValueError(f"StuckSensor: card {fault.card} is not in rack {fault.rack}")
+        if isinstance(fault, CardFailure):
+            self._push(fault.at_s, "fail", fault.card)
+            if math.isfinite(fault.repair_after_s):
+                self._push(fault.at_s + fault.repair_after_s, "repair", fault.card)
+            return
+        if isinstance(fault, PumpDegradation):
+            self._pump_faults.append(fault)
+            steps = 20 if fault.ramp_s > 0 else 0
+            for i in range(steps + 1):
+                self._push(fault.start_s + fault.ramp_s * i / max(steps, 1), "flow", None)
+            if math.isfinite(fault.end_s):
+                self._push(fault.end_s, "flow", None)
+            return
+        if isinstance(fault, ColdPlateFouling):
+            self._fouling.append(fault)
+            self._push(fault.start_s, "flow", None)
+            if math.isfinite(fault.end_s):
+                self._push(fault.end_s, "flow", None)
+            return
+        # sensor faults
+        self._push(fault.start_s, "sensor_on", fault)
+        if math.isfinite(fault.end_s):
+            self._push(fault.end_s, "sensor_off", fault)
+
+    # ---- commands -------------------------------------------------------------------------------
+    def _cards(self, cards: Any, what: str) -> IntArray:
+        idx = np.atleast_1d(np.asarray(cards))
+        if idx.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if idx.dtype == np.bool_:
+            if idx.size != self._n:
+                raise CommandError(f"{what}: a card mask must have {self._n} entries, got {idx.size}")
+            return np.flatnonzero(idx).astype(np.int64)
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise CommandError(f"{what}: card indices must be integers")
+        idx = idx.astype(np.int64)
+        bad = (idx < 0) | (idx >= self._n)
+        if bad.any():
+            raise CommandError(f"{what}: card {int(idx[bad][0])} is not in 0..{self._n - 1}")
+        return idx
+
+    def _refuse_failed(self, idx: IntArray, what: str) -> None:
+        if self._n_failed and self._failed[idx].any():
+            raise CommandError(f"{what}: card {int(idx[self._failed[idx]][0])} has failed")
+
+    def set_levels(self, cards: Any, levels: Any) -> None:
+        """Command DVFS levels (0 = fastest); they take effect ``card.dvfs_latency_s`` later (at the
+        first step that starts at or after that time). A later command overrides an earlier one."""
+        idx = self._cards(cards, "set_levels")
+        lv = np.broadcast_to(np.asarray(levels), idx.shape)
+        if idx.size == 0:
+            return
+        if not np.issubdtype(lv.dtype, np.integer) and (not np.all(np.isfinite(lv)) or not np.all(lv == np.round(lv))):
+            raise CommandError("set_levels: levels must be integers")
+        lv = lv.astype(np.int64)
+        bad = (lv < 0) | (lv >= self._n_levels)
+        if bad.any():
+            raise CommandError(f"set_levels: level {int(lv[bad][0])} is not in 0..{self._n_levels - 1}")
+        self._refuse_failed(idx, "set_levels")
+        due = self._t + self.site.card.dvfs_latency_s
+        self._push(due, "dvfs", (idx.copy(), lv.copy()))
+
+    def set_power_limits(self, cards: Any, power_limit_w: Any) -> None:
+        """Set card power limits (W), effective at once (firmware power capping acts in ms)."""
+        idx = self._cards(cards, "set_power_limits")
+        lim = np.broadcast_to(np.asarray(power_limit_w, dtype=np.float64), idx.shape)
+        if idx.size == 0:
+            return
+        lo, hi = self.config.min_power_limit_w, self.site.card.power_limit_w
+        bad = ~np.isfinite(lim) | (lim < lo) | (lim > hi)
+        if bad.any():
+            raise CommandError(f"set_power_limits: {float(lim[bad][0]):g} W is not within {lo:g}..{hi:g} W")
+        self._refuse_failed(idx, "set_power_limits")
+        self._limit[idx] = lim
+
+    def enter_low_power(self, cards: Any) -> None:
+        """Put idle cards into the low-power state (immediately). Busy cards are refused."""
+        idx = self._cards(cards, "enter_low_power")
+        if idx.size == 0:
+            return
+        self._refuse_failed(idx, "enter_low_power")
+        busy = self._card_slot[idx] > 0
+        if busy.any():
+            c = int(idx[busy][0])
+            job = self._slot_job[int(self._card_slot[c])]
+            name = job.spec.job_id if job is not None else "?"
+            raise CommandError(f"enter_low_power: card {c} is busy with job {name}")
+        self._low[idx] = True
+        self._waking[idx] = False
+        self._n_low = int(self._low.sum())
+
+    def wake(self, cards: Any) -> None:
+        """Leave the low-power state; the card is usable ``card.wake_latency_s`` later. Cards that
+        are awake (or waking) are left as they are."""
+        idx = self._cards(cards, "wake")
+        if idx.size == 0:
+            return
+        self._refuse_failed(idx, "wake")
+        self._wake(idx[self._low[idx]])
+
+    def _wake(self, idx: IntArray) -> float:
+        """Start waking ``idx`` (sleeping cards); returns when they are ready."""
+        if idx.size == 0:
+            return self._t
+        self._low[idx] = False
+        self._waking[idx] = True
+        self._n_low = int(self._low.sum())
+        ready = self._t + self.site.card.wake_latency_s
+        self._wake_at[idx] = ready
+        self._push(ready, "woken", idx.copy())
+        return ready
+
+    def set_supply_temp(self, supply_temp_c: float) -> None:
+        """Change the rack loop supply set-point; the supply follows with a first-order lag."""
+        opts = self.site.facility.supply_temp_options_c
+        if not (math.isfinite(supply_temp_c) and min(opts) <= supply_temp_c <= max(opts)):
+            raise CommandError(
+                f"set_supply_temp: {supply_temp_c:g} deg C is not within {min(opts):g}..{max(opts):g} deg C"
+            )
+        self._setpoint_c = float(supply_temp_c)
+
+    def place_job(self, job_id: str, cards: Any) -> None:
+        """Place a queued job on ``cards`` (external scheduler). Sleeping cards are woken; the job
+        waits for them and for its start-up."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise CommandError(f"place_job: unknown job {job_id!r}")
+        if job.state != "queued":
+            raise CommandError(f"place_job: job {job_id!r} is {job.state}, not queued")
+        idx = self._cards(cards, "place_job")
+        if idx.size != job.spec.n_cards:
+            raise CommandError(f"place_job: job {job_id!r} needs {job.spec.n_cards} cards, got {idx.size}")
+        if np.unique(idx).size != idx.size:
+            raise CommandError(f"place_job: card list for job {job_id!r} has duplicates")
+        self._refuse_failed(idx, "place_job")
+        busy = self._card_slot[idx] > 0
+        if busy.any():
+            raise CommandError(f"place_job: card {int(idx[busy][0])} is busy")
+        self._queue.remove(job)
+        self._start_job(job, np.sort(idx), self._t)
+
+    # ================================================================================================
+    # public: outputs
+    # ================================================================================================
+    def drain_events(self) -> list[JobEvent]:
+        """Job events since the last call, oldest first."""
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    def queued_jobs(self) -> tuple[JobSpec, ...]:
+        return tuple(j.spec for j in self._queue)
+
+    def running_jobs(self) -> tuple[JobSpec, ...]:
+        return tuple(j.spec for j in self._slot_job if j is not None)
+
+    def job_cards(self, job_id: str) -> IntArray:
+        job = self._jobs.get(job_id)
+        return np.zeros(0, dtype=np.int64) if job is None else job.cards.copy()
+
+    def free_cards(self) -> IntArray:
+        """Cards with no job that have not failed (asleep or awake)."""
+        return np.flatnonzero((self._card_slot == 0) & ~self._failed).astype(np.int64)
+
+    def ambient_c(self, t_s: float | None = None) -> float:
+        t = self._t if t_s is None else t_s
+        return self._ambient.temp_at_c(t) + sum(h.delta_k(t) for h in self._heat_waves)
+
+    def job_records(self) -> list[JobRecord]:
+        out = []
+        for job in self._jobs.values():
+            spec = job.spec
+            progress = self._s_progress[job.slot] if job.state == "running" else job.progress_steps
+            out.append(
+                JobRecord(
+                    job_id=spec.job_id,
+                    state=job.state,
+                    phase=job.phase,
+                    n_cards=spec.n_cards,
+                    priority=spec.priority,
+                    submit_time_s=spec.submit_time_s,
+                    start_time_s=job.start_s,
+                    finish_time_s=job.finish_s,
+                    work_done_card_s=float(min(progress, spec.work_steps) * spec.step_time_s * spec.n_cards),
+                    work_total_card_s=spec.work_card_s,
+                    slo_violation_s=job.slo_violation_s,
+                    restarts=job.restarts,
+                    cards=tuple(int(c) for c in job.cards),
+                )
+            )
+        return out
+
+    def accounting(self) -> Accounting:
+        a = self._acc
+        return Accounting(
+            time_s=self._t,
+            it_energy_j=a["it_j"],
+            cooling_energy_j=a["cool_j"],
+            facility_energy_j=a["fac_j"],
+            work_card_s=a["work"],
+            lost_work_card_s=a["lost"],
+            jobs_submitted=self._n_submitted,
+            jobs_finished=self._n_finished,
+            jobs_failed=self._n_failed_jobs,
+            jobs_running=sum(1 for j in self._slot_job if j is not None),
+            jobs_queued=len(self._queue),
+            slo_violation_s=a["slo"],
+            rack_over_limit_s=a["over_s"],
+            rack_over_limit_j=a["over_j"],
+            throttled_card_s=a["throttled"],
+            max_die_temp_c=self._max_die,
+        )
+
+    def truth(self) -> Truth:
+        n_r = self._n_racks
+        return Truth(
+            time_s=self._t,
+            card_power_w=self._power.copy(),
+            die_temp_c=self._die.copy(),
+            plate_temp_c=self._plate.copy(),
+            level=self._set_level.copy(),
+            effective_level=self._eff_level.copy(),
+            utilization=self._util.copy(),
+            low_power=self._low.copy(),
+            failed=self._failed.copy(),
+            r_total_k_per_w=self._thermal.params.r_total_k_per_w.copy(),
+            rack_power_w=self._rack_power.copy(),
+            rack_heat_w=self._rack_heat.copy(),
+            rack_max_die_temp_c=self._die.reshape(n_r, self._cpr).max(axis=1),
+            rack_supply_temp_c=np.full(n_r, self._supply_c),
+            rack_return_temp_c=self._rack_return.copy(),
+            rack_flow_lpm=self.site.loop_flow_per_rack_lpm() * self._flow_frac,
+            supply_setpoint_c=self._setpoint_c,
+            ambient_temp_c=self._ambient_now,
+            cooling=self._cooling,
+        )
+
+    # ================================================================================================
+    # stepping
+    # ================================================================================================
+    def run(self, duration_s: float, dt_s: float = 1.0) -> None:
+        """Step for ``duration_s`` (a whole number of steps of ``dt_s``, the last one shortened)."""
+        end = self._t + duration_s
+        while self._t < end - _EPS_S:
+            self.step(min(dt_s, end - self._t))
+
+    def step(self, dt_s: float) -> None:
+        """Advance the site by ``dt_s`` seconds."""
+        if not dt_s > 0.0:
+            raise ValueError(f"dt_s must be positive, got {dt_s}")
+        t = self._t
+        self._process_due(t)
+        self._compute_power()
+
+        # ---- jobs make progress ---------------------------------------------------------------------
+        if self._n_computing:
+            comp = self._s_computing
+            rel = 1.0 / (self._s_cs * self._s_rslow + self._s_omc)
+            rate = np.where(comp, rel, 0.0)
+            self._s_rate = rate
+            self._s_progress += rate * (dt_s / self._s_step)
+            self._acc["work"] += float(np.dot(rate, self._s_ncards)) * dt_s
+            viol = comp & (rel < self._s_min_frac - 1e-12)
+            if viol.any():
+                self._acc["slo"] += float(viol.sum()) * dt_s
+                for s in np.flatnonzero(viol):
+                    job = self._slot_job[int(s)]
+                    if job is not None:
+                        job.slo_violation_s += dt_s
+
+        # ---- thermal --------------------------------------------------------------------------------
+        supply = self._supply_c
+        self._die, self._plate = self._thermal.step(self._die, self._plate, self._power, supply, dt_s)
+        # ---- supply follows set-point ---------------------------------------------------------------
+        if self._supply_c != self._setpoint_c:
+            tau = self.config.supply_time_constant_s
+            if tau <= 0:
+                self._supply_c = self._setpoint_c
+            else:
+                decay = self._supply_decay.get(dt_s)
+                if decay is None:
+                    decay = math.exp(-dt_s / tau)
+                    self._supply_decay[dt_s] = decay
+                self._supply_c = self._setpoint_c + (self._supply_c - self._setpoint_c) * decay
+                if abs(self._supply_c - self._setpoint_c) < 1e-6:
+                    self._supply_c = self._setpoint_c
+        self._t = t + dt_s
+        self._finish_step_outputs(dt_s, supply)
+
+        # ---- checkpoints and completions reached during the step -------------------------------------
+        if self._n_computing:
+            hit = self._s_progress >= self._s_threshold
+            if hit.any():
+                for s in np.flatnonzero(hit):
+                    job = self._slot_job[int(s)]
+                    if job is not None:
+                        self._reached_threshold(job, self._t)
+        # what falls due at the end of the step shows in readings taken now
+        self._process_due(self._t)
+
+    def _process_due(self, t: float) -> None:
+        """Apply everything due at ``t``: timeline, job timers, the scheduler."""
+        if self._heap and self._heap[0][0] <= t + _EPS_S:
+            self._process_timeline(t)
+        if self._job_timer_min <= t + _EPS_S:
+            self._process_job_timers(t)
+        if self._sched_dirty:
+            self._schedule(t)
+        if self._order_dirty:
+            self._rebuild_order()
+
+    def _finish_step_outputs(self, dt_s: float, supply: float) -> None:
+        """Racks, loops, facility and energy integrals from the powers of the step (``supply``:
+        the coolant inlet temperature during the step)."""
+        n_r, cpr = self._n_racks, self._cpr
+        host = self.site.rack.host_overhead_w
+        self._rack_power = self._power.reshape(n_r, cpr).sum(axis=1) + host
+        heat = (self._plate - supply) / self._thermal.params.r_case_coolant_k_per_w
+        self._rack_heat = heat.reshape(n_r, cpr).sum(axis=1) + host
+        self._rack_return = supply + self._rack_heat / (self._mcp_nominal * self._flow_frac)
+        it = float(self._rack_power.sum())
+        self._ambient_now = self.ambient_c(self._t)
+        flow = self._flow_frac if self._pump_faults else 1.0
+        self._cooling = facility_cooling(
+            self.site, it, supply, self._ambient_now, heat_w=float(self._rack_heat.sum()), flow_fraction=flow
+        )
+        if dt_s <= 0:
+            return
+        a = self._acc
+        a["it_j"] += it * dt_s
+        a["cool_j"] += self._cooling.cooling_power_w * dt_s
+        a["fac_j"] += self._cooling.facility_power_w * dt_s
+        if self._n_throttled:
+            a["throttled"] += self._n_throttled * dt_s
+        over = self._rack_power - self.site.rack.power_limit_w
+        if over.max() > 0.0:
+            pos = over > 0.0
+            a["over_s"] += float(pos.sum()) * dt_s
+            a["over_j"] += float(over[pos].sum()) * dt_s
+        dmax = float(self._die.max())
+        if dmax > self._max_die:
+            self._max_die = dmax
+
+    def _compute_power(self) -> None:
+        """Effective levels (own protection), utilization and power of every card for this step."""
+        m = self._model
+        n_levels = self._n_levels
+        die = self._die
+        d_t = die - self._t_ref
+        cs, omc, a_, ncu = self._card_cs, self._card_omc, self._card_a, self._card_ncu
+        lvl = self._set_level
+        # power brake at the commanded level, with the utilization the card has if it is its job's
+        # slowest card (an upper bound on its actual utilization)
+        r = self._r_clock[lvl]
+        csr = cs * r
+        idle_t = m.idle_w[lvl] * self._s_idle
+        leak_t = m.leak_w_per_k[lvl] * self._s_leak * d_t
+        dyn_t = m.dyn_w[lvl] * self._s_dyn
+        p_own = idle_t + leak_t + (csr + a_) / (csr + omc) * dyn_t
+        over = p_own > self._limit
+        changed = False
+        if over.any():
+            idx = np.flatnonzero(over & ~self._low)
+            if idx.size:
+                lvl = lvl.copy()
+                lvl[idx] = self._braked_levels(idx, lvl[idx], d_t[idx])
+                changed = True
+        # thermal slowdown
+        if float(die.max()) > self._slowdown_c:
+            extra = np.ceil(np.maximum(die - self._slowdown_c, 0.0) / SLOWDOWN_K_PER_LEVEL).astype(np.int64)
+            lvl = np.minimum(lvl + extra, n_levels - 1)
+            changed = True
+        if changed:
+            r = self._r_clock[lvl]
+            csr = cs * r
+            idle_t = m.idle_w[lvl] * self._s_idle
+            leak_t = m.leak_w_per_k[lvl] * self._s_leak * d_t
+            dyn_t = m.dyn_w[lvl] * self._s_dyn
+        self._eff_level = lvl
+        self._n_throttled = 0
+        if changed:
+            self._n_throttled = int(np.count_nonzero((lvl > self._set_level) & ~self._low & ~self._failed))
+        # pace of each job: its slowest card
+        if self._order.size:
+            self._s_rslow[self._seg_slot] = np.maximum.reduceat(r[self._order], self._starts)
+            r_slow = self._s_rslow[self._card_slot]
+            step_rel = cs * r_slow + omc
+            util = (csr + (step_rel - csr) * ncu) / step_rel
+        else:
+            util = ncu.copy()
+        power = idle_t + leak_t + util * dyn_t
+        if self._n_low:
+            low = self._low
+            power = np.where(low, self._lp_idle_w + self._lp_leak * d_t, power)
+            util = np.where(low, 0.0, util)
+        if self._n_failed:
+            power = np.where(self._failed, 0.0, power)
+            util = np.where(self._failed, 0.0, util)
+        self._power = power
+        self._util = util
+
+    def _braked_levels(self, idx: IntArray, lvl: IntArray, d_t: FloatArray) -> IntArray:
+        """Fastest level at or below ``lvl`` within the power limit for cards ``idx``."""
+        m = self._model
+        cs = self._card_cs[idx][:, None]
+        csr = cs * self._r_clock[None, :]
+        u = (csr + self._card_a[idx][:, None]) / (csr + self._card_omc[idx][:, None])
+        p = (
+            m.idle_w[None, :] * self._s_idle[idx][:, None]
+            + m.leak_w_per_k[None, :] * (self._s_leak[idx] * d_t)[:, None]
+            + u * m.dyn_w[None, :] * self._s_dyn[idx][:, None]
+        )
+        n_levels = self._n_levels
+        ok = (p <= self._limit[idx][:, None]) & (np.arange(n_levels)[None, :] >= lvl[:, None])
+        return np.where(ok.any(axis=1), ok.argmax(axis=1), n_levels - 1).astype(np.int64)
+
+    def _rebuild_order(self) -> None:
+        busy = np.flatnonzero(self._card_slot > 0)
+        if busy.size == 0:
+            self._order = np.zeros(0, dtype=np.int64)
+            self._starts = np.zeros(0, dtype=np.int64)
+            self._seg_slot = np.zeros(0, dtype=np.int64)
+        else:
+            order = busy[np.argsort(self._card_slot[busy], kind="stable")]
+            slots = self._card_slot[order]
+            starts = np.flatnonzero(np.concatenate([[True], slots[1:] != slots[:-1]]))
+            self._order, self._starts, self._seg_slot = order, starts.astype(np.int64), slots[starts]
+        self._order_dirty = False
+
+    # ================================================================================================
+    # timeline: submissions, commands, wakes, faults
+    # ================================================================================================
+    def _process_timeline(self, t: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= t + _EPS_S:
+            _time, _seq, kind, payload = heapq.heappop(heap)
+            if kind == "submit":
+                self._enqueue(payload, t, front=False)
+            elif kind == "dvfs":
+                idx, lv = payload
+                ok = ~self._failed[idx]
+                self._set_level[idx[ok]] = lv[ok]
+            elif kind == "woken":
+                idx = payload
+                still = idx[self._waking[idx]]
+                self._waking[still] = False
+            elif kind == "fail":
+                self._fail_card(int(payload), t)
+            elif kind == "repair":
+                c = int(payload)
+                if self._failed[c]:
+                    self._failed[c] = False
+                    self._n_failed -= 1
+                    self._sched_dirty = True
+            elif kind == "flow":
+                self._update_flow(t)
+            elif kind == "sensor_on":
+                self._sensor_fault(payload, on=True)
+            elif kind == "sensor_off":
+                self._sensor_fault(payload, on=False)
+            elif kind == "sched":
+                self._fallback_at = _INF
+                self._sched_dirty = True
+
+    def _update_flow(self, t: float) -> None:
+        frac = np.ones(self._n_racks)
+        for f in self._pump_faults:
+            frac[f.rack] = min(frac[f.rack], f.fraction_at(t + _EPS_S))
+        foul = np.ones(self._n)
+        for g in self._fouling:
+            if g.start_s <= t + _EPS_S < g.end_s:
+                foul[g.card] *= g.r_factor
+        self._flow_frac = frac
+        self._r_foul = foul
+        self._thermal.set_params(self._thermal_params())
+        self._rack_pump_w = rack_pump_power_w(self.site, frac)
+
+    def _sensor_fault(self, fault: Fault, on: bool) -> None:
+        d = 1 if on else -1
+        if isinstance(fault, SensorDropout):
+            self._dropout[fault.rack] += d
+        elif isinstance(fault, StuckSensor):
+            if fault.card is None:
+                self._stuck_rack[fault.rack] += d
+                if not on and self._stuck_rack[fault.rack] == 0:
+                    self._frozen_rack.pop(fault.rack, None)
+            else:
+                cnt = self._stuck_cards.get(fault.card, 0) + d
+                if cnt <= 0:
+                    self._stuck_cards.pop(fault.card, None)
+                    self._frozen_card.pop(fault.card, None)
+                else:
+                    self._stuck_cards[fault.card] = cnt
+        elif isinstance(fault, GarbageReadings):
+            lst = self._garbage.setdefault(fault.rack, [])
+            if on:
+                lst.append(fault)
+            elif fault in lst:
+                lst.remove(fault)
+                if not lst:
+                    del self._garbage[fault.rack]
+
+    # ================================================================================================
+    # jobs
+    # ================================================================================================
+    def _emit(self, t: float, job: _Job, kind: str, detail: str = "", with_cards: bool = False) -> None:
+        self._events.append(
+            JobEvent(
+                time_s=t,
+                job_id=job.spec.job_id,
+                kind=kind,
+                phase=job.phase,
+                cards=tuple(job.cards.tolist()) if with_cards else (),
+                job=job.spec if kind == "submitted" else None,
+                detail=detail,
+            )
+        )
+
+    def _enqueue(self, job: _Job, t: float, front: bool) -> None:
+        first = job.state == "pending"
+        job.state = "queued"
+        job.phase = Phase.WAITING
+        job.queued_since_s = t
+        job.cards = np.zeros(0, dtype=np.int64)
+        if front:
+            self._queue.insert(0, job)
+        else:
+            self._queue.append(job)
+        if first:
+            self._n_submitted += 1
+            self._emit(t, job, "submitted")
+        self._sched_dirty = True
+
+    def _schedule(self, t: float) -> None:
+        """Built-in first-fit scheduler (see :meth:`_first_fit`)."""
+        self._sched_dirty = False
+        if not self._queue:
+            return
+        cfg = self.config
+        external = cfg.placement == "external"
+        free = (self._card_slot == 0) & ~self._failed
+        n_free = int(free.sum())
+        remaining: list[_Job] = []
+        blocked = False
+        next_fallback = _INF
+        for job in self._queue:
+            if external and t + _EPS_S < job.queued_since_s + cfg.external_timeout_s:
+                next_fallback = min(next_fallback, job.queued_since_s + cfg.external_timeout_s)
+                remaining.append(job)
+                continue
+            n_need = job.spec.n_cards
+            if blocked or n_need > n_free:
+                if not blocked and t - job.queued_since_s >= cfg.backfill_wait_s:
+                    blocked = True
+                remaining.append(job)
+                continue
+            cards = self._first_fit(free, n_need)
+            free[cards] = False
+            n_free -= n_need
+            self._start_job(job, cards, t)
+        self._queue = remaining
+        if next_fallback < self._fallback_at:
+            self._fallback_at = next_fallback
+            self._push(next_fallback, "sched", None)
+
+    def _first_fit(self, free: BoolArray, n_need: int) -> IntArray:
+        """Compact first fit: the first supernode with enough free cards, its free cards in index
+        order (filling racks in order); if no supernode has enough, free cards across the site."""
+        per_sn = self.site.racks_per_supernode * self._cpr
+        counts = free.reshape(self.site.supernodes, per_sn).sum(axis=1)
+        fits = np.flatnonzero(counts >= n_need)
+        if fits.size:
+            sn = int(fits[0])
+            local = np.flatnonzero(free[sn * per_sn : (sn + 1) * per_sn])[:n_need]
+            return (local + sn * per_sn).astype(np.int64)
+        return np.flatnonzero(free)[:n_need].astype(np.int64)
+
+    def _start_job(self, job: _Job, cards: IntArray, t: float) -> None:
+        if not self._free_slots:
+            self._grow_slots(self._cap * 2)
+        s = self._free_slots.pop()
+        spec = job.spec
+        job.slot = s
+        job.cards = cards
+        job.state = "running"
+        if job.start_s is None:
+            job.start_s = t
+        self._slot_job[s] = job
+        self._card_slot[cards] = s
+        self._order_dirty = True
+        sleeping = cards[self._low[cards]]
+        if sleeping.size:
+            self._wake(sleeping)
+        waking = self._waking[cards]
+        ready = max(float(self._wake_at[cards][waking].max()), t) if waking.any() else t
+        delay = self.config.phases.startup_s
+        start_at = max(t + delay, ready)
+        self._s_cs[s] = spec.compute_share
+        self._s_omc[s] = 1.0 - spec.compute_share
+        self._s_step[s] = spec.step_time_s
+        self._s_ncards[s] = spec.n_cards
+        self._s_progress[s] = job.progress_steps
+        self._s_work[s] = spec.work_steps
+        self._s_next_ckpt[s] = job.last_ckpt_steps + job.ckpt_interval_steps
+        self._s_min_frac[s] = spec.min_throughput_frac
+        self._s_rate[s] = 0.0
+        self._set_phase(job, Phase.WAITING, t, emit=False)
+        self._emit(t, job, "started", with_cards=True)
+        self._set_timer(job, start_at, ("start",))
+
+    def _set_timer(self, job: _Job, at_s: float, action: tuple[Any, ...]) -> None:
+        job.next_action = action
+        self._s_next_event[job.slot] = at_s
+        if at_s < self._job_timer_min:
+            self._job_timer_min = at_s
+
+    def _set_phase(self, job: _Job, phase: Phase, t: float, emit: bool = True, detail: str = "") -> None:
+        s = job.slot
+        was = bool(self._s_computing[s])
+        job.phase = phase
+        spec = job.spec
+        comp = phase == Phase.COMPUTE
+        if comp:
+            cs, ncu = spec.compute_share, spec.noncompute_utilization
+            self._s_threshold[s] = min(self._s_next_ckpt[s], self._s_work[s])
+        else:
+            cs = 0.0
+            if phase == Phase.COMMUNICATION:
+                ncu = spec.noncompute_utilization
+            elif phase == Phase.CHECKPOINT:
+                ncu = self.config.phases.checkpoint_utilization
+            else:
+                ncu = self.config.phases.waiting_utilization
+            self._s_threshold[s] = _INF
+            self._s_rate[s] = 0.0
+        self._s_computing[s] = comp
+        self._n_computing += int(comp) - int(was)
+        cards = job.cards
+        self._card_cs[cards] = cs
+        self._card_omc[cards] = 1.0 - cs
+        self._card_ncu[cards] = ncu
+        self._card_a[cards] = (1.0 - cs) * ncu
+        if emit:
+            self._emit(t, job, "phase", detail=detail)
+
+    def _schedule_stall(self, job: _Job, t: float) -> None:
+        ph = self.config.phases
+        rate_c = ph.comm_stalls_per_hour / 3600.0
+        rate_i = ph.input_stalls_per_hour / 3600.0
+        total = rate_c + rate_i
+        if total <= 0.0:
+            self._set_timer(job, _INF, ("none",))
+            return
+        rng = job.rng
+        gap = float(rng.exponential(1.0 / total))
+        if rng.random() < rate_c / total:
+            phase, median = Phase.COMMUNICATION, ph.comm_stall_median_s
+        else:
+            phase, median = Phase.WAITING, ph.input_stall_median_s
+        dur = float(median * math.exp(ph.stall_sigma * float(rng.standard_normal())))
+        self._set_timer(job, t + gap, ("stall", phase, dur))
+
+    def _process_job_timers(self, t: float) -> None:
+        due = np.flatnonzero(self._s_next_event <= t + _EPS_S)
+        for s in due:
+            job = self._slot_job[int(s)]
+            if job is None:  # pragma: no cover - defensive
+                self._s_next_event[s] = _INF
+                continue
+            action = job.next_action
+            self._s_next_event[s] = _INF
+            kind = action[0]
+            if kind in ("start", "resume"):
+                self._set_phase(job, Phase.COMPUTE, t)
+                self._schedule_stall(job, t)
+            elif kind == "stall":
+                _, phase, dur = action
+                self._set_phase(job, phase, t, detail="input stall" if phase == Phase.WAITING else "collective stall")
+                self._set_timer(job, t + dur, ("resume",))
+            elif kind == "ckpt_done":
+                job.last_ckpt_steps = job.pending_ckpt_steps
+                self._s_next_ckpt[s] = job.last_ckpt_steps + job.ckpt_interval_steps
+                self._set_phase(job, Phase.COMPUTE, t)
+                self._schedule_stall(job, t)
+            elif kind == "requeue":
+                self._requeue(job, t, str(action[1]))
+        self._job_timer_min = float(self._s_next_event.min())
+
+    def _reached_threshold(self, job: _Job, t: float) -> None:
+        s = job.slot
+        if self._s_progress[s] >= self._s_work[s]:
+            self._finish(job, t)
+            return
+        job.pending_ckpt_steps = float(self._s_progress[s])
+        self._set_phase(job, Phase.CHECKPOINT, t)
+        self._set_timer(job, t + job.spec.checkpoint_duration_s, ("ckpt_done",))
+
+    def _release(self, job: _Job) -> None:
+        s = job.slot
+        was = bool(self._s_computing[s])
+        self._n_computing -= int(was)
+        cards = job.cards
+        self._card_slot[cards] = 0
+        self._card_cs[cards] = 0.0
+        self._card_omc[cards] = 1.0
+        self._card_ncu[cards] = 0.0
+        self._card_a[cards] = 0.0
+        job.progress_steps = float(self._s_progress[s])
+        for arr, fill in (
+            (self._s_computing, False),
+            (self._s_threshold, _INF),
+            (self._s_next_event, _INF),
+            (self._s_rate, 0.0),
+            (self._s_rslow, 1.0),
+            (self._s_ncards, 0.0),
+            (self._s_cs, 0.0),
+            (self._s_omc, 1.0),
+        ):
+            arr[s] = fill
+        self._slot_job[s] = None
+        self._free_slots.append(s)
+        job.slot = 0
+        self._order_dirty = True
+        self._sched_dirty = True
+        self._job_timer_min = float(self._s_next_event.min())
+
+    def _finish(self, job: _Job, t: float) -> None:
+        s = job.slot
+        spec = job.spec
+        overshoot = float(self._s_progress[s]) - spec.work_steps
+        if overshoot > 0:  # progress past the end within the last step is not work
+            self._acc["work"] -= overshoot * spec.step_time_s * spec.n_cards
+            self._s_progress[s] = spec.work_steps
+        self._release(job)
+        job.state = "finished"
+        job.finish_s = t
+        job.phase = Phase.WAITING
+        self._n_finished += 1
+        self._emit(t, job, "finished", with_cards=False)
+
+    def _fail_card(self, c: int, t: float) -> None:
+        if self._failed[c]:
+            return
+        self._failed[c] = True
+        self._n_failed += 1
+        if self._low[c]:
+            self._low[c] = False
+            self._n_low = int(self._low.sum())
+        self._waking[c] = False
+        s = int(self._card_slot[c])
+        job = self._slot_job[s] if s > 0 else None
+        if job is None or job.next_action[0] == "requeue":
+            return
+        spec = job.spec
+        lost = float(self._s_progress[s]) - job.last_ckpt_steps
+        if lost > 0:
+            lost_card_s = lost * spec.step_time_s * spec.n_cards
+            self._acc["work"] -= lost_card_s
+            self._acc["lost"] += lost_card_s
+        self._s_progress[s] = job.last_ckpt_steps
+        self._set_phase(job, Phase.WAITING, t, detail=f"card {c} failed")
+        self._set_timer(job, t + self.config.phases.restart_delay_s, ("requeue", f"card {c} failed"))
+
+    def _requeue(self, job: _Job, t: float, why: str) -> None:
+        self._release(job)
+        job.restarts += 1
+        job.progress_steps = job.last_ckpt_steps
+        if job.restarts > self.config.phases.max_restarts:
+            job.state = "failed"
+            job.finish_s = t
+            self._n_failed_jobs += 1
+            self._emit(t, job, "failed", detail=f"{why}; gave up after {job.restarts - 1} restarts")
+            return
+        self._enqueue(job, t, front=True)
+        self._emit(t, job, "requeued", detail=why)
+
+    # ================================================================================================
+    # sensors
+    # ================================================================================================
+    def readings(self) -> Readings:
+        """Noisy telemetry of the current state, with sensor faults applied."""
+        t = self._t
+        nz = self.config.noise
+        n, n_r, cpr = self._n, self._n_racks, self._cpr
+        rng = self._sensor_rng
+        z = rng.standard_normal((3, n))
+        power = self._power + nz.power_sd_w * z[0]
+        die = self._die + nz.die_temp_sd_k * z[1]
+        util = np.clip(self._util * (1.0 + nz.utilization_sd * z[2]), 0.0, 1.0)
+        clock = self._clocks[self._eff_level]
+        if self._n_low or self._n_failed:
+            off = self._low | self._failed
+            clock = np.where(off, 0.0, clock)
+            if self._n_failed:
+                power = np.where(self._failed, 0.0, power)
+                util = np.where(self._failed, 0.0, util)
+        level = self._set_level.copy()
+        low = self._low.copy()
+        waking = self._waking.copy()
+        limit = self._limit.copy()
+        failed = self._failed.copy()
+        zr = rng.standard_normal((4, n_r))
+        sup = (self._supply_c + nz.coolant_temp_sd_k * zr[0]).tolist()
+        ret = (self._rack_return + nz.coolant_temp_sd_k * zr[1]).tolist()
+        flow_true = self.site.loop_flow_per_rack_lpm() * self._flow_frac
+        flow = (flow_true * (1.0 + nz.flow_sd_frac * zr[2])).tolist()
+        pdu = (self._rack_power * (1.0 + nz.pdu_power_sd_frac * zr[3])).tolist()
+        pump = self._rack_pump_w.tolist()
+        if self._stuck_cards:
+            for c, _cnt in self._stuck_cards.items():
+                frozen = self._frozen_card.get(c)
+                if frozen is None:
+                    self._frozen_card[c] = (float(power[c]), float(die[c]), float(util[c]), float(clock[c]))
+                else:
+                    power[c], die[c], util[c], clock[c] = frozen
+        racks: list[RackReading] = []
+        idx = self._card_index
+        for r in range(n_r):
+            if self._dropout[r]:
+                continue
+            if self._stuck_rack[r]:
+                frozen_rr = self._frozen_rack.get(r)
+                if frozen_rr is not None:
+                    racks.append(replace(frozen_rr, time_s=t))
+                    continue
+            sl = slice(r * cpr, (r + 1) * cpr)
+            batch = CardBatch(
+                card_index=idx[sl],
+                power_w=power[sl],
+                die_temp_c=die[sl],
+                clock_mhz=clock[sl],
+                utilization=util[sl],
+                level=level[sl],
+                low_power=low[sl],
+                waking=waking[sl],
+                power_limit_w=limit[sl],
+                failed=failed[sl],
+            )
+            loop = LoopReading(supply_temp_c=sup[r], return_temp_c=ret[r], flow_lpm=flow[r], pump_power_w=pump[r])
+            if r in self._garbage:
+                batch, loop = self._garble(self._garbage[r], batch, loop)
+            rr = RackReading(rack=r, time_s=t, cards=batch, loop=loop, pdu=PduReading(power_w=pdu[r]))
+            if self._stuck_rack[r]:
+                self._frozen_rack[r] = rr
+            racks.append(rr)
+        cp = self._cooling
+        zf = rng.standard_normal(6)
+        ff = nz.facility_sd_frac
+        facility = FacilityReading(
+            time_s=t,
+            ambient_temp_c=float(self._ambient_now + nz.ambient_sd_k * zf[0]),
+            facility_supply_temp_c=float(cp.facility_supply_temp_c + nz.coolant_temp_sd_k * zf[1]),
+            facility_return_temp_c=float(cp.facility_return_temp_c + nz.coolant_temp_sd_k * zf[2]),
+            cooling_power_w=float(cp.cooling_power_w * (1.0 + ff * zf[3])),
+            it_power_w=float(cp.it_power_w * (1.0 + ff * zf[4])),
+            facility_power_w=float(cp.facility_power_w * (1.0 + ff * zf[5])),
+            supply_setpoint_c=self._setpoint_c,
+        )
+        jobs = []
+        for job in self._slot_job:
+            if job is None:
+                continue
+            s = job.slot
+            jobs.append(
+                JobReading(
+                    job_id=job.spec.job_id,
+                    phase=job.phase,
+                    n_cards=job.spec.n_cards,
+                    progress_frac=float(min(self._s_progress[s] / self._s_work[s], 1.0)),
+                    throughput_frac=float(self._s_rate[s]),
+                )
+            )
+        return Readings(time_s=t, racks=tuple(racks), facility=facility, jobs=tuple(jobs))
+
+    def _garble(
+        self, faults: list[GarbageReadings], batch: CardBatch, loop: LoopReading
+    ) -> tuple[CardBatch, LoopReading]:
+        rng = self._sensor_rng
+        power, die, util = batch.power_w.copy(), batch.die_temp_c.copy(), batch.utilization.copy()
+        for f in faults:
+            hit = rng.random(power.size) < f.fraction
+            if f.mode == "nan":
+                power[hit], die[hit], util[hit] = np.nan, np.nan, np.nan
+                if f.fraction >= 1.0:
+                    loop = replace(loop, return_temp_c=math.nan, supply_temp_c=math.nan)
+            else:
+                power[hit], die[hit], util[hit] = -1234.5, 1.0e4, 7.0
+                if f.fraction >= 1.0:
+                    loop = replace(loop, return_temp_c=-273.0, flow_lpm=-1.0)
+        return replace(batch, power_w=power, die_temp_c=die, utilization=util), loop

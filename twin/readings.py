@@ -1,0 +1,138 @@
+"""What the site reports: plain dataclasses shared by the plant, the agent's state and the wire.
+
+``twin.plant.Plant.readings()`` produces a :class:`Readings`; ``twin.state.TwinState.update()``
+consumes one. The MQTT agent converts wire messages into the same classes (one message may fill
+only part of a :class:`RackReading`: ``None`` means "not in this message"), so the in-process
+evaluation and the networked service share one code path.
+
+Units are SI as named. Card arrays are numpy arrays of one rack's cards, in ``card_index`` order.
+Readings may contain NaN or implausible values (a faulty sensor): consumers must check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from twin.workload import JobSpec, Phase
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = [
+    "JOB_EVENT_KINDS",
+    "CardBatch",
+    "FacilityReading",
+    "JobEvent",
+    "JobReading",
+    "LoopReading",
+    "PduReading",
+    "RackReading",
+    "Readings",
+]
+
+
+@dataclass(frozen=True)
+class CardBatch:
+    """One telemetry sample of a rack's cards (DCGM / nvidia-smi style).
+
+    ``level`` is the DVFS level the card was commanded to (after the DVFS latency);
+    ``clock_mhz`` is the clock it actually runs at, lower than the level's clock when the card's
+    own protection (power brake, thermal slowdown) acts, 0 in the low-power state or when failed.
+    ``waking`` cards have left the low-power state but are not usable yet.
+    """
+
+    card_index: IntArray
+    power_w: FloatArray
+    die_temp_c: FloatArray
+    clock_mhz: FloatArray
+    utilization: FloatArray  # 0..1
+    level: IntArray
+    low_power: BoolArray
+    waking: BoolArray
+    power_limit_w: FloatArray
+    failed: BoolArray
+
+
+@dataclass(frozen=True)
+class LoopReading:
+    """The rack's CDU / coolant loop (Redfish-style)."""
+
+    supply_temp_c: float
+    return_temp_c: float
+    flow_lpm: float
+    pump_power_w: float
+
+
+@dataclass(frozen=True)
+class PduReading:
+    """The rack's PDU: everything the rack draws (cards + hosts + switches)."""
+
+    power_w: float
+
+
+@dataclass(frozen=True)
+class RackReading:
+    rack: int  # rack index in the site (name: site.rack_names[rack])
+    time_s: float
+    cards: CardBatch | None = None
+    loop: LoopReading | None = None
+    pdu: PduReading | None = None
+
+
+@dataclass(frozen=True)
+class FacilityReading:
+    time_s: float
+    ambient_temp_c: float
+    facility_supply_temp_c: float
+    facility_return_temp_c: float
+    cooling_power_w: float  # pumps, dry cooler fans, chiller
+    it_power_w: float
+    facility_power_w: float  # IT + cooling + UPS losses + other overhead
+    supply_setpoint_c: float  # rack loop supply set-point in force
+
+
+@dataclass(frozen=True)
+class JobReading:
+    """A running job as the cluster scheduler / framework reports it."""
+
+    job_id: str
+    phase: Phase
+    n_cards: int
+    progress_frac: float  # share of the job's work done (0..1)
+    throughput_frac: float  # current training speed relative to the top clock (0 when not computing)
+
+
+@dataclass(frozen=True)
+class Readings:
+    time_s: float
+    racks: tuple[RackReading, ...]
+    facility: FacilityReading | None = None
+    jobs: tuple[JobReading, ...] = ()
+
+
+#: Kinds of :class:`JobEvent`.
+JOB_EVENT_KINDS = ("submitted", "started", "phase", "requeued", "finished", "failed")
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """Something happened to a job.
+
+    * ``submitted``: queued; ``job`` carries the spec.
+    * ``started``: placed on ``cards`` (the job then WAITs for start-up and for sleeping cards).
+    * ``phase``: the job entered ``phase``.
+    * ``requeued``: a card failed; the job rolled back to its last checkpoint and is queued again.
+    * ``finished`` / ``failed``: the job is gone; its cards are free.
+    """
+
+    time_s: float
+    job_id: str
+    kind: str
+    phase: Phase
+    cards: tuple[int, ...] = ()
+    job: JobSpec | None = None
+    detail: str = ""

@@ -1,0 +1,432 @@
+"""TwinState: the agent's belief about the site, built from readings and job events. No I/O.
+
+The same :class:`twin.readings.Readings` feed it whether they come from ``twin.plant.Plant`` in
+process or from MQTT messages converted by the agent, and the same :class:`JobEvent` objects.
+
+Per card it keeps the last *valid* power, die temperature, utilization, clock, level, low-power /
+waking / failed flags, power limit and when it was last seen; per rack the PDU power, loop supply
+and return temperatures, flow and pump power with their last-seen times; the facility's last
+reading; the jobs (queued and running) from events and job readings.
+
+Invalid values (NaN, infinity, outside physical bounds: power < 0 or > 5 x the card's power limit,
+die temperature outside -20..150 deg C, utilization outside 0..1) are not stored: the card keeps its
+previous values and its last-seen time does not advance, so a card or rack that only sends garbage
+goes stale. ``invalid_count`` tells how many were refused.
+
+Stuck sensors: a card whose power and die temperature do not change *at all* over ``stuck_after``
+consecutive readings while another card of its rack changed in the latest reading is stuck; a rack
+whose cards (or whose loop readings) are all unchanged over ``stuck_after`` readings while another
+rack changed is stuck. Real sensors always jitter in the last digit, so exact repetition is the
+signature of a frozen value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from twin.readings import FacilityReading, JobEvent, Readings
+from twin.spec import SiteSpec
+from twin.workload import JobSpec, Phase
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["JobInfo", "StateSnapshot", "TwinState"]
+
+_NEVER = -math.inf
+_DIE_RANGE_C = (-20.0, 150.0)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    state: str  # "queued" or "running"
+    phase: Phase
+    n_cards: int
+    cards: tuple[int, ...]
+    priority: float
+    min_throughput_frac: float
+    compute_share: float
+    noncompute_utilization: float
+    step_time_s: float
+    submit_time_s: float
+    progress_frac: float
+    throughput_frac: float
+    last_event_s: float
+    spec: JobSpec | None
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A consistent copy of the belief for one control step (arrays are copies)."""
+
+    time_s: float
+    card_power_w: FloatArray
+    card_die_temp_c: FloatArray
+    card_utilization: FloatArray
+    card_clock_mhz: FloatArray
+    card_level: IntArray
+    card_low_power: BoolArray
+    card_waking: BoolArray
+    card_failed: BoolArray
+    card_power_limit_w: FloatArray
+    card_last_seen_s: FloatArray
+    card_job: IntArray  # index into ``jobs`` or -1 (idle)
+    rack_power_w: FloatArray  # PDU
+    rack_supply_temp_c: FloatArray
+    rack_return_temp_c: FloatArray
+    rack_flow_lpm: FloatArray
+    rack_pump_power_w: FloatArray
+    rack_last_seen_s: FloatArray  # the oldest of the rack's card, loop and PDU readings
+    stuck_racks: tuple[int, ...]
+    stuck_cards: tuple[int, ...]
+    facility: FacilityReading | None
+    jobs: tuple[JobInfo, ...]  # running jobs
+    queue: tuple[JobInfo, ...]  # queued jobs, in queue order
+
+
+class TwinState:
+    """The agent's belief. ``update(readings)`` and ``apply_events(events)``; ``snapshot()``."""
+
+    def __init__(self, site: SiteSpec, stuck_after: int = 10) -> None:
+        if stuck_after < 2:
+            raise ValueError("stuck_after must be >= 2")
+        self.site = site
+        self.stuck_after = stuck_after
+        n, r = site.n_cards, site.n_racks
+        self._n, self._n_racks, self._cpr = n, r, site.cards_per_rack
+        card = site.card
+        self._clocks = np.asarray(card.clocks_mhz, dtype=np.float64)
+        self._max_power_w = 5.0 * card.power_limit_w
+        self.time_s = _NEVER
+        nan = np.full(n, np.nan)
+        self.card_power_w = nan.copy()
+        self.card_die_temp_c = nan.copy()
+        self.card_utilization = nan.copy()
+        self.card_clock_mhz = nan.copy()
+        self.card_level = np.zeros(n, dtype=np.int64)
+        self.card_low_power = np.zeros(n, dtype=bool)
+        self.card_waking = np.zeros(n, dtype=bool)
+        self.card_failed = np.zeros(n, dtype=bool)
+        self.card_power_limit_w = np.full(n, card.power_limit_w)
+        self.card_last_seen_s = np.full(n, _NEVER)
+        self.invalid_count = np.zeros(n, dtype=np.int64)
+        self._card_same = np.zeros(n, dtype=np.int64)
+        rnan = np.full(r, np.nan)
+        self.rack_power_w = rnan.copy()
+        self.rack_supply_temp_c = rnan.copy()
+        self.rack_return_temp_c = rnan.copy()
+        self.rack_flow_lpm = rnan.copy()
+        self.rack_pump_power_w = rnan.copy()
+        self.rack_cards_seen_s = np.full(r, _NEVER)
+        self.rack_loop_seen_s = np.full(r, _NEVER)
+        self.rack_pdu_seen_s = np.full(r, _NEVER)
+        self.rack_invalid_count = np.zeros(r, dtype=np.int64)
+        self._loop_same = np.zeros(r, dtype=np.int64)
+        self.facility: FacilityReading | None = None
+        self._jobs: dict[str, JobInfo] = {}
+        self._queue: list[str] = []
+        self._job_key: dict[str, int] = {}
+        self._next_key = 0
+        self._card_key = np.full(n, -1, dtype=np.int64)
+        self.jobs_finished = 0
+        self.jobs_failed = 0
+
+    # ================================================================================================
+    # readings
+    # ================================================================================================
+    def update(self, readings: Readings) -> None:
+        """Fold one set of readings into the belief."""
+        self.time_s = max(self.time_s, readings.time_s)
+        for rr in readings.racks:
+            r = rr.rack
+            if not 0 <= r < self._n_racks:
+                continue
+            t = rr.time_s
+            if rr.cards is not None:
+                self._update_cards(r, t, rr.cards)
+            if rr.loop is not None:
+                lp = rr.loop
+                vals = (lp.supply_temp_c, lp.return_temp_c, lp.flow_lpm)
+                if all(math.isfinite(v) for v in vals) and _plausible_loop(*vals):
+                    same = (
+                        vals[0] == self.rack_supply_temp_c[r]
+                        and vals[1] == self.rack_return_temp_c[r]
+                        and vals[2] == self.rack_flow_lpm[r]
+                    )
+                    self._loop_same[r] = self._loop_same[r] + 1 if same else 0
+                    self.rack_supply_temp_c[r], self.rack_return_temp_c[r], self.rack_flow_lpm[r] = vals
+                    if math.isfinite(lp.pump_power_w) and lp.pump_power_w >= 0:
+                        self.rack_pump_power_w[r] = lp.pump_power_w
+                    self.rack_loop_seen_s[r] = max(self.rack_loop_seen_s[r], t)
+                else:
+                    self.rack_invalid_count[r] += 1
+            if rr.pdu is not None:
+                p = rr.pdu.power_w
+                if math.isfinite(p) and 0.0 <= p <= 1e7:
+                    self.rack_power_w[r] = p
+                    self.rack_pdu_seen_s[r] = max(self.rack_pdu_seen_s[r], t)
+                else:
+                    self.rack_invalid_count[r] += 1
+        if readings.facility is not None:
+            self.facility = readings.facility
+        for jr in readings.jobs:
+            info = self._jobs.get(jr.job_id)
+            if info is not None and info.state == "running":
+                self._jobs[jr.job_id] = replace(
+                    info, phase=jr.phase, progress_frac=jr.progress_frac, throughput_frac=jr.throughput_frac
+                )
+
+    def _update_cards(self, rack: int, t: float, b: Any) -> None:
+        idx = np.asarray(b.card_index, dtype=np.int64)
+        in_site = (idx >= 0) & (idx < self._n)
+        inside: BoolArray | None = None
+        if not in_site.all():
+            inside = in_site
+            idx = idx[in_site]
+        power = np.asarray(b.power_w, dtype=np.float64)
+        die = np.asarray(b.die_temp_c, dtype=np.float64)
+        util = np.asarray(b.utilization, dtype=np.float64)
+        clock = np.asarray(b.clock_mhz, dtype=np.float64)
+        if inside is not None:
+            power, die, util, clock = power[inside], die[inside], util[inside], clock[inside]
+        with np.errstate(invalid="ignore"):
+            valid = (
+                np.isfinite(power)
+                & np.isfinite(die)
+                & np.isfinite(util)
+                & np.isfinite(clock)
+                & (power >= 0.0)
+                & (power <= self._max_power_w)
+                & (die >= _DIE_RANGE_C[0])
+                & (die <= _DIE_RANGE_C[1])
+                & (util >= 0.0)
+                & (util <= 1.0)
+                & (clock >= 0.0)
+            )
+        ok = idx[valid]
+        if not valid.all():
+            self.invalid_count[idx[~valid]] += 1
+        # stuck detection: exact repetition of power and die temperature
+        same = (power[valid] == self.card_power_w[ok]) & (die[valid] == self.card_die_temp_c[ok])
+        self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
+        self.card_power_w[ok] = power[valid]
+        self.card_die_temp_c[ok] = die[valid]
+        self.card_utilization[ok] = util[valid]
+        self.card_clock_mhz[ok] = clock[valid]
+        self.card_last_seen_s[ok] = np.maximum(self.card_last_seen_s[ok], t)
+
+        def flags(arr: Any, dtype: Any) -> Any:
+            a = np.asarray(arr, dtype=dtype)
+            return a[inside] if inside is not None else a
+
+        level = flags(b.level, np.int64)
+        level_ok = (level >= 0) & (level < self._clocks.size)
+        self.card_level[idx[level_ok]] = level[level_ok]
+        self.card_low_power[idx] = flags(b.low_power, bool)
+        self.card_waking[idx] = flags(b.waking, bool)
+        self.card_failed[idx] = flags(b.failed, bool)
+        lim = flags(b.power_limit_w, np.float64)
+        lim_ok = np.isfinite(lim) & (lim > 0)
+        self.card_power_limit_w[idx[lim_ok]] = lim[lim_ok]
+        self.rack_cards_seen_s[rack] = max(self.rack_cards_seen_s[rack], t)
+
+    # ================================================================================================
+    # job events
+    # ================================================================================================
+    def apply_events(self, events: Iterable[JobEvent]) -> None:
+        for ev in events:
+            self._apply_event(ev)
+
+    def _apply_event(self, ev: JobEvent) -> None:
+        info = self._jobs.get(ev.job_id)
+        if ev.kind == "submitted":
+            spec = ev.job
+            info = JobInfo(
+                job_id=ev.job_id,
+                state="queued",
+                phase=Phase.WAITING,
+                n_cards=spec.n_cards if spec else 0,
+                cards=(),
+                priority=spec.priority if spec else 1.0,
+                min_throughput_frac=spec.min_throughput_frac if spec else 0.0,
+                compute_share=spec.compute_share if spec else 1.0,
+                noncompute_utilization=spec.noncompute_utilization if spec else 0.2,
+                step_time_s=spec.step_time_s if spec else 1.0,
+                submit_time_s=spec.submit_time_s if spec else ev.time_s,
+                progress_frac=0.0,
+                throughput_frac=0.0,
+                last_event_s=ev.time_s,
+                spec=spec,
+            )
+            self._jobs[ev.job_id] = info
+            self._job_key[ev.job_id] = self._next_key
+            self._next_key += 1
+            if ev.job_id not in self._queue:
+                self._queue.append(ev.job_id)
+            return
+        if info is None:
+            return  # events of a job we never saw submitted (agent started late): ignore
+        if ev.kind == "started":
+            self._drop_from_queue(ev.job_id)
+            self._set_cards(ev.job_id, ())
+            self._set_cards(ev.job_id, ev.cards)
+            self._jobs[ev.job_id] = replace(
+                info, state="running", phase=ev.phase, cards=tuple(ev.cards), last_event_s=ev.time_s
+            )
+        elif ev.kind == "phase":
+            self._jobs[ev.job_id] = replace(info, phase=ev.phase, last_event_s=ev.time_s)
+        elif ev.kind == "requeued":
+            self._set_cards(ev.job_id, ())
+            self._jobs[ev.job_id] = replace(
+                info, state="queued", phase=Phase.WAITING, cards=(), throughput_frac=0.0, last_event_s=ev.time_s
+            )
+            self._drop_from_queue(ev.job_id)
+            self._queue.insert(0, ev.job_id)
+        elif ev.kind in ("finished", "failed"):
+            self._set_cards(ev.job_id, ())
+            self._drop_from_queue(ev.job_id)
+            del self._jobs[ev.job_id]
+            self._job_key.pop(ev.job_id, None)
+            if ev.kind == "finished":
+                self.jobs_finished += 1
+            else:
+                self.jobs_failed += 1
+
+    def _drop_from_queue(self, job_id: str) -> None:
+        if job_id in self._queue:
+            self._queue.remove(job_id)
+
+    def _set_cards(self, job_id: str, cards: tuple[int, ...]) -> None:
+        key = self._job_key[job_id]
+        if not cards:
+            info = self._jobs.get(job_id)
+            if info is not None and info.cards:
+                old = np.asarray(info.cards, dtype=np.int64)
+                old = old[(old >= 0) & (old < self._n)]
+                self._card_key[old[self._card_key[old] == key]] = -1
+            return
+        idx = np.asarray(cards, dtype=np.int64)
+        self._card_key[idx[(idx >= 0) & (idx < self._n)]] = key
+
+    # ================================================================================================
+    # queries
+    # ================================================================================================
+    @property
+    def jobs(self) -> dict[str, JobInfo]:
+        return dict(self._jobs)
+
+    def queue(self) -> tuple[JobInfo, ...]:
+        return tuple(self._jobs[j] for j in self._queue)
+
+    def rack_last_seen_s(self) -> FloatArray:
+        """The oldest of each rack's sources: its cards (the stalest card that has not failed),
+        loop and PDU readings."""
+        cards = np.where(self.card_failed, np.inf, self.card_last_seen_s).reshape(self._n_racks, self._cpr)
+        oldest_card = cards.min(axis=1)
+        oldest_card = np.where(np.isinf(oldest_card) & (oldest_card > 0), self.rack_cards_seen_s, oldest_card)
+        return np.asarray(
+            np.minimum(np.minimum(oldest_card, self.rack_loop_seen_s), self.rack_pdu_seen_s), dtype=np.float64
+        )
+
+    def stale_racks(self, now_s: float, deadline_s: float) -> tuple[int, ...]:
+        """Racks with any source (a card, the loop, the PDU) not seen within ``deadline_s``."""
+        return tuple(int(r) for r in np.flatnonzero(self.rack_last_seen_s() < now_s - deadline_s))
+
+    def stale_cards(self, now_s: float, deadline_s: float) -> tuple[int, ...]:
+        stale = (self.card_last_seen_s < now_s - deadline_s) & ~self.card_failed
+        return tuple(int(c) for c in np.flatnonzero(stale))
+
+    def _moving_racks(self) -> BoolArray:
+        """Racks whose latest card reading changed (some seen card's count is 0)."""
+        same = self._card_same.reshape(self._n_racks, self._cpr)
+        seen = np.isfinite(self.card_last_seen_s).reshape(self._n_racks, self._cpr)
+        return np.asarray(((same == 0) & seen).any(axis=1), dtype=bool)
+
+    def stuck_racks(self) -> tuple[int, ...]:
+        """Racks whose card readings (all of them) or loop readings repeated exactly over
+        ``stuck_after`` readings while another rack's readings changed."""
+        n = self.stuck_after
+        cards_frozen = (self._card_same.reshape(self._n_racks, self._cpr) >= n).all(axis=1)
+        frozen = cards_frozen | (self._loop_same >= n)
+        if not frozen.any():
+            return ()
+        moving = self._moving_racks()
+        n_moving = int(moving.sum())
+        return tuple(int(r) for r in np.flatnonzero(frozen) if n_moving - int(moving[r]) > 0)
+
+    def stuck_cards(self) -> tuple[int, ...]:
+        """Cards frozen while others of their rack change (a rack frozen as a whole is in
+        :meth:`stuck_racks` instead)."""
+        n = self.stuck_after
+        same = self._card_same.reshape(self._n_racks, self._cpr)
+        frozen = same >= n
+        moving = (same == 0).any(axis=1)
+        hit = frozen & moving[:, None]
+        return tuple(int(c) for c in np.flatnonzero(hit.ravel()))
+
+    def snapshot(self) -> StateSnapshot:
+        running = [j for j in self._jobs.values() if j.state == "running"]
+        keys = np.asarray([self._job_key[j.job_id] for j in running], dtype=np.int64)
+        pos = np.full(self._next_key + 1, -1, dtype=np.int64)
+        if keys.size:
+            pos[keys] = np.arange(keys.size)
+        card_job = np.where(self._card_key >= 0, pos[self._card_key], -1).astype(np.int64)
+        return StateSnapshot(
+            time_s=self.time_s,
+            card_power_w=self.card_power_w.copy(),
+            card_die_temp_c=self.card_die_temp_c.copy(),
+            card_utilization=self.card_utilization.copy(),
+            card_clock_mhz=self.card_clock_mhz.copy(),
+            card_level=self.card_level.copy(),
+            card_low_power=self.card_low_power.copy(),
+            card_waking=self.card_waking.copy(),
+            card_failed=self.card_failed.copy(),
+            card_power_limit_w=self.card_power_limit_w.copy(),
+            card_last_seen_s=self.card_last_seen_s.copy(),
+            card_job=card_job,
+            rack_power_w=self.rack_power_w.copy(),
+            rack_supply_temp_c=self.rack_supply_temp_c.copy(),
+            rack_return_temp_c=self.rack_return_temp_c.copy(),
+            rack_flow_lpm=self.rack_flow_lpm.copy(),
+            rack_pump_power_w=self.rack_pump_power_w.copy(),
+            rack_last_seen_s=self.rack_last_seen_s(),
+            stuck_racks=self.stuck_racks(),
+            stuck_cards=self.stuck_cards(),
+            facility=self.facility,
+            jobs=tuple(running),
+            queue=self.queue(),
+        )
+
+    def summary(self, deadline_s: float = 10.0) -> dict[str, Any]:
+        """A few aggregates for logs and status pages (staleness judged at ``deadline_s``)."""
+        seen = np.isfinite(self.card_last_seen_s)
+        die = self.card_die_temp_c[seen & ~self.card_failed]
+        return {
+            "time_s": self.time_s,
+            "cards_seen": int(seen.sum()),
+            "cards_failed": int(self.card_failed.sum()),
+            "cards_low_power": int(self.card_low_power.sum()),
+            "rack_power_w": float(np.nansum(self.rack_power_w)),
+            "max_die_temp_c": float(die.max()) if die.size else math.nan,
+            "jobs_running": sum(1 for j in self._jobs.values() if j.state == "running"),
+            "jobs_queued": len(self._queue),
+            "jobs_finished": self.jobs_finished,
+            "jobs_failed": self.jobs_failed,
+            "stale_racks": list(self.stale_racks(self.time_s, deadline_s)),
+            "stuck_racks": list(self.stuck_racks()),
+            "stuck_cards": list(self.stuck_cards()),
+            "invalid_card_readings": int(self.invalid_count.sum()),
+            "facility_power_w": self.facility.facility_power_w if self.facility else math.nan,
+        }
+
+
+def _plausible_loop(supply_c: float, return_c: float, flow_lpm: float) -> bool:
+    return -20.0 <= supply_c <= 100.0 and -20.0 <= return_c <= 120.0 and 0.0 <= flow_lpm <= 1e5
