@@ -196,7 +196,7 @@ OnMessage = Callable[[Incoming], None]
 def _client(
     options: MqttOptions, will: LastWill | None, queue_type: Any = None, tls_context: ssl.SSLContext | None = None
 ) -> aiomqtt.Client:
-    return aiomqtt.Client(
+    client = aiomqtt.Client(
         options.host,
         options.port,
         username=options.username,
@@ -212,6 +212,9 @@ def _client(
         queue_type=queue_type,
         logger=logging.getLogger("racktwin.bus.mqtt"),
     )
+    # aiomqtt warns above 10 concurrent publishes; callers may keep up to max_inflight in flight
+    client.pending_calls_threshold = max(10, 4 * options.max_inflight)
+    return client
 
 
 def _forwarding_queue(deliver: Callable[[aiomqtt.Message], None]) -> type[asyncio.Queue[aiomqtt.Message]]:

@@ -23,8 +23,9 @@ keeps its unit under the code's short name (``power_watts`` -> ``power_w``, ``te
 ``sm_clock_mhz``, ``ts`` -> ``ts_s``).
 
 Card telemetry is columnar (one array per field, ``card_index`` says which cards): a 64-card
-message is 2.7 KB and decodes + validates + converts to numpy in ~21 us, against 10.2 KB and ~38 us
-for a list of per-card objects (``benchmarks/bench_wire.py``, ``benchmarks/results-wire.md``).
+message is 2.9 KB and decodes + validates + converts to numpy in ~31 us (0.5 us per card reading),
+against 10.5 KB and ~49 us for a list of per-card objects (``benchmarks/bench_wire.py``,
+``benchmarks/results-wire.md``).
 """
 
 from __future__ import annotations
