@@ -103,6 +103,15 @@ def mqtt_answers(host: str, port: int, *, tls: bool = False, timeout_s: float = 
         return False
 
 
+def _user_line() -> str:
+    """Run mosquitto as the invoking user: started as root it would otherwise switch to the
+    'mosquitto' user, which cannot read our temporary files. Ignored when not started as root."""
+    try:
+        return f"user {getpass.getuser()}"
+    except (KeyError, OSError):
+        return ""
+
+
 @dataclass(frozen=True)
 class BrokerTls:
     """A TLS listener for mosquitto: CA, server certificate and key; optionally require client certs."""
@@ -355,7 +364,7 @@ class EmbeddedBroker:
             "log_type information",
             "connection_messages true",
             "log_timestamp true",
-            f"user {getpass.getuser()}",  # run as the invoking user (mosquitto drops root privileges otherwise)
+            _user_line(),
             self.extra_config,
         ]
         return "\n".join(lines) + "\n"

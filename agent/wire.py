@@ -419,7 +419,9 @@ class RejectionCounter:
                 emit, left_out = False, 0
         if emit:
             more = f" ({left_out} more {reason} rejections not logged)" if left_out else ""
-            self._logger.warning("rejected message on %r: %s: %s%s", rejection.topic, reason, rejection.detail, more)
+            self._logger.warning(
+                "rejected message on %r: %s: %s%s", rejection.topic[:200], reason, rejection.detail[:300], more
+            )
 
     def count(self, reason: RejectReason | str) -> int:
         return self._counts[RejectReason(reason)]
@@ -1487,7 +1489,7 @@ class Codec:
             rej = Rejection(exc.reason, exc.detail, topic)
         except msgspec.DecodeError as exc:
             reason, detail = _classify(exc, payload)
-            rej = Rejection(reason, detail, topic)
+            rej = Rejection(reason, detail[:300], topic)
         except Exception as exc:  # never let a hostile payload raise into the receive loop
             rej = Rejection(RejectReason.INVALID, f"{type(exc).__name__}: {exc}"[:300], topic)
         self.counter.record(rej)

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import random
+from pathlib import Path
 
 import pytest
 from mqtt_helpers import WAIT_S, next_messages, wait_for
 
 from agent import wire
 from agent.broker import EmbeddedBroker, free_port
-from agent.bus import Bus, BusConnectError, BusNotConnected, MqttOptions, backoff_delay_s, check_connection
+from agent.bus import (
+    Bus,
+    BusConnectError,
+    BusNotConnected,
+    MqttOptions,
+    add_mqtt_arguments,
+    backoff_delay_s,
+    check_connection,
+    mqtt_options_from_args,
+)
+from agent.commands.common import UserError
 from agent.wire import Codec
 
 pytestmark = pytest.mark.integration
@@ -111,3 +123,34 @@ def test_options_from_url() -> None:
         MqttOptions.from_url("http://x")
     with pytest.raises(ValueError, match="tls_insecure"):
         MqttOptions(tls_insecure=True)
+
+
+def test_command_line_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = argparse.ArgumentParser()
+    add_mqtt_arguments(parser)
+    assert mqtt_options_from_args(parser.parse_args([])) is None  # no --broker: embedded broker
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n", encoding="utf-8")
+    ca = tmp_path / "ca.crt"
+    ca.write_text("x", encoding="utf-8")
+    args = ["--broker", "mqtts://b.example", "--mqtt-username", "r0", "--mqtt-password-file", str(pw)]
+    ns = parser.parse_args([*args, "--mqtt-ca-file", str(ca), "--mqtt-client-id", "bridge-r0"])
+    o = mqtt_options_from_args(ns)
+    assert o is not None
+    assert (o.host, o.port, o.username, o.password, o.ca_file, o.use_tls, o.tls_insecure, o.client_id) == (
+        "b.example",
+        8883,
+        "r0",
+        "s3cret",
+        str(ca),
+        True,
+        False,
+        "bridge-r0",
+    )
+    monkeypatch.setenv("RACKTWIN_MQTT_PASSWORD", "from-env")
+    o = mqtt_options_from_args(parser.parse_args(["--broker", "mqtt://h:1", "--mqtt-username", "agent"]))
+    assert o is not None and o.password == "from-env"
+    with pytest.raises(UserError, match="--mqtt-ca-file"):
+        mqtt_options_from_args(parser.parse_args(["--broker", "mqtts://h", "--mqtt-ca-file", str(tmp_path / "no")]))
+    with pytest.raises(UserError, match="--broker"):
+        mqtt_options_from_args(parser.parse_args(["--broker", "http://h"]))
