@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, sample_messages
+from mqtt_testing import REPO, sample_messages
 
 from agent import wire
 from agent.wire import Codec, Kind, Rejection, RejectReason, SiteLayout, Topics

@@ -11,9 +11,9 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
-from conftest import TEST_RACKS, TEST_SITE, sample_messages
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mqtt_testing import TEST_RACKS, TEST_SITE, sample_messages
 
 from agent import wire
 from agent.wire import Codec, Kind, Rejection, RejectReason, SiteLayout

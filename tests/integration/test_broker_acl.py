@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHIPPED_ACL, SHIPPED_CONF, SecuredBroker, TlsFiles, write_password_file
 from mqtt_helpers import WAIT_S, delivered, next_messages
+from mqtt_testing import SHIPPED_ACL, SHIPPED_CONF, SecuredBroker, TlsFiles, write_password_file
 
 from agent import wire
 from agent.broker import free_port, mqtt_answers

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from mqtt_helpers import WAIT_S, next_messages
+from mqtt_testing import sample_messages
 
 from agent import broker as broker_mod
 from agent.broker import BrokerTls, BrokerUnavailable, EmbeddedBroker, mqtt_answers
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 async def _round_trip(b: EmbeddedBroker, codec: Codec) -> None:
-    pdu = codec.outgoing(__import__("conftest").sample_messages()[2])
+    pdu = codec.outgoing(sample_messages()[2])
     async with Bus(b.options(), subscriptions=[pdu.topic]) as sub, Bus(b.options()) as pub:
         await sub.wait_connected(WAIT_S)
         await pub.wait_connected(WAIT_S)

@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import REPO, TEST_RACKS, TEST_SITE, sample_messages
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mqtt_helpers import WAIT_S, delivered, messages_until, next_messages
+from mqtt_testing import REPO, TEST_RACKS, TEST_SITE, sample_messages
 
 from agent import wire
 from agent.broker import EmbeddedBroker
