@@ -444,3 +444,19 @@ def test_sequencer_counts_per_topic() -> None:
 
 def test_samples_cover_every_kind() -> None:
     assert {wire.kind_of(m) for m in sample_messages()} == set(Kind)
+
+
+def test_job_phases_on_the_wire_are_the_twins_phases() -> None:
+    import typing
+
+    from twin.workload import Phase
+
+    literal = typing.get_type_hints(wire._JobEventW, include_extras=True)["phase"]
+    allowed = {a for arg in typing.get_args(literal) for a in typing.get_args(arg)}
+    assert allowed == {p.name.lower() for p in Phase}
+
+
+def test_the_counter_reports_every_reason() -> None:
+    snap = wire.RejectionCounter().snapshot()
+    assert set(snap) == {r.value for r in RejectReason}
+    assert all(v == 0 for v in snap.values())
