@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from twin.readings import FacilityReading, JobEvent, Readings
+from twin.readings import CardBatch, FacilityReading, JobEvent, Readings
 from twin.spec import SiteSpec
 from twin.workload import JobSpec, Phase
 
@@ -145,13 +145,17 @@ class TwinState:
     def update(self, readings: Readings) -> None:
         """Fold one set of readings into the belief."""
         self.time_s = max(self.time_s, readings.time_s)
+        batches: list[tuple[int, float, CardBatch]] = []
         for rr in readings.racks:
             r = rr.rack
             if not 0 <= r < self._n_racks:
                 continue
             t = rr.time_s
             if rr.cards is not None:
-                self._update_cards(r, t, rr.cards)
+                if _consistent(rr.cards):
+                    batches.append((r, t, rr.cards))
+                else:
+                    self.rack_invalid_count[r] += 1
             if rr.loop is not None:
                 lp = rr.loop
                 vals = (lp.supply_temp_c, lp.return_temp_c, lp.flow_lpm)
@@ -175,6 +179,8 @@ class TwinState:
                     self.rack_pdu_seen_s[r] = max(self.rack_pdu_seen_s[r], t)
                 else:
                     self.rack_invalid_count[r] += 1
+        if batches:
+            self._update_cards(batches)
         if readings.facility is not None:
             self.facility = readings.facility
         for jr in readings.jobs:
@@ -184,19 +190,36 @@ class TwinState:
                     info, phase=jr.phase, progress_frac=jr.progress_frac, throughput_frac=jr.throughput_frac
                 )
 
-    def _update_cards(self, rack: int, t: float, b: Any) -> None:
-        idx = np.asarray(b.card_index, dtype=np.int64)
-        in_site = (idx >= 0) & (idx < self._n)
-        inside: BoolArray | None = None
-        if not in_site.all():
-            inside = in_site
-            idx = idx[in_site]
-        power = np.asarray(b.power_w, dtype=np.float64)
-        die = np.asarray(b.die_temp_c, dtype=np.float64)
-        util = np.asarray(b.utilization, dtype=np.float64)
-        clock = np.asarray(b.clock_mhz, dtype=np.float64)
-        if inside is not None:
-            power, die, util, clock = power[inside], die[inside], util[inside], clock[inside]
+    def _update_cards(self, batches: list[tuple[int, float, CardBatch]]) -> None:
+        """All card batches of one :class:`Readings` at once (concatenated: one pass of array ops)."""
+        n = self._n
+        sizes = [len(b.card_index) for _, _, b in batches]
+
+        def cat(name: str, dtype: Any) -> Any:
+            return np.concatenate([np.asarray(getattr(b, name), dtype=dtype).reshape(-1) for _, _, b in batches])
+
+        idx = cat("card_index", np.int64)
+        t_arr = np.repeat(np.asarray([t for _, t, _ in batches], dtype=np.float64), sizes)
+        power = cat("power_w", np.float64)
+        die = cat("die_temp_c", np.float64)
+        util = cat("utilization", np.float64)
+        clock = cat("clock_mhz", np.float64)
+        level = cat("level", np.int64)
+        low = cat("low_power", bool)
+        waking = cat("waking", bool)
+        failed = cat("failed", bool)
+        lim = cat("power_limit_w", np.float64)
+        inside = (idx >= 0) & (idx < n)
+        if not inside.all():
+            idx, t_arr, power, die, util, clock = (
+                idx[inside],
+                t_arr[inside],
+                power[inside],
+                die[inside],
+                util[inside],
+                clock[inside],
+            )
+            level, low, waking, failed, lim = level[inside], low[inside], waking[inside], failed[inside], lim[inside]
         with np.errstate(invalid="ignore"):
             valid = (
                 np.isfinite(power)
@@ -213,7 +236,7 @@ class TwinState:
             )
         ok = idx[valid]
         if not valid.all():
-            self.invalid_count[idx[~valid]] += 1
+            np.add.at(self.invalid_count, idx[~valid], 1)
         # stuck detection: exact repetition of power and die temperature
         same = (power[valid] == self.card_power_w[ok]) & (die[valid] == self.card_die_temp_c[ok])
         self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
@@ -221,22 +244,17 @@ class TwinState:
         self.card_die_temp_c[ok] = die[valid]
         self.card_utilization[ok] = util[valid]
         self.card_clock_mhz[ok] = clock[valid]
-        self.card_last_seen_s[ok] = np.maximum(self.card_last_seen_s[ok], t)
-
-        def flags(arr: Any, dtype: Any) -> Any:
-            a = np.asarray(arr, dtype=dtype)
-            return a[inside] if inside is not None else a
-
-        level = flags(b.level, np.int64)
+        self.card_last_seen_s[ok] = np.maximum(self.card_last_seen_s[ok], t_arr[valid])
         level_ok = (level >= 0) & (level < self._clocks.size)
         self.card_level[idx[level_ok]] = level[level_ok]
-        self.card_low_power[idx] = flags(b.low_power, bool)
-        self.card_waking[idx] = flags(b.waking, bool)
-        self.card_failed[idx] = flags(b.failed, bool)
-        lim = flags(b.power_limit_w, np.float64)
+        self.card_low_power[idx] = low
+        self.card_waking[idx] = waking
+        self.card_failed[idx] = failed
         lim_ok = np.isfinite(lim) & (lim > 0)
         self.card_power_limit_w[idx[lim_ok]] = lim[lim_ok]
-        self.rack_cards_seen_s[rack] = max(self.rack_cards_seen_s[rack], t)
+        for rack, t, _ in batches:
+            if t > self.rack_cards_seen_s[rack]:
+                self.rack_cards_seen_s[rack] = t
 
     # ================================================================================================
     # job events
@@ -426,6 +444,25 @@ class TwinState:
             "invalid_card_readings": int(self.invalid_count.sum()),
             "facility_power_w": self.facility.facility_power_w if self.facility else math.nan,
         }
+
+
+def _consistent(b: CardBatch) -> bool:
+    """All arrays of a card batch have one entry per card."""
+    n = np.size(b.card_index)
+    return all(
+        np.size(a) == n
+        for a in (
+            b.power_w,
+            b.die_temp_c,
+            b.clock_mhz,
+            b.utilization,
+            b.level,
+            b.low_power,
+            b.waking,
+            b.power_limit_w,
+            b.failed,
+        )
+    )
 
 
 def _plausible_loop(supply_c: float, return_c: float, flow_lpm: float) -> bool:
