@@ -36,6 +36,7 @@ FloatArray = npt.NDArray[np.float64]
 POWER_COLUMNS = ("clock_mhz", "power_w")
 POWER_OPTIONAL = ("utilization", "temperature_c")
 THERMAL_COLUMNS = ("t_s", "power_w", "inlet_temp_c", "die_temp_c")
+_LINE = "__line__"  # key of the file line number of every data row in read_columns' result
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace, command: str) -> int:
 
 # ------------------------------------------------------------------------------------------------
 def read_columns(path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, FloatArray]:
-    """Read numeric columns of a CSV; any problem is a :class:`UserError` naming file, line, column."""
+    """Read numeric columns of a CSV; any problem is a :class:`UserError` naming file, line, column.
+    The result also maps ``"__line__"`` to the file line number of each data row."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8-sig")
@@ -96,7 +98,9 @@ def read_columns(path: str, required: tuple[str, ...], optional: tuple[str, ...]
     wanted = [c for c in (*required, *optional) if c in header]
     pos = {c: header.index(c) for c in wanted}
     values: dict[str, list[float]] = {c: [] for c in wanted}
+    line_numbers: list[float] = []
     for (lineno, _), row in zip(lines[1:], rows[1:], strict=True):
+        line_numbers.append(float(lineno))
         for c in wanted:
             j = pos[c]
             if j >= len(row):
@@ -111,7 +115,9 @@ def read_columns(path: str, required: tuple[str, ...], optional: tuple[str, ...]
             values[c].append(v)
     if len(rows) < 2:
         raise UserError(f"{path}: no data lines after the header")
-    return {c: np.asarray(v, dtype=np.float64) for c, v in values.items()}
+    out = {c: np.asarray(v, dtype=np.float64) for c, v in values.items()}
+    out[_LINE] = np.asarray(line_numbers, dtype=np.float64)
+    return out
 
 
 def _check_range(path: str, cols: dict[str, FloatArray], name: str, lo: float, hi: float, what: str) -> None:
@@ -120,7 +126,8 @@ def _check_range(path: str, cols: dict[str, FloatArray], name: str, lo: float, h
     arr = cols[name]
     bad = np.flatnonzero((arr < lo) | (arr > hi))
     if bad.size:
-        raise UserError(f"{path}: column {name!r}: data row {int(bad[0]) + 1}: {what}, got {arr[bad[0]]:g}")
+        line = int(cols[_LINE][bad[0]])
+        raise UserError(f"{path}:{line}: column {name!r}: {what}, got {arr[bad[0]]:g}")
 
 
 def _parse_clocks(text: str) -> list[float]:

@@ -68,7 +68,7 @@ def test_fit_thermal_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
         ("fit-power", "clock_mhz,power_w\n1000,300\n1100,abc\n", [":3:", "column 'power_w'", "not a number"]),
         ("fit-power", "clock_mhz,power_w\n1000,300\n1100,nan\n", [":3:", "column 'power_w'", "finite"]),
         ("fit-power", "clock_mhz,power_w\n1000,300\n1000,301\n1100,320\n", ["at least 4 distinct clocks"]),
-        ("fit-power", "clock_mhz,power_w,utilization\n1000,300,90\n", ["utilization", "0..1"]),
+        ("fit-power", "clock_mhz,power_w,utilization\n1000,300,0.9\n1100,300,90\n", [":3:", "utilization", "0..1"]),
         ("fit-power", "", ["empty file"]),
         ("fit-power", "clock_mhz,power_w\n", ["no data lines"]),
         ("fit-thermal", "t_s,power_w,inlet_temp_c\n0,1,2\n", ["missing column 'die_temp_c'"]),
