@@ -27,6 +27,7 @@ import highspy
 import numpy as np
 import numpy.typing as npt
 import pyomo.environ as pyo
+from pyomo.common.tee import capture_output
 from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
 from pyomo.contrib.solver.solvers.highs import Highs
 
@@ -59,6 +60,15 @@ __all__ = [
     "plan_cycle",
     "solve_matrix_highspy",
 ]
+
+#: Default relative MIP gap, on the loss scale (value given up + energy cost + PUE penalty): 1e-3
+#: of a loss of a few % of the total is ~1e-5 of the objective, far inside "0.5% of optimal".
+DEFAULT_GAP = 1e-3
+
+#: Above this many jobs, "auto" decomposes the DVFS MILP into chunks of AUTO_CHUNK_CARDS cards
+#: (benchmarks/results-models.md: monolithic is faster up to ~100 jobs, chunks of 512 cards beyond).
+AUTO_DECOMPOSE_JOBS = 128
+AUTO_CHUNK_CARDS = 512
 
 #: Time the deadline watcher grants beyond the solver's own limit before cancelling it.
 DEADLINE_GRACE_S = 0.05
@@ -132,6 +142,8 @@ def _option(h: Any, name: str) -> float:
 def highs_solve(solver: Highs, model: pyo.ConcreteModel, time_limit_s: float, mip_rel_gap: float) -> SolveInfo:
     """One HiGHS solve through ``pyomo.contrib.solver`` with the limit and gap verified."""
     t0 = time.perf_counter()
+    # HiGHS's run time is cumulative over runs of one instance: measure the difference
+    before = float(solver._solver_model.getRunTime()) if solver._solver_model is not None else 0.0
     res = solver.solve(
         model,
         time_limit=float(time_limit_s),
@@ -159,7 +171,7 @@ def highs_solve(solver: Highs, model: pyo.ConcreteModel, time_limit_s: float, mi
     return SolveInfo(
         status=status,
         wall_time_s=time.perf_counter() - t0,
-        highs_time_s=float(h.getRunTime()),
+        highs_time_s=float(h.getRunTime()) - (before if h is solver._solver_model and before else 0.0),
         objective=obj,
         bound=bound,
         gap=_gap(obj, bound) if status != SolveStatus.OPTIMAL else (_gap(obj, bound) or 0.0),
@@ -360,7 +372,8 @@ class DecomposedDvfsSolver:
 def solve_matrix_highspy(mat: DvfsMatrix, time_limit_s: float, mip_rel_gap: float) -> tuple[SolveInfo, Any]:
     """The same DVFS model passed straight to highspy (benchmark: the least modelling overhead)."""
     t0 = time.perf_counter()
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
+    with capture_output(capture_fd=True):  # HiGHS prints a banner on construction
+        h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit_s))
@@ -491,20 +504,32 @@ class CyclePlanner:
     keeps one planner for its lifetime).
     """
 
-    def __init__(self, persistent: bool = True, warm_start: bool = False, chunk_cards: int | None = None) -> None:
+    def __init__(
+        self, persistent: bool = True, warm_start: bool = False, chunk_cards: int | str | None = "auto"
+    ) -> None:
+        if not (chunk_cards is None or chunk_cards == "auto" or (isinstance(chunk_cards, int) and chunk_cards > 0)):
+            raise ValueError(f"chunk_cards must be a positive int, 'auto' or None, got {chunk_cards!r}")
         self.persistent = persistent
         self.warm_start = warm_start
         self.chunk_cards = chunk_cards
-        self._solvers: dict[float, DvfsSolver | DecomposedDvfsSolver] = {}
+        self._solvers: dict[tuple[float, int | None], DvfsSolver | DecomposedDvfsSolver] = {}
 
-    def solver_for(self, supply_c: float) -> DvfsSolver | DecomposedDvfsSolver:
-        s = self._solvers.get(supply_c)
+    def chunking(self, t: DvfsTables) -> int | None:
+        """Chunk size for these tables: ``chunk_cards``, or with "auto" :data:`AUTO_CHUNK_CARDS`
+        once there are more than :data:`AUTO_DECOMPOSE_JOBS` jobs (measured in benchmarks/)."""
+        if self.chunk_cards == "auto":
+            return AUTO_CHUNK_CARDS if t.n_jobs > AUTO_DECOMPOSE_JOBS else None
+        return self.chunk_cards if isinstance(self.chunk_cards, int) else None
+
+    def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver | DecomposedDvfsSolver:
+        key = (supply_c, chunk)
+        s = self._solvers.get(key)
         if s is None:
-            if self.chunk_cards is not None:
-                s = DecomposedDvfsSolver(self.chunk_cards, self.persistent, self.warm_start)
+            if chunk is not None:
+                s = DecomposedDvfsSolver(chunk, self.persistent, self.warm_start)
             else:
                 s = DvfsSolver(self.persistent, self.warm_start)
-            self._solvers[supply_c] = s
+            self._solvers[key] = s
         return s
 
     def plan(
@@ -513,7 +538,7 @@ class CyclePlanner:
         previous_plan: CyclePlan | None = None,
         *,
         time_limit_s: float = 1.0,
-        mip_rel_gap: float = 1e-4,
+        mip_rel_gap: float = DEFAULT_GAP,
         choose_setpoint: bool = True,
         refine_top: int | None = None,
     ) -> CyclePlan:
@@ -558,7 +583,7 @@ class CyclePlanner:
             share = left / (n_refine - i) if i < n_refine else 0.0
             status, plan, gap, src = SolveStatus.FALLBACK, greedy_plan, None, "greedy"
             if share > 0.005:
-                solver = self.solver_for(s)
+                solver = self.solver_for(s, self.chunking(t))
                 start = None
                 if previous_plan is not None and previous_plan.dvfs is not None:
                     prev = previous_plan.dvfs
@@ -620,7 +645,7 @@ def plan_cycle(
     previous_plan: CyclePlan | None = None,
     *,
     time_limit_s: float = 1.0,
-    mip_rel_gap: float = 1e-4,
+    mip_rel_gap: float = DEFAULT_GAP,
     choose_setpoint: bool = True,
     refine_top: int | None = None,
     planner: CyclePlanner | None = None,
