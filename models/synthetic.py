@@ -20,7 +20,7 @@ from twin.workload import JobSpec, Phase
 
 IntArray = npt.NDArray[np.int64]
 
-__all__ = ["SyntheticWorkload", "synthetic_workload"]
+__all__ = ["SyntheticWorkload", "acme_workload", "pack_jobs", "synthetic_workload"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,55 @@ class SyntheticWorkload:
     job_cards: tuple[IntArray, ...]
     job_phase: tuple[Phase, ...]
     queue: tuple[JobSpec, ...]
+
+
+def pack_jobs(site: SiteSpec, sizes: Sequence[int]) -> list[IntArray | None]:
+    """Cards for jobs of ``sizes``: largest first, first fit of blocks of consecutive cards inside
+    one supernode (aligned to the job size up to a rack); None where a job does not fit. The
+    result is in the order of ``sizes``."""
+    per_sn = site.racks_per_supernode * site.cards_per_rack
+    used = np.zeros(site.n_cards, dtype=bool)
+    out: list[IntArray | None] = [None] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        s = int(sizes[i])
+        if s > per_sn:
+            continue
+        step = min(s, site.cards_per_rack) if site.cards_per_rack % min(s, site.cards_per_rack) == 0 else 1
+        for sn in range(site.supernodes):
+            base = sn * per_sn
+            start = next((st for st in range(base, base + per_sn - s + 1, step) if not used[st : st + s].any()), None)
+            if start is not None:
+                used[start : start + s] = True
+                out[i] = np.arange(start, start + s, dtype=np.int64)
+                break
+    return out
+
+
+def acme_workload(site: SiteSpec, *, seed: int = 0, allocation: float = 0.65, queue_jobs: int = 0) -> SyntheticWorkload:
+    """Running jobs drawn from ``twin.workload.generate_jobs`` (sizes, run times, compute shares,
+    priorities and SLOs fitted to the AcmeTrace Kalos cluster) until ``allocation`` of the cards is
+    held, packed as in :func:`synthetic_workload`; the next ``queue_jobs`` generated jobs wait in
+    the queue. All running jobs are in COMPUTE (phases evolve in the plant, not in a snapshot)."""
+    from twin.workload import generate_jobs
+
+    target = round(allocation * site.n_cards)
+    stream = generate_jobs(site.n_cards, 30 * 24 * 3600.0, seed)
+    running: list[JobSpec] = []
+    total = 0
+    i = 0
+    while i < len(stream) and total + stream[i].n_cards <= target:
+        running.append(stream[i])
+        total += stream[i].n_cards
+        i += 1
+    cards = pack_jobs(site, [j.n_cards for j in running])
+    kept = [(j, c) for j, c in zip(running, cards, strict=True) if c is not None]
+    queue = tuple(stream[i : i + queue_jobs])
+    return SyntheticWorkload(
+        jobs=tuple(j for j, _c in kept),
+        job_cards=tuple(c for _j, c in kept if c is not None),
+        job_phase=tuple(Phase.COMPUTE for _ in kept),
+        queue=queue,
+    )
 
 
 def synthetic_workload(
@@ -66,23 +115,7 @@ def synthetic_workload(
         s = int(rng.choice(fits))
         wanted.append(s)
         total += s
-    wanted.sort(reverse=True)
-    # first fit of aligned blocks in card order, inside one supernode
-    used = np.zeros(site.n_cards, dtype=bool)
-    blocks: list[IntArray] = []
-    for s in wanted:
-        step = min(s, site.cards_per_rack) if site.cards_per_rack % min(s, site.cards_per_rack) == 0 else 1
-        placed = False
-        for sn in range(site.supernodes):
-            base = sn * per_sn
-            for start in range(base, base + per_sn - s + 1, step):
-                if not used[start : start + s].any():
-                    used[start : start + s] = True
-                    blocks.append(np.arange(start, start + s, dtype=np.int64))
-                    placed = True
-                    break
-            if placed:
-                break
+    blocks = [b for b in pack_jobs(site, wanted) if b is not None]
     pw = np.asarray(phase_weights, dtype=np.float64)
     pw = pw / pw.sum()
     phases_all = (Phase.COMPUTE, Phase.COMMUNICATION, Phase.CHECKPOINT, Phase.WAITING)

@@ -78,8 +78,12 @@ class JobEntry:
 
 @dataclass(frozen=True)
 class GenerateSection:
-    """``[generate]``: a seeded synthetic workload instead of (or besides) listed jobs."""
+    """``[generate]``: a seeded workload instead of (or besides) listed jobs. ``source = "synthetic"``
+    uses the ranges below (models.synthetic); ``"acme"`` draws jobs from twin.workload.generate_jobs
+    (AcmeTrace-fitted sizes, shares, priorities, SLOs) and uses only ``seed``, ``allocation`` and
+    ``queue_jobs``."""
 
+    source: str = field(default="synthetic", metadata=choices("synthetic", "acme"))
     seed: int = field(default=0, metadata=rng(0, 2**31))
     allocation: float = field(default=0.65, metadata=rng(0.0, 1.0))
     sizes: tuple[int, ...] = field(default=(8, 16, 32, 64, 128, 256), metadata=rng(1, 1_000_000))
@@ -219,7 +223,7 @@ def load_scenario(path: str | Path) -> Scenario:
         if e.cards is not None or e.racks is not None:
             raise UserError(f"{src}: queue[{i}] ({e.id}): queued jobs are placed by the optimizer; remove cards/racks")
     if sf.generate is not None:
-        from models.synthetic import synthetic_workload
+        from models.synthetic import acme_workload, synthetic_workload
 
         g = sf.generate
         if len(g.phase_weights) != 4 or sum(g.phase_weights) <= 0:
@@ -228,18 +232,22 @@ def load_scenario(path: str | Path) -> Scenario:
             )
         if g.compute_share_min > g.compute_share_max:
             raise UserError(f"{src}: generate.compute_share_min: must be <= compute_share_max")
-        wl = synthetic_workload(
-            site,
-            seed=g.seed,
-            allocation=g.allocation,
-            sizes=g.sizes,
-            compute_share=(g.compute_share_min, g.compute_share_max),
-            noncompute_utilization=g.noncompute_utilization,
-            phase_weights=g.phase_weights,
-            priorities=g.priorities,
-            slo_fraction=g.slo_fraction,
-            slo_min_throughput=g.slo_min_throughput,
-            queue_jobs=g.queue_jobs,
+        wl = (
+            acme_workload(site, seed=g.seed, allocation=g.allocation, queue_jobs=g.queue_jobs)
+            if g.source == "acme"
+            else synthetic_workload(
+                site,
+                seed=g.seed,
+                allocation=g.allocation,
+                sizes=g.sizes,
+                compute_share=(g.compute_share_min, g.compute_share_max),
+                noncompute_utilization=g.noncompute_utilization,
+                phase_weights=g.phase_weights,
+                priorities=g.priorities,
+                slo_fraction=g.slo_fraction,
+                slo_min_throughput=g.slo_min_throughput,
+                queue_jobs=g.queue_jobs,
+            )
         )
         for spec, cards, ph in zip(wl.jobs, wl.job_cards, wl.job_phase, strict=True):
             if np.any(used[cards]):

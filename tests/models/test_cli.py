@@ -124,3 +124,18 @@ def test_bad_scenario_files_give_one_line_errors(
     assert len(lines) == 1, err
     assert str(path) in lines[0]
     assert expected in lines[0]
+
+
+def test_generated_acme_workload_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # [generate] source = "acme": jobs drawn from twin.workload.generate_jobs, packed onto the site
+    path = tmp_path / "acme.toml"
+    site = (EXAMPLES / "supernode-512.toml").as_posix()
+    path.write_text(
+        f'name = "acme"\nsite = "{site}"\nambient_c = 20.0\n[generate]\nsource = "acme"\nseed = 3\n'
+        "allocation = 0.7\nqueue_jobs = 3\n"
+    )
+    doc = _run(capsys, path, tmp_path / "acme")
+    _check_shape(doc)
+    plan = json.loads((tmp_path / "acme" / "plan.json").read_text())
+    busy = sum(1 for c in plan["cards"] if c["state"] == "busy")
+    assert busy >= 0.6 * 512
