@@ -9,7 +9,9 @@ raised as :class:`agent.commands.common.UserError` and printed as one line, exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -72,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"racktwin {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (e.g. `racktwin ... | head`): stop quietly, like standard tools
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces the broken stream until exit
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover
