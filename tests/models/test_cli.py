@@ -139,3 +139,19 @@ def test_generated_acme_workload_scenario(tmp_path: Path, capsys: pytest.Capture
     plan = json.loads((tmp_path / "acme" / "plan.json").read_text())
     busy = sum(1 for c in plan["cards"] if c["state"] == "busy")
     assert busy >= 0.6 * 512
+
+
+def test_infeasible_scenario_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a 45 kW margin leaves 5 kW per rack: less than the host overhead alone
+    path = tmp_path / "tight.toml"
+    site = (EXAMPLES / "supernode-512.toml").as_posix()
+    path.write_text(
+        f'name = "tight"\nsite = "{site}"\nambient_c = 20.0\n[margins]\nrack_margin_w = 45000.0\n'
+        '[solver]\nchoose_setpoint = false\n[[jobs]]\nid = "a"\nn_cards = 64\nracks = [2]\n'
+    )
+    rc = main(["optimize", str(path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "infeasible: rack power: rack r2: 64 busy cards" in err
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert plan["status"] == "infeasible" and plan["explanation"].startswith("rack power: rack r0")
