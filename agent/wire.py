@@ -535,6 +535,7 @@ class JobEventType(enum.StrEnum):
     PHASE_CHANGED = "phase_changed"  # carries ``phase``
     FINISHED = "finished"
     FAILED = "failed"  # may carry ``reason``
+    REQUEUED = "requeued"  # a card failed: the job lost its cards and is queued again (may carry ``reason``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -951,7 +952,7 @@ _PHASES: Final = {v: k for k, v in _PHASE_NAMES.items()}
 
 class _JobEventW(_W, kw_only=True):
     schema: Literal["racktwin.job_event/1"]
-    event: Literal["submitted", "started", "phase_changed", "finished", "failed"]
+    event: Literal["submitted", "started", "phase_changed", "finished", "failed", "requeued"]
     job_id: _Ident
     job: _JobW | None = None
     cards: _CardMap | None = None
@@ -965,6 +966,7 @@ _EVENT_FIELDS: Final = {
     "phase_changed": ({"phase"}, set()),
     "finished": (set(), {"reason"}),
     "failed": (set(), {"reason"}),
+    "requeued": (set(), {"reason"}),
 }  # event -> (required, optional) among job, cards, phase, reason
 
 
