@@ -568,6 +568,8 @@ def _write_plan_json(
         "it_power_w": judged["it_power_w"] if judged else None,
         "facility_power_w": judged["facility_power_w"] if judged else None,
         "pue": judged["pue"] if judged else None,
+        "pue_target": site.pue_target,
+        "pue_excess_w": plan.dvfs.pue_excess_w if plan.dvfs is not None else None,
         "baseline": {k: base[k] for k in ("it_power_w", "facility_power_w", "pue", "throughput")},
         "unplaced": unplaced,
         "jobs": jobs_out,
