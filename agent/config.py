@@ -50,6 +50,9 @@ class BrokerConfig:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     keepalive_s: float = field(default=30.0, metadata=rng(5.0, 3600.0))
+    # Keep the MQTT session across restarts (clean_session=false with a fixed client_id): the broker
+    # queues QoS 1 acks and job events while the agent is away.
+    persistent_session: bool = True
 
     @property
     def host(self) -> str:
@@ -76,27 +79,47 @@ class ControlConfig:
     # How often the controller decides (s, site time). Solves must finish within solve_deadline_s.
     period_s: float = field(default=15.0, metadata=rng(0.05, 3600.0))
     solve_deadline_s: float = field(default=8.0, metadata=rng(0.01, 3600.0, lo_open=True))
+    # Relative MIP gap of the DVFS solve (on the loss scale, see docs/models.md).
+    mip_rel_gap: float = field(default=1e-3, metadata=rng(0.0, 0.5))
     # Plans keep every rack this far under its power limit (W), every die this far under its limit (K).
     rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, 1.0e5))
     die_margin_k: float = field(default=2.0, metadata=rng(0.0, 50.0))
     # A rack whose telemetry is older than this is stale and goes to fail-safe caps (s).
-    telemetry_deadline_s: float = field(default=45.0, metadata=rng(0.1, 86400.0))
+    telemetry_deadline_s: float = field(default=30.0, metadata=rng(0.1, 86400.0))
     # A sensor reporting exactly the same value this many times in a row is flagged stuck.
     stuck_after_readings: int = field(default=20, metadata=rng(3, 100_000))
+    # A rack stays at fail-safe caps this long after its telemetry is fresh again (s).
+    failsafe_hold_s: float = field(default=30.0, metadata=rng(0.0, 86400.0))
+    # Fail-safe racks also run their cards at the slowest DVFS level (besides the power-limit caps).
+    failsafe_lowest_level: bool = True
+    # The lowest power limit a card accepts (W; H100 SXM: 200 W).
+    min_power_limit_w: float = field(default=200.0, metadata=rng(1.0, 5000.0))
     # Commands expire this long after they are issued (s); the rack ignores them after that.
     command_ttl_s: float = field(default=30.0, metadata=rng(0.1, 86400.0))
-    # Unacknowledged commands are re-sent at most this many times.
+    # Unacknowledged commands are re-sent at most this many times (before they expire).
     command_retries: int = field(default=2, metadata=rng(0, 100))
-    # Rate limit: a job's DVFS level moves by at most this many levels per period toward a faster level.
+    # Rate limit: a job's DVFS level moves by at most this many levels per decision toward a faster level.
     max_level_raise_per_period: int = field(default=8, metadata=rng(1, 64))
+    # Rate limit: the supply set-point moves by at most this much per decision (K).
+    max_setpoint_step_k: float = field(default=5.0, metadata=rng(0.0, 100.0))
+    # The set-point is re-optimized this often (s, site time); in between it is held.
+    setpoint_interval_s: float = field(default=300.0, metadata=rng(0.0, 86400.0))
+    # An idle card's low-power state is not toggled again within this time (no flapping; s).
+    low_power_hold_s: float = field(default=60.0, metadata=rng(0.0, 86400.0))
     # Cards kept awake (not in low-power idle) per supernode for queued work.
     idle_reserve_cards: int = field(default=16, metadata=rng(0, 1_000_000))
     # Wall-clock seconds per site-time second (1 for real racks; 1/speed against an accelerated simulator).
     time_scale: float = field(default=1.0, metadata=rng(1e-6, 1.0))
+    # Follow the site clock's rate as the telemetry timestamps show it (time_scale is the starting guess).
+    infer_time_scale: bool = True
     # Coolant supply set-point control (false keeps the site's fixed set-point).
     control_setpoint: bool = True
     # Job placement for queued jobs (false leaves placement to the site's scheduler).
     control_placement: bool = True
+    placement_method: str = field(default="auto", metadata=choices("auto", "greedy", "milp"))
+    # Decide again at once (at most every min_replan_interval_s) when a job starts, ends or changes phase.
+    replan_on_job_events: bool = True
+    min_replan_interval_s: float = field(default=2.0, metadata=rng(0.0, 3600.0))
 
 
 @dataclass(frozen=True)
@@ -104,11 +127,15 @@ class PricesConfig:
     # Price of facility energy and value of a top-clock card-hour of training, same currency.
     energy_per_kwh: float = field(default=0.15, metadata=rng(0.0, 100.0))
     card_hour_value: float = field(default=2.0, metadata=rng(0.0, 10_000.0))
+    # Each kWh of facility overhead above the PUE target (soft constraint; keep it near 2x energy_per_kwh).
+    pue_penalty_per_kwh: float = field(default=0.30, metadata=rng(0.0, 100.0))
 
 
 @dataclass(frozen=True)
 class JournalConfig:
     path: str = "racktwin-journal.sqlite"
+    # Calibrated parameters (thermal resistance, leakage scale per card) are journaled this often (s, site time).
+    calibration_every_s: float = field(default=300.0, metadata=rng(1.0, 86400.0))
 
 
 @dataclass(frozen=True)
@@ -231,6 +258,14 @@ def _check(cfg: AgentConfig, source: str) -> None:
             "control.telemetry_deadline_s",
             f"must be at least control.period_s ({c.period_s:g} s)",
         )
+    if c.min_replan_interval_s > c.period_s:
+        raise SpecError(
+            source,
+            "control.min_replan_interval_s",
+            f"must not exceed control.period_s ({c.period_s:g} s)",
+        )
+    if c.command_ttl_s < c.period_s:
+        raise SpecError(source, "control.command_ttl_s", f"must be at least control.period_s ({c.period_s:g} s)")
     scheme = urlsplit(cfg.broker.url).scheme
     if scheme not in ("mqtt", "mqtts"):
         raise SpecError(source, "broker.url", f"must start with mqtt:// or mqtts://, got {cfg.broker.url!r}")
@@ -263,9 +298,20 @@ def explain(loaded: LoadedConfig) -> str:
         + (" with TLS" if cfg.broker.tls else ""),
         f"  control       every {c.period_s:g} s, solve deadline {c.solve_deadline_s:g} s, "
         f"rack margin {c.rack_margin_w:g} W, die margin {c.die_margin_k:g} K",
-        f"  fail-safe     racks silent for {c.telemetry_deadline_s:g} s or with a stuck sensor get conservative caps",
+        f"  fail-safe     racks silent for {c.telemetry_deadline_s:g} s or with a stuck sensor get conservative caps"
+        f" (held {c.failsafe_hold_s:g} s after telemetry returns)",
+        f"  rate limits   levels up by at most {c.max_level_raise_per_period} per decision, set-point by "
+        f"{c.max_setpoint_step_k:g} K, low-power state held {c.low_power_hold_s:g} s",
+        "  set-point     " + (f"re-optimized every {c.setpoint_interval_s:g} s" if c.control_setpoint else "fixed"),
+        "  placement     "
+        + (
+            f"queued jobs placed by the agent ({c.placement_method})"
+            if c.control_placement
+            else "left to the site's scheduler"
+        ),
         f"  commands      expire after {c.command_ttl_s:g} s, at most {c.command_retries} retries",
-        f"  prices        {cfg.prices.energy_per_kwh:g} per kWh, {cfg.prices.card_hour_value:g} per card-hour",
+        f"  prices        {cfg.prices.energy_per_kwh:g} per kWh, {cfg.prices.card_hour_value:g} per card-hour, "
+        f"{cfg.prices.pue_penalty_per_kwh:g} per kWh above the PUE target",
         f"  journal       {cfg.journal.path}",
         "  http          " + (f"http://{cfg.http.host}:{cfg.http.port}/metrics" if cfg.http.port else "disabled"),
     ]

@@ -1,0 +1,139 @@
+"""The site clock: the agent's "now" follows the telemetry timestamps, not its own wall clock.
+
+Racks, the facility and the simulator stamp every message with their clock (``ts``, seconds since
+the epoch). Against real racks that is wall time; against an accelerated simulator site time runs
+``speed`` times faster. Every period, staleness deadline and command expiry of the agent is in site
+time, so the agent reads its "now" from the messages it receives:
+
+* :meth:`SiteClock.observe` with each message's timestamp moves the clock forward (never back: a
+  late or reordered message does not rewind it);
+* between messages, and during a total telemetry blackout, :meth:`SiteClock.now` extrapolates with
+  the clock's *rate* (site seconds per wall second). The rate starts at ``1 / time_scale`` (the
+  configured ``control.time_scale``) and, with ``infer=True``, follows what the timestamps show:
+  the site time gained over the wall time elapsed in a sliding window of ``window_s`` wall seconds.
+
+No reading, no time: :meth:`now` is None until the first timestamp arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from collections.abc import Callable
+
+__all__ = ["SiteClock"]
+
+
+class SiteClock:
+    """Site time from message timestamps (see the module docstring)."""
+
+    def __init__(
+        self,
+        time_scale: float = 1.0,
+        *,
+        infer: bool = True,
+        window_s: float = 30.0,
+        min_span_s: float = 2.0,
+        wall: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not (time_scale > 0 and math.isfinite(time_scale)):
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
+        self._wall = wall
+        self._rate = 1.0 / time_scale
+        self._infer = infer
+        self._window_s = window_s
+        self._min_span_s = min_span_s
+        self._anchor_ts: float | None = None  # newest timestamp seen
+        self._anchor_wall = 0.0  # wall time it arrived
+        self._last_now = -math.inf
+        self._samples: collections.deque[tuple[float, float]] = collections.deque()
+        self._advanced = asyncio.Event() if _has_loop() else None
+        #: wall time (monotonic) at which the clock last moved forward on a message
+        self.last_advance_wall: float | None = None
+
+    # ---- observing --------------------------------------------------------------------------
+    def observe(self, ts_s: float) -> bool:
+        """A message stamped ``ts_s`` arrived now. Returns True when it moved the clock forward."""
+        if not math.isfinite(ts_s):
+            return False
+        w = self._wall()
+        if self._anchor_ts is not None and ts_s <= self._anchor_ts:
+            return False
+        self._anchor_ts, self._anchor_wall = ts_s, w
+        self.last_advance_wall = w
+        if self._infer:
+            self._sample(w, ts_s)
+        if self._advanced is not None:
+            self._advanced.set()
+        return True
+
+    def _sample(self, wall_s: float, ts_s: float) -> None:
+        s = self._samples
+        if s and wall_s - s[-1][0] < 0.2:  # one sample per 0.2 wall-s is plenty
+            return
+        s.append((wall_s, ts_s))
+        while s and wall_s - s[0][0] > self._window_s:
+            s.popleft()
+        w0, t0 = s[0]
+        if wall_s - w0 >= self._min_span_s and ts_s > t0:
+            self._rate = (ts_s - t0) / (wall_s - w0)
+
+    # ---- reading ------------------------------------------------------------------------------
+    @property
+    def known(self) -> bool:
+        return self._anchor_ts is not None
+
+    @property
+    def rate(self) -> float:
+        """Site seconds per wall second (1 for real racks)."""
+        return self._rate
+
+    @property
+    def latest_ts_s(self) -> float | None:
+        """The newest timestamp seen."""
+        return self._anchor_ts
+
+    def now(self) -> float | None:
+        """Site time now: the newest timestamp plus the wall time since it, at the clock's rate."""
+        if self._anchor_ts is None:
+            return None
+        t = self._anchor_ts + (self._wall() - self._anchor_wall) * self._rate
+        if t < self._last_now:
+            t = self._last_now
+        self._last_now = t
+        return t
+
+    def wall_seconds(self, site_s: float) -> float:
+        """How long ``site_s`` of site time takes in wall time at the current rate."""
+        return site_s / self._rate
+
+    async def wait_until(self, t_site_s: float, wake: asyncio.Event | None = None, max_sleep_s: float = 0.5) -> bool:
+        """Wait until the site clock reaches ``t_site_s`` (True) or ``wake`` is set (False)."""
+        if self._advanced is None:
+            self._advanced = asyncio.Event()
+        while True:
+            now = self.now()
+            if now is not None and now >= t_site_s:
+                return True
+            if wake is not None and wake.is_set():
+                return False
+            self._advanced.clear()
+            sleep = max_sleep_s if now is None else min(max_sleep_s, max(self.wall_seconds(t_site_s - now), 0.001))
+            waiters = [asyncio.ensure_future(self._advanced.wait())]
+            if wake is not None:
+                waiters.append(asyncio.ensure_future(wake.wait()))
+            try:
+                await asyncio.wait(waiters, timeout=sleep, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

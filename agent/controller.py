@@ -1,0 +1,543 @@
+"""One control step, synchronous and pure of I/O: a TwinState snapshot in, a Decision out.
+
+The same :class:`Controller` runs inside the asyncio service (``agent.service``) and inside an
+in-process closed loop with ``twin.plant.Plant`` (``agent.loop.ClosedLoop``), as do-mpc runs
+``mpc.make_step`` and ``simulator.make_step`` in one loop::
+
+    controller = Controller(site, ControlConfig(period_s=15), Prices(energy_price_per_kwh=0.15))
+    decision = controller.step(state.snapshot(), now_s, estimator.estimates())
+    apply_to_plant(decision, plant)                   # agent.loop
+
+What a step does:
+
+1. **Context** (:meth:`Controller.context`): site time; racks whose telemetry is stale or has a stuck
+   sensor (fail-safe, held ``failsafe_hold_s`` after they recover); the set-point in force, ambient,
+   each rack's measured supply; every card's die-to-inlet resistance (the estimator's calibration
+   where it is confident, the journal's after a restart, else the spec); per rack, PDU power the
+   twin does not explain (host overhead above the spec), smoothed and subtracted from the cap.
+2. **Placement** of queued jobs (``models.placement.place_jobs``) onto free, healthy cards of racks
+   with fresh telemetry; placed jobs are budgeted from this step on and not placed twice.
+3. **Plan** (``models.solve.CyclePlanner``: DVFS + low-power idle + set-point MILP with the greedy
+   fallback). Jobs that compute get the level the MILP gives them (top clocks where the caps allow;
+   at full load the jobs with the least value per watt slow down first). Jobs that do not compute
+   now (communication stall, checkpoint, waiting) and jobs touching a fail-safe rack are *pinned*:
+   they are handed to the MILP as computing jobs of no value, so they get their cheapest (slowest)
+   level, and their power is budgeted as if they resumed computing at any moment. Idle cards beyond
+   ``idle_reserve_cards`` per supernode go to low-power idle (the awake ones stay the same cards
+   from step to step). The set-point is re-optimized every ``setpoint_interval_s`` among the options
+   within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
+   the greedy plan; a problem no plan can meet is relaxed rack by rack (the guard then caps those
+   racks) so that one bad rack never drags the whole site to its slowest levels.
+4. **Guard** (``agent.guard.Guard.review``): caps, dies, rate limits, fail-safe (see there).
+5. **Commit** (:meth:`Controller.commit`): what the next step must remember (pending placements,
+   the last set-point evaluation, fail-safe hold, the plan for warm starts).
+
+:meth:`Controller.step` does 1-5. The service calls the pieces itself so that the solve runs in a
+worker thread under a deadline while the guard runs on the event loop: ``ctx = context(...)``,
+``proposal = propose(snap, ctx)`` (thread) or ``propose(snap, ctx, use_solver=False)`` (the greedy
+fallback when the thread is late), ``decision = guard.review(proposal, snap, ctx)``,
+``commit(decision, snap, ctx)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.config import ControlConfig, LoadedConfig
+from agent.decision import Decision, PlacementOrder, StepContext
+from agent.guard import Guard
+from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
+from models.placement import QueuedJob, make_placement_problem, place_jobs
+from models.plans import CyclePlan, SolveStatus
+from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tables, make_problem
+from models.solve import CyclePlanner, greedy_cycle
+from twin.estimate import Estimates
+from twin.spec import SiteSpec
+from twin.state import JobInfo, StateSnapshot
+from twin.thermal import ThermalParams
+from twin.workload import JobSpec, Phase
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["Controller", "prices_from_config"]
+
+#: Priority handed to the models for a pinned job (one that does no clock-sensitive work now):
+#: its value is nil, so the MILP gives it its cheapest level while budgeting its computing power.
+_PINNED_PRIORITY = 1e-9
+#: A rack limit that never binds (racks the models cannot satisfy are left to the guard).
+_UNBOUNDED_W = 1e12
+#: Calibration is used once the estimator's resistance ratio is this certain (standard deviation).
+_CALIBRATION_SD = 0.05
+#: Calibrated resistances are kept within these multiples of the spec's (a cooler-than-spec card is
+#: believed only a little: underestimating a die is the dangerous direction).
+_CALIBRATION_RANGE = (0.9, 3.0)
+#: Smoothing (per step) and dead band of the rack power the twin does not explain.
+_EXTRA_SMOOTHING = 0.3
+_EXTRA_DEADBAND_W = 300.0
+
+
+def prices_from_config(loaded: LoadedConfig) -> Prices:
+    p = loaded.config.prices
+    return Prices(
+        card_hour_value=p.card_hour_value,
+        energy_price_per_kwh=p.energy_per_kwh,
+        pue_penalty_per_kwh=p.pue_penalty_per_kwh,
+    )
+
+
+class Controller:
+    """Turns snapshots into decisions (see the module docstring).
+
+    ``planner`` defaults to a persistent :class:`models.solve.CyclePlanner` kept for the controller's
+    lifetime. :meth:`propose` with the solver must not run twice at once (the service keeps at most
+    one solve in flight); everything else is cheap and runs on the caller's thread.
+    """
+
+    def __init__(
+        self,
+        site: SiteSpec,
+        control: ControlConfig | None = None,
+        prices: Prices | None = None,
+        *,
+        planner: CyclePlanner | None = None,
+        guard: Guard | None = None,
+    ) -> None:
+        self.site = site
+        self.control = control if control is not None else ControlConfig()
+        self.prices = prices if prices is not None else Prices()
+        self.margins = Margins(rack_margin_w=self.control.rack_margin_w, die_margin_k=self.control.die_margin_k)
+        self.planner = planner if planner is not None else CyclePlanner()
+        if guard is None:
+            guard = Guard(site, self.control, card_hour_value=self.prices.card_hour_value)
+        self.guard = guard
+        n, n_r = site.n_cards, site.n_racks
+        self._card_rack = site.card_rack()
+        self._r_spec = spec_r_total_k_per_w(site)
+        self._r_journal = np.full(n, np.nan)
+        self._r_est = np.full(n, np.nan)
+        self._leak_scale = np.full(n, np.nan)
+        self._cycle = 0
+        self._prev_plan: CyclePlan | None = None
+        self._last_setpoint_eval_s = -math.inf
+        self._setpoint_c = site.facility.supply_temp_c
+        self._failsafe_until = np.full(n_r, -math.inf)
+        self._extra_w = np.zeros(n_r)
+        self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
+        self._solving = threading.Lock()
+
+    @classmethod
+    def from_config(cls, loaded: LoadedConfig, *, planner: CyclePlanner | None = None) -> Controller:
+        return cls(loaded.site, loaded.config.control, prices_from_config(loaded), planner=planner)
+
+    # ================================================================================================
+    # the whole step
+    # ================================================================================================
+    def step(
+        self,
+        snap: StateSnapshot,
+        now_s: float | None = None,
+        estimates: Estimates | None = None,
+        *,
+        use_solver: bool = True,
+    ) -> Decision:
+        """Context, proposal, guard, commit: the decision to apply (see the module docstring)."""
+        ctx = self.context(snap, now_s, estimates)
+        proposal = self.propose(snap, ctx, use_solver=use_solver)
+        decision = self.guard.review(proposal, snap, ctx)
+        self.commit(decision, snap, ctx)
+        return decision
+
+    # ================================================================================================
+    # 1. context
+    # ================================================================================================
+    def context(
+        self,
+        snap: StateSnapshot,
+        now_s: float | None = None,
+        estimates: Estimates | None = None,
+        *,
+        time_limit_s: float | None = None,
+    ) -> StepContext:
+        """Everything the step needs besides the snapshot (see the module docstring)."""
+        site, cfg = self.site, self.control
+        now = finite_or(now_s, finite_or(snap.time_s, 0.0))
+        if estimates is not None:
+            self.update_calibration(estimates)
+        last = np.asarray(snap.rack_last_seen_s, dtype=np.float64)
+        stale = np.flatnonzero(~(last >= now - cfg.telemetry_deadline_s))
+        stuck = set(int(r) for r in snap.stuck_racks)
+        stuck |= {int(self._card_rack[c]) for c in snap.stuck_cards}
+        bad = set(int(r) for r in stale) | stuck
+        held = set(int(r) for r in np.flatnonzero(self._failsafe_until > now))
+        fac = snap.facility
+        setpoint = finite_or(fac.supply_setpoint_c if fac is not None else None, self._setpoint_c)
+        ambient = finite_or(fac.ambient_temp_c if fac is not None else None, site.facility.ambient_temp_c)
+        supply = np.asarray(snap.rack_supply_temp_c, dtype=np.float64)
+        supply = np.where(np.isfinite(supply), supply, setpoint)
+        choose = cfg.control_setpoint and now - self._last_setpoint_eval_s >= cfg.setpoint_interval_s
+        limit = cfg.solve_deadline_s if time_limit_s is None else min(cfg.solve_deadline_s, time_limit_s)
+        return StepContext(
+            now_s=now,
+            cycle=self._cycle,
+            stale_racks=tuple(int(r) for r in stale),
+            stuck_racks=tuple(sorted(stuck)),
+            failsafe_racks=tuple(sorted(bad | held)),
+            setpoint_c=setpoint,
+            ambient_c=min(max(ambient, -60.0), 60.0),
+            card_inlet_c=supply[self._card_rack],
+            r_total_k_per_w=self.r_total_k_per_w(),
+            rack_extra_w=np.maximum(self._extra_w - _EXTRA_DEADBAND_W, 0.0),
+            choose_setpoint=choose,
+            solver_time_limit_s=max(limit, 0.005),
+        )
+
+    # ---- calibration ------------------------------------------------------------------------------
+    def update_calibration(self, est: Estimates) -> None:
+        """Take the estimator's die-to-inlet resistances where it is confident."""
+        ok = np.isfinite(est.r_th_k_per_w) & (est.r_ratio_sd < _CALIBRATION_SD)
+        self._r_est = np.where(ok, est.r_th_k_per_w, np.nan)
+        self._leak_scale = np.where(ok, est.leakage_scale, self._leak_scale)
+
+    def load_calibration(self, cards: IntArray, r_th_k_per_w: FloatArray, leak_scale: FloatArray) -> None:
+        """Calibration from the journal (a restarted agent), used until the estimator is confident."""
+        cards = np.asarray(cards, dtype=np.int64)
+        ok = (cards >= 0) & (cards < self.site.n_cards) & np.isfinite(r_th_k_per_w) & (r_th_k_per_w > 0)
+        self._r_journal[cards[ok]] = r_th_k_per_w[ok]
+        self._leak_scale[cards[ok]] = leak_scale[ok]
+
+    def calibration(self) -> tuple[IntArray, FloatArray, FloatArray]:
+        """(cards, die-to-inlet resistance, leakage scale) of the calibrated cards, for the journal."""
+        r = np.where(np.isfinite(self._r_est), self._r_est, self._r_journal)
+        cards = np.flatnonzero(np.isfinite(r)).astype(np.int64)
+        leak = np.where(np.isfinite(self._leak_scale), self._leak_scale, 1.0)
+        return cards, r[cards].copy(), leak[cards].copy()
+
+    def r_total_k_per_w(self) -> FloatArray:
+        """Per card: the estimator's resistance, else the journal's, else the spec's (clipped)."""
+        r = np.where(np.isfinite(self._r_est), self._r_est, self._r_journal)
+        r = np.where(np.isfinite(r), r, self._r_spec)
+        lo, hi = _CALIBRATION_RANGE
+        return np.asarray(np.clip(r, lo * self._r_spec, hi * self._r_spec), dtype=np.float64)
+
+    # ================================================================================================
+    # 2-3. proposal
+    # ================================================================================================
+    def propose(self, snap: StateSnapshot, ctx: StepContext, *, use_solver: bool = True) -> Decision:
+        """The models' decision for this step, before the guard (see the module docstring)."""
+        if use_solver:
+            with self._solving:
+                return self._propose(snap, ctx, use_solver=True)
+        return self._propose(snap, ctx, use_solver=False)
+
+    def _propose(self, snap: StateSnapshot, ctx: StepContext, *, use_solver: bool) -> Decision:
+        t0 = time.perf_counter()
+        site, cfg = self.site, self.control
+        fs_rack = np.zeros(site.n_racks, dtype=bool)
+        fs_rack[list(ctx.failsafe_racks)] = True
+        fs_card = fs_rack[self._card_rack]
+        queued_ids = {q.job_id for q in snap.queue}
+        pending = [(jid, c) for jid, (c, until) in self._pending.items() if until > ctx.now_s and jid in queued_ids]
+        load = site_load(site, snap, pending)
+        notes: list[str] = []
+        orders: list[PlacementOrder] = []
+        pending_ids = {jid for jid, _ in pending}
+        to_place = [q for q in snap.queue if q.job_id not in pending_ids]
+        if cfg.control_placement and to_place:
+            orders = self._place(load, snap, ctx, fs_card, to_place, notes)
+            if orders:
+                load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
+        try:
+            p = self._problem(load, snap, ctx, fs_card)
+            plan = self._plan(p, ctx, use_solver, notes)
+        except ProblemError as exc:
+            notes.append(f"no plan ({exc}): current settings held")
+            return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0)
+        return self._decision(plan, p, snap, ctx, load, orders, notes, fs_card, time.perf_counter() - t0)
+
+    def _problem(self, load: SiteLoad, snap: StateSnapshot, ctx: StepContext, fs_card: BoolArray) -> CycleProblem:
+        site, cfg = self.site, self.control
+        jobs: list[JobSpec] = []
+        cards: list[IntArray] = []
+        for j in load.jobs:
+            spec = j.spec
+            if not j.computing or bool(fs_card[j.cards].any()):
+                spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY, min_throughput_frac=0.0)
+            jobs.append(spec)
+            cards.append(j.cards)
+        # idle cards of fail-safe racks are out of the models' hands (never woken on stale data)
+        failed = np.asarray(snap.card_failed, dtype=bool) | (fs_card & load.idle)
+        die = np.asarray(snap.card_die_temp_c, dtype=np.float64)
+        die = np.where(np.isfinite(die), die, ctx.card_inlet_c)
+        r_dc = np.full(site.n_cards, site.card.r_die_to_case_k_per_w)
+        thermal = ThermalParams(
+            r_die_case_k_per_w=r_dc,
+            r_case_coolant_k_per_w=np.maximum(ctx.r_total_k_per_w - r_dc, 1e-5),
+            c_die_j_per_k=np.full(site.n_cards, site.card.die_heat_capacity_j_per_k),
+            c_plate_j_per_k=np.full(site.n_cards, site.cold_plate.heat_capacity_j_per_k),
+        )
+        options = tuple(
+            o for o in site.facility.supply_temp_options_c if abs(o - ctx.setpoint_c) <= cfg.max_setpoint_step_k + 1e-9
+        ) or (ctx.setpoint_c,)
+        n_idle = int(load.idle.sum())
+        reserve = min(cfg.idle_reserve_cards * site.supernodes, n_idle)
+        return make_problem(
+            site,
+            jobs=jobs,
+            job_cards=cards,
+            job_phase=[Phase.COMPUTE] * len(jobs),
+            failed=failed,
+            die_temp_c=die,
+            current_level=np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, site.card.n_levels - 1),
+            thermal=thermal,
+            ambient_c=ctx.ambient_c,
+            supply_temp_c=ctx.setpoint_c,
+            supply_options_c=options,
+            rack_limit_w=site.rack_power_limits_w() - ctx.rack_extra_w,
+            ready_reserve_cards=reserve,
+            margins=self.margins,
+            prices=self.prices,
+        )
+
+    def _plan(self, p: CycleProblem, ctx: StepContext, use_solver: bool, notes: list[str]) -> CyclePlan:
+        choose = ctx.choose_setpoint and len(p.supply_options_c) > 1
+        if use_solver:
+            plan = self.planner.plan(
+                p,
+                self._prev_plan,
+                time_limit_s=ctx.solver_time_limit_s,
+                mip_rel_gap=self.control.mip_rel_gap,
+                choose_setpoint=choose,
+                refine_top=2,
+            )
+        else:
+            plan = greedy_cycle(p, choose_setpoint=choose)
+            notes.append("greedy plan (the solve was late or not asked for)")
+        if plan.status != SolveStatus.INFEASIBLE:
+            return plan
+        notes.extend(f"infeasible: {line}" for line in plan.explanation.splitlines()[:6])
+        return self._relaxed(p, plan, notes)
+
+    def _relaxed(self, p: CycleProblem, plan: CyclePlan, notes: list[str]) -> CyclePlan:
+        """No plan meets every cap: relax what cannot be met (racks over their cap at their least
+        power, then the ready reserve, then the measured die offsets) and plan the rest greedily;
+        the guard caps the relaxed racks."""
+        s = plan.supply_temp_c
+        q = p.with_supply(s)
+        t = dvfs_tables(q)
+        lo = np.where(t.cheapest_level >= 0, t.cheapest_level, t.n_levels - 1)
+        least = t.rack_base_w.copy()
+        np.add.at(least, t.pair_rack, t.pair_power_w[np.arange(t.pair_job.size), lo[t.pair_job]])
+        bad = least > t.rack_cap_w + 1e-6
+        attempts: list[tuple[str, CycleProblem]] = []
+        if bad.any():
+            q = dataclasses.replace(q, rack_limit_w=np.where(bad, _UNBOUNDED_W, q.rack_limit_w))
+            names = ", ".join(self.site.rack_names[r] for r in np.flatnonzero(bad))
+            attempts.append((f"racks {names} left to the guard's caps", q))
+        q = dataclasses.replace(q, ready_reserve_cards=0)
+        attempts.append(("no ready reserve", q))
+        q = dataclasses.replace(q, die_offset_k=np.zeros_like(q.die_offset_k))
+        attempts.append(("measured die offsets ignored (the guard caps hot cards)", q))
+        for what, cand in attempts:
+            relaxed = greedy_cycle(cand, choose_setpoint=False)
+            if relaxed.status.has_plan:
+                notes.append(f"relaxed: {what}")
+                return dataclasses.replace(relaxed, status=SolveStatus.INFEASIBLE, explanation=plan.explanation)
+        return plan
+
+    def _place(
+        self,
+        load: SiteLoad,
+        snap: StateSnapshot,
+        ctx: StepContext,
+        fs_card: BoolArray,
+        queue: Sequence[JobInfo],
+        notes: list[str],
+    ) -> list[PlacementOrder]:
+        site, cfg = self.site, self.control
+        specs = [spec_of_info(q) for q in queue if 0 < q.n_cards <= site.n_cards]
+        if not specs:
+            return []
+        try:
+            p0 = self._problem(load, snap, ctx, fs_card)
+            # free cards of fail-safe racks are not offered (nothing is placed on racks we cannot see)
+            p0 = dataclasses.replace(p0, failed=p0.failed | fs_card)
+            pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c)
+            placement = place_jobs(pp, method=cfg.placement_method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
+        except ProblemError as exc:
+            notes.append(f"placement skipped: {exc}")
+            return []
+        orders = [
+            PlacementOrder(jid, tuple(int(c) for c in np.sort(cards)))
+            for jid, cards in placement.cards.items()
+            if len(cards)
+        ]
+        if orders:
+            notes.append(f"placed {', '.join(o.job_id for o in orders[:8])}" + (" ..." if len(orders) > 8 else ""))
+        for jid, why in list(placement.unplaced.items())[:3]:
+            notes.append(f"{jid} stays queued: {why}")
+        return orders
+
+    # ---- turning a plan into a decision ---------------------------------------------------------
+    def _decision(
+        self,
+        plan: CyclePlan,
+        p: CycleProblem,
+        snap: StateSnapshot,
+        ctx: StepContext,
+        load: SiteLoad,
+        orders: list[PlacementOrder],
+        notes: list[str],
+        fs_card: BoolArray,
+        elapsed_s: float,
+    ) -> Decision:
+        site = self.site
+        dv = plan.dvfs
+        n = site.n_cards
+        slowest = site.card.n_levels - 1
+        snap_lp = np.asarray(snap.card_low_power, dtype=bool)
+        if dv is None:  # pragma: no cover - plans always carry a DVFS plan
+            return self._hold(snap, ctx, load, orders, notes, elapsed_s)
+        level = np.asarray(dv.card_level, dtype=np.int64).copy()
+        level[load.idle] = slowest
+        # which idle cards stay awake: as many as the plan says, the ones awake now first (an awake
+        # idle card draws ~10 W more than a sleeping one, so the rack matters little; the guard
+        # puts idle cards to sleep where a cap needs it), then the plan's racks
+        low = np.ones(n, dtype=bool)
+        low[load.busy] = False
+        idle_model = p.idle_mask()
+        want = int(dv.rack_awake.sum())
+        keep = np.flatnonzero(idle_model & ~snap_lp)[:want]
+        low[keep] = False
+        left = np.asarray(dv.rack_awake, dtype=np.int64) - np.bincount(self._card_rack[keep], minlength=site.n_racks)
+        extra = want - keep.size
+        for r in np.argsort(-left, kind="stable"):
+            if extra <= 0 or left[r] <= 0:
+                break
+            cand = np.flatnonzero(idle_model & low & (self._card_rack == r))[: min(int(left[r]), extra)]
+            low[cand] = False
+            extra -= cand.size
+        low = np.where(fs_card & load.idle, snap_lp, low)
+        status = plan.status.value if plan.status.value in ("optimal", "feasible", "infeasible") else "fallback"
+        lines = [
+            f"plan {plan.status.value} ({plan.source}) in {plan.solve_time_s:.3f} s "
+            f"at supply {plan.supply_temp_c:g} deg C"
+        ]
+        return Decision(
+            cycle=ctx.cycle,
+            time_s=ctx.now_s,
+            card_level=level,
+            card_low_power=low,
+            card_power_limit_w=np.full(n, site.card.power_limit_w),
+            card_failed=np.asarray(snap.card_failed, dtype=bool),
+            card_busy=load.busy,
+            supply_temp_c=float(plan.supply_temp_c),
+            placements=tuple(orders),
+            status=status,
+            plan_status=plan.status.value,
+            source=plan.source,
+            solve_time_s=elapsed_s,
+            failsafe_racks=ctx.failsafe_racks,
+            rack_cap_w=site.rack_power_limits_w() - self.control.rack_margin_w,
+            predicted_rack_power_w=dv.rack_power_w + ctx.rack_extra_w,
+            budget_rack_power_w=dv.rack_power_w + ctx.rack_extra_w,
+            predicted_rack_max_die_c=dv.rack_max_die_temp_c.copy(),
+            predicted_it_power_w=dv.it_power_w,
+            predicted_facility_power_w=dv.facility_power_w,
+            predicted_pue=dv.pue,
+            max_power_limit_w=site.card.power_limit_w,
+            job_levels={j.job_id: int(level[j.cards[0]]) for j in load.jobs},
+            explanation=(*lines, *notes),
+            choose_setpoint=ctx.choose_setpoint,
+            plan=plan,
+        )
+
+    def _hold(
+        self,
+        snap: StateSnapshot,
+        ctx: StepContext,
+        load: SiteLoad,
+        orders: list[PlacementOrder],
+        notes: list[str],
+        elapsed_s: float,
+    ) -> Decision:
+        """Keep the settings in force (the guard still enforces the caps)."""
+        site = self.site
+        n_r = site.n_racks
+        nan_r = np.full(n_r, np.nan)
+        lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+        return Decision(
+            cycle=ctx.cycle,
+            time_s=ctx.now_s,
+            card_level=np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, site.card.n_levels - 1),
+            card_low_power=np.asarray(snap.card_low_power, dtype=bool).copy(),
+            card_power_limit_w=np.where(np.isfinite(lim), lim, site.card.power_limit_w),
+            card_failed=np.asarray(snap.card_failed, dtype=bool),
+            card_busy=load.busy,
+            supply_temp_c=ctx.setpoint_c,
+            placements=tuple(orders),
+            status="fallback",
+            plan_status="error",
+            source="hold",
+            solve_time_s=elapsed_s,
+            failsafe_racks=ctx.failsafe_racks,
+            rack_cap_w=site.rack_power_limits_w() - self.control.rack_margin_w,
+            predicted_rack_power_w=nan_r,
+            budget_rack_power_w=nan_r.copy(),
+            predicted_rack_max_die_c=nan_r.copy(),
+            predicted_it_power_w=math.nan,
+            predicted_facility_power_w=math.nan,
+            predicted_pue=math.nan,
+            max_power_limit_w=site.card.power_limit_w,
+            explanation=tuple(notes),
+        )
+
+    # ================================================================================================
+    # 5. commit
+    # ================================================================================================
+    def commit(self, decision: Decision, snap: StateSnapshot, ctx: StepContext) -> None:
+        """Remember what the next step needs: placements in flight, the set-point evaluation, the
+        fail-safe hold, the measured rack power the twin does not explain, the plan."""
+        cfg = self.control
+        now = ctx.now_s
+        self._cycle = max(self._cycle, ctx.cycle) + 1
+        if decision.plan is not None:
+            self._prev_plan = decision.plan
+        if ctx.choose_setpoint:
+            self._last_setpoint_eval_s = now
+        self._setpoint_c = decision.supply_temp_c
+        for o in decision.placements:
+            self._pending[o.job_id] = (o.cards, now + cfg.command_ttl_s)
+        running = {j.job_id for j in snap.jobs}
+        self._pending = {k: v for k, v in self._pending.items() if v[1] > now and k not in running}
+        for r in (*ctx.stale_racks, *ctx.stuck_racks):
+            self._failsafe_until[r] = now + cfg.failsafe_hold_s
+        self._update_extra(snap, ctx)
+
+    def _update_extra(self, snap: StateSnapshot, ctx: StepContext) -> None:
+        """PDU power above what the cards report plus the spec's host overhead, per fresh rack."""
+        site = self.site
+        pdu = np.asarray(snap.rack_power_w, dtype=np.float64)
+        card_p = np.where(np.isfinite(snap.card_power_w) & ~snap.card_failed, snap.card_power_w, 0.0)
+        cards_w = np.bincount(self._card_rack, weights=card_p, minlength=site.n_racks)
+        excess = pdu - cards_w - site.rack.host_overhead_w
+        fresh = np.isfinite(excess)
+        fresh[list(ctx.failsafe_racks)] = False
+        a = _EXTRA_SMOOTHING
+        self._extra_w = np.where(fresh, (1 - a) * self._extra_w + a * np.maximum(excess, 0.0), self._extra_w)
+
+    # ---- introspection ---------------------------------------------------------------------------
+    @property
+    def cycle(self) -> int:
+        return self._cycle
+
+    def pending_placements(self) -> dict[str, tuple[int, ...]]:
+        return {k: v[0] for k, v in self._pending.items()}

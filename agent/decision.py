@@ -1,0 +1,125 @@
+"""What one control step decides (:class:`Decision`) and what it decides from (:class:`StepContext`).
+
+A :class:`Decision` is plain data: per card the DVFS level, low-power idle or awake, and the power
+limit (the fail-safe cap); the coolant supply set-point; where queued jobs go; how the plan was made
+(status, source, solve time); what the twin predicts for it; and a human explanation. The
+controller proposes one, the guard reviews it (``guarded=True``), the service journals and sends
+it, and ``agent.loop.apply_to_plant`` applies it to an in-process ``twin.plant.Plant``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from models.plans import CyclePlan
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["Decision", "PlacementOrder", "StepContext"]
+
+#: Decision statuses, worst first: a rack at fail-safe caps, no plan meets the caps, the greedy
+#: plan, a MILP plan stopped at its time limit, an optimal MILP plan.
+STATUSES = ("failsafe", "infeasible", "fallback", "feasible", "optimal")
+
+
+@dataclass(frozen=True)
+class PlacementOrder:
+    """Place queued job ``job_id`` on ``cards`` (site card indices)."""
+
+    job_id: str
+    cards: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class StepContext:
+    """Everything a step needs besides the snapshot, computed once per step (cheap, on the caller's
+    thread) and shared by the controller's proposal and the guard's review."""
+
+    now_s: float
+    cycle: int
+    stale_racks: tuple[int, ...]  # telemetry older than the deadline
+    stuck_racks: tuple[int, ...]  # a stuck sensor in the rack (a card or the whole rack)
+    failsafe_racks: tuple[int, ...]  # stale, stuck, or released from fail-safe too recently
+    setpoint_c: float  # supply set-point in force
+    ambient_c: float
+    card_inlet_c: FloatArray  # per card: its rack's measured supply (set-point where unknown)
+    r_total_k_per_w: FloatArray  # per card: die-to-inlet resistance (calibrated where confident)
+    rack_extra_w: FloatArray  # per rack: measured power the twin does not explain (>= 0)
+    choose_setpoint: bool  # the set-point is re-optimized this step
+    solver_time_limit_s: float  # wall seconds the solve may take
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """One control step's decision (see the module docstring). Arrays are per card or per rack."""
+
+    cycle: int
+    time_s: float  # site time it was made at
+    card_level: IntArray
+    card_low_power: BoolArray
+    card_power_limit_w: FloatArray
+    card_failed: BoolArray  # never commanded
+    card_busy: BoolArray  # runs (or is being given) a job
+    supply_temp_c: float
+    placements: tuple[PlacementOrder, ...]
+    status: str  # see STATUSES
+    plan_status: str  # the models' SolveStatus value
+    source: str  # "milp", "greedy" or "hold"
+    solve_time_s: float
+    failsafe_racks: tuple[int, ...]
+    rack_cap_w: FloatArray  # limit - margin
+    predicted_rack_power_w: FloatArray  # the twin (+ measured extra), jobs in their current phases
+    budget_rack_power_w: FloatArray  # the same with every busy card computing: kept <= rack_cap_w
+    predicted_rack_max_die_c: FloatArray
+    predicted_it_power_w: float
+    predicted_facility_power_w: float
+    predicted_pue: float
+    max_power_limit_w: float = float("inf")  # the card's own (default) power limit
+    job_levels: dict[str, int] = field(default_factory=dict)
+    explanation: tuple[str, ...] = ()
+    guarded: bool = False
+    choose_setpoint: bool = False
+    plan: CyclePlan | None = None  # the models' plan (warm start for the next step; not journaled)
+
+    def replace(self, **changes: Any) -> Decision:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def n_cards(self) -> int:
+        return int(self.card_level.shape[0])
+
+    def summary(self, rack_names: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """A compact JSON-able account (for the journal, logs and advice)."""
+        names = rack_names or tuple(f"r{i}" for i in range(self.rack_cap_w.shape[0]))
+        alive = ~self.card_failed
+        levels = Counter(int(x) for x in self.card_level[alive & self.card_busy])
+        return {
+            "cycle": self.cycle,
+            "time_s": self.time_s,
+            "status": self.status,
+            "plan_status": self.plan_status,
+            "source": self.source,
+            "solve_time_s": round(self.solve_time_s, 6),
+            "supply_temp_c": self.supply_temp_c,
+            "failsafe_racks": [names[r] for r in self.failsafe_racks],
+            "busy_cards": int((alive & self.card_busy).sum()),
+            "low_power_cards": int((alive & self.card_low_power).sum()),
+            "busy_levels": {str(k): v for k, v in sorted(levels.items())},
+            "capped_cards": int((alive & (self.card_power_limit_w < self.max_power_limit_w - 1e-6)).sum()),
+            "placements": {p.job_id: list(p.cards) for p in self.placements},
+            "predicted_rack_power_w": [round(float(x), 1) for x in self.predicted_rack_power_w],
+            "budget_rack_power_w": [round(float(x), 1) for x in self.budget_rack_power_w],
+            "rack_cap_w": [round(float(x), 1) for x in self.rack_cap_w],
+            "predicted_it_power_w": round(self.predicted_it_power_w, 1),
+            "predicted_facility_power_w": round(self.predicted_facility_power_w, 1),
+            "predicted_pue": round(self.predicted_pue, 5),
+            "explanation": list(self.explanation),
+        }

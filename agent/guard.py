@@ -1,0 +1,398 @@
+"""Safety: nothing leaves the agent unless the twin predicts every rack under its cap and every die
+under its limit, whatever plan it is given.
+
+:meth:`Guard.review` takes a proposed :class:`agent.decision.Decision` (from the models, the greedy
+fallback, or anything else) and returns the decision that may be sent. It recomputes everything
+with the twin's own functions (``agent.load.predict``), independently of the solver's rows:
+
+1. **Sanity**: levels clipped to the DVFS table, power limits to the card's range, placements kept
+   only when the job is queued and its cards are free, awake, healthy and in racks with fresh
+   telemetry; busy cards are awake.
+2. **Rate limits**: a card's level rises (toward faster clocks) by at most
+   ``max_level_raise_per_period`` per decision; the supply set-point moves by at most
+   ``max_setpoint_step_k``; an idle card whose low-power state changed less than
+   ``low_power_hold_s`` ago keeps it (no flapping); all cards of a job get one level (the job runs at
+   the pace of its slowest card).
+3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
+   get per-card power limits whose sum plus host overhead stays under the rack's cap
+   (``(limit - margin - extra - host) / cards``), and their cards (and every job touching them) the
+   slowest level. Caps are never raised and idle cards never woken on stale data.
+4. **Caps**: the twin predicts every card's power with every busy card *computing* at its level
+   (a job in a stall or a checkpoint may resume at any moment) and its die at the warmer of the
+   rack's measured supply and the new set-point. While a rack is over ``limit - margin - extra``, the
+   job of that rack whose next slower level gives up the least value per watt saved steps down;
+   then awake idle cards go to low-power idle; if the rack is still over (its jobs all at the
+   slowest level), every card of the rack gets the fail-safe power limit, which holds by construction.
+5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
+   the slowest level its power limit is set to what the die limit allows.
+
+Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
+prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
+every rack within ``limit - margin - extra``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.config import ControlConfig
+from agent.decision import Decision, PlacementOrder, StepContext
+from agent.load import SiteLoad, die_offsets_k, job_value_per_h, predict, site_load
+from twin.cooling import facility_cooling
+from twin.power import PowerModel
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
+from twin.steady import card_steady_power_w
+from twin.workload import compute_utilization
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["Guard", "failsafe_card_limit_w", "rack_caps_w"]
+
+_TOL_W = 1e-6
+_MAX_NOTES = 12
+
+
+def rack_caps_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
+    """What the cards and hosts of each rack may draw: its limit minus the margin minus the measured
+    power the twin does not explain (``StepContext.rack_extra_w``)."""
+    return np.asarray(site.rack_power_limits_w() - control.rack_margin_w - rack_extra_w, dtype=np.float64)
+
+
+def failsafe_card_limit_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
+    """Per rack, the power limit for every card such that all cards at it plus the host overhead stay
+    within the rack's cap (floored to a watt, within the card's accepted range)."""
+    caps = rack_caps_w(site, control, rack_extra_w)
+    per_card = np.floor((caps - site.rack.host_overhead_w) / site.cards_per_rack)
+    return np.asarray(np.clip(per_card, control.min_power_limit_w, site.card.power_limit_w), dtype=np.float64)
+
+
+class Guard:
+    """Reviews decisions (see the module docstring). Keeps only what it needs to rate-limit the
+    low-power state: when each card last changed it, as telemetry shows."""
+
+    def __init__(self, site: SiteSpec, control: ControlConfig | None = None, *, card_hour_value: float = 2.0) -> None:
+        self.site = site
+        self.control = control if control is not None else ControlConfig()
+        self.card_hour_value = card_hour_value
+        self._model = PowerModel.from_card(site.card)
+        self._card_rack = site.card_rack()
+        n = site.n_cards
+        self._seen_lp: BoolArray | None = None
+        self._toggle_s = np.full(n, -math.inf)
+
+    # ---- public -------------------------------------------------------------------------------
+    def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
+        """The decision that may be sent (see the module docstring)."""
+        site, cfg, model = self.site, self.control, self._model
+        n, n_lv = site.n_cards, model.n_levels
+        slowest = n_lv - 1
+        for name in ("card_level", "card_low_power", "card_power_limit_w"):
+            if np.shape(getattr(proposal, name)) != (n,):
+                raise ValueError(f"decision.{name} must have one entry per card ({n})")
+        card_rack = self._card_rack
+        now = ctx.now_s
+        notes: list[str] = []
+        failed = np.asarray(snap.card_failed, dtype=bool)
+        snap_lp = np.asarray(snap.card_low_power, dtype=bool)
+        self._observe(snap_lp, now)
+
+        # ---- 1. sanity ------------------------------------------------------------------------
+        raw = np.clip(np.nan_to_num(np.asarray(proposal.card_level, dtype=np.float64), nan=slowest), 0, slowest)
+        lvl: IntArray = raw.astype(np.int64)
+        max_lim = site.card.power_limit_w
+        lim = np.asarray(proposal.card_power_limit_w, dtype=np.float64)
+        lim = np.clip(np.where(np.isfinite(lim), lim, max_lim), cfg.min_power_limit_w, max_lim)
+        lp = np.asarray(proposal.card_low_power, dtype=bool).copy()
+        fs_rack = np.zeros(site.n_racks, dtype=bool)
+        fs_rack[list(ctx.failsafe_racks)] = True
+        fs_card = fs_rack[card_rack]
+        orders, dropped = self._valid_placements(proposal.placements, snap, fs_card)
+        if dropped:
+            notes.append(f"guard: placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued")
+        load = site_load(site, snap, [(o.job_id, o.cards) for o in orders])
+        busy = load.busy
+        lp[busy] = False
+        setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
+
+        # ---- 2. rate limits -----------------------------------------------------------------------
+        cur = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, slowest)
+        limited = lvl < cur - cfg.max_level_raise_per_period
+        if limited[busy].any():
+            notes.append(f"guard: level raises limited to {cfg.max_level_raise_per_period} per decision")
+        lvl = np.maximum(lvl, cur - cfg.max_level_raise_per_period)
+        for j in load.jobs:
+            lvl[j.cards] = int(lvl[j.cards].max())
+        idle = load.idle
+        change = idle & (lp != snap_lp)
+        held = change & (now - self._toggle_s < cfg.low_power_hold_s)
+        lp[held] = snap_lp[held]
+
+        # ---- 3. fail-safe racks ---------------------------------------------------------------------
+        fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
+        if fs_rack.any():
+            snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+            snap_lim = np.where(np.isfinite(snap_lim), snap_lim, max_lim)
+            cap_now = np.minimum(np.minimum(lim, snap_lim), fs_lim[card_rack])
+            lim = np.where(fs_card, np.maximum(cap_now, cfg.min_power_limit_w), lim)
+            if cfg.failsafe_lowest_level:
+                lvl[fs_card] = slowest
+                for j in load.jobs:
+                    if fs_card[j.cards].any():
+                        lvl[j.cards] = slowest
+            else:
+                lvl = np.where(fs_card, np.maximum(lvl, cur), lvl)
+            lp = np.where(fs_card & idle, lp | snap_lp, lp)
+            names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
+            notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}")
+
+        # ---- 4. caps ----------------------------------------------------------------------------------
+        inlet = np.maximum(ctx.card_inlet_c, setpoint)
+        off = die_offsets_k(site, snap, load, ctx.card_inlet_c, ctx.r_total_k_per_w)
+        table = self._power_table(load, inlet, ctx.r_total_k_per_w, off)
+        lp_w = self._low_power_w(inlet, ctx.r_total_k_per_w, off)
+        caps = rack_caps_w(site, cfg, ctx.rack_extra_w)
+        lvl, lp, lim = self._enforce_caps(load, lvl, lp, lim, table, lp_w, caps, fs_lim, failed, notes)
+
+        # ---- 5. dies --------------------------------------------------------------------------------
+        lvl, lim = self._enforce_dies(load, lvl, lim, table, inlet, ctx.r_total_k_per_w, off, notes)
+
+        # ---- predictions of what leaves ------------------------------------------------------------
+        budget = predict(site, load, lvl, lp, lim, inlet, ctx.r_total_k_per_w, off, rack_extra_w=ctx.rack_extra_w)
+        expected = predict(
+            site, load, lvl, lp, lim, inlet, ctx.r_total_k_per_w, off, worst_case=False, rack_extra_w=ctx.rack_extra_w
+        )
+        it_w = float(expected.rack_power_w.sum())
+        cooling = facility_cooling(site, it_w, setpoint, ctx.ambient_c)
+        status = "failsafe" if fs_rack.any() else proposal.status
+        job_levels = {j.job_id: int(lvl[j.cards[0]]) for j in load.jobs}
+        return proposal.replace(
+            card_level=lvl,
+            card_low_power=lp & ~busy,
+            card_power_limit_w=lim,
+            card_failed=failed,
+            card_busy=busy,
+            supply_temp_c=setpoint,
+            placements=tuple(orders),
+            status=status,
+            failsafe_racks=tuple(int(r) for r in np.flatnonzero(fs_rack)),
+            rack_cap_w=site.rack_power_limits_w() - cfg.rack_margin_w,
+            predicted_rack_power_w=expected.rack_power_w,
+            budget_rack_power_w=budget.rack_power_w,
+            predicted_rack_max_die_c=budget.rack_max_die_c,
+            predicted_it_power_w=it_w,
+            predicted_facility_power_w=cooling.facility_power_w,
+            predicted_pue=cooling.pue,
+            max_power_limit_w=max_lim,
+            job_levels=job_levels,
+            explanation=(*proposal.explanation, *notes[:_MAX_NOTES]),
+            guarded=True,
+        )
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _observe(self, snap_lp: BoolArray, now_s: float) -> None:
+        """Note when each card's low-power state changed (as telemetry shows it)."""
+        if self._seen_lp is not None:
+            changed = snap_lp != self._seen_lp
+            self._toggle_s[changed] = now_s
+        self._seen_lp = snap_lp.copy()
+
+    def _valid_placements(
+        self, placements: tuple[PlacementOrder, ...], snap: StateSnapshot, fs_card: BoolArray
+    ) -> tuple[list[PlacementOrder], list[str]]:
+        n = self.site.n_cards
+        now_load = site_load(self.site, snap)
+        free = now_load.idle & ~fs_card
+        queued = {q.job_id: q.n_cards for q in snap.queue}
+        taken = np.zeros(n, dtype=bool)
+        ok: list[PlacementOrder] = []
+        dropped: list[str] = []
+        for o in placements:
+            cards = np.asarray(o.cards, dtype=np.int64).reshape(-1)
+            good = (
+                o.job_id in queued
+                and cards.size == queued[o.job_id]
+                and cards.size > 0
+                and bool(np.all((cards >= 0) & (cards < n)))
+                and np.unique(cards).size == cards.size
+            )
+            if good and bool(np.all(free[cards])) and not bool(np.any(taken[cards])):
+                taken[cards] = True
+                ok.append(PlacementOrder(o.job_id, tuple(int(c) for c in np.sort(cards))))
+            else:
+                dropped.append(o.job_id)
+        return ok, dropped
+
+    def _limit_setpoint(self, wanted_c: float, current_c: float, notes: list[str]) -> float:
+        opts = self.site.facility.supply_temp_options_c
+        lo, hi = min(opts), max(opts)
+        target = wanted_c if math.isfinite(wanted_c) else current_c
+        target = min(max(target, lo), hi)
+        step = self.control.max_setpoint_step_k
+        if math.isfinite(current_c) and abs(target - current_c) > step + 1e-9:
+            limited = current_c + math.copysign(step, target - current_c)
+            notes.append(f"guard: set-point move {current_c:g} -> {target:g} deg C limited to {limited:g}")
+            target = min(max(limited, lo), hi)
+        return float(target)
+
+    def _power_table(self, load: SiteLoad, inlet: FloatArray, r_total: FloatArray, off: FloatArray) -> FloatArray:
+        """Steady power of every card at every level when awake: busy cards computing (the job's
+        utilization at that clock), idle cards at u = 0; leakage includes the measured die offset."""
+        site, model = self.site, self._model
+        n, n_lv = site.n_cards, model.n_levels
+        cs = np.zeros(n)
+        ncu = np.zeros(n)
+        for j in load.jobs:
+            cs[j.cards] = j.spec.compute_share
+            ncu[j.cards] = j.spec.noncompute_utilization
+        clocks = model.clocks_mhz
+        rel = clocks / clocks[0]
+        u = np.where(load.busy[:, None], compute_utilization(cs[:, None], rel[None, :], ncu[:, None]), 0.0)
+        levels = np.broadcast_to(np.arange(n_lv, dtype=np.int64)[None, :], (n, n_lv))
+        p, _die = card_steady_power_w(
+            model, levels, u, np.zeros((n, n_lv), dtype=bool), inlet[:, None], r_total[:, None]
+        )
+        return np.asarray(p + model.leak_w_per_k[None, :] * off[:, None], dtype=np.float64)
+
+    def _low_power_w(self, inlet: FloatArray, r_total: FloatArray, off: FloatArray) -> FloatArray:
+        model = self._model
+        n = self.site.n_cards
+        p, _ = card_steady_power_w(
+            model, np.zeros(n, dtype=np.int64), np.zeros(n), np.ones(n, dtype=bool), inlet, r_total
+        )
+        return np.asarray(p + model.low_power_leak_w_per_k * off, dtype=np.float64)
+
+    def _card_power(
+        self, table: FloatArray, lp_w: FloatArray, lvl: IntArray, lp: BoolArray, lim: FloatArray, failed: BoolArray
+    ) -> FloatArray:
+        awake = np.minimum(table[np.arange(lvl.size), lvl], lim)
+        return np.asarray(np.where(failed, 0.0, np.where(lp, lp_w, awake)), dtype=np.float64)
+
+    def _enforce_caps(
+        self,
+        load: SiteLoad,
+        lvl: IntArray,
+        lp: BoolArray,
+        lim: FloatArray,
+        table: FloatArray,
+        lp_w: FloatArray,
+        caps: FloatArray,
+        fs_lim: FloatArray,
+        failed: BoolArray,
+        notes: list[str],
+    ) -> tuple[IntArray, BoolArray, FloatArray]:
+        site = self.site
+        card_rack = self._card_rack
+        slowest = self._model.n_levels - 1
+        busy = load.busy
+        lp = lp & ~busy
+        power = self._card_power(table, lp_w, lvl, lp, lim, failed)
+        rack_p = np.bincount(card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
+        over = np.flatnonzero(rack_p > caps + _TOL_W)
+        if over.size == 0:
+            return lvl, lp, lim
+        lvl, lp, lim = lvl.copy(), lp.copy(), lim.copy()
+        jobs_in_rack: dict[int, list[int]] = {}
+        for ji, j in enumerate(load.jobs):
+            for r in np.unique(card_rack[j.cards]):
+                jobs_in_rack.setdefault(int(r), []).append(ji)
+        lowered: dict[str, int] = {}
+        for r in over:
+            r = int(r)
+            while rack_p[r] > caps[r] + _TOL_W:
+                best: tuple[float, int, int] | None = None
+                for ji in jobs_in_rack.get(r, []):
+                    j = load.jobs[ji]
+                    k = int(lvl[j.cards[0]])
+                    if k >= slowest:
+                        continue
+                    in_r = j.cards[card_rack[j.cards] == r]
+                    now_w = float(np.minimum(table[in_r, k], lim[in_r]).sum())
+                    # the next level that saves power in this rack (levels sharing a voltage may not)
+                    for k2 in range(k + 1, slowest + 1):
+                        saved = now_w - float(np.minimum(table[in_r, k2], lim[in_r]).sum())
+                        if saved > 1e-9:
+                            lost = job_value_per_h(site, j, k, self.card_hour_value) - job_value_per_h(
+                                site, j, k2, self.card_hour_value
+                            )
+                            score = max(lost, 0.0) / saved
+                            if best is None or score < best[0]:
+                                best = (score, ji, k2)
+                            break
+                if best is None:
+                    break
+                _score, ji, k2 = best
+                j = load.jobs[ji]
+                before = power[j.cards].copy()
+                lvl[j.cards] = k2
+                power[j.cards] = np.minimum(table[j.cards, k2], lim[j.cards])
+                np.add.at(rack_p, card_rack[j.cards], power[j.cards] - before)
+                lowered[j.job_id] = k2
+            if rack_p[r] > caps[r] + _TOL_W:
+                awake_idle = np.flatnonzero((card_rack == r) & load.idle & ~lp)
+                if awake_idle.size:
+                    lp[awake_idle] = True
+                    new = lp_w[awake_idle]
+                    rack_p[r] += float((new - power[awake_idle]).sum())
+                    power[awake_idle] = new
+                    notes.append(f"guard: {site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap")
+            if rack_p[r] > caps[r] + _TOL_W:
+                in_r = (card_rack == r) & ~failed
+                lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
+                before_r = power[in_r].copy()
+                power[in_r] = np.where(lp[in_r], lp_w[in_r], np.minimum(table[in_r, lvl[in_r]], lim[in_r]))
+                rack_p[r] += float((power[in_r] - before_r).sum())
+                notes.append(
+                    f"guard: {site.rack_names[r]}: still over its cap at the slowest levels; "
+                    f"power limits of {fs_lim[r]:.0f} W per card"
+                )
+        if lowered:
+            items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
+            more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""
+            notes.append(f"guard: slowed job(s) {items}{more} to keep racks under their caps (worst-case phases)")
+        return lvl, lp, lim
+
+    def _enforce_dies(
+        self,
+        load: SiteLoad,
+        lvl: IntArray,
+        lim: FloatArray,
+        table: FloatArray,
+        inlet: FloatArray,
+        r_total: FloatArray,
+        off: FloatArray,
+        notes: list[str],
+    ) -> tuple[IntArray, FloatArray]:
+        site, cfg = self.site, self.control
+        slowest = self._model.n_levels - 1
+        die_limit = site.card.slowdown_temp_c - cfg.die_margin_k
+        idx = np.arange(lvl.size)
+        die = inlet + r_total * np.minimum(table[idx, lvl], lim) + off
+        hot = load.busy & (die > die_limit + 1e-9)
+        if not hot.any():
+            return lvl, lim
+        lvl, lim = lvl.copy(), lim.copy()
+        slowed: list[str] = []
+        for j in load.jobs:
+            if not hot[j.cards].any():
+                continue
+            k = int(lvl[j.cards[0]])
+            while k < slowest:
+                d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
+                if np.all(d <= die_limit + 1e-9):
+                    break
+                k += 1
+            lvl[j.cards] = k
+            slowed.append(j.job_id)
+            d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
+            still = j.cards[d > die_limit + 1e-9]
+            if still.size:
+                allowed = (die_limit - inlet[still] - off[still]) / r_total[still]
+                lim[still] = np.clip(np.minimum(lim[still], allowed), cfg.min_power_limit_w, site.card.power_limit_w)
+        notes.append(f"guard: slowed job(s) {', '.join(slowed[:6])} to keep dies under {die_limit:g} deg C")
+        return lvl, lim

@@ -1,0 +1,318 @@
+"""What the agent believes runs where, and what the twin predicts a set of card settings will draw.
+
+:func:`site_load` turns a :class:`twin.state.StateSnapshot` into one list of jobs on cards:
+
+* ``running``: jobs the scheduler reported (``started`` events), on their cards that have not failed;
+* ``placing``: queued jobs the agent has asked the scheduler to place (not started yet);
+* ``unknown``: busy cards of no known job (the agent started after the job, or missed its event):
+  a card awake and not failed with a measured utilization above ``unknown_utilization``. They are
+  grouped per rack into a pseudo-job (``?busy/r3``) so that their power is budgeted and they are
+  never put to sleep.
+
+:func:`predict` is the twin's prediction of card settings (levels, low-power states, power limits)
+with ``twin.steady.card_steady_power_w`` (leakage at the predicted die temperature): per card power
+and die temperature, per rack power (cards + host overhead + a measured extra). With
+``worst_case=True`` every busy card is assumed to compute at its level during the whole period (a
+job in a stall or a checkpoint may resume at any moment): that is the power a decision must budget.
+Controller and guard share these functions; the guard's checks do not depend on the solver's rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from twin.power import PowerModel
+from twin.spec import SiteSpec
+from twin.state import JobInfo, StateSnapshot
+from twin.steady import card_steady_power_w
+from twin.thermal import ThermalParams
+from twin.workload import JobSpec, Phase, compute_utilization, relative_throughput
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = [
+    "UNKNOWN_JOB_PREFIX",
+    "JobLoad",
+    "Prediction",
+    "SiteLoad",
+    "die_offsets_k",
+    "job_value_per_h",
+    "predict",
+    "site_load",
+    "spec_of_info",
+    "spec_r_total_k_per_w",
+]
+
+#: Job id prefix of the pseudo-jobs standing for busy cards of no known job.
+UNKNOWN_JOB_PREFIX = "?busy/"
+#: Assumed shape of an unknown job's work (typical of the generated workloads).
+_UNKNOWN_COMPUTE_SHARE = 0.8
+_UNKNOWN_NONCOMPUTE_UTILIZATION = 0.2
+#: Largest die-temperature excess over the twin's prediction that is believed (K); beyond it the
+#: sensor is more likely wrong than the card (the rack's stuck/garbage checks handle that).
+_MAX_DIE_OFFSET_K = 40.0
+
+
+@dataclass(frozen=True, eq=False)
+class JobLoad:
+    """One job on cards. ``spec.n_cards == cards.size`` (failed cards are left out)."""
+
+    job_id: str
+    spec: JobSpec
+    cards: IntArray
+    phase: Phase
+    origin: str  # "running", "placing" or "unknown"
+
+    @property
+    def computing(self) -> bool:
+        return self.phase == Phase.COMPUTE
+
+
+@dataclass(frozen=True, eq=False)
+class SiteLoad:
+    jobs: tuple[JobLoad, ...]
+    card_job: IntArray  # index into jobs, -1 for idle (or failed) cards
+    failed: BoolArray
+
+    @property
+    def busy(self) -> BoolArray:
+        return np.asarray(self.card_job >= 0, dtype=np.bool_)
+
+    @property
+    def idle(self) -> BoolArray:
+        return np.asarray((self.card_job < 0) & ~self.failed, dtype=np.bool_)
+
+    def index_of(self, job_id: str) -> int | None:
+        for i, j in enumerate(self.jobs):
+            if j.job_id == job_id:
+                return i
+        return None
+
+
+def _spec_of(info_spec: JobSpec | None, job_id: str, n: int, cs: float, ncu: float, prio: float, slo: float) -> JobSpec:
+    if info_spec is not None:
+        return replace(info_spec, n_cards=n)
+    return JobSpec(
+        job_id=job_id,
+        n_cards=n,
+        work_steps=1e9,
+        step_time_s=1.0,
+        compute_share=min(max(cs, 0.0), 1.0),
+        priority=prio if prio > 0 else 1.0,
+        noncompute_utilization=min(max(ncu, 0.0), 1.0),
+        min_throughput_frac=min(max(slo, 0.0), 1.0),
+    )
+
+
+def spec_of_info(info: JobInfo) -> JobSpec:
+    """The job's spec (one is made up from the event's fields when the spec is not known)."""
+    return _spec_of(
+        info.spec,
+        info.job_id,
+        info.n_cards,
+        info.compute_share,
+        info.noncompute_utilization,
+        info.priority,
+        info.min_throughput_frac,
+    )
+
+
+def site_load(
+    site: SiteSpec,
+    snap: StateSnapshot,
+    placements: Sequence[tuple[str, Sequence[int] | IntArray]] = (),
+    *,
+    unknown_utilization: float = 0.05,
+) -> SiteLoad:
+    """Jobs on cards as the agent believes them (see the module docstring). ``placements`` are
+    ``(job_id, cards)`` of queued jobs being placed; invalid ones (unknown job, wrong number of
+    cards, a card busy, failed or listed twice) are left out."""
+    n = site.n_cards
+    failed = np.asarray(snap.card_failed, dtype=bool)
+    card_job = np.full(n, -1, dtype=np.int64)
+    jobs: list[JobLoad] = []
+    cj = np.asarray(snap.card_job, dtype=np.int64)
+    if snap.jobs:
+        order = np.argsort(cj, kind="stable")
+        sorted_j = cj[order]
+        bounds = np.searchsorted(sorted_j, np.arange(len(snap.jobs) + 1))
+        for i, info in enumerate(snap.jobs):
+            cards = order[bounds[i] : bounds[i + 1]]
+            cards = np.sort(cards[~failed[cards]]).astype(np.int64)
+            if cards.size == 0:
+                continue
+            spec = _spec_of(
+                info.spec,
+                info.job_id,
+                int(cards.size),
+                info.compute_share,
+                info.noncompute_utilization,
+                info.priority,
+                info.min_throughput_frac,
+            )
+            card_job[cards] = len(jobs)
+            jobs.append(JobLoad(info.job_id, spec, cards, info.phase, "running"))
+    queued = {q.job_id: q for q in snap.queue}
+    for job_id, raw in placements:
+        q = queued.get(job_id)
+        if q is None:
+            continue
+        cards = np.asarray(raw, dtype=np.int64).reshape(-1)
+        if (
+            cards.size != q.n_cards
+            or cards.size == 0
+            or np.any((cards < 0) | (cards >= n))
+            or np.unique(cards).size != cards.size
+            or np.any(failed[cards])
+            or np.any(card_job[cards] >= 0)
+        ):
+            continue
+        spec = dataclasses.replace(spec_of_info(q), n_cards=int(cards.size))
+        card_job[cards] = len(jobs)
+        jobs.append(JobLoad(job_id, spec, np.sort(cards), Phase.WAITING, "placing"))
+    util = np.asarray(snap.card_utilization, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        unknown = (card_job < 0) & ~failed & ~np.asarray(snap.card_low_power, dtype=bool) & (util > unknown_utilization)
+    if unknown.any():
+        rack = site.card_rack()
+        for r in np.unique(rack[unknown]):
+            cards = np.flatnonzero(unknown & (rack == r)).astype(np.int64)
+            job_id = f"{UNKNOWN_JOB_PREFIX}{site.rack_names[int(r)]}"
+            spec = _spec_of(
+                None, job_id, int(cards.size), _UNKNOWN_COMPUTE_SHARE, _UNKNOWN_NONCOMPUTE_UTILIZATION, 1.0, 0.0
+            )
+            card_job[cards] = len(jobs)
+            jobs.append(JobLoad(job_id, spec, cards, Phase.COMPUTE, "unknown"))
+    return SiteLoad(tuple(jobs), card_job, failed)
+
+
+# --------------------------------------------------------------------------------------------
+# Predictions with the twin
+# --------------------------------------------------------------------------------------------
+
+
+def spec_r_total_k_per_w(site: SiteSpec) -> FloatArray:
+    """Die-to-coolant-inlet resistance of every card per the spec (nominal flow)."""
+    return np.asarray(ThermalParams.from_site(site).r_total_k_per_w, dtype=np.float64)
+
+
+def _job_arrays(site: SiteSpec, load: SiteLoad) -> tuple[FloatArray, FloatArray, BoolArray]:
+    """Per card: compute share, noncompute utilization, computing now (busy cards only)."""
+    n = site.n_cards
+    cs = np.zeros(n)
+    ncu = np.zeros(n)
+    comp = np.zeros(n, dtype=bool)
+    for j in load.jobs:
+        cs[j.cards] = j.spec.compute_share
+        ncu[j.cards] = j.spec.noncompute_utilization
+        comp[j.cards] = j.computing
+    return cs, ncu, comp
+
+
+def card_utilization(
+    site: SiteSpec, load: SiteLoad, level: IntArray, *, worst_case: bool, phase_now: bool = False
+) -> FloatArray:
+    """Utilization of every card at ``level``: busy cards computing (``worst_case``, or when their
+    job computes now), in the job's current phase otherwise; idle and failed cards 0."""
+    clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
+    cs, ncu, comp = _job_arrays(site, load)
+    busy = load.busy
+    u_comp = compute_utilization(cs, clocks[level] / clocks[0], ncu)
+    if worst_case:
+        return np.where(busy, u_comp, 0.0)
+    u = np.zeros(site.n_cards)
+    u[busy & comp] = u_comp[busy & comp]
+    for j in load.jobs:
+        if not j.computing and j.phase == Phase.COMMUNICATION:
+            u[j.cards] = j.spec.noncompute_utilization
+    return u
+
+
+@dataclass(frozen=True, eq=False)
+class Prediction:
+    card_power_w: FloatArray
+    card_die_c: FloatArray
+    rack_power_w: FloatArray  # cards + host overhead + extra
+    rack_max_die_c: FloatArray  # hottest awake card of each rack
+
+
+def predict(
+    site: SiteSpec,
+    load: SiteLoad,
+    level: IntArray,
+    low_power: BoolArray,
+    power_limit_w: FloatArray,
+    inlet_c: FloatArray,
+    r_total_k_per_w: FloatArray,
+    die_offset_k: FloatArray,
+    *,
+    worst_case: bool = True,
+    rack_extra_w: FloatArray | None = None,
+) -> Prediction:
+    """The twin's steady prediction of card settings (see the module docstring).
+
+    A card above its power limit is held at the limit by its own power brake (the card runs the
+    fastest level within it), so its power is ``min(P, limit)``; low-power and failed cards ignore
+    limits (low-power idle power, 0 W). ``inlet_c`` is per card (its rack's supply)."""
+    model = PowerModel.from_card(site.card)
+    lv = np.clip(np.asarray(level, dtype=np.int64), 0, model.n_levels - 1)
+    lp = np.asarray(low_power, dtype=bool) & ~load.busy
+    u = card_utilization(site, load, lv, worst_case=worst_case)
+    power, die = card_steady_power_w(model, lv, u, lp, inlet_c, r_total_k_per_w)
+    off = np.asarray(die_offset_k, dtype=np.float64)
+    leak = np.where(lp, model.low_power_leak_w_per_k, model.leak_w_per_k[lv])
+    power = power + leak * off
+    power = np.where(lp, power, np.minimum(power, np.asarray(power_limit_w, dtype=np.float64)))
+    power = np.where(load.failed, 0.0, power)
+    die = np.where(load.failed, np.nan, inlet_c + r_total_k_per_w * power + off)
+    rack = site.card_rack()
+    rack_p = np.bincount(rack, weights=power, minlength=site.n_racks).astype(np.float64) + site.rack.host_overhead_w
+    if rack_extra_w is not None:
+        rack_p = rack_p + rack_extra_w
+    die_awake = np.where(lp | load.failed, -np.inf, die)
+    rack_die = np.full(site.n_racks, -np.inf)
+    np.maximum.at(rack_die, rack, die_awake)
+    return Prediction(power, die, rack_p, rack_die)
+
+
+def die_offsets_k(
+    site: SiteSpec,
+    snap: StateSnapshot,
+    load: SiteLoad,
+    inlet_c: FloatArray,
+    r_total_k_per_w: FloatArray,
+) -> FloatArray:
+    """How much hotter each card's die measures than the twin predicts at its current level and
+    phase (>= 0, at most 40 K; 0 where there is no valid measurement). Added to every prediction,
+    as ``models.problem.make_problem`` does: a fouled plate or a bad interface shows up here."""
+    model = PowerModel.from_card(site.card)
+    lv = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, model.n_levels - 1)
+    u = card_utilization(site, load, lv, worst_case=False)
+    lp = np.asarray(snap.card_low_power, dtype=bool) & ~load.busy
+    _p, die_pred = card_steady_power_w(model, lv, u, lp, inlet_c, r_total_k_per_w)
+    measured = np.asarray(snap.card_die_temp_c, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        off = np.where(np.isfinite(measured) & ~load.failed, measured - die_pred, 0.0)
+    return np.asarray(np.clip(off, 0.0, _MAX_DIE_OFFSET_K), dtype=np.float64)
+
+
+def job_value_per_h(site: SiteSpec, job: JobLoad, level: int, card_hour_value: float) -> float:
+    """Priority-weighted training value per hour of ``job`` at ``level`` (0 when it does not compute)."""
+    if not job.computing:
+        return 0.0
+    clocks = site.card.clocks_mhz
+    rel = float(relative_throughput(job.spec.compute_share, clocks[level] / clocks[0]))
+    return job.spec.priority * card_hour_value * job.spec.n_cards * rel
+
+
+def finite_or(value: float | None, default: float) -> float:
+    """``value`` when it is a finite number, else ``default``."""
+    return float(value) if value is not None and math.isfinite(value) else default

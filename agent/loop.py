@@ -1,0 +1,168 @@
+"""The controller in process, against ``twin.plant.Plant``: fast closed loops for tests and evaluation.
+
+* :func:`apply_to_plant` applies a :class:`agent.decision.Decision` to a plant: DVFS levels, power
+  limits, low-power idle / wake, the supply set-point, placements. Cards that failed are left
+  alone; a command the plant refuses (a busy card asked to sleep, a job no longer queued) is
+  reported, not raised.
+* :class:`ClosedLoop` runs plant -> readings -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step``
+  -> ``apply_to_plant``: a decision every ``period_s`` of plant time and, like the service, at once
+  (at most every ``min_replan_interval_s``) when a job starts, ends or resumes computing::
+
+      loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15)))
+      loop.run(3600)                    # one hour of plant time, 1 s steps
+      plant.accounting()                # energy, work, seconds over a rack limit ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.controller import Controller
+from agent.decision import Decision
+from twin.estimate import Estimator
+from twin.plant import CommandError, Plant
+from twin.readings import JobEvent
+from twin.state import TwinState
+from twin.workload import Phase
+
+__all__ = ["ApplyReport", "ClosedLoop", "apply_to_plant"]
+
+
+@dataclass
+class ApplyReport:
+    """What :func:`apply_to_plant` did: counts of cards per command and the refusals."""
+
+    levels: int = 0
+    power_limits: int = 0
+    slept: int = 0
+    woken: int = 0
+    setpoint_c: float | None = None
+    placed: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
+    """Apply ``decision`` to ``plant`` (see the module docstring): lowering commands first."""
+    rep = ApplyReport()
+    truth = plant.truth()
+    failed = truth.failed | decision.card_failed
+    alive = np.flatnonzero(~failed)
+    min_lim = plant.config.min_power_limit_w
+
+    def attempt(what: str, fn: Callable[[], None]) -> bool:
+        try:
+            fn()
+        except CommandError as exc:
+            rep.refused.append(f"{what}: {exc.reason}")
+            return False
+        return True
+
+    lim = np.clip(decision.card_power_limit_w[alive], min_lim, plant.site.card.power_limit_w)
+    if alive.size and attempt("set_power_limits", lambda: plant.set_power_limits(alive, lim)):
+        rep.power_limits = int(alive.size)
+    lv = decision.card_level[alive]
+    moved = alive[truth.level[alive] != lv]
+    if moved.size and attempt("set_levels", lambda: plant.set_levels(moved, decision.card_level[moved])):
+        rep.levels = int(moved.size)
+    free = np.zeros(plant.n_cards, dtype=bool)
+    free[plant.free_cards()] = True
+    sleep = np.flatnonzero(decision.card_low_power & ~truth.low_power & ~failed & free)
+    if sleep.size and attempt("enter_low_power", lambda: plant.enter_low_power(sleep)):
+        rep.slept = int(sleep.size)
+    wake = np.flatnonzero(~decision.card_low_power & truth.low_power & ~failed)
+    if wake.size and attempt("wake", lambda: plant.wake(wake)):
+        rep.woken = int(wake.size)
+    new_setpoint = (
+        math.isfinite(decision.supply_temp_c) and abs(decision.supply_temp_c - truth.supply_setpoint_c) > 1e-9
+    )
+    if new_setpoint and attempt("set_supply_temp", lambda: plant.set_supply_temp(decision.supply_temp_c)):
+        rep.setpoint_c = decision.supply_temp_c
+    for order in decision.placements:
+        cards = np.asarray(order.cards, dtype=np.int64)
+        if attempt(f"place_job {order.job_id}", _placer(plant, order.job_id, cards)):
+            rep.placed.append(order.job_id)
+    return rep
+
+
+def _placer(plant: Plant, job_id: str, cards: npt.NDArray[np.int64]) -> Callable[[], None]:
+    return lambda: plant.place_job(job_id, cards)
+
+
+def _resumes(ev: JobEvent) -> bool:
+    return ev.kind in ("started", "finished", "failed", "requeued") or (
+        ev.kind == "phase" and ev.phase == Phase.COMPUTE
+    )
+
+
+class ClosedLoop:
+    """Plant, belief, estimator and controller in one loop (see the module docstring).
+
+    ``on_decision(decision, report)`` is called after each decision is applied. ``estimator=False``
+    skips online calibration (faster). ``decisions`` counts the decisions made.
+    """
+
+    def __init__(
+        self,
+        plant: Plant,
+        controller: Controller,
+        *,
+        period_s: float | None = None,
+        estimator: bool = True,
+        replan_on_job_events: bool | None = None,
+        on_decision: Callable[[Decision, ApplyReport], None] | None = None,
+    ) -> None:
+        cfg = controller.control
+        self.plant = plant
+        self.controller = controller
+        self.period_s = cfg.period_s if period_s is None else float(period_s)
+        self.state = TwinState(plant.site, stuck_after=cfg.stuck_after_readings)
+        self.estimator = Estimator(plant.site) if estimator else None
+        self.replan = cfg.replan_on_job_events if replan_on_job_events is None else replan_on_job_events
+        self.on_decision = on_decision
+        self.decisions = 0
+        self.last_decision: Decision | None = None
+        self._next_s = plant.time_s
+        self._last_s = -math.inf
+
+    def observe(self) -> bool:
+        """Fold the plant's current readings and events into the belief; True when an event asks
+        for a decision now."""
+        readings = self.plant.readings()
+        events = self.plant.drain_events()
+        self.state.update(readings)
+        self.state.apply_events(events)
+        if self.estimator is not None:
+            self.estimator.update(readings)
+        return self.replan and any(_resumes(e) for e in events)
+
+    def decide(self) -> Decision:
+        """One decision now, applied to the plant."""
+        t = self.plant.time_s
+        est = self.estimator.estimates() if self.estimator is not None else None
+        decision = self.controller.step(self.state.snapshot(), t, est)
+        report = apply_to_plant(decision, self.plant)
+        self.decisions += 1
+        self.last_decision = decision
+        self._last_s = t
+        if self.on_decision is not None:
+            self.on_decision(decision, report)
+        return decision
+
+    def run(self, duration_s: float, dt_s: float = 1.0) -> None:
+        """Step the plant ``duration_s`` in steps of ``dt_s``, deciding every period (and on job events)."""
+        end = self.plant.time_s + duration_s
+        min_gap = self.controller.control.min_replan_interval_s
+        while self.plant.time_s < end - 1e-9:
+            urgent = self.observe()
+            t = self.plant.time_s
+            if t >= self._next_s - 1e-9:
+                self.decide()
+                self._next_s = max(self._next_s + self.period_s, t + 1e-9)
+            elif urgent and t - self._last_s >= min_gap:
+                self.decide()
+            self.plant.step(min(dt_s, end - self.plant.time_s))

@@ -1,0 +1,176 @@
+"""Property: whatever plan the guard is given (adversarial levels, sleep states, limits, set-points,
+placements, stale racks, measured extras), the decision it lets out keeps every rack within its
+limit minus margin and every busy die under its limit, as the twin computes it, never raises a cap
+or wakes a card on stale data, and never raises a level faster than its rate limit."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from agent_helpers import belief, job, small_site
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.config import ControlConfig
+from agent.decision import Decision, PlacementOrder, StepContext
+from agent.guard import Guard
+from agent.load import die_offsets_k, site_load, spec_r_total_k_per_w
+from twin.power import PowerModel
+from twin.readings import JobEvent
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
+from twin.steady import card_steady_power_w
+from twin.workload import Phase, compute_utilization
+
+pytestmark = pytest.mark.agent
+
+FloatArray = npt.NDArray[np.float64]
+
+CFG = ControlConfig(period_s=10.0, max_level_raise_per_period=3, max_setpoint_step_k=5.0)
+
+
+@cache
+def scene() -> tuple[SiteSpec, StateSnapshot]:
+    """2 racks of 16 cards: two running jobs, one queued, idle cards; some cards computing."""
+    site = small_site()
+    jobs = [job("a", 8, share=0.97), job("b", 12, share=0.9, priority=2.0), job("q", 4)]
+    _plant, state = belief(site, jobs[:2], 90)
+    # "q" is queued (the belief's plant never saw it, so nothing placed it)
+    state.apply_events([JobEvent(time_s=90.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=jobs[2])])
+    snap = state.snapshot()
+    return site, snap
+
+
+def judge(site: SiteSpec, snap: StateSnapshot, ctx: StepContext, d: Decision) -> tuple[FloatArray, FloatArray]:
+    """Rack power (cards + hosts + extra) and busy-card die temperatures of a decision, recomputed
+    with the twin's functions: every busy card computing at its level, held to its power limit."""
+    model = PowerModel.from_card(site.card)
+    load = site_load(site, snap, [(p.job_id, p.cards) for p in d.placements])
+    busy = load.busy
+    assert np.all(d.card_busy == busy)
+    cs = np.zeros(site.n_cards)
+    ncu = np.zeros(site.n_cards)
+    for j in load.jobs:
+        cs[j.cards], ncu[j.cards] = j.spec.compute_share, j.spec.noncompute_utilization
+    clocks = np.asarray(site.card.clocks_mhz)
+    lv = d.card_level
+    u = np.where(busy, compute_utilization(cs, clocks[lv] / clocks[0], ncu), 0.0)
+    lp = d.card_low_power & ~busy
+    inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
+    off = die_offsets_k(site, snap, load, ctx.card_inlet_c, ctx.r_total_k_per_w)
+    p, _ = card_steady_power_w(model, lv, u, lp, inlet, ctx.r_total_k_per_w)
+    p = p + np.where(lp, model.low_power_leak_w_per_k, model.leak_w_per_k[lv]) * off
+    p = np.where(lp, p, np.minimum(p, d.card_power_limit_w))
+    p = np.where(snap.card_failed, 0.0, p)
+    racks = np.bincount(site.card_rack(), weights=p, minlength=site.n_racks) + site.rack.host_overhead_w
+    die = np.where(busy & ~snap.card_failed, inlet + ctx.r_total_k_per_w * p + off, -np.inf)
+    return racks + ctx.rack_extra_w, die
+
+
+n_cards = 32
+levels = st.lists(st.integers(-3, 12), min_size=n_cards, max_size=n_cards)
+flags = st.lists(st.booleans(), min_size=n_cards, max_size=n_cards)
+limits = st.lists(
+    st.one_of(st.floats(0.0, 2000.0), st.just(float("nan")), st.just(float("inf"))), min_size=n_cards, max_size=n_cards
+)
+inlets = st.lists(st.floats(15.0, 50.0), min_size=2, max_size=2)
+placements = st.lists(
+    st.tuples(st.sampled_from(["q", "a", "nope"]), st.lists(st.integers(-2, 40), min_size=0, max_size=6)),
+    max_size=3,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lv=levels,
+    lp=flags,
+    lim=limits,
+    setpoint=st.floats(-10.0, 90.0),
+    current_setpoint=st.sampled_from([20.0, 30.0, 45.0]),
+    inlet=inlets,
+    stale=st.lists(st.booleans(), min_size=2, max_size=2),
+    extra=st.lists(st.floats(0.0, 3000.0), min_size=2, max_size=2),
+    r_scale=st.floats(0.9, 2.0),
+    places=placements,
+)
+def test_no_reviewed_decision_exceeds_a_cap(
+    lv: list[int],
+    lp: list[bool],
+    lim: list[float],
+    setpoint: float,
+    current_setpoint: float,
+    inlet: list[float],
+    stale: list[bool],
+    extra: list[float],
+    r_scale: float,
+    places: list[tuple[str, list[int]]],
+) -> None:
+    site, snap = scene()
+    n = site.n_cards
+    ctx = StepContext(
+        now_s=100.0,
+        cycle=1,
+        stale_racks=tuple(i for i, s in enumerate(stale) if s),
+        stuck_racks=(),
+        failsafe_racks=tuple(i for i, s in enumerate(stale) if s),
+        setpoint_c=current_setpoint,
+        ambient_c=25.0,
+        card_inlet_c=np.asarray(inlet)[site.card_rack()],
+        r_total_k_per_w=spec_r_total_k_per_w(site) * r_scale,
+        rack_extra_w=np.asarray(extra),
+        choose_setpoint=True,
+        solver_time_limit_s=1.0,
+    )
+    nan_r = np.full(site.n_racks, np.nan)
+    proposal = Decision(
+        cycle=1,
+        time_s=100.0,
+        card_level=np.asarray(lv, dtype=np.int64),
+        card_low_power=np.asarray(lp, dtype=bool),
+        card_power_limit_w=np.asarray(lim, dtype=np.float64),
+        card_failed=np.zeros(n, dtype=bool),
+        card_busy=np.zeros(n, dtype=bool),
+        supply_temp_c=setpoint,
+        placements=tuple(PlacementOrder(j, tuple(c)) for j, c in places),
+        status="optimal",
+        plan_status="optimal",
+        source="milp",
+        solve_time_s=0.0,
+        failsafe_racks=(),
+        rack_cap_w=nan_r,
+        predicted_rack_power_w=nan_r,
+        budget_rack_power_w=nan_r,
+        predicted_rack_max_die_c=nan_r,
+        predicted_it_power_w=0.0,
+        predicted_facility_power_w=0.0,
+        predicted_pue=1.0,
+    )
+    d = Guard(site, CFG).review(proposal, snap, ctx)
+    racks, die = judge(site, snap, ctx, d)
+    cap = site.rack.power_limit_w - CFG.rack_margin_w
+    assert np.all(racks <= cap + 1e-6), (racks, cap)
+    assert np.allclose(d.budget_rack_power_w, racks)
+    # dies: under the limit unless the card is already at its slowest level and lowest power limit
+    die_limit = site.card.slowdown_temp_c - CFG.die_margin_k
+    stuck_hot = (d.card_level == 7) & (d.card_power_limit_w <= CFG.min_power_limit_w)
+    assert np.all((die <= die_limit + 1e-6) | stuck_hot)
+    # rate limits
+    cur = np.asarray(snap.card_level)
+    assert np.all(d.card_level >= cur - CFG.max_level_raise_per_period)
+    assert abs(d.supply_temp_c - current_setpoint) <= CFG.max_setpoint_step_k + 1e-9
+    assert site.facility.supply_temp_options_c[0] <= d.supply_temp_c <= site.facility.supply_temp_options_c[-1]
+    # stale racks: no cap raised, no card woken, everything at the slowest level, caps under the limit
+    for r in ctx.failsafe_racks:
+        rc = site.card_rack() == r
+        assert np.all(d.card_power_limit_w[rc] <= snap.card_power_limit_w[rc] + 1e-9)
+        assert not np.any(~d.card_low_power[rc] & snap.card_low_power[rc] & ~d.card_busy[rc])
+        assert np.all(d.card_level[rc] == 7)
+        assert d.card_power_limit_w[rc].sum() + site.rack.host_overhead_w + extra[r] <= cap + 1e-6
+        assert not any(rc[list(p.cards)].any() for p in d.placements)
+    # busy cards are awake; placements are valid
+    assert not np.any(d.card_low_power & d.card_busy)
+    for p in d.placements:
+        assert p.job_id == "q" and len(p.cards) == 4
