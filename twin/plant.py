@@ -521,6 +521,13 @@ class Plant:
     def n_cards(self) -> int:
         return self._n
 
+    @property
+    def rack_power_w(self) -> FloatArray:
+        """TRUE power of every rack (cards + host overhead) over the last step (a copy; cheaper
+        than :meth:`truth` for judging the rack limits every step)."""
+        out: FloatArray = self._rack_power.copy()
+        return out
+
     def submit(self, job: JobSpec) -> None:
         """Add a job; it enters the queue at ``job.submit_time_s`` (now if that has passed)."""
         if job.job_id in self._jobs:

@@ -1,0 +1,322 @@
+"""twin.scenario: run-scenario files (every example loads; every problem names the file and the field),
+the embedded default, the warm start, listed and traced jobs, faults, and the plant built from them."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from twin.faults import CardFailure, DiurnalAmbient, HeatWave, PiecewiseAmbient, PumpDegradation, StuckSensor
+from twin.plant import SensorNoise
+from twin.scenario import (
+    DEFAULT_EXTERNAL_TIMEOUT_S,
+    FAULT_KINDS,
+    BrokerDisconnect,
+    build_plant,
+    default_run_scenario,
+    load_run_scenario,
+    run_scenario_from_dict,
+)
+from twin.spec import SiteSpec
+from twin.tables import SpecError
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+RUN_EXAMPLES = sorted([*EXAMPLES.glob("sim-*.toml"), *EXAMPLES.glob("fault-*.toml"), *EXAMPLES.glob("day-*.toml")])
+
+
+def test_there_are_examples_of_every_fault_kind() -> None:
+    kinds = {p.stem.removeprefix("fault-").replace("-", "_") for p in EXAMPLES.glob("fault-*.toml")}
+    assert kinds == set(FAULT_KINDS)
+
+
+@pytest.mark.parametrize("path", RUN_EXAMPLES, ids=lambda p: p.name)
+def test_every_example_scenario_loads(path: Path) -> None:
+    sc = load_run_scenario(path, duration_s=600.0)  # a shorter horizon keeps the generated workloads small
+    assert sc.name and sc.source == str(path) and sc.duration_s == 600.0
+    assert sc.telemetry_period_s > 0 and sc.site.n_cards >= 512
+    assert {j.job_id for j in sc.jobs} >= set(sc.running_at_start)
+    kind = path.stem.removeprefix("fault-").replace("-", "_")
+    if path.stem.startswith("fault-"):
+        got = [type(f) for f in (*sc.faults, *sc.sim_faults)]
+        assert FAULT_KINDS[kind] in got
+
+
+def test_the_default_scenario(site: SiteSpec) -> None:
+    sc = default_run_scenario(site, 3600.0, seed=3)
+    assert sc.name == "default" and sc.duration_s == 3600.0 and sc.seed == 3
+    cfg = sc.plant_config
+    assert cfg.placement == "external" and cfg.external_timeout_s == DEFAULT_EXTERNAL_TIMEOUT_S
+    assert cfg.seed == 3 and isinstance(cfg.ambient, DiurnalAmbient)
+    assert cfg.ambient.mean_c == site.facility.ambient_temp_c
+    assert sc.faults == () and sc.sim_faults == () and sc.telemetry_period_s == 1.0
+    # warm start: jobs already running at t = 0 hold a good share of the site
+    assert sc.running_at_start
+    held = sum(j.n_cards for j in sc.jobs if j.job_id in sc.running_at_start)
+    assert held >= 0.3 * site.n_cards
+    assert all(j.submit_time_s == 0.0 for j in sc.jobs if j.job_id in sc.running_at_start)
+    assert [j.submit_time_s for j in sc.jobs] == sorted(j.submit_time_s for j in sc.jobs)
+    # the same seed gives the same scenario, another seed another one
+    assert default_run_scenario(site, 3600.0, seed=3).jobs == sc.jobs
+    assert default_run_scenario(site, 3600.0, seed=4).jobs != sc.jobs
+
+
+def test_generated_allocation_follows_the_target_over_a_day(site: SiteSpec) -> None:
+    big = site.with_supernodes(4)
+    sc = run_scenario_from_dict({"name": "x", "duration_s": 86400.0, "seed": 2}, site=big)
+    cold = run_scenario_from_dict(
+        {"name": "x", "duration_s": 86400.0, "seed": 2, "workload": {"warm_start": False}}, site=big
+    )
+    assert cold.running_at_start == () and all(j.submit_time_s >= 0 for j in cold.jobs)
+    # Little's law: arrivals x expected card-seconds over the day ~ 65% of the cards
+    ph = sc.plant_config.phases
+    demand = sum(
+        j.n_cards * ph.expected_wall_time_s(j.duration_s, j.checkpoint_interval_s, j.checkpoint_duration_s)
+        for j in cold.jobs
+    )
+    assert 0.3 < demand / (big.n_cards * 86400.0) < 1.3
+
+
+def test_build_plant_places_the_jobs_running_at_start(site: SiteSpec) -> None:
+    sc = default_run_scenario(site, 600.0, seed=1)
+    plant = build_plant(sc)
+    running = {j.job_id for j in plant.running_jobs()}
+    queued = {j.job_id for j in plant.queued_jobs()}
+    assert running and running <= set(sc.running_at_start)
+    assert set(sc.running_at_start) <= running | queued  # what did not fit waits
+    # compact: every placed job is inside one supernode and on distinct cards
+    cards = np.concatenate([plant.job_cards(j) for j in running])
+    assert np.unique(cards).size == cards.size
+    events = plant.drain_events()
+    assert {e.job_id for e in events if e.kind == "started"} == running
+
+
+def test_listed_jobs_ambient_plant_and_faults(site: SiteSpec, tmp_path: Path) -> None:
+    text = """
+name = "listed"
+duration_s = 900
+seed = 4
+telemetry_period_s = 2.5
+[workload]
+source = "none"
+[ambient]
+kind = "piecewise"
+times_s = [0, 600]
+temps_c = [20, 30]
+[plant]
+placement = "builtin"
+noise = false
+variation = false
+initial_level = 2
+[phases]
+startup_s = 10.0
+[[jobs]]
+id = "a"
+n_cards = 64
+work_steps = 1000
+running_at_start = true
+[[jobs]]
+id = "b"
+n_cards = 8
+duration_s = 100
+step_time_s = 0.5
+compute_share = 0.6
+priority = 2
+min_throughput_frac = 0.8
+submit_time_s = 30
+[[faults]]
+kind = "card_failure"
+card = 5
+at_s = 60
+[[faults]]
+kind = "pump_degradation"
+rack = "r3"
+start_s = 100
+flow_fraction = 0.5
+[[faults]]
+kind = "stuck_sensor"
+rack = 1
+card = 70
+start_s = 10
+[[faults]]
+kind = "heat_wave"
+start_s = 0
+peak_delta_k = 8
+[[faults]]
+kind = "broker_disconnect"
+start_s = 300
+duration_s = 30
+"""
+    p = tmp_path / "s.toml"
+    p.write_text(
+        text.replace(
+            "duration_s = 900\n", f'duration_s = 900\nsite = "{(EXAMPLES / "supernode-512.toml").as_posix()}"\n'
+        )
+    )
+    sc = load_run_scenario(p)
+    assert sc.telemetry_period_s == 2.5 and sc.seed == 4 and sc.workload == "listed jobs only + 2 listed"
+    a, b = sc.jobs
+    assert (a.job_id, a.n_cards, a.work_steps, a.step_time_s, a.compute_share) == ("a", 64, 1000.0, 2.0, 0.8)
+    assert b.work_steps == 200.0 and b.priority == 2.0 and b.min_throughput_frac == 0.8 and b.submit_time_s == 30.0
+    assert sc.running_at_start == ("a",)
+    cfg = sc.plant_config
+    assert cfg.placement == "builtin" and cfg.noise == SensorNoise.none() and cfg.initial_level == 2
+    assert cfg.phases.startup_s == 10.0 and isinstance(cfg.ambient, PiecewiseAmbient)
+    assert sc.faults == (
+        CardFailure(card=5, at_s=60.0),
+        PumpDegradation(rack=3, start_s=100.0, flow_fraction=0.5),
+        StuckSensor(rack=1, start_s=10.0, card=70),
+        HeatWave(start_s=0.0, peak_delta_k=8.0),
+    )
+    assert sc.sim_faults == (BrokerDisconnect(start_s=300.0, duration_s=30.0),)
+    plant = build_plant(sc)
+    assert [j.job_id for j in plant.running_jobs()] == ["a"]
+    assert plant.ambient_c(600.0) == pytest.approx(30.0 + 8.0 * (600.0 / 3600.0))
+    # overrides: site, seed, duration
+    other = load_run_scenario(p, site=site.with_supernodes(2), seed=9, duration_s=60.0)
+    assert other.site.n_cards == 1024 and other.seed == 9 and other.duration_s == 60.0 and other.plant_config.seed == 9
+
+
+def test_trace_workload(tmp_path: Path) -> None:
+    sc = load_run_scenario(EXAMPLES / "sim-trace.toml")
+    assert sc.workload == "trace sim-trace.csv" and len(sc.jobs) == 9 and sc.running_at_start == ()
+    assert sc.jobs[0].job_id == "llm-pretrain" and sc.jobs[0].n_cards == 256
+    assert sc.plant_config.external_timeout_s == 60.0
+
+
+def test_supernodes_scale_the_site() -> None:
+    sc = load_run_scenario(EXAMPLES / "sim-2048.toml", duration_s=60.0)
+    assert sc.site.n_cards == 2048 and sc.site.n_racks == 32 and sc.site.name.endswith("-x4")
+
+
+# ---- problems name the file and the field ------------------------------------------------------
+
+
+def fault(**table: Any) -> dict[str, Any]:
+    """A scenario change with one ``[[faults]]`` table."""
+    return {"faults": [table]}
+
+
+BASE: dict[str, Any] = {"name": "bad", "duration_s": 600.0, "workload": {"source": "none"}}
+
+
+def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = None) -> str:
+    data = copy.deepcopy(BASE if base is None else base)
+    data.update(change)
+    with pytest.raises(SpecError) as info:
+        run_scenario_from_dict(data, source="bad.toml", site=site)
+    msg = str(info.value)
+    assert msg.startswith("bad.toml: "), msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"duration_s": -5.0}, "duration_s", "must be > 0"),
+        ({"durration_s": 5.0}, "durration_s", "did you mean 'duration_s'"),
+        ({"telemetry_period_s": 0.0}, "telemetry_period_s", ">= 0.01"),
+        ({"seed": "x"}, "seed", "expected an integer"),
+        ({"workload": {"source": "magic"}}, "workload.source", "must be one of"),
+        ({"workload": {"source": "trace"}}, "workload.trace", "missing"),
+        ({"workload": {"source": "trace", "trace": "nope.csv"}}, "workload.trace", "file not found"),
+        ({"workload": {"target_allocation": 1.5}}, "workload.target_allocation", "<= 1"),
+        ({"plant": {"placement": "random"}}, "plant.placement", "must be one of"),
+        ({"plant": {"initial_level": 9}}, "plant.initial_level", "0..7"),
+        ({"ambient": {"kind": "tropical"}}, "ambient.kind", "must be one of"),
+        ({"ambient": {"kind": "piecewise", "times_s": [0, 1], "temps_c": [20]}}, "ambient", "equal length"),
+        ({"ambient": {"kind": "constant", "temp_f": 70}}, "ambient.temp_f", "unknown key"),
+        ({"phases": {"startup_s": -1.0}}, "phases", "must be >= 0"),
+        ({"jobs": [{"id": "a", "n_cards": 8}]}, "jobs[0].duration_s", "exactly one of duration_s and work_steps"),
+        ({"jobs": [{"id": "a b", "n_cards": 8, "duration_s": 10}]}, "jobs[0].id", "wire identifier"),
+        ({"jobs": [{"id": "a", "n_cards": 9999, "duration_s": 10}]}, "jobs[0].n_cards", "the site has 512"),
+        (
+            {"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10}, {"id": "a", "n_cards": 8, "duration_s": 10}]},
+            "jobs[1].id",
+            "duplicate job id",
+        ),
+        (
+            {"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10, "submit_time_s": 5, "running_at_start": True}]},
+            "jobs[0].running_at_start",
+            "submit_time_s = 0",
+        ),
+        ({"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10, "priority": 0}]}, "jobs[0].priority", "> 0"),
+        (fault(rack=1, start_s=0), "faults[0].kind", "missing"),
+        (fault(kind="meteor", start_s=0), "faults[0].kind", "must be one of"),
+        (fault(kind="sensor_dropout", rack=8, start_s=0), "faults[0].rack", "not in the site"),
+        (fault(kind="sensor_dropout", rack="r9", start_s=0), "faults[0].rack", "not in the site"),
+        (
+            fault(kind="sensor_dropout", rack=1, start_s=10, end_s=5),
+            "faults[0]",
+            "must be after start_s",
+        ),
+        (fault(kind="card_failure", card=512, at_s=0), "faults[0].card", "not in the site"),
+        (fault(kind="stuck_sensor", rack=0, card=70, start_s=0), "faults[0].card", "not in rack 0"),
+        (fault(kind="pump_degradation", rack=0, start_s=0), "faults[0].flow_fraction", "missing"),
+        (fault(kind="pump_degradation", rack=0, start_s=0, flow_fraction=0), "faults[0].flow_fraction", ">= 0.05"),
+        (fault(kind="garbage_readings", rack=0, start_s=0, mode="junk"), "faults[0].mode", "one of"),
+        (fault(kind="heat_wave", start_s=0, peak_delta_k="hot"), "faults[0].peak_delta_k", "expected a number"),
+        (fault(kind="broker_disconnect", start_s=10), "faults[0].duration_s", "missing"),
+        (fault(kind="broker_disconnect", start_s=10, duration_s=0), "faults[0].duration_s", "> 0"),
+        (
+            {"faults": [{"kind": "broker_disconnect", "start_s": 10, "duration_s": 60},
+                        {"kind": "broker_disconnect", "start_s": 30, "duration_s": 5}]},
+            "faults",
+            "overlap",
+        ),
+        ({"faults": {"kind": "heat_wave"}}, "faults", "list of tables"),
+    ],
+)  # fmt: skip
+def test_problems_name_the_file_and_the_field(site: SiteSpec, change: dict[str, Any], field: str, words: str) -> None:
+    msg = _bad(site, change)
+    assert msg.startswith(f"bad.toml: {field}: "), msg
+    assert words in msg, msg
+
+
+def test_file_problems(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'none.toml'}: file not found")):
+        load_run_scenario(tmp_path / "none.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text('name = "x"\nduration_s = \n', encoding="utf-8")
+    with pytest.raises(SpecError, match=r"broken\.toml: not valid TOML"):
+        load_run_scenario(broken)
+    nosite = tmp_path / "nosite.toml"
+    nosite.write_text('name = "x"\nduration_s = 60\n', encoding="utf-8")
+    with pytest.raises(SpecError, match=r"nosite.toml: site: missing required value"):
+        load_run_scenario(nosite)
+    badsite = tmp_path / "badsite.toml"
+    badsite.write_text('name = "x"\nduration_s = 60\nsite = "other.toml"\n', encoding="utf-8")
+    with pytest.raises(SpecError, match=r"badsite.toml: site: .*other.toml: file not found"):
+        load_run_scenario(badsite)
+    missing_name = tmp_path / "noname.toml"
+    missing_name.write_text("duration_s = 60\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=r"noname.toml: name: missing required value"):
+        load_run_scenario(missing_name)
+
+
+def test_bad_trace_names_the_trace_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text(
+        "job_id,submit_time_s,n_cards,duration_s,step_time_s,compute_share\nx,0,8,abc,1,0.5\n"
+    )
+    (tmp_path / "s.toml").write_text(
+        f'name = "t"\nduration_s = 60\nsite = "{(EXAMPLES / "supernode-512.toml").as_posix()}"\n'
+        '[workload]\nsource = "trace"\ntrace = "t.csv"\n'
+    )
+    with pytest.raises(SpecError) as info:
+        load_run_scenario(tmp_path / "s.toml")
+    msg = str(info.value)
+    assert "s.toml: workload.trace: " in msg and "t.csv:2: column 'duration_s': not a number" in msg
+
+
+def test_override_checks(site: SiteSpec) -> None:
+    with pytest.raises(SpecError, match="duration_s"):
+        run_scenario_from_dict(BASE, source="x", site=site, duration_s=math.nan)
+    with pytest.raises(SpecError, match="seed"):
+        run_scenario_from_dict(BASE, source="x", site=site, seed=-1)

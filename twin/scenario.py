@@ -1,0 +1,567 @@
+"""Run scenarios: a site in time with its workload, weather and faults, for sim, evaluate and demo.
+
+A run scenario is a TOML file (format: docs/sim.md, "Run-scenario files"; examples in
+``examples/sim-*.toml`` and ``examples/fault-*.toml``) that this module parses into plain plant
+inputs: the site, the jobs, the plant faults (``twin.faults``), the simulator-only faults
+(:class:`BrokerDisconnect`), a :class:`twin.plant.PlantConfig` and the telemetry period. It does no
+I/O beyond reading the scenario, its site spec and its job trace, and nothing here knows about MQTT.
+
+Every problem is a :class:`twin.tables.SpecError` naming the file and the field
+(``faults[2].rack: rack 9 is not in the site (0..7)``). :func:`default_run_scenario` is the scenario
+the simulator runs when none is given: the twin's generated workload at 65% allocation, already in
+steady state at t = 0 (``warm_start``), a diurnal ambient around the site's ``ambient_temp_c``.
+
+Time: ``t = 0`` is the start of the run and, for the diurnal ambient, midnight.
+
+Warm start: the generator's Poisson arrivals are drawn over ``[-W, duration)`` (``W`` = the longest
+job run time); a job that arrived before 0 and whose expected wall time reaches past 0 is running at
+t = 0 with the work it has left (length-biased, as in a site that has been running for days). Those
+jobs are listed in :attr:`RunScenario.running_at_start` and :func:`build_plant` places them at t = 0
+(compact first fit) before the first step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from twin.faults import (
+    Ambient,
+    CardFailure,
+    ColdPlateFouling,
+    ConstantAmbient,
+    DiurnalAmbient,
+    Fault,
+    GarbageReadings,
+    HeatWave,
+    PiecewiseAmbient,
+    PumpDegradation,
+    SensorDropout,
+    StuckSensor,
+)
+from twin.plant import CardVariation, Plant, PlantConfig, SensorNoise
+from twin.spec import SiteSpec, load_site
+from twin.tables import SpecError, choices, decode_table, read_toml, rng
+from twin.workload import GeneratorConfig, JobSpec, PhaseModel, TraceError, generate_jobs, load_trace
+
+__all__ = [
+    "DEFAULT_EXTERNAL_TIMEOUT_S",
+    "FAULT_KINDS",
+    "JOB_ID_PATTERN",
+    "BrokerDisconnect",
+    "RunScenario",
+    "SimFault",
+    "build_plant",
+    "default_run_scenario",
+    "load_run_scenario",
+    "place_compact",
+    "run_scenario_from_dict",
+]
+
+T = TypeVar("T")
+
+#: Job ids must be valid on the wire (``agent.wire``: publisher/job ids).
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+
+#: Default placement mode of a run scenario: the agent places queued jobs (``scheduler/cmd``); a
+#: job the agent has not placed after this many seconds in the queue is placed by the plant's
+#: built-in first-fit scheduler, so that a site with no agent never starves.
+DEFAULT_EXTERNAL_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class BrokerDisconnect:
+    """Simulator-only fault: the simulator drops its MQTT connection at ``start_s`` for
+    ``duration_s`` seconds (site time) and reconnects (what happens on the wire: docs/sim.md)."""
+
+    start_s: float = field(metadata=rng(0.0))
+    duration_s: float = field(metadata=rng(0.0, lo_open=True))
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.start_s) and self.start_s >= 0):
+            raise ValueError(f"BrokerDisconnect: start_s must be a finite time >= 0 s, got {self.start_s}")
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"BrokerDisconnect: duration_s must be a finite time > 0 s, got {self.duration_s}")
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+SimFault = BrokerDisconnect
+
+#: ``kind`` of a ``[[faults]]`` table -> the dataclass it decodes into.
+FAULT_KINDS: Mapping[str, type[Any]] = {
+    "sensor_dropout": SensorDropout,
+    "stuck_sensor": StuckSensor,
+    "garbage_readings": GarbageReadings,
+    "card_failure": CardFailure,
+    "pump_degradation": PumpDegradation,
+    "cold_plate_fouling": ColdPlateFouling,
+    "heat_wave": HeatWave,
+    "broker_disconnect": BrokerDisconnect,
+}
+
+_AMBIENT_KINDS: Mapping[str, type[Any]] = {
+    "constant": ConstantAmbient,
+    "diurnal": DiurnalAmbient,
+    "piecewise": PiecewiseAmbient,
+}
+
+
+@dataclass(frozen=True)
+class RunScenario:
+    """A time-based scenario for ``racktwin sim``, ``evaluate`` and ``demo`` (see the module docstring).
+
+    ``jobs`` are in submission order; ``running_at_start`` names the jobs (submitted at 0) that
+    :func:`build_plant` places at t = 0. ``plant_config.seed`` is the scenario's seed.
+    """
+
+    name: str
+    source: str  # the file it came from, or "(default)"
+    site: SiteSpec
+    duration_s: float
+    seed: int
+    jobs: tuple[JobSpec, ...]
+    faults: tuple[Fault, ...]
+    sim_faults: tuple[SimFault, ...]
+    plant_config: PlantConfig
+    telemetry_period_s: float
+    running_at_start: tuple[str, ...] = ()
+    workload: str = ""  # one line: where the jobs come from
+
+
+# --------------------------------------------------------------------------------------------
+# File sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WorkloadSection:
+    """``[workload]``: where jobs come from (listed ``[[jobs]]`` are added in every case)."""
+
+    source: str = field(default="generate", metadata=choices("generate", "trace", "none"))
+    target_allocation: float = field(default=0.65, metadata=rng(0.0, 1.0, lo_open=True))
+    warm_start: bool = True
+    duration_scale: float = field(default=1.0, metadata=rng(0.0, 1e6, lo_open=True))
+    max_cards: int | None = field(default=None, metadata=rng(1, 10_000_000))
+    seed: int | None = field(default=None, metadata=rng(0, 2**63 - 1))
+    trace: str | None = None
+    time_offset_s: float = field(default=0.0, metadata=rng(0.0, 1e9))
+
+
+@dataclass(frozen=True)
+class _PlantSection:
+    """``[plant]``: how the virtual plant behaves beyond the site spec (``twin.plant.PlantConfig``)."""
+
+    placement: str = field(default="external", metadata=choices("builtin", "external"))
+    external_timeout_s: float = field(default=DEFAULT_EXTERNAL_TIMEOUT_S, metadata=rng(0.0, 1e9))
+    backfill_wait_s: float = field(default=1800.0, metadata=rng(0.0, 1e9))
+    supply_time_constant_s: float = field(default=120.0, metadata=rng(0.0, 1e6))
+    min_power_limit_w: float = field(default=200.0, metadata=rng(0.0, 1e4))
+    initial_level: int = field(default=0, metadata=rng(0, 255))
+    initial_low_power: bool = False
+    noise: bool = True
+    variation: bool = True
+
+
+@dataclass(frozen=True)
+class _JobEntry:
+    """``[[jobs]]``: one listed job (give ``duration_s`` or ``work_steps``)."""
+
+    id: str
+    n_cards: int = field(metadata=rng(1, 10_000_000))
+    duration_s: float | None = field(default=None, metadata=rng(0.0, 1e12, lo_open=True))
+    work_steps: float | None = field(default=None, metadata=rng(0.0, 1e15, lo_open=True))
+    step_time_s: float = field(default=2.0, metadata=rng(0.0, 1e6, lo_open=True))
+    compute_share: float = field(default=0.8, metadata=rng(0.0, 1.0))
+    priority: float = field(default=1.0, metadata=rng(0.0, 1e6, lo_open=True))
+    submit_time_s: float = field(default=0.0, metadata=rng(0.0, 1e12))
+    checkpoint_interval_s: float = field(default=900.0, metadata=rng(0.0, 1e8, lo_open=True))
+    checkpoint_duration_s: float = field(default=60.0, metadata=rng(0.0, 1e8))
+    noncompute_utilization: float = field(default=0.2, metadata=rng(0.0, 1.0))
+    min_throughput_frac: float = field(default=0.0, metadata=rng(0.0, 1.0))
+    running_at_start: bool = False
+
+
+@dataclass(frozen=True)
+class _RunFile:
+    """The top level of a run-scenario file (``ambient``, ``phases``, ``jobs`` and ``faults`` are
+    decoded separately)."""
+
+    name: str
+    duration_s: float = field(metadata=rng(0.0, 1e10, lo_open=True))
+    site: str | None = None
+    supernodes: int | None = field(default=None, metadata=rng(1, 10_000))
+    seed: int = field(default=0, metadata=rng(0, 2**63 - 1))
+    telemetry_period_s: float = field(default=1.0, metadata=rng(0.01, 3600.0))
+    workload: _WorkloadSection = field(default_factory=_WorkloadSection)
+    plant: _PlantSection = field(default_factory=_PlantSection)
+
+
+_SEPARATE_KEYS = ("ambient", "phases", "jobs", "faults")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def load_run_scenario(
+    path: str | Path,
+    *,
+    site: SiteSpec | None = None,
+    seed: int | None = None,
+    duration_s: float | None = None,
+) -> RunScenario:
+    """Read a run-scenario TOML file. ``site`` replaces the file's ``site`` key (``supernodes``
+    still applies); ``seed`` and ``duration_s`` override the file's (the generated workload is
+    drawn for them). Any problem is a :class:`SpecError` naming the file and the field."""
+    data = read_toml(path)
+    return run_scenario_from_dict(
+        data, source=str(path), base_dir=Path(path).parent, site=site, seed=seed, duration_s=duration_s
+    )
+
+
+def _wrap(source: str, where: str, make: Callable[[], T]) -> T:
+    """Run a constructor; its ValueError becomes a SpecError at ``where``."""
+    try:
+        return make()
+    except SpecError:
+        raise
+    except ValueError as exc:
+        raise SpecError(source, where, str(exc)) from None
+
+
+def run_scenario_from_dict(
+    data: Mapping[str, Any],
+    *,
+    source: str = "<scenario>",
+    base_dir: str | Path = ".",
+    site: SiteSpec | None = None,
+    seed: int | None = None,
+    duration_s: float | None = None,
+) -> RunScenario:
+    """Build a :class:`RunScenario` from parsed TOML (relative paths are taken from ``base_dir``)."""
+    if not isinstance(data, Mapping):
+        raise SpecError(source, "(top level)", f"expected a table, got {type(data).__name__}")
+    base = Path(base_dir)
+    main = {k: v for k, v in data.items() if k not in _SEPARATE_KEYS}
+    top = decode_table(_RunFile, main, source)
+    if seed is not None and seed < 0:
+        raise SpecError(source, "seed", f"must be >= 0, got {seed}")
+    if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
+        raise SpecError(source, "duration_s", f"must be a positive number of seconds, got {duration_s}")
+    the_seed = top.seed if seed is None else seed
+    duration = top.duration_s if duration_s is None else float(duration_s)
+
+    # ---- site ------------------------------------------------------------------------------
+    if site is None:
+        if top.site is None:
+            raise SpecError(source, "site", "missing required value: the site spec file (or pass --site)")
+        site_path = base / top.site
+        try:
+            site = load_site(site_path)
+        except SpecError as exc:
+            raise SpecError(source, "site", f"{exc}") from None
+    if top.supernodes is not None:
+        site = site.with_supernodes(top.supernodes)
+
+    # ---- plant configuration -----------------------------------------------------------------
+    ambient = _ambient(data.get("ambient"), site, source)
+    phases = PhaseModel()
+    if "phases" in data:
+        phases = _wrap(source, "phases", lambda: decode_table(PhaseModel, data["phases"], source, "phases"))
+    p = top.plant
+    if p.initial_level >= site.card.n_levels:
+        raise SpecError(
+            source, "plant.initial_level", f"must be within 0..{site.card.n_levels - 1}, got {p.initial_level}"
+        )
+    config = _wrap(
+        source,
+        "plant",
+        lambda: PlantConfig(
+            seed=the_seed,
+            noise=SensorNoise() if p.noise else SensorNoise.none(),
+            variation=CardVariation() if p.variation else CardVariation.none(),
+            ambient=ambient,
+            phases=phases,
+            placement=p.placement,
+            external_timeout_s=p.external_timeout_s,
+            backfill_wait_s=p.backfill_wait_s,
+            supply_time_constant_s=p.supply_time_constant_s,
+            min_power_limit_w=p.min_power_limit_w,
+            initial_level=p.initial_level,
+            initial_low_power=p.initial_low_power,
+        ),
+    )
+
+    # ---- workload ----------------------------------------------------------------------------
+    w = top.workload
+    jobs: list[JobSpec] = []
+    running: list[str] = []
+    if w.source == "generate":
+        if w.trace is not None:
+            raise SpecError(source, "workload.trace", "only used with source = 'trace'")
+        wseed = the_seed if w.seed is None else w.seed
+        gen_jobs, gen_running = _generated(site, duration, wseed, w, phases, source)
+        jobs.extend(gen_jobs)
+        running.extend(gen_running)
+        what = f"generated (AcmeTrace Kalos, {w.target_allocation:.0%} allocation, seed {wseed}"
+        what += ", warm start)" if w.warm_start else ")"
+    elif w.source == "trace":
+        if w.trace is None:
+            raise SpecError(source, "workload.trace", "missing: the trace CSV file (source = 'trace')")
+        try:
+            traced = load_trace(base / w.trace)
+        except TraceError as exc:
+            raise SpecError(source, "workload.trace", str(exc)) from None
+        if w.time_offset_s:
+            traced = [dataclasses.replace(j, submit_time_s=j.submit_time_s + w.time_offset_s) for j in traced]
+        jobs.extend(traced)
+        what = f"trace {w.trace}"
+    else:
+        what = "listed jobs only"
+    listed = data.get("jobs", [])
+    if not isinstance(listed, list):
+        raise SpecError(source, "jobs", "expected a list of tables ([[jobs]])")
+    for i, entry in enumerate(listed):
+        where = f"jobs[{i}]"
+        je = decode_table(_JobEntry, entry, source, where)
+        jobs.append(_listed_job(je, source, where))
+        if je.running_at_start:
+            if je.submit_time_s != 0.0:
+                raise SpecError(
+                    source, f"{where}.running_at_start", "a job running at the start must have submit_time_s = 0"
+                )
+            running.append(je.id)
+    if listed:
+        what += f" + {len(listed)} listed"
+    _check_jobs(jobs, site, source, listed_from=len(jobs) - len(listed))
+    jobs.sort(key=lambda j: j.submit_time_s)
+
+    # ---- faults ------------------------------------------------------------------------------
+    faults, sim_faults = _faults(data.get("faults", []), site, source)
+
+    return RunScenario(
+        name=top.name,
+        source=source,
+        site=site,
+        duration_s=duration,
+        seed=the_seed,
+        jobs=tuple(jobs),
+        faults=tuple(faults),
+        sim_faults=tuple(sim_faults),
+        plant_config=config,
+        telemetry_period_s=top.telemetry_period_s,
+        running_at_start=tuple(running),
+        workload=what,
+    )
+
+
+def default_run_scenario(site: SiteSpec, duration_s: float = 86400.0, seed: int = 0) -> RunScenario:
+    """The embedded default: generated workload at 65% allocation (warm start), diurnal ambient
+    (+-5 K around the site's ``ambient_temp_c``, warmest at 15:00), no faults, telemetry every
+    second, external placement with a 120 s fallback."""
+    return run_scenario_from_dict(
+        {"name": "default", "duration_s": float(duration_s), "seed": int(seed)},
+        source="(default)",
+        site=site,
+    )
+
+
+def _ambient(raw: Any, site: SiteSpec, source: str) -> Ambient:
+    if raw is None:
+        return DiurnalAmbient(site.facility.ambient_temp_c)
+    if not isinstance(raw, Mapping):
+        raise SpecError(source, "ambient", f"expected a table, got {type(raw).__name__}")
+    table = dict(raw)
+    kind = table.pop("kind", "diurnal")
+    if kind not in _AMBIENT_KINDS:
+        raise SpecError(source, "ambient.kind", f"must be one of {', '.join(map(repr, _AMBIENT_KINDS))}, got {kind!r}")
+    cls = _AMBIENT_KINDS[kind]
+    if kind == "diurnal":
+        table.setdefault("mean_c", site.facility.ambient_temp_c)
+    elif kind == "constant":
+        table.setdefault("temp_c", site.facility.ambient_temp_c)
+    result: Ambient = _wrap(source, "ambient", lambda: decode_table(cls, table, source, "ambient"))
+    return result
+
+
+def _listed_job(je: _JobEntry, source: str, where: str) -> JobSpec:
+    if (je.duration_s is None) == (je.work_steps is None):
+        raise SpecError(source, f"{where}.duration_s", "give exactly one of duration_s and work_steps")
+    work = je.work_steps if je.work_steps is not None else float(je.duration_s or 0.0) / je.step_time_s
+    return _wrap(
+        source,
+        where,
+        lambda: JobSpec(
+            job_id=je.id,
+            n_cards=je.n_cards,
+            work_steps=work,
+            step_time_s=je.step_time_s,
+            compute_share=je.compute_share,
+            priority=je.priority,
+            submit_time_s=je.submit_time_s,
+            checkpoint_interval_s=je.checkpoint_interval_s,
+            checkpoint_duration_s=je.checkpoint_duration_s,
+            noncompute_utilization=je.noncompute_utilization,
+            min_throughput_frac=je.min_throughput_frac,
+        ),
+    )
+
+
+def _check_jobs(jobs: Sequence[JobSpec], site: SiteSpec, source: str, listed_from: int) -> None:
+    seen: set[str] = set()
+    for i, j in enumerate(jobs):
+        where = f"jobs[{i - listed_from}]" if i >= listed_from else "workload"
+        if not JOB_ID_PATTERN.match(j.job_id):
+            raise SpecError(
+                source, f"{where}.id" if i >= listed_from else where,
+                f"job id {j.job_id[:80]!r}: use 1-128 of A-Z a-z 0-9 _ . : @ - (it is a wire identifier)",
+            )  # fmt: skip
+        if j.job_id in seen:
+            raise SpecError(source, f"{where}.id" if i >= listed_from else where, f"duplicate job id {j.job_id!r}")
+        seen.add(j.job_id)
+        if j.n_cards > site.n_cards:
+            raise SpecError(
+                source,
+                f"{where}.n_cards" if i >= listed_from else where,
+                f"job {j.job_id!r} needs {j.n_cards} cards, the site has {site.n_cards}",
+            )
+
+
+def _generated(
+    site: SiteSpec, duration_s: float, seed: int, w: _WorkloadSection, phases: PhaseModel, source: str
+) -> tuple[list[JobSpec], list[str]]:
+    """Generated jobs (and, with a warm start, those already running at t = 0)."""
+    kw: dict[str, Any] = {"target_allocation": w.target_allocation, "duration_scale": w.duration_scale}
+    kw["phases"] = phases
+    if w.max_cards is not None:
+        kw["max_cards"] = w.max_cards
+    cfg = _wrap(source, "workload", lambda: GeneratorConfig(**kw))
+    window = cfg.stats.max_run_time_s * cfg.duration_scale + phases.startup_s if w.warm_start else 0.0
+    raw = generate_jobs(site.n_cards, window + duration_s, seed, cfg)
+    jobs: list[JobSpec] = []
+    running: list[str] = []
+    for j in raw:
+        t = j.submit_time_s - window
+        if t >= 0.0:
+            jobs.append(dataclasses.replace(j, submit_time_s=t))
+            continue
+        wall = phases.expected_wall_time_s(j.duration_s, j.checkpoint_interval_s, j.checkpoint_duration_s)
+        left = t + wall
+        if left <= 0.0:
+            continue  # finished before the run starts
+        jobs.append(dataclasses.replace(j, submit_time_s=0.0, work_steps=j.work_steps * left / wall))
+        running.append(j.job_id)
+    return jobs, running
+
+
+def _faults(raw: Any, site: SiteSpec, source: str) -> tuple[list[Fault], list[SimFault]]:
+    if not isinstance(raw, list):
+        raise SpecError(source, "faults", "expected a list of tables ([[faults]])")
+    faults: list[Fault] = []
+    sim_faults: list[SimFault] = []
+    racks = {name: i for i, name in enumerate(site.rack_names)}
+    for i, entry in enumerate(raw):
+        where = f"faults[{i}]"
+        if not isinstance(entry, Mapping):
+            raise SpecError(source, where, f"expected a table, got {type(entry).__name__}")
+        table = dict(entry)
+        kind = table.pop("kind", None)
+        if kind is None:
+            raise SpecError(source, f"{where}.kind", f"missing: one of {', '.join(FAULT_KINDS)}")
+        if kind not in FAULT_KINDS:
+            raise SpecError(source, f"{where}.kind", f"must be one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+        if isinstance(table.get("rack"), str):  # a rack name ("r3") is accepted too
+            name = table["rack"]
+            if name not in racks:
+                raise SpecError(source, f"{where}.rack", f"rack {name!r} is not in the site (r0..r{site.n_racks - 1})")
+            table["rack"] = racks[name]
+        cls = FAULT_KINDS[kind]
+        fault: Any = _decode_fault(cls, table, source, where)
+        _check_fault_target(fault, site, source, where)
+        if isinstance(fault, BrokerDisconnect):
+            sim_faults.append(fault)
+        else:
+            faults.append(fault)
+    sim_faults.sort(key=lambda f: f.start_s)
+    for a, b in itertools.pairwise(sim_faults):
+        if b.start_s < a.end_s:
+            raise SpecError(source, "faults", f"broker disconnects overlap ({a.start_s:g} s and {b.start_s:g} s)")
+    return faults, sim_faults
+
+
+def _decode_fault(cls: type[Any], table: dict[str, Any], source: str, where: str) -> Any:
+    try:
+        return decode_table(cls, table, source, where)
+    except SpecError:
+        raise
+    except ValueError as exc:
+        raise SpecError(source, where, str(exc)) from None
+
+
+def _check_fault_target(fault: Any, site: SiteSpec, source: str, where: str) -> None:
+    rack = getattr(fault, "rack", None)
+    if rack is not None and not 0 <= rack < site.n_racks:
+        raise SpecError(source, f"{where}.rack", f"rack {rack} is not in the site (0..{site.n_racks - 1})")
+    card = getattr(fault, "card", None)
+    if card is not None:
+        if not 0 <= card < site.n_cards:
+            raise SpecError(source, f"{where}.card", f"card {card} is not in the site (0..{site.n_cards - 1})")
+        if rack is not None and card // site.cards_per_rack != rack:
+            cpr = site.cards_per_rack
+            raise SpecError(
+                source,
+                f"{where}.card",
+                f"card {card} is not in rack {rack} (cards {rack * cpr}..{rack * cpr + cpr - 1})",
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Plant
+# --------------------------------------------------------------------------------------------
+
+
+def place_compact(plant: Plant, job_ids: Sequence[str]) -> list[str]:
+    """Place queued jobs, in order, compactly (the first supernode with enough free cards, its
+    free cards in index order; else free cards across the site). Returns the ids placed; a job
+    that does not fit stays queued."""
+    site = plant.site
+    per_sn = site.racks_per_supernode * site.cards_per_rack
+    queued = {j.job_id: j for j in plant.queued_jobs()}
+    placed: list[str] = []
+    free = np.zeros(plant.n_cards, dtype=bool)
+    free[plant.free_cards()] = True
+    for job_id in job_ids:
+        spec = queued.get(job_id)
+        if spec is None or spec.n_cards > int(free.sum()):
+            continue
+        counts = free.reshape(site.supernodes, per_sn).sum(axis=1)
+        fits = np.flatnonzero(counts >= spec.n_cards)
+        if fits.size:
+            sn = int(fits[0])
+            cards = np.flatnonzero(free[sn * per_sn : (sn + 1) * per_sn])[: spec.n_cards] + sn * per_sn
+        else:
+            cards = np.flatnonzero(free)[: spec.n_cards]
+        plant.place_job(job_id, cards)
+        free[cards] = False
+        placed.append(job_id)
+    return placed
+
+
+def build_plant(scenario: RunScenario) -> Plant:
+    """The scenario's plant at t = 0, with the jobs of ``running_at_start`` placed."""
+    plant = Plant(scenario.site, scenario.jobs, scenario.faults, scenario.plant_config)
+    if scenario.running_at_start:
+        place_compact(plant, scenario.running_at_start)
+    return plant
