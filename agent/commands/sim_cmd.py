@@ -1,0 +1,256 @@
+"""``racktwin sim``: the MQTT rack simulator (the virtual plant behind the racktwin protocol).
+
+racktwin sim [--site FILE] [--scenario FILE] [--broker URL] [--speed X] [--duration S]
+             [--site-id ID] [--telemetry-period-s P] [--truth-log FILE.csv] [--summary FILE.json]
+             [--seed N] [--supernodes N] [--start-epoch-s T] [--step-s S] [--progress-interval-s S]
+             [MQTT options]
+
+Runs a run scenario (``twin.scenario``; default: the embedded one, a generated workload at 65%
+allocation and a diurnal ambient, for a day) at ``--speed`` site seconds per wall second, publishes
+its telemetry, applies and acks commands, and writes the truth log and the summary. Without
+``--broker`` it starts an embedded broker (mosquitto, else amqtt) on a free loopback port, prints
+its URL on stdout and stops it on exit. SIGINT / SIGTERM stop it cleanly (summary written).
+Progress lines go to stderr. Documentation: docs/sim.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.bus import BusConnectError, add_mqtt_arguments, mqtt_options_from_args
+from agent.commands.common import UserError, load_site_or_fail
+from twin.spec import SiteSpec
+from twin.tables import SpecError
+
+if TYPE_CHECKING:
+    from sim.runner import SimSummary
+    from twin.scenario import RunScenario
+
+DEFAULT_DURATION_S = 86400.0
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.description = (
+        "Run the virtual plant (twin.plant) behind the racktwin MQTT protocol: telemetry, job events, "
+        "commands with acks, faults from a scenario, a ground-truth log."
+    )
+    parser.add_argument(
+        "--site", default=None, help="site spec TOML (default: the scenario's, else examples/supernode-512.toml)"
+    )
+    parser.add_argument("--scenario", default=None, help="run-scenario TOML (default: the embedded one; docs/sim.md)")
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="site seconds per wall second (default 1 = real time; 0 or inf = as fast as possible)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="site seconds to run (default: the scenario's; 86400 without one)",
+    )
+    parser.add_argument("--site-id", default="site1", help="site id in the MQTT topics (default site1)")
+    parser.add_argument(
+        "--telemetry-period-s",
+        type=float,
+        default=None,
+        metavar="P",
+        help="publishing period in site seconds (default: the scenario's, 1)",
+    )
+    parser.add_argument(
+        "--truth-log", default=None, metavar="FILE.csv", help="write the ground-truth log (one row per period)"
+    )
+    parser.add_argument("--summary", default=None, metavar="FILE.json", help="write the final summary as JSON")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the workload, the plant and its sensors (default: the scenario's)",
+    )
+    parser.add_argument(
+        "--supernodes", type=int, default=None, help="scale the site to N supernodes (SiteSpec.with_supernodes)"
+    )
+    parser.add_argument(
+        "--start-epoch-s",
+        type=float,
+        default=None,
+        metavar="T",
+        help="site clock at t = 0, epoch seconds (default: now)",
+    )
+    parser.add_argument(
+        "--step-s", type=float, default=1.0, metavar="S", help="plant time step in site seconds (default 1)"
+    )
+    parser.add_argument(
+        "--progress-interval-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="wall seconds between progress lines on stderr (0: none)",
+    )
+    add_mqtt_arguments(parser)
+
+
+def _scenario(args: argparse.Namespace) -> RunScenario:
+    from twin.scenario import default_run_scenario, load_run_scenario
+
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise UserError(f"--duration must be a positive number of seconds, got {args.duration:g}")
+    if args.seed is not None and args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    site: SiteSpec | None = None
+    if args.site is not None or args.scenario is None:
+        site = load_site_or_fail(args.site)
+    if args.supernodes is not None:
+        if not 1 <= args.supernodes <= 10_000:
+            raise UserError(f"--supernodes must be within 1..10000, got {args.supernodes}")
+        if site is None:
+            site = _scenario_site(args.scenario)
+        site = site.with_supernodes(args.supernodes)
+    try:
+        if args.scenario is not None:
+            scenario = load_run_scenario(args.scenario, site=site, seed=args.seed, duration_s=args.duration)
+        else:
+            assert site is not None
+            duration = args.duration if args.duration is not None else DEFAULT_DURATION_S
+            scenario = default_run_scenario(site, duration, args.seed if args.seed is not None else 0)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+    if args.telemetry_period_s is not None:
+        p = args.telemetry_period_s
+        if not (math.isfinite(p) and 0.01 <= p <= 3600):
+            raise UserError(f"--telemetry-period-s must be within 0.01..3600 s, got {p:g}")
+        scenario = dataclasses.replace(scenario, telemetry_period_s=float(p))
+    return scenario
+
+
+def _scenario_site(path: str) -> SiteSpec:
+    """The site a scenario file names (for --supernodes without --site)."""
+    from twin.scenario import load_run_scenario
+
+    try:
+        return load_run_scenario(path, duration_s=1.0).site
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    from agent.broker import BrokerUnavailable, EmbeddedBroker
+    from sim.runner import SimOptions
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s", stream=sys.stderr)
+    if math.isnan(args.speed) or args.speed < 0:
+        raise UserError(f"--speed must be >= 0 (0 or inf: as fast as possible), got {args.speed:g}")
+    if not (math.isfinite(args.step_s) and args.step_s > 0):
+        raise UserError(f"--step-s must be positive, got {args.step_s:g}")
+    scenario = _scenario(args)
+    mqtt = mqtt_options_from_args(args)
+    broker: EmbeddedBroker | None = None
+    if mqtt is None:
+        broker = EmbeddedBroker()
+        try:
+            broker.start()
+        except BrokerUnavailable as exc:
+            raise UserError(str(exc)) from None
+        mqtt = broker.options()
+        print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
+    progress = None
+    if args.progress_interval_s > 0:
+
+        def progress(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+    try:
+        options = SimOptions(
+            scenario=scenario,
+            mqtt=mqtt,
+            site_id=args.site_id,
+            speed=args.speed,
+            duration_s=args.duration,
+            truth_log=None if args.truth_log is None else Path(args.truth_log),
+            summary_path=None if args.summary is None else Path(args.summary),
+            start_epoch_s=args.start_epoch_s,
+            step_s=args.step_s,
+            progress=progress,
+            progress_interval_s=args.progress_interval_s if args.progress_interval_s > 0 else 5.0,
+        )
+    except ValueError as exc:
+        if broker is not None:
+            broker.stop()
+        raise UserError(str(exc)) from None
+    _check_writable(options.truth_log, "--truth-log")
+    _check_writable(options.summary_path, "--summary")
+    try:
+        summary = asyncio.run(_run(options))
+    except BusConnectError as exc:
+        raise UserError(f"cannot connect to the broker: {exc}") from None
+    finally:
+        if broker is not None:
+            broker.stop()
+    _report(summary, options)
+    return 0
+
+
+def _check_writable(path: Path | None, option: str) -> None:
+    if path is None:
+        return
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a directory")
+    if not path.parent.exists():
+        raise UserError(f"{option} {path}: folder {path.parent} does not exist")
+
+
+async def _run(options: Any) -> SimSummary:
+    from sim.runner import Simulator
+
+    try:
+        sim = Simulator(options)
+    except ValueError as exc:  # e.g. a site id that cannot be a topic level
+        raise UserError(str(exc)) from None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, sim.stop)
+    sc = options.scenario
+    print(
+        f"racktwin sim: scenario {sc.name} [{sc.source}]: {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
+        f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} plant faults, {len(sc.sim_faults)} disconnects; "
+        f"site {options.site_id} on {options.mqtt.url}, speed "
+        f"{'max' if options.as_fast_as_possible else f'{options.speed:g}x'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return await sim.run()
+
+
+def _report(s: SimSummary, options: Any) -> None:
+    d = s.to_dict()
+    pue = d["pue"]
+    lines = [
+        f"racktwin sim: stopped by {s.stopped_by} after {d['duration_s']:,.0f} s of site time in {s.wall_s:,.1f} s "
+        f"({s.speed_achieved:,.2f}x), CPU {s.cpu_share:.0%} of one core",
+        f"  energy: IT {d['it_energy_kwh']:,.1f} kWh, facility {d['facility_energy_kwh']:,.1f} kWh, PUE "
+        + (f"{pue:.4f}" if pue is not None else "-"),
+        f"  work: {d['work_card_s']:,.0f} card-s, jobs finished {d['jobs_finished']}, running {d['jobs_running']}, "
+        f"queued {d['jobs_queued']}; racks over limit {d['rack_over_limit_s']:,.0f} rack-s, "
+        f"max rack {d['max_rack_power_w'] / 1e3:,.2f} kW, max die {d['max_die_temp_c']:.1f} deg C",
+        f"  messages: {s.messages_published:,} published, {s.telemetry_dropped:,} dropped while offline; commands "
+        f"{s.commands_applied} applied, {s.commands_rejected} rejected, {s.commands_expired} expired; "
+        f"bad messages {d['rejected_messages_total']}",
+    ]
+    if options.truth_log is not None:
+        lines.append(f"  truth log: {options.truth_log} ({s.truth_rows} rows)")
+    if options.summary_path is not None:
+        lines.append(f"  summary: {options.summary_path}")
+    print("\n".join(lines), file=sys.stderr, flush=True)

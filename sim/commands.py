@@ -1,0 +1,285 @@
+"""Commands from the agent -> the plant -> an ack (and the rack's retained applied state).
+
+:meth:`CommandHandler.handle` takes one message from a command topic and returns what to publish.
+It never raises: a payload the codec rejects is counted by reason (``agent.wire.RejectionCounter``)
+and, when it still carries a readable ``command_id`` on a known command topic, answered with a
+``rejected`` ack naming the reason, so that the sender learns what happened to it.
+
+A decoded command is first judged against the site clock (``wire.is_expired``: at or past
+``expires_at`` it is acked ``expired`` and NOT applied), then applied through the plant, which
+either applies all of it or refuses all of it with a reason (``twin.plant.CommandError``):
+
+* ``set_dvfs_level``: ``Plant.set_levels``; takes effect ``card.dvfs_latency_s`` later; a level
+  outside the card's table is rejected. Applied state: ``dvfs_level`` = the level, clock range =
+  lowest table clock .. the level's clock.
+* ``set_clock_range``: the fastest DVFS level whose clock lies within ``min..max`` (a range wider
+  than the table is trimmed to it); no table clock inside the range: rejected.
+* ``set_power_limit``: ``Plant.set_power_limits``, at once; outside ``min_power_limit_w`` ..
+  ``card.power_limit_w``: rejected.
+* ``low_power_idle``: ``Plant.enter_low_power``; a card running a job is refused (rejected).
+* ``wake``: ``Plant.wake``; the card is usable ``card.wake_latency_s`` later (telemetry shows it
+  awake, at 0 utilization, meanwhile).
+* facility ``supply_setpoint_celsius``: ``Plant.set_supply_temp`` (within the site's options'
+  range); the rack supply follows with the plant's lag.
+* scheduler ``place``: ``Plant.place_job`` (rack-local card indices on the wire); the job must be
+  queued, get exactly its number of cards, none failed or busy.
+
+Commands to a failed card are rejected. After the card's own protection the card may run slower
+than commanded (power brake, thermal slowdown): the card batch's ``sm_clock_mhz`` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from agent import wire
+from twin.plant import CommandError, Plant
+
+__all__ = ["CommandCounts", "CommandHandler"]
+
+log = logging.getLogger("racktwin.sim")
+
+_COMMAND_KINDS = (wire.Kind.RACK_CMD, wire.Kind.FACILITY_CMD, wire.Kind.SCHEDULER_CMD)
+
+
+@dataclass
+class CommandCounts:
+    """What happened to commands, in total and per target (``rack``, ``facility``, ``scheduler``)."""
+
+    applied: int = 0
+    rejected: int = 0  # rejected acks: refused by the plant, or undecodable with a readable command_id
+    expired: int = 0
+    malformed_acked: int = 0  # undecodable messages answered with a rejected ack (part of ``rejected``)
+    unanswered: int = 0  # undecodable messages with no readable command_id (or no known topic): no ack
+    by_target: dict[str, dict[str, int]] = field(default_factory=dict)
+    rejection_reasons: dict[str, int] = field(default_factory=dict)  # plant's refusals by action
+
+    def count(self, target: str, result: wire.AckResult) -> None:
+        if result is wire.AckResult.APPLIED:
+            self.applied += 1
+        elif result is wire.AckResult.REJECTED:
+            self.rejected += 1
+        else:
+            self.expired += 1
+        per = self.by_target.setdefault(target, {"applied": 0, "rejected": 0, "expired": 0})
+        per[result.value] += 1
+
+
+class CommandHandler:
+    """Applies wire commands to a plant (see the module docstring)."""
+
+    def __init__(
+        self,
+        plant: Plant,
+        codec: wire.Codec,
+        sequencer: wire.Sequencer,
+        clock: Callable[[], float],
+    ) -> None:
+        self.plant = plant
+        self.codec = codec
+        self.sequencer = sequencer
+        self.publisher = sequencer.publisher
+        self.clock = clock  # the site clock (epoch-based seconds)
+        self.counts = CommandCounts()
+        site = plant.site
+        self.site = site
+        self._cpr = site.cards_per_rack
+        self._rack_index = {name: i for i, name in enumerate(site.rack_names)}
+        clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
+        self._clocks = clocks
+        n = site.n_cards
+        level0 = plant.config.initial_level
+        # what each card has been told (the applied state): level, clock range, power limit
+        self.level = np.full(n, level0, dtype=np.int64)
+        self.min_clock_mhz = np.full(n, clocks[-1])
+        self.max_clock_mhz = np.full(n, clocks[level0])
+        self.power_limit_w = np.full(n, site.card.power_limit_w)
+        self.last_command_id: list[uuid.UUID | None] = [None] * site.n_racks
+
+    # ---- entry point ----------------------------------------------------------------------
+    def handle(self, topic: str, payload: bytes) -> list[wire.Outgoing]:
+        """Decode, judge and apply one message; the acks and applied states to publish. Never raises."""
+        try:
+            msg = self.codec.decode(topic, payload)
+            if isinstance(msg, wire.Rejection):
+                return self._answer_rejection(topic, payload, msg)
+            if isinstance(msg, wire.RackCommand):
+                return self._rack(msg)
+            if isinstance(msg, wire.FacilityCommand):
+                return self._facility(msg)
+            if isinstance(msg, wire.SchedulerCommand):
+                return self._scheduler(msg)
+            rej = wire.Rejection(wire.RejectReason.UNKNOWN_TOPIC, f"not a command topic ({type(msg).__name__})", topic)
+            self.codec.counter.record(rej)
+            return []
+        except Exception as exc:  # never let one message stop the simulator
+            log.exception("sim: command on %r could not be handled", topic[:200])
+            self.codec.counter.record(wire.Rejection(wire.RejectReason.INVALID, f"{type(exc).__name__}: {exc}", topic))
+            return []
+
+    # ---- acks -----------------------------------------------------------------------------
+    def _ack(
+        self, target: str, command_id: uuid.UUID, result: wire.AckResult, reason: str | None = None
+    ) -> wire.Outgoing:
+        topics = self.codec.topics
+        if target == wire.FACILITY:
+            topic, kind = topics.facility_ack, wire.FACILITY
+        elif target == wire.SCHEDULER:
+            topic, kind = topics.scheduler_ack, wire.SCHEDULER
+        else:
+            topic, kind = topics.rack_ack(target), "rack"
+        self.counts.count(kind, result)
+        ack = wire.Acknowledgement(
+            target=target,
+            command_id=command_id,
+            result=result,
+            ts_s=self.clock(),
+            seq=self.sequencer.next(topic),
+            publisher=self.publisher,
+            reason=None if reason is None else reason[:1024],
+        )
+        return wire.Outgoing(topic, wire.encode_ack(ack), 1, False)
+
+    def _answer_rejection(self, topic: str, payload: bytes, rej: wire.Rejection) -> list[wire.Outgoing]:
+        """A rejected message on a command topic: ack ``rejected`` if its command_id is readable."""
+        if rej.reason in (wire.RejectReason.UNKNOWN_TOPIC, wire.RejectReason.UNKNOWN_RACK, wire.RejectReason.TOO_LARGE):
+            self.counts.unanswered += 1
+            return []
+        info = self.codec.parse_topic(topic)
+        if isinstance(info, wire.Rejection) or info.kind not in _COMMAND_KINDS:
+            self.counts.unanswered += 1
+            return []
+        command_id = _readable_command_id(payload)
+        if command_id is None:
+            self.counts.unanswered += 1
+            return []
+        if info.kind is wire.Kind.RACK_CMD:
+            target = str(info.rack)
+        elif info.kind is wire.Kind.FACILITY_CMD:
+            target = wire.FACILITY
+        else:
+            target = wire.SCHEDULER
+        self.counts.malformed_acked += 1
+        return [self._ack(target, command_id, wire.AckResult.REJECTED, f"{rej.reason.value}: {rej.detail}")]
+
+    def _refuse(self, action: str, target: str, command_id: uuid.UUID, reason: str) -> list[wire.Outgoing]:
+        key = f"{target if target in (wire.FACILITY, wire.SCHEDULER) else 'rack'}.{action}"
+        self.counts.rejection_reasons[key] = self.counts.rejection_reasons.get(key, 0) + 1
+        return [self._ack(target, command_id, wire.AckResult.REJECTED, reason)]
+
+    # ---- rack commands --------------------------------------------------------------------
+    def _rack(self, cmd: wire.RackCommand) -> list[wire.Outgoing]:
+        if wire.is_expired(cmd, self.clock()):
+            return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.EXPIRED)]
+        r = self._rack_index[cmd.rack]
+        idx = np.asarray(cmd.cards, dtype=np.int64) + r * self._cpr
+        s = cmd.setting
+        action = s.action.value
+        plant = self.plant
+        try:
+            if s.action is wire.CardAction.SET_DVFS_LEVEL:
+                level = int(s.dvfs_level if s.dvfs_level is not None else -1)
+                n_levels = self._clocks.size
+                if not 0 <= level < n_levels:
+                    raise CommandError(
+                        f"dvfs_level {level} is outside the card's table 0..{n_levels - 1} ({self.site.card.model})"
+                    )
+                plant.set_levels(idx, level)
+                self._set_levels(idx, level, float(self._clocks[-1]), float(self._clocks[level]))
+            elif s.action is wire.CardAction.SET_CLOCK_RANGE:
+                lo, hi = float(s.min_clock_mhz or 0.0), float(s.max_clock_mhz or 0.0)
+                inside = np.flatnonzero((self._clocks >= lo - 1e-9) & (self._clocks <= hi + 1e-9))
+                if inside.size == 0:
+                    raise CommandError(
+                        f"no DVFS clock of the card within {lo:g}..{hi:g} MHz "
+                        f"(the card runs {self._clocks[-1]:g}..{self._clocks[0]:g} MHz)"
+                    )
+                level = int(inside[0])  # the fastest clock inside the range
+                plant.set_levels(idx, level)
+                self._set_levels(idx, level, max(lo, float(self._clocks[-1])), min(hi, float(self._clocks[0])))
+            elif s.action is wire.CardAction.SET_POWER_LIMIT:
+                limit = float(s.power_limit_w or 0.0)
+                plant.set_power_limits(idx, limit)
+                self.power_limit_w[idx] = limit
+            elif s.action is wire.CardAction.LOW_POWER_IDLE:
+                plant.enter_low_power(idx)
+            else:
+                plant.wake(idx)
+        except CommandError as exc:
+            return self._refuse(action, cmd.rack, cmd.command_id, exc.reason)
+        self.last_command_id[r] = cmd.command_id
+        return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED), self.applied_state(r)]
+
+    def _set_levels(self, idx: npt.NDArray[np.int64], level: int, lo_mhz: float, hi_mhz: float) -> None:
+        self.level[idx] = level
+        self.min_clock_mhz[idx] = lo_mhz
+        self.max_clock_mhz[idx] = hi_mhz
+
+    def applied_state(self, r: int, low_power: npt.NDArray[np.bool_] | None = None) -> wire.Outgoing:
+        """Rack ``r``'s retained applied state (``low_power``: the plant's, read now if not given)."""
+        cpr = self._cpr
+        sl = slice(r * cpr, (r + 1) * cpr)
+        if low_power is None:
+            low_power = self.plant.truth().low_power
+        name = self.site.rack_names[r]
+        topic = self.codec.topics.applied(name)
+        msg = wire.AppliedState(
+            rack=name,
+            card_index=np.arange(cpr, dtype=np.int64),
+            dvfs_level=self.level[sl],
+            min_clock_mhz=self.min_clock_mhz[sl],
+            max_clock_mhz=self.max_clock_mhz[sl],
+            power_limit_w=self.power_limit_w[sl],
+            low_power=np.asarray(low_power[sl], dtype=np.bool_),
+            last_command_id=self.last_command_id[r],
+            ts_s=self.clock(),
+            seq=self.sequencer.next(topic),
+            publisher=self.publisher,
+        )
+        return wire.Outgoing(topic, wire.encode_applied(msg), 1, True)
+
+    # ---- facility and scheduler -----------------------------------------------------------
+    def _facility(self, cmd: wire.FacilityCommand) -> list[wire.Outgoing]:
+        if wire.is_expired(cmd, self.clock()):
+            return [self._ack(wire.FACILITY, cmd.command_id, wire.AckResult.EXPIRED)]
+        try:
+            self.plant.set_supply_temp(cmd.supply_setpoint_c)
+        except CommandError as exc:
+            return self._refuse("set_supply_temp", wire.FACILITY, cmd.command_id, exc.reason)
+        return [self._ack(wire.FACILITY, cmd.command_id, wire.AckResult.APPLIED)]
+
+    def _scheduler(self, cmd: wire.SchedulerCommand) -> list[wire.Outgoing]:
+        if wire.is_expired(cmd, self.clock()):
+            return [self._ack(wire.SCHEDULER, cmd.command_id, wire.AckResult.EXPIRED)]
+        cards: list[int] = []
+        for rack, local in cmd.cards.items():
+            base = self._rack_index[rack] * self._cpr
+            cards.extend(base + int(c) for c in local)
+        try:
+            self.plant.place_job(cmd.job_id, np.asarray(cards, dtype=np.int64))
+        except CommandError as exc:
+            return self._refuse("place", wire.SCHEDULER, cmd.command_id, exc.reason)
+        return [self._ack(wire.SCHEDULER, cmd.command_id, wire.AckResult.APPLIED)]
+
+
+_generic = msgspec.json.Decoder()
+
+
+def _readable_command_id(payload: bytes) -> uuid.UUID | None:
+    """The ``command_id`` of a payload the codec rejected, if it is a JSON object with a valid one."""
+    try:
+        obj = _generic.decode(payload)
+        if isinstance(obj, dict):
+            raw = obj.get("command_id")
+            if isinstance(raw, str) and len(raw) <= 64:
+                return uuid.UUID(raw)
+    except Exception:
+        return None
+    return None

@@ -1,0 +1,162 @@
+"""The plant's readings and job events as wire messages (``agent.wire``).
+
+One telemetry round is, per rack that reports (a rack under ``SensorDropout`` publishes nothing):
+its card batch (``rack/{rack}/cards``, every card of the rack, rack-local indices), its CDU
+(``rack/{rack}/cdu``) and its PDU (``rack/{rack}/pdu``); then the facility (``facility``). Time
+stamps are the site clock: ``ts = start_epoch_s + plant time``.
+
+What the plant's sensor faults look like on the wire: NaN readings are encoded as JSON ``null``
+(rejected by a receiver as ``non_finite``), implausible values (-1234.5 W, 1e4 deg C, utilization
+700%) as they are (rejected as ``out_of_range``), a stuck rack repeats its frozen values with fresh
+time stamps. A failed card stays in its rack's batch with 0 W, 0 MHz, utilization 0 and
+``low_power`` false (the only way a card reads 0 MHz while awake); its die temperature falls as it
+cools down.
+
+Delta pressure is not modelled by the plant: the CDU reading reports the pump head scaled with the
+square of the measured flow (affinity law), ``pump_head_kpa * (flow / nominal flow)^2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from agent import wire
+from twin.readings import JobEvent, Readings
+from twin.spec import SiteSpec
+from twin.workload import Phase
+
+__all__ = ["TelemetryEncoder"]
+
+
+class TelemetryEncoder:
+    """Turns plant readings and job events into :class:`agent.wire.Outgoing` messages."""
+
+    def __init__(self, codec: wire.Codec, site: SiteSpec, sequencer: wire.Sequencer) -> None:
+        self.codec = codec
+        self.site = site
+        self.sequencer = sequencer
+        self.publisher = sequencer.publisher
+        self._names = site.rack_names
+        self._cpr = site.cards_per_rack
+        self._nominal_flow_lpm = site.loop_flow_per_rack_lpm()
+        self._head_pa = site.loop.pump_head_kpa * 1000.0
+        topics = codec.topics
+        self._topics = [(topics.cards(r), topics.cdu(r), topics.pdu(r)) for r in self._names]
+        self._facility_topic = topics.facility
+        self._events_topic = topics.job_events
+
+    def _seq(self, topic: str) -> int:
+        return self.sequencer.next(topic)
+
+    def readings(self, readings: Readings, ts_s: float) -> list[wire.Outgoing]:
+        """All telemetry messages of one reading (cards, CDU and PDU per reporting rack, facility)."""
+        out: list[wire.Outgoing] = []
+        cpr = self._cpr
+        pub = self.publisher
+        for rr in readings.racks:
+            r = rr.rack
+            name = self._names[r]
+            t_cards, t_cdu, t_pdu = self._topics[r]
+            b = rr.cards
+            if b is not None:
+                msg = wire.CardBatch(
+                    rack=name,
+                    card_index=np.asarray(b.card_index, dtype=np.int64) - r * cpr,
+                    power_w=b.power_w,
+                    temp_c=b.die_temp_c,
+                    sm_clock_mhz=b.clock_mhz,
+                    utilization=b.utilization,
+                    power_limit_w=b.power_limit_w,
+                    low_power=b.low_power,
+                    ts_s=ts_s,
+                    seq=self._seq(t_cards),
+                    publisher=pub,
+                )
+                out.append(wire.Outgoing(t_cards, wire.encode_card_batch(msg), 0, False))
+            lp = rr.loop
+            if lp is not None:
+                frac = lp.flow_lpm / self._nominal_flow_lpm
+                cdu = wire.CduReading(
+                    rack=name,
+                    supply_temp_c=lp.supply_temp_c,
+                    return_temp_c=lp.return_temp_c,
+                    flow_lpm=lp.flow_lpm,
+                    delta_pressure_pa=self._head_pa * frac * frac,
+                    pump_power_w=lp.pump_power_w,
+                    ts_s=ts_s,
+                    seq=self._seq(t_cdu),
+                    publisher=pub,
+                )
+                out.append(wire.Outgoing(t_cdu, wire.encode_cdu(cdu), 0, False))
+            if rr.pdu is not None:
+                pdu = wire.PduReading(rack=name, power_w=rr.pdu.power_w, ts_s=ts_s, seq=self._seq(t_pdu), publisher=pub)
+                out.append(wire.Outgoing(t_pdu, wire.encode_pdu(pdu), 0, False))
+        f = readings.facility
+        if f is not None:
+            fac = wire.FacilityReading(
+                ambient_temp_c=f.ambient_temp_c,
+                supply_temp_c=f.facility_supply_temp_c,
+                return_temp_c=f.facility_return_temp_c,
+                cooling_power_w=f.cooling_power_w,
+                it_power_w=f.it_power_w,
+                facility_power_w=f.facility_power_w,
+                supply_setpoint_c=f.supply_setpoint_c,
+                ts_s=ts_s,
+                seq=self._seq(self._facility_topic),
+                publisher=pub,
+            )
+            out.append(wire.Outgoing(self._facility_topic, wire.encode_facility(fac), 0, False))
+        return out
+
+    def cards_by_rack(self, cards: Sequence[int]) -> dict[str, tuple[int, ...]]:
+        """Site card indices -> ``{rack name: rack-local indices}`` (the wire's card maps)."""
+        out: dict[str, list[int]] = {}
+        for c in cards:
+            r, local = divmod(int(c), self._cpr)
+            out.setdefault(self._names[r], []).append(local)
+        return {r: tuple(v) for r, v in out.items()}
+
+    def job_event(self, ev: JobEvent, start_epoch_s: float) -> wire.Outgoing | None:
+        """A plant job event as a ``racktwin.job_event/1`` message (None for an unknown kind)."""
+        ts_s = start_epoch_s + ev.time_s
+        job = None
+        cards = None
+        phase: Phase | None = None
+        reason = ev.detail[:1024] if ev.detail else None
+        if ev.kind == "submitted":
+            kind = wire.JobEventType.SUBMITTED
+            if ev.job is not None:
+                job = dataclasses.replace(ev.job, submit_time_s=start_epoch_s + ev.job.submit_time_s)
+            reason = None
+        elif ev.kind == "started":
+            kind = wire.JobEventType.STARTED
+            cards = self.cards_by_rack(ev.cards)
+            reason = None
+        elif ev.kind == "phase":
+            kind = wire.JobEventType.PHASE_CHANGED
+            phase = ev.phase
+            reason = None
+        elif ev.kind == "requeued":
+            kind = wire.JobEventType.REQUEUED
+        elif ev.kind == "finished":
+            kind = wire.JobEventType.FINISHED
+        elif ev.kind == "failed":
+            kind = wire.JobEventType.FAILED
+        else:  # pragma: no cover - the plant has no other kinds
+            return None
+        topic = self._events_topic
+        msg = wire.JobEvent(
+            event=kind,
+            job_id=ev.job_id,
+            ts_s=ts_s,
+            seq=self._seq(topic),
+            publisher=self.publisher,
+            job=job,
+            cards=cards,
+            phase=phase,
+            reason=reason,
+        )
+        return wire.Outgoing(topic, wire.encode_job_event(msg), 1, False)

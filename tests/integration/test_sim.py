@@ -1,0 +1,392 @@
+"""The MQTT simulator against a real mosquitto on a random loopback port: telemetry, commands and
+acks, placement, the broker-disconnect fault, truth log and summary, the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mqtt_helpers import WAIT_S
+from sim_testing import (
+    REPO,
+    START_EPOCH_S,
+    command_times,
+    job,
+    observer,
+    running,
+    scenario,
+    small_site,
+)
+
+from agent import wire
+from agent.broker import EmbeddedBroker
+from sim.truth import truth_columns
+from twin.workload import Phase
+
+pytestmark = pytest.mark.integration
+
+SITE = small_site()
+CLOCKS = SITE.card.clocks_mhz
+
+
+async def test_telemetry_round_trip_matches_the_plant_readings(mosquitto: EmbeddedBroker) -> None:
+    sc = scenario(jobs=[job("train", 16, running_at_start=True)], duration_s=30.0)
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc, capture=True, speed=30.0) as (_, captured):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 10)
+    assert not [m for m in obs.received if isinstance(m, wire.Rejection)]
+    batches = obs.of(wire.CardBatch)
+    assert {b.rack for b in batches} == {"r0", "r1"}
+    checked = 0
+    for b in batches:
+        t = round(b.ts_s - START_EPOCH_S, 6)
+        rr = next(r for r in captured[t].racks if SITE.rack_names[r.rack] == b.rack)
+        r = SITE.rack_names.index(b.rack)
+        assert rr.cards is not None
+        np.testing.assert_array_equal(b.card_index, rr.cards.card_index - r * SITE.cards_per_rack)
+        np.testing.assert_array_equal(b.power_w, rr.cards.power_w)
+        np.testing.assert_array_equal(b.temp_c, rr.cards.die_temp_c)
+        np.testing.assert_array_equal(b.sm_clock_mhz, rr.cards.clock_mhz)
+        np.testing.assert_allclose(b.utilization, rr.cards.utilization, rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(b.power_limit_w, rr.cards.power_limit_w)
+        np.testing.assert_array_equal(b.low_power, rr.cards.low_power)
+        checked += 1
+    assert checked >= 2 * 10
+    for p in obs.of(wire.PduReading):
+        t = round(p.ts_s - START_EPOCH_S, 6)
+        rr = next(r for r in captured[t].racks if SITE.rack_names[r.rack] == p.rack)
+        assert rr.pdu is not None and p.power_w == rr.pdu.power_w
+    for c in obs.of(wire.CduReading):
+        rr = next(r for r in captured[round(c.ts_s - START_EPOCH_S, 6)].racks if SITE.rack_names[r.rack] == c.rack)
+        assert rr.loop is not None
+        assert (c.supply_temp_c, c.return_temp_c, c.flow_lpm) == (
+            rr.loop.supply_temp_c,
+            rr.loop.return_temp_c,
+            rr.loop.flow_lpm,
+        )
+    for f in obs.of(wire.FacilityReading):
+        fr = captured[round(f.ts_s - START_EPOCH_S, 6)].facility
+        assert fr is not None
+        assert (f.it_power_w, f.facility_power_w, f.supply_setpoint_c) == (
+            fr.it_power_w,
+            fr.facility_power_w,
+            fr.supply_setpoint_c,
+        )
+    # one message per rack and period, seq +1 each, ts = the site clock on the period grid
+    r0 = [b for b in batches if b.rack == "r0"]
+    assert [b.seq for b in r0] == list(range(len(r0)))
+    assert [b.ts_s - START_EPOCH_S for b in r0] == [float(i) for i in range(len(r0))]
+    # job events: the listed job was submitted and started on the first 16 cards (rack r0)
+    events = obs.of(wire.JobEvent)
+    kinds = [e.event for e in events if e.job_id == "train"]
+    assert kinds[:2] == [wire.JobEventType.SUBMITTED, wire.JobEventType.STARTED]
+    started = next(e for e in events if e.event is wire.JobEventType.STARTED)
+    assert started.cards == {"r0": tuple(range(16))}
+    submitted = next(e for e in events if e.event is wire.JobEventType.SUBMITTED)
+    assert submitted.job is not None and submitted.job.n_cards == 16 and submitted.job.submit_time_s == START_EPOCH_S
+    # the retained applied state of every rack came on connect
+    assert {a.rack for a in obs.of(wire.AppliedState)} == {"r0", "r1"}
+
+
+async def test_commands_are_applied_acked_and_visible(mosquitto: EmbeddedBroker) -> None:
+    steady = {"startup_s": 0.0, "comm_stalls_per_hour": 0.0, "input_stalls_per_hour": 0.0}
+    sc = scenario(jobs=[job("busy", 8, running_at_start=True)], phases=steady, duration_s=600.0)
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc, speed=10.0) as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading), label="telemetry")
+        ts, exp = command_times(obs)
+        # DVFS level 3 on idle cards 10..13 of r1: acked applied, in the applied state at once,
+        # in the card batch after the card's DVFS latency
+        cmd = wire.RackCommand(
+            "r1", (10, 11, 12, 13), wire.CardSetting.dvfs(3), wire.new_command_id(), exp, ts, 0, "agent"
+        )
+        await obs.send(cmd)
+        ack = await obs.ack_of(cmd.command_id)
+        assert ack.result is wire.AckResult.APPLIED and ack.target == "r1" and ack.reason is None
+        applied = await obs.wait_for(
+            lambda m: isinstance(m, wire.AppliedState) and m.rack == "r1" and m.last_command_id == cmd.command_id
+        )
+        assert applied.dvfs_level[10:14].tolist() == [3] * 4 and applied.dvfs_level[:10].tolist() == [0] * 10
+        assert applied.max_clock_mhz[10] == CLOCKS[3]
+        later = ack.ts_s + SITE.card.dvfs_latency_s
+        batch = await obs.wait_for(lambda m: isinstance(m, wire.CardBatch) and m.rack == "r1" and m.ts_s > later)
+        assert batch.sm_clock_mhz[10:14].tolist() == [CLOCKS[3]] * 4
+        assert batch.sm_clock_mhz[0] == CLOCKS[0]
+
+        # a power limit of 200 W on busy cards: applied at once; the cards' own power brake slows them
+        ts, exp = command_times(obs)
+        cap = wire.RackCommand(
+            "r0", (0, 1), wire.CardSetting.power_limit(200.0), wire.new_command_id(), exp, ts, 1, "agent"
+        )
+        await obs.send(cap)
+        assert (await obs.ack_of(cap.command_id)).result is wire.AckResult.APPLIED
+        batch = await obs.wait_for(
+            lambda m: (
+                isinstance(m, wire.CardBatch) and m.rack == "r0" and m.ts_s > ts + 5 and m.power_limit_w[0] == 200.0
+            )
+        )
+        assert batch.sm_clock_mhz[0] < CLOCKS[0] and batch.sm_clock_mhz[2] == CLOCKS[0]
+
+        # low-power idle on idle cards, then wake: visible as low_power / 0 MHz in telemetry
+        ts, exp = command_times(obs)
+        sleep = wire.RackCommand(
+            "r1", (15,), wire.CardSetting.low_power_idle(), wire.new_command_id(), exp, ts, 2, "agent"
+        )
+        await obs.send(sleep)
+        assert (await obs.ack_of(sleep.command_id)).result is wire.AckResult.APPLIED
+        batch = await obs.wait_for(lambda m: isinstance(m, wire.CardBatch) and m.rack == "r1" and bool(m.low_power[15]))
+        assert batch.sm_clock_mhz[15] == 0.0
+        ts, exp = command_times(obs)
+        wake = wire.RackCommand("r1", (15,), wire.CardSetting.wake(), wire.new_command_id(), exp, ts, 3, "agent")
+        await obs.send(wake)
+        assert (await obs.ack_of(wake.command_id)).result is wire.AckResult.APPLIED
+        assert sim.plant.truth().low_power[16 + 15] == np.False_
+
+        # a clock range maps to the fastest DVFS level inside it
+        ts, exp = command_times(obs)
+        rng_cmd = wire.RackCommand(
+            "r1", (9,), wire.CardSetting.clock_range(1300.0, 1700.0), wire.new_command_id(), exp, ts, 4, "agent"
+        )
+        await obs.send(rng_cmd)
+        assert (await obs.ack_of(rng_cmd.command_id)).result is wire.AckResult.APPLIED
+        assert sim.commands.level[16 + 9] == CLOCKS.index(1650.0)
+
+        # the facility set-point
+        ts, exp = command_times(obs)
+        fac = wire.FacilityCommand(35.0, wire.new_command_id(), exp, ts, 5, "agent")
+        await obs.send(fac)
+        assert (await obs.ack_of(fac.command_id)).result is wire.AckResult.APPLIED
+        f = await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.supply_setpoint_c == 35.0)
+        assert f.ts_s >= ts
+    s = sim.summary
+    assert s is not None and s.commands_applied == 6 and s.commands_rejected == 0 and s.commands_expired == 0
+
+
+async def test_expired_command_is_acked_expired_and_not_applied(mosquitto: EmbeddedBroker) -> None:
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, scenario(duration_s=600.0)) as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 5)
+        now, _ = command_times(obs)
+        stale = wire.RackCommand(
+            "r0", (0, 1), wire.CardSetting.dvfs(5), wire.new_command_id(), now - 2.0, now - 10.0, 0, "agent"
+        )
+        await obs.send(stale)
+        ack = await obs.ack_of(stale.command_id)
+        assert ack.result is wire.AckResult.EXPIRED and ack.ts_s >= stale.expires_s
+        fac = wire.FacilityCommand(40.0, wire.new_command_id(), now - 1.0, now - 30.0, 1, "agent")
+        await obs.send(fac)
+        assert (await obs.ack_of(fac.command_id)).result is wire.AckResult.EXPIRED
+        await asyncio.sleep(0.5)  # 10 site seconds: the DVFS latency has long passed
+        truth = sim.plant.truth()
+        assert truth.level[:2].tolist() == [0, 0] and truth.supply_setpoint_c == SITE.facility.supply_temp_c
+        assert sim.commands.level[:2].tolist() == [0, 0]
+    assert sim.summary is not None and sim.summary.commands_expired == 2 and sim.summary.commands_applied == 0
+
+
+async def test_commands_outside_the_cards_range_are_rejected_with_a_reason(mosquitto: EmbeddedBroker) -> None:
+    sc = scenario(jobs=[job("busy", 16, running_at_start=True)], duration_s=600.0)
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc) as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading))
+        ts, exp = command_times(obs)
+
+        def rack(setting: wire.CardSetting, cards: tuple[int, ...] = (0,), r: str = "r1") -> wire.RackCommand:
+            return wire.RackCommand(r, cards, setting, wire.new_command_id(), exp, ts, 0, "agent")
+
+        cases: list[tuple[wire.Message, str]] = [
+            (rack(wire.CardSetting.dvfs(12)), "outside the card's table 0..7"),
+            (rack(wire.CardSetting.power_limit(50.0)), "50 W is not within 200..700 W"),
+            (rack(wire.CardSetting.power_limit(900.0)), "900 W is not within 200..700 W"),
+            (rack(wire.CardSetting.clock_range(100.0, 900.0)), "no DVFS clock of the card within 100..900 MHz"),
+            (rack(wire.CardSetting.low_power_idle(), (3,), "r0"), "card 3 is busy with job busy"),
+            (wire.FacilityCommand(70.0, wire.new_command_id(), exp, ts, 0, "agent"), "70 deg C is not within 20..45"),
+            (wire.SchedulerCommand("nope", {"r1": (0,)}, wire.new_command_id(), exp, ts, 0, "agent"), "unknown job"),
+        ]
+        for msg, reason in cases:
+            await obs.send(msg)
+            ack = await obs.ack_of(msg.command_id)  # type: ignore[union-attr]
+            assert ack.result is wire.AckResult.REJECTED
+            assert ack.reason is not None and reason in ack.reason, (ack.reason, reason)
+        # nothing of them was applied
+        truth = sim.plant.truth()
+        assert truth.level.max() == 0 and not truth.low_power.any()
+        assert truth.supply_setpoint_c == SITE.facility.supply_temp_c
+    s = sim.summary
+    assert s is not None and s.commands_rejected == len(cases) and s.commands_applied == 0
+    assert s.command_refusals["rack.set_power_limit"] == 2
+
+
+async def test_scheduler_places_queued_jobs_and_bad_placements_are_rejected(mosquitto: EmbeddedBroker) -> None:
+    sc = scenario(
+        jobs=[job("big", 16, running_at_start=True), job("queued", 8), job("late", 8, submit_time_s=5.0)],
+        plant={"placement": "external", "external_timeout_s": 1e6},
+        duration_s=600.0,
+    )
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc) as (sim, _):
+        await obs.wait_for(
+            lambda m: isinstance(m, wire.JobEvent) and m.job_id == "late" and m.event is wire.JobEventType.SUBMITTED
+        )
+        assert [j.job_id for j in sim.plant.queued_jobs()] == ["queued", "late"]  # the plant waits for the agent
+        ts, exp = command_times(obs)
+        busy = wire.SchedulerCommand("queued", {"r0": tuple(range(8))}, wire.new_command_id(), exp, ts, 0, "agent")
+        await obs.send(busy)
+        ack = await obs.ack_of(busy.command_id)
+        assert ack.result is wire.AckResult.REJECTED and ack.reason is not None and "busy" in ack.reason
+        short = wire.SchedulerCommand("queued", {"r1": (0, 1)}, wire.new_command_id(), exp, ts, 1, "agent")
+        await obs.send(short)
+        ack = await obs.ack_of(short.command_id)
+        assert ack.result is wire.AckResult.REJECTED and ack.reason is not None and "needs 8 cards, got 2" in ack.reason
+        cards = {"r1": (8, 9, 10, 11, 12, 13, 14, 15)}
+        place = wire.SchedulerCommand("queued", cards, wire.new_command_id(), exp, ts, 2, "agent")
+        await obs.send(place)
+        assert (await obs.ack_of(place.command_id)).result is wire.AckResult.APPLIED
+        started = await obs.wait_for(
+            lambda m: isinstance(m, wire.JobEvent) and m.job_id == "queued" and m.event is wire.JobEventType.STARTED
+        )
+        assert started.cards == {"r1": (8, 9, 10, 11, 12, 13, 14, 15)}
+        computing = await obs.wait_for(
+            lambda m: isinstance(m, wire.JobEvent) and m.job_id == "queued" and m.phase is Phase.COMPUTE
+        )
+        assert computing.ts_s >= started.ts_s + sc.plant_config.phases.startup_s
+        ts, exp = command_times(obs)
+        again = wire.SchedulerCommand("queued", {"r1": tuple(range(8))}, wire.new_command_id(), exp, ts, 3, "agent")
+        await obs.send(again)
+        ack = await obs.ack_of(again.command_id)
+        assert ack.result is wire.AckResult.REJECTED and ack.reason is not None and "running, not queued" in ack.reason
+        assert [j.job_id for j in sim.plant.queued_jobs()] == ["late"]
+
+
+async def test_queued_jobs_fall_back_to_the_builtin_scheduler_without_an_agent(mosquitto: EmbeddedBroker) -> None:
+    sc = scenario(jobs=[job("waits", 8)], plant={"external_timeout_s": 20.0}, duration_s=600.0)
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc):
+        started = await obs.wait_for(
+            lambda m: isinstance(m, wire.JobEvent) and m.event is wire.JobEventType.STARTED and m.job_id == "waits"
+        )
+    assert started.ts_s - START_EPOCH_S == pytest.approx(20.0)
+
+
+async def test_broker_disconnect_loses_telemetry_and_delivers_queued_commands(mosquitto: EmbeddedBroker) -> None:
+    sc = scenario(
+        faults=[{"kind": "broker_disconnect", "start_s": 10.0, "duration_s": 30.0}],
+        jobs=[job("j", 8, running_at_start=True), job("late", 8, submit_time_s=20.0)],
+        plant={"placement": "builtin"},
+        duration_s=600.0,
+    )
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc, speed=5.0) as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 9)
+        await asyncio.sleep(0.8)  # 4 site seconds: the simulator is offline now
+        assert not sim.connected
+        ts = START_EPOCH_S + 12.0
+        keep = wire.RackCommand("r1", (4,), wire.CardSetting.dvfs(2), wire.new_command_id(), ts + 600.0, ts, 0, "agent")
+        lapse = wire.RackCommand("r1", (5,), wire.CardSetting.dvfs(6), wire.new_command_id(), ts + 8.0, ts, 1, "agent")
+        await obs.send(keep)
+        await obs.send(lapse)
+        back = await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s > START_EPOCH_S + 9)
+        assert back.ts_s - START_EPOCH_S == pytest.approx(40.0)  # nothing published during the gap
+        assert (await obs.ack_of(keep.command_id)).result is wire.AckResult.APPLIED
+        assert (await obs.ack_of(lapse.command_id)).result is wire.AckResult.EXPIRED
+        # the job event of the gap came after reconnecting, with its own time stamp
+        late = await obs.wait_for(lambda m: isinstance(m, wire.JobEvent) and m.job_id == "late")
+        assert late.event is wire.JobEventType.SUBMITTED and late.ts_s == START_EPOCH_S + 20.0
+        assert sim.commands.level[16 + 4] == 2 and sim.commands.level[16 + 5] == 0
+    times = sorted({round(m.ts_s - START_EPOCH_S) for m in obs.of(wire.FacilityReading)})
+    assert 9 in times and 40 in times and not [t for t in times if 9 < t < 40]  # lost: [10, 40)
+    s = sim.summary
+    assert s is not None and s.disconnects == 1 and s.telemetry_dropped == 30 * (3 * 2 + 1)
+    applied_states = [a for a in obs.of(wire.AppliedState) if a.rack == "r0"]
+    assert len(applied_states) >= 2  # on the first connect and again on the reconnect
+
+
+async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
+    sc = scenario(
+        jobs=[job("a", 16, running_at_start=True), job("b", 8, submit_time_s=3.0, duration_s=30.0)],
+        faults=[{"kind": "card_failure", "card": 30, "at_s": 12.0}],
+        plant={"noise": False, "placement": "builtin"},
+        telemetry_period_s=2.0,
+        duration_s=120.0,
+    )
+    truth, summary = tmp_path / "truth.csv", tmp_path / "summary.json"
+    runs = running(mosquitto, sc, speed=0.0, truth_log=truth, summary_path=summary)
+    async with observer(mosquitto, SITE) as obs, runs as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 120)
+        await asyncio.sleep(0.3)  # the last round's other messages
+    rows = list(csv.DictReader(truth.open(encoding="utf-8")))
+    assert list(rows[0]) == truth_columns(SITE)
+    assert [float(r["time_s"]) for r in rows] == [float(t) for t in range(0, 121, 2)]
+    assert float(rows[-1]["ts_s"]) == START_EPOCH_S + 120.0
+    # without sensor noise, the PDU telemetry is the true rack power of the same instant
+    pdu = {(m.rack, round(m.ts_s - START_EPOCH_S)): m.power_w for m in obs.of(wire.PduReading)}
+    for r in rows:
+        t = round(float(r["time_s"]))
+        assert float(r["r0_power_w"]) == pytest.approx(pdu[("r0", t)], rel=1e-6)
+        assert float(r["r1_power_w"]) == pytest.approx(pdu[("r1", t)], rel=1e-6)
+        total = float(r["r0_power_w"]) + float(r["r1_power_w"])
+        assert float(r["it_power_w"]) == pytest.approx(total, rel=1e-6)
+    assert rows[0]["failed_cards"] == "0" and rows[-1]["failed_cards"] == "1"
+    d = json.loads(summary.read_text(encoding="utf-8"))
+    acc = sim.plant.accounting()
+    assert d["duration_s"] == 120.0 and d["stopped_by"] == "duration"
+    assert d["facility_energy_kwh"] == pytest.approx(acc.facility_energy_j / 3.6e6)
+    assert d["facility_energy_kwh"] == pytest.approx(float(rows[-1]["facility_energy_kwh"]), rel=1e-6)
+    assert d["work_card_s"] == pytest.approx(float(rows[-1]["work_card_s"]), rel=1e-6)
+    assert d["jobs_finished"] == 1 and d["jobs_submitted"] == 2
+    assert d["max_rack_power_w"] == pytest.approx(max(float(r["max_rack_power_w"]) for r in rows), rel=1e-6)
+    assert d["max_die_temp_c"] == pytest.approx(acc.max_die_temp_c)
+    assert d["truth_rows"] == len(rows) == 61
+    assert d["messages_published"] >= 61 * 7 and d["card_readings_published"] == 61 * 32
+    for key in ("it_energy_kwh", "pue", "rack_over_limit_s", "commands_applied", "rejected_messages", "cpu_share"):
+        assert key in d
+    assert math.isfinite(d["pue"]) and d["pue"] > 1.0
+
+
+def test_command_line_with_embedded_broker_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    truth, summary = tmp_path / "truth.csv", tmp_path / "summary.json"
+    cmd = [
+        sys.executable, "-m", "sim", "--scenario", str(REPO / "examples" / "fault-broker-disconnect.toml"),
+        "--speed", "20", "--truth-log", str(truth), "--summary", str(summary), "--progress-interval-s", "0.5",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "embedded" in first and "mqtt://127.0.0.1:" in first
+        deadline = WAIT_S
+        while not (truth.exists() and truth.stat().st_size > 0 and len(truth.read_text().splitlines()) > 40):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            deadline -= 0.1
+            assert deadline > 0
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "sim: t=" in err and "stopped by stop" in err
+    d = json.loads(summary.read_text(encoding="utf-8"))
+    assert d["stopped_by"] == "stop" and 40 <= d["duration_s"] < 1800
+    rows = list(csv.DictReader(truth.open(encoding="utf-8")))
+    assert len(rows) == d["truth_rows"] and float(rows[-1]["time_s"]) <= d["duration_s"]
+
+
+def test_command_line_reports_bad_scenarios_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nduration_s = 60\nsite = "nowhere.toml"\n', encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "--scenario", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "bad.toml: site:" in done.stderr and "file not found" in done.stderr
