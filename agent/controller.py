@@ -514,10 +514,12 @@ class Controller:
         if ctx.choose_setpoint:
             self._last_setpoint_eval_s = now
         self._setpoint_c = decision.supply_temp_c
+        # a new dict, bound at once: a late solve in a worker thread may be reading the old one
+        pending = dict(self._pending)
         for o in decision.placements:
-            self._pending[o.job_id] = (o.cards, now + cfg.command_ttl_s)
+            pending[o.job_id] = (o.cards, now + cfg.command_ttl_s)
         running = {j.job_id for j in snap.jobs}
-        self._pending = {k: v for k, v in self._pending.items() if v[1] > now and k not in running}
+        self._pending = {k: v for k, v in pending.items() if v[1] > now and k not in running}
         for r in (*ctx.stale_racks, *ctx.stuck_racks):
             self._failsafe_until[r] = now + cfg.failsafe_hold_s
         self._update_extra(snap, ctx)
@@ -538,6 +540,10 @@ class Controller:
     @property
     def cycle(self) -> int:
         return self._cycle
+
+    def resume_cycle(self, last_cycle: int) -> None:
+        """Continue the cycle numbering of a previous run (from the journal)."""
+        self._cycle = max(self._cycle, last_cycle + 1)
 
     def pending_placements(self) -> dict[str, tuple[int, ...]]:
         return {k: v[0] for k, v in self._pending.items()}

@@ -82,6 +82,43 @@ class AgentMetrics:
             ["kind"],
             registry=r,
         )
+        self.decision_latency_seconds = Histogram(
+            "racktwin_decision_latency_seconds",
+            "Wall time from the message that triggers a decision to its first command (or advice) sent",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
+            registry=r,
+        )
+        self.decisions_total = Counter(
+            "racktwin_decisions_total",
+            "Decisions by status (optimal, feasible, fallback, failsafe...)",
+            ["status"],
+            registry=r,
+        )
+        self.decision_status = self.decisions_total
+        self.predicted_rack_power_watts = Gauge(
+            "racktwin_predicted_rack_power_watts",
+            "Rack power the twin predicts for the last decision",
+            ["rack"],
+            registry=r,
+        )
+        self.rack_power_cap_watts = Gauge(
+            "racktwin_rack_power_cap_watts", "Rack limit minus margin (what decisions keep to)", ["rack"], registry=r
+        )
+        self.predicted_facility_power_watts = Gauge(
+            "racktwin_predicted_facility_power_watts",
+            "Facility power the twin predicts for the last decision",
+            registry=r,
+        )
+        self.ambient_temperature_celsius = Gauge(
+            "racktwin_ambient_temperature_celsius", "Outdoor air temperature at the facility", registry=r
+        )
+        self.open_commands = Gauge("racktwin_open_commands", "Commands sent and not yet acknowledged", registry=r)
+        self.site_time_seconds = Gauge(
+            "racktwin_site_time_seconds", "The site clock (epoch seconds, from telemetry timestamps)", registry=r
+        )
+        self.site_clock_rate = Gauge(
+            "racktwin_site_clock_rate_ratio", "Site seconds per wall second (1 against real racks)", registry=r
+        )
         self.broker_connected = Gauge("racktwin_broker_connected", "1 while connected to the broker", registry=r)
         self.reconnects_total = Counter("racktwin_broker_reconnects_total", "Broker (re)connections", registry=r)
         for name in self.rack_names:

@@ -1,0 +1,77 @@
+"""``racktwin agent --config FILE [--check-config]``: the control agent service.
+
+``--check-config`` (or ``--check-config FILE``) validates the configuration (environment
+overrides included) and explains it; exit 0 when it is valid, 2 with one line naming the file and
+the field when it is not. Without it the service runs until SIGTERM / SIGINT (clean shutdown, exit
+0). An unreachable broker is not an error for a long-running service: it retries with backoff, says
+so in the logs, and ``/readyz`` tells why it is not ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from agent.commands.common import UserError
+
+log = logging.getLogger("racktwin.agent")
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.add_argument("--config", metavar="FILE", help="agent configuration (TOML, see examples/agent.toml)")
+    parser.add_argument(
+        "--check-config",
+        metavar="FILE",
+        nargs="?",
+        const=True,
+        default=None,
+        help="validate and explain the configuration (this FILE or --config's), then exit",
+    )
+    parser.add_argument("--mode", choices=("advisory", "enforce"), help="override the configuration's mode")
+
+
+def _load(path: str) -> object:
+    from agent.config import load_config
+    from twin.tables import SpecError
+
+    try:
+        loaded = load_config(path)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror or exc}") from None
+    return loaded
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    import dataclasses
+
+    from agent.config import LoadedConfig, explain
+
+    check = args.check_config
+    path = check if isinstance(check, str) else args.config
+    if path is None:
+        raise UserError("give the configuration: --config FILE (or --check-config FILE)")
+    loaded = _load(path)
+    assert isinstance(loaded, LoadedConfig)
+    if args.mode is not None:
+        loaded = dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, mode=args.mode))
+    if check is not None:
+        print(explain(loaded))
+        return 0
+    from agent.journal import JournalError
+    from agent.logs import setup_logging
+    from agent.service import run as run_service
+
+    cfg = loaded.config
+    setup_logging(cfg.log.level, cfg.log.format)
+    try:
+        asyncio.run(run_service(loaded))
+    except JournalError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:  # e.g. the HTTP port is taken
+        raise UserError(f"{path}: http.port {cfg.http.port}: {exc.strerror or exc}") from None
+    return 0

@@ -1,0 +1,240 @@
+"""Incoming wire messages -> the agent's belief (``twin.state.TwinState``) and the site clock.
+
+:class:`Ingest` takes decoded messages (``agent.wire``) one by one:
+
+* telemetry (card batches, CDU, PDU, facility) becomes ``twin.readings`` objects, collected into
+  *rounds* (:class:`twin.readings.Readings` with at most one reading of each kind per rack) that
+  :meth:`Ingest.flush` folds into the ``TwinState`` in arrival order. Rack-local card indices
+  become site indices; the DVFS level of each card is what the rack last reported as applied
+  (``racktwin.applied/1``) or, before that, the level of its clock; a card reading 0 W at 0 MHz
+  while awake has failed (that is how a rack reports a dead card);
+* job events go to the ``TwinState`` at once (after the readings that came before them);
+* acks and applied states are handed to the caller (``on_ack``) and kept (``applied_level``);
+* every message's timestamp drives the :class:`agent.clock.SiteClock`.
+
+What a round adds is also returned by :meth:`flush` for the estimator.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent import wire
+from agent.clock import SiteClock
+from twin.readings import CardBatch, FacilityReading, JobEvent, LoopReading, PduReading, RackReading, Readings
+from twin.spec import SiteSpec
+from twin.state import TwinState
+from twin.workload import Phase
+
+IntArray = npt.NDArray[np.int64]
+
+__all__ = ["Ingest", "IngestStats"]
+
+log = logging.getLogger("racktwin.agent.ingest")
+
+_EVENT_KINDS = {
+    wire.JobEventType.SUBMITTED: "submitted",
+    wire.JobEventType.STARTED: "started",
+    wire.JobEventType.PHASE_CHANGED: "phase",
+    wire.JobEventType.FINISHED: "finished",
+    wire.JobEventType.FAILED: "failed",
+    wire.JobEventType.REQUEUED: "requeued",
+}
+
+
+@dataclass
+class IngestStats:
+    by_kind: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    job_events: int = 0
+    ignored: int = 0  # decoded messages the agent does not act on (commands of other agents...)
+
+
+@dataclass
+class _Partial:
+    time_s: float
+    cards: CardBatch | None = None
+    loop: LoopReading | None = None
+    pdu: PduReading | None = None
+
+
+class Ingest:
+    """Folds wire messages into the belief (see the module docstring)."""
+
+    def __init__(
+        self,
+        site: SiteSpec,
+        state: TwinState,
+        clock: SiteClock,
+        *,
+        on_ack: Callable[[wire.Acknowledgement], None] | None = None,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> None:
+        self.site = site
+        self.state = state
+        self.clock = clock
+        self.on_ack = on_ack
+        self.on_event = on_event
+        self.stats = IngestStats()
+        self._rack = {name: i for i, name in enumerate(site.rack_names)}
+        self._cpr = site.cards_per_rack
+        self._clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
+        #: per card: the DVFS level the rack reports as applied (-1: not reported yet)
+        self.applied_level = np.full(site.n_cards, -1, dtype=np.int64)
+        self._round: dict[int, _Partial] = {}
+        self._facility: FacilityReading | None = None
+        self._round_t = -math.inf
+
+    # ---- messages -------------------------------------------------------------------------------
+    def handle(self, msg: wire.Message) -> str:
+        """Take one decoded message; returns its kind (``"cards"``, ``"job_event"``, ...)."""
+        kind = wire.kind_of(msg).value
+        self.stats.by_kind[kind] = self.stats.by_kind.get(kind, 0) + 1
+        ts = getattr(msg, "ts_s", math.nan)
+        if isinstance(msg, wire.CardBatch):
+            self.clock.observe(ts)
+            self._add(msg.rack, ts, cards=self._cards(msg))
+        elif isinstance(msg, wire.CduReading):
+            self.clock.observe(ts)
+            loop = LoopReading(msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w)
+            self._add(msg.rack, ts, loop=loop)
+        elif isinstance(msg, wire.PduReading):
+            self.clock.observe(ts)
+            self._add(msg.rack, ts, pdu=PduReading(msg.power_w))
+        elif isinstance(msg, wire.FacilityReading):
+            self.clock.observe(ts)
+            if self._facility is not None:
+                self.flush()
+            self._facility = FacilityReading(
+                time_s=ts,
+                ambient_temp_c=msg.ambient_temp_c,
+                facility_supply_temp_c=msg.supply_temp_c,
+                facility_return_temp_c=msg.return_temp_c,
+                cooling_power_w=msg.cooling_power_w,
+                it_power_w=msg.it_power_w,
+                facility_power_w=msg.facility_power_w,
+                supply_setpoint_c=msg.supply_setpoint_c,
+            )
+            self._round_t = max(self._round_t, ts)
+        elif isinstance(msg, wire.JobEvent):
+            self.clock.observe(ts)
+            ev = self._event(msg)
+            if ev is not None:
+                self.flush()
+                self.state.apply_events([ev])
+                self.stats.job_events += 1
+                if self.on_event is not None:
+                    self.on_event(ev)
+        elif isinstance(msg, wire.Acknowledgement):
+            self.clock.observe(ts)
+            if self.on_ack is not None:
+                self.on_ack(msg)
+        elif isinstance(msg, wire.AppliedState):
+            r = self._rack.get(msg.rack)
+            if r is not None:
+                idx = np.asarray(msg.card_index, dtype=np.int64)
+                ok = (idx >= 0) & (idx < self._cpr)
+                lv = np.asarray(msg.dvfs_level, dtype=np.int64)[ok]
+                good = (lv >= 0) & (lv < self._clocks.size)
+                self.applied_level[idx[ok][good] + r * self._cpr] = lv[good]
+        else:
+            self.stats.ignored += 1
+        return kind
+
+    def _cards(self, b: wire.CardBatch) -> CardBatch | None:
+        r = self._rack.get(b.rack)
+        if r is None:
+            return None
+        local = np.asarray(b.card_index, dtype=np.int64)
+        idx = local + r * self._cpr
+        clock = np.asarray(b.sm_clock_mhz, dtype=np.float64)
+        power = np.asarray(b.power_w, dtype=np.float64)
+        low = np.asarray(b.low_power, dtype=bool)
+        failed = ~low & (clock <= 0.0) & (power <= 0.5)
+        known = self.applied_level[idx]
+        from_clock = np.abs(clock[:, None] - self._clocks[None, :]).argmin(axis=1)
+        level = np.where(known >= 0, known, np.where(clock > 0, from_clock, -1)).astype(np.int64)
+        return CardBatch(
+            card_index=idx,
+            power_w=power,
+            die_temp_c=np.asarray(b.temp_c, dtype=np.float64),
+            clock_mhz=clock,
+            utilization=np.asarray(b.utilization, dtype=np.float64),
+            level=level,
+            low_power=low,
+            waking=np.zeros(idx.size, dtype=bool),
+            power_limit_w=np.asarray(b.power_limit_w, dtype=np.float64),
+            failed=failed,
+        )
+
+    def _event(self, m: wire.JobEvent) -> JobEvent | None:
+        kind = _EVENT_KINDS.get(m.event)
+        if kind is None:
+            return None
+        cards: tuple[int, ...] = ()
+        if m.cards is not None:
+            out: list[int] = []
+            for rack, local in m.cards.items():
+                r = self._rack.get(rack)
+                if r is not None:
+                    out.extend(int(c) + r * self._cpr for c in local if 0 <= c < self._cpr)
+            cards = tuple(sorted(out))
+        phase = m.phase if m.phase is not None else Phase.WAITING
+        return JobEvent(
+            time_s=m.ts_s, job_id=m.job_id, kind=kind, phase=phase, cards=cards, job=m.job, detail=m.reason or ""
+        )
+
+    # ---- rounds ---------------------------------------------------------------------------------
+    def _add(
+        self,
+        rack: str,
+        ts: float,
+        *,
+        cards: CardBatch | None = None,
+        loop: LoopReading | None = None,
+        pdu: PduReading | None = None,
+    ) -> None:
+        r = self._rack.get(rack)
+        if r is None:
+            return
+        part = self._round.get(r)
+        clash = part is not None and (
+            (cards is not None and part.cards is not None)
+            or (loop is not None and part.loop is not None)
+            or (pdu is not None and part.pdu is not None)
+        )
+        if clash:
+            self.flush()
+            part = None
+        if part is None:
+            part = self._round[r] = _Partial(ts)
+        part.time_s = max(part.time_s, ts)
+        if cards is not None:
+            part.cards = cards
+        if loop is not None:
+            part.loop = loop
+        if pdu is not None:
+            part.pdu = pdu
+        self._round_t = max(self._round_t, ts)
+
+    def flush(self) -> Readings | None:
+        """Fold the collected round into the belief; returns it (None when there was nothing)."""
+        if not self._round and self._facility is None:
+            return None
+        racks = tuple(
+            RackReading(rack=r, time_s=p.time_s, cards=p.cards, loop=p.loop, pdu=p.pdu)
+            for r, p in sorted(self._round.items())
+        )
+        readings = Readings(time_s=self._round_t, racks=racks, facility=self._facility)
+        self._round = {}
+        self._facility = None
+        self._round_t = -math.inf
+        self.state.update(readings)
+        self.stats.rounds += 1
+        return readings

@@ -1,0 +1,467 @@
+"""Decisions -> commands on the wire, and the commands' lives until they are acknowledged.
+
+:class:`CommandBook` turns a guarded :class:`agent.decision.Decision` into the commands that change
+what differs from what the racks have: per rack and setting one ``racktwin.rack_cmd/1`` (DVFS level,
+power limit, low-power idle, wake), one ``racktwin.facility_cmd/1`` for a new set-point, one
+``racktwin.scheduler_cmd/1`` per placement. "What the racks have" is what they report (telemetry,
+retained applied state) overlaid with the agent's own open commands until they expire, so a command
+is not repeated every period while telemetry catches up. Commands that lower power (slower levels,
+lower limits, sleep) come first, then the set-point and placements, then the ones that raise power:
+a rack applies its commands in order, so it never passes through a state above both plans.
+
+Every command carries a fresh id, its issue time and an absolute expiry (``command_ttl_s`` later,
+site time), goes at QoS 1 and is never retained (``agent.wire``). The book keeps each open command
+(topic, payload, expiry, attempts). An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it
+and lets the next decision try again (after ``command_ttl_s`` for a rejected setting of a card, so
+that a refusal is not repeated every period). The same diff, unregistered, is the advice of
+advisory mode (:meth:`CommandBook.advice`).
+
+:class:`Publisher` sends what the book hands it, in order, and retries: a command not acknowledged
+``command_ttl_s / (command_retries + 1)`` after it was sent is sent again, at most
+``command_retries`` times, never after its expiry; every open command is sent again after the broker
+connection comes back (a broker restarted without persistence forgets what it had not delivered).
+Each send is journaled (``Journal.mark_sent``) after the broker acknowledged it; the command itself
+was journaled before, with its decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import math
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent import wire
+from agent.bus import Bus, BusError, BusNotConnected
+from agent.clock import SiteClock
+from agent.config import ControlConfig
+from agent.decision import Decision
+from agent.journal import Journal, NewCommand
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["CommandBook", "OpenCommand", "Publisher", "new_commands"]
+
+log = logging.getLogger("racktwin.agent.publish")
+
+_LEVEL, _SLEEP, _LIMIT = 0, 1, 2
+
+Command = wire.RackCommand | wire.FacilityCommand | wire.SchedulerCommand
+#: (overlay kind or -1, command, whether it lowers power)
+Item = tuple[int, Command, bool]
+_LIMIT_TOL_W = 0.5
+
+
+@dataclass
+class OpenCommand:
+    """A command the book is waiting on (sent or about to be)."""
+
+    command_id: str
+    target: str  # rack name, "facility" or "scheduler"
+    topic: str
+    payload: bytes
+    issued_s: float
+    expires_s: float
+    kind: int = -1  # _LEVEL / _SLEEP / _LIMIT for rack commands, -1 otherwise
+    cards: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    key: int = 0
+    attempts: int = 0
+    last_sent_s: float = -math.inf
+    acked: bool = False
+
+
+def new_commands(opens: Iterable[OpenCommand]) -> list[NewCommand]:
+    """The journal's view of commands (an id, a target, a topic and bytes)."""
+    return [NewCommand(o.command_id, o.target, o.topic, o.payload, o.issued_s, o.expires_s) for o in opens]
+
+
+class CommandBook:
+    """Commands from decisions and their acks (see the module docstring)."""
+
+    def __init__(self, site: SiteSpec, codec: wire.Codec, control: ControlConfig, publisher: str = "agent") -> None:
+        self.site = site
+        self.codec = codec
+        self.control = control
+        self.sequencer = wire.Sequencer(publisher)
+        n = site.n_cards
+        self._cpr = site.cards_per_rack
+        self._card_rack = site.card_rack()
+        self._names = site.rack_names
+        # overlays: what our open commands will have set, until when, and which command set it
+        self._ov_value = np.zeros((3, n))
+        self._ov_until = np.full((3, n), -math.inf)
+        self._ov_key = np.zeros((3, n), dtype=np.int64)
+        self._backoff = np.full((3, n), -math.inf)
+        self._sp: tuple[float, float, int] | None = None  # set-point, until, key
+        self._placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
+        self.open: dict[str, OpenCommand] = {}
+        self._next_key = 1
+
+    # ---- what differs -------------------------------------------------------------------------
+    def _have(self, kind: int, reported: FloatArray, now_s: float) -> FloatArray:
+        live = self._ov_until[kind] > now_s
+        return np.where(live, self._ov_value[kind], reported)
+
+    def diff(self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float) -> list[Item]:
+        """The commands the decision needs, as ``(kind, message, lowers_power)``, lowering first."""
+        n = self.site.n_cards
+        alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool))
+        ttl = self.control.command_ttl_s
+        expires = now_s + ttl
+        out_low: list[Item] = []
+        out_mid: list[Item] = []
+        out_high: list[Item] = []
+
+        def rack_cmds(
+            kind: int, cards: IntArray, values: FloatArray, make: Callable[[float], wire.CardSetting], lowers: bool
+        ) -> list[Item]:
+            res: list[Item] = []
+            for r in np.unique(self._card_rack[cards]):
+                in_r = cards[self._card_rack[cards] == r]
+                vals = values[in_r]
+                for v in np.unique(vals):
+                    sel = in_r[vals == v]
+                    local = tuple(int(c) - int(r) * self._cpr for c in sel)
+                    cmd = wire.RackCommand(
+                        rack=self._names[int(r)],
+                        cards=local,
+                        setting=make(float(v)),
+                        command_id=uuid.uuid4(),
+                        expires_s=expires,
+                        ts_s=now_s,
+                        seq=0,
+                        publisher=self.sequencer.publisher,
+                    )
+                    res.append((kind, cmd, lowers))
+            return res
+
+        ok_now = self._backoff <= now_s
+        # DVFS levels
+        reported_lv = np.where(applied_level >= 0, applied_level, snap.card_level).astype(np.float64)
+        have_lv = self._have(_LEVEL, reported_lv, now_s)
+        want_lv = decision.card_level.astype(np.float64)
+        moved = alive & (want_lv != have_lv) & ok_now[_LEVEL]
+        slower = np.flatnonzero(moved & (want_lv > have_lv))
+        faster = np.flatnonzero(moved & (want_lv < have_lv))
+        dvfs = lambda v: wire.CardSetting.dvfs(int(v))  # noqa: E731
+        out_low += rack_cmds(_LEVEL, slower, want_lv, dvfs, True)
+        out_high += rack_cmds(_LEVEL, faster, want_lv, dvfs, False)
+        # power limits
+        rep_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+        rep_lim = np.where(np.isfinite(rep_lim), rep_lim, self.site.card.power_limit_w)
+        have_lim = self._have(_LIMIT, rep_lim, now_s)
+        want_lim = np.asarray(np.round(decision.card_power_limit_w, 1), dtype=np.float64)
+        changed = alive & (np.abs(want_lim - have_lim) > _LIMIT_TOL_W) & ok_now[_LIMIT]
+        cap = wire.CardSetting.power_limit
+        out_low += rack_cmds(_LIMIT, np.flatnonzero(changed & (want_lim < have_lim)), want_lim, cap, True)
+        out_high += rack_cmds(_LIMIT, np.flatnonzero(changed & (want_lim > have_lim)), want_lim, cap, False)
+        # low-power idle
+        have_lp = self._have(_SLEEP, np.asarray(snap.card_low_power, dtype=np.float64), now_s) > 0.5
+        want_lp = np.asarray(decision.card_low_power, dtype=bool)
+        sleep = np.flatnonzero(alive & want_lp & ~have_lp & ~decision.card_busy & ok_now[_SLEEP])
+        wake = np.flatnonzero(alive & ~want_lp & have_lp & ok_now[_SLEEP])
+        ones = np.ones(n, dtype=np.float64)
+        out_low += rack_cmds(_SLEEP, sleep, ones, lambda v: wire.CardSetting.low_power_idle(), True)
+        out_high += rack_cmds(_SLEEP, wake, ones, lambda v: wire.CardSetting.wake(), False)
+        # set-point
+        fac = snap.facility
+        have_sp = fac.supply_setpoint_c if fac is not None else math.nan
+        if self._sp is not None and self._sp[1] > now_s:
+            have_sp = self._sp[0]
+        if math.isfinite(decision.supply_temp_c) and not (abs(decision.supply_temp_c - have_sp) <= 0.01):
+            fc = wire.FacilityCommand(
+                supply_setpoint_c=float(decision.supply_temp_c),
+                command_id=uuid.uuid4(),
+                expires_s=expires,
+                ts_s=now_s,
+                seq=0,
+                publisher=self.sequencer.publisher,
+            )
+            out_mid.append((-1, fc, decision.supply_temp_c < have_sp))
+        # placements
+        for o in decision.placements:
+            held = self._placing.get(o.job_id)
+            if held is not None and held[0] > now_s:
+                continue
+            by_rack: dict[str, list[int]] = {}
+            for c in o.cards:
+                r = int(self._card_rack[c])
+                by_rack.setdefault(self._names[r], []).append(int(c) - r * self._cpr)
+            sc = wire.SchedulerCommand(
+                job_id=o.job_id,
+                cards={k: tuple(v) for k, v in by_rack.items()},
+                command_id=uuid.uuid4(),
+                expires_s=expires,
+                ts_s=now_s,
+                seq=0,
+                publisher=self.sequencer.publisher,
+            )
+            out_mid.append((-1, sc, False))
+        return out_low + out_mid + out_high
+
+    # ---- enforce mode -----------------------------------------------------------------------------
+    def commands(
+        self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float
+    ) -> list[OpenCommand]:
+        """The commands of a decision, encoded, registered as open (overlays set); send in order."""
+        out: list[OpenCommand] = []
+        for kind, msg, _low in self.diff(decision, snap, applied_level, now_s):
+            msg = _with_seq(msg, self.sequencer.next(self.codec.topic_for(msg)))
+            o = self.codec.outgoing(msg)
+            target = (
+                msg.rack
+                if isinstance(msg, wire.RackCommand)
+                else (wire.FACILITY if isinstance(msg, wire.FacilityCommand) else wire.SCHEDULER)
+            )
+            oc = OpenCommand(str(msg.command_id), target, o.topic, o.payload, now_s, msg.expires_s, kind=kind)
+            self._register(oc, msg)
+            out.append(oc)
+        return out
+
+    def _register(self, oc: OpenCommand, msg: Command) -> None:
+        key = self._next_key
+        self._next_key += 1
+        oc.key = key
+        if isinstance(msg, wire.RackCommand):
+            r = self.site.rack_names.index(msg.rack)
+            cards = np.asarray(msg.cards, dtype=np.int64) + r * self._cpr
+            oc.cards = cards
+            s = msg.setting
+            if s.action is wire.CardAction.SET_DVFS_LEVEL:
+                kind, value = _LEVEL, float(s.dvfs_level or 0)
+            elif s.action is wire.CardAction.SET_POWER_LIMIT:
+                kind, value = _LIMIT, float(s.power_limit_w or 0.0)
+            elif s.action is wire.CardAction.LOW_POWER_IDLE:
+                kind, value = _SLEEP, 1.0
+            elif s.action is wire.CardAction.WAKE:
+                kind, value = _SLEEP, 0.0
+            else:  # pragma: no cover - the agent sends no clock ranges
+                kind, value = -1, 0.0
+            oc.kind = kind
+            if kind >= 0:
+                self._ov_value[kind, cards] = value
+                self._ov_until[kind, cards] = msg.expires_s
+                self._ov_key[kind, cards] = key
+        elif isinstance(msg, wire.FacilityCommand):
+            self._sp = (msg.supply_setpoint_c, msg.expires_s, key)
+        else:
+            self._placing[msg.job_id] = (msg.expires_s, key)
+        self.open[oc.command_id] = oc
+
+    def resume(self, commands: Iterable[tuple[str, str, str, bytes, float, float, int]]) -> list[OpenCommand]:
+        """Re-open journaled commands after a restart: ``(id, target, topic, payload, issued, expires,
+        attempts)``; their overlays are set again. Returns them (to be sent again)."""
+        out: list[OpenCommand] = []
+        for cid, target, topic, payload, issued, expires, attempts in commands:
+            msg = self.codec.decode(topic, payload)
+            if not isinstance(msg, wire.RackCommand | wire.FacilityCommand | wire.SchedulerCommand):
+                continue
+            oc = OpenCommand(cid, target, topic, payload, issued, expires, attempts=attempts)
+            self._register(oc, msg)
+            out.append(oc)
+        return out
+
+    def on_ack(self, ack: wire.Acknowledgement, now_s: float) -> OpenCommand | None:
+        """An ack for one of ours closes it (None for an unknown id). A refusal or a late arrival
+        clears what the command would have set, so the next decision tries again (a refused card
+        setting after ``command_ttl_s``)."""
+        oc = self.open.pop(str(ack.command_id), None)
+        if oc is None:
+            return None
+        oc.acked = True
+        if ack.result is not wire.AckResult.APPLIED:
+            self._clear(oc)
+            if ack.result is wire.AckResult.REJECTED and oc.kind >= 0:
+                mine = oc.cards
+                self._backoff[oc.kind, mine] = now_s + self.control.command_ttl_s
+        return oc
+
+    def _clear(self, oc: OpenCommand) -> None:
+        if oc.kind >= 0 and oc.cards.size:
+            mine = oc.cards[self._ov_key[oc.kind, oc.cards] == oc.key]
+            self._ov_until[oc.kind, mine] = -math.inf
+        if self._sp is not None and self._sp[2] == oc.key:
+            self._sp = None
+        for jid, (_until, key) in list(self._placing.items()):
+            if key == oc.key:
+                del self._placing[jid]
+
+    def expire(self, now_s: float) -> list[OpenCommand]:
+        """Close open commands past their expiry without an ack (returned)."""
+        gone = [oc for oc in self.open.values() if oc.expires_s <= now_s]
+        for oc in gone:
+            del self.open[oc.command_id]
+            self._clear(oc)
+        return gone
+
+    # ---- advisory mode ----------------------------------------------------------------------------
+    def advice(
+        self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float
+    ) -> wire.AgentAdvice:
+        """What enforce mode would command now, as advice (nothing is registered)."""
+        items: list[wire.AdviceItem] = []
+        setpoint: float | None = None
+        placements: list[wire.Placement] = []
+        saved = (self._ov_until.copy(), self._sp, dict(self._placing))
+        for _kind, msg, _low in self.diff(decision, snap, applied_level, now_s):
+            if isinstance(msg, wire.RackCommand):
+                items.append(wire.AdviceItem(msg.rack, msg.cards, msg.setting))
+            elif isinstance(msg, wire.FacilityCommand):
+                setpoint = msg.supply_setpoint_c
+            else:
+                placements.append(wire.Placement(msg.job_id, msg.cards))
+        self._ov_until, self._sp, self._placing = saved
+        fs = ", ".join(self._names[r] for r in decision.failsafe_racks)
+        summary = (
+            f"cycle {decision.cycle}: {decision.status} ({decision.source}), supply {decision.supply_temp_c:g} deg C"
+            + (f", fail-safe {fs}" if fs else "")
+        )
+        return wire.AgentAdvice(
+            items=tuple(items),
+            ts_s=now_s,
+            seq=self.sequencer.next(self.codec.topics.advice),
+            publisher=self.sequencer.publisher,
+            supply_setpoint_c=setpoint,
+            placements=tuple(placements),
+            predicted_it_power_w=_finite(decision.predicted_it_power_w),
+            predicted_facility_power_w=_finite(decision.predicted_facility_power_w),
+            summary=summary[:1024],
+        )
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) and x >= 0 else None
+
+
+def _with_seq(msg: Command, seq: int) -> Command:
+    return dataclasses.replace(msg, seq=seq)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sending
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PublishStats:
+    sent: int = 0
+    retried: int = 0
+    unacked_expired: int = 0  # expired before any ack (lost or unanswered)
+    abandoned: int = 0  # retries exhausted
+    not_connected_waits: int = 0
+
+
+class Publisher:
+    """Sends open commands in order, retries the unacknowledged ones (see the module docstring).
+
+    ``on_sent(command, retry)`` and ``on_closed(command, why)`` report to the caller (metrics)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        book: CommandBook,
+        journal: Journal,
+        clock: SiteClock,
+        control: ControlConfig,
+        *,
+        on_sent: Callable[[OpenCommand, bool], None] | None = None,
+        on_closed: Callable[[OpenCommand, str], None] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.book = book
+        self.journal = journal
+        self.clock = clock
+        self.control = control
+        self.on_sent = on_sent
+        self.on_closed = on_closed
+        self.stats = PublishStats()
+        self._queue: collections.deque[OpenCommand] = collections.deque()
+        self._wake = asyncio.Event()
+        self._resend_all = False
+
+    @property
+    def retry_after_s(self) -> float:
+        return self.control.command_ttl_s / (self.control.command_retries + 1)
+
+    def submit(self, commands: Iterable[OpenCommand]) -> None:
+        self._queue.extend(commands)
+        self._wake.set()
+
+    def reconnected(self) -> None:
+        """The broker connection came back: send every open command again."""
+        self._resend_all = True
+        self._wake.set()
+
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=0.25)
+            self._wake.clear()
+            await self.step()
+
+    async def step(self) -> None:
+        """Expire, queue retries, send what is queued (returns when the queue is empty or the link is down)."""
+        now = self.clock.now()
+        if now is None:
+            return
+        for oc in self.book.expire(now):
+            self.stats.unacked_expired += 1
+            if self.on_closed is not None:
+                self.on_closed(oc, "unacked")
+        self.journal.expire(now)
+        queued = {oc.command_id for oc in self._queue}
+        resend_all, self._resend_all = self._resend_all, False
+        for oc in list(self.book.open.values()):
+            if oc.command_id in queued or oc.attempts == 0:
+                continue
+            due = resend_all or now - oc.last_sent_s >= self.retry_after_s
+            if not due:
+                continue
+            if oc.attempts > self.control.command_retries and not resend_all:
+                self.book.open.pop(oc.command_id, None)
+                self.book._clear(oc)
+                self.journal.abandon([oc.command_id])
+                self.stats.abandoned += 1
+                if self.on_closed is not None:
+                    self.on_closed(oc, "abandoned")
+                continue
+            self._queue.append(oc)
+        while self._queue:
+            oc = self._queue[0]
+            now = self.clock.now() or now
+            if oc.command_id not in self.book.open or oc.expires_s <= now:
+                self._queue.popleft()  # acked meanwhile, or expired: never sent late
+                continue
+            try:
+                await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=5.0)
+            except BusNotConnected:
+                self.stats.not_connected_waits += 1
+                return
+            except BusError as exc:
+                log.warning("command %s to %s not sent: %s", oc.command_id, oc.target, exc)
+                return
+            self._queue.popleft()
+            retry = oc.attempts > 0
+            oc.attempts += 1
+            oc.last_sent_s = self.clock.now() or now
+            self.journal.mark_sent([oc.command_id])
+            if retry:
+                self.stats.retried += 1
+            self.stats.sent += 1
+            if self.on_sent is not None:
+                self.on_sent(oc, retry)

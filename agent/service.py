@@ -1,0 +1,656 @@
+"""The agent service: one asyncio TaskGroup of named tasks around the controller.
+
+``await AgentService(load_config("agent.toml")).run()`` (or :func:`run` for the command line) until
+:meth:`AgentService.stop` (SIGTERM / SIGINT in ``racktwin agent``). The tasks:
+
+* ``ingest``: every message from the broker (``agent.bus.Bus``: reconnects with randomized backoff
+  and subscribes again on every connect) is decoded and validated by ``agent.wire.Codec`` (a
+  rejection is counted by reason and ignored) and folded into the belief (``agent.ingest``):
+  telemetry rounds into ``twin.state.TwinState`` (freshness per card, loop and PDU), job events,
+  acks (into the journal and the command book), applied state; timestamps drive the site clock.
+* ``estimate``: each telemetry round updates ``twin.estimate.Estimator`` (thermal resistance and
+  leakage per card; fouled cold plates and weak pumps are flagged in metrics and logs); calibration
+  goes to the journal every ``journal.calibration_every_s``.
+* ``control``: every ``control.period_s`` of *site* time, and at once (at most every
+  ``min_replan_interval_s``) when a job starts, ends or resumes computing: snapshot ->
+  ``Controller.propose`` in a worker thread under ``asyncio.timeout`` shorter than the period (a
+  late solve: the greedy plan now, and no new solve until the late one returns) -> ``Guard.review``
+  -> journal (the decision and its commands, before anything is sent) -> commands (enforce) or
+  advice (advisory). A period is never skipped.
+* ``publish``: commands at QoS 1, in order, never retained; retries and expiry (``agent.publish``).
+* ``health``: metrics (``agent.metrics``) and readiness; ``/metrics``, ``/healthz``, ``/readyz``.
+
+The agent's status is retained on ``agent/status`` (``online`` on every connect; the broker's last
+will says ``offline`` if the connection dies; a clean shutdown publishes ``offline`` itself). A
+restarted agent resumes from its journal: the cycle count, calibration, the jobs it knew, and the
+commands still open (re-sent if not expired; an expired command is never sent again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from agent import wire
+from agent.bus import Bus, BusError, LastWill, MqttOptions
+from agent.clock import SiteClock
+from agent.config import BrokerConfig, LoadedConfig
+from agent.controller import Controller
+from agent.decision import Decision
+from agent.ingest import Ingest
+from agent.journal import Journal, JournalError
+from agent.metrics import AgentMetrics, serve_http
+from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
+from twin.estimate import Estimator
+from twin.readings import JobEvent, Readings
+from twin.state import StateSnapshot, TwinState
+from twin.workload import JobSpec, Phase
+
+__all__ = ["VERSION", "AgentService", "mqtt_options", "run"]
+
+log = logging.getLogger("racktwin.agent")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("racktwin")
+    except Exception:  # not installed (run from a checkout)
+        return "0.1.0"
+
+
+VERSION = _version()
+_ROUND_QUEUE = 256
+_HEALTH_INTERVAL_S = 1.0
+_ANOMALY_INTERVAL_S = 10.0
+
+
+class _Shutdown(Exception):
+    """Raised inside the task group to stop the other tasks after a clean shutdown."""
+
+
+def mqtt_options(broker: BrokerConfig) -> MqttOptions:
+    """Client options from the configuration's ``[broker]`` section."""
+    return MqttOptions.from_url(
+        broker.url,
+        username=broker.username,
+        password=broker.resolved_password(),
+        ca_file=broker.tls_ca_file,
+        cert_file=broker.tls_cert_file,
+        key_file=broker.tls_key_file,
+        client_id=broker.client_id,
+        clean_session=not broker.persistent_session,
+        keepalive_s=int(broker.keepalive_s),
+    )
+
+
+def _resumes(ev: JobEvent) -> bool:
+    """Job events after which the agent decides again at once."""
+    return ev.kind in ("started", "finished", "failed", "requeued") or (
+        ev.kind == "phase" and ev.phase == Phase.COMPUTE
+    )
+
+
+class AgentService:
+    """The service (see the module docstring). ``mqtt`` overrides the configuration's broker;
+    ``http=False`` starts no HTTP endpoint (``http_port`` tells the port it listens on)."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        mqtt: MqttOptions | None = None,
+        controller: Controller | None = None,
+        http: bool = True,
+    ) -> None:
+        cfg = loaded.config
+        site = loaded.site
+        self.loaded = loaded
+        self.config = cfg
+        self.site = site
+        self.mode = cfg.mode
+        self.layout = wire.SiteLayout.from_spec(site, site=cfg.site_id)
+        self.metrics = AgentMetrics(site.rack_names)
+        self.codec = wire.Codec(self.layout, counter=wire.RejectionCounter(logger=logging.getLogger("racktwin.wire")))
+        self.state = TwinState(site, stuck_after=cfg.control.stuck_after_readings)
+        self.clock = SiteClock(cfg.control.time_scale, infer=cfg.control.infer_time_scale)
+        self.estimator = Estimator(site)
+        self.controller = controller if controller is not None else Controller.from_config(loaded)
+        self.journal = Journal(cfg.journal.path)
+        self.book = CommandBook(site, self.codec, cfg.control)
+        self.ingest = Ingest(site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event)
+        self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
+        self._status_seq = wire.Sequencer("agent")
+        self.bus = Bus(
+            self.mqtt,
+            subscriptions=self.codec.topics.agent_filters(),
+            will=self._will,
+            on_connect=self._on_connect,
+            name="agent",
+        )
+        self.publisher = Publisher(
+            self.bus, self.book, self.journal, self.clock, cfg.control, on_sent=self._on_sent, on_closed=self._on_closed
+        )
+        self.http = http
+        self.http_port: int | None = None
+        self._http_server: asyncio.Server | None = None
+        self._stop = asyncio.Event()
+        self._replan = asyncio.Event()
+        self._replan_wall = 0.0
+        self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
+        self._solve_future: asyncio.Future[Decision] | None = None
+        self._first_send: dict[str, float] = {}
+        self._journal_error: str | None = None
+        self._jobs_hash = ""
+        self._seen_rejections: dict[str, int] = {}
+        self._seen_connects = 0
+        self._anomalies: set[tuple[str, int, int | None]] = set()
+        #: wall seconds from the message that triggered a decision to its first command (or advice) sent
+        self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
+        self.decisions = 0
+        self.last_decision: Decision | None = None
+        self.rounds_dropped = 0
+        self.resumed_commands = 0
+        self.expired_on_resume = 0
+        self._load_journal()
+
+    # ================================================================================================
+    # lifecycle
+    # ================================================================================================
+    def stop(self) -> None:
+        """Ask for a clean shutdown: the current cycle finishes, status goes offline, the journal closes."""
+        self._stop.set()
+        self._replan.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`stop` (or until a task fails)."""
+        if self.http and self.config.http.port:
+            self._http_server = await serve_http(
+                self.metrics, self.readiness, self.config.http.host, self.config.http.port
+            )
+            self.http_port = int(self._http_server.sockets[0].getsockname()[1])
+        log.info(
+            "agent starting",
+            extra={
+                "fields": {
+                    "mode": self.mode,
+                    "site": self.site.name,
+                    "cards": self.site.n_cards,
+                    "broker": self.mqtt.url,
+                    "journal": self.config.journal.path,
+                    "http_port": self.http_port,
+                }
+            },
+        )
+        self.bus.start()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._ingest_task(), name="ingest")
+                tg.create_task(self._estimate_task(), name="estimate")
+                control = tg.create_task(self._control_task(), name="control")
+                tg.create_task(self.publisher.run(), name="publish")
+                tg.create_task(self._health_task(), name="health")
+                tg.create_task(self._shutdown_task(control), name="shutdown")
+        except* _Shutdown:
+            pass
+        finally:
+            await self._close()
+
+    async def _shutdown_task(self, control: asyncio.Task[None]) -> None:
+        await self._stop.wait()
+        with contextlib.suppress(asyncio.CancelledError):
+            await control  # the current cycle finishes
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.publisher.step(), timeout=2.0)  # send what that cycle decided
+        raise _Shutdown
+
+    async def _close(self) -> None:
+        if self.bus.connected:
+            with contextlib.suppress(BusError, TimeoutError):
+                await self.bus.send(self._status(wire.AgentState.OFFLINE, "clean shutdown"), timeout_s=2.0)
+        await self.bus.close()
+        if self._http_server is not None:
+            self._http_server.close()
+            with contextlib.suppress(Exception):
+                await self._http_server.wait_closed()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(Exception):
+            self.journal.close()
+        log.info("agent stopped", extra={"fields": {"decisions": self.decisions}})
+
+    # ================================================================================================
+    # status
+    # ================================================================================================
+    def _status(self, state: wire.AgentState, detail: str) -> wire.Outgoing:
+        topic = self.codec.topics.agent_status
+        msg = wire.AgentStatus(
+            state=state,
+            version=VERSION,
+            ts_s=self.clock.now() or time.time(),
+            seq=self._status_seq.next(topic),
+            publisher="agent",
+            mode=self.mode,
+            detail=detail,
+        )
+        return self.codec.outgoing(msg)
+
+    def _will(self) -> LastWill:
+        out = self._status(wire.AgentState.OFFLINE, "connection lost")
+        return LastWill(out.topic, out.payload, qos=1, retain=True)
+
+    async def _on_connect(self, bus: Bus) -> None:
+        self.metrics.reconnects_total.inc()
+        await bus.send(self._status(wire.AgentState.ONLINE, f"{self.mode} mode"))
+        self.publisher.reconnected()
+
+    # ================================================================================================
+    # journal: resume
+    # ================================================================================================
+    def _load_journal(self) -> None:
+        j = self.journal
+        last = j.last_decision()
+        if last is not None:
+            self.controller.resume_cycle(last[0])
+        cards, r_th, leak = j.load_calibration()
+        if cards.size:
+            self.controller.load_calibration(cards, r_th, leak)
+        raw = j.get_meta("jobs")
+        if raw:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                self._restore_jobs(json.loads(raw))
+        log.info(
+            "journal opened",
+            extra={
+                "fields": {
+                    "path": j.path,
+                    "decisions": j.decision_count(),
+                    "calibrated_cards": int(cards.size),
+                    "jobs": len(self.state.jobs),
+                }
+            },
+        )
+
+    def _restore_jobs(self, doc: dict[str, Any]) -> None:
+        events: list[JobEvent] = []
+        for item in (*doc.get("queue", []), *doc.get("running", [])):
+            spec = JobSpec(**item["spec"])
+            events.append(JobEvent(0.0, spec.job_id, "submitted", Phase.WAITING, job=spec))
+        for item in doc.get("running", []):
+            jid = item["spec"]["job_id"]
+            events.append(JobEvent(0.0, jid, "started", Phase(item["phase"]), cards=tuple(item["cards"])))
+            events.append(JobEvent(0.0, jid, "phase", Phase(item["phase"])))
+        self.state.apply_events(events)
+
+    def _save_jobs(self, snap: StateSnapshot) -> None:
+        def spec_of(info: Any) -> dict[str, Any] | None:
+            return asdict(info.spec) if info.spec is not None else None
+
+        doc = {
+            "running": [
+                {"spec": spec_of(j), "cards": list(j.cards), "phase": int(j.phase)} for j in snap.jobs if j.spec
+            ],
+            "queue": [{"spec": spec_of(q)} for q in snap.queue if q.spec],
+        }
+        raw = json.dumps(doc, separators=(",", ":"))
+        digest = hashlib.sha1(raw.encode()).hexdigest()
+        if digest != self._jobs_hash:
+            self.journal.set_meta("jobs", raw)
+            self._jobs_hash = digest
+
+    def _resume_commands(self, now_s: float) -> None:
+        """Commands still open in the journal: expired ones are closed (never sent again), the
+        others are sent again."""
+        self.expired_on_resume = self.journal.expire(now_s)
+        rows = [
+            (c.command_id, c.target, c.topic, c.payload, c.issued_s, c.expires_s, c.attempts)
+            for c in self.journal.unacked(now_s)
+        ]
+        opened = self.book.resume(rows)
+        self.resumed_commands = len(opened)
+        self.publisher.submit(opened)
+        if rows or self.expired_on_resume:
+            log.info(
+                "resumed open commands from the journal",
+                extra={"fields": {"resent": len(opened), "expired_not_resent": self.expired_on_resume}},
+            )
+
+    # ================================================================================================
+    # ingest
+    # ================================================================================================
+    async def _ingest_task(self) -> None:
+        async for m in self.bus.messages():
+            msg = self.codec.decode(m.topic, m.payload)
+            if isinstance(msg, wire.Rejection):
+                continue
+            kind = self.ingest.handle(msg)
+            self.metrics.messages_total.labels(kind=kind).inc()
+            if self.bus.pending() == 0:
+                self._flush()
+
+    def _flush(self) -> None:
+        r = self.ingest.flush()
+        if r is None:
+            return
+        if self._rounds.full():
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self._rounds.get_nowait()
+                self.rounds_dropped += 1
+        self._rounds.put_nowait(r)
+
+    def _on_event(self, ev: JobEvent) -> None:
+        if self.config.control.replan_on_job_events and _resumes(ev):
+            self._replan_wall = time.monotonic()
+            self._replan.set()
+
+    def _on_ack(self, ack: wire.Acknowledgement) -> None:
+        now = self.clock.now()
+        oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
+        try:
+            known = self.journal.record_ack(str(ack.command_id), ack.ts_s, ack.result.value, ack.reason)
+        except JournalError as exc:
+            self._journal_error = str(exc)
+            known = oc is not None
+        if not known and oc is None:
+            return
+        self.metrics.commands_total.labels(result=ack.result.value).inc()
+        if ack.result is not wire.AckResult.APPLIED:
+            log.warning(
+                "command %s",
+                ack.result.value,
+                extra={"fields": {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}},
+            )
+
+    def _on_sent(self, oc: OpenCommand, retry: bool) -> None:
+        self.metrics.commands_total.labels(result="retried" if retry else "sent").inc()
+        trigger = self._first_send.pop(oc.command_id, None)
+        if trigger is not None:
+            self._observe_latency(trigger)
+
+    def _on_closed(self, oc: OpenCommand, why: str) -> None:
+        self.metrics.commands_total.labels(result=why).inc()
+
+    def _observe_latency(self, trigger_wall: float) -> None:
+        lat = time.monotonic() - trigger_wall
+        self.latencies_s.append(lat)
+        self.metrics.decision_latency_seconds.observe(lat)
+
+    # ================================================================================================
+    # estimate
+    # ================================================================================================
+    async def _estimate_task(self) -> None:
+        cfg = self.config
+        last_cal = -math.inf
+        last_anomaly = -math.inf
+        while True:
+            r = await self._rounds.get()
+            self.estimator.update(r)
+            now = self.clock.now() or r.time_s
+            if now - last_anomaly >= _ANOMALY_INTERVAL_S:
+                last_anomaly = now
+                self._report_anomalies()
+            if now - last_cal >= cfg.journal.calibration_every_s and now - last_cal >= 0:
+                if last_cal > -math.inf:
+                    self._save_calibration(now)
+                last_cal = now
+
+    def _report_anomalies(self) -> None:
+        found = self.estimator.anomalies()
+        counts: dict[str, int] = {"fouled_cold_plate": 0, "weak_pump": 0}
+        keys: set[tuple[str, int, int | None]] = set()
+        for a in found:
+            counts[a.kind] = counts.get(a.kind, 0) + 1
+            key = (a.kind, a.rack, a.card)
+            keys.add(key)
+            if key not in self._anomalies:
+                log.warning(
+                    "anomaly: %s",
+                    a.detail,
+                    extra={"fields": {"kind": a.kind, "rack": self.site.rack_names[a.rack], "card": a.card}},
+                )
+        self._anomalies = keys
+        for kind, n in counts.items():
+            self.metrics.anomalies.labels(kind=kind).set(n)
+
+    def _save_calibration(self, now_s: float) -> None:
+        self.controller.update_calibration(self.estimator.estimates())
+        cards, r_th, leak = self.controller.calibration()
+        if cards.size == 0:
+            return
+        try:
+            self.journal.save_calibration(cards, r_th, leak, now_s)
+        except JournalError as exc:
+            self._journal_error = str(exc)
+
+    # ================================================================================================
+    # control
+    # ================================================================================================
+    async def _control_task(self) -> None:
+        cfg = self.config.control
+        while not self.clock.known:
+            if self._stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=0.2)
+        now = self.clock.now()
+        assert now is not None
+        self._resume_commands(now)
+        next_t = now
+        last_cycle = -math.inf
+        while not self._stop.is_set():
+            reached = await self.clock.wait_until(next_t, wake=self._replan)
+            if self._stop.is_set():
+                break
+            if not reached:
+                self._replan.clear()
+                trigger = self._replan_wall
+                now = self.clock.now() or next_t
+                if now - last_cycle < cfg.min_replan_interval_s:
+                    reached = await self.clock.wait_until(min(next_t, last_cycle + cfg.min_replan_interval_s))
+                    if self._stop.is_set():
+                        break
+                    reached = (self.clock.now() or 0.0) >= next_t
+            else:
+                trigger = self.clock.last_advance_wall or time.monotonic()
+            now = self.clock.now() or next_t
+            await self._cycle(now, trigger)
+            last_cycle = now
+            if reached:
+                next_t += cfg.period_s
+                if next_t <= now:  # fell behind by more than a period: decide again one period from now
+                    next_t = now + cfg.period_s
+
+    async def _cycle(self, now: float, trigger_wall: float) -> None:
+        cfg = self.config.control
+        snap = self.state.snapshot()
+        est = self.estimator.estimates()
+        period_wall = self.clock.wall_seconds(cfg.period_s)
+        limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)
+        ctx = self.controller.context(snap, now, est, time_limit_s=limit)
+        proposal: Decision | None = None
+        note = ""
+        if self._solve_future is None or self._solve_future.done():
+            loop = asyncio.get_running_loop()
+            fut = loop.run_in_executor(self._executor, functools.partial(self.controller.propose, snap, ctx))
+            try:
+                async with asyncio.timeout(max(min(limit + 0.25, 0.9 * period_wall), limit)):
+                    proposal = await asyncio.shield(fut)
+            except TimeoutError:
+                self._solve_future = fut
+                note = "solve late: greedy plan"
+            except Exception as exc:  # the models failed: greedy plan, and say so
+                log.exception("control: the solve failed")
+                note = f"solve failed ({exc!r}): greedy plan"
+        else:
+            note = "previous solve still running: greedy plan"
+        if proposal is None:
+            proposal = self.controller.propose(snap, ctx, use_solver=False)
+            proposal = proposal.replace(explanation=(*proposal.explanation, note))
+        decision = self.controller.guard.review(proposal, snap, ctx)
+        self.controller.commit(decision, snap, ctx)
+        self.last_decision = decision
+        self.decisions += 1
+        await self._act(decision, snap, now, trigger_wall)
+        self._update_decision_metrics(decision)
+
+    async def _act(self, decision: Decision, snap: StateSnapshot, now: float, trigger_wall: float) -> None:
+        enforce = self.mode == "enforce"
+        commands = self.book.commands(decision, snap, self.ingest.applied_level, now) if enforce else []
+        summary = decision.summary(self.site.rack_names)
+        summary["commands"] = len(commands)
+        try:
+            self.journal.record_decision(
+                decision.cycle,
+                now,
+                self.mode,
+                decision.status,
+                decision.solve_time_s,
+                summary,
+                new_commands(commands),
+            )
+            self._save_jobs(snap)
+            self._journal_error = None
+        except JournalError as exc:
+            # nothing is acted on that is not journaled first
+            self._journal_error = str(exc)
+            log.error("journal write failed: nothing sent this cycle", extra={"fields": {"error": str(exc)}})
+            for oc in commands:
+                self.book.open.pop(oc.command_id, None)
+                self.book._clear(oc)
+            return
+        if enforce:
+            if commands:
+                self._first_send[commands[0].command_id] = trigger_wall
+                self.publisher.submit(commands)
+        else:
+            advice = self.book.advice(decision, snap, self.ingest.applied_level, now)
+            try:
+                await self.bus.send(self.codec.outgoing(advice), timeout_s=5.0)
+                self._observe_latency(trigger_wall)
+            except BusError as exc:
+                log.warning("advice not published: %s", exc)
+        log.info(
+            "decision",
+            extra={
+                "fields": {
+                    "cycle": decision.cycle,
+                    "site_time_s": round(now, 3),
+                    "status": decision.status,
+                    "source": decision.source,
+                    "solve_s": round(decision.solve_time_s, 4),
+                    "supply_c": decision.supply_temp_c,
+                    "failsafe": [self.site.rack_names[r] for r in decision.failsafe_racks],
+                    "commands": len(commands),
+                    "max_budget_kw": round(float(decision.budget_rack_power_w.max()) / 1e3, 2),
+                }
+            },
+        )
+
+    # ================================================================================================
+    # health and metrics
+    # ================================================================================================
+    def _update_decision_metrics(self, d: Decision) -> None:
+        m = self.metrics
+        m.solve_seconds.observe(d.solve_time_s)
+        m.control_cycles_total.labels(source=d.source).inc()
+        m.supply_setpoint_celsius.set(d.supply_temp_c)
+        for r, name in enumerate(self.site.rack_names):
+            m.rack_failsafe.labels(rack=name).set(1 if r in d.failsafe_racks else 0)
+            m.predicted_rack_power_watts.labels(rack=name).set(float(d.predicted_rack_power_w[r]))
+            m.rack_power_cap_watts.labels(rack=name).set(float(d.rack_cap_w[r]))
+        m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
+        m.decision_status.labels(status=d.status).inc()
+
+    async def _health_task(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                self._update_health()
+            await asyncio.sleep(_HEALTH_INTERVAL_S)
+
+    def _update_health(self) -> None:
+        m = self.metrics
+        site = self.site
+        m.broker_connected.set(1 if self.bus.connected else 0)
+        for reason, n in self.codec.counter.snapshot().items():
+            seen = self._seen_rejections.get(reason, 0)
+            if n > seen:
+                m.rejected_messages_total.labels(reason=reason).inc(n - seen)
+                self._seen_rejections[reason] = n
+        st = self.state
+        now = self.clock.now()
+        last = st.rack_last_seen_s()
+        for r, name in enumerate(site.rack_names):
+            if math.isfinite(st.rack_power_w[r]):
+                m.rack_power_watts.labels(rack=name).set(float(st.rack_power_w[r]))
+            m.rack_power_limit_watts.labels(rack=name).set(site.rack.power_limit_w)
+            if math.isfinite(st.rack_supply_temp_c[r]):
+                m.rack_supply_temperature_celsius.labels(rack=name).set(float(st.rack_supply_temp_c[r]))
+                m.rack_return_temperature_celsius.labels(rack=name).set(float(st.rack_return_temp_c[r]))
+            if now is not None and math.isfinite(last[r]):
+                m.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
+        die = np.where(np.isfinite(st.card_die_temp_c) & ~st.card_failed, st.card_die_temp_c, -np.inf)
+        rack_max = die.reshape(site.n_racks, site.cards_per_rack).max(axis=1)
+        for r, name in enumerate(site.rack_names):
+            if math.isfinite(rack_max[r]):
+                m.rack_max_die_temperature_celsius.labels(rack=name).set(float(rack_max[r]))
+        if m.per_card_temperatures:
+            cpr = site.cards_per_rack
+            names = site.rack_names
+            for c in np.flatnonzero(np.isfinite(die)):
+                r = int(c) // cpr
+                m.card_die_temperature_celsius.labels(rack=names[r], card=str(int(c) - r * cpr)).set(float(die[c]))
+        fac = st.facility
+        if fac is not None:
+            m.it_power_watts.set(fac.it_power_w)
+            m.facility_power_watts.set(fac.facility_power_w)
+            m.cooling_power_watts.set(fac.cooling_power_w)
+            if fac.it_power_w > 0:
+                m.pue_ratio.set(fac.facility_power_w / fac.it_power_w)
+            m.ambient_temperature_celsius.set(fac.ambient_temp_c)
+        m.anomalies.labels(kind="stuck_sensor").set(len(st.stuck_racks()) + len(st.stuck_cards()))
+        m.open_commands.set(len(self.book.open))
+        m.site_time_seconds.set(now if now is not None else 0.0)
+        m.site_clock_rate.set(self.clock.rate)
+
+    def readiness(self) -> list[str]:
+        """Why the agent is not ready (empty: ready): broker, telemetry, journal."""
+        reasons: list[str] = []
+        if not self.bus.connected:
+            err = self.bus.stats.last_error
+            reasons.append(f"not connected to the broker {self.mqtt.url}" + (f" (last error: {err})" if err else ""))
+        now = self.clock.now()
+        if now is None:
+            reasons.append("no telemetry received yet")
+        else:
+            stale = self.state.stale_racks(now, self.config.control.telemetry_deadline_s)
+            if stale:
+                names = ", ".join(self.site.rack_names[r] for r in stale[:16])
+                reasons.append(f"no fresh telemetry from {names}" + (" ..." if len(stale) > 16 else ""))
+        if self._journal_error:
+            reasons.append(f"journal: {self._journal_error}")
+        return reasons
+
+
+async def run(loaded: LoadedConfig, *, mqtt: MqttOptions | None = None) -> None:
+    """Run the service until SIGTERM or SIGINT (clean shutdown)."""
+    import signal
+
+    service = AgentService(loaded, mqtt=mqtt)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, service.stop)
+    await service.run()
