@@ -12,6 +12,11 @@ time stamps. A failed card stays in its rack's batch with 0 W, 0 MHz, utilizatio
 ``low_power`` false (the only way a card reads 0 MHz while awake); its die temperature falls as it
 cools down.
 
+Values are rounded to what such sensors resolve (and to keep messages small): card power 0.01 W, die
+temperature 0.01 deg C, utilization 0.01 %, coolant temperatures 0.01 deg C, flow 0.01 L/min, pump
+power 0.1 W, delta pressure 1 Pa, PDU power 0.01 W, facility powers 0.1 W; clocks and power limits
+are exact.
+
 Delta pressure is not modelled by the plant: the CDU reading reports the pump head scaled with the
 square of the measured flow (affinity law), ``pump_head_kpa * (flow / nominal flow)^2``.
 """
@@ -65,10 +70,10 @@ class TelemetryEncoder:
                 msg = wire.CardBatch(
                     rack=name,
                     card_index=np.asarray(b.card_index, dtype=np.int64) - r * cpr,
-                    power_w=b.power_w,
-                    temp_c=b.die_temp_c,
+                    power_w=np.round(b.power_w, 2),
+                    temp_c=np.round(b.die_temp_c, 2),
                     sm_clock_mhz=b.clock_mhz,
-                    utilization=b.utilization,
+                    utilization=np.round(b.utilization * 100.0, 2) / 100.0,
                     power_limit_w=b.power_limit_w,
                     low_power=b.low_power,
                     ts_s=ts_s,
@@ -81,28 +86,30 @@ class TelemetryEncoder:
                 frac = lp.flow_lpm / self._nominal_flow_lpm
                 cdu = wire.CduReading(
                     rack=name,
-                    supply_temp_c=lp.supply_temp_c,
-                    return_temp_c=lp.return_temp_c,
-                    flow_lpm=lp.flow_lpm,
-                    delta_pressure_pa=self._head_pa * frac * frac,
-                    pump_power_w=lp.pump_power_w,
+                    supply_temp_c=round(lp.supply_temp_c, 2),
+                    return_temp_c=round(lp.return_temp_c, 2),
+                    flow_lpm=round(lp.flow_lpm, 2),
+                    delta_pressure_pa=round(self._head_pa * frac * frac, 0),
+                    pump_power_w=round(lp.pump_power_w, 1),
                     ts_s=ts_s,
                     seq=self._seq(t_cdu),
                     publisher=pub,
                 )
                 out.append(wire.Outgoing(t_cdu, wire.encode_cdu(cdu), 0, False))
             if rr.pdu is not None:
-                pdu = wire.PduReading(rack=name, power_w=rr.pdu.power_w, ts_s=ts_s, seq=self._seq(t_pdu), publisher=pub)
+                pdu = wire.PduReading(
+                    rack=name, power_w=round(rr.pdu.power_w, 2), ts_s=ts_s, seq=self._seq(t_pdu), publisher=pub
+                )
                 out.append(wire.Outgoing(t_pdu, wire.encode_pdu(pdu), 0, False))
         f = readings.facility
         if f is not None:
             fac = wire.FacilityReading(
-                ambient_temp_c=f.ambient_temp_c,
-                supply_temp_c=f.facility_supply_temp_c,
-                return_temp_c=f.facility_return_temp_c,
-                cooling_power_w=f.cooling_power_w,
-                it_power_w=f.it_power_w,
-                facility_power_w=f.facility_power_w,
+                ambient_temp_c=round(f.ambient_temp_c, 2),
+                supply_temp_c=round(f.facility_supply_temp_c, 2),
+                return_temp_c=round(f.facility_return_temp_c, 2),
+                cooling_power_w=round(f.cooling_power_w, 1),
+                it_power_w=round(f.it_power_w, 1),
+                facility_power_w=round(f.facility_power_w, 1),
                 supply_setpoint_c=f.supply_setpoint_c,
                 ts_s=ts_s,
                 seq=self._seq(self._facility_topic),

@@ -224,7 +224,7 @@ async def _run(options: Any) -> SimSummary:
             loop.add_signal_handler(sig, sim.stop)
     sc = options.scenario
     print(
-        f"racktwin sim: scenario {sc.name} [{sc.source}]: {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
+        f"racktwin sim: scenario {sc.name} ({sc.source}): {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
         f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} plant faults, {len(sc.sim_faults)} disconnects; "
         f"site {options.site_id} on {options.mqtt.url}, speed "
         f"{'max' if options.as_fast_as_possible else f'{options.speed:g}x'}",
