@@ -102,7 +102,8 @@ def _resumes(ev: JobEvent) -> bool:
 class ClosedLoop:
     """Plant, belief, estimator and controller in one loop (see the module docstring).
 
-    ``on_decision(decision, report)`` is called after each decision is applied. ``estimator=False``
+    ``on_decision(decision, report)`` is called after each decision is applied; ``on_step(plant)``
+    after each plant step (``racktwin evaluate`` judges the true state there). ``estimator=False``
     skips online calibration (faster). ``decisions`` counts the decisions made.
     """
 
@@ -115,6 +116,7 @@ class ClosedLoop:
         estimator: bool = True,
         replan_on_job_events: bool | None = None,
         on_decision: Callable[[Decision, ApplyReport], None] | None = None,
+        on_step: Callable[[Plant], None] | None = None,
     ) -> None:
         cfg = controller.control
         self.plant = plant
@@ -124,6 +126,7 @@ class ClosedLoop:
         self.estimator = Estimator(plant.site) if estimator else None
         self.replan = cfg.replan_on_job_events if replan_on_job_events is None else replan_on_job_events
         self.on_decision = on_decision
+        self.on_step = on_step
         self.decisions = 0
         self.last_decision: Decision | None = None
         self._next_s = plant.time_s
@@ -166,3 +169,5 @@ class ClosedLoop:
             elif urgent and t - self._last_s >= min_gap:
                 self.decide()
             self.plant.step(min(dt_s, end - self.plant.time_s))
+            if self.on_step is not None:
+                self.on_step(self.plant)

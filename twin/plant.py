@@ -157,8 +157,11 @@ class PlantConfig:
     * ``placement``: ``"builtin"`` (first-fit scheduler places queued jobs) or ``"external"``
       (queued jobs wait for :meth:`Plant.place_job`; after ``external_timeout_s`` in the queue the
       built-in scheduler places them anyway).
-    * ``backfill_wait_s``: once the oldest waiting job has waited this long, smaller jobs behind it
-      no longer jump ahead (so big jobs do not starve).
+    * ``backfill_wait_s``: once the oldest waiting job has waited this long, it gets a reservation
+      (EASY backfilling: the expected time enough cards are free, from the running jobs' remaining
+      work); jobs behind it start ahead only if they fit now and are expected to end before the
+      reservation or fit in the cards it leaves spare (so big jobs do not starve and small jobs
+      do not leave cards idle meanwhile).
     * ``supply_time_constant_s``: the rack supply temperature follows its set-point as a first-order
       lag (CDU valve loop, assumption).
     * ``min_power_limit_w``: the lowest power limit a card accepts (H100 SXM: 200 W, ``nvidia-smi -q``
@@ -1102,6 +1105,7 @@ class Plant:
         n_free = int(free.sum())
         remaining: list[_Job] = []
         blocked = False
+        shadow_s, spare = _INF, 0
         next_fallback = _INF
         for job in self._queue:
             if external and t + _EPS_S < job.queued_since_s + cfg.external_timeout_s:
@@ -1109,9 +1113,18 @@ class Plant:
                 remaining.append(job)
                 continue
             n_need = job.spec.n_cards
-            if blocked or n_need > n_free:
-                if not blocked and t - job.queued_since_s >= cfg.backfill_wait_s:
+            if blocked:
+                # EASY backfilling: start ahead of the blocked job only what does not delay its reservation
+                hold_end = t + self._expected_hold_s(job)
+                if n_need > n_free or (hold_end > shadow_s + _EPS_S and n_need > spare):
+                    remaining.append(job)
+                    continue
+                if hold_end > shadow_s + _EPS_S:
+                    spare -= n_need
+            elif n_need > n_free:
+                if t - job.queued_since_s >= cfg.backfill_wait_s:
                     blocked = True
+                    shadow_s, spare = self._reservation(n_need, n_free, t)
                 remaining.append(job)
                 continue
             cards = self._first_fit(free, n_need)
@@ -1122,6 +1135,44 @@ class Plant:
         if next_fallback < self._fallback_at:
             self._fallback_at = next_fallback
             self._push(next_fallback, "sched", None)
+
+    def _expected_hold_s(self, job: _Job) -> float:
+        """Expected time ``job`` holds its cards from now when it starts now: start-up plus its remaining
+        top-clock training, stretched by the expected stalls and checkpoints (the run time a user's
+        wall-time request would tell a batch scheduler)."""
+        spec = job.spec
+        ph = self.config.phases
+        left = max(spec.work_steps - job.progress_steps, 0.0) * spec.step_time_s
+        overhead = 1.0 + ph.stall_fraction() + spec.checkpoint_duration_s / spec.checkpoint_interval_s
+        return ph.startup_s + left * overhead
+
+    def _reservation(self, n_need: int, n_free: int, t: float) -> tuple[float, int]:
+        """EASY backfilling's reservation for a blocked job of ``n_need`` cards: the expected time
+        enough cards are free for it (running jobs end in the order of their expected ends) and how
+        many cards are spare then. A job that can never fit (too many failed cards) reserves nothing."""
+        ph = self.config.phases
+        ends: list[tuple[float, int]] = []
+        for s, job in enumerate(self._slot_job):
+            if job is None:
+                continue
+            if job.next_action[0] == "requeue":  # a failed card: the job lets its cards go then
+                end = float(self._s_next_event[s])
+            else:
+                spec = job.spec
+                left = max(float(self._s_work[s] - self._s_progress[s]), 0.0) * spec.step_time_s
+                overhead = 1.0 + ph.stall_fraction() + spec.checkpoint_duration_s / spec.checkpoint_interval_s
+                end = t + left * overhead
+                if job.next_action[0] == "start":
+                    end += max(float(self._s_next_event[s]) - t, 0.0)
+            healthy = int((~self._failed[job.cards]).sum())
+            ends.append((end, healthy))
+        ends.sort()
+        avail = n_free
+        for end, n in ends:
+            avail += n
+            if avail >= n_need:
+                return end, avail - n_need
+        return _INF, 1 << 62
 
     def _first_fit(self, free: BoolArray, n_need: int) -> IntArray:
         """Compact first fit: the first supernode with enough free cards, its free cards in index

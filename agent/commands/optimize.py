@@ -10,9 +10,7 @@ embedded as PNG) to ``--out`` (default ``./out/<scenario name>``). ``--json`` pr
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
-import io
 import json
 import math
 import sys
@@ -26,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.commands.common import UserError, print_json
+from agent.report import figures_html, page, png_base64, pyplot
 from twin.spec import SiteSpec, SpecError, load_site
 from twin.tables import choices, decode_table, read_toml, rng
 from twin.workload import JobSpec, Phase
@@ -621,12 +620,6 @@ def _write_racks_csv(
             )
 
 
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 def _write_report(
     path: Path,
     sc: Scenario,
@@ -638,11 +631,7 @@ def _write_report(
     base: dict[str, Any],
     t_place: float,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     site = p.site
     names = site.rack_names
     x = np.arange(site.n_racks)
@@ -663,7 +652,7 @@ def _write_report(
     lo = float(min(base["rack_power_w"].min(), judged["rack_power_w"].min() if judged else 1e9)) / 1e3
     ax.set_ylim(max(0.0, lo - 5.0), float(max(base["rack_power_w"].max(), p.rack_limit_w.max())) / 1e3 + 2.0)
     ax.legend(fontsize=7, ncol=5, loc="lower right")
-    imgs.append(("Rack power vs limit (twin steady state)", _png(fig)))
+    imgs.append(("Rack power vs limit (twin steady state)", png_base64(fig)))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.5, 3.0))
@@ -677,7 +666,7 @@ def _write_report(
     ax.set_xlabel("steady die temperature (deg C)")
     ax.set_ylabel("cards")
     ax.legend(fontsize=7)
-    imgs.append(("Die temperatures", _png(fig)))
+    imgs.append(("Die temperatures", png_base64(fig)))
     plt.close(fig)
 
     rows = [("baseline", base)] + ([("greedy", greedy_j)] if greedy_j else []) + ([("plan", judged)] if judged else [])
@@ -695,7 +684,7 @@ def _write_report(
     axes[2].bar(labels, [r[1]["throughput"] for r in rows], color=colors)
     axes[2].set_ylabel("throughput (top-clock card equiv.)")
     fig.tight_layout()
-    imgs.append(("Energy, PUE and throughput against the baseline and the greedy plan", _png(fig)))
+    imgs.append(("Energy, PUE and throughput against the baseline and the greedy plan", png_base64(fig)))
     plt.close(fig)
 
     opts = [o for o in plan.setpoint.options if o.facility_power_w is not None]
@@ -706,7 +695,7 @@ def _write_report(
         ax.set_ylabel("facility power (kW)")
         ax.axvline(plan.supply_temp_c, color="green", ls="--", label="chosen")
         ax.legend(fontsize=7)
-        imgs.append(("Coolant set-point options (each with its own DVFS plan)", _png(fig)))
+        imgs.append(("Coolant set-point options (each with its own DVFS plan)", png_base64(fig)))
         plt.close(fig)
 
     def fmt(v: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
@@ -721,12 +710,7 @@ def _write_report(
         for n, r in rows
     )
     expl = f"<pre>{escape(plan.explanation)}</pre>" if plan.explanation else ""
-    figs = "".join(f"<h2>{escape(t)}</h2><img alt='{escape(t)}' src='data:image/png;base64,{b}'/>" for t, b in imgs)
-    html = f"""<!doctype html><html><head><meta charset="utf-8"><title>racktwin optimize: {escape(sc.name)}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:1em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}img{{max-width:100%}}</style></head><body>
-<h1>racktwin optimize: {escape(sc.name)}</h1>
-<p>Site {escape(site.name)}: {site.n_cards} cards, {site.n_racks} racks; {p.n_jobs} jobs running;
+    body = f"""<p>Site {escape(site.name)}: {site.n_cards} cards, {site.n_racks} racks; {p.n_jobs} jobs running;
 ambient {p.ambient_c:g} deg C. Status <b>{escape(plan.status.value)}</b> ({escape(plan.source)}),
 solve {plan.solve_time_s:.3f} s, placement {t_place:.3f} s, chosen supply {plan.supply_temp_c:g} deg C.</p>{expl}
 <table><tr><th>plan</th><th>IT</th><th>facility</th><th>PUE</th><th>throughput</th><th>supply</th>
@@ -735,6 +719,5 @@ solve {plan.solve_time_s:.3f} s, placement {t_place:.3f} s, chosen supply {plan.
 <p>All numbers are the twin's steady state (<code>twin.steady.site_steady_state</code>) at each plan's levels
 and idle states. Baseline: every card at the top clock, idle cards in active idle, the scenario's set-point,
 only the cards' own protection.</p>
-{figs}</body></html>
-"""
-    path.write_text(html, encoding="utf-8")
+{figures_html(imgs)}"""
+    path.write_text(page(f"racktwin optimize: {sc.name}", body), encoding="utf-8")
