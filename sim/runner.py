@@ -302,6 +302,7 @@ class Simulator:
         period = self.scenario.telemetry_period_s
         end = self.duration_s
         speed = math.inf if opts.as_fast_as_possible else opts.speed
+        n_pub = 0  # periods published; the next is due at n_pub * period (no accumulated rounding)
         next_pub = 0.0
         progress = _Progress(self, wall0, opts.progress, opts.progress_interval_s)
         while True:
@@ -317,7 +318,8 @@ class Simulator:
             if t >= next_pub - _EPS_S:
                 await self._publish_telemetry()
                 while next_pub <= t + _EPS_S:
-                    next_pub += period
+                    n_pub += 1
+                    next_pub = n_pub * period
             if t >= end - _EPS_S or self._stopping:
                 break
             dt = min(opts.step_s, next_pub - t, end - t, max(self.chaos.next_change_s() - t, 0.0) or math.inf)
@@ -346,6 +348,9 @@ class Simulator:
             else:
                 await asyncio.sleep(0)
             progress.maybe()
+        if self._truth is not None and self._truth.last_time_s is not None and plant.time_s > self._truth.last_time_s:
+            # the end (or the stop) fell between two periods: one more truth row, no telemetry
+            self._truth.write(plant, self.site_time_s, self._period_max_rack_w, self.connected)
         progress.final()
 
     # ---- publishing ---------------------------------------------------------------------------
@@ -464,21 +469,30 @@ class Simulator:
         """Handle commands as they arrive; publish each answer (acks, applied state). A persistent
         session gets its queued commands right after CONNACK, before the bus reports itself
         connected: answers wait for the link (and are retried once after a lost link)."""
-        async for m in bus.messages():
-            out = self.commands.handle(m.topic, m.payload)
-            for o in out:
-                for attempt in range(3):
-                    try:
-                        if not bus.connected:
-                            await bus.wait_connected(None)
-                        await bus.send(o)
-                        self.messages_published += 1
-                        break
-                    except BusNotConnected:
-                        continue
-                    except BusError as exc:
-                        if attempt == 2:
-                            log.warning("sim: could not publish %s: %s", o.topic, exc)
+        while True:
+            try:
+                async for m in bus.messages():
+                    for o in self.commands.handle(m.topic, m.payload):
+                        await self._answer(bus, o)
+                return  # the bus was closed
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never stop taking commands
+                log.exception("sim: command consumer failed; going on")
+
+    async def _answer(self, bus: Bus, o: wire.Outgoing) -> None:
+        for attempt in range(3):
+            try:
+                if not bus.connected:
+                    await bus.wait_connected(None)
+                await bus.send(o)
+                self.messages_published += 1
+                return
+            except BusNotConnected:
+                continue
+            except BusError as exc:
+                if attempt == 2:
+                    log.warning("sim: could not publish %s: %s", o.topic, exc)
 
     # ---- the end ------------------------------------------------------------------------------
     def _finish(self, wall0: float, cpu0: float, stopped_by: str) -> SimSummary:

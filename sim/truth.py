@@ -18,7 +18,8 @@ faulty, possibly lost) telemetry it was shown. Columns (:func:`truth_columns`; d
 * per rack ``r{i}_power_w``, ``r{i}_max_die_temp_c``, ``r{i}_return_temp_c``, ``r{i}_flow_lpm``.
 
 The file is flushed at least every ``flush_interval_s`` of wall time, so a killed run leaves a
-usable file (at worst its last line is cut short).
+usable file (at worst its last line is cut short). When the run ends (or is stopped) between two
+periods, a last row holds the final state.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class TruthLog:
         self._fh.flush()
         self._last_flush = time.monotonic()
         self._last_t: float | None = None
+        self.last_time_s: float | None = None  # site time of the last row
         self._last_work = 0.0
         self.rows = 0
 
@@ -108,6 +110,7 @@ class TruthLog:
         dt = t - self._last_t if self._last_t is not None else 0.0
         throughput = (acc.work_card_s - self._last_work) / dt if dt > 0 else 0.0
         self._last_t, self._last_work = t, acc.work_card_s
+        self.last_time_s = t
         it = tr.it_power_w
         limit = self.site.rack.power_limit_w
         values: list[float] = [

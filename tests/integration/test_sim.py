@@ -310,7 +310,7 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
         faults=[{"kind": "card_failure", "card": 30, "at_s": 12.0}],
         plant={"noise": False, "placement": "builtin"},
         telemetry_period_s=2.0,
-        duration_s=120.0,
+        duration_s=121.0,
     )
     truth, summary = tmp_path / "truth.csv", tmp_path / "summary.json"
     runs = running(mosquitto, sc, speed=0.0, truth_log=truth, summary_path=summary)
@@ -319,11 +319,12 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
         await asyncio.sleep(0.3)  # the last round's other messages
     rows = list(csv.DictReader(truth.open(encoding="utf-8")))
     assert list(rows[0]) == truth_columns(SITE)
-    assert [float(r["time_s"]) for r in rows] == [float(t) for t in range(0, 121, 2)]
-    assert float(rows[-1]["ts_s"]) == START_EPOCH_S + 120.0
+    # one row per period, and the final state at the end (121 s is between two periods)
+    assert [float(r["time_s"]) for r in rows] == [float(t) for t in range(0, 121, 2)] + [121.0]
+    assert float(rows[-1]["ts_s"]) == START_EPOCH_S + 121.0
     # without sensor noise, the PDU telemetry is the true rack power of the same instant
     pdu = {(m.rack, round(m.ts_s - START_EPOCH_S)): m.power_w for m in obs.of(wire.PduReading)}
-    for r in rows:
+    for r in rows[:-1]:
         t = round(float(r["time_s"]))
         assert float(r["r0_power_w"]) == pytest.approx(pdu[("r0", t)], rel=1e-6)
         assert float(r["r1_power_w"]) == pytest.approx(pdu[("r1", t)], rel=1e-6)
@@ -332,14 +333,14 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
     assert rows[0]["failed_cards"] == "0" and rows[-1]["failed_cards"] == "1"
     d = json.loads(summary.read_text(encoding="utf-8"))
     acc = sim.plant.accounting()
-    assert d["duration_s"] == 120.0 and d["stopped_by"] == "duration"
+    assert d["duration_s"] == 121.0 and d["stopped_by"] == "duration"
     assert d["facility_energy_kwh"] == pytest.approx(acc.facility_energy_j / 3.6e6)
     assert d["facility_energy_kwh"] == pytest.approx(float(rows[-1]["facility_energy_kwh"]), rel=1e-6)
     assert d["work_card_s"] == pytest.approx(float(rows[-1]["work_card_s"]), rel=1e-6)
     assert d["jobs_finished"] == 1 and d["jobs_submitted"] == 2
     assert d["max_rack_power_w"] == pytest.approx(max(float(r["max_rack_power_w"]) for r in rows), rel=1e-6)
     assert d["max_die_temp_c"] == pytest.approx(acc.max_die_temp_c)
-    assert d["truth_rows"] == len(rows) == 61
+    assert d["truth_rows"] == len(rows) == 62
     assert d["messages_published"] >= 61 * 7 and d["card_readings_published"] == 61 * 32
     for key in ("it_energy_kwh", "pue", "rack_over_limit_s", "commands_applied", "rejected_messages", "cpu_share"):
         assert key in d
