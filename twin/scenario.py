@@ -17,7 +17,7 @@ Warm start: the generator's Poisson arrivals are drawn over ``[-W, duration)`` (
 job run time); a job that arrived before 0 and whose expected wall time reaches past 0 is running at
 t = 0 with the work it has left (length-biased, as in a site that has been running for days). Those
 jobs are listed in :attr:`RunScenario.running_at_start` and :func:`build_plant` places them at t = 0
-(compact first fit) before the first step.
+(compact first fit) before the first step; they compute from the first step (no start-up wait).
 """
 
 from __future__ import annotations
@@ -589,10 +589,18 @@ def _check_fault_target(fault: Any, site: SiteSpec, source: str, where: str) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def place_compact(plant: Plant, job_ids: Sequence[str]) -> list[str]:
+def place_compact(plant: Plant, job_ids: Sequence[str], *, running: bool = False) -> list[str]:
     """Place queued jobs, in order, compactly (the first supernode with enough free cards, its
     free cards in index order; else free cards across the site). Returns the ids placed; a job
-    that does not fit stays queued."""
+    that does not fit stays queued. ``running``: the jobs were already running (warm start), so
+    they skip the start-up wait (``PhaseModel.startup_s``) and compute from the next step."""
+    if running:
+        config = plant.config
+        plant.config = dataclasses.replace(config, phases=dataclasses.replace(config.phases, startup_s=0.0))
+        try:
+            return place_compact(plant, job_ids)
+        finally:
+            plant.config = config
     site = plant.site
     per_sn = site.racks_per_supernode * site.cards_per_rack
     queued = {j.job_id: j for j in plant.queued_jobs()}
@@ -617,8 +625,9 @@ def place_compact(plant: Plant, job_ids: Sequence[str]) -> list[str]:
 
 
 def build_plant(scenario: RunScenario) -> Plant:
-    """The scenario's plant at t = 0, with the jobs of ``running_at_start`` placed."""
+    """The scenario's plant at t = 0, with the jobs of ``running_at_start`` placed and computing
+    from the first step (no start-up wait: they were running before t = 0)."""
     plant = Plant(scenario.site, scenario.jobs, scenario.faults, scenario.plant_config)
     if scenario.running_at_start:
-        place_compact(plant, scenario.running_at_start)
+        place_compact(plant, scenario.running_at_start, running=True)
     return plant

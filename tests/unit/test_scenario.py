@@ -25,6 +25,7 @@ from twin.scenario import (
 )
 from twin.spec import SiteSpec
 from twin.tables import SpecError
+from twin.workload import Phase
 
 pytestmark = pytest.mark.unit
 
@@ -96,6 +97,12 @@ def test_build_plant_places_the_jobs_running_at_start(site: SiteSpec) -> None:
     assert np.unique(cards).size == cards.size
     events = plant.drain_events()
     assert {e.job_id for e in events if e.kind == "started"} == running
+    # they were running before t = 0: computing from the first step, no start-up wait
+    plant.step(1.0)
+    phases = {r.job_id: r.phase for r in plant.job_records() if r.job_id in running}
+    assert set(phases.values()) == {Phase.COMPUTE}
+    assert plant.config.phases.startup_s == sc.plant_config.phases.startup_s == 60.0
+    assert plant.accounting().work_card_s > 0
 
 
 def test_listed_jobs_ambient_plant_and_faults(site: SiteSpec, tmp_path: Path) -> None:
