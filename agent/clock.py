@@ -10,7 +10,11 @@ time, so the agent reads its "now" from the messages it receives:
 * between messages, and during a total telemetry blackout, :meth:`SiteClock.now` extrapolates with
   the clock's *rate* (site seconds per wall second). The rate starts at ``1 / time_scale`` (the
   configured ``control.time_scale``) and, with ``infer=True``, follows what the timestamps show:
-  the site time gained over the wall time elapsed in a sliding window of ``window_s`` wall seconds.
+  the site time gained over the wall time elapsed in a sliding window of ``window_s`` wall seconds;
+* the site's clock is the authority: when messages come back after a silence stamped more than
+  ``tolerance_s`` (default: 1 s or a quarter wall second of site time) *behind* what the clock had
+  extrapolated (the site ran slower than its usual rate meanwhile), the clock steps back to them
+  (``corrections`` counts it); otherwise it never goes back.
 
 No reading, no time: :meth:`now` is None until the first timestamp arrives.
 """
@@ -36,6 +40,7 @@ class SiteClock:
         infer: bool = True,
         window_s: float = 30.0,
         min_span_s: float = 2.0,
+        tolerance_s: float | None = None,
         wall: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (time_scale > 0 and math.isfinite(time_scale)):
@@ -48,6 +53,8 @@ class SiteClock:
         self._anchor_ts: float | None = None  # newest timestamp seen
         self._anchor_wall = 0.0  # wall time it arrived
         self._last_now = -math.inf
+        self._tolerance_s = tolerance_s
+        self.corrections = 0
         self._samples: collections.deque[tuple[float, float]] = collections.deque()
         self._advanced = asyncio.Event() if _has_loop() else None
         #: wall time (monotonic) at which the clock last moved forward on a message
@@ -61,6 +68,10 @@ class SiteClock:
         w = self._wall()
         if self._anchor_ts is not None and ts_s <= self._anchor_ts:
             return False
+        tol = self._tolerance_s if self._tolerance_s is not None else max(1.0, 0.25 * self._rate)
+        if ts_s < self._last_now - tol:
+            self._last_now = ts_s  # the clock ran ahead of the site during a silence: step back
+            self.corrections += 1
         self._anchor_ts, self._anchor_wall = ts_s, w
         self.last_advance_wall = w
         if self._infer:

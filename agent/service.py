@@ -106,7 +106,8 @@ def _resumes(ev: JobEvent) -> bool:
 
 class AgentService:
     """The service (see the module docstring). ``mqtt`` overrides the configuration's broker;
-    ``http=False`` starts no HTTP endpoint (``http_port`` tells the port it listens on)."""
+    ``http=False`` starts no HTTP endpoint; ``http_listen=(host, port)`` overrides the configuration's
+    (port 0: any free port); ``http_port`` tells the port it listens on."""
 
     def __init__(
         self,
@@ -115,6 +116,7 @@ class AgentService:
         mqtt: MqttOptions | None = None,
         controller: Controller | None = None,
         http: bool = True,
+        http_listen: tuple[str, int] | None = None,
     ) -> None:
         cfg = loaded.config
         site = loaded.site
@@ -145,6 +147,7 @@ class AgentService:
             self.bus, self.book, self.journal, self.clock, cfg.control, on_sent=self._on_sent, on_closed=self._on_closed
         )
         self.http = http
+        self._http_listen = http_listen
         self.http_port: int | None = None
         self._http_server: asyncio.Server | None = None
         self._stop = asyncio.Event()
@@ -178,10 +181,11 @@ class AgentService:
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or until a task fails)."""
-        if self.http and self.config.http.port:
-            self._http_server = await serve_http(
-                self.metrics, self.readiness, self.config.http.host, self.config.http.port
-            )
+        listen = self._http_listen
+        if listen is None and self.config.http.port:
+            listen = (self.config.http.host, self.config.http.port)
+        if self.http and listen is not None:
+            self._http_server = await serve_http(self.metrics, self.readiness, listen[0], listen[1])
             self.http_port = int(self._http_server.sockets[0].getsockname()[1])
         log.info(
             "agent starting",
@@ -451,6 +455,9 @@ class AgentService:
         next_t = now
         last_cycle = -math.inf
         while not self._stop.is_set():
+            now = self.clock.now() or next_t
+            if next_t > now + cfg.period_s:  # the clock stepped back (see SiteClock): keep the period
+                next_t = now + cfg.period_s
             reached = await self.clock.wait_until(next_t, wake=self._replan)
             if self._stop.is_set():
                 break

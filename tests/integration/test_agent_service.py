@@ -1,0 +1,507 @@
+"""The agent service against the simulator over a real mosquitto, in accelerated site time.
+
+A small site (2 racks of 16 cards; host overhead and rack limit scaled from the example site so
+that the cap binds at full load) keeps each test to a few seconds. What users rely on: the true
+power of every rack (the simulator's truth log) stays under the limit after the first decision; a
+silent rack goes to fail-safe caps within three periods; garbage on the bus is counted and ignored;
+a broker restart loses no command; a killed agent resumes from its journal and never re-sends an
+expired command; advisory mode commands nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import wire
+from agent.broker import EmbeddedBroker
+from agent.bus import Bus, Incoming
+from agent.config import LoadedConfig, load_config
+from agent.service import AgentService
+from sim.runner import SimOptions, SimSummary, Simulator
+from twin.scenario import RunScenario, build_plant, run_scenario_from_dict
+from twin.spec import SiteSpec, load_site
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SITE_ID = "site1"
+START = 1_800_000_000.0
+LIMIT_W = 12_500.0
+PERIOD_S = 5.0
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def write_site(folder: Path) -> Path:
+    """The example hardware as 2 racks of 16 cards, host overhead and rack limit scaled by 16/64."""
+    text = (REPO / "examples" / "supernode-512.toml").read_text(encoding="utf-8")
+    for pattern, new in (
+        (r'^name = ".*"', 'name = "small-2x16"'),
+        (r"^racks_per_supernode = 8\b", "racks_per_supernode = 2"),
+        (r"^torus_dims = \[8, 8, 8\]", "torus_dims = [4, 4, 2]"),
+        (r"^host_overhead_w = 8800\.0", "host_overhead_w = 2200.0"),
+        (r"^power_limit_w = 50000\.0", f"power_limit_w = {LIMIT_W}"),
+    ):
+        text, n = re.subn(pattern, new, text, flags=re.M)
+        assert n == 1, pattern
+    path = folder / "site.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_config(
+    folder: Path, *, mode: str = "enforce", speed: float = 20.0, ttl_s: float = 30.0, **control: Any
+) -> Path:
+    values: dict[str, Any] = {
+        "period_s": PERIOD_S,
+        "solve_deadline_s": 0.1,
+        "rack_margin_w": 250.0,
+        "telemetry_deadline_s": 2 * PERIOD_S,
+        "failsafe_hold_s": 20.0,
+        "command_ttl_s": ttl_s,
+        "time_scale": 1.0 / speed,
+        "idle_reserve_cards": 0,
+        "min_replan_interval_s": 1.0,
+        "setpoint_interval_s": 60.0,
+    }
+    values.update(control)
+    lines = [
+        'site = "site.toml"',
+        f'site_id = "{SITE_ID}"',
+        f'mode = "{mode}"',
+        "[broker]",
+        'url = "mqtt://127.0.0.1:1"',  # replaced by the fixture's broker
+        "[control]",
+        *(f"{k} = {json.dumps(v)}" for k, v in values.items()),
+        "[journal]",
+        'path = "journal.sqlite"',
+        "[http]",
+        "port = 0",
+        "[log]",
+        'format = "text"',
+    ]
+    path = folder / "agent.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def job(job_id: str, n_cards: int, **kw: Any) -> dict[str, Any]:
+    return {"id": job_id, "n_cards": n_cards, "duration_s": 36000.0, "compute_share": 0.97, **kw}
+
+
+def make_scenario(site: SiteSpec, jobs: list[dict[str, Any]], duration_s: float, **top: Any) -> RunScenario:
+    data: dict[str, Any] = {
+        "name": "agent-test",
+        "duration_s": duration_s,
+        "seed": 7,
+        "workload": {"source": "none"},
+        "ambient": {"kind": "constant", "temp_c": 25.0},
+        "jobs": jobs,
+    }
+    data.update(top)
+    return run_scenario_from_dict(data, source="agent-test", site=site)
+
+
+def full_load(site: SiteSpec, duration_s: float, **top: Any) -> RunScenario:
+    jobs = [
+        job("a", 16, running_at_start=True, noncompute_utilization=0.9),
+        job("b", 16, running_at_start=True, noncompute_utilization=0.9, priority=2.0),
+    ]
+    return make_scenario(site, jobs, duration_s, **top)
+
+
+@dataclass
+class Observer:
+    """Records the agent's commands, advice and status as they arrive (with the sim's clock)."""
+
+    site_time: Callable[[], float] = lambda: 0.0
+    commands: list[tuple[float, float, Any]] = field(default_factory=list)  # (wall, site, message)
+    advice: list[Any] = field(default_factory=list)
+    status: list[Any] = field(default_factory=list)
+
+    def on_message(self, codec: wire.Codec) -> Callable[[Incoming], None]:
+        def handle(m: Incoming) -> None:
+            msg = codec.decode(m.topic, m.payload)
+            if isinstance(msg, wire.RackCommand | wire.FacilityCommand | wire.SchedulerCommand):
+                self.commands.append((time.monotonic(), self.site_time(), msg))
+            elif isinstance(msg, wire.AgentAdvice):
+                self.advice.append(msg)
+            elif isinstance(msg, wire.AgentStatus):
+                self.status.append(msg)
+
+        return handle
+
+
+@contextlib.asynccontextmanager
+async def observing(broker: EmbeddedBroker, site: SiteSpec, obs: Observer) -> Any:
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site=SITE_ID))
+    t = codec.topics
+    subs = [t.filter(wire.Kind.RACK_CMD), t.facility_cmd, t.scheduler_cmd, t.advice, t.agent_status]
+    async with Bus(broker.options(), subscriptions=subs, on_message=obs.on_message(codec), name="observer") as bus:
+        await bus.wait_connected(10)
+        yield bus
+
+
+def loaded_config(path: Path, broker: EmbeddedBroker) -> LoadedConfig:
+    return load_config(path, env={"RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{broker.port}"})
+
+
+async def wait_for(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class RunResult:
+    service: AgentService
+    summary: SimSummary
+    truth: list[dict[str, float]]
+    decisions: list[tuple[int, float, dict[str, Any]]]  # (cycle, site time from the start, summary)
+    commands: list[dict[str, Any]]
+
+
+def read_journal(path: Path) -> tuple[list[tuple[int, float, dict[str, Any]]], list[dict[str, Any]]]:
+    db = sqlite3.connect(path)
+    try:
+        decisions = [
+            (int(c), float(t) - START, json.loads(s))
+            for c, t, s in db.execute("SELECT cycle, site_time_s, summary FROM decisions ORDER BY id")
+        ]
+        cols = ["command_id", "target", "topic", "payload", "issued_s", "expires_s", "state", "attempts", "decision_id"]
+        commands = [dict(zip(cols, row, strict=True)) for row in db.execute(f"SELECT {', '.join(cols)} FROM commands")]
+    finally:
+        db.close()
+    for c in commands:
+        c["issued_s"] -= START
+        c["expires_s"] -= START
+        c["body"] = json.loads(c["payload"])
+    return decisions, commands
+
+
+async def run_with_sim(
+    broker: EmbeddedBroker,
+    cfg_path: Path,
+    scenario: RunScenario,
+    *,
+    speed: float,
+    during: Callable[[AgentService, Simulator], Awaitable[None]] | None = None,
+    http: bool = False,
+) -> RunResult:
+    loaded = loaded_config(cfg_path, broker)
+    service = AgentService(
+        loaded,
+        mqtt=broker.options(client_id=f"agent-{uuid.uuid4().hex[:8]}", clean_session=False),
+        http=http,
+        http_listen=("127.0.0.1", 0) if http else None,
+    )
+    agent = asyncio.create_task(service.run())
+    await wait_for(lambda: service.bus.connected, what="the agent's connection")
+    truth = cfg_path.parent / "truth.csv"
+    sim = Simulator(
+        SimOptions(
+            scenario=scenario,
+            mqtt=broker.options(),
+            site_id=SITE_ID,
+            speed=speed,
+            truth_log=truth,
+            start_epoch_s=START,
+        )
+    )
+    sim_task = asyncio.create_task(sim.run())
+    try:
+        if during is not None:
+            await during(service, sim)
+        summary = await sim_task
+    finally:
+        service.stop()
+        await asyncio.wait_for(agent, 15)
+    with truth.open(newline="", encoding="utf-8") as fh:
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None) and _num(v)} for row in csv.DictReader(fh)]
+    decisions, commands = read_journal(Path(loaded.config.journal.path))
+    return RunResult(service, summary, rows, decisions, commands)
+
+
+def _num(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+def rack_power(row: dict[str, float]) -> float:
+    return max(row["r0_power_w"], row["r1_power_w"])
+
+
+def assert_true_power_under_limit(res: RunResult) -> None:
+    first = res.decisions[0][1]
+    after = [r for r in res.truth if r["time_s"] >= first + PERIOD_S]
+    assert after, "no truth rows after the first decision"
+    worst = max(rack_power(r) for r in after)
+    assert worst <= LIMIT_W, f"a rack drew {worst:.0f} W > {LIMIT_W:.0f} W"
+
+
+# --------------------------------------------------------------------------------------------------
+# tests
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_full_load_true_rack_power_stays_under_the_limit(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
+    site = load_site(write_site(tmp_path))
+    scenario = full_load(site, 150.0)
+    free = build_plant(scenario)
+    free.run(150.0)
+    assert free.accounting().rack_over_limit_s > 0  # without the agent the racks go past their limit
+    res = await run_with_sim(mosquitto, write_config(tmp_path), scenario, speed=25.0)
+    assert res.summary.accounting.time_s >= 150.0
+    assert_true_power_under_limit(res)
+    computing = [r for r in res.truth if r["time_s"] >= 90.0]
+    assert max(rack_power(r) for r in computing) > 0.9 * LIMIT_W  # the cap binds: racks are used
+    applied = [c for c in res.commands if c["state"] == "applied"]
+    assert applied and res.summary.commands_applied >= len(applied)
+    assert {d[2]["status"] for d in res.decisions} <= {"optimal", "feasible", "fallback"}
+
+
+async def test_a_silent_rack_goes_to_failsafe_caps_within_three_periods(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    site = load_site(write_site(tmp_path))
+    dropout = {"kind": "sensor_dropout", "rack": 1, "start_s": 80.0, "end_s": 130.0}
+    res = await run_with_sim(mosquitto, write_config(tmp_path), full_load(site, 180.0, faults=[dropout]), speed=30.0)
+    failsafe = [(t, s) for _c, t, s in res.decisions if "r1" in s["failsafe_racks"]]
+    assert failsafe, "r1 never went to fail-safe caps"
+    assert 80.0 < failsafe[0][0] <= 80.0 + 3 * PERIOD_S
+    # conservative caps on r1: per-card limits whose sum with the host overhead stays under the cap
+    caps = [
+        c["body"]["power_limit_watts"]
+        for c in res.commands
+        if c["target"] == "r1" and c["body"].get("action") == "set_power_limit" and c["issued_s"] > 80.0
+    ]
+    assert caps and 16 * min(caps) + 2200.0 <= LIMIT_W - 250.0
+    # released once r1 reports again and the hold has passed; true power under the limit throughout
+    assert any("r1" not in s["failsafe_racks"] for _c, t, s in res.decisions if t > 130.0 + 20.0)
+    assert_true_power_under_limit(res)
+
+
+async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
+    site = load_site(write_site(tmp_path))
+    topics = wire.Topics(SITE_ID)
+    good = {
+        "schema": "racktwin.cards/1",
+        "ts": START + 1.0,
+        "seq": 0,
+        "publisher": "mallory",
+        "card_index": [0],
+        "power_watts": [100.0],
+        "temperature_celsius": [40.0],
+        "sm_clock_mhz": [1980.0],
+        "utilization_percent": [0.0],
+        "power_limit_watts": [700.0],
+        "low_power": [False],
+    }
+    garbage = [
+        (topics.cards("r0"), b"{not json"),
+        (topics.cards("r0"), json.dumps({**good, "schema": "racktwin.cdu/1"}).encode()),
+        (topics.cards("r0"), json.dumps(good).replace("100.0", "NaN").encode()),
+        (topics.cards("r0"), json.dumps({**good, "temperature_celsius": [900.0]}).encode()),
+        (f"racktwin/v1/{SITE_ID}/rack/r99/cards", json.dumps(good).encode()),
+        (topics.pdu("r1"), b"\xff\xfe garbage"),
+    ]
+    seen: dict[str, Any] = {}
+
+    async def inject(service: AgentService, sim: Simulator) -> None:
+        await wait_for(lambda: service.decisions >= 2, what="decisions")
+        async with Bus(mosquitto.options(), name="mallory") as bus:
+            await bus.wait_connected(10)
+            for _ in range(3):
+                for topic, payload in garbage:
+                    await bus.publish(topic, payload, qos=1)
+        before = service.decisions
+        await wait_for(lambda: service.decisions >= before + 3, what="decisions after the garbage")
+        await asyncio.sleep(1.2)  # the health task folds the counts into the metrics every second
+        assert service.http_port is not None
+        seen["metrics"] = await http_get(service.http_port, "/metrics")
+        seen["ready"] = await http_get(service.http_port, "/readyz")
+
+    res = await run_with_sim(
+        mosquitto, write_config(tmp_path), full_load(site, 60.0), speed=20.0, during=inject, http=True
+    )
+    counts = res.service.codec.counter.snapshot()
+    for reason, n in (
+        ("malformed_json", 6),
+        ("wrong_schema", 3),
+        ("non_finite", 3),
+        ("out_of_range", 3),
+        ("unknown_rack", 3),
+    ):
+        assert counts[reason] >= n, (reason, counts)
+    status, body = seen["metrics"]
+    assert status == 200
+    assert re.search(r'racktwin_rejected_messages_total\{reason="malformed_json"\} ([6-9]|\d\d)', body)
+    assert 'racktwin_rejected_messages_total{reason="unknown_rack"} 3.0' in body
+    assert seen["ready"][0] == 200
+    assert res.service.state.invalid_count.sum() == 0  # nothing of it reached the belief
+    assert_true_power_under_limit(res)
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_the_agent_survives_a_broker_restart_without_losing_a_command(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    site = load_site(write_site(tmp_path))
+    outage: dict[str, float] = {}
+
+    async def restart(service: AgentService, sim: Simulator) -> None:
+        await wait_for(lambda: sim.site_time_s - START >= 75.0, what="site time 75 s")
+        outage["start"] = (service.clock.now() or START) - START  # the agent's clock, as the journal has it
+        await asyncio.to_thread(mosquitto.stop, keep_files=True)
+        await asyncio.sleep(1.0)  # 20 s of site time: longer than the telemetry deadline
+        await asyncio.to_thread(mosquitto.start)
+        await wait_for(lambda: service.bus.connected and sim.connected, what="reconnects")
+        outage["end"] = (service.clock.now() or START) - START
+
+    cfg = write_config(tmp_path, ttl_s=90.0)
+    res = await run_with_sim(mosquitto, cfg, full_load(site, 170.0), speed=20.0, during=restart)
+    assert res.service.bus.stats.connects >= 2
+    during_outage = [c for c in res.commands if outage["start"] < c["issued_s"] < outage["end"]]
+    assert during_outage, (
+        "no command was issued while the broker was down",
+        outage,
+        [(round(t, 1), s["failsafe_racks"], s["commands"]) for _c, t, s in res.decisions if t > 60],
+    )
+    settled = [c for c in res.commands if c["issued_s"] < 170.0 - 15.0]
+    lost = [c for c in settled if c["state"] not in ("applied", "rejected")]
+    assert not lost, f"{len(lost)} of {len(settled)} commands never acknowledged: {lost[:3]}"
+    assert_true_power_under_limit(res)
+
+
+async def test_advisory_mode_sends_advice_and_no_command(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
+    site = load_site(write_site(tmp_path))
+    obs = Observer()
+    async with observing(mosquitto, site, obs):
+        res = await run_with_sim(mosquitto, write_config(tmp_path, mode="advisory"), full_load(site, 80.0), speed=25.0)
+        await asyncio.sleep(0.2)
+    assert not obs.commands
+    assert res.summary.commands_applied + res.summary.commands_rejected + res.summary.commands_expired == 0
+    assert len(obs.advice) >= 3
+    assert any(a.items for a in obs.advice)  # it says what it would change (e.g. slower levels)
+    assert not res.commands  # and journals no command
+    assert {s.state for s in obs.status} >= {wire.AgentState.ONLINE, wire.AgentState.OFFLINE}
+    assert obs.status[-1].state == wire.AgentState.OFFLINE and obs.status[-1].detail == "clean shutdown"
+
+
+async def test_a_killed_agent_resumes_from_its_journal_and_never_resends_an_expired_command(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    speed = 20.0
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=speed, ttl_s=80.0)
+    journal = tmp_path / "journal.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{mosquitto.port}"}
+    log_a = (tmp_path / "agent-a.log").open("w")
+    clock: dict[str, Any] = {"sim": None}
+    obs = Observer(site_time=lambda: clock["sim"].site_time_s if clock["sim"] is not None else 0.0)
+    async with observing(mosquitto, site, obs):
+        # agent A, a separate process (to be killed), then a first simulator run
+        a = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "agent", "--config", str(cfg)], env=env, stderr=log_a, cwd=REPO
+        )
+        try:
+            await wait_for(lambda: any(s.state == wire.AgentState.ONLINE for s in obs.status), 30, "agent A online")
+            sim1 = Simulator(
+                SimOptions(
+                    scenario=full_load(site, 40.0), mqtt=mosquitto.options(), site_id=SITE_ID, speed=speed,
+                    start_epoch_s=START,
+                )
+            )  # fmt: skip
+            clock["sim"] = sim1
+            await sim1.run()
+            end1 = time.monotonic()
+            # no simulator now: A's racks go stale, its fail-safe commands stay unanswered and expire
+            # (80 s of site time = 4 s) and are issued again; then A is killed
+            await asyncio.sleep(5.5)
+        finally:
+            a.send_signal(signal.SIGKILL)
+            a.wait(10)
+            log_a.close()
+        killed_wall = time.monotonic()
+        site_at_kill = 40.0 + (killed_wall - end1) * speed
+        _dec_a, cmds_a = read_journal(journal)
+        last_cycle_a = max(c for c, _t, _s in _dec_a)
+        open_a = [c for c in cmds_a if c["state"] in ("pending", "sent")]
+        expired_a = [c for c in cmds_a if c["state"] == "expired"]
+        assert expired_a, "agent A had no command that expired unanswered"
+        await wait_for(
+            lambda: any(s.state == wire.AgentState.OFFLINE and s.detail == "connection lost" for s in obs.status),
+            5,
+            "agent A's last will",
+        )
+        # agent B on the same journal, and the site going on (the clock continues)
+        start2 = START + site_at_kill + 2.0
+        loaded = loaded_config(cfg, mosquitto)
+        b = AgentService(loaded, mqtt=mosquitto.options(client_id="racktwin-agent", clean_session=False), http=False)
+        b_task = asyncio.create_task(b.run())
+        b_start = time.monotonic()
+        # a new rack bridge session: what the broker queued for the first one is not delivered, so
+        # only B can bring A's open commands to the racks
+        sim2 = Simulator(
+            SimOptions(
+                scenario=full_load(site, 30.0), mqtt=mosquitto.options(client_id="sim-2"), site_id=SITE_ID,
+                speed=speed, start_epoch_s=start2,
+            )
+        )  # fmt: skip
+        clock["sim"] = sim2
+        try:
+            await sim2.run()
+        finally:
+            b.stop()
+            await asyncio.wait_for(b_task, 15)
+    # B continued A's cycle count and re-sent what was still valid, nothing that had expired
+    decisions_b = [c for c, t, _s in read_journal(journal)[0] if t + START >= start2]
+    assert decisions_b and min(decisions_b) > last_cycle_a
+    after = [(site_t, m) for wall, site_t, m in obs.commands if wall > b_start]
+    assert after
+    for site_t, m in after:
+        assert m.expires_s > site_t, f"command {m.command_id} sent after its expiry"
+    resent = {str(m.command_id) for _s, m in after} & {c["command_id"] for c in cmds_a}
+    expired_ids = {c["command_id"] for c in expired_a} | {
+        c["command_id"] for c in open_a if c["expires_s"] + START <= start2
+    }
+    assert not (resent & expired_ids)
+    valid_open = {c["command_id"] for c in open_a if c["expires_s"] + START > start2 + 5.0}
+    assert b.resumed_commands >= len(valid_open)
+    assert valid_open <= resent
+    final = {c["command_id"]: c["state"] for c in read_journal(journal)[1]}
+    assert all(final[i] in ("applied", "rejected") for i in valid_open)
