@@ -1,0 +1,397 @@
+"""``racktwin evaluate --scenario FILE --policy NAME [--policy NAME ...]``: closed-loop comparison of policies.
+
+Runs each policy (``agent.policies``: baseline, static-cap, reactive, greedy, racktwin) in process
+against the scenario's plant (no broker, as fast as the machine allows), from the same seed, in
+``--jobs`` worker processes, judges every run on the plant's true values (``agent.evaluate``) and
+writes ``metrics.json``, ``metrics.csv``, ``series.csv`` and ``report.html`` to ``--out``. The table
+goes to stdout (``--json``: one object ``{"policies": {NAME: {...}}}``), progress to stderr.
+Documentation: docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from agent.commands.common import UserError, _clean, print_json
+from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
+from agent.policies import POLICY_NAMES
+from agent.report import figures_html, page, png_base64, pyplot, table_html
+from twin.tables import SpecError
+
+#: Colours of the policies in the plots.
+_COLOURS = {
+    "baseline": "#999999",
+    "static-cap": "#d9a441",
+    "reactive": "#c0504d",
+    "greedy": "#8fb3d9",
+    "racktwin": "#1f5fa8",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.description = (
+        "Closed-loop evaluation: run control policies in process against the same virtual plant (same "
+        "workload, weather, noise and faults) and compare energy, throughput, limits and temperatures."
+    )
+    parser.add_argument("--scenario", default=None, metavar="FILE", help="run-scenario TOML (docs/sim.md)")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"a policy to run, repeatable: {', '.join(POLICY_NAMES)} (default: all; the baseline always runs)",
+    )
+    parser.add_argument("--out", default=None, metavar="DIR", help="output folder (default ./out/evaluate-<scenario>)")
+    parser.add_argument("--json", action="store_true", help='print {"policies": {NAME: metrics}} as one JSON object')
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"worker processes (default: the CPUs available, at least 2; here {default_jobs()}); 1 runs in process",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=None, metavar="S", help="site seconds (default: the scenario's)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    parser.add_argument(
+        "--sample-s", type=float, default=60.0, metavar="S", help="time-series resolution in the report (default 60)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _fail(msg: str) -> UserError:
+    return UserError(msg)
+
+
+def _check(args: argparse.Namespace) -> tuple[list[str], int]:
+    if args.scenario is None:
+        raise _fail("--scenario FILE is required (e.g. examples/day-nominal.toml)")
+    policies = args.policy or list(POLICY_NAMES)
+    for p in policies:
+        if p not in POLICY_NAMES:
+            raise _fail(f"unknown policy {p!r} (choose from {', '.join(POLICY_NAMES)})")
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    if not 1 <= jobs <= 256:
+        raise _fail(f"--jobs must be within 1..256, got {jobs}")
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise _fail(f"--duration must be a positive number of seconds, got {args.duration:g}")
+    if args.seed is not None and args.seed < 0:
+        raise _fail(f"--seed must be >= 0, got {args.seed}")
+    if not (math.isfinite(args.sample_s) and 1.0 <= args.sample_s <= 86400.0):
+        raise _fail(f"--sample-s must be within 1..86400 s, got {args.sample_s:g}")
+    return policies, jobs
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    from twin.scenario import load_run_scenario
+
+    policies, jobs = _check(args)
+    path = Path(args.scenario)
+    if not path.is_file():
+        raise _fail(f"{path}: scenario file not found")
+    try:
+        scenario = load_run_scenario(path, seed=args.seed, duration_s=args.duration)
+    except SpecError as exc:
+        raise _fail(str(exc)) from None
+    out_dir = Path(args.out) if args.out is not None else Path("out") / f"evaluate-{scenario.name}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
+    if not out_dir.is_dir():
+        raise _fail(f"--out {out_dir}: not a folder")
+
+    quiet = args.quiet
+    last: dict[str, float] = {}
+
+    def progress(name: str, t_s: float, duration_s: float, wall_s: float) -> None:
+        if quiet:
+            return
+        now = time.monotonic()
+        if t_s < duration_s - 1e-6 and now - last.get(name, -math.inf) < 10.0:
+            return
+        last[name] = now
+        rate = t_s / wall_s if wall_s > 0 else math.inf
+        eta = (duration_s - t_s) / rate if rate > 0 else math.inf
+        print(
+            f"racktwin evaluate: {name:<10} {_hms(t_s)} of {_hms(duration_s)} ({t_s / duration_s:4.0%}), "
+            f"{rate:,.0f}x real time, {wall_s:,.0f} s" + (f", ~{eta:,.0f} s left" if t_s < duration_s else ", done"),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    if not quiet:
+        sc = scenario
+        print(
+            f"racktwin evaluate: {sc.name} [{sc.source}]: {sc.site.n_cards} cards, {_hms(sc.duration_s)}, "
+            f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} faults; policies {', '.join(policies)}"
+            + ("" if "baseline" in policies else " (+ baseline as reference)")
+            + f"; {jobs} worker process{'es' if jobs > 1 else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        ev = evaluate(scenario, policies, jobs=jobs, sample_s=args.sample_s, progress=progress)
+    except EvaluationError as exc:
+        raise _fail(str(exc).splitlines()[0] + " (see the traceback above)") from exc
+    write_outputs(ev, out_dir)
+    if not quiet:
+        print(
+            f"racktwin evaluate: {len(ev.results)} runs in {ev.wall_s:,.1f} s wall; wrote {out_dir}/report.html, "
+            "metrics.json, metrics.csv, series.csv",
+            file=sys.stderr,
+            flush=True,
+        )
+    if args.json:
+        print_json({"policies": ev.policies_json()})
+    else:
+        print(format_table(ev))
+    return 0
+
+
+def _hms(t_s: float) -> str:
+    t = round(t_s)
+    return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}"
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------------
+
+#: (key, header, scale, format) of the table's columns.
+_TABLE = (
+    ("facility_energy_kwh", "facility kWh", 1.0, "{:,.1f}"),
+    ("facility_energy_saving_pct", "saved %", 1.0, "{:+.2f}"),
+    ("it_energy_kwh", "IT kWh", 1.0, "{:,.1f}"),
+    ("cooling_energy_kwh", "cooling kWh", 1.0, "{:,.1f}"),
+    ("pue", "PUE", 1.0, "{:.4f}"),
+    ("throughput", "throughput", 1.0, "{:,.1f}"),
+    ("throughput_loss_pct", "loss %", 1.0, "{:+.2f}"),
+    ("slo_violation_s", "SLO miss s", 1.0, "{:,.0f}"),
+    ("queue_wait_mean_s", "wait s", 1.0, "{:,.0f}"),
+    ("limit_violation_s", "over s", 1.0, "{:,.0f}"),
+    ("max_rack_power_w", "max rack kW", 1e3, "{:.2f}"),
+    ("max_die_temp_c", "max die C", 1.0, "{:.1f}"),
+    ("throttled_card_s", "throttled card-s", 1.0, "{:,.0f}"),
+    ("solve_p99_s", "solve p99 s", 1.0, "{:.3f}"),
+    ("fallbacks", "fallbacks", 1.0, "{:d}"),
+)
+
+
+def _cell(v: Any, scale: float, fmt: str) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, int) and "d" in fmt:
+        return fmt.format(v)
+    return fmt.format(float(v) / scale)
+
+
+def format_table(ev: Evaluation) -> str:
+    names = list(ev.requested) + [n for n in ev.results if n not in ev.requested]
+    heads = ["policy"] + [h for _k, h, _s, _f in _TABLE]
+    rows = [[n] + [_cell(ev.results[n].metrics[k], s, f) for k, _h, s, f in _TABLE] for n in names]
+    widths = [max(len(heads[i]), *(len(r[i]) for r in rows)) for i in range(len(heads))]
+    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths, strict=True)))]
+    for r in rows:
+        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    sc = ev.scenario
+    lines.append(
+        f"scenario {sc['name']}: {sc['n_cards']} cards, {_hms(sc['duration_s'])}; throughput = top-clock-equivalent "
+        "cards of training (work done, the same jobs for every policy); over s = rack-seconds of true power over a "
+        "limit after the first control period"
+    )
+    return "\n".join(lines)
+
+
+def write_outputs(ev: Evaluation, out_dir: Path) -> None:
+    names = list(ev.results)
+    full = {
+        "scenario": ev.scenario,
+        "wall_s": ev.wall_s,
+        "policies": {
+            n: {
+                "metrics": r.metrics,
+                "energy_breakdown_kwh": r.breakdown_kwh,
+                "control": {
+                    "statuses": r.stats.statuses,
+                    "capping_actions": r.stats.capping_actions,
+                    "first_failsafe_s": r.stats.first_failsafe_s,
+                    "notes": r.stats.notes,
+                },
+                "wall_s": r.wall_s,
+                "cpu_s": r.cpu_s,
+            }
+            for n, r in ev.results.items()
+        },
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(_clean(full), indent=1) + "\n", encoding="utf-8")
+    keys = list(ev.results[names[0]].metrics)
+    with open(out_dir / "metrics.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["policy", *keys, *(f"energy_{k}_kwh" for k in BREAKDOWN_KEYS)])
+        for n, r in ev.results.items():
+            w.writerow([n, *(r.metrics[k] for k in keys), *(r.breakdown_kwh[k] for k in BREAKDOWN_KEYS)])
+    with open(out_dir / "series.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        first = ev.results[names[0]]
+        cols = list(first.series)
+        n_r = len(first.rack_series_w)
+        w.writerow(["policy", *cols, *(f"r{i}_max_power_w" for i in range(n_r))])
+        for n, r in ev.results.items():
+            for i in range(len(r.series["time_s"])):
+                w.writerow([n, *(r.series[c][i] for c in cols), *(r.rack_series_w[k][i] for k in range(n_r))])
+    (out_dir / "report.html").write_text(_report_html(ev), encoding="utf-8")
+
+
+def _report_html(ev: Evaluation) -> str:
+    plt = pyplot()
+    sc = ev.scenario
+    names = list(ev.requested) + [n for n in ev.results if n not in ev.requested]
+    res = ev.results
+    figs: list[tuple[str, str]] = []
+    limit_kw = sc["rack_power_limit_w"] / 1e3
+
+    def hours(r: Any) -> list[float]:
+        return [t / 3600.0 for t in r.series["time_s"]]
+
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    for n in names:
+        kw = [p / 1e3 for p in res[n].series["facility_power_w"]]
+        ax.plot(hours(res[n]), kw, label=n, color=_COLOURS.get(n), lw=1)
+    ax.set_xlabel("hour")
+    ax.set_ylabel("facility power (kW)")
+    ax.legend(fontsize=7, ncol=len(names))
+    figs.append(("Facility power", png_base64(fig)))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    for n in names:
+        kw = [p / 1e3 for p in res[n].series["max_rack_power_w"]]
+        ax.plot(hours(res[n]), kw, label=n, color=_COLOURS.get(n), lw=1)
+    ax.axhline(limit_kw, color="red", lw=1.2, label="rack limit")
+    ax.set_xlabel("hour")
+    ax.set_ylabel("largest true rack power (kW)")
+    ax.legend(fontsize=7, ncol=len(names) + 1)
+    figs.append(("Largest rack power against the limit (peak of each sample interval)", png_base64(fig)))
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    cols = [_COLOURS.get(n, "#555555") for n in names]
+    axes[0].bar(names, [res[n].metrics["facility_energy_kwh"] for n in names], color=cols)
+    axes[0].set_ylabel("facility energy (kWh)")
+    axes[1].bar(names, [res[n].metrics["pue"] for n in names], color=cols)
+    axes[1].axhline(sc["pue_target"], color="red", lw=1.0, label="target")
+    axes[1].set_ylim(1.0, max(max(res[n].metrics["pue"] for n in names), sc["pue_target"]) + 0.02)
+    axes[1].set_ylabel("time-weighted PUE")
+    axes[2].bar(names, [res[n].metrics["throughput"] for n in names], color=cols)
+    axes[2].set_ylabel("throughput (top-clock cards)")
+    for a in axes:
+        a.tick_params(axis="x", labelsize=7, rotation=20)
+    fig.tight_layout()
+    figs.append(("Energy, PUE and throughput", png_base64(fig)))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    bottom = [0.0] * len(names)
+    palette = plt.get_cmap("tab10")
+    for i, k in enumerate(BREAKDOWN_KEYS):
+        vals = [res[n].breakdown_kwh[k] for n in names]
+        ax.bar(names, vals, bottom=bottom, label=k.replace("_", " "), color=palette(i))
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("facility energy (kWh)")
+    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    figs.append(("Where the facility energy went", png_base64(fig)))
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    for n in names:
+        axes[0].plot(hours(res[n]), res[n].series["supply_setpoint_c"], label=n, color=_COLOURS.get(n), lw=1)
+        axes[1].plot(hours(res[n]), res[n].series["low_power_cards"], label=n, color=_COLOURS.get(n), lw=1)
+    first = res[names[0]]
+    axes[0].plot(hours(first), first.series["ambient_c"], label="ambient", color="k", lw=0.8, ls=":")
+    axes[0].set_ylabel("supply set-point / ambient (deg C)")
+    axes[1].set_ylabel("cards in low-power idle")
+    for a in axes:
+        a.set_xlabel("hour")
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    figs.append(("Coolant set-point and low-power idle", png_base64(fig)))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 3.0))
+    for n in names:
+        ax.plot(hours(res[n]), res[n].series["max_die_temp_c"], label=n, color=_COLOURS.get(n), lw=1)
+    ax.set_xlabel("hour")
+    ax.set_ylabel("hottest die (deg C)")
+    ax.legend(fontsize=7, ncol=len(names))
+    figs.append(("Hottest die", png_base64(fig)))
+    plt.close(fig)
+
+    heads = ["policy"] + [h for _k, h, _s, _f in _TABLE]
+    rows = [[n] + [_cell(res[n].metrics[k], s, f) for k, _h, s, f in _TABLE] for n in names]
+    brk_rows = [[n] + [f"{res[n].breakdown_kwh[k]:,.1f}" for k in BREAKDOWN_KEYS] for n in names]
+    more_keys = (
+        "busy_card_frac",
+        "low_power_card_frac",
+        "mean_supply_setpoint_c",
+        "jobs_finished",
+        "jobs_never_started",
+        "queue_wait_p95_s",
+        "slo_jobs_missed",
+        "limit_violation_episodes",
+        "limit_violation_longest_s",
+        "limit_violation_kws",
+        "die_over_slowdown_card_s",
+        "failsafe_entries",
+        "decisions",
+        "solve_median_s",
+    )
+    more = [[n] + [_fmt_any(res[n].metrics[k]) for k in more_keys] for n in names]
+    notes = "".join(
+        f"<h3>{escape(n)}</h3><ul>"
+        + "".join(f"<li>{escape(x)}</li>" for x in res[n].stats.notes[:20])
+        + (f"<li>anomalies flagged: {escape(res[n].metrics['anomalies'])}</li>" if res[n].metrics["anomalies"] else "")
+        + "</ul>"
+        for n in names
+        if res[n].stats.notes or res[n].metrics["anomalies"]
+    )
+    body = (
+        f"<p>Scenario <b>{escape(sc['name'])}</b> ({escape(str(sc['source']))}): {sc['n_cards']} cards in "
+        f"{sc['n_racks']} racks of {limit_kw:g} kW, {_hms(sc['duration_s'])}, {sc['jobs']} jobs "
+        f"({escape(sc['workload'])}), faults: {escape(', '.join(sc['faults']) or 'none')}. Every policy ran the "
+        f"same plant (same jobs, weather, card spread, sensor noise, faults) in process; all numbers are the "
+        f"plant's true values. {len(res)} runs took {ev.wall_s:,.0f} s wall.</p>"
+        + table_html(heads, rows)
+        + "<p>throughput: top-clock-equivalent cards of training (work done per second, the same jobs for every "
+        "policy; a slowed policy finishes fewer jobs, so work done is what is compared); loss and saving against "
+        "the baseline; over s: rack-seconds of true power over a limit from the end of the first control period; "
+        "max rack: largest true rack power over the same window.</p>"
+        + "<h2>Where the energy went (kWh)</h2>"
+        + table_html(["policy", *(k.replace("_", " ") for k in BREAKDOWN_KEYS)], brk_rows)
+        + "<h2>More</h2>"
+        + table_html(["policy", *(k.replace("_", " ") for k in more_keys)], more)
+        + figures_html(figs)
+        + ("<h2>What the controllers did (examples)</h2>" + notes if notes else "")
+    )
+    return page(f"racktwin evaluate: {sc['name']}", body)
+
+
+def _fmt_any(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,d}"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}"
+    return str(v)

@@ -1,0 +1,353 @@
+"""The control policies ``racktwin evaluate`` compares, each driving a ``twin.plant.Plant`` in process.
+
+========== ===============================================================================================
+policy     what it does
+========== ===============================================================================================
+baseline   today's default: every card at its top clock and full power limit, no idle management, the
+           site's fixed supply set-point (``facility.supply_temp_c``), the plant's own scheduler.
+static-cap what operators do today with ``nvidia-smi -pl``: one power limit for every card such that a
+           full rack fits its limit, ``(limit - margin - host overhead) / cards per rack`` (the agent's
+           ``rack_margin_w``), set once; otherwise as baseline.
+reactive   three-band rack power capping on MEASURED rack power, as the hierarchical data-center cappers
+           do (Facebook Dynamo, Wu et al., ISCA'16: a capping threshold, a capping target and an
+           uncapping threshold per power device; Google's fleet capping, Thunderbolt, Li et al.,
+           OSDI'20): above the high band the rack's busy cards get power limits that take the rack to
+           the target (the cut split in proportion to each card's power above the lowest limit, so the
+           hungriest cards give most), between the bands the limits hold, below the low band they are
+           raised toward the target. No idle management, fixed set-point, the plant's scheduler.
+greedy     the agent with ``models.heuristic`` plans instead of the MILP: the same ``Controller`` (the
+           same context, placement, guard and estimator) with ``step(use_solver=False)``.
+racktwin   the agent: ``agent.controller.Controller`` in ``agent.loop.ClosedLoop`` (twin belief,
+           estimator, placement, DVFS + low-power idle + set-point MILP, guard), with the agent's
+           default configuration (``ControlConfig()``, ``PricesConfig()``) -- the code ``racktwin agent``
+           runs.
+========== ===============================================================================================
+
+A policy is bound to a plant (:meth:`Policy.bind`), then :meth:`Policy.run` steps the plant (1 s
+steps) and calls ``on_step()`` after every step; :attr:`Policy.stats` tells what the controller did.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.config import AgentConfig, ControlConfig, LoadedConfig, PricesConfig
+from agent.controller import Controller
+from agent.decision import Decision
+from agent.guard import failsafe_card_limit_w
+from agent.loop import ApplyReport, ClosedLoop
+from twin.estimate import Estimates
+from twin.plant import CommandError, Plant
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
+
+FloatArray = npt.NDArray[np.float64]
+
+__all__ = [
+    "POLICY_NAMES",
+    "AgentPolicy",
+    "BaselinePolicy",
+    "ControlStats",
+    "GreedyController",
+    "Policy",
+    "ReactivePolicy",
+    "StaticCapPolicy",
+    "make_policy",
+    "static_cap_w",
+]
+
+#: The policies in the order reports list them.
+POLICY_NAMES = ("baseline", "static-cap", "reactive", "greedy", "racktwin")
+
+#: Decisions' explanations kept per policy (examples for the report).
+_MAX_NOTES = 40
+
+
+@dataclass
+class ControlStats:
+    """What a policy's controller did over a run."""
+
+    decisions: int = 0
+    solve_times_s: list[float] = field(default_factory=list)  # per decision: the controller's compute time
+    statuses: dict[str, int] = field(default_factory=dict)  # decision status -> count
+    fallbacks: int = 0  # decisions whose solve was late, failed or infeasible (greedy plan, relaxed, held)
+    failsafe_decisions: int = 0  # decisions with at least one rack at fail-safe caps
+    failsafe_entries: int = 0  # times a rack went to fail-safe caps
+    failsafe_racks: list[str] = field(default_factory=list)
+    capping_actions: int = 0  # reactive: rack capping / uncapping moves
+    refused_commands: int = 0  # commands the plant refused
+    guard_notes: int = 0  # decisions the guard changed (a note in the explanation)
+    anomalies: list[str] = field(default_factory=list)  # what the estimator flagged at the end
+    invalid_readings: int = 0  # card readings the belief refused (NaN, out of range)
+    first_failsafe_s: float = math.nan
+    notes: list[str] = field(default_factory=list)  # a few explanations worth reading
+
+
+def static_cap_w(site: SiteSpec, control: ControlConfig | None = None) -> float:
+    """The static per-card power limit: ``(limit - margin - host overhead) / cards per rack`` (W, floored,
+    within the card's range) -- the agent's fail-safe cap, applied to every card all the time."""
+    cfg = control if control is not None else ControlConfig()
+    return float(failsafe_card_limit_w(site, cfg, np.zeros(site.n_racks))[0])
+
+
+class Policy:
+    """A controller of an in-process plant (see the module docstring)."""
+
+    name = "policy"
+    #: the plant's placement mode under this policy ("builtin": the plant's own scheduler)
+    placement = "builtin"
+
+    def __init__(self, site: SiteSpec, period_s: float) -> None:
+        self.site = site
+        self.period_s = float(period_s)
+        self.stats = ControlStats()
+        self.plant: Plant | None = None
+
+    def bind(self, plant: Plant) -> None:
+        """Take control of ``plant`` (at its current time)."""
+        self.plant = plant
+        self._next_s = plant.time_s
+
+    def act(self, plant: Plant) -> None:
+        """One control step (every ``period_s`` of plant time)."""
+
+    def run(self, duration_s: float, on_step: Callable[[], None]) -> None:
+        """Step the plant ``duration_s`` in 1 s steps, acting every period."""
+        plant = self._bound()
+        end = plant.time_s + duration_s
+        while plant.time_s < end - 1e-9:
+            if plant.time_s >= self._next_s - 1e-9:
+                t0 = time.perf_counter()
+                self.act(plant)
+                self.stats.decisions += 1
+                self.stats.solve_times_s.append(time.perf_counter() - t0)
+                self._next_s = max(self._next_s + self.period_s, plant.time_s + 1e-9)
+            plant.step(min(1.0, end - plant.time_s))
+            on_step()
+
+    def finish(self) -> None:
+        """Fill the end-of-run parts of :attr:`stats`."""
+
+    def _bound(self) -> Plant:
+        if self.plant is None:
+            raise RuntimeError(f"policy {self.name} is not bound to a plant")
+        return self.plant
+
+
+class BaselinePolicy(Policy):
+    """Every card at its top clock and full power limit, fixed set-point, no idle management."""
+
+    name = "baseline"
+
+    def bind(self, plant: Plant) -> None:
+        super().bind(plant)
+        alive = np.flatnonzero(~plant.truth().failed)
+        plant.set_levels(alive, 0)
+        plant.set_power_limits(alive, self.site.card.power_limit_w)
+        plant.set_supply_temp(self.site.facility.supply_temp_c)
+
+
+class StaticCapPolicy(BaselinePolicy):
+    """Baseline with one static power limit per card (:func:`static_cap_w`)."""
+
+    name = "static-cap"
+
+    def __init__(self, site: SiteSpec, period_s: float, control: ControlConfig | None = None) -> None:
+        super().__init__(site, period_s)
+        self.cap_w = static_cap_w(site, control)
+
+    def bind(self, plant: Plant) -> None:
+        super().bind(plant)
+        plant.set_power_limits(np.flatnonzero(~plant.truth().failed), self.cap_w)
+        self.stats.notes.append(f"every card limited to {self.cap_w:.0f} W")
+
+
+class ReactivePolicy(BaselinePolicy):
+    """Three-band capping of each rack on its measured (PDU) power (see the module docstring).
+
+    Bands below the rack limit (assumptions in the range the cappers describe): capping threshold
+    ``limit - high_band_w``, target ``limit - target_band_w``, uncapping threshold ``limit -
+    low_band_w``. It sees only telemetry (``Plant.readings()``: noisy, possibly missing or garbage):
+    a rack with no valid PDU reading keeps its limits."""
+
+    name = "reactive"
+
+    def __init__(
+        self,
+        site: SiteSpec,
+        period_s: float = 3.0,
+        *,
+        min_power_limit_w: float = 200.0,
+        high_band_w: float = 500.0,
+        target_band_w: float = 1500.0,
+        low_band_w: float = 3000.0,
+    ) -> None:
+        super().__init__(site, period_s)
+        self.min_limit_w = float(min_power_limit_w)
+        self.high_w = float(high_band_w)
+        self.target_w = float(target_band_w)
+        self.low_w = float(low_band_w)
+
+    def act(self, plant: Plant) -> None:
+        site = self.site
+        max_lim = site.card.power_limit_w
+        failed_now = plant.truth().failed  # the racks refuse commands to failed cards (as apply_to_plant)
+        for rr in plant.readings().racks:
+            p = rr.pdu.power_w if rr.pdu is not None else math.nan
+            limit = float(site.rack_power_limits_w()[rr.rack])
+            if not (math.isfinite(p) and 0.0 < p < 10.0 * limit):
+                continue
+            cb = rr.cards
+            if cb is None:
+                continue
+            idx = np.asarray(cb.card_index, dtype=np.int64)
+            power = np.asarray(cb.power_w, dtype=np.float64)
+            lim = np.asarray(cb.power_limit_w, dtype=np.float64)
+            ok = np.isfinite(power) & np.isfinite(lim) & (power >= 0) & ~np.asarray(cb.failed, dtype=bool)
+            ok &= ~failed_now[idx]
+            if p > limit - self.high_w:
+                # cap: take the rack to its target; the cut is split by each card's power above the floor
+                cut = p - (limit - self.target_w)
+                busy = ok & (power > self.min_limit_w)
+                above = np.where(busy, power - self.min_limit_w, 0.0)
+                if above.sum() <= 0:
+                    continue
+                new = np.minimum(lim, power) - cut * above / above.sum()
+                new = np.clip(new, self.min_limit_w, max_lim)
+                self._set(plant, idx[busy], new[busy])
+            elif p < limit - self.low_w:
+                # uncap: raise the capped cards toward the target, the room split evenly
+                capped = ok & (lim < max_lim - 1e-6)
+                if not capped.any():
+                    continue
+                room = (limit - self.target_w) - p
+                new = np.clip(lim + room / int(capped.sum()), self.min_limit_w, max_lim)
+                self._set(plant, idx[capped], new[capped])
+
+    def _set(self, plant: Plant, cards: npt.NDArray[np.int64], limits_w: FloatArray) -> None:
+        if cards.size == 0:
+            return
+        try:
+            plant.set_power_limits(cards, np.floor(limits_w))
+            self.stats.capping_actions += 1
+        except CommandError:
+            self.stats.refused_commands += 1
+
+
+class GreedyController(Controller):
+    """The agent's controller planning with ``models.heuristic`` (``greedy_cycle``) instead of the MILP:
+    context, placement, guard and commit are the agent's own."""
+
+    def step(
+        self,
+        snap: StateSnapshot,
+        now_s: float | None = None,
+        estimates: Estimates | None = None,
+        *,
+        use_solver: bool = True,
+    ) -> Decision:
+        return super().step(snap, now_s, estimates, use_solver=False)
+
+
+class AgentPolicy(Policy):
+    """The agent's controller in ``agent.loop.ClosedLoop`` (``racktwin``) or its greedy variant."""
+
+    placement = "external"
+
+    def __init__(
+        self,
+        site: SiteSpec,
+        control: ControlConfig | None = None,
+        prices: PricesConfig | None = None,
+        *,
+        greedy: bool = False,
+        source: str = "(evaluate)",
+    ) -> None:
+        control = control if control is not None else ControlConfig()
+        super().__init__(site, control.period_s)
+        self.name = "greedy" if greedy else "racktwin"
+        loaded = LoadedConfig(
+            config=AgentConfig(site=source, control=control, prices=prices if prices is not None else PricesConfig()),
+            site=site,
+            source=source,
+            overrides=(),
+        )
+        cls = GreedyController if greedy else Controller
+        self.controller: Controller = cls.from_config(loaded)
+        self.greedy = greedy
+        self.loop: ClosedLoop | None = None
+        self._prev_failsafe: set[int] = set()
+
+    def bind(self, plant: Plant) -> None:
+        super().bind(plant)
+        self.loop = ClosedLoop(plant, self.controller, on_decision=self._on_decision)
+
+    def run(self, duration_s: float, on_step: Callable[[], None]) -> None:
+        if self.loop is None:
+            raise RuntimeError(f"policy {self.name} is not bound to a plant")
+        self.loop.on_step = lambda _plant: on_step()
+        self.loop.run(duration_s)
+
+    def _on_decision(self, decision: Decision, report: ApplyReport) -> None:
+        st = self.stats
+        st.decisions += 1
+        st.solve_times_s.append(decision.solve_time_s)
+        st.statuses[decision.status] = st.statuses.get(decision.status, 0) + 1
+        if not self.greedy and decision.plan_status not in ("optimal", "feasible"):
+            st.fallbacks += 1  # the solve was late, failed or infeasible (greedy plan, relaxation, held settings)
+        st.refused_commands += len(report.refused)
+        fs = set(decision.failsafe_racks)
+        if fs:
+            st.failsafe_decisions += 1
+            if math.isnan(st.first_failsafe_s):
+                st.first_failsafe_s = decision.time_s
+        entered = fs - self._prev_failsafe
+        st.failsafe_entries += len(entered)
+        for r in sorted(entered):
+            name = self.site.rack_names[r]
+            if name not in st.failsafe_racks:
+                st.failsafe_racks.append(name)
+        self._prev_failsafe = fs
+        guard = [e for e in decision.explanation if e.startswith("guard:")]
+        if guard:
+            st.guard_notes += 1
+        interesting = [e for e in decision.explanation if e.startswith(("guard:", "infeasible", "relaxed", "no plan"))]
+        for e in interesting:
+            line = f"t={decision.time_s:.0f} s: {e}"
+            if len(st.notes) < _MAX_NOTES and not any(n.endswith(e) for n in st.notes):
+                st.notes.append(line)
+
+    def finish(self) -> None:
+        if self.loop is None:
+            return
+        if self.loop.estimator is not None:
+            self.stats.anomalies = [
+                f"{a.kind} {self.site.rack_names[a.rack]}" + (f" card {a.card}" if a.card is not None else "")
+                for a in self.loop.estimator.anomalies()
+            ]
+        self.stats.invalid_readings = int(self.loop.state.invalid_count.sum())
+
+
+def make_policy(
+    name: str,
+    site: SiteSpec,
+    control: ControlConfig | None = None,
+    prices: PricesConfig | None = None,
+) -> Policy:
+    """A fresh policy by name (one of :data:`POLICY_NAMES`)."""
+    control = control if control is not None else ControlConfig()
+    if name == "baseline":
+        return BaselinePolicy(site, control.period_s)
+    if name == "static-cap":
+        return StaticCapPolicy(site, control.period_s, control)
+    if name == "reactive":
+        return ReactivePolicy(site, min_power_limit_w=control.min_power_limit_w)
+    if name in ("greedy", "racktwin"):
+        return AgentPolicy(site, control, prices, greedy=name == "greedy")
+    raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")

@@ -1,0 +1,140 @@
+"""``racktwin evaluate``: every policy runs the same plant in process and is judged on true values.
+
+What users rely on: each policy runs a scenario to its end; the agent keeps true rack power under the
+limit at full load where the baseline does not; the metrics add up (energy breakdown = the plant's
+integrals, PUE = facility / IT energy); the same seed gives the same numbers, in process or in worker
+processes; the command's JSON has the documented shape; bad arguments are one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from evaluate_helpers import full_load_scenario, mixed_scenario
+
+from agent.cli import main
+from agent.evaluate import BREAKDOWN_KEYS, evaluate, run_policy
+from agent.policies import POLICY_NAMES
+
+pytestmark = pytest.mark.agent
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+REQUIRED_KEYS = {
+    "facility_energy_kwh": float,
+    "it_energy_kwh": float,
+    "pue": float,
+    "throughput": float,
+    "throughput_loss_pct": float,
+    "limit_violation_s": float,
+    "max_rack_power_w": float,
+    "max_die_temp_c": float,
+    "solve_p99_s": float,
+}
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_each_policy_runs_a_scenario_to_its_end_and_its_numbers_add_up(name: str) -> None:
+    sc = mixed_scenario(600.0)
+    res = run_policy(sc, name)
+    m = res.metrics
+    assert m["duration_s"] == pytest.approx(600.0)
+    assert m["facility_energy_kwh"] > m["it_energy_kwh"] > 0
+    assert m["pue"] == pytest.approx(m["facility_energy_kwh"] / m["it_energy_kwh"])
+    assert m["throughput"] > 0 and m["jobs_submitted"] > 0
+    assert m["decisions"] > 0 and m["solve_p99_s"] >= m["solve_median_s"] >= 0
+    it = sum(res.breakdown_kwh[k] for k in BREAKDOWN_KEYS[:5])
+    assert it == pytest.approx(m["it_energy_kwh"], rel=1e-6)
+    assert sum(res.breakdown_kwh.values()) == pytest.approx(m["facility_energy_kwh"], rel=1e-6)
+    assert res.series["time_s"][0] == 0.0 and res.series["time_s"][-1] == pytest.approx(600.0)
+
+
+def test_the_agent_keeps_true_rack_power_under_the_limit_at_full_load_where_the_baseline_does_not() -> None:
+    sc = full_load_scenario(600.0)
+    ev = evaluate(sc, ["baseline", "static-cap", "reactive", "racktwin"], jobs=1)
+    base, agent = ev.results["baseline"].metrics, ev.results["racktwin"].metrics
+    limit = sc.site.rack.power_limit_w
+    assert base["limit_violation_s"] > 500.0  # every rack, nearly all the time
+    assert base["max_rack_power_w"] > limit
+    assert agent["limit_violation_s"] == 0.0
+    assert agent["max_rack_power_w"] <= limit
+    assert agent["throughput_loss_pct"] < 10.0  # it slows jobs a little, it does not stop them
+    assert ev.results["static-cap"].metrics["limit_violation_s"] == 0.0
+    # the reactive capper corrects within a few of its periods, after going over first
+    assert ev.results["reactive"].metrics["limit_violation_longest_s"] < 30.0
+
+
+def test_the_same_seed_gives_the_same_numbers_in_process_and_in_worker_processes() -> None:
+    sc = mixed_scenario(300.0)
+    a = evaluate(sc, ["racktwin", "reactive"], jobs=1)
+    b = evaluate(sc, ["racktwin", "reactive"], jobs=2)
+    timing = {"solve_median_s", "solve_p99_s", "solve_max_s"}
+    for name in ("racktwin", "reactive", "baseline"):
+        ma, mb = a.results[name].metrics, b.results[name].metrics
+        assert {k: v for k, v in ma.items() if k not in timing} == {k: v for k, v in mb.items() if k not in timing}
+        assert a.results[name].breakdown_kwh == b.results[name].breakdown_kwh
+
+
+def test_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "evaluate",
+            "--scenario",
+            str(EXAMPLES / "day-full-load.toml"),
+            "--duration",
+            "120",
+            "--policy",
+            "racktwin",
+            "--policy",
+            "static-cap",
+            "--jobs",
+            "1",
+            "--json",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    obj = json.loads(out)
+    assert set(obj) == {"policies"}
+    assert set(obj["policies"]) == {"racktwin", "static-cap"}
+    for m in obj["policies"].values():
+        for key, typ in REQUIRED_KEYS.items():
+            assert isinstance(m[key], typ), key
+    assert obj["policies"]["static-cap"]["throughput_loss_pct"] > 0  # measured against the baseline, run too
+    for f in ("report.html", "metrics.json", "metrics.csv", "series.csv"):
+        assert (tmp_path / f).stat().st_size > 0
+    full = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(full["policies"]) == {"racktwin", "static-cap", "baseline"}
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 5
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policy", "baseline"], "--scenario FILE is required"),
+        (["--scenario", "nope.toml"], "nope.toml: scenario file not found"),
+        (["--scenario", "{day}", "--policy", "magic"], "unknown policy 'magic'"),
+        (["--scenario", "{day}", "--jobs", "0"], "--jobs must be within"),
+        (["--scenario", "{day}", "--duration", "-5"], "--duration must be a positive"),
+        (["--scenario", "{bad}"], "duration_s"),
+    ],
+)
+def test_bad_arguments_and_scenarios_are_one_line_and_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\nduration_s = -1\nsite = "x.toml"\n')
+    day = str(EXAMPLES / "day-nominal.toml")
+    args = [a.replace("{day}", day).replace("{bad}", str(bad)) for a in argv]
+    rc = main(["evaluate", *args, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("racktwin evaluate: error: ")
+    assert message in err[0]
+    assert not math.isnan(rc)
