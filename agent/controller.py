@@ -22,7 +22,9 @@ What a step does:
    at full load the jobs with the least value per watt slow down first). Jobs that do not compute
    now (communication stall, checkpoint, waiting) and jobs touching a fail-safe rack are *pinned*:
    they are handed to the MILP as computing jobs of no value, so they get their cheapest (slowest)
-   level, and their power is budgeted as if they resumed computing at any moment. Idle cards beyond
+   level (for a job with an SLO, the slowest that meets it, so that it meets it the moment it
+   resumes; a fail-safe rack's jobs get the slowest), and their power is budgeted as if they
+   resumed computing at any moment. Idle cards beyond
    ``idle_reserve_cards`` per supernode go to low-power idle (the awake ones stay the same cards
    from step to step). The set-point is re-optimized every ``setpoint_interval_s`` among the options
    within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
@@ -269,8 +271,10 @@ class Controller:
         cards: list[IntArray] = []
         for j in load.jobs:
             spec = j.spec
-            if not j.computing or bool(fs_card[j.cards].any()):
+            if bool(fs_card[j.cards].any()):  # safety first: the slowest level, SLO or not
                 spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY, min_throughput_frac=0.0)
+            elif not j.computing:  # the slowest level that still meets its SLO when it resumes
+                spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY)
             jobs.append(spec)
             cards.append(j.cards)
         # idle cards of fail-safe racks are out of the models' hands (never woken on stale data)
@@ -363,7 +367,13 @@ class Controller:
         notes: list[str],
     ) -> list[PlacementOrder]:
         site, cfg = self.site, self.control
-        specs = [spec_of_info(q) for q in queue if 0 < q.n_cards <= site.n_cards]
+        fits = [q for q in queue if 0 < q.n_cards <= site.n_cards]
+        # no starvation: once a job has waited placement_backfill_wait_s, jobs behind it are not
+        # placed before it (the cards they would take are what it waits for)
+        starving = [q for q in fits if ctx.now_s - q.last_event_s >= cfg.placement_backfill_wait_s]
+        if starving:
+            fits = sorted(starving, key=lambda q: q.last_event_s)[:1]
+        specs = [spec_of_info(q) for q in fits]
         if not specs:
             return []
         try:
