@@ -1,0 +1,129 @@
+"""The site clock (follows telemetry timestamps) and the ingest of wire messages into the belief."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import numpy as np
+import pytest
+from agent_helpers import example_site
+
+from agent import wire
+from agent.clock import SiteClock
+from agent.ingest import Ingest
+from agent.logs import JsonFormatter
+from twin.state import TwinState
+from twin.workload import JobSpec, Phase
+
+pytestmark = pytest.mark.agent
+
+T0 = 1_800_000_000.0
+
+
+class FakeWall:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_clock_follows_timestamps_extrapolates_at_its_rate_and_never_goes_back_for_jitter() -> None:
+    wall = FakeWall()
+    clock = SiteClock(0.1, infer=False, wall=wall)  # 10 site s per wall s
+    assert clock.now() is None and not clock.known
+    assert clock.observe(T0)
+    wall.t += 0.5
+    assert clock.now() == pytest.approx(T0 + 5.0)
+    assert not clock.observe(T0 - 3.0)  # a late message does not move it
+    clock.observe(T0 + 4.8)  # jitter just behind the extrapolation: no step back
+    assert clock.now() == pytest.approx(T0 + 5.0)
+    assert clock.wall_seconds(15.0) == pytest.approx(1.5)
+
+
+def test_the_clock_infers_its_rate_and_steps_back_to_the_site_after_running_ahead() -> None:
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=True, wall=wall)
+    for i in range(40):  # the site runs 20x wall time
+        clock.observe(T0 + 20.0 * 0.25 * i)
+        wall.t += 0.25
+    assert clock.rate == pytest.approx(20.0, rel=0.05)
+    ahead = clock.now()
+    assert ahead is not None
+    wall.t += 2.0  # a silence: 40 site s extrapolated, but the site only advanced 10 s
+    assert (clock.now() or 0) > ahead + 35.0
+    clock.observe(ahead + 10.0)
+    assert clock.corrections == 1
+    assert clock.now() == pytest.approx(ahead + 10.0)
+
+
+def cards_msg(rack: str, ts: float, n: int = 64, **cols: object) -> wire.CardBatch:
+    base: dict[str, object] = {
+        "power_w": np.full(n, 300.0),
+        "temp_c": np.full(n, 50.0),
+        "sm_clock_mhz": np.full(n, 1870.0),
+        "utilization": np.full(n, 0.5),
+        "power_limit_w": np.full(n, 700.0),
+        "low_power": np.zeros(n, dtype=bool),
+    }
+    base.update(cols)
+    return wire.CardBatch(rack=rack, card_index=np.arange(n), ts_s=ts, seq=0, publisher="sim", **base)  # type: ignore[arg-type]
+
+
+def test_ingest_maps_rack_cards_to_site_cards_levels_failures_and_rounds() -> None:
+    site = example_site()
+    state = TwinState(site)
+    clock = SiteClock(1.0)
+    acks: list[wire.Acknowledgement] = []
+    ing = Ingest(site, state, clock, on_ack=acks.append)
+    power = np.full(64, 300.0)
+    power[5] = 0.0
+    clock_mhz = np.full(64, 1870.0)
+    clock_mhz[5] = 0.0  # card 5 of r1: 0 W at 0 MHz while awake = failed
+    ing.handle(cards_msg("r1", T0, power_w=power, sm_clock_mhz=clock_mhz))
+    ing.handle(wire.PduReading(rack="r1", power_w=30_000.0, ts_s=T0, seq=0, publisher="sim"))
+    ing.handle(cards_msg("r1", T0 + 1))  # a second batch of r1: the first round is folded in
+    assert ing.stats.rounds == 1
+    assert state.card_failed[64 + 5] and not state.card_failed[64 + 6]
+    assert state.rack_power_w[1] == 30_000.0
+    r = ing.flush()
+    assert r is not None and ing.stats.rounds == 2
+    assert clock.latest_ts_s == T0 + 1
+    assert np.all(state.card_level[64:128] == 1)  # 1870 MHz is level 1
+    # applied state overrides levels inferred from clocks (a card may run slower than commanded)
+    applied = wire.AppliedState(
+        rack="r1",
+        card_index=np.arange(64),
+        dvfs_level=np.full(64, 0),
+        min_clock_mhz=np.full(64, 1210.0),
+        max_clock_mhz=np.full(64, 1980.0),
+        power_limit_w=np.full(64, 700.0),
+        low_power=np.zeros(64, dtype=bool),
+        last_command_id=None,
+        ts_s=T0 + 1,
+        seq=0,
+        publisher="sim",
+    )
+    ing.handle(applied)
+    ing.handle(cards_msg("r1", T0 + 2))
+    ing.flush()
+    assert np.all(state.card_level[64:128] == 0)
+    # job events: rack-local cards become site cards
+    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
+    ing.handle(wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", T0 + 2, 0, "sim", job=spec))
+    ing.handle(wire.JobEvent(wire.JobEventType.STARTED, "j1", T0 + 2, 1, "sim", cards={"r1": (0, 1), "r2": (3, 4)}))
+    ing.handle(wire.JobEvent(wire.JobEventType.PHASE_CHANGED, "j1", T0 + 3, 2, "sim", phase=Phase.CHECKPOINT))
+    snap = state.snapshot()
+    assert snap.jobs[0].cards == (64, 65, 131, 132) and snap.jobs[0].phase == Phase.CHECKPOINT
+    ack = wire.Acknowledgement("r1", uuid.uuid4(), wire.AckResult.APPLIED, T0 + 3, 0, "sim")
+    ing.handle(ack)
+    assert acks == [ack]
+
+
+def test_json_log_lines_carry_their_fields() -> None:
+    rec = logging.LogRecord("racktwin.agent", logging.INFO, __file__, 1, "decision", (), None)
+    rec.fields = {"cycle": 3, "status": "optimal"}
+    doc = json.loads(JsonFormatter().format(rec))
+    assert doc["msg"] == "decision" and doc["cycle"] == 3 and doc["status"] == "optimal" and doc["level"] == "info"

@@ -1,0 +1,127 @@
+"""Decisions -> commands: only what differs, lowering first, not repeated while open, a refusal not
+retried every period, expiry closes, advice registers nothing; and the ``racktwin agent`` command."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from agent_helpers import belief, example_site, job
+
+from agent import wire
+from agent.cli import main
+from agent.config import ControlConfig
+from agent.decision import Decision, PlacementOrder
+from agent.publish import CommandBook
+from twin.state import StateSnapshot
+
+pytestmark = pytest.mark.agent
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+NOW = 1000.0
+
+
+def decision_like(snap: StateSnapshot, **changes: object) -> Decision:
+    n = snap.card_level.size
+    nan = np.full(8, np.nan)
+    d = Decision(
+        cycle=1,
+        time_s=NOW,
+        card_level=np.asarray(snap.card_level).copy(),
+        card_low_power=np.asarray(snap.card_low_power).copy(),
+        card_power_limit_w=np.asarray(snap.card_power_limit_w).copy(),
+        card_failed=np.zeros(n, dtype=bool),
+        card_busy=snap.card_job >= 0,
+        supply_temp_c=snap.facility.supply_setpoint_c if snap.facility else 30.0,
+        placements=(),
+        status="optimal",
+        plan_status="optimal",
+        source="milp",
+        solve_time_s=0.0,
+        failsafe_racks=(),
+        rack_cap_w=nan,
+        predicted_rack_power_w=nan,
+        budget_rack_power_w=nan,
+        predicted_rack_max_die_c=nan,
+        predicted_it_power_w=0.0,
+        predicted_facility_power_w=0.0,
+        predicted_pue=1.0,
+    )
+    return d.replace(**changes)
+
+
+@pytest.fixture(scope="module")
+def scene() -> tuple[object, StateSnapshot]:
+    site = example_site()
+    _plant, state = belief(site, [job("a", 64), job("b", 64)], 5)
+    return site, state.snapshot()
+
+
+def test_only_differences_are_commanded_lowering_first_and_not_twice(scene: tuple[object, StateSnapshot]) -> None:
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    assert book.commands(decision_like(snap), snap, applied, NOW) == []  # nothing differs
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[0:64] = 3  # slower (rack r0)
+    lp = np.asarray(snap.card_low_power).copy()
+    lp[200:210] = True  # idle cards of r3 to sleep
+    lim = np.asarray(snap.card_power_limit_w).copy()
+    lim[64:128] = 600.0
+    d = decision_like(snap, card_level=lvl, card_low_power=lp, card_power_limit_w=lim, supply_temp_c=35.0)
+    cmds = book.commands(d, snap, applied, NOW)
+    decoded = [codec.decode(c.topic, c.payload) for c in cmds]
+    kinds = [(m.rack, m.setting.action.value) if isinstance(m, wire.RackCommand) else type(m).__name__ for m in decoded]
+    assert kinds == [
+        ("r0", "set_dvfs_level"),
+        ("r1", "set_power_limit"),
+        ("r3", "low_power_idle"),
+        "FacilityCommand",
+    ]
+    for m in decoded:
+        assert not isinstance(m, wire.Rejection)
+        assert m.expires_s == NOW + 30.0 and m.ts_s == NOW  # type: ignore[union-attr]
+    assert decoded[0].cards == tuple(range(64)) and decoded[0].setting.dvfs_level == 3  # type: ignore[union-attr]
+    # open commands are not repeated while telemetry catches up
+    assert book.commands(d, snap, applied, NOW + 1.0) == []
+    # a refused setting is not retried within the ttl; an expired command frees the next decision
+    sleep = cmds[2]
+    book.on_ack(
+        wire.Acknowledgement("r3", uuid.UUID(sleep.command_id), wire.AckResult.REJECTED, NOW, 0, "sim", "busy"), NOW
+    )
+    assert book.commands(d, snap, applied, NOW + 2.0) == []
+    gone = book.expire(NOW + 31.0)
+    assert {g.command_id for g in gone} == {cmds[0].command_id, cmds[1].command_id, cmds[3].command_id}
+    again = book.commands(d, snap, applied, NOW + 31.0)
+    assert len(again) == 4  # levels, limits, set-point, and the sleep after its back-off
+
+
+def test_placements_and_advice(scene: tuple[object, StateSnapshot]) -> None:
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig())  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[:64] = 0
+    lvl[64:128] = 7
+    d = decision_like(snap, card_level=lvl, placements=(PlacementOrder("q", (62, 63, 64, 65)),))
+    advice = book.advice(d, snap, applied, NOW)
+    assert advice.placements[0].cards == {"r0": (62, 63), "r1": (0, 1)}
+    assert advice.items and book.open == {}  # advice registers nothing
+    assert len(book.commands(d, snap, applied, NOW)) == len(advice.items) + 1
+
+
+def test_agent_check_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["agent", "--check-config", str(EXAMPLES / "agent.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "advice only" in out and "fail-safe" in out
+    bad = tmp_path / "agent.toml"
+    bad.write_text(f'site = "{EXAMPLES / "supernode-512.toml"}"\n[control]\nperiod_s = 10\ncommand_ttl_s = 5\n')
+    assert main(["agent", "--config", str(bad), "--check-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "control.command_ttl_s" in err[0] and str(bad) in err[0]
+    assert main(["agent"]) == 2
+    assert "--config" in capsys.readouterr().err
