@@ -59,6 +59,10 @@ class SiteClock:
         self._advanced = asyncio.Event() if _has_loop() else None
         #: wall time (monotonic) at which the clock last moved forward on a message
         self.last_advance_wall: float | None = None
+        self._target: float | None = None
+        #: wall time at which the first message stamped at or after the last :meth:`wait_until`
+        #: target arrived (None when extrapolation, not a message, reached it)
+        self.target_reached_wall: float | None = None
 
     # ---- observing --------------------------------------------------------------------------
     def observe(self, ts_s: float) -> bool:
@@ -74,6 +78,8 @@ class SiteClock:
             self.corrections += 1
         self._anchor_ts, self._anchor_wall = ts_s, w
         self.last_advance_wall = w
+        if self._target is not None and ts_s >= self._target and self.target_reached_wall is None:
+            self.target_reached_wall = w
         if self._infer:
             self._sample(w, ts_s)
         if self._advanced is not None:
@@ -124,6 +130,9 @@ class SiteClock:
         """Wait until the site clock reaches ``t_site_s`` (True) or ``wake`` is set (False)."""
         if self._advanced is None:
             self._advanced = asyncio.Event()
+        if self._target != t_site_s:
+            self._target = t_site_s
+            self.target_reached_wall = None
         while True:
             now = self.now()
             if now is not None and now >= t_site_s:

@@ -273,6 +273,8 @@ def _check(cfg: AgentConfig, source: str) -> None:
         raise SpecError(source, "broker.url", f"must start with mqtt:// or mqtts://, got {cfg.broker.url!r}")
     if cfg.broker.password is not None and cfg.broker.password_file is not None:
         raise SpecError(source, "broker.password_file", "set either broker.password or broker.password_file")
+    if (cfg.broker.password is not None or cfg.broker.password_file is not None) and cfg.broker.username is None:
+        raise SpecError(source, "broker.username", "a password needs a user name")
     if cfg.broker.password_file is not None and not Path(cfg.broker.password_file).is_file():
         raise SpecError(source, "broker.password_file", f"file not found: {cfg.broker.password_file}")
     for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):

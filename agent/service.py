@@ -470,8 +470,8 @@ class AgentService:
                     if self._stop.is_set():
                         break
                     reached = (self.clock.now() or 0.0) >= next_t
-            else:
-                trigger = self.clock.last_advance_wall or time.monotonic()
+            else:  # the message that crossed the period boundary (or now, when the clock got there alone)
+                trigger = self.clock.target_reached_wall or time.monotonic()
             now = self.clock.now() or next_t
             await self._cycle(now, trigger)
             last_cycle = now

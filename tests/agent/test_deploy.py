@@ -1,0 +1,60 @@
+"""The shipped deploy files fit the agent: the dashboard only queries metrics the agent exports, and
+the systemd unit runs the checked configuration, restarts on failure and reads an environment file."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from agent.metrics import AgentMetrics
+
+pytestmark = pytest.mark.agent
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def exported_names() -> set[str]:
+    m = AgentMetrics(["r0"])
+    names: set[str] = set()
+    for metric in m.registry.collect():
+        for s in metric.samples:
+            names.add(s.name)
+    # labelled metrics without samples yet still export these series
+    for metric in m.registry.collect():
+        if metric.type == "gauge":
+            names.add(metric.name)
+        if metric.type == "counter":
+            names.add(metric.name + "_total")
+        if metric.type == "histogram":
+            names.update(metric.name + suffix for suffix in ("_bucket", "_sum", "_count"))
+    return names
+
+
+def test_the_dashboard_queries_only_exported_metrics() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "racktwin-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {n for e in exprs for n in re.findall(r"\bracktwin_[a-z_]+", e)}
+    missing = used - exported_names()
+    assert not missing
+    titles = " ".join(p["title"].lower() for p in dash["panels"])
+    for what in ("rack power vs limit", "die", "pue", "solve time", "commands by result", "rejected", "fail-safe"):
+        assert what in titles
+
+
+def test_the_systemd_unit() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(DEPLOY / "systemd" / "racktwin-agent.service")
+    svc = unit["Service"]
+    assert svc["Type"] in ("simple", "notify")
+    assert svc["Restart"] == "on-failure"
+    assert svc["EnvironmentFile"].lstrip("-").startswith("/etc/racktwin/")
+    assert "racktwin agent --config" in svc["ExecStart"]
+    assert "--check-config" in svc["ExecStartPre"]
+    assert svc["KillSignal"] == "SIGTERM"
+    for hardening in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "RestrictAddressFamilies"):
+        assert hardening in svc
