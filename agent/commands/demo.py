@@ -1,0 +1,566 @@
+"""``racktwin demo``: the whole system on one machine, then a summary against the same run without the agent.
+
+1. an embedded MQTT broker on a free loopback port (mosquitto when installed, else amqtt; or
+   ``--broker URL``);
+2. the agent service (``agent.service.AgentService``, enforce mode, the agent's default control
+   configuration with its clock scaled to the simulator's speed) in this process;
+3. the simulator (``python -m sim``) in a child process on its own core, running
+   ``examples/day-demo.toml`` (or ``--scenario``) for ``--minutes`` of site time at ``--speed`` site
+   seconds per wall second, writing its ground-truth log;
+4. live progress on stderr from the truth log: every rack's true power against its limit, PUE, energy
+   so far, seconds over a limit, the hottest die, the agent's decisions;
+5. at the end (or on Ctrl-C: everything is stopped and the summary covers the time run so far), the
+   same scenario and seed without the agent -- the in-process plant with every card at its top clock,
+   no idle management, the site's fixed set-point and its own scheduler (``agent.policies.BaselinePolicy``)
+   -- and a summary of both: facility and IT energy, throughput, PUE, time over a limit, the largest
+   rack power and the hottest die. ``--json`` prints it as ``{"agent": {...}, "baseline": {...}}``.
+
+The agent's numbers come from the simulator's truth log (true values, one row per site second), the
+baseline's from the in-process plant; both are judged from the end of the first control period on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.commands.common import EXAMPLES_DIR, UserError, print_json
+
+DEFAULT_SCENARIO = EXAMPLES_DIR / "day-demo.toml"
+DEFAULT_MINUTES = 75.0
+DEFAULT_SPEED = 30.0
+SITE_ID = "site1"
+#: Keys of a summary (``--json``: ``{"agent": M, "baseline": M}``).
+SUMMARY_KEYS = (
+    "facility_energy_kwh",
+    "it_energy_kwh",
+    "throughput",
+    "pue",
+    "limit_violation_s",
+    "max_rack_power_w",
+    "max_die_temp_c",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.description = (
+        "Closed-loop demo: an embedded MQTT broker, the rack simulator (a child process) on the example "
+        "supernode and the agent service in enforce mode; live progress, then a summary against the same "
+        "run without the agent."
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=DEFAULT_MINUTES,
+        metavar="N",
+        help=f"site minutes to run (default {DEFAULT_MINUTES:g})",
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=DEFAULT_SPEED,
+        metavar="X",
+        help=f"site seconds per wall second (default {DEFAULT_SPEED:g}; the agent's clock follows)",
+    )
+    parser.add_argument("--json", action="store_true", help='print {"agent": {...}, "baseline": {...}} at the end')
+    parser.add_argument("--broker", default=None, metavar="URL", help="use this broker instead of an embedded one")
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="truth log, simulator summary, agent journal (default ./out/demo)"
+    )
+    parser.add_argument(
+        "--scenario", default=None, metavar="FILE", help="run-scenario TOML (default examples/day-demo.toml)"
+    )
+    parser.add_argument(
+        "--progress-interval-s", type=float, default=5.0, metavar="S", help="wall seconds between progress lines"
+    )
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not (math.isfinite(args.minutes) and 0 < args.minutes <= 7 * 24 * 60):
+        raise UserError(f"--minutes must be within 0..{7 * 24 * 60} (a week), got {args.minutes:g}")
+    if not (math.isfinite(args.speed) and 1.0 <= args.speed <= 1000.0):
+        raise UserError(f"--speed must be within 1..1000, got {args.speed:g}")
+    if not (math.isfinite(args.progress_interval_s) and args.progress_interval_s > 0):
+        raise UserError(f"--progress-interval-s must be positive, got {args.progress_interval_s:g}")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    from twin.scenario import load_run_scenario
+    from twin.tables import SpecError
+
+    _check(args)
+    path = Path(args.scenario) if args.scenario is not None else DEFAULT_SCENARIO
+    if not path.is_file():
+        raise UserError(f"{path}: scenario file not found")
+    duration_s = args.minutes * 60.0
+    try:
+        scenario = load_run_scenario(path, duration_s=duration_s)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+    out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
+    broker = None
+    url = args.broker
+    if url is None:
+        from agent.broker import BrokerUnavailable, EmbeddedBroker
+
+        broker = EmbeddedBroker()
+        try:
+            broker.start()
+        except BrokerUnavailable as exc:
+            raise UserError(str(exc)) from None
+        url = broker.url
+        _say(f"embedded {broker.backend} broker at {url}")
+    t0 = time.monotonic()
+    try:
+        res = asyncio.run(_demo(args, scenario, path, url, out_dir))
+    finally:
+        if broker is not None:
+            broker.stop()
+    wall_s = time.monotonic() - t0
+    agent_m = dict(res.metrics)
+    stopped_by = res.stopped_by
+    if res.agent_error:
+        _say(f"the agent stopped with an error: {res.agent_error}")
+    if stopped_by == "simulator stopped":
+        _say(f"the simulator exited with status {res.sim_returncode} (see its messages above)")
+    stats = {"decisions": res.decisions, "statuses": res.statuses}
+    ran_s = agent_m.pop("duration_s")
+    agent_m = {k: agent_m[k] for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
+    if ran_s <= 0:
+        raise UserError("the simulator stopped before its first second of site time (see the messages above)")
+    if ran_s < duration_s - 1.0:
+        _say(f"partial run ({stopped_by}): {ran_s / 60:.1f} of {args.minutes:g} site minutes")
+        scenario = dataclasses.replace(scenario, duration_s=ran_s)
+    _say(f"the same {ran_s / 60:.0f} site minutes without the agent (in-process plant, same scenario and seed) ...")
+    base_m = _baseline(scenario)
+    summary = {"agent": agent_m, "baseline": base_m}
+    (out_dir / "demo-summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    if args.json:
+        print_json(summary)
+    else:
+        print(_format(summary, scenario, ran_s, wall_s, stats))
+    return 130 if stopped_by == "interrupted" else 0
+
+
+def _say(msg: str) -> None:
+    print(f"racktwin demo: {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The run: agent service in this process, simulator in a child
+# --------------------------------------------------------------------------------------------
+
+
+async def _demo(args: argparse.Namespace, scenario: Any, path: Path, url: str, out_dir: Path) -> MqttRun:
+    """The demo's run: signals stop it cleanly; progress lines on stderr."""
+    from agent.config import ControlConfig
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    control = ControlConfig(time_scale=1.0 / args.speed)
+    site = scenario.site
+    _say(
+        f"simulator: {scenario.name} ({site.n_cards} cards, {site.n_racks} racks of "
+        f"{site.rack.power_limit_w / 1e3:g} kW) for {scenario.duration_s / 60:g} site minutes at {args.speed:g}x "
+        f"(~{scenario.duration_s / args.speed:.0f} s); agent in enforce mode, a decision every "
+        f"{control.period_s:g} site s; Ctrl-C stops both and summarizes"
+    )
+    return await run_closed_loop(
+        path,
+        scenario,
+        url,
+        out_dir,
+        speed=args.speed,
+        control=control,
+        progress_interval_s=args.progress_interval_s,
+        stop=stop,
+    )
+
+
+@dataclasses.dataclass
+class MqttRun:
+    """What one closed-loop run through MQTT did (see :func:`run_closed_loop`)."""
+
+    metrics: dict[str, float]  # truth_log_metrics, plus duration_s
+    stopped_by: str  # "duration", "interrupted", "agent stopped", "simulator stopped"
+    decisions: int
+    statuses: dict[str, int]  # decision status -> count (from the journal)
+    failsafe_entries: int  # times a rack went to fail-safe caps
+    failsafe_racks: list[str]
+    first_failsafe_s: float  # site seconds from the start (NaN: never)
+    fallbacks: int  # decisions without an optimal / time-limited MILP plan
+    invalid_readings: int  # card values the belief refused
+    rejected_messages: int  # messages the codec refused
+    anomalies: list[str]
+    agent_error: str  # "" when the agent ran to a clean stop
+    sim_returncode: int | None
+    sim_summary: dict[str, Any]
+
+
+async def run_closed_loop(
+    scenario_path: Path,
+    scenario: Any,
+    url: str,
+    out_dir: Path,
+    *,
+    speed: float,
+    control: Any = None,
+    progress_interval_s: float = 0.0,
+    stop: asyncio.Event | None = None,
+) -> MqttRun:
+    """The agent service (enforce mode, in this process) against the simulator (``python -m sim``, a
+    child process) over the broker at ``url``, for ``scenario.duration_s`` site seconds at ``speed``.
+    ``control``: the agent's ``ControlConfig`` (default: the defaults, clock scaled to ``speed``).
+    Writes truth.csv, summary.json, journal.sqlite and agent.log to ``out_dir``. ``stop`` ends it early."""
+    from agent.bus import MqttOptions
+    from agent.config import AgentConfig, ControlConfig, HttpConfig, JournalConfig, LoadedConfig, LogConfig
+    from agent.logs import setup_logging
+    from agent.service import AgentService
+
+    for name in ("truth.csv", "summary.json", "journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            (out_dir / name).unlink()
+    # the agent's warnings (commands expired or refused while the simulator starts, ...) go to a file;
+    # errors also to stderr
+    log_fh = open(out_dir / "agent.log", "w", encoding="utf-8")  # noqa: SIM115 - closed at the end of the run
+    setup_logging("warning", "text", stream=log_fh)
+    errors = logging.StreamHandler(sys.stderr)
+    errors.setLevel(logging.ERROR)
+    errors.setFormatter(logging.Formatter("racktwin demo: agent: %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(errors)
+    site = scenario.site
+    if control is None:
+        control = ControlConfig(time_scale=1.0 / speed)
+    cfg = AgentConfig(
+        site=str(scenario_path),
+        site_id=SITE_ID,
+        mode="enforce",
+        control=control,
+        journal=JournalConfig(path=str(out_dir / "journal.sqlite")),
+        http=HttpConfig(port=0),
+        log=LogConfig(level="warning", format="text"),
+    )
+    loaded = LoadedConfig(config=cfg, site=site, source="racktwin demo", overrides=())
+    try:
+        mqtt = MqttOptions.from_url(url, client_id=f"racktwin-demo-agent-{os.getpid()}")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    service = AgentService(loaded, mqtt=mqtt, http=False)
+    agent_task = asyncio.create_task(service.run(), name="agent")
+    stop = stop if stop is not None else asyncio.Event()
+    truth = out_dir / "truth.csv"
+    sim: subprocess.Popen[bytes] | None = None
+    stopped_by = "duration"
+    try:
+        deadline = time.monotonic() + 15.0
+        while not service.bus.connected:
+            if agent_task.done() or time.monotonic() > deadline:
+                raise UserError(f"the agent could not connect to the broker {url}")
+            await asyncio.sleep(0.05)
+        cmd = [
+            sys.executable,
+            "-m",
+            "sim",
+            "--scenario",
+            str(scenario_path),
+            "--broker",
+            url,
+            "--site-id",
+            SITE_ID,
+            "--speed",
+            f"{speed:g}",
+            "--duration",
+            f"{scenario.duration_s:g}",
+            "--seed",
+            str(scenario.seed),
+            "--truth-log",
+            str(truth),
+            "--summary",
+            str(out_dir / "summary.json"),
+            "--progress-interval-s",
+            "0",
+        ]
+        sim = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, env=_child_env())
+        progress = _Progress(truth, site, control.period_s)
+        next_print = time.monotonic() + progress_interval_s
+        while sim.poll() is None and not stop.is_set():
+            if agent_task.done():
+                stopped_by = "agent stopped"
+                break
+            await asyncio.sleep(0.1)
+            if progress_interval_s > 0 and time.monotonic() >= next_print:
+                next_print += progress_interval_s
+                line = progress.line(service)
+                if line:
+                    print(line, file=sys.stderr, flush=True)
+        if stop.is_set():
+            stopped_by = "interrupted"
+        elif sim.returncode not in (None, 0):
+            stopped_by = "simulator stopped"
+    finally:
+        if sim is not None and sim.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                sim.send_signal(signal.SIGINT)
+            for _ in range(100):
+                if sim.poll() is not None:
+                    break
+                await asyncio.sleep(0.1)
+            if sim.poll() is None:
+                sim.kill()
+                sim.wait()
+        service.stop()
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(agent_task, 15)
+        logging.getLogger().removeHandler(errors)
+        log_fh.close()
+    agent_error = ""
+    if agent_task.done() and not agent_task.cancelled() and agent_task.exception() is not None:
+        agent_error = repr(agent_task.exception())
+    elif not agent_task.done():
+        agent_error = "the agent did not stop within 15 s"
+    journal = _journal_decisions(out_dir / "journal.sqlite", site)
+    sim_summary: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        sim_summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
+    return MqttRun(
+        metrics=truth_log_metrics(truth, site, judge_from_s=control.period_s),
+        stopped_by=stopped_by,
+        decisions=service.decisions,
+        statuses=journal["statuses"],
+        failsafe_entries=journal["failsafe_entries"],
+        failsafe_racks=journal["failsafe_racks"],
+        first_failsafe_s=journal["first_failsafe_s"],
+        fallbacks=journal["fallbacks"],
+        invalid_readings=int(service.state.invalid_count.sum()),
+        rejected_messages=int(service.codec.counter.total),
+        anomalies=[f"{a.kind} {site.rack_names[a.rack]}" for a in service.estimator.anomalies()],
+        agent_error=agent_error,
+        sim_returncode=sim.returncode if sim is not None else None,
+        sim_summary=sim_summary,
+    )
+
+
+def _child_env() -> dict[str, str]:
+    """The simulator child's environment: this checkout first on the path (when run from a checkout)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    if (Path(root) / "sim" / "__main__.py").exists():
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _journal_decisions(path: Path, site: Any) -> dict[str, Any]:
+    """Statuses, fail-safe entries and fallbacks of the decisions the agent journaled."""
+    import sqlite3
+
+    out: dict[str, Any] = {
+        "statuses": {},
+        "failsafe_entries": 0,
+        "failsafe_racks": [],
+        "first_failsafe_s": math.nan,
+        "fallbacks": 0,
+    }
+    if not path.exists():
+        return out
+    db = sqlite3.connect(path)
+    try:
+        rows = list(db.execute("SELECT site_time_s, summary FROM decisions ORDER BY id"))
+    except sqlite3.Error:
+        return out
+    finally:
+        db.close()
+    prev: set[str] = set()
+    t0: float | None = None
+    for t, text in rows:
+        d = json.loads(text)
+        t0 = float(t) if t0 is None else t0
+        status = str(d.get("status", "?"))
+        out["statuses"][status] = out["statuses"].get(status, 0) + 1
+        if d.get("plan_status") not in ("optimal", "feasible"):
+            out["fallbacks"] += 1
+        fs = set(d.get("failsafe_racks", []))
+        out["failsafe_entries"] += len(fs - prev)
+        for r in sorted(fs - prev):
+            if r not in out["failsafe_racks"]:
+                out["failsafe_racks"].append(r)
+        if fs and math.isnan(out["first_failsafe_s"]):
+            out["first_failsafe_s"] = float(t) - t0
+        prev = fs
+    return out
+
+
+class _Progress:
+    """Reads the truth log as it grows and makes one progress line."""
+
+    def __init__(self, path: Path, site: Any, period_s: float) -> None:
+        self.path = path
+        self.site = site
+        self.period_s = period_s
+        self._fh: Any = None
+        self._header: list[str] | None = None
+        self._partial = ""
+        self.last: dict[str, str] = {}
+        self.over_s = 0.0
+        self._prev_t: float | None = None
+
+    def _read(self) -> None:
+        if self._fh is None:
+            if not self.path.exists():
+                return
+            self._fh = open(self.path, encoding="utf-8")  # noqa: SIM115 - read incrementally, closed by the OS
+        chunk = self._fh.read()
+        if not chunk:
+            return
+        text = self._partial + chunk
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        limit = self.site.rack.power_limit_w
+        for line in lines:
+            if not line:
+                continue
+            cells = line.split(",")
+            if self._header is None:
+                self._header = cells
+                continue
+            if len(cells) != len(self._header):
+                continue
+            row = dict(zip(self._header, cells, strict=True))
+            t = float(row["time_s"])
+            dt = t - self._prev_t if self._prev_t is not None else 0.0
+            self._prev_t = t
+            if t - dt >= self.period_s - 1e-9:
+                over = sum(1 for r in self.site.rack_names if float(row[f"{r}_power_w"]) > limit)
+                self.over_s += over * dt
+            self.last = row
+
+    def line(self, service: Any) -> str:
+        self._read()
+        row = self.last
+        if not row:
+            return ""
+        limit_kw = self.site.rack.power_limit_w / 1e3
+        racks = " ".join(f"{float(row[f'{r}_power_w']) / 1e3:4.1f}" for r in self.site.rack_names)
+        t = float(row["time_s"])
+        dec = service.last_decision
+        status = dec.status if dec is not None else "-"
+        return (
+            f"racktwin demo: {int(t // 3600)}:{int(t % 3600 // 60):02d}:{int(t % 60):02d}  racks kW [{racks}] "
+            f"(limit {limit_kw:g})  PUE {float(row['pue']):.3f}  facility {float(row['facility_energy_kwh']):,.1f} kWh"
+            f"  over {self.over_s:,.0f} s  hottest die {float(row['max_die_temp_c']):.1f} C  "
+            f"low-power cards {int(float(row['low_power_cards']))}  agent {service.decisions} decisions ({status})"
+        )
+
+
+def truth_log_metrics(path: Path, site: Any, judge_from_s: float) -> dict[str, float]:
+    """A summary from a simulator truth log (docs/sim.md): energies and work at the last row; seconds of
+    true rack power over a limit (rack-seconds, rows at or after ``judge_from_s``) and the longest time
+    one rack stayed over; the largest rack power over the same rows; the hottest die over the run."""
+    out = {k: math.nan for k in SUMMARY_KEYS}
+    out["duration_s"] = 0.0
+    out["limit_violation_longest_s"] = math.nan
+    if not path.exists():
+        return out
+    limit = site.rack.power_limit_w
+    names = site.rack_names
+    over_s = 0.0
+    run_s = [0.0] * len(names)
+    longest = 0.0
+    max_rack = 0.0
+    max_die = -math.inf
+    prev_t: float | None = None
+    last: dict[str, str] | None = None
+    with open(path, newline="", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                t = float(row["time_s"])
+                racks = [float(row[f"{r}_power_w"]) for r in names]
+                die = float(row["max_die_temp_c"])
+                peak = float(row["max_rack_power_w"])
+            except (TypeError, ValueError, KeyError):
+                continue  # a row cut short by a killed run
+            dt = t - prev_t if prev_t is not None else 0.0
+            prev_t = t
+            if t - dt >= judge_from_s - 1e-9 and dt > 0:
+                over_s += sum(1 for p in racks if p > limit) * dt
+                max_rack = max(max_rack, peak, *racks)
+                run_s = [r + dt if p > limit else 0.0 for r, p in zip(run_s, racks, strict=True)]
+                longest = max(longest, *run_s)
+            if math.isfinite(die):
+                max_die = max(max_die, die)
+            last = row
+    if last is None:
+        return out
+    t_end = float(last["time_s"])
+    it = float(last["it_energy_kwh"])
+    fac = float(last["facility_energy_kwh"])
+    out.update(
+        facility_energy_kwh=fac,
+        it_energy_kwh=it,
+        throughput=float(last["work_card_s"]) / t_end if t_end > 0 else 0.0,
+        pue=fac / it if it > 0 else math.nan,
+        limit_violation_s=over_s,
+        limit_violation_longest_s=longest,
+        max_rack_power_w=max_rack,
+        max_die_temp_c=max_die,
+        duration_s=t_end,
+    )
+    return out
+
+
+def _baseline(scenario: Any) -> dict[str, float]:
+    from agent.evaluate import run_policy
+
+    m = run_policy(scenario, "baseline").metrics
+    return {k: float(m[k]) for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
+
+
+def _format(summary: dict[str, dict[str, float]], scenario: Any, ran_s: float, wall_s: float, stats: Any) -> str:
+    a, b = summary["agent"], summary["baseline"]
+    rows = (
+        ("facility energy", "facility_energy_kwh", "kWh", 1.0, "{:,.1f}"),
+        ("IT energy", "it_energy_kwh", "kWh", 1.0, "{:,.1f}"),
+        ("throughput", "throughput", "cards", 1.0, "{:,.1f}"),
+        ("PUE", "pue", "", 1.0, "{:.4f}"),
+        ("over a rack limit", "limit_violation_s", "rack-min", 60.0, "{:,.1f}"),
+        ("largest rack power", "max_rack_power_w", "kW", 1e3, "{:.2f}"),
+        ("hottest die", "max_die_temp_c", "deg C", 1.0, "{:.1f}"),
+    )
+    lines = [
+        f"racktwin demo: {scenario.name}, {ran_s / 60:.0f} site minutes in {wall_s:.0f} s wall "
+        f"(agent: {stats.get('decisions', 0)} decisions)",
+        f"{'':20}{'with agent':>14}{'without':>14}{'change':>10}",
+    ]
+    for label, key, unit, scale, fmt in rows:
+        va, vb = a[key] / scale, b[key] / scale
+        change = ""
+        if key in ("facility_energy_kwh", "it_energy_kwh", "throughput") and vb > 0:
+            change = f"{100.0 * (va / vb - 1.0):+.1f}%"
+        sa = fmt.format(va) if math.isfinite(va) else "-"
+        sb = fmt.format(vb) if math.isfinite(vb) else "-"
+        lines.append(f"{label + (' (' + unit + ')' if unit else ''):20}{sa:>14}{sb:>14}{change:>10}")
+    lines.append(
+        "throughput: top-clock-equivalent cards of training (work done); 'without': every card at its top clock, "
+        "no idle management, fixed set-point, the plant's own scheduler (same scenario and seed, in process); "
+        "over a limit: true rack power, after the first control period."
+    )
+    return "\n".join(lines)

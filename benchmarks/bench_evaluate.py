@@ -1,0 +1,193 @@
+"""Closed-loop evaluation benchmark: the numbers of benchmarks/results-evaluation.md and docs/evaluation.md.
+
+    python benchmarks/bench_evaluate.py                 # nominal and full-load days, all five policies
+    python benchmarks/bench_evaluate.py --days nominal  # one day
+    python benchmarks/bench_evaluate.py --faults        # the six day-fault scenarios, in process and via MQTT
+    python benchmarks/bench_evaluate.py --faults --mqtt-speed 20 --mqtt-duration 2400
+
+Days: ``racktwin evaluate`` (the command itself, in a child process, ``--jobs`` workers) on
+examples/day-<name>.toml; prints the evaluation table, where the energy went, and the wall time of
+the whole command (the speed target: all five policies on the nominal day in under 10 minutes on the
+2-core machine). Faults: each examples/day-fault-*.toml (1) in process, baseline / reactive / racktwin,
+the whole 2 hours, and (2) through MQTT: the simulator (``python -m sim``) and the agent service in
+enforce mode over an embedded mosquitto (amqtt if none), for ``--mqtt-duration`` site seconds at
+``--mqtt-speed``; judged on true values: the longest time a rack stayed over its limit, the hottest
+die, and what the agent did (fail-safe entries, fallbacks, readings refused, anomalies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DAYS = ("nominal", "full-load")
+FAULTS = ("heat-wave", "pump", "dropout", "stuck", "card-failure", "garbage")
+POLICIES = ("baseline", "static-cap", "reactive", "greedy", "racktwin")
+
+
+def machine() -> str:
+    import os
+
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def run_day(day: str, out: Path, jobs: int | None) -> tuple[dict[str, Any], float]:
+    """``racktwin evaluate`` on one day with all five policies; (metrics.json, wall s)."""
+    folder = out / f"day-{day}"
+    cmd = [sys.executable, "-m", "agent.cli", "evaluate", "--scenario", str(REPO / "examples" / f"day-{day}.toml")]
+    for p in POLICIES:
+        cmd += ["--policy", p]
+    cmd += ["--out", str(folder), "--quiet"]
+    if jobs is not None:
+        cmd += ["--jobs", str(jobs)]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    return json.loads((folder / "metrics.json").read_text()), wall
+
+
+def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
+    pol = full["policies"]
+    base = pol["baseline"]["metrics"]
+    lines = [
+        f"### day-{day} ({full['scenario']['workload']}; {wall / 60:.1f} min wall for all five policies)",
+        "",
+        "| policy | facility kWh | vs baseline | IT kWh | cooling kWh | PUE | throughput | loss % | SLO miss job-s |"
+        " wait mean/p95 s | over limit rack-s (longest) | max rack kW | max die C | throttled card-s |"
+        " solve median/p99 s | fallbacks | busy / low-power cards | mean set-point C | CPU s |",
+        "|---|" + "---:|" * 18,
+    ]
+    for name in POLICIES:
+        m = pol[name]["metrics"]
+        lines.append(
+            f"| {name} | {m['facility_energy_kwh']:,.1f} | {m['facility_energy_saving_pct']:+.2f}% | "
+            f"{m['it_energy_kwh']:,.1f} | {m['cooling_energy_kwh']:,.1f} | {m['pue']:.4f} | {m['throughput']:,.1f} | "
+            f"{m['throughput_loss_pct']:+.2f} | {m['slo_violation_s']:,.0f} | "
+            f"{m['queue_wait_mean_s']:,.0f} / {m['queue_wait_p95_s']:,.0f} | "
+            f"{m['limit_violation_s']:,.0f} ({m['limit_violation_longest_s']:,.0f}) | "
+            f"{m['max_rack_power_w'] / 1e3:.2f} | {m['max_die_temp_c']:.1f} | {m['throttled_card_s']:,.0f} | "
+            f"{m['solve_median_s']:.3f} / {m['solve_p99_s']:.3f} | {m['fallbacks']} | "
+            f"{m['busy_card_frac']:.1%} / {m['low_power_card_frac']:.1%} | {m['mean_supply_setpoint_c']:.1f} | "
+            f"{pol[name]['cpu_s']:,.0f} |"
+        )
+    keys = list(pol["baseline"]["energy_breakdown_kwh"])
+    lines += ["", "Where the facility energy went (kWh):", ""]
+    lines.append("| policy | " + " | ".join(k.replace("_", " ") for k in keys) + " |")
+    lines.append("|---|" + "---:|" * len(keys))
+    for name in POLICIES:
+        b = pol[name]["energy_breakdown_kwh"]
+        lines.append(f"| {name} | " + " | ".join(f"{b[k]:,.1f}" for k in keys) + " |")
+    rt = pol["racktwin"]["energy_breakdown_kwh"]
+    bb = pol["baseline"]["energy_breakdown_kwh"]
+    saved = {k: bb[k] - rt[k] for k in keys}
+    total = base["facility_energy_kwh"]
+    lines += ["", "racktwin's saving against the baseline, by where it came from:", ""]
+    lines += [
+        f"- {k.replace('_', ' ')}: {v:+,.1f} kWh ({100 * v / total:+.2f}% of the baseline)" for k, v in saved.items()
+    ]
+    return "\n".join(lines)
+
+
+def run_faults(out: Path, speed: float, mqtt_duration: float, jobs: int | None) -> str:
+    from agent.broker import EmbeddedBroker
+    from agent.commands.demo import run_closed_loop
+    from agent.evaluate import evaluate
+    from twin.scenario import load_run_scenario
+
+    rows_ip: list[str] = []
+    rows_mq: list[str] = []
+    broker = EmbeddedBroker().start()
+    try:
+        for kind in FAULTS:
+            path = REPO / "examples" / f"day-fault-{kind}.toml"
+            sc = load_run_scenario(path)
+            t0 = time.perf_counter()
+            ev = evaluate(sc, ["baseline", "reactive", "racktwin"], jobs=jobs or 2)
+            wall = time.perf_counter() - t0
+            for name in ("baseline", "reactive", "racktwin"):
+                m = ev.results[name].metrics
+                st = ev.results[name].stats
+                rows_ip.append(
+                    f"| {kind} | {name} | {m['limit_violation_s']:,.0f} | {m['limit_violation_longest_s']:,.0f} | "
+                    f"{m['max_rack_power_w'] / 1e3:.2f} | {m['max_die_temp_c']:.1f} | "
+                    f"{m['die_over_max_card_s']:,.0f} | "
+                    f"{m['facility_energy_kwh']:,.1f} | {m['throughput']:,.1f} | {m['failsafe_entries']} "
+                    f"({m['failsafe_racks'] or '-'}) | {m['fallbacks']} | {m['invalid_readings']:,} | "
+                    f"{m['anomalies'] or '-'} | {m['commands_refused']} | {st.statuses or '-'} | {wall:,.0f} |"
+                )
+            folder = out / f"mqtt-{kind}"
+            folder.mkdir(parents=True, exist_ok=True)
+            short = load_run_scenario(path, duration_s=mqtt_duration)
+            t0 = time.perf_counter()
+            res = asyncio.run(run_closed_loop(path, short, broker.url, folder, speed=speed))
+            wall = time.perf_counter() - t0
+            m = res.metrics
+            rows_mq.append(
+                f"| {kind} | {m['duration_s']:,.0f} | {res.stopped_by} | {res.agent_error or 'none'} | "
+                f"{m['limit_violation_s']:,.0f} | {m['limit_violation_longest_s']:,.0f} | "
+                f"{m['max_rack_power_w'] / 1e3:.2f} | {m['max_die_temp_c']:.1f} | {res.decisions} | "
+                f"{res.failsafe_entries} ({', '.join(res.failsafe_racks) or '-'}) | {res.fallbacks} | "
+                f"{res.invalid_readings:,} / {res.rejected_messages:,} | {', '.join(res.anomalies) or '-'} | "
+                f"{res.sim_summary.get('commands_applied', '-')} / {res.sim_summary.get('commands_rejected', '-')} / "
+                f"{res.sim_summary.get('commands_expired', '-')} | {wall:,.0f} |"
+            )
+            print(rows_ip[-1], file=sys.stderr, flush=True)
+            print(rows_mq[-1], file=sys.stderr, flush=True)
+    finally:
+        broker.stop()
+    head_ip = (
+        "| fault | policy | over limit rack-s | longest s | max rack kW | max die C | die over max card-s | "
+        "facility kWh | throughput | fail-safe entries | fallbacks | readings refused | anomalies | "
+        "commands refused | decision statuses | wall s (3 policies) |\n|---|---|" + "---:|" * 14
+    )
+    head_mq = (
+        "| fault | site s | stopped by | agent error | over limit rack-s | longest s | max rack kW | max die C | "
+        "decisions | fail-safe entries | fallbacks | readings refused / messages rejected | anomalies | "
+        "commands applied / rejected / expired | wall s |\n|---|" + "---:|" * 14
+    )
+    return (
+        "### Faults in process (2 hours each, true values)\n\n"
+        + head_ip
+        + "\n"
+        + "\n".join(rows_ip)
+        + f"\n\n### Faults through MQTT (simulator + agent service + broker, {speed:g}x)\n\n"
+        + head_mq
+        + "\n"
+        + "\n".join(rows_mq)
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--days", nargs="*", default=list(DAYS), choices=DAYS)
+    ap.add_argument("--faults", action="store_true", help="run the fault scenarios instead of the days")
+    ap.add_argument("--mqtt-speed", type=float, default=20.0)
+    ap.add_argument("--mqtt-duration", type=float, default=2400.0, help="site seconds of each MQTT fault run")
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--out", default="/tmp/racktwin-bench-evaluate")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"# bench_evaluate: {time.strftime('%Y-%m-%d %H:%M')}, {machine()}\n")
+    if args.faults:
+        print(run_faults(out, args.mqtt_speed, args.mqtt_duration, args.jobs))
+        return 0
+    for day in args.days:
+        full, wall = run_day(day, out, args.jobs)
+        print(day_tables(day, full, wall))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

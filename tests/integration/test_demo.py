@@ -1,0 +1,99 @@
+"""``racktwin demo``: broker, simulator child process and agent service on one machine, then a summary.
+
+What users rely on: on a machine without mosquitto it runs on the pure-Python fallback broker and
+prints ``{"agent": M, "baseline": M}`` with the documented keys, the agent keeping true rack power
+under the limits the baseline breaks; Ctrl-C stops everything and still prints a (partial) summary;
+bad options are one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = {
+    "facility_energy_kwh",
+    "it_energy_kwh",
+    "throughput",
+    "pue",
+    "limit_violation_s",
+    "max_rack_power_w",
+    "max_die_temp_c",
+}
+
+
+def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "demo", *args],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_demo_runs_without_mosquitto_and_prints_both_summaries(tmp_path: Path) -> None:
+    # RACKTWIN_MOSQUITTO="" hides mosquitto: the embedded broker falls back to amqtt, as on a fresh machine
+    proc = demo("--minutes", "3", "--speed", "20", "--json", "--out", str(tmp_path), env={"RACKTWIN_MOSQUITTO": ""})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "embedded amqtt broker" in err
+    obj = json.loads(out.strip().splitlines()[-1])
+    assert set(obj) == {"agent", "baseline"}
+    for m in obj.values():
+        assert set(m) >= KEYS
+        assert all(isinstance(m[k], float) for k in KEYS)
+    agent, base = obj["agent"], obj["baseline"]
+    assert base["limit_violation_s"] > 300.0  # without the agent the LLM racks run over their limit
+    assert agent["limit_violation_s"] < 0.25 * base["limit_violation_s"]
+    assert agent["it_energy_kwh"] < base["it_energy_kwh"]  # idle cards asleep, capped racks
+    assert (tmp_path / "truth.csv").stat().st_size > 0 and (tmp_path / "journal.sqlite").exists()
+
+
+def test_ctrl_c_stops_everything_and_prints_a_partial_summary(tmp_path: Path) -> None:
+    proc = demo("--minutes", "60", "--speed", "20", "--json", "--out", str(tmp_path), "--progress-interval-s", "1")
+    deadline = time.monotonic() + 60
+    truth = tmp_path / "truth.csv"
+    while time.monotonic() < deadline and (not truth.exists() or truth.stat().st_size < 20_000):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "partial run" in err
+    obj = json.loads(out.strip().splitlines()[-1])
+    assert set(obj) == {"agent", "baseline"} and obj["agent"]["it_energy_kwh"] > 0
+    # the simulator child is gone too
+    assert not any(
+        "racktwin" in line and "-m sim" in line and str(tmp_path) in line
+        for line in subprocess.run(
+            ["ps", "-eo", "args"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--minutes", "0"], "--minutes must be within"),
+        (["--speed", "0.5"], "--speed must be within"),
+        (["--scenario", "nope.toml"], "nope.toml: scenario file not found"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    proc = demo(*args, "--out", str(tmp_path))
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
