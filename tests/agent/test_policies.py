@@ -1,0 +1,70 @@
+"""The comparison policies of ``racktwin evaluate`` (``agent.policies``).
+
+What users rely on: static-cap is the per-card limit that fits a full rack under its limit; the
+reactive capper lowers a rack's limits above its high band, holds between the bands and raises them
+below the low band, on measured power only; greedy is the agent's own controller planning greedily;
+racktwin is the agent's controller with the agent's default configuration.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from agent_helpers import example_site, small_site
+from evaluate_helpers import full_load_scenario
+
+from agent.config import ControlConfig, PricesConfig
+from agent.controller import Controller
+from agent.evaluate import run_policy
+from agent.policies import AgentPolicy, GreedyController, ReactivePolicy, make_policy, static_cap_w
+from twin.scenario import build_plant
+
+pytestmark = pytest.mark.agent
+
+
+def test_the_static_cap_fits_a_full_rack_under_its_limit_with_the_agents_margin() -> None:
+    site = example_site()
+    cap = static_cap_w(site)
+    assert cap == np.floor((50_000.0 - 1_000.0 - 8_800.0) / 64)  # 628 W
+    assert 64 * cap + site.rack.host_overhead_w <= site.rack.power_limit_w - ControlConfig().rack_margin_w
+    plant = build_plant(full_load_scenario(60.0))
+    policy = make_policy("static-cap", plant.site)
+    policy.bind(plant)
+    assert np.all(plant.readings().racks[0].cards.power_limit_w == static_cap_w(plant.site))  # type: ignore[union-attr]
+
+
+def test_the_reactive_capper_caps_above_the_high_band_and_uncaps_below_the_low_band() -> None:
+    sc = full_load_scenario(300.0)
+    plant = build_plant(sc)
+    policy = ReactivePolicy(sc.site, 3.0)
+    policy.bind(plant)
+    limit = sc.site.rack.power_limit_w
+    powers: list[float] = []
+    policy.run(300.0, lambda: powers.append(float(plant.rack_power_w.max())))
+    assert powers[2] > limit  # it starts over (it only reacts to what it measured)
+    assert max(powers[60:]) <= limit  # then holds the racks under their limit
+    assert policy.stats.capping_actions > 0
+    # when the load goes away the limits come back up toward the card's maximum
+    plant2 = build_plant(full_load_scenario(60.0))
+    p2 = ReactivePolicy(plant2.site, 3.0)
+    p2.bind(plant2)
+    plant2.set_power_limits(np.arange(plant2.n_cards), 300.0)  # capped hard: far below the low band
+    p2.run(30.0, lambda: None)
+    lim = np.concatenate([r.cards.power_limit_w for r in plant2.readings().racks])  # type: ignore[union-attr]
+    assert lim.min() > 300.0
+
+
+def test_greedy_is_the_agents_controller_planning_greedily_and_racktwin_the_agents_defaults() -> None:
+    site = small_site(2)
+    greedy = make_policy("greedy", site)
+    agent = make_policy("racktwin", site)
+    assert isinstance(greedy, AgentPolicy) and isinstance(greedy.controller, GreedyController)
+    assert isinstance(agent, AgentPolicy) and type(agent.controller) is Controller
+    assert agent.controller.control == ControlConfig()
+    p = PricesConfig()
+    assert (agent.controller.prices.energy_price_per_kwh, agent.controller.prices.card_hour_value) == (
+        p.energy_per_kwh,
+        p.card_hour_value,
+    )
+    res = run_policy(full_load_scenario(120.0), "greedy")
+    assert res.stats.decisions > 0 and res.metrics["limit_violation_s"] == 0.0
