@@ -32,7 +32,12 @@ What a step does:
    racks) so that one bad rack never drags the whole site to its slowest levels.
 4. **Guard** (``agent.guard.Guard.review``): caps, dies, rate limits, fail-safe (see there).
 5. **Commit** (:meth:`Controller.commit`): what the next step must remember (pending placements,
-   the last set-point evaluation, fail-safe hold, the plan for warm starts).
+   the last set-point evaluation, fail-safe hold, the plan for warm starts, each job's level the
+   last time it computed).
+
+Decisions taken at once on job events (a job starts, ends, is requeued or resumes computing) use
+:meth:`Controller.propose_incremental` instead of step 3: the last plan adjusted without a solve (a
+few milliseconds), the guard doing the rest; the next periodic decision re-optimizes.
 
 :meth:`Controller.step` does 1-5. The service calls the pieces itself so that the solve runs in a
 worker thread under a deadline while the guard runs on the event loop: ``ctx = context(...)``,
@@ -64,7 +69,7 @@ from twin.estimate import Estimates
 from twin.spec import SiteSpec
 from twin.state import JobInfo, StateSnapshot
 from twin.thermal import ThermalParams
-from twin.workload import JobSpec, Phase
+from twin.workload import JobSpec, Phase, relative_throughput
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -135,6 +140,8 @@ class Controller:
         self._extra_w = np.zeros(n_r)
         self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
         self._solving = threading.Lock()
+        self._last: Decision | None = None
+        self._computing_level: dict[str, int] = {}  # each job's level the last time it computed
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig, *, planner: CyclePlanner | None = None) -> Controller:
@@ -150,10 +157,16 @@ class Controller:
         estimates: Estimates | None = None,
         *,
         use_solver: bool = True,
+        incremental: bool = False,
     ) -> Decision:
-        """Context, proposal, guard, commit: the decision to apply (see the module docstring)."""
+        """Context, proposal, guard, commit: the decision to apply (see the module docstring).
+        ``incremental=True``: the fast adjustment of the last plan made on job events
+        (:meth:`propose_incremental`)."""
         ctx = self.context(snap, now_s, estimates)
-        proposal = self.propose(snap, ctx, use_solver=use_solver)
+        if incremental:
+            proposal = self.propose_incremental(snap, ctx)
+        else:
+            proposal = self.propose(snap, ctx, use_solver=use_solver)
         decision = self.guard.review(proposal, snap, ctx)
         self.commit(decision, snap, ctx)
         return decision
@@ -265,6 +278,75 @@ class Controller:
             return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0)
         return self._decision(plan, p, snap, ctx, load, orders, notes, fs_card, time.perf_counter() - t0)
 
+    def propose_incremental(self, snap: StateSnapshot, ctx: StepContext) -> Decision:
+        """The last decision adjusted to job events, without a solve (a few ms; for decisions taken
+        at once when a job starts, ends or changes phase): every job that computes gets the level
+        it had the last time it computed (a new job: the top level), every pinned job its slowest
+        level (meeting its SLO), idle cards keep their state and freed cards sleep, queued jobs are
+        placed greedily; the set-point stays. The guard then slows the jobs of least value per
+        watt where a cap needs it. The next periodic decision re-optimizes everything."""
+        prev = self._last
+        if prev is None or prev.n_cards != self.site.n_cards:
+            return self.propose(snap, ctx, use_solver=False)
+        t0 = time.perf_counter()
+        site, cfg = self.site, self.control
+        slowest = site.card.n_levels - 1
+        fs_rack = np.zeros(site.n_racks, dtype=bool)
+        fs_rack[list(ctx.failsafe_racks)] = True
+        fs_card = fs_rack[self._card_rack]
+        queued_ids = {q.job_id for q in snap.queue}
+        pending = [(jid, c) for jid, (c, until) in self._pending.items() if until > ctx.now_s and jid in queued_ids]
+        load = site_load(site, snap, pending)
+        notes: list[str] = ["incremental: the last plan adjusted to job events"]
+        orders: list[PlacementOrder] = []
+        pending_ids = {jid for jid, _ in pending}
+        to_place = [q for q in snap.queue if q.job_id not in pending_ids]
+        if cfg.control_placement and to_place:
+            orders = self._place(load, snap, ctx, fs_card, to_place, notes, method="greedy")
+            if orders:
+                load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
+        level = np.full(site.n_cards, slowest, dtype=np.int64)
+        clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
+        for j in load.jobs:
+            if bool(fs_card[j.cards].any()):
+                continue
+            if j.computing:
+                level[j.cards] = self._computing_level.get(j.job_id, 0)
+            else:
+                rel = relative_throughput(j.spec.compute_share, clocks / clocks[0])
+                meets = np.flatnonzero(rel >= j.spec.min_throughput_frac - 1e-12)
+                level[j.cards] = int(meets.max()) if meets.size else 0
+        snap_lp = np.asarray(snap.card_low_power, dtype=bool)
+        was_idle = ~prev.card_busy & ~prev.card_failed
+        low = np.where(was_idle, prev.card_low_power, True)  # idle cards keep their state, freed ones sleep
+        low = np.where(fs_card, snap_lp, low) & ~load.busy
+        nan_r = np.full(site.n_racks, np.nan)
+        return Decision(
+            cycle=ctx.cycle,
+            time_s=ctx.now_s,
+            card_level=level,
+            card_low_power=low,
+            card_power_limit_w=np.full(site.n_cards, site.card.power_limit_w),
+            card_failed=np.asarray(snap.card_failed, dtype=bool),
+            card_busy=load.busy,
+            supply_temp_c=prev.supply_temp_c,
+            placements=tuple(orders),
+            status="incremental",
+            plan_status=prev.plan_status,
+            source="incremental",
+            solve_time_s=time.perf_counter() - t0,
+            failsafe_racks=ctx.failsafe_racks,
+            rack_cap_w=site.rack_power_limits_w() - cfg.rack_margin_w,
+            predicted_rack_power_w=nan_r,
+            budget_rack_power_w=nan_r.copy(),
+            predicted_rack_max_die_c=nan_r.copy(),
+            predicted_it_power_w=math.nan,
+            predicted_facility_power_w=math.nan,
+            predicted_pue=math.nan,
+            max_power_limit_w=site.card.power_limit_w,
+            explanation=tuple(notes),
+        )
+
     def _problem(self, load: SiteLoad, snap: StateSnapshot, ctx: StepContext, fs_card: BoolArray) -> CycleProblem:
         site, cfg = self.site, self.control
         jobs: list[JobSpec] = []
@@ -365,6 +447,7 @@ class Controller:
         fs_card: BoolArray,
         queue: Sequence[JobInfo],
         notes: list[str],
+        method: str | None = None,
     ) -> list[PlacementOrder]:
         site, cfg = self.site, self.control
         fits = [q for q in queue if 0 < q.n_cards <= site.n_cards]
@@ -381,7 +464,8 @@ class Controller:
             # free cards of fail-safe racks are not offered (nothing is placed on racks we cannot see)
             p0 = dataclasses.replace(p0, failed=p0.failed | fs_card)
             pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c)
-            placement = place_jobs(pp, method=cfg.placement_method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
+            how = method if method is not None else cfg.placement_method
+            placement = place_jobs(pp, method=how, time_limit_s=min(1.0, ctx.solver_time_limit_s))
         except ProblemError as exc:
             notes.append(f"placement skipped: {exc}")
             return []
@@ -521,14 +605,22 @@ class Controller:
         self._cycle = max(self._cycle, ctx.cycle) + 1
         if decision.plan is not None:
             self._prev_plan = decision.plan
-        if ctx.choose_setpoint:
+        self._last = decision
+        running = {j.job_id: j for j in snap.jobs}
+        fs_card = np.isin(self._card_rack, np.asarray(decision.failsafe_racks, dtype=np.int64))
+        levels = {jid: lv for jid, lv in self._computing_level.items() if jid in running}
+        for jid, lv in decision.job_levels.items():
+            info = running.get(jid)
+            if info is not None and info.phase == Phase.COMPUTE and not fs_card[list(info.cards)].any():
+                levels[jid] = lv  # (a fail-safe rack's jobs run slow for safety, not by choice)
+        self._computing_level = levels
+        if decision.choose_setpoint:
             self._last_setpoint_eval_s = now
         self._setpoint_c = decision.supply_temp_c
         # a new dict, bound at once: a late solve in a worker thread may be reading the old one
         pending = dict(self._pending)
         for o in decision.placements:
             pending[o.job_id] = (o.cards, now + cfg.command_ttl_s)
-        running = {j.job_id for j in snap.jobs}
         self._pending = {k: v for k, v in pending.items() if v[1] > now and k not in running}
         for r in (*ctx.stale_racks, *ctx.stuck_racks):
             self._failsafe_until[r] = now + cfg.failsafe_hold_s

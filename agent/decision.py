@@ -26,8 +26,9 @@ BoolArray = npt.NDArray[np.bool_]
 __all__ = ["Decision", "PlacementOrder", "StepContext"]
 
 #: Decision statuses, worst first: a rack at fail-safe caps, no plan meets the caps, the greedy
-#: plan, a MILP plan stopped at its time limit, an optimal MILP plan.
-STATUSES = ("failsafe", "infeasible", "fallback", "feasible", "optimal")
+#: plan, a MILP plan stopped at its time limit, the last plan adjusted to job events without a
+#: solve, an optimal MILP plan.
+STATUSES = ("failsafe", "infeasible", "fallback", "feasible", "incremental", "optimal")
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Decision:
     placements: tuple[PlacementOrder, ...]
     status: str  # see STATUSES
     plan_status: str  # the models' SolveStatus value
-    source: str  # "milp", "greedy" or "hold"
+    source: str  # "milp", "greedy", "incremental" or "hold"
     solve_time_s: float
     failsafe_racks: tuple[int, ...]
     rack_cap_w: FloatArray  # limit - margin

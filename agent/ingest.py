@@ -12,7 +12,9 @@
 * acks and applied states are handed to the caller (``on_ack``) and kept (``applied_level``);
 * every message's timestamp drives the :class:`agent.clock.SiteClock`.
 
-What a round adds is also returned by :meth:`flush` for the estimator.
+What a flush folds in is also returned; :class:`RoundMerger` merges those partial readings into one
+:class:`twin.readings.Readings` per telemetry timestamp for the estimator (which costs the same
+whether it is given one rack or all of them).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from twin.workload import Phase
 
 IntArray = npt.NDArray[np.int64]
 
-__all__ = ["Ingest", "IngestStats"]
+__all__ = ["Ingest", "IngestStats", "RoundMerger"]
 
 log = logging.getLogger("racktwin.agent.ingest")
 
@@ -238,3 +240,47 @@ class Ingest:
         self.state.update(readings)
         self.stats.rounds += 1
         return readings
+
+
+class RoundMerger:
+    """Merges partial readings (what :meth:`Ingest.flush` returns) into one :class:`Readings` per
+    timestamp: a round is complete when readings stamped later arrive (or after ``max_pending``
+    timestamps). :meth:`add` returns the rounds completed, oldest first."""
+
+    def __init__(self, max_pending: int = 4) -> None:
+        self.max_pending = max_pending
+        self._rounds: dict[float, tuple[dict[int, RackReading], list[FacilityReading]]] = {}
+
+    def add(self, readings: Readings) -> list[Readings]:
+        for rr in readings.racks:
+            racks, _fac = self._rounds.setdefault(rr.time_s, ({}, []))
+            old = racks.get(rr.rack)
+            if old is None:
+                racks[rr.rack] = rr
+            else:
+                racks[rr.rack] = RackReading(
+                    rack=rr.rack,
+                    time_s=rr.time_s,
+                    cards=rr.cards if rr.cards is not None else old.cards,
+                    loop=rr.loop if rr.loop is not None else old.loop,
+                    pdu=rr.pdu if rr.pdu is not None else old.pdu,
+                )
+        if readings.facility is not None:
+            self._rounds.setdefault(readings.facility.time_s, ({}, []))[1].append(readings.facility)
+        if not self._rounds:
+            return []
+        newest = max(self._rounds)
+        done = sorted(t for t in self._rounds if t < newest)
+        while len(self._rounds) - len(done) > self.max_pending:  # pragma: no cover - defensive
+            done.append(min(t for t in self._rounds if t not in done))
+        out = []
+        for t in done:
+            racks, fac = self._rounds.pop(t)
+            out.append(
+                Readings(
+                    time_s=t,
+                    racks=tuple(racks[r] for r in sorted(racks)),
+                    facility=fac[-1] if fac else None,
+                )
+            )
+        return out

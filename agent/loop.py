@@ -6,7 +6,8 @@
   reported, not raised.
 * :class:`ClosedLoop` runs plant -> readings -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step``
   -> ``apply_to_plant``: a decision every ``period_s`` of plant time and, like the service, at once
-  (at most every ``min_replan_interval_s``) when a job starts, ends or resumes computing::
+  (at most every ``min_replan_interval_s``; the incremental adjustment, no solve) when a job starts,
+  ends or resumes computing::
 
       loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15)))
       loop.run(3600)                    # one hour of plant time, 1 s steps
@@ -143,11 +144,12 @@ class ClosedLoop:
             self.estimator.update(readings)
         return self.replan and any(_resumes(e) for e in events)
 
-    def decide(self) -> Decision:
-        """One decision now, applied to the plant."""
+    def decide(self, *, incremental: bool = False) -> Decision:
+        """One decision now, applied to the plant (``incremental``: the fast adjustment made on job
+        events, as the service does)."""
         t = self.plant.time_s
         est = self.estimator.estimates() if self.estimator is not None else None
-        decision = self.controller.step(self.state.snapshot(), t, est)
+        decision = self.controller.step(self.state.snapshot(), t, est, incremental=incremental)
         report = apply_to_plant(decision, self.plant)
         self.decisions += 1
         self.last_decision = decision
@@ -167,7 +169,7 @@ class ClosedLoop:
                 self.decide()
                 self._next_s = max(self._next_s + self.period_s, t + 1e-9)
             elif urgent and t - self._last_s >= min_gap:
-                self.decide()
+                self.decide(incremental=True)
             self.plant.step(min(dt_s, end - self.plant.time_s))
             if self.on_step is not None:
                 self.on_step(self.plant)

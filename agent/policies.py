@@ -251,8 +251,9 @@ class GreedyController(Controller):
         estimates: Estimates | None = None,
         *,
         use_solver: bool = True,
+        incremental: bool = False,
     ) -> Decision:
-        return super().step(snap, now_s, estimates, use_solver=False)
+        return super().step(snap, now_s, estimates, use_solver=False, incremental=incremental)
 
 
 class AgentPolicy(Policy):

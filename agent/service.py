@@ -49,7 +49,7 @@ from agent.clock import SiteClock
 from agent.config import BrokerConfig, LoadedConfig
 from agent.controller import Controller
 from agent.decision import Decision
-from agent.ingest import Ingest
+from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
 from agent.metrics import AgentMetrics, serve_http
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
@@ -58,7 +58,7 @@ from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
 from twin.workload import JobSpec, Phase
 
-__all__ = ["VERSION", "AgentService", "mqtt_options", "run"]
+__all__ = ["VERSION", "AgentService", "isolate_solver_output", "mqtt_options", "run"]
 
 log = logging.getLogger("racktwin.agent")
 
@@ -80,6 +80,25 @@ _ANOMALY_INTERVAL_S = 10.0
 
 class _Shutdown(Exception):
     """Raised inside the task group to stop the other tasks after a clean shutdown."""
+
+
+def isolate_solver_output() -> None:
+    """Stop pyomo's HiGHS interface from redirecting the process's stdout/stderr file descriptors
+    around every solve (``capture_output(capture_fd=True)`` in ``pyomo.contrib.solver.solvers.highs``).
+
+    That redirection is process-wide: with the solve in a worker thread, every log line the event
+    loop writes meanwhile goes into pyomo's capture and is lost, and a process stopping mid-solve
+    crashes pyomo's reader thread. The models run HiGHS with ``output_flag=False``, so there is
+    nothing to capture but the banner a new HiGHS instance prints on stdout (the service does not
+    use stdout; ``run`` sends it to /dev/null).
+    """
+    import pyomo.contrib.solver.solvers.highs as pyomo_highs
+
+    @contextlib.contextmanager
+    def _no_capture(*_args: Any, **_kwargs: Any) -> Any:
+        yield None
+
+    pyomo_highs.capture_output = _no_capture
 
 
 def mqtt_options(broker: BrokerConfig) -> MqttOptions:
@@ -154,6 +173,10 @@ class AgentService:
         self._replan = asyncio.Event()
         self._replan_wall = 0.0
         self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
+        self._merger = RoundMerger()
+        self._card_gauges: list[Any] | None = None
+        self._last_cycle_wall_s = 0.0
+        self._last_cycle_end_wall = 0.0
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
         self._solve_future: asyncio.Future[Decision] | None = None
         self._first_send: dict[str, float] = {}
@@ -181,6 +204,7 @@ class AgentService:
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or until a task fails)."""
+        isolate_solver_output()
         listen = self._http_listen
         if listen is None and self.config.http.port:
             listen = (self.config.http.host, self.config.http.port)
@@ -349,11 +373,12 @@ class AgentService:
         r = self.ingest.flush()
         if r is None:
             return
-        if self._rounds.full():
-            with contextlib.suppress(asyncio.QueueEmpty):
-                self._rounds.get_nowait()
-                self.rounds_dropped += 1
-        self._rounds.put_nowait(r)
+        for whole in self._merger.add(r):  # the estimator gets whole telemetry rounds
+            if self._rounds.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    self._rounds.get_nowait()
+                    self.rounds_dropped += 1
+            self._rounds.put_nowait(whole)
 
     def _on_event(self, ev: JobEvent) -> None:
         if self.config.control.replan_on_job_events and _resumes(ev):
@@ -464,6 +489,13 @@ class AgentService:
             if not reached:
                 self._replan.clear()
                 trigger = self._replan_wall
+                # load shedding: decisions on job events take at most half the wall time
+                rest = self._last_cycle_end_wall + self._last_cycle_wall_s - time.monotonic()
+                if rest > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), rest)
+                    if self._stop.is_set():
+                        break
                 now = self.clock.now() or next_t
                 if now - last_cycle < cfg.min_replan_interval_s:
                     reached = await self.clock.wait_until(min(next_t, last_cycle + cfg.min_replan_interval_s))
@@ -473,14 +505,18 @@ class AgentService:
             else:  # the message that crossed the period boundary (or now, when the clock got there alone)
                 trigger = self.clock.target_reached_wall or time.monotonic()
             now = self.clock.now() or next_t
-            await self._cycle(now, trigger)
+            t0 = time.monotonic()
+            await self._cycle(now, trigger, incremental=not reached)
+            self._last_cycle_end_wall = time.monotonic()
+            if not reached:
+                self._last_cycle_wall_s = self._last_cycle_end_wall - t0
             last_cycle = now
             if reached:
                 next_t += cfg.period_s
                 if next_t <= now:  # fell behind by more than a period: decide again one period from now
                     next_t = now + cfg.period_s
 
-    async def _cycle(self, now: float, trigger_wall: float) -> None:
+    async def _cycle(self, now: float, trigger_wall: float, *, incremental: bool = False) -> None:
         cfg = self.config.control
         snap = self.state.snapshot()
         est = self.estimator.estimates()
@@ -489,7 +525,9 @@ class AgentService:
         ctx = self.controller.context(snap, now, est, time_limit_s=limit)
         proposal: Decision | None = None
         note = ""
-        if self._solve_future is None or self._solve_future.done():
+        if incremental:  # on a job event: the last plan adjusted, no solve (a few ms, on the loop)
+            proposal = self.controller.propose_incremental(snap, ctx)
+        elif self._solve_future is None or self._solve_future.done():
             loop = asyncio.get_running_loop()
             fut = loop.run_in_executor(self._executor, functools.partial(self.controller.propose, snap, ctx))
             try:
@@ -614,11 +652,16 @@ class AgentService:
             if math.isfinite(rack_max[r]):
                 m.rack_max_die_temperature_celsius.labels(rack=name).set(float(rack_max[r]))
         if m.per_card_temperatures:
-            cpr = site.cards_per_rack
-            names = site.rack_names
-            for c in np.flatnonzero(np.isfinite(die)):
-                r = int(c) // cpr
-                m.card_die_temperature_celsius.labels(rack=names[r], card=str(int(c) - r * cpr)).set(float(die[c]))
+            if self._card_gauges is None:
+                cpr = site.cards_per_rack
+                names = site.rack_names
+                self._card_gauges = [
+                    m.card_die_temperature_celsius.labels(rack=names[c // cpr], card=str(c % cpr))
+                    for c in range(site.n_cards)
+                ]
+            gauges = self._card_gauges
+            for c in np.flatnonzero(np.isfinite(die)).tolist():
+                gauges[c].set(float(die[c]))
         fac = st.facility
         if fac is not None:
             m.it_power_watts.set(fac.it_power_w)
@@ -653,8 +696,16 @@ class AgentService:
 
 async def run(loaded: LoadedConfig, *, mqtt: MqttOptions | None = None) -> None:
     """Run the service until SIGTERM or SIGINT (clean shutdown)."""
+    import os
     import signal
+    import sys
 
+    # the service writes nothing to stdout; native libraries' banners (HiGHS) go nowhere
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
     service = AgentService(loaded, mqtt=mqtt)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
