@@ -179,7 +179,7 @@ class AgentService:
         self._last_cycle_end_wall = 0.0
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
         self._solve_future: asyncio.Future[Decision] | None = None
-        self._first_send: dict[str, float] = {}
+        self._first_send: dict[str, tuple[float, str]] = {}
         self._journal_error: str | None = None
         self._jobs_hash = ""
         self._seen_rejections: dict[str, int] = {}
@@ -187,6 +187,8 @@ class AgentService:
         self._anomalies: set[tuple[str, int, int | None]] = set()
         #: wall seconds from the message that triggered a decision to its first command (or advice) sent
         self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
+        #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
+        self.latency_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
         self.decisions = 0
         self.last_decision: Decision | None = None
         self.rounds_dropped = 0
@@ -407,14 +409,15 @@ class AgentService:
         self.metrics.commands_total.labels(result="retried" if retry else "sent").inc()
         trigger = self._first_send.pop(oc.command_id, None)
         if trigger is not None:
-            self._observe_latency(trigger)
+            self._observe_latency(*trigger)
 
     def _on_closed(self, oc: OpenCommand, why: str) -> None:
         self.metrics.commands_total.labels(result=why).inc()
 
-    def _observe_latency(self, trigger_wall: float) -> None:
+    def _observe_latency(self, trigger_wall: float, kind: str) -> None:
         lat = time.monotonic() - trigger_wall
         self.latencies_s.append(lat)
+        self.latency_kinds.append(kind)
         self.metrics.decision_latency_seconds.observe(lat)
 
     # ================================================================================================
@@ -548,10 +551,10 @@ class AgentService:
         self.controller.commit(decision, snap, ctx)
         self.last_decision = decision
         self.decisions += 1
-        await self._act(decision, snap, now, trigger_wall)
+        await self._act(decision, snap, now, trigger_wall, "event" if incremental else "period")
         self._update_decision_metrics(decision)
 
-    async def _act(self, decision: Decision, snap: StateSnapshot, now: float, trigger_wall: float) -> None:
+    async def _act(self, decision: Decision, snap: StateSnapshot, now: float, trigger_wall: float, kind: str) -> None:
         enforce = self.mode == "enforce"
         commands = self.book.commands(decision, snap, self.ingest.applied_level, now) if enforce else []
         summary = decision.summary(self.site.rack_names)
@@ -578,13 +581,13 @@ class AgentService:
             return
         if enforce:
             if commands:
-                self._first_send[commands[0].command_id] = trigger_wall
+                self._first_send[commands[0].command_id] = (trigger_wall, kind)
                 self.publisher.submit(commands)
         else:
             advice = self.book.advice(decision, snap, self.ingest.applied_level, now)
             try:
                 await self.bus.send(self.codec.outgoing(advice), timeout_s=5.0)
-                self._observe_latency(trigger_wall)
+                self._observe_latency(trigger_wall, kind)
             except BusError as exc:
                 log.warning("advice not published: %s", exc)
         log.info(
