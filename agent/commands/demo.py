@@ -338,7 +338,7 @@ async def run_closed_loop(
         agent_error = repr(agent_task.exception())
     elif not agent_task.done():
         agent_error = "the agent did not stop within 15 s"
-    journal = _journal_decisions(out_dir / "journal.sqlite", site)
+    journal = _journal_decisions(out_dir / "journal.sqlite", site, control.period_s)
     sim_summary: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         sim_summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
@@ -369,8 +369,10 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _journal_decisions(path: Path, site: Any) -> dict[str, Any]:
-    """Statuses, fail-safe entries and fallbacks of the decisions the agent journaled."""
+def _journal_decisions(path: Path, site: Any, judge_from_s: float) -> dict[str, Any]:
+    """Statuses, fail-safe entries and fallbacks of the decisions the agent journaled. Fail-safe
+    entries count from ``judge_from_s`` after the first decision on (the agent starts with no
+    telemetry, so its very first decisions may hold every rack at fail-safe caps)."""
     import sqlite3
 
     out: dict[str, Any] = {
@@ -399,11 +401,14 @@ def _journal_decisions(path: Path, site: Any) -> dict[str, Any]:
         if d.get("plan_status") not in ("optimal", "feasible"):
             out["fallbacks"] += 1
         fs = set(d.get("failsafe_racks", []))
+        if float(t) - t0 < judge_from_s:
+            prev = fs
+            continue
         out["failsafe_entries"] += len(fs - prev)
         for r in sorted(fs - prev):
             if r not in out["failsafe_racks"]:
                 out["failsafe_racks"].append(r)
-        if fs and math.isnan(out["first_failsafe_s"]):
+        if fs - prev and math.isnan(out["first_failsafe_s"]):
             out["first_failsafe_s"] = float(t) - t0
         prev = fs
     return out
