@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.commands.common import EXAMPLES_DIR, UserError, print_json
+from agent.commands.evaluate import stdout_to_stderr
 
 DEFAULT_SCENARIO = EXAMPLES_DIR / "day-demo.toml"
 DEFAULT_MINUTES = 75.0
@@ -129,7 +130,10 @@ def run(args: argparse.Namespace, command: str) -> int:
         _say(f"embedded {broker.backend} broker at {url}")
     t0 = time.monotonic()
     try:
-        res = asyncio.run(_demo(args, scenario, path, url, out_dir))
+        with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
+            res = asyncio.run(_demo(args, scenario, path, url, out_dir))
+            _say("the same run without the agent (in-process plant, same scenario and seed) ...")
+            base_m = _baseline(dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0))
     finally:
         if broker is not None:
             broker.stop()
@@ -147,9 +151,6 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise UserError("the simulator stopped before its first second of site time (see the messages above)")
     if ran_s < duration_s - 1.0:
         _say(f"partial run ({stopped_by}): {ran_s / 60:.1f} of {args.minutes:g} site minutes")
-        scenario = dataclasses.replace(scenario, duration_s=ran_s)
-    _say(f"the same {ran_s / 60:.0f} site minutes without the agent (in-process plant, same scenario and seed) ...")
-    base_m = _baseline(scenario)
     summary = {"agent": agent_m, "baseline": base_m}
     (out_dir / "demo-summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     if args.json:
@@ -553,7 +554,7 @@ def _format(summary: dict[str, dict[str, float]], scenario: Any, ran_s: float, w
     lines = [
         f"racktwin demo: {scenario.name}, {ran_s / 60:.0f} site minutes in {wall_s:.0f} s wall "
         f"(agent: {stats.get('decisions', 0)} decisions)",
-        f"{'':20}{'with agent':>14}{'without':>14}{'change':>10}",
+        f"{'':28}{'with agent':>12}{'without':>12}{'change':>9}",
     ]
     for label, key, unit, scale, fmt in rows:
         va, vb = a[key] / scale, b[key] / scale
@@ -562,10 +563,11 @@ def _format(summary: dict[str, dict[str, float]], scenario: Any, ran_s: float, w
             change = f"{100.0 * (va / vb - 1.0):+.1f}%"
         sa = fmt.format(va) if math.isfinite(va) else "-"
         sb = fmt.format(vb) if math.isfinite(vb) else "-"
-        lines.append(f"{label + (' (' + unit + ')' if unit else ''):20}{sa:>14}{sb:>14}{change:>10}")
+        lines.append(f"{label + (' (' + unit + ')' if unit else ''):28}{sa:>12}{sb:>12}{change:>9}")
     lines.append(
         "throughput: top-clock-equivalent cards of training (work done); 'without': every card at its top clock, "
-        "no idle management, fixed set-point, the plant's own scheduler (same scenario and seed, in process); "
-        "over a limit: true rack power, after the first control period."
+        "no idle management, fixed set-point, the plant's own scheduler (same scenario and seed, in process) -- "
+        "it runs racks over their limits, which the agent may not; over a limit: true rack power, after the first "
+        "control period."
     )
     return "\n".join(lines)

@@ -11,11 +11,14 @@ Documentation: docs/evaluation.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
+import os
 import sys
 import time
+from collections.abc import Iterator
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -140,7 +143,8 @@ def run(args: argparse.Namespace, command: str) -> int:
             flush=True,
         )
     try:
-        ev = evaluate(scenario, policies, jobs=jobs, sample_s=args.sample_s, progress=progress)
+        with stdout_to_stderr():
+            ev = evaluate(scenario, policies, jobs=jobs, sample_s=args.sample_s, progress=progress)
     except EvaluationError as exc:
         raise _fail(str(exc).splitlines()[0] + " (see the traceback above)") from exc
     write_outputs(ev, out_dir)
@@ -156,6 +160,21 @@ def run(args: argparse.Namespace, command: str) -> int:
     else:
         print(format_table(ev))
     return 0
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr for a while: C libraries (the HiGHS banner) write there
+    directly, and stdout must carry only the table or the one JSON object."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _hms(t_s: float) -> str:

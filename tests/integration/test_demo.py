@@ -50,7 +50,7 @@ def test_demo_runs_without_mosquitto_and_prints_both_summaries(tmp_path: Path) -
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "embedded amqtt broker" in err
-    obj = json.loads(out.strip().splitlines()[-1])
+    obj = json.loads(out)  # stdout carries only the JSON object
     assert set(obj) == {"agent", "baseline"}
     for m in obj.values():
         assert set(m) >= KEYS
@@ -72,7 +72,7 @@ def test_ctrl_c_stops_everything_and_prints_a_partial_summary(tmp_path: Path) ->
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "partial run" in err
-    obj = json.loads(out.strip().splitlines()[-1])
+    obj = json.loads(out)  # stdout carries only the JSON object
     assert set(obj) == {"agent", "baseline"} and obj["agent"]["it_energy_kwh"] > 0
     # the simulator child is gone too
     assert not any(
