@@ -3,12 +3,19 @@
 # test suite, plus ruff and mypy. Extra arguments go to pytest (e.g. -m unit, -k thermal).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
-    echo "== installing mosquitto (Debian package) for the integration tests"
+# Debian packages the tests use: mosquitto (+ mosquitto_passwd) for the integration tests,
+# mosquitto-clients for the broker-ceiling benchmarks, openssl to make TLS test certificates.
+missing=""
+{ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || missing="$missing mosquitto"
+command -v mosquitto_sub >/dev/null 2>&1 || missing="$missing mosquitto-clients"
+command -v openssl >/dev/null 2>&1 || missing="$missing openssl"
+if [ -n "$missing" ]; then
+    echo "== installing Debian packages:$missing"
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mosquitto mosquitto-clients >/dev/null
+    # shellcheck disable=SC2086 # word splitting of the package list is intended
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 bash scripts/setup-env.sh "test,broker"
 echo "== ruff"

@@ -82,3 +82,16 @@ def test_fit_refuses_too_few_clocks_and_nan() -> None:
         fit_power(np.array([1000.0, 1000.0, 1200.0]), np.array([300.0, 301.0, 350.0]))
     with pytest.raises(FitError, match="non-finite"):
         fit_power(np.array([900.0, 1000.0, 1100.0, 1200.0]), np.array([300.0, np.nan, 340.0, 350.0]))
+
+
+def test_perseus_derived_example_csv_reproduces_the_holdout_check() -> None:
+    """The committed derivative examples/sweep-perseus.csv (average power per clock of the Perseus
+    file) supports the same check where ../shared is not beside the checkout."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "sweep-perseus.csv"
+    rows = [line.split(",") for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    header, data = rows[0], np.array([[float(x) for x in r] for r in rows[1:]])
+    f, p = data[:, header.index("clock_mhz")], data[:, header.index("power_w")]
+    assert f.size == 38
+    fit = fit_power(f[::2], p[::2])
+    mape = float(np.mean(np.abs(fit.predict_w(f[1::2]) - p[1::2]) / p[1::2]))
+    assert mape < 0.05
