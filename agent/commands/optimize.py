@@ -649,9 +649,9 @@ def _write_report(
     ax.axhline(float(p.rack_cap_w().max()) / 1e3, color="red", lw=0.8, ls="--", label="limit - margin")
     ax.set_ylabel("rack power (kW)")
     ax.set_xticks(x[:: max(1, site.n_racks // 32)], [names[i] for i in x[:: max(1, site.n_racks // 32)]], fontsize=7)
-    lo = float(min(base["rack_power_w"].min(), judged["rack_power_w"].min() if judged else 1e9)) / 1e3
-    ax.set_ylim(max(0.0, lo - 5.0), float(max(base["rack_power_w"].max(), p.rack_limit_w.max())) / 1e3 + 2.0)
-    ax.legend(fontsize=7, ncol=5, loc="lower right")
+    ax.set_ylim(0.0, float(max(base["rack_power_w"].max(), p.rack_limit_w.max())) / 1e3 + 2.0)
+    # above the axes, so that it never hides a bar
+    ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     imgs.append(("Rack power vs limit (twin steady state)", png_base64(fig)))
     plt.close(fig)
 
