@@ -13,8 +13,11 @@ What a step does:
 1. **Context** (:meth:`Controller.context`): site time; racks whose telemetry is stale or has a stuck
    sensor (fail-safe, held ``failsafe_hold_s`` after they recover); the set-point in force, ambient,
    each rack's measured supply; every card's die-to-inlet resistance (the estimator's calibration
-   where it is confident, the journal's after a restart, else the spec); per rack, PDU power the
-   twin does not explain (host overhead above the spec), smoothed and subtracted from the cap.
+   where it is confident, the journal's after a restart, else the spec); every card's measured die
+   offset (``agent.offsets.DieOffsetFilter``: the twin's persistent error from settled readings,
+   no transients; computed once here and used by both the planner and the guard); per rack, PDU
+   power the twin does not explain (host overhead above the spec), smoothed and subtracted from
+   the cap.
 2. **Placement** of queued jobs (``models.placement.place_jobs``) onto free, healthy cards of racks
    with fresh telemetry; placed jobs are budgeted from this step on and not placed twice.
 3. **Plan** (``models.solve.CyclePlanner``: DVFS + low-power idle + set-point MILP with the greedy
@@ -48,6 +51,7 @@ fallback when the thread is late), ``decision = guard.review(proposal, snap, ctx
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import threading
@@ -61,6 +65,7 @@ from agent.config import ControlConfig, LoadedConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
 from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
+from agent.offsets import DieOffsetFilter
 from models.placement import QueuedJob, make_placement_problem, place_jobs
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tables, make_problem
@@ -84,6 +89,12 @@ _PINNED_PRIORITY = 1e-9
 _UNBOUNDED_W = 1e12
 #: Calibration is used once the estimator's resistance ratio is this certain (standard deviation).
 _CALIBRATION_SD = 0.05
+#: A card's calibrated resistance is the largest confident estimate of this long (site s): the
+#: estimator runs the spec's thermal time constants, so a fouled plate (slower than the spec) reads
+#: ~10% low for the minute or so it warms up after a resume (and ~10% high while it cools); such a dip
+#: must not speed a hot card up (a fouled plate does not heal in minutes). About one warm-up of a
+#: fouled plate (a few of its ~20 s slow time constants).
+_CALIBRATION_HOLD_S = 120.0
 #: Calibrated resistances are kept within these multiples of the spec's (a cooler-than-spec card is
 #: believed only a little: underestimating a die is the dangerous direction).
 _CALIBRATION_RANGE = (0.9, 3.0)
@@ -131,6 +142,7 @@ class Controller:
         self._r_spec = spec_r_total_k_per_w(site)
         self._r_journal = np.full(n, np.nan)
         self._r_est = np.full(n, np.nan)
+        self._r_hist: collections.deque[tuple[float, FloatArray]] = collections.deque()
         self._leak_scale = np.full(n, np.nan)
         self._cycle = 0
         self._prev_plan: CyclePlan | None = None
@@ -142,6 +154,7 @@ class Controller:
         self._solving = threading.Lock()
         self._last: Decision | None = None
         self._computing_level: dict[str, int] = {}  # each job's level the last time it computed
+        self.offsets = DieOffsetFilter(site)  # measured die offsets, updated once per step (context)
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig, *, planner: CyclePlanner | None = None) -> Controller:
@@ -200,6 +213,10 @@ class Controller:
         supply = np.where(np.isfinite(supply), supply, setpoint)
         choose = cfg.control_setpoint and now - self._last_setpoint_eval_s >= cfg.setpoint_interval_s
         limit = cfg.solve_deadline_s if time_limit_s is None else min(cfg.solve_deadline_s, time_limit_s)
+        inlet = supply[self._card_rack]
+        r_total = self.r_total_k_per_w()
+        # once per step, for the planner and the guard alike (persistent model error, no transients)
+        offsets = self.offsets.update(snap, site_load(site, snap), inlet, r_total, now)
         return StepContext(
             now_s=now,
             cycle=self._cycle,
@@ -208,8 +225,9 @@ class Controller:
             failsafe_racks=tuple(sorted(bad | held)),
             setpoint_c=setpoint,
             ambient_c=min(max(ambient, -60.0), 60.0),
-            card_inlet_c=supply[self._card_rack],
-            r_total_k_per_w=self.r_total_k_per_w(),
+            card_inlet_c=inlet,
+            r_total_k_per_w=r_total,
+            die_offset_k=offsets,
             rack_extra_w=np.maximum(self._extra_w - _EXTRA_DEADBAND_W, 0.0),
             choose_setpoint=choose,
             solver_time_limit_s=max(limit, 0.005),
@@ -217,9 +235,17 @@ class Controller:
 
     # ---- calibration ------------------------------------------------------------------------------
     def update_calibration(self, est: Estimates) -> None:
-        """Take the estimator's die-to-inlet resistances where it is confident."""
+        """Take the estimator's die-to-inlet resistances where it is confident: per card the
+        largest confident estimate of the last ``_CALIBRATION_HOLD_S`` (a transient dip is not believed)."""
         ok = np.isfinite(est.r_th_k_per_w) & (est.r_ratio_sd < _CALIBRATION_SD)
-        self._r_est = np.where(ok, est.r_th_k_per_w, np.nan)
+        r_now = np.asarray(np.where(ok, est.r_th_k_per_w, np.nan), dtype=np.float64)
+        t = float(est.time_s) if math.isfinite(est.time_s) else (self._r_hist[-1][0] if self._r_hist else 0.0)
+        while self._r_hist and self._r_hist[-1][0] > t:  # the site clock stepped back
+            self._r_hist.pop()
+        self._r_hist.append((t, r_now))
+        while self._r_hist[0][0] < t - _CALIBRATION_HOLD_S:
+            self._r_hist.popleft()
+        self._r_est = np.asarray(np.fmax.reduce([r for _t, r in self._r_hist]), dtype=np.float64)
         self._leak_scale = np.where(ok, est.leakage_scale, self._leak_scale)
 
     def load_calibration(self, cards: IntArray, r_th_k_per_w: FloatArray, leak_scale: FloatArray) -> None:
@@ -382,7 +408,7 @@ class Controller:
             job_phase=[Phase.COMPUTE] * len(jobs),
             failed=failed,
             die_temp_c=die,
-            current_level=np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, site.card.n_levels - 1),
+            die_offset_k=ctx.die_offset_k,
             thermal=thermal,
             ambient_c=ctx.ambient_c,
             supply_temp_c=ctx.setpoint_c,

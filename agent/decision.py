@@ -53,6 +53,7 @@ class StepContext:
     ambient_c: float
     card_inlet_c: FloatArray  # per card: its rack's measured supply (set-point where unknown)
     r_total_k_per_w: FloatArray  # per card: die-to-inlet resistance (calibrated where confident)
+    die_offset_k: FloatArray  # per card: measured persistent die excess over the twin (agent.offsets), >= 0
     rack_extra_w: FloatArray  # per rack: measured power the twin does not explain (>= 0)
     choose_setpoint: bool  # the set-point is re-optimized this step
     solver_time_limit_s: float  # wall seconds the solve may take

@@ -19,7 +19,9 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    slowest level. Caps are never raised and idle cards never woken on stale data.
 4. **Caps**: the twin predicts every card's power with every busy card *computing* at its level
    (a job in a stall or a checkpoint may resume at any moment) and its die at the warmer of the
-   rack's measured supply and the new set-point. While a rack is over ``limit - margin - extra``, the
+   rack's measured supply and the new set-point, plus the card's measured die offset
+   (``StepContext.die_offset_k``: the twin's persistent error, never a transient, ``agent.offsets``;
+   the same array the planner used). While a rack is over ``limit - margin - extra``, the
    job of that rack whose next slower level gives up the least value per watt saved steps down;
    then awake idle cards go to low-power idle; if the rack is still over (its jobs all at the
    slowest level), every card of the rack gets the fail-safe power limit, which holds by construction.
@@ -40,7 +42,7 @@ import numpy.typing as npt
 
 from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder, StepContext
-from agent.load import SiteLoad, die_offsets_k, job_value_per_h, predict, site_load
+from agent.load import SiteLoad, job_value_per_h, predict, site_load
 from twin.cooling import facility_cooling
 from twin.power import PowerModel
 from twin.spec import SiteSpec
@@ -153,7 +155,7 @@ class Guard:
 
         # ---- 4. caps ----------------------------------------------------------------------------------
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
-        off = die_offsets_k(site, snap, load, ctx.card_inlet_c, ctx.r_total_k_per_w)
+        off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
         table = self._power_table(load, inlet, ctx.r_total_k_per_w, off)
         lp_w = self._low_power_w(inlet, ctx.r_total_k_per_w, off)
         caps = rack_caps_w(site, cfg, ctx.rack_extra_w)
@@ -392,7 +394,7 @@ class Guard:
             d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
             still = j.cards[d > die_limit + 1e-9]
             if still.size:
-                allowed = (die_limit - inlet[still] - off[still]) / r_total[still]
+                allowed = np.floor((die_limit - inlet[still] - off[still]) / r_total[still])  # whole watts, down
                 lim[still] = np.clip(np.minimum(lim[still], allowed), cfg.min_power_limit_w, site.card.power_limit_w)
         notes.append(f"guard: slowed job(s) {', '.join(slowed[:6])} to keep dies under {die_limit:g} deg C")
         return lvl, lim

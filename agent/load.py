@@ -39,6 +39,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 __all__ = [
+    "MAX_DIE_OFFSET_K",
     "UNKNOWN_JOB_PREFIX",
     "JobLoad",
     "Prediction",
@@ -49,6 +50,7 @@ __all__ = [
     "site_load",
     "spec_of_info",
     "spec_r_total_k_per_w",
+    "steady_die_c",
 ]
 
 #: Job id prefix of the pseudo-jobs standing for busy cards of no known job.
@@ -58,7 +60,7 @@ _UNKNOWN_COMPUTE_SHARE = 0.8
 _UNKNOWN_NONCOMPUTE_UTILIZATION = 0.2
 #: Largest die-temperature excess over the twin's prediction that is believed (K); beyond it the
 #: sensor is more likely wrong than the card (the rack's stuck/garbage checks handle that).
-_MAX_DIE_OFFSET_K = 40.0
+MAX_DIE_OFFSET_K = 40.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -283,6 +285,25 @@ def predict(
     return Prediction(power, die, rack_p, rack_die)
 
 
+def steady_die_c(
+    site: SiteSpec,
+    level: IntArray,
+    utilization: FloatArray,
+    low_power: BoolArray,
+    power_limit_w: FloatArray,
+    inlet_c: FloatArray,
+    r_total_k_per_w: FloatArray,
+) -> FloatArray:
+    """The twin's steady die temperature of cards at ``level`` and ``utilization`` (low-power cards
+    at their idle power), each held to its power limit by its own power brake."""
+    model = PowerModel.from_card(site.card)
+    lv = np.clip(np.asarray(level, dtype=np.int64), 0, model.n_levels - 1)
+    lp = np.asarray(low_power, dtype=bool)
+    power, _die = card_steady_power_w(model, lv, utilization, lp, inlet_c, r_total_k_per_w)
+    power = np.where(lp, power, np.minimum(power, np.asarray(power_limit_w, dtype=np.float64)))
+    return np.asarray(inlet_c + r_total_k_per_w * power, dtype=np.float64)
+
+
 def die_offsets_k(
     site: SiteSpec,
     snap: StateSnapshot,
@@ -290,18 +311,23 @@ def die_offsets_k(
     inlet_c: FloatArray,
     r_total_k_per_w: FloatArray,
 ) -> FloatArray:
-    """How much hotter each card's die measures than the twin predicts at its current level and
-    phase (>= 0, at most 40 K; 0 where there is no valid measurement). Added to every prediction,
-    as ``models.problem.make_problem`` does: a fouled plate or a bad interface shows up here."""
+    """The RAW, instantaneous excess of each card's measured die over the twin's steady prediction at
+    its current level, phase and power limit (0..40 K; 0 where there is no valid measurement).
+
+    Right after a change (a job leaving COMPUTE, a slower level, a cooler supply) this is a transient
+    of up to tens of K, not a model error: decisions use ``agent.offsets.DieOffsetFilter``'s offsets
+    (``StepContext.die_offset_k``), which take it only when the card is thermally settled."""
     model = PowerModel.from_card(site.card)
     lv = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, model.n_levels - 1)
     u = card_utilization(site, load, lv, worst_case=False)
     lp = np.asarray(snap.card_low_power, dtype=bool) & ~load.busy
-    _p, die_pred = card_steady_power_w(model, lv, u, lp, inlet_c, r_total_k_per_w)
+    lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+    lim = np.where(np.isfinite(lim), lim, site.card.power_limit_w)
+    die_pred = steady_die_c(site, lv, u, lp, lim, inlet_c, r_total_k_per_w)
     measured = np.asarray(snap.card_die_temp_c, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         off = np.where(np.isfinite(measured) & ~load.failed, measured - die_pred, 0.0)
-    return np.asarray(np.clip(off, 0.0, _MAX_DIE_OFFSET_K), dtype=np.float64)
+    return np.asarray(np.clip(off, 0.0, MAX_DIE_OFFSET_K), dtype=np.float64)
 
 
 def job_value_per_h(site: SiteSpec, job: JobLoad, level: int, card_hour_value: float) -> float:

@@ -185,6 +185,7 @@ def make_problem(
     failed: Sequence[bool] | BoolArray | None = None,
     die_temp_c: FloatArray | Sequence[float] | float | None = None,
     current_level: IntArray | Sequence[int] | None = None,
+    die_offset_k: FloatArray | Sequence[float] | float | None = None,
     thermal: ThermalParams | None = None,
     ambient_c: float | None = None,
     supply_temp_c: float | None = None,
@@ -198,10 +199,14 @@ def make_problem(
     """Build and validate a :class:`CycleProblem` from plain arrays.
 
     ``job_cards[j]`` lists the card indices of ``jobs[j]``; ``job_phase`` defaults to COMPUTE.
-    ``die_temp_c`` (measured, per card) defaults to the supply temperature. When ``current_level``
-    (per card, the level it runs now) is given too, every card whose measured die temperature is
-    above the twin's steady prediction at its current level keeps that excess as a (conservative)
-    offset on all its predicted temperatures. ``ready_reserve_cards`` (awake idle cards kept for
+    ``die_temp_c`` (measured, per card) defaults to the supply temperature. ``die_offset_k`` (per
+    card, K, >= 0) is added to every predicted die temperature of the card: the caller's measure of
+    the twin's persistent error (the agent passes ``agent.offsets.DieOffsetFilter``'s, which leaves
+    out thermal transients). Without it, when ``current_level`` (per card, the level it runs now) is
+    given, every card whose measured die temperature is above the twin's steady prediction at its
+    current level and the problem's phases keeps that instantaneous excess as a (conservative)
+    offset; note that right after a phase, level or supply change that excess is a transient, not an
+    error. Otherwise no offset. ``ready_reserve_cards`` (awake idle cards kept for
     queued work) defaults to the size of the largest queued job, clipped to the idle cards.
     Raises :class:`ProblemError` on any invalid data.
     """
@@ -272,7 +277,11 @@ def make_problem(
 
     die = _as_array("die_temp_c", supply if die_temp_c is None else die_temp_c, (n,), float).astype(np.float64)
     offset = np.zeros(n)
-    if current_level is not None:
+    if die_offset_k is not None:
+        offset = _as_array("die_offset_k", die_offset_k, (n,), float).astype(np.float64)
+        if np.any(offset < 0):
+            raise ProblemError(f"die_offset_k must be >= 0 (card {int(np.flatnonzero(offset < 0)[0])})")
+    elif current_level is not None:
         model = PowerModel.from_card(site.card)
         lv = _as_array("current_level", current_level, (n,), int).astype(np.int64)
         if np.any((lv < 0) | (lv >= model.n_levels)):

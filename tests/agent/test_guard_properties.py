@@ -60,7 +60,7 @@ def judge(site: SiteSpec, snap: StateSnapshot, ctx: StepContext, d: Decision) ->
     u = np.where(busy, compute_utilization(cs, clocks[lv] / clocks[0], ncu), 0.0)
     lp = d.card_low_power & ~busy
     inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
-    off = die_offsets_k(site, snap, load, ctx.card_inlet_c, ctx.r_total_k_per_w)
+    off = ctx.die_offset_k
     p, _ = card_steady_power_w(model, lv, u, lp, inlet, ctx.r_total_k_per_w)
     p = p + np.where(lp, model.low_power_leak_w_per_k, model.leak_w_per_k[lv]) * off
     p = np.where(lp, p, np.minimum(p, d.card_power_limit_w))
@@ -110,6 +110,10 @@ def test_no_reviewed_decision_exceeds_a_cap(
 ) -> None:
     site, snap = scene()
     n = site.n_cards
+    card_inlet = np.asarray(inlet)[site.card_rack()]
+    r_total = spec_r_total_k_per_w(site) * r_scale
+    # offsets as large as the raw measurement gives (the filter's are never larger than a settled one)
+    offsets = die_offsets_k(site, snap, site_load(site, snap), card_inlet, r_total)
     ctx = StepContext(
         now_s=100.0,
         cycle=1,
@@ -118,8 +122,9 @@ def test_no_reviewed_decision_exceeds_a_cap(
         failsafe_racks=tuple(i for i, s in enumerate(stale) if s),
         setpoint_c=current_setpoint,
         ambient_c=25.0,
-        card_inlet_c=np.asarray(inlet)[site.card_rack()],
-        r_total_k_per_w=spec_r_total_k_per_w(site) * r_scale,
+        card_inlet_c=card_inlet,
+        r_total_k_per_w=r_total,
+        die_offset_k=offsets,
         rack_extra_w=np.asarray(extra),
         choose_setpoint=True,
         solver_time_limit_s=1.0,
