@@ -1,11 +1,13 @@
 """Decisions -> commands on the wire, and the commands' lives until they are acknowledged.
 
 :class:`CommandBook` turns a guarded :class:`agent.decision.Decision` into the commands that change
-what differs from what the racks have: per rack and setting one ``racktwin.rack_cmd/1`` (DVFS level,
-power limit, low-power idle, wake), one ``racktwin.facility_cmd/1`` for a new set-point, one
-``racktwin.scheduler_cmd/1`` per placement. "What the racks have" is what they report (telemetry,
-retained applied state) overlaid with the agent's own open commands until they expire, so a command
-is not repeated every period while telemetry catches up. Commands that lower power (slower levels,
+what differs from what the racks have: per rack and setting one ``racktwin.rack_cmd/1`` (a DVFS level
+per distinct level, low-power idle, wake, and ONE power-limit command per rack and direction whose
+``power_limit_watts`` is a value per card when the cards' limits differ: a rack gets a handful of
+commands per decision, not one per distinct limit), one ``racktwin.facility_cmd/1`` for a new
+set-point, one ``racktwin.scheduler_cmd/1`` per placement. "What the racks have" is what they
+report (telemetry, retained applied state) overlaid with the agent's own open commands until they
+expire, so a command is not repeated every period while telemetry catches up. Commands that lower power (slower levels,
 lower limits, sleep) come first, then the set-point and placements, then the ones that raise power:
 a rack applies its commands in order, so it never passes through a state above both plans.
 
@@ -147,6 +149,28 @@ class CommandBook:
                     res.append((kind, cmd, lowers))
             return res
 
+        def limit_cmds(cards: IntArray, values: FloatArray, lowers: bool) -> list[Item]:
+            """One power-limit command per rack: the cards' limits as one value or one per card."""
+            res: list[Item] = []
+            for r in np.unique(self._card_rack[cards]):
+                sel = cards[self._card_rack[cards] == r]
+                vals = values[sel]
+                local = tuple(int(c) - int(r) * self._cpr for c in sel)
+                one = bool(np.all(vals == vals[0]))
+                setting = wire.CardSetting.power_limit(float(vals[0]) if one else [float(v) for v in vals])
+                cmd = wire.RackCommand(
+                    rack=self._names[int(r)],
+                    cards=local,
+                    setting=setting,
+                    command_id=uuid.uuid4(),
+                    expires_s=expires,
+                    ts_s=now_s,
+                    seq=0,
+                    publisher=self.sequencer.publisher,
+                )
+                res.append((_LIMIT, cmd, lowers))
+            return res
+
         ok_now = self._backoff <= now_s
         # DVFS levels
         reported_lv = np.where(applied_level >= 0, applied_level, snap.card_level).astype(np.float64)
@@ -162,11 +186,11 @@ class CommandBook:
         rep_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
         rep_lim = np.where(np.isfinite(rep_lim), rep_lim, self.site.card.power_limit_w)
         have_lim = self._have(_LIMIT, rep_lim, now_s)
-        want_lim = np.asarray(np.round(decision.card_power_limit_w, 1), dtype=np.float64)
+        # to 0.1 W, rounded down (a limit is never raised by its encoding)
+        want_lim = np.asarray(np.floor(decision.card_power_limit_w * 10.0 + 1e-6) / 10.0, dtype=np.float64)
         changed = alive & (np.abs(want_lim - have_lim) > _LIMIT_TOL_W) & ok_now[_LIMIT]
-        cap = wire.CardSetting.power_limit
-        out_low += rack_cmds(_LIMIT, np.flatnonzero(changed & (want_lim < have_lim)), want_lim, cap, True)
-        out_high += rack_cmds(_LIMIT, np.flatnonzero(changed & (want_lim > have_lim)), want_lim, cap, False)
+        out_low += limit_cmds(np.flatnonzero(changed & (want_lim < have_lim)), want_lim, True)
+        out_high += limit_cmds(np.flatnonzero(changed & (want_lim > have_lim)), want_lim, False)
         # low-power idle
         have_lp = self._have(_SLEEP, np.asarray(snap.card_low_power, dtype=np.float64), now_s) > 0.5
         want_lp = np.asarray(decision.card_low_power, dtype=bool)
@@ -239,10 +263,11 @@ class CommandBook:
             cards = np.asarray(msg.cards, dtype=np.int64) + r * self._cpr
             oc.cards = cards
             s = msg.setting
+            value: float | FloatArray
             if s.action is wire.CardAction.SET_DVFS_LEVEL:
                 kind, value = _LEVEL, float(s.dvfs_level or 0)
             elif s.action is wire.CardAction.SET_POWER_LIMIT:
-                kind, value = _LIMIT, float(s.power_limit_w or 0.0)
+                kind, value = _LIMIT, np.asarray(s.limits_w(cards.size), dtype=np.float64)
             elif s.action is wire.CardAction.LOW_POWER_IDLE:
                 kind, value = _SLEEP, 1.0
             elif s.action is wire.CardAction.WAKE:

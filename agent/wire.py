@@ -556,7 +556,7 @@ class JobEvent:
 class CardAction(enum.StrEnum):
     SET_DVFS_LEVEL = "set_dvfs_level"  # dvfs_level
     SET_CLOCK_RANGE = "set_clock_range"  # min_clock_mhz, max_clock_mhz
-    SET_POWER_LIMIT = "set_power_limit"  # power_limit_w
+    SET_POWER_LIMIT = "set_power_limit"  # power_limit_w (one value for every card, or one per card)
     LOW_POWER_IDLE = "low_power_idle"
     WAKE = "wake"
 
@@ -578,13 +578,17 @@ _PARAM_WIRE: Final = {
 
 @dataclass(frozen=True, slots=True)
 class CardSetting:
-    """What to do to cards: an action and exactly the parameters it takes. Use the constructors."""
+    """What to do to cards: an action and exactly the parameters it takes. Use the constructors.
+
+    ``power_limit_w`` is one limit for every listed card, or a tuple of limits aligned with the
+    command's ``cards`` (one per card: the guard's die limits differ card by card, and one command per
+    distinct value would flood the wire); :meth:`limits_w` gives the per-card values either way."""
 
     action: CardAction
     dvfs_level: int | None = None
     min_clock_mhz: float | None = None
     max_clock_mhz: float | None = None
-    power_limit_w: float | None = None
+    power_limit_w: float | tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         problem = _setting_problem(self)
@@ -600,8 +604,27 @@ class CardSetting:
         return cls(CardAction.SET_CLOCK_RANGE, min_clock_mhz=min_clock_mhz, max_clock_mhz=max_clock_mhz)
 
     @classmethod
-    def power_limit(cls, power_limit_w: float) -> CardSetting:
-        return cls(CardAction.SET_POWER_LIMIT, power_limit_w=power_limit_w)
+    def power_limit(cls, power_limit_w: float | Sequence[float]) -> CardSetting:
+        """One limit for every card (a number) or one per card (a sequence aligned with ``cards``)."""
+        if isinstance(power_limit_w, int | float):
+            return cls(CardAction.SET_POWER_LIMIT, power_limit_w=float(power_limit_w))
+        return cls(CardAction.SET_POWER_LIMIT, power_limit_w=tuple(float(x) for x in power_limit_w))
+
+    @property
+    def per_card(self) -> bool:
+        """The setting carries one value per card (a columnar ``power_limit_watts``)."""
+        return isinstance(self.power_limit_w, tuple)
+
+    def limits_w(self, n_cards: int) -> tuple[float, ...]:
+        """The power limit of each of ``n_cards`` listed cards (a single value repeated)."""
+        v = self.power_limit_w
+        if v is None:
+            raise ValueError(f"action {self.action.value} sets no power limit")
+        if isinstance(v, tuple):
+            if len(v) != n_cards:
+                raise ValueError(f"power_limit_watts has {len(v)} values for {n_cards} cards")
+            return v
+        return (float(v),) * n_cards
 
     @classmethod
     def low_power_idle(cls) -> CardSetting:
@@ -625,8 +648,20 @@ def _setting_problem(s: CardSetting) -> str | None:
         return f"dvfs_level {s.dvfs_level} outside 0..255"
     if s.min_clock_mhz is not None and s.max_clock_mhz is not None and not 0 < s.min_clock_mhz <= s.max_clock_mhz:
         return f"clock range needs 0 < min_sm_clock_mhz <= max_sm_clock_mhz, got {s.min_clock_mhz}..{s.max_clock_mhz}"
-    if s.power_limit_w is not None and not s.power_limit_w > 0:
+    if isinstance(s.power_limit_w, tuple):
+        if not s.power_limit_w:
+            return "power_limit_watts must not be an empty list"
+        bad = [x for x in s.power_limit_w if not (math.isfinite(x) and x > 0)]
+        if bad:
+            return f"power_limit_watts must be positive, got {bad[0]}"
+    elif s.power_limit_w is not None and not (math.isfinite(s.power_limit_w) and s.power_limit_w > 0):
         return f"power_limit_watts must be positive, got {s.power_limit_w}"
+    return None
+
+
+def _cards_problem(cards: Sequence[int], setting: CardSetting) -> str | None:
+    if isinstance(setting.power_limit_w, tuple) and len(setting.power_limit_w) != len(cards):
+        return f"power_limit_watts has {len(setting.power_limit_w)} values for {len(cards)} cards"
     return None
 
 
@@ -645,6 +680,11 @@ class RackCommand:
     ts_s: float
     seq: int
     publisher: str
+
+    def __post_init__(self) -> None:
+        problem = _cards_problem(self.cards, self.setting)
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -743,6 +783,11 @@ class AdviceItem:
     rack: str
     cards: tuple[int, ...]
     setting: CardSetting
+
+    def __post_init__(self) -> None:
+        problem = _cards_problem(self.cards, self.setting)
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -885,6 +930,7 @@ _ClockCol = Annotated[list[_ClockMhz], _MaxCards]
 _PercentCol = Annotated[list[_Percent], _MaxCards]
 _BoolCol = Annotated[list[bool], _MaxCards]
 _Cards = Annotated[list[_CardIdx], Meta(min_length=1, max_length=MAX_CARDS_PER_RACK)]
+_PositivePowerCol = Annotated[list[_PositivePowerW], Meta(min_length=1, max_length=MAX_CARDS_PER_RACK)]
 _CardMap = Annotated[dict[_Name, _Cards], Meta(min_length=1, max_length=4096)]
 
 
@@ -985,7 +1031,7 @@ class _RackCmdW(_CommandW, kw_only=True):
     dvfs_level: _Level | None = None
     min_sm_clock_mhz: _ClockMhz | None = None
     max_sm_clock_mhz: _ClockMhz | None = None
-    power_limit_watts: _PositivePowerW | None = None
+    power_limit_watts: _PositivePowerW | _PositivePowerCol | None = None
 
 
 class _FacilityCmdW(_CommandW, kw_only=True):
@@ -1033,7 +1079,7 @@ class _AdviceItemW(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omi
     dvfs_level: _Level | None = None
     min_sm_clock_mhz: _ClockMhz | None = None
     max_sm_clock_mhz: _ClockMhz | None = None
-    power_limit_watts: _PositivePowerW | None = None
+    power_limit_watts: _PositivePowerW | _PositivePowerCol | None = None
 
 
 class _PlacementW(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -1097,7 +1143,11 @@ def _setting_wire(s: CardSetting) -> dict[str, Any]:
     out: dict[str, Any] = {"action": s.action.value}
     for name, wire in _PARAM_WIRE.items():
         v = getattr(s, name)
-        if v is not None:
+        if v is None:
+            continue
+        if isinstance(v, tuple):
+            out[wire] = [float(x) for x in v]
+        else:
             out[wire] = int(v) if name == "dvfs_level" else float(v)
     return out
 
@@ -1515,13 +1565,19 @@ class Codec:
         return {r: tuple(idx) for r, idx in cards.items()}
 
     def _setting(self, w: _RackCmdW | _AdviceItemW, where: str) -> CardSetting:
+        limit = w.power_limit_watts
+        if isinstance(limit, list) and len(limit) != len(w.cards):
+            raise _Reject(
+                RejectReason.LENGTH_MISMATCH,
+                f"{where}: power_limit_watts has {len(limit)} values, cards has {len(w.cards)}",
+            )
         try:
             s = CardSetting(
                 CardAction(w.action),
                 dvfs_level=w.dvfs_level,
                 min_clock_mhz=w.min_sm_clock_mhz,
                 max_clock_mhz=w.max_sm_clock_mhz,
-                power_limit_w=w.power_limit_watts,
+                power_limit_w=tuple(limit) if isinstance(limit, list) else limit,
             )
         except ValueError as exc:
             raise _Reject(RejectReason.INCONSISTENT, f"{where}: {exc}") from None

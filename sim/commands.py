@@ -14,8 +14,9 @@ either applies all of it or refuses all of it with a reason (``twin.plant.Comman
   lowest table clock .. the level's clock.
 * ``set_clock_range``: the fastest DVFS level whose clock lies within ``min..max`` (a range wider
   than the table is trimmed to it); no table clock inside the range: rejected.
-* ``set_power_limit``: ``Plant.set_power_limits``, at once; outside ``min_power_limit_w`` ..
-  ``card.power_limit_w``: rejected.
+* ``set_power_limit``: ``Plant.set_power_limits``, at once, one limit for every listed card or one
+  per card (``power_limit_watts`` as a list aligned with ``cards``); any value outside
+  ``min_power_limit_w`` .. ``card.power_limit_w``: the whole command is rejected.
 * ``low_power_idle``: ``Plant.enter_low_power``; a card running a job is refused (rejected).
 * ``wake``: ``Plant.wake``; the card is usable ``card.wake_latency_s`` later (telemetry shows it
   awake, at 0 utilization, meanwhile).
@@ -205,9 +206,9 @@ class CommandHandler:
                 plant.set_levels(idx, level)
                 self._set_levels(idx, level, max(lo, float(self._clocks[-1])), min(hi, float(self._clocks[0])))
             elif s.action is wire.CardAction.SET_POWER_LIMIT:
-                limit = float(s.power_limit_w or 0.0)
-                plant.set_power_limits(idx, limit)
-                self.power_limit_w[idx] = limit
+                limits = np.asarray(s.limits_w(idx.size), dtype=np.float64)  # one value, or one per card
+                plant.set_power_limits(idx, limits)
+                self.power_limit_w[idx] = limits
             elif s.action is wire.CardAction.LOW_POWER_IDLE:
                 plant.enter_low_power(idx)
             else:

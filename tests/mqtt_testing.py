@@ -147,6 +147,9 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
         ),
         wire.RackCommand("r2", (7,), wire.CardSetting.clock_range(1210.0, 1650.0), cmd_id, ts_s + 30, ts_s, 6, "agent"),
         wire.RackCommand("r2", (8, 9), wire.CardSetting.power_limit(550.0), cmd_id, ts_s + 30, ts_s, 7, "agent"),
+        wire.RackCommand(  # one limit per card (columnar power_limit_watts, aligned with cards)
+            "r2", (11, 12, 13), wire.CardSetting.power_limit([250.0, 312.0, 455.5]), cmd_id, ts_s + 30, ts_s, 7, "agent"
+        ),
         wire.RackCommand("r2", (10,), wire.CardSetting.low_power_idle(), cmd_id, ts_s + 30, ts_s, 8, "agent"),
         wire.RackCommand("r2", (10,), wire.CardSetting.wake(), cmd_id, ts_s + 30, ts_s, 9, "agent"),
         wire.FacilityCommand(32.0, cmd_id, ts_s + 60, ts_s, 10, "agent"),

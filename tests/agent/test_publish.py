@@ -125,3 +125,34 @@ def test_agent_check_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     assert len(err) == 1 and "control.command_ttl_s" in err[0] and str(bad) in err[0]
     assert main(["agent"]) == 2
     assert "--config" in capsys.readouterr().err
+
+
+def test_per_card_power_limits_are_one_command_per_rack_and_direction(scene: tuple[object, StateSnapshot]) -> None:
+    """The guard's die limits differ card by card (the demo: 64 distinct values on a rack); they go as
+    one command per rack (per direction: lowering first), one value per card, not one per value."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig())  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    lim = np.asarray(snap.card_power_limit_w).copy()
+    lim[0:64] = np.floor(np.linspace(200.0, 285.0, 64))  # r0: 64 lower limits (whole watts, as the guard's)
+    lim[70:74] = 450.0  # r1: one value
+    cmds = book.commands(decision_like(snap, card_power_limit_w=lim), snap, applied, NOW)
+    decoded = [codec.decode(c.topic, c.payload) for c in cmds]
+    assert [(m.rack, m.setting.action.value) for m in decoded] == [  # type: ignore[union-attr]
+        ("r0", "set_power_limit"),
+        ("r1", "set_power_limit"),
+    ]
+    r0, r1 = decoded
+    assert r0.cards == tuple(range(64)) and r0.setting.limits_w(64) == tuple(lim[0:64])  # type: ignore[union-attr]
+    assert r1.cards == (6, 7, 8, 9) and r1.setting.power_limit_w == 450.0  # type: ignore[union-attr]
+    # the book remembers each card's value: nothing is repeated while they are open
+    assert book.commands(decision_like(snap, card_power_limit_w=lim), snap, applied, NOW + 1.0) == []
+    # some limits rise, others fall, in one rack: two commands, the lowering one first
+    lim2 = lim.copy()
+    lim2[0:10] = 200.0
+    lim2[40:50] = 600.0
+    cmds2 = book.commands(decision_like(snap, card_power_limit_w=lim2), snap, applied, NOW + 2.0)
+    d2 = [codec.decode(c.topic, c.payload) for c in cmds2]
+    assert [(m.rack, m.cards[0], len(m.cards)) for m in d2] == [("r0", 1, 9), ("r0", 40, 10)]  # type: ignore[union-attr]
+    assert d2[0].setting.power_limit_w == 200.0 and d2[1].setting.power_limit_w == 600.0  # type: ignore[union-attr]

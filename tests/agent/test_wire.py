@@ -207,6 +207,26 @@ def test_card_settings_take_exactly_their_parameters() -> None:
         wire.CardSetting.clock_range(1500.0, 1200.0)
     with pytest.raises(ValueError, match="positive"):
         wire.CardSetting.power_limit(0.0)
+    with pytest.raises(ValueError, match="positive"):
+        wire.CardSetting.power_limit([300.0, -1.0])
+    with pytest.raises(ValueError, match="empty"):
+        wire.CardSetting.power_limit([])
+    # one limit per card: as many values as cards, in the cards' order
+    per_card = wire.CardSetting.power_limit([300.0, 450.0])
+    assert per_card.per_card and per_card.limits_w(2) == (300.0, 450.0)
+    assert wire.CardSetting.power_limit(300.0).limits_w(3) == (300.0, 300.0, 300.0)
+    with pytest.raises(ValueError, match="2 values for 3 cards"):
+        wire.RackCommand("r0", (0, 1, 2), per_card, uuid.uuid4(), TS + 30, TS, 0, "agent")
+
+
+def test_a_per_card_power_limit_travels_as_one_column(codec: Codec) -> None:
+    cmd = wire.RackCommand(
+        "r1", (3, 7, 9), wire.CardSetting.power_limit([210.0, 287.5, 700.0]), uuid.uuid4(), TS + 30, TS, 4, "agent"
+    )
+    out = codec.outgoing(cmd)
+    body = json.loads(out.payload)
+    assert body["cards"] == [3, 7, 9] and body["power_limit_watts"] == [210.0, 287.5, 700.0]
+    assert codec.decode(out.topic, out.payload) == cmd
 
 
 def test_command_ids_are_uuids(codec: Codec, all_messages: list[Any]) -> None:
@@ -322,6 +342,18 @@ REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
         "zero power limit",
         CMD,
         _cmd_payload(action="set_power_limit", dvfs_level=_DELETE, power_limit_watts=0.0),
+        RejectReason.OUT_OF_RANGE,
+    ),
+    (
+        "per-card limits not one per card",
+        CMD,
+        _cmd_payload(action="set_power_limit", dvfs_level=_DELETE, power_limit_watts=[300.0, 300.0, 300.0]),
+        RejectReason.LENGTH_MISMATCH,
+    ),
+    (
+        "a zero per-card limit",
+        CMD,
+        _cmd_payload(action="set_power_limit", dvfs_level=_DELETE, power_limit_watts=[300.0, 0.0]),
         RejectReason.OUT_OF_RANGE,
     ),
     (
