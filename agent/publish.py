@@ -7,9 +7,10 @@ per distinct level, low-power idle, wake, and ONE power-limit command per rack a
 commands per decision, not one per distinct limit), one ``racktwin.facility_cmd/1`` for a new
 set-point, one ``racktwin.scheduler_cmd/1`` per placement. "What the racks have" is what they
 report (telemetry, retained applied state) overlaid with the agent's own open commands until they
-expire, so a command is not repeated every period while telemetry catches up. Commands that lower power (slower levels,
-lower limits, sleep) come first, then the set-point and placements, then the ones that raise power:
-a rack applies its commands in order, so it never passes through a state above both plans.
+expire, so a command is not repeated every period while telemetry catches up. Commands that lower
+power (slower levels, lower limits, sleep) come first, then the set-point and placements, then the
+ones that raise power: a rack applies its commands in order, so it never passes through a state
+above both plans.
 
 Every command carries a fresh id, its issue time and an absolute expiry (``command_ttl_s`` later,
 site time), goes at QoS 1 and is never retained (``agent.wire``). The book keeps each open command
@@ -18,12 +19,14 @@ and lets the next decision try again (after ``command_ttl_s`` for a rejected set
 that a refusal is not repeated every period). The same diff, unregistered, is the advice of
 advisory mode (:meth:`CommandBook.advice`).
 
-:class:`Publisher` sends what the book hands it, in order, and retries: a command not acknowledged
+:class:`Publisher` sends what the book hands it, in order and pipelined (a batch of up to the client's
+in-flight window is handed to the client at once and the broker's PUBACKs are awaited together, so a
+decision's commands leave within one round trip instead of one round trip each), and retries: a command not acknowledged
 ``command_ttl_s / (command_retries + 1)`` after it was sent is sent again, at most
 ``command_retries`` times, never after its expiry; every open command is sent again after the broker
 connection comes back (a broker restarted without persistence forgets what it had not delivered).
-Each send is journaled (``Journal.mark_sent``) after the broker acknowledged it; the command itself
-was journaled before, with its decision.
+The sends of a batch are journaled in one transaction (``Journal.mark_sent``) after the broker
+acknowledged them; the commands themselves were journaled before, with their decision.
 """
 
 from __future__ import annotations
@@ -413,6 +416,8 @@ class Publisher:
         self.on_closed = on_closed
         self.stats = PublishStats()
         self._queue: collections.deque[OpenCommand] = collections.deque()
+        #: commands in flight at once (awaiting their PUBACK); the client's own in-flight window
+        self.max_in_flight = max(1, bus.options.max_inflight)
         self._wake = asyncio.Event()
         self._resend_all = False
 
@@ -467,26 +472,46 @@ class Publisher:
                 continue
             self._queue.append(oc)
         while self._queue:
-            oc = self._queue[0]
             now = self.clock.now() or now
-            if oc.command_id not in self.book.open or oc.expires_s <= now:
-                self._queue.popleft()  # acked meanwhile, or expired: never sent late
-                continue
-            try:
-                await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=5.0)
-            except BusNotConnected:
-                self.stats.not_connected_waits += 1
+            batch: list[OpenCommand] = []
+            while self._queue and len(batch) < self.max_in_flight:
+                oc = self._queue.popleft()
+                if oc.command_id in self.book.open and oc.expires_s > now:
+                    batch.append(oc)
+                # else: acked meanwhile, or expired: never sent late
+            if not batch:
+                break
+            # pipelined: every command of the batch is handed to the client now, in order (aiomqtt passes
+            # each publish to paho synchronously when its task starts, and tasks start in creation order),
+            # and the PUBACKs are awaited together: one round trip per batch, not one per command
+            tasks = [asyncio.ensure_future(self._send(oc, now)) for oc in batch]
+            results = await asyncio.gather(*tasks)
+            sent = [oc for oc, ok in zip(batch, results, strict=True) if ok is None]
+            if sent:
+                self.journal.mark_sent([oc.command_id for oc in sent])  # one transaction per batch
+            failed = [oc for oc, ok in zip(batch, results, strict=True) if ok is not None]
+            if failed:
+                self._queue.extendleft(reversed(failed))  # sent again, in order, at the next step
+                if any(isinstance(r, BusNotConnected) for r in results):
+                    self.stats.not_connected_waits += 1
+                else:
+                    exc = next(r for r in results if r is not None)
+                    log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
-            except BusError as exc:
-                log.warning("command %s to %s not sent: %s", oc.command_id, oc.target, exc)
-                return
-            self._queue.popleft()
-            retry = oc.attempts > 0
-            oc.attempts += 1
-            oc.last_sent_s = self.clock.now() or now
-            self.journal.mark_sent([oc.command_id])
-            if retry:
-                self.stats.retried += 1
-            self.stats.sent += 1
-            if self.on_sent is not None:
-                self.on_sent(oc, retry)
+
+    async def _send(self, oc: OpenCommand, now: float) -> BusError | None:
+        """Publish one command (QoS 1) and note it sent once the broker acknowledged it; the error
+        when it could not be sent."""
+        try:
+            await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=5.0)
+        except BusError as exc:
+            return exc
+        retry = oc.attempts > 0
+        oc.attempts += 1
+        oc.last_sent_s = self.clock.now() or now
+        if retry:
+            self.stats.retried += 1
+        self.stats.sent += 1
+        if self.on_sent is not None:
+            self.on_sent(oc, retry)
+        return None

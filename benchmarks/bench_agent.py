@@ -17,6 +17,11 @@ the rest of the run:
   that asks for a decision at once: the incremental adjustment; includes the deliberate
   ``min_replan_interval_s`` spacing); only decisions that command something count. Median, p90,
   p99, max.
+* **commands in flight**: from the site time a command was issued to the site time its ack came back
+  (the journal), against ``command_ttl_s`` (30 site s: one wall second at 30x); and how many
+  commands the simulator received after their expiry (its summary's ``commands_expired``).
+* **event loop lag**: a probe task in the agent's process sleeps 10 ms at a time and records how
+  late it wakes (GIL contention with the solver thread and the ingest both show up here).
 * **CPU**: this process's CPU time (``time.process_time``) per wall second (1.0 = one core busy).
 * **memory**: resident set size at the end and its peak (``/proc/self/status`` VmRSS / VmHWM).
 * decisions, commands sent / acknowledged applied, solve time (median of the decisions' solve time).
@@ -122,6 +127,9 @@ class Result:
     commands_applied: int
     solve_median_s: float
     sim_cpu_share: float
+    ack_delays_s: list[float] = dataclasses.field(default_factory=list)  # site s, issue -> ack
+    expired_in_flight: int = -1  # the simulator's commands_expired
+    loop_lags_s: list[float] = dataclasses.field(default_factory=list)
 
 
 async def run_one(cards: int, speed: float, minutes: float, warmup_s: float) -> Result:
@@ -143,8 +151,12 @@ async def run_one(cards: int, speed: float, minutes: float, warmup_s: float) -> 
                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
+            lags: list[float] = []
+            probe = asyncio.create_task(_loop_probe(lags))
             try:
                 await asyncio.sleep(warmup_s)
+                lags.clear()
+                t_issue0 = service.clock.now() or 0.0
                 lat0 = len(service.latencies_s)
                 dec0 = service.decisions
                 sent0 = service.publisher.stats.sent
@@ -179,8 +191,11 @@ async def run_one(cards: int, speed: float, minutes: float, warmup_s: float) -> 
                     commands_applied=_applied(service) - applied0,
                     solve_median_s=statistics.median(solves) if solves else float("nan"),
                     sim_cpu_share=float("nan"),
+                    ack_delays_s=_ack_delays(service, t_issue0),
+                    loop_lags_s=list(lags),
                 )
             finally:
+                probe.cancel()
                 sim.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     sim.wait(10)
@@ -191,7 +206,26 @@ async def run_one(cards: int, speed: float, minutes: float, warmup_s: float) -> 
 
                 summ = json.loads((tmp / "sim.json").read_text())
                 res.sim_cpu_share = float(summ.get("cpu_share", float("nan")))
+                res.expired_in_flight = int(summ.get("commands_expired", -1))
             return res
+
+
+async def _loop_probe(lags: list[float], interval_s: float = 0.01) -> None:
+    """How late the event loop wakes a task that sleeps ``interval_s`` (s), appended to ``lags``."""
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(interval_s)
+        lags.append(max(time.perf_counter() - t0 - interval_s, 0.0))
+
+
+def _ack_delays(service: AgentService, since_s: float) -> list[float]:
+    """Site seconds from each command's issue to its ack, for commands issued after ``since_s``."""
+    rows = service.journal._db.execute(
+        "SELECT MIN(a.site_time_s) - c.issued_s FROM commands c JOIN acks a ON a.command_id = c.command_id "
+        "WHERE c.issued_s >= ? GROUP BY c.command_id",
+        (since_s,),
+    ).fetchall()
+    return [float(r[0]) for r in rows if r[0] is not None]
 
 
 def _applied(service: AgentService) -> int:
@@ -289,6 +323,20 @@ def main() -> None:
         print(
             f"| {r.cards:,} | **{r.cpu_share:.3f}** | {r.rss_mib:.0f} MiB | {r.peak_rss_mib:.0f} MiB | "
             f"{1e3 * r.solve_median_s:.0f} ms | {r.commands_sent} | {r.commands_applied} | {r.sim_cpu_share:.3f} |"
+        )
+    print()
+    print(
+        "| cards | speed | command issued -> acked, site s: median / p99 / max | acked | expired at the simulator "
+        "(whole run) | event loop lag: median / p99 / max |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        d = r.ack_delays_s
+        lag = [1e3 * x for x in r.loop_lags_s]
+        print(
+            f"| {r.cards:,} | {r.speed:g}x | {_pct(d, 0.5):.1f} / {_pct(d, 0.99):.1f} / "
+            f"{max(d, default=float('nan')):.1f} | {len(d)} | {r.expired_in_flight} | "
+            f"{_pct(lag, 0.5):.1f} / {_pct(lag, 0.99):.1f} / {max(lag, default=float('nan')):.0f} ms |"
         )
 
 

@@ -14,7 +14,9 @@ it can.
 
 Concurrency: one asyncio task steps the plant and publishes; commands are handled as they arrive
 by a consumer task between steps (the plant is only touched from the event loop, never from two
-places at once), so a command is applied at the plant time of the last completed step.
+places at once), so a command is applied at the plant time of the last completed step. The
+consumer applies a burst of commands at once and publishes its answers pipelined (acks in order,
+one applied state per rack), so acks do not trail the commands by a round trip each.
 """
 
 from __future__ import annotations
@@ -466,19 +468,36 @@ class Simulator:
                 await consumer
 
     async def _consume(self, bus: Bus) -> None:
-        """Handle commands as they arrive; publish each answer (acks, applied state). A persistent
-        session gets its queued commands right after CONNACK, before the bus reports itself
-        connected: answers wait for the link (and are retried once after a lost link)."""
+        """Handle commands as they arrive; answer them (acks, applied state). Every command received
+        is applied at once, in order; when no more are waiting, the answers of the burst go out
+        pipelined (:meth:`_answer_all`: one round trip for the burst, not one per answer). A
+        persistent session gets its queued commands right after CONNACK, before the bus reports
+        itself connected: answers wait for the link (and are retried after a lost link)."""
         while True:
+            answers: list[wire.Outgoing] = []
             try:
                 async for m in bus.messages():
-                    for o in self.commands.handle(m.topic, m.payload):
-                        await self._answer(bus, o)
+                    answers.extend(self.commands.handle(m.topic, m.payload))
+                    if bus.pending() == 0 and answers:
+                        burst, answers = answers, []
+                        await self._answer_all(bus, burst)
                 return  # the bus was closed
             except asyncio.CancelledError:
                 raise
             except Exception:  # never stop taking commands
                 log.exception("sim: command consumer failed; going on")
+
+    async def _answer_all(self, bus: Bus, answers: list[wire.Outgoing]) -> None:
+        """Publish a burst's answers at once: the acks in order, then each rack's latest applied
+        state (retained: only the last one of the burst matters), all in flight together."""
+        acks = [o for o in answers if not o.retain]
+        latest: dict[str, wire.Outgoing] = {}
+        for o in answers:
+            if o.retain:
+                latest.pop(o.topic, None)
+                latest[o.topic] = o
+        tasks = [asyncio.ensure_future(self._answer(bus, o)) for o in (*acks, *latest.values())]
+        await asyncio.gather(*tasks)
 
     async def _answer(self, bus: Bus, o: wire.Outgoing) -> None:
         for attempt in range(3):

@@ -171,6 +171,44 @@ async def test_commands_are_applied_acked_and_visible(mosquitto: EmbeddedBroker)
     assert s is not None and s.commands_applied == 6 and s.commands_rejected == 0 and s.commands_expired == 0
 
 
+async def test_a_burst_of_commands_is_applied_in_order_and_all_acked(mosquitto: EmbeddedBroker) -> None:
+    """Commands handed to the broker at once (the agent pipelines them) are all applied in the order
+    sent and acked; per-card power limits (one value per card) land on their cards; the rack's retained
+    applied state ends with the last of them."""
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, scenario(duration_s=600.0), speed=10.0) as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading), label="telemetry")
+        ts, exp = command_times(obs)
+        limits = [200.0 + 10.0 * c for c in range(16)]
+        burst = [
+            wire.RackCommand(
+                "r0", tuple(range(16)), wire.CardSetting.power_limit(limits), wire.new_command_id(), exp, ts, 0, "agent"
+            )
+        ]
+        # then 40 level commands on r1's cards, each card ending at the level of its last command
+        for k in range(40):
+            burst.append(
+                wire.RackCommand(
+                    "r1", (k % 16,), wire.CardSetting.dvfs(k % 8), wire.new_command_id(), exp, ts, k + 1, "agent"
+                )
+            )
+        out = [obs.codec.outgoing(m) for m in burst]
+        await asyncio.gather(*(asyncio.ensure_future(obs.bus.send(o)) for o in out))  # all in flight at once
+        acks = [await obs.ack_of(m.command_id) for m in burst]
+        assert all(a.result is wire.AckResult.APPLIED for a in acks)
+        assert sim.commands.power_limit_w[:16].tolist() == limits
+        seen = await obs.wait_for(lambda m: isinstance(m, wire.CardBatch) and m.rack == "r0" and m.ts_s > acks[0].ts_s)
+        assert seen.power_limit_w.tolist() == limits  # enforced by the cards, as telemetry shows
+        final = [max(k % 8 for k in range(40) if k % 16 == c) for c in range(16)]
+        assert sim.commands.level[16:32].tolist() == final
+        last = burst[-1].command_id
+        applied = await obs.wait_for(
+            lambda m: isinstance(m, wire.AppliedState) and m.rack == "r1" and m.last_command_id == last
+        )
+        assert applied.dvfs_level.tolist() == final
+    s = sim.summary
+    assert s is not None and s.commands_applied == 41 and s.commands_expired == 0
+
+
 async def test_expired_command_is_acked_expired_and_not_applied(mosquitto: EmbeddedBroker) -> None:
     async with observer(mosquitto, SITE) as obs, running(mosquitto, scenario(duration_s=600.0)) as (sim, _):
         await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 5)

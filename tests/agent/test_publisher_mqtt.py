@@ -1,0 +1,95 @@
+"""The agent's Publisher against a real mosquitto: a decision's commands leave pipelined and in order.
+
+What users rely on: at accelerated site time (30x: a 30 s command lifetime is one wall second) a
+decision with a hundred commands must not wait one broker round trip per command, or the last ones
+expire in flight (the demo of 2026-11-29: 78 of 363 commands). Every command of a batch is handed to
+the client before the first PUBACK is awaited; the broker delivers them in the order decided; the
+journal marks them sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import example_site
+
+from agent import wire
+from agent.broker import EmbeddedBroker
+from agent.bus import Bus, Incoming
+from agent.clock import SiteClock
+from agent.config import ControlConfig
+from agent.journal import Journal
+from agent.publish import CommandBook, Publisher, new_commands
+
+pytestmark = pytest.mark.agent
+
+N_COMMANDS = 150
+TS = 1_790_000_000.0
+
+
+async def test_a_decisions_commands_are_pipelined_and_arrive_in_order(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    site = example_site()
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    control = ControlConfig()
+    book = CommandBook(site, codec, control)
+    clock = SiteClock(1.0)
+    clock.observe(TS)
+    journal = Journal(tmp_path / "journal.sqlite")
+    rows = []
+    for k in range(N_COMMANDS):
+        rack = site.rack_names[k % site.n_racks]
+        cmd = wire.RackCommand(
+            rack, (k // site.n_racks,), wire.CardSetting.dvfs(k % 8), uuid.uuid4(), TS + 30.0, TS, k, "agent"
+        )
+        out = codec.outgoing(cmd)
+        rows.append((str(cmd.command_id), rack, out.topic, out.payload, TS, TS + 30.0, 0))
+    opened = book.resume(rows)
+    journal.record_decision(1, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+
+    received: list[Incoming] = []
+    watcher = Bus(mosquitto.options(), subscriptions=[codec.topics.filter(wire.Kind.RACK_CMD)], name="watcher")
+    watcher_task: asyncio.Task[None] | None = None
+
+    async def collect() -> None:
+        async for m in watcher.messages():
+            received.append(m)
+
+    events: list[tuple[str, int]] = []
+    async with watcher, Bus(mosquitto.options(), name="agent") as bus:
+        await watcher.wait_connected(10)
+        await bus.wait_connected(10)
+        watcher_task = asyncio.create_task(collect())
+        real_publish = bus.publish
+        index = {oc.payload: k for k, oc in enumerate(opened)}
+
+        async def spy(topic: str, payload: bytes, **kw: Any) -> None:
+            events.append(("start", index[payload]))
+            await real_publish(topic, payload, **kw)
+            events.append(("done", index[payload]))
+
+        bus.publish = spy  # type: ignore[method-assign]
+        publisher = Publisher(bus, book, journal, clock, control)
+        publisher.submit(opened)
+        await publisher.step()
+        deadline = time.monotonic() + 10.0
+        while len(received) < N_COMMANDS and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        watcher_task.cancel()
+
+    # pipelined: the first batch (the client's in-flight window) is all handed over before any PUBACK
+    window = min(publisher.max_in_flight, N_COMMANDS)
+    first_done = next(i for i, (what, _k) in enumerate(events) if what == "done")
+    assert [k for what, k in events[:first_done]] == list(range(window))
+    assert publisher.stats.sent == N_COMMANDS and publisher.backlog() == 0
+    # in the order decided, on the wire
+    assert [index[m.payload] for m in received] == list(range(N_COMMANDS))
+    # journaled as sent (one transaction per batch)
+    assert journal.command_counts() == {"sent": N_COMMANDS}
+    journal.close()
