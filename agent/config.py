@@ -117,9 +117,11 @@ class ControlConfig:
     # Job placement for queued jobs (false leaves placement to the site's scheduler).
     control_placement: bool = True
     placement_method: str = field(default="auto", metadata=choices("auto", "greedy", "milp"))
-    # A queued job that has waited this long is placed before any job behind it (no starvation; s).
+    # A queued job that has waited this long gets a reservation: jobs behind it are placed only where
+    # they do not delay it (EASY backfilling, agent.backfill; no starvation; s).
     placement_backfill_wait_s: float = field(default=1800.0, metadata=rng(0.0, 1.0e7))
-    # Decide again at once (at most every min_replan_interval_s) when a job starts, ends or changes phase.
+    # Decide again at once (at most every min_replan_interval_s) when a job starts, ends, is requeued,
+    # resumes computing or (with control_placement) is submitted.
     replan_on_job_events: bool = True
     min_replan_interval_s: float = field(default=2.0, metadata=rng(0.0, 3600.0))
 

@@ -61,6 +61,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from agent.backfill import backfill_candidates, reservation
 from agent.config import ControlConfig, LoadedConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
@@ -155,6 +156,7 @@ class Controller:
         self._last: Decision | None = None
         self._computing_level: dict[str, int] = {}  # each job's level the last time it computed
         self.offsets = DieOffsetFilter(site)  # measured die offsets, updated once per step (context)
+        self._running_since: dict[str, float] = {}  # when each running job was first seen running
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig, *, planner: CyclePlanner | None = None) -> Controller:
@@ -477,12 +479,50 @@ class Controller:
     ) -> list[PlacementOrder]:
         site, cfg = self.site, self.control
         fits = [q for q in queue if 0 < q.n_cards <= site.n_cards]
-        # no starvation: once a job has waited placement_backfill_wait_s, jobs behind it are not
-        # placed before it (the cards they would take are what it waits for)
-        starving = [q for q in fits if ctx.now_s - q.last_event_s >= cfg.placement_backfill_wait_s]
-        if starving:
-            fits = sorted(starving, key=lambda q: q.last_event_s)[:1]
-        specs = [spec_of_info(q) for q in fits]
+        if not fits:
+            return []
+        how = method if method is not None else cfg.placement_method
+        # EASY backfilling (agent.backfill): once a job has waited placement_backfill_wait_s, it is
+        # placed first; if it does not fit, it holds a reservation and jobs behind it are placed only
+        # where they do not delay it
+        starving = sorted(
+            (q for q in fits if ctx.now_s - q.last_event_s >= cfg.placement_backfill_wait_s),
+            key=lambda q: q.last_event_s,
+        )
+        if not starving:
+            return self._place_jobs(load, snap, ctx, fs_card, fits, notes, how)
+        head = starving[0]
+        rest = [q for q in fits if q.job_id != head.job_id]
+        orders = self._place_jobs(load, snap, ctx, fs_card, [head], notes, how)
+        if orders:
+            if rest:
+                placing = [(j.job_id, j.cards) for j in load.jobs if j.origin == "placing"]
+                after = site_load(site, snap, [*placing, *((o.job_id, o.cards) for o in orders)])
+                orders += self._place_jobs(after, snap, ctx, fs_card, rest, notes, how)
+            return orders
+        n_free = int((load.idle & ~fs_card).sum())
+        res = reservation(snap, load, head.n_cards, n_free, ctx.now_s, self._running_since)
+        specs = [spec_of_info(q) for q in rest]
+        picked = [rest[i] for i in backfill_candidates(rest, specs, res, ctx.now_s)]
+        wait_s = ctx.now_s - head.last_event_s
+        start = f"~{res.shadow_s - ctx.now_s:.0f} s" if math.isfinite(res.shadow_s) else "never (too few healthy cards)"
+        notes.append(f"{head.job_id} (waiting {wait_s:.0f} s) holds a reservation: expected start in {start}")
+        if not picked:
+            return []
+        return self._place_jobs(load, snap, ctx, fs_card, picked, notes, how)
+
+    def _place_jobs(
+        self,
+        load: SiteLoad,
+        snap: StateSnapshot,
+        ctx: StepContext,
+        fs_card: BoolArray,
+        queue: Sequence[JobInfo],
+        notes: list[str],
+        method: str,
+    ) -> list[PlacementOrder]:
+        """``queue`` onto the free cards of ``load`` (``models.placement.place_jobs``)."""
+        specs = [spec_of_info(q) for q in queue]
         if not specs:
             return []
         try:
@@ -490,8 +530,7 @@ class Controller:
             # free cards of fail-safe racks are not offered (nothing is placed on racks we cannot see)
             p0 = dataclasses.replace(p0, failed=p0.failed | fs_card)
             pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c)
-            how = method if method is not None else cfg.placement_method
-            placement = place_jobs(pp, method=how, time_limit_s=min(1.0, ctx.solver_time_limit_s))
+            placement = place_jobs(pp, method=method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
         except ProblemError as exc:
             notes.append(f"placement skipped: {exc}")
             return []
@@ -633,6 +672,7 @@ class Controller:
             self._prev_plan = decision.plan
         self._last = decision
         running = {j.job_id: j for j in snap.jobs}
+        self._running_since = {jid: self._running_since.get(jid, now) for jid in running}
         fs_card = np.isin(self._card_rack, np.asarray(decision.failsafe_racks, dtype=np.int64))
         levels = {jid: lv for jid, lv in self._computing_level.items() if jid in running}
         for jid, lv in decision.job_levels.items():

@@ -7,7 +7,7 @@
 * :class:`ClosedLoop` runs plant -> readings -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step``
   -> ``apply_to_plant``: a decision every ``period_s`` of plant time and, like the service, at once
   (at most every ``min_replan_interval_s``; the incremental adjustment, no solve) when a job starts,
-  ends or resumes computing::
+  ends, is requeued, resumes computing or (when the agent places jobs) is submitted::
 
       loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15)))
       loop.run(3600)                    # one hour of plant time, 1 s steps
@@ -94,9 +94,13 @@ def _placer(plant: Plant, job_id: str, cards: npt.NDArray[np.int64]) -> Callable
     return lambda: plant.place_job(job_id, cards)
 
 
-def _resumes(ev: JobEvent) -> bool:
-    return ev.kind in ("started", "finished", "failed", "requeued") or (
-        ev.kind == "phase" and ev.phase == Phase.COMPUTE
+def _resumes(ev: JobEvent, placing: bool = True) -> bool:
+    """Job events after which the agent decides again at once (as the service does): a job starts,
+    ends, is requeued or resumes computing, or (when the agent places jobs) is submitted."""
+    return (
+        ev.kind in ("started", "finished", "failed", "requeued")
+        or (ev.kind == "phase" and ev.phase == Phase.COMPUTE)
+        or (placing and ev.kind == "submitted")
     )
 
 
@@ -132,6 +136,7 @@ class ClosedLoop:
         self.last_decision: Decision | None = None
         self._next_s = plant.time_s
         self._last_s = -math.inf
+        self._urgent = False  # an event asked for a decision within min_replan_interval_s of the last one
 
     def observe(self) -> bool:
         """Fold the plant's current readings and events into the belief; True when an event asks
@@ -142,7 +147,8 @@ class ClosedLoop:
         self.state.apply_events(events)
         if self.estimator is not None:
             self.estimator.update(readings)
-        return self.replan and any(_resumes(e) for e in events)
+        placing = self.controller.control.control_placement
+        return self.replan and any(_resumes(e, placing) for e in events)
 
     def decide(self, *, incremental: bool = False) -> Decision:
         """One decision now, applied to the plant (``incremental``: the fast adjustment made on job
@@ -163,13 +169,15 @@ class ClosedLoop:
         end = self.plant.time_s + duration_s
         min_gap = self.controller.control.min_replan_interval_s
         while self.plant.time_s < end - 1e-9:
-            urgent = self.observe()
+            self._urgent = self.observe() or self._urgent
             t = self.plant.time_s
             if t >= self._next_s - 1e-9:
                 self.decide()
+                self._urgent = False
                 self._next_s = max(self._next_s + self.period_s, t + 1e-9)
-            elif urgent and t - self._last_s >= min_gap:
+            elif self._urgent and t - self._last_s >= min_gap:  # (an event within min_gap waits for it)
                 self.decide(incremental=True)
+                self._urgent = False
             self.plant.step(min(dt_s, end - self.plant.time_s))
             if self.on_step is not None:
                 self.on_step(self.plant)

@@ -116,10 +116,13 @@ def mqtt_options(broker: BrokerConfig) -> MqttOptions:
     )
 
 
-def _resumes(ev: JobEvent) -> bool:
-    """Job events after which the agent decides again at once."""
-    return ev.kind in ("started", "finished", "failed", "requeued") or (
-        ev.kind == "phase" and ev.phase == Phase.COMPUTE
+def _resumes(ev: JobEvent, placing: bool = True) -> bool:
+    """Job events after which the agent decides again at once: a job starts, ends, is requeued or
+    resumes computing, or (when the agent places jobs) is submitted."""
+    return (
+        ev.kind in ("started", "finished", "failed", "requeued")
+        or (ev.kind == "phase" and ev.phase == Phase.COMPUTE)
+        or (placing and ev.kind == "submitted")
     )
 
 
@@ -383,7 +386,8 @@ class AgentService:
             self._rounds.put_nowait(whole)
 
     def _on_event(self, ev: JobEvent) -> None:
-        if self.config.control.replan_on_job_events and _resumes(ev):
+        control = self.config.control
+        if control.replan_on_job_events and _resumes(ev, control.control_placement):
             self._replan_wall = time.monotonic()
             self._replan.set()
 

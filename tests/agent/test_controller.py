@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import belief, example_site, full_load_jobs, job
+from agent_helpers import belief, example_site, full_load_jobs, job, small_site
 
 from agent.config import ControlConfig
 from agent.controller import Controller
@@ -22,6 +22,7 @@ from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
 from models.solve import CyclePlanner, DvfsSolver
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout
+from twin.readings import JobEvent
 from twin.state import TwinState
 from twin.workload import Phase
 
@@ -175,3 +176,32 @@ def test_busy_cards_of_unknown_jobs_are_budgeted_not_put_to_sleep() -> None:
     assert np.all(d.budget_rack_power_w <= d.rack_cap_w + 1e-6)
     rep = apply_to_plant(d, plant)
     assert not rep.refused
+
+
+def test_jobs_behind_a_reserved_job_are_backfilled_only_where_they_do_not_delay_it() -> None:
+    """EASY backfilling (agent.backfill): a job that waited placement_backfill_wait_s and does not fit
+    holds a reservation; a short job behind it starts now (it ends before the reservation), a long job
+    that would take the cards the reserved job needs does not."""
+    site = small_site()  # 2 racks of 16 cards
+    running_job = job("run", 24, work_steps=600.0)  # ends in ~10 minutes
+    _plant, state = belief(site, [running_job], 90)
+    queued = [job("big", 28, submit_s=50.0), job("short", 4, work_steps=100.0), job("long", 8, work_steps=1e6)]
+    state.apply_events([JobEvent(50.0, q.job_id, "submitted", Phase.WAITING, job=q) for q in queued])
+    ctl = Controller(site, ControlConfig(period_s=15.0, placement_backfill_wait_s=30.0))
+    d = ctl.step(state.snapshot(), 90.0)
+    assert [p.job_id for p in d.placements] == ["short"]
+    assert any("big" in line and "reservation" in line for line in d.explanation)
+    # before the big job has waited placement_backfill_wait_s, whatever fits is placed
+    ctl2 = Controller(site, ControlConfig(period_s=15.0, placement_backfill_wait_s=3600.0))
+    d2 = ctl2.step(state.snapshot(), 90.0)
+    assert [p.job_id for p in d2.placements] == ["long"]  # the most cards that fit
+
+
+def test_a_submitted_job_is_placed_at_once_not_at_the_next_period() -> None:
+    site = example_site()
+    jobs = [job("first", 64), job("late", 8, submit_s=40.0)]
+    plant = Plant(site, jobs, config=PlantConfig(seed=3, placement="external", external_timeout_s=300.0))
+    loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15.0)))
+    loop.run(60.0)
+    late = next(r for r in plant.job_records() if r.job_id == "late")
+    assert late.start_time_s is not None and late.start_time_s - late.submit_time_s <= 2.0

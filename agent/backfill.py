@@ -1,0 +1,105 @@
+"""EASY backfilling for the agent's placements (the rule the plant's own scheduler follows).
+
+Queued jobs are placed as soon as they fit. Once the job that has waited longest has waited
+``placement_backfill_wait_s`` and still does not fit, it holds a *reservation* (Lifka 1995; Mu'alem
+and Feitelson 2001): the expected time enough cards are free for it (the running jobs release their
+cards in the order of their expected ends) and how many cards are spare then. A job behind it is
+placed only if it fits now AND either is expected to end before the reservation or fits in the
+cards the reservation leaves spare, so big jobs do not starve and small jobs do not leave cards
+idle meanwhile (the agent used to place nothing behind such a job, which left cards idle and queues
+long: issue "queue wait regression").
+
+Expected hold times are what a wall-time request would tell a batch scheduler: start-up plus the
+job's remaining top-clock training stretched by the expected stalls and checkpoints
+(``twin.workload.PhaseModel.expected_wall_time_s`` with the default phase model). The remaining
+work is the job's reported progress where the scheduler reports it, else its full work less the
+time it has been running; a job the agent has no spec for never ends (it frees nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.load import SiteLoad
+from twin.state import JobInfo, StateSnapshot
+from twin.workload import JobSpec, PhaseModel
+
+__all__ = ["Reservation", "backfill_candidates", "expected_hold_s", "reservation"]
+
+_PHASES = PhaseModel()
+
+
+def expected_hold_s(spec: JobSpec | None, *, progress_frac: float = 0.0, running_s: float = 0.0) -> float:
+    """Expected time from now that a job holds its cards: start-up (if it has not run yet) plus its
+    remaining top-clock training stretched by stalls and checkpoints; ``inf`` without a spec."""
+    if spec is None:
+        return math.inf
+    overhead = 1.0 + _PHASES.stall_fraction() + spec.checkpoint_duration_s / spec.checkpoint_interval_s
+    total = spec.work_steps * spec.step_time_s * overhead
+    if progress_frac > 0.0:
+        return max(1.0 - progress_frac, 0.0) * total
+    if running_s > 0.0:
+        return max(_PHASES.startup_s + total - running_s, 0.0)
+    return _PHASES.startup_s + total
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The reservation of a blocked job: the expected time it can start and the cards spare then."""
+
+    shadow_s: float
+    spare_cards: float
+
+
+def reservation(
+    snap: StateSnapshot,
+    load: SiteLoad,
+    n_need: int,
+    n_free: int,
+    now_s: float,
+    running_since_s: Mapping[str, float],
+) -> Reservation:
+    """When ``n_need`` cards are expected to be free (``n_free`` are free now; every busy card of
+    ``load`` is released at its job's expected end) and how many are spare then. A job that can
+    never fit reserves nothing (``inf``, unlimited spare)."""
+    running = {j.job_id: j for j in snap.jobs}
+    queued = {q.job_id: q for q in snap.queue}
+    ends: list[tuple[float, int]] = []
+    for j in load.jobs:
+        info: JobInfo | None = running.get(j.job_id) or queued.get(j.job_id)
+        spec = info.spec if info is not None else None
+        if j.origin == "placing":
+            hold = expected_hold_s(spec)
+        else:
+            progress = info.progress_frac if info is not None else 0.0
+            since = running_since_s.get(j.job_id, now_s)
+            hold = expected_hold_s(spec, progress_frac=progress, running_s=now_s - since)
+        ends.append((now_s + hold, int(j.cards.size)))
+    ends.sort()
+    avail = n_free
+    if avail >= n_need:
+        return Reservation(now_s, float(avail - n_need))
+    for end, n in ends:
+        avail += n
+        if avail >= n_need:
+            return Reservation(end, float(avail - n_need))
+    return Reservation(math.inf, math.inf)
+
+
+def backfill_candidates(
+    queue: Sequence[JobInfo], specs: Sequence[JobSpec], res: Reservation, now_s: float
+) -> list[int]:
+    """Indices of the queued jobs (in queue order) that may start ahead of the reserved job: those
+    expected to end before the reservation, and those that fit in its spare cards (taken in turn)."""
+    spare = res.spare_cards
+    out: list[int] = []
+    for i, (q, spec) in enumerate(zip(queue, specs, strict=True)):
+        end = now_s + expected_hold_s(spec if q.spec is not None else None)
+        if end <= res.shadow_s:
+            out.append(i)
+        elif spec.n_cards <= spare:
+            spare -= spec.n_cards
+            out.append(i)
+    return out
