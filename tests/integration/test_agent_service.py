@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sim_testing import write_capped_small_site
 
 from agent import wire
 from agent.broker import EmbeddedBroker
@@ -54,20 +55,7 @@ DVFS_SETTLE_S = 1.5  # the card's dvfs_latency_s (0.5 s) plus the truth log's 1 
 
 
 def write_site(folder: Path) -> Path:
-    """The example hardware as 2 racks of 16 cards, host overhead and rack limit scaled by 16/64."""
-    text = (REPO / "examples" / "supernode-512.toml").read_text(encoding="utf-8")
-    for pattern, new in (
-        (r'^name = ".*"', 'name = "small-2x16"'),
-        (r"^racks_per_supernode = 8\b", "racks_per_supernode = 2"),
-        (r"^torus_dims = \[8, 8, 8\]", "torus_dims = [4, 4, 2]"),
-        (r"^host_overhead_w = 8800\.0", "host_overhead_w = 2200.0"),
-        (r"^power_limit_w = 50000\.0", f"power_limit_w = {LIMIT_W}"),
-    ):
-        text, n = re.subn(pattern, new, text, flags=re.M)
-        assert n == 1, pattern
-    path = folder / "site.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_capped_small_site(folder, LIMIT_W)
 
 
 def write_config(
@@ -270,7 +258,7 @@ def in_control_from_s(res: RunResult) -> float:
     first = [c for c in res.commands if c["decision_id"] == first_decision and c["target"].startswith("r")]
     assert first, "the first decision sent no rack command"
     assert all(c["state"] == "applied" and c["acked_s"] is not None for c in first), first
-    return max(c["acked_s"] for c in first) + DVFS_SETTLE_S
+    return float(max(c["acked_s"] for c in first)) + DVFS_SETTLE_S
 
 
 def assert_true_power_under_limit(res: RunResult) -> None:

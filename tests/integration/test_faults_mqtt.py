@@ -12,11 +12,11 @@ stuck rack, bad readings refused).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sim_testing import write_capped_small_site
 
 from agent.broker import EmbeddedBroker
 from agent.commands.demo import MqttRun, run_closed_loop
@@ -101,20 +101,7 @@ fraction = 1.0
 
 
 def write_site(folder: Path) -> Path:
-    """The example hardware as 2 racks of 16 cards, host overhead and rack limit scaled by 16/64."""
-    text = (REPO / "examples" / "supernode-512.toml").read_text(encoding="utf-8")
-    for pattern, new in (
-        (r'^name = ".*"', 'name = "small-2x16"'),
-        (r"^racks_per_supernode = 8\b", "racks_per_supernode = 2"),
-        (r"^torus_dims = \[8, 8, 8\]", "torus_dims = [4, 4, 2]"),
-        (r"^host_overhead_w = 8800\.0", "host_overhead_w = 2200.0"),
-        (r"^power_limit_w = 50000\.0", f"power_limit_w = {LIMIT_W}"),
-    ):
-        text, n = re.subn(pattern, new, text, flags=re.M)
-        assert n == 1, pattern
-    path = folder / "site.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_capped_small_site(folder, LIMIT_W)
 
 
 def write_scenario(folder: Path, kind: str) -> Path:
