@@ -57,6 +57,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -348,10 +349,8 @@ class Controller:
         was_idle = ~prev.card_busy & ~prev.card_failed
         low = np.where(was_idle, prev.card_low_power, True)  # idle cards keep their state, freed ones sleep
         low = np.where(fs_card, snap_lp, low) & ~load.busy
-        nan_r = np.full(site.n_racks, np.nan)
-        return Decision(
-            cycle=ctx.cycle,
-            time_s=ctx.now_s,
+        return self._unpredicted_decision(
+            ctx,
             card_level=level,
             card_low_power=low,
             card_power_limit_w=np.full(site.n_cards, site.card.power_limit_w),
@@ -363,8 +362,19 @@ class Controller:
             plan_status=prev.plan_status,
             source="incremental",
             solve_time_s=time.perf_counter() - t0,
+            explanation=tuple(notes),
+        )
+
+    def _unpredicted_decision(self, ctx: StepContext, **settings: Any) -> Decision:
+        """A decision made without the twin's predictions (an incremental adjustment or a hold): the
+        prediction fields are NaN until the guard fills them; ``settings`` are the remaining fields."""
+        site = self.site
+        nan_r = np.full(site.n_racks, np.nan)
+        return Decision(
+            cycle=ctx.cycle,
+            time_s=ctx.now_s,
             failsafe_racks=ctx.failsafe_racks,
-            rack_cap_w=site.rack_power_limits_w() - cfg.rack_margin_w,
+            rack_cap_w=site.rack_power_limits_w() - self.control.rack_margin_w,
             predicted_rack_power_w=nan_r,
             budget_rack_power_w=nan_r.copy(),
             predicted_rack_max_die_c=nan_r.copy(),
@@ -372,7 +382,7 @@ class Controller:
             predicted_facility_power_w=math.nan,
             predicted_pue=math.nan,
             max_power_limit_w=site.card.power_limit_w,
-            explanation=tuple(notes),
+            **settings,
         )
 
     def _problem(self, load: SiteLoad, snap: StateSnapshot, ctx: StepContext, fs_card: BoolArray) -> CycleProblem:
@@ -630,12 +640,9 @@ class Controller:
     ) -> Decision:
         """Keep the settings in force (the guard still enforces the caps)."""
         site = self.site
-        n_r = site.n_racks
-        nan_r = np.full(n_r, np.nan)
         lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
-        return Decision(
-            cycle=ctx.cycle,
-            time_s=ctx.now_s,
+        return self._unpredicted_decision(
+            ctx,
             card_level=np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, site.card.n_levels - 1),
             card_low_power=np.asarray(snap.card_low_power, dtype=bool).copy(),
             card_power_limit_w=np.where(np.isfinite(lim), lim, site.card.power_limit_w),
@@ -647,15 +654,6 @@ class Controller:
             plan_status="error",
             source="hold",
             solve_time_s=elapsed_s,
-            failsafe_racks=ctx.failsafe_racks,
-            rack_cap_w=site.rack_power_limits_w() - self.control.rack_margin_w,
-            predicted_rack_power_w=nan_r,
-            budget_rack_power_w=nan_r.copy(),
-            predicted_rack_max_die_c=nan_r.copy(),
-            predicted_it_power_w=math.nan,
-            predicted_facility_power_w=math.nan,
-            predicted_pue=math.nan,
-            max_power_limit_w=site.card.power_limit_w,
             explanation=tuple(notes),
         )
 
