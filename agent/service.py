@@ -480,10 +480,11 @@ class AgentService:
             if self._stop.is_set():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=0.2)
+                await asyncio.wait_for(self._stop.wait(), timeout=0.02)
         now = self.clock.now()
         assert now is not None
         self._resume_commands(now)
+        now = await self._await_first_round(now)
         next_t = now
         last_cycle = -math.inf
         while not self._stop.is_set():
@@ -522,6 +523,20 @@ class AgentService:
                 next_t += cfg.period_s
                 if next_t <= now:  # fell behind by more than a period: decide again one period from now
                     next_t = now + cfg.period_s
+
+    async def _await_first_round(self, start_s: float) -> float:
+        """Hold the first decision until every rack has reported once (cards, loop and PDU) or one
+        period of site time has passed; return the site time it is made at. Deciding on the first
+        message alone would put every rack not heard from yet at fail-safe caps for a period (a site
+        throttled at each agent restart) and treat the cards of jobs not yet announced as idle."""
+        end_s = start_s + self.config.control.period_s
+        while not self._stop.is_set():
+            now = self.clock.now()
+            if now is None or now >= end_s or bool(np.all(np.isfinite(self.state.rack_last_seen_s()))):
+                return now if now is not None else start_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=min(0.05, self.clock.wall_seconds(end_s - now)))
+        return self.clock.now() or start_s
 
     async def _cycle(self, now: float, trigger_wall: float, *, incremental: bool = False) -> None:
         cfg = self.config.control

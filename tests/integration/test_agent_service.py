@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import csv
 import json
+import math
 import os
 import re
 import signal
@@ -36,6 +37,7 @@ from agent.bus import Bus, Incoming
 from agent.config import LoadedConfig, load_config
 from agent.service import AgentService
 from sim.runner import SimOptions, SimSummary, Simulator
+from sim.telemetry import TelemetryEncoder
 from twin.scenario import RunScenario, build_plant, run_scenario_from_dict
 from twin.spec import SiteSpec, load_site
 
@@ -289,6 +291,56 @@ async def test_full_load_true_rack_power_stays_under_the_limit(mosquitto: Embedd
     applied = [c for c in res.commands if c["state"] == "applied"]
     assert applied and res.summary.commands_applied >= len(applied)
     assert {d[2]["status"] for d in res.decisions} <= {"optimal", "feasible", "fallback", "incremental"}
+
+
+async def publish_rounds(
+    broker: EmbeddedBroker, site: SiteSpec, racks_at: Callable[[float], set[str]], until_s: float, speed: float
+) -> None:
+    """The plant of :func:`full_load` stepped by hand, one telemetry round per site second (wall time
+    scaled by ``speed``), publishing only the racks ``racks_at(t)`` names (and the facility)."""
+    plant = build_plant(full_load(site, until_s + 1.0))
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site=SITE_ID))
+    encoder = TelemetryEncoder(codec, site, wire.Sequencer("sim"))
+    rack_topic = re.compile(r"/rack/([^/]+)/")
+    async with Bus(broker.options(), name="racks") as bus:
+        await bus.wait_connected(10)
+        t = 0.0
+        while t <= until_s:
+            for out in encoder.readings(plant.readings(), START + t):
+                m = rack_topic.search(out.topic)
+                if m is None or m.group(1) in racks_at(t):
+                    await bus.send(out)
+            plant.step(1.0)
+            t += 1.0
+            await asyncio.sleep(1.0 / speed)
+
+
+@pytest.mark.parametrize(("r1_from_s", "failsafe"), [(3.0, []), (math.inf, ["r1"])])
+async def test_the_first_decision_waits_for_every_rack_to_report(
+    mosquitto: EmbeddedBroker, tmp_path: Path, r1_from_s: float, failsafe: list[str]
+) -> None:
+    """An agent that starts while only r0 reports holds its first decision until r1 has reported
+    (r1 at fail-safe caps on the strength of r0's first message would throttle it for a period),
+    but no longer than a period: a rack that never reports is at fail-safe caps then."""
+    site = load_site(write_site(tmp_path))
+    speed = 10.0
+    loaded = loaded_config(write_config(tmp_path, speed=speed), mosquitto)
+    service = AgentService(loaded, mqtt=mosquitto.options(client_id="agent-first"), http=False)
+    agent = asyncio.create_task(service.run())
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        racks = lambda t: {"r0", "r1"} if t >= r1_from_s else {"r0"}  # noqa: E731
+        await publish_rounds(mosquitto, site, racks, 2 * PERIOD_S, speed)
+    finally:
+        service.stop()
+        await asyncio.wait_for(agent, 15)
+    decisions, _commands = read_journal(Path(loaded.config.journal.path))
+    _cycle, first_s, first = decisions[0]
+    assert first["failsafe_racks"] == failsafe, first
+    if failsafe:
+        assert PERIOD_S - 1.0 <= first_s <= PERIOD_S + 1.0  # one period after r0's first message
+    else:
+        assert r1_from_s <= first_s < PERIOD_S
 
 
 async def test_a_silent_rack_goes_to_failsafe_caps_within_three_periods(
