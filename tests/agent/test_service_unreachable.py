@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from http_testing import http_get
 
 from agent.bus import MqttOptions
 from agent.config import load_config
@@ -25,16 +26,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    data = await reader.read()
-    writer.close()
-    head, _, body = data.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
-
-
 async def test_unreachable_broker_keeps_retrying_and_readiness_says_why(tmp_path: Path) -> None:
     loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
     port = free_port()  # nothing listens there
@@ -47,12 +38,12 @@ async def test_unreachable_broker_keeps_retrying_and_readiness_says_why(tmp_path
         await asyncio.sleep(0.02)
     assert service.bus.stats.failed_connects >= 2  # it keeps trying
     assert service.http_port is not None
-    status, body = await get(service.http_port, "/readyz")
+    status, body = await http_get(service.http_port, "/readyz")
     assert status == 503
     reasons = json.loads(body)["reasons"]
     assert any(f"127.0.0.1:{port}" in r and "not connected" in r for r in reasons)
     assert any("no telemetry" in r for r in reasons)
-    assert (await get(service.http_port, "/healthz"))[0] == 200
+    assert (await http_get(service.http_port, "/healthz"))[0] == 200
     service.stop()
     await asyncio.wait_for(task, 10)
     assert task.done() and task.exception() is None

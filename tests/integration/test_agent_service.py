@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from http_testing import http_get
 from sim_testing import write_capped_small_site
 
 from agent import wire
@@ -423,16 +424,6 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     assert seen["ready"][0] == 200
     assert res.service.state.invalid_count.sum() == 0  # nothing of it reached the belief
     assert_true_power_under_limit(res)
-
-
-async def http_get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    data = await reader.read()
-    writer.close()
-    head, _, body = data.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
 
 
 async def test_the_agent_survives_a_broker_restart_without_losing_a_command(
