@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from agent.config import ControlConfig, PricesConfig
 from agent.policies import POLICY_NAMES, ControlStats, Policy, make_policy
+from agent.targets import TargetCheck, check_targets, validate_targets
 from twin.plant import Plant
 from twin.scenario import RunScenario, build_plant
 
@@ -105,6 +106,9 @@ class Evaluation:
     results: dict[str, PolicyResult] = field(default_factory=dict)
     requested: tuple[str, ...] = ()
     wall_s: float = 0.0
+    # the scenario's [targets] judged (agent.targets); empty when it has none or its policy did not run
+    targets: list[TargetCheck] = field(default_factory=list)
+    targets_policy: str | None = None
 
     def policies_json(self) -> dict[str, dict[str, Any]]:
         """``{name: metrics}`` of the requested policies (the ``--json`` output's ``policies``)."""
@@ -447,6 +451,8 @@ def evaluate(
     for name in requested:
         if name not in POLICY_NAMES:
             raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")
+    if scenario.targets is not None:
+        validate_targets(scenario.targets, POLICY_NAMES)
     names = list(requested) if "baseline" in requested else [*requested, "baseline"]
     ev = Evaluation(scenario=_scenario_info(scenario), requested=requested)
     t0 = time.perf_counter()
@@ -459,6 +465,16 @@ def evaluate(
         ev.results = _run_parallel(scenario, names, jobs, control, prices, sample_s, progress)
     ev.wall_s = time.perf_counter() - t0
     _compare(ev)
+    tg = scenario.targets
+    if tg is not None and tg.policy in ev.results:
+        ev.targets_policy = tg.policy
+        ev.targets = check_targets(
+            tg,
+            {n: r.metrics for n, r in ev.results.items()},
+            {n: r.breakdown_kwh for n, r in ev.results.items()},
+            scenario.site,
+            scenario.jobs,
+        )
     return ev
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "JOB_ID_PATTERN",
     "BrokerDisconnect",
     "RunScenario",
+    "ScenarioTargets",
     "SimFault",
     "build_plant",
     "default_run_scenario",
@@ -141,11 +142,37 @@ class RunScenario:
     # share of the site's card-seconds the jobs would hold over the run with unlimited cards
     # (:func:`offered_allocation`; generated workloads only, else NaN)
     offered_allocation: float = math.nan
+    targets: ScenarioTargets | None = None  # ``[targets]``, checked by ``racktwin evaluate``
 
 
 # --------------------------------------------------------------------------------------------
 # File sections
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScenarioTargets:
+    """``[targets]``: what one policy must show on this scenario, checked by ``racktwin evaluate``
+    (``agent.targets``), which reports each as met or missed, by how much and why.
+
+    Every bound is optional; a scenario without ``[targets]`` is only measured. Savings and losses
+    are against the baseline policy of the same run; limit violations are rack-seconds of TRUE rack
+    power over the limit from the end of the first control period. ``better_than`` names policies
+    the judged one must beat on facility energy at equal or better throughput ("equal": within
+    ``equal_throughput_tolerance_pct`` of theirs). Policy names are checked by ``racktwin evaluate``
+    (this module does not know the policies). ``reference`` says where the targets come from.
+    """
+
+    policy: str = "racktwin"
+    facility_saving_pct_min: float | None = field(default=None, metadata=rng(-100.0, 100.0))
+    throughput_loss_pct_max: float | None = field(default=None, metadata=rng(-100.0, 100.0))
+    pue_max: float | None = field(default=None, metadata=rng(1.0, 10.0))
+    limit_violation_s_max: float | None = field(default=None, metadata=rng(0.0, 1e12))
+    limit_violation_longest_s_max: float | None = field(default=None, metadata=rng(0.0, 1e12))
+    die_over_max_card_s_max: float | None = field(default=None, metadata=rng(0.0, 1e12))
+    better_than: tuple[str, ...] | None = None
+    equal_throughput_tolerance_pct: float = field(default=0.0, metadata=rng(0.0, 100.0))
+    reference: str | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +239,7 @@ class _RunFile:
     telemetry_period_s: float = field(default=1.0, metadata=rng(0.01, 3600.0))
     workload: _WorkloadSection = field(default_factory=_WorkloadSection)
     plant: _PlantSection = field(default_factory=_PlantSection)
+    targets: ScenarioTargets | None = None
 
 
 _SEPARATE_KEYS = ("ambient", "phases", "jobs", "faults")
@@ -377,6 +405,7 @@ def run_scenario_from_dict(
         running_at_start=tuple(running),
         workload=what,
         offered_allocation=offered if w.source == "generate" else math.nan,
+        targets=top.targets,
     )
 
 

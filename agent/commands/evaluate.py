@@ -27,6 +27,7 @@ from agent.commands.common import UserError, _clean, print_json
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
 from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
+from agent.targets import TargetCheck, TargetsError, validate_targets
 from twin.tables import SpecError
 
 #: Colours of the policies in the plots.
@@ -105,6 +106,11 @@ def run(args: argparse.Namespace, command: str) -> int:
         scenario = load_run_scenario(path, seed=args.seed, duration_s=args.duration)
     except SpecError as exc:
         raise _fail(str(exc)) from None
+    if scenario.targets is not None:
+        try:
+            validate_targets(scenario.targets, POLICY_NAMES)
+        except TargetsError as exc:
+            raise _fail(f"{path}: {exc}") from None
     out_dir = Path(args.out) if args.out is not None else Path("out") / f"evaluate-{scenario.name}"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +153,8 @@ def run(args: argparse.Namespace, command: str) -> int:
             ev = evaluate(scenario, policies, jobs=jobs, sample_s=args.sample_s, progress=progress)
     except EvaluationError as exc:
         raise _fail(str(exc).splitlines()[0] + " (see the traceback above)") from exc
+    except TargetsError as exc:
+        raise _fail(f"{path}: {exc}") from None
     write_outputs(ev, out_dir)
     if not quiet:
         print(
@@ -155,10 +163,15 @@ def run(args: argparse.Namespace, command: str) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if args.json:
+    targets = format_targets(ev.targets_policy, ev.targets) if ev.targets_policy is not None else ""
+    if args.json:  # stdout: the documented object only; the targets are in metrics.json
         print_json({"policies": ev.policies_json()})
+        if targets and not quiet:
+            print(targets, file=sys.stderr, flush=True)
     else:
         print(format_table(ev))
+        if targets:
+            print(targets)
     return 0
 
 
@@ -231,11 +244,33 @@ def format_table(ev: Evaluation) -> str:
     return "\n".join(lines)
 
 
+def _verdict(c: TargetCheck) -> str:
+    return "not judged" if c.met is None else ("met" if c.met else "MISSED")
+
+
+def format_targets(policy: str, checks: list[TargetCheck]) -> str:
+    """The scenario's targets for ``policy``, one line each, with the reason under a missed one."""
+    lines = [f"targets for {policy} (the scenario's [targets]):"]
+    for c in checks:
+        extra = f", {c.shortfall}" if c.shortfall else ""
+        lines.append(f"  {_verdict(c):<10} {c.name}: {c.measured} (target {c.target}{extra})")
+        if c.why:
+            lines.append(f"             why: {c.why}")
+    n_missed = sum(1 for c in checks if c.met is False)
+    lines.append(f"  {len(checks) - n_missed} of {len(checks)} targets met" if checks else "  (no target given)")
+    return "\n".join(lines)
+
+
 def write_outputs(ev: Evaluation, out_dir: Path) -> None:
     names = list(ev.results)
     full = {
         "scenario": ev.scenario,
         "wall_s": ev.wall_s,
+        "targets": (
+            {"policy": ev.targets_policy, "checks": [c.as_dict() for c in ev.targets]}
+            if ev.targets_policy is not None
+            else None
+        ),
         "policies": {
             n: {
                 "metrics": r.metrics,
@@ -390,6 +425,7 @@ def _report_html(ev: Evaluation) -> str:
         f"same plant (same jobs, weather, card spread, sensor noise, faults) in process; all numbers are the "
         f"plant's true values. {len(res)} runs took {ev.wall_s:,.0f} s wall.</p>"
         + table_html(heads, rows)
+        + _targets_html(ev)
         + "<p>throughput: top-clock-equivalent cards of training (work done per second, the same jobs for every "
         "policy; a slowed policy finishes fewer jobs, so work done is what is compared); loss and saving against "
         "the baseline; over s: rack-seconds of true power over a limit from the end of the first control period; "
@@ -402,6 +438,15 @@ def _report_html(ev: Evaluation) -> str:
         + ("<h2>What the controllers did (examples)</h2>" + notes if notes else "")
     )
     return page(f"racktwin evaluate: {sc['name']}", body)
+
+
+def _targets_html(ev: Evaluation) -> str:
+    if ev.targets_policy is None:
+        return ""
+    rows = [[c.name, c.target, c.measured, _verdict(c), c.shortfall, c.why] for c in ev.targets]
+    return f"<h2>Targets for {escape(ev.targets_policy)} (the scenario's [targets])</h2>" + table_html(
+        ["target", "bound", "measured", "verdict", "by how much", "why"], rows
+    )
 
 
 def _fmt_any(v: Any) -> str:

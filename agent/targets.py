@@ -1,0 +1,317 @@
+"""A scenario's targets, judged on an evaluation: met or missed, by how much, and why.
+
+A run scenario may declare what one policy must show (``[targets]``, ``twin.scenario.ScenarioTargets``:
+a facility saving against the baseline, a throughput-loss bound, a PUE bound, rack-limit and die
+bounds, policies to beat). :func:`check_targets` judges the evaluated metrics against them and,
+for every target missed, explains the miss with numbers from the same run:
+
+* **facility saving**: :func:`saving_ceiling` bounds what the controller's levers can remove from
+  the baseline's energy at the target's throughput-loss budget, lever by lever, from where the
+  baseline's energy went (``agent.evaluate.BREAKDOWN_KEYS``) and the site's power model:
+
+  - idle cards: every idle card in low-power idle all the time saves ``1 - low_power_idle_w /
+    idle_power_w`` of their awake energy;
+  - busy cards not computing (checkpoints, stalls): at most all of it;
+  - computing cards: slowing a job one DVFS level saves at most ``k`` times its relative throughput
+    loss in power (``k`` from the site's DVFS table and the jobs' compute shares,
+    :func:`dvfs_saving_per_loss`), so a loss budget ``L`` bounds the saving at ``k L`` of their energy;
+  - fans and chiller: at most all of it (a warm enough set-point);
+  - UPS and other overhead: in proportion to the IT energy removed;
+  - hosts and pumps: nothing (no lever: hosts stay on, the rack loops' flow is fixed).
+
+  The ceiling is an upper bound, not a forecast: it ignores every constraint (caps, die limits,
+  wake-up latency, the ready reserve).
+* **throughput loss**: split into fewer busy card-seconds (when jobs ran: placement, queue order,
+  what was still queued at the end) and slower busy cards (DVFS, wake-ups);
+* **better than a policy**: the energy and throughput differences; identical results say the two
+  made the same decisions;
+* PUE, limits and dies: the measured values beside the bounds.
+
+Pure functions of the metrics (no I/O); ``racktwin evaluate`` prints and writes the checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from twin.power import PowerModel
+from twin.scenario import ScenarioTargets
+from twin.spec import SiteSpec
+from twin.workload import JobSpec, compute_utilization, relative_throughput
+
+__all__ = [
+    "SavingCeiling",
+    "TargetCheck",
+    "TargetsError",
+    "check_targets",
+    "dvfs_saving_per_loss",
+    "saving_ceiling",
+    "validate_targets",
+]
+
+#: Relative differences below this count as identical (two policies that made the same decisions
+#: differ only in the last digits of float sums).
+_SAME_FRAC = 1e-4
+
+
+class TargetsError(ValueError):
+    """Targets that cannot be judged (an unknown policy, a policy that did not run)."""
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    """One target judged: ``met`` is None when it could not be judged (see ``why``)."""
+
+    name: str
+    target: str
+    measured: str
+    met: bool | None
+    shortfall: str  # by how much it was missed ("" when met)
+    why: str  # the numbers behind a miss ("" when met)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "target": self.target,
+            "measured": self.measured,
+            "met": self.met,
+            "shortfall": self.shortfall,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class SavingCeiling:
+    """Upper bound of the facility saving reachable with the controller's levers (kWh per lever)."""
+
+    parts_kwh: dict[str, float]
+    baseline_kwh: float
+    dvfs_k: float  # power saved per unit of throughput lost, best DVFS step
+    loss_budget_pct: float
+
+    @property
+    def total_kwh(self) -> float:
+        return float(sum(self.parts_kwh.values()))
+
+    @property
+    def total_pct(self) -> float:
+        return 100.0 * self.total_kwh / self.baseline_kwh if self.baseline_kwh > 0 else math.nan
+
+
+def validate_targets(targets: ScenarioTargets, known: Sequence[str]) -> None:
+    """Refuse targets naming a policy that does not exist (before any policy runs)."""
+    for name in (targets.policy, *(targets.better_than or ())):
+        if name not in known:
+            raise TargetsError(f"[targets]: unknown policy {name!r} (choose from {', '.join(known)})")
+
+
+def dvfs_saving_per_loss(site: SiteSpec, jobs: Sequence[JobSpec]) -> float:
+    """Largest ratio of relative power saved to relative throughput lost when a computing card of
+    one of ``jobs`` goes from the top level to any lower one (at the reference temperature).
+
+    A slowed card draws ``P_k`` instead of ``P_0`` and does ``thr_k`` of its work; the ratio
+    ``(1 - P_k / P_0) / (1 - thr_k)`` bounds the saving per unit of loss of any DVFS plan."""
+    model = PowerModel.from_card(site.card)
+    kinds = sorted({(j.compute_share, j.noncompute_utilization) for j in jobs})
+    if not kinds or model.n_levels < 2:
+        return 0.0
+    share = np.array([c for c, _u in kinds], dtype=np.float64)
+    other_u = np.array([u for _c, u in kinds], dtype=np.float64)
+    f_rel = model.clocks_mhz / model.clocks_mhz[0]
+    t_ref = np.full(share.size, model.reference_temp_c)
+    p0 = model.active_power_w(np.zeros(share.size, dtype=np.int64), compute_utilization(share, 1.0, other_u), t_ref)
+    best = 0.0
+    for k in range(1, model.n_levels):
+        u = compute_utilization(share, f_rel[k], other_u)
+        pk = model.active_power_w(np.full(share.size, k, dtype=np.int64), u, t_ref)
+        loss = 1.0 - relative_throughput(share, f_rel[k])
+        ok = loss > 1e-9
+        if np.any(ok):
+            best = max(best, float(np.max((1.0 - pk[ok] / p0[ok]) / loss[ok])))
+    return best
+
+
+def saving_ceiling(
+    site: SiteSpec,
+    baseline_breakdown_kwh: Mapping[str, float],
+    baseline_facility_kwh: float,
+    loss_budget_pct: float,
+    jobs: Sequence[JobSpec],
+) -> SavingCeiling:
+    """Upper bound of the facility saving at ``loss_budget_pct`` of throughput (module docstring)."""
+    b = baseline_breakdown_kwh
+    card = site.card
+    k = dvfs_saving_per_loss(site, jobs)
+    budget = max(loss_budget_pct, 0.0) / 100.0
+    asleep_frac = 1.0 - card.low_power_idle_w / card.idle_power_w
+    parts = {
+        "idle cards to low-power idle": b.get("cards_idle_awake", 0.0) * asleep_frac,
+        "busy cards not computing": b.get("cards_busy_not_computing", 0.0),
+        "computing cards (DVFS within the loss budget)": b.get("cards_computing", 0.0) * min(1.0, k * budget),
+        "fans and chiller": b.get("fans", 0.0) + b.get("chiller", 0.0),
+    }
+    it_kwh = sum(b.get(x, 0.0) for x in ("hosts", "cards_computing", "cards_busy_not_computing", "cards_idle_awake"))
+    it_kwh += b.get("cards_low_power", 0.0)
+    it_removed = parts["idle cards to low-power idle"] + parts["busy cards not computing"]
+    it_removed += parts["computing cards (DVFS within the loss budget)"]
+    parts["UPS and other overhead"] = b.get("ups_and_other", 0.0) * (it_removed / it_kwh if it_kwh > 0 else 0.0)
+    return SavingCeiling(parts, baseline_facility_kwh, k, 100.0 * budget)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.2f}%" if math.isfinite(x) else "-"
+
+
+def check_targets(
+    targets: ScenarioTargets,
+    metrics: Mapping[str, Mapping[str, Any]],
+    breakdown_kwh: Mapping[str, Mapping[str, float]],
+    site: SiteSpec,
+    jobs: Sequence[JobSpec],
+) -> list[TargetCheck]:
+    """Judge ``targets`` on an evaluation's ``metrics`` and ``breakdown_kwh`` (per policy; the
+    baseline must be among them for savings, losses and ceilings)."""
+    name = targets.policy
+    if name not in metrics:
+        raise TargetsError(f"targets.policy {name!r} did not run")
+    m = metrics[name]
+    base = metrics.get("baseline")
+    checks: list[TargetCheck] = []
+
+    def add(title: str, target: str, measured: str, met: bool | None, shortfall: str = "", why: str = "") -> None:
+        checks.append(TargetCheck(title, target, measured, met, "" if met else shortfall, "" if met else why))
+
+    loss_budget = targets.throughput_loss_pct_max if targets.throughput_loss_pct_max is not None else 0.0
+    if targets.facility_saving_pct_min is not None:
+        want = targets.facility_saving_pct_min
+        got = float(m.get("facility_energy_saving_pct", math.nan))
+        if base is None or not math.isfinite(got):
+            add("facility saving vs baseline", f">= {want:g}%", "-", None, why="the baseline did not run")
+        else:
+            ceil = saving_ceiling(
+                site, breakdown_kwh["baseline"], float(base["facility_energy_kwh"]), loss_budget, jobs
+            )
+            parts = "; ".join(
+                f"{k} {v:,.1f} kWh ({100 * v / ceil.baseline_kwh:.2f}%)" for k, v in ceil.parts_kwh.items()
+            )
+            b = breakdown_kwh["baseline"]
+            fixed = b.get("hosts", 0.0) + b.get("pumps", 0.0)
+            why = (
+                f"with {name}'s levers the saving is at most {ceil.total_pct:.2f}% of the baseline's "
+                f"{ceil.baseline_kwh:,.1f} kWh at {ceil.loss_budget_pct:g}% throughput loss: {parts}. Hosts and "
+                f"pumps ({100 * fixed / ceil.baseline_kwh:.1f}% of the baseline) have no lever; a DVFS step saves "
+                f"at most {ceil.dvfs_k:.2f}x its relative throughput loss in card power. {name} reached "
+                f"{100 * got / ceil.total_pct:.0f}% of that bound."
+                if ceil.total_pct > 0
+                else f"with {name}'s levers nothing can be saved at this throughput-loss budget"
+            )
+            add(
+                "facility saving vs baseline",
+                f">= {want:g}%",
+                _pct(got),
+                got >= want,
+                f"{want - got:.2f} points short",
+                why,
+            )
+    if targets.throughput_loss_pct_max is not None:
+        want = targets.throughput_loss_pct_max
+        got = float(m.get("throughput_loss_pct", math.nan))
+        why = ""
+        if base is not None and math.isfinite(got):
+            busy_b, busy_p = float(base["busy_card_frac"]), float(m["busy_card_frac"])
+            if busy_b > 0 and busy_p > 0:
+                busy_loss = 100.0 * (1.0 - busy_p / busy_b)
+                speed_b = float(base["throughput"]) / busy_b
+                speed_p = float(m["throughput"]) / busy_p
+                speed_loss = 100.0 * (1.0 - speed_p / speed_b) if speed_b > 0 else math.nan
+                why = (
+                    f"{busy_loss:+.2f}% busy card-seconds (when jobs ran: placement, queue order, jobs still "
+                    f"queued at the end; {name} {100 * busy_p:.2f}% of the cards busy, baseline {100 * busy_b:.2f}%) "
+                    f"and {speed_loss:+.2f}% work per busy card-second (DVFS levels, card wake-ups)"
+                )
+        add(
+            "throughput loss vs baseline",
+            f"< {want:g}%",
+            _pct(got),
+            (got < want) if math.isfinite(got) else None,
+            f"{got - want:.2f} points over",
+            why,
+        )
+    if targets.pue_max is not None:
+        got = float(m["pue"])
+        cool, it = float(m["cooling_energy_kwh"]), float(m["it_energy_kwh"])
+        fac = float(m["facility_energy_kwh"])
+        add(
+            "time-weighted PUE",
+            f"<= {targets.pue_max:g}",
+            f"{got:.4f}",
+            got <= targets.pue_max,
+            f"{got - targets.pue_max:.4f} over",
+            f"cooling {cool:,.1f} kWh and other overhead {fac - it - cool:,.1f} kWh on {it:,.1f} kWh of IT energy",
+        )
+    if targets.limit_violation_s_max is not None:
+        got = float(m["limit_violation_s"])
+        add(
+            "true rack power over a limit",
+            f"<= {targets.limit_violation_s_max:g} rack-s",
+            f"{got:,.0f} rack-s",
+            got <= targets.limit_violation_s_max,
+            f"{got - targets.limit_violation_s_max:,.0f} rack-s over",
+            f"{int(m['limit_violation_episodes'])} episodes, longest {float(m['limit_violation_longest_s']):,.0f} s, "
+            f"{float(m['limit_violation_kws']):,.1f} kW x s over; "
+            f"largest rack {float(m['max_rack_power_w']) / 1e3:.2f} kW",
+        )
+    if targets.limit_violation_longest_s_max is not None:
+        got = float(m["limit_violation_longest_s"])
+        add(
+            "longest time over a rack limit",
+            f"<= {targets.limit_violation_longest_s_max:g} s",
+            f"{got:,.0f} s",
+            got <= targets.limit_violation_longest_s_max,
+            f"{got - targets.limit_violation_longest_s_max:,.0f} s too long",
+            f"{float(m['limit_violation_s']):,.0f} rack-s over in {int(m['limit_violation_episodes'])} episodes",
+        )
+    if targets.die_over_max_card_s_max is not None:
+        got = float(m["die_over_max_card_s"])
+        add(
+            "dies over their maximum",
+            f"<= {targets.die_over_max_card_s_max:g} card-s",
+            f"{got:,.0f} card-s",
+            got <= targets.die_over_max_card_s_max,
+            f"{got - targets.die_over_max_card_s_max:,.0f} card-s over",
+            f"hottest die {float(m['max_die_temp_c']):.1f} deg C (maximum {site.card.max_temp_c:g} deg C)",
+        )
+    tol = targets.equal_throughput_tolerance_pct
+    for other in targets.better_than or ():
+        if other not in metrics:
+            add(f"better than {other}", "less energy, equal or more work", "-", None, why=f"{other} did not run")
+            continue
+        o = metrics[other]
+        e_p, e_o = float(m["facility_energy_kwh"]), float(o["facility_energy_kwh"])
+        w_p, w_o = float(m["throughput"]), float(o["throughput"])
+        d_e = 100.0 * (e_p / e_o - 1.0) if e_o > 0 else math.nan
+        d_w = 100.0 * (w_p / w_o - 1.0) if w_o > 0 else math.nan
+        less_energy = e_p < e_o * (1.0 - _SAME_FRAC)
+        enough_work = w_p >= w_o * (1.0 - tol / 100.0)
+        if abs(d_e) < 100 * _SAME_FRAC and abs(d_w) < 100 * _SAME_FRAC:
+            why = f"{name} and {other} gave the same energy and work (to 0.01%): they made the same decisions"
+        else:
+            why = (
+                ("" if less_energy else f"energy {d_e:+.2f}% against {other}")
+                + ("" if less_energy or enough_work else "; ")
+                + ("" if enough_work else f"work {d_w:+.2f}% against {other} (tolerance {tol:g}%)")
+            )
+        add(
+            f"better than {other}",
+            "less energy at equal or more work" + (f" (within {tol:g}%)" if tol else ""),
+            f"energy {d_e:+.2f}%, work {d_w:+.2f}%",
+            less_energy and enough_work,
+            "",
+            why,
+        )
+    return checks

@@ -1,0 +1,262 @@
+"""A scenario's ``[targets]``: parsed with the scenario, judged on an evaluation, reported with the why.
+
+What users rely on: a target missed says by how much and why, a target met says nothing more; the
+saving ceiling is an upper bound built from where the baseline's energy went (hosts and pumps give
+nothing, idle cards give what low-power idle saves, DVFS gives at most k times the loss budget);
+identical results against another policy are called the same decisions; bad ``[targets]`` are
+refused with the file and field; ``racktwin evaluate`` prints the targets and writes them to
+``metrics.json`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from agent_helpers import example_site, job
+from evaluate_helpers import full_load_scenario
+
+from agent.cli import main
+from agent.evaluate import BREAKDOWN_KEYS, evaluate
+from agent.policies import POLICY_NAMES
+from agent.targets import TargetsError, check_targets, dvfs_saving_per_loss, saving_ceiling, validate_targets
+from twin.power import PowerModel
+from twin.scenario import ScenarioTargets, run_scenario_from_dict
+from twin.tables import SpecError
+from twin.workload import compute_utilization, relative_throughput
+
+pytestmark = pytest.mark.agent
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _breakdown(**kwh: float) -> dict[str, float]:
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    out.update(kwh)
+    return out
+
+
+def _metrics(**over: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "facility_energy_kwh": 1000.0,
+        "it_energy_kwh": 930.0,
+        "cooling_energy_kwh": 40.0,
+        "pue": 1.0753,
+        "throughput": 300.0,
+        "throughput_loss_pct": 0.0,
+        "facility_energy_saving_pct": 0.0,
+        "busy_card_frac": 0.6,
+        "limit_violation_s": 0.0,
+        "limit_violation_episodes": 0,
+        "limit_violation_longest_s": 0.0,
+        "limit_violation_kws": 0.0,
+        "max_rack_power_w": 48000.0,
+        "die_over_max_card_s": 0.0,
+        "max_die_temp_c": 80.0,
+    }
+    m.update(over)
+    return m
+
+
+def test_dvfs_saving_per_loss_is_the_best_ratio_over_every_level_and_job_kind() -> None:
+    site = example_site()
+    jobs = [job("a", 8, share=0.6), job("b", 8, share=0.87), job("c", 8, share=0.95)]
+    k = dvfs_saving_per_loss(site, jobs)
+    model = PowerModel.from_card(site.card)
+    f_rel = model.clocks_mhz / model.clocks_mhz[0]
+    t = np.array([model.reference_temp_c])
+    ratios = []
+    for j in jobs:
+        p0 = model.active_power_w(np.array([0]), compute_utilization(j.compute_share, 1.0, j.noncompute_utilization), t)
+        for lv in range(1, model.n_levels):
+            u = compute_utilization(j.compute_share, f_rel[lv], j.noncompute_utilization)
+            pk = model.active_power_w(np.array([lv]), u, t)
+            loss = 1.0 - float(relative_throughput(j.compute_share, f_rel[lv]))
+            ratios.append((1.0 - float(pk[0] / p0[0])) / loss)
+    assert k == pytest.approx(max(ratios))
+    assert 1.0 < k < 10.0  # power falls faster than throughput, but not without bound
+    # a job whose every step scales with the clock loses the most work per watt saved
+    assert dvfs_saving_per_loss(site, [job("x", 8, share=1.0)]) < dvfs_saving_per_loss(site, [job("y", 8, share=0.6)])
+
+
+def test_the_saving_ceiling_counts_only_what_the_levers_can_reach() -> None:
+    site = example_site()
+    jobs = [job("a", 8, share=0.8)]
+    b = _breakdown(
+        hosts=1700.0,
+        cards_computing=3500.0,
+        cards_busy_not_computing=60.0,
+        cards_idle_awake=400.0,
+        pumps=160.0,
+        fans=50.0,
+        chiller=30.0,
+        ups_and_other=240.0,
+    )
+    total = sum(b.values())
+    c0 = saving_ceiling(site, b, total, 0.0, jobs)
+    idle = 400.0 * (1.0 - site.card.low_power_idle_w / site.card.idle_power_w)
+    assert c0.parts_kwh["idle cards to low-power idle"] == pytest.approx(idle)
+    assert c0.parts_kwh["computing cards (DVFS within the loss budget)"] == 0.0  # no loss allowed
+    assert c0.parts_kwh["fans and chiller"] == pytest.approx(80.0)
+    assert c0.total_kwh < total - 1700.0 - 160.0  # hosts and pumps are out of reach
+    c1 = saving_ceiling(site, b, total, 1.0, jobs)
+    assert c1.parts_kwh["computing cards (DVFS within the loss budget)"] == pytest.approx(3500.0 * 0.01 * c1.dvfs_k)
+    assert c1.total_pct > c0.total_pct
+    # more host energy in the same total does not raise the bound
+    assert saving_ceiling(site, {**b, "hosts": 5000.0}, total, 1.0, jobs).total_kwh <= c1.total_kwh
+
+
+def test_a_missed_saving_says_by_how_much_and_gives_the_ceiling_a_met_one_says_nothing_more() -> None:
+    site = example_site()
+    b = _breakdown(hosts=300.0, cards_computing=550.0, cards_idle_awake=100.0, fans=20.0, ups_and_other=30.0)
+    metrics = {
+        "baseline": _metrics(),
+        "racktwin": _metrics(facility_energy_kwh=960.0, facility_energy_saving_pct=4.0, throughput_loss_pct=0.4),
+    }
+    br = {"baseline": b, "racktwin": b}
+    tg = ScenarioTargets(facility_saving_pct_min=22.0, throughput_loss_pct_max=1.0)
+    saving, loss = check_targets(tg, metrics, br, site, [job("a", 8)])
+    assert saving.met is False
+    assert saving.measured == "4.00%" and saving.shortfall == "18.00 points short"
+    assert "at most" in saving.why and "Hosts and pumps" in saving.why
+    assert loss.met is True and loss.shortfall == "" and loss.why == ""
+    easy = ScenarioTargets(facility_saving_pct_min=3.0)
+    (ok,) = check_targets(easy, metrics, br, site, [job("a", 8)])
+    assert ok.met is True and ok.why == ""
+
+
+def test_a_throughput_loss_is_split_into_busy_card_seconds_and_speed() -> None:
+    site = example_site()
+    metrics = {
+        "baseline": _metrics(busy_card_frac=0.6, throughput=300.0),
+        # 1% fewer busy card-seconds, and 1% less work per busy card-second
+        "racktwin": _metrics(busy_card_frac=0.594, throughput=300.0 * 0.99 * 0.99, throughput_loss_pct=1.99),
+    }
+    (c,) = check_targets(
+        ScenarioTargets(throughput_loss_pct_max=1.0), metrics, {"baseline": _breakdown()}, site, [job("a", 8)]
+    )
+    assert c.met is False and c.shortfall == "0.99 points over"
+    assert "+1.00% busy card-seconds" in c.why and "+1.00% work per busy card-second" in c.why
+
+
+def test_better_than_needs_less_energy_at_equal_or_more_work_and_names_identical_runs() -> None:
+    site = example_site()
+    br = {"baseline": _breakdown()}
+    metrics = {
+        "baseline": _metrics(),
+        "static-cap": _metrics(facility_energy_kwh=990.0, throughput=300.0),
+        "greedy": _metrics(facility_energy_kwh=950.0, throughput=299.0),
+        "racktwin": _metrics(facility_energy_kwh=950.0, throughput=299.0),
+        "reactive": _metrics(facility_energy_kwh=970.0, throughput=299.5),
+    }
+    tg = ScenarioTargets(better_than=("static-cap", "greedy", "reactive"))
+    cap, greedy, reactive = check_targets(tg, metrics, br, site, [job("a", 8)])
+    assert cap.met is False and "work -0.33% against static-cap" in cap.why
+    assert greedy.met is False and "same decisions" in greedy.why
+    assert reactive.met is False
+    loose = ScenarioTargets(better_than=("static-cap", "reactive"), equal_throughput_tolerance_pct=0.5)
+    cap2, reactive2 = check_targets(loose, metrics, br, site, [job("a", 8)])
+    assert cap2.met is True and reactive2.met is True
+
+
+def test_limits_dies_and_pue_report_the_measured_numbers_when_missed() -> None:
+    site = example_site()
+    m = _metrics(
+        limit_violation_s=45.0,
+        limit_violation_episodes=2,
+        limit_violation_longest_s=40.0,
+        die_over_max_card_s=3.0,
+        max_die_temp_c=93.5,
+        pue=1.09,
+    )
+    tg = ScenarioTargets(
+        limit_violation_s_max=0.0, limit_violation_longest_s_max=30.0, die_over_max_card_s_max=0.0, pue_max=1.08
+    )
+    pue, over, longest, die = check_targets(tg, {"racktwin": m}, {}, site, [])
+    assert [c.met for c in (pue, over, longest, die)] == [False, False, False, False]
+    assert over.shortfall == "45 rack-s over" and "2 episodes, longest 40 s" in over.why
+    assert longest.shortfall == "10 s too long"
+    assert "hottest die 93.5 deg C" in die.why
+    assert pue.shortfall == "0.0100 over"
+
+
+def test_targets_without_the_baseline_or_a_named_policy_are_not_judged() -> None:
+    site = example_site()
+    tg = ScenarioTargets(facility_saving_pct_min=10.0, better_than=("greedy",))
+    saving, greedy = check_targets(tg, {"racktwin": _metrics(facility_energy_saving_pct=math.nan)}, {}, site, [])
+    assert saving.met is None and "baseline did not run" in saving.why
+    assert greedy.met is None and "greedy did not run" in greedy.why
+    with pytest.raises(TargetsError, match="did not run"):
+        check_targets(ScenarioTargets(policy="greedy"), {"racktwin": _metrics()}, {}, site, [])
+    with pytest.raises(TargetsError, match="unknown policy 'magic'"):
+        validate_targets(ScenarioTargets(better_than=("magic",)), POLICY_NAMES)
+
+
+def test_targets_are_parsed_with_the_scenario_and_bad_ones_name_the_field() -> None:
+    site = example_site()
+    base: dict[str, Any] = {"name": "t", "duration_s": 60.0, "workload": {"source": "none"}}
+    sc = run_scenario_from_dict({**base, "targets": {"pue_max": 1.08, "better_than": ["greedy"]}}, site=site)
+    assert sc.targets == ScenarioTargets(pue_max=1.08, better_than=("greedy",))
+    assert run_scenario_from_dict(base, site=site).targets is None
+    with pytest.raises(SpecError, match=r"targets\.pue_maximum"):
+        run_scenario_from_dict({**base, "targets": {"pue_maximum": 1.08}}, site=site)
+    with pytest.raises(SpecError, match=r"targets\.pue_max"):
+        run_scenario_from_dict({**base, "targets": {"pue_max": 0.5}}, site=site)
+
+
+@pytest.mark.parametrize("name", ["day-nominal", "day-full-load", "day-fault-pump", "day-fault-stuck"])
+def test_the_shipped_day_scenarios_carry_the_issue_targets(name: str) -> None:
+    from twin.scenario import load_run_scenario
+
+    tg = load_run_scenario(EXAMPLES / f"{name}.toml", duration_s=60.0).targets
+    assert tg is not None and tg.policy == "racktwin"
+    validate_targets(tg, POLICY_NAMES)
+    if name == "day-nominal":
+        assert (tg.facility_saving_pct_min, tg.throughput_loss_pct_max, tg.pue_max) == (22.0, 1.0, 1.08)
+        assert tg.limit_violation_s_max == 0.0 and set(tg.better_than or ()) == {"static-cap", "reactive", "greedy"}
+    elif name.startswith("day-fault"):
+        assert tg.limit_violation_longest_s_max == 30.0 and tg.die_over_max_card_s_max == 0.0
+
+
+def test_evaluate_judges_the_targets_and_the_command_prints_and_writes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sc = full_load_scenario(300.0, targets={"limit_violation_s_max": 0.0, "better_than": ["static-cap"]})
+    ev = evaluate(sc, ["racktwin", "static-cap"], jobs=1)
+    assert ev.targets_policy == "racktwin"
+    over, cap = ev.targets
+    assert over.met is True  # the agent keeps true rack power under the limit (test_evaluate)
+    assert cap.met is not None
+    # the command: targets after the table, in metrics.json and in report.html
+    scen = tmp_path / "s.toml"
+    text = (EXAMPLES / "day-full-load.toml").read_text()
+    scen.write_text(text.replace('site = "supernode-512.toml"', f'site = "{EXAMPLES}/supernode-512.toml"'))
+    argv = ["--scenario", str(scen), "--duration", "60", "--policy", "racktwin", "--jobs", "1", "--quiet"]
+    rc = main(["evaluate", *argv, "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "targets for racktwin (the scenario's [targets]):" in out
+    assert "better than static-cap" in out and "better than greedy" in out
+    full = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert full["targets"]["policy"] == "racktwin"
+    names = [c["name"] for c in full["targets"]["checks"]]
+    assert names[:2] == ["true rack power over a limit", "dies over their maximum"]
+    assert "Targets for racktwin" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_a_scenario_whose_targets_name_an_unknown_policy_is_refused_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scen = tmp_path / "s.toml"
+    scen.write_text(
+        f'name = "s"\nduration_s = 60.0\nsite = "{EXAMPLES}/supernode-512.toml"\n'
+        '[workload]\nsource = "none"\n[targets]\nbetter_than = ["magic"]\n'
+    )
+    rc = main(["evaluate", "--scenario", str(scen), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1].startswith("racktwin evaluate: error: ") and "unknown policy 'magic'" in err[-1]
