@@ -638,6 +638,8 @@ class AgentService:
             m.rack_failsafe.labels(rack=name).set(1 if r in d.failsafe_racks else 0)
             m.predicted_rack_power_watts.labels(rack=name).set(float(d.predicted_rack_power_w[r]))
             m.rack_power_cap_watts.labels(rack=name).set(float(d.rack_cap_w[r]))
+            speed = 1.0 if d.rack_pump_speed_frac is None else float(d.rack_pump_speed_frac[r])
+            m.rack_pump_speed_ratio.labels(rack=name).set(speed)
         m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
         m.decision_status.labels(status=d.status).inc()
 
