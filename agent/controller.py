@@ -33,8 +33,11 @@ What a step does:
    within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
    the greedy plan; a problem no plan can meet is relaxed rack by rack (the guard then caps those
    racks) so that one bad rack never drags the whole site to its slowest levels.
-4. **Guard** (``agent.guard.Guard.review``): caps, dies, rate limits, fail-safe (see there).
-5. **Commit** (:meth:`Controller.commit`): what the next step must remember (pending placements,
+4. **Pumps** (:meth:`Controller.with_pump_speeds`, ``agent.pumps``): each rack loop's pump as slow
+   as the twin says the plan's dies, the rack's cap and the loop's rise allow (the plan itself is
+   made with every pump at full speed).
+5. **Guard** (``agent.guard.Guard.review``): caps, dies, rate limits, fail-safe, pumps (see there).
+6. **Commit** (:meth:`Controller.commit`): what the next step must remember (pending placements,
    the last set-point evaluation, fail-safe hold, the plan for warm starts, each job's level the
    last time it computed).
 
@@ -42,11 +45,11 @@ Decisions taken at once on job events (a job starts, ends, is requeued or resume
 :meth:`Controller.propose_incremental` instead of step 3: the last plan adjusted without a solve (a
 few milliseconds), the guard doing the rest; the next periodic decision re-optimizes.
 
-:meth:`Controller.step` does 1-5. The service calls the pieces itself so that the solve runs in a
-worker thread under a deadline while the guard runs on the event loop: ``ctx = context(...)``,
-``proposal = propose(snap, ctx)`` (thread) or ``propose(snap, ctx, use_solver=False)`` (the greedy
-fallback when the thread is late), ``decision = guard.review(proposal, snap, ctx)``,
-``commit(decision, snap, ctx)``.
+:meth:`Controller.step` does 1-6. The service calls the pieces itself so that the solve runs in a
+worker thread under a deadline while the pumps and the guard run on the event loop:
+``ctx = context(...)``, ``proposal = propose(snap, ctx)`` (thread) or ``propose(snap, ctx,
+use_solver=False)`` (the greedy fallback when the thread is late), ``decision = review(proposal,
+snap, ctx)`` (steps 4-5), ``commit(decision, snap, ctx)``.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
 from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
 from agent.offsets import DieOffsetFilter
-from agent.pumps import choose_pump_speeds, explained_racks, full_speed_flow_lpm, r_at_speed
+from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
 from models.placement import QueuedJob, make_placement_problem, place_jobs
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tables, make_problem
@@ -104,6 +107,10 @@ _CALIBRATION_RANGE = (0.9, 3.0)
 #: A pump that gives less than (1 - this) of its nominal flow at full speed stays at full speed
 #: (twin.estimate.EstimatorConfig.pump_threshold_frac: the estimator calls it weak).
 _WEAK_PUMP_FRAC = 0.15
+#: A rack where a measured die reached the die limit (slowdown - margin) keeps its pump at full speed
+#: this long (site s): the twin under-predicted that die, and its offset may take minutes to measure
+#: (it is only taken from settled readings); ten minutes spans several checkpoint cycles.
+_PUMP_LATCH_S = 600.0
 #: Smoothing (per step) and dead band of the rack power the twin does not explain.
 _EXTRA_SMOOTHING = 0.3
 _EXTRA_DEADBAND_W = 300.0
@@ -155,6 +162,7 @@ class Controller:
         self._last_setpoint_eval_s = -math.inf
         self._setpoint_c = site.facility.supply_temp_c
         self._failsafe_until = np.full(n_r, -math.inf)
+        self._pump_latch_until = np.full(n_r, -math.inf)  # racks whose pump stays at full speed (a die hit its limit)
         self._extra_w = np.zeros(n_r)
         self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
         self._solving = threading.Lock()
@@ -187,8 +195,7 @@ class Controller:
             proposal = self.propose_incremental(snap, ctx)
         else:
             proposal = self.propose(snap, ctx, use_solver=use_solver)
-        proposal = self.with_pump_speeds(proposal, snap, ctx)
-        decision = self.guard.review(proposal, snap, ctx)
+        decision = self.review(proposal, snap, ctx)
         self.commit(decision, snap, ctx)
         return decision
 
@@ -227,10 +234,18 @@ class Controller:
         speed_now = np.asarray(snap.rack_pump_speed_frac, dtype=np.float64)
         flow_full = full_speed_flow_lpm(site, np.asarray(snap.rack_flow_lpm, dtype=np.float64), speed_now)
         nominal = np.full(site.n_racks, site.loop_flow_per_rack_lpm())
-        r_total = r_at_speed(site, self.r_total_k_per_w(), nominal, flow_full / nominal)
+        r_nominal = self.r_total_k_per_w()
+        r_total = r_at_speed(site, r_nominal, nominal, flow_full / nominal)
         r_now = r_at_speed(site, r_total, flow_full, np.clip(speed_now, 0.05, 1.0))
+        # a rack whose hottest measured die reached the die limit keeps its pump at full speed for a while:
+        # the twin under-predicted it (a fouled plate not yet calibrated, an offset not yet measured)
+        die = np.asarray(snap.card_die_temp_c, dtype=np.float64)
+        hottest = np.full(site.n_racks, -np.inf)
+        np.maximum.at(hottest, self._card_rack, np.where(np.isfinite(die), die, -np.inf))
+        hot = hottest >= site.card.slowdown_temp_c - cfg.die_margin_k
+        self._pump_latch_until[hot] = now + _PUMP_LATCH_S
         # once per step, for the planner and the guard alike (persistent model error, no transients)
-        offsets = self.offsets.update(snap, site_load(site, snap), inlet, r_now, now)
+        offsets = self.offsets.update(snap, site_load(site, snap), inlet, r_nominal, now, r_scale=r_now / r_nominal)
         return StepContext(
             now_s=now,
             cycle=self._cycle,
@@ -287,13 +302,17 @@ class Controller:
         lo, hi = _CALIBRATION_RANGE
         return np.asarray(np.clip(r, lo * self._r_spec, hi * self._r_spec), dtype=np.float64)
 
-    # ---- pumps -----------------------------------------------------------------------------------
+    # ---- pumps and the guard ----------------------------------------------------------------------
+    def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
+        """Steps 4-5: the proposal's pump speeds (:meth:`with_pump_speeds`), then the guard."""
+        return self.guard.review(self.with_pump_speeds(proposal, snap, ctx), snap, ctx)
+
     def with_pump_speeds(self, d: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """``d`` with each rack's pump speed (``agent.pumps``) for its levels, sleeping cards and
         placements: the slowest pump the twin says keeps dies, caps and the loop's rise in bounds.
         Racks at fail-safe caps, whose pump gives less than (1 - the estimator's weak-pump
-        threshold) of its nominal flow at full speed, or with a card the twin does not explain
-        (``agent.pumps.explained_racks``) get full speed. Unchanged without pump control."""
+        threshold) of its nominal flow at full speed, or where a measured die reached the die
+        limit within ``_PUMP_LATCH_S`` get full speed. Unchanged without pump control."""
         site, cfg = self.site, self.control
         if not cfg.control_pump_speed or site.min_pump_speed_frac() >= 1.0:
             return d
@@ -301,7 +320,7 @@ class Controller:
         full = np.zeros(site.n_racks, dtype=bool)
         full[list(ctx.failsafe_racks)] = True
         full |= ctx.rack_flow_full_lpm < (1.0 - _WEAK_PUMP_FRAC) * site.loop_flow_per_rack_lpm()
-        full |= ~explained_racks(site, ctx.die_offset_k)
+        full |= self._pump_latch_until > ctx.now_s
         choice = choose_pump_speeds(
             site,
             load,
@@ -312,6 +331,7 @@ class Controller:
             ctx.r_total_k_per_w,
             ctx.die_offset_k,
             ctx.rack_flow_full_lpm,
+            ctx.rack_pump_speed_frac,
             site.rack_power_limits_w() - cfg.rack_margin_w - ctx.rack_extra_w,
             ctx.rack_extra_w,
             site.card.slowdown_temp_c - cfg.die_margin_k,

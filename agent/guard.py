@@ -18,11 +18,11 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    (``(limit - margin - extra - host) / cards``), and their cards (and every job touching them) the
    slowest level. Caps are never raised and idle cards never woken on stale data.
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
-   site's range; fail-safe racks and racks with a card the twin does not explain (a die offset
-   above ``agent.pumps.UNEXPLAINED_DIE_K``) get full speed; a rack where, at the levels so far with every busy
+   site's range; fail-safe racks get full speed; a rack where, at the levels so far with every busy
    card computing, the twin predicts a die over its limit, the rack over its cap or the loop's rise
    over ``max_delta_t_k`` at its proposed speed gets full speed. Steps 4-5 and the predictions then
-   use each card's resistance at its rack's speed.
+   use each card's resistance at its rack's speed and its die offset scaled to that speed
+   (``agent.pumps.offset_at_speed``).
 4. **Caps**: the twin predicts every card's power with every busy card *computing* at its level
    (a job in a stall or a checkpoint may resume at any moment) and its die at the warmer of the
    rack's measured supply and the new set-point, plus the card's measured die offset
@@ -49,7 +49,7 @@ import numpy.typing as npt
 from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.load import SiteLoad, job_value_per_h, predict, site_load
-from agent.pumps import explained_racks, r_at_speed
+from agent.pumps import offset_at_speed, r_at_speed
 from twin.cooling import facility_cooling
 from twin.power import PowerModel
 from twin.spec import SiteSpec
@@ -166,11 +166,10 @@ class Guard:
 
         # ---- 3b. pumps ---------------------------------------------------------------------------------
         speed = self._review_pumps(proposal.rack_pump_speed_frac, load, lvl, lp, lim, inlet, off, caps, fs_rack, ctx)
-        r_eff = (
-            ctx.r_total_k_per_w
-            if speed is None
-            else r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
-        )
+        r_eff = ctx.r_total_k_per_w
+        if speed is not None:  # resistances and offsets at the speeds that leave
+            r_eff = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
+            off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
         if speed is not None and proposal.rack_pump_speed_frac is not None:
             raised = np.flatnonzero(speed > np.asarray(proposal.rack_pump_speed_frac) + 1e-9)
             if raised.size:
@@ -239,11 +238,12 @@ class Guard:
         if speed.shape != (site.n_racks,):
             raise ValueError(f"decision.rack_pump_speed_frac must have one entry per rack ({site.n_racks})")
         speed = np.clip(np.where(np.isfinite(speed), speed, 1.0), site.min_pump_speed_frac(), 1.0)
-        speed = np.where(fs_rack | ~explained_racks(site, ctx.die_offset_k), 1.0, speed)
+        speed = np.where(fs_rack, 1.0, speed)
         slow = speed < 1.0
         if not slow.any():
             return speed
         r = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
+        off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
         worst = predict(site, load, lvl, lp, lim, inlet, r, off, rack_extra_w=ctx.rack_extra_w)
         loop = site.loop
         mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k

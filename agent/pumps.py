@@ -16,13 +16,15 @@ judges), the twin predicts
 * the rack's power at or under its cap (leakage rises with temperature),
 * the loop's return - supply rise at or under the loop's ``max_delta_t_k``.
 
-Full speed is always allowed. Racks at fail-safe caps, with stale telemetry or a weak pump, and
-racks with a card the twin does not explain (a measured die offset above ``UNEXPLAINED_DIE_K``,
-``agent.offsets``: an offset is measured at one flow and does not follow the flow) get full speed
-(the guard enforces the fail-safe and offset rules again, ``agent.guard``). Resistances scale with the spec's ratio:
-a card's calibrated die-to-inlet resistance at full speed times ``R_spec(q_s) / R_spec(q_full)``,
-where ``q_full`` is the flow the rack's pump gives at full speed now (measured flow / reported
-speed, so a weak pump counts).
+Full speed is always allowed. Racks at fail-safe caps, with stale telemetry or a weak pump get full
+speed (the guard enforces the fail-safe rule again, ``agent.guard``). A card's measured die offset
+(``agent.offsets``, measured at the flow of now) is scaled to another speed by the larger of its
+plate's and its whole path's resistance ratios (:func:`offset_at_speed`): exact for a fouled plate
+(the excess is extra plate resistance), an overestimate for extra power (the excess follows the whole
+path) when the pump slows, and the whole path's ratio, closer to 1, when it speeds up. Resistances
+scale with the spec's ratio: a card's calibrated die-to-inlet resistance at full speed times
+``R_spec(q_s) / R_spec(q_full)``, where ``q_full`` is the flow the rack's pump gives at full speed
+now (measured flow / reported speed, so a weak pump counts).
 """
 
 from __future__ import annotations
@@ -42,11 +44,10 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 __all__ = [
-    "UNEXPLAINED_DIE_K",
     "PumpChoice",
     "choose_pump_speeds",
-    "explained_racks",
     "full_speed_flow_lpm",
+    "offset_at_speed",
     "r_at_speed",
     "speed_options",
 ]
@@ -58,8 +59,6 @@ def speed_options(site: SiteSpec, steps: int) -> FloatArray:
     return np.linspace(1.0, lo, max(int(steps), 2)) if lo < 1.0 else np.ones(1)
 
 
-#: A rack with a card whose measured die offset exceeds this (K) keeps its pump at full speed.
-UNEXPLAINED_DIE_K = 1.0
 #: A pump whose full-speed flow is within this fraction of nominal counts as nominal (the flow
 #: sensor's noise must not move every prediction, and with it the models' ties, from reading to reading).
 FLOW_DEADBAND_FRAC = 0.05
@@ -78,16 +77,31 @@ def full_speed_flow_lpm(site: SiteSpec, flow_lpm: FloatArray, speed_frac: FloatA
     return np.asarray(full, dtype=np.float64)
 
 
-def explained_racks(site: SiteSpec, die_offset_k: FloatArray) -> BoolArray:
-    """Per rack: no card's measured die offset exceeds ``UNEXPLAINED_DIE_K`` (its pump may be slowed)."""
-    hot = np.asarray(die_offset_k, dtype=np.float64) > UNEXPLAINED_DIE_K
-    return ~np.bincount(site.card_rack(), weights=hot.astype(np.float64), minlength=site.n_racks).astype(bool)
+def _spec_r_plate(site: SiteSpec, flow_per_card_lpm: FloatArray) -> FloatArray:
+    cp = site.cold_plate
+    return np.asarray(plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, flow_per_card_lpm))
 
 
 def _spec_r_total(site: SiteSpec, flow_per_card_lpm: FloatArray) -> FloatArray:
-    cp = site.cold_plate
-    r_pc = plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, flow_per_card_lpm)
-    return np.asarray(site.card.r_die_to_case_k_per_w + r_pc, dtype=np.float64)
+    return np.asarray(site.card.r_die_to_case_k_per_w + _spec_r_plate(site, flow_per_card_lpm), dtype=np.float64)
+
+
+def offset_at_speed(
+    site: SiteSpec,
+    die_offset_k: FloatArray,
+    rack_flow_full_lpm: FloatArray,
+    speed_now_frac: FloatArray,
+    speed_frac: FloatArray,
+) -> FloatArray:
+    """Per card: its die offset (measured with its rack's pump at ``speed_now_frac``) with the pump at
+    ``speed_frac``: times the larger of the plate's and the whole path's resistance ratios."""
+    rack = site.card_rack()
+    q_full = np.asarray(rack_flow_full_lpm, dtype=np.float64)[rack] / site.cards_per_rack
+    q_now = q_full * np.clip(np.asarray(speed_now_frac, dtype=np.float64), 0.05, 1.0)[rack]
+    q = q_full * np.asarray(speed_frac, dtype=np.float64)[rack]
+    plate = _spec_r_plate(site, q) / _spec_r_plate(site, q_now)
+    path = _spec_r_total(site, q) / _spec_r_total(site, q_now)
+    return np.asarray(np.asarray(die_offset_k, dtype=np.float64) * np.maximum(plate, path), dtype=np.float64)
 
 
 def r_at_speed(
@@ -119,6 +133,7 @@ def choose_pump_speeds(
     r_full_k_per_w: FloatArray,
     die_offset_k: FloatArray,
     rack_flow_full_lpm: FloatArray,
+    rack_speed_now_frac: FloatArray,
     rack_cap_w: FloatArray,
     rack_extra_w: FloatArray,
     die_limit_c: float,
@@ -138,9 +153,8 @@ def choose_pump_speeds(
     for i, s in enumerate(options):
         speed = np.full(n_r, float(s))
         r = r_at_speed(site, r_full_k_per_w, rack_flow_full, speed)
-        worst = predict(
-            site, load, level, low_power, power_limit_w, inlet_c, r, die_offset_k, rack_extra_w=rack_extra_w
-        )
+        off = offset_at_speed(site, die_offset_k, rack_flow_full, rack_speed_now_frac, speed)
+        worst = predict(site, load, level, low_power, power_limit_w, inlet_c, r, off, rack_extra_w=rack_extra_w)
         expected = predict(
             site,
             load,
@@ -149,7 +163,7 @@ def choose_pump_speeds(
             power_limit_w,
             inlet_c,
             r,
-            die_offset_k,
+            off,
             worst_case=False,
             rack_extra_w=rack_extra_w,
         )

@@ -566,7 +566,7 @@ class AgentService:
         if proposal is None:
             proposal = self.controller.propose(snap, ctx, use_solver=False)
             proposal = proposal.replace(explanation=(*proposal.explanation, note))
-        decision = self.controller.guard.review(proposal, snap, ctx)
+        decision = self.controller.review(proposal, snap, ctx)
         self.controller.commit(decision, snap, ctx)
         self.last_decision = decision
         self.decisions += 1

@@ -19,7 +19,7 @@ from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
 from agent.load import die_offsets_k, site_load, spec_r_total_k_per_w
-from agent.pumps import r_at_speed
+from agent.pumps import offset_at_speed, r_at_speed
 from twin.power import PowerModel
 from twin.readings import JobEvent
 from twin.spec import SiteSpec
@@ -64,8 +64,9 @@ def judge(site: SiteSpec, snap: StateSnapshot, ctx: StepContext, d: Decision) ->
     inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
     off = ctx.die_offset_k
     r = ctx.r_total_k_per_w
-    if d.rack_pump_speed_frac is not None:
+    if d.rack_pump_speed_frac is not None:  # resistances and measured offsets at the pumps' speeds
         r = r_at_speed(site, r, ctx.rack_flow_full_lpm, d.rack_pump_speed_frac)
+        off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, d.rack_pump_speed_frac)
     p, _ = card_steady_power_w(model, lv, u, lp, inlet, r)
     p = p + np.where(lp, model.low_power_leak_w_per_k, model.leak_w_per_k[lv]) * off
     p = np.where(lp, p, np.minimum(p, d.card_power_limit_w))
