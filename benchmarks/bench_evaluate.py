@@ -96,7 +96,31 @@ def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
     lines += [
         f"- {k.replace('_', ' ')}: {v:+,.1f} kWh ({100 * v / total:+.2f}% of the baseline)" for k, v in saved.items()
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + targets_lines(full.get("targets")))
+
+
+def targets_lines(targets: dict[str, Any] | None) -> list[str]:
+    """The scenario's [targets] as judged by ``racktwin evaluate`` (metrics.json ``targets``), as markdown."""
+    if not targets:
+        return []
+    checks = targets["checks"]
+    met = sum(1 for c in checks if c["met"] is True)
+    head = f"The scenario's targets for {targets['policy']}, as `racktwin evaluate` judged them"
+    out = ["", f"{head} ({met} of {len(checks)} met):", ""]
+    for c in checks:
+        verdict = "not judged" if c["met"] is None else ("met" if c["met"] else "**missed**")
+        extra = f", {c['shortfall']}" if c["shortfall"] else ""
+        out.append(f"- {verdict}: {c['name']}: {c['measured']} (target {c['target']}{extra})")
+        if c["why"]:
+            out.append(f"  - why: {c['why']}")
+    return out
+
+
+def _verdicts(checks: Any) -> str:
+    """'2 of 2 met' (names of the missed ones after it) for the in-process fault table."""
+    missed = [c.name for c in checks if c.met is False]
+    met = sum(1 for c in checks if c.met is True)
+    return f"{met} of {len(checks)} met" + (f" (missed: {', '.join(missed)})" if missed else "")
 
 
 def run_faults(out: Path, speed: float, mqtt_duration: float, jobs: int | None) -> str:
@@ -124,7 +148,9 @@ def run_faults(out: Path, speed: float, mqtt_duration: float, jobs: int | None) 
                     f"{m['die_over_max_card_s']:,.0f} | "
                     f"{m['facility_energy_kwh']:,.1f} | {m['throughput']:,.1f} | {m['failsafe_entries']} "
                     f"({m['failsafe_racks'] or '-'}) | {m['fallbacks']} | {m['invalid_readings']:,} | "
-                    f"{m['anomalies'] or '-'} | {m['commands_refused']} | {st.statuses or '-'} | {wall:,.0f} |"
+                    f"{m['anomalies'] or '-'} | {m['commands_refused']} | {st.statuses or '-'} | "
+                    + (_verdicts(ev.targets) if name == ev.targets_policy else "-")
+                    + f" | {wall:,.0f} |"
                 )
             folder = out / f"mqtt-{kind}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -149,7 +175,7 @@ def run_faults(out: Path, speed: float, mqtt_duration: float, jobs: int | None) 
     head_ip = (
         "| fault | policy | over limit rack-s | longest s | max rack kW | max die C | die over max card-s | "
         "facility kWh | throughput | fail-safe entries | fallbacks | readings refused | anomalies | "
-        "commands refused | decision statuses | wall s (3 policies) |\n|---|---|" + "---:|" * 14
+        "commands refused | decision statuses | scenario targets | wall s (3 policies) |\n|---|---|" + "---:|" * 15
     )
     head_mq = (
         "| fault | site s | stopped by | agent error | over limit rack-s | longest s | max rack kW | max die C | "
