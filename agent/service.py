@@ -533,10 +533,19 @@ class AgentService:
         while not self._stop.is_set():
             now = self.clock.now()
             if now is None or now >= end_s or bool(np.all(np.isfinite(self.state.rack_last_seen_s()))):
-                return now if now is not None else start_s
+                await self._drain_inbox()
+                return self.clock.now() or (now if now is not None else start_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=min(0.05, self.clock.wall_seconds(end_s - now)))
         return self.clock.now() or start_s
+
+    async def _drain_inbox(self, max_wall_s: float = 0.2) -> None:
+        """Let the ingest task take in what the client has already received (job events that came
+        in one burst with the telemetry), for at most ``max_wall_s``: the first decision must not see
+        a job submitted and not yet started that its next message says is running."""
+        deadline = time.monotonic() + max_wall_s
+        while self.bus.pending() > 0 and time.monotonic() < deadline and not self._stop.is_set():
+            await asyncio.sleep(0.005)
 
     async def _cycle(self, now: float, trigger_wall: float, *, incremental: bool = False) -> None:
         cfg = self.config.control
