@@ -61,6 +61,10 @@ class EstimatorConfig:
     min_rack_power_w: float = 5000.0  # below this the loop dT is too small to judge
     max_gap_s: float = 30.0  # a longer gap between a card's readings restarts its thermal model
     flow_update_frac: float = 0.03  # re-derive expected resistances when a rack's flow moves this much
+    # the flow the expected resistances follow: smoothed over this (s), a few plate time constants, so
+    # that a pump whose speed was changed on purpose is followed within a minute (the weak-pump check
+    # averages over pump_time_constant_s instead)
+    flow_time_constant_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class Estimator:
         self._dt_meas = np.zeros(n_r)
         self._dt_pred = np.zeros(n_r)
         self._flow_avg = np.full(n_r, site.loop_flow_per_rack_lpm())
+        self._flow_fast = np.full(n_r, site.loop_flow_per_rack_lpm())
         self._flow_exp_avg = np.full(n_r, site.loop_flow_per_rack_lpm())
         self._rack_t = np.full(n_r, -math.inf)
         self._rack_pdu_w = np.full(n_r, np.nan)
@@ -215,8 +220,11 @@ class Estimator:
         self._rack_t[r] = t
         if not (0 < dt <= cfg.max_gap_s * 10):
             self._flow_avg[r] = flow_lpm
+            self._flow_fast[r] = flow_lpm
             self._flow_exp_avg[r] = expected
             return
+        fast = math.exp(-dt / cfg.flow_time_constant_s)
+        self._flow_fast[r] = fast * self._flow_fast[r] + (1 - fast) * flow_lpm
         lam = math.exp(-dt / cfg.pump_time_constant_s)
         self._flow_avg[r] = lam * self._flow_avg[r] + (1 - lam) * flow_lpm
         self._flow_exp_avg[r] = lam * self._flow_exp_avg[r] + (1 - lam) * expected
@@ -226,9 +234,9 @@ class Estimator:
             self._dt_pred[r] = lam * self._dt_pred[r] + (1 - lam) * p / (self._mcp_nominal * speed)
 
     def _maybe_update_flow(self) -> None:
-        moved = np.abs(self._flow_avg / self._flow_used - 1.0) > self.config.flow_update_frac
+        moved = np.abs(self._flow_fast / self._flow_used - 1.0) > self.config.flow_update_frac
         if moved.any():
-            self._flow_used = np.where(moved, self._flow_avg, self._flow_used)
+            self._flow_used = np.where(moved, self._flow_fast, self._flow_used)
             self._net.set_params(self._params())
             self._r_exp = self._net.params.r_total_k_per_w.copy()
 
