@@ -5,9 +5,13 @@ the facility pump's share, while every cold plate's resistance rises as its flow
 OCP table, ``twin.thermal.plate_resistance_k_per_w``): a slower pump saves pump power, warms every
 die of the rack and adds leakage power. The DVFS plan is made at full speed (so a slow pump never
 makes the models slow a job); :func:`choose_pump_speeds` then gives each rack the speed, from
-``speed_steps`` options between the site's ``min_pump_speed_frac`` and 1, that minimizes
+``steps`` options (``control.pump_speed_steps``) between the site's ``min_pump_speed_frac`` and 1,
+that minimizes
 
     b x predicted rack power (jobs in their current phases) + rack pump power + facility pump share
+
+(the facility pump's share: its nominal power / racks x speed^3, an approximation of the cube of the
+racks' total flow that keeps the choice separable per rack; the plant computes it exactly)
 
 among the speeds at which, with every busy card *computing* at its planned level (as the guard
 judges), the twin predicts
@@ -16,15 +20,16 @@ judges), the twin predicts
 * the rack's power at or under its cap (leakage rises with temperature),
 * the loop's return - supply rise at or under the loop's ``max_delta_t_k``.
 
-Full speed is always allowed. Racks at fail-safe caps, with stale telemetry or a weak pump get full
-speed (the guard enforces the fail-safe rule again, ``agent.guard``). A card's measured die offset
-(``agent.offsets``, measured at the flow of now) is scaled to another speed by the larger of its
-plate's and its whole path's resistance ratios (:func:`offset_at_speed`): exact for a fouled plate
-(the excess is extra plate resistance), an overestimate for extra power (the excess follows the whole
-path) when the pump slows, and the whole path's ratio, closer to 1, when it speeds up. Resistances
-scale with the spec's ratio: a card's calibrated die-to-inlet resistance at full speed times
-``R_spec(q_s) / R_spec(q_full)``, where ``q_full`` is the flow the rack's pump gives at full speed
-now (measured flow / reported speed, so a weak pump counts).
+Full speed is always allowed. The caller pins racks to full speed (``full_speed_racks``: the
+controller pins racks at fail-safe caps, weak pumps and racks where a measured die reached its
+limit in the last 10 minutes; the guard enforces the fail-safe rule again, ``agent.guard``). A
+card's measured die offset (``agent.offsets``, measured at the flow of now) is scaled to another
+speed by the larger of its plate's and its whole path's resistance ratios (:func:`offset_at_speed`):
+exact for a fouled plate (the excess is extra plate resistance), an overestimate for extra power (the
+excess follows the whole path) when the pump slows, and the whole path's ratio, closer to 1, when it
+speeds up. Resistances scale with the spec's ratio: a card's calibrated die-to-inlet resistance at
+full speed times ``R_spec(q_s) / R_spec(q_full)``, where ``q_full`` is the flow the rack's pump gives
+at full speed now (measured flow / reported speed, so a weak pump counts).
 """
 
 from __future__ import annotations
