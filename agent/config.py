@@ -114,6 +114,13 @@ class ControlConfig:
     infer_time_scale: bool = True
     # Coolant supply set-point control (false keeps the site's fixed set-point).
     control_setpoint: bool = True
+    # Rack-loop pump speed control (agent.pumps; false keeps every pump at full speed).
+    control_pump_speed: bool = True
+    # Speeds the pump chooser considers, evenly from full speed down to the site's lowest.
+    pump_speed_steps: int = field(default=9, metadata=rng(2, 100))
+    # A slowed pump's speed is re-sent this often (s, site time): the plant returns a pump to full
+    # speed when no command renews it (its pump_hold_s, 60 s in the simulator).
+    pump_renew_s: float = field(default=20.0, metadata=rng(0.1, 86400.0))
     # Job placement for queued jobs (false leaves placement to the site's scheduler).
     control_placement: bool = True
     placement_method: str = field(default="auto", metadata=choices("auto", "greedy", "milp"))

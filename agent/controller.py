@@ -33,8 +33,11 @@ What a step does:
    within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
    the greedy plan; a problem no plan can meet is relaxed rack by rack (the guard then caps those
    racks) so that one bad rack never drags the whole site to its slowest levels.
-4. **Guard** (``agent.guard.Guard.review``): caps, dies, rate limits, fail-safe (see there).
-5. **Commit** (:meth:`Controller.commit`): what the next step must remember (pending placements,
+4. **Pumps** (:meth:`Controller.with_pump_speeds`, ``agent.pumps``): each rack loop's pump as slow
+   as the twin says the plan's dies, the rack's cap and the loop's rise allow (the plan itself is
+   made with every pump at full speed).
+5. **Guard** (``agent.guard.Guard.review``): caps, dies, rate limits, fail-safe, pumps (see there).
+6. **Commit** (:meth:`Controller.commit`): what the next step must remember (pending placements,
    the last set-point evaluation, fail-safe hold, the plan for warm starts, each job's level the
    last time it computed).
 
@@ -42,11 +45,11 @@ Decisions taken at once on job events (a job starts, ends, is requeued or resume
 :meth:`Controller.propose_incremental` instead of step 3: the last plan adjusted without a solve (a
 few milliseconds), the guard doing the rest; the next periodic decision re-optimizes.
 
-:meth:`Controller.step` does 1-5. The service calls the pieces itself so that the solve runs in a
-worker thread under a deadline while the guard runs on the event loop: ``ctx = context(...)``,
-``proposal = propose(snap, ctx)`` (thread) or ``propose(snap, ctx, use_solver=False)`` (the greedy
-fallback when the thread is late), ``decision = guard.review(proposal, snap, ctx)``,
-``commit(decision, snap, ctx)``.
+:meth:`Controller.step` does 1-6. The service calls the pieces itself so that the solve runs in a
+worker thread under a deadline while the pumps and the guard run on the event loop:
+``ctx = context(...)``, ``proposal = propose(snap, ctx)`` (thread) or ``propose(snap, ctx,
+use_solver=False)`` (the greedy fallback when the thread is late), ``decision = review(proposal,
+snap, ctx)`` (steps 4-5), ``commit(decision, snap, ctx)``.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
 from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
 from agent.offsets import DieOffsetFilter
+from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
 from models.placement import QueuedJob, make_placement_problem, place_jobs
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tables, make_problem
@@ -100,6 +104,13 @@ _CALIBRATION_HOLD_S = 120.0
 #: Calibrated resistances are kept within these multiples of the spec's (a cooler-than-spec card is
 #: believed only a little: underestimating a die is the dangerous direction).
 _CALIBRATION_RANGE = (0.9, 3.0)
+#: A pump that gives less than (1 - this) of its nominal flow at full speed stays at full speed
+#: (twin.estimate.EstimatorConfig.pump_threshold_frac: the estimator calls it weak).
+_WEAK_PUMP_FRAC = 0.15
+#: A rack where a measured die reached the die limit (slowdown - margin) keeps its pump at full speed
+#: this long (site s): the twin under-predicted that die, and its offset may take minutes to measure
+#: (it is only taken from settled readings); ten minutes spans several checkpoint cycles.
+_PUMP_LATCH_S = 600.0
 #: Smoothing (per step) and dead band of the rack power the twin does not explain.
 _EXTRA_SMOOTHING = 0.3
 _EXTRA_DEADBAND_W = 300.0
@@ -151,6 +162,7 @@ class Controller:
         self._last_setpoint_eval_s = -math.inf
         self._setpoint_c = site.facility.supply_temp_c
         self._failsafe_until = np.full(n_r, -math.inf)
+        self._pump_latch_until = np.full(n_r, -math.inf)  # racks whose pump stays at full speed (a die hit its limit)
         self._extra_w = np.zeros(n_r)
         self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
         self._solving = threading.Lock()
@@ -183,7 +195,7 @@ class Controller:
             proposal = self.propose_incremental(snap, ctx)
         else:
             proposal = self.propose(snap, ctx, use_solver=use_solver)
-        decision = self.guard.review(proposal, snap, ctx)
+        decision = self.review(proposal, snap, ctx)
         self.commit(decision, snap, ctx)
         return decision
 
@@ -217,9 +229,23 @@ class Controller:
         choose = cfg.control_setpoint and now - self._last_setpoint_eval_s >= cfg.setpoint_interval_s
         limit = cfg.solve_deadline_s if time_limit_s is None else min(cfg.solve_deadline_s, time_limit_s)
         inlet = supply[self._card_rack]
-        r_total = self.r_total_k_per_w()
+        # resistances: calibrated at nominal flow; the planner sees the pump at full speed (the flow it
+        # gives now: a weak pump counts), the die offsets the speed the pump runs at now
+        speed_now = np.asarray(snap.rack_pump_speed_frac, dtype=np.float64)
+        flow_full = full_speed_flow_lpm(site, np.asarray(snap.rack_flow_lpm, dtype=np.float64), speed_now)
+        nominal = np.full(site.n_racks, site.loop_flow_per_rack_lpm())
+        r_nominal = self.r_total_k_per_w()
+        r_total = r_at_speed(site, r_nominal, nominal, flow_full / nominal)
+        r_now = r_at_speed(site, r_total, flow_full, np.clip(speed_now, 0.05, 1.0))
+        # a rack whose hottest measured die reached the die limit keeps its pump at full speed for a while:
+        # the twin under-predicted it (a fouled plate not yet calibrated, an offset not yet measured)
+        die = np.asarray(snap.card_die_temp_c, dtype=np.float64)
+        hottest = np.full(site.n_racks, -np.inf)
+        np.maximum.at(hottest, self._card_rack, np.where(np.isfinite(die), die, -np.inf))
+        hot = hottest >= site.card.slowdown_temp_c - cfg.die_margin_k
+        self._pump_latch_until[hot] = now + _PUMP_LATCH_S
         # once per step, for the planner and the guard alike (persistent model error, no transients)
-        offsets = self.offsets.update(snap, site_load(site, snap), inlet, r_total, now)
+        offsets = self.offsets.update(snap, site_load(site, snap), inlet, r_nominal, now, r_scale=r_now / r_nominal)
         return StepContext(
             now_s=now,
             cycle=self._cycle,
@@ -231,6 +257,8 @@ class Controller:
             card_inlet_c=inlet,
             r_total_k_per_w=r_total,
             die_offset_k=offsets,
+            rack_flow_full_lpm=flow_full,
+            rack_pump_speed_frac=speed_now,
             rack_extra_w=np.maximum(self._extra_w - _EXTRA_DEADBAND_W, 0.0),
             choose_setpoint=choose,
             solver_time_limit_s=max(limit, 0.005),
@@ -240,8 +268,10 @@ class Controller:
     def update_calibration(self, est: Estimates) -> None:
         """Take the estimator's die-to-inlet resistances where it is confident: per card the
         largest confident estimate of the last ``_CALIBRATION_HOLD_S`` (a transient dip is not believed)."""
-        ok = np.isfinite(est.r_th_k_per_w) & (est.r_ratio_sd < _CALIBRATION_SD)
-        r_now = np.asarray(np.where(ok, est.r_th_k_per_w, np.nan), dtype=np.float64)
+        # the estimator's resistance ratio is against the spec at the measured flow: times the spec at
+        # nominal flow, it is the card's resistance at nominal flow whatever the pump's speed was
+        ok = np.isfinite(est.r_ratio) & (est.r_ratio_sd < _CALIBRATION_SD)
+        r_now = np.asarray(np.where(ok, est.r_ratio * self._r_spec, np.nan), dtype=np.float64)
         t = float(est.time_s) if math.isfinite(est.time_s) else (self._r_hist[-1][0] if self._r_hist else 0.0)
         while self._r_hist and self._r_hist[-1][0] > t:  # the site clock stepped back
             self._r_hist.pop()
@@ -266,11 +296,64 @@ class Controller:
         return cards, r[cards].copy(), leak[cards].copy()
 
     def r_total_k_per_w(self) -> FloatArray:
-        """Per card: the estimator's resistance, else the journal's, else the spec's (clipped)."""
+        """Per card at nominal flow: the estimator's resistance, else the journal's, else the spec's (clipped)."""
         r = np.where(np.isfinite(self._r_est), self._r_est, self._r_journal)
         r = np.where(np.isfinite(r), r, self._r_spec)
         lo, hi = _CALIBRATION_RANGE
         return np.asarray(np.clip(r, lo * self._r_spec, hi * self._r_spec), dtype=np.float64)
+
+    # ---- pumps and the guard ----------------------------------------------------------------------
+    def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
+        """Steps 4-5: the proposal's pump speeds (:meth:`with_pump_speeds`), then the guard."""
+        return self.guard.review(self.with_pump_speeds(proposal, snap, ctx), snap, ctx)
+
+    def with_pump_speeds(self, d: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
+        """``d`` with each rack's pump speed (``agent.pumps``) for its levels, sleeping cards and
+        placements: the slowest pump the twin says keeps dies, caps and the loop's rise in bounds.
+        Racks at fail-safe caps, whose pump gives less than (1 - the estimator's weak-pump
+        threshold) of its nominal flow at full speed, or where a measured die reached the die
+        limit within ``_PUMP_LATCH_S`` get full speed. Unchanged without pump control."""
+        site, cfg = self.site, self.control
+        if not cfg.control_pump_speed or site.min_pump_speed_frac() >= 1.0:
+            return d
+        load = site_load(site, snap, self._pending_with(ctx, snap, d.placements))
+        full = np.zeros(site.n_racks, dtype=bool)
+        full[list(ctx.failsafe_racks)] = True
+        full |= ctx.rack_flow_full_lpm < (1.0 - _WEAK_PUMP_FRAC) * site.loop_flow_per_rack_lpm()
+        full |= self._pump_latch_until > ctx.now_s
+        choice = choose_pump_speeds(
+            site,
+            load,
+            d.card_level,
+            d.card_low_power,
+            d.card_power_limit_w,
+            np.maximum(ctx.card_inlet_c, d.supply_temp_c if math.isfinite(d.supply_temp_c) else ctx.setpoint_c),
+            ctx.r_total_k_per_w,
+            ctx.die_offset_k,
+            ctx.rack_flow_full_lpm,
+            ctx.rack_pump_speed_frac,
+            site.rack_power_limits_w() - cfg.rack_margin_w - ctx.rack_extra_w,
+            ctx.rack_extra_w,
+            site.card.slowdown_temp_c - cfg.die_margin_k,
+            facility_w_per_it_w=1.0 + site.facility.ups_loss_fraction,
+            steps=cfg.pump_speed_steps,
+            full_speed_racks=full,
+        )
+        note = f"pumps at {', '.join(f'{100 * x:.0f}' for x in choice.speed_frac)}% (saves ~{choice.saved_w:,.0f} W)"
+        return d.replace(rack_pump_speed_frac=choice.speed_frac, explanation=(*d.explanation, note))
+
+    def _in_flight(self, ctx: StepContext, snap: StateSnapshot) -> list[tuple[str, tuple[int, ...]]]:
+        """Placements sent and not yet started (their jobs still queued, their orders not expired)."""
+        queued_ids = {q.job_id for q in snap.queue}
+        return [(jid, c) for jid, (c, until) in self._pending.items() if until > ctx.now_s and jid in queued_ids]
+
+    def _pending_with(
+        self, ctx: StepContext, snap: StateSnapshot, orders: Sequence[PlacementOrder]
+    ) -> list[tuple[str, tuple[int, ...]]]:
+        """Placements in flight plus ``orders``: the jobs about to run."""
+        pending = self._in_flight(ctx, snap)
+        placing = {jid for jid, _ in pending}
+        return [*pending, *((o.job_id, o.cards) for o in orders if o.job_id not in placing)]
 
     # ================================================================================================
     # 2-3. proposal
@@ -288,8 +371,7 @@ class Controller:
         fs_rack = np.zeros(site.n_racks, dtype=bool)
         fs_rack[list(ctx.failsafe_racks)] = True
         fs_card = fs_rack[self._card_rack]
-        queued_ids = {q.job_id for q in snap.queue}
-        pending = [(jid, c) for jid, (c, until) in self._pending.items() if until > ctx.now_s and jid in queued_ids]
+        pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = []
         orders: list[PlacementOrder] = []
@@ -323,8 +405,7 @@ class Controller:
         fs_rack = np.zeros(site.n_racks, dtype=bool)
         fs_rack[list(ctx.failsafe_racks)] = True
         fs_card = fs_rack[self._card_rack]
-        queued_ids = {q.job_id for q in snap.queue}
-        pending = [(jid, c) for jid, (c, until) in self._pending.items() if until > ctx.now_s and jid in queued_ids]
+        pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = ["incremental: the last plan adjusted to job events"]
         orders: list[PlacementOrder] = []

@@ -1,10 +1,11 @@
 """What one control step decides (:class:`Decision`) and what it decides from (:class:`StepContext`).
 
 A :class:`Decision` is plain data: per card the DVFS level, low-power idle or awake, and the power
-limit (the fail-safe cap); the coolant supply set-point; where queued jobs go; how the plan was made
-(status, source, solve time); what the twin predicts for it; and a human explanation. The
-controller proposes one, the guard reviews it (``guarded=True``), the service journals and sends
-it, and ``agent.loop.apply_to_plant`` applies it to an in-process ``twin.plant.Plant``.
+limit (the fail-safe cap); the coolant supply set-point; per rack the loop pump's speed; where queued
+jobs go; how the plan was made (status, source, solve time); what the twin predicts for it; and a
+human explanation. The controller proposes one, the guard reviews it (``guarded=True``), the
+service journals and sends it, and ``agent.loop.apply_to_plant`` applies it to an in-process
+``twin.plant.Plant``.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ class StepContext:
     setpoint_c: float  # supply set-point in force
     ambient_c: float
     card_inlet_c: FloatArray  # per card: its rack's measured supply (set-point where unknown)
-    r_total_k_per_w: FloatArray  # per card: die-to-inlet resistance (calibrated where confident)
+    r_total_k_per_w: FloatArray  # per card: die-to-inlet resistance, pump at full speed (calibrated where confident)
     die_offset_k: FloatArray  # per card: measured persistent die excess over the twin (agent.offsets), >= 0
     rack_extra_w: FloatArray  # per rack: measured power the twin does not explain (>= 0)
+    rack_flow_full_lpm: FloatArray  # per rack: the flow its pump gives at full speed now (agent.pumps)
+    rack_pump_speed_frac: FloatArray  # per rack: the pump speed in force (as the CDU reports it)
     choose_setpoint: bool  # the set-point is re-optimized this step
     solver_time_limit_s: float  # wall seconds the solve may take
 
@@ -89,6 +92,8 @@ class Decision:
     explanation: tuple[str, ...] = ()
     guarded: bool = False
     choose_setpoint: bool = False
+    # per rack: the loop pump's speed (fraction of nominal); None: pumps are not controlled
+    rack_pump_speed_frac: FloatArray | None = None
     plan: CyclePlan | None = None  # the models' plan (warm start for the next step; not journaled)
 
     def replace(self, **changes: Any) -> Decision:
@@ -111,6 +116,11 @@ class Decision:
             "source": self.source,
             "solve_time_s": round(self.solve_time_s, 6),
             "supply_temp_c": self.supply_temp_c,
+            "pump_speed_pct": (
+                None
+                if self.rack_pump_speed_frac is None
+                else [round(100 * float(x), 1) for x in self.rack_pump_speed_frac]
+            ),
             "failsafe_racks": [names[r] for r in self.failsafe_racks],
             "busy_cards": int((alive & self.card_busy).sum()),
             "low_power_cards": int((alive & self.card_low_power).sum()),

@@ -143,6 +143,7 @@ class Recorder:
         self.busy_card_s = 0.0
         self.low_power_card_s = 0.0
         self.setpoint_c_s = 0.0
+        self.pump_speed_s = 0.0
         self.energy_j = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
         self.series: dict[str, list[float]] = {
             k: []
@@ -155,6 +156,7 @@ class Recorder:
                 "max_rack_power_w",
                 "max_die_temp_c",
                 "supply_setpoint_c",
+                "mean_pump_speed_frac",
                 "ambient_c",
                 "busy_cards",
                 "low_power_cards",
@@ -214,6 +216,7 @@ class Recorder:
         self.busy_card_s += float(die.size - n_free - int(tr.failed.sum())) * dt
         self.low_power_card_s += float(tr.low_power.sum()) * dt
         self.setpoint_c_s += tr.supply_setpoint_c * dt
+        self.pump_speed_s += float(tr.rack_pump_speed_frac.mean()) * dt
         self._t = t
         if t >= self._next_sample_s - 1e-9:
             self._sample()
@@ -235,6 +238,7 @@ class Recorder:
         s["max_rack_power_w"].append(float(peak.max()))
         s["max_die_temp_c"].append(float(tr.die_temp_c.max()))
         s["supply_setpoint_c"].append(tr.supply_setpoint_c)
+        s["mean_pump_speed_frac"].append(float(tr.rack_pump_speed_frac.mean()))
         s["ambient_c"].append(tr.ambient_temp_c)
         s["busy_cards"].append(float(plant.n_cards - plant.free_cards().size - int(tr.failed.sum())))
         s["low_power_cards"].append(float(tr.low_power.sum()))
@@ -352,6 +356,7 @@ def _metrics(scenario: RunScenario, plant: Plant, rec: Recorder, stats: ControlS
         "busy_card_frac": rec.busy_card_s / duration / site.n_cards,
         "low_power_card_frac": rec.low_power_card_s / duration / site.n_cards,
         "mean_supply_setpoint_c": rec.setpoint_c_s / duration,
+        "mean_pump_speed_frac": rec.pump_speed_s / duration,
         "decisions": stats.decisions,
         "solve_median_s": _percentile(solve, 50),
         "solve_p99_s": _percentile(solve, 99),

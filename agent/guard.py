@@ -17,6 +17,12 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    get per-card power limits whose sum plus host overhead stays under the rack's cap
    (``(limit - margin - extra - host) / cards``), and their cards (and every job touching them) the
    slowest level. Caps are never raised and idle cards never woken on stale data.
+3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
+   site's range; fail-safe racks get full speed; a rack where, at the levels so far with every busy
+   card computing, the twin predicts a die over its limit, the rack over its cap or the loop's rise
+   over ``max_delta_t_k`` at its proposed speed gets full speed. Steps 4-5 and the predictions then
+   use each card's resistance at its rack's speed and its die offset scaled to that speed
+   (``agent.pumps.offset_at_speed``).
 4. **Caps**: the twin predicts every card's power with every busy card *computing* at its level
    (a job in a stall or a checkpoint may resume at any moment) and its die at the warmer of the
    rack's measured supply and the new set-point, plus the card's measured die offset
@@ -43,6 +49,7 @@ import numpy.typing as npt
 from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.load import SiteLoad, job_value_per_h, predict, site_load
+from agent.pumps import offset_at_speed, r_at_speed
 from twin.cooling import facility_cooling
 from twin.power import PowerModel
 from twin.spec import SiteSpec
@@ -153,24 +160,36 @@ class Guard:
             names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
             notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}")
 
-        # ---- 4. caps ----------------------------------------------------------------------------------
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
         off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
-        table = self._power_table(load, inlet, ctx.r_total_k_per_w, off)
-        lp_w = self._low_power_w(inlet, ctx.r_total_k_per_w, off)
         caps = rack_caps_w(site, cfg, ctx.rack_extra_w)
+
+        # ---- 3b. pumps ---------------------------------------------------------------------------------
+        speed = self._review_pumps(proposal.rack_pump_speed_frac, load, lvl, lp, lim, inlet, off, caps, fs_rack, ctx)
+        r_eff = ctx.r_total_k_per_w
+        if speed is not None:  # resistances and offsets at the speeds that leave
+            r_eff = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
+            off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
+        if speed is not None and proposal.rack_pump_speed_frac is not None:
+            raised = np.flatnonzero(speed > np.asarray(proposal.rack_pump_speed_frac) + 1e-9)
+            if raised.size:
+                names = ", ".join(site.rack_names[r] for r in raised[:8])
+                notes.append(f"guard: pumps of {names} at full speed (dies, cap or loop rise at the proposed speed)")
+
+        # ---- 4. caps ----------------------------------------------------------------------------------
+        table = self._power_table(load, inlet, r_eff, off)
+        lp_w = self._low_power_w(inlet, r_eff, off)
         lvl, lp, lim = self._enforce_caps(load, lvl, lp, lim, table, lp_w, caps, fs_lim, failed, notes)
 
         # ---- 5. dies --------------------------------------------------------------------------------
-        lvl, lim = self._enforce_dies(load, lvl, lim, table, inlet, ctx.r_total_k_per_w, off, notes)
+        lvl, lim = self._enforce_dies(load, lvl, lim, table, inlet, r_eff, off, notes)
 
         # ---- predictions of what leaves ------------------------------------------------------------
-        budget = predict(site, load, lvl, lp, lim, inlet, ctx.r_total_k_per_w, off, rack_extra_w=ctx.rack_extra_w)
-        expected = predict(
-            site, load, lvl, lp, lim, inlet, ctx.r_total_k_per_w, off, worst_case=False, rack_extra_w=ctx.rack_extra_w
-        )
+        budget = predict(site, load, lvl, lp, lim, inlet, r_eff, off, rack_extra_w=ctx.rack_extra_w)
+        expected = predict(site, load, lvl, lp, lim, inlet, r_eff, off, worst_case=False, rack_extra_w=ctx.rack_extra_w)
         it_w = float(expected.rack_power_w.sum())
-        cooling = facility_cooling(site, it_w, setpoint, ctx.ambient_c)
+        flow = None if speed is None else speed * ctx.rack_flow_full_lpm / site.loop_flow_per_rack_lpm()
+        cooling = facility_cooling(site, it_w, setpoint, ctx.ambient_c, flow_fraction=1.0 if flow is None else flow)
         status = "failsafe" if fs_rack.any() else proposal.status
         job_levels = {j.job_id: int(lvl[j.cards[0]]) for j in load.jobs}
         return proposal.replace(
@@ -194,9 +213,47 @@ class Guard:
             job_levels=job_levels,
             explanation=(*proposal.explanation, *notes[:_MAX_NOTES]),
             guarded=True,
+            rack_pump_speed_frac=speed,
         )
 
     # ---- helpers -------------------------------------------------------------------------------
+    def _review_pumps(
+        self,
+        proposed: FloatArray | None,
+        load: SiteLoad,
+        lvl: IntArray,
+        lp: BoolArray,
+        lim: FloatArray,
+        inlet: FloatArray,
+        off: FloatArray,
+        caps: FloatArray,
+        fs_rack: BoolArray,
+        ctx: StepContext,
+    ) -> FloatArray | None:
+        """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled)."""
+        if proposed is None:
+            return None
+        site = self.site
+        speed = np.asarray(proposed, dtype=np.float64)
+        if speed.shape != (site.n_racks,):
+            raise ValueError(f"decision.rack_pump_speed_frac must have one entry per rack ({site.n_racks})")
+        speed = np.clip(np.where(np.isfinite(speed), speed, 1.0), site.min_pump_speed_frac(), 1.0)
+        speed = np.where(fs_rack, 1.0, speed)
+        slow = speed < 1.0
+        if not slow.any():
+            return speed
+        r = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
+        off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
+        worst = predict(site, load, lvl, lp, lim, inlet, r, off, rack_extra_w=ctx.rack_extra_w)
+        loop = site.loop
+        mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
+        bad = (
+            (worst.rack_max_die_c > site.card.slowdown_temp_c - self.control.die_margin_k + 1e-9)
+            | (worst.rack_power_w > caps + _TOL_W)
+            | (worst.rack_power_w / np.maximum(mcp, 1e-9) > loop.max_delta_t_k + 1e-9)
+        )
+        return np.asarray(np.where(slow & bad, 1.0, speed), dtype=np.float64)
+
     def _observe(self, snap_lp: BoolArray, now_s: float) -> None:
         """Note when each card's low-power state changed (as telemetry shows it)."""
         if self._seen_lp is not None:

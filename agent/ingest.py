@@ -104,7 +104,9 @@ class Ingest:
             self._add(msg.rack, ts, cards=self._cards(msg))
         elif isinstance(msg, wire.CduReading):
             self.clock.observe(ts)
-            loop = LoopReading(msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w)
+            loop = LoopReading(
+                msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w, msg.pump_speed_frac
+            )
             self._add(msg.rack, ts, loop=loop)
         elif isinstance(msg, wire.PduReading):
             self.clock.observe(ts)

@@ -1,7 +1,8 @@
 """The controller in process, against ``twin.plant.Plant``: fast closed loops for tests and evaluation.
 
 * :func:`apply_to_plant` applies a :class:`agent.decision.Decision` to a plant: DVFS levels, power
-  limits, low-power idle / wake, the supply set-point, placements. Cards that failed are left
+  limits, low-power idle / wake, the supply set-point, placements, rack pump speeds (faster pumps
+  first, slower ones last; a slowed pump is renewed at every decision). Cards that failed are left
   alone; a command the plant refuses (a busy card asked to sleep, a job no longer queued) is
   reported, not raised.
 * :class:`ClosedLoop` runs plant -> readings -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step``
@@ -43,6 +44,7 @@ class ApplyReport:
     slept: int = 0
     woken: int = 0
     setpoint_c: float | None = None
+    pumps: int = 0  # racks whose pump speed was set (a slowed pump is renewed every decision)
     placed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
 
@@ -63,6 +65,11 @@ def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
             return False
         return True
 
+    speed = decision.rack_pump_speed_frac
+    if speed is not None:  # faster pumps first
+        faster = np.flatnonzero(speed > truth.rack_pump_speed_frac + 1e-9)
+        if faster.size and attempt("set_pump_speed", lambda: plant.set_pump_speed(faster, speed[faster])):
+            rep.pumps = int(faster.size)
     lim = np.clip(decision.card_power_limit_w[alive], min_lim, plant.site.card.power_limit_w)
     if alive.size and attempt("set_power_limits", lambda: plant.set_power_limits(alive, lim)):
         rep.power_limits = int(alive.size)
@@ -87,6 +94,10 @@ def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
         cards = np.asarray(order.cards, dtype=np.int64)
         if attempt(f"place_job {order.job_id}", _placer(plant, order.job_id, cards)):
             rep.placed.append(order.job_id)
+    if speed is not None:  # slower pumps last (and renewed: the plant holds a slowed pump for a while)
+        slower = np.flatnonzero((speed < 1.0) & (speed <= truth.rack_pump_speed_frac + 1e-9))
+        if slower.size and attempt("set_pump_speed", lambda: plant.set_pump_speed(slower, speed[slower])):
+            rep.pumps += int(slower.size)
     return rep
 
 

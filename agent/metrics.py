@@ -104,6 +104,12 @@ class AgentMetrics:
         self.rack_power_cap_watts = Gauge(
             "racktwin_rack_power_cap_watts", "Rack limit minus margin (what decisions keep to)", ["rack"], registry=r
         )
+        self.rack_pump_speed_ratio = Gauge(
+            "racktwin_rack_pump_speed_ratio",
+            "Rack-loop pump speed the last decision chose (fraction of nominal; 1 without pump control)",
+            ["rack"],
+            registry=r,
+        )
         self.predicted_facility_power_watts = Gauge(
             "racktwin_predicted_facility_power_watts",
             "Facility power the twin predicts for the last decision",

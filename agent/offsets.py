@@ -24,9 +24,10 @@ of two transient-free measurements:
 1. **its last settled observation**: the card's operating point has been unchanged for
    ``settle_time_constants`` (5) of its slow thermal time constant
    (``twin.thermal.ThermalNetwork.time_constants_s`` at its die-to-inlet resistance: ~53 s at nominal
-   flow, longer for a fouled plate): the same job, phase, reported level, low-power state and power
-   limit at every step, its rack's measured supply within ``inlet_tolerance_k`` of the value it had
-   when that operating point began; a die that still moves more than ``die_step_tolerance_k``
+   flow, longer for a fouled plate or a slowed pump): the same job, phase, reported level, low-power
+   state and power limit at every step, its rack's measured supply within ``inlet_tolerance_k`` of
+   the value it had when that operating point began, its plate's flow (``r_scale``: the resistance at
+   the flow now over the one at nominal flow) within 1%; a die that still moves more than ``die_step_tolerance_k``
    between two steps once it should have settled (a change the snapshots did not show, e.g. a short
    stall between two steps) restarts the wait. Such an observation (die, supply, level, utilization, power limit)
    replaces the card's previous one; while the card is not settled its last one stands, so a card
@@ -36,8 +37,9 @@ of two transient-free measurements:
    minimum never carries it; a card that runs hot at every sample for the whole window (one that
    never settles, e.g. under its own thermal slowdown, whose clock jitters) is covered by it.
 
-The offset of the settled observation is recomputed every step with the CURRENT resistance
-(``max(die_obs - steady_die(obs point, R_now), 0)``), so offsets and the estimator's calibrated
+The offset of the settled observation is recomputed every step with the CURRENT calibrated
+resistance at the observation's flow (``max(die_obs - steady_die(obs point, R_nominal x
+r_scale_obs), 0)``), so offsets and the estimator's calibrated
 resistance (``twin.estimate``: R_true / R_spec from the dynamic response to the measured power) never
 double count: once the calibration explains a fouled plate, the same observation predicted with the
 calibrated R leaves no excess, and the offset keeps only what the calibration does not explain (a
@@ -68,6 +70,8 @@ BoolArray = npt.NDArray[np.bool_]
 
 __all__ = ["DieOffsetFilter", "slow_time_constants_s"]
 
+#: A card's plate flow changed (its resistance ratio moved more than this): its operating point changed.
+_SCALE_TOLERANCE = 0.01
 _PHASE_IDLE = -1
 _PHASE_FAILED = -2
 
@@ -112,6 +116,7 @@ class DieOffsetFilter:
         self._low = np.zeros(n, dtype=bool)
         self._limit = np.full(n, np.nan)
         self._inlet_ref = np.full(n, np.nan)
+        self._scale = np.full(n, np.nan)
         self._since_s = np.full(n, math.inf)
         self._prev_die = np.full(n, np.nan)
         # the last settled observation of each card
@@ -122,6 +127,7 @@ class DieOffsetFilter:
         self._obs_util = np.zeros(n)
         self._obs_low = np.zeros(n, dtype=bool)
         self._obs_limit = np.full(n, site.card.power_limit_w)
+        self._obs_scale = np.ones(n)
         # raw excesses of the recent steps (time, per card), for the windowed minimum
         self._raw: collections.deque[tuple[float, FloatArray]] = collections.deque()
         self.last_raw_k = np.zeros(n)
@@ -134,12 +140,18 @@ class DieOffsetFilter:
         inlet_c: FloatArray,
         r_total_k_per_w: FloatArray,
         now_s: float,
+        *,
+        r_scale: FloatArray | None = None,
     ) -> FloatArray:
         """Fold this step's snapshot in and return every card's offset (K, 0..40). ``load`` is the
-        snapshot's running jobs (``agent.load.site_load``), ``inlet_c`` each card's rack supply."""
+        snapshot's running jobs (``agent.load.site_load``), ``inlet_c`` each card's rack supply,
+        ``r_total_k_per_w`` the calibrated resistance at nominal flow and ``r_scale`` (default 1)
+        the ratio of each card's resistance at its flow now to the one at nominal flow."""
         site = self.site
         n = site.n_cards
-        r_total = np.asarray(r_total_k_per_w, dtype=np.float64)
+        scale = np.ones(n) if r_scale is None else np.asarray(r_scale, dtype=np.float64)
+        r_nominal = np.asarray(r_total_k_per_w, dtype=np.float64)
+        r_total = r_nominal * scale
         slowest = site.card.n_levels - 1
         level = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, slowest)
         failed = np.asarray(load.failed, dtype=bool)
@@ -168,11 +180,13 @@ class DieOffsetFilter:
                 | (low != self._low)
                 | ~(lim == self._limit)
                 | ~(np.abs(inlet - self._inlet_ref) <= self.inlet_tolerance_k)
+                | ~(np.abs(scale / self._scale - 1.0) <= _SCALE_TOLERANCE)
             )
             # a die still moving when it should have settled: something changed between two steps
             jumped = ~(np.abs(die - self._prev_die) <= self.die_step_tolerance_k)
         moved |= ~valid | (jumped & (now_s - self._since_s >= settle_s))
         self._job, self._phase, self._level, self._low, self._limit = job, phase, level, low, lim
+        self._scale = scale
         self._inlet_ref = np.where(moved, inlet, self._inlet_ref)
         self._since_s = np.where(moved, now_s, self._since_s)
         self._prev_die = np.where(valid, die, np.nan)
@@ -185,7 +199,8 @@ class DieOffsetFilter:
             self._obs_util = np.where(settled, util, self._obs_util)
             self._obs_low = np.where(settled, low, self._obs_low)
             self._obs_limit = np.where(settled, lim, self._obs_limit)
-        held = self.offsets_k(r_total)
+            self._obs_scale = np.where(settled, scale, self._obs_scale)
+        held = self.offsets_k(r_nominal)
 
         # 2. the smallest raw excess over the last settle window (known once the history spans it)
         pred = steady_die_c(site, level, util, low, lim, np.where(np.isfinite(inlet), inlet, 0.0), r_total)
@@ -210,7 +225,8 @@ class DieOffsetFilter:
         return np.asarray(np.maximum(held, window_min), dtype=np.float64)
 
     def offsets_k(self, r_total_k_per_w: FloatArray) -> FloatArray:
-        """Every card's offset from its last settled observation, predicted with ``r_total_k_per_w``."""
+        """Every card's offset from its last settled observation, predicted with ``r_total_k_per_w``
+        (at nominal flow) at the observation's flow."""
         pred = steady_die_c(
             self.site,
             self._obs_level,
@@ -218,7 +234,7 @@ class DieOffsetFilter:
             self._obs_low,
             self._obs_limit,
             self._obs_inlet,
-            np.asarray(r_total_k_per_w, dtype=np.float64),
+            np.asarray(r_total_k_per_w, dtype=np.float64) * self._obs_scale,
         )
         off = np.where(self._has_obs, self._obs_die - pred, 0.0)
         return np.asarray(np.clip(off, 0.0, MAX_DIE_OFFSET_K), dtype=np.float64)

@@ -5,12 +5,14 @@ what differs from what the racks have: per rack and setting one ``racktwin.rack_
 per distinct level, low-power idle, wake, and ONE power-limit command per rack and direction whose
 ``power_limit_watts`` is a value per card when the cards' limits differ: a rack gets a handful of
 commands per decision, not one per distinct limit), one ``racktwin.facility_cmd/1`` for a new
-set-point, one ``racktwin.scheduler_cmd/1`` per placement. "What the racks have" is what they
+set-point, one ``racktwin.scheduler_cmd/1`` per placement, one ``racktwin.cdu_cmd/1`` per rack whose
+pump speed changes (and, for a slowed pump, again every ``pump_renew_s``: the plant returns a pump to
+full speed when no command renews it). "What the racks have" is what they
 report (telemetry, retained applied state) overlaid with the agent's own open commands until they
 expire, so a command is not repeated every period while telemetry catches up. Commands that lower
-power (slower levels, lower limits, sleep) come first, then the set-point and placements, then the
-ones that raise power: a rack applies its commands in order, so it never passes through a state
-above both plans.
+power (slower levels, lower limits, sleep, faster pumps) come first, then the set-point and
+placements, then the ones that raise power or die temperatures (faster levels, wake, slower pumps): a
+rack applies its commands in order, so it never passes through a state above both plans.
 
 Every command carries a fresh id, its issue time and an absolute expiry (``command_ttl_s`` later,
 site time), goes at QoS 1 and is never retained (``agent.wire``). The book keeps each open command
@@ -63,7 +65,7 @@ log = logging.getLogger("racktwin.agent.publish")
 
 _LEVEL, _SLEEP, _LIMIT = 0, 1, 2
 
-Command = wire.RackCommand | wire.FacilityCommand | wire.SchedulerCommand
+Command = wire.RackCommand | wire.CduCommand | wire.FacilityCommand | wire.SchedulerCommand
 #: (overlay kind or -1, command, whether it lowers power)
 Item = tuple[int, Command, bool]
 _LIMIT_TOL_W = 0.5
@@ -111,6 +113,8 @@ class CommandBook:
         self._backoff = np.full((3, n), -math.inf)
         self._sp: tuple[float, float, int] | None = None  # set-point, until, key
         self._placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
+        self._pump: dict[int, tuple[float, float, int]] = {}  # rack -> speed, until, key
+        self._pump_sent = np.full(site.n_racks, -math.inf)  # rack -> when its last pump command was issued
         self.open: dict[str, OpenCommand] = {}
         self._next_key = 1
 
@@ -217,6 +221,26 @@ class CommandBook:
                 publisher=self.sequencer.publisher,
             )
             out_mid.append((-1, fc, decision.supply_temp_c < have_sp))
+        # pump speeds: a change, or a slowed pump's renewal
+        if decision.rack_pump_speed_frac is not None:
+            reported = np.asarray(snap.rack_pump_speed_frac, dtype=np.float64)
+            renew = self.control.pump_renew_s
+            for r, want in enumerate(np.asarray(decision.rack_pump_speed_frac, dtype=np.float64).tolist()):
+                pump_held = self._pump.get(r)
+                have = pump_held[0] if pump_held is not None and pump_held[1] > now_s else float(reported[r])
+                due = want < 1.0 and now_s - self._pump_sent[r] >= renew
+                if abs(want - have) <= 0.005 and not due:
+                    continue
+                cc = wire.CduCommand(
+                    rack=self._names[r],
+                    pump_speed_frac=float(want),
+                    command_id=uuid.uuid4(),
+                    expires_s=expires,
+                    ts_s=now_s,
+                    seq=0,
+                    publisher=self.sequencer.publisher,
+                )
+                (out_low if want > have else out_high).append((-1, cc, want > have))
         # placements
         for o in decision.placements:
             held = self._placing.get(o.job_id)
@@ -249,7 +273,7 @@ class CommandBook:
             o = self.codec.outgoing(msg)
             target = (
                 msg.rack
-                if isinstance(msg, wire.RackCommand)
+                if isinstance(msg, wire.RackCommand | wire.CduCommand)
                 else (wire.FACILITY if isinstance(msg, wire.FacilityCommand) else wire.SCHEDULER)
             )
             oc = OpenCommand(str(msg.command_id), target, o.topic, o.payload, now_s, msg.expires_s, kind=kind)
@@ -282,6 +306,10 @@ class CommandBook:
                 self._ov_value[kind, cards] = value
                 self._ov_until[kind, cards] = msg.expires_s
                 self._ov_key[kind, cards] = key
+        elif isinstance(msg, wire.CduCommand):
+            r = self.site.rack_names.index(msg.rack)
+            self._pump[r] = (msg.pump_speed_frac, msg.expires_s, key)
+            self._pump_sent[r] = max(self._pump_sent[r], msg.ts_s)
         elif isinstance(msg, wire.FacilityCommand):
             self._sp = (msg.supply_setpoint_c, msg.expires_s, key)
         else:
@@ -294,7 +322,7 @@ class CommandBook:
         out: list[OpenCommand] = []
         for cid, target, topic, payload, issued, expires, attempts in commands:
             msg = self.codec.decode(topic, payload)
-            if not isinstance(msg, wire.RackCommand | wire.FacilityCommand | wire.SchedulerCommand):
+            if not isinstance(msg, wire.RackCommand | wire.CduCommand | wire.FacilityCommand | wire.SchedulerCommand):
                 continue
             oc = OpenCommand(cid, target, topic, payload, issued, expires, attempts=attempts)
             self._register(oc, msg)
@@ -322,6 +350,10 @@ class CommandBook:
             self._ov_until[oc.kind, mine] = -math.inf
         if self._sp is not None and self._sp[2] == oc.key:
             self._sp = None
+        for r, (_speed, _until, key) in list(self._pump.items()):
+            if key == oc.key:
+                del self._pump[r]
+                self._pump_sent[r] = -math.inf  # not applied: send again at the next decision
         for jid, (_until, key) in list(self._placing.items()):
             if key == oc.key:
                 del self._placing[jid]
@@ -342,10 +374,13 @@ class CommandBook:
         items: list[wire.AdviceItem] = []
         setpoint: float | None = None
         placements: list[wire.Placement] = []
+        pumps: dict[str, float] = {}
         saved = (self._ov_until.copy(), self._sp, dict(self._placing))
         for _kind, msg, _low in self.diff(decision, snap, applied_level, now_s):
             if isinstance(msg, wire.RackCommand):
                 items.append(wire.AdviceItem(msg.rack, msg.cards, msg.setting))
+            elif isinstance(msg, wire.CduCommand):
+                pumps[msg.rack] = msg.pump_speed_frac
             elif isinstance(msg, wire.FacilityCommand):
                 setpoint = msg.supply_setpoint_c
             else:
@@ -366,6 +401,7 @@ class CommandBook:
             predicted_it_power_w=_finite(decision.predicted_it_power_w),
             predicted_facility_power_w=_finite(decision.predicted_facility_power_w),
             summary=summary[:1024],
+            pump_speeds=pumps,
         )
 
 

@@ -533,10 +533,19 @@ class AgentService:
         while not self._stop.is_set():
             now = self.clock.now()
             if now is None or now >= end_s or bool(np.all(np.isfinite(self.state.rack_last_seen_s()))):
-                return now if now is not None else start_s
+                await self._drain_inbox()
+                return self.clock.now() or (now if now is not None else start_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=min(0.05, self.clock.wall_seconds(end_s - now)))
         return self.clock.now() or start_s
+
+    async def _drain_inbox(self, max_wall_s: float = 0.2) -> None:
+        """Let the ingest task take in what the client has already received (job events that came
+        in one burst with the telemetry), for at most ``max_wall_s``: the first decision must not see
+        a job submitted and not yet started that its next message says is running."""
+        deadline = time.monotonic() + max_wall_s
+        while self.bus.pending() > 0 and time.monotonic() < deadline and not self._stop.is_set():
+            await asyncio.sleep(0.005)
 
     async def _cycle(self, now: float, trigger_wall: float, *, incremental: bool = False) -> None:
         cfg = self.config.control
@@ -566,7 +575,7 @@ class AgentService:
         if proposal is None:
             proposal = self.controller.propose(snap, ctx, use_solver=False)
             proposal = proposal.replace(explanation=(*proposal.explanation, note))
-        decision = self.controller.guard.review(proposal, snap, ctx)
+        decision = self.controller.review(proposal, snap, ctx)
         self.controller.commit(decision, snap, ctx)
         self.last_decision = decision
         self.decisions += 1
@@ -638,6 +647,8 @@ class AgentService:
             m.rack_failsafe.labels(rack=name).set(1 if r in d.failsafe_racks else 0)
             m.predicted_rack_power_watts.labels(rack=name).set(float(d.predicted_rack_power_w[r]))
             m.rack_power_cap_watts.labels(rack=name).set(float(d.rack_cap_w[r]))
+            speed = 1.0 if d.rack_pump_speed_frac is None else float(d.rack_pump_speed_frac[r])
+            m.rack_pump_speed_ratio.labels(rack=name).set(speed)
         m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
         m.decision_status.labels(status=d.status).inc()
 

@@ -3,7 +3,8 @@
 Everything that crosses the broker is defined here, and only here are wire units converted to the
 code's units. See ``docs/protocol.md`` for the topic table and every payload.
 
-* Topics live under ``racktwin/v1/{site}/``: per rack ``rack/{rack}/{cards,cdu,pdu,cmd,ack,applied}``,
+* Topics live under ``racktwin/v1/{site}/``: per rack
+  ``rack/{rack}/{cards,cdu,pdu,cmd,cdu_cmd,ack,applied}``,
   per site ``facility``, ``facility/cmd``, ``facility/ack``, ``jobs/events``, ``scheduler/cmd``,
   ``scheduler/ack``, ``agent/status``, ``agent/advice``. :class:`Topics` builds them.
 * Payloads are JSON objects with ``schema`` (``"racktwin.cards/1"``: name and major version),
@@ -66,6 +67,7 @@ __all__ = [
     "CardAction",
     "CardBatch",
     "CardSetting",
+    "CduCommand",
     "CduReading",
     "Codec",
     "FacilityCommand",
@@ -95,6 +97,7 @@ __all__ = [
     "encode_applied",
     "encode_card_batch",
     "encode_cdu",
+    "encode_cdu_command",
     "encode_facility",
     "encode_facility_command",
     "encode_job_event",
@@ -135,6 +138,7 @@ class Kind(enum.StrEnum):
     CDU = "cdu"
     PDU = "pdu"
     RACK_CMD = "rack_cmd"
+    CDU_CMD = "cdu_cmd"
     RACK_ACK = "rack_ack"
     APPLIED = "applied"
     FACILITY = "facility"
@@ -161,6 +165,7 @@ _KINDS: Final[dict[Kind, _KindSpec]] = {
     Kind.CDU: _KindSpec("cdu", True, "racktwin.cdu/1", 0, False),
     Kind.PDU: _KindSpec("pdu", True, "racktwin.pdu/1", 0, False),
     Kind.RACK_CMD: _KindSpec("cmd", True, "racktwin.rack_cmd/1", 1, False),
+    Kind.CDU_CMD: _KindSpec("cdu_cmd", True, "racktwin.cdu_cmd/1", 1, False),
     Kind.RACK_ACK: _KindSpec("ack", True, "racktwin.ack/1", 1, False),
     Kind.APPLIED: _KindSpec("applied", True, "racktwin.applied/1", 1, True),
     Kind.FACILITY: _KindSpec("facility", False, "racktwin.facility/1", 0, False),
@@ -191,7 +196,14 @@ PLANT_KINDS: Final = (
     Kind.SCHEDULER_ACK,
 )
 #: Kinds only the agent publishes.
-AGENT_KINDS: Final = (Kind.RACK_CMD, Kind.FACILITY_CMD, Kind.SCHEDULER_CMD, Kind.AGENT_STATUS, Kind.ADVICE)
+AGENT_KINDS: Final = (
+    Kind.RACK_CMD,
+    Kind.CDU_CMD,
+    Kind.FACILITY_CMD,
+    Kind.SCHEDULER_CMD,
+    Kind.AGENT_STATUS,
+    Kind.ADVICE,
+)
 
 
 def qos_of(kind: Kind) -> int:
@@ -245,6 +257,9 @@ class Topics:
     def rack_cmd(self, rack: str) -> str:
         return self.of(Kind.RACK_CMD, rack)
 
+    def cdu_cmd(self, rack: str) -> str:
+        return self.of(Kind.CDU_CMD, rack)
+
     def rack_ack(self, rack: str) -> str:
         return self.of(Kind.RACK_ACK, rack)
 
@@ -297,7 +312,10 @@ class Topics:
 
     def plant_filters(self, racks: Iterable[str] | None = None) -> tuple[str, ...]:
         """What a plant (the simulator) subscribes to: commands to its racks, the facility, the scheduler."""
-        rack_cmds = (self.filter(Kind.RACK_CMD),) if racks is None else tuple(self.rack_cmd(r) for r in racks)
+        if racks is None:
+            rack_cmds: tuple[str, ...] = (self.filter(Kind.RACK_CMD), self.filter(Kind.CDU_CMD))
+        else:
+            rack_cmds = tuple(t for r in racks for t in (self.rack_cmd(r), self.cdu_cmd(r)))
         return (*rack_cmds, self.facility_cmd, self.scheduler_cmd)
 
 
@@ -500,6 +518,7 @@ class CduReading:
     ts_s: float
     seq: int
     publisher: str
+    pump_speed_frac: float = 1.0  # the pump's commanded speed, fraction of nominal (percent on the wire)
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,6 +707,27 @@ class RackCommand:
 
 
 @dataclass(frozen=True, slots=True)
+class CduCommand:
+    """A new pump speed for one rack loop's CDU (``racktwin.cdu_cmd/1``, QoS 1, never retained).
+
+    ``pump_speed_frac`` is a fraction of the nominal speed (percent on the wire); the loop's flow
+    follows it. The plant holds a slowed pump only for a while after the last command (its
+    ``pump_hold_s``) and then returns it to full speed: the agent renews it."""
+
+    rack: str
+    pump_speed_frac: float
+    command_id: uuid.UUID
+    expires_s: float
+    ts_s: float
+    seq: int
+    publisher: str
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.pump_speed_frac) and 0.0 < self.pump_speed_frac <= 1.0):
+            raise ValueError(f"pump_speed_frac must be within (0, 1], got {self.pump_speed_frac}")
+
+
+@dataclass(frozen=True, slots=True)
 class FacilityCommand:
     """A new coolant supply set-point for the facility (``racktwin.facility_cmd/1``)."""
 
@@ -712,7 +752,7 @@ class SchedulerCommand:
     publisher: str
 
 
-Command: TypeAlias = RackCommand | FacilityCommand | SchedulerCommand
+Command: TypeAlias = RackCommand | CduCommand | FacilityCommand | SchedulerCommand
 
 
 class AckResult(enum.StrEnum):
@@ -810,6 +850,7 @@ class AgentAdvice:
     predicted_it_power_w: float | None = None
     predicted_facility_power_w: float | None = None
     summary: str | None = None
+    pump_speeds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # rack -> fraction of nominal
 
 
 Message: TypeAlias = (
@@ -819,6 +860,7 @@ Message: TypeAlias = (
     | FacilityReading
     | JobEvent
     | RackCommand
+    | CduCommand
     | FacilityCommand
     | SchedulerCommand
     | Acknowledgement
@@ -961,6 +1003,7 @@ class _CduW(_W, kw_only=True):
     flow_liters_per_minute: _FlowLpm
     delta_pressure_kpa: _PressureKpa
     pump_power_watts: _RackPowerW
+    pump_speed_percent: _Percent | None = None  # absent: full speed (publishers before the field)
 
 
 class _PduW(_W, kw_only=True):
@@ -1034,6 +1077,11 @@ class _RackCmdW(_CommandW, kw_only=True):
     power_limit_watts: _PositivePowerW | _PositivePowerCol | None = None
 
 
+class _CduCmdW(_CommandW, kw_only=True):
+    schema: Literal["racktwin.cdu_cmd/1"]
+    pump_speed_percent: Annotated[float, Meta(gt=0.0, le=100.0)]
+
+
 class _FacilityCmdW(_CommandW, kw_only=True):
     schema: Literal["racktwin.facility_cmd/1"]
     supply_setpoint_celsius: _TempC
@@ -1095,6 +1143,7 @@ class _AdviceW(_W, kw_only=True):
     predicted_it_power_watts: _SitePowerW | None = None
     predicted_facility_power_watts: _SitePowerW | None = None
     summary: _Text | None = None
+    pump_speed_percent: Annotated[dict[_Name, Annotated[float, Meta(gt=0.0, le=100.0)]], Meta(max_length=4096)] = {}
 
 
 _WIRE_TYPES: Final[dict[Kind, type[_W]]] = {
@@ -1102,6 +1151,7 @@ _WIRE_TYPES: Final[dict[Kind, type[_W]]] = {
     Kind.CDU: _CduW,
     Kind.PDU: _PduW,
     Kind.RACK_CMD: _RackCmdW,
+    Kind.CDU_CMD: _CduCmdW,
     Kind.RACK_ACK: _AckW,
     Kind.APPLIED: _AppliedW,
     Kind.FACILITY: _FacilityW,
@@ -1182,6 +1232,7 @@ def encode_cdu(m: CduReading) -> bytes:
             flow_liters_per_minute=m.flow_lpm,
             delta_pressure_kpa=m.delta_pressure_pa / 1000.0,
             pump_power_watts=m.pump_power_w,
+            pump_speed_percent=m.pump_speed_frac * 100.0,
         )
     )
 
@@ -1253,6 +1304,20 @@ def encode_rack_command(m: RackCommand) -> bytes:
             expires_at=m.expires_s,
             cards=[int(i) for i in m.cards],
             **_setting_wire(m.setting),
+        )
+    )
+
+
+def encode_cdu_command(m: CduCommand) -> bytes:
+    return _encoder.encode(
+        _CduCmdW(
+            schema="racktwin.cdu_cmd/1",
+            ts=m.ts_s,
+            seq=m.seq,
+            publisher=m.publisher,
+            command_id=m.command_id,
+            expires_at=m.expires_s,
+            pump_speed_percent=m.pump_speed_frac * 100.0,
         )
     )
 
@@ -1350,6 +1415,7 @@ def encode_advice(m: AgentAdvice) -> bytes:
             predicted_it_power_watts=m.predicted_it_power_w,
             predicted_facility_power_watts=m.predicted_facility_power_w,
             summary=m.summary,
+            pump_speed_percent={r: v * 100.0 for r, v in m.pump_speeds.items()},
         )
     )
 
@@ -1361,6 +1427,7 @@ _ENCODERS: Final[dict[type, Any]] = {
     FacilityReading: encode_facility,
     JobEvent: encode_job_event,
     RackCommand: encode_rack_command,
+    CduCommand: encode_cdu_command,
     FacilityCommand: encode_facility_command,
     SchedulerCommand: encode_scheduler_command,
     Acknowledgement: encode_ack,
@@ -1382,6 +1449,7 @@ _SIMPLE_KINDS: Final[dict[type, Kind]] = {
     FacilityReading: Kind.FACILITY,
     JobEvent: Kind.JOB_EVENT,
     RackCommand: Kind.RACK_CMD,
+    CduCommand: Kind.CDU_CMD,
     FacilityCommand: Kind.FACILITY_CMD,
     SchedulerCommand: Kind.SCHEDULER_CMD,
     AppliedState: Kind.APPLIED,
@@ -1652,6 +1720,7 @@ def _conv_cdu(c: Codec, w: _CduW, rack: str | None) -> CduReading:
         ts_s=w.ts,
         seq=w.seq,
         publisher=w.publisher,
+        pump_speed_frac=1.0 if w.pump_speed_percent is None else w.pump_speed_percent / 100.0,
     )
 
 
@@ -1721,6 +1790,19 @@ def _conv_rack_cmd(c: Codec, w: _RackCmdW, rack: str | None) -> RackCommand:
         rack=str(rack),
         cards=tuple(w.cards),
         setting=c._setting(w, "command"),
+        command_id=w.command_id,
+        expires_s=w.expires_at,
+        ts_s=w.ts,
+        seq=w.seq,
+        publisher=w.publisher,
+    )
+
+
+def _conv_cdu_cmd(c: Codec, w: _CduCmdW, rack: str | None) -> CduCommand:
+    c._check_expiry(w)
+    return CduCommand(
+        rack=str(rack),
+        pump_speed_frac=w.pump_speed_percent / 100.0,
         command_id=w.command_id,
         expires_s=w.expires_at,
         ts_s=w.ts,
@@ -1825,7 +1907,15 @@ def _conv_advice(c: Codec, w: _AdviceW, rack: str | None) -> AgentAdvice:
         predicted_it_power_w=w.predicted_it_power_watts,
         predicted_facility_power_w=w.predicted_facility_power_watts,
         summary=w.summary,
+        pump_speeds=_pump_speeds(c, w.pump_speed_percent),
     )
+
+
+def _pump_speeds(c: Codec, pct: Mapping[str, float]) -> dict[str, float]:
+    for r in pct:
+        if r not in c._racks:
+            raise _Reject(RejectReason.UNKNOWN_RACK, f"pump_speed_percent: rack {r!r} is not in the site")
+    return {r: v / 100.0 for r, v in pct.items()}
 
 
 _CONVERTERS: Final[dict[Kind, Any]] = {
@@ -1833,6 +1923,7 @@ _CONVERTERS: Final[dict[Kind, Any]] = {
     Kind.CDU: _conv_cdu,
     Kind.PDU: _conv_pdu,
     Kind.RACK_CMD: _conv_rack_cmd,
+    Kind.CDU_CMD: _conv_cdu_cmd,
     Kind.RACK_ACK: _ack_converter(None),
     Kind.APPLIED: _conv_applied,
     Kind.FACILITY: _conv_facility,

@@ -64,8 +64,8 @@ def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
         "",
         "| policy | facility kWh | vs baseline | IT kWh | cooling kWh | PUE | throughput | loss % | SLO miss job-s |"
         " wait mean/p95 s | over limit rack-s (longest) | max rack kW | max die C | throttled card-s |"
-        " solve median/p99 s | fallbacks | busy / low-power cards | mean set-point C | CPU s |",
-        "|---|" + "---:|" * 18,
+        " solve median/p99 s | fallbacks | busy / low-power cards | mean set-point C | mean pump speed | CPU s |",
+        "|---|" + "---:|" * 19,
     ]
     for name in POLICIES:
         m = pol[name]["metrics"]
@@ -78,6 +78,7 @@ def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
             f"{m['max_rack_power_w'] / 1e3:.2f} | {m['max_die_temp_c']:.1f} | {m['throttled_card_s']:,.0f} | "
             f"{m['solve_median_s']:.3f} / {m['solve_p99_s']:.3f} | {m['fallbacks']} | "
             f"{m['busy_card_frac']:.1%} / {m['low_power_card_frac']:.1%} | {m['mean_supply_setpoint_c']:.1f} | "
+            f"{m['mean_pump_speed_frac']:.0%} | "
             f"{pol[name]['cpu_s']:,.0f} |"
         )
     keys = list(pol["baseline"]["energy_breakdown_kwh"])

@@ -20,6 +20,9 @@ either applies all of it or refuses all of it with a reason (``twin.plant.Comman
 * ``low_power_idle``: ``Plant.enter_low_power``; a card running a job is refused (rejected).
 * ``wake``: ``Plant.wake``; the card is usable ``card.wake_latency_s`` later (telemetry shows it
   awake, at 0 utilization, meanwhile).
+* CDU ``pump_speed_percent``: ``Plant.set_pump_speed`` for the rack's loop, at once (within the
+  site's ``min_pump_speed_frac`` .. 100%); a slowed pump returns to full speed ``pump_hold_s`` after
+  the last command for it (the agent renews it). Acked on the rack's ack topic.
 * facility ``supply_setpoint_celsius``: ``Plant.set_supply_temp`` (within the site's options'
   range); the rack supply follows with the plant's lag.
 * scheduler ``place``: ``Plant.place_job`` (rack-local card indices on the wire); the job must be
@@ -47,7 +50,7 @@ __all__ = ["CommandCounts", "CommandHandler"]
 
 log = logging.getLogger("racktwin.sim")
 
-_COMMAND_KINDS = (wire.Kind.RACK_CMD, wire.Kind.FACILITY_CMD, wire.Kind.SCHEDULER_CMD)
+_COMMAND_KINDS = (wire.Kind.RACK_CMD, wire.Kind.CDU_CMD, wire.Kind.FACILITY_CMD, wire.Kind.SCHEDULER_CMD)
 
 
 @dataclass
@@ -113,6 +116,8 @@ class CommandHandler:
                 return self._answer_rejection(topic, payload, msg)
             if isinstance(msg, wire.RackCommand):
                 return self._rack(msg)
+            if isinstance(msg, wire.CduCommand):
+                return self._cdu(msg)
             if isinstance(msg, wire.FacilityCommand):
                 return self._facility(msg)
             if isinstance(msg, wire.SchedulerCommand):
@@ -161,7 +166,7 @@ class CommandHandler:
         if command_id is None:
             self.counts.unanswered += 1
             return []
-        if info.kind is wire.Kind.RACK_CMD:
+        if info.kind in (wire.Kind.RACK_CMD, wire.Kind.CDU_CMD):
             target = str(info.rack)
         elif info.kind is wire.Kind.FACILITY_CMD:
             target = wire.FACILITY
@@ -217,6 +222,15 @@ class CommandHandler:
             return self._refuse(action, cmd.rack, cmd.command_id, exc.reason)
         self.last_command_id[r] = cmd.command_id
         return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED), self.applied_state(r)]
+
+    def _cdu(self, cmd: wire.CduCommand) -> list[wire.Outgoing]:
+        if wire.is_expired(cmd, self.clock()):
+            return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.EXPIRED)]
+        try:
+            self.plant.set_pump_speed(self._rack_index[cmd.rack], cmd.pump_speed_frac)
+        except CommandError as exc:
+            return self._refuse("set_pump_speed", cmd.rack, cmd.command_id, exc.reason)
+        return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED)]
 
     def _set_levels(self, idx: npt.NDArray[np.int64], level: int, lo_mhz: float, hi_mhz: float) -> None:
         self.level[idx] = level

@@ -307,6 +307,12 @@ class Simulator:
         n_pub = 0  # periods published; the next is due at n_pub * period (no accumulated rounding)
         next_pub = 0.0
         progress = _Progress(self, wall0, opts.progress, opts.progress_interval_s)
+        # the jobs submitted and started at t = 0 are announced before the first telemetry round, as a
+        # site's scheduler knows them before its racks report: an agent that has heard every rack never
+        # sees a job submitted and not yet started that is in fact running
+        events = plant.drain_events()
+        if events:
+            await self._publish_events(events)
         while True:
             t = plant.time_s
             change = self.chaos.transition(t) if t < end - _EPS_S and not self._stopping else None

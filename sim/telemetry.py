@@ -94,6 +94,7 @@ class TelemetryEncoder:
                     ts_s=ts_s,
                     seq=self._seq(t_cdu),
                     publisher=pub,
+                    pump_speed_frac=round(lp.pump_speed_frac, 4),
                 )
                 out.append(wire.Outgoing(t_cdu, wire.encode_cdu(cdu), 0, False))
             if rr.pdu is not None:

@@ -113,6 +113,7 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
             publisher="sim",
         ),
         wire.CduReading("r3", 32.0, 41.5, 96.0, 150_000.0, 480.0, ts_s=ts_s, seq=7, publisher="sim"),
+        wire.CduReading("r4", 32.0, 52.5, 44.8, 40_000.0, 60.0, ts_s=ts_s, seq=7, publisher="sim", pump_speed_frac=0.5),
         wire.PduReading("r3", 48_750.0, ts_s=ts_s, seq=8, publisher="sim"),
         wire.FacilityReading(21.0, 30.0, 39.5, 12_000.0, 380_000.0, 410_000.0, 30.0, ts_s=ts_s, seq=9, publisher="sim"),
         wire.JobEvent(
@@ -152,6 +153,7 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
         ),
         wire.RackCommand("r2", (10,), wire.CardSetting.low_power_idle(), cmd_id, ts_s + 30, ts_s, 8, "agent"),
         wire.RackCommand("r2", (10,), wire.CardSetting.wake(), cmd_id, ts_s + 30, ts_s, 9, "agent"),
+        wire.CduCommand("r2", 0.4583, cmd_id, ts_s + 30, ts_s, 10, "agent"),
         wire.FacilityCommand(32.0, cmd_id, ts_s + 60, ts_s, 10, "agent"),
         wire.SchedulerCommand("job-18", {"r4": (0, 1, 2, 3), "r5": (0, 1, 2, 3)}, cmd_id, ts_s + 60, ts_s, 11, "agent"),
         wire.Acknowledgement("r2", cmd_id, wire.AckResult.APPLIED, ts_s=ts_s, seq=12, publisher="sim"),
@@ -183,5 +185,6 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
             predicted_it_power_w=390_000.0,
             predicted_facility_power_w=415_000.0,
             summary="cap r1 to level 2",
+            pump_speeds={"r1": 0.5, "r3": 1.0},
         ),
     ]

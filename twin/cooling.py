@@ -66,6 +66,18 @@ def rack_pump_power_w(site: SiteSpec, flow_fraction: float | FloatArray = 1.0) -
     return np.asarray(p_nom * frac**3, dtype=np.float64)
 
 
+def facility_pump_power_w(site: SiteSpec, flow_fraction: float | FloatArray = 1.0) -> float:
+    """Facility-side pump power (W): its flow is ``facility_flow_ratio`` times the rack loops' total
+    (kg/s of water at ~1000 kg/m3), ``dp V_dot / eta`` at nominal flow times (flow / nominal)^3."""
+    cdu = site.cdu
+    m_nom = float(np.sum(rack_mass_flow_kg_s(site)))
+    if m_nom <= 0:
+        return 0.0
+    frac = float(np.sum(rack_mass_flow_kg_s(site, flow_fraction))) / m_nom
+    v_nom = m_nom * cdu.facility_flow_ratio / 1000.0
+    return float(cdu.facility_pump_head_kpa * 1e3 * v_nom / cdu.facility_pump_efficiency * frac**3)
+
+
 def design_heat_w(site: SiteSpec) -> float:
     """The heat the facility plant is sized for: every rack at its power limit."""
     return float(site.rack.power_limit_w * site.n_racks)
@@ -157,10 +169,7 @@ def facility_cooling(
     cop = chiller_cop(site, t_fs, ambient_c)
     chiller_w = q_ch / cop
 
-    v_fac = m_fac / 1000.0  # water, ~1000 kg/m3
-    v_fac_nom = float(np.sum(rack_mass_flow_kg_s(site))) * cdu.facility_flow_ratio / 1000.0
-    fac_pump_nom = cdu.facility_pump_head_kpa * 1e3 * v_fac_nom / cdu.facility_pump_efficiency
-    fac_pump = fac_pump_nom * (v_fac / v_fac_nom) ** 3 if v_fac_nom > 0 else 0.0
+    fac_pump = facility_pump_power_w(site, flow_fraction)
 
     return CoolingPoint(
         it_power_w=float(it_power_w),

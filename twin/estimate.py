@@ -24,8 +24,9 @@ Anomalies:
   third of the threshold (a fouled or badly mounted plate, dried thermal interface). Flow changes
   are accounted for (R_expected follows the measured flow), so a weak pump does not flag plates.
 * ``weak_pump``: the rack loop's return - supply difference, averaged over ``pump_time_constant_s``,
-  exceeds ``1 + pump_threshold_frac`` times what the rack's PDU power and the loop's *nominal* flow
-  predict (``Q = m c_p dT``), or the measured flow is more than ``pump_threshold_frac`` below nominal.
+  exceeds ``1 + pump_threshold_frac`` times what the rack's PDU power and the flow its pump should
+  give (nominal flow x the pump speed the CDU reports) predict (``Q = m c_p dT``), or the measured
+  flow is more than ``pump_threshold_frac`` below that flow. A pump slowed on purpose is not weak.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class EstimatorConfig:
     min_rack_power_w: float = 5000.0  # below this the loop dT is too small to judge
     max_gap_s: float = 30.0  # a longer gap between a card's readings restarts its thermal model
     flow_update_frac: float = 0.03  # re-derive expected resistances when a rack's flow moves this much
+    # the flow the expected resistances follow: smoothed over this (s), a few plate time constants, so
+    # that a pump whose speed was changed on purpose is followed within a minute (the weak-pump check
+    # averages over pump_time_constant_s instead)
+    flow_time_constant_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,8 @@ class Estimates:
     dynamic_scale: FloatArray
     leakage_scale: FloatArray
     leakage_w_per_k: FloatArray  # estimated leakage slope at level 0
-    rack_dt_ratio: FloatArray  # measured / predicted (nominal flow) loop temperature rise
-    rack_flow_deficit: FloatArray  # 1 - measured / nominal flow
+    rack_dt_ratio: FloatArray  # measured / predicted (expected flow) loop temperature rise
+    rack_flow_deficit: FloatArray  # 1 - measured / expected flow (nominal x reported pump speed)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,8 @@ class Estimator:
         self._dt_meas = np.zeros(n_r)
         self._dt_pred = np.zeros(n_r)
         self._flow_avg = np.full(n_r, site.loop_flow_per_rack_lpm())
+        self._flow_fast = np.full(n_r, site.loop_flow_per_rack_lpm())
+        self._flow_exp_avg = np.full(n_r, site.loop_flow_per_rack_lpm())
         self._rack_t = np.full(n_r, -math.inf)
         self._rack_pdu_w = np.full(n_r, np.nan)
         self._supply = np.full(n_r, np.nan)
@@ -152,7 +159,8 @@ class Estimator:
             if not 0 <= r < self._n_r:
                 continue
             if rr.loop is not None:
-                self._update_loop(r, rr.time_s, rr.loop.supply_temp_c, rr.loop.return_temp_c, rr.loop.flow_lpm)
+                lp = rr.loop
+                self._update_loop(r, rr.time_s, lp.supply_temp_c, lp.return_temp_c, lp.flow_lpm, lp.pump_speed_frac)
             if rr.pdu is not None and math.isfinite(rr.pdu.power_w):
                 self._rack_pdu_w[r] = rr.pdu.power_w
             b = rr.cards
@@ -197,29 +205,38 @@ class Estimator:
     def _rack_supply(self, r: int) -> float:
         return float(self._supply[r])
 
-    def _update_loop(self, r: int, t: float, supply_c: float, return_c: float, flow_lpm: float) -> None:
+    def _update_loop(
+        self, r: int, t: float, supply_c: float, return_c: float, flow_lpm: float, speed: float = 1.0
+    ) -> None:
         if not (math.isfinite(supply_c) and math.isfinite(return_c) and math.isfinite(flow_lpm)):
             return
         if not (-20 < supply_c < 100 and -20 < return_c < 120 and flow_lpm >= 0):
             return
+        speed = speed if math.isfinite(speed) and 0.05 <= speed <= 1.5 else 1.0
+        expected = speed * self.site.loop_flow_per_rack_lpm()
         self._supply[r] = supply_c
         cfg = self.config
         dt = t - self._rack_t[r]
         self._rack_t[r] = t
         if not (0 < dt <= cfg.max_gap_s * 10):
             self._flow_avg[r] = flow_lpm
+            self._flow_fast[r] = flow_lpm
+            self._flow_exp_avg[r] = expected
             return
+        fast = math.exp(-dt / cfg.flow_time_constant_s)
+        self._flow_fast[r] = fast * self._flow_fast[r] + (1 - fast) * flow_lpm
         lam = math.exp(-dt / cfg.pump_time_constant_s)
         self._flow_avg[r] = lam * self._flow_avg[r] + (1 - lam) * flow_lpm
+        self._flow_exp_avg[r] = lam * self._flow_exp_avg[r] + (1 - lam) * expected
         p = self._rack_pdu_w[r]
         if math.isfinite(p) and p >= cfg.min_rack_power_w:
             self._dt_meas[r] = lam * self._dt_meas[r] + (1 - lam) * (return_c - supply_c)
-            self._dt_pred[r] = lam * self._dt_pred[r] + (1 - lam) * p / self._mcp_nominal
+            self._dt_pred[r] = lam * self._dt_pred[r] + (1 - lam) * p / (self._mcp_nominal * speed)
 
     def _maybe_update_flow(self) -> None:
-        moved = np.abs(self._flow_avg / self._flow_used - 1.0) > self.config.flow_update_frac
+        moved = np.abs(self._flow_fast / self._flow_used - 1.0) > self.config.flow_update_frac
         if moved.any():
-            self._flow_used = np.where(moved, self._flow_avg, self._flow_used)
+            self._flow_used = np.where(moved, self._flow_fast, self._flow_used)
             self._net.set_params(self._params())
             self._r_exp = self._net.params.r_total_k_per_w.copy()
 
@@ -296,7 +313,7 @@ class Estimator:
             leakage_scale=self._theta[:, 2].copy(),
             leakage_w_per_k=self._theta[:, 2] * site.card.leakage_w_per_k,
             rack_dt_ratio=np.asarray(ratio, dtype=np.float64),
-            rack_flow_deficit=1.0 - self._flow_avg / site.loop_flow_per_rack_lpm(),
+            rack_flow_deficit=1.0 - self._flow_avg / self._flow_exp_avg,
         )
 
     def anomalies(self) -> list[Anomaly]:
@@ -331,8 +348,8 @@ class Estimator:
                         card=None,
                         value=ratio,
                         threshold=1.0 + pthr,
-                        detail=f"rack {r}: loop dT {100 * (ratio - 1):.0f}% above what its power and nominal flow "
-                        f"predict (flow {100 * deficit:.0f}% below nominal)",
+                        detail=f"rack {r}: loop dT {100 * (ratio - 1):.0f}% above what its power and pump speed "
+                        f"predict (flow {100 * deficit:.0f}% below what the pump speed should give)",
                     )
                 )
             elif deficit > pthr:
@@ -343,7 +360,7 @@ class Estimator:
                         card=None,
                         value=1.0 / max(1.0 - deficit, 1e-6),
                         threshold=1.0 + pthr,
-                        detail=f"rack {r}: flow {100 * deficit:.0f}% below nominal",
+                        detail=f"rack {r}: flow {100 * deficit:.0f}% below what the pump speed should give",
                     )
                 )
         return out

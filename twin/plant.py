@@ -20,7 +20,7 @@ with power and coolant inlet held over the step (zero-order hold):
    work accounting; jobs reaching a checkpoint or their end change phase.
 
 Commands (``set_levels``, ``set_power_limits``, ``enter_low_power``, ``wake``,
-``set_supply_temp``, ``place_job``) either apply entirely or raise :class:`CommandError` with the
+``set_supply_temp``, ``set_pump_speed``, ``place_job``) either apply entirely or raise :class:`CommandError` with the
 reason. ``readings()`` gives noisy telemetry (``twin.readings``) with sensor faults applied;
 ``truth()`` the exact values; ``drain_events()`` the job events; ``accounting()`` energy and work.
 
@@ -166,6 +166,9 @@ class PlantConfig:
       lag (CDU valve loop, assumption).
     * ``min_power_limit_w``: the lowest power limit a card accepts (H100 SXM: 200 W, ``nvidia-smi -q``
       "Min Power Limit").
+    * ``pump_hold_s``: a rack-loop pump slowed by :meth:`Plant.set_pump_speed` returns to full speed
+      this long after the last command for it, unless renewed (the CDU's fallback on a lost
+      supervisor, as building controllers relinquish a point whose writer stopped writing).
     """
 
     seed: int = 0
@@ -180,6 +183,7 @@ class PlantConfig:
     min_power_limit_w: float = 200.0
     initial_level: int = 0
     initial_low_power: bool = False
+    pump_hold_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.placement not in ("builtin", "external"):
@@ -188,6 +192,8 @@ class PlantConfig:
             raise ValueError("external_timeout_s must be >= 0")
         if not self.supply_time_constant_s >= 0:
             raise ValueError("supply_time_constant_s must be >= 0")
+        if not (math.isfinite(self.pump_hold_s) and self.pump_hold_s > 0):
+            raise ValueError("pump_hold_s must be a finite time > 0 s")
 
 
 @dataclass(frozen=True)
@@ -210,6 +216,7 @@ class Truth:
     rack_supply_temp_c: FloatArray
     rack_return_temp_c: FloatArray
     rack_flow_lpm: FloatArray
+    rack_pump_speed_frac: FloatArray  # commanded pump speed in force (flow = speed x any fault's fraction)
     supply_setpoint_c: float
     ambient_temp_c: float
     cooling: CoolingPoint
@@ -362,6 +369,9 @@ class Plant:
 
         # ---- cooling ------------------------------------------------------------------------------
         self._flow_frac = np.ones(n_racks)
+        self._pump_speed = np.ones(n_racks)
+        self._pump_cmd = np.zeros(n_racks, dtype=np.int64)  # commands per rack (the hold's token)
+        self._flow_varies = False
         self._r_foul = np.ones(n)
         self._thermal = ThermalNetwork(self._thermal_params())
         self._setpoint_c = site.facility.supply_temp_c
@@ -682,6 +692,32 @@ class Plant:
             )
         self._setpoint_c = float(supply_temp_c)
 
+    def set_pump_speed(self, racks: Any, speed_frac: Any) -> None:
+        """Set rack-loop pump speeds (fraction of nominal; the loop's flow follows the speed, its
+        pump power the cube of it), effective at once. Allowed: ``site.min_pump_speed_frac()`` .. 1.
+        A speed below 1 holds for ``config.pump_hold_s`` after the last command for the rack, then
+        the pump returns to full speed (renew it to keep it)."""
+        idx = np.atleast_1d(np.asarray(racks))
+        if idx.size == 0:
+            return
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise CommandError("set_pump_speed: rack indices must be integers")
+        idx = idx.astype(np.int64)
+        bad = (idx < 0) | (idx >= self._n_racks)
+        if bad.any():
+            raise CommandError(f"set_pump_speed: rack {int(idx[bad][0])} is not in 0..{self._n_racks - 1}")
+        speed = np.broadcast_to(np.asarray(speed_frac, dtype=np.float64), idx.shape)
+        lo = self.site.min_pump_speed_frac()
+        out = ~np.isfinite(speed) | (speed < lo - 1e-9) | (speed > 1.0 + 1e-9)
+        if out.any():
+            raise CommandError(f"set_pump_speed: {float(speed[out][0]):g} is not within {lo:.3f}..1 of nominal speed")
+        for r, v in zip(idx.tolist(), np.clip(speed, lo, 1.0).tolist(), strict=True):
+            self._pump_speed[r] = v
+            self._pump_cmd[r] += 1
+            if v < 1.0:
+                self._push(self._t + self.config.pump_hold_s, "pump_hold", (r, int(self._pump_cmd[r])))
+        self._update_flow(self._t)
+
     def place_job(self, job_id: str, cards: Any) -> None:
         """Place a queued job on ``cards`` (external scheduler). Sleeping cards are woken; the job
         waits for them and for its start-up."""
@@ -793,6 +829,7 @@ class Plant:
             rack_supply_temp_c=np.full(n_r, self._supply_c),
             rack_return_temp_c=self._rack_return.copy(),
             rack_flow_lpm=self.site.loop_flow_per_rack_lpm() * self._flow_frac,
+            rack_pump_speed_frac=self._pump_speed.copy(),
             supply_setpoint_c=self._setpoint_c,
             ambient_temp_c=self._ambient_now,
             cooling=self._cooling,
@@ -883,7 +920,7 @@ class Plant:
         self._rack_return = supply + self._rack_heat / (self._mcp_nominal * self._flow_frac)
         it = float(self._rack_power.sum())
         self._ambient_now = self.ambient_c(self._t)
-        flow = self._flow_frac if self._pump_faults else 1.0
+        flow = self._flow_frac if self._flow_varies else 1.0
         self._cooling = facility_cooling(
             self.site, it, supply, self._ambient_now, heat_w=float(self._rack_heat.sum()), flow_fraction=flow
         )
@@ -1017,6 +1054,11 @@ class Plant:
                     self._sched_dirty = True
             elif kind == "flow":
                 self._update_flow(t)
+            elif kind == "pump_hold":
+                r, token = payload
+                if self._pump_cmd[r] == token and self._pump_speed[r] < 1.0:
+                    self._pump_speed[r] = 1.0
+                    self._update_flow(t)
             elif kind == "sensor_on":
                 self._sensor_fault(payload, on=True)
             elif kind == "sensor_off":
@@ -1029,6 +1071,8 @@ class Plant:
         frac = np.ones(self._n_racks)
         for f in self._pump_faults:
             frac[f.rack] = min(frac[f.rack], f.fraction_at(t + _EPS_S))
+        frac = frac * self._pump_speed
+        self._flow_varies = bool(np.any(frac != 1.0))
         foul = np.ones(self._n)
         for g in self._fouling:
             if g.start_s <= t + _EPS_S < g.end_s:
@@ -1417,6 +1461,7 @@ class Plant:
         flow = (flow_true * (1.0 + nz.flow_sd_frac * zr[2])).tolist()
         pdu = (self._rack_power * (1.0 + nz.pdu_power_sd_frac * zr[3])).tolist()
         pump = self._rack_pump_w.tolist()
+        speed = self._pump_speed.tolist()
         if self._stuck_cards:
             for c, _cnt in self._stuck_cards.items():
                 frozen = self._frozen_card.get(c)
@@ -1447,7 +1492,7 @@ class Plant:
                 power_limit_w=limit[sl],
                 failed=failed[sl],
             )
-            loop = LoopReading(supply_temp_c=sup[r], return_temp_c=ret[r], flow_lpm=flow[r], pump_power_w=pump[r])
+            loop = LoopReading(sup[r], ret[r], flow[r], pump[r], pump_speed_frac=speed[r])
             if r in self._garbage:
                 batch, loop = self._garble(self._garbage[r], batch, loop)
             rr = RackReading(rack=r, time_s=t, cards=batch, loop=loop, pdu=PduReading(power_w=pdu[r]))

@@ -205,6 +205,7 @@ class _PlantSection:
     initial_low_power: bool = False
     noise: bool = True
     variation: bool = True
+    pump_hold_s: float = field(default=60.0, metadata=rng(0.0, 1e9, lo_open=True))
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,7 @@ def run_scenario_from_dict(
             min_power_limit_w=p.min_power_limit_w,
             initial_level=p.initial_level,
             initial_low_power=p.initial_low_power,
+            pump_hold_s=p.pump_hold_s,
         ),
     )
 

@@ -115,6 +115,10 @@ class LoopSpec:
     flow_per_card_lpm: float = field(metadata=_rng(0.0, 100.0, lo_open=True))
     pump_head_kpa: float = field(metadata=_rng(0.0, 2000.0, lo_open=True))
     pump_efficiency: float = field(metadata=_rng(0.05, 1.0))
+    # Largest return - supply rise the loop may run at when its pump is slowed (the CDU's design
+    # rise: docs/twin.md); the pump never runs below the speed that keeps each plate's flow within
+    # the measured cold-plate table (SiteSpec.min_pump_speed_frac).
+    max_delta_t_k: float = field(default=16.3, metadata=_rng(1.0, 60.0))
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,12 @@ class SiteSpec:
 
     def loop_flow_per_rack_lpm(self) -> float:
         return self.loop.flow_per_card_lpm * self.cards_per_rack
+
+    def min_pump_speed_frac(self) -> float:
+        """Lowest rack-loop pump speed (fraction of nominal; flow follows speed): the one that gives
+        each plate the smallest flow of the measured cold-plate table, so the plate resistance is
+        never extrapolated below measured data."""
+        return float(min(1.0, self.cold_plate.flow_lpm[0] / self.loop.flow_per_card_lpm))
 
     def with_supernodes(self, supernodes: int) -> SiteSpec:
         """The same hardware with another number of supernodes (for scale studies)."""

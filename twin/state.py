@@ -84,6 +84,7 @@ class StateSnapshot:
     rack_return_temp_c: FloatArray
     rack_flow_lpm: FloatArray
     rack_pump_power_w: FloatArray
+    rack_pump_speed_frac: FloatArray  # as the CDU reports it (1 until a reading says otherwise)
     rack_last_seen_s: FloatArray  # the oldest of the rack's card, loop and PDU readings
     stuck_racks: tuple[int, ...]
     stuck_cards: tuple[int, ...]
@@ -125,6 +126,7 @@ class TwinState:
         self.rack_return_temp_c = rnan.copy()
         self.rack_flow_lpm = rnan.copy()
         self.rack_pump_power_w = rnan.copy()
+        self.rack_pump_speed_frac = np.ones(r)
         self.rack_cards_seen_s = np.full(r, _NEVER)
         self.rack_loop_seen_s = np.full(r, _NEVER)
         self.rack_pdu_seen_s = np.full(r, _NEVER)
@@ -169,6 +171,8 @@ class TwinState:
                     self.rack_supply_temp_c[r], self.rack_return_temp_c[r], self.rack_flow_lpm[r] = vals
                     if math.isfinite(lp.pump_power_w) and lp.pump_power_w >= 0:
                         self.rack_pump_power_w[r] = lp.pump_power_w
+                    if math.isfinite(lp.pump_speed_frac) and 0.0 < lp.pump_speed_frac <= 1.5:
+                        self.rack_pump_speed_frac[r] = lp.pump_speed_frac
                     self.rack_loop_seen_s[r] = max(self.rack_loop_seen_s[r], t)
                 else:
                     self.rack_invalid_count[r] += 1
@@ -415,6 +419,7 @@ class TwinState:
             rack_return_temp_c=self.rack_return_temp_c.copy(),
             rack_flow_lpm=self.rack_flow_lpm.copy(),
             rack_pump_power_w=self.rack_pump_power_w.copy(),
+            rack_pump_speed_frac=self.rack_pump_speed_frac.copy(),
             rack_last_seen_s=self.rack_last_seen_s(),
             stuck_racks=self.stuck_racks(),
             stuck_cards=self.stuck_cards(),

@@ -366,19 +366,22 @@ def _report_html(ev: Evaluation) -> str:
     figs.append(("Where the facility energy went", png_base64(fig)))
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
     for n in names:
         axes[0].plot(hours(res[n]), res[n].series["supply_setpoint_c"], label=n, color=_COLOURS.get(n), lw=1)
         axes[1].plot(hours(res[n]), res[n].series["low_power_cards"], label=n, color=_COLOURS.get(n), lw=1)
+        pumps = [100.0 * x for x in res[n].series["mean_pump_speed_frac"]]
+        axes[2].plot(hours(res[n]), pumps, label=n, color=_COLOURS.get(n), lw=1)
     first = res[names[0]]
     axes[0].plot(hours(first), first.series["ambient_c"], label="ambient", color="k", lw=0.8, ls=":")
     axes[0].set_ylabel("supply set-point / ambient (deg C)")
     axes[1].set_ylabel("cards in low-power idle")
+    axes[2].set_ylabel("mean rack pump speed (%)")
     for a in axes:
         a.set_xlabel("hour")
         a.legend(fontsize=7)
     fig.tight_layout()
-    figs.append(("Coolant set-point and low-power idle", png_base64(fig)))
+    figs.append(("Coolant set-point, low-power idle and pump speed", png_base64(fig)))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(10, 3.0))
@@ -397,6 +400,7 @@ def _report_html(ev: Evaluation) -> str:
         "busy_card_frac",
         "low_power_card_frac",
         "mean_supply_setpoint_c",
+        "mean_pump_speed_frac",
         "jobs_finished",
         "jobs_never_started",
         "queue_wait_p95_s",

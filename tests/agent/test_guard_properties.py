@@ -1,7 +1,8 @@
 """Property: whatever plan the guard is given (adversarial levels, sleep states, limits, set-points,
-placements, stale racks, measured extras), the decision it lets out keeps every rack within its
-limit minus margin and every busy die under its limit, as the twin computes it, never raises a cap
-or wakes a card on stale data, and never raises a level faster than its rate limit."""
+pump speeds, placements, stale racks, weak pumps, measured extras), the decision it lets out keeps
+every rack within its limit minus margin, every busy die under its limit and every slowed loop's rise
+within its bound, as the twin computes it at the pump speeds it lets out, never raises a cap, wakes
+a card or slows a pump on stale data, and never raises a level faster than its rate limit."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
 from agent.load import die_offsets_k, site_load, spec_r_total_k_per_w
+from agent.pumps import offset_at_speed, r_at_speed
 from twin.power import PowerModel
 from twin.readings import JobEvent
 from twin.spec import SiteSpec
@@ -61,12 +63,16 @@ def judge(site: SiteSpec, snap: StateSnapshot, ctx: StepContext, d: Decision) ->
     lp = d.card_low_power & ~busy
     inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
     off = ctx.die_offset_k
-    p, _ = card_steady_power_w(model, lv, u, lp, inlet, ctx.r_total_k_per_w)
+    r = ctx.r_total_k_per_w
+    if d.rack_pump_speed_frac is not None:  # resistances and measured offsets at the pumps' speeds
+        r = r_at_speed(site, r, ctx.rack_flow_full_lpm, d.rack_pump_speed_frac)
+        off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, d.rack_pump_speed_frac)
+    p, _ = card_steady_power_w(model, lv, u, lp, inlet, r)
     p = p + np.where(lp, model.low_power_leak_w_per_k, model.leak_w_per_k[lv]) * off
     p = np.where(lp, p, np.minimum(p, d.card_power_limit_w))
     p = np.where(snap.card_failed, 0.0, p)
     racks = np.bincount(site.card_rack(), weights=p, minlength=site.n_racks) + site.rack.host_overhead_w
-    die = np.where(busy & ~snap.card_failed, inlet + ctx.r_total_k_per_w * p + off, -np.inf)
+    die = np.where(busy & ~snap.card_failed, inlet + r * p + off, -np.inf)
     return racks + ctx.rack_extra_w, die
 
 
@@ -77,6 +83,7 @@ limits = st.lists(
     st.one_of(st.floats(0.0, 2000.0), st.just(float("nan")), st.just(float("inf"))), min_size=n_cards, max_size=n_cards
 )
 inlets = st.lists(st.floats(15.0, 50.0), min_size=2, max_size=2)
+speeds = st.one_of(st.none(), st.lists(st.one_of(st.floats(0.0, 1.2), st.just(float("nan"))), min_size=2, max_size=2))
 placements = st.lists(
     st.tuples(st.sampled_from(["q", "a", "nope"]), st.lists(st.integers(-2, 40), min_size=0, max_size=6)),
     max_size=3,
@@ -95,6 +102,8 @@ placements = st.lists(
     extra=st.lists(st.floats(0.0, 3000.0), min_size=2, max_size=2),
     r_scale=st.floats(0.9, 2.0),
     places=placements,
+    speed=speeds,
+    pump_health=st.lists(st.floats(0.3, 1.0), min_size=2, max_size=2),
 )
 def test_no_reviewed_decision_exceeds_a_cap(
     lv: list[int],
@@ -107,6 +116,8 @@ def test_no_reviewed_decision_exceeds_a_cap(
     extra: list[float],
     r_scale: float,
     places: list[tuple[str, list[int]]],
+    speed: list[float] | None,
+    pump_health: list[float],
 ) -> None:
     site, snap = scene()
     n = site.n_cards
@@ -126,6 +137,8 @@ def test_no_reviewed_decision_exceeds_a_cap(
         r_total_k_per_w=r_total,
         die_offset_k=offsets,
         rack_extra_w=np.asarray(extra),
+        rack_flow_full_lpm=site.loop_flow_per_rack_lpm() * np.asarray(pump_health),
+        rack_pump_speed_frac=np.ones(site.n_racks),
         choose_setpoint=True,
         solver_time_limit_s=1.0,
     )
@@ -152,6 +165,7 @@ def test_no_reviewed_decision_exceeds_a_cap(
         predicted_it_power_w=0.0,
         predicted_facility_power_w=0.0,
         predicted_pue=1.0,
+        rack_pump_speed_frac=None if speed is None else np.asarray(speed, dtype=np.float64),
     )
     d = Guard(site, CFG).review(proposal, snap, ctx)
     racks, die = judge(site, snap, ctx, d)
@@ -168,6 +182,16 @@ def test_no_reviewed_decision_exceeds_a_cap(
     assert abs(d.supply_temp_c - current_setpoint) <= CFG.max_setpoint_step_k + 1e-9
     assert site.facility.supply_temp_options_c[0] <= d.supply_temp_c <= site.facility.supply_temp_options_c[-1]
     # stale racks: no cap raised, no card woken, everything at the slowest level, caps under the limit
+    # pumps: within the site's range, at full speed on stale racks, every slowed loop within its rise
+    if speed is None:
+        assert d.rack_pump_speed_frac is None
+    else:
+        sp = d.rack_pump_speed_frac
+        assert sp is not None and np.all((sp >= site.min_pump_speed_frac() - 1e-12) & (sp <= 1.0))
+        assert np.all(sp[list(ctx.failsafe_racks)] == 1.0)
+        loop = site.loop
+        mcp = ctx.rack_flow_full_lpm * sp / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
+        assert np.all((sp == 1.0) | (racks / mcp <= loop.max_delta_t_k + 1e-6))
     for r in ctx.failsafe_racks:
         rc = site.card_rack() == r
         assert np.all(d.card_power_limit_w[rc] <= snap.card_power_limit_w[rc] + 1e-9)

@@ -156,3 +156,46 @@ def test_per_card_power_limits_are_one_command_per_rack_and_direction(scene: tup
     d2 = [codec.decode(c.topic, c.payload) for c in cmds2]
     assert [(m.rack, m.cards[0], len(m.cards)) for m in d2] == [("r0", 1, 9), ("r0", 40, 10)]  # type: ignore[union-attr]
     assert d2[0].setting.power_limit_w == 200.0 and d2[1].setting.power_limit_w == 600.0  # type: ignore[union-attr]
+
+
+def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: tuple[object, StateSnapshot]) -> None:
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    cfg = ControlConfig(command_ttl_s=30.0, pump_renew_s=20.0)
+    book = CommandBook(site, codec, cfg)  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    reported = np.ones(8)
+    reported[5] = 0.5  # r5 runs slowed now
+    snap5 = snap.__class__(**{**snap.__dict__, "rack_pump_speed_frac": reported})
+    speed = np.ones(8)
+    speed[2] = 0.5  # slower
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[0:64] = 3  # a slower level (lowers power)
+    d = decision_like(snap5, card_level=lvl, rack_pump_speed_frac=speed)  # r5 back to full speed: faster
+    msgs = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap5, applied, NOW)]
+    order = [(type(m).__name__, m.rack) for m in msgs]
+    assert order == [("RackCommand", "r0"), ("CduCommand", "r5"), ("CduCommand", "r2")]
+    assert [c.topic for c in book.open.values() if "cdu_cmd" in c.topic] == [
+        "racktwin/v1/site1/rack/r5/cdu_cmd",
+        "racktwin/v1/site1/rack/r2/cdu_cmd",
+    ]
+    cdu = [m for m in msgs if isinstance(m, wire.CduCommand)]
+    assert [m.pump_speed_frac for m in cdu] == [1.0, 0.5]
+    # while open, not repeated; a slowed pump is renewed every pump_renew_s, a full-speed one is not
+    d2 = d.replace(card_level=np.asarray(snap.card_level).copy())
+    assert [m for m in book.diff(d2, snap5, applied, NOW + 5) if isinstance(m[1], wire.CduCommand)] == []
+    for oc in list(book.open.values()):  # everything acked applied
+        book.on_ack(
+            wire.Acknowledgement(oc.target, uuid.UUID(oc.command_id), wire.AckResult.APPLIED, NOW, 0, "sim"), NOW
+        )
+    now_slow = np.ones(8)
+    now_slow[2] = 0.5
+    snap_now = snap.__class__(**{**snap.__dict__, "rack_pump_speed_frac": now_slow})
+    assert [m for m in book.diff(d2, snap_now, applied, NOW + 15) if isinstance(m[1], wire.CduCommand)] == []
+    renew = [m[1] for m in book.diff(d2, snap_now, applied, NOW + 21) if isinstance(m[1], wire.CduCommand)]
+    assert [(m.rack, m.pump_speed_frac) for m in renew] == [("r2", 0.5)]
+    # advice carries the speeds and registers nothing
+    adv = book.advice(d2, snap_now, applied, NOW + 21)
+    assert adv.pump_speeds == {"r2": 0.5}
+    back = codec.decode(codec.topics.advice, wire.encode_advice(adv))
+    assert isinstance(back, wire.AgentAdvice) and back.pump_speeds == {"r2": 0.5}

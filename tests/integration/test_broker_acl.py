@@ -24,8 +24,12 @@ pytestmark = pytest.mark.integration
 TS = 1_790_000_000.0
 
 
-def _command(codec: Codec, rack: str, publisher: str) -> wire.Outgoing:
-    cmd = wire.RackCommand(rack, (0,), wire.CardSetting.dvfs(4), wire.new_command_id(), TS + 30, TS, 0, publisher)
+def _command(codec: Codec, rack: str, publisher: str, kind: wire.Kind = wire.Kind.RACK_CMD) -> wire.Outgoing:
+    cmd: wire.Command
+    if kind is wire.Kind.CDU_CMD:
+        cmd = wire.CduCommand(rack, 0.5, wire.new_command_id(), TS + 30, TS, 0, publisher)
+    else:
+        cmd = wire.RackCommand(rack, (0,), wire.CardSetting.dvfs(4), wire.new_command_id(), TS + 30, TS, 0, publisher)
     return codec.outgoing(cmd)
 
 
@@ -62,13 +66,16 @@ async def test_only_the_agent_may_publish_commands(secured_mosquitto: SecuredBro
         assert seen == []  # the rack's commands never reached a subscriber; the agent's did (sentinel)
 
 
-async def test_a_rack_reads_only_its_own_commands(secured_mosquitto: SecuredBroker, codec: Codec) -> None:
+@pytest.mark.parametrize("kind", [wire.Kind.RACK_CMD, wire.Kind.CDU_CMD])
+async def test_a_rack_reads_only_its_own_commands(
+    secured_mosquitto: SecuredBroker, codec: Codec, kind: wire.Kind
+) -> None:
     s = secured_mosquitto
-    rack = Bus(s.options("r0"), subscriptions=[codec.topics.filter(wire.Kind.RACK_CMD)], name="r0")
+    rack = Bus(s.options("r0"), subscriptions=[codec.topics.filter(kind)], name="r0")
     async with rack, Bus(s.options("agent"), name="agent") as agent:
         await rack.wait_connected(WAIT_S)
         await agent.wait_connected(WAIT_S)
-        for_r1, for_r0 = _command(codec, "r1", "agent"), _command(codec, "r0", "agent")
+        for_r1, for_r0 = _command(codec, "r1", "agent", kind), _command(codec, "r0", "agent", kind)
         seen = await delivered(rack, [(agent, for_r1.topic, for_r1.payload)], (agent, for_r0.topic, for_r0.payload))
         assert seen == []  # r1's command was not delivered to r0, r0's was (sentinel)
 
@@ -83,6 +90,7 @@ MATRIX: list[tuple[str, str, bool]] = [
     ("r0", "racktwin/v1/site1/rack/r1/cards", False),
     ("r0", "racktwin/v1/site1/rack/r1/applied", False),
     ("r0", "racktwin/v1/site1/rack/r0/cmd", False),
+    ("r0", "racktwin/v1/site1/rack/r0/cdu_cmd", False),
     ("r0", "racktwin/v1/site1/facility/cmd", False),
     ("r0", "racktwin/v1/site1/scheduler/cmd", False),
     ("r0", "racktwin/v1/site1/agent/status", False),
@@ -92,6 +100,7 @@ MATRIX: list[tuple[str, str, bool]] = [
     ("r5", "racktwin/v1/site1/rack/r5/cards", True),
     ("r5", "racktwin/v1/site1/rack/r0/cards", False),
     ("agent", "racktwin/v1/site1/rack/r3/cmd", True),
+    ("agent", "racktwin/v1/site1/rack/r3/cdu_cmd", True),
     ("agent", "racktwin/v1/site1/facility/cmd", True),
     ("agent", "racktwin/v1/site1/scheduler/cmd", True),
     ("agent", "racktwin/v1/site1/agent/status", True),

@@ -167,8 +167,25 @@ async def test_commands_are_applied_acked_and_visible(mosquitto: EmbeddedBroker)
         assert (await obs.ack_of(fac.command_id)).result is wire.AckResult.APPLIED
         f = await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.supply_setpoint_c == 35.0)
         assert f.ts_s >= ts
+
+        # a CDU pump at half speed: acked on the rack's ack topic, half the flow in the CDU reading;
+        # a speed below the site's lowest is rejected with the reason
+        ts, exp = command_times(obs)
+        pump = wire.CduCommand("r1", 0.5, wire.new_command_id(), exp, ts, 6, "agent")
+        await obs.send(pump)
+        ack = await obs.ack_of(pump.command_id)
+        assert ack.result is wire.AckResult.APPLIED and ack.target == "r1"
+        cdu = await obs.wait_for(lambda m: isinstance(m, wire.CduReading) and m.rack == "r1" and m.ts_s > ts)
+        assert cdu.pump_speed_frac == 0.5
+        assert cdu.flow_lpm == pytest.approx(0.5 * SITE.loop_flow_per_rack_lpm(), rel=0.1)  # with sensor noise
+        ts, exp = command_times(obs)
+        too_slow = wire.CduCommand("r0", 0.2, wire.new_command_id(), exp, ts, 7, "agent")
+        await obs.send(too_slow)
+        ack = await obs.ack_of(too_slow.command_id)
+        assert ack.result is wire.AckResult.REJECTED and ack.reason is not None and "is not within" in ack.reason
+        assert sim.plant.truth().rack_pump_speed_frac.tolist()[:2] == [1.0, 0.5]
     s = sim.summary
-    assert s is not None and s.commands_applied == 6 and s.commands_rejected == 0 and s.commands_expired == 0
+    assert s is not None and s.commands_applied == 7 and s.commands_rejected == 1 and s.commands_expired == 0
 
 
 async def test_a_burst_of_commands_is_applied_in_order_and_all_acked(mosquitto: EmbeddedBroker) -> None:

@@ -69,3 +69,39 @@ def test_leakage_scale_is_learnt_when_the_supply_temperature_moves(small_site: S
     error = float(np.std(e.leakage_scale - true_scale))
     assert error < 0.4 * prior_error
     np.testing.assert_allclose(e.idle_scale, p._s_idle, atol=0.02)
+
+
+def test_a_pump_slowed_on_purpose_is_not_weak_a_degraded_one_still_is(small_site: SiteSpec) -> None:
+    faults = [PumpDegradation(rack=1, start_s=600.0, flow_fraction=0.6)]
+    p = Plant(small_site, _jobs(small_site.n_cards), faults, config=PlantConfig(seed=11, phases=PHASES))
+    est = Estimator(small_site)
+    _run(p, est, 300.0)
+    end = p.time_s + 2100.0
+    while p.time_s < end - 1e-9:
+        if round(p.time_s) % 20 == 0:  # renewed well within the plant's hold
+            p.set_pump_speed([0, 1], 0.5)
+        p.step(1.0)
+        est.update(p.readings())
+    found = {(a.kind, a.rack) for a in est.anomalies()}
+    assert found == {("weak_pump", 1)}  # r0 runs at half speed by command: not flagged
+    e = est.estimates()
+    assert e.rack_dt_ratio[0] == pytest.approx(1.0, abs=0.05)
+    assert e.rack_flow_deficit[0] == pytest.approx(0.0, abs=0.03)
+    assert e.rack_flow_deficit[1] == pytest.approx(0.4, abs=0.04)
+
+
+def test_expected_resistances_follow_a_pump_speed_change_within_minutes(small_site: SiteSpec) -> None:
+    p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(seed=11, phases=PHASES))
+    est = Estimator(small_site)
+    _run(p, est, 900.0)
+    end = p.time_s + 240.0
+    while p.time_s < end - 1e-9:
+        if round(p.time_s) % 20 == 0:
+            p.set_pump_speed([0], 0.4)
+        p.step(1.0)
+        est.update(p.readings())
+    e = est.estimates()
+    true_ratio = p.truth().r_total_k_per_w / e.r_expected_k_per_w
+    # the slowed rack's plates are expected at their new flow: its cards do not look fouled
+    np.testing.assert_allclose(e.r_ratio[:16], true_ratio[:16], atol=0.05)
+    assert not any(a.kind == "fouled_cold_plate" for a in est.anomalies())

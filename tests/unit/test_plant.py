@@ -411,3 +411,63 @@ def test_same_seed_same_readings(small_site: SiteSpec) -> None:
         np.testing.assert_array_equal(ra.cards.power_w, rb.cards.power_w)
         assert ra.loop == rb.loop and ra.pdu == rb.pdu
     assert a.facility == b.facility and a.jobs == b.jobs
+
+
+def test_a_slowed_pump_cuts_pump_power_by_the_cube_and_warms_the_rack(small_site: SiteSpec) -> None:
+    p = Plant(small_site, [job("a", 32)], config=exact())
+    p.run(600.0, 1.0)
+    before = p.truth()
+    p.set_pump_speed([1], 0.5)
+    p.run(50.0, 1.0)  # within the hold
+    after = p.truth()
+    assert after.rack_pump_speed_frac.tolist() == [1.0, 0.5]
+    assert after.rack_flow_lpm[1] == pytest.approx(0.5 * before.rack_flow_lpm[1])
+    full_w = float(before.cooling.rack_pump_w) / 2
+    assert after.cooling.rack_pump_w == pytest.approx(full_w + full_w * 0.5**3)
+    assert after.cooling.facility_pump_w == pytest.approx(before.cooling.facility_pump_w * 0.75**3)
+    dt_before = before.rack_return_temp_c - before.rack_supply_temp_c
+    dt_after = after.rack_return_temp_c - after.rack_supply_temp_c
+    assert dt_after[1] == pytest.approx(2.0 * dt_before[1], rel=0.03)
+    assert after.die_temp_c[16:].mean() > before.die_temp_c[16:].mean() + 1.0  # plates at half the flow
+    assert after.die_temp_c[:16].mean() == pytest.approx(before.die_temp_c[:16].mean(), abs=0.05)
+    loop = p.readings().racks[1].loop
+    assert loop is not None and loop.pump_speed_frac == 0.5
+    assert loop.flow_lpm == pytest.approx(after.rack_flow_lpm[1])
+
+
+def test_a_slowed_pump_returns_to_full_speed_unless_renewed(small_site: SiteSpec) -> None:
+    p = Plant(small_site, [job("a", 32)], config=exact(pump_hold_s=30.0))
+    p.set_pump_speed([0, 1], [0.5, 0.6])
+    p.run(20.0, 1.0)
+    p.set_pump_speed([1], 0.6)  # renewed: holds 30 s from now
+    p.run(15.0, 1.0)
+    assert p.truth().rack_pump_speed_frac.tolist() == [1.0, 0.6]  # r0 was not renewed
+    p.run(20.0, 1.0)
+    assert p.truth().rack_pump_speed_frac.tolist() == [1.0, 1.0]
+    assert p.truth().rack_flow_lpm[1] == pytest.approx(small_site.loop_flow_per_rack_lpm())
+
+
+def test_pump_speeds_outside_the_site_range_are_refused_whole(small_site: SiteSpec) -> None:
+    p = Plant(small_site, [job("a", 32)], config=exact())
+    lo = small_site.min_pump_speed_frac()
+    assert lo == pytest.approx(small_site.cold_plate.flow_lpm[0] / small_site.loop.flow_per_card_lpm)
+    for racks, speed, why in [
+        ([0, 1], [0.8, lo / 2], "is not within"),
+        ([0], 1.2, "is not within"),
+        ([0], float("nan"), "is not within"),
+        ([2], 0.8, "rack 2 is not in"),
+    ]:
+        with pytest.raises(CommandError, match=why):
+            p.set_pump_speed(racks, speed)
+    assert p.truth().rack_pump_speed_frac.tolist() == [1.0, 1.0]
+    p.set_pump_speed([0], lo)
+    assert p.truth().rack_pump_speed_frac[0] == pytest.approx(lo)
+
+
+def test_a_degraded_pump_at_reduced_speed_gives_both_fractions(small_site: SiteSpec) -> None:
+    fault = PumpDegradation(rack=1, start_s=0.0, flow_fraction=0.6)
+    p = Plant(small_site, [job("a", 32)], [fault], config=exact())
+    p.run(10.0, 1.0)
+    p.set_pump_speed([1], 0.5)
+    p.run(5.0, 1.0)
+    assert p.truth().rack_flow_lpm[1] == pytest.approx(0.3 * small_site.loop_flow_per_rack_lpm())

@@ -1,0 +1,191 @@
+"""Rack-loop pump speeds: each rack's pump as slow as its plan allows, priced by the twin.
+
+A rack loop's pump power follows the cube of its speed (affinity laws, ``twin.cooling``) and so does
+the facility pump's share, while every cold plate's resistance rises as its flow falls (the measured
+OCP table, ``twin.thermal.plate_resistance_k_per_w``): a slower pump saves pump power, warms every
+die of the rack and adds leakage power. The DVFS plan is made at full speed (so a slow pump never
+makes the models slow a job); :func:`choose_pump_speeds` then gives each rack the speed, from
+``steps`` options (``control.pump_speed_steps``) between the site's ``min_pump_speed_frac`` and 1,
+that minimizes
+
+    b x predicted rack power (jobs in their current phases) + rack pump power + facility pump share
+
+(the facility pump's share: its nominal power / racks x speed^3, an approximation of the cube of the
+racks' total flow that keeps the choice separable per rack; the plant computes it exactly)
+
+among the speeds at which, with every busy card *computing* at its planned level (as the guard
+judges), the twin predicts
+
+* every die at or under the die limit (slowdown - margin, measured die offsets included),
+* the rack's power at or under its cap (leakage rises with temperature),
+* the loop's return - supply rise at or under the loop's ``max_delta_t_k``.
+
+Full speed is always allowed. The caller pins racks to full speed (``full_speed_racks``: the
+controller pins racks at fail-safe caps, weak pumps and racks where a measured die reached its
+limit in the last 10 minutes; the guard enforces the fail-safe rule again, ``agent.guard``). A
+card's measured die offset (``agent.offsets``, measured at the flow of now) is scaled to another
+speed by the larger of its plate's and its whole path's resistance ratios (:func:`offset_at_speed`):
+exact for a fouled plate (the excess is extra plate resistance), an overestimate for extra power (the
+excess follows the whole path) when the pump slows, and the whole path's ratio, closer to 1, when it
+speeds up. Resistances scale with the spec's ratio: a card's calibrated die-to-inlet resistance at
+full speed times ``R_spec(q_s) / R_spec(q_full)``, where ``q_full`` is the flow the rack's pump gives
+at full speed now (measured flow / reported speed, so a weak pump counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.load import SiteLoad, predict
+from twin.cooling import facility_pump_power_w, rack_pump_power_w
+from twin.spec import SiteSpec
+from twin.thermal import plate_resistance_k_per_w
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = [
+    "PumpChoice",
+    "choose_pump_speeds",
+    "full_speed_flow_lpm",
+    "offset_at_speed",
+    "r_at_speed",
+    "speed_options",
+]
+
+
+def speed_options(site: SiteSpec, steps: int) -> FloatArray:
+    """``steps`` speeds from full speed down to the site's lowest, fastest first."""
+    lo = site.min_pump_speed_frac()
+    return np.linspace(1.0, lo, max(int(steps), 2)) if lo < 1.0 else np.ones(1)
+
+
+#: A pump whose full-speed flow is within this fraction of nominal counts as nominal (the flow
+#: sensor's noise must not move every prediction, and with it the models' ties, from reading to reading).
+FLOW_DEADBAND_FRAC = 0.05
+
+
+def full_speed_flow_lpm(site: SiteSpec, flow_lpm: FloatArray, speed_frac: FloatArray) -> FloatArray:
+    """Per rack: the loop flow its pump gives at full speed now (measured flow / reported speed; the
+    nominal flow where either is unknown or within ``FLOW_DEADBAND_FRAC`` of it), at most the nominal
+    flow (a healthy pump gives no more)."""
+    nominal = site.loop_flow_per_rack_lpm()
+    flow = np.asarray(flow_lpm, dtype=np.float64)
+    speed = np.asarray(speed_frac, dtype=np.float64)
+    ok = np.isfinite(flow) & (flow > 0) & np.isfinite(speed) & (speed > 0.05)
+    full = np.where(ok, flow / np.where(ok, speed, 1.0), nominal)
+    full = np.where(full >= (1.0 - FLOW_DEADBAND_FRAC) * nominal, nominal, full)
+    return np.asarray(full, dtype=np.float64)
+
+
+def _spec_r_plate(site: SiteSpec, flow_per_card_lpm: FloatArray) -> FloatArray:
+    cp = site.cold_plate
+    return np.asarray(plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, flow_per_card_lpm))
+
+
+def _spec_r_total(site: SiteSpec, flow_per_card_lpm: FloatArray) -> FloatArray:
+    return np.asarray(site.card.r_die_to_case_k_per_w + _spec_r_plate(site, flow_per_card_lpm), dtype=np.float64)
+
+
+def offset_at_speed(
+    site: SiteSpec,
+    die_offset_k: FloatArray,
+    rack_flow_full_lpm: FloatArray,
+    speed_now_frac: FloatArray,
+    speed_frac: FloatArray,
+) -> FloatArray:
+    """Per card: its die offset (measured with its rack's pump at ``speed_now_frac``) with the pump at
+    ``speed_frac``: times the larger of the plate's and the whole path's resistance ratios."""
+    rack = site.card_rack()
+    q_full = np.asarray(rack_flow_full_lpm, dtype=np.float64)[rack] / site.cards_per_rack
+    q_now = q_full * np.clip(np.asarray(speed_now_frac, dtype=np.float64), 0.05, 1.0)[rack]
+    q = q_full * np.asarray(speed_frac, dtype=np.float64)[rack]
+    plate = _spec_r_plate(site, q) / _spec_r_plate(site, q_now)
+    path = _spec_r_total(site, q) / _spec_r_total(site, q_now)
+    return np.asarray(np.asarray(die_offset_k, dtype=np.float64) * np.maximum(plate, path), dtype=np.float64)
+
+
+def r_at_speed(
+    site: SiteSpec, r_full_k_per_w: FloatArray, rack_flow_full_lpm: FloatArray, speed_frac: FloatArray
+) -> FloatArray:
+    """Per card: die-to-inlet resistance with its rack's pump at ``speed_frac`` (per rack), from the
+    resistance at full speed scaled by the spec's ratio (module docstring)."""
+    rack = site.card_rack()
+    q_full = np.asarray(rack_flow_full_lpm, dtype=np.float64)[rack] / site.cards_per_rack
+    q = q_full * np.asarray(speed_frac, dtype=np.float64)[rack]
+    return np.asarray(r_full_k_per_w * _spec_r_total(site, q) / _spec_r_total(site, q_full), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class PumpChoice:
+    """Per rack: the chosen speed, and the predicted facility power saved against full speed (W)."""
+
+    speed_frac: FloatArray
+    saved_w: float
+
+
+def choose_pump_speeds(
+    site: SiteSpec,
+    load: SiteLoad,
+    level: IntArray,
+    low_power: BoolArray,
+    power_limit_w: FloatArray,
+    inlet_c: FloatArray,
+    r_full_k_per_w: FloatArray,
+    die_offset_k: FloatArray,
+    rack_flow_full_lpm: FloatArray,
+    rack_speed_now_frac: FloatArray,
+    rack_cap_w: FloatArray,
+    rack_extra_w: FloatArray,
+    die_limit_c: float,
+    *,
+    facility_w_per_it_w: float,
+    steps: int = 9,
+    full_speed_racks: BoolArray | None = None,
+) -> PumpChoice:
+    """The speed of every rack's pump (module docstring); ``full_speed_racks`` are kept at 1."""
+    n_r = site.n_racks
+    options = speed_options(site, steps)
+    loop = site.loop
+    rack_flow_full = np.asarray(rack_flow_full_lpm, dtype=np.float64)
+    mcp_full = rack_flow_full / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
+    fac_nominal = facility_pump_power_w(site)
+    cost = np.full((options.size, n_r), np.inf)
+    for i, s in enumerate(options):
+        speed = np.full(n_r, float(s))
+        r = r_at_speed(site, r_full_k_per_w, rack_flow_full, speed)
+        off = offset_at_speed(site, die_offset_k, rack_flow_full, rack_speed_now_frac, speed)
+        worst = predict(site, load, level, low_power, power_limit_w, inlet_c, r, off, rack_extra_w=rack_extra_w)
+        expected = predict(
+            site,
+            load,
+            level,
+            low_power,
+            power_limit_w,
+            inlet_c,
+            r,
+            off,
+            worst_case=False,
+            rack_extra_w=rack_extra_w,
+        )
+        rise_k = worst.rack_power_w / np.maximum(mcp_full * s, 1e-9)
+        ok = (
+            (worst.rack_max_die_c <= die_limit_c + 1e-9)
+            & (worst.rack_power_w <= rack_cap_w + 1e-6)
+            & (rise_k <= loop.max_delta_t_k + 1e-9)
+        )
+        # the facility pump's flow is the racks' total: each rack's share of it, at its own speed
+        pumps_w = rack_pump_power_w(site, speed) + fac_nominal / n_r * s**3
+        c = facility_w_per_it_w * expected.rack_power_w + pumps_w
+        cost[i] = np.where(ok | (s >= 1.0), c, np.inf)
+    best = np.argmin(cost, axis=0)
+    speed = options[best]
+    if full_speed_racks is not None:
+        speed = np.where(full_speed_racks, 1.0, speed)
+    full_cost = cost[0]
+    chosen_cost = cost[np.searchsorted(-options, -speed), np.arange(n_r)]
+    return PumpChoice(np.asarray(speed, dtype=np.float64), float(np.sum(full_cost - chosen_cost)))

@@ -1,0 +1,178 @@
+"""Rack-loop pump speeds (``agent.pumps``): the slowest pump each rack's plan allows, priced by the twin.
+
+What users rely on: an idle rack's pump runs at the site's lowest speed, a loaded rack's only as slow
+as its dies, its cap and its loop's rise allow (as the twin predicts with every busy card computing),
+and among the allowed speeds the one with the least pump + card power; racks the caller pins stay at
+full speed; a card the twin does not explain keeps its rack's pump at full speed; a healthy pump's
+flow noise does not move the predictions; in closed loop the agent cuts the pumps' energy with no
+die over its limit and no rack over its cap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from agent_helpers import belief, example_site, job
+from evaluate_helpers import mixed_scenario
+
+from agent.config import ControlConfig
+from agent.evaluate import evaluate
+from agent.load import predict, site_load, spec_r_total_k_per_w
+from agent.pumps import (
+    choose_pump_speeds,
+    full_speed_flow_lpm,
+    offset_at_speed,
+    r_at_speed,
+    speed_options,
+)
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
+
+pytestmark = pytest.mark.agent
+
+CFG = ControlConfig()
+
+
+def _scene() -> tuple[SiteSpec, StateSnapshot]:
+    """r0 full of a compute-bound job, r1 half busy, the other racks idle."""
+    site = example_site()
+    jobs = [job("full", 64, share=0.97), job("half", 32, share=0.8)]
+    _plant, state = belief(site, jobs, 60)
+    return site, state.snapshot()
+
+
+def _choose(site: SiteSpec, snap: StateSnapshot, supply_c: float, **kw: object) -> tuple[np.ndarray, dict[str, object]]:
+    load = site_load(site, snap)
+    n = site.n_cards
+    args: dict[str, object] = {
+        "site": site,
+        "load": load,
+        "level": np.where(load.busy, 2, site.card.n_levels - 1),  # the full rack fits its cap at level 2
+        "low_power": ~load.busy,
+        "power_limit_w": np.full(n, site.card.power_limit_w),
+        "inlet_c": np.full(n, supply_c),
+        "r_full_k_per_w": spec_r_total_k_per_w(site),
+        "die_offset_k": np.zeros(n),
+        "rack_flow_full_lpm": np.full(site.n_racks, site.loop_flow_per_rack_lpm()),
+        "rack_speed_now_frac": np.ones(site.n_racks),
+        "rack_cap_w": site.rack_power_limits_w() - CFG.rack_margin_w,
+        "rack_extra_w": np.zeros(site.n_racks),
+        "die_limit_c": site.card.slowdown_temp_c - CFG.die_margin_k,
+    }
+    args.update(kw)
+    choice = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args)  # type: ignore[arg-type]
+    return choice.speed_frac, args
+
+
+def _bounds_hold(site: SiteSpec, args: dict[str, object], speed: np.ndarray) -> np.ndarray:
+    """Per rack: dies, cap and loop rise within bounds at ``speed`` (every busy card computing)."""
+    r = r_at_speed(site, args["r_full_k_per_w"], args["rack_flow_full_lpm"], speed)  # type: ignore[arg-type]
+    pr = predict(
+        site,
+        args["load"],  # type: ignore[arg-type]
+        args["level"],  # type: ignore[arg-type]
+        args["low_power"],  # type: ignore[arg-type]
+        args["power_limit_w"],  # type: ignore[arg-type]
+        args["inlet_c"],  # type: ignore[arg-type]
+        r,
+        args["die_offset_k"],  # type: ignore[arg-type]
+    )
+    loop = site.loop
+    mcp = (
+        np.asarray(args["rack_flow_full_lpm"]) * speed / 60_000 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
+    )
+    return (
+        (pr.rack_max_die_c <= float(args["die_limit_c"]) + 1e-9)  # type: ignore[arg-type]
+        & (pr.rack_power_w <= np.asarray(args["rack_cap_w"]) + 1e-6)
+        & (pr.rack_power_w / mcp <= loop.max_delta_t_k + 1e-9)
+    )
+
+
+def test_idle_racks_run_slowest_loaded_ones_only_as_slow_as_their_bounds_allow() -> None:
+    site, snap = _scene()
+    lo = site.min_pump_speed_frac()
+    opts = speed_options(site, 9)
+    for supply in (30.0, 45.0):
+        speed, args = _choose(site, snap, supply)
+        assert np.all(speed[2:] == pytest.approx(lo))  # idle racks: nothing to cool but sleeping cards
+        assert np.all(_bounds_hold(site, args, speed))
+        # the next slower option breaks a bound of the loaded rack (or costs more): never too fast
+        k = int(np.flatnonzero(np.isclose(opts, speed[0]))[0])
+        if k + 1 < opts.size:
+            slower = speed.copy()
+            slower[0] = opts[k + 1]
+            assert not _bounds_hold(site, args, slower)[0] or speed[0] == pytest.approx(opts[k])
+    hot, _ = _choose(site, snap, 45.0)
+    cool, _ = _choose(site, snap, 30.0)
+    assert hot[0] > cool[0]  # a warm supply leaves the full rack's dies less headroom for a slow pump
+    assert hot[0] > lo
+
+
+def test_pinned_racks_keep_full_speed_and_offsets_follow_the_plate_flow() -> None:
+    site, snap = _scene()
+    pinned = np.zeros(site.n_racks, dtype=bool)
+    pinned[[3, 5]] = True
+    load = site_load(site, snap)
+    n = site.n_cards
+    speed = choose_pump_speeds(
+        site,
+        load,
+        np.where(load.busy, 0, site.card.n_levels - 1),
+        ~load.busy,
+        np.full(n, site.card.power_limit_w),
+        np.full(n, 30.0),
+        spec_r_total_k_per_w(site),
+        np.zeros(n),
+        np.full(site.n_racks, site.loop_flow_per_rack_lpm()),
+        np.ones(site.n_racks),
+        site.rack_power_limits_w() - CFG.rack_margin_w,
+        np.zeros(site.n_racks),
+        site.card.slowdown_temp_c - CFG.die_margin_k,
+        facility_w_per_it_w=1.04,
+        full_speed_racks=pinned,
+    ).speed_frac
+    assert speed[3] == 1.0 and speed[5] == 1.0 and speed[4] < 1.0
+    # a die offset measured at full speed grows with the plate's resistance when the pump slows (a
+    # fouled plate's excess is plate resistance) and shrinks only as the whole path's when it speeds up
+    off = np.zeros(n)
+    off[70] = 4.0  # a card of r1
+    flow = np.full(site.n_racks, site.loop_flow_per_rack_lpm())
+    half = np.full(site.n_racks, 0.5)
+    slowed = offset_at_speed(site, off, flow, np.ones(site.n_racks), half)
+    cp = site.cold_plate
+    q = site.loop.flow_per_card_lpm
+    plate_ratio = np.interp(
+        1 / (0.5 * q), 1 / np.asarray(cp.flow_lpm)[::-1], np.asarray(cp.r_case_to_coolant_k_per_w)[::-1]
+    )
+    plate_ratio /= np.interp(1 / q, 1 / np.asarray(cp.flow_lpm)[::-1], np.asarray(cp.r_case_to_coolant_k_per_w)[::-1])
+    assert slowed[70] == pytest.approx(4.0 * plate_ratio) and slowed[70] > 4.0
+    assert np.all(slowed[np.arange(n) != 70] == 0.0)
+    back = offset_at_speed(site, slowed, flow, half, np.ones(site.n_racks))
+    assert 4.0 < back[70] < slowed[70]  # conservative: never below the excess it was measured from
+
+
+def test_a_healthy_pumps_flow_noise_does_not_move_the_full_speed_flow() -> None:
+    site = example_site()
+    nominal = site.loop_flow_per_rack_lpm()
+    flow = nominal * np.array([1.02, 0.98, 0.5, 0.3, np.nan, 0.6, 0.3, 0.96])
+    speed = np.array([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 0.3, 1.0])
+    full = full_speed_flow_lpm(site, flow, speed)
+    # noise and a commanded half speed read as nominal; a pump short of its flow at its speed does not
+    assert full.tolist() == pytest.approx(
+        [nominal, nominal, nominal, 0.6 * nominal, nominal, 0.6 * nominal, nominal, nominal]
+    )
+
+
+def test_in_closed_loop_the_agent_cuts_pump_energy_within_every_bound() -> None:
+    sc = mixed_scenario(900.0)
+    ev = evaluate(sc, ["racktwin"], jobs=1)
+    agent, base = ev.results["racktwin"], ev.results["baseline"]
+    assert agent.breakdown_kwh["pumps"] < 0.5 * base.breakdown_kwh["pumps"]
+    m = agent.metrics
+    assert m["limit_violation_s"] == 0.0
+    assert m["die_over_max_card_s"] == 0.0 and m["die_over_slowdown_card_s"] == 0.0
+    assert m["throughput_loss_pct"] < 1.0
+    assert 0.0 < m["mean_pump_speed_frac"] < 1.0 and base.metrics["mean_pump_speed_frac"] == 1.0
+    # without pump control the same agent leaves the pumps at full speed
+    off = evaluate(sc, ["racktwin"], jobs=1, control=ControlConfig(control_pump_speed=False))
+    assert off.results["racktwin"].breakdown_kwh["pumps"] == pytest.approx(base.breakdown_kwh["pumps"])
