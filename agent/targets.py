@@ -255,38 +255,39 @@ def check_targets(
             f"{got - targets.pue_max:.4f} over",
             f"cooling {cool:,.1f} kWh and other overhead {fac - it - cool:,.1f} kWh on {it:,.1f} kWh of IT energy",
         )
-    if targets.limit_violation_s_max is not None:
-        got = float(m["limit_violation_s"])
-        add(
-            "true rack power over a limit",
-            f"<= {targets.limit_violation_s_max:g} rack-s",
-            f"{got:,.0f} rack-s",
-            got <= targets.limit_violation_s_max,
-            f"{got - targets.limit_violation_s_max:,.0f} rack-s over",
-            f"{int(m['limit_violation_episodes'])} episodes, longest {float(m['limit_violation_longest_s']):,.0f} s, "
-            f"{float(m['limit_violation_kws']):,.1f} kW x s over; "
-            f"largest rack {float(m['max_rack_power_w']) / 1e3:.2f} kW",
-        )
-    if targets.limit_violation_longest_s_max is not None:
-        got = float(m["limit_violation_longest_s"])
-        add(
-            "longest time over a rack limit",
-            f"<= {targets.limit_violation_longest_s_max:g} s",
-            f"{got:,.0f} s",
-            got <= targets.limit_violation_longest_s_max,
-            f"{got - targets.limit_violation_longest_s_max:,.0f} s too long",
-            f"{float(m['limit_violation_s']):,.0f} rack-s over in {int(m['limit_violation_episodes'])} episodes",
-        )
-    if targets.die_over_max_card_s_max is not None:
-        got = float(m["die_over_max_card_s"])
-        add(
-            "dies over their maximum",
-            f"<= {targets.die_over_max_card_s_max:g} card-s",
-            f"{got:,.0f} card-s",
-            got <= targets.die_over_max_card_s_max,
-            f"{got - targets.die_over_max_card_s_max:,.0f} card-s over",
-            f"hottest die {float(m['max_die_temp_c']):.1f} deg C (maximum {site.card.max_temp_c:g} deg C)",
-        )
+
+    def at_most(title: str, key: str, bound: float | None, unit: str, over: str, why: str) -> None:
+        """An upper bound on one metric (counts of seconds, rounded to whole ones in the text)."""
+        if bound is None:
+            return
+        got = float(m[key])
+        add(title, f"<= {bound:g} {unit}", f"{got:,.0f} {unit}", got <= bound, f"{got - bound:,.0f} {unit} {over}", why)
+
+    at_most(
+        "true rack power over a limit",
+        "limit_violation_s",
+        targets.limit_violation_s_max,
+        "rack-s",
+        "over",
+        f"{int(m['limit_violation_episodes'])} episodes, longest {float(m['limit_violation_longest_s']):,.0f} s, "
+        f"{float(m['limit_violation_kws']):,.1f} kW x s over; largest rack {float(m['max_rack_power_w']) / 1e3:.2f} kW",
+    )
+    at_most(
+        "longest time over a rack limit",
+        "limit_violation_longest_s",
+        targets.limit_violation_longest_s_max,
+        "s",
+        "too long",
+        f"{float(m['limit_violation_s']):,.0f} rack-s over in {int(m['limit_violation_episodes'])} episodes",
+    )
+    at_most(
+        "dies over their maximum",
+        "die_over_max_card_s",
+        targets.die_over_max_card_s_max,
+        "card-s",
+        "over",
+        f"hottest die {float(m['max_die_temp_c']):.1f} deg C (maximum {site.card.max_temp_c:g} deg C)",
+    )
     tol = targets.equal_throughput_tolerance_pct
     for other in targets.better_than or ():
         if other not in metrics:
