@@ -76,7 +76,7 @@ from models.placement import QueuedJob, make_placement_problem, place_jobs
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tables, make_problem
 from models.solve import CyclePlanner, greedy_cycle
-from twin.estimate import Estimates
+from twin.estimate import Estimates, EstimatorConfig
 from twin.spec import SiteSpec
 from twin.state import JobInfo, StateSnapshot
 from twin.thermal import ThermalParams
@@ -104,9 +104,9 @@ _CALIBRATION_HOLD_S = 120.0
 #: Calibrated resistances are kept within these multiples of the spec's (a cooler-than-spec card is
 #: believed only a little: underestimating a die is the dangerous direction).
 _CALIBRATION_RANGE = (0.9, 3.0)
-#: A pump that gives less than (1 - this) of its nominal flow at full speed stays at full speed
-#: (twin.estimate.EstimatorConfig.pump_threshold_frac: the estimator calls it weak).
-_WEAK_PUMP_FRAC = 0.15
+#: A pump that gives less than (1 - this) of its nominal flow at full speed stays at full speed:
+#: the estimator calls such a pump weak.
+_WEAK_PUMP_FRAC = EstimatorConfig().pump_threshold_frac
 #: A rack where a measured die reached the die limit (slowdown - margin) keeps its pump at full speed
 #: this long (site s): the twin under-predicted that die, and its offset may take minutes to measure
 #: (it is only taken from settled readings); ten minutes spans several checkpoint cycles.
