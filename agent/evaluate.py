@@ -391,6 +391,7 @@ def _scenario_info(scenario: RunScenario) -> dict[str, Any]:
         "duration_s": scenario.duration_s,
         "seed": scenario.seed,
         "workload": scenario.workload,
+        "workload_seed": scenario.workload_seed,
         "jobs": len(scenario.jobs),
         "running_at_start": len(scenario.running_at_start),
         "offered_allocation": scenario.offered_allocation,

@@ -8,10 +8,13 @@ makes the models slow a job); :func:`choose_pump_speeds` then gives each rack th
 ``steps`` options (``control.pump_speed_steps``) between the site's ``min_pump_speed_frac`` and 1,
 that minimizes
 
-    b x predicted rack power (jobs in their current phases) + rack pump power + facility pump share
+    b x predicted rack power (jobs in their current phases) + rack pump power + facility pump power
 
-(the facility pump's share: its nominal power / racks x speed^3, an approximation of the cube of the
-racks' total flow that keeps the choice separable per rack; the plant computes it exactly)
+(the facility pump's flow is the racks' total, so its power is the cube of the racks' mean speed,
+weighted by their flows: not separable per rack. Each rack is first given its best speed with the
+facility pump priced as its own share, nominal / racks x speed^3; then racks are re-chosen one at a
+time against the exact facility pump power, the others held, until no rack moves. Each move lowers
+the total, so this ends; with a convex facility term it is the usual coordinate descent.)
 
 among the speeds at which, with every busy card *computing* at its planned level (as the guard
 judges), the twin predicts
@@ -40,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.load import SiteLoad, predict
-from twin.cooling import facility_pump_power_w, rack_pump_power_w
+from twin.cooling import facility_pump_power_w, rack_mass_flow_kg_s, rack_pump_power_w
 from twin.spec import SiteSpec
 from twin.thermal import plate_resistance_k_per_w
 
@@ -178,14 +181,51 @@ def choose_pump_speeds(
             & (worst.rack_power_w <= rack_cap_w + 1e-6)
             & (rise_k <= loop.max_delta_t_k + 1e-9)
         )
-        # the facility pump's flow is the racks' total: each rack's share of it, at its own speed
-        pumps_w = rack_pump_power_w(site, speed) + fac_nominal / n_r * s**3
-        c = facility_w_per_it_w * expected.rack_power_w + pumps_w
+        c = facility_w_per_it_w * expected.rack_power_w + rack_pump_power_w(site, speed)
         cost[i] = np.where(ok | (s >= 1.0), c, np.inf)
-    best = np.argmin(cost, axis=0)
+    pinned = np.zeros(n_r, dtype=bool) if full_speed_racks is None else np.asarray(full_speed_racks, dtype=bool)
+    # first pass: the facility pump priced per rack as its share of the nominal
+    best = np.argmin(cost + fac_nominal / n_r * options[:, None] ** 3, axis=0)
+    best = np.where(pinned, 0, best)
+    mass = rack_mass_flow_kg_s(site)
+    best = _descend_facility_pump(cost, options, best, pinned, mass, fac_nominal)
     speed = options[best]
-    if full_speed_racks is not None:
-        speed = np.where(full_speed_racks, 1.0, speed)
-    full_cost = cost[0]
-    chosen_cost = cost[np.searchsorted(-options, -speed), np.arange(n_r)]
-    return PumpChoice(np.asarray(speed, dtype=np.float64), float(np.sum(full_cost - chosen_cost)))
+    full_total = float(np.sum(cost[0])) + fac_nominal
+    chosen_total = float(np.sum(cost[best, np.arange(n_r)])) + _facility_w(fac_nominal, mass, speed)
+    return PumpChoice(np.asarray(speed, dtype=np.float64), full_total - chosen_total)
+
+
+def _facility_w(fac_nominal_w: float, mass_kg_s: FloatArray, speed: FloatArray) -> float:
+    """Facility pump power with the racks' pumps at ``speed`` (its flow is their total flow)."""
+    total = float(np.sum(mass_kg_s))
+    return fac_nominal_w * (float(np.dot(mass_kg_s, speed)) / total) ** 3 if total > 0 else 0.0
+
+
+def _descend_facility_pump(
+    cost: FloatArray,
+    options: FloatArray,
+    best: IntArray,
+    pinned: BoolArray,
+    mass_kg_s: FloatArray,
+    fac_nominal_w: float,
+) -> IntArray:
+    """Re-choose each rack's option (rows of ``cost``: options, columns: racks; ``inf`` where not
+    allowed) against the exact facility pump power, the other racks held, until no rack moves."""
+    best = np.asarray(best, dtype=np.int64).copy()
+    total = float(np.sum(mass_kg_s))
+    if total <= 0 or fac_nominal_w <= 0:
+        return best
+    flow = float(np.dot(mass_kg_s, options[best]))
+    for _sweep in range(2 * cost.shape[1] + 1):
+        moved = False
+        for r in np.flatnonzero(~pinned):
+            rest = flow - mass_kg_s[r] * options[best[r]]
+            c = cost[:, r] + fac_nominal_w * ((rest + mass_kg_s[r] * options) / total) ** 3
+            k = int(np.argmin(c))
+            if c[k] < c[best[r]] - 1e-9:
+                best[r] = k
+                flow = rest + mass_kg_s[r] * options[k]
+                moved = True
+        if not moved:
+            break
+    return best

@@ -143,6 +143,9 @@ class RunScenario:
     # (:func:`offered_allocation`; generated workloads only, else NaN)
     offered_allocation: float = math.nan
     targets: ScenarioTargets | None = None  # ``[targets]``, checked by ``racktwin evaluate``
+    # the generator's seed the jobs were drawn with (``allocation_tolerance`` may move it past
+    # ``seed``); None for traces and explicit job lists
+    workload_seed: int | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,6 +347,7 @@ def run_scenario_from_dict(
     # ---- workload ----------------------------------------------------------------------------
     w = top.workload
     offered = math.nan
+    wseed: int | None = None
     jobs: list[JobSpec] = []
     running: list[str] = []
     if w.source == "generate":
@@ -408,6 +412,7 @@ def run_scenario_from_dict(
         workload=what,
         offered_allocation=offered if w.source == "generate" else math.nan,
         targets=top.targets,
+        workload_seed=wseed,
     )
 
 

@@ -2,7 +2,8 @@
 
 What users rely on: an idle rack's pump runs at the site's lowest speed, a loaded rack's only as slow
 as its dies, its cap and its loop's rise allow (as the twin predicts with every busy card computing),
-and among the allowed speeds the one with the least pump + card power; racks the caller pins stay at
+and among the allowed speeds the one with the least pump + card power, the facility pump priced as the
+cube of the racks' total flow (not per rack); racks the caller pins stay at
 full speed; a card the twin does not explain keeps its rack's pump at full speed; a healthy pump's
 flow noise does not move the predictions; in closed loop the agent cuts the pumps' energy with no
 die over its limit and no rack over its cap.
@@ -19,6 +20,8 @@ from agent.config import ControlConfig
 from agent.evaluate import evaluate
 from agent.load import predict, site_load, spec_r_total_k_per_w
 from agent.pumps import (
+    _descend_facility_pump,
+    _facility_w,
     choose_pump_speeds,
     full_speed_flow_lpm,
     offset_at_speed,
@@ -149,6 +152,41 @@ def test_pinned_racks_keep_full_speed_and_offsets_follow_the_plate_flow() -> Non
     assert np.all(slowed[np.arange(n) != 70] == 0.0)
     back = offset_at_speed(site, slowed, flow, half, np.ones(site.n_racks))
     assert 4.0 < back[70] < slowed[70]  # conservative: never below the excess it was measured from
+
+
+def test_the_facility_pump_is_priced_on_the_racks_total_flow() -> None:
+    """Racks re-chosen against the exact facility pump (cube of the racks' total flow) end at the
+    brute-force optimum of small instances, pinned racks stay at full speed, and not-allowed speeds
+    are never chosen; the per-rack share (nominal / racks x speed^3) alone would miss it."""
+    import itertools
+
+    rng = np.random.default_rng(7)
+    options = np.array([1.0, 0.75, 0.5, 0.34])
+    fac_w = 3000.0
+    n_r = 3
+    beat_share = 0
+
+    def total(idx: tuple[int, ...] | np.ndarray, cost: np.ndarray, mass: np.ndarray) -> float:
+        i = np.asarray(idx)
+        return float(np.sum(cost[i, np.arange(n_r)])) + _facility_w(fac_w, mass, options[i])
+
+    for _ in range(40):
+        cost = rng.uniform(0.0, 400.0, size=(options.size, n_r)) + 600.0 * options[:, None] ** 3
+        cost[rng.uniform(size=cost.shape) < 0.25] = np.inf
+        cost[0] = np.where(np.isfinite(cost[0]), cost[0], 900.0)  # full speed is always allowed
+        mass = rng.uniform(0.5, 1.5, size=n_r)
+        pinned = np.array([False, False, rng.uniform() < 0.3])
+        share = np.argmin(cost + fac_w / n_r * options[:, None] ** 3, axis=0)
+        share = np.where(pinned, 0, share)
+        best = _descend_facility_pump(cost, options, share, pinned, mass, fac_w)
+
+        combos = [c for c in itertools.product(range(options.size), repeat=n_r) if not (pinned[2] and c[2] != 0)]
+        optimum = min(total(c, cost, mass) for c in combos)
+        assert total(best, cost, mass) == pytest.approx(optimum, rel=1e-9)
+        assert np.all(np.isfinite(cost[best, np.arange(n_r)]))
+        assert not pinned[2] or best[2] == 0
+        beat_share += total(best, cost, mass) < total(share, cost, mass) - 1e-6
+    assert beat_share > 0  # the exact price changes the choice on some instances
 
 
 def test_a_healthy_pumps_flow_noise_does_not_move_the_full_speed_flow() -> None:
