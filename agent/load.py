@@ -196,6 +196,19 @@ def site_load(
     return SiteLoad(tuple(jobs), card_job, failed)
 
 
+def site_load_of_problem(
+    jobs: Sequence[JobSpec], job_phase: Sequence[Phase], card_job: IntArray, failed: BoolArray
+) -> SiteLoad:
+    """The load of a models' problem (``models.problem.CycleProblem``'s ``jobs``, ``job_phase``,
+    ``card_job``, ``failed``): every job running on its cards, as ``racktwin optimize`` plans it."""
+    card_job = np.asarray(card_job, dtype=np.int64)
+    loads = [
+        JobLoad(spec.job_id, spec, np.flatnonzero(card_job == j).astype(np.int64), job_phase[j], "running")
+        for j, spec in enumerate(jobs)
+    ]
+    return SiteLoad(tuple(loads), card_job.copy(), np.asarray(failed, dtype=bool).copy())
+
+
 # --------------------------------------------------------------------------------------------
 # Predictions with the twin
 # --------------------------------------------------------------------------------------------

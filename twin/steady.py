@@ -70,18 +70,22 @@ def site_steady_state(
     low_power: BoolArray | None = None,
     thermal: ThermalParams | None = None,
     protection: bool = True,
-    flow_fraction: float = 1.0,
+    flow_fraction: float | FloatArray = 1.0,
 ) -> SiteSteadyState:
     """Steady state of every card, rack and the facility.
 
     ``level`` and ``utilization`` are per card (arrays) or one value for all; ``supply_temp_c``
-    and ``ambient_c`` default to the spec's facility values.
+    and ``ambient_c`` default to the spec's facility values; ``flow_fraction`` is each rack loop's
+    flow as a fraction of nominal (its pump's speed; per rack, or one value for all).
     """
     n = site.n_cards
     model = PowerModel.from_card(site.card)
     supply = site.facility.supply_temp_c if supply_temp_c is None else float(supply_temp_c)
     ambient = site.facility.ambient_temp_c if ambient_c is None else float(ambient_c)
-    th = thermal if thermal is not None else ThermalParams.from_site(site, site.loop.flow_per_card_lpm * flow_fraction)
+    frac = np.broadcast_to(np.asarray(flow_fraction, dtype=np.float64), (site.n_racks,))
+    if thermal is None:
+        thermal = ThermalParams.from_site(site, site.loop.flow_per_card_lpm * frac[site.card_rack()])
+    th = thermal
     lv = np.broadcast_to(np.asarray(level, dtype=np.int64), (n,)).copy()
     if np.any((lv < 0) | (lv >= model.n_levels)):
         raise ValueError(f"level must be within 0..{model.n_levels - 1}")
@@ -109,10 +113,10 @@ def site_steady_state(
     rack_heat += site.rack.host_overhead_w
     rack_max_die = np.full(site.n_racks, -np.inf)
     np.maximum.at(rack_max_die, card_rack, die)
-    m_dot = rack_mass_flow_kg_s(site, flow_fraction)
+    m_dot = rack_mass_flow_kg_s(site, frac)
     ret = rack_return_temp_c(supply, rack_heat, m_dot, site.loop.specific_heat_j_per_kg_k)
     cooling = facility_cooling(
-        site, float(rack_power.sum()), supply, ambient, heat_w=float(rack_heat.sum()), flow_fraction=flow_fraction
+        site, float(rack_power.sum()), supply, ambient, heat_w=float(rack_heat.sum()), flow_fraction=frac
     )
     return SiteSteadyState(
         level=lv,

@@ -1,10 +1,12 @@
-"""``racktwin optimize SCENARIO.toml``: offline placement, DVFS / low-power idle and set-point.
+"""``racktwin optimize SCENARIO.toml``: offline placement, DVFS / low-power idle, set-point and pumps.
 
 Reads a scenario (format in docs/models.md and the comments of examples/scenario-*.toml), places
-the queued jobs, plans DVFS levels, idle states and the coolant set-point with the models, judges
-the plan with the twin (``twin.steady.site_steady_state``) against the all-cards-at-top-clock
-baseline and the greedy plan, and writes ``plan.json``, ``racks.csv`` and ``report.html`` (plots
-embedded as PNG) to ``--out`` (default ``./out/<scenario name>``). ``--json`` prints a summary object.
+the queued jobs, plans DVFS levels, idle states and the coolant set-point with the models, then
+gives each rack loop's pump the slowest speed the plan allows (``agent.pumps``, as the agent does;
+``[solver] choose_pump_speed``), judges the plan with the twin (``twin.steady.site_steady_state``)
+against the all-cards-at-top-clock, full-pump-speed baseline and the greedy plan, and writes
+``plan.json``, ``racks.csv`` and ``report.html`` (plots embedded as PNG) to ``--out`` (default
+``./out/<scenario name>``). ``--json`` prints a summary object.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class SolverSection:
     time_limit_s: float = field(default=2.0, metadata=rng(0.0, 3600.0, lo_open=True))
     mip_rel_gap: float = field(default=1e-4, metadata=rng(0.0, 0.5))
     choose_setpoint: bool = True
+    # give each rack loop's pump the slowest speed the plan allows (agent.pumps), as the agent does
+    choose_pump_speed: bool = True
+    pump_speed_steps: int = field(default=9, metadata=rng(2, 100))
     placement: str = field(default="auto", metadata=choices("auto", "milp", "greedy"))
 
 
@@ -369,8 +374,11 @@ def run(args: argparse.Namespace, command: str) -> int:
         for line in plan.explanation.splitlines():
             _progress(args, f"infeasible: {line}")
     greedy = greedy_cycle(p1, choose_setpoint=sf.solver.choose_setpoint)
-    judged = _judge(p1, plan.dvfs, plan.supply_temp_c) if plan.dvfs is not None else None
-    greedy_j = _judge(p1, greedy.dvfs, greedy.supply_temp_c) if greedy.dvfs is not None else None
+    judged = _judge(p1, plan.dvfs, plan.supply_temp_c, sf.solver) if plan.dvfs is not None else None
+    greedy_j = _judge(p1, greedy.dvfs, greedy.supply_temp_c, sf.solver) if greedy.dvfs is not None else None
+    if judged is not None:
+        speeds = ", ".join(f"{100 * x:.0f}" for x in judged["pump_speed_frac"])
+        _progress(args, f"pumps at {speeds}% of full speed")
     base = _baseline(p1, supply)
     summary: dict[str, Any] = {
         "status": plan.status.value,
@@ -381,6 +389,7 @@ def run(args: argparse.Namespace, command: str) -> int:
                 "power_w": float(judged["rack_power_w"][r]) if judged else None,
                 "limit_w": float(p1.rack_limit_w[r]),
                 "max_die_temp_c": float(judged["rack_max_die_c"][r]) if judged else None,
+                "pump_speed_frac": float(judged["pump_speed_frac"][r]) if judged else None,
             }
             for r in range(site.n_racks)
         ],
@@ -428,10 +437,41 @@ def _card_utilization(p: Any, level: IntArray) -> FloatArray:
     return u
 
 
-def _judge(p: Any, dvfs: Any, supply_c: float) -> dict[str, Any]:
-    """The plan as the twin sees it: ``site_steady_state`` at the plan's levels and idle states."""
+def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> FloatArray:
+    """Each rack loop's pump speed for the plan: the agent's choice (``agent.pumps``) with the
+    spec's resistances, no measured die offsets and healthy pumps (full speed if not chosen)."""
+    from agent.load import site_load_of_problem, spec_r_total_k_per_w
+    from agent.pumps import choose_pump_speeds
+
+    site = p.site
+    if not solver.choose_pump_speed:
+        return np.ones(site.n_racks)
+    load = site_load_of_problem(p.jobs, p.job_phase, p.card_job, p.failed)
+    return choose_pump_speeds(
+        site,
+        load,
+        dvfs.card_level,
+        dvfs.card_low_power | p.failed,
+        np.full(site.n_cards, site.card.power_limit_w),
+        np.full(site.n_cards, supply_c),
+        spec_r_total_k_per_w(site),
+        np.zeros(site.n_cards),
+        np.full(site.n_racks, site.loop_flow_per_rack_lpm()),
+        np.ones(site.n_racks),
+        p.rack_cap_w(),
+        np.zeros(site.n_racks),
+        p.die_limit_c,
+        facility_w_per_it_w=1.0 + site.facility.ups_loss_fraction,
+        steps=solver.pump_speed_steps,
+    ).speed_frac
+
+
+def _judge(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> dict[str, Any]:
+    """The plan as the twin sees it: ``site_steady_state`` at the plan's levels, idle states and
+    pump speeds (:func:`_pump_speeds`)."""
     from twin.steady import site_steady_state
 
+    speed = _pump_speeds(p, dvfs, supply_c, solver)
     ss = site_steady_state(
         p.site,
         level=dvfs.card_level,
@@ -439,8 +479,11 @@ def _judge(p: Any, dvfs: Any, supply_c: float) -> dict[str, Any]:
         supply_temp_c=supply_c,
         ambient_c=p.ambient_c,
         low_power=dvfs.card_low_power | p.failed,
+        flow_fraction=speed,
     )
     return {
+        "pump_speed_frac": speed,
+        "pump_power_w": ss.cooling.rack_pump_w + ss.cooling.facility_pump_w,
         "rack_power_w": ss.rack_power_w,
         "rack_max_die_c": ss.rack_max_die_temp_c,
         "die_c": ss.die_temp_c,
@@ -454,7 +497,7 @@ def _judge(p: Any, dvfs: Any, supply_c: float) -> dict[str, Any]:
 
 def _baseline(p: Any, supply_c: float) -> dict[str, Any]:
     """No agent: every card at the top clock (idle cards in active idle), the scenario's set-point,
-    the cards' own firmware protection (power brake, thermal slowdown) as the only limit."""
+    pumps at full speed, the cards' own firmware protection (power brake, thermal slowdown) as the only limit."""
     from twin.steady import site_steady_state
 
     level = np.zeros(p.n_cards, dtype=np.int64)
@@ -475,6 +518,8 @@ def _baseline(p: Any, supply_c: float) -> dict[str, Any]:
             lv = int(ss.level[p.card_job == j].max())  # the slowest card sets the pace
             thr += job.n_cards * float(relative_throughput(job.compute_share, clocks[lv] / clocks[0]))
     return {
+        "pump_speed_frac": np.ones(p.site.n_racks),
+        "pump_power_w": ss.cooling.rack_pump_w + ss.cooling.facility_pump_w,
         "rack_power_w": ss.rack_power_w,
         "rack_max_die_c": ss.rack_max_die_temp_c,
         "die_c": ss.die_temp_c,
@@ -569,7 +614,9 @@ def _write_plan_json(
         "pue": judged["pue"] if judged else None,
         "pue_target": site.pue_target,
         "pue_excess_w": plan.dvfs.pue_excess_w if plan.dvfs is not None else None,
-        "baseline": {k: base[k] for k in ("it_power_w", "facility_power_w", "pue", "throughput")},
+        "pump_speed_frac": [float(x) for x in judged["pump_speed_frac"]] if judged else None,
+        "pump_power_w": judged["pump_power_w"] if judged else None,
+        "baseline": {k: base[k] for k in ("it_power_w", "facility_power_w", "pue", "throughput", "pump_power_w")},
         "unplaced": unplaced,
         "jobs": jobs_out,
         "cards": cards_out,
@@ -595,6 +642,7 @@ def _write_racks_csv(
                 "cap_w",
                 "power_w",
                 "max_die_temp_c",
+                "pump_speed_frac",
                 "busy_cards",
                 "failed_cards",
                 "greedy_power_w",
@@ -611,6 +659,7 @@ def _write_racks_csv(
                     f"{cap[r]:.1f}",
                     f"{judged['rack_power_w'][r]:.1f}" if judged else "",
                     f"{judged['rack_max_die_c'][r]:.2f}" if judged else "",
+                    f"{judged['pump_speed_frac'][r]:.3f}" if judged else "",
                     int(busy[r]),
                     int(failed[r]),
                     f"{greedy['rack_power_w'][r]:.1f}" if greedy else "",
@@ -706,7 +755,9 @@ def _write_report(
         f"<td>{fmt(r['facility_power_w'], ' kW', 1e3)}</td>"
         f"<td>{fmt(r['pue'], '', 1, 3)}</td><td>{fmt(r['throughput'])}</td><td>{r['supply_c']:g} deg C</td>"
         f"<td>{fmt(float(r['rack_power_w'].max()), ' kW', 1e3, 2)}</td>"
-        f"<td>{fmt(float(r['die_c'].max()), ' deg C')}</td></tr>"
+        f"<td>{fmt(float(r['die_c'].max()), ' deg C')}</td>"
+        f"<td>{fmt(r['pump_power_w'], ' kW', 1e3, 2)}"
+        f" (mean speed {100 * float(np.mean(r['pump_speed_frac'])):.0f}%)</td></tr>"
         for n, r in rows
     )
     expl = f"<pre>{escape(plan.explanation)}</pre>" if plan.explanation else ""
@@ -714,10 +765,11 @@ def _write_report(
 ambient {p.ambient_c:g} deg C. Status <b>{escape(plan.status.value)}</b> ({escape(plan.source)}),
 solve {plan.solve_time_s:.3f} s, placement {t_place:.3f} s, chosen supply {plan.supply_temp_c:g} deg C.</p>{expl}
 <table><tr><th>plan</th><th>IT</th><th>facility</th><th>PUE</th><th>throughput</th><th>supply</th>
-<th>max rack</th><th>max die</th></tr>
+<th>max rack</th><th>max die</th><th>pumps</th></tr>
 {table_rows}</table>
 <p>All numbers are the twin's steady state (<code>twin.steady.site_steady_state</code>) at each plan's levels
-and idle states. Baseline: every card at the top clock, idle cards in active idle, the scenario's set-point,
-only the cards' own protection.</p>
+idle states and pump speeds (each rack loop's pump as slow as the plan's dies, cap and loop rise allow, as
+the agent chooses it; <code>[solver] choose_pump_speed</code>). Baseline: every card at the top clock, idle
+cards in active idle, the scenario's set-point, pumps at full speed, only the cards' own protection.</p>
 {figures_html(imgs)}"""
     path.write_text(page(f"racktwin optimize: {sc.name}", body), encoding="utf-8")

@@ -44,9 +44,10 @@ def _check_shape(doc: dict[str, object]) -> None:
     racks = doc["racks"]
     assert isinstance(racks, list) and len(racks) == 8
     for r in racks:
-        assert set(r) == {"rack", "power_w", "limit_w", "max_die_temp_c"}
+        assert set(r) == {"rack", "power_w", "limit_w", "max_die_temp_c", "pump_speed_frac"}
         assert r["power_w"] <= r["limit_w"]
         assert r["max_die_temp_c"] < 87.0
+        assert 0.33 <= r["pump_speed_frac"] <= 1.0
 
 
 def _check_files(out: Path) -> None:
@@ -73,6 +74,33 @@ def test_nominal_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     plan = json.loads((tmp_path / "nominal" / "plan.json").read_text())
     assert plan["unplaced"] == {}
     assert {j["id"] for j in plan["jobs"] if j["placed_now"]} == {"sweep", "debug"}
+
+
+def test_pumps_slow_where_the_plan_allows_and_full_speed_when_not_chosen(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan gives each rack loop's pump the slowest speed its dies, cap and loop rise allow
+    (idle racks slowest), which the twin judges as less facility power at the same work; with
+    ``choose_pump_speed = false`` every pump stays at full speed."""
+    slow = _run(capsys, EXAMPLES / "scenario-nominal.toml", tmp_path / "slow")
+    text = (EXAMPLES / "scenario-nominal.toml").read_text()
+    assert "choose_pump_speed = true" in text
+    fixed_file = tmp_path / "fixed.toml"
+    fixed_file.write_text(
+        text.replace("choose_pump_speed = true", "choose_pump_speed = false").replace(
+            'site = "supernode-512.toml"', f'site = "{EXAMPLES / "supernode-512.toml"}"'
+        )
+    )
+    fixed = _run(capsys, fixed_file, tmp_path / "fixed")
+    slow_speed = [r["pump_speed_frac"] for r in slow["racks"]]  # type: ignore[attr-defined]
+    assert [r["pump_speed_frac"] for r in fixed["racks"]] == [1.0] * 8  # type: ignore[attr-defined]
+    assert max(slow_speed) < 1.0 and min(slow_speed) == pytest.approx(1 / 3, abs=0.01)
+    assert slow["throughput"] == pytest.approx(fixed["throughput"])
+    assert slow["facility_power_w"] < fixed["facility_power_w"] - 2000.0  # type: ignore[operator]
+    plan = json.loads((tmp_path / "slow" / "plan.json").read_text())
+    assert plan["pump_power_w"] < plan["baseline"]["pump_power_w"]
+    # the slower loops warm the dies, within the die limit (slowdown - margin)
+    assert all(r["max_die_temp_c"] <= 85.0 + 0.05 for r in slow["racks"])  # type: ignore[attr-defined]
 
 
 def test_full_load_scenario_caps_bind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
