@@ -32,11 +32,14 @@ from twin.spec import SiteSpec
 from twin.state import JobInfo, StateSnapshot
 from twin.steady import card_steady_power_w
 from twin.thermal import ThermalParams
-from twin.workload import JobSpec, Phase, compute_utilization, relative_throughput
+from twin.workload import JobSpec, Phase, PhaseModel, compute_utilization, relative_throughput
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+#: The phase model the agent and the models assume (the plant may run another).
+_PHASES = PhaseModel()
 
 __all__ = [
     "MAX_DIE_OFFSET_K",
@@ -247,7 +250,7 @@ def card_utilization(
     u[busy & comp] = u_comp[busy & comp]
     for j in load.jobs:
         if not j.computing and j.phase == Phase.COMMUNICATION:
-            u[j.cards] = j.spec.noncompute_utilization
+            u[j.cards] = _PHASES.communication_utilization
     return u
 
 

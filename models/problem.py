@@ -33,11 +33,14 @@ from twin.power import PowerModel
 from twin.spec import SiteSpec
 from twin.steady import card_steady_power_w
 from twin.thermal import ThermalParams
-from twin.workload import JobSpec, Phase, compute_utilization, relative_throughput
+from twin.workload import JobSpec, Phase, PhaseModel, compute_utilization, relative_throughput
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+#: The phase model the agent and the models assume (the plant may run another).
+_PHASES = PhaseModel()
 
 __all__ = [
     "CycleProblem",
@@ -337,15 +340,15 @@ def phase_utilization(job: JobSpec, phase: Phase, site: SiteSpec, level: IntArra
     """Average card utilization of a job in ``phase`` at ``level``.
 
     COMPUTE: ``twin.workload.compute_utilization`` (the busy share of a step). COMMUNICATION: the
-    job's ``noncompute_utilization`` (cards wait on the network). CHECKPOINT and WAITING: 0 (the
-    cards are idle while state is written or input is missing).
+    default ``PhaseModel.communication_utilization`` (cards wait in a stalled collective).
+    CHECKPOINT and WAITING: 0 (the cards are idle while state is written or input is missing).
     """
     clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
     lv = np.asarray(level, dtype=np.int64)
     if phase == Phase.COMPUTE:
         return compute_utilization(job.compute_share, clocks[lv] / clocks[0], job.noncompute_utilization)
     if phase == Phase.COMMUNICATION:
-        return np.full(lv.shape, job.noncompute_utilization, dtype=np.float64)
+        return np.full(lv.shape, _PHASES.communication_utilization, dtype=np.float64)
     return np.zeros(lv.shape, dtype=np.float64)
 
 

@@ -1281,7 +1281,7 @@ class Plant:
         else:
             cs = 0.0
             if phase == Phase.COMMUNICATION:
-                ncu = spec.noncompute_utilization
+                ncu = self.config.phases.communication_utilization
             elif phase == Phase.CHECKPOINT:
                 ncu = self.config.phases.checkpoint_utilization
             else:

@@ -54,6 +54,7 @@ __all__ = [
     "expected_job_card_seconds",
     "generate_jobs",
     "load_trace",
+    "noncompute_utilization_of",
     "relative_step_time",
     "relative_throughput",
     "synchronous_utilization",
@@ -82,6 +83,7 @@ class JobSpec:
     checkpoint_interval_s: float = 900.0
     checkpoint_duration_s: float = 60.0
     # utilization (0..1) of a card during the part of a step that does not scale with the clock
+    # (memory-bound kernels keep it busy, exposed communication does not)
     noncompute_utilization: float = 0.2
     # SLO: the job's throughput must stay at or above this fraction of its top-clock throughput
     min_throughput_frac: float = 0.0
@@ -143,6 +145,22 @@ def compute_utilization(
     return np.asarray((busy + rest * noncompute_utilization) / (busy + rest), dtype=np.float64)
 
 
+def noncompute_utilization_of(
+    compute_share: float | FloatArray, exposed_comm_utilization: float | FloatArray, profile_compute_share: float
+) -> FloatArray:
+    """Utilization of the clock-insensitive part of a step whose clock-sensitive share is
+    ``compute_share``: the measured computation (share ``compute_share / profile_compute_share`` of
+    the step; its own clock-insensitive part memory-bound, busy) plus exposed communication (the
+    rest, at ``exposed_comm_utilization``). See :class:`GeneratorConfig`."""
+    c = np.asarray(compute_share, dtype=np.float64)
+    computation = np.minimum(c / profile_compute_share, 1.0)
+    memory = computation * (1.0 - profile_compute_share)
+    comm = 1.0 - computation
+    rest = memory + comm
+    u = (memory + comm * np.asarray(exposed_comm_utilization, dtype=np.float64)) / np.where(rest > 0, rest, 1.0)
+    return np.asarray(np.where(rest > 0, np.clip(u, 0.0, 1.0), 1.0), dtype=np.float64)
+
+
 def synchronous_utilization(
     compute_share: float | FloatArray,
     clock_rel: float | FloatArray,
@@ -183,9 +201,10 @@ class PhaseModel:
     * input stalls (phase WAITING: the data loader or storage is late) likewise.
     * ``max_restarts``: a job that loses cards more often than this fails for good.
 
-    Utilization during COMMUNICATION is the job's ``noncompute_utilization`` (the same busy level
-    as the non-scaling part of a step: collective kernels spin at low SM activity); CHECKPOINT and
-    WAITING leave the cards idle (0). ``twin.power`` turns utilization into switching power.
+    Utilization during a COMMUNICATION stall is ``communication_utilization`` (every card waits in a
+    collective whose kernels spin at low SM activity: 0.2, the middle of the 0.1-0.3 range the
+    generator draws for exposed communication, assumption); CHECKPOINT and WAITING leave the cards
+    idle (0). ``twin.power`` turns utilization into switching power.
     """
 
     startup_s: float = 60.0
@@ -195,6 +214,7 @@ class PhaseModel:
     input_stalls_per_hour: float = 1.0
     input_stall_median_s: float = 30.0
     stall_sigma: float = 0.5
+    communication_utilization: float = 0.2
     checkpoint_utilization: float = 0.0
     waiting_utilization: float = 0.0
     max_restarts: int = 3
@@ -206,7 +226,7 @@ class PhaseModel:
         for name in ("input_stalls_per_hour", "input_stall_median_s", "stall_sigma"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PhaseModel.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("checkpoint_utilization", "waiting_utilization"):
+        for name in ("communication_utilization", "checkpoint_utilization", "waiting_utilization"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PhaseModel.{name} must be within 0..1, got {getattr(self, name)}")
 
@@ -307,7 +327,15 @@ class GeneratorConfig:
       exposed communication, assumption);
     * checkpoint every ``checkpoint_interval_s`` (900 s, DESIGN.md), lasting lognormal median
       ``checkpoint_median_s`` (60 s) shape 0.3 clipped to 20..300 s (assumption);
-    * noncompute utilization uniform 0.1..0.3 (assumption);
+    * noncompute utilization (the card's utilization in the part of a step that does not scale with
+      the clock) from the compute share ``c``: a step is the measured computation (a share
+      ``c / s`` of it, ``s = profile_compute_share`` = 0.87, the GPT-3 profile's clock-sensitive
+      share) plus exposed communication (the rest). The computation's clock-insensitive part is
+      memory-bound and keeps the card busy (utilization 1: the Perseus profile's power, which the
+      card model is calibrated on, averages over the whole computation, so a job of share 0.87
+      draws the calibrated training power); exposed communication runs at a utilization drawn
+      uniform in ``exposed_communication_utilization_range`` (0.1..0.3, assumption). So
+      ``ncu = ((c / s)(1 - s) + (1 - c / s) u_comm) / (1 - c)``: 1 at ``c = s``, ~0.36 at 0.60;
     * priority 0.5 / 1 / 2 with probabilities ``priority_probs`` (0.2 / 0.6 / 0.2), SLO
       (``min_throughput_frac``) 0 / 0.7 / 0.9 by priority (assumption).
     """
@@ -322,7 +350,8 @@ class GeneratorConfig:
     compute_share_range: tuple[float, float] = (0.60, 0.87)
     checkpoint_interval_s: float = 900.0
     checkpoint_median_s: float = 60.0
-    noncompute_utilization_range: tuple[float, float] = (0.1, 0.3)
+    profile_compute_share: float = 0.87
+    exposed_communication_utilization_range: tuple[float, float] = (0.1, 0.3)
     priorities: tuple[float, ...] = (0.5, 1.0, 2.0)
     priority_probs: tuple[float, ...] = (0.2, 0.6, 0.2)
     slo_by_priority: tuple[float, ...] = (0.0, 0.7, 0.9)
@@ -341,6 +370,11 @@ class GeneratorConfig:
             raise ValueError("compute_share_range must be an ordered pair within 0..1")
         if not self.duration_scale > 0:
             raise ValueError("duration_scale must be positive")
+        if not 0.0 < self.profile_compute_share <= 1.0:
+            raise ValueError("profile_compute_share must be within (0, 1]")
+        lo, hi = self.exposed_communication_utilization_range
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError("exposed_communication_utilization_range must be an ordered pair within 0..1")
 
     # ---- the two distributions -----------------------------------------------------------------
     def _size_lognormal(self) -> tuple[float, float]:
@@ -437,7 +471,8 @@ def generate_jobs(
     step = np.clip(rng.lognormal(math.log(cfg.step_time_median_s), 0.5, size=n), 0.2, 30.0)
     cs = rng.uniform(cfg.compute_share_range[0], cfg.compute_share_range[1], size=n)
     ckpt = np.clip(rng.lognormal(math.log(cfg.checkpoint_median_s), 0.3, size=n), 20.0, 300.0)
-    ncu = rng.uniform(cfg.noncompute_utilization_range[0], cfg.noncompute_utilization_range[1], size=n)
+    u_comm = rng.uniform(*cfg.exposed_communication_utilization_range, size=n)
+    ncu = noncompute_utilization_of(cs, u_comm, cfg.profile_compute_share)
     prio_idx = rng.choice(len(cfg.priorities), size=n, p=np.asarray(cfg.priority_probs))
     jobs = []
     for i in range(n):

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twin.power import FitError, fit_power
+from twin.power import FitError, PowerModel, fit_power
 from twin.spec import SiteSpec
+from twin.workload import GeneratorConfig, compute_utilization, generate_jobs, noncompute_utilization_of
 
 pytestmark = pytest.mark.unit
 
@@ -43,6 +44,41 @@ def test_perseus_fit_on_alternate_clocks_predicts_the_others_within_5_percent(sh
     assert full.mape < 0.01
     ratio = float(full.predict_w(1005.0) / full.predict_w(1410.0))
     assert ratio == pytest.approx(float(p[f == 1005][0] / p[f == 1410][0]), rel=0.05)
+
+
+def test_a_generated_job_of_the_profiles_share_draws_the_calibrated_training_power(
+    shared_data: Path, site: SiteSpec
+) -> None:
+    """The card model is calibrated on the Perseus GPT-3 profile's average power over its whole
+    computation (utilization 1: 95% of TDP at the top clock, 665 W on the site's card at a 65 deg C
+    die). A generated job with that profile's clock-sensitive share must draw exactly that, at every
+    clock (its memory-bound part keeps the card busy), and follow the measured curve's shape; jobs
+    with exposed communication (lower shares) draw less, never more."""
+    f, p = _perseus(shared_data)
+    cfg = GeneratorConfig()
+    s = cfg.profile_compute_share
+    model = PowerModel.from_card(site.card)
+    clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
+    rel_clock = clocks / clocks[0]
+
+    def power_w(share: float, u_comm: float) -> np.ndarray:
+        u = compute_utilization(share, rel_clock, noncompute_utilization_of(share, u_comm, s))
+        return np.asarray(model.idle_w + u * model.dyn_w + model.leak_w_per_k * (65.0 - model.reference_temp_c))
+
+    for u_comm in cfg.exposed_communication_utilization_range:
+        top = power_w(s, u_comm)
+        assert top[0] == pytest.approx(665.0, rel=0.005)
+        assert top[0] / site.card.power_limit_w == pytest.approx(p[-1] / 500.0, abs=0.01)  # 95% of TDP
+        measured = np.interp(rel_clock, f / f[-1], p / p[-1])
+        assert float(np.mean(np.abs(top / top[0] - measured) / measured)) < 0.05
+        assert np.all(power_w(cfg.compute_share_range[0], u_comm) < top)
+    # the generator's jobs: the same relation, per job
+    jobs = generate_jobs(512, 86400.0, seed=3, config=cfg)
+    for j in jobs[:200]:
+        u_top = float(compute_utilization(j.compute_share, 1.0, j.noncompute_utilization))
+        lo = float(compute_utilization(j.compute_share, 1.0, noncompute_utilization_of(j.compute_share, 0.1, s)))
+        hi = float(compute_utilization(j.compute_share, 1.0, noncompute_utilization_of(j.compute_share, 0.3, s)))
+        assert lo - 1e-12 <= u_top <= hi + 1e-12 <= 1.0 + 1e-12
 
 
 def test_biohpc_idle_leakage_slope_matches_the_spec_low_power_parameters(shared_data: Path, site: SiteSpec) -> None:
