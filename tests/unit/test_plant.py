@@ -242,6 +242,30 @@ def test_job_lifecycle_checkpoints_and_work_accounting(small_site: SiteSpec) -> 
     assert rec.state == "finished" and rec.work_done_card_s == pytest.approx(spec.work_card_s)
 
 
+def test_communication_stalls_run_at_the_phase_models_utilization(small_site: SiteSpec) -> None:
+    """A stalled collective spins at ``PhaseModel.communication_utilization`` whatever the job's
+    noncompute utilization (its steps' clock-insensitive part, which may be memory-bound and busy)."""
+    spec = job("a", 16, compute_share=0.5, noncompute_utilization=0.9)
+    phases = PhaseModel(
+        startup_s=0.0,
+        comm_stalls_per_hour=360.0,
+        comm_stall_median_s=30.0,
+        input_stalls_per_hour=0.0,
+        communication_utilization=0.35,
+    )
+    p = Plant(small_site, [spec], config=exact(phases=phases))
+    seen: dict[Phase, set[float]] = {}
+    before = None
+    for _ in range(900):
+        p.step(1.0)
+        now = {r.job_id: r for r in p.job_records()}["a"].phase
+        if now == before:  # a whole step in one phase
+            seen.setdefault(now, set()).update(np.round(p.truth().utilization[:16], 9).tolist())
+        before = now
+    assert seen[Phase.COMMUNICATION] == {0.35}
+    assert seen[Phase.COMPUTE] == {0.95}  # 0.5 busy + 0.5 x 0.9
+
+
 def test_a_job_runs_at_the_pace_of_its_slowest_card(small_site: SiteSpec) -> None:
     cs = 0.8
     spec = job("a", 16, compute_share=cs, noncompute_utilization=0.2)
