@@ -6,9 +6,14 @@ better. The day is simulated in full (never extrapolated from a shorter run): a 
 (Kalos statistics, 65% card allocation, ~1,000 jobs), job events drained every step, readings at
 the given period.
 
+Also ``fit-thermal`` (``twin.thermal.fit_thermal``) on a 100,000-sample series (a day of one card
+at ~1 s): the whole fit, and one evaluation of its simulated response by the vectorized scan
+(``first_order_scan``) against the sample-by-sample loop it replaced, side by side.
+
 Usage:
     python benchmarks/bench_twin.py            # the full set (about 3 minutes)
     python benchmarks/bench_twin.py --quick    # a smoke run: 1 simulated hour, 1 run each
+    python benchmarks/bench_twin.py --fit-only # only the fit-thermal part
 
 Results: benchmarks/results-twin.md.
 """
@@ -22,12 +27,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from twin.estimate import Estimator
 from twin.plant import Plant, PlantConfig
 from twin.spec import SiteSpec, load_site
 from twin.state import TwinState
+from twin.thermal import first_order_scan, fit_thermal
 from twin.workload import generate_jobs
 
 SITE = Path(__file__).resolve().parents[1] / "examples" / "supernode-512.toml"
@@ -92,11 +100,61 @@ def run_agent_side(site: SiteSpec, n_updates: int, seed: int) -> dict[str, float
     }
 
 
+def _loop_response(a: np.ndarray, b: np.ndarray, x0: float) -> np.ndarray:
+    """The sample-by-sample recurrence fit_thermal used before the scan (the reference)."""
+    x = np.empty(a.size + 1)
+    x[0] = x0
+    for k in range(a.size):
+        x[k + 1] = a[k] * x[k] + b[k]
+    return x
+
+
+def bench_fit_thermal(n: int, runs: int) -> None:
+    """fit_thermal on an n-sample step series (R 0.053 K/W, tau 9 s, 0.2 K noise), and one response
+    evaluation by scan vs loop on the same data (medians of ``runs``)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(n, dtype=np.float64)
+    power = np.where((t // 600) % 2 == 0, 650.0, 150.0) + rng.normal(0.0, 5.0, n)
+    inlet = 30.0 + 2.0 * np.sin(t / 3000.0)
+    a = np.full(n - 1, np.exp(-1.0 / 9.0))
+    die = _loop_response(a, (1.0 - a) * (inlet[:-1] + 0.053 * power[:-1]), inlet[0] + 0.053 * power[0])
+    die += rng.normal(0.0, 0.2, n)
+    fits, scans, loops = [], [], []
+    fit = None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fit = fit_thermal(t, power, inlet, die)
+        fits.append(time.perf_counter() - t0)
+        b = (1.0 - a) * power[:-1]
+        t0 = time.perf_counter()
+        first_order_scan(a, b)
+        scans.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _loop_response(a, b, 0.0)
+        loops.append(time.perf_counter() - t0)
+    assert fit is not None
+    scan_s, loop_s = statistics.median(scans), statistics.median(loops)
+    print(f"fit-thermal, {n:,} samples ({runs} runs, medians):")
+    print(
+        "| fit_thermal s | fitted R K/W (true 0.053) | fitted tau s (true 9) | one response: scan ms | loop ms"
+        " | loop / scan |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {statistics.median(fits):.2f} | {fit.r_th_k_per_w:.5f} | {fit.tau_s:.2f} | {1e3 * scan_s:.1f} | "
+        f"{1e3 * loop_s:.1f} | {loop_s / scan_s:.0f}x |"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 simulated hour, one run each (smoke test)")
     ap.add_argument("--runs", type=int, default=3, help="runs of the headline cases (median reported)")
+    ap.add_argument("--fit-only", action="store_true", help="only the fit-thermal part")
     args = ap.parse_args()
+    if args.fit_only:
+        bench_fit_thermal(100_000, max(args.runs, 1))
+        return 0
     runs = 1 if args.quick else args.runs
     day = 3600.0 if args.quick else 86400.0
     site = load_site(SITE)
@@ -142,6 +200,8 @@ def main() -> int:
     for s in (site, big):
         a = run_agent_side(s, 60 if args.quick else 300, seed=3)
         print(f"| {s.n_cards} | {a['state_ms']:.3f} | {a['snapshot_ms']:.3f} | {a['estimator_ms']:.3f} |")
+    print()
+    bench_fit_thermal(10_000 if args.quick else 100_000, runs)
     return 0
 
 

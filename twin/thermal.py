@@ -184,6 +184,26 @@ class ThermalFit:
     n_samples: int
 
 
+def first_order_scan(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """All states of ``x[k+1] = a[k] x[k] + b[k]`` as ``x[k+1] = gain[k] x[0] + offset[k]``.
+
+    A parallel prefix scan over the affine maps (Hillis-Steele: log2(n) vectorized passes instead
+    of a Python loop over n samples): composing ``(a1, b1)`` after ``(a2, b2)`` gives
+    ``(a1 a2, a1 b2 + b1)``. ``b`` may have extra trailing axes (several drives sharing ``a``).
+    With ``0 <= a <= 1`` every product only shrinks (an underflow to 0 is the exact limit of a
+    forgotten past) and every offset stays a weighted sum of the drives, so nothing overflows.
+    """
+    gain = np.array(a, dtype=np.float64)
+    offset = np.array(b, dtype=np.float64)
+    extra = (slice(None),) + (None,) * (offset.ndim - 1)
+    step = 1
+    while step < gain.size:
+        offset[step:] = gain[step:][extra] * offset[:-step] + offset[step:]
+        gain[step:] = gain[step:] * gain[:-step]
+        step *= 2
+    return gain, offset
+
+
 def fit_thermal(t_s: FloatArray, power_w: FloatArray, inlet_c: FloatArray, die_c: FloatArray) -> ThermalFit:
     """Fit ``tau dT/dt = T_in + R P - T`` (output error, zero-order hold between samples).
 
@@ -215,12 +235,10 @@ def fit_thermal(t_s: FloatArray, power_w: FloatArray, inlet_c: FloatArray, die_c
     def responses(tau: float) -> tuple[FloatArray, FloatArray]:
         """Free response x (inlet + initial state) and unit-R response z to power."""
         a = np.exp(-dts / tau)
-        x = np.empty(n)
-        z = np.empty(n)
-        x[0], z[0] = y[0], 0.0
-        for k in range(n - 1):
-            x[k + 1] = a[k] * x[k] + (1 - a[k]) * tin[k]
-            z[k + 1] = a[k] * z[k] + (1 - a[k]) * p[k]
+        drive = np.stack(((1.0 - a) * tin[:-1], (1.0 - a) * p[:-1]), axis=1)
+        gain, offset = first_order_scan(a, drive)
+        x = np.concatenate(([y[0]], gain * y[0] + offset[:, 0]))
+        z = np.concatenate(([0.0], offset[:, 1]))
         return x, z
 
     def err(log_tau: float) -> tuple[float, float]:

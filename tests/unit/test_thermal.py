@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from twin.spec import SiteSpec
-from twin.thermal import ThermalNetwork, ThermalParams, fit_thermal, plate_resistance_k_per_w
+from twin.thermal import ThermalNetwork, ThermalParams, first_order_scan, fit_thermal, plate_resistance_k_per_w
 
 pytestmark = pytest.mark.unit
 
@@ -104,3 +104,19 @@ def test_fit_thermal_recovers_resistance(site: SiteSpec) -> None:
     fast, slow = net.time_constants_s()
     assert float(fast[0]) < fit.tau_s < float(slow[0]) * 1.5
     assert fit.rmse_k < 1.0
+
+
+def test_first_order_scan_equals_the_sample_by_sample_recurrence() -> None:
+    """The vectorized scan behind fit_thermal gives every state of x[k+1] = a x[k] + b, as the
+    loop does, for irregular steps, a forgotten past (a ~ 0) and two drives at once."""
+    rng = np.random.default_rng(5)
+    n = 5000
+    a = np.exp(-rng.uniform(0.0, 3.0, n))
+    a[::97] = 0.0  # a step so long the past is forgotten
+    b = rng.normal(50.0, 20.0, (n, 2))
+    gain, offset = first_order_scan(a, b)
+    x0 = np.array([31.0, 0.0])
+    x = x0.copy()
+    for k in range(n):
+        x = a[k] * x + b[k]
+        assert np.allclose(gain[k] * x0 + offset[k], x, rtol=1e-12, atol=1e-9)
