@@ -439,8 +439,9 @@ def _card_utilization(p: Any, level: IntArray) -> FloatArray:
 
 def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> FloatArray:
     """Each rack loop's pump speed for the plan: the agent's choice (``agent.pumps``) with the
-    spec's resistances, no measured die offsets and healthy pumps (full speed if not chosen)."""
-    from agent.load import site_load_of_problem, spec_r_total_k_per_w
+    problem's resistances and die offsets, healthy pumps now at full speed (all at full speed if
+    not chosen)."""
+    from agent.load import site_load_of_problem
     from agent.pumps import choose_pump_speeds
 
     site = p.site
@@ -454,8 +455,8 @@ def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> F
         dvfs.card_low_power | p.failed,
         np.full(site.n_cards, site.card.power_limit_w),
         np.full(site.n_cards, supply_c),
-        spec_r_total_k_per_w(site),
-        np.zeros(site.n_cards),
+        p.r_total_k_per_w,
+        p.die_offset_k,
         np.full(site.n_racks, site.loop_flow_per_rack_lpm()),
         np.ones(site.n_racks),
         p.rack_cap_w(),
