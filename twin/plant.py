@@ -759,7 +759,7 @@ class Plant:
         if not self._n_hosts_off:
             return base
         off_per_rack = self._host_off.reshape(self._n_racks, -1).sum(axis=1)
-        return base - off_per_rack * self.site.host_saving_w()
+        return np.asarray(base - off_per_rack * self.site.host_saving_w(), dtype=np.float64)
 
     def set_supply_temp(self, supply_temp_c: float) -> None:
         """Change the rack loop supply set-point; the supply follows with a first-order lag."""
@@ -1521,7 +1521,7 @@ class Plant:
         n, n_r, cpr = self._n, self._n_racks, self._cpr
         rng = self._sensor_rng
         z = rng.standard_normal((3, n))
-        power = self._power + nz.power_sd_w * z[0]
+        power = np.maximum(self._power + nz.power_sd_w * z[0], 0.0)  # (a card just powered has no power yet)
         die = self._die + nz.die_temp_sd_k * z[1]
         util = np.clip(self._util * (1.0 + nz.utilization_sd * z[2]), 0.0, 1.0)
         clock = self._clocks[self._eff_level]

@@ -217,10 +217,7 @@ class TwinState:
         lim = cat("power_limit_w", np.float64)
         host_known = np.concatenate([np.full(len(b.card_index), b.host_off is not None) for _, _, b in batches])
         host_off = np.concatenate(
-            [
-                np.asarray(b.host_off if b.host_off is not None else np.zeros(len(b.card_index)), dtype=bool).reshape(-1)
-                for _, _, b in batches
-            ]
+            [np.asarray(_or_zeros(b.host_off, len(b.card_index)), dtype=bool).reshape(-1) for _, _, b in batches]
         )
         inside = (idx >= 0) & (idx < n)
         if not inside.all():
@@ -461,6 +458,10 @@ class TwinState:
             "invalid_card_readings": int(self.invalid_count.sum()),
             "facility_power_w": self.facility.facility_power_w if self.facility else math.nan,
         }
+
+
+def _or_zeros(a: Any, n: int) -> Any:
+    return a if a is not None else np.zeros(n, dtype=bool)
 
 
 def _consistent(b: CardBatch) -> bool:
