@@ -176,6 +176,7 @@ class Controller:
         self.offsets = DieOffsetFilter(site)  # measured die offsets, updated once per step (context)
         self._running_since: dict[str, float] = {}  # when each running job was first seen running
         self._host_busy_last = np.full(site.n_hosts, np.nan)  # per host: last time a card was busy (NaN: not yet seen)
+        self._host_up_at = np.full(site.n_hosts, -math.inf)  # per host powered on by a decision: when its boot ends
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig, *, planner: CyclePlanner | None = None) -> Controller:
@@ -638,6 +639,16 @@ class Controller:
             return []
         return self._place_jobs(load, snap, ctx, fs_card, picked, notes, how)
 
+    def _card_wait_s(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray | None:
+        """Per card: how long until its host is up (a boot for an off host, the rest of the boot for a
+        host a decision powered on); None where hosts are not managed."""
+        site = self.site
+        if not site.hosts_managed:
+            return None
+        off = host_any(site, snap.card_host_off)
+        wait = np.where(off, site.rack.host_boot_s, np.maximum(self._host_up_at - ctx.now_s, 0.0))
+        return np.repeat(wait, site.cards_per_host)
+
     def _place_jobs(
         self,
         load: SiteLoad,
@@ -656,9 +667,7 @@ class Controller:
             p0 = self._problem(load, snap, ctx, fs_card)
             # free cards of fail-safe racks are not offered (nothing is placed on racks we cannot see)
             p0 = dataclasses.replace(p0, failed=p0.failed | fs_card)
-            pp = make_placement_problem(
-                p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, np.asarray(snap.card_host_off, dtype=bool)
-            )
+            pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, self._card_wait_s(snap, ctx))
             placement = place_jobs(pp, method=method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
         except ProblemError as exc:
             notes.append(f"placement skipped: {exc}")
@@ -811,6 +820,9 @@ class Controller:
         if self.site.hosts_managed:
             busy_host = host_any(self.site, decision.card_busy)
             self._host_busy_last = np.where(np.isnan(self._host_busy_last) | busy_host, now, self._host_busy_last)
+            if decision.host_off is not None:  # hosts this decision powers on (the reserve, a placement) boot
+                booting = host_any(self.site, snap.card_host_off) & ~decision.host_off & (self._host_up_at < now)
+                self._host_up_at[booting] = now + self.site.rack.host_boot_s
         self._update_extra(snap, ctx)
 
     def _update_extra(self, snap: StateSnapshot, ctx: StepContext) -> None:

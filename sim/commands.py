@@ -274,13 +274,9 @@ class CommandHandler:
         ``host_off`` per card where the site's hosts are managed)."""
         cpr = self._cpr
         sl = slice(r * cpr, (r + 1) * cpr)
-        host_off = None
-        if low_power is None or self.site.hosts_managed:
-            truth = self.plant.truth()
-            if low_power is None:
-                low_power = truth.low_power
-            if self.site.hosts_managed:
-                host_off = np.asarray(truth.host_off, dtype=np.bool_)[self._card_host[sl]]
+        if low_power is None:
+            low_power = self.plant.truth().low_power
+        host_off = self.plant.host_off()[self._card_host[sl]] if self.site.hosts_managed else None
         name = self.site.rack_names[r]
         topic = self.codec.topics.applied(name)
         msg = wire.AppliedState(

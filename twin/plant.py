@@ -749,6 +749,10 @@ class Plant:
         self._card_off[(idx[:, None] * cph + np.arange(cph)[None, :]).ravel()] = False
         self._n_hosts_off = int(self._host_off.sum())
 
+    def host_off(self) -> BoolArray:
+        """Per host: powered off (a copy; cheaper than :meth:`truth`)."""
+        return self._host_off.copy()
+
     def host_booting(self) -> BoolArray:
         """Per host: on but still booting."""
         return ~self._host_off & (self._host_ready_at > self._t + _EPS_S)

@@ -77,10 +77,11 @@ def test_placement_takes_whole_powered_hosts_first() -> None:
     free[:4] = False  # host 0 half used
     off = np.zeros(SITE.n_cards, dtype=bool)
     off[8 : 6 * CPH] = True  # hosts 1-5 of rack r0 are off
+    wait = np.where(off, 300.0, 0.0)
 
     def place(n: int) -> np.ndarray:
         pp = PlacementProblem(
-            SITE, free, (QueuedJob(job("j", n)),), np.full(SITE.n_racks, 40_000.0), np.full(1, 500.0), off
+            SITE, free, (QueuedJob(job("j", n)),), np.full(SITE.n_racks, 40_000.0), np.full(1, 500.0), wait
         )
         return greedy_placement(pp).cards["j"]
 

@@ -5,12 +5,13 @@ the card batch and the applied state."""
 from __future__ import annotations
 
 import json
+import tomllib
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import example_dict
 
 from agent import wire
 from sim.commands import CommandHandler
@@ -22,11 +23,12 @@ from twin.workload import JobSpec
 pytestmark = pytest.mark.unit
 
 TS = 1_800_000_000.0
+EXAMPLE_SITE = Path(__file__).resolve().parents[2] / "examples" / "supernode-512.toml"
 
 
 def _site(hosts_per_rack: int) -> SiteSpec:
     """Two racks of 16 cards; ``hosts_per_rack`` hosts per rack (0: hosts not managed)."""
-    d = example_dict()
+    d = tomllib.loads(EXAMPLE_SITE.read_text(encoding="utf-8"))
     d["name"] = "small-32"
     d["torus_dims"] = [4, 4, 2]
     d["racks_per_supernode"] = 2
