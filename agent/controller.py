@@ -322,7 +322,13 @@ class Controller:
         if not (cfg.control_host_power and site.hosts_managed):
             return d
         now = ctx.now_s
-        busy = host_any(site, d.card_busy)
+        # busy: the decision's, plus placements committed since its snapshot was taken (the service
+        # reviews a periodic proposal after an event decision may have placed a job meanwhile)
+        card_busy = np.asarray(d.card_busy, dtype=bool).copy()
+        for cards, until in self._pending.values():
+            if until > now:
+                card_busy[list(cards)] = True
+        busy = host_any(site, card_busy)
         last = np.where(np.isnan(self._host_busy_last), now, self._host_busy_last)
         last = np.where(busy, now, last)
         fs = np.zeros(site.n_racks, dtype=bool)
@@ -331,7 +337,7 @@ class Controller:
             site,
             now_s=now,
             host_busy_last_s=last,
-            card_busy=d.card_busy,
+            card_busy=card_busy,
             host_off_now=host_any(site, snap.card_host_off),
             host_awake=host_any(site, ~d.card_low_power & ~d.card_busy & ~d.card_failed),
             frozen_host=host_any(site, fs[self._card_rack]),
