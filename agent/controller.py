@@ -343,6 +343,7 @@ class Controller:
             frozen_host=host_any(site, fs[self._card_rack]),
             off_after_s=cfg.host_off_after_s,
             reserve_per_supernode=cfg.host_reserve_per_supernode,
+            queued_cards=self._queued_cards(d, snap, now),
         )
         low = d.card_low_power | np.repeat(choice.host_off, site.cards_per_host)
         notes = d.explanation
@@ -645,6 +646,13 @@ class Controller:
             return []
         return self._place_jobs(load, snap, ctx, fs_card, picked, notes, how)
 
+    def _queued_cards(self, d: Decision, snap: StateSnapshot, now_s: float) -> int:
+        """Cards of the queued jobs that neither this decision nor one in flight places."""
+        placing = {o.job_id for o in d.placements} | {
+            jid for jid, (_c, until) in self._pending.items() if until > now_s
+        }
+        return sum(q.n_cards for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= self.site.n_cards)
+
     def _card_wait_s(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray | None:
         """Per card: how long until its host is up (a boot for an off host, the rest of the boot for a
         host a decision powered on); None where hosts are not managed."""
@@ -829,6 +837,7 @@ class Controller:
             if decision.host_off is not None:  # hosts this decision powers on (the reserve, a placement) boot
                 booting = host_any(self.site, snap.card_host_off) & ~decision.host_off & (self._host_up_at < now)
                 self._host_up_at[booting] = now + self.site.rack.host_boot_s
+                self._host_busy_last[booting] = now  # a host just powered on is not due to go off again
         self._update_extra(snap, ctx)
 
     def _update_extra(self, snap: StateSnapshot, ctx: StepContext) -> None:

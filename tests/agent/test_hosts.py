@@ -64,6 +64,9 @@ def test_off_hosts_come_back_for_the_reserve_and_frozen_hosts_keep_their_state()
     busy = np.zeros(SITE.n_cards, dtype=bool)
     busy[5 * CPH : 6 * CPH] = True  # a job placed on an off host: it is on
     assert not choose(host_off_now=was_off, card_busy=busy)[5]
+    # jobs waiting for cards (the site is full): nothing goes off, off hosts come on for their cards
+    assert not choose(queued_cards=40).any()
+    assert int((~choose(host_off_now=was_off, queued_cards=40)).sum()) == 2 + 5
     frozen = np.zeros(N_H, dtype=bool)
     frozen[:8] = True  # rack r0 at fail-safe: neither switched off nor on
     off = choose(frozen_host=frozen)
