@@ -121,6 +121,13 @@ class ControlConfig:
     # A slowed pump's speed is re-sent this often (s, site time): the plant returns a pump to full
     # speed when no command renews it (its pump_hold_s, 60 s in the simulator).
     pump_renew_s: float = field(default=20.0, metadata=rng(0.1, 86400.0))
+    # Host power-down (agent.hosts; only where the site spec has rack.hosts_per_rack > 0): a host
+    # none of whose cards has run a job for host_off_after_s is powered off, keeping
+    # host_reserve_per_supernode idle hosts on for arriving jobs (600 s: AWS PCS's default idle time
+    # before a Slurm node is scaled down, scaleDownIdleTimeInSeconds).
+    control_host_power: bool = True
+    host_off_after_s: float = field(default=600.0, metadata=rng(0.0, 1.0e7))
+    host_reserve_per_supernode: int = field(default=2, metadata=rng(0, 100_000))
     # Job placement for queued jobs (false leaves placement to the site's scheduler).
     control_placement: bool = True
     placement_method: str = field(default="auto", metadata=choices("auto", "greedy", "milp"))

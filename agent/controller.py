@@ -37,6 +37,10 @@ What a step does:
    as the twin says the plan's dies, the rack's cap and the loop's rise allow (the plan itself is
    made with every pump at full speed).
 5. **Guard** (``agent.guard.Guard.review``): caps, dies, rate limits, fail-safe, pumps (see there).
+   Then **hosts** (:meth:`Controller.with_hosts`, ``agent.hosts``; sites whose spec lets hosts be
+   powered off): hosts idle for ``host_off_after_s`` are powered off, a reserve of idle hosts per
+   supernode stays on. Powering a host off only lowers power, so it needs no review by the guard;
+   the plan and the guard budget every host as on (conservative).
 6. **Commit** (:meth:`Controller.commit`): what the next step must remember (pending placements,
    the last set-point evaluation, fail-safe hold, the plan for warm starts, each job's level the
    last time it computed).
@@ -69,6 +73,7 @@ from agent.backfill import backfill_candidates, reservation
 from agent.config import ControlConfig, LoadedConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
+from agent.hosts import choose_hosts_off, host_any
 from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
 from agent.offsets import DieOffsetFilter
 from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
@@ -170,6 +175,8 @@ class Controller:
         self._computing_level: dict[str, int] = {}  # each job's level the last time it computed
         self.offsets = DieOffsetFilter(site)  # measured die offsets, updated once per step (context)
         self._running_since: dict[str, float] = {}  # when each running job was first seen running
+        self._host_busy_last = np.full(site.n_hosts, np.nan)  # per host: last time a card was busy (NaN: not yet seen)
+        self._host_up_at = np.full(site.n_hosts, -math.inf)  # per host powered on by a decision: when its boot ends
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig, *, planner: CyclePlanner | None = None) -> Controller:
@@ -304,8 +311,45 @@ class Controller:
 
     # ---- pumps and the guard ----------------------------------------------------------------------
     def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
-        """Steps 4-5: the proposal's pump speeds (:meth:`with_pump_speeds`), then the guard."""
-        return self.guard.review(self.with_pump_speeds(proposal, snap, ctx), snap, ctx)
+        """Steps 4-5: the proposal's pump speeds (:meth:`with_pump_speeds`), the guard, then the hosts
+        (:meth:`with_hosts`)."""
+        return self.with_hosts(self.guard.review(self.with_pump_speeds(proposal, snap, ctx), snap, ctx), snap, ctx)
+
+    def with_hosts(self, d: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
+        """``d`` with the hosts to have off (``agent.hosts``) and their cards in low-power idle.
+        Unchanged where the site's hosts cannot be powered off or host control is off."""
+        site, cfg = self.site, self.control
+        if not (cfg.control_host_power and site.hosts_managed):
+            return d
+        now = ctx.now_s
+        # busy: the decision's, plus placements committed since its snapshot was taken (the service
+        # reviews a periodic proposal after an event decision may have placed a job meanwhile)
+        card_busy = np.asarray(d.card_busy, dtype=bool).copy()
+        for cards, until in self._pending.values():
+            if until > now:
+                card_busy[list(cards)] = True
+        busy = host_any(site, card_busy)
+        last = np.where(np.isnan(self._host_busy_last), now, self._host_busy_last)
+        last = np.where(busy, now, last)
+        fs = np.zeros(site.n_racks, dtype=bool)
+        fs[list(ctx.failsafe_racks)] = True
+        choice = choose_hosts_off(
+            site,
+            now_s=now,
+            host_busy_last_s=last,
+            card_busy=card_busy,
+            host_off_now=host_any(site, snap.card_host_off),
+            host_awake=host_any(site, ~d.card_low_power & ~d.card_busy & ~d.card_failed),
+            frozen_host=host_any(site, fs[self._card_rack]),
+            off_after_s=cfg.host_off_after_s,
+            reserve_per_supernode=cfg.host_reserve_per_supernode,
+            queued_cards=self._queued_cards(d, snap, now),
+        )
+        low = d.card_low_power | np.repeat(choice.host_off, site.cards_per_host)
+        notes = d.explanation
+        if choice.powering_off.any() or choice.powering_on.any():
+            notes = (*notes, choice.note())
+        return d.replace(host_off=choice.host_off, card_low_power=low, explanation=notes)
 
     def with_pump_speeds(self, d: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """``d`` with each rack's pump speed (``agent.pumps``) for its levels, sleeping cards and
@@ -602,6 +646,23 @@ class Controller:
             return []
         return self._place_jobs(load, snap, ctx, fs_card, picked, notes, how)
 
+    def _queued_cards(self, d: Decision, snap: StateSnapshot, now_s: float) -> int:
+        """Cards of the queued jobs that neither this decision nor one in flight places."""
+        placing = {o.job_id for o in d.placements} | {
+            jid for jid, (_c, until) in self._pending.items() if until > now_s
+        }
+        return sum(q.n_cards for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= self.site.n_cards)
+
+    def _card_wait_s(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray | None:
+        """Per card: how long until its host is up (a boot for an off host, the rest of the boot for a
+        host a decision powered on); None where hosts are not managed."""
+        site = self.site
+        if not site.hosts_managed:
+            return None
+        off = host_any(site, snap.card_host_off)
+        wait = np.where(off, site.rack.host_boot_s, np.maximum(self._host_up_at - ctx.now_s, 0.0))
+        return np.repeat(wait, site.cards_per_host)
+
     def _place_jobs(
         self,
         load: SiteLoad,
@@ -620,7 +681,7 @@ class Controller:
             p0 = self._problem(load, snap, ctx, fs_card)
             # free cards of fail-safe racks are not offered (nothing is placed on racks we cannot see)
             p0 = dataclasses.replace(p0, failed=p0.failed | fs_card)
-            pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c)
+            pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, self._card_wait_s(snap, ctx))
             placement = place_jobs(pp, method=method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
         except ProblemError as exc:
             notes.append(f"placement skipped: {exc}")
@@ -664,6 +725,7 @@ class Controller:
         low = np.ones(n, dtype=bool)
         low[load.busy] = False
         idle_model = p.idle_mask()
+        host_off = np.asarray(snap.card_host_off, dtype=bool)  # waking one of these would boot its host
         want = int(dv.rack_awake.sum())
         keep = np.flatnonzero(idle_model & ~snap_lp)[:want]
         low[keep] = False
@@ -672,7 +734,7 @@ class Controller:
         for r in np.argsort(-left, kind="stable"):
             if extra <= 0 or left[r] <= 0:
                 break
-            cand = np.flatnonzero(idle_model & low & (self._card_rack == r))[: min(int(left[r]), extra)]
+            cand = np.flatnonzero(idle_model & low & ~host_off & (self._card_rack == r))[: min(int(left[r]), extra)]
             low[cand] = False
             extra -= cand.size
         low = np.where(fs_card & load.idle, snap_lp, low)
@@ -769,6 +831,13 @@ class Controller:
         self._pending = {k: v for k, v in pending.items() if v[1] > now and k not in running}
         for r in (*ctx.stale_racks, *ctx.stuck_racks):
             self._failsafe_until[r] = now + cfg.failsafe_hold_s
+        if self.site.hosts_managed:
+            busy_host = host_any(self.site, decision.card_busy)
+            self._host_busy_last = np.where(np.isnan(self._host_busy_last) | busy_host, now, self._host_busy_last)
+            if decision.host_off is not None:  # hosts this decision powers on (the reserve, a placement) boot
+                booting = host_any(self.site, snap.card_host_off) & ~decision.host_off & (self._host_up_at < now)
+                self._host_up_at[booting] = now + self.site.rack.host_boot_s
+                self._host_busy_last[booting] = now  # a host just powered on is not due to go off again
         self._update_extra(snap, ctx)
 
     def _update_extra(self, snap: StateSnapshot, ctx: StepContext) -> None:
@@ -777,7 +846,10 @@ class Controller:
         pdu = np.asarray(snap.rack_power_w, dtype=np.float64)
         card_p = np.where(np.isfinite(snap.card_power_w) & ~snap.card_failed, snap.card_power_w, 0.0)
         cards_w = np.bincount(self._card_rack, weights=card_p, minlength=site.n_racks)
-        excess = pdu - cards_w - site.rack.host_overhead_w
+        # hosts reported off draw their off power instead of their share of the overhead
+        off_host = host_any(site, snap.card_host_off) if site.hosts_managed else np.zeros(site.n_racks, dtype=bool)
+        off_per_rack = off_host.reshape(site.n_racks, -1).sum(axis=1)
+        excess = pdu - cards_w - (site.rack.host_overhead_w - off_per_rack * site.host_saving_w())
         fresh = np.isfinite(excess)
         fresh[list(ctx.failsafe_racks)] = False
         a = _EXTRA_SMOOTHING

@@ -94,6 +94,8 @@ class Decision:
     choose_setpoint: bool = False
     # per rack: the loop pump's speed (fraction of nominal); None: pumps are not controlled
     rack_pump_speed_frac: FloatArray | None = None
+    # per host (site.card_host()): the host should be powered off; None: hosts are not managed
+    host_off: BoolArray | None = None
     plan: CyclePlan | None = None  # the models' plan (warm start for the next step; not journaled)
 
     def replace(self, **changes: Any) -> Decision:
@@ -124,6 +126,7 @@ class Decision:
             "failsafe_racks": [names[r] for r in self.failsafe_racks],
             "busy_cards": int((alive & self.card_busy).sum()),
             "low_power_cards": int((alive & self.card_low_power).sum()),
+            "hosts_off": None if self.host_off is None else int(self.host_off.sum()),
             "busy_levels": {str(k): v for k, v in sorted(levels.items())},
             "capped_cards": int((alive & (self.card_power_limit_w < self.max_power_limit_w - 1e-6)).sum()),
             "placements": {p.job_id: list(p.cards) for p in self.placements},

@@ -128,7 +128,6 @@ class Recorder:
         self._limit = site.rack_power_limits_w()
         self._slowdown_c = site.card.slowdown_temp_c
         self._max_c = site.card.max_temp_c
-        self._host_w = site.rack.host_overhead_w * n_r
         self._t = plant.time_s
         self._t0 = plant.time_s
         self._run_s = np.zeros(n_r)
@@ -142,6 +141,8 @@ class Recorder:
         self.over_max_card_s = 0.0
         self.busy_card_s = 0.0
         self.low_power_card_s = 0.0
+        self.host_off_s = 0.0
+        self.idle_host_s = 0.0  # host-seconds with no busy card (the host lever's reach)
         self.setpoint_c_s = 0.0
         self.pump_speed_s = 0.0
         self.energy_j = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
@@ -160,6 +161,7 @@ class Recorder:
                 "ambient_c",
                 "busy_cards",
                 "low_power_cards",
+                "hosts_off",
                 "throughput",
                 "jobs_queued",
             )
@@ -202,7 +204,7 @@ class Recorder:
         cat = np.where(tr.low_power, 3, np.where(free, 2, np.where(tr.utilization > 0.0, 0, 1)))
         by_cat = np.bincount(cat, weights=tr.card_power_w, minlength=4) * dt
         e = self.energy_j
-        e["hosts"] += self._host_w * dt
+        e["hosts"] += float(tr.rack_host_power_w.sum()) * dt
         e["cards_computing"] += float(by_cat[0])
         e["cards_busy_not_computing"] += float(by_cat[1])
         e["cards_idle_awake"] += float(by_cat[2])
@@ -215,6 +217,8 @@ class Recorder:
         n_free = int(free.sum())
         self.busy_card_s += float(die.size - n_free - int(tr.failed.sum())) * dt
         self.low_power_card_s += float(tr.low_power.sum()) * dt
+        self.host_off_s += float(tr.host_off.sum()) * dt
+        self.idle_host_s += float(free.reshape(self.site.n_hosts, -1).all(axis=1).sum()) * dt
         self.setpoint_c_s += tr.supply_setpoint_c * dt
         self.pump_speed_s += float(tr.rack_pump_speed_frac.mean()) * dt
         self._t = t
@@ -242,6 +246,7 @@ class Recorder:
         s["ambient_c"].append(tr.ambient_temp_c)
         s["busy_cards"].append(float(plant.n_cards - plant.free_cards().size - int(tr.failed.sum())))
         s["low_power_cards"].append(float(tr.low_power.sum()))
+        s["hosts_off"].append(float(tr.host_off.sum()))
         dt = t - self._last_sample_t
         s["throughput"].append((acc.work_card_s - self._last_work) / dt if dt > 0 else 0.0)
         s["jobs_queued"].append(float(acc.jobs_queued))
@@ -355,6 +360,9 @@ def _metrics(scenario: RunScenario, plant: Plant, rec: Recorder, stats: ControlS
         "throttled_card_s": acc.throttled_card_s,
         "busy_card_frac": rec.busy_card_s / duration / site.n_cards,
         "low_power_card_frac": rec.low_power_card_s / duration / site.n_cards,
+        "host_off_frac": rec.host_off_s / duration / site.n_hosts,
+        "idle_host_s": rec.idle_host_s,
+        "idle_card_s": site.n_cards * duration - rec.busy_card_s,
         "mean_supply_setpoint_c": rec.setpoint_c_s / duration,
         "mean_pump_speed_frac": rec.pump_speed_s / duration,
         "decisions": stats.decisions,

@@ -175,6 +175,7 @@ class Ingest:
             waking=np.zeros(idx.size, dtype=bool),
             power_limit_w=np.asarray(b.power_limit_w, dtype=np.float64),
             failed=failed,
+            host_off=None if b.host_off is None else np.asarray(b.host_off, dtype=bool),
         )
 
     def _event(self, m: wire.JobEvent) -> JobEvent | None:

@@ -2,7 +2,8 @@
 
 * :func:`apply_to_plant` applies a :class:`agent.decision.Decision` to a plant: DVFS levels, power
   limits, low-power idle / wake, the supply set-point, placements, rack pump speeds (faster pumps
-  first, slower ones last; a slowed pump is renewed at every decision). Cards that failed are left
+  first, slower ones last; a slowed pump is renewed at every decision), host power (hosts to power
+  on before the wakes, hosts to power off last). Cards that failed are left
   alone; a command the plant refuses (a busy card asked to sleep, a job no longer queued) is
   reported, not raised.
 * :class:`ClosedLoop` runs plant -> readings -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step``
@@ -45,6 +46,8 @@ class ApplyReport:
     woken: int = 0
     setpoint_c: float | None = None
     pumps: int = 0  # racks whose pump speed was set (a slowed pump is renewed every decision)
+    hosts_on: int = 0
+    hosts_off: int = 0
     placed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
 
@@ -82,6 +85,11 @@ def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
     sleep = np.flatnonzero(decision.card_low_power & ~truth.low_power & ~failed & free)
     if sleep.size and attempt("enter_low_power", lambda: plant.enter_low_power(sleep)):
         rep.slept = int(sleep.size)
+    host_off = decision.host_off
+    if host_off is not None:
+        boot = np.flatnonzero(~host_off & truth.host_off)
+        if boot.size and attempt("power_on_hosts", lambda: plant.power_on_hosts(boot)):
+            rep.hosts_on = int(boot.size)
     wake = np.flatnonzero(~decision.card_low_power & truth.low_power & ~failed)
     if wake.size and attempt("wake", lambda: plant.wake(wake)):
         rep.woken = int(wake.size)
@@ -94,6 +102,10 @@ def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
         cards = np.asarray(order.cards, dtype=np.int64)
         if attempt(f"place_job {order.job_id}", _placer(plant, order.job_id, cards)):
             rep.placed.append(order.job_id)
+    if host_off is not None:
+        down = np.flatnonzero(host_off & ~truth.host_off)
+        if down.size and attempt("power_off_hosts", lambda: plant.power_off_hosts(down)):
+            rep.hosts_off = int(down.size)
     if speed is not None:  # slower pumps last (and renewed: the plant holds a slowed pump for a while)
         slower = np.flatnonzero((speed < 1.0) & (speed <= truth.rack_pump_speed_frac + 1e-9))
         if slower.size and attempt("set_pump_speed", lambda: plant.set_pump_speed(slower, speed[slower])):

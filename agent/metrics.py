@@ -110,6 +110,12 @@ class AgentMetrics:
             ["rack"],
             registry=r,
         )
+        self.rack_hosts_off = Gauge(
+            "racktwin_rack_hosts_off",
+            "Hosts of the rack the last decision wants powered off (0 where hosts are not managed)",
+            ["rack"],
+            registry=r,
+        )
         self.predicted_facility_power_watts = Gauge(
             "racktwin_predicted_facility_power_watts",
             "Facility power the twin predicts for the last decision",

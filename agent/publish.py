@@ -7,12 +7,17 @@ per distinct level, low-power idle, wake, and ONE power-limit command per rack a
 commands per decision, not one per distinct limit), one ``racktwin.facility_cmd/1`` for a new
 set-point, one ``racktwin.scheduler_cmd/1`` per placement, one ``racktwin.cdu_cmd/1`` per rack whose
 pump speed changes (and, for a slowed pump, again every ``pump_renew_s``: the plant returns a pump to
-full speed when no command renews it). "What the racks have" is what they
+full speed when no command renews it). Where the decision manages hosts (``Decision.host_off``), one
+``host_power_off`` per rack listing every card of the hosts to switch off that the racks report on
+(never a host with a busy card: the plant would refuse it) and one ``host_power_on`` for hosts to
+switch on that are reported off; the cards of hosts that are (to be) off get no low-power idle or
+wake (they are asleep with their host; a wake would boot it). "What the racks have" is what they
 report (telemetry, retained applied state) overlaid with the agent's own open commands until they
 expire, so a command is not repeated every period while telemetry catches up. Commands that lower
-power (slower levels, lower limits, sleep, faster pumps) come first, then the set-point and
-placements, then the ones that raise power or die temperatures (faster levels, wake, slower pumps): a
-rack applies its commands in order, so it never passes through a state above both plans.
+power (slower levels, lower limits, host power-off, sleep, faster pumps) come first, then the set-point
+and placements, then the ones that raise power or die temperatures (faster levels, host power-on,
+wake, slower pumps): a rack applies its commands in order, so it never passes through a state above
+both plans.
 
 Every command carries a fresh id, its issue time and an absolute expiry (``command_ttl_s`` later,
 site time), goes at QoS 1 and is never retained (``agent.wire``). The book keeps each open command
@@ -63,7 +68,8 @@ __all__ = ["CommandBook", "OpenCommand", "Publisher", "new_commands"]
 
 log = logging.getLogger("racktwin.agent.publish")
 
-_LEVEL, _SLEEP, _LIMIT = 0, 1, 2
+_LEVEL, _SLEEP, _LIMIT, _HOST = 0, 1, 2, 3
+_N_OVERLAYS = 4
 
 Command = wire.RackCommand | wire.CduCommand | wire.FacilityCommand | wire.SchedulerCommand
 #: (overlay kind or -1, command, whether it lowers power)
@@ -81,7 +87,7 @@ class OpenCommand:
     payload: bytes
     issued_s: float
     expires_s: float
-    kind: int = -1  # _LEVEL / _SLEEP / _LIMIT for rack commands, -1 otherwise
+    kind: int = -1  # _LEVEL / _SLEEP / _LIMIT / _HOST for rack commands, -1 otherwise
     cards: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     key: int = 0
     attempts: int = 0
@@ -107,10 +113,12 @@ class CommandBook:
         self._card_rack = site.card_rack()
         self._names = site.rack_names
         # overlays: what our open commands will have set, until when, and which command set it
-        self._ov_value = np.zeros((3, n))
-        self._ov_until = np.full((3, n), -math.inf)
-        self._ov_key = np.zeros((3, n), dtype=np.int64)
-        self._backoff = np.full((3, n), -math.inf)
+        # (_HOST: per card, whether the card's host is (to be) off; a host command covers all its cards)
+        self._ov_value = np.zeros((_N_OVERLAYS, n))
+        self._ov_until = np.full((_N_OVERLAYS, n), -math.inf)
+        self._ov_key = np.zeros((_N_OVERLAYS, n), dtype=np.int64)
+        self._backoff = np.full((_N_OVERLAYS, n), -math.inf)
+        self._card_host = site.card_host()
         self._sp: tuple[float, float, int] | None = None  # set-point, until, key
         self._placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
         self._pump: dict[int, tuple[float, float, int]] = {}  # rack -> speed, until, key
@@ -179,6 +187,7 @@ class CommandBook:
             return res
 
         ok_now = self._backoff <= now_s
+        ones_n = np.ones(n, dtype=np.float64)
         # DVFS levels
         reported_lv = np.where(applied_level >= 0, applied_level, snap.card_level).astype(np.float64)
         have_lv = self._have(_LEVEL, reported_lv, now_s)
@@ -198,14 +207,30 @@ class CommandBook:
         changed = alive & (np.abs(want_lim - have_lim) > _LIMIT_TOL_W) & ok_now[_LIMIT]
         out_low += limit_cmds(np.flatnonzero(changed & (want_lim < have_lim)), want_lim, True)
         out_high += limit_cmds(np.flatnonzero(changed & (want_lim > have_lim)), want_lim, False)
+        # host power: whole hosts, one command per rack and direction; a host being (or staying) off
+        # gets no sleep or wake for its cards (its cards are asleep; a wake would boot it)
+        host_cards = np.zeros(n, dtype=bool)  # the card's host is wanted off
+        if decision.host_off is not None and self.site.hosts_managed:
+            n_h, cph = self.site.n_hosts, self.site.cards_per_host
+            want_off = np.asarray(decision.host_off, dtype=bool).reshape(n_h)
+            have_off = (
+                self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s).reshape(n_h, cph) > 0.5
+            )
+            host_ok = ok_now[_HOST].reshape(n_h, cph).all(axis=1)
+            busy = np.asarray(decision.card_busy, dtype=bool).reshape(n_h, cph).any(axis=1)
+            off = want_off & ~have_off.all(axis=1) & ~busy & host_ok  # a busy host would be refused
+            on = ~want_off & have_off.any(axis=1) & host_ok
+            host_cards = want_off[self._card_host]
+            out_low += rack_cmds(_HOST, np.flatnonzero(off[self._card_host]), ones_n, _host_off, True)
+            out_high += rack_cmds(_HOST, np.flatnonzero(on[self._card_host]), ones_n, _host_on, False)
         # low-power idle
         have_lp = self._have(_SLEEP, np.asarray(snap.card_low_power, dtype=np.float64), now_s) > 0.5
         want_lp = np.asarray(decision.card_low_power, dtype=bool)
-        sleep = np.flatnonzero(alive & want_lp & ~have_lp & ~decision.card_busy & ok_now[_SLEEP])
-        wake = np.flatnonzero(alive & ~want_lp & have_lp & ok_now[_SLEEP])
-        ones = np.ones(n, dtype=np.float64)
-        out_low += rack_cmds(_SLEEP, sleep, ones, lambda v: wire.CardSetting.low_power_idle(), True)
-        out_high += rack_cmds(_SLEEP, wake, ones, lambda v: wire.CardSetting.wake(), False)
+        sleepable = alive & ~host_cards & ok_now[_SLEEP]
+        sleep = np.flatnonzero(sleepable & want_lp & ~have_lp & ~decision.card_busy)
+        wake = np.flatnonzero(sleepable & ~want_lp & have_lp)
+        out_low += rack_cmds(_SLEEP, sleep, ones_n, lambda v: wire.CardSetting.low_power_idle(), True)
+        out_high += rack_cmds(_SLEEP, wake, ones_n, lambda v: wire.CardSetting.wake(), False)
         # set-point
         fac = snap.facility
         have_sp = fac.supply_setpoint_c if fac is not None else math.nan
@@ -299,6 +324,10 @@ class CommandBook:
                 kind, value = _SLEEP, 1.0
             elif s.action is wire.CardAction.WAKE:
                 kind, value = _SLEEP, 0.0
+            elif s.action is wire.CardAction.HOST_POWER_OFF:
+                kind, value = _HOST, 1.0
+            elif s.action is wire.CardAction.HOST_POWER_ON:
+                kind, value = _HOST, 0.0
             else:  # pragma: no cover - the agent sends no clock ranges
                 kind, value = -1, 0.0
             oc.kind = kind
@@ -403,6 +432,14 @@ class CommandBook:
             summary=summary[:1024],
             pump_speeds=pumps,
         )
+
+
+def _host_off(_v: float) -> wire.CardSetting:
+    return wire.CardSetting.host_power_off()
+
+
+def _host_on(_v: float) -> wire.CardSetting:
+    return wire.CardSetting.host_power_on()
 
 
 def _finite(x: float) -> float | None:

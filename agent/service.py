@@ -643,8 +643,14 @@ class AgentService:
         m.solve_seconds.observe(d.solve_time_s)
         m.control_cycles_total.labels(source=d.source).inc()
         m.supply_setpoint_celsius.set(d.supply_temp_c)
+        hosts_off = (
+            np.zeros(self.site.n_racks)
+            if d.host_off is None
+            else np.asarray(d.host_off, dtype=np.float64).reshape(self.site.n_racks, -1).sum(axis=1)
+        )
         for r, name in enumerate(self.site.rack_names):
             m.rack_failsafe.labels(rack=name).set(1 if r in d.failsafe_racks else 0)
+            m.rack_hosts_off.labels(rack=name).set(float(hosts_off[r]))
             m.predicted_rack_power_watts.labels(rack=name).set(float(d.predicted_rack_power_w[r]))
             m.rack_power_cap_watts.labels(rack=name).set(float(d.rack_cap_w[r]))
             speed = 1.0 if d.rack_pump_speed_frac is None else float(d.rack_pump_speed_frac[r])

@@ -485,7 +485,9 @@ def _fields_equal(a: Any, b: Any) -> bool:
 class CardBatch:
     """One rack's card readings (``racktwin.cards/1``). Arrays are parallel, one entry per card in
     ``card_index`` (a batch may hold a subset of the rack's cards, e.g. when a card is missing).
-    ``utilization`` is a fraction 0..1 (percent on the wire)."""
+    ``utilization`` is a fraction 0..1 (percent on the wire). ``host_off``: the card's host is
+    powered off (its card is then also ``low_power`` and draws nothing); None where the publisher does
+    not say (a site without host power management, or a publisher older than the column)."""
 
     rack: str
     card_index: IntArray
@@ -498,6 +500,7 @@ class CardBatch:
     ts_s: float
     seq: int
     publisher: str
+    host_off: BoolArray | None = None
 
     def __eq__(self, other: object) -> bool:
         return _fields_equal(self, other)
@@ -578,6 +581,9 @@ class CardAction(enum.StrEnum):
     SET_POWER_LIMIT = "set_power_limit"  # power_limit_w (one value for every card, or one per card)
     LOW_POWER_IDLE = "low_power_idle"
     WAKE = "wake"
+    # whole hosts: ``cards`` lists every card of each host to switch (rack-local, like every action)
+    HOST_POWER_OFF = "host_power_off"
+    HOST_POWER_ON = "host_power_on"
 
 
 _ACTION_PARAMS: Final[dict[CardAction, frozenset[str]]] = {
@@ -586,6 +592,8 @@ _ACTION_PARAMS: Final[dict[CardAction, frozenset[str]]] = {
     CardAction.SET_POWER_LIMIT: frozenset({"power_limit_w"}),
     CardAction.LOW_POWER_IDLE: frozenset(),
     CardAction.WAKE: frozenset(),
+    CardAction.HOST_POWER_OFF: frozenset(),
+    CardAction.HOST_POWER_ON: frozenset(),
 }
 _PARAM_WIRE: Final = {
     "dvfs_level": "dvfs_level",
@@ -652,6 +660,16 @@ class CardSetting:
     @classmethod
     def wake(cls) -> CardSetting:
         return cls(CardAction.WAKE)
+
+    @classmethod
+    def host_power_off(cls) -> CardSetting:
+        """Power off the hosts of the listed cards (the command must list every card of each host)."""
+        return cls(CardAction.HOST_POWER_OFF)
+
+    @classmethod
+    def host_power_on(cls) -> CardSetting:
+        """Power on (boot) the hosts of the listed cards (every card of each host listed)."""
+        return cls(CardAction.HOST_POWER_ON)
 
 
 def _param_list(names: Iterable[str]) -> str:
@@ -778,7 +796,8 @@ class Acknowledgement:
 @dataclass(frozen=True, eq=False)
 class AppliedState:
     """What a rack has applied to its cards (``racktwin.applied/1``, retained), per card.
-    ``dvfs_level`` is the level whose clock is the applied maximum clock."""
+    ``dvfs_level`` is the level whose clock is the applied maximum clock. ``host_off``: the card's
+    host is powered off (None where the publisher does not say)."""
 
     rack: str
     card_index: IntArray
@@ -791,6 +810,7 @@ class AppliedState:
     ts_s: float
     seq: int
     publisher: str
+    host_off: BoolArray | None = None
 
     def __eq__(self, other: object) -> bool:
         return _fields_equal(self, other)
@@ -994,6 +1014,7 @@ class _CardsW(_W, kw_only=True):
     utilization_percent: _PercentCol
     power_limit_watts: _CardPowerCol
     low_power: _BoolCol
+    host_off: _BoolCol | None = None  # absent: not known (no host power management, older publishers)
 
 
 class _CduW(_W, kw_only=True):
@@ -1064,7 +1085,15 @@ class _CommandW(_W, kw_only=True):
     expires_at: _Ts
 
 
-_Action = Literal["set_dvfs_level", "set_clock_range", "set_power_limit", "low_power_idle", "wake"]
+_Action = Literal[
+    "set_dvfs_level",
+    "set_clock_range",
+    "set_power_limit",
+    "low_power_idle",
+    "wake",
+    "host_power_off",
+    "host_power_on",
+]
 
 
 class _RackCmdW(_CommandW, kw_only=True):
@@ -1110,6 +1139,7 @@ class _AppliedW(_W, kw_only=True):
     power_limit_watts: _CardPowerCol
     low_power: _BoolCol
     last_command_id: uuid.UUID | None = None
+    host_off: _BoolCol | None = None  # absent: not known
 
 
 class _AgentStatusW(_W, kw_only=True):
@@ -1185,6 +1215,10 @@ def _bools(a: BoolArray) -> list[bool]:
     return np.asarray(a, dtype=np.bool_).tolist()  # type: ignore[no-any-return]
 
 
+def _opt_bools(a: BoolArray | None) -> list[bool] | None:
+    return None if a is None else _bools(a)
+
+
 def _card_map(cards: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
     return {r: [int(i) for i in idx] for r, idx in cards.items()}
 
@@ -1216,6 +1250,7 @@ def encode_card_batch(m: CardBatch) -> bytes:
             utilization_percent=_floats(m.utilization, 100.0),
             power_limit_watts=_floats(m.power_limit_w),
             low_power=_bools(m.low_power),
+            host_off=_opt_bools(m.host_off),
         )
     )
 
@@ -1380,6 +1415,7 @@ def encode_applied(m: AppliedState) -> bytes:
             power_limit_watts=_floats(m.power_limit_w),
             low_power=_bools(m.low_power),
             last_command_id=m.last_command_id,
+            host_off=_opt_bools(m.host_off),
         )
     )
 
@@ -1661,11 +1697,10 @@ class Codec:
 
     def _columns(self, w: _CardsW | _AppliedW, names: Sequence[str]) -> int:
         n = len(w.card_index)
-        for name in names:
-            if len(getattr(w, name)) != n:
-                raise _Reject(
-                    RejectReason.LENGTH_MISMATCH, f"{name} has {len(getattr(w, name))} entries, card_index has {n}"
-                )
+        for name in (*names, "host_off"):
+            col = getattr(w, name)
+            if col is not None and len(col) != n:
+                raise _Reject(RejectReason.LENGTH_MISMATCH, f"{name} has {len(col)} entries, card_index has {n}")
         self._check_cards(w.card_index, "card_index")
         return n
 
@@ -1706,6 +1741,7 @@ def _conv_cards(c: Codec, w: _CardsW, rack: str | None) -> CardBatch:
         ts_s=w.ts,
         seq=w.seq,
         publisher=w.publisher,
+        host_off=None if w.host_off is None else np.array(w.host_off, dtype=np.bool_),
     )
 
 
@@ -1873,6 +1909,7 @@ def _conv_applied(c: Codec, w: _AppliedW, rack: str | None) -> AppliedState:
         ts_s=w.ts,
         seq=w.seq,
         publisher=w.publisher,
+        host_off=None if w.host_off is None else np.array(w.host_off, dtype=np.bool_),
     )
 
 

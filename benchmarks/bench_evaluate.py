@@ -5,6 +5,7 @@
     python benchmarks/bench_evaluate.py --faults        # the six day-fault scenarios, in process and via MQTT
     python benchmarks/bench_evaluate.py --faults --mqtt-speed 20 --mqtt-duration 2400
     python benchmarks/bench_evaluate.py --days nominal --seeds 5   # five different nominal days
+    python benchmarks/bench_evaluate.py --host-sweep   # racktwin with host power-down settings side by side
 
 Days: ``racktwin evaluate`` (the command itself, in a child process, ``--jobs`` workers) on
 examples/day-<name>.toml; prints the evaluation table, where the energy went, and the wall time of
@@ -19,6 +20,10 @@ day, then each next seed the scenario's ``allocation_tolerance`` accepts (the sa
 jobs, weather noise and sensor noise); one row per day and the median / min / max of every column,
 so that a verdict that depends on one day's draw (which job the schedule reached by midnight) shows
 as such.
+Host sweep (``--host-sweep``): the nominal day, racktwin only (and the baseline it is judged against),
+once per setting of the agent's host power-down (``racktwin evaluate --control ...``): the defaults,
+a longer idle time before a host goes off, a larger reserve, and no host power-down; the runs go side
+by side (one process each), one row per setting.
 """
 
 from __future__ import annotations
@@ -50,22 +55,72 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
-def run_day(day: str, out: Path, jobs: int | None, seed: int | None = None) -> tuple[dict[str, Any], float]:
-    """``racktwin evaluate`` on one day with all five policies (at ``seed``: the scenario's
-    otherwise); (metrics.json, wall s)."""
-    folder = out / f"day-{day}"
+def day_command(
+    day: str, folder: Path, jobs: int | None, seed: int | None = None, policies: tuple[str, ...] = POLICIES
+) -> list[str]:
     cmd = [sys.executable, "-m", "agent.cli", "evaluate", "--scenario", str(REPO / "examples" / f"day-{day}.toml")]
-    for p in POLICIES:
+    for p in policies:
         cmd += ["--policy", p]
     cmd += ["--out", str(folder), "--quiet"]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     if jobs is not None:
         cmd += ["--jobs", str(jobs)]
+    return cmd
+
+
+def run_day(day: str, out: Path, jobs: int | None, seed: int | None = None) -> tuple[dict[str, Any], float]:
+    """``racktwin evaluate`` on one day with all five policies (at ``seed``: the scenario's
+    otherwise); (metrics.json, wall s)."""
+    folder = out / f"day-{day}"
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    subprocess.run(day_command(day, folder, jobs, seed), check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     return json.loads((folder / "metrics.json").read_text()), wall
+
+
+#: (label, racktwin evaluate --control settings) of the host sweep
+HOST_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("defaults (off after 600 s idle, 2 hosts kept on)", ()),
+    ("off after 1,800 s idle", ("host_off_after_s=1800",)),
+    ("8 hosts kept on", ("host_reserve_per_supernode=8",)),
+    ("no host power-down", ("control_host_power=false",)),
+)
+
+
+def host_sweep(out: Path) -> str:
+    """The nominal day, racktwin at each of :data:`HOST_SETTINGS`, side by side (one process each)."""
+    procs = []
+    t0 = time.perf_counter()
+    for i, (_label, settings) in enumerate(HOST_SETTINGS):
+        cmd = day_command("nominal", out / f"hosts-{i}", 1, policies=("baseline", "racktwin"))
+        for kv in settings:
+            cmd += ["--control", kv]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL))
+    for p in procs:
+        if p.wait() != 0:
+            raise RuntimeError(f"{p.args!r} failed")
+    wall = time.perf_counter() - t0
+    lines = [
+        f"### racktwin's host power-down settings, nominal day "
+        f"({wall / 60:.1f} min wall, {len(procs)} runs side by side)",
+        "",
+        "| setting | facility kWh | vs baseline | hosts kWh | hosts off (share of host-time) | throughput | loss % "
+        "| wait mean/p95 s | over limit rack-s | max die C |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, (label, settings) in enumerate(HOST_SETTINGS):
+        full = json.loads((out / f"hosts-{i}" / "metrics.json").read_text())
+        m = full["policies"]["racktwin"]["metrics"]
+        hosts = full["policies"]["racktwin"]["energy_breakdown_kwh"]["hosts"]
+        flags = " ".join(f"`--control {kv}`" for kv in settings)
+        lines.append(
+            f"| {label}{' ' + flags if flags else ''} | {m['facility_energy_kwh']:,.1f} | "
+            f"{-m['facility_energy_saving_pct']:+.2f}% | {hosts:,.1f} | {100 * m['host_off_frac']:.1f}% | "
+            f"{m['throughput']:.1f} | {m['throughput_loss_pct']:+.2f} | {m['queue_wait_mean_s']:.0f} / "
+            f"{m['queue_wait_p95_s']:.0f} | {m['limit_violation_s']:,.0f} | {m['max_die_temp_c']:.1f} |"
+        )
+    return "\n".join(lines)
 
 
 def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
@@ -326,6 +381,7 @@ def main() -> int:
     ap.add_argument(
         "--seeds", type=int, default=0, metavar="N", help="each day at N different workloads (a table of the spread)"
     )
+    ap.add_argument("--host-sweep", action="store_true", help="racktwin's host power-down settings side by side")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--out", default="/tmp/racktwin-bench-evaluate")
     args = ap.parse_args()
@@ -334,6 +390,9 @@ def main() -> int:
     print(f"# bench_evaluate: {time.strftime('%Y-%m-%d %H:%M')}, {machine()}\n")
     if args.faults:
         print(run_faults(out, args.mqtt_speed, args.mqtt_duration, args.jobs))
+        return 0
+    if args.host_sweep:
+        print(host_sweep(out))
         return 0
     if args.seeds < 0:
         ap.error("--seeds must be >= 0")

@@ -25,6 +25,15 @@ binary model exploding at 2,048 cards, so the MILP is aggregated and decomposed:
    (``y`` weighted by window length), then little overload.
 
 Cards inside the chosen racks are then picked compactly by the same routine as the greedy.
+
+Hosts (sites whose racks' hosts can be powered off, ``site.hosts_managed``): cards are picked whole
+host by whole host (a host's cards share its NVLink domain, and whole idle hosts can be powered
+off): a job of whole hosts takes wholly free hosts that are on, then the free cards of partly used
+hosts; any other job the other way round (it fills what is left of partly used hosts); then hosts that
+are not up (``PlacementProblem.card_wait_s``: a job placed on an off or booting host waits for the
+boot), the shortest wait first; each class by distance to the block's centre. The greedy ranks windows
+that hold enough free cards on hosts that are up first and scores, after the overload, the card-seconds
+of waiting a window needs, then the wholly free hosts it breaks into.
 """
 
 from __future__ import annotations
@@ -75,6 +84,7 @@ class PlacementProblem:
     queue: tuple[QueuedJob, ...]
     rack_headroom_w: FloatArray  # (n_racks,) cap - predicted power now
     card_power_w: FloatArray  # (n_queue,) predicted power of one card of each queued job at the top level
+    card_wait_s: FloatArray | None = None  # (n_cards,) until the card's host is up: off or booting (None: all up)
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,10 +110,14 @@ class PlacementPlan:
 
 
 def make_placement_problem(
-    p: CycleProblem, queue: Sequence[QueuedJob] | None = None, supply_c: float | None = None
+    p: CycleProblem,
+    queue: Sequence[QueuedJob] | None = None,
+    supply_c: float | None = None,
+    card_wait_s: FloatArray | None = None,
 ) -> PlacementProblem:
     """Placement data from a cycle problem: free cards, and headroom with running jobs at the top
-    level (what they may draw once caps allow) and idle cards awake."""
+    level (what they may draw once caps allow) and idle cards awake; ``card_wait_s``: per card, how
+    long until its host is up (0 where it is; a boot for an off host)."""
     site = p.site
     q = tuple(queue) if queue is not None else tuple(QueuedJob(j) for j in p.queue)
     for qj in q:
@@ -130,8 +144,14 @@ def make_placement_problem(
         u = np.atleast_1d(compute_utilization(qj.spec.compute_share, 1.0, qj.spec.noncompute_utilization))
         top_w = float(card_steady_power_w(model, np.array([0]), u, np.array([False]), supply, r)[0][0])
         pw[i] = max(top_w - awake_w, 0.0)
+    wait = None if card_wait_s is None else np.asarray(card_wait_s, dtype=np.float64)
     return PlacementProblem(
-        site=site, free=p.idle_mask(), queue=q, rack_headroom_w=p.rack_cap_w() - rack_p, card_power_w=pw
+        site=site,
+        free=p.idle_mask(),
+        queue=q,
+        rack_headroom_w=p.rack_cap_w() - rack_p,
+        card_power_w=pw,
+        card_wait_s=wait,
     )
 
 
@@ -157,9 +177,19 @@ def _torus_dist(a: IntArray, b: IntArray, dims: tuple[int, ...]) -> IntArray:
     return np.asarray(np.minimum(d, np.asarray(dims) - d).sum(axis=-1), dtype=np.int64)
 
 
-def _pick_compact(site: SiteSpec, free: BoolArray, racks: Sequence[int], n: int, xyz: IntArray) -> tuple[IntArray, int]:
+def _pick_compact(
+    site: SiteSpec,
+    free: BoolArray,
+    racks: Sequence[int],
+    n: int,
+    xyz: IntArray,
+    card_wait_s: FloatArray | None = None,
+) -> tuple[IntArray, int]:
     """``n`` free cards of ``racks`` forming a compact block: the seed position (x, y) whose ``n``
-    nearest free cards (torus distance, z measured from the window's middle plane) are closest."""
+    nearest free cards (torus distance, z measured from the window's middle plane) are closest.
+    Where hosts are managed, whole hosts in the order of the module docstring."""
+    if site.hosts_managed:
+        return _pick_hosts(site, free, racks, n, xyz, card_wait_s)
     cpr = site.cards_per_rack
     cand = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in racks])
     cand = cand[free[cand]]
@@ -175,6 +205,55 @@ def _pick_compact(site: SiteSpec, free: BoolArray, racks: Sequence[int], n: int,
     cost = np.take_along_axis(d, order, axis=1).sum(axis=1)
     best = int(np.argmin(cost))
     return np.sort(cand[order[best]]), int(cost[best])
+
+
+def _pick_hosts(
+    site: SiteSpec, free: BoolArray, racks: Sequence[int], n: int, xyz: IntArray, card_wait_s: FloatArray | None
+) -> tuple[IntArray, int]:
+    """``n`` free cards of ``racks`` host by host (see the module docstring): per seed position, hosts
+    ordered by class (whole and on or partly used, in the order that suits ``n``; off last), then by
+    their nearest free card's distance to the seed; the seed whose pick is of the lowest classes and
+    closest wins."""
+    cpr, cph = site.cards_per_rack, site.cards_per_host
+    cand = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in racks])
+    cand = cand[free[cand]]
+    if cand.size < n:
+        return np.empty(0, dtype=np.int64), 0
+    dims = tuple(int(d) for d in site.torus_dims)
+    z_mid = int(xyz[racks[0] * cpr, 2] + len(racks) // 2) % dims[2]
+    gx, gy = np.meshgrid(np.arange(dims[0]), np.arange(dims[1]), indexing="ij")
+    seeds = np.stack([gx.ravel(), gy.ravel(), np.full(gx.size, z_mid)], axis=1)  # (S, 3)
+    d = _torus_dist(xyz[cand][None, :, :], seeds[:, None, :], dims)  # (S, C)
+    host = cand // cph
+    hosts, pos = np.unique(host, return_inverse=True)
+    whole = free.reshape(-1, cph)[hosts].all(axis=1)
+    wait = card_wait_s.reshape(-1, cph)[hosts].max(axis=1) if card_wait_s is not None else np.zeros(hosts.size)
+    off = wait > 0.0
+    # a job of whole hosts takes whole hosts first; any other job fills partly used hosts first
+    whole_first = n % cph == 0
+    cls = np.where(off, 2, np.where(whole, 0 if whole_first else 1, 1 if whole_first else 0))[pos]  # (C,)
+    host_d = np.full((seeds.shape[0], hosts.size), np.iinfo(np.int64).max)
+    for k in range(hosts.size):
+        host_d[:, k] = d[:, pos == k].min(axis=1)
+    span = int(d.max()) + 1
+    # hosts not up: the shortest wait first (then distance)
+    wait_rank = np.unique(wait, return_inverse=True)[1].astype(np.int64)
+    host_d = np.where(off[None, :], wait_rank[None, :] * span + host_d, host_d)
+    span = int(host_d.max()) + 1
+    d_span = int(d.max()) + 1
+    key = ((cls[None, :] * (span + 1) + host_d[:, pos]) * (hosts.size + 1) + pos[None, :]) * d_span + d
+    order = np.argsort(key, axis=1, kind="stable")[:, :n]
+    cost = np.take_along_axis(d, order, axis=1).sum(axis=1)
+    cls_sum = cls[order].sum(axis=1)
+    best = int(np.lexsort((cost, cls_sum))[0])
+    return np.sort(cand[order[best]]), int(cost[best])
+
+
+def _whole_free_hosts(site: SiteSpec, free: BoolArray) -> BoolArray:
+    """Per host: every card free (empty where hosts are not managed: no host term in the score)."""
+    if not site.hosts_managed:
+        return np.zeros(0, dtype=bool)
+    return np.asarray(free.reshape(site.n_hosts, site.cards_per_host).all(axis=1))
 
 
 #: Windows per job length scored in full (compact block, exact per-rack power) after a cheap
@@ -220,6 +299,9 @@ def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
     xyz = site.card_torus_xyz()
     cpr = site.cards_per_rack
     card_rack = site.card_rack()
+    cph = site.cards_per_host
+    wait_s = pp.card_wait_s if pp.card_wait_s is not None else np.zeros(site.n_cards)
+    up = wait_s <= 0.0
     cards: dict[str, IntArray] = {}
     racks: dict[str, tuple[int, ...]] = {}
     unplaced: dict[str, str] = {}
@@ -230,18 +312,23 @@ def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
         max_r = min(qj.max_racks or site.racks_per_supernode, site.racks_per_supernode)
         need_r = math.ceil(n / cpr)
         free_r = np.bincount(card_rack[free], minlength=site.n_racks)
-        chosen: tuple[tuple[float, float, float, int], IntArray] | None = None
+        on_r = np.bincount(card_rack[free & up], minlength=site.n_racks)
+        chosen: tuple[tuple[float, float, int, float, float, int], IntArray] | None = None
+        whole = _whole_free_hosts(site, free)
         for length in range(need_r, max_r + 1):
             fits = [w for _sn, w in _windows(site, length, length) if int(free_r[list(w)].sum()) >= n]
-            fits.sort(key=lambda w: -float(np.sum(head[list(w)])))  # most headroom first
+            # enough free cards on hosts that are up first (no boot to wait for), then most headroom
+            fits.sort(key=lambda w: (int(on_r[list(w)].sum()) < n, -float(np.sum(head[list(w)]))))
             for w in fits[:_WINDOWS_SCORED]:
-                picked, compact = _pick_compact(site, free, w, n, xyz)
+                picked, compact = _pick_compact(site, free, w, n, xyz, pp.card_wait_s)
                 if picked.size < n:
                     continue
                 add = np.bincount(card_rack[picked], minlength=site.n_racks) * pp.card_power_w[i]
                 after = head - add
                 over = float(np.maximum(-after[list(w)], 0.0).sum())
-                score = (over, -float(after[list(w)].min()), float(compact), len(w))
+                wait = float(wait_s[picked].sum())
+                n_whole = int(whole[np.unique(picked // cph)].sum()) if whole.size else 0
+                score = (over, wait, n_whole, -float(after[list(w)].min()), float(compact), len(w))
                 if chosen is None or score < chosen[0]:
                     chosen = (score, picked)
             if chosen is not None:
@@ -431,7 +518,7 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
                 cnt = round(pyo.value(m2.c[j, r], exception=False) or 0.0)
                 if cnt:
                     chosen.append(r)
-            picked, _ = _pick_compact(site, free, sorted(chosen), qj.spec.n_cards, xyz)
+            picked, _ = _pick_compact(site, free, sorted(chosen), qj.spec.n_cards, xyz, pp.card_wait_s)
             if picked.size < qj.spec.n_cards:
                 status = "partial"
                 continue
@@ -448,7 +535,12 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
             if q.spec.job_id in cards:
                 head -= np.bincount(card_rack[cards[q.spec.job_id]], minlength=site.n_racks) * pp.card_power_w[i]
         rest = PlacementProblem(
-            site, free, tuple(pp.queue[i] for i in left_idx), head, pp.card_power_w[np.asarray(left_idx)]
+            site,
+            free,
+            tuple(pp.queue[i] for i in left_idx),
+            head,
+            pp.card_power_w[np.asarray(left_idx)],
+            pp.card_wait_s,
         )
         g = greedy_placement(rest)
         cards.update(g.cards)

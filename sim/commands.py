@@ -19,7 +19,14 @@ either applies all of it or refuses all of it with a reason (``twin.plant.Comman
   ``min_power_limit_w`` .. ``card.power_limit_w``: the whole command is rejected.
 * ``low_power_idle``: ``Plant.enter_low_power``; a card running a job is refused (rejected).
 * ``wake``: ``Plant.wake``; the card is usable ``card.wake_latency_s`` later (telemetry shows it
-  awake, at 0 utilization, meanwhile).
+  awake, at 0 utilization, meanwhile). A card of a powered-off host boots its host first.
+* ``host_power_off`` / ``host_power_on``: ``Plant.power_off_hosts`` / ``Plant.power_on_hosts`` for the
+  hosts of the listed cards. ``cards`` must be whole hosts (every card of each host they touch, hosts
+  being runs of ``cards_per_host`` consecutive cards of the rack), else the command is rejected; so is
+  one to a site without host power management (``rack.hosts_per_rack = 0``) and a power-off of a
+  host with a card running (or given) a job. An off host's cards are in the low-power state and draw
+  nothing (telemetry and applied state show ``host_off``); a powered-on host boots for
+  ``rack.host_boot_s`` and leaves its cards asleep until they are woken.
 * CDU ``pump_speed_percent``: ``Plant.set_pump_speed`` for the rack's loop, at once (within the
   site's ``min_pump_speed_frac`` .. 100%); a slowed pump returns to full speed ``pump_hold_s`` after
   the last command for it (the agent renews it). Acked on the rack's ack topic.
@@ -96,6 +103,7 @@ class CommandHandler:
         self.site = site
         self._cpr = site.cards_per_rack
         self._rack_index = {name: i for i, name in enumerate(site.rack_names)}
+        self._card_host = site.card_host()
         clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
         self._clocks = clocks
         n = site.n_cards
@@ -216,12 +224,36 @@ class CommandHandler:
                 self.power_limit_w[idx] = limits
             elif s.action is wire.CardAction.LOW_POWER_IDLE:
                 plant.enter_low_power(idx)
-            else:
+            elif s.action is wire.CardAction.WAKE:
                 plant.wake(idx)
+            elif s.action is wire.CardAction.HOST_POWER_OFF:
+                plant.power_off_hosts(self._whole_hosts(idx, r, action))
+            else:
+                plant.power_on_hosts(self._whole_hosts(idx, r, action))
         except CommandError as exc:
             return self._refuse(action, cmd.rack, cmd.command_id, exc.reason)
         self.last_command_id[r] = cmd.command_id
         return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED), self.applied_state(r)]
+
+    def _whole_hosts(self, idx: npt.NDArray[np.int64], r: int, action: str) -> npt.NDArray[np.int64]:
+        """The site hosts whose cards ``idx`` (site indices, none repeated) are, exactly; a
+        :class:`CommandError` when the site's hosts are not managed or a touched host is not whole."""
+        site = self.site
+        if not site.hosts_managed:
+            raise CommandError(f"{action}: the site's hosts cannot be powered off or on (rack.hosts_per_rack = 0)")
+        cph = site.cards_per_host
+        hosts = np.unique(idx // cph)
+        listed = np.zeros(hosts.size * cph, dtype=bool)
+        listed[np.searchsorted(hosts, idx // cph) * cph + idx % cph] = True
+        if not listed.all():
+            k = int(np.flatnonzero(~listed)[0])
+            h = int(hosts[k // cph])
+            first = h * cph - r * self._cpr
+            raise CommandError(
+                f"{action}: cards must be whole hosts of {cph} cards; host {h} (cards {first}..{first + cph - 1} "
+                f"of rack {site.rack_names[r]}) is missing card {first + k % cph}"
+            )
+        return hosts
 
     def _cdu(self, cmd: wire.CduCommand) -> list[wire.Outgoing]:
         if wire.is_expired(cmd, self.clock()):
@@ -238,11 +270,13 @@ class CommandHandler:
         self.max_clock_mhz[idx] = hi_mhz
 
     def applied_state(self, r: int, low_power: npt.NDArray[np.bool_] | None = None) -> wire.Outgoing:
-        """Rack ``r``'s retained applied state (``low_power``: the plant's, read now if not given)."""
+        """Rack ``r``'s retained applied state (``low_power``: the plant's, read now if not given;
+        ``host_off`` per card where the site's hosts are managed)."""
         cpr = self._cpr
         sl = slice(r * cpr, (r + 1) * cpr)
         if low_power is None:
             low_power = self.plant.truth().low_power
+        host_off = self.plant.host_off()[self._card_host[sl]] if self.site.hosts_managed else None
         name = self.site.rack_names[r]
         topic = self.codec.topics.applied(name)
         msg = wire.AppliedState(
@@ -257,6 +291,7 @@ class CommandHandler:
             ts_s=self.clock(),
             seq=self.sequencer.next(topic),
             publisher=self.publisher,
+            host_off=host_off,
         )
         return wire.Outgoing(topic, wire.encode_applied(msg), 1, True)
 

@@ -12,6 +12,10 @@ time stamps. A failed card stays in its rack's batch with 0 W, 0 MHz, utilizatio
 ``low_power`` false (the only way a card reads 0 MHz while awake); its die temperature falls as it
 cools down.
 
+Where the site's hosts are managed (``rack.hosts_per_rack`` > 0) the card batch carries ``host_off``
+(the card's host is powered off; its card then reads ``low_power`` and 0 W); elsewhere the column is
+left out.
+
 Values are rounded to what such sensors resolve (and to keep messages small): card power 0.01 W, die
 temperature 0.01 deg C, utilization 0.01 %, coolant temperatures 0.01 deg C, flow 0.01 L/min, pump
 power 0.1 W, delta pressure 1 Pa, PDU power 0.01 W, facility powers 0.1 W; clocks and power limits
@@ -46,6 +50,7 @@ class TelemetryEncoder:
         self.publisher = sequencer.publisher
         self._names = site.rack_names
         self._cpr = site.cards_per_rack
+        self._hosts_managed = site.hosts_managed  # else no host_off column (all hosts are always on)
         self._nominal_flow_lpm = site.loop_flow_per_rack_lpm()
         self._head_pa = site.loop.pump_head_kpa * 1000.0
         topics = codec.topics
@@ -79,6 +84,7 @@ class TelemetryEncoder:
                     ts_s=ts_s,
                     seq=self._seq(t_cards),
                     publisher=pub,
+                    host_off=b.host_off if self._hosts_managed and b.host_off is not None else None,
                 )
                 out.append(wire.Outgoing(t_cards, wire.encode_card_batch(msg), 0, False))
             lp = rr.loop

@@ -187,4 +187,40 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
             summary="cap r1 to level 2",
             pump_speeds={"r1": 0.5, "r3": 1.0},
         ),
+        # host power management: a batch with the optional host_off column, whole-host commands,
+        # an applied state that says which hosts are off (rack r6: 8 hosts of 8 cards)
+        wire.CardBatch(
+            rack="r6",
+            card_index=np.arange(16, dtype=np.int64),
+            power_w=np.array([0.0] * 8 + [350.25] * 8),
+            temp_c=np.full(16, 31.5),
+            sm_clock_mhz=np.array([0.0] * 8 + [1980.0] * 8),
+            utilization=np.array([0.0] * 8 + [0.5] * 8),
+            power_limit_w=np.full(16, 700.0),
+            low_power=np.array([True] * 8 + [False] * 8),
+            ts_s=ts_s,
+            seq=42,
+            publisher="sim",
+            host_off=np.array([True] * 8 + [False] * 8),
+        ),
+        wire.RackCommand(
+            "r6", tuple(range(8)), wire.CardSetting.host_power_off(), cmd_id, ts_s + 30, ts_s, 18, "agent"
+        ),
+        wire.RackCommand(
+            "r6", tuple(range(8, 24)), wire.CardSetting.host_power_on(), cmd_id, ts_s + 30, ts_s, 19, "agent"
+        ),
+        wire.AppliedState(
+            rack="r6",
+            card_index=np.arange(n, dtype=np.int64),
+            dvfs_level=np.zeros(n, dtype=np.int64),
+            min_clock_mhz=np.full(n, 1210.0),
+            max_clock_mhz=np.full(n, 1980.0),
+            power_limit_w=np.full(n, 700.0),
+            low_power=np.arange(n) < 8,
+            last_command_id=cmd_id,
+            ts_s=ts_s,
+            seq=20,
+            publisher="sim",
+            host_off=np.arange(n) < 8,
+        ),
     ]

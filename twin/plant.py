@@ -220,6 +220,8 @@ class Truth:
     supply_setpoint_c: float
     ambient_temp_c: float
     cooling: CoolingPoint
+    host_off: BoolArray  # per host (site.card_host()): powered off
+    rack_host_power_w: FloatArray  # per rack: hosts and switches (host_overhead_w less the off hosts' saving)
 
     @property
     def it_power_w(self) -> float:
@@ -394,6 +396,12 @@ class Plant:
         self._failed = np.zeros(n, dtype=bool)
         self._n_low = int(self._low.sum())
         self._n_failed = 0
+        # hosts (site.rack.hosts_per_rack > 0): an off host's cards are asleep and draw nothing
+        self._card_host = site.card_host()
+        self._host_off = np.zeros(site.n_hosts, dtype=bool)
+        self._host_ready_at = np.zeros(site.n_hosts)
+        self._card_off = np.zeros(n, dtype=bool)  # the card's host is off
+        self._n_hosts_off = 0
         self._card_slot = np.zeros(n, dtype=np.int64)
         self._card_cs = np.zeros(n)  # compute share while computing, else 0
         self._card_omc = np.ones(n)  # 1 - card_cs
@@ -672,16 +680,90 @@ class Plant:
         self._wake(idx[self._low[idx]])
 
     def _wake(self, idx: IntArray) -> float:
-        """Start waking ``idx`` (sleeping cards); returns when they are ready."""
+        """Start waking ``idx`` (sleeping cards; the hosts of those on off hosts are powered on
+        first); returns when the last of them is ready."""
         if idx.size == 0:
             return self._t
+        if self._n_hosts_off:
+            self._boot_hosts(np.unique(self._card_host[idx[self._card_off[idx]]]))
         self._low[idx] = False
         self._waking[idx] = True
         self._n_low = int(self._low.sum())
-        ready = self._t + self.site.card.wake_latency_s
+        ready = np.maximum(self._host_ready_at[self._card_host[idx]], self._t) + self.site.card.wake_latency_s
         self._wake_at[idx] = ready
-        self._push(ready, "woken", idx.copy())
-        return ready
+        for at in np.unique(ready).tolist():
+            self._push(at, "woken", idx[ready == at].copy())
+        return float(ready.max())
+
+    # ---- hosts ---------------------------------------------------------------------------------------
+    def _hosts(self, hosts: Any, what: str) -> IntArray:
+        if not self.site.hosts_managed:
+            raise CommandError(f"{what}: the site's hosts cannot be powered off (rack.hosts_per_rack = 0)")
+        idx = np.atleast_1d(np.asarray(hosts))
+        if idx.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise CommandError(f"{what}: host indices must be integers")
+        idx = idx.astype(np.int64)
+        n_h = self.site.n_hosts
+        bad = (idx < 0) | (idx >= n_h)
+        if bad.any():
+            raise CommandError(f"{what}: host {int(idx[bad][0])} is not in 0..{n_h - 1}")
+        return np.unique(idx)
+
+    def power_off_hosts(self, hosts: Any) -> None:
+        """Power hosts off (at once): their cards go to the low-power state and draw nothing, the
+        host draws ``rack.host_off_power_w``. A host with a card running (or given) a job is refused;
+        so is a site without host power management. Off hosts stay off."""
+        idx = self._hosts(hosts, "power_off_hosts")
+        if idx.size == 0:
+            return
+        cph = self.site.cards_per_host
+        cards = (idx[:, None] * cph + np.arange(cph)[None, :]).ravel()
+        busy = self._card_slot[cards] > 0
+        if busy.any():
+            c = int(cards[busy][0])
+            job = self._slot_job[int(self._card_slot[c])]
+            name = job.spec.job_id if job is not None else "?"
+            raise CommandError(f"power_off_hosts: host {c // cph} has card {c} busy with job {name}")
+        self._host_off[idx] = True
+        self._card_off[cards] = True
+        self._low[cards] = True
+        self._waking[cards] = False
+        self._n_low = int(self._low.sum())
+        self._n_hosts_off = int(self._host_off.sum())
+
+    def power_on_hosts(self, hosts: Any) -> None:
+        """Power hosts on: they boot for ``rack.host_boot_s`` (drawing their on power); their cards stay
+        in the low-power state (wake them to use them; a wake waits for the boot). Hosts that are on
+        are left as they are."""
+        idx = self._hosts(hosts, "power_on_hosts")
+        self._boot_hosts(idx[self._host_off[idx]])
+
+    def _boot_hosts(self, idx: IntArray) -> None:
+        if idx.size == 0:
+            return
+        cph = self.site.cards_per_host
+        self._host_off[idx] = False
+        self._host_ready_at[idx] = self._t + self.site.rack.host_boot_s
+        self._card_off[(idx[:, None] * cph + np.arange(cph)[None, :]).ravel()] = False
+        self._n_hosts_off = int(self._host_off.sum())
+
+    def host_off(self) -> BoolArray:
+        """Per host: powered off (a copy; cheaper than :meth:`truth`)."""
+        return self._host_off.copy()
+
+    def host_booting(self) -> BoolArray:
+        """Per host: on but still booting."""
+        return ~self._host_off & (self._host_ready_at > self._t + _EPS_S)
+
+    def _rack_host_w(self) -> FloatArray:
+        """Per rack: hosts and switches (``host_overhead_w`` less what each off host saves)."""
+        base = np.full(self._n_racks, self.site.rack.host_overhead_w)
+        if not self._n_hosts_off:
+            return base
+        off_per_rack = self._host_off.reshape(self._n_racks, -1).sum(axis=1)
+        return np.asarray(base - off_per_rack * self.site.host_saving_w(), dtype=np.float64)
 
     def set_supply_temp(self, supply_temp_c: float) -> None:
         """Change the rack loop supply set-point; the supply follows with a first-order lag."""
@@ -833,6 +915,8 @@ class Plant:
             supply_setpoint_c=self._setpoint_c,
             ambient_temp_c=self._ambient_now,
             cooling=self._cooling,
+            host_off=self._host_off.copy(),
+            rack_host_power_w=self._rack_host_w(),
         )
 
     # ================================================================================================
@@ -913,7 +997,7 @@ class Plant:
         """Racks, loops, facility and energy integrals from the powers of the step (``supply``:
         the coolant inlet temperature during the step)."""
         n_r, cpr = self._n_racks, self._cpr
-        host = self.site.rack.host_overhead_w
+        host = self._rack_host_w()
         self._rack_power = self._power.reshape(n_r, cpr).sum(axis=1) + host
         heat = (self._plate - supply) / self._thermal.params.r_case_coolant_k_per_w
         self._rack_heat = heat.reshape(n_r, cpr).sum(axis=1) + host
@@ -996,6 +1080,8 @@ class Plant:
         if self._n_failed:
             power = np.where(self._failed, 0.0, power)
             util = np.where(self._failed, 0.0, util)
+        if self._n_hosts_off:
+            power = np.where(self._card_off, 0.0, power)
         self._power = power
         self._util = util
 
@@ -1439,7 +1525,7 @@ class Plant:
         n, n_r, cpr = self._n, self._n_racks, self._cpr
         rng = self._sensor_rng
         z = rng.standard_normal((3, n))
-        power = self._power + nz.power_sd_w * z[0]
+        power = np.maximum(self._power + nz.power_sd_w * z[0], 0.0)  # (a card just powered has no power yet)
         die = self._die + nz.die_temp_sd_k * z[1]
         util = np.clip(self._util * (1.0 + nz.utilization_sd * z[2]), 0.0, 1.0)
         clock = self._clocks[self._eff_level]
@@ -1449,11 +1535,14 @@ class Plant:
             if self._n_failed:
                 power = np.where(self._failed, 0.0, power)
                 util = np.where(self._failed, 0.0, util)
+        if self._n_hosts_off:
+            power = np.where(self._card_off, 0.0, power)
         level = self._set_level.copy()
         low = self._low.copy()
         waking = self._waking.copy()
         limit = self._limit.copy()
         failed = self._failed.copy()
+        host_off = self._card_off.copy()
         zr = rng.standard_normal((4, n_r))
         sup = (self._supply_c + nz.coolant_temp_sd_k * zr[0]).tolist()
         ret = (self._rack_return + nz.coolant_temp_sd_k * zr[1]).tolist()
@@ -1491,6 +1580,7 @@ class Plant:
                 waking=waking[sl],
                 power_limit_w=limit[sl],
                 failed=failed[sl],
+                host_off=host_off[sl],
             )
             loop = LoopReading(sup[r], ret[r], flow[r], pump[r], pump_speed_frac=speed[r])
             if r in self._garbage:

@@ -42,7 +42,8 @@ class CardBatch:
     ``level`` is the DVFS level the card was commanded to (after the DVFS latency);
     ``clock_mhz`` is the clock it actually runs at, lower than the level's clock when the card's
     own protection (power brake, thermal slowdown) acts, 0 in the low-power state or when failed.
-    ``waking`` cards have left the low-power state but are not usable yet.
+    ``waking`` cards have left the low-power state but are not usable yet. ``host_off``: the card's
+    host is powered off (the card is then also ``low_power``); None where the source does not say.
     """
 
     card_index: IntArray
@@ -55,6 +56,7 @@ class CardBatch:
     waking: BoolArray
     power_limit_w: FloatArray
     failed: BoolArray
+    host_off: BoolArray | None = None
 
 
 @dataclass(frozen=True)

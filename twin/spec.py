@@ -99,10 +99,23 @@ class ColdPlateSpec:
 
 @dataclass(frozen=True)
 class RackSpec:
-    """One rack: the cards of one z-plane of the supernode torus plus host overhead."""
+    """One rack: the cards of one z-plane of the supernode torus plus host overhead.
+
+    ``host_overhead_w`` is everything but the cards with every host on (CPUs, DRAM, NICs, switches).
+    With ``hosts_per_rack`` > 0 the rack's cards sit in that many hosts of consecutive cards, each of
+    which can be powered off as a whole when none of its cards runs a job (as Slurm's power saving
+    does for idle nodes): an off host draws ``host_off_power_w`` instead of ``host_power_w`` (its
+    share of ``host_overhead_w``), its cards draw nothing (an HGX baseboard is fed by its host's
+    supplies), and it needs ``host_boot_s`` to boot before its cards can wake. ``hosts_per_rack = 0``
+    (the default) leaves hosts always on.
+    """
 
     host_overhead_w: float = field(metadata=_rng(0.0, 1.0e6))
     power_limit_w: float = field(metadata=_rng(1.0e3, 1.0e6))
+    hosts_per_rack: int = field(default=0, metadata=_rng(0, 4096))
+    host_power_w: float = field(default=0.0, metadata=_rng(0.0, 1.0e5))
+    host_off_power_w: float = field(default=0.0, metadata=_rng(0.0, 1.0e4))
+    host_boot_s: float = field(default=0.0, metadata=_rng(0.0, 7200.0))
 
 
 @dataclass(frozen=True)
@@ -196,6 +209,31 @@ class SiteSpec:
     def rack_supernode(self) -> npt.NDArray[np.int64]:
         """Supernode index of every rack, shape (n_racks,)."""
         return np.repeat(np.arange(self.supernodes, dtype=np.int64), self.racks_per_supernode)
+
+    @property
+    def hosts_managed(self) -> bool:
+        """Hosts can be powered off (``rack.hosts_per_rack`` > 0)."""
+        return self.rack.hosts_per_rack > 0
+
+    @property
+    def cards_per_host(self) -> int:
+        """Cards of one host (the whole rack where hosts are not modelled)."""
+        h = self.rack.hosts_per_rack
+        return self.cards_per_rack // h if h > 0 else self.cards_per_rack
+
+    @property
+    def n_hosts(self) -> int:
+        """Hosts of the site (one per rack where hosts are not modelled)."""
+        return self.n_cards // self.cards_per_host
+
+    def card_host(self) -> npt.NDArray[np.int64]:
+        """Host index of every card, shape (n_cards,): hosts are runs of consecutive cards."""
+        return np.arange(self.n_cards, dtype=np.int64) // self.cards_per_host
+
+    def host_saving_w(self) -> float:
+        """Power one host saves when off: its on power minus its off power (0 if not modelled)."""
+        r = self.rack
+        return max(r.host_power_w - r.host_off_power_w, 0.0) if r.hosts_per_rack > 0 else 0.0
 
     def card_torus_xyz(self) -> npt.NDArray[np.int64]:
         """Torus coordinates (x, y, z) of every card inside its supernode, shape (n_cards, 3)."""
@@ -302,6 +340,7 @@ def _check_site(site: SiteSpec, source: str) -> None:
             "racks_per_supernode",
             f"must equal torus_dims[2] ({site.torus_dims[2]}): one rack per torus plane",
         )
+    _check_hosts(site, source)
     fac = site.facility
     if fac.supply_temp_c not in fac.supply_temp_options_c:
         raise SpecError(
@@ -311,3 +350,30 @@ def _check_site(site: SiteSpec, source: str) -> None:
         )
     if list(fac.supply_temp_options_c) != sorted(set(fac.supply_temp_options_c)):
         raise SpecError(source, "facility.supply_temp_options_c", "must be strictly increasing")
+
+
+def _check_hosts(site: SiteSpec, source: str) -> None:
+    rack = site.rack
+    if rack.hosts_per_rack == 0:
+        return
+    if site.cards_per_rack % rack.hosts_per_rack:
+        raise SpecError(
+            source,
+            "rack.hosts_per_rack",
+            f"must divide the rack's {site.cards_per_rack} cards into equal hosts, got {rack.hosts_per_rack}",
+        )
+    if rack.host_power_w <= 0:
+        raise SpecError(source, "rack.host_power_w", "must be > 0 W when rack.hosts_per_rack > 0")
+    if rack.hosts_per_rack * rack.host_power_w > rack.host_overhead_w:
+        raise SpecError(
+            source,
+            "rack.host_power_w",
+            f"{rack.hosts_per_rack} hosts x {rack.host_power_w:g} W exceed rack.host_overhead_w "
+            f"({rack.host_overhead_w:g} W), which includes them",
+        )
+    if rack.host_off_power_w >= rack.host_power_w:
+        raise SpecError(
+            source,
+            "rack.host_off_power_w",
+            f"an off host must draw less than an on one ({rack.host_power_w:g} W), got {rack.host_off_power_w:g}",
+        )

@@ -79,6 +79,7 @@ class StateSnapshot:
     card_power_limit_w: FloatArray
     card_last_seen_s: FloatArray
     card_job: IntArray  # index into ``jobs`` or -1 (idle)
+    card_host_off: BoolArray  # the card's host is powered off (as last reported; False if never)
     rack_power_w: FloatArray  # PDU
     rack_supply_temp_c: FloatArray
     rack_return_temp_c: FloatArray
@@ -116,6 +117,7 @@ class TwinState:
         self.card_low_power = np.zeros(n, dtype=bool)
         self.card_waking = np.zeros(n, dtype=bool)
         self.card_failed = np.zeros(n, dtype=bool)
+        self.card_host_off = np.zeros(n, dtype=bool)
         self.card_power_limit_w = np.full(n, card.power_limit_w)
         self.card_last_seen_s = np.full(n, _NEVER)
         self.invalid_count = np.zeros(n, dtype=np.int64)
@@ -213,8 +215,13 @@ class TwinState:
         waking = cat("waking", bool)
         failed = cat("failed", bool)
         lim = cat("power_limit_w", np.float64)
+        host_known = np.concatenate([np.full(len(b.card_index), b.host_off is not None) for _, _, b in batches])
+        host_off = np.concatenate(
+            [np.asarray(_or_zeros(b.host_off, len(b.card_index)), dtype=bool).reshape(-1) for _, _, b in batches]
+        )
         inside = (idx >= 0) & (idx < n)
         if not inside.all():
+            host_known, host_off = host_known[inside], host_off[inside]
             idx, t_arr, power, die, util, clock = (
                 idx[inside],
                 t_arr[inside],
@@ -254,6 +261,7 @@ class TwinState:
         self.card_low_power[idx] = low
         self.card_waking[idx] = waking
         self.card_failed[idx] = failed
+        self.card_host_off[idx[host_known]] = host_off[host_known]
         lim_ok = np.isfinite(lim) & (lim > 0)
         self.card_power_limit_w[idx[lim_ok]] = lim[lim_ok]
         for rack, t, _ in batches:
@@ -414,6 +422,7 @@ class TwinState:
             card_power_limit_w=self.card_power_limit_w.copy(),
             card_last_seen_s=self.card_last_seen_s.copy(),
             card_job=card_job,
+            card_host_off=self.card_host_off.copy(),
             rack_power_w=self.rack_power_w.copy(),
             rack_supply_temp_c=self.rack_supply_temp_c.copy(),
             rack_return_temp_c=self.rack_return_temp_c.copy(),
@@ -451,9 +460,15 @@ class TwinState:
         }
 
 
+def _or_zeros(a: Any, n: int) -> Any:
+    return a if a is not None else np.zeros(n, dtype=bool)
+
+
 def _consistent(b: CardBatch) -> bool:
     """All arrays of a card batch have one entry per card."""
     n = np.size(b.card_index)
+    if b.host_off is not None and np.size(b.host_off) != n:
+        return False
     return all(
         np.size(a) == n
         for a in (

@@ -18,17 +18,19 @@ import math
 import os
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from agent.commands.common import UserError, _clean, print_json
+from agent.config import ControlConfig
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
 from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
 from agent.targets import TargetCheck, TargetsError, validate_targets
-from twin.tables import SpecError
+from twin.tables import SpecError, decode_table
 
 #: Colours of the policies in the plots.
 _COLOURS = {
@@ -69,6 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--sample-s", type=float, default=60.0, metavar="S", help="time-series resolution in the report (default 60)"
     )
+    parser.add_argument(
+        "--control",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a [control] key of the agent's configuration for this run (docs/agent.md), e.g. "
+        "--control host_off_after_s=1800 --control control_host_power=false; repeatable; values as in "
+        "TOML (default: the agent's defaults). greedy and racktwin use every key; static-cap and "
+        "reactive the period, rack margin and lowest power limit",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -95,10 +107,32 @@ def _check(args: argparse.Namespace) -> tuple[list[str], int]:
     return policies, jobs
 
 
+def control_of(settings: list[str]) -> ControlConfig | None:
+    """The agent's ``[control]`` with ``KEY=VALUE`` settings (TOML values), validated as in a config
+    file; None without settings."""
+    if not settings:
+        return None
+    table: dict[str, Any] = {}
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise _fail(f"--control {item!r}: expected KEY=VALUE, e.g. host_off_after_s=1800")
+        try:
+            table[key] = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            table[key] = raw.strip()  # a bare word: a string (e.g. placement_method=greedy)
+    try:
+        return decode_table(ControlConfig, table, "--control")
+    except SpecError as exc:
+        raise _fail(str(exc)) from None
+
+
 def run(args: argparse.Namespace, command: str) -> int:
     from twin.scenario import load_run_scenario
 
     policies, jobs = _check(args)
+    control = control_of(args.control)
     path = Path(args.scenario)
     if not path.is_file():
         raise _fail(f"{path}: scenario file not found")
@@ -150,7 +184,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         )
     try:
         with stdout_to_stderr():
-            ev = evaluate(scenario, policies, jobs=jobs, sample_s=args.sample_s, progress=progress)
+            ev = evaluate(scenario, policies, jobs=jobs, control=control, sample_s=args.sample_s, progress=progress)
     except EvaluationError as exc:
         raise _fail(str(exc).splitlines()[0] + " (see the traceback above)") from exc
     except TargetsError as exc:

@@ -122,6 +122,29 @@ def test_ingest_maps_rack_cards_to_site_cards_levels_failures_and_rounds() -> No
     assert acks == [ack]
 
 
+def test_ingest_carries_host_off_into_the_belief_and_keeps_it_when_a_batch_does_not_say() -> None:
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    off = np.zeros(64, dtype=bool)
+    off[8:16] = True  # r2's second host (cards 8..15) is off: its cards are asleep at 0 W
+    power = np.where(off, 0.0, 300.0)
+    clock_mhz = np.where(off, 0.0, 1870.0)
+    ing.handle(cards_msg("r2", T0, power_w=power, sm_clock_mhz=clock_mhz, low_power=off.copy(), host_off=off))
+    ing.flush()
+    snap = state.snapshot()
+    assert np.flatnonzero(snap.card_host_off).tolist() == list(range(128 + 8, 128 + 16))
+    assert not snap.card_failed[128 + 8 : 128 + 16].any()  # asleep, not failed
+    # a batch without the column (an older publisher) leaves what was known
+    ing.handle(cards_msg("r2", T0 + 1, power_w=power, sm_clock_mhz=clock_mhz, low_power=off.copy()))
+    ing.flush()
+    assert np.flatnonzero(state.snapshot().card_host_off).tolist() == list(range(128 + 8, 128 + 16))
+    # the host is on again
+    ing.handle(cards_msg("r2", T0 + 2, host_off=np.zeros(64, dtype=bool)))
+    ing.flush()
+    assert not state.snapshot().card_host_off.any()
+
+
 def test_json_log_lines_carry_their_fields() -> None:
     rec = logging.LogRecord("racktwin.agent", logging.INFO, __file__, 1, "decision", (), None)
     rec.fields = {"cycle": 3, "status": "optimal"}

@@ -123,6 +123,9 @@ def test_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFix
         (["--scenario", "{day}", "--jobs", "0"], "--jobs must be within"),
         (["--scenario", "{day}", "--duration", "-5"], "--duration must be a positive"),
         (["--scenario", "{bad}"], "duration_s"),
+        (["--scenario", "{day}", "--control", "host_off_after=3"], "did you mean 'host_off_after_s'"),
+        (["--scenario", "{day}", "--control", "host_off_after_s=-3"], "host_off_after_s: must be >= 0 s"),
+        (["--scenario", "{day}", "--control", "junk"], "expected KEY=VALUE"),
     ],
 )
 def test_bad_arguments_and_scenarios_are_one_line_and_exit_2(
@@ -138,3 +141,13 @@ def test_bad_arguments_and_scenarios_are_one_line_and_exit_2(
     assert len(err) == 1 and err[0].startswith("racktwin evaluate: error: ")
     assert message in err[0]
     assert not math.isnan(rc)
+
+
+def test_control_settings_reach_the_agent_policies_as_toml_values() -> None:
+    from agent.commands.evaluate import control_of
+
+    assert control_of([]) is None
+    c = control_of(["host_off_after_s=1800", "control_host_power=false", "placement_method=greedy"])
+    assert c is not None
+    assert (c.host_off_after_s, c.control_host_power, c.placement_method) == (1800.0, False, "greedy")
+    assert c.period_s == 15.0  # the rest stays at the agent's defaults

@@ -3,6 +3,7 @@ retried every period, expiry closes, advice registers nothing; and the ``racktwi
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -199,3 +200,66 @@ def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: t
     assert adv.pump_speeds == {"r2": 0.5}
     back = codec.decode(codec.topics.advice, wire.encode_advice(adv))
     assert isinstance(back, wire.AgentAdvice) and back.pump_speeds == {"r2": 0.5}
+
+
+def test_host_power_is_commanded_by_whole_hosts_per_rack_and_not_twice(scene: tuple[object, StateSnapshot]) -> None:
+    site, snap = scene
+    assert site.cards_per_host == 8 and site.n_hosts == 64  # type: ignore[attr-defined]
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    assert not snap.card_host_off.any() and snap.card_job[:8].min() >= 0  # host 0 runs job a
+    # hosts off: all of r2 (hosts 16..23), r3's last two (30, 31: cards 240..255) and busy host 0;
+    # one more card of r3 (host 24) only to sleep
+    host_off = np.zeros(64, dtype=bool)
+    host_off[[0, *range(16, 24), 30, 31]] = True
+    card_off = host_off[site.card_host()]  # type: ignore[attr-defined]
+    lp = np.asarray(snap.card_low_power).copy() | (card_off & (snap.card_job < 0))
+    lp[192:200] = True
+    d = decision_like(snap, card_low_power=lp, host_off=host_off)
+    cmds = book.commands(d, snap, applied, NOW)
+    decoded = [codec.decode(c.topic, c.payload) for c in cmds]
+    assert all(isinstance(m, wire.RackCommand) for m in decoded)
+    got = [(m.rack, m.setting.action.value, m.cards) for m in decoded]  # type: ignore[union-attr]
+    assert got == [
+        ("r2", "host_power_off", tuple(range(64))),  # every card of every host, rack-local
+        ("r3", "host_power_off", tuple(range(48, 64))),
+        ("r3", "low_power_idle", tuple(range(8))),  # no sleep for cards whose host goes off
+    ]  # and nothing for busy host 0: the plant would refuse it
+    # open: not sent again while telemetry catches up
+    assert book.commands(d, snap, applied, NOW + 1.0) == []
+    # applied; the racks report the hosts off (their cards asleep): nothing to send after expiry either,
+    # even where the decision would have a card of an off host awake (a wake would boot its host)
+    for c in cmds:
+        book.on_ack(wire.Acknowledgement(c.target, uuid.UUID(c.command_id), wire.AckResult.APPLIED, NOW, 0, "s"), NOW)
+    reported = dataclasses.replace(
+        snap, card_host_off=card_off & (snap.card_job < 0), card_low_power=lp & (snap.card_job < 0)
+    )
+    book.expire(NOW + 31.0)
+    assert book.commands(d, reported, applied, NOW + 31.0) == []
+    awake = d.replace(card_low_power=lp & ~card_off)
+    assert book.commands(awake, reported, applied, NOW + 31.0) == []
+    # on again: the hosts reported off get a power-on (before any wake), only host 16's cards woken
+    lp_on = lp.copy()
+    lp_on[128:136] = False
+    d_on = d.replace(host_off=np.zeros(64, dtype=bool), card_low_power=lp_on)
+    on = [codec.decode(c.topic, c.payload) for c in book.commands(d_on, reported, applied, NOW + 32.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in on] == [  # type: ignore[union-attr]
+        ("r2", "host_power_on", tuple(range(64))),
+        ("r3", "host_power_on", tuple(range(48, 64))),
+        ("r2", "wake", tuple(range(8))),
+    ]
+    # a refused power-on is not retried within the ttl, then it is
+    book2 = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    first = book2.commands(d_on, reported, applied, NOW)
+    refused = wire.AckResult.REJECTED
+    for c in first:
+        book2.on_ack(wire.Acknowledgement(c.target, uuid.UUID(c.command_id), refused, NOW, 0, "s", "no"), NOW)
+    assert book2.commands(d_on, reported, applied, NOW + 5.0) == []
+    assert len(book2.commands(d_on, reported, applied, NOW + 31.0)) == 3
+    # hosts not managed by the decision: no host commands, whatever the racks report
+    host_actions = {wire.CardAction.HOST_POWER_OFF, wire.CardAction.HOST_POWER_ON}
+    unmanaged = book2.advice(d_on.replace(host_off=None), reported, applied, NOW + 62.0).items
+    assert unmanaged and not [it for it in unmanaged if it.setting.action in host_actions]
+    advice = CommandBook(site, codec, ControlConfig()).advice(d, snap, applied, NOW)  # type: ignore[arg-type]
+    assert [it.setting.action for it in advice.items][:2] == [wire.CardAction.HOST_POWER_OFF] * 2

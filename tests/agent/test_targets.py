@@ -109,6 +109,14 @@ def test_the_saving_ceiling_counts_only_what_the_levers_can_reach() -> None:
     assert c1.total_pct > c0.total_pct
     # more host energy in the same total does not raise the bound
     assert saving_ceiling(site, {**b, "hosts": 5000.0}, total, 1.0, jobs).total_kwh <= c1.total_kwh
+    # the host lever: every host with no busy card off, all the time (the example site's hosts can be)
+    day = 86_400.0
+    idle_host_s, idle_card_s = 20 * day, 200 * day  # 20 idle hosts hold 160 of the 200 idle cards
+    c2 = saving_ceiling(site, b, total, 0.0, jobs, idle_host_s=idle_host_s, idle_card_s=idle_card_s)
+    asleep_left = 400.0 * site.card.low_power_idle_w / site.card.idle_power_w * 160 / 200
+    hosts_kwh = idle_host_s * (site.rack.host_power_w - site.rack.host_off_power_w) / 3.6e6
+    assert c2.parts_kwh["idle hosts off"] == pytest.approx(hosts_kwh + asleep_left)
+    assert c2.total_kwh > c0.total_kwh + hosts_kwh  # (UPS losses shrink with the IT energy too)
 
 
 def test_a_missed_saving_says_by_how_much_and_gives_the_ceiling_a_met_one_says_nothing_more() -> None:
@@ -123,7 +131,7 @@ def test_a_missed_saving_says_by_how_much_and_gives_the_ceiling_a_met_one_says_n
     saving, loss = check_targets(tg, metrics, br, site, [job("a", 8)])
     assert saving.met is False
     assert saving.measured == "4.00%" and saving.shortfall == "18.00 points short"
-    assert "at most" in saving.why and "Hosts (" in saving.why
+    assert "at most" in saving.why and "Hosts with a busy card and switches (" in saving.why
     assert loss.met is True and loss.shortfall == "" and loss.why == ""
     easy = ScenarioTargets(facility_saving_pct_min=3.0)
     (ok,) = check_targets(easy, metrics, br, site, [job("a", 8)])

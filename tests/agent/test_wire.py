@@ -229,6 +229,62 @@ def test_a_per_card_power_limit_travels_as_one_column(codec: Codec) -> None:
     assert codec.decode(out.topic, out.payload) == cmd
 
 
+def test_host_power_actions_take_no_parameters_and_round_trip(codec: Codec) -> None:
+    for setting, action in (
+        (wire.CardSetting.host_power_off(), "host_power_off"),
+        (wire.CardSetting.host_power_on(), "host_power_on"),
+    ):
+        assert setting.action.value == action
+        cmd = wire.RackCommand("r1", tuple(range(8, 16)), setting, uuid.uuid4(), TS + 30, TS, 3, "agent")
+        out = codec.outgoing(cmd)
+        body = json.loads(out.payload)
+        assert body["action"] == action and body["cards"] == list(range(8, 16))
+        assert not {"dvfs_level", "min_sm_clock_mhz", "max_sm_clock_mhz", "power_limit_watts"} & set(body)
+        assert codec.decode(out.topic, out.payload) == cmd
+        item = wire.AdviceItem("r1", (0, 1), setting)  # advisory mode recommends host power too
+        advice = wire.AgentAdvice((item,), ts_s=TS, seq=0, publisher="agent")
+        assert codec.decode(codec.topics.advice, wire.encode(advice)) == advice
+    with pytest.raises(ValueError, match="takes no parameters"):
+        wire.CardSetting(wire.CardAction.HOST_POWER_OFF, dvfs_level=1)
+    with pytest.raises(ValueError, match="takes no parameters"):
+        wire.CardSetting(wire.CardAction.HOST_POWER_ON, power_limit_w=300.0)
+
+
+def test_the_host_off_column_is_optional(codec: Codec) -> None:
+    # a payload without it (publishers before the column, sites without host power) still decodes
+    old = codec.decode(CARDS, _cards_payload())
+    assert isinstance(old, wire.CardBatch) and old.host_off is None
+    new = codec.decode(CARDS, _cards_payload(host_off=[True, True, False, False]))
+    assert isinstance(new, wire.CardBatch) and new.host_off is not None
+    assert new.host_off.dtype == np.bool_ and new.host_off.tolist() == [True, True, False, False]
+    assert old != new
+    # encoding: the column is written when known and left out when not
+    assert "host_off" not in json.loads(wire.encode(old))
+    assert json.loads(wire.encode(new))["host_off"] == [True, True, False, False]
+    assert codec.decode(CARDS, wire.encode(new)) == new
+    # the applied state carries it the same way
+    applied = {
+        "schema": "racktwin.applied/1",
+        "ts": TS,
+        "seq": 0,
+        "publisher": "sim",
+        "card_index": [0, 1],
+        "dvfs_level": [0, 0],
+        "min_sm_clock_mhz": [1210.0, 1210.0],
+        "max_sm_clock_mhz": [1980.0, 1980.0],
+        "power_limit_watts": [700.0, 700.0],
+        "low_power": [True, False],
+    }
+    topic = codec.topics.applied("r0")
+    state = codec.decode(topic, json.dumps(applied))
+    assert isinstance(state, wire.AppliedState) and state.host_off is None
+    state = codec.decode(topic, json.dumps({**applied, "host_off": [True, False]}))
+    assert isinstance(state, wire.AppliedState) and state.host_off is not None
+    assert state.host_off.tolist() == [True, False]
+    bad = codec.decode(topic, json.dumps({**applied, "host_off": [True]}))
+    assert isinstance(bad, Rejection) and bad.reason is RejectReason.LENGTH_MISMATCH
+
+
 def test_command_ids_are_uuids(codec: Codec, all_messages: list[Any]) -> None:
     cmd = next(m for m in all_messages if isinstance(m, wire.RackCommand))
     payload = json.loads(wire.encode(cmd))
@@ -324,6 +380,28 @@ REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
     ("duplicate card", CARDS, _cards_payload(card_index=[0, 1, 1, 3]), RejectReason.DUPLICATE_CARD),
     ("column too short", CARDS, _cards_payload(power_watts=[1.0, 2.0]), RejectReason.LENGTH_MISMATCH),
     ("huge payload", CARDS, b" " * (wire.MAX_PAYLOAD_BYTES + 1), RejectReason.TOO_LARGE),
+    ("host_off column too short", CARDS, _cards_payload(host_off=[True, False]), RejectReason.LENGTH_MISMATCH),
+    ("host_off not booleans", CARDS, _cards_payload(host_off=[1, 0, 0, 0]), RejectReason.WRONG_TYPE),
+    ("host_off null", CARDS, _cards_payload(host_off=[None, False, False, False]), RejectReason.WRONG_TYPE),
+    ("host power off with a level", CMD, _cmd_payload(action="host_power_off"), RejectReason.INCONSISTENT),
+    (
+        "host power on with a limit",
+        CMD,
+        _cmd_payload(action="host_power_on", dvfs_level=_DELETE, power_limit_watts=300.0),
+        RejectReason.INCONSISTENT,
+    ),
+    (
+        "host power for no cards",
+        CMD,
+        _cmd_payload(action="host_power_off", dvfs_level=_DELETE, cards=[]),
+        RejectReason.OUT_OF_RANGE,
+    ),
+    (
+        "host power beyond the rack",
+        CMD,
+        _cmd_payload(action="host_power_off", dvfs_level=_DELETE, cards=list(range(60, 68))),
+        RejectReason.CARD_OUT_OF_RACK,
+    ),
     ("expired at issue", CMD, _cmd_payload(expires_at=TS), RejectReason.INCONSISTENT),
     ("missing parameter", CMD, _cmd_payload(dvfs_level=_DELETE), RejectReason.INCONSISTENT),
     ("extra parameter", CMD, _cmd_payload(power_limit_watts=500.0), RejectReason.INCONSISTENT),

@@ -278,6 +278,55 @@ async def test_commands_outside_the_cards_range_are_rejected_with_a_reason(mosqu
     assert s.command_refusals["rack.set_power_limit"] == 2
 
 
+async def test_hosts_are_powered_off_and_on_by_whole_host_commands(mosquitto: EmbeddedBroker) -> None:
+    assert SITE.hosts_managed and SITE.cards_per_host == 2  # 8 hosts of 2 cards per rack
+    sc = scenario(jobs=[job("busy", 16, running_at_start=True)], duration_s=600.0)  # all of r0
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc) as (sim, _):
+        first = await obs.wait_for(lambda m: isinstance(m, wire.CardBatch) and m.rack == "r1", label="telemetry")
+        assert first.host_off is not None and not first.host_off.any()  # the column is there, every host on
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading))
+        ts, exp = command_times(obs)
+        # hosts 10 and 11 (cards 4..7 of r1) off: acked applied, in the applied state and in the next card batch
+        off = wire.RackCommand(
+            "r1", (4, 5, 6, 7), wire.CardSetting.host_power_off(), wire.new_command_id(), exp, ts, 0, "a"
+        )
+        await obs.send(off)
+        ack = await obs.ack_of(off.command_id)
+        assert ack.result is wire.AckResult.APPLIED and ack.target == "r1", ack.reason
+        applied = await obs.wait_for(
+            lambda m: isinstance(m, wire.AppliedState) and m.rack == "r1" and m.last_command_id == off.command_id
+        )
+        assert applied.host_off is not None and np.flatnonzero(applied.host_off).tolist() == [4, 5, 6, 7]
+        assert np.flatnonzero(applied.low_power).tolist() == [4, 5, 6, 7]
+        batch = await obs.wait_for(lambda m: isinstance(m, wire.CardBatch) and m.rack == "r1" and m.ts_s > ack.ts_s)
+        assert batch.host_off is not None and np.flatnonzero(batch.host_off).tolist() == [4, 5, 6, 7]
+        assert batch.low_power[4:8].all() and (batch.power_w[4:8] == 0.0).all() and batch.power_w[8] > 0.0
+        assert sim.plant.truth().host_off.tolist() == [False] * 10 + [True, True] + [False] * 4
+        # part of a host, or a host with a busy card: rejected with the reason, nothing applied
+        ts, exp = command_times(obs)
+        part = wire.RackCommand("r1", (8,), wire.CardSetting.host_power_off(), wire.new_command_id(), exp, ts, 1, "a")
+        busy = wire.RackCommand("r0", (2, 3), wire.CardSetting.host_power_off(), wire.new_command_id(), exp, ts, 2, "a")
+        for cmd, reason in ((part, "cards must be whole hosts of 2 cards"), (busy, "busy with job busy")):
+            await obs.send(cmd)
+            ack = await obs.ack_of(cmd.command_id)
+            assert ack.result is wire.AckResult.REJECTED and ack.reason is not None and reason in ack.reason, ack.reason
+        assert sim.plant.truth().host_off.tolist() == [False] * 10 + [True, True] + [False] * 4
+        # on again: the next card batch shows every host on (the cards asleep until woken)
+        ts, exp = command_times(obs)
+        on = wire.RackCommand(
+            "r1", (4, 5, 6, 7), wire.CardSetting.host_power_on(), wire.new_command_id(), exp, ts, 3, "a"
+        )
+        await obs.send(on)
+        ack = await obs.ack_of(on.command_id)
+        assert ack.result is wire.AckResult.APPLIED
+        batch = await obs.wait_for(lambda m: isinstance(m, wire.CardBatch) and m.rack == "r1" and m.ts_s > ack.ts_s)
+        assert batch.host_off is not None and not batch.host_off.any() and batch.low_power[4:8].all()
+    assert not [m for m in obs.received if isinstance(m, wire.Rejection)]
+    s = sim.summary
+    assert s is not None and s.commands_applied == 2 and s.commands_rejected == 2
+    assert s.command_refusals["rack.host_power_off"] == 2
+
+
 async def test_scheduler_places_queued_jobs_and_bad_placements_are_rejected(mosquitto: EmbeddedBroker) -> None:
     sc = scenario(
         jobs=[job("big", 16, running_at_start=True), job("queued", 8), job("late", 8, submit_time_s=5.0)],

@@ -1,0 +1,96 @@
+"""Which idle hosts to power off: Slurm-style power saving, decided with the twin's view of the site.
+
+A host (``site.cards_per_host`` consecutive cards, ``rack.hosts_per_rack`` per rack) none of whose
+cards runs or is being given a job for ``host_off_after_s`` is powered off: it then draws
+``rack.host_off_power_w`` instead of ``rack.host_power_w`` and its cards nothing. A job placed on an
+off host waits for its boot (``rack.host_boot_s``), so each supernode keeps
+``host_reserve_per_supernode`` idle hosts on for arriving jobs: when fewer are on, off hosts are
+powered on again. While jobs wait in the queue (they did not fit: the site is full), no host goes off
+and off hosts are powered on for the cards the waiting jobs need, so that a job that gets its cards
+when running jobs end does not also wait for a boot. Hosts on fail-safe racks keep their state (their
+telemetry cannot be trusted), and a host with a card busy or being placed on is never off.
+Longest-idle hosts go first.
+
+Pure functions of arrays, no I/O; the controller tracks since when each host is idle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from twin.spec import SiteSpec
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["HostChoice", "choose_hosts_off", "host_any"]
+
+
+def host_any(site: SiteSpec, card_mask: BoolArray) -> BoolArray:
+    """Per host: any of its cards is set in ``card_mask``."""
+    return np.asarray(np.asarray(card_mask, dtype=bool).reshape(site.n_hosts, site.cards_per_host).any(axis=1))
+
+
+@dataclass(frozen=True, eq=False)
+class HostChoice:
+    host_off: BoolArray  # per host: powered off after this decision
+    powering_off: BoolArray  # per host: on now, off after this decision
+    powering_on: BoolArray  # per host: off now, on after this decision
+
+    def note(self) -> str:
+        return (
+            f"hosts: {int(self.host_off.sum())} off ({int(self.powering_off.sum())} powering off, "
+            f"{int(self.powering_on.sum())} on again)"
+        )
+
+
+def choose_hosts_off(
+    site: SiteSpec,
+    *,
+    now_s: float,
+    host_busy_last_s: FloatArray,
+    card_busy: BoolArray,
+    host_off_now: BoolArray,
+    host_awake: BoolArray,
+    frozen_host: BoolArray,
+    off_after_s: float,
+    reserve_per_supernode: int,
+    queued_cards: int = 0,
+) -> HostChoice:
+    """The hosts to have off after this decision (see the module docstring).
+
+    ``host_busy_last_s``: per host, the last time one of its cards was busy (the agent's start where
+    it has not seen one); ``card_busy``: per card, runs or is being given a job (the decision's);
+    ``host_off_now``: per host, off as last reported; ``host_awake``: per host, holds idle cards the
+    decision keeps awake (the ready reserve: such hosts go off last); ``frozen_host``: hosts to leave
+    as they are; ``queued_cards``: cards of the jobs still waiting after this decision's placements."""
+    off_now = np.asarray(host_off_now, dtype=bool)
+    frozen = np.asarray(frozen_host, dtype=bool)
+    busy = host_any(site, card_busy)
+    free = ~busy
+    hosts_per_sn = site.n_hosts // site.supernodes
+    off = off_now.copy()
+    off[busy] = False  # a job placed on an off host boots it
+    idle_s = now_s - np.asarray(host_busy_last_s, dtype=np.float64)
+    awake = np.asarray(host_awake, dtype=bool)
+    # waiting jobs (the site is full): their cards on top of the reserve, spread over the supernodes
+    want_sn = reserve_per_supernode + -(-queued_cards // (site.cards_per_host * site.supernodes))
+    for sn in range(site.supernodes):
+        sl = slice(sn * hosts_per_sn, (sn + 1) * hosts_per_sn)
+        f, fz, o, idle, aw = free[sl], frozen[sl], off[sl], idle_s[sl], awake[sl]
+        on_free = np.flatnonzero(f & ~o & ~fz)
+        spare = on_free.size - want_sn
+        if spare > 0 and queued_cards == 0:
+            due = on_free[idle[on_free] >= off_after_s]
+            due = due[np.lexsort((-idle[due], aw[due]))][:spare]  # no awake cards first, then longest idle
+            o[due] = True
+        elif spare < 0:
+            back = np.flatnonzero(f & o & ~fz)
+            back = back[np.argsort(idle[back], kind="stable")][:-spare]  # most recently used first
+            o[back] = False
+        off[sl] = o
+    off = np.where(frozen, off_now, off)
+    return HostChoice(host_off=off, powering_off=off & ~off_now, powering_on=~off & off_now)

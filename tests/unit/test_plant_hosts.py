@@ -1,0 +1,95 @@
+"""Host power-down in the plant: what an off host and its cards draw, what is refused, how long a boot
+delays a wake or a job, and the spec's checks of the host keys."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+from test_plant import exact, job
+
+from twin.plant import CommandError, Plant
+from twin.spec import SiteSpec, SpecError, site_from_dict
+from twin.workload import Phase
+
+pytestmark = pytest.mark.unit
+
+
+def test_an_off_host_draws_its_off_power_and_its_cards_nothing(site: SiteSpec) -> None:
+    p = Plant(site, config=exact())
+    p.run(30.0)
+    before = p.truth()
+    cph = site.cards_per_host
+    p.power_off_hosts([0, 1])
+    p.run(5.0)
+    after = p.truth()
+    assert after.host_off[:2].all() and not after.host_off[2:].any()
+    assert np.all(after.card_power_w[: 2 * cph] == 0.0)
+    assert after.low_power[: 2 * cph].all()
+    saved_host_w = 2 * (site.rack.host_power_w - site.rack.host_off_power_w)
+    assert after.rack_host_power_w[0] == pytest.approx(site.rack.host_overhead_w - saved_host_w)
+    cards_w = before.card_power_w[: 2 * cph].sum()
+    # rack power = cards + hosts: the drop is the two hosts' saving plus what their idle cards drew
+    assert before.rack_power_w[0] - after.rack_power_w[0] == pytest.approx(saved_host_w + cards_w, rel=0.02)
+    assert after.rack_power_w[0] == pytest.approx(
+        after.card_power_w[: site.cards_per_rack].sum() + after.rack_host_power_w[0]
+    )
+    cards = p.readings().racks[0].cards
+    assert cards is not None and cards.host_off is not None
+    assert cards.host_off[: 2 * cph].all() and not cards.host_off[2 * cph :].any()
+    assert np.all(cards.power_w[: 2 * cph] == 0.0)  # no sensor noise on a card without power
+
+
+def test_busy_hosts_and_unmanaged_sites_are_refused(site: SiteSpec, example_data: dict[str, Any]) -> None:
+    p = Plant(site, [job("a", 8)], config=exact(placement="external", external_timeout_s=1e9))
+    p.place_job("a", np.arange(8, 16))
+    with pytest.raises(CommandError, match="host 1 has card 8 busy with job a"):
+        p.power_off_hosts([0, 1])
+    assert not p.truth().host_off.any()  # nothing applied
+    with pytest.raises(CommandError, match=r"not in 0\.\.63"):
+        p.power_off_hosts([64])
+    example_data["rack"] = {"host_overhead_w": 8800.0, "power_limit_w": 50000.0}
+    q = Plant(site_from_dict(example_data), config=exact())
+    with pytest.raises(CommandError, match="hosts_per_rack = 0"):
+        q.power_off_hosts([0])
+
+
+def test_a_wake_or_a_job_on_an_off_host_waits_for_its_boot(site: SiteSpec) -> None:
+    boot, wake = site.rack.host_boot_s, site.card.wake_latency_s
+    p = Plant(site, [job("a", 8)], config=exact(placement="external", external_timeout_s=1e9))
+    p.power_off_hosts([0])
+    p.run(10.0)
+    t0 = p.time_s
+    p.place_job("a", np.arange(8))
+    assert p.host_booting()[0] and not p.truth().host_off[0]
+    started = []
+    while p.time_s < t0 + boot + wake + 5.0:
+        p.step(1.0)
+        started += [e.time_s for e in p.drain_events() if e.kind == "phase" and e.phase == Phase.COMPUTE]
+    assert started and started[0] >= t0 + boot + wake - 1e-9
+    # a host powered on stays in low-power idle after its boot: a wake then takes the card's latency
+    p.power_off_hosts([1])
+    p.power_on_hosts([1])
+    p.run(boot + 1.0)
+    assert not p.host_booting()[1] and p.truth().low_power[8:16].all()
+    t1 = p.time_s
+    p.wake(np.arange(8, 16))
+    p.run(wake + 1.0)
+    cards = p.readings().racks[0].cards
+    assert cards is not None and not cards.waking[8:16].any() and not cards.low_power[8:16].any()
+    assert p.time_s - t1 < boot
+
+
+def test_spec_checks_the_host_keys(example_data: dict[str, Any]) -> None:
+    for key, value, match in (
+        ("hosts_per_rack", 7, "divide the rack's 64 cards"),
+        ("host_power_w", 2000.0, "exceed rack.host_overhead_w"),
+        ("host_off_power_w", 1000.0, "must draw less than an on one"),
+        ("host_power_w", 0.0, "must be > 0 W"),
+    ):
+        data = copy.deepcopy(example_data)
+        data["rack"][key] = value
+        with pytest.raises(SpecError, match=match):
+            site_from_dict(data)
