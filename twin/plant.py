@@ -660,15 +660,21 @@ class Plant:
         if idx.size == 0:
             return
         self._refuse_failed(idx, "enter_low_power")
-        busy = self._card_slot[idx] > 0
-        if busy.any():
-            c = int(idx[busy][0])
-            job = self._slot_job[int(self._card_slot[c])]
-            name = job.spec.job_id if job is not None else "?"
-            raise CommandError(f"enter_low_power: card {c} is busy with job {name}")
+        busy = self._busy_card(idx)
+        if busy is not None:
+            raise CommandError(f"enter_low_power: card {busy[0]} is busy with job {busy[1]}")
         self._low[idx] = True
         self._waking[idx] = False
         self._n_low = int(self._low.sum())
+
+    def _busy_card(self, idx: IntArray) -> tuple[int, str] | None:
+        """The first of ``idx`` that runs (or is given) a job, with the job's id; None if none does."""
+        busy = self._card_slot[idx] > 0
+        if not busy.any():
+            return None
+        c = int(idx[busy][0])
+        job = self._slot_job[int(self._card_slot[c])]
+        return c, job.spec.job_id if job is not None else "?"
 
     def wake(self, cards: Any) -> None:
         """Leave the low-power state; the card is usable ``card.wake_latency_s`` later. Cards that
@@ -720,11 +726,9 @@ class Plant:
             return
         cph = self.site.cards_per_host
         cards = (idx[:, None] * cph + np.arange(cph)[None, :]).ravel()
-        busy = self._card_slot[cards] > 0
-        if busy.any():
-            c = int(cards[busy][0])
-            job = self._slot_job[int(self._card_slot[c])]
-            name = job.spec.job_id if job is not None else "?"
+        busy = self._busy_card(cards)
+        if busy is not None:
+            c, name = busy
             raise CommandError(f"power_off_hosts: host {c // cph} has card {c} busy with job {name}")
         self._host_off[idx] = True
         self._card_off[cards] = True
