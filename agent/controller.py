@@ -325,9 +325,8 @@ class Controller:
         # busy: the decision's, plus placements committed since its snapshot was taken (the service
         # reviews a periodic proposal after an event decision may have placed a job meanwhile)
         card_busy = np.asarray(d.card_busy, dtype=bool).copy()
-        for cards, until in self._pending.values():
-            if until > now:
-                card_busy[list(cards)] = True
+        for cards in self._pending_now(now).values():
+            card_busy[list(cards)] = True
         busy = host_any(site, card_busy)
         last = np.where(np.isnan(self._host_busy_last), now, self._host_busy_last)
         last = np.where(busy, now, last)
@@ -648,10 +647,12 @@ class Controller:
 
     def _queued_cards(self, d: Decision, snap: StateSnapshot, now_s: float) -> int:
         """Cards of the queued jobs that neither this decision nor one in flight places."""
-        placing = {o.job_id for o in d.placements} | {
-            jid for jid, (_c, until) in self._pending.items() if until > now_s
-        }
+        placing = {o.job_id for o in d.placements} | set(self._pending_now(now_s))
         return sum(q.n_cards for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= self.site.n_cards)
+
+    def _pending_now(self, now_s: float) -> dict[str, tuple[int, ...]]:
+        """Placements sent whose orders have not expired: job id -> cards."""
+        return {jid: cards for jid, (cards, until) in self._pending.items() if until > now_s}
 
     def _card_wait_s(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray | None:
         """Per card: how long until its host is up (a boot for an off host, the rest of the boot for a
@@ -847,8 +848,12 @@ class Controller:
         card_p = np.where(np.isfinite(snap.card_power_w) & ~snap.card_failed, snap.card_power_w, 0.0)
         cards_w = np.bincount(self._card_rack, weights=card_p, minlength=site.n_racks)
         # hosts reported off draw their off power instead of their share of the overhead
-        off_host = host_any(site, snap.card_host_off) if site.hosts_managed else np.zeros(site.n_racks, dtype=bool)
-        off_per_rack = off_host.reshape(site.n_racks, -1).sum(axis=1)
+        off_per_rack = (
+            np.bincount(
+                self._card_rack, weights=np.asarray(snap.card_host_off, dtype=np.float64), minlength=site.n_racks
+            )
+            / site.cards_per_host
+        )
         excess = pdu - cards_w - (site.rack.host_overhead_w - off_per_rack * site.host_saving_w())
         fresh = np.isfinite(excess)
         fresh[list(ctx.failsafe_racks)] = False
