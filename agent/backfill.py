@@ -7,7 +7,9 @@ cards in the order of their expected ends) and how many cards are spare then. A 
 placed only if it fits now AND either is expected to end before the reservation or fits in the
 cards the reservation leaves spare, so big jobs do not starve and small jobs do not leave cards
 idle meanwhile (the agent used to place nothing behind such a job, which left cards idle and queues
-long: issue "queue wait regression").
+long: issue "queue wait regression"). The controller holds a job's reservation at the earliest time
+computed for it (``Controller._held``), so it does not slip when jobs ahead of it overrun their
+expected ends.
 
 Expected hold times are what a wall-time request would tell a batch scheduler: start-up plus the
 job's remaining top-clock training stretched by the expected stalls and checkpoints

@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.backfill import backfill_candidates, reservation
+from agent.backfill import Reservation, backfill_candidates, reservation
 from agent.config import ControlConfig, LoadedConfig
 from agent.decision import Decision, PlacementOrder, StepContext
 from agent.guard import Guard
@@ -175,6 +175,7 @@ class Controller:
         self._computing_level: dict[str, int] = {}  # each job's level the last time it computed
         self.offsets = DieOffsetFilter(site)  # measured die offsets, updated once per step (context)
         self._running_since: dict[str, float] = {}  # when each running job was first seen running
+        self._reserved: tuple[str, float] | None = None  # the blocked job and its earliest expected start
         self._host_busy_last = np.full(site.n_hosts, np.nan)  # per host: last time a card was busy (NaN: not yet seen)
         self._host_up_at = np.full(site.n_hosts, -math.inf)  # per host powered on by a decision: when its boot ends
 
@@ -629,21 +630,40 @@ class Controller:
         rest = [q for q in fits if q.job_id != head.job_id]
         orders = self._place_jobs(load, snap, ctx, fs_card, [head], notes, how)
         if orders:
+            self._reserved = None
             if rest:
                 placing = [(j.job_id, j.cards) for j in load.jobs if j.origin == "placing"]
                 after = site_load(site, snap, [*placing, *((o.job_id, o.cards) for o in orders)])
                 orders += self._place_jobs(after, snap, ctx, fs_card, rest, notes, how)
             return orders
         n_free = int((load.idle & ~fs_card).sum())
-        res = reservation(snap, load, head.n_cards, n_free, ctx.now_s, self._running_since)
+        res = self._held(head.job_id, reservation(snap, load, head.n_cards, n_free, ctx.now_s, self._running_since))
         specs = [spec_of_info(q) for q in rest]
         picked = [rest[i] for i in backfill_candidates(rest, specs, res, ctx.now_s)]
         wait_s = ctx.now_s - head.last_event_s
-        start = f"~{res.shadow_s - ctx.now_s:.0f} s" if math.isfinite(res.shadow_s) else "never (too few healthy cards)"
+        if not math.isfinite(res.shadow_s):
+            start = "never (too few healthy cards)"
+        elif res.shadow_s > ctx.now_s:
+            start = f"~{res.shadow_s - ctx.now_s:.0f} s"
+        else:
+            start = f"now (due {ctx.now_s - res.shadow_s:.0f} s ago: only jobs that fit beside it start)"
         notes.append(f"{head.job_id} (waiting {wait_s:.0f} s) holds a reservation: expected start in {start}")
         if not picked:
             return []
         return self._place_jobs(load, snap, ctx, fs_card, picked, notes, how)
+
+    def _held(self, job_id: str, res: Reservation) -> Reservation:
+        """The reservation of the blocked job ``job_id`` as promised: its start is the earliest
+        expected start computed for it, not one that slips each time a job ahead of it runs longer
+        than expected (expected run times are means, not the upper bounds of wall-time requests,
+        so about half the jobs run longer). Once that time has passed, only jobs that fit in the
+        cards it leaves spare start ahead of it: the site drains for it. Without this a big job
+        waited 9,000 s on the nominal day while a stream of small jobs, each expected to end in
+        time, kept its cards busy."""
+        if self._reserved is not None and self._reserved[0] == job_id:
+            res = Reservation(min(self._reserved[1], res.shadow_s), res.spare_cards)
+        self._reserved = (job_id, res.shadow_s)
+        return res
 
     def _queued_cards(self, d: Decision, snap: StateSnapshot, now_s: float) -> int:
         """Cards of the queued jobs that neither this decision nor one in flight places."""

@@ -433,6 +433,7 @@ class Plant:
         self._queue: list[_Job] = []
         self._sched_dirty = False
         self._fallback_at = _INF
+        self._reserved: tuple[str, float] | None = None  # the blocked job and its earliest expected start
         self._events: deque[JobEvent] = deque()
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
@@ -1259,6 +1260,11 @@ class Plant:
                 if t - job.queued_since_s >= cfg.backfill_wait_s:
                     blocked = True
                     shadow_s, spare = self._reservation(n_need, n_free, t)
+                    # the reservation is a promise: it does not slip when jobs ahead of it overrun their
+                    # expected ends (means, not wall-time limits); once due, the site drains for it
+                    if self._reserved is not None and self._reserved[0] == job.spec.job_id:
+                        shadow_s = min(shadow_s, self._reserved[1])
+                    self._reserved = (job.spec.job_id, shadow_s)
                 remaining.append(job)
                 continue
             cards = self._first_fit(free, n_need)
@@ -1321,6 +1327,8 @@ class Plant:
         return np.flatnonzero(free)[:n_need].astype(np.int64)
 
     def _start_job(self, job: _Job, cards: IntArray, t: float) -> None:
+        if self._reserved is not None and self._reserved[0] == job.spec.job_id:
+            self._reserved = None
         if not self._free_slots:
             self._grow_slots(self._cap * 2)
         s = self._free_slots.pop()

@@ -8,6 +8,7 @@ fail-safe caps; busy cards of jobs the agent never heard of are budgeted, not pu
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -195,6 +196,42 @@ def test_jobs_behind_a_reserved_job_are_backfilled_only_where_they_do_not_delay_
     ctl2 = Controller(site, ControlConfig(period_s=15.0, placement_backfill_wait_s=3600.0))
     d2 = ctl2.step(state.snapshot(), 90.0)
     assert [p.job_id for p in d2.placements] == ["long"]  # the most cards that fit
+
+
+def test_a_reservation_does_not_slip_when_the_jobs_ahead_of_it_run_late() -> None:
+    """The reserved job's start is the earliest expected start computed for it. When the running job
+    turns out slower than expected (its progress lags), a recomputed reservation would move later and
+    let a job start ahead that ends after the promised time; the promise holds instead (the site
+    drains for the reserved job), while a job that ends before it still starts."""
+    site = small_site()  # 2 racks of 16 cards
+    _plant, state = belief(site, [job("run", 24, work_steps=3000.0)], 90)
+    big = job("big", 28, submit_s=50.0)
+    state.apply_events([JobEvent(50.0, "big", "submitted", Phase.WAITING, job=big)])
+    cfg = ControlConfig(period_s=15.0, placement_backfill_wait_s=30.0)
+    ctl = Controller(site, cfg)
+    d0 = ctl.step(state.snapshot(), 90.0)
+    assert not d0.placements
+    promised_s = _reserved_start_s(d0, "big")
+    assert 2500.0 < promised_s < 4000.0  # the running job's ~3,000 s of work
+    _plant, state = belief(site, [job("run", 24, work_steps=3000.0)], 1500)
+    late = [job("late", 8, work_steps=2500.0, submit_s=1400.0), job("soon", 8, work_steps=300.0, submit_s=1400.0)]
+    state.apply_events([JobEvent(50.0, "big", "submitted", Phase.WAITING, job=big)])
+    state.apply_events([JobEvent(1400.0, q.job_id, "submitted", Phase.WAITING, job=q) for q in late])
+    snap = state.snapshot()
+    # the running job lags: at 1,500 s it reports almost no progress, so it is now expected to end
+    # ~3,000 s from now, after the promised start
+    lagging = dataclasses.replace(snap, jobs=tuple(dataclasses.replace(j, progress_frac=0.001) for j in snap.jobs))
+    fresh = Controller(site, cfg).step(lagging, 1500.0)
+    assert [p.job_id for p in fresh.placements] == ["late"]  # a recomputed reservation would let it start
+    d1 = ctl.step(lagging, 1500.0)
+    assert [p.job_id for p in d1.placements] == ["soon"]  # ends before the promise; "late" does not
+    assert _reserved_start_s(d1, "big") == pytest.approx(promised_s - 1410.0, abs=1.0)
+
+
+def _reserved_start_s(d: Decision, job_id: str) -> float:
+    """The expected start (s from the decision) of ``job_id``'s reservation, from the decision's note."""
+    line = next(e for e in d.explanation if e.startswith(job_id) and "reservation" in e)
+    return float(line.split("expected start in ~")[1].split(" s")[0])
 
 
 def test_a_submitted_job_is_placed_at_once_not_at_the_next_period() -> None:

@@ -58,3 +58,36 @@ def test_a_blocked_big_job_keeps_its_reservation_while_small_jobs_backfill() -> 
     assert recs["fill"].start_time_s is not None and recs["fill"].start_time_s < 60.0  # backfilled at once
     assert recs["big"].start_time_s is not None  # got its cards when "short" and "fill" ended
     assert recs["late"].start_time_s is None or recs["late"].start_time_s >= recs["big"].start_time_s
+
+
+def test_a_reservation_holds_when_the_job_ahead_of_it_runs_late() -> None:
+    """The blocked job's reservation is the earliest expected start computed for it. The job whose
+    cards it waits for runs slower than expected (its clock is lowered), so a recomputed reservation
+    would keep moving later and let a stream of small jobs start ahead of it (without the promise,
+    several did between its due time and its start); instead, once the promised time has passed, no job
+    starts ahead of it (none fits in the cards it leaves spare) and it starts as soon as the late job
+    ends."""
+    site = example_site()  # 512 cards
+    small = [job(f"s{i:02d}", 8, submit_s=20.0 + 30.0 * i, work_steps=60.0) for i in range(80)]
+    jobs = [
+        job("long", 384, work_steps=1e6),
+        job("ahead", 64, work_steps=600.0),  # expected to end after ~10 minutes
+        job("big", 128, submit_s=10.0, work_steps=1e4),  # needs the 64 free cards and "ahead"'s 64
+        *small,
+    ]
+    plant = Plant(site, jobs, config=PlantConfig(seed=1, backfill_wait_s=0.0))
+    plant.step(1.0)
+    plant.set_levels(plant.job_cards("ahead"), site.card.n_levels - 1)  # "ahead" runs late
+    plant.run(3000.0)
+    recs = {r.job_id: r for r in plant.job_records()}
+    ahead_end, big_start = recs["ahead"].finish_time_s, recs["big"].start_time_s
+    assert ahead_end is not None and ahead_end > 900.0  # well past its expected end
+    assert big_start is not None and big_start <= ahead_end + 5.0
+    expected_end_s = 700.0  # start-up + 600 s of work + stalls and checkpoints, generously
+    late_starts = [
+        r.job_id
+        for r in recs.values()
+        if r.job_id.startswith("s") and r.start_time_s is not None and expected_end_s < r.start_time_s < big_start
+    ]
+    assert not late_starts  # nothing started ahead of "big" once its reservation was due
+    assert any(r.start_time_s is not None and r.start_time_s < 600.0 for r in recs.values() if r.job_id.startswith("s"))
