@@ -348,6 +348,7 @@ def _metrics(scenario: RunScenario, plant: Plant, rec: Recorder, stats: ControlS
         "slo_jobs_missed": sum(1 for r in records if r.slo_violation_s > 0),
         "queue_wait_mean_s": float(np.mean(waits)) if waits else 0.0,
         "queue_wait_p95_s": _percentile(waits, 95) if waits else 0.0,
+        "queue_wait_max_s": max(waits) if waits else 0.0,  # a job never started: its wait until the end
         "limit_violation_s": rec.violation_rack_s,
         "limit_violation_episodes": rec.episodes,
         "limit_violation_longest_s": rec.longest_s,

@@ -221,6 +221,8 @@ _SPREAD_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, dict[str, float]]], f
     ),
     ("racktwin work vs greedy %", "{:.2f}", lambda m: _rel_pct(m["racktwin"]["throughput"], m["greedy"]["throughput"])),
     ("busy cards %", "{:.1f}", lambda m: 100.0 * m["racktwin"]["busy_card_frac"]),
+    ("racktwin longest wait s", "{:.0f}", lambda m: m["racktwin"].get("queue_wait_max_s", float("nan"))),
+    ("baseline longest wait s", "{:.0f}", lambda m: m["baseline"].get("queue_wait_max_s", float("nan"))),
 )
 
 

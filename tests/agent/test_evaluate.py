@@ -45,6 +45,7 @@ def test_each_policy_runs_a_scenario_to_its_end_and_its_numbers_add_up(name: str
     assert m["pue"] == pytest.approx(m["facility_energy_kwh"] / m["it_energy_kwh"])
     assert m["throughput"] > 0 and m["jobs_submitted"] > 0
     assert m["decisions"] > 0 and m["solve_p99_s"] >= m["solve_median_s"] >= 0
+    assert m["queue_wait_max_s"] >= m["queue_wait_p95_s"] >= 0 and m["queue_wait_max_s"] >= m["queue_wait_mean_s"]
     it = sum(res.breakdown_kwh[k] for k in BREAKDOWN_KEYS[:5])
     assert it == pytest.approx(m["it_energy_kwh"], rel=1e-6)
     assert sum(res.breakdown_kwh.values()) == pytest.approx(m["facility_energy_kwh"], rel=1e-6)
