@@ -130,7 +130,7 @@ def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
         f"### day-{day} ({full['scenario']['workload']}; {wall / 60:.1f} min wall for all five policies)",
         "",
         "| policy | facility kWh | vs baseline | IT kWh | cooling kWh | PUE | throughput | loss % | SLO miss job-s |"
-        " wait mean/p95 s | over limit rack-s (longest) | max rack kW | max die C | throttled card-s |"
+        " wait mean/p95/max s | over limit rack-s (longest) | max rack kW | max die C | throttled card-s |"
         " solve median/p99 s | fallbacks | busy / low-power cards | mean set-point C | mean pump speed | CPU s |",
         "|---|" + "---:|" * 19,
     ]
@@ -140,7 +140,7 @@ def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
             f"| {name} | {m['facility_energy_kwh']:,.1f} | {m['facility_energy_saving_pct']:+.2f}% | "
             f"{m['it_energy_kwh']:,.1f} | {m['cooling_energy_kwh']:,.1f} | {m['pue']:.4f} | {m['throughput']:,.1f} | "
             f"{m['throughput_loss_pct']:+.2f} | {m['slo_violation_s']:,.0f} | "
-            f"{m['queue_wait_mean_s']:,.0f} / {m['queue_wait_p95_s']:,.0f} | "
+            f"{m['queue_wait_mean_s']:,.0f} / {m['queue_wait_p95_s']:,.0f} / {m['queue_wait_max_s']:,.0f} | "
             f"{m['limit_violation_s']:,.0f} ({m['limit_violation_longest_s']:,.0f}) | "
             f"{m['max_rack_power_w'] / 1e3:.2f} | {m['max_die_temp_c']:.1f} | {m['throttled_card_s']:,.0f} | "
             f"{m['solve_median_s']:.3f} / {m['solve_p99_s']:.3f} | {m['fallbacks']} | "
