@@ -660,8 +660,8 @@ class Controller:
         cards it leaves spare start ahead of it: the site drains for it. Without this a big job
         waited 9,000 s on the nominal day while a stream of small jobs, each expected to end in
         time, kept its cards busy."""
-        if self._reserved is not None and self._reserved[0] == job_id:
-            res = Reservation(min(self._reserved[1], res.shadow_s), res.spare_cards)
+        if self._reserved is not None and self._reserved[0] == job_id and self._reserved[1] < res.shadow_s:
+            res = Reservation(self._reserved[1], 0.0)  # the promise already lacks cards: none spare
         self._reserved = (job_id, res.shadow_s)
         return res
 

@@ -1262,8 +1262,12 @@ class Plant:
                     shadow_s, spare = self._reservation(n_need, n_free, t)
                     # the reservation is a promise: it does not slip when jobs ahead of it overrun their
                     # expected ends (means, not wall-time limits); once due, the site drains for it
-                    if self._reserved is not None and self._reserved[0] == job.spec.job_id:
-                        shadow_s = min(shadow_s, self._reserved[1])
+                    if (
+                        self._reserved is not None
+                        and self._reserved[0] == job.spec.job_id
+                        and self._reserved[1] < shadow_s
+                    ):
+                        shadow_s, spare = self._reserved[1], 0  # the promise already lacks cards: none spare
                     self._reserved = (job.spec.job_id, shadow_s)
                 remaining.append(job)
                 continue
