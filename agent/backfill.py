@@ -9,7 +9,7 @@ cards the reservation leaves spare, so big jobs do not starve and small jobs do 
 idle meanwhile (the agent used to place nothing behind such a job, which left cards idle and queues
 long: issue "queue wait regression"). The controller holds a job's reservation at the earliest time
 computed for it (``Controller._held``), so it does not slip when jobs ahead of it overrun their
-expected ends.
+expected ends (then no card is spare: the site drains for it).
 
 Expected hold times are what a wall-time request would tell a batch scheduler: start-up plus the
 job's remaining top-clock training stretched by the expected stalls and checkpoints

@@ -656,10 +656,11 @@ class Controller:
         """The reservation of the blocked job ``job_id`` as promised: its start is the earliest
         expected start computed for it, not one that slips each time a job ahead of it runs longer
         than expected (expected run times are means, not the upper bounds of wall-time requests,
-        so about half the jobs run longer). Once that time has passed, only jobs that fit in the
-        cards it leaves spare start ahead of it: the site drains for it. Without this a big job
-        waited 9,000 s on the nominal day while a stream of small jobs, each expected to end in
-        time, kept its cards busy."""
+        so about half the jobs run longer). When the recomputed reservation is later than the
+        promise, the promise already lacks cards, so none are spare: only jobs expected to end
+        before it start ahead, and once it is due the site drains for the job. Without this a big
+        job waited 8,959 s on the nominal day and never started while a stream of small jobs, each
+        expected to end in time, kept its cards busy."""
         if self._reserved is not None and self._reserved[0] == job_id and self._reserved[1] < res.shadow_s:
             res = Reservation(self._reserved[1], 0.0)  # the promise already lacks cards: none spare
         self._reserved = (job_id, res.shadow_s)

@@ -228,6 +228,26 @@ def test_a_reservation_does_not_slip_when_the_jobs_ahead_of_it_run_late() -> Non
     assert _reserved_start_s(d1, "big") == pytest.approx(promised_s - 1410.0, abs=1.0)
 
 
+def test_a_reservation_that_slipped_leaves_no_card_spare() -> None:
+    """Once the promised start lacks cards (the job ahead runs late), no card is spare: a long job that
+    fits in the cards a recomputed reservation would leave spare does not start ahead either."""
+    site = small_site()
+    _plant, state = belief(site, [job("run", 24, work_steps=3000.0)], 90)
+    big = job("big", 28, submit_s=50.0)
+    state.apply_events([JobEvent(50.0, "big", "submitted", Phase.WAITING, job=big)])
+    cfg = ControlConfig(period_s=15.0, placement_backfill_wait_s=30.0)
+    ctl = Controller(site, cfg)
+    assert not ctl.step(state.snapshot(), 90.0).placements
+    _plant, state = belief(site, [job("run", 24, work_steps=3000.0)], 1500)
+    tiny = job("tiny", 4, work_steps=1e6, submit_s=1400.0)  # 32 cards - 28 for "big" = 4 spare
+    state.apply_events([JobEvent(50.0, "big", "submitted", Phase.WAITING, job=big)])
+    state.apply_events([JobEvent(1400.0, "tiny", "submitted", Phase.WAITING, job=tiny)])
+    snap = state.snapshot()
+    lagging = dataclasses.replace(snap, jobs=tuple(dataclasses.replace(j, progress_frac=0.001) for j in snap.jobs))
+    assert [p.job_id for p in Controller(site, cfg).step(lagging, 1500.0).placements] == ["tiny"]
+    assert not ctl.step(lagging, 1500.0).placements
+
+
 def _reserved_start_s(d: Decision, job_id: str) -> float:
     """The expected start (s from the decision) of ``job_id``'s reservation, from the decision's note."""
     line = next(e for e in d.explanation if e.startswith(job_id) and "reservation" in e)
