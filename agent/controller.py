@@ -646,7 +646,7 @@ class Controller:
         elif res.shadow_s > ctx.now_s:
             start = f"~{res.shadow_s - ctx.now_s:.0f} s"
         else:
-            start = f"now (due {ctx.now_s - res.shadow_s:.0f} s ago: only jobs that fit beside it start)"
+            start = f"now (due {ctx.now_s - res.shadow_s:.0f} s ago: the site drains for it)"
         notes.append(f"{head.job_id} (waiting {wait_s:.0f} s) holds a reservation: expected start in {start}")
         if not picked:
             return []
