@@ -28,7 +28,14 @@ from agent.load import SiteLoad
 from twin.state import JobInfo, StateSnapshot
 from twin.workload import JobSpec, PhaseModel
 
-__all__ = ["Reservation", "backfill_candidates", "expected_hold_s", "reservation"]
+__all__ = [
+    "Reservation",
+    "backfill_candidates",
+    "expected_hold_s",
+    "expected_starts_s",
+    "release_times",
+    "reservation",
+]
 
 _PHASES = PhaseModel()
 
@@ -55,17 +62,11 @@ class Reservation:
     spare_cards: float
 
 
-def reservation(
-    snap: StateSnapshot,
-    load: SiteLoad,
-    n_need: int,
-    n_free: int,
-    now_s: float,
-    running_since_s: Mapping[str, float],
-) -> Reservation:
-    """When ``n_need`` cards are expected to be free (``n_free`` are free now; every busy card of
-    ``load`` is released at its job's expected end) and how many are spare then. A job that can
-    never fit reserves nothing (``inf``, unlimited spare)."""
+def release_times(
+    snap: StateSnapshot, load: SiteLoad, now_s: float, running_since_s: Mapping[str, float]
+) -> list[tuple[float, int]]:
+    """``(expected end s, cards)`` of every job of ``load``, earliest first: the order running jobs
+    (and jobs being placed) are expected to release their cards."""
     running = {j.job_id: j for j in snap.jobs}
     queued = {q.job_id: q for q in snap.queue}
     ends: list[tuple[float, int]] = []
@@ -80,6 +81,10 @@ def reservation(
             hold = expected_hold_s(spec, progress_frac=progress, running_s=now_s - since)
         ends.append((now_s + hold, int(j.cards.size)))
     ends.sort()
+    return ends
+
+
+def _when_free(ends: Sequence[tuple[float, int]], n_need: int, n_free: int, now_s: float) -> Reservation:
     avail = n_free
     if avail >= n_need:
         return Reservation(now_s, float(avail - n_need))
@@ -88,6 +93,44 @@ def reservation(
         if avail >= n_need:
             return Reservation(end, float(avail - n_need))
     return Reservation(math.inf, math.inf)
+
+
+def reservation(
+    snap: StateSnapshot,
+    load: SiteLoad,
+    n_need: int,
+    n_free: int,
+    now_s: float,
+    running_since_s: Mapping[str, float],
+) -> Reservation:
+    """When ``n_need`` cards are expected to be free (``n_free`` are free now; every busy card of
+    ``load`` is released at its job's expected end) and how many are spare then. A job that can
+    never fit reserves nothing (``inf``, unlimited spare)."""
+    return _when_free(release_times(snap, load, now_s, running_since_s), n_need, n_free, now_s)
+
+
+def expected_starts_s(
+    snap: StateSnapshot,
+    load: SiteLoad,
+    queue: Sequence[JobInfo],
+    n_free: int,
+    now_s: float,
+    running_since_s: Mapping[str, float],
+    held: tuple[str, float] | None = None,
+) -> list[float]:
+    """Per queued job of ``queue``: the earliest time it is expected to start, as if it were first in
+    line (when its cards are expected to be free, :func:`reservation`), except that where a job holds
+    a reservation (``held``: its id and promised start) it starts then, and no job behind it before
+    (those that may start ahead of it, :func:`backfill_candidates`, start at once and are no longer
+    queued). ``inf`` for a job that can never fit."""
+    ends = release_times(snap, load, now_s, running_since_s)
+    out: list[float] = []
+    for q in queue:
+        start = _when_free(ends, q.n_cards, n_free, now_s).shadow_s
+        if held is not None:
+            start = min(start, held[1]) if q.job_id == held[0] else max(start, held[1])
+        out.append(start)
+    return out
 
 
 def backfill_candidates(

@@ -123,11 +123,16 @@ class ControlConfig:
     pump_renew_s: float = field(default=20.0, metadata=rng(0.1, 86400.0))
     # Host power-down (agent.hosts; only where the site spec has rack.hosts_per_rack > 0): a host
     # none of whose cards has run a job for host_off_after_s is powered off, keeping
-    # host_reserve_per_supernode idle hosts on for arriving jobs (600 s: AWS PCS's default idle time
-    # before a Slurm node is scaled down, scaleDownIdleTimeInSeconds).
+    # host_reserve_per_supernode idle hosts on for arriving jobs. Unset (the default): the break-even
+    # time of a power cycle, SiteSpec.host_break_even_s() (311 s on the example site; waiting it
+    # spends at most twice the energy of the best choice in hindsight). AWS PCS scales a Slurm node
+    # down after 600 s (scaleDownIdleTimeInSeconds).
     control_host_power: bool = True
-    host_off_after_s: float = field(default=600.0, metadata=rng(0.0, 1.0e7))
+    host_off_after_s: float | None = field(default=None, metadata=rng(0.0, 1.0e7))
     host_reserve_per_supernode: int = field(default=2, metadata=rng(0, 100_000))
+    # Hosts for a queued job are powered on this long (s) before its expected start, on top of their
+    # boot; hosts waiting for a start further away (a big job's reservation) may go off meanwhile.
+    host_boot_lead_s: float = field(default=60.0, metadata=rng(0.0, 1.0e7))
     # Job placement for queued jobs (false leaves placement to the site's scheduler).
     control_placement: bool = True
     placement_method: str = field(default="auto", metadata=choices("auto", "greedy", "milp"))

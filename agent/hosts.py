@@ -5,11 +5,13 @@ cards runs or is being given a job for ``host_off_after_s`` is powered off: it t
 ``rack.host_off_power_w`` instead of ``rack.host_power_w`` and its cards nothing. A job placed on an
 off host waits for its boot (``rack.host_boot_s``), so each supernode keeps
 ``host_reserve_per_supernode`` idle hosts on for arriving jobs: when fewer are on, off hosts are
-powered on again. While jobs wait in the queue (they did not fit: the site is full), no host goes off
-and off hosts are powered on for the cards the waiting jobs need, so that a job that gets its cards
-when running jobs end does not also wait for a boot. Hosts on fail-safe racks keep their state (their
-telemetry cannot be trusted), and a host with a card busy or being placed on is never off.
-Longest-idle hosts go first.
+powered on again. While queued jobs are due to start within a boot (plus a lead; the controller
+tells which from the running jobs' expected ends and the reservation it holds, see
+``Controller._cards_due``), no host goes off and off hosts are powered on for the cards those jobs
+need, so that a job that gets its cards when running jobs end does not also wait for a boot; hosts
+left idle while a big job waits for a start further ahead go off meanwhile and boot in time for it.
+Hosts on fail-safe racks keep their state (their telemetry cannot be trusted), and a host with a card
+busy or being placed on is never off. Longest-idle hosts go first.
 
 Pure functions of arrays, no I/O; the controller tracks since when each host is idle.
 """
@@ -58,7 +60,7 @@ def choose_hosts_off(
     frozen_host: BoolArray,
     off_after_s: float,
     reserve_per_supernode: int,
-    queued_cards: int = 0,
+    due_cards: int = 0,
 ) -> HostChoice:
     """The hosts to have off after this decision (see the module docstring).
 
@@ -66,7 +68,8 @@ def choose_hosts_off(
     it has not seen one); ``card_busy``: per card, runs or is being given a job (the decision's);
     ``host_off_now``: per host, off as last reported; ``host_awake``: per host, holds idle cards the
     decision keeps awake (the ready reserve: such hosts go off last); ``frozen_host``: hosts to leave
-    as they are; ``queued_cards``: cards of the jobs still waiting after this decision's placements."""
+    as they are; ``due_cards``: cards of the jobs still waiting after this decision's placements that are
+    due to start within a boot (their hosts are wanted on now)."""
     off_now = np.asarray(host_off_now, dtype=bool)
     frozen = np.asarray(frozen_host, dtype=bool)
     busy = host_any(site, card_busy)
@@ -76,14 +79,14 @@ def choose_hosts_off(
     off[busy] = False  # a job placed on an off host boots it
     idle_s = now_s - np.asarray(host_busy_last_s, dtype=np.float64)
     awake = np.asarray(host_awake, dtype=bool)
-    # waiting jobs (the site is full): their cards on top of the reserve, spread over the supernodes
-    want_sn = reserve_per_supernode + -(-queued_cards // (site.cards_per_host * site.supernodes))
+    # waiting jobs due to start soon: their cards on top of the reserve, spread over the supernodes
+    want_sn = reserve_per_supernode + -(-due_cards // (site.cards_per_host * site.supernodes))
     for sn in range(site.supernodes):
         sl = slice(sn * hosts_per_sn, (sn + 1) * hosts_per_sn)
         f, fz, o, idle, aw = free[sl], frozen[sl], off[sl], idle_s[sl], awake[sl]
         on_free = np.flatnonzero(f & ~o & ~fz)
         spare = on_free.size - want_sn
-        if spare > 0 and queued_cards == 0:
+        if spare > 0 and due_cards == 0:
             due = on_free[idle[on_free] >= off_after_s]
             due = due[np.lexsort((-idle[due], aw[due]))][:spare]  # no awake cards first, then longest idle
             o[due] = True

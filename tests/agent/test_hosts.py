@@ -64,9 +64,9 @@ def test_off_hosts_come_back_for_the_reserve_and_frozen_hosts_keep_their_state()
     busy = np.zeros(SITE.n_cards, dtype=bool)
     busy[5 * CPH : 6 * CPH] = True  # a job placed on an off host: it is on
     assert not choose(host_off_now=was_off, card_busy=busy)[5]
-    # jobs waiting for cards (the site is full): nothing goes off, off hosts come on for their cards
-    assert not choose(queued_cards=40).any()
-    assert int((~choose(host_off_now=was_off, queued_cards=40)).sum()) == 2 + 5
+    # jobs due to start within a boot: nothing goes off, off hosts come on for their cards
+    assert not choose(due_cards=40).any()
+    assert int((~choose(host_off_now=was_off, due_cards=40)).sum()) == 2 + 5
     frozen = np.zeros(N_H, dtype=bool)
     frozen[:8] = True  # rack r0 at fail-safe: neither switched off nor on
     off = choose(frozen_host=frozen)
@@ -130,3 +130,67 @@ def test_closed_loop_powers_idle_hosts_off_and_back_on_for_new_work() -> None:
     assert sum(len(r.refused) for r in reports) == 0
     assert plant.accounting().rack_over_limit_s == 0.0
     assert any(r.hosts_off for r in reports) and any(d.host_off is not None for d in decisions)
+
+
+def test_hosts_idle_while_a_big_job_waits_for_its_cards_go_off_and_boot_in_time_for_it() -> None:
+    """A job that needs every card waits ~3,400 s for a half-site job to end: the idle half's hosts go
+    off meanwhile (they used to stay on while any job waited) and are booted before its expected
+    start, so it starts when the cards are free, not a boot later."""
+    long = job("long", SITE.n_cards // 2, work_steps=3_000.0)
+    big = job("big", SITE.n_cards, work_steps=300.0, submit_s=30.0)
+    plant = Plant(SITE, [long, big], config=PlantConfig(seed=4, placement="external"))
+    reports: list[ApplyReport] = []
+    loop = ClosedLoop(plant, Controller(SITE, ControlConfig(period_s=15.0)), on_decision=lambda d, r: reports.append(r))
+    off_while_waiting = []
+    booting_when_placed = -1
+    while plant.time_s < 4_000.0:
+        loop.run(20.0)
+        if "big" in {j.job_id for j in plant.queued_jobs()}:
+            off_while_waiting.append(int(plant.truth().host_off.sum()))
+        elif booting_when_placed < 0:
+            booting_when_placed = int((plant.host_off() | plant.host_booting()).sum())
+    assert max(off_while_waiting) == N_H // 2 - 2  # the idle half but the reserve
+    assert booting_when_placed == 0  # its hosts were up when its cards were free: no boot on its path
+    rec = {r.job_id: r for r in plant.job_records()}
+    assert rec["big"].start_time_s == rec["long"].finish_time_s
+    assert sum(len(r.refused) for r in reports) == 0
+    assert plant.accounting().rack_over_limit_s == 0.0
+
+
+def test_the_break_even_time_is_a_boot_at_on_power_over_what_an_off_host_saves_in_the_plant() -> None:
+    """``SiteSpec.host_break_even_s`` checked on the plant's physics: the power an off host saves
+    (host and its cards asleep, less the off power) and a boot drawn at the asleep host's power."""
+    plants = [Plant(SITE, [], config=PlantConfig(seed=1)) for _ in range(2)]
+    for p in plants:
+        p.enter_low_power(np.arange(CPH))  # host 0's cards asleep
+    plants[1].power_off_hosts([0])
+    for p in plants:
+        p.run(100.0)
+    on_w, off_w = (p.truth().it_power_w for p in plants)
+    saving_w = on_w - off_w
+    plants[1].power_on_hosts([0])
+    for p in plants:
+        p.run(100.0)
+    booting_w = plants[1].truth().it_power_w - off_w + SITE.rack.host_off_power_w
+    assert plants[1].host_booting()[0] and booting_w == pytest.approx(saving_w + SITE.rack.host_off_power_w)
+    measured_s = SITE.rack.host_boot_s * booting_w / saving_w
+    assert SITE.host_break_even_s() == pytest.approx(measured_s, rel=0.01)  # cards asleep at 49-53 W
+    assert 300.0 < SITE.host_break_even_s() < 330.0
+
+
+def test_by_default_idle_hosts_go_off_after_the_break_even_time() -> None:
+    plant = Plant(SITE, [job("j", 64, work_steps=200.0)], config=PlantConfig(seed=4))
+    loop = ClosedLoop(plant, Controller(SITE, ControlConfig(period_s=15.0)))
+    hosts: set[int] = set()
+    off_at: dict[int, float] = {}
+    while plant.time_s < 1_500.0:
+        loop.run(5.0)
+        if "j" in {j.job_id for j in plant.running_jobs()}:
+            hosts |= {int(c) // CPH for c in plant.job_cards("j")}
+        off = plant.host_off()
+        off_at.update({h: plant.time_s for h in hosts if off[h] and h not in off_at})
+    end_s = next(r for r in plant.job_records() if r.job_id == "j").finish_time_s
+    assert end_s is not None and len(hosts) == 8
+    assert len(off_at) == 8 - 2  # the two most recently used stay on as the reserve
+    after_s = [t - end_s for t in off_at.values()]
+    assert all(SITE.host_break_even_s() <= a <= SITE.host_break_even_s() + 15.0 + 5.0 for a in after_s)
