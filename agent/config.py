@@ -308,6 +308,22 @@ def _check(cfg: AgentConfig, source: str) -> None:
         )
 
 
+def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:
+    if not site.hosts_managed:
+        return "always on (the site spec has no rack.hosts_per_rack)"
+    if not c.control_host_power:
+        return "left on (control_host_power = false)"
+    off_s, why = (
+        (c.host_off_after_s, "host_off_after_s")
+        if c.host_off_after_s is not None
+        else (site.host_break_even_s(), "the break-even time of a power cycle")
+    )
+    return (
+        f"idle hosts off after {off_s:.0f} s ({why}), {c.host_reserve_per_supernode} idle per supernode kept on, "
+        f"booted {c.host_boot_lead_s:g} s before a queued job's expected start"
+    )
+
+
 def explain(loaded: LoadedConfig) -> str:
     """A human-readable account of a valid configuration (for ``racktwin agent --check-config``)."""
     cfg, site = loaded.config, loaded.site
@@ -334,6 +350,7 @@ def explain(loaded: LoadedConfig) -> str:
             if c.control_placement
             else "left to the site's scheduler"
         ),
+        "  hosts         " + _hosts_line(c, site),
         f"  commands      expire after {c.command_ttl_s:g} s, at most {c.command_retries} retries",
         f"  prices        {cfg.prices.energy_per_kwh:g} per kWh, {cfg.prices.card_hour_value:g} per card-hour, "
         f"{cfg.prices.pue_penalty_per_kwh:g} per kWh above the PUE target",

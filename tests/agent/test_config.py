@@ -27,6 +27,7 @@ def test_example_config_is_valid_and_explained() -> None:
     assert loaded.site.n_cards == 512
     text = explain(loaded)
     assert "advice only" in text and "512 cards" in text
+    assert "idle hosts off after 311 s (the break-even time of a power cycle)" in text
     # relative paths resolve against the config file's folder
     assert Path(loaded.config.journal.path).parent == EXAMPLES
 
