@@ -4,6 +4,7 @@
     python benchmarks/bench_evaluate.py --days nominal  # one day
     python benchmarks/bench_evaluate.py --faults        # the six day-fault scenarios, in process and via MQTT
     python benchmarks/bench_evaluate.py --faults --mqtt-speed 20 --mqtt-duration 2400
+    python benchmarks/bench_evaluate.py --faults --fault card-failure   # one fault scenario
     python benchmarks/bench_evaluate.py --days nominal --seeds 5   # five different nominal days
     python benchmarks/bench_evaluate.py --host-sweep   # racktwin with host power-down settings side by side
 
@@ -35,7 +36,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -305,7 +306,7 @@ def _verdicts(checks: Any) -> str:
     return f"{met} of {len(checks)} met" + (f" (missed: {', '.join(missed)})" if missed else "")
 
 
-def run_faults(out: Path, speed: float, mqtt_duration: float, jobs: int | None) -> str:
+def run_faults(out: Path, speed: float, mqtt_duration: float, jobs: int | None, kinds: Sequence[str] = FAULTS) -> str:
     from agent.broker import EmbeddedBroker
     from agent.commands.demo import run_closed_loop
     from agent.evaluate import evaluate
@@ -315,7 +316,7 @@ def run_faults(out: Path, speed: float, mqtt_duration: float, jobs: int | None) 
     rows_mq: list[str] = []
     broker = EmbeddedBroker().start()
     try:
-        for kind in FAULTS:
+        for kind in kinds:
             path = REPO / "examples" / f"day-fault-{kind}.toml"
             sc = load_run_scenario(path)
             t0 = time.perf_counter()
@@ -380,6 +381,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--days", nargs="*", default=list(DAYS), choices=DAYS)
     ap.add_argument("--faults", action="store_true", help="run the fault scenarios instead of the days")
+    ap.add_argument(
+        "--fault",
+        action="append",
+        choices=FAULTS,
+        metavar="KIND",
+        help=f"with --faults: only this one (repeatable; {', '.join(FAULTS)})",
+    )
     ap.add_argument("--mqtt-speed", type=float, default=20.0)
     ap.add_argument("--mqtt-duration", type=float, default=2400.0, help="site seconds of each MQTT fault run")
     ap.add_argument(
@@ -393,7 +401,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"# bench_evaluate: {time.strftime('%Y-%m-%d %H:%M')}, {machine()}\n")
     if args.faults:
-        print(run_faults(out, args.mqtt_speed, args.mqtt_duration, args.jobs))
+        print(run_faults(out, args.mqtt_speed, args.mqtt_duration, args.jobs, args.fault or FAULTS))
         return 0
     if args.host_sweep:
         print(host_sweep(out))

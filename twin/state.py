@@ -260,7 +260,11 @@ class TwinState:
         self.card_level[idx[level_ok]] = level[level_ok]
         self.card_low_power[idx] = low
         self.card_waking[idx] = waking
-        self.card_failed[idx] = failed
+        # a card of a powered-off host reads asleep at 0 W whether or not it has failed: the belief
+        # keeps what it knew of it until its host is on again (else a failed card is forgotten when
+        # its idle host goes off, and jobs are placed on it)
+        unknown = host_known & host_off
+        self.card_failed[idx] = np.where(unknown, self.card_failed[idx], failed)
         self.card_host_off[idx[host_known]] = host_off[host_known]
         lim_ok = np.isfinite(lim) & (lim > 0)
         self.card_power_limit_w[idx[lim_ok]] = lim[lim_ok]

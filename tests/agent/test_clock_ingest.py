@@ -145,6 +145,35 @@ def test_ingest_carries_host_off_into_the_belief_and_keeps_it_when_a_batch_does_
     assert not state.snapshot().card_host_off.any()
 
 
+def test_a_failed_card_stays_failed_while_its_host_is_off_and_reads_asleep() -> None:
+    """On the wire a failed card reads 0 MHz and 0 W while awake; once its idle host is powered off it
+    reads asleep at 0 W like its healthy neighbours. The belief keeps the failure until the host is
+    on again (through MQTT the agent used to forget it and kept placing a job on the failed card)."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    dead = np.zeros(64, dtype=bool)
+    dead[6] = True  # card 6 of r1 (host 0 of the rack) has failed
+    on = np.zeros(64, dtype=bool)
+    ing.handle(
+        cards_msg("r1", T0, power_w=np.where(dead, 0.0, 300.0), sm_clock_mhz=np.where(dead, 0.0, 1870.0), host_off=on)
+    )
+    ing.flush()
+    assert np.flatnonzero(state.snapshot().card_failed).tolist() == [64 + 6]
+    off = np.zeros(64, dtype=bool)
+    off[:8] = True  # its host goes off: all of its cards read asleep at 0 W
+    asleep = dict(power_w=np.where(off, 0.0, 300.0), sm_clock_mhz=np.where(off, 0.0, 1870.0), low_power=off.copy())
+    ing.handle(cards_msg("r1", T0 + 1, host_off=off, **asleep))
+    ing.flush()
+    snap = state.snapshot()
+    assert np.flatnonzero(snap.card_failed).tolist() == [64 + 6]  # still failed
+    assert snap.card_host_off[64:72].all()
+    # on again and repaired: the card reads healthy and the belief follows
+    ing.handle(cards_msg("r1", T0 + 2, host_off=on))
+    ing.flush()
+    assert not state.snapshot().card_failed.any()
+
+
 def test_json_log_lines_carry_their_fields() -> None:
     rec = logging.LogRecord("racktwin.agent", logging.INFO, __file__, 1, "decision", (), None)
     rec.fields = {"cycle": 3, "status": "optimal"}
