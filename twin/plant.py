@@ -733,7 +733,7 @@ class Plant:
             raise CommandError(f"power_off_hosts: host {c // cph} has card {c} busy with job {name}")
         self._host_off[idx] = True
         self._card_off[cards] = True
-        self._low[cards] = True
+        self._low[cards] = ~self._failed[cards]  # a failed card is never asleep: it reads failed once on again
         self._waking[cards] = False
         self._n_low = int(self._low.sum())
         self._n_hosts_off = int(self._host_off.sum())
@@ -1143,6 +1143,9 @@ class Plant:
                     self._failed[c] = False
                     self._n_failed -= 1
                     self._sched_dirty = True
+                    if self._card_off[c]:  # repaired on an off host: asleep like its neighbours
+                        self._low[c] = True
+                        self._n_low = int(self._low.sum())
             elif kind == "flow":
                 self._update_flow(t)
             elif kind == "pump_hold":

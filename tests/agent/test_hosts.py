@@ -15,7 +15,7 @@ from agent.decision import Decision
 from agent.hosts import choose_hosts_off
 from agent.loop import ApplyReport, ClosedLoop
 from models.placement import PlacementProblem, QueuedJob, greedy_placement
-from twin.plant import Plant, PlantConfig
+from twin.plant import CardFailure, Plant, PlantConfig
 
 pytestmark = pytest.mark.agent
 
@@ -194,3 +194,19 @@ def test_by_default_idle_hosts_go_off_after_the_break_even_time() -> None:
     assert len(off_at) == 8 - 2  # the two most recently used stay on as the reserve
     after_s = [t - end_s for t in off_at.values()]
     assert all(SITE.host_break_even_s() <= a <= SITE.host_break_even_s() + 15.0 + 5.0 for a in after_s)
+
+
+def test_a_failed_card_reads_failed_again_after_its_host_was_off_and_a_repaired_one_sleeps() -> None:
+    """A failed card is never asleep: after its host was powered off and on it reads failed again
+    (awake, 0 MHz, 0 W: what tells the agent over MQTT), so no job is placed on it; repaired while its
+    host is off, it sleeps like its neighbours."""
+    plant = Plant(SITE, [], [CardFailure(card=3, at_s=5.0), CardFailure(card=12, at_s=5.0, repair_after_s=50.0)])
+    plant.run(10.0)
+    plant.power_off_hosts([0, 1])
+    plant.run(100.0)  # card 12 is repaired while host 1 is off
+    plant.power_on_hosts([0, 1])
+    plant.run(SITE.rack.host_boot_s + 10.0)
+    cards = plant.readings().racks[0].cards
+    assert cards.failed[3] and not cards.low_power[3] and cards.clock_mhz[3] == 0.0 and cards.power_w[3] == 0.0
+    assert not cards.failed[12] and cards.low_power[12]
+    assert cards.low_power[[0, 1, 2, 4, 5, 6, 7]].all()
