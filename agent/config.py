@@ -144,6 +144,11 @@ class ControlConfig:
     replan_on_job_events: bool = True
     min_replan_interval_s: float = field(default=2.0, metadata=rng(0.0, 3600.0))
 
+    def host_idle_off_s(self, site: SiteSpec) -> float:
+        """How long a host stays idle before it goes off: ``host_off_after_s``, else the site's
+        break-even time of a power cycle (``SiteSpec.host_break_even_s``)."""
+        return self.host_off_after_s if self.host_off_after_s is not None else site.host_break_even_s()
+
 
 @dataclass(frozen=True)
 class PricesConfig:
@@ -313,13 +318,10 @@ def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:
         return "always on (the site spec has no rack.hosts_per_rack)"
     if not c.control_host_power:
         return "left on (control_host_power = false)"
-    off_s, why = (
-        (c.host_off_after_s, "host_off_after_s")
-        if c.host_off_after_s is not None
-        else (site.host_break_even_s(), "the break-even time of a power cycle")
-    )
+    why = "host_off_after_s" if c.host_off_after_s is not None else "the break-even time of a power cycle"
     return (
-        f"idle hosts off after {off_s:.0f} s ({why}), {c.host_reserve_per_supernode} idle per supernode kept on, "
+        f"idle hosts off after {c.host_idle_off_s(site):.0f} s ({why}), "
+        f"{c.host_reserve_per_supernode} idle per supernode kept on, "
         f"booted {c.host_boot_lead_s:g} s before a queued job's expected start"
     )
 

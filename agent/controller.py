@@ -341,7 +341,7 @@ class Controller:
             host_off_now=host_any(site, snap.card_host_off),
             host_awake=host_any(site, ~d.card_low_power & ~d.card_busy & ~d.card_failed),
             frozen_host=host_any(site, fs[self._card_rack]),
-            off_after_s=cfg.host_off_after_s if cfg.host_off_after_s is not None else site.host_break_even_s(),
+            off_after_s=cfg.host_idle_off_s(site),
             reserve_per_supernode=cfg.host_reserve_per_supernode,
             due_cards=self._cards_due(d, snap, ctx),
         )
@@ -671,8 +671,7 @@ class Controller:
         expected to start within a host's boot plus ``host_boot_lead_s`` (``agent.backfill.
         expected_starts_s``: when their cards are expected to be free; a job holding a reservation at
         its promised start, the jobs behind it not before). Their hosts are kept on or powered on;
-        hosts waiting for a start further away may go off meanwhile: on the nominal day jobs waited
-        19.5 h of the 24 with 483 host-hours idle, mostly drains for a big job's reservation."""
+        hosts waiting for a start further away (a big job's drain) may go off meanwhile."""
         now = ctx.now_s
         placing = {o.job_id for o in d.placements} | set(self._pending_now(now))
         queue = [q for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= self.site.n_cards]

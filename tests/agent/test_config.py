@@ -38,6 +38,14 @@ def test_minimal_config_uses_defaults(tmp_path: Path) -> None:
     assert loaded.config.broker.port == 1883
 
 
+def test_a_configured_host_idle_time_wins_over_the_break_even_default(tmp_path: Path) -> None:
+    default = load_config(write(tmp_path, 'site = "site.toml"\n'), env={})
+    assert default.config.control.host_idle_off_s(default.site) == pytest.approx(default.site.host_break_even_s())
+    loaded = load_config(write(tmp_path, 'site = "site.toml"\n[control]\nhost_off_after_s = 600\n'), env={})
+    assert loaded.config.control.host_idle_off_s(loaded.site) == 600.0
+    assert "idle hosts off after 600 s (host_off_after_s)" in explain(loaded)
+
+
 def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:
     p = write(tmp_path, 'site = "site.toml"\n')
     loaded = load_config(
