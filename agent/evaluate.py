@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.config import ControlConfig, PricesConfig
+from agent.job_work import JobWork, job_work
 from agent.policies import POLICY_NAMES, ControlStats, Policy, make_policy
 from agent.targets import TargetCheck, check_targets, validate_targets
 from twin.plant import Plant
@@ -96,6 +97,7 @@ class PolicyResult:
     stats: ControlStats
     wall_s: float
     cpu_s: float
+    jobs: tuple[JobWork, ...] = ()  # per job: size, first start, work done (agent.job_work)
 
 
 @dataclass
@@ -303,6 +305,7 @@ def run_policy(
         stats=policy.stats,
         wall_s=time.perf_counter() - t_wall,
         cpu_s=time.process_time() - t_cpu,
+        jobs=job_work(plant.job_records()),
     )
 
 
@@ -489,6 +492,7 @@ def evaluate(
             {n: r.breakdown_kwh for n, r in ev.results.items()},
             scenario.site,
             scenario.jobs,
+            job_work={n: r.jobs for n, r in ev.results.items()},
         )
     return ev
 

@@ -26,9 +26,11 @@ for every target missed, explains the miss with numbers from the same run:
   The ceiling is an upper bound, not a forecast: it ignores every constraint (caps, die limits,
   wake-up latency, the ready reserve).
 * **throughput loss**: split into fewer busy card-seconds (when jobs ran: placement, queue order,
-  what was still queued at the end) and slower busy cards (DVFS, wake-ups);
-* **better than a policy**: the energy and throughput differences; identical results say the two
-  made the same decisions;
+  what was still queued at the end) and slower busy cards (DVFS, wake-ups), and, where the runs'
+  per-job work is given, the jobs that make most of the difference (``agent.job_work``);
+* **better than a policy**: the energy and throughput differences, and for less work the jobs behind
+  it (one big job started later often outweighs all the rest); identical results say the two made
+  the same decisions;
 * PUE, limits and dies: the measured values beside the bounds.
 
 Pure functions of the metrics (no I/O); ``racktwin evaluate`` prints and writes the checks.
@@ -43,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.job_work import JobWork, describe_work_gap
 from twin.power import PowerModel
 from twin.scenario import ScenarioTargets
 from twin.spec import SiteSpec
@@ -186,10 +189,19 @@ def check_targets(
     breakdown_kwh: Mapping[str, Mapping[str, float]],
     site: SiteSpec,
     jobs: Sequence[JobSpec],
+    job_work: Mapping[str, Sequence[JobWork]] | None = None,
 ) -> list[TargetCheck]:
     """Judge ``targets`` on an evaluation's ``metrics`` and ``breakdown_kwh`` (per policy; the
-    baseline must be among them for savings, losses and ceilings)."""
+    baseline must be among them for savings, losses and ceilings); ``job_work`` (per policy, the
+    jobs' work at the end) names the jobs behind a throughput miss."""
     name = targets.policy
+
+    def by_job(other: str) -> str:
+        if job_work is None or name not in job_work or other not in job_work:
+            return ""
+        gap = describe_work_gap(job_work[name], job_work[other], other)
+        return f"; {gap}" if gap else ""
+
     if name not in metrics:
         raise TargetsError(f"targets.policy {name!r} did not run")
     m = metrics[name]
@@ -252,7 +264,7 @@ def check_targets(
                     f"{busy_loss:+.2f}% busy card-seconds (when jobs ran: placement, queue order, jobs still "
                     f"queued at the end; {name} {100 * busy_p:.2f}% of the cards busy, baseline {100 * busy_b:.2f}%) "
                     f"and {speed_loss:+.2f}% work per busy card-second (DVFS levels, card wake-ups)"
-                )
+                ) + by_job("baseline")
         add(
             "throughput loss vs baseline",
             f"< {want:g}%",
@@ -325,6 +337,7 @@ def check_targets(
                 ("" if less_energy else f"energy {d_e:+.2f}% against {other}")
                 + ("" if less_energy or enough_work else "; ")
                 + ("" if enough_work else f"work {d_w:+.2f}% against {other} (tolerance {tol:g}%)")
+                + ("" if enough_work else by_job(other))
             )
         add(
             f"better than {other}",

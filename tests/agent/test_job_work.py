@@ -1,0 +1,125 @@
+"""Where two policies' work differs, job by job (agent.job_work), and the targets that cite it.
+
+What users rely on: a run's work is the sum of its jobs' work, so a throughput verdict between two
+policies is explained by naming the jobs whose work differs; a job started later is named with how
+much later and what it cost, the rest are summed; a job that finished under both does not count; a
+missed "better than" target and a missed throughput-loss target name those jobs when the runs' job
+records are given, and ``racktwin evaluate`` gives them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from agent_helpers import job, small_site
+
+from agent.evaluate import evaluate
+from agent.job_work import JobWork, describe_work_gap, job_work, work_differences
+from agent.targets import check_targets
+from twin.plant import Plant, PlantConfig
+from twin.scenario import ScenarioTargets, run_scenario_from_dict
+
+pytestmark = pytest.mark.agent
+
+
+def _run(big_start_s: float) -> Plant:
+    """A 32-card site: an 8-card job that ends within the run, a 16-card job placed at
+    ``big_start_s`` that runs past the end."""
+    site = small_site(racks=2)
+    jobs = [job("small", 8, work_steps=120.0), job("big", 16, work_steps=1e6)]
+    plant = Plant(site, jobs, config=PlantConfig(seed=3, placement="external", external_timeout_s=1e6))
+    plant.step(1.0)
+    plant.place_job("small", np.arange(8))
+    while plant.time_s < big_start_s:
+        plant.step(1.0)
+    plant.place_job("big", np.arange(16, 32))
+    while plant.time_s < 900.0:
+        plant.step(1.0)
+    return plant
+
+
+def test_a_big_job_started_later_is_named_with_its_delay_and_cost() -> None:
+    early, late = _run(1.0), _run(301.0)
+    for plant in (early, late):  # the per-job work adds up to the run's work
+        assert sum(j.work_card_s for j in job_work(plant.job_records())) == pytest.approx(
+            plant.accounting().work_card_s, rel=1e-9
+        )
+    w_early, w_late = job_work(early.job_records()), job_work(late.job_records())
+    (d,) = work_differences(w_late, w_early)  # "small" finished under both: same work
+    assert d.job_id == "big" and d.n_cards == 16
+    assert d.start_delta_s == pytest.approx(300.0)
+    assert d.work_delta_card_s == pytest.approx(-16 * 300.0, rel=0.1)  # ~300 s of 16 cards' training
+    text = describe_work_gap(w_late, w_early, "early")
+    assert "big (16 cards, started 300 s later than under early)" in text
+    assert f"{d.work_delta_card_s:+,.0f} card-s" in text
+    assert describe_work_gap(w_early, w_early, "itself") == ""
+
+
+def test_the_largest_differences_come_first_and_the_rest_are_summed() -> None:
+    o = [JobWork(f"j{i}", 8, 0.0, 1000.0) for i in range(6)] + [JobWork("huge", 256, 0.0, 50_000.0)]
+    p = [JobWork(f"j{i}", 8, 0.0 if i else -60.0, 1000.0 + 10.0 * (i + 1)) for i in range(6)]
+    p.append(JobWork("huge", 256, 1200.0, 20_000.0))
+    text = describe_work_gap(p, o, "reactive", top=2)
+    assert text.startswith("by job (-29,790 card-s in all, 7 jobs differ): huge (256 cards, started 1,200 s later")
+    assert "j5 (8 cards, started with reactive, ran faster) +60 card-s" in text
+    assert text.endswith("5 other jobs +150 card-s (+0.27%)")
+    not_started, started = [JobWork("a", 8, None, 0.0)], [JobWork("a", 8, 5.0, 40.0)]
+    (never,) = work_differences(not_started, started)
+    assert never.start_delta_s is None and never.started == (False, True)
+    assert "a (8 cards, never started; under o it did) -40 card-s" in describe_work_gap(not_started, started, "o")
+
+
+def _metrics(**over: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {
+        "facility_energy_kwh": 1000.0,
+        "throughput": 300.0,
+        "busy_card_frac": 0.6,
+        "limit_violation_s": 0.0,
+        "limit_violation_episodes": 0,
+        "limit_violation_longest_s": 0.0,
+        "limit_violation_kws": 0.0,
+        "max_rack_power_w": 20000.0,
+        "max_die_temp_c": 80.0,
+    }
+    m.update(over)
+    return m
+
+
+def test_missed_targets_name_the_jobs_behind_less_work() -> None:
+    site = small_site(racks=2)
+    metrics = {
+        "baseline": _metrics(),
+        "reactive": _metrics(facility_energy_kwh=999.0),
+        "racktwin": _metrics(facility_energy_kwh=900.0, throughput=297.0, busy_card_frac=0.59, throughput_loss_pct=1.0),
+    }
+    same = [JobWork("a", 8, 0.0, 1000.0), JobWork("big", 16, 10.0, 9000.0)]
+    ours = [JobWork("a", 8, 0.0, 1000.0), JobWork("big", 16, 610.0, 6000.0)]
+    work = {"baseline": same, "reactive": same, "racktwin": ours}
+    tg = ScenarioTargets(throughput_loss_pct_max=0.5, better_than=("reactive",))
+    loss, better = check_targets(tg, metrics, {}, site, [], job_work=work)
+    assert loss.met is False and "big (16 cards, started 600 s later than under baseline) -3,000 card-s" in loss.why
+    assert better.met is False and "big (16 cards, started 600 s later than under reactive)" in better.why
+    plain = check_targets(tg, metrics, {}, site, [])  # without job records: the old why, no "by job"
+    assert all("by job" not in c.why for c in plain)
+
+
+def test_evaluate_records_every_jobs_work() -> None:
+    site = small_site(racks=2)
+    sc = run_scenario_from_dict(
+        {
+            "name": "jobs",
+            "duration_s": 600.0,
+            "seed": 2,
+            "jobs": [
+                {"id": "a", "n_cards": 8, "work_steps": 100.0, "step_time_s": 1.0},
+                {"id": "b", "n_cards": 16, "work_steps": 1e6, "step_time_s": 1.0},
+            ],
+        },
+        site=site,
+    )
+    ev = evaluate(sc, ["baseline"])
+    base = ev.results["baseline"]
+    assert {j.job_id for j in base.jobs} == {"a", "b"}
+    assert sum(j.work_card_s for j in base.jobs) == pytest.approx(base.metrics["work_card_s"], rel=1e-9)
