@@ -279,7 +279,22 @@ def spread_table(day: str, runs: list[dict[str, Any]]) -> str:
         f"racktwin did at least the work of static-cap and reactive on {wins} of {n} days; its energy and work "
         f"were within 0.05% of greedy's on {ties} of {n} days.",
     ]
+    gaps = [
+        (label, _missed_why(full.get("targets"), "better than reactive"))
+        for label, full in zip(labels, runs, strict=True)
+    ]
+    if any(why for _l, why in gaps):
+        lines += ["", "Where racktwin did less work than reactive (the target's why, by job):", ""]
+        lines += [f"- {label}: {why}" for label, why in gaps if why]
     return "\n".join(lines)
+
+
+def _missed_why(targets: dict[str, Any] | None, name: str) -> str:
+    """The why of the target check ``name`` where it was missed ("" where met or not judged)."""
+    for c in (targets or {}).get("checks", []):
+        if c["name"] == name and c["met"] is False:
+            return str(c["why"])
+    return ""
 
 
 def targets_lines(targets: dict[str, Any] | None) -> list[str]:
