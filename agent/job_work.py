@@ -33,6 +33,7 @@ class JobWork:
     n_cards: int
     start_s: float | None  # first placement (plant time); None: never started
     work_card_s: float
+    compute_start_s: float | None = None  # first step of training (after wake-ups, boots, start-up)
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,14 @@ class JobDifference:
     job_id: str
     n_cards: int
     work_delta_card_s: float
-    start_delta_s: float | None  # None: one of them never started it
-    started: tuple[bool, bool]  # (under P, under O)
+    start_delta_s: float | None  # placement; None: one of them never placed it
+    started: tuple[bool, bool]  # placed (under P, under O)
+    compute_start_delta_s: float | None = None  # first step of training; None: one of them never began
 
 
 def job_work(records: Iterable[JobRecord]) -> tuple[JobWork, ...]:
     """The per-job work of a plant's job records."""
-    return tuple(JobWork(r.job_id, r.n_cards, r.start_time_s, r.work_done_card_s) for r in records)
+    return tuple(JobWork(r.job_id, r.n_cards, r.start_time_s, r.work_done_card_s, r.compute_start_s) for r in records)
 
 
 def work_differences(p: Sequence[JobWork], o: Sequence[JobWork], min_card_s: float = 1.0) -> list[JobDifference]:
@@ -67,6 +69,8 @@ def work_differences(p: Sequence[JobWork], o: Sequence[JobWork], min_card_s: flo
         assert ref is not None  # jid comes from one of them
         sp = jp.start_s if jp is not None else None
         so = jo.start_s if jo is not None else None
+        cp = jp.compute_start_s if jp is not None else None
+        co = jo.compute_start_s if jo is not None else None
         out.append(
             JobDifference(
                 job_id=jid,
@@ -74,21 +78,32 @@ def work_differences(p: Sequence[JobWork], o: Sequence[JobWork], min_card_s: flo
                 work_delta_card_s=wp - wo,
                 start_delta_s=sp - so if sp is not None and so is not None else None,
                 started=(sp is not None, so is not None),
+                compute_start_delta_s=cp - co if cp is not None and co is not None else None,
             )
         )
     out.sort(key=lambda d: (d.work_delta_card_s, d.job_id))
     return out
 
 
+def _shift(delta_s: float) -> str:
+    if abs(delta_s) < 0.5:
+        return "at the same time"
+    return f"{abs(delta_s):,.0f} s {'later' if delta_s > 0 else 'earlier'}"
+
+
 def _how(d: JobDifference, other: str) -> str:
+    """When the job was placed and began training against ``other``: a job placed at the same time
+    but computing later waited for its cards to wake or its hosts to boot."""
     if d.start_delta_s is not None:
+        c = d.compute_start_delta_s
+        if c is not None and abs(c - d.start_delta_s) >= 0.5:  # it waited longer (or less) once placed
+            return f"placed {_shift(d.start_delta_s)}, computing {_shift(c)} than under {other}"
         if abs(d.start_delta_s) < 0.5:
-            return f"started with {other}, ran {'slower' if d.work_delta_card_s < 0 else 'faster'}"
-        when = "later" if d.start_delta_s > 0 else "earlier"
-        return f"started {abs(d.start_delta_s):,.0f} s {when} than under {other}"
+            return f"placed and computing with {other}, ran {'slower' if d.work_delta_card_s < 0 else 'faster'}"
+        return f"placed {_shift(d.start_delta_s)} than under {other}"
     if d.started[0]:
-        return f"started; under {other} never"
-    return f"never started; under {other} it did"
+        return f"placed; under {other} never"
+    return f"never placed; under {other} it was"
 
 
 def describe_work_gap(p: Sequence[JobWork], o: Sequence[JobWork], other: str, top: int = 3) -> str:

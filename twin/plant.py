@@ -278,6 +278,7 @@ class JobRecord:
     submit_time_s: float
     start_time_s: float | None  # first placement
     finish_time_s: float | None
+    compute_start_s: float | None  # first step of training (after its cards woke, its hosts booted, start-up)
     work_done_card_s: float
     work_total_card_s: float
     slo_violation_s: float
@@ -291,6 +292,7 @@ class _Job:
     __slots__ = (
         "cards",
         "ckpt_interval_steps",
+        "compute_start_s",
         "finish_s",
         "last_ckpt_steps",
         "next_action",
@@ -317,6 +319,7 @@ class _Job:
         self.queued_since_s = 0.0
         self.start_s: float | None = None
         self.finish_s: float | None = None
+        self.compute_start_s: float | None = None
         self.restarts = 0
         self.progress_steps = 0.0
         self.last_ckpt_steps = 0.0
@@ -867,6 +870,7 @@ class Plant:
                     submit_time_s=spec.submit_time_s,
                     start_time_s=job.start_s,
                     finish_time_s=job.finish_s,
+                    compute_start_s=job.compute_start_s,
                     work_done_card_s=float(min(progress, spec.work_steps) * spec.step_time_s * spec.n_cards),
                     work_total_card_s=spec.work_card_s,
                     slo_violation_s=job.slo_violation_s,
@@ -1431,6 +1435,8 @@ class Plant:
             self._s_next_event[s] = _INF
             kind = action[0]
             if kind in ("start", "resume"):
+                if job.compute_start_s is None:
+                    job.compute_start_s = t
                 self._set_phase(job, Phase.COMPUTE, t)
                 self._schedule_stall(job, t)
             elif kind == "stall":

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import job, small_site
+from agent_helpers import example_site, job, small_site
 
 from agent.evaluate import evaluate
 from agent.job_work import JobWork, describe_work_gap, job_work, work_differences
@@ -52,9 +52,27 @@ def test_a_big_job_started_later_is_named_with_its_delay_and_cost() -> None:
     assert d.start_delta_s == pytest.approx(300.0)
     assert d.work_delta_card_s == pytest.approx(-16 * 300.0, rel=0.1)  # ~300 s of 16 cards' training
     text = describe_work_gap(w_late, w_early, "early")
-    assert "big (16 cards, started 300 s later than under early)" in text
+    assert "big (16 cards, placed 300 s later than under early)" in text
     assert f"{d.work_delta_card_s:+,.0f} card-s" in text
     assert describe_work_gap(w_early, w_early, "itself") == ""
+
+
+def test_a_job_placed_on_an_off_host_begins_computing_after_the_boot() -> None:
+    site = example_site()
+    assert site.hosts_managed
+    plant = Plant(site, [job("j", 8)], config=PlantConfig(seed=1, placement="external", external_timeout_s=1e6))
+    plant.step(1.0)
+    plant.power_off_hosts([0])
+    plant.run(30.0)
+    plant.place_job("j", np.arange(8))  # host 0's cards
+    placed_s = plant.time_s
+    plant.run(site.rack.host_boot_s + 120.0)
+    (rec,) = plant.job_records()
+    assert rec.start_time_s == pytest.approx(placed_s)
+    assert rec.compute_start_s is not None
+    assert rec.compute_start_s >= placed_s + site.rack.host_boot_s  # the boot, then the card wake-up
+    (w,) = job_work([rec])
+    assert w.compute_start_s == rec.compute_start_s
 
 
 def test_the_largest_differences_come_first_and_the_rest_are_summed() -> None:
@@ -62,13 +80,16 @@ def test_the_largest_differences_come_first_and_the_rest_are_summed() -> None:
     p = [JobWork(f"j{i}", 8, 0.0 if i else -60.0, 1000.0 + 10.0 * (i + 1)) for i in range(6)]
     p.append(JobWork("huge", 256, 1200.0, 20_000.0))
     text = describe_work_gap(p, o, "reactive", top=2)
-    assert text.startswith("by job (-29,790 card-s in all, 7 jobs differ): huge (256 cards, started 1,200 s later")
-    assert "j5 (8 cards, started with reactive, ran faster) +60 card-s" in text
+    assert text.startswith("by job (-29,790 card-s in all, 7 jobs differ): huge (256 cards, placed 1,200 s later")
+    assert "j5 (8 cards, placed and computing with reactive, ran faster) +60 card-s" in text
     assert text.endswith("5 other jobs +150 card-s (+0.27%)")
     not_started, started = [JobWork("a", 8, None, 0.0)], [JobWork("a", 8, 5.0, 40.0)]
     (never,) = work_differences(not_started, started)
     assert never.start_delta_s is None and never.started == (False, True)
-    assert "a (8 cards, never started; under o it did) -40 card-s" in describe_work_gap(not_started, started, "o")
+    assert "a (8 cards, never placed; under o it was) -40 card-s" in describe_work_gap(not_started, started, "o")
+    # placed at the same time, but its hosts booted first: computing later
+    booted = describe_work_gap([JobWork("b", 64, 10.0, 100.0, 310.0)], [JobWork("b", 64, 10.0, 900.0, 25.0)], "o")
+    assert "b (64 cards, placed at the same time, computing 285 s later than under o) -800 card-s" in booted
 
 
 def _metrics(**over: Any) -> dict[str, Any]:
@@ -99,8 +120,8 @@ def test_missed_targets_name_the_jobs_behind_less_work() -> None:
     work = {"baseline": same, "reactive": same, "racktwin": ours}
     tg = ScenarioTargets(throughput_loss_pct_max=0.5, better_than=("reactive",))
     loss, better = check_targets(tg, metrics, {}, site, [], job_work=work)
-    assert loss.met is False and "big (16 cards, started 600 s later than under baseline) -3,000 card-s" in loss.why
-    assert better.met is False and "big (16 cards, started 600 s later than under reactive)" in better.why
+    assert loss.met is False and "big (16 cards, placed 600 s later than under baseline) -3,000 card-s" in loss.why
+    assert better.met is False and "big (16 cards, placed 600 s later than under reactive)" in better.why
     plain = check_targets(tg, metrics, {}, site, [])  # without job records: the old why, no "by job"
     assert all("by job" not in c.why for c in plain)
 
