@@ -22,6 +22,7 @@ from evaluate_helpers import full_load_scenario
 
 from agent.cli import main
 from agent.evaluate import BREAKDOWN_KEYS, evaluate
+from agent.job_work import JobWork
 from agent.policies import POLICY_NAMES
 from agent.targets import TargetsError, check_targets, dvfs_saving_per_loss, saving_ceiling, validate_targets
 from twin.power import PowerModel
@@ -269,3 +270,21 @@ def test_a_scenario_whose_targets_name_an_unknown_policy_is_refused_before_runni
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].startswith("racktwin evaluate: error: ") and "unknown policy 'magic'" in err[-1]
+
+
+def test_missed_targets_name_the_jobs_behind_less_work() -> None:
+    site = example_site()
+    metrics = {
+        "baseline": _metrics(),
+        "reactive": _metrics(facility_energy_kwh=999.0),
+        "racktwin": _metrics(facility_energy_kwh=900.0, throughput=297.0, busy_card_frac=0.59, throughput_loss_pct=1.0),
+    }
+    same = [JobWork("a", 8, 0.0, 1000.0), JobWork("big", 16, 10.0, 9000.0)]
+    ours = [JobWork("a", 8, 0.0, 1000.0), JobWork("big", 16, 610.0, 6000.0)]
+    work = {"baseline": same, "reactive": same, "racktwin": ours}
+    tg = ScenarioTargets(throughput_loss_pct_max=0.5, better_than=("reactive",))
+    loss, better = check_targets(tg, metrics, {}, site, [], job_work=work)
+    assert loss.met is False and "big (16 cards, placed 600 s later than under baseline) -3,000 card-s" in loss.why
+    assert better.met is False and "big (16 cards, placed 600 s later than under reactive)" in better.why
+    plain = check_targets(tg, metrics, {}, site, [])  # without job records: the old why, no "by job"
+    assert all("by job" not in c.why for c in plain)
