@@ -27,18 +27,19 @@ __all__ = ["JobDifference", "JobWork", "describe_work_gap", "job_work", "work_di
 
 @dataclass(frozen=True)
 class JobWork:
-    """One job at the end of a run: its size, when it first started and the work it did."""
+    """One job at the end of a run: its size, when it was first placed and began training, and the
+    work it did."""
 
     job_id: str
     n_cards: int
-    start_s: float | None  # first placement (plant time); None: never started
+    start_s: float | None  # first placement (plant time); None: never placed
     work_card_s: float
     compute_start_s: float | None = None  # first step of training (after wake-ups, boots, start-up)
 
 
 @dataclass(frozen=True)
 class JobDifference:
-    """One job under policy P against policy O: P's work less O's, P's start less O's."""
+    """One job under policy P against policy O: P's work, placement and first training step less O's."""
 
     job_id: str
     n_cards: int
