@@ -90,7 +90,9 @@ class ControlConfig:
     stuck_after_readings: int = field(default=20, metadata=rng(3, 100_000))
     # A rack stays at fail-safe caps this long after its telemetry is fresh again (s).
     failsafe_hold_s: float = field(default=30.0, metadata=rng(0.0, 86400.0))
-    # Fail-safe racks also run their cards at the slowest DVFS level (besides the power-limit caps).
+    # Blind fail-safe racks (telemetry stale, or frozen as a whole) also run their cards, and every job
+    # touching them, at the slowest DVFS level (besides the power-limit caps). A rack at fail-safe caps
+    # for one stuck card keeps its levels.
     failsafe_lowest_level: bool = True
     # The lowest power limit a card accepts (W; H100 SXM: 200 W).
     min_power_limit_w: float = field(default=200.0, metadata=rng(1.0, 5000.0))
@@ -342,7 +344,7 @@ def explain(loaded: LoadedConfig) -> str:
         f"  control       every {c.period_s:g} s, solve deadline {c.solve_deadline_s:g} s, "
         f"rack margin {c.rack_margin_w:g} W, die margin {c.die_margin_k:g} K",
         f"  fail-safe     racks silent for {c.telemetry_deadline_s:g} s or with a stuck sensor get conservative caps"
-        f" (held {c.failsafe_hold_s:g} s after telemetry returns)",
+        f" (held {c.failsafe_hold_s:g} s after telemetry returns; a stuck card's rack keeps its levels)",
         f"  rate limits   levels up by at most {c.max_level_raise_per_period} per decision, set-point by "
         f"{c.max_setpoint_step_k:g} K, low-power state held {c.low_power_hold_s:g} s",
         "  set-point     " + (f"re-optimized every {c.setpoint_interval_s:g} s" if c.control_setpoint else "fixed"),

@@ -10,23 +10,26 @@ in-process closed loop with ``twin.plant.Plant`` (``agent.loop.ClosedLoop``), as
 
 What a step does:
 
-1. **Context** (:meth:`Controller.context`): site time; racks whose telemetry is stale or has a stuck
-   sensor (fail-safe, held ``failsafe_hold_s`` after they recover); the set-point in force, ambient,
+1. **Context** (:meth:`Controller.context`): site time; *blind* racks, whose telemetry is stale or
+   frozen as a whole, and racks with one card's sensor stuck (both at fail-safe caps, held
+   ``failsafe_hold_s`` after they recover; only blind racks also slow their jobs and take no
+   placements, a stuck card's rack loses just that card); the set-point in force, ambient,
    each rack's measured supply; every card's die-to-inlet resistance (the estimator's calibration
    where it is confident, the journal's after a restart, else the spec); every card's measured die
    offset (``agent.offsets.DieOffsetFilter``: the twin's persistent error from settled readings,
    no transients; computed once here and used by both the planner and the guard); per rack, PDU
    power the twin does not explain (host overhead above the spec), smoothed and subtracted from
    the cap.
-2. **Placement** of queued jobs (``models.placement.place_jobs``) onto free, healthy cards of racks
-   with fresh telemetry; placed jobs are budgeted from this step on and not placed twice.
+2. **Placement** of queued jobs (``models.placement.place_jobs``) onto free, healthy cards the agent
+   sees (not on blind racks, not a card with a stuck sensor); placed jobs are budgeted from this
+   step on and not placed twice.
 3. **Plan** (``models.solve.CyclePlanner``: DVFS + low-power idle + set-point MILP with the greedy
    fallback). Jobs that compute get the level the MILP gives them (top clocks where the caps allow;
    at full load the jobs with the least value per watt slow down first). Jobs that do not compute
-   now (communication stall, checkpoint, waiting) and jobs touching a fail-safe rack are *pinned*:
+   now (communication stall, checkpoint, waiting) and jobs touching a blind rack are *pinned*:
    they are handed to the MILP as computing jobs of no value, so they get their cheapest (slowest)
    level (for a job with an SLO, the slowest that meets it, so that it meets it the moment it
-   resumes; a fail-safe rack's jobs get the slowest), and their power is budgeted as if they
+   resumes; a blind rack's jobs get the slowest), and their power is budgeted as if they
    resumed computing at any moment. Idle cards beyond
    ``idle_reserve_cards`` per supernode go to low-power idle (the awake ones stay the same cards
    from step to step). The set-point is re-optimized every ``setpoint_interval_s`` among the options
@@ -166,7 +169,8 @@ class Controller:
         self._prev_plan: CyclePlan | None = None
         self._last_setpoint_eval_s = -math.inf
         self._setpoint_c = site.facility.supply_temp_c
-        self._failsafe_until = np.full(n_r, -math.inf)
+        self._blind_until = np.full(n_r, -math.inf)  # fail-safe hold of racks stale or stuck as a whole
+        self._capped_until = np.full(n_r, -math.inf)  # fail-safe hold of racks with a stuck card
         self._pump_latch_until = np.full(n_r, -math.inf)  # racks whose pump stays at full speed (a die hit its limit)
         self._extra_w = np.zeros(n_r)
         self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
@@ -226,9 +230,11 @@ class Controller:
         last = np.asarray(snap.rack_last_seen_s, dtype=np.float64)
         stale = np.flatnonzero(~(last >= now - cfg.telemetry_deadline_s))
         stuck = set(int(r) for r in snap.stuck_racks)
-        stuck |= {int(self._card_rack[c]) for c in snap.stuck_cards}
-        bad = set(int(r) for r in stale) | stuck
-        held = set(int(r) for r in np.flatnonzero(self._failsafe_until > now))
+        stuck_cards = tuple(sorted(int(c) for c in snap.stuck_cards))
+        blind = set(int(r) for r in stale) | stuck | set(int(r) for r in np.flatnonzero(self._blind_until > now))
+        capped = {int(self._card_rack[c]) for c in stuck_cards} | set(
+            int(r) for r in np.flatnonzero(self._capped_until > now)
+        )
         fac = snap.facility
         setpoint = finite_or(fac.supply_setpoint_c if fac is not None else None, self._setpoint_c)
         ambient = finite_or(fac.ambient_temp_c if fac is not None else None, site.facility.ambient_temp_c)
@@ -252,14 +258,22 @@ class Controller:
         np.maximum.at(hottest, self._card_rack, np.where(np.isfinite(die), die, -np.inf))
         hot = hottest >= site.card.slowdown_temp_c - cfg.die_margin_k
         self._pump_latch_until[hot] = now + _PUMP_LATCH_S
-        # once per step, for the planner and the guard alike (persistent model error, no transients)
-        offsets = self.offsets.update(snap, site_load(site, snap), inlet, r_nominal, now, r_scale=r_now / r_nominal)
+        # once per step, for the planner and the guard alike (persistent model error, no transients);
+        # a stuck card's frozen die reading is no observation: it keeps the offset it had
+        seen = snap
+        if stuck_cards:
+            die_seen = die.copy()
+            die_seen[list(stuck_cards)] = np.nan
+            seen = dataclasses.replace(snap, card_die_temp_c=die_seen)
+        offsets = self.offsets.update(seen, site_load(site, snap), inlet, r_nominal, now, r_scale=r_now / r_nominal)
         return StepContext(
             now_s=now,
             cycle=self._cycle,
             stale_racks=tuple(int(r) for r in stale),
             stuck_racks=tuple(sorted(stuck)),
-            failsafe_racks=tuple(sorted(bad | held)),
+            stuck_cards=stuck_cards,
+            blind_racks=tuple(sorted(blind)),
+            failsafe_racks=tuple(sorted(blind | capped)),
             setpoint_c=setpoint,
             ambient_c=min(max(ambient, -60.0), 60.0),
             card_inlet_c=inlet,
@@ -331,8 +345,6 @@ class Controller:
         busy = host_any(site, card_busy)
         last = np.where(np.isnan(self._host_busy_last), now, self._host_busy_last)
         last = np.where(busy, now, last)
-        fs = np.zeros(site.n_racks, dtype=bool)
-        fs[list(ctx.failsafe_racks)] = True
         choice = choose_hosts_off(
             site,
             now_s=now,
@@ -340,7 +352,7 @@ class Controller:
             card_busy=card_busy,
             host_off_now=host_any(site, snap.card_host_off),
             host_awake=host_any(site, ~d.card_low_power & ~d.card_busy & ~d.card_failed),
-            frozen_host=host_any(site, fs[self._card_rack]),
+            frozen_host=host_any(site, ctx.unseen_card_mask(self._card_rack)),
             off_after_s=cfg.host_idle_off_s(site),
             reserve_per_supernode=cfg.host_reserve_per_supernode,
             due_cards=self._cards_due(d, snap, ctx),
@@ -412,9 +424,7 @@ class Controller:
     def _propose(self, snap: StateSnapshot, ctx: StepContext, *, use_solver: bool) -> Decision:
         t0 = time.perf_counter()
         site, cfg = self.site, self.control
-        fs_rack = np.zeros(site.n_racks, dtype=bool)
-        fs_rack[list(ctx.failsafe_racks)] = True
-        fs_card = fs_rack[self._card_rack]
+        unseen_card = ctx.unseen_card_mask(self._card_rack)
         pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = []
@@ -422,16 +432,16 @@ class Controller:
         pending_ids = {jid for jid, _ in pending}
         to_place = [q for q in snap.queue if q.job_id not in pending_ids]
         if cfg.control_placement and to_place:
-            orders = self._place(load, snap, ctx, fs_card, to_place, notes)
+            orders = self._place(load, snap, ctx, unseen_card, to_place, notes)
             if orders:
                 load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         try:
-            p = self._problem(load, snap, ctx, fs_card)
+            p = self._problem(load, snap, ctx)
             plan = self._plan(p, ctx, use_solver, notes)
         except ProblemError as exc:
             notes.append(f"no plan ({exc}): current settings held")
             return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0)
-        return self._decision(plan, p, snap, ctx, load, orders, notes, fs_card, time.perf_counter() - t0)
+        return self._decision(plan, p, snap, ctx, load, orders, notes, unseen_card, time.perf_counter() - t0)
 
     def propose_incremental(self, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """The last decision adjusted to job events, without a solve (a few ms; for decisions taken
@@ -446,9 +456,8 @@ class Controller:
         t0 = time.perf_counter()
         site, cfg = self.site, self.control
         slowest = site.card.n_levels - 1
-        fs_rack = np.zeros(site.n_racks, dtype=bool)
-        fs_rack[list(ctx.failsafe_racks)] = True
-        fs_card = fs_rack[self._card_rack]
+        blind_card = ctx.blind_card_mask(self._card_rack)
+        unseen_card = ctx.unseen_card_mask(self._card_rack)
         pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = ["incremental: the last plan adjusted to job events"]
@@ -456,13 +465,13 @@ class Controller:
         pending_ids = {jid for jid, _ in pending}
         to_place = [q for q in snap.queue if q.job_id not in pending_ids]
         if cfg.control_placement and to_place:
-            orders = self._place(load, snap, ctx, fs_card, to_place, notes, method="greedy")
+            orders = self._place(load, snap, ctx, unseen_card, to_place, notes, method="greedy")
             if orders:
                 load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         level = np.full(site.n_cards, slowest, dtype=np.int64)
         clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
         for j in load.jobs:
-            if bool(fs_card[j.cards].any()):
+            if bool(blind_card[j.cards].any()):
                 continue
             if j.computing:
                 level[j.cards] = self._computing_level.get(j.job_id, 0)
@@ -473,7 +482,7 @@ class Controller:
         snap_lp = np.asarray(snap.card_low_power, dtype=bool)
         was_idle = ~prev.card_busy & ~prev.card_failed
         low = np.where(was_idle, prev.card_low_power, True)  # idle cards keep their state, freed ones sleep
-        low = np.where(fs_card, snap_lp, low) & ~load.busy
+        low = np.where(unseen_card, snap_lp, low) & ~load.busy
         return self._unpredicted_decision(
             ctx,
             card_level=level,
@@ -510,20 +519,21 @@ class Controller:
             **settings,
         )
 
-    def _problem(self, load: SiteLoad, snap: StateSnapshot, ctx: StepContext, fs_card: BoolArray) -> CycleProblem:
+    def _problem(self, load: SiteLoad, snap: StateSnapshot, ctx: StepContext) -> CycleProblem:
         site, cfg = self.site, self.control
+        blind_card = ctx.blind_card_mask(self._card_rack)
         jobs: list[JobSpec] = []
         cards: list[IntArray] = []
         for j in load.jobs:
             spec = j.spec
-            if bool(fs_card[j.cards].any()):  # safety first: the slowest level, SLO or not
+            if bool(blind_card[j.cards].any()):  # safety first: the slowest level, SLO or not
                 spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY, min_throughput_frac=0.0)
             elif not j.computing:  # the slowest level that still meets its SLO when it resumes
                 spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY)
             jobs.append(spec)
             cards.append(j.cards)
-        # idle cards of fail-safe racks are out of the models' hands (never woken on stale data)
-        failed = np.asarray(snap.card_failed, dtype=bool) | (fs_card & load.idle)
+        # idle cards the agent cannot see are out of the models' hands (never woken on stale data)
+        failed = np.asarray(snap.card_failed, dtype=bool) | (ctx.unseen_card_mask(self._card_rack) & load.idle)
         die = np.asarray(snap.card_die_temp_c, dtype=np.float64)
         die = np.where(np.isfinite(die), die, ctx.card_inlet_c)
         r_dc = np.full(site.n_cards, site.card.r_die_to_case_k_per_w)
@@ -607,7 +617,7 @@ class Controller:
         load: SiteLoad,
         snap: StateSnapshot,
         ctx: StepContext,
-        fs_card: BoolArray,
+        unseen_card: BoolArray,
         queue: Sequence[JobInfo],
         notes: list[str],
         method: str | None = None,
@@ -625,18 +635,18 @@ class Controller:
             key=lambda q: q.last_event_s,
         )
         if not starving:
-            return self._place_jobs(load, snap, ctx, fs_card, fits, notes, how)
+            return self._place_jobs(load, snap, ctx, unseen_card, fits, notes, how)
         head = starving[0]
         rest = [q for q in fits if q.job_id != head.job_id]
-        orders = self._place_jobs(load, snap, ctx, fs_card, [head], notes, how)
+        orders = self._place_jobs(load, snap, ctx, unseen_card, [head], notes, how)
         if orders:
             self._reserved = None
             if rest:
                 placing = [(j.job_id, j.cards) for j in load.jobs if j.origin == "placing"]
                 after = site_load(site, snap, [*placing, *((o.job_id, o.cards) for o in orders)])
-                orders += self._place_jobs(after, snap, ctx, fs_card, rest, notes, how)
+                orders += self._place_jobs(after, snap, ctx, unseen_card, rest, notes, how)
             return orders
-        n_free = int((load.idle & ~fs_card).sum())
+        n_free = int((load.idle & ~unseen_card).sum())
         res = self._held(head.job_id, reservation(snap, load, head.n_cards, n_free, ctx.now_s, self._running_since))
         specs = [spec_of_info(q) for q in rest]
         picked = [rest[i] for i in backfill_candidates(rest, specs, res, ctx.now_s)]
@@ -650,7 +660,7 @@ class Controller:
         notes.append(f"{head.job_id} (waiting {wait_s:.0f} s) holds a reservation: expected start in {start}")
         if not picked:
             return []
-        return self._place_jobs(load, snap, ctx, fs_card, picked, notes, how)
+        return self._place_jobs(load, snap, ctx, unseen_card, picked, notes, how)
 
     def _held(self, job_id: str, res: Reservation) -> Reservation:
         """The reservation of the blocked job ``job_id`` as promised: its start is the earliest
@@ -703,7 +713,7 @@ class Controller:
         load: SiteLoad,
         snap: StateSnapshot,
         ctx: StepContext,
-        fs_card: BoolArray,
+        unseen_card: BoolArray,
         queue: Sequence[JobInfo],
         notes: list[str],
         method: str,
@@ -713,9 +723,9 @@ class Controller:
         if not specs:
             return []
         try:
-            p0 = self._problem(load, snap, ctx, fs_card)
-            # free cards of fail-safe racks are not offered (nothing is placed on racks we cannot see)
-            p0 = dataclasses.replace(p0, failed=p0.failed | fs_card)
+            p0 = self._problem(load, snap, ctx)
+            # cards the agent cannot see are not offered (blind racks, stuck sensors)
+            p0 = dataclasses.replace(p0, failed=p0.failed | unseen_card)
             pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, self._card_wait_s(snap, ctx))
             placement = place_jobs(pp, method=method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
         except ProblemError as exc:
@@ -742,7 +752,7 @@ class Controller:
         load: SiteLoad,
         orders: list[PlacementOrder],
         notes: list[str],
-        fs_card: BoolArray,
+        unseen_card: BoolArray,
         elapsed_s: float,
     ) -> Decision:
         site = self.site
@@ -772,7 +782,7 @@ class Controller:
             cand = np.flatnonzero(idle_model & low & ~host_off & (self._card_rack == r))[: min(int(left[r]), extra)]
             low[cand] = False
             extra -= cand.size
-        low = np.where(fs_card & load.idle, snap_lp, low)
+        low = np.where(unseen_card & load.idle, snap_lp, low)
         status = plan.status.value if plan.status.value in ("optimal", "feasible", "infeasible") else "fallback"
         lines = [
             f"plan {plan.status.value} ({plan.source}) in {plan.solve_time_s:.3f} s "
@@ -849,12 +859,12 @@ class Controller:
         self._last = decision
         running = {j.job_id: j for j in snap.jobs}
         self._running_since = {jid: self._running_since.get(jid, now) for jid in running}
-        fs_card = np.isin(self._card_rack, np.asarray(decision.failsafe_racks, dtype=np.int64))
+        blind_card = ctx.blind_card_mask(self._card_rack)
         levels = {jid: lv for jid, lv in self._computing_level.items() if jid in running}
         for jid, lv in decision.job_levels.items():
             info = running.get(jid)
-            if info is not None and info.phase == Phase.COMPUTE and not fs_card[list(info.cards)].any():
-                levels[jid] = lv  # (a fail-safe rack's jobs run slow for safety, not by choice)
+            if info is not None and info.phase == Phase.COMPUTE and not blind_card[list(info.cards)].any():
+                levels[jid] = lv  # (a blind rack's jobs run slow for safety, not by choice)
         self._computing_level = levels
         if decision.choose_setpoint:
             self._last_setpoint_eval_s = now
@@ -865,7 +875,9 @@ class Controller:
             pending[o.job_id] = (o.cards, now + cfg.command_ttl_s)
         self._pending = {k: v for k, v in pending.items() if v[1] > now and k not in running}
         for r in (*ctx.stale_racks, *ctx.stuck_racks):
-            self._failsafe_until[r] = now + cfg.failsafe_hold_s
+            self._blind_until[r] = now + cfg.failsafe_hold_s
+        for c in ctx.stuck_cards:
+            self._capped_until[self._card_rack[c]] = now + cfg.failsafe_hold_s
         if self.site.hosts_managed:
             busy_host = host_any(self.site, decision.card_busy)
             self._host_busy_last = np.where(np.isnan(self._host_busy_last) | busy_host, now, self._host_busy_last)

@@ -48,8 +48,14 @@ class StepContext:
     now_s: float
     cycle: int
     stale_racks: tuple[int, ...]  # telemetry older than the deadline
-    stuck_racks: tuple[int, ...]  # a stuck sensor in the rack (a card or the whole rack)
-    failsafe_racks: tuple[int, ...]  # stale, stuck, or released from fail-safe too recently
+    stuck_racks: tuple[int, ...]  # the whole rack's readings (its cards' or its loop's) frozen
+    stuck_cards: tuple[int, ...]  # one card's readings frozen while the rest of its rack changes
+    # racks the agent cannot see: stale, stuck as a whole, or released from that too recently; their
+    # cards and every job touching them run at the slowest level, nothing is placed on them
+    blind_racks: tuple[int, ...]
+    # racks at fail-safe caps: the blind ones and those with a stuck card (or released from either
+    # too recently); a rack with only a stuck card keeps its levels and placements (not the card's)
+    failsafe_racks: tuple[int, ...]
     setpoint_c: float  # supply set-point in force
     ambient_c: float
     card_inlet_c: FloatArray  # per card: its rack's measured supply (set-point where unknown)
@@ -60,6 +66,17 @@ class StepContext:
     rack_pump_speed_frac: FloatArray  # per rack: the pump speed in force (as the CDU reports it)
     choose_setpoint: bool  # the set-point is re-optimized this step
     solver_time_limit_s: float  # wall seconds the solve may take
+
+    def blind_card_mask(self, card_rack: IntArray) -> BoolArray:
+        """Per card (``card_rack``: each card's rack): its rack is blind."""
+        return np.isin(card_rack, np.asarray(self.blind_racks, dtype=np.int64))
+
+    def unseen_card_mask(self, card_rack: IntArray) -> BoolArray:
+        """Per card: its own state is not seen (its rack is blind or its sensor stuck): never placed
+        on, woken or put to sleep."""
+        unseen = self.blind_card_mask(card_rack)
+        unseen[list(self.stuck_cards)] = True
+        return unseen
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,8 +15,11 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the pace of its slowest card).
 3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
    get per-card power limits whose sum plus host overhead stays under the rack's cap
-   (``(limit - margin - extra - host) / cards``), and their cards (and every job touching them) the
-   slowest level. Caps are never raised and idle cards never woken on stale data.
+   (``(limit - margin - extra - host) / cards``). On *blind* racks (stale, or frozen as a whole:
+   ``StepContext.blind_racks``) every card and every job touching them also gets the slowest level;
+   a rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are
+   seen; the stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle
+   cards the agent cannot see (blind racks, stuck cards) are never woken on stale data nor placed on.
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
    site's range; fail-safe racks get full speed; a rack where, at the levels so far with every busy
    card computing, the twin predicts a die over its limit, the rack over its cap or the loop's rise
@@ -121,7 +124,9 @@ class Guard:
         fs_rack = np.zeros(site.n_racks, dtype=bool)
         fs_rack[list(ctx.failsafe_racks)] = True
         fs_card = fs_rack[card_rack]
-        orders, dropped = self._valid_placements(proposal.placements, snap, fs_card)
+        blind_card = ctx.blind_card_mask(card_rack)
+        unseen_card = ctx.unseen_card_mask(card_rack)
+        orders, dropped = self._valid_placements(proposal.placements, snap, unseen_card)
         if dropped:
             notes.append(f"guard: placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued")
         load = site_load(site, snap, [(o.job_id, o.cards) for o in orders])
@@ -150,15 +155,16 @@ class Guard:
             cap_now = np.minimum(np.minimum(lim, snap_lim), fs_lim[card_rack])
             lim = np.where(fs_card, np.maximum(cap_now, cfg.min_power_limit_w), lim)
             if cfg.failsafe_lowest_level:
-                lvl[fs_card] = slowest
+                lvl[blind_card] = slowest
                 for j in load.jobs:
-                    if fs_card[j.cards].any():
+                    if blind_card[j.cards].any():
                         lvl[j.cards] = slowest
             else:
-                lvl = np.where(fs_card, np.maximum(lvl, cur), lvl)
-            lp = np.where(fs_card & idle, lp | snap_lp, lp)
+                lvl = np.where(blind_card, np.maximum(lvl, cur), lvl)
+            lp = np.where(unseen_card & idle, lp | snap_lp, lp)
             names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
-            notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}")
+            stuck = f" (stuck sensor: card {', '.join(str(c) for c in ctx.stuck_cards[:4])})" if ctx.stuck_cards else ""
+            notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
 
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
         off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
@@ -262,11 +268,11 @@ class Guard:
         self._seen_lp = snap_lp.copy()
 
     def _valid_placements(
-        self, placements: tuple[PlacementOrder, ...], snap: StateSnapshot, fs_card: BoolArray
+        self, placements: tuple[PlacementOrder, ...], snap: StateSnapshot, unseen_card: BoolArray
     ) -> tuple[list[PlacementOrder], list[str]]:
         n = self.site.n_cards
         now_load = site_load(self.site, snap)
-        free = now_load.idle & ~fs_card
+        free = now_load.idle & ~unseen_card
         queued = {q.job_id: q.n_cards for q in snap.queue}
         taken = np.zeros(n, dtype=bool)
         ok: list[PlacementOrder] = []

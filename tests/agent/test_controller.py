@@ -22,7 +22,7 @@ from agent.decision import Decision
 from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
 from models.solve import CyclePlanner, DvfsSolver
-from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout
+from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
 from twin.state import TwinState
 from twin.workload import Phase
@@ -160,6 +160,35 @@ def test_a_silent_rack_gets_failsafe_caps_within_three_periods_and_they_hold() -
     others = np.ones(site.n_cards, dtype=bool)
     others[rack3] = False
     assert np.all(decisions[-1].card_power_limit_w[others] == site.card.power_limit_w)
+
+
+def test_a_stuck_card_caps_its_rack_without_slowing_its_jobs_and_takes_no_job() -> None:
+    """One card's sensor frozen while the rest of its rack reports: the rack gets fail-safe caps
+    (its PDU, loop and other dies are still seen), its jobs keep the levels the plan gives them,
+    and jobs are placed on every free card but the stuck one. A rack frozen as a whole is blind:
+    its jobs run at the slowest level."""
+    site = example_site()
+    cfg = ControlConfig(period_s=10.0)
+    stuck_card, blind_rack = 500, 2
+    jobs = [dataclasses.replace(j, submit_time_s=60.0) for j in full_load_jobs(site, 32)[:-1]]  # 480 of 512 cards
+    faults = [StuckSensor(rack=7, card=stuck_card, start_s=0.0), StuckSensor(rack=blind_rack, start_s=120.0)]
+    plant = Plant(site, jobs, faults, PlantConfig(seed=4, placement="external"))
+    decisions: list[Decision] = []
+    loop = ClosedLoop(plant, Controller(site, cfg), on_decision=lambda d, r: decisions.append(d))
+    loop.run(200.0)
+    placed = [set(o.cards) for d in decisions for o in d.placements]
+    assert len(placed) == len(jobs) and all(stuck_card not in cards for cards in placed)
+    assert all(r.start_time_s is not None for r in plant.job_records())
+    last = decisions[-1]
+    assert set(last.failsafe_racks) == {7, blind_rack}
+    cap = failsafe_card_limit_w(site, cfg, np.zeros(site.n_racks))
+    rack7, rack2 = slice(7 * 64, 8 * 64), slice(2 * 64, 3 * 64)
+    assert np.all(last.card_power_limit_w[rack7] <= cap[7] + 1.0)
+    busy7 = last.card_busy[rack7]
+    assert busy7.sum() >= 31 and np.all(last.card_level[rack7][busy7] < SLOWEST)
+    assert not last.card_busy[stuck_card]
+    assert np.all(last.card_level[rack2][last.card_busy[rack2]] == SLOWEST)
+    assert plant.accounting().rack_over_limit_s == 0.0
 
 
 def test_busy_cards_of_unknown_jobs_are_budgeted_not_put_to_sleep() -> None:

@@ -99,6 +99,7 @@ placements = st.lists(
     current_setpoint=st.sampled_from([20.0, 30.0, 45.0]),
     inlet=inlets,
     stale=st.lists(st.booleans(), min_size=2, max_size=2),
+    stuck=st.one_of(st.none(), st.integers(0, n_cards - 1)),
     extra=st.lists(st.floats(0.0, 3000.0), min_size=2, max_size=2),
     r_scale=st.floats(0.9, 2.0),
     places=placements,
@@ -113,6 +114,7 @@ def test_no_reviewed_decision_exceeds_a_cap(
     current_setpoint: float,
     inlet: list[float],
     stale: list[bool],
+    stuck: int | None,
     extra: list[float],
     r_scale: float,
     places: list[tuple[str, list[int]]],
@@ -125,12 +127,16 @@ def test_no_reviewed_decision_exceeds_a_cap(
     r_total = spec_r_total_k_per_w(site) * r_scale
     # offsets as large as the raw measurement gives (the filter's are never larger than a settled one)
     offsets = die_offsets_k(site, snap, site_load(site, snap), card_inlet, r_total)
+    blind = tuple(i for i, s in enumerate(stale) if s)
+    stuck_rack = set() if stuck is None else {int(site.card_rack()[stuck])}
     ctx = StepContext(
         now_s=100.0,
         cycle=1,
         stale_racks=tuple(i for i, s in enumerate(stale) if s),
         stuck_racks=(),
-        failsafe_racks=tuple(i for i, s in enumerate(stale) if s),
+        stuck_cards=() if stuck is None else (stuck,),
+        blind_racks=blind,
+        failsafe_racks=tuple(sorted(set(blind) | stuck_rack)),
         setpoint_c=current_setpoint,
         ambient_c=25.0,
         card_inlet_c=card_inlet,
@@ -181,7 +187,8 @@ def test_no_reviewed_decision_exceeds_a_cap(
     assert np.all(d.card_level >= cur - CFG.max_level_raise_per_period)
     assert abs(d.supply_temp_c - current_setpoint) <= CFG.max_setpoint_step_k + 1e-9
     assert site.facility.supply_temp_options_c[0] <= d.supply_temp_c <= site.facility.supply_temp_options_c[-1]
-    # stale racks: no cap raised, no card woken, everything at the slowest level, caps under the limit
+    # fail-safe racks: no cap raised, caps under the limit; blind (stale) racks: no card woken, everything
+    # at the slowest level, nothing placed; a stuck card: not woken, not placed on
     # pumps: within the site's range, at full speed on stale racks, every slowed loop within its rise
     if speed is None:
         assert d.rack_pump_speed_frac is None
@@ -195,10 +202,11 @@ def test_no_reviewed_decision_exceeds_a_cap(
     for r in ctx.failsafe_racks:
         rc = site.card_rack() == r
         assert np.all(d.card_power_limit_w[rc] <= snap.card_power_limit_w[rc] + 1e-9)
-        assert not np.any(~d.card_low_power[rc] & snap.card_low_power[rc] & ~d.card_busy[rc])
-        assert np.all(d.card_level[rc] == 7)
         assert d.card_power_limit_w[rc].sum() + site.rack.host_overhead_w + extra[r] <= cap + 1e-6
-        assert not any(rc[list(p.cards)].any() for p in d.placements)
+    unseen = ctx.unseen_card_mask(site.card_rack())
+    assert not np.any(unseen & ~d.card_low_power & snap.card_low_power & ~d.card_busy)
+    assert np.all(d.card_level[ctx.blind_card_mask(site.card_rack())] == 7)
+    assert not any(unseen[list(p.cards)].any() for p in d.placements)
     # busy cards are awake; placements are valid
     assert not np.any(d.card_low_power & d.card_busy)
     for p in d.placements:
