@@ -94,17 +94,31 @@ def _shift(delta_s: float) -> str:
 
 def _how(d: JobDifference, other: str) -> str:
     """When the job was placed and began training against ``other``: a job placed at the same time
-    but computing later waited for its cards to wake or its hosts to boot."""
+    but computing later waited for its cards to wake or its hosts to boot. A delay explains at most
+    its cards times its length in work (a card does at most one top-clock second per second); a gap
+    beyond that (more than a tenth more) came after the start as well: "then ran slower" (DVFS, a
+    slower card, a rollback after a failure)."""
     if d.start_delta_s is not None:
         c = d.compute_start_delta_s
         if c is not None and abs(c - d.start_delta_s) >= 0.5:  # it waited longer (or less) once placed
-            return f"placed {_shift(d.start_delta_s)}, computing {_shift(c)} than under {other}"
+            return f"placed {_shift(d.start_delta_s)}, computing {_shift(c)} than under {other}{_after(d, c)}"
         if abs(d.start_delta_s) < 0.5:
             return f"placed and computing with {other}, ran {'slower' if d.work_delta_card_s < 0 else 'faster'}"
-        return f"placed {_shift(d.start_delta_s)} than under {other}"
+        return f"placed {_shift(d.start_delta_s)} than under {other}{_after(d, d.start_delta_s)}"
     if d.started[0]:
         return f"placed; under {other} never"
     return f"never placed; under {other} it was"
+
+
+def _after(d: JobDifference, delay_s: float) -> str:
+    """ ", then ran slower" / ", then ran faster" where the work gap exceeds what the start's
+    ``delay_s`` explains (see :func:`_how`), else ""."""
+    gap = d.work_delta_card_s
+    # the part of the gap a later (loss) or earlier (gain) start explains; none where it points the other way
+    explained = 1.1 * d.n_cards * max(delay_s if gap < 0 else -delay_s, 0.0)
+    if abs(gap) - explained <= d.n_cards:  # within a second of the job's work
+        return ""
+    return f", then ran {'slower' if gap < 0 else 'faster'}"
 
 
 def describe_work_gap(p: Sequence[JobWork], o: Sequence[JobWork], other: str, top: int = 3) -> str:
@@ -126,6 +140,8 @@ def describe_work_gap(p: Sequence[JobWork], o: Sequence[JobWork], other: str, to
     rest = ranked[top:]
     if rest:
         rest_card_s = sum(d.work_delta_card_s for d in rest)
-        parts.append(f"{len(rest)} other jobs {rest_card_s:+,.0f} card-s ({rest_card_s * scale:+.2f}%)")
+        others = f"{len(rest)} other job{'s' if len(rest) > 1 else ''}"
+        parts.append(f"{others} {rest_card_s:+,.0f} card-s ({rest_card_s * scale:+.2f}%)")
     total = sum(d.work_delta_card_s for d in diffs)
-    return f"by job ({total:+,.0f} card-s in all, {len(diffs)} jobs differ): " + "; ".join(parts)
+    differ = "1 job differs" if len(diffs) == 1 else f"{len(diffs)} jobs differ"
+    return f"by job ({total:+,.0f} card-s in all, {differ}): " + "; ".join(parts)

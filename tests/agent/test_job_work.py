@@ -87,6 +87,15 @@ def test_the_largest_differences_come_first_and_the_rest_are_summed() -> None:
     # placed at the same time, but its hosts booted first: computing later
     booted = describe_work_gap([JobWork("b", 64, 10.0, 100.0, 310.0)], [JobWork("b", 64, 10.0, 900.0, 25.0)], "o")
     assert "b (64 cards, placed at the same time, computing 285 s later than under o) -800 card-s" in booted
+    # a gap larger than the delay explains (a card does at most a card-second per second): it ran slower too
+    slower = describe_work_gap([JobWork("s", 72, 101.0, 1000.0)], [JobWork("s", 72, 100.0, 5320.0)], "o")
+    assert slower.startswith("by job (-4,320 card-s in all, 1 job differs): s (72 cards, placed 1 s later than")
+    assert "under o, then ran slower) -4,320 card-s" in slower
+    assert "ran slower" not in describe_work_gap(
+        [JobWork("s", 72, 101.0, 1000.0)], [JobWork("s", 72, 100.0, 1070.0)], "o"
+    )
+    earlier = describe_work_gap([JobWork("s", 8, 0.0, 1000.0)], [JobWork("s", 8, 100.0, 1500.0)], "o")
+    assert "placed 100 s earlier than under o, then ran slower) -500 card-s" in earlier
 
 
 def test_evaluate_records_every_jobs_work() -> None:
