@@ -168,8 +168,10 @@ class ClosedLoop:
         events = self.plant.drain_events()
         self.state.update(readings)
         self.state.apply_events(events)
-        if self.estimator is not None:
-            self.estimator.update(readings)
+        if self.estimator is not None:  # stuck sensors are no observations
+            self.estimator.update(
+                readings, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks()
+            )
         placing = self.controller.control.control_placement
         return self.replan and any(_resumes(e, placing) for e in events)
 

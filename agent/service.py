@@ -433,7 +433,8 @@ class AgentService:
         last_anomaly = -math.inf
         while True:
             r = await self._rounds.get()
-            self.estimator.update(r)
+            # sensors the belief found stuck are no observations (the belief has this round already)
+            self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
             now = self.clock.now() or r.time_s
             if now - last_anomaly >= _ANOMALY_INTERVAL_S:
                 last_anomaly = now

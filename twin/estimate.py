@@ -32,6 +32,7 @@ Anomalies:
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,10 +144,17 @@ class Estimator:
         )
 
     # ================================================================================================
-    def update(self, readings: Readings) -> None:
-        """Fold one set of readings into the estimates."""
+    def update(
+        self, readings: Readings, *, frozen_cards: Collection[int] = (), frozen_racks: Collection[int] = ()
+    ) -> None:
+        """Fold one set of readings into the estimates. ``frozen_cards`` and ``frozen_racks``: sensors
+        the caller found stuck (``twin.state.TwinState.stuck_cards`` / ``stuck_racks``), whose
+        readings are not observations: a die reading frozen while the coolant warms reads as a
+        plate that cools better than the spec (or, while it cools, as a fouled one), so those cards
+        keep their estimates (a frozen rack also its loop's) until they report again."""
         self.time_s = max(self.time_s, readings.time_s)
         n = self._n
+        skip_racks = {int(r) for r in frozen_racks}
         power = np.full(n, np.nan)
         die = np.full(n, np.nan)
         util = np.full(n, np.nan)
@@ -156,7 +164,7 @@ class Estimator:
         supply = np.full(n, np.nan)
         for rr in readings.racks:
             r = rr.rack
-            if not 0 <= r < self._n_r:
+            if not 0 <= r < self._n_r or r in skip_racks:
                 continue
             if rr.loop is not None:
                 lp = rr.loop
@@ -191,6 +199,7 @@ class Estimator:
                 & (die > -20)
                 & (die < 150)
             )
+        valid[[c for c in frozen_cards if 0 <= c < n]] = False
         self._maybe_update_flow()
         # leakage sees the die temperature at the start of each interval (power is held over it);
         # the thermal model's prediction is used there because the noisy measured temperature as a

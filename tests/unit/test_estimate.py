@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from twin.estimate import Estimator
-from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation
+from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation, StuckSensor
+from twin.state import TwinState
 from twin.spec import SiteSpec
 from twin.workload import JobSpec, PhaseModel
 
@@ -54,6 +55,33 @@ def test_fouled_cold_plate_and_weak_pump_are_flagged_healthy_cards_are_not(small
     assert e.rack_dt_ratio[1] == pytest.approx(1 / 0.6, rel=0.05)
     assert e.rack_dt_ratio[0] == pytest.approx(1.0, abs=0.05)
     assert e.rack_flow_deficit[1] == pytest.approx(0.4, abs=0.03)  # averaged over 10 min
+
+
+def test_a_stuck_sensor_is_no_observation_its_card_keeps_its_calibration(small_site: SiteSpec) -> None:
+    """Card 5's readings freeze at 600 s and the supply warms by 10 K: fed as observations, its
+    frozen die reads as a plate that cools better than the spec; skipped as the belief flags them
+    (``TwinState.stuck_cards``), its resistance stays as calibrated before."""
+    faults = [StuckSensor(rack=0, card=5, start_s=600.0)]
+    p = Plant(small_site, _jobs(small_site.n_cards), faults, config=PlantConfig(seed=11, phases=PHASES))
+    naive, skipping = Estimator(small_site), Estimator(small_site)
+    state = TwinState(small_site, stuck_after=20)
+    before = 0.0
+    for t in range(2400):
+        if t == 900:
+            p.set_supply_temp(40.0)
+        p.step(1.0)
+        readings = p.readings()
+        state.update(readings)
+        naive.update(readings)
+        skipping.update(readings, frozen_cards=state.stuck_cards(), frozen_racks=state.stuck_racks())
+        if t == 590:
+            before = float(skipping.estimates().r_ratio[5])
+    assert state.stuck_cards() == (5,)
+    assert naive.estimates().r_ratio[5] < before - 0.05  # what the frozen readings would have taught
+    assert skipping.estimates().r_ratio[5] == pytest.approx(before, abs=0.02)
+    healthy = np.delete(np.arange(small_site.n_cards), 5)
+    np.testing.assert_allclose(skipping.estimates().r_ratio[healthy], naive.estimates().r_ratio[healthy])
+    assert skipping.anomalies() == []
 
 
 def test_leakage_scale_is_learnt_when_the_supply_temperature_moves(small_site: SiteSpec) -> None:
