@@ -251,20 +251,21 @@ class Controller:
         r_nominal = self.r_total_k_per_w()
         r_total = r_at_speed(site, r_nominal, nominal, flow_full / nominal)
         r_now = r_at_speed(site, r_total, flow_full, np.clip(speed_now, 0.05, 1.0))
+        # die readings that are no observations: frozen (a stuck card, a rack frozen as a whole) or stale
+        card_seen = np.asarray(snap.card_last_seen_s, dtype=np.float64) >= now - cfg.telemetry_deadline_s
+        card_seen &= ~np.isin(self._card_rack, np.asarray(sorted(stuck), dtype=np.int64))
+        card_seen[list(stuck_cards)] = False
+        die = np.where(card_seen, np.asarray(snap.card_die_temp_c, dtype=np.float64), np.nan)
         # a rack whose hottest measured die reached the die limit keeps its pump at full speed for a while:
         # the twin under-predicted it (a fouled plate not yet calibrated, an offset not yet measured)
-        die = np.asarray(snap.card_die_temp_c, dtype=np.float64)
         hottest = np.full(site.n_racks, -np.inf)
         np.maximum.at(hottest, self._card_rack, np.where(np.isfinite(die), die, -np.inf))
         hot = hottest >= site.card.slowdown_temp_c - cfg.die_margin_k
         self._pump_latch_until[hot] = now + _PUMP_LATCH_S
-        # once per step, for the planner and the guard alike (persistent model error, no transients);
-        # a stuck card's frozen die reading is no observation: it keeps the offset it had
-        seen = snap
-        if stuck_cards:
-            die_seen = die.copy()
-            die_seen[list(stuck_cards)] = np.nan
-            seen = dataclasses.replace(snap, card_die_temp_c=die_seen)
+        # once per step, for the planner and the guard alike (persistent model error, no transients); a
+        # card whose die is no observation keeps the offset it had (a frozen or stale die read against the
+        # slowest level of a fail-safe rack would be a large offset that outlived the fault by minutes)
+        seen = snap if card_seen.all() else dataclasses.replace(snap, card_die_temp_c=die)
         offsets = self.offsets.update(seen, site_load(site, snap), inlet, r_nominal, now, r_scale=r_now / r_nominal)
         return StepContext(
             now_s=now,

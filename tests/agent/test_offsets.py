@@ -155,3 +155,38 @@ def test_a_calibrated_resistance_and_the_offset_do_not_double_count() -> None:
     assert off_cal[card] < 0.5
     mask = np.arange(site.n_cards) != card
     np.testing.assert_allclose(off_cal[mask], f.offsets_k(r)[mask])
+
+
+@pytest.mark.parametrize("how", ["rack frozen", "card frozen", "rack silent"])
+def test_a_die_reading_the_agent_cannot_trust_is_no_offset(how: str) -> None:
+    """A rack's readings freeze (or stop) at the top clock with its dies hot while the agent has put
+    it at the slowest level; then the rack reports again. Read against the slowest level, the frozen
+    dies would be a large offset that outlived the fault by minutes and made the plan infeasible
+    (the MQTT stuck-sensor run, 2026-11-30: 48 fallbacks after r1 came back); they are no
+    observation, and the offsets stay what they were."""
+    site = example_site()
+    _plant, state = belief(site, [job(f"j{i}", 64, share=0.97) for i in range(2)], 240)
+    ctl = Controller(site, ControlConfig(period_s=15.0, control_setpoint=False))
+    snap = state.snapshot()
+    rack1 = np.flatnonzero(site.card_rack() == 1)
+    t0 = float(snap.time_s)
+    before = ctl.context(snap, t0).die_offset_k[rack1].max()
+    level = np.asarray(snap.card_level, dtype=np.int64).copy()
+    level[rack1] = site.card.n_levels - 1  # what the agent commanded (and the simulator acknowledged)
+    worst = 0.0
+    for k in range(1, 60):  # 15 minutes
+        t = t0 + 15.0 * k
+        seen = np.asarray(snap.card_last_seen_s, dtype=np.float64) + 15.0 * k
+        if how == "rack silent":
+            seen[rack1] = t0
+        frozen = dataclasses.replace(
+            snap,
+            time_s=t,
+            card_level=level,
+            card_last_seen_s=seen,
+            stuck_racks=(1,) if how == "rack frozen" else (),
+            stuck_cards=(int(rack1[5]),) if how == "card frozen" else (),
+        )
+        offsets = ctl.context(frozen, t).die_offset_k
+        worst = max(worst, float(offsets[rack1[5]] if how == "card frozen" else offsets[rack1].max()))
+    assert worst <= before + 0.5

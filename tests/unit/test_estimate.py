@@ -7,8 +7,8 @@ import pytest
 
 from twin.estimate import Estimator
 from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation, StuckSensor
-from twin.state import TwinState
 from twin.spec import SiteSpec
+from twin.state import TwinState
 from twin.workload import JobSpec, PhaseModel
 
 pytestmark = pytest.mark.unit
