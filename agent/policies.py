@@ -42,7 +42,7 @@ from agent.controller import Controller
 from agent.decision import Decision
 from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop
-from twin.estimate import Estimates
+from twin.estimate import AnomalyHistory, Estimates
 from twin.plant import CommandError, Plant
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
@@ -83,7 +83,8 @@ class ControlStats:
     capping_actions: int = 0  # reactive: rack capping / uncapping moves
     refused_commands: int = 0  # commands the plant refused
     guard_notes: int = 0  # decisions the guard changed (a note in the explanation)
-    anomalies: list[str] = field(default_factory=list)  # what the estimator flagged at the end
+    # every anomaly the estimator flagged during the run, from when; ", cleared" if no longer flagged
+    anomalies: list[str] = field(default_factory=list)
     invalid_readings: int = 0  # card readings the belief refused (NaN, out of range)
     first_failsafe_s: float = math.nan
     notes: list[str] = field(default_factory=list)  # a few explanations worth reading
@@ -284,6 +285,7 @@ class AgentPolicy(Policy):
         self.greedy = greedy
         self.loop: ClosedLoop | None = None
         self._prev_failsafe: set[int] = set()
+        self._anomalies = AnomalyHistory()
 
     def bind(self, plant: Plant) -> None:
         super().bind(plant)
@@ -298,6 +300,8 @@ class AgentPolicy(Policy):
     def _on_decision(self, decision: Decision, report: ApplyReport) -> None:
         st = self.stats
         st.decisions += 1
+        if self.loop is not None and self.loop.estimator is not None:
+            self._anomalies.update(self.loop.estimator.anomalies(), decision.time_s)
         st.solve_times_s.append(decision.solve_time_s)
         st.statuses[decision.status] = st.statuses.get(decision.status, 0) + 1
         if not self.greedy and decision.plan_status not in ("optimal", "feasible"):
@@ -328,10 +332,8 @@ class AgentPolicy(Policy):
         if self.loop is None:
             return
         if self.loop.estimator is not None:
-            self.stats.anomalies = [
-                f"{a.kind} {self.site.rack_names[a.rack]}" + (f" card {a.card}" if a.card is not None else "")
-                for a in self.loop.estimator.anomalies()
-            ]
+            self._anomalies.update(self.loop.estimator.anomalies(), self.loop.plant.time_s)
+            self.stats.anomalies = self._anomalies.describe(self.site.rack_names)
         self.stats.invalid_readings = int(self.loop.state.invalid_count.sum())
 
 

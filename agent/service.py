@@ -53,7 +53,7 @@ from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
 from agent.metrics import AgentMetrics, serve_http
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
-from twin.estimate import Estimator
+from twin.estimate import AnomalyHistory, Estimator
 from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
 from twin.workload import JobSpec, Phase
@@ -187,7 +187,8 @@ class AgentService:
         self._jobs_hash = ""
         self._seen_rejections: dict[str, int] = {}
         self._seen_connects = 0
-        self._anomalies: set[tuple[str, int, int | None]] = set()
+        #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
+        self.anomaly_history = AnomalyHistory()
         #: wall seconds from the message that triggered a decision to its first command (or advice) sent
         self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
         #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
@@ -438,27 +439,23 @@ class AgentService:
             now = self.clock.now() or r.time_s
             if now - last_anomaly >= _ANOMALY_INTERVAL_S:
                 last_anomaly = now
-                self._report_anomalies()
+                self._report_anomalies(now)
             if now - last_cal >= cfg.journal.calibration_every_s and now - last_cal >= 0:
                 if last_cal > -math.inf:
                     self._save_calibration(now)
                 last_cal = now
 
-    def _report_anomalies(self) -> None:
+    def _report_anomalies(self, now_s: float) -> None:
         found = self.estimator.anomalies()
         counts: dict[str, int] = {"fouled_cold_plate": 0, "weak_pump": 0}
-        keys: set[tuple[str, int, int | None]] = set()
         for a in found:
             counts[a.kind] = counts.get(a.kind, 0) + 1
-            key = (a.kind, a.rack, a.card)
-            keys.add(key)
-            if key not in self._anomalies:
-                log.warning(
-                    "anomaly: %s",
-                    a.detail,
-                    extra={"fields": {"kind": a.kind, "rack": self.site.rack_names[a.rack], "card": a.card}},
-                )
-        self._anomalies = keys
+        for a in self.anomaly_history.update(found, now_s):
+            log.warning(
+                "anomaly: %s",
+                a.detail,
+                extra={"fields": {"kind": a.kind, "rack": self.site.rack_names[a.rack], "card": a.card}},
+            )
         for kind, n in counts.items():
             self.metrics.anomalies.labels(kind=kind).set(n)
 

@@ -32,7 +32,7 @@ Anomalies:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +47,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["Anomaly", "Estimates", "Estimator", "EstimatorConfig"]
+__all__ = ["Anomaly", "AnomalyHistory", "Estimates", "Estimator", "EstimatorConfig"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,38 @@ class Anomaly:
     value: float  # the ratio that crossed the threshold
     threshold: float
     detail: str
+
+
+AnomalyKey = tuple[str, int, int | None]  # kind, rack, card
+
+
+class AnomalyHistory:
+    """Every anomaly flagged during a run: when it was first flagged and whether it still is (a flag
+    that came and went, e.g. a plate read as fouled for a few minutes, is kept as cleared).
+    ``update(found, now_s)`` with each ``Estimator.anomalies()``; it returns the newly flagged."""
+
+    def __init__(self) -> None:
+        self.first_s: dict[AnomalyKey, float] = {}
+        self.current: set[AnomalyKey] = set()
+
+    def update(self, found: Sequence[Anomaly], now_s: float) -> list[Anomaly]:
+        """Fold in the anomalies flagged now; the ones not flagged at the previous update."""
+        keys = {(a.kind, a.rack, a.card) for a in found}
+        new = [a for a in found if (a.kind, a.rack, a.card) not in self.current]
+        for key in keys:
+            self.first_s.setdefault(key, now_s)
+        self.current = keys
+        return new
+
+    def describe(self, rack_names: Sequence[str], since_s: float = 0.0) -> list[str]:
+        """One line each, in the order first flagged: ``kind rack [card N] from t=S s`` (site time
+        less ``since_s``) and ``, cleared`` when no longer flagged."""
+        out = []
+        for key, t in sorted(self.first_s.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2] or -1)):
+            kind, rack, card = key
+            where = rack_names[rack] + (f" card {card}" if card is not None else "")
+            out.append(f"{kind} {where} from t={t - since_s:.0f} s" + ("" if key in self.current else ", cleared"))
+        return out
 
 
 class Estimator:

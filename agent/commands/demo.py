@@ -212,7 +212,7 @@ class MqttRun:
     fallbacks: int  # decisions without an optimal / time-limited MILP plan
     invalid_readings: int  # card values the belief refused
     rejected_messages: int  # messages the codec refused
-    anomalies: list[str]
+    anomalies: list[str]  # every anomaly flagged during the run, from when; ", cleared" if no longer flagged
     agent_error: str  # "" when the agent ran to a clean stop
     sim_returncode: int | None
     sim_summary: dict[str, Any]
@@ -354,7 +354,7 @@ async def run_closed_loop(
         fallbacks=journal["fallbacks"],
         invalid_readings=int(service.state.invalid_count.sum()),
         rejected_messages=int(service.codec.counter.total),
-        anomalies=[f"{a.kind} {site.rack_names[a.rack]}" for a in service.estimator.anomalies()],
+        anomalies=service.anomaly_history.describe(site.rack_names, since_s=journal["t0_s"]),
         agent_error=agent_error,
         sim_returncode=sim.returncode if sim is not None else None,
         sim_summary=sim_summary,
@@ -382,6 +382,7 @@ def _journal_decisions(path: Path, site: Any, judge_from_s: float) -> dict[str, 
         "failsafe_racks": [],
         "first_failsafe_s": math.nan,
         "fallbacks": 0,
+        "t0_s": 0.0,  # site time of the first decision
     }
     if not path.exists():
         return out
@@ -396,7 +397,8 @@ def _journal_decisions(path: Path, site: Any, judge_from_s: float) -> dict[str, 
     t0: float | None = None
     for t, text in rows:
         d = json.loads(text)
-        t0 = float(t) if t0 is None else t0
+        if t0 is None:
+            t0 = out["t0_s"] = float(t)
         status = str(d.get("status", "?"))
         out["statuses"][status] = out["statuses"].get(status, 0) + 1
         if d.get("plan_status") not in ("optimal", "feasible"):

@@ -152,3 +152,14 @@ def test_control_settings_reach_the_agent_policies_as_toml_values() -> None:
     assert c is not None
     assert (c.host_off_after_s, c.control_host_power, c.placement_method) == (1800.0, False, "greedy")
     assert c.period_s == 15.0  # the rest stays at the agent's defaults
+
+
+def test_the_report_lists_every_anomaly_flagged_during_the_run_with_its_time() -> None:
+    """A pump degraded at t = 300 s is flagged as weak some minutes later; the policy's record says
+    which rack and from when (and would say "cleared" for a flag that went away)."""
+    fault = {"kind": "pump_degradation", "rack": "r1", "start_s": 300.0, "flow_fraction": 0.5}
+    res = run_policy(full_load_scenario(1800.0, faults=[fault]), "racktwin")
+    (line,) = res.stats.anomalies
+    assert line.startswith("weak_pump r1 from t=") and not line.endswith("cleared")
+    assert 300.0 < float(line.split("t=")[1].split(" s")[0]) < 1800.0
+    assert res.metrics["anomalies"] == line

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from twin.estimate import Estimator
+from twin.estimate import Anomaly, AnomalyHistory, Estimator
 from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation, StuckSensor
 from twin.spec import SiteSpec
 from twin.state import TwinState
@@ -133,3 +133,20 @@ def test_expected_resistances_follow_a_pump_speed_change_within_minutes(small_si
     # the slowed rack's plates are expected at their new flow: its cards do not look fouled
     np.testing.assert_allclose(e.r_ratio[:16], true_ratio[:16], atol=0.05)
     assert not any(a.kind == "fouled_cold_plate" for a in est.anomalies())
+
+
+def test_the_anomaly_history_keeps_flags_that_came_and_went() -> None:
+    def flag(kind: str, rack: int, card: int | None) -> Anomaly:
+        return Anomaly(kind, rack, card, 1.2, 1.15, "")
+
+    hist = AnomalyHistory()
+    plate, pump = flag("fouled_cold_plate", 1, 70), flag("weak_pump", 0, None)
+    assert hist.update([plate], 100.0) == [plate]
+    assert hist.update([plate, pump], 200.0) == [pump]  # the plate was already flagged
+    assert hist.update([pump], 300.0) == []
+    assert hist.describe(["r0", "r1"], since_s=50.0) == [
+        "fouled_cold_plate r1 card 70 from t=50 s, cleared",
+        "weak_pump r0 from t=150 s",
+    ]
+    assert hist.update([plate], 400.0) == [plate]  # flagged again: logged again, first time kept
+    assert hist.describe(["r0", "r1"])[0] == "fouled_cold_plate r1 card 70 from t=100 s"
