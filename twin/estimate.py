@@ -10,7 +10,8 @@ R-vs-flow table) on each card's measured power, zero-order hold between readings
 ``x`` the spec predicts; the measured rise is ``y = T_die - T_supply``. A scalar Kalman filter with a
 random-walk state tracks the ratio ``g`` in ``y = g x + e``: ``g`` = R_true / R_expected, so the
 estimated resistance is ``g * R_expected``. Measurement noise ``die_noise_k``; the random walk lets
-``g`` drift by about 10% over ``r_time_constant_s``.
+``g`` drift by about 10% over ``r_time_constant_s``. ``g`` learns only from readings whose predicted
+rise is at least ``min_rise_k`` (a card under load); an idle card keeps what it learnt under load.
 
 Power coefficients (per card). ``P = s_idle idle_k + s_dyn u dyn_k + s_leak leak_k (T - T_ref)`` at the
 card's running level ``k`` (from its clock): a 3-state Kalman filter (random walk, prior 1 +- 0.1,
@@ -61,6 +62,11 @@ class EstimatorConfig:
     pump_time_constant_s: float = 600.0
     min_rack_power_w: float = 5000.0  # below this the loop dT is too small to judge
     max_gap_s: float = 30.0  # a longer gap between a card's readings restarts its thermal model
+    # the resistance is learnt only while the spec network's die rise is at least this (K): at an idle
+    # card's ~3 K rise a few tenths of a kelvin of inlet or sensor bias read as 10% of resistance (a
+    # healthy idle card, true ratio 1.065, drifted to 1.154 and was flagged fouled on the card-failure
+    # day); a computing card's rise is ~30 K, and a plate matters only under load
+    min_rise_k: float = 10.0
     flow_update_frac: float = 0.03  # re-derive expected resistances when a rack's flow moves this much
     # the flow the expected resistances follow: smoothed over this (s), a few plate time constants, so
     # that a pump whose speed was changed on purpose is followed within a minute (the weak-pump check
@@ -301,6 +307,9 @@ class Estimator:
             xd, xp = self._net.step(self._xd, self._xp, np.nan_to_num(power), 0.0, float(step))
             self._xd[sel], self._xp[sel] = xd[sel], xp[sel]
         self._last_t[idx] = t_card[idx]
+        idx = idx[self._xd[idx] >= cfg.min_rise_k]  # informative readings only (EstimatorConfig.min_rise_k)
+        if not idx.size:
+            return
         x = self._xd[idx]
         y = die[idx] - supply[idx]
         pg = self._pg[idx] + self._q_g * dt[idx]

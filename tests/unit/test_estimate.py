@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from twin.estimate import Anomaly, AnomalyHistory, Estimator
+from twin.estimate import Anomaly, AnomalyHistory, Estimator, EstimatorConfig
 from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation, StuckSensor
+from twin.readings import Readings
 from twin.spec import SiteSpec
 from twin.state import TwinState
 from twin.workload import JobSpec, PhaseModel
@@ -133,6 +136,41 @@ def test_expected_resistances_follow_a_pump_speed_change_within_minutes(small_si
     # the slowed rack's plates are expected at their new flow: its cards do not look fouled
     np.testing.assert_allclose(e.r_ratio[:16], true_ratio[:16], atol=0.05)
     assert not any(a.kind == "fouled_cold_plate" for a in est.anomalies())
+
+
+def _biased(readings: Readings, card: int, bias_k: float) -> Readings:
+    """``readings`` with ``card``'s die reading ``bias_k`` high (a sensor or inlet offset)."""
+    racks = []
+    for rr in readings.racks:
+        b = rr.cards
+        if b is not None and card in b.card_index:
+            die = np.where(b.card_index == card, b.die_temp_c + bias_k, b.die_temp_c)
+            rr = dataclasses.replace(rr, cards=dataclasses.replace(b, die_temp_c=die))
+        racks.append(rr)
+    return dataclasses.replace(readings, racks=tuple(racks))
+
+
+def test_an_idle_cards_small_rise_does_not_move_its_resistance(small_site: SiteSpec) -> None:
+    """After its job ends, card 3's die reads 0.7 K high (within a die sensor's accuracy). At an idle
+    card's ~3 K rise that is ~20% of resistance: learnt from idle readings (``min_rise_k=0``) it is
+    flagged as a fouled plate; the default learns only under load (``min_rise_k``), so the card keeps
+    what it learnt computing."""
+    jobs = [JobSpec("a", 8, work_steps=900.0, step_time_s=1.0, compute_share=0.9, checkpoint_interval_s=1e6)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3))
+    idle_learning, default = Estimator(small_site, EstimatorConfig(min_rise_k=0.0)), Estimator(small_site)
+    loaded = 0.0
+    for t in range(3600):
+        p.step(1.0)
+        readings = p.readings() if t < 1200 else _biased(p.readings(), 3, 0.7)
+        idle_learning.update(readings)
+        default.update(readings)
+        if t == 1199:
+            assert p.job_records()[0].state == "finished"
+            loaded = float(default.estimates().r_ratio[3])
+    assert idle_learning.estimates().r_ratio[3] > loaded + 0.1
+    assert ("fouled_cold_plate", 3) in {(a.kind, a.card) for a in idle_learning.anomalies()}
+    assert default.estimates().r_ratio[3] == pytest.approx(loaded, abs=1e-9)
+    assert default.anomalies() == []
 
 
 def test_the_anomaly_history_keeps_flags_that_came_and_went() -> None:
