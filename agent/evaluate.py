@@ -346,6 +346,7 @@ def _metrics(scenario: RunScenario, plant: Plant, rec: Recorder, stats: ControlS
         "jobs_failed": acc.jobs_failed,
         "jobs_running_end": acc.jobs_running,
         "jobs_queued_end": acc.jobs_queued,
+        "jobs_placed_by_plant": acc.jobs_placed_by_plant,
         "jobs_never_started": never,
         "slo_violation_s": acc.slo_violation_s,
         "slo_jobs_missed": sum(1 for r in records if r.slo_violation_s > 0),

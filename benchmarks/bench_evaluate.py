@@ -7,6 +7,7 @@
     python benchmarks/bench_evaluate.py --faults --fault card-failure   # one fault scenario
     python benchmarks/bench_evaluate.py --days nominal --seeds 5   # five different nominal days
     python benchmarks/bench_evaluate.py --host-sweep   # racktwin with host power-down settings side by side
+    python benchmarks/bench_evaluate.py --plant-fallback   # racktwin with and without the plant's fallback
 
 Days: ``racktwin evaluate`` (the command itself, in a child process, ``--jobs`` workers) on
 examples/day-<name>.toml; prints the evaluation table, where the energy went, and the wall time of
@@ -25,6 +26,11 @@ Host sweep (``--host-sweep``): the nominal day, racktwin only (and the baseline 
 once per setting of the agent's host power-down (``racktwin evaluate --control ...``): the defaults,
 longer idle times before a host goes off, a larger reserve, and no host power-down; the runs go side
 by side (one process each), one row per setting.
+Plant fallback (``--plant-fallback``): the nominal day, racktwin (and the baseline), once as the scenario
+has it (the plant's scheduler places a job the agent has not placed within ``external_timeout_s`` =
+120 s) and once with that fallback off (a copy of the scenario with ``external_timeout_s = 1e9``, written
+to the output folder), side by side; how many jobs the plant placed and what the agent's schedule alone
+does.
 """
 
 from __future__ import annotations
@@ -122,6 +128,53 @@ def host_sweep(out: Path) -> str:
             f"{m['throughput']:.1f} | {m['throughput_loss_pct']:+.2f} | {m['queue_wait_mean_s']:.0f} / "
             f"{m['queue_wait_p95_s']:.0f} / {m['queue_wait_max_s']:,.0f} | {m['limit_violation_s']:,.0f} | "
             f"{m['max_die_temp_c']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def fallback_table(out: Path) -> str:
+    """The nominal day, racktwin (and the baseline) as the scenario has it and with the plant's fallback
+    scheduler off (``external_timeout_s`` so long the agent places every job itself), side by side."""
+    src = REPO / "examples" / "day-nominal.toml"
+    text = src.read_text(encoding="utf-8")
+    site_line = 'site = "supernode-512.toml"'
+    if site_line not in text or "external_timeout_s = 120.0" not in text:
+        raise RuntimeError(f"{src} no longer has the lines --plant-fallback rewrites")
+    off = out / "day-nominal-no-fallback.toml"
+    off.parent.mkdir(parents=True, exist_ok=True)
+    off.write_text(
+        text.replace(site_line, f'site = "{REPO / "examples" / "supernode-512.toml"}"').replace(
+            "external_timeout_s = 120.0", "external_timeout_s = 1.0e9"
+        ),
+        encoding="utf-8",
+    )
+    runs = (("as the scenario has it (`external_timeout_s = 120`)", "nominal"), ("fallback off (`1e9`)", off))
+    procs = []
+    t0 = time.perf_counter()
+    for i, (_label, scenario) in enumerate(runs):
+        cmd = day_command("nominal", out / f"fallback-{i}", 1, policies=("baseline", "racktwin"))
+        if isinstance(scenario, Path):
+            cmd[cmd.index("--scenario") + 1] = str(scenario)
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL))
+    for proc in procs:
+        if proc.wait() != 0:
+            raise RuntimeError(f"{proc.args!r} failed")
+    wall = time.perf_counter() - t0
+    lines = [
+        f"### racktwin with and without the plant's fallback scheduler, nominal day ({wall / 60:.1f} min wall, "
+        "2 runs side by side)",
+        "",
+        "| plant fallback | facility kWh | vs baseline | throughput | loss % | jobs placed by the plant | "
+        "wait mean/p95/max s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, (label, _scenario) in enumerate(runs):
+        m = json.loads((out / f"fallback-{i}" / "metrics.json").read_text())["policies"]["racktwin"]["metrics"]
+        lines.append(
+            f"| {label} | {m['facility_energy_kwh']:,.1f} | {-m['facility_energy_saving_pct']:+.2f}% | "
+            f"{m['throughput']:.2f} | {m['throughput_loss_pct']:+.2f} | {m['jobs_placed_by_plant']:,} of "
+            f"{m['jobs_submitted']:,} | {m['queue_wait_mean_s']:.0f} / {m['queue_wait_p95_s']:.0f} / "
+            f"{m['queue_wait_max_s']:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -409,6 +462,11 @@ def main() -> int:
         "--seeds", type=int, default=0, metavar="N", help="each day at N different workloads (a table of the spread)"
     )
     ap.add_argument("--host-sweep", action="store_true", help="racktwin's host power-down settings side by side")
+    ap.add_argument(
+        "--plant-fallback",
+        action="store_true",
+        help="racktwin on the nominal day with and without the plant's fallback scheduler, side by side",
+    )
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--out", default="/tmp/racktwin-bench-evaluate")
     args = ap.parse_args()
@@ -420,6 +478,9 @@ def main() -> int:
         return 0
     if args.host_sweep:
         print(host_sweep(out))
+        return 0
+    if args.plant_fallback:
+        print(fallback_table(out))
         return 0
     if args.seeds < 0:
         ap.error("--seeds must be >= 0")

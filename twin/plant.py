@@ -247,6 +247,9 @@ class Accounting:
     jobs_failed: int
     jobs_running: int
     jobs_queued: int
+    # jobs the plant's own scheduler started under external placement (an agent's job not placed by it
+    # within PlantConfig.external_timeout_s); 0 under builtin placement
+    jobs_placed_by_plant: int
     slo_violation_s: float  # job-seconds computing below the job's min_throughput_frac
     rack_over_limit_s: float  # rack-seconds above the rack power limit
     rack_over_limit_j: float  # energy above the rack limits
@@ -463,6 +466,7 @@ class Plant:
             "throttled": 0.0,
         }
         self._n_submitted = self._n_finished = self._n_failed_jobs = 0
+        self._n_placed_by_plant = 0
         self._max_die = -_INF
 
         # ---- initial steady state at idle ---------------------------------------------------------
@@ -894,6 +898,7 @@ class Plant:
             jobs_failed=self._n_failed_jobs,
             jobs_running=sum(1 for j in self._slot_job if j is not None),
             jobs_queued=len(self._queue),
+            jobs_placed_by_plant=self._n_placed_by_plant,
             slo_violation_s=a["slo"],
             rack_over_limit_s=a["over_s"],
             rack_over_limit_j=a["over_j"],
@@ -1282,6 +1287,7 @@ class Plant:
             free[cards] = False
             n_free -= n_need
             self._start_job(job, cards, t)
+            self._n_placed_by_plant += external
         self._queue = remaining
         if next_fallback < self._fallback_at:
             self._fallback_at = next_fallback

@@ -205,9 +205,14 @@ def test_external_placement_and_fallback_after_the_timeout(small_site: SiteSpec)
     assert p.job_cards("b").tolist() == list(range(24, 32))
     p.run(50.0, 1.0)
     assert [j.job_id for j in p.queued_jobs()] == ["a"]
+    assert p.accounting().jobs_placed_by_plant == 0  # b was the agent's
     p.run(15.0, 1.0)
     assert p.queued_jobs() == ()
     assert p.job_cards("a").tolist() == list(range(8))
+    assert p.accounting().jobs_placed_by_plant == 1  # a was the fallback's
+    builtin = Plant(small_site, [job("a", 8)], config=exact())
+    builtin.step(1.0)
+    assert builtin.accounting().jobs_placed_by_plant == 0  # the builtin scheduler is no fallback
 
 
 def test_job_lifecycle_checkpoints_and_work_accounting(small_site: SiteSpec) -> None:
