@@ -86,6 +86,16 @@ def run_day(day: str, out: Path, jobs: int | None, seed: int | None = None) -> t
     return json.loads((folder / "metrics.json").read_text()), wall
 
 
+def run_side_by_side(cmds: Sequence[list[str]]) -> float:
+    """Run ``cmds`` at once (one process each, from the repository); the wall seconds until all ended."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL) for cmd in cmds]
+    for proc in procs:
+        if proc.wait() != 0:
+            raise RuntimeError(f"{proc.args!r} failed")
+    return time.perf_counter() - t0
+
+
 #: (label, racktwin evaluate --control settings) of the host sweep
 HOST_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("defaults (off after the break-even time, 311 s idle; 2 hosts kept on)", ()),
@@ -98,20 +108,16 @@ HOST_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def host_sweep(out: Path) -> str:
     """The nominal day, racktwin at each of :data:`HOST_SETTINGS`, side by side (one process each)."""
-    procs = []
-    t0 = time.perf_counter()
+    cmds = []
     for i, (_label, settings) in enumerate(HOST_SETTINGS):
         cmd = day_command("nominal", out / f"hosts-{i}", 1, policies=("baseline", "racktwin"))
         for kv in settings:
             cmd += ["--control", kv]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL))
-    for p in procs:
-        if p.wait() != 0:
-            raise RuntimeError(f"{p.args!r} failed")
-    wall = time.perf_counter() - t0
+        cmds.append(cmd)
+    wall = run_side_by_side(cmds)
     lines = [
         f"### racktwin's host power-down settings, nominal day "
-        f"({wall / 60:.1f} min wall, {len(procs)} runs side by side)",
+        f"({wall / 60:.1f} min wall, {len(cmds)} runs side by side)",
         "",
         "| setting | facility kWh | vs baseline | hosts kWh | hosts off (share of host-time) | throughput | loss % "
         "| wait mean/p95/max s | over limit rack-s | max die C |",
@@ -149,17 +155,13 @@ def fallback_table(out: Path) -> str:
         encoding="utf-8",
     )
     runs = (("as the scenario has it (`external_timeout_s = 120`)", "nominal"), ("fallback off (`1e9`)", off))
-    procs = []
-    t0 = time.perf_counter()
+    cmds = []
     for i, (_label, scenario) in enumerate(runs):
         cmd = day_command("nominal", out / f"fallback-{i}", 1, policies=("baseline", "racktwin"))
         if isinstance(scenario, Path):
             cmd[cmd.index("--scenario") + 1] = str(scenario)
-        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL))
-    for proc in procs:
-        if proc.wait() != 0:
-            raise RuntimeError(f"{proc.args!r} failed")
-    wall = time.perf_counter() - t0
+        cmds.append(cmd)
+    wall = run_side_by_side(cmds)
     lines = [
         f"### racktwin with and without the plant's fallback scheduler, nominal day ({wall / 60:.1f} min wall, "
         "2 runs side by side)",
