@@ -258,9 +258,9 @@ class GreedyController(Controller):
 
 
 class AgentPolicy(Policy):
-    """The agent's controller in ``agent.loop.ClosedLoop`` (``racktwin``) or its greedy variant."""
-
-    placement = "external"
+    """The agent's controller in ``agent.loop.ClosedLoop`` (``racktwin``) or its greedy variant. The
+    agent places queued jobs (the plant waits for it) unless ``control.control_placement`` is false:
+    then the plant's own scheduler places them, as under the other policies."""
 
     def __init__(
         self,
@@ -274,6 +274,7 @@ class AgentPolicy(Policy):
         control = control if control is not None else ControlConfig()
         super().__init__(site, control.period_s)
         self.name = "greedy" if greedy else "racktwin"
+        self.placement = "external" if control.control_placement else "builtin"
         loaded = LoadedConfig(
             config=AgentConfig(site=source, control=control, prices=prices if prices is not None else PricesConfig()),
             site=site,

@@ -29,8 +29,9 @@ by side (one process each), one row per setting.
 Plant fallback (``--plant-fallback``): the nominal day, racktwin (and the baseline), once as the scenario
 has it (the plant's scheduler places a job the agent has not placed within ``external_timeout_s`` =
 120 s) and once with that fallback off (a copy of the scenario with ``external_timeout_s = 1e9``, written
-to the output folder), side by side; how many jobs the plant placed and what the agent's schedule alone
-does.
+to the output folder), and once with the plant's scheduler placing every job (``--control
+control_placement=false``: the agent plans everything else), side by side; how many jobs the plant
+placed and what the agent's schedule alone does.
 """
 
 from __future__ import annotations
@@ -138,9 +139,14 @@ def host_sweep(out: Path) -> str:
     return "\n".join(lines)
 
 
+#: ``racktwin evaluate`` arguments under which the agent leaves placement to the plant's scheduler
+CONTROL_SITE_PLACES = ["--control", "control_placement=false"]
+
+
 def fallback_table(out: Path) -> str:
-    """The nominal day, racktwin (and the baseline) as the scenario has it and with the plant's fallback
-    scheduler off (``external_timeout_s`` so long the agent places every job itself), side by side."""
+    """The nominal day, racktwin (and the baseline) as the scenario has it, with the plant's fallback
+    scheduler off (``external_timeout_s`` so long the agent places every job itself) and with the plant's
+    scheduler placing every job, side by side."""
     src = REPO / "examples" / "day-nominal.toml"
     text = src.read_text(encoding="utf-8")
     site_line = 'site = "supernode-512.toml"'
@@ -154,23 +160,27 @@ def fallback_table(out: Path) -> str:
         ),
         encoding="utf-8",
     )
-    runs = (("as the scenario has it (`external_timeout_s = 120`)", "nominal"), ("fallback off (`1e9`)", off))
+    runs: tuple[tuple[str, Path | None, list[str]], ...] = (
+        ("as the scenario has it (`external_timeout_s = 120`)", None, []),
+        ("fallback off (`1e9`)", off, []),
+        ("the plant's scheduler places every job (`--control control_placement=false`)", None, CONTROL_SITE_PLACES),
+    )
     cmds = []
-    for i, (_label, scenario) in enumerate(runs):
-        cmd = day_command("nominal", out / f"fallback-{i}", 1, policies=("baseline", "racktwin"))
-        if isinstance(scenario, Path):
+    for i, (_label, scenario, extra) in enumerate(runs):
+        cmd = day_command("nominal", out / f"fallback-{i}", 1, policies=("baseline", "racktwin")) + extra
+        if scenario is not None:
             cmd[cmd.index("--scenario") + 1] = str(scenario)
         cmds.append(cmd)
     wall = run_side_by_side(cmds)
     lines = [
         f"### racktwin with and without the plant's fallback scheduler, nominal day ({wall / 60:.1f} min wall, "
-        "2 runs side by side)",
+        f"{len(runs)} runs side by side)",
         "",
         "| plant fallback | facility kWh | vs baseline | throughput | loss % | jobs placed by the plant | "
         "wait mean/p95/max s |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for i, (label, _scenario) in enumerate(runs):
+    for i, (label, _scenario, _extra) in enumerate(runs):
         m = json.loads((out / f"fallback-{i}" / "metrics.json").read_text())["policies"]["racktwin"]["metrics"]
         lines.append(
             f"| {label} | {m['facility_energy_kwh']:,.1f} | {-m['facility_energy_saving_pct']:+.2f}% | "
@@ -467,7 +477,10 @@ def main() -> int:
     ap.add_argument(
         "--plant-fallback",
         action="store_true",
-        help="racktwin on the nominal day with and without the plant's fallback scheduler, side by side",
+        help=(
+            "racktwin on the nominal day with and without the plant's fallback scheduler, and with the plant "
+            "placing every job, side by side"
+        ),
     )
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--out", default="/tmp/racktwin-bench-evaluate")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from agent_helpers import example_site, small_site
-from evaluate_helpers import full_load_scenario
+from evaluate_helpers import full_load_scenario, mixed_scenario
 
 from agent.config import ControlConfig, PricesConfig
 from agent.controller import Controller
@@ -68,3 +68,17 @@ def test_greedy_is_the_agents_controller_planning_greedily_and_racktwin_the_agen
     )
     res = run_policy(full_load_scenario(120.0), "greedy")
     assert res.stats.decisions > 0 and res.metrics["limit_violation_s"] == 0.0
+
+
+def test_racktwin_leaves_placement_to_the_sites_scheduler_when_told_not_to_place() -> None:
+    """With ``control_placement = false`` the plant's own scheduler places queued jobs at once (it used
+    to wait ``external_timeout_s`` for placements the agent never sends)."""
+    sc = mixed_scenario(900.0)
+    timeout = sc.plant_config.external_timeout_s
+    assert make_policy("racktwin", sc.site).placement == "external"
+    told = make_policy("racktwin", sc.site, ControlConfig(control_placement=False))
+    assert told.placement == "builtin"
+    res = run_policy(sc, "racktwin", control=ControlConfig(control_placement=False))
+    assert res.metrics["jobs_submitted"] > 0
+    assert res.metrics["queue_wait_max_s"] < timeout / 2
+    assert res.metrics["jobs_placed_by_plant"] == 0  # placed by the plant's scheduler, not its fallback

@@ -1,0 +1,168 @@
+"""Why queued jobs wait under racktwin's own placement while the site has enough free cards for them.
+
+    python benchmarks/bench_placement_waits.py                  # nominal day, plant fallback off
+    python benchmarks/bench_placement_waits.py --duration-h 6   # the first six hours only
+    python benchmarks/bench_placement_waits.py --keep-fallback  # as the scenario has it (120 s)
+
+``benchmarks/bench_evaluate.py --plant-fallback`` measured that the plant's fallback scheduler places
+81 of the nominal day's 1,051 jobs the agent still holds after 120 s, and that without it racktwin
+loses 0.28% more work. This script runs racktwin alone over the nominal day (the same
+``agent.policies.AgentPolicy`` ``racktwin evaluate`` runs, in process) and, every plant second, looks
+at each queued job for which the plant has at least as many free healthy cards as the job needs (a
+first-fit scheduler with no reservation would start it now). It charges that job's card-seconds of
+waiting to the reason the agent's last decision gives for it:
+
+* ``next decision``: the job was queued, or enough cards were freed for it, after the last decision
+  (right after it was applied the plant had fewer free cards than the job needs);
+* ``reservation``: it is the blocked job holding the EASY reservation (its cards are free at the
+  plant but not in the agent's view: cards of unseen racks or stuck sensors);
+* ``behind a reservation``: another job holds the reservation and backfilling did not pick this one
+  (``draining``: the reservation's promised start has passed, so no card is spare and only jobs
+  expected to end before it may start);
+* ``no window``: the placement found no window of consecutive racks for it (the note says why);
+* ``not placed``: none of these (placements the placement model left out without a reason note).
+
+Job-seconds are summed per reason, with the jobs and the largest waits, so the hold that costs work
+shows. The plant's own first-fit would also hold jobs behind its own reservation: the table is an
+upper bound of what a first-fit scheduler would have started earlier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent.decision import Decision  # noqa: E402
+from agent.evaluate import Recorder, _plant_for  # noqa: E402
+from agent.loop import ApplyReport  # noqa: E402
+from agent.policies import AgentPolicy  # noqa: E402
+from twin.scenario import load_run_scenario  # noqa: E402
+from twin.workload import JobSpec  # noqa: E402
+
+REASONS = (
+    "next decision",
+    "reservation",
+    "behind a reservation",
+    "behind a reservation, draining",
+    "no window",
+    "not placed",
+)
+
+
+@dataclasses.dataclass
+class Waits:
+    """Card-seconds and job-seconds of waiting with enough free cards, per reason."""
+
+    card_s: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    job_s: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    per_job: dict[tuple[str, str], float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    no_window: dict[str, str] = dataclasses.field(default_factory=dict)  # job -> its last "stays queued" note
+
+
+@dataclasses.dataclass
+class LastDecision:
+    """What the classification needs of the agent's last decision."""
+
+    time_s: float = -1.0
+    notes: tuple[str, ...] = ()
+    held: str | None = None  # the job holding the reservation
+    draining: bool = False  # its promised start has passed: the site drains for it
+    free_cards: int = 0  # free cards at the plant right after the decision was applied
+
+
+def reason(spec: JobSpec, last: LastDecision, waits: Waits) -> str:
+    """Why queued ``spec`` waits although the plant has enough free cards for it (module docstring)."""
+    jid = spec.job_id
+    if spec.submit_time_s > last.time_s or spec.n_cards > last.free_cards:
+        return "next decision"
+    if last.held == jid:
+        return "reservation"
+    stays = next((e for e in last.notes if e.startswith(f"{jid} stays queued:")), None)
+    if stays is not None:
+        waits.no_window[jid] = stays
+        return "no window"
+    if last.held is not None:
+        return "behind a reservation, draining" if last.draining else "behind a reservation"
+    return "not placed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", default=str(REPO / "examples" / "day-nominal.toml"))
+    ap.add_argument("--duration-h", type=float, default=None, help="hours of plant time (default: the scenario's)")
+    ap.add_argument("--keep-fallback", action="store_true", help="keep the scenario's external_timeout_s")
+    args = ap.parse_args(argv)
+
+    scenario = load_run_scenario(args.scenario)
+    if not args.keep_fallback:
+        scenario = dataclasses.replace(
+            scenario, plant_config=dataclasses.replace(scenario.plant_config, external_timeout_s=1.0e9)
+        )
+    duration = scenario.duration_s if args.duration_h is None else 3600.0 * args.duration_h
+    policy = AgentPolicy(scenario.site)
+    plant = _plant_for(scenario, policy)
+    policy.bind(plant)
+    rec = Recorder(plant, judge_from_s=plant.time_s + policy.period_s)
+    last = LastDecision()
+    waits = Waits()
+    inner = policy._on_decision
+
+    def on_decision(d: Decision, report: ApplyReport) -> None:
+        inner(d, report)
+        held = next((e for e in d.explanation if "holds a reservation" in e), None)
+        last.time_s, last.notes = d.time_s, d.explanation
+        last.held = held.split(" ")[0] if held is not None else None
+        last.draining = held is not None and "the site drains" in held
+        last.free_cards = int(plant.free_cards().size)
+
+    assert policy.loop is not None
+    policy.loop.on_decision = on_decision
+
+    def on_step() -> None:
+        rec.on_step()
+        queued = plant.queued_jobs()
+        if not queued:
+            return
+        n_free = int(plant.free_cards().size)
+        for spec in queued:
+            if spec.n_cards <= n_free:
+                why = reason(spec, last, waits)
+                waits.card_s[why] += spec.n_cards
+                waits.job_s[why] += 1.0
+                waits.per_job[(why, spec.job_id)] += 1.0
+
+    t0 = time.perf_counter()
+    end = plant.time_s + duration
+    while plant.time_s < end - 1e-9:
+        policy.run(min(900.0, end - plant.time_s), on_step)
+        print(f"  t={plant.time_s / 3600:5.2f} h  {time.perf_counter() - t0:6.0f} s wall", file=sys.stderr, flush=True)
+    acc = plant.accounting()
+    total_card_s = sum(waits.card_s.values())
+    print(
+        f"racktwin over {duration / 3600:g} h of {Path(args.scenario).name} "
+        f"(fallback {'kept' if args.keep_fallback else 'off'}): {acc.jobs_finished} jobs finished, "
+        f"{time.perf_counter() - t0:.0f} s wall\n"
+    )
+    print("| reason a job waited with enough free cards | card-s | job-s | jobs | largest waits (job: s) |")
+    print("|---|---:|---:|---:|---|")
+    for why in REASONS:
+        jobs = sorted(((s, j) for (w, j), s in waits.per_job.items() if w == why), reverse=True)
+        top = ", ".join(f"{j}: {s:.0f}" for s, j in jobs[:4])
+        print(f"| {why} | {waits.card_s[why]:,.0f} | {waits.job_s[why]:,.0f} | {len(jobs)} | {top} |")
+    print(f"| all | {total_card_s:,.0f} | {sum(waits.job_s.values()):,.0f} | | |")
+    if waits.no_window:
+        print("\nwhy the placement found no window (last note per job, first 8):")
+        for note in list(waits.no_window.values())[:8]:
+            print(f"- {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
