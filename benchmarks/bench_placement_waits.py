@@ -3,6 +3,7 @@
     python benchmarks/bench_placement_waits.py                  # nominal day, plant fallback off
     python benchmarks/bench_placement_waits.py --duration-h 6   # the first six hours only
     python benchmarks/bench_placement_waits.py --keep-fallback  # as the scenario has it (120 s)
+    python benchmarks/bench_placement_waits.py --by-job         # fallback on vs off, job by job
 
 ``benchmarks/bench_evaluate.py --plant-fallback`` measured that the plant's fallback scheduler places
 81 of the nominal day's 1,051 jobs the agent still holds after 120 s, and that without it racktwin
@@ -25,12 +26,17 @@ waiting to the reason the agent's last decision gives for it:
 Job-seconds are summed per reason, with the jobs and the largest waits, so the hold that costs work
 shows. The plant's own first-fit would also hold jobs behind its own reservation: the table is an
 upper bound of what a first-fit scheduler would have started earlier.
+
+``--by-job`` instead runs racktwin twice side by side (``agent.evaluate.run_policy``, one process
+each), with the plant's fallback and without it, and names the jobs whose work differs
+(``agent.job_work.describe_work_gap``): a day's work is the sum of its jobs' work.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing as mp
 import sys
 import time
 from collections import defaultdict
@@ -40,10 +46,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.decision import Decision  # noqa: E402
-from agent.evaluate import Recorder, _plant_for  # noqa: E402
+from agent.evaluate import Recorder, _plant_for, run_policy  # noqa: E402
+from agent.job_work import JobWork, describe_work_gap  # noqa: E402
 from agent.loop import ApplyReport  # noqa: E402
 from agent.policies import AgentPolicy  # noqa: E402
-from twin.scenario import load_run_scenario  # noqa: E402
+from twin.scenario import RunScenario, load_run_scenario  # noqa: E402
 from twin.workload import JobSpec  # noqa: E402
 
 REASONS = (
@@ -93,19 +100,50 @@ def reason(spec: JobSpec, last: LastDecision, waits: Waits) -> str:
     return "not placed"
 
 
+def _scenario(path: str, keep_fallback: bool, duration_h: float | None) -> RunScenario:
+    scenario = load_run_scenario(path)
+    if not keep_fallback:
+        scenario = dataclasses.replace(
+            scenario, plant_config=dataclasses.replace(scenario.plant_config, external_timeout_s=1.0e9)
+        )
+    if duration_h is not None:
+        scenario = dataclasses.replace(scenario, duration_s=3600.0 * duration_h)
+    return scenario
+
+
+def _racktwin_jobs(path: str, keep_fallback: bool, duration_h: float | None) -> tuple[float, tuple[JobWork, ...]]:
+    res = run_policy(_scenario(path, keep_fallback, duration_h), "racktwin")
+    return float(res.metrics["throughput"]), res.jobs
+
+
+def by_job(path: str, duration_h: float | None) -> int:
+    """racktwin with the plant's fallback and without it, side by side; the jobs whose work differs."""
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(2) as pool:
+        on_r = pool.apply_async(_racktwin_jobs, (path, True, duration_h))
+        off_r = pool.apply_async(_racktwin_jobs, (path, False, duration_h))
+        (on_work, on_jobs), (off_work, off_jobs) = on_r.get(), off_r.get()
+    print(
+        f"racktwin on {Path(path).name}, fallback on: {on_work:.2f} work; off: {off_work:.2f} "
+        f"({100 * (off_work / on_work - 1):+.2f}%); {time.perf_counter() - t0:.0f} s wall, 2 runs side by side\n"
+    )
+    gap = describe_work_gap(off_jobs, on_jobs, "the fallback", top=8)
+    print("fallback off against fallback on, " + (gap or "no job's work differs"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default=str(REPO / "examples" / "day-nominal.toml"))
     ap.add_argument("--duration-h", type=float, default=None, help="hours of plant time (default: the scenario's)")
     ap.add_argument("--keep-fallback", action="store_true", help="keep the scenario's external_timeout_s")
+    ap.add_argument("--by-job", action="store_true", help="racktwin with and without the fallback, job by job")
     args = ap.parse_args(argv)
+    if args.by_job:
+        return by_job(args.scenario, args.duration_h)
 
-    scenario = load_run_scenario(args.scenario)
-    if not args.keep_fallback:
-        scenario = dataclasses.replace(
-            scenario, plant_config=dataclasses.replace(scenario.plant_config, external_timeout_s=1.0e9)
-        )
-    duration = scenario.duration_s if args.duration_h is None else 3600.0 * args.duration_h
+    scenario = _scenario(args.scenario, args.keep_fallback, args.duration_h)
+    duration = scenario.duration_s
     policy = AgentPolicy(scenario.site)
     plant = _plant_for(scenario, policy)
     policy.bind(plant)
