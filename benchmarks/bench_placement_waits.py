@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.decision import Decision  # noqa: E402
-from agent.evaluate import Recorder, _plant_for, run_policy  # noqa: E402
+from agent.evaluate import _plant_for, run_policy  # noqa: E402
 from agent.job_work import JobWork, describe_work_gap  # noqa: E402
 from agent.loop import ApplyReport  # noqa: E402
 from agent.policies import AgentPolicy  # noqa: E402
@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     policy = AgentPolicy(scenario.site)
     plant = _plant_for(scenario, policy)
     policy.bind(plant)
-    rec = Recorder(plant, judge_from_s=plant.time_s + policy.period_s)
     last = LastDecision()
     waits = Waits()
     inner = policy._on_decision
@@ -164,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     policy.loop.on_decision = on_decision
 
     def on_step() -> None:
-        rec.on_step()
         queued = plant.queued_jobs()
         if not queued:
             return
