@@ -1,19 +1,19 @@
-"""EASY backfilling for the agent's placements (the rule the plant's own scheduler follows).
+"""EASY backfilling for the agent's placements: the rule of ``twin.easy_backfill``, which the plant's
+own scheduler follows too, fed with what the agent knows.
 
 Queued jobs are placed as soon as they fit. Once the job that has waited longest has waited
-``placement_backfill_wait_s`` and still does not fit, it holds a *reservation* (Lifka 1995; Mu'alem
-and Feitelson 2001): the expected time enough cards are free for it (the running jobs release their
-cards in the order of their expected ends) and how many cards are spare then. A job behind it is
-placed only if it fits now AND either is expected to end before the reservation or fits in the
-cards the reservation leaves spare, so big jobs do not starve and small jobs do not leave cards
-idle meanwhile (the agent used to place nothing behind such a job, which left cards idle and queues
-long: issue "queue wait regression"). The controller holds a job's reservation at the earliest time
-computed for it (``Controller._held``), so it does not slip when jobs ahead of it overrun their
+``placement_backfill_wait_s`` and still does not fit, it holds a reservation (the expected time
+enough cards are free for it and how many are spare then); a job behind it is placed only if it fits
+now AND either is expected to end before the reservation or fits in the cards the reservation leaves
+spare, so big jobs do not starve and small jobs do not leave cards idle meanwhile (the agent used to
+place nothing behind such a job, which left cards idle and queues long: issue "queue wait
+regression"). The controller holds a job's reservation at the earliest time computed for it
+(``twin.easy_backfill.keep_promise``), so it does not slip when jobs ahead of it overrun their
 expected ends (then no card is spare: the site drains for it).
 
 Expected hold times are what a wall-time request would tell a batch scheduler: start-up plus the
 job's remaining top-clock training stretched by the expected stalls and checkpoints
-(``twin.workload.PhaseModel.expected_wall_time_s`` with the default phase model). The remaining
+(``twin.workload.PhaseModel.wall_time_stretch`` with the default phase model). The remaining
 work is the job's reported progress where the scheduler reports it, else its full work less the
 time it has been running; a job the agent has no spec for never ends (it frees nothing).
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from agent.load import SiteLoad
+from twin.easy_backfill import Reservation, reservation_from_ends, spare_after_backfill
 from twin.state import JobInfo, StateSnapshot
 from twin.workload import JobSpec, PhaseModel
 
@@ -45,21 +45,16 @@ def expected_hold_s(spec: JobSpec | None, *, progress_frac: float = 0.0, running
     remaining top-clock training stretched by stalls and checkpoints; ``inf`` without a spec."""
     if spec is None:
         return math.inf
-    overhead = 1.0 + _PHASES.stall_fraction() + spec.checkpoint_duration_s / spec.checkpoint_interval_s
-    total = spec.work_steps * spec.step_time_s * overhead
+    total = (
+        spec.work_steps
+        * spec.step_time_s
+        * _PHASES.wall_time_stretch(spec.checkpoint_interval_s, spec.checkpoint_duration_s)
+    )
     if progress_frac > 0.0:
         return max(1.0 - progress_frac, 0.0) * total
     if running_s > 0.0:
         return max(_PHASES.startup_s + total - running_s, 0.0)
     return _PHASES.startup_s + total
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """The reservation of a blocked job: the expected time it can start and the cards spare then."""
-
-    shadow_s: float
-    spare_cards: float
 
 
 def release_times(
@@ -84,17 +79,6 @@ def release_times(
     return ends
 
 
-def _when_free(ends: Sequence[tuple[float, int]], n_need: int, n_free: int, now_s: float) -> Reservation:
-    avail = n_free
-    if avail >= n_need:
-        return Reservation(now_s, float(avail - n_need))
-    for end, n in ends:
-        avail += n
-        if avail >= n_need:
-            return Reservation(end, float(avail - n_need))
-    return Reservation(math.inf, math.inf)
-
-
 def reservation(
     snap: StateSnapshot,
     load: SiteLoad,
@@ -106,7 +90,7 @@ def reservation(
     """When ``n_need`` cards are expected to be free (``n_free`` are free now; every busy card of
     ``load`` is released at its job's expected end) and how many are spare then. A job that can
     never fit reserves nothing (``inf``, unlimited spare)."""
-    return _when_free(release_times(snap, load, now_s, running_since_s), n_need, n_free, now_s)
+    return reservation_from_ends(release_times(snap, load, now_s, running_since_s), n_need, n_free, now_s)
 
 
 def expected_starts_s(
@@ -126,7 +110,7 @@ def expected_starts_s(
     ends = release_times(snap, load, now_s, running_since_s)
     out: list[float] = []
     for q in queue:
-        start = _when_free(ends, q.n_cards, n_free, now_s).shadow_s
+        start = reservation_from_ends(ends, q.n_cards, n_free, now_s).shadow_s
         if held is not None:
             start = min(start, held[1]) if q.job_id == held[0] else max(start, held[1])
         out.append(start)
@@ -142,9 +126,8 @@ def backfill_candidates(
     out: list[int] = []
     for i, (q, spec) in enumerate(zip(queue, specs, strict=True)):
         end = now_s + expected_hold_s(spec if q.spec is not None else None)
-        if end <= res.shadow_s:
-            out.append(i)
-        elif spec.n_cards <= spare:
-            spare -= spec.n_cards
+        left = spare_after_backfill(end, spec.n_cards, res, spare)
+        if left is not None:
+            spare = left
             out.append(i)
     return out

@@ -84,6 +84,7 @@ from models.placement import QueuedJob, make_placement_problem, place_jobs
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tables, make_problem
 from models.solve import CyclePlanner, greedy_cycle
+from twin.easy_backfill import keep_promise
 from twin.estimate import Estimates, EstimatorConfig
 from twin.spec import SiteSpec
 from twin.state import JobInfo, StateSnapshot
@@ -664,16 +665,10 @@ class Controller:
         return self._place_jobs(load, snap, ctx, unseen_card, picked, notes, how)
 
     def _held(self, job_id: str, res: Reservation) -> Reservation:
-        """The reservation of the blocked job ``job_id`` as promised: its start is the earliest
-        expected start computed for it, not one that slips each time a job ahead of it runs longer
-        than expected (expected run times are means, not the upper bounds of wall-time requests,
-        so about half the jobs run longer). When the recomputed reservation is later than the
-        promise, the promise already lacks cards, so none are spare: only jobs expected to end
-        before it start ahead, and once it is due the site drains for the job. Without this a big
-        job waited 8,959 s on the nominal day and never started while a stream of small jobs, each
-        expected to end in time, kept its cards busy."""
-        if self._reserved is not None and self._reserved[0] == job_id and self._reserved[1] < res.shadow_s:
-            res = Reservation(self._reserved[1], 0.0)  # the promise already lacks cards: none spare
+        """The reservation of the blocked job ``job_id`` as promised (``twin.easy_backfill.
+        keep_promise``): its start is the earliest expected start computed for it, not one that slips
+        each time a job ahead of it runs longer than expected."""
+        res = keep_promise(self._reserved, job_id, res)
         self._reserved = (job_id, res.shadow_s)
         return res
 

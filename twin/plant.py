@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from twin.cooling import CoolingPoint, facility_cooling, rack_pump_power_w
+from twin.easy_backfill import Reservation, keep_promise, reservation_from_ends, spare_after_backfill
 from twin.faults import (
     Ambient,
     CardFailure,
@@ -1252,7 +1253,7 @@ class Plant:
         n_free = int(free.sum())
         remaining: list[_Job] = []
         blocked = False
-        shadow_s, spare = _INF, 0
+        res, spare = Reservation(_INF, _INF), _INF
         next_fallback = _INF
         for job in self._queue:
             if external and t + _EPS_S < job.queued_since_s + cfg.external_timeout_s:
@@ -1261,26 +1262,21 @@ class Plant:
                 continue
             n_need = job.spec.n_cards
             if blocked:
-                # EASY backfilling: start ahead of the blocked job only what does not delay its reservation
-                hold_end = t + self._expected_hold_s(job)
-                if n_need > n_free or (hold_end > shadow_s + _EPS_S and n_need > spare):
+                # EASY backfilling (twin.easy_backfill): start ahead of the blocked job only what does
+                # not delay its reservation
+                left = spare_after_backfill(t + self._expected_hold_s(job), n_need, res, spare)
+                if n_need > n_free or left is None:
                     remaining.append(job)
                     continue
-                if hold_end > shadow_s + _EPS_S:
-                    spare -= n_need
+                spare = left
             elif n_need > n_free:
                 if t - job.queued_since_s >= cfg.backfill_wait_s:
                     blocked = True
-                    shadow_s, spare = self._reservation(n_need, n_free, t)
                     # the reservation is a promise: it does not slip when jobs ahead of it overrun their
                     # expected ends (means, not wall-time limits); once due, the site drains for it
-                    if (
-                        self._reserved is not None
-                        and self._reserved[0] == job.spec.job_id
-                        and self._reserved[1] < shadow_s
-                    ):
-                        shadow_s, spare = self._reserved[1], 0  # the promise already lacks cards: none spare
-                    self._reserved = (job.spec.job_id, shadow_s)
+                    res = keep_promise(self._reserved, job.spec.job_id, self._reservation(n_need, n_free, t))
+                    spare = res.spare_cards
+                    self._reserved = (job.spec.job_id, res.shadow_s)
                 remaining.append(job)
                 continue
             cards = self._first_fit(free, n_need)
@@ -1300,10 +1296,9 @@ class Plant:
         spec = job.spec
         ph = self.config.phases
         left = max(spec.work_steps - job.progress_steps, 0.0) * spec.step_time_s
-        overhead = 1.0 + ph.stall_fraction() + spec.checkpoint_duration_s / spec.checkpoint_interval_s
-        return ph.startup_s + left * overhead
+        return ph.startup_s + left * ph.wall_time_stretch(spec.checkpoint_interval_s, spec.checkpoint_duration_s)
 
-    def _reservation(self, n_need: int, n_free: int, t: float) -> tuple[float, int]:
+    def _reservation(self, n_need: int, n_free: int, t: float) -> Reservation:
         """EASY backfilling's reservation for a blocked job of ``n_need`` cards: the expected time
         enough cards are free for it (running jobs end in the order of their expected ends) and how
         many cards are spare then. A job that can never fit (too many failed cards) reserves nothing."""
@@ -1317,19 +1312,13 @@ class Plant:
             else:
                 spec = job.spec
                 left = max(float(self._s_work[s] - self._s_progress[s]), 0.0) * spec.step_time_s
-                overhead = 1.0 + ph.stall_fraction() + spec.checkpoint_duration_s / spec.checkpoint_interval_s
-                end = t + left * overhead
+                end = t + left * ph.wall_time_stretch(spec.checkpoint_interval_s, spec.checkpoint_duration_s)
                 if job.next_action[0] == "start":
                     end += max(float(self._s_next_event[s]) - t, 0.0)
             healthy = int((~self._failed[job.cards]).sum())
             ends.append((end, healthy))
         ends.sort()
-        avail = n_free
-        for end, n in ends:
-            avail += n
-            if avail >= n_need:
-                return end, avail - n_need
-        return _INF, 1 << 62
+        return reservation_from_ends(ends, n_need, n_free, t)
 
     def _first_fit(self, free: BoolArray, n_need: int) -> IntArray:
         """Compact first fit: the first supernode with enough free cards, its free cards in index

@@ -237,12 +237,16 @@ class PhaseModel:
         inp = self.input_stalls_per_hour * self.input_stall_median_s
         return (comm + inp) * stretch / 3600.0
 
+    def wall_time_stretch(self, checkpoint_interval_s: float, checkpoint_duration_s: float) -> float:
+        """Expected wall time per second of top-clock training: 1 plus the stalls' share plus the
+        checkpoints' (``checkpoint_duration_s`` every ``checkpoint_interval_s``)."""
+        return 1.0 + self.stall_fraction() + checkpoint_duration_s / checkpoint_interval_s
+
     def expected_wall_time_s(
         self, duration_s: float, checkpoint_interval_s: float, checkpoint_duration_s: float
     ) -> float:
         """Expected time a job holds its cards for ``duration_s`` of top-clock training."""
-        overhead = 1.0 + self.stall_fraction() + checkpoint_duration_s / checkpoint_interval_s
-        return self.startup_s + duration_s * overhead
+        return self.startup_s + duration_s * self.wall_time_stretch(checkpoint_interval_s, checkpoint_duration_s)
 
 
 # --------------------------------------------------------------------------------------------
