@@ -71,12 +71,16 @@ def site_steady_state(
     thermal: ThermalParams | None = None,
     protection: bool = True,
     flow_fraction: float | FloatArray = 1.0,
+    host_off: BoolArray | None = None,
 ) -> SiteSteadyState:
     """Steady state of every card, rack and the facility.
 
     ``level`` and ``utilization`` are per card (arrays) or one value for all; ``supply_temp_c``
     and ``ambient_c`` default to the spec's facility values; ``flow_fraction`` is each rack loop's
-    flow as a fraction of nominal (its pump's speed; per rack, or one value for all).
+    flow as a fraction of nominal (its pump's speed; per rack, or one value for all); ``host_off``
+    is per host (``site.n_hosts``; only where ``site.hosts_managed``) the hosts powered off: such a
+    host draws ``rack.host_off_power_w`` instead of ``rack.host_power_w`` and its cards nothing
+    (their dies sit at the supply temperature), as in ``twin.plant``.
     """
     n = site.n_cards
     model = PowerModel.from_card(site.card)
@@ -93,24 +97,39 @@ def site_steady_state(
     lp = np.zeros(n, dtype=bool) if low_power is None else np.asarray(low_power, dtype=bool)
     r_tot = th.r_total_k_per_w
 
-    power, die = card_steady_power_w(model, lv, u, lp, supply, r_tot)
+    card_rack = site.card_rack()
+    rack_overhead_w = np.full(site.n_racks, site.rack.host_overhead_w)
+    unpowered = np.zeros(n, dtype=bool)  # cards of hosts that are off
+    if host_off is not None:
+        off = np.asarray(host_off, dtype=bool)
+        if off.shape != (site.n_hosts,):
+            raise ValueError(f"host_off must have one entry per host ({site.n_hosts}), got shape {off.shape}")
+        if off.any() and not site.hosts_managed:
+            raise ValueError("host_off: the site's hosts cannot be powered off (rack.hosts_per_rack = 0)")
+        unpowered = off[site.card_host()]
+        rack_overhead_w -= off.reshape(site.n_racks, -1).sum(axis=1) * site.host_saving_w()
+
+    def steady(levels: IntArray) -> tuple[FloatArray, FloatArray]:
+        p, d = card_steady_power_w(model, levels, u, lp, supply, r_tot)
+        return np.where(unpowered, 0.0, p), np.where(unpowered, supply, d)
+
+    power, die = steady(lv)
     if protection:
         for _ in range(model.n_levels):
             new = model.protected_level(lv, u, die)
-            new = np.where(lp, lv, np.maximum(new, lv))
+            new = np.where(lp | unpowered, lv, np.maximum(new, lv))
             if np.array_equal(new, lv):
                 break
             lv = new
-            power, die = card_steady_power_w(model, lv, u, lp, supply, r_tot)
+            power, die = steady(lv)
     plate = supply + th.r_case_coolant_k_per_w * power
 
-    card_rack = site.card_rack()
     rack_cards_w = np.bincount(card_rack, weights=power, minlength=site.n_racks).astype(np.float64)
-    rack_power = rack_cards_w + site.rack.host_overhead_w
+    rack_power = rack_cards_w + rack_overhead_w
     # heat into each rack loop: through the cold plates, plus host overhead
     plate_heat = (plate - supply) / th.r_case_coolant_k_per_w
     rack_heat = np.bincount(card_rack, weights=plate_heat, minlength=site.n_racks).astype(np.float64)
-    rack_heat += site.rack.host_overhead_w
+    rack_heat += rack_overhead_w
     rack_max_die = np.full(site.n_racks, -np.inf)
     np.maximum.at(rack_max_die, card_rack, die)
     m_dot = rack_mass_flow_kg_s(site, frac)

@@ -3,7 +3,9 @@
 Reads a scenario (format in docs/models.md and the comments of examples/scenario-*.toml), places
 the queued jobs, plans DVFS levels, idle states and the coolant set-point with the models, then
 gives each rack loop's pump the slowest speed the plan allows (``agent.pumps``, as the agent does;
-``[solver] choose_pump_speed``), judges the plan with the twin (``twin.steady.site_steady_state``)
+``[solver] choose_pump_speed``) and powers off the hosts no job needs, keeping a reserve on for
+arriving jobs (``agent.hosts``; ``[solver] choose_host_power``, on sites whose hosts can be powered
+off), judges the plan with the twin (``twin.steady.site_steady_state``)
 against the all-cards-at-top-clock, full-pump-speed baseline and the greedy plan, and writes
 ``plan.json``, ``racks.csv`` and ``report.html`` (plots embedded as PNG) to ``--out`` (default
 ``./out/<scenario name>``). ``--json`` prints a summary object.
@@ -120,6 +122,11 @@ class SolverSection:
     choose_pump_speed: bool = True
     pump_speed_steps: int = field(default=9, metadata=rng(2, 100))
     placement: str = field(default="auto", metadata=choices("auto", "milp", "greedy"))
+    # power off the hosts none of whose cards runs a job, keeping host_reserve_per_supernode on in
+    # each supernode for arriving jobs (agent.hosts, as the agent does); only on sites whose hosts
+    # can be powered off (rack.hosts_per_rack > 0)
+    choose_host_power: bool = True
+    host_reserve_per_supernode: int = field(default=2, metadata=rng(0, 100_000))
 
 
 @dataclass(frozen=True)
@@ -379,6 +386,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     if judged is not None:
         speeds = ", ".join(f"{100 * x:.0f}" for x in judged["pump_speed_frac"])
         _progress(args, f"pumps at {speeds}% of full speed")
+        if site.hosts_managed:
+            _progress(args, f"hosts: {int(judged['host_off'].sum())} of {site.n_hosts} off")
     base = _baseline(p1, supply)
     summary: dict[str, Any] = {
         "status": plan.status.value,
@@ -396,6 +405,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         "pue": judged["pue"] if judged else None,
         "it_power_w": judged["it_power_w"] if judged else None,
         "facility_power_w": judged["facility_power_w"] if judged else None,
+        "hosts_off": int(judged["host_off"].sum()) if judged else None,
         "baseline_facility_power_w": base["facility_power_w"],
         "throughput": judged["throughput"] if judged else None,
         "baseline_throughput": base["throughput"],
@@ -416,8 +426,8 @@ def run(args: argparse.Namespace, command: str) -> int:
             f"{sc.name}: {plan.status.value}, supply {plan.supply_temp_c:g} deg C, "
             f"IT {judged['it_power_w'] / 1e3:.1f} kW, "
             f"facility {judged['facility_power_w'] / 1e3:.1f} kW (baseline {base['facility_power_w'] / 1e3:.1f} kW), "
-            f"PUE {judged['pue']:.3f}, throughput {judged['throughput']:.1f} (baseline {base['throughput']:.1f}); "
-            f"files in {out_dir}"
+            f"PUE {judged['pue']:.3f}, throughput {judged['throughput']:.1f} (baseline {base['throughput']:.1f}), "
+            f"{int(judged['host_off'].sum())} of {site.n_hosts} hosts off; files in {out_dir}"
         )
     return 0 if plan.status.has_plan else 1
 
@@ -467,12 +477,40 @@ def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> F
     ).speed_frac
 
 
+def _hosts_off(p: Any, dvfs: Any, solver: SolverSection) -> npt.NDArray[np.bool_] | None:
+    """Per host: powered off by the plan (``agent.hosts.choose_hosts_off``, the agent's rule for
+    hosts idle long enough): every host none of whose cards runs a job, except
+    ``host_reserve_per_supernode`` per supernode kept on for arriving jobs (those holding the idle
+    cards the plan keeps awake stay on first); none while jobs are still queued (they wait for
+    cards). None where the site's hosts cannot be powered off or ``choose_host_power`` is false."""
+    from agent.hosts import choose_hosts_off, host_any
+
+    site = p.site
+    if not (solver.choose_host_power and site.hosts_managed):
+        return None
+    busy = p.card_job >= 0
+    none = np.zeros(site.n_hosts, dtype=bool)
+    return choose_hosts_off(
+        site,
+        now_s=0.0,
+        host_busy_last_s=np.full(site.n_hosts, -np.inf),  # a snapshot: every idle host has been idle long enough
+        card_busy=busy,
+        host_off_now=none,
+        host_awake=host_any(site, ~busy & ~dvfs.card_low_power & ~p.failed),
+        frozen_host=none,
+        off_after_s=0.0,
+        reserve_per_supernode=solver.host_reserve_per_supernode,
+        due_cards=sum(q.n_cards for q in p.queue),
+    ).host_off
+
+
 def _judge(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> dict[str, Any]:
-    """The plan as the twin sees it: ``site_steady_state`` at the plan's levels, idle states and
-    pump speeds (:func:`_pump_speeds`)."""
+    """The plan as the twin sees it: ``site_steady_state`` at the plan's levels, idle states, pump
+    speeds (:func:`_pump_speeds`) and hosts off (:func:`_hosts_off`)."""
     from twin.steady import site_steady_state
 
     speed = _pump_speeds(p, dvfs, supply_c, solver)
+    host_off = _hosts_off(p, dvfs, solver)
     ss = site_steady_state(
         p.site,
         level=dvfs.card_level,
@@ -481,8 +519,10 @@ def _judge(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> dict[st
         ambient_c=p.ambient_c,
         low_power=dvfs.card_low_power | p.failed,
         flow_fraction=speed,
+        host_off=host_off,
     )
     return {
+        "host_off": np.zeros(p.site.n_hosts, dtype=bool) if host_off is None else host_off,
         "pump_speed_frac": speed,
         "pump_power_w": ss.cooling.rack_pump_w + ss.cooling.facility_pump_w,
         "rack_power_w": ss.rack_power_w,
@@ -519,6 +559,7 @@ def _baseline(p: Any, supply_c: float) -> dict[str, Any]:
             lv = int(ss.level[p.card_job == j].max())  # the slowest card sets the pace
             thr += job.n_cards * float(relative_throughput(job.compute_share, clocks[lv] / clocks[0]))
     return {
+        "host_off": np.zeros(p.site.n_hosts, dtype=bool),
         "pump_speed_frac": np.ones(p.site.n_racks),
         "pump_power_w": ss.cooling.rack_pump_w + ss.cooling.facility_pump_w,
         "rack_power_w": ss.rack_power_w,
@@ -568,6 +609,7 @@ def _write_plan_json(
                 "clock_mhz": clocks[lv] if lv is not None else None,
             }
         )
+    card_host_off = judged["host_off"][site.card_host()] if judged else np.zeros(site.n_cards, dtype=bool)
     cards_out = []
     for i in range(site.n_cards):
         j = int(p.card_job[i])
@@ -575,6 +617,8 @@ def _write_plan_json(
             state = "failed"
         elif j >= 0:
             state = "busy"
+        elif card_host_off[i]:
+            state = "host_off"
         elif dv is not None and dv.card_low_power[i]:
             state = "low_power"
         else:
@@ -617,6 +661,8 @@ def _write_plan_json(
         "pue_excess_w": plan.dvfs.pue_excess_w if plan.dvfs is not None else None,
         "pump_speed_frac": [float(x) for x in judged["pump_speed_frac"]] if judged else None,
         "pump_power_w": judged["pump_power_w"] if judged else None,
+        "hosts_off": np.flatnonzero(judged["host_off"]).tolist() if judged else None,
+        "host_saving_w": float(judged["host_off"].sum()) * site.host_saving_w() if judged else None,
         "baseline": {k: base[k] for k in ("it_power_w", "facility_power_w", "pue", "throughput", "pump_power_w")},
         "unplaced": unplaced,
         "jobs": jobs_out,
@@ -634,6 +680,7 @@ def _write_racks_csv(
     card_rack = site.card_rack()
     busy = np.bincount(card_rack[p.card_job >= 0], minlength=site.n_racks)
     failed = np.bincount(card_rack[p.failed], minlength=site.n_racks)
+    hosts_off = judged["host_off"].reshape(site.n_racks, -1).sum(axis=1) if judged else None
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(
@@ -646,6 +693,7 @@ def _write_racks_csv(
                 "pump_speed_frac",
                 "busy_cards",
                 "failed_cards",
+                "hosts_off",
                 "greedy_power_w",
                 "baseline_power_w",
                 "baseline_max_die_temp_c",
@@ -663,6 +711,7 @@ def _write_racks_csv(
                     f"{judged['pump_speed_frac'][r]:.3f}" if judged else "",
                     int(busy[r]),
                     int(failed[r]),
+                    int(hosts_off[r]) if hosts_off is not None else "",
                     f"{greedy['rack_power_w'][r]:.1f}" if greedy else "",
                     f"{base['rack_power_w'][r]:.1f}",
                     f"{base['rack_max_die_c'][r]:.2f}",
@@ -758,7 +807,8 @@ def _write_report(
         f"<td>{fmt(float(r['rack_power_w'].max()), ' kW', 1e3, 2)}</td>"
         f"<td>{fmt(float(r['die_c'].max()), ' deg C')}</td>"
         f"<td>{fmt(r['pump_power_w'], ' kW', 1e3, 2)}"
-        f" (mean speed {100 * float(np.mean(r['pump_speed_frac'])):.0f}%)</td></tr>"
+        f" (mean speed {100 * float(np.mean(r['pump_speed_frac'])):.0f}%)</td>"
+        f"<td>{int(r['host_off'].sum())} of {site.n_hosts}</td></tr>"
         for n, r in rows
     )
     expl = f"<pre>{escape(plan.explanation)}</pre>" if plan.explanation else ""
@@ -766,11 +816,14 @@ def _write_report(
 ambient {p.ambient_c:g} deg C. Status <b>{escape(plan.status.value)}</b> ({escape(plan.source)}),
 solve {plan.solve_time_s:.3f} s, placement {t_place:.3f} s, chosen supply {plan.supply_temp_c:g} deg C.</p>{expl}
 <table><tr><th>plan</th><th>IT</th><th>facility</th><th>PUE</th><th>throughput</th><th>supply</th>
-<th>max rack</th><th>max die</th><th>pumps</th></tr>
+<th>max rack</th><th>max die</th><th>pumps</th><th>hosts off</th></tr>
 {table_rows}</table>
 <p>All numbers are the twin's steady state (<code>twin.steady.site_steady_state</code>) at each plan's levels
 idle states and pump speeds (each rack loop's pump as slow as the plan's dies, cap and loop rise allow, as
-the agent chooses it; <code>[solver] choose_pump_speed</code>). Baseline: every card at the top clock, idle
-cards in active idle, the scenario's set-point, pumps at full speed, only the cards' own protection.</p>
+the agent chooses it; <code>[solver] choose_pump_speed</code>) and hosts off (every host with no busy card but a
+reserve of <code>[solver] host_reserve_per_supernode</code> per supernode, none while jobs stay queued, as the
+agent powers off hosts idle long enough; <code>[solver] choose_host_power</code>). Baseline: every card at the top
+clock, idle cards in active idle, every host on, the scenario's set-point, pumps at full speed, only the cards'
+own protection.</p>
 {figures_html(imgs)}"""
     path.write_text(page(f"racktwin optimize: {sc.name}", body), encoding="utf-8")

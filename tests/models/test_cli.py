@@ -21,6 +21,7 @@ KEYS = {
     "it_power_w": float,
     "facility_power_w": float,
     "baseline_facility_power_w": float,
+    "hosts_off": int,
     "throughput": float,
     "baseline_throughput": float,
 }
@@ -53,7 +54,7 @@ def _check_shape(doc: dict[str, object]) -> None:
 def _check_files(out: Path) -> None:
     plan = json.loads((out / "plan.json").read_text())
     assert len(plan["cards"]) == 512
-    assert {c["state"] for c in plan["cards"]} <= {"busy", "awake", "low_power", "failed"}
+    assert {c["state"] for c in plan["cards"]} <= {"busy", "awake", "low_power", "host_off", "failed"}
     for j in plan["jobs"]:
         assert set(j) >= {"id", "racks", "cards", "level"}
     with (out / "racks.csv").open() as fh:
@@ -101,6 +102,49 @@ def test_pumps_slow_where_the_plan_allows_and_full_speed_when_not_chosen(
     assert plan["pump_power_w"] < plan["baseline"]["pump_power_w"]
     # the slower loops warm the dies, within the die limit (slowdown - margin)
     assert all(r["max_die_temp_c"] <= 85.0 + 0.05 for r in slow["racks"])  # type: ignore[attr-defined]
+
+
+def test_idle_hosts_go_off_but_a_reserve_and_every_host_with_a_busy_card_stay_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the nominal snapshot (a third of the cards idle) the plan powers off every host with no
+    busy card but two per supernode (the agent's reserve for arriving jobs); the twin judges that as
+    what the hosts and their sleeping cards drew, at the same work. ``choose_host_power = false``
+    keeps every host on."""
+    text = (EXAMPLES / "scenario-nominal.toml").read_text()
+    assert "choose_host_power = true" in text and "host_reserve_per_supernode = 2" in text
+    site_line = 'site = "supernode-512.toml"'
+
+    def variant(name: str, old: str, new: str) -> Path:
+        f = tmp_path / f"{name}.toml"
+        f.write_text(text.replace(old, new).replace(site_line, f'site = "{EXAMPLES / "supernode-512.toml"}"'))
+        return f
+
+    off = _run(capsys, EXAMPLES / "scenario-nominal.toml", tmp_path / "off")
+    on = _run(capsys, variant("on", "choose_host_power = true", "choose_host_power = false"), tmp_path / "on")
+    plan = json.loads((tmp_path / "off" / "plan.json").read_text())
+    cph = 8
+    busy_hosts = {c["card"] // cph for c in plan["cards"] if c["state"] == "busy"}
+    idle_hosts = set(range(64)) - busy_hosts
+    assert plan["hosts_off"] and not busy_hosts & set(plan["hosts_off"])
+    assert off["hosts_off"] == len(plan["hosts_off"]) == len(idle_hosts) - 2  # one supernode: 2 kept on
+    assert on["hosts_off"] == 0
+    assert {c["state"] for c in plan["cards"] if c["card"] // cph in plan["hosts_off"]} == {"host_off"}
+    assert off["throughput"] == pytest.approx(on["throughput"])
+    # what the off hosts save (950 W each) plus their cards asleep (~50 W each), and cooling on top
+    saved_it_w = on["it_power_w"] - off["it_power_w"]  # type: ignore[operator]
+    assert saved_it_w == pytest.approx(plan["host_saving_w"] + 8 * 50.0 * off["hosts_off"], rel=0.05)
+    assert on["facility_power_w"] - off["facility_power_w"] > saved_it_w  # type: ignore[operator]
+    with (tmp_path / "off" / "racks.csv").open() as fh:
+        assert sum(int(r["hosts_off"]) for r in csv.DictReader(fh)) == off["hosts_off"]
+    assert "hosts off" in (tmp_path / "off" / "report.html").read_text()
+    # a bigger reserve keeps more on
+    more = _run(
+        capsys,
+        variant("reserve", "host_reserve_per_supernode = 2", "host_reserve_per_supernode = 6"),
+        tmp_path / "reserve",
+    )
+    assert more["hosts_off"] == off["hosts_off"] - 4  # type: ignore[operator]
 
 
 def test_full_load_scenario_caps_bind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ from test_plant import exact, job
 
 from twin.plant import CommandError, Plant
 from twin.spec import SiteSpec, SpecError, site_from_dict
+from twin.steady import site_steady_state
 from twin.workload import Phase
 
 pytestmark = pytest.mark.unit
@@ -93,3 +94,32 @@ def test_spec_checks_the_host_keys(example_data: dict[str, Any]) -> None:
         data["rack"][key] = value
         with pytest.raises(SpecError, match=match):
             site_from_dict(data)
+
+
+def test_the_steady_state_with_hosts_off_is_the_plants(site: SiteSpec) -> None:
+    """``twin.steady.site_steady_state(host_off=...)``, which judges ``racktwin optimize``'s plans,
+    agrees with the plant after it settles: a job on the first 128 cards, the other cards in
+    low-power idle, 20 of their hosts off."""
+    p = Plant(site, [job("a", 128)], config=exact())
+    p.run(10.0)
+    idle = np.arange(128, site.n_cards)
+    p.enter_low_power(idle)
+    off = np.zeros(site.n_hosts, dtype=bool)
+    off[np.arange(20) * 2 + 17] = True  # hosts 17, 19, ..., 55: spread over racks 2-6
+    p.power_off_hosts(np.flatnonzero(off))
+    p.run(1800.0, 1.0)
+    tr = p.truth()
+    assert np.array_equal(tr.host_off, off) and np.all(tr.effective_level[:128] == 0)
+    low = np.zeros(site.n_cards, dtype=bool)
+    low[idle] = True
+    ss = site_steady_state(site, level=0, utilization=tr.utilization, low_power=low, host_off=off)
+    np.testing.assert_allclose(ss.card_power_w, tr.card_power_w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ss.rack_power_w, tr.rack_power_w, rtol=1e-5)
+    assert ss.cooling.facility_power_w == pytest.approx(tr.cooling.facility_power_w, rel=1e-5)
+    # and every host on costs what the 20 hosts and their sleeping cards save
+    on = site_steady_state(site, level=0, utilization=tr.utilization, low_power=low)
+    saved_w = 20 * site.host_saving_w() + on.card_power_w[off[site.card_host()]].sum()
+    assert on.it_power_w - ss.it_power_w == pytest.approx(saved_w, rel=1e-9)
+    assert on.card_power_w[off[site.card_host()]].mean() > 40.0  # asleep, not off: ~50 W each
+    with pytest.raises(ValueError, match="one entry per host"):
+        site_steady_state(site, host_off=off[:10])
