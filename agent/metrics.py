@@ -95,6 +95,13 @@ class AgentMetrics:
             registry=r,
         )
         self.decision_status = self.decisions_total
+        self.plans_total = Counter(
+            "racktwin_plans_total",
+            "Plans beneath the decisions, by the models' solve status (optimal, feasible, fallback, "
+            "infeasible...) and planner (milp, greedy, incremental, hold); a failsafe decision still counts its plan",
+            ["status", "source"],
+            registry=r,
+        )
         self.predicted_rack_power_watts = Gauge(
             "racktwin_predicted_rack_power_watts",
             "Rack power the twin predicts for the last decision",

@@ -655,6 +655,7 @@ class AgentService:
             m.rack_pump_speed_ratio.labels(rack=name).set(speed)
         m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
         m.decision_status.labels(status=d.status).inc()
+        m.plans_total.labels(status=d.plan_status, source=d.source).inc()
 
     async def _health_task(self) -> None:
         while True:

@@ -447,6 +447,11 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     assert status == 200
     assert re.search(r'racktwin_rejected_messages_total\{reason="malformed_json"\} ([6-9]|\d\d)', body)
     assert 'racktwin_rejected_messages_total{reason="unknown_rack"} 3.0' in body
+    # every decision is counted by its status and by the plan beneath it
+    decisions = sum(float(n) for n in re.findall(r'racktwin_decisions_total\{status="\w+"\} (\S+)', body))
+    plans = re.findall(r'racktwin_plans_total\{source="(\w+)",status="(\w+)"\} (\S+)', body)
+    assert decisions >= 5 and sum(float(n) for _src, _st, n in plans) == decisions, body
+    assert {src for src, _st, _n in plans} <= {"milp", "greedy", "incremental", "hold"}
     assert seen["ready"][0] == 200
     assert res.service.state.invalid_count.sum() == 0  # nothing of it reached the belief
     assert_true_power_under_limit(res)
