@@ -24,8 +24,8 @@ so that a verdict that depends on one day's draw (which job the schedule reached
 as such.
 Host sweep (``--host-sweep``): the nominal day, racktwin only (and the baseline it is judged against),
 once per setting of the agent's host power-down (``racktwin evaluate --control ...``): the defaults,
-longer idle times before a host goes off, a larger reserve, and no host power-down; the runs go side
-by side (one process each), one row per setting.
+a shorter and longer idle times before a host goes off, no reserve and a larger one, and no host
+power-down; the runs go side by side (one process each), one row per setting.
 Plant fallback (``--plant-fallback``): the nominal day, racktwin (and the baseline), once as the scenario
 has it (the plant's scheduler places a job the agent has not placed within ``external_timeout_s`` =
 120 s) and once with that fallback off (a copy of the scenario with ``external_timeout_s = 1e9``, written
@@ -100,6 +100,8 @@ def run_side_by_side(cmds: Sequence[list[str]]) -> float:
 #: (label, racktwin evaluate --control settings) of the host sweep
 HOST_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("defaults (off after the break-even time, 311 s idle; 2 hosts kept on)", ()),
+    ("off after 60 s idle", ("host_off_after_s=60",)),
+    ("no idle host kept on", ("host_reserve_per_supernode=0",)),
     ("off after 600 s idle (AWS PCS's default)", ("host_off_after_s=600",)),
     ("off after 1,800 s idle", ("host_off_after_s=1800",)),
     ("8 hosts kept on", ("host_reserve_per_supernode=8",)),
