@@ -1,4 +1,4 @@
-"""Benchmarks of the MQTT protocol (agent/wire.py) and client (agent/bus.py). Prints markdown tables.
+"""Benchmarks of the MQTT protocol (agent/wire/) and client (agent/bus.py). Prints markdown tables.
 
 1. decode + validate of one 64-card telemetry message: racktwin's columnar schema (what Codec.decode
    does: topic, size, msgspec typed decode with range checks, cross-field checks, conversion to numpy),
@@ -41,6 +41,7 @@ from agent import wire
 from agent.broker import EmbeddedBroker, find_mosquitto
 from agent.bus import Bus, Incoming
 from agent.wire import Codec, Rejection, SiteLayout
+from agent.wire.schemas import _CardsW
 
 try:
     import orjson
@@ -177,7 +178,7 @@ def bench_decode(repeats: int) -> str:
     rows = rows_payload(batch)
     assert wire.approx_equal(codec.decode(TOPIC, col), batch)
     assert wire.approx_equal(decode_rows(rows), batch)
-    col_typed = msgspec.json.Decoder(wire._CardsW)
+    col_typed = msgspec.json.Decoder(_CardsW)
     raw = msgspec.json.Decoder()
     bad = col.replace(b'"power_watts":[', b'"power_watts":[-1.0,', 1)
     cases: list[tuple[str, str, int, Callable[[], Any]]] = [

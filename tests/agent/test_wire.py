@@ -1,4 +1,4 @@
-"""The MQTT protocol (agent/wire.py) without a broker: topics, round trips, units, rejections."""
+"""The MQTT protocol (agent/wire/) without a broker: topics, round trips, units, rejections."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from mqtt_testing import REPO, sample_messages
 
 from agent import wire
 from agent.wire import Codec, Kind, Rejection, RejectReason, SiteLayout, Topics
+from agent.wire.schemas import _JobEventW
 from twin.spec import load_site
 
 pytestmark = pytest.mark.unit
@@ -561,7 +562,7 @@ def test_job_phases_on_the_wire_are_the_twins_phases() -> None:
 
     from twin.workload import Phase
 
-    literal = typing.get_type_hints(wire._JobEventW, include_extras=True)["phase"]
+    literal = typing.get_type_hints(_JobEventW, include_extras=True)["phase"]
     allowed = {a for arg in typing.get_args(literal) for a in typing.get_args(arg)}
     assert allowed == {p.name.lower() for p in Phase}
 

@@ -17,6 +17,7 @@ from mqtt_testing import TEST_RACKS, TEST_SITE, sample_messages
 
 from agent import wire
 from agent.wire import Codec, Kind, Rejection, RejectReason, SiteLayout
+from agent.wire.topics import _KINDS
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +25,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 LAYOUT = SiteLayout(TEST_SITE, TEST_RACKS, cards_per_rack=64, n_levels=8)
 _CODEC = Codec(LAYOUT)
-TOPICS = [_CODEC.topics.of(k, "r1" if wire._KINDS[k].rack_scoped else None) for k in Kind]
+TOPICS = [_CODEC.topics.of(k, "r1" if _KINDS[k].rack_scoped else None) for k in Kind]
 VALID = {_CODEC.outgoing(m).topic: json.loads(_CODEC.outgoing(m).payload) for m in sample_messages()}
 
 json_scalars = (
