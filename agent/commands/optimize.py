@@ -426,8 +426,9 @@ def run(args: argparse.Namespace, command: str) -> int:
             f"{sc.name}: {plan.status.value}, supply {plan.supply_temp_c:g} deg C, "
             f"IT {judged['it_power_w'] / 1e3:.1f} kW, "
             f"facility {judged['facility_power_w'] / 1e3:.1f} kW (baseline {base['facility_power_w'] / 1e3:.1f} kW), "
-            f"PUE {judged['pue']:.3f}, throughput {judged['throughput']:.1f} (baseline {base['throughput']:.1f}), "
-            f"{int(judged['host_off'].sum())} of {site.n_hosts} hosts off; files in {out_dir}"
+            f"PUE {judged['pue']:.3f}, throughput {judged['throughput']:.1f} (baseline {base['throughput']:.1f})"
+            + (f", {int(judged['host_off'].sum())} of {site.n_hosts} hosts off" if site.hosts_managed else "")
+            + f"; files in {out_dir}"
         )
     return 0 if plan.status.has_plan else 1
 

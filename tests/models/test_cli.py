@@ -227,3 +227,21 @@ def test_infeasible_scenario_is_explained(tmp_path: Path, capsys: pytest.Capture
     assert "infeasible: rack power: rack r2: 64 busy cards" in err
     plan = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert plan["status"] == "infeasible" and plan["explanation"].startswith("rack power: rack r0")
+
+
+def test_a_site_without_host_power_keeps_every_host_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a site whose hosts cannot be powered off (no ``rack.hosts_per_rack``) the plan powers none
+    off and the summary line does not talk about hosts."""
+    host_keys = ("hosts_per_rack", "host_power_w", "host_off_power_w", "host_boot_s")
+    site_text = (EXAMPLES / "supernode-512.toml").read_text()
+    kept = [ln for ln in site_text.splitlines() if not ln.startswith(host_keys)]
+    assert len(kept) == len(site_text.splitlines()) - 4
+    (tmp_path / "site.toml").write_text("\n".join(kept) + "\n")
+    text = (EXAMPLES / "scenario-nominal.toml").read_text()
+    scenario = tmp_path / "sc.toml"
+    scenario.write_text(text.replace('site = "supernode-512.toml"', 'site = "site.toml"'))
+    doc = _run(capsys, scenario, tmp_path / "json")
+    assert doc["hosts_off"] == 0
+    rc = main(["optimize", str(scenario), "--out", str(tmp_path / "line"), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "hosts off" not in out and out.startswith("nominal: ")
