@@ -390,7 +390,7 @@ class Controller:
             ctx.die_offset_k,
             ctx.rack_flow_full_lpm,
             ctx.rack_pump_speed_frac,
-            site.rack_power_limits_w() - cfg.rack_margin_w - ctx.rack_extra_w,
+            site.rack_power_limits_w() - cfg.rack_margin_w,  # the prediction counts the extra itself
             ctx.rack_extra_w,
             site.card.slowdown_temp_c - cfg.die_margin_k,
             facility_w_per_it_w=1.0 + site.facility.ups_loss_fraction,

@@ -255,7 +255,7 @@ class Guard:
         mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
         bad = (
             (worst.rack_max_die_c > site.card.slowdown_temp_c - self.control.die_margin_k + 1e-9)
-            | (worst.rack_power_w > caps + _TOL_W)
+            | (worst.rack_power_w > caps + ctx.rack_extra_w + _TOL_W)  # caps leave room for the extra, `worst` has it
             | (worst.rack_power_w / np.maximum(mcp, 1e-9) > loop.max_delta_t_k + 1e-9)
         )
         return np.asarray(np.where(slow & bad, 1.0, speed), dtype=np.float64)

@@ -150,7 +150,12 @@ def choose_pump_speeds(
     steps: int = 9,
     full_speed_racks: BoolArray | None = None,
 ) -> PumpChoice:
-    """The speed of every rack's pump (module docstring); ``full_speed_racks`` are kept at 1."""
+    """The speed of every rack's pump (module docstring); ``full_speed_racks`` are kept at 1.
+
+    ``rack_cap_w``: each rack's usable power (its limit minus the margin); ``rack_extra_w``: rack
+    power the card model does not explain (the agent: the measured excess, >= 0; ``racktwin
+    optimize``: the hosts its plan powers off, < 0). The extra is part of the predicted rack power
+    that is held to ``rack_cap_w`` and the loop's rise, so it must not also be taken off the cap."""
     n_r = site.n_racks
     options = speed_options(site, steps)
     loop = site.loop

@@ -11,12 +11,15 @@ die over its limit and no rack over its cap.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from agent_helpers import belief, example_site, job
 from evaluate_helpers import mixed_scenario
 
 from agent.config import ControlConfig
+from agent.controller import Controller
 from agent.evaluate import evaluate
 from agent.load import predict, site_load, spec_r_total_k_per_w
 from agent.pumps import (
@@ -199,6 +202,26 @@ def test_a_healthy_pumps_flow_noise_does_not_move_the_full_speed_flow() -> None:
     assert full.tolist() == pytest.approx(
         [nominal, nominal, nominal, 0.6 * nominal, nominal, 0.6 * nominal, nominal, nominal]
     )
+
+
+def test_power_the_twin_does_not_explain_counts_once_against_the_rack_cap() -> None:
+    """A rack whose PDU reads 2 kW more than the twin explains (``rack_extra_w``) keeps the pump
+    speed its plan allows when that 2 kW fits under the cap once; before, the controller and the
+    guard took it off the cap *and* added it to the prediction, and sent the pump to full speed."""
+    site, snap = _scene()
+    ctl = Controller(site, ControlConfig(period_s=15.0))
+    ctx = ctl.context(snap, 60.0)
+    cap_w = site.rack.power_limit_w - ctl.control.rack_margin_w
+    clean = ctl.review(ctl.propose(snap, ctx), snap, ctx)
+    assert clean.rack_pump_speed_frac is not None and clean.rack_pump_speed_frac[0] < 1.0
+    extra = np.zeros(site.n_racks)
+    extra[0] = 2000.0
+    ctx_x = dataclasses.replace(ctx, rack_extra_w=extra)
+    d = ctl.review(ctl.propose(snap, ctx_x), snap, ctx_x)
+    assert d.rack_pump_speed_frac is not None
+    assert d.budget_rack_power_w[0] <= cap_w < d.budget_rack_power_w[0] + extra[0]  # counted twice it would not fit
+    assert d.rack_pump_speed_frac[0] == pytest.approx(clean.rack_pump_speed_frac[0])
+    assert np.array_equal(d.card_level, clean.card_level)
 
 
 def test_in_closed_loop_the_agent_cuts_pump_energy_within_every_bound() -> None:
