@@ -448,10 +448,13 @@ def _card_utilization(p: Any, level: IntArray) -> FloatArray:
     return u
 
 
-def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> FloatArray:
+def _pump_speeds(
+    p: Any, dvfs: Any, supply_c: float, solver: SolverSection, host_off: npt.NDArray[np.bool_] | None
+) -> FloatArray:
     """Each rack loop's pump speed for the plan: the agent's choice (``agent.pumps``) with the
     problem's resistances and die offsets, healthy pumps now at full speed (all at full speed if
-    not chosen)."""
+    not chosen). The hosts the plan powers off (``host_off``) heat their racks less: each draws
+    ``host_saving_w`` less and its cards, counted asleep by the prediction, nothing."""
     from agent.load import site_load_of_problem
     from agent.pumps import choose_pump_speeds
 
@@ -459,6 +462,10 @@ def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> F
     if not solver.choose_pump_speed:
         return np.ones(site.n_racks)
     load = site_load_of_problem(p.jobs, p.job_phase, p.card_job, p.failed)
+    extra_w = np.zeros(site.n_racks)
+    if host_off is not None:
+        per_host_w = site.host_saving_w() + site.cards_per_host * site.card.low_power_idle_w
+        extra_w = -np.asarray(host_off, dtype=np.float64).reshape(site.n_racks, -1).sum(axis=1) * per_host_w
     return choose_pump_speeds(
         site,
         load,
@@ -471,7 +478,7 @@ def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> F
         np.full(site.n_racks, site.loop_flow_per_rack_lpm()),
         np.ones(site.n_racks),
         p.rack_cap_w(),
-        np.zeros(site.n_racks),
+        extra_w,
         p.die_limit_c,
         facility_w_per_it_w=1.0 + site.facility.ups_loss_fraction,
         steps=solver.pump_speed_steps,
@@ -510,8 +517,8 @@ def _judge(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> dict[st
     speeds (:func:`_pump_speeds`) and hosts off (:func:`_hosts_off`)."""
     from twin.steady import site_steady_state
 
-    speed = _pump_speeds(p, dvfs, supply_c, solver)
     host_off = _hosts_off(p, dvfs, solver)
+    speed = _pump_speeds(p, dvfs, supply_c, solver, host_off)
     ss = site_steady_state(
         p.site,
         level=dvfs.card_level,

@@ -147,6 +147,33 @@ def test_idle_hosts_go_off_but_a_reserve_and_every_host_with_a_busy_card_stay_on
     assert more["hosts_off"] == off["hosts_off"] - 4  # type: ignore[operator]
 
 
+def test_the_pump_choice_counts_the_heat_of_the_hosts_the_plan_powers_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 40-card compute job on r0 and its three idle hosts off: r0's loop carries the job and five
+    hosts, not eight hosts and 24 sleeping cards, so its pump may run slower than the hosts-on heat
+    would allow within the loop's rise bound (it did not before the pump choice counted them)."""
+    from twin.spec import load_site
+
+    site = load_site(EXAMPLES / "supernode-512.toml")
+    scenario = tmp_path / "one.toml"
+    scenario.write_text(
+        f'name = "one-rack"\nsite = "{EXAMPLES / "supernode-512.toml"}"\nambient_c = 22.0\nsupply_temp_c = 30.0\n'
+        "ready_reserve_cards = 0\n[solver]\nhost_reserve_per_supernode = 0\n"
+        '[[jobs]]\nid = "big"\nn_cards = 40\nracks = [0]\ncompute_share = 0.97\n'
+    )
+    doc = _run(capsys, scenario, tmp_path / "o")
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    off_r0 = [h for h in plan["hosts_off"] if h < site.n_hosts // site.n_racks]
+    assert off_r0 == [5, 6, 7]
+    r0 = doc["racks"][0]  # type: ignore[index]
+    loop = site.loop
+    mcp_full_w_per_k = site.loop_flow_per_rack_lpm() / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
+    allowed_w = loop.max_delta_t_k * mcp_full_w_per_k * r0["pump_speed_frac"]
+    hosts_on_w = r0["power_w"] + len(off_r0) * (site.host_saving_w() + site.cards_per_host * site.card.low_power_idle_w)
+    assert r0["power_w"] <= allowed_w < hosts_on_w  # within the rise bound only because the hosts are off
+
+
 def test_full_load_scenario_caps_bind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = _run(capsys, EXAMPLES / "scenario-full-load.toml", tmp_path / "full")
     _check_shape(doc)
