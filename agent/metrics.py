@@ -88,6 +88,14 @@ class AgentMetrics:
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
             registry=r,
         )
+        self.decision_seconds = Histogram(
+            "racktwin_decision_seconds",
+            "Wall time the agent takes to make a decision and hand over its commands, by kind: full "
+            "(the periodic plan) or incremental (the adjustment on a job event)",
+            ["kind"],
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
+            registry=r,
+        )
         self.decisions_total = Counter(
             "racktwin_decisions_total",
             "Decisions by status (optimal, feasible, fallback, failsafe...)",

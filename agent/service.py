@@ -192,7 +192,13 @@ class AgentService:
         #: wall seconds from the message that triggered a decision to its first command (or advice) sent
         self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
         #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
+        #: (a job event; its decision waits for ``min_replan_interval_s`` after the last one, and is a full
+        #: one if the period boundary passes meanwhile)
         self.latency_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
+        #: wall seconds each decision took to make and hand over (context, plan, guard, journal, commands
+        #: queued), and its kind: "full" (the periodic MILP decision) or "incremental" (on a job event)
+        self.decision_walls_s: collections.deque[float] = collections.deque(maxlen=100_000)
+        self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
         self.decisions = 0
         self.last_decision: Decision | None = None
         self.rounds_dropped = 0
@@ -492,6 +498,7 @@ class AgentService:
             reached = await self.clock.wait_until(next_t, wake=self._replan)
             if self._stop.is_set():
                 break
+            trigger_kind = "period" if reached else "event"
             if not reached:
                 self._replan.clear()
                 trigger = self._replan_wall
@@ -512,10 +519,15 @@ class AgentService:
                 trigger = self.clock.target_reached_wall or time.monotonic()
             now = self.clock.now() or next_t
             t0 = time.monotonic()
-            await self._cycle(now, trigger, incremental=not reached)
+            await self._cycle(now, trigger, trigger_kind, incremental=not reached)
             self._last_cycle_end_wall = time.monotonic()
+            took_s = self._last_cycle_end_wall - t0
+            kind = "full" if reached else "incremental"
+            self.decision_walls_s.append(took_s)
+            self.decision_kinds.append(kind)
+            self.metrics.decision_seconds.labels(kind=kind).observe(took_s)
             if not reached:
-                self._last_cycle_wall_s = self._last_cycle_end_wall - t0
+                self._last_cycle_wall_s = took_s
             last_cycle = now
             if reached:
                 next_t += cfg.period_s
@@ -545,7 +557,7 @@ class AgentService:
         while self.bus.pending() > 0 and time.monotonic() < deadline and not self._stop.is_set():
             await asyncio.sleep(0.005)
 
-    async def _cycle(self, now: float, trigger_wall: float, *, incremental: bool = False) -> None:
+    async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
         snap = self.state.snapshot()
         est = self.estimator.estimates()
@@ -577,7 +589,7 @@ class AgentService:
         self.controller.commit(decision, snap, ctx)
         self.last_decision = decision
         self.decisions += 1
-        await self._act(decision, snap, now, trigger_wall, "event" if incremental else "period")
+        await self._act(decision, snap, now, trigger_wall, trigger_kind)
         self._update_decision_metrics(decision)
 
     async def _act(self, decision: Decision, snap: StateSnapshot, now: float, trigger_wall: float, kind: str) -> None:

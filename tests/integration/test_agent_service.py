@@ -452,6 +452,11 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     plans = re.findall(r'racktwin_plans_total\{source="(\w+)",status="(\w+)"\} (\S+)', body)
     assert decisions >= 5 and sum(float(n) for _src, _st, n in plans) == decisions, body
     assert {src for src, _st, _n in plans} <= {"milp", "greedy", "incremental", "hold"}
+    # and timed by kind: every decision once, as the service recorded it (the counters are a snapshot
+    # of the same moment as the page, so compare with the page's own decision count)
+    timed = dict(re.findall(r'racktwin_decision_seconds_count\{kind="(\w+)"\} (\S+)', body))
+    assert set(timed) <= {"full", "incremental"} and float(timed["full"]) >= 2, body
+    assert sum(float(n) for n in timed.values()) == decisions
     assert seen["ready"][0] == 200
     assert res.service.state.invalid_count.sum() == 0  # nothing of it reached the belief
     assert_true_power_under_limit(res)
