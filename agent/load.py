@@ -103,8 +103,8 @@ class SiteLoad:
 
 
 def _spec_of(info_spec: JobSpec | None, job_id: str, n: int, cs: float, ncu: float, prio: float, slo: float) -> JobSpec:
-    if info_spec is not None:
-        return replace(info_spec, n_cards=n)
+    if info_spec is not None:  # specs are frozen: the job's own one where it holds all its cards
+        return info_spec if info_spec.n_cards == n else replace(info_spec, n_cards=n)
     return JobSpec(
         job_id=job_id,
         n_cards=n,
@@ -224,15 +224,12 @@ def spec_r_total_k_per_w(site: SiteSpec) -> FloatArray:
 
 def _job_arrays(site: SiteSpec, load: SiteLoad) -> tuple[FloatArray, FloatArray, BoolArray]:
     """Per card: compute share, noncompute utilization, computing now (busy cards only)."""
-    n = site.n_cards
-    cs = np.zeros(n)
-    ncu = np.zeros(n)
-    comp = np.zeros(n, dtype=bool)
-    for j in load.jobs:
-        cs[j.cards] = j.spec.compute_share
-        ncu[j.cards] = j.spec.noncompute_utilization
-        comp[j.cards] = j.computing
-    return cs, ncu, comp
+    # one value per job (a trailing 0 for idle cards, card_job -1), gathered per card
+    cs_j = np.array([j.spec.compute_share for j in load.jobs] + [0.0], dtype=np.float64)
+    ncu_j = np.array([j.spec.noncompute_utilization for j in load.jobs] + [0.0], dtype=np.float64)
+    comp_j = np.array([j.computing for j in load.jobs] + [False], dtype=bool)
+    idx = np.where(load.card_job >= 0, load.card_job, len(load.jobs))
+    return cs_j[idx], ncu_j[idx], comp_j[idx]
 
 
 def card_utilization(
