@@ -285,6 +285,9 @@ class AgentPolicy(Policy):
         self.controller: Controller = cls.from_config(loaded)
         self.greedy = greedy
         self.loop: ClosedLoop | None = None
+        #: called with each decision and what the plant did with it, after the policy's own bookkeeping
+        #: (benchmarks and diagnostics listen here: ``benchmarks/bench_placement_waits.py``)
+        self.decision_listeners: list[Callable[[Decision, ApplyReport], None]] = []
         self._prev_failsafe: set[int] = set()
         self._anomalies = AnomalyHistory()
 
@@ -328,6 +331,8 @@ class AgentPolicy(Policy):
             line = f"t={decision.time_s:.0f} s: {e}"
             if len(st.notes) < _MAX_NOTES and not any(n.endswith(e) for n in st.notes):
                 st.notes.append(line)
+        for listen in self.decision_listeners:
+            listen(decision, report)
 
     def finish(self) -> None:
         if self.loop is None:

@@ -149,18 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     policy.bind(plant)
     last = LastDecision()
     waits = Waits()
-    inner = policy._on_decision
-
     def on_decision(d: Decision, report: ApplyReport) -> None:
-        inner(d, report)
         held = next((e for e in d.explanation if "holds a reservation" in e), None)
         last.time_s, last.notes = d.time_s, d.explanation
         last.held = held.split(" ")[0] if held is not None else None
         last.draining = held is not None and "the site drains" in held
         last.free_cards = int(plant.free_cards().size)
 
-    assert policy.loop is not None
-    policy.loop.on_decision = on_decision
+    policy.decision_listeners.append(on_decision)
 
     def on_step() -> None:
         queued = plant.queued_jobs()

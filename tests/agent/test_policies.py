@@ -15,7 +15,7 @@ from evaluate_helpers import full_load_scenario, mixed_scenario
 
 from agent.config import ControlConfig, PricesConfig
 from agent.controller import Controller
-from agent.evaluate import run_policy
+from agent.evaluate import _plant_for, run_policy
 from agent.policies import AgentPolicy, GreedyController, ReactivePolicy, make_policy, static_cap_w
 from twin.scenario import build_plant
 
@@ -68,6 +68,22 @@ def test_greedy_is_the_agents_controller_planning_greedily_and_racktwin_the_agen
     )
     res = run_policy(full_load_scenario(120.0), "greedy")
     assert res.stats.decisions > 0 and res.metrics["limit_violation_s"] == 0.0
+
+
+def test_decision_listeners_hear_every_decision_after_the_policys_count() -> None:
+    sc = full_load_scenario(120.0)
+    policy = make_policy("greedy", sc.site)
+    assert isinstance(policy, AgentPolicy)
+    heard: list[tuple[int, float, int]] = []
+    policy.decision_listeners.append(
+        lambda d, report: heard.append((policy.stats.decisions, d.time_s, len(report.refused)))
+    )
+    policy.bind(_plant_for(sc, policy))
+    policy.run(120.0, lambda: None)
+    assert len(heard) == policy.stats.decisions > 1
+    assert [n for n, _t, _r in heard] == list(range(1, len(heard) + 1))  # the policy counted it first
+    times = [t for _n, t, _r in heard]
+    assert times == sorted(times)
 
 
 def test_racktwin_leaves_placement_to_the_sites_scheduler_when_told_not_to_place() -> None:
