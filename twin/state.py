@@ -80,6 +80,7 @@ class StateSnapshot:
     card_last_seen_s: FloatArray
     card_job: IntArray  # index into ``jobs`` or -1 (idle)
     card_host_off: BoolArray  # the card's host is powered off (as last reported; False if never)
+    card_released_s: FloatArray  # when a job last left the card (finished, failed, requeued); -inf: never
     rack_power_w: FloatArray  # PDU
     rack_supply_temp_c: FloatArray
     rack_return_temp_c: FloatArray
@@ -120,6 +121,7 @@ class TwinState:
         self.card_host_off = np.zeros(n, dtype=bool)
         self.card_power_limit_w = np.full(n, card.power_limit_w)
         self.card_last_seen_s = np.full(n, _NEVER)
+        self.card_released_s = np.full(n, _NEVER)
         self.invalid_count = np.zeros(n, dtype=np.int64)
         self._card_same = np.zeros(n, dtype=np.int64)
         rnan = np.full(r, np.nan)
@@ -310,7 +312,7 @@ class TwinState:
             return  # events of a job we never saw submitted (agent started late): ignore
         if ev.kind == "started":
             self._drop_from_queue(ev.job_id)
-            self._set_cards(ev.job_id, ())
+            self._set_cards(ev.job_id, (), released_s=ev.time_s)
             self._set_cards(ev.job_id, ev.cards)
             self._jobs[ev.job_id] = replace(
                 info, state="running", phase=ev.phase, cards=tuple(ev.cards), last_event_s=ev.time_s
@@ -318,14 +320,14 @@ class TwinState:
         elif ev.kind == "phase":
             self._jobs[ev.job_id] = replace(info, phase=ev.phase, last_event_s=ev.time_s)
         elif ev.kind == "requeued":
-            self._set_cards(ev.job_id, ())
+            self._set_cards(ev.job_id, (), released_s=ev.time_s)
             self._jobs[ev.job_id] = replace(
                 info, state="queued", phase=Phase.WAITING, cards=(), throughput_frac=0.0, last_event_s=ev.time_s
             )
             self._drop_from_queue(ev.job_id)
             self._queue.insert(0, ev.job_id)
         elif ev.kind in ("finished", "failed"):
-            self._set_cards(ev.job_id, ())
+            self._set_cards(ev.job_id, (), released_s=ev.time_s)
             self._drop_from_queue(ev.job_id)
             del self._jobs[ev.job_id]
             self._job_key.pop(ev.job_id, None)
@@ -338,14 +340,17 @@ class TwinState:
         if job_id in self._queue:
             self._queue.remove(job_id)
 
-    def _set_cards(self, job_id: str, cards: tuple[int, ...]) -> None:
+    def _set_cards(self, job_id: str, cards: tuple[int, ...], *, released_s: float = _NEVER) -> None:
+        """Give the job ``cards``; ``()`` takes its cards back (noting ``released_s`` on them)."""
         key = self._job_key[job_id]
         if not cards:
             info = self._jobs.get(job_id)
             if info is not None and info.cards:
                 old = np.asarray(info.cards, dtype=np.int64)
                 old = old[(old >= 0) & (old < self._n)]
-                self._card_key[old[self._card_key[old] == key]] = -1
+                old = old[self._card_key[old] == key]
+                self._card_key[old] = -1
+                self.card_released_s[old] = np.maximum(self.card_released_s[old], released_s)
             return
         idx = np.asarray(cards, dtype=np.int64)
         self._card_key[idx[(idx >= 0) & (idx < self._n)]] = key
@@ -427,6 +432,7 @@ class TwinState:
             card_last_seen_s=self.card_last_seen_s.copy(),
             card_job=card_job,
             card_host_off=self.card_host_off.copy(),
+            card_released_s=self.card_released_s.copy(),
             rack_power_w=self.rack_power_w.copy(),
             rack_supply_temp_c=self.rack_supply_temp_c.copy(),
             rack_return_temp_c=self.rack_return_temp_c.copy(),
