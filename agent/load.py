@@ -7,9 +7,10 @@
 * ``unknown``: busy cards of no known job (the agent started after the job, or missed its event):
   a card awake and not failed with a measured utilization above ``unknown_utilization``. They are
   grouped per rack into a pseudo-job (``?busy/r3``) so that their power is budgeted and they are
-  never put to sleep. A card a job left less than ``RELEASE_GRACE_S`` before its last reading is
-  not one (that reading still covers the job's last moments; taking it for unknown work kept a
-  256-card job's freed cards from being placed on or put to sleep until the next reading).
+  never put to sleep. A card whose last reading's interval (since its previous reading) began before
+  a job left it is not one: that reading still covers the job's last moments, whatever the telemetry
+  period (taking it for unknown work kept a 256-card job's freed cards from being placed on or put
+  to sleep until the next reading).
 
 :func:`predict` is the twin's prediction of card settings (levels, low-power states, power limits)
 with ``twin.steady.card_steady_power_w`` (leakage at the predicted die temperature): per card power
@@ -63,10 +64,6 @@ UNKNOWN_JOB_PREFIX = "?busy/"
 #: Assumed shape of an unknown job's work (typical of the generated workloads).
 _UNKNOWN_COMPUTE_SHARE = 0.8
 _UNKNOWN_NONCOMPUTE_UTILIZATION = 0.2
-#: A card's utilization read up to this long (site s) after a job left it may still cover the job's
-#: last moments (a reading averages its interval and may arrive after the job's end event): it is not
-#: taken for work of an unknown job. A few telemetry periods of 1 s.
-RELEASE_GRACE_S = 3.0
 #: Largest die-temperature excess over the twin's prediction that is believed (K); beyond it the
 #: sensor is more likely wrong than the card (the rack's stuck/garbage checks handle that).
 MAX_DIE_OFFSET_K = 40.0
@@ -192,7 +189,9 @@ def site_load(
     util = np.asarray(snap.card_utilization, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         unknown = (card_job < 0) & ~failed & ~np.asarray(snap.card_low_power, dtype=bool) & (util > unknown_utilization)
-        unknown &= ~(np.asarray(snap.card_last_seen_s) <= np.asarray(snap.card_released_s) + RELEASE_GRACE_S)
+        # only a reading whose whole interval (from the card's previous reading) came after the last job
+        # left the card is evidence of work the agent does not know of
+        unknown &= np.asarray(snap.card_prev_seen_s) >= np.asarray(snap.card_released_s)
     if unknown.any():
         rack = site.card_rack()
         for r in np.unique(rack[unknown]):

@@ -78,6 +78,7 @@ class StateSnapshot:
     card_failed: BoolArray
     card_power_limit_w: FloatArray
     card_last_seen_s: FloatArray
+    card_prev_seen_s: FloatArray  # the reading before the last: the start of the interval the last one covers
     card_job: IntArray  # index into ``jobs`` or -1 (idle)
     card_host_off: BoolArray  # the card's host is powered off (as last reported; False if never)
     card_released_s: FloatArray  # when a job last left the card (finished, failed, requeued); -inf: never
@@ -121,6 +122,7 @@ class TwinState:
         self.card_host_off = np.zeros(n, dtype=bool)
         self.card_power_limit_w = np.full(n, card.power_limit_w)
         self.card_last_seen_s = np.full(n, _NEVER)
+        self.card_prev_seen_s = np.full(n, _NEVER)
         self.card_released_s = np.full(n, _NEVER)
         self.invalid_count = np.zeros(n, dtype=np.int64)
         self._card_same = np.zeros(n, dtype=np.int64)
@@ -257,7 +259,9 @@ class TwinState:
         self.card_die_temp_c[ok] = die[valid]
         self.card_utilization[ok] = util[valid]
         self.card_clock_mhz[ok] = clock[valid]
-        self.card_last_seen_s[ok] = np.maximum(self.card_last_seen_s[ok], t_arr[valid])
+        seen, new_t = self.card_last_seen_s[ok], t_arr[valid]
+        self.card_prev_seen_s[ok] = np.where(new_t > seen, seen, self.card_prev_seen_s[ok])
+        self.card_last_seen_s[ok] = np.maximum(seen, new_t)
         level_ok = (level >= 0) & (level < self._clocks.size)
         self.card_level[idx[level_ok]] = level[level_ok]
         self.card_low_power[idx] = low
@@ -430,6 +434,7 @@ class TwinState:
             card_failed=self.card_failed.copy(),
             card_power_limit_w=self.card_power_limit_w.copy(),
             card_last_seen_s=self.card_last_seen_s.copy(),
+            card_prev_seen_s=self.card_prev_seen_s.copy(),
             card_job=card_job,
             card_host_off=self.card_host_off.copy(),
             card_released_s=self.card_released_s.copy(),

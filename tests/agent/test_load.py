@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from agent_helpers import example_site, job
 
-from agent.load import RELEASE_GRACE_S, UNKNOWN_JOB_PREFIX, site_load
+from agent.load import UNKNOWN_JOB_PREFIX, site_load
 from twin.plant import Plant, PlantConfig
 from twin.state import TwinState
 
@@ -46,8 +46,11 @@ def test_a_finished_jobs_cards_are_free_at_once_and_unknown_work_is_still_seen(e
     load = site_load(site, snap)
     assert [j.job_id for j in load.jobs] == ["long"]
     assert np.all(load.idle[freed])
-    # a card that still reads busy well after its job left is work the agent does not know of
-    later = dataclasses.replace(snap, card_last_seen_s=snap.card_released_s + RELEASE_GRACE_S + 1.0)
+    assert np.all(snap.card_prev_seen_s[freed] < snap.card_released_s[freed] - 1e-9)
+    # a card that still reads busy over a whole reading interval after its job left is work the agent
+    # does not know of (a telemetry period of 10 s here: the rule does not assume one)
+    released = snap.card_released_s
+    later = dataclasses.replace(snap, card_prev_seen_s=released + 10.0, card_last_seen_s=released + 20.0)
     unknown = [j for j in site_load(site, later).jobs if j.origin == "unknown"]
     assert [j.job_id for j in unknown] == [f"{UNKNOWN_JOB_PREFIX}{site.rack_names[int(site.card_rack()[freed[0]])]}"]
     assert unknown[0].cards.tolist() == freed.tolist()
