@@ -236,6 +236,13 @@ class SiteSpec:
         r = self.rack
         return max(r.host_power_w - r.host_off_power_w, 0.0) if r.hosts_per_rack > 0 else 0.0
 
+    def host_off_saving_w(self) -> float:
+        """Power an idle host with its cards asleep saves when it goes off: :meth:`host_saving_w`
+        plus its cards' low-power idle power, which an off host does not feed (0 if not modelled)."""
+        if self.rack.hosts_per_rack <= 0:
+            return 0.0
+        return self.host_saving_w() + self.cards_per_host * self.card.low_power_idle_w
+
     def host_break_even_s(self) -> float:
         """Idle time after which powering a host off pays even if it must boot again at once (the
         break-even time of the ski-rental problem): a boot's energy (``host_boot_s`` at the host's on
@@ -248,7 +255,7 @@ class SiteSpec:
         if r.hosts_per_rack <= 0:
             return 0.0
         cards_asleep_w = self.cards_per_host * self.card.low_power_idle_w
-        saving_w = r.host_power_w - r.host_off_power_w + cards_asleep_w
+        saving_w = self.host_off_saving_w()
         if saving_w <= 0.0:
             return math.inf
         return r.host_boot_s * (r.host_power_w + cards_asleep_w) / saving_w

@@ -453,8 +453,8 @@ def _pump_speeds(
 ) -> FloatArray:
     """Each rack loop's pump speed for the plan: the agent's choice (``agent.pumps``) with the
     problem's resistances and die offsets, healthy pumps now at full speed (all at full speed if
-    not chosen). The hosts the plan powers off (``host_off``) heat their racks less: each draws
-    ``host_saving_w`` less and its cards, counted asleep by the prediction, nothing."""
+    not chosen). The hosts the plan powers off (``host_off``) heat their racks less: each by
+    ``SiteSpec.host_off_saving_w`` (the host's saving and its cards, counted asleep by the prediction)."""
     from agent.load import site_load_of_problem
     from agent.pumps import choose_pump_speeds
 
@@ -464,8 +464,8 @@ def _pump_speeds(
     load = site_load_of_problem(p.jobs, p.job_phase, p.card_job, p.failed)
     extra_w = np.zeros(site.n_racks)
     if host_off is not None:
-        per_host_w = site.host_saving_w() + site.cards_per_host * site.card.low_power_idle_w
-        extra_w = -np.asarray(host_off, dtype=np.float64).reshape(site.n_racks, -1).sum(axis=1) * per_host_w
+        off_per_rack = np.asarray(host_off, dtype=np.float64).reshape(site.n_racks, -1).sum(axis=1)
+        extra_w = -off_per_rack * site.host_off_saving_w()
     return choose_pump_speeds(
         site,
         load,
