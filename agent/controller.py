@@ -75,7 +75,7 @@ import numpy.typing as npt
 from agent.backfill import Reservation, backfill_candidates, expected_starts_s, reservation
 from agent.config import ControlConfig, LoadedConfig
 from agent.decision import Decision, PlacementOrder, StepContext
-from agent.guard import Guard
+from agent.guard import Guard, rack_measured_caps_w
 from agent.hosts import choose_hosts_off, host_any
 from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
 from agent.offsets import DieOffsetFilter
@@ -390,7 +390,7 @@ class Controller:
             ctx.die_offset_k,
             ctx.rack_flow_full_lpm,
             ctx.rack_pump_speed_frac,
-            site.rack_power_limits_w() - cfg.rack_margin_w,  # the prediction counts the extra itself
+            rack_measured_caps_w(site, cfg),  # the prediction counts the extra itself
             ctx.rack_extra_w,
             site.card.slowdown_temp_c - cfg.die_margin_k,
             facility_w_per_it_w=1.0 + site.facility.ups_loss_fraction,
@@ -510,7 +510,7 @@ class Controller:
             cycle=ctx.cycle,
             time_s=ctx.now_s,
             failsafe_racks=ctx.failsafe_racks,
-            rack_cap_w=site.rack_power_limits_w() - self.control.rack_margin_w,
+            rack_cap_w=rack_measured_caps_w(site, self.control),
             predicted_rack_power_w=nan_r,
             budget_rack_power_w=nan_r.copy(),
             predicted_rack_max_die_c=nan_r.copy(),
@@ -799,7 +799,7 @@ class Controller:
             source=plan.source,
             solve_time_s=elapsed_s,
             failsafe_racks=ctx.failsafe_racks,
-            rack_cap_w=site.rack_power_limits_w() - self.control.rack_margin_w,
+            rack_cap_w=rack_measured_caps_w(site, self.control),
             predicted_rack_power_w=dv.rack_power_w + ctx.rack_extra_w,
             budget_rack_power_w=dv.rack_power_w + ctx.rack_extra_w,
             predicted_rack_max_die_c=dv.rack_max_die_temp_c.copy(),

@@ -64,22 +64,28 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["Guard", "failsafe_card_limit_w", "rack_caps_w"]
+__all__ = ["Guard", "failsafe_card_limit_w", "rack_measured_caps_w", "rack_modelled_caps_w"]
 
 _TOL_W = 1e-6
 _MAX_NOTES = 12
 
 
-def rack_caps_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
-    """What the cards and hosts of each rack may draw: its limit minus the margin minus the measured
-    power the twin does not explain (``StepContext.rack_extra_w``)."""
-    return np.asarray(site.rack_power_limits_w() - control.rack_margin_w - rack_extra_w, dtype=np.float64)
+def rack_measured_caps_w(site: SiteSpec, control: ControlConfig) -> FloatArray:
+    """What each rack's PDU may read: its limit minus the margin. Compare with predictions that include
+    the rack's unexplained power (``predict(..., rack_extra_w=...)``) and with ``Decision.rack_cap_w``."""
+    return np.asarray(site.rack_power_limits_w() - control.rack_margin_w, dtype=np.float64)
+
+
+def rack_modelled_caps_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
+    """What the cards and hosts the twin models may draw in each rack: the measured cap minus the power
+    the twin does not explain (``StepContext.rack_extra_w``). Compare with predictions without it."""
+    return np.asarray(rack_measured_caps_w(site, control) - rack_extra_w, dtype=np.float64)
 
 
 def failsafe_card_limit_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
     """Per rack, the power limit for every card such that all cards at it plus the host overhead stay
     within the rack's cap (floored to a watt, within the card's accepted range)."""
-    caps = rack_caps_w(site, control, rack_extra_w)
+    caps = rack_modelled_caps_w(site, control, rack_extra_w)
     per_card = np.floor((caps - site.rack.host_overhead_w) / site.cards_per_rack)
     return np.asarray(np.clip(per_card, control.min_power_limit_w, site.card.power_limit_w), dtype=np.float64)
 
@@ -168,10 +174,13 @@ class Guard:
 
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
         off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
-        caps = rack_caps_w(site, cfg, ctx.rack_extra_w)
+        measured_caps = rack_measured_caps_w(site, cfg)
+        modelled_caps = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w)
 
         # ---- 3b. pumps ---------------------------------------------------------------------------------
-        speed = self._review_pumps(proposal.rack_pump_speed_frac, load, lvl, lp, lim, inlet, off, caps, fs_rack, ctx)
+        speed = self._review_pumps(
+            proposal.rack_pump_speed_frac, load, lvl, lp, lim, inlet, off, measured_caps, fs_rack, ctx
+        )
         r_eff = ctx.r_total_k_per_w
         if speed is not None:  # resistances and offsets at the speeds that leave
             r_eff = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
@@ -185,7 +194,7 @@ class Guard:
         # ---- 4. caps ----------------------------------------------------------------------------------
         table = self._power_table(load, inlet, r_eff, off)
         lp_w = self._low_power_w(inlet, r_eff, off)
-        lvl, lp, lim = self._enforce_caps(load, lvl, lp, lim, table, lp_w, caps, fs_lim, failed, notes)
+        lvl, lp, lim = self._enforce_caps(load, lvl, lp, lim, table, lp_w, modelled_caps, fs_lim, failed, notes)
 
         # ---- 5. dies --------------------------------------------------------------------------------
         lvl, lim = self._enforce_dies(load, lvl, lim, table, inlet, r_eff, off, notes)
@@ -208,7 +217,7 @@ class Guard:
             placements=tuple(orders),
             status=status,
             failsafe_racks=tuple(int(r) for r in np.flatnonzero(fs_rack)),
-            rack_cap_w=site.rack_power_limits_w() - cfg.rack_margin_w,
+            rack_cap_w=measured_caps,
             predicted_rack_power_w=expected.rack_power_w,
             budget_rack_power_w=budget.rack_power_w,
             predicted_rack_max_die_c=budget.rack_max_die_c,
@@ -232,11 +241,12 @@ class Guard:
         lim: FloatArray,
         inlet: FloatArray,
         off: FloatArray,
-        caps: FloatArray,
+        measured_caps: FloatArray,
         fs_rack: BoolArray,
         ctx: StepContext,
     ) -> FloatArray | None:
-        """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled)."""
+        """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled).
+        ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra."""
         if proposed is None:
             return None
         site = self.site
@@ -255,7 +265,7 @@ class Guard:
         mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
         bad = (
             (worst.rack_max_die_c > site.card.slowdown_temp_c - self.control.die_margin_k + 1e-9)
-            | (worst.rack_power_w > caps + ctx.rack_extra_w + _TOL_W)  # caps leave room for the extra, `worst` has it
+            | (worst.rack_power_w > measured_caps + _TOL_W)
             | (worst.rack_power_w / np.maximum(mcp, 1e-9) > loop.max_delta_t_k + 1e-9)
         )
         return np.asarray(np.where(slow & bad, 1.0, speed), dtype=np.float64)
@@ -346,7 +356,7 @@ class Guard:
         lim: FloatArray,
         table: FloatArray,
         lp_w: FloatArray,
-        caps: FloatArray,
+        modelled_caps: FloatArray,
         fs_lim: FloatArray,
         failed: BoolArray,
         notes: list[str],
@@ -358,7 +368,7 @@ class Guard:
         lp = lp & ~busy
         power = self._card_power(table, lp_w, lvl, lp, lim, failed)
         rack_p = np.bincount(card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
-        over = np.flatnonzero(rack_p > caps + _TOL_W)
+        over = np.flatnonzero(rack_p > modelled_caps + _TOL_W)
         if over.size == 0:
             return lvl, lp, lim
         lvl, lp, lim = lvl.copy(), lp.copy(), lim.copy()
@@ -369,7 +379,7 @@ class Guard:
         lowered: dict[str, int] = {}
         for r in over:
             r = int(r)
-            while rack_p[r] > caps[r] + _TOL_W:
+            while rack_p[r] > modelled_caps[r] + _TOL_W:
                 best: tuple[float, int, int] | None = None
                 for ji in jobs_in_rack.get(r, []):
                     j = load.jobs[ji]
@@ -398,7 +408,7 @@ class Guard:
                 power[j.cards] = np.minimum(table[j.cards, k2], lim[j.cards])
                 np.add.at(rack_p, card_rack[j.cards], power[j.cards] - before)
                 lowered[j.job_id] = k2
-            if rack_p[r] > caps[r] + _TOL_W:
+            if rack_p[r] > modelled_caps[r] + _TOL_W:
                 awake_idle = np.flatnonzero((card_rack == r) & load.idle & ~lp)
                 if awake_idle.size:
                     lp[awake_idle] = True
@@ -406,7 +416,7 @@ class Guard:
                     rack_p[r] += float((new - power[awake_idle]).sum())
                     power[awake_idle] = new
                     notes.append(f"guard: {site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap")
-            if rack_p[r] > caps[r] + _TOL_W:
+            if rack_p[r] > modelled_caps[r] + _TOL_W:
                 in_r = (card_rack == r) & ~failed
                 lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
                 before_r = power[in_r].copy()
