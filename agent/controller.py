@@ -74,7 +74,7 @@ import numpy.typing as npt
 
 from agent.backfill import Reservation, backfill_candidates, expected_starts_s, reservation
 from agent.config import ControlConfig, LoadedConfig
-from agent.decision import Decision, PlacementOrder, StepContext
+from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
 from agent.guard import Guard, rack_measured_caps_w
 from agent.hosts import choose_hosts_off, host_any
 from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
@@ -430,11 +430,12 @@ class Controller:
         pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = []
+        waits: dict[str, QueueWait] = {}
         orders: list[PlacementOrder] = []
         pending_ids = {jid for jid, _ in pending}
         to_place = [q for q in snap.queue if q.job_id not in pending_ids]
         if cfg.control_placement and to_place:
-            orders = self._place(load, snap, ctx, unseen_card, to_place, notes)
+            orders = self._place(load, snap, ctx, unseen_card, to_place, notes, waits)
             if orders:
                 load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         try:
@@ -442,8 +443,9 @@ class Controller:
             plan = self._plan(p, ctx, use_solver, notes)
         except ProblemError as exc:
             notes.append(f"no plan ({exc}): current settings held")
-            return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0)
-        return self._decision(plan, p, snap, ctx, load, orders, notes, unseen_card, time.perf_counter() - t0)
+            return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0).replace(queue_waits=waits)
+        decision = self._decision(plan, p, snap, ctx, load, orders, notes, unseen_card, time.perf_counter() - t0)
+        return decision.replace(queue_waits=waits)
 
     def propose_incremental(self, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """The last decision adjusted to job events, without a solve (a few ms; for decisions taken
@@ -463,11 +465,12 @@ class Controller:
         pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = ["incremental: the last plan adjusted to job events"]
+        waits: dict[str, QueueWait] = {}
         orders: list[PlacementOrder] = []
         pending_ids = {jid for jid, _ in pending}
         to_place = [q for q in snap.queue if q.job_id not in pending_ids]
         if cfg.control_placement and to_place:
-            orders = self._place(load, snap, ctx, unseen_card, to_place, notes, method="greedy")
+            orders = self._place(load, snap, ctx, unseen_card, to_place, notes, waits, method="greedy")
             if orders:
                 load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         level = np.full(site.n_cards, slowest, dtype=np.int64)
@@ -499,6 +502,7 @@ class Controller:
             source="incremental",
             solve_time_s=time.perf_counter() - t0,
             explanation=tuple(notes),
+            queue_waits=waits,
         )
 
     def _unpredicted_decision(self, ctx: StepContext, **settings: Any) -> Decision:
@@ -622,10 +626,15 @@ class Controller:
         unseen_card: BoolArray,
         queue: Sequence[JobInfo],
         notes: list[str],
+        waits: dict[str, QueueWait],
         method: str | None = None,
     ) -> list[PlacementOrder]:
+        """Orders for the queued jobs that go now; ``waits`` gets why each of the others stays queued."""
         site, cfg = self.site, self.control
         fits = [q for q in queue if 0 < q.n_cards <= site.n_cards]
+        for q in queue:
+            if q.n_cards > site.n_cards:
+                waits[q.job_id] = QueueWait("too_large", f"needs {q.n_cards} cards, the site has {site.n_cards}")
         if not fits:
             return []
         how = method if method is not None else cfg.placement_method
@@ -637,16 +646,16 @@ class Controller:
             key=lambda q: q.last_event_s,
         )
         if not starving:
-            return self._place_jobs(load, snap, ctx, unseen_card, fits, notes, how)
+            return self._place_jobs(load, snap, ctx, unseen_card, fits, notes, waits, how)
         head = starving[0]
         rest = [q for q in fits if q.job_id != head.job_id]
-        orders = self._place_jobs(load, snap, ctx, unseen_card, [head], notes, how)
+        orders = self._place_jobs(load, snap, ctx, unseen_card, [head], notes, {}, how)
         if orders:
             self._reserved = None
             if rest:
                 placing = [(j.job_id, j.cards) for j in load.jobs if j.origin == "placing"]
                 after = site_load(site, snap, [*placing, *((o.job_id, o.cards) for o in orders)])
-                orders += self._place_jobs(after, snap, ctx, unseen_card, rest, notes, how)
+                orders += self._place_jobs(after, snap, ctx, unseen_card, rest, notes, waits, how)
             return orders
         n_free = int((load.idle & ~unseen_card).sum())
         res = self._held(head.job_id, reservation(snap, load, head.n_cards, n_free, ctx.now_s, self._running_since))
@@ -660,9 +669,15 @@ class Controller:
         else:
             start = f"now (due {ctx.now_s - res.shadow_s:.0f} s ago: the site drains for it)"
         notes.append(f"{head.job_id} (waiting {wait_s:.0f} s) holds a reservation: expected start in {start}")
+        why = f"waiting {wait_s:.0f} s; expected start in {start}"
+        waits[head.job_id] = QueueWait("reservation", why, res.shadow_s)
+        picked_ids = {q.job_id for q in picked}
+        for q in rest:
+            if q.job_id not in picked_ids:
+                waits[q.job_id] = QueueWait("behind_reservation", f"would delay {head.job_id}'s reserved start")
         if not picked:
             return []
-        return self._place_jobs(load, snap, ctx, unseen_card, picked, notes, how)
+        return self._place_jobs(load, snap, ctx, unseen_card, picked, notes, waits, how)
 
     def _held(self, job_id: str, res: Reservation) -> Reservation:
         """The reservation of the blocked job ``job_id`` as promised (``twin.easy_backfill.
@@ -712,9 +727,11 @@ class Controller:
         unseen_card: BoolArray,
         queue: Sequence[JobInfo],
         notes: list[str],
+        waits: dict[str, QueueWait],
         method: str,
     ) -> list[PlacementOrder]:
-        """``queue`` onto the free cards of ``load`` (``models.placement.place_jobs``)."""
+        """``queue`` onto the free cards of ``load`` (``models.placement.place_jobs``); ``waits`` gets
+        why each job left out stays queued."""
         specs = [spec_of_info(q) for q in queue]
         if not specs:
             return []
@@ -726,6 +743,7 @@ class Controller:
             placement = place_jobs(pp, method=method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
         except ProblemError as exc:
             notes.append(f"placement skipped: {exc}")
+            waits.update((q.job_id, QueueWait("placement_error", str(exc))) for q in queue)
             return []
         orders = [
             PlacementOrder(jid, tuple(int(c) for c in np.sort(cards)))
@@ -736,6 +754,7 @@ class Controller:
             notes.append(f"placed {', '.join(o.job_id for o in orders[:8])}" + (" ..." if len(orders) > 8 else ""))
         for jid, why in list(placement.unplaced.items())[:3]:
             notes.append(f"{jid} stays queued: {why}")
+        waits.update((jid, QueueWait("no_window", why)) for jid, why in placement.unplaced.items())
         return orders
 
     # ---- turning a plan into a decision ---------------------------------------------------------

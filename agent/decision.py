@@ -24,12 +24,41 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["Decision", "PlacementOrder", "StepContext"]
+__all__ = ["QUEUE_WAIT_KINDS", "Decision", "PlacementOrder", "QueueWait", "StepContext"]
 
 #: Decision statuses, worst first: a rack at fail-safe caps, no plan meets the caps, the greedy
 #: plan, a MILP plan stopped at its time limit, the last plan adjusted to job events without a
 #: solve, an optimal MILP plan.
 STATUSES = ("failsafe", "infeasible", "fallback", "feasible", "incremental", "optimal")
+
+_SUMMARY_QUEUE_WAITS = 16  # queued jobs whose wait the summary explains one by one (all are counted)
+
+
+#: Why a queued job stays queued after a decision (:class:`QueueWait`): it holds the EASY
+#: reservation (``agent.backfill``); another job holds it and this one would delay it; the placement
+#: found no window of racks for it; it needs more cards than the site has; the placement failed; the
+#: guard dropped its placement (cards not free, or not seen).
+QUEUE_WAIT_KINDS = (
+    "reservation",
+    "behind_reservation",
+    "no_window",
+    "too_large",
+    "placement_error",
+    "placement_dropped",
+)
+
+
+@dataclass(frozen=True)
+class QueueWait:
+    """Why one queued job stays queued after a decision."""
+
+    kind: str  # one of QUEUE_WAIT_KINDS
+    why: str  # for people: the placement's reason, the reservation's holder ...
+    expected_start_s: float = float("nan")  # "reservation": the promised start (site s; <= now: the site drains)
+
+    def __post_init__(self) -> None:
+        if self.kind not in QUEUE_WAIT_KINDS:
+            raise ValueError(f"QueueWait.kind must be one of {', '.join(QUEUE_WAIT_KINDS)}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +142,8 @@ class Decision:
     rack_pump_speed_frac: FloatArray | None = None
     # per host (site.card_host()): the host should be powered off; None: hosts are not managed
     host_off: BoolArray | None = None
+    # job id -> why it stays queued, for every queued job this decision considered and did not place
+    queue_waits: dict[str, QueueWait] = field(default_factory=dict)
     plan: CyclePlan | None = None  # the models' plan (warm start for the next step; not journaled)
 
     def replace(self, **changes: Any) -> Decision:
@@ -147,6 +178,10 @@ class Decision:
             "busy_levels": {str(k): v for k, v in sorted(levels.items())},
             "capped_cards": int((alive & (self.card_power_limit_w < self.max_power_limit_w - 1e-6)).sum()),
             "placements": {p.job_id: list(p.cards) for p in self.placements},
+            "queue_waits": {
+                jid: w.kind + ": " + w.why for jid, w in list(self.queue_waits.items())[:_SUMMARY_QUEUE_WAITS]
+            },
+            "queue_waits_by_kind": dict(Counter(w.kind for w in self.queue_waits.values())),
             "predicted_rack_power_w": [round(float(x), 1) for x in self.predicted_rack_power_w],
             "budget_rack_power_w": [round(float(x), 1) for x in self.budget_rack_power_w],
             "rack_cap_w": [round(float(x), 1) for x in self.rack_cap_w],

@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.config import ControlConfig
-from agent.decision import Decision, PlacementOrder, StepContext
+from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
 from agent.load import SiteLoad, job_value_per_h, predict, site_load
 from agent.pumps import offset_at_speed, r_at_speed
 from twin.cooling import facility_cooling
@@ -133,8 +133,12 @@ class Guard:
         blind_card = ctx.blind_card_mask(card_rack)
         unseen_card = ctx.unseen_card_mask(card_rack)
         orders, dropped = self._valid_placements(proposal.placements, snap, unseen_card)
+        queue_waits = dict(proposal.queue_waits)
         if dropped:
             notes.append(f"guard: placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued")
+            queued_ids = {q.job_id for q in snap.queue}
+            why = "the guard dropped its placement: cards not free or not seen"
+            queue_waits.update((jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids)
         load = site_load(site, snap, [(o.job_id, o.cards) for o in orders])
         busy = load.busy
         lp[busy] = False
@@ -227,6 +231,7 @@ class Guard:
             max_power_limit_w=max_lim,
             job_levels=job_levels,
             explanation=(*proposal.explanation, *notes[:_MAX_NOTES]),
+            queue_waits=queue_waits,
             guarded=True,
             rack_pump_speed_frac=speed,
         )

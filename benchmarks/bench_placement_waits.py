@@ -11,7 +11,7 @@ loses 0.28% more work. This script runs racktwin alone over the nominal day (the
 ``agent.policies.AgentPolicy`` ``racktwin evaluate`` runs, in process) and, every plant second, looks
 at each queued job for which the plant has at least as many free healthy cards as the job needs (a
 first-fit scheduler with no reservation would start it now). It charges that job's card-seconds of
-waiting to the reason the agent's last decision gives for it:
+waiting to the reason the agent's last decision gives for it (``Decision.queue_waits``):
 
 * ``next decision``: the job was queued, or enough cards were freed for it, after the last decision
   (right after it was applied the plant had fewer free cards than the job needs);
@@ -20,8 +20,10 @@ waiting to the reason the agent's last decision gives for it:
 * ``behind a reservation``: another job holds the reservation and backfilling did not pick this one
   (``draining``: the reservation's promised start has passed, so no card is spare and only jobs
   expected to end before it may start);
-* ``no window``: the placement found no window of consecutive racks for it (the note says why);
-* ``not placed``: none of these (placements the placement model left out without a reason note).
+* ``no window``: the placement found no window of consecutive racks for it (the reason is listed);
+* ``other``: the decision gives another reason (too large for the site, the placement failed, the
+  guard dropped its placement);
+* ``not placed``: the decision gives no reason (it did not consider the job).
 
 Job-seconds are summed per reason, with the jobs and the largest waits, so the hold that costs work
 shows. The plant's own first-fit would also hold jobs behind its own reservation: the table is an
@@ -45,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.decision import Decision  # noqa: E402
+from agent.decision import Decision, QueueWait  # noqa: E402
 from agent.evaluate import _plant_for, run_policy  # noqa: E402
 from agent.job_work import JobWork, describe_work_gap  # noqa: E402
 from agent.loop import ApplyReport  # noqa: E402
@@ -59,6 +61,7 @@ REASONS = (
     "behind a reservation",
     "behind a reservation, draining",
     "no window",
+    "other",
     "not placed",
 )
 
@@ -70,7 +73,7 @@ class Waits:
     card_s: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     job_s: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     per_job: dict[tuple[str, str], float] = dataclasses.field(default_factory=lambda: defaultdict(float))
-    no_window: dict[str, str] = dataclasses.field(default_factory=dict)  # job -> its last "stays queued" note
+    no_window: dict[str, str] = dataclasses.field(default_factory=dict)  # job -> why, as the last decision said
 
 
 @dataclasses.dataclass
@@ -78,9 +81,8 @@ class LastDecision:
     """What the classification needs of the agent's last decision."""
 
     time_s: float = -1.0
-    notes: tuple[str, ...] = ()
-    held: str | None = None  # the job holding the reservation
-    draining: bool = False  # its promised start has passed: the site drains for it
+    waits: dict[str, QueueWait] = dataclasses.field(default_factory=dict)  # Decision.queue_waits
+    draining: bool = False  # the reservation's promised start has passed: the site drains for it
     free_cards: int = 0  # free cards at the plant right after the decision was applied
 
 
@@ -89,15 +91,17 @@ def reason(spec: JobSpec, last: LastDecision, waits: Waits) -> str:
     jid = spec.job_id
     if spec.submit_time_s > last.time_s or spec.n_cards > last.free_cards:
         return "next decision"
-    if last.held == jid:
+    wait = last.waits.get(jid)
+    if wait is None:
+        return "not placed"
+    if wait.kind == "reservation":
         return "reservation"
-    stays = next((e for e in last.notes if e.startswith(f"{jid} stays queued:")), None)
-    if stays is not None:
-        waits.no_window[jid] = stays
-        return "no window"
-    if last.held is not None:
+    if wait.kind == "behind_reservation":
         return "behind a reservation, draining" if last.draining else "behind a reservation"
-    return "not placed"
+    if wait.kind == "no_window":
+        waits.no_window[jid] = f"{jid}: {wait.why}"
+        return "no window"
+    return "other"
 
 
 def _scenario(path: str, keep_fallback: bool, duration_h: float | None) -> RunScenario:
@@ -149,11 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     policy.bind(plant)
     last = LastDecision()
     waits = Waits()
+
     def on_decision(d: Decision, report: ApplyReport) -> None:
-        held = next((e for e in d.explanation if "holds a reservation" in e), None)
-        last.time_s, last.notes = d.time_s, d.explanation
-        last.held = held.split(" ")[0] if held is not None else None
-        last.draining = held is not None and "the site drains" in held
+        last.time_s, last.waits = d.time_s, d.queue_waits
+        last.draining = any(w.kind == "reservation" and w.expected_start_s <= d.time_s for w in d.queue_waits.values())
         last.free_cards = int(plant.free_cards().size)
 
     policy.decision_listeners.append(on_decision)

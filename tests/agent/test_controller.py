@@ -221,10 +221,39 @@ def test_jobs_behind_a_reserved_job_are_backfilled_only_where_they_do_not_delay_
     d = ctl.step(state.snapshot(), 90.0)
     assert [p.job_id for p in d.placements] == ["short"]
     assert any("big" in line and "reservation" in line for line in d.explanation)
+    # the decision says why each job it did not place stays queued (journaled in its summary)
+    assert {jid: w.kind for jid, w in d.queue_waits.items()} == {"big": "reservation", "long": "behind_reservation"}
+    assert 90.0 < d.queue_waits["big"].expected_start_s < 90.0 + 1200.0  # when "run" is expected to end
+    assert "big" in d.queue_waits["long"].why
+    summary = d.summary()
+    assert summary["queue_waits_by_kind"] == {"reservation": 1, "behind_reservation": 1}
+    assert summary["queue_waits"]["long"].startswith("behind_reservation: ")
     # before the big job has waited placement_backfill_wait_s, whatever fits is placed
     ctl2 = Controller(site, ControlConfig(period_s=15.0, placement_backfill_wait_s=3600.0))
     d2 = ctl2.step(state.snapshot(), 90.0)
     assert [p.job_id for p in d2.placements] == ["long"]  # the most cards that fit
+    assert {jid: w.kind for jid, w in d2.queue_waits.items()} == {"big": "no_window", "short": "no_window"}
+
+
+def test_every_queued_job_left_out_says_why_even_beyond_the_explanation_notes() -> None:
+    """The explanation names at most three unplaced jobs; ``Decision.queue_waits`` has every one, a job
+    larger than the site included, on full and incremental decisions alike."""
+    site = small_site()  # 2 racks of 16 cards
+    _plant, state = belief(site, [job("run", 30, work_steps=1e6)], 90)
+    queued = [job(f"q{i}", 4 + i, submit_s=60.0) for i in range(5)] + [job("huge", 40, submit_s=60.0)]
+    state.apply_events([JobEvent(60.0, q.job_id, "submitted", Phase.WAITING, job=q) for q in queued])
+    ctl = Controller(site, ControlConfig(period_s=15.0))
+    d = ctl.step(state.snapshot(), 90.0)
+    assert not d.placements
+    assert sum("stays queued" in line for line in d.explanation) == 3
+    assert {jid: w.kind for jid, w in d.queue_waits.items()} == {
+        **{f"q{i}": "no_window" for i in range(5)},
+        "huge": "too_large",
+    }
+    assert "40 cards" in d.queue_waits["huge"].why
+    inc = ctl.step(state.snapshot(), 91.0, incremental=True)
+    assert inc.source == "incremental"
+    assert {jid: w.kind for jid, w in inc.queue_waits.items()} == {jid: w.kind for jid, w in d.queue_waits.items()}
 
 
 def test_a_reservation_does_not_slip_when_the_jobs_ahead_of_it_run_late() -> None:
@@ -278,9 +307,10 @@ def test_a_reservation_that_slipped_leaves_no_card_spare() -> None:
 
 
 def _reserved_start_s(d: Decision, job_id: str) -> float:
-    """The expected start (s from the decision) of ``job_id``'s reservation, from the decision's note."""
-    line = next(e for e in d.explanation if e.startswith(job_id) and "reservation" in e)
-    return float(line.split("expected start in ~")[1].split(" s")[0])
+    """The expected start (s from the decision) of ``job_id``'s reservation."""
+    wait = d.queue_waits[job_id]
+    assert wait.kind == "reservation"
+    return wait.expected_start_s - d.time_s
 
 
 def test_a_submitted_job_is_placed_at_once_not_at_the_next_period() -> None:

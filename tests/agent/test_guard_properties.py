@@ -211,3 +211,11 @@ def test_no_reviewed_decision_exceeds_a_cap(
     assert not np.any(d.card_low_power & d.card_busy)
     for p in d.placements:
         assert p.job_id == "q" and len(p.cards) == 4
+    # a queued job whose placement the guard dropped says so (Decision.queue_waits)
+    queued = {q.job_id for q in snap.queue}
+    kept = {p.job_id for p in d.placements}
+    for j, _cards in places:
+        if j in queued and j not in kept:
+            assert d.queue_waits[j].kind == "placement_dropped"
+        else:
+            assert j not in d.queue_waits
