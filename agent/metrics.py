@@ -131,6 +131,12 @@ class AgentMetrics:
             ["rack"],
             registry=r,
         )
+        self.queued_jobs = Gauge(
+            "racktwin_queued_jobs",
+            "Queued jobs the last decision did not place, by why they wait (agent.decision.QUEUE_WAIT_KINDS)",
+            ["wait"],
+            registry=r,
+        )
         self.predicted_facility_power_watts = Gauge(
             "racktwin_predicted_facility_power_watts",
             "Facility power the twin predicts for the last decision",

@@ -48,7 +48,7 @@ from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
 from agent.config import BrokerConfig, LoadedConfig
 from agent.controller import Controller
-from agent.decision import Decision
+from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
 from agent.metrics import AgentMetrics, serve_http
@@ -641,6 +641,7 @@ class AgentService:
                     "failsafe": [self.site.rack_names[r] for r in decision.failsafe_racks],
                     "commands": len(commands),
                     "max_budget_kw": round(float(decision.budget_rack_power_w.max()) / 1e3, 2),
+                    "queued_waiting": dict(collections.Counter(w.kind for w in decision.queue_waits.values())),
                 }
             },
         )
@@ -666,6 +667,9 @@ class AgentService:
             speed = 1.0 if d.rack_pump_speed_frac is None else float(d.rack_pump_speed_frac[r])
             m.rack_pump_speed_ratio.labels(rack=name).set(speed)
         m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
+        waiting = collections.Counter(w.kind for w in d.queue_waits.values())
+        for kind in QUEUE_WAIT_KINDS:
+            m.queued_jobs.labels(wait=kind).set(waiting[kind])
         m.decision_status.labels(status=d.status).inc()
         m.plans_total.labels(status=d.plan_status, source=d.source).inc()
 

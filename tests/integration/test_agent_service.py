@@ -36,6 +36,7 @@ from agent import wire
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus, Incoming
 from agent.config import LoadedConfig, load_config
+from agent.decision import QUEUE_WAIT_KINDS
 from agent.service import AgentService
 from sim.runner import SimOptions, SimSummary, Simulator
 from sim.telemetry import TelemetryEncoder
@@ -457,6 +458,9 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     timed = dict(re.findall(r'racktwin_decision_seconds_count\{kind="(\w+)"\} (\S+)', body))
     assert set(timed) <= {"full", "incremental"} and float(timed["full"]) >= 2, body
     assert sum(float(n) for n in timed.values()) == decisions
+    # why queued jobs wait: one series per kind, every kind present from the first decision on
+    waiting = dict(re.findall(r'racktwin_queued_jobs\{wait="(\w+)"\} (\S+)', body))
+    assert set(waiting) == set(QUEUE_WAIT_KINDS) and all(float(n) >= 0 for n in waiting.values()), body
     assert seen["ready"][0] == 200
     assert res.service.state.invalid_count.sum() == 0  # nothing of it reached the belief
     assert_true_power_under_limit(res)
