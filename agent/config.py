@@ -166,6 +166,9 @@ class JournalConfig:
     path: str = "racktwin-journal.sqlite"
     # Calibrated parameters (thermal resistance, leakage scale per card) are journaled this often (s, site time).
     calibration_every_s: float = field(default=300.0, metadata=rng(1.0, 86400.0))
+    # Decisions and closed commands older than this (days, wall clock) are deleted once an hour; open
+    # commands and the newest decision are always kept. 0 keeps everything.
+    keep_days: float = field(default=30.0, metadata=rng(0.0, 3650.0))
 
 
 @dataclass(frozen=True)
@@ -358,7 +361,8 @@ def explain(loaded: LoadedConfig) -> str:
         f"  commands      expire after {c.command_ttl_s:g} s, at most {c.command_retries} retries",
         f"  prices        {cfg.prices.energy_per_kwh:g} per kWh, {cfg.prices.card_hour_value:g} per card-hour, "
         f"{cfg.prices.pue_penalty_per_kwh:g} per kWh above the PUE target",
-        f"  journal       {cfg.journal.path}",
+        f"  journal       {cfg.journal.path} ("
+        + (f"decisions kept {cfg.journal.keep_days:g} days)" if cfg.journal.keep_days > 0 else "everything kept)"),
         "  http          " + (f"http://{cfg.http.host}:{cfg.http.port}/metrics" if cfg.http.port else "disabled"),
     ]
     if c.time_scale != 1.0:

@@ -53,6 +53,8 @@ CREATE TABLE IF NOT EXISTS commands (
     updated_wall_s REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS commands_state ON commands(state);
+CREATE INDEX IF NOT EXISTS commands_decision ON commands(decision_id);
+CREATE INDEX IF NOT EXISTS decisions_wall ON decisions(wall_time_s);
 CREATE TABLE IF NOT EXISTS acks (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     command_id TEXT NOT NULL,
@@ -249,6 +251,30 @@ class Journal:
 
     def decision_count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+
+    def prune(self, before_wall_s: float) -> tuple[int, int, int]:
+        """Delete what is journaled before ``before_wall_s`` (wall clock) and no longer needed: closed
+        commands (applied, rejected, expired, abandoned) with their acks, and decisions none of whose
+        commands is still open. Open commands, their decisions and the newest decision (the cycle count
+        continues from it after a restart) are always kept. Returns (decisions, commands, acks)
+        deleted. SQLite reuses the freed pages; the file does not shrink."""
+        old = "SELECT id FROM decisions WHERE wall_time_s < ? AND id < (SELECT MAX(id) FROM decisions)"
+        closed = f"decision_id IN ({old}) AND state NOT IN ('pending', 'sent')"
+        try:
+            with self._transaction():
+                acks = self._db.execute(
+                    f"DELETE FROM acks WHERE command_id IN (SELECT command_id FROM commands WHERE {closed})",
+                    (before_wall_s,),
+                ).rowcount
+                commands = self._db.execute(f"DELETE FROM commands WHERE {closed}", (before_wall_s,)).rowcount
+                decisions = self._db.execute(
+                    f"DELETE FROM decisions WHERE id IN ({old}) "
+                    "AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.decision_id = decisions.id)",
+                    (before_wall_s,),
+                ).rowcount
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: {exc}") from None
+        return int(decisions), int(commands), int(acks)
 
     # ---- calibration ------------------------------------------------------------------------------
     def save_calibration(

@@ -75,6 +75,7 @@ def _version() -> str:
 VERSION = _version()
 _ROUND_QUEUE = 256
 _HEALTH_INTERVAL_S = 1.0
+_JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days
 _ANOMALY_INTERVAL_S = 10.0
 
 
@@ -184,6 +185,7 @@ class AgentService:
         self._solve_future: asyncio.Future[Decision] | None = None
         self._first_send: dict[str, tuple[float, str]] = {}
         self._journal_error: str | None = None
+        self._journal_pruned_wall = -math.inf  # time.monotonic() of the last prune
         self._jobs_hash = ""
         self._seen_rejections: dict[str, int] = {}
         self._seen_connects = 0
@@ -677,7 +679,25 @@ class AgentService:
         while True:
             with contextlib.suppress(Exception):
                 self._update_health()
+            self._prune_journal()
             await asyncio.sleep(_HEALTH_INTERVAL_S)
+
+    def _prune_journal(self) -> None:
+        """Once an hour: delete decisions and closed commands older than ``journal.keep_days``."""
+        keep_days = self.config.journal.keep_days
+        if keep_days <= 0 or time.monotonic() - self._journal_pruned_wall < _JOURNAL_PRUNE_INTERVAL_S:
+            return
+        self._journal_pruned_wall = time.monotonic()
+        try:
+            decisions, commands, acks = self.journal.prune(time.time() - keep_days * 86_400.0)
+        except JournalError as exc:
+            log.warning("journal prune failed: %s", exc)
+            return
+        if decisions or commands:
+            log.info(
+                "journal pruned",
+                extra={"fields": {"decisions": decisions, "commands": commands, "acks": acks, "keep_days": keep_days}},
+            )
 
     def _update_health(self) -> None:
         m = self.metrics

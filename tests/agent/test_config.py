@@ -36,6 +36,12 @@ def test_minimal_config_uses_defaults(tmp_path: Path) -> None:
     loaded = load_config(write(tmp_path, 'site = "site.toml"\n'), env={})
     assert loaded.config.control.period_s == 15.0
     assert loaded.config.broker.port == 1883
+    assert "decisions kept 30 days" in explain(loaded)
+    kept = load_config(write(tmp_path, 'site = "site.toml"\n[journal]\nkeep_days = 0\n'), env={})
+    assert "everything kept" in explain(kept)
+    with pytest.raises(SpecError) as info:
+        load_config(write(tmp_path, 'site = "site.toml"\n[journal]\nkeep_days = -1\n'), env={})
+    assert info.value.path == "journal.keep_days"
 
 
 def test_a_configured_host_idle_time_wins_over_the_break_even_default(tmp_path: Path) -> None:

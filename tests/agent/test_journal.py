@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +70,31 @@ def test_wal_mode_and_schema_version_guard(tmp_path: Path) -> None:
     j.close()
     with pytest.raises(JournalError, match="schema version 999"):
         Journal(path)
+
+
+def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_path: Path) -> None:
+    """journal.keep_days: decisions and closed commands (with their acks) older than the cut-off go;
+    an open command and its decision stay, and so does the newest decision (the cycle continues)."""
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    j.record_decision(1, 0.0, "enforce", "optimal", 0.0, {}, [cmd("done", 0.0), cmd("refused", 0.0)])
+    j.record_decision(2, 15.0, "enforce", "optimal", 0.0, {}, [cmd("open", 15.0, ttl=600.0)])
+    j.record_decision(3, 30.0, "enforce", "optimal", 0.0, {}, [])
+    j.record_decision(4, 45.0, "enforce", "optimal", 0.0, {"newest": True}, [cmd("last", 45.0)])
+    j.mark_sent(["done", "refused", "open", "last"])
+    assert j.record_ack("done", 1.0, "applied")
+    assert j.record_ack("refused", 1.0, "rejected", "level out of range")
+    assert j.record_ack("last", 46.0, "applied")
+
+    assert j.prune(time.time() - 3600.0) == (0, 0, 0)  # nothing is an hour old yet
+    decisions, commands, acks = j.prune(time.time() + 1.0)  # everything journaled is older than this
+    assert (decisions, commands, acks) == (2, 2, 2)  # cycles 1 and 3; "done", "refused" and their acks
+    assert j.command("done") is None and j.command("refused") is None
+    open_cmd = j.command("open")
+    assert open_cmd is not None and open_cmd.state is CommandState.SENT  # still resent after a restart
+    assert j.command("last") is not None  # the newest decision's commands stay with it
+    assert j.decision_count() == 2  # cycle 2 (open command) and cycle 4 (the newest)
+    j.close()
+    j2 = Journal(path)
+    assert j2.last_decision() == (4, 45.0, {"newest": True})
+    assert [c.command_id for c in j2.unacked(50.0)] == ["open"]

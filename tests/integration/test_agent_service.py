@@ -37,6 +37,7 @@ from agent.broker import EmbeddedBroker
 from agent.bus import Bus, Incoming
 from agent.config import LoadedConfig, load_config
 from agent.decision import QUEUE_WAIT_KINDS
+from agent.journal import Journal, NewCommand
 from agent.service import AgentService
 from sim.runner import SimOptions, SimSummary, Simulator
 from sim.telemetry import TelemetryEncoder
@@ -594,6 +595,32 @@ async def test_a_killed_agent_resumes_from_its_journal_and_never_resends_an_expi
     assert valid_open <= resent
     final = {c["command_id"]: c["state"] for c in read_journal(journal)[1]}
     assert all(final[i] in ("applied", "rejected") for i in valid_open)
+
+
+async def test_the_agent_deletes_journal_history_older_than_keep_days(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """journal.keep_days: at start (then hourly) the service deletes decisions and closed commands
+    older than that; the newest decision stays, so the cycle count continues from it."""
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace('path = "journal.sqlite"', 'path = "journal.sqlite"\nkeep_days = 1e-6'))
+    old = Journal(tmp_path / "journal.sqlite")
+    for cycle in (1, 2, 3):
+        cid = f"old-{cycle}"
+        old.record_decision(
+            cycle, START + cycle, "enforce", "optimal", 0.0, {}, [NewCommand(cid, "r0", "t", b"{}", START, START + 30)]
+        )
+        old.mark_sent([cid])
+        assert old.record_ack(cid, START + cycle, "applied")
+    old.close()
+    await asyncio.sleep(0.3)  # older than keep_days (86 ms)
+    await run_with_sim(mosquitto, cfg, full_load(site, 30.0), speed=20.0)
+    decisions, commands = read_journal(tmp_path / "journal.sqlite")
+    ids = {c["command_id"] for c in commands}
+    assert not {"old-1", "old-2"} & ids and "old-3" in ids  # the newest decision keeps its commands
+    cycles = [c for c, _t, _s in decisions]
+    assert cycles[:2] == [3, 4] and len(cycles) > 2, cycles  # pruned before the agent's first decision
 
 
 async def test_idle_hosts_are_powered_off_over_mqtt_and_a_new_job_boots_one(
