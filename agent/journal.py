@@ -252,13 +252,18 @@ class Journal:
     def decision_count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
 
-    def prune(self, before_wall_s: float) -> tuple[int, int, int]:
+    def prune(self, before_wall_s: float, max_decisions: int = 5000) -> tuple[int, int, int]:
         """Delete what is journaled before ``before_wall_s`` (wall clock) and no longer needed: closed
         commands (applied, rejected, expired, abandoned) with their acks, and decisions none of whose
         commands is still open. Open commands, their decisions and the newest decision (the cycle count
-        continues from it after a restart) are always kept. Returns (decisions, commands, acks)
-        deleted. SQLite reuses the freed pages; the file does not shrink."""
-        old = "SELECT id FROM decisions WHERE wall_time_s < ? AND id < (SELECT MAX(id) FROM decisions)"
+        continues from it after a restart) are always kept. At most the ``max_decisions`` oldest
+        decisions are looked at per call (a short transaction; call again while it returns that many).
+        Returns (decisions, commands, acks) deleted. SQLite reuses the freed pages; the file does not
+        shrink."""
+        old = (
+            "SELECT id FROM decisions WHERE wall_time_s < ? AND id < (SELECT MAX(id) FROM decisions) "
+            f"ORDER BY id LIMIT {int(max_decisions)}"
+        )
         closed = f"decision_id IN ({old}) AND state NOT IN ('pending', 'sent')"
         try:
             with self._transaction():

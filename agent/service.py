@@ -76,6 +76,7 @@ VERSION = _version()
 _ROUND_QUEUE = 256
 _HEALTH_INTERVAL_S = 1.0
 _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days
+_JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
 _ANOMALY_INTERVAL_S = 10.0
 
 
@@ -689,10 +690,12 @@ class AgentService:
             return
         self._journal_pruned_wall = time.monotonic()
         try:
-            decisions, commands, acks = self.journal.prune(time.time() - keep_days * 86_400.0)
+            decisions, commands, acks = self.journal.prune(time.time() - keep_days * 86_400.0, _JOURNAL_PRUNE_BATCH)
         except JournalError as exc:
             log.warning("journal prune failed: %s", exc)
             return
+        if decisions >= _JOURNAL_PRUNE_BATCH:  # a backlog (a first prune of a long history): the rest soon
+            self._journal_pruned_wall = -math.inf
         if decisions or commands:
             log.info(
                 "journal pruned",
