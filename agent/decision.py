@@ -149,6 +149,10 @@ class Decision:
     def replace(self, **changes: Any) -> Decision:
         return dataclasses.replace(self, **changes)
 
+    def queue_wait_counts(self) -> dict[str, int]:
+        """How many queued jobs wait for each reason (``queue_waits`` by kind; kinds with none left out)."""
+        return dict(Counter(w.kind for w in self.queue_waits.values()))
+
     @property
     def n_cards(self) -> int:
         return int(self.card_level.shape[0])
@@ -181,7 +185,7 @@ class Decision:
             "queue_waits": {
                 jid: w.kind + ": " + w.why for jid, w in list(self.queue_waits.items())[:_SUMMARY_QUEUE_WAITS]
             },
-            "queue_waits_by_kind": dict(Counter(w.kind for w in self.queue_waits.values())),
+            "queue_waits_by_kind": self.queue_wait_counts(),
             "predicted_rack_power_w": [round(float(x), 1) for x in self.predicted_rack_power_w],
             "budget_rack_power_w": [round(float(x), 1) for x in self.budget_rack_power_w],
             "rack_cap_w": [round(float(x), 1) for x in self.rack_cap_w],

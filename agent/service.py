@@ -644,7 +644,7 @@ class AgentService:
                     "failsafe": [self.site.rack_names[r] for r in decision.failsafe_racks],
                     "commands": len(commands),
                     "max_budget_kw": round(float(decision.budget_rack_power_w.max()) / 1e3, 2),
-                    "queued_waiting": dict(collections.Counter(w.kind for w in decision.queue_waits.values())),
+                    "queued_waiting": summary["queue_waits_by_kind"],
                 }
             },
         )
@@ -670,9 +670,9 @@ class AgentService:
             speed = 1.0 if d.rack_pump_speed_frac is None else float(d.rack_pump_speed_frac[r])
             m.rack_pump_speed_ratio.labels(rack=name).set(speed)
         m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
-        waiting = collections.Counter(w.kind for w in d.queue_waits.values())
+        waiting = d.queue_wait_counts()
         for kind in QUEUE_WAIT_KINDS:
-            m.queued_jobs.labels(wait=kind).set(waiting[kind])
+            m.queued_jobs.labels(wait=kind).set(waiting.get(kind, 0))
         m.decision_status.labels(status=d.status).inc()
         m.plans_total.labels(status=d.plan_status, source=d.source).inc()
 
