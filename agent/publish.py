@@ -23,8 +23,9 @@ Every command carries a fresh id, its issue time and an absolute expiry (``comma
 site time), goes at QoS 1 and is never retained (``agent.wire``). The book keeps each open command
 (topic, payload, expiry, attempts). An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it
 and lets the next decision try again (after ``command_ttl_s`` for a rejected setting of a card, so
-that a refusal is not repeated every period). The same diff, unregistered, is the advice of
-advisory mode (:meth:`CommandBook.advice`).
+that a refusal is not repeated every period; at once, less the failed card, when a card of the
+refused command reads failed since: a rack refuses a command whole for one failed card). The same
+diff, unregistered, is the advice of advisory mode (:meth:`CommandBook.advice`).
 
 :class:`Publisher` sends what the book hands it, in order and pipelined (a batch of up to the client's
 in-flight window is handed to the client at once and the broker's PUBACKs are awaited together, so a
@@ -118,6 +119,7 @@ class CommandBook:
         self._ov_until = np.full((_N_OVERLAYS, n), -math.inf)
         self._ov_key = np.zeros((_N_OVERLAYS, n), dtype=np.int64)
         self._backoff = np.full((_N_OVERLAYS, n), -math.inf)
+        self._refused_key = np.zeros((_N_OVERLAYS, n), dtype=np.int64)  # the refused command of a backoff
         self._card_host = site.card_host()
         self._sp: tuple[float, float, int] | None = None  # set-point, until, key
         self._placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
@@ -186,6 +188,7 @@ class CommandBook:
                 res.append((_LIMIT, cmd, lowers))
             return res
 
+        self._lift_refusals_a_failure_explains(~alive, now_s)
         ok_now = self._backoff <= now_s
         ones_n = np.ones(n, dtype=np.float64)
         # DVFS levels
@@ -371,7 +374,22 @@ class CommandBook:
             if ack.result is wire.AckResult.REJECTED and oc.kind >= 0:
                 mine = oc.cards
                 self._backoff[oc.kind, mine] = now_s + self.control.command_ttl_s
+                self._refused_key[oc.kind, mine] = oc.key
         return oc
+
+    def _lift_refusals_a_failure_explains(self, failed: BoolArray, now_s: float) -> None:
+        """A rack refuses a command whole when one of its cards has failed, and the card may fail
+        after the reading the command was decided on: once a card of a refused command reads failed,
+        the refusal is explained and the command's other cards are not held back for the rest of
+        their backoff (the decision leaves the failed card out)."""
+        held = self._backoff > now_s
+        explained = held & failed[np.newaxis, :]
+        if not explained.any():
+            return
+        for kind in range(_N_OVERLAYS):
+            keys = np.unique(self._refused_key[kind, explained[kind]])
+            if keys.size:
+                self._backoff[kind, held[kind] & np.isin(self._refused_key[kind], keys)] = -math.inf
 
     def _clear(self, oc: OpenCommand) -> None:
         if oc.kind >= 0 and oc.cards.size:

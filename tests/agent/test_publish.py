@@ -100,6 +100,37 @@ def test_only_differences_are_commanded_lowering_first_and_not_twice(scene: tupl
     assert len(again) == 4  # levels, limits, set-point, and the sleep after its back-off
 
 
+def test_a_refusal_explained_by_a_failed_card_does_not_hold_back_the_other_cards(
+    scene: tuple[object, StateSnapshot],
+) -> None:
+    """A card that fails after the reading a decision used makes its rack refuse the whole command;
+    once telemetry shows it failed, the other cards get the setting at the next decision, not after
+    the backoff. A refusal no failure explains stays held."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[0:64] = 3  # rack r0 slower
+    lvl[64:128] = 3  # rack r1 slower
+    d = decision_like(snap, card_level=lvl)
+    first = book.commands(d, snap, applied, NOW)
+    assert [c.target for c in first] == ["r0", "r1"]
+    for c in first:
+        ack = wire.Acknowledgement(c.target, uuid.UUID(c.command_id), wire.AckResult.REJECTED, NOW, 0, "sim", "x")
+        book.on_ack(ack, NOW)
+    assert book.commands(d, snap, applied, NOW + 2.0) == []  # both held
+    failed = np.zeros(512, dtype=bool)
+    failed[5] = True  # r0's card 5 reads failed now
+    snap_failed = dataclasses.replace(snap, card_failed=failed)
+    again = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap_failed, applied, NOW + 4.0)]
+    assert [(m.rack, m.cards) for m in again] == [  # type: ignore[union-attr]
+        ("r0", tuple(c for c in range(64) if c != 5))
+    ]  # r1's refusal is not explained by a failure: still held
+    assert book.commands(d, snap_failed, applied, NOW + 6.0) == []  # r0's new command is open
+    assert [c.target for c in book.commands(d, snap_failed, applied, NOW + 31.0)] == ["r1"]
+
+
 def test_placements_and_advice(scene: tuple[object, StateSnapshot]) -> None:
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
