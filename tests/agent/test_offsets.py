@@ -93,7 +93,8 @@ def test_a_fouled_cold_plate_is_kept_under_the_die_limit(estimator: bool) -> Non
     snap = loop.state.snapshot()
     hot = next(j.job_id for j in snap.jobs if fouled in j.cards)
     healthy = next(j.job_id for j in snap.jobs if fouled not in j.cards)
-    assert min(levels[hot][-10:]) > max(levels[healthy][-10:]) - 1
+    assert max(levels[healthy][-10:]) <= 1  # as fast as the rack's cap allows (see the test above)
+    assert min(levels[hot][-10:]) > max(levels[healthy][-10:])  # slower than the healthy job
 
 
 def _steady() -> tuple[SiteSpec, StateSnapshot]:

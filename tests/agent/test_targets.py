@@ -240,7 +240,13 @@ def test_evaluate_judges_the_targets_and_the_command_prints_and_writes_them(
     assert ev.targets_policy == "racktwin"
     over, cap = ev.targets
     assert over.met is True  # the agent keeps true rack power under the limit (test_evaluate)
-    assert cap.met is not None
+    # the verdict follows the two policies' metrics: less energy at equal or more work
+    m = ev.policies_json()
+    e_r, e_s = m["racktwin"]["facility_energy_kwh"], m["static-cap"]["facility_energy_kwh"]
+    w_r, w_s = m["racktwin"]["throughput"], m["static-cap"]["throughput"]
+    assert abs(e_r / e_s - 1.0) > 1e-3  # not a tie at the verdict's 0.01% resolution
+    assert cap.met is (e_r < e_s and w_r >= w_s)
+    assert cap.measured == f"energy {100 * (e_r / e_s - 1):+.2f}%, work {100 * (w_r / w_s - 1):+.2f}%"
     # the command: targets after the table, in metrics.json and in report.html
     scen = tmp_path / "s.toml"
     text = (EXAMPLES / "day-full-load.toml").read_text()

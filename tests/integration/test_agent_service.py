@@ -591,6 +591,8 @@ async def test_a_killed_agent_resumes_from_its_journal_and_never_resends_an_expi
     }
     assert not (resent & expired_ids)
     valid_open = {c["command_id"] for c in open_a if c["expires_s"] + START > start2 + 5.0}
+    # A re-issued its expired commands (~4 s before the kill): some were still valid, for B to resume
+    assert valid_open, "agent A left no open command still valid for B"
     assert b.resumed_commands >= len(valid_open)
     assert valid_open <= resent
     final = {c["command_id"]: c["state"] for c in read_journal(journal)[1]}

@@ -68,19 +68,20 @@ def test_ctrl_c_stops_everything_and_prints_a_partial_summary(tmp_path: Path) ->
     truth = tmp_path / "truth.csv"
     while time.monotonic() < deadline and (not truth.exists() or truth.stat().st_size < 20_000):
         time.sleep(0.2)
+
+    def sim_child_running() -> bool:  # the simulator child writes its truth log into tmp_path
+        # -ww: whole command lines (without it ps cuts them at $COLUMNS, and the path would never match)
+        ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+        return any("-m sim" in line and str(tmp_path) in line for line in ps.splitlines())
+
+    assert sim_child_running()  # the check below sees the child while it runs
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "partial run" in err
     obj = json.loads(out)  # stdout carries only the JSON object
     assert set(obj) == {"agent", "baseline"} and obj["agent"]["it_energy_kwh"] > 0
-    # the simulator child is gone too
-    assert not any(
-        "racktwin" in line and "-m sim" in line and str(tmp_path) in line
-        for line in subprocess.run(
-            ["ps", "-eo", "args"], capture_output=True, text=True, check=True
-        ).stdout.splitlines()
-    )
+    assert not sim_child_running()  # the simulator child is gone too
 
 
 @pytest.mark.parametrize(

@@ -62,11 +62,14 @@ async def test_telemetry_round_trip_matches_the_plant_readings(mosquitto: Embedd
         np.testing.assert_array_equal(b.low_power, rr.cards.low_power)
         checked += 1
     assert checked >= 2 * 10
-    for p in obs.of(wire.PduReading):
+    # PDU, CDU and facility readings every period too (the loops below check each of them)
+    pdus, cdus, facs = obs.of(wire.PduReading), obs.of(wire.CduReading), obs.of(wire.FacilityReading)
+    assert len(pdus) >= 2 * 10 and len(cdus) >= 2 * 10 and len(facs) >= 10
+    for p in pdus:
         t = round(p.ts_s - START_EPOCH_S, 6)
         rr = next(r for r in captured[t].racks if SITE.rack_names[r.rack] == p.rack)
         assert rr.pdu is not None and p.power_w == round(rr.pdu.power_w, 2)
-    for c in obs.of(wire.CduReading):
+    for c in cdus:
         rr = next(r for r in captured[round(c.ts_s - START_EPOCH_S, 6)].racks if SITE.rack_names[r.rack] == c.rack)
         assert rr.loop is not None
         assert (c.supply_temp_c, c.return_temp_c, c.flow_lpm) == (
@@ -74,7 +77,7 @@ async def test_telemetry_round_trip_matches_the_plant_readings(mosquitto: Embedd
             round(rr.loop.return_temp_c, 2),
             round(rr.loop.flow_lpm, 2),
         )
-    for f in obs.of(wire.FacilityReading):
+    for f in facs:
         fr = captured[round(f.ts_s - START_EPOCH_S, 6)].facility
         assert fr is not None
         assert (f.it_power_w, f.facility_power_w, f.supply_setpoint_c) == (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -20,7 +21,7 @@ from mqtt_testing import REPO, TEST_RACKS, TEST_SITE, sample_messages
 from agent import wire
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus
-from agent.wire import Codec, Rejection, SiteLayout
+from agent.wire import Codec, Rejection, RejectReason, SiteLayout
 
 pytestmark = pytest.mark.integration
 
@@ -163,53 +164,58 @@ _JSON = st.recursive(
 
 
 @st.composite
-def hostile(draw: st.DrawFn) -> tuple[str, bytes]:
-    """(topic, payload): random bytes, a valid payload with one field replaced/removed/added, a NaN or
-    Infinity put in place of a number, or an oversized payload."""
+def hostile(draw: st.DrawFn) -> tuple[str, str, bytes]:
+    """(kind, topic, payload): random bytes, a valid payload with one field replaced/removed/added, a
+    NaN or Infinity put in place of its ``ts`` number, or an oversized payload."""
     out = draw(st.sampled_from(_VALID))
     kind = draw(st.sampled_from(["bytes", "mutate", "non_finite", "huge"]))
     if kind == "bytes":
-        return out.topic, draw(st.binary(max_size=300))
+        return kind, out.topic, draw(st.binary(max_size=300))
     if kind == "huge":
-        return out.topic, b"[" + b"1," * (wire.MAX_PAYLOAD_BYTES // 2) + b"1]"
+        return kind, out.topic, b"[" + b"1," * (wire.MAX_PAYLOAD_BYTES // 2) + b"1]"
     body: dict[str, Any] = msgspec.json.decode(out.payload)
     if kind == "non_finite":
-        return out.topic, out.payload.replace(b'"ts":', b'"ts":' + draw(st.sampled_from([b"NaN", b"-Infinity"])), 1)
+        token = draw(st.sampled_from([b"NaN", b"-Infinity", b"Infinity"]))
+        payload, n = re.subn(rb'"ts":-?[0-9][0-9.eE+-]*', b'"ts":' + token, out.payload, count=1)
+        assert n == 1, out.payload
+        return kind, out.topic, payload
     key = draw(st.sampled_from(sorted(body)))
     if draw(st.booleans()):
         body[key] = draw(_JSON)
     else:
         del body[key]
-    return out.topic, msgspec.json.encode(body)
+    return kind, out.topic, msgspec.json.encode(body)
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(hostile(), min_size=10, max_size=25))
 def test_hostile_payloads_through_mosquitto_are_rejected_counted_and_never_raise(
-    mosquitto: EmbeddedBroker, batch: list[tuple[str, bytes]]
+    mosquitto: EmbeddedBroker, batch: list[tuple[str, str, bytes]]
 ) -> None:
     asyncio.run(_hostile_round(mosquitto, batch))
 
 
-async def _hostile_round(broker: EmbeddedBroker, batch: list[tuple[str, bytes]]) -> None:
+async def _hostile_round(broker: EmbeddedBroker, batch: list[tuple[str, str, bytes]]) -> None:
     codec = Codec(LAYOUT)
     sentinel_topic = codec.topics.pdu("r0")
     sentinel = wire.encode(wire.PduReading("r0", 1000.0, ts_s=1.0, seq=0, publisher=f"s-{uuid.uuid4().hex[:8]}"))
     async with Bus(broker.options(), subscriptions=[ALL]) as sub, Bus(broker.options()) as pub:
         await sub.wait_connected(WAIT_S)
         await pub.wait_connected(WAIT_S)
-        for topic, payload in batch:
+        for _kind, topic, payload in batch:
             await pub.publish(topic, payload, qos=1)
         await pub.publish(sentinel_topic, sentinel, qos=1)
         received = await messages_until(sub, lambda m: m.payload == sentinel)
         # the receive loop of a service: decode everything, never raises
         results = [codec.decode(m.topic, m.payload) for m in received]
-    assert len(received) == len(batch)
+    assert [m.payload for m in received] == [payload for _k, _t, payload in batch]  # all of them, in order
     rejected = [r for r in results if isinstance(r, Rejection)]
     assert codec.counter.total == len(rejected)
-    for (_topic, payload), result in zip(batch, results, strict=True):
-        if not payload.startswith(b"{"):  # random bytes, arrays, oversized: never a message
-            assert isinstance(result, Rejection)
+    for (kind, _topic, payload), result in zip(batch, results, strict=True):
+        if kind == "non_finite":
+            assert isinstance(result, Rejection) and result.reason is RejectReason.NON_FINITE, (payload, result)
+        elif kind != "mutate":  # random bytes, arrays, oversized: never a message
+            assert isinstance(result, Rejection), (payload, result)
 
 
 async def test_the_receive_loop_survives_hostile_traffic(mosquitto: EmbeddedBroker, codec: Codec) -> None:

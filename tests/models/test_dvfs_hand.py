@@ -158,12 +158,17 @@ def test_setpoint_with_least_facility_power_is_chosen(site: SiteSpec) -> None:
 
     # With the default PUE penalty (a soft PUE target), the choice maximizes energy cost + penalty
     # as the twin computes them: value is the same at every option, so it minimizes
-    # 0.10 F + 0.20 max(0, F - 1.08 IT) (per kWh).
+    # energy price x F + PUE penalty x max(0, F - 1.08 IT) (per kWh), F and IT those of the same
+    # levels and idle states as above.
     p2 = problem(site, jobs, cards, ambient_c=28.0)
     plan2 = plan_cycle(p2, time_limit_s=10.0)
     assert plan2.dvfs is not None
+    assert plan2.dvfs.job_level.tolist() == [0, 0]
+    assert plan2.dvfs.rack_awake.tolist() == plan.dvfs.rack_awake.tolist()
+    prices = Prices()
 
     def cost(s: float) -> float:
-        return 0.10 * facility[s] + 0.20 * max(0.0, facility[s] - site.pue_target * it[s])
+        over_w = max(0.0, facility[s] - site.pue_target * it[s])
+        return prices.energy_price_per_kwh * facility[s] + prices.pue_penalty_per_kwh * over_w
 
     assert plan2.supply_temp_c == min(facility, key=cost)

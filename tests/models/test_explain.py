@@ -80,3 +80,5 @@ def test_feasible_problem_has_no_explanation_and_greedy_agrees(site: SiteSpec) -
     lo, hi = it_power_range_w(p, t)
     g = greedy_dvfs(p, t, facility_line(site, 30.0, 25.0, lo, hi))
     assert g.feasible and g.explanation == ""
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=10.0)  # the MILP agrees: feasible, nothing to explain
+    assert plan.status == SolveStatus.OPTIMAL and plan.explanation == ""

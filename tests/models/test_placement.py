@@ -60,7 +60,7 @@ def test_big_job_takes_consecutive_racks_of_one_supernode(site: SiteSpec) -> Non
 def test_jobs_that_cannot_be_placed_stay_queued_with_the_reason(site: SiteSpec) -> None:
     p = problem(site, [job(f"r{r}", 60) for r in range(8)], [rack_cards(r, 60) for r in range(8)])
     queue = [
-        QueuedJob(job("too-big", 600)) if False else QueuedJob(job("huge", 512)),
+        QueuedJob(job("huge", 512)),  # more than the free cards
         QueuedJob(job("local", 16), max_racks=1),
         QueuedJob(job("spread", 16)),
     ]

@@ -3,6 +3,9 @@ highspy model, the deadline and the fallback."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 from models_helpers import job, judge, problem, rack_cards
@@ -10,7 +13,7 @@ from models_helpers import job, judge, problem, rack_cards
 from models.dvfs import dvfs_matrix
 from models.plans import SolveStatus
 from models.problem import dvfs_tables, facility_line, it_power_range_w, make_problem
-from models.solve import CyclePlanner, DvfsSolver, plan_cycle, solve_matrix_highspy
+from models.solve import CyclePlanner, DvfsSolver, greedy_cycle, plan_cycle, solve_matrix_highspy
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec
 
@@ -59,11 +62,26 @@ def test_direct_highspy_model_has_the_same_optimum(site: SiteSpec) -> None:
     assert info_pyomo.objective == pytest.approx(info_direct.objective, rel=1e-5)
 
 
+class _LateSolver(DvfsSolver):
+    """The real HiGHS solve, started 0.3 s late: always past a 0.05 s limit."""
+
+    def solve(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return super().solve(*args, **kwargs)
+
+
+class _LatePlanner(CyclePlanner):
+    def solver_for(self, supply_c: float, chunk: int | None = None) -> Any:
+        return _LateSolver()
+
+
 def test_late_solve_falls_back_to_greedy_within_caps(site: SiteSpec) -> None:
     p = _mixed(site)
-    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=0.004)
-    assert plan.status in (SolveStatus.FALLBACK, SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
-    assert plan.dvfs is not None
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=0.05, planner=_LatePlanner())
+    assert plan.status == SolveStatus.FALLBACK and plan.dvfs is not None
+    greedy = greedy_cycle(p, choose_setpoint=False)
+    assert greedy.dvfs is not None
+    assert plan.dvfs.job_level.tolist() == greedy.dvfs.job_level.tolist()  # the greedy plan, as it is
     rack_w, die = judge(p, plan.dvfs, plan.supply_temp_c)
     assert np.all(rack_w <= p.rack_cap_w() + 1e-6)
     assert np.all(die <= p.die_limit_c + 1e-6)
