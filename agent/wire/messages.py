@@ -14,7 +14,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from agent.wire.topics import _NAME_RE, FACILITY, SCHEDULER
+from agent.wire.topics import _IDENT_RE, FACILITY, SCHEDULER
 from twin.workload import JobSpec, Phase
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -456,8 +456,9 @@ def is_expired(cmd: Command, now_s: float) -> bool:
 def ack_for(
     cmd: Command, result: AckResult, *, ts_s: float, seq: int, publisher: str, reason: str | None = None
 ) -> Acknowledgement:
-    """The acknowledgement of ``cmd`` (its target follows the command's kind)."""
-    if isinstance(cmd, RackCommand):
+    """The acknowledgement of ``cmd`` (its target follows the command's kind: a rack's pump command is
+    acked on the rack's ack topic)."""
+    if isinstance(cmd, RackCommand | CduCommand):
         target = cmd.rack
     elif isinstance(cmd, FacilityCommand):
         target = FACILITY
@@ -472,8 +473,8 @@ class Sequencer:
     __slots__ = ("_next", "publisher")
 
     def __init__(self, publisher: str) -> None:
-        if not _NAME_RE.match(publisher):
-            raise ValueError(f"publisher id {publisher!r}: use 1-64 of A-Z a-z 0-9 _ . : @ -")
+        if not _IDENT_RE.match(publisher):  # what a receiver accepts (wire.schemas)
+            raise ValueError(f"publisher id {publisher!r}: use 1-128 of A-Z a-z 0-9 _ . : @ -")
         self.publisher = publisher
         self._next: dict[str, int] = {}
 

@@ -8,12 +8,12 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from agent.wire.topics import MAX_CARDS_PER_RACK, Kind
+from agent.wire.topics import IDENT_PATTERN, MAX_CARDS_PER_RACK, Kind
 from twin.workload import Phase
 
 _Ts = Annotated[float, Meta(ge=0.0, le=1.0e11)]
 _Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
-_Ident = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
+_Ident = Annotated[str, Meta(pattern=IDENT_PATTERN)]
 _Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")]
 _Text = Annotated[str, Meta(max_length=1024)]
 _CardIdx = Annotated[int, Meta(ge=0, le=MAX_CARDS_PER_RACK - 1)]

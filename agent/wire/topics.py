@@ -19,6 +19,9 @@ FACILITY: Final = "facility"
 SCHEDULER: Final = "scheduler"
 _RESERVED_NAMES: Final = frozenset({FACILITY, SCHEDULER, "rack", "jobs", "agent", "observer", "sim"})
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+#: A publisher or job id in a payload (longer than a topic level may be).
+IDENT_PATTERN: Final = r"^[A-Za-z0-9_.:@-]{1,128}$"
+_IDENT_RE: Final = re.compile(IDENT_PATTERN)
 
 
 class Kind(enum.StrEnum):

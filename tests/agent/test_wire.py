@@ -186,7 +186,7 @@ def test_percent_conversion_is_approximately_exact() -> None:
 # ---- commands ----------------------------------------------------------------------------------
 
 
-def test_expiry_and_acks(all_messages: list[Any]) -> None:
+def test_expiry_and_acks(all_messages: list[Any], codec: Codec) -> None:
     cmd = next(m for m in all_messages if isinstance(m, wire.RackCommand))
     assert not wire.is_expired(cmd, cmd.ts_s)
     assert not wire.is_expired(cmd, cmd.expires_s - 1e-3)
@@ -197,6 +197,12 @@ def test_expiry_and_acks(all_messages: list[Any]) -> None:
     assert wire.ack_for(fac, wire.AckResult.APPLIED, ts_s=TS, seq=0, publisher="sim").target == wire.FACILITY
     sched = next(m for m in all_messages if isinstance(m, wire.SchedulerCommand))
     assert wire.ack_for(sched, wire.AckResult.APPLIED, ts_s=TS, seq=0, publisher="sim").target == wire.SCHEDULER
+    # a rack's pump command is acked by the rack, on the rack's ack topic (the broker's ACL lets a rack
+    # write only there)
+    pump = next(m for m in all_messages if isinstance(m, wire.CduCommand))
+    pump_ack = wire.ack_for(pump, wire.AckResult.APPLIED, ts_s=TS, seq=0, publisher="sim")
+    assert pump_ack.target == pump.rack == "r2"
+    assert codec.outgoing(pump_ack).topic == "racktwin/v1/site1/rack/r2/ack"
 
 
 def test_card_settings_take_exactly_their_parameters() -> None:
@@ -546,11 +552,20 @@ def test_rejections_are_logged_rate_limited(caplog: pytest.LogCaptureFixture) ->
     assert counter.count("malformed_json") == 21
 
 
-def test_sequencer_counts_per_topic() -> None:
+def test_sequencer_counts_per_topic(codec: Codec) -> None:
     seq = wire.Sequencer("sim")
     assert [seq.next("a"), seq.next("a"), seq.next("b"), seq.next("a")] == [0, 1, 0, 2]
     with pytest.raises(ValueError):
         wire.Sequencer("bad id")
+    # a publisher may use every id a receiver accepts (1-128 characters), and no other
+    longest = wire.Sequencer("p" * 128).publisher
+    reading = wire.PduReading("r0", 1000.0, ts_s=TS, seq=0, publisher=longest)
+    out = codec.outgoing(reading)
+    assert codec.decode(out.topic, out.payload) == reading
+    with pytest.raises(ValueError, match="1-128"):
+        wire.Sequencer("p" * 129)
+    too_long = out.payload.replace(longest.encode(), b"p" * 129)
+    assert isinstance(codec.decode(out.topic, too_long), Rejection)
 
 
 def test_samples_cover_every_kind() -> None:
