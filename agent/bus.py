@@ -429,12 +429,15 @@ async def check_connection(options: MqttOptions, timeout_s: float = 5.0) -> None
 
 
 # --------------------------------------------------------------------------------------------
-# Command-line options shared by `racktwin sim` and `racktwin agent`
+# Command-line options of a client of the broker (`racktwin sim`; the agent reads [broker] instead)
 # --------------------------------------------------------------------------------------------
 
 
-def add_mqtt_arguments(parser: argparse.ArgumentParser, *, embedded_default: bool = True) -> None:
-    """Add ``--broker`` and the MQTT client options to a command's parser."""
+def add_mqtt_arguments(
+    parser: argparse.ArgumentParser, *, embedded_default: bool = True, client_id_default: str = "random"
+) -> None:
+    """Add ``--broker`` and the MQTT client options to a command's parser; ``client_id_default`` says
+    in the help what the command uses when ``--mqtt-client-id`` is not given."""
     g = parser.add_argument_group("MQTT broker")
     g.add_argument(
         "--broker",
@@ -458,7 +461,9 @@ def add_mqtt_arguments(parser: argparse.ArgumentParser, *, embedded_default: boo
         action="store_true",
         help="do not check the broker's host name against its certificate (testing only)",
     )
-    g.add_argument("--mqtt-client-id", metavar="ID", default=None, help="MQTT client id (default: random)")
+    g.add_argument(
+        "--mqtt-client-id", metavar="ID", default=None, help=f"MQTT client id (default: {client_id_default})"
+    )
 
 
 def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOptions | None:

@@ -45,7 +45,10 @@ class AgentMetrics:
             "racktwin_rack_return_temperature_celsius", "Rack loop return temperature", ["rack"], registry=r
         )
         self.telemetry_age_seconds = Gauge(
-            "racktwin_telemetry_age_seconds", "Age of the newest card telemetry per rack", ["rack"], registry=r
+            "racktwin_telemetry_age_seconds",
+            "Site seconds since the rack's stalest source (a card, the loop, the PDU) reported",
+            ["rack"],
+            registry=r,
         )
         self.rack_failsafe = Gauge(
             "racktwin_rack_failsafe", "1 while a rack is held at fail-safe caps", ["rack"], registry=r

@@ -47,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "Closed-loop evaluation: run control policies in process against the same virtual plant (same "
         "workload, weather, noise and faults) and compare energy, throughput, limits and temperatures."
     )
-    parser.add_argument("--scenario", default=None, metavar="FILE", help="run-scenario TOML (docs/sim.md)")
+    parser.add_argument(
+        "--scenario",
+        default=None,
+        metavar="FILE",
+        help="run-scenario TOML (required; e.g. examples/day-nominal.toml; docs/sim.md)",
+    )
     parser.add_argument(
         "--policy",
         action="append",

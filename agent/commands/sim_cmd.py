@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         metavar="S",
         help="wall seconds between progress lines on stderr (0: none)",
     )
-    add_mqtt_arguments(parser)
+    add_mqtt_arguments(parser, client_id_default="racktwin-sim-SITE_ID, a persistent session")
 
 
 def _scenario(args: argparse.Namespace) -> RunScenario:

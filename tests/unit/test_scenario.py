@@ -4,6 +4,7 @@ the embedded default, the warm start, listed and traced jobs, faults, and the pl
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -67,6 +68,14 @@ def test_the_default_scenario(site: SiteSpec) -> None:
     # the same seed gives the same scenario, another seed another one
     assert default_run_scenario(site, 3600.0, seed=3).jobs == sc.jobs
     assert default_run_scenario(site, 3600.0, seed=4).jobs != sc.jobs
+
+
+def test_sim_default_toml_is_the_embedded_default_written_out() -> None:
+    """examples/sim-default.toml says it is `racktwin sim`'s embedded default with every key at its
+    default: loading it gives the same scenario but for its name and source."""
+    written = load_run_scenario(EXAMPLES / "sim-default.toml")
+    embedded = default_run_scenario(written.site)
+    assert dataclasses.replace(written, name=embedded.name, source=embedded.source) == embedded
 
 
 def test_generated_allocation_follows_the_target_over_a_day(site: SiteSpec) -> None:
