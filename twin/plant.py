@@ -155,9 +155,10 @@ class CardVariation:
 class PlantConfig:
     """How the plant behaves beyond the site spec.
 
-    * ``placement``: ``"builtin"`` (first-fit scheduler places queued jobs) or ``"external"``
-      (queued jobs wait for :meth:`Plant.place_job`; after ``external_timeout_s`` in the queue the
-      built-in scheduler places them anyway).
+    * ``placement``: ``"builtin"`` (first-fit scheduler places queued jobs; the default here, for
+      plants with no agent) or ``"external"`` (queued jobs wait for :meth:`Plant.place_job`; after
+      ``external_timeout_s`` in the queue, 300 s here and 120 s in run scenarios
+      (``twin.scenario.DEFAULT_EXTERNAL_TIMEOUT_S``), the built-in scheduler places them anyway).
     * ``backfill_wait_s``: once the oldest waiting job has waited this long, it gets a reservation
       (EASY backfilling: the expected time enough cards are free, from the running jobs' remaining
       work); jobs behind it start ahead only if they fit now and are expected to end before the
@@ -166,7 +167,10 @@ class PlantConfig:
     * ``supply_time_constant_s``: the rack supply temperature follows its set-point as a first-order
       lag (CDU valve loop, assumption).
     * ``min_power_limit_w``: the lowest power limit a card accepts (H100 SXM: 200 W, ``nvidia-smi -q``
-      "Min Power Limit").
+      "Min Power Limit"). The power brake goes no lower than the slowest DVFS level of the table
+      (a real card would clock lower still): a card computing at u = 1 draws ~315 W there on the
+      example site, whatever lower limit it was given (no policy here sets one that low; a full
+      rack's fail-safe cap is ~630 W a card).
     * ``pump_hold_s``: a rack-loop pump slowed by :meth:`Plant.set_pump_speed` returns to full speed
       this long after the last command for it, unless renewed (the CDU's fallback on a lost
       supervisor, as building controllers relinquish a point whose writer stopped writing).
@@ -969,7 +973,13 @@ class Plant:
 
         # ---- thermal --------------------------------------------------------------------------------
         supply = self._supply_c
-        self._die, self._plate = self._thermal.step(self._die, self._plate, self._power, supply, dt_s)
+        die0, plate0 = self._die, self._plate
+        self._die, self._plate = self._thermal.step(die0, plate0, self._power, supply, dt_s)
+        # heat to the coolant over the step: the power less what the die and plate stored (exact for
+        # power and inlet held over the step; the end-of-step plate temperature would not be)
+        th = self._thermal.params
+        stored_w = (th.c_die_j_per_k * (self._die - die0) + th.c_plate_j_per_k * (self._plate - plate0)) / dt_s
+        card_heat_w = self._power - stored_w
         # ---- supply follows set-point ---------------------------------------------------------------
         if self._supply_c != self._setpoint_c:
             tau = self.config.supply_time_constant_s
@@ -984,7 +994,7 @@ class Plant:
                 if abs(self._supply_c - self._setpoint_c) < 1e-6:
                     self._supply_c = self._setpoint_c
         self._t = t + dt_s
-        self._finish_step_outputs(dt_s, supply)
+        self._finish_step_outputs(dt_s, supply, card_heat_w)
 
         # ---- checkpoints and completions reached during the step -------------------------------------
         if self._n_computing:
@@ -1008,13 +1018,17 @@ class Plant:
         if self._order_dirty:
             self._rebuild_order()
 
-    def _finish_step_outputs(self, dt_s: float, supply: float) -> None:
+    def _finish_step_outputs(self, dt_s: float, supply: float, card_heat_w: FloatArray | None = None) -> None:
         """Racks, loops, facility and energy integrals from the powers of the step (``supply``:
-        the coolant inlet temperature during the step)."""
+        the coolant inlet temperature during the step; ``card_heat_w``: each card's heat to the
+        coolant over the step, else what its plate passes now)."""
         n_r, cpr = self._n_racks, self._cpr
         host = self._rack_host_w()
         self._rack_power = self._power.reshape(n_r, cpr).sum(axis=1) + host
-        heat = (self._plate - supply) / self._thermal.params.r_case_coolant_k_per_w
+        if card_heat_w is not None:
+            heat = card_heat_w
+        else:
+            heat = (self._plate - supply) / self._thermal.params.r_case_coolant_k_per_w
         self._rack_heat = heat.reshape(n_r, cpr).sum(axis=1) + host
         self._rack_return = supply + self._rack_heat / (self._mcp_nominal * self._flow_frac)
         it = float(self._rack_power.sum())
