@@ -53,6 +53,14 @@ __all__ = ["Anomaly", "AnomalyHistory", "Estimates", "Estimator", "EstimatorConf
 
 @dataclass(frozen=True)
 class EstimatorConfig:
+    """The estimator's thresholds and time constants: modelling choices (no public data gives them).
+    15% flags a plate or pump: five times the card-to-card spread of the thermal resistance
+    (``CardVariation.r_th_sd_frac``, 3%) and far above what sensor noise leaves after averaging, while
+    a fouled plate or a failing pump drifts well past it (the fault scenarios use 30-60%). A
+    resistance is learnt over an hour (fouling develops over days: an hour follows it without
+    chasing a job's transients), the power coefficients over a day (they age more slowly still), the
+    loop's heat balance over 10 minutes (a pump fails over minutes to hours)."""
+
     r_threshold_frac: float = 0.15
     pump_threshold_frac: float = 0.15
     r_time_constant_s: float = 3600.0

@@ -148,6 +148,7 @@ class ColdPlateFouling:
 class HeatWave:
     start_s: float = field(metadata=rng(0.0))
     peak_delta_k: float = field(metadata=rng(-30.0, 30.0))
+    # the shape of the event, not a measurement: an hour's rise, four hours at the peak (the afternoon)
     ramp_s: float = field(default=3600.0, metadata=rng(0.0))
     hold_s: float = field(default=4 * 3600.0, metadata=rng(0.0))
 
@@ -192,6 +193,7 @@ class DiurnalAmbient:
     (15:00 by default, t = 0 is midnight)."""
 
     mean_c: float = field(metadata=rng(-40.0, 55.0))
+    # assumption: a temperate site's day, +-5 K around its mean (a 10 K daily range), warmest mid-afternoon
     amplitude_k: float = field(default=5.0, metadata=rng(0.0, 30.0))
     peak_time_s: float = field(default=15 * 3600.0, metadata=rng(0.0))
     period_s: float = field(default=86400.0, metadata=rng(0.0, lo_open=True))

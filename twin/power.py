@@ -36,7 +36,10 @@ IntArray = npt.NDArray[np.int64]
 #: passes its slowdown temperature, so a die 3 K over it runs 3 levels lower.
 SLOWDOWN_K_PER_LEVEL = 1.0
 
-#: Power never modelled below this fraction of the level's idle power (a very cold die).
+#: Power never modelled below this fraction of the level's idle power. A modelling guard, not a
+#: measurement: the linear leakage term, extrapolated to a die far below the reference temperature,
+#: would otherwise eat the idle power (the example card reaches it only with a die ~90 K under 42 deg C,
+#: which no scenario has).
 _MIN_POWER_FRACTION = 0.5
 
 

@@ -100,6 +100,28 @@ def test_biohpc_idle_leakage_slope_matches_the_spec_low_power_parameters(shared_
     assert at_35 == pytest.approx(slope * 35.0 + intercept, abs=1.0)
 
 
+def test_biohpc_active_idle_hours_match_the_spec_idle_power_and_leakage(shared_data: Path, site: SiteSpec) -> None:
+    """The active idle state (no utilization, above the low-power state's ~50 W): every 1/8 K bin of
+    40-44 deg C with five hours or more within 1 W of idle_power_w + leakage_w_per_k (T - 42)."""
+    by_temp: dict[float, list[float]] = defaultdict(list)
+    with open(shared_data / BIOHPC, encoding="utf-8-sig") as fh:
+        for line in fh:
+            if not line.startswith("cbsugpu"):
+                continue
+            cols = line.rstrip("\n").split("\t")
+            p_ave, p_min, t_ave, u_max = float(cols[2]), float(cols[3]), float(cols[5]), float(cols[10])
+            if u_max == 0.0 and p_min > 70.0 and 40.0 <= t_ave < 44.0:
+                by_temp[t_ave].append(p_ave)
+    bins = {t: float(np.mean(p)) for t, p in by_temp.items() if len(p) >= 5}
+    assert len(bins) >= 20 and sum(len(p) for p in by_temp.values()) > 500
+    card = site.card
+    model = {t: card.idle_power_w + card.leakage_w_per_k * (t - card.reference_temp_c) for t in bins}
+    worst = max(abs(model[t] - bins[t]) for t in bins)
+    assert worst <= 1.0, f"worst bin off by {worst:.2f} W"
+    hours_41_43 = [p for t, ps in by_temp.items() if 41.0 <= t <= 43.0 for p in ps]
+    assert float(np.mean(hours_41_43)) == pytest.approx(card.idle_power_w, abs=0.5)
+
+
 def test_fit_recovers_synthetic_parameters_with_temperature() -> None:
     rng = np.random.default_rng(0)
     f = np.repeat(np.linspace(900, 1980, 12), 5)
