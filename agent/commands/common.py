@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,49 @@ def load_site_or_fail(path: str | Path | None) -> SiteSpec:
         return load_site(p)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+
+
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def folder_name(name: str) -> str:
+    """A scenario's name as one folder name for the default output folder: characters other than
+    ``A-Z a-z 0-9 . _ -`` become ``_`` and leading dots go, so no name leaves ``./out``."""
+    return _UNSAFE_IN_NAME.sub("_", name).lstrip(".") or "unnamed"
+
+
+def prepare_output_dir(out_dir: Path, files: Iterable[str], option: str = "--out") -> None:
+    """Create ``out_dir`` (with its parents) and check, before a long run, that the named files can
+    be written there: a problem is a :class:`UserError` naming the path, not a traceback at the end."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UserError(f"{option} {out_dir}: cannot create the folder ({why})") from None
+    if not out_dir.is_dir():
+        raise UserError(f"{option} {out_dir}: not a folder")
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {out_dir}: the folder is not writable")
+    for name in files:
+        check_output_file(out_dir / name, option)
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """A file about to be written: its folder exists and is writable, and the path itself, if it
+    exists, is a regular file (not a folder, a device or a pipe, which a write would replace or
+    block on)."""
+    if "\x00" in str(path):
+        raise UserError(f"{option} {str(path)!r}: not a usable path (a NUL character)")
+    try:
+        folder = path.parent
+        if not folder.is_dir():
+            raise UserError(f"{option} {path}: the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UserError(f"{option} {path}: the folder {folder} is not writable")
+        if path.exists() and not path.is_file():
+            raise UserError(f"{option} {path}: exists and is not a regular file")
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise UserError(f"{option} {path!r}: not a usable path ({exc})") from None
 
 
 def _clean(obj: Any) -> Any:

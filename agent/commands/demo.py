@@ -37,10 +37,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.commands.common import EXAMPLES_DIR, UserError, print_json
+from agent.commands.common import EXAMPLES_DIR, UserError, prepare_output_dir, print_json
 from agent.commands.evaluate import stdout_to_stderr
 
 DEFAULT_SCENARIO = EXAMPLES_DIR / "day-demo.toml"
+#: Written afresh by each run (the old ones removed first).
+_FRESH_FILES = ("truth.csv", "summary.json", "journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm")
+#: What ``--out`` receives (checked writable before the run).
+OUTPUT_FILES = (*_FRESH_FILES, "agent.log", "demo-summary.json")
 DEFAULT_MINUTES = 75.0
 DEFAULT_SPEED = 30.0
 SITE_ID = "site1"
@@ -112,10 +116,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     except SpecError as exc:
         raise UserError(str(exc)) from None
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
+    prepare_output_dir(out_dir, OUTPUT_FILES)
     broker = None
     url = args.broker
     if url is None:
@@ -238,7 +239,7 @@ async def run_closed_loop(
     from agent.logs import setup_logging
     from agent.service import AgentService
 
-    for name in ("truth.csv", "summary.json", "journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"):
+    for name in _FRESH_FILES:
         with contextlib.suppress(FileNotFoundError):
             (out_dir / name).unlink()
     # the agent's warnings (commands expired or refused while the simulator starts, ...) go to a file;

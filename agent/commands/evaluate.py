@@ -24,7 +24,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from agent.commands.common import UserError, _clean, print_json
+from agent.commands.common import UserError, _clean, folder_name, prepare_output_dir, print_json
 from agent.config import ControlConfig
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
 from agent.policies import POLICY_NAMES
@@ -89,6 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
+#: What ``--out`` receives (checked writable before the run).
+OUTPUT_FILES = ("metrics.json", "metrics.csv", "series.csv", "report.html")
+
+
 def _fail(msg: str) -> UserError:
     return UserError(msg)
 
@@ -150,13 +154,11 @@ def run(args: argparse.Namespace, command: str) -> int:
             validate_targets(scenario.targets, POLICY_NAMES)
         except TargetsError as exc:
             raise _fail(f"{path}: {exc}") from None
-    out_dir = Path(args.out) if args.out is not None else Path("out") / f"evaluate-{scenario.name}"
+    out_dir = Path(args.out) if args.out is not None else Path("out") / f"evaluate-{folder_name(scenario.name)}"
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _fail(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
-    if not out_dir.is_dir():
-        raise _fail(f"--out {out_dir}: not a folder")
+        prepare_output_dir(out_dir, OUTPUT_FILES)
+    except UserError as exc:
+        raise _fail(str(exc)) from None
 
     quiet = args.quiet
     last: dict[str, float] = {}

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.commands.common import UserError, print_json
+from agent.commands.common import UserError, folder_name, prepare_output_dir, print_json
 from agent.report import figures_html, page, png_base64, pyplot
 from twin.spec import SiteSpec, SpecError, load_site
 from twin.tables import choices, decode_table, read_toml, rng
@@ -319,7 +319,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     time_limit = float(args.time_limit) if args.time_limit is not None else sf.solver.time_limit_s
     if not (time_limit > 0 and math.isfinite(time_limit)):
         raise UserError("--time-limit must be a positive number of seconds")
-    out_dir = Path(args.out) if args.out else Path("out") / sc.name
+    out_dir = Path(args.out) if args.out else Path("out") / folder_name(sc.name)
+    prepare_output_dir(out_dir, ("plan.json", "racks.csv", "report.html"))
     prices = Prices(sf.prices.card_hour_value, sf.prices.energy_price_per_kwh, sf.prices.pue_penalty_per_kwh)
     margins = Margins(sf.margins.rack_margin_w, sf.margins.die_margin_k)
     supply = sf.supply_temp_c if sf.supply_temp_c is not None else site.facility.supply_temp_c

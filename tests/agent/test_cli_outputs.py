@@ -1,0 +1,96 @@
+"""Output folders and files of the commands: checked before a run (a long evaluation is not lost to a
+folder named like its report), one line and exit status 2 when they cannot be written; a scenario's
+name never leads the default output folder out of ./out."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.commands.common import UserError, check_output_file, folder_name, prepare_output_dir
+
+pytestmark = pytest.mark.agent
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [
+        ("day-nominal", "day-nominal"),
+        ("../../escaped", "_.._escaped"),
+        ("/etc/racktwin", "_etc_racktwin"),
+        ("a\x00b", "a_b"),
+        ("..", "unnamed"),
+        ("nominal day (v2)", "nominal_day_v2_"),
+    ],
+)
+def test_a_scenario_name_becomes_one_safe_folder_name(name: str, folder: str) -> None:
+    assert folder_name(name) == folder
+    assert Path("out", folder_name(name)).parent == Path("out")
+
+
+def test_output_folders_and_files_are_checked_before_writing(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper"
+    prepare_output_dir(out, ("a.json", "b.csv"))  # created with its parents
+    assert out.is_dir()
+    (out / "b.csv").mkdir()
+    with pytest.raises(UserError, match=r"b\.csv: exists and is not a regular file"):
+        prepare_output_dir(out, ("a.json", "b.csv"))
+    a_file = tmp_path / "plain"
+    a_file.write_text("x")
+    with pytest.raises(UserError, match="cannot create the folder"):
+        prepare_output_dir(a_file / "sub", ())
+    with pytest.raises(UserError, match="does not exist"):
+        check_output_file(tmp_path / "missing" / "t.csv", "--truth-log")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="not a regular file"):
+        check_output_file(fifo, "--summary")
+    with pytest.raises(UserError, match="not a usable path"):
+        check_output_file(tmp_path / "a\x00b", "--summary")
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], rc: int, words: str) -> None:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_evaluate_refuses_an_unwritable_report_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "out" / "metrics.json").mkdir(parents=True)
+    scen = str(EXAMPLES / "day-nominal.toml")
+    rc = main(
+        ["evaluate", "--scenario", scen, "--duration", "60", "--policy", "baseline", "--out", str(tmp_path / "out")]
+    )
+    _one_line_error(capsys, rc, "metrics.json: exists and is not a regular file")
+    assert not (tmp_path / "out" / "report.html").exists()  # nothing ran
+
+
+def test_optimize_keeps_a_hostile_scenario_name_inside_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (EXAMPLES / "scenario-nominal.toml").read_text(encoding="utf-8")
+    text = text.replace('name = "nominal"', 'name = "../../escaped"', 1)
+    text = text.replace('site = "supernode-512.toml"', f'site = "{EXAMPLES / "supernode-512.toml"}"', 1)
+    scen = tmp_path / "work" / "s.toml"
+    scen.parent.mkdir()
+    scen.write_text(text, encoding="utf-8")
+    monkeypatch.chdir(scen.parent)
+    assert main(["optimize", str(scen), "--quiet"]) == 0
+    capsys.readouterr()
+    assert (scen.parent / "out" / "_.._escaped" / "plan.json").is_file()
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_demo_refuses_an_unwritable_out_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "truth.csv").mkdir()
+    rc = main(["demo", "--minutes", "1", "--out", str(tmp_path)])
+    _one_line_error(capsys, rc, "truth.csv: exists and is not a regular file")
