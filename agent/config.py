@@ -18,25 +18,43 @@ Example (``examples/agent.toml``)::
 Environment overrides are named ``RACKTWIN_<SECTION>_<KEY>`` for keys in a section and
 ``RACKTWIN_<KEY>`` for top-level keys, upper case: ``RACKTWIN_MODE=enforce``,
 ``RACKTWIN_BROKER_URL=mqtt://10.0.0.5:1883``, ``RACKTWIN_BROKER_PASSWORD=...``,
-``RACKTWIN_CONTROL_PERIOD_S=10``. Values are parsed as the field's type. Every problem is a
-:class:`twin.tables.SpecError` naming the file (or variable), the field and what is wrong.
+``RACKTWIN_CONTROL_PERIOD_S=10``. Values are parsed as the field's type. Any other ``RACKTWIN_*``
+variable is an error (a misspelled key must not be ignored), except :data:`OTHER_ENV_VARS`, which
+other parts of racktwin read. Relative paths (``site``, ``journal.path``, ``broker.password_file``
+and the ``broker.tls_*_file`` certificates) are taken from the file's folder, whether the file or a
+variable gives them. Every problem is a :class:`twin.tables.SpecError` naming the file (or
+variable), the field and what is wrong.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
+from agent.wire.topics import SiteLayout, Topics
 from twin.spec import SiteSpec, load_site
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 
 ENV_PREFIX = "RACKTWIN_"
+#: ``RACKTWIN_*`` variables that are not configuration keys but are read by other parts of racktwin.
+#: Any other unknown ``RACKTWIN_*`` variable is an error of the agent's configuration.
+OTHER_ENV_VARS: Final = frozenset(
+    {
+        # agent/broker.py (MOSQUITTO_ENV): the mosquitto binary of the embedded broker that racktwin demo
+        # and racktwin sim (without a broker) start, and the tests; "" hides an installed one.
+        "RACKTWIN_MOSQUITTO",
+        # agent/bus.py (PASSWORD_ENV, mqtt_options_from_args): the broker password of the commands with
+        # --mqtt-* options (racktwin sim) when --mqtt-password-file is not given.
+        "RACKTWIN_MQTT_PASSWORD",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +89,8 @@ class BrokerConfig:
         """The password, read from ``password_file`` when that is set (first line, stripped)."""
         if self.password_file is None:
             return self.password
-        return Path(self.password_file).read_text(encoding="utf-8").splitlines()[0].strip()
+        lines = Path(self.password_file).read_text(encoding="utf-8").splitlines()
+        return lines[0].strip() if lines else ""
 
 
 @dataclass(frozen=True)
@@ -232,6 +251,20 @@ def _env_value(hint: Any, raw: str) -> Any:
     return raw
 
 
+def env_variables() -> dict[str, str]:
+    """Every override variable and the key it sets: ``RACKTWIN_CONTROL_PERIOD_S`` -> ``control.period_s``."""
+    names: dict[str, str] = {}
+    hints = typing.get_type_hints(AgentConfig)
+    for f in dataclasses.fields(AgentConfig):
+        hint = hints[f.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            for sf in dataclasses.fields(hint):
+                names[f"{ENV_PREFIX}{f.name}_{sf.name}".upper()] = f"{f.name}.{sf.name}"
+        else:
+            names[f"{ENV_PREFIX}{f.name}".upper()] = f.name
+    return names
+
+
 def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     """Overlay ``RACKTWIN_*`` variables on parsed TOML data; returns the new data and the names used."""
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
@@ -257,62 +290,180 @@ def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> tuple[d
     return out, used
 
 
+def check_env_names(env: Mapping[str, str], source: str) -> None:
+    """Refuse a ``RACKTWIN_*`` variable that sets no configuration key (a misspelled override would
+    otherwise be ignored silently); :data:`OTHER_ENV_VARS` are left alone."""
+    known = env_variables()
+    for name in sorted(env):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or name in known or name in OTHER_ENV_VARS:
+            continue
+        if upper in known or upper in OTHER_ENV_VARS:
+            raise SpecError(source, name, f"unknown environment variable; did you mean {upper}? (names are upper case)")
+        suffixes = {k[len(ENV_PREFIX) :]: k for k in (*known, *OTHER_ENV_VARS)}
+        close = difflib.get_close_matches(upper[len(ENV_PREFIX) :], list(suffixes), n=1, cutoff=0.6)
+        hint = (
+            f"did you mean {suffixes[close[0]]}?"
+            if close
+            else f"the overrides are {ENV_PREFIX}<SECTION>_<KEY> for the keys of docs/agent.md (Configuration)"
+        )
+        raise SpecError(source, name, f"unknown environment variable, it sets no configuration key; {hint}")
+
+
+def _under(base: Path, value: str | None) -> str | None:
+    """``value`` as a path, a relative one taken from ``base``."""
+    if value is None:
+        return None
+    p = Path(value)
+    return str(p if p.is_absolute() else base / p)
+
+
+def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
+    """The configuration with every relative path taken from ``base`` (the file's folder)."""
+    b = cfg.broker
+    broker = dataclasses.replace(
+        b,
+        password_file=_under(base, b.password_file),
+        tls_ca_file=_under(base, b.tls_ca_file),
+        tls_cert_file=_under(base, b.tls_cert_file),
+        tls_key_file=_under(base, b.tls_key_file),
+    )
+    return dataclasses.replace(
+        cfg,
+        site=str(_under(base, cfg.site)),
+        broker=broker,
+        journal=dataclasses.replace(cfg.journal, path=str(_under(base, cfg.journal.path))),
+    )
+
+
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedConfig:
     """Read, override from the environment, validate, and load the site spec it names."""
     source = str(path)
+    environ = os.environ if env is None else env
     data = read_toml(path)
-    data, used = apply_env_overrides(data, os.environ if env is None else env)
+    check_env_names(environ, source)
+    data, used = apply_env_overrides(data, environ)
     label = source + (f" (with {', '.join(used)})" if used else "")
     cfg = decode_table(AgentConfig, data, label)
-    base = Path(path).resolve().parent
-    site_path = Path(cfg.site) if Path(cfg.site).is_absolute() else base / cfg.site
-    site = load_site(site_path)
-    journal_path = Path(cfg.journal.path)
-    if not journal_path.is_absolute():
-        journal_path = base / journal_path
-    cfg = dataclasses.replace(
-        cfg, site=str(site_path), journal=dataclasses.replace(cfg.journal, path=str(journal_path))
-    )
-    _check(cfg, label)
+    cfg = _resolve_paths(cfg, Path(path).resolve().parent)
+    try:
+        site = load_site(cfg.site)
+    except SpecError as exc:
+        raise SpecError(label, "site", str(exc)) from None
+    _check(cfg, site, label)
     return LoadedConfig(config=cfg, site=site, source=source, overrides=tuple(used))
 
 
-def _check(cfg: AgentConfig, source: str) -> None:
-    c = cfg.control
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefix: str = "control") -> None:
+    """Cross-field checks of a ``[control]`` table (and, given the site, that its margins leave room);
+    raises :class:`SpecError` naming ``source`` and the field (``prefix.key``; ``prefix=""`` for bare keys)."""
+
+    def fail(name: str, problem: str) -> SpecError:
+        return SpecError(source, _join(prefix, name), problem)
+
+    period = f"{_join(prefix, 'period_s')} ({c.period_s:g} s)"
     if c.solve_deadline_s >= c.period_s:
-        raise SpecError(
-            source,
-            "control.solve_deadline_s",
-            f"must be shorter than control.period_s ({c.period_s:g} s) so that no period is skipped",
-        )
+        raise fail("solve_deadline_s", f"must be shorter than {period} so that no period is skipped")
     if c.telemetry_deadline_s < c.period_s:
-        raise SpecError(
-            source,
-            "control.telemetry_deadline_s",
-            f"must be at least control.period_s ({c.period_s:g} s)",
-        )
+        raise fail("telemetry_deadline_s", f"must be at least {period}")
     if c.min_replan_interval_s > c.period_s:
+        raise fail("min_replan_interval_s", f"must not exceed {period}")
+    if c.command_ttl_s < c.period_s:
+        raise fail("command_ttl_s", f"must be at least {period}")
+    if site is None:
+        return
+    rack_limit = float(site.rack_power_limits_w().min())
+    if c.rack_margin_w >= rack_limit:
+        raise fail(
+            "rack_margin_w",
+            f"must be below the site's rack power limit ({rack_limit:g} W), got {c.rack_margin_w:g} W: "
+            "no power would be left for the racks",
+        )
+    if c.min_power_limit_w > site.card.power_limit_w:
+        raise fail(
+            "min_power_limit_w",
+            f"must not exceed the site's card power limit (card.power_limit_w, {site.card.power_limit_w:g} W "
+            f"for {site.card.model}), got {c.min_power_limit_w:g} W",
+        )
+
+
+def _check_broker_url(url: str, source: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise SpecError(source, "broker.url", f"must start with mqtt:// or mqtts://, got {url!r}")
+    form = "expected mqtt://host:port or mqtts://host:port"
+    if parts.username is not None or parts.password is not None:
         raise SpecError(
             source,
-            "control.min_replan_interval_s",
-            f"must not exceed control.period_s ({c.period_s:g} s)",
+            "broker.url",
+            f"no user name or password in the URL, got {url!r}: use broker.username and "
+            "broker.password_file (or RACKTWIN_BROKER_PASSWORD)",
         )
-    if c.command_ttl_s < c.period_s:
-        raise SpecError(source, "control.command_ttl_s", f"must be at least control.period_s ({c.period_s:g} s)")
-    scheme = urlsplit(cfg.broker.url).scheme
-    if scheme not in ("mqtt", "mqtts"):
-        raise SpecError(source, "broker.url", f"must start with mqtt:// or mqtts://, got {cfg.broker.url!r}")
-    if cfg.broker.password is not None and cfg.broker.password_file is not None:
+    if not parts.hostname:
+        raise SpecError(source, "broker.url", f"no host in {url!r}: {form}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise SpecError(source, "broker.url", f"bad port in {url!r}: must be a number within 1..65535")
+    if parts.path not in ("", "/"):
+        raise SpecError(source, "broker.url", f"path not allowed in {url!r} ({parts.path!r}): {form}")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise SpecError(source, "broker.url", f"query or fragment not allowed in {url!r}: {form}")
+
+
+def _file_problem(path: str) -> str | None:
+    """What keeps ``path`` from being read as a file (None: nothing)."""
+    p = Path(path)
+    if not p.exists():
+        return f"file not found: {path}"
+    if p.is_dir():
+        return f"is a folder, not a file: {path}"
+    if not p.is_file():
+        return f"not a regular file: {path}"
+    if not os.access(p, os.R_OK):
+        return f"cannot read (permission denied): {path}"
+    return None
+
+
+def _check(cfg: AgentConfig, site: SiteSpec, source: str) -> None:
+    try:
+        Topics(cfg.site_id)
+    except ValueError as exc:
+        raise SpecError(source, "site_id", str(exc)) from None
+    try:
+        SiteLayout.from_spec(site, site=cfg.site_id)
+    except ValueError as exc:
+        raise SpecError(source, "site", f"{cfg.site}: {exc}") from None
+    check_control(cfg.control, site, source)
+    b = cfg.broker
+    _check_broker_url(b.url, source)
+    if b.password is not None and b.password_file is not None:
         raise SpecError(source, "broker.password_file", "set either broker.password or broker.password_file")
-    if (cfg.broker.password is not None or cfg.broker.password_file is not None) and cfg.broker.username is None:
+    if (b.password is not None or b.password_file is not None) and b.username is None:
         raise SpecError(source, "broker.username", "a password needs a user name")
-    if cfg.broker.password_file is not None and not Path(cfg.broker.password_file).is_file():
-        raise SpecError(source, "broker.password_file", f"file not found: {cfg.broker.password_file}")
+    if b.password_file is not None:
+        problem = _file_problem(b.password_file)
+        if problem is None:
+            try:
+                if not b.resolved_password():
+                    problem = f"the first line (the password) is empty: {b.password_file}"
+            except UnicodeDecodeError:
+                problem = f"not a UTF-8 text file: {b.password_file}"
+            except OSError as exc:
+                problem = f"cannot read: {exc.strerror or exc}: {b.password_file}"
+        if problem is not None:
+            raise SpecError(source, "broker.password_file", problem)
     for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
-        value = getattr(cfg.broker, name)
-        if value is not None and not Path(value).is_file():
-            raise SpecError(source, f"broker.{name}", f"file not found: {value}")
-    if (cfg.broker.tls_cert_file is None) != (cfg.broker.tls_key_file is None):
+        value = getattr(b, name)
+        if value is not None and (problem := _file_problem(value)) is not None:
+            raise SpecError(source, f"broker.{name}", problem)
+    if (b.tls_cert_file is None) != (b.tls_key_file is None):
         raise SpecError(
             source, "broker.tls_cert_file", "a client certificate needs both tls_cert_file and tls_key_file"
         )

@@ -74,10 +74,11 @@ def unit_of(name: str) -> str | None:
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file; a missing, unreadable or malformed file is a :class:`SpecError`."""
+    """Read a TOML file (a UTF-8 byte order mark, as some Windows editors write, is accepted); a
+    missing, unreadable or malformed file is a :class:`SpecError`."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise SpecError(source, "", "file not found") from None
     except IsADirectoryError:

@@ -43,6 +43,13 @@ def _load(path: str) -> object:
         raise UserError(f"{path}: file not found") from None
     except OSError as exc:
         raise UserError(f"{path}: {exc.strerror or exc}") from None
+    from agent.bus import TlsFileError
+    from agent.service import mqtt_options
+
+    try:  # the certificate files are read now, so that --check-config vouches for them too
+        mqtt_options(loaded.config.broker).ssl_context()
+    except TlsFileError as exc:
+        raise UserError(f"{path}: broker.tls_{exc.field}: {exc.path}: {exc.why}") from None
     return loaded
 
 
@@ -62,6 +69,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if check is not None:
         print(explain(loaded))
         return 0
+    from agent.bus import TlsFileError
     from agent.journal import JournalError
     from agent.logs import setup_logging
     from agent.service import run as run_service
@@ -72,6 +80,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         asyncio.run(run_service(loaded))
     except JournalError as exc:
         raise UserError(str(exc)) from None
+    except TlsFileError as exc:  # a certificate or key file of [broker] that TLS cannot use
+        raise UserError(f"{path}: broker: {exc}") from None
     except OSError as exc:  # e.g. the HTTP port is taken
         raise UserError(f"{path}: http.port {cfg.http.port}: {exc.strerror or exc}") from None
     return 0

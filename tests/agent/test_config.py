@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
-from agent.config import explain, load_config
+from agent.config import OTHER_ENV_VARS, ControlConfig, check_control, env_variables, explain, load_config
+from twin.spec import load_site
 from twin.tables import SpecError
 
 pytestmark = pytest.mark.agent
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -76,7 +80,7 @@ def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:
         ),
         ('site = "site.toml"\n', {"RACKTWIN_CONTROL_PERIOD_S": "fast"}, "control.period_s", "expected a number"),
         ('site = "site.toml"\n[broker]\nurl = "http://x"\n', {}, "broker.url", "mqtt://"),
-        ('site = "missing.toml"\n', {}, "", "file not found"),
+        ('site = "missing.toml"\n', {}, "site", "missing.toml: file not found"),
         ("mode = 'enforce'\n", {}, "site", "missing required"),
     ],
 )
@@ -87,3 +91,137 @@ def test_bad_configs_name_field_and_problem(
         load_config(write(tmp_path, text), env=env)
     assert info.value.path == field
     assert words in str(info.value)
+
+
+def refused(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        load_config(write(tmp_path, text), env=env or {})
+    return info.value
+
+
+@pytest.mark.parametrize("site_id", ["a/+/#", "agent", "x" * 100, "two words"])
+def test_a_site_id_that_cannot_be_a_topic_level_is_refused(tmp_path: Path, site_id: str) -> None:
+    err = refused(tmp_path, f'site = "site.toml"\nsite_id = "{site_id}"\n')
+    assert err.path == "site_id"
+    assert "cannot be a topic level" in err.problem
+
+
+def test_a_broker_url_the_client_cannot_use_is_refused(tmp_path: Path) -> None:
+    for url, words in [
+        ("mqtt://:99999", "no host"),
+        ("mqtt://host:abc", "bad port"),
+        ("mqtt://host:0", "bad port"),
+        ("mqtt://host:99999", "bad port"),
+        ("mqtt://host:1883/racktwin", "path not allowed"),
+        ("mqtt://host:1883?keepalive=5", "query or fragment not allowed"),
+        ("mqtt://agent:secret@host:1883", "broker.username"),
+    ]:
+        err = refused(tmp_path, f'site = "site.toml"\n[broker]\nurl = "{url}"\n')
+        assert err.path == "broker.url" and words in err.problem, err
+    for url in ("mqtt://broker", "mqtts://broker.example:8884/", "mqtt://[::1]:1883"):
+        assert load_config(write(tmp_path, f'site = "site.toml"\n[broker]\nurl = "{url}"\n'), env={})
+
+
+def test_relative_broker_files_are_taken_from_the_config_files_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("pw", "ca.pem", "agent.crt", "agent.key", "other-ca.pem"):
+        (tmp_path / name).write_text("secret\n")
+    p = write(
+        tmp_path,
+        'site = "site.toml"\n[broker]\nusername = "agent"\npassword_file = "pw"\ntls_ca_file = "ca.pem"\n'
+        'tls_cert_file = "agent.crt"\ntls_key_file = "agent.key"\n',
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    b = load_config(p, env={}).config.broker
+    assert (b.password_file, b.tls_ca_file, b.tls_cert_file, b.tls_key_file) == tuple(
+        str(tmp_path / n) for n in ("pw", "ca.pem", "agent.crt", "agent.key")
+    )
+    assert b.resolved_password() == "secret"
+    # a variable's relative path follows the same rule as RACKTWIN_SITE: the file's folder
+    b = load_config(p, env={"RACKTWIN_BROKER_TLS_CA_FILE": "other-ca.pem"}).config.broker
+    assert b.tls_ca_file == str(tmp_path / "other-ca.pem")
+
+
+def test_a_password_file_that_is_no_readable_file_says_what_it_is(tmp_path: Path) -> None:
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "empty").write_text("")
+    head = 'site = "site.toml"\n[broker]\nusername = "agent"\n'
+    for name, words in [
+        ("folder", "is a folder"),
+        ("fifo", "not a regular file"),
+        ("empty", "empty"),
+        ("missing", "file not found"),
+    ]:
+        err = refused(tmp_path, head + f'password_file = "{name}"\n')
+        assert err.path == "broker.password_file"
+        assert words in err.problem, err
+
+
+def test_an_unknown_racktwin_variable_is_an_error_naming_it(tmp_path: Path) -> None:
+    for name, words in [
+        ("RACKTWIN_CONTROL_PERIOD", "did you mean RACKTWIN_CONTROL_PERIOD_S?"),
+        ("RACKTWIN_PERIOD_S", "did you mean RACKTWIN_CONTROL_PERIOD_S?"),
+        ("RACKTWIN_MOSQUITO", "did you mean RACKTWIN_MOSQUITTO?"),
+        ("racktwin_mode", "did you mean RACKTWIN_MODE? (names are upper case)"),
+        ("RACKTWIN_ZZZ", "RACKTWIN_<SECTION>_<KEY>"),
+    ]:
+        err = refused(tmp_path, 'site = "site.toml"\n', env={name: "5"})
+        assert err.path == name
+        assert "unknown environment variable" in err.problem and words in err.problem, err
+    # variables other parts of racktwin read are no configuration error
+    env = {"RACKTWIN_MOSQUITTO": "", "RACKTWIN_MQTT_PASSWORD": "x", "PATH": "/bin"}
+    assert load_config(write(tmp_path, 'site = "site.toml"\n'), env=env).overrides == ()
+
+
+def test_every_racktwin_variable_the_code_reads_is_a_config_key_or_allowed() -> None:
+    """A new RACKTWIN_* variable read elsewhere must join OTHER_ENV_VARS, or the agent refuses it."""
+    files = [
+        f
+        for root in ("agent", "sim", "twin", "models", "benchmarks", "tests", "scripts", "deploy", ".ci")
+        for f in (REPO / root).rglob("*")
+        if f.is_file() and f.suffix in (".py", ".sh", ".service", ".conf", ".md", "") and f != Path(__file__)
+    ]
+    assert len(files) > 50
+    seen = {m for f in files for m in re.findall(r"\bRACKTWIN_[A-Z0-9_]*[A-Z0-9]\b", f.read_text(errors="ignore"))}
+    assert {"RACKTWIN_MOSQUITTO", "RACKTWIN_MQTT_PASSWORD", "RACKTWIN_BROKER_URL"} <= seen
+    assert seen - set(env_variables()) - OTHER_ENV_VARS == set()
+
+
+def test_margins_that_leave_no_room_are_refused_with_the_sites_value(tmp_path: Path) -> None:
+    err = refused(tmp_path, 'site = "site.toml"\n[control]\nrack_margin_w = 60000\n')
+    assert err.path == "control.rack_margin_w" and "50000 W" in err.problem
+    err = refused(tmp_path, 'site = "site.toml"\n[control]\nmin_power_limit_w = 5000\n')
+    assert err.path == "control.min_power_limit_w" and "700 W" in err.problem
+    assert load_config(write(tmp_path, 'site = "site.toml"\n[control]\nmin_power_limit_w = 700\n'), env={})
+
+
+def test_a_missing_site_names_the_config_file_the_field_and_the_variable(tmp_path: Path) -> None:
+    p = write(tmp_path, 'site = "nope.toml"\n')
+    err = refused(tmp_path, 'site = "nope.toml"\n')
+    assert str(err) == f"{p}: site: {tmp_path / 'nope.toml'}: file not found"
+    err = refused(tmp_path, 'site = "site.toml"\n', env={"RACKTWIN_SITE": "/nonexistent/x.toml"})
+    assert str(err) == f"{p} (with RACKTWIN_SITE): site: /nonexistent/x.toml: file not found"
+
+
+def test_a_config_file_with_a_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
+    p = write(tmp_path, "")
+    p.write_bytes(b"\xef\xbb\xbfsite = 'site.toml'\nmode = 'enforce'\n")
+    assert load_config(p, env={}).config.mode == "enforce"
+
+
+def test_check_control_is_the_cross_field_check_for_a_control_table_alone() -> None:
+    site = load_site(EXAMPLES / "supernode-512.toml")
+    check_control(ControlConfig(), site, "--control")
+    with pytest.raises(SpecError) as info:
+        check_control(ControlConfig(period_s=5.0, solve_deadline_s=6.0), None, "--control", prefix="")
+    assert str(info.value).startswith("--control: solve_deadline_s: must be shorter than period_s (5 s)")
+    with pytest.raises(SpecError) as info:
+        check_control(ControlConfig(period_s=60.0, telemetry_deadline_s=60.0, command_ttl_s=30.0), None, "--control")
+    assert info.value.path == "control.command_ttl_s"
+    with pytest.raises(SpecError) as info:
+        check_control(ControlConfig(rack_margin_w=60_000.0), site, "--control")
+    assert info.value.path == "control.rack_margin_w"
