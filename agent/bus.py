@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,9 +51,11 @@ __all__ = [
     "Incoming",
     "LastWill",
     "MqttOptions",
+    "TlsFileError",
     "add_mqtt_arguments",
     "backoff_delay_s",
     "check_connection",
+    "check_tls_files_of_args",
     "mqtt_options_from_args",
 ]
 
@@ -72,6 +75,33 @@ class BusNotConnected(BusError):
 
 class BusConnectError(BusError):
     """The broker could not be reached or refused the connection (bad credentials, not authorized)."""
+
+
+#: What :class:`TlsFileError` calls each certificate file of :class:`MqttOptions`.
+_TLS_FILE_LABELS = {"ca_file": "CA file", "cert_file": "client certificate file", "key_file": "client key file"}
+
+
+class TlsFileError(OSError):
+    """A certificate or key file of :class:`MqttOptions` that cannot be used (unreadable, not PEM, a
+    key that does not match the certificate). ``field``: ``ca_file``, ``cert_file`` or ``key_file``;
+    ``path``: the file; ``why``: what is wrong with it. ``str()``: one line naming both. An ``OSError``,
+    as the ``ssl.SSLError`` it replaces."""
+
+    def __init__(self, field: str, path: str, why: str) -> None:
+        super().__init__(f"TLS {_TLS_FILE_LABELS.get(field, field)} {path}: {why}")
+        self.field = field
+        self.path = path
+        self.why = why
+
+
+_SSL_SOURCE_LINE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def _tls_why(exc: OSError, what: str) -> str:
+    """``what`` is wrong with a file, with OpenSSL's reason; or that it cannot be read."""
+    if isinstance(exc, ssl.SSLError):
+        return f"{what} ({_SSL_SOURCE_LINE.sub('', str(exc))})"
+    return f"cannot read it ({exc.strerror or exc})"
 
 
 @dataclass(frozen=True)
@@ -128,9 +158,13 @@ class MqttOptions:
             raise ValueError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
         tls = parts.scheme in ("mqtts", "ssl")
         try:
-            port = parts.port or (8883 if tls else 1883)
-        except ValueError:
-            raise ValueError(f"broker URL {url!r}: bad port") from None
+            port = parts.port  # None when the URL has none; 0 is not "the default"
+        except ValueError:  # not a number, or beyond 65535
+            port = -1
+        if port is None:
+            port = 8883 if tls else 1883
+        elif not 0 < port < 65536:
+            raise ValueError(f"broker URL {url!r}: the port must be a number within 1..65535")
         kw: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": port, "tls": tls}
         if parts.username:
             kw["username"] = unquote(parts.username)
@@ -140,15 +174,51 @@ class MqttOptions:
         return cls(**kw)
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """The client TLS context (None without TLS). Reads the certificate files."""
+        """The client TLS context (None without TLS). Reads the certificate files: one that cannot
+        be used raises :class:`TlsFileError` naming it and what is wrong."""
         if not self.use_tls:
             return None
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
+        except OSError as exc:  # ssl.SSLError included
+            if self.ca_file is None:
+                raise
+            raise TlsFileError("ca_file", self.ca_file, _tls_why(exc, "not a PEM certificate")) from None
         if self.cert_file is not None:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+            except OSError as exc:
+                raise self._cert_chain_error(self.cert_file, exc) from None
         if self.tls_insecure:
             ctx.check_hostname = False
         return ctx
+
+    def _cert_chain_error(self, cert_file: str, exc: OSError) -> TlsFileError:
+        """Which of the client certificate and key files made ``load_cert_chain`` fail, and why."""
+        if not isinstance(exc, ssl.SSLError):  # a file that cannot be read: OpenSSL does not say which
+            for field_name, path in (("cert_file", cert_file), ("key_file", self.key_file)):
+                if path is None:
+                    continue
+                try:
+                    with open(path, "rb"):
+                        pass
+                except OSError as read_exc:
+                    return TlsFileError(field_name, path, _tls_why(read_exc, ""))
+            return TlsFileError("cert_file", cert_file, _tls_why(exc, ""))
+        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            probe.load_verify_locations(cafile=cert_file)  # does the file hold a certificate at all?
+        except ssl.SSLError:
+            return TlsFileError("cert_file", cert_file, _tls_why(exc, "not a PEM certificate"))
+        except OSError as read_exc:
+            return TlsFileError("cert_file", cert_file, _tls_why(read_exc, ""))
+        if self.key_file is None:
+            return TlsFileError(
+                "cert_file", cert_file, _tls_why(exc, "holds no private key for the certificate (a key file is needed)")
+            )
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return TlsFileError("key_file", self.key_file, _tls_why(exc, f"does not match the certificate {cert_file}"))
+        return TlsFileError("key_file", self.key_file, _tls_why(exc, "not a PEM private key"))
 
 
 @dataclass(frozen=True)
@@ -466,12 +536,33 @@ def add_mqtt_arguments(
     )
 
 
+#: The options of :func:`add_mqtt_arguments` that only a ``--broker`` takes (credentials and TLS;
+#: the embedded broker is anonymous and plain). ``--mqtt-client-id`` applies to both.
+_BROKER_ONLY_OPTIONS = (
+    "mqtt_username",
+    "mqtt_password_file",
+    "mqtt_ca_file",
+    "mqtt_cert_file",
+    "mqtt_key_file",
+    "mqtt_tls_insecure",
+)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
 def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOptions | None:
-    """MQTT options from :func:`add_mqtt_arguments`' options; None when ``--broker`` was not given.
-    Problems are raised as ``agent.commands.common.UserError`` (one line for the user)."""
+    """MQTT options from :func:`add_mqtt_arguments`' options; None when ``--broker`` was not given
+    (then a credential or TLS option is an error: the embedded broker takes none). Problems are
+    raised as ``agent.commands.common.UserError`` (one line for the user); the certificate files'
+    contents are checked by :func:`check_tls_files_of_args`."""
     from agent.commands.common import UserError
 
     if ns.broker is None:
+        for dest in _BROKER_ONLY_OPTIONS:
+            if getattr(ns, dest) not in (None, False):
+                raise UserError(f"{_flag(dest)} needs --broker (the embedded broker takes no credentials and no TLS)")
         return None
     password: str | None = None
     if ns.mqtt_password_file is not None:
@@ -485,7 +576,9 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
     for opt in ("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):
         value = getattr(ns, opt)
         if value is not None and not Path(value).is_file():
-            raise UserError(f"--{opt.replace('_', '-')} {value}: no such file")
+            raise UserError(f"{_flag(opt)} {value}: no such file")
+    if ns.mqtt_key_file is not None and ns.mqtt_cert_file is None:
+        raise UserError("--mqtt-key-file needs --mqtt-cert-file (the client certificate it goes with)")
     kw: dict[str, Any] = {
         "ca_file": ns.mqtt_ca_file,
         "cert_file": ns.mqtt_cert_file,
@@ -502,3 +595,15 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         return MqttOptions.from_url(ns.broker, **kw)
     except ValueError as exc:
         raise UserError(f"--broker {ns.broker}: {exc}") from None
+
+
+def check_tls_files_of_args(options: MqttOptions) -> None:
+    """Read the certificate files of options made by :func:`mqtt_options_from_args` now, before a
+    run: one that cannot be used is an ``agent.commands.common.UserError`` naming its option
+    (``--mqtt-ca-file FILE: not a PEM certificate (...)``)."""
+    from agent.commands.common import UserError
+
+    try:
+        options.ssl_context()
+    except TlsFileError as exc:
+        raise UserError(f"{_flag('mqtt_' + exc.field)} {exc.path}: {exc.why}") from None

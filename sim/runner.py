@@ -201,11 +201,20 @@ class SimSummary:
         }
 
     def write(self, path: str | Path) -> None:
-        """Write :meth:`to_dict` as JSON (atomically: a reader never sees half a file)."""
+        """Write :meth:`to_dict` as JSON (atomically: a reader never sees half a file). ``path``, if
+        it exists, must be a regular file: a folder, a device or a pipe there is never replaced
+        (``OSError``)."""
         p = Path(path)
+        if p.exists() and not p.is_file():
+            raise OSError(f"{p} exists and is not a regular file (not replaced)")
         tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, p)
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+            os.replace(tmp, p)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
 
 
 class Simulator:
@@ -249,6 +258,8 @@ class Simulator:
         self.behind_s = 0.0
         self.max_behind_s = 0.0
         self.summary: SimSummary | None = None
+        #: why the summary could not be written to ``summary_path`` (None: written, or not asked for)
+        self.summary_write_error: str | None = None
 
     # ---- public -------------------------------------------------------------------------------
     @property
@@ -566,6 +577,7 @@ class Simulator:
             try:
                 summary.write(self.options.summary_path)
             except OSError as exc:
+                self.summary_write_error = exc.strerror or str(exc)
                 log.error("sim: cannot write the summary to %s: %s", self.options.summary_path, exc)
         return summary
 

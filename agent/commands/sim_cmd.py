@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.bus import BusConnectError, add_mqtt_arguments, mqtt_options_from_args
-from agent.commands.common import UserError, load_site_or_fail
+from agent.bus import BusConnectError, add_mqtt_arguments, check_tls_files_of_args, mqtt_options_from_args
+from agent.commands.common import UserError, check_output_file, load_site_or_fail
 from twin.spec import SiteSpec
 from twin.tables import SpecError
 
@@ -126,6 +126,8 @@ def _scenario(args: argparse.Namespace) -> RunScenario:
             scenario = default_run_scenario(site, duration, args.seed if args.seed is not None else 0)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    for warning in scenario.warnings:
+        print(f"racktwin sim: warning: {warning}", file=sys.stderr, flush=True)
     if args.telemetry_period_s is not None:
         p = args.telemetry_period_s
         if not (math.isfinite(p) and 0.01 <= p <= 3600):
@@ -154,8 +156,20 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise UserError(f"--speed must be >= 0 (0 or inf: as fast as possible), got {args.speed:g}")
     if not (math.isfinite(args.step_s) and args.step_s > 0):
         raise UserError(f"--step-s must be positive, got {args.step_s:g}")
+    interval = args.progress_interval_s
+    if not (math.isfinite(interval) and interval >= 0):
+        raise UserError(f"--progress-interval-s must be a number of seconds >= 0 (0: no progress), got {interval:g}")
+    # the output files are checked before the run, not found unwritable at its end
+    truth_log = None if args.truth_log is None else Path(args.truth_log)
+    summary_path = None if args.summary is None else Path(args.summary)
+    if truth_log is not None:
+        check_output_file(truth_log, "--truth-log")
+    if summary_path is not None:
+        check_output_file(summary_path, "--summary")
     scenario = _scenario(args)
     mqtt = mqtt_options_from_args(args)
+    if mqtt is not None:
+        check_tls_files_of_args(mqtt)
     broker: EmbeddedBroker | None = None
     if mqtt is None:
         broker = EmbeddedBroker()
@@ -163,10 +177,10 @@ def run(args: argparse.Namespace, command: str) -> int:
             broker.start()
         except BrokerUnavailable as exc:
             raise UserError(str(exc)) from None
-        mqtt = broker.options()
+        mqtt = broker.options(client_id=args.mqtt_client_id)
         print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
     progress = None
-    if args.progress_interval_s > 0:
+    if interval > 0:
 
         def progress(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
@@ -178,40 +192,32 @@ def run(args: argparse.Namespace, command: str) -> int:
             site_id=args.site_id,
             speed=args.speed,
             duration_s=args.duration,
-            truth_log=None if args.truth_log is None else Path(args.truth_log),
-            summary_path=None if args.summary is None else Path(args.summary),
+            truth_log=truth_log,
+            summary_path=summary_path,
             start_epoch_s=args.start_epoch_s,
             step_s=args.step_s,
             progress=progress,
-            progress_interval_s=args.progress_interval_s if args.progress_interval_s > 0 else 5.0,
+            progress_interval_s=interval if interval > 0 else 5.0,
         )
     except ValueError as exc:
         if broker is not None:
             broker.stop()
         raise UserError(str(exc)) from None
-    _check_writable(options.truth_log, "--truth-log")
-    _check_writable(options.summary_path, "--summary")
     try:
-        summary = asyncio.run(_run(options))
+        summary, summary_error = asyncio.run(_run(options))
     except BusConnectError as exc:
         raise UserError(f"cannot connect to the broker: {exc}") from None
     finally:
         if broker is not None:
             broker.stop()
-    _report(summary, options)
+    _report(summary, options, summary_written=summary_error is None)
+    if summary_error is not None:  # e.g. the disk filled up during the run: not a success
+        raise UserError(f"--summary {options.summary_path}: cannot write the summary ({summary_error})")
     return 0
 
 
-def _check_writable(path: Path | None, option: str) -> None:
-    if path is None:
-        return
-    if path.is_dir():
-        raise UserError(f"{option} {path}: is a directory")
-    if not path.parent.exists():
-        raise UserError(f"{option} {path}: folder {path.parent} does not exist")
-
-
-async def _run(options: Any) -> SimSummary:
+async def _run(options: Any) -> tuple[SimSummary, str | None]:
+    """Run; the summary and why it could not be written to ``--summary`` (None: written or not asked)."""
     from sim.runner import Simulator
 
     try:
@@ -231,10 +237,11 @@ async def _run(options: Any) -> SimSummary:
         file=sys.stderr,
         flush=True,
     )
-    return await sim.run()
+    summary = await sim.run()
+    return summary, sim.summary_write_error
 
 
-def _report(s: SimSummary, options: Any) -> None:
+def _report(s: SimSummary, options: Any, *, summary_written: bool = True) -> None:
     d = s.to_dict()
     pue = d["pue"]
     lines = [
@@ -251,6 +258,6 @@ def _report(s: SimSummary, options: Any) -> None:
     ]
     if options.truth_log is not None:
         lines.append(f"  truth log: {options.truth_log} ({s.truth_rows} rows)")
-    if options.summary_path is not None:
+    if options.summary_path is not None and summary_written:
         lines.append(f"  summary: {options.summary_path}")
     print("\n".join(lines), file=sys.stderr, flush=True)

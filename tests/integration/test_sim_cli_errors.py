@@ -1,0 +1,162 @@
+"""``racktwin sim``: problems a user can fix (an output path, a broker URL, a certificate file, an
+option) are one line on stderr naming the option and what is wrong, exit status 2, before the run."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from mqtt_testing import TlsFiles
+from sim_testing import scenario
+
+from agent.broker import EmbeddedBroker
+from agent.bus import MqttOptions
+from agent.cli import main
+from sim.runner import SimOptions, Simulator
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "sim-trace.toml"
+
+
+def sim(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``racktwin sim`` on the trace scenario for 5 s as fast as possible: (exit status, stderr)."""
+    rc = main(["sim", "--scenario", str(SCENARIO), "--duration", "5", "--speed", "0", *args])
+    return rc, capsys.readouterr().err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("racktwin sim: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("option", ["--summary", "--truth-log"])
+def test_an_output_path_that_is_a_pipe_is_refused_and_kept(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a writer that opens the pipe does not hang
+    try:
+        rc, err = sim(capsys, option, str(fifo))
+    finally:
+        os.close(reader)
+    assert rc == 2
+    assert f"{option} {fifo}: exists and is not a regular file" in one_error_line(err)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # not replaced by a regular file
+
+
+@pytest.mark.parametrize(("option", "name"), [("--summary", "s.json"), ("--truth-log", "t.csv")])
+def test_an_output_path_below_a_file_is_refused_before_the_run(
+    option: str, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notadir = tmp_path / "notadir"
+    notadir.write_text("x\n", encoding="utf-8")
+    rc, err = sim(capsys, option, str(notadir / name))
+    assert rc == 2
+    assert f"{option} {notadir / name}: the folder {notadir} does not exist" in one_error_line(err)
+    assert "scenario" not in err  # refused before the run started
+
+
+async def test_the_summary_is_never_written_over_a_pipe_and_the_failure_is_kept(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "summary.json"
+    os.mkfifo(fifo)
+    options = SimOptions(scenario=scenario(duration_s=3.0), mqtt=mosquitto.options(), speed=0.0, summary_path=fifo)
+    simulator = Simulator(options)
+    summary = await simulator.run()
+    assert summary.stopped_by == "duration"
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert simulator.summary_write_error is not None and "not a regular file" in simulator.summary_write_error
+
+
+def _junk(tmp_path: Path) -> str:
+    path = tmp_path / "junk.txt"
+    path.write_text("this is not a certificate\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("files", "culprit", "what"),
+    [
+        ({"--mqtt-ca-file": "junk"}, "--mqtt-ca-file", "not a PEM certificate"),
+        ({"--mqtt-cert-file": "junk"}, "--mqtt-cert-file", "not a PEM certificate"),
+        ({"--mqtt-cert-file": "cert"}, "--mqtt-cert-file", "holds no private key"),
+        ({"--mqtt-cert-file": "cert", "--mqtt-key-file": "junk"}, "--mqtt-key-file", "not a PEM private key"),
+        ({"--mqtt-cert-file": "cert", "--mqtt-key-file": "other_key"}, "--mqtt-key-file", "does not match"),
+    ],
+)
+def test_a_certificate_or_key_file_that_is_not_usable_is_one_line(
+    files: dict[str, str],
+    culprit: str,
+    what: str,
+    tls_files: TlsFiles,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    paths = {
+        "junk": _junk(tmp_path),
+        "cert": tls_files.cert_file,
+        "other_key": str(Path(tls_files.ca_file).with_name("ca.key")),  # the CA's key, not the certificate's
+    }
+    args = [arg for option, name in files.items() for arg in (option, paths[name])]
+    rc, err = sim(capsys, "--broker", "mqtts://127.0.0.1:1", *args)
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"{culprit} {paths[files[culprit]]}: {what}" in line, line
+
+
+def test_tls_file_errors_name_the_file_for_every_caller(tls_files: TlsFiles, tmp_path: Path) -> None:
+    """``MqttOptions.ssl_context`` (also what the agent's [broker] TLS settings go through)."""
+    from agent.bus import TlsFileError
+
+    junk = _junk(tmp_path)
+    with pytest.raises(TlsFileError) as caught:
+        MqttOptions(ca_file=junk).ssl_context()
+    assert caught.value.field == "ca_file" and str(caught.value).startswith(f"TLS CA file {junk}: not a PEM")
+    with pytest.raises(TlsFileError) as caught:
+        MqttOptions(cert_file=tls_files.cert_file, key_file=junk).ssl_context()
+    assert caught.value.field == "key_file" and caught.value.path == junk
+    # good files still make a context
+    good = MqttOptions(ca_file=tls_files.ca_file, cert_file=tls_files.cert_file, key_file=tls_files.key_file)
+    assert good.ssl_context() is not None
+
+
+@pytest.mark.parametrize("url", ["mqtt://127.0.0.1:0", "mqtts://127.0.0.1:0"])
+def test_port_zero_is_not_the_default_port(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="port"):
+        MqttOptions.from_url(url)
+    rc, err = sim(capsys, "--broker", url)
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"--broker {url}:" in line and "1..65535" in line
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_progress_interval_must_be_a_finite_number_of_seconds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = sim(capsys, "--progress-interval-s", value)
+    assert rc == 2
+    assert f"--progress-interval-s must be a number of seconds >= 0 (0: no progress), got {value}" in one_error_line(
+        err
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--mqtt-password-file", "/nonexistent"],
+        ["--mqtt-username", "agent"],
+        ["--mqtt-cert-file", "junk"],
+        ["--mqtt-ca-file", "junk"],
+        ["--mqtt-tls-insecure"],
+    ],
+)
+def test_credentials_and_tls_options_need_a_broker(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = sim(capsys, *args)
+    assert rc == 2
+    assert f"{args[0]} needs --broker (the embedded broker takes no credentials" in one_error_line(err)
