@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_EXTERNAL_TIMEOUT_S",
     "FAULT_KINDS",
     "JOB_ID_PATTERN",
+    "MIN_DURATION_S",
     "BrokerDisconnect",
     "RunScenario",
     "ScenarioTargets",
@@ -77,6 +78,10 @@ JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
 #: job the agent has not placed after this many seconds in the queue is placed by the plant's
 #: built-in first-fit scheduler, so that a site with no agent never starves.
 DEFAULT_EXTERNAL_TIMEOUT_S = 120.0
+
+#: Shortest run: one step of the plant (``Plant.run``'s and the simulator's default ``dt_s``). A
+#: shorter run records nothing (``racktwin evaluate --duration 0.5`` would report a 0 kW rack).
+MIN_DURATION_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,9 @@ class RunScenario:
     # the generator's seed the jobs were drawn with (``allocation_tolerance`` may move it past
     # ``seed``); None for traces and explicit job lists
     workload_seed: int | None = None
+    # what loading warned about (each also passed to the loader's ``warn``): faults that a
+    # ``duration_s`` override shortening the run leaves after its end
+    warnings: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,13 +268,18 @@ def load_run_scenario(
     site: SiteSpec | None = None,
     seed: int | None = None,
     duration_s: float | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> RunScenario:
     """Read a run-scenario TOML file. ``site`` replaces the file's ``site`` key (``supernodes``
     still applies); ``seed`` and ``duration_s`` override the file's (the generated workload is
-    drawn for them). Any problem is a :class:`SpecError` naming the file and the field."""
+    drawn for them). Any problem is a :class:`SpecError` naming the file and the field.
+
+    A fault that starts at or after the end of the run is an error, unless the run ends before it
+    only because ``duration_s`` shortened it: then the scenario's ``warnings`` say so (and ``warn``,
+    when given, gets each line; the commands print them) and the fault stays (it never happens)."""
     data = read_toml(path)
     return run_scenario_from_dict(
-        data, source=str(path), base_dir=Path(path).parent, site=site, seed=seed, duration_s=duration_s
+        data, source=str(path), base_dir=Path(path).parent, site=site, seed=seed, duration_s=duration_s, warn=warn
     )
 
 
@@ -288,8 +301,10 @@ def run_scenario_from_dict(
     site: SiteSpec | None = None,
     seed: int | None = None,
     duration_s: float | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> RunScenario:
-    """Build a :class:`RunScenario` from parsed TOML (relative paths are taken from ``base_dir``)."""
+    """Build a :class:`RunScenario` from parsed TOML (relative paths are taken from ``base_dir``;
+    ``warn``: as :func:`load_run_scenario`'s)."""
     if not isinstance(data, Mapping):
         raise SpecError(source, "(top level)", f"expected a table, got {type(data).__name__}")
     base = Path(base_dir)
@@ -301,6 +316,12 @@ def run_scenario_from_dict(
         raise SpecError(source, "duration_s", f"must be a positive number of seconds, got {duration_s}")
     the_seed = top.seed if seed is None else seed
     duration = top.duration_s if duration_s is None else float(duration_s)
+    if duration < MIN_DURATION_S:
+        raise SpecError(
+            source,
+            "duration_s",
+            f"{duration:g} s is shorter than one plant step ({MIN_DURATION_S:g} s): the run would record nothing",
+        )
 
     # ---- site ------------------------------------------------------------------------------
     if site is None:
@@ -320,6 +341,13 @@ def run_scenario_from_dict(
     if "phases" in data:
         phases = _wrap(source, "phases", lambda: decode_table(PhaseModel, data["phases"], source, "phases"))
     p = top.plant
+    if p.min_power_limit_w > site.card.power_limit_w:
+        raise SpecError(
+            source,
+            "plant.min_power_limit_w",
+            f"must not exceed the card's power limit (card.power_limit_w = {site.card.power_limit_w:g} W), "
+            f"got {p.min_power_limit_w:g}",
+        )
     if p.initial_level >= site.card.n_levels:
         raise SpecError(
             source, "plant.initial_level", f"must be within 0..{site.card.n_levels - 1}, got {p.initial_level}"
@@ -395,7 +423,12 @@ def run_scenario_from_dict(
     jobs.sort(key=lambda j: j.submit_time_s)
 
     # ---- faults ------------------------------------------------------------------------------
-    faults, sim_faults = _faults(data.get("faults", []), site, source)
+    warnings: list[str] = []
+    shortened_from = top.duration_s if duration < top.duration_s else None
+    faults, sim_faults = _faults(data.get("faults", []), site, source, duration, shortened_from, warnings.append)
+    if warn is not None:
+        for message in warnings:
+            warn(message)
 
     return RunScenario(
         name=top.name,
@@ -413,6 +446,7 @@ def run_scenario_from_dict(
         offered_allocation=offered if w.source == "generate" else math.nan,
         targets=top.targets,
         workload_seed=wseed,
+        warnings=tuple(warnings),
     )
 
 
@@ -559,7 +593,16 @@ def _generated(
     return jobs, running
 
 
-def _faults(raw: Any, site: SiteSpec, source: str) -> tuple[list[Fault], list[SimFault]]:
+def _faults(
+    raw: Any,
+    site: SiteSpec,
+    source: str,
+    duration_s: float,
+    shortened_from_s: float | None,
+    warn: Callable[[str], None],
+) -> tuple[list[Fault], list[SimFault]]:
+    """The plant faults and the simulator faults of ``[[faults]]``. ``shortened_from_s``: the file's
+    duration where an override shortened the run (a fault after the shortened end is then a warning)."""
     if not isinstance(raw, list):
         raise SpecError(source, "faults", "expected a list of tables ([[faults]])")
     faults: list[Fault] = []
@@ -583,6 +626,7 @@ def _faults(raw: Any, site: SiteSpec, source: str) -> tuple[list[Fault], list[Si
         cls = FAULT_KINDS[kind]
         fault: Any = _decode_fault(cls, table, source, where)
         _check_fault_target(fault, site, source, where)
+        _check_fault_start(fault, source, where, duration_s, shortened_from_s, warn)
         if isinstance(fault, BrokerDisconnect):
             sim_faults.append(fault)
         else:
@@ -601,6 +645,28 @@ def _decode_fault(cls: type[Any], table: dict[str, Any], source: str, where: str
         raise
     except ValueError as exc:
         raise SpecError(source, where, str(exc)) from None
+
+
+def _check_fault_start(
+    fault: Any, source: str, where: str, duration_s: float, shortened_from_s: float | None, warn: Callable[[str], None]
+) -> None:
+    """A fault that starts at or after the end of the run would never happen: an error, or a warning
+    where the file's own duration reaches it and only an override shortened the run."""
+    name = "at_s" if isinstance(fault, CardFailure) else "start_s"
+    start = float(getattr(fault, name))
+    if start < duration_s:
+        return
+    if shortened_from_s is not None and start < shortened_from_s:
+        warn(
+            f"{source}: {where}.{name}: {start:g} s is at or after the end of this run ({duration_s:g} s, "
+            f"shortened from {shortened_from_s:g} s): the fault does not happen"
+        )
+        return
+    raise SpecError(
+        source,
+        f"{where}.{name}",
+        f"{start:g} s is at or after the end of the run ({duration_s:g} s): it would never happen",
+    )
 
 
 def _check_fault_target(fault: Any, site: SiteSpec, source: str, where: str) -> None:

@@ -6,8 +6,9 @@ All quantities are SI with the unit in the key's name (``power_limit_w``, ``supp
 
 Every problem in a spec file is reported as a :class:`SpecError` that names the file, the field
 (dotted path) and what is wrong: unknown key (with the closest known key and its unit), missing
-field, wrong type, value out of its physical range, tables of unequal length or a DVFS table that
-is not ordered from the fastest level (0) down.
+field, wrong type, value out of its physical range, tables of unequal length, a DVFS table that
+is not ordered from the fastest level (0) down, an idle power at or above the card's power limit or
+a flow per card below the measured cold-plate table.
 """
 
 from __future__ import annotations
@@ -334,6 +335,20 @@ def _check_site(site: SiteSpec, source: str) -> None:
             "card.slowdown_temp_c",
             f"must be below card.max_temp_c ({card.max_temp_c:g} deg C), got {card.slowdown_temp_c:g}",
         )
+    if card.idle_power_w >= card.power_limit_w:
+        raise SpecError(
+            source,
+            "card.idle_power_w",
+            f"an idle card must draw less than its power limit (card.power_limit_w = {card.power_limit_w:g} W), "
+            f"got {card.idle_power_w:g}",
+        )
+    if card.low_power_idle_w >= card.power_limit_w:
+        raise SpecError(
+            source,
+            "card.low_power_idle_w",
+            f"the low-power idle state must draw less than the card's power limit "
+            f"(card.power_limit_w = {card.power_limit_w:g} W), got {card.low_power_idle_w:g}",
+        )
     if card.low_power_idle_w >= card.idle_power_w:
         raise SpecError(
             source,
@@ -357,6 +372,13 @@ def _check_site(site: SiteSpec, source: str) -> None:
                 "cold_plate.r_case_to_coolant_k_per_w",
                 "thermal resistance must not rise with flow",
             )
+    if site.loop.flow_per_card_lpm < cp.flow_lpm[0]:
+        raise SpecError(
+            source,
+            "loop.flow_per_card_lpm",
+            f"{site.loop.flow_per_card_lpm:g} L/min is below the cold-plate table (cold_plate.flow_lpm "
+            f"{cp.flow_lpm[0]:g}..{cp.flow_lpm[-1]:g} L/min): the plate's resistance is not known there",
+        )
     if len(site.torus_dims) != 3:
         raise SpecError(source, "torus_dims", f"must have 3 entries (x, y, z), got {len(site.torus_dims)}")
     if site.torus_dims[2] != site.racks_per_supernode:

@@ -31,18 +31,22 @@ import csv
 import difflib
 import enum
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from twin.tables import rng
 
 FloatArray = npt.NDArray[np.float64]
 
 __all__ = [
     "KALOS",
     "TRACE_COLUMNS",
+    "CsvError",
+    "CsvTable",
     "GeneratorConfig",
     "JobSpec",
     "Phase",
@@ -55,6 +59,7 @@ __all__ = [
     "generate_jobs",
     "load_trace",
     "noncompute_utilization_of",
+    "read_csv_table",
     "relative_step_time",
     "relative_throughput",
     "synchronous_utilization",
@@ -217,7 +222,7 @@ class PhaseModel:
     communication_utilization: float = 0.2
     checkpoint_utilization: float = 0.0
     waiting_utilization: float = 0.0
-    max_restarts: int = 3
+    max_restarts: int = field(default=3, metadata=rng(0, 1000))
 
     def __post_init__(self) -> None:
         for name in ("startup_s", "restart_delay_s", "comm_stalls_per_hour", "comm_stall_median_s"):
@@ -229,6 +234,8 @@ class PhaseModel:
         for name in ("communication_utilization", "checkpoint_utilization", "waiting_utilization"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PhaseModel.{name} must be within 0..1, got {getattr(self, name)}")
+        if self.max_restarts < 0:
+            raise ValueError(f"PhaseModel.max_restarts must be >= 0, got {self.max_restarts}")
 
     def stall_fraction(self) -> float:
         """Expected share of wall time a computing job spends in stalls (lognormal means)."""
@@ -520,8 +527,8 @@ TRACE_COLUMNS: dict[str, tuple[bool, str]] = {
 }
 
 
-class TraceError(ValueError):
-    """A trace file is wrong. The message names the file, the line, the column and the problem."""
+class CsvError(ValueError):
+    """A CSV file is wrong. The message names the file, the line, the column and the problem."""
 
     def __init__(self, source: str, line: int, column: str, problem: str) -> None:
         self.source = source
@@ -532,10 +539,59 @@ class TraceError(ValueError):
         super().__init__(f"{where}: {problem}")
 
 
-def _data_lines(fh: Iterable[str]) -> Iterable[tuple[int, str]]:
-    for lineno, line in enumerate(fh, start=1):
-        if line.strip() and not line.lstrip().startswith("#"):
-            yield lineno, line
+class TraceError(CsvError):
+    """A trace file is wrong. The message names the file, the line, the column and the problem."""
+
+
+@dataclass(frozen=True)
+class CsvTable:
+    """A CSV file as :func:`read_csv_table` reads it: the header's column names and the data rows,
+    each with the file line it came from and exactly one (stripped) field per column."""
+
+    source: str
+    header_line: int  # 0: the file has no header (no data lines at all)
+    header: tuple[str, ...]
+    rows: tuple[tuple[int, tuple[str, ...]], ...]
+
+
+def read_csv_table(path: str | Path) -> CsvTable:
+    """Read a CSV file with a header line (blank lines and lines starting with ``#`` are skipped).
+
+    Raises :class:`CsvError` naming the file, line and column when the file cannot be read, is not
+    UTF-8, names a column twice, or has a data line with more or fewer fields than the header has
+    columns. An empty file is a table with no header; a header alone is a table with no rows (the
+    caller says what it expected).
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise CsvError(source, 0, "", "file not found") from None
+    except IsADirectoryError:
+        raise CsvError(source, 0, "", "is a directory, expected a CSV file") from None
+    except UnicodeDecodeError:
+        raise CsvError(source, 0, "", "not a UTF-8 text file") from None
+    except OSError as exc:
+        raise CsvError(source, 0, "", f"cannot read: {exc.strerror or exc}") from None
+    numbered = [
+        (i, line)
+        for i, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    if not numbered:
+        return CsvTable(source, 0, (), ())
+    parsed = list(csv.reader([line for _, line in numbered]))
+    header_line = numbered[0][0]
+    header = tuple(h.strip() for h in parsed[0])
+    if len(set(header)) != len(header):
+        dup = next(c for c in header if header.count(c) > 1)
+        raise CsvError(source, header_line, dup, "column appears twice")
+    rows: list[tuple[int, tuple[str, ...]]] = []
+    for (lineno, _), row in zip(numbered[1:], parsed[1:], strict=True):
+        if len(row) != len(header):
+            raise CsvError(source, lineno, "", f"expected {len(header)} fields (one per header column), got {len(row)}")
+        rows.append((lineno, tuple(v.strip() for v in row)))
+    return CsvTable(source, header_line, header, tuple(rows))
 
 
 def load_trace(path: str | Path) -> list[JobSpec]:
@@ -544,43 +600,29 @@ def load_trace(path: str | Path) -> list[JobSpec]:
     Jobs come back sorted by submission time (stable). Any problem raises :class:`TraceError`
     naming the file, line and column.
     """
-    source = str(path)
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            numbered = list(_data_lines(fh))
-    except FileNotFoundError:
-        raise TraceError(source, 0, "", "file not found") from None
-    except UnicodeDecodeError:
-        raise TraceError(source, 0, "", "not a UTF-8 text file") from None
-    except OSError as exc:
-        raise TraceError(source, 0, "", f"cannot read: {exc.strerror or exc}") from None
-    if not numbered:
+        table = read_csv_table(path)
+    except CsvError as exc:
+        raise TraceError(exc.source, exc.line, exc.column, exc.problem) from None
+    source, header_line, header = table.source, table.header_line, table.header
+    if not header:
         raise TraceError(source, 0, "", "empty trace: expected a header line and at least one job")
-    reader = csv.reader([line for _, line in numbered])
-    rows = list(reader)
-    header_line = numbered[0][0]
-    header = [h.strip() for h in rows[0]]
     for col in header:
         if col not in TRACE_COLUMNS:
             close = difflib.get_close_matches(col, list(TRACE_COLUMNS), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; known columns: {', '.join(TRACE_COLUMNS)}"
             raise TraceError(source, header_line, col, f"unknown column{hint}")
-    if len(set(header)) != len(header):
-        dup = next(c for c in header if header.count(c) > 1)
-        raise TraceError(source, header_line, dup, "column appears twice")
     for col, (required, meaning) in TRACE_COLUMNS.items():
         if required and col not in header:
             raise TraceError(source, header_line, col, f"missing required column ({meaning})")
     if ("duration_s" in header) == ("work_steps" in header):
         raise TraceError(source, header_line, "duration_s", "give exactly one of the columns duration_s and work_steps")
-    if len(rows) < 2:
+    if not table.rows:
         raise TraceError(source, header_line, "", "no jobs after the header")
     jobs: list[JobSpec] = []
     seen: dict[str, int] = {}
-    for (lineno, _), row in zip(numbered[1:], rows[1:], strict=True):
-        if len(row) != len(header):
-            raise TraceError(source, lineno, "", f"expected {len(header)} fields, got {len(row)}")
-        rec = {h: v.strip() for h, v in zip(header, row, strict=True)}
+    for lineno, row in table.rows:
+        rec = dict(zip(header, row, strict=True))
         jobs.append(_job_from_record(rec, source, lineno, seen))
     jobs.sort(key=lambda j: j.submit_time_s)
     return jobs

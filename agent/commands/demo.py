@@ -115,6 +115,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         scenario = load_run_scenario(path, duration_s=duration_s)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    for warning in scenario.warnings:
+        print(f"racktwin demo: warning: {warning}", file=sys.stderr, flush=True)
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
     prepare_output_dir(out_dir, OUTPUT_FILES)
     broker = None

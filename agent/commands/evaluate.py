@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.commands.common import UserError, _clean, folder_name, prepare_output_dir, print_json
-from agent.config import ControlConfig
+from agent.config import ControlConfig, check_control
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
 from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
@@ -147,8 +147,18 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise _fail(f"{path}: scenario file not found")
     try:
         scenario = load_run_scenario(path, seed=args.seed, duration_s=args.duration)
+        # the agent's cross-field rules (deadlines within the period, margins within the site's limits)
+        check_control(control or ControlConfig(), scenario.site, "--control", prefix="")
     except SpecError as exc:
         raise _fail(str(exc)) from None
+    for warning in scenario.warnings:
+        print(f"racktwin {command}: warning: {warning}", file=sys.stderr, flush=True)
+    period_s = (control or ControlConfig()).period_s
+    if scenario.duration_s < period_s:
+        raise _fail(
+            f"{path}: the run ({scenario.duration_s:g} s) is shorter than one control period ({period_s:g} s): "
+            "no policy would act and nothing would be judged"
+        )
     if scenario.targets is not None:
         try:
             validate_targets(scenario.targets, POLICY_NAMES)

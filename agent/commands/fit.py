@@ -4,6 +4,10 @@ fit-power FILE.csv [--predict CLOCKS] [--json]
     Columns ``clock_mhz,power_w`` and optionally ``utilization`` (0..1) and ``temperature_c``: a clock
     sweep under load (nvidia-smi / DCGM samples). Fits ``twin.power.fit_power`` and prints the
     parameters, the mean absolute percentage error and predictions at ``--predict 900,1100``.
+    Values must be a card's: 0 < clock_mhz < 10000, 0 < power_w < 10000, -50 < temperature_c < 200.
+    A ``--predict`` clock outside half the lowest to 1.5 times the highest measured clock is refused
+    (exit status 2); one outside the measured clocks but within that span is predicted, with a
+    warning line on stderr that the prediction extrapolates the fit.
     ``--json`` prints exactly ``{"params": {...}, "mape": float, "predictions": [{"clock_mhz": float,
     "power_w": float}, ...]}``.
 
@@ -13,16 +17,16 @@ fit-thermal FILE.csv [--json]
     ``{"r_th_k_per_w": float, "tau_s": float, "rmse_k": float}``.
 
 Lines starting with ``#`` are comments; extra columns are ignored. A bad file (missing, not UTF-8,
-missing columns, a value that is not a finite number, too few distinct points) is one line naming
-the file, line and column, exit status 2.
+missing columns, a column named twice, a line with more or fewer fields than the header, a value
+that is not a finite number or out of range, too few distinct points) is one line naming the file,
+line and column, exit status 2. Files are read as job traces are (``twin.workload.read_csv_table``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-from pathlib import Path
+import sys
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +34,7 @@ import numpy.typing as npt
 from agent.commands.common import UserError, print_json
 from twin.power import FitError, fit_power
 from twin.thermal import ThermalFitError, fit_thermal
+from twin.workload import CsvError, read_csv_table
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -50,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             "--predict",
             metavar="CLOCKS",
             default="",
-            help="comma-separated clocks (MHz) to predict the power at, e.g. 900,1100",
+            help="comma-separated clocks (MHz) to predict the power at, e.g. 900,1100; clocks outside half the "
+            "lowest to 1.5 times the highest clock of the file are refused, those outside the file's clocks "
+            "are predicted with a warning on stderr (the fit extrapolates)",
         )
     else:
         parser.description = (
@@ -70,42 +77,32 @@ def run(args: argparse.Namespace, command: str) -> int:
 # ------------------------------------------------------------------------------------------------
 def read_columns(path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, FloatArray]:
     """Read numeric columns of a CSV; any problem is a :class:`UserError` naming file, line, column.
-    The result also maps ``"__line__"`` to the file line number of each data row."""
-    p = Path(path)
+    The result also maps ``"__line__"`` to the file line number of each data row. The file is read
+    as a trace is (``twin.workload.read_csv_table``): a column named twice and a line with more or
+    fewer fields than the header has columns are refused."""
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a CSV file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    lines = [(i, line) for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    lines = [(i, line) for i, line in lines if not line.lstrip().startswith("#")]
-    if not lines:
+        table = read_csv_table(path)
+    except CsvError as exc:
+        raise UserError(str(exc)) from None
+    if not table.header:
         raise UserError(f"{path}: empty file: expected a header line with columns {', '.join(required)}")
-    rows = list(csv.reader([line for _, line in lines]))
-    header_line = lines[0][0]
-    header = [h.strip() for h in rows[0]]
+    header = table.header
     missing = [c for c in required if c not in header]
     if missing:
         raise UserError(
-            f"{path}:{header_line}: missing column {missing[0]!r} "
+            f"{path}:{table.header_line}: missing column {missing[0]!r} "
             f"(need {', '.join(required)}; found {', '.join(header)})"
         )
+    if not table.rows:
+        raise UserError(f"{path}: no data lines after the header")
     wanted = [c for c in (*required, *optional) if c in header]
     pos = {c: header.index(c) for c in wanted}
     values: dict[str, list[float]] = {c: [] for c in wanted}
     line_numbers: list[float] = []
-    for (lineno, _), row in zip(lines[1:], rows[1:], strict=True):
+    for lineno, row in table.rows:
         line_numbers.append(float(lineno))
         for c in wanted:
-            j = pos[c]
-            if j >= len(row):
-                raise UserError(f"{path}:{lineno}: column {c!r}: missing value (the line has {len(row)} fields)")
-            raw = row[j].strip()
+            raw = row[pos[c]]
             try:
                 v = float(raw)
             except ValueError:
@@ -113,21 +110,34 @@ def read_columns(path: str, required: tuple[str, ...], optional: tuple[str, ...]
             if not math.isfinite(v):
                 raise UserError(f"{path}:{lineno}: column {c!r}: must be a finite number, got {raw!r}")
             values[c].append(v)
-    if len(rows) < 2:
-        raise UserError(f"{path}: no data lines after the header")
     out = {c: np.asarray(v, dtype=np.float64) for c, v in values.items()}
     out[_LINE] = np.asarray(line_numbers, dtype=np.float64)
     return out
 
 
+#: Values a clock sweep of one card can hold: column -> (lo, hi, what a value outside is). The
+#: bounds are open: nonsense (a power of 1e300 W, a clock in Hz instead of MHz) is refused, not fitted.
+POWER_RANGES: dict[str, tuple[float, float, str]] = {
+    "clock_mhz": (0.0, 10_000.0, "clock {v:g} MHz out of range (0 < f < 10000 MHz)"),
+    "power_w": (0.0, 10_000.0, "power {v:g} W is not a card's power (0 < P < 10000 W)"),
+    "temperature_c": (-50.0, 200.0, "temperature {v:g} deg C is not a die temperature (-50 < T < 200 deg C)"),
+}
+
+#: ``--predict`` clocks are refused outside this multiple of the fitted clock range (lowest x 0.5
+#: to highest x 1.5); inside it but outside the measured clocks, a warning says the fit extrapolates.
+PREDICT_SPAN = (0.5, 1.5)
+
+
 def _check_range(path: str, cols: dict[str, FloatArray], name: str, lo: float, hi: float, what: str) -> None:
+    """Refuse values of column ``name`` outside the open range (lo, hi); ``what`` is the problem,
+    formatted with the value ``v``."""
     if name not in cols:
         return
     arr = cols[name]
-    bad = np.flatnonzero((arr < lo) | (arr > hi))
+    bad = np.flatnonzero((arr <= lo) | (arr >= hi))
     if bad.size:
         line = int(cols[_LINE][bad[0]])
-        raise UserError(f"{path}:{line}: column {name!r}: {what}, got {arr[bad[0]]:g}")
+        raise UserError(f"{path}:{line}: column {name!r}: {what.format(v=float(arr[bad[0]]))}")
 
 
 def _parse_clocks(text: str) -> list[float]:
@@ -146,17 +156,46 @@ def _parse_clocks(text: str) -> list[float]:
     return out
 
 
+def _check_predict(path: str, clocks: list[float], measured: FloatArray) -> None:
+    """Refuse ``--predict`` clocks far outside the measured ones; warn (stderr) for those outside."""
+    f_min, f_max = float(measured.min()), float(measured.max())
+    lo, hi = PREDICT_SPAN[0] * f_min, PREDICT_SPAN[1] * f_max
+    for f in clocks:
+        if not lo <= f <= hi:
+            raise UserError(
+                f"--predict {f:g}: outside {lo:g}-{hi:g} MHz (half the lowest to 1.5 times the highest clock "
+                f"of {path}, {f_min:g}-{f_max:g} MHz): the fitted model does not reach that far"
+            )
+    outside = [f for f in clocks if not f_min <= f <= f_max]
+    if outside:
+        print(
+            f"racktwin fit-power: warning: --predict {', '.join(f'{f:g}' for f in outside)} MHz: outside the "
+            f"measured clocks of {path} ({f_min:g}-{f_max:g} MHz): the prediction extrapolates the fit",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _run_power(args: argparse.Namespace) -> int:
     path = str(args.file)
     clocks = _parse_clocks(args.predict)
     cols = read_columns(path, POWER_COLUMNS, POWER_OPTIONAL)
-    _check_range(path, cols, "clock_mhz", 1e-9, 1e5, "a clock must be positive MHz")
-    _check_range(path, cols, "power_w", 1e-9, 1e5, "power must be positive W")
-    _check_range(path, cols, "utilization", 0.0, 1.0, "utilization is a fraction 0..1 (not percent)")
+    for name, (lo, hi, what) in POWER_RANGES.items():
+        _check_range(path, cols, name, lo, hi, what)
+    utilization = cols.get("utilization")
+    if utilization is not None:
+        bad = np.flatnonzero((utilization < 0.0) | (utilization > 1.0))
+        if bad.size:
+            line = int(cols[_LINE][bad[0]])
+            raise UserError(
+                f"{path}:{line}: column 'utilization': utilization is a fraction 0..1 (not percent), "
+                f"got {utilization[bad[0]]:g}"
+            )
     try:
         fit = fit_power(cols["clock_mhz"], cols["power_w"], cols.get("utilization"), cols.get("temperature_c"))
     except FitError as exc:
         raise UserError(f"{path}: {exc}") from None
+    _check_predict(path, clocks, cols["clock_mhz"])
     preds = [{"clock_mhz": f, "power_w": float(fit.predict_w(f))} for f in clocks]
     if args.json:
         print_json({"params": fit.params(), "mape": fit.mape, "predictions": preds})

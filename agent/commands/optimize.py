@@ -184,6 +184,8 @@ def load_scenario(path: str | Path) -> Scenario:
     for c in sf.failed_cards or ():
         if c >= n:
             raise UserError(f"{src}: failed_cards: card {c} does not exist (site has cards 0..{n - 1})")
+        if failed[c]:
+            raise UserError(f"{src}: failed_cards: card {c} is listed twice")
         failed[c] = True
     if sf.supply_temp_c is not None and sf.supply_temp_c not in site.facility.supply_temp_options_c:
         raise UserError(
@@ -212,6 +214,9 @@ def load_scenario(path: str | Path) -> Scenario:
         elif e.racks is not None:
             if any(r >= site.n_racks for r in e.racks):
                 raise UserError(f"{where}: racks: rack index out of range (site has racks 0..{site.n_racks - 1})")
+            twice = sorted({r for r in e.racks if e.racks.count(r) > 1})
+            if twice:
+                raise UserError(f"{where}: racks: rack {twice[0]} is listed twice")
             pool = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in e.racks])
             pool = pool[~used[pool]]
             if pool.size < e.n_cards:
@@ -237,10 +242,15 @@ def load_scenario(path: str | Path) -> Scenario:
         from models.synthetic import acme_workload, synthetic_workload
 
         g = sf.generate
-        if len(g.phase_weights) != 4 or sum(g.phase_weights) <= 0:
+        if len(g.phase_weights) != 4:
             raise UserError(
-                f"{src}: generate.phase_weights: need 4 weights (compute, communication, checkpoint, waiting)"
+                f"{src}: generate.phase_weights: need 4 weights (compute, communication, checkpoint, waiting), "
+                f"got {len(g.phase_weights)}"
             )
+        if sum(g.phase_weights) <= 0:
+            raise UserError(f"{src}: generate.phase_weights: the 4 weights must not all be 0")
+        if g.sizes and max(g.sizes) > n:
+            raise UserError(f"{src}: generate.sizes: {max(g.sizes)} cards is more than the site's {n}")
         if g.compute_share_min > g.compute_share_max:
             raise UserError(f"{src}: generate.compute_share_min: must be <= compute_share_max")
         wl = (

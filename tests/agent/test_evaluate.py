@@ -126,6 +126,10 @@ def test_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFix
         (["--scenario", "{day}", "--control", "host_off_after=3"], "did you mean 'host_off_after_s'"),
         (["--scenario", "{day}", "--control", "host_off_after_s=-3"], "host_off_after_s: must be >= 0 s"),
         (["--scenario", "{day}", "--control", "junk"], "expected KEY=VALUE"),
+        (["--scenario", "{day}", "--duration", "10"], "shorter than one control period (15 s)"),
+        (["--scenario", "{day}", "--control", "solve_deadline_s=100"], "solve_deadline_s: must be shorter than"),
+        (["--scenario", "{day}", "--control", "command_ttl_s=1"], "command_ttl_s: must be at least period_s"),
+        (["--scenario", "{day}", "--control", "rack_margin_w=60000"], "below the site's rack power limit"),
     ],
 )
 def test_bad_arguments_and_scenarios_are_one_line_and_exit_2(
@@ -161,3 +165,15 @@ def test_the_report_lists_every_anomaly_flagged_during_the_run_with_its_time() -
     assert line.startswith("weak_pump r1 from t=") and not line.endswith("cleared")
     assert 300.0 < float(line.split("t=")[1].split(" s")[0]) < 1800.0
     assert res.metrics["anomalies"] == line
+
+
+def test_a_fault_the_shortened_run_never_reaches_is_a_warning_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scen = str(EXAMPLES / "day-fault-heat-wave.toml")
+    rc = main(
+        ["evaluate", "--scenario", scen, "--duration", "60", "--policy", "baseline", "--quiet", "--out", str(tmp_path)]
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert rc == 0
+    assert len(err) == 1 and err[0].startswith("racktwin evaluate: warning: ") and "the fault does not happen" in err[0]

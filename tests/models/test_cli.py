@@ -209,6 +209,23 @@ SITE_LINE = 'site = "{site}"\n'
         ('name = "x"\n{site}ambient_c = 20.0\nsupply_temp_c = 33.0\n', "supply_temp_c: must be one of"),
         ('name = "x"\n{site}ambient_c = 20.0\n[solver]\ntime_limit_s = 0\n', "solver.time_limit_s: must be > 0"),
         ("name = = 3\n", "not valid TOML"),
+        ('name = "x"\n{site}ambient_c = 20.0\nfailed_cards = [511, 511]\n', "failed_cards: card 511 is listed twice"),
+        (
+            'name = "x"\n{site}ambient_c = 20.0\n[[jobs]]\nid = "a"\nn_cards = 8\nracks = [0, 0]\n',
+            "jobs[0] (a): racks: rack 0 is listed twice",
+        ),
+        (
+            'name = "x"\n{site}ambient_c = 20.0\n[generate]\nphase_weights = [0.0, 0.0, 0.0, 0.0]\n',
+            "generate.phase_weights: the 4 weights must not all be 0",
+        ),
+        (
+            'name = "x"\n{site}ambient_c = 20.0\n[generate]\nphase_weights = [1.0, 0.0]\n',
+            "generate.phase_weights: need 4 weights (compute, communication, checkpoint, waiting), got 2",
+        ),
+        (
+            'name = "x"\n{site}ambient_c = 20.0\n[generate]\nsizes = [8, 100000]\n',
+            "generate.sizes: 100000 cards is more than the site's 512",
+        ),
     ],
 )
 def test_bad_scenario_files_give_one_line_errors(

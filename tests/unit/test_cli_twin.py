@@ -71,6 +71,24 @@ def test_fit_thermal_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
         ("fit-power", "clock_mhz,power_w,utilization\n1000,300,0.9\n1100,300,90\n", [":3:", "utilization", "0..1"]),
         ("fit-power", "", ["empty file"]),
         ("fit-power", "clock_mhz,power_w\n", ["no data lines"]),
+        ("fit-power", "clock_mhz,power_w,power_w\n900,246,1\n1000,260,1\n", [":1:", "'power_w'", "appears twice"]),
+        ("fit-power", "clock_mhz,power_w\n900,246,77,5\n1000,260\n", [":2:", "expected 2 fields", "got 4"]),
+        ("fit-power", "clock_mhz,power_w\n900,246\n1000\n", [":3:", "expected 2 fields", "got 1"]),
+        (
+            "fit-power",
+            "clock_mhz,power_w\n900,246\n1000,1e300\n",
+            [":3:", "column 'power_w'", "power 1e+300 W is not a card's power (0 < P < 10000 W)"],
+        ),
+        (
+            "fit-power",
+            "clock_mhz,power_w\n1e6,246\n1000,260\n",
+            [":2:", "column 'clock_mhz'", "clock 1e+06 MHz out of range (0 < f < 10000 MHz)"],
+        ),
+        (
+            "fit-power",
+            "clock_mhz,power_w,temperature_c\n900,246,50\n1000,260,5000\n",
+            [":3:", "column 'temperature_c'", "not a die temperature"],
+        ),
         ("fit-thermal", "t_s,power_w,inlet_temp_c\n0,1,2\n", ["missing column 'die_temp_c'"]),
         ("fit-thermal", "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,100,30,inf\n", [":3:", "finite"]),
         ("fit-thermal", "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,100,30,35\n", ["at least 10 samples"]),
@@ -96,6 +114,28 @@ def test_missing_csv_and_bad_predict(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 2 and "file not found" in err
     code, _, err = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "900,fast"], capsys)
     assert code == 2 and "--predict" in err
+
+
+def test_predict_far_outside_the_sweep_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # sweep-perseus.csv measures 855-1410 MHz: 1e9 MHz would be 6.6e19 W
+    code, out, err = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "900,1e9"], capsys)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert "--predict 1e+09" in lines[0] and "427.5-2115 MHz" in lines[0] and str(PERSEUS_EXAMPLE) in lines[0]
+    code, _, err = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "400"], capsys)
+    assert code == 2 and "--predict 400" in err
+
+
+def test_predict_outside_the_measured_clocks_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "800,900,1500", "--json"], capsys)
+    assert code == 0
+    assert [p["clock_mhz"] for p in json.loads(out)["predictions"]] == [800.0, 900.0, 1500.0]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "warning" in lines[0] and "extrapolates" in lines[0]
+    assert "800, 1500 MHz" in lines[0] and "855-1410 MHz" in lines[0]
+    code, _, err = _run(["fit-power", str(PERSEUS_EXAMPLE), "--predict", "900,1100"], capsys)
+    assert code == 0 and err == ""
 
 
 def test_twin_steady_json_shape(capsys: pytest.CaptureFixture[str]) -> None:

@@ -250,6 +250,9 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         ({"ambient": {"kind": "piecewise", "times_s": [0, 1], "temps_c": [20]}}, "ambient", "equal length"),
         ({"ambient": {"kind": "constant", "temp_f": 70}}, "ambient.temp_f", "unknown key"),
         ({"phases": {"startup_s": -1.0}}, "phases", "must be >= 0"),
+        ({"phases": {"max_restarts": -1}}, "phases.max_restarts", "must be >= 0"),
+        ({"plant": {"min_power_limit_w": 5000.0}}, "plant.min_power_limit_w", "card's power limit"),
+        ({"duration_s": 0.5}, "duration_s", "shorter than one plant step"),
         ({"jobs": [{"id": "a", "n_cards": 8}]}, "jobs[0].duration_s", "exactly one of duration_s and work_steps"),
         ({"jobs": [{"id": "a b", "n_cards": 8, "duration_s": 10}]}, "jobs[0].id", "wire identifier"),
         ({"jobs": [{"id": "a", "n_cards": 9999, "duration_s": 10}]}, "jobs[0].n_cards", "the site has 512"),
@@ -288,6 +291,9 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
             "overlap",
         ),
         ({"faults": {"kind": "heat_wave"}}, "faults", "list of tables"),
+        (fault(kind="heat_wave", start_s=1e9, peak_delta_k=5), "faults[0].start_s", "after the end of the run (600 s)"),
+        (fault(kind="card_failure", card=5, at_s=600), "faults[0].at_s", "after the end of the run (600 s)"),
+        (fault(kind="broker_disconnect", start_s=700, duration_s=5), "faults[0].start_s", "after the end"),
     ],
 )  # fmt: skip
 def test_problems_name_the_file_and_the_field(site: SiteSpec, change: dict[str, Any], field: str, words: str) -> None:
@@ -334,5 +340,26 @@ def test_bad_trace_names_the_trace_file_and_line(tmp_path: Path) -> None:
 def test_override_checks(site: SiteSpec) -> None:
     with pytest.raises(SpecError, match="duration_s"):
         run_scenario_from_dict(BASE, source="x", site=site, duration_s=math.nan)
+    with pytest.raises(SpecError, match=r"duration_s: 0\.5 s is shorter than one plant step"):
+        run_scenario_from_dict(BASE, source="x", site=site, duration_s=0.5)
+
+
+def test_fault_after_a_shortened_end_is_a_warning(site: SiteSpec, capsys: pytest.CaptureFixture[str]) -> None:
+    data = {**BASE, **fault(kind="heat_wave", start_s=300.0, peak_delta_k=5)}  # within the file's 600 s
+    warned: list[str] = []
+    sc = run_scenario_from_dict(data, source="x.toml", site=site, duration_s=60.0, warn=warned.append)
+    assert len(sc.faults) == 1 and sc.warnings == tuple(warned)
+    assert len(warned) == 1 and warned[0].startswith("x.toml: faults[0].start_s: 300 s is at or after the end")
+    assert "shortened from 600 s" in warned[0]
+    assert capsys.readouterr().err == ""
+    quiet = run_scenario_from_dict(data, source="x.toml", site=site, duration_s=60.0)  # twin/ prints nothing
+    assert quiet.warnings == tuple(warned) and capsys.readouterr().err == ""
+    # not shortened: no warning; after the file's own end too: still an error
+    assert run_scenario_from_dict(data, source="x.toml", site=site, duration_s=900.0).warnings == ()
+    late = {**BASE, **fault(kind="heat_wave", start_s=1e9, peak_delta_k=5)}
+    with pytest.raises(SpecError, match=r"faults\[0\]\.start_s: 1e\+09 s is at or after the end of the run \(60 s\)"):
+        run_scenario_from_dict(late, source="x.toml", site=site, duration_s=60.0)
+    # a longer run reaches a fault the file's duration does not
+    assert len(run_scenario_from_dict(late, source="x.toml", site=site, duration_s=2e9).faults) == 1
     with pytest.raises(SpecError, match="seed"):
         run_scenario_from_dict(BASE, source="x", site=site, seed=-1)

@@ -122,3 +122,26 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
     bad.write_text("name = \n", encoding="utf-8")
     with pytest.raises(SpecError, match="not valid TOML"):
         load_site(bad)
+
+
+def test_flow_per_card_below_the_cold_plate_table(tmp_path: Path, example_data: dict[str, Any]) -> None:
+    d = example_data
+    d["loop"]["flow_per_card_lpm"] = 0.01  # the plate table starts at 0.4 L/min (twin steady: 1219 deg C water)
+    err = _error(tmp_path, d)
+    assert err.path == "loop.flow_per_card_lpm"
+    assert "0.01 L/min" in str(err) and "0.4..2.4 L/min" in str(err)
+    d["loop"]["flow_per_card_lpm"] = d["cold_plate"]["flow_lpm"][0]  # the table's lowest flow is fine
+    assert load_site(_write(tmp_path, d)).min_pump_speed_frac() == 1.0
+
+
+def test_idle_power_at_or_above_the_power_limit(tmp_path: Path, example_data: dict[str, Any]) -> None:
+    d = example_data
+    d["card"]["idle_power_w"] = 800.0  # the card's power limit is 700 W
+    err = _error(tmp_path, d)
+    assert err.path == "card.idle_power_w"
+    assert "power limit" in str(err) and "700 W" in str(err)
+    d["card"]["idle_power_w"] = 84.5
+    d["card"]["low_power_idle_w"] = 750.0
+    err = _error(tmp_path, d)
+    assert err.path == "card.low_power_idle_w"
+    assert "power limit" in str(err) and "700 W" in str(err)
