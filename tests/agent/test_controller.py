@@ -9,19 +9,17 @@ fail-safe caps; busy cards of jobs the agent never heard of are budgeted, not pu
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any
 
 import numpy as np
 import pytest
 from agent_helpers import belief, example_site, full_load_jobs, job, small_site
+from solver_testing import LatePlanner
 
 from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.decision import Decision
 from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
-from models.solve import CyclePlanner, DvfsSolver
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
 from twin.state import TwinState
@@ -112,21 +110,10 @@ def test_the_setpoint_moves_with_the_weather(seed: int) -> None:
     assert chosen[35.0] >= 40.0  # warm water is free cooling on a hot day
 
 
-class _SlowSolver(DvfsSolver):
-    def solve(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.3)
-        return super().solve(*args, **kwargs)
-
-
-class _SlowPlanner(CyclePlanner):
-    def solver_for(self, supply_c: float, chunk: int | None = None) -> Any:
-        return _SlowSolver()
-
-
 def test_a_solve_past_its_deadline_falls_back_to_the_greedy_plan() -> None:
     site = example_site()
     _plant, state = belief(site, full_load_jobs(site, 32), 90)
-    ctl = Controller(site, ControlConfig(period_s=1.0, solve_deadline_s=0.05), planner=_SlowPlanner())
+    ctl = Controller(site, ControlConfig(period_s=1.0, solve_deadline_s=0.05), planner=LatePlanner())
     d = ctl.step(state.snapshot(), 90.0)
     assert d.plan_status == "fallback" and d.source == "greedy"
     assert d.status == "fallback"

@@ -3,12 +3,10 @@ highspy model, the deadline and the fallback."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import numpy as np
 import pytest
 from models_helpers import job, judge, problem, rack_cards
+from solver_testing import LatePlanner
 
 from models.dvfs import dvfs_matrix
 from models.plans import SolveStatus
@@ -62,22 +60,9 @@ def test_direct_highspy_model_has_the_same_optimum(site: SiteSpec) -> None:
     assert info_pyomo.objective == pytest.approx(info_direct.objective, rel=1e-5)
 
 
-class _LateSolver(DvfsSolver):
-    """The real HiGHS solve, started 0.3 s late: always past a 0.05 s limit."""
-
-    def solve(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.3)
-        return super().solve(*args, **kwargs)
-
-
-class _LatePlanner(CyclePlanner):
-    def solver_for(self, supply_c: float, chunk: int | None = None) -> Any:
-        return _LateSolver()
-
-
 def test_late_solve_falls_back_to_greedy_within_caps(site: SiteSpec) -> None:
     p = _mixed(site)
-    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=0.05, planner=_LatePlanner())
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=0.05, planner=LatePlanner())
     assert plan.status == SolveStatus.FALLBACK and plan.dvfs is not None
     greedy = greedy_cycle(p, choose_setpoint=False)
     assert greedy.dvfs is not None

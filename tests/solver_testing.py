@@ -1,0 +1,27 @@
+"""A planner whose real HiGHS solves start late: the deadline and fallback paths of the planner and
+the controller, exercised with the real solver rather than a mock."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from models.solve import CyclePlanner, DvfsSolver
+
+#: How late each solve starts (s): past any deadline the tests give (0.05 s).
+LATE_BY_S = 0.3
+
+
+class LateSolver(DvfsSolver):
+    """The real solve, started :data:`LATE_BY_S` late."""
+
+    def solve(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(LATE_BY_S)
+        return super().solve(*args, **kwargs)
+
+
+class LatePlanner(CyclePlanner):
+    """A :class:`CyclePlanner` whose every solver is a :class:`LateSolver`."""
+
+    def solver_for(self, supply_c: float, chunk: int | None = None) -> Any:
+        return LateSolver()
