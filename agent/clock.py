@@ -14,7 +14,13 @@ time, so the agent reads its "now" from the messages it receives:
 * the site's clock is the authority: when messages come back after a silence stamped more than
   ``tolerance_s`` (default: 1 s or a quarter wall second of site time) *behind* what the clock had
   extrapolated (the site ran slower than its usual rate meanwhile), the clock steps back to them
-  (``corrections`` counts it); otherwise it never goes back.
+  (``corrections`` counts it); otherwise it never goes back. The same when the site's clock itself
+  went back (a simulator restarted, a publisher's clock stepped by NTP): messages stamped behind
+  the newest timestamp seen are late or reordered ones, ignored, unless the newest one's timeline
+  has fallen silent (nothing newer for ``reset_after_s`` wall seconds) and the messages behind it
+  keep coming and advancing for ``confirm_s`` wall seconds: then the clock steps back to them.
+  A waiter in :meth:`wait_until` returns at once when the clock steps back (its target was on the
+  old timeline).
 
 No reading, no time: :meth:`now` is None until the first timestamp arrives.
 """
@@ -41,6 +47,8 @@ class SiteClock:
         window_s: float = 30.0,
         min_span_s: float = 2.0,
         tolerance_s: float | None = None,
+        reset_after_s: float = 2.0,
+        confirm_s: float = 1.0,
         wall: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (time_scale > 0 and math.isfinite(time_scale)):
@@ -54,6 +62,10 @@ class SiteClock:
         self._anchor_wall = 0.0  # wall time it arrived
         self._last_now = -math.inf
         self._tolerance_s = tolerance_s
+        self._reset_after_s = reset_after_s
+        self._confirm_s = confirm_s
+        # messages behind the newest timestamp after its timeline fell silent: (first wall, newest ts)
+        self._behind: tuple[float, float] | None = None
         self.corrections = 0
         self._samples: collections.deque[tuple[float, float]] = collections.deque()
         self._advanced = asyncio.Event() if _has_loop() else None
@@ -70,12 +82,17 @@ class SiteClock:
         if not math.isfinite(ts_s):
             return False
         w = self._wall()
-        if self._anchor_ts is not None and ts_s <= self._anchor_ts:
-            return False
         tol = self._tolerance_s if self._tolerance_s is not None else max(1.0, 0.25 * self._rate)
-        if ts_s < self._last_now - tol:
+        if self._anchor_ts is not None and ts_s <= self._anchor_ts:
+            if not self._site_went_back(ts_s, w, tol):
+                return False
+            self._last_now = ts_s  # the old timeline is gone: restart from this message
+            self._samples.clear()
+            self.corrections += 1
+        elif ts_s < self._last_now - tol:
             self._last_now = ts_s  # the clock ran ahead of the site during a silence: step back
             self.corrections += 1
+        self._behind = None
         self._anchor_ts, self._anchor_wall = ts_s, w
         self.last_advance_wall = w
         if self._target is not None and ts_s >= self._target and self.target_reached_wall is None:
@@ -85,6 +102,19 @@ class SiteClock:
         if self._advanced is not None:
             self._advanced.set()
         return True
+
+    def _site_went_back(self, ts_s: float, w: float, tol: float) -> bool:
+        """A message stamped ``ts_s``, behind the newest timestamp: True once it is clear that the
+        site's clock went back (see the module docstring), False for a late or reordered message."""
+        assert self._anchor_ts is not None
+        if ts_s >= self._anchor_ts - tol or w - self._anchor_wall < self._reset_after_s:
+            self._behind = None
+            return False
+        if self._behind is None or ts_s < self._behind[1]:  # a new run of messages behind
+            self._behind = (w, ts_s)
+            return False
+        self._behind = (self._behind[0], ts_s)
+        return w - self._behind[0] >= self._confirm_s
 
     def _sample(self, wall_s: float, ts_s: float) -> None:
         s = self._samples
@@ -127,15 +157,19 @@ class SiteClock:
         return site_s / self._rate
 
     async def wait_until(self, t_site_s: float, wake: asyncio.Event | None = None, max_sleep_s: float = 0.5) -> bool:
-        """Wait until the site clock reaches ``t_site_s`` (True) or ``wake`` is set (False)."""
+        """Wait until the site clock reaches ``t_site_s`` or steps back (True), or ``wake`` is set
+        (False)."""
         if self._advanced is None:
             self._advanced = asyncio.Event()
         if self._target != t_site_s:
             self._target = t_site_s
             self.target_reached_wall = None
+        corrections = self.corrections
         while True:
             now = self.now()
             if now is not None and now >= t_site_s:
+                return True
+            if self.corrections != corrections:  # stepped back: the target was on the old timeline
                 return True
             if wake is not None and wake.is_set():
                 return False

@@ -94,25 +94,35 @@ class Ingest:
         self._round_t = -math.inf
 
     # ---- messages -------------------------------------------------------------------------------
+    def _observe(self, ts: float) -> None:
+        """The message's timestamp to the site clock; when the clock steps back, the belief's times
+        beyond it go back with it (``TwinState.clock_went_back``)."""
+        corrections = self.clock.corrections
+        self.clock.observe(ts)
+        if self.clock.corrections != corrections:
+            now = self.clock.now()
+            if now is not None:
+                self.state.clock_went_back(now)
+
     def handle(self, msg: wire.Message) -> str:
         """Take one decoded message; returns its kind (``"cards"``, ``"job_event"``, ...)."""
         kind = wire.kind_of(msg).value
         self.stats.by_kind[kind] = self.stats.by_kind.get(kind, 0) + 1
         ts = getattr(msg, "ts_s", math.nan)
         if isinstance(msg, wire.CardBatch):
-            self.clock.observe(ts)
+            self._observe(ts)
             self._add(msg.rack, ts, cards=self._cards(msg))
         elif isinstance(msg, wire.CduReading):
-            self.clock.observe(ts)
+            self._observe(ts)
             loop = LoopReading(
                 msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w, msg.pump_speed_frac
             )
             self._add(msg.rack, ts, loop=loop)
         elif isinstance(msg, wire.PduReading):
-            self.clock.observe(ts)
+            self._observe(ts)
             self._add(msg.rack, ts, pdu=PduReading(msg.power_w))
         elif isinstance(msg, wire.FacilityReading):
-            self.clock.observe(ts)
+            self._observe(ts)
             if self._facility is not None:
                 self.flush()
             self._facility = FacilityReading(
@@ -127,7 +137,7 @@ class Ingest:
             )
             self._round_t = max(self._round_t, ts)
         elif isinstance(msg, wire.JobEvent):
-            self.clock.observe(ts)
+            self._observe(ts)
             ev = self._event(msg)
             if ev is not None:
                 self.flush()
@@ -136,7 +146,7 @@ class Ingest:
                 if self.on_event is not None:
                     self.on_event(ev)
         elif isinstance(msg, wire.Acknowledgement):
-            self.clock.observe(ts)
+            self._observe(ts)
             if self.on_ack is not None:
                 self.on_ack(msg)
         elif isinstance(msg, wire.AppliedState):

@@ -379,6 +379,22 @@ class TwinState:
             np.minimum(np.minimum(oldest_card, self.rack_loop_seen_s), self.rack_pdu_seen_s), dtype=np.float64
         )
 
+    def clock_went_back(self, now_s: float) -> None:
+        """The site's clock went back to ``now_s`` (a restarted simulator, a publisher's clock
+        stepped): times the belief holds beyond it belong to the old timeline and come back to it,
+        so that a source silent since is judged stale on the new one, not fresh until the old
+        times come round again."""
+        for arr in (
+            self.card_last_seen_s,
+            self.card_prev_seen_s,
+            self.card_released_s,
+            self.rack_cards_seen_s,
+            self.rack_loop_seen_s,
+            self.rack_pdu_seen_s,
+        ):
+            np.minimum(arr, now_s, out=arr)
+        self.time_s = min(self.time_s, now_s)
+
     def stale_racks(self, now_s: float, deadline_s: float) -> tuple[int, ...]:
         """Racks with any source (a card, the loop, the PDU) not seen within ``deadline_s``."""
         return tuple(int(r) for r in np.flatnonzero(self.rack_last_seen_s() < now_s - deadline_s))

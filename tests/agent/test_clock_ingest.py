@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -57,6 +58,72 @@ def test_the_clock_infers_its_rate_and_steps_back_to_the_site_after_running_ahea
     clock.observe(ahead + 10.0)
     assert clock.corrections == 1
     assert clock.now() == pytest.approx(ahead + 10.0)
+
+
+def test_the_clock_follows_a_site_whose_clock_went_back_but_not_a_late_message() -> None:
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)  # 20 site s per wall s
+    for i in range(20):  # timeline A
+        clock.observe(T0 + i)
+        wall.t += 0.05
+    newest = T0 + 19
+    # a late message while A goes on: ignored
+    assert not clock.observe(newest - 300.0)
+    clock.observe(newest + 1)
+    # A falls silent for 3 wall s; a straggler of A's past arrives, then A resumes: no step back
+    wall.t += 3.0
+    assert not clock.observe(newest - 300.0)
+    assert clock.observe(newest + 62.0)
+    assert clock.corrections == 0
+    # A falls silent again; B (a restarted simulator) stamps 500 s behind and keeps going
+    wall.t += 3.0
+    b0 = newest + 62.0 - 500.0
+    accepted = []
+    for i in range(30):
+        accepted.append(clock.observe(b0 + i))
+        wall.t += 0.05
+    assert not any(accepted[:19]) and all(accepted[21:])  # ignored for confirm_s (1 wall s), then followed
+    assert clock.corrections == 1
+    assert clock.now() == pytest.approx(b0 + 29 + 0.05 * 20, abs=0.5)
+
+
+async def test_a_waiter_returns_when_the_clock_steps_back() -> None:
+    clock = SiteClock(0.05, infer=False, reset_after_s=0.05, confirm_s=0.05)
+    clock.observe(T0)
+    waiter = asyncio.create_task(clock.wait_until(T0 + 1e6))  # far ahead on the old timeline
+    await asyncio.sleep(0.1)
+    assert not waiter.done()
+    for i in range(5):  # a new timeline far behind, advancing
+        clock.observe(T0 - 1000.0 + i)
+        await asyncio.sleep(0.03)
+    assert clock.corrections == 1
+    assert await asyncio.wait_for(waiter, 1.0) is True
+
+
+def test_when_the_clock_steps_back_the_beliefs_times_come_back_with_it() -> None:
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+    state = TwinState(site)
+    ing = Ingest(site, state, clock)
+    for i in range(10):
+        for r in range(site.n_racks):
+            ing.handle(cards_msg(f"r{r}", T0 + i))
+        ing.flush()
+        wall.t += 0.05
+    assert state.card_last_seen_s.max() == pytest.approx(T0 + 9)
+    wall.t += 2.0  # the site restarts 600 s back; only rack r0 reports on the new timeline
+    for i in range(12):
+        ing.handle(cards_msg("r0", T0 - 600.0 + i))
+        ing.flush()
+        wall.t += 0.05
+    assert clock.corrections == 1
+    now = clock.now()
+    assert now is not None and now < T0 - 580.0
+    assert state.card_last_seen_s.max() <= now
+    # r0 is fresh on the new timeline; the racks silent since are stale on it, not fresh until T0 + 9
+    assert 0 not in {r for r in range(site.n_racks) if state.card_last_seen_s[r * 64] < now - 5.0}
+    assert set(state.stale_racks(now, 5.0)) >= set(range(1, site.n_racks))
 
 
 def cards_msg(rack: str, ts: float, n: int = 64, **cols: object) -> wire.CardBatch:
