@@ -237,11 +237,15 @@ class Controller:
             int(r) for r in np.flatnonzero(self._capped_until > now)
         )
         fac = snap.facility
-        setpoint = finite_or(fac.supply_setpoint_c if fac is not None else None, self._setpoint_c)
+        # the facility's set-point as it reports it, while that report is fresh; a silent facility
+        # keeps the last one decided (its stale report would undo a change not yet acknowledged),
+        # and the set-point is not re-optimized on stale weather
+        fac_fresh = fac is not None and fac.time_s >= now - cfg.telemetry_deadline_s
+        setpoint = finite_or(fac.supply_setpoint_c if fac is not None and fac_fresh else None, self._setpoint_c)
         ambient = finite_or(fac.ambient_temp_c if fac is not None else None, site.facility.ambient_temp_c)
         supply = np.asarray(snap.rack_supply_temp_c, dtype=np.float64)
         supply = np.where(np.isfinite(supply), supply, setpoint)
-        choose = cfg.control_setpoint and now - self._last_setpoint_eval_s >= cfg.setpoint_interval_s
+        choose = cfg.control_setpoint and fac_fresh and now - self._last_setpoint_eval_s >= cfg.setpoint_interval_s
         limit = cfg.solve_deadline_s if time_limit_s is None else min(cfg.solve_deadline_s, time_limit_s)
         inlet = supply[self._card_rack]
         # resistances: calibrated at nominal flow; the planner sees the pump at full speed (the flow it

@@ -110,6 +110,26 @@ def test_the_setpoint_moves_with_the_weather(seed: int) -> None:
     assert chosen[35.0] >= 40.0  # warm water is free cooling on a hot day
 
 
+def test_a_silent_facility_keeps_the_decided_set_point_and_it_is_not_reoptimized_on_stale_weather() -> None:
+    site = example_site()
+    _plant, state = belief(site, full_load_jobs(site, 32), 60)
+    cfg = ControlConfig(period_s=15.0, setpoint_interval_s=600.0, telemetry_deadline_s=30.0)
+    ctl = Controller(site, cfg)
+    snap = state.snapshot()
+    assert snap.facility is not None
+    first = ctl.step(snap, 60.0)  # the first decision chooses the set-point
+    fac = dataclasses.replace(snap.facility, time_s=0.0, supply_setpoint_c=first.supply_temp_c - 10.0)
+    silent = dataclasses.replace(snap, facility=fac)  # its last report is 60 s old and shows another set-point
+    assert ctl.step(silent, 75.0).supply_temp_c == first.supply_temp_c  # held, not undone by the stale report
+    later = ctl.step(silent, 60.0 + 700.0)  # past the re-optimization interval, still silent: not re-chosen
+    assert later.supply_temp_c == first.supply_temp_c
+    # a fresh report is the truth again (a refused or expired set-point command shows there)
+    held = Controller(site, cfg)
+    held.step(snap, 60.0)
+    fresh = dataclasses.replace(snap, facility=dataclasses.replace(fac, time_s=70.0))
+    assert held.step(fresh, 75.0).supply_temp_c == first.supply_temp_c - 10.0
+
+
 def test_a_solve_past_its_deadline_falls_back_to_the_greedy_plan() -> None:
     site = example_site()
     _plant, state = belief(site, full_load_jobs(site, 32), 90)
