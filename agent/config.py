@@ -431,6 +431,61 @@ def _file_problem(path: str) -> str | None:
     return None
 
 
+#: file systems where the agent cannot keep a journal (no regular files can be created there), though
+#: ``os.access`` says their folders are writable for root
+_PSEUDO_FILE_SYSTEMS: Final = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "pstore", "bpf",
+     "devpts", "mqueue", "efivarfs", "fusectl", "binfmt_misc", "autofs", "nsfs"}
+)  # fmt: skip
+
+
+def _file_system_type(path: Path) -> str | None:
+    """The type of the file system ``path`` (an existing folder) is on, from /proc/self/mountinfo
+    (None where that cannot be read: not Linux)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+        where = os.path.realpath(path)
+    except OSError:
+        return None
+    best, kind = "", None
+    for line in lines:
+        fields, sep, rest = line.partition(" - ")
+        parts = fields.split()
+        if not sep or len(parts) < 5 or not rest.split():
+            continue
+        mount = parts[4].encode().decode("unicode_escape") if "\\" in parts[4] else parts[4]
+        inside = where == mount or where.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, rest.split()[0]
+    return kind
+
+
+def _journal_path_problem(path: str) -> str | None:
+    """What keeps the service from keeping its journal at ``path`` (None: nothing). Nothing is
+    created: the nearest existing folder must let the agent create files (the journal, its ``-wal``,
+    ``-shm`` and ``.lock`` files next to it, and the folders on the way); an existing path must be a
+    regular file it can read and write."""
+    p = Path(path)
+    if p.exists():
+        if p.is_dir():
+            return f"is a folder, not a file: {path}"
+        if not p.is_file():
+            return f"not a regular file: {path}"
+        if not os.access(p, os.R_OK | os.W_OK):
+            return f"cannot read and write it (permission denied): {path}"
+        folder = p.parent
+    else:
+        folder = next((a for a in p.parents if a.exists() or a.is_symlink()), Path("/"))
+        if not folder.is_dir():
+            return f"{folder} is a file, not a folder: {path} cannot be created"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create files in {folder} (permission denied or read-only): {path}"
+    kind = _file_system_type(folder)
+    if kind in _PSEUDO_FILE_SYSTEMS:
+        return f"{folder} is on a {kind} file system, where no journal can be kept: {path}"
+    return None
+
+
 def _check(cfg: AgentConfig, site: SiteSpec, source: str) -> None:
     try:
         Topics(cfg.site_id)
@@ -467,6 +522,8 @@ def _check(cfg: AgentConfig, site: SiteSpec, source: str) -> None:
         raise SpecError(
             source, "broker.tls_cert_file", "a client certificate needs both tls_cert_file and tls_key_file"
         )
+    if (problem := _journal_path_problem(cfg.journal.path)) is not None:
+        raise SpecError(source, "journal.path", problem)
 
 
 def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:

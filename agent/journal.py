@@ -14,14 +14,19 @@ so expiry works the same against real racks and an accelerated simulator.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
+import fcntl
+import functools
 import json
+import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -110,39 +115,152 @@ class NewCommand:
 
 
 class JournalError(RuntimeError):
-    """The journal file cannot be opened or written (disk full, wrong schema, permissions)."""
+    """The journal file cannot be opened or written (disk full, wrong schema, permissions). Every
+    ``sqlite3`` error of a :class:`Journal` method (the ``COMMIT`` of a transaction included) and every
+    operating-system error of opening it is raised as this."""
+
+
+class JournalInUseError(JournalError):
+    """Another agent holds the journal's lock (``<journal>.lock``): two agents must not decide on one journal."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        who = f"pid {pid}" if pid is not None else "pid unknown"
+        super().__init__(f"journal {path} is in use by another racktwin agent ({who})")
+        self.path = path
+        self.pid = pid
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _journal_errors(method: Callable[Concatenate[Journal, _P], _R]) -> Callable[Concatenate[Journal, _P], _R]:
+    """Raise the ``sqlite3`` errors of a :class:`Journal` method as :class:`JournalError`."""
+
+    @functools.wraps(method)
+    def wrapper(self: Journal, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: {exc}") from exc
+
+    return wrapper
 
 
 class Journal:
-    def __init__(self, path: str | Path) -> None:
+    """The journal at ``path``. ``lock=True`` (the service) first takes an exclusive lock on
+    ``<path>.lock`` (``flock``, held until :meth:`close`; the operating system releases it when the
+    process dies) and raises :class:`JournalInUseError` if another process holds it. Readers (tests,
+    reports) open it without the lock."""
+
+    def __init__(self, path: str | Path, *, lock: bool = False) -> None:
         self.path = str(path)
+        self.lock_path: str | None = None
+        self._lock_fd: int | None = None
+        self._db: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        memory = self.path == ":memory:"
         try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise JournalError(f"journal {self.path}: {exc}") from None
-        version = self.get_meta("schema_version")
-        if version is None:
-            self.set_meta("schema_version", str(SCHEMA_VERSION))
-        elif version != str(SCHEMA_VERSION):
-            raise JournalError(f"journal {self.path}: schema version {version}, this agent writes {SCHEMA_VERSION}")
+            if not memory:
+                folder = Path(self.path).parent
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    why = "a file is in the way" if exc.errno in (errno.EEXIST, errno.ENOTDIR) else exc.strerror
+                    raise JournalError(f"journal {self.path}: cannot create its folder {folder}: {why or exc}") from exc
+                if lock:
+                    self._lock()
+            try:
+                self._db = db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
+            except sqlite3.Error as exc:
+                raise JournalError(f"journal {self.path}: {exc}") from exc
+            except OSError as exc:
+                raise JournalError(f"journal {self.path}: {exc.strerror or exc}") from exc
+            version = self.get_meta("schema_version")
+            if version is None:
+                self.set_meta("schema_version", str(SCHEMA_VERSION))
+            elif version != str(SCHEMA_VERSION):
+                raise JournalError(f"journal {self.path}: schema version {version}, this agent writes {SCHEMA_VERSION}")
+            if not memory:
+                with contextlib.suppress(OSError):
+                    st = os.stat(self.path)
+                    self._identity = (st.st_dev, st.st_ino)
+        except BaseException:
+            self.close()
+            raise
+
+    def _lock(self) -> None:
+        lock_path = self.path + ".lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise JournalError(
+                f"journal {self.path}: cannot open its lock file {lock_path}: {exc.strerror or exc}"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder: int | None = None
+            with contextlib.suppress(OSError, ValueError):
+                holder = int(os.pread(fd, 32, 0).decode("ascii").strip())
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise JournalInUseError(self.path, holder) from None
+            raise JournalError(f"journal {self.path}: cannot lock {lock_path}: {exc.strerror or exc}") from exc
+        with contextlib.suppress(OSError):  # who holds it, for the error message of the next one
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        self._lock_fd = fd
+        self.lock_path = lock_path
 
     def close(self) -> None:
-        self._db.close()
+        """Close the database, then release the lock (if taken). Closing twice is harmless."""
+        db, self._db = self._db, None
+        try:
+            if db is not None:
+                db.close()
+        finally:
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # releases the flock
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+        return self._db
+
+    def file_problem(self) -> str | None:
+        """What is wrong with the journal file on disk (None: nothing): it was removed, or another file
+        now has its path (what is written goes to the open, unlinked file and is lost)."""
+        if self._identity is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"journal file {self.path} was removed or replaced: decisions are not being kept"
+        except OSError as exc:
+            return f"journal file {self.path} cannot be checked ({exc.strerror or exc}): decisions may not be kept"
+        if (st.st_dev, st.st_ino) != self._identity:
+            return f"journal file {self.path} was removed or replaced: decisions are not being kept"
+        return None
 
     # ---- meta -----------------------------------------------------------------------------------
+    @_journal_errors
     def get_meta(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
+    @_journal_errors
     def set_meta(self, key: str, value: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+        self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
 
     # ---- decisions and commands -------------------------------------------------------------------
+    @_journal_errors
     def record_decision(
         self,
         cycle: int,
@@ -157,13 +275,13 @@ class Journal:
         now = time.time()
         try:
             with self._transaction():
-                cur = self._db.execute(
+                cur = self._conn.execute(
                     "INSERT INTO decisions(cycle, site_time_s, wall_time_s, mode, status, solve_s, summary) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (cycle, site_time_s, now, mode, status, solve_s, json.dumps(summary, default=_json_default)),
                 )
                 decision_id = int(cur.lastrowid or 0)
-                self._db.executemany(
+                self._conn.executemany(
                     "INSERT INTO commands(command_id, decision_id, target, topic, payload, issued_s, expires_s, "
                     "state, attempts, updated_wall_s) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?)",
                     [
@@ -175,15 +293,17 @@ class Journal:
             raise JournalError(f"journal {self.path}: {exc}") from None
         return decision_id
 
+    @_journal_errors
     def mark_sent(self, command_ids: Iterable[str]) -> None:
         now = time.time()
         with self._transaction():
-            self._db.executemany(
+            self._conn.executemany(
                 "UPDATE commands SET state = CASE WHEN state IN ('pending', 'sent') THEN 'sent' ELSE state END, "
                 "attempts = attempts + 1, updated_wall_s = ? WHERE command_id = ?",
                 [(now, cid) for cid in command_ids],
             )
 
+    @_journal_errors
     def record_ack(self, command_id: str, site_time_s: float, result: str, reason: str | None = None) -> bool:
         """Record an ack; returns False for an unknown command id (another agent's, or forged)."""
         state = {"applied": CommandState.APPLIED, "rejected": CommandState.REJECTED, "expired": CommandState.EXPIRED}
@@ -191,67 +311,77 @@ class Journal:
         if new_state is None:
             raise ValueError(f"unknown ack result {result!r}")
         with self._transaction():
-            cur = self._db.execute(
+            cur = self._conn.execute(
                 "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ?",
                 (new_state.value, time.time(), command_id),
             )
             if cur.rowcount == 0:
                 return False
-            self._db.execute(
+            self._conn.execute(
                 "INSERT INTO acks(command_id, site_time_s, result, reason) VALUES (?, ?, ?, ?)",
                 (command_id, site_time_s, result, reason),
             )
         return True
 
+    @_journal_errors
     def expire(self, site_time_s: float) -> int:
         """Mark open commands past their expiry as expired; returns how many."""
         with self._transaction():
-            cur = self._db.execute(
+            cur = self._conn.execute(
                 "UPDATE commands SET state = 'expired', updated_wall_s = ? "
                 "WHERE state IN ('pending', 'sent') AND expires_s <= ?",
                 (time.time(), site_time_s),
             )
         return int(cur.rowcount)
 
+    @_journal_errors
     def abandon(self, command_ids: Iterable[str]) -> None:
         with self._transaction():
-            self._db.executemany(
+            self._conn.executemany(
                 "UPDATE commands SET state = 'abandoned', updated_wall_s = ? WHERE command_id = ? "
                 "AND state IN ('pending', 'sent')",
                 [(time.time(), cid) for cid in command_ids],
             )
 
+    @_journal_errors
     def unacked(self, site_time_s: float) -> list[JournaledCommand]:
         """Open commands (pending or sent) that have not expired at ``site_time_s``, oldest first."""
-        rows = self._db.execute(
+        rows = self._conn.execute(
             "SELECT command_id, decision_id, target, topic, payload, issued_s, expires_s, state, attempts "
             "FROM commands WHERE state IN ('pending', 'sent') AND expires_s > ? ORDER BY issued_s, rowid",
             (site_time_s,),
         ).fetchall()
         return [_command(r) for r in rows]
 
+    @_journal_errors
     def command(self, command_id: str) -> JournaledCommand | None:
-        row = self._db.execute(
+        row = self._conn.execute(
             "SELECT command_id, decision_id, target, topic, payload, issued_s, expires_s, state, attempts "
             "FROM commands WHERE command_id = ?",
             (command_id,),
         ).fetchone()
         return None if row is None else _command(row)
 
+    @_journal_errors
     def command_counts(self) -> dict[str, int]:
-        rows = self._db.execute("SELECT state, COUNT(*) FROM commands GROUP BY state").fetchall()
+        rows = self._conn.execute("SELECT state, COUNT(*) FROM commands GROUP BY state").fetchall()
         return {str(s): int(n) for s, n in rows}
 
+    @_journal_errors
     def last_decision(self) -> tuple[int, float, dict[str, Any]] | None:
         """(cycle, site time, summary) of the newest decision, or None."""
-        row = self._db.execute("SELECT cycle, site_time_s, summary FROM decisions ORDER BY id DESC LIMIT 1").fetchone()
+        row = self._conn.execute(
+            "SELECT cycle, site_time_s, summary FROM decisions ORDER BY id DESC LIMIT 1"
+        ).fetchone()
         if row is None:
             return None
         return int(row[0]), float(row[1]), json.loads(row[2])
 
+    @_journal_errors
     def decision_count(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+        return int(self._conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
 
+    @_journal_errors
     def prune(self, before_wall_s: float, max_decisions: int = 5000) -> tuple[int, int, int]:
         """Delete what is journaled before ``before_wall_s`` (wall clock) and no longer needed: closed
         commands (applied, rejected, expired, abandoned) with their acks, and decisions none of whose
@@ -267,12 +397,12 @@ class Journal:
         closed = f"decision_id IN ({old}) AND state NOT IN ('pending', 'sent')"
         try:
             with self._transaction():
-                acks = self._db.execute(
+                acks = self._conn.execute(
                     f"DELETE FROM acks WHERE command_id IN (SELECT command_id FROM commands WHERE {closed})",
                     (before_wall_s,),
                 ).rowcount
-                commands = self._db.execute(f"DELETE FROM commands WHERE {closed}", (before_wall_s,)).rowcount
-                decisions = self._db.execute(
+                commands = self._conn.execute(f"DELETE FROM commands WHERE {closed}", (before_wall_s,)).rowcount
+                decisions = self._conn.execute(
                     f"DELETE FROM decisions WHERE id IN ({old}) "
                     "AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.decision_id = decisions.id)",
                     (before_wall_s,),
@@ -282,6 +412,7 @@ class Journal:
         return int(decisions), int(commands), int(acks)
 
     # ---- calibration ------------------------------------------------------------------------------
+    @_journal_errors
     def save_calibration(
         self,
         cards: npt.NDArray[np.int64],
@@ -290,7 +421,7 @@ class Journal:
         site_time_s: float,
     ) -> None:
         with self._transaction():
-            self._db.executemany(
+            self._conn.executemany(
                 "INSERT OR REPLACE INTO calibration(card, r_th_k_per_w, leak_scale, site_time_s) VALUES (?, ?, ?, ?)",
                 [
                     (int(c), float(r), float(k), site_time_s)
@@ -298,8 +429,9 @@ class Journal:
                 ],
             )
 
+    @_journal_errors
     def load_calibration(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        rows = self._db.execute("SELECT card, r_th_k_per_w, leak_scale FROM calibration ORDER BY card").fetchall()
+        rows = self._conn.execute("SELECT card, r_th_k_per_w, leak_scale FROM calibration ORDER BY card").fetchall()
         if not rows:
             return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
         arr = np.asarray(rows, dtype=np.float64)
@@ -307,7 +439,7 @@ class Journal:
 
     # ---- internals ----------------------------------------------------------------------------------
     def _transaction(self) -> _Tx:
-        return _Tx(self._db)
+        return _Tx(self._conn)
 
 
 class _Tx:
@@ -319,9 +451,15 @@ class _Tx:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:  # e.g. disk full: the transaction must not stay open (the next BEGIN fails)
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                raise
         else:
-            self._db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # the error that got us here is the one to raise
+                self._db.execute("ROLLBACK")
 
 
 def _command(row: Sequence[Any]) -> JournaledCommand:

@@ -21,7 +21,11 @@
 * ``health``: metrics (``agent.metrics``) and readiness; ``/metrics``, ``/healthz``, ``/readyz``.
 
 The agent's status is retained on ``agent/status`` (``online`` on every connect; the broker's last
-will says ``offline`` if the connection dies; a clean shutdown publishes ``offline`` itself). A
+will says ``offline`` if the connection dies; a clean shutdown publishes ``offline`` itself, with the
+detail ``clean shutdown``; a task failing publishes ``offline`` with ``error: <type>: <message>`` and
+:meth:`AgentService.run` raises :class:`AgentFailed`). The journal is locked while the service holds
+it (a second agent on it is refused, :class:`agent.journal.JournalInUseError`); a journal that cannot
+be written, or whose file was removed or replaced, makes the agent not ready (``/readyz``). A
 restarted agent resumes from its journal: the cycle count, calibration, the jobs it knew, and the
 commands still open (re-sent if not expired; an expired command is never sent again).
 """
@@ -58,7 +62,7 @@ from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
 from twin.workload import JobSpec, Phase
 
-__all__ = ["VERSION", "AgentService", "isolate_solver_output", "mqtt_options", "run"]
+__all__ = ["VERSION", "AgentFailed", "AgentService", "HttpListenError", "isolate_solver_output", "mqtt_options", "run"]
 
 log = logging.getLogger("racktwin.agent")
 
@@ -78,10 +82,44 @@ _HEALTH_INTERVAL_S = 1.0
 _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days
 _JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
 _ANOMALY_INTERVAL_S = 10.0
+_JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
 
 
 class _Shutdown(Exception):
     """Raised inside the task group to stop the other tasks after a clean shutdown."""
+
+
+class AgentFailed(RuntimeError):
+    """The service stopped because one of its tasks failed (the cause is ``__cause__``); the status it
+    published says ``error: ...`` (``detail``), not ``clean shutdown``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class HttpListenError(OSError):
+    """The HTTP endpoint (``[http]`` host and port) could not listen."""
+
+    def __init__(self, host: str, port: int, exc: OSError) -> None:
+        super().__init__(exc.errno, exc.strerror or str(exc))
+        self.host = host
+        self.port = port
+
+
+def _failure_detail(exc: BaseException) -> str:
+    """``error: <type>: <message>`` of the first real error in ``exc`` (an exception group unwrapped)."""
+    leaf = _first_error(exc)
+    text = str(leaf).replace("\n", " ").strip()
+    detail = f"error: {type(leaf).__name__}" + (f": {text}" if text else "")
+    return detail if len(detail) <= 300 else detail[:297] + "..."
+
+
+def _first_error(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        inner = [e for e in exc.exceptions if not isinstance(e, _Shutdown | asyncio.CancelledError)]
+        exc = (inner or list(exc.exceptions))[0]
+    return exc
 
 
 def isolate_solver_output() -> None:
@@ -155,7 +193,7 @@ class AgentService:
         self.clock = SiteClock(cfg.control.time_scale, infer=cfg.control.infer_time_scale)
         self.estimator = Estimator(site)
         self.controller = controller if controller is not None else Controller.from_config(loaded)
-        self.journal = Journal(cfg.journal.path)
+        self.journal = Journal(cfg.journal.path, lock=True)  # JournalInUseError: another agent has it
         self.book = CommandBook(site, self.codec, cfg.control)
         self.ingest = Ingest(site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event)
         self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
@@ -185,7 +223,11 @@ class AgentService:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
         self._solve_future: asyncio.Future[Decision] | None = None
         self._first_send: dict[str, tuple[float, str]] = {}
-        self._journal_error: str | None = None
+        self._journal_error: str | None = None  # the last decision (or ack) write failed: why
+        self._calibration_error: str | None = None  # the last calibration write failed: why
+        self._journal_file_problem: str | None = None  # the journal file was removed or replaced
+        self._journal_checked_wall = -math.inf  # time.monotonic() of the last check of the journal file
+        self._failure: str | None = None  # why the service stopped, if a task failed
         self._journal_pruned_wall = -math.inf  # time.monotonic() of the last prune
         self._jobs_hash = ""
         self._seen_rejections: dict[str, int] = {}
@@ -207,7 +249,11 @@ class AgentService:
         self.rounds_dropped = 0
         self.resumed_commands = 0
         self.expired_on_resume = 0
-        self._load_journal()
+        try:
+            self._load_journal()
+        except BaseException:
+            self.journal.close()  # and its lock
+            raise
 
     # ================================================================================================
     # lifecycle
@@ -224,7 +270,11 @@ class AgentService:
         if listen is None and self.config.http.port:
             listen = (self.config.http.host, self.config.http.port)
         if self.http and listen is not None:
-            self._http_server = await serve_http(self.metrics, self.readiness, listen[0], listen[1])
+            try:
+                self._http_server = await serve_http(self.metrics, self.readiness, listen[0], listen[1])
+            except OSError as exc:  # e.g. the port is taken
+                self.journal.close()
+                raise HttpListenError(listen[0], listen[1], exc) from exc
             self.http_port = int(self._http_server.sockets[0].getsockname()[1])
         log.info(
             "agent starting",
@@ -240,18 +290,29 @@ class AgentService:
             },
         )
         self.bus.start()
+        failure: BaseException | None = None
         try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._ingest_task(), name="ingest")
-                tg.create_task(self._estimate_task(), name="estimate")
-                control = tg.create_task(self._control_task(), name="control")
-                tg.create_task(self.publisher.run(), name="publish")
-                tg.create_task(self._health_task(), name="health")
-                tg.create_task(self._shutdown_task(control), name="shutdown")
-        except* _Shutdown:
-            pass
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self._ingest_task(), name="ingest")
+                    tg.create_task(self._estimate_task(), name="estimate")
+                    control = tg.create_task(self._control_task(), name="control")
+                    tg.create_task(self.publisher.run(), name="publish")
+                    tg.create_task(self._health_task(), name="health")
+                    tg.create_task(self._shutdown_task(control), name="shutdown")
+            except* _Shutdown:
+                pass
+        except Exception as exc:  # a task failed: never "clean shutdown"
+            failure = exc
+            self._failure = _failure_detail(exc)
+            log.error("agent failed: %s", self._failure, exc_info=_first_error(exc))
+        except BaseException as exc:  # cancelled, interrupted: not a clean shutdown either
+            self._failure = "cancelled" if isinstance(exc, asyncio.CancelledError) else _failure_detail(exc)
+            raise
         finally:
             await self._close()
+        if failure is not None:
+            raise AgentFailed(self._failure or "error") from _first_error(failure)
 
     async def _shutdown_task(self, control: asyncio.Task[None]) -> None:
         await self._stop.wait()
@@ -262,9 +323,10 @@ class AgentService:
         raise _Shutdown
 
     async def _close(self) -> None:
+        detail = self._failure or "clean shutdown"
         if self.bus.connected:
             with contextlib.suppress(BusError, TimeoutError):
-                await self.bus.send(self._status(wire.AgentState.OFFLINE, "clean shutdown"), timeout_s=2.0)
+                await self.bus.send(self._status(wire.AgentState.OFFLINE, detail), timeout_s=2.0)
         await self.bus.close()
         if self._http_server is not None:
             self._http_server.close()
@@ -273,7 +335,10 @@ class AgentService:
         self._executor.shutdown(wait=False, cancel_futures=True)
         with contextlib.suppress(Exception):
             self.journal.close()
-        log.info("agent stopped", extra={"fields": {"decisions": self.decisions}})
+        if self._failure is None:
+            log.info("agent stopped", extra={"fields": {"decisions": self.decisions}})
+        else:
+            log.error("agent stopped after an error", extra={"fields": {"decisions": self.decisions, "error": detail}})
 
     # ================================================================================================
     # status
@@ -475,8 +540,13 @@ class AgentService:
             return
         try:
             self.journal.save_calibration(cards, r_th, leak, now_s)
-        except JournalError as exc:
-            self._journal_error = str(exc)
+        except JournalError as exc:  # degraded (not ready), not stopped: the calibration is kept in memory
+            self._calibration_error = str(exc)
+            log.error("journal write failed: calibration not saved", extra={"fields": {"error": str(exc)}})
+            return
+        if self._calibration_error is not None:
+            log.info("journal written again: calibration saved")
+            self._calibration_error = None
 
     # ================================================================================================
     # control
@@ -680,8 +750,23 @@ class AgentService:
         while True:
             with contextlib.suppress(Exception):
                 self._update_health()
+            self._check_journal_file()
             self._prune_journal()
             await asyncio.sleep(_HEALTH_INTERVAL_S)
+
+    def _check_journal_file(self) -> None:
+        """Every few seconds: the journal's path still names the file the service has open. A removed
+        or replaced file is not recreated (what was journaled is gone or elsewhere): the error is
+        logged once and ``/readyz`` says so until the file is back."""
+        if time.monotonic() - self._journal_checked_wall < _JOURNAL_CHECK_INTERVAL_S:
+            return
+        self._journal_checked_wall = time.monotonic()
+        problem = self.journal.file_problem()
+        if problem is not None and self._journal_file_problem is None:
+            log.error(problem, extra={"fields": {"path": self.journal.path}})
+        elif problem is None and self._journal_file_problem is not None:
+            log.info("journal file is back", extra={"fields": {"path": self.journal.path}})
+        self._journal_file_problem = problem
 
     def _prune_journal(self) -> None:
         """Once an hour: delete decisions and closed commands older than ``journal.keep_days``."""
@@ -768,6 +853,10 @@ class AgentService:
                 reasons.append(f"no fresh telemetry from {names}" + (" ..." if len(stale) > 16 else ""))
         if self._journal_error:
             reasons.append(f"journal: {self._journal_error}")
+        if self._calibration_error:
+            reasons.append(f"journal (calibration): {self._calibration_error}")
+        if self._journal_file_problem:
+            reasons.append(self._journal_file_problem)
         return reasons
 
 

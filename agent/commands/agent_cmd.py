@@ -3,8 +3,11 @@
 ``--check-config`` (or ``--check-config FILE``) validates the configuration (environment
 overrides included) and explains it; exit 0 when it is valid, 2 with one line naming the file and
 the field when it is not. Without it the service runs until SIGTERM / SIGINT (clean shutdown, exit
-0). An unreachable broker is not an error for a long-running service: it retries with backoff, says
-so in the logs, and ``/readyz`` tells why it is not ready.
+0); a journal another agent holds, a journal that cannot be opened or an HTTP port that is taken
+stop it at the start (exit 2, one line naming the field); a task failing later stops it with exit
+status 1 (the log has the traceback, the retained status ``error: ...``). An unreachable broker
+is not an error for a long-running service: it retries with backoff, says so in the logs, and
+``/readyz`` tells why it is not ready.
 """
 
 from __future__ import annotations
@@ -70,18 +73,26 @@ def run(args: argparse.Namespace, command: str) -> int:
         print(explain(loaded))
         return 0
     from agent.bus import TlsFileError
-    from agent.journal import JournalError
+    from agent.journal import JournalError, JournalInUseError
     from agent.logs import setup_logging
+    from agent.service import AgentFailed, HttpListenError
     from agent.service import run as run_service
 
     cfg = loaded.config
     setup_logging(cfg.log.level, cfg.log.format)
     try:
         asyncio.run(run_service(loaded))
-    except JournalError as exc:
+    except AgentFailed:  # a task failed after the start: logged with its traceback, status "error: ..."
+        return 1
+    except JournalInUseError as exc:  # another agent runs on this journal
         raise UserError(str(exc)) from None
+    except JournalError as exc:  # the journal cannot be opened (folder, permissions, schema)
+        raise UserError(f"{path}: journal.path: {exc}") from None
     except TlsFileError as exc:  # a certificate or key file of [broker] that TLS cannot use
         raise UserError(f"{path}: broker: {exc}") from None
-    except OSError as exc:  # e.g. the HTTP port is taken
-        raise UserError(f"{path}: http.port {cfg.http.port}: {exc.strerror or exc}") from None
+    except HttpListenError as exc:  # e.g. the HTTP port is taken
+        raise UserError(f"{path}: http.port {exc.port} ({exc.host}): {exc.strerror or exc}") from None
+    except OSError as exc:  # anything else the operating system refused at the start: say what, not where
+        where = f": {exc.filename}" if exc.filename else ""
+        raise UserError(f"cannot start: {exc.strerror or exc}{where}") from None
     return 0

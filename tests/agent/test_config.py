@@ -225,3 +225,46 @@ def test_check_control_is_the_cross_field_check_for_a_control_table_alone() -> N
     with pytest.raises(SpecError) as info:
         check_control(ControlConfig(rack_margin_w=60_000.0), site, "--control")
     assert info.value.path == "control.rack_margin_w"
+
+
+def test_a_journal_path_the_service_cannot_use_is_refused_naming_journal_path(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("a regular file")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    cases = [
+        (str(tmp_path / "file" / "x.sqlite"), "is a file, not a folder"),
+        (str(tmp_path / "file" / "a" / "b" / "x.sqlite"), "is a file, not a folder"),
+        (str(tmp_path / "folder"), "is a folder, not a file"),
+        (str(tmp_path / "fifo"), "not a regular file"),
+    ]
+    if Path("/proc/self/mountinfo").exists():  # Linux: as root os.access says /proc is writable
+        cases.append(("/proc/journal.sqlite", "proc file system"))
+    for path, words in cases:
+        for err in (
+            refused(tmp_path, f'site = "site.toml"\n[journal]\npath = "{path}"\n'),
+            refused(tmp_path, 'site = "site.toml"\n', env={"RACKTWIN_JOURNAL_PATH": path}),
+        ):
+            assert err.path == "journal.path", err
+            assert words in err.problem and path in err.problem, err
+    # folders still to be made are fine (the service makes them), and checking creates nothing
+    p = write(tmp_path, 'site = "site.toml"\n[journal]\npath = "state/agent/journal.sqlite"\n')
+    before = sorted(x.name for x in tmp_path.iterdir())
+    loaded = load_config(p, env={})
+    assert loaded.config.journal.path == str(tmp_path / "state" / "agent" / "journal.sqlite")
+    assert sorted(x.name for x in tmp_path.iterdir()) == before  # nothing created by the check
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "agent").mkdir()
+    Path(loaded.config.journal.path).write_bytes(b"")  # an existing (empty) file is fine too
+    assert load_config(p, env={}).config.journal.path == loaded.config.journal.path
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
+def test_a_journal_in_a_folder_the_agent_cannot_write_is_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        err = refused(tmp_path, f'site = "site.toml"\n[journal]\npath = "{locked / "new" / "j.sqlite"}"\n')
+        assert err.path == "journal.path" and f"cannot create files in {locked}" in err.problem
+    finally:
+        locked.chmod(0o700)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agent.journal import CommandState, Journal, JournalError, NewCommand
+from agent.journal import CommandState, Journal, JournalError, JournalInUseError, NewCommand
 
 pytestmark = pytest.mark.agent
 
@@ -99,3 +105,112 @@ def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_pat
     j2 = Journal(path)
     assert j2.last_decision() == (4, 45.0, {"newest": True})
     assert [c.command_id for c in j2.unacked(50.0)] == ["open"]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Run in a child process: the journal is opened, then the file size limit (ulimit -f) is set just
+# above what is there, and calibrations are saved until a write fails (at the COMMIT: the pages go to
+# the WAL file then). What the child saw is printed as JSON.
+_FULL_DISK = textwrap.dedent(
+    """
+    import json, os, resource, sys
+    import numpy as np
+    from agent.journal import Journal, JournalError
+
+    path = sys.argv[1]
+    j = Journal(path)
+    cards = np.arange(400, dtype=np.int64)
+    j.save_calibration(cards, np.full(400, 0.05), np.ones(400), 0.0)
+    wal = os.path.getsize(path + "-wal")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (wal + 20_000, resource.RLIM_INFINITY))
+    out = {"error": None}
+    for i in range(1, 50):
+        try:
+            j.save_calibration(cards, np.full(400, 0.05 + i * 1e-4), np.ones(400), float(i))
+        except Exception as exc:
+            out = {"error": type(exc).__name__, "message": str(exc), "cause": type(exc.__cause__).__name__}
+            break
+    out["in_transaction"] = j._db.in_transaction
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    j.save_calibration(cards, np.full(400, 0.07), np.ones(400), 99.0)  # the disk has room again
+    out["after"] = j.load_calibration()[1][0]
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_write_that_fails_at_commit_is_a_journal_error_and_no_transaction_stays_open(tmp_path: Path) -> None:
+    """A full disk (here: the file size limit) fails the COMMIT of a transaction: that is a
+    JournalError like every other sqlite error of the journal (the service handles those), and the
+    transaction is rolled back, so the journal works again once there is room."""
+    path = tmp_path / "j.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(path)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["error"] == "JournalError", out
+    assert out["message"].startswith(f"journal {path}: ") and out["cause"] == "OperationalError"
+    assert out["in_transaction"] is False
+    assert out["after"] == pytest.approx(0.07)
+
+
+def test_the_service_lock_refuses_a_second_holder_and_readers_still_open_it(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    held = Journal(path, lock=True)
+    assert Path(f"{path}.lock").read_text().strip() == str(os.getpid())
+    with pytest.raises(JournalInUseError) as info:
+        Journal(path, lock=True)
+    assert str(info.value) == f"journal {path} is in use by another racktwin agent (pid {os.getpid()})"
+    assert info.value.pid == os.getpid()
+    reader = Journal(path)  # tests and reports read it while the agent runs
+    assert reader.decision_count() == 0
+    reader.close()
+    held.close()
+    again = Journal(path, lock=True)  # released on close
+    again.close()
+
+
+def test_a_killed_holder_releases_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    code = (
+        "import sys, time; from agent.journal import Journal; "
+        "Journal(sys.argv[1], lock=True); print('held', flush=True); time.sleep(60)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        with pytest.raises(JournalInUseError, match=f"pid {proc.pid}"):
+            Journal(path, lock=True)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    Journal(path, lock=True).close()  # the operating system released it with the process
+
+
+def test_open_errors_are_journal_errors_naming_the_path(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    under_a_file = tmp_path / "file" / "j.sqlite"
+    with pytest.raises(JournalError, match=f"journal {under_a_file}: cannot create its folder"):
+        Journal(under_a_file)
+    (tmp_path / "j.sqlite.lock").mkdir()  # the lock file cannot be opened
+    with pytest.raises(JournalError, match=f"journal {tmp_path / 'j.sqlite'}: cannot open its lock file"):
+        Journal(tmp_path / "j.sqlite", lock=True)
+
+
+def test_a_removed_or_replaced_journal_file_is_noticed(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    assert j.file_problem() is None
+    path.rename(tmp_path / "moved.sqlite")
+    assert j.file_problem() == f"journal file {path} was removed or replaced: decisions are not being kept"
+    (tmp_path / "moved.sqlite").rename(path)  # back: the same file
+    assert j.file_problem() is None
+    other = Journal(tmp_path / "other.sqlite")
+    other.close()
+    os.replace(tmp_path / "other.sqlite", path)  # another file under its name
+    assert j.file_problem() is not None and "removed or replaced" in str(j.file_problem())
+    j.close()

@@ -1,0 +1,335 @@
+"""The agent when its journal fails: a full disk, a second agent on it, its file removed; errors at
+the start that name the right field; a task failing is never reported as a clean shutdown.
+
+Against a real mosquitto and the simulator, in accelerated site time (the helpers of
+``test_agent_service``). The agent runs as a separate process where the test needs its exit status,
+its one-line errors or a file size limit (``ulimit -f``), in this process otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from http_testing import http_get
+from test_agent_service import (
+    REPO,
+    SITE_ID,
+    START,
+    Observer,
+    full_load,
+    loaded_config,
+    observing,
+    read_journal,
+    wait_for,
+    write_config,
+    write_site,
+)
+
+from agent import wire
+from agent.broker import EmbeddedBroker
+from agent.journal import Journal, JournalInUseError
+from agent.load import spec_r_total_k_per_w
+from agent.service import AgentService
+from sim.runner import SimOptions, Simulator
+from twin.spec import SiteSpec, load_site
+
+pytestmark = pytest.mark.integration
+
+SPEED = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def edit(cfg: Path, old: str, new: str) -> None:
+    text = cfg.read_text()
+    assert old in text
+    cfg.write_text(text.replace(old, new))
+
+
+def simulator(broker: EmbeddedBroker, site: SiteSpec, duration_s: float) -> Simulator:
+    return Simulator(
+        SimOptions(
+            scenario=full_load(site, duration_s), mqtt=broker.options(client_id=f"sim-{uuid.uuid4().hex[:6]}"),
+            site_id=SITE_ID, speed=SPEED, start_epoch_s=START,
+        )
+    )  # fmt: skip
+
+
+class AgentProcess:
+    """``racktwin agent --config CFG`` (or a Python snippet) as a child process; stderr collected."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stderr is not None
+        async for raw in self.proc.stderr:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.lines)
+
+    async def wait(self, timeout_s: float) -> int:
+        try:
+            rc = await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            raise AssertionError(f"the agent still runs after {timeout_s} s:\n{self.stderr[-3000:]}") from None
+        await asyncio.wait_for(self._reader, 5)
+        return rc
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._reader, 5)
+
+
+@contextlib.asynccontextmanager
+async def agent_process(
+    broker: EmbeddedBroker | None, cfg: Path, *, shell_prefix: str = "", code: str | None = None, **env: str
+) -> AsyncIterator[AgentProcess]:
+    environ = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    if broker is not None:
+        environ["RACKTWIN_BROKER_URL"] = f"mqtt://127.0.0.1:{broker.port}"
+    python = [sys.executable, "-c", code, str(cfg)] if code else [sys.executable, "-m", "agent.cli", "agent"]
+    argv = python if code else [*python, "--config", str(cfg)]
+    if shell_prefix:
+        argv = ["bash", "-c", f'{shell_prefix}; exec "$@"', "bash", *argv]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=environ, cwd=REPO, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    agent = AgentProcess(proc)
+    try:
+        yield agent
+    finally:
+        await agent.stop()
+
+
+def statuses(obs: Observer, state: wire.AgentState) -> list[Any]:
+    return [s for s in obs.status if s.state == state]
+
+
+# --------------------------------------------------------------------------------------------------
+# A: a journal that cannot be written degrades the agent, it does not stop it
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_journal_that_cannot_be_written_leaves_the_agent_running_not_ready(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A full disk (the file size limit, ``ulimit -f``: the journal's WAL file cannot grow past
+    40 KiB) fails the decision and calibration writes: both are logged, ``/readyz`` says why, and the
+    agent goes on until it is told to stop (exit 0, clean shutdown). It used to crash on the first
+    failed calibration COMMIT (an sqlite error that was no JournalError)."""
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, mode="advisory", speed=SPEED)
+    port = free_port()
+    edit(cfg, 'path = "journal.sqlite"', 'path = "journal.sqlite"\ncalibration_every_s = 1.0')
+    edit(cfg, "port = 0", f"port = {port}")
+    # a journal with a calibration: the agent has one to save from its first telemetry on
+    j = Journal(tmp_path / "journal.sqlite")
+    r = spec_r_total_k_per_w(site)
+    j.save_calibration(np.arange(site.n_cards, dtype=np.int64), r, np.ones(site.n_cards), START - 1.0)
+    j.close()
+    obs = Observer()
+    async with observing(mosquitto, site, obs), agent_process(mosquitto, cfg, shell_prefix="ulimit -f 40") as agent:
+        await wait_for(lambda: bool(statuses(obs, wire.AgentState.ONLINE)), 30, "the agent online")
+        sim = simulator(mosquitto, site, 200.0)
+        sim_task = asyncio.create_task(sim.run())
+        try:
+            await wait_for(
+                lambda: "calibration not saved" in agent.stderr and "nothing sent this cycle" in agent.stderr,
+                15,
+                "both journal write failures logged",
+            )
+            status, body = await http_get(port, "/readyz")
+            assert status == 503, body
+            assert "journal: journal " in body and "journal (calibration): journal " in body, body
+            await asyncio.sleep(1.0)  # more failed writes: still running
+            assert agent.proc.returncode is None, agent.stderr[-3000:]
+        finally:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+        agent.proc.send_signal(signal.SIGTERM)
+        assert await agent.wait(15) == 0, agent.stderr[-3000:]
+        await asyncio.sleep(0.3)
+    assert "Traceback" not in agent.stderr, agent.stderr[-3000:]
+    assert obs.status[-1].state == wire.AgentState.OFFLINE and obs.status[-1].detail == "clean shutdown"
+
+
+_FAILING_TASK = textwrap.dedent(
+    """
+    import asyncio, sys
+    import agent.service
+    from agent.cli import main
+
+    async def failing_health_task(self):
+        while not self.bus.connected:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        raise RuntimeError("injected failure")
+
+    agent.service.AgentService._health_task = failing_health_task
+    sys.exit(main(["agent", "--config", sys.argv[1]]))
+    """
+)
+
+
+async def test_a_task_that_fails_stops_the_agent_with_an_error_status_and_exit_status(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A service stopped by an unhandled exception says so: the retained status is ``offline`` with
+    ``error: <type>: <message>`` (never "clean shutdown"), the log says it failed, the exit status is 1."""
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=SPEED)
+    obs = Observer()
+    async with observing(mosquitto, site, obs), agent_process(mosquitto, cfg, code=_FAILING_TASK) as agent:
+        assert await agent.wait(30) == 1, agent.stderr[-3000:]
+        await asyncio.sleep(0.3)
+    assert statuses(obs, wire.AgentState.ONLINE), agent.stderr[-3000:]
+    last = obs.status[-1]
+    assert last.state == wire.AgentState.OFFLINE and last.detail == "error: RuntimeError: injected failure", last
+    assert "agent failed: error: RuntimeError: injected failure" in agent.stderr
+    assert "agent stopped after an error" in agent.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# B: one agent per journal
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_second_agent_on_the_same_journal_is_refused_and_the_first_goes_on(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=SPEED)
+    journal = tmp_path / "journal.sqlite"
+    loaded = loaded_config(cfg, mosquitto)
+    first = AgentService(loaded, mqtt=mosquitto.options(client_id="racktwin-agent"), http=False)
+    first_task = asyncio.create_task(first.run())
+    try:
+        await wait_for(lambda: first.bus.connected, what="the first agent's connection")
+        sim = simulator(mosquitto, site, 60.0)
+        sim_task = asyncio.create_task(sim.run())
+        # in this process: refused before it reads or writes anything
+        with pytest.raises(JournalInUseError) as info:
+            AgentService(loaded_config(cfg, mosquitto), http=False)
+        assert info.value.pid == os.getpid()
+        # the command: one line naming the journal and the holder, exit status 2
+        async with agent_process(mosquitto, cfg) as second:
+            assert await second.wait(20) == 2, second.stderr[-3000:]
+        lines = [ln for ln in second.lines if ln.strip()]
+        assert lines == [
+            f"racktwin agent: error: journal {journal} is in use by another racktwin agent (pid {os.getpid()})"
+        ], second.stderr[-3000:]
+        await sim_task
+        assert first.bus.stats.connects == 1  # nobody took its MQTT session
+    finally:
+        first.stop()
+        await asyncio.wait_for(first_task, 15)
+    cycles = [c for c, _t, _s in read_journal(journal)[0]]
+    assert len(cycles) >= 3 and cycles == sorted(set(cycles)), cycles  # one agent decided
+    Journal(journal, lock=True).close()  # released when the service stopped
+
+
+# --------------------------------------------------------------------------------------------------
+# C: the journal file removed under the running agent
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_removed_journal_file_makes_the_agent_not_ready_and_is_logged_once(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=SPEED)
+    journal = tmp_path / "journal.sqlite"
+    service = AgentService(
+        loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-c"), http_listen=("127.0.0.1", 0)
+    )
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 200.0).run())
+        await wait_for(lambda: service.decisions >= 2, what="two decisions")
+        assert not any("journal" in r for r in service.readiness())
+        journal.unlink()
+        removed = time.monotonic()
+        why = f"journal file {journal} was removed or replaced: decisions are not being kept"
+        await wait_for(lambda: why in service.readiness(), 6, "readiness to tell the journal file is gone")
+        assert time.monotonic() - removed < 5.0
+        assert service.http_port is not None
+        status, body = await http_get(service.http_port, "/readyz")
+        assert status == 503 and why in body, body
+        decisions = service.decisions
+        await wait_for(lambda: service.decisions > decisions + 1, what="more decisions")  # it goes on
+        assert why in service.readiness()
+    finally:
+        if sim_task is not None:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+        service.stop()
+        await asyncio.wait_for(task, 15)
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR and "was removed or replaced" in r.getMessage()]
+    assert len(logged) == 1, [r.getMessage() for r in logged]
+    assert not journal.exists()  # not recreated
+
+
+# --------------------------------------------------------------------------------------------------
+# D, E: errors at the start name the field that is wrong
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_start_errors_name_the_journal_or_the_http_port_whichever_it_is(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    write_site(tmp_path)
+    cfg = write_config(tmp_path, speed=SPEED)
+    (tmp_path / "regular-file").write_text("not a folder")
+    under_a_file = tmp_path / "regular-file" / "x.sqlite"
+    async with agent_process(mosquitto, cfg, RACKTWIN_JOURNAL_PATH=str(under_a_file)) as agent:
+        assert await agent.wait(20) == 2
+    assert "journal.path" in agent.stderr and str(under_a_file) in agent.stderr, agent.stderr
+    assert "http.port" not in agent.stderr and len(agent.lines) == 1, agent.stderr
+    # the journal's own files: its lock file cannot be made (a folder is in the way)
+    (tmp_path / "journal.sqlite.lock").mkdir()
+    async with agent_process(mosquitto, cfg) as agent:
+        assert await agent.wait(20) == 2
+    assert f"journal.path: journal {tmp_path / 'journal.sqlite'}: cannot open its lock file" in agent.stderr
+    assert "http.port" not in agent.stderr, agent.stderr
+    (tmp_path / "journal.sqlite.lock").rmdir()
+    # the HTTP port taken: that is http.port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        edit(cfg, "port = 0", f"port = {port}")
+        async with agent_process(mosquitto, cfg) as agent:
+            assert await agent.wait(20) == 2
+    assert f"http.port {port} (127.0.0.1): " in agent.stderr and "journal" not in agent.lines[-1], agent.stderr
+    Journal(tmp_path / "journal.sqlite", lock=True).close()  # the refused start released the journal
