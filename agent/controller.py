@@ -169,6 +169,7 @@ class Controller:
         self._cycle = 0
         self._prev_plan: CyclePlan | None = None
         self._last_setpoint_eval_s = -math.inf
+        self._latest_now_s = -math.inf  # the site time of the latest step (a later one before it: the clock went back)
         self._setpoint_c = site.facility.supply_temp_c
         self._blind_until = np.full(n_r, -math.inf)  # fail-safe hold of racks stale or stuck as a whole
         self._capped_until = np.full(n_r, -math.inf)  # fail-safe hold of racks with a stuck card
@@ -215,6 +216,23 @@ class Controller:
     # ================================================================================================
     # 1. context
     # ================================================================================================
+    def clock_went_back(self, now_s: float) -> None:
+        """The site's clock went back to ``now_s`` (``agent.clock.SiteClock``; :meth:`context` calls it
+        when a step's time falls more than a period before the latest one): holds and times kept
+        on the old timeline are brought onto the new one, at most as long as they can last from now
+        (else a rack would stay at fail-safe caps, a pump latched or a host booting until the new
+        clock reached the old times: ~800 site s after a simulator restarted 760 s back)."""
+        cfg = self.control
+        np.minimum(self._blind_until, now_s + cfg.failsafe_hold_s, out=self._blind_until)
+        np.minimum(self._capped_until, now_s + cfg.failsafe_hold_s, out=self._capped_until)
+        np.minimum(self._pump_latch_until, now_s + _PUMP_LATCH_S, out=self._pump_latch_until)
+        np.minimum(self._host_up_at, now_s + self.site.rack.host_boot_s, out=self._host_up_at)
+        np.minimum(self._host_busy_last, now_s, out=self._host_busy_last)  # NaN (never seen) stays NaN
+        self._last_setpoint_eval_s = min(self._last_setpoint_eval_s, now_s)
+        self._running_since = {j: min(t, now_s) for j, t in self._running_since.items()}
+        self._reserved = None  # a reservation's promised start is recomputed on the new timeline
+        self.guard.clock_went_back(now_s)
+
     def context(
         self,
         snap: StateSnapshot,
@@ -226,6 +244,9 @@ class Controller:
         """Everything the step needs besides the snapshot (see the module docstring)."""
         site, cfg = self.site, self.control
         now = finite_or(now_s, finite_or(snap.time_s, 0.0))
+        if now < self._latest_now_s - cfg.period_s:  # the site's clock went back (agent.clock)
+            self.clock_went_back(now)
+        self._latest_now_s = now
         if estimates is not None:
             self.update_calibration(estimates)
         last = np.asarray(snap.rack_last_seen_s, dtype=np.float64)

@@ -105,6 +105,11 @@ class Guard:
         self._toggle_s = np.full(n, -math.inf)
 
     # ---- public -------------------------------------------------------------------------------
+    def clock_went_back(self, now_s: float) -> None:
+        """The site's clock went back to ``now_s``: the low-power toggles kept on the old timeline count
+        as made now (the hold against toggling lasts its time from now, not until the old times)."""
+        np.minimum(self._toggle_s, now_s, out=self._toggle_s)
+
     def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """The decision that may be sent (see the module docstring)."""
         site, cfg, model = self.site, self.control, self._model

@@ -22,7 +22,7 @@ from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
-from twin.state import TwinState
+from twin.state import StateSnapshot, TwinState
 from twin.workload import Phase
 
 pytestmark = pytest.mark.agent
@@ -128,6 +128,24 @@ def test_a_silent_facility_keeps_the_decided_set_point_and_it_is_not_reoptimized
     held.step(snap, 60.0)
     fresh = dataclasses.replace(snap, facility=dataclasses.replace(fac, time_s=70.0))
     assert held.step(fresh, 75.0).supply_temp_c == first.supply_temp_c - 10.0
+
+
+def test_after_the_site_clock_went_back_fail_safe_holds_last_their_time_from_the_new_now() -> None:
+    site = example_site()
+    _plant, state = belief(site, full_load_jobs(site, 32), 60)
+    cfg = ControlConfig(period_s=15.0, telemetry_deadline_s=30.0, failsafe_hold_s=30.0)
+    ctl = Controller(site, cfg)
+    snap = state.snapshot()
+
+    def seen_at(t: float, silent: tuple[int, ...] = ()) -> StateSnapshot:
+        last = np.full(site.n_racks, t)
+        last[list(silent)] = t - 100.0
+        return dataclasses.replace(snap, rack_last_seen_s=last)
+
+    assert 3 in ctl.step(seen_at(5000.0, silent=(3,)), 5000.0).failsafe_racks  # rack 3 silent: fail-safe
+    # the site restarts 4,000 s back, every rack reporting: held 30 s from the new now, not to 5,030
+    assert 3 in ctl.step(seen_at(1000.0), 1000.0).failsafe_racks
+    assert ctl.step(seen_at(1031.0), 1031.0).failsafe_racks == ()
 
 
 def test_a_solve_past_its_deadline_falls_back_to_the_greedy_plan() -> None:
