@@ -22,6 +22,7 @@ from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
+from twin.spec import SiteSpec
 from twin.state import StateSnapshot, TwinState
 from twin.workload import Phase
 
@@ -110,12 +111,21 @@ def test_the_setpoint_moves_with_the_weather(seed: int) -> None:
     assert chosen[35.0] >= 40.0  # warm water is free cooling on a hot day
 
 
-def test_a_silent_facility_keeps_the_decided_set_point_and_it_is_not_reoptimized_on_stale_weather() -> None:
+@pytest.fixture(scope="module")
+def full_load_at_60s() -> tuple[SiteSpec, StateSnapshot]:
+    """The example site under full load, its belief after 60 s of the plant (tests replace fields,
+    never change it)."""
     site = example_site()
     _plant, state = belief(site, full_load_jobs(site, 32), 60)
+    return site, state.snapshot()
+
+
+def test_a_silent_facility_keeps_the_decided_set_point_and_it_is_not_reoptimized_on_stale_weather(
+    full_load_at_60s: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    site, snap = full_load_at_60s
     cfg = ControlConfig(period_s=15.0, setpoint_interval_s=600.0, telemetry_deadline_s=30.0)
     ctl = Controller(site, cfg)
-    snap = state.snapshot()
     assert snap.facility is not None
     first = ctl.step(snap, 60.0)  # the first decision chooses the set-point
     fac = dataclasses.replace(snap.facility, time_s=0.0, supply_setpoint_c=first.supply_temp_c - 10.0)
@@ -130,12 +140,12 @@ def test_a_silent_facility_keeps_the_decided_set_point_and_it_is_not_reoptimized
     assert held.step(fresh, 75.0).supply_temp_c == first.supply_temp_c - 10.0
 
 
-def test_after_the_site_clock_went_back_fail_safe_holds_last_their_time_from_the_new_now() -> None:
-    site = example_site()
-    _plant, state = belief(site, full_load_jobs(site, 32), 60)
+def test_after_the_site_clock_went_back_fail_safe_holds_last_their_time_from_the_new_now(
+    full_load_at_60s: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    site, snap = full_load_at_60s
     cfg = ControlConfig(period_s=15.0, telemetry_deadline_s=30.0, failsafe_hold_s=30.0)
     ctl = Controller(site, cfg)
-    snap = state.snapshot()
 
     def seen_at(t: float, silent: tuple[int, ...] = ()) -> StateSnapshot:
         last = np.full(site.n_racks, t)
