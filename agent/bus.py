@@ -40,6 +40,7 @@ from urllib.parse import unquote, urlsplit
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
 
+from agent.aio import cancel_and_wait, cancellation_kept, wait_event
 from agent.wire import Outgoing
 
 __all__ = [
@@ -348,9 +349,7 @@ class Bus:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)  # ends messages()
 
@@ -360,9 +359,7 @@ class Bus:
 
     async def wait_connected(self, timeout_s: float | None = None) -> None:
         """Wait until connected and subscribed; :class:`BusConnectError` after ``timeout_s``."""
-        try:
-            await asyncio.wait_for(self._connected.wait(), timeout_s)
-        except TimeoutError:
+        if not await wait_event(self._connected, timeout_s):
             raise BusConnectError(
                 f"{self.name}: not connected to {self.options.url} after {timeout_s} s"
                 + (f" (last error: {self.stats.last_error})" if self.stats.last_error else "")
@@ -471,7 +468,8 @@ class Bus:
         if client is None or not self.connected:
             raise BusNotConnected(f"{self.name}: not connected to {self.options.url}")
         try:
-            await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
+            with cancellation_kept():  # aiomqtt waits for the PUBACK with asyncio.wait_for (agent.aio)
+                await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
         except aiomqtt.MqttError as exc:
             self.stats.publish_errors += 1
             raise BusError(f"{self.name}: publish to {topic!r} failed: {exc}") from exc

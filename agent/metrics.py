@@ -169,9 +169,11 @@ async def serve_http(metrics: AgentMetrics, readiness: ReadinessCheck, host: str
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            async with asyncio.timeout(5.0):
+                request = await reader.readline()
             while True:  # drain headers
-                line = await asyncio.wait_for(reader.readline(), timeout=5.0)
+                async with asyncio.timeout(5.0):
+                    line = await reader.readline()
                 if line in (b"\r\n", b"\n", b""):
                     break
             parts = request.decode("latin-1").split()

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import wire
+from agent.aio import cancel_and_wait, wait_event
 from agent.bus import Bus, BusError, BusNotConnected, MqttOptions
 from sim.chaos import DisconnectSchedule
 from sim.commands import CommandHandler
@@ -356,8 +357,7 @@ class Simulator:
                 if delay > 0:
                     self.behind_s = 0.0
                     if delay > 0.2:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._stop.wait(), delay)
+                        await wait_event(self._stop, delay)
                     else:
                         await asyncio.sleep(delay)
                 else:
@@ -480,9 +480,7 @@ class Simulator:
             self._link_losses += bus.stats.disconnects
             await bus.close()
         if consumer is not None:
-            consumer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await consumer
+            await cancel_and_wait(consumer)
 
     async def _consume(self, bus: Bus) -> None:
         """Handle commands as they arrive; answer them (acks, applied state). Every command received

@@ -333,8 +333,9 @@ async def run_closed_loop(
                 sim.kill()
                 sim.wait()
         service.stop()
-        with contextlib.suppress(asyncio.TimeoutError, Exception):
-            await asyncio.wait_for(agent_task, 15)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(15):
+                await agent_task
         logging.getLogger().removeHandler(errors)
         log_fh.close()
     agent_error = ""
