@@ -34,15 +34,20 @@ decision's commands leave within one round trip instead of one round trip each),
 ``command_retries`` times, never after its expiry; every open command is sent again after the broker
 connection comes back (a broker restarted without persistence forgets what it had not delivered).
 The sends of a batch are journaled in one transaction (``Journal.mark_sent``) after the broker
-acknowledged them; the commands themselves were journaled before, with their decision.
+acknowledged them; the commands themselves were journaled before, with their decision. A journal
+write of the publisher that fails (a full disk: ``JournalError``) does not stop it: the commands were
+journaled before they were sent, so what is lost is their record of being sent, expired or abandoned
+(a restarted agent sends again what its journal still has open and valid, and closes the rest).
+The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
+until the same write succeeds again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import uuid
@@ -53,11 +58,12 @@ import numpy as np
 import numpy.typing as npt
 
 from agent import wire
+from agent.aio import wait_event
 from agent.bus import Bus, BusError, BusNotConnected
 from agent.clock import SiteClock
 from agent.config import ControlConfig
 from agent.decision import Decision
-from agent.journal import Journal, NewCommand
+from agent.journal import Journal, JournalError, NewCommand
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 
@@ -511,6 +517,10 @@ class Publisher:
         self.max_in_flight = max(1, bus.options.max_inflight)
         self._wake = asyncio.Event()
         self._resend_all = False
+        self._stepping = asyncio.Lock()  # one step at a time (the run loop's, a clean shutdown's)
+        #: the publisher's journal writes that failed last time they were tried ("sent", "expired",
+        #: "abandoned"), with the error; an entry goes when that write succeeds again
+        self.journal_errors: dict[str, str] = {}
 
     @property
     def retry_after_s(self) -> float:
@@ -528,15 +538,33 @@ class Publisher:
     def backlog(self) -> int:
         return len(self._queue)
 
+    def _journal_write(self, what: str, write: Callable[[], object]) -> None:
+        """One journal write (``what`` names it in the log); a failure is logged once and kept in
+        :attr:`journal_errors`, never raised: the command has been journaled and sent already."""
+        try:
+            write()
+        except JournalError as exc:
+            if what not in self.journal_errors:
+                log.error("journal write failed: commands %s not recorded", what, extra={"fields": {"error": str(exc)}})
+            self.journal_errors[what] = str(exc)
+            return
+        if self.journal_errors.pop(what, None) is not None:
+            log.info("journal written again: commands %s recorded", what)
+
     async def run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=0.25)
+            await wait_event(self._wake, 0.25)
             self._wake.clear()
             await self.step()
 
     async def step(self) -> None:
-        """Expire, queue retries, send what is queued (returns when the queue is empty or the link is down)."""
+        """Expire, queue retries, send what is queued (returns when the queue is empty or the link is
+        down). A step called while another runs starts when that one has ended: a clean shutdown's
+        step returns once what the last decision handed over has been sent, whichever step sent it."""
+        async with self._stepping:
+            await self._step()
+
+    async def _step(self) -> None:
         now = self.clock.now()
         if now is None:
             return
@@ -544,7 +572,7 @@ class Publisher:
             self.stats.unacked_expired += 1
             if self.on_closed is not None:
                 self.on_closed(oc, "unacked")
-        self.journal.expire(now)
+        self._journal_write("expired", functools.partial(self.journal.expire, now))
         queued = {oc.command_id for oc in self._queue}
         resend_all, self._resend_all = self._resend_all, False
         for oc in list(self.book.open.values()):
@@ -556,7 +584,7 @@ class Publisher:
             if oc.attempts > self.control.command_retries and not resend_all:
                 self.book.open.pop(oc.command_id, None)
                 self.book._clear(oc)
-                self.journal.abandon([oc.command_id])
+                self._journal_write("abandoned", functools.partial(self.journal.abandon, [oc.command_id]))
                 self.stats.abandoned += 1
                 if self.on_closed is not None:
                     self.on_closed(oc, "abandoned")
@@ -579,7 +607,8 @@ class Publisher:
             results = await asyncio.gather(*tasks)
             sent = [oc for oc, ok in zip(batch, results, strict=True) if ok is None]
             if sent:
-                self.journal.mark_sent([oc.command_id for oc in sent])  # one transaction per batch
+                ids = [oc.command_id for oc in sent]
+                self._journal_write("sent", functools.partial(self.journal.mark_sent, ids))  # one transaction
             failed = [oc for oc, ok in zip(batch, results, strict=True) if ok is not None]
             if failed:
                 self._queue.extendleft(reversed(failed))  # sent again, in order, at the next step

@@ -21,11 +21,14 @@
 * ``health``: metrics (``agent.metrics``) and readiness; ``/metrics``, ``/healthz``, ``/readyz``.
 
 The agent's status is retained on ``agent/status`` (``online`` on every connect; the broker's last
-will says ``offline`` if the connection dies; a clean shutdown publishes ``offline`` itself, with the
-detail ``clean shutdown``; a task failing publishes ``offline`` with ``error: <type>: <message>`` and
-:meth:`AgentService.run` raises :class:`AgentFailed`). The journal is locked while the service holds
-it (a second agent on it is refused, :class:`agent.journal.JournalInUseError`); a journal that cannot
-be written, or whose file was removed or replaced, makes the agent not ready (``/readyz``). A
+will says ``offline`` if the connection dies; a clean shutdown finishes the current cycle, sends what
+it decided, waits up to 2 s for the acks of the commands in flight (so the journal records how they ended)
+and publishes ``offline`` itself, with the detail ``clean shutdown``; a task failing publishes
+``offline`` with ``error: <type>: <message>`` and :meth:`AgentService.run` raises :class:`AgentFailed`).
+The journal is locked while the service holds it (a second agent on it is refused,
+:class:`agent.journal.JournalInUseError`); a journal that cannot be written (decisions, calibration,
+the publisher's record of sends), or whose file was removed or replaced, makes the agent not ready
+(``/readyz``). A
 restarted agent resumes from its journal: the cycle count, calibration, the jobs it knew, and the
 commands still open (re-sent if not expired; an expired command is never sent again).
 """
@@ -48,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from agent import wire
+from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
 from agent.config import BrokerConfig, LoadedConfig
@@ -83,6 +87,7 @@ _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal 
 _JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
 _ANOMALY_INTERVAL_S = 10.0
 _JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
+_SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 
 
 class _Shutdown(Exception):
@@ -316,11 +321,38 @@ class AgentService:
 
     async def _shutdown_task(self, control: asyncio.Task[None]) -> None:
         await self._stop.wait()
-        with contextlib.suppress(asyncio.CancelledError):
-            await control  # the current cycle finishes
+        await wait_ended(control)  # the current cycle finishes
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.publisher.step(), timeout=2.0)  # send what that cycle decided
+            async with asyncio.timeout(2.0):
+                await self.publisher.step()  # send what that cycle decided
+        await self._await_acks(_SHUTDOWN_ACK_WAIT_S)
         raise _Shutdown
+
+    async def _await_acks(self, max_wall_s: float) -> None:
+        """Before the ingest task stops: wait (at most ``max_wall_s``, while connected) for the acks
+        of the commands in flight (sent less than the publisher's retry interval ago and still open),
+        so that the journal records how the last decision's commands ended (they would otherwise stay
+        ``sent`` although applied, and be sent again on restart). Commands unanswered for longer (a
+        silent rack) are not waited for. What is still open is logged."""
+        deadline = time.monotonic() + max_wall_s
+        now = self.clock.now()
+        if now is None:
+            return
+        recent = now - self.publisher.retry_after_s
+        in_flight = [oc.command_id for oc in self.book.open.values() if oc.attempts > 0 and oc.last_sent_s > recent]
+
+        def unacked() -> list[OpenCommand]:
+            return [self.book.open[i] for i in in_flight if i in self.book.open]
+
+        while unacked() and self.bus.connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        left = unacked()
+        if left:
+            log.warning(
+                "stopping with %d command(s) sent and not acknowledged (sent again on restart while valid)",
+                len(left),
+                extra={"fields": {"targets": sorted({oc.target for oc in left})[:16]}},
+            )
 
     async def _close(self) -> None:
         detail = self._failure or "clean shutdown"
@@ -556,8 +588,7 @@ class AgentService:
         while not self.clock.known:
             if self._stop.is_set():
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=0.02)
+            await wait_event(self._stop, 0.02)
         now = self.clock.now()
         assert now is not None
         self._resume_commands(now)
@@ -577,11 +608,8 @@ class AgentService:
                 trigger = self._replan_wall
                 # load shedding: decisions on job events take at most half the wall time
                 rest = self._last_cycle_end_wall + self._last_cycle_wall_s - time.monotonic()
-                if rest > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), rest)
-                    if self._stop.is_set():
-                        break
+                if rest > 0 and await wait_event(self._stop, rest):
+                    break
                 now = self.clock.now() or next_t
                 if now - last_cycle < cfg.min_replan_interval_s:
                     reached = await self.clock.wait_until(min(next_t, last_cycle + cfg.min_replan_interval_s))
@@ -618,8 +646,7 @@ class AgentService:
             if now is None or now >= end_s or bool(np.all(np.isfinite(self.state.rack_last_seen_s()))):
                 await self._drain_inbox()
                 return self.clock.now() or (now if now is not None else start_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=min(0.05, self.clock.wall_seconds(end_s - now)))
+            await wait_event(self._stop, min(0.05, self.clock.wall_seconds(end_s - now)))
         return self.clock.now() or start_s
 
     async def _drain_inbox(self, max_wall_s: float = 0.2) -> None:
@@ -855,6 +882,8 @@ class AgentService:
             reasons.append(f"journal: {self._journal_error}")
         if self._calibration_error:
             reasons.append(f"journal (calibration): {self._calibration_error}")
+        for what, err in self.publisher.journal_errors.items():
+            reasons.append(f"journal (commands {what}): {err}")
         if self._journal_file_problem:
             reasons.append(self._journal_file_problem)
         return reasons

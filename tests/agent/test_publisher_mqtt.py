@@ -93,3 +93,44 @@ async def test_a_decisions_commands_are_pipelined_and_arrive_in_order(
     # journaled as sent (one transaction per batch)
     assert journal.command_counts() == {"sent": N_COMMANDS}
     journal.close()
+
+
+async def test_a_journal_that_refuses_the_publishers_writes_does_not_stop_it(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Sends and expiries that cannot be journaled (SQLite refuses every write: ``query_only``, as on
+    a full disk) are kept in ``journal_errors``, never raised; they go when a write succeeds again,
+    and the journal then records what happened meanwhile."""
+    site = example_site()
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    control = ControlConfig()
+    book = CommandBook(site, codec, control)
+    clock = SiteClock(1.0)
+    clock.observe(TS)
+    journal = Journal(tmp_path / "journal.sqlite")
+    rows = []
+    for k in range(4):
+        rack = site.rack_names[k]
+        cmd = wire.RackCommand(rack, (0,), wire.CardSetting.dvfs(3), uuid.uuid4(), TS + 30.0, TS, k, "agent")
+        out = codec.outgoing(cmd)
+        rows.append((str(cmd.command_id), rack, out.topic, out.payload, TS, TS + 30.0, 0))
+    opened = book.resume(rows)
+    journal.record_decision(1, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, book, journal, clock, control)
+        journal._conn.execute("PRAGMA query_only = ON")  # every write fails from here on
+        publisher.submit(opened)
+        await publisher.step()  # sent; marking them sent fails (and the step's expiry, with nothing to expire:
+        assert publisher.stats.sent == 4  # query_only refuses every writing statement)
+        assert set(publisher.journal_errors) == {"sent", "expired"}
+        assert publisher.journal_errors["sent"].startswith(f"journal {journal.path}: attempt to write a readonly")
+        clock.observe(TS + 31.0)  # unanswered, now past their expiry
+        await publisher.step()
+        assert set(publisher.journal_errors) == {"sent", "expired"}
+        assert not book.open  # closed in memory all the same
+        journal._conn.execute("PRAGMA query_only = OFF")
+        await publisher.step()
+    assert set(publisher.journal_errors) == {"sent"}  # no send since: that write has not been tried again
+    assert journal.command_counts() == {"expired": 4}
+    journal.close()

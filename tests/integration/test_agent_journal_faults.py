@@ -1,5 +1,7 @@
-"""The agent when its journal fails: a full disk, a second agent on it, its file removed; errors at
-the start that name the right field; a task failing is never reported as a clean shutdown.
+"""The agent when its journal fails: a full disk, a second agent on it, its file removed, command
+sends that cannot be journaled; errors at the start that name the right field; a task failing is
+never reported as a clean shutdown; a stop right after a decision still journals how its commands
+ended (and the simulator, cancelled then, ends at once).
 
 Against a real mosquitto and the simulator, in accelerated site time (the helpers of
 ``test_agent_service``). The agent runs as a separate process where the test needs its exit status,
@@ -18,7 +20,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,9 @@ from test_agent_service import (
 
 from agent import wire
 from agent.broker import EmbeddedBroker
-from agent.journal import Journal, JournalInUseError
+from agent.journal import Journal, JournalError, JournalInUseError
 from agent.load import spec_r_total_k_per_w
+from agent.publish import OpenCommand
 from agent.service import AgentService
 from sim.runner import SimOptions, Simulator
 from twin.spec import SiteSpec, load_site
@@ -333,3 +336,110 @@ async def test_start_errors_name_the_journal_or_the_http_port_whichever_it_is(
             assert await agent.wait(20) == 2
     assert f"http.port {port} (127.0.0.1): " in agent.stderr and "journal" not in agent.lines[-1], agent.stderr
     Journal(tmp_path / "journal.sqlite", lock=True).close()  # the refused start released the journal
+
+
+# --------------------------------------------------------------------------------------------------
+# F: the last moment and the publisher's own writes: nothing of a decision's record lost
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_stop_right_after_a_decision_journals_how_its_commands_ended(
+    mosquitto: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM in the instant after a decision that sends commands: they are sent, and the journal
+    the agent closes has their acks (``applied``), not ``sent``: a restart does not send them again.
+    The ingest task used to stop with the acks on their way."""
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=SPEED)
+    service = AgentService(loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-f1"), http=False)
+    last: list[str] = []
+    submit = service.publisher.submit
+
+    def submit_then_stop(commands: Iterable[OpenCommand]) -> None:
+        commands = list(commands)
+        submit(commands)
+        if commands and not last:
+            last.extend(oc.command_id for oc in commands)
+            service.stop()  # what the SIGTERM handler does
+
+    monkeypatch.setattr(service.publisher, "submit", submit_then_stop)
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 200.0).run())
+        await asyncio.wait_for(task, 20)
+        # the simulator, cancelled now, ends cancelled: it used to miss a cancellation that came as a
+        # PUBACK did (asyncio.wait_for on 3.11, agent.aio) and run its 200 s of site time to the end
+        sim_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sim_task
+    finally:
+        if sim_task is not None:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+        service.stop()
+        await asyncio.wait_for(task, 15)
+    assert last, "no decision sent commands"
+    states = {c["command_id"]: c["state"] for c in read_journal(tmp_path / "journal.sqlite")[1]}
+    assert {states[i] for i in last} == {"applied"}, [states[i] for i in last]
+    with contextlib.closing(Journal(tmp_path / "journal.sqlite")) as j:
+        assert not {c.command_id for c in j.unacked(0.0)} & set(last)  # nothing to send again
+
+
+async def test_command_sends_that_cannot_be_journaled_leave_the_agent_running_not_ready(
+    mosquitto: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The publisher's own journal write (a batch of commands marked sent) failing, as on a disk that
+    filled after the decision was written, used to stop the agent (its publish task raised). Now the
+    commands still go out and are applied (their acks are journaled), the failure is logged once,
+    ``/readyz`` says why until the write succeeds again, and the agent is ready after it."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=SPEED)
+    journal = tmp_path / "journal.sqlite"
+    service = AgentService(
+        loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-f2"), http_listen=("127.0.0.1", 0)
+    )
+    mark_sent = service.journal.mark_sent
+    disk_full = [True]
+    failed: list[list[str]] = []
+
+    def mark_sent_on_a_full_disk(command_ids: Iterable[str]) -> None:
+        if disk_full[0]:
+            failed.append(list(command_ids))
+            raise JournalError(f"journal {journal}: database or disk is full")
+        mark_sent(command_ids)
+
+    monkeypatch.setattr(service.journal, "mark_sent", mark_sent_on_a_full_disk)
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    why = f"journal (commands sent): journal {journal}: database or disk is full"
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 200.0).run())
+        await wait_for(lambda: why in service.readiness(), what="readiness to tell the sends are not journaled")
+        assert service.http_port is not None
+        status, body = await http_get(service.http_port, "/readyz")
+        assert status == 503 and why in body, body
+        await wait_for(lambda: len(failed) >= 3, what="more batches sent (pump renewals)")
+        assert not task.done()
+        states = {c["command_id"]: c["state"] for c in read_journal(journal)[1]}
+        assert {states[i] for i in failed[0]} == {"applied"}, [states[i] for i in failed[0]]
+        disk_full[0] = False
+        n_failed = len(failed)
+        await wait_for(lambda: why not in service.readiness(), what="ready again after a journaled send")
+        assert not any(r.startswith("journal") for r in service.readiness()), service.readiness()
+        assert len(failed) == n_failed
+    finally:
+        if sim_task is not None:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+        service.stop()
+        await asyncio.wait_for(task, 15)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("journal write failed: commands sent not recorded" in m for m in messages) == 1, messages
+    assert "journal written again: commands sent recorded" in messages
+    assert service._failure is None  # a clean shutdown
