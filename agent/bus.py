@@ -48,6 +48,7 @@ __all__ = [
     "BusConnectError",
     "BusError",
     "BusNotConnected",
+    "BusPubackTimeout",
     "BusStats",
     "Incoming",
     "LastWill",
@@ -66,12 +67,20 @@ log = logging.getLogger("racktwin.bus")
 PASSWORD_ENV = "RACKTWIN_MQTT_PASSWORD"
 
 
+_AIOMQTT_TIMEOUT = "Operation timed out"  # the MqttError aiomqtt 2.x raises when its wait times out
+
+
 class BusError(Exception):
     """A publish or subscribe that could not be done."""
 
 
 class BusNotConnected(BusError):
     """The bus is (momentarily) not connected; the message was not sent."""
+
+
+class BusPubackTimeout(BusError):
+    """The broker did not acknowledge a QoS 1 publish in time. The client keeps the message and sends
+    it again itself after a reconnect: publishing it again now would only add a copy."""
 
 
 class BusConnectError(BusError):
@@ -251,6 +260,8 @@ class BusStats:
     dropped: int = 0  # incoming messages dropped because the consumer's queue was full
     published: int = 0
     publish_errors: int = 0
+    puback_timeouts: int = 0  # QoS 1 publishes the broker did not acknowledge in time (also in publish_errors)
+    unexpected_errors: int = 0  # errors other than MQTT ones on the connection (logged with a traceback)
     last_error: str | None = None
 
 
@@ -399,6 +410,14 @@ class Bus:
                     self.stats.failed_connects += 1
                     level = logging.ERROR if isinstance(exc, MqttConnectError) else logging.WARNING
                     log.log(level, "%s: cannot connect to %s: %s", self.name, self.options.url, exc)
+            except Exception as exc:  # a defect in the client library or here: never the end of the bus
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self.stats.unexpected_errors += 1
+                if connected:
+                    self.stats.disconnects += 1
+                else:
+                    self.stats.failed_connects += 1
+                log.exception("%s: unexpected error on the connection to %s; reconnecting", self.name, self.options.url)
             finally:
                 self._connected.clear()
                 self._client = None
@@ -472,6 +491,10 @@ class Bus:
                 await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
         except aiomqtt.MqttError as exc:
             self.stats.publish_errors += 1
+            if str(exc) == _AIOMQTT_TIMEOUT:
+                self.stats.puback_timeouts += 1
+                limit = self.options.connect_timeout_s if timeout_s is None else timeout_s
+                raise BusPubackTimeout(f"{self.name}: publish to {topic!r}: no PUBACK within {limit:g} s") from exc
             raise BusError(f"{self.name}: publish to {topic!r} failed: {exc}") from exc
         self.stats.published += 1
 

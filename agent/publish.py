@@ -50,6 +50,7 @@ import dataclasses
 import functools
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ import numpy.typing as npt
 
 from agent import wire
 from agent.aio import wait_event
-from agent.bus import Bus, BusError, BusNotConnected
+from agent.bus import Bus, BusError, BusNotConnected, BusPubackTimeout
 from agent.clock import SiteClock
 from agent.config import ControlConfig
 from agent.decision import Decision
@@ -486,12 +487,22 @@ class PublishStats:
     unacked_expired: int = 0  # expired before any ack (lost or unanswered)
     abandoned: int = 0  # retries exhausted
     not_connected_waits: int = 0
+    unconfirmed: int = 0  # sends the broker did not acknowledge within puback_timeout_s (counted in sent)
 
 
 class Publisher:
     """Sends open commands in order, retries the unacknowledged ones (see the module docstring).
 
-    ``on_sent(command, retry)`` and ``on_closed(command, why)`` report to the caller (metrics)."""
+    ``on_sent(command, retry)``, ``on_closed(command, why)`` and ``on_unconfirmed(command)`` report
+    to the caller (metrics).
+
+    A send whose PUBACK does not come within :attr:`puback_timeout_s` (an overloaded broker) counts
+    as sent, unconfirmed: the client keeps the message and delivers it when it can, so it is not
+    published again at once (that only piled copies into the client); the rack's ack closes it, and
+    the retry interval applies as to any command not acknowledged. The next batch goes on."""
+
+    #: wall seconds a send waits for the broker's PUBACK
+    puback_timeout_s = 5.0
 
     def __init__(
         self,
@@ -503,6 +514,7 @@ class Publisher:
         *,
         on_sent: Callable[[OpenCommand, bool], None] | None = None,
         on_closed: Callable[[OpenCommand, str], None] | None = None,
+        on_unconfirmed: Callable[[OpenCommand], None] | None = None,
     ) -> None:
         self.bus = bus
         self.book = book
@@ -511,6 +523,7 @@ class Publisher:
         self.control = control
         self.on_sent = on_sent
         self.on_closed = on_closed
+        self.on_unconfirmed = on_unconfirmed
         self.stats = PublishStats()
         self._queue: collections.deque[OpenCommand] = collections.deque()
         #: commands in flight at once (awaiting their PUBACK); the client's own in-flight window
@@ -521,6 +534,9 @@ class Publisher:
         #: the publisher's journal writes that failed last time they were tried ("sent", "expired",
         #: "abandoned"), with the error; an entry goes when that write succeeds again
         self.journal_errors: dict[str, str] = {}
+        #: time.monotonic() of the last send the broker did not acknowledge in time, and why
+        self.last_unconfirmed_wall = -math.inf
+        self.last_unconfirmed_error = ""
 
     @property
     def retry_after_s(self) -> float:
@@ -623,7 +639,15 @@ class Publisher:
         """Publish one command (QoS 1) and note it sent once the broker acknowledged it; the error
         when it could not be sent."""
         try:
-            await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=5.0)
+            await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=self.puback_timeout_s)
+        except BusPubackTimeout as exc:  # handed over, not confirmed: see the class docstring
+            if time.monotonic() - self.last_unconfirmed_wall > 60.0:
+                log.warning("the broker does not acknowledge commands: %s", exc)
+            self.stats.unconfirmed += 1
+            self.last_unconfirmed_wall = time.monotonic()
+            self.last_unconfirmed_error = str(exc)
+            if self.on_unconfirmed is not None:
+                self.on_unconfirmed(oc)
         except BusError as exc:
             return exc
         retry = oc.attempts > 0

@@ -87,6 +87,7 @@ _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal 
 _JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
 _ANOMALY_INTERVAL_S = 10.0
 _JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
+_UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 
 
@@ -211,7 +212,14 @@ class AgentService:
             name="agent",
         )
         self.publisher = Publisher(
-            self.bus, self.book, self.journal, self.clock, cfg.control, on_sent=self._on_sent, on_closed=self._on_closed
+            self.bus,
+            self.book,
+            self.journal,
+            self.clock,
+            cfg.control,
+            on_sent=self._on_sent,
+            on_closed=self._on_closed,
+            on_unconfirmed=self._on_unconfirmed,
         )
         self.http = http
         self._http_listen = http_listen
@@ -524,6 +532,9 @@ class AgentService:
 
     def _on_closed(self, oc: OpenCommand, why: str) -> None:
         self.metrics.commands_total.labels(result=why).inc()
+
+    def _on_unconfirmed(self, _oc: OpenCommand) -> None:
+        self.metrics.commands_total.labels(result="unconfirmed").inc()
 
     def _observe_latency(self, trigger_wall: float, kind: str) -> None:
         lat = time.monotonic() - trigger_wall
@@ -882,6 +893,8 @@ class AgentService:
             reasons.append(f"journal: {self._journal_error}")
         if self._calibration_error:
             reasons.append(f"journal (calibration): {self._calibration_error}")
+        if time.monotonic() - self.publisher.last_unconfirmed_wall < _UNCONFIRMED_READY_S:
+            reasons.append(f"the broker is not acknowledging commands ({self.publisher.last_unconfirmed_error})")
         for what, err in self.publisher.journal_errors.items():
             reasons.append(f"journal (commands {what}): {err}")
         if self._journal_file_problem:

@@ -6,6 +6,7 @@ import from ``conftest``, which is ambiguous when several conftest.py files exis
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -224,3 +225,75 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
             host_off=np.arange(n) < 8,
         ),
     ]
+
+
+class PubackDroppingProxy:
+    """A TCP proxy on loopback in front of a broker that drops every PUBACK (MQTT packet type 4) on
+    its way to the client, as a broker too overloaded to acknowledge would look. ``publishes`` counts
+    the PUBLISH packets (type 3) the client sent through it."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.publishes = 0
+        self.pubacks_dropped = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._handlers: list[asyncio.Task[Any]] = []
+
+    async def __aenter__(self) -> PubackDroppingProxy:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in self._writers:
+            w.close()
+        for t in self._handlers:
+            t.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _connection(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.append(me)
+        broker_r, broker_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers += [client_w, broker_w]
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, to_broker: bool) -> None:
+            try:
+                while (packet := await _mqtt_packet(r)) is not None:
+                    kind = packet[0] >> 4
+                    if to_broker and kind == 3:
+                        self.publishes += 1
+                    if not to_broker and kind == 4:
+                        self.pubacks_dropped += 1
+                        continue
+                    w.write(packet)
+                    await w.drain()
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                w.close()
+
+        await asyncio.gather(pipe(client_r, broker_w, True), pipe(broker_r, client_w, False))
+
+
+async def _mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
+    """One MQTT control packet (fixed header, remaining length, body), or None at the end of the stream."""
+    try:
+        header = await r.readexactly(1)
+    except asyncio.IncompleteReadError:
+        return None
+    length, multiplier, encoded = 0, 1, b""
+    while True:
+        byte = await r.readexactly(1)
+        encoded += byte
+        length += (byte[0] & 0x7F) * multiplier
+        multiplier *= 128
+        if not byte[0] & 0x80:
+            break
+    return header + encoded + (await r.readexactly(length) if length else b"")

@@ -10,6 +10,7 @@ journal marks them sent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import example_site
+from mqtt_testing import PubackDroppingProxy
 
 from agent import wire
 from agent.broker import EmbeddedBroker
@@ -133,4 +135,49 @@ async def test_a_journal_that_refuses_the_publishers_writes_does_not_stop_it(
         await publisher.step()
     assert set(publisher.journal_errors) == {"sent"}  # no send since: that write has not been tried again
     assert journal.command_counts() == {"expired": 4}
+    journal.close()
+
+
+async def test_commands_the_broker_does_not_acknowledge_go_out_once_and_the_next_batch_follows(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A broker too overloaded to acknowledge (a proxy drops every PUBACK): each command is handed to
+    the client once, counted sent and unconfirmed, and the batches behind it follow. A batch whose
+    PUBACKs timed out used to go back to the front of the queue and be published again at every
+    step (the client keeping every copy), and the commands behind it were never tried."""
+    n = 250
+    site = example_site()
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    control = ControlConfig()
+    book = CommandBook(site, codec, control)
+    clock = SiteClock(1.0)
+    clock.observe(TS)
+    journal = Journal(tmp_path / "journal.sqlite")
+    rows = []
+    for k in range(n):
+        rack = site.rack_names[k % site.n_racks]
+        cmd = wire.RackCommand(
+            rack, (k // site.n_racks,), wire.CardSetting.dvfs(k % 8), uuid.uuid4(), TS + 30.0, TS, k, "agent"
+        )
+        out = codec.outgoing(cmd)
+        rows.append((str(cmd.command_id), rack, out.topic, out.payload, TS, TS + 30.0, 0))
+    opened = book.resume(rows)
+    journal.record_decision(1, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+    async with PubackDroppingProxy(mosquitto.port) as proxy:
+        options = dataclasses.replace(mosquitto.options(), port=proxy.port)
+        async with Bus(options, name="agent") as bus:
+            await bus.wait_connected(10)
+            publisher = Publisher(bus, book, journal, clock, control)
+            publisher.puback_timeout_s = 0.3
+            publisher.submit(opened)
+            await publisher.step()
+            await publisher.step()  # nothing is due again before the retry interval
+            assert publisher.max_in_flight < n  # more than one batch
+            assert publisher.backlog() == 0
+            assert publisher.stats.sent == n and publisher.stats.unconfirmed == n
+            assert bus.stats.puback_timeouts == n
+            await asyncio.sleep(0.2)
+        # never a copy: the first window went on the wire, the client holds the rest until PUBACKs come
+        assert proxy.publishes == publisher.max_in_flight == proxy.pubacks_dropped
+    assert journal.command_counts() == {"sent": n}
     journal.close()

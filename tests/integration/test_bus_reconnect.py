@@ -6,7 +6,9 @@ import argparse
 import dataclasses
 import random
 from pathlib import Path
+from typing import Any
 
+import aiomqtt
 import pytest
 from mqtt_helpers import WAIT_S, next_messages, wait_for
 
@@ -58,6 +60,39 @@ async def test_bus_reconnects_and_resubscribes_after_a_broker_restart(mosquitto:
         [m] = await next_messages(sub, 1)
         assert m.payload == b"after"
     assert onlines[:2] == [1, 2]
+
+
+async def test_an_unexpected_error_on_the_connection_is_logged_and_the_bus_reconnects(
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error that is no MqttError (here aiomqtt's own RuntimeError about a message id, in the
+    subscribe after a reconnect) used to end the connection task for good, silently: the bus never
+    reconnected and ``close()`` raised it. Now it is logged with its traceback and the bus goes on."""
+    real_subscribe = aiomqtt.Client.subscribe
+    calls = [0]
+
+    async def subscribe_failing_once(self: aiomqtt.Client, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError('There already exists a pending call for message ID "7"')
+        return await real_subscribe(self, *args, **kwargs)
+
+    monkeypatch.setattr(aiomqtt.Client, "subscribe", subscribe_failing_once)
+    topic = "racktwin/v1/site1/rack/r0/cmd"
+    async with Bus(fast(mosquitto.options()), subscriptions=[topic], name="sub") as bus:
+        await bus.wait_connected(WAIT_S)
+        mosquitto.restart()
+        await wait_for(lambda: bus.stats.unexpected_errors == 1, what="the injected error")
+        await wait_for(lambda: bus.connected, what="a reconnect after it")
+        assert calls[0] == 3 and bus.stats.connects == 2
+        assert bus.stats.last_error is not None and bus.stats.last_error.startswith("RuntimeError: ")
+        async with Bus(fast(mosquitto.options()), name="pub") as pub:  # and it is subscribed again
+            await pub.wait_connected(WAIT_S)
+            await pub.publish(topic, b"after", qos=1)
+            [m] = await next_messages(bus, 1)
+            assert m.payload == b"after"
+    logged = [r for r in caplog.records if "unexpected error on the connection" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
 
 
 async def test_publishing_while_the_broker_is_down_raises_not_connected(mosquitto: EmbeddedBroker) -> None:
