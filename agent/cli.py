@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from agent import racktwin_version
 from agent.commands.common import UserError
 
 #: command name -> (module under agent.commands, one-line help). Order is the order in --help.
@@ -37,7 +38,10 @@ def _top_parser() -> argparse.ArgumentParser:
             "racktwin keeps liquid-cooled AI racks under their power and thermal limits at the least "
             "energy: a digital twin, Pyomo/HiGHS models and an MQTT control agent."
         ),
-        epilog="Run 'racktwin COMMAND --help' for a command's options. Documentation: README.md.",
+        epilog=(
+            "Run 'racktwin COMMAND --help' for a command's options; 'racktwin --version' for the version. "
+            "Documentation: README.md."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -52,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         top.print_help()
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"racktwin {racktwin_version()}")
+        return 0
     name = args[0]
     if name not in COMMANDS:
         top.error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})")

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from agent import wire
+from agent import racktwin_version, wire
 from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
@@ -71,16 +71,7 @@ __all__ = ["VERSION", "AgentFailed", "AgentService", "HttpListenError", "isolate
 log = logging.getLogger("racktwin.agent")
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("racktwin")
-    except Exception:  # not installed (run from a checkout)
-        return "0.1.0"
-
-
-VERSION = _version()
+VERSION = racktwin_version()
 _ROUND_QUEUE = 256
 _HEALTH_INTERVAL_S = 1.0
 _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days

@@ -13,8 +13,17 @@ from typing import Any
 
 from twin.spec import SiteSpec, SpecError, load_site
 
-#: The repository's examples folder (the embedded defaults live there).
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+
+def examples_dir() -> Path:
+    """The example files (the embedded defaults are among them): ``examples/`` of the checkout this
+    code runs from, else the copy installed with the package (``agent.examples``, pyproject.toml)."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "examples" / "supernode-512.toml").is_file():
+        return root / "examples"
+    return Path(__file__).resolve().parents[1] / "examples"
+
+
+EXAMPLES_DIR = examples_dir()
 DEFAULT_SITE = EXAMPLES_DIR / "supernode-512.toml"
 
 

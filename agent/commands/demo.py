@@ -366,10 +366,11 @@ async def run_closed_loop(
 
 
 def _child_env() -> dict[str, str]:
-    """The simulator child's environment: this checkout first on the path (when run from a checkout)."""
+    """The simulator child's environment: this checkout first on the path when run from a checkout
+    (never an installed package's site-packages: it would come before the standard library)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
-    if (Path(root) / "sim" / "__main__.py").exists():
+    if (Path(root) / "pyproject.toml").is_file() and (Path(root) / "sim" / "__main__.py").exists():
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
