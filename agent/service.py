@@ -112,6 +112,13 @@ def _failure_detail(exc: BaseException) -> str:
     return detail if len(detail) <= 300 else detail[:297] + "..."
 
 
+def _report_late_solve(fut: asyncio.Future[Decision]) -> None:
+    """A solve that outlived its deadline (its decision went by with the greedy plan): log its error,
+    if it failed, when it ends; nobody awaits it any more."""
+    if not fut.cancelled() and (exc := fut.exception()) is not None:
+        log.error("control: a late solve failed: %r", exc, exc_info=exc)
+
+
 def _first_error(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         inner = [e for e in exc.exceptions if not isinstance(e, _Shutdown | asyncio.CancelledError)]
@@ -523,6 +530,7 @@ class AgentService:
 
     def _on_closed(self, oc: OpenCommand, why: str) -> None:
         self.metrics.commands_total.labels(result=why).inc()
+        self._first_send.pop(oc.command_id, None)  # closed unsent (e.g. expired while the broker was away)
 
     def _on_unconfirmed(self, _oc: OpenCommand) -> None:
         self.metrics.commands_total.labels(result="unconfirmed").inc()
@@ -678,6 +686,7 @@ class AgentService:
                     proposal = await asyncio.shield(fut)
             except TimeoutError:
                 self._solve_future = fut
+                fut.add_done_callback(_report_late_solve)
                 note = "solve late: greedy plan"
             except Exception as exc:  # the models failed: greedy plan, and say so
                 log.exception("control: the solve failed")
@@ -776,9 +785,19 @@ class AgentService:
         m.plans_total.labels(status=d.plan_status, source=d.source).inc()
 
     async def _health_task(self) -> None:
+        failing: str | None = None  # the error of the last metrics update that failed
         while True:
-            with contextlib.suppress(Exception):
+            try:
                 self._update_health()
+            except Exception as exc:  # the metrics freeze, the service goes on: say so once per error
+                what = f"{type(exc).__name__}: {exc}"
+                if what != failing:
+                    log.exception("health metrics not updated: %s", what)
+                failing = what
+            else:
+                if failing is not None:
+                    log.info("health metrics updated again")
+                failing = None
             self._check_journal_file()
             self._prune_journal()
             await asyncio.sleep(_HEALTH_INTERVAL_S)

@@ -492,7 +492,10 @@ class Simulator:
             answers: list[wire.Outgoing] = []
             try:
                 async for m in bus.messages():
-                    answers.extend(self.commands.handle(m.topic, m.payload))
+                    try:
+                        answers.extend(self.commands.handle(m.topic, m.payload))
+                    except Exception:  # this command only: the answers of the others in the burst still go
+                        log.exception("sim: a command on %r could not be handled; going on", m.topic)
                     if bus.pending() == 0 and answers:
                         burst, answers = answers, []
                         await self._answer_all(bus, burst)

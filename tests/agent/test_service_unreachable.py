@@ -1,19 +1,22 @@
 """An unreachable broker is not fatal: the service keeps retrying, /readyz says why, /healthz is up,
-and a stop request still shuts it down cleanly."""
+and a stop request still shuts it down cleanly. Errors of its own side tasks (metrics, a late solve)
+are logged, never silent."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from http_testing import http_get
 
 from agent.bus import MqttOptions
 from agent.config import load_config
-from agent.service import AgentService
+from agent.service import AgentService, _report_late_solve
 
 pytestmark = pytest.mark.agent
 
@@ -47,3 +50,55 @@ async def test_unreachable_broker_keeps_retrying_and_readiness_says_why(tmp_path
     service.stop()
     await asyncio.wait_for(task, 10)
     assert task.done() and task.exception() is None
+
+
+async def test_a_failing_metrics_update_is_logged_once_and_the_service_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The health task used to swallow every error of the metrics update: the gauges froze (the
+    broker link gauge among them) and nothing said so. Now the first failure is logged with its
+    traceback, a repeat of the same error is not, and the recovery is logged."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
+    options = MqttOptions(port=free_port(), reconnect_min_s=0.05, reconnect_max_s=0.2, connect_timeout_s=1.0)
+    service = AgentService(loaded, mqtt=options, http=False)
+    update = service._update_health
+    calls = [0]
+
+    def failing_update() -> None:
+        calls[0] += 1
+        if calls[0] <= 3:
+            raise ValueError("a gauge's labels do not match")
+        update()
+
+    monkeypatch.setattr(service, "_update_health", failing_update)
+    monkeypatch.setattr("agent.service._HEALTH_INTERVAL_S", 0.05)
+    task = asyncio.create_task(service.run())
+    for _ in range(200):
+        if calls[0] >= 5:
+            break
+        await asyncio.sleep(0.02)
+    service.stop()
+    await asyncio.wait_for(task, 10)
+    assert calls[0] >= 5 and task.exception() is None
+    failed = [r for r in caplog.records if r.getMessage().startswith("health metrics not updated")]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+    assert "a gauge's labels do not match" in failed[0].getMessage()
+    assert sum(r.getMessage() == "health metrics updated again" for r in caplog.records) == 1
+
+
+async def test_a_late_solve_that_fails_is_logged_when_it_ends(caplog: pytest.LogCaptureFixture) -> None:
+    """A solve that outlived its deadline is awaited by nobody: its failure used to surface only as
+    asyncio's "exception was never retrieved" at garbage collection, if at all."""
+    loop = asyncio.get_running_loop()
+    late: asyncio.Future[Any] = loop.create_future()
+    late.add_done_callback(_report_late_solve)
+    late.set_exception(RuntimeError("HiGHS crashed"))
+    await asyncio.sleep(0)  # done callbacks run on the loop
+    [record] = [r for r in caplog.records if r.getMessage().startswith("control: a late solve failed")]
+    assert "HiGHS crashed" in record.getMessage() and record.exc_info is not None
+    finished: asyncio.Future[Any] = loop.create_future()
+    finished.add_done_callback(_report_late_solve)
+    finished.set_result(None)
+    await asyncio.sleep(0)
+    assert len([r for r in caplog.records if "late solve" in r.getMessage()]) == 1

@@ -229,6 +229,35 @@ async def test_a_burst_of_commands_is_applied_in_order_and_all_acked(mosquitto: 
     assert s is not None and s.commands_applied == 41 and s.commands_expired == 0
 
 
+async def test_a_command_the_simulator_fails_on_costs_no_other_commands_ack(
+    mosquitto: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect while handling one command of a burst (injected) is logged and costs only that
+    command: the others of the burst, applied, are still acked (the burst's answers used to be
+    dropped with it, and the agent retried commands the racks had applied)."""
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, scenario(duration_s=600.0), speed=10.0) as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading), label="telemetry")
+        ts, exp = command_times(obs)
+        burst = [
+            wire.RackCommand("r1", (k % 16,), wire.CardSetting.dvfs(k % 8), wire.new_command_id(), exp, ts, k, "agent")
+            for k in range(41)
+        ]
+        poison = obs.codec.outgoing(burst[20]).payload
+        handle = sim.commands.handle
+
+        def handle_failing_on_one(topic: str, payload: bytes) -> list[wire.Outgoing]:
+            if payload == poison:
+                raise RuntimeError("injected defect")
+            return handle(topic, payload)
+
+        sim.commands.handle = handle_failing_on_one  # type: ignore[method-assign]
+        out = [obs.codec.outgoing(m) for m in burst]
+        await asyncio.gather(*(asyncio.ensure_future(obs.bus.send(o)) for o in out))  # all in flight at once
+        acks = [await obs.ack_of(m.command_id) for k, m in enumerate(burst) if k != 20]
+        assert all(a.result is wire.AckResult.APPLIED for a in acks)
+    assert any("could not be handled" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
 async def test_expired_command_is_acked_expired_and_not_applied(mosquitto: EmbeddedBroker) -> None:
     async with observer(mosquitto, SITE) as obs, running(mosquitto, scenario(duration_s=600.0)) as (sim, _):
         await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 5)
