@@ -2,7 +2,8 @@
 
 Metric names follow Prometheus conventions (base units, ``_total`` for counters, ``_ratio`` for
 ratios). Each agent has its own registry, so several can run in one process (tests). The HTTP
-server is a small asyncio handler for GET requests only; it needs no framework.
+server (:class:`HttpEndpoint`) is a small asyncio handler for GET requests only, bounded in time,
+size and connections because it shares the event loop with the control loop; it needs no framework.
 
 /healthz answers 200 while the event loop runs (a hung loop does not answer at all);
 /readyz answers 200 once the agent is connected to the broker, has fresh telemetry from every
@@ -14,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -164,44 +167,123 @@ class AgentMetrics:
         return generate_latest(self.registry)
 
 
-async def serve_http(metrics: AgentMetrics, readiness: ReadinessCheck, host: str, port: int) -> asyncio.Server:
-    """Start the HTTP endpoint; the caller closes the returned server."""
+class HttpEndpoint:
+    """The agent's HTTP endpoint: ``/metrics`` (Prometheus text format), ``/healthz``, ``/readyz``.
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    Hardened against clients that are slow, many or hostile, since the endpoint shares the event
+    loop with the control loop: the request head (request line and headers) must arrive within
+    ``head_timeout_s`` in all, a line at most ``max_line_bytes`` (else 431), at most
+    ``max_header_lines`` lines; the reply must be taken within ``write_timeout_s``; at most
+    ``max_connections`` are served at once (one more is answered 503 and closed); ``/metrics`` is
+    rendered at most once every ``metrics_max_age_s`` (a burst of scrapes costs one rendering; a
+    rendering at 2,048 cards takes ~30 ms). :meth:`close` also ends the connections still open.
+    """
+
+    def __init__(
+        self,
+        metrics: AgentMetrics,
+        readiness: ReadinessCheck,
+        *,
+        max_connections: int = 32,
+        head_timeout_s: float = 5.0,
+        write_timeout_s: float = 5.0,
+        metrics_max_age_s: float = 0.5,
+        max_line_bytes: int = 8192,
+        max_header_lines: int = 64,
+    ) -> None:
+        self.metrics = metrics
+        self.readiness = readiness
+        self.max_connections = max_connections
+        self.head_timeout_s = head_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.metrics_max_age_s = metrics_max_age_s
+        self.max_line_bytes = max_line_bytes
+        self.max_header_lines = max_header_lines
+        self.port = 0
+        self.refused = 0  # connections answered 503 because max_connections were open
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._exposition: tuple[float, bytes] | None = None  # (time.monotonic(), body)
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._handle, host, port, limit=self.max_line_bytes)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        if self._server is not None:
+            await self._server.wait_closed()
+        await asyncio.gather(*list(self._handlers), return_exceptions=True)
+
+    def _metrics_body(self) -> bytes:
+        now = time.monotonic()
+        if self._exposition is None or now - self._exposition[0] > self.metrics_max_age_s:
+            self._exposition = (now, self.metrics.exposition())
+        return self._exposition[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
         try:
-            async with asyncio.timeout(5.0):
-                request = await reader.readline()
-            while True:  # drain headers
-                async with asyncio.timeout(5.0):
-                    line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
+            over = len(self._handlers) > self.max_connections
+            try:  # (the head is read even when refusing: closing on unread data would reset the answer)
+                async with asyncio.timeout(min(self.head_timeout_s, 0.5) if over else self.head_timeout_s):
+                    request = await reader.readline()
+                    for _ in range(self.max_header_lines):
+                        if await reader.readline() in (b"\r\n", b"\n", b""):
+                            break
+                    else:
+                        raise ValueError("too many header lines")
+            except ValueError:  # a line over max_line_bytes (asyncio's limit), or too many lines
+                await self._reply(writer, "GET", "431 Request Header Fields Too Large", "text/plain", b"too large\n")
+                return
+            if over:
+                self.refused += 1
+                await self._reply(writer, "GET", "503 Service Unavailable", "text/plain", b"too many connections\n")
+                return
             parts = request.decode("latin-1").split()
             method, path = (parts[0], parts[1].split("?", 1)[0]) if len(parts) >= 2 else ("", "")
             if method not in ("GET", "HEAD"):
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET\n"
             elif path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, metrics.exposition()
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, self._metrics_body()
             elif path == "/healthz":
                 status, ctype, body = "200 OK", "text/plain", b"ok\n"
             elif path == "/readyz":
-                reasons = readiness()
+                reasons = self.readiness()
                 status = "200 OK" if not reasons else "503 Service Unavailable"
                 ctype = "application/json"
                 body = json.dumps({"ready": not reasons, "reasons": reasons}).encode() + b"\n"
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"try /metrics, /healthz or /readyz\n"
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n"
-            ).encode("latin-1")
-            writer.write(head + (b"" if method == "HEAD" else body))
-            await writer.drain()
+            await self._reply(writer, method, status, ctype, body)
         except (TimeoutError, ConnectionError):
             pass
         finally:
+            if task is not None:
+                self._handlers.discard(task)
             writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
 
-    return await asyncio.start_server(handle, host, port)
+    async def _reply(self, writer: asyncio.StreamWriter, method: str, status: str, ctype: str, body: bytes) -> None:
+        head = (
+            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode("latin-1")
+        async with asyncio.timeout(self.write_timeout_s):
+            writer.write(head + (b"" if method == "HEAD" else body))
+            await writer.drain()
+
+
+async def serve_http(metrics: AgentMetrics, readiness: ReadinessCheck, host: str, port: int) -> HttpEndpoint:
+    """Start the HTTP endpoint (:class:`HttpEndpoint`, defaults); the caller closes it."""
+    endpoint = HttpEndpoint(metrics, readiness)
+    await endpoint.start(host, port)
+    return endpoint

@@ -59,7 +59,7 @@ from agent.controller import Controller
 from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
-from agent.metrics import AgentMetrics, serve_http
+from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
 from twin.estimate import AnomalyHistory, Estimator
 from twin.readings import JobEvent, Readings
@@ -222,7 +222,7 @@ class AgentService:
         self.http = http
         self._http_listen = http_listen
         self.http_port: int | None = None
-        self._http_server: asyncio.Server | None = None
+        self._http_server: HttpEndpoint | None = None
         self._stop = asyncio.Event()
         self._replan = asyncio.Event()
         self._replan_wall = 0.0
@@ -286,7 +286,7 @@ class AgentService:
             except OSError as exc:  # e.g. the port is taken
                 self.journal.close()
                 raise HttpListenError(listen[0], listen[1], exc) from exc
-            self.http_port = int(self._http_server.sockets[0].getsockname()[1])
+            self.http_port = self._http_server.port
         log.info(
             "agent starting",
             extra={
