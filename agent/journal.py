@@ -32,6 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 SCHEMA_VERSION = 1
+#: seconds a write waits for another process's lock on the journal (sqlite's busy timeout; its default,
+#: 5 s, blocked the agent's event loop that long per write while e.g. a sqlite3 shell held the lock)
+BUSY_TIMEOUT_S = 0.5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -67,6 +70,7 @@ CREATE TABLE IF NOT EXISTS acks (
     result TEXT NOT NULL,
     reason TEXT
 );
+CREATE INDEX IF NOT EXISTS acks_command ON acks(command_id);
 CREATE TABLE IF NOT EXISTS calibration (
     card INTEGER PRIMARY KEY,
     r_th_k_per_w REAL NOT NULL,
@@ -171,7 +175,9 @@ class Journal:
                 if lock:
                     self._lock()
             try:
-                self._db = db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._db = db = sqlite3.connect(
+                    self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+                )
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(_SCHEMA)
@@ -303,25 +309,33 @@ class Journal:
                 [(now, cid) for cid in command_ids],
             )
 
-    @_journal_errors
     def record_ack(self, command_id: str, site_time_s: float, result: str, reason: str | None = None) -> bool:
         """Record an ack; returns False for an unknown command id (another agent's, or forged)."""
+        return self.record_acks([(command_id, site_time_s, result, reason)])[0]
+
+    @_journal_errors
+    def record_acks(self, acks: Sequence[tuple[str, float, str, str | None]]) -> list[bool]:
+        """Record acks ``(command_id, site_time_s, result, reason)`` in one transaction; for each,
+        whether its command is known (False: another agent's, or forged; nothing is written for it)."""
         state = {"applied": CommandState.APPLIED, "rejected": CommandState.REJECTED, "expired": CommandState.EXPIRED}
-        new_state = state.get(result)
-        if new_state is None:
-            raise ValueError(f"unknown ack result {result!r}")
+        for _cid, _t, result, _r in acks:
+            if result not in state:
+                raise ValueError(f"unknown ack result {result!r}")
+        known: list[bool] = []
+        now = time.time()
         with self._transaction():
-            cur = self._conn.execute(
-                "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ?",
-                (new_state.value, time.time(), command_id),
-            )
-            if cur.rowcount == 0:
-                return False
-            self._conn.execute(
-                "INSERT INTO acks(command_id, site_time_s, result, reason) VALUES (?, ?, ?, ?)",
-                (command_id, site_time_s, result, reason),
-            )
-        return True
+            for command_id, site_time_s, result, reason in acks:
+                cur = self._conn.execute(
+                    "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ?",
+                    (state[result].value, now, command_id),
+                )
+                known.append(cur.rowcount > 0)
+                if cur.rowcount > 0:
+                    self._conn.execute(
+                        "INSERT INTO acks(command_id, site_time_s, result, reason) VALUES (?, ?, ?, ?)",
+                        (command_id, site_time_s, result, reason),
+                    )
+        return known
 
     @_journal_errors
     def expire(self, site_time_s: float) -> int:

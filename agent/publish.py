@@ -39,7 +39,8 @@ write of the publisher that fails (a full disk: ``JournalError``) does not stop 
 journaled before they were sent, so what is lost is their record of being sent, expired or abandoned
 (a restarted agent sends again what its journal still has open and valid, and closes the rest).
 The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
-until the same write succeeds again.
+until the same write succeeds again (any error, once a batch is marked sent); for 2 s after a failure
+the publisher does not try its journal writes (each try may wait for SQLite's busy timeout).
 """
 
 from __future__ import annotations
@@ -503,6 +504,8 @@ class Publisher:
 
     #: wall seconds a send waits for the broker's PUBACK
     puback_timeout_s = 5.0
+    #: wall seconds the publisher's journal writes are skipped after one failed
+    journal_retry_s = 2.0
 
     def __init__(
         self,
@@ -534,6 +537,7 @@ class Publisher:
         #: the publisher's journal writes that failed last time they were tried ("sent", "expired",
         #: "abandoned"), with the error; an entry goes when that write succeeds again
         self.journal_errors: dict[str, str] = {}
+        self._journal_retry_wall = -math.inf  # time.monotonic() before which journal writes are skipped
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
         self.last_unconfirmed_wall = -math.inf
         self.last_unconfirmed_error = ""
@@ -556,15 +560,26 @@ class Publisher:
 
     def _journal_write(self, what: str, write: Callable[[], object]) -> None:
         """One journal write (``what`` names it in the log); a failure is logged once and kept in
-        :attr:`journal_errors`, never raised: the command has been journaled and sent already."""
+        :attr:`journal_errors`, never raised: the command has been journaled and sent already. For
+        ``journal_retry_s`` after a failure the publisher's writes are skipped (each try may wait for
+        SQLite's busy timeout on the event loop, and a step comes every 0.25 s): what they would
+        record is lost as when they fail (expiries are recorded by the next one that succeeds). An
+        entry of :attr:`journal_errors` goes when a write of its kind succeeds, every entry when a
+        batch is marked sent (rows written: the journal takes writes again)."""
+        if time.monotonic() < self._journal_retry_wall:
+            return
         try:
             write()
         except JournalError as exc:
             if what not in self.journal_errors:
                 log.error("journal write failed: commands %s not recorded", what, extra={"fields": {"error": str(exc)}})
             self.journal_errors[what] = str(exc)
+            self._journal_retry_wall = time.monotonic() + self.journal_retry_s
             return
-        if self.journal_errors.pop(what, None) is not None:
+        if what == "sent" and self.journal_errors:
+            log.info("journal written again: commands sent recorded")
+            self.journal_errors.clear()
+        elif self.journal_errors.pop(what, None) is not None:
             log.info("journal written again: commands %s recorded", what)
 
     async def run(self) -> None:

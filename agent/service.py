@@ -80,6 +80,8 @@ _ANOMALY_INTERVAL_S = 10.0
 _JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
+_ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
+_ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (the oldest go first)
 
 
 class _Shutdown(Exception):
@@ -234,7 +236,10 @@ class AgentService:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
         self._solve_future: asyncio.Future[Decision] | None = None
         self._first_send: dict[str, tuple[float, str]] = {}
-        self._journal_error: str | None = None  # the last decision (or ack) write failed: why
+        self._journal_error: str | None = None  # the last decision write failed: why
+        self._ack_journal_error: str | None = None  # the last ack write failed: why
+        self._acks_to_journal: list[tuple[str, float, str, str | None]] = []  # received, not yet written
+        self._acks_retry_wall = -math.inf  # time.monotonic() before which a failed ack write is not retried
         self._calibration_error: str | None = None  # the last calibration write failed: why
         self._journal_file_problem: str | None = None  # the journal file was removed or replaced
         self._journal_checked_wall = -math.inf  # time.monotonic() of the last check of the journal file
@@ -371,6 +376,7 @@ class AgentService:
             with contextlib.suppress(Exception):
                 await self._http_server.wait_closed()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._journal_acks(now_or_never=True)  # the last acks (those a clean stop waited for among them)
         with contextlib.suppress(Exception):
             self.journal.close()
         if self._failure is None:
@@ -486,6 +492,7 @@ class AgentService:
             self.metrics.messages_total.labels(kind=kind).inc()
             if self.bus.pending() == 0:
                 self._flush()
+                self._journal_acks()
 
     def _flush(self) -> None:
         r = self.ingest.flush()
@@ -507,13 +514,9 @@ class AgentService:
     def _on_ack(self, ack: wire.Acknowledgement) -> None:
         now = self.clock.now()
         oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
-        try:
-            known = self.journal.record_ack(str(ack.command_id), ack.ts_s, ack.result.value, ack.reason)
-        except JournalError as exc:
-            self._journal_error = str(exc)
-            known = oc is not None
-        if not known and oc is None:
-            return
+        self._acks_to_journal.append((str(ack.command_id), ack.ts_s, ack.result.value, ack.reason))
+        if oc is None and not self._journal_knows(str(ack.command_id)):
+            return  # another agent's command, or a forged ack
         self.metrics.commands_total.labels(result=ack.result.value).inc()
         if ack.result is not wire.AckResult.APPLIED:
             log.warning(
@@ -521,6 +524,35 @@ class AgentService:
                 ack.result.value,
                 extra={"fields": {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}},
             )
+
+    def _journal_knows(self, command_id: str) -> bool:
+        try:
+            return self.journal.command(command_id) is not None
+        except JournalError:
+            return False
+
+    def _journal_acks(self, *, now_or_never: bool = False) -> None:
+        """Write the acks received since the last write in one transaction (the ingest task calls
+        this when it has taken in what the client received: one write per burst, not one per ack).
+        After a failed write (a full disk, another process holding the lock for longer than the
+        busy timeout) the acks are kept and tried again after ``_ACK_RETRY_S``, so that each burst
+        does not wait for the lock again; ``now_or_never`` (at shutdown) tries at once."""
+        if not self._acks_to_journal or (not now_or_never and time.monotonic() < self._acks_retry_wall):
+            return
+        try:
+            self.journal.record_acks(self._acks_to_journal)
+        except JournalError as exc:
+            if self._ack_journal_error is None:
+                log.error("journal write failed: acks not recorded", extra={"fields": {"error": str(exc)}})
+            self._ack_journal_error = str(exc)
+            self._acks_retry_wall = time.monotonic() + _ACK_RETRY_S
+            if len(self._acks_to_journal) > _ACKS_KEPT:
+                del self._acks_to_journal[: len(self._acks_to_journal) - _ACKS_KEPT]  # the oldest go
+            return
+        if self._ack_journal_error is not None:
+            log.info("journal written again: acks recorded")
+        self._ack_journal_error = None
+        self._acks_to_journal = []
 
     def _on_sent(self, oc: OpenCommand, retry: bool) -> None:
         self.metrics.commands_total.labels(result="retried" if retry else "sent").inc()
@@ -901,6 +933,8 @@ class AgentService:
                 reasons.append(f"no fresh telemetry from {names}" + (" ..." if len(stale) > 16 else ""))
         if self._journal_error:
             reasons.append(f"journal: {self._journal_error}")
+        if self._ack_journal_error:
+            reasons.append(f"journal (acks): {self._ack_journal_error}")
         if self._calibration_error:
             reasons.append(f"journal (calibration): {self._calibration_error}")
         if time.monotonic() - self.publisher.last_unconfirmed_wall < _UNCONFIRMED_READY_S:

@@ -121,6 +121,7 @@ async def test_a_journal_that_refuses_the_publishers_writes_does_not_stop_it(
     async with Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
         publisher = Publisher(bus, book, journal, clock, control)
+        publisher.journal_retry_s = 0.0  # every write tried (by default not for 2 s after a failure)
         journal._conn.execute("PRAGMA query_only = ON")  # every write fails from here on
         publisher.submit(opened)
         await publisher.step()  # sent; marking them sent fails (and the step's expiry, with nothing to expire:
@@ -135,6 +136,50 @@ async def test_a_journal_that_refuses_the_publishers_writes_does_not_stop_it(
         await publisher.step()
     assert set(publisher.journal_errors) == {"sent"}  # no send since: that write has not been tried again
     assert journal.command_counts() == {"expired": 4}
+    journal.close()
+
+
+async def test_after_a_failed_journal_write_the_publisher_waits_before_writing_again(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Each journal write may wait for SQLite's busy timeout on the event loop and a publisher step
+    comes every 0.25 s: after a failure its writes are skipped for ``journal_retry_s``; the next
+    batch marked sent clears every error (the journal takes writes again)."""
+    site = example_site()
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    control = ControlConfig()
+    book = CommandBook(site, codec, control)
+    clock = SiteClock(1.0)
+    clock.observe(TS)
+    journal = Journal(tmp_path / "journal.sqlite")
+
+    def decide(k: int) -> list[Any]:
+        cmd = wire.RackCommand("r0", (k,), wire.CardSetting.dvfs(3), uuid.uuid4(), TS + 30.0, TS, k, "agent")
+        out = codec.outgoing(cmd)
+        opened = book.resume([(str(cmd.command_id), "r0", out.topic, out.payload, TS, TS + 30.0, 0)])
+        journal.record_decision(k, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+        return opened
+
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, book, journal, clock, control)
+        publisher.journal_retry_s = 0.5
+        first = decide(1)
+        journal._conn.execute("PRAGMA query_only = ON")
+        publisher.submit(first)
+        await publisher.step()  # the expiry write fails first; marking the batch sent is then not tried
+        assert set(publisher.journal_errors) == {"expired"} and publisher.stats.sent == 1
+        journal._conn.execute("PRAGMA query_only = OFF")
+        second = decide(2)
+        publisher.submit(second)
+        await publisher.step()  # within journal_retry_s: not written although the journal takes writes
+        assert journal.command_counts() == {"pending": 2}
+        await asyncio.sleep(0.6)
+        third = decide(3)
+        publisher.submit(third)
+        await publisher.step()
+    assert publisher.journal_errors == {}
+    assert journal.command_counts() == {"pending": 2, "sent": 1}  # the skipped marks are lost, as failed ones
     journal.close()
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import textwrap
 import time
@@ -443,3 +444,63 @@ async def test_command_sends_that_cannot_be_journaled_leave_the_agent_running_no
     assert sum("journal write failed: commands sent not recorded" in m for m in messages) == 1, messages
     assert "journal written again: commands sent recorded" in messages
     assert service._failure is None  # a clean shutdown
+
+
+async def test_acks_that_come_while_another_process_holds_the_journal_are_recorded_after(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Another process holding the journal's write lock (a sqlite3 shell inside a transaction): acks
+    used to be written one by one, each write waiting SQLite's 5 s busy timeout on the event loop,
+    and an ack whose write failed was lost. Now the acks of a burst go in one write, a failed one is
+    kept and tried again 2 s later, ``/readyz`` says why meanwhile, and once the lock is gone the ack
+    of every command that went on the wire is in the journal (``applied``, or ``expired`` for one the
+    simulator got late: at 20x a command lives 1.5 s, and each refused write waits 0.5 s)."""
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=SPEED)
+    journal = tmp_path / "journal.sqlite"
+    service = AgentService(loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-f3"), http=False)
+    sim = simulator(mosquitto, site, 2000.0)
+    obs = Observer()
+    async with observing(mosquitto, site, obs):
+        await _run_with_the_journal_locked_a_while(service, sim, journal)
+        await asyncio.sleep(0.3)
+    on_the_wire = {str(m.command_id) for _w, _s, m in obs.commands}
+    journaled = {c["command_id"]: c for c in read_journal(journal)[1]}
+    assert on_the_wire and sim.commands.counts.rejected == 0
+    assert all(i in journaled and journaled[i]["acked_s"] is not None for i in on_the_wire)
+    assert {journaled[i]["state"] for i in on_the_wire} <= {"applied", "expired"}
+    applied = sum(journaled[i]["state"] == "applied" for i in on_the_wire)
+    assert applied >= len(on_the_wire) - sim.commands.counts.expired
+
+
+async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simulator, journal: Path) -> None:
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        sim_task = asyncio.create_task(sim.run())
+        await wait_for(lambda: service.decisions >= 2, what="two decisions")
+        holder = sqlite3.connect(journal, isolation_level=None, timeout=0.0)
+        holder.execute("BEGIN IMMEDIATE")  # the write lock, as a shell in a transaction holds it
+        try:
+            await wait_for(
+                lambda: any(r.startswith("journal (acks): ") for r in service.readiness()),
+                10,
+                "an ack write refused while the lock is held",
+            )
+            await asyncio.sleep(2.5)  # more acks, kept
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        await wait_for(
+            lambda: not any(r.startswith("journal") for r in service.readiness()), 10, "the journal written again"
+        )
+        service.stop()
+        await asyncio.wait_for(task, 15)
+    finally:
+        if sim_task is not None:
+            sim.stop()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(sim_task, 10)
+        service.stop()
+        await asyncio.wait_for(task, 15)
