@@ -2,9 +2,9 @@
 
 ``EmbeddedBroker`` runs mosquitto when it is installed (a temporary config, a listener on a free
 loopback port, started as a child process, ready once it accepts TCP connections, stopped on exit)
-and otherwise amqtt, the pure-Python broker from PyPI (``pip install racktwin[broker]``), either as
-a child process (default) or in a thread of this process. Neither available: :class:`BrokerUnavailable`
-with what to install. It is a sync and an async context manager::
+and otherwise amqtt, the pure-Python broker from PyPI (``pip install 'amqtt>=0.11'``, the ``[broker]``
+extra), either as a child process (default) or in a thread of this process. Neither available:
+:class:`BrokerUnavailable` with what to install. It is a sync and an async context manager::
 
     with EmbeddedBroker() as broker:                 # or: async with EmbeddedBroker() as broker:
         options = broker.options()                   # MqttOptions for agent.bus.Bus
@@ -284,7 +284,7 @@ class EmbeddedBroker:
         if not amqtt_available():
             raise BrokerUnavailable(
                 "no MQTT broker available: install mosquitto (apt-get install mosquitto) or the pure-Python "
-                "fallback (pip install 'racktwin[broker]'), or pass --broker URL of a running broker"
+                "fallback (pip install 'amqtt>=0.11', the [broker] extra), or pass --broker URL of a running broker"
             )
         return "amqtt", None
 

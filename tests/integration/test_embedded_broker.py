@@ -45,7 +45,7 @@ async def test_mosquitto_as_an_async_context_manager(mosquitto_path: str, codec:
 
 @pytest.mark.parametrize("mode", ["subprocess", "thread"])
 async def test_the_amqtt_fallback_can_be_forced(mode: str, codec: Codec) -> None:
-    pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (pip install 'racktwin[broker]')")
+    pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (the [broker] extra)")
     async with EmbeddedBroker(backend="amqtt", amqtt_mode=mode) as b:  # type: ignore[arg-type]
         assert b.backend == "amqtt"
         await _round_trip(b, codec)
@@ -55,7 +55,7 @@ async def test_the_amqtt_fallback_can_be_forced(mode: str, codec: Codec) -> None
 
 
 def test_amqtt_fallback_sync_context_manager() -> None:
-    pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (pip install 'racktwin[broker]')")
+    pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (the [broker] extra)")
     with EmbeddedBroker(backend="amqtt") as b:
         assert mqtt_answers(b.host, b.port)
     assert not b.running
@@ -64,7 +64,7 @@ def test_amqtt_fallback_sync_context_manager() -> None:
 def test_no_broker_at_all_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker_mod, "find_mosquitto", lambda: None)
     monkeypatch.setattr(broker_mod, "amqtt_available", lambda: False)
-    with pytest.raises(BrokerUnavailable, match=r"install mosquitto.*pip install 'racktwin\[broker\]'"):
+    with pytest.raises(BrokerUnavailable, match=r"install mosquitto.*pip install 'amqtt>=0.11'"):
         EmbeddedBroker().start()
     with pytest.raises(BrokerUnavailable, match="mosquitto is not installed"):
         EmbeddedBroker(backend="mosquitto").start()
