@@ -44,6 +44,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -135,9 +137,11 @@ def isolate_solver_output() -> None:
     That redirection is process-wide: with the solve in a worker thread, every log line the event
     loop writes meanwhile goes into pyomo's capture and is lost, and a process stopping mid-solve
     crashes pyomo's reader thread. The models run HiGHS with ``output_flag=False``, so there is
-    nothing to capture but the banner a new HiGHS instance prints on stdout (the service does not
-    use stdout; ``run`` sends it to /dev/null).
+    nothing to capture but the banner HiGHS prints on stdout the first time a process makes a solver
+    instance: that first instance is made here with stdout on /dev/null (``racktwin demo`` showed the
+    banner among its progress lines; ``racktwin agent`` sends stdout to /dev/null anyway).
     """
+    import highspy
     import pyomo.contrib.solver.solvers.highs as pyomo_highs
 
     @contextlib.contextmanager
@@ -145,6 +149,15 @@ def isolate_solver_output() -> None:
         yield None
 
     pyomo_highs.capture_output = _no_capture
+    sys.stdout.flush()
+    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        highspy.Highs()  # type: ignore[no-untyped-call]  # the banner, once per process, into /dev/null
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def mqtt_options(broker: BrokerConfig) -> MqttOptions:

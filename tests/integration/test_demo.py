@@ -50,6 +50,7 @@ def test_demo_runs_without_mosquitto_and_prints_both_summaries(tmp_path: Path) -
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "embedded amqtt broker" in err
+    assert "Running HiGHS" not in err  # the solver's banner is not among the progress lines
     obj = json.loads(out)  # stdout carries only the JSON object
     assert set(obj) == {"agent", "baseline"}
     for m in obj.values():
