@@ -22,15 +22,15 @@
 
 The agent's status is retained on ``agent/status`` (``online`` on every connect; the broker's last
 will says ``offline`` if the connection dies; a clean shutdown finishes the current cycle, sends what
-it decided, waits up to 2 s for the acks of the commands in flight (so the journal records how they ended)
-and publishes ``offline`` itself, with the detail ``clean shutdown``; a task failing publishes
+it decided, waits up to 2 s for the acks of the commands in flight (so the journal records how they
+ended) and publishes ``offline`` itself, with the detail ``clean shutdown``; a task failing publishes
 ``offline`` with ``error: <type>: <message>`` and :meth:`AgentService.run` raises :class:`AgentFailed`).
 The journal is locked while the service holds it (a second agent on it is refused,
-:class:`agent.journal.JournalInUseError`); a journal that cannot be written (decisions, calibration,
-the publisher's record of sends), or whose file was removed or replaced, makes the agent not ready
-(``/readyz``). A
-restarted agent resumes from its journal: the cycle count, calibration, the jobs it knew, and the
-commands still open (re-sent if not expired; an expired command is never sent again).
+:class:`agent.journal.JournalInUseError`); a journal that cannot be written (decisions, acks,
+calibration, the publisher's record of sends), or whose file was removed or replaced, makes the
+agent not ready (``/readyz``); so does a broker that leaves commands unacknowledged. A restarted
+agent resumes from its journal: the cycle count, calibration, the jobs it knew, and the commands
+still open (re-sent if not expired; an expired command is never sent again).
 """
 
 from __future__ import annotations

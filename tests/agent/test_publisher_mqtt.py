@@ -26,7 +26,7 @@ from agent.bus import Bus, Incoming
 from agent.clock import SiteClock
 from agent.config import ControlConfig
 from agent.journal import Journal
-from agent.publish import CommandBook, Publisher, new_commands
+from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
 
 pytestmark = pytest.mark.agent
 
@@ -34,26 +34,47 @@ N_COMMANDS = 150
 TS = 1_790_000_000.0
 
 
-async def test_a_decisions_commands_are_pipelined_and_arrive_in_order(
-    mosquitto: EmbeddedBroker, tmp_path: Path
-) -> None:
+@dataclasses.dataclass
+class Desk:
+    """What a Publisher works with: the example site's codec and command book, a site clock at TS and
+    a journal in a temporary folder."""
+
+    codec: wire.Codec
+    control: ControlConfig
+    book: CommandBook
+    clock: SiteClock
+    journal: Journal
+
+    def decide(self, n: int, cycle: int = 1, first_card: int = 0) -> list[OpenCommand]:
+        """``n`` rack commands (a DVFS level each, over the racks in turn), journaled as decision ``cycle``."""
+        racks = self.codec.layout.racks
+        rows = []
+        for k in range(n):
+            rack = racks[k % len(racks)]
+            card = first_card + k // len(racks)
+            cmd = wire.RackCommand(rack, (card,), wire.CardSetting.dvfs(k % 8), uuid.uuid4(), TS + 30.0, TS, k, "agent")
+            out = self.codec.outgoing(cmd)
+            rows.append((str(cmd.command_id), rack, out.topic, out.payload, TS, TS + 30.0, 0))
+        opened = self.book.resume(rows)
+        self.journal.record_decision(cycle, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+        return opened
+
+
+def desk(tmp_path: Path) -> Desk:
     site = example_site()
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
     control = ControlConfig()
-    book = CommandBook(site, codec, control)
     clock = SiteClock(1.0)
     clock.observe(TS)
-    journal = Journal(tmp_path / "journal.sqlite")
-    rows = []
-    for k in range(N_COMMANDS):
-        rack = site.rack_names[k % site.n_racks]
-        cmd = wire.RackCommand(
-            rack, (k // site.n_racks,), wire.CardSetting.dvfs(k % 8), uuid.uuid4(), TS + 30.0, TS, k, "agent"
-        )
-        out = codec.outgoing(cmd)
-        rows.append((str(cmd.command_id), rack, out.topic, out.payload, TS, TS + 30.0, 0))
-    opened = book.resume(rows)
-    journal.record_decision(1, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+    return Desk(codec, control, CommandBook(site, codec, control), clock, Journal(tmp_path / "journal.sqlite"))
+
+
+async def test_a_decisions_commands_are_pipelined_and_arrive_in_order(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    d = desk(tmp_path)
+    codec, book, journal = d.codec, d.book, d.journal
+    opened = d.decide(N_COMMANDS)
 
     received: list[Incoming] = []
     watcher = Bus(mosquitto.options(), subscriptions=[codec.topics.filter(wire.Kind.RACK_CMD)], name="watcher")
@@ -77,7 +98,7 @@ async def test_a_decisions_commands_are_pipelined_and_arrive_in_order(
             events.append(("done", index[payload]))
 
         bus.publish = spy  # type: ignore[method-assign]
-        publisher = Publisher(bus, book, journal, clock, control)
+        publisher = Publisher(bus, book, journal, d.clock, d.control)
         publisher.submit(opened)
         await publisher.step()
         deadline = time.monotonic() + 10.0
@@ -103,24 +124,12 @@ async def test_a_journal_that_refuses_the_publishers_writes_does_not_stop_it(
     """Sends and expiries that cannot be journaled (SQLite refuses every write: ``query_only``, as on
     a full disk) are kept in ``journal_errors``, never raised; they go when a write succeeds again,
     and the journal then records what happened meanwhile."""
-    site = example_site()
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    control = ControlConfig()
-    book = CommandBook(site, codec, control)
-    clock = SiteClock(1.0)
-    clock.observe(TS)
-    journal = Journal(tmp_path / "journal.sqlite")
-    rows = []
-    for k in range(4):
-        rack = site.rack_names[k]
-        cmd = wire.RackCommand(rack, (0,), wire.CardSetting.dvfs(3), uuid.uuid4(), TS + 30.0, TS, k, "agent")
-        out = codec.outgoing(cmd)
-        rows.append((str(cmd.command_id), rack, out.topic, out.payload, TS, TS + 30.0, 0))
-    opened = book.resume(rows)
-    journal.record_decision(1, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+    d = desk(tmp_path)
+    book, clock, journal = d.book, d.clock, d.journal
+    opened = d.decide(4)
     async with Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
-        publisher = Publisher(bus, book, journal, clock, control)
+        publisher = Publisher(bus, book, journal, clock, d.control)
         publisher.journal_retry_s = 0.0  # every write tried (by default not for 2 s after a failure)
         journal._conn.execute("PRAGMA query_only = ON")  # every write fails from here on
         publisher.submit(opened)
@@ -145,24 +154,15 @@ async def test_after_a_failed_journal_write_the_publisher_waits_before_writing_a
     """Each journal write may wait for SQLite's busy timeout on the event loop and a publisher step
     comes every 0.25 s: after a failure its writes are skipped for ``journal_retry_s``; the next
     batch marked sent clears every error (the journal takes writes again)."""
-    site = example_site()
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    control = ControlConfig()
-    book = CommandBook(site, codec, control)
-    clock = SiteClock(1.0)
-    clock.observe(TS)
-    journal = Journal(tmp_path / "journal.sqlite")
+    d = desk(tmp_path)
+    journal = d.journal
 
-    def decide(k: int) -> list[Any]:
-        cmd = wire.RackCommand("r0", (k,), wire.CardSetting.dvfs(3), uuid.uuid4(), TS + 30.0, TS, k, "agent")
-        out = codec.outgoing(cmd)
-        opened = book.resume([(str(cmd.command_id), "r0", out.topic, out.payload, TS, TS + 30.0, 0)])
-        journal.record_decision(k, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
-        return opened
+    def decide(k: int) -> list[OpenCommand]:
+        return d.decide(1, cycle=k, first_card=k)
 
     async with Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
-        publisher = Publisher(bus, book, journal, clock, control)
+        publisher = Publisher(bus, d.book, journal, d.clock, d.control)
         publisher.journal_retry_s = 0.5
         first = decide(1)
         journal._conn.execute("PRAGMA query_only = ON")
@@ -191,28 +191,14 @@ async def test_commands_the_broker_does_not_acknowledge_go_out_once_and_the_next
     PUBACKs timed out used to go back to the front of the queue and be published again at every
     step (the client keeping every copy), and the commands behind it were never tried."""
     n = 250
-    site = example_site()
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    control = ControlConfig()
-    book = CommandBook(site, codec, control)
-    clock = SiteClock(1.0)
-    clock.observe(TS)
-    journal = Journal(tmp_path / "journal.sqlite")
-    rows = []
-    for k in range(n):
-        rack = site.rack_names[k % site.n_racks]
-        cmd = wire.RackCommand(
-            rack, (k // site.n_racks,), wire.CardSetting.dvfs(k % 8), uuid.uuid4(), TS + 30.0, TS, k, "agent"
-        )
-        out = codec.outgoing(cmd)
-        rows.append((str(cmd.command_id), rack, out.topic, out.payload, TS, TS + 30.0, 0))
-    opened = book.resume(rows)
-    journal.record_decision(1, TS, "enforce", "optimal", 0.0, {}, new_commands(opened))
+    d = desk(tmp_path)
+    journal = d.journal
+    opened = d.decide(n)
     async with PubackDroppingProxy(mosquitto.port) as proxy:
         options = dataclasses.replace(mosquitto.options(), port=proxy.port)
         async with Bus(options, name="agent") as bus:
             await bus.wait_connected(10)
-            publisher = Publisher(bus, book, journal, clock, control)
+            publisher = Publisher(bus, d.book, journal, d.clock, d.control)
             publisher.puback_timeout_s = 0.3
             publisher.submit(opened)
             await publisher.step()

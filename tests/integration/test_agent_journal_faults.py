@@ -131,6 +131,16 @@ async def agent_process(
         await agent.stop()
 
 
+async def stop_both(service: AgentService, task: asyncio.Task[Any], sim_task: asyncio.Task[Any] | None) -> None:
+    """Cancel the simulator's task (if it was started) and stop the service; wait for both."""
+    if sim_task is not None:
+        sim_task.cancel()
+        with contextlib.suppress(BaseException):
+            await sim_task
+    service.stop()
+    await asyncio.wait_for(task, 15)
+
+
 def statuses(obs: Observer, state: wire.AgentState) -> list[Any]:
     return [s for s in obs.status if s.state == state]
 
@@ -293,12 +303,7 @@ async def test_a_removed_journal_file_makes_the_agent_not_ready_and_is_logged_on
         await wait_for(lambda: service.decisions > decisions + 1, what="more decisions")  # it goes on
         assert why in service.readiness()
     finally:
-        if sim_task is not None:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
-        service.stop()
-        await asyncio.wait_for(task, 15)
+        await stop_both(service, task, sim_task)
     logged = [r for r in caplog.records if r.levelno == logging.ERROR and "was removed or replaced" in r.getMessage()]
     assert len(logged) == 1, [r.getMessage() for r in logged]
     assert not journal.exists()  # not recreated
@@ -376,12 +381,7 @@ async def test_a_stop_right_after_a_decision_journals_how_its_commands_ended(
         with pytest.raises(asyncio.CancelledError):
             await sim_task
     finally:
-        if sim_task is not None:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
-        service.stop()
-        await asyncio.wait_for(task, 15)
+        await stop_both(service, task, sim_task)
     assert last, "no decision sent commands"
     states = {c["command_id"]: c["state"] for c in read_journal(tmp_path / "journal.sqlite")[1]}
     assert {states[i] for i in last} == {"applied"}, [states[i] for i in last]
@@ -434,12 +434,7 @@ async def test_command_sends_that_cannot_be_journaled_leave_the_agent_running_no
         assert not any(r.startswith("journal") for r in service.readiness()), service.readiness()
         assert len(failed) == n_failed
     finally:
-        if sim_task is not None:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
-        service.stop()
-        await asyncio.wait_for(task, 15)
+        await stop_both(service, task, sim_task)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("journal write failed: commands sent not recorded" in m for m in messages) == 1, messages
     assert "journal written again: commands sent recorded" in messages
