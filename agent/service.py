@@ -83,6 +83,7 @@ _JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal 
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
+_ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
 _ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (the oldest go first)
 
 
@@ -528,6 +529,8 @@ class AgentService:
         now = self.clock.now()
         oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
         self._acks_to_journal.append((str(ack.command_id), ack.ts_s, ack.result.value, ack.reason))
+        if len(self._acks_to_journal) >= _ACK_BATCH:  # a burst that does not end (a flood): write as it comes
+            self._journal_acks()
         if oc is None and not self._journal_knows(str(ack.command_id)):
             return  # another agent's command, or a forged ack
         self.metrics.commands_total.labels(result=ack.result.value).inc()
