@@ -651,8 +651,8 @@ class Publisher:
                 return
 
     async def _send(self, oc: OpenCommand, now: float) -> BusError | None:
-        """Publish one command (QoS 1) and note it sent once the broker acknowledged it; the error
-        when it could not be sent."""
+        """Publish one command (QoS 1) and note it sent once the broker acknowledged it (or did not
+        within ``puback_timeout_s``: sent, unconfirmed); the error when it could not be sent."""
         try:
             await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=self.puback_timeout_s)
         except BusPubackTimeout as exc:  # handed over, not confirmed: see the class docstring
