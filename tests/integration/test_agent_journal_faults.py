@@ -141,6 +141,18 @@ async def stop_both(service: AgentService, task: asyncio.Task[Any], sim_task: as
     await asyncio.wait_for(task, 15)
 
 
+def in_process_agent(
+    broker: EmbeddedBroker, folder: Path, client_id: str, *, http: bool = False
+) -> tuple[SiteSpec, Path, AgentService]:
+    """The test site and an agent configuration in ``folder``, and a service on them in this process
+    (not started; ``http``: its endpoint on a free loopback port): (site, journal path, service)."""
+    site = load_site(write_site(folder))
+    loaded = loaded_config(write_config(folder, speed=SPEED), broker)
+    listen = ("127.0.0.1", 0) if http else None
+    service = AgentService(loaded, mqtt=broker.options(client_id=client_id), http=http, http_listen=listen)
+    return site, folder / "journal.sqlite", service
+
+
 def statuses(obs: Observer, state: wire.AgentState) -> list[Any]:
     return [s for s in obs.status if s.state == state]
 
@@ -278,12 +290,7 @@ async def test_a_removed_journal_file_makes_the_agent_not_ready_and_is_logged_on
     mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="racktwin.agent")
-    site = load_site(write_site(tmp_path))
-    cfg = write_config(tmp_path, speed=SPEED)
-    journal = tmp_path / "journal.sqlite"
-    service = AgentService(
-        loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-c"), http_listen=("127.0.0.1", 0)
-    )
+    site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-c", http=True)
     task = asyncio.create_task(service.run())
     sim_task: asyncio.Task[Any] | None = None
     try:
@@ -355,9 +362,7 @@ async def test_a_stop_right_after_a_decision_journals_how_its_commands_ended(
     """SIGTERM in the instant after a decision that sends commands: they are sent, and the journal
     the agent closes has their acks (``applied``), not ``sent``: a restart does not send them again.
     The ingest task used to stop with the acks on their way."""
-    site = load_site(write_site(tmp_path))
-    cfg = write_config(tmp_path, speed=SPEED)
-    service = AgentService(loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-f1"), http=False)
+    site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-f1")
     last: list[str] = []
     submit = service.publisher.submit
 
@@ -383,9 +388,9 @@ async def test_a_stop_right_after_a_decision_journals_how_its_commands_ended(
     finally:
         await stop_both(service, task, sim_task)
     assert last, "no decision sent commands"
-    states = {c["command_id"]: c["state"] for c in read_journal(tmp_path / "journal.sqlite")[1]}
+    states = {c["command_id"]: c["state"] for c in read_journal(journal)[1]}
     assert {states[i] for i in last} == {"applied"}, [states[i] for i in last]
-    with contextlib.closing(Journal(tmp_path / "journal.sqlite")) as j:
+    with contextlib.closing(Journal(journal)) as j:
         assert not {c.command_id for c in j.unacked(0.0)} & set(last)  # nothing to send again
 
 
@@ -397,12 +402,7 @@ async def test_command_sends_that_cannot_be_journaled_leave_the_agent_running_no
     commands still go out and are applied (their acks are journaled), the failure is logged once,
     ``/readyz`` says why until the write succeeds again, and the agent is ready after it."""
     caplog.set_level(logging.INFO, logger="racktwin.agent")
-    site = load_site(write_site(tmp_path))
-    cfg = write_config(tmp_path, speed=SPEED)
-    journal = tmp_path / "journal.sqlite"
-    service = AgentService(
-        loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-f2"), http_listen=("127.0.0.1", 0)
-    )
+    site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-f2", http=True)
     mark_sent = service.journal.mark_sent
     disk_full = [True]
     failed: list[list[str]] = []
@@ -450,10 +450,7 @@ async def test_acks_that_come_while_another_process_holds_the_journal_are_record
     kept and tried again 2 s later, ``/readyz`` says why meanwhile, and once the lock is gone the ack
     of every command that went on the wire is in the journal (``applied``, or ``expired`` for one the
     simulator got late: at 20x a command lives 1.5 s, and each refused write waits 0.5 s)."""
-    site = load_site(write_site(tmp_path))
-    cfg = write_config(tmp_path, speed=SPEED)
-    journal = tmp_path / "journal.sqlite"
-    service = AgentService(loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-f3"), http=False)
+    site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-f3")
     sim = simulator(mosquitto, site, 2000.0)
     obs = Observer()
     async with observing(mosquitto, site, obs):
