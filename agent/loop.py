@@ -150,7 +150,7 @@ class ClosedLoop:
         self.plant = plant
         self.controller = controller
         self.period_s = cfg.period_s if period_s is None else float(period_s)
-        self.state = TwinState(plant.site, stuck_after=cfg.stuck_after_readings)
+        self.state = TwinState(plant.site, stuck_after_readings=cfg.stuck_after_readings)
         self.estimator = Estimator(plant.site) if estimator else None
         self.replan = cfg.replan_on_job_events if replan_on_job_events is None else replan_on_job_events
         self.on_decision = on_decision

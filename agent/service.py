@@ -209,7 +209,7 @@ class AgentService:
         self.layout = wire.SiteLayout.from_spec(site, site=cfg.site_id)
         self.metrics = AgentMetrics(site.rack_names)
         self.codec = wire.Codec(self.layout, counter=wire.RejectionCounter(logger=logging.getLogger("racktwin.wire")))
-        self.state = TwinState(site, stuck_after=cfg.control.stuck_after_readings)
+        self.state = TwinState(site, stuck_after_readings=cfg.control.stuck_after_readings)
         self.clock = SiteClock(cfg.control.time_scale, infer=cfg.control.infer_time_scale)
         self.estimator = Estimator(site)
         self.controller = controller if controller is not None else Controller.from_config(loaded)

@@ -104,7 +104,7 @@ class CoolingPoint:
     rack_pump_w: float
     facility_pump_w: float
     dry_cooler_fan_w: float
-    dry_cooler_fan_speed: float
+    dry_cooler_fan_speed_frac: float
     chiller_w: float
     chiller_heat_w: float
     chiller_cop: float
@@ -157,7 +157,7 @@ def facility_cooling(
     load = q / q_design
     needed_speed = fac.dry_cooler_approach_k * load / itd if itd > 0 else np.inf
     if needed_speed <= 1.0:
-        speed = max(float(needed_speed), fac.dry_cooler_min_fan_speed) if q > 0 else 0.0
+        speed = max(float(needed_speed), fac.dry_cooler_min_fan_speed_frac) if q > 0 else 0.0
         q_dc, q_ch = q, 0.0
     else:
         # Full fans; water leaves at T_amb + approach * Q_dc/Q_design, so
@@ -181,7 +181,7 @@ def facility_cooling(
         rack_pump_w=float(np.sum(rack_pump_power_w(site, flow_fraction))),
         facility_pump_w=float(fac_pump),
         dry_cooler_fan_w=float(fan_rated * speed**3),
-        dry_cooler_fan_speed=float(speed),
+        dry_cooler_fan_speed_frac=float(speed),
         chiller_w=float(chiller_w),
         chiller_heat_w=float(q_ch),
         chiller_cop=cop,

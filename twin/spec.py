@@ -156,7 +156,7 @@ class FacilitySpec:
     supply_temp_options_c: tuple[float, ...] = field(metadata=_rng(5.0, 60.0))
     dry_cooler_approach_k: float = field(metadata=_rng(0.5, 30.0))
     dry_cooler_fan_power_fraction: float = field(metadata=_rng(0.0, 0.2))
-    dry_cooler_min_fan_speed: float = field(metadata=_rng(0.0, 1.0))
+    dry_cooler_min_fan_speed_frac: float = field(metadata=_rng(0.0, 1.0))
     chiller_carnot_efficiency: float = field(metadata=_rng(0.05, 1.0))
     chiller_max_cop: float = field(metadata=_rng(1.0, 50.0))
     chiller_condenser_approach_k: float = field(metadata=_rng(0.0, 30.0))

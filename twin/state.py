@@ -13,11 +13,11 @@ die temperature outside -20..150 deg C, utilization outside 0..1) are not stored
 previous values and its last-seen time does not advance, so a card or rack that only sends garbage
 goes stale. ``invalid_count`` tells how many were refused.
 
-Stuck sensors: a card whose power and die temperature do not change *at all* over ``stuck_after``
-consecutive readings while another card of its rack changed in the latest reading is stuck; a rack
-whose cards (or whose loop readings) are all unchanged over ``stuck_after`` readings while another
-rack changed is stuck. Real sensors always jitter in the last digit, so exact repetition is the
-signature of a frozen value.
+Stuck sensors: a card whose power and die temperature do not change *at all* over
+``stuck_after_readings`` consecutive readings while another card of its rack changed in the latest
+reading is stuck; a rack whose cards (or whose loop readings) are all unchanged over
+``stuck_after_readings`` readings while another rack changed is stuck. Real sensors always jitter in
+the last digit, so exact repetition is the signature of a frozen value.
 """
 
 from __future__ import annotations
@@ -99,11 +99,11 @@ class StateSnapshot:
 class TwinState:
     """The agent's belief. ``update(readings)`` and ``apply_events(events)``; ``snapshot()``."""
 
-    def __init__(self, site: SiteSpec, stuck_after: int = 10) -> None:
-        if stuck_after < 2:
-            raise ValueError("stuck_after must be >= 2")
+    def __init__(self, site: SiteSpec, stuck_after_readings: int = 10) -> None:
+        if stuck_after_readings < 2:
+            raise ValueError("stuck_after_readings must be >= 2")
         self.site = site
-        self.stuck_after = stuck_after
+        self.stuck_after_readings = stuck_after_readings
         n, r = site.n_cards, site.n_racks
         self._n, self._n_racks, self._cpr = n, r, site.cards_per_rack
         card = site.card
@@ -411,8 +411,8 @@ class TwinState:
 
     def stuck_racks(self) -> tuple[int, ...]:
         """Racks whose card readings (all of them) or loop readings repeated exactly over
-        ``stuck_after`` readings while another rack's readings changed."""
-        n = self.stuck_after
+        ``stuck_after_readings`` readings while another rack's readings changed."""
+        n = self.stuck_after_readings
         cards_frozen = (self._card_same.reshape(self._n_racks, self._cpr) >= n).all(axis=1)
         frozen = cards_frozen | (self._loop_same >= n)
         if not frozen.any():
@@ -424,7 +424,7 @@ class TwinState:
     def stuck_cards(self) -> tuple[int, ...]:
         """Cards frozen while others of their rack change (a rack frozen as a whole is in
         :meth:`stuck_racks` instead)."""
-        n = self.stuck_after
+        n = self.stuck_after_readings
         same = self._card_same.reshape(self._n_racks, self._cpr)
         frozen = same >= n
         moving = (same == 0).any(axis=1)

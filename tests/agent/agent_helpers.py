@@ -68,7 +68,7 @@ def belief(
 ) -> tuple[Plant, TwinState]:
     """A plant run for ``seconds`` (1 s steps, its own scheduler) and the belief fed from it."""
     plant = Plant(site, list(jobs), list(faults), PlantConfig(seed=seed))
-    state = TwinState(site, stuck_after=20)
+    state = TwinState(site, stuck_after_readings=20)
     t = 0.0
     while t < seconds:
         plant.step(1.0)

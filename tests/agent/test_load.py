@@ -24,7 +24,7 @@ pytestmark = pytest.mark.agent
 def test_a_finished_jobs_cards_are_free_at_once_and_unknown_work_is_still_seen(events_first: bool) -> None:
     site = example_site()
     plant = Plant(site, [job("short", 64, work_steps=20.0), job("long", 64)], [], PlantConfig(seed=1))
-    state = TwinState(site, stuck_after=20)
+    state = TwinState(site, stuck_after_readings=20)
     finished_at = None
     for _ in range(120):
         plant.step(1.0)

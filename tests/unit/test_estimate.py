@@ -67,7 +67,7 @@ def test_a_stuck_sensor_is_no_observation_its_card_keeps_its_calibration(small_s
     faults = [StuckSensor(rack=0, card=5, start_s=600.0)]
     p = Plant(small_site, _jobs(small_site.n_cards), faults, config=PlantConfig(seed=11, phases=PHASES))
     naive, skipping = Estimator(small_site), Estimator(small_site)
-    state = TwinState(small_site, stuck_after=20)
+    state = TwinState(small_site, stuck_after_readings=20)
     before = 0.0
     for t in range(2400):
         if t == 900:

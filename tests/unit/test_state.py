@@ -87,7 +87,7 @@ def test_dropout_makes_a_rack_stale(small_site: SiteSpec) -> None:
 def test_stuck_rack_and_stuck_card_are_detected(small_site: SiteSpec) -> None:
     faults = [StuckSensor(rack=0, start_s=10.0, end_s=40.0), StuckSensor(rack=1, start_s=10.0, card=20)]
     p = Plant(small_site, [_job("a", 32)], faults, config=PlantConfig())
-    st = TwinState(small_site, stuck_after=10)
+    st = TwinState(small_site, stuck_after_readings=10)
     _feed(p, st, 15.0)
     assert st.stuck_racks() == () and st.stuck_cards() == ()
     _feed(p, st, 10.0)
@@ -99,7 +99,7 @@ def test_stuck_rack_and_stuck_card_are_detected(small_site: SiteSpec) -> None:
 
 
 def test_no_stuck_flags_when_nothing_changes_anywhere(small_site: SiteSpec) -> None:
-    st = TwinState(small_site, stuck_after=3)
+    st = TwinState(small_site, stuck_after_readings=3)
     p = Plant(
         small_site,
         config=PlantConfig(noise=dataclasses.replace(PlantConfig().noise, power_sd_w=0.0, die_temp_sd_k=0.0)),
