@@ -22,6 +22,7 @@ from agent.commands.common import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "closed-loop demo: embedded broker + simulator + agent, summary vs baseline"),
     "agent": ("agent_cmd", "run the control agent service against an MQTT broker"),
+    "journal": ("journal_cmd", "what the agent did: decisions, fail-safe racks, commands and acks from its journal"),
     "sim": ("sim_cmd", "run the MQTT rack simulator (virtual plant with workloads and faults)"),
     "optimize": ("optimize", "offline optimization of a scenario: plan.json, per-rack CSV, report.html"),
     "evaluate": ("evaluate", "closed-loop evaluation of control policies over a scenario"),

@@ -15,8 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from agent.commands.common import UserError
+
+if TYPE_CHECKING:
+    from agent.config import LoadedConfig
 
 log = logging.getLogger("racktwin.agent")
 
@@ -34,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--mode", choices=("advisory", "enforce"), help="override the configuration's mode")
 
 
-def _load(path: str) -> object:
+def load_agent_config(path: str, *, check_tls: bool = True) -> LoadedConfig:
+    """The agent's configuration (environment overrides included); a problem is a :class:`UserError`
+    naming the file and the field. ``check_tls``: read the broker's certificate files too."""
     from agent.config import load_config
     from twin.tables import SpecError
 
@@ -46,6 +52,8 @@ def _load(path: str) -> object:
         raise UserError(f"{path}: file not found") from None
     except OSError as exc:
         raise UserError(f"{path}: {exc.strerror or exc}") from None
+    if not check_tls:
+        return loaded
     from agent.bus import TlsFileError
     from agent.service import mqtt_options
 
@@ -59,14 +67,13 @@ def _load(path: str) -> object:
 def run(args: argparse.Namespace, command: str) -> int:
     import dataclasses
 
-    from agent.config import LoadedConfig, explain
+    from agent.config import explain
 
     check = args.check_config
     path = check if isinstance(check, str) else args.config
     if path is None:
         raise UserError("give the configuration: --config FILE (or --check-config FILE)")
-    loaded = _load(path)
-    assert isinstance(loaded, LoadedConfig)
+    loaded = load_agent_config(path)
     if args.mode is not None:
         loaded = dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, mode=args.mode))
     if check is not None:

@@ -61,6 +61,21 @@ def test_demo_runs_without_mosquitto_and_prints_both_summaries(tmp_path: Path) -
     assert agent["limit_violation_s"] < 0.25 * base["limit_violation_s"]
     assert agent["it_energy_kwh"] < base["it_energy_kwh"]  # idle cards asleep, capped racks
     assert (tmp_path / "truth.csv").stat().st_size > 0 and (tmp_path / "journal.sqlite").exists()
+    # nothing lost between the racks and the journal: every ack the simulator sent is journaled
+    sim = json.loads((tmp_path / "summary.json").read_text())
+    read = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "journal", "--journal", str(tmp_path / "journal.sqlite"), "--json"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert read.returncode == 0, read.stderr
+    journal = json.loads(read.stdout)
+    acks = {k: journal["acks"].get(k, 0) for k in ("applied", "rejected", "expired")}
+    assert acks == {k: sim[f"commands_{k}"] for k in acks} and acks["applied"] > 0
+    assert journal["decisions"] > 0 and journal["modes"] == {"enforce": journal["decisions"]}
 
 
 def test_ctrl_c_stops_everything_and_prints_a_partial_summary(tmp_path: Path) -> None:

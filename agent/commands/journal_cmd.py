@@ -1,0 +1,241 @@
+"""``racktwin journal``: what the agent did, from its journal (read-only, safe while it runs).
+
+The journal is the agent's ``journal.path`` (``--config FILE``, environment overrides included) or
+``--journal PATH``. Without ``--decision`` it prints a summary: decisions by status and mode, solve
+times, racks held at fail-safe caps (in how many decisions and episodes, first and last time), how
+the commands ended by kind, commands still open, rejection reasons, calibration, and the newest
+decisions with their explanations. ``--since`` keeps only the decisions from then on (wall clock)
+and their commands. ``--decision ID`` prints one decision with each of its commands, how it ended
+and its acks. ``--json`` prints the same as one JSON object. Exit status 2 with one line when the
+journal is missing, is not a racktwin journal or the options are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import re
+import sqlite3
+import time
+from typing import Any
+
+from agent.commands.common import UserError, print_json
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: site times above this are seconds since the epoch (real racks, the simulator); below, seconds
+#: since the start of a run (in-process evaluations)
+_EPOCH_SITE_S = 1.0e9
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--config", metavar="FILE", help="agent configuration whose journal.path to read")
+    src.add_argument("--journal", metavar="PATH", help="the journal file itself (SQLite)")
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only decisions from then on: a duration back from now (90s, 30m, 2h, 7d) or a UTC time "
+        "(2026-12-01T10:00, or with an offset: 2026-12-01T10:00+01:00)",
+    )
+    parser.add_argument(
+        "--last", type=int, default=5, metavar="N", help="newest decisions shown with their explanation (default 5)"
+    )
+    parser.add_argument("--decision", type=int, metavar="ID", help="one decision (its id) with its commands and acks")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
+
+def parse_since(text: str, now_s: float) -> float:
+    """Wall time (s since the epoch) of ``--since``: a duration back from ``now_s`` or a time (UTC
+    unless it names an offset)."""
+    m = _DURATION.match(text)
+    if m:
+        return now_s - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UserError(
+            f"--since {text!r}: give a duration back from now (90s, 30m, 2h, 7d) or a time (2026-12-01T10:00)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def _journal_path(args: argparse.Namespace) -> str:
+    if args.journal is not None:
+        return str(args.journal)
+    if args.config is None:
+        raise UserError("give the journal: --config FILE (the agent's configuration) or --journal PATH")
+    from agent.commands.agent_cmd import load_agent_config
+
+    return load_agent_config(args.config).config.journal.path
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    from agent.journal import JournalError
+    from agent.journal_report import decision_detail, open_read_only, summarize
+
+    if args.last < 0:
+        raise UserError(f"--last {args.last}: must be 0 or more")
+    since = None if args.since is None else parse_since(args.since, time.time())
+    path = _journal_path(args)
+    try:
+        db = open_read_only(path)
+    except JournalError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        if args.decision is not None:
+            detail = decision_detail(db, args.decision)
+            if detail is None:
+                raise UserError(f"journal {path}: no decision {args.decision} (never made, or pruned)")
+            if args.json:
+                print_json(detail.to_dict())
+            else:
+                print(format_detail(detail))
+            return 0
+        summary = summarize(db, since_wall_s=since, recent=args.last)
+    except sqlite3.Error as exc:
+        raise UserError(f"journal {path}: {exc}") from None
+    finally:
+        db.close()
+    if args.json:
+        print_json(summary.to_dict())
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------------------------
+
+
+def wall_time(t_s: float) -> str:
+    return dt.datetime.fromtimestamp(t_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def site_time(t_s: float) -> str:
+    if t_s >= _EPOCH_SITE_S:
+        return dt.datetime.fromtimestamp(t_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    t = round(t_s)
+    return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n:,}" for k, n in counts.items()) or "none"
+
+
+def _n(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def _secs(t_s: float) -> str:
+    return "-" if math.isnan(t_s) else f"{t_s:.3f} s"
+
+
+def _decision_line(d: Any) -> str:
+    s = d.summary
+    parts = [f"#{d.id}", wall_time(d.wall_time_s), f"(site {site_time(d.site_time_s)})", d.status]
+    source = s.get("source")
+    if source is not None and source != d.status:
+        parts.append(str(source))
+    if d.solve_s > 0:
+        parts.append(f"solve {d.solve_s:.3f} s")
+    for key, label in (("busy_cards", "busy"), ("low_power_cards", "low-power"), ("hosts_off", "hosts off")):
+        if s.get(key) is not None:
+            parts.append(f"{label} {s[key]}")
+    if s.get("supply_temp_c") is not None:
+        parts.append(f"supply {s['supply_temp_c']:g} degC")
+    if s.get("predicted_pue") is not None:
+        parts.append(f"PUE {s['predicted_pue']:.4f}")
+    if s.get("failsafe_racks"):
+        parts.append("fail-safe " + ",".join(s["failsafe_racks"]))
+    return "  ".join(parts)
+
+
+def format_summary(s: Any) -> str:
+    lines = [f"journal {s.path}" + ("" if s.since_wall_s is None else f" (since {wall_time(s.since_wall_s)})")]
+    if s.first is None or s.last is None:
+        lines.append("  decisions    none" + (" in that time" if s.since_wall_s is not None else ""))
+    else:
+        span = s.last.wall_time_s - s.first.wall_time_s
+        lines.append(
+            f"  decisions    {s.decisions:,} from {wall_time(s.first.wall_time_s)} to {wall_time(s.last.wall_time_s)} "
+            f"({_span(span)}; site time {site_time(s.first.site_time_s)} to {site_time(s.last.site_time_s)})"
+        )
+        lines.append(f"  status       {_counts(s.statuses)}; mode {_counts(s.modes)}")
+        lines.append(
+            f"  solve        median {_secs(s.solve_median_s)}, p99 {_secs(s.solve_p99_s)}, max {_secs(s.solve_max_s)}"
+        )
+    if not s.failsafe:
+        lines.append("  fail-safe    no rack")
+    for i, f in enumerate(s.failsafe):
+        head = "  fail-safe    " if i == 0 else " " * 15
+        lines.append(
+            f"{head}{f.rack}: {_n(f.decisions, 'decision')} in {_n(f.episodes, 'episode')}, "
+            f"{wall_time(f.first_wall_s)} to {wall_time(f.last_wall_s)}"
+        )
+    total = sum(s.commands_by_state.values())
+    still_open = "none open" if s.open_commands == 0 else f"{s.open_commands:,} open (pending or sent)"
+    lines.append(
+        f"  commands     {total:,}: {_counts(s.commands_by_state)}; {still_open}; "
+        f"{s.sent_more_than_once:,} sent more than once"
+    )
+    width = max((len(k) for k in s.commands_by_kind), default=0)
+    for kind, counts in s.commands_by_kind.items():
+        lines.append(f"    {kind:<{width}}  {sum(counts.values()):,}: {_counts(counts)}")
+    lines.append(f"  acks         {_counts(s.acks_by_result)}")
+    if s.rejection_reasons:
+        for i, (reason, n) in enumerate(s.rejection_reasons):
+            head = "  rejected     " if i == 0 else " " * 15
+            lines.append(f"{head}{n:,} x {reason or '(no reason given)'}")
+        if s.other_rejections:
+            lines.append(" " * 15 + f"{s.other_rejections:,} x other reasons")
+    if s.calibrated_cards:
+        last = s.last_calibration_site_s
+        lines.append(
+            f"  calibration  {s.calibrated_cards:,} cards"
+            + ("" if last is None else f", last at site time {site_time(last)}")
+        )
+    if s.recent:
+        newest = "the newest decision" if len(s.recent) == 1 else f"the newest {len(s.recent)} decisions"
+        lines.append(f"{newest} (racktwin journal --decision ID: one with its commands):")
+        for d in s.recent:
+            lines.append("  " + _decision_line(d))
+            lines.extend(f"      {e}" for e in d.summary.get("explanation", []))
+    return "\n".join(lines)
+
+
+def _span(t_s: float) -> str:
+    if t_s < 120:
+        return f"{t_s:.0f} s"
+    if t_s < 7200:
+        return f"{t_s / 60:.0f} min"
+    if t_s < 172800:
+        return f"{t_s / 3600:.1f} h"
+    return f"{t_s / 86400:.1f} days"
+
+
+def format_detail(detail: Any) -> str:
+    d = detail.decision
+    s = d.summary
+    lines = [_decision_line(d), f"  cycle {d.cycle}, mode {d.mode}, plan {s.get('plan_status', '?')}"]
+    lines.extend(f"  {e}" for e in s.get("explanation", []))
+    for key, label in (("queue_waits_by_kind", "queued jobs waiting"), ("placements", "placements")):
+        if s.get(key):
+            value = s[key]
+            text = ", ".join(f"{k} {v if not isinstance(v, list) else f'{len(v)} cards'}" for k, v in value.items())
+            lines.append(f"  {label}: {text}")
+    if not detail.commands:
+        lines.append("  no commands")
+    else:
+        lines.append(f"  {len(detail.commands)} commands:")
+    for c in detail.commands:
+        acks = "; ".join(f"{r}" + (f" ({why})" if why else "") for r, why, _t in c.acks) or "no ack"
+        lines.append(
+            f"    {c.command_id}  {c.kind} {c.target}  {c.state}, sent {c.attempts}x, "
+            f"expires site {site_time(c.expires_s)}  ack: {acks}"
+        )
+    return "\n".join(lines)

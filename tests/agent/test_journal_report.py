@@ -1,0 +1,278 @@
+"""``racktwin journal``: what operators read back from the agent's journal.
+
+The journal is written through the agent's own ``Journal`` class (decisions, commands of every kind,
+sends, acks, expiries, calibration), then read by the command as a user runs it. What users rely on:
+the counts match what was journaled (statuses, fail-safe episodes, commands by kind and state,
+rejection reasons), ``--since`` keeps only later decisions and their commands, ``--decision`` shows
+one decision's commands and acks, the file is never written or created, it reads a journal the agent
+holds open, and bad input is one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent.cli import main
+from agent.commands.journal_cmd import parse_since
+from agent.journal import Journal, NewCommand
+from agent.journal_report import command_kind
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+TOPIC = "racktwin/v1/site1"
+
+
+def _summary(status: str, failsafe: list[str], source: str = "milp") -> dict[str, Any]:
+    return {
+        "status": status,
+        "plan_status": status,
+        "source": source,
+        "failsafe_racks": failsafe,
+        "busy_cards": 100,
+        "low_power_cards": 20,
+        "hosts_off": 3,
+        "supply_temp_c": 40.0,
+        "predicted_pue": 1.05,
+        "placements": {},
+        "explanation": [f"plan {status} ({source})"],
+    }
+
+
+def _cmd(cid: str, kind: str, t_s: float) -> NewCommand:
+    topic = {
+        "rack_cmd": f"{TOPIC}/rack/r1/cmd",
+        "cdu_cmd": f"{TOPIC}/rack/r1/cdu_cmd",
+        "facility_cmd": f"{TOPIC}/facility/cmd",
+        "scheduler_cmd": f"{TOPIC}/scheduler/cmd",
+    }[kind]
+    target = {"facility_cmd": "facility", "scheduler_cmd": "scheduler"}.get(kind, "r1")
+    payload = json.dumps({"schema": f"racktwin.{kind}/1", "command_id": cid}).encode()
+    return NewCommand(cid, target, topic, payload, t_s, t_s + 30.0)
+
+
+def _set_wall(path: Path, decision_id: int, wall_s: float) -> None:
+    """Give a decision another wall time (the journal stamps time.time() when writing)."""
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE decisions SET wall_time_s = ? WHERE id = ?", (wall_s, decision_id))
+    db.close()
+
+
+@pytest.fixture
+def journal_file(tmp_path: Path) -> Path:
+    """Six decisions an hour apart (the last two within the last hour): r3 at fail-safe in 2, 3 and 5
+    (two episodes), r0 in 3; eleven commands of four kinds ending every way a command can."""
+    path = tmp_path / "journal.sqlite"
+    j = Journal(path)
+    statuses = ["optimal", "failsafe", "failsafe", "optimal", "failsafe", "fallback"]
+    failsafe = [[], ["r3"], ["r3", "r0"], [], ["r3"], []]
+    cmds = {
+        1: [_cmd("a1", "rack_cmd", 100.0), _cmd("a2", "cdu_cmd", 100.0)],
+        2: [_cmd("b1", "rack_cmd", 200.0)],
+        3: [_cmd("c1", "facility_cmd", 300.0)],
+        4: [_cmd("d1", "scheduler_cmd", 400.0), _cmd("d2", "scheduler_cmd", 400.0)],
+        5: [_cmd("e1", "rack_cmd", 500.0), _cmd("e2", "rack_cmd", 500.0), _cmd("e3", "cdu_cmd", 500.0)],
+        6: [_cmd("f1", "rack_cmd", 600.0), _cmd("f2", "facility_cmd", 600.0)],
+    }
+    for i in range(6):
+        j.record_decision(
+            i, 100.0 * (i + 1), "enforce", statuses[i], 0.01 * (i + 1), _summary(statuses[i], failsafe[i]), cmds[i + 1]
+        )
+    j.mark_sent(["a1", "a2", "b1", "c1", "d1", "d2", "e1", "e2", "e3", "f1"])
+    j.mark_sent(["b1", "e1"])  # sent again (no ack in time)
+    j.record_acks(
+        [
+            ("a1", 101.0, "applied", None),
+            ("a2", 101.0, "applied", None),
+            ("b1", 230.0, "expired", None),
+            ("c1", 301.0, "applied", None),
+            ("d1", 401.0, "rejected", "place_job: card 17 is busy"),
+            ("d2", 401.0, "rejected", "place_job: card 17 is busy"),
+            ("e1", 501.0, "rejected", "rack r1: card 3 failed"),
+        ]
+    )
+    j.expire(531.0)  # e2, e3 (sent, never acked) expire; f1 (sent) and f2 (pending) stay open
+    j.save_calibration(np.arange(4), np.full(4, 0.1), np.ones(4), 450.0)
+    j.close()
+    now = time.time()
+    for i in range(6):
+        _set_wall(path, i + 1, now - 3600.0 * (5 - i) - 60.0)
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(["journal", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_the_summary_counts_what_was_journaled(journal_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--json", "--last", "2")
+    assert rc == 0
+    s = json.loads(out)
+    assert s["decisions"] == 6
+    assert s["statuses"] == {"failsafe": 3, "fallback": 1, "optimal": 2}  # worst first
+    assert s["failsafe_racks"]["r3"]["decisions"] == 3 and s["failsafe_racks"]["r3"]["episodes"] == 2
+    assert s["failsafe_racks"]["r0"]["decisions"] == 1 and s["failsafe_racks"]["r0"]["episodes"] == 1
+    c = s["commands"]
+    assert c["by_state"] == {"pending": 1, "sent": 1, "applied": 3, "rejected": 3, "expired": 3}
+    assert c["by_kind"]["rack_cmd"] == {"sent": 1, "rejected": 1, "expired": 2, "applied": 1}
+    assert c["by_kind"]["scheduler_cmd"] == {"rejected": 2}
+    assert c["by_kind"]["facility_cmd"] == {"pending": 1, "applied": 1}
+    assert c["open"] == 2 and c["sent_more_than_once"] == 2
+    assert s["acks"] == {"applied": 3, "expired": 1, "rejected": 3}
+    assert s["rejections"]["by_reason"] == [
+        {"reason": "place_job: card 17 is busy", "count": 2},
+        {"reason": "rack r1: card 3 failed", "count": 1},
+    ]
+    assert s["calibration"] == {"cards": 4, "last_site_s": 450.0}
+    assert [d["id"] for d in s["recent"]] == [5, 6]  # the newest, oldest of them first
+    assert s["solve_s"]["max"] == pytest.approx(0.06)
+
+
+def test_the_text_names_the_failsafe_racks_the_open_commands_and_the_reasons(
+    journal_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--last", "1")
+    assert rc == 0
+    assert "status       failsafe 3, fallback 1, optimal 2; mode enforce 6" in out
+    assert "r3: 3 decisions in 2 episodes" in out and "r0: 1 decision in 1 episode," in out
+    assert "2 open (pending or sent)" in out and "2 sent more than once" in out
+    assert "2 x place_job: card 17 is busy" in out
+    assert "#6" in out and "plan fallback (milp)" in out and "#5" not in out
+
+
+def test_since_keeps_the_later_decisions_and_their_commands(
+    journal_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--json", "--since", "90m")
+    assert rc == 0
+    s = json.loads(out)
+    assert s["decisions"] == 2  # decisions 5 and 6
+    assert s["commands"]["by_state"] == {"pending": 1, "sent": 1, "rejected": 1, "expired": 2}
+    assert s["acks"] == {"rejected": 1}
+    assert list(s["failsafe_racks"]) == ["r3"] and s["failsafe_racks"]["r3"]["episodes"] == 1
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--since", "1m")
+    assert rc == 0 and "decisions    none in that time" in out
+
+
+def test_one_decision_with_its_commands_and_acks(journal_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--decision", "5", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert d["decision"]["status"] == "failsafe" and d["decision"]["summary"]["failsafe_racks"] == ["r3"]
+    by_id = {c["command_id"]: c for c in d["commands"]}
+    assert list(by_id) == ["e1", "e2", "e3"]
+    assert by_id["e1"]["state"] == "rejected" and by_id["e1"]["attempts"] == 2
+    assert by_id["e1"]["acks"] == [{"result": "rejected", "reason": "rack r1: card 3 failed", "site_time_s": 501.0}]
+    assert by_id["e3"]["kind"] == "cdu_cmd" and by_id["e3"]["acks"] == [] and by_id["e3"]["state"] == "expired"
+    assert by_id["e1"]["payload"]["command_id"] == "e1"
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--decision", "5")
+    assert "e1  rack_cmd r1  rejected, sent 2x" in out and "ack: rejected (rack r1: card 3 failed)" in out
+    rc, _, err = run_cli(capsys, "--journal", str(journal_file), "--decision", "99")
+    assert rc == 2 and "no decision 99 (never made, or pruned)" in err
+
+
+def test_it_never_writes_the_journal(journal_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = hashlib.sha256(journal_file.read_bytes()).hexdigest()
+    files = sorted(p.name for p in journal_file.parent.iterdir())
+    for args in (["--json"], ["--decision", "2"], ["--since", "2h"]):
+        assert run_cli(capsys, "--journal", str(journal_file), *args)[0] == 0
+    assert hashlib.sha256(journal_file.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in journal_file.parent.iterdir()) == files  # no -wal/-shm/lock left behind
+    missing = journal_file.parent / "sub" / "none.sqlite"
+    rc, _, err = run_cli(capsys, "--journal", str(missing))
+    assert rc == 2 and "no such file" in err and not missing.parent.exists()
+
+
+def test_it_reads_a_journal_the_agent_holds_open(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "journal.sqlite"
+    agent = Journal(path, lock=True)  # as the service holds it: locked, WAL not checkpointed
+    try:
+        for i in range(3):
+            agent.record_decision(i, float(i), "advisory", "optimal", 0.01, _summary("optimal", []))
+        rc, out, _ = run_cli(capsys, "--journal", str(path), "--json")
+        assert rc == 0 and json.loads(out)["decisions"] == 3 and json.loads(out)["modes"] == {"advisory": 3}
+        agent.record_decision(3, 3.0, "advisory", "infeasible", 0.01, _summary("infeasible", []))
+        rc, out, _ = run_cli(capsys, "--journal", str(path), "--json")
+        assert json.loads(out)["statuses"] == {"infeasible": 1, "optimal": 3}
+    finally:
+        agent.close()
+
+
+def test_the_journal_of_a_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "cfg").mkdir()
+    Journal(tmp_path / "cfg" / "state" / "j.sqlite").close()
+    config = tmp_path / "cfg" / "agent.toml"
+    site = REPO / "examples" / "supernode-512.toml"
+    config.write_text(f'site = "{site}"\n[journal]\npath = "state/j.sqlite"\n')
+    rc, out, _ = run_cli(capsys, "--config", str(config))  # relative to the configuration's folder
+    assert rc == 0 and f"journal {tmp_path / 'cfg' / 'state' / 'j.sqlite'}" in out and "decisions    none" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give the journal: --config FILE"),
+        (["--journal", "{not_a_db}"], "file is not a database"),
+        (["--journal", "{other_db}"], "not a racktwin journal"),
+        (["--journal", "{folder}"], "not a file"),
+        (["--journal", "{journal}", "--since", "yesterday"], "--since 'yesterday': give a duration"),
+        (["--journal", "{journal}", "--last", "-1"], "--last -1: must be 0 or more"),
+        (["--config", "{missing}"], "file not found"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, journal_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "not.sqlite").write_text("hello\n" * 100)
+    other = sqlite3.connect(tmp_path / "other.sqlite")
+    other.execute("CREATE TABLE t (x)")
+    other.close()
+    paths = {
+        "not_a_db": tmp_path / "not.sqlite",
+        "other_db": tmp_path / "other.sqlite",
+        "folder": tmp_path,
+        "journal": journal_file,
+        "missing": tmp_path / "none.toml",
+    }
+    rc, out, err = run_cli(capsys, *(a.format(**paths) for a in args))
+    assert rc == 2 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_journal_of_another_schema_version_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "j.sqlite"
+    Journal(path).close()
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.close()
+    rc, _, err = run_cli(capsys, "--journal", str(path))
+    assert rc == 2 and "schema version 99, this racktwin reads 1" in err
+
+
+def test_since_accepts_durations_and_utc_times() -> None:
+    now = 1_800_000_000.0
+    assert parse_since("90s", now) == now - 90
+    assert parse_since("30m", now) == now - 1800
+    assert parse_since("2h", now) == now - 7200
+    assert parse_since("1.5d", now) == now - 129600
+    assert parse_since("2026-12-01T10:00", now) == 1796119200.0  # UTC when no offset is given
+    assert parse_since("2026-12-01T11:00+01:00", now) == 1796119200.0
+
+
+def test_command_kinds_from_topics() -> None:
+    assert command_kind(f"{TOPIC}/rack/r7/cmd") == "rack_cmd"
+    assert command_kind(f"{TOPIC}/rack/r7/cdu_cmd") == "cdu_cmd"
+    assert command_kind(f"{TOPIC}/facility/cmd") == "facility_cmd"
+    assert command_kind(f"{TOPIC}/scheduler/cmd") == "scheduler_cmd"
