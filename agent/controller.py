@@ -221,7 +221,8 @@ class Controller:
         when a step's time falls more than a period before the latest one): holds and times kept
         on the old timeline are brought onto the new one, at most as long as they can last from now
         (else a rack would stay at fail-safe caps, a pump latched or a host booting until the new
-        clock reached the old times: ~800 site s after a simulator restarted 760 s back)."""
+        clock reached the old times: ~800 site s after a simulator restarted 760 s back; a placement
+        in flight held its job and cards as long)."""
         cfg = self.control
         np.minimum(self._blind_until, now_s + cfg.failsafe_hold_s, out=self._blind_until)
         np.minimum(self._capped_until, now_s + cfg.failsafe_hold_s, out=self._capped_until)
@@ -230,6 +231,8 @@ class Controller:
         np.minimum(self._host_busy_last, now_s, out=self._host_busy_last)  # NaN (never seen) stays NaN
         self._last_setpoint_eval_s = min(self._last_setpoint_eval_s, now_s)
         self._running_since = {j: min(t, now_s) for j, t in self._running_since.items()}
+        # a placement sent on the old timeline lasts at most its order's time to live from now
+        self._pending = {j: (c, min(u, now_s + cfg.command_ttl_s)) for j, (c, u) in self._pending.items()}
         self._reserved = None  # a reservation's promised start is recomputed on the new timeline
         self.guard.clock_went_back(now_s)
 

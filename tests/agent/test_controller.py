@@ -158,6 +158,30 @@ def test_after_the_site_clock_went_back_fail_safe_holds_last_their_time_from_the
     assert ctl.step(seen_at(1031.0), 1031.0).failsafe_racks == ()
 
 
+def test_after_the_site_clock_went_back_a_placement_in_flight_lasts_its_time_to_live_from_the_new_now() -> None:
+    site = small_site()
+    _plant, state = belief(site, [job("a", 8)], 60)
+    state.apply_events([JobEvent(time_s=60.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=job("q", 8))])
+    snap0 = state.snapshot()
+    ctl = Controller(site, ControlConfig(period_s=10.0, command_ttl_s=30.0))
+
+    def at(t: float) -> StateSnapshot:  # the same site, its readings fresh at t
+        dt = t - snap0.time_s
+        return dataclasses.replace(
+            snap0,
+            time_s=t,
+            card_last_seen_s=snap0.card_last_seen_s + dt,
+            card_prev_seen_s=snap0.card_prev_seen_s + dt,
+            rack_last_seen_s=snap0.rack_last_seen_s + dt,
+        )
+
+    assert [o.job_id for o in ctl.step(at(1000.0), 1000.0).placements] == ["q"]
+    # the site restarts 760 s back and the order was lost (q still queued): while the order may
+    # still arrive it holds q and its cards; then q is placed again (was: not before t = 1030)
+    assert ctl.step(at(240.0), 240.0).placements == ()
+    assert [o.job_id for o in ctl.step(at(271.0), 271.0).placements] == ["q"]
+
+
 def test_a_solve_past_its_deadline_falls_back_to_the_greedy_plan() -> None:
     site = example_site()
     _plant, state = belief(site, full_load_jobs(site, 32), 90)
