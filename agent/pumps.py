@@ -52,6 +52,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 __all__ = [
+    "MIN_FLOW_FRAC",
     "PumpChoice",
     "choose_pump_speeds",
     "full_speed_flow_lpm",
@@ -72,16 +73,25 @@ def speed_options(site: SiteSpec, steps: int) -> FloatArray:
 FLOW_DEADBAND_FRAC = 0.05
 
 
+#: The least full-speed flow a rack's pump is taken to give, as a fraction of nominal: a loop that
+#: reads 0 L/min (a tripped pump) is planned as this weak (every die prediction then far over its
+#: limit: pump at full speed, cards at their slowest levels) rather than divided by zero.
+MIN_FLOW_FRAC = 0.01
+
+
 def full_speed_flow_lpm(site: SiteSpec, flow_lpm: FloatArray, speed_frac: FloatArray) -> FloatArray:
-    """Per rack: the loop flow its pump gives at full speed now (measured flow / reported speed; the
-    nominal flow where either is unknown or within ``FLOW_DEADBAND_FRAC`` of it), at most the nominal
-    flow (a healthy pump gives no more)."""
+    """Per rack: the loop flow its pump gives at full speed now: measured flow / reported speed; the
+    measured flow itself where the speed is unknown or under 5% (a stalled pump: speeding it up may
+    not help); the nominal flow where the flow is unknown (NaN) or within ``FLOW_DEADBAND_FRAC`` of
+    nominal; at most the nominal flow (a healthy pump gives no more) and at least ``MIN_FLOW_FRAC`` of
+    it. A measured 0 L/min is a failed pump, not an unknown flow."""
     nominal = site.loop_flow_per_rack_lpm()
     flow = np.asarray(flow_lpm, dtype=np.float64)
     speed = np.asarray(speed_frac, dtype=np.float64)
-    ok = np.isfinite(flow) & (flow > 0) & np.isfinite(speed) & (speed > 0.05)
-    full = np.where(ok, flow / np.where(ok, speed, 1.0), nominal)
-    full = np.where(full >= (1.0 - FLOW_DEADBAND_FRAC) * nominal, nominal, full)
+    known = np.isfinite(flow) & (flow >= 0)
+    by_speed = known & np.isfinite(speed) & (speed > 0.05)
+    full = np.where(by_speed, flow / np.where(by_speed, speed, 1.0), np.where(known, flow, nominal))
+    full = np.where(full >= (1.0 - FLOW_DEADBAND_FRAC) * nominal, nominal, np.maximum(full, MIN_FLOW_FRAC * nominal))
     return np.asarray(full, dtype=np.float64)
 
 

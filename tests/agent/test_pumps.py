@@ -15,14 +15,16 @@ import dataclasses
 
 import numpy as np
 import pytest
-from agent_helpers import belief, example_site, job
+from agent_helpers import belief, example_site, full_load_jobs, job, small_site
 from evaluate_helpers import mixed_scenario
 
 from agent.config import ControlConfig
 from agent.controller import Controller
+from agent.decision import Decision
 from agent.evaluate import evaluate
 from agent.load import predict, site_load, spec_r_total_k_per_w
 from agent.pumps import (
+    MIN_FLOW_FRAC,
     _descend_facility_pump,
     _facility_w,
     choose_pump_speeds,
@@ -203,6 +205,42 @@ def test_a_healthy_pumps_flow_noise_does_not_move_the_full_speed_flow() -> None:
     assert full.tolist() == pytest.approx(
         [nominal, nominal, nominal, 0.6 * nominal, nominal, 0.6 * nominal, nominal, nominal]
     )
+
+
+def test_a_loop_reading_no_flow_is_a_failed_pump_not_an_unknown_one() -> None:
+    site = example_site()
+    nominal = site.loop_flow_per_rack_lpm()
+    flow = np.array([0.0, 2.0, 2.0, np.nan, 0.0, 4.0, 4.0, nominal])
+    speed = np.array([1.0, 0.04, np.nan, 0.0, 0.0, 0.5, 0.01, np.nan])
+    full = full_speed_flow_lpm(site, flow, speed)
+    # 0 L/min: the floor (a tripped pump); a stalled or unknown speed: the flow it gives now; only an
+    # unknown flow reads as nominal (was: nominal for the first three and the fifth)
+    floor = MIN_FLOW_FRAC * nominal
+    assert full.tolist() == pytest.approx([floor, 2.0, 2.0, nominal, floor, 8.0, 4.0, nominal])
+
+
+def test_a_rack_whose_pump_stopped_gets_its_pump_at_full_speed_and_its_cards_slowed() -> None:
+    site = small_site()
+    _plant, state = belief(site, full_load_jobs(site, 8), 60)
+    snap0 = state.snapshot()
+
+    def decide(flow_lpm: float) -> Decision:
+        flow = snap0.rack_flow_lpm.copy()
+        flow[0] = flow_lpm
+        snap = dataclasses.replace(snap0, rack_flow_lpm=flow)
+        ctl = Controller(site, ControlConfig(period_s=10.0))
+        ctx = ctl.context(snap, 60.0)
+        return ctl.review(ctl.propose(snap, ctx), snap, ctx)
+
+    healthy, stopped = decide(site.loop_flow_per_rack_lpm()), decide(0.0)
+    on_rack0 = (site.card_rack() == 0) & healthy.card_busy
+    assert on_rack0.any() and np.array_equal(stopped.card_busy, healthy.card_busy)
+    assert healthy.rack_pump_speed_frac is not None and healthy.rack_pump_speed_frac[0] < 1.0
+    assert healthy.card_level[on_rack0].min() < site.card.n_levels - 1
+    # was: planned as a healthy pump (slowed to 58%, top levels kept)
+    assert stopped.rack_pump_speed_frac is not None and stopped.rack_pump_speed_frac[0] == 1.0
+    assert np.all(stopped.card_level[on_rack0] == site.card.n_levels - 1)
+    assert np.all(stopped.budget_rack_power_w <= stopped.rack_cap_w + 1e-6)
 
 
 def test_power_the_twin_does_not_explain_counts_once_against_the_rack_cap() -> None:
