@@ -389,6 +389,15 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
             f"must not exceed the site's card power limit (card.power_limit_w, {site.card.power_limit_w:g} W "
             f"for {site.card.model}), got {c.min_power_limit_w:g} W",
         )
+    floor_w = site.rack.host_overhead_w + site.cards_per_rack * c.min_power_limit_w + c.rack_margin_w
+    if floor_w > rack_limit:
+        raise fail(
+            "min_power_limit_w",
+            f"{site.cards_per_rack} cards at {c.min_power_limit_w:g} W, the hosts' {site.rack.host_overhead_w:g} W "
+            f"and rack_margin_w {c.rack_margin_w:g} W make {floor_w:g} W, over the site's rack power limit "
+            f"({rack_limit:g} W): the guard's last resort (every card at the fail-safe power limit) could not "
+            "keep a full rack within it",
+        )
 
 
 def _check_broker_url(url: str, source: str) -> None:

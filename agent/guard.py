@@ -33,13 +33,18 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the same array the planner used). While a rack is over ``limit - margin - extra``, the
    job of that rack whose next slower level gives up the least value per watt saved steps down;
    then awake idle cards go to low-power idle; if the rack is still over (its jobs all at the
-   slowest level), every card of the rack gets the fail-safe power limit, which holds by construction.
+   slowest level), every card of the rack gets the fail-safe power limit. That holds the cap unless
+   the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts): the
+   configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
+   but not power the twin does not explain (``rack_extra_w``, e.g. 30 kW more on a PDU than its cards
+   and hosts draw); then the decision says the rack cannot be held (``infeasible``, an explanation
+   line, its predicted power over its cap in the metrics) and no lever of the agent is left.
 5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
    the slowest level its power limit is set to what the die limit allows.
 
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
-every rack within ``limit - margin - extra``.
+every rack within ``limit - margin - extra`` wherever the fail-safe power limit can (above).
 """
 
 from __future__ import annotations
@@ -436,6 +441,15 @@ class Guard:
                     f"guard: {site.rack_names[r]}: still over its cap at the slowest levels; "
                     f"power limits of {fs_lim[r]:.0f} W per card"
                 )
+                if rack_p[r] > modelled_caps[r] + _TOL_W:
+                    cfg = self.control
+                    extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
+                    notes.append(
+                        f"guard: {site.rack_names[r]}: cannot be held under its cap: {rack_p[r] / 1e3:.1f} kW "
+                        f"predicted at the lowest power limit a card accepts ({cfg.min_power_limit_w:g} W) > "
+                        f"{modelled_caps[r] / 1e3:.1f} kW left for its cards and hosts "
+                        f"({extra / 1e3:.1f} kW on its PDU the twin does not explain)"
+                    )
         if lowered:
             items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
             more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""

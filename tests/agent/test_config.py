@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import OTHER_ENV_VARS, ControlConfig, check_control, env_variables, explain, load_config
-from twin.spec import load_site
-from twin.tables import SpecError
+from twin.spec import load_site, site_from_dict
+from twin.tables import SpecError, read_toml
 
 pytestmark = pytest.mark.agent
 
@@ -196,7 +196,11 @@ def test_margins_that_leave_no_room_are_refused_with_the_sites_value(tmp_path: P
     assert err.path == "control.rack_margin_w" and "50000 W" in err.problem
     err = refused(tmp_path, 'site = "site.toml"\n[control]\nmin_power_limit_w = 5000\n')
     assert err.path == "control.min_power_limit_w" and "700 W" in err.problem
-    assert load_config(write(tmp_path, 'site = "site.toml"\n[control]\nmin_power_limit_w = 700\n'), env={})
+    # 700 W is a card's limit, but 64 cards at it and the hosts leave a 50 kW rack no room: the guard's
+    # last resort could not hold it
+    err = refused(tmp_path, 'site = "site.toml"\n[control]\nmin_power_limit_w = 700\n')
+    assert err.path == "control.min_power_limit_w" and "54600 W" in err.problem
+    assert load_config(write(tmp_path, 'site = "site.toml"\n[control]\nmin_power_limit_w = 600\n'), env={})
 
 
 def test_a_missing_site_names_the_config_file_the_field_and_the_variable(tmp_path: Path) -> None:
@@ -225,6 +229,16 @@ def test_check_control_is_the_cross_field_check_for_a_control_table_alone() -> N
     with pytest.raises(SpecError) as info:
         check_control(ControlConfig(rack_margin_w=60_000.0), site, "--control")
     assert info.value.path == "control.rack_margin_w"
+
+
+def test_a_rack_limit_the_failsafe_power_limit_cannot_hold_is_refused() -> None:
+    data = read_toml(EXAMPLES / "supernode-512.toml")
+    data["rack"]["power_limit_w"] = 20_000.0  # a curtailed rack: 64 cards x 200 W + 8.8 kW hosts + 1 kW margin
+    site = site_from_dict(data, source="curtailed")
+    with pytest.raises(SpecError) as info:
+        check_control(ControlConfig(), site, "--control")
+    assert info.value.path == "control.min_power_limit_w" and "22600 W" in info.value.problem
+    check_control(ControlConfig(min_power_limit_w=150.0), site, "--control")  # 64 x 150 W: 19.4 kW fits
 
 
 def test_a_journal_path_the_service_cannot_use_is_refused_naming_journal_path(tmp_path: Path) -> None:

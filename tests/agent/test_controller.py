@@ -182,6 +182,34 @@ def test_after_the_site_clock_went_back_a_placement_in_flight_lasts_its_time_to_
     assert [o.job_id for o in ctl.step(at(271.0), 271.0).placements] == ["q"]
 
 
+def test_a_rack_no_lever_can_hold_under_its_cap_is_said_so() -> None:
+    site = example_site()
+    _plant, state = belief(site, full_load_jobs(site, 64), 60)
+    snap0 = state.snapshot()
+    ctl = Controller(site, ControlConfig(period_s=15.0))
+    for k in range(12):  # rack 0's PDU reads 30 kW more than its cards and hosts draw, for 3 minutes
+        t = 60.0 + 15.0 * k
+        dt = t - snap0.time_s
+        pdu = snap0.rack_power_w.copy()
+        pdu[0] += 30_000.0
+        d = ctl.step(
+            dataclasses.replace(
+                snap0,
+                time_s=t,
+                rack_power_w=pdu,
+                card_last_seen_s=snap0.card_last_seen_s + dt,
+                card_prev_seen_s=snap0.card_prev_seen_s + dt,
+                rack_last_seen_s=snap0.rack_last_seen_s + dt,
+            ),
+            t,
+        )
+    # every card of rack 0 at the lowest power limit a card accepts, and still over: said, not hidden
+    assert d.status == "infeasible" and d.budget_rack_power_w[0] > d.rack_cap_w[0]
+    assert any(e.startswith("guard: r0: cannot be held under its cap") for e in d.explanation)
+    assert not any("cannot be held" in e and not e.startswith("guard: r0:") for e in d.explanation)
+    assert np.all(d.budget_rack_power_w[1:] <= d.rack_cap_w[1:] + 1e-6)
+
+
 def test_a_solve_past_its_deadline_falls_back_to_the_greedy_plan() -> None:
     site = example_site()
     _plant, state = belief(site, full_load_jobs(site, 32), 90)

@@ -1,8 +1,9 @@
 """Property: whatever plan the guard is given (adversarial levels, sleep states, limits, set-points,
-pump speeds, placements, stale racks, weak pumps, measured extras), the decision it lets out keeps
-every rack within its limit minus margin, every busy die under its limit and every slowed loop's rise
-within its bound, as the twin computes it at the pump speeds it lets out, never raises a cap, wakes
-a card or slows a pump on stale data, and never raises a level faster than its rate limit."""
+pump speeds, placements, stale racks, weak pumps, measured extras up to 3 kW, where the fail-safe
+power limit can hold every rack), the decision it lets out keeps every rack within its limit minus
+margin, every busy die under its limit and every slowed loop's rise within its bound, as the twin
+computes it at the pump speeds it lets out, never raises a cap, wakes a card or slows a pump on
+stale data, and never raises a level faster than its rate limit."""
 
 from __future__ import annotations
 
