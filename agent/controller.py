@@ -370,7 +370,7 @@ class Controller:
         # busy: the decision's, plus placements committed since its snapshot was taken (the service
         # reviews a periodic proposal after an event decision may have placed a job meanwhile)
         card_busy = np.asarray(d.card_busy, dtype=bool).copy()
-        for cards in self._pending_now(now).values():
+        for cards in self._pending_now(self._orders_seen_until(ctx, snap)).values():
             card_busy[list(cards)] = True
         busy = host_any(site, card_busy)
         last = np.where(np.isnan(self._host_busy_last), now, self._host_busy_last)
@@ -428,10 +428,21 @@ class Controller:
         note = f"pumps at {', '.join(f'{100 * x:.0f}' for x in choice.speed_frac)}% (saves ~{choice.saved_w:,.0f} W)"
         return d.replace(rack_pump_speed_frac=choice.speed_frac, explanation=(*d.explanation, note))
 
+    @staticmethod
+    def _orders_seen_until(ctx: StepContext, snap: StateSnapshot) -> float:
+        """The site time up to which ``snap`` can show what a placement order did: its newest reading,
+        not the clock's ``now`` ahead of it. An order still in its time to live at that time may yet
+        show as a started job (telemetry behind the clock: a broker backlog, an accelerated simulator
+        lagging; the job was placed twice at 60x when orders expired by the clock)."""
+        t = float(snap.time_s)
+        return min(ctx.now_s, t) if math.isfinite(t) else ctx.now_s
+
     def _in_flight(self, ctx: StepContext, snap: StateSnapshot) -> list[tuple[str, tuple[int, ...]]]:
-        """Placements sent and not yet started (their jobs still queued, their orders not expired)."""
+        """Placements sent and not yet started (their jobs still queued, their orders not expired by
+        the time the snapshot shows)."""
         queued_ids = {q.job_id for q in snap.queue}
-        return [(jid, c) for jid, (c, until) in self._pending.items() if until > ctx.now_s and jid in queued_ids]
+        seen = self._orders_seen_until(ctx, snap)
+        return [(jid, c) for jid, (c, until) in self._pending.items() if until > seen and jid in queued_ids]
 
     def _pending_with(
         self, ctx: StepContext, snap: StateSnapshot, orders: Sequence[PlacementOrder]
@@ -722,7 +733,7 @@ class Controller:
         its promised start, the jobs behind it not before). Their hosts are kept on or powered on;
         hosts waiting for a start further away (a big job's drain) may go off meanwhile."""
         now = ctx.now_s
-        placing = {o.job_id for o in d.placements} | set(self._pending_now(now))
+        placing = {o.job_id for o in d.placements} | set(self._pending_now(self._orders_seen_until(ctx, snap)))
         queue = [q for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= self.site.n_cards]
         if not queue:
             return 0

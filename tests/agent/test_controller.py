@@ -182,6 +182,31 @@ def test_after_the_site_clock_went_back_a_placement_in_flight_lasts_its_time_to_
     assert [o.job_id for o in ctl.step(at(271.0), 271.0).placements] == ["q"]
 
 
+def test_a_placement_in_flight_is_held_until_telemetry_newer_than_its_order_shows_it_queued() -> None:
+    site = small_site()
+    _plant, state = belief(site, [job("a", 8)], 60)
+    state.apply_events([JobEvent(time_s=60.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=job("q", 8))])
+    snap0 = state.snapshot()
+    ctl = Controller(site, ControlConfig(period_s=10.0, command_ttl_s=30.0))
+
+    def seen_at(t: float) -> StateSnapshot:  # readings up to t: q still queued
+        dt = t - snap0.time_s
+        return dataclasses.replace(
+            snap0,
+            time_s=t,
+            card_last_seen_s=snap0.card_last_seen_s + dt,
+            card_prev_seen_s=snap0.card_prev_seen_s + dt,
+            rack_last_seen_s=snap0.rack_last_seen_s + dt,
+        )
+
+    assert [o.job_id for o in ctl.step(seen_at(1000.0), 1000.0).placements] == ["q"]
+    # the clock says 1,035 (the order's 30 s are over) but the newest readings are from 1,010: they
+    # cannot show q started yet, so q is not placed a second time (was: placed again)
+    assert ctl.step(seen_at(1010.0), 1035.0).placements == ()
+    # readings from after the order's expiry still show q queued: the order was lost, q is placed again
+    assert [o.job_id for o in ctl.step(seen_at(1031.0), 1036.0).placements] == ["q"]
+
+
 def test_a_rack_no_lever_can_hold_under_its_cap_is_said_so() -> None:
     site = example_site()
     _plant, state = belief(site, full_load_jobs(site, 64), 60)
