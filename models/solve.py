@@ -470,7 +470,8 @@ def _finish(
     source: str,
 ) -> CyclePlan:
     if best is None:
-        # nothing feasible: the least-power plan at the coolest set-point, flagged INFEASIBLE
+        # nothing feasible: the greedy heuristic's least-power plan at the coolest set-point, flagged
+        # INFEASIBLE (its source is "greedy" whatever was tried, no MILP plan is in it)
         s = min(p.supply_options_c) if len(records) > 1 else p.supply_temp_c
         t, line = _tables_and_line(p, s)
         g = greedy_dvfs(p, t, line)
@@ -483,7 +484,7 @@ def _finish(
             explanation="\n".join(reasons),
             objective_per_h=None,
             mip_gap=None,
-            source=source,
+            source="greedy",
         )
     return CyclePlan(
         status=status,

@@ -25,6 +25,7 @@ def test_rack_over_its_cap_at_the_lowest_level(site: SiteSpec) -> None:
     assert plan.explanation.startswith("rack power: rack r3: 64 busy cards at their lowest allowed levels")
     assert "> 24.0 kW (limit 25.0 kW - margin 1.0 kW)" in plan.explanation
     assert plan.dvfs is not None  # the least-power plan is still returned for the caller's guard
+    assert plan.source == "greedy"  # that plan is the greedy heuristic's (it was labelled "milp")
     assert greedy_cycle(p, choose_setpoint=False).status == SolveStatus.INFEASIBLE
 
 
