@@ -77,9 +77,11 @@ def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
                 f"it could drop to {p_noslo[r] / 1e3:.1f} kW"
             )
             continue
+        n_off = 0 if p.host_off is None else int(p.host_off.reshape(p.site.n_racks, -1)[r].sum())
+        hosts = f"host {p.rack_host_w()[r] / 1e3:.1f} kW" + (f" with {n_off} of its hosts off" if n_off else "")
         reasons.append(
-            f"rack power: rack {names[int(r)]}: {busy} busy cards at their lowest allowed levels (+ host "
-            f"{p.site.rack.host_overhead_w / 1e3:.1f} kW, idle cards in low power) still draw "
+            f"rack power: rack {names[int(r)]}: {busy} busy cards at their lowest allowed levels (+ "
+            f"{hosts}, idle cards in low power) still draw "
             f"{p_min[r] / 1e3:.1f} kW > "
             f"{t.rack_cap_w[r] / 1e3:.1f} kW (limit {p.rack_limit_w[r] / 1e3:.1f} kW - margin "
             f"{p.margins.rack_margin_w / 1e3:.1f} kW)"

@@ -4,6 +4,8 @@
 supply set-point) to every card and predicts its steady power and die temperature with the twin
 (``twin.steady.card_steady_power_w``, leakage at the predicted die temperature) and the facility
 with ``twin.cooling.facility_cooling``: the numbers a plan is judged by, not the model's rows.
+Hosts the problem powers off (``CycleProblem.host_off``) are judged as the twin does: their cards
+draw nothing (dies at the supply temperature) and the host draws its off power.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ class CyclePlan:
 
 
 def awake_cards(p: CycleProblem, rack_awake: IntArray) -> BoolArray:
-    """Which idle cards are awake: the first ``rack_awake[r]`` idle cards of each rack."""
+    """Which idle cards are awake: the first ``rack_awake[r]`` idle cards of each rack (cards of hosts
+    that are off are not idle, ``CycleProblem.idle_mask``)."""
     site = p.site
     idle = p.idle_mask()
     card_rack = site.card_rack()
@@ -161,9 +164,12 @@ def assess_dvfs(
     low_power = ~busy & ~awake_cards(p, ra)
     power, die = card_steady_power_w(model, level, util, low_power, supply_c, p.r_total_k_per_w)
     die = die + p.die_offset_k
+    unpowered = p.unpowered()
+    power = np.where(unpowered, 0.0, power)
+    die = np.where(unpowered, float(supply_c), die)
     card_rack = site.card_rack()
     rack_power = np.bincount(card_rack, weights=power, minlength=site.n_racks).astype(np.float64)
-    rack_power += site.rack.host_overhead_w
+    rack_power += p.rack_host_w()
     rack_max_die = np.full(site.n_racks, -np.inf)
     np.maximum.at(rack_max_die, card_rack, die)
     it = float(rack_power.sum())

@@ -16,6 +16,12 @@ heuristic share, all predicted by the twin:
   (no row is needed since a card's temperature depends only on its own job's level);
 * the value of each level (priority-weighted throughput) and the levels an SLO allows;
 * per rack: idle cards, their low-power and awake power, failed cards, host overhead, the cap.
+
+A problem may name hosts that are powered off for the cycle (``host_off``, per host, only where the
+site's hosts can be powered off; ``racktwin optimize`` decides them before planning, the agent's
+controller leaves it ``None``): an off host draws ``rack.host_off_power_w`` instead of
+``rack.host_power_w`` and its cards nothing (as ``twin.steady.site_steady_state`` judges it), so its
+cards are neither idle nor available for the ready reserve and its rack's base power is that much lower.
 """
 
 from __future__ import annotations
@@ -117,6 +123,7 @@ class CycleProblem:
     Failed cards (``failed``) run nothing and are commanded to low-power idle.
     ``die_offset_k`` is added to every predicted die temperature of a card (>= 0; see
     :func:`make_problem`, which derives it from measured temperatures when the current levels are known).
+    ``host_off`` (per host, or None: all on) names the hosts powered off for the cycle (see module docstring).
     """
 
     site: SiteSpec
@@ -135,6 +142,7 @@ class CycleProblem:
     margins: Margins = field(default_factory=Margins)
     prices: Prices = field(default_factory=Prices)
     queue: tuple[JobSpec, ...] = ()
+    host_off: BoolArray | None = None
 
     @property
     def n_cards(self) -> int:
@@ -152,8 +160,22 @@ class CycleProblem:
         """Each rack's usable power: its limit minus the margin."""
         return np.asarray(self.rack_limit_w - self.margins.rack_margin_w, dtype=np.float64)
 
+    def unpowered(self) -> BoolArray:
+        """Per card: its host is off (all False when ``host_off`` is None)."""
+        if self.host_off is None:
+            return np.zeros(self.n_cards, dtype=np.bool_)
+        return np.asarray(self.host_off[self.site.card_host()], dtype=np.bool_)
+
     def idle_mask(self) -> BoolArray:
-        return np.asarray((self.card_job < 0) & ~self.failed, dtype=np.bool_)
+        """Per card: runs no job, has not failed and its host is on (it may be woken)."""
+        return np.asarray((self.card_job < 0) & ~self.failed & ~self.unpowered(), dtype=np.bool_)
+
+    def rack_host_w(self) -> FloatArray:
+        """Per rack: everything but the cards (``rack.host_overhead_w``), less what its off hosts save."""
+        host = np.full(self.site.n_racks, self.site.rack.host_overhead_w, dtype=np.float64)
+        if self.host_off is not None:
+            host -= self.host_off.reshape(self.site.n_racks, -1).sum(axis=1) * self.site.host_saving_w()
+        return host
 
     def job_cards(self, j: int) -> IntArray:
         return np.flatnonzero(self.card_job == j).astype(np.int64)
@@ -198,6 +220,7 @@ def make_problem(
     margins: Margins | None = None,
     prices: Prices | None = None,
     queue: Sequence[JobSpec] = (),
+    host_off: Sequence[bool] | BoolArray | None = None,
 ) -> CycleProblem:
     """Build and validate a :class:`CycleProblem` from plain arrays.
 
@@ -302,7 +325,20 @@ def make_problem(
     if np.any(limits <= 0):
         raise ProblemError("rack_limit_w must be positive for every rack")
 
-    n_idle = int(np.sum((card_job < 0) & ~failed_arr))
+    off_arr: BoolArray | None = None
+    unpowered = np.zeros(n, dtype=bool)
+    if host_off is not None:
+        off_arr = _as_array("host_off", host_off, (site.n_hosts,), bool).astype(np.bool_)
+        if off_arr.any() and not site.hosts_managed:
+            raise ProblemError("host_off: the site's hosts cannot be powered off (rack.hosts_per_rack = 0)")
+        unpowered = off_arr[site.card_host()]
+        busy_off = np.flatnonzero(unpowered & (card_job >= 0))
+        if busy_off.size:
+            c = int(busy_off[0])
+            raise ProblemError(
+                f"host {int(site.card_host()[c])} is off but its card {c} runs job {jobs[int(card_job[c])].job_id}"
+            )
+    n_idle = int(np.sum((card_job < 0) & ~failed_arr & ~unpowered))
     if ready_reserve_cards is None:
         reserve = min(max((job.n_cards for job in queue), default=0), n_idle)
     else:
@@ -328,6 +364,7 @@ def make_problem(
         margins=margins if margins is not None else Margins(),
         prices=prices if prices is not None else Prices(),
         queue=tuple(queue),
+        host_off=off_arr,
     )
 
 
@@ -406,7 +443,7 @@ class DvfsTables:
     pair_cards: IntArray
     pair_power_w: FloatArray  # (n_pairs, L)
     # per rack
-    rack_base_w: FloatArray  # host + failed cards (low power) + all idle cards in low power
+    rack_base_w: FloatArray  # hosts (less the off ones' saving) + failed and idle cards of hosts on in low power
     rack_idle: IntArray  # idle cards
     rack_wake_w: FloatArray  # extra power of one idle card awake instead of low power (worst card)
     rack_cap_w: FloatArray  # limit - margin
@@ -482,8 +519,9 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
     idle_lv = n_lv - 1
     lp_w, _ = card_steady_power_w(model, np.full(n, idle_lv), zeros, np.ones(n, dtype=bool), supply, p.r_total_k_per_w)
     aw_w, _ = card_steady_power_w(model, np.full(n, idle_lv), zeros, np.zeros(n, dtype=bool), supply, p.r_total_k_per_w)
-    base = np.full(n_racks, site.rack.host_overhead_w)
-    base += np.bincount(card_rack, weights=np.where(idle | p.failed, lp_w, 0.0), minlength=n_racks)
+    base = p.rack_host_w()
+    powered = ~p.unpowered()  # an off host's cards draw nothing
+    base += np.bincount(card_rack, weights=np.where((idle | p.failed) & powered, lp_w, 0.0), minlength=n_racks)
     wake = np.zeros(n_racks)
     np.maximum.at(wake, card_rack[idle], (aw_w - lp_w)[idle])
     rack_idle = np.bincount(card_rack[idle], minlength=n_racks).astype(np.int64)
