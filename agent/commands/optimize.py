@@ -1,11 +1,13 @@
 """``racktwin optimize SCENARIO.toml``: offline placement, DVFS / low-power idle, set-point and pumps.
 
 Reads a scenario (format in docs/models.md and the comments of examples/scenario-*.toml), places
-the queued jobs, plans DVFS levels, idle states and the coolant set-point with the models, then
-gives each rack loop's pump the slowest speed the plan allows (``agent.pumps``, as the agent does;
-``[solver] choose_pump_speed``) and powers off the hosts no job needs, keeping a reserve on for
-arriving jobs (``agent.hosts``; ``[solver] choose_host_power``, on sites whose hosts can be powered
-off), judges the plan with the twin (``twin.steady.site_steady_state``)
+the queued jobs, decides which hosts no job needs go off, keeping a reserve on for arriving jobs and
+the hosts that hold the ready reserve of awake idle cards (``agent.hosts``; ``[solver]
+choose_host_power``, on sites whose hosts can be powered off), plans DVFS levels, idle states and
+the coolant set-point with the models for the site with those hosts off (``CycleProblem.host_off``:
+the caps and the explanation of an infeasible run count what they save), then gives each rack
+loop's pump the slowest speed the plan allows (``agent.pumps``, as the agent does; ``[solver]
+choose_pump_speed``), judges the plan with the twin (``twin.steady.site_steady_state``)
 against the all-cards-at-top-clock, full-pump-speed baseline and the greedy plan, and writes
 ``plan.json``, ``racks.csv`` and ``report.html`` (plots embedded as PNG) to ``--out`` (default
 ``./out/<scenario name>``). ``--json`` prints a summary object.
@@ -368,17 +370,20 @@ def run(args: argparse.Namespace, command: str) -> int:
             unplaced = placement.unplaced
         t_place = time.perf_counter() - t0
         still_queued = [q.spec() for q in sc.queue if q.id in unplaced]
-        p1 = make_problem(
-            site,
-            jobs=jobs,
-            job_cards=cards,
-            job_phase=phases,
-            queue=still_queued,
-            ready_reserve_cards=sf.ready_reserve_cards,
-            **common,
-        )
+        mine: dict[str, Any] = {
+            "jobs": jobs,
+            "job_cards": cards,
+            "job_phase": phases,
+            "queue": still_queued,
+            "ready_reserve_cards": sf.ready_reserve_cards,
+        }
+        host_off = _hosts_off(make_problem(site, **mine, **common), sf.solver)
+        # the plan is made for the site with these hosts off: the caps count what they save
+        p1 = make_problem(site, **mine, **common, host_off=host_off)
     except ProblemError as exc:
         raise UserError(f"{args.scenario}: {exc}") from None
+    if host_off is not None:
+        _progress(args, f"hosts: {int(host_off.sum())} of {site.n_hosts} off")
     n_opt = len(p1.supply_options_c) if sf.solver.choose_setpoint else 1
     _progress(args, f"planning DVFS + idle for {len(jobs)} jobs at {n_opt} set-point(s), limit {time_limit:g} s")
     plan = plan_cycle(
@@ -397,8 +402,6 @@ def run(args: argparse.Namespace, command: str) -> int:
     if judged is not None:
         speeds = ", ".join(f"{100 * x:.0f}" for x in judged["pump_speed_frac"])
         _progress(args, f"pumps at {speeds}% of full speed")
-        if site.hosts_managed:
-            _progress(args, f"hosts: {int(judged['host_off'].sum())} of {site.n_hosts} off")
     base = _baseline(p1, supply)
     summary: dict[str, Any] = {
         "status": plan.status.value,
@@ -459,12 +462,10 @@ def _card_utilization(p: Any, level: IntArray) -> FloatArray:
     return u
 
 
-def _pump_speeds(
-    p: Any, dvfs: Any, supply_c: float, solver: SolverSection, host_off: npt.NDArray[np.bool_] | None
-) -> FloatArray:
+def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> FloatArray:
     """Each rack loop's pump speed for the plan: the agent's choice (``agent.pumps``) with the
     problem's resistances and die offsets, healthy pumps now at full speed (all at full speed if
-    not chosen). The hosts the plan powers off (``host_off``) heat their racks less: each by
+    not chosen). The hosts the problem powers off (``p.host_off``) heat their racks less: each by
     ``SiteSpec.host_off_saving_w`` (the host's saving and its cards, counted asleep by the prediction)."""
     from agent.load import site_load_of_problem
     from agent.pumps import choose_pump_speeds
@@ -474,8 +475,8 @@ def _pump_speeds(
         return np.ones(site.n_racks)
     load = site_load_of_problem(p.jobs, p.job_phase, p.card_job, p.failed)
     extra_w = np.zeros(site.n_racks)
-    if host_off is not None:
-        off_per_rack = np.asarray(host_off, dtype=np.float64).reshape(site.n_racks, -1).sum(axis=1)
+    if p.host_off is not None:
+        off_per_rack = np.asarray(p.host_off, dtype=np.float64).reshape(site.n_racks, -1).sum(axis=1)
         extra_w = -off_per_rack * site.host_off_saving_w()
     return choose_pump_speeds(
         site,
@@ -496,56 +497,89 @@ def _pump_speeds(
     ).speed_frac
 
 
-def _hosts_off(p: Any, dvfs: Any, solver: SolverSection) -> npt.NDArray[np.bool_] | None:
-    """Per host: powered off by the plan (``agent.hosts.choose_hosts_off``, the agent's rule for
-    hosts idle long enough): every host none of whose cards runs a job, except
-    ``host_reserve_per_supernode`` per supernode kept on for arriving jobs (those holding the idle
-    cards the plan keeps awake stay on first); none while jobs are still queued (they wait for
-    cards). None where the site's hosts cannot be powered off or ``choose_host_power`` is false."""
+def _hosts_off(p: Any, solver: SolverSection) -> npt.NDArray[np.bool_] | None:
+    """Per host: powered off for the plan, decided before planning from the busy cards (after
+    placement), the ready reserve and the queue, for a problem ``p`` with every host on.
+
+    The agent's rule for hosts idle long enough (``agent.hosts.choose_hosts_off``): every host none
+    of whose cards runs a job goes off, except ``host_reserve_per_supernode`` per supernode kept on
+    for arriving jobs, and none while jobs are still queued (they wait for cards). The ready reserve
+    of awake idle cards must sit on hosts that are on: its cards are taken from the idle cards of
+    hosts with a busy card (on anyway) first, then from whole idle hosts, in the racks with the most
+    headroom first; those hosts stay on (they count toward the supernode's reserve of hosts on, and
+    stay on beyond it). The other idle hosts go off in the racks with the least headroom first (a
+    snapshot has no idle times to order them by). None where the site's hosts cannot be powered off
+    or ``choose_host_power`` is false."""
     from agent.hosts import choose_hosts_off, host_any
+    from models.explain import min_rack_power_w
+    from models.problem import dvfs_tables
 
     site = p.site
     if not (solver.choose_host_power and site.hosts_managed):
         return None
+    n_h, cph = site.n_hosts, site.cards_per_host
     busy = p.card_job >= 0
-    none = np.zeros(site.n_hosts, dtype=bool)
-    return choose_hosts_off(
+    host_busy = host_any(site, busy)
+    free = p.idle_mask().reshape(n_h, cph).sum(axis=1)  # cards that can be woken, per host
+    host_rack = np.arange(n_h) // site.rack.hosts_per_rack
+    # each rack's headroom at its least power with every host that runs no job off
+    t = dvfs_tables(p)
+    idle_hosts = np.bincount(host_rack[~host_busy], minlength=site.n_racks)
+    head = t.rack_cap_w - min_rack_power_w(t) + idle_hosts * site.host_off_saving_w()
+    left = min(p.ready_reserve_cards, int(free.sum())) - int(free[host_busy].sum())
+    keep = np.zeros(n_h, dtype=bool)  # idle hosts on for the ready reserve
+    while left > 0:
+        cand = np.flatnonzero(~host_busy & ~keep & (free > 0))
+        h = int(cand[np.lexsort((-free[cand], -head[host_rack[cand]]))[0]])
+        keep[h] = True
+        left -= int(free[h])
+        head[host_rack[h]] -= site.host_off_saving_w() + free[h] * t.rack_wake_w[host_rack[h]]
+    none = np.zeros(n_h, dtype=bool)
+    off = choose_hosts_off(
         site,
         now_s=0.0,
-        host_busy_last_s=np.full(site.n_hosts, -np.inf),  # a snapshot: every idle host has been idle long enough
+        # a snapshot: every idle host has been idle long enough; the "longest idle" (first off) are
+        # those in the racks with the least headroom
+        host_busy_last_s=head[host_rack] - float(head.max()) - 1.0,
         card_busy=busy,
         host_off_now=none,
-        host_awake=host_any(site, ~busy & ~dvfs.card_low_power & ~p.failed),
+        host_awake=keep,
         frozen_host=none,
         off_after_s=0.0,
         reserve_per_supernode=solver.host_reserve_per_supernode,
         due_cards=sum(q.n_cards for q in p.queue),
     ).host_off
+    return np.asarray(off & ~keep, dtype=np.bool_)
 
 
 def _judge(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> dict[str, Any]:
     """The plan as the twin sees it: ``site_steady_state`` at the plan's levels, idle states, pump
-    speeds (:func:`_pump_speeds`) and hosts off (:func:`_hosts_off`)."""
+    speeds (:func:`_pump_speeds`) and the problem's hosts off (``p.host_off``, :func:`_hosts_off`).
+    ``host_saving_w``: the twin's IT power with those hosts on (their cards asleep) less with them off."""
     from twin.steady import site_steady_state
 
-    host_off = _hosts_off(p, dvfs, solver)
-    speed = _pump_speeds(p, dvfs, supply_c, solver, host_off)
-    ss = site_steady_state(
-        p.site,
-        level=dvfs.card_level,
-        utilization=_card_utilization(p, dvfs.card_level),
-        supply_temp_c=supply_c,
-        ambient_c=p.ambient_c,
-        low_power=dvfs.card_low_power | p.failed,
-        flow_fraction=speed,
-        host_off=host_off,
-    )
+    host_off = p.host_off
+    speed = _pump_speeds(p, dvfs, supply_c, solver)
+    state: dict[str, Any] = {
+        "level": dvfs.card_level,
+        "utilization": _card_utilization(p, dvfs.card_level),
+        "supply_temp_c": supply_c,
+        "ambient_c": p.ambient_c,
+        "low_power": dvfs.card_low_power | p.failed,
+        "flow_fraction": speed,
+    }
+    ss = site_steady_state(p.site, **state, host_off=host_off)
+    saving = 0.0
+    if host_off is not None and host_off.any():
+        saving = site_steady_state(p.site, **state).it_power_w - ss.it_power_w
     return {
         "host_off": np.zeros(p.site.n_hosts, dtype=bool) if host_off is None else host_off,
+        "host_saving_w": saving,
         "pump_speed_frac": speed,
         "pump_power_w": ss.cooling.rack_pump_w + ss.cooling.facility_pump_w,
         "rack_power_w": ss.rack_power_w,
         "rack_max_die_c": ss.rack_max_die_temp_c,
+        "card_power_w": ss.card_power_w,
         "die_c": ss.die_temp_c,
         "it_power_w": ss.it_power_w,
         "facility_power_w": ss.cooling.facility_power_w,
@@ -649,7 +683,7 @@ def _write_plan_json(
                 "job": p.jobs[j].job_id if j >= 0 else None,
                 "state": state,
                 "level": int(dv.card_level[i]) if dv is not None else None,
-                "power_w": float(dv.card_power_w[i]) if dv is not None else None,
+                "power_w": float(judged["card_power_w"][i]) if judged else None,
                 "die_temp_c": float(judged["die_c"][i]) if judged else None,
             }
         )
@@ -677,11 +711,14 @@ def _write_plan_json(
         "facility_power_w": judged["facility_power_w"] if judged else None,
         "pue": judged["pue"] if judged else None,
         "pue_target": site.pue_target,
-        "pue_excess_w": plan.dvfs.pue_excess_w if plan.dvfs is not None else None,
+        # the facility's power above pue_target x IT at the judged plan (the soft constraint's slack)
+        "pue_excess_w": max(0.0, judged["facility_power_w"] - site.pue_target * judged["it_power_w"])
+        if judged
+        else None,
         "pump_speed_frac": [float(x) for x in judged["pump_speed_frac"]] if judged else None,
         "pump_power_w": judged["pump_power_w"] if judged else None,
         "hosts_off": np.flatnonzero(judged["host_off"]).tolist() if judged else None,
-        "host_saving_w": float(judged["host_off"].sum()) * site.host_saving_w() if judged else None,
+        "host_saving_w": judged["host_saving_w"] if judged else None,
         "baseline": {k: base[k] for k in ("it_power_w", "facility_power_w", "pue", "throughput", "pump_power_w")},
         "unplaced": unplaced,
         "jobs": jobs_out,
@@ -840,9 +877,10 @@ solve {plan.solve_time_s:.3f} s, placement {t_place:.3f} s, chosen supply {plan.
 <p>All numbers are the twin's steady state (<code>twin.steady.site_steady_state</code>) at each plan's levels
 idle states and pump speeds (each rack loop's pump as slow as the plan's dies, cap and loop rise allow, as
 the agent chooses it; <code>[solver] choose_pump_speed</code>) and hosts off (every host with no busy card but a
-reserve of <code>[solver] host_reserve_per_supernode</code> per supernode, none while jobs stay queued, as the
-agent powers off hosts idle long enough; <code>[solver] choose_host_power</code>). Baseline: every card at the top
-clock, idle cards in active idle, every host on, the scenario's set-point, pumps at full speed, only the cards'
-own protection.</p>
+reserve of <code>[solver] host_reserve_per_supernode</code> per supernode and the hosts holding the ready reserve of
+awake idle cards, none while jobs stay queued, as the agent powers off hosts idle long enough; decided before
+planning, so the plan's caps count what they save; <code>[solver] choose_host_power</code>). Baseline: every card
+at the top clock, idle cards in active idle, every host on, the scenario's set-point, pumps at full speed, only
+the cards' own protection.</p>
 {figures_html(imgs)}"""
     path.write_text(page(f"racktwin optimize: {sc.name}", body), encoding="utf-8")
