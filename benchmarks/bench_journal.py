@@ -12,7 +12,10 @@ Measures, on a journal in a temporary folder (WAL, synchronous=NORMAL, as the ag
   how long it waits before it fails (the busy timeout, ``agent.journal.BUSY_TIMEOUT_S``);
 * the hourly prune on ``--days`` of history (one decision per 15 s, 10 commands and acks each) with
   nothing to delete (the steady state) and deleting the oldest 5,000 decisions (a prune's batch), with the index on
-  ``acks(command_id)`` and without it (dropped on a copy of the same file), side by side.
+  ``acks(command_id)`` and without it (dropped on a copy of the same file), side by side;
+* ``racktwin journal`` on that history (``agent.journal_report.summarize``, whole and ``--since 1h``;
+  ``decision_detail``), and the summary's per-decision fields read with SQLite's ``json_extract``
+  against decoding every decision's summary in Python (the alternative), side by side.
 
 Prints Markdown tables (machine, date, command first); paste them into benchmarks/results-agent.md.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import shutil
@@ -36,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.journal import BUSY_TIMEOUT_S, Journal, JournalError, NewCommand  # noqa: E402
+from agent.journal_report import decision_detail, open_read_only, summarize  # noqa: E402
 
 _PAYLOAD = b"p" * 300  # about a rack command's size
 
@@ -105,9 +110,47 @@ def locked_write(folder: Path, repeats: int) -> float:
     return statistics.median(waits) if waits else float("nan")
 
 
+def _summary(i: int) -> str:
+    """A decision's journaled summary as the agent writes it on the 512-card example (~1 KB; one
+    decision in a hundred with a rack at fail-safe caps)."""
+    racks = [f"r{r}" for r in range(8)]
+    return json.dumps(
+        {
+            "cycle": i,
+            "time_s": i * 15.0,
+            "status": "optimal",
+            "plan_status": "optimal",
+            "source": "milp",
+            "solve_time_s": 0.05,
+            "supply_temp_c": 45.0,
+            "pump_speed_pct": [58.3] * 8,
+            "failsafe_racks": racks[i % 8 : i % 8 + 1] if i % 100 == 0 else [],
+            "busy_cards": 296,
+            "low_power_cards": 208,
+            "hosts_off": 25,
+            "busy_levels": {"0": 104, "1": 192},
+            "capped_cards": 0,
+            "placements": {},
+            "queue_waits": {},
+            "queue_waits_by_kind": {},
+            "predicted_rack_power_w": [41234.5] * 8,
+            "budget_rack_power_w": [42345.6] * 8,
+            "rack_cap_w": [49000.0] * 8,
+            "predicted_it_power_w": 331234.5,
+            "predicted_facility_power_w": 346123.4,
+            "predicted_pue": 1.04496,
+            "explanation": [
+                "plan optimal (milp) in 0.062 s at supply 45 deg C",
+                "pumps at 58, 58, 58, 58, 42, 33, 33, 33% (saves ~5,268 W)",
+                "hosts: 25 off (1 powering off, 0 on again)",
+            ],
+        }
+    )
+
+
 def build_history(path: Path, days: float, per_decision: int = 10) -> tuple[int, int, float]:
-    """``days`` of decisions (one per 15 s) up to now, each with commands and acks; (decisions, acks,
-    wall time of the first)."""
+    """``days`` of decisions (one per 15 s, each with its ~1 KB summary) up to now, each with commands
+    and acks; (decisions, acks, wall time of the first)."""
     j = Journal(path)
     db = j._conn
     n_dec = int(days * 86_400 / 15)
@@ -116,7 +159,7 @@ def build_history(path: Path, days: float, per_decision: int = 10) -> tuple[int,
     db.execute("BEGIN")
     db.executemany(
         "INSERT INTO decisions(cycle, site_time_s, wall_time_s, mode, status, solve_s, summary) VALUES (?,?,?,?,?,?,?)",
-        [(i, i * 15.0, start + i * 15.0, "enforce", "optimal", 0.1, "{}") for i in range(n_dec)],
+        [(i, i * 15.0, start + i * 15.0, "enforce", "optimal", 0.1, _summary(i)) for i in range(n_dec)],
     )
     cmds, acks = [], []
     for d in range(1, n_dec + 1):
@@ -150,6 +193,33 @@ def prune_times(path: Path, index: bool, repeats: int, start: float) -> tuple[fl
         idle.append(time.perf_counter() - t0)
     j.close()
     return statistics.median(idle), first
+
+
+def report_times(path: Path, repeats: int) -> dict[str, float]:
+    """Medians of ``racktwin journal`` on the history: the whole summary, ``--since 1h``, one decision;
+    and the per-decision fields read by json_extract (as summarize does) vs decoded in Python."""
+    db = open_read_only(path)
+    times: dict[str, list[float]] = {"all": [], "since_1h": [], "decision": [], "sql_json": [], "python_json": []}
+    last = int(db.execute("SELECT MAX(id) FROM decisions").fetchone()[0])
+    for _ in range(repeats):
+        for key, call in (
+            ("all", lambda: summarize(db)),
+            ("since_1h", lambda: summarize(db, since_wall_s=time.time() - 3600.0)),
+            ("decision", lambda: decision_detail(db, last)),
+            (
+                "sql_json",
+                lambda: db.execute("SELECT json_extract(summary, '$.failsafe_racks') FROM decisions").fetchall(),
+            ),
+            (
+                "python_json",
+                lambda: [json.loads(r[0])["failsafe_racks"] for r in db.execute("SELECT summary FROM decisions")],
+            ),
+        ):
+            t0 = time.perf_counter()
+            call()
+            times[key].append(time.perf_counter() - t0)
+    db.close()
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -193,6 +263,18 @@ def main() -> None:
         print("|---|---|---|")
         print(f"| index on acks(command_id) | {1e3 * with_idx[0]:.1f} ms | {1e3 * with_idx[1]:.0f} ms |")
         print(f"| no index (before 2026-12-01) | {1e3 * without[0]:.1f} ms | {1e3 * without[1]:.0f} ms |")
+        rep = report_times(indexed, args.repeats)
+        with sqlite3.connect(indexed) as count_db:
+            n_left = int(count_db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+        print(f"\n| racktwin journal on that history (medians of {args.repeats}) | time |")
+        print("|---|---|")
+        print(f"| summary of all {n_left:,} decisions (after the prune above) | {rep['all']:.2f} s |")
+        print(f"| summary, --since 1h | {1e3 * rep['since_1h']:.0f} ms |")
+        print(f"| --decision ID (10 commands) | {1e3 * rep['decision']:.1f} ms |")
+        print(
+            f"| every decision's failsafe_racks: json_extract in SQLite / json.loads in Python | "
+            f"{rep['sql_json']:.2f} s / {rep['python_json']:.2f} s ({rep['python_json'] / rep['sql_json']:.1f}x) |"
+        )
 
 
 if __name__ == "__main__":

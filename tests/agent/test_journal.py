@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.journal import CommandState, Journal, JournalError, JournalInUseError, NewCommand
+from agent.journal import CommandState, Journal, JournalError, JournalInUseError, NewCommand, prune_candidates_sql
 
 pytestmark = pytest.mark.agent
 
@@ -105,6 +105,19 @@ def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_pat
     j2 = Journal(path)
     assert j2.last_decision() == (4, 45.0, {"newest": True})
     assert [c.command_id for c in j2.unacked(50.0)] == ["open"]
+
+
+def test_the_prune_finds_old_decisions_through_the_wall_time_index(tmp_path: Path) -> None:
+    """The hourly prune must not read every decision's summary: SQLite's plan for the decisions it
+    looks at walks the wall-time index (it scanned the table by rowid when they were ordered by id)."""
+    j = Journal(tmp_path / "j.sqlite")
+    for i in range(50):
+        j.record_decision(i, 15.0 * i, "enforce", "optimal", 0.0, {"explanation": ["x" * 1000]})
+    plan = " / ".join(
+        str(row[3]) for row in j._conn.execute("EXPLAIN QUERY PLAN " + prune_candidates_sql(5000), (time.time(),))
+    )
+    j.close()
+    assert "USING COVERING INDEX decisions_wall" in plan, plan
 
 
 REPO = Path(__file__).resolve().parents[2]
