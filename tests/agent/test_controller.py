@@ -158,53 +158,44 @@ def test_after_the_site_clock_went_back_fail_safe_holds_last_their_time_from_the
     assert ctl.step(seen_at(1031.0), 1031.0).failsafe_racks == ()
 
 
-def test_after_the_site_clock_went_back_a_placement_in_flight_lasts_its_time_to_live_from_the_new_now() -> None:
+def fresh_at(snap: StateSnapshot, t: float, **changes: object) -> StateSnapshot:
+    """``snap`` with its newest readings (every card and rack seen) moved to site time ``t``."""
+    dt = t - snap.time_s
+    return dataclasses.replace(
+        snap,
+        time_s=t,
+        card_last_seen_s=snap.card_last_seen_s + dt,
+        card_prev_seen_s=snap.card_prev_seen_s + dt,
+        rack_last_seen_s=snap.rack_last_seen_s + dt,
+        **changes,  # type: ignore[arg-type]
+    )
+
+
+def queued_job_q() -> tuple[Controller, StateSnapshot]:
+    """A small site running job a (8 cards) with job q (8 cards) queued; a controller for it."""
     site = small_site()
     _plant, state = belief(site, [job("a", 8)], 60)
     state.apply_events([JobEvent(time_s=60.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=job("q", 8))])
-    snap0 = state.snapshot()
-    ctl = Controller(site, ControlConfig(period_s=10.0, command_ttl_s=30.0))
+    return Controller(site, ControlConfig(period_s=10.0, command_ttl_s=30.0)), state.snapshot()
 
-    def at(t: float) -> StateSnapshot:  # the same site, its readings fresh at t
-        dt = t - snap0.time_s
-        return dataclasses.replace(
-            snap0,
-            time_s=t,
-            card_last_seen_s=snap0.card_last_seen_s + dt,
-            card_prev_seen_s=snap0.card_prev_seen_s + dt,
-            rack_last_seen_s=snap0.rack_last_seen_s + dt,
-        )
 
-    assert [o.job_id for o in ctl.step(at(1000.0), 1000.0).placements] == ["q"]
+def test_after_the_site_clock_went_back_a_placement_in_flight_lasts_its_time_to_live_from_the_new_now() -> None:
+    ctl, snap = queued_job_q()
+    assert [o.job_id for o in ctl.step(fresh_at(snap, 1000.0), 1000.0).placements] == ["q"]
     # the site restarts 760 s back and the order was lost (q still queued): while the order may
     # still arrive it holds q and its cards; then q is placed again (was: not before t = 1030)
-    assert ctl.step(at(240.0), 240.0).placements == ()
-    assert [o.job_id for o in ctl.step(at(271.0), 271.0).placements] == ["q"]
+    assert ctl.step(fresh_at(snap, 240.0), 240.0).placements == ()
+    assert [o.job_id for o in ctl.step(fresh_at(snap, 271.0), 271.0).placements] == ["q"]
 
 
 def test_a_placement_in_flight_is_held_until_telemetry_newer_than_its_order_shows_it_queued() -> None:
-    site = small_site()
-    _plant, state = belief(site, [job("a", 8)], 60)
-    state.apply_events([JobEvent(time_s=60.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=job("q", 8))])
-    snap0 = state.snapshot()
-    ctl = Controller(site, ControlConfig(period_s=10.0, command_ttl_s=30.0))
-
-    def seen_at(t: float) -> StateSnapshot:  # readings up to t: q still queued
-        dt = t - snap0.time_s
-        return dataclasses.replace(
-            snap0,
-            time_s=t,
-            card_last_seen_s=snap0.card_last_seen_s + dt,
-            card_prev_seen_s=snap0.card_prev_seen_s + dt,
-            rack_last_seen_s=snap0.rack_last_seen_s + dt,
-        )
-
-    assert [o.job_id for o in ctl.step(seen_at(1000.0), 1000.0).placements] == ["q"]
+    ctl, snap = queued_job_q()  # readings up to t: q still queued
+    assert [o.job_id for o in ctl.step(fresh_at(snap, 1000.0), 1000.0).placements] == ["q"]
     # the clock says 1,035 (the order's 30 s are over) but the newest readings are from 1,010: they
     # cannot show q started yet, so q is not placed a second time (was: placed again)
-    assert ctl.step(seen_at(1010.0), 1035.0).placements == ()
+    assert ctl.step(fresh_at(snap, 1010.0), 1035.0).placements == ()
     # readings from after the order's expiry still show q queued: the order was lost, q is placed again
-    assert [o.job_id for o in ctl.step(seen_at(1031.0), 1036.0).placements] == ["q"]
+    assert [o.job_id for o in ctl.step(fresh_at(snap, 1031.0), 1036.0).placements] == ["q"]
 
 
 def test_a_rack_no_lever_can_hold_under_its_cap_is_said_so() -> None:
@@ -214,20 +205,9 @@ def test_a_rack_no_lever_can_hold_under_its_cap_is_said_so() -> None:
     ctl = Controller(site, ControlConfig(period_s=15.0))
     for k in range(12):  # rack 0's PDU reads 30 kW more than its cards and hosts draw, for 3 minutes
         t = 60.0 + 15.0 * k
-        dt = t - snap0.time_s
         pdu = snap0.rack_power_w.copy()
         pdu[0] += 30_000.0
-        d = ctl.step(
-            dataclasses.replace(
-                snap0,
-                time_s=t,
-                rack_power_w=pdu,
-                card_last_seen_s=snap0.card_last_seen_s + dt,
-                card_prev_seen_s=snap0.card_prev_seen_s + dt,
-                rack_last_seen_s=snap0.rack_last_seen_s + dt,
-            ),
-            t,
-        )
+        d = ctl.step(fresh_at(snap0, t, rack_power_w=pdu), t)
     # every card of rack 0 at the lowest power limit a card accepts, and still over: said, not hidden
     assert d.status == "infeasible" and d.budget_rack_power_w[0] > d.rack_cap_w[0]
     assert any(e.startswith("guard: r0: cannot be held under its cap") for e in d.explanation)
