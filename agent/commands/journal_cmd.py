@@ -30,6 +30,15 @@ _EPOCH_SITE_S = 1.0e9
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.description = (
+        "What the agent did, read from its journal (read-only; safe while the agent runs): decisions by "
+        "status, solve times, racks held at fail-safe caps, how the commands ended by kind, rejection "
+        "reasons, and the newest decisions with their explanations."
+    )
+    parser.epilog = (
+        "examples: racktwin journal --config /etc/racktwin/agent.toml --since 2h; "
+        "racktwin journal --journal out/demo/journal.sqlite --decision 120 --json"
+    )
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--config", metavar="FILE", help="agent configuration whose journal.path to read")
     src.add_argument("--journal", metavar="PATH", help="the journal file itself (SQLite)")
