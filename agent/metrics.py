@@ -56,6 +56,12 @@ class AgentMetrics:
         self.rack_failsafe = Gauge(
             "racktwin_rack_failsafe", "1 while a rack is held at fail-safe caps", ["rack"], registry=r
         )
+        self.ready = Gauge(
+            "racktwin_ready",
+            "1 when /readyz answers 200 (connected, fresh telemetry, journal writable...), 0 otherwise; "
+            "set at each /metrics rendering",
+            registry=r,
+        )
         self.pue_ratio = Gauge("racktwin_pue_ratio", "Power usage effectiveness (facility / IT)", registry=r)
         self.it_power_watts = Gauge("racktwin_it_power_watts", "IT power of the site", registry=r)
         self.facility_power_watts = Gauge("racktwin_facility_power_watts", "Facility power of the site", registry=r)
@@ -223,6 +229,7 @@ class HttpEndpoint:
     def _metrics_body(self) -> bytes:
         now = time.monotonic()
         if self._exposition is None or now - self._exposition[0] > self.metrics_max_age_s:
+            self.metrics.ready.set(0 if self.readiness() else 1)
             self._exposition = (now, self.metrics.exposition())
         return self._exposition[1]
 

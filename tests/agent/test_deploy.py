@@ -1,5 +1,6 @@
-"""The shipped deploy files fit the agent: the dashboard only queries metrics the agent exports, and
-the systemd unit runs the checked configuration, restarts on failure and reads an environment file."""
+"""The shipped deploy files fit the agent: the dashboard and the Prometheus alert rules only query
+metrics the agent exports, and the systemd unit runs the checked configuration, restarts on failure
+and reads an environment file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.metrics import AgentMetrics
 
@@ -43,6 +45,23 @@ def test_the_dashboard_queries_only_exported_metrics() -> None:
     titles = " ".join(p["title"].lower() for p in dash["panels"])
     for what in ("rack power vs limit", "die", "pue", "solve time", "commands by result", "rejected", "fail-safe"):
         assert what in titles
+
+
+def test_the_alert_rules_use_only_exported_metrics_and_say_what_to_do() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "racktwin-alerts.yml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"]]
+    used = {n for r in alerts for n in re.findall(r"\bracktwin_[a-z_]+", r["expr"])}
+    assert used and not used - exported_names()
+    for r in alerts:
+        assert r["alert"].startswith("Racktwin") and r["labels"]["severity"] in ("critical", "warning", "info")
+        assert r["annotations"]["summary"]
+    names = {r["alert"] for r in alerts}
+    assert {"RacktwinRackOverLimit", "RacktwinRackCannotBeHeld", "RacktwinNotReady", "RacktwinRackFailsafe"} <= names
+    # results of racktwin_commands_total the rules count are ones the agent emits (docs/agent.md's table)
+    results = {x for r in alerts for m in re.findall(r'result=~?"([^"]+)"', r["expr"]) for x in m.split("|")}
+    documented = (DEPLOY.parent / "docs" / "agent.md").read_text()
+    row = next(line for line in documented.splitlines() if line.startswith("| `racktwin_commands_total`"))
+    assert results and all(f"`{x}`" in row for x in results)
 
 
 def test_the_systemd_unit() -> None:

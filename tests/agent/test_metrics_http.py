@@ -31,11 +31,14 @@ async def test_endpoints() -> None:
         assert 'racktwin_rack_power_watts{rack="r0"} 48000.0' in body
         assert 'racktwin_rejected_messages_total{reason="malformed_json"} 3.0' in body
         assert "racktwin_pue_ratio 1.07" in body
+        assert "racktwin_ready 0.0" in body  # what /readyz says, for alert rules
         assert (await http_get(port, "/healthz"))[0] == 200
         status, body = await http_get(port, "/readyz")
         assert status == 503 and json.loads(body)["reasons"] == ["no telemetry from r1"]
         reasons.clear()
         assert (await http_get(port, "/readyz"))[0] == 200
+        server.metrics_max_age_s = 0.0  # rendered again at once
+        assert "racktwin_ready 1.0" in (await http_get(port, "/metrics"))[1]
         assert (await http_get(port, "/nope"))[0] == 404
     finally:
         server.close()
