@@ -541,11 +541,19 @@ def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:
     if not c.control_host_power:
         return "left on (control_host_power = false)"
     why = "host_off_after_s" if c.host_off_after_s is not None else "the break-even time of a power cycle"
-    return (
+    line = (
         f"idle hosts off after {c.host_idle_off_s(site):.0f} s ({why}), "
         f"{c.host_reserve_per_supernode} idle per supernode kept on, "
         f"booted {c.host_boot_lead_s:g} s before a queued job's expected start"
     )
+    needed = -(-c.idle_reserve_cards // site.cards_per_host)
+    if needed > c.host_reserve_per_supernode:
+        line += (
+            f"\n                warning: idle_reserve_cards ({c.idle_reserve_cards} per supernode) needs {needed} idle "
+            f"hosts on, host_reserve_per_supernode keeps {c.host_reserve_per_supernode}: the reserve's cards on "
+            "the other idle hosts sleep with them"
+        )
+    return line
 
 
 def explain(loaded: LoadedConfig) -> str:

@@ -56,6 +56,15 @@ def test_a_configured_host_idle_time_wins_over_the_break_even_default(tmp_path: 
     assert "idle hosts off after 600 s (host_off_after_s)" in explain(loaded)
 
 
+def test_a_ready_reserve_larger_than_the_hosts_kept_on_is_warned_about(tmp_path: Path) -> None:
+    assert "warning" not in explain(load_config(write(tmp_path, 'site = "site.toml"\n'), env={}))  # 16 cards, 2 hosts
+    loaded = load_config(write(tmp_path, 'site = "site.toml"\n[control]\nidle_reserve_cards = 32\n'), env={})
+    assert (
+        "warning: idle_reserve_cards (32 per supernode) needs 4 idle hosts on, host_reserve_per_supernode keeps 2"
+        in (explain(loaded))
+    )
+
+
 def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:
     p = write(tmp_path, 'site = "site.toml"\n')
     loaded = load_config(
