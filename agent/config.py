@@ -354,6 +354,19 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Loade
     return LoadedConfig(config=cfg, site=site, source=source, overrides=tuple(used))
 
 
+def journal_path_of(path: str | Path, env: Mapping[str, str] | None = None) -> str:
+    """The journal a configuration names (``journal.path``, environment overrides included, relative
+    to the file's folder), without the service's checks: a reader of the journal (``racktwin
+    journal``) needs neither write access to it nor the broker's secrets, nor the site spec."""
+    source = str(path)
+    environ = os.environ if env is None else env
+    data = read_toml(path)
+    check_env_names(environ, source)
+    data, used = apply_env_overrides(data, environ)
+    label = source + (f" (with {', '.join(used)})" if used else "")
+    return _resolve_paths(decode_table(AgentConfig, data, label), Path(path).resolve().parent).journal.path
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import functools
 import json
+import math
 import os
 import sqlite3
 import time
@@ -296,7 +297,7 @@ class Journal:
                 cur = self._conn.execute(
                     "INSERT INTO decisions(cycle, site_time_s, wall_time_s, mode, status, solve_s, summary) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (cycle, site_time_s, now, mode, status, solve_s, json.dumps(summary, default=_json_default)),
+                    (cycle, site_time_s, now, mode, status, solve_s, summary_json(summary)),
                 )
                 decision_id = int(cur.lastrowid or 0)
                 self._conn.executemany(
@@ -497,6 +498,25 @@ def _command(row: Sequence[Any]) -> JournaledCommand:
         state=CommandState(row[7]),
         attempts=int(row[8]),
     )
+
+
+def summary_json(summary: dict[str, Any]) -> str:
+    """A decision's summary as strict JSON: numpy values as Python's, non-finite numbers as null
+    (``json.dumps`` writes NaN and Infinity, which SQLite's JSON functions and other readers refuse:
+    one such summary made ``racktwin journal`` fail on the whole journal)."""
+    return json.dumps(_finite(summary), default=_json_default, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _finite(obj.tolist())
+    if isinstance(obj, float | np.floating):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
 
 
 def _json_default(obj: object) -> Any:

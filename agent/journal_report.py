@@ -19,13 +19,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sqlite3
 import statistics
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from agent.decision import STATUSES
@@ -40,13 +41,49 @@ __all__ = [
     "command_kind",
     "decision_detail",
     "open_read_only",
+    "read_journal",
     "summarize",
 ]
+
+_T = TypeVar("_T")
 
 #: Command states in the order they are shown (open ones first).
 _STATE_ORDER = tuple(s.value for s in CommandState)
 #: Rejection reasons listed one by one (the rest are counted together).
 TOP_REASONS = 10
+
+
+def _file_state(p: Path) -> tuple[int, int, int, bool]:
+    """What changes when a process opens or writes the journal: its inode, size, modification time,
+    and whether its write-ahead log exists."""
+    st = os.stat(p)
+    return st.st_ino, st.st_size, st.st_mtime_ns, Path(f"{p}-wal").exists()
+
+
+def read_journal(path: str | Path, read: Callable[[sqlite3.Connection], _T], attempts: int = 3) -> _T:
+    """``read(connection)`` on the journal at ``path`` (opened by :func:`open_read_only`), again if
+    it was opened as immutable and an agent started on it meanwhile: an immutable connection does not
+    see another process's writes (a 30-day summary takes ~3 s: an agent starting then made the read
+    fail with "database disk image is malformed", or would give counts of no single moment); the
+    next read finds the ``-wal`` file and is an ordinary read-only one."""
+    p = Path(path)
+    for _ in range(attempts):
+        try:
+            before = _file_state(p)
+        except OSError:
+            before = None
+        db = open_read_only(p)
+        try:
+            result = read(db)
+        except sqlite3.DatabaseError:
+            if before is None or before[3] or _file_state(p) == before:
+                raise
+            continue  # the file changed under an immutable read: read it again
+        finally:
+            db.close()
+        if before is None or before[3] or _file_state(p) == before:
+            return result
+    raise JournalError(f"journal {p}: changed during each of {attempts} reads; run again")
 
 
 def open_read_only(path: str | Path) -> sqlite3.Connection:
@@ -277,7 +314,8 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
     since = -math.inf if since_wall_s is None else since_wall_s
     where = "wall_time_s >= ?"
     decisions = db.execute(
-        f"SELECT status, mode, solve_s, wall_time_s, json_extract(summary, '$.failsafe_racks') "
+        "SELECT status, mode, solve_s, wall_time_s, "
+        "CASE WHEN json_valid(summary) THEN json_extract(summary, '$.failsafe_racks') END "
         f"FROM decisions WHERE {where} {_IN_ORDER}",
         (since,),
     ).fetchall()

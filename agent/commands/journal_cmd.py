@@ -27,6 +27,8 @@ _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: site times above this are seconds since the epoch (real racks, the simulator); below, seconds
 #: since the start of a run (in-process evaluations)
 _EPOCH_SITE_S = 1.0e9
+#: the largest decision id (and number of decisions) SQLite can hold (a signed 64-bit integer)
+_MAX_ID = 2**63 - 1
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -60,7 +62,7 @@ def parse_since(text: str, now_s: float) -> float:
     unless it names an offset)."""
     m = _DURATION.match(text)
     if m:
-        return now_s - float(m.group(1)) * _UNIT_S[m.group(2)]
+        return _in_range(now_s - float(m.group(1)) * _UNIT_S[m.group(2)], text)
     try:
         when = dt.datetime.fromisoformat(text.strip())
     except ValueError:
@@ -69,7 +71,15 @@ def parse_since(text: str, now_s: float) -> float:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
-    return when.timestamp()
+    return _in_range(when.timestamp(), text)
+
+
+def _in_range(t_s: float, text: str) -> float:
+    try:
+        dt.datetime.fromtimestamp(t_s, dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        raise UserError(f"--since {text!r}: out of the range of dates (years 1 to 9999)") from None
+    return t_s
 
 
 def _journal_path(args: argparse.Namespace) -> str:
@@ -77,38 +87,50 @@ def _journal_path(args: argparse.Namespace) -> str:
         return str(args.journal)
     if args.config is None:
         raise UserError("give the journal: --config FILE (the agent's configuration) or --journal PATH")
-    from agent.commands.agent_cmd import load_agent_config
+    from agent.config import journal_path_of
+    from twin.tables import SpecError
 
-    return load_agent_config(args.config).config.journal.path
+    try:  # only journal.path: a reader needs no write access, secrets or site spec
+        return journal_path_of(args.config)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+    except FileNotFoundError:
+        raise UserError(f"{args.config}: file not found") from None
+    except OSError as exc:
+        raise UserError(f"{args.config}: {exc.strerror or exc}") from None
 
 
 def run(args: argparse.Namespace, command: str) -> int:
     from agent.journal import JournalError
-    from agent.journal_report import decision_detail, open_read_only, summarize
+    from agent.journal_report import decision_detail, read_journal, summarize
 
     if args.last < 0:
         raise UserError(f"--last {args.last}: must be 0 or more")
+    last = min(args.last, _MAX_ID)  # more than the journal holds is all of it
     since = None if args.since is None else parse_since(args.since, time.time())
     path = _journal_path(args)
+    if args.decision is not None:
+        if not 0 <= args.decision <= _MAX_ID:
+            raise UserError(f"journal {path}: no decision {args.decision} (never made, or pruned)")
+        try:
+            detail = read_journal(path, lambda db: decision_detail(db, args.decision))
+        except JournalError as exc:
+            raise UserError(str(exc)) from None
+        except sqlite3.Error as exc:
+            raise UserError(f"journal {path}: {exc}") from None
+        if detail is None:
+            raise UserError(f"journal {path}: no decision {args.decision} (never made, or pruned)")
+        if args.json:
+            print_json(detail.to_dict())
+        else:
+            print(format_detail(detail))
+        return 0
     try:
-        db = open_read_only(path)
+        summary = read_journal(path, lambda db: summarize(db, since_wall_s=since, recent=last))
     except JournalError as exc:
         raise UserError(str(exc)) from None
-    try:
-        if args.decision is not None:
-            detail = decision_detail(db, args.decision)
-            if detail is None:
-                raise UserError(f"journal {path}: no decision {args.decision} (never made, or pruned)")
-            if args.json:
-                print_json(detail.to_dict())
-            else:
-                print(format_detail(detail))
-            return 0
-        summary = summarize(db, since_wall_s=since, recent=args.last)
     except sqlite3.Error as exc:
         raise UserError(f"journal {path}: {exc}") from None
-    finally:
-        db.close()
     if args.json:
         print_json(summary.to_dict())
     else:
@@ -144,6 +166,12 @@ def _secs(t_s: float) -> str:
     return "-" if math.isnan(t_s) else f"{t_s:.3f} s"
 
 
+def _number(value: object) -> float | None:
+    """A summary's number, or None where it is missing or not a number (summaries are JSON a
+    hand or an older agent may have written)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _decision_line(d: Any) -> str:
     s = d.summary
     parts = [f"#{d.id}", wall_time(d.wall_time_s), f"(site {site_time(d.site_time_s)})", d.status]
@@ -153,15 +181,21 @@ def _decision_line(d: Any) -> str:
     if d.solve_s > 0:
         parts.append(f"solve {d.solve_s:.3f} s")
     for key, label in (("busy_cards", "busy"), ("low_power_cards", "low-power"), ("hosts_off", "hosts off")):
-        if s.get(key) is not None:
-            parts.append(f"{label} {s[key]}")
-    if s.get("supply_temp_c") is not None:
-        parts.append(f"supply {s['supply_temp_c']:g} degC")
-    if s.get("predicted_pue") is not None:
-        parts.append(f"PUE {s['predicted_pue']:.4f}")
-    if s.get("failsafe_racks"):
-        parts.append("fail-safe " + ",".join(s["failsafe_racks"]))
+        if (n := _number(s.get(key))) is not None:
+            parts.append(f"{label} {n:g}")
+    if (supply := _number(s.get("supply_temp_c"))) is not None:
+        parts.append(f"supply {supply:g} degC")
+    if (pue := _number(s.get("predicted_pue"))) is not None:
+        parts.append(f"PUE {pue:.4f}")
+    racks = s.get("failsafe_racks")
+    if racks and isinstance(racks, list):
+        parts.append("fail-safe " + ",".join(str(r) for r in racks))
     return "  ".join(parts)
+
+
+def _explanation(d: Any) -> list[str]:
+    lines = d.summary.get("explanation", [])
+    return [str(e) for e in lines] if isinstance(lines, list) else [str(lines)]
 
 
 def format_summary(s: Any) -> str:
@@ -213,7 +247,7 @@ def format_summary(s: Any) -> str:
         lines.append(f"{newest} (racktwin journal --decision ID: one with its commands):")
         for d in s.recent:
             lines.append("  " + _decision_line(d))
-            lines.extend(f"      {e}" for e in d.summary.get("explanation", []))
+            lines.extend(f"      {e}" for e in _explanation(d))
     return "\n".join(lines)
 
 
@@ -231,16 +265,16 @@ def format_detail(detail: Any) -> str:
     d = detail.decision
     s = d.summary
     lines = [_decision_line(d), f"  cycle {d.cycle}, mode {d.mode}, plan {s.get('plan_status', '?')}"]
-    lines.extend(f"  {e}" for e in s.get("explanation", []))
+    lines.extend(f"  {e}" for e in _explanation(d))
     for key, label in (("queue_waits_by_kind", "queued jobs waiting"), ("placements", "placements")):
-        if s.get(key):
-            value = s[key]
+        value = s.get(key)
+        if value and isinstance(value, dict):
             text = ", ".join(f"{k} {v if not isinstance(v, list) else f'{len(v)} cards'}" for k, v in value.items())
             lines.append(f"  {label}: {text}")
     if not detail.commands:
         lines.append("  no commands")
     else:
-        lines.append(f"  {len(detail.commands)} commands:")
+        lines.append(f"  {_n(len(detail.commands), 'command')} (--json adds each payload):")
     for c in detail.commands:
         acks = "; ".join(f"{r}" + (f" ({why})" if why else "") for r, why, _t in c.acks) or "no ack"
         lines.append(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sqlite3
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from agent.cli import main
 from agent.commands.journal_cmd import parse_since
 from agent.journal import Journal, NewCommand
-from agent.journal_report import command_kind
+from agent.journal_report import command_kind, read_journal
 
 pytestmark = pytest.mark.unit
 
@@ -178,6 +179,10 @@ def test_one_decision_with_its_commands_and_acks(journal_file: Path, capsys: pyt
     assert by_id["e1"]["payload"]["command_id"] == "e1"
     rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--decision", "5")
     assert "e1  rack_cmd r1  rejected, sent 2x" in out and "ack: rejected (rack r1: card 3 failed)" in out
+    assert "  3 commands (--json adds each payload):" in out
+    assert "  1 command (" in run_cli(capsys, "--journal", str(journal_file), "--decision", "3")[1]
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--json", "--last", "99999999999999999999")
+    assert rc == 0 and len(json.loads(out)["recent"]) == 6  # more than there are: all of them
     rc, _, err = run_cli(capsys, "--journal", str(journal_file), "--decision", "99")
     assert rc == 2 and "no decision 99 (never made, or pruned)" in err
 
@@ -213,10 +218,61 @@ def test_the_journal_of_a_configuration(tmp_path: Path, capsys: pytest.CaptureFi
     (tmp_path / "cfg").mkdir()
     Journal(tmp_path / "cfg" / "state" / "j.sqlite").close()
     config = tmp_path / "cfg" / "agent.toml"
-    site = REPO / "examples" / "supernode-512.toml"
-    config.write_text(f'site = "{site}"\n[journal]\npath = "state/j.sqlite"\n')
+    # only journal.path is read: an operator who may read the journal need not read the broker's
+    # password or the site spec, nor write the journal (all were checked before, as for the agent)
+    config.write_text('site = "no-such-site.toml"\n[broker]\nusername = "agent"\npassword_file = "no-such-file"\n'
+                      '[journal]\npath = "state/j.sqlite"\n')  # fmt: skip
     rc, out, _ = run_cli(capsys, "--config", str(config))  # relative to the configuration's folder
     assert rc == 0 and f"journal {tmp_path / 'cfg' / 'state' / 'j.sqlite'}" in out and "decisions    none" in out
+    config.write_text('site = "s.toml"\n[journal]\npath = 5\n')
+    rc, _, err = run_cli(capsys, "--config", str(config))
+    assert rc == 2 and "journal.path" in err
+
+
+def test_an_agent_starting_during_an_immutable_read_makes_it_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    Journal(path).close()  # no process has it open: the first read is immutable
+    writer: list[Journal] = []
+
+    def read(db: sqlite3.Connection) -> int:
+        n = int(db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+        if not writer:  # an agent starts and decides meanwhile (its -wal appears, the file changes)
+            writer.append(Journal(path, lock=True))
+            writer[0].record_decision(0, 0.0, "enforce", "optimal", 0.0, _summary("optimal", []))
+        return n
+
+    try:
+        assert read_journal(path, read) == 1  # read again, not the 0 of the stale immutable view
+    finally:
+        writer[0].close()
+
+
+def test_a_summary_with_non_finite_numbers_or_odd_fields_does_not_break_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    j.record_decision(
+        0, 0.0, "enforce", "infeasible", 0.0, {**_summary("infeasible", ["r1"]), "predicted_pue": math.inf}
+    )
+    j.close()
+    db = sqlite3.connect(path)
+    stored = json.loads(db.execute("SELECT summary FROM decisions").fetchone()[0])
+    assert stored["predicted_pue"] is None  # strict JSON (was Infinity, which SQLite's JSON refuses)
+    with db:  # hand-written rows: not JSON at all, and fields of the wrong types
+        db.execute(
+            "INSERT INTO decisions(cycle, site_time_s, wall_time_s, mode, status, solve_s, summary) "
+            "VALUES (1, 1.0, 1.0, 'enforce', 'optimal', 0.0, 'not json'), "
+            '(2, 2.0, 2.0, \'enforce\', \'failsafe\', 0.0, \'{"failsafe_racks": [1, 2], "supply_temp_c": "x", '
+            '"explanation": "one line", "placements": [1]}\')'
+        )
+    db.close()
+    rc, out, err = run_cli(capsys, "--journal", str(path), "--last", "3")
+    assert rc == 0, err
+    assert "failsafe 1, infeasible 1, optimal 1" in out and "r1: 1 decision in 1 episode" in out
+    assert "fail-safe 1,2" in out and "one line" in out
+    rc, out, err = run_cli(capsys, "--journal", str(path), "--decision", "3")
+    assert rc == 0 and "one line" in out, err
 
 
 @pytest.mark.parametrize(
@@ -228,6 +284,9 @@ def test_the_journal_of_a_configuration(tmp_path: Path, capsys: pytest.CaptureFi
         (["--journal", "{folder}"], "not a file"),
         (["--journal", "{journal}", "--since", "yesterday"], "--since 'yesterday': give a duration"),
         (["--journal", "{journal}", "--last", "-1"], "--last -1: must be 0 or more"),
+        (["--journal", "{journal}", "--since", "1000000d"], "out of the range of dates"),
+        (["--journal", "{journal}", "--since", "9999-12-31T23:59-01:00"], "out of the range of dates"),
+        (["--journal", "{journal}", "--decision", "99999999999999999999"], "no decision 99999999999999999999"),
         (["--config", "{missing}"], "file not found"),
     ],
 )
