@@ -22,6 +22,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+#: Results ``racktwin_commands_total`` counts (docs/agent.md): sent, sent again, acked (applied,
+#: rejected, expired: acked too late), closed without an ack (unacked: expired; abandoned: retries
+#: used up), and sent without the broker's PUBACK (unconfirmed).
+COMMAND_RESULTS = ("sent", "retried", "applied", "rejected", "expired", "unacked", "abandoned", "unconfirmed")
+#: Planners behind a decision (``Decision.source``).
+PLAN_SOURCES = ("milp", "greedy", "incremental", "hold")
+
 ReadinessCheck = Callable[[], list[str]]  # returns the reasons it is not ready (empty = ready)
 
 
@@ -168,6 +175,23 @@ class AgentMetrics:
         self.reconnects_total = Counter("racktwin_broker_reconnects_total", "Broker (re)connections", registry=r)
         for name in self.rack_names:
             self.rack_failsafe.labels(rack=name).set(0)
+        self._zero_counters()
+
+    def _zero_counters(self) -> None:
+        """Export every counter series the agent may count from the start, at 0: a series that first
+        appears at its first event has no earlier sample, so Prometheus' ``increase()`` (the alert
+        rules in deploy/prometheus) would miss that first burst."""
+        from agent.decision import STATUSES
+        from models.plans import SolveStatus
+
+        for result in COMMAND_RESULTS:
+            self.commands_total.labels(result=result)
+        for status in STATUSES:
+            self.decisions_total.labels(status=status)
+        for source in PLAN_SOURCES:
+            self.control_cycles_total.labels(source=source)
+            for solve in SolveStatus:
+                self.plans_total.labels(status=solve.value, source=source)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.metrics import AgentMetrics
+from agent.metrics import COMMAND_RESULTS, AgentMetrics
 
 pytestmark = pytest.mark.agent
 
@@ -62,6 +62,22 @@ def test_the_alert_rules_use_only_exported_metrics_and_say_what_to_do() -> None:
     documented = (DEPLOY.parent / "docs" / "agent.md").read_text()
     row = next(line for line in documented.splitlines() if line.startswith("| `racktwin_commands_total`"))
     assert results and all(f"`{x}`" in row for x in results)
+
+
+def test_counted_series_are_exported_at_zero_before_their_first_event() -> None:
+    """increase() in the alert rules needs a sample before the first event of a series."""
+    text = AgentMetrics(["r0"]).exposition().decode()
+    for series in (
+        'racktwin_commands_total{result="rejected"} 0.0',
+        'racktwin_commands_total{result="unconfirmed"} 0.0',
+        'racktwin_plans_total{source="greedy",status="infeasible"} 0.0',
+        'racktwin_plans_total{source="milp",status="fallback"} 0.0',
+        'racktwin_decisions_total{status="failsafe"} 0.0',
+    ):
+        assert series in text
+    documented = (DEPLOY.parent / "docs" / "agent.md").read_text()
+    row = next(line for line in documented.splitlines() if line.startswith("| `racktwin_commands_total`"))
+    assert set(re.findall(r"`([a-z]+)`", row.split("|")[3])) == set(COMMAND_RESULTS)
 
 
 def test_the_systemd_unit() -> None:
