@@ -338,6 +338,25 @@ def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedConfig:
     """Read, override from the environment, validate, and load the site spec it names."""
+    cfg, label, used = _decoded(path, env)
+    try:
+        site = load_site(cfg.site)
+    except SpecError as exc:
+        raise SpecError(label, "site", str(exc)) from None
+    _check(cfg, site, label)
+    return LoadedConfig(config=cfg, site=site, source=str(path), overrides=tuple(used))
+
+
+def journal_path_of(path: str | Path, env: Mapping[str, str] | None = None) -> str:
+    """The journal a configuration names (``journal.path``, environment overrides included, relative
+    to the file's folder), without the service's checks: a reader of the journal (``racktwin
+    journal``) needs neither write access to it nor the broker's secrets, nor the site spec."""
+    return _decoded(path, env)[0].journal.path
+
+
+def _decoded(path: str | Path, env: Mapping[str, str] | None) -> tuple[AgentConfig, str, list[str]]:
+    """The file read, overridden from the environment, decoded (types and ranges) and its relative
+    paths resolved; with the label errors name it by and the variables that overrode it."""
     source = str(path)
     environ = os.environ if env is None else env
     data = read_toml(path)
@@ -345,26 +364,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Loade
     data, used = apply_env_overrides(data, environ)
     label = source + (f" (with {', '.join(used)})" if used else "")
     cfg = decode_table(AgentConfig, data, label)
-    cfg = _resolve_paths(cfg, Path(path).resolve().parent)
-    try:
-        site = load_site(cfg.site)
-    except SpecError as exc:
-        raise SpecError(label, "site", str(exc)) from None
-    _check(cfg, site, label)
-    return LoadedConfig(config=cfg, site=site, source=source, overrides=tuple(used))
-
-
-def journal_path_of(path: str | Path, env: Mapping[str, str] | None = None) -> str:
-    """The journal a configuration names (``journal.path``, environment overrides included, relative
-    to the file's folder), without the service's checks: a reader of the journal (``racktwin
-    journal``) needs neither write access to it nor the broker's secrets, nor the site spec."""
-    source = str(path)
-    environ = os.environ if env is None else env
-    data = read_toml(path)
-    check_env_names(environ, source)
-    data, used = apply_env_overrides(data, environ)
-    label = source + (f" (with {', '.join(used)})" if used else "")
-    return _resolve_paths(decode_table(AgentConfig, data, label), Path(path).resolve().parent).journal.path
+    return _resolve_paths(cfg, Path(path).resolve().parent), label, used
 
 
 def _join(prefix: str, name: str) -> str:

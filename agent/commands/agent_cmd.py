@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from agent.commands.common import UserError
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from agent.config import LoadedConfig
 
 log = logging.getLogger("racktwin.agent")
+_T = TypeVar("_T")
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -38,20 +40,27 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--mode", choices=("advisory", "enforce"), help="override the configuration's mode")
 
 
-def load_agent_config(path: str, *, check_tls: bool = True) -> LoadedConfig:
-    """The agent's configuration (environment overrides included); a problem is a :class:`UserError`
-    naming the file and the field. ``check_tls``: read the broker's certificate files too."""
-    from agent.config import load_config
+def config_read(path: str, read: Callable[[str], _T]) -> _T:
+    """``read(path)`` of an agent configuration (``agent.config.load_config`` or ``journal_path_of``),
+    its problems as a :class:`UserError` naming the file and the field."""
     from twin.tables import SpecError
 
     try:
-        loaded = load_config(path)
+        return read(path)
     except SpecError as exc:
         raise UserError(str(exc)) from None
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except OSError as exc:
         raise UserError(f"{path}: {exc.strerror or exc}") from None
+
+
+def load_agent_config(path: str, *, check_tls: bool = True) -> LoadedConfig:
+    """The agent's configuration (environment overrides included); a problem is a :class:`UserError`
+    naming the file and the field. ``check_tls``: read the broker's certificate files too."""
+    from agent.config import load_config
+
+    loaded = config_read(path, load_config)
     if not check_tls:
         return loaded
     from agent.bus import TlsFileError

@@ -87,17 +87,10 @@ def _journal_path(args: argparse.Namespace) -> str:
         return str(args.journal)
     if args.config is None:
         raise UserError("give the journal: --config FILE (the agent's configuration) or --journal PATH")
+    from agent.commands.agent_cmd import config_read
     from agent.config import journal_path_of
-    from twin.tables import SpecError
 
-    try:  # only journal.path: a reader needs no write access, secrets or site spec
-        return journal_path_of(args.config)
-    except SpecError as exc:
-        raise UserError(str(exc)) from None
-    except FileNotFoundError:
-        raise UserError(f"{args.config}: file not found") from None
-    except OSError as exc:
-        raise UserError(f"{args.config}: {exc.strerror or exc}") from None
+    return config_read(args.config, journal_path_of)  # a reader needs no write access, secrets or site spec
 
 
 def run(args: argparse.Namespace, command: str) -> int:
