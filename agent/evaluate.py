@@ -200,13 +200,15 @@ class Recorder:
         if float(die.max()) > self._slowdown_c:
             self.over_slowdown_card_s += float(np.count_nonzero(die > self._slowdown_c)) * dt
             self.over_max_card_s += float(np.count_nonzero(die > self._max_c)) * dt
-        # where the energy went (the powers of the step just taken): one category per card
-        free = np.zeros(die.size, dtype=bool)
-        free[plant.free_cards()] = True
+        # where the energy went (the powers of the step just taken): one category per card, by its
+        # state during that step (free_cards() is already the state after it: a job that ended with
+        # the step filed its last step of computing as idle); the hosts' part is the rest of the rack
+        # power of that step (their power now counts a boot begun as the step ended)
+        free = ~tr.card_busy_in_step & ~tr.failed
         cat = np.where(tr.low_power, 3, np.where(free, 2, np.where(tr.utilization > 0.0, 0, 1)))
         by_cat = np.bincount(cat, weights=tr.card_power_w, minlength=4) * dt
         e = self.energy_j
-        e["hosts"] += float(tr.rack_host_power_w.sum()) * dt
+        e["hosts"] += float(tr.rack_power_w.sum() - tr.card_power_w.sum()) * dt
         e["cards_computing"] += float(by_cat[0])
         e["cards_busy_not_computing"] += float(by_cat[1])
         e["cards_idle_awake"] += float(by_cat[2])
@@ -225,6 +227,11 @@ class Recorder:
         self.pump_speed_s += float(tr.rack_pump_speed_frac.mean()) * dt
         self._t = t
         if t >= self._next_sample_s - 1e-9:
+            self._sample()
+
+    def finish(self) -> None:
+        """The last sample, where the run ended between two (the series then cover the whole run)."""
+        if self.plant.time_s > self._last_sample_t + 1e-9:
             self._sample()
 
     def _sample(self) -> None:
@@ -294,6 +301,7 @@ def run_policy(
         policy.run(min(_CHUNK_S, end - plant.time_s), rec.on_step)
         if progress is not None:
             progress(name, plant.time_s, duration, time.perf_counter() - t_wall)
+    rec.finish()
     policy.finish()
     metrics = _metrics(scenario, plant, rec, policy.stats)
     return PolicyResult(

@@ -100,6 +100,7 @@ class SavingCeiling:
     baseline_kwh: float
     dvfs_k: float  # power saved per unit of throughput lost, best DVFS step
     loss_budget_pct: float
+    idle_host_kwh: float = 0.0  # of "idle hosts off": the hosts' own power (the rest is their cards asleep)
 
     @property
     def total_kwh(self) -> float:
@@ -170,13 +171,16 @@ def saving_ceiling(
     if site.hosts_managed and idle_host_s > 0:
         on_idle_hosts = min(1.0, idle_host_s * site.cards_per_host / idle_card_s) if idle_card_s > 0 else 0.0
         asleep_left = b.get("cards_idle_awake", 0.0) * (1.0 - asleep_frac) * on_idle_hosts
-        parts["idle hosts off"] = idle_host_s * site.host_saving_w() / 3.6e6 + asleep_left
+        idle_host_kwh = idle_host_s * site.host_saving_w() / 3.6e6
+        parts["idle hosts off"] = idle_host_kwh + asleep_left
+    else:
+        idle_host_kwh = 0.0
     it_kwh = sum(b.get(x, 0.0) for x in ("hosts", "cards_computing", "cards_busy_not_computing", "cards_idle_awake"))
     it_kwh += b.get("cards_low_power", 0.0)
     it_removed = parts["idle cards to low-power idle"] + parts["busy cards not computing"]
     it_removed += parts["computing cards (DVFS within the loss budget)"] + parts.get("idle hosts off", 0.0)
     parts["UPS and other overhead"] = b.get("ups_and_other", 0.0) * (it_removed / it_kwh if it_kwh > 0 else 0.0)
-    return SavingCeiling(parts, baseline_facility_kwh, k, 100.0 * budget)
+    return SavingCeiling(parts, baseline_facility_kwh, k, 100.0 * budget, idle_host_kwh)
 
 
 def _pct(x: float) -> str:
@@ -230,7 +234,8 @@ def check_targets(
             parts = "; ".join(
                 f"{k} {v:,.1f} kWh ({100 * v / ceil.baseline_kwh:.2f}%)" for k, v in ceil.parts_kwh.items()
             )
-            fixed = breakdown_kwh["baseline"].get("hosts", 0.0) - ceil.parts_kwh.get("idle hosts off", 0.0)
+            # the hosts' energy less what powering the idle ones off saves of it (not of their cards)
+            fixed = breakdown_kwh["baseline"].get("hosts", 0.0) - ceil.idle_host_kwh
             why = (
                 f"with {name}'s levers the saving is at most {ceil.total_pct:.2f}% of the baseline's "
                 f"{ceil.baseline_kwh:,.1f} kWh at {ceil.loss_budget_pct:g}% throughput loss: {parts}. Hosts "

@@ -227,6 +227,9 @@ class Truth:
     cooling: CoolingPoint
     host_off: BoolArray  # per host (site.card_host()): powered off
     rack_host_power_w: FloatArray  # per rack: hosts and switches (host_overhead_w less the off hosts' saving)
+    # per card: held by a job during the step just taken (card_power_w is that step's power; a job
+    # that ended or started as the step ended has changed free_cards() already)
+    card_busy_in_step: BoolArray
 
     @property
     def it_power_w(self) -> float:
@@ -420,6 +423,7 @@ class Plant:
         self._card_a = np.zeros(n)  # omc * ncu
         self._power = np.zeros(n)
         self._util = np.zeros(n)
+        self._busy_in_step = np.zeros(n, dtype=bool)
         self._n_throttled = 0
 
         # ---- job slots (slot 0 = "no job") ----------------------------------------------------------
@@ -936,6 +940,7 @@ class Plant:
             cooling=self._cooling,
             host_off=self._host_off.copy(),
             rack_host_power_w=self._rack_host_w(),
+            card_busy_in_step=self._busy_in_step.copy(),
         )
 
     # ================================================================================================
@@ -1113,6 +1118,7 @@ class Plant:
             power = np.where(self._card_off, 0.0, power)
         self._power = power
         self._util = util
+        self._busy_in_step = self._card_slot > 0
 
     def _braked_levels(self, idx: IntArray, lvl: IntArray, d_t: FloatArray) -> IntArray:
         """Fastest level at or below ``lvl`` within the power limit for cards ``idx``."""

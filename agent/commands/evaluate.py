@@ -217,7 +217,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     targets = format_targets(ev.targets_policy, ev.targets) if ev.targets_policy is not None else ""
     if args.json:  # stdout: the documented object only; the targets are in metrics.json
         print_json({"policies": ev.policies_json()})
-        if targets and not quiet:
+        if targets:  # --quiet drops the progress, not the verdicts
             print(targets, file=sys.stderr, flush=True)
     else:
         print(format_table(ev))

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from agent_helpers import job, small_site
 from evaluate_helpers import full_load_scenario, mixed_scenario
 
 from agent.cli import main
-from agent.evaluate import BREAKDOWN_KEYS, evaluate, run_policy
+from agent.evaluate import BREAKDOWN_KEYS, Recorder, evaluate, run_policy
 from agent.policies import POLICY_NAMES
+from twin.plant import Plant, PlantConfig
 
 pytestmark = pytest.mark.agent
 
@@ -49,6 +52,42 @@ def test_each_policy_runs_a_scenario_to_its_end_and_its_numbers_add_up(name: str
     assert it == pytest.approx(m["it_energy_kwh"], rel=1e-6)
     assert sum(res.breakdown_kwh.values()) == pytest.approx(m["facility_energy_kwh"], rel=1e-6)
     assert res.series["time_s"][0] == 0.0 and res.series["time_s"][-1] == pytest.approx(600.0)
+
+
+def test_the_energy_breakdown_files_a_step_under_the_state_its_power_was_drawn_in() -> None:
+    """A job that ends with a step has freed its cards by the time the step is recorded; that step's
+    power is still the job's computing (it was filed as idle awake: +20% idle energy over 4 h)."""
+    site = small_site()
+    plant = Plant(site, [job("a", 16, share=1.0, work_steps=120.0, checkpoint_interval_s=1e9)], [], PlantConfig(seed=1))
+    rec = Recorder(plant, judge_from_s=0.0)
+    cards: list[int] = []
+    while plant.time_s < 600.0:
+        before = dict(rec.energy_j)
+        plant.step(1.0)
+        rec.on_step()
+        events = plant.drain_events()
+        cards += [c for e in events if e.kind == "started" for c in e.cards]
+        if any(e.kind == "finished" for e in events):
+            break
+    else:
+        pytest.fail("the job did not finish")
+    tr = plant.truth()
+    free = np.zeros(plant.n_cards, dtype=bool)
+    free[plant.free_cards()] = True
+    assert free[cards].all()  # the plant has freed them already
+    others = free.copy()
+    others[cards] = False  # the cards that were idle during the step
+    idle_w = float(tr.card_power_w[others & ~tr.low_power].sum())
+    assert rec.energy_j["cards_idle_awake"] - before["cards_idle_awake"] == pytest.approx(idle_w)
+    computing = rec.energy_j["cards_computing"] - before["cards_computing"]
+    assert computing == pytest.approx(float(tr.card_power_w[cards].sum()))  # the job's last step
+    hosts = rec.energy_j["hosts"] - before["hosts"]
+    assert hosts == pytest.approx(tr.it_power_w - float(tr.card_power_w.sum()))
+
+
+def test_the_time_series_reach_the_end_of_a_run_between_two_samples() -> None:
+    res = run_policy(mixed_scenario(630.5), "baseline", sample_s=60.0)
+    assert res.series["time_s"][-1] == pytest.approx(630.5) and res.series["time_s"][-2] == pytest.approx(600.0)
 
 
 def test_the_agent_keeps_true_rack_power_under_the_limit_at_full_load_where_the_baseline_does_not() -> None:

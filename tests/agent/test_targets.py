@@ -117,6 +117,7 @@ def test_the_saving_ceiling_counts_only_what_the_levers_can_reach() -> None:
     asleep_left = 400.0 * site.card.low_power_idle_w / site.card.idle_power_w * 160 / 200
     hosts_kwh = idle_host_s * (site.rack.host_power_w - site.rack.host_off_power_w) / 3.6e6
     assert c2.parts_kwh["idle hosts off"] == pytest.approx(hosts_kwh + asleep_left)
+    assert c2.idle_host_kwh == pytest.approx(hosts_kwh)  # the hosts' own part (not their cards asleep)
     assert c2.total_kwh > c0.total_kwh + hosts_kwh  # (UPS losses shrink with the IT energy too)
 
 
@@ -132,7 +133,14 @@ def test_a_missed_saving_says_by_how_much_and_gives_the_ceiling_a_met_one_says_n
     saving, loss = check_targets(tg, metrics, br, site, [job("a", 8)])
     assert saving.met is False
     assert saving.measured == "4.00%" and saving.shortfall == "18.00 points short"
-    assert "at most" in saving.why and "Hosts with a busy card and switches (" in saving.why
+    assert "at most" in saving.why and "Hosts with a busy card and switches (~30.0% of" in saving.why
+    # with the host lever: the hosts left are the host energy less the idle hosts' own power, not
+    # less their asleep cards too (that read 13.1% for the nominal day's 16.5%)
+    day = 86_400.0
+    metrics["baseline"] = {**metrics["baseline"], "idle_host_s": 0.5 * day, "idle_card_s": 8 * day}
+    (saving, _loss) = check_targets(tg, metrics, br, site, [job("a", 8)])
+    host_kwh = 0.5 * day * (site.rack.host_power_w - site.rack.host_off_power_w) / 3.6e6
+    assert f"switches (~{100 * (300.0 - host_kwh) / 1000.0:.1f}% of" in saving.why
     assert loss.met is True and loss.shortfall == "" and loss.why == ""
     easy = ScenarioTargets(facility_saving_pct_min=3.0)
     (ok,) = check_targets(easy, metrics, br, site, [job("a", 8)])
@@ -262,6 +270,11 @@ def test_evaluate_judges_the_targets_and_the_command_prints_and_writes_them(
     names = [c["name"] for c in full["targets"]["checks"]]
     assert names[:2] == ["true rack power over a limit", "dies over their maximum"]
     assert "Targets for racktwin" in (tmp_path / "out" / "report.html").read_text()
+    # --json --quiet: the object on stdout, the verdicts still on stderr (--quiet drops the progress)
+    rc = main(["evaluate", *argv, "--json", "--out", str(tmp_path / "out2")])
+    out, err = capsys.readouterr()
+    assert rc == 0 and set(json.loads(out)["policies"]) >= {"racktwin"}
+    assert "targets for racktwin (the scenario's [targets]):" in err
 
 
 def test_a_scenario_whose_targets_name_an_unknown_policy_is_refused_before_running(
