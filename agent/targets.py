@@ -236,13 +236,13 @@ def check_targets(
             )
             # the hosts' energy less what powering the idle ones off saves of it (not of their cards)
             fixed = breakdown_kwh["baseline"].get("hosts", 0.0) - ceil.idle_host_kwh
+            fixed_pct = 100 * fixed / ceil.baseline_kwh
             why = (
                 f"with {name}'s levers the saving is at most {ceil.total_pct:.2f}% of the baseline's "
                 f"{ceil.baseline_kwh:,.1f} kWh at {ceil.loss_budget_pct:g}% throughput loss: {parts}. Hosts "
-                f"with a busy card and switches (~{100 * fixed / ceil.baseline_kwh:.1f}% of the baseline) have no "
-                f"lever; a DVFS step saves at most {ceil.dvfs_k:.2f}x its relative throughput loss in card "
-                f"power. {name} reached "
-                f"{100 * got / ceil.total_pct:.0f}% of that bound."
+                f"with a busy card, switches and the standby power of hosts off (~{fixed_pct:.1f}% of the "
+                f"baseline) have no lever; a DVFS step saves at most {ceil.dvfs_k:.2f}x its relative "
+                f"throughput loss in card power. {name} reached {100 * got / ceil.total_pct:.0f}% of that bound."
                 if ceil.total_pct > 0
                 else f"with {name}'s levers nothing can be saved at this throughput-loss budget"
             )
