@@ -520,8 +520,6 @@ def _finite(obj: Any) -> Any:
 
 
 def _json_default(obj: object) -> Any:
-    if isinstance(obj, np.generic):
+    if isinstance(obj, np.generic):  # numpy integers and booleans (_finite turned arrays and floats)
         return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")

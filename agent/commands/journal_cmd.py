@@ -18,7 +18,10 @@ import math
 import re
 import sqlite3
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.journal_report import DecisionDetail, DecisionRow, JournalSummary
 
 from agent.commands.common import UserError, print_json
 
@@ -165,7 +168,7 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _decision_line(d: Any) -> str:
+def _decision_line(d: DecisionRow) -> str:
     s = d.summary
     parts = [f"#{d.id}", wall_time(d.wall_time_s), f"(site {site_time(d.site_time_s)})", d.status]
     source = s.get("source")
@@ -186,12 +189,12 @@ def _decision_line(d: Any) -> str:
     return "  ".join(parts)
 
 
-def _explanation(d: Any) -> list[str]:
+def _explanation(d: DecisionRow) -> list[str]:
     lines = d.summary.get("explanation", [])
     return [str(e) for e in lines] if isinstance(lines, list) else [str(lines)]
 
 
-def format_summary(s: Any) -> str:
+def format_summary(s: JournalSummary) -> str:
     lines = [f"journal {s.path}" + ("" if s.since_wall_s is None else f" (since {wall_time(s.since_wall_s)})")]
     if s.first is None or s.last is None:
         lines.append("  decisions    none" + (" in that time" if s.since_wall_s is not None else ""))
@@ -254,7 +257,7 @@ def _span(t_s: float) -> str:
     return f"{t_s / 86400:.1f} days"
 
 
-def format_detail(detail: Any) -> str:
+def format_detail(detail: DecisionDetail) -> str:
     d = detail.decision
     s = d.summary
     lines = [_decision_line(d), f"  cycle {d.cycle}, mode {d.mode}, plan {s.get('plan_status', '?')}"]
