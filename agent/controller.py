@@ -577,8 +577,11 @@ class Controller:
                 spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY)
             jobs.append(spec)
             cards.append(j.cards)
-        # idle cards the agent cannot see are out of the models' hands (never woken on stale data)
-        failed = np.asarray(snap.card_failed, dtype=bool) | (ctx.unseen_card_mask(self._card_rack) & load.idle)
+        # idle cards the agent cannot see are out of the models' hands (never woken on stale data), and
+        # so are the idle cards of hosts that are off: the plan cannot wake them (a wake would boot the
+        # host), so the ready reserve must sit on hosts that are on (budgeted at low-power idle, as now)
+        unusable = ctx.unseen_card_mask(self._card_rack) | np.asarray(snap.card_host_off, dtype=bool)
+        failed = np.asarray(snap.card_failed, dtype=bool) | (unusable & load.idle)
         die = np.asarray(snap.card_die_temp_c, dtype=np.float64)
         die = np.where(np.isfinite(die), die, ctx.card_inlet_c)
         r_dc = np.full(site.n_cards, site.card.r_die_to_case_k_per_w)
@@ -591,7 +594,7 @@ class Controller:
         options = tuple(
             o for o in site.facility.supply_temp_options_c if abs(o - ctx.setpoint_c) <= cfg.max_setpoint_step_k + 1e-9
         ) or (ctx.setpoint_c,)
-        n_idle = int(load.idle.sum())
+        n_idle = int((load.idle & ~failed).sum())
         reserve = min(cfg.idle_reserve_cards * site.supernodes, n_idle)
         return make_problem(
             site,
@@ -819,21 +822,26 @@ class Controller:
         level = np.asarray(dv.card_level, dtype=np.int64).copy()
         level[load.idle] = slowest
         # which idle cards stay awake: as many as the plan says, the ones awake now first (an awake
-        # idle card draws ~10 W more than a sleeping one, so the rack matters little; the guard
-        # puts idle cards to sleep where a cap needs it), then the plan's racks
+        # idle card draws ~30 W more than a sleeping one, so the rack matters little; the guard
+        # puts idle cards to sleep where a cap needs it), then the plan's racks, on the hosts that
+        # stay on (``agent.hosts`` keeps the hosts holding awake cards on first): hosts with a busy
+        # card, then the most recently used
         low = np.ones(n, dtype=bool)
         low[load.busy] = False
         idle_model = p.idle_mask()
-        host_off = np.asarray(snap.card_host_off, dtype=bool)  # waking one of these would boot its host
         want = int(dv.rack_awake.sum())
         keep = np.flatnonzero(idle_model & ~snap_lp)[:want]
         low[keep] = False
         left = np.asarray(dv.rack_awake, dtype=np.int64) - np.bincount(self._card_rack[keep], minlength=site.n_racks)
         extra = want - keep.size
+        card_host = site.card_host()
+        host_busy = host_any(site, load.busy)[card_host]
+        host_used_s = np.nan_to_num(self._host_busy_last, nan=ctx.now_s)[card_host]
         for r in np.argsort(-left, kind="stable"):
             if extra <= 0 or left[r] <= 0:
                 break
-            cand = np.flatnonzero(idle_model & low & ~host_off & (self._card_rack == r))[: min(int(left[r]), extra)]
+            cand = np.flatnonzero(idle_model & low & (self._card_rack == r))  # idle_model: not on an off host
+            cand = cand[np.lexsort((-host_used_s[cand], ~host_busy[cand]))][: min(int(left[r]), extra)]
             low[cand] = False
             extra -= cand.size
         low = np.where(unseen_card & load.idle, snap_lp, low)

@@ -11,7 +11,9 @@ tells which from the running jobs' expected ends and the reservation it holds, s
 need, so that a job that gets its cards when running jobs end does not also wait for a boot; hosts
 left idle while a big job waits for a start further ahead go off meanwhile and boot in time for it.
 Hosts on fail-safe racks keep their state (their telemetry cannot be trusted), and a host with a card
-busy or being placed on is never off. Longest-idle hosts go first.
+busy or being placed on is never off. The idle hosts kept on are those holding awake idle cards (the
+ready reserve the plan keeps on hosts that are on) first, then the most recently used; when hosts
+come back on, the most recently used come first.
 
 Pure functions of arrays, no I/O; the controller tracks since when each host is idle.
 """
@@ -67,7 +69,7 @@ def choose_hosts_off(
     ``host_busy_last_s``: per host, the last time one of its cards was busy (the agent's start where
     it has not seen one); ``card_busy``: per card, runs or is being given a job (the decision's);
     ``host_off_now``: per host, off as last reported; ``host_awake``: per host, holds idle cards the
-    decision keeps awake (the ready reserve: such hosts go off last); ``frozen_host``: hosts to leave
+    decision keeps awake (the ready reserve: such hosts are kept on first); ``frozen_host``: hosts to leave
     as they are; ``due_cards``: cards of the jobs still waiting after this decision's placements that are
     due to start within a boot (their hosts are wanted on now)."""
     off_now = np.asarray(host_off_now, dtype=bool)
@@ -87,9 +89,11 @@ def choose_hosts_off(
         on_free = np.flatnonzero(f & ~o & ~fz)
         spare = on_free.size - want_sn
         if spare > 0 and due_cards == 0:
-            due = on_free[idle[on_free] >= off_after_s]
-            due = due[np.lexsort((-idle[due], aw[due]))][:spare]  # no awake cards first, then longest idle
-            o[due] = True
+            # the hosts kept on: those holding awake idle cards (the ready reserve) first, then the most
+            # recently used; of the others, those idle long enough go off
+            keep = on_free[np.lexsort((idle[on_free], ~aw[on_free]))][:want_sn]
+            due = np.setdiff1d(on_free, keep)
+            o[due[idle[due] >= off_after_s]] = True
         elif spare < 0:
             back = np.flatnonzero(f & o & ~fz)
             back = back[np.argsort(idle[back], kind="stable")][:-spare]  # most recently used first

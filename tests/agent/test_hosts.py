@@ -57,6 +57,19 @@ def test_idle_hosts_go_off_keeping_the_reserve_on_and_busy_hosts_never() -> None
     assert int((~off).sum()) == 2
 
 
+def test_the_hosts_kept_on_are_those_holding_the_ready_reserve_even_when_others_were_used_later() -> None:
+    last = np.full(N_H, 0.0)
+    last[[3, 4, 5]] = 9_900.0  # used 100 s ago: not idle long enough to go off yet
+    awake = np.zeros(N_H, dtype=bool)
+    awake[[20, 21]] = True  # the ready reserve's awake cards, idle for long
+    off = choose(host_busy_last_s=last, host_awake=awake)
+    assert not off[[3, 4, 5, 20, 21]].any()  # the reserve, and recently used hosts until their time
+    assert int((~off).sum()) == 5
+    last[[3, 4, 5]] = 0.0  # all idle long: the awake ones are the reserve
+    off = choose(host_busy_last_s=last, host_awake=awake)
+    assert np.flatnonzero(~off).tolist() == [20, 21]
+
+
 def test_off_hosts_come_back_for_the_reserve_and_frozen_hosts_keep_their_state() -> None:
     was_off = np.ones(N_H, dtype=bool)
     off = choose(host_off_now=was_off)
@@ -132,6 +145,31 @@ def test_closed_loop_powers_idle_hosts_off_and_back_on_for_new_work() -> None:
     assert any(r.hosts_off for r in reports) and any(d.host_off is not None for d in decisions)
 
 
+def test_the_ready_reserve_stays_awake_on_hosts_that_are_on() -> None:
+    """``idle_reserve_cards`` idle cards stay awake while idle hosts are off: the plan never counts a
+    card of an off host in its reserve (it could not wake it without a boot) and the hosts kept on
+    are those holding the reserve (the reserve used to fall to 0-8 cards once hosts went off)."""
+    jobs = [job(f"j{i}", 64, work_steps=400.0, submit_s=300.0 * i) for i in range(6)]
+    plant = Plant(SITE, jobs, config=PlantConfig(seed=4, placement="external"))
+    cfg = ControlConfig(period_s=15.0)
+    short: list[tuple[float, int]] = []
+
+    def check(d: Decision, _r: ApplyReport) -> None:
+        if d.host_off is None or not d.host_off.any() or d.source == "incremental":
+            return
+        card_off = np.repeat(d.host_off, CPH)
+        idle = ~d.card_busy & ~d.card_failed
+        awake = idle & ~d.card_low_power
+        assert not (awake & card_off).any()
+        if int(awake.sum()) < min(cfg.idle_reserve_cards * SITE.supernodes, int((idle & ~card_off).sum())):
+            short.append((d.time_s, int(awake.sum())))
+
+    loop = ClosedLoop(plant, Controller(SITE, cfg), on_decision=check)
+    loop.run(2_400.0)
+    assert int(plant.truth().host_off.sum()) > 0
+    assert short == []
+
+
 def test_hosts_idle_while_a_big_job_waits_for_its_cards_go_off_and_boot_in_time_for_it() -> None:
     """A job that needs every card waits ~3,400 s for a half-site job to end: the idle half's hosts go
     off meanwhile (they used to stay on while any job waited) and are booted before its expected
@@ -191,7 +229,13 @@ def test_by_default_idle_hosts_go_off_after_the_break_even_time() -> None:
         off_at.update({h: plant.time_s for h in hosts if off[h] and h not in off_at})
     end_s = next(r for r in plant.job_records() if r.job_id == "j").finish_time_s
     assert end_s is not None and len(hosts) == 8
-    assert len(off_at) == 8 - 2  # the two most recently used stay on as the reserve
+    # the reserve of hosts on is the two holding the ready reserve's awake cards (the job's hosts
+    # were not among them), so every host the job used goes off once idle for the break-even time
+    assert len(off_at) == 8
+    on_idle = np.flatnonzero(~plant.host_off())
+    assert on_idle.size == 2 and not set(on_idle.tolist()) & hosts
+    awake = np.flatnonzero(~plant.truth().low_power)
+    assert awake.size == 16 and set((awake // CPH).tolist()) == set(on_idle.tolist())
     after_s = [t - end_s for t in off_at.values()]
     assert all(SITE.host_break_even_s() <= a <= SITE.host_break_even_s() + 15.0 + 5.0 for a in after_s)
 
