@@ -677,6 +677,8 @@ class Controller:
         for q in queue:
             if q.n_cards > site.n_cards:
                 waits[q.job_id] = QueueWait("too_large", f"needs {q.n_cards} cards, the site has {site.n_cards}")
+            elif q.n_cards <= 0:
+                waits[q.job_id] = QueueWait("no_spec", "its card count is unknown (no submitted event with its spec)")
         if not fits:
             return []
         how = method if method is not None else cfg.placement_method

@@ -36,13 +36,15 @@ _SUMMARY_QUEUE_WAITS = 16  # queued jobs whose wait the summary explains one by 
 
 #: Why a queued job stays queued after a decision (:class:`QueueWait`): it holds the EASY
 #: reservation (``agent.backfill``); another job holds it and this one would delay it; the placement
-#: found no window of racks for it; it needs more cards than the site has; the placement failed; the
+#: found no window of racks for it; it needs more cards than the site has; the agent does not know
+#: how many cards it needs (no ``submitted`` event with its spec was seen); the placement failed; the
 #: guard dropped its placement (cards not free, or not seen).
 QUEUE_WAIT_KINDS = (
     "reservation",
     "behind_reservation",
     "no_window",
     "too_large",
+    "no_spec",
     "placement_error",
     "placement_dropped",
 )

@@ -334,6 +334,7 @@ def test_every_queued_job_left_out_says_why_even_beyond_the_explanation_notes() 
     _plant, state = belief(site, [job("run", 30, work_steps=1e6)], 90)
     queued = [job(f"q{i}", 4 + i, submit_s=60.0) for i in range(5)] + [job("huge", 40, submit_s=60.0)]
     state.apply_events([JobEvent(60.0, q.job_id, "submitted", Phase.WAITING, job=q) for q in queued])
+    state.apply_events([JobEvent(60.0, "nospec", "submitted", Phase.WAITING)])  # a bridge that sent no spec
     ctl = Controller(site, ControlConfig(period_s=15.0))
     d = ctl.step(state.snapshot(), 90.0)
     assert not d.placements
@@ -341,6 +342,7 @@ def test_every_queued_job_left_out_says_why_even_beyond_the_explanation_notes() 
     assert {jid: w.kind for jid, w in d.queue_waits.items()} == {
         **{f"q{i}": "no_window" for i in range(5)},
         "huge": "too_large",
+        "nospec": "no_spec",
     }
     assert "40 cards" in d.queue_waits["huge"].why
     inc = ctl.step(state.snapshot(), 91.0, incremental=True)
