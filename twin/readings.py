@@ -12,6 +12,7 @@ Readings may contain NaN or implausible values (a faulty sensor): consumers must
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -79,11 +80,31 @@ class PduReading:
 
 @dataclass(frozen=True)
 class RackReading:
+    """One rack's readings. The card batch, the loop (CDU) and the PDU reading may come from separate
+    sources with their own clocks (the agent merges a rack's messages into one reading): each part
+    keeps the time it was stamped in ``cards_time_s`` / ``loop_time_s`` / ``pdu_time_s``, None where
+    it is ``time_s`` (:meth:`part_time_s` says which applies). ``time_s`` is the newest of them."""
+
     rack: int  # rack index in the site (name: site.rack_names[rack])
     time_s: float
     cards: CardBatch | None = None
     loop: LoopReading | None = None
     pdu: PduReading | None = None
+    cards_time_s: float | None = None
+    loop_time_s: float | None = None
+    pdu_time_s: float | None = None
+
+    def part_time_s(self, part: Literal["cards", "loop", "pdu"]) -> float:
+        """When the ``"cards"``, ``"loop"`` or ``"pdu"`` part was stamped."""
+        if part == "cards":
+            t = self.cards_time_s
+        elif part == "loop":
+            t = self.loop_time_s
+        elif part == "pdu":
+            t = self.pdu_time_s
+        else:
+            raise ValueError(f"no part {part!r} in a rack reading (cards, loop or pdu)")
+        return self.time_s if t is None else t
 
 
 @dataclass(frozen=True)

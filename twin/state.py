@@ -8,6 +8,12 @@ waking / failed flags, power limit and when it was last seen; per rack the PDU p
 and return temperatures, flow and pump power with their last-seen times; the facility's last
 reading; the jobs (queued and running) from events and job readings.
 
+Each part of a rack's reading (cards, loop, PDU) is dated by its own time stamp
+(``RackReading.part_time_s``: the agent merges messages from separate exporters into one reading).
+A reading stamped before what the belief holds of its card, loop or PDU (late, reordered) is not
+taken (``late_count``); one stamped at the same time is the same reading again (at-least-once
+delivery) and no evidence of a frozen sensor.
+
 Invalid values (NaN, infinity, outside physical bounds: power < 0 or > 5 x the card's power limit,
 die temperature outside -20..150 deg C, utilization outside 0..1) are not stored: the card keeps its
 previous values and its last-seen time does not advance, so a card or rack that only sends garbage
@@ -17,7 +23,14 @@ Stuck sensors: a card whose power and die temperature do not change *at all* ove
 ``stuck_after_readings`` consecutive readings while another card of its rack changed in the latest
 reading is stuck; a rack whose cards (or whose loop readings) are all unchanged over
 ``stuck_after_readings`` readings while another rack changed is stuck. Real sensors always jitter in
-the last digit, so exact repetition is the signature of a frozen value.
+the last digit, so exact repetition is the signature of a frozen value. A die temperature frozen on
+its own is stuck too, once it has held its value over ``stuck_after_readings`` readings in which its
+card's power (through the spec's lowest die-to-coolant resistance) or its rack's supply had moved it
+by ``stuck_die_move_k`` from where it last changed: a sensor reading whole degrees may hold one
+value for minutes at a steady load, but not through a load step or a set-point change.
+
+Job events come at least once: a ``submitted`` of a job the belief knows (queued or running), or of
+one that finished after that submission, is a repeat and ignored.
 """
 
 from __future__ import annotations
@@ -42,6 +55,8 @@ __all__ = ["JobInfo", "StateSnapshot", "TwinState"]
 
 _NEVER = -math.inf
 _DIE_RANGE_C = (-20.0, 150.0)
+#: Finished and failed jobs remembered (to tell a late copy of their submission from a new job).
+_GONE_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -99,11 +114,14 @@ class StateSnapshot:
 class TwinState:
     """The agent's belief. ``update(readings)`` and ``apply_events(events)``; ``snapshot()``."""
 
-    def __init__(self, site: SiteSpec, stuck_after_readings: int = 10) -> None:
+    def __init__(self, site: SiteSpec, stuck_after_readings: int = 10, stuck_die_move_k: float = 3.0) -> None:
         if stuck_after_readings < 2:
             raise ValueError("stuck_after_readings must be >= 2")
+        if not stuck_die_move_k > 0:
+            raise ValueError("stuck_die_move_k must be positive")
         self.site = site
         self.stuck_after_readings = stuck_after_readings
+        self.stuck_die_move_k = stuck_die_move_k
         n, r = site.n_cards, site.n_racks
         self._n, self._n_racks, self._cpr = n, r, site.cards_per_rack
         card = site.card
@@ -126,6 +144,13 @@ class TwinState:
         self.card_released_s = np.full(n, _NEVER)
         self.invalid_count = np.zeros(n, dtype=np.int64)
         self._card_same = np.zeros(n, dtype=np.int64)
+        # die alone: readings since the die last changed in which its power (through the lowest spec
+        # die-to-coolant resistance) and its rack's supply moved it by stuck_die_move_k from where it
+        # last changed
+        self._die_moved = np.zeros(n, dtype=np.int64)
+        self._die_ref_power_w = nan.copy()
+        self._die_ref_supply_c = nan.copy()
+        self._r_min_k_per_w = card.r_die_to_case_k_per_w + min(site.cold_plate.r_case_to_coolant_k_per_w)
         rnan = np.full(r, np.nan)
         self.rack_power_w = rnan.copy()
         self.rack_supply_temp_c = rnan.copy()
@@ -137,9 +162,11 @@ class TwinState:
         self.rack_loop_seen_s = np.full(r, _NEVER)
         self.rack_pdu_seen_s = np.full(r, _NEVER)
         self.rack_invalid_count = np.zeros(r, dtype=np.int64)
+        self.late_count = 0  # readings older than what the belief holds (late, reordered): not taken
         self._loop_same = np.zeros(r, dtype=np.int64)
         self.facility: FacilityReading | None = None
         self._jobs: dict[str, JobInfo] = {}
+        self._gone: dict[str, float] = {}  # jobs finished or failed: when (the latest _GONE_KEPT)
         self._queue: list[str] = []
         self._job_key: dict[str, int] = {}
         self._next_key = 0
@@ -158,16 +185,20 @@ class TwinState:
             r = rr.rack
             if not 0 <= r < self._n_racks:
                 continue
-            t = rr.time_s
             if rr.cards is not None:
                 if _consistent(rr.cards):
-                    batches.append((r, t, rr.cards))
+                    batches.append((r, rr.part_time_s("cards"), rr.cards))
                 else:
                     self.rack_invalid_count[r] += 1
             if rr.loop is not None:
                 lp = rr.loop
+                t = rr.part_time_s("loop")
                 vals = (lp.supply_temp_c, lp.return_temp_c, lp.flow_lpm)
-                if all(math.isfinite(v) for v in vals) and _plausible_loop(*vals):
+                if t < self.rack_loop_seen_s[r]:
+                    self.late_count += 1  # late or reordered: older than what the belief holds
+                elif t == self.rack_loop_seen_s[r]:
+                    pass  # the same reading again (at-least-once delivery)
+                elif all(math.isfinite(v) for v in vals) and _plausible_loop(*vals):
                     same = (
                         vals[0] == self.rack_supply_temp_c[r]
                         and vals[1] == self.rack_return_temp_c[r]
@@ -179,14 +210,17 @@ class TwinState:
                         self.rack_pump_power_w[r] = lp.pump_power_w
                     if math.isfinite(lp.pump_speed_frac) and 0.0 < lp.pump_speed_frac <= 1.5:
                         self.rack_pump_speed_frac[r] = lp.pump_speed_frac
-                    self.rack_loop_seen_s[r] = max(self.rack_loop_seen_s[r], t)
+                    self.rack_loop_seen_s[r] = t
                 else:
                     self.rack_invalid_count[r] += 1
             if rr.pdu is not None:
                 p = rr.pdu.power_w
-                if math.isfinite(p) and 0.0 <= p <= 1e7:
+                t = rr.part_time_s("pdu")
+                if t < self.rack_pdu_seen_s[r]:
+                    self.late_count += 1
+                elif math.isfinite(p) and 0.0 <= p <= 1e7:
                     self.rack_power_w[r] = p
-                    self.rack_pdu_seen_s[r] = max(self.rack_pdu_seen_s[r], t)
+                    self.rack_pdu_seen_s[r] = t
                 else:
                     self.rack_invalid_count[r] += 1
         if batches:
@@ -223,18 +257,17 @@ class TwinState:
         host_off = np.concatenate(
             [np.asarray(_or_zeros(b.host_off, len(b.card_index)), dtype=bool).reshape(-1) for _, _, b in batches]
         )
-        inside = (idx >= 0) & (idx < n)
-        if not inside.all():
-            host_known, host_off = host_known[inside], host_off[inside]
-            idx, t_arr, power, die, util, clock = (
-                idx[inside],
-                t_arr[inside],
-                power[inside],
-                die[inside],
-                util[inside],
-                clock[inside],
-            )
-            level, low, waking, failed, lim = level[inside], low[inside], waking[inside], failed[inside], lim[inside]
+        keep = (idx >= 0) & (idx < n)
+        # a reading stamped before what the belief holds of its card (late, reordered) is not taken
+        late = np.zeros_like(keep)
+        late[keep] = t_arr[keep] < self.card_last_seen_s[idx[keep]]
+        if late.any():
+            self.late_count += int(late.sum())
+            keep &= ~late
+        if not keep.all():
+            idx, t_arr, power, die, util, clock = (a[keep] for a in (idx, t_arr, power, die, util, clock))
+            level, low, waking, failed, lim = (a[keep] for a in (level, low, waking, failed, lim))
+            host_known, host_off = host_known[keep], host_off[keep]
         with np.errstate(invalid="ignore"):
             valid = (
                 np.isfinite(power)
@@ -252,15 +285,15 @@ class TwinState:
         ok = idx[valid]
         if not valid.all():
             np.add.at(self.invalid_count, idx[~valid], 1)
-        # stuck detection: exact repetition of power and die temperature
-        same = (power[valid] == self.card_power_w[ok]) & (die[valid] == self.card_die_temp_c[ok])
-        self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
+        seen, new_t = self.card_last_seen_s[ok], t_arr[valid]
+        # the same reading again (at-least-once delivery, same time stamp) is no new evidence of a frozen sensor
+        new = new_t > seen
+        self._stuck_evidence(ok[new], power[valid][new], die[valid][new])
         self.card_power_w[ok] = power[valid]
         self.card_die_temp_c[ok] = die[valid]
         self.card_utilization[ok] = util[valid]
         self.card_clock_mhz[ok] = clock[valid]
-        seen, new_t = self.card_last_seen_s[ok], t_arr[valid]
-        self.card_prev_seen_s[ok] = np.where(new_t > seen, seen, self.card_prev_seen_s[ok])
+        self.card_prev_seen_s[ok] = np.where(new, seen, self.card_prev_seen_s[ok])
         self.card_last_seen_s[ok] = np.maximum(seen, new_t)
         level_ok = (level >= 0) & (level < self._clocks.size)
         self.card_level[idx[level_ok]] = level[level_ok]
@@ -278,6 +311,21 @@ class TwinState:
             if t > self.rack_cards_seen_s[rack]:
                 self.rack_cards_seen_s[rack] = t
 
+    def _stuck_evidence(self, ok: IntArray, power: FloatArray, die: FloatArray) -> None:
+        """Count exact repetitions for new valid readings ``power``/``die`` of cards ``ok`` (before they
+        are stored): of power and die together (a card frozen as a whole) and of the die alone while
+        what drives it moved (see :meth:`stuck_cards`)."""
+        same = (power == self.card_power_w[ok]) & (die == self.card_die_temp_c[ok])
+        self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
+        supply = self.rack_supply_temp_c[ok // self._cpr]
+        die_same = die == self.card_die_temp_c[ok]
+        move = np.nan_to_num(np.abs(power - self._die_ref_power_w[ok]) * self._r_min_k_per_w)
+        move += np.nan_to_num(np.abs(supply - self._die_ref_supply_c[ok]))
+        self._die_moved[ok] = np.where(die_same, self._die_moved[ok] + (move >= self.stuck_die_move_k), 0)
+        changed = ok[~die_same]
+        self._die_ref_power_w[changed] = power[~die_same]
+        self._die_ref_supply_c[changed] = supply[~die_same]
+
     # ================================================================================================
     # job events
     # ================================================================================================
@@ -288,6 +336,11 @@ class TwinState:
     def _apply_event(self, ev: JobEvent) -> None:
         info = self._jobs.get(ev.job_id)
         if ev.kind == "submitted":
+            if info is not None:
+                return  # the same event again (at-least-once delivery): a running job is not queued anew
+            gone_s = self._gone.get(ev.job_id)
+            if gone_s is not None and ev.time_s <= gone_s:
+                return  # a late copy of the submission of a job that has finished since
             spec = ev.job
             info = JobInfo(
                 job_id=ev.job_id,
@@ -335,6 +388,9 @@ class TwinState:
             self._drop_from_queue(ev.job_id)
             del self._jobs[ev.job_id]
             self._job_key.pop(ev.job_id, None)
+            self._gone[ev.job_id] = ev.time_s
+            if len(self._gone) > _GONE_KEPT:
+                del self._gone[next(iter(self._gone))]
             if ev.kind == "finished":
                 self.jobs_finished += 1
             else:
@@ -423,13 +479,17 @@ class TwinState:
 
     def stuck_cards(self) -> tuple[int, ...]:
         """Cards frozen while others of their rack change (a rack frozen as a whole is in
-        :meth:`stuck_racks` instead)."""
+        :meth:`stuck_racks` instead), and cards whose die temperature alone is frozen: unchanged over
+        ``stuck_after_readings`` readings in which its own power or its rack's supply had moved it
+        by ``stuck_die_move_k`` (a sensor that reads whole degrees holds one value while nothing
+        moves it; it cannot hold it through a load step or a set-point change)."""
         n = self.stuck_after_readings
         same = self._card_same.reshape(self._n_racks, self._cpr)
         frozen = same >= n
         moving = (same == 0).any(axis=1)
-        hit = frozen & moving[:, None]
-        return tuple(int(c) for c in np.flatnonzero(hit.ravel()))
+        hit = (frozen & moving[:, None]).ravel()
+        hit |= (self._die_moved >= n) & ~self.card_failed & ~self.card_host_off
+        return tuple(int(c) for c in np.flatnonzero(hit))
 
     def snapshot(self) -> StateSnapshot:
         running = [j for j in self._jobs.values() if j.state == "running"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
-from twin.readings import CardBatch, RackReading, Readings
+from twin.readings import CardBatch, JobEvent, RackReading, Readings
 from twin.spec import SiteSpec
 from twin.state import TwinState
 from twin.workload import JobSpec, Phase, PhaseModel
@@ -146,3 +148,122 @@ def test_partial_rack_readings_from_separate_messages(small_site: SiteSpec) -> N
         )
     )
     assert st.stale_racks(2.0, 5.0) == ()
+
+
+def _with_die(readings: Readings, fn: Callable[[CardBatch], np.ndarray]) -> Readings:
+    """``readings`` with every card batch's die column replaced by ``fn(batch)``."""
+    racks = []
+    for rr in readings.racks:
+        if rr.cards is not None:
+            rr = dataclasses.replace(rr, cards=dataclasses.replace(rr.cards, die_temp_c=fn(rr.cards)))
+        racks.append(rr)
+    return dataclasses.replace(readings, racks=tuple(racks))
+
+
+def _die_of_card_5_at(value: float, b: CardBatch) -> np.ndarray:
+    return np.where(b.card_index == 5, value, b.die_temp_c)
+
+
+def test_a_die_frozen_alone_is_stuck_once_its_power_or_supply_moves(small_site: SiteSpec) -> None:
+    """Card 5's die sensor freezes while its power keeps reporting; its job checkpoints (power drops)
+    and the supply warms: the die cannot hold its value through that, so the card is stuck (it
+    used to need power and die frozen together and was never flagged; the belief read 10 K low)."""
+    jobs = [JobSpec("a", 32, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=120.0)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PHASES))
+    st = TwinState(small_site, stuck_after_readings=10)
+    frozen = np.nan
+    flagged_at = None
+    for t in range(400):
+        if t == 250:
+            p.set_supply_temp(40.0)
+        p.step(1.0)
+        readings = p.readings()
+        if t == 60:
+            frozen = float(readings.racks[0].cards.die_temp_c[5])  # type: ignore[union-attr]
+        if t >= 60:
+            readings = _with_die(readings, functools.partial(_die_of_card_5_at, frozen))
+        st.update(readings)
+        if flagged_at is None and st.stuck_cards() == (5,):
+            flagged_at = t
+        assert set(st.stuck_cards()) <= {5} and st.stuck_racks() == ()
+    assert flagged_at is not None and st.stuck_cards() == (5,)
+    assert st.snapshot().stuck_cards == (5,)
+
+
+def test_a_die_sensor_reading_whole_degrees_is_not_stuck(small_site: SiteSpec) -> None:
+    """Real die sensors read whole degrees: at a steady load the value repeats for minutes while the
+    power jitters, and a supply change moves it only after a few seconds. None of it is a frozen
+    sensor."""
+    jobs = [JobSpec("a", 32, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=120.0)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PHASES))
+    st = TwinState(small_site, stuck_after_readings=10)
+    repeats = 0
+    for t in range(400):
+        if t in (150, 300):
+            p.set_supply_temp(35.0 if t == 150 else 30.0)
+        p.step(1.0)
+        before = st.card_die_temp_c.copy()
+        st.update(_with_die(p.readings(), lambda b: np.round(b.die_temp_c)))
+        repeats += int((st.card_die_temp_c == before).sum())
+        assert st.stuck_cards() == () and st.stuck_racks() == ()
+    assert repeats > 32 * 100  # the whole degrees did repeat, often
+
+
+def test_a_late_reading_does_not_overwrite_a_newer_one(small_site: SiteSpec) -> None:
+    p = Plant(small_site, config=PlantConfig())
+    p.step(1.0)
+    old = p.readings()
+    p.step(10.0)
+    new = p.readings()
+    st = TwinState(small_site)
+    st.update(new)
+    power, die, supply, pdu = (
+        st.card_power_w.copy(),
+        st.card_die_temp_c.copy(),
+        st.rack_supply_temp_c.copy(),
+        st.rack_power_w.copy(),
+    )
+    st.update(old)  # reordered on the way: older than what the belief holds, per card, loop and PDU
+    np.testing.assert_array_equal(st.card_power_w, power)
+    np.testing.assert_array_equal(st.card_die_temp_c, die)
+    np.testing.assert_array_equal(st.rack_supply_temp_c, supply)
+    np.testing.assert_array_equal(st.rack_power_w, pdu)
+    assert st.late_count == small_site.n_cards + 2 * small_site.n_racks
+    assert st.card_last_seen_s.min() == new.time_s
+
+
+def test_each_part_of_a_rack_reading_keeps_its_own_time(small_site: SiteSpec) -> None:
+    """Rack 0's card exporter lags 60 s behind its CDU and PDU: its cards are as old as their batch,
+    so the rack goes stale (merged into one reading stamped with the newest time they looked fresh)."""
+    p = Plant(small_site, config=PlantConfig())
+    st = TwinState(small_site)
+    for _ in range(120):
+        p.step(1.0)
+        full = p.readings()
+        racks = [dataclasses.replace(rr, cards_time_s=rr.time_s - 60.0) if rr.rack == 0 else rr for rr in full.racks]
+        st.update(dataclasses.replace(full, racks=tuple(racks)))
+    assert st.card_last_seen_s[:16].max() == pytest.approx(60.0)
+    assert st.rack_loop_seen_s[0] == st.rack_pdu_seen_s[0] == pytest.approx(120.0)
+    assert st.stale_racks(120.0, 30.0) == (0,)
+    assert RackReading(rack=0, time_s=5.0, loop_time_s=3.0).part_time_s("loop") == 3.0
+    assert RackReading(rack=0, time_s=5.0).part_time_s("cards") == 5.0
+
+
+def test_a_repeated_submission_does_not_requeue_a_running_or_finished_job(small_site: SiteSpec) -> None:
+    """Job events come at least once (MQTT QoS 1): a second ``submitted`` of a job the belief knows
+    (running, queued or finished since) is the same event again, not a new job."""
+    spec = _job("j1", 8)
+    st = TwinState(small_site)
+    submitted = JobEvent(0.0, "j1", "submitted", Phase.WAITING, job=spec)
+    st.apply_events([submitted, JobEvent(1.0, "j1", "started", Phase.WAITING, cards=tuple(range(8)))])
+    st.apply_events([JobEvent(70.0, "j1", "phase", Phase.COMPUTE), submitted])
+    snap = st.snapshot()
+    assert [j.job_id for j in snap.jobs] == ["j1"] and snap.queue == ()
+    assert snap.jobs[0].phase == Phase.COMPUTE and snap.card_job[:8].tolist() == [0] * 8
+    st.apply_events([JobEvent(2.0, "j2", "submitted", Phase.WAITING, job=_job("j2", 4)), submitted])
+    assert [j.job_id for j in st.queue()] == ["j2"]
+    st.apply_events([JobEvent(90.0, "j1", "finished", Phase.WAITING), submitted])
+    assert "j1" not in st.jobs and st.jobs_finished == 1
+    # the same id submitted again after it finished is a new job
+    st.apply_events([JobEvent(100.0, "j1", "submitted", Phase.WAITING, job=spec)])
+    assert [j.job_id for j in st.queue()] == ["j2", "j1"]
