@@ -20,7 +20,16 @@ time, so the agent reads its "now" from the messages it receives:
   has fallen silent (nothing newer for ``reset_after_s`` wall seconds) and the messages behind it
   keep coming and advancing for ``confirm_s`` wall seconds: then the clock steps back to them.
   A waiter in :meth:`wait_until` returns at once when the clock steps back (its target was on the
-  old timeline).
+  old timeline);
+* forward jumps are confirmed the same way: a message stamped more than ``ahead_tolerance_s``
+  (default: 10 s or two wall seconds of site time) beyond where the clock expects the site to be
+  (its newest timestamp plus the wall time since at its rate) is ignored (``ahead_ignored``,
+  ``last_was_ahead``: the ingest drops its readings), unless messages ahead keep coming and
+  advancing for ``confirm_s`` wall seconds and outnumber those on the clock's timeline two to one
+  meanwhile: then the clock jumps to them (``jumps``; a simulator restarted later, or a first
+  message that came from a publisher lagging the others). One bad stamp, or one publisher whose
+  clock runs far ahead of the others, does not move the site's time (it used to: every other rack
+  read as stale, and the control loop's wait returned at once).
 
 No reading, no time: :meth:`now` is None until the first timestamp arrives.
 """
@@ -32,6 +41,7 @@ import collections
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 __all__ = ["SiteClock"]
 
@@ -49,6 +59,7 @@ class SiteClock:
         tolerance_s: float | None = None,
         reset_after_s: float = 2.0,
         confirm_s: float = 1.0,
+        ahead_tolerance_s: float | None = None,
         wall: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (time_scale > 0 and math.isfinite(time_scale)):
@@ -64,9 +75,18 @@ class SiteClock:
         self._tolerance_s = tolerance_s
         self._reset_after_s = reset_after_s
         self._confirm_s = confirm_s
+        self._ahead_tolerance_s = ahead_tolerance_s
         # messages behind the newest timestamp after its timeline fell silent: (first wall, newest ts)
         self._behind: tuple[float, float] | None = None
+        # messages stamped beyond the clock's extrapolation plus the tolerance, and the others since
+        self._ahead: _Run | None = None
         self.corrections = 0
+        #: forward jumps followed (the site's clock jumped ahead: confirmed as for steps back)
+        self.jumps = 0
+        #: messages ignored because they were stamped too far ahead of the site clock
+        self.ahead_ignored = 0
+        #: the last message given to :meth:`observe` was one of them
+        self.last_was_ahead = False
         self._samples: collections.deque[tuple[float, float]] = collections.deque()
         self._advanced = asyncio.Event() if _has_loop() else None
         #: wall time (monotonic) at which the clock last moved forward on a message
@@ -79,10 +99,22 @@ class SiteClock:
     # ---- observing --------------------------------------------------------------------------
     def observe(self, ts_s: float) -> bool:
         """A message stamped ``ts_s`` arrived now. Returns True when it moved the clock forward."""
+        self.last_was_ahead = False
         if not math.isfinite(ts_s):
             return False
         w = self._wall()
         tol = self._tolerance_s if self._tolerance_s is not None else max(1.0, 0.25 * self._rate)
+        jumped = False
+        if self._anchor_ts is not None and ts_s > self._anchor_ts and self._too_far_ahead(ts_s, w):
+            if not self._site_jumped_ahead(ts_s, w, tol):
+                self.ahead_ignored += 1
+                self.last_was_ahead = True
+                return False
+            self._samples.clear()  # the old timeline is gone: its samples would read as a huge rate
+            self.jumps += 1
+            jumped = True
+        elif self._ahead is not None:
+            self._ahead.others += 1  # a message on the clock's timeline (or behind it)
         if self._anchor_ts is not None and ts_s <= self._anchor_ts:
             if not self._site_went_back(ts_s, w, tol):
                 return False
@@ -93,6 +125,8 @@ class SiteClock:
             self._last_now = ts_s  # the clock ran ahead of the site during a silence: step back
             self.corrections += 1
         self._behind = None
+        if jumped:
+            self._ahead = None
         self._anchor_ts, self._anchor_wall = ts_s, w
         self.last_advance_wall = w
         if self._target is not None and ts_s >= self._target and self.target_reached_wall is None:
@@ -115,6 +149,30 @@ class SiteClock:
             return False
         self._behind = (self._behind[0], ts_s)
         return w - self._behind[0] >= self._confirm_s
+
+    def _too_far_ahead(self, ts_s: float, w: float) -> bool:
+        """``ts_s`` lies beyond where the clock expects the site to be (its newest timestamp plus the
+        wall time since at its rate) by more than the ahead tolerance (default: 10 s or two wall
+        seconds of site time, whichever is more)."""
+        assert self._anchor_ts is not None
+        tol = self._ahead_tolerance_s if self._ahead_tolerance_s is not None else max(10.0, 2.0 * self._rate)
+        expected = max(self._anchor_ts + (w - self._anchor_wall) * self._rate, self._last_now)
+        return ts_s > expected + tol
+
+    def _site_jumped_ahead(self, ts_s: float, w: float, tol: float) -> bool:
+        """A message stamped too far ahead: True once it is clear that the site's clock itself
+        jumped (a simulator restarted later, a clock stepped forward; or the clock's first message
+        came from a publisher far behind the others): messages ahead keep coming and advancing for
+        ``confirm_s`` and outnumber those on the clock's own timeline two to one meanwhile. False
+        for one bad stamp, or one publisher far ahead while the others keep the site's time."""
+        run = self._ahead
+        if run is None or ts_s < run.newest_ts - tol or w - run.last_wall > self._reset_after_s:
+            self._ahead = _Run(first_wall=w, last_wall=w, newest_ts=ts_s)  # a new run of messages ahead
+            return False
+        run.count += 1
+        run.last_wall = w
+        run.newest_ts = max(run.newest_ts, ts_s)
+        return w - run.first_wall >= self._confirm_s and run.count > 2 * run.others
 
     def _sample(self, wall_s: float, ts_s: float) -> None:
         s = self._samples
@@ -183,6 +241,17 @@ class SiteClock:
             finally:
                 for w in waiters:
                     w.cancel()
+
+
+@dataclass
+class _Run:
+    """Messages stamped far ahead of the clock that advance together, and the others meanwhile."""
+
+    first_wall: float
+    last_wall: float
+    newest_ts: float
+    count: int = 1
+    others: int = 0
 
 
 def _has_loop() -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -56,14 +56,18 @@ class IngestStats:
     rounds: int = 0
     job_events: int = 0
     ignored: int = 0  # decoded messages the agent does not act on (commands of other agents...)
+    ahead: int = 0  # messages stamped too far ahead of the site clock (their readings are not taken)
 
 
 @dataclass
 class _Partial:
-    time_s: float
+    time_s: float  # the newest of the parts' times
     cards: CardBatch | None = None
     loop: LoopReading | None = None
     pdu: PduReading | None = None
+    cards_time_s: float | None = None  # each part's own time stamp
+    loop_time_s: float | None = None
+    pdu_time_s: float | None = None
 
 
 class Ingest:
@@ -94,15 +98,24 @@ class Ingest:
         self._round_t = -math.inf
 
     # ---- messages -------------------------------------------------------------------------------
-    def _observe(self, ts: float) -> None:
+    def _observe(self, ts: float) -> bool:
         """The message's timestamp to the site clock; when the clock steps back, the belief's times
-        beyond it go back with it (``TwinState.clock_went_back``)."""
+        beyond it go back with it (``TwinState.clock_went_back``; what was collected on the old
+        timeline is folded in first). False when the clock found the message stamped too far ahead
+        of the site's time (``SiteClock.last_was_ahead``): its readings are not taken (a reading
+        stamped an hour ahead would keep its rack fresh for an hour, and newer readings would be
+        refused as older than it)."""
         corrections = self.clock.corrections
         self.clock.observe(ts)
         if self.clock.corrections != corrections:
             now = self.clock.now()
             if now is not None:
+                self.flush()
                 self.state.clock_went_back(now)
+        if self.clock.last_was_ahead:
+            self.stats.ahead += 1
+            return False
+        return True
 
     def handle(self, msg: wire.Message) -> str:
         """Take one decoded message; returns its kind (``"cards"``, ``"job_event"``, ...)."""
@@ -110,19 +123,20 @@ class Ingest:
         self.stats.by_kind[kind] = self.stats.by_kind.get(kind, 0) + 1
         ts = getattr(msg, "ts_s", math.nan)
         if isinstance(msg, wire.CardBatch):
-            self._observe(ts)
-            self._add(msg.rack, ts, cards=self._cards(msg))
+            if self._observe(ts):
+                self._add(msg.rack, ts, cards=self._cards(msg))
         elif isinstance(msg, wire.CduReading):
-            self._observe(ts)
-            loop = LoopReading(
-                msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w, msg.pump_speed_frac
-            )
-            self._add(msg.rack, ts, loop=loop)
+            if self._observe(ts):
+                loop = LoopReading(
+                    msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w, msg.pump_speed_frac
+                )
+                self._add(msg.rack, ts, loop=loop)
         elif isinstance(msg, wire.PduReading):
-            self._observe(ts)
-            self._add(msg.rack, ts, pdu=PduReading(msg.power_w))
+            if self._observe(ts):
+                self._add(msg.rack, ts, pdu=PduReading(msg.power_w))
         elif isinstance(msg, wire.FacilityReading):
-            self._observe(ts)
+            if not self._observe(ts):
+                return kind
             if self._facility is not None:
                 self.flush()
             self._facility = FacilityReading(
@@ -137,9 +151,12 @@ class Ingest:
             )
             self._round_t = max(self._round_t, ts)
         elif isinstance(msg, wire.JobEvent):
-            self._observe(ts)
+            ahead = not self._observe(ts)
             ev = self._event(msg)
             if ev is not None:
+                if ahead:  # the event happened (it is not dropped), but not an hour from now
+                    now = self.clock.now()
+                    ev = replace(ev, time_s=now if now is not None else ev.time_s)
                 self.flush()
                 self.state.apply_events([ev])
                 self.stats.job_events += 1
@@ -230,12 +247,14 @@ class Ingest:
         if part is None:
             part = self._round[r] = _Partial(ts)
         part.time_s = max(part.time_s, ts)
+        # each part keeps its own time: a card exporter that lags behind a current CDU and PDU must
+        # not be taken as fresh (its cards' seen times are what staleness is judged on)
         if cards is not None:
-            part.cards = cards
+            part.cards, part.cards_time_s = cards, ts
         if loop is not None:
-            part.loop = loop
+            part.loop, part.loop_time_s = loop, ts
         if pdu is not None:
-            part.pdu = pdu
+            part.pdu, part.pdu_time_s = pdu, ts
         self._round_t = max(self._round_t, ts)
 
     def flush(self) -> Readings | None:
@@ -243,7 +262,16 @@ class Ingest:
         if not self._round and self._facility is None:
             return None
         racks = tuple(
-            RackReading(rack=r, time_s=p.time_s, cards=p.cards, loop=p.loop, pdu=p.pdu)
+            RackReading(
+                rack=r,
+                time_s=p.time_s,
+                cards=p.cards,
+                loop=p.loop,
+                pdu=p.pdu,
+                cards_time_s=p.cards_time_s,
+                loop_time_s=p.loop_time_s,
+                pdu_time_s=p.pdu_time_s,
+            )
             for r, p in sorted(self._round.items())
         )
         readings = Readings(time_s=self._round_t, racks=racks, facility=self._facility)
@@ -271,12 +299,18 @@ class RoundMerger:
             if old is None:
                 racks[rr.rack] = rr
             else:
+                cards = rr if rr.cards is not None else old
+                loop = rr if rr.loop is not None else old
+                pdu = rr if rr.pdu is not None else old
                 racks[rr.rack] = RackReading(
                     rack=rr.rack,
                     time_s=rr.time_s,
-                    cards=rr.cards if rr.cards is not None else old.cards,
-                    loop=rr.loop if rr.loop is not None else old.loop,
-                    pdu=rr.pdu if rr.pdu is not None else old.pdu,
+                    cards=cards.cards,
+                    loop=loop.loop,
+                    pdu=pdu.pdu,
+                    cards_time_s=cards.part_time_s("cards") if cards.cards is not None else None,
+                    loop_time_s=loop.part_time_s("loop") if loop.loop is not None else None,
+                    pdu_time_s=pdu.part_time_s("pdu") if pdu.pdu is not None else None,
                 )
         if readings.facility is not None:
             self._rounds.setdefault(readings.facility.time_s, ({}, []))[1].append(readings.facility)

@@ -13,8 +13,9 @@ from agent_helpers import example_site
 
 from agent import wire
 from agent.clock import SiteClock
-from agent.ingest import Ingest
+from agent.ingest import Ingest, RoundMerger
 from agent.logs import JsonFormatter
+from twin.readings import Readings
 from twin.state import TwinState
 from twin.workload import JobSpec, Phase
 
@@ -124,6 +125,59 @@ def test_when_the_clock_steps_back_the_beliefs_times_come_back_with_it() -> None
     # r0 is fresh on the new timeline; the racks silent since are stale on it, not fresh until T0 + 9
     assert 0 not in {r for r in range(site.n_racks) if state.card_last_seen_s[r * 64] < now - 5.0}
     assert set(state.stale_racks(now, 5.0)) >= set(range(1, site.n_racks))
+
+
+def test_one_message_stamped_far_ahead_does_not_move_the_clock() -> None:
+    """One bad stamp an hour ahead used to become the site's time at once: every other rack read as
+    stale and the control loop's wait for its next period returned at once."""
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=True, wall=wall)
+    for i in range(30):
+        assert clock.observe(T0 + i)
+        if i == 20:
+            assert not clock.observe(T0 + i + 3600.0) and clock.last_was_ahead
+        wall.t += 1.0
+    assert clock.now() == pytest.approx(T0 + 30.0)
+    assert clock.ahead_ignored == 1 and clock.jumps == 0 and clock.corrections == 0
+    assert clock.observe(T0 + 38.0)  # a few seconds ahead of the extrapolation: within the tolerance
+
+
+def test_the_clock_follows_a_site_whose_clock_jumped_ahead_once_its_old_timeline_is_silent() -> None:
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)  # 20 site s per wall s
+    for i in range(20):
+        clock.observe(T0 + i)
+        wall.t += 0.05
+    # a publisher far ahead while the others keep the site's time: never followed
+    for i in range(60):
+        assert not clock.observe(T0 + 5000.0 + i)
+        clock.observe(T0 + 20 + i)
+        wall.t += 0.05
+    assert clock.jumps == 0 and (clock.now() or 0.0) < T0 + 100.0
+    # the site restarts 5000 s later: its old timeline falls silent, the new one keeps coming
+    wall.t += 3.0
+    b0 = T0 + 5000.0
+    accepted = []
+    for i in range(30):
+        accepted.append(clock.observe(b0 + i))
+        wall.t += 0.05
+    assert not any(accepted[:19]) and all(accepted[21:])  # ignored for confirm_s (1 wall s), then followed
+    assert clock.jumps == 1 and clock.corrections == 0
+    assert clock.now() == pytest.approx(b0 + 29 + 0.05 * 20, abs=0.5)
+
+
+async def test_a_message_far_ahead_does_not_end_the_wait_for_the_next_period() -> None:
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=False, wall=wall)
+    clock.observe(T0)
+    waiter = asyncio.create_task(clock.wait_until(T0 + 15.0, max_sleep_s=0.01))
+    await asyncio.sleep(0.02)
+    clock.observe(T0 + 3600.0)
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    wall.t += 15.0
+    clock.observe(T0 + 15.0)
+    assert await asyncio.wait_for(waiter, 1.0) is True
 
 
 def cards_msg(rack: str, ts: float, n: int = 64, **cols: object) -> wire.CardBatch:
@@ -246,3 +300,70 @@ def test_json_log_lines_carry_their_fields() -> None:
     rec.fields = {"cycle": 3, "status": "optimal"}
     doc = json.loads(JsonFormatter().format(rec))
     assert doc["msg"] == "decision" and doc["cycle"] == 3 and doc["status"] == "optimal" and doc["level"] == "info"
+
+
+def _cdu(rack: str, ts: float) -> wire.CduReading:
+    return wire.CduReading(
+        rack=rack,
+        supply_temp_c=30.0,
+        return_temp_c=40.0,
+        flow_lpm=128.0,
+        delta_pressure_pa=0.0,
+        pump_power_w=100.0,
+        ts_s=ts,
+        seq=0,
+        publisher="sim",
+    )
+
+
+def test_a_card_exporter_lagging_behind_its_racks_cdu_and_pdu_makes_the_rack_stale() -> None:
+    """Rack r0's card batches arrive 60 s behind its CDU and PDU readings. Merged into one round
+    they took the newest time, so the cards looked fresh and a hung exporter never made the rack
+    stale; each part keeps its own time, in the belief and in what goes to the estimator."""
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=False, wall=wall)
+    state = TwinState(site)
+    ing = Ingest(site, state, clock)
+    merger = RoundMerger()
+    whole: list[Readings] = []
+    for i in range(120):
+        for r in range(site.n_racks):
+            ts = T0 + i
+            ing.handle(cards_msg(f"r{r}", ts - 60.0 if r == 0 else ts))
+            ing.handle(_cdu(f"r{r}", ts))
+            ing.handle(wire.PduReading(rack=f"r{r}", power_w=40_000.0, ts_s=ts, seq=0, publisher="sim"))
+        readings = ing.flush()
+        assert readings is not None
+        whole.extend(merger.add(readings))
+        wall.t += 1.0
+    now = clock.now()
+    assert now is not None
+    assert state.card_last_seen_s[0] == T0 + 59.0 and state.rack_loop_seen_s[0] == T0 + 119.0
+    assert state.stale_racks(now, 30.0) == (0,)
+    r0 = whole[-1].racks[0]
+    assert r0.time_s == T0 + 118.0 and r0.part_time_s("cards") == T0 + 58.0 and r0.part_time_s("pdu") == T0 + 118.0
+
+
+def test_readings_stamped_far_ahead_are_not_taken_into_the_belief() -> None:
+    """Rack r3 stamps one round an hour ahead: its readings would keep it fresh for an hour (and
+    make every newer reading look late); they are dropped. A job event stamped ahead still
+    happened: it is taken, at the site's time."""
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=True, wall=wall)
+    state = TwinState(site)
+    ing = Ingest(site, state, clock)
+    for i in range(40):
+        for r in range(site.n_racks):
+            ts = T0 + i + (3600.0 if (r == 3 and i == 20) else 0.0)
+            ing.handle(cards_msg(f"r{r}", ts, temp_c=np.full(64, 50.0 + 0.01 * i)))
+            ing.handle(_cdu(f"r{r}", ts))
+        ing.flush()
+        wall.t += 1.0
+    assert ing.stats.ahead == 2 and clock.ahead_ignored == 2
+    assert state.card_last_seen_s.max() == T0 + 39.0 and state.late_count == 0
+    assert state.card_die_temp_c[3 * 64] == pytest.approx(50.39)
+    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
+    ing.handle(wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", T0 + 7200.0, 0, "sim", job=spec))
+    assert state.jobs["j1"].last_event_s == pytest.approx(clock.now() or 0.0)
