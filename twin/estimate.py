@@ -12,6 +12,11 @@ random-walk state tracks the ratio ``g`` in ``y = g x + e``: ``g`` = R_true / R_
 estimated resistance is ``g * R_expected``. Measurement noise ``die_noise_k``; the random walk lets
 ``g`` drift by about 10% over ``r_time_constant_s``. ``g`` learns only from readings whose predicted
 rise is at least ``min_rise_k`` (a card under load); an idle card keeps what it learnt under load.
+A card's model (re)starts (its first reading, or the first after ``max_gap_s``) from the measured die
+and learns nothing for ``settle_time_constants`` of the network's slow time constants (a start in a
+transient is not read as a ratio). A reading whose innovation exceeds ``innovation_gate_sd`` of its
+predicted standard deviation is skipped (a glitch), unless such readings persist on one side for
+``gate_confirm_s``: then the resistance did change and the filter's variance grows to follow it.
 
 Power coefficients (per card). ``P = s_idle idle_k + s_dyn u dyn_k + s_leak leak_k (T - T_ref)`` at the
 card's running level ``k`` (from its clock): a 3-state Kalman filter (random walk, prior 1 +- 0.1,
@@ -80,6 +85,18 @@ class EstimatorConfig:
     # that a pump whose speed was changed on purpose is followed within a minute (the weak-pump check
     # averages over pump_time_constant_s instead)
     flow_time_constant_s: float = 10.0
+    # after a card's thermal model (re)starts (the estimator's start, a gap longer than max_gap_s) the
+    # resistance is not learnt for this many of the spec network's slow time constants: the model
+    # starts from the measured die in equilibrium with the plate, a guess in a transient (a job that
+    # just started or stopped); learning at once read the transient as a ratio 30% off, as sure
+    # as a calibrated one (one reading of a 30 K rise takes the prior's 0.2 to 0.02)
+    settle_time_constants: float = 4.0
+    # a reading whose innovation exceeds this many of its predicted standard deviations is not an
+    # observation (a die sensor's glitch within its valid range moved the ratio by 18% and flagged a
+    # plate), unless such readings persist, on one side, for gate_confirm_s of site time: then the
+    # resistance did change (a plate fouled at once) and the estimate follows them
+    innovation_gate_sd: float = 5.0
+    gate_confirm_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -158,6 +175,9 @@ class Estimator:
         self._last_t = np.full(n, -math.inf)
         self._g = np.ones(n)
         self._pg = np.full(n, 0.2**2)
+        self._learn_from = np.full(n, -math.inf)  # no learning before (a restarted model settles)
+        self._gated_since = np.full(n, np.nan)  # the first of consecutive gated readings (site s)
+        self._gated_sign = np.zeros(n)
         self._q_g = 0.1**2 / cfg.r_time_constant_s
         # power coefficients
         self._theta = np.ones((n, 3))
@@ -214,7 +234,9 @@ class Estimator:
                 continue
             if rr.loop is not None:
                 lp = rr.loop
-                self._update_loop(r, rr.time_s, lp.supply_temp_c, lp.return_temp_c, lp.flow_lpm, lp.pump_speed_frac)
+                self._update_loop(
+                    r, rr.part_time_s("loop"), lp.supply_temp_c, lp.return_temp_c, lp.flow_lpm, lp.pump_speed_frac
+                )
             if rr.pdu is not None and math.isfinite(rr.pdu.power_w):
                 self._rack_pdu_w[r] = rr.pdu.power_w
             b = rr.cards
@@ -232,7 +254,7 @@ class Estimator:
                 | np.asarray(b.failed, dtype=bool)[ok]
                 | np.asarray(b.waking, dtype=bool)[ok]
             )
-            t_card[idx] = rr.time_s
+            t_card[idx] = rr.part_time_s("cards")
             supply[idx] = self._rack_supply(r)
         with np.errstate(invalid="ignore"):
             valid = (
@@ -303,10 +325,7 @@ class Estimator:
         cont = valid & (dt > 0) & (dt <= cfg.max_gap_s)
         restart = valid & ~cont & ~(dt == 0)
         if restart.any():
-            idx = np.flatnonzero(restart)
-            xd, xp = self._net.steady_state(power, 0.0)
-            self._xd[idx], self._xp[idx] = xd[idx], xp[idx]
-            self._last_t[idx] = t_card[idx]
+            self._restart_thermal(np.flatnonzero(restart), t_card, power, die, supply)
         if not cont.any():
             return
         idx = np.flatnonzero(cont)
@@ -315,16 +334,50 @@ class Estimator:
             xd, xp = self._net.step(self._xd, self._xp, np.nan_to_num(power), 0.0, float(step))
             self._xd[sel], self._xp[sel] = xd[sel], xp[sel]
         self._last_t[idx] = t_card[idx]
-        idx = idx[self._xd[idx] >= cfg.min_rise_k]  # informative readings only (EstimatorConfig.min_rise_k)
+        # informative readings only (EstimatorConfig.min_rise_k), of a model that has settled
+        idx = idx[(self._xd[idx] >= cfg.min_rise_k) & (t_card[idx] >= self._learn_from[idx])]
         if not idx.size:
             return
         x = self._xd[idx]
         y = die[idx] - supply[idx]
         pg = self._pg[idx] + self._q_g * dt[idx]
         s = x * x * pg + cfg.die_noise_k**2
-        k = pg * x / s
-        self._g[idx] += k * (y - self._g[idx] * x)
+        innov = y - self._g[idx] * x
+        # innovation gate (EstimatorConfig.innovation_gate_sd): an outlier is skipped; outliers on one
+        # side for gate_confirm_s are a change of the resistance: the variance grows to take it
+        gated = innov * innov > cfg.innovation_gate_sd**2 * s
+        sign = np.sign(innov)
+        since = self._gated_since[idx]
+        new_run = gated & (np.isnan(since) | (sign != self._gated_sign[idx]))
+        since = np.where(new_run, t_card[idx], since)
+        confirmed = gated & (t_card[idx] - since >= cfg.gate_confirm_s)
+        self._gated_since[idx] = np.where(gated & ~confirmed, since, np.nan)
+        self._gated_sign[idx] = np.where(gated, sign, 0.0)
+        pg = np.where(confirmed, np.maximum(pg, (innov / x) ** 2), pg)
+        take = ~gated | confirmed
+        s = x * x * pg + cfg.die_noise_k**2
+        k = np.where(take, pg * x / s, 0.0)
+        self._g[idx] += k * innov
         self._pg[idx] = pg - k * x * pg
+
+    def _restart_thermal(
+        self, idx: IntArray, t_card: FloatArray, power: FloatArray, die: FloatArray, supply: FloatArray
+    ) -> None:
+        """(Re)start the thermal model of cards ``idx`` (their first reading, or the first after a
+        gap): the die as measured (through the current ratio), in equilibrium with the plate under
+        the current power; no learning for ``settle_time_constants`` slow time constants."""
+        p = self._net.params
+        r_dc = p.r_die_case_k_per_w[idx]
+        xd_ss, _xp_ss = self._net.steady_state(power, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            xd = (die[idx] - supply[idx]) / self._g[idx]
+        xd = np.where(np.isfinite(xd) & (xd >= 0), xd, xd_ss[idx])
+        self._xd[idx] = xd
+        self._xp[idx] = np.clip(xd - power[idx] * r_dc, 0.0, xd)
+        self._last_t[idx] = t_card[idx]
+        tau = (p.c_die_j_per_k[idx] + p.c_plate_j_per_k[idx]) * (r_dc + p.r_case_coolant_k_per_w[idx])
+        self._learn_from[idx] = t_card[idx] + self.config.settle_time_constants * tau
+        self._gated_since[idx] = np.nan
 
     def _update_power(
         self,

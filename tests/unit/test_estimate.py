@@ -188,3 +188,45 @@ def test_the_anomaly_history_keeps_flags_that_came_and_went() -> None:
     ]
     assert hist.update([plate], 400.0) == [plate]  # flagged again: logged again, first time kept
     assert hist.describe(["r0", "r1"])[0] == "fouled_cold_plate r1 card 70 from t=100 s"
+
+
+def test_one_outlier_die_reading_neither_moves_the_resistance_nor_flags_a_plate(small_site: SiteSpec) -> None:
+    """One die reading of 140 deg C (within the accepted range) from a computing card: its
+    innovation is far outside what the filter expects, so it is no observation (it moved the ratio
+    from 1.01 to 1.19 and flagged the plate as fouled)."""
+    jobs = [JobSpec("a", 32, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=1e6)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PhaseModel(startup_s=10.0)))
+    est = Estimator(small_site)
+    _run(p, est, 900.0)
+    before = float(est.estimates().r_ratio[5])
+    p.step(1.0)
+    est.update(_biased(p.readings(), 5, 140.0 - float(p.readings().racks[0].cards.die_temp_c[5])))  # type: ignore[union-attr]
+    assert est.estimates().r_ratio[5] == pytest.approx(before, abs=0.01)
+    _run(p, est, 60.0)
+    assert est.estimates().r_ratio[5] == pytest.approx(before, abs=0.01)
+    assert est.anomalies() == []
+
+
+def test_an_estimator_started_mid_transient_does_not_take_the_transient_for_a_ratio(small_site: SiteSpec) -> None:
+    """The agent (re)starts a second after every card's power stepped up: its thermal model starts at
+    equilibrium while the plates still warm. Learnt at once, the first readings read as ratios ~30%
+    low, as sure as a calibration; the estimator waits until its model has settled (what is then
+    left is a reading's noise, ~2% of a 30 K rise)."""
+    jobs = [JobSpec("a", 32, work_steps=1e7, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=1e6)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PhaseModel(startup_s=10.0)))
+    slow = small_site.card.n_levels - 1
+    p.set_levels(np.arange(32), np.full(32, slow))
+    p.run(600.0, 1.0)
+    p.set_levels(np.arange(32), np.zeros(32, dtype=np.int64))
+    p.step(1.0)
+    p.step(1.0)
+    est = Estimator(small_site)
+    true_ratio = p._s_r  # the plant's true resistance scales (private; read on purpose)
+    for t in range(180):
+        p.step(1.0)
+        est.update(p.readings())
+        e = est.estimates()
+        confident = e.r_ratio_sd < 0.05
+        assert np.all(np.abs(e.r_ratio - true_ratio)[confident] < 0.06), t
+        assert est.anomalies() == []
+    assert np.all(est.estimates().r_ratio_sd < 0.05)  # and it did learn, once settled
