@@ -32,7 +32,8 @@ Anomalies:
 * ``weak_pump``: the rack loop's return - supply difference, averaged over ``pump_time_constant_s``,
   exceeds ``1 + pump_threshold_frac`` times what the rack's PDU power and the flow its pump should
   give (nominal flow x the pump speed the CDU reports) predict (``Q = m c_p dT``), or the measured
-  flow is more than ``pump_threshold_frac`` below that flow. A pump slowed on purpose is not weak.
+  flow is more than ``pump_threshold_frac`` below that flow. A pump slowed on purpose is not weak;
+  a CDU that does not report the speed (NaN) is not judged (its flow's expectation is unknown).
 """
 
 from __future__ import annotations
@@ -289,7 +290,10 @@ class Estimator:
             return
         if not (-20 < supply_c < 100 and -20 < return_c < 120 and flow_lpm >= 0):
             return
-        speed = speed if math.isfinite(speed) and 0.05 <= speed <= 1.5 else 1.0
+        # a CDU that does not report its pump's speed (NaN): the flow it should give is unknown, and
+        # a pump slowed on purpose is not judged weak (read as full speed, every slowed pump was)
+        known = math.isfinite(speed)
+        speed = speed if known and 0.05 <= speed <= 1.5 else 1.0
         expected = speed * self.site.loop_flow_per_rack_lpm()
         self._supply[r] = supply_c
         cfg = self.config
@@ -298,10 +302,12 @@ class Estimator:
         if not (0 < dt <= cfg.max_gap_s * 10):
             self._flow_avg[r] = flow_lpm
             self._flow_fast[r] = flow_lpm
-            self._flow_exp_avg[r] = expected
+            self._flow_exp_avg[r] = expected if known else flow_lpm
             return
         fast = math.exp(-dt / cfg.flow_time_constant_s)
         self._flow_fast[r] = fast * self._flow_fast[r] + (1 - fast) * flow_lpm
+        if not known:
+            return
         lam = math.exp(-dt / cfg.pump_time_constant_s)
         self._flow_avg[r] = lam * self._flow_avg[r] + (1 - lam) * flow_lpm
         self._flow_exp_avg[r] = lam * self._flow_exp_avg[r] + (1 - lam) * expected

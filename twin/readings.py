@@ -68,7 +68,8 @@ class LoopReading:
     return_temp_c: float
     flow_lpm: float
     pump_power_w: float
-    pump_speed_frac: float = 1.0  # the pump's commanded speed (fraction of nominal) as the CDU reports it
+    # the pump's commanded speed (fraction of nominal) as the CDU reports it; NaN: not reported (unknown)
+    pump_speed_frac: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -102,13 +102,16 @@ class StateSnapshot:
     rack_return_temp_c: FloatArray
     rack_flow_lpm: FloatArray
     rack_pump_power_w: FloatArray
-    rack_pump_speed_frac: FloatArray  # as the CDU reports it (1 until a reading says otherwise)
+    rack_pump_speed_frac: FloatArray  # as the CDU reports it (1 until a reading says otherwise; kept when one omits it)
     rack_last_seen_s: FloatArray  # the oldest of the rack's card, loop and PDU readings
     stuck_racks: tuple[int, ...]
     stuck_cards: tuple[int, ...]
     facility: FacilityReading | None
     jobs: tuple[JobInfo, ...]  # running jobs
     queue: tuple[JobInfo, ...]  # queued jobs, in queue order
+    # whether the rack's latest loop reading reported its pump's speed (a CDU that omits it: the speed
+    # above is the last one reported, or 1; the speed the agent commanded is the better guess)
+    rack_pump_speed_reported: BoolArray | None = None
 
 
 class TwinState:
@@ -158,6 +161,7 @@ class TwinState:
         self.rack_flow_lpm = rnan.copy()
         self.rack_pump_power_w = rnan.copy()
         self.rack_pump_speed_frac = np.ones(r)
+        self.rack_pump_speed_reported = np.zeros(r, dtype=bool)  # the latest loop reading gave the speed
         self.rack_cards_seen_s = np.full(r, _NEVER)
         self.rack_loop_seen_s = np.full(r, _NEVER)
         self.rack_pdu_seen_s = np.full(r, _NEVER)
@@ -208,8 +212,10 @@ class TwinState:
                     self.rack_supply_temp_c[r], self.rack_return_temp_c[r], self.rack_flow_lpm[r] = vals
                     if math.isfinite(lp.pump_power_w) and lp.pump_power_w >= 0:
                         self.rack_pump_power_w[r] = lp.pump_power_w
-                    if math.isfinite(lp.pump_speed_frac) and 0.0 < lp.pump_speed_frac <= 1.5:
+                    reported = math.isfinite(lp.pump_speed_frac) and 0.0 < lp.pump_speed_frac <= 1.5
+                    if reported:
                         self.rack_pump_speed_frac[r] = lp.pump_speed_frac
+                    self.rack_pump_speed_reported[r] = reported
                     self.rack_loop_seen_s[r] = t
                 else:
                     self.rack_invalid_count[r] += 1
@@ -526,6 +532,7 @@ class TwinState:
             facility=self.facility,
             jobs=tuple(running),
             queue=self.queue(),
+            rack_pump_speed_reported=self.rack_pump_speed_reported.copy(),
         )
 
     def summary(self, deadline_s: float = 10.0) -> dict[str, Any]:

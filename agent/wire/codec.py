@@ -3,6 +3,7 @@ with counted rejections; encoding to :class:`Outgoing`)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -301,7 +302,8 @@ def _conv_cdu(c: Codec, w: _CduW, rack: str | None) -> CduReading:
         ts_s=w.ts,
         seq=w.seq,
         publisher=w.publisher,
-        pump_speed_frac=1.0 if w.pump_speed_percent is None else w.pump_speed_percent / 100.0,
+        # absent (a publisher before the field): unknown, not full speed (a pump the agent slowed would read weak)
+        pump_speed_frac=math.nan if w.pump_speed_percent is None else w.pump_speed_percent / 100.0,
     )
 
 

@@ -70,7 +70,7 @@ class _CduW(_W, kw_only=True):
     flow_liters_per_minute: _FlowLpm
     delta_pressure_kpa: _PressureKpa
     pump_power_watts: _RackPowerW
-    pump_speed_percent: _Percent | None = None  # absent: full speed (publishers before the field)
+    pump_speed_percent: _Percent | None = None  # absent: unknown (publishers before the field)
 
 
 class _PduW(_W, kw_only=True):

@@ -586,3 +586,27 @@ def test_the_counter_reports_every_reason() -> None:
     snap = wire.RejectionCounter().snapshot()
     assert set(snap) == {r.value for r in RejectReason}
     assert all(v == 0 for v in snap.values())
+
+
+def test_a_cdu_that_does_not_report_its_pump_speed_reads_as_unknown(codec: Codec) -> None:
+    """The pump speed is optional on the wire (publishers before the field). Absent, it is unknown
+    (NaN), not full speed: a pump the agent slowed would otherwise read as a weak one."""
+    topic = codec.topics.cdu("r0")
+    body = {
+        "schema": "racktwin.cdu/1",
+        "ts": TS,
+        "seq": 0,
+        "publisher": "cdu-r0",
+        "supply_temperature_celsius": 30.0,
+        "return_temperature_celsius": 38.0,
+        "flow_liters_per_minute": 64.0,
+        "delta_pressure_kpa": 40.0,
+        "pump_power_watts": 90.0,
+    }
+    old = codec.decode(topic, json.dumps(body))
+    assert isinstance(old, wire.CduReading) and np.isnan(old.pump_speed_frac)
+    assert json.loads(wire.encode(old)).get("pump_speed_percent") is None
+    again = codec.decode(topic, wire.encode(old))
+    assert isinstance(again, wire.CduReading) and np.isnan(again.pump_speed_frac)
+    new = codec.decode(topic, json.dumps({**body, "pump_speed_percent": 50.0}))
+    assert isinstance(new, wire.CduReading) and new.pump_speed_frac == pytest.approx(0.5)

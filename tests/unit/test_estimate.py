@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -230,3 +231,31 @@ def test_an_estimator_started_mid_transient_does_not_take_the_transient_for_a_ra
         assert np.all(np.abs(e.r_ratio - true_ratio)[confident] < 0.06), t
         assert est.anomalies() == []
     assert np.all(est.estimates().r_ratio_sd < 0.05)  # and it did learn, once settled
+
+
+def _speed_unreported(readings: Readings) -> Readings:
+    racks = []
+    for rr in readings.racks:
+        if rr.loop is not None:
+            rr = dataclasses.replace(rr, loop=dataclasses.replace(rr.loop, pump_speed_frac=math.nan))
+        racks.append(rr)
+    return dataclasses.replace(readings, racks=tuple(racks))
+
+
+def test_a_pump_slowed_on_purpose_behind_a_cdu_that_does_not_report_its_speed_is_not_weak(
+    small_site: SiteSpec,
+) -> None:
+    """The CDUs omit the pump speed (NaN): rack 0's pump runs at half speed by command. Read as full
+    speed, its flow looked 50% short and the pump weak; unknown, it is not judged."""
+    p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(seed=11, phases=PHASES))
+    est = Estimator(small_site)
+    end = p.time_s + 1200.0
+    while p.time_s < end - 1e-9:
+        if round(p.time_s) % 20 == 0:
+            p.set_pump_speed([0], 0.5)
+        p.step(1.0)
+        est.update(_speed_unreported(p.readings()))
+    assert not any(a.kind == "weak_pump" for a in est.anomalies())
+    e = est.estimates()
+    true_ratio = p.truth().r_total_k_per_w / e.r_expected_k_per_w
+    np.testing.assert_allclose(e.r_ratio[:16], true_ratio[:16], atol=0.05)  # the plates follow the measured flow
