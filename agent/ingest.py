@@ -127,9 +127,8 @@ class Ingest:
                 self._add(msg.rack, ts, cards=self._cards(msg))
         elif isinstance(msg, wire.CduReading):
             if self._observe(ts):
-                loop = LoopReading(
-                    msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w, msg.pump_speed_frac
-                )
+                speed = math.nan if msg.pump_speed_frac is None else msg.pump_speed_frac  # NaN: unknown
+                loop = LoopReading(msg.supply_temp_c, msg.return_temp_c, msg.flow_lpm, msg.pump_power_w, speed)
                 self._add(msg.rack, ts, loop=loop)
         elif isinstance(msg, wire.PduReading):
             if self._observe(ts):

@@ -3,7 +3,6 @@ with counted rejections; encoding to :class:`Outgoing`)."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -303,7 +302,7 @@ def _conv_cdu(c: Codec, w: _CduW, rack: str | None) -> CduReading:
         seq=w.seq,
         publisher=w.publisher,
         # absent (a publisher before the field): unknown, not full speed (a pump the agent slowed would read weak)
-        pump_speed_frac=math.nan if w.pump_speed_percent is None else w.pump_speed_percent / 100.0,
+        pump_speed_frac=None if w.pump_speed_percent is None else w.pump_speed_percent / 100.0,
     )
 
 

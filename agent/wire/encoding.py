@@ -5,7 +5,6 @@ Also the kind and topic of a message (:func:`kind_of`) and :class:`Outgoing`."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -123,7 +122,7 @@ def encode_cdu(m: CduReading) -> bytes:
             flow_liters_per_minute=m.flow_lpm,
             delta_pressure_kpa=m.delta_pressure_pa / 1000.0,
             pump_power_watts=m.pump_power_w,
-            pump_speed_percent=m.pump_speed_frac * 100.0 if math.isfinite(m.pump_speed_frac) else None,
+            pump_speed_percent=None if m.pump_speed_frac is None else m.pump_speed_frac * 100.0,
         )
     )
 

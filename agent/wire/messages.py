@@ -75,8 +75,8 @@ class CduReading:
     ts_s: float
     seq: int
     publisher: str
-    # the pump's commanded speed, fraction of nominal (percent on the wire); NaN: not reported
-    pump_speed_frac: float = 1.0
+    # the pump's commanded speed, fraction of nominal (percent on the wire); None: not reported
+    pump_speed_frac: float | None = 1.0
 
 
 @dataclass(frozen=True, slots=True)
