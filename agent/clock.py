@@ -113,6 +113,11 @@ class SiteClock:
             self._samples.clear()  # the old timeline is gone: its samples would read as a huge rate
             self.jumps += 1
             jumped = True
+            run = self._ahead
+            if self._infer and run is not None and run.newest_ts > run.first_ts:
+                # the run's own pace: where the clock ran too slow (a simulator faster than the rate
+                # configured), the next messages would read as far ahead again
+                self._rate = (run.newest_ts - run.first_ts) / (run.last_wall - run.first_wall)
         elif self._ahead is not None:
             self._ahead.others += 1  # a message on the clock's timeline (or behind it)
         if self._anchor_ts is not None and ts_s <= self._anchor_ts:
@@ -167,7 +172,7 @@ class SiteClock:
         for one bad stamp, or one publisher far ahead while the others keep the site's time."""
         run = self._ahead
         if run is None or ts_s < run.newest_ts - tol or w - run.last_wall > self._reset_after_s:
-            self._ahead = _Run(first_wall=w, last_wall=w, newest_ts=ts_s)  # a new run of messages ahead
+            self._ahead = _Run(first_wall=w, last_wall=w, first_ts=ts_s, newest_ts=ts_s)  # a new run ahead
             return False
         run.count += 1
         run.last_wall = w
@@ -249,6 +254,7 @@ class _Run:
 
     first_wall: float
     last_wall: float
+    first_ts: float
     newest_ts: float
     count: int = 1
     others: int = 0

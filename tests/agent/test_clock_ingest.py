@@ -166,6 +166,21 @@ def test_the_clock_follows_a_site_whose_clock_jumped_ahead_once_its_old_timeline
     assert clock.now() == pytest.approx(b0 + 29 + 0.05 * 20, abs=0.5)
 
 
+def test_a_simulator_faster_than_the_configured_rate_is_followed_after_one_confirmation() -> None:
+    """The agent is configured for real time but the simulator runs 60x and publishes every 15 site
+    s: each message reads 15 s ahead of a clock running at 1x. The run of such messages is followed
+    after confirm_s, at its own pace, and the clock keeps up from then on."""
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=True, wall=wall)
+    accepted = []
+    for i in range(200):
+        accepted.append(clock.observe(T0 + 15.0 * i))
+        wall.t += 0.25
+    assert clock.jumps == 1 and clock.ahead_ignored <= 5
+    assert all(accepted[10:])
+    assert clock.rate == pytest.approx(60.0, rel=0.05)
+
+
 async def test_a_message_far_ahead_does_not_end_the_wait_for_the_next_period() -> None:
     wall = FakeWall()
     clock = SiteClock(1.0, infer=False, wall=wall)
