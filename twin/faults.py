@@ -14,13 +14,17 @@ What each fault does in ``twin.plant.Plant`` (docs/twin.md, "Faults"):
 * :class:`CardFailure`: the card stops (draws 0 W, cools down, refuses commands). Its job, if any,
   goes to WAITING, holds its cards for ``PhaseModel.restart_delay_s`` (teardown), rolls back to its
   last completed checkpoint and is queued again at the front; the scheduler places it on healthy
-  cards. A job that loses cards more than ``PhaseModel.max_restarts`` times fails.
+  cards. A job that loses cards more than ``PhaseModel.max_restarts`` times fails. Failures of one
+  card may overlap: it works again when the last of them is repaired.
 * :class:`PumpDegradation`: the rack loop's flow falls to ``flow_fraction`` of nominal (linearly
   over ``ramp_s``): every cold plate's resistance rises along the OCP R-vs-flow curve, the return
   temperature rises, the pump draws less (affinity law).
 * :class:`ColdPlateFouling`: one card's case-to-coolant resistance is multiplied by ``r_factor``.
 * :class:`HeatWave`: ambient rises by ``peak_delta_k`` over ``ramp_s``, holds ``hold_s``, falls back
   over ``ramp_s``; adds to the ambient profile.
+
+A fault that starts at t = 0 is in force from the start: in the readings taken before the first
+step and when the jobs running at the start are placed (``Plant.add_fault``).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ changes phase. See benchmarks/bench_twin.py.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import zlib
@@ -408,6 +409,7 @@ class Plant:
         self._waking = np.zeros(n, dtype=bool)
         self._wake_at = np.zeros(n)
         self._failed = np.zeros(n, dtype=bool)
+        self._fail_count = np.zeros(n, dtype=np.int64)  # card failures in force per card (they may overlap)
         self._n_low = int(self._low.sum())
         self._n_failed = 0
         # hosts (site.rack.hosts_per_rack > 0): an off host's cards are asleep and draw nothing
@@ -452,6 +454,7 @@ class Plant:
         self._events: deque[JobEvent] = deque()
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
+        self._fault_edges: list[float] = []  # sorted times at which a plant fault starts, changes or ends
 
         # ---- sensors -------------------------------------------------------------------------------
         self._sensor_rng = np.random.default_rng([cfg.seed, 2])
@@ -548,6 +551,10 @@ class Plant:
         self._seq += 1
         heapq.heappush(self._heap, (time_s, self._seq, kind, payload))
 
+    def _push_fault(self, time_s: float, kind: str, payload: Any) -> None:
+        self._push(time_s, kind, payload)
+        bisect.insort(self._fault_edges, time_s)
+
     # ================================================================================================
     # public: inputs
     # ================================================================================================
@@ -580,7 +587,35 @@ class Plant:
             self._enqueue(rec, self._t, front=False)
 
     def add_fault(self, fault: Fault) -> None:
-        """Schedule a fault (see ``twin.faults``)."""
+        """Schedule a fault (see ``twin.faults``). A fault that starts at or before the plant's time
+        (e.g. at t = 0 on a new plant) is in force at once, not from the next step: the readings
+        taken now show it, and a job placed now does not get a card that has failed."""
+        self._schedule_fault(fault)
+        start_s = fault.at_s if isinstance(fault, CardFailure) else fault.start_s
+        if start_s <= self._t + _EPS_S:
+            self._apply_due_now()
+
+    def _apply_due_now(self) -> None:
+        """Apply the timeline's actions due at the current time (rather than at the start of the next
+        step, which would find nothing left to do) and refresh what readings and truth show of this
+        instant: card powers, racks, loops, cooling (no time passes: nothing is integrated)."""
+        t = self._t
+        if self._heap and self._heap[0][0] <= t + _EPS_S:
+            self._process_timeline(t)
+        if self._order_dirty:
+            self._rebuild_order()
+        self._compute_power()
+        self._finish_step_outputs(0.0, self._supply_c)
+
+    def next_fault_change_s(self) -> float:
+        """Site time of the next change a plant fault brings after now (a card failing or repaired, a
+        pump degradation or fouling starting, ramping or ending, a sensor fault starting or ending);
+        inf when none is left. Heat waves change the ambient smoothly and have no such edges."""
+        edges = self._fault_edges
+        i = bisect.bisect_right(edges, self._t + _EPS_S)
+        return edges[i] if i < len(edges) else _INF
+
+    def _schedule_fault(self, fault: Fault) -> None:
         if isinstance(fault, HeatWave):
             self._heat_waves.append(fault)
             return
@@ -597,28 +632,28 @@ class Plant:
         ):
             raise ValueError(f"StuckSensor: card {fault.card} is not in rack {fault.rack}")
         if isinstance(fault, CardFailure):
-            self._push(fault.at_s, "fail", fault.card)
+            self._push_fault(fault.at_s, "fail", fault.card)
             if math.isfinite(fault.repair_after_s):
-                self._push(fault.at_s + fault.repair_after_s, "repair", fault.card)
+                self._push_fault(fault.at_s + fault.repair_after_s, "repair", fault.card)
             return
         if isinstance(fault, PumpDegradation):
             self._pump_faults.append(fault)
             steps = 20 if fault.ramp_s > 0 else 0
             for i in range(steps + 1):
-                self._push(fault.start_s + fault.ramp_s * i / max(steps, 1), "flow", None)
+                self._push_fault(fault.start_s + fault.ramp_s * i / max(steps, 1), "flow", None)
             if math.isfinite(fault.end_s):
-                self._push(fault.end_s, "flow", None)
+                self._push_fault(fault.end_s, "flow", None)
             return
         if isinstance(fault, ColdPlateFouling):
             self._fouling.append(fault)
-            self._push(fault.start_s, "flow", None)
+            self._push_fault(fault.start_s, "flow", None)
             if math.isfinite(fault.end_s):
-                self._push(fault.end_s, "flow", None)
+                self._push_fault(fault.end_s, "flow", None)
             return
         # sensor faults
-        self._push(fault.start_s, "sensor_on", fault)
+        self._push_fault(fault.start_s, "sensor_on", fault)
         if math.isfinite(fault.end_s):
-            self._push(fault.end_s, "sensor_off", fault)
+            self._push_fault(fault.end_s, "sensor_off", fault)
 
     # ---- commands -------------------------------------------------------------------------------
     def _cards(self, cards: Any, what: str) -> IntArray:
@@ -1166,10 +1201,14 @@ class Plant:
                 still = idx[self._waking[idx]]
                 self._waking[still] = False
             elif kind == "fail":
-                self._fail_card(int(payload), t)
-            elif kind == "repair":
                 c = int(payload)
-                if self._failed[c]:
+                self._fail_count[c] += 1
+                self._fail_card(c, t)
+            elif kind == "repair":
+                # the card works again when the last failure in force on it is repaired
+                c = int(payload)
+                self._fail_count[c] -= 1
+                if self._fail_count[c] == 0 and self._failed[c]:
                     self._failed[c] = False
                     self._n_failed -= 1
                     self._sched_dirty = True

@@ -728,7 +728,8 @@ def place_compact(plant: Plant, job_ids: Sequence[str], *, running: bool = False
 
 def build_plant(scenario: RunScenario) -> Plant:
     """The scenario's plant at t = 0, with the jobs of ``running_at_start`` placed and computing
-    from the first step (no start-up wait: they were running before t = 0)."""
+    from the first step (no start-up wait: they were running before t = 0). Faults starting at
+    t = 0 are in force before the placement: no job is placed on a card that has failed."""
     plant = Plant(scenario.site, scenario.jobs, scenario.faults, scenario.plant_config)
     if scenario.running_at_start:
         place_compact(plant, scenario.running_at_start, running=True)

@@ -357,6 +357,25 @@ def test_a_job_that_keeps_losing_cards_fails(small_site: SiteSpec) -> None:
     assert p.accounting().jobs_failed == 1
 
 
+def test_overlapping_failures_of_a_card_end_with_the_last_repair(small_site: SiteSpec) -> None:
+    """A card is failed while any failure of it is in force: the repair of a short failure does not
+    heal a permanent one that came in the meantime, and of two repaired ones the later repair counts."""
+    faults = [
+        CardFailure(card=3, at_s=2.0, repair_after_s=1.0),  # 2..3
+        CardFailure(card=3, at_s=2.5),  # for good
+        CardFailure(card=20, at_s=2.0, repair_after_s=3.0),  # 2..5
+        CardFailure(card=20, at_s=4.0, repair_after_s=4.0),  # 4..8
+    ]
+    p = Plant(small_site, [], faults, config=exact())
+    failed: dict[int, tuple[bool, bool]] = {}
+    for _ in range(10):
+        p.step(1.0)
+        tr = p.truth()
+        failed[round(p.time_s)] = (bool(tr.failed[3]), bool(tr.failed[20]))
+    assert [failed[t][0] for t in range(1, 11)] == [False] + [True] * 9
+    assert [failed[t][1] for t in range(1, 11)] == [False] + [True] * 6 + [False] * 3
+
+
 # ------------------------------------------------------------------------------------------------
 # faults and sensors
 # ------------------------------------------------------------------------------------------------
@@ -391,6 +410,44 @@ def test_sensor_faults(small_site: SiteSpec) -> None:
     b = at(99.0).racks[0].cards
     assert a is not None and b is not None
     assert a.power_w[5] == b.power_w[5] and a.power_w[6] != b.power_w[6]
+
+
+def test_faults_from_t0_are_in_force_before_the_first_step(small_site: SiteSpec) -> None:
+    """A fault starting at t = 0 shows in the readings and truth of t = 0, taken before any step
+    (the simulator publishes them as its first telemetry round)."""
+    faults = [
+        SensorDropout(rack=0, start_s=0.0, end_s=5.0),
+        GarbageReadings(rack=1, start_s=0.0, end_s=5.0, mode="garbage", fraction=1.0),
+        CardFailure(card=19, at_s=0.0),
+        PumpDegradation(rack=1, start_s=0.0, flow_fraction=0.3),
+    ]
+    p = Plant(small_site, [], faults, config=exact())
+    r = p.readings()
+    assert r.time_s == 0.0 and [rr.rack for rr in r.racks] == [1]
+    r1 = r.racks[0]
+    assert r1.cards is not None and r1.loop is not None
+    assert np.all(r1.cards.power_w == -1234.5) and r1.loop.flow_lpm == -1.0
+    tr = p.truth()
+    assert tr.failed[19] and tr.card_power_w[19] == 0.0
+    assert tr.rack_flow_lpm[1] == pytest.approx(0.3 * small_site.loop_flow_per_rack_lpm())
+    assert tr.rack_power_w[1] == pytest.approx(tr.card_power_w[16:].sum() + small_site.rack.host_overhead_w)
+    # and nothing is applied twice: the first step goes on from there
+    p.step(1.0)
+    assert p.truth().failed.sum() == 1 and [rr.rack for rr in p.readings().racks] == [1]
+
+
+def test_next_fault_change_is_the_next_edge_of_a_plant_fault(small_site: SiteSpec) -> None:
+    faults = [
+        CardFailure(card=3, at_s=15.0, repair_after_s=10.0),
+        SensorDropout(rack=0, start_s=7.5, end_s=8.0),
+        HeatWave(start_s=1.0, peak_delta_k=5.0),  # smooth: no edge
+    ]
+    p = Plant(small_site, [job("a", 4, submit_time_s=3.0)], faults, config=exact())  # a submission: no edge
+    edges = []
+    while math.isfinite(p.next_fault_change_s()):
+        edges.append(p.next_fault_change_s())
+        p.step(edges[-1] - p.time_s)
+    assert edges == [7.5, 8.0, 15.0, 25.0]
 
 
 def test_pump_degradation_raises_return_and_die_temperatures(small_site: SiteSpec) -> None:

@@ -114,6 +114,26 @@ def test_build_plant_places_the_jobs_running_at_start(site: SiteSpec) -> None:
     assert plant.accounting().work_card_s > 0
 
 
+def test_the_warm_start_avoids_cards_that_fail_at_t0(site: SiteSpec) -> None:
+    """A card failing at t = 0 has failed before the jobs running at the start are placed: none is
+    placed on it (such a job would be stopped and requeued at once, and fail with max_restarts = 0)."""
+    data = {
+        "name": "t0",
+        "duration_s": 600.0,
+        "workload": {"source": "none"},
+        "phases": {"max_restarts": 0},
+        "plant": {"placement": "builtin"},
+        "jobs": [{"id": "a", "n_cards": 8, "duration_s": 3600.0, "running_at_start": True}],
+        "faults": [{"kind": "card_failure", "card": 3, "at_s": 0.0}],
+    }
+    plant = build_plant(run_scenario_from_dict(data, source="t0.toml", site=site))
+    assert plant.truth().failed[3]
+    assert plant.job_cards("a").tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
+    plant.run(400.0, 1.0)
+    assert [e.kind for e in plant.drain_events() if e.kind in ("requeued", "failed")] == []
+    assert plant.accounting().jobs_failed == 0 and plant.accounting().lost_work_card_s == 0.0
+
+
 def test_listed_jobs_ambient_plant_and_faults(site: SiteSpec, tmp_path: Path) -> None:
     text = """
 name = "listed"
