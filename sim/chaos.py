@@ -15,8 +15,13 @@ back (site time). What a disconnect does on the wire (docs/sim.md, "Broker disco
   ``racktwin-sim-{site_id}``): the broker keeps its subscriptions and queues the QoS 1 commands sent
   during the gap (up to the broker's per-client queue limit) and delivers them on reconnect. Each
   is then judged by its expiry against the site clock: a command whose ``expires_at`` has passed is
-  acked ``expired`` and not applied; the others are applied and acked as usual;
+  acked ``expired`` and not applied; the others are applied and acked as usual. The session is the
+  run's own: a run starts by discarding what the broker kept for the client id (a clean connect,
+  then the persistent one), so commands queued for an earlier run are never applied;
 * after reconnecting it republishes every rack's retained applied state.
+
+Windows that touch or overlap (one starting when or before another ends) are one outage: the link
+stays down from the first start to the last end (one disconnect, one reconnect).
 """
 
 from __future__ import annotations
@@ -34,7 +39,13 @@ class DisconnectSchedule:
     """Disconnect windows of a run, consumed in time order."""
 
     def __init__(self, faults: Sequence[SimFault]) -> None:
-        self._windows = sorted(((f.start_s, f.end_s) for f in faults), key=lambda w: w[0])
+        windows: list[tuple[float, float]] = []
+        for start, end in sorted((f.start_s, f.end_s) for f in faults):
+            if windows and start <= windows[-1][1] + _EPS_S:  # touches or overlaps the previous one
+                windows[-1] = (windows[-1][0], max(windows[-1][1], end))
+            else:
+                windows.append((start, end))
+        self._windows = windows
         self._i = 0
         self.down = False
 

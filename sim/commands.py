@@ -3,7 +3,15 @@
 :meth:`CommandHandler.handle` takes one message from a command topic and returns what to publish.
 It never raises: a payload the codec rejects is counted by reason (``agent.wire.RejectionCounter``)
 and, when it still carries a readable ``command_id`` on a known command topic, answered with a
-``rejected`` ack naming the reason, so that the sender learns what happened to it.
+``rejected`` ack naming the reason, so that the sender learns what happened to it (a rack the site
+does not have inside the payload, e.g. in a ``place``'s ``cards``, included; a payload over the size
+limit is not read).
+
+A rack command that is applied changes the rack's retained applied state. ``handle`` returns it
+with the ack; a handler made with ``applied_with_ack=False`` (the simulator's, which answers a burst
+of commands at once) leaves it out and the caller takes :meth:`CommandHandler.applied_states` after
+the burst: one applied state per touched rack, made once, so that every ``seq`` number drawn is
+published and a receiver sees no gap in the sequence.
 
 A decoded command is first judged against the site clock (``wire.is_expired``: at or past
 ``expires_at`` it is acked ``expired`` and NOT applied), then applied through the plant, which
@@ -57,8 +65,6 @@ __all__ = ["CommandCounts", "CommandHandler"]
 
 log = logging.getLogger("racktwin.sim")
 
-_COMMAND_KINDS = (wire.Kind.RACK_CMD, wire.Kind.CDU_CMD, wire.Kind.FACILITY_CMD, wire.Kind.SCHEDULER_CMD)
-
 
 @dataclass
 class CommandCounts:
@@ -92,8 +98,11 @@ class CommandHandler:
         codec: wire.Codec,
         sequencer: wire.Sequencer,
         clock: Callable[[], float],
+        *,
+        applied_with_ack: bool = True,
     ) -> None:
         self.plant = plant
+        self.applied_with_ack = applied_with_ack
         self.codec = codec
         self.sequencer = sequencer
         self.publisher = sequencer.publisher
@@ -114,10 +123,33 @@ class CommandHandler:
         self.max_clock_mhz = np.full(n, clocks[level0])
         self.power_limit_w = np.full(n, site.card.power_limit_w)
         self.last_command_id: list[uuid.UUID | None] = [None] * site.n_racks
+        self._touched: dict[int, None] = {}  # racks whose applied state changed and was not yet made
+        topics = codec.topics
+        # the command topics of the site -> the ack target of a rejected message on them
+        self._ack_targets = {topics.facility_cmd: wire.FACILITY, topics.scheduler_cmd: wire.SCHEDULER}
+        for name in site.rack_names:
+            self._ack_targets[topics.rack_cmd(name)] = name
+            self._ack_targets[topics.cdu_cmd(name)] = name
 
     # ---- entry point ----------------------------------------------------------------------
     def handle(self, topic: str, payload: bytes) -> list[wire.Outgoing]:
-        """Decode, judge and apply one message; the acks and applied states to publish. Never raises."""
+        """Decode, judge and apply one message; the ack (and, ``applied_with_ack``, the applied state
+        of the rack it changed) to publish. Never raises."""
+        out = self._handle(topic, payload)
+        if self.applied_with_ack:
+            out.extend(self.applied_states())
+        return out
+
+    def applied_states(self) -> list[wire.Outgoing]:
+        """The applied state of every rack whose commands were applied since the last call, one
+        per rack, as it is now."""
+        racks, self._touched = self._touched, {}
+        if not racks:
+            return []
+        low = self.plant.truth().low_power
+        return [self.applied_state(r, low) for r in racks]
+
+    def _handle(self, topic: str, payload: bytes) -> list[wire.Outgoing]:
         try:
             msg = self.codec.decode(topic, payload)
             if isinstance(msg, wire.Rejection):
@@ -162,24 +194,17 @@ class CommandHandler:
         return wire.Outgoing(topic, wire.encode_ack(ack), 1, False)
 
     def _answer_rejection(self, topic: str, payload: bytes, rej: wire.Rejection) -> list[wire.Outgoing]:
-        """A rejected message on a command topic: ack ``rejected`` if its command_id is readable."""
-        if rej.reason in (wire.RejectReason.UNKNOWN_TOPIC, wire.RejectReason.UNKNOWN_RACK, wire.RejectReason.TOO_LARGE):
-            self.counts.unanswered += 1
-            return []
-        info = self.codec.parse_topic(topic)
-        if isinstance(info, wire.Rejection) or info.kind not in _COMMAND_KINDS:
+        """A rejected message on one of the site's command topics: ack ``rejected`` if its
+        command_id is readable (not on other topics, e.g. a rack the site does not have, and not for
+        a payload over the size limit, which is not read)."""
+        target = self._ack_targets.get(topic)
+        if target is None or rej.reason is wire.RejectReason.TOO_LARGE:
             self.counts.unanswered += 1
             return []
         command_id = _readable_command_id(payload)
         if command_id is None:
             self.counts.unanswered += 1
             return []
-        if info.kind in (wire.Kind.RACK_CMD, wire.Kind.CDU_CMD):
-            target = str(info.rack)
-        elif info.kind is wire.Kind.FACILITY_CMD:
-            target = wire.FACILITY
-        else:
-            target = wire.SCHEDULER
         self.counts.malformed_acked += 1
         return [self._ack(target, command_id, wire.AckResult.REJECTED, f"{rej.reason.value}: {rej.detail}")]
 
@@ -233,7 +258,8 @@ class CommandHandler:
         except CommandError as exc:
             return self._refuse(action, cmd.rack, cmd.command_id, exc.reason)
         self.last_command_id[r] = cmd.command_id
-        return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED), self.applied_state(r)]
+        self._touched[r] = None
+        return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED)]
 
     def _whole_hosts(self, idx: npt.NDArray[np.int64], r: int, action: str) -> npt.NDArray[np.int64]:
         """The site hosts whose cards ``idx`` (site indices, none repeated) are, exactly; a

@@ -61,9 +61,11 @@ class SimOptions:
     """How to run a scenario (see the module docstring).
 
     ``mqtt``: the broker (``client_id`` defaults to ``racktwin-sim-{site_id}``; the session is
-    always persistent, see ``sim.chaos``). ``duration_s``: default the scenario's.
+    persistent across the run's own reconnects, and a run starts by discarding what the broker kept
+    of an earlier run's session, see ``sim.chaos``). ``duration_s``: default the scenario's.
     ``start_epoch_s``: the site clock at t = 0 (default: the wall clock when the run starts).
-    ``step_s``: the plant's time step (site s; shortened to land on every telemetry period).
+    ``step_s``: the plant's time step (site s; shortened to land on every telemetry period, plant
+    fault edge and broker-disconnect edge).
     ``progress``: called with a progress line every ``progress_interval_s`` of wall time.
     """
 
@@ -235,7 +237,9 @@ class Simulator:
         self.start_epoch_s = options.start_epoch_s if options.start_epoch_s is not None else time.time()
         self.duration_s = options.duration_s if options.duration_s is not None else sc.duration_s
         self.telemetry = TelemetryEncoder(self.codec, self.site, self.sequencer)
-        self.commands = CommandHandler(self._plant, self.codec, self.sequencer, lambda: self.site_time_s)
+        self.commands = CommandHandler(
+            self._plant, self.codec, self.sequencer, lambda: self.site_time_s, applied_with_ack=False
+        )
         self.chaos = DisconnectSchedule(sc.sim_faults)
         mq = options.mqtt
         self.mqtt = dataclasses.replace(
@@ -244,6 +248,7 @@ class Simulator:
         self._bus: Bus | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._backlog: deque[wire.Outgoing] = deque(maxlen=EVENT_BACKLOG)
+        self._flushing = asyncio.Lock()  # one flusher of the backlog at a time (step loop, on_connect)
         self._stop = asyncio.Event()
         self._stopping = False
         self._truth: TruthLog | None = None
@@ -290,6 +295,7 @@ class Simulator:
         if opts.truth_log is not None:
             self._truth = TruthLog(opts.truth_log, self.site)
         try:
+            await self._discard_old_session()
             await self._connect(wait=True)
             await self._loop(wall0)
             if self._stopping:
@@ -342,7 +348,12 @@ class Simulator:
                     next_pub = n_pub * period
             if t >= end - _EPS_S or self._stopping:
                 break
-            dt = min(opts.step_s, next_pub - t, end - t, max(self.chaos.next_change_s() - t, 0.0) or math.inf)
+            # land on every period, the end, every plant fault edge and every disconnect edge (the
+            # chaos schedule merges windows that touch, so its next change is always ahead of t)
+            dt = min(opts.step_s, next_pub - t, end - t, plant.next_fault_change_s() - t)
+            link_change_s = self.chaos.next_change_s() - t
+            if link_change_s > _EPS_S:
+                dt = min(dt, link_change_s)
             plant.step(dt)
             rack_max = float(plant.rack_power_w.max())
             if rack_max > self._period_max_rack_w:
@@ -429,18 +440,35 @@ class Simulator:
         return len(out)
 
     async def _flush_backlog(self) -> None:
-        bus = self._bus
-        while self._backlog and bus is not None and bus.connected:
-            o = self._backlog[0]
-            try:
-                await bus.send(o)
-            except BusError:
-                return
-            self._backlog.popleft()
-            self.messages_published += 1
-            self.job_events_published += 1
+        """Publish the job events kept while offline, oldest first. The step loop (new events behind
+        a backlog) and every reconnect's ``on_connect`` both flush: one at a time, so that each event
+        goes out once; an event leaves the backlog only once it is sent (a failed send keeps it)."""
+        async with self._flushing:
+            bus = self._bus
+            while self._backlog and bus is not None and bus.connected:
+                o = self._backlog[0]
+                try:
+                    await bus.send(o)
+                except BusError:
+                    return
+                if self._backlog and self._backlog[0] is o:  # (a full backlog may have dropped it meanwhile)
+                    self._backlog.popleft()
+                self.messages_published += 1
+                self.job_events_published += 1
 
     # ---- connection ---------------------------------------------------------------------------
+    async def _discard_old_session(self) -> None:
+        """Connect once with a clean session and leave, before the run's persistent session starts:
+        the broker drops what it kept for this client id (an earlier run's subscriptions and the
+        commands queued for it), so a restarted simulator never applies commands meant for the run
+        before it. The run's own reconnects keep its session (``sim.chaos``)."""
+        bus = Bus(dataclasses.replace(self.mqtt, clean_session=True), name="sim")
+        bus.start()
+        try:
+            await bus.wait_connected(self.options.connect_timeout_s)
+        finally:
+            await bus.close()
+
     async def _on_connect(self, bus: Bus) -> None:
         """After every (re)connect: republish every rack's retained applied state, then the events
         kept while offline."""
@@ -496,9 +524,12 @@ class Simulator:
                         answers.extend(self.commands.handle(m.topic, m.payload))
                     except Exception:  # this command only: the answers of the others in the burst still go
                         log.exception("sim: a command on %r could not be handled; going on", m.topic)
-                    if bus.pending() == 0 and answers:
-                        burst, answers = answers, []
-                        await self._answer_all(bus, burst)
+                    if bus.pending() == 0:
+                        # each touched rack's applied state, made once for the burst (one seq number each)
+                        answers.extend(self.commands.applied_states())
+                        if answers:
+                            burst, answers = answers, []
+                            await self._answer_all(bus, burst)
                 return  # the bus was closed
             except asyncio.CancelledError:
                 raise
@@ -506,8 +537,9 @@ class Simulator:
                 log.exception("sim: command consumer failed; going on")
 
     async def _answer_all(self, bus: Bus, answers: list[wire.Outgoing]) -> None:
-        """Publish a burst's answers at once: the acks in order, then each rack's latest applied
-        state (retained: only the last one of the burst matters), all in flight together."""
+        """Publish a burst's answers at once: the acks in order, then each rack's applied state (one
+        per rack, made after the burst's last command: ``CommandHandler.applied_states``), all in
+        flight together."""
         acks = [o for o in answers if not o.retain]
         latest: dict[str, wire.Outgoing] = {}
         for o in answers:

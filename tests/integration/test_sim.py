@@ -227,6 +227,11 @@ async def test_a_burst_of_commands_is_applied_in_order_and_all_acked(mosquitto: 
         assert applied.dvfs_level.tolist() == final
     s = sim.summary
     assert s is not None and s.commands_applied == 41 and s.commands_expired == 0
+    # one applied state per rack and burst, and no seq number drawn for one that was not published:
+    # a receiver that counts gaps as lost messages sees none
+    for rack in ("r0", "r1"):
+        seqs = [a.seq for a in obs.of(wire.AppliedState) if a.rack == rack]
+        assert seqs == list(range(len(seqs))), (rack, seqs)
 
 
 async def test_a_command_the_simulator_fails_on_costs_no_other_commands_ack(
@@ -391,8 +396,17 @@ async def test_scheduler_places_queued_jobs_and_bad_placements_are_rejected(mosq
             lambda m: isinstance(m, wire.JobEvent) and m.job_id == "queued" and m.phase is Phase.COMPUTE
         )
         assert computing.ts_s >= started.ts_s + sc.plant_config.phases.startup_s
+        # a rack the site does not have inside the payload: the codec refuses it, the sender is told why
         ts, exp = command_times(obs)
-        again = wire.SchedulerCommand("queued", {"r1": tuple(range(8))}, wire.new_command_id(), exp, ts, 3, "agent")
+        elsewhere = wire.SchedulerCommand("late", {"r1": tuple(range(8))}, wire.new_command_id(), exp, ts, 3, "agent")
+        payload = obs.codec.outgoing(elsewhere).payload
+        assert payload.count(b'"r1"') == 1
+        await obs.publish_raw(obs.codec.topics.scheduler_cmd, payload.replace(b'"r1"', b'"r9"'))
+        ack = await obs.ack_of(elsewhere.command_id)
+        assert ack.result is wire.AckResult.REJECTED and ack.target == wire.SCHEDULER
+        assert ack.reason is not None and ack.reason.startswith("unknown_rack:") and "'r9'" in ack.reason
+        ts, exp = command_times(obs)
+        again = wire.SchedulerCommand("queued", {"r1": tuple(range(8))}, wire.new_command_id(), exp, ts, 4, "agent")
         await obs.send(again)
         ack = await obs.ack_of(again.command_id)
         assert ack.result is wire.AckResult.REJECTED and ack.reason is not None and "running, not queued" in ack.reason
@@ -586,3 +600,49 @@ async def test_plant_faults_on_the_wire(mosquitto: EmbeddedBroker) -> None:
     assert fac[0].ambient_temp_c == pytest.approx(20.0, abs=1.0) and fac[20].ambient_temp_c == pytest.approx(
         30.0, abs=1.0
     )
+
+
+async def test_faults_from_t0_show_in_the_first_round_and_at_the_warm_start(mosquitto: EmbeddedBroker) -> None:
+    """Faults that start at t = 0 are in force before the first telemetry round and before the jobs
+    running at the start are placed: a job is never placed on a card that is dead from the start."""
+    sc = scenario(
+        jobs=[job("a", 24, running_at_start=True)],  # r0's 16 cards and 8 of r1
+        phases={"max_restarts": 0, "restart_delay_s": 1.0},
+        plant={"placement": "builtin"},
+        faults=[
+            {"kind": "sensor_dropout", "rack": 0, "start_s": 0.0, "end_s": 2.0},
+            {"kind": "card_failure", "card": 16 + 3, "at_s": 0.0},
+        ],
+        duration_s=60.0,
+    )
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc, speed=20.0):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 4)
+    r0 = sorted(round(b.ts_s - START_EPOCH_S) for b in obs.of(wire.CardBatch) if b.rack == "r0")
+    assert r0[0] == 2  # nothing from r0 while its sensors are out, the t = 0 round included
+    r1_first = min((b for b in obs.of(wire.CardBatch) if b.rack == "r1"), key=lambda b: b.ts_s)
+    assert r1_first.ts_s == START_EPOCH_S
+    assert r1_first.power_w[3] == 0.0 and r1_first.sm_clock_mhz[3] == 0.0  # failed in the t = 0 round
+    events = [e for e in obs.of(wire.JobEvent) if e.job_id == "a"]
+    started = next(e for e in events if e.event is wire.JobEventType.STARTED)
+    assert started.cards is not None and 3 not in started.cards["r1"] and len(started.cards["r1"]) == 8
+    assert not [e for e in events if e.event in (wire.JobEventType.REQUEUED, wire.JobEventType.FAILED)]
+
+
+async def test_a_long_step_lands_on_plant_fault_edges(mosquitto: EmbeddedBroker) -> None:
+    """``step_s`` is shortened to land on each plant fault's edge, as on each period: a card failing
+    at 15 s with 10 s steps stops its job at 15 s, not at the next period."""
+    sc = scenario(
+        jobs=[job("a", 8, running_at_start=True)],
+        phases={"restart_delay_s": 5.0, "comm_stalls_per_hour": 0.0, "input_stalls_per_hour": 0.0},
+        plant={"placement": "builtin"},
+        faults=[{"kind": "card_failure", "card": 3, "at_s": 15.0}],
+        telemetry_period_s=10.0,
+        duration_s=60.0,
+    )
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc, speed=0.0, step_s=10.0):
+        requeued = await obs.wait_for(lambda m: isinstance(m, wire.JobEvent) and m.event is wire.JobEventType.REQUEUED)
+    stopped = [
+        e for e in obs.of(wire.JobEvent) if e.event is wire.JobEventType.PHASE_CHANGED and e.phase is Phase.WAITING
+    ]
+    assert stopped[0].ts_s - START_EPOCH_S == pytest.approx(15.0)
+    assert requeued.reason == "card 3 failed" and requeued.ts_s - START_EPOCH_S == pytest.approx(20.0)
