@@ -275,6 +275,12 @@ class Controller:
         # resistances: calibrated at nominal flow; the planner sees the pump at full speed (the flow it
         # gives now: a weak pump counts), the die offsets the speed the pump runs at now
         speed_now = np.asarray(snap.rack_pump_speed_frac, dtype=np.float64)
+        reported = snap.rack_pump_speed_reported
+        last_speed = None if self._last is None else self._last.rack_pump_speed_frac
+        if reported is not None and last_speed is not None and not np.all(reported):
+            # a CDU that does not report its pump's speed runs it at the speed last commanded (read as
+            # the last reported one, a slowed pump would look weak and be sped up and slowed again)
+            speed_now = np.where(reported, speed_now, np.asarray(last_speed, dtype=np.float64))
         flow_full = full_speed_flow_lpm(site, np.asarray(snap.rack_flow_lpm, dtype=np.float64), speed_now)
         nominal = np.full(site.n_racks, site.loop_flow_per_rack_lpm())
         r_nominal = self.r_total_k_per_w()

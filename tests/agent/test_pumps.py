@@ -276,3 +276,43 @@ def test_in_closed_loop_the_agent_cuts_pump_energy_within_every_bound() -> None:
     # without pump control the same agent leaves the pumps at full speed
     off = evaluate(sc, ["racktwin"], jobs=1, control=ControlConfig(control_pump_speed=False))
     assert off.results["racktwin"].breakdown_kwh["pumps"] == pytest.approx(base.breakdown_kwh["pumps"])
+
+
+def test_a_cdu_that_does_not_report_its_pump_speed_runs_at_the_speed_last_commanded() -> None:
+    """A CDU may omit the pump speed (racktwin.cdu/1: unknown). The agent then takes the speed it
+    last commanded: the same decisions as with the speed reported. Read as the last reported speed
+    (1 when none), a slowed pump looked weak: every rack's pump was sped up and slowed again at
+    every decision and a plate was flagged fouled."""
+    from agent.loop import ClosedLoop
+    from twin.scenario import build_plant, default_run_scenario
+
+    site = example_site()
+    speeds: dict[bool, list[np.ndarray]] = {}
+    for report in (True, False):
+        plant = build_plant(default_run_scenario(site, 600.0, seed=1))
+        read = plant.readings
+
+        def unreported(read=read):  # type: ignore[no-untyped-def]
+            r = read()
+            racks = tuple(
+                dataclasses.replace(rr, loop=dataclasses.replace(rr.loop, pump_speed_frac=float("nan")))
+                if rr.loop is not None
+                else rr
+                for rr in r.racks
+            )
+            return dataclasses.replace(r, racks=racks)
+
+        if not report:
+            plant.readings = unreported  # type: ignore[method-assign]
+        seen: list[np.ndarray] = []
+
+        def note(d: Decision, _r: object, seen: list[np.ndarray] = seen) -> None:
+            seen.append(np.asarray(d.rack_pump_speed_frac))
+
+        loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15.0)), on_decision=note)
+        loop.run(600.0)
+        assert report or not loop.state.snapshot().rack_pump_speed_reported.any()  # type: ignore[union-attr]
+        speeds[report] = seen
+    assert len(speeds[True]) == len(speeds[False])
+    assert np.array_equal(np.array(speeds[True]), np.array(speeds[False]))
+    assert float(np.array(speeds[False]).mean()) < 0.8  # pumps were slowed
