@@ -95,6 +95,17 @@ class AgentMetrics:
         self.messages_total = Counter(
             "racktwin_messages_total", "Incoming MQTT messages accepted, by kind", ["kind"], registry=r
         )
+        self.messages_stamped_ahead_total = Counter(
+            "racktwin_messages_stamped_ahead_total",
+            "Valid messages stamped far beyond the site clock (a publisher's clock runs ahead): their readings "
+            "are not taken",
+            registry=r,
+        )
+        self.late_readings_total = Counter(
+            "racktwin_late_readings_total",
+            "Card, loop and PDU readings older than what the agent holds (late or reordered): not taken",
+            registry=r,
+        )
         self.anomalies = Gauge(
             "racktwin_anomalies",
             "Current anomaly flags by kind (fouled plate, weak pump, stuck sensor)",

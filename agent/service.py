@@ -892,6 +892,14 @@ class AgentService:
             if n > seen:
                 m.rejected_messages_total.labels(reason=reason).inc(n - seen)
                 self._seen_rejections[reason] = n
+        for counter, n, key in (
+            (m.messages_stamped_ahead_total, self.ingest.stats.ahead, "(stamped ahead)"),
+            (m.late_readings_total, self.state.late_count, "(late readings)"),
+        ):
+            seen = self._seen_rejections.get(key, 0)
+            if n > seen:
+                counter.inc(n - seen)
+                self._seen_rejections[key] = n
         st = self.state
         now = self.clock.now()
         last = st.rack_last_seen_s()

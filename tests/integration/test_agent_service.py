@@ -416,6 +416,10 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
         (topics.cards("r0"), json.dumps({**good, "temperature_celsius": [900.0]}).encode()),
         (f"racktwin/v1/{SITE_ID}/rack/r99/cards", json.dumps(good).encode()),
         (topics.pdu("r1"), b"\xff\xfe garbage"),
+        # valid, but stamped a day ahead of the site (a publisher's clock runs ahead) ...
+        (topics.cards("r0"), json.dumps({**good, "ts": START + 86_400.0}).encode()),
+        # ... or long behind what the agent holds of card 0 (late, reordered)
+        (topics.cards("r0"), json.dumps(good).encode()),
     ]
     seen: dict[str, Any] = {}
 
@@ -449,6 +453,10 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     assert status == 200
     assert re.search(r'racktwin_rejected_messages_total\{reason="malformed_json"\} ([6-9]|\d\d)', body)
     assert 'racktwin_rejected_messages_total{reason="unknown_rack"} 3.0' in body
+    # valid messages whose readings the belief did not take are counted too
+    assert "racktwin_messages_stamped_ahead_total 3.0" in body
+    late = re.search(r"^racktwin_late_readings_total (\S+)$", body, re.M)
+    assert late is not None and float(late.group(1)) >= 3, body
     # every decision is counted by its status and by the plan beneath it
     decisions = sum(float(n) for n in re.findall(r'racktwin_decisions_total\{status="\w+"\} (\S+)', body))
     plans = re.findall(r'racktwin_plans_total\{source="(\w+)",status="(\w+)"\} (\S+)', body)
