@@ -261,6 +261,7 @@ class AgentService:
         self._journal_pruned_wall = -math.inf  # time.monotonic() of the last prune
         self._jobs_hash = ""
         self._seen_rejections: dict[str, int] = {}
+        self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
         self._seen_connects = 0
         #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
         self.anomaly_history = AnomalyHistory()
@@ -892,14 +893,10 @@ class AgentService:
             if n > seen:
                 m.rejected_messages_total.labels(reason=reason).inc(n - seen)
                 self._seen_rejections[reason] = n
-        for counter, n, key in (
-            (m.messages_stamped_ahead_total, self.ingest.stats.ahead, "(stamped ahead)"),
-            (m.late_readings_total, self.state.late_count, "(late readings)"),
-        ):
-            seen = self._seen_rejections.get(key, 0)
-            if n > seen:
-                counter.inc(n - seen)
-                self._seen_rejections[key] = n
+        ahead, late = self.ingest.stats.ahead, self.state.late_count  # both only grow
+        m.messages_stamped_ahead_total.inc(max(ahead - self._seen_ignored[0], 0))
+        m.late_readings_total.inc(max(late - self._seen_ignored[1], 0))
+        self._seen_ignored = (ahead, late)
         st = self.state
         now = self.clock.now()
         last = st.rack_last_seen_s()
