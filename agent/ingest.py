@@ -8,7 +8,10 @@
   become site indices; the DVFS level of each card is what the rack last reported as applied
   (``racktwin.applied/1``) or, before that, the level of its clock; a card reading 0 W at 0 MHz
   while awake has failed (that is how a rack reports a dead card);
-* job events go to the ``TwinState`` at once (after the readings that came before them);
+* job events go to the ``TwinState`` at once (after the readings that came before them), dated by
+  their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
+  stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
+  repeated or overtaken event from a new one;
 * acks and applied states are handed to the caller (``on_ack``) and kept (``applied_level``);
 * every message's timestamp drives the :class:`agent.clock.SiteClock`.
 
@@ -39,6 +42,9 @@ IntArray = npt.NDArray[np.int64]
 __all__ = ["Ingest", "IngestStats", "RoundMerger"]
 
 log = logging.getLogger("racktwin.agent.ingest")
+
+#: jobs whose latest event stamp is remembered (to date events stamped far ahead in their order)
+_DATES_KEPT = 4096
 
 _EVENT_KINDS = {
     wire.JobEventType.SUBMITTED: "submitted",
@@ -96,6 +102,8 @@ class Ingest:
         self._round: dict[int, _Partial] = {}
         self._facility: FacilityReading | None = None
         self._round_t = -math.inf
+        # per job: the newest stamp of its events and the site time it was dated at
+        self._event_dates: dict[str, tuple[float, float]] = {}
 
     # ---- messages -------------------------------------------------------------------------------
     def _observe(self, ts: float) -> bool:
@@ -112,6 +120,7 @@ class Ingest:
             if now is not None:
                 self.flush()
                 self.state.clock_went_back(now)
+            self._event_dates.clear()  # stamps of the old timeline
         if self.clock.last_was_ahead:
             self.stats.ahead += 1
             return False
@@ -153,9 +162,7 @@ class Ingest:
             ahead = not self._observe(ts)
             ev = self._event(msg)
             if ev is not None:
-                if ahead:  # the event happened (it is not dropped), but not an hour from now
-                    now = self.clock.now()
-                    ev = replace(ev, time_s=now if now is not None else ev.time_s)
+                ev = self._dated(ev, ahead)
                 self.flush()
                 self.state.apply_events([ev])
                 self.stats.job_events += 1
@@ -220,6 +227,28 @@ class Ingest:
         return JobEvent(
             time_s=m.ts_s, job_id=m.job_id, kind=kind, phase=phase, cards=cards, job=m.job, detail=m.reason or ""
         )
+
+    def _dated(self, ev: JobEvent, ahead: bool) -> JobEvent:
+        """``ev`` dated in site time. One stamped far ahead of the site clock (``ahead``) happened, but
+        not an hour from now: it is dated at the site's now, yet in its stamp's order among its job's
+        events: later than the job's last event when stamped later, at that event's date when stamped
+        the same (a copy: at-least-once delivery), before it when stamped before (overtaken). Dated
+        at now alone, a copy of a job's ``started`` looked like a restart to the belief and reset
+        its phase."""
+        last = self._event_dates.get(ev.job_id)
+        t = ev.time_s
+        if ahead:
+            now = self.clock.now()
+            t = now if now is not None else ev.time_s
+            if last is not None:
+                stamp_s, date_s = last
+                t = max(t, math.nextafter(date_s, math.inf)) if ev.time_s > stamp_s else date_s - (stamp_s - ev.time_s)
+        if last is None or ev.time_s >= last[0]:
+            self._event_dates.pop(ev.job_id, None)  # most recent last: the oldest is forgotten first
+            self._event_dates[ev.job_id] = (ev.time_s, t)
+            if len(self._event_dates) > _DATES_KEPT:
+                del self._event_dates[next(iter(self._event_dates))]
+        return ev if t == ev.time_s else replace(ev, time_s=t)
 
     # ---- rounds ---------------------------------------------------------------------------------
     def _add(

@@ -29,8 +29,13 @@ card's power (through the spec's lowest die-to-coolant resistance) or its rack's
 by ``stuck_die_move_k`` from where it last changed: a sensor reading whole degrees may hold one
 value for minutes at a steady load, but not through a load step or a set-point change.
 
-Job events come at least once: a ``submitted`` of a job the belief knows (queued or running), or of
-one that finished after that submission, is a repeat and ignored.
+Job events come at least once, and not always in order: a ``submitted`` of a job the belief knows
+(queued or running), or of one that finished after that submission, is a repeat and ignored; any
+other event stamped before the job's last one taken (``JobInfo.last_event_s``) is a late copy or
+was overtaken and is ignored too (an old ``phase`` does not overwrite a newer one, a ``requeued``
+overtaken by the restart it led to does not queue the running job), and so is a ``started`` of a
+running job stamped at its last event's time (the same start again; it would reset the phase).
+A ``started`` stamped later is a restart and is taken, on whatever cards it names.
 """
 
 from __future__ import annotations
@@ -235,7 +240,7 @@ class TwinState:
             self.facility = readings.facility
         for jr in readings.jobs:
             info = self._jobs.get(jr.job_id)
-            if info is not None and info.state == "running":
+            if info is not None and info.state == "running" and readings.time_s >= info.last_event_s:
                 self._jobs[jr.job_id] = replace(
                     info, phase=jr.phase, progress_frac=jr.progress_frac, throughput_frac=jr.throughput_frac
                 )
@@ -373,6 +378,10 @@ class TwinState:
             return
         if info is None:
             return  # events of a job we never saw submitted (agent started late): ignore
+        if ev.time_s < info.last_event_s:
+            return  # older than what the belief knows of the job (reordered, a late copy): not taken
+        if ev.kind == "started" and info.state == "running" and ev.time_s == info.last_event_s:
+            return  # the same start again (at-least-once delivery; a phase at its time may have followed)
         if ev.kind == "started":
             self._drop_from_queue(ev.job_id)
             self._set_cards(ev.job_id, (), released_s=ev.time_s)
@@ -456,6 +465,12 @@ class TwinState:
         ):
             np.minimum(arr, now_s, out=arr)
         self.time_s = min(self.time_s, now_s)
+        # a job's events on the new timeline are not older than the ones it had on the old one
+        for job_id, info in self._jobs.items():
+            if info.last_event_s > now_s:
+                self._jobs[job_id] = replace(info, last_event_s=now_s)
+        for job_id, gone_s in self._gone.items():
+            self._gone[job_id] = min(gone_s, now_s)
 
     def stale_racks(self, now_s: float, deadline_s: float) -> tuple[int, ...]:
         """Racks with any source (a card, the loop, the PDU) not seen within ``deadline_s``."""

@@ -382,3 +382,33 @@ def test_readings_stamped_far_ahead_are_not_taken_into_the_belief() -> None:
     spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
     ing.handle(wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", T0 + 7200.0, 0, "sim", job=spec))
     assert state.jobs["j1"].last_event_s == pytest.approx(clock.now() or 0.0)
+
+
+def test_job_events_stamped_far_ahead_keep_their_order() -> None:
+    """A scheduler whose clock runs an hour ahead: its events are dated at the site's now, but a
+    copy of its ``started`` (QoS 1 delivers at least once) is still the same start, and an older
+    ``phase`` overtaken by a newer one is still older (dated at now, the copy looked like a restart
+    and reset the running job's phase)."""
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=False, wall=wall)
+    state = TwinState(site)
+    ing = Ingest(site, state, clock)
+    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
+    ahead = T0 + 3600.0
+    started = wire.JobEvent(wire.JobEventType.STARTED, "j1", ahead + 1.0, 1, "sched", cards={"r1": (0, 1, 2, 3)})
+    events = [
+        wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", ahead, 0, "sched", job=spec),
+        started,
+        wire.JobEvent(wire.JobEventType.PHASE_CHANGED, "j1", ahead + 9.0, 3, "sched", phase=Phase.CHECKPOINT),
+        started,  # the same start again
+        wire.JobEvent(wire.JobEventType.PHASE_CHANGED, "j1", ahead + 5.0, 2, "sched", phase=Phase.COMPUTE),
+    ]
+    for i, ev in enumerate(events):
+        ing.handle(cards_msg("r0", T0 + i))
+        ing.handle(ev)
+        wall.t += 1.0
+    assert ing.stats.ahead == len(events) and ing.stats.job_events == len(events)
+    info = state.jobs["j1"]
+    assert info.state == "running" and info.cards == (64, 65, 66, 67) and info.phase == Phase.CHECKPOINT
+    assert T0 + 2.0 <= info.last_event_s <= T0 + 3.0  # the site's time, not an hour ahead

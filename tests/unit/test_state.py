@@ -267,3 +267,32 @@ def test_a_repeated_submission_does_not_requeue_a_running_or_finished_job(small_
     # the same id submitted again after it finished is a new job
     st.apply_events([JobEvent(100.0, "j1", "submitted", Phase.WAITING, job=spec)])
     assert [j.job_id for j in st.queue()] == ["j2", "j1"]
+
+
+def test_a_repeated_or_overtaken_job_event_does_not_move_a_job_back(small_site: SiteSpec) -> None:
+    """Job events come at least once and may be reordered (MQTT QoS 1): an old ``phase`` arriving
+    after a newer one used to overwrite it, a copy of ``started`` reset the running job's phase to
+    the start's, and a ``requeued`` overtaken by the restart it led to queued the running job."""
+    a, b = tuple(range(8)), tuple(range(8, 16))
+    st = TwinState(small_site)
+    started = JobEvent(1.0, "j1", "started", Phase.WAITING, cards=a)
+    st.apply_events([JobEvent(0.0, "j1", "submitted", Phase.WAITING, job=_job("j1", 8)), started])
+    st.apply_events([JobEvent(1.0, "j1", "phase", Phase.COMPUTE), started])  # a phase at the start's time
+    assert st.jobs["j1"].phase == Phase.COMPUTE
+    st.apply_events([JobEvent(20.0, "j1", "phase", Phase.CHECKPOINT), JobEvent(10.0, "j1", "phase", Phase.COMPUTE)])
+    assert st.jobs["j1"].phase == Phase.CHECKPOINT and st.jobs["j1"].last_event_s == 20.0
+    st.apply_events([started])
+    info = st.jobs["j1"]
+    assert info.state == "running" and info.phase == Phase.CHECKPOINT and info.cards == a
+    # requeued at 50 s and restarted on other cards at 80 s; the restart arrives first
+    restart = JobEvent(80.0, "j1", "started", Phase.WAITING, cards=b)
+    st.apply_events([restart, JobEvent(50.0, "j1", "requeued", Phase.WAITING)])
+    info = st.jobs["j1"]
+    assert info.state == "running" and info.cards == b and info.phase == Phase.WAITING and st.queue() == ()
+    snap = st.snapshot()
+    assert snap.card_job[8:16].tolist() == [0] * 8 and snap.card_job[:8].tolist() == [-1] * 8
+    assert snap.card_released_s[:8].tolist() == [80.0] * 8
+    # the job's times come back with the site's clock: a start on the new timeline is a start
+    st.clock_went_back(30.0)
+    st.apply_events([JobEvent(31.0, "j1", "started", Phase.WAITING, cards=a)])
+    assert st.jobs["j1"].cards == a and st.jobs["j1"].last_event_s == 31.0
