@@ -17,7 +17,8 @@ Warm start: the generator's Poisson arrivals are drawn over ``[-W, duration)`` (
 job run time); a job that arrived before 0 and whose expected wall time reaches past 0 is running at
 t = 0 with the work it has left (length-biased, as in a site that has been running for days). Those
 jobs are listed in :attr:`RunScenario.running_at_start` and :func:`build_plant` places them at t = 0
-(compact first fit) before the first step; they compute from the first step (no start-up wait).
+(compact first fit) before the first step; they compute from t = 0 (no start-up wait), their cards
+at the thermal steady state of their power.
 """
 
 from __future__ import annotations
@@ -695,7 +696,8 @@ def place_compact(plant: Plant, job_ids: Sequence[str], *, running: bool = False
     """Place queued jobs, in order, compactly (the first supernode with enough free cards, its
     free cards in index order; else free cards across the site). Returns the ids placed; a job
     that does not fit stays queued. ``running``: the jobs were already running (warm start), so
-    they skip the start-up wait (``PhaseModel.startup_s``) and compute from the next step."""
+    they skip the start-up wait (``PhaseModel.startup_s``) and compute from the next step, or from
+    now after :meth:`Plant.settle_warm_start` (as :func:`build_plant` does)."""
     if running:
         config = plant.config
         plant.config = dataclasses.replace(config, phases=dataclasses.replace(config.phases, startup_s=0.0))
@@ -728,9 +730,12 @@ def place_compact(plant: Plant, job_ids: Sequence[str], *, running: bool = False
 
 def build_plant(scenario: RunScenario) -> Plant:
     """The scenario's plant at t = 0, with the jobs of ``running_at_start`` placed and computing
-    from the first step (no start-up wait: they were running before t = 0). Faults starting at
-    t = 0 are in force before the placement: no job is placed on a card that has failed."""
+    (no start-up wait: they were running before t = 0), so the t = 0 readings show them busy, at
+    their power, with their dies at its thermal steady state (:meth:`Plant.settle_warm_start`).
+    Faults starting at t = 0 are in force before the placement: no job is placed on a card that
+    has failed."""
     plant = Plant(scenario.site, scenario.jobs, scenario.faults, scenario.plant_config)
     if scenario.running_at_start:
         place_compact(plant, scenario.running_at_start, running=True)
+        plant.settle_warm_start()
     return plant

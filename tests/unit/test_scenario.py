@@ -106,12 +106,42 @@ def test_build_plant_places_the_jobs_running_at_start(site: SiteSpec) -> None:
     assert np.unique(cards).size == cards.size
     events = plant.drain_events()
     assert {e.job_id for e in events if e.kind == "started"} == running
-    # they were running before t = 0: computing from the first step, no start-up wait
-    plant.step(1.0)
+    # they were running before t = 0: computing already at t = 0, no start-up wait
     phases = {r.job_id: r.phase for r in plant.job_records() if r.job_id in running}
     assert set(phases.values()) == {Phase.COMPUTE}
+    assert {e.job_id for e in events if e.kind == "phase" and e.phase == Phase.COMPUTE} == running
+    plant.step(1.0)
     assert plant.config.phases.startup_s == sc.plant_config.phases.startup_s == 60.0
     assert plant.accounting().work_card_s > 0
+
+
+def test_the_warm_start_reads_as_running_from_t0(site: SiteSpec) -> None:
+    """Jobs running before t = 0 show in the t = 0 readings as they do a second later: their cards
+    busy and at their power, their dies at the steady state of that power (no cold-die transient
+    that a controller would see at its first decision), and the energy balance still closes."""
+    sc = default_run_scenario(site, 600.0, seed=1)
+    plant = build_plant(sc)
+    busy = np.zeros(plant.n_cards, dtype=bool)
+    for job in plant.running_jobs():
+        busy[plant.job_cards(job.job_id)] = True
+    t0 = plant.truth()
+    assert busy.any() and (t0.utilization[busy] > 0.5).all()
+    plant.step(1.0)
+    t1 = plant.truth()
+    # within a job's first second no stall is due on these seeds' jobs (checked: all still computing)
+    assert {r.phase for r in plant.job_records() if r.state == "running"} == {Phase.COMPUTE}
+    np.testing.assert_allclose(t1.card_power_w, t0.card_power_w, rtol=1e-6)
+    np.testing.assert_allclose(t1.die_temp_c, t0.die_temp_c, atol=1e-3)
+    assert t0.die_temp_c[busy].mean() > t0.die_temp_c[~busy].mean() + 10.0
+    acc = plant.accounting()
+    assert acc.it_energy_j == pytest.approx(float(t0.rack_power_w.sum()), rel=1e-6)
+
+
+def test_the_warm_start_is_settled_only_before_the_first_step(site: SiteSpec) -> None:
+    plant = build_plant(default_run_scenario(site, 600.0, seed=1))
+    plant.step(1.0)
+    with pytest.raises(RuntimeError, match="before the first step"):
+        plant.settle_warm_start()
 
 
 def test_the_warm_start_avoids_cards_that_fail_at_t0(site: SiteSpec) -> None:
