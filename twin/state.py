@@ -27,7 +27,12 @@ the last digit, so exact repetition is the signature of a frozen value. A die te
 its own is stuck too, once it has held its value over ``stuck_after_readings`` readings in which its
 card's power (through the spec's lowest die-to-coolant resistance) or its rack's supply had moved it
 by ``stuck_die_move_k`` from where it last changed: a sensor reading whole degrees may hold one
-value for minutes at a steady load, but not through a load step or a set-point change.
+value for minutes at a steady load, but not through a load step or a set-point change. A power
+reading frozen on its own is stuck the same way, once it has held its value over
+``stuck_after_readings`` readings in which the spec's power model, at the card's reported clock,
+utilization, die temperature and low-power state, had moved it by ``stuck_power_move_w`` from where
+it last changed (a job's checkpoint, a level change): the guard budgets the rack with that power and
+the estimator learns the card's thermal resistance and leakage from it.
 
 Job events come at least once, and not always in order: a ``submitted`` of a job the belief knows
 (queued or running), or of one that finished after that submission, is a repeat and ignored; any
@@ -48,6 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from twin.power import PowerModel
 from twin.readings import CardBatch, FacilityReading, JobEvent, Readings
 from twin.spec import SiteSpec
 from twin.workload import JobSpec, Phase
@@ -122,14 +128,23 @@ class StateSnapshot:
 class TwinState:
     """The agent's belief. ``update(readings)`` and ``apply_events(events)``; ``snapshot()``."""
 
-    def __init__(self, site: SiteSpec, stuck_after_readings: int = 10, stuck_die_move_k: float = 3.0) -> None:
+    def __init__(
+        self,
+        site: SiteSpec,
+        stuck_after_readings: int = 10,
+        stuck_die_move_k: float = 3.0,
+        stuck_power_move_w: float = 50.0,
+    ) -> None:
         if stuck_after_readings < 2:
             raise ValueError("stuck_after_readings must be >= 2")
         if not stuck_die_move_k > 0:
             raise ValueError("stuck_die_move_k must be positive")
+        if not stuck_power_move_w > 0:
+            raise ValueError("stuck_power_move_w must be positive")
         self.site = site
         self.stuck_after_readings = stuck_after_readings
         self.stuck_die_move_k = stuck_die_move_k
+        self.stuck_power_move_w = stuck_power_move_w
         n, r = site.n_cards, site.n_racks
         self._n, self._n_racks, self._cpr = n, r, site.cards_per_rack
         card = site.card
@@ -159,6 +174,11 @@ class TwinState:
         self._die_ref_power_w = nan.copy()
         self._die_ref_supply_c = nan.copy()
         self._r_min_k_per_w = card.r_die_to_case_k_per_w + min(site.cold_plate.r_case_to_coolant_k_per_w)
+        # power alone: readings since the power last changed in which the spec's power model, at the
+        # card's reported clock, utilization, die and low-power state, moved it by stuck_power_move_w
+        self._power_moved = np.zeros(n, dtype=np.int64)
+        self._power_ref_model_w = nan.copy()
+        self._power_model = PowerModel.from_card(card)
         rnan = np.full(r, np.nan)
         self.rack_power_w = rnan.copy()
         self.rack_supply_temp_c = rnan.copy()
@@ -299,7 +319,8 @@ class TwinState:
         seen, new_t = self.card_last_seen_s[ok], t_arr[valid]
         # the same reading again (at-least-once delivery, same time stamp) is no new evidence of a frozen sensor
         new = new_t > seen
-        self._stuck_evidence(ok[new], power[valid][new], die[valid][new])
+        v_new = np.flatnonzero(valid)[new]
+        self._stuck_evidence(ok[new], power[v_new], die[v_new], util[v_new], clock[v_new], low[v_new])
         self.card_power_w[ok] = power[valid]
         self.card_die_temp_c[ok] = die[valid]
         self.card_utilization[ok] = util[valid]
@@ -322,10 +343,12 @@ class TwinState:
             if t > self.rack_cards_seen_s[rack]:
                 self.rack_cards_seen_s[rack] = t
 
-    def _stuck_evidence(self, ok: IntArray, power: FloatArray, die: FloatArray) -> None:
-        """Count exact repetitions for new valid readings ``power``/``die`` of cards ``ok`` (before they
-        are stored): of power and die together (a card frozen as a whole) and of the die alone while
-        what drives it moved (see :meth:`stuck_cards`)."""
+    def _stuck_evidence(
+        self, ok: IntArray, power: FloatArray, die: FloatArray, util: FloatArray, clock: FloatArray, low: BoolArray
+    ) -> None:
+        """Count exact repetitions for new valid readings of cards ``ok`` (before they are stored): of
+        power and die together (a card frozen as a whole), of the die alone while what drives it
+        moved, and of the power alone while what drives it moved (see :meth:`stuck_cards`)."""
         same = (power == self.card_power_w[ok]) & (die == self.card_die_temp_c[ok])
         self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
         supply = self.rack_supply_temp_c[ok // self._cpr]
@@ -336,6 +359,15 @@ class TwinState:
         changed = ok[~die_same]
         self._die_ref_power_w[changed] = power[~die_same]
         self._die_ref_supply_c[changed] = supply[~die_same]
+        # the power the spec's model gives at the clock the card reports (its own brake and slowdown
+        # included), its utilization, die and low-power state
+        pm = self._power_model
+        level = np.abs(clock[:, None] - pm.clocks_mhz[None, :]).argmin(axis=1)
+        model_w = pm.card_power_w(level, util, die, low)
+        power_same = power == self.card_power_w[ok]
+        p_move = np.nan_to_num(np.abs(model_w - self._power_ref_model_w[ok]))
+        self._power_moved[ok] = np.where(power_same, self._power_moved[ok] + (p_move >= self.stuck_power_move_w), 0)
+        self._power_ref_model_w[ok[~power_same]] = model_w[~power_same]
 
     # ================================================================================================
     # job events
@@ -503,13 +535,17 @@ class TwinState:
         :meth:`stuck_racks` instead), and cards whose die temperature alone is frozen: unchanged over
         ``stuck_after_readings`` readings in which its own power or its rack's supply had moved it
         by ``stuck_die_move_k`` (a sensor that reads whole degrees holds one value while nothing
-        moves it; it cannot hold it through a load step or a set-point change)."""
+        moves it; it cannot hold it through a load step or a set-point change), and cards whose power
+        alone is frozen: unchanged over ``stuck_after_readings`` readings in which the power model, at
+        the card's reported clock, utilization, die and low-power state, had moved it by
+        ``stuck_power_move_w``."""
         n = self.stuck_after_readings
         same = self._card_same.reshape(self._n_racks, self._cpr)
         frozen = same >= n
         moving = (same == 0).any(axis=1)
         hit = (frozen & moving[:, None]).ravel()
-        hit |= (self._die_moved >= n) & ~self.card_failed & ~self.card_host_off
+        alone = (self._die_moved >= n) | (self._power_moved >= n)
+        hit |= alone & ~self.card_failed & ~self.card_host_off
         return tuple(int(c) for c in np.flatnonzero(hit))
 
     def snapshot(self) -> StateSnapshot:

@@ -296,3 +296,64 @@ def test_a_repeated_or_overtaken_job_event_does_not_move_a_job_back(small_site: 
     st.clock_went_back(30.0)
     st.apply_events([JobEvent(31.0, "j1", "started", Phase.WAITING, cards=a)])
     assert st.jobs["j1"].cards == a and st.jobs["j1"].last_event_s == 31.0
+
+
+def _with_power(readings: Readings, fn: Callable[[CardBatch], np.ndarray]) -> Readings:
+    """``readings`` with every card batch's power column replaced by ``fn(batch)``."""
+    racks = []
+    for rr in readings.racks:
+        if rr.cards is not None:
+            rr = dataclasses.replace(rr, cards=dataclasses.replace(rr.cards, power_w=fn(rr.cards)))
+        racks.append(rr)
+    return dataclasses.replace(readings, racks=tuple(racks))
+
+
+def test_a_power_sensor_frozen_alone_is_stuck_once_utilization_or_level_moves(small_site: SiteSpec) -> None:
+    """Card 5's power sensor freezes at ~600 W while its die and utilization keep reporting; its job
+    checkpoints (utilization to 0, the card draws ~75 W) and later runs a slower level. The power
+    cannot hold its value through that, so the card is stuck (it used to need power and die frozen
+    together and was never flagged: the rack's budget and the estimator's resistance read a power
+    the card did not draw)."""
+    jobs = [JobSpec("a", 32, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=120.0)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PHASES))
+    st = TwinState(small_site, stuck_after_readings=10)
+    frozen = np.nan
+    flagged_at = None
+    for t in range(200):
+        if t == 150:
+            p.set_levels(np.arange(32), np.full(32, 3))
+        p.step(1.0)
+        readings = p.readings()
+        if t == 60:
+            frozen = float(readings.racks[0].cards.power_w[5])  # type: ignore[union-attr]
+        if t >= 60:
+            readings = _with_power(readings, lambda b, w=frozen: np.where(b.card_index == 5, w, b.power_w))
+        st.update(readings)
+        if flagged_at is None and st.stuck_cards() == (5,):
+            flagged_at = t
+        assert set(st.stuck_cards()) <= {5} and st.stuck_racks() == ()
+    assert flagged_at is not None and 120 <= flagged_at < 150  # ten readings into the first checkpoint
+    assert st.snapshot().stuck_cards == (5,)
+
+
+def test_a_power_sensor_reading_whole_watts_is_not_stuck(small_site: SiteSpec) -> None:
+    """Power read in whole watts (or 5 W steps) repeats at a steady load and at idle; through load
+    steps, level changes, power limits, sleep and wake it moves. None of it is a frozen sensor."""
+    jobs = [JobSpec("a", 24, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=90.0)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PHASES))
+    st = TwinState(small_site, stuck_after_readings=3)
+    repeats = 0
+    for t in range(400):
+        if t in (100, 250):
+            p.set_levels(np.arange(24), np.full(24, 3 if t == 100 else 0))
+        if t == 180:
+            p.set_power_limits(np.arange(24), np.full(24, 400.0))
+        if t in (150, 300):
+            (p.enter_low_power if t == 150 else p.wake)(np.arange(24, 32))
+        p.step(1.0)
+        before = st.card_power_w.copy()
+        step_w = 5.0 if t >= 200 else 1.0
+        st.update(_with_power(p.readings(), lambda b, q=step_w: np.round(b.power_w / q) * q))
+        repeats += int((st.card_power_w == before).sum())
+        assert st.stuck_cards() == () and st.stuck_racks() == ()
+    assert repeats > 1000  # the rounded values did repeat, often
