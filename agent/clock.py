@@ -29,7 +29,12 @@ time, so the agent reads its "now" from the messages it receives:
   meanwhile: then the clock jumps to them (``jumps``; a simulator restarted later, or a first
   message that came from a publisher lagging the others). One bad stamp, or one publisher whose
   clock runs far ahead of the others, does not move the site's time (it used to: every other rack
-  read as stale, and the control loop's wait returned at once).
+  read as stale, and the control loop's wait returned at once);
+* the first message's timeline is confirmed the same way: until its messages outnumber those behind
+  it two to one (after ``confirm_s``), messages stamped behind it that keep coming and advancing for
+  ``confirm_s`` and outnumber it two to one meanwhile step the clock back to them (``corrections``),
+  silent or not: a first message from a publisher far ahead of the others (it used to anchor the
+  site's time there, and every other rack read as stale for as long as it kept publishing).
 
 No reading, no time: :meth:`now` is None until the first timestamp arrives.
 """
@@ -80,6 +85,8 @@ class SiteClock:
         self._behind: tuple[float, float] | None = None
         # messages stamped beyond the clock's extrapolation plus the tolerance, and the others since
         self._ahead: _Run | None = None
+        # the first timestamp's timeline until a majority of the messages confirms it
+        self._first: _FirstAnchor | None = None
         self.corrections = 0
         #: forward jumps followed (the site's clock jumped ahead: confirmed as for steps back)
         self.jumps = 0
@@ -120,18 +127,26 @@ class SiteClock:
                 self._rate = (run.newest_ts - run.first_ts) / (run.last_wall - run.first_wall)
         elif self._ahead is not None:
             self._ahead.others += 1  # a message on the clock's timeline (or behind it)
+        outvoted = self._first is not None and self._first_outvoted(ts_s, w, tol)
+        stepped_back = False
         if self._anchor_ts is not None and ts_s <= self._anchor_ts:
-            if not self._site_went_back(ts_s, w, tol):
+            went_back = self._site_went_back(ts_s, w, tol)
+            if not (went_back or outvoted):
                 return False
             self._last_now = ts_s  # the old timeline is gone: restart from this message
             self._samples.clear()
             self.corrections += 1
+            stepped_back = True
         elif ts_s < self._last_now - tol:
             self._last_now = ts_s  # the clock ran ahead of the site during a silence: step back
             self.corrections += 1
         self._behind = None
         if jumped:
             self._ahead = None
+        if jumped or stepped_back:
+            self._first = None  # a run of messages confirmed the timeline it follows now
+        elif self._anchor_ts is None:
+            self._first = _FirstAnchor(first_wall=w)
         self._anchor_ts, self._anchor_wall = ts_s, w
         self.last_advance_wall = w
         if self._target is not None and ts_s >= self._target and self.target_reached_wall is None:
@@ -154,6 +169,31 @@ class SiteClock:
             return False
         self._behind = (self._behind[0], ts_s)
         return w - self._behind[0] >= self._confirm_s
+
+    def _first_outvoted(self, ts_s: float, w: float, tol: float) -> bool:
+        """While the first timestamp's timeline is not confirmed, a message stamped ``ts_s``: True once
+        messages stamped more than ``tol`` behind the newest timestamp keep coming and advancing for
+        ``confirm_s`` and outnumber those on the clock's timeline two to one meanwhile (the first
+        message came from a publisher far ahead of the others: the rule of forward jumps, the other
+        way round). The timeline is confirmed once, after ``confirm_s``, its messages outnumber
+        those behind it two to one."""
+        first = self._first
+        assert first is not None and self._anchor_ts is not None
+        run = first.behind
+        if ts_s >= self._anchor_ts - tol:  # on the clock's timeline
+            first.own += 1
+            if run is not None:
+                run.others += 1
+            if w - first.first_wall >= self._confirm_s and first.own > 2 * (run.count if run is not None else 0):
+                self._first = None
+            return False
+        if run is None or ts_s < run.newest_ts - tol or w - run.last_wall > self._reset_after_s:
+            first.behind = _Run(first_wall=w, last_wall=w, first_ts=ts_s, newest_ts=ts_s)  # a new run behind
+            return False
+        run.count += 1
+        run.last_wall = w
+        run.newest_ts = max(run.newest_ts, ts_s)
+        return w - run.first_wall >= self._confirm_s and run.count > 2 * run.others
 
     def _too_far_ahead(self, ts_s: float, w: float) -> bool:
         """``ts_s`` lies beyond where the clock expects the site to be (its newest timestamp plus the
@@ -258,6 +298,15 @@ class _Run:
     newest_ts: float
     count: int = 1
     others: int = 0
+
+
+@dataclass
+class _FirstAnchor:
+    """The first timestamp's timeline until confirmed: its messages and the run of messages behind it."""
+
+    first_wall: float
+    own: int = 1
+    behind: _Run | None = None
 
 
 def _has_loop() -> bool:

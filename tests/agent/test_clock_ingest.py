@@ -412,3 +412,44 @@ def test_job_events_stamped_far_ahead_keep_their_order() -> None:
     info = state.jobs["j1"]
     assert info.state == "running" and info.cards == (64, 65, 66, 67) and info.phase == Phase.CHECKPOINT
     assert T0 + 2.0 <= info.last_event_s <= T0 + 3.0  # the site's time, not an hour ahead
+
+
+def test_a_first_message_from_a_publisher_far_ahead_does_not_anchor_the_site_clock() -> None:
+    """Rack r5's BMC runs an hour ahead and happens to publish first. The clock used to anchor there
+    and, as that BMC kept publishing, every other rack read as an hour behind: stale, at fail-safe
+    caps for good. The first timeline is confirmed by a majority as forward jumps are: the messages
+    behind it outnumber it, so the clock steps back to them and only r5 goes stale."""
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=True, wall=wall)
+    state = TwinState(site)
+    ing = Ingest(site, state, clock)
+    order = [5, 0, 1, 2, 3, 4, 6, 7]
+    for i in range(40):
+        for r in order:
+            ts = T0 + i + (3600.0 if r == 5 else 0.0)
+            ing.handle(cards_msg(f"r{r}", ts))
+            ing.handle(_cdu(f"r{r}", ts))
+            ing.handle(wire.PduReading(rack=f"r{r}", power_w=40_000.0, ts_s=ts, seq=0, publisher="sim"))
+        ing.flush()
+        wall.t += 1.0
+        if i == 2:
+            now = clock.now()
+            assert now is not None and now < T0 + 10.0 and state.stale_racks(now, 30.0) == ()
+    now = clock.now()
+    assert now == pytest.approx(T0 + 40.0) and clock.corrections == 1 and clock.jumps == 0
+    assert state.stale_racks(now, 30.0) == (5,)
+    assert state.card_last_seen_s.max() == T0 + 39.0
+
+
+def test_a_publisher_far_behind_does_not_outvote_the_first_timeline() -> None:
+    """The other way round: the first message is on the site's time and one publisher lags an hour
+    behind. It is outnumbered: the clock stays."""
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)  # 20 site s per wall s
+    for i in range(60):
+        clock.observe(T0 + i)
+        assert not clock.observe(T0 - 3600.0 + i)
+        clock.observe(T0 + i + 0.5)
+        wall.t += 0.05
+    assert clock.corrections == 0 and clock.now() == pytest.approx(T0 + 59.5 + 1.0)
