@@ -32,7 +32,12 @@ reading frozen on its own is stuck the same way, once it has held its value over
 ``stuck_after_readings`` readings in which the spec's power model, at the card's reported clock,
 utilization, die temperature and low-power state, had moved it by ``stuck_power_move_w`` from where
 it last changed (a job's checkpoint, a level change): the guard budgets the rack with that power and
-the estimator learns the card's thermal resistance and leakage from it.
+the estimator learns the card's thermal resistance and leakage from it. A rack whose cards all
+repeat while nothing else changes is not stuck (a steady site without sensor noise), unless its PDU,
+read apart, moves by ``stuck_pdu_move_w`` (default: all of the rack's host overhead plus 5% of its
+limit, more than anything but its cards can move it) from what it read when they last changed, over
+``stuck_after_readings`` PDU readings: a site whose card readings froze as a whole. One whose PDU
+readings froze with them is not told from a steady site.
 
 Job events come at least once, and not always in order: a ``submitted`` of a job the belief knows
 (queued or running), or of one that finished after that submission, is a repeat and ignored; any
@@ -134,6 +139,7 @@ class TwinState:
         stuck_after_readings: int = 10,
         stuck_die_move_k: float = 3.0,
         stuck_power_move_w: float = 50.0,
+        stuck_pdu_move_w: float | None = None,
     ) -> None:
         if stuck_after_readings < 2:
             raise ValueError("stuck_after_readings must be >= 2")
@@ -141,10 +147,15 @@ class TwinState:
             raise ValueError("stuck_die_move_k must be positive")
         if not stuck_power_move_w > 0:
             raise ValueError("stuck_power_move_w must be positive")
+        if stuck_pdu_move_w is None:  # more than all of a rack's hosts and switches, PDU error and pumps
+            stuck_pdu_move_w = site.rack.host_overhead_w + 0.05 * site.rack.power_limit_w
+        if not stuck_pdu_move_w > 0:
+            raise ValueError("stuck_pdu_move_w must be positive")
         self.site = site
         self.stuck_after_readings = stuck_after_readings
         self.stuck_die_move_k = stuck_die_move_k
         self.stuck_power_move_w = stuck_power_move_w
+        self.stuck_pdu_move_w = stuck_pdu_move_w
         n, r = site.n_cards, site.n_racks
         self._n, self._n_racks, self._cpr = n, r, site.cards_per_rack
         card = site.card
@@ -193,6 +204,12 @@ class TwinState:
         self.rack_invalid_count = np.zeros(r, dtype=np.int64)
         self.late_count = 0  # readings older than what the belief holds (late, reordered): not taken
         self._loop_same = np.zeros(r, dtype=np.int64)
+        # a rack's cards all unchanged while its PDU moved: PDU readings since a card of the rack last
+        # changed in which the PDU had moved by stuck_pdu_move_w from what it read then
+        self._pdu_moved = np.zeros(r, dtype=np.int64)
+        self._pdu_ref_w = rnan.copy()
+        self._rack_cards_changed = np.ones(r, dtype=bool)  # since the rack's last PDU reading
+        self._rack_cards_read = np.zeros(r, dtype=bool)  # new card readings since then
         self.facility: FacilityReading | None = None
         self._jobs: dict[str, JobInfo] = {}
         self._gone: dict[str, float] = {}  # jobs finished or failed: when (the latest _GONE_KEPT)
@@ -250,6 +267,8 @@ class TwinState:
                 if t < self.rack_pdu_seen_s[r]:
                     self.late_count += 1
                 elif math.isfinite(p) and 0.0 <= p <= 1e7:
+                    if t > self.rack_pdu_seen_s[r]:
+                        self._pdu_evidence(r, p)
                     self.rack_power_w[r] = p
                     self.rack_pdu_seen_s[r] = t
                 else:
@@ -351,6 +370,8 @@ class TwinState:
         moved, and of the power alone while what drives it moved (see :meth:`stuck_cards`)."""
         same = (power == self.card_power_w[ok]) & (die == self.card_die_temp_c[ok])
         self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
+        self._rack_cards_changed[ok[~same] // self._cpr] = True
+        self._rack_cards_read[ok // self._cpr] = True
         supply = self.rack_supply_temp_c[ok // self._cpr]
         die_same = die == self.card_die_temp_c[ok]
         move = np.nan_to_num(np.abs(power - self._die_ref_power_w[ok]) * self._r_min_k_per_w)
@@ -368,6 +389,17 @@ class TwinState:
         p_move = np.nan_to_num(np.abs(model_w - self._power_ref_model_w[ok]))
         self._power_moved[ok] = np.where(power_same, self._power_moved[ok] + (p_move >= self.stuck_power_move_w), 0)
         self._power_ref_model_w[ok[~power_same]] = model_w[~power_same]
+
+    def _pdu_evidence(self, r: int, pdu_w: float) -> None:
+        """A new PDU reading of rack ``r``: count it when the rack's cards reported since the last one
+        and none changed, and it moved by ``stuck_pdu_move_w`` from what the PDU read when they last
+        did (see :meth:`stuck_racks`)."""
+        if self._rack_cards_changed[r]:
+            self._pdu_moved[r] = 0
+            self._pdu_ref_w[r] = pdu_w
+        elif self._rack_cards_read[r] and abs(pdu_w - self._pdu_ref_w[r]) >= self.stuck_pdu_move_w:
+            self._pdu_moved[r] += 1  # (cards that do not report at all are stale, not stuck)
+        self._rack_cards_changed[r] = self._rack_cards_read[r] = False
 
     # ================================================================================================
     # job events
@@ -520,15 +552,20 @@ class TwinState:
 
     def stuck_racks(self) -> tuple[int, ...]:
         """Racks whose card readings (all of them) or loop readings repeated exactly over
-        ``stuck_after_readings`` readings while another rack's readings changed."""
+        ``stuck_after_readings`` readings while another rack's readings changed, and racks whose
+        cards all repeated over ``stuck_after_readings`` PDU readings in which the PDU had moved by
+        ``stuck_pdu_move_w`` (more than all of its hosts could: only its cards can) from what it
+        read when they last changed (a site frozen as a whole, its PDUs read apart)."""
         n = self.stuck_after_readings
         cards_frozen = (self._card_same.reshape(self._n_racks, self._cpr) >= n).all(axis=1)
         frozen = cards_frozen | (self._loop_same >= n)
-        if not frozen.any():
+        pdu_says = self._pdu_moved >= n
+        if not (frozen.any() or pdu_says.any()):
             return ()
         moving = self._moving_racks()
         n_moving = int(moving.sum())
-        return tuple(int(r) for r in np.flatnonzero(frozen) if n_moving - int(moving[r]) > 0)
+        hit = (frozen & (n_moving - moving.astype(np.int64) > 0)) | pdu_says
+        return tuple(int(r) for r in np.flatnonzero(hit))
 
     def stuck_cards(self) -> tuple[int, ...]:
         """Cards frozen while others of their rack change (a rack frozen as a whole is in

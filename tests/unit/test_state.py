@@ -357,3 +357,32 @@ def test_a_power_sensor_reading_whole_watts_is_not_stuck(small_site: SiteSpec) -
         repeats += int((st.card_power_w == before).sum())
         assert st.stuck_cards() == () and st.stuck_racks() == ()
     assert repeats > 1000  # the rounded values did repeat, often
+
+
+def test_a_site_frozen_as_a_whole_is_stuck_once_its_pdus_see_its_cards_load_move(small_site: SiteSpec) -> None:
+    """Every card reading of the site freezes at once (a collector re-publishing its cache with fresh
+    time stamps) while the PDUs, read apart, go on. No rack changes, so no rack was stuck; but when
+    the job checkpoints the PDUs drop by more than all of a rack's hosts could draw: only its cards
+    can have moved."""
+    rack = dataclasses.replace(small_site.rack, host_overhead_w=2200.0, power_limit_w=12500.0)  # 16 cards' share
+    site = dataclasses.replace(small_site, rack=rack)
+    jobs = [JobSpec("a", 32, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=120.0)]
+    p = Plant(site, jobs, config=PlantConfig(seed=3, phases=PHASES))
+    st = TwinState(site, stuck_after_readings=10)
+    cache = p.readings()
+    flagged_at = None
+    for t in range(200):
+        p.step(1.0)
+        readings = p.readings()
+        if t == 60:
+            cache = readings
+        if t >= 60:
+            racks = (
+                dataclasses.replace(rr, cards=cr.cards) for rr, cr in zip(readings.racks, cache.racks, strict=True)
+            )
+            readings = dataclasses.replace(readings, racks=tuple(racks))
+        st.update(readings)
+        if flagged_at is None and st.stuck_racks():
+            flagged_at = t
+    assert flagged_at is not None and 120 <= flagged_at < 150  # ten PDU readings into the first checkpoint
+    assert st.stuck_racks() == (0, 1) and st.stuck_cards() == ()
