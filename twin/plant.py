@@ -338,9 +338,12 @@ class _Job:
         self.compute_start_s: float | None = None
         self.restarts = 0
         self.progress_steps = 0.0
-        self.last_ckpt_steps = 0.0
-        self.pending_ckpt_steps = 0.0
         self.ckpt_interval_steps = spec.checkpoint_interval_s / spec.step_time_s
+        # a job part way through its checkpoint interval (warm start) last checkpointed before its
+        # progress 0: a failure before its first checkpoint here rolls it back behind 0
+        first = spec.first_checkpoint_after_s
+        self.last_ckpt_steps = 0.0 if first is None else (first - spec.checkpoint_interval_s) / spec.step_time_s
+        self.pending_ckpt_steps = self.last_ckpt_steps
         self.next_action: tuple[Any, ...] = ("none",)
         self.slo_violation_s = 0.0
 
@@ -1720,7 +1723,7 @@ class Plant:
                     job_id=job.spec.job_id,
                     phase=job.phase,
                     n_cards=job.spec.n_cards,
-                    progress_frac=float(min(self._s_progress[s] / self._s_work[s], 1.0)),
+                    progress_frac=float(min(max(self._s_progress[s] / self._s_work[s], 0.0), 1.0)),
                     throughput_frac=float(self._s_rate[s]),
                 )
             )

@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import math
 import re
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +238,9 @@ class _JobEntry:
     noncompute_utilization: float = field(default=0.2, metadata=rng(0.0, 1.0))
     min_throughput_frac: float = field(default=0.0, metadata=rng(0.0, 1.0))
     running_at_start: bool = False
+    # a job running at the start is part way through its checkpoint interval: the training time
+    # before its first checkpoint (default: drawn uniform in (0, checkpoint_interval_s])
+    first_checkpoint_after_s: float | None = field(default=None, metadata=rng(0.0, 1e8, lo_open=True))
 
 
 @dataclass(frozen=True)
@@ -411,13 +415,19 @@ def run_scenario_from_dict(
     for i, entry in enumerate(listed):
         where = f"jobs[{i}]"
         je = decode_table(_JobEntry, entry, source, where)
-        jobs.append(_listed_job(je, source, where))
         if je.running_at_start:
             if je.submit_time_s != 0.0:
                 raise SpecError(
                     source, f"{where}.running_at_start", "a job running at the start must have submit_time_s = 0"
                 )
             running.append(je.id)
+        elif je.first_checkpoint_after_s is not None:
+            raise SpecError(
+                source,
+                f"{where}.first_checkpoint_after_s",
+                "only for a job running at the start (a job starting fresh checkpoints after a whole interval)",
+            )
+        jobs.append(_listed_job(je, source, where, the_seed))
     if listed:
         what += f" + {len(listed)} listed"
     _check_jobs(jobs, site, source, listed_from=len(jobs) - len(listed))
@@ -480,10 +490,13 @@ def _ambient(raw: Any, site: SiteSpec, source: str) -> Ambient:
     return result
 
 
-def _listed_job(je: _JobEntry, source: str, where: str) -> JobSpec:
+def _listed_job(je: _JobEntry, source: str, where: str, seed: int) -> JobSpec:
     if (je.duration_s is None) == (je.work_steps is None):
         raise SpecError(source, f"{where}.duration_s", "give exactly one of duration_s and work_steps")
     work = je.work_steps if je.work_steps is not None else float(je.duration_s or 0.0) / je.step_time_s
+    first = je.first_checkpoint_after_s
+    if je.running_at_start and first is None:
+        first = _part_way_through(je.checkpoint_interval_s, seed, je.id)
     return _wrap(
         source,
         where,
@@ -499,8 +512,18 @@ def _listed_job(je: _JobEntry, source: str, where: str) -> JobSpec:
             checkpoint_duration_s=je.checkpoint_duration_s,
             noncompute_utilization=je.noncompute_utilization,
             min_throughput_frac=je.min_throughput_frac,
+            first_checkpoint_after_s=first,
         ),
     )
+
+
+def _part_way_through(interval_s: float, seed: int, job_id: str) -> float:
+    """Training time before the first checkpoint of a job that was running before t = 0 and whose
+    progress is not known: uniform in (0, ``interval_s``] (jobs started at unrelated times are at
+    unrelated points of their intervals; left at a whole interval, every such job would checkpoint
+    at the same moment), drawn from the scenario's seed and the job's id."""
+    draw = np.random.default_rng([seed, 3, zlib.crc32(job_id.encode("utf-8"))]).random()
+    return float(interval_s * (1.0 - draw))
 
 
 def _check_jobs(jobs: Sequence[JobSpec], site: SiteSpec, source: str, listed_from: int) -> None:
@@ -589,7 +612,15 @@ def _generated(
         left = t + wall
         if left <= 0.0:
             continue  # finished before the run starts
-        jobs.append(dataclasses.replace(j, submit_time_s=0.0, work_steps=j.work_steps * left / wall))
+        # it has trained for the share of its wall time gone by: where that leaves it in its
+        # checkpoint interval sets its first checkpoint here (0 would mean one due now)
+        trained_s = j.duration_s * (1.0 - left / wall)
+        first = j.checkpoint_interval_s - math.fmod(trained_s, j.checkpoint_interval_s)
+        jobs.append(
+            dataclasses.replace(
+                j, submit_time_s=0.0, work_steps=j.work_steps * left / wall, first_checkpoint_after_s=first
+            )
+        )
         running.append(j.job_id)
     return jobs, running
 

@@ -92,6 +92,10 @@ class JobSpec:
     noncompute_utilization: float = 0.2
     # SLO: the job's throughput must stay at or above this fraction of its top-clock throughput
     min_throughput_frac: float = 0.0
+    # training time (s at the top clock) before the job's first checkpoint; None: a whole
+    # checkpoint_interval_s (a job starting fresh). A job that was running before it was submitted
+    # here (a warm start) is part way through its interval: its last checkpoint lies behind it.
+    first_checkpoint_after_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -111,6 +115,12 @@ class JobSpec:
             problems.append(f"priority must be positive, got {self.priority}")
         if not (self.checkpoint_interval_s > 0 and self.checkpoint_duration_s >= 0):
             problems.append("checkpoint_interval_s must be positive and checkpoint_duration_s >= 0")
+        first = self.first_checkpoint_after_s
+        if first is not None and not 0.0 < first <= self.checkpoint_interval_s:
+            problems.append(
+                f"first_checkpoint_after_s must be within (0, checkpoint_interval_s = {self.checkpoint_interval_s}],"
+                f" got {first}"
+            )
         if not (self.submit_time_s >= 0 and math.isfinite(self.submit_time_s)):
             problems.append(f"submit_time_s must be >= 0, got {self.submit_time_s}")
         if problems:

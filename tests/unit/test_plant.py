@@ -275,6 +275,41 @@ def test_job_lifecycle_checkpoints_and_work_accounting(small_site: SiteSpec) -> 
     assert rec.state == "finished" and rec.work_done_card_s == pytest.approx(spec.work_card_s)
 
 
+def test_a_job_part_way_through_its_checkpoint_interval(small_site: SiteSpec) -> None:
+    """A job that was running before it was submitted here (warm start) checkpoints first after
+    ``first_checkpoint_after_s`` of training, then every interval; a card failure before that first
+    checkpoint rolls it back to its last one, which lies before its progress 0 (that work is lost too)."""
+    phases = PhaseModel(startup_s=0.0, restart_delay_s=60.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+    a = job(
+        "a",
+        16,
+        work_steps=5000.0,
+        checkpoint_interval_s=900.0,
+        checkpoint_duration_s=0.0,
+        first_checkpoint_after_s=200.0,
+    )
+    p = Plant(small_site, [a], config=exact(phases=phases))
+    p.run(1200.0, 1.0)
+    ckpt = [e.time_s for e in p.drain_events() if e.kind == "phase" and e.phase == Phase.CHECKPOINT]
+    assert ckpt == pytest.approx([200.0, 1100.0], abs=1.0)
+
+    b = job("b", 16, work_steps=5000.0, checkpoint_interval_s=900.0, first_checkpoint_after_s=200.0)
+    p = Plant(small_site, [b], [CardFailure(card=3, at_s=150.0)], config=exact(phases=phases))
+    p.run(151.0, 1.0)
+    acc = p.accounting()
+    # 150 s of training here plus the 700 s it had trained since its last checkpoint before
+    assert acc.lost_work_card_s == pytest.approx((150.0 + 700.0) * 16, abs=16.0)
+    assert acc.work_card_s == pytest.approx(-700.0 * 16, abs=16.0)
+    assert [r.progress_frac for r in p.readings().jobs] == [0.0]  # reported within 0..1
+
+
+def test_first_checkpoint_after_is_checked(small_site: SiteSpec) -> None:
+    with pytest.raises(ValueError, match="first_checkpoint_after_s must be within"):
+        job("a", 8, checkpoint_interval_s=900.0, first_checkpoint_after_s=901.0)
+    with pytest.raises(ValueError, match="first_checkpoint_after_s must be within"):
+        job("a", 8, checkpoint_interval_s=900.0, first_checkpoint_after_s=0.0)
+
+
 def test_communication_stalls_run_at_the_phase_models_utilization(small_site: SiteSpec) -> None:
     """A stalled collective spins at ``PhaseModel.communication_utilization`` whatever the job's
     noncompute utilization (its steps' clock-insensitive part, which may be memory-bound and busy)."""

@@ -144,6 +144,39 @@ def test_the_warm_start_is_settled_only_before_the_first_step(site: SiteSpec) ->
         plant.settle_warm_start()
 
 
+@pytest.mark.parametrize("name", ["day-nominal.toml", "day-full-load.toml"])
+def test_jobs_running_at_the_start_do_not_checkpoint_together(name: str) -> None:
+    """Jobs started before t = 0 at unrelated times are at unrelated points of their checkpoint
+    intervals: their first checkpoints here spread over the interval (left at a whole interval, every
+    one of them checkpointed at ~900 s: on the full-load day the whole site at once)."""
+    sc = load_run_scenario(EXAMPLES / name)
+    running = [j for j in sc.jobs if j.job_id in sc.running_at_start]
+    firsts = [j.first_checkpoint_after_s for j in running]
+    assert len(running) >= 10 and all(
+        f is not None and 0.0 < f <= j.checkpoint_interval_s for f, j in zip(firsts, running, strict=True)
+    )
+    assert max(f or 0.0 for f in firsts) - min(f or 0.0 for f in firsts) > 0.5 * running[0].checkpoint_interval_s
+    assert all(j.first_checkpoint_after_s is None for j in sc.jobs if j.job_id not in sc.running_at_start)
+    # the same file gives the same draw
+    assert [j.first_checkpoint_after_s for j in load_run_scenario(EXAMPLES / name).jobs] == [
+        j.first_checkpoint_after_s for j in sc.jobs
+    ]
+
+
+def test_a_listed_running_job_may_say_where_it_is_in_its_interval(site: SiteSpec) -> None:
+    base: dict[str, Any] = {"name": "x", "duration_s": 600.0, "workload": {"source": "none"}}
+    entry = {"id": "a", "n_cards": 8, "duration_s": 3600.0, "running_at_start": True, "first_checkpoint_after_s": 120.0}
+    sc = run_scenario_from_dict({**base, "jobs": [entry]}, source="x.toml", site=site)
+    assert sc.jobs[0].first_checkpoint_after_s == 120.0
+    fresh = {**entry, "running_at_start": False}
+    with pytest.raises(SpecError, match=r"jobs\[0\]\.first_checkpoint_after_s.*only for a job running at the start"):
+        run_scenario_from_dict({**base, "jobs": [fresh]}, source="x.toml", site=site)
+    with pytest.raises(SpecError, match="first_checkpoint_after_s must be within"):
+        run_scenario_from_dict(
+            {**base, "jobs": [{**entry, "first_checkpoint_after_s": 1000.0}]}, source="x.toml", site=site
+        )
+
+
 def test_the_warm_start_avoids_cards_that_fail_at_t0(site: SiteSpec) -> None:
     """A card failing at t = 0 has failed before the jobs running at the start are placed: none is
     placed on it (such a job would be stopped and requeued at once, and fail with max_restarts = 0)."""
