@@ -2,8 +2,10 @@
 
 Rules (issue 3): a job runs inside one supernode, on as few racks as possible (at most its
 ``max_racks``), on a compact block of the supernode's 3D torus (a rack is one z-plane, so a job on
-``m`` racks takes ``m`` consecutive planes: a *window*), preferring racks with power and thermal
-headroom. A job that cannot be placed stays queued with the reason.
+``m`` racks takes ``m`` consecutive planes: a *window*), preferring racks with power headroom. A
+job that cannot be placed stays queued with the reason. Thermal headroom is not weighed: a queued
+job's card power is predicted at the site's mean thermal resistance, so a rack with a weak pump or
+fouled plates is not avoided (its jobs then run slower under the die limit; the DVFS plan sees it).
 
 Candidates: for a job of ``n`` cards, windows of ``ceil(n / cards_per_rack)`` up to ``max_racks``
 consecutive racks (ring order) of one supernode holding at least ``n`` free cards.
@@ -24,7 +26,10 @@ binary model exploding at 2,048 cards, so the MILP is aggregated and decomposed:
    ``o[r] >= sum_j p_j c[j,r] - headroom_r``; objective: placed cards first, then fewer racks
    (``y`` weighted by window length), then little overload.
 
-Cards inside the chosen racks are then picked compactly by the same routine as the greedy.
+Cards inside the chosen racks are then picked compactly by the same routine as the greedy, unless
+that block would take the racks further over their headroom than the MILP's per-rack counts: then
+each rack's count is picked compactly within the rack. A plan's ``overload_w`` is what its cards
+really add over the racks' headroom (greedy and MILP alike).
 
 Hosts (sites whose racks' hosts can be powered off, ``site.hosts_managed``): cards are picked whole
 host by whole host (a host's cards share its NVLink domain, and whole idle hosts can be powered
@@ -305,7 +310,6 @@ def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
     cards: dict[str, IntArray] = {}
     racks: dict[str, tuple[int, ...]] = {}
     unplaced: dict[str, str] = {}
-    overload = 0.0
     for i in _order(pp.queue):
         qj = pp.queue[i]
         n = qj.spec.n_cards
@@ -340,10 +344,11 @@ def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
         free[picked] = False
         add = np.bincount(card_rack[picked], minlength=site.n_racks) * pp.card_power_w[i]
         head -= add
-        overload += chosen[0][0]
         cards[qj.spec.job_id] = picked
         racks[qj.spec.job_id] = tuple(sorted({int(r) for r in card_rack[picked]}))
-    return PlacementPlan(cards, racks, unplaced, "heuristic", time.perf_counter() - t0, "greedy", overload)
+    return PlacementPlan(
+        cards, racks, unplaced, "heuristic", time.perf_counter() - t0, "greedy", _overload_w(pp, cards)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,7 +506,6 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
     free = pp.free.copy()
     cards: dict[str, IntArray] = {}
     racks: dict[str, tuple[int, ...]] = {}
-    overload = 0.0
     status = "optimal"
     for n, js in sorted(by_sn.items()):
         m2 = build_placement_model(pp, n, js)
@@ -513,19 +517,14 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
             if (pyo.value(m2.y[j, w], exception=False) or 0.0) < 0.5:
                 continue
             qj = pp.queue[j]
-            chosen: list[int] = []
-            for r in m2._win[(j, w)]:
-                cnt = round(pyo.value(m2.c[j, r], exception=False) or 0.0)
-                if cnt:
-                    chosen.append(r)
-            picked, _ = _pick_compact(site, free, sorted(chosen), qj.spec.n_cards, xyz, pp.card_wait_s)
+            counts = {r: cnt for r in m2._win[(j, w)] if (cnt := round(pyo.value(m2.c[j, r], exception=False) or 0.0))}
+            picked = _pick_planned(pp, j, free, counts, xyz, cards)
             if picked.size < qj.spec.n_cards:
                 status = "partial"
                 continue
             free[picked] = False
             cards[qj.spec.job_id] = picked
             racks[qj.spec.job_id] = tuple(sorted({int(r) for r in card_rack[picked]}))
-        overload += float(sum(pyo.value(m2.o[r], exception=False) or 0.0 for r in m2.R))
     # jobs the decomposition left out (stage 2 could not fit them): a greedy pass on what is left
     left_idx = [i for i in range(len(pp.queue)) if pp.queue[i].spec.job_id not in cards]
     unplaced: dict[str, str] = {}
@@ -546,8 +545,48 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
         cards.update(g.cards)
         racks.update(g.racks)
         unplaced.update(g.unplaced)
-        overload += g.overload_w
-    return PlacementPlan(cards, racks, unplaced, status, time.perf_counter() - t0, "milp", overload)
+    return PlacementPlan(cards, racks, unplaced, status, time.perf_counter() - t0, "milp", _overload_w(pp, cards))
+
+
+def _pick_planned(
+    pp: PlacementProblem, j: int, free: BoolArray, counts: dict[int, int], xyz: IntArray, placed: dict[str, IntArray]
+) -> IntArray:
+    """The cards for queued job ``j`` from the MILP's per-rack ``counts``: the compact block of its
+    racks when that is no more over the racks' headroom (given the jobs ``placed`` so far) than
+    taking each rack's count there, else each rack's count (compactly within the rack). The compact
+    block of a window ignores the counts, and a block leaning on the rack with less headroom took a
+    rack 660 W over where the counts planned 141 W."""
+    site = pp.site
+    n = pp.queue[j].spec.n_cards
+    block, _ = _pick_compact(site, free, sorted(counts), n, xyz, pp.card_wait_s)
+    left = free.copy()
+    parts: list[IntArray] = []
+    for r, cnt in sorted(counts.items()):
+        part, _ = _pick_compact(site, left, [r], cnt, xyz, pp.card_wait_s)
+        left[part] = False
+        parts.append(part)
+    by_count = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+    if by_count.size < n:
+        return block
+    if block.size < n:
+        return by_count
+    job_id = pp.queue[j].spec.job_id
+    if _overload_w(pp, {**placed, job_id: by_count}) < _overload_w(pp, {**placed, job_id: block}) - 1e-6:
+        return by_count
+    return block
+
+
+def _overload_w(pp: PlacementProblem, cards: dict[str, IntArray]) -> float:
+    """What the placed jobs' cards (each at ``pp.card_power_w``) take the racks over their headroom,
+    summed over racks (a rack over before any placement counts only what the jobs add)."""
+    site = pp.site
+    card_rack = site.card_rack()
+    load = np.zeros(site.n_racks)
+    for i, q in enumerate(pp.queue):
+        c = cards.get(q.spec.job_id)
+        if c is not None:
+            load += np.bincount(card_rack[c], minlength=site.n_racks) * pp.card_power_w[i]
+    return float(np.maximum(load - np.maximum(pp.rack_headroom_w, 0.0), 0.0).sum())
 
 
 def place_jobs(

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from models_helpers import job, problem, rack_cards
+from models_helpers import EXAMPLES, job, problem, rack_cards
 
-from models.placement import QueuedJob, make_placement_problem, place_jobs
-from twin.spec import SiteSpec
+from models.placement import PlacementProblem, QueuedJob, make_placement_problem, place_jobs
+from twin.spec import SiteSpec, site_from_dict
+from twin.tables import read_toml
 
 pytestmark = pytest.mark.models
 
@@ -85,3 +86,47 @@ def test_placement_prefers_racks_with_power_headroom(site: SiteSpec) -> None:
     assert pp.rack_headroom_w[1] > pp.rack_headroom_w[0]
     plan = place_jobs(pp, method="greedy")
     assert plan.racks["q"] == (1,)
+
+
+def _three_small_racks() -> SiteSpec:
+    """The example hardware as three racks of four cards (two hosts of two), limits scaled per card."""
+    data = read_toml(EXAMPLES / "supernode-512.toml")
+    data.update(name="tiny-3x4", torus_dims=[2, 2, 3], racks_per_supernode=3)
+    data["rack"] = {
+        **data["rack"],
+        "hosts_per_rack": 2,
+        "power_limit_w": 50000.0 * 4 / 64,
+        "host_overhead_w": 8800.0 * 4 / 64,
+        "host_power_w": 1000.0 * 4 / 64 * 8 / 2,
+        "host_off_power_w": 50.0 * 4 / 64 * 8 / 2,
+    }
+    return site_from_dict(data, source="tiny")
+
+
+def test_the_milp_plan_takes_its_cards_where_it_counted_them_and_reports_its_true_overload() -> None:
+    """The placement MILP decides how many cards of a job go on each rack (to keep the racks within
+    their headroom); the cards picked must follow those counts where the compact block of the window
+    would take a rack further over, and the plan's overload is what its cards really add. (Found by
+    an audit on a closed-loop capture: the block took 2 + 2 cards where the MILP counted 3 + 1, 660 W
+    over rack 0's headroom while the plan reported 141 W; the next decision slowed a priority-2 job.)"""
+    site = _three_small_racks()
+    free = np.zeros(site.n_cards, dtype=bool)
+    free[[2, 3, 7, 8, 9, 11]] = True  # r0: one whole host; r1: one card; r2: three cards of hosts booting
+    wait = np.where(np.arange(site.n_cards) >= 8, 295.0, 0.0)
+    pp = PlacementProblem(
+        site=site,
+        free=free,
+        queue=(QueuedJob(job("q", 4)),),
+        rack_headroom_w=np.array([463.0, 89.0, 1641.0]),
+        card_power_w=np.array([561.2]),
+        card_wait_s=wait,
+    )
+    plan = place_jobs(pp, method="milp")
+    per_rack = np.bincount(site.card_rack()[plan.cards["q"]], minlength=3)
+    over = np.maximum(per_rack * 561.2 - pp.rack_headroom_w, 0.0)
+    assert per_rack.tolist() == [1, 0, 3]
+    assert plan.overload_w == pytest.approx(float(over.sum())) == pytest.approx(98.2 + 42.6, abs=0.5)
+    greedy = place_jobs(pp, method="greedy")
+    g_rack = np.bincount(site.card_rack()[greedy.cards["q"]], minlength=3)
+    assert greedy.overload_w == pytest.approx(float(np.maximum(g_rack * 561.2 - pp.rack_headroom_w, 0.0).sum()))
+    assert place_jobs(pp, method="auto").cards["q"].tolist() == plan.cards["q"].tolist()
