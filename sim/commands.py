@@ -14,8 +14,26 @@ the burst: one applied state per touched rack, made once, so that every ``seq`` 
 published and a receiver sees no gap in the sequence.
 
 A decoded command is first judged against the site clock (``wire.is_expired``: at or past
-``expires_at`` it is acked ``expired`` and NOT applied), then applied through the plant, which
-either applies all of it or refuses all of it with a reason (``twin.plant.CommandError``):
+``expires_at`` it is acked ``expired`` and NOT applied), then by the rules every rack follows
+(docs/protocol.md, "Which commands a rack applies"; the ack's reason starts with the code):
+
+* ``ttl_too_long`` / ``issued_ahead`` (``wire.command_time_problem``): rejected when it would live
+  longer than ``wire.MAX_COMMAND_TTL_S``, or its ``ts`` is more than ``max_issue_ahead_s`` ahead of
+  the site clock;
+* ``duplicate``: a copy of a command (its ``command_id``) already answered ``applied`` or
+  ``rejected`` gets that answer again, its reason prefixed ``duplicate:``, and is not applied again
+  (ids are remembered until their command expires, at most ``MAX_REMEMBERED_IDS``);
+* ``superseded``: rejected when a command issued later has been applied to what it sets: per card
+  its DVFS level (``set_dvfs_level``, ``set_clock_range``), its power limit, or its power state
+  (``low_power_idle``, ``wake``, ``host_power_off``, ``host_power_on``); per rack its pump; the
+  set-point. "Later" is by the issue stamp ``ts``; for one publisher's commands stamped alike, by
+  its ``seq``. A command is refused whole when any card of it has a later one (:class:`IssueOrder`);
+* ``host_off``: ``set_dvfs_level``, ``set_clock_range``, ``set_power_limit`` and ``low_power_idle``
+  to a card whose host is powered off are rejected: the card is unpowered, its BMC or driver cannot
+  reach it (a ``wake`` boots the host, below).
+
+Then it is applied through the plant, which either applies all of it or refuses all of it with a
+reason (``twin.plant.CommandError``):
 
 * ``set_dvfs_level``: ``Plant.set_levels``; takes effect ``card.dvfs_latency_s`` later; a level
   outside the card's table is rejected. Applied state: ``dvfs_level`` = the level, clock range =
@@ -61,9 +79,36 @@ import numpy.typing as npt
 from agent import wire
 from twin.plant import CommandError, Plant
 
-__all__ = ["CommandCounts", "CommandHandler"]
+__all__ = ["MAX_REMEMBERED_IDS", "CommandCounts", "CommandHandler", "IssueOrder"]
 
 log = logging.getLogger("racktwin.sim")
+
+#: The most command ids remembered to answer copies (``duplicate``); an id is forgotten when its
+#: command expires, the oldest first beyond this many.
+MAX_REMEMBERED_IDS = 100_000
+_PRUNE_EVERY = 1024
+
+# what a card command sets (each ordered on its own, :class:`IssueOrder`)
+_LEVEL, _LIMIT, _POWER = 0, 1, 2
+_SETS = ("DVFS level", "power limit", "power state")
+_SLOT = {
+    wire.CardAction.SET_DVFS_LEVEL: _LEVEL,
+    wire.CardAction.SET_CLOCK_RANGE: _LEVEL,
+    wire.CardAction.SET_POWER_LIMIT: _LIMIT,
+    wire.CardAction.LOW_POWER_IDLE: _POWER,
+    wire.CardAction.WAKE: _POWER,
+    wire.CardAction.HOST_POWER_OFF: _POWER,
+    wire.CardAction.HOST_POWER_ON: _POWER,
+}
+#: the actions a card of a powered-off host cannot take (``wake`` boots the host)
+_NEED_HOST_ON = frozenset(
+    {
+        wire.CardAction.SET_DVFS_LEVEL,
+        wire.CardAction.SET_CLOCK_RANGE,
+        wire.CardAction.SET_POWER_LIMIT,
+        wire.CardAction.LOW_POWER_IDLE,
+    }
+)
 
 
 @dataclass
@@ -73,10 +118,13 @@ class CommandCounts:
     applied: int = 0
     rejected: int = 0  # rejected acks: refused by the plant, or undecodable with a readable command_id
     expired: int = 0
+    superseded: int = 0  # rejected (part of ``rejected``): a command issued later had been applied
+    duplicates: int = 0  # copies of commands already answered: answered again, not applied (not in the above)
     malformed_acked: int = 0  # undecodable messages answered with a rejected ack (part of ``rejected``)
     unanswered: int = 0  # undecodable messages with no readable command_id (or no known topic): no ack
     by_target: dict[str, dict[str, int]] = field(default_factory=dict)
-    rejection_reasons: dict[str, int] = field(default_factory=dict)  # plant's refusals by action
+    #: refusals by ``{target}.{action}`` (the plant's) or ``{target}.{code}`` (``wire.AckReason``)
+    rejection_reasons: dict[str, int] = field(default_factory=dict)
 
     def count(self, target: str, result: wire.AckResult) -> None:
         if result is wire.AckResult.APPLIED:
@@ -89,8 +137,34 @@ class CommandCounts:
         per[result.value] += 1
 
 
+class IssueOrder:
+    """The issue stamp of the last command applied to each of ``n`` slots (a card's setting, a rack's
+    pump, the set-point): its ``ts``, and its publisher's ``seq`` to order one publisher's commands
+    stamped alike. A command is newer than a slot's last when its ``ts`` is later, or equal from the
+    same publisher with a higher ``seq`` (a restarted publisher's ``seq`` starts again at 0: only
+    ``ts`` orders its commands after those of before)."""
+
+    def __init__(self, n: int) -> None:
+        self.ts_s = np.full(n, -np.inf)
+        self.publisher = np.full(n, -1, dtype=np.int64)
+        self.seq = np.full(n, -1, dtype=np.int64)
+
+    def first_not_older(self, idx: npt.NDArray[np.int64], ts_s: float, publisher: int, seq: int) -> int | None:
+        """The first slot of ``idx`` whose last command is not older than this stamp (None: none)."""
+        last = self.ts_s[idx]
+        tie = (last == ts_s) & ((self.publisher[idx] != publisher) | (self.seq[idx] >= seq))
+        hit = np.flatnonzero((last > ts_s) | tie)
+        return int(idx[hit[0]]) if hit.size else None
+
+    def record(self, idx: npt.NDArray[np.int64], ts_s: float, publisher: int, seq: int) -> None:
+        self.ts_s[idx] = ts_s
+        self.publisher[idx] = publisher
+        self.seq[idx] = seq
+
+
 class CommandHandler:
-    """Applies wire commands to a plant (see the module docstring)."""
+    """Applies wire commands to a plant (see the module docstring). ``max_issue_ahead_s``: how far
+    a command's ``ts`` may lie ahead of ``clock()``."""
 
     def __init__(
         self,
@@ -100,8 +174,10 @@ class CommandHandler:
         clock: Callable[[], float],
         *,
         applied_with_ack: bool = True,
+        max_issue_ahead_s: float = wire.MAX_ISSUE_AHEAD_S,
     ) -> None:
         self.plant = plant
+        self.max_issue_ahead_s = max_issue_ahead_s
         self.applied_with_ack = applied_with_ack
         self.codec = codec
         self.sequencer = sequencer
@@ -123,6 +199,14 @@ class CommandHandler:
         self.max_clock_mhz = np.full(n, clocks[level0])
         self.power_limit_w = np.full(n, site.card.power_limit_w)
         self.last_command_id: list[uuid.UUID | None] = [None] * site.n_racks
+        # the last command applied to each card setting, pump and the set-point (``superseded``)
+        self._card_order = [IssueOrder(n) for _ in _SETS]
+        self._pump_order = IssueOrder(site.n_racks)
+        self._setpoint_order = IssueOrder(1)
+        self._publishers: dict[str, int] = {}
+        # command id -> (expiry, result, reason) of the commands answered (``duplicate``)
+        self._answered: dict[uuid.UUID, tuple[float, wire.AckResult, str | None]] = {}
+        self._since_prune = 0
         self._touched: dict[int, None] = {}  # racks whose applied state changed and was not yet made
         topics = codec.topics
         # the command topics of the site -> the ack target of a rejected message on them
@@ -172,7 +256,13 @@ class CommandHandler:
 
     # ---- acks -----------------------------------------------------------------------------
     def _ack(
-        self, target: str, command_id: uuid.UUID, result: wire.AckResult, reason: str | None = None
+        self,
+        target: str,
+        command_id: uuid.UUID,
+        result: wire.AckResult,
+        reason: str | None = None,
+        *,
+        count: bool = True,
     ) -> wire.Outgoing:
         topics = self.codec.topics
         if target == wire.FACILITY:
@@ -181,7 +271,8 @@ class CommandHandler:
             topic, kind = topics.scheduler_ack, wire.SCHEDULER
         else:
             topic, kind = topics.rack_ack(target), "rack"
-        self.counts.count(kind, result)
+        if count:
+            self.counts.count(kind, result)
         ack = wire.Acknowledgement(
             target=target,
             command_id=command_id,
@@ -208,20 +299,111 @@ class CommandHandler:
         self.counts.malformed_acked += 1
         return [self._ack(target, command_id, wire.AckResult.REJECTED, f"{rej.reason.value}: {rej.detail}")]
 
-    def _refuse(self, action: str, target: str, command_id: uuid.UUID, reason: str) -> list[wire.Outgoing]:
+    def _refuse(
+        self, action: str, target: str, command_id: uuid.UUID, reason: str, cmd: wire.Command | None = None
+    ) -> list[wire.Outgoing]:
+        """A ``rejected`` ack, counted under ``action``; remembered for copies of ``cmd`` when given."""
         key = f"{target if target in (wire.FACILITY, wire.SCHEDULER) else 'rack'}.{action}"
         self.counts.rejection_reasons[key] = self.counts.rejection_reasons.get(key, 0) + 1
+        if cmd is not None:
+            self._remember(cmd, wire.AckResult.REJECTED, reason)
         return [self._ack(target, command_id, wire.AckResult.REJECTED, reason)]
+
+    def _applied(self, target: str, cmd: wire.Command) -> list[wire.Outgoing]:
+        self._remember(cmd, wire.AckResult.APPLIED, None)
+        return [self._ack(target, cmd.command_id, wire.AckResult.APPLIED)]
+
+    # ---- the rules of every command: expiry, times, copies, order ------------------------
+    def _judge(self, cmd: wire.Command, target: str) -> list[wire.Outgoing] | None:
+        """The answer to ``cmd`` when it must not be applied for its expiry, its times or as a copy
+        of one already answered; None to go on."""
+        now_s = self.clock()
+        if wire.is_expired(cmd, now_s):
+            return [self._ack(target, cmd.command_id, wire.AckResult.EXPIRED)]
+        problem = wire.command_time_problem(cmd, now_s, self.max_issue_ahead_s)
+        if problem is not None:
+            return self._refuse(wire.reason_code(problem), target, cmd.command_id, problem)
+        seen = self._answered.get(cmd.command_id)
+        if seen is None:
+            return None
+        _expires, result, reason = seen
+        self.counts.duplicates += 1
+        text = f"{wire.AckReason.DUPLICATE.value}: command {cmd.command_id} was {result.value} before"
+        text += f" ({reason}); not applied again" if reason else "; not applied again"
+        return [self._ack(target, cmd.command_id, result, text, count=False)]
+
+    def _remember(self, cmd: wire.Command, result: wire.AckResult, reason: str | None) -> None:
+        answered = self._answered
+        answered[cmd.command_id] = (cmd.expires_s, result, reason)
+        self._since_prune += 1
+        if self._since_prune >= _PRUNE_EVERY:
+            self._since_prune = 0
+            now_s = self.clock()
+            for cid in [cid for cid, (expires_s, _r, _why) in answered.items() if expires_s <= now_s]:
+                del answered[cid]  # a copy of an expired command is answered ``expired`` anyway
+        while len(answered) > MAX_REMEMBERED_IDS:
+            del answered[next(iter(answered))]
+
+    def _publisher(self, name: str) -> int:
+        return self._publishers.setdefault(name, len(self._publishers))
+
+    def _superseded(
+        self, order: IssueOrder, idx: npt.NDArray[np.int64], cmd: wire.Command, what: Callable[[int], str]
+    ) -> str | None:
+        """The ``superseded`` reason when a slot of ``idx`` has had a command issued later applied
+        (``what(slot)`` names the slot), else None."""
+        slot = order.first_not_older(idx, cmd.ts_s, self._publisher(cmd.publisher), cmd.seq)
+        if slot is None:
+            return None
+        return (
+            f"{wire.AckReason.SUPERSEDED.value}: {what(slot)} has applied a command issued at ts "
+            f"{order.ts_s[slot]:.3f} (seq {order.seq[slot]}), not before this one's {cmd.ts_s:.3f} (seq {cmd.seq})"
+        )
+
+    def _record(self, order: IssueOrder, idx: npt.NDArray[np.int64], cmd: wire.Command) -> None:
+        order.record(idx, cmd.ts_s, self._publisher(cmd.publisher), cmd.seq)
+
+    def _host_off_problem(self, idx: npt.NDArray[np.int64], r: int) -> str | None:
+        """The ``host_off`` reason when a card of ``idx`` (site indices of rack ``r``) is on a
+        powered-off host, else None."""
+        if not self.site.hosts_managed:
+            return None
+        hosts = self._card_host[idx]
+        off = self.plant.host_off()[hosts]
+        if not off.any():
+            return None
+        k = int(np.flatnonzero(off)[0])
+        h, cph = int(hosts[k]), self.site.cards_per_host
+        first = h * cph - r * self._cpr
+        return (
+            f"{wire.AckReason.HOST_OFF.value}: card {int(idx[k]) - r * self._cpr} is on host {h} (cards {first}.."
+            f"{first + cph - 1} of rack {self.site.rack_names[r]}), which is powered off: the card cannot be "
+            "reached (power the host on, or wake the card, first)"
+        )
 
     # ---- rack commands --------------------------------------------------------------------
     def _rack(self, cmd: wire.RackCommand) -> list[wire.Outgoing]:
-        if wire.is_expired(cmd, self.clock()):
-            return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.EXPIRED)]
+        early = self._judge(cmd, cmd.rack)
+        if early is not None:
+            return early
         r = self._rack_index[cmd.rack]
         idx = np.asarray(cmd.cards, dtype=np.int64) + r * self._cpr
         s = cmd.setting
         action = s.action.value
         plant = self.plant
+        slot = _SLOT[s.action]
+        order = self._card_order[slot]
+        cpr = self._cpr
+        stale = self._superseded(
+            order, idx, cmd, lambda c: f"the {_SETS[slot]} of card {c - r * cpr} of rack {cmd.rack}"
+        )
+        if stale is not None:
+            self.counts.superseded += 1
+            return self._refuse(wire.AckReason.SUPERSEDED.value, cmd.rack, cmd.command_id, stale, cmd)
+        if s.action in _NEED_HOST_ON:
+            off = self._host_off_problem(idx, r)
+            if off is not None:
+                return self._refuse(wire.AckReason.HOST_OFF.value, cmd.rack, cmd.command_id, off, cmd)
         try:
             if s.action is wire.CardAction.SET_DVFS_LEVEL:
                 level = int(s.dvfs_level if s.dvfs_level is not None else -1)
@@ -256,10 +438,11 @@ class CommandHandler:
             else:
                 plant.power_on_hosts(self._whole_hosts(idx, r, action))
         except CommandError as exc:
-            return self._refuse(action, cmd.rack, cmd.command_id, exc.reason)
+            return self._refuse(action, cmd.rack, cmd.command_id, exc.reason, cmd)
+        self._record(order, idx, cmd)
         self.last_command_id[r] = cmd.command_id
         self._touched[r] = None
-        return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED)]
+        return self._applied(cmd.rack, cmd)
 
     def _whole_hosts(self, idx: npt.NDArray[np.int64], r: int, action: str) -> npt.NDArray[np.int64]:
         """The site hosts whose cards ``idx`` (site indices, none repeated) are, exactly; a
@@ -282,13 +465,21 @@ class CommandHandler:
         return hosts
 
     def _cdu(self, cmd: wire.CduCommand) -> list[wire.Outgoing]:
-        if wire.is_expired(cmd, self.clock()):
-            return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.EXPIRED)]
+        early = self._judge(cmd, cmd.rack)
+        if early is not None:
+            return early
+        r = self._rack_index[cmd.rack]
+        idx = np.asarray([r], dtype=np.int64)
+        stale = self._superseded(self._pump_order, idx, cmd, lambda _r: f"the pump of rack {cmd.rack}")
+        if stale is not None:
+            self.counts.superseded += 1
+            return self._refuse(wire.AckReason.SUPERSEDED.value, cmd.rack, cmd.command_id, stale, cmd)
         try:
-            self.plant.set_pump_speed(self._rack_index[cmd.rack], cmd.pump_speed_frac)
+            self.plant.set_pump_speed(r, cmd.pump_speed_frac)
         except CommandError as exc:
-            return self._refuse("set_pump_speed", cmd.rack, cmd.command_id, exc.reason)
-        return [self._ack(cmd.rack, cmd.command_id, wire.AckResult.APPLIED)]
+            return self._refuse("set_pump_speed", cmd.rack, cmd.command_id, exc.reason, cmd)
+        self._record(self._pump_order, idx, cmd)
+        return self._applied(cmd.rack, cmd)
 
     def _set_levels(self, idx: npt.NDArray[np.int64], level: int, lo_mhz: float, hi_mhz: float) -> None:
         self.level[idx] = level
@@ -323,17 +514,25 @@ class CommandHandler:
 
     # ---- facility and scheduler -----------------------------------------------------------
     def _facility(self, cmd: wire.FacilityCommand) -> list[wire.Outgoing]:
-        if wire.is_expired(cmd, self.clock()):
-            return [self._ack(wire.FACILITY, cmd.command_id, wire.AckResult.EXPIRED)]
+        early = self._judge(cmd, wire.FACILITY)
+        if early is not None:
+            return early
+        idx = np.zeros(1, dtype=np.int64)
+        stale = self._superseded(self._setpoint_order, idx, cmd, lambda _i: "the supply set-point")
+        if stale is not None:
+            self.counts.superseded += 1
+            return self._refuse(wire.AckReason.SUPERSEDED.value, wire.FACILITY, cmd.command_id, stale, cmd)
         try:
             self.plant.set_supply_temp(cmd.supply_setpoint_c)
         except CommandError as exc:
-            return self._refuse("set_supply_temp", wire.FACILITY, cmd.command_id, exc.reason)
-        return [self._ack(wire.FACILITY, cmd.command_id, wire.AckResult.APPLIED)]
+            return self._refuse("set_supply_temp", wire.FACILITY, cmd.command_id, exc.reason, cmd)
+        self._record(self._setpoint_order, idx, cmd)
+        return self._applied(wire.FACILITY, cmd)
 
     def _scheduler(self, cmd: wire.SchedulerCommand) -> list[wire.Outgoing]:
-        if wire.is_expired(cmd, self.clock()):
-            return [self._ack(wire.SCHEDULER, cmd.command_id, wire.AckResult.EXPIRED)]
+        early = self._judge(cmd, wire.SCHEDULER)
+        if early is not None:
+            return early
         cards: list[int] = []
         for rack, local in cmd.cards.items():
             base = self._rack_index[rack] * self._cpr
@@ -341,8 +540,8 @@ class CommandHandler:
         try:
             self.plant.place_job(cmd.job_id, np.asarray(cards, dtype=np.int64))
         except CommandError as exc:
-            return self._refuse("place", wire.SCHEDULER, cmd.command_id, exc.reason)
-        return [self._ack(wire.SCHEDULER, cmd.command_id, wire.AckResult.APPLIED)]
+            return self._refuse("place", wire.SCHEDULER, cmd.command_id, exc.reason, cmd)
+        return self._applied(wire.SCHEDULER, cmd)
 
 
 _generic = msgspec.json.Decoder()

@@ -96,6 +96,16 @@ class SimOptions:
     def as_fast_as_possible(self) -> bool:
         return self.speed == 0 or math.isinf(self.speed)
 
+    @property
+    def max_issue_ahead_s(self) -> float:
+        """How far a command's issue time may lie ahead of the site clock: ``wire.MAX_ISSUE_AHEAD_S``
+        or two wall seconds of site time at ``speed``, whichever is more (an agent's clock follows
+        the telemetry and runs ahead of a simulator that falls behind for a moment); as fast as
+        possible, ``wire.MAX_COMMAND_TTL_S`` (no wall rate to measure by)."""
+        if self.as_fast_as_possible:
+            return wire.MAX_COMMAND_TTL_S
+        return max(wire.MAX_ISSUE_AHEAD_S, 2.0 * self.speed)
+
 
 @dataclass
 class SimSummary:
@@ -120,6 +130,8 @@ class SimSummary:
     commands_applied: int = 0
     commands_rejected: int = 0
     commands_expired: int = 0
+    commands_superseded: int = 0  # rejected (in commands_rejected): a command issued later had been applied
+    commands_duplicate: int = 0  # copies of commands already answered: answered again, not applied
     commands_malformed: int = 0  # messages on command topics the codec refused (acked rejected when possible)
     commands_unanswered: int = 0  # ... of which carried no readable command_id: no ack
     commands_by_target: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -188,6 +200,8 @@ class SimSummary:
             "commands_applied": self.commands_applied,
             "commands_rejected": self.commands_rejected,
             "commands_expired": self.commands_expired,
+            "commands_superseded": self.commands_superseded,
+            "commands_duplicate": self.commands_duplicate,
             "commands_malformed": self.commands_malformed,
             "commands_unanswered": self.commands_unanswered,
             "commands_by_target": self.commands_by_target,
@@ -238,7 +252,12 @@ class Simulator:
         self.duration_s = options.duration_s if options.duration_s is not None else sc.duration_s
         self.telemetry = TelemetryEncoder(self.codec, self.site, self.sequencer)
         self.commands = CommandHandler(
-            self._plant, self.codec, self.sequencer, lambda: self.site_time_s, applied_with_ack=False
+            self._plant,
+            self.codec,
+            self.sequencer,
+            lambda: self.site_time_s,
+            applied_with_ack=False,
+            max_issue_ahead_s=options.max_issue_ahead_s,
         )
         self.chaos = DisconnectSchedule(sc.sim_faults)
         mq = options.mqtt
@@ -593,6 +612,8 @@ class Simulator:
             commands_applied=c.applied,
             commands_rejected=c.rejected,
             commands_expired=c.expired,
+            commands_superseded=c.superseded,
+            commands_duplicate=c.duplicates,
             commands_malformed=c.malformed_acked + c.unanswered,
             commands_unanswered=c.unanswered,
             commands_by_target={k: dict(v) for k, v in c.by_target.items()},

@@ -5,7 +5,8 @@ validation.
   :class:`TopicInfo`, :class:`SiteLayout`.
 * ``rejections``: :class:`RejectReason`, :class:`Rejection`, :class:`RejectionCounter`.
 * ``messages``: the code's message types (:class:`CardBatch` ... :class:`AgentAdvice`) and command
-  helpers (:func:`new_command_id`, :func:`is_expired`, :func:`ack_for`, :class:`Sequencer`, ...).
+  helpers (:func:`new_command_id`, :func:`is_expired`, :func:`command_time_problem`, :func:`ack_for`,
+  :class:`Sequencer`, ...), :class:`AckReason` and the commands' time limits.
 * ``schemas``: the msgspec wire schemas (private), which carry the physical bounds.
 * ``encoding``: code -> wire (``encode_*``, :func:`encode`, :func:`kind_of`, :class:`Outgoing`).
 * ``codec``: wire -> code with validation, and :class:`Codec`.
@@ -61,7 +62,10 @@ from agent.wire.encoding import (
     kind_of,
 )
 from agent.wire.messages import (
+    MAX_COMMAND_TTL_S,
+    MAX_ISSUE_AHEAD_S,
     Acknowledgement,
+    AckReason,
     AckResult,
     AdviceItem,
     AgentAdvice,
@@ -85,8 +89,10 @@ from agent.wire.messages import (
     Sequencer,
     ack_for,
     approx_equal,
+    command_time_problem,
     is_expired,
     new_command_id,
+    reason_code,
 )
 from agent.wire.messages import BoolArray as BoolArray
 from agent.wire.messages import Command as Command
@@ -114,10 +120,13 @@ from agent.wire.topics import retain_of as retain_of
 __all__ = [
     "FACILITY",
     "MAX_CARDS_PER_RACK",
+    "MAX_COMMAND_TTL_S",
+    "MAX_ISSUE_AHEAD_S",
     "MAX_PAYLOAD_BYTES",
     "PROTOCOL_PREFIX",
     "SCHEDULER",
     "SCHEMAS",
+    "AckReason",
     "AckResult",
     "Acknowledgement",
     "AdviceItem",
@@ -151,6 +160,7 @@ __all__ = [
     "Topics",
     "ack_for",
     "approx_equal",
+    "command_time_problem",
     "encode",
     "encode_ack",
     "encode_advice",
@@ -168,4 +178,5 @@ __all__ = [
     "is_expired",
     "kind_of",
     "new_command_id",
+    "reason_code",
 ]

@@ -334,6 +334,34 @@ class AckResult(enum.StrEnum):
     EXPIRED = "expired"  # received after its expiry, not applied
 
 
+class AckReason(enum.StrEnum):
+    """The codes a rack puts first in an ack's ``reason`` (``"<code>: <detail>"``) for the rules of
+    docs/protocol.md, "Which commands a rack applies", so that a sender can tell them apart
+    (:func:`reason_code`). Refusals by the hardware itself (a level outside the table, a busy card)
+    carry free text."""
+
+    TTL_TOO_LONG = "ttl_too_long"  # rejected: expires_at - ts above MAX_COMMAND_TTL_S
+    ISSUED_AHEAD = "issued_ahead"  # rejected: ts too far ahead of the rack's clock
+    DUPLICATE = "duplicate"  # a copy of a command already answered: that answer again, not applied again
+    SUPERSEDED = "superseded"  # rejected: a command issued later was applied to a card (pump, set-point) of it
+    HOST_OFF = "host_off"  # rejected: a card of it is on a powered-off host (the card cannot be reached)
+
+
+#: The longest a command may live, ``expires_at - ts`` (site seconds): a rack refuses a longer one
+#: (``ttl_too_long``). A command is meant for the next minutes; the agent sends 30 s by default.
+MAX_COMMAND_TTL_S: Final = 3600.0
+#: How far a command's ``ts`` may lie ahead of the rack's clock (site seconds) before the rack refuses
+#: it (``issued_ahead``). The simulator allows two wall seconds of its site time when that is more.
+MAX_ISSUE_AHEAD_S: Final = 10.0
+
+
+def reason_code(reason: str | None) -> str:
+    """The code before the first ``:`` of an ack's reason (``"superseded"``; ``""`` for none)."""
+    if not reason:
+        return ""
+    return reason.split(":", 1)[0].strip()
+
+
 @dataclass(frozen=True, slots=True)
 class Acknowledgement:
     """The answer to a command (``racktwin.ack/1``). ``target`` is the rack name, ``"facility"``
@@ -452,6 +480,25 @@ def new_command_id() -> uuid.UUID:
 def is_expired(cmd: Command, now_s: float) -> bool:
     """True when ``now_s`` (site clock) is at or past the command's expiry: it must not be applied."""
     return now_s >= cmd.expires_s
+
+
+def command_time_problem(cmd: Command, now_s: float, max_ahead_s: float = MAX_ISSUE_AHEAD_S) -> str | None:
+    """Why a rack must refuse ``cmd`` for its times (an ack reason, ``"<code>: <detail>"``), or None:
+    it lives longer than :data:`MAX_COMMAND_TTL_S`, or its issue time is more than ``max_ahead_s``
+    ahead of the rack's clock ``now_s``. Judge :func:`is_expired` first."""
+    ttl_s = cmd.expires_s - cmd.ts_s
+    if ttl_s > MAX_COMMAND_TTL_S:
+        return (
+            f"{AckReason.TTL_TOO_LONG.value}: expires_at is {ttl_s:.6g} s after ts; "
+            f"a command may live at most {MAX_COMMAND_TTL_S:g} s"
+        )
+    ahead_s = cmd.ts_s - now_s
+    if ahead_s > max_ahead_s:
+        return (
+            f"{AckReason.ISSUED_AHEAD.value}: ts {cmd.ts_s:.3f} is {ahead_s:.6g} s ahead of the rack's clock "
+            f"({now_s:.3f}); at most {max_ahead_s:g} s is accepted"
+        )
+    return None
 
 
 def ack_for(
