@@ -20,12 +20,26 @@ wake, slower pumps): a rack applies its commands in order, so it never passes th
 both plans.
 
 Every command carries a fresh id, its issue time and an absolute expiry (``command_ttl_s`` later,
-site time), goes at QoS 1 and is never retained (``agent.wire``). The book keeps each open command
-(topic, payload, expiry, attempts). An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it
-and lets the next decision try again (after ``command_ttl_s`` for a rejected setting of a card, so
-that a refusal is not repeated every period; at once, less the failed card, when a card of the
-refused command reads failed since: a rack refuses a command whole for one failed card). The same
-diff, unregistered, is the advice of advisory mode (:meth:`CommandBook.advice`).
+site time, at most ``wire.MAX_COMMAND_TTL_S``: a rack refuses a longer life), goes at QoS 1 and is
+never retained (``agent.wire``). The book keeps each open command (topic, payload, expiry, attempts).
+An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it and lets the next decision try
+again (after ``command_ttl_s`` for a rejected setting of a card, so that a refusal is not repeated
+every period; at once, less the failed card, when a card of the refused command reads failed since:
+a rack refuses a command whole for one failed card; at once for a refusal as ``superseded``: the
+rack holds a newer command). Cards of hosts that are (reported or commanded) off get no level or
+power-limit commands: the rack cannot reach them and refuses them (``host_off``); the next decision
+after the host is on sends them. The same diff, unregistered, is the advice of advisory mode
+(:meth:`CommandBook.advice`).
+
+A newer command for what an open command sets (a card's level, its power limit, its power state: a
+sleep or wake an older sleep or wake, a host power command an older one or a sleep or wake of its
+cards; a rack's pump; the set-point) supersedes it: the open one is closed at once
+(:attr:`CommandBook.superseded`, ``superseded`` to the publisher) and never sent again, not even for
+its cards the newer one does not list (their overlay is cleared: the next decision commands them
+again unless the racks report them so). A retry of an old command after a newer one would otherwise
+undo the newer one on a rack that applies what it gets (acks lost to a broker ACL: re-sends put 16
+cards back at full clock and the rack 2% over its limit); a rack that follows docs/protocol.md
+refuses such an old command (``superseded``) anyway.
 
 :class:`Publisher` sends what the book hands it, in order and pipelined (a batch of up to the client's
 in-flight window is handed to the client at once and the broker's PUBACKs are awaited together, so a
@@ -38,6 +52,11 @@ acknowledged them; the commands themselves were journaled before, with their dec
 write of the publisher that fails (a full disk: ``JournalError``) does not stop it: the commands were
 journaled before they were sent, so what is lost is their record of being sent, expired or abandoned
 (a restarted agent sends again what its journal still has open and valid, and closes the rest).
+A command superseded by a newer one is journaled ``abandoned`` (the journal has no state of its own
+for it), counted in :attr:`PublishStats.superseded` and reported as closed ``superseded``. A command
+closed without an ack although it went out a retry interval before (expired, abandoned or superseded)
+is an ack missing: counted per target (:attr:`Publisher.acks_missing`) and logged as a warning, at
+most once a minute per target (acks dropped by a broker ACL are otherwise silent).
 The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
 until the same write succeeds again (any error, once a batch is marked sent); for 2 s after a failure
 the publisher does not try its journal writes (each try may wait for SQLite's busy timeout).
@@ -79,6 +98,11 @@ log = logging.getLogger("racktwin.agent.publish")
 
 _LEVEL, _SLEEP, _LIMIT, _HOST = 0, 1, 2, 3
 _N_OVERLAYS = 4
+#: the open commands a newer one of a kind supersedes on its cards: those of the kinds that set the
+#: same (docs/protocol.md: a card's DVFS level, its power limit, its power state). A host power command
+#: also overrides the sleep or wake of its cards; a sleep or wake does not make a host command
+#: obsolete (a decision powers a host on, then wakes cards of it)
+_SUPERSEDES = {_LEVEL: (_LEVEL,), _LIMIT: (_LIMIT,), _SLEEP: (_SLEEP,), _HOST: (_SLEEP, _HOST)}
 
 Command = wire.RackCommand | wire.CduCommand | wire.FacilityCommand | wire.SchedulerCommand
 #: (overlay kind or -1, command, whether it lowers power)
@@ -102,6 +126,7 @@ class OpenCommand:
     attempts: int = 0
     last_sent_s: float = -math.inf
     acked: bool = False
+    superseded_by: str | None = None  # the newer command that closed it
 
 
 def new_commands(opens: Iterable[OpenCommand]) -> list[NewCommand]:
@@ -134,6 +159,9 @@ class CommandBook:
         self._pump: dict[int, tuple[float, float, int]] = {}  # rack -> speed, until, key
         self._pump_sent = np.full(site.n_racks, -math.inf)  # rack -> when its last pump command was issued
         self.open: dict[str, OpenCommand] = {}
+        self._by_key: dict[int, OpenCommand] = {}  # the open commands by key
+        #: open commands closed by a newer one for what they set, not yet taken (:meth:`take_superseded`)
+        self.superseded: list[OpenCommand] = []
         self._next_key = 1
 
     # ---- what differs -------------------------------------------------------------------------
@@ -145,7 +173,7 @@ class CommandBook:
         """The commands the decision needs, as ``(kind, message, lowers_power)``, lowering first."""
         n = self.site.n_cards
         alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool))
-        ttl = self.control.command_ttl_s
+        ttl = min(self.control.command_ttl_s, wire.MAX_COMMAND_TTL_S)  # a rack refuses a longer life
         expires = now_s + ttl
         out_low: list[Item] = []
         out_mid: list[Item] = []
@@ -199,11 +227,16 @@ class CommandBook:
         self._lift_refusals_a_failure_explains(~alive, now_s)
         ok_now = self._backoff <= now_s
         ones_n = np.ones(n, dtype=np.float64)
+        # the cards of hosts that are (or are commanded) off: a rack refuses their levels and limits
+        # (host_off: the card cannot be reached); sent once the host is on
+        reachable = alive.copy()
+        if self.site.hosts_managed:
+            reachable &= ~(self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s) > 0.5)
         # DVFS levels
         reported_lv = np.where(applied_level >= 0, applied_level, snap.card_level).astype(np.float64)
         have_lv = self._have(_LEVEL, reported_lv, now_s)
         want_lv = decision.card_level.astype(np.float64)
-        moved = alive & (want_lv != have_lv) & ok_now[_LEVEL]
+        moved = reachable & (want_lv != have_lv) & ok_now[_LEVEL]
         slower = np.flatnonzero(moved & (want_lv > have_lv))
         faster = np.flatnonzero(moved & (want_lv < have_lv))
         dvfs = lambda v: wire.CardSetting.dvfs(int(v))  # noqa: E731
@@ -215,7 +248,7 @@ class CommandBook:
         have_lim = self._have(_LIMIT, rep_lim, now_s)
         # to 0.1 W, rounded down (a limit is never raised by its encoding)
         want_lim = np.asarray(np.floor(decision.card_power_limit_w * 10.0 + 1e-6) / 10.0, dtype=np.float64)
-        changed = alive & (np.abs(want_lim - have_lim) > _LIMIT_TOL_W) & ok_now[_LIMIT]
+        changed = reachable & (np.abs(want_lim - have_lim) > _LIMIT_TOL_W) & ok_now[_LIMIT]
         out_low += limit_cmds(np.flatnonzero(changed & (want_lim < have_lim)), want_lim, True)
         out_high += limit_cmds(np.flatnonzero(changed & (want_lim > have_lim)), want_lim, False)
         # host power: whole hosts, one command per rack and direction; a host being (or staying) off
@@ -343,18 +376,43 @@ class CommandBook:
                 kind, value = -1, 0.0
             oc.kind = kind
             if kind >= 0:
+                for k in _SUPERSEDES[kind]:
+                    self._supersede(self._ov_key[k, cards], oc)
                 self._ov_value[kind, cards] = value
                 self._ov_until[kind, cards] = msg.expires_s
                 self._ov_key[kind, cards] = key
         elif isinstance(msg, wire.CduCommand):
             r = self.site.rack_names.index(msg.rack)
+            pump = self._pump.get(r)
+            if pump is not None:
+                self._supersede([pump[2]], oc)
             self._pump[r] = (msg.pump_speed_frac, msg.expires_s, key)
             self._pump_sent[r] = max(self._pump_sent[r], msg.ts_s)
         elif isinstance(msg, wire.FacilityCommand):
+            if self._sp is not None:
+                self._supersede([self._sp[2]], oc)
             self._sp = (msg.supply_setpoint_c, msg.expires_s, key)
         else:
             self._placing[msg.job_id] = (msg.expires_s, key)
         self.open[oc.command_id] = oc
+        self._by_key[key] = oc
+
+    def _supersede(self, keys: Iterable[int] | IntArray, newer: OpenCommand) -> None:
+        """Close the open commands of ``keys`` (those that last set what ``newer`` sets): they are
+        never sent again (see the module docstring), and go to :attr:`superseded`."""
+        for key in np.unique(np.asarray(keys, dtype=np.int64)).tolist():
+            old = self._by_key.get(key)
+            if old is None or old is newer:
+                continue
+            del self.open[old.command_id]
+            self._clear(old)
+            old.superseded_by = newer.command_id
+            self.superseded.append(old)
+
+    def take_superseded(self) -> list[OpenCommand]:
+        """The commands superseded since the last call (the publisher journals and counts them)."""
+        gone, self.superseded = self.superseded, []
+        return gone
 
     def resume(self, commands: Iterable[tuple[str, str, str, bytes, float, float, int]]) -> list[OpenCommand]:
         """Re-open journaled commands after a restart: ``(id, target, topic, payload, issued, expires,
@@ -372,14 +430,16 @@ class CommandBook:
     def on_ack(self, ack: wire.Acknowledgement, now_s: float) -> OpenCommand | None:
         """An ack for one of ours closes it (None for an unknown id). A refusal or a late arrival
         clears what the command would have set, so the next decision tries again (a refused card
-        setting after ``command_ttl_s``)."""
+        setting after ``command_ttl_s``, unless the rack refused it as ``superseded``)."""
         oc = self.open.pop(str(ack.command_id), None)
         if oc is None:
             return None
         oc.acked = True
+        self._by_key.pop(oc.key, None)
         if ack.result is not wire.AckResult.APPLIED:
             self._clear(oc)
-            if ack.result is wire.AckResult.REJECTED and oc.kind >= 0:
+            held = wire.reason_code(ack.reason) != wire.AckReason.SUPERSEDED  # the rack holds a newer one
+            if ack.result is wire.AckResult.REJECTED and oc.kind >= 0 and held:
                 mine = oc.cards
                 self._backoff[oc.kind, mine] = now_s + self.control.command_ttl_s
                 self._refused_key[oc.kind, mine] = oc.key
@@ -400,6 +460,10 @@ class CommandBook:
                 self._backoff[kind, held[kind] & np.isin(self._refused_key[kind], keys)] = -math.inf
 
     def _clear(self, oc: OpenCommand) -> None:
+        """Forget what a closed command would have set (what it alone set: not what a newer command
+        set since)."""
+        if self._by_key.get(oc.key) is oc:
+            del self._by_key[oc.key]
         if oc.kind >= 0 and oc.cards.size:
             mine = oc.cards[self._ov_key[oc.kind, oc.cards] == oc.key]
             self._ov_until[oc.kind, mine] = -math.inf
@@ -487,6 +551,8 @@ class PublishStats:
     retried: int = 0
     unacked_expired: int = 0  # expired before any ack (lost or unanswered)
     abandoned: int = 0  # retries exhausted
+    superseded: int = 0  # closed unacked by a newer command for what they set (never sent again)
+    acks_missing: int = 0  # closed without an ack (of the above) although sent a retry interval before
     not_connected_waits: int = 0
     unconfirmed: int = 0  # sends the broker did not acknowledge within puback_timeout_s (counted in sent)
 
@@ -494,8 +560,9 @@ class PublishStats:
 class Publisher:
     """Sends open commands in order, retries the unacknowledged ones (see the module docstring).
 
-    ``on_sent(command, retry)``, ``on_closed(command, why)`` and ``on_unconfirmed(command)`` report
-    to the caller (metrics).
+    ``on_sent(command, retry)``, ``on_closed(command, why)`` (closed without an ack: ``why`` is
+    ``unacked`` (expired), ``abandoned`` or ``superseded``) and ``on_unconfirmed(command)`` report to
+    the caller (metrics).
 
     A send whose PUBACK does not come within :attr:`puback_timeout_s` (an overloaded broker) counts
     as sent, unconfirmed: the client keeps the message and delivers it when it can, so it is not
@@ -506,6 +573,8 @@ class Publisher:
     puback_timeout_s = 5.0
     #: wall seconds the publisher's journal writes are skipped after one failed
     journal_retry_s = 2.0
+    #: wall seconds between two warnings about one target's missing acks
+    ack_warning_interval_s = 60.0
 
     def __init__(
         self,
@@ -541,6 +610,10 @@ class Publisher:
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
         self.last_unconfirmed_wall = -math.inf
         self.last_unconfirmed_error = ""
+        #: per target (rack, "facility", "scheduler"): commands closed without an ack although sent
+        #: a retry interval before (expired, abandoned or superseded unanswered)
+        self.acks_missing: dict[str, int] = {}
+        self._ack_warned: dict[str, tuple[float, int]] = {}  # target -> (time.monotonic(), acks_missing then)
 
     @property
     def retry_after_s(self) -> float:
@@ -601,9 +674,20 @@ class Publisher:
             return
         for oc in self.book.expire(now):
             self.stats.unacked_expired += 1
+            self._no_ack(oc, now)
             if self.on_closed is not None:
                 self.on_closed(oc, "unacked")
         self._journal_write("expired", functools.partial(self.journal.expire, now))
+        superseded = self.book.take_superseded()
+        if superseded:
+            # the journal has no state of its own for them: closed unacked, never sent again
+            ids = [oc.command_id for oc in superseded]
+            self._journal_write("abandoned", functools.partial(self.journal.abandon, ids))
+            for oc in superseded:
+                self.stats.superseded += 1
+                self._no_ack(oc, now)
+                if self.on_closed is not None:
+                    self.on_closed(oc, "superseded")
         queued = {oc.command_id for oc in self._queue}
         resend_all, self._resend_all = self._resend_all, False
         for oc in list(self.book.open.values()):
@@ -617,6 +701,7 @@ class Publisher:
                 self.book._clear(oc)
                 self._journal_write("abandoned", functools.partial(self.journal.abandon, [oc.command_id]))
                 self.stats.abandoned += 1
+                self._no_ack(oc, now)
                 if self.on_closed is not None:
                     self.on_closed(oc, "abandoned")
                 continue
@@ -649,6 +734,27 @@ class Publisher:
                     exc = next(r for r in results if r is not None)
                     log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
+
+    def _no_ack(self, oc: OpenCommand, now_s: float) -> None:
+        """``oc`` closed without an ack: an ack missing if it went out a retry interval before (counted
+        per target; a warning at most every ``ack_warning_interval_s`` per target)."""
+        if oc.attempts == 0 or now_s - oc.issued_s < self.retry_after_s:
+            return
+        self.stats.acks_missing += 1
+        n = self.acks_missing[oc.target] = self.acks_missing.get(oc.target, 0) + 1
+        wall = time.monotonic()
+        last_wall, last_n = self._ack_warned.get(oc.target, (-math.inf, 0))
+        if wall - last_wall < self.ack_warning_interval_s:
+            return
+        self._ack_warned[oc.target] = (wall, n)
+        log.warning(
+            "no ack from %s for %d command(s) sent %g s or more before they closed: it does not get its commands, "
+            "or its acks do not reach the agent (a broker ACL that drops them?)",
+            oc.target,
+            n - last_n,
+            self.retry_after_s,
+            extra={"fields": {"acks_missing": n, "last_command_id": oc.command_id, "attempts": oc.attempts}},
+        )
 
     async def _send(self, oc: OpenCommand, now: float) -> BusError | None:
         """Publish one command (QoS 1) and note it sent once the broker acknowledged it (or did not

@@ -294,3 +294,135 @@ def test_host_power_is_commanded_by_whole_hosts_per_rack_and_not_twice(scene: tu
     assert unmanaged and not [it for it in unmanaged if it.setting.action in host_actions]
     advice = CommandBook(site, codec, ControlConfig()).advice(d, snap, applied, NOW)  # type: ignore[arg-type]
     assert [it.setting.action for it in advice.items][:2] == [wire.CardAction.HOST_POWER_OFF] * 2
+
+
+def test_a_newer_command_closes_the_open_older_one_for_the_same_setting(scene: tuple[object, StateSnapshot]) -> None:
+    """Acks that never come (a broker ACL dropping a rack's acks) leave commands open; a command still
+    open when a newer one for the same cards (pump, set-point) is issued is closed as superseded,
+    never to be sent again: its re-send put the cards back under the newer one (an audit: 16 cards at
+    the top clock, the rack 2% over its limit). Its cards the newer one does not list are commanded
+    again at the next decision, and a rack's ``superseded`` refusal holds nothing back."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    assert not np.asarray(snap.card_level)[:16].any()
+    speed = np.ones(8)
+
+    def levels(**at: int) -> np.ndarray:
+        lvl = np.asarray(snap.card_level).copy()
+        for cards, v in at.items():
+            lo, hi = (int(x) for x in cards[1:].split("_"))
+            lvl[lo:hi] = v
+        return lvl
+
+    speed[2] = 0.5
+    d1 = decision_like(snap, card_level=levels(c0_16=3), supply_temp_c=35.0, rack_pump_speed_frac=speed.copy())
+    first = book.commands(d1, snap, applied, NOW)
+    assert [oc.target for oc in first] == ["r0", "facility", "r2"]
+    speed[2] = 0.6
+    d2 = decision_like(snap, card_level=levels(c0_8=3, c8_16=5), supply_temp_c=36.0, rack_pump_speed_frac=speed.copy())
+    second = book.commands(d2, snap, applied, NOW + 10.0)
+    decoded = [codec.decode(c.topic, c.payload) for c in second]
+    assert [(m.rack, m.cards, m.setting.dvfs_level) for m in decoded if isinstance(m, wire.RackCommand)] == [
+        ("r0", tuple(range(8, 16)), 5)
+    ]
+    assert set(book.open) == {oc.command_id for oc in second}  # the first decision's are closed
+    gone = book.take_superseded()
+    assert {oc.command_id for oc in gone} == {oc.command_id for oc in first}
+    level_a = next(oc for oc in gone if oc.target == "r0")
+    assert level_a.superseded_by == second[0].command_id
+    assert book.take_superseded() == []
+    # cards 0..7, which only the closed command set, are commanded again (the racks do not report them at 3)
+    third = [codec.decode(c.topic, c.payload) for c in book.commands(d2, snap, applied, NOW + 11.0)]
+    assert [(m.rack, m.cards, m.setting.dvfs_level) for m in third] == [("r0", tuple(range(8)), 3)]  # type: ignore[union-attr]
+    # the rack refuses it as superseded (it holds a newer one): no back-off, the next decision tries again
+    c = next(iter(oc for oc in book.open.values() if oc.cards.tolist() == list(range(8))))
+    reason = "superseded: the DVFS level of card 0 of rack r0 has applied a command issued at ts 1011.000 (seq 9), ..."
+    book.on_ack(
+        wire.Acknowledgement("r0", uuid.UUID(c.command_id), wire.AckResult.REJECTED, NOW, 0, "sim", reason), NOW
+    )
+    assert len(book.commands(d2, snap, applied, NOW + 12.0)) == 1
+    # a power state: a host switched off supersedes an open wake of its cards; a host powered on and
+    # woken in one decision supersedes nothing
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    awake = np.asarray(snap.card_low_power).copy()
+    assert not awake[192:256].any() and (np.asarray(snap.card_job)[192:256] < 0).all()  # r3: idle, awake
+    host24 = np.arange(512) // 8 == 24
+    asleep = dataclasses.replace(snap, card_low_power=awake | host24)
+    wake = book.commands(decision_like(asleep, card_low_power=awake), asleep, applied, NOW)
+    assert [codec.decode(c.topic, c.payload).setting.action for c in wake] == [wire.CardAction.WAKE]  # type: ignore[union-attr]
+    host_off = np.zeros(64, dtype=bool)
+    host_off[24] = True
+    off = book.commands(decision_like(asleep, host_off=host_off), asleep, applied, NOW + 1.0)
+    assert [codec.decode(c.topic, c.payload).setting.action for c in off] == [wire.CardAction.HOST_POWER_OFF]  # type: ignore[union-attr]
+    assert [oc.command_id for oc in book.take_superseded()] == [wake[0].command_id]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    reported_off = dataclasses.replace(snap, card_host_off=host24, card_low_power=awake | host24)
+    all_on = np.zeros(64, dtype=bool)
+    on = book.commands(decision_like(reported_off, host_off=all_on, card_low_power=awake), reported_off, applied, NOW)
+    assert [codec.decode(c.topic, c.payload).setting.action for c in on] == [  # type: ignore[union-attr]
+        wire.CardAction.HOST_POWER_ON,
+        wire.CardAction.WAKE,
+    ]
+    assert book.take_superseded() == [] and set(book.open) == {oc.command_id for oc in on}
+
+
+def test_cards_of_hosts_that_are_off_get_no_level_or_power_limit(scene: tuple[object, StateSnapshot]) -> None:
+    """A rack refuses a level or a power limit for a card whose host is off (``host_off``: the card
+    cannot be reached): the agent sends none to cards of hosts reported or commanded off, and sends
+    them once the host is on."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    assert (np.asarray(snap.card_job)[128:192] < 0).all()  # r2 idle
+    reported = dataclasses.replace(snap, card_host_off=np.arange(512) // 8 == 16)  # host 16: cards 128..135
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[128:140] = 4
+    lim = np.asarray(snap.card_power_limit_w).copy()
+    lim[130:138] = 400.0
+    host_off = np.zeros(64, dtype=bool)
+    host_off[16] = True
+    d = decision_like(reported, card_level=lvl, card_power_limit_w=lim, host_off=host_off)
+    got = [codec.decode(c.topic, c.payload) for c in book.commands(d, reported, applied, NOW)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in got] == [  # type: ignore[union-attr]
+        ("r2", "set_dvfs_level", (8, 9, 10, 11)),
+        ("r2", "set_power_limit", (8, 9)),
+    ]
+    # host 17 (cards 136..143) commanded off: its cards get none either while the command is open
+    host_off[17] = True
+    lvl2 = lvl.copy()
+    lvl2[136:144] = 6
+    d2 = d.replace(host_off=host_off.copy(), card_level=lvl2)
+    got2 = [codec.decode(c.topic, c.payload) for c in book.commands(d2, reported, applied, NOW + 1.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in got2] == [  # type: ignore[union-attr]
+        ("r2", "set_dvfs_level", tuple(range(8, 16))),  # host 17's cards: on until the command is applied
+        ("r2", "host_power_off", tuple(range(8, 16))),
+    ]
+    lvl3 = lvl2.copy()
+    lvl3[136:144] = 7
+    assert book.commands(d2.replace(card_level=lvl3), reported, applied, NOW + 2.0) == []
+    # host 16 on again (reported): its cards get their level and limit
+    on = dataclasses.replace(snap, card_host_off=np.zeros(512, dtype=bool))
+    host_off[16] = False
+    d3 = d2.replace(host_off=host_off.copy(), card_level=lvl3)
+    got3 = [codec.decode(c.topic, c.payload) for c in book.commands(d3, on, applied, NOW + 3.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in got3] == [  # type: ignore[union-attr]
+        ("r2", "set_dvfs_level", tuple(range(8))),
+        ("r2", "set_power_limit", tuple(range(2, 8))),
+    ]
+
+
+def test_a_command_never_lives_longer_than_a_rack_accepts(scene: tuple[object, StateSnapshot]) -> None:
+    """A rack refuses a command that would live longer than ``wire.MAX_COMMAND_TTL_S`` (``ttl_too_long``):
+    a longer ``command_ttl_s`` (the configuration allows a day) gives commands that maximum."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=7200.0))  # type: ignore[arg-type]
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[0:8] = 2
+    (oc,) = book.commands(decision_like(snap, card_level=lvl), snap, np.full(512, -1), NOW)
+    msg = codec.decode(oc.topic, oc.payload)
+    assert isinstance(msg, wire.RackCommand) and msg.expires_s - msg.ts_s == 3600.0 and oc.expires_s == NOW + 3600.0
+    assert wire.MAX_COMMAND_TTL_S == 3600.0

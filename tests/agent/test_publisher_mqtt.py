@@ -212,3 +212,69 @@ async def test_commands_the_broker_does_not_acknowledge_go_out_once_and_the_next
         assert proxy.publishes == publisher.max_in_flight == proxy.pubacks_dropped
     assert journal.command_counts() == {"sent": n}
     journal.close()
+
+
+async def test_a_command_superseded_while_unacknowledged_is_never_sent_again(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Acks that never come (a broker ACL dropping a rack's acks, silently): the publisher re-sends
+    a command not acknowledged within the retry interval, but never one that a newer command for the
+    same cards has superseded: on a rack that applies what it gets, the re-send undid the newer
+    command (an audit: "level 0" re-sent over "level 1", 16 cards at the top clock, the rack over its
+    limit). The superseded command is closed (journaled abandoned, reported ``superseded``); acks
+    missing for a retry interval are counted per rack and logged, once a minute at most."""
+    d = desk(tmp_path)
+    codec, book, journal, clock = d.codec, d.book, d.journal, d.clock
+
+    def issue(level: int, ts: float, cycle: int) -> OpenCommand:
+        cmd = wire.RackCommand(
+            "r0", tuple(range(8, 16)), wire.CardSetting.dvfs(level), uuid.uuid4(), ts + 30.0, ts, cycle, "agent"
+        )
+        out = codec.outgoing(cmd)
+        opened = book.resume([(str(cmd.command_id), "r0", out.topic, out.payload, ts, ts + 30.0, 0)])
+        journal.record_decision(cycle, ts, "enforce", "optimal", 0.0, {}, new_commands(opened))
+        return opened[0]
+
+    received: list[Incoming] = []
+    closed: list[tuple[str, str]] = []
+    watcher = Bus(mosquitto.options(), subscriptions=[codec.topics.rack_cmd("r0")], name="watcher")
+
+    async def collect() -> None:
+        async for m in watcher.messages():
+            received.append(m)
+
+    async with watcher, Bus(mosquitto.options(), name="agent") as bus:
+        await watcher.wait_connected(10)
+        await bus.wait_connected(10)
+        task = asyncio.create_task(collect())
+        publisher = Publisher(
+            bus, book, journal, clock, d.control, on_closed=lambda oc, why: closed.append((oc.command_id, why))
+        )
+        assert publisher.retry_after_s == 10.0  # 30 s, 2 retries
+        old = issue(0, TS, 1)
+        publisher.submit([old])
+        await publisher.step()
+        clock.observe(TS + 11.0)  # no ack: the old command is due again, and a newer one comes
+        new = issue(1, TS + 11.0, 2)
+        publisher.submit([new])
+        await publisher.step()
+        clock.observe(TS + 22.0)  # the newer one is due again
+        await publisher.step()
+        async with asyncio.timeout(10):
+            while len(received) < 3:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # anything more would be here by now
+        clock.observe(TS + 42.0)  # the newer one expires unacknowledged
+        await publisher.step()
+        task.cancel()
+    order = {old.payload: "old", new.payload: "new"}
+    assert [order[m.payload] for m in received] == ["old", "new", "new"]
+    assert closed == [(old.command_id, "superseded"), (new.command_id, "unacked")]
+    assert publisher.stats.superseded == 1 and publisher.stats.retried == 1
+    old_row, new_row = journal.command(old.command_id), journal.command(new.command_id)
+    assert old_row is not None and old_row.state == "abandoned" and old_row.attempts == 1
+    assert new_row is not None and new_row.state == "expired" and new_row.attempts == 2
+    assert publisher.acks_missing == {"r0": 2} and publisher.stats.acks_missing == 2
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no ack from r0")]
+    assert len(warnings) == 1 and "for 1 command(s)" in warnings[0], warnings
+    journal.close()
