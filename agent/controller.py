@@ -17,9 +17,12 @@ What a step does:
    each rack's measured supply; every card's die-to-inlet resistance (the estimator's calibration
    where it is confident, the journal's after a restart, else the spec); every card's measured die
    offset (``agent.offsets.DieOffsetFilter``: the twin's persistent error from settled readings,
-   no transients; computed once here and used by both the planner and the guard); per rack, PDU
-   power the twin does not explain (host overhead above the spec), smoothed and subtracted from
-   the cap.
+   no transients; computed once here and used by both the planner and the guard); per rack, power
+   the twin does not explain, subtracted from the cap: the PDU's power above what the cards report
+   and the spec's host overhead (smoothed), plus what the cards of computing jobs draw above the
+   twin's power model for their work at the settings in force (``agent.load.model_gap_w``: a job
+   whose work is not what the agent believes; taken at once, let go as slowly as the PDU's part).
+   A decision says so when a rack draws more than the margin above the twin's prediction.
 2. **Placement** of queued jobs (``models.placement.place_jobs``) onto free, healthy cards the agent
    sees (not on blind racks, not a card with a stuck sensor); placed jobs are budgeted from this
    step on and not placed twice.
@@ -77,7 +80,7 @@ from agent.config import ControlConfig, LoadedConfig
 from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
 from agent.guard import Guard, rack_measured_caps_w
 from agent.hosts import choose_hosts_off, host_any
-from agent.load import SiteLoad, finite_or, site_load, spec_of_info, spec_r_total_k_per_w
+from agent.load import SiteLoad, finite_or, model_gap_w, site_load, spec_of_info, spec_r_total_k_per_w
 from agent.offsets import DieOffsetFilter
 from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
 from models.placement import QueuedJob, make_placement_problem, place_jobs
@@ -120,7 +123,9 @@ _WEAK_PUMP_FRAC = EstimatorConfig().pump_threshold_frac
 #: this long (site s): the twin under-predicted that die, and its offset may take minutes to measure
 #: (it is only taken from settled readings); ten minutes spans several checkpoint cycles.
 _PUMP_LATCH_S = 600.0
-#: Smoothing (per step) and dead band of the rack power the twin does not explain.
+#: Smoothing (per step) and dead band of the rack power the twin does not explain (each of its two
+#: parts: the PDU's power above the cards' readings and the host overhead, and the cards' power above
+#: the twin's model of their work).
 _EXTRA_SMOOTHING = 0.3
 _EXTRA_DEADBAND_W = 300.0
 
@@ -174,7 +179,8 @@ class Controller:
         self._blind_until = np.full(n_r, -math.inf)  # fail-safe hold of racks stale or stuck as a whole
         self._capped_until = np.full(n_r, -math.inf)  # fail-safe hold of racks with a stuck card
         self._pump_latch_until = np.full(n_r, -math.inf)  # racks whose pump stays at full speed (a die hit its limit)
-        self._extra_w = np.zeros(n_r)
+        self._extra_w = np.zeros(n_r)  # PDU power above the cards' readings and the hosts (smoothed)
+        self._gap_w = np.zeros(n_r)  # cards' power above the twin's model of their work (agent.load.model_gap_w)
         self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
         self._solving = threading.Lock()
         self._last: Decision | None = None
@@ -301,7 +307,10 @@ class Controller:
         # card whose die is no observation keeps the offset it had (a frozen or stale die read against the
         # slowest level of a fail-safe rack would be a large offset that outlived the fault by minutes)
         seen = snap if card_seen.all() else dataclasses.replace(snap, card_die_temp_c=die)
-        offsets = self.offsets.update(seen, site_load(site, snap), inlet, r_nominal, now, r_scale=r_now / r_nominal)
+        load = site_load(site, snap)
+        offsets = self.offsets.update(seen, load, inlet, r_nominal, now, r_scale=r_now / r_nominal)
+        failsafe = blind | capped
+        self._update_gap(snap, load, card_seen, failsafe)
         return StepContext(
             now_s=now,
             cycle=self._cycle,
@@ -309,7 +318,7 @@ class Controller:
             stuck_racks=tuple(sorted(stuck)),
             stuck_cards=stuck_cards,
             blind_racks=tuple(sorted(blind)),
-            failsafe_racks=tuple(sorted(blind | capped)),
+            failsafe_racks=tuple(sorted(failsafe)),
             setpoint_c=setpoint,
             ambient_c=min(max(ambient, -60.0), 60.0),
             card_inlet_c=inlet,
@@ -317,7 +326,8 @@ class Controller:
             die_offset_k=offsets,
             rack_flow_full_lpm=flow_full,
             rack_pump_speed_frac=speed_now,
-            rack_extra_w=np.maximum(self._extra_w - _EXTRA_DEADBAND_W, 0.0),
+            rack_extra_w=np.maximum(self._extra_w - _EXTRA_DEADBAND_W, 0.0)
+            + np.maximum(self._gap_w - _EXTRA_DEADBAND_W, 0.0),
             choose_setpoint=choose,
             solver_time_limit_s=max(limit, 0.005),
         )
@@ -474,7 +484,7 @@ class Controller:
         unseen_card = ctx.unseen_card_mask(self._card_rack)
         pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
-        notes: list[str] = []
+        notes: list[str] = self._excess_notes()
         waits: dict[str, QueueWait] = {}
         orders: list[PlacementOrder] = []
         pending_ids = {jid for jid, _ in pending}
@@ -509,7 +519,7 @@ class Controller:
         unseen_card = ctx.unseen_card_mask(self._card_rack)
         pending = self._in_flight(ctx, snap)
         load = site_load(site, snap, pending)
-        notes: list[str] = ["incremental: the last plan adjusted to job events"]
+        notes: list[str] = ["incremental: the last plan adjusted to job events", *self._excess_notes()]
         waits: dict[str, QueueWait] = {}
         orders: list[PlacementOrder] = []
         pending_ids = {jid for jid, _ in pending}
@@ -956,6 +966,29 @@ class Controller:
                 self._host_up_at[booting] = now + self.site.rack.host_boot_s
                 self._host_busy_last[booting] = now  # a host just powered on is not due to go off again
         self._update_extra(snap, ctx)
+
+    def _update_gap(self, snap: StateSnapshot, load: SiteLoad, card_seen: BoolArray, failsafe: set[int]) -> None:
+        """The cards' power above the twin's model of their work, per rack (``agent.load.model_gap_w``
+        over the cards whose readings are observations; racks at fail-safe caps and racks without a
+        computing card keep theirs): a rise is taken at once (the rack may be over its limit), a fall
+        as slowly as the PDU's part (a job that stalls and resumes draws again what it drew)."""
+        gap, counted = model_gap_w(self.site, snap, load, card_seen)
+        counted[list(failsafe)] = False
+        a = _EXTRA_SMOOTHING
+        smoothed = np.maximum(gap, (1 - a) * self._gap_w + a * gap)
+        self._gap_w = np.where(counted, smoothed, self._gap_w)
+
+    def _excess_notes(self) -> list[str]:
+        """A line per rack that draws more than the margin above the twin's prediction at the settings
+        in force (the power the twin does not explain, smoothed; budgeted)."""
+        names = self.site.rack_names
+        pdu_w, gap_w = self._extra_w, np.maximum(self._gap_w, 0.0)
+        return [
+            f"{names[r]} draws {(pdu_w[r] + gap_w[r]) / 1e3:.2f} kW more than the twin predicts at the settings in "
+            f"force (its cards {gap_w[r] / 1e3:.2f} kW beyond the power model of their work, its PDU "
+            f"{pdu_w[r] / 1e3:.2f} kW beyond its cards and hosts): budgeted"
+            for r in np.flatnonzero(pdu_w + gap_w > self.control.rack_margin_w)
+        ]
 
     def _update_extra(self, snap: StateSnapshot, ctx: StepContext) -> None:
         """PDU power above what the cards report plus the spec's host overhead, per fresh rack."""

@@ -9,10 +9,12 @@ fail-safe caps; busy cards of jobs the agent never heard of are budgeted, not pu
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
-from agent_helpers import belief, example_site, full_load_jobs, job, small_site
+from agent_helpers import SITE_FILE, belief, example_site, full_load_jobs, job, small_site
 from solver_testing import LatePlanner
 
 from agent.config import ControlConfig
@@ -22,14 +24,17 @@ from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
-from twin.spec import SiteSpec
+from twin.spec import SiteSpec, site_from_dict
 from twin.state import StateSnapshot, TwinState
-from twin.workload import Phase
+from twin.tables import read_toml
+from twin.workload import JobSpec, Phase
 
 pytestmark = pytest.mark.agent
 
 SLOWEST = 7
 LIMIT_W = 50_000.0
+
+FloatArray = npt.NDArray[np.float64]
 
 
 def test_caps_hold_at_full_load_and_jobs_run_as_fast_as_the_caps_allow() -> None:
@@ -415,3 +420,54 @@ def test_a_submitted_job_is_placed_at_once_not_at_the_next_period() -> None:
     loop.run(60.0)
     late = next(r for r in plant.job_records() if r.job_id == "late")
     assert late.start_time_s is not None and late.start_time_s - late.submit_time_s <= 2.0
+
+
+def compute_bound(job_id: str, n_cards: int) -> JobSpec:
+    """A job computing 97% of its steps, busy through the rest (its cards near u = 1 at any clock)."""
+    return dataclasses.replace(job(job_id, n_cards, share=0.97), noncompute_utilization=0.9)
+
+
+def rack_power_after_first_decision(plant: Plant, ctl: Controller, seconds: float) -> tuple[FloatArray, list[Decision]]:
+    """The closed loop for ``seconds``: the true rack powers of every second after the first
+    decision's (its levels take effect within a second), and the decisions."""
+    decisions: list[Decision] = []
+    loop = ClosedLoop(plant, ctl, on_decision=lambda d, r: decisions.append(d))
+    loop.run(1.0)
+    powers = []
+    while plant.time_s < decisions[0].time_s + seconds:
+        loop.run(1.0)
+        powers.append(plant.truth().rack_power_w)
+    return np.array(powers), decisions
+
+
+def test_a_rack_running_jobs_the_agent_never_heard_of_stays_under_its_limit() -> None:
+    """An agent that starts after the jobs missed their events: their busy cards are budgeted as
+    unknown work at its worst (was: as 80% compute at 20% utilization besides, 1.4 kW under what the
+    rack of 16 cards drew, so it stayed ~300 W over its limit for as long as the agent did not know
+    the jobs, with no command sent)."""
+    site = small_site()  # 2 racks of 16 cards, 12.5 kW each
+    plant = Plant(site, [compute_bound("a", 16), compute_bound("b", 8)], config=PlantConfig(seed=7))
+    plant.run(120)  # started, computing, their events gone before the agent came
+    plant.drain_events()
+    powers, decisions = rack_power_after_first_decision(plant, Controller(site, ControlConfig(period_s=15.0)), 150)
+    assert {j for j in decisions[-1].job_levels} == {"?busy/r0", "?busy/r1"}  # still unknown
+    assert powers.max() <= site.rack.power_limit_w
+    assert decisions[-1].job_levels["?busy/r0"] > 0  # slowed for the cap, not left at the top clock
+
+
+def test_cards_drawing_more_than_the_power_model_says_are_budgeted_from_their_readings_and_said_so() -> None:
+    """Known jobs whose cards draw more than the twin's power model (here the agent's card spec says
+    15% less switching power than the cards have): the gap between the cards' readings and the model
+    at the settings in force is budgeted on the rack (was: its racks ~300 W over their limit all
+    along, the agent predicting them under their caps), and each decision says so."""
+    site = small_site()
+    data: dict[str, Any] = read_toml(SITE_FILE)
+    data.update(torus_dims=[4, 4, 2], racks_per_supernode=2, rack=dataclasses.asdict(site.rack))
+    data["card"] = {**data["card"], "dynamic_power_w": 0.85 * data["card"]["dynamic_power_w"]}
+    believed = site_from_dict(data, source="a card spec that under-predicts switching power")
+    plant = Plant(site, [compute_bound(f"j{i}", 8) for i in range(4)], config=PlantConfig(seed=7))
+    plant.run(90)
+    powers, decisions = rack_power_after_first_decision(plant, Controller(believed, ControlConfig(period_s=15.0)), 150)
+    assert powers.max() <= site.rack.power_limit_w
+    for d in decisions:
+        assert any(e.startswith("r0 draws") and "beyond the power model of their work" in e for e in d.explanation)
