@@ -83,6 +83,7 @@ from agent.hosts import choose_hosts_off, host_any
 from agent.load import SiteLoad, finite_or, model_gap_w, site_load, spec_of_info, spec_r_total_k_per_w
 from agent.offsets import DieOffsetFilter
 from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
+from models.explain import is_feasible, min_rack_power_w
 from models.placement import QueuedJob, make_placement_problem, place_jobs
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tables, make_problem
@@ -631,6 +632,9 @@ class Controller:
         )
 
     def _plan(self, p: CycleProblem, ctx: StepContext, use_solver: bool, notes: list[str]) -> CyclePlan:
+        """The planner's plan (the greedy one without the solver); where no plan meets every
+        constraint, the plan of the problem without what no plan can meet (:meth:`_relax`), flagged
+        infeasible."""
         choose = ctx.choose_setpoint and len(p.supply_options_c) > 1
         if use_solver:
             plan = self.planner.plan(
@@ -647,34 +651,69 @@ class Controller:
         if plan.status != SolveStatus.INFEASIBLE:
             return plan
         notes.extend(f"infeasible: {line}" for line in plan.explanation.splitlines()[:6])
-        return self._relaxed(p, plan, notes)
+        q = self._relax(p, choose, notes)
+        if use_solver:
+            relaxed = self.planner.plan(
+                q,
+                self._prev_plan,
+                time_limit_s=ctx.solver_time_limit_s,
+                mip_rel_gap=self.control.mip_rel_gap,
+                choose_setpoint=choose and len(q.supply_options_c) > 1,
+                refine_top=2,
+            )
+        else:
+            relaxed = greedy_cycle(q, choose_setpoint=choose and len(q.supply_options_c) > 1)
+        if not relaxed.status.has_plan:
+            return plan
+        return dataclasses.replace(relaxed, status=SolveStatus.INFEASIBLE, explanation=plan.explanation)
 
-    def _relaxed(self, p: CycleProblem, plan: CyclePlan, notes: list[str]) -> CyclePlan:
-        """No plan meets every cap: relax what cannot be met (racks over their cap at their least
-        power, then the ready reserve, then the measured die offsets) and plan the rest greedily;
-        the guard caps the relaxed racks."""
-        s = plan.supply_temp_c
-        q = p.with_supply(s)
-        t = dvfs_tables(q)
-        lo = np.where(t.cheapest_level >= 0, t.cheapest_level, t.n_levels - 1)
-        least = t.rack_base_w.copy()
-        np.add.at(least, t.pair_rack, t.pair_power_w[np.arange(t.pair_job.size), lo[t.pair_job]])
-        bad = least > t.rack_cap_w + 1e-6
-        attempts: list[tuple[str, CycleProblem]] = []
+    def _relax(self, p: CycleProblem, choose: bool, notes: list[str]) -> CycleProblem:
+        """No plan meets every constraint: ``p`` without what no plan can meet at the coolest set-point
+        within reach (what cooling cannot fix), so that the rest, set-point included, is planned as
+        usual and one job or rack never drags the site to its slowest levels or its coolest set-point.
+        In order, each only where still needed:
+
+        1. jobs with no level that meets both their SLO and the die limit: a job some level keeps
+           under the die limit loses its SLO (it runs as fast as its dies allow); a job no level keeps
+           under it runs at its least power, its hot cards left to the guard, and the set-point may
+           not rise (``CycleProblem.least_power_jobs``);
+        2. racks over their cap at their least power: left to the guard's caps;
+        3. the ready reserve;
+        4. the measured die offsets (the guard caps hot cards).
+        """
+        names = self.site.rack_names
+        coolest = min(p.supply_options_c) if choose else p.supply_temp_c
+        q = p
+        t = dvfs_tables(q, coolest)
+        stuck = t.cheapest_level < 0
+        if stuck.any():
+            hot = stuck & ~t.die_ok.any(axis=1)
+            slo = stuck & ~hot
+            if slo.any():
+                free = (dataclasses.replace(j, min_throughput_frac=0.0) if slo[i] else j for i, j in enumerate(q.jobs))
+                q = dataclasses.replace(q, jobs=tuple(free))
+                ids = ", ".join(q.jobs[i].job_id for i in np.flatnonzero(slo)[:6])
+                notes.append(f"relaxed: SLO of job(s) {ids} (no level meets it under the die limit)")
+            if hot.any():
+                warmest = q.supply_temp_c + 1e-9
+                options = tuple(o for o in q.supply_options_c if o <= warmest) or (q.supply_temp_c,)
+                q = dataclasses.replace(q, least_power_jobs=hot, supply_options_c=options)
+                ids = ", ".join(q.jobs[i].job_id for i in np.flatnonzero(hot)[:6])
+                notes.append(f"relaxed: job(s) {ids} at their least power (over the die limit at every level)")
+            t = dvfs_tables(q, coolest)
+        bad = min_rack_power_w(t) > t.rack_cap_w + 1e-6
         if bad.any():
             q = dataclasses.replace(q, rack_limit_w=np.where(bad, _UNBOUNDED_W, q.rack_limit_w))
-            names = ", ".join(self.site.rack_names[r] for r in np.flatnonzero(bad))
-            attempts.append((f"racks {names} left to the guard's caps", q))
-        q = dataclasses.replace(q, ready_reserve_cards=0)
-        attempts.append(("no ready reserve", q))
-        q = dataclasses.replace(q, die_offset_k=np.zeros_like(q.die_offset_k))
-        attempts.append(("measured die offsets ignored (the guard caps hot cards)", q))
-        for what, cand in attempts:
-            relaxed = greedy_cycle(cand, choose_setpoint=False)
-            if relaxed.status.has_plan:
-                notes.append(f"relaxed: {what}")
-                return dataclasses.replace(relaxed, status=SolveStatus.INFEASIBLE, explanation=plan.explanation)
-        return plan
+            notes.append(f"relaxed: racks {', '.join(names[r] for r in np.flatnonzero(bad))} left to the guard's caps")
+            t = dvfs_tables(q, coolest)
+        if not is_feasible(q, t):
+            q = dataclasses.replace(q, ready_reserve_cards=0)
+            notes.append("relaxed: no ready reserve")
+            t = dvfs_tables(q, coolest)
+        if not is_feasible(q, t):
+            q = dataclasses.replace(q, die_offset_k=np.zeros_like(q.die_offset_k))
+            notes.append("relaxed: measured die offsets ignored (the guard caps hot cards)")
+        return q
 
     def _place(
         self,

@@ -22,6 +22,12 @@ site's hosts can be powered off; ``racktwin optimize`` decides them before plann
 controller leaves it ``None``): an off host draws ``rack.host_off_power_w`` instead of
 ``rack.host_power_w`` and its cards nothing (as ``twin.steady.site_steady_state`` judges it), so its
 cards are neither idle nor available for the ready reserve and its rack's base power is that much lower.
+
+A problem may also name jobs to run at their least-power level whatever their die limit and SLO
+(``least_power_jobs``, per job, or ``None``): a job whose hottest card no level keeps under the die
+limit has no plan, and one such job must not leave every other job without one; the agent's
+controller names them (``agent.controller``) and its guard caps their hot cards. Their cards are
+exempt from the die limit in the plan's checks (:meth:`CycleProblem.die_exempt_cards`).
 """
 
 from __future__ import annotations
@@ -124,6 +130,8 @@ class CycleProblem:
     ``die_offset_k`` is added to every predicted die temperature of a card (>= 0; see
     :func:`make_problem`, which derives it from measured temperatures when the current levels are known).
     ``host_off`` (per host, or None: all on) names the hosts powered off for the cycle (see module docstring).
+    ``least_power_jobs`` (per job, or None: none) names the jobs pinned at their least-power level,
+    exempt from the die limit and their SLO (see module docstring).
     """
 
     site: SiteSpec
@@ -143,6 +151,7 @@ class CycleProblem:
     prices: Prices = field(default_factory=Prices)
     queue: tuple[JobSpec, ...] = ()
     host_off: BoolArray | None = None
+    least_power_jobs: BoolArray | None = None
 
     @property
     def n_cards(self) -> int:
@@ -176,6 +185,13 @@ class CycleProblem:
         if self.host_off is not None:
             host -= self.host_off.reshape(self.site.n_racks, -1).sum(axis=1) * self.site.host_saving_w()
         return host
+
+    def die_exempt_cards(self) -> BoolArray:
+        """Per card: it runs one of ``least_power_jobs`` (its die is left to the agent's guard)."""
+        if self.least_power_jobs is None or not self.jobs:
+            return np.zeros(self.n_cards, dtype=np.bool_)
+        lp = np.asarray(self.least_power_jobs, dtype=np.bool_)
+        return np.asarray((self.card_job >= 0) & lp[np.maximum(self.card_job, 0)], dtype=np.bool_)
 
     def job_cards(self, j: int) -> IntArray:
         return np.flatnonzero(self.card_job == j).astype(np.int64)
@@ -506,6 +522,11 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
             fixed[j] = True
     die_ok = job_die <= p.die_limit_c + 1e-9
     allowed = die_ok & slo_ok
+    if p.least_power_jobs is not None and n_jobs:  # pinned at their least power, dies and SLO left to the guard
+        pinned = np.asarray(p.least_power_jobs, dtype=bool)
+        allowed[pinned] = False
+        allowed[pinned, np.argmin(job_power[pinned], axis=1)] = True
+        fixed |= pinned
     masked = np.where(allowed, job_power, np.inf)
     cheapest = np.where(allowed.any(axis=1), np.argmin(masked, axis=1), -1).astype(np.int64)
 

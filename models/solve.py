@@ -459,6 +459,17 @@ def greedy_cycle(p: CycleProblem, choose_setpoint: bool = True) -> CyclePlan:
     return _finish(p, best, records, reasons, time.perf_counter() - t0, SolveStatus.FALLBACK, None, "greedy")
 
 
+def _within_caps(plan: DvfsPlan, p: CycleProblem) -> bool:
+    """``plan.within_caps(p)``, the cards of the problem's least-power jobs exempt from the die limit."""
+    exempt = p.die_exempt_cards()
+    if not exempt.any():
+        return plan.within_caps(p)
+    return bool(
+        np.all(plan.rack_power_w <= p.rack_cap_w() + 1e-6)
+        and np.all(plan.card_die_temp_c[~exempt] <= p.die_limit_c + 1e-6)
+    )
+
+
 def _finish(
     p: CycleProblem,
     best: DvfsPlan | None,
@@ -470,9 +481,12 @@ def _finish(
     source: str,
 ) -> CyclePlan:
     if best is None:
-        # nothing feasible: the greedy heuristic's least-power plan at the coolest set-point, flagged
-        # INFEASIBLE (its source is "greedy" whatever was tried, no MILP plan is in it)
-        s = min(p.supply_options_c) if len(records) > 1 else p.supply_temp_c
+        # nothing feasible: the greedy heuristic's least-power plan at the set-point in force, flagged
+        # INFEASIBLE (its source is "greedy" whatever was tried, no MILP plan is in it). Not the
+        # coolest option: no option is feasible, so cooling does not fix what is infeasible (one
+        # job's SLO over its rack's cap had the set-point stepped down 5 K at every evaluation, 30 ->
+        # 20 deg C at 40 deg C ambient, +11% facility power for the same work)
+        s = p.supply_temp_c
         t, line = _tables_and_line(p, s)
         g = greedy_dvfs(p, t, line)
         plan = assess_dvfs(p, g.job_level, g.rack_awake, s, t)
@@ -622,7 +636,7 @@ class CyclePlanner:
                     info, level, awake = out
                     if level is not None and awake is not None:
                         cand = assess_dvfs(p, level, awake, s, t)
-                        if cand.within_caps(p):
+                        if _within_caps(cand, p):
                             status, gap = info.status, info.gap
                             # the twin judges: the model's facility line is an affine fit, so keep
                             # the greedy plan in the rare case the twin rates it higher

@@ -22,12 +22,13 @@ from agent.controller import Controller
 from agent.decision import Decision
 from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
+from twin.faults import ColdPlateFouling, Fault
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
 from twin.spec import SiteSpec, site_from_dict
 from twin.state import StateSnapshot, TwinState
 from twin.tables import read_toml
-from twin.workload import JobSpec, Phase
+from twin.workload import JobSpec, Phase, PhaseModel
 
 pytestmark = pytest.mark.agent
 
@@ -471,3 +472,50 @@ def test_cards_drawing_more_than_the_power_model_says_are_budgeted_from_their_re
     assert powers.max() <= site.rack.power_limit_w
     for d in decisions:
         assert any(e.startswith("r0 draws") and "beyond the power model of their work" in e for e in d.explanation)
+
+
+def hot_day(jobs: list[JobSpec], faults: list[Fault] | None = None) -> tuple[Plant, Controller]:
+    """3 racks of 4 cards on a 40 deg C day (warm water is free cooling), jobs placed at once; the
+    set-point re-chosen every 300 s."""
+    site = small_site(3, (2, 2))
+    phases = PhaseModel(startup_s=20.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+    plant = Plant(site, jobs, faults or [], PlantConfig(seed=7, ambient=ConstantAmbient(40.0), phases=phases))
+    cfg = ControlConfig(period_s=15.0, rack_margin_w=62.5, setpoint_interval_s=300.0)
+    return plant, Controller(site, cfg)
+
+
+def test_a_job_whose_slo_no_plan_meets_does_not_drive_the_set_point_down() -> None:
+    """One job's SLO floor (0.97 of its top-clock throughput) cannot fit its rack's cap at any
+    set-point: that rack is left to the guard's caps and the set-point is chosen on what can be met,
+    warmer on a hot day as without the SLO (was: the coolest option at every evaluation, 30 -> 25 ->
+    20 deg C, +11% facility power for the same work)."""
+    slo = dataclasses.replace(job("slo", 4, share=0.95, checkpoint_interval_s=3000.0), min_throughput_frac=0.97)
+    jobs = [slo, job("b", 4, share=0.9, checkpoint_interval_s=3000.0), job("c", 4, share=0.9, priority=1.5)]
+    plant, ctl = hot_day(jobs)
+    decisions: list[Decision] = []
+    ClosedLoop(plant, ctl, on_decision=lambda d, r: decisions.append(d)).run(610)
+    assert any(d.status == "infeasible" for d in decisions[1:])  # the SLO rack is over its cap at any level
+    setpoints = [d.supply_temp_c for d in decisions]
+    assert min(setpoints) >= 30.0 and setpoints[-1] >= 40.0  # it starts at 30 deg C
+
+
+def test_a_job_no_level_keeps_under_the_die_limit_slows_alone() -> None:
+    """A card's plate fouls (x4): its job exceeds the die limit at every level. That job runs at its
+    least power (the guard caps its hot card) and the other jobs keep their plan (was: every job of
+    the site at its slowest level for 14 decisions, -3.6% of the other jobs' work over 30 minutes)."""
+    jobs = [
+        job("hot", 2, share=0.95, priority=2.0, checkpoint_interval_s=3000.0),
+        job("b", 2, share=0.9, checkpoint_interval_s=3000.0),
+        job("c", 4, share=0.9, priority=1.5, checkpoint_interval_s=3000.0),
+        job("d", 4, share=0.85, checkpoint_interval_s=3000.0),
+    ]
+    plant, ctl = hot_day(jobs, [ColdPlateFouling(card=1, start_s=600.0, r_factor=4.0)])
+    decisions: list[Decision] = []
+    ClosedLoop(plant, ctl, on_decision=lambda d, r: decisions.append(d)).run(900)
+    infeasible = [d for d in decisions if d.status == "infeasible"]
+    assert len(infeasible) >= 5  # from t = 690 s (at 45 deg C), until the set-point evaluation at 900 s
+    for d in infeasible:
+        assert d.job_levels["hot"] == SLOWEST
+        assert max(d.job_levels[j] for j in ("b", "c", "d")) <= 1
+        assert any(e.startswith("relaxed: job(s) hot at their least power") for e in d.explanation)
+    assert plant.accounting().rack_over_limit_s == 0.0

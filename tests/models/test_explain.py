@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from models_helpers import card_die_c, job, problem, rack_cards
@@ -83,3 +85,34 @@ def test_feasible_problem_has_no_explanation_and_greedy_agrees(site: SiteSpec) -
     assert g.feasible and g.explanation == ""
     plan = plan_cycle(p, choose_setpoint=False, time_limit_s=10.0)  # the MILP agrees: feasible, nothing to explain
     assert plan.status == SolveStatus.OPTIMAL and plan.explanation == ""
+
+
+def test_a_problem_no_set_point_makes_feasible_keeps_the_set_point_in_force(site: SiteSpec) -> None:
+    # r3 over its cap at any level and any set-point: no option is feasible, so cooling fixes nothing
+    # and the least-power plan stays at the set-point in force (was: the coolest option, 5 K down
+    # at every evaluation of an agent's set-point)
+    limits = np.full(8, 50_000.0)
+    limits[3] = 25_000.0
+    p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, supply_c=35.0, options=[30.0, 35.0, 40.0])
+    for plan in (plan_cycle(p, choose_setpoint=True), greedy_cycle(p, choose_setpoint=True)):
+        assert plan.status == SolveStatus.INFEASIBLE
+        assert plan.supply_temp_c == 35.0
+        assert plan.dvfs is not None and plan.dvfs.supply_temp_c == 35.0
+
+
+def test_a_least_power_job_is_pinned_at_its_least_power_and_exempt_from_the_die_limit(site: SiteSpec) -> None:
+    # job hot exceeds the die limit at every level; named a least-power job, the problem is feasible:
+    # hot at its least-power level, the other job planned as usual (its top level)
+    hot_die_c = card_die_c(site, 0.95, 0.5, 7, 30.0)
+    p = problem(site, [job("hot", 8), job("b", 8)], [rack_cards(0, 8), rack_cards(1, 8)], options=[30.0])
+    p = dataclasses.replace(p, die_offset_k=np.where(p.card_job == 0, 95.0 - hot_die_c, 0.0))
+    assert plan_cycle(p, choose_setpoint=False).status == SolveStatus.INFEASIBLE
+    q = dataclasses.replace(p, least_power_jobs=np.array([True, False]))
+    t = dvfs_tables(q)
+    assert t.fixed[0] and t.cheapest_level[0] == int(np.argmin(t.job_power_w[0]))
+    assert q.die_exempt_cards().tolist() == (p.card_job == 0).tolist()
+    for plan in (plan_cycle(q, choose_setpoint=False), greedy_cycle(q, choose_setpoint=False)):
+        assert plan.status.has_plan
+        assert plan.dvfs is not None
+        assert plan.dvfs.job_level.tolist() == [t.cheapest_level[0], 0]
+    assert plan_cycle(q, choose_setpoint=False).source == "milp"  # the MILP's plan is kept (its hot card exempt)
