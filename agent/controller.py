@@ -403,6 +403,7 @@ class Controller:
             off_after_s=cfg.host_idle_off_s(site),
             reserve_per_supernode=cfg.host_reserve_per_supernode,
             due_cards=self._cards_due(d, snap, ctx),
+            card_failed=d.card_failed,
         )
         low = d.card_low_power | np.repeat(choice.host_off, site.cards_per_host)
         notes = d.explanation

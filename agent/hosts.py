@@ -10,6 +10,9 @@ tells which from the running jobs' expected ends and the reservation it holds, s
 ``Controller._cards_due``), no host goes off and off hosts are powered on for the cards those jobs
 need, so that a job that gets its cards when running jobs end does not also wait for a boot; hosts
 left idle while a big job waits for a start further ahead go off meanwhile and boot in time for it.
+The reserve and the waiting jobs are counted in cards: a free host with failed cards holds only its
+healthy ones (a job requeued after a card failure, its host left with 7 healthy cards of 8, used to
+wait for the scheduler's own fallback while the other host of its rack stayed off).
 Hosts on fail-safe racks keep their state (their telemetry cannot be trusted), and a host with a card
 busy or being placed on is never off. The idle hosts kept on are those holding awake idle cards (the
 ready reserve the plan keeps on hosts that are on) first, then the most recently used; when hosts
@@ -63,6 +66,7 @@ def choose_hosts_off(
     off_after_s: float,
     reserve_per_supernode: int,
     due_cards: int = 0,
+    card_failed: BoolArray | None = None,
 ) -> HostChoice:
     """The hosts to have off after this decision (see the module docstring).
 
@@ -71,7 +75,8 @@ def choose_hosts_off(
     ``host_off_now``: per host, off as last reported; ``host_awake``: per host, holds idle cards the
     decision keeps awake (the ready reserve: such hosts are kept on first); ``frozen_host``: hosts to leave
     as they are; ``due_cards``: cards of the jobs still waiting after this decision's placements that are
-    due to start within a boot (their hosts are wanted on now)."""
+    due to start within a boot (their hosts are wanted on now); ``card_failed``: per card, failed (a free
+    host holds its healthy cards only; None: none failed)."""
     off_now = np.asarray(host_off_now, dtype=bool)
     frozen = np.asarray(frozen_host, dtype=bool)
     busy = host_any(site, card_busy)
@@ -81,23 +86,30 @@ def choose_hosts_off(
     off[busy] = False  # a job placed on an off host boots it
     idle_s = now_s - np.asarray(host_busy_last_s, dtype=np.float64)
     awake = np.asarray(host_awake, dtype=bool)
-    # waiting jobs due to start soon: their cards on top of the reserve, spread over the supernodes
-    want_sn = reserve_per_supernode + -(-due_cards // (site.cards_per_host * site.supernodes))
+    # cards wanted on free hosts that are on: the reserve's, and the waiting jobs' due to start soon,
+    # spread over the supernodes
+    cph = site.cards_per_host
+    want = reserve_per_supernode * cph + -(-due_cards // site.supernodes)
+    healthy = np.full(site.n_hosts, cph, dtype=np.int64)
+    if card_failed is not None:
+        healthy -= np.asarray(card_failed, dtype=bool).reshape(site.n_hosts, cph).sum(axis=1)
     for sn in range(site.supernodes):
         sl = slice(sn * hosts_per_sn, (sn + 1) * hosts_per_sn)
-        f, fz, o, idle, aw = free[sl], frozen[sl], off[sl], idle_s[sl], awake[sl]
+        f, fz, o, idle, aw, ok = free[sl], frozen[sl], off[sl], idle_s[sl], awake[sl], healthy[sl]
+        # the hosts kept on: those holding awake idle cards (the ready reserve) first, then the most
+        # recently used, as many as hold the cards wanted
         on_free = np.flatnonzero(f & ~o & ~fz)
-        spare = on_free.size - want_sn
-        if spare > 0 and due_cards == 0:
-            # the hosts kept on: those holding awake idle cards (the ready reserve) first, then the most
-            # recently used; of the others, those idle long enough go off
-            keep = on_free[np.lexsort((idle[on_free], ~aw[on_free]))][:want_sn]
-            due = np.setdiff1d(on_free, keep)
+        on_free = on_free[np.lexsort((idle[on_free], ~aw[on_free]))]
+        held = np.cumsum(ok[on_free])
+        n_keep = int(np.searchsorted(held, want)) + 1 if want > 0 else 0
+        if n_keep < on_free.size and due_cards == 0:  # of the others, those idle long enough go off
+            due = on_free[n_keep:]
             o[due[idle[due] >= off_after_s]] = True
-        elif spare < 0:
+        elif n_keep > on_free.size:  # too few: off hosts come back, the most recently used first
             back = np.flatnonzero(f & o & ~fz)
-            back = back[np.argsort(idle[back], kind="stable")][:-spare]  # most recently used first
-            o[back] = False
+            back = back[np.argsort(idle[back], kind="stable")]
+            short = want - (int(held[-1]) if held.size else 0)
+            o[back[: int(np.searchsorted(np.cumsum(ok[back]), short)) + 1]] = False
         off[sl] = o
     off = np.where(frozen, off_now, off)
     return HostChoice(host_off=off, powering_off=off & ~off_now, powering_on=~off & off_now)

@@ -5,9 +5,11 @@ hosts really go off and come back for new work without a refused command or a ra
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
-from agent_helpers import example_site, job
+from agent_helpers import SITE_FILE, example_site, job
 
 from agent.config import ControlConfig
 from agent.controller import Controller
@@ -16,6 +18,9 @@ from agent.hosts import choose_hosts_off
 from agent.loop import ApplyReport, ClosedLoop
 from models.placement import PlacementProblem, QueuedJob, greedy_placement
 from twin.plant import CardFailure, Plant, PlantConfig
+from twin.spec import site_from_dict
+from twin.tables import read_toml
+from twin.workload import PhaseModel
 
 pytestmark = pytest.mark.agent
 
@@ -254,3 +259,35 @@ def test_a_failed_card_reads_failed_again_after_its_host_was_off_and_a_repaired_
     assert cards.failed[3] and not cards.low_power[3] and cards.clock_mhz[3] == 0.0 and cards.power_w[3] == 0.0
     assert not cards.failed[12] and cards.low_power[12]
     assert cards.low_power[[0, 1, 2, 4, 5, 6, 7]].all()
+
+
+def test_a_job_requeued_after_a_card_failure_boots_a_host_when_its_own_is_short_of_healthy_cards() -> None:
+    """Job b (8 cards, one host) loses a card and is requeued: its host has 7 healthy cards, the
+    other host of its rack is off (no reserve). That host is powered on at once and b placed on it
+    (was: the free host with a failed card counted as 8 cards, nothing booted, and b waited 120 s for
+    the scheduler's own fallback to place it)."""
+    data: dict[str, Any] = read_toml(SITE_FILE)
+    data.update(name="small-2x16-hosts", racks_per_supernode=2, torus_dims=[4, 4, 2])
+    data["rack"] = {**data["rack"], "host_overhead_w": 2200.0, "hosts_per_rack": 2, "power_limit_w": 12500.0}
+    site = site_from_dict(data, source="2 racks of 2 hosts of 8 cards")
+    jobs = [job("a", 16), job("b", 8)]
+    config = PlantConfig(
+        seed=7, placement="external", external_timeout_s=120.0, phases=PhaseModel(restart_delay_s=20.0)
+    )
+    plant = Plant(site, jobs, [CardFailure(card=21, at_s=200.0)], config)
+    cfg = ControlConfig(period_s=5.0, idle_reserve_cards=0, host_off_after_s=30.0, host_reserve_per_supernode=0)
+    placed: list[tuple[float, str]] = []
+    booted: list[float] = []
+
+    def note(d: Decision, r: ApplyReport) -> None:
+        placed.extend((d.time_s, jid) for jid in r.placed)
+        if r.hosts_on:
+            booted.append(d.time_s)
+
+    loop = ClosedLoop(plant, Controller(site, cfg), on_decision=note)
+    loop.run(210.0)
+    assert int(plant.truth().host_off.sum()) == 1  # r1's second host, idle since t = 0
+    loop.run(40.0)  # b is requeued at 220 s
+    assert booted and 220.0 <= booted[0] <= 225.0
+    assert [jid for t, jid in placed if t >= 220.0] == ["b"]
+    assert not plant.truth().host_off.any()
