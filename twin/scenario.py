@@ -18,7 +18,9 @@ job run time); a job that arrived before 0 and whose expected wall time reaches 
 t = 0 with the work it has left (length-biased, as in a site that has been running for days). Those
 jobs are listed in :attr:`RunScenario.running_at_start` and :func:`build_plant` places them at t = 0
 (compact first fit) before the first step; they compute from t = 0 (no start-up wait), their cards
-at the thermal steady state of their power.
+at the thermal steady state of their power. Arrivals before t = 0 are not limited by the site: where
+the jobs still running need more cards than it has, those that do not fit wait in the queue at t = 0.
+Listed jobs marked ``running_at_start`` are placed first and must fit the site together.
 """
 
 from __future__ import annotations
@@ -52,7 +54,15 @@ from twin.faults import (
 from twin.plant import CardVariation, Plant, PlantConfig, SensorNoise
 from twin.spec import SiteSpec, load_site
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
-from twin.workload import GeneratorConfig, JobSpec, PhaseModel, TraceError, generate_jobs, load_trace
+from twin.workload import (
+    GeneratorConfig,
+    JobSpec,
+    PhaseModel,
+    TraceError,
+    checkpoint_problem,
+    generate_jobs,
+    load_trace,
+)
 
 __all__ = [
     "DEFAULT_EXTERNAL_TIMEOUT_S",
@@ -80,6 +90,14 @@ JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
 #: job the agent has not placed after this many seconds in the queue is placed by the plant's
 #: built-in first-fit scheduler, so that a site with no agent never starves.
 DEFAULT_EXTERNAL_TIMEOUT_S = 120.0
+
+#: Smallest ``[workload] allocation_tolerance``: one day's offered allocation moves in steps of its
+#: heavy-tailed jobs (a 256-card job running an hour is 0.6% of a day of the example site), so on
+#: the example site 1 seed in 20 offers 0.65 +- 0.01 but 1 in 300 offers 0.65 +- 0.005.
+MIN_ALLOCATION_TOLERANCE = 0.01
+
+#: Most of a computing job's time that its stalls (``[phases]``) may take: beyond, a job barely computes.
+MAX_STALL_SHARE = 0.9
 
 #: Shortest run: one step of the plant (``Plant.run``'s and the simulator's default ``dt_s``). A
 #: shorter run records nothing (``racktwin evaluate --duration 0.5`` would report a 0 kW rack).
@@ -153,8 +171,8 @@ class RunScenario:
     # the generator's seed the jobs were drawn with (``allocation_tolerance`` may move it past
     # ``seed``); None for traces and explicit job lists
     workload_seed: int | None = None
-    # what loading warned about (each also passed to the loader's ``warn``): faults that a
-    # ``duration_s`` override shortening the run leaves after its end
+    # what loading warned about (each also passed to the loader's ``warn``): faults and listed jobs
+    # that a ``duration_s`` override shortening the run leaves after its end
     warnings: tuple[str, ...] = ()
 
 
@@ -200,7 +218,9 @@ class _WorkloadSection:
     seed: int | None = field(default=None, metadata=rng(0, 2**63 - 1))
     # Condition the generated day on its load: the workload seed is the first of seed, seed + 1, ...
     # whose jobs offer target_allocation +- this (offered_allocation); unset: the seed as given.
-    allocation_tolerance: float | None = field(default=None, metadata=rng(0.0, 1.0, lo_open=True))
+    allocation_tolerance: float | None = field(default=None, metadata=rng(MIN_ALLOCATION_TOLERANCE, 1.0))
+    # [lo, hi] of the generated jobs' compute shares (uniform); None: the generator's (0.60, 0.87)
+    compute_share_range: tuple[float, ...] | None = field(default=None, metadata=rng(0.0, 1.0))
     trace: str | None = None
     time_offset_s: float = field(default=0.0, metadata=rng(0.0, 1e9))
 
@@ -279,9 +299,10 @@ def load_run_scenario(
     still applies); ``seed`` and ``duration_s`` override the file's (the generated workload is
     drawn for them). Any problem is a :class:`SpecError` naming the file and the field.
 
-    A fault that starts at or after the end of the run is an error, unless the run ends before it
-    only because ``duration_s`` shortened it: then the scenario's ``warnings`` say so (and ``warn``,
-    when given, gets each line; the commands print them) and the fault stays (it never happens)."""
+    A fault that starts, or a listed job submitted, at or after the end of the run is an error, unless
+    the run ends before it only because ``duration_s`` shortened it: then the scenario's ``warnings``
+    say so (and ``warn``, when given, gets each line; the commands print them) and the fault or job
+    stays (it never happens)."""
     data = read_toml(path)
     return run_scenario_from_dict(
         data, source=str(path), base_dir=Path(path).parent, site=site, seed=seed, duration_s=duration_s, warn=warn
@@ -345,6 +366,7 @@ def run_scenario_from_dict(
     phases = PhaseModel()
     if "phases" in data:
         phases = _wrap(source, "phases", lambda: decode_table(PhaseModel, data["phases"], source, "phases"))
+        _check_stalls(phases, source)
     p = top.plant
     if p.min_power_limit_w > site.card.power_limit_w:
         raise SpecError(
@@ -383,20 +405,21 @@ def run_scenario_from_dict(
     wseed: int | None = None
     jobs: list[JobSpec] = []
     running: list[str] = []
+    warnings: list[str] = []
+    shortened_from = top.duration_s if duration < top.duration_s else None
+    if w.source != "generate":
+        for key in ("allocation_tolerance", "compute_share_range"):
+            if getattr(w, key) is not None:
+                raise SpecError(source, f"workload.{key}", "only used with source = 'generate'")
     if w.source == "generate":
         if w.trace is not None:
             raise SpecError(source, "workload.trace", "only used with source = 'trace'")
-        wseed = the_seed if w.seed is None else w.seed
-        gen_jobs, gen_running, wseed, offered = _conditioned(site, duration, wseed, w, phases, source)
+        cfg = _generator_config(site, w, phases, source)
+        from_seed = the_seed if w.seed is None else w.seed
+        gen_jobs, running, wseed, offered = _conditioned(site, duration, from_seed, w, cfg, source)
         jobs.extend(gen_jobs)
-        running.extend(gen_running)
-        what = f"generated (AcmeTrace Kalos, {w.target_allocation:.0%} allocation, seed {wseed}"
-        if w.allocation_tolerance is not None:
-            what += f" offering {offered:.1%}"
-        what += ", warm start)" if w.warm_start else ")"
+        what = _generated_line(w, from_seed, wseed, offered)
     elif w.source == "trace":
-        if w.allocation_tolerance is not None:
-            raise SpecError(source, "workload.allocation_tolerance", "only used with source = 'generate'")
         if w.trace is None:
             raise SpecError(source, "workload.trace", "missing: the trace CSV file (source = 'trace')")
         try:
@@ -412,30 +435,47 @@ def run_scenario_from_dict(
     listed = data.get("jobs", [])
     if not isinstance(listed, list):
         raise SpecError(source, "jobs", "expected a list of tables ([[jobs]])")
+    listed_running: list[tuple[str, JobSpec]] = []  # where, job
     for i, entry in enumerate(listed):
         where = f"jobs[{i}]"
         je = decode_table(_JobEntry, entry, source, where)
+        problem = checkpoint_problem(je.checkpoint_interval_s, je.checkpoint_duration_s)
+        if problem:
+            raise SpecError(source, f"{where}.checkpoint_duration_s", problem)
         if je.running_at_start:
             if je.submit_time_s != 0.0:
                 raise SpecError(
                     source, f"{where}.running_at_start", "a job running at the start must have submit_time_s = 0"
                 )
-            running.append(je.id)
         elif je.first_checkpoint_after_s is not None:
             raise SpecError(
                 source,
                 f"{where}.first_checkpoint_after_s",
                 "only for a job running at the start (a job starting fresh checkpoints after a whole interval)",
             )
-        jobs.append(_listed_job(je, source, where, the_seed))
+        _check_before_end(
+            je.submit_time_s,
+            source,
+            f"{where}.submit_time_s",
+            duration,
+            shortened_from,
+            warnings.append,
+            ("the job would never be submitted", "the job is not submitted"),
+        )
+        job = _listed_job(je, source, where, the_seed)
+        jobs.append(job)
+        if je.running_at_start:
+            listed_running.append((where, job))
     if listed:
         what += f" + {len(listed)} listed"
     _check_jobs(jobs, site, source, listed_from=len(jobs) - len(listed))
+    _check_listed_running(listed_running, site, source)
+    # the listed running jobs are placed first (they were running); generated ones that do not fit
+    # beside them wait in the queue at t = 0
+    running = [job.job_id for _, job in listed_running] + running
     jobs.sort(key=lambda j: j.submit_time_s)
 
     # ---- faults ------------------------------------------------------------------------------
-    warnings: list[str] = []
-    shortened_from = top.duration_s if duration < top.duration_s else None
     faults, sim_faults = _faults(data.get("faults", []), site, source, duration, shortened_from, warnings.append)
     if warn is not None:
         for message in warnings:
@@ -562,12 +602,87 @@ def offered_allocation(
     return held / (n_cards * duration_s)
 
 
-#: Workload seeds tried by ``allocation_tolerance`` before giving up.
-_MAX_SEED_TRIES = 1000
+#: Workload seeds tried by ``allocation_tolerance`` before giving up (about 0.06 s each for a day of
+#: the example site; at the smallest tolerance 1 seed in 20 is accepted there).
+_MAX_SEED_TRIES = 200
+
+
+def _check_stalls(phases: PhaseModel, source: str) -> None:
+    """Stalls that would leave a computing job (almost) no time to compute are refused."""
+    per_s = phases.stall_fraction()
+    share = per_s / (1.0 + per_s)
+    if share > MAX_STALL_SHARE:
+        raise SpecError(
+            source,
+            "phases",
+            f"stalls would take {100 * share:.4g}% of a computing job's time ({per_s:.3g} s of stalls per second "
+            "of computing: comm_stalls_per_hour x comm_stall_median_s + input_stalls_per_hour x "
+            "input_stall_median_s, times exp(stall_sigma^2 / 2), per 3600 s), leaving it almost no time to "
+            f"compute: at most {MAX_STALL_SHARE:.0%}",
+        )
+
+
+def _generator_config(site: SiteSpec, w: _WorkloadSection, phases: PhaseModel, source: str) -> GeneratorConfig:
+    """The generator's configuration from ``[workload]`` and ``[phases]``, checked against the site."""
+    kw: dict[str, Any] = {"target_allocation": w.target_allocation, "duration_scale": w.duration_scale}
+    kw["phases"] = phases
+    if w.max_cards is not None:
+        host = GeneratorConfig.granularity
+        if w.max_cards < host:
+            raise SpecError(
+                source, "workload.max_cards", f"must be at least one whole host ({host} cards), got {w.max_cards}"
+            )
+        if w.max_cards > site.n_cards:
+            raise SpecError(
+                source,
+                "workload.max_cards",
+                f"{w.max_cards} is more than the site's {site.n_cards} cards: no job can be larger than the site",
+            )
+        kw["max_cards"] = w.max_cards
+    if w.compute_share_range is not None:
+        share = w.compute_share_range
+        if len(share) != 2:
+            raise SpecError(source, "workload.compute_share_range", f"expected [lo, hi], got {len(share)} values")
+        if share[0] > share[1]:
+            raise SpecError(
+                source,
+                "workload.compute_share_range",
+                f"expected [lo, hi] with lo <= hi, got [{share[0]:g}, {share[1]:g}]",
+            )
+        kw["compute_share_range"] = (share[0], share[1])
+    cfg = _wrap(source, "workload", lambda: GeneratorConfig(**kw))
+    shortest_s = cfg.min_duration_s * cfg.duration_scale
+    if shortest_s < MIN_DURATION_S:
+        raise SpecError(
+            source,
+            "workload.duration_scale",
+            f"{cfg.duration_scale:g} makes the shortest generated job {shortest_s:.3g} s of training (the "
+            f"generator's {cfg.min_duration_s:g} s x {cfg.duration_scale:g}): a job must last at least one plant "
+            f"step ({MIN_DURATION_S:g} s), so duration_scale must be >= {MIN_DURATION_S / cfg.min_duration_s:.4g}",
+        )
+    return cfg
+
+
+def _generated_line(w: _WorkloadSection, from_seed: int, wseed: int, offered: float) -> str:
+    """The workload line of a generated run. Where ``allocation_tolerance`` moved the workload seed
+    past the seed given, it says so: every seed from the given one to the one used draws these jobs."""
+    what = f"generated (AcmeTrace Kalos, {w.target_allocation:.0%} allocation, "
+    if wseed == from_seed:
+        what += f"seed {wseed}"
+    else:
+        what += f"workload seed {wseed}"
+    if w.allocation_tolerance is not None:
+        what += f" offering {offered:.1%}"
+        if wseed != from_seed:
+            what += (
+                f" (the first from seed {from_seed} within {100 * w.target_allocation:g}% +- "
+                f"{100 * w.allocation_tolerance:g}%: seeds {from_seed}..{wseed} all draw these jobs)"
+            )
+    return what + (", warm start)" if w.warm_start else ")")
 
 
 def _conditioned(
-    site: SiteSpec, duration_s: float, seed: int, w: _WorkloadSection, phases: PhaseModel, source: str
+    site: SiteSpec, duration_s: float, seed: int, w: _WorkloadSection, cfg: GeneratorConfig, source: str
 ) -> tuple[list[JobSpec], list[str], int, float]:
     """Generated jobs, running jobs, the workload seed used and the offered allocation.
 
@@ -577,29 +692,30 @@ def _conditioned(
     draws from the generator conditioned on the day's load: the first seed from ``seed`` whose day
     offers ``target_allocation +- allocation_tolerance``."""
     tol = w.allocation_tolerance
+    closest = (math.inf, seed, math.nan)  # miss, seed, offer
     for k in range(_MAX_SEED_TRIES if tol is not None else 1):
         s = seed + k
-        jobs, running = _generated(site, duration_s, s, w, phases, source)
-        offered = offered_allocation(jobs, site.n_cards, duration_s, phases)
-        if tol is None or abs(offered - w.target_allocation) <= tol:
+        jobs, running = _generated(site, duration_s, s, cfg, w.warm_start)
+        offered = offered_allocation(jobs, site.n_cards, duration_s, cfg.phases)
+        miss = abs(offered - w.target_allocation)
+        if tol is None or miss <= tol:
             return jobs, running, s, offered
+        closest = min(closest, (miss, s, offered))
     raise SpecError(
         source,
         "workload.allocation_tolerance",
-        f"no workload seed in {seed}..{seed + _MAX_SEED_TRIES - 1} offers {w.target_allocation:g} +- {tol:g}",
+        f"no workload seed in {seed}..{seed + _MAX_SEED_TRIES - 1} offers {w.target_allocation:g} +- {tol or 0:g}; "
+        f"the closest, seed {closest[1]}, offers {closest[2]:.4f} ({closest[0]:.4f} off)",
     )
 
 
 def _generated(
-    site: SiteSpec, duration_s: float, seed: int, w: _WorkloadSection, phases: PhaseModel, source: str
+    site: SiteSpec, duration_s: float, seed: int, cfg: GeneratorConfig, warm_start: bool
 ) -> tuple[list[JobSpec], list[str]]:
-    """Generated jobs (and, with a warm start, those already running at t = 0)."""
-    kw: dict[str, Any] = {"target_allocation": w.target_allocation, "duration_scale": w.duration_scale}
-    kw["phases"] = phases
-    if w.max_cards is not None:
-        kw["max_cards"] = w.max_cards
-    cfg = _wrap(source, "workload", lambda: GeneratorConfig(**kw))
-    window = cfg.stats.max_run_time_s * cfg.duration_scale + phases.startup_s if w.warm_start else 0.0
+    """Generated jobs (and, with a warm start, those already running at t = 0, in arrival order; those
+    that the site cannot hold all at once wait in the queue at t = 0)."""
+    phases = cfg.phases
+    window = cfg.stats.max_run_time_s * cfg.duration_scale + phases.startup_s if warm_start else 0.0
     raw = generate_jobs(site.n_cards, window + duration_s, seed, cfg)
     jobs: list[JobSpec] = []
     running: list[str] = []
@@ -682,23 +798,58 @@ def _decode_fault(cls: type[Any], table: dict[str, Any], source: str, where: str
 def _check_fault_start(
     fault: Any, source: str, where: str, duration_s: float, shortened_from_s: float | None, warn: Callable[[str], None]
 ) -> None:
-    """A fault that starts at or after the end of the run would never happen: an error, or a warning
-    where the file's own duration reaches it and only an override shortened the run."""
     name = "at_s" if isinstance(fault, CardFailure) else "start_s"
     start = float(getattr(fault, name))
-    if start < duration_s:
-        return
-    if shortened_from_s is not None and start < shortened_from_s:
-        warn(
-            f"{source}: {where}.{name}: {start:g} s is at or after the end of this run ({duration_s:g} s, "
-            f"shortened from {shortened_from_s:g} s): the fault does not happen"
-        )
-        return
-    raise SpecError(
+    _check_before_end(
+        start,
         source,
         f"{where}.{name}",
-        f"{start:g} s is at or after the end of the run ({duration_s:g} s): it would never happen",
+        duration_s,
+        shortened_from_s,
+        warn,
+        ("it would never happen", "the fault does not happen"),
     )
+
+
+def _check_before_end(
+    start_s: float,
+    source: str,
+    where: str,
+    duration_s: float,
+    shortened_from_s: float | None,
+    warn: Callable[[str], None],
+    outcome: tuple[str, str],
+) -> None:
+    """A fault that starts, or a listed job submitted, at or after the end of the run would never
+    happen: an error, or a warning where the file's own duration reaches it and only an override
+    shortened the run. ``outcome``: what the error says, what the warning says."""
+    if start_s < duration_s:
+        return
+    never, not_in_this_run = outcome
+    if shortened_from_s is not None and start_s < shortened_from_s:
+        warn(
+            f"{source}: {where}: {start_s:g} s is at or after the end of this run ({duration_s:g} s, "
+            f"shortened from {shortened_from_s:g} s): {not_in_this_run}"
+        )
+        return
+    raise SpecError(source, where, f"{start_s:g} s is at or after the end of the run ({duration_s:g} s): {never}")
+
+
+def _check_listed_running(listed_running: Sequence[tuple[str, JobSpec]], site: SiteSpec, source: str) -> None:
+    """The listed jobs marked ``running_at_start`` were all running at t = 0: together they must fit the site."""
+    total = sum(job.n_cards for _, job in listed_running)
+    if total <= site.n_cards:
+        return
+    held = 0
+    for where, job in listed_running:
+        held += job.n_cards
+        if held > site.n_cards:
+            raise SpecError(
+                source,
+                f"{where}.running_at_start",
+                f"the jobs marked running_at_start up to this one need {held} cards ({total} in all), the site has "
+                f"{site.n_cards}: they cannot all be running at t = 0",
+            )
 
 
 def _check_fault_target(fault: Any, site: SiteSpec, source: str, where: str) -> None:

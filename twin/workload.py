@@ -44,6 +44,7 @@ FloatArray = npt.NDArray[np.float64]
 
 __all__ = [
     "KALOS",
+    "MAX_STALL_SIGMA",
     "TRACE_COLUMNS",
     "CsvError",
     "CsvTable",
@@ -54,6 +55,7 @@ __all__ = [
     "TraceError",
     "WorkloadStats",
     "acme_stats",
+    "checkpoint_problem",
     "compute_utilization",
     "expected_job_card_seconds",
     "generate_jobs",
@@ -137,6 +139,17 @@ class JobSpec:
         return self.n_cards * self.work_steps * self.step_time_s
 
 
+def checkpoint_problem(checkpoint_interval_s: float, checkpoint_duration_s: float) -> str:
+    """What is wrong with a job's checkpoints, or "": a checkpoint may not hold the cards longer than
+    the training between two (the job would spend most of its time writing checkpoints)."""
+    if checkpoint_duration_s <= checkpoint_interval_s:
+        return ""
+    return (
+        f"a checkpoint of {checkpoint_duration_s:g} s would hold the cards longer than the "
+        f"{checkpoint_interval_s:g} s of training between two (checkpoint_interval_s): at most that"
+    )
+
+
 def relative_step_time(compute_share: float | FloatArray, clock_rel: float | FloatArray) -> FloatArray:
     """Step time at clock ``f`` relative to the top clock (``clock_rel = f / f_top``)."""
     return np.asarray(compute_share / clock_rel + (1.0 - compute_share), dtype=np.float64)
@@ -201,6 +214,11 @@ def synchronous_utilization(
 # --------------------------------------------------------------------------------------------
 
 
+#: Largest lognormal shape of a stall's duration: at 3 the mean stall is exp(4.5) = 90 times the
+#: median and one stall in a thousand lasts 10,000 times it; far beyond, exp(sigma^2 / 2) overflows.
+MAX_STALL_SIGMA = 3.0
+
+
 @dataclass(frozen=True)
 class PhaseModel:
     """Durations and card utilization of the non-training phases. Values are assumptions
@@ -212,7 +230,8 @@ class PhaseModel:
       checkpoint, is queued again (detection by the framework's watchdog, teardown).
     * communication stalls (phase COMMUNICATION: a straggler or congested collective holds every
       card) arrive as a Poisson process at ``comm_stalls_per_hour`` while the job computes, and last
-      a lognormal time of median ``comm_stall_median_s`` and shape ``stall_sigma``;
+      a lognormal time of median ``comm_stall_median_s`` and shape ``stall_sigma`` (at most
+      :data:`MAX_STALL_SIGMA`);
     * input stalls (phase WAITING: the data loader or storage is late) likewise.
     * ``max_restarts``: a job that loses cards more often than this fails for good.
 
@@ -228,7 +247,7 @@ class PhaseModel:
     comm_stall_median_s: float = 20.0
     input_stalls_per_hour: float = 1.0
     input_stall_median_s: float = 30.0
-    stall_sigma: float = 0.5
+    stall_sigma: float = field(default=0.5, metadata=rng(0.0, MAX_STALL_SIGMA))
     communication_utilization: float = 0.2
     checkpoint_utilization: float = 0.0
     waiting_utilization: float = 0.0
@@ -238,9 +257,11 @@ class PhaseModel:
         for name in ("startup_s", "restart_delay_s", "comm_stalls_per_hour", "comm_stall_median_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PhaseModel.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("input_stalls_per_hour", "input_stall_median_s", "stall_sigma"):
+        for name in ("input_stalls_per_hour", "input_stall_median_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PhaseModel.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.stall_sigma <= MAX_STALL_SIGMA:
+            raise ValueError(f"PhaseModel.stall_sigma must be within 0..{MAX_STALL_SIGMA:g}, got {self.stall_sigma}")
         for name in ("communication_utilization", "checkpoint_utilization", "waiting_utilization"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PhaseModel.{name} must be within 0..1, got {getattr(self, name)}")
@@ -248,7 +269,8 @@ class PhaseModel:
             raise ValueError(f"PhaseModel.max_restarts must be >= 0, got {self.max_restarts}")
 
     def stall_fraction(self) -> float:
-        """Expected share of wall time a computing job spends in stalls (lognormal means)."""
+        """Expected seconds of stalls per second of computing (lognormal means); a computing job
+        spends ``f / (1 + f)`` of its time in stalls."""
         stretch = math.exp(self.stall_sigma**2 / 2.0)
         comm = self.comm_stalls_per_hour * self.comm_stall_median_s
         inp = self.input_stalls_per_hour * self.input_stall_median_s
@@ -531,7 +553,7 @@ TRACE_COLUMNS: dict[str, tuple[bool, str]] = {
     "compute_share": (True, "share of a step that scales with 1/clock, 0..1"),
     "priority": (False, "relative value of the job's work (> 0, default 1)"),
     "checkpoint_interval_s": (False, "training time between checkpoints at the top clock, s (default 900)"),
-    "checkpoint_duration_s": (False, "time a checkpoint holds the cards idle, s (default 60)"),
+    "checkpoint_duration_s": (False, "time a checkpoint holds the cards idle, s (default 60; <= the interval)"),
     "min_throughput_frac": (False, "SLO: least throughput as a fraction of top-clock throughput, 0..1 (default 0)"),
     "noncompute_utilization": (False, "card utilization in the non-scaling part of a step, 0..1 (default 0.2)"),
 }
@@ -685,6 +707,9 @@ def _job_from_record(rec: dict[str, str], source: str, line: int, seen: dict[str
         values[col] = v
     step = values["step_time_s"]
     work = values["work_steps"] if "work_steps" in values else values["duration_s"] / step
+    problem = checkpoint_problem(values.get("checkpoint_interval_s", 900.0), values.get("checkpoint_duration_s", 60.0))
+    if problem:
+        raise TraceError(source, line, "checkpoint_duration_s", problem)
     return JobSpec(
         job_id=job_id,
         n_cards=int(values["n_cards"]),

@@ -26,7 +26,7 @@ from twin.scenario import (
 )
 from twin.spec import SiteSpec
 from twin.tables import SpecError
-from twin.workload import Phase
+from twin.workload import Phase, PhaseModel
 
 pytestmark = pytest.mark.unit
 
@@ -334,6 +334,27 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         ({"ambient": {"kind": "constant", "temp_f": 70}}, "ambient.temp_f", "unknown key"),
         ({"phases": {"startup_s": -1.0}}, "phases", "must be >= 0"),
         ({"phases": {"max_restarts": -1}}, "phases.max_restarts", "must be >= 0"),
+        ({"phases": {"stall_sigma": 50.0}}, "phases.stall_sigma", "must be <= 3"),  # was an OverflowError
+        ({"phases": {"comm_stalls_per_hour": 1e9}}, "phases", "leaving it almost no time to compute"),
+        ({"phases": {"input_stall_median_s": 3600.0 * 9.5}}, "phases", "at most 90%"),
+        ({"workload": {"duration_scale": 1e-6}}, "workload.duration_scale", "at least one plant step (1 s)"),
+        ({"workload": {"max_cards": 2048}}, "workload.max_cards", "more than the site's 512 cards"),
+        ({"workload": {"max_cards": 4}}, "workload.max_cards", "one whole host (8 cards)"),
+        ({"workload": {"allocation_tolerance": 1e-6}}, "workload.allocation_tolerance", ">= 0.01"),
+        ({"workload": {"compute_share_range": [0.9, 0.6]}}, "workload.compute_share_range", "lo <= hi"),
+        ({"workload": {"compute_share_range": [0.7]}}, "workload.compute_share_range", "expected [lo, hi]"),
+        ({"workload": {"compute_share_range": [0.5, 1.5]}}, "workload.compute_share_range[1]", "<= 1"),
+        ({"workload": {"compute_share_range": 0.8}}, "workload.compute_share_range", "expected a list"),
+        (
+            {"workload": {"source": "none", "compute_share_range": [0.6, 0.8]}},
+            "workload.compute_share_range",
+            "only used with source = 'generate'",
+        ),
+        (
+            {"workload": {"source": "none", "allocation_tolerance": 0.02}},
+            "workload.allocation_tolerance",
+            "only used with source = 'generate'",
+        ),
         ({"plant": {"min_power_limit_w": 5000.0}}, "plant.min_power_limit_w", "card's power limit"),
         ({"duration_s": 0.5}, "duration_s", "shorter than one plant step"),
         ({"jobs": [{"id": "a", "n_cards": 8}]}, "jobs[0].duration_s", "exactly one of duration_s and work_steps"),
@@ -350,6 +371,21 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
             "submit_time_s = 0",
         ),
         ({"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10, "priority": 0}]}, "jobs[0].priority", "> 0"),
+        (
+            {"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10, "checkpoint_duration_s": 1e8}]},
+            "jobs[0].checkpoint_duration_s",
+            "longer than the 900 s of training between two",
+        ),
+        (
+            {"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10, "submit_time_s": 600}]},
+            "jobs[0].submit_time_s",
+            "at or after the end of the run (600 s): the job would never be submitted",
+        ),
+        (
+            {"jobs": [{"id": f"r{i}", "n_cards": 64, "duration_s": 10, "running_at_start": True} for i in range(9)]},
+            "jobs[8].running_at_start",
+            "need 576 cards (576 in all), the site has 512: they cannot all be running at t = 0",
+        ),
         (fault(rack=1, start_s=0), "faults[0].kind", "missing"),
         (fault(kind="meteor", start_s=0), "faults[0].kind", "must be one of"),
         (fault(kind="sensor_dropout", rack=8, start_s=0), "faults[0].rack", "not in the site"),
@@ -446,3 +482,96 @@ def test_fault_after_a_shortened_end_is_a_warning(site: SiteSpec, capsys: pytest
     assert len(run_scenario_from_dict(late, source="x.toml", site=site, duration_s=2e9).faults) == 1
     with pytest.raises(SpecError, match="seed"):
         run_scenario_from_dict(BASE, source="x", site=site, seed=-1)
+
+
+def test_a_listed_job_after_a_shortened_end_is_a_warning(site: SiteSpec) -> None:
+    data = {**BASE, "jobs": [{"id": "late", "n_cards": 8, "duration_s": 10, "submit_time_s": 300}]}
+    warned: list[str] = []
+    sc = run_scenario_from_dict(data, source="x.toml", site=site, duration_s=60.0, warn=warned.append)
+    assert warned == [
+        "x.toml: jobs[0].submit_time_s: 300 s is at or after the end of this run (60 s, shortened from 600 s): "
+        "the job is not submitted"
+    ]
+    assert [j.job_id for j in sc.jobs] == ["late"] and sc.warnings == tuple(warned)
+
+
+def test_a_tolerance_no_seed_meets_fails_fast_naming_the_closest_offer(site: SiteSpec) -> None:
+    """A cold 10-minute run offers far less than 100% whatever the seed: refused after a bounded
+    search, with the closest offer found (it used to try 1,000 seeds, 81 s for a day)."""
+    data = {
+        "name": "x",
+        "duration_s": 600.0,
+        "workload": {"warm_start": False, "target_allocation": 1.0, "allocation_tolerance": 0.01},
+    }
+    with pytest.raises(SpecError) as info:
+        run_scenario_from_dict(data, source="x.toml", site=site)
+    msg = str(info.value)
+    assert msg.startswith("x.toml: workload.allocation_tolerance: no workload seed in 0..199 offers 1 +- 0.01; ")
+    closest = re.search(r"the closest, seed (\d+), offers (0\.\d{4}) \((0\.\d{4}) off\)$", msg)
+    assert closest is not None, msg
+    seed, offer, miss = int(closest[1]), float(closest[2]), float(closest[3])
+    plain = {"warm_start": False, "target_allocation": 1.0}
+    one = run_scenario_from_dict({**data, "seed": seed, "workload": plain}, source="x", site=site)
+    assert one.offered_allocation == pytest.approx(offer, abs=1e-4) and miss == pytest.approx(1.0 - offer, abs=1e-4)
+
+
+def test_the_workload_line_says_when_a_seed_draws_another_seeds_jobs() -> None:
+    """allocation_tolerance maps seeds 11-13 of the nominal day to workload seed 13: the same jobs.
+    The line `racktwin sim` and `racktwin evaluate` print says so where the seed given is not the one used."""
+    day = EXAMPLES / "day-nominal.toml"
+    eleven, thirteen = load_run_scenario(day, seed=11), load_run_scenario(day, seed=13)
+    assert eleven.jobs == thirteen.jobs and eleven.workload_seed == thirteen.workload_seed == 13
+    assert eleven.seed == 11 and eleven.plant_config.seed == 11  # the noise and the card spread still differ
+    assert "workload seed 13 offering 63.6% (the first from seed 11 within 65% +- 2%: seeds 11..13 all draw" in (
+        eleven.workload
+    )
+    assert "seed 13 offering 63.6%, warm start" in thirteen.workload and "seeds" not in thirteen.workload
+
+
+def test_compute_share_range_sets_the_generated_jobs_mix_and_nothing_else(site: SiteSpec) -> None:
+    base = {"name": "x", "duration_s": 3600.0, "seed": 3}
+    default = run_scenario_from_dict(base, source="x", site=site)
+    explicit = run_scenario_from_dict({**base, "workload": {"compute_share_range": [0.6, 0.87]}}, source="x", site=site)
+    assert explicit.jobs == default.jobs  # the default is the generator's (0.60, 0.87)
+    assert {round(j.compute_share, 9) for j in default.jobs} != {0.87}
+    pinned = run_scenario_from_dict({**base, "workload": {"compute_share_range": [0.87, 0.87]}}, source="x", site=site)
+    assert {j.compute_share for j in pinned.jobs} == {0.87}
+    assert all(j.noncompute_utilization == 1.0 for j in pinned.jobs)  # the profile's own share: all busy
+    same = ("job_id", "n_cards", "submit_time_s", "duration_s", "step_time_s", "checkpoint_duration_s", "priority")
+    assert [[getattr(j, k) for k in same] for j in pinned.jobs] == [[getattr(j, k) for k in same] for j in default.jobs]
+    assert pinned.running_at_start == default.running_at_start
+
+
+def test_listed_running_jobs_are_placed_before_a_generated_warm_start(site: SiteSpec) -> None:
+    """A generated warm start whose running jobs need more than the site leaves the rest queued at t = 0
+    (a queue, as on a real site); a job listed as running is running."""
+    data = {
+        "name": "x",
+        "duration_s": 600.0,
+        "seed": 1,
+        "jobs": [{"id": "whole", "n_cards": 512, "duration_s": 3600.0, "running_at_start": True}],
+    }
+    sc = run_scenario_from_dict(data, source="x", site=site)
+    assert sc.running_at_start[0] == "whole" and len(sc.running_at_start) > 1
+    plant = build_plant(sc)
+    assert [j.job_id for j in plant.running_jobs()] == ["whole"]
+    assert {j.job_id for j in plant.queued_jobs()} >= set(sc.running_at_start[1:])
+
+
+def test_a_trace_checkpoint_longer_than_its_interval_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text(
+        "job_id,submit_time_s,n_cards,duration_s,step_time_s,compute_share,checkpoint_interval_s,checkpoint_duration_s\n"
+        "x,0,8,100,1,0.5,600,601\n"
+    )
+    (tmp_path / "s.toml").write_text(
+        f'name = "t"\nduration_s = 60\nsite = "{(EXAMPLES / "supernode-512.toml").as_posix()}"\n'
+        '[workload]\nsource = "trace"\ntrace = "t.csv"\n'
+    )
+    with pytest.raises(SpecError, match=r"t\.csv:2: column 'checkpoint_duration_s': a checkpoint of 601 s would hold"):
+        load_run_scenario(tmp_path / "s.toml")
+
+
+def test_a_phase_model_refuses_a_stall_shape_that_overflows() -> None:
+    with pytest.raises(ValueError, match=r"stall_sigma must be within 0\.\.3"):
+        PhaseModel(stall_sigma=50.0)
+    assert PhaseModel(stall_sigma=3.0).stall_fraction() > 0
