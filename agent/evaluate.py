@@ -21,6 +21,10 @@ the telemetry a policy saw:
   on (``limit_violation_s``), episodes, the longest, kW x s over; the largest true rack power;
 * dies: hottest die, card-seconds over the slowdown and the maximum temperature; card-seconds the
   cards' own protection throttled;
+* cards: the share held by jobs (``allocated_card_frac``: from placement to the job's end, in every
+  phase, also while the job waits for its host to boot; counted alike for every policy, so a policy
+  that makes jobs wait for boots or run slower holds cards longer for the same jobs), of it the share
+  on hosts still booting (``boot_wait_card_frac``), the share asleep, hosts off;
 * control: the controller's compute time per decision (median, p99), fallbacks, fail-safe entries,
   anomalies flagged, commands refused.
 """
@@ -141,7 +145,10 @@ class Recorder:
         self.max_rack_all_w = 0.0
         self.over_slowdown_card_s = 0.0
         self.over_max_card_s = 0.0
-        self.busy_card_s = 0.0
+        self.allocated_card_s = 0.0  # card-seconds held by a job (any phase), failed cards excluded
+        self.boot_wait_card_s = 0.0  # of which on a host booting during the step
+        # per host: booting at the end of the last step (None: the site's hosts are never off)
+        self._booting = plant.host_booting() if site.hosts_managed else None
         self.low_power_card_s = 0.0
         self.host_off_s = 0.0
         self.idle_host_s = 0.0  # host-seconds with no busy card (the host lever's reach)
@@ -161,7 +168,7 @@ class Recorder:
                 "supply_setpoint_c",
                 "mean_pump_speed_frac",
                 "ambient_c",
-                "busy_cards",
+                "allocated_cards",
                 "low_power_cards",
                 "hosts_off",
                 "throughput",
@@ -218,8 +225,14 @@ class Recorder:
         e["fans"] += cp.dry_cooler_fan_w * dt
         e["chiller"] += cp.chiller_w * dt
         e["ups_and_other"] += (cp.ups_loss_w + cp.other_overhead_w) * dt
-        n_free = int(free.sum())
-        self.busy_card_s += float(die.size - n_free - int(tr.failed.sum())) * dt
+        held = tr.card_busy_in_step & ~tr.failed
+        self.allocated_card_s += float(np.count_nonzero(held)) * dt
+        if self._booting is not None:  # booting during the step: at its start or at its end
+            booting_now = self.plant.host_booting()
+            booting = booting_now | self._booting
+            self._booting = booting_now
+            if booting.any():
+                self.boot_wait_card_s += float(held.reshape(self.site.n_hosts, -1)[booting].sum()) * dt
         self.low_power_card_s += float(tr.low_power.sum()) * dt
         self.host_off_s += float(tr.host_off.sum()) * dt
         self.idle_host_s += float(free.reshape(self.site.n_hosts, -1).all(axis=1).sum()) * dt
@@ -253,7 +266,7 @@ class Recorder:
         s["supply_setpoint_c"].append(tr.supply_setpoint_c)
         s["mean_pump_speed_frac"].append(float(tr.rack_pump_speed_frac.mean()))
         s["ambient_c"].append(tr.ambient_temp_c)
-        s["busy_cards"].append(float(plant.n_cards - plant.free_cards().size - int(tr.failed.sum())))
+        s["allocated_cards"].append(float(plant.n_cards - plant.free_cards().size - int(tr.failed.sum())))
         s["low_power_cards"].append(float(tr.low_power.sum()))
         s["hosts_off"].append(float(tr.host_off.sum()))
         dt = t - self._last_sample_t
@@ -371,11 +384,15 @@ def _metrics(scenario: RunScenario, plant: Plant, rec: Recorder, stats: ControlS
         "die_over_slowdown_card_s": rec.over_slowdown_card_s,
         "die_over_max_card_s": rec.over_max_card_s,
         "throttled_card_s": acc.throttled_card_s,
-        "busy_card_frac": rec.busy_card_s / duration / site.n_cards,
+        "allocated_card_frac": rec.allocated_card_s / duration / site.n_cards,
+        "boot_wait_card_frac": rec.boot_wait_card_s / duration / site.n_cards,
+        # the old name of allocated_card_frac, the same value, while agent/targets.py,
+        # benchmarks/bench_evaluate.py and tests/agent/test_targets.py still read it
+        "busy_card_frac": rec.allocated_card_s / duration / site.n_cards,
         "low_power_card_frac": rec.low_power_card_s / duration / site.n_cards,
         "host_off_frac": rec.host_off_s / duration / site.n_hosts,
         "idle_host_s": rec.idle_host_s,
-        "idle_card_s": site.n_cards * duration - rec.busy_card_s,
+        "idle_card_s": site.n_cards * duration - rec.allocated_card_s,
         "mean_supply_setpoint_c": rec.setpoint_c_s / duration,
         "mean_pump_speed_frac": rec.pump_speed_s / duration,
         "decisions": stats.decisions,

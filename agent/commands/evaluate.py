@@ -448,7 +448,8 @@ def _report_html(ev: Evaluation) -> str:
     rows = [[n] + [_cell(res[n].metrics[k], s, f) for k, _h, s, f in _TABLE] for n in names]
     brk_rows = [[n] + [f"{res[n].breakdown_kwh[k]:,.1f}" for k in BREAKDOWN_KEYS] for n in names]
     more_keys = (
-        "busy_card_frac",
+        "allocated_card_frac",
+        "boot_wait_card_frac",
         "low_power_card_frac",
         "mean_supply_setpoint_c",
         "mean_pump_speed_frac",

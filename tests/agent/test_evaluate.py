@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from agent_helpers import job, small_site
+from agent_helpers import example_site, job, small_site
 from evaluate_helpers import full_load_scenario, mixed_scenario
 
 from agent.cli import main
@@ -52,6 +52,27 @@ def test_each_policy_runs_a_scenario_to_its_end_and_its_numbers_add_up(name: str
     assert it == pytest.approx(m["it_energy_kwh"], rel=1e-6)
     assert sum(res.breakdown_kwh.values()) == pytest.approx(m["facility_energy_kwh"], rel=1e-6)
     assert res.series["time_s"][0] == 0.0 and res.series["time_s"][-1] == pytest.approx(600.0)
+    assert 0.0 < m["allocated_card_frac"] <= 1.0 and m["busy_card_frac"] == m["allocated_card_frac"]
+    assert m["boot_wait_card_frac"] == 0.0  # the small site's hosts are never off
+    held_s = m["allocated_card_frac"] * m["duration_s"] * sc.site.n_cards
+    assert m["idle_card_s"] == pytest.approx(sc.site.n_cards * m["duration_s"] - held_s)
+
+
+def test_cards_held_by_a_job_waiting_for_its_host_to_boot_are_allocated_and_counted_as_boot_wait() -> None:
+    """A job placed on a host that is off holds its cards while the host boots (300 s on the example
+    site): they are allocated (held by a job, as for every policy) and, all 300 s of it, a boot wait."""
+    site = example_site()
+    plant = Plant(site, [job("a", 8)], [], PlantConfig(seed=1, placement="external", external_timeout_s=1e6))
+    plant.power_off_hosts([0])
+    rec = Recorder(plant, judge_from_s=0.0)
+    plant.place_job("a", np.arange(8))  # host 0's cards: the host boots, then the cards wake
+    for _ in range(400):
+        plant.step(1.0)
+        rec.on_step()
+    assert rec.allocated_card_s == pytest.approx(8 * 400.0)
+    assert rec.boot_wait_card_s == pytest.approx(8 * site.rack.host_boot_s)
+    phases = [(e.time_s, e.phase) for e in plant.drain_events() if e.kind == "phase"]
+    assert phases[0][0] == pytest.approx(site.rack.host_boot_s + site.card.wake_latency_s)  # computing from then
 
 
 def test_the_energy_breakdown_files_a_step_under_the_state_its_power_was_drawn_in() -> None:
