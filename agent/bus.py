@@ -19,6 +19,15 @@ A last will (:class:`LastWill`, or a function returning one, called at every con
 timestamp is fresh) is published by the broker only when the connection is lost *uncleanly*; a
 clean :meth:`Bus.close` sends DISCONNECT and the broker discards the will, so a service publishes
 its own "offline" status before closing.
+
+Two clients with one client id take the session from each other: the broker closes the older
+connection when the newer one connects (MQTT 3.1.1 gives no reason; mosquitto just closes the
+socket), the older reconnects and closes the newer, and so on. A connection the broker closes
+within :data:`SHORT_LIVED_S` of its start, followed by a reconnect that succeeds at once (the broker
+is up: no restart), is such a take-over (``BusStats.takeovers``); :meth:`Bus.contested` says so
+once three came within ten minutes, and from then on the bus does not reset its backoff after a
+short-lived connection, so a fight slows from two reconnects a second to one per ``reconnect_max_s``.
+:meth:`Bus.reconnect_with` connects again with other options (another client id).
 """
 
 from __future__ import annotations
@@ -27,10 +36,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import re
 import ssl
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +80,12 @@ PASSWORD_ENV = "RACKTWIN_MQTT_PASSWORD"
 
 
 _AIOMQTT_TIMEOUT = "Operation timed out"  # the MqttError aiomqtt 2.x raises when its wait times out
+
+#: wall seconds: a connection the broker closes sooner than this after its start, followed by a
+#: reconnect that succeeds at once, counts as a session take-over (another client with our id)
+SHORT_LIVED_S = 15.0
+_TAKEOVERS_CONTESTED = 3  # take-overs within _TAKEOVER_WINDOW_S that make the client id contested
+_TAKEOVER_WINDOW_S = 600.0
 
 
 class BusError(Exception):
@@ -262,6 +280,7 @@ class BusStats:
     publish_errors: int = 0
     puback_timeouts: int = 0  # QoS 1 publishes the broker did not acknowledge in time (also in publish_errors)
     unexpected_errors: int = 0  # errors other than MQTT ones on the connection (logged with a traceback)
+    takeovers: int = 0  # connections closed by the broker soon after their start (another client, same id)
     last_error: str | None = None
 
 
@@ -297,6 +316,35 @@ def _client(
     # aiomqtt warns above 10 concurrent publishes; callers may keep up to max_inflight in flight
     client.pending_calls_threshold = max(10, 4 * options.max_inflight)
     return client
+
+
+async def _unless_disconnected(client: aiomqtt.Client, aw: Awaitable[Any]) -> Any:
+    """Await ``aw`` (a subscribe, the ``on_connect`` callback) unless the connection ends first:
+    aiomqtt's calls would wait out their timeout (``connect_timeout_s``) for an answer that cannot come
+    (a session taken over while subscribing stalled the bus for 10 s)."""
+    ended = getattr(client, "_disconnected", None)
+    if not isinstance(ended, asyncio.Future):
+        return await aw
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise aiomqtt.MqttError("the broker closed the connection")
+
+
+def _mute_disconnect_error(client: aiomqtt.Client) -> None:
+    """aiomqtt keeps the error of a connection the broker closes while the client connects or
+    subscribes (a session take-over) in a future nobody awaits (it replaces the one of ``__init__``
+    after connecting), and asyncio logs "Future exception was never retrieved" with a traceback when
+    it is collected; the bus logs the loss itself. Called after creating the client and after
+    connecting."""
+    fut = getattr(client, "_disconnected", None)
+    if isinstance(fut, asyncio.Future):
+        fut.add_done_callback(lambda f: None if f.cancelled() else f.exception())
 
 
 def _forwarding_queue(deliver: Callable[[aiomqtt.Message], None]) -> type[asyncio.Queue[aiomqtt.Message]]:
@@ -340,6 +388,10 @@ class Bus:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._rng = random.Random()
+        self._connected_at = -math.inf  # time.monotonic() when the current connection was made
+        self._short_lived = False  # the last connection was closed soon after its start
+        self._takeover_walls: deque[float] = deque(maxlen=_TAKEOVERS_CONTESTED)
+        self._contested_logged = False
 
     # ---- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> Bus:
@@ -364,9 +416,64 @@ class Bus:
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)  # ends messages()
 
+    async def reconnect_with(self, options: MqttOptions) -> None:
+        """Disconnect cleanly (the broker drops the will) and connect again with ``options`` (e.g.
+        another client id); subscriptions, will and callbacks stay."""
+        self.options = options
+        self._takeover_walls.clear()
+        self._short_lived = False
+        self._contested_logged = False
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+            self._task = asyncio.create_task(self._run(), name=f"{self.name}-connection")
+
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    def contested(self) -> str | None:
+        """Why the client id seems to be in use by another client (see the module docstring), or
+        None: three take-overs within ten minutes, and no connection since has lasted
+        :data:`SHORT_LIVED_S`."""
+        walls = self._takeover_walls
+        if len(walls) < _TAKEOVERS_CONTESTED or time.monotonic() - walls[0] > _TAKEOVER_WINDOW_S:
+            return None
+        if self.connected and time.monotonic() - self._connected_at >= SHORT_LIVED_S:
+            return None
+        return (
+            f"another client uses client id {self.options.client_id!r}: in {walls[-1] - walls[0]:.1f} s the broker "
+            f"closed {len(walls)} connections of this client within {SHORT_LIVED_S:g} s of their start and let the "
+            "next one in at once (a client id's session goes to whichever client connected last)"
+        )
+
+    def _note_connected(self) -> None:
+        """A connection is made: after one the broker closed soon after its start, a take-over."""
+        self._connected_at = time.monotonic()
+        if not self._short_lived:
+            return
+        self._short_lived = False
+        self.stats.takeovers += 1
+        self._takeover_walls.append(self._connected_at)
+        why = self.contested()
+        if why is not None and not self._contested_logged:
+            self._contested_logged = True
+            log.error("%s: %s", self.name, why)
+
+    def _note_ended(self, connected: bool) -> bool:
+        """The connection attempt ended; whether the backoff starts again from its shortest delay
+        (only after a connection that lasted :data:`SHORT_LIVED_S`)."""
+        if not connected:
+            self._short_lived = False  # the broker is away: not a take-over
+            return False
+        lived = time.monotonic() - self._connected_at
+        self._short_lived = lived < SHORT_LIVED_S and not self._closing
+        if self._short_lived:
+            return self.contested() is None  # contested: the backoff grows, the fight slows down
+        if self._contested_logged:
+            log.info("%s: connection to %s lasted %.0f s: no take-over since", self.name, self.options.url, lived)
+            self._contested_logged = False
+        return True
 
     async def wait_connected(self, timeout_s: float | None = None) -> None:
         """Wait until connected and subscribed; :class:`BusConnectError` after ``timeout_s``."""
@@ -381,20 +488,24 @@ class Bus:
         while not self._closing:
             will = self._will() if callable(self._will) else self._will
             client = _client(self.options, will, _forwarding_queue(self._deliver), self._tls_context)
+            _mute_disconnect_error(client)
             connected = False
             try:
                 async with client:
+                    _mute_disconnect_error(client)
                     connected = True
-                    attempt = 0
+                    self._note_connected()
                     self._client = client
-                    for topic, qos in list(self._subs.items()):
-                        await client.subscribe(topic, qos)
+                    if self._subs:  # one SUBSCRIBE: retained messages come in the order of the filters
+                        await _unless_disconnected(client, client.subscribe(list(self._subs.items())))
                     self.stats.connects += 1
                     self._connected.set()
                     log.info("%s: connected to %s (%d subscriptions)", self.name, self.options.url, len(self._subs))
                     if self._on_connect is not None:
                         try:
-                            await self._on_connect(self)
+                            await _unless_disconnected(client, self._on_connect(self))
+                        except aiomqtt.MqttError:
+                            raise  # the connection ended: below
                         except BusError as exc:
                             log.warning("%s: on_connect could not publish: %s", self.name, exc)
                         except Exception:
@@ -421,6 +532,8 @@ class Bus:
             finally:
                 self._connected.clear()
                 self._client = None
+            if self._note_ended(connected):
+                attempt = 0
             if self._closing:
                 break
             delay = backoff_delay_s(attempt, self.options.reconnect_min_s, self.options.reconnect_max_s, self._rng)

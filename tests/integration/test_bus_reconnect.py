@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import random
 from pathlib import Path
@@ -189,3 +190,45 @@ def test_command_line_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         mqtt_options_from_args(parser.parse_args(["--broker", "mqtts://h", "--mqtt-ca-file", str(tmp_path / "no")]))
     with pytest.raises(UserError, match="--broker"):
         mqtt_options_from_args(parser.parse_args(["--broker", "http://h"]))
+
+
+async def test_two_clients_with_one_client_id_are_told_apart_from_a_broker_restart_and_slowed_down(
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two clients with one client id take the session from each other (the broker closes the older
+    connection when the newer one connects; MQTT 3.1.1 says nothing more). Each bus says that another
+    client uses its client id, counts the take-overs and backs off: the fight slows from a reconnect
+    every backoff minimum (40 in 2 s here) to one per backoff maximum. Once a connection lasts, it is
+    over."""
+    monkeypatch.setattr("agent.bus.SHORT_LIVED_S", 3.0)
+    options = dataclasses.replace(
+        mosquitto.options(client_id="one-id", clean_session=False), reconnect_min_s=0.05, reconnect_max_s=0.8
+    )
+    a = Bus(options, subscriptions=["racktwin/v1/site1/rack/+/ack"], name="a")
+    b = Bus(options, subscriptions=["racktwin/v1/site1/rack/+/ack"], name="b")
+    async with a:
+        await a.wait_connected(WAIT_S)
+        async with b:
+            await wait_for(lambda: a.contested() is not None and b.contested() is not None, what="both contested")
+            why = a.contested()
+            assert why is not None and why.startswith("another client uses client id 'one-id'"), why
+            assert a.stats.takeovers >= 3 and b.stats.takeovers >= 3
+            await asyncio.sleep(1.0)  # the backoff grows
+            before = a.stats.connects + b.stats.connects
+            await asyncio.sleep(2.0)
+            assert a.stats.connects + b.stats.connects - before <= 10
+        await wait_for(lambda: a.connected, what="a alone")
+        await asyncio.sleep(3.2)  # its connection lasts SHORT_LIVED_S: no take-over since
+        assert a.contested() is None
+
+
+async def test_a_broker_restart_is_no_session_take_over(mosquitto: EmbeddedBroker) -> None:
+    async with Bus(fast(mosquitto.options(client_id="alone", clean_session=False)), name="alone") as bus:
+        await bus.wait_connected(WAIT_S)
+        for _ in range(3):
+            mosquitto.stop(keep_files=True)  # the reconnect is refused until the broker is back
+            await wait_for(lambda: bus.stats.failed_connects > 0 and not bus.connected, what="a refused reconnect")
+            mosquitto.start()
+            await wait_for(lambda: bus.connected, what="a reconnect")
+            bus.stats.failed_connects = 0
+        assert bus.stats.takeovers == 0 and bus.contested() is None
