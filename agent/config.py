@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
+import socket
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,13 +59,25 @@ OTHER_ENV_VARS: Final = frozenset(
 )
 
 
+#: The placeholder of ``broker.client_id`` for this host's name.
+CLIENT_ID_HOST: Final = "{host}"
+
+
+def host_name() -> str:
+    """This host's name, reduced to ``A-Z a-z 0-9 _ . -`` (others become ``-``; at most 64)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "unknown"
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     url: str = "mqtt://127.0.0.1:1883"
     username: str | None = None
     password: str | None = None
     password_file: str | None = None
-    client_id: str = "racktwin-agent"
+    # The MQTT client id; "{host}" is replaced by this host's name (CLIENT_ID_HOST). The default is one
+    # id per host: stable across restarts (the persistent session, like the journal, stays on the host),
+    # and two hosts never take a session from each other (docs/agent.md, "Another agent on the site").
+    client_id: str = "racktwin-agent-{host}"
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -84,6 +98,10 @@ class BrokerConfig:
     @property
     def tls(self) -> bool:
         return urlsplit(self.url).scheme == "mqtts" or self.tls_ca_file is not None
+
+    def resolved_client_id(self) -> str:
+        """The client id with ``{host}`` replaced by this host's name."""
+        return self.client_id.replace(CLIENT_ID_HOST, host_name())
 
     def resolved_password(self) -> str | None:
         """The password, read from ``password_file`` when that is set (first line, stripped)."""
@@ -544,6 +562,10 @@ def _check(cfg: AgentConfig, site: SiteSpec, source: str) -> None:
         raise SpecError(
             source, "broker.tls_cert_file", "a client certificate needs both tls_cert_file and tls_key_file"
         )
+    if not b.client_id.strip():
+        raise SpecError(source, "broker.client_id", "empty: give an id (the default is racktwin-agent-{host})")
+    if "{" in b.client_id.replace(CLIENT_ID_HOST, "") or "}" in b.client_id.replace(CLIENT_ID_HOST, ""):
+        raise SpecError(source, "broker.client_id", f"{b.client_id!r}: the only placeholder is {CLIENT_ID_HOST}")
     if (problem := _journal_path_problem(cfg.journal.path)) is not None:
         raise SpecError(source, "journal.path", problem)
 
@@ -581,7 +603,9 @@ def explain(loaded: LoadedConfig) -> str:
         f"  mode          {cfg.mode}"
         + ("  (commands are published)" if cfg.mode == "enforce" else "  (advice only, no command is sent)"),
         f"  broker        {cfg.broker.url} as {cfg.broker.username or '(anonymous)'}"
-        + (" with TLS" if cfg.broker.tls else ""),
+        + (" with TLS" if cfg.broker.tls else "")
+        + f", client id {cfg.broker.resolved_client_id()}"
+        + (" (persistent session)" if cfg.broker.persistent_session else " (clean session)"),
         f"  control       every {c.period_s:g} s, solve deadline {c.solve_deadline_s:g} s, "
         f"rack margin {c.rack_margin_w:g} W, die margin {c.die_margin_k:g} K",
         f"  fail-safe     racks silent for {c.telemetry_deadline_s:g} s or with a stuck sensor get conservative caps"

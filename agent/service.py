@@ -170,7 +170,7 @@ def mqtt_options(broker: BrokerConfig) -> MqttOptions:
         ca_file=broker.tls_ca_file,
         cert_file=broker.tls_cert_file,
         key_file=broker.tls_key_file,
-        client_id=broker.client_id,
+        client_id=broker.resolved_client_id(),
         clean_session=not broker.persistent_session,
         keepalive_s=int(broker.keepalive_s),
     )

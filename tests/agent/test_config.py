@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import OTHER_ENV_VARS, ControlConfig, check_control, env_variables, explain, load_config
+from agent.config import (
+    OTHER_ENV_VARS,
+    ControlConfig,
+    check_control,
+    env_variables,
+    explain,
+    host_name,
+    load_config,
+)
 from twin.spec import load_site, site_from_dict
 from twin.tables import SpecError, read_toml
 
@@ -129,6 +137,23 @@ def test_a_broker_url_the_client_cannot_use_is_refused(tmp_path: Path) -> None:
         assert err.path == "broker.url" and words in err.problem, err
     for url in ("mqtt://broker", "mqtts://broker.example:8884/", "mqtt://[::1]:1883"):
         assert load_config(write(tmp_path, f'site = "site.toml"\n[broker]\nurl = "{url}"\n'), env={})
+
+
+def test_the_client_id_is_one_per_host_by_default_and_may_name_the_host(tmp_path: Path) -> None:
+    """Two hosts with the shipped configuration must not share one MQTT session (the broker hands it
+    back and forth, docs/agent.md "Another agent on the site"): the default and the example's client
+    id name the host; --check-config says which id it is."""
+    host = host_name()
+    loaded = load_config(write(tmp_path, 'site = "site.toml"\n'), env={})
+    assert loaded.config.broker.resolved_client_id() == f"racktwin-agent-{host}"
+    assert f"client id racktwin-agent-{host} (persistent session)" in explain(loaded)
+    example = load_config(EXAMPLES / "agent.toml", env={})
+    assert example.config.broker.resolved_client_id() == f"racktwin-agent-{host}"
+    fixed = load_config(write(tmp_path, 'site = "site.toml"\n[broker]\nclient_id = "agent-{host}-2"\n'), env={})
+    assert fixed.config.broker.resolved_client_id() == f"agent-{host}-2"
+    for bad, words in (("{hostname}", "the only placeholder is {host}"), ("  ", "empty")):
+        err = refused(tmp_path, f'site = "site.toml"\n[broker]\nclient_id = "{bad}"\n')
+        assert err.path == "broker.client_id" and words in err.problem, err
 
 
 def test_relative_broker_files_are_taken_from_the_config_files_folder(
