@@ -184,6 +184,34 @@ class AgentMetrics:
         )
         self.broker_connected = Gauge("racktwin_broker_connected", "1 while connected to the broker", registry=r)
         self.reconnects_total = Counter("racktwin_broker_reconnects_total", "Broker (re)connections", registry=r)
+        self.broker_takeovers_total = Counter(
+            "racktwin_broker_takeovers_total",
+            "Connections the broker closed within 15 s of their start, the next one let in at once: another "
+            "client uses this agent's client id",
+            registry=r,
+        )
+        self.agent_standby = Gauge(
+            "racktwin_agent_standby",
+            "1 while this agent (enforce mode) sends no command because another agent commands the site, "
+            "or may (a retained online status not confirmed yet)",
+            registry=r,
+        )
+        self.competing_agents = Gauge(
+            "racktwin_competing_agents",
+            "Other agents alive in enforce mode on this site, and other publishers of its commands, while this "
+            "agent is in enforce mode (0 in advisory mode)",
+            registry=r,
+        )
+        self.foreign_commands_total = Counter(
+            "racktwin_foreign_commands_total",
+            "Commands on the site's command topics that this agent did not send (another agent or program)",
+            registry=r,
+        )
+        self.foreign_acks_total = Counter(
+            "racktwin_foreign_acks_total",
+            "Acks of commands this agent did not send (another agent's, or forged)",
+            registry=r,
+        )
         for name in self.rack_names:
             self.rack_failsafe.labels(rack=name).set(0)
         self._zero_counters()

@@ -39,15 +39,19 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
 import math
 import os
+import re
 import sys
 import time
-from dataclasses import asdict
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -56,7 +60,7 @@ from agent import racktwin_version, wire
 from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
-from agent.config import BrokerConfig, LoadedConfig
+from agent.config import BrokerConfig, LoadedConfig, host_name
 from agent.controller import Controller
 from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest, RoundMerger
@@ -68,7 +72,17 @@ from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
 from twin.workload import JobSpec, Phase
 
-__all__ = ["VERSION", "AgentFailed", "AgentService", "HttpListenError", "isolate_solver_output", "mqtt_options", "run"]
+__all__ = [
+    "VERSION",
+    "AgentFailed",
+    "AgentInstance",
+    "AgentService",
+    "HttpListenError",
+    "OtherAgents",
+    "isolate_solver_output",
+    "mqtt_options",
+    "run",
+]
 
 log = logging.getLogger("racktwin.agent")
 
@@ -85,6 +99,11 @@ _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks o
 _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
 _ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
 _ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (the oldest go first)
+_STATUS_EVERY_S = 10.0  # wall seconds between publications of the agent's status: its sign of life
+_PEER_SILENT_S = 35.0  # wall seconds without a sign of life after which another agent is taken for gone
+_PEER_PROOF_S = 12.0  # wall seconds a retained "online" of another agent waits for a sign of life
+_STATUS_ANSWER_GAP_S = 1.0  # a commanding agent answers another's status, but never twice within this
+_COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
 
 
 class _Shutdown(Exception):
@@ -176,6 +195,174 @@ def mqtt_options(broker: BrokerConfig) -> MqttOptions:
     )
 
 
+# ====================================================================================================
+# other agents on the site (docs/agent.md, "Another agent on the site")
+# ====================================================================================================
+_PUBLISHER_RE = re.compile(r"agent@([A-Za-z0-9_.-]{1,64}):(\d{1,10}):(\d{1,16}):([0-9a-f]{12})")
+
+
+@dataclass(frozen=True)
+class AgentInstance:
+    """One run of an agent, named on the wire by the ``publisher`` of its status and commands:
+    ``agent@<host>:<pid>:<start, Unix ms>:<random id>``. Of two agents in enforce mode on one site,
+    the one that started first commands (:meth:`rank`: start time, then id, the same on both sides)."""
+
+    host: str
+    pid: int
+    started_ms: int
+    instance_id: str
+
+    @classmethod
+    def current(cls) -> AgentInstance:
+        return cls(host_name(), os.getpid(), int(time.time() * 1000), uuid.uuid4().hex[:12])
+
+    @classmethod
+    def parse(cls, publisher: str) -> AgentInstance | None:
+        """The instance a publisher names, or None (another program, or an agent before instance ids)."""
+        m = _PUBLISHER_RE.fullmatch(publisher)
+        return None if m is None else cls(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4))
+
+    @property
+    def publisher(self) -> str:
+        return f"agent@{self.host}:{self.pid}:{self.started_ms}:{self.instance_id}"
+
+    def rank(self) -> tuple[int, str]:
+        return (self.started_ms, self.instance_id)
+
+    def describe(self) -> str:
+        started = datetime.fromtimestamp(self.started_ms / 1000.0, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"agent {self.instance_id} on host {self.host} (pid {self.pid}, started {started})"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: a process of another user has that pid
+        return True
+    return True
+
+
+@dataclass
+class _Peer:
+    """Another publisher on the site's agent status or command topics."""
+
+    publisher: str
+    instance: AgentInstance | None  # None: not an agent that names its instance (another program, an older agent)
+    mode: str | None  # "enforce" or "advisory" as its status says; "enforce" once it was seen commanding
+    online: bool
+    seen_wall: float  # time.monotonic() when first seen
+    alive_wall: float = -math.inf  # its last sign of life: a status published while we listened, a command
+    seq: int = -1  # the highest ``seq`` of its statuses seen
+    detail: str = ""
+
+    def name(self) -> str:
+        return self.instance.describe() if self.instance is not None else f"publisher {self.publisher!r}"
+
+
+class OtherAgents:
+    """What an agent knows of the other agents on its site, from their statuses (retained on
+    ``agent/status``, published again every :data:`_STATUS_EVERY_S`) and from commands on the site's
+    command topics that it did not send.
+
+    A status counts as a sign of life when it is published while this agent listens (not the retained
+    copy a subscription gets) or when a retained copy is newer than the one seen before; a command
+    always does. An agent is *alive* while online with a sign of life in the last
+    :data:`_PEER_SILENT_S`; a retained "online" without one yet is *unconfirmed* for
+    :data:`_PEER_PROOF_S` after it was first seen (then stale: a host that died before its will was
+    published), unless it names an earlier run on this host whose process is gone (a restart after a
+    crash: stale at once). :meth:`blocker` applies the rule both sides agree on."""
+
+    def __init__(self, me: AgentInstance) -> None:
+        self.me = me
+        self.peers: dict[str, _Peer] = {}
+
+    def _peer(self, publisher: str, now_wall: float) -> _Peer:
+        peer = self.peers.get(publisher)
+        if peer is None:
+            peer = _Peer(publisher, AgentInstance.parse(publisher), None, False, now_wall)
+            self.peers[publisher] = peer
+        return peer
+
+    def on_status(self, status: wire.AgentStatus, retained: bool, now_wall: float) -> _Peer | None:
+        """Take another agent's status; the agent when the status was a sign of life, else None. An
+        "online" no newer (by ``seq``) than a status seen before is an old copy (a persistent session's
+        backlog) and changes nothing; an "offline" always counts (its last will was numbered when it
+        connected, before the statuses that followed)."""
+        if status.publisher == self.me.publisher:
+            return None
+        known = status.publisher in self.peers
+        peer = self._peer(status.publisher, now_wall)
+        online = status.state is wire.AgentState.ONLINE
+        if known and online and status.seq <= peer.seq:
+            return None
+        live = not retained or known
+        peer.online = online
+        if status.mode is not None:
+            peer.mode = status.mode
+        peer.seq = max(peer.seq, status.seq)
+        peer.detail = status.detail or ""
+        if live:
+            peer.alive_wall = now_wall
+        return peer if live else None
+
+    def on_command(self, publisher: str, now_wall: float) -> _Peer | None:
+        """A command this agent did not send: its publisher commands the site now (None: an agent
+        whose last status said offline, so an old copy)."""
+        peer = self._peer(publisher, now_wall)
+        if peer.seq >= 0 and not peer.online:
+            return None
+        peer.online = True
+        peer.mode = "enforce"
+        peer.alive_wall = now_wall
+        return peer
+
+    def earlier_run_here(self, instance: AgentInstance | None) -> bool:
+        """An earlier run of an agent on this host whose process is gone (or whose pid is ours now)."""
+        me = self.me
+        return (
+            instance is not None
+            and instance.host == me.host
+            and instance.rank() < me.rank()
+            and (instance.pid == me.pid or not _pid_alive(instance.pid))
+        )
+
+    def alive(self, now_wall: float) -> list[_Peer]:
+        return [p for p in self.peers.values() if p.online and now_wall - p.alive_wall <= _PEER_SILENT_S]
+
+    def unconfirmed(self, now_wall: float) -> list[_Peer]:
+        return [
+            p
+            for p in self.peers.values()
+            if p.online
+            and p.alive_wall == -math.inf
+            and now_wall - p.seen_wall < _PEER_PROOF_S
+            and not self.earlier_run_here(p.instance)
+        ]
+
+    def outranks(self, peer: _Peer) -> bool:
+        """Whether ``peer`` commands rather than this agent: it is in enforce mode and started first,
+        or it is a publisher of commands that names no instance (it cannot be asked to stand by)."""
+        return peer.mode == "enforce" and (peer.instance is None or peer.instance.rank() < self.me.rank())
+
+    def blocker(self, now_wall: float) -> tuple[_Peer, bool] | None:
+        """The agent this one must leave the site to, and whether it is confirmed alive (False: a
+        retained "online" not yet confirmed); None: this agent may command."""
+        for confirmed, peers in ((True, self.alive(now_wall)), (False, self.unconfirmed(now_wall))):
+            ranked = sorted(
+                (p for p in peers if self.outranks(p)),
+                key=lambda p: (1, *p.instance.rank()) if p.instance is not None else (0, 0, p.publisher),
+            )
+            if ranked:
+                return ranked[0], confirmed
+        return None
+
+    def competing(self, now_wall: float) -> list[_Peer]:
+        """Other agents alive in enforce mode (and publishers of commands) on this site."""
+        return [p for p in self.alive(now_wall) if p.mode == "enforce"]
+
+
 def _resumes(ev: JobEvent, placing: bool = True) -> bool:
     """Job events after which the agent decides again at once: a job starts, ends, is requeued or
     resumes computing, or (when the agent places jobs) is submitted."""
@@ -214,13 +401,19 @@ class AgentService:
         self.estimator = Estimator(site)
         self.controller = controller if controller is not None else Controller.from_config(loaded)
         self.journal = Journal(cfg.journal.path, lock=True)  # JournalInUseError: another agent has it
-        self.book = CommandBook(site, self.codec, cfg.control)
+        #: this run of the agent (the publisher of its status and commands) and the others on the site
+        self.instance = AgentInstance.current()
+        self.others = OtherAgents(self.instance)
+        self.book = CommandBook(site, self.codec, cfg.control, publisher=self.instance.publisher)
         self.ingest = Ingest(site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event)
         self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
-        self._status_seq = wire.Sequencer("agent")
+        self._status_seq = wire.Sequencer(self.instance.publisher)
+        t = self.codec.topics
+        commands = (t.filter(wire.Kind.RACK_CMD), t.filter(wire.Kind.CDU_CMD), t.facility_cmd, t.scheduler_cmd)
         self.bus = Bus(
             self.mqtt,
-            subscriptions=self.codec.topics.agent_filters(),
+            # the status first: another agent's retained status is known before any telemetry
+            subscriptions=(t.agent_status, *t.agent_filters(), *commands),
             will=self._will,
             on_connect=self._on_connect,
             name="agent",
@@ -263,6 +456,15 @@ class AgentService:
         self._seen_rejections: dict[str, int] = {}
         self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
         self._seen_connects = 0
+        self._seen_takeovers = 0
+        #: the agent this one leaves the site to (standby: it commands nothing), or None
+        self.standing_by_for: _Peer | None = None
+        self._unconfirmed: _Peer | None = None  # a retained "online" that keeps this agent waiting
+        self._peers_reported: set[str] = set()  # other agents logged as alive
+        self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
+        self._status_wall = -math.inf  # time.monotonic() of the last status published
+        self._status_due = asyncio.Event()  # publish the status (and maybe change client id) now
+        self._answer_due = False  # another agent's status came while this one commands: answer it
         #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
         self.anomaly_history = AnomalyHistory()
         #: wall seconds from the message that triggered a decision to its first command (or advice) sent
@@ -330,6 +532,7 @@ class AgentService:
                     control = tg.create_task(self._control_task(), name="control")
                     tg.create_task(self.publisher.run(), name="publish")
                     tg.create_task(self._health_task(), name="health")
+                    tg.create_task(self._status_task(), name="status")
                     tg.create_task(self._shutdown_task(control), name="shutdown")
             except* _Shutdown:
                 pass
@@ -409,11 +612,21 @@ class AgentService:
             version=VERSION,
             ts_s=self.clock.now() or time.time(),
             seq=self._status_seq.next(topic),
-            publisher="agent",
+            publisher=self.instance.publisher,
             mode=self.mode,
             detail=detail,
         )
         return self.codec.outgoing(msg)
+
+    def _online_detail(self) -> str:
+        """``enforce mode; agent <id> on host <host> (pid, started), client id <id>``, and whom it
+        stands by for or waits for."""
+        me = f"{self.instance.describe()}, client id {self.bus.options.client_id or '(random)'}"
+        if self.standing_by_for is not None:
+            return f"{self.mode} mode, standing by: {self.standing_by_for.name()} commands this site; {me}"
+        if self._unconfirmed is not None:
+            return f"{self.mode} mode, waiting for a sign of life from {self._unconfirmed.name()}; {me}"
+        return f"{self.mode} mode; {me}"
 
     def _will(self) -> LastWill:
         out = self._status(wire.AgentState.OFFLINE, "connection lost")
@@ -421,8 +634,159 @@ class AgentService:
 
     async def _on_connect(self, bus: Bus) -> None:
         self.metrics.reconnects_total.inc()
-        await bus.send(self._status(wire.AgentState.ONLINE, f"{self.mode} mode"))
+        self._status_wall = time.monotonic()
+        await bus.send(self._status(wire.AgentState.ONLINE, self._online_detail()))
         self.publisher.reconnected()
+
+    async def _status_task(self) -> None:
+        """Publish the status every :data:`_STATUS_EVERY_S` (a sign of life for the other agents and
+        a retained status that is never older), at once when this agent starts or stops standing by,
+        and in answer to another agent's status while this one commands (so that a new agent learns
+        within a round trip that this one is alive, and the retained status names the agent that
+        commands). Standing by, the agent connects under a client id of its own (see
+        :meth:`_wanted_mqtt`)."""
+        while True:
+            wait_s = self._status_wall + _STATUS_EVERY_S - time.monotonic()
+            await wait_event(self._status_due, max(wait_s, 0.0))
+            self._status_due.clear()
+            if self._answer_due and self._wanted_mqtt() == self.bus.options:
+                self._answer_due = False  # at most one status per _STATUS_ANSWER_GAP_S: no ping-pong
+                await asyncio.sleep(max(self._status_wall + _STATUS_ANSWER_GAP_S - time.monotonic(), 0.0))
+            wanted = self._wanted_mqtt()
+            if wanted != self.bus.options:
+                log.info(
+                    "reconnecting as client id %s",
+                    wanted.client_id,
+                    extra={"fields": {"standing_by": self.standing_by_for is not None}},
+                )
+                await self.bus.reconnect_with(wanted)  # its on_connect publishes the status
+                self._status_wall = time.monotonic()
+                continue
+            self._status_wall = time.monotonic()
+            if self.bus.connected:
+                with contextlib.suppress(BusError):
+                    await self.bus.send(self._status(wire.AgentState.ONLINE, self._online_detail()), timeout_s=2.0)
+
+    def _wanted_mqtt(self) -> MqttOptions:
+        """The configured MQTT options; standing by, a client id of this run with a clean session,
+        so that another agent with the same client id keeps its session (the broker would otherwise
+        hand it back and forth: each connect closes the other's connection)."""
+        cid = self.mqtt.client_id
+        if self.standing_by_for is None or not cid:
+            return self.mqtt
+        return dataclasses.replace(
+            self.mqtt, client_id=f"{cid}-standby-{self.instance.instance_id[:8]}", clean_session=True
+        )
+
+    # ================================================================================================
+    # other agents on the site
+    # ================================================================================================
+    def commanding(self) -> bool:
+        """Whether the agent sends commands now: enforce mode, and no other agent to leave the site to."""
+        return self.mode == "enforce" and self.standing_by_for is None and self._unconfirmed is None
+
+    def _on_agent_status(self, status: wire.AgentStatus, retained: bool) -> None:
+        peer = self.others.on_status(status, retained, time.monotonic())
+        if peer is None:
+            return
+        if not peer.online:
+            self._peers_reported.discard(peer.publisher)
+            log.warning("%s went offline", peer.name(), extra={"fields": {"detail": peer.detail}})
+        if self.commanding():
+            self._answer_due = True
+            self._status_due.set()
+        self._check_other_agents()
+
+    def _on_command_seen(self, cmd: Any) -> None:
+        """A command on the site's command topics: this agent's own (the broker's copy of what it
+        sent, or one of an earlier run on its journal) or another publisher's: a sure sign that
+        another agent (or a program) commands the site. A command already expired is not counted
+        (a copy the broker kept in a persistent session)."""
+        cid = str(cmd.command_id)
+        if cmd.publisher == self.instance.publisher or cid in self.book.open or self._journal_knows(cid):
+            return
+        if self.others.earlier_run_here(AgentInstance.parse(cmd.publisher)):
+            return  # an earlier run on this host, with another journal: gone
+        now = self.clock.now()
+        if now is not None and cmd.expires_s <= now:
+            return
+        if self.others.on_command(cmd.publisher, time.monotonic()) is not None:
+            self.metrics.foreign_commands_total.inc()
+            self._check_other_agents()
+
+    def _check_other_agents(self) -> None:
+        """Apply :meth:`OtherAgents.blocker`: stand by (and say so) when another agent commands the
+        site and outranks this one, command again when it is gone; log agents appearing."""
+        now_wall = time.monotonic()
+        for peer in self.others.competing(now_wall):
+            if peer.publisher not in self._peers_reported:
+                self._peers_reported.add(peer.publisher)
+                who = "it commands" if self.others.outranks(peer) else "it started later and stands by"
+                log.error(
+                    "another agent in enforce mode on site %s: %s (%s); this is %s",
+                    self.config.site_id,
+                    peer.name(),
+                    who,
+                    self.instance.describe(),
+                    extra={"fields": {"other": peer.publisher, "other_status": peer.detail}},
+                )
+        found = self.others.blocker(now_wall) if self.mode == "enforce" else None
+        blocker, confirmed = found if found is not None else (None, False)
+        was = self.standing_by_for
+        self.standing_by_for = blocker if confirmed else None
+        unconfirmed = None if confirmed else blocker
+        if unconfirmed is not None and self._unconfirmed is None:
+            log.warning(
+                "the retained status says %s is online in enforce mode: waiting up to %.0f s for a sign of life "
+                "from it before commanding",
+                unconfirmed.name(),
+                _PEER_PROOF_S,
+            )
+        elif unconfirmed is None and self._unconfirmed is not None and self.standing_by_for is None:
+            log.info("no sign of life from %s: its retained status is stale", self._unconfirmed.name())
+        self._unconfirmed = unconfirmed
+        by = self.standing_by_for
+        if by is not None and (was is None or was.publisher != by.publisher):
+            log.error(
+                "standing by: %s commands site %s; this agent (%s) sends no command until it is gone "
+                "(stop one of them; the agent that started first commands)",
+                by.name(),
+                self.config.site_id,
+                self.instance.describe(),
+                extra={"fields": {"other": by.publisher}},
+            )
+            self._drop_open_commands()
+            self._status_due.set()
+        elif by is None and was is not None:
+            gone = "offline" if not was.online else f"silent for {_PEER_SILENT_S:.0f} s"
+            log.warning("%s is gone (%s): commanding site %s again", was.name(), gone, self.config.site_id)
+            self._status_due.set()
+        if self.commanding():
+            self._take_up_journal_commands()
+
+    def _drop_open_commands(self) -> None:
+        """Standing by: the open commands are not sent again (closed ``abandoned``); the other agent
+        decides now."""
+        dropped = list(self.book.open.values())
+        for oc in dropped:
+            self.book.open.pop(oc.command_id, None)
+            self.book._clear(oc)
+            self.metrics.commands_total.labels(result="abandoned").inc()
+        if not dropped:
+            return
+        try:
+            self.journal.abandon([oc.command_id for oc in dropped])
+        except JournalError as exc:
+            log.error("journal write failed: commands abandoned not recorded", extra={"fields": {"error": str(exc)}})
+        log.warning("%d open command(s) abandoned: another agent commands the site", len(dropped))
+
+    def _take_up_journal_commands(self) -> None:
+        """Once the site time is known and the agent commands: the journal's open commands (once)."""
+        now = self.clock.now()
+        if self._journal_resumed or now is None:
+            return
+        self._journal_resumed = True
+        self._resume_commands(now)
 
     # ================================================================================================
     # journal: resume
@@ -503,6 +867,13 @@ class AgentService:
             msg = self.codec.decode(m.topic, m.payload)
             if isinstance(msg, wire.Rejection):
                 continue
+            if isinstance(msg, (wire.AgentStatus, *_COMMAND_TYPES)):  # other agents (their stamps: not the clock's)
+                if isinstance(msg, wire.AgentStatus):
+                    self._on_agent_status(msg, m.retain)
+                else:
+                    self._on_command_seen(msg)
+                self.metrics.messages_total.labels(kind=wire.kind_of(msg).value).inc()
+                continue
             kind = self.ingest.handle(msg)
             self.metrics.messages_total.labels(kind=kind).inc()
             if self.bus.pending() == 0:
@@ -533,6 +904,7 @@ class AgentService:
         if len(self._acks_to_journal) >= _ACK_BATCH:  # a burst that does not end (a flood): write as it comes
             self._journal_acks()
         if oc is None and not self._journal_knows(str(ack.command_id)):
+            self.metrics.foreign_acks_total.inc()
             return  # another agent's command, or a forged ack
         self.metrics.commands_total.labels(result=ack.result.value).inc()
         if ack.result is not wire.AckResult.APPLIED:
@@ -650,7 +1022,7 @@ class AgentService:
             await wait_event(self._stop, 0.02)
         now = self.clock.now()
         assert now is not None
-        self._resume_commands(now)
+        self._check_other_agents()  # takes up the journal's open commands when this agent commands
         now = await self._await_first_round(now)
         next_t = now
         last_cycle = -math.inf
@@ -753,7 +1125,8 @@ class AgentService:
         self._update_decision_metrics(decision)
 
     async def _act(self, decision: Decision, snap: StateSnapshot, now: float, trigger_wall: float, kind: str) -> None:
-        enforce = self.mode == "enforce"
+        enforce = self.commanding()
+        standby = self.mode == "enforce" and not enforce  # another agent commands the site (or may)
         commands = self.book.commands(decision, snap, self.ingest.applied_level, now) if enforce else []
         summary = decision.summary(self.site.rack_names)
         summary["commands"] = len(commands)
@@ -761,7 +1134,7 @@ class AgentService:
             self.journal.record_decision(
                 decision.cycle,
                 now,
-                self.mode,
+                "standby" if standby else self.mode,
                 decision.status,
                 decision.solve_time_s,
                 summary,
@@ -781,7 +1154,7 @@ class AgentService:
             if commands:
                 self._first_send[commands[0].command_id] = (trigger_wall, kind)
                 self.publisher.submit(commands)
-        else:
+        elif not standby:
             advice = self.book.advice(decision, snap, self.ingest.applied_level, now)
             try:
                 await self.bus.send(self.codec.outgoing(advice), timeout_s=5.0)
@@ -800,6 +1173,7 @@ class AgentService:
                     "supply_c": decision.supply_temp_c,
                     "failsafe": [self.site.rack_names[r] for r in decision.failsafe_racks],
                     "commands": len(commands),
+                    "standby": standby,
                     "max_budget_kw": round(float(decision.budget_rack_power_w.max()) / 1e3, 2),
                     "queued_waiting": summary["queue_waits_by_kind"],
                 }
@@ -849,6 +1223,7 @@ class AgentService:
                 failing = None
             self._check_journal_file()
             self._prune_journal()
+            self._check_other_agents()  # agents gone silent, retained statuses that stay unconfirmed
             await asyncio.sleep(_HEALTH_INTERVAL_S)
 
     def _check_journal_file(self) -> None:
@@ -935,6 +1310,12 @@ class AgentService:
             m.ambient_temperature_celsius.set(fac.ambient_temp_c)
         m.anomalies.labels(kind="stuck_sensor").set(len(st.stuck_racks()) + len(st.stuck_cards()))
         m.open_commands.set(len(self.book.open))
+        m.agent_standby.set(1 if self.mode == "enforce" and not self.commanding() else 0)
+        competing = self.others.competing(time.monotonic()) if self.mode == "enforce" else []
+        m.competing_agents.set(len(competing))
+        takeovers = self.bus.stats.takeovers  # only grows
+        m.broker_takeovers_total.inc(max(takeovers - self._seen_takeovers, 0))
+        self._seen_takeovers = takeovers
         m.site_time_seconds.set(now if now is not None else 0.0)
         m.site_clock_rate.set(self.clock.rate)
 
@@ -964,6 +1345,19 @@ class AgentService:
             reasons.append(f"journal (commands {what}): {err}")
         if self._journal_file_problem:
             reasons.append(self._journal_file_problem)
+        if self.standing_by_for is not None:
+            reasons.append(
+                f"standing by: {self.standing_by_for.name()} commands site {self.config.site_id}; this agent "
+                f"({self.instance.describe()}) sends no command until it is gone (stop one of them)"
+            )
+        elif self._unconfirmed is not None:
+            reasons.append(
+                f"not commanding yet: the retained status says {self._unconfirmed.name()} is online in enforce "
+                f"mode; waiting up to {_PEER_PROOF_S:.0f} s for a sign of life from it"
+            )
+        contested = self.bus.contested()
+        if contested is not None:
+            reasons.append(contested)
         return reasons
 
 

@@ -664,3 +664,314 @@ async def test_idle_hosts_are_powered_off_over_mqtt_and_a_new_job_boots_one(
     later = [r["r1_power_w"] for r in res.truth if r["time_s"] >= 130.0]
     assert later and max(later) > max(off) + 0.9 * site.rack.host_power_w  # b's host is on (booting) again
     assert_true_power_under_limit(res)
+
+
+# --------------------------------------------------------------------------------------------------
+# another agent on the site
+# --------------------------------------------------------------------------------------------------
+
+
+def agent_folder(tmp_path: Path, name: str, **control: Any) -> Path:
+    """A configuration of its own (site, journal) in ``tmp_path/name``: another host's agent."""
+    folder = tmp_path / name
+    folder.mkdir()
+    write_site(folder)
+    return write_config(folder, **control)
+
+
+def placements_by_job(obs: Observer) -> dict[str, set[str]]:
+    """Distinct placement commands on the wire, by job (a retry of one command counts once)."""
+    out: dict[str, set[str]] = {}
+    for _wall, _site_t, m in obs.commands:
+        if isinstance(m, wire.SchedulerCommand):
+            out.setdefault(m.job_id, set()).add(str(m.command_id))
+    return out
+
+
+def metric(service: AgentService, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", service.metrics.exposition().decode(), re.M)
+    assert found is not None, name
+    return float(found.group(1))
+
+
+async def test_a_second_agent_on_the_site_stands_by_until_the_first_is_gone(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Two agents in enforce mode on one site (another host, its own journal and client id): the one
+    started later commands nothing, says so (status, /readyz, /metrics), and takes over when the first
+    stops. Each queued job is placed once (two agents placed every job twice, and a stale second
+    configuration made levels flap)."""
+    site = load_site(write_site(tmp_path))
+    jobs = [job("a", 16, running_at_start=True), job("b", 8, submit_time_s=20.0), job("c", 4, submit_time_s=90.0)]
+    scenario = make_scenario(site, jobs, 130.0)
+    clock: dict[str, Any] = {"sim": None}
+    obs = Observer(site_time=lambda: clock["sim"].site_time_s - START if clock["sim"] is not None else 0.0)
+    seen: dict[str, Any] = {}
+    async with observing(mosquitto, site, obs):
+        a = AgentService(
+            loaded_config(agent_folder(tmp_path, "a"), mosquitto),
+            mqtt=mosquitto.options(client_id="agent-host-a", clean_session=False),
+            http=False,
+        )
+        a_task = asyncio.create_task(a.run())
+        await wait_for(lambda: any(s.publisher == a.instance.publisher for s in obs.status), what="agent A online")
+        b = AgentService(
+            loaded_config(agent_folder(tmp_path, "b"), mosquitto),
+            mqtt=mosquitto.options(client_id="agent-host-b", clean_session=False),
+            http=True,
+            http_listen=("127.0.0.1", 0),
+        )
+        b_task = asyncio.create_task(b.run())
+        try:
+            await wait_for(lambda: b.standing_by_for is not None, 10, "agent B standing by")
+            sim = Simulator(
+                SimOptions(
+                    scenario=scenario, mqtt=mosquitto.options(), site_id=SITE_ID, speed=20.0, start_epoch_s=START
+                )
+            )
+            clock["sim"] = sim
+            sim_task = asyncio.create_task(sim.run())
+            await wait_for(lambda: sim.site_time_s - START >= 60.0, 20, "site time 60 s")
+            assert b.http_port is not None
+            seen["ready"] = await http_get(b.http_port, "/readyz")
+            seen["metrics"] = await http_get(b.http_port, "/metrics")
+            seen["a_competing"] = metric(a, "racktwin_competing_agents")
+            seen["b_client_id"] = b.bus.options.client_id
+            a.stop()
+            await asyncio.wait_for(a_task, 15)
+            a_stopped = time.monotonic()
+            await wait_for(b.commanding, 5, "agent B commanding once A stopped")
+            summary = await sim_task
+        finally:
+            a.stop()
+            b.stop()
+            await asyncio.wait_for(asyncio.gather(a_task, b_task, return_exceptions=True), 15)
+    a_id = a.instance.instance_id
+    before = [m for wall, _t, m in obs.commands if wall < a_stopped]
+    after = [m for wall, _t, m in obs.commands if wall > a_stopped]
+    assert before and {m.publisher for m in before} == {a.instance.publisher}  # A alone commanded
+    assert after and {m.publisher for m in after} == {b.instance.publisher}  # then B alone
+    placed = placements_by_job(obs)
+    assert {j: len(ids) for j, ids in placed.items()} == {"b": 1, "c": 1}, placed
+    assert "scheduler.place" not in summary.command_refusals
+    # B said why it commanded nothing, naming A: /readyz, the metrics, its retained status, its log
+    status, body = seen["ready"]
+    assert status == 503 and f"standing by: agent {a_id} on host " in body, body
+    assert "racktwin_agent_standby 1.0" in seen["metrics"][1]
+    assert seen["a_competing"] == 1.0  # and A counted B (the alert fires on both)
+    assert any(
+        s.publisher == b.instance.publisher and "standing by: agent " + a_id in (s.detail or "") for s in obs.status
+    )
+    assert seen["b_client_id"].startswith("agent-host-b-standby-")  # standing by, it leaves its session alone
+    assert b.bus.options.client_id == "agent-host-b"  # and takes it up again to command
+    # B decided all along (its journal: standby decisions without commands, then enforce ones)
+    _decisions, commands = read_journal(tmp_path / "b" / "journal.sqlite")
+    db = sqlite3.connect(tmp_path / "b" / "journal.sqlite")
+    modes = db.execute("SELECT id, mode FROM decisions ORDER BY id").fetchall()
+    db.close()
+    assert modes[0][1] == "standby" and modes[-1][1] == "enforce" and [m for _i, m in modes].count("standby") >= 5
+    first_enforce = min(i for i, m in modes if m == "enforce")
+    assert max(i for i, m in modes if m == "standby") < first_enforce  # standing by, then commanding
+    assert min(c["decision_id"] for c in commands) >= first_enforce
+
+
+async def test_two_agents_with_one_client_id_stop_taking_the_session_from_each_other(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """The shipped configuration copied to a second host with a fixed client id: the broker hands the
+    session back and forth (22 reconnects each in 15 s, acks and job events split between them,
+    every placement sent twice). Now the later agent stands by under a client id of its own within
+    a few seconds, the first keeps its session, and one agent's commands reach the site."""
+    site = load_site(write_site(tmp_path))
+    jobs = [job("a", 16, running_at_start=True), job("b", 8, submit_time_s=30.0)]
+    obs = Observer()
+    async with observing(mosquitto, site, obs):
+        services = [
+            AgentService(
+                loaded_config(agent_folder(tmp_path, name), mosquitto),
+                mqtt=mosquitto.options(client_id="racktwin-agent", clean_session=False),
+                http=False,
+            )
+            for name in ("a", "b")
+        ]
+        a, b = services  # a started first: it commands
+        tasks = [asyncio.create_task(s.run()) for s in services]
+        try:
+            await wait_for(lambda: b.standing_by_for is not None, 10, "agent B standing by")
+            assert b.standing_by_for.instance == a.instance and a.standing_by_for is None
+
+            def settled() -> bool:  # B under a client id of its own, A back in its session
+                standby_id = (b.bus.options.client_id or "").startswith("racktwin-agent-standby-")
+                return standby_id and b.bus.connected and a.bus.connected
+
+            await wait_for(settled, 10, "B connected as a standby, A connected")
+            connects = a.bus.stats.connects
+            sim = Simulator(
+                SimOptions(
+                    scenario=make_scenario(site, jobs, 80.0), mqtt=mosquitto.options(), site_id=SITE_ID, speed=20.0,
+                    start_epoch_s=START,
+                )
+            )  # fmt: skip
+            summary = await sim.run()
+            assert a.bus.stats.connects == connects and a.bus.connected  # no take-over since
+            assert settled()
+        finally:
+            for s in services:
+                s.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+    assert obs.commands and {m.publisher for _w, _t, m in obs.commands} == {a.instance.publisher}
+    assert {j: len(ids) for j, ids in placements_by_job(obs).items()} == {"b": 1}
+    assert summary.commands_applied > 0 and summary.commands_rejected == 0
+
+
+async def test_another_client_taking_the_agents_client_id_is_reported(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A client that is no agent (a tool started with the agent's client id) takes its session again
+    and again: the agent does not just log reconnect warnings, /readyz says another client uses its
+    client id, the take-overs are counted, and its reconnects slow down."""
+    site_cfg = write_config(tmp_path)
+    write_site(tmp_path)
+    service = AgentService(
+        loaded_config(site_cfg, mosquitto),
+        mqtt=mosquitto.options(client_id="racktwin-agent-x", clean_session=False),
+        http=True,
+        http_listen=("127.0.0.1", 0),
+    )
+    task = asyncio.create_task(service.run())
+    rogue = Bus(
+        mosquitto.options(client_id="racktwin-agent-x", clean_session=False, reconnect_min_s=0.05, reconnect_max_s=0.1),
+        name="rogue",
+    )
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        rogue.start()
+        await wait_for(lambda: service.bus.contested() is not None, 20, "the client id seen contested")
+        await asyncio.sleep(1.2)  # the health task folds the count into the metrics every second
+        assert service.http_port is not None
+        status, body = await http_get(service.http_port, "/readyz")
+        assert status == 503 and "another client uses client id 'racktwin-agent-x'" in body, body
+        assert metric(service, "racktwin_broker_takeovers_total") >= 3
+        connects = service.bus.stats.connects
+        await asyncio.sleep(3.0)
+        assert service.bus.stats.connects - connects <= 4  # was 2 per second, for as long as it went on
+    finally:
+        await rogue.close()
+        service.stop()
+        await asyncio.wait_for(task, 15)
+
+
+async def test_commands_from_a_publisher_that_names_no_agent_make_the_agent_stand_by_until_it_is_silent(
+    mosquitto: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent from before instance ids (its publisher is just "agent") or another program commanding
+    the site cannot be asked to stand by: the agent does, names it, and commands again once it has
+    been silent (35 s; 1.5 s here)."""
+    monkeypatch.setattr("agent.service._PEER_SILENT_S", 1.5)
+    write_site(tmp_path)
+    service = AgentService(loaded_config(write_config(tmp_path), mosquitto), mqtt=mosquitto.options(), http=False)
+    task = asyncio.create_task(service.run())
+    topics = wire.Topics(SITE_ID)
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        async with Bus(mosquitto.options(), name="old-agent") as old:
+            await old.wait_connected(10)
+            cmd = wire.CduCommand("r0", 1.0, uuid.uuid4(), START + 30.0, START, 0, "agent")
+            await old.publish(topics.cdu_cmd("r0"), wire.encode(cmd), qos=1)
+            await wait_for(lambda: service.standing_by_for is not None, 5, "the agent standing by")
+        assert any("standing by: publisher 'agent' commands site site1" in r for r in service.readiness())
+        assert metric(service, "racktwin_foreign_commands_total") == 1.0
+        await wait_for(lambda: service.standing_by_for is None, 5, "the agent commanding again")
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 15)
+
+
+@contextlib.asynccontextmanager
+async def proxy_that_hides_a_dead_client(port: int) -> Any:
+    """A TCP proxy to the broker on ``port`` that does not pass a client's end on: the broker keeps
+    the connection, and holds its last will, until the keepalive runs out, as when a host dies."""
+    upstreams: list[asyncio.StreamWriter] = []
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, close: bool) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        if close:
+            dst.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        upstreams.append(up_writer)
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for w in upstreams:
+            w.close()
+
+
+async def test_an_agent_restarted_after_its_host_died_is_not_held_back_by_its_earlier_runs_status(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Agent A's host dies (SIGKILL behind a proxy that keeps its connection open: no will yet, its
+    retained status still says online); the agent restarted on that host (same journal, same default
+    client id racktwin-agent-<host>) commands at once: an earlier run on this host whose process is
+    gone is no other agent. Its retained status names the new run."""
+    speed = 20.0
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=speed)
+    cfg.write_text(cfg.read_text().replace("[broker]\n", "[broker]\nkeepalive_s = 60.0\n"))  # the will: 90 s
+    clock: dict[str, Any] = {"sim": None}
+    obs = Observer(site_time=lambda: clock["sim"].site_time_s if clock["sim"] is not None else 0.0)
+    log_a = (tmp_path / "agent-a.log").open("w")
+    async with observing(mosquitto, site, obs), proxy_that_hides_a_dead_client(mosquitto.port) as proxy_port:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{proxy_port}"}
+        a = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "agent", "--config", str(cfg)], env=env, stderr=log_a, cwd=REPO
+        )
+        try:
+            await wait_for(lambda: any(s.state == wire.AgentState.ONLINE for s in obs.status), 30, "agent A online")
+            sim1 = Simulator(
+                SimOptions(scenario=full_load(site, 30.0), mqtt=mosquitto.options(), site_id=SITE_ID, speed=speed,
+                           start_epoch_s=START)
+            )  # fmt: skip
+            clock["sim"] = sim1
+            await sim1.run()
+        finally:
+            a.send_signal(signal.SIGKILL)
+            a.wait(10)
+            log_a.close()
+        await asyncio.sleep(0.5)
+        a_status = obs.status[-1]
+        assert a_status.state == wire.AgentState.ONLINE and str(a.pid) in (a_status.detail or "")  # no will
+        b = AgentService(loaded_config(cfg, mosquitto), http=False)  # the configuration's own client id
+        b_started = time.monotonic()
+        sim2 = Simulator(
+            SimOptions(scenario=full_load(site, 30.0), mqtt=mosquitto.options(client_id="sim-2"), site_id=SITE_ID,
+                       speed=speed, start_epoch_s=START + 40.0)
+        )  # fmt: skip
+        clock["sim"] = sim2
+        b_task = asyncio.create_task(b.run())
+        try:
+            await sim2.run()
+        finally:
+            b.stop()
+            await asyncio.wait_for(b_task, 15)
+    assert b.bus.options.client_id == f"racktwin-agent-{b.instance.host}"  # A's, by default: one per host
+    after = [(site_t, m) for wall, site_t, m in obs.commands if wall > b_started]
+    assert after and {m.publisher for _t, m in after} == {b.instance.publisher}
+    db = sqlite3.connect(tmp_path / "journal.sqlite")
+    first_b = db.execute("SELECT mode, summary FROM decisions WHERE site_time_s >= ? ORDER BY id", (START + 40.0,))
+    mode, summary = first_b.fetchone()
+    db.close()
+    assert mode == "enforce" and json.loads(summary)["commands"] > 0  # its first decision commanded
+    assert min(t for t, _m in after) - START <= 40.0 + 2 * PERIOD_S
+    online_b = [s for s in obs.status if s.publisher == b.instance.publisher and s.state == wire.AgentState.ONLINE]
+    assert online_b and f"agent {b.instance.instance_id} on host {b.instance.host} (pid {os.getpid()}" in (
+        online_b[0].detail or ""
+    )
