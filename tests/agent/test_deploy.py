@@ -57,6 +57,8 @@ def test_the_alert_rules_use_only_exported_metrics_and_say_what_to_do() -> None:
         assert r["annotations"]["summary"]
     names = {r["alert"] for r in alerts}
     assert {"RacktwinRackOverLimit", "RacktwinRackCannotBeHeld", "RacktwinNotReady", "RacktwinRackFailsafe"} <= names
+    # two agents on one site, one client id used by two clients (docs/agent.md, "Another agent on the site")
+    assert {"RacktwinAnotherAgentOnSite", "RacktwinClientIdInUse"} <= names
     # results of racktwin_commands_total the rules count are ones the agent emits (docs/agent.md's table)
     results = {x for r in alerts for m in re.findall(r'result=~?"([^"]+)"', r["expr"]) for x in m.split("|")}
     documented = (DEPLOY.parent / "docs" / "agent.md").read_text()
@@ -73,6 +75,10 @@ def test_counted_series_are_exported_at_zero_before_their_first_event() -> None:
         'racktwin_plans_total{source="greedy",status="infeasible"} 0.0',
         'racktwin_plans_total{source="milp",status="fallback"} 0.0',
         'racktwin_decisions_total{status="failsafe"} 0.0',
+        "racktwin_broker_takeovers_total 0.0",
+        "racktwin_foreign_commands_total 0.0",
+        "racktwin_competing_agents 0.0",
+        "racktwin_agent_standby 0.0",
     ):
         assert series in text
     documented = (DEPLOY.parent / "docs" / "agent.md").read_text()
