@@ -386,9 +386,6 @@ def _metrics(scenario: RunScenario, plant: Plant, rec: Recorder, stats: ControlS
         "throttled_card_s": acc.throttled_card_s,
         "allocated_card_frac": rec.allocated_card_s / duration / site.n_cards,
         "boot_wait_card_frac": rec.boot_wait_card_s / duration / site.n_cards,
-        # the old name of allocated_card_frac, the same value, while agent/targets.py,
-        # benchmarks/bench_evaluate.py and tests/agent/test_targets.py still read it
-        "busy_card_frac": rec.allocated_card_s / duration / site.n_cards,
         "low_power_card_frac": rec.low_power_card_s / duration / site.n_cards,
         "host_off_frac": rec.host_off_s / duration / site.n_hosts,
         "idle_host_s": rec.idle_host_s,

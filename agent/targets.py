@@ -25,8 +25,9 @@ for every target missed, explains the miss with numbers from the same run:
 
   The ceiling is an upper bound, not a forecast: it ignores every constraint (caps, die limits,
   wake-up latency, the ready reserve).
-* **throughput loss**: split into fewer busy card-seconds (when jobs ran: placement, queue order,
-  what was still queued at the end) and slower busy cards (DVFS, wake-ups), and, where the runs'
+* **throughput loss**: split into fewer card-seconds held (when jobs ran: placement, queue
+  order, what was still queued at the end) and less work per held card-second (DVFS, host boots,
+  wake-ups), and, where the runs'
   per-job work is given, the jobs that make most of the difference (``agent.job_work``);
 * **better than a policy**: the energy and throughput differences, and for less work the jobs behind
   it (one big job started later often outweighs all the rest); identical results say the two made
@@ -259,16 +260,17 @@ def check_targets(
         got = float(m.get("throughput_loss_pct", math.nan))
         why = ""
         if base is not None and math.isfinite(got):
-            busy_b, busy_p = float(base["busy_card_frac"]), float(m["busy_card_frac"])
+            busy_b, busy_p = float(base["allocated_card_frac"]), float(m["allocated_card_frac"])
             if busy_b > 0 and busy_p > 0:
                 busy_loss = 100.0 * (1.0 - busy_p / busy_b)
                 speed_b = float(base["throughput"]) / busy_b
                 speed_p = float(m["throughput"]) / busy_p
                 speed_loss = 100.0 * (1.0 - speed_p / speed_b) if speed_b > 0 else math.nan
                 why = (
-                    f"{busy_loss:+.2f}% busy card-seconds (when jobs ran: placement, queue order, jobs still "
-                    f"queued at the end; {name} {100 * busy_p:.2f}% of the cards busy, baseline {100 * busy_b:.2f}%) "
-                    f"and {speed_loss:+.2f}% work per busy card-second (DVFS levels, card wake-ups)"
+                    f"{busy_loss:+.2f}% card-seconds held (when jobs ran: placement, queue order, jobs "
+                    f"still queued at the end; {name} held {100 * busy_p:.2f}% of the cards, baseline "
+                    f"{100 * busy_b:.2f}%) and {speed_loss:+.2f}% work per held card-second (DVFS levels, host "
+                    f"boots and card wake-ups)"
                 ) + by_job("baseline")
         add(
             "throughput loss vs baseline",

@@ -201,7 +201,7 @@ def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
         "",
         "| policy | facility kWh | vs baseline | IT kWh | cooling kWh | PUE | throughput | loss % | SLO miss job-s |"
         " wait mean/p95/max s | over limit rack-s (longest) | max rack kW | max die C | throttled card-s |"
-        " solve median/p99 s | fallbacks | busy / low-power cards | mean set-point C | mean pump speed | CPU s |",
+        " solve median/p99 s | fallbacks | held / low-power cards | mean set-point C | mean pump speed | CPU s |",
         "|---|" + "---:|" * 19,
     ]
     for name in POLICIES:
@@ -214,7 +214,7 @@ def day_tables(day: str, full: dict[str, Any], wall: float) -> str:
             f"{m['limit_violation_s']:,.0f} ({m['limit_violation_longest_s']:,.0f}) | "
             f"{m['max_rack_power_w'] / 1e3:.2f} | {m['max_die_temp_c']:.1f} | {m['throttled_card_s']:,.0f} | "
             f"{m['solve_median_s']:.3f} / {m['solve_p99_s']:.3f} | {m['fallbacks']} | "
-            f"{m['busy_card_frac']:.1%} / {m['low_power_card_frac']:.1%} | {m['mean_supply_setpoint_c']:.1f} | "
+            f"{m['allocated_card_frac']:.1%} / {m['low_power_card_frac']:.1%} | {m['mean_supply_setpoint_c']:.1f} | "
             f"{m['mean_pump_speed_frac']:.0%} | "
             f"{pol[name]['cpu_s']:,.0f} |"
         )
@@ -290,7 +290,7 @@ _SPREAD_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, dict[str, float]]], f
         lambda m: _rel_pct(m["racktwin"]["facility_energy_kwh"], m["greedy"]["facility_energy_kwh"]),
     ),
     ("racktwin work vs greedy %", "{:.2f}", lambda m: _rel_pct(m["racktwin"]["throughput"], m["greedy"]["throughput"])),
-    ("busy cards %", "{:.1f}", lambda m: 100.0 * m["racktwin"]["busy_card_frac"]),
+    ("cards held % (baseline)", "{:.1f}", lambda m: 100.0 * m["baseline"]["allocated_card_frac"]),
     ("racktwin longest wait s", "{:.0f}", lambda m: m["racktwin"].get("queue_wait_max_s", float("nan"))),
     ("baseline longest wait s", "{:.0f}", lambda m: m["baseline"].get("queue_wait_max_s", float("nan"))),
 )

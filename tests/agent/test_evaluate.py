@@ -52,7 +52,7 @@ def test_each_policy_runs_a_scenario_to_its_end_and_its_numbers_add_up(name: str
     assert it == pytest.approx(m["it_energy_kwh"], rel=1e-6)
     assert sum(res.breakdown_kwh.values()) == pytest.approx(m["facility_energy_kwh"], rel=1e-6)
     assert res.series["time_s"][0] == 0.0 and res.series["time_s"][-1] == pytest.approx(600.0)
-    assert 0.0 < m["allocated_card_frac"] <= 1.0 and m["busy_card_frac"] == m["allocated_card_frac"]
+    assert 0.0 < m["allocated_card_frac"] <= 1.0 and "busy_card_frac" not in m
     assert m["boot_wait_card_frac"] == 0.0  # the small site's hosts are never off
     held_s = m["allocated_card_frac"] * m["duration_s"] * sc.site.n_cards
     assert m["idle_card_s"] == pytest.approx(sc.site.n_cards * m["duration_s"] - held_s)

@@ -50,7 +50,7 @@ def _metrics(**over: Any) -> dict[str, Any]:
         "throughput": 300.0,
         "throughput_loss_pct": 0.0,
         "facility_energy_saving_pct": 0.0,
-        "busy_card_frac": 0.6,
+        "allocated_card_frac": 0.6,
         "limit_violation_s": 0.0,
         "limit_violation_episodes": 0,
         "limit_violation_longest_s": 0.0,
@@ -151,15 +151,15 @@ def test_a_missed_saving_says_by_how_much_and_gives_the_ceiling_a_met_one_says_n
 def test_a_throughput_loss_is_split_into_busy_card_seconds_and_speed() -> None:
     site = example_site()
     metrics = {
-        "baseline": _metrics(busy_card_frac=0.6, throughput=300.0),
-        # 1% fewer busy card-seconds, and 1% less work per busy card-second
-        "racktwin": _metrics(busy_card_frac=0.594, throughput=300.0 * 0.99 * 0.99, throughput_loss_pct=1.99),
+        "baseline": _metrics(allocated_card_frac=0.6, throughput=300.0),
+        # 1% fewer card-seconds held, and 1% less work per held card-second
+        "racktwin": _metrics(allocated_card_frac=0.594, throughput=300.0 * 0.99 * 0.99, throughput_loss_pct=1.99),
     }
     (c,) = check_targets(
         ScenarioTargets(throughput_loss_pct_max=1.0), metrics, {"baseline": _breakdown()}, site, [job("a", 8)]
     )
     assert c.met is False and c.shortfall == "0.99 points over"
-    assert "+1.00% busy card-seconds" in c.why and "+1.00% work per busy card-second" in c.why
+    assert "+1.00% card-seconds held" in c.why and "+1.00% work per held card-second" in c.why
 
 
 def test_better_than_needs_less_energy_at_equal_or_more_work_and_names_identical_runs() -> None:
@@ -297,7 +297,9 @@ def test_missed_targets_name_the_jobs_behind_less_work() -> None:
     metrics = {
         "baseline": _metrics(),
         "reactive": _metrics(facility_energy_kwh=999.0),
-        "racktwin": _metrics(facility_energy_kwh=900.0, throughput=297.0, busy_card_frac=0.59, throughput_loss_pct=1.0),
+        "racktwin": _metrics(
+            facility_energy_kwh=900.0, throughput=297.0, allocated_card_frac=0.59, throughput_loss_pct=1.0
+        ),
     }
     same = [JobWork("a", 8, 0.0, 1000.0), JobWork("big", 16, 10.0, 9000.0)]
     ours = [JobWork("a", 8, 0.0, 1000.0), JobWork("big", 16, 610.0, 6000.0)]
