@@ -100,6 +100,7 @@ class CommandState(enum.StrEnum):
     REJECTED = "rejected"
     EXPIRED = "expired"  # expired before an ack (or acked as expired)
     ABANDONED = "abandoned"  # retries exhausted
+    SUPERSEDED = "superseded"  # closed unacked by a newer command for what it set (never sent again)
 
     @property
     def open(self) -> bool:
@@ -363,11 +364,20 @@ class Journal:
 
     @_journal_errors
     def abandon(self, command_ids: Iterable[str]) -> None:
+        """Close open commands whose retries ran out."""
+        self._close_open(command_ids, CommandState.ABANDONED)
+
+    @_journal_errors
+    def supersede(self, command_ids: Iterable[str]) -> None:
+        """Close open commands a newer command for what they set replaced (never sent again)."""
+        self._close_open(command_ids, CommandState.SUPERSEDED)
+
+    def _close_open(self, command_ids: Iterable[str], state: CommandState) -> None:
         with self._transaction():
             self._conn.executemany(
-                "UPDATE commands SET state = 'abandoned', updated_wall_s = ? WHERE command_id = ? "
-                "AND state IN ('pending', 'sent')",
-                [(time.time(), cid) for cid in command_ids],
+                "UPDATE commands SET state = ?, updated_wall_s = ? "
+                "WHERE command_id = ? AND state IN ('pending', 'sent')",
+                [(state.value, time.time(), cid) for cid in command_ids],
             )
 
     @_journal_errors
@@ -411,7 +421,7 @@ class Journal:
     @_journal_errors
     def prune(self, before_wall_s: float, max_decisions: int = 5000) -> tuple[int, int, int]:
         """Delete what is journaled before ``before_wall_s`` (wall clock) and no longer needed: closed
-        commands (applied, rejected, expired, abandoned) with their acks, and decisions none of whose
+        commands (applied, rejected, expired, abandoned, superseded) with their acks, and decisions none of whose
         commands is still open. Open commands, their decisions and the newest decision (the cycle count
         continues from it after a restart) are always kept. At most the ``max_decisions`` oldest
         decisions are looked at per call (a short transaction; call again while it returns that many).

@@ -52,10 +52,10 @@ acknowledged them; the commands themselves were journaled before, with their dec
 write of the publisher that fails (a full disk: ``JournalError``) does not stop it: the commands were
 journaled before they were sent, so what is lost is their record of being sent, expired or abandoned
 (a restarted agent sends again what its journal still has open and valid, and closes the rest).
-A command superseded by a newer one is journaled ``abandoned`` (the journal has no state of its own
-for it), counted in :attr:`PublishStats.superseded` and reported as closed ``superseded``. A command
-closed without an ack although it went out a retry interval before (expired, abandoned or superseded)
-is an ack missing: counted per target (:attr:`Publisher.acks_missing`) and logged as a warning, at
+A command superseded by a newer one is journaled ``superseded``, counted in
+:attr:`PublishStats.superseded` and reported as closed ``superseded``. A command closed without
+an ack although it went out a retry interval before (expired, abandoned or superseded) is an ack
+missing: counted per target (:attr:`Publisher.acks_missing`) and logged as a warning, at
 most once a minute per target (acks dropped by a broker ACL are otherwise silent).
 The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
 until the same write succeeds again (any error, once a batch is marked sent); for 2 s after a failure
@@ -604,7 +604,7 @@ class Publisher:
         self._resend_all = False
         self._stepping = asyncio.Lock()  # one step at a time (the run loop's, a clean shutdown's)
         #: the publisher's journal writes that failed last time they were tried ("sent", "expired",
-        #: "abandoned"), with the error; an entry goes when that write succeeds again
+        #: "abandoned", "superseded"), with the error; an entry goes when that write succeeds again
         self.journal_errors: dict[str, str] = {}
         self._journal_retry_wall = -math.inf  # time.monotonic() before which journal writes are skipped
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
@@ -682,7 +682,7 @@ class Publisher:
         if superseded:
             # the journal has no state of its own for them: closed unacked, never sent again
             ids = [oc.command_id for oc in superseded]
-            self._journal_write("abandoned", functools.partial(self.journal.abandon, ids))
+            self._journal_write("superseded", functools.partial(self.journal.supersede, ids))
             for oc in superseded:
                 self.stats.superseded += 1
                 self._no_ack(oc, now)

@@ -221,7 +221,7 @@ async def test_a_command_superseded_while_unacknowledged_is_never_sent_again(
     a command not acknowledged within the retry interval, but never one that a newer command for the
     same cards has superseded: on a rack that applies what it gets, the re-send undid the newer
     command (an audit: "level 0" re-sent over "level 1", 16 cards at the top clock, the rack over its
-    limit). The superseded command is closed (journaled abandoned, reported ``superseded``); acks
+    limit). The superseded command is closed (journaled and reported ``superseded``); acks
     missing for a retry interval are counted per rack and logged, once a minute at most."""
     d = desk(tmp_path)
     codec, book, journal, clock = d.codec, d.book, d.journal, d.clock
@@ -272,7 +272,7 @@ async def test_a_command_superseded_while_unacknowledged_is_never_sent_again(
     assert closed == [(old.command_id, "superseded"), (new.command_id, "unacked")]
     assert publisher.stats.superseded == 1 and publisher.stats.retried == 1
     old_row, new_row = journal.command(old.command_id), journal.command(new.command_id)
-    assert old_row is not None and old_row.state == "abandoned" and old_row.attempts == 1
+    assert old_row is not None and old_row.state == "superseded" and old_row.attempts == 1
     assert new_row is not None and new_row.state == "expired" and new_row.attempts == 2
     assert publisher.acks_missing == {"r0": 2} and publisher.stats.acks_missing == 2
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no ack from r0")]
