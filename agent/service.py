@@ -31,6 +31,14 @@ calibration, the publisher's record of sends), or whose file was removed or repl
 agent not ready (``/readyz``); so does a broker that leaves commands unacknowledged. A restarted
 agent resumes from its journal: the cycle count, calibration, the jobs it knew, and the commands
 still open (re-sent if not expired; an expired command is never sent again).
+
+Another agent on the site (docs/agent.md, "Another agent on the site"): each run of the agent names
+itself in the ``publisher`` of its status and commands (:class:`AgentInstance`), publishes its status
+every :data:`_STATUS_EVERY_S` (``status`` task) and listens to the status topic and to the site's
+command topics (:class:`OtherAgents`). Of two agents in enforce mode the one that started first
+commands; the other stands by: it decides and journals as before (mode ``standby``), sends no
+command, connects under a client id of its own, says so (``/readyz``, status, log, metrics) and
+commands again once the first is gone.
 """
 
 from __future__ import annotations
@@ -103,6 +111,7 @@ _STATUS_EVERY_S = 10.0  # wall seconds between publications of the agent's statu
 _PEER_SILENT_S = 35.0  # wall seconds without a sign of life after which another agent is taken for gone
 _PEER_PROOF_S = 12.0  # wall seconds a retained "online" of another agent waits for a sign of life
 _STATUS_ANSWER_GAP_S = 1.0  # a commanding agent answers another's status, but never twice within this
+_PEER_FORGET_S = 3600.0  # wall seconds after which an agent gone offline is forgotten
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
 
 
@@ -327,6 +336,11 @@ class OtherAgents:
             and instance.rank() < me.rank()
             and (instance.pid == me.pid or not _pid_alive(instance.pid))
         )
+
+    def forget(self, before_wall: float) -> None:
+        """Drop the agents offline since before ``before_wall`` (each run of an agent is a new one)."""
+        for key in [k for k, p in self.peers.items() if not p.online and max(p.alive_wall, p.seen_wall) < before_wall]:
+            del self.peers[key]
 
     def alive(self, now_wall: float) -> list[_Peer]:
         return [p for p in self.peers.values() if p.online and now_wall - p.alive_wall <= _PEER_SILENT_S]
@@ -718,6 +732,7 @@ class AgentService:
         """Apply :meth:`OtherAgents.blocker`: stand by (and say so) when another agent commands the
         site and outranks this one, command again when it is gone; log agents appearing."""
         now_wall = time.monotonic()
+        self.others.forget(now_wall - _PEER_FORGET_S)
         for peer in self.others.competing(now_wall):
             if peer.publisher not in self._peers_reported:
                 self._peers_reported.add(peer.publisher)

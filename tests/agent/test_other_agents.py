@@ -131,3 +131,16 @@ def test_old_copies_from_a_persistent_sessions_backlog_do_not_bring_an_agent_bac
     assert watch.blocker(2.0) is None
     watch.on_status(status(older, seq=5), retained=False, now_wall=3.0)  # it connected again
     assert watch.blocker(3.0) is not None
+
+
+def test_agents_gone_offline_are_forgotten_after_an_hour_and_stale_retained_ones_are_kept() -> None:
+    watch = OtherAgents(ME)
+    gone, stale = other(1, instance_id="111111111111"), other(2, instance_id="222222222222")
+    watch.on_status(status(gone), retained=False, now_wall=0.0)
+    watch.on_status(status(gone, "offline", seq=1), retained=False, now_wall=1.0)
+    watch.on_status(status(stale), retained=True, now_wall=0.0)  # a host that died: never confirmed
+    watch.forget(before_wall=0.5)  # (the service passes an hour ago)
+    assert set(watch.peers) == {gone.publisher, stale.publisher}
+    watch.forget(before_wall=2.0)
+    assert set(watch.peers) == {stale.publisher}  # seen again on a reconnect, it is not waited for again
+    assert watch.blocker(3602.0) is None
