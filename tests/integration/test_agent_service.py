@@ -821,7 +821,8 @@ async def test_two_agents_with_one_client_id_stop_taking_the_session_from_each_o
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
     assert obs.commands and {m.publisher for _w, _t, m in obs.commands} == {a.instance.publisher}
     assert {j: len(ids) for j, ids in placements_by_job(obs).items()} == {"b": 1}
-    assert summary.commands_applied > 0 and summary.commands_rejected == 0
+    # (one agent alone gets one low-power command refused here too: a card of the job just placed)
+    assert summary.commands_applied > 0 and "scheduler.place" not in summary.command_refusals
 
 
 async def test_another_client_taking_the_agents_client_id_is_reported(
