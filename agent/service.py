@@ -704,8 +704,9 @@ class AgentService:
         if peer is None:
             return
         if not peer.online:
+            level = logging.WARNING if peer.publisher in self._peers_reported else logging.INFO
             self._peers_reported.discard(peer.publisher)
-            log.warning("%s went offline", peer.name(), extra={"fields": {"detail": peer.detail}})
+            log.log(level, "%s went offline", peer.name(), extra={"fields": {"detail": peer.detail}})
         if self.commanding():
             self._answer_due = True
             self._status_due.set()
@@ -733,7 +734,7 @@ class AgentService:
         site and outranks this one, command again when it is gone; log agents appearing."""
         now_wall = time.monotonic()
         self.others.forget(now_wall - _PEER_FORGET_S)
-        for peer in self.others.competing(now_wall):
+        for peer in self.others.competing(now_wall) if self.mode == "enforce" else []:
             if peer.publisher not in self._peers_reported:
                 self._peers_reported.add(peer.publisher)
                 who = "it commands" if self.others.outranks(peer) else "it started later and stands by"
@@ -758,7 +759,13 @@ class AgentService:
                 _PEER_PROOF_S,
             )
         elif unconfirmed is None and self._unconfirmed is not None and self.standing_by_for is None:
-            log.info("no sign of life from %s: its retained status is stale", self._unconfirmed.name())
+            log.info(
+                "%s does not hold this agent back: %s",
+                self._unconfirmed.name(),
+                "offline" if not self._unconfirmed.online else f"no sign of life for {_PEER_PROOF_S:.0f} s",
+            )
+        if (unconfirmed is None) != (self._unconfirmed is None):
+            self._status_due.set()  # the status says whom it waits for
         self._unconfirmed = unconfirmed
         by = self.standing_by_for
         if by is not None and (was is None or was.publisher != by.publisher):
