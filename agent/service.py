@@ -34,7 +34,7 @@ still open (re-sent if not expired; an expired command is never sent again).
 
 Another agent on the site (docs/agent.md, "Another agent on the site"): each run of the agent names
 itself in the ``publisher`` of its status and commands (:class:`AgentInstance`), publishes its status
-every :data:`_STATUS_EVERY_S` (``status`` task) and listens to the status topic and to the site's
+every :data:`STATUS_EVERY_S` (``status`` task) and listens to the status topic and to the site's
 command topics (:class:`OtherAgents`). Of two agents in enforce mode the one that started first
 commands; the other stands by: it decides and journals as before (mode ``standby``), sends no
 command, connects under a client id of its own, says so (``/readyz``, status, log, metrics) and
@@ -54,12 +54,9 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 import time
-import uuid
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -68,12 +65,13 @@ from agent import racktwin_version, wire
 from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
-from agent.config import BrokerConfig, LoadedConfig, host_name
+from agent.config import BrokerConfig, LoadedConfig
 from agent.controller import Controller
 from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
+from agent.other_agents import PEER_PROOF_S, PEER_SILENT_S, STATUS_EVERY_S, AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
 from twin.estimate import AnomalyHistory, Estimator
 from twin.readings import JobEvent, Readings
@@ -83,10 +81,8 @@ from twin.workload import JobSpec, Phase
 __all__ = [
     "VERSION",
     "AgentFailed",
-    "AgentInstance",
     "AgentService",
     "HttpListenError",
-    "OtherAgents",
     "isolate_solver_output",
     "mqtt_options",
     "run",
@@ -107,9 +103,6 @@ _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks o
 _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
 _ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
 _ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (the oldest go first)
-_STATUS_EVERY_S = 10.0  # wall seconds between publications of the agent's status: its sign of life
-_PEER_SILENT_S = 35.0  # wall seconds without a sign of life after which another agent is taken for gone
-_PEER_PROOF_S = 12.0  # wall seconds a retained "online" of another agent waits for a sign of life
 _STATUS_ANSWER_GAP_S = 1.0  # a commanding agent answers another's status, but never twice within this
 _PEER_FORGET_S = 3600.0  # wall seconds after which an agent gone offline is forgotten
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
@@ -202,179 +195,6 @@ def mqtt_options(broker: BrokerConfig) -> MqttOptions:
         clean_session=not broker.persistent_session,
         keepalive_s=int(broker.keepalive_s),
     )
-
-
-# ====================================================================================================
-# other agents on the site (docs/agent.md, "Another agent on the site")
-# ====================================================================================================
-_PUBLISHER_RE = re.compile(r"agent@([A-Za-z0-9_.-]{1,64}):(\d{1,10}):(\d{1,16}):([0-9a-f]{12})")
-
-
-@dataclass(frozen=True)
-class AgentInstance:
-    """One run of an agent, named on the wire by the ``publisher`` of its status and commands:
-    ``agent@<host>:<pid>:<start, Unix ms>:<random id>``. Of two agents in enforce mode on one site,
-    the one that started first commands (:meth:`rank`: start time, then id, the same on both sides)."""
-
-    host: str
-    pid: int
-    started_ms: int
-    instance_id: str
-
-    @classmethod
-    def current(cls) -> AgentInstance:
-        return cls(host_name(), os.getpid(), int(time.time() * 1000), uuid.uuid4().hex[:12])
-
-    @classmethod
-    def parse(cls, publisher: str) -> AgentInstance | None:
-        """The instance a publisher names, or None (another program, or an agent before instance ids)."""
-        m = _PUBLISHER_RE.fullmatch(publisher)
-        return None if m is None else cls(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4))
-
-    @property
-    def publisher(self) -> str:
-        return f"agent@{self.host}:{self.pid}:{self.started_ms}:{self.instance_id}"
-
-    def rank(self) -> tuple[int, str]:
-        return (self.started_ms, self.instance_id)
-
-    def describe(self) -> str:
-        started = datetime.fromtimestamp(self.started_ms / 1000.0, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"agent {self.instance_id} on host {self.host} (pid {self.pid}, started {started})"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: a process of another user has that pid
-        return True
-    return True
-
-
-@dataclass
-class _Peer:
-    """Another publisher on the site's agent status or command topics."""
-
-    publisher: str
-    instance: AgentInstance | None  # None: not an agent that names its instance (another program, an older agent)
-    mode: str | None  # "enforce" or "advisory" as its status says; "enforce" once it was seen commanding
-    online: bool
-    seen_wall: float  # time.monotonic() when first seen
-    alive_wall: float = -math.inf  # its last sign of life: a status published while we listened, a command
-    seq: int = -1  # the highest ``seq`` of its statuses seen
-    detail: str = ""
-
-    def name(self) -> str:
-        return self.instance.describe() if self.instance is not None else f"publisher {self.publisher!r}"
-
-
-class OtherAgents:
-    """What an agent knows of the other agents on its site, from their statuses (retained on
-    ``agent/status``, published again every :data:`_STATUS_EVERY_S`) and from commands on the site's
-    command topics that it did not send.
-
-    A status counts as a sign of life when it is published while this agent listens (not the retained
-    copy a subscription gets) or when a retained copy is newer than the one seen before; a command
-    always does. An agent is *alive* while online with a sign of life in the last
-    :data:`_PEER_SILENT_S`; a retained "online" without one yet is *unconfirmed* for
-    :data:`_PEER_PROOF_S` after it was first seen (then stale: a host that died before its will was
-    published), unless it names an earlier run on this host whose process is gone (a restart after a
-    crash: stale at once). :meth:`blocker` applies the rule both sides agree on."""
-
-    def __init__(self, me: AgentInstance) -> None:
-        self.me = me
-        self.peers: dict[str, _Peer] = {}
-
-    def _peer(self, publisher: str, now_wall: float) -> _Peer:
-        peer = self.peers.get(publisher)
-        if peer is None:
-            peer = _Peer(publisher, AgentInstance.parse(publisher), None, False, now_wall)
-            self.peers[publisher] = peer
-        return peer
-
-    def on_status(self, status: wire.AgentStatus, retained: bool, now_wall: float) -> _Peer | None:
-        """Take another agent's status; the agent when the status was a sign of life, else None. An
-        "online" no newer (by ``seq``) than a status seen before is an old copy (a persistent session's
-        backlog) and changes nothing; an "offline" always counts (its last will was numbered when it
-        connected, before the statuses that followed)."""
-        if status.publisher == self.me.publisher:
-            return None
-        known = status.publisher in self.peers
-        peer = self._peer(status.publisher, now_wall)
-        online = status.state is wire.AgentState.ONLINE
-        if known and online and status.seq <= peer.seq:
-            return None
-        live = not retained or known
-        peer.online = online
-        if status.mode is not None:
-            peer.mode = status.mode
-        peer.seq = max(peer.seq, status.seq)
-        peer.detail = status.detail or ""
-        if live:
-            peer.alive_wall = now_wall
-        return peer if live else None
-
-    def on_command(self, publisher: str, now_wall: float) -> _Peer | None:
-        """A command this agent did not send: its publisher commands the site now (None: an agent
-        whose last status said offline, so an old copy)."""
-        peer = self._peer(publisher, now_wall)
-        if peer.seq >= 0 and not peer.online:
-            return None
-        peer.online = True
-        peer.mode = "enforce"
-        peer.alive_wall = now_wall
-        return peer
-
-    def earlier_run_here(self, instance: AgentInstance | None) -> bool:
-        """An earlier run of an agent on this host whose process is gone (or whose pid is ours now)."""
-        me = self.me
-        return (
-            instance is not None
-            and instance.host == me.host
-            and instance.rank() < me.rank()
-            and (instance.pid == me.pid or not _pid_alive(instance.pid))
-        )
-
-    def forget(self, before_wall: float) -> None:
-        """Drop the agents offline since before ``before_wall`` (each run of an agent is a new one)."""
-        for key in [k for k, p in self.peers.items() if not p.online and max(p.alive_wall, p.seen_wall) < before_wall]:
-            del self.peers[key]
-
-    def alive(self, now_wall: float) -> list[_Peer]:
-        return [p for p in self.peers.values() if p.online and now_wall - p.alive_wall <= _PEER_SILENT_S]
-
-    def unconfirmed(self, now_wall: float) -> list[_Peer]:
-        return [
-            p
-            for p in self.peers.values()
-            if p.online
-            and p.alive_wall == -math.inf
-            and now_wall - p.seen_wall < _PEER_PROOF_S
-            and not self.earlier_run_here(p.instance)
-        ]
-
-    def outranks(self, peer: _Peer) -> bool:
-        """Whether ``peer`` commands rather than this agent: it is in enforce mode and started first,
-        or it is a publisher of commands that names no instance (it cannot be asked to stand by)."""
-        return peer.mode == "enforce" and (peer.instance is None or peer.instance.rank() < self.me.rank())
-
-    def blocker(self, now_wall: float) -> tuple[_Peer, bool] | None:
-        """The agent this one must leave the site to, and whether it is confirmed alive (False: a
-        retained "online" not yet confirmed); None: this agent may command."""
-        for confirmed, peers in ((True, self.alive(now_wall)), (False, self.unconfirmed(now_wall))):
-            ranked = sorted(
-                (p for p in peers if self.outranks(p)),
-                key=lambda p: (1, *p.instance.rank()) if p.instance is not None else (0, 0, p.publisher),
-            )
-            if ranked:
-                return ranked[0], confirmed
-        return None
-
-    def competing(self, now_wall: float) -> list[_Peer]:
-        """Other agents alive in enforce mode (and publishers of commands) on this site."""
-        return [p for p in self.alive(now_wall) if p.mode == "enforce"]
 
 
 def _resumes(ev: JobEvent, placing: bool = True) -> bool:
@@ -472,8 +292,8 @@ class AgentService:
         self._seen_connects = 0
         self._seen_takeovers = 0
         #: the agent this one leaves the site to (standby: it commands nothing), or None
-        self.standing_by_for: _Peer | None = None
-        self._unconfirmed: _Peer | None = None  # a retained "online" that keeps this agent waiting
+        self.standing_by_for: Peer | None = None
+        self._unconfirmed: Peer | None = None  # a retained "online" that keeps this agent waiting
         self._peers_reported: set[str] = set()  # other agents logged as alive
         self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
         self._status_wall = -math.inf  # time.monotonic() of the last status published
@@ -653,14 +473,14 @@ class AgentService:
         self.publisher.reconnected()
 
     async def _status_task(self) -> None:
-        """Publish the status every :data:`_STATUS_EVERY_S` (a sign of life for the other agents and
+        """Publish the status every :data:`STATUS_EVERY_S` (a sign of life for the other agents and
         a retained status that is never older), at once when this agent starts or stops standing by,
         and in answer to another agent's status while this one commands (so that a new agent learns
         within a round trip that this one is alive, and the retained status names the agent that
         commands). Standing by, the agent connects under a client id of its own (see
         :meth:`_wanted_mqtt`)."""
         while True:
-            wait_s = self._status_wall + _STATUS_EVERY_S - time.monotonic()
+            wait_s = self._status_wall + STATUS_EVERY_S - time.monotonic()
             await wait_event(self._status_due, max(wait_s, 0.0))
             self._status_due.clear()
             if self._answer_due and self._wanted_mqtt() == self.bus.options:
@@ -756,13 +576,13 @@ class AgentService:
                 "the retained status says %s is online in enforce mode: waiting up to %.0f s for a sign of life "
                 "from it before commanding",
                 unconfirmed.name(),
-                _PEER_PROOF_S,
+                PEER_PROOF_S,
             )
         elif unconfirmed is None and self._unconfirmed is not None and self.standing_by_for is None:
             log.info(
                 "%s does not hold this agent back: %s",
                 self._unconfirmed.name(),
-                "offline" if not self._unconfirmed.online else f"no sign of life for {_PEER_PROOF_S:.0f} s",
+                "offline" if not self._unconfirmed.online else f"no sign of life for {PEER_PROOF_S:.0f} s",
             )
         if (unconfirmed is None) != (self._unconfirmed is None):
             self._status_due.set()  # the status says whom it waits for
@@ -780,7 +600,7 @@ class AgentService:
             self._drop_open_commands()
             self._status_due.set()
         elif by is None and was is not None:
-            gone = "offline" if not was.online else f"silent for {_PEER_SILENT_S:.0f} s"
+            gone = "offline" if not was.online else f"silent for {PEER_SILENT_S:.0f} s"
             log.warning("%s is gone (%s): commanding site %s again", was.name(), gone, self.config.site_id)
             self._status_due.set()
         if self.commanding():
@@ -1375,7 +1195,7 @@ class AgentService:
         elif self._unconfirmed is not None:
             reasons.append(
                 f"not commanding yet: the retained status says {self._unconfirmed.name()} is online in enforce "
-                f"mode; waiting up to {_PEER_PROOF_S:.0f} s for a sign of life from it"
+                f"mode; waiting up to {PEER_PROOF_S:.0f} s for a sign of life from it"
             )
         contested = self.bus.contested()
         if contested is not None:

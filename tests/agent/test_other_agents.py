@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from agent import wire
-from agent.service import AgentInstance, OtherAgents
+from agent.other_agents import AgentInstance, OtherAgents
 
 pytestmark = pytest.mark.agent
 
