@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from agent.wire.messages import MAX_COMMAND_TTL_S
 from agent.wire.topics import SiteLayout, Topics
 from twin.spec import SiteSpec, load_site
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
@@ -134,7 +135,7 @@ class ControlConfig:
     # The lowest power limit a card accepts (W; H100 SXM: 200 W).
     min_power_limit_w: float = field(default=200.0, metadata=rng(1.0, 5000.0))
     # Commands expire this long after they are issued (s); the rack ignores them after that.
-    command_ttl_s: float = field(default=30.0, metadata=rng(0.1, 86400.0))
+    command_ttl_s: float = field(default=30.0, metadata=rng(0.1, MAX_COMMAND_TTL_S))
     # Unacknowledged commands are re-sent at most this many times (before they expire).
     command_retries: int = field(default=2, metadata=rng(0, 100))
     # Rate limit: a job's DVFS level moves by at most this many levels per decision toward a faster level.

@@ -24,8 +24,19 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 #: Results ``racktwin_commands_total`` counts (docs/agent.md): sent, sent again, acked (applied,
 #: rejected, expired: acked too late), closed without an ack (unacked: expired; abandoned: retries
-#: used up), and sent without the broker's PUBACK (unconfirmed).
-COMMAND_RESULTS = ("sent", "retried", "applied", "rejected", "expired", "unacked", "abandoned", "unconfirmed")
+#: used up or standing by for another agent; superseded: a newer command for what it set), and sent
+#: without the broker's PUBACK (unconfirmed).
+COMMAND_RESULTS = (
+    "sent",
+    "retried",
+    "applied",
+    "rejected",
+    "expired",
+    "unacked",
+    "abandoned",
+    "superseded",
+    "unconfirmed",
+)
 #: Planners behind a decision (``Decision.source``).
 PLAN_SOURCES = ("milp", "greedy", "incremental", "hold")
 

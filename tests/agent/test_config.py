@@ -96,6 +96,8 @@ def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:
             "shorter",
         ),
         ('site = "site.toml"\n', {"RACKTWIN_CONTROL_PERIOD_S": "fast"}, "control.period_s", "expected a number"),
+        # a rack refuses a command that lives longer (wire.MAX_COMMAND_TTL_S)
+        ('site = "site.toml"\n[control]\ncommand_ttl_s = 7200\n', {}, "control.command_ttl_s", "3600"),
         ('site = "site.toml"\n[broker]\nurl = "http://x"\n', {}, "broker.url", "mqtt://"),
         ('site = "missing.toml"\n', {}, "site", "missing.toml: file not found"),
         ("mode = 'enforce'\n", {}, "site", "missing required"),
