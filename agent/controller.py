@@ -21,7 +21,8 @@ What a step does:
    the twin does not explain, subtracted from the cap: the PDU's power above what the cards report
    and the spec's host overhead (smoothed), plus what the cards of computing jobs draw above the
    twin's power model for their work at the settings in force (``agent.load.model_gap_w``: a job
-   whose work is not what the agent believes; taken at once, let go as slowly as the PDU's part).
+   whose work is not what the agent believes; per card, taken once two readings in a row show it,
+   let go as slowly as the PDU's part, kept while the job holds the card).
    A decision says so when a rack draws more than the margin above the twin's prediction.
 2. **Placement** of queued jobs (``models.placement.place_jobs``) onto free, healthy cards the agent
    sees (not on blind racks, not a card with a stuck sensor); placed jobs are budgeted from this
@@ -181,7 +182,12 @@ class Controller:
         self._capped_until = np.full(n_r, -math.inf)  # fail-safe hold of racks with a stuck card
         self._pump_latch_until = np.full(n_r, -math.inf)  # racks whose pump stays at full speed (a die hit its limit)
         self._extra_w = np.zeros(n_r)  # PDU power above the cards' readings and the hosts (smoothed)
-        self._gap_w = np.zeros(n_r)  # cards' power above the twin's model of their work (agent.load.model_gap_w)
+        # cards' power above the twin's model of their work (agent.load.model_gap_w), per rack and per card
+        self._gap_w = np.zeros(n_r)
+        self._card_gap_w = np.zeros(n)  # held while the card's job holds it
+        self._card_gap_last_w = np.full(n, np.nan)  # the card's newest reading's gap ...
+        self._card_gap_seen_s = np.full(n, -math.inf)  # ... and its time
+        self._card_gap_job = np.full(n, "", dtype=object)  # the job it was measured on
         self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
         self._solving = threading.Lock()
         self._last: Decision | None = None
@@ -237,6 +243,7 @@ class Controller:
         np.minimum(self._host_up_at, now_s + self.site.rack.host_boot_s, out=self._host_up_at)
         np.minimum(self._host_busy_last, now_s, out=self._host_busy_last)  # NaN (never seen) stays NaN
         self._last_setpoint_eval_s = min(self._last_setpoint_eval_s, now_s)
+        self._card_gap_seen_s[:] = -math.inf  # readings on the new timeline are new
         self._running_since = {j: min(t, now_s) for j, t in self._running_since.items()}
         # a placement sent on the old timeline lasts at most its order's time to live from now
         self._pending = {j: (c, min(u, now_s + cfg.command_ttl_s)) for j, (c, u) in self._pending.items()}
@@ -1008,15 +1015,32 @@ class Controller:
         self._update_extra(snap, ctx)
 
     def _update_gap(self, snap: StateSnapshot, load: SiteLoad, card_seen: BoolArray, failsafe: set[int]) -> None:
-        """The cards' power above the twin's model of their work, per rack (``agent.load.model_gap_w``
-        over the cards whose readings are observations; racks at fail-safe caps and racks without a
-        computing card keep theirs): a rise is taken at once (the rack may be over its limit), a fall
-        as slowly as the PDU's part (a job that stalls and resumes draws again what it drew)."""
-        gap, counted = model_gap_w(self.site, snap, load, card_seen)
-        counted[list(failsafe)] = False
+        """Per rack, the sum over its busy cards of what each draws above the twin's model of its job's
+        work (``agent.load.model_gap_w``). Per card, from its readings while its job computes, kept
+        while the job holds it (a job that stalls or checkpoints draws it again when it resumes) and
+        dropped when another job takes it; a card on a fail-safe rack, or without a new reading since
+        the last step, keeps its own. A rise is taken as soon as two readings in a row show it (one
+        reading may show a card's new level with the power of the level it left: 680 W read at a
+        level the model puts at 587 W, once in a nominal day), a fall as slowly as the PDU's part."""
+        site = self.site
+        ids = np.array([j.job_id for j in load.jobs] + [""], dtype=object)
+        job = ids[np.where(load.card_job >= 0, load.card_job, len(load.jobs))]
+        moved = job != self._card_gap_job
+        self._card_gap_w = np.where(moved, 0.0, self._card_gap_w)
+        self._card_gap_last_w = np.where(moved, np.nan, self._card_gap_last_w)
+        self._card_gap_job = job
+        gap = model_gap_w(site, snap, load, card_seen)
+        seen_s = np.asarray(snap.card_last_seen_s, dtype=np.float64)
+        new = np.isfinite(gap) & (seen_s > self._card_gap_seen_s)
+        new &= ~np.isin(self._card_rack, np.asarray(sorted(failsafe), dtype=np.int64))
         a = _EXTRA_SMOOTHING
-        smoothed = np.maximum(gap, (1 - a) * self._gap_w + a * gap)
-        self._gap_w = np.where(counted, smoothed, self._gap_w)
+        shown = np.fmin(gap, self._card_gap_last_w)  # what the two newest readings both show
+        smoothed = np.maximum(shown, (1 - a) * self._card_gap_w + a * shown)
+        self._card_gap_w = np.where(new, smoothed, self._card_gap_w)
+        self._card_gap_last_w = np.where(new, gap, self._card_gap_last_w)
+        self._card_gap_seen_s = np.where(new, seen_s, self._card_gap_seen_s)
+        held = np.where(load.busy, self._card_gap_w, 0.0)
+        self._gap_w = np.bincount(self._card_rack, weights=held, minlength=site.n_racks).astype(np.float64)
 
     def _excess_notes(self) -> list[str]:
         """A line per rack that draws more than the margin above the twin's prediction at the settings

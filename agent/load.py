@@ -21,9 +21,9 @@ and die temperature, per rack power (cards + host overhead + a measured extra). 
 job in a stall or a checkpoint may resume at any moment): that is the power a decision must budget.
 Controller and guard share these functions; the guard's checks do not depend on the solver's rows.
 
-:func:`model_gap_w` checks the card power model against the cards' own readings: per rack, what the
-cards of computing jobs draw beyond the twin's power at the settings in force (their levels and power
-limits, computing, leakage at their measured dies). A job whose work is not what the agent believes
+:func:`model_gap_w` checks the card power model against the cards' own readings: per card of a
+computing job, what it draws beyond the twin's power at the settings in force (its level and power
+limit, computing, leakage at its measured die). A job whose work is not what the agent believes
 (a wrong spec, an unknown job's guess) shows there; the controller budgets that gap.
 """
 
@@ -312,13 +312,12 @@ def predict(
     return Prediction(power, die, rack_p, rack_die)
 
 
-def model_gap_w(site: SiteSpec, snap: StateSnapshot, load: SiteLoad, seen: BoolArray) -> tuple[FloatArray, BoolArray]:
-    """Per rack: the measured power of the cards of jobs that compute now minus the twin's power of
-    those cards at the settings in force (reported level and power limit, the job's computing
-    utilization, leakage at the measured die), over the cards of ``seen`` with a finite power and die
-    reading; and whether a rack had such a card. Leakage at the measured die and computing cards only
-    keep thermal and phase transients out (a job in a checkpoint or a stall draws less than its
-    computing power and says nothing about it)."""
+def model_gap_w(site: SiteSpec, snap: StateSnapshot, load: SiteLoad, seen: BoolArray) -> FloatArray:
+    """Per card of a job that computes now, with a finite power and die reading in ``seen``: its
+    measured power minus the twin's power at the settings in force (reported level and power limit,
+    the job's computing utilization, leakage at the measured die); NaN for every other card. Leakage
+    at the measured die and computing cards only keep thermal and phase transients out (a job in a
+    checkpoint or a stall draws less than its computing power and says nothing about it)."""
     model = PowerModel.from_card(site.card)
     lv = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, model.n_levels - 1)
     _cs, _ncu, computing = _job_arrays(site, load)
@@ -330,9 +329,7 @@ def model_gap_w(site: SiteSpec, snap: StateSnapshot, load: SiteLoad, seen: BoolA
     ok = seen & load.busy & computing & ~np.asarray(snap.card_low_power, dtype=bool) & ~load.failed
     ok &= np.isfinite(die) & np.isfinite(measured)
     twin_w = np.minimum(model.active_power_w(lv, u, np.where(ok, die, model.reference_temp_c)), lim)
-    rack = site.card_rack()
-    gap = np.bincount(rack[ok], weights=(measured - twin_w)[ok], minlength=site.n_racks).astype(np.float64)
-    return gap, np.bincount(rack[ok], minlength=site.n_racks) > 0
+    return np.asarray(np.where(ok, measured - twin_w, np.nan), dtype=np.float64)
 
 
 def steady_die_c(

@@ -474,6 +474,29 @@ def test_cards_drawing_more_than_the_power_model_says_are_budgeted_from_their_re
         assert any(e.startswith("r0 draws") and "beyond the power model of their work" in e for e in d.explanation)
 
 
+def test_cards_above_the_power_model_are_budgeted_once_two_readings_show_it_and_kept_through_a_checkpoint() -> None:
+    """One reading may show a card's new level with the power of the level it left (680 W read where
+    the model says 587 W, once in a nominal day): a single reading above the model does not take
+    power from the rack; two in a row do, and the gap stays while the job does not compute."""
+    site = small_site()
+    _plant, state = belief(site, [job("a", 16, share=0.97)], 120)  # computing on r0's 16 cards
+    snap = state.snapshot()
+    busy = snap.card_job >= 0
+    hot = np.where(busy, snap.card_power_w + 60.0, snap.card_power_w)  # 960 W over the model on r0
+    ctl = Controller(site, ControlConfig(period_s=15.0, rack_margin_w=500.0))
+
+    def extra_w(t: float, **changes: object) -> float:
+        return float(ctl.context(fresh_at(snap, t, **changes), t).rack_extra_w[0])
+
+    assert extra_w(120.0) == 0.0
+    assert extra_w(135.0, card_power_w=hot) == 0.0  # one reading
+    assert extra_w(150.0, card_power_w=hot) == pytest.approx(960.0 - 300.0, abs=60.0)  # two: less the dead band
+    pause = [dataclasses.replace(j, phase=Phase.CHECKPOINT) for j in snap.jobs]
+    assert extra_w(165.0, jobs=pause, card_power_w=snap.card_power_w * 0.2) == pytest.approx(660.0, abs=60.0)
+    d = ctl.step(fresh_at(snap, 180.0, jobs=pause), 180.0)
+    assert [e[:12] for e in d.explanation if e.startswith("r0 draws")] == ["r0 draws 0.9"]  # > the margin
+
+
 def hot_day(jobs: list[JobSpec], faults: list[Fault] | None = None) -> tuple[Plant, Controller]:
     """3 racks of 4 cards on a 40 deg C day (warm water is free cooling), jobs placed at once; the
     set-point re-chosen every 300 s."""
