@@ -436,6 +436,7 @@ def run_scenario_from_dict(
     if not isinstance(listed, list):
         raise SpecError(source, "jobs", "expected a list of tables ([[jobs]])")
     listed_running: list[tuple[str, JobSpec]] = []  # where, job
+    late_jobs: list[str] = []  # warnings: listed jobs a shortened run ends before
     for i, entry in enumerate(listed):
         where = f"jobs[{i}]"
         je = decode_table(_JobEntry, entry, source, where)
@@ -459,13 +460,19 @@ def run_scenario_from_dict(
             f"{where}.submit_time_s",
             duration,
             shortened_from,
-            warnings.append,
+            late_jobs.append,
             ("the job would never be submitted", "the job is not submitted"),
         )
         job = _listed_job(je, source, where, the_seed)
         jobs.append(job)
         if je.running_at_start:
             listed_running.append((where, job))
+    if len(late_jobs) > 1 and shortened_from is not None:  # one line, not one per job (a short demo run)
+        late_jobs = [
+            f"{source}: {len(late_jobs)} listed jobs are submitted at or after the end of this run ({duration:g} s, "
+            f"shortened from {shortened_from:g} s): they are not submitted"
+        ]
+    warnings.extend(late_jobs)
     if listed:
         what += f" + {len(listed)} listed"
     _check_jobs(jobs, site, source, listed_from=len(jobs) - len(listed))

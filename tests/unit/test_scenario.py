@@ -493,6 +493,15 @@ def test_a_listed_job_after_a_shortened_end_is_a_warning(site: SiteSpec) -> None
         "the job is not submitted"
     ]
     assert [j.job_id for j in sc.jobs] == ["late"] and sc.warnings == tuple(warned)
+    # many such jobs (a demo shortened with --minutes): one line, not one per job
+    many = {
+        **BASE,
+        "jobs": [{"id": f"j{i}", "n_cards": 8, "duration_s": 10, "submit_time_s": 100 + i} for i in range(5)],
+    }
+    assert run_scenario_from_dict(many, source="x.toml", site=site, duration_s=60.0).warnings == (
+        "x.toml: 5 listed jobs are submitted at or after the end of this run (60 s, shortened from 600 s): "
+        "they are not submitted",
+    )
 
 
 def test_a_tolerance_no_seed_meets_fails_fast_naming_the_closest_offer(site: SiteSpec) -> None:
