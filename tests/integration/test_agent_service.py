@@ -499,7 +499,9 @@ async def test_the_agent_survives_a_broker_restart_without_losing_a_command(
         outage,
         [(round(t, 1), s["failsafe_racks"], s["commands"]) for _c, t, s in res.decisions if t > 60],
     )
-    settled = [c for c in res.commands if c["issued_s"] < 170.0 - 15.0]
+    # commands with time to be answered before the run ends: 30 site s is 1.5 wall s at 20x (15 s
+    # was too short on a loaded 2-core machine: a command issued at 152 s still in flight at 170 s)
+    settled = [c for c in res.commands if c["issued_s"] < 170.0 - 30.0]
     # a command a newer one for the same setting replaced while the broker was away is closed
     # superseded (the newer one is among the settled commands and must be acknowledged itself)
     lost = [c for c in settled if c["state"] not in ("applied", "rejected", "superseded")]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,6 +262,45 @@ async def test_a_command_the_simulator_fails_on_costs_no_other_commands_ack(
         acks = [await obs.ack_of(m.command_id) for k, m in enumerate(burst) if k != 20]
         assert all(a.result is wire.AckResult.APPLIED for a in acks)
     assert any("could not be handled" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_commands_are_applied_while_the_answers_of_earlier_ones_cannot_go_out(
+    mosquitto: EmbeddedBroker,
+) -> None:
+    """A rack applies what it gets whether or not its answers go out: while the acks of a first
+    command hang (injected: as a publish in flight when the broker stopped waits out its 10 s
+    timeout), a later command is applied at once, and both are acked, in order, once the first
+    answers go. (The consumer awaited each burst's answers: after a broker restart an agent's
+    commands went unapplied for the rest of a 170 s run at 20x.)"""
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, scenario(duration_s=600.0), speed=10.0) as (sim, _):
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading), label="telemetry")
+        ts, exp = command_times(obs)
+        first = wire.RackCommand("r0", (0,), wire.CardSetting.dvfs(3), wire.new_command_id(), exp, ts, 0, "agent")
+        later = wire.RackCommand("r1", (0,), wire.CardSetting.dvfs(5), wire.new_command_id(), exp, ts, 1, "agent")
+        release = asyncio.Event()
+        answer_all = sim._answer_all
+        held: list[int] = []
+
+        async def first_burst_hangs(bus: Any, answers: list[wire.Outgoing]) -> None:
+            if not held:
+                held.append(len(answers))
+                await release.wait()
+            await answer_all(bus, answers)
+
+        sim._answer_all = first_burst_hangs  # type: ignore[method-assign]
+        await obs.send(first)
+        async with asyncio.timeout(WAIT_S):
+            while not held:  # the first command applied, its answers held
+                await asyncio.sleep(0.02)
+        await obs.send(later)
+        r1_card0 = sim.site.cards_per_rack
+        async with asyncio.timeout(WAIT_S):
+            while int(sim.plant.truth().level[r1_card0]) != 5:
+                await asyncio.sleep(0.02)
+        assert int(sim.plant.truth().level[0]) == 3  # the first was applied too, only its answers wait
+        release.set()
+        assert (await obs.ack_of(first.command_id)).result is wire.AckResult.APPLIED
+        assert (await obs.ack_of(later.command_id)).result is wire.AckResult.APPLIED
 
 
 async def test_expired_command_is_acked_expired_and_not_applied(mosquitto: EmbeddedBroker) -> None:
