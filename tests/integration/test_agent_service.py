@@ -505,7 +505,13 @@ async def test_the_agent_survives_a_broker_restart_without_losing_a_command(
     # a command a newer one for the same setting replaced while the broker was away is closed
     # superseded (the newer one is among the settled commands and must be acknowledged itself)
     lost = [c for c in settled if c["state"] not in ("applied", "rejected", "superseded")]
-    assert not lost, f"{len(lost)} of {len(settled)} commands never acknowledged: {lost[:3]}"
+    s = res.summary
+    assert not lost, (
+        f"{len(lost)} of {len(settled)} commands never acknowledged; outage {outage}; the simulator applied "
+        f"{s.commands_applied}, rejected {s.commands_rejected}, expired {s.commands_expired}, duplicates "
+        f"{s.commands_duplicate}, link losses {s.link_losses}; commands (issued s, state, attempts): "
+        + ", ".join(f"({c['issued_s']:.1f} {c['state']} {c['attempts']})" for c in res.commands)
+    )
     assert_true_power_under_limit(res)
 
 
