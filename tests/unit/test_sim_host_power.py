@@ -4,6 +4,7 @@ the card batch and the applied state."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import tomllib
 import uuid
@@ -23,6 +24,7 @@ from twin.workload import JobSpec
 pytestmark = pytest.mark.unit
 
 TS = 1_800_000_000.0
+_SEQ = itertools.count()
 EXAMPLE_SITE = Path(__file__).resolve().parents[2] / "examples" / "supernode-512.toml"
 
 
@@ -50,7 +52,9 @@ def _handler(site: SiteSpec, jobs: tuple[JobSpec, ...] = ()) -> tuple[Plant, Com
 def _send(
     handler: CommandHandler, codec: wire.Codec, rack: str, cards: tuple[int, ...], setting: wire.CardSetting
 ) -> Any:
-    cmd = wire.RackCommand(rack, cards, setting, uuid.uuid4(), TS + 30, TS - 1, 0, "agent")
+    # one publisher's commands stamped alike are ordered by seq: each next command is the newer one
+    # (a rack refuses one issued before what it last applied to the same cards: docs/protocol.md)
+    cmd = wire.RackCommand(rack, cards, setting, uuid.uuid4(), TS + 30, TS - 1, next(_SEQ), "agent")
     out = handler.handle(codec.topics.rack_cmd(rack), wire.encode(cmd))
     decoded = [codec.decode(o.topic, o.payload) for o in out]
     ack = decoded[0]
