@@ -351,7 +351,7 @@ class AckReason(enum.StrEnum):
 #: (``ttl_too_long``). A command is meant for the next minutes; the agent sends 30 s by default.
 MAX_COMMAND_TTL_S: Final = 3600.0
 #: How far a command's ``ts`` may lie ahead of the rack's clock (site seconds) before the rack refuses
-#: it (``issued_ahead``). The simulator allows two wall seconds of its site time when that is more.
+#: it (``issued_ahead``). The simulator allows ten wall seconds of its site time when that is more.
 MAX_ISSUE_AHEAD_S: Final = 10.0
 
 
