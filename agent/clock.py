@@ -187,13 +187,10 @@ class SiteClock:
             if w - first.first_wall >= self._confirm_s and first.own > 2 * (run.count if run is not None else 0):
                 self._first = None
             return False
-        if run is None or ts_s < run.newest_ts - tol or w - run.last_wall > self._reset_after_s:
+        if run is None or not run.takes(ts_s, w, tol, self._reset_after_s):
             first.behind = _Run(first_wall=w, last_wall=w, first_ts=ts_s, newest_ts=ts_s)  # a new run behind
             return False
-        run.count += 1
-        run.last_wall = w
-        run.newest_ts = max(run.newest_ts, ts_s)
-        return w - run.first_wall >= self._confirm_s and run.count > 2 * run.others
+        return run.confirmed(w, self._confirm_s)
 
     def _too_far_ahead(self, ts_s: float, w: float) -> bool:
         """``ts_s`` lies beyond where the clock expects the site to be (its newest timestamp plus the
@@ -211,13 +208,10 @@ class SiteClock:
         ``confirm_s`` and outnumber those on the clock's own timeline two to one meanwhile. False
         for one bad stamp, or one publisher far ahead while the others keep the site's time."""
         run = self._ahead
-        if run is None or ts_s < run.newest_ts - tol or w - run.last_wall > self._reset_after_s:
+        if run is None or not run.takes(ts_s, w, tol, self._reset_after_s):
             self._ahead = _Run(first_wall=w, last_wall=w, first_ts=ts_s, newest_ts=ts_s)  # a new run ahead
             return False
-        run.count += 1
-        run.last_wall = w
-        run.newest_ts = max(run.newest_ts, ts_s)
-        return w - run.first_wall >= self._confirm_s and run.count > 2 * run.others
+        return run.confirmed(w, self._confirm_s)
 
     def _sample(self, wall_s: float, ts_s: float) -> None:
         s = self._samples
@@ -298,6 +292,20 @@ class _Run:
     newest_ts: float
     count: int = 1
     others: int = 0
+
+    def takes(self, ts_s: float, wall_s: float, tol_s: float, reset_after_s: float) -> bool:
+        """Count a message stamped ``ts_s`` into the run when it continues it (not more than ``tol_s``
+        behind its newest stamp, within ``reset_after_s`` of its last message); False: a new run."""
+        if ts_s < self.newest_ts - tol_s or wall_s - self.last_wall > reset_after_s:
+            return False
+        self.count += 1
+        self.last_wall = wall_s
+        self.newest_ts = max(self.newest_ts, ts_s)
+        return True
+
+    def confirmed(self, wall_s: float, confirm_s: float) -> bool:
+        """The run has lasted ``confirm_s`` and outnumbers the messages of the other timeline two to one."""
+        return wall_s - self.first_wall >= confirm_s and self.count > 2 * self.others
 
 
 @dataclass
