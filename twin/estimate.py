@@ -34,6 +34,10 @@ Anomalies:
   give (nominal flow x the pump speed the CDU reports) predict (``Q = m c_p dT``), or the measured
   flow is more than ``pump_threshold_frac`` below that flow. A pump slowed on purpose is not weak;
   a CDU that does not report the speed (NaN) is not judged (its flow's expectation is unknown).
+  The loop-dT ratio is judged (``Estimates.rack_dt_ratio`` is finite) once its averages cover one
+  ``pump_time_constant_s`` of a loaded rack: averaged over a few seconds it is the transient of the
+  dies' and plates' stored heat, which the PDU does not see (the first decision after a warm start
+  slows hot cards and flagged weak pumps that cleared by themselves).
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 __all__ = ["Anomaly", "AnomalyHistory", "Estimates", "Estimator", "EstimatorConfig"]
+
+#: share of a time constant's weight an exponential average needs before it is judged (1 - 1/e)
+_SETTLED_WEIGHT = 1.0 - math.exp(-1.0)
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,7 @@ class Estimator:
         self._mcp_nominal *= site.loop.specific_heat_j_per_kg_k
         self._dt_meas = np.zeros(n_r)
         self._dt_pred = np.zeros(n_r)
+        self._dt_weight = np.zeros(n_r)  # how much of a time constant the two averages cover (0..1)
         self._flow_avg = np.full(n_r, site.loop_flow_per_rack_lpm())
         self._flow_fast = np.full(n_r, site.loop_flow_per_rack_lpm())
         self._flow_exp_avg = np.full(n_r, site.loop_flow_per_rack_lpm())
@@ -315,6 +323,7 @@ class Estimator:
         if math.isfinite(p) and p >= cfg.min_rack_power_w:
             self._dt_meas[r] = lam * self._dt_meas[r] + (1 - lam) * (return_c - supply_c)
             self._dt_pred[r] = lam * self._dt_pred[r] + (1 - lam) * p / (self._mcp_nominal * speed)
+            self._dt_weight[r] = lam * self._dt_weight[r] + (1 - lam)
 
     def _maybe_update_flow(self) -> None:
         moved = np.abs(self._flow_fast / self._flow_used - 1.0) > self.config.flow_update_frac
@@ -418,7 +427,8 @@ class Estimator:
     def estimates(self) -> Estimates:
         site = self.site
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.where(self._dt_pred > 0, self._dt_meas / self._dt_pred, np.nan)
+            settled = self._dt_weight >= _SETTLED_WEIGHT
+            ratio = np.where(settled & (self._dt_pred > 0), self._dt_meas / self._dt_pred, np.nan)
         return Estimates(
             time_s=self.time_s,
             r_ratio=self._g.copy(),
