@@ -817,8 +817,9 @@ class Controller:
         return {jid: cards for jid, (cards, until) in self._pending.items() if until > now_s}
 
     def _card_wait_s(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray | None:
-        """Per card: how long until its host is up (a boot for an off host, the rest of the boot for a
-        host a decision powered on); None where hosts are not managed."""
+        """Per card: how long until its host is up (the rest of the boot for a host a decision powered
+        on; a whole boot for an off host, whose idle cards ``_problem`` does not offer); None where
+        hosts are not managed."""
         site = self.site
         if not site.hosts_managed:
             return None

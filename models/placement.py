@@ -35,10 +35,12 @@ Hosts (sites whose racks' hosts can be powered off, ``site.hosts_managed``): car
 host by whole host (a host's cards share its NVLink domain, and whole idle hosts can be powered
 off): a job of whole hosts takes wholly free hosts that are on, then the free cards of partly used
 hosts; any other job the other way round (it fills what is left of partly used hosts); then hosts that
-are not up (``PlacementProblem.card_wait_s``: a job placed on an off or booting host waits for the
-boot), the shortest wait first; each class by distance to the block's centre. The greedy ranks windows
-that hold enough free cards on hosts that are up first and scores, after the overload, the card-seconds
-of waiting a window needs, then the wholly free hosts it breaks into.
+are not up (``PlacementProblem.card_wait_s``: a job placed on a host that is not up waits for it; the
+agent offers booting hosts with the rest of their boot and marks the idle cards of off hosts unusable,
+powering hosts on for queued jobs instead), the shortest wait first; each class by distance to the
+block's centre. The greedy ranks windows that hold enough free cards on hosts that are up first and
+scores, after the overload, the card-seconds of waiting a window needs, then the wholly free hosts it
+breaks into.
 """
 
 from __future__ import annotations
