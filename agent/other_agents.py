@@ -80,7 +80,7 @@ class Peer:
     instance: AgentInstance | None  # None: not an agent that names its instance (another program, an older agent)
     mode: str | None  # "enforce" or "advisory" as its status says; "enforce" once it was seen commanding
     online: bool
-    seen_wall: float  # time.monotonic() when first seen
+    seen_wall: float  # when first seen (time.monotonic() less the time cut off from the broker, as below)
     alive_wall: float = -math.inf  # its last sign of life: a status published while we listened, a command
     seq: int = -1  # the highest ``seq`` of its statuses seen
     detail: str = ""
@@ -100,11 +100,31 @@ class OtherAgents:
     :data:`PEER_SILENT_S`; a retained "online" without one yet is *unconfirmed* for
     :data:`PEER_PROOF_S` after it was first seen (then stale: a host that died before its will was
     published), unless it names an earlier run on this host whose process is gone (a restart after a
-    crash: stale at once). :meth:`blocker` applies the rule both sides agree on."""
+    crash: stale at once). :meth:`blocker` applies the rule both sides agree on.
+
+    Silence counts only while this agent listens (:meth:`listening`): the times kept and compared
+    here are on a clock that stops while this agent is cut off from the broker, so that an agent it
+    could not hear is not taken for gone (nor a retained status for stale) for that reason."""
 
     def __init__(self, me: AgentInstance) -> None:
         self.me = me
         self.peers: dict[str, Peer] = {}
+        self._deaf_since: float | None = None  # wall time this agent was cut off from the broker, or None
+        self._deaf_s = 0.0  # wall seconds it was cut off before that
+
+    def listening(self, connected: bool, now_wall: float) -> None:
+        """Whether this agent is connected to the broker now (the service says so before each use)."""
+        if not connected and self._deaf_since is None:
+            self._deaf_since = now_wall
+        elif connected and self._deaf_since is not None:
+            self._deaf_s += max(now_wall - self._deaf_since, 0.0)
+            self._deaf_since = None
+
+    def _t(self, now_wall: float) -> float:
+        """``now_wall`` on the listening clock (stopped while cut off from the broker)."""
+        if self._deaf_since is not None:
+            now_wall = min(now_wall, self._deaf_since)
+        return now_wall - self._deaf_s
 
     def _peer(self, publisher: str, now_wall: float) -> Peer:
         peer = self.peers.get(publisher)
@@ -120,6 +140,7 @@ class OtherAgents:
         connected, before the statuses that followed)."""
         if status.publisher == self.me.publisher:
             return None
+        now_wall = self._t(now_wall)
         known = status.publisher in self.peers
         peer = self._peer(status.publisher, now_wall)
         online = status.state is wire.AgentState.ONLINE
@@ -138,6 +159,7 @@ class OtherAgents:
     def on_command(self, publisher: str, now_wall: float) -> Peer | None:
         """A command this agent did not send: its publisher commands the site now (None: an agent
         whose last status said offline, so an old copy)."""
+        now_wall = self._t(now_wall)
         peer = self._peer(publisher, now_wall)
         if peer.seq >= 0 and not peer.online:
             return None
@@ -158,13 +180,16 @@ class OtherAgents:
 
     def forget(self, before_wall: float) -> None:
         """Drop the agents offline since before ``before_wall`` (each run of an agent is a new one)."""
+        before_wall = self._t(before_wall)
         for key in [k for k, p in self.peers.items() if not p.online and max(p.alive_wall, p.seen_wall) < before_wall]:
             del self.peers[key]
 
     def alive(self, now_wall: float) -> list[Peer]:
+        now_wall = self._t(now_wall)
         return [p for p in self.peers.values() if p.online and now_wall - p.alive_wall <= PEER_SILENT_S]
 
     def unconfirmed(self, now_wall: float) -> list[Peer]:
+        now_wall = self._t(now_wall)
         return [
             p
             for p in self.peers.values()

@@ -519,8 +519,15 @@ class AgentService:
         """Whether the agent sends commands now: enforce mode, and no other agent to leave the site to."""
         return self.mode == "enforce" and self.standing_by_for is None and self._unconfirmed is None
 
+    def _listening_wall(self) -> float:
+        """time.monotonic(), once :class:`OtherAgents` knows whether this agent hears the broker now
+        (another agent's silence counts only while it does)."""
+        now_wall = time.monotonic()
+        self.others.listening(self.bus.connected, now_wall)
+        return now_wall
+
     def _on_agent_status(self, status: wire.AgentStatus, retained: bool) -> None:
-        peer = self.others.on_status(status, retained, time.monotonic())
+        peer = self.others.on_status(status, retained, self._listening_wall())
         if peer is None:
             return
         if not peer.online:
@@ -545,14 +552,15 @@ class AgentService:
         now = self.clock.now()
         if now is not None and cmd.expires_s <= now:
             return
-        if self.others.on_command(cmd.publisher, time.monotonic()) is not None:
+        if self.others.on_command(cmd.publisher, self._listening_wall()) is not None:
             self.metrics.foreign_commands_total.inc()
             self._check_other_agents()
 
     def _check_other_agents(self) -> None:
         """Apply :meth:`OtherAgents.blocker`: stand by (and say so) when another agent commands the
-        site and outranks this one, command again when it is gone; log agents appearing."""
-        now_wall = time.monotonic()
+        site and outranks this one, command again when it is gone (silent for :data:`PEER_SILENT_S`
+        while this agent was connected: cut off from the broker, it hears nobody); log agents appearing."""
+        now_wall = self._listening_wall()
         self.others.forget(now_wall - _PEER_FORGET_S)
         for peer in self.others.competing(now_wall) if self.mode == "enforce" else []:
             if peer.publisher not in self._peers_reported:
@@ -1153,7 +1161,7 @@ class AgentService:
         m.anomalies.labels(kind="stuck_sensor").set(len(st.stuck_racks()) + len(st.stuck_cards()))
         m.open_commands.set(len(self.book.open))
         m.agent_standby.set(1 if self.mode == "enforce" and not self.commanding() else 0)
-        competing = self.others.competing(time.monotonic()) if self.mode == "enforce" else []
+        competing = self.others.competing(self._listening_wall()) if self.mode == "enforce" else []
         m.competing_agents.set(len(competing))
         takeovers = self.bus.stats.takeovers  # only grows
         m.broker_takeovers_total.inc(max(takeovers - self._seen_takeovers, 0))

@@ -144,3 +144,25 @@ def test_agents_gone_offline_are_forgotten_after_an_hour_and_stale_retained_ones
     watch.forget(before_wall=2.0)
     assert set(watch.peers) == {stale.publisher}  # seen again on a reconnect, it is not waited for again
     assert watch.blocker(3602.0) is None
+
+
+def test_silence_counts_only_while_this_agent_hears_the_broker() -> None:
+    """Cut off from the broker, an agent hears nobody: the agent it stands by for is not gone for
+    that (it used to be after 35 s, and the agent took over while it could not hear it)."""
+    older = other(ME.started_ms - 1)
+    watch = OtherAgents(ME)
+    watch.listening(True, 0.0)
+    watch.on_status(status(older), retained=False, now_wall=0.0)
+    watch.listening(False, 10.0)  # cut off 10 s after the last status
+    assert watch.blocker(500.0) == (watch.peers[older.publisher], True)
+    assert len(watch.competing(500.0)) == 1
+    watch.listening(True, 500.0)  # back: 25 s left to hear from it
+    assert watch.blocker(524.0) is not None
+    assert watch.blocker(526.0) is None
+    # a retained "online" waits its 12 s of listening too
+    watch2 = OtherAgents(ME)
+    watch2.on_status(status(older, seq=3), retained=True, now_wall=0.0)
+    watch2.listening(False, 5.0)
+    watch2.listening(True, 100.0)
+    assert watch2.blocker(106.0) == (watch2.peers[older.publisher], False)
+    assert watch2.blocker(108.0) is None

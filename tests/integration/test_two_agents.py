@@ -1,0 +1,223 @@
+"""Two agents on one site over a real mosquitto (docs/agent.md, "Another agent on the site"): the
+cases tests/integration/test_agent_service.py does not cover, where the later agent must not command
+while the first one does (a link of its own cut for longer than the other's silence)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sim_testing import write_capped_small_site
+
+from agent import wire
+from agent.broker import EmbeddedBroker
+from agent.bus import Bus, Incoming, MqttOptions
+from agent.config import LoadedConfig, load_config
+from agent.service import AgentService
+from sim.runner import SimOptions, Simulator
+from twin.scenario import run_scenario_from_dict
+from twin.spec import load_site
+
+pytestmark = pytest.mark.integration
+
+SITE_ID = "site1"
+START = 1_800_000_000.0
+LIMIT_W = 12_500.0
+PERIOD_S = 5.0
+SPEED = 20.0
+
+
+def write_config(folder: Path, *, ttl_s: float = 30.0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_capped_small_site(folder, LIMIT_W)
+    control = {
+        "period_s": PERIOD_S,
+        "solve_deadline_s": 0.1,
+        "rack_margin_w": 250.0,
+        "telemetry_deadline_s": 2 * PERIOD_S,
+        "failsafe_hold_s": 20.0,
+        "command_ttl_s": ttl_s,
+        "time_scale": 1.0 / SPEED,
+        "idle_reserve_cards": 0,
+        "min_replan_interval_s": 1.0,
+        "setpoint_interval_s": 60.0,
+    }
+    lines = [
+        'site = "site.toml"',
+        f'site_id = "{SITE_ID}"',
+        'mode = "enforce"',
+        "[broker]",
+        'url = "mqtt://127.0.0.1:1"',  # replaced by the fixture's broker
+        "[control]",
+        *(f"{k} = {json.dumps(v)}" for k, v in control.items()),
+        "[journal]",
+        'path = "journal.sqlite"',
+        "[http]",
+        "port = 0",
+        "[log]",
+        'format = "text"',
+    ]
+    path = folder / "agent.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def loaded_config(path: Path, broker: EmbeddedBroker) -> LoadedConfig:
+    return load_config(path, env={"RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{broker.port}"})
+
+
+async def wait_for(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def agent_on(host: str, cfg: Path, broker: EmbeddedBroker, mqtt: MqttOptions) -> AgentService:
+    """An agent as if on ``host`` (agents of one test share a process: on one host with one pid, each
+    would take the other for an earlier run of itself whose process is gone)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("agent.other_agents.host_name", lambda: host)
+        return AgentService(loaded_config(cfg, broker), mqtt=mqtt, http=False)
+
+
+@contextlib.asynccontextmanager
+async def commands_seen(broker: EmbeddedBroker, site_path: Path) -> AsyncIterator[list[tuple[float, Any]]]:
+    """Every command published on the site, with the wall time it arrived."""
+    codec = wire.Codec(wire.SiteLayout.from_spec(load_site(site_path), site=SITE_ID))
+    t = codec.topics
+    seen: list[tuple[float, Any]] = []
+
+    def handle(m: Incoming) -> None:
+        msg = codec.decode(m.topic, m.payload)
+        if isinstance(msg, wire.RackCommand | wire.CduCommand | wire.FacilityCommand | wire.SchedulerCommand):
+            seen.append((time.monotonic(), msg))
+
+    subs = [t.filter(wire.Kind.RACK_CMD), t.filter(wire.Kind.CDU_CMD), t.facility_cmd, t.scheduler_cmd]
+    async with Bus(broker.options(), subscriptions=subs, on_message=handle, name="observer") as bus:
+        await bus.wait_connected(10)
+        yield seen
+
+
+class CuttableLink:
+    """A TCP proxy to the broker that can be cut (its connections closed, new ones refused) and
+    restored on the same port: one client's own link to the broker going down and coming back."""
+
+    def __init__(self, broker_port: int) -> None:
+        self.broker_port = broker_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.broker_port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in self._writers:
+            w.close()
+        self._writers = []
+
+
+async def test_a_standby_cut_off_from_the_broker_goes_on_standing_by(
+    mosquitto: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agent B stands by for agent A (one client id shared by mistake: B under its own standby id).
+    B's own link to the broker goes down for longer than A may be silent (35 s; 2.5 s here, statuses
+    every 0.5 s) while A goes on commanding. B heard nothing from A because it heard nothing at all:
+    it must not take that for A's end. It used to: cut off, it logged A gone and took over (its
+    status, /readyz and racktwin_agent_standby said it commanded), and went back to the shared client
+    id, so that its reconnection took A's session from A (A's connection closed, its will published)."""
+    monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
+    monkeypatch.setattr("agent.service.STATUS_EVERY_S", 0.5)
+    cfg_a, cfg_b = write_config(tmp_path / "a"), write_config(tmp_path / "b")
+    jobs = [
+        {"id": "a", "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True},
+        {"id": "b", "n_cards": 8, "duration_s": 36000.0, "compute_share": 0.97, "submit_time_s": 150.0},
+    ]
+    scenario = run_scenario_from_dict(
+        {
+            "name": "two-agents",
+            "duration_s": 400.0,
+            "seed": 7,
+            "workload": {"source": "none"},
+            "ambient": {"kind": "constant", "temp_c": 25.0},
+            "jobs": jobs,
+        },
+        source="two-agents",
+        site=load_site(tmp_path / "a" / "site.toml"),
+    )
+    link = CuttableLink(mosquitto.port)
+    await link.up()
+    shared = {"client_id": "racktwin-agent", "clean_session": False}
+    async with commands_seen(mosquitto, tmp_path / "a" / "site.toml") as seen:
+        a = agent_on("host-a", cfg_a, mosquitto, mosquitto.options(**shared))
+        a_task = asyncio.create_task(a.run())
+        await wait_for(lambda: a.bus.connected and a.bus.stats.published > 0, what="agent A online")
+        b_options = dataclasses.replace(
+            mosquitto.options(**shared), port=link.port, reconnect_min_s=0.05, reconnect_max_s=0.2
+        )
+        b = agent_on("host-b", cfg_b, mosquitto, b_options)
+        b_task = asyncio.create_task(b.run())
+        standing_by: list[bool] = []
+        sim_task: asyncio.Task[Any] | None = None
+        try:
+            await wait_for(lambda: b.standing_by_for is not None, 10, "agent B standing by")
+            await wait_for(lambda: b.bus.connected and a.bus.connected, 10, "B under its standby id, A connected")
+            sim = Simulator(
+                SimOptions(
+                    scenario=scenario, mqtt=mosquitto.options(), site_id=SITE_ID, speed=SPEED, start_epoch_s=START
+                )
+            )
+            sim_task = asyncio.create_task(sim.run())
+            await wait_for(lambda: bool(seen) and b.decisions >= 2, 20, "agent A commanding, B deciding")
+            a_connects = a.bus.stats.connects
+            await link.cut()
+            cut_wall = time.monotonic()
+            await wait_for(lambda: not b.bus.connected, 5, "agent B cut off")
+            for _ in range(25):  # cut off for twice A's allowed silence (A goes on commanding)
+                await asyncio.sleep(0.2)
+                standing_by.append(b.standing_by_for is not None and not b.commanding())
+            await link.up()
+            await wait_for(lambda: b.bus.connected, 10, "agent B back")
+            await asyncio.sleep(2.0)
+            assert a.commanding() and a.bus.connected
+            assert a.bus.stats.connects == a_connects, "B's reconnection took A's session"
+            assert b.standing_by_for is not None and b.standing_by_for.publisher == a.instance.publisher
+            assert (b.bus.options.client_id or "").startswith("racktwin-agent-standby-")
+        finally:
+            a.stop()
+            b.stop()
+            await link.cut()
+            await asyncio.wait_for(asyncio.gather(a_task, b_task, return_exceptions=True), 15)
+            if sim_task is not None:
+                sim_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sim_task
+    assert all(standing_by), f"agent B took over while cut off from the broker: {standing_by}"
+    after = [m.publisher for wall, m in seen if wall > cut_wall]
+    assert after and set(after) == {a.instance.publisher}, f"agent B commanded: {after.count(b.instance.publisher)}"
