@@ -20,11 +20,12 @@ from datetime import UTC, datetime
 from agent import wire
 from agent.config import host_name
 
-__all__ = ["PEER_PROOF_S", "PEER_SILENT_S", "STATUS_EVERY_S", "AgentInstance", "OtherAgents", "Peer"]
+__all__ = ["MAX_PEERS", "PEER_PROOF_S", "PEER_SILENT_S", "STATUS_EVERY_S", "AgentInstance", "OtherAgents", "Peer"]
 
 STATUS_EVERY_S = 10.0  # wall seconds between publications of the agent's status: its sign of life
 PEER_SILENT_S = 35.0  # wall seconds without a sign of life after which another agent is taken for gone
 PEER_PROOF_S = 12.0  # wall seconds a retained "online" of another agent waits for a sign of life
+MAX_PEERS = 256  # publishers on the status and command topics kept at most (the least recently heard go)
 
 _PUBLISHER_RE = re.compile(r"agent@([A-Za-z0-9_.-]{1,64}):(\d{1,10}):(\d{1,16}):([0-9a-f]{12})")
 
@@ -87,6 +88,10 @@ class Peer:
 
     def name(self) -> str:
         return self.instance.describe() if self.instance is not None else f"publisher {self.publisher!r}"
+
+
+def _last_heard(peer: Peer) -> float:
+    return max(peer.alive_wall, peer.seen_wall)
 
 
 class OtherAgents:
@@ -179,10 +184,16 @@ class OtherAgents:
         )
 
     def forget(self, before_wall: float) -> None:
-        """Drop the agents offline since before ``before_wall`` (each run of an agent is a new one)."""
+        """Drop the publishers not heard from since before ``before_wall``, offline or not (each run of
+        an agent is a new one: a run whose ``offline`` this agent missed, a program that stopped
+        sending commands, would otherwise be kept for good), and the least recently heard beyond
+        :data:`MAX_PEERS`."""
         before_wall = self._t(before_wall)
-        for key in [k for k, p in self.peers.items() if not p.online and max(p.alive_wall, p.seen_wall) < before_wall]:
+        for key in [k for k, p in self.peers.items() if _last_heard(p) < before_wall]:
             del self.peers[key]
+        if len(self.peers) > MAX_PEERS:
+            for key in sorted(self.peers, key=lambda k: _last_heard(self.peers[k]))[: len(self.peers) - MAX_PEERS]:
+                del self.peers[key]
 
     def alive(self, now_wall: float) -> list[Peer]:
         now_wall = self._t(now_wall)

@@ -104,7 +104,7 @@ _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tr
 _ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
 _ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (the oldest go first)
 _STATUS_ANSWER_GAP_S = 1.0  # a commanding agent answers another's status, but never twice within this
-_PEER_FORGET_S = 3600.0  # wall seconds after which an agent gone offline is forgotten
+_PEER_FORGET_S = 3600.0  # wall seconds after which another publisher not heard from is forgotten
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
 
 
@@ -562,6 +562,7 @@ class AgentService:
         while this agent was connected: cut off from the broker, it hears nobody); log agents appearing."""
         now_wall = self._listening_wall()
         self.others.forget(now_wall - _PEER_FORGET_S)
+        self._peers_reported.intersection_update(self.others.peers)
         for peer in self.others.competing(now_wall) if self.mode == "enforce" else []:
             if peer.publisher not in self._peers_reported:
                 self._peers_reported.add(peer.publisher)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from agent import wire
-from agent.other_agents import AgentInstance, OtherAgents
+from agent.other_agents import MAX_PEERS, AgentInstance, OtherAgents
 
 pytestmark = pytest.mark.agent
 
@@ -133,17 +133,26 @@ def test_old_copies_from_a_persistent_sessions_backlog_do_not_bring_an_agent_bac
     assert watch.blocker(3.0) is not None
 
 
-def test_agents_gone_offline_are_forgotten_after_an_hour_and_stale_retained_ones_are_kept() -> None:
+def test_publishers_not_heard_from_for_an_hour_are_forgotten_whether_offline_or_not() -> None:
+    """Each run of an agent is a new publisher: the runs whose ``offline`` this agent missed (a clean
+    session reconnecting meanwhile), programs that sent a command or two, a retained status never
+    confirmed, were kept for good (1,000 publishers of commands: 1,000 entries ten hours later)."""
     watch = OtherAgents(ME)
     gone, stale = other(1, instance_id="111111111111"), other(2, instance_id="222222222222")
     watch.on_status(status(gone), retained=False, now_wall=0.0)
     watch.on_status(status(gone, "offline", seq=1), retained=False, now_wall=1.0)
     watch.on_status(status(stale), retained=True, now_wall=0.0)  # a host that died: never confirmed
+    missed = other(3, instance_id="333333333333")
+    watch.on_status(status(missed), retained=False, now_wall=1.0)  # its offline never came
+    for i in range(1000):
+        watch.on_command(f"script-{i}", now_wall=2.0)
     watch.forget(before_wall=0.5)  # (the service passes an hour ago)
-    assert set(watch.peers) == {gone.publisher, stale.publisher}
-    watch.forget(before_wall=2.0)
-    assert set(watch.peers) == {stale.publisher}  # seen again on a reconnect, it is not waited for again
-    assert watch.blocker(3602.0) is None
+    assert len(watch.peers) == MAX_PEERS  # the least recently heard beyond MAX_PEERS go at once
+    assert all(p.publisher.startswith("script-") for p in watch.peers.values())
+    watch.on_status(status(missed, seq=1), retained=False, now_wall=2.5)  # heard again: kept
+    watch.forget(before_wall=2.2)
+    assert set(watch.peers) == {missed.publisher}
+    assert watch.blocker(2.5) == (watch.peers[missed.publisher], True)  # an earlier run: it commands
 
 
 def test_silence_counts_only_while_this_agent_hears_the_broker() -> None:
