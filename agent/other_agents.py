@@ -161,16 +161,18 @@ class OtherAgents:
             peer.alive_wall = now_wall
         return peer if live else None
 
-    def on_command(self, publisher: str, now_wall: float) -> Peer | None:
-        """A command this agent did not send: its publisher commands the site now (None: an agent
-        whose last status said offline, so an old copy)."""
+    def on_command(self, publisher: str, now_wall: float, age_s: float = 0.0) -> Peer | None:
+        """A command this agent did not send, stamped ``age_s`` wall seconds ago: its publisher
+        commanded the site then (None: an agent whose last status said offline, so an old copy). It
+        is a sign of life as of its stamp, not of its arrival: the copies a persistent session kept
+        while this agent was under another client id do not bring back an agent silent since."""
         now_wall = self._t(now_wall)
         peer = self._peer(publisher, now_wall)
         if peer.seq >= 0 and not peer.online:
             return None
         peer.online = True
         peer.mode = "enforce"
-        peer.alive_wall = now_wall
+        peer.alive_wall = max(peer.alive_wall, now_wall - max(age_s, 0.0))
         return peer
 
     def earlier_run_here(self, instance: AgentInstance | None) -> bool:

@@ -543,7 +543,7 @@ class AgentService:
         """A command on the site's command topics: this agent's own (the broker's copy of what it
         sent, or one of an earlier run on its journal) or another publisher's: a sure sign that
         another agent (or a program) commands the site. A command already expired is not counted
-        (a copy the broker kept in a persistent session)."""
+        (a copy the broker kept in a persistent session), and one is a sign of life as of its stamp."""
         cid = str(cmd.command_id)
         if cmd.publisher == self.instance.publisher or cid in self.book.open or self._journal_knows(cid):
             return
@@ -552,7 +552,8 @@ class AgentService:
         now = self.clock.now()
         if now is not None and cmd.expires_s <= now:
             return
-        if self.others.on_command(cmd.publisher, self._listening_wall()) is not None:
+        age_s = self.clock.wall_seconds(max(now - cmd.ts_s, 0.0)) if now is not None else 0.0
+        if self.others.on_command(cmd.publisher, self._listening_wall(), age_s) is not None:
             self.metrics.foreign_commands_total.inc()
             self._check_other_agents()
 

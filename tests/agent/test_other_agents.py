@@ -175,3 +175,18 @@ def test_silence_counts_only_while_this_agent_hears_the_broker() -> None:
     watch2.listening(True, 100.0)
     assert watch2.blocker(106.0) == (watch2.peers[older.publisher], False)
     assert watch2.blocker(108.0) is None
+
+
+def test_a_command_is_a_sign_of_life_as_of_its_stamp() -> None:
+    """The commands of an agent silent since, that a persistent session kept for this one, arrive
+    late: they do not bring it back (they made the agent that took over stand by again)."""
+    older = other(ME.started_ms - 1)
+    watch = OtherAgents(ME)
+    watch.on_status(status(older), retained=False, now_wall=0.0)
+    assert watch.blocker(36.0) is None  # silent for 35 s: gone
+    assert watch.on_command(older.publisher, now_wall=36.0, age_s=40.0) is not None  # stamped before its status
+    assert watch.blocker(36.0) is None
+    watch.on_command(older.publisher, now_wall=36.0, age_s=0.5)  # a live one
+    assert watch.blocker(36.0) == (watch.peers[older.publisher], True)
+    watch.on_command(older.publisher, now_wall=37.0, age_s=30.0)  # an old copy does not date it back
+    assert watch.peers[older.publisher].alive_wall == 35.5

@@ -109,13 +109,16 @@ async def commands_seen(broker: EmbeddedBroker, site_path: Path) -> AsyncIterato
 
 class CuttableLink:
     """A TCP proxy to the broker that can be cut (its connections closed, new ones refused) and
-    restored on the same port: one client's own link to the broker going down and coming back."""
+    restored on the same port: one client's own link to the broker going down and coming back; or
+    frozen: nothing passes and nothing is closed, as when the client's host dies (the broker keeps
+    the connection, and its last will, until the keepalive runs out)."""
 
     def __init__(self, broker_port: int) -> None:
         self.broker_port = broker_port
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self.frozen = False  # nothing passes, and no connection is closed (a host that died)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.broker_port)
@@ -124,9 +127,11 @@ class CuttableLink:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError, OSError):
                 while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
+                    if not self.frozen:
+                        dst.write(data)
+                        await dst.drain()
+            if not self.frozen:
+                dst.close()
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
@@ -221,3 +226,70 @@ async def test_a_standby_cut_off_from_the_broker_goes_on_standing_by(
     assert all(standing_by), f"agent B took over while cut off from the broker: {standing_by}"
     after = [m.publisher for wall, m in seen if wall > cut_wall]
     assert after and set(after) == {a.instance.publisher}, f"agent B commanded: {after.count(b.instance.publisher)}"
+
+
+async def test_an_agent_that_took_over_from_a_silent_one_is_not_held_back_by_its_old_commands(
+    mosquitto: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's host dies (its link frozen: no will before the keepalive runs out); B, standing by under its
+    own id, takes over once A has been silent (35 s; 2.5 s here) and goes back to its configured,
+    persistent session, where the broker kept A's last commands for it. Those copies (command_ttl_s
+    longer than the silence) are no sign that A lives now. They used to be: B stood by again for
+    another silence, and the site went without an agent twice as long."""
+    monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
+    monkeypatch.setattr("agent.service.STATUS_EVERY_S", 0.5)
+    cfg_a, cfg_b = write_config(tmp_path / "a", ttl_s=300.0), write_config(tmp_path / "b", ttl_s=300.0)
+    jobs = [
+        {"id": "a", "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True},
+        {"id": "b", "n_cards": 8, "duration_s": 36000.0, "compute_share": 0.97, "submit_time_s": 20.0},
+    ]
+    scenario = run_scenario_from_dict(
+        {
+            "name": "two-agents",
+            "duration_s": 400.0,
+            "seed": 7,
+            "workload": {"source": "none"},
+            "ambient": {"kind": "constant", "temp_c": 25.0},
+            "jobs": jobs,
+        },
+        source="two-agents",
+        site=load_site(tmp_path / "a" / "site.toml"),
+    )
+    link = CuttableLink(mosquitto.port)
+    await link.up()
+    a_options = dataclasses.replace(
+        mosquitto.options(client_id="agent-a", clean_session=False), port=link.port, keepalive_s=60
+    )
+    a = agent_on("host-a", cfg_a, mosquitto, a_options)
+    a_task = asyncio.create_task(a.run())
+    sim_task: asyncio.Task[Any] | None = None
+    b_task: asyncio.Task[None] | None = None
+    standing_by: list[bool] = []
+    try:
+        await wait_for(lambda: a.bus.connected and a.bus.stats.published > 0, what="agent A online")
+        b = agent_on("host-b", cfg_b, mosquitto, mosquitto.options(client_id="agent-b", clean_session=False))
+        b_task = asyncio.create_task(b.run())
+        await wait_for(lambda: b.standing_by_for is not None, 10, "agent B standing by")
+        await wait_for(lambda: (b.bus.options.client_id or "").startswith("agent-b-standby-"), 10, "B's standby id")
+        sim = Simulator(
+            SimOptions(scenario=scenario, mqtt=mosquitto.options(), site_id=SITE_ID, speed=SPEED, start_epoch_s=START)
+        )
+        sim_task = asyncio.create_task(sim.run())
+        await wait_for(lambda: a.publisher.stats.sent > 0 and b.decisions >= 3, 20, "agent A commanding")
+        link.frozen = True
+        await wait_for(lambda: b.standing_by_for is None, 10, "agent B taking over")
+        await wait_for(lambda: b.bus.options.client_id == "agent-b" and b.bus.connected, 10, "B in its own session")
+        for _ in range(20):  # its session's backlog taken in, and a silence more
+            await asyncio.sleep(0.2)
+            standing_by.append(not b.commanding())
+    finally:
+        a.stop()
+        if b_task is not None:
+            b.stop()
+        await link.cut()
+        await asyncio.wait_for(asyncio.gather(a_task, *([b_task] if b_task else []), return_exceptions=True), 15)
+        if sim_task is not None:
+            sim_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sim_task
+    assert not any(standing_by), f"agent B stood by again for agent A, silent since: {standing_by}"
