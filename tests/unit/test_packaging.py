@@ -71,3 +71,20 @@ def test_the_installed_wheel_runs_on_its_embedded_defaults(tmp_path: Path) -> No
         [sys.executable, "-m", "agent.cli", "--version"], capture_output=True, text=True, cwd=tmp_path, env=env
     )
     assert (shown.returncode, shown.stdout) == (0, f"racktwin {project['version']}\n")
+
+
+def test_a_bare_pytest_collects_the_suite_from_any_folder(tmp_path: Path) -> None:
+    """The ``pytest`` console script puts no checkout on sys.path: without the configured pythonpath
+    it imported tests/agent (a folder without ``__init__``) as the package ``agent`` and 12 test files
+    failed to collect ("cannot import name ... from 'agent' (unknown location)")."""
+    pytest_script = Path(sys.executable).with_name("pytest")
+    if not pytest_script.exists():
+        pytest.skip("no pytest console script beside this interpreter")
+    files = [str(REPO / "tests" / "integration" / "test_sim_cli_errors.py"), str(REPO / "tests" / "agent")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [str(pytest_script), "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "error" not in out.stdout.lower().splitlines()[-1], out.stdout[-2000:]
