@@ -623,6 +623,7 @@ class AgentService:
         for oc in dropped:
             self.book.open.pop(oc.command_id, None)
             self.book._clear(oc)
+            self._first_send.pop(oc.command_id, None)  # never sent now: no latency to observe
             self.metrics.commands_total.labels(result="abandoned").inc()
         if not dropped:
             return
