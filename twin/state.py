@@ -280,9 +280,7 @@ class TwinState:
         for jr in readings.jobs:
             info = self._jobs.get(jr.job_id)
             if info is not None and info.state == "running" and readings.time_s >= info.last_event_s:
-                self._jobs[jr.job_id] = replace(
-                    info, phase=jr.phase, progress_frac=jr.progress_frac, throughput_frac=jr.throughput_frac
-                )
+                self._jobs[jr.job_id] = _with_progress(info, jr.phase, jr.progress_frac, jr.throughput_frac)
 
     def _update_cards(self, batches: list[tuple[int, float, CardBatch]]) -> None:
         """All card batches of one :class:`Readings` at once (concatenated: one pass of array ops)."""
@@ -644,6 +642,18 @@ class TwinState:
             "invalid_card_readings": int(self.invalid_count.sum()),
             "facility_power_w": self.facility.facility_power_w if self.facility else math.nan,
         }
+
+
+def _with_progress(info: JobInfo, phase: Phase, progress_frac: float, throughput_frac: float) -> JobInfo:
+    """``replace(info, phase=phase, progress_frac=..., throughput_frac=...)``: the same frozen copy
+    without ``dataclasses.replace``'s field walk (every running job's reading, every step)."""
+    new = object.__new__(JobInfo)
+    fields = new.__dict__
+    fields.update(info.__dict__)
+    fields["phase"] = phase
+    fields["progress_frac"] = progress_frac
+    fields["throughput_frac"] = throughput_frac
+    return new
 
 
 def _or_zeros(a: Any, n: int) -> Any:
