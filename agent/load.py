@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from twin.power import PowerModel
-from twin.spec import SiteSpec
+from twin.spec import CardSpec, SiteSpec
 from twin.state import JobInfo, StateSnapshot
 from twin.steady import card_steady_power_w
 from twin.thermal import ThermalParams
@@ -60,7 +60,9 @@ __all__ = [
     "die_offsets_k",
     "job_value_per_h",
     "model_gap_w",
+    "power_model",
     "predict",
+    "predict_at",
     "site_load",
     "spec_of_info",
     "spec_r_total_k_per_w",
@@ -273,6 +275,22 @@ class Prediction:
     rack_max_die_c: FloatArray  # hottest awake card of each rack
 
 
+def power_model(site: SiteSpec) -> PowerModel:
+    """The site's card power model (``PowerModel.from_card``), built once per card spec: callers
+    must not modify its arrays."""
+    card = site.card
+    hit = _POWER_MODELS.get(id(card))
+    if hit is not None and hit[0] is card:
+        return hit[1]
+    model = PowerModel.from_card(card)
+    _POWER_MODELS[id(card)] = (card, model)
+    return model
+
+
+#: ``power_model``'s cache: the card spec (kept alive, so its id is not reused) and its model.
+_POWER_MODELS: dict[int, tuple[CardSpec, PowerModel]] = {}
+
+
 def predict(
     site: SiteSpec,
     load: SiteLoad,
@@ -291,10 +309,28 @@ def predict(
     A card above its power limit is held at the limit by its own power brake (the card runs the
     fastest level within it), so its power is ``min(P, limit)``; low-power and failed cards ignore
     limits (low-power idle power, 0 W). ``inlet_c`` is per card (its rack's supply)."""
-    model = PowerModel.from_card(site.card)
+    model = power_model(site)
     lv = np.clip(np.asarray(level, dtype=np.int64), 0, model.n_levels - 1)
     lp = np.asarray(low_power, dtype=bool) & ~load.busy
     u = card_utilization(site, load, lv, worst_case=worst_case)
+    return predict_at(site, load, lv, lp, u, power_limit_w, inlet_c, r_total_k_per_w, die_offset_k, rack_extra_w)
+
+
+def predict_at(
+    site: SiteSpec,
+    load: SiteLoad,
+    lv: IntArray,
+    lp: BoolArray,
+    u: FloatArray,
+    power_limit_w: FloatArray,
+    inlet_c: FloatArray,
+    r_total_k_per_w: FloatArray,
+    die_offset_k: FloatArray,
+    rack_extra_w: FloatArray | None = None,
+) -> Prediction:
+    """:func:`predict` from its clipped levels ``lv``, low-power cards ``lp`` (not busy) and
+    utilizations ``u`` (``card_utilization``): for callers that vary only the thermal inputs."""
+    model = power_model(site)
     power, die = card_steady_power_w(model, lv, u, lp, inlet_c, r_total_k_per_w)
     off = np.asarray(die_offset_k, dtype=np.float64)
     leak = np.where(lp, model.low_power_leak_w_per_k, model.leak_w_per_k[lv])
@@ -318,7 +354,7 @@ def model_gap_w(site: SiteSpec, snap: StateSnapshot, load: SiteLoad, seen: BoolA
     the job's computing utilization, leakage at the measured die); NaN for every other card. Leakage
     at the measured die and computing cards only keep thermal and phase transients out (a job in a
     checkpoint or a stall draws less than its computing power and says nothing about it)."""
-    model = PowerModel.from_card(site.card)
+    model = power_model(site)
     lv = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, model.n_levels - 1)
     _cs, _ncu, computing = _job_arrays(site, load)
     u = card_utilization(site, load, lv, worst_case=True)
@@ -343,7 +379,7 @@ def steady_die_c(
 ) -> FloatArray:
     """The twin's steady die temperature of cards at ``level`` and ``utilization`` (low-power cards
     at their idle power), each held to its power limit by its own power brake."""
-    model = PowerModel.from_card(site.card)
+    model = power_model(site)
     lv = np.clip(np.asarray(level, dtype=np.int64), 0, model.n_levels - 1)
     lp = np.asarray(low_power, dtype=bool)
     power, _die = card_steady_power_w(model, lv, utilization, lp, inlet_c, r_total_k_per_w)
@@ -364,7 +400,7 @@ def die_offsets_k(
     Right after a change (a job leaving COMPUTE, a slower level, a cooler supply) this is a transient
     of up to tens of K, not a model error: decisions use ``agent.offsets.DieOffsetFilter``'s offsets
     (``StepContext.die_offset_k``), which take it only when the card is thermally settled."""
-    model = PowerModel.from_card(site.card)
+    model = power_model(site)
     lv = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, model.n_levels - 1)
     u = card_utilization(site, load, lv, worst_case=False)
     lp = np.asarray(snap.card_low_power, dtype=bool) & ~load.busy

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from agent.load import SiteLoad, predict
+from agent.load import SiteLoad, card_utilization, power_model, predict_at
 from twin.cooling import facility_pump_power_w, rack_mass_flow_kg_s, rack_pump_power_w
 from twin.spec import SiteSpec
 from twin.thermal import plate_resistance_k_per_w
@@ -104,6 +104,11 @@ def _spec_r_total(site: SiteSpec, flow_per_card_lpm: FloatArray) -> FloatArray:
     return np.asarray(site.card.r_die_to_case_k_per_w + _spec_r_plate(site, flow_per_card_lpm), dtype=np.float64)
 
 
+def _rack_flow_per_card_lpm(site: SiteSpec, rack_flow_lpm: FloatArray) -> FloatArray:
+    """Per rack: the flow through each of its cold plates (the rack's flow / cards per rack)."""
+    return np.asarray(np.asarray(rack_flow_lpm, dtype=np.float64) / site.cards_per_rack, dtype=np.float64)
+
+
 def offset_at_speed(
     site: SiteSpec,
     die_offset_k: FloatArray,
@@ -113,13 +118,14 @@ def offset_at_speed(
 ) -> FloatArray:
     """Per card: its die offset (measured with its rack's pump at ``speed_now_frac``) with the pump at
     ``speed_frac``: times the larger of the plate's and the whole path's resistance ratios."""
-    rack = site.card_rack()
-    q_full = np.asarray(rack_flow_full_lpm, dtype=np.float64)[rack] / site.cards_per_rack
-    q_now = q_full * np.clip(np.asarray(speed_now_frac, dtype=np.float64), 0.05, 1.0)[rack]
-    q = q_full * np.asarray(speed_frac, dtype=np.float64)[rack]
-    plate = _spec_r_plate(site, q) / _spec_r_plate(site, q_now)
-    path = _spec_r_total(site, q) / _spec_r_total(site, q_now)
-    return np.asarray(np.asarray(die_offset_k, dtype=np.float64) * np.maximum(plate, path), dtype=np.float64)
+    # every card of a rack has its rack's flow: the ratios are computed once per rack
+    q_full = _rack_flow_per_card_lpm(site, rack_flow_full_lpm)
+    q_now = q_full * np.clip(np.asarray(speed_now_frac, dtype=np.float64), 0.05, 1.0)
+    q = q_full * np.asarray(speed_frac, dtype=np.float64)
+    plate_q, plate_now = _spec_r_plate(site, q), _spec_r_plate(site, q_now)
+    r_dc = site.card.r_die_to_case_k_per_w
+    ratio = np.maximum(plate_q / plate_now, (r_dc + plate_q) / (r_dc + plate_now))
+    return np.asarray(np.asarray(die_offset_k, dtype=np.float64) * ratio[site.card_rack()], dtype=np.float64)
 
 
 def r_at_speed(
@@ -128,9 +134,11 @@ def r_at_speed(
     """Per card: die-to-inlet resistance with its rack's pump at ``speed_frac`` (per rack), from the
     resistance at full speed scaled by the spec's ratio (module docstring)."""
     rack = site.card_rack()
-    q_full = np.asarray(rack_flow_full_lpm, dtype=np.float64)[rack] / site.cards_per_rack
-    q = q_full * np.asarray(speed_frac, dtype=np.float64)[rack]
-    return np.asarray(r_full_k_per_w * _spec_r_total(site, q) / _spec_r_total(site, q_full), dtype=np.float64)
+    q_full = _rack_flow_per_card_lpm(site, rack_flow_full_lpm)
+    q = q_full * np.asarray(speed_frac, dtype=np.float64)
+    return np.asarray(
+        r_full_k_per_w * _spec_r_total(site, q)[rack] / _spec_r_total(site, q_full)[rack], dtype=np.float64
+    )
 
 
 @dataclass(frozen=True)
@@ -173,23 +181,28 @@ def choose_pump_speeds(
     mcp_full = rack_flow_full / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
     fac_nominal = facility_pump_power_w(site)
     cost = np.full((options.size, n_r), np.inf)
+    # what does not depend on the speed, once (r_at_speed, offset_at_speed and predict, per rack
+    # where every card of a rack has the same flow)
+    rack = site.card_rack()
+    r_dc = site.card.r_die_to_case_k_per_w
+    q_full = _rack_flow_per_card_lpm(site, rack_flow_full)
+    total_full = (r_dc + _spec_r_plate(site, q_full))[rack]
+    q_now = q_full * np.clip(np.asarray(rack_speed_now_frac, dtype=np.float64), 0.05, 1.0)
+    plate_now = _spec_r_plate(site, q_now)
+    total_now = r_dc + plate_now
+    die_off = np.asarray(die_offset_k, dtype=np.float64)
+    lv = np.clip(np.asarray(level, dtype=np.int64), 0, power_model(site).n_levels - 1)
+    lp = np.asarray(low_power, dtype=bool) & ~load.busy
+    u_worst = card_utilization(site, load, lv, worst_case=True)
+    u_expected = card_utilization(site, load, lv, worst_case=False)
     for i, s in enumerate(options):
         speed = np.full(n_r, float(s))
-        r = r_at_speed(site, r_full_k_per_w, rack_flow_full, speed)
-        off = offset_at_speed(site, die_offset_k, rack_flow_full, rack_speed_now_frac, speed)
-        worst = predict(site, load, level, low_power, power_limit_w, inlet_c, r, off, rack_extra_w=rack_extra_w)
-        expected = predict(
-            site,
-            load,
-            level,
-            low_power,
-            power_limit_w,
-            inlet_c,
-            r,
-            off,
-            worst_case=False,
-            rack_extra_w=rack_extra_w,
-        )
+        plate_q = _spec_r_plate(site, q_full * speed)
+        total_q = r_dc + plate_q
+        r = np.asarray(r_full_k_per_w * total_q[rack] / total_full, dtype=np.float64)
+        off = die_off * np.maximum(plate_q / plate_now, total_q / total_now)[rack]
+        worst = predict_at(site, load, lv, lp, u_worst, power_limit_w, inlet_c, r, off, rack_extra_w)
+        expected = predict_at(site, load, lv, lp, u_expected, power_limit_w, inlet_c, r, off, rack_extra_w)
         rise_k = worst.rack_power_w / np.maximum(mcp_full * s, 1e-9)
         ok = (
             (worst.rack_max_die_c <= die_limit_c + 1e-9)

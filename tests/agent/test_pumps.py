@@ -12,6 +12,7 @@ die over its limit and no rack over its cap.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ from agent.pumps import (
 )
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
+from twin.thermal import plate_resistance_k_per_w
 
 pytestmark = pytest.mark.agent
 
@@ -316,3 +318,45 @@ def test_a_cdu_that_does_not_report_its_pump_speed_runs_at_the_speed_last_comman
     assert len(speeds[True]) == len(speeds[False])
     assert np.array_equal(np.array(speeds[True]), np.array(speeds[False]))
     assert float(np.array(speeds[False]).mean()) < 0.8  # pumps were slowed
+
+
+def _per_card_r_total(site: SiteSpec, q: np.ndarray) -> np.ndarray:
+    cp = site.cold_plate
+    return site.card.r_die_to_case_k_per_w + plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, q)
+
+
+def test_per_rack_resistance_ratios_are_the_per_card_formulas_bit_for_bit() -> None:
+    """r_at_speed and offset_at_speed, computed once per rack (every card of a rack has its flow),
+    give the per-card formulas' values to the bit at every speed option (weak pumps, pumps slowed
+    now, die offsets)."""
+    site, snap = _scene()
+    rng = np.random.default_rng(3)
+    n, n_r = site.n_cards, site.n_racks
+    nominal = site.loop_flow_per_rack_lpm()
+    flow = nominal * rng.uniform(0.6, 1.0, n_r)
+    now = rng.uniform(0.3, 1.0, n_r)
+    off = rng.uniform(0.0, 3.0, n)
+    _speed, args = _choose(
+        site,
+        snap,
+        30.0,
+        die_offset_k=off,
+        rack_flow_full_lpm=flow,
+        rack_speed_now_frac=now,
+        rack_extra_w=np.full(n_r, 100.0),
+    )
+    rack = site.card_rack()
+    q_full = flow[rack] / site.cards_per_rack
+    q_now = q_full * np.clip(now, 0.05, 1.0)[rack]
+    cp = site.cold_plate
+    plate = functools.partial(plate_resistance_k_per_w, cp.flow_lpm, cp.r_case_to_coolant_k_per_w)
+    options = speed_options(site, 9)
+    for s in options:
+        sp = np.full(n_r, float(s))
+        q = q_full * sp[rack]
+        r_full = np.asarray(args["r_full_k_per_w"], dtype=np.float64)
+        r_ref = r_full * _per_card_r_total(site, q) / _per_card_r_total(site, q_full)
+        ratio = np.maximum(plate(q) / plate(q_now), _per_card_r_total(site, q) / _per_card_r_total(site, q_now))
+        off_ref = off * ratio
+        assert r_at_speed(site, r_full, flow, sp).tobytes() == r_ref.tobytes()
+        assert offset_at_speed(site, off, flow, now, sp).tobytes() == off_ref.tobytes()
