@@ -45,12 +45,13 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from twin.power import PowerModel
-from twin.readings import Readings
+from twin.readings import CardBatch, Readings
 from twin.spec import SiteSpec
 from twin.thermal import ThermalNetwork, ThermalParams, plate_resistance_k_per_w
 
@@ -237,6 +238,7 @@ class Estimator:
         awake = np.zeros(n, dtype=bool)
         t_card = np.full(n, np.nan)
         supply = np.full(n, np.nan)
+        batches: list[tuple[float, float, CardBatch]] = []  # per rack: cards time, its supply, its cards
         for rr in readings.racks:
             r = rr.rack
             if not 0 <= r < self._n_r or r in skip_racks:
@@ -251,20 +253,40 @@ class Estimator:
             b = rr.cards
             if b is None:
                 continue
-            idx = np.asarray(b.card_index, dtype=np.int64)
+            batches.append((rr.part_time_s("cards"), self._rack_supply(r), b))
+        if batches and all(_plain(b) for _, _, b in batches):
+            # the racks' batches at once (as the loop below, in one pass of array operations)
+            sizes = [b.card_index.size for _, _, b in batches]
+            idx = np.concatenate([b.card_index for _, _, b in batches]).astype(np.int64, copy=False)
             ok = (idx >= 0) & (idx < n)
             idx = idx[ok]
-            power[idx] = np.asarray(b.power_w, dtype=np.float64)[ok]
-            die[idx] = np.asarray(b.die_temp_c, dtype=np.float64)[ok]
-            util[idx] = np.asarray(b.utilization, dtype=np.float64)[ok]
-            clock[idx] = np.asarray(b.clock_mhz, dtype=np.float64)[ok]
-            awake[idx] = ~(
-                np.asarray(b.low_power, dtype=bool)[ok]
-                | np.asarray(b.failed, dtype=bool)[ok]
-                | np.asarray(b.waking, dtype=bool)[ok]
-            )
-            t_card[idx] = rr.part_time_s("cards")
-            supply[idx] = self._rack_supply(r)
+
+            def cat(name: str, dtype: type) -> Any:
+                return np.concatenate([getattr(b, name) for _, _, b in batches]).astype(dtype, copy=False)[ok]
+
+            power[idx] = cat("power_w", np.float64)
+            die[idx] = cat("die_temp_c", np.float64)
+            util[idx] = cat("utilization", np.float64)
+            clock[idx] = cat("clock_mhz", np.float64)
+            awake[idx] = ~(cat("low_power", bool) | cat("failed", bool) | cat("waking", bool))
+            t_card[idx] = np.repeat(np.asarray([t for t, _, _ in batches], dtype=np.float64), sizes)[ok]
+            supply[idx] = np.repeat(np.asarray([c for _, c, _ in batches], dtype=np.float64), sizes)[ok]
+        else:
+            for t_b, supply_b, b in batches:
+                idx = np.asarray(b.card_index, dtype=np.int64)
+                ok = (idx >= 0) & (idx < n)
+                idx = idx[ok]
+                power[idx] = np.asarray(b.power_w, dtype=np.float64)[ok]
+                die[idx] = np.asarray(b.die_temp_c, dtype=np.float64)[ok]
+                util[idx] = np.asarray(b.utilization, dtype=np.float64)[ok]
+                clock[idx] = np.asarray(b.clock_mhz, dtype=np.float64)[ok]
+                awake[idx] = ~(
+                    np.asarray(b.low_power, dtype=bool)[ok]
+                    | np.asarray(b.failed, dtype=bool)[ok]
+                    | np.asarray(b.waking, dtype=bool)[ok]
+                )
+                t_card[idx] = t_b
+                supply[idx] = supply_b
         with np.errstate(invalid="ignore"):
             valid = (
                 np.isfinite(power)
@@ -491,3 +513,15 @@ class Estimator:
                     )
                 )
         return out
+
+
+def _plain(b: CardBatch) -> bool:
+    """The batch's arrays (those the estimator reads) are one-dimensional arrays, one entry per card."""
+    ci = b.card_index
+    if not (isinstance(ci, np.ndarray) and ci.ndim == 1):
+        return False
+    n = ci.shape
+    for a in (b.power_w, b.die_temp_c, b.utilization, b.clock_mhz, b.low_power, b.failed, b.waking):
+        if not (isinstance(a, np.ndarray) and a.shape == n):
+            return False
+    return True

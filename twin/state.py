@@ -372,8 +372,8 @@ class TwinState:
         self._rack_cards_read[ok // self._cpr] = True
         supply = self.rack_supply_temp_c[ok // self._cpr]
         die_same = die == self.card_die_temp_c[ok]
-        move = np.nan_to_num(np.abs(power - self._die_ref_power_w[ok]) * self._r_min_k_per_w)
-        move += np.nan_to_num(np.abs(supply - self._die_ref_supply_c[ok]))
+        move = _nan_to_num(np.abs(power - self._die_ref_power_w[ok]) * self._r_min_k_per_w)
+        move += _nan_to_num(np.abs(supply - self._die_ref_supply_c[ok]))
         self._die_moved[ok] = np.where(die_same, self._die_moved[ok] + (move >= self.stuck_die_move_k), 0)
         changed = ok[~die_same]
         self._die_ref_power_w[changed] = power[~die_same]
@@ -384,7 +384,7 @@ class TwinState:
         level = np.abs(clock[:, None] - pm.clocks_mhz[None, :]).argmin(axis=1)
         model_w = pm.card_power_w(level, util, die, low)
         power_same = power == self.card_power_w[ok]
-        p_move = np.nan_to_num(np.abs(model_w - self._power_ref_model_w[ok]))
+        p_move = _nan_to_num(np.abs(model_w - self._power_ref_model_w[ok]))
         self._power_moved[ok] = np.where(power_same, self._power_moved[ok] + (p_move >= self.stuck_power_move_w), 0)
         self._power_ref_model_w[ok[~power_same]] = model_w[~power_same]
 
@@ -656,6 +656,17 @@ def _with_progress(info: JobInfo, phase: Phase, progress_frac: float, throughput
     return new
 
 
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def _nan_to_num(x: FloatArray) -> FloatArray:
+    """``np.nan_to_num`` of a float64 array (NaN -> 0, +-inf -> +-largest float), in three ufunc calls."""
+    out = np.where(np.isnan(x), 0.0, x)
+    np.minimum(out, _FLOAT_MAX, out=out)
+    np.maximum(out, -_FLOAT_MAX, out=out)
+    return out
+
+
 def _or_zeros(a: Any, n: int) -> Any:
     return a if a is not None else np.zeros(n, dtype=bool)
 
@@ -665,19 +676,17 @@ def _consistent(b: CardBatch) -> bool:
     n = np.size(b.card_index)
     if b.host_off is not None and np.size(b.host_off) != n:
         return False
-    return all(
-        np.size(a) == n
-        for a in (
-            b.power_w,
-            b.die_temp_c,
-            b.clock_mhz,
-            b.utilization,
-            b.level,
-            b.low_power,
-            b.waking,
-            b.power_limit_w,
-            b.failed,
-        )
+    # (unrolled: every rack's batch, every reading)
+    return (
+        np.size(b.power_w) == n
+        and np.size(b.die_temp_c) == n
+        and np.size(b.clock_mhz) == n
+        and np.size(b.utilization) == n
+        and np.size(b.level) == n
+        and np.size(b.low_power) == n
+        and np.size(b.waking) == n
+        and np.size(b.power_limit_w) == n
+        and np.size(b.failed) == n
     )
 
 

@@ -285,3 +285,35 @@ def test_the_heat_a_warm_start_gives_back_when_slowed_at_once_is_no_weak_pump(sm
     _run(p, est, 600.0)
     ratio = est.estimates().rack_dt_ratio
     assert np.isfinite(ratio).all() and np.all(np.abs(ratio - 1.0) < 0.15)  # judged, and healthy
+
+
+def test_array_and_list_batches_give_the_same_estimates_bit_for_bit(small_site: SiteSpec) -> None:
+    """The racks' batches of one-dimensional arrays are folded in at once; batches of lists one by
+    one: the estimates are the same to the bit."""
+    p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(phases=PHASES))
+    fast, slow = Estimator(small_site), Estimator(small_site)
+    for _ in range(120):
+        p.step(1.0)
+        readings = p.readings()
+        racks = []
+        for rr in readings.racks:
+            b = rr.cards
+            if b is not None:
+                b = dataclasses.replace(
+                    b,
+                    **{
+                        f.name: getattr(b, f.name).tolist()
+                        for f in dataclasses.fields(b)
+                        if getattr(b, f.name) is not None
+                    },
+                )
+            racks.append(dataclasses.replace(rr, cards=b))
+        fast.update(readings, frozen_cards=(3,))
+        slow.update(dataclasses.replace(readings, racks=tuple(racks)), frozen_cards=(3,))
+    ea, eb = fast.estimates(), slow.estimates()
+    for f in dataclasses.fields(ea):
+        x, y = getattr(ea, f.name), getattr(eb, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.tobytes() == y.tobytes(), f.name
+        else:
+            assert x == y, f.name
