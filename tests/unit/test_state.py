@@ -388,6 +388,46 @@ def test_a_site_frozen_as_a_whole_is_stuck_once_its_pdus_see_its_cards_load_move
     assert st.stuck_racks() == (0, 1) and st.stuck_cards() == ()
 
 
+def _as_lists(readings: Readings) -> Readings:
+    """The same readings with every card array a list (the general, not the one-dimensional-array path)."""
+    racks = []
+    for rr in readings.racks:
+        b = rr.cards
+        if b is not None:
+            b = dataclasses.replace(
+                b,
+                **{
+                    f.name: getattr(b, f.name).tolist() for f in dataclasses.fields(b) if getattr(b, f.name) is not None
+                },
+            )
+        racks.append(dataclasses.replace(rr, cards=b))
+    return dataclasses.replace(readings, racks=tuple(racks))
+
+
+def test_array_and_list_batches_give_the_same_belief_bit_for_bit(small_site: SiteSpec) -> None:
+    """The fast path for batches of one-dimensional arrays (concatenated and cast at once) and the
+    general one (each part through np.asarray) fold the same readings into the same belief."""
+    faults = (StuckSensor(rack=1, start_s=20.0, card=20), GarbageReadings(rack=0, start_s=30.0, fraction=0.2))
+    p = Plant(small_site, [_job("a", 16), _job("b", 8)], faults, config=PlantConfig(phases=PHASES))
+    fast, slow = TwinState(small_site), TwinState(small_site)
+    for _ in range(60):
+        p.step(1.0)
+        readings = p.readings()
+        events = p.drain_events()
+        fast.update(readings)
+        slow.update(_as_lists(readings))
+        fast.apply_events(events)
+        slow.apply_events(events)
+    a, b = fast.snapshot(), slow.snapshot()
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), f.name
+        else:
+            assert x == y, f.name
+    assert fast.invalid_count.tolist() == slow.invalid_count.tolist()
+
+
 def test_nan_to_num_is_numpys_bit_for_bit() -> None:
     from twin.state import _nan_to_num
 
