@@ -67,12 +67,7 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     bounds = np.searchsorted(t.pair_job[order], np.arange(t.n_jobs + 1))
     job_pairs = [order[bounds[j] : bounds[j + 1]] for j in range(t.n_jobs)]
 
-    # per job, what the moves do not change: its allowed levels, its pairs' racks and power rows
-    job_ks = [np.flatnonzero(t.allowed[j]) for j in range(t.n_jobs)]
-    job_racks = [t.pair_rack[pairs] for pairs in job_pairs]
-    job_pair_w = [t.pair_power_w[pairs] for pairs in job_pairs]
-
-    def best_move_loop(j: int) -> tuple[float, int] | None:
+    def best_move(j: int) -> tuple[float, int] | None:
         cur = int(level[j])
         pairs = job_pairs[j]
         head = t.rack_cap_w[t.pair_rack[pairs]] - rack_p[t.pair_rack[pairs]]
@@ -89,31 +84,6 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
             if best is None or ratio > best[0]:
                 best = (ratio, k)
         return best
-
-    def best_move(j: int) -> tuple[float, int] | None:
-        """:func:`best_move_loop` over all levels at once (the same values; the loop where a NaN
-        would make its first-come order matter)."""
-        cur = int(level[j])
-        ks = job_ks[j]
-        d_p = t.job_power_w[j, ks] - t.job_power_w[j, cur]
-        gain = (t.job_value[j, ks] - t.job_value[j, cur]) - e_price * d_p
-        cand = ~(gain <= 1e-12)
-        if not cand.any():
-            return None
-        racks = job_racks[j]
-        pair_w = job_pair_w[j]
-        head = t.rack_cap_w[racks] - rack_p[racks]
-        ks, gain, d_p = ks[cand], gain[cand], d_p[cand]
-        over = (pair_w[:, ks] - pair_w[:, cur][:, None] > (head + 1e-9)[:, None]).any(axis=0)
-        if over.all():
-            return None
-        ks, gain, d_p = ks[~over], gain[~over], d_p[~over]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(d_p > 1e-9, gain / d_p, np.inf)
-        if np.isnan(ratio).any():
-            return best_move_loop(j)
-        i = int(np.argmax(ratio))
-        return (float(ratio[i]), int(ks[i]))
 
     heap: list[tuple[float, int, int]] = []
     for j in range(t.n_jobs):
