@@ -8,6 +8,7 @@
     python benchmarks/bench_evaluate.py --days nominal --seeds 5   # five different nominal days
     python benchmarks/bench_evaluate.py --host-sweep   # racktwin with host power-down settings side by side
     python benchmarks/bench_evaluate.py --plant-fallback   # racktwin with and without the plant's fallback
+    python benchmarks/bench_evaluate.py --seeds 5 --setting host_reserve_per_supernode=0   # one setting vs the defaults
 
 Days: ``racktwin evaluate`` (the command itself, in a child process, ``--jobs`` workers) on
 examples/day-<name>.toml; prints the evaluation table, where the energy went, and the wall time of
@@ -32,6 +33,12 @@ has it (the plant's scheduler places a job the agent has not placed within ``ext
 to the output folder), and once with the plant's scheduler placing every job (``--control
 control_placement=false``: the agent plans everything else), side by side; how many jobs the plant
 placed and what the agent's schedule alone does.
+Setting over workloads (``--seeds N --setting KEY=VALUE`` [``--setting ...``]): the nominal day at N
+workloads, racktwin with the agent's defaults and with the settings (``racktwin evaluate --control``),
+side by side per workload (each run with the baseline and reactive); one row per workload: saving,
+loss, work against reactive and queue waits of each, and what the settings change, priced at the
+agent's own prices (``[prices]``: a card-hour of work 2.0, a kWh 0.15), so that a setting that wins on
+one day's draw shows as such.
 """
 
 from __future__ import annotations
@@ -306,6 +313,62 @@ def seed_table(day: str, n: int, out: Path, jobs: int | None) -> str:
     return spread_table(day, runs)
 
 
+def setting_table(day: str, n: int, settings: Sequence[str], out: Path) -> str:
+    """racktwin with the defaults and with ``settings`` on ``n`` workloads of the day, side by side per
+    workload (baseline and reactive in each run); one row per workload, then the medians."""
+    from agent.config import PricesConfig
+
+    prices = PricesConfig()
+    policies = ("baseline", "reactive", "racktwin")
+    flags = " ".join(f"`--control {kv}`" for kv in settings)
+    lines = [
+        f"### day-{day} at {n} workloads: racktwin with the defaults and with {flags}",
+        "",
+        "| workload | saving % defaults / setting | loss % defaults / setting | work vs reactive % defaults / "
+        "setting | wait mean s defaults / setting | wait p95 s defaults / setting | energy saved kWh | work lost "
+        "card-h | net at the agent's prices | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    net_all: list[float] = []
+    for i, seed in enumerate(workload_seeds(day, n)):
+        cmds = []
+        for tag, kvs in (("defaults", ()), ("setting", tuple(settings))):
+            cmd = day_command(day, out / f"setting-{seed}-{tag}", 1, seed=seed, policies=policies)
+            for kv in kvs:
+                cmd += ["--control", kv]
+            cmds.append(cmd)
+        wall = run_side_by_side(cmds)
+        got = [
+            json.loads((out / f"setting-{seed}-{tag}" / "metrics.json").read_text())["policies"]
+            for tag in ("defaults", "setting")
+        ]
+        m = [g["racktwin"]["metrics"] for g in got]
+        reactive = [g["reactive"]["metrics"]["throughput"] for g in got]
+        saved_kwh = m[0]["facility_energy_kwh"] - m[1]["facility_energy_kwh"]
+        # throughput is the run's mean of cards computing at top speed: x its hours = card-hours of work
+        lost_card_h = (m[0]["throughput"] - m[1]["throughput"]) * m[0]["duration_s"] / 3600.0
+        net = saved_kwh * prices.energy_per_kwh - lost_card_h * prices.card_hour_value
+        net_all.append(net)
+
+        def pair(key: str, fmt: str, ms: list[dict[str, Any]] = m) -> str:
+            return " / ".join(fmt.format(x[key]) for x in ms)
+
+        vs_r = " / ".join(f"{_rel_pct(x['throughput'], r):+.3f}" for x, r in zip(m, reactive, strict=True))
+        lines.append(
+            f"| seed {seed} | {pair('facility_energy_saving_pct', '{:.2f}')} | {pair('throughput_loss_pct', '{:.3f}')} "
+            f"| {vs_r} | {pair('queue_wait_mean_s', '{:.0f}')} | {pair('queue_wait_p95_s', '{:.0f}')} "
+            f"| {saved_kwh:+.1f} | {lost_card_h:+.2f} | {net:+.1f} | {wall:.0f} |"
+        )
+        print(f"  day-{day} seed {seed}: {wall:.0f} s ({i + 1}/{n})", file=sys.stderr, flush=True)
+    lines += [
+        "",
+        f"Net: the energy saved at {prices.energy_per_kwh:g} a kWh less the work lost at {prices.card_hour_value:g} "
+        f"a card-hour (positive: the setting pays at the agent's prices); median {float(np.median(net_all)):+.1f}, "
+        f"positive on {sum(x > 0 for x in net_all)} of {len(net_all)} workloads. Queue waits are not priced.",
+    ]
+    return "\n".join(lines)
+
+
 def spread_table(day: str, runs: list[dict[str, Any]]) -> str:
     """One row per run (metrics.json of all five policies), then the median / min / max of each column."""
     n = len(runs)
@@ -484,6 +547,12 @@ def main() -> int:
             "placing every job, side by side"
         ),
     )
+    ap.add_argument(
+        "--setting",
+        action="append",
+        metavar="KEY=VALUE",
+        help="with --seeds: racktwin with this [control] setting against its defaults on each workload (repeatable)",
+    )
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--out", default="/tmp/racktwin-bench-evaluate")
     args = ap.parse_args()
@@ -501,6 +570,16 @@ def main() -> int:
         return 0
     if args.seeds < 0:
         ap.error("--seeds must be >= 0")
+    if args.setting:
+        if not args.seeds:
+            ap.error("--setting needs --seeds N")
+        for kv in args.setting:
+            if "=" not in kv:
+                ap.error(f"--setting {kv!r}: expected KEY=VALUE")
+        for day in args.days:
+            print(setting_table(day, args.seeds, args.setting, out))
+            print()
+        return 0
     for day in args.days:
         if args.seeds:
             print(seed_table(day, args.seeds, out, args.jobs))
