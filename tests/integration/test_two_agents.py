@@ -7,78 +7,54 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sim_testing import write_capped_small_site
+from test_agent_service import LIMIT_W, SITE_ID, START, loaded_config, wait_for
+from test_agent_service import write_config as write_agent_config
 
 from agent import wire
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus, Incoming, MqttOptions
-from agent.config import LoadedConfig, load_config
 from agent.service import AgentService
 from sim.runner import SimOptions, Simulator
-from twin.scenario import run_scenario_from_dict
+from twin.scenario import RunScenario, run_scenario_from_dict
 from twin.spec import load_site
 
 pytestmark = pytest.mark.integration
 
-SITE_ID = "site1"
-START = 1_800_000_000.0
-LIMIT_W = 12_500.0
-PERIOD_S = 5.0
 SPEED = 20.0
 
 
 def write_config(folder: Path, *, ttl_s: float = 30.0) -> Path:
+    """An agent's configuration and its site (test_agent_service's, at :data:`SPEED`) in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     write_capped_small_site(folder, LIMIT_W)
-    control = {
-        "period_s": PERIOD_S,
-        "solve_deadline_s": 0.1,
-        "rack_margin_w": 250.0,
-        "telemetry_deadline_s": 2 * PERIOD_S,
-        "failsafe_hold_s": 20.0,
-        "command_ttl_s": ttl_s,
-        "time_scale": 1.0 / SPEED,
-        "idle_reserve_cards": 0,
-        "min_replan_interval_s": 1.0,
-        "setpoint_interval_s": 60.0,
-    }
-    lines = [
-        'site = "site.toml"',
-        f'site_id = "{SITE_ID}"',
-        'mode = "enforce"',
-        "[broker]",
-        'url = "mqtt://127.0.0.1:1"',  # replaced by the fixture's broker
-        "[control]",
-        *(f"{k} = {json.dumps(v)}" for k, v in control.items()),
-        "[journal]",
-        'path = "journal.sqlite"',
-        "[http]",
-        "port = 0",
-        "[log]",
-        'format = "text"',
+    return write_agent_config(folder, speed=SPEED, ttl_s=ttl_s)
+
+
+def two_jobs(site_path: Path, submit_b_s: float) -> RunScenario:
+    """Job a (16 cards) running from the start, job b (8 cards) submitted at ``submit_b_s``."""
+    jobs = [
+        {"id": "a", "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True},
+        {"id": "b", "n_cards": 8, "duration_s": 36000.0, "compute_share": 0.97, "submit_time_s": submit_b_s},
     ]
-    path = folder / "agent.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
-def loaded_config(path: Path, broker: EmbeddedBroker) -> LoadedConfig:
-    return load_config(path, env={"RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{broker.port}"})
-
-
-async def wait_for(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    return run_scenario_from_dict(
+        {
+            "name": "two-agents",
+            "duration_s": 400.0,
+            "seed": 7,
+            "workload": {"source": "none"},
+            "ambient": {"kind": "constant", "temp_c": 25.0},
+            "jobs": jobs,
+        },
+        source="two-agents",
+        site=load_site(site_path),
+    )
 
 
 def agent_on(host: str, cfg: Path, broker: EmbeddedBroker, mqtt: MqttOptions) -> AgentService:
@@ -160,22 +136,7 @@ async def test_a_standby_cut_off_from_the_broker_goes_on_standing_by(
     monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
     monkeypatch.setattr("agent.service.STATUS_EVERY_S", 0.5)
     cfg_a, cfg_b = write_config(tmp_path / "a"), write_config(tmp_path / "b")
-    jobs = [
-        {"id": "a", "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True},
-        {"id": "b", "n_cards": 8, "duration_s": 36000.0, "compute_share": 0.97, "submit_time_s": 150.0},
-    ]
-    scenario = run_scenario_from_dict(
-        {
-            "name": "two-agents",
-            "duration_s": 400.0,
-            "seed": 7,
-            "workload": {"source": "none"},
-            "ambient": {"kind": "constant", "temp_c": 25.0},
-            "jobs": jobs,
-        },
-        source="two-agents",
-        site=load_site(tmp_path / "a" / "site.toml"),
-    )
+    scenario = two_jobs(tmp_path / "a" / "site.toml", submit_b_s=150.0)
     link = CuttableLink(mosquitto.port)
     await link.up()
     shared = {"client_id": "racktwin-agent", "clean_session": False}
@@ -239,22 +200,7 @@ async def test_an_agent_that_took_over_from_a_silent_one_is_not_held_back_by_its
     monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
     monkeypatch.setattr("agent.service.STATUS_EVERY_S", 0.5)
     cfg_a, cfg_b = write_config(tmp_path / "a", ttl_s=300.0), write_config(tmp_path / "b", ttl_s=300.0)
-    jobs = [
-        {"id": "a", "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True},
-        {"id": "b", "n_cards": 8, "duration_s": 36000.0, "compute_share": 0.97, "submit_time_s": 20.0},
-    ]
-    scenario = run_scenario_from_dict(
-        {
-            "name": "two-agents",
-            "duration_s": 400.0,
-            "seed": 7,
-            "workload": {"source": "none"},
-            "ambient": {"kind": "constant", "temp_c": 25.0},
-            "jobs": jobs,
-        },
-        source="two-agents",
-        site=load_site(tmp_path / "a" / "site.toml"),
-    )
+    scenario = two_jobs(tmp_path / "a" / "site.toml", submit_b_s=20.0)
     link = CuttableLink(mosquitto.port)
     await link.up()
     a_options = dataclasses.replace(
