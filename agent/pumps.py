@@ -181,26 +181,16 @@ def choose_pump_speeds(
     mcp_full = rack_flow_full / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
     fac_nominal = facility_pump_power_w(site)
     cost = np.full((options.size, n_r), np.inf)
-    # what does not depend on the speed, once (r_at_speed, offset_at_speed and predict, per rack
-    # where every card of a rack has the same flow)
-    rack = site.card_rack()
-    r_dc = site.card.r_die_to_case_k_per_w
-    q_full = _rack_flow_per_card_lpm(site, rack_flow_full)
-    total_full = (r_dc + _spec_r_plate(site, q_full))[rack]
-    q_now = q_full * np.clip(np.asarray(rack_speed_now_frac, dtype=np.float64), 0.05, 1.0)
-    plate_now = _spec_r_plate(site, q_now)
-    total_now = r_dc + plate_now
-    die_off = np.asarray(die_offset_k, dtype=np.float64)
+    # what does not depend on the speed, once (predict's levels and utilizations; the resistances
+    # below are per rack, where every card of a rack has the same flow)
     lv = np.clip(np.asarray(level, dtype=np.int64), 0, power_model(site).n_levels - 1)
     lp = np.asarray(low_power, dtype=bool) & ~load.busy
     u_worst = card_utilization(site, load, lv, worst_case=True)
     u_expected = card_utilization(site, load, lv, worst_case=False)
     for i, s in enumerate(options):
         speed = np.full(n_r, float(s))
-        plate_q = _spec_r_plate(site, q_full * speed)
-        total_q = r_dc + plate_q
-        r = np.asarray(r_full_k_per_w * total_q[rack] / total_full, dtype=np.float64)
-        off = die_off * np.maximum(plate_q / plate_now, total_q / total_now)[rack]
+        r = r_at_speed(site, r_full_k_per_w, rack_flow_full, speed)
+        off = offset_at_speed(site, die_offset_k, rack_flow_full, rack_speed_now_frac, speed)
         worst = predict_at(site, load, lv, lp, u_worst, power_limit_w, inlet_c, r, off, rack_extra_w)
         expected = predict_at(site, load, lv, lp, u_expected, power_limit_w, inlet_c, r, off, rack_extra_w)
         rise_k = worst.rack_power_w / np.maximum(mcp_full * s, 1e-9)
