@@ -286,13 +286,8 @@ class TwinState:
         """All card batches of one :class:`Readings` at once (concatenated: one pass of array ops)."""
         n = self._n
         sizes = [len(b.card_index) for _, _, b in batches]
-        # batches of one-dimensional arrays (the plant's, the agent's): concatenated and cast in one
-        # call each (np.concatenate's unsafe cast is np.asarray's, part by part)
-        flat = all(_flat(b) for _, _, b in batches)
 
         def cat(name: str, dtype: Any) -> Any:
-            if flat:
-                return np.concatenate([getattr(b, name) for _, _, b in batches], dtype=dtype, casting="unsafe")
             return np.concatenate([np.asarray(getattr(b, name), dtype=dtype).reshape(-1) for _, _, b in batches])
 
         idx = cat("card_index", np.int64)
@@ -670,29 +665,6 @@ def _nan_to_num(x: FloatArray) -> FloatArray:
     np.minimum(out, _FLOAT_MAX, out=out)
     np.maximum(out, -_FLOAT_MAX, out=out)
     return out
-
-
-_FLAT_FIELDS = (
-    "card_index",
-    "power_w",
-    "die_temp_c",
-    "clock_mhz",
-    "utilization",
-    "level",
-    "low_power",
-    "waking",
-    "power_limit_w",
-    "failed",
-)
-
-
-def _flat(b: CardBatch) -> bool:
-    """Every array of the batch (``host_off`` too, unless None) is a one-dimensional ndarray."""
-    for name in _FLAT_FIELDS:
-        a = getattr(b, name)
-        if not (isinstance(a, np.ndarray) and a.ndim == 1):
-            return False
-    return b.host_off is None or (isinstance(b.host_off, np.ndarray) and b.host_off.ndim == 1)
 
 
 def _or_zeros(a: Any, n: int) -> Any:

@@ -389,7 +389,7 @@ def test_a_site_frozen_as_a_whole_is_stuck_once_its_pdus_see_its_cards_load_move
 
 
 def _as_lists(readings: Readings) -> Readings:
-    """The same readings with every card array a list (the general, not the one-dimensional-array path)."""
+    """The same readings with every card array a list (decoded payloads may carry lists; the plant sends arrays)."""
     racks = []
     for rr in readings.racks:
         b = rr.cards
