@@ -183,6 +183,15 @@ class ControlConfig:
     # resumes computing or (with control_placement) is submitted.
     replan_on_job_events: bool = True
     min_replan_interval_s: float = field(default=2.0, metadata=rng(0.0, 3600.0))
+    # Opt-in (0 = off): how long a job that resumes computing runs at the level it was given while
+    # it did not compute (s; the resume shows at the next reading, the new level takes effect after
+    # the card's DVFS latency: 1 s in the simulator). A job out of compute for t s is then valued at
+    # resume_lag_s / t of a computing job, so it keeps its clock until the power a slower level would
+    # save outweighs the work that level costs at the resume (a ski-rental rule, as for hosts). Off,
+    # a job that stops computing gets its slowest level (meeting its SLO) at once. Measured on the
+    # nominal day at 1 s: 0.13 points less saving for 0.007% more work, a loss at the default prices
+    # (benchmarks/results-evaluation.md, "Holding the clock through pauses").
+    resume_lag_s: float = field(default=0.0, metadata=rng(0.0, 3600.0))
 
     def host_idle_off_s(self, site: SiteSpec) -> float:
         """How long a host stays idle before it goes off: ``host_off_after_s``, else the site's

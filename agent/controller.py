@@ -102,9 +102,26 @@ BoolArray = npt.NDArray[np.bool_]
 
 __all__ = ["Controller", "prices_from_config"]
 
-#: Priority handed to the models for a pinned job (one that does no clock-sensitive work now):
-#: its value is nil, so the MILP gives it its cheapest level while budgeting its computing power.
+#: Priority handed to the models for a job on a blind rack, and the least for a pinned job (one that
+#: does no clock-sensitive work now): its value is nil, so the MILP gives it its cheapest level while
+#: budgeting its computing power.
 _PINNED_PRIORITY = 1e-9
+
+
+def pinned_value_frac(resume_lag_s: float, pinned_for_s: float) -> float:
+    """The share of a computing job's value a job out of compute for ``pinned_for_s`` keeps.
+
+    A job that resumes computing runs ``resume_lag_s`` at the level it was given meanwhile: that level
+    costs its throughput loss over the lag, once per resume. Expecting the job to stay out of compute
+    about as long again as it has been (the phases are heavy-tailed: checkpoints, stalls, start-up),
+    that cost spread over the time the slow level saves power is the job's value per second times
+    ``resume_lag_s / pinned_for_s``. With that value the MILP keeps the job's clock until the power
+    the slow level saves has paid for the resume's loss, then slows it: the ski-rental rule, whose
+    cost is at most twice that of the best choice in hindsight (the hosts' break-even rule too).
+    ``resume_lag_s = 0`` values a pinned job at nothing from its first second."""
+    if resume_lag_s <= 0.0:
+        return 0.0
+    return min(1.0, resume_lag_s / max(pinned_for_s, resume_lag_s))
 #: A rack limit that never binds (racks the models cannot satisfy are left to the guard).
 _UNBOUNDED_W = 1e12
 #: Calibration is used once the estimator's resistance ratio is this certain (standard deviation).
@@ -514,8 +531,10 @@ class Controller:
     def propose_incremental(self, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """The last decision adjusted to job events, without a solve (a few ms; for decisions taken
         at once when a job starts, ends or changes phase): every job that computes gets the level
-        it had the last time it computed (a new job: the top level), every pinned job its slowest
-        level (meeting its SLO), idle cards keep their state and freed cards sleep, queued jobs are
+        it had the last time it computed (a new job: the top level), and so does a job that stopped
+        computing since the last plan (``resume_lag_s``: it keeps its clock for now); a job pinned
+        at the last plan keeps that plan's level (with ``resume_lag_s = 0`` every pinned job gets its
+        slowest level meeting its SLO); idle cards keep their state and freed cards sleep, queued jobs are
         placed greedily; the set-point stays. The guard then slows the jobs of least value per
         watt where a cap needs it. The next periodic decision re-optimizes everything."""
         prev = self._last
@@ -539,11 +558,15 @@ class Controller:
                 load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         level = np.full(site.n_cards, slowest, dtype=np.int64)
         clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
+        since = {info.job_id: info.last_event_s for info in snap.jobs}
         for j in load.jobs:
             if bool(blind_card[j.cards].any()):
                 continue
-            if j.computing:
+            if j.computing or (cfg.resume_lag_s > 0.0 and since.get(j.job_id, ctx.now_s) > prev.time_s):
+                # computing, or stopped since the last plan (valued as computing: see pinned_value_frac)
                 level[j.cards] = self._computing_level.get(j.job_id, 0)
+            elif cfg.resume_lag_s > 0.0 and prev.card_busy[j.cards].all():
+                level[j.cards] = prev.card_level[j.cards]  # pinned at the last plan: its level there
             else:
                 rel = relative_throughput(j.spec.compute_share, clocks / clocks[0])
                 meets = np.flatnonzero(rel >= j.spec.min_throughput_frac - 1e-12)
@@ -594,12 +617,14 @@ class Controller:
         blind_card = ctx.blind_card_mask(self._card_rack)
         jobs: list[JobSpec] = []
         cards: list[IntArray] = []
+        since = {info.job_id: info.last_event_s for info in snap.jobs}
         for j in load.jobs:
             spec = j.spec
             if bool(blind_card[j.cards].any()):  # safety first: the slowest level, SLO or not
                 spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY, min_throughput_frac=0.0)
-            elif not j.computing:  # the slowest level that still meets its SLO when it resumes
-                spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY)
+            elif not j.computing:  # valued for the work its level costs at the resume (SLO kept)
+                frac = pinned_value_frac(cfg.resume_lag_s, ctx.now_s - since.get(j.job_id, ctx.now_s))
+                spec = dataclasses.replace(spec, priority=max(spec.priority * frac, _PINNED_PRIORITY))
             jobs.append(spec)
             cards.append(j.cards)
         # idle cards the agent cannot see are out of the models' hands (never woken on stale data), and

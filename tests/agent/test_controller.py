@@ -18,7 +18,7 @@ from agent_helpers import SITE_FILE, belief, example_site, full_load_jobs, job, 
 from solver_testing import LatePlanner
 
 from agent.config import ControlConfig
-from agent.controller import Controller
+from agent.controller import Controller, pinned_value_frac
 from agent.decision import Decision
 from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
@@ -83,25 +83,71 @@ def test_idle_cards_beyond_the_reserve_sleep_and_the_awake_ones_do_not_flap() ->
     assert len(set(awake_sets[1:])) == 1  # the same 16 cards stay awake
 
 
-def test_jobs_that_do_not_compute_run_at_the_slowest_level_and_speed_up_when_they_resume() -> None:
+@dataclasses.dataclass
+class CheckpointRun:
+    plant: Plant
+    seen: list[tuple[float, Phase, int]]  # (s out of compute or since the resume, phase, level) per job per decision
+    computed_at: list[int]  # the level in force on each job's first card in every second the job computed
+
+
+def checkpoint_run(jobs: list[JobSpec], cfg: ControlConfig, seconds: float) -> CheckpointRun:
+    """The jobs in closed loop on the example site for ``seconds``."""
     site = example_site()
-    jobs = [job(f"c{i}", 64, checkpoint_interval_s=60.0, checkpoint_duration_s=45.0) for i in range(4)]
-    plant = Plant(site, jobs, config=PlantConfig(seed=5))
-    seen: list[tuple[Phase, int]] = []
+    run = CheckpointRun(Plant(site, jobs, config=PlantConfig(seed=5)), [], [])
     loop: ClosedLoop
 
     def note(d: Decision, r: ApplyReport) -> None:
-        snap = loop.state.snapshot()
-        for info in snap.jobs:
-            seen.append((info.phase, d.job_levels[info.job_id]))
+        for info in loop.state.snapshot().jobs:
+            run.seen.append((d.time_s - info.last_event_s, info.phase, d.job_levels[info.job_id]))
 
-    loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15.0)), on_decision=note)
-    loop.run(400)
-    checkpoint_levels = {lv for ph, lv in seen if ph == Phase.CHECKPOINT}
-    compute_levels = [lv for ph, lv in seen if ph == Phase.COMPUTE]
+    def record(p: Plant) -> None:  # the level in force over the step just taken, where the job computed
+        truth = p.truth()
+        for rec in p.job_records():
+            if rec.state == "running" and rec.phase == Phase.COMPUTE and rec.cards:
+                run.computed_at.append(int(truth.effective_level[rec.cards[0]]))
+
+    loop = ClosedLoop(run.plant, Controller(site, cfg), on_decision=note, on_step=record)
+    loop.run(seconds)
+    return run
+
+
+def test_jobs_that_do_not_compute_run_at_the_slowest_level_and_speed_up_when_they_resume() -> None:
+    jobs = [job(f"c{i}", 64, checkpoint_interval_s=60.0, checkpoint_duration_s=45.0) for i in range(4)]
+    run = checkpoint_run(jobs, ControlConfig(period_s=15.0), 400)
+    plant, seen = run.plant, run.seen
+    checkpoint_levels = {lv for _, ph, lv in seen if ph == Phase.CHECKPOINT}
+    compute_levels = [lv for _, ph, lv in seen if ph == Phase.COMPUTE]
     assert checkpoint_levels == {SLOWEST}
     assert compute_levels and max(compute_levels) <= 1  # as fast as the full racks' caps allow
     assert plant.accounting().rack_over_limit_s == 0.0
+
+
+def test_with_a_resume_lag_a_short_pause_keeps_the_clock_and_the_resume_runs_faster() -> None:
+    """``resume_lag_s``: a job that resumes computing runs its first second at the level it was given
+    while it paused. Without the option that is the slowest level; with it, a job that just paused
+    keeps its computing level, so the resume second runs faster."""
+    jobs = [job("c", 64, checkpoint_interval_s=60.0, checkpoint_duration_s=45.0)]
+    kept = checkpoint_run(jobs, ControlConfig(period_s=15.0, resume_lag_s=1.0), 400)
+    slowed = checkpoint_run(jobs, ControlConfig(period_s=15.0), 400)
+    computing = {lv for t, ph, lv in kept.seen if ph == Phase.COMPUTE and t > 0}
+    assert computing and all(lv in computing for t, ph, lv in kept.seen if ph == Phase.CHECKPOINT and t < 15.0)
+    assert max(kept.computed_at) < SLOWEST == max(slowed.computed_at)
+
+
+def test_with_a_resume_lag_a_long_pause_slows_step_by_step_as_it_lasts() -> None:
+    """Ski rental (``resume_lag_s``): a 600 s checkpoint starts at the job's computing level, slows as
+    it lasts (its value falls as resume_lag_s / time out of compute) and reaches the slowest level
+    after tens of seconds, not at once; the job computes at its computing level again after it."""
+    jobs = [job("c", 64, checkpoint_interval_s=120.0, checkpoint_duration_s=600.0)]
+    seen = checkpoint_run(jobs, ControlConfig(period_s=15.0, resume_lag_s=1.0), 1000).seen
+    computing = {lv for t, ph, lv in seen if ph == Phase.COMPUTE and t > 0}
+    pause = [(t, lv) for t, ph, lv in seen if ph == Phase.CHECKPOINT]
+    pause = pause[: next((i for i in range(1, len(pause)) if pause[i][0] < pause[i - 1][0]), len(pause))]  # the first
+    assert len(computing) == 1 and pause and pause[0][0] < 15.0 and pause[0][1] in computing
+    assert [lv for _, lv in pause] == sorted(lv for _, lv in pause)  # never faster as the pause lasts
+    turn = min(t for t, lv in pause if lv == SLOWEST)
+    assert 20.0 < turn < 400.0
+    assert all(lv == SLOWEST for t, lv in pause if t >= turn)
 
 
 @pytest.mark.parametrize("seed", [1])
@@ -542,3 +588,10 @@ def test_a_job_no_level_keeps_under_the_die_limit_slows_alone() -> None:
         assert max(d.job_levels[j] for j in ("b", "c", "d")) <= 1
         assert any(e.startswith("relaxed: job(s) hot at their least power") for e in d.explanation)
     assert plant.accounting().rack_over_limit_s == 0.0
+
+
+def test_a_pinned_job_keeps_its_full_value_for_the_resume_lag_then_lag_over_time_out_of_compute() -> None:
+    assert pinned_value_frac(0.0, 0.0) == 0.0 and pinned_value_frac(0.0, 100.0) == 0.0  # off: nil at once
+    assert pinned_value_frac(1.0, 0.0) == 1.0 and pinned_value_frac(1.0, 0.5) == 1.0
+    assert pinned_value_frac(1.0, 10.0) == pytest.approx(0.1)
+    assert pinned_value_frac(2.0, 400.0) == pytest.approx(0.005)
