@@ -189,8 +189,9 @@ class ControlConfig:
     # resume_lag_s / t of a computing job, so it keeps its clock until the power a slower level would
     # save outweighs the work that level costs at the resume (a ski-rental rule, as for hosts). Off,
     # a job that stops computing gets its slowest level (meeting its SLO) at once. Measured on the
-    # nominal day at 1 s: 0.13 points less saving for 0.007% more work, a loss at the default prices
-    # (benchmarks/results-evaluation.md, "Holding the clock through pauses").
+    # nominal day: at 1 s 0.13 points less saving for 0.007% more work (a loss at the default prices),
+    # at 10 s 0.34 points less for 0.026% more (about even); benchmarks/results-evaluation.md,
+    # "Holding the clock through pauses".
     resume_lag_s: float = field(default=0.0, metadata=rng(0.0, 3600.0))
 
     def host_idle_off_s(self, site: SiteSpec) -> float:

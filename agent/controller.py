@@ -34,7 +34,8 @@ What a step does:
    they are handed to the MILP as computing jobs of no value, so they get their cheapest (slowest)
    level (for a job with an SLO, the slowest that meets it, so that it meets it the moment it
    resumes; a blind rack's jobs get the slowest), and their power is budgeted as if they
-   resumed computing at any moment. Idle cards beyond
+   resumed computing at any moment (with the opt-in ``resume_lag_s`` a pinned job keeps part of
+   its value, :func:`pinned_value_frac`, so it slows only once that pays). Idle cards beyond
    ``idle_reserve_cards`` per supernode go to low-power idle (the awake ones stay the same cards
    from step to step). The set-point is re-optimized every ``setpoint_interval_s`` among the options
    within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
