@@ -139,7 +139,7 @@ def test_with_a_resume_lag_a_long_pause_slows_step_by_step_as_it_lasts() -> None
     it lasts (its value falls as resume_lag_s / time out of compute) and reaches the slowest level
     after tens of seconds, not at once; the job computes at its computing level again after it."""
     jobs = [job("c", 64, checkpoint_interval_s=120.0, checkpoint_duration_s=600.0)]
-    seen = checkpoint_run(jobs, ControlConfig(period_s=15.0, resume_lag_s=1.0), 1000).seen
+    seen = checkpoint_run(jobs, ControlConfig(period_s=15.0, resume_lag_s=1.0), 500).seen
     computing = {lv for t, ph, lv in seen if ph == Phase.COMPUTE and t > 0}
     pause = [(t, lv) for t, ph, lv in seen if ph == Phase.CHECKPOINT]
     pause = pause[: next((i for i in range(1, len(pause)) if pause[i][0] < pause[i - 1][0]), len(pause))]  # the first
