@@ -101,28 +101,13 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["Controller", "prices_from_config"]
+__all__ = ["Controller", "pinned_value_frac", "prices_from_config"]
 
 #: Priority handed to the models for a job on a blind rack, and the least for a pinned job (one that
 #: does no clock-sensitive work now): its value is nil, so the MILP gives it its cheapest level while
 #: budgeting its computing power.
 _PINNED_PRIORITY = 1e-9
 
-
-def pinned_value_frac(resume_lag_s: float, pinned_for_s: float) -> float:
-    """The share of a computing job's value a job out of compute for ``pinned_for_s`` keeps.
-
-    A job that resumes computing runs ``resume_lag_s`` at the level it was given meanwhile: that level
-    costs its throughput loss over the lag, once per resume. Expecting the job to stay out of compute
-    about as long again as it has been (the phases are heavy-tailed: checkpoints, stalls, start-up),
-    that cost spread over the time the slow level saves power is the job's value per second times
-    ``resume_lag_s / pinned_for_s``. With that value the MILP keeps the job's clock until the power
-    the slow level saves has paid for the resume's loss, then slows it: the ski-rental rule, whose
-    cost is at most twice that of the best choice in hindsight (the hosts' break-even rule too).
-    ``resume_lag_s = 0`` values a pinned job at nothing from its first second."""
-    if resume_lag_s <= 0.0:
-        return 0.0
-    return min(1.0, resume_lag_s / max(pinned_for_s, resume_lag_s))
 #: A rack limit that never binds (racks the models cannot satisfy are left to the guard).
 _UNBOUNDED_W = 1e12
 #: Calibration is used once the estimator's resistance ratio is this certain (standard deviation).
@@ -157,6 +142,25 @@ def prices_from_config(loaded: LoadedConfig) -> Prices:
         energy_price_per_kwh=p.energy_per_kwh,
         pue_penalty_per_kwh=p.pue_penalty_per_kwh,
     )
+
+
+def pinned_value_frac(resume_lag_s: float, pinned_for_s: float) -> float:
+    """The share of a computing job's value a job out of compute for ``pinned_for_s`` keeps.
+
+    A job that resumes computing runs ``resume_lag_s`` at the level it was given meanwhile: that level
+    costs its throughput loss over the lag, once per resume. Expecting the job to stay out of compute
+    about as long again as it has been (the phases are heavy-tailed: checkpoints, stalls, start-up),
+    that cost spread over the time the slow level saves power is the job's value per second times
+    ``resume_lag_s / pinned_for_s``. With that value the MILP keeps the job's clock until the power
+    the slow level saves has paid for the resume's loss, then slows it: the ski-rental rule, whose
+    cost is at most twice that of the best choice in hindsight (the hosts' break-even rule too).
+    The models weigh that value against the job's *computing* power at each level (a paused job is
+    budgeted as if it resumed), which overstates what a slower level saves in a pause, so the job
+    slows sooner than this break-even (docs/agent.md, ``control.resume_lag_s``).
+    ``resume_lag_s = 0`` values a pinned job at nothing from its first second."""
+    if resume_lag_s <= 0.0:
+        return 0.0
+    return min(1.0, resume_lag_s / max(pinned_for_s, resume_lag_s))
 
 
 class Controller:
