@@ -22,5 +22,5 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"
 .venv/bin/mypy
-echo "== pytest"
-.venv/bin/python -m pytest "$@"
+echo "== pytest (the 15 slowest tests listed at the end: the suite should stay under about 10 minutes)"
+.venv/bin/python -m pytest --durations=15 "$@"
