@@ -190,7 +190,8 @@ class ControlConfig:
     # save outweighs the work that level costs at the resume (a ski-rental rule, as for hosts). Off,
     # a job that stops computing gets its slowest level (meeting its SLO) at once. Measured on the
     # nominal day: at 1 s 0.13 points less saving for 0.007% more work (a loss at the default prices),
-    # at 10 s 0.34 points less for 0.026% more (about even); benchmarks/results-evaluation.md,
+    # at 10 s 0.34 points less for 0.026% more; side by side over three workloads a loss of 2.3-4.0 a
+    # day at the default prices; benchmarks/results-evaluation.md,
     # "Holding the clock through pauses".
     resume_lag_s: float = field(default=0.0, metadata=rng(0.0, 3600.0))
 
