@@ -137,7 +137,7 @@ def test_with_a_resume_lag_a_short_pause_keeps_the_clock_and_the_resume_runs_fas
 def test_with_a_resume_lag_a_long_pause_slows_step_by_step_as_it_lasts() -> None:
     """Ski rental (``resume_lag_s``): a 600 s checkpoint starts at the job's computing level, slows as
     it lasts (its value falls as resume_lag_s / time out of compute) and reaches the slowest level
-    after tens of seconds, not at once; the job computes at its computing level again after it."""
+    after tens of seconds, not at once, then stays there."""
     jobs = [job("c", 64, checkpoint_interval_s=120.0, checkpoint_duration_s=600.0)]
     seen = checkpoint_run(jobs, ControlConfig(period_s=15.0, resume_lag_s=1.0), 500).seen
     computing = {lv for t, ph, lv in seen if ph == Phase.COMPUTE and t > 0}
