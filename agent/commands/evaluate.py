@@ -145,20 +145,28 @@ def run(args: argparse.Namespace, command: str) -> int:
     path = Path(args.scenario)
     if not path.is_file():
         raise _fail(f"{path}: scenario file not found")
+    period_s = (control or ControlConfig()).period_s
+
+    def too_short(duration_s: float) -> UserError:
+        return _fail(
+            f"{path}: the run ({duration_s:g} s) is shorter than one control period ({period_s:g} s): "
+            "no policy would act and nothing would be judged"
+        )
+
+    # what the arguments alone decide is refused before the scenario loads (a generated day takes seconds)
+    if args.duration is not None and args.duration < period_s:
+        raise too_short(args.duration)
     try:
+        check_control(control or ControlConfig(), None, "--control", prefix="")  # deadlines within the period
         scenario = load_run_scenario(path, seed=args.seed, duration_s=args.duration)
-        # the agent's cross-field rules (deadlines within the period, margins within the site's limits)
+        # and the margins within the site's limits
         check_control(control or ControlConfig(), scenario.site, "--control", prefix="")
     except SpecError as exc:
         raise _fail(str(exc)) from None
     for warning in scenario.warnings:
         print(f"racktwin {command}: warning: {warning}", file=sys.stderr, flush=True)
-    period_s = (control or ControlConfig()).period_s
     if scenario.duration_s < period_s:
-        raise _fail(
-            f"{path}: the run ({scenario.duration_s:g} s) is shorter than one control period ({period_s:g} s): "
-            "no policy would act and nothing would be judged"
-        )
+        raise too_short(scenario.duration_s)
     if scenario.targets is not None:
         try:
             validate_targets(scenario.targets, POLICY_NAMES)
