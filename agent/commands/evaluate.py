@@ -145,7 +145,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     path = Path(args.scenario)
     if not path.is_file():
         raise _fail(f"{path}: scenario file not found")
-    period_s = (control or ControlConfig()).period_s
+    control_in_force = control or ControlConfig()
+    period_s = control_in_force.period_s
 
     def too_short(duration_s: float) -> UserError:
         return _fail(
@@ -157,10 +158,10 @@ def run(args: argparse.Namespace, command: str) -> int:
     if args.duration is not None and args.duration < period_s:
         raise too_short(args.duration)
     try:
-        check_control(control or ControlConfig(), None, "--control", prefix="")  # deadlines within the period
+        check_control(control_in_force, None, "--control", prefix="")  # deadlines within the period
         scenario = load_run_scenario(path, seed=args.seed, duration_s=args.duration)
         # and the margins within the site's limits
-        check_control(control or ControlConfig(), scenario.site, "--control", prefix="")
+        check_control(control_in_force, scenario.site, "--control", prefix="")
     except SpecError as exc:
         raise _fail(str(exc)) from None
     for warning in scenario.warnings:
