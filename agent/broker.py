@@ -37,7 +37,15 @@ from typing import Any, Literal
 
 from agent.bus import MqttOptions
 
-__all__ = ["BrokerTls", "BrokerUnavailable", "EmbeddedBroker", "find_mosquitto", "free_port", "mqtt_answers"]
+__all__ = [
+    "BrokerTls",
+    "BrokerUnavailable",
+    "EmbeddedBroker",
+    "find_mosquitto",
+    "free_port",
+    "free_ports",
+    "mqtt_answers",
+]
 
 log = logging.getLogger("racktwin.broker")
 
@@ -74,9 +82,20 @@ def amqtt_available() -> bool:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` different TCP ports that are free on ``host`` right now. The sockets are held until all
+    are picked: two calls of :func:`free_port` in a row may return the same port."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 _PROBE_CONNECT = bytes(

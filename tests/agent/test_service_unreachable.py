@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 from http_testing import http_get
 
+from agent.broker import free_port
 from agent.bus import MqttOptions
 from agent.config import load_config
 from agent.service import AgentService, _report_late_solve
@@ -21,12 +21,6 @@ from agent.service import AgentService, _report_late_solve
 pytestmark = pytest.mark.agent
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_unreachable_broker_keeps_retrying_and_readiness_says_why(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ from test_agent_service import (
 )
 
 from agent import wire
-from agent.broker import EmbeddedBroker
+from agent.broker import EmbeddedBroker, free_port
 from agent.journal import Journal, JournalError, JournalInUseError
 from agent.load import spec_r_total_k_per_w
 from agent.publish import OpenCommand
@@ -54,12 +54,6 @@ from twin.spec import SiteSpec, load_site
 pytestmark = pytest.mark.integration
 
 SPEED = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def edit(cfg: Path, old: str, new: str) -> None:

@@ -15,7 +15,7 @@ from mqtt_helpers import WAIT_S, delivered, next_messages
 from mqtt_testing import SHIPPED_ACL, SHIPPED_CONF, SecuredBroker, TlsFiles, write_password_file
 
 from agent import wire
-from agent.broker import free_port, mqtt_answers
+from agent.broker import free_ports, mqtt_answers
 from agent.bus import Bus, BusConnectError, MqttOptions, check_connection
 from agent.wire import Codec
 
@@ -186,19 +186,26 @@ def shipped_broker(
     (tmp_path / "server.key").write_bytes(Path(tls_files.key_file).read_bytes())
     (tmp_path / "acl").write_bytes(SHIPPED_ACL.read_bytes())
     write_password_file(tmp_path / "passwd", {"agent": "agent-pw", "r0": "r0-pw"}, mosquitto_passwd_path)
-    plain, tls = free_port(), free_port()
     conf = tmp_path / "mosquitto.conf"
     log_file = tmp_path / "mosquitto.log"
-    conf.write_text(_rewrite_shipped_conf(tmp_path, plain, tls, log_file), encoding="utf-8")
-    proc = subprocess.Popen([mosquitto_path, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    for attempt in range(3):  # a picked free port can be taken by another process meanwhile: pick again
+        plain, tls = free_ports(2)
+        conf.write_text(_rewrite_shipped_conf(tmp_path, plain, tls, log_file), encoding="utf-8")
+        proc = subprocess.Popen([mosquitto_path, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + WAIT_S
         while not (mqtt_answers("127.0.0.1", plain) and mqtt_answers("127.0.0.1", tls, tls=True)):
             if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.poll() is not None and proc.stderr else ""
-                log = log_file.read_text() if log_file.exists() else ""
-                pytest.fail(f"the shipped mosquitto.conf did not start: {err} {log}", pytrace=False)
+                break
             time.sleep(0.02)
+        else:
+            break  # both listeners answer
+        err = proc.stderr.read().decode() if proc.poll() is not None and proc.stderr else ""
+        proc.kill()
+        proc.wait(10)
+        if "Address already in use" not in err or attempt == 2:
+            log = log_file.read_text() if log_file.exists() else ""
+            pytest.fail(f"the shipped mosquitto.conf did not start: {err} {log}", pytrace=False)
+    try:
         yield plain, tls
     finally:
         proc.terminate()

@@ -3,12 +3,14 @@ and the error when no broker is available."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from mqtt_helpers import WAIT_S, next_messages
 from mqtt_testing import sample_messages
 
 from agent import broker as broker_mod
-from agent.broker import BrokerTls, BrokerUnavailable, EmbeddedBroker, mqtt_answers
+from agent.broker import BrokerTls, BrokerUnavailable, EmbeddedBroker, free_ports, mqtt_answers
 from agent.bus import Bus, check_connection
 from agent.wire import Codec
 
@@ -34,6 +36,22 @@ def test_mosquitto_starts_on_a_free_loopback_port_and_stops(mosquitto_path: str)
         port = b.port
     assert not b.running
     assert not mqtt_answers("127.0.0.1", port)
+
+
+def test_free_ports_are_different_and_free() -> None:
+    """Ports for two listeners of one broker are picked together: never the same port twice (two
+    free_port() calls in a row once gave the shipped mosquitto.conf's plain and TLS listeners one port)."""
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    held = []
+    try:
+        for port in ports:  # each can be bound now
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", port))
+    finally:
+        for s in held:
+            s.close()
 
 
 async def test_mosquitto_as_an_async_context_manager(mosquitto_path: str, codec: Codec) -> None:
