@@ -918,6 +918,11 @@ class AgentService:
                 next_t += cfg.period_s
                 if next_t <= now:  # fell behind by more than a period: decide again one period from now
                     next_t = now + cfg.period_s
+            # A cycle need not suspend (a greedy plan while a late solve runs on, journal writes waiting
+            # for a lock) and the clock may already be past the next period: give the loop a turn, or
+            # cycles that overrun their period follow each other for ever with nothing else running (the
+            # late solve's end, telemetry, acks, HTTP, the stop).
+            await asyncio.sleep(0)
 
     async def _await_first_round(self, start_s: float) -> float:
         """Hold the first decision until every rack has reported once (cards, loop and PDU) or one

@@ -19,6 +19,7 @@ import socket
 import sqlite3
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -490,3 +491,68 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
                 await asyncio.wait_for(sim_task, 10)
         service.stop()
         await asyncio.wait_for(task, 15)
+
+
+async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_event_loop_running(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A solve slower than its deadline (the greedy plan is used and the solve finishes in its
+    thread) while every cycle overruns the period (each journal write waits 0.5 s for a lock another
+    process holds; a period is 0.25 s at 20x): the control task ran cycle after cycle without ever
+    giving the event loop a turn, so the late solve's completion was never taken in ("previous solve
+    still running" for ever), telemetry was not read (the site went to fail-safe) and nothing else
+    ran until the lock went away (seen in a loaded test run: an agent stuck for 17 minutes, its lock
+    held by the test the loop could not run). Now the loop gets a turn after every cycle: a probe task
+    keeps ticking while the lock is held."""
+    site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-f5")
+    real_propose = service.controller.propose
+    slow_solves: list[float] = []
+
+    def late_propose(*args: Any, **kwargs: Any) -> Any:  # the solve, made late (real HiGHS after the wait)
+        if kwargs.get("use_solver", True):
+            slow_solves.append(time.monotonic())
+            time.sleep(1.0)
+        return real_propose(*args, **kwargs)
+
+    service.controller.propose = late_propose  # type: ignore[method-assign]
+    sim = simulator(mosquitto, site, 2000.0)
+    ticks: list[float] = []
+
+    async def probe() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    probe_task = asyncio.create_task(probe())
+    holder = sqlite3.connect(journal, isolation_level=None, timeout=0.0, check_same_thread=False)
+    released: list[float] = []
+
+    def let_go() -> None:
+        holder.execute("ROLLBACK")
+        released.append(time.monotonic())
+
+    # the lock is let go from a thread: a starved event loop could not run the test to let it go
+    release = threading.Timer(8.0, let_go)
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        sim_task = asyncio.create_task(sim.run())
+        await wait_for(lambda: service.decisions >= 2, what="two decisions")
+        holder.execute("BEGIN IMMEDIATE")  # the write lock, as a shell in a transaction holds it
+        locked_at = time.monotonic()
+        release.start()
+        await wait_for(lambda: bool(released), 30.0, "the lock let go")
+        await asyncio.sleep(1.0)
+    finally:
+        release.cancel()
+        probe_task.cancel()
+        await stop_both(service, task, sim_task)
+        holder.close()
+    [released_at] = released
+    assert slow_solves and min(slow_solves) < released_at  # a solve was late while the lock was held
+    held = [locked_at, *(t for t in ticks if locked_at < t < released_at), released_at]
+    gaps = np.diff(held)
+    # about 1.6 s at most here: a cycle's and the sends' and acks' journal writes, 0.5 s each, back to
+    # back; before, the whole 8 s
+    assert gaps.max() < 4.0, f"the event loop stalled {gaps.max():.1f} s while cycles overran their period"
