@@ -5,8 +5,10 @@ every subscription on every connect, hands incoming messages to the caller, and 
 connection or a refused one waits a randomized exponential backoff (``reconnect_min_s`` doubling to
 ``reconnect_max_s``, times a random factor in [0.5, 1)) before trying again. The caller never sees
 ``aiomqtt.MqttError``: it iterates :meth:`Bus.messages` (or passes ``on_message``) and publishes with
-:meth:`Bus.publish` / :meth:`Bus.send`, which raise :class:`BusNotConnected` while the link is down
-so that the caller decides (telemetry: drop, commands: keep and retry)::
+:meth:`Bus.publish` / :meth:`Bus.send`, which raise :class:`BusNotConnected` while the link is down,
+and as soon as it goes down under a QoS 1 publish waiting for its PUBACK (aiomqtt would wait out its
+timeout for an answer that cannot come on that connection), so that the caller decides (telemetry:
+drop, commands and acks: keep and send again once connected)::
 
     options = MqttOptions.from_url("mqtts://broker:8883", username="r0", password=..., ca_file="ca.crt")
     async with Bus(options, subscriptions=[topics.rack_cmd("r0")], will=None) as bus:
@@ -333,7 +335,11 @@ async def _unless_disconnected(client: aiomqtt.Client, aw: Awaitable[Any]) -> An
             task.cancel()
     if task.done() and not task.cancelled():
         return task.result()
-    raise aiomqtt.MqttError("the broker closed the connection")
+    raise _ConnectionEnded("the broker closed the connection")
+
+
+class _ConnectionEnded(aiomqtt.MqttError):
+    """:func:`_unless_disconnected`: the connection ended before the awaited call did."""
 
 
 def _mute_disconnect_error(client: aiomqtt.Client) -> None:
@@ -601,7 +607,16 @@ class Bus:
             raise BusNotConnected(f"{self.name}: not connected to {self.options.url}")
         try:
             with cancellation_kept():  # aiomqtt waits for the PUBACK with asyncio.wait_for (agent.aio)
-                await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
+                # ... and for its timeout when the connection ends meanwhile: no PUBACK can come on it
+                # (a simulator's answers held 10 s after a broker restart): not connected, at once
+                await _unless_disconnected(
+                    client, client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
+                )
+        except _ConnectionEnded as exc:
+            self.stats.publish_errors += 1
+            raise BusNotConnected(
+                f"{self.name}: publish to {topic!r}: the connection ended before the PUBACK"
+            ) from exc
         except aiomqtt.MqttError as exc:
             self.stats.publish_errors += 1
             if str(exc) == _AIOMQTT_TIMEOUT:

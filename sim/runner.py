@@ -591,6 +591,8 @@ class Simulator:
         await asyncio.gather(*tasks)
 
     async def _answer(self, bus: Bus, o: wire.Outgoing) -> None:
+        """Send one answer; after a lost link (also one lost while the answer was in flight) once
+        connected again, three tries in all."""
         for attempt in range(3):
             try:
                 if not bus.connected:
@@ -598,8 +600,6 @@ class Simulator:
                 await bus.send(o)
                 self.messages_published += 1
                 return
-            except BusNotConnected:
-                continue
             except BusError as exc:
                 if attempt == 2:
                     log.warning("sim: could not publish %s: %s", o.topic, exc)

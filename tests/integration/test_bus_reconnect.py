@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,32 @@ async def test_publishing_while_the_broker_is_down_raises_not_connected(mosquitt
         mosquitto.start()  # same port
         await bus.wait_connected(WAIT_S)
         await bus.publish("racktwin/v1/site1/rack/r0/pdu", b"x")
+
+
+async def test_a_publish_in_flight_when_the_connection_ends_fails_at_once(mosquitto: EmbeddedBroker) -> None:
+    """A QoS 1 publish sent just before the broker went away (no PUBACK will come on that connection):
+    aiomqtt waits for the PUBACK until its timeout, so the simulator's answers to commands, which go
+    out burst after burst in order, were held 10 s wall time after a broker restart (200 site s at
+    20x: no command acknowledged for the rest of a test run). Now it raises BusNotConnected as soon as
+    the connection ends, and the caller sends again once connected."""
+    async with Bus(fast(mosquitto.options())) as bus:
+        await bus.wait_connected(WAIT_S)
+        proc = mosquitto._proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGSTOP)  # the broker takes no more: the publish stays in flight
+        try:
+            sending = asyncio.create_task(bus.publish("racktwin/v1/site1/rack/r0/ack", b"x", qos=1, timeout_s=60.0))
+            await asyncio.sleep(0.3)
+            assert not sending.done()
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)  # the connection ends
+        with pytest.raises(BusNotConnected, match="connection ended"):
+            await asyncio.wait_for(sending, 10.0)  # (before: BusPubackTimeout after 60 s)
+        proc.wait(10)
+        mosquitto.stop()
+        mosquitto.start()  # same port
+        await bus.wait_connected(WAIT_S)
+        await bus.publish("racktwin/v1/site1/rack/r0/ack", b"x", qos=1)
 
 
 async def test_a_bus_keeps_trying_until_a_broker_appears() -> None:
