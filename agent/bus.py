@@ -608,15 +608,13 @@ class Bus:
         try:
             with cancellation_kept():  # aiomqtt waits for the PUBACK with asyncio.wait_for (agent.aio)
                 # ... and for its timeout when the connection ends meanwhile: no PUBACK can come on it
-                # (a simulator's answers held 10 s after a broker restart): not connected, at once
-                await _unless_disconnected(
-                    client, client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
-                )
+                # (a simulator's answers held 10 s after a broker restart): not connected, at once. QoS 0
+                # (telemetry) waits for no answer and keeps its fast path (no task per message).
+                sending = client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout_s)
+                await (_unless_disconnected(client, sending) if qos > 0 else sending)
         except _ConnectionEnded as exc:
             self.stats.publish_errors += 1
-            raise BusNotConnected(
-                f"{self.name}: publish to {topic!r}: the connection ended before the PUBACK"
-            ) from exc
+            raise BusNotConnected(f"{self.name}: publish to {topic!r}: the connection ended before the PUBACK") from exc
         except aiomqtt.MqttError as exc:
             self.stats.publish_errors += 1
             if str(exc) == _AIOMQTT_TIMEOUT:
