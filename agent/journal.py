@@ -107,6 +107,10 @@ class CommandState(enum.StrEnum):
         return self in (CommandState.PENDING, CommandState.SENT)
 
 
+#: states a rack's ack settles for good: a later ack of the same command does not change them
+_ANSWERED_STATES = frozenset({CommandState.APPLIED.value, CommandState.REJECTED.value})
+
+
 @dataclass(frozen=True)
 class JournaledCommand:
     command_id: str
@@ -330,7 +334,10 @@ class Journal:
     @_journal_errors
     def record_acks(self, acks: Sequence[tuple[str, float, str, str | None]]) -> list[bool]:
         """Record acks ``(command_id, site_time_s, result, reason)`` in one transaction; for each,
-        whether its command is known (False: another agent's, or forged; nothing is written for it)."""
+        whether its command is known (False: another agent's, or forged; nothing is written for it).
+        Every ack of a known command is kept; the command takes the ack's result unless a rack had
+        already answered it ``applied`` or ``rejected``: a later ack (to a copy sent again, or one
+        the broker delivered twice) does not undo what the rack did."""
         state = {"applied": CommandState.APPLIED, "rejected": CommandState.REJECTED, "expired": CommandState.EXPIRED}
         for _cid, _t, result, _r in acks:
             if result not in state:
@@ -339,12 +346,14 @@ class Journal:
         now = time.time()
         with self._transaction():
             for command_id, site_time_s, result, reason in acks:
-                cur = self._conn.execute(
-                    "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ?",
-                    (state[result].value, now, command_id),
-                )
-                known.append(cur.rowcount > 0)
-                if cur.rowcount > 0:
+                row = self._conn.execute("SELECT state FROM commands WHERE command_id = ?", (command_id,)).fetchone()
+                known.append(row is not None)
+                if row is not None:
+                    if row[0] not in _ANSWERED_STATES:
+                        self._conn.execute(
+                            "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ?",
+                            (state[result].value, now, command_id),
+                        )
                     self._conn.execute(
                         "INSERT INTO acks(command_id, site_time_s, result, reason) VALUES (?, ?, ?, ?)",
                         (command_id, site_time_s, result, reason),

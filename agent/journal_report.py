@@ -178,7 +178,8 @@ class JournalSummary:
     commands_by_kind: dict[str, dict[str, int]]  # kind -> state -> count
     open_commands: int
     sent_more_than_once: int
-    acks_by_result: dict[str, int]
+    acks_by_result: dict[str, int]  # each acked command once, by its first ack
+    repeated_acks: int  # acks after a command's first (copies answered again, second deliveries)
     rejection_reasons: list[tuple[str, int]]  # the most frequent first, at most TOP_REASONS
     other_rejections: int  # rejections whose reason is not in rejection_reasons
     calibrated_cards: int
@@ -213,6 +214,7 @@ class JournalSummary:
                 "sent_more_than_once": self.sent_more_than_once,
             },
             "acks": self.acks_by_result,
+            "repeated_acks": self.repeated_acks,
             "rejections": {
                 "by_reason": [{"reason": r, "count": n} for r, n in self.rejection_reasons],
                 "other": self.other_rejections,
@@ -340,11 +342,16 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
         by_kind.setdefault(command_kind(str(topic)), Counter())[str(state)] += int(n)
         by_state[str(state)] += int(n)
     retried = db.execute(f"SELECT COUNT(*) FROM commands WHERE {in_range} AND attempts > 1", args).fetchone()[0]
+    # a command's first ack is the rack's answer; later ones answer copies sent again (or are the
+    # broker's second delivery) and are counted apart
+    first_acks = f"id IN (SELECT MIN(id) FROM acks WHERE {acks} GROUP BY command_id)"
     ack_results = {
-        str(r): int(n) for r, n in db.execute(f"SELECT result, COUNT(*) FROM acks WHERE {acks} GROUP BY result", args)
+        str(r): int(n)
+        for r, n in db.execute(f"SELECT result, COUNT(*) FROM acks WHERE {first_acks} GROUP BY result", args)
     }
+    all_acks, acked = db.execute(f"SELECT COUNT(*), COUNT(DISTINCT command_id) FROM acks WHERE {acks}", args).fetchone()
     reasons = db.execute(
-        f"SELECT COALESCE(reason, ''), COUNT(*) AS n FROM acks WHERE {acks} AND result = 'rejected' "
+        f"SELECT COALESCE(reason, ''), COUNT(*) AS n FROM acks WHERE {first_acks} AND result = 'rejected' "
         "GROUP BY 1 ORDER BY n DESC, 1",
         args,
     ).fetchall()
@@ -367,6 +374,7 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
         open_commands=sum(by_state[s.value] for s in CommandState if s.open),
         sent_more_than_once=int(retried),
         acks_by_result=dict(sorted(ack_results.items())),
+        repeated_acks=int(all_acks) - int(acked),
         rejection_reasons=top,
         other_rejections=sum(int(n) for _, n in reasons[TOP_REASONS:]),
         calibrated_cards=int(calibration[0]),

@@ -312,6 +312,7 @@ class AgentService:
         self.decision_walls_s: collections.deque[float] = collections.deque(maxlen=100_000)
         self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
         self.decisions = 0
+        self.acks_received = 0  # every ack taken in (ours, copies answered again, other agents')
         self.last_decision: Decision | None = None
         self.rounds_dropped = 0
         self.resumed_commands = 0
@@ -751,6 +752,7 @@ class AgentService:
             self._replan.set()
 
     def _on_ack(self, ack: wire.Acknowledgement) -> None:
+        self.acks_received += 1
         now = self.clock.now()
         oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
         self._acks_to_journal.append((str(ack.command_id), ack.ts_s, ack.result.value, ack.reason))

@@ -315,22 +315,25 @@ class CommandHandler:
 
     # ---- the rules of every command: expiry, times, copies, order ------------------------
     def _judge(self, cmd: wire.Command, target: str) -> list[wire.Outgoing] | None:
-        """The answer to ``cmd`` when it must not be applied for its expiry, its times or as a copy
-        of one already answered; None to go on."""
+        """The answer to ``cmd`` when it must not be applied as a copy of one already answered, for
+        its expiry or for its times; None to go on. A copy is answered what the command was answered
+        before also when it arrives after the command's expiry (while the rack still remembers the
+        id): a rack that applied a command does not call a late copy of it ``expired``."""
+        seen = self._answered.get(cmd.command_id)
+        if seen is not None:
+            _expires, result, reason = seen
+            self.counts.duplicates += 1
+            text = f"{wire.AckReason.DUPLICATE.value}: command {cmd.command_id} was {result.value} before"
+            text += f" ({reason}); not applied again" if reason else "; not applied again"
+            return [self._ack(target, cmd.command_id, result, text, count=False)]
         now_s = self.clock()
         if wire.is_expired(cmd, now_s):
+            self._remember(cmd, wire.AckResult.EXPIRED, None)  # each command counted once, copies as duplicates
             return [self._ack(target, cmd.command_id, wire.AckResult.EXPIRED)]
         problem = wire.command_time_problem(cmd, now_s, self.max_issue_ahead_s)
         if problem is not None:
-            return self._refuse(wire.reason_code(problem), target, cmd.command_id, problem)
-        seen = self._answered.get(cmd.command_id)
-        if seen is None:
-            return None
-        _expires, result, reason = seen
-        self.counts.duplicates += 1
-        text = f"{wire.AckReason.DUPLICATE.value}: command {cmd.command_id} was {result.value} before"
-        text += f" ({reason}); not applied again" if reason else "; not applied again"
-        return [self._ack(target, cmd.command_id, result, text, count=False)]
+            return self._refuse(wire.reason_code(problem), target, cmd.command_id, problem, cmd)
+        return None
 
     def _remember(self, cmd: wire.Command, result: wire.AckResult, reason: str | None) -> None:
         answered = self._answered
@@ -340,7 +343,7 @@ class CommandHandler:
             self._since_prune = 0
             now_s = self.clock()
             for cid in [cid for cid, (expires_s, _r, _why) in answered.items() if expires_s <= now_s]:
-                del answered[cid]  # a copy of an expired command is answered ``expired`` anyway
+                del answered[cid]  # a copy arriving after this is answered ``expired``
         while len(answered) > MAX_REMEMBERED_IDS:
             del answered[next(iter(answered))]
 

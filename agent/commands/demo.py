@@ -9,7 +9,8 @@
    seconds per wall second, writing its ground-truth log;
 4. live progress on stderr from the truth log: every rack's true power against its limit, PUE, energy
    so far, seconds over a limit, the hottest die, the agent's decisions;
-5. at the end (or on Ctrl-C: everything is stopped and the summary covers the time run so far), the
+5. at the end (or on Ctrl-C: everything is stopped and the summary covers the time run so far; at
+   the end the agent first takes in the racks' last acks, at most 10 s, so its journal has them), the
    same scenario and seed without the agent -- the in-process plant with every card at its top clock,
    no idle management, the site's fixed set-point and its own scheduler (``agent.policies.BaselinePolicy``)
    -- and a summary of both: facility and IT energy, throughput, PUE, time over a limit, the largest
@@ -35,10 +36,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.commands.common import EXAMPLES_DIR, UserError, prepare_output_dir, print_json
 from agent.commands.evaluate import stdout_to_stderr
+
+if TYPE_CHECKING:  # the service is imported when the demo runs (it loads the solver stack)
+    from agent.service import AgentService
 
 DEFAULT_SCENARIO = EXAMPLES_DIR / "day-demo.toml"
 #: Written afresh by each run (the old ones removed first).
@@ -48,6 +52,8 @@ OUTPUT_FILES = (*_FRESH_FILES, "agent.log", "demo-summary.json")
 DEFAULT_MINUTES = 75.0
 DEFAULT_SPEED = 30.0
 SITE_ID = "site1"
+#: after the simulator ended, how long the agent may still take in the acks the racks sent last
+_LAST_ACKS_WAIT_S = 10.0
 #: Keys of a summary (``--json``: ``{"agent": M, "baseline": M}``).
 SUMMARY_KEYS = (
     "facility_energy_kwh",
@@ -321,6 +327,8 @@ async def run_closed_loop(
             stopped_by = "interrupted"
         elif sim.returncode not in (None, 0):
             stopped_by = "simulator stopped"
+        elif sim.returncode == 0:
+            await _take_in_last_acks(service, out_dir / "summary.json", stop)
     finally:
         if sim is not None and sim.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -373,6 +381,20 @@ def _child_env() -> dict[str, str]:
     if (Path(root) / "pyproject.toml").is_file() and (Path(root) / "sim" / "__main__.py").exists():
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+async def _take_in_last_acks(service: AgentService, summary_path: Path, stop: asyncio.Event) -> None:
+    """After the simulator ended: let the agent take in the acks the racks sent last (still at the
+    broker, which may run behind on a loaded machine) before it stops, so that the journal has every
+    ack the summary counts; at most ``_LAST_ACKS_WAIT_S``."""
+    try:
+        sim = json.loads(summary_path.read_text(encoding="utf-8"))
+        sent = sum(int(sim[f"commands_{k}"]) for k in ("applied", "rejected", "expired", "duplicate"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    deadline = time.monotonic() + _LAST_ACKS_WAIT_S
+    while service.acks_received < sent and time.monotonic() < deadline and not stop.is_set():
+        await asyncio.sleep(0.05)
 
 
 def _journal_decisions(path: Path, site: Any, judge_from_s: float) -> dict[str, Any]:

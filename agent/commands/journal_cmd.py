@@ -225,7 +225,8 @@ def format_summary(s: JournalSummary) -> str:
     width = max((len(k) for k in s.commands_by_kind), default=0)
     for kind, counts in s.commands_by_kind.items():
         lines.append(f"    {kind:<{width}}  {sum(counts.values()):,}: {_counts(counts)}")
-    lines.append(f"  acks         {_counts(s.acks_by_result)}")
+    repeated = f"; {s.repeated_acks:,} repeated (copies sent again)" if s.repeated_acks else ""
+    lines.append(f"  acks         {_counts(s.acks_by_result)}{repeated}")
     if s.rejection_reasons:
         for i, (reason, n) in enumerate(s.rejection_reasons):
             head = "  rejected     " if i == 0 else " " * 15

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -49,6 +50,34 @@ def test_acks_close_commands_and_unknown_ids_are_reported(tmp_path: Path) -> Non
     assert j.unacked(2.0) == []
     with pytest.raises(ValueError):
         j.record_ack("a", 1.0, "maybe")
+
+
+def test_a_later_ack_does_not_undo_what_a_rack_answered_and_every_ack_is_kept(tmp_path: Path) -> None:
+    # a copy sent again (or an ack the broker delivered twice) brings a second ack for one command
+    j = Journal(tmp_path / "j.sqlite")
+    j.record_decision(1, 0.0, "enforce", "optimal", 0.0, {}, [cmd("a", 0.0), cmd("b", 0.0), cmd("c", 0.0, 5)])
+    j.mark_sent(["a", "b", "c"])
+    assert j.record_acks([("a", 1.0, "applied", None), ("a", 40.0, "expired", None)]) == [True, True]
+    assert j.record_acks([("b", 1.0, "rejected", "busy"), ("b", 2.0, "applied", "duplicate: ...")]) == [True, True]
+    # an agent-side expiry is not a rack's answer: a late ack says what the rack did
+    assert j.expire(10.0) == 1
+    assert j.record_ack("c", 11.0, "applied")
+    assert j.command_counts() == {"applied": 2, "rejected": 1}
+    assert {c: j.command(c).state for c in "abc"} == {  # type: ignore[union-attr]
+        "a": CommandState.APPLIED,
+        "b": CommandState.REJECTED,
+        "c": CommandState.APPLIED,
+    }
+    j.close()
+    db = sqlite3.connect(tmp_path / "j.sqlite")
+    assert db.execute("SELECT command_id, result FROM acks ORDER BY id").fetchall() == [
+        ("a", "applied"),
+        ("a", "expired"),
+        ("b", "rejected"),
+        ("b", "applied"),
+        ("c", "applied"),
+    ]
+    db.close()
 
 
 def test_failed_transaction_writes_nothing(tmp_path: Path) -> None:

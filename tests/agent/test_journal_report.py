@@ -99,6 +99,8 @@ def journal_file(tmp_path: Path) -> Path:
             ("d1", 401.0, "rejected", "place_job: card 17 is busy"),
             ("d2", 401.0, "rejected", "place_job: card 17 is busy"),
             ("e1", 501.0, "rejected", "rack r1: card 3 failed"),
+            # b1's copy (sent again) answered after the command's expiry: one more ack, not one more command
+            ("b1", 231.0, "expired", "duplicate: command b1 was expired before; not applied again"),
         ]
     )
     j.expire(531.0)  # e2, e3 (sent, never acked) expire; f1 (sent) and f2 (pending) stay open
@@ -130,7 +132,7 @@ def test_the_summary_counts_what_was_journaled(journal_file: Path, capsys: pytes
     assert c["by_kind"]["scheduler_cmd"] == {"rejected": 2}
     assert c["by_kind"]["facility_cmd"] == {"pending": 1, "applied": 1}
     assert c["open"] == 2 and c["sent_more_than_once"] == 2
-    assert s["acks"] == {"applied": 3, "expired": 1, "rejected": 3}
+    assert s["acks"] == {"applied": 3, "expired": 1, "rejected": 3} and s["repeated_acks"] == 1
     assert s["rejections"]["by_reason"] == [
         {"reason": "place_job: card 17 is busy", "count": 2},
         {"reason": "rack r1: card 3 failed", "count": 1},
@@ -149,6 +151,7 @@ def test_the_text_names_the_failsafe_racks_the_open_commands_and_the_reasons(
     assert "r3: 3 decisions in 2 episodes" in out and "r0: 1 decision in 1 episode," in out
     assert "2 open (pending or sent)" in out and "2 sent more than once" in out
     assert "2 x place_job: card 17 is busy" in out
+    assert "acks         applied 3, expired 1, rejected 3; 1 repeated (copies sent again)" in out
     assert "#6" in out and "plan fallback (milp)" in out and "#5" not in out
 
 
@@ -160,7 +163,7 @@ def test_since_keeps_the_later_decisions_and_their_commands(
     s = json.loads(out)
     assert s["decisions"] == 2  # decisions 5 and 6
     assert s["commands"]["by_state"] == {"pending": 1, "sent": 1, "rejected": 1, "expired": 2}
-    assert s["acks"] == {"rejected": 1}
+    assert s["acks"] == {"rejected": 1} and s["repeated_acks"] == 0
     assert list(s["failsafe_racks"]) == ["r3"] and s["failsafe_racks"]["r3"]["episodes"] == 1
     rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--since", "1m")
     assert rc == 0 and "decisions    none in that time" in out

@@ -1,0 +1,66 @@
+"""Copies of a command the simulator already answered, without a broker: a copy is answered what the
+command was answered before, also when it arrives after the command's expiry, and each command is
+counted once (copies under ``duplicates``).
+
+What users rely on: an agent whose ack came late sends the command again; the rack that applied the
+first must not call the late copy ``expired`` (the journal then showed an applied command as expired,
+and the simulator's counts no longer matched the journal's)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent import wire
+from sim.commands import CommandHandler
+from twin.plant import Plant, PlantConfig
+from twin.spec import load_site
+
+pytestmark = pytest.mark.unit
+
+TS = 1_800_000_000.0
+SITE = Path(__file__).resolve().parents[2] / "examples" / "supernode-512.toml"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = TS
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _setup() -> tuple[CommandHandler, wire.Codec, Clock]:
+    site = load_site(SITE)
+    plant = Plant(site, [], config=PlantConfig(seed=1))
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, "site1"))
+    clock = Clock()
+    return CommandHandler(plant, codec, wire.Sequencer("sim"), clock), codec, clock
+
+
+def _ack(handler: CommandHandler, codec: wire.Codec, cmd: wire.RackCommand) -> wire.Acknowledgement:
+    out = handler.handle(codec.topics.rack_cmd(cmd.rack), wire.encode(cmd))
+    ack = codec.decode(out[0].topic, out[0].payload)
+    assert isinstance(ack, wire.Acknowledgement) and ack.command_id == cmd.command_id
+    return ack
+
+
+def test_a_late_copy_of_an_applied_command_is_answered_applied_not_expired() -> None:
+    handler, codec, clock = _setup()
+    cmd = wire.RackCommand("r0", (1, 2), wire.CardSetting.dvfs(3), uuid.uuid4(), TS + 30.0, TS - 1.0, 0, "agent")
+    assert _ack(handler, codec, cmd).result is wire.AckResult.APPLIED
+    clock.now_s = TS + 60.0  # the copy arrives after the command's expiry
+    copy = _ack(handler, codec, cmd)
+    assert copy.result is wire.AckResult.APPLIED
+    assert copy.reason is not None and copy.reason.startswith("duplicate:") and "not applied again" in copy.reason
+    c = handler.counts
+    assert (c.applied, c.expired, c.duplicates) == (1, 0, 1)
+    # a command the rack never saw, arriving after its expiry: expired; its copy is counted once too
+    late = wire.RackCommand("r0", (3,), wire.CardSetting.dvfs(2), uuid.uuid4(), TS + 30.0, TS + 1.0, 1, "agent")
+    assert _ack(handler, codec, late).result is wire.AckResult.EXPIRED
+    again = _ack(handler, codec, late)
+    assert again.result is wire.AckResult.EXPIRED and again.reason is not None and again.reason.startswith("duplicate:")
+    assert (c.applied, c.expired, c.duplicates) == (1, 1, 2)
+    assert handler.level[3] != 2  # never applied
