@@ -21,7 +21,13 @@ both plans.
 
 Every command carries a fresh id, its issue time and an absolute expiry (``command_ttl_s`` later,
 site time, at most ``wire.MAX_COMMAND_TTL_S``: a rack refuses a longer life), goes at QoS 1 and is
-never retained (``agent.wire``). The book keeps each open command (topic, payload, expiry, attempts).
+never retained (``agent.wire``). Issue times never go back: when the agent's clock steps back (it ran
+ahead of a site that slowed during a silence: ``agent.clock``), the next commands keep the newest
+issue time given so far, ordered after it by ``seq``, so that racks do not refuse them as
+``superseded`` by the agent's own earlier commands until the site's clock has caught up (seen: 45
+site s of refusals at 20x). The hold is bounded by how far ahead of its clock a rack accepts a
+command (:meth:`CommandBook.stamp_hold_s`); a larger step back (a restarted simulator, a clock set
+back by hours) stamps the clock's time again. The book keeps each open command (topic, payload, expiry, attempts).
 An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it and lets the next decision try
 again (after ``command_ttl_s`` for a rejected setting of a card, so that a refusal is not repeated
 every period; at once, less the failed card, when a card of the refused command reads failed since:
@@ -158,6 +164,7 @@ class CommandBook:
         self._placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
         self._pump: dict[int, tuple[float, float, int]] = {}  # rack -> speed, until, key
         self._pump_sent = np.full(site.n_racks, -math.inf)  # rack -> when its last pump command was issued
+        self._last_stamp_s = -math.inf  # the newest issue time given to a command
         self.open: dict[str, OpenCommand] = {}
         self._by_key: dict[int, OpenCommand] = {}  # the open commands by key
         #: open commands closed by a newer one for what they set, not yet taken (:meth:`take_superseded`)
@@ -332,12 +339,30 @@ class CommandBook:
         return out_low + out_mid + out_high
 
     # ---- enforce mode -----------------------------------------------------------------------------
+    def stamp_hold_s(self) -> float:
+        """How far a command's issue time may stay ahead of the agent's clock after the clock stepped
+        back: how far ahead of its clock a rack accepts one (``wire.MAX_ISSUE_AHEAD_S``; a simulator
+        at ``speed`` x accepts ten wall seconds of its site time: ``sim.runner``)."""
+        return max(wire.MAX_ISSUE_AHEAD_S, wire.MAX_ISSUE_AHEAD_S / self.control.time_scale)
+
+    def _stamp(self, now_s: float) -> float:
+        """The issue time of commands made at ``now_s``: never before the newest one given (within
+        :meth:`stamp_hold_s`)."""
+        last = self._last_stamp_s
+        stamp = last if now_s < last <= now_s + self.stamp_hold_s() else now_s
+        self._last_stamp_s = stamp
+        return stamp
+
     def commands(
         self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float
     ) -> list[OpenCommand]:
         """The commands of a decision, encoded, registered as open (overlays set); send in order."""
         out: list[OpenCommand] = []
-        for kind, msg, _low in self.diff(decision, snap, applied_level, now_s):
+        items = self.diff(decision, snap, applied_level, now_s)
+        stamp = self._stamp(now_s) if items else now_s
+        for kind, msg, _low in items:
+            if stamp != now_s:  # the clock stepped back: the newest issue time, the same life
+                msg = dataclasses.replace(msg, ts_s=stamp, expires_s=msg.expires_s + (stamp - now_s))
             msg = _with_seq(msg, self.sequencer.next(self.codec.topic_for(msg)))
             o = self.codec.outgoing(msg)
             target = (

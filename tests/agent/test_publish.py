@@ -15,7 +15,9 @@ from agent import wire
 from agent.cli import main
 from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder
-from agent.publish import CommandBook
+from agent.publish import CommandBook, OpenCommand
+from sim.commands import CommandHandler
+from twin.plant import Plant, PlantConfig
 from twin.state import StateSnapshot
 
 pytestmark = pytest.mark.agent
@@ -426,3 +428,53 @@ def test_a_command_never_lives_longer_than_a_rack_accepts(scene: tuple[object, S
     msg = codec.decode(oc.topic, oc.payload)
     assert isinstance(msg, wire.RackCommand) and msg.expires_s - msg.ts_s == 3600.0 and oc.expires_s == NOW + 3600.0
     assert wire.MAX_COMMAND_TTL_S == 3600.0
+
+
+def test_after_the_agent_clock_steps_back_commands_keep_the_newest_issue_time(
+    scene: tuple[object, StateSnapshot],
+) -> None:
+    """The agent's clock ran ahead of a simulator starved of CPU and steps back 45 s (``agent.clock``):
+    the rack, whose clock is behind, applied the commands stamped on the old timeline; the next ones
+    keep that issue time (ordered by ``seq``) instead of being refused ``superseded`` by the agent's
+    own earlier commands until the site's clock catches up."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    applied = np.full(512, -1)
+
+    def level_of_cards_0_to_7(level: int) -> Decision:
+        lvl = np.asarray(snap.card_level).copy()
+        lvl[0:8] = level
+        return decision_like(snap, card_level=lvl)
+
+    # an agent following a simulator at 20x: a rack accepts ten wall seconds (200 site s) ahead
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0, time_scale=1 / 20))  # type: ignore[arg-type]
+    assert book.stamp_hold_s() == 200.0
+    plant = Plant(site, [], config=PlantConfig(seed=1))  # type: ignore[arg-type]
+    rack_now = [NOW - 40.0]
+    rack = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: rack_now[0], max_issue_ahead_s=200.0)
+
+    def send(oc: OpenCommand) -> wire.Acknowledgement:
+        ack = codec.decode(*next((o.topic, o.payload) for o in rack.handle(oc.topic, oc.payload) if not o.retain))
+        assert isinstance(ack, wire.Acknowledgement)
+        return ack
+
+    (first,) = book.commands(level_of_cards_0_to_7(3), snap, applied, NOW)
+    assert send(first).result is wire.AckResult.APPLIED
+    (second,) = book.commands(level_of_cards_0_to_7(5), snap, applied, NOW - 45.0)  # the clock stepped back
+    msg = codec.decode(second.topic, second.payload)
+    assert isinstance(msg, wire.RackCommand) and msg.ts_s == NOW and msg.expires_s == NOW + 30.0
+    ack = send(second)
+    assert ack.result is wire.AckResult.APPLIED, ack.reason
+    assert rack.level[0:8].tolist() == [5] * 8
+    # once the clock has passed the held stamp, commands carry the clock's time again
+    (third,) = book.commands(level_of_cards_0_to_7(2), snap, applied, NOW + 1.0)
+    assert codec.decode(third.topic, third.payload).ts_s == NOW + 1.0  # type: ignore[union-attr]
+
+    # at 1x a rack accepts 10 s ahead: a larger step back (a restarted site clock) stamps the clock's time
+    book_1x = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    assert book_1x.stamp_hold_s() == wire.MAX_ISSUE_AHEAD_S
+    book_1x.commands(level_of_cards_0_to_7(3), snap, applied, NOW)
+    (small,) = book_1x.commands(level_of_cards_0_to_7(5), snap, applied, NOW - 5.0)
+    assert codec.decode(small.topic, small.payload).ts_s == NOW  # type: ignore[union-attr]
+    (large,) = book_1x.commands(level_of_cards_0_to_7(2), snap, applied, NOW - 60.0)
+    assert codec.decode(large.topic, large.payload).ts_s == NOW - 60.0  # type: ignore[union-attr]
