@@ -30,6 +30,11 @@ is up: no restart), is such a take-over (``BusStats.takeovers``); :meth:`Bus.con
 once three came within ten minutes, and from then on the bus does not reset its backoff after a
 short-lived connection, so a fight slows from two reconnects a second to one per ``reconnect_max_s``.
 :meth:`Bus.reconnect_with` connects again with other options (another client id).
+
+A message on a topic that none of the bus's subscriptions matches is dropped and counted
+(``BusStats.unsubscribed``): a broker must not send one, but amqtt 0.12 (the embedded fallback broker)
+sends every client, at every connect, the retained messages of every other client's subscriptions
+(the simulator got the agent's retained status and counted it a bad command).
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ _AIOMQTT_TIMEOUT = "Operation timed out"  # the MqttError aiomqtt 2.x raises whe
 SHORT_LIVED_S = 15.0
 _TAKEOVERS_CONTESTED = 3  # take-overs within _TAKEOVER_WINDOW_S that make the client id contested
 _TAKEOVER_WINDOW_S = 600.0
+_TOPIC_CACHE_MAX = 10_000  # topics whose match against the subscriptions is remembered (a site has hundreds)
 
 
 class BusError(Exception):
@@ -283,6 +289,7 @@ class BusStats:
     puback_timeouts: int = 0  # QoS 1 publishes the broker did not acknowledge in time (also in publish_errors)
     unexpected_errors: int = 0  # errors other than MQTT ones on the connection (logged with a traceback)
     takeovers: int = 0  # connections closed by the broker soon after their start (another client, same id)
+    unsubscribed: int = 0  # messages on topics none of our subscriptions match (a broker's misdelivery): dropped
     last_error: str | None = None
 
 
@@ -381,6 +388,7 @@ class Bus:
         self.name = name
         self.stats = BusStats()
         self._subs: dict[str, int] = {}
+        self._topic_wanted: dict[str, bool] = {}  # topic -> whether a subscription matches it (cleared on change)
         for s in subscriptions:
             topic, qos = (s, 1) if isinstance(s, str) else s
             self._subs[topic] = qos
@@ -548,7 +556,28 @@ class Bus:
             await asyncio.sleep(delay)
 
     # ---- receiving ------------------------------------------------------------------------
+    def _wanted(self, topic: aiomqtt.Topic) -> bool:
+        """Whether one of our subscriptions matches ``topic`` (cached: a site has a few hundred topics)."""
+        wanted = self._topic_wanted.get(topic.value)
+        if wanted is None:
+            if len(self._topic_wanted) >= _TOPIC_CACHE_MAX:
+                self._topic_wanted.clear()
+            wanted = any(topic.matches(f) for f in self._subs)
+            self._topic_wanted[topic.value] = wanted
+        return wanted
+
     def _deliver(self, m: aiomqtt.Message) -> None:
+        if not self._wanted(m.topic):
+            self.stats.unsubscribed += 1
+            n = self.stats.unsubscribed
+            if n in (1, 10, 100, 1000) or n % 10_000 == 0:
+                log.info(  # not a warning: amqtt, the embedded fallback broker, does it at every connect
+                    "%s: %d message(s) on topics we did not subscribe to dropped (the broker sent them), last on %r",
+                    self.name,
+                    n,
+                    m.topic.value,
+                )
+            return
         payload = m.payload
         if not isinstance(payload, bytes):
             payload = bytes(payload) if isinstance(payload, bytearray) else str(payload).encode()
@@ -583,6 +612,7 @@ class Bus:
     async def subscribe(self, topic_filter: str, qos: int = 1) -> None:
         """Subscribe now (if connected) and on every later connect."""
         self._subs[topic_filter] = qos
+        self._topic_wanted.clear()
         client = self._client
         if client is not None and self.connected:
             try:
@@ -592,6 +622,7 @@ class Bus:
 
     async def unsubscribe(self, topic_filter: str) -> None:
         self._subs.pop(topic_filter, None)
+        self._topic_wanted.clear()
         client = self._client
         if client is not None and self.connected:
             with contextlib.suppress(aiomqtt.MqttError):

@@ -72,6 +72,36 @@ async def test_the_amqtt_fallback_can_be_forced(mode: str, codec: Codec) -> None
     assert not mqtt_answers("127.0.0.1", port)
 
 
+@pytest.mark.parametrize("backend", ["mosquitto", "amqtt"])
+async def test_a_client_gets_only_the_topics_it_subscribed_to(backend: str, request: pytest.FixtureRequest) -> None:
+    """amqtt 0.12 sends every connecting client the retained messages of every other client's
+    subscriptions: the simulator got the agent's retained status and counted it a bad command. The
+    bus drops what none of its subscriptions matches, on either broker."""
+    if backend == "mosquitto":
+        request.getfixturevalue("mosquitto_path")
+    else:
+        pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (the [broker] extra)")
+    status, cmd = "racktwin/v1/site1/agent/status", "racktwin/v1/site1/rack/+/cmd"
+    async with (
+        EmbeddedBroker(backend=backend) as b,  # type: ignore[arg-type]
+        Bus(b.options(), subscriptions=[status]) as agent,
+    ):
+        await agent.wait_connected(WAIT_S)
+        await agent.publish(status, b"online", qos=1, retain=True)
+        async with Bus(b.options(), subscriptions=[cmd]) as rack:
+            await rack.wait_connected(WAIT_S)
+            await agent.publish("racktwin/v1/site1/rack/r0/cmd", b"level 3", qos=1)
+            [m] = await next_messages(rack, 1)
+            assert m.topic == "racktwin/v1/site1/rack/r0/cmd" and m.payload == b"level 3"
+            assert rack.pending() == 0
+            if backend == "amqtt":
+                assert rack.stats.unsubscribed == 1  # the retained status: sent, and dropped
+            else:
+                assert rack.stats.unsubscribed == 0
+        [own] = await next_messages(agent, 1)  # the agent's own subscription still gets it
+        assert own.topic == status and own.payload == b"online"
+
+
 def test_amqtt_fallback_sync_context_manager() -> None:
     pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (the [broker] extra)")
     with EmbeddedBroker(backend="amqtt") as b:
