@@ -15,7 +15,10 @@ Measures, on a journal in a temporary folder (WAL, synchronous=NORMAL, as the ag
   ``acks(command_id)`` and without it (dropped on a copy of the same file), side by side;
 * ``racktwin journal`` on that history (``agent.journal_report.summarize``, whole and ``--since 1h``;
   ``decision_detail``), and the summary's per-decision fields read with SQLite's ``json_extract``
-  against decoding every decision's summary in Python (the alternative), side by side.
+  against decoding every decision's summary in Python (the alternative), side by side; and the acks
+  by result counting each command once (by its first ack; 1% of the history's commands have a
+  second ack, as a copy sent again gets) as the report does it, all acks less the repeated ones,
+  against selecting each command's first ack (``MIN(id)`` per command), side by side.
 
 Prints Markdown tables (machine, date, command first); paste them into benchmarks/results-agent.md.
 """
@@ -167,6 +170,8 @@ def build_history(path: Path, days: float, per_decision: int = 10) -> tuple[int,
             cid = f"{d:09d}-{k:04d}-{'x' * 22}"
             cmds.append((cid, d, "r0", "racktwin/v1/site1/rack/r0/cmd", _PAYLOAD, 0.0, 1.0, "applied", 1, now))
             acks.append((cid, 1.0, "applied", None))
+            if k == 0 and d % 10 == 0:  # a copy sent again, answered again
+                acks.append((cid, 2.0, "applied", f"duplicate: command {cid} was applied before; not applied again"))
     db.executemany(
         "INSERT INTO commands(command_id, decision_id, target, topic, payload, issued_s, expires_s, state, attempts, "
         "updated_wall_s) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -195,11 +200,24 @@ def prune_times(path: Path, index: bool, repeats: int, start: float) -> tuple[fl
     return statistics.median(idle), first
 
 
+def _acks_less_repeated(db: sqlite3.Connection) -> dict[str, int]:
+    """Acks by result, each command once: all acks less those after a command's first (the report's way)."""
+    counts = {str(r): int(n) for r, n in db.execute("SELECT result, COUNT(*) FROM acks GROUP BY result")}
+    for r, n in db.execute(
+        "SELECT a.result, COUNT(*) FROM acks a JOIN (SELECT command_id, MIN(id) AS first FROM acks "
+        "GROUP BY command_id HAVING COUNT(*) > 1) m ON a.command_id = m.command_id AND a.id > m.first GROUP BY 1"
+    ):
+        counts[str(r)] -= int(n)
+    return counts
+
+
 def report_times(path: Path, repeats: int) -> dict[str, float]:
     """Medians of ``racktwin journal`` on the history: the whole summary, ``--since 1h``, one decision;
     and the per-decision fields read by json_extract (as summarize does) vs decoded in Python."""
     db = open_read_only(path)
-    times: dict[str, list[float]] = {"all": [], "since_1h": [], "decision": [], "sql_json": [], "python_json": []}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("all", "since_1h", "decision", "sql_json", "python_json", "less_repeated", "first_ack")
+    }
     last = int(db.execute("SELECT MAX(id) FROM decisions").fetchone()[0])
     for _ in range(repeats):
         for key, call in (
@@ -213,6 +231,14 @@ def report_times(path: Path, repeats: int) -> dict[str, float]:
             (
                 "python_json",
                 lambda: [json.loads(r[0])["failsafe_racks"] for r in db.execute("SELECT summary FROM decisions")],
+            ),
+            ("less_repeated", lambda: _acks_less_repeated(db)),
+            (
+                "first_ack",
+                lambda: db.execute(
+                    "SELECT result, COUNT(*) FROM acks WHERE id IN (SELECT MIN(id) FROM acks GROUP BY command_id) "
+                    "GROUP BY result"
+                ).fetchall(),
             ),
         ):
             t0 = time.perf_counter()
@@ -274,6 +300,11 @@ def main() -> None:
         print(
             f"| every decision's failsafe_racks: json_extract in SQLite / json.loads in Python | "
             f"{rep['sql_json']:.2f} s / {rep['python_json']:.2f} s ({rep['python_json'] / rep['sql_json']:.1f}x) |"
+        )
+        less, first = rep["less_repeated"], rep["first_ack"]
+        print(
+            f"| acks by result, each command once: all less the repeated / each command's first ack | "
+            f"{less:.2f} s / {first:.2f} s ({first / less:.1f}x) |"
         )
 
 

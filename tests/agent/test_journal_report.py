@@ -99,8 +99,9 @@ def journal_file(tmp_path: Path) -> Path:
             ("d1", 401.0, "rejected", "place_job: card 17 is busy"),
             ("d2", 401.0, "rejected", "place_job: card 17 is busy"),
             ("e1", 501.0, "rejected", "rack r1: card 3 failed"),
-            # b1's copy (sent again) answered after the command's expiry: one more ack, not one more command
+            # copies sent again, answered again: more acks, not more commands or rejections
             ("b1", 231.0, "expired", "duplicate: command b1 was expired before; not applied again"),
+            ("d1", 402.0, "rejected", "duplicate: command d1 was rejected before (place_job: ...)"),
         ]
     )
     j.expire(531.0)  # e2, e3 (sent, never acked) expire; f1 (sent) and f2 (pending) stay open
@@ -132,7 +133,7 @@ def test_the_summary_counts_what_was_journaled(journal_file: Path, capsys: pytes
     assert c["by_kind"]["scheduler_cmd"] == {"rejected": 2}
     assert c["by_kind"]["facility_cmd"] == {"pending": 1, "applied": 1}
     assert c["open"] == 2 and c["sent_more_than_once"] == 2
-    assert s["acks"] == {"applied": 3, "expired": 1, "rejected": 3} and s["repeated_acks"] == 1
+    assert s["acks"] == {"applied": 3, "expired": 1, "rejected": 3} and s["repeated_acks"] == 2
     assert s["rejections"]["by_reason"] == [
         {"reason": "place_job: card 17 is busy", "count": 2},
         {"reason": "rack r1: card 3 failed", "count": 1},
@@ -151,7 +152,7 @@ def test_the_text_names_the_failsafe_racks_the_open_commands_and_the_reasons(
     assert "r3: 3 decisions in 2 episodes" in out and "r0: 1 decision in 1 episode," in out
     assert "2 open (pending or sent)" in out and "2 sent more than once" in out
     assert "2 x place_job: card 17 is busy" in out
-    assert "acks         applied 3, expired 1, rejected 3; 1 repeated (copies sent again)" in out
+    assert "acks         applied 3, expired 1, rejected 3; 2 repeated (copies sent again)" in out
     assert "#6" in out and "plan fallback (milp)" in out and "#5" not in out
 
 
