@@ -223,6 +223,11 @@ class AgentMetrics:
             "Acks of commands this agent did not send (another agent's, or forged)",
             registry=r,
         )
+        self.repeated_acks_total = Counter(
+            "racktwin_repeated_acks_total",
+            "Acks of commands already acked: copies sent again and answered again, or a broker's second delivery",
+            registry=r,
+        )
         for name in self.rack_names:
             self.rack_failsafe.labels(rack=name).set(0)
         self._zero_counters()

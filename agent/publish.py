@@ -26,8 +26,9 @@ ahead of a site that slowed during a silence: ``agent.clock``), the next command
 issue time given so far, ordered after it by ``seq``, so that racks do not refuse them as
 ``superseded`` by the agent's own earlier commands until the site's clock has caught up (seen: 45
 site s of refusals at 20x). The hold is bounded by how far ahead of its clock a rack accepts a
-command (:meth:`CommandBook.stamp_hold_s`); a larger step back (a restarted simulator, a clock set
-back by hours) stamps the clock's time again. The book keeps each open command (topic, payload, expiry, attempts).
+command (half of it: :meth:`CommandBook.stamp_hold_s`); a larger step back (a restarted simulator,
+a clock set back by hours) stamps the clock's time again. Commands re-opened from the journal after
+a restart count as given. The book keeps each open command (topic, payload, expiry, attempts).
 An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it and lets the next decision try
 again (after ``command_ttl_s`` for a rejected setting of a card, so that a refusal is not repeated
 every period; at once, less the failed card, when a card of the refused command reads failed since:
@@ -140,13 +141,27 @@ def new_commands(opens: Iterable[OpenCommand]) -> list[NewCommand]:
     return [NewCommand(o.command_id, o.target, o.topic, o.payload, o.issued_s, o.expires_s) for o in opens]
 
 
+#: acked command ids the book remembers, to tell a repeated ack from a late one (a few hours of a site)
+_ACKED_KEPT = 100_000
+
+
 class CommandBook:
     """Commands from decisions and their acks (see the module docstring)."""
 
-    def __init__(self, site: SiteSpec, codec: wire.Codec, control: ControlConfig, publisher: str = "agent") -> None:
+    def __init__(
+        self,
+        site: SiteSpec,
+        codec: wire.Codec,
+        control: ControlConfig,
+        publisher: str = "agent",
+        site_rate: Callable[[], float] | None = None,
+    ) -> None:
+        """``site_rate``: site seconds per wall second as the site clock measures them (the service
+        passes its ``SiteClock``'s); None: ``1 / control.time_scale``."""
         self.site = site
         self.codec = codec
         self.control = control
+        self._site_rate = site_rate
         self.sequencer = wire.Sequencer(publisher)
         n = site.n_cards
         self._cpr = site.cards_per_rack
@@ -165,6 +180,7 @@ class CommandBook:
         self._pump: dict[int, tuple[float, float, int]] = {}  # rack -> speed, until, key
         self._pump_sent = np.full(site.n_racks, -math.inf)  # rack -> when its last pump command was issued
         self._last_stamp_s = -math.inf  # the newest issue time given to a command
+        self._acked: dict[str, None] = {}  # the ids of the last commands acked, oldest first
         self.open: dict[str, OpenCommand] = {}
         self._by_key: dict[int, OpenCommand] = {}  # the open commands by key
         #: open commands closed by a newer one for what they set, not yet taken (:meth:`take_superseded`)
@@ -341,9 +357,14 @@ class CommandBook:
     # ---- enforce mode -----------------------------------------------------------------------------
     def stamp_hold_s(self) -> float:
         """How far a command's issue time may stay ahead of the agent's clock after the clock stepped
-        back: how far ahead of its clock a rack accepts one (``wire.MAX_ISSUE_AHEAD_S``; a simulator
-        at ``speed`` x accepts ten wall seconds of its site time: ``sim.runner``)."""
-        return max(wire.MAX_ISSUE_AHEAD_S, wire.MAX_ISSUE_AHEAD_S / self.control.time_scale)
+        back: half of how far ahead of its clock a rack accepts one (``wire.MAX_ISSUE_AHEAD_S``; a
+        simulator at ``speed`` x accepts ten wall seconds of its site time: ``sim.runner``), at the
+        slower of the configured and the measured rate (the agent's clock may still run a little
+        ahead of the rack's)."""
+        rate = 1.0 / self.control.time_scale
+        if self._site_rate is not None:
+            rate = min(rate, self._site_rate())
+        return 0.5 * max(wire.MAX_ISSUE_AHEAD_S, wire.MAX_ISSUE_AHEAD_S * rate)
 
     def _stamp(self, now_s: float) -> float:
         """The issue time of commands made at ``now_s``: never before the newest one given (within
@@ -439,6 +460,11 @@ class CommandBook:
         gone, self.superseded = self.superseded, []
         return gone
 
+    def acked_before(self, command_id: str) -> bool:
+        """Whether one of the last ``_ACKED_KEPT`` commands acked had this id: a second ack for it
+        answers a copy sent again (or is the broker's second delivery)."""
+        return command_id in self._acked
+
     def resume(self, commands: Iterable[tuple[str, str, str, bytes, float, float, int]]) -> list[OpenCommand]:
         """Re-open journaled commands after a restart: ``(id, target, topic, payload, issued, expires,
         attempts)``; their overlays are set again. Returns them (to be sent again)."""
@@ -449,16 +475,21 @@ class CommandBook:
                 continue
             oc = OpenCommand(cid, target, topic, payload, issued, expires, attempts=attempts)
             self._register(oc, msg)
+            self._last_stamp_s = max(self._last_stamp_s, msg.ts_s)  # the next ones are not issued before them
             out.append(oc)
         return out
 
     def on_ack(self, ack: wire.Acknowledgement, now_s: float) -> OpenCommand | None:
-        """An ack for one of ours closes it (None for an unknown id). A refusal or a late arrival
-        clears what the command would have set, so the next decision tries again (a refused card
-        setting after ``command_ttl_s``, unless the rack refused it as ``superseded``)."""
+        """An ack for one of ours closes it (None for an unknown id, or one acked before:
+        :meth:`acked_before`). A refusal or a late arrival clears what the command would have set, so
+        the next decision tries again (a refused card setting after ``command_ttl_s``, unless the rack
+        refused it as ``superseded``)."""
         oc = self.open.pop(str(ack.command_id), None)
         if oc is None:
             return None
+        self._acked[oc.command_id] = None
+        if len(self._acked) > _ACKED_KEPT:
+            del self._acked[next(iter(self._acked))]
         oc.acked = True
         self._by_key.pop(oc.key, None)
         if ack.result is not wire.AckResult.APPLIED:

@@ -238,7 +238,9 @@ class AgentService:
         #: this run of the agent (the publisher of its status and commands) and the others on the site
         self.instance = AgentInstance.current()
         self.others = OtherAgents(self.instance)
-        self.book = CommandBook(site, self.codec, cfg.control, publisher=self.instance.publisher)
+        self.book = CommandBook(
+            site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
+        )
         self.ingest = Ingest(site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event)
         self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
         self._status_seq = wire.Sequencer(self.instance.publisher)
@@ -758,6 +760,9 @@ class AgentService:
         self._acks_to_journal.append((str(ack.command_id), ack.ts_s, ack.result.value, ack.reason))
         if len(self._acks_to_journal) >= _ACK_BATCH:  # a burst that does not end (a flood): write as it comes
             self._journal_acks()
+        if oc is None and self.book.acked_before(str(ack.command_id)):
+            self.metrics.repeated_acks_total.inc()
+            return  # a copy sent again answered again (journaled, counted once)
         if oc is None and not self._journal_knows(str(ack.command_id)):
             self.metrics.foreign_acks_total.inc()
             return  # another agent's command, or a forged ack

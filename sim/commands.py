@@ -13,16 +13,18 @@ of commands at once) leaves it out and the caller takes :meth:`CommandHandler.ap
 the burst: one applied state per touched rack, made once, so that every ``seq`` number drawn is
 published and a receiver sees no gap in the sequence.
 
-A decoded command is first judged against the site clock (``wire.is_expired``: at or past
-``expires_at`` it is acked ``expired`` and NOT applied), then by the rules every rack follows
-(docs/protocol.md, "Which commands a rack applies"; the ack's reason starts with the code):
+A decoded command is judged by the rules every rack follows (docs/protocol.md, "Which commands a
+rack applies"; the ack's reason starts with the code), in this order:
 
+* ``duplicate``: a copy of a command (its ``command_id``) already answered gets that answer again
+  (``applied``, ``rejected`` or ``expired``, also after the command's expiry), its reason prefixed
+  ``duplicate:``, and is not applied again: each command is counted once (ids are remembered until
+  ``REMEMBER_AFTER_EXPIRY_S`` after their command's expiry, at most ``MAX_REMEMBERED_IDS``);
+* expiry against the site clock (``wire.is_expired``: at or past ``expires_at`` it is acked
+  ``expired`` and NOT applied);
 * ``ttl_too_long`` / ``issued_ahead`` (``wire.command_time_problem``): rejected when it would live
   longer than ``wire.MAX_COMMAND_TTL_S``, or its ``ts`` is more than ``max_issue_ahead_s`` ahead of
   the site clock;
-* ``duplicate``: a copy of a command (its ``command_id``) already answered ``applied`` or
-  ``rejected`` gets that answer again, its reason prefixed ``duplicate:``, and is not applied again
-  (ids are remembered until their command expires, at most ``MAX_REMEMBERED_IDS``);
 * ``superseded``: rejected when a command issued later has been applied to what it sets: per card
   its DVFS level (``set_dvfs_level``, ``set_clock_range``), its power limit, or its power state
   (``low_power_idle``, ``wake``, ``host_power_off``, ``host_power_on``); per rack its pump; the
@@ -86,6 +88,9 @@ log = logging.getLogger("racktwin.sim")
 #: The most command ids remembered to answer copies (``duplicate``); an id is forgotten when its
 #: command expires, the oldest first beyond this many.
 MAX_REMEMBERED_IDS = 100_000
+#: site seconds an answered id is remembered after its command's expiry, so that a late copy (an
+#: agent's retry, a broker's queue) still gets the earlier answer: the longest life a command may have
+REMEMBER_AFTER_EXPIRY_S = wire.MAX_COMMAND_TTL_S
 _PRUNE_EVERY = 1024
 
 # what a card command sets (each ordered on its own, :class:`IssueOrder`)
@@ -342,7 +347,8 @@ class CommandHandler:
         if self._since_prune >= _PRUNE_EVERY:
             self._since_prune = 0
             now_s = self.clock()
-            for cid in [cid for cid, (expires_s, _r, _why) in answered.items() if expires_s <= now_s]:
+            gone_s = now_s - REMEMBER_AFTER_EXPIRY_S
+            for cid in [cid for cid, (expires_s, _r, _why) in answered.items() if expires_s <= gone_s]:
                 del answered[cid]  # a copy arriving after this is answered ``expired``
         while len(answered) > MAX_REMEMBERED_IDS:
             del answered[next(iter(answered))]

@@ -327,8 +327,10 @@ async def run_closed_loop(
             stopped_by = "interrupted"
         elif sim.returncode not in (None, 0):
             stopped_by = "simulator stopped"
-        elif sim.returncode == 0:
+        elif sim.returncode == 0 and not agent_task.done():
             await _take_in_last_acks(service, out_dir / "summary.json", stop)
+            if stop.is_set():
+                stopped_by = "interrupted"
     finally:
         if sim is not None and sim.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -446,9 +446,13 @@ def test_after_the_agent_clock_steps_back_commands_keep_the_newest_issue_time(
         lvl[0:8] = level
         return decision_like(snap, card_level=lvl)
 
-    # an agent following a simulator at 20x: a rack accepts ten wall seconds (200 site s) ahead
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0, time_scale=1 / 20))  # type: ignore[arg-type]
-    assert book.stamp_hold_s() == 200.0
+    # an agent following a simulator at 20x: a rack accepts ten wall seconds (200 site s) ahead; the
+    # agent holds its stamps half as far
+    control_20x = ControlConfig(command_ttl_s=30.0, time_scale=1 / 20)
+    book = CommandBook(site, codec, control_20x)  # type: ignore[arg-type]
+    assert book.stamp_hold_s() == 100.0
+    # a simulator measured slower than configured: the slower rate bounds the hold
+    assert CommandBook(site, codec, control_20x, site_rate=lambda: 2.0).stamp_hold_s() == 10.0  # type: ignore[arg-type]
     plant = Plant(site, [], config=PlantConfig(seed=1))  # type: ignore[arg-type]
     rack_now = [NOW - 40.0]
     rack = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: rack_now[0], max_issue_ahead_s=200.0)
@@ -472,9 +476,15 @@ def test_after_the_agent_clock_steps_back_commands_keep_the_newest_issue_time(
 
     # at 1x a rack accepts 10 s ahead: a larger step back (a restarted site clock) stamps the clock's time
     book_1x = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
-    assert book_1x.stamp_hold_s() == wire.MAX_ISSUE_AHEAD_S
+    assert book_1x.stamp_hold_s() == wire.MAX_ISSUE_AHEAD_S / 2
     book_1x.commands(level_of_cards_0_to_7(3), snap, applied, NOW)
-    (small,) = book_1x.commands(level_of_cards_0_to_7(5), snap, applied, NOW - 5.0)
+    (small,) = book_1x.commands(level_of_cards_0_to_7(5), snap, applied, NOW - 3.0)
     assert codec.decode(small.topic, small.payload).ts_s == NOW  # type: ignore[union-attr]
     (large,) = book_1x.commands(level_of_cards_0_to_7(2), snap, applied, NOW - 60.0)
     assert codec.decode(large.topic, large.payload).ts_s == NOW - 60.0  # type: ignore[union-attr]
+
+    # a restarted agent re-opens its journaled commands: the next ones are not issued before them
+    restarted = CommandBook(site, codec, control_20x)  # type: ignore[arg-type]
+    restarted.resume([(first.command_id, first.target, first.topic, first.payload, NOW, NOW + 30.0, 1)])
+    (after_restart,) = restarted.commands(level_of_cards_0_to_7(6), snap, applied, NOW - 20.0)
+    assert codec.decode(after_restart.topic, after_restart.payload).ts_s == NOW  # type: ignore[union-attr]

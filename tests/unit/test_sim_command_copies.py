@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent import wire
-from sim.commands import CommandHandler
+from sim.commands import REMEMBER_AFTER_EXPIRY_S, CommandHandler
 from twin.plant import Plant, PlantConfig
 from twin.spec import load_site
 
@@ -64,3 +64,25 @@ def test_a_late_copy_of_an_applied_command_is_answered_applied_not_expired() -> 
     assert again.result is wire.AckResult.EXPIRED and again.reason is not None and again.reason.startswith("duplicate:")
     assert (c.applied, c.expired, c.duplicates) == (1, 1, 2)
     assert handler.level[3] != 2  # never applied
+
+
+def test_answers_are_remembered_an_hour_past_expiry_through_the_prunes() -> None:
+    """The remembered ids are pruned every 1,024 answers: a late copy still gets its earlier answer
+    then, until an hour after its command's expiry (at first the prune dropped every expired id)."""
+    handler, codec, clock = _setup()
+    cmd = wire.RackCommand("r0", (1,), wire.CardSetting.dvfs(3), uuid.uuid4(), TS + 30.0, TS - 1.0, 0, "agent")
+    assert _ack(handler, codec, cmd).result is wire.AckResult.APPLIED
+
+    def others(n: int) -> None:  # enough answers for a prune, each command applied
+        for i in range(n):
+            t = clock.now_s
+            other = wire.RackCommand("r0", (5,), wire.CardSetting.dvfs(i % 8), uuid.uuid4(), t + 30.0, t, i, "agent")
+            assert _ack(handler, codec, other).result is wire.AckResult.APPLIED
+
+    clock.now_s = TS + 600.0
+    others(1100)
+    copy = _ack(handler, codec, cmd)
+    assert copy.result is wire.AckResult.APPLIED and copy.reason is not None and copy.reason.startswith("duplicate:")
+    clock.now_s = TS + 30.0 + REMEMBER_AFTER_EXPIRY_S + 1.0  # forgotten at the next prune
+    others(1100)
+    assert _ack(handler, codec, cmd).result is wire.AckResult.EXPIRED
