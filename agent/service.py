@@ -102,6 +102,7 @@ _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a co
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
 _ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
+_ACK_KEYS_KEPT = 10_000  # ack messages remembered to count a second delivery once (acks_received)
 _ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (the oldest go first)
 _STATUS_ANSWER_GAP_S = 1.0  # a commanding agent answers another's status, but never twice within this
 _PEER_FORGET_S = 3600.0  # wall seconds after which another publisher not heard from is forgotten
@@ -314,7 +315,10 @@ class AgentService:
         self.decision_walls_s: collections.deque[float] = collections.deque(maxlen=100_000)
         self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
         self.decisions = 0
-        self.acks_received = 0  # every ack taken in (ours, copies answered again, other agents')
+        #: acks taken in (ours, copies answered again, other agents'), a broker's second delivery of one not
+        #: counted (the last ``_ACK_KEYS_KEPT`` ack messages are remembered by publisher, target and seq)
+        self.acks_received = 0
+        self._ack_keys: dict[tuple[str, str, int], None] = {}
         self.last_decision: Decision | None = None
         self.rounds_dropped = 0
         self.resumed_commands = 0
@@ -754,7 +758,12 @@ class AgentService:
             self._replan.set()
 
     def _on_ack(self, ack: wire.Acknowledgement) -> None:
-        self.acks_received += 1
+        key = (ack.publisher, ack.target, ack.seq)
+        if key not in self._ack_keys:
+            self.acks_received += 1
+            self._ack_keys[key] = None
+            if len(self._ack_keys) > _ACK_KEYS_KEPT:
+                del self._ack_keys[next(iter(self._ack_keys))]
         now = self.clock.now()
         oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
         self._acks_to_journal.append((str(ack.command_id), ack.ts_s, ack.result.value, ack.reason))

@@ -53,6 +53,8 @@ log = logging.getLogger("racktwin.sim")
 PUBLISHER = "sim"
 #: Job events kept while the link is down (older ones are dropped beyond this).
 EVENT_BACKLOG = 10_000
+#: wall seconds the end of a run waits for the answers (acks, applied state) of the commands taken
+ANSWER_DRAIN_S = 5.0
 _EPS_S = 1e-9
 
 
@@ -136,6 +138,7 @@ class SimSummary:
     commands_duplicate: int = 0  # copies of commands already answered: answered again, not applied
     commands_malformed: int = 0  # messages on command topics the codec refused (acked rejected when possible)
     commands_unanswered: int = 0  # ... of which carried no readable command_id: no ack
+    commands_after_end: int = 0  # received after the run's end: neither applied nor answered
     commands_by_target: dict[str, dict[str, int]] = field(default_factory=dict)
     command_refusals: dict[str, int] = field(default_factory=dict)
     rejected_messages: dict[str, int] = field(default_factory=dict)
@@ -206,6 +209,7 @@ class SimSummary:
             "commands_duplicate": self.commands_duplicate,
             "commands_malformed": self.commands_malformed,
             "commands_unanswered": self.commands_unanswered,
+            "commands_after_end": self.commands_after_end,
             "commands_by_target": self.commands_by_target,
             "command_refusals": self.command_refusals,
             "rejected_messages": self.rejected_messages,
@@ -268,6 +272,10 @@ class Simulator:
         )
         self._bus: Bus | None = None
         self._consumer: asyncio.Task[None] | None = None
+        self._taking_commands = True  # False from the run's end on (:meth:`_drain_answers`)
+        self._answers_held = 0  # answers made and not yet handed to the answerer (the burst goes on)
+        self._bursts_open = 0  # bursts of answers handed to the answerer and not yet sent (or given up)
+        self._commands_after_end = 0
         self._backlog: deque[wire.Outgoing] = deque(maxlen=EVENT_BACKLOG)
         self._flushing = asyncio.Lock()  # one flusher of the backlog at a time (step loop, on_connect)
         self._stop = asyncio.Event()
@@ -321,6 +329,7 @@ class Simulator:
             await self._loop(wall0)
             if self._stopping:
                 stopped_by = "stop"
+            await self._drain_answers()
         except asyncio.CancelledError:
             stopped_by = "cancelled"
             self._finish(wall0, cpu0, stopped_by)
@@ -522,6 +531,24 @@ class Simulator:
         except BusError as exc:
             log.warning("sim: %s; still trying", exc)
 
+    async def _drain_answers(self) -> None:
+        """The run has ended: take no more commands (counted, neither applied nor answered) and let
+        the answers of those taken go out, at most ``ANSWER_DRAIN_S``, so that every command the
+        summary counts was answered (the bus used to close under the last burst's acks: the journal
+        of the demo's agent lacked 4 of 79)."""
+        self._taking_commands = False
+        bus = self._bus
+        if bus is None:
+            return
+        deadline = time.monotonic() + ANSWER_DRAIN_S
+        while bus.pending() or self._answers_held or self._bursts_open:
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "sim: the answers to some commands were not sent within %g s of the run's end", ANSWER_DRAIN_S
+                )
+                return
+            await asyncio.sleep(0.01)
+
     async def _disconnect(self) -> None:
         bus, self._bus = self._bus, None
         consumer, self._consumer = self._consumer, None
@@ -548,16 +575,21 @@ class Simulator:
                 answers: list[wire.Outgoing] = []
                 try:
                     async for m in bus.messages():
-                        try:
-                            answers.extend(self.commands.handle(m.topic, m.payload))
-                        except Exception:  # this command only: the answers of the others in the burst still go
-                            log.exception("sim: a command on %r could not be handled; going on", m.topic)
-                        if bus.pending() == 0:
+                        if not self._taking_commands:
+                            self._commands_after_end += 1
+                        else:
+                            try:
+                                answers.extend(self.commands.handle(m.topic, m.payload))
+                            except Exception:  # this command only: the answers of the others in the burst still go
+                                log.exception("sim: a command on %r could not be handled; going on", m.topic)
+                        if bus.pending() == 0 or not self._taking_commands:
                             # each touched rack's applied state, made once for the burst (one seq number each)
                             answers.extend(self.commands.applied_states())
                             if answers:
                                 burst, answers = answers, []
+                                self._bursts_open += 1
                                 bursts.put_nowait(burst)
+                        self._answers_held = len(answers)
                     return  # the bus was closed
                 except asyncio.CancelledError:
                     raise
@@ -565,6 +597,8 @@ class Simulator:
                     log.exception("sim: command consumer failed; going on")
         finally:
             await cancel_and_wait(answerer)
+            self._bursts_open -= bursts.qsize()  # never sent (the connection is gone)
+            self._answers_held = 0
 
     async def _answer_bursts(self, bus: Bus, bursts: asyncio.Queue[list[wire.Outgoing]]) -> None:
         """Send the answers of each burst of commands, in the order of the bursts."""
@@ -576,6 +610,8 @@ class Simulator:
                 raise
             except Exception:  # never stop answering
                 log.exception("sim: answers of a burst of commands could not be sent; going on")
+            finally:
+                self._bursts_open -= 1
 
     async def _answer_all(self, bus: Bus, answers: list[wire.Outgoing]) -> None:
         """Publish a burst's answers at once: the acks in order, then each rack's applied state (one
@@ -638,6 +674,7 @@ class Simulator:
             commands_duplicate=c.duplicates,
             commands_malformed=c.malformed_acked + c.unanswered,
             commands_unanswered=c.unanswered,
+            commands_after_end=self._commands_after_end,
             commands_by_target={k: dict(v) for k, v in c.by_target.items()},
             command_refusals=dict(c.rejection_reasons),
             rejected_messages={k: v for k, v in self.codec.counter.snapshot().items() if v},

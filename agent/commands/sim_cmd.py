@@ -253,8 +253,9 @@ def _report(s: SimSummary, options: Any, *, summary_written: bool = True) -> Non
         f"queued {d['jobs_queued']}; racks over limit {d['rack_over_limit_s']:,.0f} rack-s, "
         f"max rack {d['max_rack_power_w'] / 1e3:,.2f} kW, max die {d['max_die_temp_c']:.1f} deg C",
         f"  messages: {s.messages_published:,} published, {s.telemetry_dropped:,} dropped while offline; commands "
-        f"{s.commands_applied} applied, {s.commands_rejected} rejected, {s.commands_expired} expired; "
-        f"bad messages {d['rejected_messages_total']}",
+        f"{s.commands_applied} applied, {s.commands_rejected} rejected, {s.commands_expired} expired"
+        + (f", {s.commands_after_end} after the end (not taken)" if s.commands_after_end else "")
+        + f"; bad messages {d['rejected_messages_total']}",
     ]
     if options.truth_log is not None:
         lines.append(f"  truth log: {options.truth_log} ({s.truth_rows} rows)")

@@ -557,9 +557,19 @@ async def test_a_killed_agent_resumes_from_its_journal_and_never_resends_an_expi
             clock["sim"] = sim1
             await sim1.run()
             end1 = time.monotonic()
-            # no simulator now: A's racks go stale, its fail-safe commands stay unanswered and expire
-            # (80 s of site time = 4 s) and are issued again; then A is killed
-            await asyncio.sleep(5.5)
+
+            # no simulator now: A's racks go stale, its commands stay unanswered, expire (80 s of site
+            # time = 4 s) and are issued again; A is killed once its journal holds a command that
+            # expired unanswered and an open one still valid well after B will have started (it was
+            # killed after a fixed 5.5 s: on a slow machine none had been issued again by then)
+            def resumable() -> bool:
+                _d, cmds = read_journal(journal)
+                site_now = 40.0 + (time.monotonic() - end1) * speed
+                return any(c["state"] == "expired" for c in cmds) and any(
+                    c["state"] in ("pending", "sent") and c["expires_s"] > site_now + 2.0 + 5.0 + 40.0 for c in cmds
+                )
+
+            await wait_for(resumable, 30, "agent A issuing again a command that expired unanswered")
         finally:
             a.send_signal(signal.SIGKILL)
             a.wait(10)

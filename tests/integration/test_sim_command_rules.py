@@ -171,3 +171,45 @@ async def test_the_cards_of_a_powered_off_host_take_no_settings(mosquitto: Embed
         assert np.asarray(sim.commands.level[R1 + 4 : R1 + 6]).tolist() == [5, 5]
     s = sim.summary
     assert s is not None and s.command_refusals == {"rack.host_off": 3}
+
+
+async def test_a_command_taken_just_before_the_end_is_answered_before_the_simulator_disconnects(
+    mosquitto: EmbeddedBroker,
+) -> None:
+    """The end of a run used to close the connection under the last burst's answers: the command was
+    applied and counted, its ack never sent (the demo's journal lacked 4 of 79 acks on a loaded
+    machine). Here the answers go out one wall second late (a slow broker): the run ends meanwhile,
+    and the ack still comes; a command after the end is neither applied nor answered, only counted."""
+    from sim.runner import SimOptions, Simulator
+
+    sim = Simulator(
+        SimOptions(
+            scenario=scenario(duration_s=20.0), mqtt=mosquitto.options(), site_id="site1", speed=10.0,
+            start_epoch_s=START_EPOCH_S,
+        )
+    )  # fmt: skip
+    answer_all = sim._answer_all
+
+    async def slow_answers(bus: object, answers: list[wire.Outgoing]) -> None:
+        await asyncio.sleep(1.0)
+        await answer_all(bus, answers)  # type: ignore[arg-type]
+
+    sim._answer_all = slow_answers  # type: ignore[method-assign]
+    async with observer(mosquitto, SITE) as obs:
+        task = asyncio.create_task(sim.run())
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 17.0)
+        t, _ = command_times(obs)
+        last = level_cmd((1,), 4, t, 0)
+        await obs.send(last)
+        async with asyncio.timeout(WAIT_S):
+            while sim._taking_commands:  # the run ends within 0.3 wall s, before the answer goes out
+                await asyncio.sleep(0.005)
+        after_end = level_cmd((2,), 4, t, 1)
+        await obs.send(after_end)  # while the last answers are still on their way
+        async with asyncio.timeout(WAIT_S):
+            summary = await task
+        ack = await obs.ack_of(last.command_id)
+        assert ack.result is wire.AckResult.APPLIED
+        assert summary.commands_applied == 1 and summary.commands_after_end == 1
+        assert sim.commands.level[R1 + 1] == 4 and sim.commands.level[R1 + 2] == 0
+        assert not [a for a in obs.of(wire.Acknowledgement) if a.command_id == after_end.command_id]
