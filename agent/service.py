@@ -56,6 +56,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -316,9 +317,10 @@ class AgentService:
         self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
         self.decisions = 0
         #: acks taken in (ours, copies answered again, other agents'), a broker's second delivery of one not
-        #: counted (the last ``_ACK_KEYS_KEPT`` ack messages are remembered by publisher, target and seq)
+        #: counted (the last ``_ACK_KEYS_KEPT`` ack messages are remembered by command, publisher and seq:
+        #: a restarted publisher numbers from 0 again)
         self.acks_received = 0
-        self._ack_keys: dict[tuple[str, str, int], None] = {}
+        self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
         self.last_decision: Decision | None = None
         self.rounds_dropped = 0
         self.resumed_commands = 0
@@ -758,7 +760,7 @@ class AgentService:
             self._replan.set()
 
     def _on_ack(self, ack: wire.Acknowledgement) -> None:
-        key = (ack.publisher, ack.target, ack.seq)
+        key = (ack.command_id, ack.publisher, ack.seq)
         if key not in self._ack_keys:
             self.acks_received += 1
             self._ack_keys[key] = None
