@@ -108,7 +108,7 @@ class CommandState(enum.StrEnum):
 
 
 #: states a rack's ack settles for good: a later ack of the same command does not change them
-_ANSWERED_STATES = frozenset({CommandState.APPLIED.value, CommandState.REJECTED.value})
+_ANSWERED_STATES = (CommandState.APPLIED.value, CommandState.REJECTED.value)
 
 
 @dataclass(frozen=True)
@@ -346,14 +346,17 @@ class Journal:
         now = time.time()
         with self._transaction():
             for command_id, site_time_s, result, reason in acks:
-                row = self._conn.execute("SELECT state FROM commands WHERE command_id = ?", (command_id,)).fetchone()
-                known.append(row is not None)
-                if row is not None:
-                    if row[0] not in _ANSWERED_STATES:
-                        self._conn.execute(
-                            "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ?",
-                            (state[result].value, now, command_id),
-                        )
+                # one statement for the usual ack (an open command); a lookup only when it changed nothing
+                cur = self._conn.execute(
+                    "UPDATE commands SET state = ?, updated_wall_s = ? WHERE command_id = ? AND state NOT IN (?, ?)",
+                    (state[result].value, now, command_id, *_ANSWERED_STATES),
+                )
+                is_known = cur.rowcount > 0 or (
+                    self._conn.execute("SELECT 1 FROM commands WHERE command_id = ?", (command_id,)).fetchone()
+                    is not None
+                )
+                known.append(is_known)
+                if is_known:
                     self._conn.execute(
                         "INSERT INTO acks(command_id, site_time_s, result, reason) VALUES (?, ?, ?, ?)",
                         (command_id, site_time_s, result, reason),
