@@ -271,6 +271,7 @@ class Controller:
         self._pending = {j: (c, min(u, now_s + cfg.command_ttl_s)) for j, (c, u) in self._pending.items()}
         self._reserved = None  # a reservation's promised start is recomputed on the new timeline
         self.guard.clock_went_back(now_s)
+        self.offsets.clock_went_back(now_s)
 
     def context(
         self,

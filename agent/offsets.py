@@ -224,6 +224,15 @@ class DieOffsetFilter:
         window_min = np.where(np.isfinite(anchor), np.minimum(window_min, anchor), 0.0)
         return np.asarray(np.maximum(held, window_min), dtype=np.float64)
 
+    def clock_went_back(self, now_s: float) -> None:
+        """The site's clock went back to ``now_s`` (``Controller.clock_went_back``): an operating
+        point that began on the old timeline after ``now_s`` begins now, so that its settle wait
+        runs on the new clock instead of pausing until the new clock passes the old start (the
+        wait would otherwise last as long as the step back: ~760 s after a restarted simulator);
+        settled observations stand (what a card's die read is still true of the card), and the raw
+        samples newer than ``now_s`` are dropped at the next :meth:`update`."""
+        np.minimum(self._since_s, now_s, out=self._since_s)
+
     def offsets_k(self, r_total_k_per_w: FloatArray) -> FloatArray:
         """Every card's offset from its last settled observation, predicted with ``r_total_k_per_w``
         (at nominal flow) at the observation's flow."""

@@ -137,6 +137,41 @@ def test_the_offset_is_taken_only_from_settled_readings_and_held_through_transie
         np.testing.assert_allclose(off, settled)  # the hot card's 6 K, the others' few tenths (card spread)
 
 
+def test_after_the_site_clock_steps_back_a_card_is_measured_again_on_the_new_clock() -> None:
+    """A card ran 8 K hot, then its excess went (its fault healed), then the
+    simulator restarted 1,200 s back. The controller's offsets follow the card on the new clock
+    within a settle window; before, the old 8 K stood until the new clock passed the old times (the
+    guard would have kept throttling a healthy card for 20 minutes)."""
+    site, snap = _steady()
+    load = site_load(site, snap)
+    settle_s = float(5 * slow_time_constants_s(site, spec_r_total_k_per_w(site)).max())
+    card = int(load.jobs[0].cards[0])
+    ctl = Controller(site, ControlConfig(period_s=15.0, control_setpoint=False))
+    hot = _with_excess(snap, card, 8.0)
+
+    def at(s: StateSnapshot, t_s: float) -> StateSnapshot:  # the readings, fresh at t_s
+        seen = np.full(site.n_cards, t_s)
+        return dataclasses.replace(
+            s,
+            time_s=t_s,
+            card_last_seen_s=seen,
+            card_prev_seen_s=seen - 1.0,
+            rack_last_seen_s=np.full(site.n_racks, t_s),
+        )
+
+    t = 1000.0
+    while t < 1000.0 + settle_s + 30.0:
+        off = ctl.context(at(hot, t), t).die_offset_k
+        t += 15.0
+    assert off[card] == pytest.approx(8.0, abs=1.0)
+    ctl.context(at(snap, t), t)  # the excess goes, on the old timeline; then the clock steps back
+    now = t - 1200.0
+    for _ in range(int((settle_s + 60.0) // 15.0)):
+        off = ctl.context(at(snap, now), now).die_offset_k
+        now += 15.0
+    assert off[card] < 1.0  # the card's own spread (a few tenths), not the old 8 K
+
+
 def test_a_calibrated_resistance_and_the_offset_do_not_double_count() -> None:
     site, snap = _steady()
     load = site_load(site, snap)
