@@ -37,7 +37,11 @@ repeat while nothing else changes is not stuck (a steady site without sensor noi
 read apart, moves by ``stuck_pdu_move_w`` (default: all of the rack's host overhead plus 5% of its
 limit, more than anything but its cards can move it) from what it read when they last changed, over
 ``stuck_after_readings`` PDU readings: a site whose card readings froze as a whole. One whose PDU
-readings froze with them is not told from a steady site.
+readings froze with them is caught by the job events, which come from the scheduler, not from the
+racks' telemetry: a card whose power and die both repeat over ``stuck_after_readings`` readings in
+which its job's events said it started computing, stopped computing, was given a job or lost one
+(the card's activity: idle, computing, busy not computing) since its readings last changed is
+stuck. A card's readings cannot stay bit for bit the same through such a change, noise or not.
 
 Job events come at least once, and not always in order: a ``submitted`` of a job the belief knows
 (queued or running), or of one that finished after that submission, is a repeat and ignored; any
@@ -73,6 +77,8 @@ _NEVER = -math.inf
 _DIE_RANGE_C = (-20.0, 150.0)
 #: Finished and failed jobs remembered (to tell a late copy of their submission from a new job).
 _GONE_KEPT = 4096
+#: A card's activity as the job events tell it (:meth:`TwinState.stuck_cards`).
+_IDLE, _COMPUTING, _BUSY_NOT_COMPUTING = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,12 @@ class TwinState:
         self._power_moved = np.zeros(n, dtype=np.int64)
         self._power_ref_model_w = nan.copy()
         self._power_model = PowerModel.from_card(card)
+        # a card frozen as a whole while its job's events moved it: readings since its power and die
+        # last changed in which its activity (idle, computing, busy not computing: from the job events)
+        # differed from what it was then
+        self._card_activity = np.full(n, _IDLE, dtype=np.int8)
+        self._activity_ref = np.full(n, -1, dtype=np.int8)
+        self._activity_moved = np.zeros(n, dtype=np.int64)
         rnan = np.full(r, np.nan)
         self.rack_power_w = rnan.copy()
         self.rack_supply_temp_c = rnan.copy()
@@ -387,6 +399,10 @@ class TwinState:
         p_move = _nan_to_num(np.abs(model_w - self._power_ref_model_w[ok]))
         self._power_moved[ok] = np.where(power_same, self._power_moved[ok] + (p_move >= self.stuck_power_move_w), 0)
         self._power_ref_model_w[ok[~power_same]] = model_w[~power_same]
+        activity = self._card_activity[ok]
+        activity_moved = activity != self._activity_ref[ok]
+        self._activity_moved[ok] = np.where(same, self._activity_moved[ok] + activity_moved, 0)
+        self._activity_ref[ok[~same]] = activity[~same]
 
     def _pdu_evidence(self, r: int, pdu_w: float) -> None:
         """A new PDU reading of rack ``r``: count it when the rack's cards reported since the last one
@@ -451,8 +467,10 @@ class TwinState:
             self._jobs[ev.job_id] = replace(
                 info, state="running", phase=ev.phase, cards=tuple(ev.cards), last_event_s=ev.time_s
             )
+            self._mark_activity(ev.job_id)
         elif ev.kind == "phase":
             self._jobs[ev.job_id] = replace(info, phase=ev.phase, last_event_s=ev.time_s)
+            self._mark_activity(ev.job_id)
         elif ev.kind == "requeued":
             self._set_cards(ev.job_id, (), released_s=ev.time_s)
             self._jobs[ev.job_id] = replace(
@@ -477,6 +495,14 @@ class TwinState:
         if job_id in self._queue:
             self._queue.remove(job_id)
 
+    def _mark_activity(self, job_id: str) -> None:
+        """Note what a running job's cards do now, by its phase (:meth:`stuck_cards`)."""
+        info = self._jobs[job_id]
+        idx = np.asarray(info.cards, dtype=np.int64)
+        idx = idx[(idx >= 0) & (idx < self._n)]
+        idx = idx[self._card_key[idx] == self._job_key[job_id]]
+        self._card_activity[idx] = _COMPUTING if info.phase == Phase.COMPUTE else _BUSY_NOT_COMPUTING
+
     def _set_cards(self, job_id: str, cards: tuple[int, ...], *, released_s: float = _NEVER) -> None:
         """Give the job ``cards``; ``()`` takes its cards back (noting ``released_s`` on them)."""
         key = self._job_key[job_id]
@@ -487,6 +513,7 @@ class TwinState:
                 old = old[(old >= 0) & (old < self._n)]
                 old = old[self._card_key[old] == key]
                 self._card_key[old] = -1
+                self._card_activity[old] = _IDLE
                 self.card_released_s[old] = np.maximum(self.card_released_s[old], released_s)
             return
         idx = np.asarray(cards, dtype=np.int64)
@@ -573,13 +600,16 @@ class TwinState:
         moves it; it cannot hold it through a load step or a set-point change), and cards whose power
         alone is frozen: unchanged over ``stuck_after_readings`` readings in which the power model, at
         the card's reported clock, utilization, die and low-power state, had moved it by
-        ``stuck_power_move_w``."""
+        ``stuck_power_move_w``, and cards awake whose power and die both held over
+        ``stuck_after_readings`` readings in which their job's events had changed what they do
+        (idle, computing, busy not computing): a site frozen as a whole, its PDUs with it."""
         n = self.stuck_after_readings
         same = self._card_same.reshape(self._n_racks, self._cpr)
         frozen = same >= n
         moving = (same == 0).any(axis=1)
         hit = (frozen & moving[:, None]).ravel()
         alone = (self._die_moved >= n) | (self._power_moved >= n)
+        alone |= (self._activity_moved >= n) & ~self.card_low_power
         hit |= alone & ~self.card_failed & ~self.card_host_off
         return tuple(int(c) for c in np.flatnonzero(hit))
 

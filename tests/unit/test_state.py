@@ -388,6 +388,40 @@ def test_a_site_frozen_as_a_whole_is_stuck_once_its_pdus_see_its_cards_load_move
     assert st.stuck_racks() == (0, 1) and st.stuck_cards() == ()
 
 
+def test_a_site_frozen_with_its_pdus_is_stuck_once_the_job_events_move_its_cards(small_site: SiteSpec) -> None:
+    """Every reading of the site freezes at once, its PDUs' and loops' too (a collector re-publishing
+    its whole cache with fresh time stamps), while the scheduler's job events go on. When the job
+    next checkpoints or resumes, its cards' activity changes, and readings that stay bit for bit the
+    same through that are a frozen source: the job's cards are stuck ten readings later (their racks
+    get the fail-safe caps). Before the freeze, through the same phase changes, nothing is stuck."""
+    jobs = [JobSpec("a", 24, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=120.0)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PHASES))
+    st = TwinState(small_site, stuck_after_readings=10)
+    cache = None
+    moved_at = flagged_at = None
+    for t in range(400):
+        p.step(1.0)
+        readings = p.readings()
+        if t == 200:
+            cache = readings
+        if cache is not None:
+            racks = tuple(dataclasses.replace(rr, time_s=readings.time_s) for rr in cache.racks)
+            readings = dataclasses.replace(cache, time_s=readings.time_s, racks=racks)
+        st.update(readings)
+        events = p.drain_events()
+        st.apply_events(events)
+        if t <= 200:
+            assert st.stuck_cards() == () and st.stuck_racks() == ()
+        elif moved_at is None and any(e.kind == "phase" for e in events):
+            moved_at = t
+        if flagged_at is None and st.stuck_cards():
+            flagged_at = t
+    assert moved_at is not None and flagged_at is not None
+    assert moved_at + 9 <= flagged_at <= moved_at + 10  # ten readings after the event
+    assert st.stuck_cards() == tuple(range(24))  # the job's cards; the idle ones' activity never moved
+    assert st.stuck_racks() == ()  # nothing changed anywhere: no rack stands out
+
+
 def _as_lists(readings: Readings) -> Readings:
     """The same readings with every card array a list (decoded payloads may carry lists; the plant sends arrays)."""
     racks = []
