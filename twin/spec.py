@@ -298,11 +298,34 @@ def load_site(path: str | Path) -> SiteSpec:
     return site_from_dict(read_toml(path), source=str(path))
 
 
+#: With ``rack.hosts_per_rack`` > 0 these must be given too (none has a default that fits a real host).
+_HOST_KEYS = ("host_power_w", "host_off_power_w", "host_boot_s")
+
+
 def site_from_dict(data: dict[str, Any], source: str = "<site>") -> SiteSpec:
     """Build and validate a :class:`SiteSpec` from parsed TOML data."""
+    _check_host_keys_given(data, source)
     site = decode_table(SiteSpec, data, source)
     _check_site(site, source)
     return site
+
+
+def _check_host_keys_given(data: dict[str, Any], source: str) -> None:
+    """Host power-down is all four keys or none: a missing boot time or off power read as 0 would
+    power real hosts off the moment they idle (a 0 s break-even time) or overstate what they save."""
+    rack = data.get("rack")
+    if not isinstance(rack, dict):
+        return
+    hosts = rack.get("hosts_per_rack", 0)
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts <= 0:
+        return  # hosts not managed, or a value the table's own check refuses
+    missing = [k for k in _HOST_KEYS if k not in rack]
+    if missing:
+        raise SpecError(
+            source,
+            f"rack.{missing[0]}",
+            f"missing: rack.hosts_per_rack > 0 needs {', '.join(_HOST_KEYS)} as well (missing: {', '.join(missing)})",
+        )
 
 
 def _check_site(site: SiteSpec, source: str) -> None:

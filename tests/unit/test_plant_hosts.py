@@ -96,6 +96,18 @@ def test_spec_checks_the_host_keys(example_data: dict[str, Any]) -> None:
             site_from_dict(data)
 
 
+@pytest.mark.parametrize("key", ["host_power_w", "host_off_power_w", "host_boot_s"])
+def test_spec_with_hosts_needs_all_four_host_keys(example_data: dict[str, Any], key: str) -> None:
+    """A host spec without its boot time read as 0 s: the agent powered idle hosts off at once (a 0 s
+    break-even time) and `--check-config` said OK; without its off power an off host drew 0 W."""
+    data = copy.deepcopy(example_data)
+    del data["rack"][key]
+    with pytest.raises(SpecError, match=f"rack.{key}: missing: rack.hosts_per_rack > 0 needs"):
+        site_from_dict(data)
+    data["rack"]["hosts_per_rack"] = 0  # hosts not managed: the other keys are optional
+    site_from_dict(data)
+
+
 def test_the_steady_state_with_hosts_off_is_the_plants(site: SiteSpec) -> None:
     """``twin.steady.site_steady_state(host_off=...)``, which judges ``racktwin optimize``'s plans,
     agrees with the plant after it settles: a job on the first 128 cards, the other cards in
