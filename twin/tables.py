@@ -91,6 +91,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(source, "", f"not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise SpecError(source, "", "not valid TOML here: arrays or inline tables nested too deeply") from None
 
 
 def _join(prefix: str, name: str) -> str:

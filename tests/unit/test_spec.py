@@ -122,6 +122,10 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
     bad.write_text("name = \n", encoding="utf-8")
     with pytest.raises(SpecError, match="not valid TOML"):
         load_site(bad)
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 2000 + "]" * 2000 + "\n", encoding="utf-8")  # a RecursionError in tomllib
+    with pytest.raises(SpecError, match="nested too deeply"):
+        load_site(deep)
 
 
 def test_flow_per_card_below_the_cold_plate_table(tmp_path: Path, example_data: dict[str, Any]) -> None:
