@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import re
 import socket
@@ -512,6 +513,18 @@ def _file_system_type(path: Path) -> str | None:
     return kind
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _file_start(path: Path, n: int) -> bytes:
+    """The first ``n`` bytes of a file (fewer if it is shorter; empty if it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
 def _journal_path_problem(path: str) -> str | None:
     """What keeps the service from keeping its journal at ``path`` (None: nothing). Nothing is
     created: the nearest existing folder must let the agent create files (the journal, its ``-wal``,
@@ -525,6 +538,8 @@ def _journal_path_problem(path: str) -> str | None:
             return f"not a regular file: {path}"
         if not os.access(p, os.R_OK | os.W_OK):
             return f"cannot read and write it (permission denied): {path}"
+        if (header := _file_start(p, len(_SQLITE_HEADER))) and header != _SQLITE_HEADER:
+            return f"not a journal (an SQLite database): {path}"
         folder = p.parent
     else:
         folder = next((a for a in p.parents if a.exists() or a.is_symlink()), Path("/"))
@@ -580,6 +595,25 @@ def _check(cfg: AgentConfig, site: SiteSpec, source: str) -> None:
         raise SpecError(source, "broker.client_id", f"{b.client_id!r}: the only placeholder is {CLIENT_ID_HOST}")
     if (problem := _journal_path_problem(cfg.journal.path)) is not None:
         raise SpecError(source, "journal.path", problem)
+    if (problem := _listen_host_problem(cfg.http.host)) is not None:
+        raise SpecError(source, "http.host", problem)
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _listen_host_problem(host: str) -> str | None:
+    """Why ``host`` cannot be an address to listen on (None: it can): an IP address or a host name
+    (RFC 1123 labels). Only the form is checked here; a name that does not resolve fails at start."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if host and len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return None
+    return f"{host!r} is neither an IP address nor a host name (e.g. 127.0.0.1, 0.0.0.0 for every interface, ::1)"
 
 
 def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:

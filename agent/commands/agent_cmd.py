@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -106,7 +107,9 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise UserError(f"{path}: journal.path: {exc}") from None
     except TlsFileError as exc:  # a certificate or key file of [broker] that TLS cannot use
         raise UserError(f"{path}: broker: {exc}") from None
-    except HttpListenError as exc:  # e.g. the HTTP port is taken
+    except HttpListenError as exc:  # e.g. the HTTP port is taken, or the host name does not resolve
+        if isinstance(exc.__cause__, socket.gaierror):
+            raise UserError(f"{path}: http.host {exc.host!r}: {exc.strerror or exc}") from None
         raise UserError(f"{path}: http.port {exc.port} ({exc.host}): {exc.strerror or exc}") from None
     except OSError as exc:  # anything else the operating system refused at the start: say what, not where
         where = f": {exc.filename}" if exc.filename else ""

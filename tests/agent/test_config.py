@@ -282,6 +282,7 @@ def test_a_journal_path_the_service_cannot_use_is_refused_naming_journal_path(tm
     (tmp_path / "folder").mkdir()
     os.mkfifo(tmp_path / "fifo")
     cases = [
+        (str(tmp_path / "file"), "not a journal (an SQLite database)"),  # the service said so only at start
         (str(tmp_path / "file" / "x.sqlite"), "is a file, not a folder"),
         (str(tmp_path / "file" / "a" / "b" / "x.sqlite"), "is a file, not a folder"),
         (str(tmp_path / "folder"), "is a folder, not a file"),
@@ -306,6 +307,19 @@ def test_a_journal_path_the_service_cannot_use_is_refused_naming_journal_path(tm
     (tmp_path / "state" / "agent").mkdir()
     Path(loaded.config.journal.path).write_bytes(b"")  # an existing (empty) file is fine too
     assert load_config(p, env={}).config.journal.path == loaded.config.journal.path
+
+
+@pytest.mark.parametrize("host", ["not a host", "host_with_underscore", "-leading.dash", "a..b"])
+def test_an_http_host_that_is_no_address_is_refused_naming_http_host(tmp_path: Path, host: str) -> None:
+    """`--check-config` said OK and the service then failed at start naming http.port."""
+    err = refused(tmp_path, f'site = "site.toml"\n[http]\nhost = "{host}"\n')
+    assert err.path == "http.host" and "neither an IP address nor a host name" in err.problem
+
+
+def test_http_hosts_that_are_addresses_or_names_pass(tmp_path: Path) -> None:
+    for host in ("127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "metrics-1.example.org", "node07."):
+        p = write(tmp_path, f'site = "site.toml"\n[http]\nhost = "{host}"\n')
+        assert load_config(p, env={}).config.http.host == host
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
