@@ -54,9 +54,12 @@ def _top_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
-    if not args or args[0] in ("-h", "--help"):
+    if not args:  # a usage error: the help on stderr, as argparse does with its errors
+        top.print_help(sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help"):
         top.print_help()
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         print(f"racktwin {racktwin_version()}")
         return 0

@@ -100,6 +100,8 @@ def open_read_only(path: str | Path) -> sqlite3.Connection:
         raise JournalError(f"journal {p}: no such file (the agent's journal.path; has the agent run there?)")
     if not p.is_file():
         raise JournalError(f"journal {p}: not a file")
+    if not os.access(p, os.R_OK):  # SQLite would say only "unable to open database file"
+        raise JournalError(f"journal {p}: cannot read it (permission denied)")
     in_use = Path(f"{p}-wal").exists()
     uri = f"file:{quote(str(p.resolve()))}?mode=ro" + ("" if in_use else "&immutable=1")
     try:

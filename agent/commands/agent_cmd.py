@@ -17,6 +17,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from agent.commands.common import UserError
@@ -80,6 +81,11 @@ def run(args: argparse.Namespace, command: str) -> int:
     from agent.config import explain
 
     check = args.check_config
+    if isinstance(check, str) and args.config is not None and Path(check).resolve() != Path(args.config).resolve():
+        raise UserError(
+            f"--config {args.config} and --check-config {check} name two files: give one "
+            "(--check-config alone checks --config's file)"
+        )
     path = check if isinstance(check, str) else args.config
     if path is None:
         raise UserError("give the configuration: --config FILE (or --check-config FILE)")

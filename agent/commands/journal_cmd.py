@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "(2026-12-01T10:00, or with an offset: 2026-12-01T10:00+01:00)",
     )
     parser.add_argument(
-        "--last", type=int, default=5, metavar="N", help="newest decisions shown with their explanation (default 5)"
+        "--last", type=int, metavar="N", help="newest decisions shown with their explanation (default 5)"
     )
     parser.add_argument("--decision", type=int, metavar="ID", help="one decision (its id) with its commands and acks")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
@@ -100,9 +100,13 @@ def run(args: argparse.Namespace, command: str) -> int:
     from agent.journal import JournalError
     from agent.journal_report import decision_detail, read_journal, summarize
 
-    if args.last < 0:
-        raise UserError(f"--last {args.last}: must be 0 or more")
-    last = min(args.last, _MAX_ID)  # more than the journal holds is all of it
+    if args.decision is not None and (args.since is not None or args.last is not None):
+        given = " and ".join(o for o, v in (("--since", args.since), ("--last", args.last)) if v is not None)
+        raise UserError(f"{given} cannot be combined with --decision (it shows one decision, whatever its time)")
+    last_n = 5 if args.last is None else args.last
+    if last_n < 0:
+        raise UserError(f"--last {last_n}: must be 0 or more")
+    last = min(last_n, _MAX_ID)  # more than the journal holds is all of it
     since = None if args.since is None else parse_since(args.since, time.time())
     path = _journal_path(args)
     if args.decision is not None:

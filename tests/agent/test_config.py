@@ -332,3 +332,30 @@ def test_a_journal_in_a_folder_the_agent_cannot_write_is_refused(tmp_path: Path)
         assert err.path == "journal.path" and f"cannot create files in {locked}" in err.problem
     finally:
         locked.chmod(0o700)
+
+
+def test_check_config_of_another_file_than_config_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--config A --check-config B` checked B alone and said OK; the same file twice is fine."""
+    from agent.cli import main
+
+    a = write(tmp_path, 'site = "site.toml"\n')
+    b = tmp_path / "other.toml"
+    b.write_text('site = "site.toml"\n')
+    assert main(["agent", "--config", str(a), "--check-config", str(b)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "name two files" in err
+    assert main(["agent", "--config", str(a), "--check-config", str(a)]) == 0
+    assert main(["agent", "--config", str(a), "--check-config"]) == 0
+
+
+def test_racktwin_without_a_command_is_a_usage_error_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main
+
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "COMMAND" in err
+    assert main(["--help"]) == 0
+    out, err = capsys.readouterr()
+    assert "COMMAND" in out and err == ""

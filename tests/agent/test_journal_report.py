@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -117,6 +118,27 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     rc = main(["journal", *args])
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_journal_says_permission_denied(journal_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SQLite's own message was "unable to open database file"."""
+    journal_file.chmod(0)
+    try:
+        rc, _, err = run_cli(capsys, "--journal", str(journal_file))
+    finally:
+        journal_file.chmod(0o600)
+    assert rc == 2 and "cannot read it (permission denied)" in err
+
+
+@pytest.mark.parametrize("extra", [["--since", "1h"], ["--last", "0"], ["--since", "2h", "--last", "3"]])
+def test_decision_with_since_or_last_is_refused(
+    journal_file: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    """They were silently ignored: `--decision 3 --since 2030-01-01` printed decision 3."""
+    rc, out, err = run_cli(capsys, "--journal", str(journal_file), "--decision", "3", *extra)
+    assert rc == 2 and out == ""
+    assert "cannot be combined with --decision" in err and extra[0] in err
 
 
 def test_the_summary_counts_what_was_journaled(journal_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
