@@ -330,6 +330,14 @@ def _check_host_keys_given(data: dict[str, Any], source: str) -> None:
 
 def _check_site(site: SiteSpec, source: str) -> None:
     """Cross-field checks that a per-field range cannot express."""
+    if site.cold_plate.fluid.strip().casefold() != site.loop.fluid.strip().casefold():
+        raise SpecError(
+            source,
+            "cold_plate.fluid",
+            f"{site.cold_plate.fluid!r}, but the loop carries {site.loop.fluid!r}: the plate's resistance table "
+            "must be measured in the loop's coolant (fluid is a label: the table, density and heat capacity "
+            "are what the twin computes with)",
+        )
     card = site.card
     if len(card.voltages_v) != len(card.clocks_mhz):
         raise SpecError(

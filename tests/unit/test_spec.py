@@ -115,6 +115,17 @@ def test_unequal_tables(tmp_path: Path, example_data: dict[str, Any]) -> None:
     assert err.path == "card.voltages_v"
 
 
+def test_the_plate_and_the_loop_name_the_same_coolant(tmp_path: Path, example_data: dict[str, Any]) -> None:
+    """`fluid = "water"` in [loop] was accepted and changed nothing (the PG25 table and properties
+    stayed in force): a plate table measured in another coolant than the loop's is refused."""
+    d = example_data
+    d["loop"]["fluid"] = "water"
+    err = _error(tmp_path, d)
+    assert err.path == "cold_plate.fluid" and "'water'" in str(err)
+    d["cold_plate"]["fluid"] = "Water"  # both renamed (with the operator's own table and properties)
+    assert load_site(_write(tmp_path, d)).loop.fluid == "water"
+
+
 def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="file not found"):
         load_site(tmp_path / "nope.toml")
