@@ -39,7 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         default=None,
         help="validate and explain the configuration (this FILE or --config's), then exit",
     )
-    parser.add_argument("--mode", choices=("advisory", "enforce"), help="override the configuration's mode")
+    parser.add_argument(
+        "--mode",
+        choices=("advisory", "enforce"),
+        help="override the configuration's mode: advisory publishes each decision as advice and commands "
+        "nothing; enforce sends the commands to the racks, the facility and the scheduler",
+    )
 
 
 def config_read(path: str, read: Callable[[str], _T]) -> _T:

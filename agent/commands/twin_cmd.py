@@ -27,17 +27,34 @@ from twin.sweep import best_point, supply_sweep
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    st = sub.add_parser("steady", help="steady state of the site at one DVFS level (what-if)")
+    st = sub.add_parser(
+        "steady",
+        help="steady state of the site at one DVFS level (what-if)",
+        description="Steady state of the site with every card at one DVFS level: card, rack, loop and facility "
+        "power, temperatures and PUE (a what-if of the twin, no control).",
+    )
     _common(st)
     which = st.add_mutually_exclusive_group()
-    which.add_argument("--level", type=int, default=None, help="DVFS level of every card (0 = fastest)")
-    which.add_argument("--clock-mhz", type=float, default=None, help="clock of every card (nearest level at or above)")
+    which.add_argument("--level", type=int, default=None, help="DVFS level of every card, 0 = fastest (default 0)")
+    which.add_argument(
+        "--clock-mhz",
+        type=float,
+        default=None,
+        help="clock of every card in MHz, within the card's DVFS table (the nearest level at or above)",
+    )
     st.add_argument("--utilization", type=float, default=1.0, help="card utilization 0..1 (default 1)")
-    st.add_argument("--supply-temp-c", type=float, default=None, help="rack supply set-point (default: the spec's)")
-    sw = sub.add_parser("sweep-supply", help="facility power vs coolant supply temperature at full load")
+    st.add_argument(
+        "--supply-temp-c", type=float, default=None, help="rack supply set-point, deg C, 5..60 (default: the spec's)"
+    )
+    sw = sub.add_parser(
+        "sweep-supply",
+        help="facility power vs coolant supply temperature at full load",
+        description="Facility power, PUE and card throttling over a range of coolant supply temperatures, every "
+        "card at one level and utilization (where the set-point that costs least lies).",
+    )
     _common(sw)
-    sw.add_argument("--from-c", type=float, default=20.0, help="first supply temperature (default 20)")
-    sw.add_argument("--to-c", type=float, default=55.0, help="last supply temperature (default 55)")
+    sw.add_argument("--from-c", type=float, default=20.0, help="first supply temperature, deg C, 5..60 (default 20)")
+    sw.add_argument("--to-c", type=float, default=55.0, help="last supply temperature, deg C, 5..60 (default 55)")
     sw.add_argument("--step-k", type=float, default=1.0, help="step (default 1 K)")
     sw.add_argument("--level", type=int, default=0, help="DVFS level of every card (default 0)")
     sw.add_argument("--utilization", type=float, default=1.0, help="card utilization 0..1 (default 1)")
@@ -48,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", default=None, help="site spec TOML (default: examples/supernode-512.toml)")
-    p.add_argument("--ambient-c", type=float, default=None, help="outdoor temperature (default: the spec's)")
+    p.add_argument(
+        "--ambient-c",
+        type=float,
+        default=None,
+        help="outdoor (dry-bulb) temperature, deg C, -40..55 (default: the spec's)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
