@@ -144,6 +144,11 @@ class FitError(ValueError):
     """The samples cannot support a fit (too few distinct points, non-finite values...)."""
 
 
+#: The leakage slope is fitted only when ``temperature_c`` spans more than this (K); a narrower
+#: spread cannot separate leakage from idle power, and the slope is reported as 0.
+LEAKAGE_MIN_TEMP_SPAN_K = 0.5
+
+
 @dataclass(frozen=True)
 class PowerFit:
     """A fitted card power model. ``voltage_rel(f)`` is V(f)/V(top_clock_mhz)."""
@@ -157,6 +162,11 @@ class PowerFit:
     reference_temp_c: float
     mape: float
     n_samples: int
+    #: False when the samples cannot identify the parameter, which is then reported as 0: no
+    #: ``temperature_c`` or one spanning at most ``LEAKAGE_MIN_TEMP_SPAN_K`` (leakage); a
+    #: utilization of 0 on every sample (dynamic power).
+    leakage_identified: bool = True
+    dynamic_identified: bool = True
 
     def voltage_rel(self, clock_mhz: FloatArray | float) -> FloatArray:
         return _voltage_rel(
@@ -224,8 +234,10 @@ def fit_power(
 ) -> PowerFit:
     """Fit the card power model to samples of a clock sweep.
 
-    ``utilization`` (0..1) defaults to 1 (a sweep under full load); without ``temperature_c`` the
-    leakage slope is not identifiable and is reported as 0 at the reference temperature.
+    ``utilization`` (0..1) defaults to 1 (a sweep under full load); without ``temperature_c``, or
+    with one spanning at most ``LEAKAGE_MIN_TEMP_SPAN_K``, the leakage slope is not identifiable and
+    is reported as 0 at the reference temperature; with utilization 0 on every sample the dynamic
+    power is not either and is reported as 0 (``PowerFit.leakage_identified``/``dynamic_identified``).
     Raises :class:`FitError` when the samples cannot support the fit.
     """
     f = np.asarray(clock_mhz, dtype=np.float64)
@@ -246,7 +258,7 @@ def fit_power(
         raise FitError(f"need at least 4 distinct clocks to fit, got {n_distinct}")
     f_top = float(f.max())
     x_rel = f / f_top
-    fit_leak = temperature_c is not None and float(np.ptp(t)) > 0.5
+    fit_leak = temperature_c is not None and float(np.ptp(t)) > LEAKAGE_MIN_TEMP_SPAN_K
     t_ref = float(np.median(t)) if temperature_c is not None else 0.0
 
     def solve(v_floor: float, slope: float) -> tuple[float, FloatArray]:
@@ -281,6 +293,8 @@ def fit_power(
         reference_temp_c=t_ref,
         mape=0.0,
         n_samples=int(f.size),
+        leakage_identified=fit_leak,
+        dynamic_identified=bool(np.any(u > 0.0)),
     )
     pred = fit.predict_w(f, u, t if temperature_c is not None else None)
     mape = float(np.mean(np.abs(pred - p) / p))

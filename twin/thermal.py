@@ -182,6 +182,10 @@ class ThermalFit:
     tau_s: float
     rmse_k: float
     n_samples: int
+    #: True when the best ``tau_s`` is the lower end of the search (a twentieth of the shortest
+    #: sample interval, at least 1 ms): the die follows the power within one sample, so the time
+    #: constant is not identified; ``r_th_k_per_w`` (the steady-state gain) still is.
+    tau_at_lower_bound: bool = False
 
 
 def first_order_scan(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -210,6 +214,11 @@ def fit_thermal(t_s: FloatArray, power_w: FloatArray, inlet_c: FloatArray, die_c
     For a given ``tau`` the simulated response is linear in ``R``, so ``R`` is solved exactly and
     ``tau`` by a 1-D search on a log grid refined by golden section. ``rmse_k`` is the error of
     the free-running simulation against the measured die temperature.
+
+    ``tau`` is searched from a twentieth of the shortest sample interval (at least 1 ms) to 5 times
+    the series' span (at least 1 s). A best fit at the upper end means the die temperature does not
+    settle within the series: only ``R / tau`` shows, ``R`` is as arbitrary as ``tau``, and
+    :class:`ThermalFitError` is raised. One at the lower end is returned with ``tau_at_lower_bound``.
     """
     t = np.asarray(t_s, dtype=np.float64)
     p = np.asarray(power_w, dtype=np.float64)
@@ -265,4 +274,18 @@ def fit_thermal(t_s: FloatArray, power_w: FloatArray, inlet_c: FloatArray, die_c
     sse, r = err(log_tau)
     if r <= 0:
         raise ThermalFitError("the die temperature does not rise with power: check the columns")
-    return ThermalFit(r_th_k_per_w=r, tau_s=float(np.exp(log_tau)), rmse_k=float(np.sqrt(sse / n)), n_samples=n)
+    at_bound = 0.01 * float(grid[1] - grid[0])  # the golden section ends within 1e-10 steps of a bound
+    if log_tau > hi - at_bound:
+        why = f"5 times the series' span of {span:g} s" if span * 5 >= 1.0 else f"1 s; the series spans {span:g} s"
+        raise ThermalFitError(
+            f"the time constant is not identified: the best fit is the upper end of the search, tau {np.exp(hi):g} s "
+            f"({why}): the die temperature does not settle within the series, so r_th is not identified either "
+            "(record several time constants after a power step; check that die_temp_c and inlet_temp_c are in deg C)"
+        )
+    return ThermalFit(
+        r_th_k_per_w=r,
+        tau_s=float(np.exp(log_tau)),
+        rmse_k=float(np.sqrt(sse / n)),
+        n_samples=n,
+        tau_at_lower_bound=bool(log_tau < lo + at_bound),
+    )

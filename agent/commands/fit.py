@@ -4,17 +4,23 @@ fit-power FILE.csv [--predict CLOCKS] [--json]
     Columns ``clock_mhz,power_w`` and optionally ``utilization`` (0..1) and ``temperature_c``: a clock
     sweep under load (nvidia-smi / DCGM samples). Fits ``twin.power.fit_power`` and prints the
     parameters, the mean absolute percentage error and predictions at ``--predict 900,1100``.
-    Values must be a card's: 0 < clock_mhz < 10000, 0 < power_w < 10000, -50 < temperature_c < 200.
+    Values must be a card's: 0 < clock_mhz < 10000, 0 < power_w < 10000, -50 < temperature_c < 200;
+    a sweep with every clock under 50 MHz (in GHz?) or every power under 5 W (in kW?) is refused.
     A ``--predict`` clock outside half the lowest to 1.5 times the highest measured clock is refused
     (exit status 2); one outside the measured clocks but within that span is predicted, with a
-    warning line on stderr that the prediction extrapolates the fit.
+    warning line on stderr that the prediction extrapolates the fit. A parameter the sweep cannot
+    identify (leakage without a varying temperature_c, dynamic power with utilization 0 throughout)
+    is reported as 0 with a note saying so.
     ``--json`` prints exactly ``{"params": {...}, "mape": float, "predictions": [{"clock_mhz": float,
     "power_w": float}, ...]}``.
 
 fit-thermal FILE.csv [--json]
     Columns ``t_s,power_w,inlet_temp_c,die_temp_c``: a time series of one card. Fits
-    ``twin.thermal.fit_thermal`` (first-order response, exact between samples). ``--json`` prints
-    ``{"r_th_k_per_w": float, "tau_s": float, "rmse_k": float}``.
+    ``twin.thermal.fit_thermal`` (first-order response, exact between samples). Values must be a
+    card's: 0 < power_w < 10000 (not all under 5 W), -50 < inlet_temp_c, die_temp_c < 200. A time
+    constant at the upper end of the search (the die does not settle within the series) is refused;
+    one at the lower end (the die follows the power within a sample) is printed with a warning line
+    on stderr. ``--json`` prints ``{"r_th_k_per_w": float, "tau_s": float, "rmse_k": float}``.
 
 Lines starting with ``#`` are comments; extra columns are ignored. A bad file (missing, not UTF-8,
 missing columns, a column named twice, a line with more or fewer fields than the header, a value
@@ -32,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.commands.common import UserError, print_json
-from twin.power import FitError, fit_power
+from twin.power import LEAKAGE_MIN_TEMP_SPAN_K, FitError, fit_power
 from twin.thermal import ThermalFitError, fit_thermal
 from twin.workload import CsvError, read_csv_table
 
@@ -123,6 +129,24 @@ POWER_RANGES: dict[str, tuple[float, float, str]] = {
     "temperature_c": (-50.0, 200.0, "temperature {v:g} deg C is not a die temperature (-50 < T < 200 deg C)"),
 }
 
+#: The same for a card's time series (fit-thermal); ``t_s`` is free (relative or epoch seconds).
+THERMAL_RANGES: dict[str, tuple[float, float, str]] = {
+    "power_w": POWER_RANGES["power_w"],
+    "inlet_temp_c": (-50.0, 200.0, "temperature {v:g} deg C is not a coolant temperature (-50 < T < 200 deg C)"),
+    "die_temp_c": POWER_RANGES["temperature_c"],
+}
+
+#: A column whose every value is under its floor is in the wrong unit: column -> (floor, unit,
+#: the wrong unit it looks like). No card's clock sweep stays under 50 MHz (GPUs clock down to
+#: ~200 MHz at the least; the Perseus A100 sweep spans 855-1410 MHz) and no card draws under 5 W
+#: throughout (the Perseus sweep: 237-476 W; the BioHPC H100s: 47.9 W the lowest hourly minimum),
+#: while a sweep in GHz or kW of any card up to 10000 MHz or 10000 W lies entirely below the
+#: floors. One low value alone is not refused.
+UNIT_FLOORS: dict[str, tuple[float, str, str]] = {
+    "clock_mhz": (50.0, "MHz", "GHz"),
+    "power_w": (5.0, "W", "kW"),
+}
+
 #: ``--predict`` clocks are refused outside this multiple of the fitted clock range (lowest x 0.5
 #: to highest x 1.5); inside it but outside the measured clocks, a warning says the fit extrapolates.
 PREDICT_SPAN = (0.5, 1.5)
@@ -138,6 +162,22 @@ def _check_range(path: str, cols: dict[str, FloatArray], name: str, lo: float, h
     if bad.size:
         line = int(cols[_LINE][bad[0]])
         raise UserError(f"{path}:{line}: column {name!r}: {what.format(v=float(arr[bad[0]]))}")
+
+
+def _check_unit_floor(path: str, cols: dict[str, FloatArray], name: str) -> None:
+    """Refuse column ``name`` when every value is under its ``UNIT_FLOORS`` floor (wrong unit);
+    the message names the line of the largest value."""
+    if name not in cols:
+        return
+    floor, unit, wrong = UNIT_FLOORS[name]
+    arr = cols[name]
+    top = int(np.argmax(arr))
+    if float(arr[top]) < floor:
+        line = int(cols[_LINE][top])
+        raise UserError(
+            f"{path}:{line}: column {name!r}: {float(arr[top]):g} {unit} is the largest value, and no card's data "
+            f"stays under {floor:g} {unit} (wrong unit? this column is in {unit}, not {wrong})"
+        )
 
 
 def _parse_clocks(text: str) -> list[float]:
@@ -182,6 +222,8 @@ def _run_power(args: argparse.Namespace) -> int:
     cols = read_columns(path, POWER_COLUMNS, POWER_OPTIONAL)
     for name, (lo, hi, what) in POWER_RANGES.items():
         _check_range(path, cols, name, lo, hi, what)
+    for name in POWER_COLUMNS:
+        _check_unit_floor(path, cols, name)
     utilization = cols.get("utilization")
     if utilization is not None:
         bad = np.flatnonzero((utilization < 0.0) | (utilization > 1.0))
@@ -205,8 +247,17 @@ def _run_power(args: argparse.Namespace) -> int:
     for k, v in fit.params().items():
         print(f"  {k:<22} {v:12.4f}")
     print(f"  {'mape':<22} {100 * fit.mape:11.2f}%")
-    if fit.leakage_w_per_k == 0.0 and "temperature_c" not in cols:
-        print("  (no temperature_c column: leakage not identifiable, reported as 0)")
+    if not fit.leakage_identified:
+        if "temperature_c" not in cols:
+            print("  (no temperature_c column: leakage not identifiable, reported as 0)")
+        else:
+            span_k = float(np.ptp(cols["temperature_c"]))
+            print(
+                f"  (temperature_c spans {span_k:g} K, not more than {LEAKAGE_MIN_TEMP_SPAN_K:g} K: "
+                "leakage not identifiable, reported as 0)"
+            )
+    if not fit.dynamic_identified:
+        print("  (utilization 0 on every line: dynamic power not identifiable, reported as 0)")
     if preds:
         print(f"  {'clock_mhz':>10} {'power_w':>10}")
         for row in preds:
@@ -217,10 +268,22 @@ def _run_power(args: argparse.Namespace) -> int:
 def _run_thermal(args: argparse.Namespace) -> int:
     path = str(args.file)
     cols = read_columns(path, THERMAL_COLUMNS)
+    for name, (lo, hi, what) in THERMAL_RANGES.items():
+        _check_range(path, cols, name, lo, hi, what)
+    _check_unit_floor(path, cols, "power_w")
     try:
         fit = fit_thermal(cols["t_s"], cols["power_w"], cols["inlet_temp_c"], cols["die_temp_c"])
     except ThermalFitError as exc:
         raise UserError(f"{path}: {exc}") from None
+    if fit.tau_at_lower_bound:
+        print(
+            f"racktwin fit-thermal: warning: {path}: tau_s {fit.tau_s:.3g} s is the lower end of the search "
+            f"(the shortest sample interval is {float(np.diff(cols['t_s']).min()):g} s): the die follows the power "
+            "within one sample, so the time constant is not identified (sample faster to measure it); "
+            "r_th_k_per_w, the steady-state gain, still holds",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.json:
         print_json({"r_th_k_per_w": fit.r_th_k_per_w, "tau_s": fit.tau_s, "rmse_k": fit.rmse_k})
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.cli import main
@@ -52,9 +53,83 @@ def test_fit_power_with_utilization_and_temperature(tmp_path: Path, capsys: pyte
     assert data["predictions"] == []
 
 
+def test_fit_power_notes_every_parameter_it_cannot_identify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A constant temperature_c cannot identify leakage, utilization 0 throughout cannot identify
+    dynamic power: each is reported as 0 with a note, as leakage is without a temperature column."""
+    lines = [line for line in PERSEUS_EXAMPLE.read_text().splitlines() if line and not line.startswith("#")]
+    const_t = tmp_path / "tconst.csv"
+    const_t.write_text("\n".join([lines[0] + ",temperature_c"] + [r + ",60" for r in lines[1:]]) + "\n")
+    code, out, err = _run(["fit-power", str(const_t)], capsys)
+    assert code == 0 and err == ""
+    assert "(temperature_c spans 0 K, not more than 0.5 K: leakage not identifiable, reported as 0)" in out
+    assert "no temperature_c column" not in out
+    u0 = tmp_path / "u0.csv"
+    u0.write_text("\n".join([lines[0] + ",utilization"] + [r + ",0" for r in lines[1:]]) + "\n")
+    code, out, _ = _run(["fit-power", str(u0)], capsys)
+    assert code == 0
+    assert "(utilization 0 on every line: dynamic power not identifiable, reported as 0)" in out
+    assert "(no temperature_c column: leakage not identifiable, reported as 0)" in out
+    # identified parameters get no note (the example sweep: utilization 1, no temperature column)
+    code, out, _ = _run(["fit-power", str(PERSEUS_EXAMPLE)], capsys)
+    assert code == 0 and "dynamic power not identifiable" not in out
+
+
+def _thermal_csv(path: Path, t: np.ndarray, power: np.ndarray, inlet: np.ndarray, die: np.ndarray) -> Path:
+    rows = ["t_s,power_w,inlet_temp_c,die_temp_c"] + [
+        f"{a:g},{b:g},{c:g},{d:.4f}" for a, b, c, d in zip(t, power, inlet, die, strict=True)
+    ]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def _first_order(t: np.ndarray, power: np.ndarray, inlet_c: float, r_k_per_w: float, tau_s: float) -> np.ndarray:
+    die = np.empty(t.size)
+    die[0] = inlet_c + r_k_per_w * power[0]
+    for k in range(1, t.size):
+        a = np.exp(-(t[k] - t[k - 1]) / tau_s)
+        die[k] = a * die[k - 1] + (1 - a) * (inlet_c + r_k_per_w * power[k - 1])
+    return die
+
+
+def test_fit_thermal_time_constant_beyond_the_series_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A card whose die has not settled by the end of the series (tau 5000 s, 600 s recorded): the
+    best tau is the upper end of the search and the resistance is arbitrary too (it came out 0.034
+    for a true 0.05 K/W): refused, not printed."""
+    t = np.arange(0.0, 600.0, 2.0)
+    power = np.where(t < 60.0, 100.0, 600.0)
+    path = _thermal_csv(
+        tmp_path / "slow.csv", t, power, np.full(t.size, 30.0), _first_order(t, power, 30.0, 0.05, 5000.0)
+    )
+    code, out, err = _run(["fit-thermal", str(path), "--json"], capsys)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and str(path) in lines[0]
+    assert "time constant is not identified" in lines[0] and "upper end" in lines[0] and "2990 s" in lines[0]
+
+
+def test_fit_thermal_time_constant_below_the_sampling_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every 20th sample of the example (40 s apart; the card's time constant is ~6 s): the die has
+    settled at every sample, tau is the lower end of the search (2 s), so not identified: one
+    warning line on stderr; the steady-state resistance is still fitted."""
+    lines = [line for line in THERMAL_EXAMPLE.read_text().splitlines() if line and not line.startswith("#")]
+    path = tmp_path / "sparse.csv"
+    path.write_text("\n".join([lines[0], *lines[1::20]]) + "\n", encoding="utf-8")
+    code, out, err = _run(["fit-thermal", str(path), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["tau_s"] == pytest.approx(2.0, rel=1e-6)
+    assert data["r_th_k_per_w"] == pytest.approx(0.053, rel=0.05)
+    err_lines = err.strip().splitlines()
+    assert len(err_lines) == 1 and "warning" in err_lines[0] and str(path) in err_lines[0]
+    assert "lower end of the search" in err_lines[0] and "time constant is not identified" in err_lines[0]
+
+
 def test_fit_thermal_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(["fit-thermal", str(THERMAL_EXAMPLE)], capsys)
+    code, out, err = _run(["fit-thermal", str(THERMAL_EXAMPLE)], capsys)
     assert code == 0 and "r_th_k_per_w" in out
+    assert err == ""  # an identified time constant: no warning
     code, out, _ = _run(["fit-thermal", str(THERMAL_EXAMPLE), "--json"], capsys)
     data = json.loads(out)
     assert set(data) == {"r_th_k_per_w", "tau_s", "rmse_k"}
@@ -89,7 +164,37 @@ def test_fit_thermal_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
             "clock_mhz,power_w,temperature_c\n900,246,50\n1000,260,5000\n",
             [":3:", "column 'temperature_c'", "not a die temperature"],
         ),
+        (
+            "fit-power",
+            "clock_mhz,power_w\n900,0.246\n1000,0.260\n1100,0.292\n1200,0.31\n",
+            [":5:", "column 'power_w'", "0.31 W is the largest value", "wrong unit? this column is in W, not kW"],
+        ),
+        (
+            "fit-power",
+            "clock_mhz,power_w\n0.9,246\n1.0,260\n1.1,292\n1.2,310\n",
+            [":5:", "column 'clock_mhz'", "1.2 MHz is the largest value", "this column is in MHz, not GHz"],
+        ),
         ("fit-thermal", "t_s,power_w,inlet_temp_c\n0,1,2\n", ["missing column 'die_temp_c'"]),
+        (
+            "fit-thermal",
+            "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,-50,30,35\n",
+            [":3:", "column 'power_w'", "power -50 W is not a card's power (0 < P < 10000 W)"],
+        ),
+        (
+            "fit-thermal",
+            "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,100,30,308.15\n",
+            [":3:", "column 'die_temp_c'", "temperature 308.15 deg C is not a die temperature"],
+        ),
+        (
+            "fit-thermal",
+            "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,-60,35\n1,100,30,35\n",
+            [":2:", "column 'inlet_temp_c'", "temperature -60 deg C is not a coolant temperature"],
+        ),
+        (
+            "fit-thermal",
+            "t_s,power_w,inlet_temp_c,die_temp_c\n0,0.1,30,35\n1,0.6,30,36\n",
+            [":3:", "column 'power_w'", "0.6 W is the largest value", "not kW"],
+        ),
         ("fit-thermal", "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,100,30,inf\n", [":3:", "finite"]),
         ("fit-thermal", "t_s,power_w,inlet_temp_c,die_temp_c\n0,100,30,35\n1,100,30,35\n", ["at least 10 samples"]),
     ],

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from twin.spec import SiteSpec
-from twin.thermal import ThermalNetwork, ThermalParams, first_order_scan, fit_thermal, plate_resistance_k_per_w
+from twin.thermal import (
+    ThermalFitError,
+    ThermalNetwork,
+    ThermalParams,
+    first_order_scan,
+    fit_thermal,
+    plate_resistance_k_per_w,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -107,6 +114,21 @@ def test_fit_thermal_recovers_resistance(site: SiteSpec) -> None:
     fast, slow = net.time_constants_s()
     assert float(fast[0]) < fit.tau_s < float(slow[0]) * 1.5
     assert fit.rmse_k < 1.0
+    assert not fit.tau_at_lower_bound
+
+
+def test_fit_thermal_refuses_a_time_constant_the_series_does_not_reach() -> None:
+    """A die still rising at the end of the series (tau 5000 s, 600 s recorded): the best tau is the
+    upper end of the search (5 times the span) and R would be arbitrary: ThermalFitError."""
+    t = np.arange(0.0, 600.0, 2.0)
+    power = np.where(t < 60.0, 100.0, 600.0)
+    a = np.exp(-2.0 / 5000.0)
+    die = np.empty(t.size)
+    die[0] = 30.0 + 0.05 * power[0]
+    for k in range(1, t.size):
+        die[k] = a * die[k - 1] + (1 - a) * (30.0 + 0.05 * power[k - 1])
+    with pytest.raises(ThermalFitError, match="time constant is not identified: the best fit is the upper end"):
+        fit_thermal(t, power, np.full(t.size, 30.0), die)
 
 
 def test_first_order_scan_equals_the_sample_by_sample_recurrence() -> None:
