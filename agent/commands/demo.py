@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.commands.common import EXAMPLES_DIR, UserError, prepare_output_dir, print_json
 from agent.commands.evaluate import stdout_to_stderr
+from agent.config import ControlConfig
 
 if TYPE_CHECKING:  # the service is imported when the demo runs (it loads the solver stack)
     from agent.service import AgentService
@@ -50,6 +51,9 @@ _FRESH_FILES = ("truth.csv", "summary.json", "journal.sqlite", "journal.sqlite-w
 #: What ``--out`` receives (checked writable before the run).
 OUTPUT_FILES = (*_FRESH_FILES, "agent.log", "demo-summary.json")
 DEFAULT_MINUTES = 75.0
+MAX_MINUTES = 7 * 24 * 60.0
+#: the control period of the demo's agent (the default control configuration), site seconds
+_PERIOD_S = ControlConfig().period_s
 DEFAULT_SPEED = 30.0
 SITE_ID = "site1"
 #: after the simulator ended, how long the agent may still take in the acks the racks sent last
@@ -77,14 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=DEFAULT_MINUTES,
         metavar="N",
-        help=f"site minutes to run (default {DEFAULT_MINUTES:g})",
+        help=f"site minutes to run, at least one control period of the agent ({_PERIOD_S / 60:g}, i.e. "
+        f"{_PERIOD_S:g} s) and at most {MAX_MINUTES:g} (a week) (default {DEFAULT_MINUTES:g})",
     )
     parser.add_argument(
         "--speed",
         type=float,
         default=DEFAULT_SPEED,
         metavar="X",
-        help=f"site seconds per wall second (default {DEFAULT_SPEED:g}; the agent's clock follows)",
+        help=f"site seconds per wall second, 1..1000 (default {DEFAULT_SPEED:g}; the agent's clock follows)",
     )
     parser.add_argument("--json", action="store_true", help='print {"agent": {...}, "baseline": {...}} at the end')
     parser.add_argument("--broker", default=None, metavar="URL", help="use this broker instead of an embedded one")
@@ -95,13 +100,22 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--scenario", default=None, metavar="FILE", help="run-scenario TOML (default examples/day-demo.toml)"
     )
     parser.add_argument(
-        "--progress-interval-s", type=float, default=5.0, metavar="S", help="wall seconds between progress lines"
+        "--progress-interval-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="wall seconds between progress lines, > 0 (default %(default)g)",
     )
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not (math.isfinite(args.minutes) and 0 < args.minutes <= 7 * 24 * 60):
-        raise UserError(f"--minutes must be within 0..{7 * 24 * 60} (a week), got {args.minutes:g}")
+    if not (math.isfinite(args.minutes) and 0 < args.minutes <= MAX_MINUTES):
+        raise UserError(f"--minutes must be > 0 and <= {MAX_MINUTES:g} (a week), got {args.minutes:g}")
+    if args.minutes * 60.0 < _PERIOD_S:  # as evaluate refuses it (the scenario's own checks would blame the file)
+        raise UserError(
+            f"--minutes {args.minutes:g} ({args.minutes * 60.0:g} s) is shorter than one control period "
+            f"({_PERIOD_S:g} s): the agent would not act and nothing would be judged"
+        )
     if not (math.isfinite(args.speed) and 1.0 <= args.speed <= 1000.0):
         raise UserError(f"--speed must be within 1..1000, got {args.speed:g}")
     if not (math.isfinite(args.progress_interval_s) and args.progress_interval_s > 0):
@@ -180,8 +194,6 @@ def _say(msg: str) -> None:
 
 async def _demo(args: argparse.Namespace, scenario: Any, path: Path, url: str, out_dir: Path) -> MqttRun:
     """The demo's run: signals stop it cleanly; progress lines on stderr."""
-    from agent.config import ControlConfig
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -67,14 +67,24 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=int,
         default=None,
         metavar="N",
-        help=f"worker processes (default: the CPUs available, at least 2; here {default_jobs()}); 1 runs in process",
+        help=f"worker processes, 1..256 (default: the CPUs available, at least 2; here {default_jobs()}); 1 runs in "
+        "process",
     )
     parser.add_argument(
-        "--duration", type=float, default=None, metavar="S", help="site seconds (default: the scenario's)"
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="site seconds to run, > 0 and at least one control period (period_s, 15 s unless --control sets it) "
+        "(default: the scenario's duration_s)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed, >= 0")
     parser.add_argument(
-        "--sample-s", type=float, default=60.0, metavar="S", help="time-series resolution in the report (default 60)"
+        "--sample-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="time-series resolution in the report, 1..86400 site seconds (default %(default)g)",
     )
     parser.add_argument(
         "--control",
@@ -86,7 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "TOML (default: the agent's defaults). greedy and racktwin use every key; static-cap and "
         "reactive the period, rack margin and lowest power limit",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (warnings and the targets' verdicts still print)"
+    )
 
 
 #: What ``--out`` receives (checked writable before the run).
@@ -223,7 +235,12 @@ def run(args: argparse.Namespace, command: str) -> int:
             file=sys.stderr,
             flush=True,
         )
-    targets = format_targets(ev.targets_policy, ev.targets) if ev.targets_policy is not None else ""
+    targets = ""
+    if ev.targets_policy is not None:
+        targets = format_targets(ev.targets_policy, ev.targets)
+    elif scenario.targets is not None:  # the policy they judge was not asked for: say so, in one line
+        tp = scenario.targets.policy
+        targets = f"targets for {tp} (the scenario's [targets]): not judged, {tp} did not run (add --policy {tp})"
     if args.json:  # stdout: the documented object only; the targets are in metrics.json
         print_json({"policies": ev.policies_json()})
         if targets:  # --quiet drops the progress, not the verdicts
@@ -316,8 +333,11 @@ def format_targets(policy: str, checks: list[TargetCheck]) -> str:
         lines.append(f"  {_verdict(c):<10} {c.name}: {c.measured} (target {c.target}{extra})")
         if c.why:
             lines.append(f"             why: {c.why}")
+    n_met = sum(1 for c in checks if c.met is True)
     n_missed = sum(1 for c in checks if c.met is False)
-    lines.append(f"  {len(checks) - n_missed} of {len(checks)} targets met" if checks else "  (no target given)")
+    n_open = len(checks) - n_met - n_missed
+    tally = f"  {n_met} of {len(checks)} targets met" + (f", {n_missed} missed" if n_missed else "")
+    lines.append(tally + (f", {n_open} not judged" if n_open else "") if checks else "  (no target given)")
     return "\n".join(lines)
 
 

@@ -158,6 +158,10 @@ class Scenario:
     job_phase: tuple[Phase, ...]
     queue: tuple[JobEntry, ...]
     failed: npt.NDArray[np.bool_]
+    # generated jobs ([generate]) a failed card or a listed job sat in: run around it (id -> how) or
+    # dropped where their supernode had too few free cards (id -> why)
+    moved: dict[str, str] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -195,6 +199,8 @@ def load_scenario(path: str | Path) -> Scenario:
             f"{list(site.facility.supply_temp_options_c)}, got {sf.supply_temp_c:g}"
         )
     used = failed.copy()
+    moved: dict[str, str] = {}
+    dropped: dict[str, str] = {}
     jobs: list[JobSpec] = []
     cards_l: list[IntArray] = []
     phases: list[Phase] = []
@@ -272,10 +278,37 @@ def load_scenario(path: str | Path) -> Scenario:
                 queue_jobs=g.queue_jobs,
             )
         )
-        for spec, cards, ph in zip(wl.jobs, wl.job_cards, wl.job_phase, strict=True):
-            if np.any(used[cards]):
-                continue  # a listed job or failed card is there: the generated job is dropped
-            used[cards] = True
+        generated = list(zip(wl.jobs, wl.job_cards, wl.job_phase, strict=True))
+        # the generated jobs whose block is free keep it; those a failed card or a listed job sits in
+        # then run around it, on the free cards of their block and the nearest free ones of its
+        # supernode, or are dropped where the supernode has too few (reported, never silently)
+        clear = [not np.any(used[cards]) for _spec, cards, _ph in generated]
+        for ok, (_spec, cards, _ph) in zip(clear, generated, strict=True):
+            if ok:
+                used[cards] = True
+        listed_ids = [j.job_id for j in jobs]
+        listed_owner = np.full(n, -1, dtype=np.int64)
+        for i, cards in enumerate(cards_l):
+            listed_owner[cards] = i
+        for ok, (spec, cards, ph) in zip(clear, generated, strict=True):
+            if not ok:
+                what = _in_the_way(cards, failed, listed_owner, listed_ids)
+                new_cards, sn, n_free = _around(site, used, cards)
+                span = f"cards {int(cards[0])}..{int(cards[-1])}"
+                if new_cards is None:
+                    dropped[spec.job_id] = (
+                        f"generated job dropped: its {span} hold {what}, and supernode {sn} has only {n_free} "
+                        f"free cards for its {spec.n_cards}"
+                    )
+                    continue
+                n_own = int(np.isin(new_cards, cards).sum())
+                n_near = spec.n_cards - n_own
+                moved[spec.job_id] = (
+                    f"generated job placed around what is taken: its {span} hold {what}; it runs on the other "
+                    f"{n_own} and the {n_near} nearest free card{'s' if n_near != 1 else ''} of supernode {sn}"
+                )
+                cards = new_cards
+                used[cards] = True
             jobs.append(spec)
             cards_l.append(cards)
             phases.append(ph)
@@ -296,7 +329,39 @@ def load_scenario(path: str | Path) -> Scenario:
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise UserError(f"{src}: job id {dup[0]!r} is used twice (jobs and queue ids must be unique)")
-    return Scenario(sf.name, p, site, sf, tuple(jobs), tuple(cards_l), tuple(phases), tuple(queue), failed)
+    return Scenario(
+        sf.name, p, site, sf, tuple(jobs), tuple(cards_l), tuple(phases), tuple(queue), failed, moved, dropped
+    )
+
+
+def _in_the_way(cards: IntArray, failed: npt.NDArray[np.bool_], owner: IntArray, listed: list[str]) -> str:
+    """What sits on a generated job's ``cards``: failed cards and listed jobs (``owner``: the index
+    of the listed job on each card, -1 for none)."""
+    parts = []
+    bad = cards[failed[cards]]
+    if bad.size:
+        shown = ", ".join(str(int(c)) for c in bad[:5]) + (", ..." if bad.size > 5 else "")
+        parts.append(f"failed card{'s' if bad.size > 1 else ''} {shown}")
+    for j in sorted({int(o) for o in owner[cards] if o >= 0}):
+        parts.append(f"listed job {listed[j]!r} ({int((owner[cards] == j).sum())} cards)")
+    return " and ".join(parts)
+
+
+def _around(site: SiteSpec, used: npt.NDArray[np.bool_], cards: IntArray) -> tuple[IntArray | None, int, int]:
+    """Cards for a generated job whose block (``cards``, consecutive, inside one supernode) is partly
+    taken: the free cards of its block and, for the rest, the free cards of its supernode nearest to
+    the block (lower index first at equal distance); None when the supernode has too few free cards.
+    Also the supernode and its number of free cards."""
+    per_sn = site.racks_per_supernode * site.cards_per_rack
+    sn = int(cards[0]) // per_sn
+    free = np.flatnonzero(~used[sn * per_sn : (sn + 1) * per_sn]).astype(np.int64) + sn * per_sn
+    if free.size < cards.size:
+        return None, sn, int(free.size)
+    inside = np.isin(free, cards)
+    own, others = free[inside], free[~inside]
+    dist = np.where(others < cards[0], cards[0] - others, others - cards[-1])
+    near = others[np.lexsort((others, dist))][: cards.size - own.size]
+    return np.sort(np.concatenate([own, near])), sn, int(free.size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,14 +374,26 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--out", metavar="DIR", help="output folder (default: ./out/<scenario name>)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument(
-        "--time-limit", type=float, metavar="S", help="solver time limit per cycle (overrides the file)"
+        "--time-limit",
+        type=float,
+        metavar="S",
+        help="solver time limit in seconds, > 0, for the DVFS + set-point cycle and for placement (default: the "
+        "scenario's [solver] time_limit_s, 2 unless set)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines on stderr (warnings and why a plan is infeasible still print)",
+    )
 
 
 def _progress(args: argparse.Namespace, msg: str) -> None:
     if not args.quiet:
         print(f"racktwin optimize: {msg}", file=sys.stderr, flush=True)
+
+
+def _warn(msg: str) -> None:
+    print(f"racktwin optimize: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace, command: str) -> int:
@@ -344,6 +421,10 @@ def run(args: argparse.Namespace, command: str) -> int:
         "prices": prices,
     }
     _progress(args, f"{sc.name}: {site.n_cards} cards, {len(sc.jobs)} running jobs, {len(sc.queue)} queued")
+    for job_id, how in sc.moved.items():
+        _progress(args, f"{job_id}: {how}")
+    for job_id, why in sc.dropped.items():  # a job lost from the plan is said even with --quiet
+        _warn(f"{args.scenario}: {job_id}: {why}")
     try:
         p0 = make_problem(
             site,
@@ -367,9 +448,10 @@ def run(args: argparse.Namespace, command: str) -> int:
                     jobs.append(q.spec())
                     cards.append(placement.cards[q.id])
                     phases.append(Phase.COMPUTE)
-            unplaced = placement.unplaced
+            unplaced = dict(placement.unplaced)
         t_place = time.perf_counter() - t0
         still_queued = [q.spec() for q in sc.queue if q.id in unplaced]
+        unplaced.update(sc.dropped)  # plan.json: every job not in the plan, with the reason
         mine: dict[str, Any] = {
             "jobs": jobs,
             "job_cards": cards,
@@ -393,9 +475,9 @@ def run(args: argparse.Namespace, command: str) -> int:
         args,
         f"plan: {plan.status.value} ({plan.source}) in {plan.solve_time_s:.3f} s, supply {plan.supply_temp_c:g} deg C",
     )
-    if plan.explanation:
+    if plan.explanation:  # why there is no plan: not progress, so even with --quiet
         for line in plan.explanation.splitlines():
-            _progress(args, f"infeasible: {line}")
+            print(f"racktwin optimize: infeasible: {line}", file=sys.stderr, flush=True)
     greedy = greedy_cycle(p1, choose_setpoint=sf.solver.choose_setpoint)
     judged = _judge(p1, plan.dvfs, plan.supply_temp_c, sf.solver) if plan.dvfs is not None else None
     greedy_j = _judge(p1, greedy.dvfs, greedy.supply_temp_c, sf.solver) if greedy.dvfs is not None else None
@@ -868,6 +950,13 @@ def _write_report(
         for n, r in rows
     )
     expl = f"<pre>{escape(plan.explanation)}</pre>" if plan.explanation else ""
+    gen = {**sc.moved, **sc.dropped}
+    if gen:
+        expl += (
+            "<p>Generated jobs a failed card or a listed job sat in:</p><ul>"
+            + "".join(f"<li>{escape(k)}: {escape(v)}</li>" for k, v in gen.items())
+            + "</ul>"
+        )
     body = f"""<p>Site {escape(site.name)}: {site.n_cards} cards, {site.n_racks} racks; {p.n_jobs} jobs running;
 ambient {p.ambient_c:g} deg C. Status <b>{escape(plan.status.value)}</b> ({escape(plan.source)}),
 solve {plan.solve_time_s:.3f} s, placement {t_place:.3f} s, chosen supply {plan.supply_temp_c:g} deg C.</p>{expl}

@@ -96,3 +96,45 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
     (tmp_path / "truth.csv").mkdir()
     rc = main(["demo", "--minutes", "1", "--out", str(tmp_path)])
     _one_line_error(capsys, rc, "truth.csv: exists and is not a regular file")
+
+
+@pytest.mark.parametrize(
+    ("command", "phrases"),
+    [
+        (
+            "demo",
+            [
+                "--minutes N site minutes to run, at least one control period of the agent (0.25, i.e. 15 s) "
+                "and at most 10080 (a week) (default 75)",
+                "--speed X site seconds per wall second, 1..1000 (default 30;",
+                "wall seconds between progress lines, > 0 (default 5)",
+            ],
+        ),
+        (
+            "evaluate",
+            [
+                "--duration S site seconds to run, > 0 and at least one control period",
+                "--sample-s S time-series resolution in the report, 1..86400 site seconds (default 60)",
+                "--jobs N worker processes, 1..256",
+                "--seed SEED override the scenario's seed, >= 0",
+            ],
+        ),
+        (
+            "optimize",
+            [
+                "--time-limit S solver time limit in seconds, > 0, for the DVFS + set-point cycle and for placement "
+                "(default: the scenario's [solver] time_limit_s, 2 unless set)",
+                "--quiet no progress lines on stderr (warnings and why a plan is infeasible still print)",
+            ],
+        ),
+    ],
+)
+def test_help_gives_the_units_ranges_and_defaults_of_the_options(
+    command: str, phrases: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # as one line, however argparse wraps it
+    for phrase in phrases:
+        assert phrase in text, phrase

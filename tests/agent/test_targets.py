@@ -310,3 +310,40 @@ def test_missed_targets_name_the_jobs_behind_less_work() -> None:
     assert better.met is False and "big (16 cards, placed 600 s later than under reactive)" in better.why
     plain = check_targets(tg, metrics, {}, site, [])  # without job records: the old why, no "by job"
     assert all("by job" not in c.why for c in plain)
+
+
+def test_the_tally_counts_targets_not_judged_apart_from_those_met() -> None:
+    """A target not judged (a policy it needs did not run) is neither met nor missed; the last line
+    counts the three apart (it counted every target not missed as met: "6 of 7" for 3 met)."""
+    from agent.commands.evaluate import format_targets
+    from agent.targets import TargetCheck
+
+    def check(met: bool | None) -> TargetCheck:
+        return TargetCheck("t", "x", "y", met, "" if met else "short", "")
+
+    mixed = [check(False), *(check(True) for _ in range(3)), *(check(None) for _ in range(3))]
+    assert format_targets("racktwin", mixed).splitlines()[-1] == "  3 of 7 targets met, 1 missed, 3 not judged"
+    assert format_targets("racktwin", [check(True), check(True)]).splitlines()[-1] == "  2 of 2 targets met"
+    assert format_targets("racktwin", [check(True), check(None)]).splitlines()[-1] == (
+        "  1 of 2 targets met, 1 not judged"
+    )
+
+
+def test_targets_for_a_policy_that_did_not_run_are_said_not_judged_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--policy baseline`` on a scenario whose targets judge racktwin: one line says the targets
+    were not judged and why (after the table; on stderr with --json), where nothing was said."""
+    scen = tmp_path / "s.toml"
+    scen.write_text(
+        f'name = "s"\nduration_s = 60.0\nsite = "{EXAMPLES}/supernode-512.toml"\n'
+        '[workload]\nsource = "none"\n[targets]\npue_max = 1.08\n'
+    )
+    line = "targets for racktwin (the scenario's [targets]): not judged, racktwin did not run (add --policy racktwin)"
+    argv = ["evaluate", "--scenario", str(scen), "--policy", "baseline", "--jobs", "1", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "o1")]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines()[-1] == line and err == ""
+    assert main([*argv, "--json", "--out", str(tmp_path / "o2")]) == 0
+    out, err = capsys.readouterr()
+    assert set(json.loads(out)) == {"policies"} and err.strip() == line

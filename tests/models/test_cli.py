@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -411,3 +412,82 @@ def test_plan_json_reports_what_the_twin_judges(tmp_path: Path, capsys: pytest.C
     assert excess > 1000.0 and plan["pue_excess_w"] == pytest.approx(excess)
     # each host off saves its 950 W and its eight sleeping cards (~50 W each at 30 deg C supply)
     assert plan["host_saving_w"] == pytest.approx(61 * (950.0 + 8 * 50.0), rel=0.02)
+
+
+def test_quiet_still_says_why_a_plan_is_infeasible(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--quiet`` drops the progress lines, not the explanation of an infeasible plan (exit 1), with
+    or without ``--json`` (it used to print nothing on stderr: status "infeasible" and no reason)."""
+    path = tmp_path / "tight.toml"
+    site = (EXAMPLES / "supernode-512.toml").as_posix()
+    path.write_text(
+        f'name = "tight"\nsite = "{site}"\nambient_c = 20.0\n[margins]\nrack_margin_w = 45000.0\n'
+        '[solver]\nchoose_setpoint = false\n[[jobs]]\nid = "a"\nn_cards = 64\nracks = [2]\n'
+    )
+    for extra in ([], ["--json"]):
+        rc = main(["optimize", str(path), "--out", str(tmp_path / "o"), "--quiet", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1
+        assert err and all(line.startswith("racktwin optimize: infeasible: ") for line in err), err
+        assert "rack power: rack r2: 64 busy cards" in err[0]
+
+
+def _full_load(tmp_path: Path, name: str, top: str = "", tail: str = "", allocation: str = "1.0") -> Path:
+    """examples/scenario-full-load.toml (a generated workload) with ``top`` added after its top-level
+    keys, ``tail`` at its end and its own ``allocation``; its site given by absolute path."""
+    text = (EXAMPLES / "scenario-full-load.toml").read_text()
+    for old, new in (
+        ("supply_temp_c = 30.0\n", f"supply_temp_c = 30.0\n{top}"),
+        ("allocation = 1.0 ", f"allocation = {allocation} "),
+        ('site = "supernode-512.toml"', f'site = "{(EXAMPLES / "supernode-512.toml").as_posix()}"'),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text + tail)
+    return path
+
+
+def test_a_generated_job_runs_around_a_failed_card_in_its_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The generator packs job000 (128 cards) on cards 0..127; with card 5 failed it runs on the other
+    127 and the nearest free card of the supernode, instead of vanishing from the plan (it was
+    dropped without a word)."""
+    doc = _run(capsys, _full_load(tmp_path, "half", top="failed_cards = [5]\n", allocation="0.65"), tmp_path / "o")
+    err = capsys.readouterr().err
+    assert doc["status"] in ("optimal", "feasible", "fallback")
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    jobs = {j["id"]: j for j in plan["jobs"]}
+    assert plan["unplaced"] == {} and "job000" in jobs
+    cards = jobs["job000"]["cards"]
+    assert len(cards) == 128 and 5 not in cards and set(range(128)) - {5} <= set(cards)
+    assert plan["cards"][5]["state"] == "failed"
+    assert sum(1 for c in plan["cards"] if c["state"] == "busy") == sum(len(j["cards"]) for j in plan["jobs"])
+    assert "warning" not in err
+
+
+@pytest.mark.parametrize(
+    ("top", "tail", "what", "free"),
+    [
+        ("failed_cards = [0]\n", "", "failed card 0", 127),
+        ("", '\n[[jobs]]\nid = "x"\nn_cards = 8\nracks = [0]\n', "listed job 'x' (8 cards)", 120),
+    ],
+)
+def test_a_generated_job_with_no_room_left_is_dropped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], top: str, tail: str, what: str, free: int
+) -> None:
+    """Every card busy: a failed card or a listed job in job000's block (cards 0..127) leaves the
+    supernode too few free cards for it. The job is dropped, but said so on stderr even with --quiet,
+    and plan.json's ``unplaced`` and report.html name it with the reason (it vanished silently)."""
+    path = _full_load(tmp_path, "full", top=top, tail=tail)
+    rc = main(["optimize", str(path), "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 0
+    reason = (
+        f"generated job dropped: its cards 0..127 hold {what}, and supernode 0 has only {free} free cards for its 128"
+    )
+    assert err == [f"racktwin optimize: warning: {path}: job000: {reason}"]
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert plan["unplaced"] == {"job000": reason}
+    assert "job000" not in {j["id"] for j in plan["jobs"]}
+    assert escape(reason) in (tmp_path / "o" / "report.html").read_text()
