@@ -45,7 +45,7 @@ from sim.truth import TruthLog
 from twin.plant import Accounting, Plant
 from twin.scenario import RunScenario, build_plant
 
-__all__ = ["PUBLISHER", "SimOptions", "SimSummary", "Simulator"]
+__all__ = ["MAX_START_EPOCH_S", "PUBLISHER", "SimOptions", "SimSummary", "Simulator"]
 
 log = logging.getLogger("racktwin.sim")
 
@@ -56,6 +56,8 @@ EVENT_BACKLOG = 10_000
 #: wall seconds the end of a run waits for the answers (acks, applied state) of the commands taken
 ANSWER_DRAIN_S = 5.0
 _EPS_S = 1e-9
+#: latest ``start_epoch_s`` accepted (year 2286): a larger value is not epoch seconds (milliseconds?)
+MAX_START_EPOCH_S = 1e10
 
 
 @dataclass
@@ -91,7 +93,7 @@ class SimOptions:
             raise ValueError(f"duration_s must be a positive number of seconds, got {self.duration_s}")
         if not (math.isfinite(self.step_s) and self.step_s > 0):
             raise ValueError(f"step_s must be positive, got {self.step_s}")
-        if self.start_epoch_s is not None and not (0 <= self.start_epoch_s <= 1e10):
+        if self.start_epoch_s is not None and not (0 <= self.start_epoch_s <= MAX_START_EPOCH_S):
             raise ValueError(f"start_epoch_s must be epoch seconds, got {self.start_epoch_s}")
 
     @property

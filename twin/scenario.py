@@ -60,6 +60,7 @@ from twin.workload import (
     PhaseModel,
     TraceError,
     checkpoint_problem,
+    expected_job_card_seconds,
     generate_jobs,
     load_trace,
 )
@@ -68,6 +69,8 @@ __all__ = [
     "DEFAULT_EXTERNAL_TIMEOUT_S",
     "FAULT_KINDS",
     "JOB_ID_PATTERN",
+    "MAX_DURATION_S",
+    "MAX_GENERATED_JOBS",
     "MIN_DURATION_S",
     "BrokerDisconnect",
     "RunScenario",
@@ -102,6 +105,18 @@ MAX_STALL_SHARE = 0.9
 #: Shortest run: one step of the plant (``Plant.run``'s and the simulator's default ``dt_s``). A
 #: shorter run records nothing (``racktwin evaluate --duration 0.5`` would report a 0 kW rack).
 MIN_DURATION_S = 1.0
+
+#: Longest run: a year (365 days), in the file (``duration_s``) and as an override (``--duration``
+#: of sim and evaluate). More is nothing an operator simulates, and the generated workload grows with
+#: the run: a year of the example site's (512 cards at 65% allocation) is ~380,000 jobs, drawn in
+#: ~15 s with ~0.3 GB; 1e10 s (the limit before) would have been ~120 million jobs, ~100 GB.
+MAX_DURATION_S = 365 * 86400.0
+
+#: Most jobs the generator may draw for one run (its warm-start window included), judged from the
+#: expected count before drawing: each takes ~750 bytes, so this is ~1.5 GB and about a minute to draw
+#: (measured: 1.53 million jobs for a year of 2,048 cards, 47 s, 1.1 GB peak). A year of 4 supernodes
+#: fits; a larger site (``supernodes``) for a long run does not.
+MAX_GENERATED_JOBS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,9 @@ class RunScenario:
     # what loading warned about (each also passed to the loader's ``warn``): faults and listed jobs
     # that a ``duration_s`` override shortening the run leaves after its end
     warnings: tuple[str, ...] = ()
+    # the files it was read from: the scenario file (:func:`load_run_scenario`), the site spec it
+    # names (not one the caller passed) and its trace; what a command must not write over
+    input_files: tuple[Path, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,7 +287,7 @@ class _RunFile:
     decoded separately)."""
 
     name: str
-    duration_s: float = field(metadata=rng(0.0, 1e10, lo_open=True))
+    duration_s: float = field(metadata=rng(0.0, lo_open=True))  # at most MAX_DURATION_S (checked with overrides)
     site: str | None = None
     supernodes: int | None = field(default=None, metadata=rng(1, 10_000))
     seed: int = field(default=0, metadata=rng(0, 2**63 - 1))
@@ -280,6 +298,23 @@ class _RunFile:
 
 
 _SEPARATE_KEYS = ("ambient", "phases", "jobs", "faults")
+
+#: ``[workload]`` keys that only one ``source`` reads (the others would be silently ignored)
+_SOURCE_KEYS: Mapping[str, tuple[str, ...]] = {
+    "generate": (
+        "target_allocation",
+        "warm_start",
+        "duration_scale",
+        "max_cards",
+        "seed",
+        "allocation_tolerance",
+        "compute_share_range",
+    ),
+    "trace": ("trace", "time_offset_s"),
+}
+
+#: The sections of a site spec (twin.spec.SiteSpec): a file with these is a site spec, not a run scenario.
+_SITE_SECTIONS = ("card", "cold_plate", "rack", "loop", "cdu", "facility")
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,9 +339,10 @@ def load_run_scenario(
     say so (and ``warn``, when given, gets each line; the commands print them) and the fault or job
     stays (it never happens)."""
     data = read_toml(path)
-    return run_scenario_from_dict(
+    scenario = run_scenario_from_dict(
         data, source=str(path), base_dir=Path(path).parent, site=site, seed=seed, duration_s=duration_s, warn=warn
     )
+    return dataclasses.replace(scenario, input_files=(Path(path), *scenario.input_files))
 
 
 def _wrap(source: str, where: str, make: Callable[[], T]) -> T:
@@ -334,14 +370,22 @@ def run_scenario_from_dict(
     if not isinstance(data, Mapping):
         raise SpecError(source, "(top level)", f"expected a table, got {type(data).__name__}")
     base = Path(base_dir)
+    _check_not_a_site_spec(data, source)
     main = {k: v for k, v in data.items() if k not in _SEPARATE_KEYS}
-    top = decode_table(_RunFile, main, source)
+    top = decode_table(_RunFile, main, source, other_keys=_SEPARATE_KEYS)
     if seed is not None and seed < 0:
         raise SpecError(source, "seed", f"must be >= 0, got {seed}")
     if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
         raise SpecError(source, "duration_s", f"must be a positive number of seconds, got {duration_s}")
     the_seed = top.seed if seed is None else seed
     duration = top.duration_s if duration_s is None else float(duration_s)
+    if duration > MAX_DURATION_S:
+        asked = "" if duration_s is None else " (the duration asked for in place of the file's, e.g. --duration)"
+        raise SpecError(
+            source,
+            "duration_s",
+            f"{duration:.10g} s{asked} is longer than a run may be: at most {MAX_DURATION_S:.0f} s (365 days)",
+        )
     if duration < MIN_DURATION_S:
         raise SpecError(
             source,
@@ -350,10 +394,12 @@ def run_scenario_from_dict(
         )
 
     # ---- site ------------------------------------------------------------------------------
+    inputs: list[Path] = []
     if site is None:
         if top.site is None:
             raise SpecError(source, "site", "missing required value: the site spec file (or pass --site)")
         site_path = base / top.site
+        inputs.append(site_path)
         try:
             site = load_site(site_path)
         except SpecError as exc:
@@ -368,6 +414,9 @@ def run_scenario_from_dict(
         phases = _wrap(source, "phases", lambda: decode_table(PhaseModel, data["phases"], source, "phases"))
         _check_stalls(phases, source)
     p = top.plant
+    given_plant = data.get("plant", {})
+    if p.placement != "external" and "external_timeout_s" in given_plant:
+        raise SpecError(source, "plant.external_timeout_s", "only used with placement = 'external'")
     if p.min_power_limit_w > site.card.power_limit_w:
         raise SpecError(
             source,
@@ -407,14 +456,14 @@ def run_scenario_from_dict(
     running: list[str] = []
     warnings: list[str] = []
     shortened_from = top.duration_s if duration < top.duration_s else None
-    if w.source != "generate":
-        for key in ("allocation_tolerance", "compute_share_range"):
-            if getattr(w, key) is not None:
-                raise SpecError(source, f"workload.{key}", "only used with source = 'generate'")
+    given_workload = data.get("workload", {})
+    for used_by, keys in _SOURCE_KEYS.items():
+        for key in keys:
+            if key in given_workload and w.source != used_by:
+                raise SpecError(source, f"workload.{key}", f"only used with source = {used_by!r}")
     if w.source == "generate":
-        if w.trace is not None:
-            raise SpecError(source, "workload.trace", "only used with source = 'trace'")
         cfg = _generator_config(site, w, phases, source)
+        _check_generated_count(site, duration, w, cfg, source)
         from_seed = the_seed if w.seed is None else w.seed
         gen_jobs, running, wseed, offered = _conditioned(site, duration, from_seed, w, cfg, source)
         jobs.extend(gen_jobs)
@@ -422,6 +471,7 @@ def run_scenario_from_dict(
     elif w.source == "trace":
         if w.trace is None:
             raise SpecError(source, "workload.trace", "missing: the trace CSV file (source = 'trace')")
+        inputs.append(base / w.trace)
         try:
             traced = load_trace(base / w.trace)
         except TraceError as exc:
@@ -505,7 +555,21 @@ def run_scenario_from_dict(
         targets=top.targets,
         workload_seed=wseed,
         warnings=tuple(warnings),
+        input_files=tuple(inputs),
     )
+
+
+def _check_not_a_site_spec(data: Mapping[str, Any], source: str) -> None:
+    """A site spec given where a run scenario belongs (``racktwin sim`` takes both ``--site`` and
+    ``--scenario``) is named as such, not reported as its first unknown key."""
+    sections = [k for k in _SITE_SECTIONS if isinstance(data.get(k), Mapping)]
+    if len(sections) >= 2 and "duration_s" not in data:
+        raise SpecError(
+            source,
+            "",
+            f"this looks like a site spec ({', '.join(f'[{k}]' for k in sections)}), not a run scenario: name it in "
+            "a run scenario's `site` key (racktwin sim also takes it with --site)",
+        )
 
 
 def default_run_scenario(site: SiteSpec, duration_s: float = 86400.0, seed: int = 0) -> RunScenario:
@@ -533,7 +597,9 @@ def _ambient(raw: Any, site: SiteSpec, source: str) -> Ambient:
         table.setdefault("mean_c", site.facility.ambient_temp_c)
     elif kind == "constant":
         table.setdefault("temp_c", site.facility.ambient_temp_c)
-    result: Ambient = _wrap(source, "ambient", lambda: decode_table(cls, table, source, "ambient"))
+    result: Ambient = _wrap(
+        source, "ambient", lambda: decode_table(cls, table, source, "ambient", other_keys=("kind",))
+    )
     return result
 
 
@@ -670,6 +736,25 @@ def _generator_config(site: SiteSpec, w: _WorkloadSection, phases: PhaseModel, s
     return cfg
 
 
+def _check_generated_count(
+    site: SiteSpec, duration_s: float, w: _WorkloadSection, cfg: GeneratorConfig, source: str
+) -> None:
+    """A generated workload too large to hold (a long run of a scaled-up site) is refused from its
+    expected number of jobs, before any is drawn (the draw would exhaust the memory)."""
+    rate_per_s = cfg.target_allocation * site.n_cards / expected_job_card_seconds(cfg)
+    window_s = cfg.stats.max_run_time_s * cfg.duration_scale + cfg.phases.startup_s if w.warm_start else 0.0
+    expected = rate_per_s * (window_s + duration_s)
+    if expected > MAX_GENERATED_JOBS:
+        warm = f" and the {window_s:,.0f} s warm-start window before it" if w.warm_start else ""
+        raise SpecError(
+            source,
+            "workload",
+            f"the generator would draw about {expected:,.0f} jobs ({site.n_cards:,} cards at "
+            f"{cfg.target_allocation:g} allocation for {duration_s:,.0f} s{warm}): at most "
+            f"{MAX_GENERATED_JOBS:,} (~1.5 GB to hold); shorten the run or use fewer supernodes",
+        )
+
+
 def _generated_line(w: _WorkloadSection, from_seed: int, wseed: int, offered: float) -> str:
     """The workload line of a generated run. Where ``allocation_tolerance`` moved the workload seed
     past the seed given, it says so: every seed from the given one to the one used draws these jobs."""
@@ -795,7 +880,7 @@ def _faults(
 
 def _decode_fault(cls: type[Any], table: dict[str, Any], source: str, where: str) -> Any:
     try:
-        return decode_table(cls, table, source, where)
+        return decode_table(cls, table, source, where, other_keys=("kind",))
     except SpecError:
         raise
     except ValueError as exc:

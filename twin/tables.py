@@ -112,15 +112,20 @@ def _unknown_key_message(key: str, known: list[str]) -> str:
     return msg
 
 
-def decode_table(cls: type[T], data: Any, source: str, prefix: str = "") -> T:
-    """Build dataclass ``cls`` from a parsed TOML table, validating every field."""
+def decode_table(cls: type[T], data: Any, source: str, prefix: str = "", *, other_keys: typing.Iterable[str] = ()) -> T:
+    """Build dataclass ``cls`` from a parsed TOML table, validating every field.
+
+    ``other_keys``: keys also valid in this table that the caller took out and decodes itself
+    (a scenario's ``[[jobs]]``, a fault's ``kind``): an unknown key is matched against them too, and
+    they are listed among the known keys, so a typo of one is pointed at it (``ambiant`` -> 'ambient')."""
     if not isinstance(data, dict):
         raise SpecError(source, prefix or "(top level)", f"expected a table, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key in data:
         if key not in fields:
-            raise SpecError(source, _join(prefix, key), _unknown_key_message(key, list(fields)))
+            known = [*fields, *(k for k in other_keys if k not in fields)]
+            raise SpecError(source, _join(prefix, key), _unknown_key_message(key, known))
     values: dict[str, Any] = {}
     for name, f in fields.items():
         path = _join(prefix, name)

@@ -21,13 +21,15 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from agent.bus import BusConnectError, add_mqtt_arguments, check_tls_files_of_args, mqtt_options_from_args
-from agent.commands.common import UserError, check_output_file, load_site_or_fail
+from agent.commands.common import DEFAULT_SITE, UserError, check_output_file, load_site_or_fail
 from twin.spec import SiteSpec
 from twin.tables import SpecError
 
@@ -58,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="site seconds to run (default: the scenario's; 86400 without one)",
+        # twin.scenario.MAX_DURATION_S (not imported here: `racktwin sim --help` stays light)
+        help="site seconds to run, at most 31536000 (365 days) (default: the scenario's; 86400 without one)",
     )
     parser.add_argument("--site-id", default="site1", help="site id in the MQTT topics (default site1)")
     parser.add_argument(
@@ -79,14 +82,18 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="seed of the workload, the plant and its sensors (default: the scenario's)",
     )
     parser.add_argument(
-        "--supernodes", type=int, default=None, help="scale the site to N supernodes (SiteSpec.with_supernodes)"
+        "--supernodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="scale the site to N supernodes, 1..10000 (SiteSpec.with_supernodes; default: the scenario's or site's)",
     )
     parser.add_argument(
         "--start-epoch-s",
         type=float,
         default=None,
         metavar="T",
-        help="site clock at t = 0, epoch seconds (default: now)",
+        help="site clock at t = 0, epoch seconds, 0..1e10 (default: now)",
     )
     parser.add_argument(
         "--step-s", type=float, default=1.0, metavar="S", help="plant time step in site seconds (default 1)"
@@ -96,26 +103,30 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=5.0,
         metavar="S",
-        help="wall seconds between progress lines on stderr (0: none)",
+        help="wall seconds between progress lines on stderr (0: none; default 5)",
     )
     add_mqtt_arguments(parser, client_id_default="racktwin-sim-SITE_ID, a persistent session")
 
 
 def _scenario(args: argparse.Namespace) -> RunScenario:
-    from twin.scenario import default_run_scenario, load_run_scenario
+    from twin.scenario import MAX_DURATION_S, default_run_scenario, load_run_scenario
 
-    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
-        raise UserError(f"--duration must be a positive number of seconds, got {args.duration:g}")
+    if args.duration is not None and not (math.isfinite(args.duration) and 0 < args.duration <= MAX_DURATION_S):
+        raise UserError(
+            f"--duration must be a positive number of seconds, at most {MAX_DURATION_S:.0f} s (365 days), "
+            f"got {args.duration:.10g}"
+        )
     if args.seed is not None and args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
     site: SiteSpec | None = None
+    site_files: tuple[Path, ...] = ()  # the site spec the scenario names, where it is read apart
     if args.site is not None or args.scenario is None:
         site = load_site_or_fail(args.site)
     if args.supernodes is not None:
         if not 1 <= args.supernodes <= 10_000:
             raise UserError(f"--supernodes must be within 1..10000, got {args.supernodes}")
         if site is None:
-            site = _scenario_site(args.scenario)
+            site, site_files = _scenario_site(args.scenario)
         site = site.with_supernodes(args.supernodes)
     try:
         if args.scenario is not None:
@@ -126,6 +137,8 @@ def _scenario(args: argparse.Namespace) -> RunScenario:
             scenario = default_run_scenario(site, duration, args.seed if args.seed is not None else 0)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    if site_files:
+        scenario = dataclasses.replace(scenario, input_files=(*scenario.input_files, *site_files))
     for warning in scenario.warnings:
         print(f"racktwin sim: warning: {warning}", file=sys.stderr, flush=True)
     if args.telemetry_period_s is not None:
@@ -136,19 +149,77 @@ def _scenario(args: argparse.Namespace) -> RunScenario:
     return scenario
 
 
-def _scenario_site(path: str) -> SiteSpec:
-    """The site a scenario file names (for --supernodes without --site)."""
+def _scenario_site(path: str) -> tuple[SiteSpec, tuple[Path, ...]]:
+    """The site a scenario file names (for --supernodes without --site), and its file."""
     from twin.scenario import load_run_scenario
 
     try:
-        return load_run_scenario(path, duration_s=1.0).site
+        scenario = load_run_scenario(path, duration_s=1.0)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    return scenario.site, scenario.input_files[1:2]  # after the scenario file: its site spec
+
+
+def _check_broker_url(url: str) -> None:
+    """``--broker`` takes what the agent's ``broker.url`` takes (agent/config.py): mqtt:// or mqtts://,
+    a host, an optional port, nothing else (credentials go in their own options)."""
+    form = "expected mqtt://host:port or mqtts://host:port"
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise UserError(f"--broker {url}: must start with mqtt:// or mqtts://")
+    if parts.username is not None or parts.password is not None:
+        raise UserError(
+            f"--broker {url}: no user name or password in the URL: use --mqtt-username and --mqtt-password-file"
+        )
+    if not parts.hostname:
+        raise UserError(f"--broker {url}: no host: {form}")
+    if parts.path not in ("", "/"):
+        raise UserError(f"--broker {url}: path not allowed ({parts.path!r}): {form}")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise UserError(f"--broker {url}: query or fragment not allowed: {form}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (another spelling, a link, a hard link)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def _check_outputs_spare_inputs(
+    args: argparse.Namespace, scenario: RunScenario, outputs: list[tuple[str, Path]]
+) -> None:
+    """An output (``--truth-log``, ``--summary``) that is an input of the run or the other output
+    would be overwritten: refused before the run."""
+    inputs: list[tuple[str, Path]] = []
+    if args.scenario is not None:
+        inputs.append((f"the scenario (--scenario {args.scenario})", Path(args.scenario)))
+    if args.site is not None:
+        inputs.append((f"the site spec (--site {args.site})", Path(args.site)))
+    elif args.scenario is None:
+        inputs.append((f"the site spec ({DEFAULT_SITE}, used without --site)", DEFAULT_SITE))
+    for path in scenario.input_files:
+        inputs.append((f"a file the scenario reads ({path})", path))
+    for dest in ("mqtt_password_file", "mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):
+        value = getattr(args, dest, None)
+        if value is not None:
+            inputs.append((f"--{dest.replace('_', '-')} {value}", Path(value)))
+    for i, (option, path) in enumerate(outputs):
+        for what, source in inputs:
+            if _same_file(path, source):
+                raise UserError(f"{option} {path}: is {what}: it would be overwritten; write it elsewhere")
+        for other_option, other in outputs[:i]:
+            if _same_file(path, other):
+                raise UserError(f"{option} {path}: is the same file as {other_option} {other}: give each its own path")
 
 
 def run(args: argparse.Namespace, command: str) -> int:
     from agent.broker import BrokerUnavailable, EmbeddedBroker
-    from sim.runner import SimOptions
+    from agent.wire import Topics
+    from sim.runner import MAX_START_EPOCH_S, SimOptions
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s", stream=sys.stderr)
@@ -159,6 +230,15 @@ def run(args: argparse.Namespace, command: str) -> int:
     interval = args.progress_interval_s
     if not (math.isfinite(interval) and interval >= 0):
         raise UserError(f"--progress-interval-s must be a number of seconds >= 0 (0: no progress), got {interval:g}")
+    try:  # checked here, not after the embedded broker has started and printed its URL
+        Topics(args.site_id)
+    except ValueError as exc:
+        raise UserError(f"--site-id: {exc}") from None
+    epoch = args.start_epoch_s
+    if epoch is not None and not 0 <= epoch <= MAX_START_EPOCH_S:
+        raise UserError(f"--start-epoch-s must be epoch seconds within 0..{MAX_START_EPOCH_S:g}, got {epoch:g}")
+    if args.broker is not None:
+        _check_broker_url(args.broker)
     # the output files are checked before the run, not found unwritable at its end
     truth_log = None if args.truth_log is None else Path(args.truth_log)
     summary_path = None if args.summary is None else Path(args.summary)
@@ -167,6 +247,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     if summary_path is not None:
         check_output_file(summary_path, "--summary")
     scenario = _scenario(args)
+    outputs = [(option, path) for option, path in (("--truth-log", truth_log), ("--summary", summary_path)) if path]
+    _check_outputs_spare_inputs(args, scenario, outputs)
     mqtt = mqtt_options_from_args(args)
     if mqtt is not None:
         check_tls_files_of_args(mqtt)

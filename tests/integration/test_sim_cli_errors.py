@@ -160,3 +160,151 @@ def test_credentials_and_tls_options_need_a_broker(args: list[str], capsys: pyte
     rc, err = sim(capsys, *args)
     assert rc == 2
     assert f"{args[0]} needs --broker (the embedded broker takes no credentials" in one_error_line(err)
+
+
+# ---- outputs that would overwrite an input or each other ----------------------------------------
+
+
+def _copies(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The trace scenario, its site spec and its trace, copied to ``tmp_path`` (the scenario names
+    the other two by relative path)."""
+    examples = SCENARIO.parent
+    paths = []
+    for name in (SCENARIO.name, "supernode-512.toml", "sim-trace.csv"):
+        (tmp_path / name).write_bytes((examples / name).read_bytes())
+        paths.append(tmp_path / name)
+    return paths[0], paths[1], paths[2]
+
+
+def _sim_on(capsys: pytest.CaptureFixture[str], scenario_path: Path, *args: str) -> tuple[int, str]:
+    rc = main(["sim", "--scenario", str(scenario_path), "--duration", "5", "--speed", "0", *args])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--truth-log", "--summary"])
+@pytest.mark.parametrize("victim", ["scenario", "site", "trace"])
+def test_an_output_that_is_an_input_file_is_refused_and_the_input_kept(
+    option: str, victim: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--truth-log SCENARIO.toml` used to replace the scenario with the CSV (exit 0)."""
+    scenario_path, site_path, trace_path = _copies(tmp_path)
+    target = {"scenario": scenario_path, "site": site_path, "trace": trace_path}[victim]
+    before = target.read_bytes()
+    rc, err = _sim_on(capsys, scenario_path, option, str(target))
+    assert rc == 2
+    line = one_error_line(err)
+    what = "the scenario (--scenario" if victim == "scenario" else f"a file the scenario reads ({target})"
+    assert line.startswith(f"racktwin sim: error: {option} {target}: is {what}"), line
+    assert line.endswith("it would be overwritten; write it elsewhere"), line
+    assert target.read_bytes() == before
+
+
+def test_an_output_that_is_the_site_given_with_site_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario_path, site_path, _ = _copies(tmp_path)
+    before = site_path.read_bytes()
+    # another spelling of the same file, and the site given with --site
+    spelt = tmp_path / "." / site_path.name
+    rc, err = _sim_on(capsys, scenario_path, "--site", str(site_path), "--summary", str(spelt))
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"--summary {spelt}: is the site spec (--site {site_path})" in line, line
+    assert site_path.read_bytes() == before
+
+
+def test_the_site_spec_of_the_scenario_is_kept_when_supernodes_scale_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--supernodes` without `--site` reads the scenario's site spec apart: it is still an input."""
+    scenario_path, site_path, _ = _copies(tmp_path)
+    before = site_path.read_bytes()
+    rc, err = _sim_on(capsys, scenario_path, "--supernodes", "1", "--truth-log", str(site_path))
+    assert rc == 2
+    assert f"--truth-log {site_path}: is a file the scenario reads ({site_path})" in one_error_line(err)
+    assert site_path.read_bytes() == before
+
+
+def test_a_hard_link_to_an_input_is_the_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario_path, _, _ = _copies(tmp_path)
+    link = tmp_path / "link.csv"
+    os.link(scenario_path, link)
+    rc, err = _sim_on(capsys, scenario_path, "--truth-log", str(link))
+    assert rc == 2 and f"--truth-log {link}: is the scenario (--scenario {scenario_path})" in one_error_line(err)
+
+
+def test_the_truth_log_and_the_summary_must_be_different_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--truth-log same.out --summary same.out` left only the summary, reported as a 6-row truth log."""
+    same = tmp_path / "same.out"
+    rc, err = sim(capsys, "--truth-log", str(same), "--summary", str(same))
+    assert rc == 2
+    assert f"--summary {same}: is the same file as --truth-log {same}" in one_error_line(err)
+    assert not same.exists()
+
+
+# ---- options checked before the embedded broker starts ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--site-id", "rack"], "--site-id: site 'rack' cannot be a topic level"),
+        (["--site-id", "a/b"], "--site-id: site 'a/b' cannot be a topic level"),
+        (["--start-epoch-s", "-1"], "--start-epoch-s must be epoch seconds within 0..1e+10, got -1"),
+        (["--start-epoch-s", "nan"], "--start-epoch-s must be epoch seconds within 0..1e+10, got nan"),
+    ],
+)
+def test_site_id_and_start_epoch_are_checked_before_the_broker_starts(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["sim", "--scenario", str(SCENARIO), "--duration", "5", "--speed", "0", *args])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert words in one_error_line(err)
+    assert out == ""  # no embedded broker was started (its URL would be on stdout)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("tcp://127.0.0.1:1", "must start with mqtt:// or mqtts://"),
+        ("127.0.0.1:1", "must start with mqtt:// or mqtts://"),
+        ("mqtt://u:p@127.0.0.1:1", "no user name or password in the URL"),
+        ("mqtt://u@127.0.0.1:1", "no user name or password in the URL"),
+        ("mqtts://127.0.0.1:1/path", "path not allowed"),
+        ("mqtt://127.0.0.1:1?x=1", "query or fragment not allowed"),
+        ("mqtt://:1", "no host"),
+    ],
+)
+def test_a_broker_url_the_agent_refuses_is_refused(url: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`racktwin sim --broker` takes the URLs the agent's broker.url takes."""
+    rc, err = sim(capsys, "--broker", url)
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"--broker {url}: " in line and words in line, line
+
+
+# ---- the run's length ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_scenario", [True, False])
+def test_a_duration_over_a_year_is_refused_at_once(with_scenario: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--duration 1e12` used to reach the workload generator (a MemoryError traceback) or run for ever."""
+    args = ["sim", "--duration", "1e12", "--speed", "0"]
+    rc = main([*args, "--scenario", str(SCENARIO)] if with_scenario else args)
+    err = capsys.readouterr().err
+    assert rc == 2
+    line = one_error_line(err)
+    assert "1e+12" in line and "at most 31536000 s (365 days)" in line, line
+
+
+def test_the_help_gives_the_defaults_and_ranges(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["sim", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(0: none; default 5)" in text
+    assert "1..10000" in text
+    assert "at most 31536000 (365 days)" in text

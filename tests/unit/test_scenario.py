@@ -18,6 +18,8 @@ from twin.plant import SensorNoise
 from twin.scenario import (
     DEFAULT_EXTERNAL_TIMEOUT_S,
     FAULT_KINDS,
+    MAX_DURATION_S,
+    MAX_GENERATED_JOBS,
     BrokerDisconnect,
     build_plant,
     default_run_scenario,
@@ -75,7 +77,7 @@ def test_sim_default_toml_is_the_embedded_default_written_out() -> None:
     default: loading it gives the same scenario but for its name and source."""
     written = load_run_scenario(EXAMPLES / "sim-default.toml")
     embedded = default_run_scenario(written.site)
-    assert dataclasses.replace(written, name=embedded.name, source=embedded.source) == embedded
+    assert dataclasses.replace(written, name=embedded.name, source=embedded.source, input_files=()) == embedded
 
 
 def test_generated_allocation_follows_the_target_over_a_day(site: SiteSpec) -> None:
@@ -475,11 +477,11 @@ def test_fault_after_a_shortened_end_is_a_warning(site: SiteSpec, capsys: pytest
     assert quiet.warnings == tuple(warned) and capsys.readouterr().err == ""
     # not shortened: no warning; after the file's own end too: still an error
     assert run_scenario_from_dict(data, source="x.toml", site=site, duration_s=900.0).warnings == ()
-    late = {**BASE, **fault(kind="heat_wave", start_s=1e9, peak_delta_k=5)}
-    with pytest.raises(SpecError, match=r"faults\[0\]\.start_s: 1e\+09 s is at or after the end of the run \(60 s\)"):
+    late = {**BASE, **fault(kind="heat_wave", start_s=1e7, peak_delta_k=5)}
+    with pytest.raises(SpecError, match=r"faults\[0\]\.start_s: 1e\+07 s is at or after the end of the run \(60 s\)"):
         run_scenario_from_dict(late, source="x.toml", site=site, duration_s=60.0)
     # a longer run reaches a fault the file's duration does not
-    assert len(run_scenario_from_dict(late, source="x.toml", site=site, duration_s=2e9).faults) == 1
+    assert len(run_scenario_from_dict(late, source="x.toml", site=site, duration_s=2e7).faults) == 1
     with pytest.raises(SpecError, match="seed"):
         run_scenario_from_dict(BASE, source="x", site=site, seed=-1)
 
@@ -584,3 +586,136 @@ def test_a_phase_model_refuses_a_stall_shape_that_overflows() -> None:
     with pytest.raises(ValueError, match=r"stall_sigma must be within 0\.\.3"):
         PhaseModel(stall_sigma=50.0)
     assert PhaseModel(stall_sigma=3.0).stall_fraction() > 0
+
+
+# ---- limits, keys that do not apply, misplaced files -------------------------------------------
+
+
+def test_a_run_is_at_most_a_year_in_the_file_and_as_an_override(site: SiteSpec) -> None:
+    """The longest run is one year, whether the file or an override (``--duration`` of sim and
+    evaluate) asks for it: a longer one used to reach the generator (108 GiB for 1e12 s: a
+    MemoryError traceback) or run practically forever with a listed workload."""
+    assert MAX_DURATION_S == 365 * 86400.0
+    year = f"at most {MAX_DURATION_S:.0f} s (365 days)"
+    msg = _bad(site, {"duration_s": 4e7})
+    assert msg.startswith("bad.toml: duration_s: 40000000 s is longer than a run may be: ") and year in msg, msg
+    for too_long in (MAX_DURATION_S + 1.0, 1e12, 1e15):
+        with pytest.raises(SpecError) as info:
+            run_scenario_from_dict(BASE, source="x.toml", site=site, duration_s=too_long)
+        msg = str(info.value)
+        assert msg.startswith(
+            f"x.toml: duration_s: {too_long:.10g} s (the duration asked for in place of the file's, e.g. --duration) "
+        ), msg
+        assert year in msg, msg
+    with pytest.raises(SpecError, match=re.escape(year)):  # the embedded default of `racktwin sim` too
+        default_run_scenario(site, 1e12)
+    assert run_scenario_from_dict(BASE, source="x", site=site, duration_s=MAX_DURATION_S).duration_s == MAX_DURATION_S
+
+
+def test_a_generated_workload_too_large_to_hold_is_refused_before_it_is_drawn(site: SiteSpec) -> None:
+    """A year of 10,000 supernodes would be ~8e9 jobs: refused from the expected count, at once,
+    naming the count and the limit (and what to change), instead of failing to allocate."""
+    data = {"name": "big", "duration_s": 86400.0, "supernodes": 10_000}
+    with pytest.raises(SpecError) as info:
+        run_scenario_from_dict(data, source="big.toml", site=site)
+    msg = str(info.value)
+    assert msg.startswith("big.toml: workload: the generator would draw about ") and "jobs" in msg, msg
+    assert f"at most {MAX_GENERATED_JOBS:,}" in msg and "5,120,000 cards" in msg, msg
+    # listed jobs only: nothing is generated, nothing refused
+    assert run_scenario_from_dict({**data, "workload": {"source": "none"}}, source="x", site=site).jobs == ()
+
+
+@pytest.mark.parametrize(
+    ("section", "typo", "meant"),
+    [
+        ("ambient", "ambiant", "ambient"),
+        ("faults", "fault", "faults"),
+        ("jobs", "job", "jobs"),
+        ("jobs", "Jobs", "jobs"),
+        ("phases", "phase", "phases"),
+        ("workload", "workloads", "workload"),
+    ],
+)
+def test_a_misspelt_section_is_pointed_at_the_section(site: SiteSpec, section: str, typo: str, meant: str) -> None:
+    """The sections decoded apart from the top level (ambient, phases, jobs, faults) are known keys
+    too: `[ambiant]` used to get "did you mean 'plant'?", `[[fault]]` a list without 'faults'."""
+    value: Any = [{"id": "a"}] if section in ("jobs", "faults") else {}
+    msg = _bad(site, {typo: value})
+    assert msg == f"bad.toml: {typo}: unknown key; did you mean '{meant}'?", msg
+
+
+def test_the_known_keys_of_a_scenario_list_every_section(site: SiteSpec) -> None:
+    msg = _bad(site, {"zzz": 1})
+    assert msg.startswith("bad.toml: zzz: unknown key; known keys here: "), msg
+    known = msg.split("known keys here: ", 1)[1].split(", ")
+    assert {"name", "duration_s", "workload", "plant", "targets", "ambient", "phases", "jobs", "faults"} <= set(known)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"ambient": {"knd": "constant"}}, "ambient.knd", "did you mean 'kind'?"),
+        (fault(kind="heat_wave", start_s=0, peak_delta_k=5, knd="x"), "faults[0].knd", "did you mean 'kind'?"),
+    ],
+)
+def test_a_misspelt_kind_is_pointed_at_kind(site: SiteSpec, change: dict[str, Any], field: str, words: str) -> None:
+    msg = _bad(site, change)
+    assert msg.startswith(f"bad.toml: {field}: unknown key; {words}"), msg
+
+
+def test_a_site_spec_given_as_a_scenario_says_so() -> None:
+    """`racktwin sim --scenario SITE.toml` (sim takes both --site and --scenario) used to say
+    `pue_target: unknown key; did you mean 'targets'?`."""
+    path = EXAMPLES / "supernode-512.toml"
+    with pytest.raises(SpecError) as info:
+        load_run_scenario(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: this looks like a site spec ([card], [cold_plate], [rack], "), msg
+    assert msg.endswith(
+        "not a run scenario: name it in a run scenario's `site` key (racktwin sim also takes it with --site)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("workload", "field", "words"),
+    [
+        ({"source": "none", "target_allocation": 0.9}, "workload.target_allocation",
+         "only used with source = 'generate'"),
+        ({"source": "none", "max_cards": 16}, "workload.max_cards", "only used with source = 'generate'"),
+        ({"source": "none", "warm_start": False}, "workload.warm_start", "only used with source = 'generate'"),
+        ({"source": "none", "duration_scale": 2.0}, "workload.duration_scale", "only used with source = 'generate'"),
+        ({"source": "none", "seed": 4}, "workload.seed", "only used with source = 'generate'"),
+        ({"source": "none", "time_offset_s": 60.0}, "workload.time_offset_s", "only used with source = 'trace'"),
+        ({"source": "none", "trace": "t.csv"}, "workload.trace", "only used with source = 'trace'"),
+        ({"source": "trace", "trace": "t.csv", "target_allocation": 0.9}, "workload.target_allocation",
+         "only used with source = 'generate'"),
+        ({"time_offset_s": 60.0}, "workload.time_offset_s", "only used with source = 'trace'"),
+    ],
+)  # fmt: skip
+def test_workload_keys_of_another_source_are_refused(
+    site: SiteSpec, workload: dict[str, Any], field: str, words: str
+) -> None:
+    """A key the chosen source does not read was silently ignored (`source = "none"` with
+    `target_allocation = 0.9` ran the listed jobs only); now refused, as `trace` with `generate` was."""
+    msg = _bad(site, {"workload": workload})
+    assert msg.startswith(f"bad.toml: {field}: {words}"), msg
+
+
+def test_an_external_timeout_with_builtin_placement_is_refused(site: SiteSpec) -> None:
+    msg = _bad(site, {"plant": {"placement": "builtin", "external_timeout_s": 60.0}})
+    assert msg.startswith("bad.toml: plant.external_timeout_s: only used with placement = 'external'"), msg
+    # either setting alone is fine
+    for plant in ({"placement": "builtin"}, {"external_timeout_s": 60.0}):
+        assert run_scenario_from_dict({**BASE, "plant": plant}, source="x", site=site).name == "bad"
+
+
+def test_input_files_are_the_files_the_scenario_was_read_from(tmp_path: Path) -> None:
+    """What `racktwin sim` keeps its outputs off: the scenario, its site spec and its trace."""
+    sc = load_run_scenario(EXAMPLES / "sim-trace.toml", duration_s=60.0)
+    assert sc.input_files == (
+        EXAMPLES / "sim-trace.toml",
+        EXAMPLES / "supernode-512.toml",
+        EXAMPLES / "sim-trace.csv",
+    )
+    given = load_run_scenario(EXAMPLES / "sim-trace.toml", duration_s=60.0, site=sc.site)
+    assert given.input_files == (EXAMPLES / "sim-trace.toml", EXAMPLES / "sim-trace.csv")  # the caller's site
