@@ -444,30 +444,36 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
         )
 
 
-def _check_broker_url(url: str, source: str) -> None:
+def broker_url_problem(url: str, *, credentials: str) -> str | None:
+    """What keeps ``url`` from being a broker URL (None: nothing): ``mqtt://`` or ``mqtts://``, a
+    host, an optional port within 1..65535, nothing else; user name and password go in their own
+    settings, which ``credentials`` names. The agent's ``broker.url``, ``racktwin sim --broker``
+    and ``racktwin demo --broker`` take the same URLs."""
     parts = urlsplit(url)
     if parts.scheme not in ("mqtt", "mqtts"):
-        raise SpecError(source, "broker.url", f"must start with mqtt:// or mqtts://, got {url!r}")
+        return f"must start with mqtt:// or mqtts://, got {url!r}"
     form = "expected mqtt://host:port or mqtts://host:port"
     if parts.username is not None or parts.password is not None:
-        raise SpecError(
-            source,
-            "broker.url",
-            f"no user name or password in the URL, got {url!r}: use broker.username and "
-            "broker.password_file (or RACKTWIN_BROKER_PASSWORD)",
-        )
+        return f"no user name or password in the URL, got {url!r}: use {credentials}"
     if not parts.hostname:
-        raise SpecError(source, "broker.url", f"no host in {url!r}: {form}")
+        return f"no host in {url!r}: {form}"
     try:
         port = parts.port
     except ValueError:
         port = 0
     if port == 0:
-        raise SpecError(source, "broker.url", f"bad port in {url!r}: must be a number within 1..65535")
+        return f"bad port in {url!r}: must be a number within 1..65535"
     if parts.path not in ("", "/"):
-        raise SpecError(source, "broker.url", f"path not allowed in {url!r} ({parts.path!r}): {form}")
+        return f"path not allowed in {url!r} ({parts.path!r}): {form}"
     if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise SpecError(source, "broker.url", f"query or fragment not allowed in {url!r}: {form}")
+        return f"query or fragment not allowed in {url!r}: {form}"
+    return None
+
+
+def _check_broker_url(url: str, source: str) -> None:
+    credentials = "broker.username and broker.password_file (or RACKTWIN_BROKER_PASSWORD)"
+    if (problem := broker_url_problem(url, credentials=credentials)) is not None:
+        raise SpecError(source, "broker.url", problem)
 
 
 def _file_problem(path: str) -> str | None:

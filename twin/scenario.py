@@ -190,8 +190,9 @@ class RunScenario:
     # that a ``duration_s`` override shortening the run leaves after its end
     warnings: tuple[str, ...] = ()
     # the files it was read from: the scenario file (:func:`load_run_scenario`), the site spec it
-    # names (not one the caller passed) and its trace; what a command must not write over
-    input_files: tuple[Path, ...] = ()
+    # names (not one the caller passed) and its trace; what a command must not write over (not part
+    # of what the scenario is: two scenarios read from different files may be equal)
+    input_files: tuple[Path, ...] = field(default=(), compare=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,6 +65,15 @@ def prepare_output_dir(out_dir: Path, files: Iterable[str], option: str = "--out
         check_output_file(out_dir / name, option)
 
 
+def check_broker_option(url: str, *, credentials: str) -> None:
+    """``--broker URL`` (racktwin sim, racktwin demo): the URLs the agent's ``broker.url`` takes
+    (``agent.config.broker_url_problem``); ``credentials`` says where a user name and password go."""
+    from agent.config import broker_url_problem
+
+    if (problem := broker_url_problem(url, credentials=credentials)) is not None:
+        raise UserError(f"--broker: {problem}")
+
+
 def check_output_file(path: Path, option: str) -> None:
     """A file about to be written: its folder exists and is writable, and the path itself, if it
     exists, is a regular file (not a folder, a device or a pipe, which a write would replace or

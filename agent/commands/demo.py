@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.commands.common import EXAMPLES_DIR, UserError, prepare_output_dir, print_json
+from agent.commands.common import EXAMPLES_DIR, UserError, check_broker_option, prepare_output_dir, print_json
 from agent.commands.evaluate import stdout_to_stderr
 from agent.config import ControlConfig
 
@@ -128,6 +128,8 @@ def run(args: argparse.Namespace, command: str) -> int:
 
     _check(args)
     path = Path(args.scenario) if args.scenario is not None else DEFAULT_SCENARIO
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, expected a TOML file")
     if not path.is_file():
         raise UserError(f"{path}: scenario file not found")
     duration_s = args.minutes * 60.0
@@ -137,6 +139,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise UserError(str(exc)) from None
     for warning in scenario.warnings:
         print(f"racktwin demo: warning: {warning}", file=sys.stderr, flush=True)
+    if args.broker is not None:  # the demo's simulator and agent connect without credentials
+        check_broker_option(args.broker, credentials="a broker without them (the demo passes none)")
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
     prepare_output_dir(out_dir, OUTPUT_FILES)
     broker = None

@@ -75,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="site seconds to run, > 0 and at least one control period (period_s, 15 s unless --control sets it) "
-        "(default: the scenario's duration_s)",
+        help="site seconds to run, at least one control period (period_s, 15 s unless --control sets it) and at "
+        "most 31536000 (365 days) (default: the scenario's duration_s)",
     )
     parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed, >= 0")
     parser.add_argument(
@@ -119,8 +119,13 @@ def _check(args: argparse.Namespace) -> tuple[list[str], int]:
     jobs = default_jobs() if args.jobs is None else args.jobs
     if not 1 <= jobs <= 256:
         raise _fail(f"--jobs must be within 1..256, got {jobs}")
-    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
-        raise _fail(f"--duration must be a positive number of seconds, got {args.duration:g}")
+    from twin.scenario import MAX_DURATION_S  # the loader's bound (not imported for --help)
+
+    if args.duration is not None and not (math.isfinite(args.duration) and 0 < args.duration <= MAX_DURATION_S):
+        raise _fail(
+            f"--duration must be a positive number of seconds, at most {MAX_DURATION_S:.0f} (365 days), "
+            f"got {args.duration:g}"
+        )
     if args.seed is not None and args.seed < 0:
         raise _fail(f"--seed must be >= 0, got {args.seed}")
     if not (math.isfinite(args.sample_s) and 1.0 <= args.sample_s <= 86400.0):
@@ -155,6 +160,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     policies, jobs = _check(args)
     control = control_of(args.control)
     path = Path(args.scenario)
+    if path.is_dir():
+        raise _fail(f"{path}: is a directory, expected a TOML file")
     if not path.is_file():
         raise _fail(f"{path}: scenario file not found")
     control_in_force = control or ControlConfig()

@@ -171,7 +171,7 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         data = read_toml(p)
         lists = {k: data.pop(k) for k in ("jobs", "queue") if k in data}
-        sf = decode_table(ScenarioFile, data, src)
+        sf = decode_table(ScenarioFile, data, src, other_keys=("jobs", "queue"))
         entries: dict[str, list[JobEntry]] = {"jobs": [], "queue": []}
         for key, raw in lists.items():
             if not isinstance(raw, list):

@@ -26,10 +26,9 @@ import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from agent.bus import BusConnectError, add_mqtt_arguments, check_tls_files_of_args, mqtt_options_from_args
-from agent.commands.common import DEFAULT_SITE, UserError, check_output_file, load_site_or_fail
+from agent.commands.common import DEFAULT_SITE, UserError, check_broker_option, check_output_file, load_site_or_fail
 from twin.spec import SiteSpec
 from twin.tables import SpecError
 
@@ -160,25 +159,6 @@ def _scenario_site(path: str) -> tuple[SiteSpec, tuple[Path, ...]]:
     return scenario.site, scenario.input_files[1:2]  # after the scenario file: its site spec
 
 
-def _check_broker_url(url: str) -> None:
-    """``--broker`` takes what the agent's ``broker.url`` takes (agent/config.py): mqtt:// or mqtts://,
-    a host, an optional port, nothing else (credentials go in their own options)."""
-    form = "expected mqtt://host:port or mqtts://host:port"
-    parts = urlsplit(url)
-    if parts.scheme not in ("mqtt", "mqtts"):
-        raise UserError(f"--broker {url}: must start with mqtt:// or mqtts://")
-    if parts.username is not None or parts.password is not None:
-        raise UserError(
-            f"--broker {url}: no user name or password in the URL: use --mqtt-username and --mqtt-password-file"
-        )
-    if not parts.hostname:
-        raise UserError(f"--broker {url}: no host: {form}")
-    if parts.path not in ("", "/"):
-        raise UserError(f"--broker {url}: path not allowed ({parts.path!r}): {form}")
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise UserError(f"--broker {url}: query or fragment not allowed: {form}")
-
-
 def _same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file (another spelling, a link, a hard link)."""
     try:
@@ -238,7 +218,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if epoch is not None and not 0 <= epoch <= MAX_START_EPOCH_S:
         raise UserError(f"--start-epoch-s must be epoch seconds within 0..{MAX_START_EPOCH_S:g}, got {epoch:g}")
     if args.broker is not None:
-        _check_broker_url(args.broker)
+        check_broker_option(args.broker, credentials="--mqtt-username and --mqtt-password-file")
     # the output files are checked before the run, not found unwritable at its end
     truth_log = None if args.truth_log is None else Path(args.truth_log)
     summary_path = None if args.summary is None else Path(args.summary)

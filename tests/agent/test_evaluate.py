@@ -179,6 +179,8 @@ def test_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFix
     [
         (["--policy", "baseline"], "--scenario FILE is required"),
         (["--scenario", "nope.toml"], "nope.toml: scenario file not found"),
+        (["--scenario", "."], ".: is a directory, expected a TOML file"),
+        (["--scenario", "{day}", "--duration", "1e12"], "at most 31536000 (365 days), got 1e+12"),
         (["--scenario", "{day}", "--policy", "magic"], "unknown policy 'magic'"),
         (["--scenario", "{day}", "--jobs", "0"], "--jobs must be within"),
         (["--scenario", "{day}", "--duration", "-5"], "--duration must be a positive"),

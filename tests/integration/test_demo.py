@@ -113,6 +113,10 @@ def test_ctrl_c_stops_everything_and_prints_a_partial_summary(tmp_path: Path) ->
         (["--minutes", "0.001"], "--minutes 0.001 (0.06 s) is shorter than one control period (15 s)"),
         (["--speed", "0.5"], "--speed must be within"),
         (["--scenario", "nope.toml"], "nope.toml: scenario file not found"),
+        (["--scenario", "."], ".: is a directory, expected a TOML file"),  # was "scenario file not found"
+        # the URLs the agent's broker.url takes (tcp:// got through and failed to connect)
+        (["--broker", "tcp://127.0.0.1:1"], "--broker: must start with mqtt:// or mqtts://"),
+        (["--broker", "mqtt://u:p@127.0.0.1:1"], "--broker: no user name or password in the URL"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:

@@ -134,7 +134,7 @@ def test_port_zero_is_not_the_default_port(url: str, capsys: pytest.CaptureFixtu
     rc, err = sim(capsys, "--broker", url)
     assert rc == 2
     line = one_error_line(err)
-    assert f"--broker {url}:" in line and "1..65535" in line
+    assert "--broker: " in line and repr(url) in line and "1..65535" in line
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
@@ -283,7 +283,7 @@ def test_a_broker_url_the_agent_refuses_is_refused(url: str, words: str, capsys:
     rc, err = sim(capsys, "--broker", url)
     assert rc == 2
     line = one_error_line(err)
-    assert f"--broker {url}: " in line and words in line, line
+    assert "--broker: " in line and repr(url) in line and words in line, line
 
 
 # ---- the run's length ---------------------------------------------------------------------------

@@ -229,6 +229,12 @@ SITE_LINE = 'site = "{site}"\n'
             'name = "x"\n{site}ambient_c = 20.0\n[generate]\nsizes = [8, 100000]\n',
             "generate.sizes: 100000 cards is more than the site's 512",
         ),
+        # the sections decoded apart are known keys too (was: "known keys here: name, site, ..." without them)
+        (
+            'name = "x"\n{site}ambient_c = 20.0\n[[job]]\nid = "a"\nn_cards = 8\n',
+            "job: unknown key; did you mean 'jobs'?",
+        ),
+        ('name = "x"\n{site}ambient_c = 20.0\n[[queues]]\nid = "a"\n', "queues: unknown key; did you mean 'queue'?"),
     ],
 )
 def test_bad_scenario_files_give_one_line_errors(

@@ -77,7 +77,7 @@ def test_sim_default_toml_is_the_embedded_default_written_out() -> None:
     default: loading it gives the same scenario but for its name and source."""
     written = load_run_scenario(EXAMPLES / "sim-default.toml")
     embedded = default_run_scenario(written.site)
-    assert dataclasses.replace(written, name=embedded.name, source=embedded.source, input_files=()) == embedded
+    assert dataclasses.replace(written, name=embedded.name, source=embedded.source) == embedded
 
 
 def test_generated_allocation_follows_the_target_over_a_day(site: SiteSpec) -> None:
