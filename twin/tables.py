@@ -13,6 +13,7 @@ fields with a default are optional in the file. Supported field types: ``str``, 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import tomllib
@@ -95,6 +96,14 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise SpecError(source, "", "not valid TOML here: arrays or inline tables nested too deeply") from None
 
 
+def _shown(raw: Any) -> str:
+    """A TOML value as the user wrote it, for messages: dates and times in their TOML form (their
+    Python repr, ``datetime.date(1979, 5, 27)``, is not what the file says), the rest as repr."""
+    if isinstance(raw, datetime.date | datetime.time):
+        return f"the date or time {raw.isoformat()}"
+    return repr(raw)
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
@@ -155,7 +164,7 @@ def _decode_value(hint: Any, raw: Any, source: str, path: str, meta: Any) -> Any
         (item_type, _ellipsis) = typing.get_args(hint)
         if not isinstance(raw, list):
             kind = "strings" if item_type is str else "numbers"
-            raise SpecError(source, path, f"expected a list of {kind}{unit_txt}, got {raw!r}")
+            raise SpecError(source, path, f"expected a list of {kind}{unit_txt}, got {_shown(raw)}")
         if not raw:
             raise SpecError(source, path, "must not be empty")
         return tuple(
@@ -167,33 +176,33 @@ def _decode_value(hint: Any, raw: Any, source: str, path: str, meta: Any) -> Any
 def _decode_scalar(hint: Any, raw: Any, source: str, path: str, meta: Any, unit_txt: str) -> Any:
     if hint is str:
         if not isinstance(raw, str) or not raw.strip():
-            raise SpecError(source, path, f"expected a non-empty string, got {raw!r}")
+            raise SpecError(source, path, f"expected a non-empty string, got {_shown(raw)}")
         allowed = meta.get("choices")
         if allowed and raw not in allowed:
-            raise SpecError(source, path, f"must be one of {', '.join(repr(a) for a in allowed)}, got {raw!r}")
+            raise SpecError(source, path, f"must be one of {', '.join(repr(a) for a in allowed)}, got {_shown(raw)}")
         return raw
     if hint is bool:
         if not isinstance(raw, bool):
-            raise SpecError(source, path, f"expected true or false, got {raw!r}")
+            raise SpecError(source, path, f"expected true or false, got {_shown(raw)}")
         return raw
     if hint is int:
         if isinstance(raw, bool) or not isinstance(raw, int):
-            raise SpecError(source, path, f"expected an integer{unit_txt}, got {raw!r}")
+            raise SpecError(source, path, f"expected an integer{unit_txt}, got {_shown(raw)}")
         value: float = raw
     elif hint is float:
         if isinstance(raw, bool) or not isinstance(raw, int | float):
             hint_txt = " (write the number alone; the unit is in the key's name)" if isinstance(raw, str) else ""
-            raise SpecError(source, path, f"expected a number{unit_txt}, got {raw!r}{hint_txt}")
+            raise SpecError(source, path, f"expected a number{unit_txt}, got {_shown(raw)}{hint_txt}")
         value = float(raw)
         if not math.isfinite(value):
-            raise SpecError(source, path, f"must be a finite number, got {raw!r}")
+            raise SpecError(source, path, f"must be a finite number, got {_shown(raw)}")
     else:  # pragma: no cover - programming error
         raise TypeError(f"unsupported field type {hint}")
     lo, hi = meta.get("lo"), meta.get("hi")
     lo_open = meta.get("lo_open", False)
     if lo is not None and (value < lo or (lo_open and value <= lo)):
         bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
-        raise SpecError(source, path, f"must be {bound}{unit_txt}, got {raw!r}")
+        raise SpecError(source, path, f"must be {bound}{unit_txt}, got {_shown(raw)}")
     if hi is not None and value > hi:
-        raise SpecError(source, path, f"must be <= {hi:g}{unit_txt}, got {raw!r}")
+        raise SpecError(source, path, f"must be <= {hi:g}{unit_txt}, got {_shown(raw)}")
     return raw if hint is int else value

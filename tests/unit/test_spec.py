@@ -90,6 +90,17 @@ def test_wrong_type_string_with_unit(tmp_path: Path, example_data: dict[str, Any
     assert "expected a number" in str(err)
 
 
+def test_a_toml_date_is_shown_as_written(tmp_path: Path) -> None:
+    """`power_limit_w = 1979-05-27` said `got datetime.date(1979, 5, 27)` (Python's repr)."""
+    path = tmp_path / "site.toml"
+    text = (Path(__file__).resolve().parents[2] / "examples" / "supernode-512.toml").read_text()
+    path.write_text(text.replace("power_limit_w = 50000.0", "power_limit_w = 1979-05-27", 1))
+    with pytest.raises(SpecError) as info:
+        load_site(path)
+    assert info.value.path == "rack.power_limit_w"
+    assert "got the date or time 1979-05-27" in str(info.value) and "datetime" not in str(info.value)
+
+
 def test_out_of_range(tmp_path: Path, example_data: dict[str, Any]) -> None:
     d = example_data
     d["cdu"]["approach_k"] = -3.0
