@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from agent.wire.messages import MAX_COMMAND_TTL_S
 from agent.wire.topics import SiteLayout, Topics
-from twin.spec import SiteSpec, load_site
+from twin.spec import SiteSpec, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 
 ENV_PREFIX = "RACKTWIN_"
@@ -391,6 +391,13 @@ def _decoded(path: str | Path, env: Mapping[str, str] | None) -> tuple[AgentConf
     source = str(path)
     environ = os.environ if env is None else env
     data = read_toml(path)
+    if sections := site_spec_sections(data):
+        raise SpecError(
+            source,
+            "",
+            f"this looks like a site spec ({', '.join(f'[{k}]' for k in sections)}), not an agent configuration: "
+            "name it in the configuration's `site` key (examples/agent.toml)",
+        )
     check_env_names(environ, source)
     data, used = apply_env_overrides(data, environ)
     label = source + (f" (with {', '.join(used)})" if used else "")

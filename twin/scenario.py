@@ -52,7 +52,7 @@ from twin.faults import (
     StuckSensor,
 )
 from twin.plant import CardVariation, Plant, PlantConfig, SensorNoise
-from twin.spec import SiteSpec, load_site
+from twin.spec import SiteSpec, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 from twin.workload import (
     GeneratorConfig,
@@ -315,9 +315,6 @@ _SOURCE_KEYS: Mapping[str, tuple[str, ...]] = {
 }
 
 #: The sections of a site spec (twin.spec.SiteSpec): a file with these is a site spec, not a run scenario.
-_SITE_SECTIONS = ("card", "cold_plate", "rack", "loop", "cdu", "facility")
-
-
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
@@ -563,8 +560,8 @@ def run_scenario_from_dict(
 def _check_not_a_site_spec(data: Mapping[str, Any], source: str) -> None:
     """A site spec given where a run scenario belongs (``racktwin sim`` takes both ``--site`` and
     ``--scenario``) is named as such, not reported as its first unknown key."""
-    sections = [k for k in _SITE_SECTIONS if isinstance(data.get(k), Mapping)]
-    if len(sections) >= 2 and "duration_s" not in data:
+    sections = site_spec_sections(data)
+    if sections and "duration_s" not in data:
         raise SpecError(
             source,
             "",

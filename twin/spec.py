@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,6 +297,18 @@ class SiteSpec:
 def load_site(path: str | Path) -> SiteSpec:
     """Read and validate a site spec TOML file. Raises :class:`SpecError` on any problem."""
     return site_from_dict(read_toml(path), source=str(path))
+
+
+#: The tables of a site spec file; a file with two or more of them is a site spec.
+_SITE_SECTIONS = ("card", "cold_plate", "rack", "loop", "cdu", "facility")
+
+
+def site_spec_sections(data: Mapping[str, Any]) -> list[str]:
+    """The site spec tables a parsed TOML file holds when it looks like a site spec (two or more of
+    them), else an empty list: for loaders of other files to say "this is a site spec" rather than
+    report its first key as unknown."""
+    sections = [k for k in _SITE_SECTIONS if isinstance(data.get(k), Mapping)]
+    return sections if len(sections) >= 2 else []
 
 
 #: With ``rack.hosts_per_rack`` > 0 these must be given too (none has a default that fits a real host).

@@ -359,3 +359,13 @@ def test_racktwin_without_a_command_is_a_usage_error_on_stderr(capsys: pytest.Ca
     assert main(["--help"]) == 0
     out, err = capsys.readouterr()
     assert "COMMAND" in out and err == ""
+
+
+def test_a_site_spec_given_as_the_configuration_says_so(tmp_path: Path) -> None:
+    """It said `name: unknown key; did you mean 'mode'?`."""
+    spec = tmp_path / "supernode-512.toml"
+    spec.write_text((EXAMPLES / "supernode-512.toml").read_text())
+    with pytest.raises(SpecError) as info:
+        load_config(spec, env={})
+    assert "this looks like a site spec ([card], [cold_plate]" in str(info.value)
+    assert "not an agent configuration" in str(info.value)
