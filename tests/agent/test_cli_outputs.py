@@ -113,7 +113,8 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
         (
             "evaluate",
             [
-                "--duration S site seconds to run, > 0 and at least one control period",
+                "--duration S site seconds to run, at least one control period (period_s, 15 s unless --control "
+                "sets it) and at most 31536000 (365 days)",
                 "--sample-s S time-series resolution in the report, 1..86400 site seconds (default 60)",
                 "--jobs N worker processes, 1..256",
                 "--seed SEED override the scenario's seed, >= 0",
