@@ -188,6 +188,9 @@ def read_journal(path: Path) -> tuple[list[tuple[int, float, dict[str, Any]]], l
         cols = ["command_id", "target", "topic", "payload", "issued_s", "expires_s", "state", "attempts", "decision_id"]
         commands = [dict(zip(cols, row, strict=True)) for row in db.execute(f"SELECT {', '.join(cols)} FROM commands")]
         acked = dict(db.execute("SELECT command_id, MIN(site_time_s) FROM acks GROUP BY command_id").fetchall())
+        reasons = dict(
+            db.execute("SELECT command_id, reason FROM acks WHERE reason IS NOT NULL ORDER BY id").fetchall()
+        )
     finally:
         db.close()
     for c in commands:
@@ -195,6 +198,7 @@ def read_journal(path: Path) -> tuple[list[tuple[int, float, dict[str, Any]]], l
         c["expires_s"] -= START
         c["acked_s"] = acked[c["command_id"]] - START if c["command_id"] in acked else None
         c["body"] = json.loads(c["payload"])
+        c["reason"] = reasons.get(c["command_id"])  # the rack's reason, for a rejection (the last ack's)
     return decisions, commands
 
 
@@ -671,7 +675,8 @@ async def test_idle_hosts_are_powered_off_over_mqtt_and_a_new_job_boots_one(
     # with the placements committed meanwhile)
     assert offs and all(c["target"] == "r1" and c["state"] == "applied" for c in offs)
     assert sorted(int(x) for c in offs for x in c["body"]["cards"]) == list(range(16))  # both hosts, whole
-    assert all(c["state"] != "rejected" for c in res.commands)
+    rejected = [(c["topic"], c["body"], c["reason"], c["issued_s"]) for c in res.commands if c["state"] == "rejected"]
+    assert not rejected, rejected  # (once in a clean-clone suite on 2 cores, 12-02; the reason not recorded then)
     off_at = max(float(c["acked_s"]) for c in offs) + 1.0
     before = [r["r1_power_w"] for r in res.truth if 5.0 <= r["time_s"] <= 15.0]
     off = [r["r1_power_w"] for r in res.truth if off_at <= r["time_s"] <= 115.0]
