@@ -314,7 +314,6 @@ _SOURCE_KEYS: Mapping[str, tuple[str, ...]] = {
     "trace": ("trace", "time_offset_s"),
 }
 
-#: The sections of a site spec (twin.spec.SiteSpec): a file with these is a site spec, not a run scenario.
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
