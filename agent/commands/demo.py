@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=DEFAULT_MINUTES,
         metavar="N",
-        help=f"site minutes to run, at least one control period of the agent ({_PERIOD_S / 60:g}, i.e. "
+        help=f"site minutes to run, more than one control period of the agent ({_PERIOD_S / 60:g}, i.e. "
         f"{_PERIOD_S:g} s) and at most {MAX_MINUTES:g} (a week) (default {DEFAULT_MINUTES:g})",
     )
     parser.add_argument(
@@ -111,10 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 def _check(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.minutes) and 0 < args.minutes <= MAX_MINUTES):
         raise UserError(f"--minutes must be > 0 and <= {MAX_MINUTES:g} (a week), got {args.minutes:g}")
-    if args.minutes * 60.0 < _PERIOD_S:  # as evaluate refuses it (the scenario's own checks would blame the file)
+    if args.minutes * 60.0 <= _PERIOD_S:  # as evaluate refuses it (the scenario's own checks would blame the file)
         raise UserError(
-            f"--minutes {args.minutes:g} ({args.minutes * 60.0:g} s) is shorter than one control period "
-            f"({_PERIOD_S:g} s): the agent would not act and nothing would be judged"
+            f"--minutes {args.minutes:g} ({args.minutes * 60.0:g} s) is not longer than one control period "
+            f"({_PERIOD_S:g} s): the first period is not judged (the agent has not acted yet), so nothing would be"
         )
     if not (math.isfinite(args.speed) and 1.0 <= args.speed <= 1000.0):
         raise UserError(f"--speed must be within 1..1000, got {args.speed:g}")

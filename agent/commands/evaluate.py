@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="site seconds to run, at least one control period (period_s, 15 s unless --control sets it) and at "
+        help="site seconds to run, more than one control period (period_s, 15 s unless --control sets it) and at "
         "most 31536000 (365 days) (default: the scenario's duration_s)",
     )
     parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed, >= 0")
@@ -169,12 +169,12 @@ def run(args: argparse.Namespace, command: str) -> int:
 
     def too_short(duration_s: float) -> UserError:
         return _fail(
-            f"{path}: the run ({duration_s:g} s) is shorter than one control period ({period_s:g} s): "
-            "no policy would act and nothing would be judged"
+            f"{path}: the run ({duration_s:g} s) is not longer than one control period ({period_s:g} s): "
+            "the first period is not judged (no policy has acted yet), so nothing would be"
         )
 
     # what the arguments alone decide is refused before the scenario loads (a generated day takes seconds)
-    if args.duration is not None and args.duration < period_s:
+    if args.duration is not None and args.duration <= period_s:
         raise too_short(args.duration)
     try:
         check_control(control_in_force, None, "--control", prefix="")  # deadlines within the period
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise _fail(str(exc)) from None
     for warning in scenario.warnings:
         print(f"racktwin {command}: warning: {warning}", file=sys.stderr, flush=True)
-    if scenario.duration_s < period_s:
+    if scenario.duration_s <= period_s:
         raise too_short(scenario.duration_s)
     if scenario.targets is not None:
         try:

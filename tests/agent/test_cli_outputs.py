@@ -104,7 +104,7 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
         (
             "demo",
             [
-                "--minutes N site minutes to run, at least one control period of the agent (0.25, i.e. 15 s) "
+                "--minutes N site minutes to run, more than one control period of the agent (0.25, i.e. 15 s) "
                 "and at most 10080 (a week) (default 75)",
                 "--speed X site seconds per wall second, 1..1000 (default 30;",
                 "wall seconds between progress lines, > 0 (default 5)",
@@ -113,7 +113,7 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
         (
             "evaluate",
             [
-                "--duration S site seconds to run, at least one control period (period_s, 15 s unless --control "
+                "--duration S site seconds to run, more than one control period (period_s, 15 s unless --control "
                 "sets it) and at most 31536000 (365 days)",
                 "--sample-s S time-series resolution in the report, 1..86400 site seconds (default 60)",
                 "--jobs N worker processes, 1..256",

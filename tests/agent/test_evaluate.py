@@ -188,7 +188,9 @@ def test_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFix
         (["--scenario", "{day}", "--control", "host_off_after=3"], "did you mean 'host_off_after_s'"),
         (["--scenario", "{day}", "--control", "host_off_after_s=-3"], "host_off_after_s: must be >= 0 s"),
         (["--scenario", "{day}", "--control", "junk"], "expected KEY=VALUE"),
-        (["--scenario", "{day}", "--duration", "10"], "shorter than one control period (15 s)"),
+        (["--scenario", "{day}", "--duration", "10"], "(10 s) is not longer than one control period (15 s)"),
+        # exactly one period: nothing is judged after it (the largest rack read 0.00 kW)
+        (["--scenario", "{day}", "--duration", "15"], "(15 s) is not longer than one control period (15 s)"),
         (["--scenario", "{day}", "--control", "solve_deadline_s=100"], "solve_deadline_s: must be shorter than"),
         (["--scenario", "{day}", "--control", "command_ttl_s=1"], "command_ttl_s: must be at least period_s"),
         (["--scenario", "{day}", "--control", "rack_margin_w=60000"], "below the site's rack power limit"),

@@ -109,8 +109,9 @@ def test_ctrl_c_stops_everything_and_prints_a_partial_summary(tmp_path: Path) ->
         (["--minutes", "0"], "--minutes must be > 0 and <= 10080 (a week), got 0"),
         # shorter than one decision of the agent: refused as evaluate refuses it, naming the option (0.001
         # minutes was blamed on examples/day-demo.toml, 0.1 ran and reported a largest rack power of 0 kW)
-        (["--minutes", "0.1"], "--minutes 0.1 (6 s) is shorter than one control period (15 s)"),
-        (["--minutes", "0.001"], "--minutes 0.001 (0.06 s) is shorter than one control period (15 s)"),
+        (["--minutes", "0.1"], "--minutes 0.1 (6 s) is not longer than one control period (15 s)"),
+        (["--minutes", "0.001"], "--minutes 0.001 (0.06 s) is not longer than one control period (15 s)"),
+        (["--minutes", "0.25"], "--minutes 0.25 (15 s) is not longer than one control period (15 s)"),
         (["--speed", "0.5"], "--speed must be within"),
         (["--scenario", "nope.toml"], "nope.toml: scenario file not found"),
         (["--scenario", "."], ".: is a directory, expected a TOML file"),  # was "scenario file not found"
