@@ -30,6 +30,7 @@ from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_
 from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
 from agent.targets import TargetCheck, TargetsError, validate_targets
+from twin.scenario import MAX_DURATION_S
 from twin.tables import SpecError, decode_table
 
 #: Colours of the policies in the plots.
@@ -76,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         default=None,
         metavar="S",
         help="site seconds to run, more than one control period (period_s, 15 s unless --control sets it) and at "
-        "most 31536000 (365 days) (default: the scenario's duration_s)",
+        f"most {MAX_DURATION_S:.0f} ({MAX_DURATION_S / 86400:.0f} days) (default: the scenario's duration_s)",
     )
     parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed, >= 0")
     parser.add_argument(
@@ -119,11 +120,11 @@ def _check(args: argparse.Namespace) -> tuple[list[str], int]:
     jobs = default_jobs() if args.jobs is None else args.jobs
     if not 1 <= jobs <= 256:
         raise _fail(f"--jobs must be within 1..256, got {jobs}")
-    from twin.scenario import MAX_DURATION_S  # the loader's bound (not imported for --help)
 
     if args.duration is not None and not (math.isfinite(args.duration) and 0 < args.duration <= MAX_DURATION_S):
         raise _fail(
-            f"--duration must be a positive number of seconds, at most {MAX_DURATION_S:.0f} (365 days), "
+            f"--duration must be a positive number of seconds, at most {MAX_DURATION_S:.0f} "
+            f"({MAX_DURATION_S / 86400:.0f} days), "
             f"got {args.duration:g}"
         )
     if args.seed is not None and args.seed < 0:
