@@ -268,6 +268,13 @@ class EmbeddedBroker:
         return self._thread is not None
 
     @property
+    def pid(self) -> int | None:
+        """The mosquitto process's id while one runs (None for the in-process amqtt, or stopped)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc.pid
+        return None
+
+    @property
     def url(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
