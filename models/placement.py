@@ -278,7 +278,7 @@ def _order(queue: Sequence[QueuedJob]) -> list[int]:
 def _why_not(pp: PlacementProblem, qj: QueuedJob, free: BoolArray) -> str:
     site = pp.site
     n = qj.spec.n_cards
-    per_sn = site.racks_per_supernode * site.cards_per_rack
+    per_sn = site.cards_per_supernode
     if n > per_sn:
         return f"needs {n} cards but a supernode has only {per_sn} (a job must stay inside one supernode)"
     max_r = qj.max_racks or site.racks_per_supernode
@@ -361,7 +361,7 @@ def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
 def build_supernode_assignment_model(pp: PlacementProblem, jobs: Sequence[int]) -> pyo.ConcreteModel:
     """Stage 1: ``z[j,n]`` job to supernode (knapsack on free cards per supernode)."""
     site = pp.site
-    per_sn = site.racks_per_supernode * site.cards_per_rack
+    per_sn = site.cards_per_supernode
     free_sn = np.add.reduceat(pp.free.astype(np.int64), np.arange(0, site.n_cards, per_sn))
     m = pyo.ConcreteModel(name="placement_supernodes")
     m.J = pyo.Set(initialize=list(jobs))
@@ -492,10 +492,9 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     site = pp.site
-    cpr = site.cards_per_rack
     xyz = site.card_torus_xyz()
     card_rack = site.card_rack()
-    jobs = [i for i in _order(pp.queue) if pp.queue[i].spec.n_cards <= site.racks_per_supernode * cpr]
+    jobs = [i for i in _order(pp.queue) if pp.queue[i].spec.n_cards <= site.cards_per_supernode]
     m1 = build_supernode_assignment_model(pp, jobs)
     if not jobs or not _solve(m1, deadline - time.perf_counter(), mip_rel_gap):
         g = greedy_placement(pp)

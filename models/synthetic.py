@@ -35,7 +35,7 @@ def pack_jobs(site: SiteSpec, sizes: Sequence[int]) -> list[IntArray | None]:
     """Cards for jobs of ``sizes``: largest first, first fit of blocks of consecutive cards inside
     one supernode (aligned to the job size up to a rack); None where a job does not fit. The
     result is in the order of ``sizes``."""
-    per_sn = site.racks_per_supernode * site.cards_per_rack
+    per_sn = site.cards_per_supernode
     used = np.zeros(site.n_cards, dtype=bool)
     out: list[IntArray | None] = [None] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
@@ -103,7 +103,7 @@ def synthetic_workload(
     if any(s < 1 for s in sizes) or not sizes:
         raise ValueError("sizes must be positive card counts")
     rng = np.random.default_rng(seed)
-    per_sn = site.racks_per_supernode * site.cards_per_rack
+    per_sn = site.cards_per_supernode
     target = round(allocation * site.n_cards)
     sizes_ok = [s for s in sizes if s <= per_sn]
     wanted: list[int] = []

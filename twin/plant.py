@@ -1414,7 +1414,7 @@ class Plant:
     def _first_fit(self, free: BoolArray, n_need: int) -> IntArray:
         """Compact first fit: the first supernode with enough free cards, its free cards in index
         order (filling racks in order); if no supernode has enough, free cards across the site."""
-        per_sn = self.site.racks_per_supernode * self._cpr
+        per_sn = self.site.cards_per_supernode
         counts = free.reshape(self.site.supernodes, per_sn).sum(axis=1)
         fits = np.flatnonzero(counts >= n_need)
         if fits.size:

@@ -977,7 +977,7 @@ def place_compact(plant: Plant, job_ids: Sequence[str], *, running: bool = False
         finally:
             plant.config = config
     site = plant.site
-    per_sn = site.racks_per_supernode * site.cards_per_rack
+    per_sn = site.cards_per_supernode
     queued = {j.job_id: j for j in plant.queued_jobs()}
     placed: list[str] = []
     free = np.zeros(plant.n_cards, dtype=bool)

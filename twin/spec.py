@@ -194,6 +194,11 @@ class SiteSpec:
         return int(self.torus_dims[0] * self.torus_dims[1])
 
     @property
+    def cards_per_supernode(self) -> int:
+        """Cards of one supernode: the largest job, which never spans two (its cards are consecutive)."""
+        return self.racks_per_supernode * self.cards_per_rack
+
+    @property
     def n_racks(self) -> int:
         return self.supernodes * self.racks_per_supernode
 

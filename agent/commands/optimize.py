@@ -352,7 +352,7 @@ def _around(site: SiteSpec, used: npt.NDArray[np.bool_], cards: IntArray) -> tup
     taken: the free cards of its block and, for the rest, the free cards of its supernode nearest to
     the block (lower index first at equal distance); None when the supernode has too few free cards.
     Also the supernode and its number of free cards."""
-    per_sn = site.racks_per_supernode * site.cards_per_rack
+    per_sn = site.cards_per_supernode
     sn = int(cards[0]) // per_sn
     free = np.flatnonzero(~used[sn * per_sn : (sn + 1) * per_sn]).astype(np.int64) + sn * per_sn
     if free.size < cards.size:

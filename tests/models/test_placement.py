@@ -16,7 +16,7 @@ pytestmark = pytest.mark.models
 
 def _check_plan(site: SiteSpec, free: np.ndarray, queue: list[QueuedJob], plan) -> None:  # type: ignore[no-untyped-def,type-arg]
     used = np.zeros(site.n_cards, dtype=int)
-    per_sn = site.racks_per_supernode * site.cards_per_rack
+    per_sn = site.cards_per_supernode
     for q in queue:
         if q.spec.job_id not in plan.cards:
             assert q.spec.job_id in plan.unplaced
