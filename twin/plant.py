@@ -21,7 +21,8 @@ with power and coolant inlet held over the step (zero-order hold):
 
 Commands (``set_levels``, ``set_power_limits``, ``enter_low_power``, ``wake``,
 ``set_supply_temp``, ``set_pump_speed``, ``place_job``) either apply entirely or raise :class:`CommandError` with the
-reason. ``readings()`` gives noisy telemetry (``twin.readings``) with sensor faults applied;
+reason. ``readings()`` gives noisy telemetry (``twin.readings``) with sensor faults applied
+(``twin.sensor_faults``);
 ``truth()`` the exact values; ``drain_events()`` the job events; ``accounting()`` energy and work.
 
 Work is counted in top-clock-equivalent card-seconds (``twin.workload``): throughput is work per
@@ -40,7 +41,7 @@ import heapq
 import math
 import zlib
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,7 @@ from twin.readings import (
     RackReading,
     Readings,
 )
+from twin.sensor_faults import SensorFaults
 from twin.spec import SiteSpec
 from twin.thermal import ThermalNetwork, ThermalParams, plate_resistance_k_per_w
 from twin.workload import JobSpec, Phase, PhaseModel
@@ -465,12 +467,7 @@ class Plant:
 
         # ---- sensors -------------------------------------------------------------------------------
         self._sensor_rng = np.random.default_rng([cfg.seed, 2])
-        self._dropout = np.zeros(n_racks, dtype=np.int64)
-        self._stuck_rack = np.zeros(n_racks, dtype=np.int64)
-        self._stuck_cards: dict[int, int] = {}
-        self._frozen_rack: dict[int, RackReading] = {}
-        self._frozen_card: dict[int, tuple[float, float, float, float]] = {}
-        self._garbage: dict[int, list[GarbageReadings]] = {}
+        self._sensor_faults = SensorFaults(n_racks)
 
         # ---- accounting ---------------------------------------------------------------------------
         self._acc = {
@@ -1255,9 +1252,9 @@ class Plant:
                     self._pump_speed[r] = 1.0
                     self._update_flow(t)
             elif kind == "sensor_on":
-                self._sensor_fault(payload, on=True)
+                self._sensor_faults.switch(payload, on=True)
             elif kind == "sensor_off":
-                self._sensor_fault(payload, on=False)
+                self._sensor_faults.switch(payload, on=False)
             elif kind == "sched":
                 self._fallback_at = _INF
                 self._sched_dirty = True
@@ -1276,31 +1273,6 @@ class Plant:
         self._r_foul = foul
         self._thermal.set_params(self._thermal_params())
         self._rack_pump_w = rack_pump_power_w(self.site, frac)
-
-    def _sensor_fault(self, fault: Fault, on: bool) -> None:
-        d = 1 if on else -1
-        if isinstance(fault, SensorDropout):
-            self._dropout[fault.rack] += d
-        elif isinstance(fault, StuckSensor):
-            if fault.card is None:
-                self._stuck_rack[fault.rack] += d
-                if not on and self._stuck_rack[fault.rack] == 0:
-                    self._frozen_rack.pop(fault.rack, None)
-            else:
-                cnt = self._stuck_cards.get(fault.card, 0) + d
-                if cnt <= 0:
-                    self._stuck_cards.pop(fault.card, None)
-                    self._frozen_card.pop(fault.card, None)
-                else:
-                    self._stuck_cards[fault.card] = cnt
-        elif isinstance(fault, GarbageReadings):
-            lst = self._garbage.setdefault(fault.rack, [])
-            if on:
-                lst.append(fault)
-            elif fault in lst:
-                lst.remove(fault)
-                if not lst:
-                    del self._garbage[fault.rack]
 
     # ================================================================================================
     # jobs
@@ -1662,23 +1634,17 @@ class Plant:
         pdu = (self._rack_power * (1.0 + nz.pdu_power_sd_frac * zr[3])).tolist()
         pump = self._rack_pump_w.tolist()
         speed = self._pump_speed.tolist()
-        if self._stuck_cards:
-            for c, _cnt in self._stuck_cards.items():
-                frozen = self._frozen_card.get(c)
-                if frozen is None:
-                    self._frozen_card[c] = (float(power[c]), float(die[c]), float(util[c]), float(clock[c]))
-                else:
-                    power[c], die[c], util[c], clock[c] = frozen
+        faults = self._sensor_faults
+        faults.freeze_stuck_cards(power, die, util, clock)
         racks: list[RackReading] = []
         idx = self._card_index
         for r in range(n_r):
-            if self._dropout[r]:
+            if faults.dropped(r):
                 continue
-            if self._stuck_rack[r]:
-                frozen_rr = self._frozen_rack.get(r)
-                if frozen_rr is not None:
-                    racks.append(replace(frozen_rr, time_s=t))
-                    continue
+            frozen = faults.frozen_rack(r, t)
+            if frozen is not None:
+                racks.append(frozen)
+                continue
             sl = slice(r * cpr, (r + 1) * cpr)
             batch = CardBatch(
                 card_index=idx[sl],
@@ -1694,11 +1660,9 @@ class Plant:
                 host_off=host_off[sl],
             )
             loop = LoopReading(sup[r], ret[r], flow[r], pump[r], pump_speed_frac=speed[r])
-            if r in self._garbage:
-                batch, loop = self._garble(self._garbage[r], batch, loop)
+            batch, loop = faults.garble(r, batch, loop, rng)
             rr = RackReading(rack=r, time_s=t, cards=batch, loop=loop, pdu=PduReading(power_w=pdu[r]))
-            if self._stuck_rack[r]:
-                self._frozen_rack[r] = rr
+            faults.seen(rr)
             racks.append(rr)
         cp = self._cooling
         zf = rng.standard_normal(6)
@@ -1728,20 +1692,3 @@ class Plant:
                 )
             )
         return Readings(time_s=t, racks=tuple(racks), facility=facility, jobs=tuple(jobs))
-
-    def _garble(
-        self, faults: list[GarbageReadings], batch: CardBatch, loop: LoopReading
-    ) -> tuple[CardBatch, LoopReading]:
-        rng = self._sensor_rng
-        power, die, util = batch.power_w.copy(), batch.die_temp_c.copy(), batch.utilization.copy()
-        for f in faults:
-            hit = rng.random(power.size) < f.fraction
-            if f.mode == "nan":
-                power[hit], die[hit], util[hit] = np.nan, np.nan, np.nan
-                if f.fraction >= 1.0:
-                    loop = replace(loop, return_temp_c=math.nan, supply_temp_c=math.nan)
-            else:
-                power[hit], die[hit], util[hit] = -1234.5, 1.0e4, 7.0
-                if f.fraction >= 1.0:
-                    loop = replace(loop, return_temp_c=-273.0, flow_lpm=-1.0)
-        return replace(batch, power_w=power, die_temp_c=die, utilization=util), loop
