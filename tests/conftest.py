@@ -29,6 +29,21 @@ from mqtt_testing import (
 from agent.broker import EmbeddedBroker, find_mosquitto
 from agent.wire import Codec, SiteLayout
 
+#: every test belongs to one layer (pyproject.toml's markers): `-m unit` and the like select by it
+TEST_LAYERS = ("unit", "models", "agent", "integration")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test with no layer marker: `-m unit` and the like would silently leave it out (a failure
+    here rather than a collection error, which pytest-xdist's workers report as an internal error)."""
+    if not any(item.get_closest_marker(m) for m in TEST_LAYERS):
+        pytest.fail(
+            f"no layer marker: mark the test or its file with one of {', '.join(TEST_LAYERS)} "
+            "(e.g. 'pytestmark = pytest.mark.unit')",
+            pytrace=False,
+        )
+
+
 _NO_MOSQUITTO = (
     "mosquitto is not installed, and the agent/integration tests need a real broker. Install it with "
     "'apt-get install mosquitto mosquitto-clients' (scripts/test.sh does this), or point "

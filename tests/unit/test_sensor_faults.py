@@ -4,10 +4,13 @@ under each fault are in tests/unit/test_plant.py::test_sensor_faults)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from twin.faults import GarbageReadings, SensorDropout, StuckSensor
 from twin.readings import CardBatch, LoopReading, PduReading, RackReading
 from twin.sensor_faults import SensorFaults
+
+pytestmark = pytest.mark.unit
 
 
 def values(x: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
