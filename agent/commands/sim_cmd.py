@@ -312,7 +312,7 @@ def _report(s: SimSummary, options: Any, *, summary_written: bool = True) -> Non
         f"  energy: IT {d['it_energy_kwh']:,.1f} kWh, facility {d['facility_energy_kwh']:,.1f} kWh, PUE "
         + (f"{pue:.4f}" if pue is not None else "-"),
         f"  work: {d['work_card_s']:,.0f} card-s, jobs finished {d['jobs_finished']}, running {d['jobs_running']}, "
-        f"queued {d['jobs_queued']}; racks over limit {d['rack_over_limit_s']:,.0f} rack-s, "
+        f"queued {d['jobs_queued']}; from t = 0: racks over limit {d['rack_over_limit_s']:,.0f} rack-s, "
         f"max rack {d['max_rack_power_w'] / 1e3:,.2f} kW, max die {d['max_die_temp_c']:.1f} deg C",
         f"  messages: {s.messages_published:,} published, {s.telemetry_dropped:,} dropped while offline; commands "
         f"{s.commands_applied} applied, {s.commands_rejected} rejected, {s.commands_expired} expired"
