@@ -22,7 +22,8 @@ This module also holds
 * :func:`generate_jobs`: a seeded generator whose sizes and run times follow a cluster row of
   ``acme_cluster_summary.csv`` (AcmeTrace, NSDI'24), scaled to whole-host jobs of a supernode, with
   Poisson arrivals at the rate Little's law gives for a target card allocation;
-* :func:`load_trace` / :func:`write_trace`: job traces as CSV (columns in :data:`TRACE_COLUMNS`).
+* :func:`load_trace` / :func:`trace_csv`: job traces as CSV (columns in :data:`TRACE_COLUMNS`); the
+  caller writes the text where it wants it (the twin reads files, it does not write them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import csv
 import difflib
 import enum
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,7 +67,7 @@ __all__ = [
     "relative_step_time",
     "relative_throughput",
     "synchronous_utilization",
-    "write_trace",
+    "trace_csv",
 ]
 
 
@@ -725,8 +727,8 @@ def _job_from_record(rec: dict[str, str], source: str, line: int, seen: dict[str
     )
 
 
-def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
-    """Write jobs as a trace CSV that :func:`load_trace` reads back unchanged (work_steps form)."""
+def trace_csv(jobs: Sequence[JobSpec]) -> str:
+    """Jobs as the text of a trace CSV that :func:`load_trace` reads back unchanged (work_steps form)."""
     cols = [
         "job_id",
         "submit_time_s",
@@ -740,8 +742,9 @@ def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
         "min_throughput_frac",
         "noncompute_utilization",
     ]
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        for j in jobs:
-            w.writerow([repr(getattr(j, c)) if isinstance(getattr(j, c), float) else getattr(j, c) for c in cols])
+    out = io.StringIO(newline="")
+    w = csv.writer(out)
+    w.writerow(cols)
+    for j in jobs:
+        w.writerow([repr(getattr(j, c)) if isinstance(getattr(j, c), float) else getattr(j, c) for c in cols])
+    return out.getvalue()

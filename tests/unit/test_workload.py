@@ -20,7 +20,7 @@ from twin.workload import (
     load_trace,
     relative_throughput,
     synchronous_utilization,
-    write_trace,
+    trace_csv,
 )
 
 pytestmark = pytest.mark.unit
@@ -92,7 +92,7 @@ def test_phase_model_expected_wall_time() -> None:
 def test_trace_round_trip(tmp_path: Path) -> None:
     jobs = generate_jobs(512, 3600, seed=2)
     path = tmp_path / "trace.csv"
-    write_trace(path, jobs)
+    path.write_text(trace_csv(jobs), encoding="utf-8", newline="")
     assert load_trace(path) == jobs
 
 
