@@ -316,7 +316,7 @@ async def test_a_removed_journal_file_makes_the_agent_not_ready_and_is_logged_on
 # --------------------------------------------------------------------------------------------------
 
 
-async def test_start_errors_name_the_journal_or_the_http_port_whichever_it_is(
+async def test_start_errors_name_the_journal_the_http_port_or_host_whichever_it_is(
     mosquitto: EmbeddedBroker, tmp_path: Path
 ) -> None:
     write_site(tmp_path)
@@ -343,6 +343,11 @@ async def test_start_errors_name_the_journal_or_the_http_port_whichever_it_is(
         async with agent_process(mosquitto, cfg) as agent:
             assert await agent.wait(20) == 2
     assert f"http.port {port} (127.0.0.1): " in agent.stderr and "journal" not in agent.lines[-1], agent.stderr
+    # a host name that does not resolve (.invalid never does, RFC 6761): that is http.host, not the port
+    edit(cfg, f"port = {port}", f'port = {port}\nhost = "no-such-host.invalid"')  # the port is free again
+    async with agent_process(mosquitto, cfg) as agent:
+        assert await agent.wait(20) == 2
+    assert "http.host 'no-such-host.invalid': " in agent.stderr and "http.port" not in agent.stderr, agent.stderr
     Journal(tmp_path / "journal.sqlite", lock=True).close()  # the refused start released the journal
 
 
