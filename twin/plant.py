@@ -22,8 +22,8 @@ with power and coolant inlet held over the step (zero-order hold):
 Commands (``set_levels``, ``set_power_limits``, ``enter_low_power``, ``wake``,
 ``set_supply_temp``, ``set_pump_speed``, ``place_job``) either apply entirely or raise :class:`CommandError` with the
 reason. ``readings()`` gives noisy telemetry (``twin.readings``) with sensor faults applied
-(``twin.sensor_faults``);
-``truth()`` the exact values; ``drain_events()`` the job events; ``accounting()`` energy and work.
+(``twin.sensor_faults``); ``truth()`` the exact values; ``drain_events()`` the job events;
+``accounting()`` energy and work.
 
 Work is counted in top-clock-equivalent card-seconds (``twin.workload``): throughput is work per
 second. Everything is seeded: the same site, jobs, faults, config and command sequence give the
