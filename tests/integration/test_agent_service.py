@@ -428,7 +428,13 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     seen: dict[str, Any] = {}
 
     async def inject(service: AgentService, sim: Simulator) -> None:
-        await wait_for(lambda: service.decisions >= 2, what="decisions")
+        # the "late" message (stamped START + 1) must be behind what the agent holds of card 0: two
+        # decisions come ~2.5 site s in, when card 0 may have been seen at START + 1 only (the message
+        # was then the newest reading of it, taken, not late: the test's old flake under load)
+        await wait_for(
+            lambda: service.decisions >= 2 and service.state.card_last_seen_s[0] >= START + 10.0,
+            what="decisions and card 0 seen 10 site s in",
+        )
         async with Bus(mosquitto.options(), name="mallory") as bus:
             await bus.wait_connected(10)
             for _ in range(3):
