@@ -269,7 +269,8 @@ class EmbeddedBroker:
 
     @property
     def pid(self) -> int | None:
-        """The mosquitto process's id while one runs (None for the in-process amqtt, or stopped)."""
+        """The broker process's id while one runs: mosquitto, or amqtt in its subprocess mode (None for
+        amqtt on a thread of this process, or a stopped broker)."""
         if self._proc is not None and self._proc.poll() is None:
             return self._proc.pid
         return None

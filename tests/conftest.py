@@ -34,8 +34,9 @@ TEST_LAYERS = ("unit", "models", "agent", "integration")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Fail a test with no layer marker: `-m unit` and the like would silently leave it out (a failure
-    here rather than a collection error, which pytest-xdist's workers report as an internal error)."""
+    """Fail a test with no layer marker when it runs (the whole suite, as CI runs it): `-m unit` and the
+    like would silently leave it out. It shows as an error at set-up (a collection error instead would
+    be an internal error under pytest-xdist); a test skipped before set-up is not checked."""
     if not any(item.get_closest_marker(m) for m in TEST_LAYERS):
         pytest.fail(
             f"no layer marker: mark the test or its file with one of {', '.join(TEST_LAYERS)} "

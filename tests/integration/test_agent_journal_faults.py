@@ -346,7 +346,7 @@ async def test_start_errors_name_the_journal_the_http_port_or_host_whichever_it_
     # a host name that does not resolve (.invalid never does, RFC 6761): that is http.host, not the port
     edit(cfg, f"port = {port}", f'port = {port}\nhost = "no-such-host.invalid"')  # the port is free again
     async with agent_process(mosquitto, cfg) as agent:
-        assert await agent.wait(20) == 2
+        assert await agent.wait(60) == 2  # (0.1 s here; more where the lookup waits out a slow DNS server)
     assert "http.host 'no-such-host.invalid': " in agent.stderr and "http.port" not in agent.stderr, agent.stderr
     Journal(tmp_path / "journal.sqlite", lock=True).close()  # the refused start released the journal
 

@@ -66,8 +66,12 @@ def test_a_stuck_rack_repeats_its_first_reading_with_fresh_stamps_until_its_last
     sf.switch(a, on=True)
     assert sf.frozen_rack(1, 1.0) is None  # nothing frozen yet: this reading is taken afresh
     sf.seen(rack_reading(1, 1.0, power_w=300.0))
-    sf.seen(rack_reading(0, 1.0, power_w=111.0))  # another rack: not frozen
-    assert sf.frozen_rack(0, 2.0) is None
+    sf.seen(rack_reading(0, 1.0, power_w=111.0))  # rack 0 is not stuck: nothing of it is kept ...
+    sf.switch(StuckSensor(rack=0, start_s=2.0), on=True)
+    assert sf.frozen_rack(0, 2.0) is None  # ... so its window freezes at its own first reading
+    sf.seen(rack_reading(0, 2.0, power_w=222.0))
+    r0 = sf.frozen_rack(0, 3.0)
+    assert r0 is not None and r0.pdu is not None and r0.pdu.power_w == 888.0
     sf.switch(b, on=True)
     sf.switch(a, on=False)
     again = sf.frozen_rack(1, 40.0)
