@@ -69,12 +69,11 @@ class SensorFaults:
                 else:
                     self._stuck_cards[fault.card] = cnt
         elif isinstance(fault, GarbageReadings):
-            lst = self._garbage.setdefault(fault.rack, [])
             if on:
-                lst.append(fault)
-            elif fault in lst:
-                lst.remove(fault)
-                if not lst:
+                self._garbage.setdefault(fault.rack, []).append(fault)
+            elif fault in self._garbage.get(fault.rack, []):
+                self._garbage[fault.rack].remove(fault)
+                if not self._garbage[fault.rack]:
                     del self._garbage[fault.rack]
 
     def freeze_stuck_cards(self, power: FloatArray, die: FloatArray, util: FloatArray, clock: FloatArray) -> None:
