@@ -49,6 +49,7 @@ import numpy.typing as npt
 from agent.config import ControlConfig, PricesConfig
 from agent.job_work import JobWork, job_work
 from agent.policies import POLICY_NAMES, ControlStats, Policy, make_policy
+from agent.solver_output import isolate_solver_output
 from agent.targets import TargetCheck, check_targets, validate_targets
 from twin.plant import Plant
 from twin.scenario import RunScenario, build_plant
@@ -302,6 +303,7 @@ def run_policy(
 
     ``progress(name, plant_time_s, duration_s, wall_s)`` is called every 900 s of plant time."""
     control = control if control is not None else ControlConfig()
+    isolate_solver_output()  # pyomo's per-solve capture of fds 1 and 2 slows the solves (agent.solver_output)
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     site = scenario.site
     policy = make_policy(name, site, control, prices)

@@ -53,8 +53,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import sys
 import time
 import uuid
 from dataclasses import asdict
@@ -74,6 +72,7 @@ from agent.journal import Journal, JournalError
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import PEER_PROOF_S, PEER_SILENT_S, STATUS_EVERY_S, AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
+from agent.solver_output import isolate_solver_output
 from twin.estimate import AnomalyHistory, Estimator
 from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
@@ -84,7 +83,6 @@ __all__ = [
     "AgentFailed",
     "AgentService",
     "HttpListenError",
-    "isolate_solver_output",
     "mqtt_options",
     "run",
 ]
@@ -152,36 +150,6 @@ def _first_error(exc: BaseException) -> BaseException:
         inner = [e for e in exc.exceptions if not isinstance(e, _Shutdown | asyncio.CancelledError)]
         exc = (inner or list(exc.exceptions))[0]
     return exc
-
-
-def isolate_solver_output() -> None:
-    """Stop pyomo's HiGHS interface from redirecting the process's stdout/stderr file descriptors
-    around every solve (``capture_output(capture_fd=True)`` in ``pyomo.contrib.solver.solvers.highs``).
-
-    That redirection is process-wide: with the solve in a worker thread, every log line the event
-    loop writes meanwhile goes into pyomo's capture and is lost, and a process stopping mid-solve
-    crashes pyomo's reader thread. The models run HiGHS with ``output_flag=False``, so there is
-    nothing to capture but the banner HiGHS prints on stdout the first time a process makes a solver
-    instance: that first instance is made here with stdout on /dev/null (``racktwin demo`` showed the
-    banner among its progress lines; ``racktwin agent`` sends stdout to /dev/null anyway).
-    """
-    import highspy
-    import pyomo.contrib.solver.solvers.highs as pyomo_highs
-
-    @contextlib.contextmanager
-    def _no_capture(*_args: Any, **_kwargs: Any) -> Any:
-        yield None
-
-    pyomo_highs.capture_output = _no_capture
-    sys.stdout.flush()
-    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        highspy.Highs()  # type: ignore[no-untyped-call]  # the banner, once per process, into /dev/null
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
 
 
 def mqtt_options(broker: BrokerConfig) -> MqttOptions:

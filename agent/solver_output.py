@@ -1,0 +1,59 @@
+"""Keep pyomo's HiGHS interface off the process's stdout and stderr (:func:`isolate_solver_output`).
+
+``pyomo.contrib.solver.solvers.highs`` wraps every solve, and every new model it loads, in
+``capture_output(capture_fd=True)``: it points file descriptors 1 and 2 at a pipe for the length of
+the call and starts a thread that polls the pipe (every 0.1 ms at first) into the solver log. The
+models run HiGHS with ``output_flag=False``, so that log is empty, and the redirection does harm:
+
+* it is process-wide: with the solve in a worker thread, every line the event loop of
+  ``racktwin agent`` writes meanwhile goes into pyomo's capture and is lost, and a process stopping
+  mid-solve crashes pyomo's reader thread;
+* its reader thread competes with the solve for the interpreter lock: over the nominal day's first
+  site hour the solves of the racktwin policy took 3.0-3.1 s of wall time with the capture off
+  against 3.7-3.8 s with it on, side by side, every result the same (``benchmarks/bench_policy_cpu.py
+  --split``; benchmarks/results-evaluation.md).
+
+The service (``agent.service``) and every in-process evaluation run (``agent.evaluate.run_policy``)
+call it once per process before their first solve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["isolate_solver_output"]
+
+_isolated = False
+
+
+@contextlib.contextmanager
+def _no_capture(*_args: Any, **_kwargs: Any) -> Iterator[None]:
+    yield None
+
+
+def isolate_solver_output() -> None:
+    """Stop pyomo's HiGHS interface from redirecting stdout/stderr around its calls (see the module
+    docstring). HiGHS prints a banner on stdout the first time a process makes a solver instance:
+    that first instance is made here with stdout on /dev/null (``racktwin demo`` showed the banner
+    among its progress lines; ``--json`` outputs must carry nothing else). Idempotent."""
+    global _isolated
+    if _isolated:
+        return
+    import highspy
+    import pyomo.contrib.solver.solvers.highs as pyomo_highs
+
+    pyomo_highs.capture_output = _no_capture
+    sys.stdout.flush()
+    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        highspy.Highs()  # type: ignore[no-untyped-call]  # the banner, once per process, into /dev/null
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+    _isolated = True

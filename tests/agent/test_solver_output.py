@@ -1,0 +1,78 @@
+"""pyomo's HiGHS interface kept off stdout (``agent.solver_output.isolate_solver_output``).
+
+Each case runs in a fresh interpreter (the isolation patches pyomo for the whole process and the
+capture it removes works on file descriptors): a few real HiGHS solves through ``models.solve``,
+and a line written to file descriptor 1 from inside each solve, as the agent's event loop writes its
+log while a solve runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.agent
+
+REPO = Path(__file__).resolve().parents[2]
+
+_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import highspy
+    import pyomo.environ as pyo
+    from pyomo.contrib.solver.solvers.highs import Highs
+    from models.solve import highs_solve
+
+    if sys.argv[1] == "isolated":
+        from agent.solver_output import isolate_solver_output
+        isolate_solver_output()
+        isolate_solver_output()  # twice: idempotent
+
+    real_run = highspy.Highs.run
+    def run_and_log(self):
+        os.write(1, f"log line during solve {run_and_log.n}\\n".encode())
+        run_and_log.n += 1
+        return real_run(self)
+    run_and_log.n = 0
+    highspy.Highs.run = run_and_log
+
+    objectives = []
+    for k in range(3):
+        m = pyo.ConcreteModel()
+        m.x = pyo.Var(domain=pyo.Binary)
+        m.y = pyo.Var(bounds=(0, 4))
+        m.c = pyo.Constraint(expr=m.x + m.y <= 2.5 + k)
+        m.o = pyo.Objective(expr=3 * m.x + m.y, sense=pyo.maximize)
+        info = highs_solve(Highs(), m, 10.0, 1e-6)
+        objectives.append(round(info.objective, 6))
+    print("objectives", objectives, flush=True)
+    """
+)
+
+
+def _run(mode: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, mode], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_lines_written_during_solves_reach_stdout_and_the_banner_does_not() -> None:
+    out = _run("isolated")
+    assert [ln for ln in out.splitlines() if ln.startswith("log line")] == [
+        f"log line during solve {i}" for i in range(3)
+    ]
+    assert "objectives [4.5, 5.5, 6.5]" in out  # the solves themselves are unchanged
+    assert "HiGHS" not in out  # the banner HiGHS prints on its first instance went to /dev/null
+
+
+def test_without_isolation_pyomo_swallows_those_lines() -> None:
+    """The defect the isolation removes, shown with the same script: pyomo's capture takes fd 1."""
+    out = _run("plain")
+    assert "objectives [4.5, 5.5, 6.5]" in out
+    assert not [ln for ln in out.splitlines() if ln.startswith("log line")]
