@@ -67,23 +67,31 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     bounds = np.searchsorted(t.pair_job[order], np.arange(t.n_jobs + 1))
     job_pairs = [order[bounds[j] : bounds[j + 1]] for j in range(t.n_jobs)]
 
-    def best_move(j: int) -> tuple[float, int] | None:
-        cur = int(level[j])
+    # per job: its allowed levels, their powers and values, its racks and its pairs' powers at them
+    moves = []
+    for j in range(t.n_jobs):
+        ks = np.flatnonzero(t.allowed[j])
         pairs = job_pairs[j]
-        head = t.rack_cap_w[t.pair_rack[pairs]] - rack_p[t.pair_rack[pairs]]
-        best: tuple[float, int] | None = None
-        for k in (int(x) for x in np.flatnonzero(t.allowed[j])):
-            d_val = t.job_value[j, k] - t.job_value[j, cur]
-            d_p = t.job_power_w[j, k] - t.job_power_w[j, cur]
-            gain = d_val - e_price * d_p
-            if gain <= 1e-12:
-                continue
-            if np.any(t.pair_power_w[pairs, k] - t.pair_power_w[pairs, cur] > head + 1e-9):
-                continue
-            ratio = gain / d_p if d_p > 1e-9 else float("inf")
-            if best is None or ratio > best[0]:
-                best = (ratio, k)
-        return best
+        moves.append(
+            (ks, t.job_power_w[j, ks], t.job_value[j, ks], t.pair_rack[pairs], t.pair_power_w[np.ix_(pairs, ks)])
+        )
+
+    def best_move(j: int) -> tuple[float, int] | None:
+        """The job's move of best gain per watt that every rack it spans has room for (the first
+        such level on a tie), or None."""
+        cur = int(level[j])
+        ks, power_w, value, racks, pair_power_w = moves[j]
+        d_p = power_w - t.job_power_w[j, cur]
+        gain = (value - t.job_value[j, cur]) - e_price * d_p
+        head = t.rack_cap_w[racks] - rack_p[racks]
+        d_pair = pair_power_w - t.pair_power_w[job_pairs[j], cur][:, None]
+        ok = (gain > 1e-12) & ~(d_pair > head[:, None] + 1e-9).any(axis=0)
+        if not ok.any():
+            return None
+        ratio = np.full(ks.size, np.inf)
+        np.divide(gain, d_p, out=ratio, where=d_p > 1e-9)
+        best = int(np.where(ok, ratio, -np.inf).argmax())
+        return float(ratio[best]), int(ks[best])
 
     heap: list[tuple[float, int, int]] = []
     for j in range(t.n_jobs):
