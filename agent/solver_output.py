@@ -1,4 +1,6 @@
-"""Keep pyomo's HiGHS interface off the process's stdout and stderr (:func:`isolate_solver_output`).
+"""Keep the solver off the process's stdout: pyomo's HiGHS interface (:func:`isolate_solver_output`)
+and native libraries' stray output while a command's stdout must carry only its result
+(:func:`stdout_to_stderr`).
 
 ``pyomo.contrib.solver.solvers.highs`` wraps every solve, and every new model it loads, in
 ``capture_output(capture_fd=True)``: it points file descriptors 1 and 2 at a pipe for the length of
@@ -25,7 +27,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["isolate_solver_output"]
+__all__ = ["isolate_solver_output", "stdout_to_stderr"]
 
 _isolated = False
 
@@ -57,3 +59,19 @@ def isolate_solver_output() -> None:
         os.close(saved)
         os.close(devnull)
     _isolated = True
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr for a while: C libraries (the HiGHS banner) write there
+    directly, and stdout must carry only a command's table or its one JSON object
+    (``racktwin evaluate``, ``racktwin demo``)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

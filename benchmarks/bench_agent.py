@@ -295,7 +295,7 @@ def main() -> None:
         args.minutes, args.warmup_s = 0.75, 15.0
     sizes = [int(x) for x in args.sizes.split(",")]
     setup_logging("error", "text")
-    # the report goes to a copy of stdout; native banners (HiGHS prints one per new model) go nowhere
+    # the report goes to a copy of stdout; native output (the banner HiGHS prints on its first instance) goes nowhere
     report = os.fdopen(os.dup(1), "w", buffering=1)
     sys.stdout.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)

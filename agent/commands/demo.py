@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.commands.common import EXAMPLES_DIR, UserError, check_broker_option, prepare_output_dir, print_json
-from agent.commands.evaluate import stdout_to_stderr
 from agent.config import ControlConfig
+from agent.solver_output import stdout_to_stderr
 
 if TYPE_CHECKING:  # the service is imported when the demo runs (it loads the solver stack)
     from agent.service import AgentService

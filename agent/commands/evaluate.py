@@ -11,15 +11,12 @@ Documentation: docs/evaluation.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import math
-import os
 import sys
 import time
 import tomllib
-from collections.abc import Iterator
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from agent.config import ControlConfig, check_control
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
 from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
+from agent.solver_output import stdout_to_stderr
 from agent.targets import TargetCheck, TargetsError, validate_targets
 from twin.scenario import MAX_DURATION_S
 from twin.tables import SpecError, decode_table
@@ -258,21 +256,6 @@ def run(args: argparse.Namespace, command: str) -> int:
         if targets:
             print(targets)
     return 0
-
-
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send file descriptor 1 to stderr for a while: C libraries (the HiGHS banner) write there
-    directly, and stdout must carry only the table or the one JSON object."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _hms(t_s: float) -> str:
