@@ -43,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.solver_output import isolate_solver_output
 from models.cooling import solve_joint_setpoint
 from models.dvfs import dvfs_matrix
 from models.heuristic import greedy_dvfs
@@ -419,7 +420,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mixes", default="mixed,small")
     ap.add_argument("--sections", default="dvfs,setpoint,placement")
+    ap.add_argument(
+        "--pyomo-capture",
+        action="store_true",
+        help="leave on pyomo's capture of stdout/stderr around each HiGHS call (how this benchmark ran "
+        "until 2026-12-02; the agent and racktwin evaluate switch it off: agent.solver_output)",
+    )
     a = ap.parse_args()
+    if not a.pyomo_capture:
+        isolate_solver_output()
     sizes = [int(s) for s in a.sizes.split(",")]
     sections = a.sections.split(",")
     print("# racktwin models benchmark\n")
