@@ -3,11 +3,16 @@
     python benchmarks/bench_policy_cpu.py                                  # racktwin, the nominal day's first hour
     python benchmarks/bench_policy_cpu.py --policy greedy --duration-s 7200
     python benchmarks/bench_policy_cpu.py --split      # also: wall seconds in HiGHS and in Pyomo's layers
+    python benchmarks/bench_policy_cpu.py --against 3db24c1 --pairs 3      # this checkout vs a commit
 
 ``racktwin evaluate``'s wall time hangs on the machine as much as on the code (the shared 2-core
 machine here ran the baseline policy in 22 CPU s one day and 39 the next). To tell a slower code
 from a slower machine, run the same policy at two commits at once, one process each, and compare
-(the results must be the same to the digit when the controller did not change):
+(the results must be the same to the digit when the controller did not change). ``--against
+COMMIT`` does that: it checks the commit out in a temporary git worktree, runs the policy in this
+checkout and in the worktree at the same time (one process each, ``--pairs`` times), and prints
+each pair's wall and CPU seconds, their ratio (this checkout / the commit), the medians, and whether
+the two runs' facility energy and throughput agree to the digit. By hand, the same is:
 
     git worktree add /tmp/old <commit>
     (cd /tmp/old && PYTHONPATH=$PWD python benchmarks/bench_policy_cpu.py) &
@@ -27,6 +32,12 @@ thread while the caller waits, so wall and CPU agree).
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,13 +84,112 @@ def time_solver_layers() -> dict[str, float]:
     return spent_s
 
 
+#: Run in each tree by ``--against`` (``python -c``, the tree's own packages first on the path): one
+#: policy run, its times and results as one JSON line. Only ``load_run_scenario`` and ``run_policy``,
+#: whose signatures older commits share, so that any recent commit can be measured.
+_PAIR_RUNNER = """
+import json, sys, time
+from pathlib import Path
+from agent.evaluate import run_policy
+from twin.scenario import load_run_scenario
+scenario_path, policy, duration_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+scenario = load_run_scenario(Path(scenario_path), duration_s=duration_s)
+cpu0, wall0 = time.process_time(), time.perf_counter()
+m = run_policy(scenario, policy).metrics
+print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0,
+                  "facility_energy_kwh": m["facility_energy_kwh"], "throughput": m["throughput"]}))
+"""
+
+
+def _start_run(tree: Path, scenario: str, policy: str, duration_s: float) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.Popen(
+        [sys.executable, "-c", _PAIR_RUNNER, scenario, policy, repr(duration_s)],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _result(proc: subprocess.Popen[str], label: str) -> dict[str, float]:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_policy_cpu: the run at {label} failed (exit {proc.returncode}):\n{err[-2000:]}")
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def against(commit: str, pairs: int, scenario: str, policy: str, duration_s: float) -> None:
+    """This checkout and ``commit`` side by side (see the module docstring)."""
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True, text=True
+    )
+    if rev.returncode != 0:
+        raise SystemExit(f"bench_policy_cpu: {commit!r} is not a commit of {REPO}: {rev.stderr.strip()}")
+    short = rev.stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True)
+    here = head.stdout.strip() + (" + changes" if dirty.stdout.strip() else "")
+    scenario_abs = str(Path(scenario).resolve())
+    with tempfile.TemporaryDirectory(prefix="racktwin-against-") as tmp:
+        tree = Path(tmp) / short
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), short], cwd=REPO, check=True)
+        try:
+            print(
+                f"{policy}, {duration_s:g} site s of {Path(scenario).name}: this checkout ({here}) vs {short}, "
+                f"{pairs} pair(s), one process each at the same time",
+                flush=True,
+            )
+            print("| pair | wall s, this / " + short + " | ratio | CPU s, this / " + short + " | ratio | results |")
+            print("|---|---:|---:|---:|---:|---|")
+            wall_ratio: list[float] = []
+            cpu_ratio: list[float] = []
+            for i in range(1, pairs + 1):
+                new_proc = _start_run(REPO, scenario_abs, policy, duration_s)
+                old_proc = _start_run(tree, scenario_abs, policy, duration_s)
+                new, old = _result(new_proc, here), _result(old_proc, short)
+                same = (
+                    f"{new['facility_energy_kwh']:.6f}" == f"{old['facility_energy_kwh']:.6f}"
+                    and f"{new['throughput']:.6f}" == f"{old['throughput']:.6f}"
+                )
+                results = (
+                    f"the same ({new['facility_energy_kwh']:.3f} kWh, {new['throughput']:.5f})"
+                    if same
+                    else f"DIFFER: {new['facility_energy_kwh']:.6f} vs {old['facility_energy_kwh']:.6f} kWh, "
+                    f"{new['throughput']:.6f} vs {old['throughput']:.6f}"
+                )
+                wall_ratio.append(new["wall_s"] / old["wall_s"])
+                cpu_ratio.append(new["cpu_s"] / old["cpu_s"])
+                print(
+                    f"| {i} | {new['wall_s']:.2f} / {old['wall_s']:.2f} | {wall_ratio[-1]:.3f} | "
+                    f"{new['cpu_s']:.1f} / {old['cpu_s']:.1f} | {cpu_ratio[-1]:.3f} | {results} |",
+                    flush=True,
+                )
+            print(
+                f"\nmedian ratio, this checkout / {short}: wall {statistics.median(wall_ratio):.3f}, "
+                f"CPU {statistics.median(cpu_ratio):.3f} (below 1: this checkout is faster)"
+            )
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default=str(REPO / "examples" / "day-nominal.toml"), help="run-scenario TOML")
     ap.add_argument("--policy", default="racktwin", help="baseline, static-cap, reactive, greedy or racktwin")
     ap.add_argument("--duration-s", type=float, default=3600.0, help="site seconds from the start (default 3600)")
     ap.add_argument("--split", action="store_true", help="also time HiGHS and Pyomo's layers (wall s)")
+    ap.add_argument("--against", metavar="COMMIT", help="run this checkout and COMMIT side by side (see above)")
+    ap.add_argument("--pairs", type=int, default=3, help="side-by-side pairs with --against (default 3)")
     args = ap.parse_args()
+    if args.against is not None:
+        if args.split:
+            ap.error("--split times one run; use it without --against")
+        if args.pairs < 1:
+            ap.error("--pairs must be at least 1")
+        against(args.against, args.pairs, args.scenario, args.policy, args.duration_s)
+        return
     spent_s = time_solver_layers() if args.split else None
     scenario = load_run_scenario(Path(args.scenario), duration_s=args.duration_s)
     cpu0, wall0 = time.process_time(), time.perf_counter()
