@@ -10,9 +10,11 @@ machine here ran the baseline policy in 22 CPU s one day and 39 the next). To te
 from a slower machine, run the same policy at two commits at once, one process each, and compare
 (the results must be the same to the digit when the controller did not change). ``--against
 COMMIT`` does that: it checks the commit out in a temporary git worktree, runs the policy in this
-checkout and in the worktree at the same time (one process each, ``--pairs`` times), and prints
-each pair's wall and CPU seconds, their ratio (this checkout / the commit), the medians, and whether
-the two runs' facility energy and throughput agree to the digit. By hand, the same is:
+checkout and in the worktree at the same time (one process each, ``--pairs`` times, which starts
+first alternating), and prints each pair's wall and CPU seconds, their ratio (this checkout / the
+commit), the medians, and whether the two runs' facility energy and throughput agree to the digit.
+Both runs read this checkout's scenario file; a commit without the packages the runner imports is
+refused; a failed run, Ctrl-C or SIGTERM stops both runs and removes the worktree. By hand:
 
     git worktree add /tmp/old <commit>
     (cd /tmp/old && PYTHONPATH=$PWD python benchmarks/bench_policy_cpu.py) &
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,16 +89,24 @@ def time_solver_layers() -> dict[str, float]:
 
 #: Run in each tree by ``--against`` (``python -c``, the tree's own packages first on the path): one
 #: policy run, its times and results as one JSON line. Only ``load_run_scenario`` and ``run_policy``,
-#: whose signatures older commits share, so that any recent commit can be measured.
+#: whose signatures older commits share, so that any recent commit can be measured; a tree whose
+#: packages are not the ones imported (a commit without them falls through to the installed
+#: checkout's) is refused rather than measured as a mix of two trees.
 _PAIR_RUNNER = """
 import json, sys, time
 from pathlib import Path
-from agent.evaluate import run_policy
-from twin.scenario import load_run_scenario
+tree = Path(sys.argv[4]).resolve()
+try:
+    import agent.evaluate, twin.scenario
+except ImportError as exc:
+    sys.exit(f"this tree lacks what the benchmark needs: {exc}")
+for mod in (agent.evaluate, twin.scenario):
+    if tree not in Path(mod.__file__).resolve().parents:
+        sys.exit(f"{mod.__name__} came from {mod.__file__}, not from this tree: the commit lacks it")
 scenario_path, policy, duration_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
-scenario = load_run_scenario(Path(scenario_path), duration_s=duration_s)
+scenario = twin.scenario.load_run_scenario(Path(scenario_path), duration_s=duration_s)
 cpu0, wall0 = time.process_time(), time.perf_counter()
-m = run_policy(scenario, policy).metrics
+m = agent.evaluate.run_policy(scenario, policy).metrics
 print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0,
                   "facility_energy_kwh": m["facility_energy_kwh"], "throughput": m["throughput"]}))
 """
@@ -104,7 +115,7 @@ print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_count
 def _start_run(tree: Path, scenario: str, policy: str, duration_s: float) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.Popen(
-        [sys.executable, "-c", _PAIR_RUNNER, scenario, policy, repr(duration_s)],
+        [sys.executable, "-c", _PAIR_RUNNER, scenario, policy, repr(duration_s), str(tree)],
         cwd=tree,
         env=env,
         stdout=subprocess.PIPE,
@@ -113,15 +124,37 @@ def _start_run(tree: Path, scenario: str, policy: str, duration_s: float) -> sub
     )
 
 
-def _result(proc: subprocess.Popen[str], label: str) -> dict[str, float]:
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_policy_cpu: the run at {label} failed (exit {proc.returncode}):\n{err[-2000:]}")
-    return dict(json.loads(out.strip().splitlines()[-1]))
+def _run_pair(runs: dict[str, subprocess.Popen[str]]) -> dict[str, dict[str, float]]:
+    """Wait for both runs; the first to fail stops the other and ends the benchmark."""
+    results: dict[str, dict[str, float]] = {}
+    while len(results) < len(runs):
+        for label, proc in runs.items():
+            if label in results or proc.poll() is None:
+                continue
+            out, err = proc.communicate()
+            if proc.returncode != 0:
+                raise SystemExit(
+                    f"bench_policy_cpu: the run at {label} failed (exit {proc.returncode}):\n{err[-2000:].strip()}"
+                )
+            results[label] = dict(json.loads(out.strip().splitlines()[-1]))
+        time.sleep(0.05)
+    return results
+
+
+def _stop(runs: dict[str, subprocess.Popen[str]]) -> None:
+    for proc in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _raise_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def against(commit: str, pairs: int, scenario: str, policy: str, duration_s: float) -> None:
-    """This checkout and ``commit`` side by side (see the module docstring)."""
+    """This checkout and ``commit`` side by side (see the module docstring). The scenario file is
+    this checkout's (``--scenario``) for both; the two runs start in alternating order."""
     rev = subprocess.run(
         ["git", "rev-parse", "--short", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True, text=True
     )
@@ -129,9 +162,11 @@ def against(commit: str, pairs: int, scenario: str, policy: str, duration_s: flo
         raise SystemExit(f"bench_policy_cpu: {commit!r} is not a commit of {REPO}: {rev.stderr.strip()}")
     short = rev.stdout.strip()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True)
     here = head.stdout.strip() + (" + changes" if dirty.stdout.strip() else "")
     scenario_abs = str(Path(scenario).resolve())
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # a kill cleans up as Ctrl-C does
+    runs: dict[str, subprocess.Popen[str]] = {}
     with tempfile.TemporaryDirectory(prefix="racktwin-against-") as tmp:
         tree = Path(tmp) / short
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), short], cwd=REPO, check=True)
@@ -146,9 +181,10 @@ def against(commit: str, pairs: int, scenario: str, policy: str, duration_s: flo
             wall_ratio: list[float] = []
             cpu_ratio: list[float] = []
             for i in range(1, pairs + 1):
-                new_proc = _start_run(REPO, scenario_abs, policy, duration_s)
-                old_proc = _start_run(tree, scenario_abs, policy, duration_s)
-                new, old = _result(new_proc, here), _result(old_proc, short)
+                order = [(here, REPO), (short, tree)] if i % 2 else [(short, tree), (here, REPO)]
+                runs = {label: _start_run(root, scenario_abs, policy, duration_s) for label, root in order}
+                res = _run_pair(runs)
+                new, old = res[here], res[short]
                 same = (
                     f"{new['facility_energy_kwh']:.6f}" == f"{old['facility_energy_kwh']:.6f}"
                     and f"{new['throughput']:.6f}" == f"{old['throughput']:.6f}"
@@ -171,7 +207,15 @@ def against(commit: str, pairs: int, scenario: str, policy: str, duration_s: flo
                 f"CPU {statistics.median(cpu_ratio):.3f} (below 1: this checkout is faster)"
             )
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+            _stop(runs)
+            removed = subprocess.run(
+                ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True, text=True
+            )
+            if removed.returncode != 0:
+                print(
+                    f"bench_policy_cpu: could not remove the worktree {tree}: {removed.stderr.strip()}", file=sys.stderr
+                )
+            subprocess.run(["git", "worktree", "prune"], cwd=REPO, check=False)
 
 
 def main() -> None:
@@ -183,12 +227,17 @@ def main() -> None:
     ap.add_argument("--against", metavar="COMMIT", help="run this checkout and COMMIT side by side (see above)")
     ap.add_argument("--pairs", type=int, default=3, help="side-by-side pairs with --against (default 3)")
     args = ap.parse_args()
+    if args.against is None and "--pairs" in sys.argv[1:]:
+        ap.error("--pairs counts the side-by-side pairs of --against")
     if args.against is not None:
         if args.split:
             ap.error("--split times one run; use it without --against")
         if args.pairs < 1:
             ap.error("--pairs must be at least 1")
-        against(args.against, args.pairs, args.scenario, args.policy, args.duration_s)
+        try:
+            against(args.against, args.pairs, args.scenario, args.policy, args.duration_s)
+        except KeyboardInterrupt:
+            raise SystemExit("bench_policy_cpu: interrupted (both runs stopped, the worktree removed)") from None
         return
     spent_s = time_solver_layers() if args.split else None
     scenario = load_run_scenario(Path(args.scenario), duration_s=args.duration_s)
