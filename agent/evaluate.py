@@ -301,7 +301,9 @@ def run_policy(
 ) -> PolicyResult:
     """Run one policy over the scenario and judge it (see the module docstring).
 
-    ``progress(name, plant_time_s, duration_s, wall_s)`` is called every 900 s of plant time."""
+    ``progress(name, plant_time_s, duration_s, wall_s)`` is called every 900 s of plant time. The
+    first call in a process switches off pyomo's capture of stdout/stderr around HiGHS calls for the
+    whole process (``agent.solver_output.isolate_solver_output``: it slowed the solves)."""
     control = control if control is not None else ControlConfig()
     isolate_solver_output()  # pyomo's per-solve capture of fds 1 and 2 slows the solves (agent.solver_output)
     t_wall, t_cpu = time.perf_counter(), time.process_time()

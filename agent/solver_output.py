@@ -10,13 +10,18 @@ models run HiGHS with ``output_flag=False``, so that log is empty, and the redir
 * it is process-wide: with the solve in a worker thread, every line the event loop of
   ``racktwin agent`` writes meanwhile goes into pyomo's capture and is lost, and a process stopping
   mid-solve crashes pyomo's reader thread;
-* its reader thread competes with the solve for the interpreter lock: over the nominal day's first
-  site hour the solves of the racktwin policy took 3.0-3.1 s of wall time with the capture off
-  against 3.7-3.8 s with it on, side by side, every result the same (``benchmarks/bench_policy_cpu.py
-  --split``; benchmarks/results-evaluation.md).
+* where the solve runs in a worker thread while its caller waits (the agent, the evaluation
+  runs), the reader thread is a third one competing for the interpreter lock: over the nominal
+  day's first site hour the racktwin policy's solves took 2.95 and 3.07 s of wall time with the
+  capture off against 3.69 and 3.78 s with it on, its whole run 11.26 / 11.58 s against 11.92 /
+  12.31 s (two pairs side by side on the same code, every result the same;
+  ``benchmarks/bench_policy_cpu.py --split``, benchmarks/results-evaluation.md). A solve on the
+  calling thread shows no difference beyond noise (``benchmarks/bench_models.py --pyomo-capture``).
 
 The service (``agent.service``) and every in-process evaluation run (``agent.evaluate.run_policy``)
-call it once per process before their first solve.
+call it once per process before their first solve. It patches pyomo for the whole process, for
+good: a caller that wants HiGHS's log through pyomo (``tee``) gets nothing once it ran (the models
+run HiGHS with ``output_flag=False`` and read no solver log).
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["isolate_solver_output", "stdout_to_stderr"]
 
 _isolated = False
+_isolating = threading.Lock()  # two threads' first calls must not both swap fd 1
 
 
 @contextlib.contextmanager
@@ -43,22 +50,23 @@ def isolate_solver_output() -> None:
     that first instance is made here with stdout on /dev/null (``racktwin demo`` showed the banner
     among its progress lines; ``--json`` outputs must carry nothing else). Idempotent."""
     global _isolated
-    if _isolated:
-        return
-    import highspy
-    import pyomo.contrib.solver.solvers.highs as pyomo_highs
+    with _isolating:
+        if _isolated:
+            return
+        import highspy
+        import pyomo.contrib.solver.solvers.highs as pyomo_highs
 
-    pyomo_highs.capture_output = _no_capture
-    sys.stdout.flush()
-    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        highspy.Highs()  # type: ignore[no-untyped-call]  # the banner, once per process, into /dev/null
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
-    _isolated = True
+        pyomo_highs.capture_output = _no_capture
+        sys.stdout.flush()
+        saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 1)
+            highspy.Highs()  # type: ignore[no-untyped-call]  # the banner, once per process, into /dev/null
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(devnull)
+        _isolated = True
 
 
 @contextlib.contextmanager

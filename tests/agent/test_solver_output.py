@@ -1,9 +1,10 @@
 """pyomo's HiGHS interface kept off stdout (``agent.solver_output.isolate_solver_output``).
 
 Each case runs in a fresh interpreter (the isolation patches pyomo for the whole process and the
-capture it removes works on file descriptors): a few real HiGHS solves through ``models.solve``,
-and a line written to file descriptor 1 from inside each solve, as the agent's event loop writes its
-log while a solve runs in a worker thread.
+capture it removes works on file descriptors): real HiGHS solves through ``models.solve`` (and
+through an evaluation run, ``agent.evaluate.run_policy``), and a line written to file descriptor 1
+from inside each solve, as the agent's event loop writes its log while a solve runs in a worker
+thread.
 """
 
 from __future__ import annotations
@@ -76,3 +77,63 @@ def test_without_isolation_pyomo_swallows_those_lines() -> None:
     out = _run("plain")
     assert "objectives [4.5, 5.5, 6.5]" in out
     assert not [ln for ln in out.splitlines() if ln.startswith("log line")]
+
+
+_EVALUATION_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import highspy
+    import agent.evaluate
+    from twin.scenario import load_run_scenario
+
+    if sys.argv[1] == "without":  # the call run_policy makes, taken out
+        agent.evaluate.isolate_solver_output = lambda: None
+
+    real_run = highspy.Highs.run
+    def run_and_log(self):
+        os.write(1, b"log line during solve\\n")
+        return real_run(self)
+    highspy.Highs.run = run_and_log
+
+    scenario = load_run_scenario(Path("examples/day-demo.toml"), duration_s=60.0)
+    agent.evaluate.run_policy(scenario, "racktwin")
+    print("run done", flush=True)
+    """
+)
+
+
+def _run_evaluation(mode: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", _EVALUATION_SCRIPT, mode],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_an_evaluation_run_isolates_its_solves() -> None:
+    """racktwin's policy solves in a worker thread: with run_policy's isolation every line written
+    during a solve reaches stdout, and without it (the same run, the call removed) none does."""
+    isolated = _run_evaluation("with").splitlines()
+    assert "run done" in isolated
+    assert isolated.count("log line during solve") >= 3  # the first minute's solves
+    assert "log line during solve" not in _run_evaluation("without").splitlines()
+
+
+def test_highspy_prints_its_banner_on_the_first_instance() -> None:
+    """What the isolation sends to /dev/null exists (else the banner checks above prove nothing)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import highspy; highspy.Highs()"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "HiGHS" in proc.stdout
