@@ -55,12 +55,17 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _run(mode: str) -> str:
+def _python_stdout(script: str, *args: str, timeout_s: float = 120.0) -> str:
+    """Run ``script`` in a fresh interpreter from the checkout; its stdout (it must succeed)."""
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, mode], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout_s, check=False
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def _run(mode: str) -> str:
+    return _python_stdout(_SCRIPT, mode)
 
 
 def test_lines_written_during_solves_reach_stdout_and_the_banner_does_not() -> None:
@@ -104,16 +109,7 @@ _EVALUATION_SCRIPT = textwrap.dedent(
 
 
 def _run_evaluation(mode: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", _EVALUATION_SCRIPT, mode],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return _python_stdout(_EVALUATION_SCRIPT, mode, timeout_s=300.0)
 
 
 def test_an_evaluation_run_isolates_its_solves() -> None:
@@ -127,13 +123,4 @@ def test_an_evaluation_run_isolates_its_solves() -> None:
 
 def test_highspy_prints_its_banner_on_the_first_instance() -> None:
     """What the isolation sends to /dev/null exists (else the banner checks above prove nothing)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "import highspy; highspy.Highs()"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "HiGHS" in proc.stdout
+    assert "HiGHS" in _python_stdout("import highspy; highspy.Highs()")
