@@ -57,27 +57,29 @@ def isolate_solver_output() -> None:
         import pyomo.contrib.solver.solvers.highs as pyomo_highs
 
         pyomo_highs.capture_output = _no_capture
-        sys.stdout.flush()
-        saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+        devnull = os.open(os.devnull, os.O_WRONLY)
         try:
-            os.dup2(devnull, 1)
-            highspy.Highs()  # type: ignore[no-untyped-call]  # the banner, once per process, into /dev/null
+            with _stdout_fd_to(devnull):
+                highspy.Highs()  # type: ignore[no-untyped-call]  # the banner, once per process, into /dev/null
         finally:
-            os.dup2(saved, 1)
-            os.close(saved)
             os.close(devnull)
         _isolated = True
 
 
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
+def stdout_to_stderr() -> contextlib.AbstractContextManager[None]:
     """Send file descriptor 1 to stderr for a while: C libraries (the HiGHS banner) write there
     directly, and stdout must carry only a command's table or its one JSON object
     (``racktwin evaluate``, ``racktwin demo``)."""
+    return _stdout_fd_to(2)
+
+
+@contextlib.contextmanager
+def _stdout_fd_to(fd: int) -> Iterator[None]:
+    """File descriptor 1 pointed at ``fd`` for a while (Python's buffered stdout flushed around it)."""
     sys.stdout.flush()
     saved = os.dup(1)
     try:
-        os.dup2(2, 1)
+        os.dup2(fd, 1)
         yield
     finally:
         sys.stdout.flush()
