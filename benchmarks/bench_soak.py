@@ -62,6 +62,8 @@ def main() -> None:
     out, _ = proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"racktwin demo exited with {proc.returncode}")
+    if not samples:
+        raise SystemExit("racktwin demo ended before its first sample: nothing to report")
     demo = json.loads(out)
     sim = json.loads((Path(args.out) / "summary.json").read_text())
     print("\n| wall s | RSS MiB | CPU s (the demo process: agent + progress) |\n|---:|---:|---:|")

@@ -69,11 +69,12 @@ class SensorFaults:
                 else:
                     self._stuck_cards[fault.card] = cnt
         elif isinstance(fault, GarbageReadings):
+            in_force = self._garbage.get(fault.rack)
             if on:
                 self._garbage.setdefault(fault.rack, []).append(fault)
-            elif fault in self._garbage.get(fault.rack, []):
-                self._garbage[fault.rack].remove(fault)
-                if not self._garbage[fault.rack]:
+            elif in_force is not None and fault in in_force:
+                in_force.remove(fault)
+                if not in_force:
                     del self._garbage[fault.rack]
 
     def freeze_stuck_cards(self, power: FloatArray, die: FloatArray, util: FloatArray, clock: FloatArray) -> None:
