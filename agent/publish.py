@@ -118,6 +118,18 @@ _LIMIT_TOL_W = 0.5
 
 
 @dataclass
+class _Outbox:
+    """The commands of one :meth:`CommandBook.diff` as it builds them, in three groups sent in this
+    order: those that lower power, the set-point and placements, those that raise power."""
+
+    now_s: float
+    expires_s: float
+    low: list[Item] = field(default_factory=list)
+    mid: list[Item] = field(default_factory=list)
+    high: list[Item] = field(default_factory=list)
+
+
+@dataclass
 class OpenCommand:
     """A command the book is waiting on (sent or about to be)."""
 
@@ -194,149 +206,169 @@ class CommandBook:
 
     def diff(self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float) -> list[Item]:
         """The commands the decision needs, as ``(kind, message, lowers_power)``, lowering first."""
-        n = self.site.n_cards
         alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool))
         ttl = min(self.control.command_ttl_s, wire.MAX_COMMAND_TTL_S)  # a rack refuses a longer life
-        expires = now_s + ttl
-        out_low: list[Item] = []
-        out_mid: list[Item] = []
-        out_high: list[Item] = []
-
-        def rack_cmds(
-            kind: int, cards: IntArray, values: FloatArray, make: Callable[[float], wire.CardSetting], lowers: bool
-        ) -> list[Item]:
-            res: list[Item] = []
-            for r in np.unique(self._card_rack[cards]):
-                in_r = cards[self._card_rack[cards] == r]
-                vals = values[in_r]
-                for v in np.unique(vals):
-                    sel = in_r[vals == v]
-                    local = tuple(int(c) - int(r) * self._cpr for c in sel)
-                    cmd = wire.RackCommand(
-                        rack=self._names[int(r)],
-                        cards=local,
-                        setting=make(float(v)),
-                        command_id=uuid.uuid4(),
-                        expires_s=expires,
-                        ts_s=now_s,
-                        seq=0,
-                        publisher=self.sequencer.publisher,
-                    )
-                    res.append((kind, cmd, lowers))
-            return res
-
-        def limit_cmds(cards: IntArray, values: FloatArray, lowers: bool) -> list[Item]:
-            """One power-limit command per rack: the cards' limits as one value or one per card."""
-            res: list[Item] = []
-            for r in np.unique(self._card_rack[cards]):
-                sel = cards[self._card_rack[cards] == r]
-                vals = values[sel]
-                local = tuple(int(c) - int(r) * self._cpr for c in sel)
-                one = bool(np.all(vals == vals[0]))
-                setting = wire.CardSetting.power_limit(float(vals[0]) if one else [float(v) for v in vals])
-                cmd = wire.RackCommand(
-                    rack=self._names[int(r)],
-                    cards=local,
-                    setting=setting,
-                    command_id=uuid.uuid4(),
-                    expires_s=expires,
-                    ts_s=now_s,
-                    seq=0,
-                    publisher=self.sequencer.publisher,
-                )
-                res.append((_LIMIT, cmd, lowers))
-            return res
-
+        out = _Outbox(now_s=now_s, expires_s=now_s + ttl)
         self._lift_refusals_a_failure_explains(~alive, now_s)
         ok_now = self._backoff <= now_s
-        ones_n = np.ones(n, dtype=np.float64)
         # the cards of hosts that are (or are commanded) off: a rack refuses their levels and limits
         # (host_off: the card cannot be reached); sent once the host is on
         reachable = alive.copy()
         if self.site.hosts_managed:
             reachable &= ~(self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s) > 0.5)
-        # DVFS levels
+        self._level_items(out, decision, snap, applied_level, reachable & ok_now[_LEVEL])
+        self._limit_items(out, decision, snap, reachable & ok_now[_LIMIT])
+        host_cards = self._host_items(out, decision, snap, ok_now[_HOST])
+        self._sleep_items(out, decision, snap, alive & ~host_cards & ok_now[_SLEEP])
+        self._setpoint_item(out, decision, snap)
+        self._pump_items(out, decision, snap)
+        self._placement_items(out, decision)
+        return out.low + out.mid + out.high
+
+    def _rack_commands(
+        self, out: _Outbox, cards: IntArray, values: FloatArray, make: Callable[[float], wire.CardSetting]
+    ) -> list[wire.RackCommand]:
+        """One command per rack and distinct value among ``cards``."""
+        res: list[wire.RackCommand] = []
+        for r in np.unique(self._card_rack[cards]):
+            in_r = cards[self._card_rack[cards] == r]
+            vals = values[in_r]
+            for v in np.unique(vals):
+                sel = in_r[vals == v]
+                res.append(self._rack_command(out, int(r), sel, make(float(v))))
+        return res
+
+    def _rack_command(self, out: _Outbox, rack: int, cards: IntArray, setting: wire.CardSetting) -> wire.RackCommand:
+        local = tuple(int(c) - rack * self._cpr for c in cards)
+        return wire.RackCommand(
+            rack=self._names[rack],
+            cards=local,
+            setting=setting,
+            command_id=uuid.uuid4(),
+            expires_s=out.expires_s,
+            ts_s=out.now_s,
+            seq=0,
+            publisher=self.sequencer.publisher,
+        )
+
+    def _level_items(
+        self, out: _Outbox, decision: Decision, snap: StateSnapshot, applied_level: IntArray, may: BoolArray
+    ) -> None:
+        """DVFS levels of the cards that ``may`` get one and whose level is not the decision's."""
         reported_lv = np.where(applied_level >= 0, applied_level, snap.card_level).astype(np.float64)
-        have_lv = self._have(_LEVEL, reported_lv, now_s)
+        have_lv = self._have(_LEVEL, reported_lv, out.now_s)
         want_lv = decision.card_level.astype(np.float64)
-        moved = reachable & (want_lv != have_lv) & ok_now[_LEVEL]
-        slower = np.flatnonzero(moved & (want_lv > have_lv))
-        faster = np.flatnonzero(moved & (want_lv < have_lv))
+        moved = may & (want_lv != have_lv)
         dvfs = lambda v: wire.CardSetting.dvfs(int(v))  # noqa: E731
-        out_low += rack_cmds(_LEVEL, slower, want_lv, dvfs, True)
-        out_high += rack_cmds(_LEVEL, faster, want_lv, dvfs, False)
-        # power limits
+        slower = self._rack_commands(out, np.flatnonzero(moved & (want_lv > have_lv)), want_lv, dvfs)
+        faster = self._rack_commands(out, np.flatnonzero(moved & (want_lv < have_lv)), want_lv, dvfs)
+        out.low += [(_LEVEL, cmd, True) for cmd in slower]
+        out.high += [(_LEVEL, cmd, False) for cmd in faster]
+
+    def _limit_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray) -> None:
+        """Power limits: one command per rack and direction, the cards' limits as one value or one per
+        card."""
         rep_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
         rep_lim = np.where(np.isfinite(rep_lim), rep_lim, self.site.card.power_limit_w)
-        have_lim = self._have(_LIMIT, rep_lim, now_s)
+        have_lim = self._have(_LIMIT, rep_lim, out.now_s)
         # to 0.1 W, rounded down (a limit is never raised by its encoding)
         want_lim = np.asarray(np.floor(decision.card_power_limit_w * 10.0 + 1e-6) / 10.0, dtype=np.float64)
-        changed = reachable & (np.abs(want_lim - have_lim) > _LIMIT_TOL_W) & ok_now[_LIMIT]
-        out_low += limit_cmds(np.flatnonzero(changed & (want_lim < have_lim)), want_lim, True)
-        out_high += limit_cmds(np.flatnonzero(changed & (want_lim > have_lim)), want_lim, False)
-        # host power: whole hosts, one command per rack and direction; a host being (or staying) off
-        # gets no sleep or wake for its cards (its cards are asleep; a wake would boot it)
-        host_cards = np.zeros(n, dtype=bool)  # the card's host is wanted off
-        if decision.host_off is not None and self.site.hosts_managed:
-            n_h, cph = self.site.n_hosts, self.site.cards_per_host
-            want_off = np.asarray(decision.host_off, dtype=bool).reshape(n_h)
-            have_off = (
-                self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s).reshape(n_h, cph) > 0.5
-            )
-            host_ok = ok_now[_HOST].reshape(n_h, cph).all(axis=1)
-            busy = np.asarray(decision.card_busy, dtype=bool).reshape(n_h, cph).any(axis=1)
-            off = want_off & ~have_off.all(axis=1) & ~busy & host_ok  # a busy host would be refused
-            on = ~want_off & have_off.any(axis=1) & host_ok
-            host_cards = want_off[self._card_host]
-            out_low += rack_cmds(_HOST, np.flatnonzero(off[self._card_host]), ones_n, _host_off, True)
-            out_high += rack_cmds(_HOST, np.flatnonzero(on[self._card_host]), ones_n, _host_on, False)
-        # low-power idle
-        have_lp = self._have(_SLEEP, np.asarray(snap.card_low_power, dtype=np.float64), now_s) > 0.5
+        changed = may & (np.abs(want_lim - have_lim) > _LIMIT_TOL_W)
+        for lowers, cards in (
+            (True, np.flatnonzero(changed & (want_lim < have_lim))),
+            (False, np.flatnonzero(changed & (want_lim > have_lim))),
+        ):
+            for r in np.unique(self._card_rack[cards]):
+                sel = cards[self._card_rack[cards] == r]
+                vals = want_lim[sel]
+                one = bool(np.all(vals == vals[0]))
+                setting = wire.CardSetting.power_limit(float(vals[0]) if one else [float(v) for v in vals])
+                (out.low if lowers else out.high).append(
+                    (_LIMIT, self._rack_command(out, int(r), sel, setting), lowers)
+                )
+
+    def _host_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray) -> BoolArray:
+        """Host power: whole hosts, one command per rack and direction. Returns, per card, whether its
+        host is wanted off (a host being or staying off gets no sleep or wake for its cards: they are
+        asleep; a wake would boot it)."""
+        n = self.site.n_cards
+        if decision.host_off is None or not self.site.hosts_managed:
+            return np.zeros(n, dtype=bool)
+        n_h, cph = self.site.n_hosts, self.site.cards_per_host
+        want_off = np.asarray(decision.host_off, dtype=bool).reshape(n_h)
+        reported_off = np.asarray(snap.card_host_off, dtype=np.float64)
+        have_off = self._have(_HOST, reported_off, out.now_s).reshape(n_h, cph) > 0.5
+        host_ok = may.reshape(n_h, cph).all(axis=1)
+        busy = np.asarray(decision.card_busy, dtype=bool).reshape(n_h, cph).any(axis=1)
+        off = want_off & ~have_off.all(axis=1) & ~busy & host_ok  # a busy host would be refused
+        on = ~want_off & have_off.any(axis=1) & host_ok
+        ones_n = np.ones(n, dtype=np.float64)
+        out.low += [
+            (_HOST, c, True) for c in self._rack_commands(out, np.flatnonzero(off[self._card_host]), ones_n, _host_off)
+        ]
+        out.high += [
+            (_HOST, c, False) for c in self._rack_commands(out, np.flatnonzero(on[self._card_host]), ones_n, _host_on)
+        ]
+        return np.asarray(want_off[self._card_host], dtype=bool)
+
+    def _sleep_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray) -> None:
+        """Low-power idle and wake for the cards that ``may`` get one."""
+        have_lp = self._have(_SLEEP, np.asarray(snap.card_low_power, dtype=np.float64), out.now_s) > 0.5
         want_lp = np.asarray(decision.card_low_power, dtype=bool)
-        sleepable = alive & ~host_cards & ok_now[_SLEEP]
-        sleep = np.flatnonzero(sleepable & want_lp & ~have_lp & ~decision.card_busy)
-        wake = np.flatnonzero(sleepable & ~want_lp & have_lp)
-        out_low += rack_cmds(_SLEEP, sleep, ones_n, lambda v: wire.CardSetting.low_power_idle(), True)
-        out_high += rack_cmds(_SLEEP, wake, ones_n, lambda v: wire.CardSetting.wake(), False)
-        # set-point
+        sleep = np.flatnonzero(may & want_lp & ~have_lp & ~decision.card_busy)
+        wake = np.flatnonzero(may & ~want_lp & have_lp)
+        ones_n = np.ones(self.site.n_cards, dtype=np.float64)
+        asleep = self._rack_commands(out, sleep, ones_n, lambda v: wire.CardSetting.low_power_idle())
+        woken = self._rack_commands(out, wake, ones_n, lambda v: wire.CardSetting.wake())
+        out.low += [(_SLEEP, cmd, True) for cmd in asleep]
+        out.high += [(_SLEEP, cmd, False) for cmd in woken]
+
+    def _setpoint_item(self, out: _Outbox, decision: Decision, snap: StateSnapshot) -> None:
+        """A new supply set-point, when the decision's differs from what the facility has."""
         fac = snap.facility
         have_sp = fac.supply_setpoint_c if fac is not None else math.nan
-        if self._sp is not None and self._sp[1] > now_s:
+        if self._sp is not None and self._sp[1] > out.now_s:
             have_sp = self._sp[0]
-        if math.isfinite(decision.supply_temp_c) and not (abs(decision.supply_temp_c - have_sp) <= 0.01):
-            fc = wire.FacilityCommand(
-                supply_setpoint_c=float(decision.supply_temp_c),
+        if not math.isfinite(decision.supply_temp_c) or abs(decision.supply_temp_c - have_sp) <= 0.01:
+            return
+        fc = wire.FacilityCommand(
+            supply_setpoint_c=float(decision.supply_temp_c),
+            command_id=uuid.uuid4(),
+            expires_s=out.expires_s,
+            ts_s=out.now_s,
+            seq=0,
+            publisher=self.sequencer.publisher,
+        )
+        out.mid.append((-1, fc, decision.supply_temp_c < have_sp))
+
+    def _pump_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot) -> None:
+        """Pump speeds: a change, or a slowed pump's renewal (faster pumps lower die temperatures)."""
+        if decision.rack_pump_speed_frac is None:
+            return
+        reported = np.asarray(snap.rack_pump_speed_frac, dtype=np.float64)
+        renew = self.control.pump_renew_s
+        for r, want in enumerate(np.asarray(decision.rack_pump_speed_frac, dtype=np.float64).tolist()):
+            pump_held = self._pump.get(r)
+            have = pump_held[0] if pump_held is not None and pump_held[1] > out.now_s else float(reported[r])
+            due = want < 1.0 and out.now_s - self._pump_sent[r] >= renew
+            if abs(want - have) <= 0.005 and not due:
+                continue
+            cc = wire.CduCommand(
+                rack=self._names[r],
+                pump_speed_frac=float(want),
                 command_id=uuid.uuid4(),
-                expires_s=expires,
-                ts_s=now_s,
+                expires_s=out.expires_s,
+                ts_s=out.now_s,
                 seq=0,
                 publisher=self.sequencer.publisher,
             )
-            out_mid.append((-1, fc, decision.supply_temp_c < have_sp))
-        # pump speeds: a change, or a slowed pump's renewal
-        if decision.rack_pump_speed_frac is not None:
-            reported = np.asarray(snap.rack_pump_speed_frac, dtype=np.float64)
-            renew = self.control.pump_renew_s
-            for r, want in enumerate(np.asarray(decision.rack_pump_speed_frac, dtype=np.float64).tolist()):
-                pump_held = self._pump.get(r)
-                have = pump_held[0] if pump_held is not None and pump_held[1] > now_s else float(reported[r])
-                due = want < 1.0 and now_s - self._pump_sent[r] >= renew
-                if abs(want - have) <= 0.005 and not due:
-                    continue
-                cc = wire.CduCommand(
-                    rack=self._names[r],
-                    pump_speed_frac=float(want),
-                    command_id=uuid.uuid4(),
-                    expires_s=expires,
-                    ts_s=now_s,
-                    seq=0,
-                    publisher=self.sequencer.publisher,
-                )
-                (out_low if want > have else out_high).append((-1, cc, want > have))
-        # placements
+            (out.low if want > have else out.high).append((-1, cc, want > have))
+
+    def _placement_items(self, out: _Outbox, decision: Decision) -> None:
+        """One scheduler command per placement not already on its way."""
         for o in decision.placements:
             held = self._placing.get(o.job_id)
-            if held is not None and held[0] > now_s:
+            if held is not None and held[0] > out.now_s:
                 continue
             by_rack: dict[str, list[int]] = {}
             for c in o.cards:
@@ -346,13 +378,12 @@ class CommandBook:
                 job_id=o.job_id,
                 cards={k: tuple(v) for k, v in by_rack.items()},
                 command_id=uuid.uuid4(),
-                expires_s=expires,
-                ts_s=now_s,
+                expires_s=out.expires_s,
+                ts_s=out.now_s,
                 seq=0,
                 publisher=self.sequencer.publisher,
             )
-            out_mid.append((-1, sc, False))
-        return out_low + out_mid + out_high
+            out.mid.append((-1, sc, False))
 
     # ---- enforce mode -----------------------------------------------------------------------------
     def stamp_hold_s(self) -> float:

@@ -40,7 +40,7 @@ Pure functions of the metrics (no I/O); ``racktwin evaluate`` prints and writes 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,6 +188,45 @@ def _pct(x: float) -> str:
     return f"{x:.2f}%" if math.isfinite(x) else "-"
 
 
+def _saving_why(name: str, got_pct: float, ceil: SavingCeiling, baseline_hosts_kwh: float) -> str:
+    """Why a facility saving falls short: the ceiling of the policy's levers, part by part."""
+    if ceil.total_pct <= 0:
+        return f"with {name}'s levers nothing can be saved at this throughput-loss budget"
+    parts = "; ".join(f"{k} {v:,.1f} kWh ({100 * v / ceil.baseline_kwh:.2f}%)" for k, v in ceil.parts_kwh.items())
+    # the hosts' energy less what powering the idle ones off saves of it (not of their cards)
+    fixed_pct = 100 * (baseline_hosts_kwh - ceil.idle_host_kwh) / ceil.baseline_kwh
+    return (
+        f"with {name}'s levers the saving is at most {ceil.total_pct:.2f}% of the baseline's "
+        f"{ceil.baseline_kwh:,.1f} kWh at {ceil.loss_budget_pct:g}% throughput loss: {parts}. Hosts "
+        f"with a busy card, switches and the standby power of hosts off (~{fixed_pct:.1f}% of the "
+        f"baseline) have no lever; a DVFS step saves at most {ceil.dvfs_k:.2f}x its relative "
+        f"throughput loss in card power. {name} reached {100 * got_pct / ceil.total_pct:.0f}% of that bound."
+    )
+
+
+def _better_than(
+    name: str, other: str, m: Mapping[str, Any], o: Mapping[str, Any], tol_pct: float, by_job: Callable[[str], str]
+) -> tuple[str, str, bool, str]:
+    """Policy ``name`` (metrics ``m``) against ``other`` (``o``): the target's text, what was
+    measured, whether it used less energy for equal or more work (within ``tol_pct``), and why not
+    (``by_job(other)``: the jobs behind a shortfall of work, "; " first, or "")."""
+    e_p, e_o = float(m["facility_energy_kwh"]), float(o["facility_energy_kwh"])
+    w_p, w_o = float(m["throughput"]), float(o["throughput"])
+    d_e = 100.0 * (e_p / e_o - 1.0) if e_o > 0 else math.nan
+    d_w = 100.0 * (w_p / w_o - 1.0) if w_o > 0 else math.nan
+    less_energy = e_p < e_o * (1.0 - _SAME_FRAC)
+    enough_work = w_p >= w_o * (1.0 - tol_pct / 100.0)
+    if abs(d_e) < 100 * _SAME_FRAC and abs(d_w) < 100 * _SAME_FRAC:
+        why = f"{name} and {other} gave the same energy and work (to 0.01%): they made the same decisions"
+    else:
+        shortfalls = [] if less_energy else [f"energy {d_e:+.2f}% against {other}"]
+        if not enough_work:
+            shortfalls.append(f"work {d_w:+.2f}% against {other} (tolerance {tol_pct:g}%){by_job(other)}")
+        why = "; ".join(shortfalls)
+    target = "less energy at equal or more work" + (f" (within {tol_pct:g}%)" if tol_pct else "")
+    return target, f"energy {d_e:+.2f}%, work {d_w:+.2f}%", less_energy and enough_work, why
+
+
 def check_targets(
     targets: ScenarioTargets,
     metrics: Mapping[str, Mapping[str, Any]],
@@ -232,21 +271,7 @@ def check_targets(
                 idle_host_s=float(base.get("idle_host_s", 0.0)),
                 idle_card_s=float(base.get("idle_card_s", 0.0)),
             )
-            parts = "; ".join(
-                f"{k} {v:,.1f} kWh ({100 * v / ceil.baseline_kwh:.2f}%)" for k, v in ceil.parts_kwh.items()
-            )
-            # the hosts' energy less what powering the idle ones off saves of it (not of their cards)
-            fixed = breakdown_kwh["baseline"].get("hosts", 0.0) - ceil.idle_host_kwh
-            fixed_pct = 100 * fixed / ceil.baseline_kwh
-            why = (
-                f"with {name}'s levers the saving is at most {ceil.total_pct:.2f}% of the baseline's "
-                f"{ceil.baseline_kwh:,.1f} kWh at {ceil.loss_budget_pct:g}% throughput loss: {parts}. Hosts "
-                f"with a busy card, switches and the standby power of hosts off (~{fixed_pct:.1f}% of the "
-                f"baseline) have no lever; a DVFS step saves at most {ceil.dvfs_k:.2f}x its relative "
-                f"throughput loss in card power. {name} reached {100 * got / ceil.total_pct:.0f}% of that bound."
-                if ceil.total_pct > 0
-                else f"with {name}'s levers nothing can be saved at this throughput-loss budget"
-            )
+            why = _saving_why(name, got, ceil, breakdown_kwh["baseline"].get("hosts", 0.0))
             add(
                 "facility saving vs baseline",
                 f">= {want:g}%",
@@ -330,28 +355,6 @@ def check_targets(
         if other not in metrics:
             add(f"better than {other}", "less energy, equal or more work", "-", None, why=f"{other} did not run")
             continue
-        o = metrics[other]
-        e_p, e_o = float(m["facility_energy_kwh"]), float(o["facility_energy_kwh"])
-        w_p, w_o = float(m["throughput"]), float(o["throughput"])
-        d_e = 100.0 * (e_p / e_o - 1.0) if e_o > 0 else math.nan
-        d_w = 100.0 * (w_p / w_o - 1.0) if w_o > 0 else math.nan
-        less_energy = e_p < e_o * (1.0 - _SAME_FRAC)
-        enough_work = w_p >= w_o * (1.0 - tol / 100.0)
-        if abs(d_e) < 100 * _SAME_FRAC and abs(d_w) < 100 * _SAME_FRAC:
-            why = f"{name} and {other} gave the same energy and work (to 0.01%): they made the same decisions"
-        else:
-            why = (
-                ("" if less_energy else f"energy {d_e:+.2f}% against {other}")
-                + ("" if less_energy or enough_work else "; ")
-                + ("" if enough_work else f"work {d_w:+.2f}% against {other} (tolerance {tol:g}%)")
-                + ("" if enough_work else by_job(other))
-            )
-        add(
-            f"better than {other}",
-            "less energy at equal or more work" + (f" (within {tol:g}%)" if tol else ""),
-            f"energy {d_e:+.2f}%, work {d_w:+.2f}%",
-            less_energy and enough_work,
-            "",
-            why,
-        )
+        target, measured, met, why = _better_than(name, other, m, metrics[other], tol, by_job)
+        add(f"better than {other}", target, measured, met, "", why)
     return checks

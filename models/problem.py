@@ -272,28 +272,7 @@ def make_problem(
         if job.n_cards > n:
             raise ProblemError(f"job {job.job_id}: {job.n_cards} cards requested but the site has only {n}")
 
-    card_job = np.full(n, IDLE, dtype=np.int64)
-    for j, cards in enumerate(job_cards):
-        idx = np.asarray(cards)
-        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
-            raise ProblemError(f"job {jobs[j].job_id}: cards must be a list of integer card indices")
-        idx = idx.astype(np.int64)
-        if idx.size != jobs[j].n_cards:
-            raise ProblemError(
-                f"job {jobs[j].job_id}: {idx.size} cards given but the job has n_cards={jobs[j].n_cards}"
-            )
-        bad = idx[(idx < 0) | (idx >= n)]
-        if bad.size:
-            raise ProblemError(f"job {jobs[j].job_id}: unknown card index {int(bad[0])} (site has cards 0..{n - 1})")
-        if np.unique(idx).size != idx.size:
-            raise ProblemError(f"job {jobs[j].job_id}: a card is listed twice")
-        taken = card_job[idx] >= 0
-        if np.any(taken):
-            c = int(idx[np.flatnonzero(taken)[0]])
-            raise ProblemError(
-                f"card {c} is assigned to both job {jobs[int(card_job[c])].job_id} and job {jobs[j].job_id}"
-            )
-        card_job[idx] = j
+    card_job = _card_job(jobs, job_cards, n)
 
     failed_arr = np.zeros(n, dtype=bool) if failed is None else _as_array("failed", failed, (n,), bool)
     busy_failed = np.flatnonzero(failed_arr & (card_job >= 0))
@@ -318,22 +297,7 @@ def make_problem(
         raise ProblemError("thermal resistance must be positive for every card")
 
     die = _as_array("die_temp_c", supply if die_temp_c is None else die_temp_c, (n,), float).astype(np.float64)
-    offset = np.zeros(n)
-    if die_offset_k is not None:
-        offset = _as_array("die_offset_k", die_offset_k, (n,), float).astype(np.float64)
-        if np.any(offset < 0):
-            raise ProblemError(f"die_offset_k must be >= 0 (card {int(np.flatnonzero(offset < 0)[0])})")
-    elif current_level is not None:
-        model = PowerModel.from_card(site.card)
-        lv = _as_array("current_level", current_level, (n,), int).astype(np.int64)
-        if np.any((lv < 0) | (lv >= model.n_levels)):
-            raise ProblemError(f"current_level must be within 0..{model.n_levels - 1}")
-        util = np.zeros(n)
-        for j, job in enumerate(jobs):
-            cards = card_job == j
-            util[cards] = phase_utilization(job, phases[j], site, lv[cards])
-        _p, die_pred = card_steady_power_w(model, lv, util, failed_arr, supply, r_tot)
-        offset = np.maximum(die - die_pred, 0.0)
+    offset = _die_offset(site, jobs, phases, card_job, failed_arr, die, supply, r_tot, die_offset_k, current_level)
 
     limits = _as_array(
         "rack_limit_w", site.rack.power_limit_w if rack_limit_w is None else rack_limit_w, (site.n_racks,), float
@@ -341,19 +305,8 @@ def make_problem(
     if np.any(limits <= 0):
         raise ProblemError("rack_limit_w must be positive for every rack")
 
-    off_arr: BoolArray | None = None
-    unpowered = np.zeros(n, dtype=bool)
-    if host_off is not None:
-        off_arr = _as_array("host_off", host_off, (site.n_hosts,), bool).astype(np.bool_)
-        if off_arr.any() and not site.hosts_managed:
-            raise ProblemError("host_off: the site's hosts cannot be powered off (rack.hosts_per_rack = 0)")
-        unpowered = off_arr[site.card_host()]
-        busy_off = np.flatnonzero(unpowered & (card_job >= 0))
-        if busy_off.size:
-            c = int(busy_off[0])
-            raise ProblemError(
-                f"host {int(site.card_host()[c])} is off but its card {c} runs job {jobs[int(card_job[c])].job_id}"
-            )
+    off_arr = _host_off(site, jobs, card_job, host_off)
+    unpowered = np.zeros(n, dtype=bool) if off_arr is None else off_arr[site.card_host()]
     n_idle = int(np.sum((card_job < 0) & ~failed_arr & ~unpowered))
     if ready_reserve_cards is None:
         reserve = min(max((job.n_cards for job in queue), default=0), n_idle)
@@ -382,6 +335,87 @@ def make_problem(
         queue=tuple(queue),
         host_off=off_arr,
     )
+
+
+def _card_job(
+    jobs: Sequence[JobSpec], job_cards: Sequence[Sequence[int] | npt.NDArray[np.integer]], n: int
+) -> IntArray:
+    """Per card, the index of the job it runs (``IDLE`` for none), from each job's card list."""
+    card_job = np.full(n, IDLE, dtype=np.int64)
+    for j, cards in enumerate(job_cards):
+        idx = np.asarray(cards)
+        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+            raise ProblemError(f"job {jobs[j].job_id}: cards must be a list of integer card indices")
+        idx = idx.astype(np.int64)
+        if idx.size != jobs[j].n_cards:
+            raise ProblemError(
+                f"job {jobs[j].job_id}: {idx.size} cards given but the job has n_cards={jobs[j].n_cards}"
+            )
+        bad = idx[(idx < 0) | (idx >= n)]
+        if bad.size:
+            raise ProblemError(f"job {jobs[j].job_id}: unknown card index {int(bad[0])} (site has cards 0..{n - 1})")
+        if np.unique(idx).size != idx.size:
+            raise ProblemError(f"job {jobs[j].job_id}: a card is listed twice")
+        taken = card_job[idx] >= 0
+        if np.any(taken):
+            c = int(idx[np.flatnonzero(taken)[0]])
+            raise ProblemError(
+                f"card {c} is assigned to both job {jobs[int(card_job[c])].job_id} and job {jobs[j].job_id}"
+            )
+        card_job[idx] = j
+    return card_job
+
+
+def _die_offset(
+    site: SiteSpec,
+    jobs: Sequence[JobSpec],
+    phases: Sequence[Phase],
+    card_job: IntArray,
+    failed: BoolArray,
+    die: FloatArray,
+    supply: float,
+    r_tot: FloatArray,
+    die_offset_k: FloatArray | Sequence[float] | float | None,
+    current_level: IntArray | Sequence[int] | None,
+) -> FloatArray:
+    """The per-card die offset :func:`make_problem` documents: given, else the measured excess over
+    the steady prediction at ``current_level``, else none."""
+    n = site.n_cards
+    if die_offset_k is not None:
+        offset = _as_array("die_offset_k", die_offset_k, (n,), float).astype(np.float64)
+        if np.any(offset < 0):
+            raise ProblemError(f"die_offset_k must be >= 0 (card {int(np.flatnonzero(offset < 0)[0])})")
+        return offset
+    if current_level is None:
+        return np.zeros(n)
+    model = PowerModel.from_card(site.card)
+    lv = _as_array("current_level", current_level, (n,), int).astype(np.int64)
+    if np.any((lv < 0) | (lv >= model.n_levels)):
+        raise ProblemError(f"current_level must be within 0..{model.n_levels - 1}")
+    util = np.zeros(n)
+    for j, job in enumerate(jobs):
+        cards = card_job == j
+        util[cards] = phase_utilization(job, phases[j], site, lv[cards])
+    _p, die_pred = card_steady_power_w(model, lv, util, failed, supply, r_tot)
+    return np.asarray(np.maximum(die - die_pred, 0.0), dtype=np.float64)
+
+
+def _host_off(
+    site: SiteSpec, jobs: Sequence[JobSpec], card_job: IntArray, host_off: Sequence[bool] | BoolArray | None
+) -> BoolArray | None:
+    """``host_off`` checked: a site that manages hosts, no busy card on an off host."""
+    if host_off is None:
+        return None
+    off_arr = _as_array("host_off", host_off, (site.n_hosts,), bool).astype(np.bool_)
+    if off_arr.any() and not site.hosts_managed:
+        raise ProblemError("host_off: the site's hosts cannot be powered off (rack.hosts_per_rack = 0)")
+    busy_off = np.flatnonzero(off_arr[site.card_host()] & (card_job >= 0))
+    if busy_off.size:
+        c = int(busy_off[0])
+        raise ProblemError(
+            f"host {int(site.card_host()[c])} is off but its card {c} runs job {jobs[int(card_job[c])].job_id}"
+        )
+    return off_arr
 
 
 # --------------------------------------------------------------------------------------------

@@ -370,94 +370,27 @@ def run_scenario_from_dict(
     _check_not_a_site_spec(data, source)
     main = {k: v for k, v in data.items() if k not in _SEPARATE_KEYS}
     top = decode_table(_RunFile, main, source, other_keys=_SEPARATE_KEYS)
-    if seed is not None and seed < 0:
-        raise SpecError(source, "seed", f"must be >= 0, got {seed}")
-    if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
-        raise SpecError(source, "duration_s", f"must be a positive number of seconds, got {duration_s}")
-    the_seed = top.seed if seed is None else seed
-    duration = top.duration_s if duration_s is None else float(duration_s)
-    if duration > MAX_DURATION_S:
-        asked = "" if duration_s is None else " (the duration asked for in place of the file's, e.g. --duration)"
-        raise SpecError(
-            source,
-            "duration_s",
-            f"{duration:.10g} s{asked} is longer than a run may be: at most {MAX_DURATION_S:.0f} s (365 days)",
-        )
-    if duration < MIN_DURATION_S:
-        raise SpecError(
-            source,
-            "duration_s",
-            f"{duration:g} s is shorter than one plant step ({MIN_DURATION_S:g} s): the run would record nothing",
-        )
-
-    # ---- site ------------------------------------------------------------------------------
+    the_seed, duration = _seed_and_duration(top, seed, duration_s, source)
+    shortened_from = top.duration_s if duration < top.duration_s else None
     inputs: list[Path] = []
     if site is None:
-        if top.site is None:
-            raise SpecError(source, "site", "missing required value: the site spec file (or pass --site)")
-        site_path = base / top.site
-        inputs.append(site_path)
-        try:
-            site = load_site(site_path)
-        except SpecError as exc:
-            raise SpecError(source, "site", f"{exc}") from None
+        site = _run_site(top, base, source, inputs)
     if top.supernodes is not None:
         site = site.with_supernodes(top.supernodes)
-
-    # ---- plant configuration -----------------------------------------------------------------
     ambient = _ambient(data.get("ambient"), site, source)
     phases = PhaseModel()
     if "phases" in data:
         phases = _wrap(source, "phases", lambda: decode_table(PhaseModel, data["phases"], source, "phases"))
         _check_stalls(phases, source)
-    p = top.plant
-    given_plant = data.get("plant", {})
-    if p.placement != "external" and "external_timeout_s" in given_plant:
-        raise SpecError(source, "plant.external_timeout_s", "only used with placement = 'external'")
-    if p.min_power_limit_w > site.card.power_limit_w:
-        raise SpecError(
-            source,
-            "plant.min_power_limit_w",
-            f"must not exceed the card's power limit (card.power_limit_w = {site.card.power_limit_w:g} W), "
-            f"got {p.min_power_limit_w:g}",
-        )
-    if p.initial_level >= site.card.n_levels:
-        raise SpecError(
-            source, "plant.initial_level", f"must be within 0..{site.card.n_levels - 1}, got {p.initial_level}"
-        )
-    config = _wrap(
-        source,
-        "plant",
-        lambda: PlantConfig(
-            seed=the_seed,
-            noise=SensorNoise() if p.noise else SensorNoise.none(),
-            variation=CardVariation() if p.variation else CardVariation.none(),
-            ambient=ambient,
-            phases=phases,
-            placement=p.placement,
-            external_timeout_s=p.external_timeout_s,
-            backfill_wait_s=p.backfill_wait_s,
-            supply_time_constant_s=p.supply_time_constant_s,
-            min_power_limit_w=p.min_power_limit_w,
-            initial_level=p.initial_level,
-            initial_low_power=p.initial_low_power,
-            pump_hold_s=p.pump_hold_s,
-        ),
-    )
+    config = _plant_config(data, top, site, ambient, phases, the_seed, source)
 
-    # ---- workload ----------------------------------------------------------------------------
+    # ---- workload: generated or traced, then the listed jobs -----------------------------------
     w = top.workload
-    offered = math.nan
+    _check_source_keys(data.get("workload", {}), w, source)
     wseed: int | None = None
-    jobs: list[JobSpec] = []
+    offered = math.nan
     running: list[str] = []
-    warnings: list[str] = []
-    shortened_from = top.duration_s if duration < top.duration_s else None
-    given_workload = data.get("workload", {})
-    for used_by, keys in _SOURCE_KEYS.items():
-        for key in keys:
-            if key in given_workload and w.source != used_by:
-                raise SpecError(source, f"workload.{key}", f"only used with source = {used_by!r}")
+    jobs: list[JobSpec] = []
     if w.source == "generate":
         cfg = _generator_config(site, w, phases, source)
         _check_generated_count(site, duration, w, cfg, source)
@@ -466,60 +399,16 @@ def run_scenario_from_dict(
         jobs.extend(gen_jobs)
         what = _generated_line(w, from_seed, wseed, offered)
     elif w.source == "trace":
-        if w.trace is None:
-            raise SpecError(source, "workload.trace", "missing: the trace CSV file (source = 'trace')")
-        inputs.append(base / w.trace)
-        try:
-            traced = load_trace(base / w.trace)
-        except TraceError as exc:
-            raise SpecError(source, "workload.trace", str(exc)) from None
-        if w.time_offset_s:
-            traced = [dataclasses.replace(j, submit_time_s=j.submit_time_s + w.time_offset_s) for j in traced]
-        jobs.extend(traced)
+        jobs.extend(_traced_jobs(w, base, source, inputs))
         what = f"trace {w.trace}"
     else:
         what = "listed jobs only"
     listed = data.get("jobs", [])
     if not isinstance(listed, list):
         raise SpecError(source, "jobs", "expected a list of tables ([[jobs]])")
-    listed_running: list[tuple[str, JobSpec]] = []  # where, job
-    late_jobs: list[str] = []  # warnings: listed jobs a shortened run ends before
-    for i, entry in enumerate(listed):
-        where = f"jobs[{i}]"
-        je = decode_table(_JobEntry, entry, source, where)
-        problem = checkpoint_problem(je.checkpoint_interval_s, je.checkpoint_duration_s)
-        if problem:
-            raise SpecError(source, f"{where}.checkpoint_duration_s", problem)
-        if je.running_at_start:
-            if je.submit_time_s != 0.0:
-                raise SpecError(
-                    source, f"{where}.running_at_start", "a job running at the start must have submit_time_s = 0"
-                )
-        elif je.first_checkpoint_after_s is not None:
-            raise SpecError(
-                source,
-                f"{where}.first_checkpoint_after_s",
-                "only for a job running at the start (a job starting fresh checkpoints after a whole interval)",
-            )
-        _check_before_end(
-            je.submit_time_s,
-            source,
-            f"{where}.submit_time_s",
-            duration,
-            shortened_from,
-            late_jobs.append,
-            ("the job would never be submitted", "the job is not submitted"),
-        )
-        job = _listed_job(je, source, where, the_seed)
-        jobs.append(job)
-        if je.running_at_start:
-            listed_running.append((where, job))
-    if len(late_jobs) > 1 and shortened_from is not None:  # one line, not one per job (a short demo run)
-        late_jobs = [
-            f"{source}: {len(late_jobs)} listed jobs are submitted at or after the end of this run ({duration:g} s, "
-            f"shortened from {shortened_from:g} s): they are not submitted"
-        ]
-    warnings.extend(late_jobs)
+    warnings: list[str] = []
+    listed_jobs, listed_running = _listed_jobs(listed, source, duration, shortened_from, the_seed, warnings)
+    jobs.extend(listed_jobs)
     if listed:
         what += f" + {len(listed)} listed"
     _check_jobs(jobs, site, source, listed_from=len(jobs) - len(listed))
@@ -554,6 +443,162 @@ def run_scenario_from_dict(
         warnings=tuple(warnings),
         input_files=tuple(inputs),
     )
+
+
+def _seed_and_duration(top: _RunFile, seed: int | None, duration_s: float | None, source: str) -> tuple[int, float]:
+    """The run's seed and duration: the file's unless given in their place (command-line options)."""
+    if seed is not None and seed < 0:
+        raise SpecError(source, "seed", f"must be >= 0, got {seed}")
+    if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
+        raise SpecError(source, "duration_s", f"must be a positive number of seconds, got {duration_s}")
+    the_seed = top.seed if seed is None else seed
+    duration = top.duration_s if duration_s is None else float(duration_s)
+    if duration > MAX_DURATION_S:
+        asked = "" if duration_s is None else " (the duration asked for in place of the file's, e.g. --duration)"
+        raise SpecError(
+            source,
+            "duration_s",
+            f"{duration:.10g} s{asked} is longer than a run may be: at most {MAX_DURATION_S:.0f} s (365 days)",
+        )
+    if duration < MIN_DURATION_S:
+        raise SpecError(
+            source,
+            "duration_s",
+            f"{duration:g} s is shorter than one plant step ({MIN_DURATION_S:g} s): the run would record nothing",
+        )
+    return the_seed, duration
+
+
+def _run_site(top: _RunFile, base: Path, source: str, inputs: list[Path]) -> SiteSpec:
+    """The site spec file the scenario names (appended to ``inputs``)."""
+    if top.site is None:
+        raise SpecError(source, "site", "missing required value: the site spec file (or pass --site)")
+    site_path = base / top.site
+    inputs.append(site_path)
+    try:
+        return load_site(site_path)
+    except SpecError as exc:
+        raise SpecError(source, "site", f"{exc}") from None
+
+
+def _plant_config(
+    data: Mapping[str, Any],
+    top: _RunFile,
+    site: SiteSpec,
+    ambient: Ambient,
+    phases: PhaseModel,
+    seed: int,
+    source: str,
+) -> PlantConfig:
+    """The ``[plant]`` section with the ambient and the phase model: the plant's configuration."""
+    p = top.plant
+    given_plant = data.get("plant", {})
+    if p.placement != "external" and "external_timeout_s" in given_plant:
+        raise SpecError(source, "plant.external_timeout_s", "only used with placement = 'external'")
+    if p.min_power_limit_w > site.card.power_limit_w:
+        raise SpecError(
+            source,
+            "plant.min_power_limit_w",
+            f"must not exceed the card's power limit (card.power_limit_w = {site.card.power_limit_w:g} W), "
+            f"got {p.min_power_limit_w:g}",
+        )
+    if p.initial_level >= site.card.n_levels:
+        raise SpecError(
+            source, "plant.initial_level", f"must be within 0..{site.card.n_levels - 1}, got {p.initial_level}"
+        )
+    return _wrap(
+        source,
+        "plant",
+        lambda: PlantConfig(
+            seed=seed,
+            noise=SensorNoise() if p.noise else SensorNoise.none(),
+            variation=CardVariation() if p.variation else CardVariation.none(),
+            ambient=ambient,
+            phases=phases,
+            placement=p.placement,
+            external_timeout_s=p.external_timeout_s,
+            backfill_wait_s=p.backfill_wait_s,
+            supply_time_constant_s=p.supply_time_constant_s,
+            min_power_limit_w=p.min_power_limit_w,
+            initial_level=p.initial_level,
+            initial_low_power=p.initial_low_power,
+            pump_hold_s=p.pump_hold_s,
+        ),
+    )
+
+
+def _check_source_keys(given_workload: Mapping[str, Any], w: _WorkloadSection, source: str) -> None:
+    """A ``[workload]`` key of another source than the one chosen is a mistake, not ignored."""
+    for used_by, keys in _SOURCE_KEYS.items():
+        for key in keys:
+            if key in given_workload and w.source != used_by:
+                raise SpecError(source, f"workload.{key}", f"only used with source = {used_by!r}")
+
+
+def _traced_jobs(w: _WorkloadSection, base: Path, source: str, inputs: list[Path]) -> list[JobSpec]:
+    """The jobs of ``workload.trace`` (appended to ``inputs``), shifted by ``time_offset_s``."""
+    if w.trace is None:
+        raise SpecError(source, "workload.trace", "missing: the trace CSV file (source = 'trace')")
+    inputs.append(base / w.trace)
+    try:
+        traced = load_trace(base / w.trace)
+    except TraceError as exc:
+        raise SpecError(source, "workload.trace", str(exc)) from None
+    if w.time_offset_s:
+        traced = [dataclasses.replace(j, submit_time_s=j.submit_time_s + w.time_offset_s) for j in traced]
+    return traced
+
+
+def _listed_jobs(
+    listed: list[Any],
+    source: str,
+    duration: float,
+    shortened_from: float | None,
+    seed: int,
+    warnings: list[str],
+) -> tuple[list[JobSpec], list[tuple[str, JobSpec]]]:
+    """The ``[[jobs]]`` entries as jobs, and those running at the start with where they are listed.
+    A listed job a shortened run ends before is a warning (one line for several)."""
+    jobs: list[JobSpec] = []
+    listed_running: list[tuple[str, JobSpec]] = []  # where, job
+    late_jobs: list[str] = []
+    for i, entry in enumerate(listed):
+        where = f"jobs[{i}]"
+        je = decode_table(_JobEntry, entry, source, where)
+        problem = checkpoint_problem(je.checkpoint_interval_s, je.checkpoint_duration_s)
+        if problem:
+            raise SpecError(source, f"{where}.checkpoint_duration_s", problem)
+        if je.running_at_start:
+            if je.submit_time_s != 0.0:
+                raise SpecError(
+                    source, f"{where}.running_at_start", "a job running at the start must have submit_time_s = 0"
+                )
+        elif je.first_checkpoint_after_s is not None:
+            raise SpecError(
+                source,
+                f"{where}.first_checkpoint_after_s",
+                "only for a job running at the start (a job starting fresh checkpoints after a whole interval)",
+            )
+        _check_before_end(
+            je.submit_time_s,
+            source,
+            f"{where}.submit_time_s",
+            duration,
+            shortened_from,
+            late_jobs.append,
+            ("the job would never be submitted", "the job is not submitted"),
+        )
+        job = _listed_job(je, source, where, seed)
+        jobs.append(job)
+        if je.running_at_start:
+            listed_running.append((where, job))
+    if len(late_jobs) > 1 and shortened_from is not None:  # one line, not one per job (a short demo run)
+        late_jobs = [
+            f"{source}: {len(late_jobs)} listed jobs are submitted at or after the end of this run ({duration:g} s, "
+            f"shortened from {shortened_from:g} s): they are not submitted"
+        ]
+    warnings.extend(late_jobs)
+    return jobs, listed_running
 
 
 def _check_not_a_site_spec(data: Mapping[str, Any], source: str) -> None:

@@ -303,29 +303,7 @@ async def run_closed_loop(
             if agent_task.done() or time.monotonic() > deadline:
                 raise UserError(f"the agent could not connect to the broker {url}")
             await asyncio.sleep(0.05)
-        cmd = [
-            sys.executable,
-            "-m",
-            "sim",
-            "--scenario",
-            str(scenario_path),
-            "--broker",
-            url,
-            "--site-id",
-            SITE_ID,
-            "--speed",
-            f"{speed:g}",
-            "--duration",
-            f"{scenario.duration_s:g}",
-            "--seed",
-            str(scenario.seed),
-            "--truth-log",
-            str(truth),
-            "--summary",
-            str(out_dir / "summary.json"),
-            "--progress-interval-s",
-            "0",
-        ]
+        cmd = _simulator_command(scenario_path, scenario, url, speed, out_dir)
         sim = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, env=_child_env())
         progress = _Progress(truth, site, control.period_s)
         next_print = time.monotonic() + progress_interval_s
@@ -348,16 +326,8 @@ async def run_closed_loop(
             if stop.is_set():
                 stopped_by = "interrupted"
     finally:
-        if sim is not None and sim.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                sim.send_signal(signal.SIGINT)
-            for _ in range(100):
-                if sim.poll() is not None:
-                    break
-                await asyncio.sleep(0.1)
-            if sim.poll() is None:
-                sim.kill()
-                sim.wait()
+        if sim is not None:
+            await _stop_simulator(sim)
         service.stop()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(15):
@@ -389,6 +359,48 @@ async def run_closed_loop(
         sim_returncode=sim.returncode if sim is not None else None,
         sim_summary=sim_summary,
     )
+
+
+def _simulator_command(scenario_path: Path, scenario: Any, url: str, speed: float, out_dir: Path) -> list[str]:
+    """``python -m sim`` for the scenario at ``speed``, its truth log and summary in ``out_dir``."""
+    return [
+        sys.executable,
+        "-m",
+        "sim",
+        "--scenario",
+        str(scenario_path),
+        "--broker",
+        url,
+        "--site-id",
+        SITE_ID,
+        "--speed",
+        f"{speed:g}",
+        "--duration",
+        f"{scenario.duration_s:g}",
+        "--seed",
+        str(scenario.seed),
+        "--truth-log",
+        str(out_dir / "truth.csv"),
+        "--summary",
+        str(out_dir / "summary.json"),
+        "--progress-interval-s",
+        "0",
+    ]
+
+
+async def _stop_simulator(sim: subprocess.Popen[bytes]) -> None:
+    """A still running simulator is asked to stop (SIGINT: a clean stop, its summary written), killed
+    after 10 s."""
+    if sim.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        sim.send_signal(signal.SIGINT)
+    for _ in range(100):
+        if sim.poll() is not None:
+            return
+        await asyncio.sleep(0.1)
+    sim.kill()
+    sim.wait()
 
 
 def _child_env() -> dict[str, str]:

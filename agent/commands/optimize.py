@@ -164,10 +164,70 @@ class Scenario:
     dropped: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Running:
+    """The running jobs of a scenario as they are read: each job, its cards and phase, and which cards
+    are taken (by a job or failed)."""
+
+    used: npt.NDArray[np.bool_]
+    jobs: list[JobSpec] = field(default_factory=list)
+    cards: list[IntArray] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
+
+    def add(self, spec: JobSpec, cards: IntArray, phase: Phase) -> None:
+        self.used[cards] = True
+        self.jobs.append(spec)
+        self.cards.append(cards)
+        self.phases.append(phase)
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; every problem is a :class:`UserError` naming file and field."""
     p = Path(path)
     src = str(path)
+    sf, entries, site = _read_scenario_file(p, src)
+    failed = _failed_cards(sf, site, src)
+    if sf.supply_temp_c is not None and sf.supply_temp_c not in site.facility.supply_temp_options_c:
+        raise UserError(
+            f"{src}: supply_temp_c: must be one of the site's supply_temp_options_c "
+            f"{list(site.facility.supply_temp_options_c)}, got {sf.supply_temp_c:g}"
+        )
+    running = _Running(used=failed.copy())
+    for i, e in enumerate(entries["jobs"]):
+        running.add(*_listed_running_job(e, i, site, running.used, src))
+    queue = list(entries["queue"])
+    for i, e in enumerate(queue):
+        try:
+            e.spec()
+        except ValueError as exc:
+            raise UserError(f"{src}: queue[{i}]: {exc}") from None
+        if e.cards is not None or e.racks is not None:
+            raise UserError(f"{src}: queue[{i}] ({e.id}): queued jobs are placed by the optimizer; remove cards/racks")
+    moved: dict[str, str] = {}
+    dropped: dict[str, str] = {}
+    if sf.generate is not None:
+        queue += _add_generated(sf.generate, site, failed, running, moved, dropped, src)
+    ids = [j.job_id for j in running.jobs] + [q.id for q in queue]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise UserError(f"{src}: job id {dup[0]!r} is used twice (jobs and queue ids must be unique)")
+    return Scenario(
+        sf.name,
+        p,
+        site,
+        sf,
+        tuple(running.jobs),
+        tuple(running.cards),
+        tuple(running.phases),
+        tuple(queue),
+        failed,
+        moved,
+        dropped,
+    )
+
+
+def _read_scenario_file(p: Path, src: str) -> tuple[ScenarioFile, dict[str, list[JobEntry]], SiteSpec]:
+    """The file's tables, its ``[[jobs]]`` and ``[[queue]]`` entries and the site spec it names."""
     try:
         data = read_toml(p)
         lists = {k: data.pop(k) for k in ("jobs", "queue") if k in data}
@@ -185,6 +245,11 @@ def load_scenario(path: str | Path) -> Scenario:
             raise SpecError(src, "site", f"cannot load site spec {sf.site!r}: {exc}") from None
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    return sf, entries, site
+
+
+def _failed_cards(sf: ScenarioFile, site: SiteSpec, src: str) -> npt.NDArray[np.bool_]:
+    """``failed_cards`` as a mask over the site's cards."""
     n = site.n_cards
     failed = np.zeros(n, dtype=bool)
     for c in sf.failed_cards or ():
@@ -193,145 +258,133 @@ def load_scenario(path: str | Path) -> Scenario:
         if failed[c]:
             raise UserError(f"{src}: failed_cards: card {c} is listed twice")
         failed[c] = True
-    if sf.supply_temp_c is not None and sf.supply_temp_c not in site.facility.supply_temp_options_c:
-        raise UserError(
-            f"{src}: supply_temp_c: must be one of the site's supply_temp_options_c "
-            f"{list(site.facility.supply_temp_options_c)}, got {sf.supply_temp_c:g}"
-        )
-    used = failed.copy()
-    moved: dict[str, str] = {}
-    dropped: dict[str, str] = {}
-    jobs: list[JobSpec] = []
-    cards_l: list[IntArray] = []
-    phases: list[Phase] = []
-    cpr = site.cards_per_rack
-    for i, e in enumerate(entries["jobs"]):
-        where = f"{src}: jobs[{i}] ({e.id})"
-        try:
-            spec = e.spec()
-        except ValueError as exc:
-            raise UserError(f"{src}: jobs[{i}]: {exc}") from None
-        if e.cards is not None and e.racks is not None:
-            raise UserError(f"{where}: give either cards or racks, not both")
-        if e.cards is not None:
-            cards = np.asarray(e.cards, dtype=np.int64)
-            if cards.size != e.n_cards:
-                raise UserError(f"{where}: cards: {cards.size} cards listed but n_cards = {e.n_cards}")
-            if np.any(cards >= n):
-                raise UserError(f"{where}: cards: card {int(cards[cards >= n][0])} does not exist (0..{n - 1})")
-        elif e.racks is not None:
-            if any(r >= site.n_racks for r in e.racks):
-                raise UserError(f"{where}: racks: rack index out of range (site has racks 0..{site.n_racks - 1})")
-            twice = sorted({r for r in e.racks if e.racks.count(r) > 1})
-            if twice:
-                raise UserError(f"{where}: racks: rack {twice[0]} is listed twice")
-            pool = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in e.racks])
-            pool = pool[~used[pool]]
-            if pool.size < e.n_cards:
-                raise UserError(f"{where}: racks {list(e.racks)} have only {pool.size} free cards for {e.n_cards}")
-            cards = pool[: e.n_cards]
-        else:
-            raise UserError(f"{where}: a running job needs cards = [...] or racks = [...] (or put it in [[queue]])")
-        if np.any(used[cards]):
-            raise UserError(f"{where}: card {int(cards[used[cards]][0])} is already taken (another job or failed)")
-        used[cards] = True
-        jobs.append(spec)
-        cards_l.append(cards)
-        phases.append(_PHASES[e.phase])
-    queue = list(entries["queue"])
-    for i, e in enumerate(queue):
-        try:
-            e.spec()
-        except ValueError as exc:
-            raise UserError(f"{src}: queue[{i}]: {exc}") from None
-        if e.cards is not None or e.racks is not None:
-            raise UserError(f"{src}: queue[{i}] ({e.id}): queued jobs are placed by the optimizer; remove cards/racks")
-    if sf.generate is not None:
-        from models.synthetic import acme_workload, synthetic_workload
+    return failed
 
-        g = sf.generate
-        if len(g.phase_weights) != 4:
-            raise UserError(
-                f"{src}: generate.phase_weights: need 4 weights (compute, communication, checkpoint, waiting), "
-                f"got {len(g.phase_weights)}"
-            )
-        if sum(g.phase_weights) <= 0:
-            raise UserError(f"{src}: generate.phase_weights: the 4 weights must not all be 0")
-        if g.sizes and max(g.sizes) > n:
-            raise UserError(f"{src}: generate.sizes: {max(g.sizes)} cards is more than the site's {n}")
-        if g.compute_share_min > g.compute_share_max:
-            raise UserError(f"{src}: generate.compute_share_min: must be <= compute_share_max")
-        wl = (
-            acme_workload(site, seed=g.seed, allocation=g.allocation, queue_jobs=g.queue_jobs)
-            if g.source == "acme"
-            else synthetic_workload(
-                site,
-                seed=g.seed,
-                allocation=g.allocation,
-                sizes=g.sizes,
-                compute_share=(g.compute_share_min, g.compute_share_max),
-                noncompute_utilization=g.noncompute_utilization,
-                phase_weights=g.phase_weights,
-                priorities=g.priorities,
-                slo_fraction=g.slo_fraction,
-                slo_min_throughput=g.slo_min_throughput,
-                queue_jobs=g.queue_jobs,
-            )
+
+def _listed_running_job(
+    e: JobEntry, i: int, site: SiteSpec, used: npt.NDArray[np.bool_], src: str
+) -> tuple[JobSpec, IntArray, Phase]:
+    """A ``[[jobs]]`` entry: its job, its cards (listed, or the first free ones of its racks; none
+    already ``used``) and its phase."""
+    n, cpr = site.n_cards, site.cards_per_rack
+    where = f"{src}: jobs[{i}] ({e.id})"
+    try:
+        spec = e.spec()
+    except ValueError as exc:
+        raise UserError(f"{src}: jobs[{i}]: {exc}") from None
+    if e.cards is not None and e.racks is not None:
+        raise UserError(f"{where}: give either cards or racks, not both")
+    if e.cards is not None:
+        cards = np.asarray(e.cards, dtype=np.int64)
+        if cards.size != e.n_cards:
+            raise UserError(f"{where}: cards: {cards.size} cards listed but n_cards = {e.n_cards}")
+        if np.any(cards >= n):
+            raise UserError(f"{where}: cards: card {int(cards[cards >= n][0])} does not exist (0..{n - 1})")
+    elif e.racks is not None:
+        if any(r >= site.n_racks for r in e.racks):
+            raise UserError(f"{where}: racks: rack index out of range (site has racks 0..{site.n_racks - 1})")
+        twice = sorted({r for r in e.racks if e.racks.count(r) > 1})
+        if twice:
+            raise UserError(f"{where}: racks: rack {twice[0]} is listed twice")
+        pool = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in e.racks])
+        pool = pool[~used[pool]]
+        if pool.size < e.n_cards:
+            raise UserError(f"{where}: racks {list(e.racks)} have only {pool.size} free cards for {e.n_cards}")
+        cards = pool[: e.n_cards]
+    else:
+        raise UserError(f"{where}: a running job needs cards = [...] or racks = [...] (or put it in [[queue]])")
+    if np.any(used[cards]):
+        raise UserError(f"{where}: card {int(cards[used[cards]][0])} is already taken (another job or failed)")
+    return spec, cards, _PHASES[e.phase]
+
+
+def _add_generated(
+    g: GenerateSection,
+    site: SiteSpec,
+    failed: npt.NDArray[np.bool_],
+    running: _Running,
+    moved: dict[str, str],
+    dropped: dict[str, str],
+    src: str,
+) -> list[JobEntry]:
+    """The ``[generate]`` workload's running jobs added to ``running`` (around what is taken: noted in
+    ``moved``, or ``dropped``); returns its queue."""
+    from models.synthetic import acme_workload, synthetic_workload
+
+    n = site.n_cards
+    if len(g.phase_weights) != 4:
+        raise UserError(
+            f"{src}: generate.phase_weights: need 4 weights (compute, communication, checkpoint, waiting), "
+            f"got {len(g.phase_weights)}"
         )
-        generated = list(zip(wl.jobs, wl.job_cards, wl.job_phase, strict=True))
-        # the generated jobs whose block is free keep it; those a failed card or a listed job sits in
-        # then run around it, on the free cards of their block and the nearest free ones of its
-        # supernode, or are dropped where the supernode has too few (reported, never silently)
-        clear = [not np.any(used[cards]) for _spec, cards, _ph in generated]
-        for ok, (_spec, cards, _ph) in zip(clear, generated, strict=True):
-            if ok:
-                used[cards] = True
-        listed_ids = [j.job_id for j in jobs]
-        listed_owner = np.full(n, -1, dtype=np.int64)
-        for i, cards in enumerate(cards_l):
-            listed_owner[cards] = i
-        for ok, (spec, cards, ph) in zip(clear, generated, strict=True):
-            if not ok:
-                what = _in_the_way(cards, failed, listed_owner, listed_ids)
-                new_cards, sn, n_free = _around(site, used, cards)
-                span = f"cards {int(cards[0])}..{int(cards[-1])}"
-                if new_cards is None:
-                    dropped[spec.job_id] = (
-                        f"generated job dropped: its {span} hold {what}, and supernode {sn} has only {n_free} "
-                        f"free cards for its {spec.n_cards}"
-                    )
-                    continue
-                n_own = int(np.isin(new_cards, cards).sum())
-                n_near = spec.n_cards - n_own
-                moved[spec.job_id] = (
-                    f"generated job placed around what is taken: its {span} hold {what}; it runs on the other "
-                    f"{n_own} and the {n_near} nearest free card{'s' if n_near != 1 else ''} of supernode {sn}"
-                )
-                cards = new_cards
-                used[cards] = True
-            jobs.append(spec)
-            cards_l.append(cards)
-            phases.append(ph)
-        for q in wl.queue:
-            queue.append(
-                JobEntry(
-                    id=q.job_id,
-                    n_cards=q.n_cards,
-                    compute_share=q.compute_share,
-                    step_time_s=q.step_time_s,
-                    work_steps=q.work_steps,
-                    priority=q.priority,
-                    noncompute_utilization=q.noncompute_utilization,
-                    min_throughput_frac=q.min_throughput_frac,
-                )
-            )
-    ids = [j.job_id for j in jobs] + [q.id for q in queue]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:
-        raise UserError(f"{src}: job id {dup[0]!r} is used twice (jobs and queue ids must be unique)")
-    return Scenario(
-        sf.name, p, site, sf, tuple(jobs), tuple(cards_l), tuple(phases), tuple(queue), failed, moved, dropped
+    if sum(g.phase_weights) <= 0:
+        raise UserError(f"{src}: generate.phase_weights: the 4 weights must not all be 0")
+    if g.sizes and max(g.sizes) > n:
+        raise UserError(f"{src}: generate.sizes: {max(g.sizes)} cards is more than the site's {n}")
+    if g.compute_share_min > g.compute_share_max:
+        raise UserError(f"{src}: generate.compute_share_min: must be <= compute_share_max")
+    wl = (
+        acme_workload(site, seed=g.seed, allocation=g.allocation, queue_jobs=g.queue_jobs)
+        if g.source == "acme"
+        else synthetic_workload(
+            site,
+            seed=g.seed,
+            allocation=g.allocation,
+            sizes=g.sizes,
+            compute_share=(g.compute_share_min, g.compute_share_max),
+            noncompute_utilization=g.noncompute_utilization,
+            phase_weights=g.phase_weights,
+            priorities=g.priorities,
+            slo_fraction=g.slo_fraction,
+            slo_min_throughput=g.slo_min_throughput,
+            queue_jobs=g.queue_jobs,
+        )
     )
+    generated = list(zip(wl.jobs, wl.job_cards, wl.job_phase, strict=True))
+    # the generated jobs whose block is free keep it; those a failed card or a listed job sits in
+    # then run around it, on the free cards of their block and the nearest free ones of its
+    # supernode, or are dropped where the supernode has too few (reported, never silently)
+    used = running.used
+    clear = [not np.any(used[cards]) for _spec, cards, _ph in generated]
+    for ok, (_spec, cards, _ph) in zip(clear, generated, strict=True):
+        if ok:
+            used[cards] = True
+    listed_ids = [j.job_id for j in running.jobs]
+    listed_owner = np.full(n, -1, dtype=np.int64)
+    for i, cards in enumerate(running.cards):
+        listed_owner[cards] = i
+    for ok, (spec, cards, ph) in zip(clear, generated, strict=True):
+        if not ok:
+            what = _in_the_way(cards, failed, listed_owner, listed_ids)
+            new_cards, sn, n_free = _around(site, used, cards)
+            span = f"cards {int(cards[0])}..{int(cards[-1])}"
+            if new_cards is None:
+                dropped[spec.job_id] = (
+                    f"generated job dropped: its {span} hold {what}, and supernode {sn} has only {n_free} "
+                    f"free cards for its {spec.n_cards}"
+                )
+                continue
+            n_own = int(np.isin(new_cards, cards).sum())
+            n_near = spec.n_cards - n_own
+            moved[spec.job_id] = (
+                f"generated job placed around what is taken: its {span} hold {what}; it runs on the other "
+                f"{n_own} and the {n_near} nearest free card{'s' if n_near != 1 else ''} of supernode {sn}"
+            )
+            cards = new_cards
+        running.add(spec, cards, ph)
+    return [
+        JobEntry(
+            id=q.job_id,
+            n_cards=q.n_cards,
+            compute_share=q.compute_share,
+            step_time_s=q.step_time_s,
+            work_steps=q.work_steps,
+            priority=q.priority,
+            noncompute_utilization=q.noncompute_utilization,
+            min_throughput_frac=q.min_throughput_frac,
+        )
+        for q in wl.queue
+    ]
 
 
 def _in_the_way(cards: IntArray, failed: npt.NDArray[np.bool_], owner: IntArray, listed: list[str]) -> str:
