@@ -35,7 +35,8 @@ every period; at once, less the failed card, when a card of the refused command 
 a rack refuses a command whole for one failed card; at once for a refusal as ``superseded``: the
 rack holds a newer command). Cards of hosts that are (reported or commanded) off get no level or
 power-limit commands: the rack cannot reach them and refuses them (``host_off``); the next decision
-after the host is on sends them. The same diff, unregistered, is the advice of advisory mode
+after the host is on sends them. Nor do the cards of hosts the same decision powers off (a faster
+level after the power-off would be refused). The same diff, unregistered, is the advice of advisory mode
 (:meth:`CommandBook.advice`).
 
 A newer command for what an open command sets (a card's level, its power limit, its power state: a
@@ -115,6 +116,16 @@ Command = wire.RackCommand | wire.CduCommand | wire.FacilityCommand | wire.Sched
 #: (overlay kind or -1, command, whether it lowers power)
 Item = tuple[int, Command, bool]
 _LIMIT_TOL_W = 0.5
+
+
+@dataclass(frozen=True)
+class _HostChanges:
+    """What one :meth:`CommandBook.diff` does to hosts: per host, whether to power it off or on now,
+    and whether the decision wants it off."""
+
+    off: BoolArray
+    on: BoolArray
+    wanted_off: BoolArray
 
 
 @dataclass
@@ -211,14 +222,18 @@ class CommandBook:
         out = _Outbox(now_s=now_s, expires_s=now_s + ttl)
         self._lift_refusals_a_failure_explains(~alive, now_s)
         ok_now = self._backoff <= now_s
+        hosts = self._host_changes(decision, snap, ok_now[_HOST], now_s)
         # the cards of hosts that are (or are commanded) off: a rack refuses their levels and limits
-        # (host_off: the card cannot be reached); sent once the host is on
+        # (host_off: the card cannot be reached); sent once the host is on. Nor do the cards of hosts
+        # this diff powers off get any (a raise would come after the power-off and be refused)
         reachable = alive.copy()
         if self.site.hosts_managed:
             reachable &= ~(self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s) > 0.5)
+        if hosts is not None:
+            reachable &= ~hosts.off[self._card_host]
         self._level_items(out, decision, snap, applied_level, reachable & ok_now[_LEVEL])
         self._limit_items(out, decision, snap, reachable & ok_now[_LIMIT])
-        host_cards = self._host_items(out, decision, snap, ok_now[_HOST])
+        host_cards = self._host_items(out, hosts)
         self._sleep_items(out, decision, snap, alive & ~host_cards & ok_now[_SLEEP])
         self._setpoint_item(out, decision, snap)
         self._pump_items(out, decision, snap)
@@ -287,29 +302,38 @@ class CommandBook:
                     (_LIMIT, self._rack_command(out, int(r), sel, setting), lowers)
                 )
 
-    def _host_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray) -> BoolArray:
+    def _host_changes(
+        self, decision: Decision, snap: StateSnapshot, may: BoolArray, now_s: float
+    ) -> _HostChanges | None:
+        """The hosts to power off and on (whole hosts whose cards ``may`` get a command; never a host
+        with a busy card: the plant would refuse it); None when the decision does not manage hosts."""
+        if decision.host_off is None or not self.site.hosts_managed:
+            return None
+        n_h, cph = self.site.n_hosts, self.site.cards_per_host
+        want_off = np.asarray(decision.host_off, dtype=bool).reshape(n_h)
+        reported_off = np.asarray(snap.card_host_off, dtype=np.float64)
+        have_off = self._have(_HOST, reported_off, now_s).reshape(n_h, cph) > 0.5
+        host_ok = may.reshape(n_h, cph).all(axis=1)
+        busy = np.asarray(decision.card_busy, dtype=bool).reshape(n_h, cph).any(axis=1)
+        return _HostChanges(
+            off=want_off & ~have_off.all(axis=1) & ~busy & host_ok,
+            on=~want_off & have_off.any(axis=1) & host_ok,
+            wanted_off=want_off,
+        )
+
+    def _host_items(self, out: _Outbox, hosts: _HostChanges | None) -> BoolArray:
         """Host power: whole hosts, one command per rack and direction. Returns, per card, whether its
         host is wanted off (a host being or staying off gets no sleep or wake for its cards: they are
         asleep; a wake would boot it)."""
         n = self.site.n_cards
-        if decision.host_off is None or not self.site.hosts_managed:
+        if hosts is None:
             return np.zeros(n, dtype=bool)
-        n_h, cph = self.site.n_hosts, self.site.cards_per_host
-        want_off = np.asarray(decision.host_off, dtype=bool).reshape(n_h)
-        reported_off = np.asarray(snap.card_host_off, dtype=np.float64)
-        have_off = self._have(_HOST, reported_off, out.now_s).reshape(n_h, cph) > 0.5
-        host_ok = may.reshape(n_h, cph).all(axis=1)
-        busy = np.asarray(decision.card_busy, dtype=bool).reshape(n_h, cph).any(axis=1)
-        off = want_off & ~have_off.all(axis=1) & ~busy & host_ok  # a busy host would be refused
-        on = ~want_off & have_off.any(axis=1) & host_ok
         ones_n = np.ones(n, dtype=np.float64)
-        out.low += [
-            (_HOST, c, True) for c in self._rack_commands(out, np.flatnonzero(off[self._card_host]), ones_n, _host_off)
-        ]
-        out.high += [
-            (_HOST, c, False) for c in self._rack_commands(out, np.flatnonzero(on[self._card_host]), ones_n, _host_on)
-        ]
-        return np.asarray(want_off[self._card_host], dtype=bool)
+        off_cards = np.flatnonzero(hosts.off[self._card_host])
+        on_cards = np.flatnonzero(hosts.on[self._card_host])
+        out.low += [(_HOST, c, True) for c in self._rack_commands(out, off_cards, ones_n, _host_off)]
+        out.high += [(_HOST, c, False) for c in self._rack_commands(out, on_cards, ones_n, _host_on)]
+        return np.asarray(hosts.wanted_off[self._card_host], dtype=bool)
 
     def _sleep_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray) -> None:
         """Low-power idle and wake for the cards that ``may`` get one."""

@@ -392,14 +392,14 @@ def test_cards_of_hosts_that_are_off_get_no_level_or_power_limit(scene: tuple[ob
         ("r2", "set_dvfs_level", (8, 9, 10, 11)),
         ("r2", "set_power_limit", (8, 9)),
     ]
-    # host 17 (cards 136..143) commanded off: its cards get none either while the command is open
+    # host 17 (cards 136..143) powered off by this decision: its cards get no level (one that raised
+    # power would come after the power-off and be refused), nor any while the command is open
     host_off[17] = True
     lvl2 = lvl.copy()
     lvl2[136:144] = 6
     d2 = d.replace(host_off=host_off.copy(), card_level=lvl2)
     got2 = [codec.decode(c.topic, c.payload) for c in book.commands(d2, reported, applied, NOW + 1.0)]
     assert [(m.rack, m.setting.action.value, m.cards) for m in got2] == [  # type: ignore[union-attr]
-        ("r2", "set_dvfs_level", tuple(range(8, 16))),  # host 17's cards: on until the command is applied
         ("r2", "host_power_off", tuple(range(8, 16))),
     ]
     lvl3 = lvl2.copy()
