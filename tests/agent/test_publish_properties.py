@@ -1,9 +1,13 @@
-"""Property: whatever a (guarded-looking) decision asks of a site, the commands the book makes for it,
-applied in order by the simulator's rack command handler on the plant, are all applied (none
-refused) and leave every card, host, pump and the set-point as the decision says, except where the
-protocol says a command cannot go (a card of a host being powered off gets no sleep or wake, its
-level and limit wait for the host; a busy host stays on). Commands that lower power come before
-those that raise it."""
+"""Properties of the commands a decision becomes on the wire (``agent.publish.CommandBook``), applied in
+order by the simulator's rack command handler (``sim.commands.CommandHandler``) on the plant:
+
+* whatever a decision asks of the site (levels, limits, sleeping cards, hosts off, pumps, the
+  set-point), every command is applied (none refused) and the site ends as the decision says, except
+  where the protocol says a command cannot go (the cards of a host that is off keep their level and
+  limit until it is on; those of a host being powered off need none); commands that lower power come
+  before those that raise it;
+* from the same start, a decision leaves the site the same through the wire as through
+  ``agent.loop.apply_to_plant``, what ``racktwin evaluate`` uses (within the wire's tolerances)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from test_publish import decision_like
 
 from agent import wire
 from agent.config import ControlConfig
+from agent.loop import apply_to_plant
 from agent.publish import CommandBook, OpenCommand
 from sim.commands import CommandHandler
 from twin.plant import Plant
@@ -202,3 +207,56 @@ def _assert_lowering_first(site: SiteSpec, codec: wire.Codec, cmds: list[OpenCom
         assert not (lowers and raised_by), f"{c.target}: a command that lowers power after {raised_by}"
         if not lowers:
             raised_by = raised_by or f"{m.rack}'s {type(m).__name__} that raises it"
+
+
+def _power_limits_w(plant: Plant) -> npt.NDArray[np.float64]:
+    """Every card's power limit as the plant reports it."""
+    limits = np.full(plant.n_cards, np.nan)
+    for rack in plant.readings().racks:
+        assert rack.cards is not None
+        limits[rack.cards.card_index] = rack.cards.power_limit_w
+    return limits
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=decisions(), then=decisions())
+def test_the_wire_and_the_in_process_loop_leave_the_site_alike(
+    first: tuple[int, float, float, float, float, bool, bool, float],
+    then: tuple[int, float, float, float, float, bool, bool, float],
+) -> None:
+    """``racktwin evaluate`` applies decisions to the plant directly (``agent.loop.apply_to_plant``);
+    the service sends them as commands. From the same start, a decision leaves the site the same
+    either way: hosts, power states, pumps, set-point, and the levels and limits of every card whose
+    host was on and stays on (the wire leaves the others' for when their host is on; in process they
+    are set at once, which no reading shows while the host is off)."""
+    site, plant0, snap0 = scene()
+    wired = copy.deepcopy(plant0)
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    clock = [NOW]
+    handler = CommandHandler(wired, codec, wire.Sequencer("sim"), lambda: clock[0], applied_with_ack=False)
+    applied = np.full(site.n_cards, -1)
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
+    assert (
+        _apply(handler, codec, book.commands(decision_like(snap0, **_changes(first, snap0)), snap0, applied, NOW)) == []
+    )
+    clock[0] = NOW + 10.0
+    snap = _reported(site, snap0, wired, handler)
+    in_process = copy.deepcopy(wired)
+    d = decision_like(snap, **_changes(then, snap0)).replace(card_busy=snap0.card_job >= 0)
+    card_host = site.card_host()
+    if d.host_off is not None:  # as the controller decides: the cards of a host it wants off asleep
+        d = d.replace(card_low_power=d.card_low_power | d.host_off[card_host])
+    assert _apply(handler, codec, CommandBook(site, codec, ControlConfig()).commands(d, snap, applied, clock[0])) == []
+    report = apply_to_plant(d, in_process)
+    assert report.refused == []
+
+    a, b = wired.truth(), in_process.truth()
+    assert np.array_equal(a.host_off, b.host_off)
+    assert np.array_equal(a.low_power, b.low_power)
+    # the wire leaves a pump within half a percent of the speed wanted as it is
+    assert np.allclose(a.rack_pump_speed_frac, b.rack_pump_speed_frac, rtol=0.0, atol=0.005 + 1e-9)
+    assert a.supply_setpoint_c == b.supply_setpoint_c
+    on = ~np.asarray(snap.card_host_off, dtype=bool) & ~a.host_off[card_host]
+    assert np.array_equal(a.level[on], b.level[on])
+    # the wire: to 0.1 W rounded down, a difference of up to 0.5 W from what the rack has left alone
+    assert np.all(np.abs(_power_limits_w(wired)[on] - _power_limits_w(in_process)[on]) < 0.6)
