@@ -117,6 +117,14 @@ class AgentMetrics:
             "Card, loop and PDU readings older than what the agent holds (late or reordered): not taken",
             registry=r,
         )
+        self.invalid_readings_total = Counter(
+            "racktwin_invalid_readings_total",
+            "Readings the agent's belief refused, by rack: a card's missing or implausible power, die "
+            "temperature, utilization or clock (the rack's other cards are taken), a loop or PDU reading "
+            "out of range",
+            ["rack"],
+            registry=r,
+        )
         self.anomalies = Gauge(
             "racktwin_anomalies",
             "Current anomaly flags by kind (fouled plate, weak pump, stuck sensor)",

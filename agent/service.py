@@ -261,6 +261,7 @@ class AgentService:
         self._jobs_hash = ""
         self._seen_rejections: dict[str, int] = {}
         self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
+        self._seen_invalid = np.zeros(self.site.n_racks)  # readings refused per rack, counted so far
         self._seen_connects = 0
         self._seen_takeovers = 0
         #: the agent this one leaves the site to (standby: it commands nothing), or None
@@ -1117,6 +1118,11 @@ class AgentService:
         m.late_readings_total.inc(max(late - self._seen_ignored[1], 0))
         self._seen_ignored = (ahead, late)
         st = self.state
+        per_rack = st.invalid_count.reshape(site.n_racks, site.cards_per_rack).sum(axis=1)
+        invalid = np.asarray(per_rack + st.rack_invalid_count, dtype=np.float64)
+        for i in np.flatnonzero(invalid > self._seen_invalid).tolist():
+            m.invalid_readings_total.labels(rack=site.rack_names[i]).inc(float(invalid[i] - self._seen_invalid[i]))
+        self._seen_invalid = invalid
         now = self.clock.now()
         last = st.rack_last_seen_s()
         for r, name in enumerate(site.rack_names):

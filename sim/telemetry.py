@@ -5,9 +5,11 @@ its card batch (``rack/{rack}/cards``, every card of the rack, rack-local indice
 (``rack/{rack}/cdu``) and its PDU (``rack/{rack}/pdu``); then the facility (``facility``). Time
 stamps are the site clock: ``ts = start_epoch_s + plant time``.
 
-What the plant's sensor faults look like on the wire: NaN readings are encoded as JSON ``null``
-(rejected by a receiver as ``non_finite``), implausible values (-1234.5 W, 1e4 deg C, utilization
-700%) as they are (rejected as ``out_of_range``), a stuck rack repeats its frozen values with fresh
+What the plant's sensor faults look like on the wire: a card's NaN readings are encoded as JSON
+``null`` and its implausible values (-1234.5 W, 1e4 deg C, utilization 700%) as they are, in a batch
+the receiver accepts (its belief refuses those cards' readings and takes the others:
+docs/protocol.md); a loop's NaN or implausible values get its CDU message rejected (``non_finite``,
+``out_of_range``); a stuck rack repeats its frozen values with fresh
 time stamps. A failed card stays in its rack's batch with 0 W, 0 MHz, utilization 0 and
 ``low_power`` false (the only way a card reads 0 MHz while awake); its die temperature falls as it
 cools down.

@@ -1,5 +1,6 @@
-"""Encoding (code -> wire). Encoders trust their input: NaN is written as null and rejected by
-the receiver as non_finite; build messages from validated numbers.
+"""Encoding (code -> wire). Encoders trust their input: NaN is written as null, which the receiver
+rejects as non_finite except in a card batch's sensor columns (a card without a reading); build
+messages from validated numbers.
 
 Also the kind and topic of a message (:func:`kind_of`) and :class:`Outgoing`."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 import numpy as np
@@ -62,6 +63,11 @@ def _floats(a: FloatArray, scale: float = 1.0) -> list[float]:
     return (arr * scale if scale != 1.0 else arr).tolist()  # type: ignore[no-any-return]
 
 
+def _readings(a: FloatArray, scale: float = 1.0) -> list[float | None]:
+    """A column of sensor readings (msgspec writes a NaN, no reading, as JSON ``null``)."""
+    return cast("list[float | None]", _floats(a, scale))
+
+
 def _ints(a: IntArray) -> list[int]:
     return np.asarray(a, dtype=np.int64).tolist()  # type: ignore[no-any-return]
 
@@ -99,10 +105,10 @@ def encode_card_batch(m: CardBatch) -> bytes:
             seq=m.seq,
             publisher=m.publisher,
             card_index=_ints(m.card_index),
-            power_watts=_floats(m.power_w),
-            temperature_celsius=_floats(m.temp_c),
-            sm_clock_mhz=_floats(m.sm_clock_mhz),
-            utilization_percent=_floats(m.utilization, 100.0),
+            power_watts=_readings(m.power_w),
+            temperature_celsius=_readings(m.temp_c),
+            sm_clock_mhz=_readings(m.sm_clock_mhz),
+            utilization_percent=_readings(m.utilization, 100.0),
             power_limit_watts=_floats(m.power_limit_w),
             low_power=_bools(m.low_power),
             host_off=_opt_bools(m.host_off),

@@ -33,10 +33,12 @@ _MaxCards = Meta(max_length=MAX_CARDS_PER_RACK)
 _IdxCol = Annotated[list[_CardIdx], _MaxCards]
 _LevelCol = Annotated[list[_Level], _MaxCards]
 _CardPowerCol = Annotated[list[_CardPowerW], _MaxCards]
-_TempCol = Annotated[list[_TempC], _MaxCards]
 _ClockCol = Annotated[list[_ClockMhz], _MaxCards]
-_PercentCol = Annotated[list[_Percent], _MaxCards]
 _BoolCol = Annotated[list[bool], _MaxCards]
+#: a column of sensor readings: a number per card, ``null`` where the sensor gave none (what JSON
+#: encoders write for NaN). Not range-checked here: the belief refuses an implausible or missing
+#: reading of one card (``twin.state``, counted) and keeps the rack's other cards' readings
+_ReadingCol = Annotated[list[float | None], _MaxCards]
 _Cards = Annotated[list[_CardIdx], Meta(min_length=1, max_length=MAX_CARDS_PER_RACK)]
 _PositivePowerCol = Annotated[list[_PositivePowerW], Meta(min_length=1, max_length=MAX_CARDS_PER_RACK)]
 _CardMap = Annotated[dict[_Name, _Cards], Meta(min_length=1, max_length=4096)]
@@ -54,10 +56,10 @@ class _W(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults
 class _CardsW(_W, kw_only=True):
     schema: Literal["racktwin.cards/1"]
     card_index: _IdxCol
-    power_watts: _CardPowerCol
-    temperature_celsius: _TempCol
-    sm_clock_mhz: _ClockCol
-    utilization_percent: _PercentCol
+    power_watts: _ReadingCol
+    temperature_celsius: _ReadingCol
+    sm_clock_mhz: _ReadingCol
+    utilization_percent: _ReadingCol
     power_limit_watts: _CardPowerCol
     low_power: _BoolCol
     host_off: _BoolCol | None = None  # absent: not known (no host power management, older publishers)

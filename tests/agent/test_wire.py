@@ -330,6 +330,27 @@ def _cards_payload(**changes: Any) -> bytes:
     return json.dumps(body).encode()
 
 
+def _cdu_payload(**changes: Any) -> bytes:
+    body: dict[str, Any] = {
+        "schema": "racktwin.cdu/1",
+        "ts": TS,
+        "seq": 1,
+        "publisher": "sim",
+        "supply_temperature_celsius": 30.0,
+        "return_temperature_celsius": 38.0,
+        "flow_liters_per_minute": 64.0,
+        "delta_pressure_kpa": 40.0,
+        "pump_power_watts": 90.0,
+        "pump_speed_percent": 100.0,
+    }
+    return json.dumps({**body, **changes}).encode()
+
+
+def _pdu_payload(**changes: Any) -> bytes:
+    body: dict[str, Any] = {"schema": "racktwin.pdu/1", "ts": TS, "seq": 1, "publisher": "sim", "power_watts": 30e3}
+    return json.dumps({**body, **changes}).encode()
+
+
 def _cmd_payload(**changes: Any) -> bytes:
     body: dict[str, Any] = {
         "schema": "racktwin.rack_cmd/1",
@@ -353,6 +374,8 @@ def _cmd_payload(**changes: Any) -> bytes:
 _DELETE = object()
 CARDS = "racktwin/v1/site1/rack/r0/cards"
 CMD = "racktwin/v1/site1/rack/r0/cmd"
+CDU = "racktwin/v1/site1/rack/r0/cdu"
+PDU = "racktwin/v1/site1/rack/r0/pdu"
 
 REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
     ("not json", CARDS, b"power=300", RejectReason.MALFORMED_JSON),
@@ -363,7 +386,6 @@ REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
     ("NaN literal", CARDS, _cards_payload().replace(b"300.0", b"NaN", 1), RejectReason.NON_FINITE),
     ("Infinity literal", CARDS, _cards_payload().replace(b"55.0", b"-Infinity", 1), RejectReason.NON_FINITE),
     ("overflow to inf", CARDS, _cards_payload().replace(b"300.0", b"1e400", 1), RejectReason.NON_FINITE),
-    ("null number", CARDS, _cards_payload(power_watts=[None, 1.0, 1.0, 1.0]), RejectReason.NON_FINITE),
     ("top-level array", CARDS, b"[1, 2]", RejectReason.WRONG_TYPE),
     ("missing field", CARDS, _cards_payload(sm_clock_mhz=_DELETE), RejectReason.MISSING_FIELD),
     ("missing schema", CARDS, _cards_payload(schema=_DELETE), RejectReason.MISSING_FIELD),
@@ -375,10 +397,14 @@ REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
     ("column not a list", CARDS, _cards_payload(power_watts=300.0), RejectReason.WRONG_TYPE),
     ("wrong schema version", CARDS, _cards_payload(schema="racktwin.cards/2"), RejectReason.WRONG_SCHEMA),
     ("other kind's schema", CARDS, _cards_payload(schema="racktwin.cdu/1"), RejectReason.WRONG_SCHEMA),
-    ("negative power", CARDS, _cards_payload(power_watts=[-1.0, 1.0, 1.0, 1.0]), RejectReason.OUT_OF_RANGE),
-    ("too cold", CARDS, _cards_payload(temperature_celsius=[-60.0, 1.0, 1.0, 1.0]), RejectReason.OUT_OF_RANGE),
-    ("too hot", CARDS, _cards_payload(temperature_celsius=[20.0, 250.0, 1.0, 1.0]), RejectReason.OUT_OF_RANGE),
-    ("utilization > 100", CARDS, _cards_payload(utilization_percent=[101.0] * 4), RejectReason.OUT_OF_RANGE),
+    ("null power limit", CARDS, _cards_payload(power_limit_watts=[None, 1.0, 1.0, 1.0]), RejectReason.NON_FINITE),
+    ("negative power limit", CARDS, _cards_payload(power_limit_watts=[-1.0, 1.0, 1.0, 1.0]), RejectReason.OUT_OF_RANGE),
+    ("null loop temperature", CDU, _cdu_payload(return_temperature_celsius=None), RejectReason.NON_FINITE),
+    ("negative flow", CDU, _cdu_payload(flow_liters_per_minute=-1.0), RejectReason.OUT_OF_RANGE),
+    ("coolant too hot", CDU, _cdu_payload(supply_temperature_celsius=250.0), RejectReason.OUT_OF_RANGE),
+    ("pump speed > 100", CDU, _cdu_payload(pump_speed_percent=101.0), RejectReason.OUT_OF_RANGE),
+    ("negative rack power", PDU, _pdu_payload(power_watts=-1.0), RejectReason.OUT_OF_RANGE),
+    ("null rack power", PDU, _pdu_payload(power_watts=None), RejectReason.NON_FINITE),
     ("negative ts", CARDS, _cards_payload(ts=-1.0), RejectReason.OUT_OF_RANGE),
     ("huge seq", CARDS, _cards_payload(seq=2**70), RejectReason.OUT_OF_RANGE),
     ("bad publisher id", CARDS, _cards_payload(publisher="a b/c"), RejectReason.OUT_OF_RANGE),
@@ -533,6 +559,8 @@ def test_bad_payloads_are_rejected_with_their_reason_and_counted(
 
 def test_valid_reference_payloads_pass(codec: Codec) -> None:
     assert isinstance(codec.decode(CARDS, _cards_payload()), wire.CardBatch)
+    assert isinstance(codec.decode(CDU, _cdu_payload()), wire.CduReading)
+    assert isinstance(codec.decode(PDU, _pdu_payload()), wire.PduReading)
     assert isinstance(codec.decode(CMD, _cmd_payload()), wire.RackCommand)
     assert codec.counter.total == 0
 
@@ -610,3 +638,46 @@ def test_a_cdu_that_does_not_report_its_pump_speed_reads_as_unknown(codec: Codec
     assert codec.decode(topic, wire.encode(old)) == old
     new = codec.decode(topic, json.dumps({**body, "pump_speed_percent": 50.0}))
     assert isinstance(new, wire.CduReading) and new.pump_speed_frac == pytest.approx(0.5)
+
+
+def test_one_cards_missing_or_implausible_reading_does_not_cost_its_racks_other_cards(codec: Codec) -> None:
+    """A sensor that gives no reading (``null``, what JSON encoders write for NaN) or an implausible
+    one (negative power, a die at 250 deg C, 101% utilization) spoils that card's reading only: the
+    batch is accepted (no rejection counted), the value decodes as NaN or as sent, and the belief
+    refuses that card's reading (``TwinState.invalid_count``) while it takes the others. Refusing the
+    whole batch would blind the agent to a rack for one bad sensor (and the in-process evaluation,
+    whose belief refuses per card, would not measure what the service does)."""
+    from twin.readings import CardBatch as TwinBatch
+    from twin.readings import RackReading, Readings
+    from twin.state import TwinState
+
+    payload = _cards_payload(
+        power_watts=[None, -1.0, 300.0, 300.0],
+        temperature_celsius=[55.0, 55.0, 250.0, 55.0],
+        utilization_percent=[90.0, 90.0, 90.0, 101.0],
+    )
+    batch = codec.decode(CARDS, payload)
+    assert isinstance(batch, wire.CardBatch) and codec.counter.total == 0
+    assert np.isnan(batch.power_w[0]) and batch.power_w[1] == -1.0 and batch.temp_c[2] == 250.0
+    assert batch.utilization[3] == pytest.approx(1.01)
+    good = codec.decode(CARDS, _cards_payload(card_index=[4, 5]))
+    assert isinstance(good, wire.CardBatch)
+    site = load_site(REPO / "examples" / "supernode-512.toml")
+    state = TwinState(site)
+    for b in (batch, good):
+        twin_batch = TwinBatch(
+            card_index=b.card_index,
+            power_w=b.power_w,
+            die_temp_c=b.temp_c,
+            utilization=b.utilization,
+            clock_mhz=b.sm_clock_mhz,
+            level=np.zeros(len(b.card_index), dtype=np.int64),
+            low_power=b.low_power,
+            waking=np.zeros(len(b.card_index), dtype=bool),
+            failed=np.zeros(len(b.card_index), dtype=bool),
+            power_limit_w=b.power_limit_w,
+        )
+        state.update(Readings(time_s=1.0, racks=(RackReading(rack=0, time_s=1.0, cards=twin_batch),)))
+    assert state.invalid_count[:6].tolist() == [1, 1, 1, 1, 0, 0]
+    assert state.card_power_w[4:6].tolist() == [300.0, 300.0]
+    assert np.isfinite(state.card_last_seen_s[4:6]).all() and not np.isfinite(state.card_last_seen_s[:4]).any()

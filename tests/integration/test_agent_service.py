@@ -417,7 +417,7 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
         (topics.cards("r0"), b"{not json"),
         (topics.cards("r0"), json.dumps({**good, "schema": "racktwin.cdu/1"}).encode()),
         (topics.cards("r0"), json.dumps(good).replace("100.0", "NaN").encode()),
-        (topics.cards("r0"), json.dumps({**good, "temperature_celsius": [900.0]}).encode()),
+        (topics.cards("r0"), json.dumps({**good, "power_limit_watts": [-5.0]}).encode()),
         (f"racktwin/v1/{SITE_ID}/rack/r99/cards", json.dumps(good).encode()),
         (topics.pdu("r1"), b"\xff\xfe garbage"),
         # valid, but stamped a day ahead of the site (a publisher's clock runs ahead) ...
@@ -440,6 +440,12 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
             for _ in range(3):
                 for topic, payload in garbage:
                     await bus.publish(topic, payload, qos=1)
+            # a valid batch with one implausible reading (a die at 900 deg C), stamped now: accepted,
+            # the belief refuses card 0's reading (the rack's other cards would be taken)
+            now = service.clock.now()
+            assert now is not None
+            hot = json.dumps({**good, "ts": now + 2.0, "temperature_celsius": [900.0]}).encode()
+            await bus.publish(topics.cards("r0"), hot, qos=1)
         before = service.decisions
         await wait_for(lambda: service.decisions >= before + 3, what="decisions after the garbage")
         await asyncio.sleep(1.2)  # the health task folds the counts into the metrics every second
@@ -481,7 +487,10 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     waiting = dict(re.findall(r'racktwin_queued_jobs\{wait="(\w+)"\} (\S+)', body))
     assert set(waiting) == set(QUEUE_WAIT_KINDS) and all(float(n) >= 0 for n in waiting.values()), body
     assert seen["ready"][0] == 200
-    assert res.service.state.invalid_count.sum() == 0  # nothing of it reached the belief
+    # of the garbage only the 900 deg C reading reached the belief, which refused it and counted it
+    invalid = res.service.state.invalid_count
+    assert invalid[0] == 1 and invalid[1:].sum() == 0
+    assert 'racktwin_invalid_readings_total{rack="r0"} 1.0' in body
     assert_true_power_under_limit(res)
 
 

@@ -1,0 +1,137 @@
+"""``racktwin evaluate`` feeds the agent's belief the plant's readings directly; the service gets them
+as MQTT messages from the simulator (``sim.telemetry.TelemetryEncoder`` -> bytes -> ``agent.wire``
+-> ``agent.ingest.Ingest``). The two beliefs must agree: to the sensors' resolution on the wire
+(0.01 W, 0.01 deg C, 0.01 % utilization, ...) and exactly in what they know of cards, hosts and jobs,
+so that the controller decides the same and an evaluation measures what the service would do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from agent_helpers import example_site, job
+
+from agent import wire
+from agent.clock import SiteClock
+from agent.ingest import Ingest
+from sim.telemetry import TelemetryEncoder
+from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
+from twin.state import StateSnapshot, TwinState
+
+pytestmark = pytest.mark.agent
+
+START = 1_800_000_000.0
+
+
+def _same_belief(direct: StateSnapshot, wired: StateSnapshot) -> None:
+    assert wired.time_s == pytest.approx(START + direct.time_s)
+    for name in ("card_level", "card_low_power", "card_waking", "card_failed", "card_host_off", "card_job"):
+        assert np.array_equal(getattr(direct, name), getattr(wired, name)), name
+    assert np.array_equal(direct.card_clock_mhz, wired.card_clock_mhz)
+    assert np.array_equal(direct.card_power_limit_w, wired.card_power_limit_w)
+    assert np.allclose(direct.card_power_w, wired.card_power_w, rtol=0.0, atol=0.005 + 1e-9)
+    assert np.allclose(direct.card_die_temp_c, wired.card_die_temp_c, rtol=0.0, atol=0.005 + 1e-9)
+    assert np.allclose(direct.card_utilization, wired.card_utilization, rtol=0.0, atol=5e-5 + 1e-12)
+    assert np.allclose(direct.rack_power_w, wired.rack_power_w, rtol=0.0, atol=0.005 + 1e-9)
+    for name in ("rack_supply_temp_c", "rack_return_temp_c", "rack_flow_lpm"):
+        assert np.allclose(getattr(direct, name), getattr(wired, name), rtol=0.0, atol=0.005 + 1e-9), name
+    assert np.allclose(direct.rack_pump_speed_frac, wired.rack_pump_speed_frac, rtol=0.0, atol=5e-5 + 1e-12)
+    assert direct.stuck_racks == wired.stuck_racks and direct.stuck_cards == wired.stuck_cards
+    assert [(j.job_id, j.cards, j.phase, j.state) for j in direct.jobs] == [
+        (j.job_id, j.cards, j.phase, j.state) for j in wired.jobs
+    ]
+    assert [q.job_id for q in direct.queue] == [q.job_id for q in wired.queue]
+    assert direct.facility is not None and wired.facility is not None
+    assert direct.facility.supply_setpoint_c == wired.facility.supply_setpoint_c
+    assert abs(direct.facility.it_power_w - wired.facility.it_power_w) <= 0.05 + 1e-9
+
+
+def test_the_belief_from_the_wire_is_the_belief_from_the_readings() -> None:
+    """Ten site minutes of the example site with jobs starting, checkpointing and ending, a card
+    failing, cards put to sleep and woken, a job slowed, hosts powered off and on, a slowed pump and a
+    new set-point: after every round, both beliefs agree."""
+    site = example_site()
+    jobs = [
+        job("j0", 64, work_steps=200, checkpoint_interval_s=120.0, checkpoint_duration_s=20.0),
+        job("j1", 128, work_steps=900),
+        job("j2", 32, work_steps=400, checkpoint_interval_s=100.0, checkpoint_duration_s=15.0),
+        job("j3", 96, work_steps=900),
+        job("late", 64, work_steps=300, submit_s=250.0),
+    ]
+    plant = Plant(site, jobs, [CardFailure(card=70, at_s=150.0)], PlantConfig(seed=3))
+    direct = TwinState(site)
+    wired = TwinState(site)
+    ingest = Ingest(site, wired, SiteClock(1.0))
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    encoder = TelemetryEncoder(codec, site, wire.Sequencer("sim"))
+    slowest_pump = 1.0
+    for t in range(600):
+        if t == 60:  # idle cards of r6 and r7 to sleep, r7's last two hosts off, a job slowed
+            plant.enter_low_power(plant.free_cards()[-80:-64])
+            plant.power_off_hosts([62, 63])
+            plant.set_levels(plant.job_cards("j1"), 4)
+            plant.set_pump_speed([5], 0.6)
+            plant.set_supply_temp(35.0)
+        if t == 300:
+            plant.power_on_hosts([62])
+            plant.wake(plant.free_cards()[:8])
+        plant.step(1.0)
+        readings = plant.readings()
+        events = plant.drain_events()
+        direct.update(readings)
+        direct.apply_events(events)
+        messages = encoder.readings(readings, START + readings.time_s)
+        messages += [m for m in (encoder.job_event(ev, START) for ev in events) if m is not None]
+        for out in messages:
+            msg = codec.decode(out.topic, out.payload)
+            assert not isinstance(msg, wire.Rejection), msg
+            ingest.handle(msg)
+        ingest.flush()
+        snap = wired.snapshot()
+        _same_belief(direct.snapshot(), snap)
+        slowest_pump = min(slowest_pump, float(snap.rack_pump_speed_frac[5]))
+    # what the ten minutes went through, as both beliefs have it
+    records = {r.job_id: r.state for r in plant.job_records()}
+    assert records["j0"] == "finished" and records["late"] in ("running", "finished")
+    assert snap.card_failed[70] and snap.card_host_off[504:512].all() and not snap.card_host_off[496:504].any()
+    assert snap.card_low_power.sum() >= 8 and (snap.card_level == 4).sum() >= 128
+    assert slowest_pump == pytest.approx(0.6) and snap.facility is not None  # (back to full speed since)
+    assert snap.facility.supply_setpoint_c == 35.0
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        GarbageReadings(rack=2, start_s=60.0, end_s=120.0, mode="nan", fraction=0.1),
+        GarbageReadings(rack=3, start_s=60.0, end_s=120.0, mode="garbage", fraction=0.1),
+        StuckSensor(rack=1, start_s=60.0, end_s=160.0, card=70),
+        StuckSensor(rack=1, start_s=60.0, end_s=160.0),
+        SensorDropout(rack=4, start_s=60.0, end_s=100.0),
+    ],
+    ids=["nan", "garbage", "stuck-card", "stuck-rack", "dropout"],
+)
+def test_sensor_faults_reach_both_beliefs_alike(fault: object) -> None:
+    site = example_site()
+    jobs = [job("j1", 128, work_steps=900), job("j3", 96, work_steps=900), job("j4", 128, work_steps=900)]
+    plant = Plant(site, jobs, [fault], PlantConfig(seed=4))  # type: ignore[list-item]
+    direct = TwinState(site)
+    wired = TwinState(site)
+    ingest = Ingest(site, wired, SiteClock(1.0))
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    encoder = TelemetryEncoder(codec, site, wire.Sequencer("sim"))
+    for _t in range(200):
+        plant.step(1.0)
+        readings = plant.readings()
+        events = plant.drain_events()
+        direct.update(readings)
+        direct.apply_events(events)
+        messages = encoder.readings(readings, START + readings.time_s)
+        messages += [m for m in (encoder.job_event(ev, START) for ev in events) if m is not None]
+        for out in messages:
+            msg = codec.decode(out.topic, out.payload)
+            if not isinstance(msg, wire.Rejection):
+                ingest.handle(msg)
+        ingest.flush()
+        a, b = direct.snapshot(), wired.snapshot()
+        _same_belief(a, b)
+        assert np.allclose(a.card_last_seen_s + START, b.card_last_seen_s, rtol=0.0, atol=1e-6, equal_nan=True)
+        assert np.allclose(a.rack_last_seen_s + START, b.rack_last_seen_s, rtol=0.0, atol=1e-6, equal_nan=True)
