@@ -11,7 +11,10 @@ full speed when no command renews it). Where the decision manages hosts (``Decis
 ``host_power_off`` per rack listing every card of the hosts to switch off that the racks report on
 (never a host with a busy card: the plant would refuse it) and one ``host_power_on`` for hosts to
 switch on that are reported off; the cards of hosts that are (to be) off get no low-power idle or
-wake (they are asleep with their host; a wake would boot it). "What the racks have" is what they
+wake (they are asleep with their host; a wake would boot it). A card whose host is reported or
+commanded off counts as asleep whatever the racks last said of the card: a host powered on again
+boots with its cards asleep, so they get a wake after the power-on where the decision wants them
+awake, and never a sleep (which the rack, its host still off, would refuse). "What the racks have" is what they
 report (telemetry, retained applied state) overlaid with the agent's own open commands until they
 expire, so a command is not repeated every period while telemetry catches up. Commands that lower
 power (slower levels, lower limits, host power-off, sleep, faster pumps) come first, then the set-point
@@ -226,15 +229,16 @@ class CommandBook:
         # the cards of hosts that are (or are commanded) off: a rack refuses their levels and limits
         # (host_off: the card cannot be reached); sent once the host is on. Nor do the cards of hosts
         # this diff powers off get any (a raise would come after the power-off and be refused)
-        reachable = alive.copy()
+        host_off_now = np.zeros(self.site.n_cards, dtype=bool)
         if self.site.hosts_managed:
-            reachable &= ~(self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s) > 0.5)
+            host_off_now = self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s) > 0.5
+        reachable = alive & ~host_off_now
         if hosts is not None:
             reachable &= ~hosts.off[self._card_host]
         self._level_items(out, decision, snap, applied_level, reachable & ok_now[_LEVEL])
         self._limit_items(out, decision, snap, reachable & ok_now[_LIMIT])
         host_cards = self._host_items(out, hosts)
-        self._sleep_items(out, decision, snap, alive & ~host_cards & ok_now[_SLEEP])
+        self._sleep_items(out, decision, snap, alive & ~host_cards & ok_now[_SLEEP], host_off_now)
         self._setpoint_item(out, decision, snap)
         self._pump_items(out, decision, snap)
         self._placement_items(out, decision)
@@ -335,9 +339,15 @@ class CommandBook:
         out.high += [(_HOST, c, False) for c in self._rack_commands(out, on_cards, ones_n, _host_on)]
         return np.asarray(hosts.wanted_off[self._card_host], dtype=bool)
 
-    def _sleep_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray) -> None:
-        """Low-power idle and wake for the cards that ``may`` get one."""
+    def _sleep_items(
+        self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray, host_off: BoolArray
+    ) -> None:
+        """Low-power idle and wake for the cards that ``may`` get one. A card whose host is (reported
+        or commanded) ``host_off`` is asleep with it, whatever the racks last reported of the card (a
+        host powered on boots with its cards asleep): it gets no sleep, which its rack would refuse,
+        and, where the decision wants it awake and powers its host on, a wake after the power-on."""
         have_lp = self._have(_SLEEP, np.asarray(snap.card_low_power, dtype=np.float64), out.now_s) > 0.5
+        have_lp |= host_off
         want_lp = np.asarray(decision.card_low_power, dtype=bool)
         sleep = np.flatnonzero(may & want_lp & ~have_lp & ~decision.card_busy)
         wake = np.flatnonzero(may & ~want_lp & have_lp)

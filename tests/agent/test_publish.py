@@ -488,3 +488,33 @@ def test_after_the_agent_clock_steps_back_commands_keep_the_newest_issue_time(
     restarted.resume([(first.command_id, first.target, first.topic, first.payload, NOW, NOW + 30.0, 1)])
     (after_restart,) = restarted.commands(level_of_cards_0_to_7(6), snap, applied, NOW - 20.0)
     assert codec.decode(after_restart.topic, after_restart.payload).ts_s == NOW  # type: ignore[union-attr]
+
+
+def test_a_host_powered_on_before_the_racks_reported_it_off_gets_wakes_and_no_sleeps(
+    scene: tuple[object, StateSnapshot],
+) -> None:
+    """The agent powers host 16 off, then, before telemetry shows it off, wants it on again with two of
+    its cards asleep. A host boots with its cards asleep: its cards get no sleep (the rack, its host
+    still off, would refuse it: host_off) and the six wanted awake a wake after the power-on."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    assert (np.asarray(snap.card_job)[128:136] < 0).all() and not snap.card_low_power[128:136].any()
+    host_off = np.zeros(64, dtype=bool)
+    host_off[16] = True  # cards 128..135, r2's 0..7
+    lp = np.asarray(snap.card_low_power).copy()
+    lp[128:136] = True
+    off = [
+        codec.decode(c.topic, c.payload)
+        for c in book.commands(decision_like(snap, card_low_power=lp, host_off=host_off), snap, applied, NOW)
+    ]
+    assert [(m.rack, m.setting.action.value) for m in off] == [("r2", "host_power_off")]  # type: ignore[union-attr]
+    lp2 = np.asarray(snap.card_low_power).copy()
+    lp2[128:130] = True
+    d_on = decision_like(snap, card_low_power=lp2, host_off=np.zeros(64, dtype=bool))
+    on = [codec.decode(c.topic, c.payload) for c in book.commands(d_on, snap, applied, NOW + 5.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in on] == [  # type: ignore[union-attr]
+        ("r2", "host_power_on", tuple(range(8))),
+        ("r2", "wake", tuple(range(2, 8))),
+    ]

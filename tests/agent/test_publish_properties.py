@@ -260,3 +260,62 @@ def test_the_wire_and_the_in_process_loop_leave_the_site_alike(
     assert np.array_equal(a.level[on], b.level[on])
     # the wire: to 0.1 W rounded down, a difference of up to 0.5 W from what the rack has left alone
     assert np.all(np.abs(_power_limits_w(wired)[on] - _power_limits_w(in_process)[on]) < 0.6)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(decisions(), min_size=2, max_size=5),
+    hosts=st.booleans(),
+    pumps=st.booleans(),
+    report_every=st.sampled_from([1, 2]),
+)
+def test_one_book_over_a_run_of_decisions_keeps_the_site_where_the_last_one_wants_it(
+    steps: list[tuple[int, float, float, float, float, bool, bool, float]], hosts: bool, pumps: bool, report_every: int
+) -> None:
+    """One agent's book over several decisions, 10 s apart, acks fed back, the racks' report (the
+    snapshot) refreshed after every decision or every other one (telemetry lagging its overlays), with
+    host power and pumps managed or not for the whole run (an agent's configuration): nothing is
+    refused, and once the racks have reported, the last decision made once more puts the site where
+    it wants it (cards of hosts that were off keep theirs, as above) and then needs no more commands
+    but a slowed pump's renewal."""
+    site, plant0, snap0 = scene()
+    plant = copy.deepcopy(plant0)
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    clock = [NOW]
+    handler = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: clock[0], applied_with_ack=False)
+    applied = np.full(site.n_cards, -1)
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
+    snap = snap0
+    d = decision_like(snap0)
+    for i, drawn in enumerate(steps):
+        clock[0] = NOW + 10.0 * i
+        drawn = (*drawn[:5], hosts, pumps, drawn[7])
+        d = decision_like(snap, **_changes(drawn, snap0)).replace(card_busy=snap0.card_job >= 0)
+        for c in book.commands(d, snap, applied, clock[0]):
+            for out in handler.handle(c.topic, c.payload):
+                msg = codec.decode(out.topic, out.payload)
+                if isinstance(msg, wire.Acknowledgement):
+                    assert msg.result is wire.AckResult.APPLIED, (c.target, msg.reason)
+                    book.on_ack(msg, clock[0])
+        if (i + 1) % report_every == 0:
+            snap = _reported(site, snap0, plant, handler)
+    # the racks report; the decision once more (the cards of a host powered on get their levels and
+    # limits once the racks report it on), the racks report again
+    for _settle in range(2):
+        clock[0] += 10.0
+        snap = _reported(site, snap0, plant, handler)
+        settle = book.commands(d, snap, applied, clock[0])
+        if _settle == 0:
+            assert _apply(handler, codec, settle) == []
+    left = [codec.decode(c.topic, c.payload) for c in settle]
+    renewed = [m for m in left if isinstance(m, wire.CduCommand) and m.pump_speed_frac < 1.0]
+    assert len(left) == len(renewed)
+    card_host = site.card_host()
+    off = np.asarray(snap.card_host_off, dtype=bool)
+    if d.host_off is not None:
+        assert np.array_equal(off, d.host_off[card_host])
+    on = ~off
+    assert np.array_equal(snap.card_level[on], d.card_level[on])
+    want_lim = np.floor(d.card_power_limit_w * 10.0 + 1e-6) / 10.0
+    assert np.all(np.abs(snap.card_power_limit_w[on] - want_lim[on]) <= 0.5 + 1e-9)
+    assert np.array_equal(snap.card_low_power[on], d.card_low_power[on])
