@@ -309,6 +309,7 @@ def run_policy(
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     site = scenario.site
     policy = make_policy(name, site, control, prices)
+    policy.telemetry_period_s = scenario.telemetry_period_s
     plant = _plant_for(scenario, policy)
     policy.bind(plant)
     rec = Recorder(plant, judge_from_s=plant.time_s + control.period_s, sample_s=sample_s)

@@ -6,10 +6,11 @@
   on before the wakes, hosts to power off last). Cards that failed are left
   alone; a command the plant refuses (a busy card asked to sleep, a job no longer queued) is
   reported, not raised.
-* :class:`ClosedLoop` runs plant -> readings -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step``
-  -> ``apply_to_plant``: a decision every ``period_s`` of plant time and, like the service, at once
-  (at most every ``min_replan_interval_s``; the incremental adjustment, no solve) when a job starts,
-  ends, is requeued, resumes computing or (when the agent places jobs) is submitted::
+* :class:`ClosedLoop` runs plant -> readings (every ``telemetry_period_s``: :class:`TelemetryRounds`)
+  -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step`` -> ``apply_to_plant``: a decision every
+  ``period_s`` of plant time and, like the service, at once (at most every
+  ``min_replan_interval_s``; the incremental adjustment, no solve) when a job starts, ends, is
+  requeued, resumes computing or (when the agent places jobs) is submitted::
 
       loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15)))
       loop.run(3600)                    # one hour of plant time, 1 s steps
@@ -33,7 +34,7 @@ from twin.readings import JobEvent
 from twin.state import TwinState
 from twin.workload import Phase
 
-__all__ = ["ApplyReport", "ClosedLoop", "apply_to_plant"]
+__all__ = ["ApplyReport", "ClosedLoop", "TelemetryRounds", "apply_to_plant"]
 
 
 @dataclass
@@ -113,6 +114,29 @@ def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
     return rep
 
 
+class TelemetryRounds:
+    """When an in-process loop reads the plant's telemetry: at ``start_s`` and every
+    ``telemetry_period_s`` after (a run scenario's period, as the simulator publishes), or at every
+    plant step when the period is at most a step (1 s)."""
+
+    def __init__(self, start_s: float, telemetry_period_s: float = 1.0) -> None:
+        if not (math.isfinite(telemetry_period_s) and telemetry_period_s > 0):
+            raise ValueError(f"telemetry_period_s must be a positive number of seconds, got {telemetry_period_s}")
+        self.start_s = start_s
+        self.period_s = float(telemetry_period_s)
+        self._n = 0  # rounds taken; the next is due at start_s + n * period (no accumulated rounding)
+
+    def due(self, t_s: float) -> bool:
+        """Whether a round is due at plant time ``t_s`` (called once per step; marks it taken)."""
+        if self.period_s <= 1.0:
+            return True
+        if t_s < self.start_s + self._n * self.period_s - 1e-9:
+            return False
+        while self.start_s + self._n * self.period_s <= t_s + 1e-9:
+            self._n += 1
+        return True
+
+
 def _placer(plant: Plant, job_id: str, cards: npt.NDArray[np.int64]) -> Callable[[], None]:
     return lambda: plant.place_job(job_id, cards)
 
@@ -145,6 +169,7 @@ class ClosedLoop:
         replan_on_job_events: bool | None = None,
         on_decision: Callable[[Decision, ApplyReport], None] | None = None,
         on_step: Callable[[Plant], None] | None = None,
+        telemetry_period_s: float = 1.0,
     ) -> None:
         cfg = controller.control
         self.plant = plant
@@ -160,15 +185,17 @@ class ClosedLoop:
         self._next_s = plant.time_s
         self._last_s = -math.inf
         self._urgent = False  # an event asked for a decision within min_replan_interval_s of the last one
+        self.telemetry = TelemetryRounds(plant.time_s, telemetry_period_s)
 
     def observe(self) -> bool:
-        """Fold the plant's current readings and events into the belief; True when an event asks
-        for a decision now."""
-        readings = self.plant.readings()
+        """Fold the plant's readings (when a telemetry round is due) and its events into the belief;
+        True when an event asks for a decision now."""
+        readings = self.plant.readings() if self.telemetry.due(self.plant.time_s) else None
         events = self.plant.drain_events()
-        self.state.update(readings)
+        if readings is not None:
+            self.state.update(readings)
         self.state.apply_events(events)
-        if self.estimator is not None:  # stuck sensors are no observations
+        if self.estimator is not None and readings is not None:  # stuck sensors are no observations
             self.estimator.update(
                 readings, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks()
             )

@@ -41,9 +41,10 @@ from agent.config import AgentConfig, ControlConfig, LoadedConfig, PricesConfig
 from agent.controller import Controller
 from agent.decision import Decision
 from agent.guard import failsafe_card_limit_w
-from agent.loop import ApplyReport, ClosedLoop
+from agent.loop import ApplyReport, ClosedLoop, TelemetryRounds
 from twin.estimate import AnomalyHistory, Estimates
 from twin.plant import CommandError, Plant
+from twin.readings import Readings
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 
@@ -109,11 +110,25 @@ class Policy:
         self.period_s = float(period_s)
         self.stats = ControlStats()
         self.plant: Plant | None = None
+        #: how often the site's telemetry comes (a run scenario's ``telemetry_period_s``; set before
+        #: :meth:`bind`): a policy that reads telemetry sees the latest round
+        self.telemetry_period_s = 1.0
+        self._rounds = TelemetryRounds(0.0)
+        self._latest: Readings | None = None
 
     def bind(self, plant: Plant) -> None:
         """Take control of ``plant`` (at its current time)."""
         self.plant = plant
         self._next_s = plant.time_s
+        self._rounds = TelemetryRounds(plant.time_s, self.telemetry_period_s)
+        self._latest = None
+
+    def telemetry(self, plant: Plant) -> Readings:
+        """The latest telemetry round: the plant's readings now when telemetry comes every step (1 s),
+        else those of the last round (:meth:`run` takes them when due)."""
+        if self.telemetry_period_s <= 1.0 or self._latest is None:
+            return plant.readings()
+        return self._latest
 
     def act(self, plant: Plant) -> None:
         """One control step (every ``period_s`` of plant time)."""
@@ -123,6 +138,8 @@ class Policy:
         plant = self._bound()
         end = plant.time_s + duration_s
         while plant.time_s < end - 1e-9:
+            if self.telemetry_period_s > 1.0 and self._rounds.due(plant.time_s):
+                self._latest = plant.readings()
             if plant.time_s >= self._next_s - 1e-9:
                 t0 = time.perf_counter()
                 self.act(plant)
@@ -199,7 +216,7 @@ class ReactivePolicy(BaselinePolicy):
         site = self.site
         max_lim = site.card.power_limit_w
         failed_now = plant.truth().failed  # the racks refuse commands to failed cards (as apply_to_plant)
-        for rr in plant.readings().racks:
+        for rr in self.telemetry(plant).racks:
             p = rr.pdu.power_w if rr.pdu is not None else math.nan
             limit = float(site.rack_power_limits_w()[rr.rack])
             if not (math.isfinite(p) and 0.0 < p < 10.0 * limit):
@@ -293,7 +310,9 @@ class AgentPolicy(Policy):
 
     def bind(self, plant: Plant) -> None:
         super().bind(plant)
-        self.loop = ClosedLoop(plant, self.controller, on_decision=self._on_decision)
+        self.loop = ClosedLoop(
+            plant, self.controller, on_decision=self._on_decision, telemetry_period_s=self.telemetry_period_s
+        )
 
     def run(self, duration_s: float, on_step: Callable[[], None]) -> None:
         if self.loop is None:

@@ -105,3 +105,30 @@ def test_racktwin_leaves_placement_to_the_sites_scheduler_when_told_not_to_place
     assert res.metrics["jobs_submitted"] > 0
     assert res.metrics["queue_wait_max_s"] < timeout / 2
     assert res.metrics["jobs_placed_by_plant"] == 0  # placed by the plant's scheduler, not its fallback
+
+
+@pytest.mark.parametrize("policy", ["reactive", "racktwin"])
+def test_policies_that_read_telemetry_read_it_at_the_scenarios_telemetry_period(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site whose telemetry comes every 20 s is evaluated on 20-s-old data, as the simulator would
+    publish it: the plant is read at t = 0, 20, 40, ... and the policies act on the latest round; with
+    telemetry every second (the day scenarios), at every plant step as before."""
+    from twin.plant import Plant
+
+    read_at: list[float] = []
+    real = Plant.readings
+
+    def counted(self: Plant) -> object:
+        read_at.append(self.time_s)
+        return real(self)
+
+    monkeypatch.setattr(Plant, "readings", counted)
+    slow = full_load_scenario(duration_s=120.0, telemetry_period_s=20.0)
+    result = run_policy(slow, policy)
+    assert sorted(set(read_at)) == [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+    assert result.metrics["decisions"] > 0
+    read_at.clear()
+    run_policy(full_load_scenario(duration_s=120.0), policy)
+    expected = list(range(0, 120)) if policy == "racktwin" else list(range(0, 120, 3))  # reactive acts every 3 s
+    assert sorted(set(read_at)) == [float(t) for t in expected]
