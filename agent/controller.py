@@ -92,6 +92,7 @@ from models.problem import CycleProblem, Margins, Prices, ProblemError, dvfs_tab
 from models.solve import CyclePlanner, greedy_cycle
 from twin.easy_backfill import keep_promise
 from twin.estimate import Estimates, EstimatorConfig
+from twin.readings import JobEvent
 from twin.spec import SiteSpec
 from twin.state import JobInfo, StateSnapshot
 from twin.thermal import ThermalParams
@@ -101,7 +102,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["Controller", "pinned_value_frac", "prices_from_config"]
+__all__ = ["Controller", "decides_again_on", "pinned_value_frac", "prices_from_config"]
 
 #: Priority handed to the models for a job on a blind rack, and the least for a pinned job (one that
 #: does no clock-sensitive work now): its value is nil, so the MILP gives it its cheapest level while
@@ -161,6 +162,17 @@ def pinned_value_frac(resume_lag_s: float, pinned_for_s: float) -> float:
     if resume_lag_s <= 0.0:
         return 0.0
     return min(1.0, resume_lag_s / max(pinned_for_s, resume_lag_s))
+
+
+def decides_again_on(ev: JobEvent, placing: bool = True) -> bool:
+    """Whether a job event calls for a decision at once (the service and the in-process loop alike):
+    a job starts, ends, is requeued or resumes computing, or (when the agent places jobs,
+    ``placing``) is submitted."""
+    return (
+        ev.kind in ("started", "finished", "failed", "requeued")
+        or (ev.kind == "phase" and ev.phase == Phase.COMPUTE)
+        or (placing and ev.kind == "submitted")
+    )
 
 
 class Controller:

@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from agent.controller import Controller
+from agent.controller import Controller, decides_again_on
 from agent.decision import Decision
 from twin.estimate import Estimator
 from twin.plant import CommandError, Plant
-from twin.readings import JobEvent
 from twin.state import TwinState
-from twin.workload import Phase
 
 __all__ = ["ApplyReport", "ClosedLoop", "TelemetryRounds", "apply_to_plant"]
 
@@ -141,16 +139,6 @@ def _placer(plant: Plant, job_id: str, cards: npt.NDArray[np.int64]) -> Callable
     return lambda: plant.place_job(job_id, cards)
 
 
-def _resumes(ev: JobEvent, placing: bool = True) -> bool:
-    """Job events after which the agent decides again at once (as the service does): a job starts,
-    ends, is requeued or resumes computing, or (when the agent places jobs) is submitted."""
-    return (
-        ev.kind in ("started", "finished", "failed", "requeued")
-        or (ev.kind == "phase" and ev.phase == Phase.COMPUTE)
-        or (placing and ev.kind == "submitted")
-    )
-
-
 class ClosedLoop:
     """Plant, belief, estimator and controller in one loop (see the module docstring).
 
@@ -200,7 +188,7 @@ class ClosedLoop:
                 readings, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks()
             )
         placing = self.controller.control.control_placement
-        return self.replan and any(_resumes(e, placing) for e in events)
+        return self.replan and any(decides_again_on(e, placing) for e in events)
 
     def decide(self, *, incremental: bool = False) -> Decision:
         """One decision now, applied to the plant (``incremental``: the fast adjustment made on job

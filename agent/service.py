@@ -65,7 +65,7 @@ from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
 from agent.config import BrokerConfig, LoadedConfig
-from agent.controller import Controller
+from agent.controller import Controller, decides_again_on
 from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
@@ -164,16 +164,6 @@ def mqtt_options(broker: BrokerConfig) -> MqttOptions:
         client_id=broker.resolved_client_id(),
         clean_session=not broker.persistent_session,
         keepalive_s=int(broker.keepalive_s),
-    )
-
-
-def _resumes(ev: JobEvent, placing: bool = True) -> bool:
-    """Job events after which the agent decides again at once: a job starts, ends, is requeued or
-    resumes computing, or (when the agent places jobs) is submitted."""
-    return (
-        ev.kind in ("started", "finished", "failed", "requeued")
-        or (ev.kind == "phase" and ev.phase == Phase.COMPUTE)
-        or (placing and ev.kind == "submitted")
     )
 
 
@@ -724,7 +714,7 @@ class AgentService:
 
     def _on_event(self, ev: JobEvent) -> None:
         control = self.config.control
-        if control.replan_on_job_events and _resumes(ev, control.control_placement):
+        if control.replan_on_job_events and decides_again_on(ev, control.control_placement):
             self._replan_wall = time.monotonic()
             self._replan.set()
 
