@@ -126,31 +126,54 @@ def _reported(site: SiteSpec, snap: StateSnapshot, plant: Plant, handler: Comman
     )
 
 
+@dataclasses.dataclass
+class _Wired:
+    """A copy of the scene's plant behind the simulator's rack handler, with the site clock."""
+
+    site: SiteSpec
+    plant: Plant
+    codec: wire.Codec
+    handler: CommandHandler
+    clock: list[float]
+    applied: npt.NDArray[np.int64]
+
+    @classmethod
+    def of_scene(cls) -> _Wired:
+        site, plant0, _snap0 = scene()
+        plant = copy.deepcopy(plant0)
+        codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+        clock = [NOW]
+        handler = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: clock[0], applied_with_ack=False)
+        return cls(site, plant, codec, handler, clock, np.full(site.n_cards, -1, dtype=np.int64))
+
+    def book(self) -> CommandBook:
+        return CommandBook(self.site, self.codec, ControlConfig(command_ttl_s=30.0))
+
+    def start_at(self, first: tuple[int, float, float, float, float, bool, bool, float]) -> StateSnapshot:
+        """A first decision from the scene, sent by an agent's book and applied (levels, limits,
+        sleeping cards, hosts off, pumps): what the racks report 10 s later."""
+        snap0 = scene()[2]
+        d = decision_like(snap0, **_changes(first, snap0))
+        assert _apply(self.handler, self.codec, self.book().commands(d, snap0, self.applied, NOW)) == []
+        self.clock[0] = NOW + 10.0
+        return _reported(self.site, snap0, self.plant, self.handler)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=decisions(), then=decisions())
 def test_the_commands_of_a_decision_bring_the_site_to_it(
     first: tuple[int, float, float, float, float, bool, bool, float],
     then: tuple[int, float, float, float, float, bool, bool, float],
 ) -> None:
-    site, plant0, snap0 = scene()
-    plant = copy.deepcopy(plant0)
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    clock = [NOW]
-    handler = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: clock[0], applied_with_ack=False)
-    applied = np.full(site.n_cards, -1)
-    # a first decision from the scene brings the site somewhere (levels, limits, sleeping cards, hosts
-    # off, pumps); a second agent's book, fresh, then takes it to the second decision
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
-    assert (
-        _apply(handler, codec, book.commands(decision_like(snap0, **_changes(first, snap0)), snap0, applied, NOW)) == []
-    )
-    clock[0] = NOW + 10.0
-    snap = _reported(site, snap0, plant, handler)
+    # a first decision from the scene brings the site somewhere; a second agent's book, fresh, then
+    # takes it to the second decision
+    w = _Wired.of_scene()
+    site, codec, snap0 = w.site, w.codec, scene()[2]
+    snap = w.start_at(first)
     d = decision_like(snap, **_changes(then, snap0)).replace(card_busy=snap0.card_job >= 0)
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
-    cmds = book.commands(d, snap, applied, clock[0])
-    assert _apply(handler, codec, cmds) == []
-    after = _reported(site, snap, plant, handler)
+    cmds = w.book().commands(d, snap, w.applied, w.clock[0])
+    assert _apply(w.handler, codec, cmds) == []
+    after = _reported(site, snap, w.plant, w.handler)
 
     card_host = site.card_host()
     was_off = np.asarray(snap.card_host_off, dtype=bool)
@@ -229,24 +252,18 @@ def test_the_wire_and_the_in_process_loop_leave_the_site_alike(
     either way: hosts, power states, pumps, set-point, and the levels and limits of every card whose
     host was on and stays on (the wire leaves the others' for when their host is on; in process they
     are set at once, which no reading shows while the host is off)."""
-    site, plant0, snap0 = scene()
-    wired = copy.deepcopy(plant0)
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    clock = [NOW]
-    handler = CommandHandler(wired, codec, wire.Sequencer("sim"), lambda: clock[0], applied_with_ack=False)
-    applied = np.full(site.n_cards, -1)
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
-    assert (
-        _apply(handler, codec, book.commands(decision_like(snap0, **_changes(first, snap0)), snap0, applied, NOW)) == []
-    )
-    clock[0] = NOW + 10.0
-    snap = _reported(site, snap0, wired, handler)
+    w = _Wired.of_scene()
+    site, codec, wired, snap0 = w.site, w.codec, w.plant, scene()[2]
+    snap = w.start_at(first)
     in_process = copy.deepcopy(wired)
     d = decision_like(snap, **_changes(then, snap0)).replace(card_busy=snap0.card_job >= 0)
     card_host = site.card_host()
     if d.host_off is not None:  # as the controller decides: the cards of a host it wants off asleep
         d = d.replace(card_low_power=d.card_low_power | d.host_off[card_host])
-    assert _apply(handler, codec, CommandBook(site, codec, ControlConfig()).commands(d, snap, applied, clock[0])) == []
+    assert (
+        _apply(w.handler, codec, CommandBook(site, codec, ControlConfig()).commands(d, snap, w.applied, w.clock[0]))
+        == []
+    )
     report = apply_to_plant(d, in_process)
     assert report.refused == []
 
@@ -278,13 +295,10 @@ def test_one_book_over_a_run_of_decisions_keeps_the_site_where_the_last_one_want
     refused, and once the racks have reported, the last decision made once more puts the site where
     it wants it (cards of hosts that were off keep theirs, as above) and then needs no more commands
     but a slowed pump's renewal."""
-    site, plant0, snap0 = scene()
-    plant = copy.deepcopy(plant0)
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    clock = [NOW]
-    handler = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: clock[0], applied_with_ack=False)
-    applied = np.full(site.n_cards, -1)
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
+    w = _Wired.of_scene()
+    site, plant, codec, handler, clock, applied = w.site, w.plant, w.codec, w.handler, w.clock, w.applied
+    snap0 = scene()[2]
+    book = w.book()
     snap = snap0
     d = decision_like(snap0)
     for i, drawn in enumerate(steps):

@@ -647,8 +647,8 @@ def test_one_cards_missing_or_implausible_reading_does_not_cost_its_racks_other_
     refuses that card's reading (``TwinState.invalid_count``) while it takes the others. Refusing the
     whole batch would blind the agent to a rack for one bad sensor (and the in-process evaluation,
     whose belief refuses per card, would not measure what the service does)."""
-    from twin.readings import CardBatch as TwinBatch
-    from twin.readings import RackReading, Readings
+    from agent.clock import SiteClock
+    from agent.ingest import Ingest
     from twin.state import TwinState
 
     payload = _cards_payload(
@@ -664,20 +664,10 @@ def test_one_cards_missing_or_implausible_reading_does_not_cost_its_racks_other_
     assert isinstance(good, wire.CardBatch)
     site = load_site(REPO / "examples" / "supernode-512.toml")
     state = TwinState(site)
+    ingest = Ingest(site, state, SiteClock(1.0))
     for b in (batch, good):
-        twin_batch = TwinBatch(
-            card_index=b.card_index,
-            power_w=b.power_w,
-            die_temp_c=b.temp_c,
-            utilization=b.utilization,
-            clock_mhz=b.sm_clock_mhz,
-            level=np.zeros(len(b.card_index), dtype=np.int64),
-            low_power=b.low_power,
-            waking=np.zeros(len(b.card_index), dtype=bool),
-            failed=np.zeros(len(b.card_index), dtype=bool),
-            power_limit_w=b.power_limit_w,
-        )
-        state.update(Readings(time_s=1.0, racks=(RackReading(rack=0, time_s=1.0, cards=twin_batch),)))
+        ingest.handle(b)
+    ingest.flush()
     assert state.invalid_count[:6].tolist() == [1, 1, 1, 1, 0, 0]
     assert state.card_power_w[4:6].tolist() == [300.0, 300.0]
     assert np.isfinite(state.card_last_seen_s[4:6]).all() and not np.isfinite(state.card_last_seen_s[:4]).any()

@@ -15,6 +15,7 @@ from agent.clock import SiteClock
 from agent.ingest import Ingest
 from sim.telemetry import TelemetryEncoder
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
+from twin.spec import SiteSpec
 from twin.state import StateSnapshot, TwinState
 
 pytestmark = pytest.mark.agent
@@ -47,6 +48,36 @@ def _same_belief(direct: StateSnapshot, wired: StateSnapshot) -> None:
     assert abs(direct.facility.it_power_w - wired.facility.it_power_w) <= 0.05 + 1e-9
 
 
+class _TwoBeliefs:
+    """The same plant readings and job events folded into a belief directly (as ``racktwin evaluate``)
+    and through the simulator's encoder, the bytes, the codec and ``Ingest`` (as the service)."""
+
+    def __init__(self, site: SiteSpec) -> None:
+        self.direct = TwinState(site)
+        self.wired = TwinState(site)
+        self.ingest = Ingest(site, self.wired, SiteClock(1.0))
+        self.codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+        self.encoder = TelemetryEncoder(self.codec, site, wire.Sequencer("sim"))
+        self.rejected: list[wire.Rejection] = []
+
+    def feed(self, plant: Plant) -> tuple[StateSnapshot, StateSnapshot]:
+        """One telemetry round and the events since the last; both snapshots after it."""
+        readings = plant.readings()
+        events = plant.drain_events()
+        self.direct.update(readings)
+        self.direct.apply_events(events)
+        messages = self.encoder.readings(readings, START + readings.time_s)
+        messages += [m for m in (self.encoder.job_event(ev, START) for ev in events) if m is not None]
+        for out in messages:
+            msg = self.codec.decode(out.topic, out.payload)
+            if isinstance(msg, wire.Rejection):
+                self.rejected.append(msg)
+            else:
+                self.ingest.handle(msg)
+        self.ingest.flush()
+        return self.direct.snapshot(), self.wired.snapshot()
+
+
 def test_the_belief_from_the_wire_is_the_belief_from_the_readings() -> None:
     """Ten site minutes of the example site with jobs starting, checkpointing and ending, a card
     failing, cards put to sleep and woken, a job slowed, hosts powered off and on, a slowed pump and a
@@ -60,11 +91,7 @@ def test_the_belief_from_the_wire_is_the_belief_from_the_readings() -> None:
         job("late", 64, work_steps=300, submit_s=250.0),
     ]
     plant = Plant(site, jobs, [CardFailure(card=70, at_s=150.0)], PlantConfig(seed=3))
-    direct = TwinState(site)
-    wired = TwinState(site)
-    ingest = Ingest(site, wired, SiteClock(1.0))
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    encoder = TelemetryEncoder(codec, site, wire.Sequencer("sim"))
+    beliefs = _TwoBeliefs(site)
     slowest_pump = 1.0
     for t in range(600):
         if t == 60:  # idle cards of r6 and r7 to sleep, r7's last two hosts off, a job slowed
@@ -78,19 +105,8 @@ def test_the_belief_from_the_wire_is_the_belief_from_the_readings() -> None:
             plant.power_on_hosts([62])
             plant.wake(asleep[:8])
         plant.step(1.0)
-        readings = plant.readings()
-        events = plant.drain_events()
-        direct.update(readings)
-        direct.apply_events(events)
-        messages = encoder.readings(readings, START + readings.time_s)
-        messages += [m for m in (encoder.job_event(ev, START) for ev in events) if m is not None]
-        for out in messages:
-            msg = codec.decode(out.topic, out.payload)
-            assert not isinstance(msg, wire.Rejection), msg
-            ingest.handle(msg)
-        ingest.flush()
-        snap = wired.snapshot()
-        _same_belief(direct.snapshot(), snap)
+        direct, snap = beliefs.feed(plant)
+        _same_belief(direct, snap)
         slowest_pump = min(slowest_pump, float(snap.rack_pump_speed_frac[5]))
     # what the ten minutes went through, as both beliefs have it
     records = {r.job_id: r.state for r in plant.job_records()}
@@ -99,6 +115,7 @@ def test_the_belief_from_the_wire_is_the_belief_from_the_readings() -> None:
     assert snap.card_low_power.sum() >= 8 and (snap.card_level == 4).sum() >= 128
     assert slowest_pump == pytest.approx(0.6) and snap.facility is not None  # (back to full speed since)
     assert snap.facility.supply_setpoint_c == 35.0
+    assert beliefs.rejected == []
 
 
 @pytest.mark.parametrize(
@@ -116,25 +133,10 @@ def test_sensor_faults_reach_both_beliefs_alike(fault: object) -> None:
     site = example_site()
     jobs = [job("j1", 128, work_steps=900), job("j3", 96, work_steps=900), job("j4", 128, work_steps=900)]
     plant = Plant(site, jobs, [fault], PlantConfig(seed=4))  # type: ignore[list-item]
-    direct = TwinState(site)
-    wired = TwinState(site)
-    ingest = Ingest(site, wired, SiteClock(1.0))
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    encoder = TelemetryEncoder(codec, site, wire.Sequencer("sim"))
+    beliefs = _TwoBeliefs(site)
     for _t in range(200):
         plant.step(1.0)
-        readings = plant.readings()
-        events = plant.drain_events()
-        direct.update(readings)
-        direct.apply_events(events)
-        messages = encoder.readings(readings, START + readings.time_s)
-        messages += [m for m in (encoder.job_event(ev, START) for ev in events) if m is not None]
-        for out in messages:
-            msg = codec.decode(out.topic, out.payload)
-            if not isinstance(msg, wire.Rejection):
-                ingest.handle(msg)
-        ingest.flush()
-        a, b = direct.snapshot(), wired.snapshot()
+        a, b = beliefs.feed(plant)
         _same_belief(a, b)
         assert np.allclose(a.card_last_seen_s + START, b.card_last_seen_s, rtol=0.0, atol=1e-6, equal_nan=True)
         assert np.allclose(a.rack_last_seen_s + START, b.rack_last_seen_s, rtol=0.0, atol=1e-6, equal_nan=True)
