@@ -50,9 +50,11 @@ def _check_plausible(msg: Any) -> None:
         n = len(msg.card_index)
         for arr in (msg.power_w, msg.temp_c, msg.sm_clock_mhz, msg.utilization, msg.power_limit_w, msg.low_power):
             assert len(arr) == n
-        assert np.all(np.isfinite(msg.power_w)) and np.all(msg.power_w >= 0)
-        assert np.all((msg.temp_c >= -50) & (msg.temp_c <= 200))
-        assert np.all((msg.utilization >= 0) & (msg.utilization <= 1))
+        # the sensor columns may hold NaN (null) or implausible values: the belief refuses those
+        # cards' readings (docs/protocol.md); the power limit is a setting, range-checked
+        for arr in (msg.power_w, msg.temp_c, msg.sm_clock_mhz, msg.utilization):
+            assert np.asarray(arr).dtype == np.float64
+        assert np.all(np.isfinite(msg.power_limit_w)) and np.all(msg.power_limit_w >= 0)
         assert len(set(msg.card_index.tolist())) == n
         assert n == 0 or (msg.card_index.min() >= 0 and msg.card_index.max() < 64)
     for f in dataclasses.fields(msg):

@@ -440,11 +440,12 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
             for _ in range(3):
                 for topic, payload in garbage:
                     await bus.publish(topic, payload, qos=1)
-            # a valid batch with one implausible reading (a die at 900 deg C), stamped now: accepted,
+            # a valid batch with one implausible reading (a die at 900 deg C), stamped 20 site s ahead
+            # (newer than any reading of card 0 by then; inside the 40 s the clock accepts at 20x): accepted,
             # the belief refuses card 0's reading (the rack's other cards would be taken)
             now = service.clock.now()
             assert now is not None
-            hot = json.dumps({**good, "ts": now + 2.0, "temperature_celsius": [900.0]}).encode()
+            hot = json.dumps({**good, "ts": now + 20.0, "temperature_celsius": [900.0]}).encode()
             await bus.publish(topics.cards("r0"), hot, qos=1)
         before = service.decisions
         await wait_for(lambda: service.decisions >= before + 3, what="decisions after the garbage")
