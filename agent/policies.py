@@ -104,6 +104,8 @@ class Policy:
     name = "policy"
     #: the plant's placement mode under this policy ("builtin": the plant's own scheduler)
     placement = "builtin"
+    #: whether :meth:`act` reads telemetry (:meth:`telemetry`): :meth:`run` then takes each round
+    reads_telemetry = False
 
     def __init__(self, site: SiteSpec, period_s: float) -> None:
         self.site = site
@@ -138,7 +140,7 @@ class Policy:
         plant = self._bound()
         end = plant.time_s + duration_s
         while plant.time_s < end - 1e-9:
-            if self.telemetry_period_s > 1.0 and self._rounds.due(plant.time_s):
+            if self.reads_telemetry and self.telemetry_period_s > 1.0 and self._rounds.due(plant.time_s):
                 self._latest = plant.readings()
             if plant.time_s >= self._next_s - 1e-9:
                 t0 = time.perf_counter()
@@ -195,6 +197,7 @@ class ReactivePolicy(BaselinePolicy):
     a rack with no valid PDU reading keeps its limits."""
 
     name = "reactive"
+    reads_telemetry = True
 
     def __init__(
         self,

@@ -225,13 +225,13 @@ class CommandBook:
         out = _Outbox(now_s=now_s, expires_s=now_s + ttl)
         self._lift_refusals_a_failure_explains(~alive, now_s)
         ok_now = self._backoff <= now_s
-        hosts = self._host_changes(decision, snap, ok_now[_HOST], now_s)
         # the cards of hosts that are (or are commanded) off: a rack refuses their levels and limits
         # (host_off: the card cannot be reached); sent once the host is on. Nor do the cards of hosts
         # this diff powers off get any (a raise would come after the power-off and be refused)
         host_off_now = np.zeros(self.site.n_cards, dtype=bool)
         if self.site.hosts_managed:
             host_off_now = self._have(_HOST, np.asarray(snap.card_host_off, dtype=np.float64), now_s) > 0.5
+        hosts = self._host_changes(decision, host_off_now, ok_now[_HOST])
         reachable = alive & ~host_off_now
         if hosts is not None:
             reachable &= ~hosts.off[self._card_host]
@@ -306,17 +306,15 @@ class CommandBook:
                     (_LIMIT, self._rack_command(out, int(r), sel, setting), lowers)
                 )
 
-    def _host_changes(
-        self, decision: Decision, snap: StateSnapshot, may: BoolArray, now_s: float
-    ) -> _HostChanges | None:
+    def _host_changes(self, decision: Decision, host_off_now: BoolArray, may: BoolArray) -> _HostChanges | None:
         """The hosts to power off and on (whole hosts whose cards ``may`` get a command; never a host
-        with a busy card: the plant would refuse it); None when the decision does not manage hosts."""
+        with a busy card: the plant would refuse it), from what the racks have (``host_off_now``, per
+        card: reported or commanded off); None when the decision does not manage hosts."""
         if decision.host_off is None or not self.site.hosts_managed:
             return None
         n_h, cph = self.site.n_hosts, self.site.cards_per_host
         want_off = np.asarray(decision.host_off, dtype=bool).reshape(n_h)
-        reported_off = np.asarray(snap.card_host_off, dtype=np.float64)
-        have_off = self._have(_HOST, reported_off, now_s).reshape(n_h, cph) > 0.5
+        have_off = host_off_now.reshape(n_h, cph)
         host_ok = may.reshape(n_h, cph).all(axis=1)
         busy = np.asarray(decision.card_busy, dtype=bool).reshape(n_h, cph).any(axis=1)
         return _HostChanges(
