@@ -249,6 +249,8 @@ class AgentMetrics:
 
         for result in COMMAND_RESULTS:
             self.commands_total.labels(result=result)
+        for rack in self.rack_names:
+            self.invalid_readings_total.labels(rack=rack)
         for status in STATUSES:
             self.decisions_total.labels(status=status)
         for source in PLAN_SOURCES:

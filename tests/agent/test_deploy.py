@@ -68,8 +68,10 @@ def test_the_alert_rules_use_only_exported_metrics_and_say_what_to_do() -> None:
 
 def test_counted_series_are_exported_at_zero_before_their_first_event() -> None:
     """increase() in the alert rules needs a sample before the first event of a series."""
-    text = AgentMetrics(["r0"]).exposition().decode()
+    text = AgentMetrics(["r0", "r1"]).exposition().decode()
     for series in (
+        'racktwin_invalid_readings_total{rack="r0"} 0.0',
+        'racktwin_invalid_readings_total{rack="r1"} 0.0',
         'racktwin_commands_total{result="rejected"} 0.0',
         'racktwin_commands_total{result="unconfirmed"} 0.0',
         'racktwin_plans_total{source="greedy",status="infeasible"} 0.0',
@@ -81,6 +83,12 @@ def test_counted_series_are_exported_at_zero_before_their_first_event() -> None:
         "racktwin_agent_standby 0.0",
     ):
         assert series in text
+    # every counter an alert rule takes the increase() of has its series from the start
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "racktwin-alerts.yml").read_text())
+    counted = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"increase\((racktwin_[a-z_]+)", r["expr"])}
+    assert counted
+    for name in counted:
+        assert re.search(rf"^{name}(\{{[^}}]*\}})? 0\.0$", text, re.M), name
     documented = (DEPLOY.parent / "docs" / "agent.md").read_text()
     row = next(line for line in documented.splitlines() if line.startswith("| `racktwin_commands_total`"))
     assert set(re.findall(r"`([a-z]+)`", row.split("|")[3])) == set(COMMAND_RESULTS)
