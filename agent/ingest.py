@@ -194,13 +194,14 @@ class Ingest:
         power = np.asarray(b.power_w, dtype=np.float64)
         low = np.asarray(b.low_power, dtype=bool)
         # failed: awake at 0 MHz and (about) 0 W; a missing power reading (NaN) of a card at 0 MHz
-        # too; a card whose clock reading is missing or negative keeps what the belief knew
-        failed = ~low & (clock <= 0.0) & ~(power > 0.5)
-        unknown = ~np.isfinite(clock) | (clock < 0.0)
-        failed = np.where(unknown, self.state.card_failed[idx], failed)
+        # too; a card whose clock reading is missing, negative or implausible keeps what the belief
+        # knew, and its level too until the rack reports the levels it applied
+        with np.errstate(invalid="ignore"):
+            plausible = np.isfinite(clock) & (clock >= 0.0) & (clock <= self.state.max_plausible_clock_mhz)
+            failed = np.where(plausible, ~low & (clock <= 0.0) & ~(power > 0.5), self.state.card_failed[idx])
+            from_clock = np.abs(clock[:, None] - self._clocks[None, :]).argmin(axis=1)
         known = self.applied_level[idx]
-        from_clock = np.abs(clock[:, None] - self._clocks[None, :]).argmin(axis=1)
-        level = np.where(known >= 0, known, np.where(clock > 0, from_clock, -1)).astype(np.int64)
+        level = np.where(known >= 0, known, np.where(plausible & (clock > 0), from_clock, -1)).astype(np.int64)
         return CardBatch(
             card_index=idx,
             power_w=power,

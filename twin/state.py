@@ -167,6 +167,9 @@ class TwinState:
         card = site.card
         self._clocks = np.asarray(card.clocks_mhz, dtype=np.float64)
         self._max_power_w = 5.0 * card.power_limit_w
+        #: a card's SM clock above this reading is refused (five times the top DVFS clock, as the power
+        #: above five times the card's limit: no sensor that works reads it)
+        self.max_plausible_clock_mhz = 5.0 * float(self._clocks.max())
         self.time_s = _NEVER
         nan = np.full(n, np.nan)
         self.card_power_w = nan.copy()
@@ -341,6 +344,7 @@ class TwinState:
                 & (util >= 0.0)
                 & (util <= 1.0)
                 & (clock >= 0.0)
+                & (clock <= self.max_plausible_clock_mhz)
             )
         ok = idx[valid]
         if not valid.all():

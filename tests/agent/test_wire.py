@@ -671,3 +671,32 @@ def test_one_cards_missing_or_implausible_reading_does_not_cost_its_racks_other_
     assert state.invalid_count[:6].tolist() == [1, 1, 1, 1, 0, 0]
     assert state.card_power_w[4:6].tolist() == [300.0, 300.0]
     assert np.isfinite(state.card_last_seen_s[4:6]).all() and not np.isfinite(state.card_last_seen_s[:4]).any()
+
+
+def test_an_implausible_clock_reading_is_refused_and_sets_neither_level_nor_failure(codec: Codec) -> None:
+    """A clock of 1e300 MHz (a broken exporter's value; finite, so the wire takes it) is refused by the
+    belief like any implausible reading: before the rack reports its applied levels, the card's DVFS
+    level is not inferred from it (the nearest clock would be the top level), and a dead card (0 W)
+    reading it is not taken for alive again."""
+    from agent.clock import SiteClock
+    from agent.ingest import Ingest
+    from twin.state import TwinState
+
+    site = load_site(REPO / "examples" / "supernode-512.toml")
+    state = TwinState(site)
+    ingest = Ingest(site, state, SiteClock(1.0))
+    clocks = site.card.clocks_mhz
+    first = _cards_payload(power_watts=[0.0, 300.0, 300.0, 300.0], sm_clock_mhz=[0.0, clocks[1], clocks[1], clocks[1]])
+    ingest.handle(codec.decode(CARDS, first))
+    ingest.flush()
+    assert state.card_failed[:4].tolist() == [True, False, False, False]
+    assert state.card_level[1:4].tolist() == [1, 1, 1]
+    later = json.loads(first)
+    later["ts"] = TS + 1.0
+    later["sm_clock_mhz"] = [1e300, 1e300, clocks[1], 5.0 * max(clocks) + 1.0]
+    ingest.handle(codec.decode(CARDS, json.dumps(later).encode()))
+    ingest.flush()
+    assert codec.counter.total == 0
+    assert state.invalid_count[:4].tolist() == [1, 1, 0, 1]
+    assert state.card_failed[:4].tolist() == [True, False, False, False]
+    assert state.card_level[1:4].tolist() == [1, 1, 1]
