@@ -85,7 +85,9 @@ def test_counted_series_are_exported_at_zero_before_their_first_event() -> None:
         assert series in text
     # every counter an alert rule takes the increase() of has its series from the start
     rules = yaml.safe_load((DEPLOY / "prometheus" / "racktwin-alerts.yml").read_text())
-    counted = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"increase\((racktwin_[a-z_]+)", r["expr"])}
+    counted = {
+        m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"increase\((racktwin_[a-z_]+)", r["expr"])
+    }
     assert counted
     for name in counted:
         assert re.search(rf"^{name}(\{{[^}}]*\}})? 0\.0$", text, re.M), name
