@@ -716,7 +716,9 @@ class _Progress:
             self._line(now)
 
     def final(self) -> None:
-        if self.emit is not None:
+        """The last line, unless the last periodic one already showed where the run ended (its speed
+        would be measured over a window in which site time did not move: "0.00x")."""
+        if self.emit is not None and self.sim.plant.time_s > self.last_t:
             self._line(time.monotonic())
 
     def _line(self, now: float) -> None:

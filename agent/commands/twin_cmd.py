@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 
 def _check(value: float | None, lo: float, hi: float, name: str, unit: str) -> None:
     if value is not None and not (math.isfinite(value) and lo <= value <= hi):
-        raise UserError(f"{name} must be within {lo:g}..{hi:g} {unit}, got {value:g}")
+        raise UserError(f"{name} must be within {lo:g}..{hi:g}{' ' + unit if unit else ''}, got {value:g}")
 
 
 def _level(site: SiteSpec, level: int | None, clock_mhz: float | None) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -503,7 +505,10 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
         duration_s=121.0,
     )
     truth, summary = tmp_path / "truth.csv", tmp_path / "summary.json"
-    runs = running(mosquitto, sc, speed=0.0, truth_log=truth, summary_path=summary)
+    lines: list[str] = []
+    runs = running(
+        mosquitto, sc, speed=0.0, truth_log=truth, summary_path=summary, progress=lines.append, progress_interval_s=1e-9
+    )
     async with observer(mosquitto, SITE) as obs, runs as (sim, _):
         await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 120)
         await asyncio.sleep(0.3)  # the last round's other messages
@@ -535,6 +540,9 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
     for key in ("it_energy_kwh", "pue", "rack_over_limit_s", "commands_applied", "rejected_messages", "cpu_share"):
         assert key in d
     assert math.isfinite(d["pue"]) and d["pue"] > 1.0
+    # progress: a line per step here, and no last line repeating the end with a speed of "0.00x"
+    shown = [float(re.search(r"t=([\d,.]+) s", line)[1].replace(",", "")) for line in lines]  # type: ignore[index]
+    assert shown[-1] == 121.0 and all(a < b for a, b in itertools.pairwise(shown)), shown[-3:]
 
 
 def test_command_line_with_embedded_broker_stops_cleanly_on_sigterm(tmp_path: Path) -> None:

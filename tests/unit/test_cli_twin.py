@@ -273,6 +273,7 @@ def test_twin_steady_options_and_table(capsys: pytest.CaptureFixture[str]) -> No
         (["twin", "steady", "--clock-mhz", "3000"], "--clock-mhz"),
         (["twin", "steady", "--site", "/nonexistent/site.toml"], "file not found"),
         (["twin", "sweep-supply", "--from-c", "40", "--to-c", "30"], "--to-c"),
+        (["twin", "sweep-supply", "--compute-share", "2"], "--compute-share must be within 0..1, got 2"),
     ],
 )
 def test_twin_user_errors(capsys: pytest.CaptureFixture[str], args: list[str], fragment: str) -> None:
