@@ -685,21 +685,26 @@ class AgentService:
     # ================================================================================================
     async def _ingest_task(self) -> None:
         async for m in self.bus.messages():
-            msg = self.codec.decode(m.topic, m.payload)
-            if isinstance(msg, wire.Rejection):
-                continue
-            if isinstance(msg, (wire.AgentStatus, *_COMMAND_TYPES)):  # other agents (their stamps: not the clock's)
-                if isinstance(msg, wire.AgentStatus):
-                    self._on_agent_status(msg, m.retain)
-                else:
-                    self._on_command_seen(msg)
-                self.metrics.messages_total.labels(kind=wire.kind_of(msg).value).inc()
-                continue
-            kind = self.ingest.handle(msg)
-            self.metrics.messages_total.labels(kind=kind).inc()
-            if self.bus.pending() == 0:
+            if self._take_message(m.topic, m.payload, m.retain) and self.bus.pending() == 0:
                 self._flush()
                 self._journal_acks()
+
+    def _take_message(self, topic: str, payload: bytes, retain: bool = False) -> bool:
+        """One message from the broker, decoded and taken in; True when it went to the belief
+        (:class:`Ingest`), whose round the caller flushes once the client has nothing more waiting."""
+        msg = self.codec.decode(topic, payload)
+        if isinstance(msg, wire.Rejection):
+            return False
+        if isinstance(msg, (wire.AgentStatus, *_COMMAND_TYPES)):  # other agents (their stamps: not the clock's)
+            if isinstance(msg, wire.AgentStatus):
+                self._on_agent_status(msg, retain)
+            else:
+                self._on_command_seen(msg)
+            self.metrics.messages_total.labels(kind=wire.kind_of(msg).value).inc()
+            return False
+        kind = self.ingest.handle(msg)
+        self.metrics.messages_total.labels(kind=kind).inc()
+        return True
 
     def _flush(self) -> None:
         r = self.ingest.flush()
