@@ -870,7 +870,6 @@ class AgentService:
                 break
             trigger_kind = "period" if reached else "event"
             if not reached:
-                self._replan.clear()
                 trigger = self._replan_wall
                 # load shedding: decisions on job events take at most half the wall time
                 rest = self._last_cycle_end_wall + self._last_cycle_wall_s - time.monotonic()
@@ -884,6 +883,9 @@ class AgentService:
                     reached = (self.clock.now() or 0.0) >= next_t
             else:  # the message that crossed the period boundary (or now, when the clock got there alone)
                 trigger = self.clock.target_reached_wall or time.monotonic()
+            # this decision takes every job event in the belief so far, also one that came with the period's
+            # message or during the wait for min_replan_interval_s: only a later event asks for another
+            self._replan.clear()
             now = self.clock.now() or next_t
             t0 = time.monotonic()
             await self._cycle(now, trigger, trigger_kind, incremental=not reached)
