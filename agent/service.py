@@ -201,7 +201,9 @@ class AgentService:
         self.book = CommandBook(
             site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
         )
-        self.ingest = Ingest(site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event)
+        self.ingest = Ingest(
+            site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event, on_round=self._on_round
+        )
         self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
         self._status_seq = wire.Sequencer(self.instance.publisher)
         t = self.codec.topics
@@ -707,9 +709,11 @@ class AgentService:
         return True
 
     def _flush(self) -> None:
-        r = self.ingest.flush()
-        if r is None:
-            return
+        self.ingest.flush()
+
+    def _on_round(self, r: Readings) -> None:
+        """A round the belief took in (flushed here, or by the ingest before a job event that came
+        right behind it), to the estimator."""
         for whole in self._merger.add(r):  # the estimator gets whole telemetry rounds
             if self._rounds.full():
                 with contextlib.suppress(asyncio.QueueEmpty):

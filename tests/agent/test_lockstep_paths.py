@@ -491,3 +491,27 @@ def test_a_silent_rack_with_a_dead_card_gets_its_fail_safe_caps_over_the_wire(tm
     in_process = run.evaluate.plant._limit[live]  # (the plant's power limits in force; no reading from r2)
     assert np.all(in_process < run.evaluate.plant.site.card.power_limit_w)  # capped in process
     assert np.allclose(run.service.plant._limit[live], in_process, atol=0.6)  # ... and over the wire
+
+
+def test_a_round_followed_by_a_job_event_in_one_burst_reaches_the_estimator(tmp_path: Path) -> None:
+    """The simulator publishes a round, steps and publishes the step's job events at once: a burst the
+    service's ingest task reads in one go. The ingest folds the round into the belief before the
+    event, and that round must reach the estimator too, as every round does in process (it was
+    dropped: the estimator of the service missed every round a job event followed in one burst)."""
+    b = _ServicePath(_mixed(), ControlConfig(), tmp_path / "journal.sqlite", later=False)
+    plant, enc, svc = b.plant, b.sim.telemetry, b.svc
+    try:
+        events = plant.drain_events()  # the jobs running at t = 0: submitted, started
+        assert events
+        burst = enc.readings(plant.readings(), START)
+        burst += [o for ev in events if (o := enc.job_event(ev, START))]
+        plant.step(1.0)
+        burst += enc.readings(plant.readings(), START + 1.0)
+        b._take(burst)
+        assert svc.state.snapshot().jobs  # the events are in the belief
+        rounds = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
+        # round 0 is whole (round 1 came after it); round 1 waits for a later one (agent.ingest.RoundMerger)
+        assert [(r.time_s, len(r.racks)) for r in rounds] == [(START, plant.site.n_racks)]
+    finally:
+        svc._executor.shutdown(wait=True)
+        svc.journal.close()
