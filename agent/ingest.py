@@ -13,6 +13,7 @@
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
   repeated or overtaken event from a new one;
 * acks and applied states are handed to the caller (``on_ack``) and kept (``applied_level``);
+* every round folded into the belief is handed to ``on_round`` (the service's estimator);
 * every message's timestamp drives the :class:`agent.clock.SiteClock`.
 
 What a flush folds in is also returned; :class:`RoundMerger` merges those partial readings into one
@@ -87,12 +88,14 @@ class Ingest:
         *,
         on_ack: Callable[[wire.Acknowledgement], None] | None = None,
         on_event: Callable[[JobEvent], None] | None = None,
+        on_round: Callable[[Readings], None] | None = None,
     ) -> None:
         self.site = site
         self.state = state
         self.clock = clock
         self.on_ack = on_ack
         self.on_event = on_event
+        self.on_round = on_round
         self.stats = IngestStats()
         self._rack = {name: i for i, name in enumerate(site.rack_names)}
         self._cpr = site.cards_per_rack
@@ -291,7 +294,9 @@ class Ingest:
         self._round_t = max(self._round_t, ts)
 
     def flush(self) -> Readings | None:
-        """Fold the collected round into the belief; returns it (None when there was nothing)."""
+        """Fold the collected round into the belief; returns it (None when there was nothing). Every
+        round folded, also by the flushes of :meth:`handle` (before a job event, a second reading of a
+        kind, a clock stepping back), goes to ``on_round`` (the service's estimator)."""
         if not self._round and self._facility is None:
             return None
         racks = tuple(
@@ -313,6 +318,8 @@ class Ingest:
         self._round_t = -math.inf
         self.state.update(readings)
         self.stats.rounds += 1
+        if self.on_round is not None:
+            self.on_round(readings)
         return readings
 
 

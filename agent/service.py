@@ -201,7 +201,9 @@ class AgentService:
         self.book = CommandBook(
             site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
         )
-        self.ingest = Ingest(site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event)
+        self.ingest = Ingest(
+            site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event, on_round=self._on_round
+        )
         self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
         self._status_seq = wire.Sequencer(self.instance.publisher)
         t = self.codec.topics
@@ -685,26 +687,33 @@ class AgentService:
     # ================================================================================================
     async def _ingest_task(self) -> None:
         async for m in self.bus.messages():
-            msg = self.codec.decode(m.topic, m.payload)
-            if isinstance(msg, wire.Rejection):
-                continue
-            if isinstance(msg, (wire.AgentStatus, *_COMMAND_TYPES)):  # other agents (their stamps: not the clock's)
-                if isinstance(msg, wire.AgentStatus):
-                    self._on_agent_status(msg, m.retain)
-                else:
-                    self._on_command_seen(msg)
-                self.metrics.messages_total.labels(kind=wire.kind_of(msg).value).inc()
-                continue
-            kind = self.ingest.handle(msg)
-            self.metrics.messages_total.labels(kind=kind).inc()
-            if self.bus.pending() == 0:
+            if self._take_message(m.topic, m.payload, m.retain) and self.bus.pending() == 0:
                 self._flush()
                 self._journal_acks()
 
+    def _take_message(self, topic: str, payload: bytes, retain: bool = False) -> bool:
+        """One message from the broker, decoded and taken in; True when it went to the belief
+        (:class:`Ingest`), whose round the caller flushes once the client has nothing more waiting."""
+        msg = self.codec.decode(topic, payload)
+        if isinstance(msg, wire.Rejection):
+            return False
+        if isinstance(msg, (wire.AgentStatus, *_COMMAND_TYPES)):  # other agents (their stamps: not the clock's)
+            if isinstance(msg, wire.AgentStatus):
+                self._on_agent_status(msg, retain)
+            else:
+                self._on_command_seen(msg)
+            self.metrics.messages_total.labels(kind=wire.kind_of(msg).value).inc()
+            return False
+        kind = self.ingest.handle(msg)
+        self.metrics.messages_total.labels(kind=kind).inc()
+        return True
+
     def _flush(self) -> None:
-        r = self.ingest.flush()
-        if r is None:
-            return
+        self.ingest.flush()
+
+    def _on_round(self, r: Readings) -> None:
+        """A round the belief took in (flushed here, or by the ingest before a job event that came
+        right behind it), to the estimator."""
         for whole in self._merger.add(r):  # the estimator gets whole telemetry rounds
             if self._rounds.full():
                 with contextlib.suppress(asyncio.QueueEmpty):
@@ -865,7 +874,6 @@ class AgentService:
                 break
             trigger_kind = "period" if reached else "event"
             if not reached:
-                self._replan.clear()
                 trigger = self._replan_wall
                 # load shedding: decisions on job events take at most half the wall time
                 rest = self._last_cycle_end_wall + self._last_cycle_wall_s - time.monotonic()
@@ -879,6 +887,9 @@ class AgentService:
                     reached = (self.clock.now() or 0.0) >= next_t
             else:  # the message that crossed the period boundary (or now, when the clock got there alone)
                 trigger = self.clock.target_reached_wall or time.monotonic()
+            # this decision takes every job event in the belief so far, also one that came with the period's
+            # message or during the wait for min_replan_interval_s: only a later event asks for another
+            self._replan.clear()
             now = self.clock.now() or next_t
             t0 = time.monotonic()
             await self._cycle(now, trigger, trigger_kind, incremental=not reached)
