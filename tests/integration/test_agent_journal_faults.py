@@ -473,8 +473,19 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
         sim_task = asyncio.create_task(sim.run())
         await wait_for(lambda: service.decisions >= 2, what="two decisions")
         holder = sqlite3.connect(journal, isolation_level=None, timeout=0.0)
-        holder.execute("BEGIN IMMEDIATE")  # the write lock, as a shell in a transaction holds it
+        submit = service.publisher.submit
+
+        def lock_then_submit(commands: Any) -> None:
+            # the write lock, as a shell in a transaction holds it, taken as the next decision's
+            # commands (journaled) go out: their acks come while it is held (waiting for it from the
+            # test's side left it to chance whether any ack was still to come)
+            if commands and not holder.in_transaction:
+                holder.execute("BEGIN IMMEDIATE")
+            submit(commands)
+
+        service.publisher.submit = lock_then_submit  # type: ignore[method-assign]
         try:
+            await wait_for(lambda: holder.in_transaction, what="a decision with commands")
             await wait_for(
                 lambda: any(r.startswith("journal (acks): ") for r in service.readiness()),
                 10,
@@ -482,7 +493,9 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
             )
             await asyncio.sleep(2.5)  # more acks, kept
         finally:
-            holder.execute("ROLLBACK")
+            service.publisher.submit = submit  # type: ignore[method-assign]
+            if holder.in_transaction:
+                holder.execute("ROLLBACK")
             holder.close()
         await wait_for(
             lambda: not any(r.startswith("journal") for r in service.readiness()), 10, "the journal written again"
