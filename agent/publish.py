@@ -200,6 +200,9 @@ class CommandBook:
         self._ov_key = np.zeros((_N_OVERLAYS, n), dtype=np.int64)
         self._backoff = np.full((_N_OVERLAYS, n), -math.inf)
         self._refused_key = np.zeros((_N_OVERLAYS, n), dtype=np.int64)  # the refused command of a backoff
+        # when a rack refused a command because these cards had failed (its ack's stamp): a card counts
+        # as failed until a reading of it newer than that shows what it is (a silent rack shows nothing)
+        self._failed_by_ack_s = np.full(n, -math.inf)
         self._card_host = site.card_host()
         self._sp: tuple[float, float, int] | None = None  # set-point, until, key
         self._placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
@@ -220,7 +223,8 @@ class CommandBook:
 
     def diff(self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float) -> list[Item]:
         """The commands the decision needs, as ``(kind, message, lowers_power)``, lowering first."""
-        alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool))
+        said_failed = self._failed_by_ack_s > np.nan_to_num(snap.card_last_seen_s, nan=-math.inf)
+        alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool) | said_failed)
         ttl = min(self.control.command_ttl_s, wire.MAX_COMMAND_TTL_S)  # a rack refuses a longer life
         out = _Outbox(now_s=now_s, expires_s=now_s + ttl)
         self._lift_refusals_a_failure_explains(~alive, now_s)
@@ -562,7 +566,21 @@ class CommandBook:
                 mine = oc.cards
                 self._backoff[oc.kind, mine] = now_s + self.control.command_ttl_s
                 self._refused_key[oc.kind, mine] = oc.key
+                self._note_failed(oc, ack)
         return oc
+
+    def _note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement) -> None:
+        """A ``card_failed`` refusal names the command's dead cards: they count as failed (the next
+        decision's commands leave them out, and the refusal no longer holds the others back) until a
+        reading of them newer than the ack. A card may fail unseen: its rack silent (the fail-safe caps
+        of a silent rack were refused every ``command_ttl_s`` for the whole silence) or after the
+        reading the decision used."""
+        local = wire.failed_cards_of(ack.reason)
+        if not local or not oc.cards.size:
+            return
+        named = np.asarray(local, dtype=np.int64) + int(self._card_rack[oc.cards[0]]) * self._cpr
+        dead = named[np.isin(named, oc.cards)]
+        self._failed_by_ack_s[dead] = np.maximum(self._failed_by_ack_s[dead], ack.ts_s)
 
     def _lift_refusals_a_failure_explains(self, failed: BoolArray, now_s: float) -> None:
         """A rack refuses a command whole when one of its cards has failed, and the card may fail

@@ -35,7 +35,8 @@ rack applies"; the ack's reason starts with the code), in this order:
   reach it (a ``wake`` boots the host, below).
 
 Then it is applied through the plant, which either applies all of it or refuses all of it with a
-reason (``twin.plant.CommandError``):
+reason (``twin.plant.CommandError``); a card command refused because cards of it have failed answers
+``card_failed``, naming every failed card of it (``wire.card_failed_reason``):
 
 * ``set_dvfs_level``: ``Plant.set_levels``; takes effect ``card.dvfs_latency_s`` later; a level
   outside the card's table is rejected. Applied state: ``dvfs_level`` = the level, clock range =
@@ -447,7 +448,10 @@ class CommandHandler:
             else:
                 plant.power_on_hosts(self._whole_hosts(idx, r, action))
         except CommandError as exc:
-            return self._refuse(action, cmd.rack, cmd.command_id, exc.reason, cmd)
+            reason = exc.reason
+            if exc.failed_cards:  # named, so that the sender can send it to the others (docs/protocol.md)
+                reason = wire.card_failed_reason(cmd.rack, [c - r * cpr for c in exc.failed_cards])
+            return self._refuse(action, cmd.rack, cmd.command_id, reason, cmd)
         self._record(order, idx, cmd)
         self.last_command_id[r] = cmd.command_id
         self._touched[r] = None

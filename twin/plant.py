@@ -115,10 +115,12 @@ _WARM_START_TOLERANCE_K = 1e-3
 
 
 class CommandError(ValueError):
-    """A command the plant refuses (nothing of it was applied). ``reason`` is one line."""
+    """A command the plant refuses (nothing of it was applied). ``reason`` is one line;
+    ``failed_cards``: the cards of the command that have failed, when that is why (site indices)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, failed_cards: tuple[int, ...] = ()) -> None:
         self.reason = reason
+        self.failed_cards = failed_cards
         super().__init__(reason)
 
 
@@ -703,7 +705,8 @@ class Plant:
 
     def _refuse_failed(self, idx: IntArray, what: str) -> None:
         if self._n_failed and self._failed[idx].any():
-            raise CommandError(f"{what}: card {int(idx[self._failed[idx]][0])} has failed")
+            dead = tuple(int(c) for c in np.unique(idx[self._failed[idx]]))
+            raise CommandError(f"{what}: card {dead[0]} has failed", failed_cards=dead)
 
     def set_levels(self, cards: Any, levels: Any) -> None:
         """Command DVFS levels (0 = fastest); they take effect ``card.dvfs_latency_s`` later (at the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -345,6 +346,7 @@ class AckReason(enum.StrEnum):
     DUPLICATE = "duplicate"  # a copy of a command already answered: that answer again, not applied again
     SUPERSEDED = "superseded"  # rejected: a command issued later was applied to a card (pump, set-point) of it
     HOST_OFF = "host_off"  # rejected: a card of it is on a powered-off host (the card cannot be reached)
+    CARD_FAILED = "card_failed"  # rejected: cards of it have failed (named: failed_cards_of); the others would take it
 
 
 #: The longest a command may live, ``expires_at - ts`` (site seconds): a rack refuses a longer one
@@ -353,6 +355,31 @@ MAX_COMMAND_TTL_S: Final = 3600.0
 #: How far a command's ``ts`` may lie ahead of the rack's clock (site seconds) before the rack refuses
 #: it (``issued_ahead``). The simulator allows ten wall seconds of its site time when that is more.
 MAX_ISSUE_AHEAD_S: Final = 10.0
+
+
+def card_failed_reason(rack: str, cards: Sequence[int]) -> str:
+    """The reason of a rack command refused because cards of it have failed: ``card_failed: card 36 of
+    rack r2 has failed`` or ``card_failed: cards 4, 36 of rack r2 have failed`` (rack-local indices,
+    every failed card of the command), read back by :func:`failed_cards_of`."""
+    listed = ", ".join(str(int(c)) for c in cards)
+    verb = "has" if len(cards) == 1 else "have"
+    noun = "card" if len(cards) == 1 else "cards"
+    return (
+        f"{AckReason.CARD_FAILED.value}: {noun} {listed} of rack {rack} {verb} failed (a dead card takes no "
+        "setting; the command's other cards would)"
+    )
+
+
+_FAILED_CARDS = re.compile(r"\s*cards?\s+(\d+(?:\s*,\s*\d+)*)\b")
+
+
+def failed_cards_of(reason: str | None) -> tuple[int, ...]:
+    """The rack-local cards a ``card_failed`` refusal names (:func:`card_failed_reason`); empty for
+    any other reason, or one whose list cannot be read."""
+    if reason_code(reason) != AckReason.CARD_FAILED or reason is None:
+        return ()
+    m = _FAILED_CARDS.match(reason.split(":", 1)[1])
+    return tuple(int(c) for c in m[1].split(",")) if m else ()
 
 
 def reason_code(reason: str | None) -> str:

@@ -470,27 +470,29 @@ def test_as_the_simulator_paces_commands_land_a_second_later_and_cost_little(tmp
     assert y.max_die_temp_c == pytest.approx(x.max_die_temp_c, abs=1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a rack refuses a command whole for one failed card (docs/protocol.md) and the book holds a "
-    "refusal no failure explains for command_ttl_s; while the rack is silent its dead card is never seen, so its "
-    "fail-safe caps are refused every 30 s for the whole silence. In process, apply_to_plant skips the dead card "
-    "(the plant's truth) and caps the others: the evaluation does not see this",
-)
 def test_a_silent_rack_with_a_dead_card_gets_its_fail_safe_caps_over_the_wire(tmp_path: Path) -> None:
     """r2 silent from 600 s to 890 s and its card 36 failing at 610 s, unseen: the agent puts r2 at
-    fail-safe caps once its telemetry is past the deadline (630 s). In process the fifteen live cards
-    get them; over the wire the rack refuses the caps whole ("card 36 has failed") at 630, 660, ... s."""
+    fail-safe caps once its telemetry is past the deadline (630 s). In process the live cards get them
+    (apply_to_plant skips the dead card by the plant's truth). Over the wire the rack refuses the caps
+    whole for the dead card; it used to refuse them again every ``command_ttl_s`` for the whole silence
+    (the book held back a refusal no reading explained, and no reading came), so the rack ran uncapped.
+    The refusal now names the dead card (``card_failed``) and the next decision caps the others. (The
+    cards of r2's powered-off host get no limit over the wire, by design: a rack refuses it.)"""
     sc = _mixed()
     faults = [f for f in sc.faults if not isinstance(f, SensorDropout)]
     faults += [SensorDropout(rack=2, start_s=600.0, end_s=890.0), CardFailure(card=36, at_s=610.0)]
     run = _lockstep(dataclasses.replace(sc, faults=tuple(faults)), 720, tmp_path / "journal.sqlite")
     capped = [d for d in run.evaluate.decisions if 2 in d.failsafe_racks and d.time_s >= 630.0]
     assert capped  # the agent decided fail-safe caps for r2 (both paths alike: the decisions are compared above)
+    plant = run.evaluate.plant
     live = np.setdiff1d(np.arange(32, 48), [36])
-    in_process = run.evaluate.plant._limit[live]  # (the plant's power limits in force; no reading from r2)
-    assert np.all(in_process < run.evaluate.plant.site.card.power_limit_w)  # capped in process
+    live = live[~plant.host_off()[plant.site.card_host()[live]]]  # (on hosts that are on)
+    assert live.size >= 8
+    in_process = plant._limit[live]  # (the plant's power limits in force; no reading from r2)
+    assert np.all(in_process < plant.site.card.power_limit_w)  # capped in process
     assert np.allclose(run.service.plant._limit[live], in_process, atol=0.6)  # ... and over the wire
+    refused = [r for r in run.service.sim.commands.counts.rejection_reasons.items() if r[0] == "rack.set_power_limit"]
+    assert refused == [("rack.set_power_limit", 1)]  # once, not every command_ttl_s
 
 
 def test_a_round_followed_by_a_job_event_in_one_burst_reaches_the_estimator(tmp_path: Path) -> None:

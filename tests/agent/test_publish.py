@@ -133,6 +133,35 @@ def test_a_refusal_explained_by_a_failed_card_does_not_hold_back_the_other_cards
     assert [c.target for c in book.commands(d, snap_failed, applied, NOW + 31.0)] == ["r1"]
 
 
+def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_reading_shows_it(
+    scene: tuple[object, StateSnapshot],
+) -> None:
+    """A rack whose telemetry is silent shows no dead card; its ``card_failed`` refusal names it (wire
+    card_failed_reason): the next decision's command leaves it out and the others get the setting at
+    once. The card counts as failed until a reading of it newer than the refusal; one showing it alive
+    (repaired) gives it the setting again. A refusal naming a card of another rack names nothing."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[64:128] = 3  # rack r1 slower
+    d = decision_like(snap, card_level=lvl)
+    (first,) = book.commands(d, snap, applied, NOW)
+    reason = wire.card_failed_reason("r1", [5, 9])
+    assert wire.reason_code(reason) == wire.AckReason.CARD_FAILED and wire.failed_cards_of(reason) == (5, 9)
+    ack = wire.Acknowledgement("r1", uuid.UUID(first.command_id), wire.AckResult.REJECTED, NOW + 1.0, 0, "sim", reason)
+    book.on_ack(ack, NOW + 1.0)
+    again = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap, applied, NOW + 2.0)]
+    assert [(m.rack, m.cards) for m in again] == [("r1", tuple(c for c in range(64) if c not in (5, 9)))]  # type: ignore[union-attr]
+    seen = np.asarray(snap.card_last_seen_s, dtype=np.float64).copy()
+    seen[64 + 5] = NOW + 3.0  # a reading after the refusal: card 5 is alive (repaired); card 9 unseen
+    later = dataclasses.replace(snap, card_last_seen_s=seen)
+    last = [codec.decode(c.topic, c.payload) for c in book.commands(d, later, applied, NOW + 4.0)]
+    assert [(m.rack, m.cards) for m in last] == [("r1", (5,))]  # type: ignore[union-attr]
+    assert wire.failed_cards_of("card_failed: the card is gone") == () == wire.failed_cards_of("x: card 3")
+
+
 def test_placements_and_advice(scene: tuple[object, StateSnapshot]) -> None:
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))

@@ -1,6 +1,6 @@
 """Copies of a command the simulator already answered, without a broker: a copy is answered what the
 command was answered before, also when it arrives after the command's expiry, and each command is
-counted once (copies under ``duplicates``).
+counted once (copies under ``duplicates``). And a command refused for failed cards names them.
 
 What users rely on: an agent whose ack came late sends the command again; the rack that applied the
 first must not call the late copy ``expired`` (the journal then showed an applied command as expired,
@@ -15,7 +15,7 @@ import pytest
 
 from agent import wire
 from sim.commands import REMEMBER_AFTER_EXPIRY_S, CommandHandler
-from twin.plant import Plant, PlantConfig
+from twin.plant import CardFailure, Plant, PlantConfig
 from twin.spec import load_site
 
 pytestmark = pytest.mark.unit
@@ -86,3 +86,23 @@ def test_answers_are_remembered_an_hour_past_expiry_through_the_prunes() -> None
     clock.now_s = TS + 30.0 + REMEMBER_AFTER_EXPIRY_S + 1.0  # forgotten at the next prune
     others(1100)
     assert _ack(handler, codec, cmd).result is wire.AckResult.EXPIRED
+
+
+def test_a_command_refused_for_failed_cards_names_each_of_them() -> None:
+    """A rack refuses a card command whole when cards of it have failed (docs/protocol.md); its
+    ``card_failed`` reason names every failed card of the command, rack-local, so that the agent can
+    send the setting to the others (a silent rack's dead card is seen by no reading)."""
+    site = load_site(SITE)
+    faults = [CardFailure(card=64 + 5, at_s=0.0), CardFailure(card=64 + 9, at_s=0.0), CardFailure(card=3, at_s=0.0)]
+    plant = Plant(site, [], faults, config=PlantConfig(seed=1))
+    plant.step(1.0)
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, "site1"))
+    handler = CommandHandler(plant, codec, wire.Sequencer("sim"), Clock())
+    cmd = wire.RackCommand(
+        "r1", tuple(range(12)), wire.CardSetting.power_limit(500.0), uuid.uuid4(), TS + 30, TS, 0, "a"
+    )
+    ack = _ack(handler, codec, cmd)
+    assert ack.result is wire.AckResult.REJECTED and wire.failed_cards_of(ack.reason) == (5, 9), ack.reason
+    assert handler.counts.rejection_reasons == {"rack.set_power_limit": 1}
+    ok = wire.RackCommand("r1", (0, 1, 2), wire.CardSetting.power_limit(500.0), uuid.uuid4(), TS + 30, TS, 1, "a")
+    assert _ack(handler, codec, ok).result is wire.AckResult.APPLIED
