@@ -223,6 +223,9 @@ class CommandBook:
 
     def diff(self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float) -> list[Item]:
         """The commands the decision needs, as ``(kind, message, lowers_power)``, lowering first."""
+        # after the site clock stepped back, a mark from the old timeline dates from now at the latest
+        # (the belief's last-seen times were moved back too), so that a reading on the new one clears it
+        np.minimum(self._failed_by_ack_s, now_s, out=self._failed_by_ack_s)
         said_failed = self._failed_by_ack_s > np.nan_to_num(snap.card_last_seen_s, nan=-math.inf)
         alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool) | said_failed)
         ttl = min(self.control.command_ttl_s, wire.MAX_COMMAND_TTL_S)  # a rack refuses a longer life
@@ -566,21 +569,24 @@ class CommandBook:
                 mine = oc.cards
                 self._backoff[oc.kind, mine] = now_s + self.control.command_ttl_s
                 self._refused_key[oc.kind, mine] = oc.key
-                self._note_failed(oc, ack)
+                self._note_failed(oc, ack, now_s)
         return oc
 
-    def _note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement) -> None:
+    def _note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement, now_s: float) -> None:
         """A ``card_failed`` refusal names the command's dead cards: they count as failed (the next
         decision's commands leave them out, and the refusal no longer holds the others back) until a
         reading of them newer than the ack. A card may fail unseen: its rack silent (the fail-safe caps
         of a silent rack were refused every ``command_ttl_s`` for the whole silence) or after the
         reading the decision used."""
-        local = wire.failed_cards_of(ack.reason)
+        local = [c for c in wire.failed_cards_of(ack.reason) if 0 <= c < self._cpr]
         if not local or not oc.cards.size:
             return
         named = np.asarray(local, dtype=np.int64) + int(self._card_rack[oc.cards[0]]) * self._cpr
         dead = named[np.isin(named, oc.cards)]
-        self._failed_by_ack_s[dead] = np.maximum(self._failed_by_ack_s[dead], ack.ts_s)
+        # never later than the agent's clock: an ack stamped ahead would hold the mark past readings
+        # that show the card alive (the belief refuses readings stamped that far ahead)
+        stamp = min(ack.ts_s, now_s) if math.isfinite(ack.ts_s) else now_s
+        self._failed_by_ack_s[dead] = np.maximum(self._failed_by_ack_s[dead], stamp)
 
     def _lift_refusals_a_failure_explains(self, failed: BoolArray, now_s: float) -> None:
         """A rack refuses a command whole when one of its cards has failed, and the card may fail

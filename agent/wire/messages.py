@@ -370,7 +370,7 @@ def card_failed_reason(rack: str, cards: Sequence[int]) -> str:
     )
 
 
-_FAILED_CARDS = re.compile(r"\s*cards?\s+(\d+(?:\s*,\s*\d+)*)\b")
+_FAILED_CARDS = re.compile(r"\s*cards?\s+(\d{1,9}(?:\s*,\s*\d{1,9})*)\b")  # a card index: 9 digits at most
 
 
 def failed_cards_of(reason: str | None) -> tuple[int, ...]:

@@ -160,6 +160,45 @@ def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_readi
     last = [codec.decode(c.topic, c.payload) for c in book.commands(d, later, applied, NOW + 4.0)]
     assert [(m.rack, m.cards) for m in last] == [("r1", (5,))]  # type: ignore[union-attr]
     assert wire.failed_cards_of("card_failed: the card is gone") == () == wire.failed_cards_of("x: card 3")
+    assert wire.failed_cards_of("card_failed: card 99999999999999999999 of rack r1 has failed") == ()
+
+
+@pytest.mark.parametrize("case", ["ack stamped an hour ahead", "clock stepped back", "card out of range"])
+def test_a_failure_mark_never_outlives_a_reading_that_shows_the_card(
+    scene: tuple[object, StateSnapshot], case: str
+) -> None:
+    """A ``card_failed`` mark holds until a reading of the card newer than it. A rack clock an hour
+    ahead (the belief refuses its readings stamped that far ahead, not its acks) must not hold a
+    repaired card out for an hour; nor must a mark from before the site clock stepped back (the
+    belief's last-seen times step back with it) hold a healthy card out until the new timeline
+    reaches the old stamp: its rack, if at fail-safe, would run it uncapped. A named card outside
+    the rack names nothing (and does not stop the agent: it raised OverflowError)."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[64:128] = 3  # rack r1 slower
+    d = decision_like(snap, card_level=lvl)
+    (first,) = book.commands(d, snap, applied, NOW)
+    stamp, reason, now = NOW + 1.0, wire.card_failed_reason("r1", [5]), NOW + 1.0
+    if case == "ack stamped an hour ahead":
+        stamp = NOW + 3600.0
+    elif case == "card out of range":
+        reason = "card_failed: cards 5, 99999999999999999999, 70 of rack r1 have failed"
+    ack = wire.Acknowledgement("r1", uuid.UUID(first.command_id), wire.AckResult.REJECTED, stamp, 0, "sim", reason)
+    book.on_ack(ack, now)
+    out = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap, applied, NOW + 2.0)]
+    assert [(m.rack, m.cards) for m in out] == [("r1", tuple(c for c in range(64) if c != 5))]  # type: ignore[union-attr]
+    seen = np.asarray(snap.card_last_seen_s, dtype=np.float64).copy()
+    later = NOW + 10.0  # (the command of NOW + 2 is still open: the others need nothing)
+    if case == "clock stepped back":
+        later = NOW - 600.0  # the belief's times stepped back with the clock: a decision on the new timeline,
+        book.commands(d, dataclasses.replace(snap, card_last_seen_s=np.minimum(seen, later)), applied, later)
+        later += 1.0  # then a reading of the card
+    seen[64 + 5] = later
+    again = book.commands(d, dataclasses.replace(snap, card_last_seen_s=seen), applied, later + 1.0)
+    assert [(m.rack, m.cards) for m in (codec.decode(c.topic, c.payload) for c in again)] == [("r1", (5,))]  # type: ignore[union-attr]
 
 
 def test_placements_and_advice(scene: tuple[object, StateSnapshot]) -> None:
