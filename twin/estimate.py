@@ -91,7 +91,8 @@ class EstimatorConfig:
     min_rise_k: float = 10.0
     flow_update_frac: float = 0.03  # re-derive expected resistances when a rack's flow moves this much
     # the flow the expected resistances follow: smoothed over this (s), against the flow sensor's noise
-    # (1% sd in the plant: 0.5% after 2 s, a sixth of flow_update_frac), and short, because a plate's
+    # (1% sd in the plant: 0.5% after 2 s, and ~0.7% between it and the latest reading, against which
+    # learning pauses: a quarter of flow_update_frac), and short, because a plate's
     # resistance follows the flow at once (the network carries the die's response): at 10 s the
     # demo's first pump step, 58% -> 33% just as the cards' resistances began to be learnt, read three
     # healthy plates 12-18% above spec, as sure as a calibration, and flagged them fouled (the
@@ -312,6 +313,7 @@ class Estimator:
         self._update_thermal(valid, t_card, power, die, supply)
         with np.errstate(invalid="ignore"):
             pvalid = valid & awake & np.isfinite(util) & (util >= 0) & (util <= 1) & np.isfinite(clock) & (clock > 0)
+            pvalid &= clock <= 5.0 * self._clocks.max()  # as the belief (twin.state): no sensor reads more
         self._update_power(pvalid, t_card, power, die_start, util, clock)
 
     def _rack_supply(self, r: int) -> float:
@@ -380,6 +382,8 @@ class Estimator:
         # the model follows (not while its smoothed flow is still on the way to a new pump speed's)
         with np.errstate(divide="ignore", invalid="ignore"):
             in_step = ~(np.abs(self._flow_fast / self._flow_last - 1.0) <= cfg.flow_update_frac)
+        # ... while the loop reports: a loop gone silent (or refused) in a step would pause its cards for good
+        in_step &= self._rack_t >= self.time_s - cfg.max_gap_s
         idx = idx[
             (self._xd[idx] >= cfg.min_rise_k) & (t_card[idx] >= self._learn_from[idx]) & ~in_step[self._card_rack[idx]]
         ]

@@ -319,7 +319,14 @@ def test_array_and_list_batches_give_the_same_estimates_bit_for_bit(small_site: 
             assert x == y, f.name
 
 
-def test_a_pump_step_as_learning_begins_is_not_read_as_fouled_plates(small_site: SiteSpec) -> None:
+@pytest.mark.parametrize(
+    "config",
+    [EstimatorConfig(), EstimatorConfig(flow_time_constant_s=10.0)],
+    ids=["default", "the old 10 s average: the pause alone"],
+)
+def test_a_pump_step_as_learning_begins_is_not_read_as_fouled_plates(
+    small_site: SiteSpec, config: EstimatorConfig
+) -> None:
     """The demo's first minutes: the agent runs a rack's pump at 58%, slows it to 33% for 15 s just as
     the estimator's settle wait ends, then back. The plates' resistance follows the flow at once;
     expected resistances that followed a 10 s average of the flow lagged the step, and the first
@@ -331,7 +338,7 @@ def test_a_pump_step_as_learning_begins_is_not_read_as_fouled_plates(small_site:
     speed = 0.58
     p.set_pump_speed([0, 1], speed)
     p.run(600.0, 1.0)
-    est = Estimator(small_site)
+    est = Estimator(small_site, config)
     true_ratio = p._s_r  # the plant's true resistance scales (private; read on purpose)
     for t in range(300):
         speed = 0.34 if 93 <= t < 108 else 0.58
@@ -344,3 +351,24 @@ def test_a_pump_step_as_learning_begins_is_not_read_as_fouled_plates(small_site:
         assert np.all(np.abs(e.r_ratio - true_ratio)[confident] < 0.06), (t, np.abs(e.r_ratio - true_ratio).max())
         assert est.anomalies() == [], t
     assert np.all(est.estimates().r_ratio_sd < 0.05)  # and it did learn
+
+
+def test_a_loop_that_goes_silent_in_a_pump_step_does_not_stop_its_cards_learning(small_site: SiteSpec) -> None:
+    """Learning pauses while the smoothed flow is on the way to a new pump speed's; a rack whose CDU
+    goes silent right after the step (its flow average frozen half way) must not pause its cards for
+    as long as the silence lasts."""
+    jobs = [JobSpec("a", 32, work_steps=1e7, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=1e6)]
+    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PhaseModel(startup_s=10.0)))
+    p.run(600.0, 1.0)
+    est = Estimator(small_site)
+    for t in range(300):
+        if t % 10 == 0 or t == 93:
+            p.set_pump_speed([0], 0.58 if t >= 93 else 1.0)
+        p.step(1.0)
+        r = p.readings()
+        if t >= 94:  # rack 0's loop silent from the step on
+            r = dataclasses.replace(
+                r, racks=tuple(dataclasses.replace(x, loop=None) if x.rack == 0 else x for x in r.racks)
+            )
+        est.update(r)
+    assert np.all(est.estimates().r_ratio_sd[:16] < 0.05)  # rack 0's cards learnt
