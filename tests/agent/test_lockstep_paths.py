@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -451,7 +452,7 @@ def test_as_the_simulator_paces_commands_land_a_second_later_and_cost_little(tmp
     ev, svc = run.evaluate, run.service
     ta, tb = _times(run)
     assert abs(len(ta) - len(tb)) <= 3
-    first_shift = min(set(ta) ^ set(tb))
+    first_shift = min(set(ta) ^ set(tb), default=math.inf)  # (none at all: the paths never drifted apart)
     assert first_shift > 450.0  # late-e started a second later (its placement landed a second later)
     decided = set(ta)
     for t_s in run.truth_diffs:
@@ -483,7 +484,7 @@ def test_a_silent_rack_with_a_dead_card_gets_its_fail_safe_caps_over_the_wire(tm
     faults += [SensorDropout(rack=2, start_s=600.0, end_s=890.0), CardFailure(card=36, at_s=610.0)]
     run = _lockstep(dataclasses.replace(sc, faults=tuple(faults)), 720, tmp_path / "journal.sqlite")
     capped = [d for d in run.evaluate.decisions if 2 in d.failsafe_racks and d.time_s >= 630.0]
-    assert capped  # the agent decided fail-safe caps for r2 (both paths alike: the decisions are compared above)
+    assert capped  # the agent decided fail-safe caps for r2 (in process; the service's plant is checked below)
     plant = run.evaluate.plant
     live = np.setdiff1d(np.arange(32, 48), [36])
     live = live[~plant.host_off()[plant.site.card_host()[live]]]  # (on hosts that are on)
