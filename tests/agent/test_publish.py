@@ -133,6 +133,29 @@ def test_a_refusal_explained_by_a_failed_card_does_not_hold_back_the_other_cards
     assert [c.target for c in book.commands(d, snap_failed, applied, NOW + 31.0)] == ["r1"]
 
 
+class _RackR1Slowed:
+    """A book that has just sent rack r1 one command (every card one level slower), and its codec."""
+
+    def __init__(self, scene: tuple[object, StateSnapshot]) -> None:
+        site, self.snap = scene
+        self.codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+        self.book = CommandBook(site, self.codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+        self.applied = np.full(512, -1)
+        lvl = np.asarray(self.snap.card_level).copy()
+        lvl[64:128] = 3
+        self.decision = decision_like(self.snap, card_level=lvl)
+        (self.first,) = self.book.commands(self.decision, self.snap, self.applied, NOW)
+
+    def sent(self, snap: StateSnapshot, now_s: float) -> list[tuple[str, tuple[int, ...]]]:
+        """(rack, cards) of the commands the decision needs now."""
+        out = []
+        for c in self.book.commands(self.decision, snap, self.applied, now_s):
+            m = self.codec.decode(c.topic, c.payload)
+            assert isinstance(m, wire.RackCommand)
+            out.append((m.rack, m.cards))
+        return out
+
+
 def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_reading_shows_it(
     scene: tuple[object, StateSnapshot],
 ) -> None:
@@ -140,25 +163,18 @@ def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_readi
     card_failed_reason): the next decision's command leaves it out and the others get the setting at
     once. The card counts as failed until a reading of it newer than the refusal; one showing it alive
     (repaired) gives it the setting again. A refusal naming a card of another rack names nothing."""
-    site, snap = scene
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
-    applied = np.full(512, -1)
-    lvl = np.asarray(snap.card_level).copy()
-    lvl[64:128] = 3  # rack r1 slower
-    d = decision_like(snap, card_level=lvl)
-    (first,) = book.commands(d, snap, applied, NOW)
+    r1 = _RackR1Slowed(scene)
+    snap, book = r1.snap, r1.book
     reason = wire.card_failed_reason("r1", [5, 9])
     assert wire.reason_code(reason) == wire.AckReason.CARD_FAILED and wire.failed_cards_of(reason) == (5, 9)
-    ack = wire.Acknowledgement("r1", uuid.UUID(first.command_id), wire.AckResult.REJECTED, NOW + 1.0, 0, "sim", reason)
+    ack = wire.Acknowledgement(
+        "r1", uuid.UUID(r1.first.command_id), wire.AckResult.REJECTED, NOW + 1.0, 0, "sim", reason
+    )
     book.on_ack(ack, NOW + 1.0)
-    again = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap, applied, NOW + 2.0)]
-    assert [(m.rack, m.cards) for m in again] == [("r1", tuple(c for c in range(64) if c not in (5, 9)))]  # type: ignore[union-attr]
+    assert r1.sent(snap, NOW + 2.0) == [("r1", tuple(c for c in range(64) if c not in (5, 9)))]
     seen = np.asarray(snap.card_last_seen_s, dtype=np.float64).copy()
     seen[64 + 5] = NOW + 3.0  # a reading after the refusal: card 5 is alive (repaired); card 9 unseen
-    later = dataclasses.replace(snap, card_last_seen_s=seen)
-    last = [codec.decode(c.topic, c.payload) for c in book.commands(d, later, applied, NOW + 4.0)]
-    assert [(m.rack, m.cards) for m in last] == [("r1", (5,))]  # type: ignore[union-attr]
+    assert r1.sent(dataclasses.replace(snap, card_last_seen_s=seen), NOW + 4.0) == [("r1", (5,))]
     assert wire.failed_cards_of("card_failed: the card is gone") == () == wire.failed_cards_of("x: card 3")
     assert wire.failed_cards_of("card_failed: card 99999999999999999999 of rack r1 has failed") == ()
 
@@ -173,32 +189,24 @@ def test_a_failure_mark_never_outlives_a_reading_that_shows_the_card(
     belief's last-seen times step back with it) hold a healthy card out until the new timeline
     reaches the old stamp: its rack, if at fail-safe, would run it uncapped. A named card outside
     the rack names nothing (and does not stop the agent: it raised OverflowError)."""
-    site, snap = scene
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
-    applied = np.full(512, -1)
-    lvl = np.asarray(snap.card_level).copy()
-    lvl[64:128] = 3  # rack r1 slower
-    d = decision_like(snap, card_level=lvl)
-    (first,) = book.commands(d, snap, applied, NOW)
+    r1 = _RackR1Slowed(scene)
+    snap, book = r1.snap, r1.book
     stamp, reason, now = NOW + 1.0, wire.card_failed_reason("r1", [5]), NOW + 1.0
     if case == "ack stamped an hour ahead":
         stamp = NOW + 3600.0
     elif case == "card out of range":
         reason = "card_failed: cards 5, 99999999999999999999, 70 of rack r1 have failed"
-    ack = wire.Acknowledgement("r1", uuid.UUID(first.command_id), wire.AckResult.REJECTED, stamp, 0, "sim", reason)
+    ack = wire.Acknowledgement("r1", uuid.UUID(r1.first.command_id), wire.AckResult.REJECTED, stamp, 0, "sim", reason)
     book.on_ack(ack, now)
-    out = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap, applied, NOW + 2.0)]
-    assert [(m.rack, m.cards) for m in out] == [("r1", tuple(c for c in range(64) if c != 5))]  # type: ignore[union-attr]
+    assert r1.sent(snap, NOW + 2.0) == [("r1", tuple(c for c in range(64) if c != 5))]
     seen = np.asarray(snap.card_last_seen_s, dtype=np.float64).copy()
     later = NOW + 10.0  # (the command of NOW + 2 is still open: the others need nothing)
     if case == "clock stepped back":
         later = NOW - 600.0  # the belief's times stepped back with the clock: a decision on the new timeline,
-        book.commands(d, dataclasses.replace(snap, card_last_seen_s=np.minimum(seen, later)), applied, later)
+        r1.sent(dataclasses.replace(snap, card_last_seen_s=np.minimum(seen, later)), later)
         later += 1.0  # then a reading of the card
     seen[64 + 5] = later
-    again = book.commands(d, dataclasses.replace(snap, card_last_seen_s=seen), applied, later + 1.0)
-    assert [(m.rack, m.cards) for m in (codec.decode(c.topic, c.payload) for c in again)] == [("r1", (5,))]  # type: ignore[union-attr]
+    assert r1.sent(dataclasses.replace(snap, card_last_seen_s=seen), later + 1.0) == [("r1", (5,))]
 
 
 def test_placements_and_advice(scene: tuple[object, StateSnapshot]) -> None:
