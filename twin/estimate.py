@@ -313,7 +313,7 @@ class Estimator:
         self._update_thermal(valid, t_card, power, die, supply)
         with np.errstate(invalid="ignore"):
             pvalid = valid & awake & np.isfinite(util) & (util >= 0) & (util <= 1) & np.isfinite(clock) & (clock > 0)
-            pvalid &= clock <= 5.0 * self._clocks.max()  # as the belief (twin.state): no sensor reads more
+            pvalid &= clock <= self.site.card.max_plausible_clock_mhz  # as the belief (twin.state)
         self._update_power(pvalid, t_card, power, die_start, util, clock)
 
     def _rack_supply(self, r: int) -> float:

@@ -81,6 +81,12 @@ class CardSpec:
     def top_clock_mhz(self) -> float:
         return self.clocks_mhz[0]
 
+    @property
+    def max_plausible_clock_mhz(self) -> float:
+        """An SM clock reading above this is refused as no sensor's (five times the top DVFS clock, as
+        a power above five times the card's limit is): the belief and the estimator take none."""
+        return 5.0 * max(self.clocks_mhz)
+
     def level_of_clock(self, clock_mhz: float) -> int:
         """The slowest level whose clock is at least ``clock_mhz`` (clamped to the table)."""
         level = 0

@@ -167,9 +167,7 @@ class TwinState:
         card = site.card
         self._clocks = np.asarray(card.clocks_mhz, dtype=np.float64)
         self._max_power_w = 5.0 * card.power_limit_w
-        #: a card's SM clock above this reading is refused (five times the top DVFS clock, as the power
-        #: above five times the card's limit: no sensor that works reads it)
-        self.max_plausible_clock_mhz = 5.0 * float(self._clocks.max())
+        self.max_plausible_clock_mhz = card.max_plausible_clock_mhz  # a clock reading above: refused
         self.time_s = _NEVER
         nan = np.full(n, np.nan)
         self.card_power_w = nan.copy()
