@@ -326,7 +326,10 @@ class Ingest:
 class RoundMerger:
     """Merges partial readings (what :meth:`Ingest.flush` returns) into one :class:`Readings` per
     timestamp: a round is complete when readings stamped later arrive (or after ``max_pending``
-    timestamps). :meth:`add` returns the rounds completed, oldest first."""
+    timestamps). :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns every
+    round held (when the site's clock stepped back, what is held is from the old timeline, and newer
+    than anything the new one will send for a while: kept, it would take each new round for
+    complete as soon as part of it arrived, and reach the estimator out of order much later)."""
 
     def __init__(self, max_pending: int = 4) -> None:
         self.max_pending = max_pending
@@ -360,6 +363,13 @@ class RoundMerger:
         done = sorted(t for t in self._rounds if t < newest)
         while len(self._rounds) - len(done) > self.max_pending:  # pragma: no cover - defensive
             done.append(min(t for t in self._rounds if t not in done))
+        return self._take(done)
+
+    def drain(self) -> list[Readings]:
+        """Every round held, complete or not, oldest first."""
+        return self._take(sorted(self._rounds))
+
+    def _take(self, done: list[float]) -> list[Readings]:
         out = []
         for t in done:
             racks, fac = self._rounds.pop(t)

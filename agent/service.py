@@ -235,6 +235,7 @@ class AgentService:
         self._replan_wall = 0.0
         self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
         self._merger = RoundMerger()
+        self._merger_corrections = 0  # the site clock's step backs the merger has seen
         self._card_gauges: list[Any] | None = None
         self._last_cycle_wall_s = 0.0
         self._last_cycle_end_wall = 0.0
@@ -714,7 +715,13 @@ class AgentService:
     def _on_round(self, r: Readings) -> None:
         """A round the belief took in (flushed here, or by the ingest before a job event that came
         right behind it), to the estimator."""
-        for whole in self._merger.add(r):  # the estimator gets whole telemetry rounds
+        whole_rounds: list[Readings] = []
+        if self.clock.corrections != self._merger_corrections:
+            # the clock stepped back: the rounds the merger holds are the old timeline's, out first
+            self._merger_corrections = self.clock.corrections
+            whole_rounds = self._merger.drain()
+        whole_rounds += self._merger.add(r)
+        for whole in whole_rounds:  # the estimator gets whole telemetry rounds
             if self._rounds.full():
                 with contextlib.suppress(asyncio.QueueEmpty):
                     self._rounds.get_nowait()

@@ -6,15 +6,19 @@ import asyncio
 import json
 import logging
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
 from agent_helpers import example_site
 
 from agent import wire
+from agent.bus import MqttOptions
 from agent.clock import SiteClock
+from agent.config import load_config
 from agent.ingest import Ingest, RoundMerger
 from agent.logs import JsonFormatter
+from agent.service import AgentService
 from twin.readings import Readings
 from twin.state import TwinState
 from twin.workload import JobSpec, Phase
@@ -22,6 +26,7 @@ from twin.workload import JobSpec, Phase
 pytestmark = pytest.mark.agent
 
 T0 = 1_800_000_000.0
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 class FakeWall:
@@ -125,6 +130,49 @@ def test_when_the_clock_steps_back_the_beliefs_times_come_back_with_it() -> None
     # r0 is fresh on the new timeline; the racks silent since are stale on it, not fresh until T0 + 9
     assert 0 not in {r for r in range(site.n_racks) if state.card_last_seen_s[r * 64] < now - 5.0}
     assert set(state.stale_racks(now, 5.0)) >= set(range(1, site.n_racks))
+
+
+def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_round_first(tmp_path: Path) -> None:
+    """The service merges the partial rounds its ingest flushes (a burst holds part of a round) into
+    whole ones for the estimator. When the site's clock steps back (a simulator restarted 600 s
+    back), the round the merger still held from the old timeline is newer than anything the new one
+    sends for ten minutes: it goes to the estimator when the clock steps back, and the new
+    timeline's rounds after it whole and in order (it used to stay held, so that every half round
+    of the new timeline went out alone at once, and the old round out of order ten minutes later)."""
+    loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
+    svc = AgentService(loaded, mqtt=MqttOptions(port=1), http=False)  # not run: no connection
+    try:
+        wall = FakeWall()
+        svc.clock = svc.ingest.clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+        n_racks = svc.site.n_racks
+        halves = (range(n_racks // 2), range(n_racks // 2, n_racks))
+
+        def send_round(ts: float) -> None:
+            for half in halves:  # two bursts, a flush after each
+                for r in half:
+                    svc.ingest.handle(cards_msg(f"r{r}", ts))
+                    svc.ingest.handle(_cdu(f"r{r}", ts))
+                svc._flush()
+            wall.t += 0.05
+
+        for i in range(10):
+            send_round(T0 + i)
+        wall.t += 2.0  # the old timeline falls silent; the site restarts 600 s back
+        for i in range(30):
+            send_round(T0 - 600.0 + i)
+        assert svc.clock.corrections == 1
+        rounds = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
+        times = [r.time_s - T0 for r in rounds]
+        assert times[:9] == [float(i) for i in range(9)]
+        last_old = times.index(9.0)  # out when the clock stepped back (before: the new timeline's late halves)
+        after = rounds[last_old + 1 :]
+        assert len(after) >= 15 and all(r.time_s < T0 - 570.0 for r in after)
+        assert [r.time_s for r in after] == sorted({r.time_s for r in after})  # in order, once each
+        assert all(len(r.racks) == n_racks for r in rounds if r.time_s >= T0)  # the old timeline's: whole
+        assert all(len(r.racks) == n_racks for r in after)
+    finally:
+        svc._executor.shutdown(wait=True)
+        svc.journal.close()
 
 
 def test_one_message_stamped_far_ahead_does_not_move_the_clock() -> None:
