@@ -106,6 +106,12 @@ class AgentMetrics:
         self.messages_total = Counter(
             "racktwin_messages_total", "Incoming MQTT messages accepted, by kind", ["kind"], registry=r
         )
+        self.message_handling_errors_total = Counter(
+            "racktwin_message_handling_errors_total",
+            "Valid incoming messages whose handling failed (a defect; the message is dropped, the agent goes "
+            "on; the log has the traceback)",
+            registry=r,
+        )
         self.messages_stamped_ahead_total = Counter(
             "racktwin_messages_stamped_ahead_total",
             "Valid messages stamped far beyond the site clock (a publisher's clock runs ahead): their readings "

@@ -8,6 +8,9 @@
   rejection is counted by reason and ignored) and folded into the belief (``agent.ingest``):
   telemetry rounds into ``twin.state.TwinState`` (freshness per card, loop and PDU), job events,
   acks (into the journal and the command book), applied state; timestamps drive the site clock.
+  A message whose handling fails (a defect: it passed validation) is dropped, counted
+  (``racktwin_message_handling_errors_total``) and logged with its traceback (at most one a minute;
+  the count in between is in the next line): one message does not stop the agent.
 * ``estimate``: each telemetry round updates ``twin.estimate.Estimator`` (thermal resistance and
   leakage per card; fouled cold plates and weak pumps are flagged in metrics and logs); calibration
   goes to the journal every ``journal.calibration_every_s``.
@@ -92,6 +95,7 @@ log = logging.getLogger("racktwin.agent")
 
 VERSION = racktwin_version()
 _ROUND_QUEUE = 256
+_MESSAGE_ERROR_LOG_INTERVAL_S = 60.0  # wall s between two log lines of messages whose handling failed
 _HEALTH_INTERVAL_S = 1.0
 _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days
 _JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
@@ -285,6 +289,9 @@ class AgentService:
         self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
         self.last_decision: Decision | None = None
         self.rounds_dropped = 0
+        #: messages whose handling raised (dropped; see :meth:`_message_failed`)
+        self.message_errors = 0
+        self._message_error_logged: tuple[float, int] = (-math.inf, 0)  # wall time, count then
         self.resumed_commands = 0
         self.expired_on_resume = 0
         try:
@@ -688,9 +695,29 @@ class AgentService:
     # ================================================================================================
     async def _ingest_task(self) -> None:
         async for m in self.bus.messages():
-            if self._take_message(m.topic, m.payload, m.retain) and self.bus.pending() == 0:
-                self._flush()
-                self._journal_acks()
+            try:
+                if self._take_message(m.topic, m.payload, m.retain) and self.bus.pending() == 0:
+                    self._flush()
+                    self._journal_acks()
+            except Exception:  # a defect: this message is lost, not the agent (see the module docstring)
+                self._message_failed(m.topic)
+
+    def _message_failed(self, topic: str) -> None:
+        """Count the message being handled as failed and log it with the exception's traceback, at
+        most once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` (with the number failed since the last line)."""
+        self.message_errors += 1
+        self.metrics.message_handling_errors_total.inc()
+        wall = time.monotonic()
+        last_wall, last_n = self._message_error_logged
+        if wall - last_wall < _MESSAGE_ERROR_LOG_INTERVAL_S:
+            return
+        self._message_error_logged = (wall, self.message_errors)
+        log.exception(
+            "a message on %s could not be handled (dropped; the agent goes on): %d such since the last line",
+            topic,
+            self.message_errors - last_n,
+            extra={"fields": {"topic": topic, "message_handling_errors": self.message_errors}},
+        )
 
     def _take_message(self, topic: str, payload: bytes, retain: bool = False) -> bool:
         """One message from the broker, decoded and taken in; True when it went to the belief

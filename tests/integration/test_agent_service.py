@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import csv
 import json
+import logging
 import math
 import os
 import re
@@ -492,6 +493,45 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
     invalid = res.service.state.invalid_count
     assert invalid[0] == 1 and invalid[1:].sum() == 0
     assert 'racktwin_invalid_readings_total{rack="r0"} 1.0' in body
+    assert_true_power_under_limit(res)
+
+
+async def test_a_message_whose_handling_fails_is_dropped_counted_and_logged_and_the_agent_goes_on(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect that makes the handling of a valid message raise (injected here: rack r1's next five
+    card batches) must not stop the agent: each such message is dropped and counted, one log line
+    (with the traceback) says so, and the agent takes r1's later readings and keeps deciding."""
+    caplog.set_level(logging.ERROR, logger="racktwin.agent")
+    site = load_site(write_site(tmp_path))
+    failed: list[float] = []
+    seen: dict[str, float] = {}
+
+    async def inject(service: AgentService, sim: Simulator) -> None:
+        await wait_for(lambda: service.decisions >= 2, what="two decisions")
+        handle = service.ingest.handle
+
+        def defective(msg: wire.Message) -> str:
+            if isinstance(msg, wire.CardBatch) and msg.rack == "r1" and len(failed) < 5:
+                failed.append(msg.ts_s)
+                raise RuntimeError("an injected defect")
+            return handle(msg)
+
+        service.ingest.handle = defective  # type: ignore[method-assign]
+        await wait_for(lambda: len(failed) == 5, what="five failed messages")
+        before = service.decisions
+        await wait_for(lambda: service.decisions >= before + 3, what="decisions after the failures")
+        seen["r1_card_seen_s"] = float(service.state.card_last_seen_s[site.cards_per_rack])
+        value = service.metrics.registry.get_sample_value("racktwin_message_handling_errors_total")
+        seen["metric"] = -1.0 if value is None else value
+
+    res = await run_with_sim(mosquitto, write_config(tmp_path), full_load(site, 60.0), speed=20.0, during=inject)
+    assert res.service.message_errors == 5 and seen["metric"] == 5.0
+    assert seen["r1_card_seen_s"] > max(failed)  # r1's later batches were taken
+    lines = [r for r in caplog.records if "could not be handled" in r.getMessage()]
+    assert len(lines) == 1  # one line a minute, not one per message
+    assert "/rack/r1/cards" in lines[0].getMessage() and lines[0].exc_info is not None
+    assert res.summary.site_time_s >= START + 60.0  # the run went to its end
     assert_true_power_under_limit(res)
 
 
