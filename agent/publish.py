@@ -67,7 +67,9 @@ A command superseded by a newer one is journaled ``superseded``, counted in
 :attr:`PublishStats.superseded` and reported as closed ``superseded``. A command closed without
 an ack although it went out a retry interval before (expired, abandoned or superseded) is an ack
 missing: counted per target (:attr:`Publisher.acks_missing`) and logged as a warning, at
-most once a minute per target (acks dropped by a broker ACL are otherwise silent).
+most once a minute per target (acks dropped by a broker ACL are otherwise silent), unless the
+target has been silent since the command last went out (``heard_since``: its telemetry stopped
+too, which has its own signs: stale telemetry, fail-safe caps; a simulator that ended).
 The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
 until the same write succeeds again (any error, once a batch is marked sent); for 2 s after a failure
 the publisher does not try its journal writes (each try may wait for SQLite's busy timeout).
@@ -705,7 +707,8 @@ class Publisher:
 
     ``on_sent(command, retry)``, ``on_closed(command, why)`` (closed without an ack: ``why`` is
     ``unacked`` (expired), ``abandoned`` or ``superseded``) and ``on_unconfirmed(command)`` report to
-    the caller (metrics).
+    the caller (metrics). ``heard_since(target, site_s)``: whether the target (a rack) sent anything
+    stamped after ``site_s`` (the service's belief; without it every target counts as heard).
 
     A send whose PUBACK does not come within :attr:`puback_timeout_s` (an overloaded broker) counts
     as sent, unconfirmed: the client keeps the message and delivers it when it can, so it is not
@@ -730,6 +733,7 @@ class Publisher:
         on_sent: Callable[[OpenCommand, bool], None] | None = None,
         on_closed: Callable[[OpenCommand, str], None] | None = None,
         on_unconfirmed: Callable[[OpenCommand], None] | None = None,
+        heard_since: Callable[[str, float], bool] | None = None,
     ) -> None:
         self.bus = bus
         self.book = book
@@ -739,6 +743,7 @@ class Publisher:
         self.on_sent = on_sent
         self.on_closed = on_closed
         self.on_unconfirmed = on_unconfirmed
+        self.heard_since = heard_since
         self.stats = PublishStats()
         self._queue: collections.deque[OpenCommand] = collections.deque()
         #: commands in flight at once (awaiting their PUBACK); the client's own in-flight window
@@ -879,10 +884,13 @@ class Publisher:
                 return
 
     def _no_ack(self, oc: OpenCommand, now_s: float) -> None:
-        """``oc`` closed without an ack: an ack missing if it went out a retry interval before (counted
-        per target; a warning at most every ``ack_warning_interval_s`` per target)."""
+        """``oc`` closed without an ack: an ack missing if it went out a retry interval before and its
+        target sent something since (counted per target; a warning at most every
+        ``ack_warning_interval_s`` per target)."""
         if oc.attempts == 0 or now_s - oc.issued_s < self.retry_after_s:
             return
+        if self.heard_since is not None and not self.heard_since(oc.target, oc.last_sent_s):
+            return  # the target went silent (its telemetry too): not an ack lost on its way
         self.stats.acks_missing += 1
         n = self.acks_missing[oc.target] = self.acks_missing.get(oc.target, 0) + 1
         wall = time.monotonic()

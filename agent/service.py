@@ -229,6 +229,7 @@ class AgentService:
             on_sent=self._on_sent,
             on_closed=self._on_closed,
             on_unconfirmed=self._on_unconfirmed,
+            heard_since=self._heard_since,
         )
         self.http = http
         self._http_listen = http_listen
@@ -760,6 +761,20 @@ class AgentService:
         if control.replan_on_job_events and decides_again_on(ev, control.control_placement):
             self._replan_wall = time.monotonic()
             self._replan.set()
+
+    def _heard_since(self, target: str, site_s: float) -> bool:
+        """Whether rack ``target`` sent telemetry stamped after ``site_s`` (the publisher's test of
+        a missing ack); True for the facility and the scheduler, whose silence the belief does not
+        tell."""
+        try:
+            r = self.site.rack_names.index(target)
+        except ValueError:
+            return True
+        st, cpr = self.state, self.site.cards_per_rack
+        newest = max(
+            float(st.card_last_seen_s[r * cpr : (r + 1) * cpr].max()), st.rack_loop_seen_s[r], st.rack_pdu_seen_s[r]
+        )
+        return bool(newest > site_s)
 
     def _on_ack(self, ack: wire.Acknowledgement) -> None:
         key = (ack.command_id, ack.publisher, ack.seq)

@@ -132,6 +132,30 @@ def test_when_the_clock_steps_back_the_beliefs_times_come_back_with_it() -> None
     assert set(state.stale_racks(now, 5.0)) >= set(range(1, site.n_racks))
 
 
+def _service(tmp_path: Path) -> AgentService:
+    """The example agent's service, not run (no connection is made)."""
+    loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
+    return AgentService(loaded, mqtt=MqttOptions(port=1), http=False)
+
+
+def test_the_service_tells_the_publisher_whether_a_rack_was_heard_from_since_a_time(tmp_path: Path) -> None:
+    """What the publisher asks before it reports a missing ack (``agent.publish.Publisher``): a rack
+    heard from after the command went out (any of its cards, its loop or its PDU) did not get it or
+    its ack was lost; a silent one is not reported. The facility and the scheduler count as heard."""
+    svc = _service(tmp_path)
+    try:
+        svc.ingest.handle(cards_msg("r2", T0 + 5.0))
+        svc.ingest.handle(_cdu("r3", T0 + 7.0))
+        svc._flush()
+        assert svc._heard_since("r2", T0 + 4.9) and not svc._heard_since("r2", T0 + 5.0)
+        assert svc._heard_since("r3", T0 + 6.0) and not svc._heard_since("r3", T0 + 7.0)
+        assert not svc._heard_since("r0", T0 - 1e6)  # never heard from
+        assert svc._heard_since("facility", T0 + 1e6) and svc._heard_since("scheduler", T0 + 1e6)
+    finally:
+        svc._executor.shutdown(wait=True)
+        svc.journal.close()
+
+
 def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_round_first(tmp_path: Path) -> None:
     """The service merges the partial rounds its ingest flushes (a burst holds part of a round) into
     whole ones for the estimator. When the site's clock steps back (a simulator restarted 600 s
@@ -139,8 +163,7 @@ def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_rou
     sends for ten minutes: it goes to the estimator when the clock steps back, and the new
     timeline's rounds after it whole and in order (it used to stay held, so that every half round
     of the new timeline went out alone at once, and the old round out of order ten minutes later)."""
-    loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
-    svc = AgentService(loaded, mqtt=MqttOptions(port=1), http=False)  # not run: no connection
+    svc = _service(tmp_path)
     try:
         wall = FakeWall()
         svc.clock = svc.ingest.clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)

@@ -278,3 +278,37 @@ async def test_a_command_superseded_while_unacknowledged_is_never_sent_again(
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no ack from r0")]
     assert len(warnings) == 1 and "for 1 command(s)" in warnings[0], warnings
     journal.close()
+
+
+@pytest.mark.parametrize("heard", [True, False])
+async def test_a_missing_ack_is_reported_only_while_the_rack_is_heard_from(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture, heard: bool
+) -> None:
+    """A command to r0 sent, never acknowledged, expired. While r0's telemetry keeps coming
+    (``heard_since``) its acks are lost on their way (a broker ACL?): counted and logged. A rack
+    silent since the command went out (a simulator that ended, a rack cut off: stale telemetry and
+    fail-safe caps say so) is no ack lost: the warning would point at an ACL for nothing (it did,
+    at the end of every ``racktwin demo`` whose last decision came as the simulator stopped)."""
+    d = desk(tmp_path)
+    asked: list[tuple[str, float]] = []
+
+    def heard_since(target: str, site_s: float) -> bool:
+        asked.append((target, site_s))
+        return heard
+
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, heard_since=heard_since)
+        (oc,) = d.decide(1)
+        publisher.submit([oc])
+        await publisher.step()
+        assert oc.attempts == 1
+        d.clock.observe(TS + 31.0)  # expired (at TS + 30), no ack
+        await publisher.step()
+    row = d.journal.command(oc.command_id)
+    assert row is not None and row.state == "expired"
+    assert asked == [(oc.target, oc.last_sent_s)]
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"no ack from {oc.target}")]
+    assert publisher.acks_missing == ({oc.target: 1} if heard else {})
+    assert len(warnings) == (1 if heard else 0), warnings
+    d.journal.close()
