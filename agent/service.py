@@ -714,7 +714,7 @@ class AgentService:
             return
         self._message_error_logged = (wall, self.message_errors)
         log.exception(
-            "a message on %s could not be handled (dropped; the agent goes on): %d such since the last line",
+            "a message on %s could not be handled; the agent goes on (%d message(s) dropped since the last such line)",
             topic,
             self.message_errors - last_n,
             extra={"fields": {"topic": topic, "message_handling_errors": self.message_errors}},
