@@ -81,7 +81,7 @@ class Prices:
 
     Defaults: a card-hour of training at the top clock is worth 2.0 (the rental price of an
     H100-class card-hour is 2-4 units), a kWh of facility energy costs 0.10 (an industrial tariff).
-    One DVFS level down saves ~70 W (0.007/h) but loses ~4.5% of a card's throughput (0.09/h):
+    One DVFS level down saves ~70 W (0.007/h) but loses ~5% of a card's throughput (0.10/h):
     the model never trades a meaningful throughput loss for tiny energy savings, it slows jobs only
     when a cap forces it or when a job's phase does no clock-sensitive work.
 

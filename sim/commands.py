@@ -64,7 +64,8 @@ reason (``twin.plant.CommandError``); a card command refused because cards of it
 * scheduler ``place``: ``Plant.place_job`` (rack-local card indices on the wire); the job must be
   queued, get exactly its number of cards, none failed or busy.
 
-Commands to a failed card are rejected. After the card's own protection the card may run slower
+Commands to a failed card are rejected (``card_failed``), except host power commands (a host with
+a failed card can still be powered off and on). After the card's own protection the card may run slower
 than commanded (power brake, thermal slowdown): the card batch's ``sm_clock_mhz`` shows it.
 """
 
