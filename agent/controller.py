@@ -1017,7 +1017,7 @@ class Controller:
         )
 
     # ================================================================================================
-    # 5. commit
+    # 6. commit
     # ================================================================================================
     def commit(self, decision: Decision, snap: StateSnapshot, ctx: StepContext) -> None:
         """Remember what the next step needs: placements in flight, the set-point evaluation, the

@@ -37,8 +37,9 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts): the
    configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
    but not power the twin does not explain (``rack_extra_w``, e.g. 30 kW more on a PDU than its cards
-   and hosts draw); then the decision says the rack cannot be held (``infeasible``, an explanation
-   line, its predicted power over its cap in the metrics) and no lever of the agent is left.
+   and hosts draw); then the guard says the rack cannot be held (an explanation line, its predicted
+   power over its cap in the metrics; the periodic decision's plan, relaxed at the cap, is
+   ``infeasible``) and no lever of the agent is left.
 5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
    the slowest level its power limit is set to what the die limit allows.
 

@@ -13,8 +13,9 @@ left idle while a big job waits for a start further ahead go off meanwhile and b
 The reserve and the waiting jobs are counted in cards: a free host with failed cards holds only its
 healthy ones (a job requeued after a card failure, its host left with 7 healthy cards of 8, used to
 wait for the scheduler's own fallback while the other host of its rack stayed off).
-Hosts on fail-safe racks keep their state (their telemetry cannot be trusted), and a host with a card
-busy or being placed on is never off. The idle hosts kept on are those holding awake idle cards (the
+Hosts whose cards the agent cannot see (a rack without fresh telemetry, the host of a stuck card) keep
+their state (their telemetry cannot be trusted), and a host with a card busy or being placed on is
+never off. The idle hosts kept on are those holding awake idle cards (the
 ready reserve the plan keeps on hosts that are on) first, then the most recently used; when hosts
 come back on, the most recently used come first.
 

@@ -200,7 +200,9 @@ class AgentMetrics:
         self.ambient_temperature_celsius = Gauge(
             "racktwin_ambient_temperature_celsius", "Outdoor air temperature at the facility", registry=r
         )
-        self.open_commands = Gauge("racktwin_open_commands", "Commands sent and not yet acknowledged", registry=r)
+        self.open_commands = Gauge(
+            "racktwin_open_commands", "Commands journaled and not yet closed (sent or still to send)", registry=r
+        )
         self.site_time_seconds = Gauge(
             "racktwin_site_time_seconds", "The site clock (epoch seconds, from telemetry timestamps)", registry=r
         )

@@ -15,7 +15,8 @@
   leakage per card; fouled cold plates and weak pumps are flagged in metrics and logs); calibration
   goes to the journal every ``journal.calibration_every_s``.
 * ``control``: every ``control.period_s`` of *site* time, and at once (at most every
-  ``min_replan_interval_s``) when a job starts, ends or resumes computing: snapshot ->
+  ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes computing, or is
+  submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->
   ``Controller.propose`` in a worker thread under ``asyncio.timeout`` shorter than the period (a
   late solve: the greedy plan now, and no new solve until the late one returns) -> ``Guard.review``
   -> journal (the decision and its commands, before anything is sent) -> commands (enforce) or
