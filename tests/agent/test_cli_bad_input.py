@@ -105,3 +105,24 @@ def test_demo_refuses_telemetry_further_apart_than_the_agents_deadline(
     rc = main(["demo", "--scenario", str(scen), "--minutes", "1", "--out", str(tmp_path / "out")])
     line = one_error(capsys, rc, "demo")
     assert f"{scen}: telemetry_period_s: 45 s is longer than the agent's telemetry_deadline_s (30 s" in line, line
+
+
+# ---- the simulator's broker password file ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\xff\xfe\x00secret\n", "not a UTF-8 text file"),  # was a UnicodeDecodeError traceback
+        (b"", "the first line (the password) is empty"),  # was sent as an empty password
+        (b"\n\nsecret\n", "the first line (the password) is empty"),
+    ],
+)
+def test_sim_refuses_a_password_file_it_cannot_use_as_the_agent_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, words: str
+) -> None:
+    pw = tmp_path / "sim.password"
+    pw.write_bytes(content)
+    args = ["sim", "--broker", "mqtt://127.0.0.1:1", "--duration", "5", "--speed", "0", "--mqtt-username", "u"]
+    line = one_error(capsys, main([*args, "--mqtt-password-file", str(pw)]), "sim")
+    assert f"--mqtt-password-file {pw}: {words}" in line, line
