@@ -126,3 +126,26 @@ def test_sim_refuses_a_password_file_it_cannot_use_as_the_agent_does(
     args = ["sim", "--broker", "mqtt://127.0.0.1:1", "--duration", "5", "--speed", "0", "--mqtt-username", "u"]
     line = one_error(capsys, main([*args, "--mqtt-password-file", str(pw)]), "sim")
     assert f"--mqtt-password-file {pw}: {words}" in line, line
+
+
+# ---- run-scenario values ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("startup_s = 1e300", "phases.startup_s: must be <= 86400 s, got 1e+300"),  # was accepted: no job computed
+        ("restart_delay_s = 86401.0", "phases.restart_delay_s: must be <= 86400 s, got 86401.0"),
+        ("startup_s = -1.0", "phases.startup_s: must be >= 0 s, got -1.0"),
+    ],
+)
+def test_a_job_start_or_restart_longer_than_a_day_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, words: str
+) -> None:
+    scen = tmp_path / "s.toml"
+    scen.write_text(
+        f'name = "s"\nsite = "{SITE}"\nduration_s = 600.0\n[workload]\nsource = "none"\n[phases]\n{line}\n',
+        encoding="utf-8",
+    )
+    rc = main(["evaluate", "--scenario", str(scen), "--policy", "baseline", "--duration", "20", "--jobs", "1"])
+    assert f"{scen}: {words}" in one_error(capsys, rc, "evaluate")
