@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from agent.wire.messages import MAX_COMMAND_TTL_S
 from agent.wire.topics import SiteLayout, Topics
-from twin.spec import SiteSpec, load_site, site_spec_sections
+from twin.spec import SiteSpec, check_file_kind, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 
 ENV_PREFIX = "RACKTWIN_"
@@ -398,6 +398,7 @@ def _decoded(path: str | Path, env: Mapping[str, str] | None) -> tuple[AgentConf
             f"this looks like a site spec ({', '.join(f'[{k}]' for k in sections)}), not an agent configuration: "
             "name it in the configuration's `site` key (examples/agent.toml)",
         )
+    check_file_kind(data, "agent configuration", source)
     check_env_names(environ, source)
     data, used = apply_env_overrides(data, environ)
     label = source + (f" (with {', '.join(used)})" if used else "")

@@ -149,3 +149,33 @@ def test_a_job_start_or_restart_longer_than_a_day_is_refused(
     )
     rc = main(["evaluate", "--scenario", str(scen), "--policy", "baseline", "--duration", "20", "--jobs", "1"])
     assert f"{scen}: {words}" in one_error(capsys, rc, "evaluate")
+
+
+# ---- a racktwin file of another kind ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "given", "words"),
+    [
+        # were "name: unknown key; did you mean 'mode'?", "ambient_c: unknown key; did you mean 'ambient'?", ...
+        (["agent", "--check-config", "{f}"], "scenario-nominal.toml", "an optimize scenario (ambient_c, "),
+        (["agent", "--check-config", "{f}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["journal", "--config", "{f}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["evaluate", "--scenario", "{f}", "--duration", "60"], "scenario-nominal.toml", "an optimize scenario"),
+        (["evaluate", "--scenario", "{f}", "--duration", "60"], "agent.toml", "an agent configuration (site_id, "),
+        (["optimize", "{f}", "--out", "{out}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["optimize", "{f}", "--out", "{out}"], "agent.toml", "an agent configuration (site_id, "),
+        (["optimize", "{f}", "--out", "{out}"], "supernode-512.toml", "a site spec (pue_target, "),
+        (["twin", "steady", "--site", "{f}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["twin", "steady", "--site", "{f}"], "agent.toml", "an agent configuration (site_id, "),
+    ],
+)
+def test_a_file_of_another_kind_is_named_as_that_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], given: str, words: str
+) -> None:
+    f = EXAMPLES / given
+    argv = [a.format(f=f, out=tmp_path / "out") for a in args]
+    line = one_error(capsys, main(argv), argv[0])
+    assert f"{f}: this looks like {words}" in line, line
+    assert "unknown key" not in line
+    assert not (tmp_path / "out").exists()
