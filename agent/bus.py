@@ -748,7 +748,11 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
             lines = Path(ns.mqtt_password_file).read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: not a UTF-8 text file") from None
         password = lines[0].strip() if lines else ""
+        if not password:  # as the agent's broker.password_file: an empty password is a wrong file
+            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: the first line (the password) is empty")
     elif os.environ.get(PASSWORD_ENV):
         password = os.environ[PASSWORD_ENV]
     for opt in ("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):

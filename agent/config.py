@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from agent.wire.messages import MAX_COMMAND_TTL_S
 from agent.wire.topics import SiteLayout, Topics
-from twin.spec import SiteSpec, load_site, site_spec_sections
+from twin.spec import SiteSpec, check_file_kind, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 
 ENV_PREFIX = "RACKTWIN_"
@@ -398,6 +398,7 @@ def _decoded(path: str | Path, env: Mapping[str, str] | None) -> tuple[AgentConf
             f"this looks like a site spec ({', '.join(f'[{k}]' for k in sections)}), not an agent configuration: "
             "name it in the configuration's `site` key (examples/agent.toml)",
         )
+    check_file_kind(data, "agent configuration", source)
     check_env_names(environ, source)
     data, used = apply_env_overrides(data, environ)
     label = source + (f" (with {', '.join(used)})" if used else "")
@@ -451,19 +452,28 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
         )
 
 
+#: a broker host outside brackets: an IPv4 address or a host name (``_`` too: container names have it)
+_BROKER_HOST = re.compile(r"[A-Za-z0-9._-]+")
+
+
 def broker_url_problem(url: str, *, credentials: str) -> str | None:
     """What keeps ``url`` from being a broker URL (None: nothing): ``mqtt://`` or ``mqtts://``, a
     host, an optional port within 1..65535, nothing else; user name and password go in their own
     settings, which ``credentials`` names. The agent's ``broker.url``, ``racktwin sim --broker``
     and ``racktwin demo --broker`` take the same URLs."""
-    parts = urlsplit(url)
+    form = "expected mqtt://host:port or mqtts://host:port"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed or invalid [IPv6] address
+        return f"not a URL: {url!r} ({exc}): {form}"
     if parts.scheme not in ("mqtt", "mqtts"):
         return f"must start with mqtt:// or mqtts://, got {url!r}"
-    form = "expected mqtt://host:port or mqtts://host:port"
     if parts.username is not None or parts.password is not None:
         return f"no user name or password in the URL, got {url!r}: use {credentials}"
     if not parts.hostname:
         return f"no host in {url!r}: {form}"
+    if "[" not in parts.netloc and not _BROKER_HOST.fullmatch(parts.hostname):  # [IPv6] is checked by urlsplit
+        return f"bad host {parts.hostname!r} in {url!r}: an IP address or a host name (letters, digits, '.', '-', '_')"
     try:
         port = parts.port
     except ValueError:

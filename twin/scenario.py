@@ -52,7 +52,7 @@ from twin.faults import (
     StuckSensor,
 )
 from twin.plant import CardVariation, Plant, PlantConfig, SensorNoise
-from twin.spec import SiteSpec, load_site, site_spec_sections
+from twin.spec import SiteSpec, check_file_kind, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 from twin.workload import (
     GeneratorConfig,
@@ -368,6 +368,7 @@ def run_scenario_from_dict(
         raise SpecError(source, "(top level)", f"expected a table, got {type(data).__name__}")
     base = Path(base_dir)
     _check_not_a_site_spec(data, source)
+    check_file_kind(data, "run scenario", source)
     main = {k: v for k, v in data.items() if k not in _SEPARATE_KEYS}
     top = decode_table(_RunFile, main, source, other_keys=_SEPARATE_KEYS)
     the_seed, duration = _seed_and_duration(top, seed, duration_s, source)

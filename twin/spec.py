@@ -322,12 +322,51 @@ def site_spec_sections(data: Mapping[str, Any]) -> list[str]:
     return sections if len(sections) >= 2 else []
 
 
+#: The kinds of racktwin TOML files: name -> (top-level keys no other kind has, where such a file goes).
+_FILE_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "site spec": (
+        ("pue_target", "racks_per_supernode", "torus_dims", *_SITE_SECTIONS),
+        "name it in the `site` key of a scenario or an agent configuration",
+    ),
+    "run scenario": (
+        ("duration_s", "telemetry_period_s", "workload", "plant", "targets", "ambient", "phases", "faults"),
+        "racktwin evaluate, sim and demo take it with --scenario",
+    ),
+    "optimize scenario": (
+        ("ambient_c", "supply_temp_c", "ready_reserve_cards", "failed_cards", "margins", "solver", "generate", "queue"),
+        "racktwin optimize takes it",
+    ),
+    "agent configuration": (
+        ("site_id", "mode", "broker", "control", "journal", "http", "log"),
+        "racktwin agent takes it with --config",
+    ),
+}
+
+
+def check_file_kind(data: Mapping[str, Any], expected: str, source: str) -> None:
+    """Refuse a racktwin file of another kind than ``expected`` (a key of :data:`_FILE_KINDS`): one
+    with none of the keys only ``expected`` files have and some only another kind has is named as
+    that kind, not reported as its first unknown key (whose nearest known key misleads)."""
+    if any(k in data for k in _FILE_KINDS[expected][0]):
+        return
+    found = {kind: [k for k in keys if k in data] for kind, (keys, _) in _FILE_KINDS.items() if kind != expected}
+    kind = max(found, key=lambda k: len(found[k]))
+    if found[kind]:
+        raise SpecError(
+            source,
+            "",
+            f"this looks like {'an' if kind[0] in 'aeiou' else 'a'} {kind} ({', '.join(found[kind])}), "
+            f"not {'an' if expected[0] in 'aeiou' else 'a'} {expected}: {_FILE_KINDS[kind][1]}",
+        )
+
+
 #: With ``rack.hosts_per_rack`` > 0 these must be given too (none has a default that fits a real host).
 _HOST_KEYS = ("host_power_w", "host_off_power_w", "host_boot_s")
 
 
 def site_from_dict(data: dict[str, Any], source: str = "<site>") -> SiteSpec:
     """Build and validate a :class:`SiteSpec` from parsed TOML data."""
+    check_file_kind(data, "site spec", source)
     _check_host_keys_given(data, source)
     site = decode_table(SiteSpec, data, source)
     _check_site(site, source)

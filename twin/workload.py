@@ -221,6 +221,10 @@ def synchronous_utilization(
 MAX_STALL_SIGMA = 3.0
 
 
+#: Longest ``PhaseModel.startup_s`` and ``restart_delay_s`` (a day).
+MAX_PHASE_DELAY_S = 86400.0
+
+
 @dataclass(frozen=True)
 class PhaseModel:
     """Durations and card utilization of the non-training phases. Values are assumptions
@@ -243,8 +247,10 @@ class PhaseModel:
     idle (0). ``twin.power`` turns utilization into switching power.
     """
 
-    startup_s: float = 60.0
-    restart_delay_s: float = 180.0
+    # at most a day: a longer start or restart is no job's (a unit slip, ms for s), and the job's cards
+    # would wait for nothing all run
+    startup_s: float = field(default=60.0, metadata=rng(0.0, MAX_PHASE_DELAY_S))
+    restart_delay_s: float = field(default=180.0, metadata=rng(0.0, MAX_PHASE_DELAY_S))
     comm_stalls_per_hour: float = 2.0
     comm_stall_median_s: float = 20.0
     input_stalls_per_hour: float = 1.0

@@ -65,6 +65,18 @@ def prepare_output_dir(out_dir: Path, files: Iterable[str], option: str = "--out
         check_output_file(out_dir / name, option)
 
 
+def check_telemetry_period(source: str | Path, telemetry_period_s: float, deadline_s: float, setting: str) -> None:
+    """A run scenario's ``telemetry_period_s`` against the agent's ``telemetry_deadline_s`` (which
+    ``setting`` says how to change): readings further apart than the deadline leave every rack stale
+    between them, and the agent holds stale racks at fail-safe caps (its results would measure that)."""
+    if telemetry_period_s > deadline_s:
+        raise UserError(
+            f"{source}: telemetry_period_s: {telemetry_period_s:g} s is longer than the agent's telemetry_deadline_s "
+            f"({deadline_s:g} s, {setting}): every rack would be stale between readings and held at fail-safe "
+            f"caps; give at most {deadline_s:g} s"
+        )
+
+
 def check_broker_option(url: str, *, credentials: str) -> None:
     """``--broker URL`` (racktwin sim, racktwin demo): the URLs the agent's ``broker.url`` takes
     (``agent.config.broker_url_problem``); ``credentials`` says where a user name and password go."""

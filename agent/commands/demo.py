@@ -38,7 +38,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.commands.common import EXAMPLES_DIR, UserError, check_broker_option, prepare_output_dir, print_json
+from agent.commands.common import (
+    EXAMPLES_DIR,
+    UserError,
+    check_broker_option,
+    check_telemetry_period,
+    prepare_output_dir,
+    print_json,
+)
 from agent.config import ControlConfig
 from agent.solver_output import stdout_to_stderr
 
@@ -54,6 +61,7 @@ DEFAULT_MINUTES = 75.0
 MAX_MINUTES = 7 * 24 * 60.0
 #: the control period of the demo's agent (the default control configuration), site seconds
 _PERIOD_S = ControlConfig().period_s
+_TELEMETRY_DEADLINE_S = ControlConfig().telemetry_deadline_s
 DEFAULT_SPEED = 30.0
 SITE_ID = "site1"
 #: after the simulator ended, how long the agent may still take in the acks the racks sent last
@@ -139,6 +147,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise UserError(str(exc)) from None
     for warning in scenario.warnings:
         print(f"racktwin demo: warning: {warning}", file=sys.stderr, flush=True)
+    check_telemetry_period(path, scenario.telemetry_period_s, _TELEMETRY_DEADLINE_S, "the demo's agent runs with it")
     if args.broker is not None:  # the demo's simulator and agent connect without credentials
         check_broker_option(args.broker, credentials="a broker without them (the demo passes none)")
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"

@@ -21,7 +21,14 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from agent.commands.common import UserError, _clean, folder_name, prepare_output_dir, print_json
+from agent.commands.common import (
+    UserError,
+    _clean,
+    check_telemetry_period,
+    folder_name,
+    prepare_output_dir,
+    print_json,
+)
 from agent.config import ControlConfig, check_control
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
 from agent.policies import POLICY_NAMES
@@ -186,6 +193,9 @@ def run(args: argparse.Namespace, command: str) -> int:
         print(f"racktwin {command}: warning: {warning}", file=sys.stderr, flush=True)
     if scenario.duration_s <= period_s:
         raise too_short(scenario.duration_s)
+    if any(p in ("greedy", "racktwin") for p in policies):  # the agent's policies: stale racks go to fail-safe
+        deadline_s, setting = control_in_force.telemetry_deadline_s, "--control telemetry_deadline_s=S sets it"
+        check_telemetry_period(path, scenario.telemetry_period_s, deadline_s, setting)
     if scenario.targets is not None:
         try:
             validate_targets(scenario.targets, POLICY_NAMES)

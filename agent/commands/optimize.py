@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from agent.commands.common import UserError, folder_name, prepare_output_dir, print_json
 from agent.report import figures_html, page, png_base64, pyplot
-from twin.spec import SiteSpec, SpecError, load_site
+from twin.spec import SiteSpec, SpecError, check_file_kind, load_site
 from twin.tables import choices, decode_table, read_toml, rng
 from twin.workload import JobSpec, Phase
 
@@ -230,6 +230,7 @@ def _read_scenario_file(p: Path, src: str) -> tuple[ScenarioFile, dict[str, list
     """The file's tables, its ``[[jobs]]`` and ``[[queue]]`` entries and the site spec it names."""
     try:
         data = read_toml(p)
+        check_file_kind(data, "optimize scenario", src)
         lists = {k: data.pop(k) for k in ("jobs", "queue") if k in data}
         sf = decode_table(ScenarioFile, data, src, other_keys=("jobs", "queue"))
         entries: dict[str, list[JobEntry]] = {"jobs": [], "queue": []}

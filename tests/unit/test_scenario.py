@@ -334,7 +334,7 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         ({"ambient": {"kind": "tropical"}}, "ambient.kind", "must be one of"),
         ({"ambient": {"kind": "piecewise", "times_s": [0, 1], "temps_c": [20]}}, "ambient", "equal length"),
         ({"ambient": {"kind": "constant", "temp_f": 70}}, "ambient.temp_f", "unknown key"),
-        ({"phases": {"startup_s": -1.0}}, "phases", "must be >= 0"),
+        ({"phases": {"startup_s": -1.0}}, "phases.startup_s", "must be >= 0"),
         ({"phases": {"max_restarts": -1}}, "phases.max_restarts", "must be >= 0"),
         ({"phases": {"stall_sigma": 50.0}}, "phases.stall_sigma", "must be <= 3"),  # was an OverflowError
         ({"phases": {"comm_stalls_per_hour": 1e9}}, "phases", "leaving it almost no time to compute"),

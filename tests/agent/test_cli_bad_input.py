@@ -1,0 +1,181 @@
+"""What an operator gets wrong on the command line, and what racktwin must answer: one line naming the
+file, the key and what is expected, exit status 2 (``UserError``), before anything runs; never a
+traceback, and never a run whose results a nonsense value would make misleading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+
+pytestmark = pytest.mark.agent
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SITE = EXAMPLES / "supernode-512.toml"
+
+
+def one_error(capsys: pytest.CaptureFixture[str], rc: int, command: str) -> str:
+    """The one error line of a refused command (warnings about the scenario may come before it)."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.strip().splitlines() if ": warning: " not in line]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith(f"racktwin {command}: error: "), err
+    return lines[0]
+
+
+def variant(tmp_path: Path, example: str, old: str, new: str) -> Path:
+    """A copy of ``examples/<example>`` under ``tmp_path`` with ``old`` replaced by ``new`` (once);
+    the site spec it names is the example's, by absolute path."""
+    text = (EXAMPLES / example).read_text(encoding="utf-8")
+    assert old in text, old
+    text = text.replace(old, new, 1).replace('site = "supernode-512.toml"', f'site = "{SITE}"', 1)
+    path = tmp_path / example
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def agent_config(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "agent.toml"
+    body = [f'site = "{SITE}"', f'journal.path = "{tmp_path / "journal.sqlite"}"', *lines]
+    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+    return path
+
+
+# ---- broker URLs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("mqtt://[::1:1883", "not a URL: 'mqtt://[::1:1883' (Invalid IPv6 URL)"),  # was a ValueError traceback
+        ("mqtt://[zz]:1883", "not a URL: 'mqtt://[zz]:1883'"),
+        ("mqtt://bad host:1883", "bad host 'bad host'"),  # was accepted: the agent retried a DNS error for ever
+        ("mqtt://broker%201:1883", "bad host 'broker%201'"),
+    ],
+)
+def test_a_malformed_broker_url_is_one_line_in_the_config_and_the_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, words: str
+) -> None:
+    cfg = agent_config(tmp_path, "[broker]", f'url = "{url}"')
+    line = one_error(capsys, main(["agent", "--check-config", str(cfg)]), "agent")
+    assert f"{cfg}: broker.url: " in line and words in line, line
+    line = one_error(capsys, main(["sim", "--broker", url, "--duration", "5", "--speed", "0"]), "sim")
+    assert "--broker: " in line and words in line, line
+    line = one_error(capsys, main(["demo", "--broker", url, "--minutes", "1", "--out", str(tmp_path)]), "demo")
+    assert "--broker: " in line and words in line, line
+
+
+@pytest.mark.parametrize("url", ["mqtt://[::1]:1883", "mqtt://broker_1.local:1883", "mqtts://10.0.0.5"])
+def test_broker_urls_with_ipv6_container_names_and_default_ports_are_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    cfg = agent_config(tmp_path, "[broker]", f'url = "{url}"')
+    assert main(["agent", "--check-config", str(cfg)]) == 0
+    assert ": OK" in capsys.readouterr().out
+
+
+# ---- telemetry further apart than the agent's deadline ----------------------------------------------
+
+
+def test_evaluate_refuses_telemetry_further_apart_than_the_agents_deadline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Readings every 120 s against the agent's 30-s telemetry deadline left every rack stale, at
+    fail-safe caps: the racktwin policy's result showed a 14% throughput loss that was only that."""
+    scen = variant(tmp_path, "day-nominal.toml", "telemetry_period_s = 1.0", "telemetry_period_s = 120.0")
+    out = tmp_path / "out"
+    args = ["evaluate", "--scenario", str(scen), "--duration", "60", "--jobs", "1", "--quiet", "--out", str(out)]
+    line = one_error(capsys, main([*args, "--policy", "racktwin"]), "evaluate")
+    assert f"{scen}: telemetry_period_s: 120 s is longer than the agent's telemetry_deadline_s (30 s" in line, line
+    assert "--control telemetry_deadline_s=S" in line
+    assert not (out / "metrics.json").exists()  # nothing ran
+    # a deadline that covers the period, or policies that do not go to fail-safe, run
+    relaxed = ["--control", "telemetry_deadline_s=150", "--control", "command_ttl_s=150"]
+    assert main([*args, "--policy", "greedy", *relaxed]) == 0
+    assert main([*args, "--policy", "baseline"]) == 0
+
+
+def test_demo_refuses_telemetry_further_apart_than_the_agents_deadline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scen = variant(tmp_path, "day-demo.toml", "telemetry_period_s = 1.0", "telemetry_period_s = 45.0")
+    rc = main(["demo", "--scenario", str(scen), "--minutes", "1", "--out", str(tmp_path / "out")])
+    line = one_error(capsys, rc, "demo")
+    assert f"{scen}: telemetry_period_s: 45 s is longer than the agent's telemetry_deadline_s (30 s" in line, line
+
+
+# ---- the simulator's broker password file ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\xff\xfe\x00secret\n", "not a UTF-8 text file"),  # was a UnicodeDecodeError traceback
+        (b"", "the first line (the password) is empty"),  # was sent as an empty password
+        (b"\n\nsecret\n", "the first line (the password) is empty"),
+    ],
+)
+def test_sim_refuses_a_password_file_it_cannot_use_as_the_agent_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, words: str
+) -> None:
+    pw = tmp_path / "sim.password"
+    pw.write_bytes(content)
+    args = ["sim", "--broker", "mqtt://127.0.0.1:1", "--duration", "5", "--speed", "0", "--mqtt-username", "u"]
+    line = one_error(capsys, main([*args, "--mqtt-password-file", str(pw)]), "sim")
+    assert f"--mqtt-password-file {pw}: {words}" in line, line
+
+
+# ---- run-scenario values ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("startup_s = 1e300", "phases.startup_s: must be <= 86400 s, got 1e+300"),  # was accepted: no job computed
+        ("restart_delay_s = 86401.0", "phases.restart_delay_s: must be <= 86400 s, got 86401.0"),
+        ("startup_s = -1.0", "phases.startup_s: must be >= 0 s, got -1.0"),
+    ],
+)
+def test_a_job_start_or_restart_longer_than_a_day_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, words: str
+) -> None:
+    scen = tmp_path / "s.toml"
+    scen.write_text(
+        f'name = "s"\nsite = "{SITE}"\nduration_s = 600.0\n[workload]\nsource = "none"\n[phases]\n{line}\n',
+        encoding="utf-8",
+    )
+    rc = main(["evaluate", "--scenario", str(scen), "--policy", "baseline", "--duration", "20", "--jobs", "1"])
+    assert f"{scen}: {words}" in one_error(capsys, rc, "evaluate")
+
+
+# ---- a racktwin file of another kind ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "given", "words"),
+    [
+        # were "name: unknown key; did you mean 'mode'?", "ambient_c: unknown key; did you mean 'ambient'?", ...
+        (["agent", "--check-config", "{f}"], "scenario-nominal.toml", "an optimize scenario (ambient_c, "),
+        (["agent", "--check-config", "{f}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["journal", "--config", "{f}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["evaluate", "--scenario", "{f}", "--duration", "60"], "scenario-nominal.toml", "an optimize scenario"),
+        (["evaluate", "--scenario", "{f}", "--duration", "60"], "agent.toml", "an agent configuration (site_id, "),
+        (["optimize", "{f}", "--out", "{out}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["optimize", "{f}", "--out", "{out}"], "agent.toml", "an agent configuration (site_id, "),
+        (["optimize", "{f}", "--out", "{out}"], "supernode-512.toml", "a site spec (pue_target, "),
+        (["twin", "steady", "--site", "{f}"], "day-nominal.toml", "a run scenario (duration_s, "),
+        (["twin", "steady", "--site", "{f}"], "agent.toml", "an agent configuration (site_id, "),
+    ],
+)
+def test_a_file_of_another_kind_is_named_as_that_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], given: str, words: str
+) -> None:
+    f = EXAMPLES / given
+    argv = [a.format(f=f, out=tmp_path / "out") for a in args]
+    line = one_error(capsys, main(argv), argv[0])
+    assert f"{f}: this looks like {words}" in line, line
+    assert "unknown key" not in line
+    assert not (tmp_path / "out").exists()
