@@ -99,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         metavar="KEY=VALUE",
         help="set a [control] key of the agent's configuration for this run (docs/agent.md), e.g. "
         "--control host_off_after_s=1800 --control control_host_power=false; repeatable; values as in "
-        "TOML (default: the agent's defaults). greedy and racktwin use every key; static-cap and "
-        "reactive the period, rack margin and lowest power limit",
+        "TOML (default: the agent's defaults). greedy and racktwin use every key; static-cap its cap "
+        "(rack_margin_w, min_power_limit_w), reactive min_power_limit_w only (its 3 s period and bands are fixed)",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress on stderr (warnings and the targets' verdicts still print)"
