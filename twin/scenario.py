@@ -325,11 +325,13 @@ def load_run_scenario(
     site: SiteSpec | None = None,
     seed: int | None = None,
     duration_s: float | None = None,
+    supernodes: int | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> RunScenario:
-    """Read a run-scenario TOML file. ``site`` replaces the file's ``site`` key (``supernodes``
-    still applies); ``seed`` and ``duration_s`` override the file's (the generated workload is
-    drawn for them). Any problem is a :class:`SpecError` naming the file and the field.
+    """Read a run-scenario TOML file. ``site`` replaces the file's ``site`` key (the file's
+    ``supernodes`` still applies); ``seed``, ``duration_s`` and ``supernodes`` override the file's
+    (the generated workload is drawn for them). Any problem is a :class:`SpecError` naming the file
+    and the field.
 
     A fault that starts, or a listed job submitted, at or after the end of the run is an error, unless
     the run ends before it only because ``duration_s`` shortened it: then the scenario's ``warnings``
@@ -337,7 +339,14 @@ def load_run_scenario(
     stays (it never happens)."""
     data = read_toml(path)
     scenario = run_scenario_from_dict(
-        data, source=str(path), base_dir=Path(path).parent, site=site, seed=seed, duration_s=duration_s, warn=warn
+        data,
+        source=str(path),
+        base_dir=Path(path).parent,
+        site=site,
+        seed=seed,
+        duration_s=duration_s,
+        supernodes=supernodes,
+        warn=warn,
     )
     return dataclasses.replace(scenario, input_files=(Path(path), *scenario.input_files))
 
@@ -360,10 +369,11 @@ def run_scenario_from_dict(
     site: SiteSpec | None = None,
     seed: int | None = None,
     duration_s: float | None = None,
+    supernodes: int | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> RunScenario:
     """Build a :class:`RunScenario` from parsed TOML (relative paths are taken from ``base_dir``;
-    ``warn``: as :func:`load_run_scenario`'s)."""
+    the other arguments as :func:`load_run_scenario`'s)."""
     if not isinstance(data, Mapping):
         raise SpecError(source, "(top level)", f"expected a table, got {type(data).__name__}")
     base = Path(base_dir)
@@ -376,8 +386,9 @@ def run_scenario_from_dict(
     inputs: list[Path] = []
     if site is None:
         site = _run_site(top, base, source, inputs)
-    if top.supernodes is not None:
-        site = site.with_supernodes(top.supernodes)
+    scale = supernodes if supernodes is not None else top.supernodes
+    if scale is not None:
+        site = site.with_supernodes(scale)
     ambient = _ambient(data.get("ambient"), site, source)
     phases = PhaseModel()
     if "phases" in data:

@@ -117,27 +117,24 @@ def _scenario(args: argparse.Namespace) -> RunScenario:
         )
     if args.seed is not None and args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
+    if args.supernodes is not None and not 1 <= args.supernodes <= 10_000:
+        raise UserError(f"--supernodes must be within 1..10000, got {args.supernodes}")
     site: SiteSpec | None = None
-    site_files: tuple[Path, ...] = ()  # the site spec the scenario names, where it is read apart
     if args.site is not None or args.scenario is None:
         site = load_site_or_fail(args.site)
-    if args.supernodes is not None:
-        if not 1 <= args.supernodes <= 10_000:
-            raise UserError(f"--supernodes must be within 1..10000, got {args.supernodes}")
-        if site is None:
-            site, site_files = _scenario_site(args.scenario)
-        site = site.with_supernodes(args.supernodes)
     try:
-        if args.scenario is not None:
-            scenario = load_run_scenario(args.scenario, site=site, seed=args.seed, duration_s=args.duration)
+        if args.scenario is not None:  # --supernodes wins over the scenario's `supernodes`
+            scenario = load_run_scenario(
+                args.scenario, site=site, seed=args.seed, duration_s=args.duration, supernodes=args.supernodes
+            )
         else:
             assert site is not None
+            if args.supernodes is not None:
+                site = site.with_supernodes(args.supernodes)
             duration = args.duration if args.duration is not None else DEFAULT_DURATION_S
             scenario = default_run_scenario(site, duration, args.seed if args.seed is not None else 0)
     except SpecError as exc:
         raise UserError(str(exc)) from None
-    if site_files:
-        scenario = dataclasses.replace(scenario, input_files=(*scenario.input_files, *site_files))
     for warning in scenario.warnings:
         print(f"racktwin sim: warning: {warning}", file=sys.stderr, flush=True)
     if args.telemetry_period_s is not None:
@@ -146,17 +143,6 @@ def _scenario(args: argparse.Namespace) -> RunScenario:
             raise UserError(f"--telemetry-period-s must be within 0.01..3600 s, got {p:g}")
         scenario = dataclasses.replace(scenario, telemetry_period_s=float(p))
     return scenario
-
-
-def _scenario_site(path: str) -> tuple[SiteSpec, tuple[Path, ...]]:
-    """The site a scenario file names (for --supernodes without --site), and its file."""
-    from twin.scenario import load_run_scenario
-
-    try:
-        scenario = load_run_scenario(path, duration_s=1.0)
-    except SpecError as exc:
-        raise UserError(str(exc)) from None
-    return scenario.site, scenario.input_files[1:2]  # after the scenario file: its site spec
 
 
 def _same_file(a: Path, b: Path) -> bool:

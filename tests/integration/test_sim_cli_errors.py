@@ -3,6 +3,7 @@ option) are one line on stderr naming the option and what is wrong, exit status 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -223,6 +224,22 @@ def test_the_site_spec_of_the_scenario_is_kept_when_supernodes_scale_it(
     assert rc == 2
     assert f"--truth-log {site_path}: is a file the scenario reads ({site_path})" in one_error_line(err)
     assert site_path.read_bytes() == before
+
+
+@pytest.mark.parametrize(("args", "cards"), [((), 2048), (("--supernodes", "1"), 512), (("--supernodes", "2"), 1024)])
+def test_supernodes_given_on_the_command_line_win_over_the_scenarios(
+    args: tuple[str, ...], cards: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/sim-2048.toml sets `supernodes = 4`; `--supernodes N` scales the site to N instead
+    (it used to be scaled to N and then to the file's 4 again: 2,048 cards whatever N said)."""
+    examples = SCENARIO.parent
+    for name in ("sim-2048.toml", "supernode-512.toml"):
+        (tmp_path / name).write_bytes((examples / name).read_bytes())
+    summary = tmp_path / "summary.json"
+    rc, err = _sim_on(capsys, tmp_path / "sim-2048.toml", "--summary", str(summary), *args)
+    assert rc == 0, err
+    assert json.loads(summary.read_text())["n_cards"] == cards
+    assert f"{cards} cards" in err
 
 
 def test_a_hard_link_to_an_input_is_the_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
