@@ -179,3 +179,15 @@ def test_a_file_of_another_kind_is_named_as_that_kind(
     assert f"{f}: this looks like {words}" in line, line
     assert "unknown key" not in line
     assert not (tmp_path / "out").exists()
+
+
+# ---- optimize ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "nan", "inf", "1e9"])
+def test_optimize_takes_the_time_limit_its_scenario_would(limit: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--time-limit` has the bounds of the scenario's `[solver] time_limit_s`, (0, 3600] s (1e9 was
+    taken: a solve that never gives up)."""
+    rc = main(["optimize", str(EXAMPLES / "scenario-nominal.toml"), "--time-limit", limit, "--quiet"])
+    line = one_error(capsys, rc, "optimize")
+    assert f"--time-limit must be within (0, 3600] seconds, got {float(limit):g}" in line, line
