@@ -737,6 +737,8 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
     contents are checked by :func:`check_tls_files_of_args`."""
     from agent.commands.common import UserError
 
+    if ns.mqtt_client_id is not None and not ns.mqtt_client_id.strip():  # as the agent's broker.client_id
+        raise UserError("--mqtt-client-id: empty: give an id (or leave the option out for the default)")
     if ns.broker is None:
         for dest in _BROKER_ONLY_OPTIONS:
             if getattr(ns, dest) not in (None, False):

@@ -191,3 +191,11 @@ def test_optimize_takes_the_time_limit_its_scenario_would(limit: str, capsys: py
     rc = main(["optimize", str(EXAMPLES / "scenario-nominal.toml"), "--time-limit", limit, "--quiet"])
     line = one_error(capsys, rc, "optimize")
     assert f"--time-limit must be within (0, 3600] seconds, got {float(limit):g}" in line, line
+
+
+@pytest.mark.parametrize("broker", [(), ("--broker", "mqtt://127.0.0.1:1")])
+def test_sim_refuses_an_empty_client_id_as_the_agent_does(
+    broker: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["sim", "--duration", "5", "--speed", "0", "--mqtt-client-id", " ", *broker])
+    assert "--mqtt-client-id: empty: give an id" in one_error(capsys, rc, "sim")
