@@ -1,7 +1,8 @@
 """One job second by second under two policies: where its work goes (resumes at a slow level).
 
     python benchmarks/bench_job_trace.py                          # j006055 of the nominal day, reactive vs racktwin
-    python benchmarks/bench_job_trace.py --job j008422 --duration-h 6
+    python benchmarks/bench_job_trace.py --duration-h 6           # j006055 over the day's first six hours
+    python benchmarks/bench_job_trace.py --job j008422            # submitted at 21.4 h: the whole day
     python benchmarks/bench_job_trace.py --control resume_lag_s=10   # racktwin with an agent setting
 
 ``racktwin evaluate`` names the jobs whose work differs between two policies (``agent.job_work``);
@@ -90,6 +91,7 @@ def trace(
 ) -> JobTrace:
     scenario = load_run_scenario(scenario_path)
     policy = make_policy(policy_name, scenario.site, control, None)
+    policy.telemetry_period_s = scenario.telemetry_period_s  # as agent.evaluate.run_policy sets it
     plant = _plant_for(scenario, policy)
     policy.bind(plant)
     out = JobTrace(policy_name)

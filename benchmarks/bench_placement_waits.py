@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     scenario = _scenario(args.scenario, args.keep_fallback, args.duration_h)
     duration = scenario.duration_s
     policy = AgentPolicy(scenario.site)
+    policy.telemetry_period_s = scenario.telemetry_period_s  # as agent.evaluate.run_policy sets it
     plant = _plant_for(scenario, policy)
     policy.bind(plant)
     last = LastDecision()

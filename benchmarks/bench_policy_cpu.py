@@ -1,6 +1,6 @@
 """CPU seconds of one policy over part of a scenario, in process: for side-by-side runs of two commits.
 
-    python benchmarks/bench_policy_cpu.py                                  # racktwin, the nominal day's first hour
+    python benchmarks/bench_policy_cpu.py                                  # racktwin, day-nominal.toml for 3,600 site s
     python benchmarks/bench_policy_cpu.py --policy greedy --duration-s 7200
     python benchmarks/bench_policy_cpu.py --split      # also: wall seconds in HiGHS and in Pyomo's layers
     python benchmarks/bench_policy_cpu.py --against 3db24c1 --pairs 3      # this checkout vs a commit
@@ -21,8 +21,11 @@ refused; a failed run, Ctrl-C or SIGTERM stops both runs and removes the worktre
     PYTHONPATH=$PWD python benchmarks/bench_policy_cpu.py; wait
 
 It prints the policy's CPU seconds (the process's, the run alone: loading the scenario excluded),
-its facility energy and its throughput. The side-by-side pairs in benchmarks/results-evaluation.md
-("Re-measured 2026-12-02 09:54") come from the first version of this script (a scratch copy).
+its facility energy and its throughput. ``--duration-s`` shortens the scenario as ``racktwin evaluate
+--duration`` does: its generated workload is drawn for that duration (``load_run_scenario``), so the
+nominal day's hour is not the first hour of its full-day workload (workload seed 24, not 10). The
+side-by-side pairs in benchmarks/results-evaluation.md ("Re-measured 2026-12-02 09:54") come from the
+first version of this script (a scratch copy).
 
 ``--split`` times the solver's layers with wrappers (no profiler, whose overhead falls mostly on
 Pyomo's many small calls): HiGHS's own ``Highs.run``, Pyomo's model loading (``set_instance``), its
@@ -46,10 +49,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.evaluate import run_policy
-from twin.scenario import load_run_scenario
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's packages, not an installed racktwin's
+
+from agent.evaluate import run_policy  # noqa: E402
+from twin.scenario import load_run_scenario  # noqa: E402
 
 
 def _time_calls(owner: Any, name: str, key: str, spent_s: dict[str, float]) -> None:
