@@ -8,7 +8,7 @@
     python benchmarks/bench_evaluate.py --days nominal --seeds 5   # five different nominal days
     python benchmarks/bench_evaluate.py --host-sweep   # racktwin with host power-down settings side by side
     python benchmarks/bench_evaluate.py --plant-fallback   # racktwin with and without the plant's fallback
-    python benchmarks/bench_evaluate.py --seeds 5 --setting host_reserve_per_supernode=0   # one setting vs the defaults
+    python benchmarks/bench_evaluate.py --days nominal --seeds 5 --setting host_reserve_per_supernode=0  # vs defaults
 
 Days: ``racktwin evaluate`` (the command itself, in a child process, ``--jobs`` workers) on
 examples/day-<name>.toml; prints the evaluation table, where the energy went, and the wall time of
@@ -33,8 +33,8 @@ has it (the plant's scheduler places a job the agent has not placed within ``ext
 to the output folder), and once with the plant's scheduler placing every job (``--control
 control_placement=false``: the agent plans everything else), side by side; how many jobs the plant
 placed and what the agent's schedule alone does.
-Setting over workloads (``--seeds N --setting KEY=VALUE`` [``--setting ...``]): the nominal day at N
-workloads, racktwin with the agent's defaults and with the settings (``racktwin evaluate --control``),
+Setting over workloads (``--days nominal --seeds N --setting KEY=VALUE`` [``--setting ...``]): the nominal
+day at N workloads, racktwin with the agent's defaults and with the settings (``racktwin evaluate --control``),
 side by side per workload (each run with the baseline and reactive); one row per workload: saving,
 loss, work against reactive and queue waits of each, and what the settings change, priced at the
 agent's own prices (``[prices]``: a card-hour of work 2.0, a kWh 0.15), so that a setting that wins on
