@@ -45,12 +45,13 @@ def main() -> None:
     ap.add_argument("--every-s", type=float, default=60.0, help="wall seconds between samples (default 60)")
     ap.add_argument("--out", default="/tmp/racktwin-bench-soak", help="the demo's output folder")
     args = ap.parse_args()
-    racktwin = Path(sys.executable).with_name("racktwin")
-    cmd = [str(racktwin), "demo", "--speed", f"{args.speed:g}", "--minutes", f"{args.minutes:g}"]
+    # `racktwin demo` of this checkout (not an installed racktwin's console script)
+    cmd = [sys.executable, "-m", "agent.cli", "demo", "--speed", f"{args.speed:g}", "--minutes", f"{args.minutes:g}"]
     cmd += ["--out", args.out, "--json", "--progress-interval-s", "3600"]
-    print(f"# bench_soak: {time.strftime('%Y-%m-%d %H:%M')}, {' '.join(cmd[1:])}", flush=True)
+    print(f"# bench_soak: {time.strftime('%Y-%m-%d %H:%M')}, {' '.join(cmd[3:])}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, text=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, env=env, text=True)
     samples: list[tuple[float, float, float]] = []
     while proc.poll() is None:
         s = rss_and_cpu(proc.pid)
