@@ -570,6 +570,9 @@ def main() -> int:
         return 0
     if args.seeds < 0:
         ap.error("--seeds must be >= 0")
+    if args.seeds:
+        for day in args.days:  # before any run: a day of listed jobs would end the run after the others
+            workload_seeds(day, 1)
     if args.setting:
         if not args.seeds:
             ap.error("--setting needs --seeds N")
