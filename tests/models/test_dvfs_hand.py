@@ -148,6 +148,14 @@ def test_idle_cards_sleep_except_the_ready_reserve_placed_where_there_is_room(si
     assert int(plan.dvfs.card_low_power.sum()) == 448 - 10
     rack_w, _ = judge(p, plan.dvfs, 30.0)
     assert np.all(rack_w <= limits - 1000.0 + 1e-6)
+    # the reserve is awake at the slowest clock, its least power. By hand (R = 0.03 + 0.023 K/W at a
+    # 30 deg C supply, P = (P_ref + k (30 - 42)) / (1 - k R)): awake at level 7 (0.851 V), u = 0:
+    # (84.5 x 0.851^2 - 0.47 x 0.851 x 12) / (1 - 0.47 x 0.851 x 0.053) = 57.617 W; asleep:
+    # (52.8 - 0.4 x 12) / (1 - 0.4 x 0.053) = 49.040 W: 8.577 W more per awake card (at level 0 it
+    # would be ~32 W). r5 and r6 hold the same 64 idle cards, r6 all asleep.
+    assert rack_w[5] - rack_w[6] == pytest.approx(10 * 8.577, abs=0.02)
+    # and the model plans with that cost of waking a card (the limits above leave room for none)
+    np.testing.assert_allclose(t.rack_wake_w[1:], 8.577, atol=0.002)
 
 
 def test_die_limit_excludes_the_levels_that_would_overheat(site: SiteSpec) -> None:
