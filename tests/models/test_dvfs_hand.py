@@ -18,8 +18,11 @@ from models_helpers import card_die_c, card_power_w, job, judge, problem, rack_c
 from models.plans import SolveStatus
 from models.solve import plan_cycle
 from twin.cooling import facility_cooling
+from twin.power import PowerModel
 from twin.spec import SiteSpec
-from twin.workload import Phase, relative_throughput
+from twin.steady import card_steady_power_w, site_steady_state
+from twin.thermal import ThermalParams
+from twin.workload import Phase, compute_utilization, relative_throughput
 
 pytestmark = pytest.mark.models
 
@@ -78,22 +81,53 @@ def test_priority_decides_who_keeps_the_top_clock(site: SiteSpec) -> None:
 
 
 def test_jobs_without_clock_sensitive_work_take_their_cheapest_level(site: SiteSpec) -> None:
-    # A job in CHECKPOINT (cards idle, u = 0) or COMMUNICATION (u = noncompute_utilization) does no
-    # work whose speed depends on the clock: any level gives the same throughput (none this cycle),
-    # so the best level is the one with the least power. With u = 0 the levels 5..7 share the lowest
-    # voltage and draw the same power; the plan must draw that least power.
+    # A job in CHECKPOINT or WAITING (cards idle, u = 0) or COMMUNICATION (u = the phase model's
+    # communication utilization, 0.2) does no work whose speed depends on the clock: any level gives
+    # the same throughput (none this cycle), so the best level is the one with the least power. At
+    # u = 0 a card draws idle_w V^2 + leak V (T - T_ref): least at the lowest voltage, which levels
+    # 5..7 share (0.851 V), so any of them; at u = 0.2 the switching power (f V^2) makes level 7 the
+    # only cheapest. The COMPUTE job, far from any cap, runs at the top clock. The plan's rack power
+    # is checked against the twin's steady state at those utilizations, typed in here (the check was
+    # against the model's own power table, which took the phases' utilizations from the same code:
+    # a CHECKPOINT or WAITING job planned as if its cards were busy passed).
+    from twin.workload import PhaseModel
+
     phases = [Phase.CHECKPOINT, Phase.COMMUNICATION, Phase.WAITING, Phase.COMPUTE]
     jobs = [job(f"j{i}", 16) for i in range(4)]
     p = problem(site, jobs, [rack_cards(1, 16, 16 * i) for i in range(4)], phases, options=[30.0])
     plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
     assert plan.status == SolveStatus.OPTIMAL and plan.dvfs is not None
-    from models.problem import dvfs_tables
-
-    t = dvfs_tables(p)
-    for j in range(3):
-        assert t.job_power_w[j, plan.dvfs.job_level[j]] == pytest.approx(t.job_power_w[j].min(), rel=1e-12)
+    voltages = np.asarray(site.card.voltages_v)
+    assert np.flatnonzero(voltages == voltages.min()).tolist() == [5, 6, 7]
+    assert int(plan.dvfs.job_level[0]) in (5, 6, 7)  # checkpoint: u = 0
     assert int(plan.dvfs.job_level[1]) == 7  # communication: u > 0, so the slowest clock is cheapest
+    assert int(plan.dvfs.job_level[2]) in (5, 6, 7)  # waiting: u = 0
     assert int(plan.dvfs.job_level[3]) == 0  # compute, far from any cap: top clock
+    u_comm = PhaseModel().communication_utilization
+    assert u_comm == 0.2
+    clocks = np.asarray(site.card.clocks_mhz)
+    u_compute = float(compute_utilization(0.95, clocks[0] / clocks[0], 0.5))  # job(): share 0.95, nu 0.5
+    u = np.zeros(site.n_cards)
+    u[64 + 16 : 64 + 32] = u_comm
+    u[64 + 48 : 64 + 64] = u_compute
+    twin = site_steady_state(
+        site,
+        level=plan.dvfs.card_level,
+        utilization=u,
+        supply_temp_c=30.0,
+        ambient_c=25.0,
+        low_power=plan.dvfs.card_low_power,
+    )
+    np.testing.assert_allclose(plan.dvfs.rack_power_w, twin.rack_power_w, rtol=1e-9)
+    # and no level draws less than the plan's for the three jobs without clock-sensitive work
+    r = float(ThermalParams.from_site(site).r_total_k_per_w[0])
+    model = PowerModel.from_card(site.card)
+    levels = np.arange(8)
+    for j, uj in ((0, 0.0), (1, u_comm), (2, 0.0)):
+        per_level, _ = card_steady_power_w(model, levels, np.full(8, uj), np.zeros(8, dtype=bool), 30.0, r)
+        chosen = int(plan.dvfs.job_level[j])
+        assert per_level[chosen] == pytest.approx(per_level.min(), rel=1e-12)
+        assert twin.card_power_w[64 + 16 * j] == pytest.approx(per_level[chosen], rel=1e-9)
 
 
 def test_idle_cards_sleep_except_the_ready_reserve_placed_where_there_is_room(site: SiteSpec) -> None:
@@ -114,6 +148,14 @@ def test_idle_cards_sleep_except_the_ready_reserve_placed_where_there_is_room(si
     assert int(plan.dvfs.card_low_power.sum()) == 448 - 10
     rack_w, _ = judge(p, plan.dvfs, 30.0)
     assert np.all(rack_w <= limits - 1000.0 + 1e-6)
+    # the reserve is awake at the slowest clock, its least power. By hand (R = 0.03 + 0.023 K/W at a
+    # 30 deg C supply, P = (P_ref + k (30 - 42)) / (1 - k R)): awake at level 7 (0.851 V), u = 0:
+    # (84.5 x 0.851^2 - 0.47 x 0.851 x 12) / (1 - 0.47 x 0.851 x 0.053) = 57.617 W; asleep:
+    # (52.8 - 0.4 x 12) / (1 - 0.4 x 0.053) = 49.040 W: 8.577 W more per awake card (at level 0 it
+    # would be ~32 W). r5 and r6 hold the same 64 idle cards, r6 all asleep.
+    assert rack_w[5] - rack_w[6] == pytest.approx(10 * 8.577, abs=0.02)
+    # and the model plans with that cost of waking a card (the limits above leave room for none)
+    np.testing.assert_allclose(t.rack_wake_w[1:], 8.577, atol=0.002)
 
 
 def test_die_limit_excludes_the_levels_that_would_overheat(site: SiteSpec) -> None:

@@ -91,6 +91,11 @@ def test_a_rack_that_fits_only_with_its_idle_hosts_off(site: SiteSpec) -> None:
     assert plan.status == SolveStatus.OPTIMAL and plan.source == "milp" and plan.explanation == ""
     assert plan.dvfs is not None and int(plan.dvfs.job_level[0]) == 0
     assert plan.dvfs.within_caps(p)
+    # within_caps can say no: the same decisions with every host on put r0 over its 10 kW cap (8.8 kW
+    # of hosts, 8 busy cards at ~600 W, 56 asleep at ~50 W: ~16.4 kW), so the check above means something
+    same_hosts_on = assess_dvfs(on, plan.dvfs.job_level, plan.dvfs.rack_awake, 30.0)
+    assert same_hosts_on.rack_power_w[0] > 16_000.0
+    assert not same_hosts_on.within_caps(on)
 
 
 def test_a_host_off_may_not_hold_a_busy_card(site: SiteSpec) -> None:

@@ -66,3 +66,18 @@ def test_thermal_slowdown_above_the_slowdown_temperature(site: SiteSpec) -> None
     temps = np.array([sd - 1.0, sd + 0.5, sd + 2.5 * SLOWDOWN_K_PER_LEVEL])
     lvl = m.protected_level(np.zeros(3, dtype=np.int64), np.zeros(3), temps)
     assert lvl.tolist() == [0, 1, 3]
+
+
+def test_power_never_falls_below_half_the_idle_power(site: SiteSpec) -> None:
+    """The linear leakage term extrapolated to a die far below the reference temperature would eat the
+    idle power (and go negative): power is floored at half the level's idle power (twin/power.py's
+    modelling guard). By hand, a die at -100 deg C (142 K under the 42 deg C reference): awake at
+    level 0 and u = 0, 84.5 - 0.47 x 142 = 17.76 W, floored at 42.25 W; in low-power idle,
+    52.8 - 0.4 x 142 = -4.0 W, floored at 26.4 W. At 60 deg C nothing is floored."""
+    m = PowerModel.from_card(site.card)
+    lvl = np.zeros(2, dtype=np.int64)
+    u = np.zeros(2)
+    t = np.array([-100.0, 60.0])
+    np.testing.assert_allclose(m.active_power_w(lvl, u, t), [42.25, 84.5 + 0.47 * 18.0])
+    np.testing.assert_allclose(m.low_power_w(t), [26.4, 52.8 + 0.4 * 18.0])
+    np.testing.assert_allclose(m.level_power_table_w(u, t)[:, 0], [42.25, 84.5 + 0.47 * 18.0])

@@ -54,15 +54,60 @@ def test_thermal_slowdown_when_the_water_is_too_warm(site: SiteSpec) -> None:
 
 
 def test_free_cooling_turns_the_chiller_off_and_cop_falls_with_lift(site: SiteSpec) -> None:
+    """Facility power of 400 kW of IT heat (the design heat: 8 racks x 50 kW), worked out by hand from
+    the example spec's figures (twin/cooling.py's formulas, the spec's numbers typed in, not read back
+    through the code). The facility total, the PUE, the fans, UPS and fixed overheads were asserted
+    only as the sum of the point's own fields (the properties that define them), so none of them was
+    checked: UPS losses or the fixed 4 kW set to 0, or the fans' cube law, went unnoticed.
+
+    Pumps (full speed): rack loop 64 x 1.2 L/min = 1.28e-3 m3/s at 250 kPa / 0.6 = 533.33 W, x 8 racks
+    = 4266.67 W; facility loop 8 x 1.28e-3 x 1020 kg/m3 = 10.4448 kg/s x 1.03 = 10.758 kg/s of water,
+    1.0758e-2 m3/s at 150 kPa / 0.7 = 2305.32 W. UPS 2.5% of IT = 10 kW; other 4 kW.
+
+    Warm water (40 deg C supply, 25 deg C air): facility supply 37 deg C, 12 K above the air; the dry
+    cooler needs speed 6 K x (400/400 kW) / 12 K = 0.5 (above the 0.2 minimum): fans 1.2% x 400 kW x
+    0.5^3 = 600 W, no chiller. Facility = 400 + 0.6 + 4.26667 + 2.30532 + 10 + 4 kW = 421.17198 kW,
+    PUE 1.0529300.
+
+    Cold water (20 deg C supply): facility supply 17 deg C is below the air, fans at full speed (4.8 kW);
+    m c_p = 10.758 x 4180 = 44969 W/K, return 17 + 400e3/44969 = 25.895 deg C; the dry cooler takes
+    44969 x 0.895 / (1 + 44969 x 6 / 400e3) = 24.035 kW, the chiller the other 375.965 kW at
+    COP 0.45 x 288.15 K / (33 - 15) K = 7.2037: 52.190 kW.
+    """
     cold_water = facility_cooling(site, 400e3, 20.0, 25.0)
     warm_water = facility_cooling(site, 400e3, 40.0, 25.0)
-    assert cold_water.chiller_w > 0 and warm_water.chiller_w == 0.0
-    assert warm_water.free_cooling_fraction == 1.0
-    assert warm_water.facility_power_w < cold_water.facility_power_w
-    assert chiller_cop(site, 15.0, 35.0) < chiller_cop(site, 25.0, 35.0)
     p = warm_water
-    assert p.pue == pytest.approx(p.facility_power_w / p.it_power_w)
-    assert p.facility_power_w == pytest.approx(p.it_power_w + p.cooling_power_w + p.ups_loss_w + p.other_overhead_w)
+    assert p.chiller_w == 0.0 and p.chiller_heat_w == 0.0 and p.free_cooling_fraction == 1.0
+    assert p.dry_cooler_fan_speed_frac == pytest.approx(0.5, rel=1e-9)
+    assert p.dry_cooler_fan_w == pytest.approx(600.0, rel=1e-9)
+    assert p.rack_pump_w == pytest.approx(4266.667, rel=1e-6)
+    assert p.facility_pump_w == pytest.approx(2305.317, rel=1e-6)
+    assert p.ups_loss_w == pytest.approx(10_000.0, rel=1e-9)
+    assert p.other_overhead_w == pytest.approx(4000.0, rel=1e-9)
+    assert p.facility_power_w == pytest.approx(421_171.98, rel=1e-7)
+    assert p.pue == pytest.approx(1.0529300, rel=1e-7)
+
+    c = cold_water
+    assert c.dry_cooler_fan_speed_frac == 1.0 and c.dry_cooler_fan_w == pytest.approx(4800.0, rel=1e-9)
+    assert c.chiller_cop == pytest.approx(7.20375, rel=1e-9)
+    assert c.chiller_heat_w == pytest.approx(375_964.9, rel=1e-6)
+    assert c.chiller_w == pytest.approx(52_190.16, rel=1e-6)
+    assert c.free_cooling_fraction == pytest.approx(24_035.12 / 400e3, rel=1e-5)
+    assert c.facility_power_w == pytest.approx(477_562.15, rel=1e-7)
+    assert warm_water.facility_power_w < cold_water.facility_power_w
+
+    # a light load needs less than the fans' minimum speed (6 K x 100/400 kW / 12 K = 0.125): they
+    # turn at the minimum 0.2, 4.8 kW x 0.2^3 = 38.4 W
+    light = facility_cooling(site, 100e3, 40.0, 25.0)
+    assert light.dry_cooler_fan_speed_frac == pytest.approx(0.2) and light.dry_cooler_fan_w == pytest.approx(38.4)
+
+    # COP = 0.45 T_evap / lift (kelvin), T_evap = facility supply - 2 K, T_cond = air + 8 K: it falls
+    # with lift (15 -> 13 deg C evaporating, 43 deg C condensing: 0.45 x 286.15 / 30 = 4.2922; 25 ->
+    # 23 deg C: 0.45 x 296.15 / 20 = 6.6634), and is capped at chiller_max_cop = 10 at a small lift
+    # (40 deg C water, 25 deg C air: the uncapped formula would give 0.45 x 311.15 / 1 = 140)
+    assert chiller_cop(site, 15.0, 35.0) == pytest.approx(4.29225, rel=1e-9)
+    assert chiller_cop(site, 25.0, 35.0) == pytest.approx(6.663375, rel=1e-9)
+    assert chiller_cop(site, 40.0, 25.0) == 10.0
 
 
 def test_pump_power_follows_the_cube_of_flow(site: SiteSpec) -> None:

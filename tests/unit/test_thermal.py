@@ -29,6 +29,11 @@ def test_plate_resistance_follows_the_ocp_table(site: SiteSpec) -> None:
     cp = site.cold_plate
     r = plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, np.asarray(cp.flow_lpm))
     np.testing.assert_allclose(r, cp.r_case_to_coolant_k_per_w)
+    # between table points linear in 1/flow (the convective term): at 1.1 L/min, between 1.0 L/min
+    # (0.0245 K/W) and 1.2 L/min (0.0230 K/W), (1/1.1 - 1/1.2) / (1/1.0 - 1/1.2) = 0.4545 of the way:
+    # 0.0230 + 0.4545 x 0.0015 = 0.0236818 K/W (linear in flow would give 0.02375)
+    mid = plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, np.array([1.1]))
+    assert float(mid[0]) == pytest.approx(0.0236818, rel=1e-5)
     # less flow, more resistance, also below the table (a weak pump)
     low = plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, np.array([0.3, 0.2]))
     assert cp.r_case_to_coolant_k_per_w[0] < low[0] < low[1]

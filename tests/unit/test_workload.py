@@ -39,6 +39,9 @@ def test_a_card_faster_than_its_job_waits() -> None:
     assert float(synchronous_utilization(0.8, 0.7, 0.7, 0.2)) == pytest.approx(own)
     waiting = float(synchronous_utilization(0.8, 1.0, 0.7, 0.2))
     assert waiting < float(compute_utilization(0.8, 1.0, 0.2))
+    # by hand: the slowest card sets the step, 0.8 / 0.7 + 0.2 = 1.342857 top-clock steps; the fast
+    # card is busy 0.8 of it and waits the other 0.542857 at 0.2: (0.8 + 0.108571) / 1.342857
+    assert waiting == pytest.approx(0.6765957, rel=1e-6)
 
 
 def test_generator_is_seeded_and_reproducible() -> None:
