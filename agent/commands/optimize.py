@@ -430,7 +430,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--time-limit",
         type=float,
         metavar="S",
-        help="solver time limit in seconds, (0, 3600], for the DVFS + set-point cycle and for placement (default: the "
+        help="solver time limit, 0 < S <= 3600 seconds, for the DVFS + set-point cycle and for placement (default: the "
         "scenario's [solver] time_limit_s, 2 unless set)",
     )
     parser.add_argument(

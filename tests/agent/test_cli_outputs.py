@@ -123,8 +123,8 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
         (
             "optimize",
             [
-                "--time-limit S solver time limit in seconds, (0, 3600], for the DVFS + set-point cycle and for placement "
-                "(default: the scenario's [solver] time_limit_s, 2 unless set)",
+                "--time-limit S solver time limit, 0 < S <= 3600 seconds, for the DVFS + set-point cycle and for "
+                "placement (default: the scenario's [solver] time_limit_s, 2 unless set)",
                 "--quiet no progress lines on stderr (warnings and why a plan is infeasible still print)",
             ],
         ),
