@@ -456,6 +456,15 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
 _BROKER_HOST = re.compile(r"[A-Za-z0-9._-]+")
 
 
+def _ascii_host(host: str) -> str:
+    """``host`` as DNS looks it up: an internationalized name in its ``xn--`` form (the socket module
+    encodes it so when it connects), anything else as it is."""
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return host
+
+
 def broker_url_problem(url: str, *, credentials: str) -> str | None:
     """What keeps ``url`` from being a broker URL (None: nothing): ``mqtt://`` or ``mqtts://``, a
     host, an optional port within 1..65535, nothing else; user name and password go in their own
@@ -472,7 +481,7 @@ def broker_url_problem(url: str, *, credentials: str) -> str | None:
         return f"no user name or password in the URL, got {url!r}: use {credentials}"
     if not parts.hostname:
         return f"no host in {url!r}: {form}"
-    if "[" not in parts.netloc and not _BROKER_HOST.fullmatch(parts.hostname):  # [IPv6] is checked by urlsplit
+    if "[" not in parts.netloc and not _BROKER_HOST.fullmatch(_ascii_host(parts.hostname)):  # urlsplit checks [IPv6]
         return f"bad host {parts.hostname!r} in {url!r}: an IP address or a host name (letters, digits, '.', '-', '_')"
     try:
         port = parts.port

@@ -68,7 +68,17 @@ def test_a_malformed_broker_url_is_one_line_in_the_config_and_the_options(
     assert "--broker: " in line and words in line, line
 
 
-@pytest.mark.parametrize("url", ["mqtt://[::1]:1883", "mqtt://broker_1.local:1883", "mqtts://10.0.0.5"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mqtt://[::1]:1883",
+        "mqtt://broker_1.local:1883",
+        "mqtts://10.0.0.5",
+        "mqtt://BROKER.Example:1883",
+        "mqtt://[fe80::1%eth0]:1883",  # a link-local address with its zone id
+        "mqtt://bröker.example:1883",  # an internationalized name (connects as xn--brker-kua.example)
+    ],
+)
 def test_broker_urls_with_ipv6_container_names_and_default_ports_are_accepted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str
 ) -> None:
