@@ -68,7 +68,7 @@ A command superseded by a newer one is journaled ``superseded``, counted in
 an ack although it went out a retry interval before (expired, abandoned or superseded) is an ack
 missing: counted per target (:attr:`Publisher.acks_missing`) and logged as a warning, at
 most once a minute per target (acks dropped by a broker ACL are otherwise silent), unless the
-target has been silent since the command last went out (``heard_since``: its telemetry stopped
+target has been silent since the command first went out (``heard_since``: its telemetry stopped
 too, which has its own signs: stale telemetry, fail-safe caps; a simulator that ended).
 The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
 until the same write succeeds again (any error, once a batch is marked sent); for 2 s after a failure
@@ -159,6 +159,7 @@ class OpenCommand:
     cards: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     key: int = 0
     attempts: int = 0
+    first_sent_s: float = -math.inf  # site time of its first send by this process
     last_sent_s: float = -math.inf
     acked: bool = False
     superseded_by: str | None = None  # the newer command that closed it
@@ -889,7 +890,9 @@ class Publisher:
         ``ack_warning_interval_s`` per target)."""
         if oc.attempts == 0 or now_s - oc.issued_s < self.retry_after_s:
             return
-        if self.heard_since is not None and not self.heard_since(oc.target, oc.last_sent_s):
+        # since it first went out, not last: a rack whose telemetry comes less often than the retries
+        # (every 20 s against a retry every 10 s) is often not heard between the last copy and the close
+        if self.heard_since is not None and not self.heard_since(oc.target, oc.first_sent_s):
             return  # the target went silent (its telemetry too): not an ack lost on its way
         self.stats.acks_missing += 1
         n = self.acks_missing[oc.target] = self.acks_missing.get(oc.target, 0) + 1
@@ -925,6 +928,8 @@ class Publisher:
         retry = oc.attempts > 0
         oc.attempts += 1
         oc.last_sent_s = self.clock.now() or now
+        if oc.first_sent_s == -math.inf:
+            oc.first_sent_s = oc.last_sent_s
         if retry:
             self.stats.retried += 1
         self.stats.sent += 1

@@ -307,8 +307,38 @@ async def test_a_missing_ack_is_reported_only_while_the_rack_is_heard_from(
         await publisher.step()
     row = d.journal.command(oc.command_id)
     assert row is not None and row.state == "expired"
-    assert asked == [(oc.target, oc.last_sent_s)]
+    assert asked == [(oc.target, oc.first_sent_s)] and oc.first_sent_s == oc.last_sent_s  # sent once
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"no ack from {oc.target}")]
     assert publisher.acks_missing == ({oc.target: 1} if heard else {})
     assert len(warnings) == (1 if heard else 0), warnings
+    d.journal.close()
+
+
+async def test_a_rack_heard_from_after_the_first_copy_but_not_after_the_last_is_reported(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A rack whose telemetry comes every 20 s (stamped TS + 15, TS + 35, ...) and whose acks a broker
+    ACL drops: its command goes out at TS, TS + 10 and TS + 20 and expires at TS + 30. The rack was
+    heard after the first copy, so it is an ack missing; it was not heard after the last copy (it
+    was not reported, and with telemetry less often than the retries most missing acks were not)."""
+    d = desk(tmp_path)
+    stamps = [TS + 15.0, TS + 35.0]
+
+    def heard_since(target: str, site_s: float) -> bool:
+        now = d.clock.now()
+        return now is not None and any(site_s < t <= now for t in stamps)
+
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, heard_since=heard_since)
+        (oc,) = d.decide(1)
+        publisher.submit([oc])
+        await publisher.step()
+        for t in (10.5, 21.0):  # the retries (every 10 s: a 30 s life, 2 retries)
+            d.clock.observe(TS + t)
+            await publisher.step()
+        assert oc.attempts == 3 and oc.last_sent_s > TS + 15.0
+        d.clock.observe(TS + 31.0)  # expired, no ack
+        await publisher.step()
+    assert publisher.acks_missing == {oc.target: 1}
     d.journal.close()
