@@ -329,7 +329,8 @@ class RoundMerger:
     timestamps). :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns every
     round held (when the site's clock stepped back, what is held is from the old timeline, and newer
     than anything the new one will send for a while: kept, it would take each new round for
-    complete as soon as part of it arrived, and reach the estimator out of order much later)."""
+    complete as soon as part of it arrived, and reach the estimator out of order much later);
+    :meth:`step_back` does it when the clock stepped back."""
 
     def __init__(self, max_pending: int = 4) -> None:
         self.max_pending = max_pending
@@ -368,6 +369,23 @@ class RoundMerger:
     def drain(self) -> list[Readings]:
         """Every round held, complete or not, oldest first."""
         return self._take(sorted(self._rounds))
+
+    def step_back(self, readings: Readings, now_s: float) -> list[Readings]:
+        """The site's clock stepped back to ``now_s`` and ``readings`` came: every round held, and the
+        parts of ``readings`` stamped after ``now_s``, are the old timeline's (the ingest flushes what
+        it collected when the clock steps back: after the clock stepped, before the belief went back),
+        all returned now, oldest first; the other parts are merged as :meth:`add` merges them."""
+        racks_old = tuple(rr for rr in readings.racks if rr.time_s > now_s)
+        fac = readings.facility
+        fac_old = fac is not None and fac.time_s > now_s
+        old = Readings(time_s=readings.time_s, racks=racks_old, facility=fac if fac_old else None)
+        new = Readings(
+            time_s=readings.time_s,
+            racks=tuple(rr for rr in readings.racks if rr.time_s <= now_s),
+            facility=None if fac_old else fac,
+        )
+        out = self.add(old) + self.drain()
+        return out + self.add(new)
 
     def _take(self, done: list[float]) -> list[Readings]:
         out = []

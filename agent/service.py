@@ -744,12 +744,15 @@ class AgentService:
     def _on_round(self, r: Readings) -> None:
         """A round the belief took in (flushed here, or by the ingest before a job event that came
         right behind it), to the estimator."""
-        whole_rounds: list[Readings] = []
-        if self.clock.corrections != self._merger_corrections:
-            # the clock stepped back: the rounds the merger holds are the old timeline's, out first
+        now = self.clock.now()
+        if self.clock.corrections != self._merger_corrections and now is not None:
+            # the clock stepped back: the rounds the merger holds are the old timeline's, out first, and so
+            # are the parts of r stamped beyond the clock (the ingest's flush as the clock stepped back: the
+            # first message came from a publisher an hour ahead, whose round was then held for an hour)
             self._merger_corrections = self.clock.corrections
-            whole_rounds = self._merger.drain()
-        whole_rounds += self._merger.add(r)
+            whole_rounds = self._merger.step_back(r, now)
+        else:
+            whole_rounds = self._merger.add(r)
         for whole in whole_rounds:  # the estimator gets whole telemetry rounds
             if self._rounds.full():
                 with contextlib.suppress(asyncio.QueueEmpty):

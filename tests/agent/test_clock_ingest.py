@@ -198,6 +198,42 @@ def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_rou
         svc.journal.close()
 
 
+def test_when_the_first_publisher_was_an_hour_ahead_its_last_round_is_not_held_for_an_hour(tmp_path: Path) -> None:
+    """The agent's first message came from r0, whose exporter runs an hour ahead of the other racks:
+    the clock follows the others once they outvote it (a step back at the first timeline). The ingest
+    flushes what it collected when the clock steps back, r0's latest reading among it: it used to stay
+    in the merger as the newest round, so that every round of the other racks went to the estimator in
+    halves, as soon as part of it arrived, for an hour. It goes out at the step back, and the other
+    racks' rounds whole after it."""
+    svc = _service(tmp_path)
+    try:
+        wall = FakeWall()
+        svc.clock = svc.ingest.clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+        n_racks = svc.site.n_racks
+        halves = (range(n_racks // 2), range(n_racks // 2, n_racks))
+        for i in range(40):
+            for half in halves:  # two bursts, a flush after each; r0 first in the first one
+                for r in half:
+                    ts = T0 + i + (3600.0 if r == 0 else 0.0)
+                    svc.ingest.handle(cards_msg(f"r{r}", ts))
+                    svc.ingest.handle(_cdu(f"r{r}", ts))
+                svc._flush()
+            wall.t += 0.05
+        assert svc.clock.corrections == 1
+        now = svc.clock.now()
+        assert now is not None and now < T0 + 41.0
+        rounds = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
+        ahead = [i for i, r in enumerate(rounds) if r.time_s > now]
+        assert ahead  # r0's rounds (before the step back, between the others' halves)
+        after = rounds[ahead[-1] + 1 :]
+        assert len(after) >= 20 and all(len(r.racks) == n_racks - 1 for r in after)  # r0's are ahead: dropped
+        assert [r.time_s for r in after] == sorted({r.time_s for r in after})
+        assert all(t <= now for t in svc._merger._rounds)  # nothing from an hour ahead held
+    finally:
+        svc._executor.shutdown(wait=True)
+        svc.journal.close()
+
+
 def test_one_message_stamped_far_ahead_does_not_move_the_clock() -> None:
     """One bad stamp an hour ahead used to become the site's time at once: every other rack read as
     stale and the control loop's wait for its next period returned at once."""
