@@ -191,6 +191,7 @@ class AgentService:
         self.loaded = loaded
         self.config = cfg
         self.site = site
+        self._rack_index = {name: r for r, name in enumerate(site.rack_names)}  # rack name -> index
         self.mode = cfg.mode
         self.layout = wire.SiteLayout.from_spec(site, site=cfg.site_id)
         self.metrics = AgentMetrics(site.rack_names)
@@ -770,9 +771,8 @@ class AgentService:
         """Whether rack ``target`` sent telemetry stamped after ``site_s`` (the publisher's test of
         a missing ack); True for the facility and the scheduler, whose silence the belief does not
         tell."""
-        try:
-            r = self.site.rack_names.index(target)
-        except ValueError:
+        r = self._rack_index.get(target)
+        if r is None:
             return True
         st, cpr = self.state, self.site.cards_per_rack
         newest = max(
