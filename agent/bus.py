@@ -747,7 +747,7 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
     password: str | None = None
     if ns.mqtt_password_file is not None:
         try:
-            lines = Path(ns.mqtt_password_file).read_text(encoding="utf-8").splitlines()
+            lines = Path(ns.mqtt_password_file).read_text(encoding="utf-8-sig").splitlines()
         except OSError as exc:
             raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:

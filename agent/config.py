@@ -109,7 +109,7 @@ class BrokerConfig:
         """The password, read from ``password_file`` when that is set (first line, stripped)."""
         if self.password_file is None:
             return self.password
-        lines = Path(self.password_file).read_text(encoding="utf-8").splitlines()
+        lines = Path(self.password_file).read_text(encoding="utf-8-sig").splitlines()
         return lines[0].strip() if lines else ""
 
 

@@ -209,3 +209,22 @@ def test_sim_refuses_an_empty_client_id_as_the_agent_does(
 ) -> None:
     rc = main(["sim", "--duration", "5", "--speed", "0", "--mqtt-client-id", " ", *broker])
     assert "--mqtt-client-id: empty: give an id" in one_error(capsys, rc, "sim")
+
+
+def test_a_password_file_saved_with_a_byte_order_mark_gives_the_password_without_it(tmp_path: Path) -> None:
+    """Windows editors save UTF-8 with a byte-order mark: it is no part of the password (it was sent
+    as its first character, and the broker refused the login)."""
+    import argparse
+
+    from agent.bus import add_mqtt_arguments, mqtt_options_from_args
+    from agent.config import load_config
+
+    pw = tmp_path / "agent.password"
+    pw.write_bytes("\ufeffs3cret\n".encode())
+    cfg = agent_config(tmp_path, "[broker]", 'username = "agent"', f'password_file = "{pw}"')
+    assert load_config(cfg).config.broker.resolved_password() == "s3cret"
+    parser = argparse.ArgumentParser()
+    add_mqtt_arguments(parser)
+    ns = parser.parse_args(["--broker", "mqtt://127.0.0.1:1", "--mqtt-username", "u", "--mqtt-password-file", str(pw)])
+    options = mqtt_options_from_args(ns)
+    assert options is not None and options.password == "s3cret"
