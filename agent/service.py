@@ -103,6 +103,8 @@ _JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the even
 _ANOMALY_INTERVAL_S = 10.0
 _JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
+#: wall seconds the first decision may wait for the clock to confirm a jump to the telemetry's time
+_FIRST_ROUND_JUMP_WAIT_S = 5.0
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
 _ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
@@ -963,17 +965,33 @@ class AgentService:
             await asyncio.sleep(0)
 
     async def _await_first_round(self, start_s: float) -> float:
-        """Hold the first decision until every rack has reported once (cards, loop and PDU) or one
+        """Hold the first decision until every rack has reported (cards, loop and PDU, fresh) or one
         period of site time has passed; return the site time it is made at. Deciding on the first
         message alone would put every rack not heard from yet at fail-safe caps for a period (a site
-        throttled at each agent restart) and treat the cards of jobs not yet announced as idle."""
-        end_s = start_s + self.config.control.period_s
+        throttled at each agent restart) and treat the cards of jobs not yet announced as idle.
+        The period counts on the clock's current timeline: when the clock jumps or steps to another one
+        (a restarted agent's persistent session first delivers the acks and job events queued while
+        it was away, stamped behind the telemetry that follows), it starts again from there, and while
+        such a jump waits for its confirmation (``SiteClock.jump_pending``, for at most
+        ``_FIRST_ROUND_JUMP_WAIT_S`` wall seconds) the period does not end. It used to end on the old
+        timeline or at once on the jump, with every rack not heard from on the new one at fail-safe caps."""
+        period_s = self.config.control.period_s
+        end_s = start_s + period_s
+        timeline = (self.clock.jumps, self.clock.corrections)
+        jump_wait_end = time.monotonic() + _FIRST_ROUND_JUMP_WAIT_S
         while not self._stop.is_set():
             now = self.clock.now()
-            if now is None or now >= end_s or bool(np.all(np.isfinite(self.state.rack_last_seen_s()))):
+            if now is None:  # not before the first message (the control task waits for it)
+                return start_s
+            if (self.clock.jumps, self.clock.corrections) != timeline:
+                timeline = (self.clock.jumps, self.clock.corrections)
+                end_s = now + period_s
+            jumping = self.clock.jump_pending and time.monotonic() < jump_wait_end
+            fresh = self.state.rack_last_seen_s() >= now - self.config.control.telemetry_deadline_s
+            if (now >= end_s and not jumping) or bool(np.all(fresh)):
                 await self._drain_inbox()
-                return self.clock.now() or (now if now is not None else start_s)
-            await wait_event(self._stop, min(0.05, self.clock.wall_seconds(end_s - now)))
+                return self.clock.now() or now
+            await wait_event(self._stop, max(0.005, min(0.05, self.clock.wall_seconds(end_s - now))))
         return self.clock.now() or start_s
 
     async def _drain_inbox(self, max_wall_s: float = 0.2) -> None:
