@@ -297,6 +297,7 @@ class AgentService:
         self.message_errors = 0
         self._message_error_logged: tuple[float, int] = (-math.inf, 0)  # wall time, count then
         self.resumed_commands = 0
+        self._failsafe_logged: frozenset[int] = frozenset()  # racks the log last said are at fail-safe caps
         self.expired_on_resume = 0
         try:
             self._load_journal()
@@ -1093,6 +1094,44 @@ class AgentService:
                 }
             },
         )
+        self._log_failsafe_changes(decision, snap, now)
+
+    def _log_failsafe_changes(self, decision: Decision, snap: StateSnapshot, now: float) -> None:
+        """A warning when racks go to fail-safe caps (with why: silent for how long, never heard from,
+        a stuck sensor), an info line when they leave them: the decision line's ``failsafe`` list
+        alone did not say that anything changed, nor why."""
+        racks = frozenset(int(r) for r in decision.failsafe_racks)
+        entered, left = racks - self._failsafe_logged, self._failsafe_logged - racks
+        self._failsafe_logged = racks
+        names = self.site.rack_names
+        if entered:
+            last = np.asarray(snap.rack_last_seen_s, dtype=np.float64)
+            stuck = {int(r) for r in snap.stuck_racks}
+            stuck_card_racks = {int(c) // self.site.cards_per_rack for c in snap.stuck_cards}
+            why: dict[str, str] = {}
+            for r in sorted(entered):
+                if not last[r] >= now - self.config.control.telemetry_deadline_s:
+                    why[names[r]] = (
+                        f"no telemetry for {now - last[r]:.0f} s" if math.isfinite(last[r]) else "never reported"
+                    )
+                elif r in stuck:
+                    why[names[r]] = "its readings are frozen (stuck sensor)"
+                elif r in stuck_card_racks:
+                    why[names[r]] = "a stuck card sensor"
+                else:
+                    why[names[r]] = "within failsafe_hold_s of its last fault"
+            log.warning(
+                "fail-safe caps on %s: %s",
+                ", ".join(why),
+                "; ".join(f"{k} {v}" for k, v in why.items()),
+                extra={"fields": {"racks": list(why), "why": why, "cycle": decision.cycle}},
+            )
+        if left:
+            log.info(
+                "fail-safe caps lifted on %s (readings fresh again for failsafe_hold_s)",
+                ", ".join(names[r] for r in sorted(left)),
+                extra={"fields": {"racks": [names[r] for r in sorted(left)], "cycle": decision.cycle}},
+            )
 
     # ================================================================================================
     # health and metrics

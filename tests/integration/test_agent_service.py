@@ -424,8 +424,12 @@ async def test_the_first_decision_after_the_clock_jumps_to_the_telemetry_still_w
 
 
 async def test_a_silent_rack_goes_to_failsafe_caps_within_three_periods(
-    mosquitto: EmbeddedBroker, tmp_path: Path
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """... and the log says so: a warning naming the rack and how long it has been silent when it goes
+    to fail-safe caps (the decision line's list alone did not say that anything changed, nor why),
+    an info line when the caps are lifted."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
     site = load_site(write_site(tmp_path))
     dropout = {"kind": "sensor_dropout", "rack": 1, "start_s": 80.0, "end_s": 130.0}
     res = await run_with_sim(mosquitto, write_config(tmp_path), full_load(site, 180.0, faults=[dropout]), speed=30.0)
@@ -442,6 +446,12 @@ async def test_a_silent_rack_goes_to_failsafe_caps_within_three_periods(
     # released once r1 reports again and the hold has passed; true power under the limit throughout
     assert any("r1" not in s["failsafe_racks"] for _c, t, s in res.decisions if t > 130.0 + 20.0)
     assert_true_power_under_limit(res)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "fail-safe caps" in r.getMessage()]
+    went = [m for level, m in said if level == logging.WARNING]
+    assert len(went) == 1 and re.fullmatch(r"fail-safe caps on r1: r1 no telemetry for \d+ s", went[0]), said
+    assert [m for level, m in said if level == logging.INFO] == [
+        "fail-safe caps lifted on r1 (readings fresh again for failsafe_hold_s)"
+    ], said
 
 
 async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
