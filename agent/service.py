@@ -1046,7 +1046,7 @@ class AgentService:
         summary = decision.summary(self.site.rack_names)
         summary["commands"] = len(commands)
         try:
-            self.journal.record_decision(
+            decision_id = self.journal.record_decision(
                 decision.cycle,
                 now,
                 "standby" if standby else self.mode,
@@ -1081,6 +1081,7 @@ class AgentService:
             extra={
                 "fields": {
                     "cycle": decision.cycle,
+                    "decision": decision_id,  # the journal's id: racktwin journal --decision ID
                     "site_time_s": round(now, 3),
                     "status": decision.status,
                     "source": decision.source,

@@ -361,11 +361,13 @@ async def publish_rounds(
 
 @pytest.mark.parametrize(("r1_from_s", "failsafe"), [(3.0, []), (math.inf, ["r1"])])
 async def test_the_first_decision_waits_for_every_rack_to_report(
-    mosquitto: EmbeddedBroker, tmp_path: Path, r1_from_s: float, failsafe: list[str]
+    mosquitto: EmbeddedBroker, tmp_path: Path, r1_from_s: float, failsafe: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """An agent that starts while only r0 reports holds its first decision until r1 has reported
     (r1 at fail-safe caps on the strength of r0's first message would throttle it for a period),
-    but no longer than a period: a rack that never reports is at fail-safe caps then."""
+    but no longer than a period: a rack that never reports is at fail-safe caps then. Each decision's
+    log line names its journal id, the ID of ``racktwin journal --decision`` (its cycle is one less)."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
     site = load_site(write_site(tmp_path))
     speed = 10.0
     loaded = loaded_config(write_config(tmp_path, speed=speed), mosquitto)
@@ -385,6 +387,13 @@ async def test_the_first_decision_waits_for_every_rack_to_report(
         assert PERIOD_S - 1.0 <= first_s <= PERIOD_S + 1.0  # one period after r0's first message
     else:
         assert r1_from_s <= first_s < PERIOD_S
+    logged = [r.fields for r in caplog.records if r.getMessage() == "decision"]  # type: ignore[attr-defined]
+    db = sqlite3.connect(loaded.config.journal.path)
+    try:
+        ids = db.execute("SELECT id, cycle FROM decisions ORDER BY id").fetchall()
+    finally:
+        db.close()
+    assert [(f["decision"], f["cycle"]) for f in logged] == ids and ids[0] == (1, 0)
 
 
 async def test_the_first_decision_after_the_clock_jumps_to_the_telemetry_still_waits_for_every_rack(
