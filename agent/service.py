@@ -308,8 +308,14 @@ class AgentService:
     # ================================================================================================
     # lifecycle
     # ================================================================================================
-    def stop(self) -> None:
+    def stop(self, why: str = "asked to") -> None:
         """Ask for a clean shutdown: the current cycle finishes, status goes offline, the journal closes."""
+        if not self._stop.is_set():  # said once: a stop that hangs is then seen to have begun
+            log.info(
+                "stopping (%s): the current cycle finishes, its commands go out, acks awaited up to %.0f s",
+                why,
+                _SHUTDOWN_ACK_WAIT_S,
+            )
         self._stop.set()
         self._replan.set()
 
@@ -415,7 +421,9 @@ class AgentService:
         with contextlib.suppress(Exception):
             self.journal.close()
         if self._failure is None:
-            log.info("agent stopped", extra={"fields": {"decisions": self.decisions}})
+            # open: journaled, not acked nor expired; a restart sends those still valid again
+            open_commands = len(self.book.open)
+            log.info("agent stopped", extra={"fields": {"decisions": self.decisions, "open_commands": open_commands}})
         else:
             log.error("agent stopped after an error", extra={"fields": {"decisions": self.decisions, "error": detail}})
 
@@ -1336,5 +1344,5 @@ async def run(loaded: LoadedConfig, *, mqtt: MqttOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, service.stop)
+            loop.add_signal_handler(sig, functools.partial(service.stop, sig.name))
     await service.run()
