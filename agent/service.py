@@ -1129,10 +1129,12 @@ class AgentService:
                     why[names[r]] = "a stuck card sensor"
                 else:
                     why[names[r]] = "within failsafe_hold_s of its last fault"
+            by_reason: dict[str, list[str]] = {}
+            for rack, reason in why.items():
+                by_reason.setdefault(reason, []).append(rack)
             log.warning(
-                "fail-safe caps on %s: %s",
-                ", ".join(why),
-                "; ".join(f"{k} {v}" for k, v in why.items()),
+                "fail-safe caps on %s",
+                "; ".join(f"{', '.join(rs)}: {reason}" for reason, rs in by_reason.items()),
                 extra={"fields": {"racks": list(why), "why": why, "cycle": decision.cycle}},
             )
         if left:
