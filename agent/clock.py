@@ -230,6 +230,13 @@ class SiteClock:
         return self._anchor_ts is not None
 
     @property
+    def jump_pending(self) -> bool:
+        """Messages stamped too far ahead of the clock keep coming (the last within ``reset_after_s``)
+        and may yet move it there: a forward jump not confirmed yet (see :meth:`observe`)."""
+        run = self._ahead
+        return run is not None and self._wall() - run.last_wall <= self._reset_after_s
+
+    @property
     def rate(self) -> float:
         """Site seconds per wall second (1 for real racks)."""
         return self._rate

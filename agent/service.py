@@ -103,6 +103,8 @@ _JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the even
 _ANOMALY_INTERVAL_S = 10.0
 _JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
+#: wall seconds the first decision may wait for the clock to confirm a jump to the telemetry's time
+_FIRST_ROUND_JUMP_WAIT_S = 5.0
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
 _ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
@@ -296,6 +298,7 @@ class AgentService:
         self.message_errors = 0
         self._message_error_logged: tuple[float, int] = (-math.inf, 0)  # wall time, count then
         self.resumed_commands = 0
+        self._failsafe_logged: frozenset[int] = frozenset()  # racks the log last said are at fail-safe caps
         self.expired_on_resume = 0
         try:
             self._load_journal()
@@ -306,8 +309,14 @@ class AgentService:
     # ================================================================================================
     # lifecycle
     # ================================================================================================
-    def stop(self) -> None:
+    def stop(self, why: str = "asked to") -> None:
         """Ask for a clean shutdown: the current cycle finishes, status goes offline, the journal closes."""
+        if not self._stop.is_set():  # said once: a stop that hangs is then seen to have begun
+            log.info(
+                "stopping (%s): the current cycle finishes, its commands go out, acks awaited up to %.0f s",
+                why,
+                _SHUTDOWN_ACK_WAIT_S,
+            )
         self._stop.set()
         self._replan.set()
 
@@ -413,7 +422,9 @@ class AgentService:
         with contextlib.suppress(Exception):
             self.journal.close()
         if self._failure is None:
-            log.info("agent stopped", extra={"fields": {"decisions": self.decisions}})
+            # open: journaled, not acked nor expired; a restart sends those still valid again
+            open_commands = len(self.book.open)
+            log.info("agent stopped", extra={"fields": {"decisions": self.decisions, "open_commands": open_commands}})
         else:
             log.error("agent stopped after an error", extra={"fields": {"decisions": self.decisions, "error": detail}})
 
@@ -966,17 +977,33 @@ class AgentService:
             await asyncio.sleep(0)
 
     async def _await_first_round(self, start_s: float) -> float:
-        """Hold the first decision until every rack has reported once (cards, loop and PDU) or one
+        """Hold the first decision until every rack has reported (cards, loop and PDU, fresh) or one
         period of site time has passed; return the site time it is made at. Deciding on the first
         message alone would put every rack not heard from yet at fail-safe caps for a period (a site
-        throttled at each agent restart) and treat the cards of jobs not yet announced as idle."""
-        end_s = start_s + self.config.control.period_s
+        throttled at each agent restart) and treat the cards of jobs not yet announced as idle.
+        The period counts on the clock's current timeline: when the clock jumps or steps to another one
+        (a restarted agent's persistent session first delivers the acks and job events queued while
+        it was away, stamped behind the telemetry that follows), it starts again from there, and while
+        such a jump waits for its confirmation (``SiteClock.jump_pending``, for at most
+        ``_FIRST_ROUND_JUMP_WAIT_S`` wall seconds) the period does not end. It used to end on the old
+        timeline or at once on the jump, with every rack not heard from on the new one at fail-safe caps."""
+        period_s = self.config.control.period_s
+        end_s = start_s + period_s
+        timeline = (self.clock.jumps, self.clock.corrections)
+        jump_wait_end = time.monotonic() + _FIRST_ROUND_JUMP_WAIT_S
         while not self._stop.is_set():
             now = self.clock.now()
-            if now is None or now >= end_s or bool(np.all(np.isfinite(self.state.rack_last_seen_s()))):
+            if now is None:  # not before the first message (the control task waits for it)
+                return start_s
+            if (self.clock.jumps, self.clock.corrections) != timeline:
+                timeline = (self.clock.jumps, self.clock.corrections)
+                end_s = now + period_s
+            jumping = self.clock.jump_pending and time.monotonic() < jump_wait_end
+            fresh = self.state.rack_last_seen_s() >= now - self.config.control.telemetry_deadline_s
+            if (now >= end_s and not jumping) or bool(np.all(fresh)):
                 await self._drain_inbox()
-                return self.clock.now() or (now if now is not None else start_s)
-            await wait_event(self._stop, min(0.05, self.clock.wall_seconds(end_s - now)))
+                return self.clock.now() or now
+            await wait_event(self._stop, max(0.005, min(0.05, self.clock.wall_seconds(end_s - now))))
         return self.clock.now() or start_s
 
     async def _drain_inbox(self, max_wall_s: float = 0.2) -> None:
@@ -1030,7 +1057,7 @@ class AgentService:
         summary = decision.summary(self.site.rack_names)
         summary["commands"] = len(commands)
         try:
-            self.journal.record_decision(
+            decision_id = self.journal.record_decision(
                 decision.cycle,
                 now,
                 "standby" if standby else self.mode,
@@ -1065,6 +1092,7 @@ class AgentService:
             extra={
                 "fields": {
                     "cycle": decision.cycle,
+                    "decision": decision_id,  # the journal's id: racktwin journal --decision ID
                     "site_time_s": round(now, 3),
                     "status": decision.status,
                     "source": decision.source,
@@ -1078,6 +1106,46 @@ class AgentService:
                 }
             },
         )
+        self._log_failsafe_changes(decision, snap, now)
+
+    def _log_failsafe_changes(self, decision: Decision, snap: StateSnapshot, now: float) -> None:
+        """A warning when racks go to fail-safe caps (with why: silent for how long, never heard from,
+        a stuck sensor), an info line when they leave them: the decision line's ``failsafe`` list
+        alone did not say that anything changed, nor why."""
+        racks = frozenset(int(r) for r in decision.failsafe_racks)
+        entered, left = racks - self._failsafe_logged, self._failsafe_logged - racks
+        self._failsafe_logged = racks
+        names = self.site.rack_names
+        if entered:
+            last = np.asarray(snap.rack_last_seen_s, dtype=np.float64)
+            stuck = {int(r) for r in snap.stuck_racks}
+            stuck_card_racks = {int(c) // self.site.cards_per_rack for c in snap.stuck_cards}
+            why: dict[str, str] = {}
+            for r in sorted(entered):
+                if not last[r] >= now - self.config.control.telemetry_deadline_s:
+                    why[names[r]] = (
+                        f"no telemetry for {now - last[r]:.0f} s" if math.isfinite(last[r]) else "never reported"
+                    )
+                elif r in stuck:
+                    why[names[r]] = "its readings are frozen (stuck sensor)"
+                elif r in stuck_card_racks:
+                    why[names[r]] = "a stuck card sensor"
+                else:
+                    why[names[r]] = "within failsafe_hold_s of its last fault"
+            by_reason: dict[str, list[str]] = {}
+            for rack, reason in why.items():
+                by_reason.setdefault(reason, []).append(rack)
+            log.warning(
+                "fail-safe caps on %s",
+                "; ".join(f"{', '.join(rs)}: {reason}" for reason, rs in by_reason.items()),
+                extra={"fields": {"racks": list(why), "why": why, "cycle": decision.cycle}},
+            )
+        if left:
+            log.info(
+                "fail-safe caps lifted on %s (readings fresh again for failsafe_hold_s)",
+                ", ".join(names[r] for r in sorted(left)),
+                extra={"fields": {"racks": [names[r] for r in sorted(left)], "cycle": decision.cycle}},
+            )
 
     # ================================================================================================
     # health and metrics
@@ -1281,5 +1349,5 @@ async def run(loaded: LoadedConfig, *, mqtt: MqttOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, service.stop)
+            loop.add_signal_handler(sig, functools.partial(service.stop, sig.name))
     await service.run()

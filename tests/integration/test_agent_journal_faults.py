@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -199,6 +200,9 @@ async def test_a_journal_that_cannot_be_written_leaves_the_agent_running_not_rea
         await asyncio.sleep(0.3)
     assert "Traceback" not in agent.stderr, agent.stderr[-3000:]
     assert obs.status[-1].state == wire.AgentState.OFFLINE and obs.status[-1].detail == "clean shutdown"
+    # the log says the stop began (and why) and how it ended
+    assert "stopping (SIGTERM): the current cycle finishes" in agent.stderr, agent.stderr[-3000:]
+    assert re.search(r"agent stopped.*open_commands", agent.stderr), agent.stderr[-3000:]
 
 
 _FAILING_TASK = textwrap.dedent(

@@ -328,17 +328,27 @@ async def test_an_idle_racks_pump_is_slowed_over_mqtt_and_kept_slow_past_the_pla
 
 
 async def publish_rounds(
-    broker: EmbeddedBroker, site: SiteSpec, racks_at: Callable[[float], set[str]], until_s: float, speed: float
+    broker: EmbeddedBroker,
+    site: SiteSpec,
+    racks_at: Callable[[float], set[str]],
+    until_s: float,
+    speed: float,
+    *,
+    from_s: float = 0.0,
+    first: wire.Outgoing | None = None,
 ) -> None:
     """The plant of :func:`full_load` stepped by hand, one telemetry round per site second (wall time
-    scaled by ``speed``), publishing only the racks ``racks_at(t)`` names (and the facility)."""
+    scaled by ``speed``), stamped from ``START + from_s``, publishing only the racks ``racks_at(t)``
+    names (and the facility); ``first`` goes right before the first round."""
     plant = build_plant(full_load(site, until_s + 1.0))
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site=SITE_ID))
     encoder = TelemetryEncoder(codec, site, wire.Sequencer("sim"))
     rack_topic = re.compile(r"/rack/([^/]+)/")
     async with Bus(broker.options(), name="racks") as bus:
         await bus.wait_connected(10)
-        t = 0.0
+        if first is not None:
+            await bus.send(first)
+        t = from_s
         while t <= until_s:
             for out in encoder.readings(plant.readings(), START + t):
                 m = rack_topic.search(out.topic)
@@ -351,11 +361,13 @@ async def publish_rounds(
 
 @pytest.mark.parametrize(("r1_from_s", "failsafe"), [(3.0, []), (math.inf, ["r1"])])
 async def test_the_first_decision_waits_for_every_rack_to_report(
-    mosquitto: EmbeddedBroker, tmp_path: Path, r1_from_s: float, failsafe: list[str]
+    mosquitto: EmbeddedBroker, tmp_path: Path, r1_from_s: float, failsafe: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """An agent that starts while only r0 reports holds its first decision until r1 has reported
     (r1 at fail-safe caps on the strength of r0's first message would throttle it for a period),
-    but no longer than a period: a rack that never reports is at fail-safe caps then."""
+    but no longer than a period: a rack that never reports is at fail-safe caps then. Each decision's
+    log line names its journal id, the ID of ``racktwin journal --decision`` (its cycle is one less)."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
     site = load_site(write_site(tmp_path))
     speed = 10.0
     loaded = loaded_config(write_config(tmp_path, speed=speed), mosquitto)
@@ -375,11 +387,58 @@ async def test_the_first_decision_waits_for_every_rack_to_report(
         assert PERIOD_S - 1.0 <= first_s <= PERIOD_S + 1.0  # one period after r0's first message
     else:
         assert r1_from_s <= first_s < PERIOD_S
+    logged = [r.fields for r in caplog.records if r.getMessage() == "decision"]  # type: ignore[attr-defined]
+    db = sqlite3.connect(loaded.config.journal.path)
+    try:
+        ids = db.execute("SELECT id, cycle FROM decisions ORDER BY id").fetchall()
+    finally:
+        db.close()
+    assert [(f["decision"], f["cycle"]) for f in logged] == ids and ids[0] == (1, 0)
+
+
+async def test_the_first_decision_after_the_clock_jumps_to_the_telemetry_still_waits_for_every_rack(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A restarted agent's persistent session first delivers what was queued while it was away (here
+    a job event stamped a minute behind the telemetry that follows): the site clock starts there and
+    jumps to the telemetry's time. The first decision still waits for every rack to report on that
+    timeline; it used to be made at the jump, on r0's readings alone, with r1 at fail-safe caps for
+    ``failsafe_hold_s`` (every rack but one throttled at each restart of a running site)."""
+    site = load_site(write_site(tmp_path))
+    speed = 10.0
+    loaded = loaded_config(write_config(tmp_path, speed=speed), mosquitto)
+    service = AgentService(loaded, mqtt=mosquitto.options(client_id="agent-jump"), http=False)
+    agent = asyncio.create_task(service.run())
+    jump_t: list[float] = []
+
+    def racks(t: float) -> set[str]:
+        if service.clock.jumps and not jump_t:
+            jump_t.append(t)
+        return {"r0", "r1"} if jump_t and t >= jump_t[0] + 3.0 else {"r0"}
+
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        codec = wire.Codec(wire.SiteLayout.from_spec(site, site=SITE_ID))
+        queued = codec.outgoing(wire.JobEvent(wire.JobEventType.FINISHED, "gone-while-away", START, 0, "sim"))
+        await publish_rounds(mosquitto, site, racks, 60.0 + 4 * PERIOD_S, speed, from_s=60.0, first=queued)
+    finally:
+        service.stop()
+        await asyncio.wait_for(agent, 15)
+    assert jump_t, "the clock never jumped to the telemetry"
+    decisions, _commands = read_journal(Path(loaded.config.journal.path))
+    _cycle, first_s, first = decisions[0]
+    assert first["failsafe_racks"] == [], first
+    assert jump_t[0] + 3.0 <= first_s < jump_t[0] + PERIOD_S
+    assert all(s["failsafe_racks"] == [] for _c, _t, s in decisions), decisions
 
 
 async def test_a_silent_rack_goes_to_failsafe_caps_within_three_periods(
-    mosquitto: EmbeddedBroker, tmp_path: Path
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """... and the log says so: a warning naming the rack and how long it has been silent when it goes
+    to fail-safe caps (the decision line's list alone did not say that anything changed, nor why),
+    an info line when the caps are lifted."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
     site = load_site(write_site(tmp_path))
     dropout = {"kind": "sensor_dropout", "rack": 1, "start_s": 80.0, "end_s": 130.0}
     res = await run_with_sim(mosquitto, write_config(tmp_path), full_load(site, 180.0, faults=[dropout]), speed=30.0)
@@ -396,6 +455,12 @@ async def test_a_silent_rack_goes_to_failsafe_caps_within_three_periods(
     # released once r1 reports again and the hold has passed; true power under the limit throughout
     assert any("r1" not in s["failsafe_racks"] for _c, t, s in res.decisions if t > 130.0 + 20.0)
     assert_true_power_under_limit(res)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "fail-safe caps" in r.getMessage()]
+    went = [m for level, m in said if level == logging.WARNING]
+    assert len(went) == 1 and re.fullmatch(r"fail-safe caps on r1: no telemetry for \d+ s", went[0]), said
+    assert [m for level, m in said if level == logging.INFO] == [
+        "fail-safe caps lifted on r1 (readings fresh again for failsafe_hold_s)"
+    ], said
 
 
 async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
