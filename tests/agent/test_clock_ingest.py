@@ -138,6 +138,15 @@ def _service(tmp_path: Path) -> AgentService:
     return AgentService(loaded, mqtt=MqttOptions(port=1), http=False)
 
 
+def _on_a_fake_wall(svc: AgentService) -> tuple[FakeWall, tuple[range, range]]:
+    """The service's site clock on a wall the test moves (20 site s per wall s; a step back or jump
+    confirmed after 0.5 wall s), and its racks in two halves (a round in two bursts)."""
+    wall = FakeWall()
+    svc.clock = svc.ingest.clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+    n_racks = svc.site.n_racks
+    return wall, (range(n_racks // 2), range(n_racks // 2, n_racks))
+
+
 def test_the_service_tells_the_publisher_whether_a_rack_was_heard_from_since_a_time(tmp_path: Path) -> None:
     """What the publisher asks before it reports a missing ack (``agent.publish.Publisher``): a rack
     heard from after the command went out (any of its cards, its loop or its PDU) did not get it or
@@ -165,10 +174,8 @@ def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_rou
     of the new timeline went out alone at once, and the old round out of order ten minutes later)."""
     svc = _service(tmp_path)
     try:
-        wall = FakeWall()
-        svc.clock = svc.ingest.clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+        wall, halves = _on_a_fake_wall(svc)
         n_racks = svc.site.n_racks
-        halves = (range(n_racks // 2), range(n_racks // 2, n_racks))
 
         def send_round(ts: float) -> None:
             for half in halves:  # two bursts, a flush after each
@@ -207,10 +214,8 @@ def test_when_the_first_publisher_was_an_hour_ahead_its_last_round_is_not_held_f
     racks' rounds whole after it."""
     svc = _service(tmp_path)
     try:
-        wall = FakeWall()
-        svc.clock = svc.ingest.clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+        wall, halves = _on_a_fake_wall(svc)
         n_racks = svc.site.n_racks
-        halves = (range(n_racks // 2), range(n_racks // 2, n_racks))
         for i in range(40):
             for half in halves:  # two bursts, a flush after each; r0 first in the first one
                 for r in half:
