@@ -785,11 +785,8 @@ class AgentService:
         r = self._rack_index.get(target)
         if r is None:
             return True
-        st, cpr = self.state, self.site.cards_per_rack
-        newest = max(
-            float(st.card_last_seen_s[r * cpr : (r + 1) * cpr].max()), st.rack_loop_seen_s[r], st.rack_pdu_seen_s[r]
-        )
-        return bool(newest > site_s)
+        st = self.state
+        return bool(max(st.rack_cards_seen_s[r], st.rack_loop_seen_s[r], st.rack_pdu_seen_s[r]) > site_s)
 
     def _on_ack(self, ack: wire.Acknowledgement) -> None:
         key = (ack.command_id, ack.publisher, ack.seq)
