@@ -11,7 +11,7 @@ not slip when jobs ahead of it overrun their expected ends (expected run times a
 upper bounds of wall-time requests); once the promised start is past, no card is spare and the site
 drains for the job.
 
-``twin.plant.Plant`` (the virtual site's own scheduler) and ``agent.backfill`` / ``agent.controller``
+``twin.plant_jobs.PlantJobs`` (the virtual plant's own scheduler) and ``agent.backfill`` / ``agent.controller``
 (the agent's placements) both call these functions, so the two schedules follow one rule; each
 computes the expected ends from what it knows (the plant from the true remaining work, the agent
 from reported progress). Pure functions, no I/O.

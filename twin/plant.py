@@ -32,6 +32,12 @@ change the physics.
 
 Speed: the hot path is vectorized over cards; Python loops run over jobs only when one of them
 changes phase. See benchmarks/bench_twin.py.
+
+Modules: this one holds the cards, hosts, loops, facility, timeline (submissions, commands, wakes,
+faults) and sensors; ``twin.plant_jobs`` (``PlantJobs``, which ``Plant`` holds and calls) the jobs:
+queue, built-in scheduler, phases and their timers, checkpoints, failures, work accounting and job
+events; ``twin.plant_types`` the value types (``PlantConfig``, ``Truth``, ``Accounting``, ...),
+re-exported here.
 """
 
 from __future__ import annotations
@@ -39,16 +45,11 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-import zlib
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from twin.cooling import CoolingPoint, facility_cooling, rack_pump_power_w
-from twin.easy_backfill import Reservation, keep_promise, reservation_from_ends, spare_after_backfill
+from twin.cooling import facility_cooling, rack_pump_power_w
 from twin.faults import (
     Ambient,
     CardFailure,
@@ -63,12 +64,24 @@ from twin.faults import (
     SensorDropout,
     StuckSensor,
 )
+from twin.plant_jobs import PlantJobs
+from twin.plant_types import (
+    Accounting,
+    BoolArray,
+    CardVariation,
+    CommandError,
+    FloatArray,
+    IntArray,
+    JobRecord,
+    PlantConfig,
+    SensorNoise,
+    Truth,
+)
 from twin.power import SLOWDOWN_K_PER_LEVEL, PowerModel
 from twin.readings import (
     CardBatch,
     FacilityReading,
     JobEvent,
-    JobReading,
     LoopReading,
     PduReading,
     RackReading,
@@ -77,11 +90,7 @@ from twin.readings import (
 from twin.sensor_faults import SensorFaults
 from twin.spec import SiteSpec
 from twin.thermal import ThermalNetwork, ThermalParams, plate_resistance_k_per_w
-from twin.workload import JobSpec, Phase, PhaseModel
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from twin.workload import JobSpec
 
 __all__ = [
     "Accounting",
@@ -114,244 +123,6 @@ _WARM_START_ITERATIONS = 50
 _WARM_START_TOLERANCE_K = 1e-3
 
 
-class CommandError(ValueError):
-    """A command the plant refuses (nothing of it was applied). ``reason`` is one line;
-    ``failed_cards``: the cards of the command that have failed, when that is why (site indices)."""
-
-    def __init__(self, reason: str, failed_cards: tuple[int, ...] = ()) -> None:
-        self.reason = reason
-        self.failed_cards = failed_cards
-        super().__init__(reason)
-
-
-@dataclass(frozen=True)
-class SensorNoise:
-    """Standard deviations of the Gaussian sensor noise (assumptions near data-sheet accuracies:
-    NVML board power +-5 W, GPU temperature 1 deg C resolution, class-1 PDU metering, PT1000
-    coolant sensors)."""
-
-    power_sd_w: float = 3.0
-    die_temp_sd_k: float = 0.5
-    utilization_sd: float = 0.01  # relative: an idle card reads exactly 0
-    coolant_temp_sd_k: float = 0.1
-    flow_sd_frac: float = 0.01
-    pdu_power_sd_frac: float = 0.005
-    facility_sd_frac: float = 0.01
-    ambient_sd_k: float = 0.2
-
-    @classmethod
-    def none(cls) -> SensorNoise:
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-
-
-@dataclass(frozen=True)
-class CardVariation:
-    """Card-to-card spread of the TRUE parameters around the spec (relative standard deviations,
-    clipped at +-3 sd). Assumptions: silicon lottery of a few percent in switching power, ~10% in
-    leakage, a few percent in thermal interface quality (applied to both resistances)."""
-
-    idle_sd_frac: float = 0.03
-    dynamic_sd_frac: float = 0.02
-    leakage_sd_frac: float = 0.10
-    r_th_sd_frac: float = 0.03
-
-    @classmethod
-    def none(cls) -> CardVariation:
-        return cls(0.0, 0.0, 0.0, 0.0)
-
-
-@dataclass(frozen=True)
-class PlantConfig:
-    """How the plant behaves beyond the site spec.
-
-    * ``placement``: ``"builtin"`` (first-fit scheduler places queued jobs; the default here, for
-      plants with no agent) or ``"external"`` (queued jobs wait for :meth:`Plant.place_job`; after
-      ``external_timeout_s`` in the queue, 300 s here and 120 s in run scenarios
-      (``twin.scenario.DEFAULT_EXTERNAL_TIMEOUT_S``), the built-in scheduler places them anyway).
-    * ``backfill_wait_s``: once the oldest waiting job has waited this long, it gets a reservation
-      (EASY backfilling: the expected time enough cards are free, from the running jobs' remaining
-      work); jobs behind it start ahead only if they fit now and are expected to end before the
-      reservation or fit in the cards it leaves spare (so big jobs do not starve and small jobs
-      do not leave cards idle meanwhile).
-    * ``supply_time_constant_s``: the rack supply temperature follows its set-point as a first-order
-      lag (CDU valve loop, assumption).
-    * ``min_power_limit_w``: the lowest power limit a card accepts (H100 SXM: 200 W, ``nvidia-smi -q``
-      "Min Power Limit"). The power brake goes no lower than the slowest DVFS level of the table
-      (a real card would clock lower still): a card computing at u = 1 draws ~315 W there on the
-      example site, whatever lower limit it was given (no policy here sets one that low; a full
-      rack's fail-safe cap is ~630 W a card).
-    * ``pump_hold_s``: a rack-loop pump slowed by :meth:`Plant.set_pump_speed` returns to full speed
-      this long after the last command for it, unless renewed (the CDU's fallback on a lost
-      supervisor, as building controllers relinquish a point whose writer stopped writing).
-    """
-
-    seed: int = 0
-    noise: SensorNoise = field(default_factory=SensorNoise)
-    variation: CardVariation = field(default_factory=CardVariation)
-    ambient: Ambient | None = None
-    phases: PhaseModel = field(default_factory=PhaseModel)
-    placement: str = "builtin"
-    external_timeout_s: float = 300.0
-    backfill_wait_s: float = 1800.0
-    supply_time_constant_s: float = 120.0
-    min_power_limit_w: float = 200.0
-    initial_level: int = 0
-    initial_low_power: bool = False
-    pump_hold_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.placement not in ("builtin", "external"):
-            raise ValueError(f"placement must be 'builtin' or 'external', got {self.placement!r}")
-        if not self.external_timeout_s >= 0:
-            raise ValueError("external_timeout_s must be >= 0")
-        if not self.supply_time_constant_s >= 0:
-            raise ValueError("supply_time_constant_s must be >= 0")
-        if not (math.isfinite(self.pump_hold_s) and self.pump_hold_s > 0):
-            raise ValueError("pump_hold_s must be a finite time > 0 s")
-
-
-@dataclass(frozen=True)
-class Truth:
-    """Exact state of the site (ground truth for judging controllers and estimators)."""
-
-    time_s: float
-    card_power_w: FloatArray
-    die_temp_c: FloatArray
-    plate_temp_c: FloatArray
-    level: IntArray  # commanded level in force
-    effective_level: IntArray  # level after the card's protection
-    utilization: FloatArray
-    low_power: BoolArray
-    failed: BoolArray
-    r_total_k_per_w: FloatArray  # true die-to-inlet resistance of every card
-    rack_power_w: FloatArray  # cards + host overhead
-    rack_heat_w: FloatArray  # heat into each rack loop
-    rack_max_die_temp_c: FloatArray
-    rack_supply_temp_c: FloatArray
-    rack_return_temp_c: FloatArray
-    rack_flow_lpm: FloatArray
-    rack_pump_speed_frac: FloatArray  # commanded pump speed in force (flow = speed x any fault's fraction)
-    supply_setpoint_c: float
-    ambient_temp_c: float
-    cooling: CoolingPoint
-    host_off: BoolArray  # per host (site.card_host()): powered off
-    rack_host_power_w: FloatArray  # per rack: hosts and switches (host_overhead_w less the off hosts' saving)
-    # per card: held by a job during the step just taken (card_power_w is that step's power; a job
-    # that ended or started as the step ended has changed free_cards() already)
-    card_busy_in_step: BoolArray
-
-    @property
-    def it_power_w(self) -> float:
-        return float(self.rack_power_w.sum())
-
-    @property
-    def facility_power_w(self) -> float:
-        return self.cooling.facility_power_w
-
-
-@dataclass(frozen=True)
-class Accounting:
-    """Integrals since the start of the run (J, s, card-s)."""
-
-    time_s: float
-    it_energy_j: float
-    cooling_energy_j: float
-    facility_energy_j: float
-    work_card_s: float  # top-clock-equivalent card-seconds of training kept (after rollbacks)
-    lost_work_card_s: float  # work rolled back by card failures
-    jobs_submitted: int
-    jobs_finished: int
-    jobs_failed: int
-    jobs_running: int
-    jobs_queued: int
-    # jobs the plant's own scheduler started under external placement (an agent's job not placed by it
-    # within PlantConfig.external_timeout_s); 0 under builtin placement
-    jobs_placed_by_plant: int
-    slo_violation_s: float  # job-seconds computing below the job's min_throughput_frac
-    rack_over_limit_s: float  # rack-seconds above the rack power limit
-    rack_over_limit_j: float  # energy above the rack limits
-    throttled_card_s: float  # card-seconds below the commanded level (own protection)
-    max_die_temp_c: float
-
-    @property
-    def pue(self) -> float:
-        return self.facility_energy_j / self.it_energy_j if self.it_energy_j > 0 else math.inf
-
-    @property
-    def throughput_card(self) -> float:
-        """Mean throughput: top-clock-equivalent cards of training over the run."""
-        return self.work_card_s / self.time_s if self.time_s > 0 else 0.0
-
-    @property
-    def facility_energy_per_work_j(self) -> float:
-        """Facility energy per top-clock-equivalent card-second of training."""
-        return self.facility_energy_j / self.work_card_s if self.work_card_s > 0 else math.inf
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    job_id: str
-    state: str  # "pending" (not yet submitted), "queued", "running", "finished", "failed"
-    phase: Phase
-    n_cards: int
-    priority: float
-    submit_time_s: float
-    start_time_s: float | None  # first placement
-    finish_time_s: float | None
-    compute_start_s: float | None  # first step of training (after its cards woke, its hosts booted, start-up)
-    work_done_card_s: float
-    work_total_card_s: float
-    slo_violation_s: float
-    restarts: int
-    cards: tuple[int, ...]
-
-
-class _Job:
-    """Mutable record of one job inside the plant."""
-
-    __slots__ = (
-        "cards",
-        "ckpt_interval_steps",
-        "compute_start_s",
-        "finish_s",
-        "last_ckpt_steps",
-        "next_action",
-        "pending_ckpt_steps",
-        "phase",
-        "progress_steps",
-        "queued_since_s",
-        "restarts",
-        "rng",
-        "slo_violation_s",
-        "slot",
-        "spec",
-        "start_s",
-        "state",
-    )
-
-    def __init__(self, spec: JobSpec, seed: int) -> None:
-        self.spec = spec
-        self.rng = np.random.default_rng([seed, 1, zlib.crc32(spec.job_id.encode("utf-8"))])
-        self.state = "pending"
-        self.phase = Phase.WAITING
-        self.slot = 0
-        self.cards: IntArray = np.zeros(0, dtype=np.int64)
-        self.queued_since_s = 0.0
-        self.start_s: float | None = None
-        self.finish_s: float | None = None
-        self.compute_start_s: float | None = None
-        self.restarts = 0
-        self.progress_steps = 0.0
-        self.ckpt_interval_steps = spec.checkpoint_interval_s / spec.step_time_s
-        # a job part way through its checkpoint interval (warm start) last checkpointed before its
-        # progress 0: a failure before its first checkpoint here rolls it back behind 0
-        first = spec.first_checkpoint_after_s
-        self.last_ckpt_steps = 0.0 if first is None else (first - spec.checkpoint_interval_s) / spec.step_time_s
-        self.pending_ckpt_steps = self.last_ckpt_steps
-        self.next_action: tuple[Any, ...] = ("none",)
-        self.slo_violation_s = 0.0
-
-
 class Plant:
     """The whole site in time. See the module docstring."""
 
@@ -364,7 +135,7 @@ class Plant:
     ) -> None:
         cfg = config if config is not None else PlantConfig()
         self.site = site
-        self.config = cfg
+        self._config = cfg
         card = site.card
         n, n_racks, cpr = site.n_cards, site.n_racks, site.cards_per_rack
         self._n, self._n_racks, self._cpr = n, n_racks, cpr
@@ -429,40 +200,15 @@ class Plant:
         self._host_ready_at = np.zeros(site.n_hosts)
         self._card_off = np.zeros(n, dtype=bool)  # the card's host is off
         self._n_hosts_off = 0
-        self._card_slot = np.zeros(n, dtype=np.int64)
-        self._card_cs = np.zeros(n)  # compute share while computing, else 0
-        self._card_omc = np.ones(n)  # 1 - card_cs
-        self._card_ncu = np.zeros(n)  # utilization of the non-scaling part (or of the phase)
-        self._card_a = np.zeros(n)  # omc * ncu
         self._power = np.zeros(n)
         self._util = np.zeros(n)
         self._busy_in_step = np.zeros(n, dtype=bool)
         self._n_throttled = 0
 
-        # ---- job slots (slot 0 = "no job") ----------------------------------------------------------
-        self._cap = 0
-        empty = np.zeros(0)
-        self._s_computing: BoolArray = np.zeros(0, dtype=bool)
-        self._s_cs = self._s_omc = self._s_step = self._s_ncards = self._s_progress = empty
-        self._s_work = self._s_next_ckpt = self._s_threshold = self._s_next_event = empty
-        self._s_min_frac = self._s_rslow = self._s_rate = empty
-        self._slot_job: list[_Job | None] = []
-        self._free_slots: list[int] = []
-        self._grow_slots(64)
-        self._order = np.zeros(0, dtype=np.int64)
-        self._starts = np.zeros(0, dtype=np.int64)
-        self._seg_slot = np.zeros(0, dtype=np.int64)
-        self._order_dirty = False
-        self._n_computing = 0
-        self._job_timer_min = _INF
+        # ---- jobs: queue, scheduler, phases; what each card's job asks of it -----------------------
+        self._jobs = PlantJobs(site, cfg, self._ready_for_job)
 
-        # ---- queue, events, timeline ---------------------------------------------------------------
-        self._jobs: dict[str, _Job] = {}
-        self._queue: list[_Job] = []
-        self._sched_dirty = False
-        self._fallback_at = _INF
-        self._reserved: tuple[str, float] | None = None  # the blocked job and its earliest expected start
-        self._events: deque[JobEvent] = deque()
+        # ---- timeline ------------------------------------------------------------------------------
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
         self._fault_edges: list[float] = []  # sorted times at which a plant fault starts, changes or ends
@@ -476,15 +222,10 @@ class Plant:
             "it_j": 0.0,
             "cool_j": 0.0,
             "fac_j": 0.0,
-            "work": 0.0,
-            "lost": 0.0,
-            "slo": 0.0,
             "over_s": 0.0,
             "over_j": 0.0,
             "throttled": 0.0,
         }
-        self._n_submitted = self._n_finished = self._n_failed_jobs = 0
-        self._n_placed_by_plant = 0
         self._max_die = -_INF
 
         # ---- initial steady state at idle ---------------------------------------------------------
@@ -532,10 +273,8 @@ class Plant:
         if self._t != 0.0 or self._acc["it_j"] != 0.0:
             raise RuntimeError("settle_warm_start: only before the first step")
         t = self._t
-        if self._job_timer_min <= t + _EPS_S:
-            self._process_job_timers(t)
-        if self._order_dirty:
-            self._rebuild_order()
+        self._jobs.process_timers(t)
+        self._jobs.refresh_order()
         supply = self._supply_c
         for _ in range(_WARM_START_ITERATIONS):
             self._compute_power()
@@ -548,36 +287,6 @@ class Plant:
         self._finish_step_outputs(0.0, supply)
         self._max_die = float(self._die.max())
 
-    def _grow_slots(self, new_cap: int) -> None:
-        """Make room for ``new_cap`` job slots (slot 0 is reserved for "no job")."""
-        old = self._cap
-        new_cap = max(new_cap, 2)
-
-        def grow(arr: FloatArray, fill: float) -> FloatArray:
-            out = np.full(new_cap, fill, dtype=np.float64)
-            out[: arr.size] = arr
-            return out
-
-        comp = np.zeros(new_cap, dtype=bool)
-        comp[:old] = self._s_computing
-        self._s_computing = comp
-        self._s_cs = grow(self._s_cs, 0.0)
-        self._s_omc = grow(self._s_omc, 1.0)
-        self._s_step = grow(self._s_step, 1.0)
-        self._s_ncards = grow(self._s_ncards, 0.0)
-        self._s_progress = grow(self._s_progress, 0.0)
-        self._s_work = grow(self._s_work, _INF)
-        self._s_next_ckpt = grow(self._s_next_ckpt, _INF)
-        self._s_threshold = grow(self._s_threshold, _INF)
-        self._s_next_event = grow(self._s_next_event, _INF)
-        self._s_min_frac = grow(self._s_min_frac, 0.0)
-        self._s_rslow = grow(self._s_rslow, 1.0)
-        self._s_rate = grow(self._s_rate, 0.0)
-        self._slot_job.extend([None] * (new_cap - old))
-        self._free_slots.extend(range(new_cap - 1, max(old, 1) - 1, -1))
-        self._free_slots.sort(reverse=True)
-        self._cap = new_cap
-
     def _push(self, time_s: float, kind: str, payload: Any) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (time_s, self._seq, kind, payload))
@@ -589,6 +298,17 @@ class Plant:
     # ================================================================================================
     # public: inputs
     # ================================================================================================
+    @property
+    def config(self) -> PlantConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: PlantConfig) -> None:
+        """Replace the configuration; its jobs follow it too (``twin.scenario.place_compact`` places a
+        warm start's jobs under a phase model without start-up)."""
+        self._config = config
+        self._jobs.config = config
+
     @property
     def time_s(self) -> float:
         return self._t
@@ -606,16 +326,11 @@ class Plant:
 
     def submit(self, job: JobSpec) -> None:
         """Add a job; it enters the queue at ``job.submit_time_s`` (now if that has passed)."""
-        if job.job_id in self._jobs:
-            raise ValueError(f"job {job.job_id!r} was already submitted")
-        if job.n_cards > self._n:
-            raise ValueError(f"job {job.job_id!r} needs {job.n_cards} cards, the site has {self._n}")
-        rec = _Job(job, self.config.seed)
-        self._jobs[job.job_id] = rec
+        rec = self._jobs.new(job)
         if job.submit_time_s > self._t + _EPS_S:
             self._push(job.submit_time_s, "submit", rec)
         else:
-            self._enqueue(rec, self._t, front=False)
+            self._jobs.enqueue(rec, self._t, front=False)
 
     def add_fault(self, fault: Fault) -> None:
         """Schedule a fault (see ``twin.faults``). A fault that starts at or before the plant's time
@@ -633,8 +348,7 @@ class Plant:
         t = self._t
         if self._heap and self._heap[0][0] <= t + _EPS_S:
             self._process_timeline(t)
-        if self._order_dirty:
-            self._rebuild_order()
+        self._jobs.refresh_order()
         self._compute_power()
         self._finish_step_outputs(0.0, self._supply_c)
 
@@ -744,21 +458,12 @@ class Plant:
         if idx.size == 0:
             return
         self._refuse_failed(idx, "enter_low_power")
-        busy = self._busy_card(idx)
+        busy = self._jobs.busy_card(idx)
         if busy is not None:
             raise CommandError(f"enter_low_power: card {busy[0]} is busy with job {busy[1]}")
         self._low[idx] = True
         self._waking[idx] = False
         self._n_low = int(self._low.sum())
-
-    def _busy_card(self, idx: IntArray) -> tuple[int, str] | None:
-        """The first of ``idx`` that runs (or is given) a job, with the job's id; None if none does."""
-        busy = self._card_slot[idx] > 0
-        if not busy.any():
-            return None
-        c = int(idx[busy][0])
-        job = self._slot_job[int(self._card_slot[c])]
-        return c, job.spec.job_id if job is not None else "?"
 
     def wake(self, cards: Any) -> None:
         """Leave the low-power state; the card is usable ``card.wake_latency_s`` later. Cards that
@@ -810,7 +515,7 @@ class Plant:
             return
         cph = self.site.cards_per_host
         cards = (idx[:, None] * cph + np.arange(cph)[None, :]).ravel()
-        busy = self._busy_card(cards)
+        busy = self._jobs.busy_card(cards)
         if busy is not None:
             c, name = busy
             raise CommandError(f"power_off_hosts: host {c // cph} has card {c} busy with job {name}")
@@ -902,26 +607,23 @@ class Plant:
         if np.unique(idx).size != idx.size:
             raise CommandError(f"place_job: card list for job {job_id!r} has duplicates")
         self._refuse_failed(idx, "place_job")
-        busy = self._card_slot[idx] > 0
+        busy = self._jobs.card_slot[idx] > 0
         if busy.any():
             raise CommandError(f"place_job: card {int(idx[busy][0])} is busy")
-        self._queue.remove(job)
-        self._start_job(job, np.sort(idx), self._t)
+        self._jobs.place(job, np.sort(idx), self._t)
 
     # ================================================================================================
     # public: outputs
     # ================================================================================================
     def drain_events(self) -> list[JobEvent]:
         """Job events since the last call, oldest first."""
-        out = list(self._events)
-        self._events.clear()
-        return out
+        return self._jobs.drain_events()
 
     def queued_jobs(self) -> tuple[JobSpec, ...]:
-        return tuple(j.spec for j in self._queue)
+        return self._jobs.queued()
 
     def running_jobs(self) -> tuple[JobSpec, ...]:
-        return tuple(j.spec for j in self._slot_job if j is not None)
+        return self._jobs.running()
 
     def job_cards(self, job_id: str) -> IntArray:
         job = self._jobs.get(job_id)
@@ -929,53 +631,32 @@ class Plant:
 
     def free_cards(self) -> IntArray:
         """Cards with no job that have not failed (asleep or awake)."""
-        return np.flatnonzero((self._card_slot == 0) & ~self._failed).astype(np.int64)
+        return np.flatnonzero((self._jobs.card_slot == 0) & ~self._failed).astype(np.int64)
 
     def ambient_c(self, t_s: float | None = None) -> float:
         t = self._t if t_s is None else t_s
         return self._ambient.temp_at_c(t) + sum(h.delta_k(t) for h in self._heat_waves)
 
     def job_records(self) -> list[JobRecord]:
-        out = []
-        for job in self._jobs.values():
-            spec = job.spec
-            progress = self._s_progress[job.slot] if job.state == "running" else job.progress_steps
-            out.append(
-                JobRecord(
-                    job_id=spec.job_id,
-                    state=job.state,
-                    phase=job.phase,
-                    n_cards=spec.n_cards,
-                    priority=spec.priority,
-                    submit_time_s=spec.submit_time_s,
-                    start_time_s=job.start_s,
-                    finish_time_s=job.finish_s,
-                    compute_start_s=job.compute_start_s,
-                    work_done_card_s=float(min(progress, spec.work_steps) * spec.step_time_s * spec.n_cards),
-                    work_total_card_s=spec.work_card_s,
-                    slo_violation_s=job.slo_violation_s,
-                    restarts=job.restarts,
-                    cards=tuple(int(c) for c in job.cards),
-                )
-            )
-        return out
+        return self._jobs.records()
 
     def accounting(self) -> Accounting:
         a = self._acc
+        jobs = self._jobs
         return Accounting(
             time_s=self._t,
             it_energy_j=a["it_j"],
             cooling_energy_j=a["cool_j"],
             facility_energy_j=a["fac_j"],
-            work_card_s=a["work"],
-            lost_work_card_s=a["lost"],
-            jobs_submitted=self._n_submitted,
-            jobs_finished=self._n_finished,
-            jobs_failed=self._n_failed_jobs,
-            jobs_running=sum(1 for j in self._slot_job if j is not None),
-            jobs_queued=len(self._queue),
-            jobs_placed_by_plant=self._n_placed_by_plant,
-            slo_violation_s=a["slo"],
+            work_card_s=jobs.work_card_s,
+            lost_work_card_s=jobs.lost_work_card_s,
+            jobs_submitted=jobs.n_submitted,
+            jobs_finished=jobs.n_finished,
+            jobs_failed=jobs.n_failed,
+            jobs_running=jobs.n_running(),
+            jobs_queued=jobs.n_queued(),
+            jobs_placed_by_plant=jobs.n_placed_by_plant,
+            slo_violation_s=jobs.slo_violation_s,
             rack_over_limit_s=a["over_s"],
             rack_over_limit_j=a["over_j"],
             throttled_card_s=a["throttled"],
@@ -1026,22 +707,8 @@ class Plant:
         t = self._t
         self._process_due(t)
         self._compute_power()
-
-        # ---- jobs make progress ---------------------------------------------------------------------
-        if self._n_computing:
-            comp = self._s_computing
-            rel = 1.0 / (self._s_cs * self._s_rslow + self._s_omc)
-            rate = np.where(comp, rel, 0.0)
-            self._s_rate = rate
-            self._s_progress += rate * (dt_s / self._s_step)
-            self._acc["work"] += float(np.dot(rate, self._s_ncards)) * dt_s
-            viol = comp & (rel < self._s_min_frac - 1e-12)
-            if viol.any():
-                self._acc["slo"] += float(viol.sum()) * dt_s
-                for s in np.flatnonzero(viol):
-                    job = self._slot_job[int(s)]
-                    if job is not None:
-                        job.slo_violation_s += dt_s
+        # ---- jobs make progress at their slowest card's pace ---------------------------------------
+        self._jobs.advance(dt_s)
 
         # ---- thermal --------------------------------------------------------------------------------
         supply = self._supply_c
@@ -1069,13 +736,7 @@ class Plant:
         self._finish_step_outputs(dt_s, supply, card_heat_w)
 
         # ---- checkpoints and completions reached during the step -------------------------------------
-        if self._n_computing:
-            hit = self._s_progress >= self._s_threshold
-            if hit.any():
-                for s in np.flatnonzero(hit):
-                    job = self._slot_job[int(s)]
-                    if job is not None:
-                        self._reached_threshold(job, self._t)
+        self._jobs.reach_thresholds(self._t)
         # what falls due at the end of the step shows in readings taken now
         self._process_due(self._t)
 
@@ -1083,12 +744,12 @@ class Plant:
         """Apply everything due at ``t``: timeline, job timers, the scheduler."""
         if self._heap and self._heap[0][0] <= t + _EPS_S:
             self._process_timeline(t)
-        if self._job_timer_min <= t + _EPS_S:
-            self._process_job_timers(t)
-        if self._sched_dirty:
-            self._schedule(t)
-        if self._order_dirty:
-            self._rebuild_order()
+        self._jobs.process_timers(t)
+        if self._jobs.needs_scheduling:
+            fallback_s = self._jobs.schedule(t, self._failed)
+            if fallback_s is not None:
+                self._push(fallback_s, "sched", None)
+        self._jobs.refresh_order()
 
     def _finish_step_outputs(self, dt_s: float, supply: float, card_heat_w: FloatArray | None = None) -> None:
         """Racks, loops, facility and energy integrals from the powers of the step (``supply``:
@@ -1132,7 +793,8 @@ class Plant:
         n_levels = self._n_levels
         die = self._die
         d_t = die - self._t_ref
-        cs, omc, a_, ncu = self._card_cs, self._card_omc, self._card_a, self._card_ncu
+        jobs = self._jobs
+        cs, omc, a_, ncu = jobs.card_cs, jobs.card_omc, jobs.card_a, jobs.card_ncu
         lvl = self._set_level
         # power brake at the commanded level, with the utilization the card has if it is its job's
         # slowest card (an upper bound on its actual utilization)
@@ -1166,9 +828,8 @@ class Plant:
         if changed:
             self._n_throttled = int(np.count_nonzero((lvl > self._set_level) & ~self._low & ~self._failed))
         # pace of each job: its slowest card
-        if self._order.size:
-            self._s_rslow[self._seg_slot] = np.maximum.reduceat(r[self._order], self._starts)
-            r_slow = self._s_rslow[self._card_slot]
+        r_slow = self._jobs.slowest_stretch(r)
+        if r_slow is not None:
             step_rel = cs * r_slow + omc
             util = (csr + (step_rel - csr) * ncu) / step_rel
         else:
@@ -1185,14 +846,15 @@ class Plant:
             power = np.where(self._card_off, 0.0, power)
         self._power = power
         self._util = util
-        self._busy_in_step = self._card_slot > 0
+        self._busy_in_step = jobs.card_slot > 0
 
     def _braked_levels(self, idx: IntArray, lvl: IntArray, d_t: FloatArray) -> IntArray:
         """Fastest level at or below ``lvl`` within the power limit for cards ``idx``."""
         m = self._model
-        cs = self._card_cs[idx][:, None]
+        jobs = self._jobs
+        cs = jobs.card_cs[idx][:, None]
         csr = cs * self._r_clock[None, :]
-        u = (csr + self._card_a[idx][:, None]) / (csr + self._card_omc[idx][:, None])
+        u = (csr + jobs.card_a[idx][:, None]) / (csr + jobs.card_omc[idx][:, None])
         p = (
             m.idle_w[None, :] * self._s_idle[idx][:, None]
             + m.leak_w_per_k[None, :] * (self._s_leak[idx] * d_t)[:, None]
@@ -1202,19 +864,6 @@ class Plant:
         ok = (p <= self._limit[idx][:, None]) & (np.arange(n_levels)[None, :] >= lvl[:, None])
         return np.where(ok.any(axis=1), ok.argmax(axis=1), n_levels - 1).astype(np.int64)
 
-    def _rebuild_order(self) -> None:
-        busy = np.flatnonzero(self._card_slot > 0)
-        if busy.size == 0:
-            self._order = np.zeros(0, dtype=np.int64)
-            self._starts = np.zeros(0, dtype=np.int64)
-            self._seg_slot = np.zeros(0, dtype=np.int64)
-        else:
-            order = busy[np.argsort(self._card_slot[busy], kind="stable")]
-            slots = self._card_slot[order]
-            starts = np.flatnonzero(np.concatenate([[True], slots[1:] != slots[:-1]]))
-            self._order, self._starts, self._seg_slot = order, starts.astype(np.int64), slots[starts]
-        self._order_dirty = False
-
     # ================================================================================================
     # timeline: submissions, commands, wakes, faults
     # ================================================================================================
@@ -1223,7 +872,7 @@ class Plant:
         while heap and heap[0][0] <= t + _EPS_S:
             _time, _seq, kind, payload = heapq.heappop(heap)
             if kind == "submit":
-                self._enqueue(payload, t, front=False)
+                self._jobs.enqueue(payload, t, front=False)
             elif kind == "dvfs":
                 idx, lv = payload
                 ok = ~self._failed[idx]
@@ -1243,7 +892,7 @@ class Plant:
                 if self._fail_count[c] == 0 and self._failed[c]:
                     self._failed[c] = False
                     self._n_failed -= 1
-                    self._sched_dirty = True
+                    self._jobs.cards_freed()
                     if self._card_off[c]:  # repaired on an off host: asleep like its neighbours
                         self._low[c] = True
                         self._n_low = int(self._low.sum())
@@ -1259,8 +908,7 @@ class Plant:
             elif kind == "sensor_off":
                 self._sensor_faults.switch(payload, on=False)
             elif kind == "sched":
-                self._fallback_at = _INF
-                self._sched_dirty = True
+                self._jobs.fallback_due()
 
     def _update_flow(self, t: float) -> None:
         frac = np.ones(self._n_racks)
@@ -1278,292 +926,16 @@ class Plant:
         self._rack_pump_w = rack_pump_power_w(self.site, frac)
 
     # ================================================================================================
-    # jobs
+    # cards for jobs (the jobs themselves: twin.plant_jobs)
     # ================================================================================================
-    def _emit(self, t: float, job: _Job, kind: str, detail: str = "", with_cards: bool = False) -> None:
-        self._events.append(
-            JobEvent(
-                time_s=t,
-                job_id=job.spec.job_id,
-                kind=kind,
-                phase=job.phase,
-                cards=tuple(job.cards.tolist()) if with_cards else (),
-                job=job.spec if kind == "submitted" else None,
-                detail=detail,
-            )
-        )
-
-    def _enqueue(self, job: _Job, t: float, front: bool) -> None:
-        first = job.state == "pending"
-        job.state = "queued"
-        job.phase = Phase.WAITING
-        job.queued_since_s = t
-        job.cards = np.zeros(0, dtype=np.int64)
-        if front:
-            self._queue.insert(0, job)
-        else:
-            self._queue.append(job)
-        if first:
-            self._n_submitted += 1
-            self._emit(t, job, "submitted")
-        self._sched_dirty = True
-
-    def _schedule(self, t: float) -> None:
-        """Built-in first-fit scheduler (see :meth:`_first_fit`)."""
-        self._sched_dirty = False
-        if not self._queue:
-            return
-        cfg = self.config
-        external = cfg.placement == "external"
-        free = (self._card_slot == 0) & ~self._failed
-        n_free = int(free.sum())
-        remaining: list[_Job] = []
-        blocked = False
-        res, spare = Reservation(_INF, _INF), _INF
-        next_fallback = _INF
-        for job in self._queue:
-            if external and t + _EPS_S < job.queued_since_s + cfg.external_timeout_s:
-                next_fallback = min(next_fallback, job.queued_since_s + cfg.external_timeout_s)
-                remaining.append(job)
-                continue
-            n_need = job.spec.n_cards
-            if blocked:
-                # EASY backfilling (twin.easy_backfill): start ahead of the blocked job only what does
-                # not delay its reservation
-                left = spare_after_backfill(t + self._expected_hold_s(job), n_need, res, spare)
-                if n_need > n_free or left is None:
-                    remaining.append(job)
-                    continue
-                spare = left
-            elif n_need > n_free:
-                if t - job.queued_since_s >= cfg.backfill_wait_s:
-                    blocked = True
-                    # the reservation is a promise: it does not slip when jobs ahead of it overrun their
-                    # expected ends (means, not wall-time limits); once due, the site drains for it
-                    res = keep_promise(self._reserved, job.spec.job_id, self._reservation(n_need, n_free, t))
-                    spare = res.spare_cards
-                    self._reserved = (job.spec.job_id, res.shadow_s)
-                remaining.append(job)
-                continue
-            cards = self._first_fit(free, n_need)
-            free[cards] = False
-            n_free -= n_need
-            self._start_job(job, cards, t)
-            self._n_placed_by_plant += external
-        self._queue = remaining
-        if next_fallback < self._fallback_at:
-            self._fallback_at = next_fallback
-            self._push(next_fallback, "sched", None)
-
-    def _expected_hold_s(self, job: _Job) -> float:
-        """Expected time ``job`` holds its cards from now when it starts now: start-up plus its remaining
-        top-clock training, stretched by the expected stalls and checkpoints (the run time a user's
-        wall-time request would tell a batch scheduler)."""
-        spec = job.spec
-        ph = self.config.phases
-        left = max(spec.work_steps - job.progress_steps, 0.0) * spec.step_time_s
-        return ph.startup_s + left * ph.wall_time_stretch(spec.checkpoint_interval_s, spec.checkpoint_duration_s)
-
-    def _reservation(self, n_need: int, n_free: int, t: float) -> Reservation:
-        """EASY backfilling's reservation for a blocked job of ``n_need`` cards: the expected time
-        enough cards are free for it (running jobs end in the order of their expected ends) and how
-        many cards are spare then. A job that can never fit (too many failed cards) reserves nothing."""
-        ph = self.config.phases
-        ends: list[tuple[float, int]] = []
-        for s, job in enumerate(self._slot_job):
-            if job is None:
-                continue
-            if job.next_action[0] == "requeue":  # a failed card: the job lets its cards go then
-                end = float(self._s_next_event[s])
-            else:
-                spec = job.spec
-                left = max(float(self._s_work[s] - self._s_progress[s]), 0.0) * spec.step_time_s
-                end = t + left * ph.wall_time_stretch(spec.checkpoint_interval_s, spec.checkpoint_duration_s)
-                if job.next_action[0] == "start":
-                    end += max(float(self._s_next_event[s]) - t, 0.0)
-            healthy = int((~self._failed[job.cards]).sum())
-            ends.append((end, healthy))
-        ends.sort()
-        return reservation_from_ends(ends, n_need, n_free, t)
-
-    def _first_fit(self, free: BoolArray, n_need: int) -> IntArray:
-        """Compact first fit: the first supernode with enough free cards, its free cards in index
-        order (filling racks in order); if no supernode has enough, free cards across the site."""
-        per_sn = self.site.cards_per_supernode
-        counts = free.reshape(self.site.supernodes, per_sn).sum(axis=1)
-        fits = np.flatnonzero(counts >= n_need)
-        if fits.size:
-            sn = int(fits[0])
-            local = np.flatnonzero(free[sn * per_sn : (sn + 1) * per_sn])[:n_need]
-            return (local + sn * per_sn).astype(np.int64)
-        return np.flatnonzero(free)[:n_need].astype(np.int64)
-
-    def _start_job(self, job: _Job, cards: IntArray, t: float) -> None:
-        if self._reserved is not None and self._reserved[0] == job.spec.job_id:
-            self._reserved = None
-        if not self._free_slots:
-            self._grow_slots(self._cap * 2)
-        s = self._free_slots.pop()
-        spec = job.spec
-        job.slot = s
-        job.cards = cards
-        job.state = "running"
-        if job.start_s is None:
-            job.start_s = t
-        self._slot_job[s] = job
-        self._card_slot[cards] = s
-        self._order_dirty = True
+    def _ready_for_job(self, cards: IntArray, t: float) -> float:
+        """Wake the sleeping ones of a placed job's ``cards`` (booting their hosts); when the last of
+        them is ready (``t`` if all are awake)."""
         sleeping = cards[self._low[cards]]
         if sleeping.size:
             self._wake(sleeping)
         waking = self._waking[cards]
-        ready = max(float(self._wake_at[cards][waking].max()), t) if waking.any() else t
-        delay = self.config.phases.startup_s
-        start_at = max(t + delay, ready)
-        self._s_cs[s] = spec.compute_share
-        self._s_omc[s] = 1.0 - spec.compute_share
-        self._s_step[s] = spec.step_time_s
-        self._s_ncards[s] = spec.n_cards
-        self._s_progress[s] = job.progress_steps
-        self._s_work[s] = spec.work_steps
-        self._s_next_ckpt[s] = job.last_ckpt_steps + job.ckpt_interval_steps
-        self._s_min_frac[s] = spec.min_throughput_frac
-        self._s_rate[s] = 0.0
-        self._set_phase(job, Phase.WAITING, t, emit=False)
-        self._emit(t, job, "started", with_cards=True)
-        self._set_timer(job, start_at, ("start",))
-
-    def _set_timer(self, job: _Job, at_s: float, action: tuple[Any, ...]) -> None:
-        job.next_action = action
-        self._s_next_event[job.slot] = at_s
-        if at_s < self._job_timer_min:
-            self._job_timer_min = at_s
-
-    def _set_phase(self, job: _Job, phase: Phase, t: float, emit: bool = True, detail: str = "") -> None:
-        s = job.slot
-        was = bool(self._s_computing[s])
-        job.phase = phase
-        spec = job.spec
-        comp = phase == Phase.COMPUTE
-        if comp:
-            cs, ncu = spec.compute_share, spec.noncompute_utilization
-            self._s_threshold[s] = min(self._s_next_ckpt[s], self._s_work[s])
-        else:
-            cs = 0.0
-            if phase == Phase.COMMUNICATION:
-                ncu = self.config.phases.communication_utilization
-            elif phase == Phase.CHECKPOINT:
-                ncu = self.config.phases.checkpoint_utilization
-            else:
-                ncu = self.config.phases.waiting_utilization
-            self._s_threshold[s] = _INF
-            self._s_rate[s] = 0.0
-        self._s_computing[s] = comp
-        self._n_computing += int(comp) - int(was)
-        cards = job.cards
-        self._card_cs[cards] = cs
-        self._card_omc[cards] = 1.0 - cs
-        self._card_ncu[cards] = ncu
-        self._card_a[cards] = (1.0 - cs) * ncu
-        if emit:
-            self._emit(t, job, "phase", detail=detail)
-
-    def _schedule_stall(self, job: _Job, t: float) -> None:
-        ph = self.config.phases
-        rate_c = ph.comm_stalls_per_hour / 3600.0
-        rate_i = ph.input_stalls_per_hour / 3600.0
-        total = rate_c + rate_i
-        if total <= 0.0:
-            self._set_timer(job, _INF, ("none",))
-            return
-        rng = job.rng
-        gap = float(rng.exponential(1.0 / total))
-        if rng.random() < rate_c / total:
-            phase, median = Phase.COMMUNICATION, ph.comm_stall_median_s
-        else:
-            phase, median = Phase.WAITING, ph.input_stall_median_s
-        dur = float(median * math.exp(ph.stall_sigma * float(rng.standard_normal())))
-        self._set_timer(job, t + gap, ("stall", phase, dur))
-
-    def _process_job_timers(self, t: float) -> None:
-        due = np.flatnonzero(self._s_next_event <= t + _EPS_S)
-        for s in due:
-            job = self._slot_job[int(s)]
-            if job is None:  # pragma: no cover - defensive
-                self._s_next_event[s] = _INF
-                continue
-            action = job.next_action
-            self._s_next_event[s] = _INF
-            kind = action[0]
-            if kind in ("start", "resume"):
-                if job.compute_start_s is None:
-                    job.compute_start_s = t
-                self._set_phase(job, Phase.COMPUTE, t)
-                self._schedule_stall(job, t)
-            elif kind == "stall":
-                _, phase, dur = action
-                self._set_phase(job, phase, t, detail="input stall" if phase == Phase.WAITING else "collective stall")
-                self._set_timer(job, t + dur, ("resume",))
-            elif kind == "ckpt_done":
-                job.last_ckpt_steps = job.pending_ckpt_steps
-                self._s_next_ckpt[s] = job.last_ckpt_steps + job.ckpt_interval_steps
-                self._set_phase(job, Phase.COMPUTE, t)
-                self._schedule_stall(job, t)
-            elif kind == "requeue":
-                self._requeue(job, t, str(action[1]))
-        self._job_timer_min = float(self._s_next_event.min())
-
-    def _reached_threshold(self, job: _Job, t: float) -> None:
-        s = job.slot
-        if self._s_progress[s] >= self._s_work[s]:
-            self._finish(job, t)
-            return
-        job.pending_ckpt_steps = float(self._s_progress[s])
-        self._set_phase(job, Phase.CHECKPOINT, t)
-        self._set_timer(job, t + job.spec.checkpoint_duration_s, ("ckpt_done",))
-
-    def _release(self, job: _Job) -> None:
-        s = job.slot
-        was = bool(self._s_computing[s])
-        self._n_computing -= int(was)
-        cards = job.cards
-        self._card_slot[cards] = 0
-        self._card_cs[cards] = 0.0
-        self._card_omc[cards] = 1.0
-        self._card_ncu[cards] = 0.0
-        self._card_a[cards] = 0.0
-        job.progress_steps = float(self._s_progress[s])
-        for arr, fill in (
-            (self._s_computing, False),
-            (self._s_threshold, _INF),
-            (self._s_next_event, _INF),
-            (self._s_rate, 0.0),
-            (self._s_rslow, 1.0),
-            (self._s_ncards, 0.0),
-            (self._s_cs, 0.0),
-            (self._s_omc, 1.0),
-        ):
-            arr[s] = fill
-        self._slot_job[s] = None
-        self._free_slots.append(s)
-        job.slot = 0
-        self._order_dirty = True
-        self._sched_dirty = True
-        self._job_timer_min = float(self._s_next_event.min())
-
-    def _finish(self, job: _Job, t: float) -> None:
-        s = job.slot
-        spec = job.spec
-        overshoot = float(self._s_progress[s]) - spec.work_steps
-        if overshoot > 0:  # progress past the end within the last step is not work
-            self._acc["work"] -= overshoot * spec.step_time_s * spec.n_cards
-            self._s_progress[s] = spec.work_steps
-        self._release(job)
-        job.state = "finished"
-        job.finish_s = t
-        job.phase = Phase.WAITING
-        self._n_finished += 1
-        self._emit(t, job, "finished", with_cards=False)
+        return max(float(self._wake_at[cards][waking].max()), t) if waking.any() else t
 
     def _fail_card(self, c: int, t: float) -> None:
         if self._failed[c]:
@@ -1574,32 +946,7 @@ class Plant:
             self._low[c] = False
             self._n_low = int(self._low.sum())
         self._waking[c] = False
-        s = int(self._card_slot[c])
-        job = self._slot_job[s] if s > 0 else None
-        if job is None or job.next_action[0] == "requeue":
-            return
-        spec = job.spec
-        lost = float(self._s_progress[s]) - job.last_ckpt_steps
-        if lost > 0:
-            lost_card_s = lost * spec.step_time_s * spec.n_cards
-            self._acc["work"] -= lost_card_s
-            self._acc["lost"] += lost_card_s
-        self._s_progress[s] = job.last_ckpt_steps
-        self._set_phase(job, Phase.WAITING, t, detail=f"card {c} failed")
-        self._set_timer(job, t + self.config.phases.restart_delay_s, ("requeue", f"card {c} failed"))
-
-    def _requeue(self, job: _Job, t: float, why: str) -> None:
-        self._release(job)
-        job.restarts += 1
-        job.progress_steps = job.last_ckpt_steps
-        if job.restarts > self.config.phases.max_restarts:
-            job.state = "failed"
-            job.finish_s = t
-            self._n_failed_jobs += 1
-            self._emit(t, job, "failed", detail=f"{why}; gave up after {job.restarts - 1} restarts")
-            return
-        self._enqueue(job, t, front=True)
-        self._emit(t, job, "requeued", detail=why)
+        self._jobs.card_failed(c, t)
 
     # ================================================================================================
     # sensors
@@ -1680,18 +1027,4 @@ class Plant:
             facility_power_w=float(cp.facility_power_w * (1.0 + ff * zf[5])),
             supply_setpoint_c=self._setpoint_c,
         )
-        jobs = []
-        for job in self._slot_job:
-            if job is None:
-                continue
-            s = job.slot
-            jobs.append(
-                JobReading(
-                    job_id=job.spec.job_id,
-                    phase=job.phase,
-                    n_cards=job.spec.n_cards,
-                    progress_frac=float(min(max(self._s_progress[s] / self._s_work[s], 0.0), 1.0)),
-                    throughput_frac=float(self._s_rate[s]),
-                )
-            )
-        return Readings(time_s=t, racks=tuple(racks), facility=facility, jobs=tuple(jobs))
+        return Readings(time_s=t, racks=tuple(racks), facility=facility, jobs=self._jobs.readings())

@@ -18,7 +18,7 @@ per second; a finished job has done ``n_cards * work_steps * step_time_s``.
 This module also holds
 
 * :class:`PhaseModel`: how long start-up, stalls and restarts last and how busy cards are in each
-  phase (documented assumptions, used by ``twin.plant``);
+  phase (documented assumptions, used by ``twin.plant_jobs``);
 * :func:`generate_jobs`: a seeded generator whose sizes and run times follow a cluster row of
   ``acme_cluster_summary.csv`` (AcmeTrace, NSDI'24), scaled to whole-host jobs of a supernode, with
   Poisson arrivals at the rate Little's law gives for a target card allocation;
@@ -212,7 +212,7 @@ def synchronous_utilization(
 
 
 # --------------------------------------------------------------------------------------------
-# Phase dynamics (used by twin.plant)
+# Phase dynamics (used by twin.plant_jobs)
 # --------------------------------------------------------------------------------------------
 
 
