@@ -112,6 +112,12 @@ class AgentMetrics:
             "on; the log has the traceback)",
             registry=r,
         )
+        self.estimation_errors_total = Counter(
+            "racktwin_estimation_errors_total",
+            "Telemetry rounds whose estimation (calibration, anomaly flags) failed (a defect; the round is "
+            "dropped by the estimator, the agent goes on; the log has the traceback)",
+            registry=r,
+        )
         self.messages_stamped_ahead_total = Counter(
             "racktwin_messages_stamped_ahead_total",
             "Valid messages stamped far beyond the site clock (a publisher's clock runs ahead): their readings "

@@ -13,7 +13,9 @@
   the count in between is in the next line): one message does not stop the agent.
 * ``estimate``: each telemetry round updates ``twin.estimate.Estimator`` (thermal resistance and
   leakage per card; fouled cold plates and weak pumps are flagged in metrics and logs); calibration
-  goes to the journal every ``journal.calibration_every_s``.
+  goes to the journal every ``journal.calibration_every_s``. A round whose estimation fails (a
+  defect) is dropped there, counted (``racktwin_estimation_errors_total``) and logged with its
+  traceback as above (at most one line a minute): the estimator goes on with the next round.
 * ``control``: every ``control.period_s`` of *site* time, and at once (at most every
   ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes computing, or is
   submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->
@@ -96,7 +98,7 @@ log = logging.getLogger("racktwin.agent")
 
 VERSION = racktwin_version()
 _ROUND_QUEUE = 256
-_MESSAGE_ERROR_LOG_INTERVAL_S = 60.0  # wall s between two log lines of messages whose handling failed
+_MESSAGE_ERROR_LOG_INTERVAL_S = 60.0  # wall s between two log lines of messages (or rounds) whose handling failed
 _HEALTH_INTERVAL_S = 1.0
 _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days
 _JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
@@ -113,6 +115,23 @@ _ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (th
 _STATUS_ANSWER_GAP_S = 1.0  # a commanding agent answers another's status, but never twice within this
 _PEER_FORGET_S = 3600.0  # wall seconds after which another publisher not heard from is forgotten
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
+
+
+@dataclasses.dataclass
+class _FailureLines:
+    """Failures counted, and logged at most once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` of wall time."""
+
+    last_wall: float = -math.inf
+    last_count: int = 0
+
+    def due(self, count: int) -> int | None:
+        """With ``count`` failures so far: None while the last line is recent, else the number failed since
+        that line (this one is then said to be logged)."""
+        wall = time.monotonic()
+        if wall - self.last_wall < _MESSAGE_ERROR_LOG_INTERVAL_S:
+            return None
+        since, self.last_wall, self.last_count = count - self.last_count, wall, count
+        return since
 
 
 class _Shutdown(Exception):
@@ -296,7 +315,10 @@ class AgentService:
         self.rounds_dropped = 0
         #: messages whose handling raised (dropped; see :meth:`_message_failed`)
         self.message_errors = 0
-        self._message_error_logged: tuple[float, int] = (-math.inf, 0)  # wall time, count then
+        self._message_error_lines = _FailureLines()
+        #: telemetry rounds whose estimation raised (dropped by the estimator; see :meth:`_estimation_failed`)
+        self.estimation_errors = 0
+        self._estimation_error_lines = _FailureLines()
         self.resumed_commands = 0
         self._failsafe_logged: frozenset[int] = frozenset()  # racks the log last said are at fail-safe caps
         self.expired_on_resume = 0
@@ -721,15 +743,13 @@ class AgentService:
         most once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` (with the number failed since the last line)."""
         self.message_errors += 1
         self.metrics.message_handling_errors_total.inc()
-        wall = time.monotonic()
-        last_wall, last_n = self._message_error_logged
-        if wall - last_wall < _MESSAGE_ERROR_LOG_INTERVAL_S:
+        since = self._message_error_lines.due(self.message_errors)
+        if since is None:
             return
-        self._message_error_logged = (wall, self.message_errors)
         log.exception(
             "a message on %s could not be handled; the agent goes on (%d message(s) dropped since the last such line)",
             topic,
-            self.message_errors - last_n,
+            since,
             extra={"fields": {"topic": topic, "message_handling_errors": self.message_errors}},
         )
 
@@ -871,16 +891,35 @@ class AgentService:
         last_anomaly = -math.inf
         while True:
             r = await self._rounds.get()
-            # sensors the belief found stuck are no observations (the belief has this round already)
-            self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
-            now = self.clock.now() or r.time_s
-            if now - last_anomaly >= _ANOMALY_INTERVAL_S:
-                last_anomaly = now
-                self._report_anomalies(now)
-            if now - last_cal >= cfg.journal.calibration_every_s and now - last_cal >= 0:
-                if last_cal > -math.inf:
-                    self._save_calibration(now)
-                last_cal = now
+            try:
+                # sensors the belief found stuck are no observations (the belief has this round already)
+                self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
+                now = self.clock.now() or r.time_s
+                if now - last_anomaly >= _ANOMALY_INTERVAL_S:
+                    last_anomaly = now
+                    self._report_anomalies(now)
+                if now - last_cal >= cfg.journal.calibration_every_s and now - last_cal >= 0:
+                    if last_cal > -math.inf:
+                        self._save_calibration(now)
+                    last_cal = now
+            except Exception:  # a defect: this round's estimation is lost, not the agent (module docstring)
+                self._estimation_failed(r.time_s)
+
+    def _estimation_failed(self, round_s: float) -> None:
+        """Count the round being estimated as failed and log it with the exception's traceback, at most
+        once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` (with the number failed since the last line)."""
+        self.estimation_errors += 1
+        self.metrics.estimation_errors_total.inc()
+        since = self._estimation_error_lines.due(self.estimation_errors)
+        if since is None:
+            return
+        log.exception(
+            "the estimation of the telemetry round at %.1f failed; the agent goes on (%d round(s) dropped since "
+            "the last such line)",
+            round_s,
+            since,
+            extra={"fields": {"round_s": round_s, "estimation_errors": self.estimation_errors}},
+        )
 
     def _report_anomalies(self, now_s: float) -> None:
         found = self.estimator.anomalies()

@@ -42,6 +42,7 @@ from agent.journal import Journal, NewCommand
 from agent.service import AgentService
 from sim.runner import SimOptions, SimSummary, Simulator
 from sim.telemetry import TelemetryEncoder
+from twin.readings import Readings
 from twin.scenario import RunScenario, build_plant, run_scenario_from_dict
 from twin.spec import SiteSpec, load_site
 
@@ -596,6 +597,46 @@ async def test_a_message_whose_handling_fails_is_dropped_counted_and_logged_and_
     lines = [r for r in caplog.records if "could not be handled" in r.getMessage()]
     assert len(lines) == 1  # one line a minute, not one per message
     assert "/rack/r1/cards" in lines[0].getMessage() and lines[0].exc_info is not None
+    assert res.summary.site_time_s >= START + 60.0  # the run went to its end
+    assert_true_power_under_limit(res)
+
+
+async def test_a_round_whose_estimation_fails_is_dropped_counted_and_logged_and_the_agent_goes_on(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect that makes the estimation of a telemetry round raise (injected here: the estimator's next
+    five updates) must not stop the agent: each such round is dropped by the estimator and counted, one
+    log line (with the traceback) says so, and the estimator takes the later rounds."""
+    caplog.set_level(logging.ERROR, logger="racktwin.agent")
+    failed: list[float] = []
+    seen: dict[str, float] = {}
+
+    async def inject(service: AgentService, sim: Simulator) -> None:
+        await wait_for(lambda: service.decisions >= 2, what="two decisions")
+        update = service.estimator.update
+
+        def defective(readings: Readings, **kwargs: Any) -> None:
+            if len(failed) < 5:
+                failed.append(readings.time_s)
+                raise RuntimeError("an injected defect")
+            update(readings, **kwargs)
+
+        service.estimator.update = defective  # type: ignore[method-assign]
+        await wait_for(lambda: len(failed) == 5, what="five failed rounds")
+        before = service.decisions
+        await wait_for(lambda: service.decisions >= before + 3, what="decisions after the failures")
+        seen["estimated_s"] = service.estimator.time_s
+        value = service.metrics.registry.get_sample_value("racktwin_estimation_errors_total")
+        seen["metric"] = -1.0 if value is None else value
+
+    res = await run_with_sim(
+        mosquitto, write_config(tmp_path), full_load(load_site(write_site(tmp_path)), 60.0), speed=20.0, during=inject
+    )
+    assert res.service.estimation_errors == 5 and seen["metric"] == 5.0
+    assert seen["estimated_s"] > max(failed)  # the later rounds were estimated
+    lines = [r for r in caplog.records if "estimation of the telemetry round" in r.getMessage()]
+    assert len(lines) == 1  # one line a minute, not one per round
+    assert lines[0].exc_info is not None and "(1 round(s) dropped" in lines[0].getMessage()
     assert res.summary.site_time_s >= START + 60.0  # the run went to its end
     assert_true_power_under_limit(res)
 
