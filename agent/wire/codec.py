@@ -70,15 +70,32 @@ from agent.wire.topics import (
 from twin.workload import JobSpec
 
 _PATH_RE: Final = re.compile(r" - at `(.*)`$")
+_AT_BYTE_RE: Final = re.compile(r"\(byte (\d+)\)$")  # where msgspec's parser stopped on malformed JSON
+_NON_FINITE_LITERALS: Final = (b"NaN", b"Infinity")  # what Python's json (and others) write for NaN and inf
+#: JSON strings (the last one may be cut off by the end of the payload), and the literals outside them
+_STRING_RE: Final = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
+_NON_FINITE_RE: Final = re.compile(rb"NaN|Infinity")
+
+
+def _non_finite_literal(raw: bytes, text: str) -> bool:
+    """Whether malformed JSON is so because of a NaN or Infinity literal (not JSON) where a value goes: the
+    parser stopped at one (msgspec says at which byte), or, where it does not say, one stands outside the
+    payload's strings (``"NaN"`` in a string is JSON, and a payload malformed elsewhere is malformed)."""
+    at = _AT_BYTE_RE.search(text)
+    if at is not None:
+        return raw.startswith(_NON_FINITE_LITERALS, int(at.group(1)))
+    return _NON_FINITE_RE.search(_STRING_RE.sub(b'""', raw)) is not None
 
 
 def _classify(exc: msgspec.DecodeError, payload: Any) -> tuple[RejectReason, str]:
     text = str(exc)
     if not isinstance(exc, msgspec.ValidationError):
         raw = (
-            payload if isinstance(payload, bytes | bytearray | memoryview) else str(payload).encode("utf-8", "replace")
+            bytes(payload)
+            if isinstance(payload, bytes | bytearray | memoryview)
+            else str(payload).encode("utf-8", "replace")
         )
-        if b"NaN" in raw or b"Infinity" in raw:
+        if _non_finite_literal(raw, text):
             return RejectReason.NON_FINITE, f"NaN or Infinity is not JSON ({text})"
         return RejectReason.MALFORMED_JSON, text
     m = _PATH_RE.search(text)

@@ -20,7 +20,7 @@ class RejectReason(enum.StrEnum):
     UNKNOWN_RACK = "unknown_rack"  # a rack (in the topic or a payload) that the site does not have
     TOO_LARGE = "too_large"  # payload above the size limit, not parsed
     MALFORMED_JSON = "malformed_json"  # not JSON, not UTF-8, trailing data
-    NON_FINITE = "non_finite"  # NaN, Infinity, a number out of float range, or null where a number goes
+    NON_FINITE = "non_finite"  # a NaN or Infinity literal, a number out of float range, null where a number goes
     WRONG_SCHEMA = "wrong_schema"  # schema name/version is not the one of this topic
     MISSING_FIELD = "missing_field"
     UNKNOWN_FIELD = "unknown_field"

@@ -13,6 +13,7 @@ from mqtt_testing import REPO, sample_messages
 
 from agent import wire
 from agent.wire import Codec, Kind, Rejection, RejectReason, SiteLayout, Topics
+from agent.wire.codec import _non_finite_literal
 from agent.wire.schemas import _JobEventW
 from twin.spec import load_site
 
@@ -386,6 +387,21 @@ REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
     ("NaN literal", CARDS, _cards_payload().replace(b"300.0", b"NaN", 1), RejectReason.NON_FINITE),
     ("Infinity literal", CARDS, _cards_payload().replace(b"55.0", b"-Infinity", 1), RejectReason.NON_FINITE),
     ("overflow to inf", CARDS, _cards_payload().replace(b"300.0", b"1e400", 1), RejectReason.NON_FINITE),
+    # "NaN" or "Infinity" in a string is JSON: a payload malformed elsewhere is malformed, not non_finite
+    ("NaN in a string, truncated", CARDS, _cards_payload(publisher="NaN")[:-5], RejectReason.MALFORMED_JSON),
+    (
+        "Infinity in a string, trailing data",
+        CARDS,
+        _cards_payload(publisher="Infinity") + b"}",
+        RejectReason.MALFORMED_JSON,
+    ),
+    (
+        "NaN literal after a string NaN",
+        CARDS,
+        _cards_payload(publisher="NaN").replace(b"300.0", b"NaN", 1),
+        RejectReason.NON_FINITE,
+    ),
+    ("NaN in a string, not json", CDU, '{"publisher": "NaN" oops}', RejectReason.MALFORMED_JSON),
     ("top-level array", CARDS, b"[1, 2]", RejectReason.WRONG_TYPE),
     ("missing field", CARDS, _cards_payload(sm_clock_mhz=_DELETE), RejectReason.MISSING_FIELD),
     ("missing schema", CARDS, _cards_payload(schema=_DELETE), RejectReason.MISSING_FIELD),
@@ -555,6 +571,24 @@ def test_bad_payloads_are_rejected_with_their_reason_and_counted(
     assert codec.counter.count(reason) == 1
     assert codec.counter.snapshot()[reason.value] == 1
     assert codec.counter.total == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "non_finite"),
+    [
+        (b'{"a": NaN}', True),
+        (b'{"a": -Infinity, "b": 1', True),
+        (b'{"a": "NaN"', False),  # cut off after a string
+        (b'{"a": "Infinity', False),  # cut off inside one
+        (b'{"a": "x\\"NaN", "b": 1,}', False),  # an escaped quote does not end the string
+        (b'{"a": "x\\\\", "b": NaN}', True),  # an escaped backslash does
+    ],
+)
+def test_a_non_finite_literal_is_told_from_one_in_a_string_where_the_parser_gives_no_position(
+    raw: bytes, non_finite: bool
+) -> None:
+    """Without msgspec's "(byte N)" in its error, the literals outside the payload's strings decide."""
+    assert _non_finite_literal(raw, "JSON is malformed") is non_finite
 
 
 def test_valid_reference_payloads_pass(codec: Codec) -> None:
