@@ -20,7 +20,10 @@ fit-thermal FILE.csv [--json]
     card's: 0 < power_w < 10000 (not all under 5 W), -50 < inlet_temp_c, die_temp_c < 200. A time
     constant at the upper end of the search (the die does not settle within the series) is refused;
     one at the lower end (the die follows the power within a sample) is printed with a warning line
-    on stderr. ``--json`` prints ``{"r_th_k_per_w": float, "tau_s": float, "rmse_k": float}``.
+    on stderr. So is one beyond ``MAX_PLAUSIBLE_TAU_S`` (1000 s), which no cold plate and die has:
+    the warning names the likely mistake, ``t_s`` in milliseconds (tau comes out 1000 times too long;
+    r_th_k_per_w, the steady-state gain, holds either way).
+    ``--json`` prints ``{"r_th_k_per_w": float, "tau_s": float, "rmse_k": float}``.
 
 Lines starting with ``#`` are comments; extra columns are ignored. A bad file (missing, not UTF-8,
 missing columns, a column named twice, a line with more or fewer fields than the header, a value
@@ -146,6 +149,13 @@ UNIT_FLOORS: dict[str, tuple[float, str, str]] = {
     "clock_mhz": (50.0, "MHz", "GHz"),
     "power_w": (5.0, "W", "kW"),
 }
+
+#: A fitted die-to-inlet time constant above this (s) is no liquid-cooled card's: the die (the example
+#: site's 60 J/K behind 0.03 K/W, ~2 s) and its cold plate (390 J/K behind 0.023-0.039 K/W, 9-15 s)
+#: settle within seconds to a minute (examples/thermal-step.csv fits 6.45 s); even ten times the
+#: plate's mass at twice its resistance stays under 500 s. Beyond it, ``t_s`` is most likely in
+#: milliseconds, which makes tau 1000 times too long (1.8 s to 6000 s and more) and leaves R as it is.
+MAX_PLAUSIBLE_TAU_S = 1000.0
 
 #: ``--predict`` clocks are refused outside this multiple of the fitted clock range (lowest x 0.5
 #: to highest x 1.5); inside it but outside the measured clocks, a warning says the fit extrapolates.
@@ -281,6 +291,16 @@ def _run_thermal(args: argparse.Namespace) -> int:
             f"(the shortest sample interval is {float(np.diff(cols['t_s']).min()):g} s): the die follows the power "
             "within one sample, so the time constant is not identified (sample faster to measure it); "
             "r_th_k_per_w, the steady-state gain, still holds",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif fit.tau_s > MAX_PLAUSIBLE_TAU_S:
+        print(
+            f"racktwin fit-thermal: warning: {path}: tau_s {fit.tau_s:.4g} s is implausible for a die and its cold "
+            f"plate (they settle within seconds to a minute; over {MAX_PLAUSIBLE_TAU_S:g} s is none's) and the median "
+            f"sample interval is {float(np.median(np.diff(cols['t_s']))):g} s: is t_s in milliseconds? (then tau_s "
+            f"is {fit.tau_s / 1000.0:.3g} s: divide t_s by 1000); r_th_k_per_w, the steady-state gain, holds "
+            "either way",
             file=sys.stderr,
             flush=True,
         )

@@ -126,6 +126,32 @@ def test_fit_thermal_time_constant_below_the_sampling_warns(tmp_path: Path, caps
     assert "lower end of the search" in err_lines[0] and "time constant is not identified" in err_lines[0]
 
 
+def test_fit_thermal_time_in_milliseconds_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A card of tau 6 s sampled every 2 s, its t_s written in milliseconds: the fit is 1000 times too
+    slow (6000 s), no cold plate's; one warning line names the likely unit mistake. The resistance, a
+    steady-state gain, is the same in either unit."""
+    t = np.arange(0.0, 600.0, 2.0)
+    power = np.where((t >= 60.0) & (t < 300.0), 600.0, 100.0)
+    die = _first_order(t, power, 30.0, 0.05, 6.0)
+    inlet = np.full(t.size, 30.0)
+    code, out, err = _run(
+        ["fit-thermal", str(_thermal_csv(tmp_path / "s.csv", t, power, inlet, die)), "--json"], capsys
+    )
+    assert code == 0 and err == ""
+    in_s = json.loads(out)
+    path = _thermal_csv(tmp_path / "ms.csv", t * 1000.0, power, inlet, die)
+    code, out, err = _run(["fit-thermal", str(path), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["tau_s"] == pytest.approx(1000.0 * in_s["tau_s"], rel=1e-3)
+    assert in_s["tau_s"] == pytest.approx(6.0, rel=0.01)
+    assert data["r_th_k_per_w"] == pytest.approx(in_s["r_th_k_per_w"], rel=1e-6)
+    err_lines = err.strip().splitlines()
+    assert len(err_lines) == 1 and "warning" in err_lines[0] and str(path) in err_lines[0]
+    assert "t_s in milliseconds" in err_lines[0] and "median sample interval is 2000 s" in err_lines[0]
+    assert "tau_s is 6 s" in err_lines[0]
+
+
 def test_fit_thermal_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(["fit-thermal", str(THERMAL_EXAMPLE)], capsys)
     assert code == 0 and "r_th_k_per_w" in out
