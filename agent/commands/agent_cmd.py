@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from agent.commands.common import UserError
+from agent.commands.common import UserError, path_arg
 
 if TYPE_CHECKING:
     from agent.config import LoadedConfig
@@ -30,9 +30,12 @@ _T = TypeVar("_T")
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.add_argument("--config", metavar="FILE", help="agent configuration (TOML, see examples/agent.toml)")
+    parser.add_argument(
+        "--config", type=path_arg, metavar="FILE", help="agent configuration (TOML, see examples/agent.toml)"
+    )
     parser.add_argument(
         "--check-config",
+        type=path_arg,
         metavar="FILE",
         nargs="?",
         const=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -29,6 +30,15 @@ DEFAULT_SITE = EXAMPLES_DIR / "supernode-512.toml"
 
 class UserError(Exception):
     """A problem the user can fix (bad file, bad option). Printed as one line, exit status 2."""
+
+
+def path_arg(text: str) -> str:
+    """The ``type`` of every file and folder option: an empty one (``--journal "$UNSET"``) is refused
+    as the configuration refuses an empty path, where it would otherwise be read as the current folder
+    (``journal .: not a file``; ``demo --out ''`` wrote its files there)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a non-empty path, got ''")
+    return text
 
 
 def load_site_or_fail(path: str | Path | None) -> SiteSpec:

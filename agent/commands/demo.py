@@ -43,6 +43,7 @@ from agent.commands.common import (
     UserError,
     check_broker_option,
     check_telemetry_period,
+    path_arg,
     prepare_output_dir,
     print_json,
 )
@@ -102,10 +103,18 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--json", action="store_true", help='print {"agent": {...}, "baseline": {...}} at the end')
     parser.add_argument("--broker", default=None, metavar="URL", help="use this broker instead of an embedded one")
     parser.add_argument(
-        "--out", default=None, metavar="DIR", help="truth log, simulator summary, agent journal (default ./out/demo)"
+        "--out",
+        default=None,
+        type=path_arg,
+        metavar="DIR",
+        help="truth log, simulator summary, agent journal (default ./out/demo)",
     )
     parser.add_argument(
-        "--scenario", default=None, metavar="FILE", help="run-scenario TOML (default examples/day-demo.toml)"
+        "--scenario",
+        default=None,
+        type=path_arg,
+        metavar="FILE",
+        help="run-scenario TOML (default examples/day-demo.toml)",
     )
     parser.add_argument(
         "--progress-interval-s",

@@ -26,6 +26,7 @@ from agent.commands.common import (
     _clean,
     check_telemetry_period,
     folder_name,
+    path_arg,
     prepare_output_dir,
     print_json,
 )
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--scenario",
         default=None,
+        type=path_arg,
         metavar="FILE",
         help="run-scenario TOML (required; e.g. examples/day-nominal.toml; docs/sim.md)",
     )
@@ -66,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         metavar="NAME",
         help=f"a policy to run, repeatable: {', '.join(POLICY_NAMES)} (default: all; the baseline always runs)",
     )
-    parser.add_argument("--out", default=None, metavar="DIR", help="output folder (default ./out/evaluate-<scenario>)")
+    parser.add_argument(
+        "--out", default=None, type=path_arg, metavar="DIR", help="output folder (default ./out/evaluate-<scenario>)"
+    )
     parser.add_argument("--json", action="store_true", help='print {"policies": {NAME: metrics}} as one JSON object')
     parser.add_argument(
         "--jobs",

@@ -40,7 +40,7 @@ import sys
 import numpy as np
 import numpy.typing as npt
 
-from agent.commands.common import UserError, print_json
+from agent.commands.common import UserError, path_arg, print_json
 from twin.power import LEAKAGE_MIN_TEMP_SPAN_K, FitError, fit_power
 from twin.thermal import ThermalFitError, fit_thermal
 from twin.workload import CsvError, read_csv_table
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             "Fit the card power model P = V^2 (idle + u dyn f/f_top) + leak V (T - T_ref) to a clock "
             "sweep. CSV columns: clock_mhz, power_w, optional utilization (0-1) and temperature_c."
         )
-        parser.add_argument("file", metavar="FILE.csv", help="clock sweep samples")
+        parser.add_argument("file", type=path_arg, metavar="FILE.csv", help="clock sweep samples")
         parser.add_argument(
             "--predict",
             metavar="CLOCKS",
@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             "Fit a card's effective thermal resistance (die to coolant inlet) and time constant to a "
             "time series. CSV columns: t_s, power_w, inlet_temp_c, die_temp_c."
         )
-        parser.add_argument("file", metavar="FILE.csv", help="time series of one card")
+        parser.add_argument("file", type=path_arg, metavar="FILE.csv", help="time series of one card")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from agent.journal_report import DecisionDetail, DecisionRow, JournalSummary
 
-from agent.commands.common import UserError, print_json
+from agent.commands.common import UserError, path_arg, print_json
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "racktwin journal --journal out/demo/journal.sqlite --decision 120 --json"
     )
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--config", metavar="FILE", help="agent configuration whose journal.path to read")
-    src.add_argument("--journal", metavar="PATH", help="the journal file itself (SQLite)")
+    src.add_argument("--config", type=path_arg, metavar="FILE", help="agent configuration whose journal.path to read")
+    src.add_argument("--journal", type=path_arg, metavar="PATH", help="the journal file itself (SQLite)")
     parser.add_argument(
         "--since",
         metavar="WHEN",

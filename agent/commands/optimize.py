@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.commands.common import UserError, folder_name, prepare_output_dir, print_json
+from agent.commands.common import UserError, folder_name, path_arg, prepare_output_dir, print_json
 from agent.report import figures_html, page, png_base64, pyplot
 from twin.spec import SiteSpec, SpecError, check_file_kind, load_site
 from twin.tables import choices, decode_table, read_toml, rng
@@ -423,8 +423,8 @@ def _around(site: SiteSpec, used: npt.NDArray[np.bool_], cards: IntArray) -> tup
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.add_argument("scenario", help="scenario TOML file (see examples/scenario-*.toml)")
-    parser.add_argument("--out", metavar="DIR", help="output folder (default: ./out/<scenario name>)")
+    parser.add_argument("scenario", type=path_arg, help="scenario TOML file (see examples/scenario-*.toml)")
+    parser.add_argument("--out", type=path_arg, metavar="DIR", help="output folder (default: ./out/<scenario name>)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument(
         "--time-limit",

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.bus import BusConnectError, add_mqtt_arguments, check_tls_files_of_args, mqtt_options_from_args
-from agent.commands.common import DEFAULT_SITE, UserError, check_broker_option, check_output_file, load_site_or_fail
+from agent.commands.common import (
+    DEFAULT_SITE,
+    UserError,
+    check_broker_option,
+    check_output_file,
+    load_site_or_fail,
+    path_arg,
+)
 from twin.spec import SiteSpec
 from twin.tables import SpecError
 
@@ -45,9 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "commands with acks, faults from a scenario, a ground-truth log."
     )
     parser.add_argument(
-        "--site", default=None, help="site spec TOML (default: the scenario's, else examples/supernode-512.toml)"
+        "--site",
+        default=None,
+        type=path_arg,
+        help="site spec TOML (default: the scenario's, else examples/supernode-512.toml)",
     )
-    parser.add_argument("--scenario", default=None, help="run-scenario TOML (default: the embedded one; docs/sim.md)")
+    parser.add_argument(
+        "--scenario", default=None, type=path_arg, help="run-scenario TOML (default: the embedded one; docs/sim.md)"
+    )
     parser.add_argument(
         "--speed",
         type=float,
@@ -71,9 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="publishing period in site seconds (default: the scenario's, 1)",
     )
     parser.add_argument(
-        "--truth-log", default=None, metavar="FILE.csv", help="write the ground-truth log (one row per period)"
+        "--truth-log",
+        default=None,
+        type=path_arg,
+        metavar="FILE.csv",
+        help="write the ground-truth log (one row per period)",
     )
-    parser.add_argument("--summary", default=None, metavar="FILE.json", help="write the final summary as JSON")
+    parser.add_argument(
+        "--summary", default=None, type=path_arg, metavar="FILE.json", help="write the final summary as JSON"
+    )
     parser.add_argument(
         "--seed",
         type=int,

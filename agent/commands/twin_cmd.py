@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.commands.common import UserError, load_site_or_fail, print_json
+from agent.commands.common import UserError, load_site_or_fail, path_arg, print_json
 from twin.spec import SiteSpec
 from twin.steady import site_steady_state
 from twin.sweep import best_point, supply_sweep
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--site", default=None, help="site spec TOML (default: examples/supernode-512.toml)")
+    p.add_argument("--site", default=None, type=path_arg, help="site spec TOML (default: examples/supernode-512.toml)")
     p.add_argument(
         "--ambient-c",
         type=float,

@@ -191,6 +191,51 @@ def test_a_file_of_another_kind_is_named_as_that_kind(
     assert not (tmp_path / "out").exists()
 
 
+# ---- an empty path ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["journal", "--journal", ""], "--journal"),  # was "journal .: not a file"
+        (["journal", "--config", ""], "--config"),  # was ": is a directory, expected a TOML file"
+        (["agent", "--config", ""], "--config"),
+        (["agent", "--check-config", ""], "--check-config"),
+        (["twin", "steady", "--site", ""], "--site"),  # was ".: is a directory, expected a TOML file"
+        (["twin", "sweep-supply", "--site", ""], "--site"),
+        (["fit-thermal", ""], "FILE.csv"),
+        (["fit-power", ""], "FILE.csv"),
+        (["evaluate", "--scenario", ""], "--scenario"),
+        (["evaluate", "--scenario", str(EXAMPLES / "day-nominal.toml"), "--out", ""], "--out"),
+        (["optimize", ""], "scenario"),
+        (["optimize", str(EXAMPLES / "scenario-nominal.toml"), "--out", ""], "--out"),
+        (["demo", "--out", ""], "--out"),  # ran the demo and wrote its files into the current folder
+        (["demo", "--scenario", ""], "--scenario"),
+        (["sim", "--site", ""], "--site"),
+        (["sim", "--scenario", ""], "--scenario"),
+        (["sim", "--truth-log", ""], "--truth-log"),
+        (["sim", "--summary", ""], "--summary"),
+    ],
+)
+def test_an_empty_path_is_refused_as_such_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], option: str
+) -> None:
+    """An empty file or folder option (an unset shell variable: ``--journal "$J"``) was read as the
+    current folder: "journal .: not a file", ".: is a directory", or a demo writing into it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    command = " ".join(args[:2]) if args[0] == "twin" else args[0]
+    assert (
+        err.strip().splitlines()[-1]
+        == f"racktwin {command}: error: argument {option}: expected a non-empty path, got ''"
+    )
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
 # ---- optimize ---------------------------------------------------------------------------------------
 
 
