@@ -3,7 +3,10 @@
 Each command module defines ``add_arguments(parser, command)`` and ``run(args, command) -> int``
 Modules are imported only when their command runs, so ``racktwin --help`` and light commands start
 fast (no Pyomo import for ``twin steady``). Errors that users can fix (bad files, bad options) are
-raised as :class:`agent.commands.common.UserError` and printed as one line, exit status 2.
+raised as :class:`agent.commands.common.UserError` and printed as one line, exit status 2, after the
+name of the command (``racktwin twin steady: error: ...``: a command with subcommands sets ``_parser``
+to the subcommand's parser in its namespace, as :mod:`agent.commands.twin_cmd` does, and that parser
+also reports the arguments it does not know, which argparse leaves to the command's parser).
 """
 
 from __future__ import annotations
@@ -76,14 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     parser = argparse.ArgumentParser(prog=f"racktwin {name}", description=help_text)
     module.add_arguments(parser, name)
-    ns = parser.parse_args(args[1:])
+    ns, unknown = parser.parse_known_args(args[1:])
+    own: argparse.ArgumentParser = getattr(ns, "_parser", parser)  # the subcommand's, if it has one
+    if unknown:  # argparse says these in the command's name (racktwin twin), not the subcommand's
+        own.error(f"unrecognized arguments: {' '.join(unknown)}")
+    prog = own.prog
     try:
         return int(module.run(ns, name))
     except UserError as exc:
-        print(f"racktwin {name}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"racktwin {name}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader went away (e.g. `racktwin ... | head`): stop quietly, like standard tools

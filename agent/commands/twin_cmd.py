@@ -64,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(_parser=p)  # agent.cli names "racktwin twin steady" in a UserError's line and unknown options
     p.add_argument("--site", default=None, type=path_arg, help="site spec TOML (default: examples/supernode-512.toml)")
     p.add_argument(
         "--ambient-c",

@@ -305,6 +305,21 @@ def test_twin_steady_options_and_table(capsys: pytest.CaptureFixture[str]) -> No
 def test_twin_user_errors(capsys: pytest.CaptureFixture[str], args: list[str], fragment: str) -> None:
     code, _, err = _run(args, capsys)
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+    # the subcommand is named, as argparse names it in its own errors (it said "racktwin twin: error:")
+    assert err.startswith(f"racktwin twin {args[1]}: error: "), err
+
+
+@pytest.mark.parametrize("action", ["steady", "sweep-supply"])
+def test_twin_argument_errors_name_the_subcommand(capsys: pytest.CaptureFixture[str], action: str) -> None:
+    """An option the subcommand does not know, or a bad value of one it knows: the subcommand's usage
+    and its name (argparse reported unknown options as "racktwin twin: error:")."""
+    for extra in (["--bogus"], ["--level", "x"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["twin", action, *extra])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: racktwin twin {action} "), err
+        assert err.strip().splitlines()[-1].startswith(f"racktwin twin {action}: error: "), err
 
 
 def test_sweep_supply_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
