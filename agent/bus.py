@@ -60,6 +60,7 @@ import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
 
 from agent.aio import cancel_and_wait, cancellation_kept, wait_event
+from agent.config import url_host
 from agent.wire import Outgoing
 
 __all__ = [
@@ -183,7 +184,8 @@ class MqttOptions:
     def url(self) -> str:
         """``mqtt[s]://user@host:port`` (never the password), for logs."""
         user = f"{self.username}@" if self.username else ""
-        return f"{'mqtts' if self.use_tls else 'mqtt'}://{user}{self.host}:{self.port}"
+        host = f"[{self.host.replace('%', '%25')}]" if ":" in self.host else self.host  # IPv6, its zone (RFC 6874)
+        return f"{'mqtts' if self.use_tls else 'mqtt'}://{user}{host}:{self.port}"
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> MqttOptions:
@@ -201,7 +203,7 @@ class MqttOptions:
             port = 8883 if tls else 1883
         elif not 0 < port < 65536:
             raise ValueError(f"broker URL {url!r}: the port must be a number within 1..65535")
-        kw: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": port, "tls": tls}
+        kw: dict[str, Any] = {"host": url_host(parts.hostname) or "127.0.0.1", "port": port, "tls": tls}
         if parts.username:
             kw["username"] = unquote(parts.username)
         if parts.password:

@@ -90,7 +90,7 @@ class BrokerConfig:
 
     @property
     def host(self) -> str:
-        return urlsplit(self.url).hostname or "127.0.0.1"
+        return url_host(urlsplit(self.url).hostname) or "127.0.0.1"
 
     @property
     def port(self) -> int:
@@ -465,6 +465,18 @@ def _ascii_host(host: str) -> str:
         return host
 
 
+def url_host(hostname: str | None) -> str | None:
+    """The host a URL names (``urlsplit(url).hostname``) as a socket takes it: an IPv6 zone written as
+    RFC 6874 has it, ``[fe80::1%25eth0]`` (``%25`` is the URL encoding of ``%``), is ``fe80::1%eth0``;
+    one written bare, ``[fe80::1%eth0]`` (as browsers and curl also take it), is kept. A bare zone that
+    begins with 25 is read as RFC 6874's (``%251`` is zone 1): write it ``%2525...``."""
+    if hostname is not None and ":" in hostname:
+        addr, percent, zone = hostname.partition("%")
+        if percent and zone.startswith("25"):
+            return f"{addr}%{zone[2:]}"
+    return hostname
+
+
 def broker_url_problem(url: str, *, credentials: str) -> str | None:
     """What keeps ``url`` from being a broker URL (None: nothing): ``mqtt://`` or ``mqtts://``, a
     host, an optional port within 1..65535, nothing else; user name and password go in their own
@@ -483,6 +495,8 @@ def broker_url_problem(url: str, *, credentials: str) -> str | None:
         return f"no host in {url!r}: {form}"
     if "[" not in parts.netloc and not _BROKER_HOST.fullmatch(_ascii_host(parts.hostname)):  # urlsplit checks [IPv6]
         return f"bad host {parts.hostname!r} in {url!r}: an IP address or a host name (letters, digits, '.', '-', '_')"
+    if str(url_host(parts.hostname)).endswith("%"):
+        return f"no IPv6 zone after its '%25' in {url!r}: e.g. mqtt://[fe80::1%25eth0]:1883"
     try:
         port = parts.port
     except ValueError:

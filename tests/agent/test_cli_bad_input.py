@@ -54,6 +54,7 @@ def agent_config(tmp_path: Path, *lines: str) -> Path:
         ("mqtt://[zz]:1883", "not a URL: 'mqtt://[zz]:1883'"),
         ("mqtt://bad host:1883", "bad host 'bad host'"),  # was accepted: the agent retried a DNS error for ever
         ("mqtt://broker%201:1883", "bad host 'broker%201'"),
+        ("mqtt://[fe80::1%25]:1883", "no IPv6 zone after its '%25'"),
     ],
 )
 def test_a_malformed_broker_url_is_one_line_in_the_config_and_the_options(
@@ -76,6 +77,7 @@ def test_a_malformed_broker_url_is_one_line_in_the_config_and_the_options(
         "mqtts://10.0.0.5",
         "mqtt://BROKER.Example:1883",
         "mqtt://[fe80::1%eth0]:1883",  # a link-local address with its zone id
+        "mqtt://[fe80::1%25eth0]:1883",  # the same as RFC 6874 writes it (%25: '%' URL-encoded)
         "mqtt://bröker.example:1883",  # an internationalized name (connects as xn--brker-kua.example)
     ],
 )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.bus import MqttOptions
 from agent.config import (
     OTHER_ENV_VARS,
     ControlConfig,
@@ -139,6 +140,27 @@ def test_a_broker_url_the_client_cannot_use_is_refused(tmp_path: Path) -> None:
         assert err.path == "broker.url" and words in err.problem, err
     for url in ("mqtt://broker", "mqtts://broker.example:8884/", "mqtt://[::1]:1883"):
         assert load_config(write(tmp_path, f'site = "site.toml"\n[broker]\nurl = "{url}"\n'), env={})
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("mqtt://[fe80::1%25eth0]:1883", "fe80::1%eth0"),  # RFC 6874: %25 is the URL encoding of '%'
+        ("mqtt://[fe80::1%eth0]:1883", "fe80::1%eth0"),  # the bare zone, as browsers and curl take it
+        ("mqtt://[fe80::1%252]:1883", "fe80::1%2"),  # an interface index as the zone
+        ("mqtt://[::1]:1883", "::1"),
+        ("mqtt://broker.example:1883", "broker.example"),
+    ],
+)
+def test_an_ipv6_zone_of_the_broker_url_is_decoded(tmp_path: Path, url: str, host: str) -> None:
+    """The zone of ``[fe80::1%25eth0]`` is ``eth0`` (it was read as "25eth0", which no interface is),
+    in the configuration and in the client's options; the client's URL (for logs) writes it back."""
+    loaded = load_config(write(tmp_path, f'site = "site.toml"\n[broker]\nurl = "{url}"\n'), env={})
+    assert loaded.config.broker.host == host and loaded.config.broker.port == 1883
+    options = MqttOptions.from_url(url)
+    assert options.host == host
+    assert MqttOptions.from_url(options.url).host == host  # round trip
+    assert options.url == (f"mqtt://[{host.replace('%', '%25')}]:1883" if ":" in host else url)
 
 
 def test_the_client_id_is_one_per_host_by_default_and_may_name_the_host(tmp_path: Path) -> None:
