@@ -11,6 +11,7 @@ Readings may contain NaN or implausible values (a faulty sensor): consumers must
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,8 +69,9 @@ class LoopReading:
     return_temp_c: float
     flow_lpm: float
     pump_power_w: float
-    # the pump's commanded speed (fraction of nominal) as the CDU reports it; NaN: not reported (unknown)
-    pump_speed_frac: float = 1.0
+    # the pump's commanded speed (fraction of nominal) as the CDU reports it; NaN: not reported (unknown),
+    # also when a caller leaves it out (the plant always gives it; agent.ingest gives NaN for the wire's None)
+    pump_speed_frac: float = math.nan
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,11 @@ class CduReading:
     ts_s: float
     seq: int
     publisher: str
-    # the pump's commanded speed, fraction of nominal (percent on the wire); None: not reported
-    pump_speed_frac: float | None = 1.0
+    # the pump's commanded speed, fraction of nominal (percent on the wire); None: not reported, as the
+    # wire's absent field (publishers before it), and so when a caller leaves it out: the belief then
+    # knows no speed (twin.readings.LoopReading's NaN), and reads a pump slowed on purpose as neither
+    # weak (twin.estimate) nor at full speed (agent.controller: the speed last commanded)
+    pump_speed_frac: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import math
 import uuid
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from agent.config import load_config
 from agent.ingest import Ingest, RoundMerger
 from agent.logs import JsonFormatter
 from agent.service import AgentService
-from twin.readings import Readings
+from twin.readings import LoopReading, Readings
 from twin.state import TwinState
 from twin.workload import JobSpec, Phase
 
@@ -441,6 +443,27 @@ def _cdu(rack: str, ts: float) -> wire.CduReading:
         seq=0,
         publisher="sim",
     )
+
+
+def test_a_cdu_reading_made_without_its_pump_speed_is_unknown_as_on_the_wire() -> None:
+    """A CduReading made in code without ``pump_speed_frac`` means what the wire's absent field means:
+    unknown (it was 1.0, "full speed", so a pump the agent had slowed read as running at full speed
+    and as weak). The belief keeps the last speed reported and says it is not reported now."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    assert _cdu("r1", T0).pump_speed_frac is None and math.isnan(LoopReading(30.0, 40.0, 100.0, 500.0).pump_speed_frac)
+    ing.handle(dataclasses.replace(_cdu("r1", T0), pump_speed_frac=0.5))
+    ing.flush()
+    snap = state.snapshot()
+    assert snap.rack_pump_speed_reported is not None and snap.rack_pump_speed_reported[1]
+    assert snap.rack_pump_speed_frac[1] == 0.5
+    ing.handle(_cdu("r1", T0 + 1.0))
+    ing.flush()
+    snap = state.snapshot()
+    assert snap.rack_pump_speed_reported is not None and not snap.rack_pump_speed_reported[1]
+    assert snap.rack_pump_speed_frac[1] == 0.5  # the last reported, not full speed
+    assert "pump_speed_percent" not in json.loads(wire.encode(_cdu("r1", T0)))  # absent on the wire too
 
 
 def test_a_card_exporter_lagging_behind_its_racks_cdu_and_pdu_makes_the_rack_stale() -> None:
