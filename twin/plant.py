@@ -302,13 +302,6 @@ class Plant:
     def config(self) -> PlantConfig:
         return self._config
 
-    @config.setter
-    def config(self, config: PlantConfig) -> None:
-        """Replace the configuration; its jobs follow it too (``twin.scenario.place_compact`` places a
-        warm start's jobs under a phase model without start-up)."""
-        self._config = config
-        self._jobs.config = config
-
     @property
     def time_s(self) -> float:
         return self._t
@@ -593,9 +586,11 @@ class Plant:
                 self._push(self._t + self.config.pump_hold_s, "pump_hold", (r, int(self._pump_cmd[r])))
         self._update_flow(self._t)
 
-    def place_job(self, job_id: str, cards: Any) -> None:
+    def place_job(self, job_id: str, cards: Any, *, already_running: bool = False) -> None:
         """Place a queued job on ``cards`` (external scheduler). Sleeping cards are woken; the job
-        waits for them and for its start-up."""
+        waits for them and for its start-up (``PhaseModel.startup_s``), unless ``already_running``:
+        a warm start's job that was running before the run began computes as soon as its cards are
+        ready (``twin.scenario.place_compact``)."""
         job = self._jobs.get(job_id)
         if job is None:
             raise CommandError(f"place_job: unknown job {job_id!r}")
@@ -610,7 +605,7 @@ class Plant:
         busy = self._jobs.card_slot[idx] > 0
         if busy.any():
             raise CommandError(f"place_job: card {int(idx[busy][0])} is busy")
-        self._jobs.place(job, np.sort(idx), self._t)
+        self._jobs.place(job, np.sort(idx), self._t, startup_s=0.0 if already_running else None)
 
     # ================================================================================================
     # public: outputs

@@ -102,7 +102,7 @@ class PlantJobs:
 
     def __init__(self, site: SiteSpec, config: PlantConfig, ready_cards: Callable[[IntArray, float], float]) -> None:
         self.site = site
-        self.config = config  # Plant.config's setter keeps this the plant's
+        self.config = config  # the plant's (read-only there)
         self._ready_cards = ready_cards
         n = site.n_cards
 
@@ -401,10 +401,11 @@ class PlantJobs:
             self._emit(t, job, "submitted")
         self._sched_dirty = True
 
-    def place(self, job: Job, cards: IntArray, t: float) -> None:
-        """Start queued ``job`` on ``cards`` (checked by the caller: free, healthy, as many as it needs)."""
+    def place(self, job: Job, cards: IntArray, t: float, *, startup_s: float | None = None) -> None:
+        """Start queued ``job`` on ``cards`` (checked by the caller: free, healthy, as many as it needs)
+        after ``startup_s`` (None: the phase model's)."""
         self._queue.remove(job)
-        self._start(job, cards, t)
+        self._start(job, cards, t, startup_s)
 
     def schedule(self, t: float, failed: BoolArray) -> float | None:
         """Built-in first-fit scheduler (see :meth:`_first_fit`) with EASY backfilling; ``failed``:
@@ -515,7 +516,7 @@ class PlantJobs:
             )
         )
 
-    def _start(self, job: Job, cards: IntArray, t: float) -> None:
+    def _start(self, job: Job, cards: IntArray, t: float, startup_s: float | None = None) -> None:
         if self._reserved is not None and self._reserved[0] == job.spec.job_id:
             self._reserved = None
         if not self._free_slots:
@@ -531,7 +532,7 @@ class PlantJobs:
         self.card_slot[cards] = s
         self._order_dirty = True
         ready = self._ready_cards(cards, t)
-        delay = self.config.phases.startup_s
+        delay = self.config.phases.startup_s if startup_s is None else startup_s
         start_at = max(t + delay, ready)
         self._s_cs[s] = spec.compute_share
         self._s_omc[s] = 1.0 - spec.compute_share

@@ -1026,13 +1026,6 @@ def place_compact(plant: Plant, job_ids: Sequence[str], *, running: bool = False
     that does not fit stays queued. ``running``: the jobs were already running (warm start), so
     they skip the start-up wait (``PhaseModel.startup_s``) and compute from the next step, or from
     now after :meth:`Plant.settle_warm_start` (as :func:`build_plant` does)."""
-    if running:
-        config = plant.config
-        plant.config = dataclasses.replace(config, phases=dataclasses.replace(config.phases, startup_s=0.0))
-        try:
-            return place_compact(plant, job_ids)
-        finally:
-            plant.config = config
     site = plant.site
     per_sn = site.cards_per_supernode
     queued = {j.job_id: j for j in plant.queued_jobs()}
@@ -1050,7 +1043,7 @@ def place_compact(plant: Plant, job_ids: Sequence[str], *, running: bool = False
             cards = np.flatnonzero(free[sn * per_sn : (sn + 1) * per_sn])[: spec.n_cards] + sn * per_sn
         else:
             cards = np.flatnonzero(free)[: spec.n_cards]
-        plant.place_job(job_id, cards)
+        plant.place_job(job_id, cards, already_running=running)
         free[cards] = False
         placed.append(job_id)
     return placed
