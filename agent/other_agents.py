@@ -4,7 +4,8 @@ Each run of the agent names itself in the ``publisher`` of its status and comman
 (:class:`AgentInstance`); :class:`OtherAgents` keeps what one agent knows of the others on its site
 from their statuses and from commands it did not send, and decides (:meth:`OtherAgents.blocker`)
 whether it must stand by: of two agents in enforce mode the one that started first commands, a rule
-both sides apply to the same two publishers. The service (``agent.service``) does the I/O.
+both sides apply to the same two publishers. ``agent.standby`` applies it; the service
+(``agent.service``) does the I/O.
 """
 
 from __future__ import annotations

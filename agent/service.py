@@ -22,9 +22,14 @@
   ``Controller.propose`` in a worker thread under ``asyncio.timeout`` shorter than the period (a
   late solve: the greedy plan now, and no new solve until the late one returns) -> ``Guard.review``
   -> journal (the decision and its commands, before anything is sent) -> commands (enforce) or
-  advice (advisory). A period is never skipped.
+  advice (advisory). A period is never skipped. The first decision waits for every rack to report,
+  or one period (``agent.first_round``).
 * ``publish``: commands at QoS 1, in order, never retained; retries and expiry (``agent.publish``).
-* ``health``: metrics (``agent.metrics``) and readiness; ``/metrics``, ``/healthz``, ``/readyz``.
+* ``health``: every second, the metrics (``agent.metrics``, brought up to date by
+  ``agent.metric_updates``), the journal file's check and pruning (``agent.journal_upkeep``) and the
+  other agents' silence (``agent.standby``); readiness (:meth:`AgentService.readiness`);
+  ``/metrics``, ``/healthz``, ``/readyz``.
+* ``status``: the agent's status (``agent.status``), below.
 
 The agent's status is retained on ``agent/status`` (``online`` on every connect; the broker's last
 will says ``offline`` if the connection dies; a clean shutdown finishes the current cycle, sends what
@@ -35,16 +40,20 @@ The journal is locked while the service holds it (a second agent on it is refuse
 :class:`agent.journal.JournalInUseError`); a journal that cannot be written (decisions, acks,
 calibration, the publisher's record of sends), or whose file was removed or replaced, makes the
 agent not ready (``/readyz``); so does a broker that leaves commands unacknowledged. A restarted
-agent resumes from its journal: the cycle count, calibration, the jobs it knew, and the commands
-still open (re-sent if not expired; an expired command is never sent again).
+agent resumes from its journal (``agent.resume``): the cycle count, calibration, the jobs it knew,
+and the commands still open (re-sent if not expired; an expired command is never sent again). Acks
+go to the journal in batches (``agent.journal_upkeep``).
 
 Another agent on the site (docs/agent.md, "Another agent on the site"): each run of the agent names
-itself in the ``publisher`` of its status and commands (:class:`AgentInstance`), publishes its status
-every :data:`STATUS_EVERY_S` (``status`` task) and listens to the status topic and to the site's
-command topics (:class:`OtherAgents`). Of two agents in enforce mode the one that started first
-commands; the other stands by: it decides and journals as before (mode ``standby``), sends no
-command, connects under a client id of its own, says so (``/readyz``, status, log, metrics) and
-commands again once the first is gone.
+itself in the ``publisher`` of its status and commands (``agent.other_agents.AgentInstance``),
+publishes its status every ``agent.status.STATUS_EVERY_S`` (``status`` task) and listens to the
+status topic and to the site's command topics (``agent.other_agents.OtherAgents``). Of two agents in
+enforce mode the one that started first commands; the other stands by (``agent.standby.Standby``):
+it decides and journals as before (mode ``standby``), sends no command, connects under a client id
+of its own, says so (``/readyz``, status, log, metrics) and commands again once the first is gone.
+
+This module wires those parts together and keeps what the tasks share: the ingest handlers (messages,
+acks, rounds, job events), the estimation and control loops, the command callbacks and the lifecycle.
 """
 
 from __future__ import annotations
@@ -55,34 +64,35 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import hashlib
-import json
 import logging
 import math
 import time
 import uuid
-from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
-from agent import racktwin_version, wire
+from agent import wire
 from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
 from agent.config import BrokerConfig, LoadedConfig
 from agent.controller import Controller, decides_again_on
-from agent.decision import QUEUE_WAIT_KINDS, Decision
+from agent.decision import Decision
+from agent.failsafe_log import FailsafeLog
+from agent.first_round import await_first_round
 from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
+from agent.journal_upkeep import JournalAcks, JournalUpkeep, knows_command
+from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
-from agent.other_agents import PEER_PROOF_S, PEER_SILENT_S, STATUS_EVERY_S, AgentInstance, OtherAgents, Peer
+from agent.other_agents import AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
+from agent.resume import JobsRecord, load_journal, open_commands_to_resume
 from agent.solver_output import isolate_solver_output
+from agent.standby import Standby
+from agent.status import VERSION, StatusPublisher
 from twin.estimate import AnomalyHistory, Estimator
 from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
-from twin.workload import JobSpec, Phase
 
 __all__ = [
     "VERSION",
@@ -96,24 +106,13 @@ __all__ = [
 log = logging.getLogger("racktwin.agent")
 
 
-VERSION = racktwin_version()
 _ROUND_QUEUE = 256
 _MESSAGE_ERROR_LOG_INTERVAL_S = 60.0  # wall s between two log lines of messages (or rounds) whose handling failed
 _HEALTH_INTERVAL_S = 1.0
-_JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days
-_JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
 _ANOMALY_INTERVAL_S = 10.0
-_JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
-#: wall seconds the first decision may wait for the clock to confirm a jump to the telemetry's time
-_FIRST_ROUND_JUMP_WAIT_S = 5.0
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
-_ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
-_ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
 _ACK_KEYS_KEPT = 10_000  # ack messages remembered to count a second delivery once (acks_received)
-_ACKS_KEPT = 100_000  # acks kept for the journal while it cannot be written (the oldest go first)
-_STATUS_ANSWER_GAP_S = 1.0  # a commanding agent answers another's status, but never twice within this
-_PEER_FORGET_S = 3600.0  # wall seconds after which another publisher not heard from is forgotten
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
 
 
@@ -232,7 +231,6 @@ class AgentService:
             site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event, on_round=self._on_round
         )
         self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
-        self._status_seq = wire.Sequencer(self.instance.publisher)
         t = self.codec.topics
         commands = (t.filter(wire.Kind.RACK_CMD), t.filter(wire.Kind.CDU_CMD), t.facility_cmd, t.scheduler_cmd)
         self.bus = Bus(
@@ -243,6 +241,16 @@ class AgentService:
             on_connect=self._on_connect,
             name="agent",
         )
+        #: whether this agent commands the site or stands by for another, and its status that says so
+        self.standby = Standby(
+            self.others,
+            mode=self.mode,
+            site_id=cfg.site_id,
+            connected=lambda: self.bus.connected,
+            on_stand_by=self._drop_open_commands,
+            on_commanding=self._take_up_journal_commands,
+        )
+        self.status = StatusPublisher(self.bus, self.codec, self.clock, self.standby, mqtt=self.mqtt)
         self.publisher = Publisher(
             self.bus,
             self.book,
@@ -264,35 +272,30 @@ class AgentService:
         self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
         self._merger = RoundMerger()
         self._merger_corrections = 0  # the site clock's step backs the merger has seen
-        self._card_gauges: list[Any] | None = None
         self._last_cycle_wall_s = 0.0
         self._last_cycle_end_wall = 0.0
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
         self._solve_future: asyncio.Future[Decision] | None = None
         self._first_send: dict[str, tuple[float, str]] = {}
         self._journal_error: str | None = None  # the last decision write failed: why
-        self._ack_journal_error: str | None = None  # the last ack write failed: why
-        self._acks_to_journal: list[tuple[str, float, str, str | None]] = []  # received, not yet written
-        self._acks_retry_wall = -math.inf  # time.monotonic() before which a failed ack write is not retried
+        self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
         self._calibration_error: str | None = None  # the last calibration write failed: why
-        self._journal_file_problem: str | None = None  # the journal file was removed or replaced
-        self._journal_checked_wall = -math.inf  # time.monotonic() of the last check of the journal file
+        self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
+        self.jobs_record = JobsRecord(self.journal)  # the jobs known, for a restart
         self._failure: str | None = None  # why the service stopped, if a task failed
-        self._journal_pruned_wall = -math.inf  # time.monotonic() of the last prune
-        self._jobs_hash = ""
-        self._seen_rejections: dict[str, int] = {}
-        self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
-        self._seen_invalid = np.zeros(self.site.n_racks)  # readings refused per rack, counted so far
-        self._seen_connects = 0
-        self._seen_takeovers = 0
-        #: the agent this one leaves the site to (standby: it commands nothing), or None
-        self.standing_by_for: Peer | None = None
-        self._unconfirmed: Peer | None = None  # a retained "online" that keeps this agent waiting
-        self._peers_reported: set[str] = set()  # other agents logged as alive
         self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
-        self._status_wall = -math.inf  # time.monotonic() of the last status published
-        self._status_due = asyncio.Event()  # publish the status (and maybe change client id) now
-        self._answer_due = False  # another agent's status came while this one commands: answer it
+        self.metric_updates = MetricUpdates(
+            self.metrics,
+            site,
+            state=self.state,
+            clock=self.clock,
+            codec=self.codec,
+            ingest=self.ingest,
+            bus=self.bus,
+            book=self.book,
+            standby=self.standby,
+        )
+        self.failsafe_log = FailsafeLog(site, cfg.control.telemetry_deadline_s)
         #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
         self.anomaly_history = AnomalyHistory()
         #: wall seconds from the message that triggered a decision to its first command (or advice) sent
@@ -320,10 +323,9 @@ class AgentService:
         self.estimation_errors = 0
         self._estimation_error_lines = _FailureLines()
         self.resumed_commands = 0
-        self._failsafe_logged: frozenset[int] = frozenset()  # racks the log last said are at fail-safe caps
         self.expired_on_resume = 0
         try:
-            self._load_journal()
+            load_journal(self.journal, self.controller, self.state)
         except BaseException:
             self.journal.close()  # and its lock
             raise
@@ -378,7 +380,7 @@ class AgentService:
                     control = tg.create_task(self._control_task(), name="control")
                     tg.create_task(self.publisher.run(), name="publish")
                     tg.create_task(self._health_task(), name="health")
-                    tg.create_task(self._status_task(), name="status")
+                    tg.create_task(self.status.run(), name="status")
                     tg.create_task(self._shutdown_task(control), name="shutdown")
             except* _Shutdown:
                 pass
@@ -431,16 +433,14 @@ class AgentService:
 
     async def _close(self) -> None:
         detail = self._failure or "clean shutdown"
-        if self.bus.connected:
-            with contextlib.suppress(BusError, TimeoutError):
-                await self.bus.send(self._status(wire.AgentState.OFFLINE, detail), timeout_s=2.0)
+        await self.status.publish_offline(detail)
         await self.bus.close()
         if self._http_server is not None:
             self._http_server.close()
             with contextlib.suppress(Exception):
                 await self._http_server.wait_closed()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._journal_acks(now_or_never=True)  # the last acks (those a clean stop waited for among them)
+        self.journal_acks.write(now_or_never=True)  # the last acks (those a clean stop waited for among them)
         with contextlib.suppress(Exception):
             self.journal.close()
         if self._failure is None:
@@ -451,107 +451,24 @@ class AgentService:
             log.error("agent stopped after an error", extra={"fields": {"decisions": self.decisions, "error": detail}})
 
     # ================================================================================================
-    # status
+    # status and other agents on the site (agent.status, agent.standby)
     # ================================================================================================
-    def _status(self, state: wire.AgentState, detail: str) -> wire.Outgoing:
-        topic = self.codec.topics.agent_status
-        msg = wire.AgentStatus(
-            state=state,
-            version=VERSION,
-            ts_s=self.clock.now() or time.time(),
-            seq=self._status_seq.next(topic),
-            publisher=self.instance.publisher,
-            mode=self.mode,
-            detail=detail,
-        )
-        return self.codec.outgoing(msg)
+    @property
+    def standing_by_for(self) -> Peer | None:
+        """The agent this one leaves the site to (standby: it commands nothing), or None."""
+        return self.standby.standing_by_for
 
-    def _online_detail(self) -> str:
-        """``enforce mode; agent <id> on host <host> (pid, started), client id <id>``, and whom it
-        stands by for or waits for."""
-        me = f"{self.instance.describe()}, client id {self.bus.options.client_id or '(random)'}"
-        if self.standing_by_for is not None:
-            return f"{self.mode} mode, standing by: {self.standing_by_for.name()} commands this site; {me}"
-        if self._unconfirmed is not None:
-            return f"{self.mode} mode, waiting for a sign of life from {self._unconfirmed.name()}; {me}"
-        return f"{self.mode} mode; {me}"
+    def commanding(self) -> bool:
+        """Whether the agent sends commands now: enforce mode, and no other agent to leave the site to."""
+        return self.standby.commanding()
 
-    def _will(self) -> LastWill:
-        out = self._status(wire.AgentState.OFFLINE, "connection lost")
-        return LastWill(out.topic, out.payload, qos=1, retain=True)
+    def _will(self) -> LastWill:  # the bus asks at each connect (the status publisher is made after it)
+        return self.status.will()
 
     async def _on_connect(self, bus: Bus) -> None:
         self.metrics.reconnects_total.inc()
-        self._status_wall = time.monotonic()
-        await bus.send(self._status(wire.AgentState.ONLINE, self._online_detail()))
+        await self.status.publish_online(bus)
         self.publisher.reconnected()
-
-    async def _status_task(self) -> None:
-        """Publish the status every :data:`STATUS_EVERY_S` (a sign of life for the other agents and
-        a retained status that is never older), at once when this agent starts or stops standing by,
-        and in answer to another agent's status while this one commands (so that a new agent learns
-        within a round trip that this one is alive, and the retained status names the agent that
-        commands). Standing by, the agent connects under a client id of its own (see
-        :meth:`_wanted_mqtt`)."""
-        while True:
-            wait_s = self._status_wall + STATUS_EVERY_S - time.monotonic()
-            await wait_event(self._status_due, max(wait_s, 0.0))
-            self._status_due.clear()
-            if self._answer_due and self._wanted_mqtt() == self.bus.options:
-                self._answer_due = False  # at most one status per _STATUS_ANSWER_GAP_S: no ping-pong
-                await asyncio.sleep(max(self._status_wall + _STATUS_ANSWER_GAP_S - time.monotonic(), 0.0))
-            wanted = self._wanted_mqtt()
-            if wanted != self.bus.options:
-                log.info(
-                    "reconnecting as client id %s",
-                    wanted.client_id,
-                    extra={"fields": {"standing_by": self.standing_by_for is not None}},
-                )
-                await self.bus.reconnect_with(wanted)  # its on_connect publishes the status
-                self._status_wall = time.monotonic()
-                continue
-            self._status_wall = time.monotonic()
-            if self.bus.connected:
-                with contextlib.suppress(BusError):
-                    await self.bus.send(self._status(wire.AgentState.ONLINE, self._online_detail()), timeout_s=2.0)
-
-    def _wanted_mqtt(self) -> MqttOptions:
-        """The configured MQTT options; standing by, a client id of this run with a clean session,
-        so that another agent with the same client id keeps its session (the broker would otherwise
-        hand it back and forth: each connect closes the other's connection)."""
-        cid = self.mqtt.client_id
-        if self.standing_by_for is None or not cid:
-            return self.mqtt
-        return dataclasses.replace(
-            self.mqtt, client_id=f"{cid}-standby-{self.instance.instance_id[:8]}", clean_session=True
-        )
-
-    # ================================================================================================
-    # other agents on the site
-    # ================================================================================================
-    def commanding(self) -> bool:
-        """Whether the agent sends commands now: enforce mode, and no other agent to leave the site to."""
-        return self.mode == "enforce" and self.standing_by_for is None and self._unconfirmed is None
-
-    def _listening_wall(self) -> float:
-        """time.monotonic(), once :class:`OtherAgents` knows whether this agent hears the broker now
-        (another agent's silence counts only while it does)."""
-        now_wall = time.monotonic()
-        self.others.listening(self.bus.connected, now_wall)
-        return now_wall
-
-    def _on_agent_status(self, status: wire.AgentStatus, retained: bool) -> None:
-        peer = self.others.on_status(status, retained, self._listening_wall())
-        if peer is None:
-            return
-        if not peer.online:
-            level = logging.WARNING if peer.publisher in self._peers_reported else logging.INFO
-            self._peers_reported.discard(peer.publisher)
-            log.log(level, "%s went offline", peer.name(), extra={"fields": {"detail": peer.detail}})
-        if self.commanding():
-            self._answer_due = True
-            self._status_due.set()
-        self._check_other_agents()
 
     def _on_command_seen(self, cmd: Any) -> None:
         """A command on the site's command topics: this agent's own (the broker's copy of what it
@@ -559,76 +476,14 @@ class AgentService:
         another agent (or a program) commands the site. A command already expired is not counted
         (a copy the broker kept in a persistent session), and one is a sign of life as of its stamp."""
         cid = str(cmd.command_id)
-        if cmd.publisher == self.instance.publisher or cid in self.book.open or self._journal_knows(cid):
+        if cmd.publisher == self.instance.publisher or cid in self.book.open or knows_command(self.journal, cid):
             return
-        if self.others.earlier_run_here(AgentInstance.parse(cmd.publisher)):
-            return  # an earlier run on this host, with another journal: gone
         now = self.clock.now()
         if now is not None and cmd.expires_s <= now:
             return
         age_s = self.clock.wall_seconds(max(now - cmd.ts_s, 0.0)) if now is not None else 0.0
-        if self.others.on_command(cmd.publisher, self._listening_wall(), age_s) is not None:
+        if self.standby.on_command(cmd.publisher, age_s):
             self.metrics.foreign_commands_total.inc()
-            self._check_other_agents()
-
-    def _check_other_agents(self) -> None:
-        """Apply :meth:`OtherAgents.blocker`: stand by (and say so) when another agent commands the
-        site and outranks this one, command again when it is gone (silent for :data:`PEER_SILENT_S`
-        while this agent was connected: cut off from the broker, it hears nobody); log agents appearing."""
-        now_wall = self._listening_wall()
-        self.others.forget(now_wall - _PEER_FORGET_S)
-        self._peers_reported.intersection_update(self.others.peers)
-        for peer in self.others.competing(now_wall) if self.mode == "enforce" else []:
-            if peer.publisher not in self._peers_reported:
-                self._peers_reported.add(peer.publisher)
-                who = "it commands" if self.others.outranks(peer) else "it started later and stands by"
-                log.error(
-                    "another agent in enforce mode on site %s: %s (%s); this is %s",
-                    self.config.site_id,
-                    peer.name(),
-                    who,
-                    self.instance.describe(),
-                    extra={"fields": {"other": peer.publisher, "other_status": peer.detail}},
-                )
-        found = self.others.blocker(now_wall) if self.mode == "enforce" else None
-        blocker, confirmed = found if found is not None else (None, False)
-        was = self.standing_by_for
-        self.standing_by_for = blocker if confirmed else None
-        unconfirmed = None if confirmed else blocker
-        if unconfirmed is not None and self._unconfirmed is None:
-            log.warning(
-                "the retained status says %s is online in enforce mode: waiting up to %.0f s for a sign of life "
-                "from it before commanding",
-                unconfirmed.name(),
-                PEER_PROOF_S,
-            )
-        elif unconfirmed is None and self._unconfirmed is not None and self.standing_by_for is None:
-            log.info(
-                "%s does not hold this agent back: %s",
-                self._unconfirmed.name(),
-                "offline" if not self._unconfirmed.online else f"no sign of life for {PEER_PROOF_S:.0f} s",
-            )
-        if (unconfirmed is None) != (self._unconfirmed is None):
-            self._status_due.set()  # the status says whom it waits for
-        self._unconfirmed = unconfirmed
-        by = self.standing_by_for
-        if by is not None and (was is None or was.publisher != by.publisher):
-            log.error(
-                "standing by: %s commands site %s; this agent (%s) sends no command until it is gone "
-                "(stop one of them; the agent that started first commands)",
-                by.name(),
-                self.config.site_id,
-                self.instance.describe(),
-                extra={"fields": {"other": by.publisher}},
-            )
-            self._drop_open_commands()
-            self._status_due.set()
-        elif by is None and was is not None:
-            gone = "offline" if not was.online else f"silent for {PEER_SILENT_S:.0f} s"
-            log.warning("%s is gone (%s): commanding site %s again", was.name(), gone, self.config.site_id)
-            self._status_due.set()
-        if self.commanding():
-            self._take_up_journal_commands()
 
     def _drop_open_commands(self) -> None:
         """Standing by: the open commands are not sent again (closed ``abandoned``); the other agent
@@ -648,83 +503,15 @@ class AgentService:
         log.warning("%d open command(s) abandoned: another agent commands the site", len(dropped))
 
     def _take_up_journal_commands(self) -> None:
-        """Once the site time is known and the agent commands: the journal's open commands (once)."""
+        """Once the site time is known and the agent commands: the journal's open commands (once):
+        expired ones are closed (never sent again), the others are sent again."""
         now = self.clock.now()
         if self._journal_resumed or now is None:
             return
         self._journal_resumed = True
-        self._resume_commands(now)
-
-    # ================================================================================================
-    # journal: resume
-    # ================================================================================================
-    def _load_journal(self) -> None:
-        j = self.journal
-        last = j.last_decision()
-        if last is not None:
-            self.controller.resume_cycle(last[0])
-        cards, r_th, leak = j.load_calibration()
-        if cards.size:
-            self.controller.load_calibration(cards, r_th, leak)
-        raw = j.get_meta("jobs")
-        if raw:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                self._restore_jobs(json.loads(raw))
-        log.info(
-            "journal opened",
-            extra={
-                "fields": {
-                    "path": j.path,
-                    "decisions": j.decision_count(),
-                    "calibrated_cards": int(cards.size),
-                    "jobs": len(self.state.jobs),
-                }
-            },
-        )
-
-    def _restore_jobs(self, doc: dict[str, Any]) -> None:
-        events: list[JobEvent] = []
-        for item in (*doc.get("queue", []), *doc.get("running", [])):
-            spec = JobSpec(**item["spec"])
-            events.append(JobEvent(0.0, spec.job_id, "submitted", Phase.WAITING, job=spec))
-        for item in doc.get("running", []):
-            jid = item["spec"]["job_id"]
-            events.append(JobEvent(0.0, jid, "started", Phase(item["phase"]), cards=tuple(item["cards"])))
-            events.append(JobEvent(0.0, jid, "phase", Phase(item["phase"])))
-        self.state.apply_events(events)
-
-    def _save_jobs(self, snap: StateSnapshot) -> None:
-        def spec_of(info: Any) -> dict[str, Any] | None:
-            return asdict(info.spec) if info.spec is not None else None
-
-        doc = {
-            "running": [
-                {"spec": spec_of(j), "cards": list(j.cards), "phase": int(j.phase)} for j in snap.jobs if j.spec
-            ],
-            "queue": [{"spec": spec_of(q)} for q in snap.queue if q.spec],
-        }
-        raw = json.dumps(doc, separators=(",", ":"))
-        digest = hashlib.sha1(raw.encode()).hexdigest()
-        if digest != self._jobs_hash:
-            self.journal.set_meta("jobs", raw)
-            self._jobs_hash = digest
-
-    def _resume_commands(self, now_s: float) -> None:
-        """Commands still open in the journal: expired ones are closed (never sent again), the
-        others are sent again."""
-        self.expired_on_resume = self.journal.expire(now_s)
-        rows = [
-            (c.command_id, c.target, c.topic, c.payload, c.issued_s, c.expires_s, c.attempts)
-            for c in self.journal.unacked(now_s)
-        ]
-        opened = self.book.resume(rows)
+        opened, self.expired_on_resume = open_commands_to_resume(self.journal, self.book, now)
         self.resumed_commands = len(opened)
         self.publisher.submit(opened)
-        if rows or self.expired_on_resume:
-            log.info(
-                "resumed open commands from the journal",
-                extra={"fields": {"resent": len(opened), "expired_not_resent": self.expired_on_resume}},
-            )
 
     # ================================================================================================
     # ingest
@@ -734,7 +521,7 @@ class AgentService:
             try:
                 if self._take_message(m.topic, m.payload, m.retain) and self.bus.pending() == 0:
                     self._flush()
-                    self._journal_acks()
+                    self.journal_acks.write()
             except Exception:  # a defect: this message is lost, not the agent (see the module docstring)
                 self._message_failed(m.topic)
 
@@ -761,7 +548,7 @@ class AgentService:
             return False
         if isinstance(msg, (wire.AgentStatus, *_COMMAND_TYPES)):  # other agents (their stamps: not the clock's)
             if isinstance(msg, wire.AgentStatus):
-                self._on_agent_status(msg, retain)
+                self.standby.on_status(msg, retain)
             else:
                 self._on_command_seen(msg)
             self.metrics.messages_total.labels(kind=wire.kind_of(msg).value).inc()
@@ -817,13 +604,11 @@ class AgentService:
                 del self._ack_keys[next(iter(self._ack_keys))]
         now = self.clock.now()
         oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
-        self._acks_to_journal.append((str(ack.command_id), ack.ts_s, ack.result.value, ack.reason))
-        if len(self._acks_to_journal) >= _ACK_BATCH:  # a burst that does not end (a flood): write as it comes
-            self._journal_acks()
+        self.journal_acks.add(ack)
         if oc is None and self.book.acked_before(str(ack.command_id)):
             self.metrics.repeated_acks_total.inc()
             return  # a copy sent again answered again (journaled, counted once)
-        if oc is None and not self._journal_knows(str(ack.command_id)):
+        if oc is None and not knows_command(self.journal, str(ack.command_id)):
             self.metrics.foreign_acks_total.inc()
             return  # another agent's command, or a forged ack
         self.metrics.commands_total.labels(result=ack.result.value).inc()
@@ -833,35 +618,6 @@ class AgentService:
                 ack.result.value,
                 extra={"fields": {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}},
             )
-
-    def _journal_knows(self, command_id: str) -> bool:
-        try:
-            return self.journal.command(command_id) is not None
-        except JournalError:
-            return False
-
-    def _journal_acks(self, *, now_or_never: bool = False) -> None:
-        """Write the acks received since the last write in one transaction (the ingest task calls
-        this when it has taken in what the client received: one write per burst, not one per ack).
-        After a failed write (a full disk, another process holding the lock for longer than the
-        busy timeout) the acks are kept and tried again after ``_ACK_RETRY_S``, so that each burst
-        does not wait for the lock again; ``now_or_never`` (at shutdown) tries at once."""
-        if not self._acks_to_journal or (not now_or_never and time.monotonic() < self._acks_retry_wall):
-            return
-        try:
-            self.journal.record_acks(self._acks_to_journal)
-        except JournalError as exc:
-            if self._ack_journal_error is None:
-                log.error("journal write failed: acks not recorded", extra={"fields": {"error": str(exc)}})
-            self._ack_journal_error = str(exc)
-            self._acks_retry_wall = time.monotonic() + _ACK_RETRY_S
-            if len(self._acks_to_journal) > _ACKS_KEPT:
-                del self._acks_to_journal[: len(self._acks_to_journal) - _ACKS_KEPT]  # the oldest go
-            return
-        if self._ack_journal_error is not None:
-            log.info("journal written again: acks recorded")
-        self._ack_journal_error = None
-        self._acks_to_journal = []
 
     def _on_sent(self, oc: OpenCommand, retry: bool) -> None:
         self.metrics.commands_total.labels(result="retried" if retry else "sent").inc()
@@ -961,8 +717,16 @@ class AgentService:
             await wait_event(self._stop, 0.02)
         now = self.clock.now()
         assert now is not None
-        self._check_other_agents()  # takes up the journal's open commands when this agent commands
-        now = await self._await_first_round(now)
+        self.standby.check()  # takes up the journal's open commands when this agent commands
+        now = await await_first_round(
+            now,
+            clock=self.clock,
+            state=self.state,
+            period_s=cfg.period_s,
+            telemetry_deadline_s=cfg.telemetry_deadline_s,
+            stop=self._stop,
+            pending=self.bus.pending,
+        )
         next_t = now
         last_cycle = -math.inf
         while not self._stop.is_set():
@@ -1012,44 +776,6 @@ class AgentService:
             # late solve's end, telemetry, acks, HTTP, the stop).
             await asyncio.sleep(0)
 
-    async def _await_first_round(self, start_s: float) -> float:
-        """Hold the first decision until every rack has reported (cards, loop and PDU, fresh) or one
-        period of site time has passed; return the site time it is made at. Deciding on the first
-        message alone would put every rack not heard from yet at fail-safe caps for a period (a site
-        throttled at each agent restart) and treat the cards of jobs not yet announced as idle.
-        The period counts on the clock's current timeline: when the clock jumps or steps to another one
-        (a restarted agent's persistent session first delivers the acks and job events queued while
-        it was away, stamped behind the telemetry that follows), it starts again from there, and while
-        such a jump waits for its confirmation (``SiteClock.jump_pending``, for at most
-        ``_FIRST_ROUND_JUMP_WAIT_S`` wall seconds) the period does not end. It used to end on the old
-        timeline or at once on the jump, with every rack not heard from on the new one at fail-safe caps."""
-        period_s = self.config.control.period_s
-        end_s = start_s + period_s
-        timeline = (self.clock.jumps, self.clock.corrections)
-        jump_wait_end = time.monotonic() + _FIRST_ROUND_JUMP_WAIT_S
-        while not self._stop.is_set():
-            now = self.clock.now()
-            if now is None:  # not before the first message (the control task waits for it)
-                return start_s
-            if (self.clock.jumps, self.clock.corrections) != timeline:
-                timeline = (self.clock.jumps, self.clock.corrections)
-                end_s = now + period_s
-            jumping = self.clock.jump_pending and time.monotonic() < jump_wait_end
-            fresh = self.state.rack_last_seen_s() >= now - self.config.control.telemetry_deadline_s
-            if (now >= end_s and not jumping) or bool(np.all(fresh)):
-                await self._drain_inbox()
-                return self.clock.now() or now
-            await wait_event(self._stop, max(0.005, min(0.05, self.clock.wall_seconds(end_s - now))))
-        return self.clock.now() or start_s
-
-    async def _drain_inbox(self, max_wall_s: float = 0.2) -> None:
-        """Let the ingest task take in what the client has already received (job events that came
-        in one burst with the telemetry), for at most ``max_wall_s``: the first decision must not see
-        a job submitted and not yet started that its next message says is running."""
-        deadline = time.monotonic() + max_wall_s
-        while self.bus.pending() > 0 and time.monotonic() < deadline and not self._stop.is_set():
-            await asyncio.sleep(0.005)
-
     async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
         snap = self.state.snapshot()
@@ -1084,7 +810,7 @@ class AgentService:
         self.last_decision = decision
         self.decisions += 1
         await self._act(decision, snap, now, trigger_wall, trigger_kind)
-        self._update_decision_metrics(decision)
+        self.metric_updates.after_decision(decision)
 
     async def _act(self, decision: Decision, snap: StateSnapshot, now: float, trigger_wall: float, kind: str) -> None:
         enforce = self.commanding()
@@ -1102,7 +828,7 @@ class AgentService:
                 summary,
                 new_commands(commands),
             )
-            self._save_jobs(snap)
+            self.jobs_record.save(snap)
             self._journal_error = None
         except JournalError as exc:
             # nothing is acted on that is not journaled first
@@ -1142,79 +868,16 @@ class AgentService:
                 }
             },
         )
-        self._log_failsafe_changes(decision, snap, now)
-
-    def _log_failsafe_changes(self, decision: Decision, snap: StateSnapshot, now: float) -> None:
-        """A warning when racks go to fail-safe caps (with why: silent for how long, never heard from,
-        a stuck sensor), an info line when they leave them: the decision line's ``failsafe`` list
-        alone did not say that anything changed, nor why."""
-        racks = frozenset(int(r) for r in decision.failsafe_racks)
-        entered, left = racks - self._failsafe_logged, self._failsafe_logged - racks
-        self._failsafe_logged = racks
-        names = self.site.rack_names
-        if entered:
-            last = np.asarray(snap.rack_last_seen_s, dtype=np.float64)
-            stuck = {int(r) for r in snap.stuck_racks}
-            stuck_card_racks = {int(c) // self.site.cards_per_rack for c in snap.stuck_cards}
-            why: dict[str, str] = {}
-            for r in sorted(entered):
-                if not last[r] >= now - self.config.control.telemetry_deadline_s:
-                    why[names[r]] = (
-                        f"no telemetry for {now - last[r]:.0f} s" if math.isfinite(last[r]) else "never reported"
-                    )
-                elif r in stuck:
-                    why[names[r]] = "its readings are frozen (stuck sensor)"
-                elif r in stuck_card_racks:
-                    why[names[r]] = "a stuck card sensor"
-                else:
-                    why[names[r]] = "within failsafe_hold_s of its last fault"
-            by_reason: dict[str, list[str]] = {}
-            for rack, reason in why.items():
-                by_reason.setdefault(reason, []).append(rack)
-            log.warning(
-                "fail-safe caps on %s",
-                "; ".join(f"{', '.join(rs)}: {reason}" for reason, rs in by_reason.items()),
-                extra={"fields": {"racks": list(why), "why": why, "cycle": decision.cycle}},
-            )
-        if left:
-            log.info(
-                "fail-safe caps lifted on %s (readings fresh again for failsafe_hold_s)",
-                ", ".join(names[r] for r in sorted(left)),
-                extra={"fields": {"racks": [names[r] for r in sorted(left)], "cycle": decision.cycle}},
-            )
+        self.failsafe_log.changes(decision, snap, now)
 
     # ================================================================================================
     # health and metrics
     # ================================================================================================
-    def _update_decision_metrics(self, d: Decision) -> None:
-        m = self.metrics
-        m.solve_seconds.observe(d.solve_time_s)
-        m.control_cycles_total.labels(source=d.source).inc()
-        m.supply_setpoint_celsius.set(d.supply_temp_c)
-        hosts_off = (
-            np.zeros(self.site.n_racks)
-            if d.host_off is None
-            else np.asarray(d.host_off, dtype=np.float64).reshape(self.site.n_racks, -1).sum(axis=1)
-        )
-        for r, name in enumerate(self.site.rack_names):
-            m.rack_failsafe.labels(rack=name).set(1 if r in d.failsafe_racks else 0)
-            m.rack_hosts_off.labels(rack=name).set(float(hosts_off[r]))
-            m.predicted_rack_power_watts.labels(rack=name).set(float(d.predicted_rack_power_w[r]))
-            m.rack_power_cap_watts.labels(rack=name).set(float(d.rack_cap_w[r]))
-            speed = 1.0 if d.rack_pump_speed_frac is None else float(d.rack_pump_speed_frac[r])
-            m.rack_pump_speed_ratio.labels(rack=name).set(speed)
-        m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
-        waiting = d.queue_wait_counts()
-        for kind in QUEUE_WAIT_KINDS:
-            m.queued_jobs.labels(wait=kind).set(waiting.get(kind, 0))
-        m.decision_status.labels(status=d.status).inc()
-        m.plans_total.labels(status=d.plan_status, source=d.source).inc()
-
     async def _health_task(self) -> None:
         failing: str | None = None  # the error of the last metrics update that failed
         while True:
             try:
-                self._update_health()
+                self.metric_updates.update()
             except Exception as exc:  # the metrics freeze, the service goes on: say so once per error
                 what = f"{type(exc).__name__}: {exc}"
                 if what != failing:
@@ -1224,108 +887,10 @@ class AgentService:
                 if failing is not None:
                     log.info("health metrics updated again")
                 failing = None
-            self._check_journal_file()
-            self._prune_journal()
-            self._check_other_agents()  # agents gone silent, retained statuses that stay unconfirmed
+            self.journal_upkeep.check_file()
+            self.journal_upkeep.prune()
+            self.standby.check()  # agents gone silent, retained statuses that stay unconfirmed
             await asyncio.sleep(_HEALTH_INTERVAL_S)
-
-    def _check_journal_file(self) -> None:
-        """Every few seconds: the journal's path still names the file the service has open. A removed
-        or replaced file is not recreated (what was journaled is gone or elsewhere): the error is
-        logged once and ``/readyz`` says so until the file is back."""
-        if time.monotonic() - self._journal_checked_wall < _JOURNAL_CHECK_INTERVAL_S:
-            return
-        self._journal_checked_wall = time.monotonic()
-        problem = self.journal.file_problem()
-        if problem is not None and self._journal_file_problem is None:
-            log.error(problem, extra={"fields": {"path": self.journal.path}})
-        elif problem is None and self._journal_file_problem is not None:
-            log.info("journal file is back", extra={"fields": {"path": self.journal.path}})
-        self._journal_file_problem = problem
-
-    def _prune_journal(self) -> None:
-        """Once an hour: delete decisions and closed commands older than ``journal.keep_days``."""
-        keep_days = self.config.journal.keep_days
-        if keep_days <= 0 or time.monotonic() - self._journal_pruned_wall < _JOURNAL_PRUNE_INTERVAL_S:
-            return
-        self._journal_pruned_wall = time.monotonic()
-        try:
-            decisions, commands, acks = self.journal.prune(time.time() - keep_days * 86_400.0, _JOURNAL_PRUNE_BATCH)
-        except JournalError as exc:
-            log.warning("journal prune failed: %s", exc)
-            return
-        if decisions >= _JOURNAL_PRUNE_BATCH:  # a backlog (a first prune of a long history): the rest soon
-            self._journal_pruned_wall = -math.inf
-        if decisions or commands:
-            log.info(
-                "journal pruned",
-                extra={"fields": {"decisions": decisions, "commands": commands, "acks": acks, "keep_days": keep_days}},
-            )
-
-    def _update_health(self) -> None:
-        m = self.metrics
-        site = self.site
-        m.broker_connected.set(1 if self.bus.connected else 0)
-        for reason, n in self.codec.counter.snapshot().items():
-            seen = self._seen_rejections.get(reason, 0)
-            if n > seen:
-                m.rejected_messages_total.labels(reason=reason).inc(n - seen)
-                self._seen_rejections[reason] = n
-        ahead, late = self.ingest.stats.ahead, self.state.late_count  # both only grow
-        m.messages_stamped_ahead_total.inc(max(ahead - self._seen_ignored[0], 0))
-        m.late_readings_total.inc(max(late - self._seen_ignored[1], 0))
-        self._seen_ignored = (ahead, late)
-        st = self.state
-        per_rack = st.invalid_count.reshape(site.n_racks, site.cards_per_rack).sum(axis=1)
-        invalid = np.asarray(per_rack + st.rack_invalid_count, dtype=np.float64)
-        for i in np.flatnonzero(invalid > self._seen_invalid).tolist():
-            m.invalid_readings_total.labels(rack=site.rack_names[i]).inc(float(invalid[i] - self._seen_invalid[i]))
-        self._seen_invalid = invalid
-        now = self.clock.now()
-        last = st.rack_last_seen_s()
-        for r, name in enumerate(site.rack_names):
-            if math.isfinite(st.rack_power_w[r]):
-                m.rack_power_watts.labels(rack=name).set(float(st.rack_power_w[r]))
-            m.rack_power_limit_watts.labels(rack=name).set(site.rack.power_limit_w)
-            if math.isfinite(st.rack_supply_temp_c[r]):
-                m.rack_supply_temperature_celsius.labels(rack=name).set(float(st.rack_supply_temp_c[r]))
-                m.rack_return_temperature_celsius.labels(rack=name).set(float(st.rack_return_temp_c[r]))
-            if now is not None and math.isfinite(last[r]):
-                m.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
-        die = np.where(np.isfinite(st.card_die_temp_c) & ~st.card_failed, st.card_die_temp_c, -np.inf)
-        rack_max = die.reshape(site.n_racks, site.cards_per_rack).max(axis=1)
-        for r, name in enumerate(site.rack_names):
-            if math.isfinite(rack_max[r]):
-                m.rack_max_die_temperature_celsius.labels(rack=name).set(float(rack_max[r]))
-        if m.per_card_temperatures:
-            if self._card_gauges is None:
-                cpr = site.cards_per_rack
-                names = site.rack_names
-                self._card_gauges = [
-                    m.card_die_temperature_celsius.labels(rack=names[c // cpr], card=str(c % cpr))
-                    for c in range(site.n_cards)
-                ]
-            gauges = self._card_gauges
-            for c in np.flatnonzero(np.isfinite(die)).tolist():
-                gauges[c].set(float(die[c]))
-        fac = st.facility
-        if fac is not None:
-            m.it_power_watts.set(fac.it_power_w)
-            m.facility_power_watts.set(fac.facility_power_w)
-            m.cooling_power_watts.set(fac.cooling_power_w)
-            if fac.it_power_w > 0:
-                m.pue_ratio.set(fac.facility_power_w / fac.it_power_w)
-            m.ambient_temperature_celsius.set(fac.ambient_temp_c)
-        m.anomalies.labels(kind="stuck_sensor").set(len(st.stuck_racks()) + len(st.stuck_cards()))
-        m.open_commands.set(len(self.book.open))
-        m.agent_standby.set(1 if self.mode == "enforce" and not self.commanding() else 0)
-        competing = self.others.competing(self._listening_wall()) if self.mode == "enforce" else []
-        m.competing_agents.set(len(competing))
-        takeovers = self.bus.stats.takeovers  # only grows
-        m.broker_takeovers_total.inc(max(takeovers - self._seen_takeovers, 0))
-        self._seen_takeovers = takeovers
-        m.site_time_seconds.set(now if now is not None else 0.0)
-        m.site_clock_rate.set(self.clock.rate)
 
     def readiness(self) -> list[str]:
         """Why the agent is not ready (empty: ready): broker, telemetry, journal."""
@@ -1343,26 +908,17 @@ class AgentService:
                 reasons.append(f"no fresh telemetry from {names}" + (" ..." if len(stale) > 16 else ""))
         if self._journal_error:
             reasons.append(f"journal: {self._journal_error}")
-        if self._ack_journal_error:
-            reasons.append(f"journal (acks): {self._ack_journal_error}")
+        if self.journal_acks.error:
+            reasons.append(f"journal (acks): {self.journal_acks.error}")
         if self._calibration_error:
             reasons.append(f"journal (calibration): {self._calibration_error}")
         if time.monotonic() - self.publisher.last_unconfirmed_wall < _UNCONFIRMED_READY_S:
             reasons.append(f"the broker is not acknowledging commands ({self.publisher.last_unconfirmed_error})")
         for what, err in self.publisher.journal_errors.items():
             reasons.append(f"journal (commands {what}): {err}")
-        if self._journal_file_problem:
-            reasons.append(self._journal_file_problem)
-        if self.standing_by_for is not None:
-            reasons.append(
-                f"standing by: {self.standing_by_for.name()} commands site {self.config.site_id}; this agent "
-                f"({self.instance.describe()}) sends no command until it is gone (stop one of them)"
-            )
-        elif self._unconfirmed is not None:
-            reasons.append(
-                f"not commanding yet: the retained status says {self._unconfirmed.name()} is online in enforce "
-                f"mode; waiting up to {PEER_PROOF_S:.0f} s for a sign of life from it"
-            )
+        if self.journal_upkeep.file_problem:
+            reasons.append(self.journal_upkeep.file_problem)
+        reasons.extend(self.standby.readiness())
         contested = self.bus.contested()
         if contested is not None:
             reasons.append(contested)

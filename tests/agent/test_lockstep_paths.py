@@ -191,7 +191,7 @@ class _ServicePath:
         for o in outs:
             self.svc._take_message(o.topic, o.payload, o.retain)
         self.svc._flush()
-        self.svc._journal_acks()
+        self.svc.journal_acks.write()
 
     def _apply(self, commands: list[tuple[str, bytes]]) -> None:
         """Commands to the simulator's handler, its answers (acks, applied state) back to the service."""

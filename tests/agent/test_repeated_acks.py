@@ -51,4 +51,4 @@ def test_a_repeated_ack_is_counted_apart_and_not_logged_again(tmp_path: Path, ca
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == ["command expired"]
     assert service.acks_received == 2  # two ack messages (the second delivery is not a third)
     # every ack goes to the journal, which counts the command once (tests/agent/test_journal_report.py)
-    assert [a[0] for a in service._acks_to_journal] == [str(cid)] * 3
+    assert [a[0] for a in service.journal_acks.pending] == [str(cid)] * 3

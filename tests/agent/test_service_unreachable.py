@@ -56,7 +56,7 @@ async def test_a_failing_metrics_update_is_logged_once_and_the_service_goes_on(
     loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
     options = MqttOptions(port=free_port(), reconnect_min_s=0.05, reconnect_max_s=0.2, connect_timeout_s=1.0)
     service = AgentService(loaded, mqtt=options, http=False)
-    update = service._update_health
+    update = service.metric_updates.update
     calls = [0]
 
     def failing_update() -> None:
@@ -65,7 +65,7 @@ async def test_a_failing_metrics_update_is_logged_once_and_the_service_goes_on(
             raise ValueError("a gauge's labels do not match")
         update()
 
-    monkeypatch.setattr(service, "_update_health", failing_update)
+    monkeypatch.setattr(service.metric_updates, "update", failing_update)
     monkeypatch.setattr("agent.service._HEALTH_INTERVAL_S", 0.05)
     task = asyncio.create_task(service.run())
     for _ in range(200):

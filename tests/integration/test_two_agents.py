@@ -134,7 +134,7 @@ async def test_a_standby_cut_off_from_the_broker_goes_on_standing_by(
     status, /readyz and racktwin_agent_standby said it commanded), and went back to the shared client
     id, so that its reconnection took A's session from A (A's connection closed, its will published)."""
     monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
-    monkeypatch.setattr("agent.service.STATUS_EVERY_S", 0.5)
+    monkeypatch.setattr("agent.status.STATUS_EVERY_S", 0.5)
     cfg_a, cfg_b = write_config(tmp_path / "a"), write_config(tmp_path / "b")
     scenario = two_jobs(tmp_path / "a" / "site.toml", submit_b_s=150.0)
     link = CuttableLink(mosquitto.port)
@@ -198,7 +198,7 @@ async def test_an_agent_that_took_over_from_a_silent_one_is_not_held_back_by_its
     longer than the silence) are no sign that A lives now. They used to be: B stood by again for
     another silence, and the site went without an agent twice as long."""
     monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
-    monkeypatch.setattr("agent.service.STATUS_EVERY_S", 0.5)
+    monkeypatch.setattr("agent.status.STATUS_EVERY_S", 0.5)
     cfg_a, cfg_b = write_config(tmp_path / "a", ttl_s=300.0), write_config(tmp_path / "b", ttl_s=300.0)
     scenario = two_jobs(tmp_path / "a" / "site.toml", submit_b_s=20.0)
     link = CuttableLink(mosquitto.port)

@@ -1,0 +1,149 @@
+"""The service's metrics (``agent.metrics.AgentMetrics``) brought up to date: the site's state, the
+broker link, rejections and counts every second (:meth:`MetricUpdates.update`, the health task),
+and each decision's plan (:meth:`MetricUpdates.after_decision`).
+
+The counters the service's parts keep only grow; what was counted into the metrics so far is kept
+here, so that each update adds the difference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from agent import wire
+from agent.bus import Bus
+from agent.clock import SiteClock
+from agent.decision import QUEUE_WAIT_KINDS, Decision
+from agent.ingest import Ingest
+from agent.metrics import AgentMetrics
+from agent.publish import CommandBook
+from agent.standby import Standby
+from twin.spec import SiteSpec
+from twin.state import TwinState
+
+__all__ = ["MetricUpdates"]
+
+
+class MetricUpdates:
+    """Reads what it exports: the belief (``state``), ``clock``, the codec's rejections, the ingest's
+    counts, the ``bus``'s link, the open commands of ``book`` and whether ``standby`` commands."""
+
+    def __init__(
+        self,
+        metrics: AgentMetrics,
+        site: SiteSpec,
+        *,
+        state: TwinState,
+        clock: SiteClock,
+        codec: wire.Codec,
+        ingest: Ingest,
+        bus: Bus,
+        book: CommandBook,
+        standby: Standby,
+    ) -> None:
+        self.metrics = metrics
+        self.site = site
+        self.state = state
+        self.clock = clock
+        self.codec = codec
+        self.ingest = ingest
+        self.bus = bus
+        self.book = book
+        self.standby = standby
+        self._card_gauges: list[Any] | None = None
+        self._seen_rejections: dict[str, int] = {}
+        self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
+        self._seen_invalid = np.zeros(site.n_racks)  # readings refused per rack, counted so far
+        self._seen_takeovers = 0
+
+    def after_decision(self, d: Decision) -> None:
+        m = self.metrics
+        m.solve_seconds.observe(d.solve_time_s)
+        m.control_cycles_total.labels(source=d.source).inc()
+        m.supply_setpoint_celsius.set(d.supply_temp_c)
+        hosts_off = (
+            np.zeros(self.site.n_racks)
+            if d.host_off is None
+            else np.asarray(d.host_off, dtype=np.float64).reshape(self.site.n_racks, -1).sum(axis=1)
+        )
+        for r, name in enumerate(self.site.rack_names):
+            m.rack_failsafe.labels(rack=name).set(1 if r in d.failsafe_racks else 0)
+            m.rack_hosts_off.labels(rack=name).set(float(hosts_off[r]))
+            m.predicted_rack_power_watts.labels(rack=name).set(float(d.predicted_rack_power_w[r]))
+            m.rack_power_cap_watts.labels(rack=name).set(float(d.rack_cap_w[r]))
+            speed = 1.0 if d.rack_pump_speed_frac is None else float(d.rack_pump_speed_frac[r])
+            m.rack_pump_speed_ratio.labels(rack=name).set(speed)
+        m.predicted_facility_power_watts.set(d.predicted_facility_power_w)
+        waiting = d.queue_wait_counts()
+        for kind in QUEUE_WAIT_KINDS:
+            m.queued_jobs.labels(wait=kind).set(waiting.get(kind, 0))
+        m.decision_status.labels(status=d.status).inc()
+        m.plans_total.labels(status=d.plan_status, source=d.source).inc()
+
+    def update(self) -> None:
+        m = self.metrics
+        site = self.site
+        m.broker_connected.set(1 if self.bus.connected else 0)
+        for reason, n in self.codec.counter.snapshot().items():
+            seen = self._seen_rejections.get(reason, 0)
+            if n > seen:
+                m.rejected_messages_total.labels(reason=reason).inc(n - seen)
+                self._seen_rejections[reason] = n
+        ahead, late = self.ingest.stats.ahead, self.state.late_count  # both only grow
+        m.messages_stamped_ahead_total.inc(max(ahead - self._seen_ignored[0], 0))
+        m.late_readings_total.inc(max(late - self._seen_ignored[1], 0))
+        self._seen_ignored = (ahead, late)
+        st = self.state
+        per_rack = st.invalid_count.reshape(site.n_racks, site.cards_per_rack).sum(axis=1)
+        invalid = np.asarray(per_rack + st.rack_invalid_count, dtype=np.float64)
+        for i in np.flatnonzero(invalid > self._seen_invalid).tolist():
+            m.invalid_readings_total.labels(rack=site.rack_names[i]).inc(float(invalid[i] - self._seen_invalid[i]))
+        self._seen_invalid = invalid
+        now = self.clock.now()
+        last = st.rack_last_seen_s()
+        for r, name in enumerate(site.rack_names):
+            if math.isfinite(st.rack_power_w[r]):
+                m.rack_power_watts.labels(rack=name).set(float(st.rack_power_w[r]))
+            m.rack_power_limit_watts.labels(rack=name).set(site.rack.power_limit_w)
+            if math.isfinite(st.rack_supply_temp_c[r]):
+                m.rack_supply_temperature_celsius.labels(rack=name).set(float(st.rack_supply_temp_c[r]))
+                m.rack_return_temperature_celsius.labels(rack=name).set(float(st.rack_return_temp_c[r]))
+            if now is not None and math.isfinite(last[r]):
+                m.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
+        die = np.where(np.isfinite(st.card_die_temp_c) & ~st.card_failed, st.card_die_temp_c, -np.inf)
+        rack_max = die.reshape(site.n_racks, site.cards_per_rack).max(axis=1)
+        for r, name in enumerate(site.rack_names):
+            if math.isfinite(rack_max[r]):
+                m.rack_max_die_temperature_celsius.labels(rack=name).set(float(rack_max[r]))
+        if m.per_card_temperatures:
+            if self._card_gauges is None:
+                cpr = site.cards_per_rack
+                names = site.rack_names
+                self._card_gauges = [
+                    m.card_die_temperature_celsius.labels(rack=names[c // cpr], card=str(c % cpr))
+                    for c in range(site.n_cards)
+                ]
+            gauges = self._card_gauges
+            for c in np.flatnonzero(np.isfinite(die)).tolist():
+                gauges[c].set(float(die[c]))
+        fac = st.facility
+        if fac is not None:
+            m.it_power_watts.set(fac.it_power_w)
+            m.facility_power_watts.set(fac.facility_power_w)
+            m.cooling_power_watts.set(fac.cooling_power_w)
+            if fac.it_power_w > 0:
+                m.pue_ratio.set(fac.facility_power_w / fac.it_power_w)
+            m.ambient_temperature_celsius.set(fac.ambient_temp_c)
+        m.anomalies.labels(kind="stuck_sensor").set(len(st.stuck_racks()) + len(st.stuck_cards()))
+        m.open_commands.set(len(self.book.open))
+        standby = self.standby
+        m.agent_standby.set(1 if standby.mode == "enforce" and not standby.commanding() else 0)
+        m.competing_agents.set(len(standby.competing()))
+        takeovers = self.bus.stats.takeovers  # only grows
+        m.broker_takeovers_total.inc(max(takeovers - self._seen_takeovers, 0))
+        self._seen_takeovers = takeovers
+        m.site_time_seconds.set(now if now is not None else 0.0)
+        m.site_clock_rate.set(self.clock.rate)
