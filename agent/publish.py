@@ -524,7 +524,7 @@ class CommandBook:
             if old is None or old is newer:
                 continue
             del self.open[old.command_id]
-            self._clear(old)
+            self.forget(old)
             old.superseded_by = newer.command_id
             self.superseded.append(old)
 
@@ -566,7 +566,7 @@ class CommandBook:
         oc.acked = True
         self._by_key.pop(oc.key, None)
         if ack.result is not wire.AckResult.APPLIED:
-            self._clear(oc)
+            self.forget(oc)
             held = wire.reason_code(ack.reason) != wire.AckReason.SUPERSEDED  # the rack holds a newer one
             if ack.result is wire.AckResult.REJECTED and oc.kind >= 0 and held:
                 mine = oc.cards
@@ -605,9 +605,9 @@ class CommandBook:
             if keys.size:
                 self._backoff[kind, held[kind] & np.isin(self._refused_key[kind], keys)] = -math.inf
 
-    def _clear(self, oc: OpenCommand) -> None:
+    def forget(self, oc: OpenCommand) -> None:
         """Forget what a closed command would have set (what it alone set: not what a newer command
-        set since)."""
+        set since). The caller has taken it out of :attr:`open` (expired, abandoned, not journaled)."""
         if self._by_key.get(oc.key) is oc:
             del self._by_key[oc.key]
         if oc.kind >= 0 and oc.cards.size:
@@ -628,7 +628,7 @@ class CommandBook:
         gone = [oc for oc in self.open.values() if oc.expires_s <= now_s]
         for oc in gone:
             del self.open[oc.command_id]
-            self._clear(oc)
+            self.forget(oc)
         return gone
 
     # ---- advisory mode ----------------------------------------------------------------------------
@@ -847,7 +847,7 @@ class Publisher:
                 continue
             if oc.attempts > self.control.command_retries and not resend_all:
                 self.book.open.pop(oc.command_id, None)
-                self.book._clear(oc)
+                self.book.forget(oc)
                 self._journal_write("abandoned", functools.partial(self.journal.abandon, [oc.command_id]))
                 self.stats.abandoned += 1
                 self._no_ack(oc, now)

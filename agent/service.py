@@ -491,7 +491,7 @@ class AgentService:
         dropped = list(self.book.open.values())
         for oc in dropped:
             self.book.open.pop(oc.command_id, None)
-            self.book._clear(oc)
+            self.book.forget(oc)
             self._first_send.pop(oc.command_id, None)  # never sent now: no latency to observe
             self.metrics.commands_total.labels(result="abandoned").inc()
         if not dropped:
@@ -836,7 +836,7 @@ class AgentService:
             log.error("journal write failed: nothing sent this cycle", extra={"fields": {"error": str(exc)}})
             for oc in commands:
                 self.book.open.pop(oc.command_id, None)
-                self.book._clear(oc)
+                self.book.forget(oc)
             return
         if enforce:
             if commands:

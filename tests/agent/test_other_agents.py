@@ -1,4 +1,4 @@
-"""The rule by which an agent leaves a site to another (``agent.service.OtherAgents``), on statuses and
+"""The rule by which an agent leaves a site to another (``agent.other_agents.OtherAgents``), on statuses and
 commands as the broker delivers them. The service around it is tested over mosquitto in
 tests/integration/test_agent_service.py."""
 
