@@ -7,12 +7,10 @@ stale data, and never raises a level faster than its rate limit."""
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 import numpy.typing as npt
 import pytest
-from agent_helpers import belief, job, small_site
+from guard_helpers import scene
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,29 +20,16 @@ from agent.guard import Guard
 from agent.load import die_offsets_k, site_load, spec_r_total_k_per_w
 from agent.pumps import offset_at_speed, r_at_speed
 from twin.power import PowerModel
-from twin.readings import JobEvent
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 from twin.steady import card_steady_power_w
-from twin.workload import Phase, compute_utilization
+from twin.workload import compute_utilization
 
 pytestmark = pytest.mark.agent
 
 FloatArray = npt.NDArray[np.float64]
 
 CFG = ControlConfig(period_s=10.0, max_level_raise_per_period=3, max_setpoint_step_k=5.0)
-
-
-@cache
-def scene() -> tuple[SiteSpec, StateSnapshot]:
-    """2 racks of 16 cards: two running jobs, one queued, idle cards; some cards computing."""
-    site = small_site()
-    jobs = [job("a", 8, share=0.97), job("b", 12, share=0.9, priority=2.0), job("q", 4)]
-    _plant, state = belief(site, jobs[:2], 90)
-    # "q" is queued (the belief's plant never saw it, so nothing placed it)
-    state.apply_events([JobEvent(time_s=90.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=jobs[2])])
-    snap = state.snapshot()
-    return site, snap
 
 
 def judge(site: SiteSpec, snap: StateSnapshot, ctx: StepContext, d: Decision) -> tuple[FloatArray, FloatArray]:

@@ -1,0 +1,88 @@
+"""The guard's test scene and plain builders of its inputs (no fixtures)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+from agent_helpers import belief, job, small_site
+
+from agent.decision import Decision, StepContext
+from agent.load import spec_r_total_k_per_w
+from twin.readings import JobEvent
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
+from twin.workload import Phase
+
+
+@cache
+def scene() -> tuple[SiteSpec, StateSnapshot]:
+    """2 racks of 16 cards: job "a" (priority 1) on cards 0-7, job "b" (priority 2) on cards 8-19,
+    "q" (4 cards) queued, cards 20-31 idle and awake; every card at level 0 and 700 W."""
+    site = small_site()
+    jobs = [job("a", 8, share=0.97), job("b", 12, share=0.9, priority=2.0), job("q", 4)]
+    _plant, state = belief(site, jobs[:2], 90)
+    # "q" is queued (the belief's plant never saw it, so nothing placed it)
+    state.apply_events([JobEvent(time_s=90.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=jobs[2])])
+    snap = state.snapshot()
+    return site, snap
+
+
+def step_context(site: SiteSpec, **changes: Any) -> StepContext:
+    """Every rack seen and fresh at a 30 deg C supply (its set-point), pumps at full speed, no
+    measured offsets or extra power, at t = 100 s; ``changes`` replace fields."""
+    n = site.n_cards
+    fields: dict[str, Any] = dict(
+        now_s=100.0,
+        cycle=1,
+        stale_racks=(),
+        stuck_racks=(),
+        stuck_cards=(),
+        blind_racks=(),
+        failsafe_racks=(),
+        setpoint_c=30.0,
+        ambient_c=25.0,
+        card_inlet_c=np.full(n, 30.0),
+        r_total_k_per_w=spec_r_total_k_per_w(site),
+        die_offset_k=np.zeros(n),
+        rack_extra_w=np.zeros(site.n_racks),
+        rack_flow_full_lpm=np.full(site.n_racks, site.loop_flow_per_rack_lpm()),
+        rack_pump_speed_frac=np.ones(site.n_racks),
+        choose_setpoint=False,
+        solver_time_limit_s=1.0,
+    )
+    fields.update(changes)
+    return StepContext(**fields)
+
+
+def proposal(site: SiteSpec, level: Any = 0, **changes: Any) -> Decision:
+    """A plan with every card at ``level`` (a number or one per card), awake, at the card's largest
+    power limit, the set-point at 30 deg C, no placements; ``changes`` replace fields."""
+    n = site.n_cards
+    nan_r = np.full(site.n_racks, np.nan)
+    fields: dict[str, Any] = dict(
+        cycle=1,
+        time_s=100.0,
+        card_level=np.broadcast_to(np.asarray(level, dtype=np.int64), (n,)).copy(),
+        card_low_power=np.zeros(n, dtype=bool),
+        card_power_limit_w=np.full(n, site.card.power_limit_w),
+        card_failed=np.zeros(n, dtype=bool),
+        card_busy=np.zeros(n, dtype=bool),
+        supply_temp_c=30.0,
+        placements=(),
+        status="optimal",
+        plan_status="optimal",
+        source="milp",
+        solve_time_s=0.0,
+        failsafe_racks=(),
+        rack_cap_w=nan_r,
+        predicted_rack_power_w=nan_r,
+        budget_rack_power_w=nan_r,
+        predicted_rack_max_die_c=nan_r,
+        predicted_it_power_w=0.0,
+        predicted_facility_power_w=0.0,
+        predicted_pue=1.0,
+    )
+    fields.update(changes)
+    return Decision(**fields)

@@ -1,0 +1,148 @@
+"""The guard's rules one at a time, on the scene of tests/agent/guard_helpers.py (rack r0: job "a",
+priority 1, on cards 0-7 and job "b", priority 2, on cards 8-15; rack r1: "b" on cards 16-19 and idle
+cards 20-31; "q" queued for 4 cards). Rack limit 12.5 kW, margin 1 kW: 11.5 kW for cards and 2.2 kW
+of hosts; die limit 87 - 2 = 85 deg C; 0.053 K/W from die to inlet. The values below are the twin's
+steady powers at a 30 deg C inlet (``Guard._power_table``): per card of "a" 650, 574, 503 W at levels
+0-2; of "b" 618 W at level 0 and 302 W at level 7; an idle card 81 W awake, 49 W asleep. The property
+test (test_guard_properties.py) covers random plans; these pin what it cannot reach."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from guard_helpers import proposal, scene, step_context
+
+from agent.config import ControlConfig
+from agent.decision import PlacementOrder
+from agent.guard import Guard
+
+pytestmark = pytest.mark.agent
+
+CFG = ControlConfig(period_s=10.0, max_level_raise_per_period=3, max_setpoint_step_k=5.0)
+
+
+def test_a_level_rises_toward_faster_clocks_by_at_most_the_rate_limit() -> None:
+    site, snap = scene()
+    at_slowest = dataclasses.replace(snap, card_level=np.full(site.n_cards, 7))
+    d = Guard(site, CFG).review(proposal(site, 0), at_slowest, step_context(site))
+    # 7 - 3 = 4, the caps allow it (r0 about 8.2 kW of its 11.5 kW)
+    assert d.card_level.tolist() == [4] * site.n_cards
+    assert "guard: level raises limited to 3 per decision" in d.explanation
+
+
+def test_every_card_of_a_job_gets_the_slowest_level_proposed_for_any_of_them() -> None:
+    site, snap = scene()
+    level = np.zeros(site.n_cards, dtype=np.int64)
+    level[7] = 5  # one card of "a"
+    d = Guard(site, CFG).review(proposal(site, level), snap, step_context(site))
+    assert d.card_level[:8].tolist() == [5] * 8
+    assert d.job_levels == {"a": 5, "b": 0}
+
+
+def test_an_idle_card_keeps_a_low_power_state_that_changed_less_than_the_hold_ago() -> None:
+    site, snap = scene()
+    hold = CFG.low_power_hold_s  # 60 s
+    guard = Guard(site, CFG)
+    guard.review(proposal(site), snap, step_context(site, now_s=100.0))
+    lp = snap.card_low_power.copy()
+    lp[25] = True  # telemetry shows card 25 asleep at t = 110
+    asleep = dataclasses.replace(snap, card_low_power=lp)
+    guard.review(proposal(site, card_low_power=lp), asleep, step_context(site, now_s=110.0))
+    wake_25_sleep_26 = np.zeros(site.n_cards, dtype=bool)
+    wake_25_sleep_26[26] = True
+    d = guard.review(
+        proposal(site, card_low_power=wake_25_sleep_26), asleep, step_context(site, now_s=110.0 + hold - 1.0)
+    )
+    assert d.card_low_power[25]  # changed 59 s ago: held asleep
+    assert d.card_low_power[26]  # never changed: free to sleep
+    d = guard.review(
+        proposal(site, card_low_power=wake_25_sleep_26), asleep, step_context(site, now_s=110.0 + hold + 1.0)
+    )
+    assert not d.card_low_power[25]
+
+
+@pytest.mark.parametrize(
+    ("cards", "kept"),
+    [
+        ((28, 29, 30, 31), True),
+        ((29, 30, 31), False),  # "q" asks for 4 cards
+        ((28, 29, 30, 31, 27), False),
+        ((24, 25, 26, 27), False),  # card 25's sensor is stuck: its state is not seen
+        ((16, 28, 29, 30), False),  # card 16 runs "b"
+    ],
+)
+def test_a_placement_is_kept_only_on_as_many_free_seen_cards_as_its_job_asks(
+    cards: tuple[int, ...], kept: bool
+) -> None:
+    site, snap = scene()
+    ctx = step_context(site, stuck_cards=(25,), failsafe_racks=(1,))
+    d = Guard(site, CFG).review(proposal(site, placements=(PlacementOrder("q", cards),)), snap, ctx)
+    if kept:
+        assert d.placements == (PlacementOrder("q", cards),)
+        assert "q" not in d.queue_waits
+    else:
+        assert d.placements == ()
+        assert d.queue_waits["q"].kind == "placement_dropped"
+
+
+def test_idle_cards_asleep_on_a_rack_the_agent_cannot_see_are_not_woken() -> None:
+    site, snap = scene()
+    lp = snap.card_low_power.copy()
+    lp[24:28] = True
+    asleep = dataclasses.replace(snap, card_low_power=lp)
+    awake = proposal(site)  # wakes them
+    seen = Guard(site, CFG).review(awake, asleep, step_context(site))
+    assert not seen.card_low_power[24:28].any()
+    blind = step_context(site, stale_racks=(1,), blind_racks=(1,), failsafe_racks=(1,))
+    d = Guard(site, CFG).review(awake, asleep, blind)
+    assert d.card_low_power[24:28].all()
+    assert not d.card_low_power[20:24].any() and not d.card_low_power[28:].any()  # awake as they were
+
+
+def test_a_rack_over_its_cap_slows_the_job_that_gives_up_the_least_value_per_watt_saved() -> None:
+    site, snap = scene()
+    d = Guard(site, CFG).review(proposal(site, 0), snap, step_context(site))
+    # r0 at level 0: 8 x 650 + 8 x 618 + 2200 = 12345 W > 11500 W. "a" (priority 1) loses half the
+    # value per watt of "b" (priority 2): at level 1 r0 still draws 8 x 574 + 4942 + 2200 = 11732 W,
+    # at level 2 8 x 503 + 4942 + 2200 = 11168 W
+    assert d.job_levels == {"a": 2, "b": 0}
+    assert d.card_power_limit_w.tolist() == [700.0] * site.n_cards
+    assert d.budget_rack_power_w[0] <= 11500.0
+
+
+def test_when_its_jobs_at_the_slowest_level_are_not_enough_a_racks_idle_cards_sleep_before_limits_are_cut() -> None:
+    site, snap = scene()
+    ctx = step_context(site, rack_extra_w=np.array([0.0, 7300.0]))
+    d = Guard(site, CFG).review(proposal(site, 0), snap, ctx)
+    # r1 has 11500 - 7300 = 4200 W for cards and hosts: "b" at the slowest level and 12 awake idle
+    # cards draw 4 x 302 + 12 x 81 + 2200 = 4380 W; with the idle cards asleep 4 x 302 + 12 x 49 + 2200
+    # = 3996 W. No power limit needs cutting
+    assert d.job_levels["b"] == 7
+    assert d.card_low_power[20:].all() and not d.card_low_power[:20].any()
+    assert d.card_power_limit_w.tolist() == [700.0] * site.n_cards
+    assert d.budget_rack_power_w[1] <= 11500.0
+    assert "guard: r1: 12 idle cards to low power for the cap" in d.explanation
+
+
+def test_a_die_over_its_limit_slows_its_job_to_the_first_level_under_it() -> None:
+    site, snap = scene()
+    inlet = np.full(site.n_cards, 30.0)
+    inlet[:16] = 52.0
+    d = Guard(site, CFG).review(proposal(site, 0), snap, step_context(site, card_inlet_c=inlet))
+    # at a 52 deg C inlet a card of "b" draws 628 W at level 0 (die 52 + 0.053 x 628 = 85.3 deg C, over
+    # 85) and 557 W at level 1 (81.5 deg C); "a" is at level 2 for r0's cap (as above)
+    assert d.job_levels == {"a": 2, "b": 1}
+    assert d.predicted_rack_max_die_c[0] <= 85.0
+
+
+def test_a_job_too_hot_at_its_slowest_level_gets_the_power_limit_its_die_allows() -> None:
+    site, snap = scene()
+    inlet = np.full(site.n_cards, 30.0)
+    inlet[:16] = 70.0
+    d = Guard(site, CFG).review(proposal(site, 0), snap, step_context(site, card_inlet_c=inlet))
+    assert d.job_levels == {"a": 7, "b": 7}
+    # (85 - 70) / 0.053 = 283.02 W, down to a whole watt; r1's cards run at 30 deg C, unlimited
+    assert d.card_power_limit_w[:16].tolist() == [283.0] * 16
+    assert d.card_power_limit_w[16:].tolist() == [700.0] * 16
