@@ -311,6 +311,35 @@ def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: t
     assert isinstance(back, wire.AgentAdvice) and back.pump_speeds == {"r2": 0.5}
 
 
+def test_a_refused_pump_renewal_is_sent_again_at_the_next_decision(scene: tuple[object, StateSnapshot]) -> None:
+    """A CDU returns its pump to full speed when no command renews the slowed speed: a renewal it
+    refused is not one, so the next decision renews again at once, not a whole ``pump_renew_s`` later."""
+    site, snap = scene
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0, pump_renew_s=20.0))  # type: ignore[arg-type]
+    applied = np.full(512, -1)
+    speed = np.ones(8)
+    speed[2] = 0.5
+    slowed = dataclasses.replace(snap, rack_pump_speed_frac=speed)  # r2 runs at 0.5 already
+    d = decision_like(slowed, rack_pump_speed_frac=speed)
+
+    def pumps(now_s: float) -> list[tuple[str, float]]:
+        msgs = [codec.decode(c.topic, c.payload) for c in book.commands(d, slowed, applied, now_s)]
+        return [(m.rack, m.pump_speed_frac) for m in msgs if isinstance(m, wire.CduCommand)]
+
+    assert pumps(NOW) == [("r2", 0.5)]  # never renewed by this book: due
+    (renewal,) = book.open.values()
+    refused = wire.Acknowledgement("r2", uuid.UUID(renewal.command_id), wire.AckResult.REJECTED, NOW, 0, "sim", "x")
+    book.on_ack(refused, NOW + 1.0)
+    assert pumps(NOW + 5.0) == [("r2", 0.5)]
+    book.on_ack(
+        wire.Acknowledgement("r2", uuid.UUID(next(iter(book.open))), wire.AckResult.APPLIED, NOW + 5.0, 0, "sim"),
+        NOW + 6.0,
+    )
+    assert pumps(NOW + 10.0) == []  # applied at NOW + 5: the next renewal is due at NOW + 25
+    assert pumps(NOW + 25.0) == [("r2", 0.5)]
+
+
 def test_host_power_is_commanded_by_whole_hosts_per_rack_and_not_twice(scene: tuple[object, StateSnapshot]) -> None:
     site, snap = scene
     assert site.cards_per_host == 8 and site.n_hosts == 64  # type: ignore[attr-defined]

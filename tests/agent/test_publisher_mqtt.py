@@ -342,3 +342,61 @@ async def test_a_rack_heard_from_after_the_first_copy_but_not_after_the_last_is_
         await publisher.step()
     assert publisher.acks_missing == {oc.target: 1}
     d.journal.close()
+
+
+async def test_a_command_superseded_within_its_retry_interval_is_no_ack_missing(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next decision (5 s later) commands r0's card 0 again before the first command's ack could
+    be overdue (the retry interval: 10 s): closed ``superseded``, it is not counted or logged as an
+    ack missing, though the rack is heard from."""
+    d = desk(tmp_path)
+    closed: list[str] = []
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(
+            bus,
+            d.book,
+            d.journal,
+            d.clock,
+            d.control,
+            on_closed=lambda oc, why: closed.append(why),
+            heard_since=lambda target, site_s: True,
+        )
+        (old,) = d.decide(1)
+        publisher.submit([old])
+        await publisher.step()
+        assert old.attempts == 1
+        d.clock.observe(TS + 5.0)
+        d.decide(1, cycle=2)  # the same card's level again: supersedes the first
+        await publisher.step()
+    assert closed == ["superseded"] and publisher.stats.superseded == 1
+    assert publisher.acks_missing == {} and publisher.stats.acks_missing == 0
+    assert not [r for r in caplog.records if r.getMessage().startswith("no ack from")]
+    d.journal.close()
+
+
+async def test_commands_that_expire_while_the_batches_ahead_of_them_are_sent_are_not_sent_late(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """At accelerated site time the clock may pass a command's expiry while the batches ahead of it
+    wait for their PUBACKs: the first batch goes, the rest (expired at TS + 30) never leave (a rack
+    would refuse them as expired, and one that applies what it gets would apply a stale plan)."""
+    d = desk(tmp_path)
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
+        window = publisher.max_in_flight
+        opened = d.decide(window + 5)
+        real_publish = bus.publish
+
+        async def publish_then_time_passes(topic: str, payload: bytes, **kw: Any) -> None:
+            await real_publish(topic, payload, **kw)
+            d.clock.observe(TS + 31.0)
+
+        bus.publish = publish_then_time_passes  # type: ignore[method-assign]
+        publisher.submit(opened)
+        await publisher.step()
+    assert publisher.stats.sent == window
+    assert [oc.attempts for oc in opened] == [1] * window + [0] * 5
+    d.journal.close()
