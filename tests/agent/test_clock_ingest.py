@@ -21,7 +21,7 @@ from agent.config import load_config
 from agent.ingest import Ingest, RoundMerger
 from agent.logs import JsonFormatter
 from agent.service import AgentService
-from twin.readings import LoopReading, Readings
+from twin.readings import LoopReading, PduReading, RackReading, Readings
 from twin.state import TwinState
 from twin.workload import JobSpec, Phase
 
@@ -45,10 +45,10 @@ def test_the_clock_follows_timestamps_extrapolates_at_its_rate_and_never_goes_ba
     assert clock.now() is None and not clock.known
     assert clock.observe(T0)
     wall.t += 0.5
-    assert clock.now() == pytest.approx(T0 + 5.0)
+    assert clock.now() == pytest.approx(T0 + 5.0, abs=1e-6)
     assert not clock.observe(T0 - 3.0)  # a late message does not move it
     clock.observe(T0 + 4.8)  # jitter just behind the extrapolation: no step back
-    assert clock.now() == pytest.approx(T0 + 5.0)
+    assert clock.now() == pytest.approx(T0 + 5.0, abs=1e-6)
     assert clock.wall_seconds(15.0) == pytest.approx(1.5)
 
 
@@ -65,7 +65,7 @@ def test_the_clock_infers_its_rate_and_steps_back_to_the_site_after_running_ahea
     assert (clock.now() or 0) > ahead + 35.0
     clock.observe(ahead + 10.0)
     assert clock.corrections == 1
-    assert clock.now() == pytest.approx(ahead + 10.0)
+    assert clock.now() == pytest.approx(ahead + 10.0, abs=1e-6)
 
 
 def test_the_clock_follows_a_site_whose_clock_went_back_but_not_a_late_message() -> None:
@@ -95,6 +95,48 @@ def test_the_clock_follows_a_site_whose_clock_went_back_but_not_a_late_message()
     assert clock.now() == pytest.approx(b0 + 29 + 0.05 * 20, abs=0.5)
 
 
+def test_the_clock_ignores_messages_behind_it_while_its_timeline_paused_for_less_than_the_reset_time() -> None:
+    """The site's messages stop for 1.5 wall s (reset_after_s: 2 s) while a publisher 300 s behind
+    keeps sending, advancing: late messages, not a site whose clock went back. Only after its timeline
+    has been silent for reset_after_s would they count (and then for confirm_s more)."""
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)  # 20 site s per wall s
+    for i in range(40):
+        clock.observe(T0 + i)
+        wall.t += 0.05
+    behind = []
+    for i in range(30):  # 1.5 wall s
+        wall.t += 0.05
+        behind.append(clock.observe(T0 - 300.0 + i))
+    assert not any(behind) and clock.corrections == 0
+    assert clock.observe(T0 + 70.0)
+
+
+def test_the_clock_accepts_a_message_up_to_two_wall_seconds_of_site_time_ahead() -> None:
+    """At 20 site s per wall s, a message 30 site s beyond the clock's extrapolation is within two wall
+    seconds of it (40 s): taken; one 45 s beyond is not."""
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)
+    clock.observe(T0)
+    assert not clock.observe(T0 + 45.0) and clock.last_was_ahead
+    assert clock.observe(T0 + 30.0) and not clock.last_was_ahead
+    assert clock.now() == pytest.approx(T0 + 30.0, abs=1e-6)
+
+
+def test_the_inferred_rate_follows_the_last_window_not_the_whole_history() -> None:
+    """The site ran 20x for a wall minute, then 10x: once the 30 wall s window has passed, the rate is
+    10 (the average since the start would be 16)."""
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=True, wall=wall, window_s=30.0)
+    t = T0
+    for rate, seconds in ((20.0, 60.0), (10.0, 40.0)):
+        for _ in range(int(seconds / 0.25)):
+            clock.observe(t)
+            t += rate * 0.25
+            wall.t += 0.25
+    assert clock.rate == pytest.approx(10.0, rel=0.02)
+
+
 async def test_a_waiter_returns_when_the_clock_steps_back() -> None:
     clock = SiteClock(0.05, infer=False, reset_after_s=0.05, confirm_s=0.05)
     clock.observe(T0)
@@ -119,7 +161,7 @@ def test_when_the_clock_steps_back_the_beliefs_times_come_back_with_it() -> None
             ing.handle(cards_msg(f"r{r}", T0 + i))
         ing.flush()
         wall.t += 0.05
-    assert state.card_last_seen_s.max() == pytest.approx(T0 + 9)
+    assert state.card_last_seen_s.max() == pytest.approx(T0 + 9, abs=1e-6)
     wall.t += 2.0  # the site restarts 600 s back; only rack r0 reports on the new timeline
     for i in range(12):
         ing.handle(cards_msg("r0", T0 - 600.0 + i))
@@ -251,7 +293,7 @@ def test_one_message_stamped_far_ahead_does_not_move_the_clock() -> None:
         if i == 20:
             assert not clock.observe(T0 + i + 3600.0) and clock.last_was_ahead
         wall.t += 1.0
-    assert clock.now() == pytest.approx(T0 + 30.0)
+    assert clock.now() == pytest.approx(T0 + 30.0, abs=1e-6)
     assert clock.ahead_ignored == 1 and clock.jumps == 0 and clock.corrections == 0
     assert clock.observe(T0 + 38.0)  # a few seconds ahead of the extrapolation: within the tolerance
 
@@ -516,7 +558,7 @@ def test_readings_stamped_far_ahead_are_not_taken_into_the_belief() -> None:
     assert state.card_die_temp_c[3 * 64] == pytest.approx(50.39)
     spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
     ing.handle(wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", T0 + 7200.0, 0, "sim", job=spec))
-    assert state.jobs["j1"].last_event_s == pytest.approx(clock.now() or 0.0)
+    assert state.jobs["j1"].last_event_s == pytest.approx(clock.now() or 0.0, abs=1e-6)
 
 
 def test_job_events_stamped_far_ahead_keep_their_order() -> None:
@@ -572,7 +614,7 @@ def test_a_first_message_from_a_publisher_far_ahead_does_not_anchor_the_site_clo
             now = clock.now()
             assert now is not None and now < T0 + 10.0 and state.stale_racks(now, 30.0) == ()
     now = clock.now()
-    assert now == pytest.approx(T0 + 40.0) and clock.corrections == 1 and clock.jumps == 0
+    assert now == pytest.approx(T0 + 40.0, abs=1e-6) and clock.corrections == 1 and clock.jumps == 0
     assert state.stale_racks(now, 30.0) == (5,)
     assert state.card_last_seen_s.max() == T0 + 39.0
 
@@ -587,4 +629,93 @@ def test_a_publisher_far_behind_does_not_outvote_the_first_timeline() -> None:
         assert not clock.observe(T0 - 3600.0 + i)
         clock.observe(T0 + i + 0.5)
         wall.t += 0.05
-    assert clock.corrections == 0 and clock.now() == pytest.approx(T0 + 59.5 + 1.0)
+    assert clock.corrections == 0 and clock.now() == pytest.approx(T0 + 59.5 + 1.0, abs=1e-6)
+
+
+def test_a_card_asleep_at_0_mhz_and_0_w_has_not_failed() -> None:
+    """A rack reports a dead card as awake at 0 MHz and 0 W; a card in low-power idle may read 0 MHz and
+    0 W too: asleep, not failed (a failed card is never commanded, placed on or woken)."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    power, clock_mhz, low = np.full(64, 300.0), np.full(64, 1870.0), np.zeros(64, dtype=bool)
+    power[[3, 4]] = 0.0
+    clock_mhz[[3, 4]] = 0.0
+    low[3] = True  # card 3 asleep, card 4 awake: dead
+    ing.handle(cards_msg("r0", T0, power_w=power, sm_clock_mhz=clock_mhz, low_power=low))
+    ing.flush()
+    assert state.card_failed[:8].tolist() == [False, False, False, False, True, False, False, False]
+
+
+def test_a_second_pdu_or_facility_reading_before_a_flush_folds_the_first_in_first() -> None:
+    """Two readings of one kind of one rack (or of the facility) in one burst are two rounds: the first
+    is folded into the belief and handed to the estimator before the second, not overwritten by it."""
+    site = example_site()
+    state = TwinState(site)
+    rounds: list[Readings] = []
+    ing = Ingest(site, state, SiteClock(1.0), on_round=rounds.append)
+    for i, kw in enumerate((30_000.0, 31_000.0)):
+        ing.handle(wire.PduReading(rack="r2", power_w=kw, ts_s=T0 + i, seq=i, publisher="sim"))
+    fac = [
+        wire.FacilityReading(
+            ambient_temp_c=20.0 + i,
+            supply_temp_c=30.0,
+            return_temp_c=38.0,
+            cooling_power_w=10_000.0,
+            it_power_w=300_000.0,
+            facility_power_w=320_000.0,
+            supply_setpoint_c=30.0,
+            ts_s=T0 + 2 + i,
+            seq=i,
+            publisher="sim",
+        )
+        for i in range(2)
+    ]
+    for m in fac:
+        ing.handle(m)
+    ing.flush()
+    pdus = [(rr.time_s - T0, rr.pdu.power_w) for r in rounds for rr in r.racks if rr.pdu is not None]
+    assert pdus == [(0.0, 30_000.0), (1.0, 31_000.0)]
+    ambients = [r.facility.ambient_temp_c for r in rounds if r.facility is not None]
+    assert ambients == [20.0, 21.0]
+
+
+def test_a_copy_of_a_start_stamped_far_ahead_is_not_a_restart() -> None:
+    """A scheduler an hour ahead sends ``started`` twice (QoS 1): the copy, stamped as the original,
+    is dated as the original, so the belief takes it for the same start: the job never left its
+    cards (a restart would mark them released, as by a job that ended)."""
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=False, wall=wall)
+    state = TwinState(site)
+    ing = Ingest(site, state, clock)
+    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
+    ahead = T0 + 3600.0
+    started = wire.JobEvent(wire.JobEventType.STARTED, "j1", ahead + 1.0, 1, "sched", cards={"r1": (0, 1, 2, 3)})
+    for i, ev in enumerate([wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", ahead, 0, "sched", job=spec), started]):
+        ing.handle(cards_msg("r0", T0 + i))
+        ing.handle(ev)
+        wall.t += 1.0
+    first = state.jobs["j1"].last_event_s
+    ing.handle(cards_msg("r0", T0 + 2))
+    ing.handle(started)  # the copy
+    assert state.jobs["j1"].last_event_s == first
+    assert state.jobs["j1"].state == "running"
+    assert np.all(state.snapshot().card_released_s[64:68] == -np.inf)
+
+
+def _pdu_round(t: float, *racks: int) -> Readings:
+    return Readings(time_s=t, racks=tuple(RackReading(rack=r, time_s=t, pdu=PduReading(40_000.0)) for r in racks))
+
+
+def test_after_the_clock_stepped_back_parts_stamped_at_the_new_now_are_merged_into_their_round() -> None:
+    """The merger holds r0's round at T0 + 10 when the clock steps back to T0 + 5: that round is the
+    old timeline's and goes out at once; r1's part stamped T0 + 5 is on the new timeline (the clock's
+    now) and waits for the rest of its round (r2), which goes out whole once a later one begins."""
+    merger = RoundMerger()
+    assert merger.add(_pdu_round(T0 + 10.0, 0)) == []
+    out = merger.step_back(_pdu_round(T0 + 5.0, 1), T0 + 5.0)
+    assert [(r.time_s - T0, [rr.rack for rr in r.racks]) for r in out] == [(10.0, [0])]
+    assert merger.add(_pdu_round(T0 + 5.0, 2)) == []
+    out = merger.add(_pdu_round(T0 + 6.0, 0))
+    assert [(r.time_s - T0, [rr.rack for rr in r.racks]) for r in out] == [(5.0, [1, 2])]
