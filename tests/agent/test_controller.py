@@ -18,10 +18,11 @@ from agent_helpers import SITE_FILE, belief, example_site, full_load_jobs, job, 
 from solver_testing import LatePlanner
 
 from agent.config import ControlConfig
-from agent.controller import Controller, pinned_value_frac
+from agent.controller import Controller, decides_again_on, pinned_value_frac
 from agent.decision import Decision
 from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
+from twin.estimate import Estimates
 from twin.faults import ColdPlateFouling, Fault
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
@@ -208,6 +209,27 @@ def test_after_the_site_clock_went_back_fail_safe_holds_last_their_time_from_the
     # the site restarts 4,000 s back, every rack reporting: held 30 s from the new now, not to 5,030
     assert 3 in ctl.step(seen_at(1000.0), 1000.0).failsafe_racks
     assert ctl.step(seen_at(1031.0), 1031.0).failsafe_racks == ()
+
+
+def test_a_rack_that_reports_again_keeps_its_fail_safe_caps_for_the_hold_time(
+    full_load_at_60s: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    site, snap = full_load_at_60s
+    cfg = ControlConfig(period_s=15.0, telemetry_deadline_s=30.0, failsafe_hold_s=30.0)
+    ctl = Controller(site, cfg)
+    last = np.full(site.n_racks, 5000.0)
+    last[3] = 4900.0
+    assert ctl.step(dataclasses.replace(snap, rack_last_seen_s=last), 5000.0).failsafe_racks == (3,)
+    for t, held in ((5015.0, (3,)), (5029.0, (3,)), (5031.0, ())):  # every rack reporting from 5015 on
+        seen = dataclasses.replace(snap, rack_last_seen_s=np.full(site.n_racks, t))
+        assert ctl.step(seen, t).failsafe_racks == held, t
+
+
+def test_the_idle_reserve_is_kept_awake_per_supernode() -> None:
+    site = small_site(racks=1).with_supernodes(2)  # 2 supernodes of one 16-card rack, every card idle
+    _plant, state = belief(site, [], 30)
+    d = Controller(site, ControlConfig(period_s=10.0, idle_reserve_cards=3)).step(state.snapshot(), 30.0)
+    assert int((~d.card_low_power & ~d.card_busy).sum()) == 3 * 2
 
 
 def fresh_at(snap: StateSnapshot, t: float, **changes: object) -> StateSnapshot:
@@ -595,3 +617,49 @@ def test_a_pinned_job_keeps_its_full_value_for_the_resume_lag_then_lag_over_time
     assert pinned_value_frac(1.0, 0.0) == 1.0 and pinned_value_frac(1.0, 0.5) == 1.0
     assert pinned_value_frac(1.0, 10.0) == pytest.approx(0.1)
     assert pinned_value_frac(2.0, 400.0) == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize(
+    ("kind", "phase", "placing", "decides"),
+    [
+        ("started", Phase.COMPUTE, True, True),
+        ("finished", Phase.WAITING, True, True),
+        ("failed", Phase.WAITING, True, True),
+        ("requeued", Phase.WAITING, True, True),
+        ("phase", Phase.COMPUTE, True, True),  # resumes computing: its clock back up at once
+        ("phase", Phase.CHECKPOINT, True, False),  # out of compute: the next periodic decision slows it
+        ("phase", Phase.COMMUNICATION, True, False),
+        ("submitted", Phase.WAITING, True, True),
+        ("submitted", Phase.WAITING, False, False),  # another scheduler places it
+    ],
+)
+def test_the_job_events_that_call_for_a_decision_at_once(kind: str, phase: Phase, placing: bool, decides: bool) -> None:
+    assert decides_again_on(JobEvent(time_s=1.0, job_id="j", kind=kind, phase=phase), placing) is decides
+
+
+def test_calibrated_resistances_are_taken_where_the_estimator_is_confident_and_believed_cool_only_a_little() -> None:
+    site = small_site()
+    n = site.n_cards
+    ctl = Controller(site)
+    spec = ctl.r_total_k_per_w().copy()  # nothing calibrated yet: the spec's
+    ratio = np.ones(n)
+    sd = np.full(n, 0.01)
+    ratio[:5] = [2.0, 0.5, 5.0, 2.0, np.nan]
+    sd[3] = 0.2  # card 3: not confident (standard deviation over 0.05)
+    zeros = np.zeros(n)
+    est = Estimates(
+        time_s=100.0,
+        r_ratio=ratio,
+        r_ratio_sd=sd,
+        r_th_k_per_w=zeros,
+        r_expected_k_per_w=zeros,
+        idle_scale=np.ones(n),
+        dynamic_scale=np.ones(n),
+        leakage_scale=np.ones(n),
+        leakage_w_per_k=zeros,
+        rack_dt_ratio=np.ones(site.n_racks),
+        rack_flow_deficit=np.zeros(site.n_racks),
+    )
+    ctl.update_calibration(est)
+    # x2; 0.5 believed as 0.9 (under-estimating a die is the dangerous side); 5 held to 3; the spec's
+    assert (ctl.r_total_k_per_w()[:6] / spec[:6]).tolist() == pytest.approx([2.0, 0.9, 3.0, 1.0, 1.0, 1.0])
