@@ -206,6 +206,22 @@ def test_expiry_and_acks(all_messages: list[Any], codec: Codec) -> None:
     assert codec.outgoing(pump_ack).topic == "racktwin/v1/site1/rack/r2/ack"
 
 
+def test_a_command_may_live_an_hour_and_be_issued_up_to_ten_seconds_ahead_of_the_rack() -> None:
+    """``wire.command_time_problem`` at its bounds (docs/protocol.md): a life of MAX_COMMAND_TTL_S
+    (3600 s) and an issue time MAX_ISSUE_AHEAD_S (10 s, or the rack's own bound) ahead are accepted;
+    a millisecond more is refused with its code."""
+
+    def cmd(ts: float, life_s: float) -> wire.RackCommand:
+        return wire.RackCommand("r0", (0,), wire.CardSetting.dvfs(3), uuid.uuid4(), ts + life_s, ts, 0, "agent")
+
+    assert wire.command_time_problem(cmd(TS, 3600.0), TS) is None
+    assert wire.reason_code(wire.command_time_problem(cmd(TS, 3600.001), TS)) == wire.AckReason.TTL_TOO_LONG
+    assert wire.command_time_problem(cmd(TS + 10.0, 30.0), TS) is None
+    assert wire.reason_code(wire.command_time_problem(cmd(TS + 10.001, 30.0), TS)) == wire.AckReason.ISSUED_AHEAD
+    assert wire.command_time_problem(cmd(TS + 200.0, 30.0), TS, max_ahead_s=200.0) is None
+    assert wire.command_time_problem(cmd(TS + 200.001, 30.0), TS, max_ahead_s=200.0) is not None
+
+
 def test_card_settings_take_exactly_their_parameters() -> None:
     with pytest.raises(ValueError, match="takes dvfs_level"):
         wire.CardSetting(wire.CardAction.SET_DVFS_LEVEL)
@@ -217,6 +233,11 @@ def test_card_settings_take_exactly_their_parameters() -> None:
         wire.CardSetting.power_limit(0.0)
     with pytest.raises(ValueError, match="positive"):
         wire.CardSetting.power_limit([300.0, -1.0])
+    for not_finite in (float("inf"), float("nan")):  # no JSON number: the wire could not carry it
+        with pytest.raises(ValueError, match="positive"):
+            wire.CardSetting.power_limit(not_finite)
+        with pytest.raises(ValueError, match="positive"):
+            wire.CardSetting.power_limit([300.0, not_finite])
     with pytest.raises(ValueError, match="empty"):
         wire.CardSetting.power_limit([])
     # one limit per card: as many values as cards, in the cards' order
@@ -372,11 +393,28 @@ def _cmd_payload(**changes: Any) -> bytes:
     return json.dumps(body).encode()
 
 
+def _applied_payload(**changes: Any) -> bytes:
+    body: dict[str, Any] = {
+        "schema": "racktwin.applied/1",
+        "ts": TS,
+        "seq": 1,
+        "publisher": "sim",
+        "card_index": [0, 1],
+        "dvfs_level": [0, 7],
+        "min_sm_clock_mhz": [1210.0, 1210.0],
+        "max_sm_clock_mhz": [1980.0, 1980.0],
+        "power_limit_watts": [700.0, 700.0],
+        "low_power": [False, False],
+    }
+    return json.dumps({**body, **changes}).encode()
+
+
 _DELETE = object()
 CARDS = "racktwin/v1/site1/rack/r0/cards"
 CMD = "racktwin/v1/site1/rack/r0/cmd"
 CDU = "racktwin/v1/site1/rack/r0/cdu"
 PDU = "racktwin/v1/site1/rack/r0/pdu"
+APPLIED = "racktwin/v1/site1/rack/r0/applied"
 
 REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
     ("not json", CARDS, b"power=300", RejectReason.MALFORMED_JSON),
@@ -455,6 +493,13 @@ REJECTED: list[tuple[str, str, bytes | str, RejectReason]] = [
     ("missing parameter", CMD, _cmd_payload(dvfs_level=_DELETE), RejectReason.INCONSISTENT),
     ("extra parameter", CMD, _cmd_payload(power_limit_watts=500.0), RejectReason.INCONSISTENT),
     ("level beyond table", CMD, _cmd_payload(dvfs_level=8), RejectReason.OUT_OF_RANGE),
+    ("applied level beyond table", APPLIED, _applied_payload(dvfs_level=[0, 8]), RejectReason.OUT_OF_RANGE),
+    (
+        "applied clock range reversed",
+        APPLIED,
+        _applied_payload(min_sm_clock_mhz=[1210.0, 1500.0], max_sm_clock_mhz=[1980.0, 1000.0]),
+        RejectReason.INCONSISTENT,
+    ),
     ("unknown action", CMD, _cmd_payload(action="overclock"), RejectReason.OUT_OF_RANGE),
     ("bad uuid", CMD, _cmd_payload(command_id="1234"), RejectReason.WRONG_TYPE),
     ("no cards", CMD, _cmd_payload(cards=[]), RejectReason.OUT_OF_RANGE),
