@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import pytest
-from guard_helpers import scene
+from guard_helpers import proposal, scene
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -108,7 +108,6 @@ def test_no_reviewed_decision_exceeds_a_cap(
     pump_health: list[float],
 ) -> None:
     site, snap = scene()
-    n = site.n_cards
     card_inlet = np.asarray(inlet)[site.card_rack()]
     r_total = spec_r_total_k_per_w(site) * r_scale
     # offsets as large as the raw measurement gives (the filter's are never larger than a settled one)
@@ -134,32 +133,16 @@ def test_no_reviewed_decision_exceeds_a_cap(
         choose_setpoint=True,
         solver_time_limit_s=1.0,
     )
-    nan_r = np.full(site.n_racks, np.nan)
-    proposal = Decision(
-        cycle=1,
-        time_s=100.0,
-        card_level=np.asarray(lv, dtype=np.int64),
+    planned = proposal(
+        site,
+        lv,
         card_low_power=np.asarray(lp, dtype=bool),
         card_power_limit_w=np.asarray(lim, dtype=np.float64),
-        card_failed=np.zeros(n, dtype=bool),
-        card_busy=np.zeros(n, dtype=bool),
         supply_temp_c=setpoint,
         placements=tuple(PlacementOrder(j, tuple(c)) for j, c in places),
-        status="optimal",
-        plan_status="optimal",
-        source="milp",
-        solve_time_s=0.0,
-        failsafe_racks=(),
-        rack_cap_w=nan_r,
-        predicted_rack_power_w=nan_r,
-        budget_rack_power_w=nan_r,
-        predicted_rack_max_die_c=nan_r,
-        predicted_it_power_w=0.0,
-        predicted_facility_power_w=0.0,
-        predicted_pue=1.0,
         rack_pump_speed_frac=None if speed is None else np.asarray(speed, dtype=np.float64),
     )
-    d = Guard(site, CFG).review(proposal, snap, ctx)
+    d = Guard(site, CFG).review(planned, snap, ctx)
     racks, die = judge(site, snap, ctx, d)
     cap = site.rack.power_limit_w - CFG.rack_margin_w
     assert np.all(racks <= cap + 1e-6), (racks, cap)

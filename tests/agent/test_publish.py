@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from agent_helpers import belief, example_site, job
+from guard_helpers import proposal
 
 from agent import wire
 from agent.cli import main
@@ -26,33 +28,18 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOW = 1000.0
 
 
-def decision_like(snap: StateSnapshot, **changes: object) -> Decision:
-    n = snap.card_level.size
-    nan = np.full(8, np.nan)
-    d = Decision(
-        cycle=1,
+def decision_like(snap: StateSnapshot, **changes: Any) -> Decision:
+    """A decision for the example site that keeps every card as ``snap`` reports it (and its set-point); ``changes``
+    replace fields."""
+    fields: dict[str, Any] = dict(
         time_s=NOW,
-        card_level=np.asarray(snap.card_level).copy(),
         card_low_power=np.asarray(snap.card_low_power).copy(),
         card_power_limit_w=np.asarray(snap.card_power_limit_w).copy(),
-        card_failed=np.zeros(n, dtype=bool),
         card_busy=snap.card_job >= 0,
         supply_temp_c=snap.facility.supply_setpoint_c if snap.facility else 30.0,
-        placements=(),
-        status="optimal",
-        plan_status="optimal",
-        source="milp",
-        solve_time_s=0.0,
-        failsafe_racks=(),
-        rack_cap_w=nan,
-        predicted_rack_power_w=nan,
-        budget_rack_power_w=nan,
-        predicted_rack_max_die_c=nan,
-        predicted_it_power_w=0.0,
-        predicted_facility_power_w=0.0,
-        predicted_pue=1.0,
     )
-    return d.replace(**changes)
+    fields.update(changes)
+    return proposal(example_site(), np.asarray(snap.card_level), **fields)
 
 
 @pytest.fixture(scope="module")
