@@ -7,7 +7,7 @@ off host waits for its boot (``rack.host_boot_s``), so each supernode keeps
 ``host_reserve_per_supernode`` idle hosts on for arriving jobs: when fewer are on, off hosts are
 powered on again. While queued jobs are due to start within a boot (plus a lead; the controller
 tells which from the running jobs' expected ends and the reservation it holds, see
-``Controller._cards_due``), no host goes off and off hosts are powered on for the cards those jobs
+``agent.placing.cards_due``), no host goes off and off hosts are powered on for the cards those jobs
 need, so that a job that gets its cards when running jobs end does not also wait for a boot; hosts
 left idle while a big job waits for a start further ahead go off meanwhile and boot in time for it.
 The reserve and the waiting jobs are counted in cards: a free host with failed cards holds only its
@@ -19,11 +19,13 @@ never off. The idle hosts kept on are those holding awake idle cards (the
 ready reserve the plan keeps on hosts that are on) first, then the most recently used; when hosts
 come back on, the most recently used come first.
 
-Pure functions of arrays, no I/O; the controller tracks since when each host is idle.
+Pure functions of arrays, no I/O. The controller keeps a :class:`HostTimes`: per host, the last time
+one of its cards was busy and when the boot a decision started ends.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +36,7 @@ from twin.spec import SiteSpec
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["HostChoice", "choose_hosts_off", "host_any"]
+__all__ = ["HostChoice", "HostTimes", "choose_hosts_off", "host_any"]
 
 
 def host_any(site: SiteSpec, card_mask: BoolArray) -> BoolArray:
@@ -114,3 +116,39 @@ def choose_hosts_off(
         off[sl] = o
     off = np.where(frozen, off_now, off)
     return HostChoice(host_off=off, powering_off=off & ~off_now, powering_on=~off & off_now)
+
+
+class HostTimes:
+    """Per host: the last time one of its cards was busy (``busy_last_s``; NaN: not seen yet) and, for
+    a host a decision powered on, when its boot ends (``up_at_s``)."""
+
+    def __init__(self, site: SiteSpec) -> None:
+        self.site = site
+        self.busy_last_s = np.full(site.n_hosts, np.nan)
+        self.up_at_s = np.full(site.n_hosts, -math.inf)
+
+    def card_wait_s(self, card_host_off: BoolArray, now_s: float) -> FloatArray | None:
+        """Per card: how long until its host is up (the rest of the boot for a host a decision powered
+        on; a whole boot for an off host, ``card_host_off``); None where hosts are not managed."""
+        site = self.site
+        if not site.hosts_managed:
+            return None
+        off = host_any(site, card_host_off)
+        wait = np.where(off, site.rack.host_boot_s, np.maximum(self.up_at_s - now_s, 0.0))
+        return np.repeat(wait, site.cards_per_host)
+
+    def commit(self, card_busy: BoolArray, host_off: BoolArray | None, card_host_off: BoolArray, now_s: float) -> None:
+        """A decision taken at ``now_s``: its busy cards (``card_busy``), the hosts it has off
+        (``host_off``; None: it does not say) and the cards whose hosts are off as last reported."""
+        site = self.site
+        busy_host = host_any(site, card_busy)
+        self.busy_last_s = np.where(np.isnan(self.busy_last_s) | busy_host, now_s, self.busy_last_s)
+        if host_off is not None:  # hosts this decision powers on (the reserve, a placement) boot
+            booting = host_any(site, card_host_off) & ~host_off & (self.up_at_s < now_s)
+            self.up_at_s[booting] = now_s + site.rack.host_boot_s
+            self.busy_last_s[booting] = now_s  # a host just powered on is not due to go off again
+
+    def clock_went_back(self, now_s: float) -> None:
+        """The site's clock went back to ``now_s``: a boot lasts at most a boot from now."""
+        np.minimum(self.up_at_s, now_s + self.site.rack.host_boot_s, out=self.up_at_s)
+        np.minimum(self.busy_last_s, now_s, out=self.busy_last_s)  # NaN (never seen) stays NaN
