@@ -106,3 +106,24 @@ def test_a_command_refused_for_failed_cards_names_each_of_them() -> None:
     assert handler.counts.rejection_reasons == {"rack.set_power_limit": 1}
     ok = wire.RackCommand("r1", (0, 1, 2), wire.CardSetting.power_limit(500.0), uuid.uuid4(), TS + 30, TS, 1, "a")
     assert _ack(handler, codec, ok).result is wire.AckResult.APPLIED
+
+
+def test_the_remembered_ids_are_capped_the_oldest_forgotten_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rack remembers at most ``MAX_REMEMBERED_IDS`` answered ids (its memory is bounded under a flood
+    of commands, also within their lives): beyond it the oldest is forgotten, and its late copy is judged
+    anew, here as expired; the newer ones are still answered as copies. (Cap lowered to 3 for the test.)"""
+    monkeypatch.setattr("sim.commands.MAX_REMEMBERED_IDS", 3)
+    handler, codec, clock = _setup()
+    cmds = [
+        wire.RackCommand("r0", (i,), wire.CardSetting.dvfs(3), uuid.uuid4(), TS + 30.0, TS - 1.0, i, "agent")
+        for i in range(4)
+    ]
+    for c in cmds:
+        assert _ack(handler, codec, c).result is wire.AckResult.APPLIED
+    clock.now_s = TS + 60.0  # all four expired: a copy the rack remembers is answered applied
+    first = _ack(handler, codec, cmds[0])
+    assert first.result is wire.AckResult.EXPIRED and first.reason is None  # forgotten: judged anew
+    for c in cmds[2:]:
+        copy = _ack(handler, codec, c)
+        assert copy.result is wire.AckResult.APPLIED and copy.reason is not None
+        assert copy.reason.startswith("duplicate:")

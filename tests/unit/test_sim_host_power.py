@@ -134,3 +134,17 @@ def test_hosts_not_managed_refuse_host_commands_and_send_no_host_off_column() ->
             assert "host_off" not in json.loads(o.payload)
     ack, (state,) = _send(handler, codec, "r0", (0,), wire.CardSetting.low_power_idle())
     assert ack.result is wire.AckResult.APPLIED and state.host_off is None
+
+
+def test_a_clock_range_to_a_card_of_a_powered_off_host_is_refused_like_a_level() -> None:
+    """``set_clock_range`` sets the card's DVFS level as ``set_dvfs_level`` does: a card of an off host
+    cannot take it (``host_off``); acked applied, the agent believed a clock the card never got."""
+    plant, handler, codec = _handler(_site(2))
+    ack, _ = _send(handler, codec, "r1", tuple(range(8, 16)), wire.CardSetting.host_power_off())
+    assert ack.result is wire.AckResult.APPLIED
+    ack, applied = _send(handler, codec, "r1", (7, 8), wire.CardSetting.clock_range(1210.0, 1430.0))
+    assert ack.result is wire.AckResult.REJECTED and ack.reason is not None and not applied
+    assert ack.reason.startswith("host_off: card 8 is on host 3 (cards 8..15 of rack r1), which is powered off")
+    initial = plant.config.initial_level
+    assert handler.level[16 + 7] == initial and handler.level[16 + 8] == initial  # card 7 (host on) neither
+    assert handler.counts.rejection_reasons == {"rack.host_off": 1}
