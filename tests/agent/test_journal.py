@@ -256,3 +256,59 @@ def test_a_removed_or_replaced_journal_file_is_noticed(tmp_path: Path) -> None:
     os.replace(tmp_path / "other.sqlite", path)  # another file under its name
     assert j.file_problem() is not None and "removed or replaced" in str(j.file_problem())
     j.close()
+
+
+def test_a_command_at_its_expiry_is_expired_not_resumed_as_a_rack_judges_it(tmp_path: Path) -> None:
+    """A rack calls a command expired at ``expires_at`` itself (``wire.is_expired``): a restarted agent
+    at that very time neither sends it again nor leaves it open; a second before, it is resumed."""
+    j = Journal(tmp_path / "j.sqlite")
+    j.record_decision(1, 100.0, "enforce", "optimal", 0.0, {}, [cmd("a", 100.0), cmd("b", 100.0, 5)])
+    j.mark_sent(["a", "b"])
+    assert [c.command_id for c in j.unacked(104.0)] == ["a", "b"]
+    assert [c.command_id for c in j.unacked(105.0)] == ["a"]  # b expires at 105
+    assert j.expire(104.0) == 0
+    assert j.expire(105.0) == 1
+    assert j.command("b").state is CommandState.EXPIRED  # type: ignore[union-attr]
+    assert j.command("a").state is CommandState.SENT  # type: ignore[union-attr]
+
+
+def test_open_commands_are_resumed_oldest_issued_first(tmp_path: Path) -> None:
+    """Resent after a restart in the order they were issued (a rack refuses a command issued before one
+    it applied to the same cards: the newer must go last), whatever order they were journaled in."""
+    j = Journal(tmp_path / "j.sqlite")
+    j.record_decision(1, 110.0, "enforce", "optimal", 0.0, {}, [cmd("newer", 110.0)])
+    j.record_decision(2, 100.0, "enforce", "optimal", 0.0, {}, [cmd("older", 100.0), cmd("older2", 100.0)])
+    assert [c.command_id for c in j.unacked(120.0)] == ["older", "older2", "newer"]
+
+
+def test_what_a_rack_answered_stays_answered_and_sends_are_counted(tmp_path: Path) -> None:
+    """An ack may arrive before the journal records the send (the broker is quick, the write is not):
+    the command stays applied; each send counts an attempt. A command answered ``applied`` or
+    ``rejected`` is not made expired by the expiry, nor superseded or abandoned by a newer command:
+    the journal keeps what the rack did. An ack of another agent's command is not kept."""
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    cmds = [cmd("a", 0.0), cmd("b", 0.0), cmd("c", 0.0), cmd("d", 0.0), cmd("e", 0.0)]
+    j.record_decision(1, 0.0, "enforce", "optimal", 0.0, {}, cmds)
+    j.mark_sent(["b", "c", "d", "e"])
+    assert j.record_acks([("a", 1.0, "applied", None), ("b", 1.0, "rejected", "busy")]) == [True, True]
+    assert j.record_ack("zzz", 1.0, "applied") is False
+    j.mark_sent(["a", "b", "c"])  # a's send recorded after its ack; b and c sent again
+    a, b, c = (j.command(x) for x in "abc")
+    assert a is not None and a.state is CommandState.APPLIED and a.attempts == 1
+    assert b is not None and b.state is CommandState.REJECTED and b.attempts == 2
+    assert c is not None and c.state is CommandState.SENT and c.attempts == 2
+    j.supersede(["a", "c"])
+    j.abandon(["b", "d"])
+    assert j.expire(100.0) == 1  # e only: the others were answered or closed
+    assert {x: j.command(x).state for x in "abcde"} == {  # type: ignore[union-attr]
+        "a": CommandState.APPLIED,
+        "b": CommandState.REJECTED,
+        "c": CommandState.SUPERSEDED,
+        "d": CommandState.ABANDONED,
+        "e": CommandState.EXPIRED,
+    }
+    j.close()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT command_id FROM acks ORDER BY id").fetchall() == [("a",), ("b",)]
+    db.close()
