@@ -91,6 +91,21 @@ def test_off_hosts_come_back_for_the_reserve_and_frozen_hosts_keep_their_state()
     assert not off[:8].any()
     off = choose(frozen_host=frozen, host_off_now=was_off)
     assert off[:8].all()
+    # not even a card the decision marks busy powers on a host the agent cannot see
+    busy = np.zeros(SITE.n_cards, dtype=bool)
+    busy[3 * CPH] = True  # a card of host 3 (rack r0, frozen)
+    choice = choose_hosts_off(
+        SITE,
+        now_s=10_000.0,
+        host_busy_last_s=np.zeros(N_H),
+        card_busy=busy,
+        host_off_now=was_off,
+        host_awake=np.zeros(N_H, dtype=bool),
+        frozen_host=frozen,
+        off_after_s=600.0,
+        reserve_per_supernode=2,
+    )
+    assert choice.host_off[:8].all() and not choice.powering_on[:8].any()
 
 
 def test_placement_takes_whole_powered_hosts_first() -> None:
@@ -291,3 +306,43 @@ def test_a_job_requeued_after_a_card_failure_boots_a_host_when_its_own_is_short_
     assert booted and 220.0 <= booted[0] <= 225.0
     assert [jid for t, jid in placed if t >= 220.0] == ["b"]
     assert not plant.truth().host_off.any()
+
+
+def test_a_host_idle_for_exactly_the_idle_time_goes_off() -> None:
+    last = np.full(N_H, 10_000.0 - 600.0)  # every host idle for exactly off_after_s (600 s) at now
+    assert int(choose(host_busy_last_s=last).sum()) == N_H - 2  # all but the reserve
+    assert not choose(host_busy_last_s=last + 1.0).any()  # a second short: none
+
+
+def test_off_hosts_come_back_most_recently_used_first_and_only_as_many_as_the_cards_wanted() -> None:
+    """Hosts powered on again for the reserve are the most recently used (warmest caches, likeliest
+    wanted again), and only as many as the reserve is short of: a free host already on counts."""
+    was_off = np.ones(N_H, dtype=bool)
+    last = np.zeros(N_H)
+    last[[7, 30, 41]] = [5_000.0, 9_000.0, 7_000.0]  # the most recently used: 30, then 41, then 7
+    assert np.flatnonzero(~choose(host_off_now=was_off, host_busy_last_s=last)).tolist() == [30, 41]
+    was_off[12] = False  # host 12 is on and free: it holds 8 of the 16 cards of the reserve
+    on = np.flatnonzero(~choose(host_off_now=was_off, host_busy_last_s=last)).tolist()
+    assert on == [12, 30]
+
+
+def test_the_cards_of_jobs_due_soon_are_spread_over_the_supernodes_rounding_up() -> None:
+    """17 cards due within a boot on a site of two supernodes: 9 per supernode (not 8: 16 < 17), two
+    hosts of 8 cards each, all hosts off before and no reserve."""
+    site = SITE.with_supernodes(2)
+    n_h = site.n_hosts
+    choice = choose_hosts_off(
+        site,
+        now_s=10_000.0,
+        host_busy_last_s=np.zeros(n_h),
+        card_busy=np.zeros(site.n_cards, dtype=bool),
+        host_off_now=np.ones(n_h, dtype=bool),
+        host_awake=np.zeros(n_h, dtype=bool),
+        frozen_host=np.zeros(n_h, dtype=bool),
+        off_after_s=600.0,
+        reserve_per_supernode=0,
+        due_cards=17,
+    )
+    on = np.flatnonzero(~choice.host_off)
+    assert on.size == 4 and (on < n_h // 2).sum() == 2  # two hosts per supernode
+    assert choice.powering_on.sum() == 4 and not choice.powering_off.any()

@@ -37,6 +37,7 @@ from agent.pumps import (
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 from twin.thermal import plate_resistance_k_per_w
+from twin.workload import Phase
 
 pytestmark = pytest.mark.agent
 
@@ -360,3 +361,68 @@ def test_per_rack_resistance_ratios_are_the_per_card_formulas_bit_for_bit() -> N
         off_ref = off * ratio
         assert r_at_speed(site, r_full, flow, sp).tobytes() == r_ref.tobytes()
         assert offset_at_speed(site, off, flow, now, sp).tobytes() == off_ref.tobytes()
+
+
+def test_a_job_in_a_checkpoint_gets_the_pump_speed_it_needs_when_it_computes_again() -> None:
+    """The bounds are judged with every busy card computing: a job checkpointing now resumes within a
+    decision period, before a slowed pump could be sped up again. The full rack r0 is held by its
+    bounds (the next slower option breaks one while it computes: its loop's rise at a 30 deg C supply;
+    at 45 deg C with a card whose die reads 10 K over the model, that card's die): its checkpoint
+    leaves it there."""
+    site, snap = _scene()
+    paused = dataclasses.replace(snap, jobs=tuple(dataclasses.replace(j, phase=Phase.CHECKPOINT) for j in snap.jobs))
+    opts = speed_options(site, 9)
+    hot_card = np.zeros(site.n_cards)
+    hot_card[3] = 10.0
+    for supply, offsets in ((30.0, np.zeros(site.n_cards)), (45.0, hot_card)):
+        computing, args = _choose(site, snap, supply, die_offset_k=offsets)
+        k = int(np.flatnonzero(np.isclose(opts, computing[0]))[0])
+        slower = computing.copy()
+        slower[0] = opts[k + 1]
+        flow, now = args["rack_flow_full_lpm"], args["rack_speed_now_frac"]
+        scaled = offset_at_speed(site, offsets, flow, now, slower)  # type: ignore[arg-type]
+        assert not _bounds_hold(site, {**args, "die_offset_k": scaled}, slower)[0]
+        checkpoint, _ = _choose(site, paused, supply, die_offset_k=offsets)
+        assert checkpoint[0] == computing[0]
+
+
+def test_a_rack_cap_that_only_full_speed_meets_keeps_the_pump_at_full_speed() -> None:
+    """A slower pump warms the dies and their leakage adds power: with r0's usable power 1 W above what
+    it draws at full speed, every slower option is over it. With a cap under even that, full speed is
+    still taken (always allowed) and the saving it reports is a number."""
+    site, snap = _scene()
+    speed, args = _choose(site, snap, 30.0)
+    assert speed[0] < 1.0
+    r = np.asarray(args["r_full_k_per_w"])
+    at_full = predict(
+        site,
+        args["load"],  # type: ignore[arg-type]
+        args["level"],  # type: ignore[arg-type]
+        args["low_power"],  # type: ignore[arg-type]
+        args["power_limit_w"],  # type: ignore[arg-type]
+        args["inlet_c"],  # type: ignore[arg-type]
+        r,
+        args["die_offset_k"],  # type: ignore[arg-type]
+    ).rack_power_w
+    for cap_w in (at_full[0] + 1.0, at_full[0] - 5_000.0):
+        cap = np.asarray(args["rack_cap_w"], dtype=np.float64).copy()
+        cap[0] = cap_w
+        args["rack_cap_w"] = cap
+        choice = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args)  # type: ignore[arg-type]
+        assert choice.speed_frac[0] == 1.0 and choice.speed_frac[1] == speed[1]
+        assert np.isfinite(choice.saved_w) and choice.saved_w > 0.0
+
+
+def test_the_cards_power_is_priced_at_the_facility_power_per_it_watt() -> None:
+    """The cost weighs the rack's predicted power by the facility power per IT watt (``b``): the more
+    each card watt costs, the faster the loaded racks' pumps (cooler dies, less leakage); when it
+    dwarfs the pumps' own power, the loaded racks run at full speed."""
+    site, snap = _scene()
+    _speed, args = _choose(site, snap, 30.0)
+
+    def speeds(b: float) -> np.ndarray:
+        return choose_pump_speeds(facility_w_per_it_w=b, steps=9, **args).speed_frac  # type: ignore[arg-type]
+
+    cheap, dear, dearest = speeds(1.04), speeds(5.0), speeds(50.0)
+    assert dear[0] > cheap[0] and dear[1] > cheap[1]
+    assert dearest[0] == 1.0 and dearest[1] == 1.0
