@@ -719,3 +719,36 @@ def test_after_the_clock_stepped_back_parts_stamped_at_the_new_now_are_merged_in
     assert merger.add(_pdu_round(T0 + 5.0, 2)) == []
     out = merger.add(_pdu_round(T0 + 6.0, 0))
     assert [(r.time_s - T0, [rr.rack for rr in r.racks]) for r in out] == [(5.0, [1, 2])]
+
+
+def test_after_the_clock_stepped_back_a_job_event_stamped_far_ahead_is_dated_at_the_new_now() -> None:
+    """A job known on the old timeline (its ``submitted`` at T0 + 5); the site's clock steps back 600 s
+    (a restarted simulator); then the job's ``started`` comes stamped an hour ahead of the new time. It
+    is dated at the new timeline's now: the dates of the old timeline are forgotten at the step (kept,
+    the start was dated after the old ``submitted``, ~600 s in the new timeline's future, and the
+    belief took the job as started 10 minutes from now)."""
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+    state = TwinState(site)
+    dated: list[float] = []
+    ing = Ingest(site, state, clock, on_event=lambda ev: dated.append(ev.time_s))
+    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
+    for i in range(10):
+        ing.handle(cards_msg("r0", T0 + i))
+        if i == 5:
+            ing.handle(wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", T0 + 5.0, 0, "sim", job=spec))
+        wall.t += 0.05
+    assert dated == [T0 + 5.0]
+    wall.t += 2.0  # the site restarts 600 s back
+    for i in range(12):
+        ing.handle(cards_msg("r0", T0 - 600.0 + i))
+        wall.t += 0.05
+    assert clock.corrections == 1
+    now = clock.now()
+    assert now is not None and T0 - 590.0 < now < T0 - 580.0
+    started = wire.JobEvent(wire.JobEventType.STARTED, "j1", now + 3600.0, 1, "sched", cards={"r1": (0, 1, 2, 3)})
+    ing.handle(started)
+    assert ing.stats.ahead == 1
+    assert dated[-1] == now  # the new timeline's now (was: just after T0 + 5, 594 s ahead of it)
+    assert state.jobs["j1"].last_event_s == now

@@ -663,3 +663,28 @@ def test_calibrated_resistances_are_taken_where_the_estimator_is_confident_and_b
     ctl.update_calibration(est)
     # x2; 0.5 believed as 0.9 (under-estimating a die is the dangerous side); 5 held to 3; the spec's
     assert (ctl.r_total_k_per_w()[:6] / spec[:6]).tolist() == pytest.approx([2.0, 0.9, 3.0, 1.0, 1.0, 1.0])
+
+
+def test_a_stuck_cards_frozen_reading_does_not_become_rack_power_the_twin_does_not_explain() -> None:
+    """A card's sensor sticks at the 60 W it read idle while the card computes at ~650 W: its rack is
+    at fail-safe caps, and its PDU (which reads right) minus its cards' readings is ~590 W more than
+    the cards and hosts explain. That excess is the frozen reading's, not the rack's: it must not be
+    learnt as PDU "extra" while the rack is at fail-safe, or the rack's budget would lose it for many
+    decisions after the card reports again."""
+    site = small_site()
+    _plant, state = belief(site, [job("a", 16, share=0.97)], 120)  # computing on r0's 16 cards
+    snap = state.snapshot()
+    ctl = Controller(site, ControlConfig(period_s=15.0))
+    assert float(snap.card_power_w[5]) > 600.0
+    assert ctl.context(fresh_at(snap, 120.0), 120.0).rack_extra_w[0] == 0.0
+    frozen = snap.card_power_w.copy()
+    frozen[5] = 60.0
+    assert ctl.context(fresh_at(snap, 121.0, card_power_w=frozen, stuck_cards=(5,)), 121.0).failsafe_racks == (0,)
+    for k in range(12):  # three minutes stuck
+        t = 135.0 + 15.0 * k
+        stuck = fresh_at(snap, t, card_power_w=frozen, stuck_cards=(5,))
+        ctl.step(stuck, t)
+    t_back = 135.0 + 15.0 * 12 + ControlConfig().failsafe_hold_s + 15.0  # reporting again, the hold over
+    ctx = ctl.context(fresh_at(snap, t_back), t_back)
+    assert 0 not in ctx.failsafe_racks
+    assert ctx.rack_extra_w[0] == 0.0  # (learnt from the frozen reading: ~300 W over the dead band)
