@@ -23,7 +23,7 @@ from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.decision import Decision
 from agent.evaluate import evaluate
-from agent.load import predict, site_load, spec_r_total_k_per_w
+from agent.load import Prediction, predict, site_load, spec_r_total_k_per_w
 from agent.pumps import (
     MIN_FLOW_FRAC,
     _descend_facility_pump,
@@ -75,10 +75,9 @@ def _choose(site: SiteSpec, snap: StateSnapshot, supply_c: float, **kw: object) 
     return choice.speed_frac, args
 
 
-def _bounds_hold(site: SiteSpec, args: dict[str, object], speed: np.ndarray) -> np.ndarray:
-    """Per rack: dies, cap and loop rise within bounds at ``speed`` (every busy card computing)."""
-    r = r_at_speed(site, args["r_full_k_per_w"], args["rack_flow_full_lpm"], speed)  # type: ignore[arg-type]
-    pr = predict(
+def _predict_at(site: SiteSpec, args: dict[str, object], r: np.ndarray) -> Prediction:
+    """The twin's prediction of the choice's site (``args``) with the plates' resistances ``r``."""
+    return predict(
         site,
         args["load"],  # type: ignore[arg-type]
         args["level"],  # type: ignore[arg-type]
@@ -88,6 +87,12 @@ def _bounds_hold(site: SiteSpec, args: dict[str, object], speed: np.ndarray) -> 
         r,
         args["die_offset_k"],  # type: ignore[arg-type]
     )
+
+
+def _bounds_hold(site: SiteSpec, args: dict[str, object], speed: np.ndarray) -> np.ndarray:
+    """Per rack: dies, cap and loop rise within bounds at ``speed`` (every busy card computing)."""
+    r = r_at_speed(site, args["r_full_k_per_w"], args["rack_flow_full_lpm"], speed)  # type: ignore[arg-type]
+    pr = _predict_at(site, args, r)
     loop = site.loop
     mcp = (
         np.asarray(args["rack_flow_full_lpm"]) * speed / 60_000 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
@@ -394,16 +399,7 @@ def test_a_rack_cap_that_only_full_speed_meets_keeps_the_pump_at_full_speed() ->
     speed, args = _choose(site, snap, 30.0)
     assert speed[0] < 1.0
     r = np.asarray(args["r_full_k_per_w"])
-    at_full = predict(
-        site,
-        args["load"],  # type: ignore[arg-type]
-        args["level"],  # type: ignore[arg-type]
-        args["low_power"],  # type: ignore[arg-type]
-        args["power_limit_w"],  # type: ignore[arg-type]
-        args["inlet_c"],  # type: ignore[arg-type]
-        r,
-        args["die_offset_k"],  # type: ignore[arg-type]
-    ).rack_power_w
+    at_full = _predict_at(site, args, r).rack_power_w
     for cap_w in (at_full[0] + 1.0, at_full[0] - 5_000.0):
         cap = np.asarray(args["rack_cap_w"], dtype=np.float64).copy()
         cap[0] = cap_w
