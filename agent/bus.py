@@ -688,6 +688,8 @@ def add_mqtt_arguments(
 ) -> None:
     """Add ``--broker`` and the MQTT client options to a command's parser; ``client_id_default`` says
     in the help what the command uses when ``--mqtt-client-id`` is not given."""
+    from agent.commands.common import path_arg
+
     g = parser.add_argument_group("MQTT broker")
     g.add_argument(
         "--broker",
@@ -700,12 +702,17 @@ def add_mqtt_arguments(
     g.add_argument(
         "--mqtt-password-file",
         metavar="FILE",
+        type=path_arg,
         default=None,
         help=f"file whose first line is the password (or set {PASSWORD_ENV})",
     )
-    g.add_argument("--mqtt-ca-file", metavar="FILE", default=None, help="CA certificate(s) to verify the broker")
-    g.add_argument("--mqtt-cert-file", metavar="FILE", default=None, help="client certificate (TLS client auth)")
-    g.add_argument("--mqtt-key-file", metavar="FILE", default=None, help="client private key")
+    g.add_argument(
+        "--mqtt-ca-file", metavar="FILE", type=path_arg, default=None, help="CA certificate(s) to verify the broker"
+    )
+    g.add_argument(
+        "--mqtt-cert-file", metavar="FILE", type=path_arg, default=None, help="client certificate (TLS client auth)"
+    )
+    g.add_argument("--mqtt-key-file", metavar="FILE", type=path_arg, default=None, help="client private key")
     g.add_argument(
         "--mqtt-tls-insecure",
         action="store_true",

@@ -114,8 +114,8 @@ class AgentMetrics:
         )
         self.estimation_errors_total = Counter(
             "racktwin_estimation_errors_total",
-            "Telemetry rounds whose estimation (calibration, anomaly flags) failed (a defect; the round is "
-            "dropped by the estimator, the agent goes on; the log has the traceback)",
+            "Telemetry rounds whose estimation (the estimator's update, anomaly flags, calibration save) failed "
+            "(a defect; the agent goes on with the next round; the log has the traceback)",
             registry=r,
         )
         self.messages_stamped_ahead_total = Counter(

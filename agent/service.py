@@ -14,8 +14,9 @@
 * ``estimate``: each telemetry round updates ``twin.estimate.Estimator`` (thermal resistance and
   leakage per card; fouled cold plates and weak pumps are flagged in metrics and logs); calibration
   goes to the journal every ``journal.calibration_every_s``. A round whose estimation fails (a
-  defect) is dropped there, counted (``racktwin_estimation_errors_total``) and logged with its
-  traceback as above (at most one line a minute): the estimator goes on with the next round.
+  defect in the estimator's update, the anomaly report or the calibration save) is counted
+  (``racktwin_estimation_errors_total``) and logged with its traceback as above (at most one line a
+  minute); the task goes on with the next round (a failed calibration save waits its interval).
 * ``control``: every ``control.period_s`` of *site* time, and at once (at most every
   ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes computing, or is
   submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->
@@ -655,10 +656,10 @@ class AgentService:
                     last_anomaly = now
                     self._report_anomalies(now)
                 if now - last_cal >= cfg.journal.calibration_every_s and now - last_cal >= 0:
-                    if last_cal > -math.inf:
+                    first, last_cal = last_cal == -math.inf, now  # a save that fails waits its interval too
+                    if not first:
                         self._save_calibration(now)
-                    last_cal = now
-            except Exception:  # a defect: this round's estimation is lost, not the agent (module docstring)
+            except Exception:  # a defect: this round's update, anomaly report or save fails, not the agent
                 self._estimation_failed(r.time_s)
 
     def _estimation_failed(self, round_s: float) -> None:
@@ -670,7 +671,7 @@ class AgentService:
         if since is None:
             return
         log.exception(
-            "the estimation of the telemetry round at %.1f failed; the agent goes on (%d round(s) dropped since "
+            "the estimation of the telemetry round at %.1f failed; the agent goes on (%d round(s) failed since "
             "the last such line)",
             round_s,
             since,

@@ -217,6 +217,10 @@ def test_a_file_of_another_kind_is_named_as_that_kind(
         (["sim", "--scenario", ""], "--scenario"),
         (["sim", "--truth-log", ""], "--truth-log"),
         (["sim", "--summary", ""], "--summary"),
+        (["sim", "--mqtt-password-file", ""], "--mqtt-password-file"),  # was ": Is a directory"
+        (["sim", "--mqtt-ca-file", ""], "--mqtt-ca-file"),  # was "--mqtt-ca-file : no such file"
+        (["sim", "--mqtt-cert-file", ""], "--mqtt-cert-file"),
+        (["sim", "--mqtt-key-file", ""], "--mqtt-key-file"),
     ],
 )
 def test_an_empty_path_is_refused_as_such_before_anything_runs(

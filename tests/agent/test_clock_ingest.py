@@ -186,7 +186,9 @@ def _on_a_fake_wall(svc: AgentService) -> tuple[FakeWall, tuple[range, range]]:
     """The service's site clock on a wall the test moves (20 site s per wall s; a step back or jump
     confirmed after 0.5 wall s), and its racks in two halves (a round in two bursts)."""
     wall = FakeWall()
-    svc.clock = svc.ingest.clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+    clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+    # every holder of the service's clock (it hands it over when built)
+    svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = svc.metric_updates.clock = clock
     n_racks = svc.site.n_racks
     return wall, (range(n_racks // 2), range(n_racks // 2, n_racks))
 

@@ -175,7 +175,8 @@ class _ServicePath:
         self.svc = svc = AgentService(loaded, mqtt=MqttOptions(port=1), http=False)  # no connection is made
         self.wall = [0.0]
         self.clock = _Clock(control, self.wall)
-        svc.clock = svc.ingest.clock = svc.publisher.clock = self.clock
+        # every holder of the service's clock (it hands it over when built)
+        svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = svc.metric_updates.clock = self.clock
         self.broker = _Broker()
         svc.publisher.bus = self.broker  # type: ignore[assignment]
         self.later = later

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import itertools
 import json
 import logging
 import math
@@ -636,9 +637,41 @@ async def test_a_round_whose_estimation_fails_is_dropped_counted_and_logged_and_
     assert seen["estimated_s"] > max(failed)  # the later rounds were estimated
     lines = [r for r in caplog.records if "estimation of the telemetry round" in r.getMessage()]
     assert len(lines) == 1  # one line a minute, not one per round
-    assert lines[0].exc_info is not None and "(1 round(s) dropped" in lines[0].getMessage()
+    assert lines[0].exc_info is not None and "(1 round(s) failed" in lines[0].getMessage()
     assert res.summary.site_time_s >= START + 60.0  # the run went to its end
     assert_true_power_under_limit(res)
+
+
+async def test_a_calibration_save_that_keeps_failing_counts_once_per_interval_not_every_round(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """The estimate task saves the calibration every ``journal.calibration_every_s`` (10 site s here);
+    a defect that makes the save raise every time (injected where it reads the controller's
+    calibration) must be counted once per interval: a failed save
+    used to be retried at every round (one a site second), so the error counter ran ten times too
+    fast."""
+    config = write_config(tmp_path)
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace('path = "journal.sqlite"', 'path = "journal.sqlite"\ncalibration_every_s = 10.0'))
+    saves: list[float] = []
+    seen: dict[str, float] = {}
+
+    async def inject(service: AgentService, sim: Simulator) -> None:
+        await wait_for(lambda: service.decisions >= 2, what="two decisions")
+
+        def defective(*_args: Any) -> None:
+            saves.append(service.clock.now() or 0.0)
+            raise RuntimeError("an injected defect")
+
+        service.controller.calibration = defective  # type: ignore[method-assign]
+        await wait_for(lambda: len(saves) >= 3, what="three failed saves")
+        seen["saves"], seen["errors"] = len(saves), service.estimation_errors
+        seen["estimated_s"] = service.estimator.time_s
+
+    await run_with_sim(mosquitto, config, full_load(load_site(write_site(tmp_path)), 60.0), speed=20.0, during=inject)
+    assert seen["errors"] == seen["saves"]  # one per save tried, none for the rounds between
+    assert all(later - earlier >= 10.0 - 1e-6 for earlier, later in itertools.pairwise(saves))  # its interval
+    assert seen["estimated_s"] > saves[1]  # the rounds after a failed save were estimated
 
 
 async def test_the_agent_survives_a_broker_restart_without_losing_a_command(
