@@ -670,7 +670,9 @@ async def test_a_calibration_save_that_keeps_failing_counts_once_per_interval_no
 
     await run_with_sim(mosquitto, config, full_load(load_site(write_site(tmp_path)), 60.0), speed=20.0, during=inject)
     assert seen["errors"] == seen["saves"]  # one per save tried, none for the rounds between
-    assert all(later - earlier >= 10.0 - 1e-6 for earlier, later in itertools.pairwise(saves))  # its interval
+    # its interval (10 site s; the clock read in the test lags the save by up to a few site s under load),
+    # not every round (1 site s)
+    assert all(later - earlier >= 5.0 for earlier, later in itertools.pairwise(saves))
     assert seen["estimated_s"] > saves[1]  # the rounds after a failed save were estimated
 
 
