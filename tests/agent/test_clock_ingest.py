@@ -563,19 +563,25 @@ def test_readings_stamped_far_ahead_are_not_taken_into_the_belief() -> None:
     assert state.jobs["j1"].last_event_s == pytest.approx(clock.now() or 0.0, abs=1e-6)
 
 
+def _scheduler_an_hour_ahead() -> tuple[FakeWall, TwinState, Ingest, JobSpec, float, wire.JobEvent]:
+    """An ingest on the example site whose scheduler's clock runs an hour (``ahead``) ahead: job
+    "j1" (4 cards) and its ``started`` event, stamped a second after ``ahead``, on r1's cards 0-3."""
+    site = example_site()
+    wall = FakeWall()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0, infer=False, wall=wall))
+    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
+    ahead = T0 + 3600.0
+    started = wire.JobEvent(wire.JobEventType.STARTED, "j1", ahead + 1.0, 1, "sched", cards={"r1": (0, 1, 2, 3)})
+    return wall, state, ing, spec, ahead, started
+
+
 def test_job_events_stamped_far_ahead_keep_their_order() -> None:
     """A scheduler whose clock runs an hour ahead: its events are dated at the site's now, but a
     copy of its ``started`` (QoS 1 delivers at least once) is still the same start, and an older
     ``phase`` overtaken by a newer one is still older (dated at now, the copy looked like a restart
     and reset the running job's phase)."""
-    site = example_site()
-    wall = FakeWall()
-    clock = SiteClock(1.0, infer=False, wall=wall)
-    state = TwinState(site)
-    ing = Ingest(site, state, clock)
-    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
-    ahead = T0 + 3600.0
-    started = wire.JobEvent(wire.JobEventType.STARTED, "j1", ahead + 1.0, 1, "sched", cards={"r1": (0, 1, 2, 3)})
+    wall, state, ing, spec, ahead, started = _scheduler_an_hour_ahead()
     events = [
         wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", ahead, 0, "sched", job=spec),
         started,
@@ -686,14 +692,7 @@ def test_a_copy_of_a_start_stamped_far_ahead_is_not_a_restart() -> None:
     """A scheduler an hour ahead sends ``started`` twice (QoS 1): the copy, stamped as the original,
     is dated as the original, so the belief takes it for the same start: the job never left its
     cards (a restart would mark them released, as by a job that ended)."""
-    site = example_site()
-    wall = FakeWall()
-    clock = SiteClock(1.0, infer=False, wall=wall)
-    state = TwinState(site)
-    ing = Ingest(site, state, clock)
-    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
-    ahead = T0 + 3600.0
-    started = wire.JobEvent(wire.JobEventType.STARTED, "j1", ahead + 1.0, 1, "sched", cards={"r1": (0, 1, 2, 3)})
+    wall, state, ing, spec, ahead, started = _scheduler_an_hour_ahead()
     for i, ev in enumerate([wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", ahead, 0, "sched", job=spec), started]):
         ing.handle(cards_msg("r0", T0 + i))
         ing.handle(ev)
