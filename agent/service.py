@@ -222,110 +222,112 @@ class AgentService:
         self.estimator = Estimator(site)
         self.controller = controller if controller is not None else Controller.from_config(loaded)
         self.journal = Journal(cfg.journal.path, lock=True)  # JournalInUseError: another agent has it
-        #: this run of the agent (the publisher of its status and commands) and the others on the site
-        self.instance = AgentInstance.current()
-        self.others = OtherAgents(self.instance)
-        self.book = CommandBook(
-            site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
-        )
-        self.ingest = Ingest(
-            site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event, on_round=self._on_round
-        )
-        self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
-        t = self.codec.topics
-        commands = (t.filter(wire.Kind.RACK_CMD), t.filter(wire.Kind.CDU_CMD), t.facility_cmd, t.scheduler_cmd)
-        self.bus = Bus(
-            self.mqtt,
-            # the status first: another agent's retained status is known before any telemetry
-            subscriptions=(t.agent_status, *t.agent_filters(), *commands),
-            will=self._will,
-            on_connect=self._on_connect,
-            name="agent",
-        )
-        #: whether this agent commands the site or stands by for another, and its status that says so
-        self.standby = Standby(
-            self.others,
-            mode=self.mode,
-            site_id=cfg.site_id,
-            connected=lambda: self.bus.connected,
-            on_stand_by=self._drop_open_commands,
-            on_commanding=self._take_up_journal_commands,
-        )
-        self.status = StatusPublisher(self.bus, self.codec, self.clock, self.standby, mqtt=self.mqtt)
-        self.publisher = Publisher(
-            self.bus,
-            self.book,
-            self.journal,
-            self.clock,
-            cfg.control,
-            on_sent=self._on_sent,
-            on_closed=self._on_closed,
-            on_unconfirmed=self._on_unconfirmed,
-            heard_since=self._heard_since,
-        )
-        self.http = http
-        self._http_listen = http_listen
-        self.http_port: int | None = None
-        self._http_server: HttpEndpoint | None = None
-        self._stop = asyncio.Event()
-        self._replan = asyncio.Event()
-        self._replan_wall = 0.0
-        self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
-        self._merger = RoundMerger()
-        self._merger_corrections = 0  # the site clock's step backs the merger has seen
-        self._last_cycle_wall_s = 0.0
-        self._last_cycle_end_wall = 0.0
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
-        self._solve_future: asyncio.Future[Decision] | None = None
-        self._first_send: dict[str, tuple[float, str]] = {}
-        self._journal_error: str | None = None  # the last decision write failed: why
-        self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
-        self._calibration_error: str | None = None  # the last calibration write failed: why
-        self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
-        self.jobs_record = JobsRecord(self.journal)  # the jobs known, for a restart
-        self._failure: str | None = None  # why the service stopped, if a task failed
-        self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
-        self.metric_updates = MetricUpdates(
-            self.metrics,
-            site,
-            state=self.state,
-            clock=self.clock,
-            codec=self.codec,
-            ingest=self.ingest,
-            bus=self.bus,
-            book=self.book,
-            standby=self.standby,
-        )
-        self.failsafe_log = FailsafeLog(site, cfg.control.telemetry_deadline_s)
-        #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
-        self.anomaly_history = AnomalyHistory()
-        #: wall seconds from the message that triggered a decision to its first command (or advice) sent
-        self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
-        #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
-        #: (a job event; its decision waits for ``min_replan_interval_s`` after the last one, and is a full
-        #: one if the period boundary passes meanwhile)
-        self.latency_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
-        #: wall seconds each decision took to make and hand over (context, plan, guard, journal, commands
-        #: queued), and its kind: "full" (the periodic MILP decision) or "incremental" (on a job event)
-        self.decision_walls_s: collections.deque[float] = collections.deque(maxlen=100_000)
-        self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
-        self.decisions = 0
-        #: acks taken in (ours, copies answered again, other agents'), a broker's second delivery of one not
-        #: counted (the last ``_ACK_KEYS_KEPT`` ack messages are remembered by command, publisher and seq:
-        #: a restarted publisher numbers from 0 again)
-        self.acks_received = 0
-        self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
-        self.last_decision: Decision | None = None
-        self.rounds_dropped = 0
-        #: messages whose handling raised (dropped; see :meth:`_message_failed`)
-        self.message_errors = 0
-        self._message_error_lines = _FailureLines()
-        #: telemetry rounds whose estimation raised (dropped by the estimator; see :meth:`_estimation_failed`)
-        self.estimation_errors = 0
-        self._estimation_error_lines = _FailureLines()
-        self.resumed_commands = 0
-        self.expired_on_resume = 0
+        # from here on any failure closes the journal (and releases its lock): a caller that catches
+        # the error and tries again must find the journal free
         try:
+            #: this run of the agent (the publisher of its status and commands) and the others on the site
+            self.instance = AgentInstance.current()
+            self.others = OtherAgents(self.instance)
+            self.book = CommandBook(
+                site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
+            )
+            self.ingest = Ingest(
+                site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event, on_round=self._on_round
+            )
+            self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
+            t = self.codec.topics
+            commands = (t.filter(wire.Kind.RACK_CMD), t.filter(wire.Kind.CDU_CMD), t.facility_cmd, t.scheduler_cmd)
+            self.bus = Bus(
+                self.mqtt,
+                # the status first: another agent's retained status is known before any telemetry
+                subscriptions=(t.agent_status, *t.agent_filters(), *commands),
+                will=self._will,
+                on_connect=self._on_connect,
+                name="agent",
+            )
+            #: whether this agent commands the site or stands by for another, and its status that says so
+            self.standby = Standby(
+                self.others,
+                mode=self.mode,
+                site_id=cfg.site_id,
+                connected=lambda: self.bus.connected,
+                on_stand_by=self._drop_open_commands,
+                on_commanding=self._take_up_journal_commands,
+            )
+            self.status = StatusPublisher(self.bus, self.codec, self.clock, self.standby, mqtt=self.mqtt)
+            self.publisher = Publisher(
+                self.bus,
+                self.book,
+                self.journal,
+                self.clock,
+                cfg.control,
+                on_sent=self._on_sent,
+                on_closed=self._on_closed,
+                on_unconfirmed=self._on_unconfirmed,
+                heard_since=self._heard_since,
+            )
+            self.http = http
+            self._http_listen = http_listen
+            self.http_port: int | None = None
+            self._http_server: HttpEndpoint | None = None
+            self._stop = asyncio.Event()
+            self._replan = asyncio.Event()
+            self._replan_wall = 0.0
+            self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
+            self._merger = RoundMerger()
+            self._merger_corrections = 0  # the site clock's step backs the merger has seen
+            self._last_cycle_wall_s = 0.0
+            self._last_cycle_end_wall = 0.0
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
+            self._solve_future: asyncio.Future[Decision] | None = None
+            self._first_send: dict[str, tuple[float, str]] = {}
+            self._journal_error: str | None = None  # the last decision write failed: why
+            self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
+            self._calibration_error: str | None = None  # the last calibration write failed: why
+            self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
+            self.jobs_record = JobsRecord(self.journal)  # the jobs known, for a restart
+            self._failure: str | None = None  # why the service stopped, if a task failed
+            self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
+            self.metric_updates = MetricUpdates(
+                self.metrics,
+                site,
+                state=self.state,
+                clock=self.clock,
+                codec=self.codec,
+                ingest=self.ingest,
+                bus=self.bus,
+                book=self.book,
+                standby=self.standby,
+            )
+            self.failsafe_log = FailsafeLog(site, cfg.control.telemetry_deadline_s)
+            #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
+            self.anomaly_history = AnomalyHistory()
+            #: wall seconds from the message that triggered a decision to its first command (or advice) sent
+            self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
+            #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
+            #: (a job event; its decision waits for ``min_replan_interval_s`` after the last one, and is a full
+            #: one if the period boundary passes meanwhile)
+            self.latency_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
+            #: wall seconds each decision took to make and hand over (context, plan, guard, journal, commands
+            #: queued), and its kind: "full" (the periodic MILP decision) or "incremental" (on a job event)
+            self.decision_walls_s: collections.deque[float] = collections.deque(maxlen=100_000)
+            self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
+            self.decisions = 0
+            #: acks taken in (ours, copies answered again, other agents'), a broker's second delivery of one not
+            #: counted (the last ``_ACK_KEYS_KEPT`` ack messages are remembered by command, publisher and seq:
+            #: a restarted publisher numbers from 0 again)
+            self.acks_received = 0
+            self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
+            self.last_decision: Decision | None = None
+            self.rounds_dropped = 0
+            #: messages whose handling raised (dropped; see :meth:`_message_failed`)
+            self.message_errors = 0
+            self._message_error_lines = _FailureLines()
+            #: telemetry rounds whose estimation raised (dropped by the estimator; see :meth:`_estimation_failed`)
+            self.estimation_errors = 0
+            self._estimation_error_lines = _FailureLines()
+            self.resumed_commands = 0
+            self.expired_on_resume = 0
             load_journal(self.journal, self.controller, self.state)
         except BaseException:
             self.journal.close()  # and its lock

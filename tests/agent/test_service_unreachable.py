@@ -1,6 +1,6 @@
 """An unreachable broker is not fatal: the service keeps retrying, /readyz says why, /healthz is up,
 and a stop request still shuts it down cleanly. Errors of its own side tasks (metrics, a late solve)
-are logged, never silent."""
+are logged, never silent. A construction that fails releases the journal it opened."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from http_testing import http_get
 from agent.broker import free_port
 from agent.bus import MqttOptions
 from agent.config import load_config
+from agent.journal import Journal
 from agent.service import AgentService, _report_late_solve
 
 pytestmark = pytest.mark.agent
@@ -44,6 +45,31 @@ async def test_unreachable_broker_keeps_retrying_and_readiness_says_why(tmp_path
     service.stop()
     await asyncio.wait_for(task, 10)
     assert task.done() and task.exception() is None
+
+
+def test_a_construction_that_fails_after_opening_the_journal_releases_it(tmp_path: Path) -> None:
+    """The constructor closed the journal (and released its lock) only when loading the journal
+    failed: any later step that raised left the lock held until the process ended, so a caller that
+    caught the error and tried again was refused its own journal. Here the broker's password file,
+    read after the journal is opened, was removed between the configuration's check and the start."""
+    journal = tmp_path / "j.sqlite"
+    password = tmp_path / "agent.password"
+    password.write_text("secret\n")
+    env = {
+        "RACKTWIN_JOURNAL_PATH": str(journal),
+        "RACKTWIN_BROKER_USERNAME": "agent",
+        "RACKTWIN_BROKER_PASSWORD_FILE": str(password),
+    }
+    loaded = load_config(EXAMPLES / "agent.toml", env=env)
+    password.unlink()
+    with pytest.raises(FileNotFoundError, match=str(password)):
+        AgentService(loaded, http=False)
+    assert journal.exists()  # it failed after the journal was opened
+    Journal(journal, lock=True).close()  # not held any more
+    password.write_text("secret\n")  # the file back: the same configuration starts on the same journal
+    service = AgentService(loaded, http=False)
+    assert service.mqtt.password == "secret"
+    service.journal.close()
 
 
 async def test_a_failing_metrics_update_is_logged_once_and_the_service_goes_on(
