@@ -60,7 +60,7 @@ import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
 
 from agent.aio import cancel_and_wait, cancellation_kept, wait_event
-from agent.config import url_host
+from agent.config import empty_zone_problem, url_host
 from agent.wire import Outgoing
 
 __all__ = [
@@ -203,6 +203,8 @@ class MqttOptions:
             port = 8883 if tls else 1883
         elif not 0 < port < 65536:
             raise ValueError(f"broker URL {url!r}: the port must be a number within 1..65535")
+        if (zone_problem := empty_zone_problem(url, parts.hostname)) is not None:
+            raise ValueError(zone_problem)  # the words of the configuration and --broker
         kw: dict[str, Any] = {"host": url_host(parts.hostname) or "127.0.0.1", "port": port, "tls": tls}
         if parts.username:
             kw["username"] = unquote(parts.username)

@@ -477,6 +477,14 @@ def url_host(hostname: str | None) -> str | None:
     return hostname
 
 
+def empty_zone_problem(url: str, hostname: str | None) -> str | None:
+    """An IPv6 zone with nothing after its '%' (``[fe80::1%25]``) names no interface: why ``url``,
+    whose host is ``hostname`` (``urlsplit(url).hostname``), is refused (None: it is not)."""
+    if str(url_host(hostname)).endswith("%"):
+        return f"no IPv6 zone after its '%25' in {url!r}: e.g. mqtt://[fe80::1%25eth0]:1883"
+    return None
+
+
 def broker_url_problem(url: str, *, credentials: str) -> str | None:
     """What keeps ``url`` from being a broker URL (None: nothing): ``mqtt://`` or ``mqtts://``, a
     host, an optional port within 1..65535, nothing else; user name and password go in their own
@@ -495,8 +503,8 @@ def broker_url_problem(url: str, *, credentials: str) -> str | None:
         return f"no host in {url!r}: {form}"
     if "[" not in parts.netloc and not _BROKER_HOST.fullmatch(_ascii_host(parts.hostname)):  # urlsplit checks [IPv6]
         return f"bad host {parts.hostname!r} in {url!r}: an IP address or a host name (letters, digits, '.', '-', '_')"
-    if str(url_host(parts.hostname)).endswith("%"):
-        return f"no IPv6 zone after its '%25' in {url!r}: e.g. mqtt://[fe80::1%25eth0]:1883"
+    if (problem := empty_zone_problem(url, parts.hostname)) is not None:
+        return problem
     try:
         port = parts.port
     except ValueError:

@@ -163,6 +163,18 @@ def test_an_ipv6_zone_of_the_broker_url_is_decoded(tmp_path: Path, url: str, hos
     assert options.url == (f"mqtt://[{host.replace('%', '%25')}]:1883" if ":" in host else url)
 
 
+def test_an_empty_ipv6_zone_is_refused_by_the_options_as_by_the_configuration(tmp_path: Path) -> None:
+    """A zone with nothing after its '%25' names no interface. The configuration (and ``--broker``)
+    refused it, but options built in code from the URL took it (host ``fe80::1%``), which the client
+    then failed to resolve at every connect. (Written bare, ``[fe80::1%]``, urlsplit refuses it.)"""
+    url = "mqtt://[fe80::1%25]:1883"
+    problem = refused(tmp_path, f'site = "site.toml"\n[broker]\nurl = "{url}"\n').problem
+    assert problem == f"no IPv6 zone after its '%25' in {url!r}: e.g. mqtt://[fe80::1%25eth0]:1883"
+    with pytest.raises(ValueError) as caught:
+        MqttOptions.from_url(url)
+    assert str(caught.value) == problem
+
+
 def test_the_client_id_is_one_per_host_by_default_and_may_name_the_host(tmp_path: Path) -> None:
     """Two hosts with the shipped configuration must not share one MQTT session (the broker hands it
     back and forth, docs/agent.md "Another agent on the site"): the default and the example's client
