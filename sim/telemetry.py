@@ -20,8 +20,8 @@ left out.
 
 Values are rounded to what such sensors resolve (and to keep messages small): card power 0.01 W, die
 temperature 0.01 deg C, utilization 0.01 %, coolant temperatures 0.01 deg C, flow 0.01 L/min, pump
-power 0.1 W, delta pressure 1 Pa, PDU power 0.01 W, facility powers 0.1 W; clocks and power limits
-are exact.
+power 0.1 W, pump speed 0.01 % (of nominal: the fraction to 4 decimals), delta pressure 1 Pa, PDU
+power 0.01 W, facility powers 0.1 W; clocks and power limits are exact.
 
 Delta pressure is not modelled by the plant: the CDU reading reports the pump head scaled with the
 square of the measured flow (affinity law), ``pump_head_kpa * (flow / nominal flow)^2``.

@@ -6,6 +6,9 @@ so that the controller decides the same and an evaluation measures what the serv
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 from agent_helpers import example_site, job
@@ -116,6 +119,50 @@ def test_the_belief_from_the_wire_is_the_belief_from_the_readings() -> None:
     assert slowest_pump == pytest.approx(0.6) and snap.facility is not None  # (back to full speed since)
     assert snap.facility.supply_setpoint_c == 35.0
     assert beliefs.rejected == []
+
+
+def test_the_pump_speed_goes_on_the_wire_to_0_01_percent_and_full_speed_stays_full() -> None:
+    """The CDU's pump speed resolves 0.01 % of nominal on the wire (docs/sim.md: the simulator rounds
+    the fraction to 4 decimals), and the agent reads back that value: full speed exactly (the agent
+    takes any speed under 1 for a slowed pump), a speed between two steps to the nearer one, and the
+    edges (a speed that rounds to 0 reads 0). Until this test only the tolerance of one lockstep test
+    (tests/agent/test_lockstep_paths.py) noticed a change of this rounding."""
+    site = example_site()
+    plant = Plant(site, [], [], PlantConfig(seed=0))
+    lowest = site.min_pump_speed_frac()  # 1/3 on the example site
+    # rack -> (speed in force, pump_speed_percent on the wire): r0 stays at full speed
+    cases = {0: (1.0, 100.0), 1: (lowest, 33.33), 2: (0.456789, 45.68), 3: (0.99996, 100.0), 4: (0.99994, 99.99)}
+    cases |= {5: (0.6, 60.0), 6: (0.0, 0.0), 7: (0.00004, 0.0)}  # r6, r7: below the plant's range, set below
+    for r in range(1, 6):
+        plant.set_pump_speed([r], cases[r][0])
+    plant.step(1.0)
+    readings = plant.readings()
+    racks = list(readings.racks)
+    for r in (6, 7):
+        loop = racks[r].loop
+        assert loop is not None
+        racks[r] = dataclasses.replace(racks[r], loop=dataclasses.replace(loop, pump_speed_frac=cases[r][0]))
+    readings = dataclasses.replace(readings, racks=tuple(racks))
+    beliefs = _TwoBeliefs(site)
+    on_wire: dict[int, float] = {}
+    decoded: dict[int, float | None] = {}
+    for out in beliefs.encoder.readings(readings, START + readings.time_s):
+        msg = beliefs.codec.decode(out.topic, out.payload)
+        if isinstance(msg, wire.CduReading):
+            r = site.rack_names.index(msg.rack)
+            on_wire[r] = json.loads(out.payload)["pump_speed_percent"]
+            decoded[r] = msg.pump_speed_frac
+        assert not isinstance(msg, wire.Rejection), msg
+        beliefs.ingest.handle(msg)
+    beliefs.ingest.flush()
+    assert sorted(on_wire) == list(range(site.n_racks))
+    for r, (_speed, percent) in cases.items():
+        assert on_wire[r] == pytest.approx(percent, rel=0.0, abs=1e-9), r
+        assert decoded[r] == pytest.approx(percent / 100.0, rel=0.0, abs=1e-12), r
+    assert (on_wire[0], decoded[0], on_wire[3], decoded[3]) == (100.0, 1.0, 100.0, 1.0)  # exactly full speed
+    believed = beliefs.wired.snapshot().rack_pump_speed_frac
+    assert believed[0] == 1.0 and believed[3] == 1.0
+    assert believed[1:6] == pytest.approx([0.3333, 0.4568, 1.0, 0.9999, 0.6], rel=0.0, abs=1e-12)
 
 
 @pytest.mark.parametrize(
