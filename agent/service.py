@@ -16,7 +16,8 @@
   goes to the journal every ``journal.calibration_every_s``. A round whose estimation fails (a
   defect in the estimator's update, the anomaly report or the calibration save) is counted
   (``racktwin_estimation_errors_total``) and logged with its traceback as above (at most one line a
-  minute); the task goes on with the next round (a failed calibration save waits its interval).
+  minute); the task goes on with the next round (a failed calibration save waits its interval). The
+  estimator's update is all or nothing: a round that fails in it leaves the estimates as they were.
 * ``control``: every ``control.period_s`` of *site* time, and at once (at most every
   ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes computing, or is
   submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->

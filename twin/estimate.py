@@ -232,7 +232,31 @@ class Estimator:
         the caller found stuck (``twin.state.TwinState.stuck_cards`` / ``stuck_racks``), whose
         readings are not observations: a die reading frozen while the coolant warms reads as a
         plate that cools better than the spec (or, while it cools, as a fouled one), so those cards
-        keep their estimates (a frozen rack also its loop's) until they report again."""
+        keep their estimates (a frozen rack also its loop's) until they report again.
+
+        All or nothing: a round that raises (a defect, or readings no source sends, such as a batch
+        whose columns differ in length) leaves the estimator as it was before the round."""
+        before = self._state()
+        try:
+            self._update(readings, frozen_cards, frozen_racks)
+        except BaseException:
+            self._restore(before)
+            raise
+
+    def _state(self) -> tuple[dict[str, Any], ThermalParams]:
+        """What a round may change, to put back if it fails: the estimator's attributes, its arrays
+        copied (1.5 MB at 8,192 cards: under 0.1 ms, about 2% of the round), and the thermal
+        network's parameters (replaced, never changed in place, when the flow moves)."""
+        state = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in vars(self).items()}
+        return state, self._net.params
+
+    def _restore(self, state: tuple[dict[str, Any], ThermalParams]) -> None:
+        attrs, params = state
+        vars(self).update(attrs)
+        if self._net.params is not params:
+            self._net.set_params(params)
+
+    def _update(self, readings: Readings, frozen_cards: Collection[int], frozen_racks: Collection[int]) -> None:
         self.time_s = max(self.time_s, readings.time_s)
         n = self._n
         skip_racks = {int(r) for r in frozen_racks}
