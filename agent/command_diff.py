@@ -3,7 +3,7 @@
 :class:`CommandDiff` turns a guarded :class:`agent.decision.Decision` into the commands that change
 what differs from what the racks have (reported, overlaid with the agent's open commands until they
 expire: ``agent.command_overlays``), as :data:`agent.open_commands.Item` (kind, message, whether it
-lowers power), unencoded, without ids of sequence (``seq`` 0), lowering first; ``agent.publish``
+lowers power), not yet encoded (``seq`` 0: the book numbers them), lowering first; ``agent.publish``
 explains which commands and in which order. It registers nothing: ``agent.command_book`` does.
 """
 
