@@ -1,0 +1,119 @@
+"""What the agent's open commands will have set, until they expire, and what refusals hold back.
+
+"What the racks have" is what they report (telemetry, retained applied state) overlaid with the
+agent's own open commands until they expire, so that a command is not repeated every period while
+telemetry catches up (:meth:`Overlays.have`). Per card and kind of setting (``agent.open_commands``:
+a DVFS level, low-power idle, a power limit, the host powered off) :class:`Overlays` keeps the value
+an open command sets, its expiry and the command's key (a host command covers all its host's cards);
+per facility, rack pump and job the same for the set-point, the pump speeds and the placements.
+
+A rejected card setting is held back for ``command_ttl_s`` on the cards of the refused command
+(:meth:`Overlays.refuse`), unless a card of it reads failed since (:meth:`Overlays.note_failed`,
+:meth:`Overlays.lift_refusals_a_failure_explains`: a rack refuses a command whole for one failed card).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from agent import wire
+from agent.open_commands import N_KINDS, OpenCommand
+from twin.spec import SiteSpec
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+__all__ = ["Overlays"]
+
+
+class Overlays:
+    """What the agent's open commands will have set, until when, and which command set it (see the
+    module docstring). :class:`agent.command_book.CommandBook` writes them as commands open and close;
+    :class:`agent.command_diff.CommandDiff` reads them."""
+
+    def __init__(self, site: SiteSpec) -> None:
+        n = site.n_cards
+        self._cpr = site.cards_per_rack
+        self._card_rack = site.card_rack()
+        # per kind and card: the value our open commands will have set, until when, and which command
+        # set it (HOST: whether the card's host is (to be) off; a host command covers all its cards)
+        self.value = np.zeros((N_KINDS, n))
+        self.until = np.full((N_KINDS, n), -math.inf)
+        self.key = np.zeros((N_KINDS, n), dtype=np.int64)
+        self.backoff = np.full((N_KINDS, n), -math.inf)
+        self.refused_key = np.zeros((N_KINDS, n), dtype=np.int64)  # the refused command of a backoff
+        # when a rack refused a command because these cards had failed (its ack's stamp): a card counts
+        # as failed until a reading of it newer than that shows what it is (a silent rack shows nothing)
+        self.failed_by_ack_s = np.full(n, -math.inf)
+        self.setpoint: tuple[float, float, int] | None = None  # set-point, until, key
+        self.placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
+        self.pump: dict[int, tuple[float, float, int]] = {}  # rack -> speed, until, key
+        self.pump_sent = np.full(site.n_racks, -math.inf)  # rack -> when its last pump command was issued
+
+    def have(self, kind: int, reported: FloatArray, now_s: float) -> FloatArray:
+        """Per card, what the racks have of a kind of setting: ``reported``, where no open command of
+        ours sets it."""
+        live = self.until[kind] > now_s
+        return np.where(live, self.value[kind], reported)
+
+    def hold(self, kind: int, cards: IntArray, value: float | FloatArray, until_s: float, key: int) -> None:
+        """The command ``key`` sets ``value`` on ``cards`` until ``until_s``."""
+        self.value[kind, cards] = value
+        self.until[kind, cards] = until_s
+        self.key[kind, cards] = key
+
+    def refuse(self, oc: OpenCommand, until_s: float) -> None:
+        """A rack refused ``oc`` (a card setting): its cards get no setting of its kind before ``until_s``."""
+        mine = oc.cards
+        self.backoff[oc.kind, mine] = until_s
+        self.refused_key[oc.kind, mine] = oc.key
+
+    def note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement, now_s: float) -> None:
+        """A ``card_failed`` refusal names the command's dead cards: they count as failed (the next
+        decision's commands leave them out, and the refusal no longer holds the others back) until a
+        reading of them newer than the ack. A card may fail unseen: its rack silent (the fail-safe caps
+        of a silent rack were refused every ``command_ttl_s`` for the whole silence) or after the
+        reading the decision used."""
+        local = [c for c in wire.failed_cards_of(ack.reason) if 0 <= c < self._cpr]
+        if not local or not oc.cards.size:
+            return
+        named = np.asarray(local, dtype=np.int64) + int(self._card_rack[oc.cards[0]]) * self._cpr
+        dead = named[np.isin(named, oc.cards)]
+        # never later than the agent's clock: an ack stamped ahead would hold the mark past readings
+        # that show the card alive (the belief refuses readings stamped that far ahead)
+        stamp = min(ack.ts_s, now_s) if math.isfinite(ack.ts_s) else now_s
+        self.failed_by_ack_s[dead] = np.maximum(self.failed_by_ack_s[dead], stamp)
+
+    def lift_refusals_a_failure_explains(self, failed: BoolArray, now_s: float) -> None:
+        """A rack refuses a command whole when one of its cards has failed, and the card may fail
+        after the reading the command was decided on: once a card of a refused command reads failed,
+        the refusal is explained and the command's other cards are not held back for the rest of
+        their backoff (the decision leaves the failed card out)."""
+        held = self.backoff > now_s
+        explained = held & failed[np.newaxis, :]
+        if not explained.any():
+            return
+        for kind in range(N_KINDS):
+            keys = np.unique(self.refused_key[kind, explained[kind]])
+            if keys.size:
+                self.backoff[kind, held[kind] & np.isin(self.refused_key[kind], keys)] = -math.inf
+
+    def release(self, oc: OpenCommand) -> None:
+        """Clear what a closed command would have set (what it alone set: not what a newer command
+        set since)."""
+        if oc.kind >= 0 and oc.cards.size:
+            mine = oc.cards[self.key[oc.kind, oc.cards] == oc.key]
+            self.until[oc.kind, mine] = -math.inf
+        if self.setpoint is not None and self.setpoint[2] == oc.key:
+            self.setpoint = None
+        for r, (_speed, _until, key) in list(self.pump.items()):
+            if key == oc.key:
+                del self.pump[r]
+                self.pump_sent[r] = -math.inf  # not applied: send again at the next decision
+        for jid, (_until, key) in list(self.placing.items()):
+            if key == oc.key:
+                del self.placing[jid]

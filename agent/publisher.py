@@ -1,0 +1,276 @@
+"""Sending the agent's open commands over MQTT: in order, pipelined, retried until acknowledged.
+
+:class:`Publisher` sends what :class:`agent.command_book.CommandBook` hands it, retries what is not
+acknowledged, closes what expires or runs out of retries, journals the sends and reports acks that
+go missing; ``agent.publish`` explains the whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from agent.aio import wait_event
+from agent.bus import Bus, BusError, BusNotConnected, BusPubackTimeout
+from agent.clock import SiteClock
+from agent.command_book import CommandBook
+from agent.config import ControlConfig
+from agent.journal import Journal, JournalError
+from agent.open_commands import OpenCommand
+
+__all__ = ["PublishStats", "Publisher"]
+
+log = logging.getLogger("racktwin.agent.publish")
+
+
+@dataclass
+class PublishStats:
+    sent: int = 0
+    retried: int = 0
+    unacked_expired: int = 0  # expired before any ack (lost or unanswered)
+    abandoned: int = 0  # retries exhausted
+    superseded: int = 0  # closed unacked by a newer command for what they set (never sent again)
+    acks_missing: int = 0  # closed without an ack (of the above) although sent a retry interval before
+    not_connected_waits: int = 0
+    unconfirmed: int = 0  # sends the broker did not acknowledge within puback_timeout_s (counted in sent)
+
+
+class Publisher:
+    """Sends open commands in order, retries the unacknowledged ones (see ``agent.publish``).
+
+    ``on_sent(command, retry)``, ``on_closed(command, why)`` (closed without an ack: ``why`` is
+    ``unacked`` (expired), ``abandoned`` or ``superseded``) and ``on_unconfirmed(command)`` report to
+    the caller (metrics). ``heard_since(target, site_s)``: whether the target (a rack) sent anything
+    stamped after ``site_s`` (the service's belief; without it every target counts as heard).
+
+    A send whose PUBACK does not come within :attr:`puback_timeout_s` (an overloaded broker) counts
+    as sent, unconfirmed: the client keeps the message and delivers it when it can, so it is not
+    published again at once (that only piled copies into the client); the rack's ack closes it, and
+    the retry interval applies as to any command not acknowledged. The next batch goes on."""
+
+    #: wall seconds a send waits for the broker's PUBACK
+    puback_timeout_s = 5.0
+    #: wall seconds the publisher's journal writes are skipped after one failed
+    journal_retry_s = 2.0
+    #: wall seconds between two warnings about one target's missing acks
+    ack_warning_interval_s = 60.0
+
+    def __init__(
+        self,
+        bus: Bus,
+        book: CommandBook,
+        journal: Journal,
+        clock: SiteClock,
+        control: ControlConfig,
+        *,
+        on_sent: Callable[[OpenCommand, bool], None] | None = None,
+        on_closed: Callable[[OpenCommand, str], None] | None = None,
+        on_unconfirmed: Callable[[OpenCommand], None] | None = None,
+        heard_since: Callable[[str, float], bool] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.book = book
+        self.journal = journal
+        self.clock = clock
+        self.control = control
+        self.on_sent = on_sent
+        self.on_closed = on_closed
+        self.on_unconfirmed = on_unconfirmed
+        self.heard_since = heard_since
+        self.stats = PublishStats()
+        self._queue: collections.deque[OpenCommand] = collections.deque()
+        #: commands in flight at once (awaiting their PUBACK); the client's own in-flight window
+        self.max_in_flight = max(1, bus.options.max_inflight)
+        self._wake = asyncio.Event()
+        self._resend_all = False
+        self._stepping = asyncio.Lock()  # one step at a time (the run loop's, a clean shutdown's)
+        #: the publisher's journal writes that failed last time they were tried ("sent", "expired",
+        #: "abandoned", "superseded"), with the error; an entry goes when that write succeeds again
+        self.journal_errors: dict[str, str] = {}
+        self._journal_retry_wall = -math.inf  # time.monotonic() before which journal writes are skipped
+        #: time.monotonic() of the last send the broker did not acknowledge in time, and why
+        self.last_unconfirmed_wall = -math.inf
+        self.last_unconfirmed_error = ""
+        #: per target (rack, "facility", "scheduler"): commands closed without an ack although sent
+        #: a retry interval before (expired, abandoned or superseded unanswered)
+        self.acks_missing: dict[str, int] = {}
+        self._ack_warned: dict[str, tuple[float, int]] = {}  # target -> (time.monotonic(), acks_missing then)
+
+    @property
+    def retry_after_s(self) -> float:
+        return self.control.command_ttl_s / (self.control.command_retries + 1)
+
+    def submit(self, commands: Iterable[OpenCommand]) -> None:
+        self._queue.extend(commands)
+        self._wake.set()
+
+    def reconnected(self) -> None:
+        """The broker connection came back: send every open command again."""
+        self._resend_all = True
+        self._wake.set()
+
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    def _journal_write(self, what: str, write: Callable[[], object]) -> None:
+        """One journal write (``what`` names it in the log); a failure is logged once and kept in
+        :attr:`journal_errors`, never raised: the command has been journaled and sent already. For
+        ``journal_retry_s`` after a failure the publisher's writes are skipped (each try may wait for
+        SQLite's busy timeout on the event loop, and a step comes every 0.25 s): what they would
+        record is lost as when they fail (expiries are recorded by the next one that succeeds). An
+        entry of :attr:`journal_errors` goes when a write of its kind succeeds, every entry when a
+        batch is marked sent (rows written: the journal takes writes again)."""
+        if time.monotonic() < self._journal_retry_wall:
+            return
+        try:
+            write()
+        except JournalError as exc:
+            if what not in self.journal_errors:
+                log.error("journal write failed: commands %s not recorded", what, extra={"fields": {"error": str(exc)}})
+            self.journal_errors[what] = str(exc)
+            self._journal_retry_wall = time.monotonic() + self.journal_retry_s
+            return
+        if what == "sent" and self.journal_errors:
+            log.info("journal written again: commands sent recorded")
+            self.journal_errors.clear()
+        elif self.journal_errors.pop(what, None) is not None:
+            log.info("journal written again: commands %s recorded", what)
+
+    async def run(self) -> None:
+        while True:
+            await wait_event(self._wake, 0.25)
+            self._wake.clear()
+            await self.step()
+
+    async def step(self) -> None:
+        """Expire, queue retries, send what is queued (returns when the queue is empty or the link is
+        down). A step called while another runs starts when that one has ended: a clean shutdown's
+        step returns once what the last decision handed over has been sent, whichever step sent it."""
+        async with self._stepping:
+            await self._step()
+
+    async def _step(self) -> None:
+        now = self.clock.now()
+        if now is None:
+            return
+        for oc in self.book.expire(now):
+            self.stats.unacked_expired += 1
+            self._no_ack(oc, now)
+            if self.on_closed is not None:
+                self.on_closed(oc, "unacked")
+        self._journal_write("expired", functools.partial(self.journal.expire, now))
+        superseded = self.book.take_superseded()
+        if superseded:
+            # the journal has no state of its own for them: closed unacked, never sent again
+            ids = [oc.command_id for oc in superseded]
+            self._journal_write("superseded", functools.partial(self.journal.supersede, ids))
+            for oc in superseded:
+                self.stats.superseded += 1
+                self._no_ack(oc, now)
+                if self.on_closed is not None:
+                    self.on_closed(oc, "superseded")
+        queued = {oc.command_id for oc in self._queue}
+        resend_all, self._resend_all = self._resend_all, False
+        for oc in list(self.book.open.values()):
+            if oc.command_id in queued or oc.attempts == 0:
+                continue
+            due = resend_all or now - oc.last_sent_s >= self.retry_after_s
+            if not due:
+                continue
+            if oc.attempts > self.control.command_retries and not resend_all:
+                self.book.open.pop(oc.command_id, None)
+                self.book.forget(oc)
+                self._journal_write("abandoned", functools.partial(self.journal.abandon, [oc.command_id]))
+                self.stats.abandoned += 1
+                self._no_ack(oc, now)
+                if self.on_closed is not None:
+                    self.on_closed(oc, "abandoned")
+                continue
+            self._queue.append(oc)
+        while self._queue:
+            now = self.clock.now() or now
+            batch: list[OpenCommand] = []
+            while self._queue and len(batch) < self.max_in_flight:
+                oc = self._queue.popleft()
+                if oc.command_id in self.book.open and oc.expires_s > now:
+                    batch.append(oc)
+                # else: acked meanwhile, or expired: never sent late
+            if not batch:
+                break
+            # pipelined: every command of the batch is handed to the client now, in order (aiomqtt passes
+            # each publish to paho synchronously when its task starts, and tasks start in creation order),
+            # and the PUBACKs are awaited together: one round trip per batch, not one per command
+            tasks = [asyncio.ensure_future(self._send(oc, now)) for oc in batch]
+            results = await asyncio.gather(*tasks)
+            sent = [oc for oc, ok in zip(batch, results, strict=True) if ok is None]
+            if sent:
+                ids = [oc.command_id for oc in sent]
+                self._journal_write("sent", functools.partial(self.journal.mark_sent, ids))  # one transaction
+            failed = [oc for oc, ok in zip(batch, results, strict=True) if ok is not None]
+            if failed:
+                self._queue.extendleft(reversed(failed))  # sent again, in order, at the next step
+                if any(isinstance(r, BusNotConnected) for r in results):
+                    self.stats.not_connected_waits += 1
+                else:
+                    exc = next(r for r in results if r is not None)
+                    log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
+                return
+
+    def _no_ack(self, oc: OpenCommand, now_s: float) -> None:
+        """``oc`` closed without an ack: an ack missing if it went out a retry interval before and its
+        target sent something since (counted per target; a warning at most every
+        ``ack_warning_interval_s`` per target)."""
+        if oc.attempts == 0 or now_s - oc.issued_s < self.retry_after_s:
+            return
+        # since it first went out, not last: a rack whose telemetry comes less often than the retries
+        # (every 20 s against a retry every 10 s) is often not heard between the last copy and the close
+        if self.heard_since is not None and not self.heard_since(oc.target, oc.first_sent_s):
+            return  # the target went silent (its telemetry too): not an ack lost on its way
+        self.stats.acks_missing += 1
+        n = self.acks_missing[oc.target] = self.acks_missing.get(oc.target, 0) + 1
+        wall = time.monotonic()
+        last_wall, last_n = self._ack_warned.get(oc.target, (-math.inf, 0))
+        if wall - last_wall < self.ack_warning_interval_s:
+            return
+        self._ack_warned[oc.target] = (wall, n)
+        log.warning(
+            "no ack from %s for %d command(s) sent %g s or more before they closed: it does not get its commands, "
+            "or its acks do not reach the agent (a broker ACL that drops them?)",
+            oc.target,
+            n - last_n,
+            self.retry_after_s,
+            extra={"fields": {"acks_missing": n, "last_command_id": oc.command_id, "attempts": oc.attempts}},
+        )
+
+    async def _send(self, oc: OpenCommand, now: float) -> BusError | None:
+        """Publish one command (QoS 1) and note it sent once the broker acknowledged it (or did not
+        within ``puback_timeout_s``: sent, unconfirmed); the error when it could not be sent."""
+        try:
+            await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=self.puback_timeout_s)
+        except BusPubackTimeout as exc:  # handed over, not confirmed: see the class docstring
+            if time.monotonic() - self.last_unconfirmed_wall > 60.0:
+                log.warning("the broker does not acknowledge commands: %s", exc)
+            self.stats.unconfirmed += 1
+            self.last_unconfirmed_wall = time.monotonic()
+            self.last_unconfirmed_error = str(exc)
+            if self.on_unconfirmed is not None:
+                self.on_unconfirmed(oc)
+        except BusError as exc:
+            return exc
+        retry = oc.attempts > 0
+        oc.attempts += 1
+        oc.last_sent_s = self.clock.now() or now
+        if oc.first_sent_s == -math.inf:
+            oc.first_sent_s = oc.last_sent_s
+        if retry:
+            self.stats.retried += 1
+        self.stats.sent += 1
+        if self.on_sent is not None:
+            self.on_sent(oc, retry)
+        return None
