@@ -87,7 +87,6 @@ __all__ = [
 #: built-in first-fit scheduler, so that a site with no agent never starves.
 DEFAULT_EXTERNAL_TIMEOUT_S = 120.0
 
-
 #: Most of a computing job's time that its stalls (``[phases]``) may take: beyond, a job barely computes.
 MAX_STALL_SHARE = 0.9
 

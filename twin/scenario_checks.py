@@ -11,11 +11,9 @@ from twin.tables import SpecError
 
 T = TypeVar("T")
 
-
 #: Shortest run: one step of the plant (``Plant.run``'s and the simulator's default ``dt_s``). A
 #: shorter run records nothing (``racktwin evaluate --duration 0.5`` would report a 0 kW rack).
 MIN_DURATION_S = 1.0
-
 
 #: Longest run: a year (365 days), in the file (``duration_s``) and as an override (``--duration``
 #: of sim and evaluate). More is nothing an operator simulates, and the generated workload grows with

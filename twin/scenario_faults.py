@@ -47,7 +47,6 @@ class BrokerDisconnect:
 
 SimFault = BrokerDisconnect
 
-
 #: ``kind`` of a ``[[faults]]`` table -> the dataclass it decodes into.
 FAULT_KINDS: Mapping[str, type[Any]] = {
     "sensor_dropout": SensorDropout,

@@ -33,19 +33,16 @@ from twin.workload import (
 #: Job ids must be valid on the wire (``agent.wire``: publisher/job ids).
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
 
-
 #: Smallest ``[workload] allocation_tolerance``: one day's offered allocation moves in steps of its
 #: heavy-tailed jobs (a 256-card job running an hour is 0.6% of a day of the example site), so on
 #: the example site 1 seed in 20 offers 0.65 +- 0.01 but 1 in 300 offers 0.65 +- 0.005.
 MIN_ALLOCATION_TOLERANCE = 0.01
-
 
 #: Most jobs the generator may draw for one run (its warm-start window included), judged from the
 #: expected count before drawing: each takes ~750 bytes, so this is ~1.5 GB and about a minute to draw
 #: (measured: 1.53 million jobs for a year of 2,048 cards, 47 s, 1.1 GB peak). A year of 4 supernodes
 #: fits; a larger site (``supernodes``) for a long run does not.
 MAX_GENERATED_JOBS = 2_000_000
-
 
 #: Workload seeds tried by ``allocation_tolerance`` before giving up (about 0.06 s each for a day of
 #: the example site; at the smallest tolerance 1 seed in 20 is accepted there).
