@@ -364,10 +364,12 @@ def test_a_card_waits_for_its_hosts_boot_a_whole_one_while_it_is_off_the_rest_of
     np.testing.assert_array_equal(times.card_wait_s(none_off, 0.0), np.zeros(SITE.n_cards))
     wait = times.card_wait_s(host_cards(3), 0.0)
     assert wait is not None and wait[host_cards(3)].tolist() == [boot_s] * CPH and not wait[~host_cards(3)].any()
+    times.commit(none_off, None, none_off, 0.0)  # every host idle since t = 0
     # a decision at t = 1,000 s powers host 3 on (reported off, on after the decision): its boot ends at 1,300 s
     times.commit(none_off, np.zeros(N_H, dtype=bool), host_cards(3), 1_000.0)
-    assert times.up_at_s[3] == 1_300.0
+    assert times.up_at_s[3] == 1_300.0 and times.up_at_s[4] == -np.inf
     assert times.busy_last_s[3] == 1_000.0  # just powered on: not due to go off again
+    assert times.busy_last_s[4] == 0.0
     wait = times.card_wait_s(none_off, 1_100.0)  # reported on now, still booting
     assert wait is not None and set(wait[host_cards(3)]) == {200.0} and not wait[~host_cards(3)].any()
     wait = times.card_wait_s(none_off, 1_400.0)

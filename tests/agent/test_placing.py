@@ -130,6 +130,38 @@ def test_cards_the_agent_cannot_see_are_not_offered() -> None:
     assert [o.cards for o in orders] == [tuple(free[4:])]
 
 
+def test_cards_the_agent_cannot_see_are_not_offered_whatever_the_models_problem_says() -> None:
+    snap = site_with_queue()
+    free = sorted(free_cards(snap))
+    cfg = ControlConfig()
+
+    def seeing_all(on: SiteLoad) -> CycleProblem:  # a problem made from a context that sees every card
+        return cycle_problem(SITE, cfg, on, snap, step_context(SITE), margins=Margins(), prices=Prices())
+
+    orders, waits, _ = place(
+        queued(snap, "small"), ctx=step_context(SITE, stuck_cards=tuple(free[:5])), problem_of=seeing_all
+    )
+    assert orders == [] and waits["small"].kind == "no_window"
+
+
+def test_a_job_needing_every_card_of_the_site_is_not_too_large() -> None:
+    snap = site_with_queue()
+    whole = dataclasses.replace(queued(snap, "big")[0], job_id="whole", n_cards=N, spec=None)
+    orders, waits, _ = place([whole])
+    assert orders == [] and waits["whole"].kind == "no_window"
+
+
+def test_stuck_free_cards_are_not_counted_free_for_a_reservation() -> None:
+    snap = site_with_queue()
+    free = sorted(free_cards(snap))
+    cfg = ControlConfig(placement_backfill_wait_s=45.0)
+    ctx = step_context(SITE, stuck_cards=tuple(free[:4]))
+    # 4 free cards seen: when "run" ends, 28 cards for "big" and none spare, so "small" would delay it
+    orders, waits, _ = place(queued(snap, "big", "small"), ctx=ctx, cfg=cfg)
+    assert waits["big"].kind == "reservation"
+    assert orders == [] and waits["small"].kind == "behind_reservation"
+
+
 def test_a_placement_problem_that_cannot_be_made_leaves_every_job_queued_with_the_reason() -> None:
     def broken(on: SiteLoad) -> CycleProblem:
         raise ProblemError("the site's spec is inconsistent")
@@ -144,9 +176,14 @@ def test_a_placement_problem_that_cannot_be_made_leaves_every_job_queued_with_th
     assert notes == ["placement skipped: the site's spec is inconsistent"]
 
 
-def test_a_job_that_waited_long_enough_and_does_not_fit_holds_a_reservation_others_may_not_delay() -> None:
+@pytest.mark.parametrize("wait_s", [45.0, 30.0])
+def test_a_job_that_waited_long_enough_and_does_not_fit_holds_a_reservation_others_may_not_delay(
+    wait_s: float,
+) -> None:
+    """At t = 100 s "big" has waited 50 s, "small" 40 s, "mid" 35 s: with 45 s only "big" waited long
+    enough, with 30 s all three did and the one that waited longest holds the reservation."""
     snap = site_with_queue()
-    cfg = ControlConfig(placement_backfill_wait_s=45.0)  # at t = 100 s only "big" (50 s) waited 45 s
+    cfg = ControlConfig(placement_backfill_wait_s=wait_s)
     book = PlacementBook()
     orders, waits, notes = place(queued(snap, "big", "small", "mid"), cfg=cfg, book=book)
     load = site_load(SITE, snap)

@@ -57,6 +57,7 @@ def with_job(snap: StateSnapshot, i: int, **changes: Any) -> StateSnapshot:
 def test_a_pinned_job_keeps_its_whole_value_for_a_resume_lag_then_lag_over_time_out_of_compute() -> None:
     assert pinned_value_frac(0.0, 100.0) == 0.0  # no lag: worth nothing from its first second
     assert pinned_value_frac(-5.0, 100.0) == 0.0
+    assert pinned_value_frac(0.0, 0.0) == 0.0  # out of compute since this very step
     assert pinned_value_frac(60.0, 0.0) == 1.0
     assert pinned_value_frac(60.0, 60.0) == 1.0
     assert pinned_value_frac(60.0, 600.0) == pytest.approx(0.1)

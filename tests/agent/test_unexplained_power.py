@@ -55,6 +55,10 @@ def test_the_pdu_part_is_smoothed_and_budgeted_beyond_its_dead_band() -> None:
     # the excess gone, it falls as slowly as it rose
     up.update_pdu(pdu_reading(500.0, (0.0, 0.0)), ())
     np.testing.assert_allclose(up.budget_w(), [0.7 * 1000.0 - 300.0, 0.0], atol=1e-3)
+    # rack 1's PDU read below its cards and hosts for long: that is no credit against a real excess
+    up.update_pdu(pdu_reading(500.0, (0.0, 1000.0)), ())
+    up.update_pdu(pdu_reading(500.0, (0.0, 1000.0)), ())
+    assert up.budget_w()[1] == pytest.approx(210.0)
 
 
 def test_failed_cards_and_cards_without_a_reading_count_for_nothing_in_the_pdu_part() -> None:
