@@ -298,6 +298,22 @@ def test_orders_in_flight_are_those_of_queued_jobs_not_expired_by_the_time_the_s
     assert book.pending_with(ctx, snap, orders) == [("small", (24, 25, 26, 27)), ("mid", (16, 17, 18, 19, 20, 21))]
 
 
+def test_an_order_is_forgotten_only_once_the_readings_show_its_time_is_over() -> None:
+    book = PlacementBook()
+    book.commit([PlacementOrder("small", (24, 25, 26, 27))], running=(), now_s=100.0, ttl_s=30.0)
+    # the clock at 140 s, the readings at 115 s: the order (until 130 s) may yet show as started
+    book.commit([], running=(), now_s=140.0, ttl_s=30.0, seen_s=115.0)
+    assert book.placements() == {"small": (24, 25, 26, 27)}
+    book.commit([], running=(), now_s=145.0, ttl_s=30.0, seen_s=130.0)
+    assert book.placements() == {}
+    # readings ahead of the clock count as the clock
+    book.commit([PlacementOrder("mid", (26, 27, 28, 29, 30, 31))], running=(), now_s=200.0, ttl_s=30.0)
+    book.commit([], running=(), now_s=229.0, ttl_s=30.0, seen_s=250.0)
+    assert book.placements() == {"mid": (26, 27, 28, 29, 30, 31)}
+    book.commit([], running=(), now_s=230.0, ttl_s=30.0, seen_s=250.0)
+    assert book.placements() == {}
+
+
 def test_holding_a_reservation_keeps_the_earliest_start_promised_to_the_same_job() -> None:
     book = PlacementBook()
     assert book.hold("big", Reservation(3000.0, 4.0)) == Reservation(3000.0, 4.0)
