@@ -707,7 +707,9 @@ class Controller:
         if decision.choose_setpoint:
             self._last_setpoint_eval_s = now
         self._setpoint_c = decision.supply_temp_c
-        self._placements.commit(decision.placements, running, now, cfg.command_ttl_s)
+        self._placements.commit(
+            decision.placements, running, now, cfg.command_ttl_s, seen_s=orders_seen_until(ctx, snap)
+        )
         for r in (*ctx.stale_racks, *ctx.stuck_racks):
             self._blind_until[r] = now + cfg.failsafe_hold_s
         for c in ctx.stuck_cards:

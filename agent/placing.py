@@ -94,16 +94,26 @@ class PlacementBook:
         return res
 
     def commit(
-        self, placements: Sequence[PlacementOrder], running: Collection[str], now_s: float, ttl_s: float
+        self,
+        placements: Sequence[PlacementOrder],
+        running: Collection[str],
+        now_s: float,
+        ttl_s: float,
+        seen_s: float | None = None,
     ) -> None:
         """The jobs ``running`` now (a new one runs since ``now_s``) and the orders a decision sent
-        (each lasts ``ttl_s``); expired orders and those whose jobs run are forgotten."""
+        (each lasts ``ttl_s``); orders whose jobs run are forgotten, and so are those expired by
+        ``seen_s``, the time the step's readings show (:func:`orders_seen_until`; default ``now_s``):
+        an order expired by the clock alone may yet show as a started job (forgotten by the clock, it
+        was no longer in flight at the next step and its job, still queued in readings behind the
+        clock, was placed a second time)."""
         self.running_since = {jid: self.running_since.get(jid, now_s) for jid in running}
+        seen = now_s if seen_s is None else min(seen_s, now_s)
         # a new dict, bound at once: a late solve in a worker thread may be reading the old one
         pending = dict(self._pending)
         for o in placements:
             pending[o.job_id] = (o.cards, now_s + ttl_s)
-        self._pending = {k: v for k, v in pending.items() if v[1] > now_s and k not in running}
+        self._pending = {k: v for k, v in pending.items() if v[1] > seen and k not in running}
 
     def clock_went_back(self, now_s: float, ttl_s: float) -> None:
         """The site's clock went back to ``now_s`` (``Controller.clock_went_back``)."""

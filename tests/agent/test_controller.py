@@ -272,6 +272,18 @@ def test_a_placement_in_flight_is_held_until_telemetry_newer_than_its_order_show
     assert [o.job_id for o in ctl.step(fresh_at(snap, 1031.0), 1036.0).placements] == ["q"]
 
 
+def test_a_placement_in_flight_outlives_its_orders_time_by_the_clock_for_as_long_as_telemetry_lags() -> None:
+    ctl, snap = queued_job_q()
+    assert [o.job_id for o in ctl.step(fresh_at(snap, 1000.0), 1000.0).placements] == ["q"]
+    # telemetry 25 s behind the clock, step after step: none of these readings can show q started
+    # (its order lasts until 1,030 s), so q is never placed twice (was: the step at 1,035 s forgot
+    # the order by the clock, and the next placed q again)
+    for clock_s in (1035.0, 1040.0, 1045.0, 1050.0):
+        assert ctl.step(fresh_at(snap, clock_s - 25.0), clock_s).placements == ()
+    # readings from after the order's expiry still show q queued: the order was lost, q is placed again
+    assert [o.job_id for o in ctl.step(fresh_at(snap, 1031.0), 1056.0).placements] == ["q"]
+
+
 def test_a_rack_no_lever_can_hold_under_its_cap_is_said_so() -> None:
     site = example_site()
     _plant, state = belief(site, full_load_jobs(site, 64), 60)

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import SITE_FILE, example_site, job
+from agent_helpers import SITE_FILE, example_site, job, small_site
 
 from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.decision import Decision
-from agent.hosts import choose_hosts_off
+from agent.hosts import HostTimes, choose_hosts_off
 from agent.loop import ApplyReport, ClosedLoop
 from models.placement import PlacementProblem, QueuedJob, greedy_placement
 from twin.plant import CardFailure, Plant, PlantConfig
@@ -346,3 +346,55 @@ def test_the_cards_of_jobs_due_soon_are_spread_over_the_supernodes_rounding_up()
     on = np.flatnonzero(~choice.host_off)
     assert on.size == 4 and (on < n_h // 2).sum() == 2  # two hosts per supernode
     assert choice.powering_on.sum() == 4 and not choice.powering_off.any()
+
+
+def host_cards(*hosts: int) -> np.ndarray:
+    """A per-card mask of the cards of ``hosts``."""
+    mask = np.zeros(SITE.n_cards, dtype=bool)
+    for h in hosts:
+        mask[h * CPH : (h + 1) * CPH] = True
+    return mask
+
+
+def test_a_card_waits_for_its_hosts_boot_a_whole_one_while_it_is_off_the_rest_of_one_a_decision_started() -> None:
+    boot_s = SITE.rack.host_boot_s
+    assert boot_s == 300.0
+    times = HostTimes(SITE)
+    none_off = np.zeros(SITE.n_cards, dtype=bool)
+    np.testing.assert_array_equal(times.card_wait_s(none_off, 0.0), np.zeros(SITE.n_cards))
+    wait = times.card_wait_s(host_cards(3), 0.0)
+    assert wait is not None and wait[host_cards(3)].tolist() == [boot_s] * CPH and not wait[~host_cards(3)].any()
+    times.commit(none_off, None, none_off, 0.0)  # every host idle since t = 0
+    # a decision at t = 1,000 s powers host 3 on (reported off, on after the decision): its boot ends at 1,300 s
+    times.commit(none_off, np.zeros(N_H, dtype=bool), host_cards(3), 1_000.0)
+    assert times.up_at_s[3] == 1_300.0 and times.up_at_s[4] == -np.inf
+    assert times.busy_last_s[3] == 1_000.0  # just powered on: not due to go off again
+    assert times.busy_last_s[4] == 0.0
+    wait = times.card_wait_s(none_off, 1_100.0)  # reported on now, still booting
+    assert wait is not None and set(wait[host_cards(3)]) == {200.0} and not wait[~host_cards(3)].any()
+    wait = times.card_wait_s(none_off, 1_400.0)
+    assert wait is not None and not wait.any()
+    # a later decision while it boots does not start the boot again
+    times.commit(none_off, np.zeros(N_H, dtype=bool), host_cards(3), 1_100.0)
+    assert times.up_at_s[3] == 1_300.0
+    # hosts not managed: no wait
+    assert HostTimes(small_site()).card_wait_s(np.zeros(32, dtype=bool), 0.0) is None
+
+
+def test_host_times_record_the_last_busy_time_and_a_clock_step_back_bounds_them() -> None:
+    times = HostTimes(SITE)
+    assert np.isnan(times.busy_last_s).all()
+    busy = host_cards(0, 1)
+    times.commit(busy, None, np.zeros(SITE.n_cards, dtype=bool), 500.0)  # first seen: every host at 500 s
+    assert (times.busy_last_s == 500.0).all()
+    assert (times.up_at_s == -np.inf).all()  # a decision that says nothing of hosts starts no boot
+    times.commit(host_cards(1), None, np.zeros(SITE.n_cards, dtype=bool), 800.0)
+    assert times.busy_last_s[:3].tolist() == [500.0, 800.0, 500.0]
+    times.commit(host_cards(1), np.zeros(N_H, dtype=bool), host_cards(5), 900.0)  # host 5 boots
+    assert times.up_at_s[5] == 1_200.0
+    times.clock_went_back(100.0)  # a boot lasts at most a boot from now; nothing was busy after now
+    assert times.up_at_s[5] == 400.0
+    assert (times.busy_last_s <= 100.0).all()
+    fresh = HostTimes(SITE)
+    fresh.clock_went_back(100.0)
+    assert np.isnan(fresh.busy_last_s).all()  # never seen stays never seen

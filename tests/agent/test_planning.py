@@ -1,0 +1,264 @@
+"""The plan of one control step (``agent.planning``): the models' problem from what the agent sees
+(jobs on blind racks and jobs out of compute pinned, cards it cannot use, set-point options within a
+step, caps less the unexplained power, the ready reserve), the planner's plan with the real HiGHS
+(the greedy one without the solver), and, where no plan meets every constraint, the plan of the
+problem relaxed only as far as needed, flagged infeasible."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from guard_helpers import scene, step_context
+
+from agent.config import ControlConfig
+from agent.decision import StepContext
+from agent.load import site_load, spec_r_total_k_per_w
+from agent.planning import cycle_problem, pinned_value_frac, plan_cycle, relax
+from models.explain import min_rack_power_w
+from models.plans import CyclePlan, SolveStatus
+from models.problem import CycleProblem, Margins, Prices, dvfs_tables
+from models.solve import CyclePlanner
+from twin.state import StateSnapshot
+from twin.workload import Phase
+
+pytestmark = pytest.mark.agent
+
+SITE, SNAP = scene()  # 2 racks of 16 cards: "a" on cards 0-7, "b" (priority 2) on 8-19, 20-31 idle, "q" queued
+N = SITE.n_cards
+NAMES = SITE.rack_names
+
+
+def problem(
+    cfg: ControlConfig | None = None, snap: StateSnapshot = SNAP, ctx: StepContext | None = None
+) -> CycleProblem:
+    ctx = ctx if ctx is not None else step_context(SITE)
+    load = site_load(SITE, snap)
+    return cycle_problem(SITE, cfg or ControlConfig(), load, snap, ctx, margins=Margins(), prices=Prices())
+
+
+def with_job(snap: StateSnapshot, i: int, **changes: Any) -> StateSnapshot:
+    """``snap`` with running job ``i``'s info changed (``spec`` changes go to its spec)."""
+    info = snap.jobs[i]
+    spec_changes = changes.pop("spec", {})
+    if spec_changes:
+        assert info.spec is not None
+        changes["spec"] = dataclasses.replace(info.spec, **spec_changes)
+    jobs = list(snap.jobs)
+    jobs[i] = dataclasses.replace(info, **changes)
+    return dataclasses.replace(snap, jobs=tuple(jobs))
+
+
+# ---- pinned_value_frac --------------------------------------------------------------------------
+
+
+def test_a_pinned_job_keeps_its_whole_value_for_a_resume_lag_then_lag_over_time_out_of_compute() -> None:
+    assert pinned_value_frac(0.0, 100.0) == 0.0  # no lag: worth nothing from its first second
+    assert pinned_value_frac(-5.0, 100.0) == 0.0
+    assert pinned_value_frac(0.0, 0.0) == 0.0  # out of compute since this very step
+    assert pinned_value_frac(60.0, 0.0) == 1.0
+    assert pinned_value_frac(60.0, 60.0) == 1.0
+    assert pinned_value_frac(60.0, 600.0) == pytest.approx(0.1)
+    assert pinned_value_frac(60.0, 6000.0) == pytest.approx(0.01)
+
+
+# ---- cycle_problem ------------------------------------------------------------------------------
+
+
+def test_the_problem_of_a_seen_site_offers_setpoints_within_a_step_and_caps_less_the_unexplained_power() -> None:
+    assert SITE.facility.supply_temp_options_c == (20.0, 25.0, 30.0, 35.0, 40.0, 45.0)
+    ctx = step_context(SITE, rack_extra_w=np.array([0.0, 400.0]))
+    p = problem(ControlConfig(max_setpoint_step_k=5.0, idle_reserve_cards=16), ctx=ctx)
+    assert [(j.job_id, j.priority) for j in p.jobs] == [("a", 1.0), ("b", 2.0)]
+    assert p.supply_temp_c == 30.0 and p.supply_options_c == (25.0, 30.0, 35.0)
+    np.testing.assert_allclose(p.rack_limit_w, [12500.0, 12100.0])
+    assert not p.failed.any()
+    assert p.ready_reserve_cards == 12  # 16 per supernode, but only cards 20-31 are idle
+    assert problem(ControlConfig(idle_reserve_cards=4)).ready_reserve_cards == 4
+    # no step allowed, or a set-point that is no option: the set-point in force only
+    assert problem(ControlConfig(max_setpoint_step_k=0.0)).supply_options_c == (30.0,)
+    p = problem(ControlConfig(max_setpoint_step_k=1.0), ctx=step_context(SITE, setpoint_c=32.0))
+    assert p.supply_options_c == (32.0,)
+
+
+def test_jobs_touching_a_blind_rack_are_pinned_and_its_idle_cards_are_out_of_the_models_hands() -> None:
+    snap = with_job(SNAP, 1, spec={"min_throughput_frac": 0.5})  # "b" on cards 8-19 touches rack 1
+    ctx = step_context(SITE, blind_racks=(1,), failsafe_racks=(1,))
+    p = problem(snap=snap, ctx=ctx)
+    a, b = p.jobs
+    assert (a.priority, b.priority) == (1.0, 1e-9)
+    assert b.min_throughput_frac == 0.0  # the slowest level, SLO or not
+    assert np.flatnonzero(p.failed).tolist() == list(range(20, 32))  # idle on rack 1; "b"'s cards are not
+    assert p.ready_reserve_cards == 0
+
+
+def test_a_stuck_idle_card_and_idle_cards_of_hosts_off_are_not_offered_a_busy_one_stays() -> None:
+    off = np.zeros(N, dtype=bool)
+    off[[0, 30, 31]] = True  # card 0 runs "a": its host reported off is no reason to drop it
+    p = problem(snap=dataclasses.replace(SNAP, card_host_off=off), ctx=step_context(SITE, stuck_cards=(25,)))
+    assert np.flatnonzero(p.failed).tolist() == [25, 30, 31]
+    assert p.ready_reserve_cards == 9
+    assert p.card_job[0] == 0
+
+
+def test_dies_without_a_reading_are_at_their_inlet_and_the_calibrated_resistance_is_used() -> None:
+    die = SNAP.card_die_temp_c.copy()
+    die[[2, 22]] = np.nan
+    r_spec = spec_r_total_k_per_w(SITE)
+    r = r_spec.copy()
+    r[3] *= 2.0
+    r[4] = 0.0  # below the die-to-case part: the case-to-coolant part is kept positive
+    inlet = np.full(N, 30.0)
+    inlet[22] = 33.0
+    ctx = step_context(SITE, r_total_k_per_w=r, card_inlet_c=inlet)
+    p = problem(snap=dataclasses.replace(SNAP, card_die_temp_c=die), ctx=ctx)
+    assert p.die_temp_c[2] == 30.0 and p.die_temp_c[22] == 33.0
+    assert p.die_temp_c[5] == SNAP.card_die_temp_c[5]
+    assert p.r_total_k_per_w[3] == pytest.approx(2.0 * r_spec[3])
+    assert p.r_total_k_per_w[4] == pytest.approx(SITE.card.r_die_to_case_k_per_w + 1e-5)
+    assert p.r_total_k_per_w[5] == pytest.approx(r_spec[5])
+
+
+def test_a_job_out_of_compute_is_valued_for_its_resume_lag_over_the_time_it_has_been_out() -> None:
+    # "a" (priority 1) has checkpointed for 600 s at t = 100 s
+    snap = with_job(SNAP, 0, phase=Phase.CHECKPOINT, last_event_s=-500.0)
+    assert problem(ControlConfig(resume_lag_s=60.0), snap=snap).jobs[0].priority == pytest.approx(0.1)
+    assert problem(ControlConfig(resume_lag_s=0.0), snap=snap).jobs[0].priority == 1e-9
+    assert problem(ControlConfig(resume_lag_s=60.0)).jobs[0].priority == 1.0  # computing: its whole value
+
+
+# ---- plan_cycle ---------------------------------------------------------------------------------
+
+
+def plan(p: CycleProblem, notes: list[str], *, use_solver: bool = True, **ctx_changes: Any) -> CyclePlan:
+    return plan_cycle(
+        p,
+        step_context(SITE, **ctx_changes),
+        notes,
+        planner=CyclePlanner(),
+        previous_plan=None,
+        mip_rel_gap=1e-4,
+        use_solver=use_solver,
+        rack_names=NAMES,
+    )
+
+
+def test_the_solver_plans_within_the_caps_and_without_it_the_greedy_plan_is_said_to_be_used() -> None:
+    p = problem()
+    notes: list[str] = []
+    solved = plan(p, notes)
+    assert solved.status == SolveStatus.OPTIMAL and solved.source == "milp"
+    assert notes == []
+    assert (solved.dvfs.rack_power_w <= p.rack_cap_w() + 1e-6).all()
+    greedy = plan(p, notes, use_solver=False)
+    assert greedy.source == "greedy" and greedy.status.has_plan
+    assert notes == ["greedy plan (the solve was late or not asked for)"]
+    # the greedy plan is never better than the optimum
+    assert greedy.objective_per_h is not None and solved.objective_per_h is not None
+    assert greedy.objective_per_h <= solved.objective_per_h + 1e-6
+
+
+def test_a_solve_out_of_time_gives_the_greedy_plan_within_the_caps() -> None:
+    p = problem(snap=SNAP, ctx=step_context(SITE))
+    notes: list[str] = []
+    late = plan(p, notes, solver_time_limit_s=1e-6)
+    assert late.status == SolveStatus.FALLBACK and late.source == "greedy"  # computed before the solve
+    assert (late.dvfs.rack_power_w <= p.rack_cap_w() + 1e-6).all()
+
+
+@pytest.mark.parametrize("use_solver", [True, False])
+def test_with_no_plan_within_every_cap_the_relaxed_plan_is_returned_flagged_infeasible(use_solver: bool) -> None:
+    p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 12500.0]))  # rack 0 runs 20 cards
+    notes: list[str] = []
+    got = plan(p, notes, use_solver=use_solver)
+    assert got.status == SolveStatus.INFEASIBLE
+    assert got.dvfs is not None  # a plan to send, the guard caps rack 0
+    assert f"rack power: rack {NAMES[0]}:" in got.explanation  # why the original problem has no plan
+    assert any(n.startswith("infeasible: ") and f"rack {NAMES[0]}:" in n for n in notes)
+    assert f"relaxed: racks {NAMES[0]} left to the guard's caps" in notes
+    # rack 1, within its cap, is planned as usual
+    assert got.dvfs.rack_power_w[1] <= p.rack_cap_w()[1] + 1e-6
+
+
+# ---- relax --------------------------------------------------------------------------------------
+
+
+def offset_on(p: CycleProblem, cards: slice, k: float) -> CycleProblem:
+    off = np.zeros(N)
+    off[cards] = k
+    return dataclasses.replace(p, die_offset_k=off)
+
+
+def test_a_job_whose_slo_no_cool_level_meets_loses_its_slo_only() -> None:
+    p = problem()
+    # 30 K over the twin on "a"'s cards: level 0 (~94 deg C) and 1 are over the 85 deg C limit, level 3 is not
+    jobs = (dataclasses.replace(p.jobs[0], min_throughput_frac=0.99), p.jobs[1])
+    p = offset_on(dataclasses.replace(p, jobs=jobs), slice(0, 8), 30.0)
+    t = dvfs_tables(p, 30.0)
+    assert t.cheapest_level[0] < 0 and t.die_ok[0].any()
+    notes: list[str] = []
+    q = relax(p, False, notes, NAMES)
+    assert notes == ["relaxed: SLO of job(s) a (no level meets it under the die limit)"]
+    assert q.jobs[0].min_throughput_frac == 0.0 and q.jobs[1] == p.jobs[1]
+    assert q.least_power_jobs is None
+    assert q.ready_reserve_cards == p.ready_reserve_cards
+    np.testing.assert_array_equal(q.die_offset_k, p.die_offset_k)
+
+
+def test_a_job_no_level_keeps_under_the_die_limit_runs_at_its_least_power_and_the_setpoint_may_not_rise() -> None:
+    p = offset_on(problem(), slice(8, 20), 60.0)  # "b": ~106 deg C even at the slowest level
+    assert p.supply_options_c == (25.0, 30.0, 35.0)
+    notes: list[str] = []
+    q = relax(p, True, notes, NAMES)
+    assert notes == ["relaxed: job(s) b at their least power (over the die limit at every level)"]
+    assert q.least_power_jobs is not None and q.least_power_jobs.tolist() == [False, True]
+    assert q.supply_options_c == (25.0, 30.0)
+    assert q.jobs == p.jobs
+
+
+def test_only_the_racks_over_their_cap_at_least_power_are_left_unbounded() -> None:
+    p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 12500.0]))
+    notes: list[str] = []
+    q = relax(p, False, notes, NAMES)
+    assert notes == [f"relaxed: racks {NAMES[0]} left to the guard's caps"]
+    assert q.rack_limit_w[0] >= 1e12 and q.rack_limit_w[1] == 12500.0
+    assert q.ready_reserve_cards == p.ready_reserve_cards  # feasible once rack 0 is left to the guard
+
+
+def test_the_ready_reserve_goes_when_the_headroom_cannot_hold_it() -> None:
+    p = problem()
+    t = dvfs_tables(p, 30.0)
+    least_w = min_rack_power_w(t)
+    # rack 1 fits at its least power with 50 W to spare: too little to wake the 12 reserve cards
+    limit = np.array([12500.0, least_w[1] + p.margins.rack_margin_w + 50.0])
+    p = dataclasses.replace(p, rack_limit_w=limit)
+    notes: list[str] = []
+    q = relax(p, False, notes, NAMES)
+    assert notes == ["relaxed: no ready reserve"]
+    assert q.ready_reserve_cards == 0
+    np.testing.assert_array_equal(q.rack_limit_w, limit)
+
+
+def test_a_feasible_problem_is_left_as_it_is() -> None:
+    p = problem()
+    notes: list[str] = []
+    q = relax(p, True, notes, NAMES)
+    assert notes == []
+    assert q is p
+
+
+def test_the_coolest_setpoint_decides_what_cooling_cannot_fix() -> None:
+    # 15 K over the twin on "a" with an SLO of its top level: over the limit at 30 deg C, not at 25
+    p = problem()
+    jobs = (dataclasses.replace(p.jobs[0], min_throughput_frac=0.99), p.jobs[1])
+    p = offset_on(dataclasses.replace(p, jobs=jobs), slice(0, 8), 0.0)
+    hot_k = p.die_limit_c - float(dvfs_tables(p, 30.0).job_die_max_c[0, 0]) - 2.0  # 2 K under at 30 deg C ...
+    p = offset_on(p, slice(0, 8), hot_k + 3.0)  # ... 1 K over it at 30 deg C, 4 K under it at 25 deg C
+    assert dvfs_tables(p, 30.0).cheapest_level[0] < 0 and dvfs_tables(p, 25.0).cheapest_level[0] == 0
+    notes: list[str] = []
+    assert relax(p, True, notes, NAMES) is p  # the cooler set-point can meet the SLO: nothing relaxed
+    assert notes == []
+    q = relax(p, False, notes, NAMES)  # the set-point is not chosen this step: 30 deg C
+    assert q.jobs[0].min_throughput_frac == 0.0
