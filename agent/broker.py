@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agent.bus import MqttOptions
+from agent.mqtt_options import MqttOptions
 
 __all__ = [
     "BrokerTls",

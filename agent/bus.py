@@ -17,6 +17,10 @@ drop, commands and acks: keep and send again once connected)::
         async for m in bus.messages():           # survives reconnects
             msg = codec.decode(m.topic, m.payload)
 
+How to reach the broker (:class:`MqttOptions`, :class:`TlsFileError`) lives in ``agent.mqtt_options``
+and is re-exported here; the command-line options that make it (``--broker``, ``--mqtt-*``) in
+``agent.mqtt_args``.
+
 A last will (:class:`LastWill`, or a function returning one, called at every connect so its
 timestamp is fresh) is published by the broker only when the connection is lost *uncleanly*; a
 clean :meth:`Bus.close` sends DISCONNECT and the broker discards the will, so a service publishes
@@ -39,28 +43,23 @@ sends every client, at every connect, the retained messages of every other clien
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import math
-import os
 import random
-import re
 import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
 
 from agent.aio import cancel_and_wait, cancellation_kept, wait_event
-from agent.config import empty_zone_problem, url_host
+from agent.mqtt_options import MqttOptions, TlsFileError
 from agent.wire import Outgoing
 
 __all__ = [
@@ -74,18 +73,11 @@ __all__ = [
     "LastWill",
     "MqttOptions",
     "TlsFileError",
-    "add_mqtt_arguments",
     "backoff_delay_s",
     "check_connection",
-    "check_tls_files_of_args",
-    "mqtt_options_from_args",
 ]
 
 log = logging.getLogger("racktwin.bus")
-
-#: Environment variable read for the password when no password file is given.
-PASSWORD_ENV = "RACKTWIN_MQTT_PASSWORD"
-
 
 _AIOMQTT_TIMEOUT = "Operation timed out"  # the MqttError aiomqtt 2.x raises when its wait times out
 
@@ -112,153 +104,6 @@ class BusPubackTimeout(BusError):
 
 class BusConnectError(BusError):
     """The broker could not be reached or refused the connection (bad credentials, not authorized)."""
-
-
-#: What :class:`TlsFileError` calls each certificate file of :class:`MqttOptions`.
-_TLS_FILE_LABELS = {"ca_file": "CA file", "cert_file": "client certificate file", "key_file": "client key file"}
-
-
-class TlsFileError(OSError):
-    """A certificate or key file of :class:`MqttOptions` that cannot be used (unreadable, not PEM, a
-    key that does not match the certificate). ``field``: ``ca_file``, ``cert_file`` or ``key_file``;
-    ``path``: the file; ``why``: what is wrong with it. ``str()``: one line naming both. An ``OSError``,
-    as the ``ssl.SSLError`` it replaces."""
-
-    def __init__(self, field: str, path: str, why: str) -> None:
-        super().__init__(f"TLS {_TLS_FILE_LABELS.get(field, field)} {path}: {why}")
-        self.field = field
-        self.path = path
-        self.why = why
-
-
-_SSL_SOURCE_LINE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
-
-
-def _tls_why(exc: OSError, what: str) -> str:
-    """``what`` is wrong with a file, with OpenSSL's reason; or that it cannot be read."""
-    if isinstance(exc, ssl.SSLError):
-        return f"{what} ({_SSL_SOURCE_LINE.sub('', str(exc))})"
-    return f"cannot read it ({exc.strerror or exc})"
-
-
-@dataclass(frozen=True)
-class MqttOptions:
-    """How to reach the broker. TLS is on when ``tls`` is set or any certificate file is given;
-    ``tls_insecure`` skips the host name check only (the certificate chain is still verified)."""
-
-    host: str = "127.0.0.1"
-    port: int = 1883
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    tls: bool = False
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    tls_insecure: bool = False
-    client_id: str | None = None
-    clean_session: bool = True
-    keepalive_s: int = 30
-    connect_timeout_s: float = 10.0
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
-    max_inflight: int = 100
-    max_queued_incoming: int = 10_000
-
-    def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise ValueError(f"port must be within 1..65535, got {self.port}")
-        if self.password is not None and self.username is None:
-            raise ValueError("a password needs a username")
-        if self.key_file is not None and self.cert_file is None:
-            raise ValueError("a client key file needs a client certificate file")
-        if self.tls_insecure and not self.use_tls:
-            raise ValueError("tls_insecure only makes sense with TLS")
-        if not 0 < self.reconnect_min_s <= self.reconnect_max_s:
-            raise ValueError("need 0 < reconnect_min_s <= reconnect_max_s")
-
-    @property
-    def use_tls(self) -> bool:
-        return self.tls or self.ca_file is not None or self.cert_file is not None
-
-    @property
-    def url(self) -> str:
-        """``mqtt[s]://user@host:port`` (never the password), for logs."""
-        user = f"{self.username}@" if self.username else ""
-        host = f"[{self.host.replace('%', '%25')}]" if ":" in self.host else self.host  # IPv6, its zone (RFC 6874)
-        return f"{'mqtts' if self.use_tls else 'mqtt'}://{user}{host}:{self.port}"
-
-    @classmethod
-    def from_url(cls, url: str, **overrides: Any) -> MqttOptions:
-        """From ``mqtt://[user[:password]@]host[:port]`` or ``mqtts://...`` (TLS, default port 8883).
-        Keyword arguments override what the URL says."""
-        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
-        if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
-            raise ValueError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
-        tls = parts.scheme in ("mqtts", "ssl")
-        try:
-            port = parts.port  # None when the URL has none; 0 is not "the default"
-        except ValueError:  # not a number, or beyond 65535
-            port = -1
-        if port is None:
-            port = 8883 if tls else 1883
-        elif not 0 < port < 65536:
-            raise ValueError(f"broker URL {url!r}: the port must be a number within 1..65535")
-        if (zone_problem := empty_zone_problem(url, parts.hostname)) is not None:
-            raise ValueError(zone_problem)  # the words of the configuration and --broker
-        kw: dict[str, Any] = {"host": url_host(parts.hostname) or "127.0.0.1", "port": port, "tls": tls}
-        if parts.username:
-            kw["username"] = unquote(parts.username)
-        if parts.password:
-            kw["password"] = unquote(parts.password)
-        kw.update(overrides)
-        return cls(**kw)
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The client TLS context (None without TLS). Reads the certificate files: one that cannot
-        be used raises :class:`TlsFileError` naming it and what is wrong."""
-        if not self.use_tls:
-            return None
-        try:
-            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
-        except OSError as exc:  # ssl.SSLError included
-            if self.ca_file is None:
-                raise
-            raise TlsFileError("ca_file", self.ca_file, _tls_why(exc, "not a PEM certificate")) from None
-        if self.cert_file is not None:
-            try:
-                ctx.load_cert_chain(self.cert_file, self.key_file)
-            except OSError as exc:
-                raise self._cert_chain_error(self.cert_file, exc) from None
-        if self.tls_insecure:
-            ctx.check_hostname = False
-        return ctx
-
-    def _cert_chain_error(self, cert_file: str, exc: OSError) -> TlsFileError:
-        """Which of the client certificate and key files made ``load_cert_chain`` fail, and why."""
-        if not isinstance(exc, ssl.SSLError):  # a file that cannot be read: OpenSSL does not say which
-            for field_name, path in (("cert_file", cert_file), ("key_file", self.key_file)):
-                if path is None:
-                    continue
-                try:
-                    with open(path, "rb"):
-                        pass
-                except OSError as read_exc:
-                    return TlsFileError(field_name, path, _tls_why(read_exc, ""))
-            return TlsFileError("cert_file", cert_file, _tls_why(exc, ""))
-        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        try:
-            probe.load_verify_locations(cafile=cert_file)  # does the file hold a certificate at all?
-        except ssl.SSLError:
-            return TlsFileError("cert_file", cert_file, _tls_why(exc, "not a PEM certificate"))
-        except OSError as read_exc:
-            return TlsFileError("cert_file", cert_file, _tls_why(read_exc, ""))
-        if self.key_file is None:
-            return TlsFileError(
-                "cert_file", cert_file, _tls_why(exc, "holds no private key for the certificate (a key file is needed)")
-            )
-        if exc.reason == "KEY_VALUES_MISMATCH":
-            return TlsFileError("key_file", self.key_file, _tls_why(exc, f"does not match the certificate {cert_file}"))
-        return TlsFileError("key_file", self.key_file, _tls_why(exc, "not a PEM private key"))
 
 
 @dataclass(frozen=True)
@@ -678,127 +523,3 @@ async def check_connection(options: MqttOptions, timeout_s: float = 5.0) -> None
         raise BusConnectError(f"cannot connect to {options.url}: {exc}") from None
     except (OSError, ssl.SSLError) as exc:
         raise BusConnectError(f"cannot connect to {options.url}: {exc}") from None
-
-
-# --------------------------------------------------------------------------------------------
-# Command-line options of a client of the broker (`racktwin sim`; the agent reads [broker] instead)
-# --------------------------------------------------------------------------------------------
-
-
-def add_mqtt_arguments(
-    parser: argparse.ArgumentParser, *, embedded_default: bool = True, client_id_default: str = "random"
-) -> None:
-    """Add ``--broker`` and the MQTT client options to a command's parser; ``client_id_default`` says
-    in the help what the command uses when ``--mqtt-client-id`` is not given."""
-    from agent.commands.common import path_arg
-
-    g = parser.add_argument_group("MQTT broker")
-    g.add_argument(
-        "--broker",
-        metavar="URL",
-        default=None,
-        help="mqtt://host:port or mqtts://host:port (TLS)"
-        + ("; without it an embedded broker is started on a free loopback port" if embedded_default else ""),
-    )
-    g.add_argument("--mqtt-username", metavar="USER", default=None, help="user name for the broker")
-    g.add_argument(
-        "--mqtt-password-file",
-        metavar="FILE",
-        type=path_arg,
-        default=None,
-        help=f"file whose first line is the password (or set {PASSWORD_ENV})",
-    )
-    g.add_argument(
-        "--mqtt-ca-file", metavar="FILE", type=path_arg, default=None, help="CA certificate(s) to verify the broker"
-    )
-    g.add_argument(
-        "--mqtt-cert-file", metavar="FILE", type=path_arg, default=None, help="client certificate (TLS client auth)"
-    )
-    g.add_argument("--mqtt-key-file", metavar="FILE", type=path_arg, default=None, help="client private key")
-    g.add_argument(
-        "--mqtt-tls-insecure",
-        action="store_true",
-        help="do not check the broker's host name against its certificate (testing only)",
-    )
-    g.add_argument(
-        "--mqtt-client-id", metavar="ID", default=None, help=f"MQTT client id (default: {client_id_default})"
-    )
-
-
-#: The options of :func:`add_mqtt_arguments` that only a ``--broker`` takes (credentials and TLS;
-#: the embedded broker is anonymous and plain). ``--mqtt-client-id`` applies to both.
-_BROKER_ONLY_OPTIONS = (
-    "mqtt_username",
-    "mqtt_password_file",
-    "mqtt_ca_file",
-    "mqtt_cert_file",
-    "mqtt_key_file",
-    "mqtt_tls_insecure",
-)
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOptions | None:
-    """MQTT options from :func:`add_mqtt_arguments`' options; None when ``--broker`` was not given
-    (then a credential or TLS option is an error: the embedded broker takes none). Problems are
-    raised as ``agent.commands.common.UserError`` (one line for the user); the certificate files'
-    contents are checked by :func:`check_tls_files_of_args`."""
-    from agent.commands.common import UserError
-
-    if ns.mqtt_client_id is not None and not ns.mqtt_client_id.strip():  # as the agent's broker.client_id
-        raise UserError("--mqtt-client-id: empty: give an id (or leave the option out for the default)")
-    if ns.broker is None:
-        for dest in _BROKER_ONLY_OPTIONS:
-            if getattr(ns, dest) not in (None, False):
-                raise UserError(f"{_flag(dest)} needs --broker (the embedded broker takes no credentials and no TLS)")
-        return None
-    password: str | None = None
-    if ns.mqtt_password_file is not None:
-        try:
-            lines = Path(ns.mqtt_password_file).read_text(encoding="utf-8-sig").splitlines()
-        except OSError as exc:
-            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: not a UTF-8 text file") from None
-        password = lines[0].strip() if lines else ""
-        if not password:  # as the agent's broker.password_file: an empty password is a wrong file
-            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: the first line (the password) is empty")
-    elif os.environ.get(PASSWORD_ENV):
-        password = os.environ[PASSWORD_ENV]
-    for opt in ("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):
-        value = getattr(ns, opt)
-        if value is not None and not Path(value).is_file():
-            raise UserError(f"{_flag(opt)} {value}: no such file")
-    if ns.mqtt_key_file is not None and ns.mqtt_cert_file is None:
-        raise UserError("--mqtt-key-file needs --mqtt-cert-file (the client certificate it goes with)")
-    kw: dict[str, Any] = {
-        "ca_file": ns.mqtt_ca_file,
-        "cert_file": ns.mqtt_cert_file,
-        "key_file": ns.mqtt_key_file,
-        "tls_insecure": ns.mqtt_tls_insecure,
-        "client_id": ns.mqtt_client_id,
-    }
-    if ns.mqtt_username is not None:
-        kw["username"] = ns.mqtt_username
-    if password is not None:
-        kw["password"] = password
-    kw.update(overrides)
-    try:
-        return MqttOptions.from_url(ns.broker, **kw)
-    except ValueError as exc:
-        raise UserError(f"--broker {ns.broker}: {exc}") from None
-
-
-def check_tls_files_of_args(options: MqttOptions) -> None:
-    """Read the certificate files of options made by :func:`mqtt_options_from_args` now, before a
-    run: one that cannot be used is an ``agent.commands.common.UserError`` naming its option
-    (``--mqtt-ca-file FILE: not a PEM certificate (...)``)."""
-    from agent.commands.common import UserError
-
-    try:
-        options.ssl_context()
-    except TlsFileError as exc:
-        raise UserError(f"{_flag('mqtt_' + exc.field)} {exc.path}: {exc.why}") from None

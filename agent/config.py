@@ -54,7 +54,7 @@ OTHER_ENV_VARS: Final = frozenset(
         # agent/broker.py (MOSQUITTO_ENV): the mosquitto binary of the embedded broker that racktwin demo
         # and racktwin sim (without a broker) start, and the tests; "" hides an installed one.
         "RACKTWIN_MOSQUITTO",
-        # agent/bus.py (PASSWORD_ENV, mqtt_options_from_args): the broker password of the commands with
+        # agent/mqtt_args.py (PASSWORD_ENV, mqtt_options_from_args): the broker password of the commands with
         # --mqtt-* options (racktwin sim) when --mqtt-password-file is not given.
         "RACKTWIN_MQTT_PASSWORD",
     }

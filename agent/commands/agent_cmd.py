@@ -73,7 +73,7 @@ def load_agent_config(path: str, *, check_tls: bool = True) -> LoadedConfig:
     loaded = config_read(path, load_config)
     if not check_tls:
         return loaded
-    from agent.bus import TlsFileError
+    from agent.mqtt_options import TlsFileError
     from agent.service import mqtt_options
 
     try:  # the certificate files are read now, so that --check-config vouches for them too
@@ -103,9 +103,9 @@ def run(args: argparse.Namespace, command: str) -> int:
     if check is not None:
         print(explain(loaded))
         return 0
-    from agent.bus import TlsFileError
     from agent.journal import JournalError, JournalInUseError
     from agent.logs import setup_logging
+    from agent.mqtt_options import TlsFileError
     from agent.service import AgentFailed, HttpListenError
     from agent.service import run as run_service
 

@@ -276,9 +276,9 @@ async def run_closed_loop(
     child process) over the broker at ``url``, for ``scenario.duration_s`` site seconds at ``speed``.
     ``control``: the agent's ``ControlConfig`` (default: the defaults, clock scaled to ``speed``).
     Writes truth.csv, summary.json, journal.sqlite and agent.log to ``out_dir``. ``stop`` ends it early."""
-    from agent.bus import MqttOptions
     from agent.config import AgentConfig, ControlConfig, HttpConfig, JournalConfig, LoadedConfig, LogConfig
     from agent.logs import setup_logging
+    from agent.mqtt_options import MqttOptions
     from agent.service import AgentService
 
     for name in _FRESH_FILES:

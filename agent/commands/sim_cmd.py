@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.bus import BusConnectError, add_mqtt_arguments, check_tls_files_of_args, mqtt_options_from_args
+from agent.bus import BusConnectError
 from agent.commands.common import (
     DEFAULT_SITE,
     UserError,
@@ -36,6 +36,7 @@ from agent.commands.common import (
     load_site_or_fail,
     path_arg,
 )
+from agent.mqtt_args import add_mqtt_arguments, check_tls_files_of_args, mqtt_options_from_args
 from twin.spec import SiteSpec
 from twin.tables import SpecError
 

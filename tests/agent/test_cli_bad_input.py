@@ -267,8 +267,8 @@ def test_a_password_file_saved_with_a_byte_order_mark_gives_the_password_without
     as its first character, and the broker refused the login)."""
     import argparse
 
-    from agent.bus import add_mqtt_arguments, mqtt_options_from_args
     from agent.config import load_config
+    from agent.mqtt_args import add_mqtt_arguments, mqtt_options_from_args
 
     pw = tmp_path / "agent.password"
     pw.write_bytes("\ufeffs3cret\n".encode())

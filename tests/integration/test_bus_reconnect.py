@@ -17,17 +17,9 @@ from mqtt_helpers import WAIT_S, next_messages, wait_for
 
 from agent import wire
 from agent.broker import EmbeddedBroker, free_port
-from agent.bus import (
-    Bus,
-    BusConnectError,
-    BusNotConnected,
-    MqttOptions,
-    add_mqtt_arguments,
-    backoff_delay_s,
-    check_connection,
-    mqtt_options_from_args,
-)
+from agent.bus import Bus, BusConnectError, BusNotConnected, MqttOptions, backoff_delay_s, check_connection
 from agent.commands.common import UserError
+from agent.mqtt_args import add_mqtt_arguments, mqtt_options_from_args
 from agent.wire import Codec
 
 pytestmark = pytest.mark.integration
