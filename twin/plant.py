@@ -34,16 +34,17 @@ Speed: the hot path is vectorized over cards; Python loops run over jobs only wh
 changes phase. See benchmarks/bench_twin.py.
 
 Modules: this one holds the cards, hosts, loops, facility and timeline (submissions, commands,
-wakes, faults); ``twin.plant_jobs`` (``PlantJobs``, which ``Plant`` holds and calls) the jobs:
-queue, built-in scheduler, phases and their timers, checkpoints, failures, work accounting and job
-events; ``twin.plant_readings`` (``PlantSensors``, likewise) the sensors: noise, their random stream,
-the sensor faults in force, and the readings they make of the true state; ``twin.plant_types`` the
-value types (``PlantConfig``, ``Truth``, ``Accounting``, ...), re-exported here.
+wakes, faults); ``twin.plant_faults`` (``PlantFaults``, which ``Plant`` holds and calls) the plant
+faults: their checks, the timeline actions and edges they bring, the flow, fouling and ambient they
+leave in force; ``twin.plant_jobs`` (``PlantJobs``, likewise) the jobs: queue, built-in scheduler,
+phases and their timers, checkpoints, failures, work accounting and job events;
+``twin.plant_readings`` (``PlantSensors``, likewise) the sensors: noise, their random stream, the
+sensor faults in force, and the readings they make of the true state; ``twin.plant_types`` the value
+types (``PlantConfig``, ``Truth``, ``Accounting``, ...), re-exported here.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from typing import Any
@@ -65,6 +66,7 @@ from twin.faults import (
     SensorDropout,
     StuckSensor,
 )
+from twin.plant_faults import PlantFaults
 from twin.plant_jobs import PlantJobs
 from twin.plant_readings import PlantSensors
 from twin.plant_types import (
@@ -170,9 +172,6 @@ class Plant:
         self._rack_pump_w = rack_pump_power_w(site, self._flow_frac)
         self._mcp_nominal = site.loop_flow_per_rack_lpm() / 60_000.0 * site.loop.density_kg_per_m3
         self._mcp_nominal *= site.loop.specific_heat_j_per_kg_k
-        self._heat_waves: list[HeatWave] = []
-        self._pump_faults: list[PumpDegradation] = []
-        self._fouling: list[ColdPlateFouling] = []
 
         # ---- card state ---------------------------------------------------------------------------
         self._t = 0.0
@@ -203,7 +202,7 @@ class Plant:
         # ---- timeline ------------------------------------------------------------------------------
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
-        self._fault_edges: list[float] = []  # sorted times at which a plant fault starts, changes or ends
+        self._faults = PlantFaults(site)  # the plant faults scheduled: edges, flow, fouling, heat waves
 
         # ---- sensors -------------------------------------------------------------------------------
         self._sensors = PlantSensors(site, cfg, self._clocks)
@@ -282,10 +281,6 @@ class Plant:
         self._seq += 1
         heapq.heappush(self._heap, (time_s, self._seq, kind, payload))
 
-    def _push_fault(self, time_s: float, kind: str, payload: Any) -> None:
-        self._push(time_s, kind, payload)
-        bisect.insort(self._fault_edges, time_s)
-
     # ================================================================================================
     # public: inputs
     # ================================================================================================
@@ -320,7 +315,8 @@ class Plant:
         """Schedule a fault (see ``twin.faults``). A fault that starts at or before the plant's time
         (e.g. at t = 0 on a new plant) is in force at once, not from the next step: the readings
         taken now show it, and a job placed now does not get a card that has failed."""
-        self._schedule_fault(fault)
+        for time_s, kind, payload in self._faults.schedule(fault):
+            self._push(time_s, kind, payload)
         start_s = fault.at_s if isinstance(fault, CardFailure) else fault.start_s
         if start_s <= self._t + _EPS_S:
             self._apply_due_now()
@@ -340,49 +336,7 @@ class Plant:
         """Site time of the next change a plant fault brings after now (a card failing or repaired, a
         pump degradation or fouling starting, ramping or ending, a sensor fault starting or ending);
         inf when none is left. Heat waves change the ambient smoothly and have no such edges."""
-        edges = self._fault_edges
-        i = bisect.bisect_right(edges, self._t + _EPS_S)
-        return edges[i] if i < len(edges) else _INF
-
-    def _schedule_fault(self, fault: Fault) -> None:
-        if isinstance(fault, HeatWave):
-            self._heat_waves.append(fault)
-            return
-        if isinstance(fault, SensorDropout | StuckSensor | GarbageReadings | PumpDegradation) and not (
-            0 <= fault.rack < self._n_racks
-        ):
-            raise ValueError(f"{type(fault).__name__}: rack {fault.rack} is not in 0..{self._n_racks - 1}")
-        if isinstance(fault, CardFailure | ColdPlateFouling) and not 0 <= fault.card < self._n:
-            raise ValueError(f"{type(fault).__name__}: card {fault.card} is not in 0..{self._n - 1}")
-        if (
-            isinstance(fault, StuckSensor)
-            and fault.card is not None
-            and (not 0 <= fault.card < self._n or self._card_rack[fault.card] != fault.rack)
-        ):
-            raise ValueError(f"StuckSensor: card {fault.card} is not in rack {fault.rack}")
-        if isinstance(fault, CardFailure):
-            self._push_fault(fault.at_s, "fail", fault.card)
-            if math.isfinite(fault.repair_after_s):
-                self._push_fault(fault.at_s + fault.repair_after_s, "repair", fault.card)
-            return
-        if isinstance(fault, PumpDegradation):
-            self._pump_faults.append(fault)
-            steps = 20 if fault.ramp_s > 0 else 0
-            for i in range(steps + 1):
-                self._push_fault(fault.start_s + fault.ramp_s * i / max(steps, 1), "flow", None)
-            if math.isfinite(fault.end_s):
-                self._push_fault(fault.end_s, "flow", None)
-            return
-        if isinstance(fault, ColdPlateFouling):
-            self._fouling.append(fault)
-            self._push_fault(fault.start_s, "flow", None)
-            if math.isfinite(fault.end_s):
-                self._push_fault(fault.end_s, "flow", None)
-            return
-        # sensor faults
-        self._push_fault(fault.start_s, "sensor_on", fault)
-        if math.isfinite(fault.end_s):
-            self._push_fault(fault.end_s, "sensor_off", fault)
+        return self._faults.next_change_s(self._t)
 
     # ---- commands -------------------------------------------------------------------------------
     def _cards(self, cards: Any, what: str) -> IntArray:
@@ -621,7 +575,7 @@ class Plant:
 
     def ambient_c(self, t_s: float | None = None) -> float:
         t = self._t if t_s is None else t_s
-        return self._ambient.temp_at_c(t) + sum(h.delta_k(t) for h in self._heat_waves)
+        return self._ambient.temp_at_c(t) + self._faults.heat_wave_delta_k(t)
 
     def job_records(self) -> list[JobRecord]:
         return self._jobs.records()
@@ -897,15 +851,9 @@ class Plant:
                 self._jobs.fallback_due()
 
     def _update_flow(self, t: float) -> None:
-        frac = np.ones(self._n_racks)
-        for f in self._pump_faults:
-            frac[f.rack] = min(frac[f.rack], f.fraction_at(t + _EPS_S))
-        frac = frac * self._pump_speed
+        frac = self._faults.pump_flow_frac(t) * self._pump_speed
         self._flow_varies = bool(np.any(frac != 1.0))
-        foul = np.ones(self._n)
-        for g in self._fouling:
-            if g.start_s <= t + _EPS_S < g.end_s:
-                foul[g.card] *= g.r_factor
+        foul = self._faults.fouling_factor(t)
         self._flow_frac = frac
         self._r_foul = foul
         self._thermal.set_params(self._thermal_params())
