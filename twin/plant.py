@@ -818,8 +818,10 @@ class Plant:
                 ok = ~self._failed[idx]
                 self._set_level[idx[ok]] = lv[ok]
             elif kind == "woken":
+                # only cards still in this wake: one cut short (put back to sleep) and woken again has
+                # a later end, whose own action ends it
                 idx = payload
-                still = idx[self._waking[idx]]
+                still = idx[self._waking[idx] & (self._wake_at[idx] <= t + _EPS_S)]
                 self._waking[still] = False
             elif kind == "fail":
                 c = int(payload)
