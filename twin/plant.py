@@ -22,7 +22,7 @@ with power and coolant inlet held over the step (zero-order hold):
 Commands (``set_levels``, ``set_power_limits``, ``enter_low_power``, ``wake``,
 ``set_supply_temp``, ``set_pump_speed``, ``place_job``) either apply entirely or raise :class:`CommandError` with the
 reason. ``readings()`` gives noisy telemetry (``twin.readings``) with sensor faults applied
-(``twin.sensor_faults``); ``truth()`` the exact values; ``drain_events()`` the job events;
+(``twin.plant_readings``, ``twin.sensor_faults``); ``truth()`` the exact values; ``drain_events()`` the job events;
 ``accounting()`` energy and work.
 
 Work is counted in top-clock-equivalent card-seconds (``twin.workload``): throughput is work per
@@ -33,16 +33,18 @@ change the physics.
 Speed: the hot path is vectorized over cards; Python loops run over jobs only when one of them
 changes phase. See benchmarks/bench_twin.py.
 
-Modules: this one holds the cards, hosts, loops, facility, timeline (submissions, commands, wakes,
-faults) and sensors; ``twin.plant_jobs`` (``PlantJobs``, which ``Plant`` holds and calls) the jobs:
-queue, built-in scheduler, phases and their timers, checkpoints, failures, work accounting and job
-events; ``twin.plant_types`` the value types (``PlantConfig``, ``Truth``, ``Accounting``, ...),
-re-exported here.
+Modules: this one holds the cards, hosts, loops, facility and timeline (submissions, commands,
+wakes, faults); ``twin.plant_faults`` (``PlantFaults``, which ``Plant`` holds and calls) the plant
+faults: their checks, the timeline actions and edges they bring, the flow, fouling and ambient they
+leave in force; ``twin.plant_jobs`` (``PlantJobs``, likewise) the jobs: queue, built-in scheduler,
+phases and their timers, checkpoints, failures, work accounting and job events;
+``twin.plant_readings`` (``PlantSensors``, likewise) the sensors: noise, their random stream, the
+sensor faults in force, and the readings they make of the true state; ``twin.plant_types`` the value
+types (``PlantConfig``, ``Truth``, ``Accounting``, ...), re-exported here.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from typing import Any
@@ -64,7 +66,9 @@ from twin.faults import (
     SensorDropout,
     StuckSensor,
 )
+from twin.plant_faults import PlantFaults
 from twin.plant_jobs import PlantJobs
+from twin.plant_readings import PlantSensors
 from twin.plant_types import (
     Accounting,
     BoolArray,
@@ -78,16 +82,7 @@ from twin.plant_types import (
     Truth,
 )
 from twin.power import SLOWDOWN_K_PER_LEVEL, PowerModel
-from twin.readings import (
-    CardBatch,
-    FacilityReading,
-    JobEvent,
-    LoopReading,
-    PduReading,
-    RackReading,
-    Readings,
-)
-from twin.sensor_faults import SensorFaults
+from twin.readings import JobEvent, Readings
 from twin.spec import SiteSpec
 from twin.thermal import ThermalNetwork, ThermalParams, plate_resistance_k_per_w
 from twin.workload import JobSpec
@@ -146,7 +141,6 @@ class Plant:
         self._clocks = self._model.clocks_mhz
         self._r_clock = self._clocks[0] / self._clocks  # step stretch f_top / f per level
         self._card_rack = site.card_rack()
-        self._card_index = np.arange(n, dtype=np.int64)
         default_ambient = ConstantAmbient(site.facility.ambient_temp_c)
         self._ambient: Ambient = cfg.ambient if cfg.ambient is not None else default_ambient
 
@@ -178,9 +172,6 @@ class Plant:
         self._rack_pump_w = rack_pump_power_w(site, self._flow_frac)
         self._mcp_nominal = site.loop_flow_per_rack_lpm() / 60_000.0 * site.loop.density_kg_per_m3
         self._mcp_nominal *= site.loop.specific_heat_j_per_kg_k
-        self._heat_waves: list[HeatWave] = []
-        self._pump_faults: list[PumpDegradation] = []
-        self._fouling: list[ColdPlateFouling] = []
 
         # ---- card state ---------------------------------------------------------------------------
         self._t = 0.0
@@ -211,11 +202,10 @@ class Plant:
         # ---- timeline ------------------------------------------------------------------------------
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
-        self._fault_edges: list[float] = []  # sorted times at which a plant fault starts, changes or ends
+        self._faults = PlantFaults(site)  # the plant faults scheduled: edges, flow, fouling, heat waves
 
         # ---- sensors -------------------------------------------------------------------------------
-        self._sensor_rng = np.random.default_rng([cfg.seed, 2])
-        self._sensor_faults = SensorFaults(n_racks)
+        self._sensors = PlantSensors(site, cfg, self._clocks)
 
         # ---- accounting ---------------------------------------------------------------------------
         self._acc = {
@@ -291,10 +281,6 @@ class Plant:
         self._seq += 1
         heapq.heappush(self._heap, (time_s, self._seq, kind, payload))
 
-    def _push_fault(self, time_s: float, kind: str, payload: Any) -> None:
-        self._push(time_s, kind, payload)
-        bisect.insort(self._fault_edges, time_s)
-
     # ================================================================================================
     # public: inputs
     # ================================================================================================
@@ -329,7 +315,8 @@ class Plant:
         """Schedule a fault (see ``twin.faults``). A fault that starts at or before the plant's time
         (e.g. at t = 0 on a new plant) is in force at once, not from the next step: the readings
         taken now show it, and a job placed now does not get a card that has failed."""
-        self._schedule_fault(fault)
+        for time_s, kind, payload in self._faults.schedule(fault):
+            self._push(time_s, kind, payload)
         start_s = fault.at_s if isinstance(fault, CardFailure) else fault.start_s
         if start_s <= self._t + _EPS_S:
             self._apply_due_now()
@@ -349,49 +336,7 @@ class Plant:
         """Site time of the next change a plant fault brings after now (a card failing or repaired, a
         pump degradation or fouling starting, ramping or ending, a sensor fault starting or ending);
         inf when none is left. Heat waves change the ambient smoothly and have no such edges."""
-        edges = self._fault_edges
-        i = bisect.bisect_right(edges, self._t + _EPS_S)
-        return edges[i] if i < len(edges) else _INF
-
-    def _schedule_fault(self, fault: Fault) -> None:
-        if isinstance(fault, HeatWave):
-            self._heat_waves.append(fault)
-            return
-        if isinstance(fault, SensorDropout | StuckSensor | GarbageReadings | PumpDegradation) and not (
-            0 <= fault.rack < self._n_racks
-        ):
-            raise ValueError(f"{type(fault).__name__}: rack {fault.rack} is not in 0..{self._n_racks - 1}")
-        if isinstance(fault, CardFailure | ColdPlateFouling) and not 0 <= fault.card < self._n:
-            raise ValueError(f"{type(fault).__name__}: card {fault.card} is not in 0..{self._n - 1}")
-        if (
-            isinstance(fault, StuckSensor)
-            and fault.card is not None
-            and (not 0 <= fault.card < self._n or self._card_rack[fault.card] != fault.rack)
-        ):
-            raise ValueError(f"StuckSensor: card {fault.card} is not in rack {fault.rack}")
-        if isinstance(fault, CardFailure):
-            self._push_fault(fault.at_s, "fail", fault.card)
-            if math.isfinite(fault.repair_after_s):
-                self._push_fault(fault.at_s + fault.repair_after_s, "repair", fault.card)
-            return
-        if isinstance(fault, PumpDegradation):
-            self._pump_faults.append(fault)
-            steps = 20 if fault.ramp_s > 0 else 0
-            for i in range(steps + 1):
-                self._push_fault(fault.start_s + fault.ramp_s * i / max(steps, 1), "flow", None)
-            if math.isfinite(fault.end_s):
-                self._push_fault(fault.end_s, "flow", None)
-            return
-        if isinstance(fault, ColdPlateFouling):
-            self._fouling.append(fault)
-            self._push_fault(fault.start_s, "flow", None)
-            if math.isfinite(fault.end_s):
-                self._push_fault(fault.end_s, "flow", None)
-            return
-        # sensor faults
-        self._push_fault(fault.start_s, "sensor_on", fault)
-        if math.isfinite(fault.end_s):
-            self._push_fault(fault.end_s, "sensor_off", fault)
+        return self._faults.next_change_s(self._t)
 
     # ---- commands -------------------------------------------------------------------------------
     def _cards(self, cards: Any, what: str) -> IntArray:
@@ -630,7 +575,7 @@ class Plant:
 
     def ambient_c(self, t_s: float | None = None) -> float:
         t = self._t if t_s is None else t_s
-        return self._ambient.temp_at_c(t) + sum(h.delta_k(t) for h in self._heat_waves)
+        return self._ambient.temp_at_c(t) + self._faults.heat_wave_delta_k(t)
 
     def job_records(self) -> list[JobRecord]:
         return self._jobs.records()
@@ -873,8 +818,10 @@ class Plant:
                 ok = ~self._failed[idx]
                 self._set_level[idx[ok]] = lv[ok]
             elif kind == "woken":
+                # only cards still in this wake: one cut short (put back to sleep) and woken again has
+                # a later end, whose own action ends it
                 idx = payload
-                still = idx[self._waking[idx]]
+                still = idx[self._waking[idx] & (self._wake_at[idx] <= t + _EPS_S)]
                 self._waking[still] = False
             elif kind == "fail":
                 c = int(payload)
@@ -899,22 +846,16 @@ class Plant:
                     self._pump_speed[r] = 1.0
                     self._update_flow(t)
             elif kind == "sensor_on":
-                self._sensor_faults.switch(payload, on=True)
+                self._sensors.faults.switch(payload, on=True)
             elif kind == "sensor_off":
-                self._sensor_faults.switch(payload, on=False)
+                self._sensors.faults.switch(payload, on=False)
             elif kind == "sched":
                 self._jobs.fallback_due()
 
     def _update_flow(self, t: float) -> None:
-        frac = np.ones(self._n_racks)
-        for f in self._pump_faults:
-            frac[f.rack] = min(frac[f.rack], f.fraction_at(t + _EPS_S))
-        frac = frac * self._pump_speed
+        frac = self._faults.pump_flow_frac(t) * self._pump_speed
         self._flow_varies = bool(np.any(frac != 1.0))
-        foul = np.ones(self._n)
-        for g in self._fouling:
-            if g.start_s <= t + _EPS_S < g.end_s:
-                foul[g.card] *= g.r_factor
+        foul = self._faults.fouling_factor(t)
         self._flow_frac = frac
         self._r_foul = foul
         self._thermal.set_params(self._thermal_params())
@@ -947,79 +888,30 @@ class Plant:
     # sensors
     # ================================================================================================
     def readings(self) -> Readings:
-        """Noisy telemetry of the current state, with sensor faults applied."""
-        t = self._t
-        nz = self.config.noise
-        n, n_r, cpr = self._n, self._n_racks, self._cpr
-        rng = self._sensor_rng
-        z = rng.standard_normal((3, n))
-        power = np.maximum(self._power + nz.power_sd_w * z[0], 0.0)  # (a card just powered has no power yet)
-        die = self._die + nz.die_temp_sd_k * z[1]
-        util = np.clip(self._util * (1.0 + nz.utilization_sd * z[2]), 0.0, 1.0)
-        clock = self._clocks[self._eff_level]
-        if self._n_low or self._n_failed:
-            off = self._low | self._failed
-            clock = np.where(off, 0.0, clock)
-            if self._n_failed:
-                power = np.where(self._failed, 0.0, power)
-                util = np.where(self._failed, 0.0, util)
-        if self._n_hosts_off:
-            power = np.where(self._card_off, 0.0, power)
-        level = self._set_level.copy()
-        low = self._low.copy()
-        waking = self._waking.copy()
-        limit = self._limit.copy()
-        failed = self._failed.copy()
-        host_off = self._card_off.copy()
-        zr = rng.standard_normal((4, n_r))
-        sup = (self._supply_c + nz.coolant_temp_sd_k * zr[0]).tolist()
-        ret = (self._rack_return + nz.coolant_temp_sd_k * zr[1]).tolist()
-        flow_true = self.site.loop_flow_per_rack_lpm() * self._flow_frac
-        flow = (flow_true * (1.0 + nz.flow_sd_frac * zr[2])).tolist()
-        pdu = (self._rack_power * (1.0 + nz.pdu_power_sd_frac * zr[3])).tolist()
-        pump = self._rack_pump_w.tolist()
-        speed = self._pump_speed.tolist()
-        faults = self._sensor_faults
-        faults.freeze_stuck_cards(power, die, util, clock)
-        racks: list[RackReading] = []
-        idx = self._card_index
-        for r in range(n_r):
-            if faults.dropped(r):
-                continue
-            frozen = faults.frozen_rack(r, t)
-            if frozen is not None:
-                racks.append(frozen)
-                continue
-            sl = slice(r * cpr, (r + 1) * cpr)
-            batch = CardBatch(
-                card_index=idx[sl],
-                power_w=power[sl],
-                die_temp_c=die[sl],
-                clock_mhz=clock[sl],
-                utilization=util[sl],
-                level=level[sl],
-                low_power=low[sl],
-                waking=waking[sl],
-                power_limit_w=limit[sl],
-                failed=failed[sl],
-                host_off=host_off[sl],
-            )
-            loop = LoopReading(sup[r], ret[r], flow[r], pump[r], pump_speed_frac=speed[r])
-            batch, loop = faults.garble(r, batch, loop, rng)
-            rr = RackReading(rack=r, time_s=t, cards=batch, loop=loop, pdu=PduReading(power_w=pdu[r]))
-            faults.seen(rr)
-            racks.append(rr)
-        cp = self._cooling
-        zf = rng.standard_normal(6)
-        ff = nz.facility_sd_frac
-        facility = FacilityReading(
-            time_s=t,
-            ambient_temp_c=float(self._ambient_now + nz.ambient_sd_k * zf[0]),
-            facility_supply_temp_c=float(cp.facility_supply_temp_c + nz.coolant_temp_sd_k * zf[1]),
-            facility_return_temp_c=float(cp.facility_return_temp_c + nz.coolant_temp_sd_k * zf[2]),
-            cooling_power_w=float(cp.cooling_power_w * (1.0 + ff * zf[3])),
-            it_power_w=float(cp.it_power_w * (1.0 + ff * zf[4])),
-            facility_power_w=float(cp.facility_power_w * (1.0 + ff * zf[5])),
-            supply_setpoint_c=self._setpoint_c,
+        """Noisy telemetry of the current state, with sensor faults applied (``twin.plant_readings``)."""
+        return self._sensors.read(
+            time_s=self._t,
+            power_w=self._power,
+            die_temp_c=self._die,
+            utilization=self._util,
+            effective_level=self._eff_level,
+            level=self._set_level,
+            low_power=self._low,
+            waking=self._waking,
+            power_limit_w=self._limit,
+            failed=self._failed,
+            card_host_off=self._card_off,
+            n_low=self._n_low,
+            n_failed=self._n_failed,
+            n_hosts_off=self._n_hosts_off,
+            supply_c=self._supply_c,
+            rack_return_c=self._rack_return,
+            flow_frac=self._flow_frac,
+            rack_power_w=self._rack_power,
+            rack_pump_w=self._rack_pump_w,
+            pump_speed_frac=self._pump_speed,
+            cooling=self._cooling,
+            ambient_c=self._ambient_now,
+            setpoint_c=self._setpoint_c,
+            jobs=self._jobs.readings(),
         )
-        return Readings(time_s=t, racks=tuple(racks), facility=facility, jobs=self._jobs.readings())

@@ -189,6 +189,23 @@ def test_wake_latency_is_honoured_and_a_job_on_sleeping_cards_waits(small_site: 
     assert not p.readings().racks[0].cards.waking[0]  # type: ignore[union-attr]
 
 
+def test_a_card_put_back_to_sleep_while_waking_waits_its_whole_next_wake(small_site: SiteSpec) -> None:
+    """The end of a wake cut short by ``enter_low_power`` used to end the next wake early."""
+    wake = small_site.card.wake_latency_s
+    p = Plant(small_site, config=exact(initial_low_power=True))
+    p.wake([0])
+    p.step(0.5 * wake)
+    p.enter_low_power([0])
+    t0 = p.time_s
+    p.wake([0])  # ready at t0 + wake, after the first wake's end (at wake)
+    p.step(0.75 * wake)  # past the first wake's end, before t0 + wake
+    cards = p.readings().racks[0].cards
+    assert cards is not None and bool(cards.waking[0])
+    p.run(t0 + wake - p.time_s)
+    cards = p.readings().racks[0].cards
+    assert cards is not None and not cards.waking[0] and not cards.low_power[0]
+
+
 def test_commands_refuse_invalid_requests_with_a_reason(small_site: SiteSpec) -> None:
     p = Plant(small_site, [job("a", 4)], [CardFailure(card=30, at_s=0.0)], config=exact())
     p.step(1.0)

@@ -83,6 +83,33 @@ def test_a_wake_or_a_job_on_an_off_host_waits_for_its_boot(site: SiteSpec) -> No
     assert p.time_s - t1 < boot
 
 
+def test_a_wake_cut_short_by_a_power_off_does_not_end_the_next_wake_early(site: SiteSpec) -> None:
+    """The end of a wake cut short (its host powered off) used to end the next wake too: cards woken
+    again after the power-on read awake at the first wake's end, with their host still booting, and a
+    job placed on them then computed at once."""
+    boot, wake = site.rack.host_boot_s, site.card.wake_latency_s
+    cph = site.cards_per_host
+    cards = np.arange(cph)
+    cfg = exact(initial_low_power=True, placement="external", external_timeout_s=1e9)
+    p = Plant(site, [job("a", cph)], config=cfg)
+    p.wake(cards)
+    p.step(1.0)
+    p.power_off_hosts([0])  # before the wake ends: the cards sleep again
+    p.power_on_hosts([0])
+    t0 = p.time_s
+    p.wake(cards)  # waits for the boot
+    p.run(2.0 * wake)  # past the end of the first wake
+    cards_now = p.readings().racks[0].cards
+    assert p.host_booting()[0]
+    assert cards_now is not None and cards_now.waking[:cph].all()
+    p.place_job("a", cards)
+    started = []
+    while p.time_s < t0 + boot + wake + 5.0:
+        p.step(1.0)
+        started += [e.time_s for e in p.drain_events() if e.kind == "phase" and e.phase == Phase.COMPUTE]
+    assert started and started[0] >= t0 + boot + wake - 1e-9
+
+
 def test_spec_checks_the_host_keys(example_data: dict[str, Any]) -> None:
     for key, value, match in (
         ("hosts_per_rack", 7, "divide the rack's 64 cards"),
