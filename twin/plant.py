@@ -118,6 +118,18 @@ _WARM_START_ITERATIONS = 50
 _WARM_START_TOLERANCE_K = 1e-3
 
 
+def _per_target(values: Any, n: int, what: str, name: str) -> FloatArray:
+    """``values`` as one number per target of a command (one value for all, or one each), as
+    floats; a count that fits neither, or values that are not numbers, raise ``CommandError``."""
+    arr = np.asarray(values)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number):
+        raise CommandError(f"{what}: {name} must be numbers")
+    try:
+        return np.broadcast_to(arr.astype(np.float64), (n,))
+    except ValueError:
+        raise CommandError(f"{what}: {arr.size} {name} for {n} targets (give one, or one per target)") from None
+
+
 class Plant:
     """The whole site in time. See the module docstring."""
 
@@ -364,12 +376,12 @@ class Plant:
         """Command DVFS levels (0 = fastest); they take effect ``card.dvfs_latency_s`` later (at the
         first step that starts at or after that time). A later command overrides an earlier one."""
         idx = self._cards(cards, "set_levels")
-        lv = np.broadcast_to(np.asarray(levels), idx.shape)
         if idx.size == 0:
             return
-        if not np.issubdtype(lv.dtype, np.integer) and (not np.all(np.isfinite(lv)) or not np.all(lv == np.round(lv))):
+        lv_f = _per_target(levels, idx.size, "set_levels", "levels")
+        if not np.all(np.isfinite(lv_f)) or not np.all(lv_f == np.round(lv_f)):
             raise CommandError("set_levels: levels must be integers")
-        lv = lv.astype(np.int64)
+        lv = lv_f.astype(np.int64)
         bad = (lv < 0) | (lv >= self._n_levels)
         if bad.any():
             raise CommandError(f"set_levels: level {int(lv[bad][0])} is not in 0..{self._n_levels - 1}")
@@ -380,9 +392,9 @@ class Plant:
     def set_power_limits(self, cards: Any, power_limit_w: Any) -> None:
         """Set card power limits (W), effective at once (firmware power capping acts in ms)."""
         idx = self._cards(cards, "set_power_limits")
-        lim = np.broadcast_to(np.asarray(power_limit_w, dtype=np.float64), idx.shape)
         if idx.size == 0:
             return
+        lim = _per_target(power_limit_w, idx.size, "set_power_limits", "limits")
         lo, hi = self.config.min_power_limit_w, self.site.card.power_limit_w
         bad = ~np.isfinite(lim) | (lim < lo) | (lim > hi)
         if bad.any():
@@ -519,7 +531,7 @@ class Plant:
         bad = (idx < 0) | (idx >= self._n_racks)
         if bad.any():
             raise CommandError(f"set_pump_speed: rack {int(idx[bad][0])} is not in 0..{self._n_racks - 1}")
-        speed = np.broadcast_to(np.asarray(speed_frac, dtype=np.float64), idx.shape)
+        speed = _per_target(speed_frac, idx.size, "set_pump_speed", "speeds")
         lo = self.site.min_pump_speed_frac()
         out = ~np.isfinite(speed) | (speed < lo - 1e-9) | (speed > 1.0 + 1e-9)
         if out.any():

@@ -229,6 +229,36 @@ def test_commands_refuse_invalid_requests_with_a_reason(small_site: SiteSpec) ->
     assert not p.truth().low_power[10], "a refused command changes nothing"
 
 
+def test_commands_with_values_that_do_not_fit_their_targets_are_refused(small_site: SiteSpec) -> None:
+    """A command takes one value for all its targets or one each; anything else, or values that
+    are not numbers, is a ``CommandError`` (as the module promises), and nothing is applied."""
+    p = Plant(small_site, config=exact())
+    p.step(1.0)
+    before, limits_before = p.truth(), p._limit.copy()
+    with pytest.raises(CommandError, match=r"set_levels: 2 levels for 3 targets"):
+        p.set_levels([1, 2, 3], [1, 2])
+    with pytest.raises(CommandError, match="set_levels: levels must be numbers"):
+        p.set_levels([1], ["fast"])
+    with pytest.raises(CommandError, match="set_levels: levels must be numbers"):
+        p.set_levels([1], True)
+    with pytest.raises(CommandError, match=r"set_power_limits: 3 limits for 2 targets"):
+        p.set_power_limits([1, 2], [400.0, 500.0, 600.0])
+    with pytest.raises(CommandError, match=r"set_pump_speed: 2 speeds for 1 targets"):
+        p.set_pump_speed([0], [0.8, 0.9])
+    with pytest.raises(CommandError, match="set_pump_speed: speeds must be numbers"):
+        p.set_pump_speed([0], None)
+    p.step(1.0)
+    after = p.truth()
+    assert np.array_equal(after.level, before.level)
+    assert np.array_equal(p._limit, limits_before)
+    assert np.array_equal(after.rack_pump_speed_frac, before.rack_pump_speed_frac)
+    p.set_levels([1, 2], [3, 4])  # one each: taken
+    p.set_power_limits([1, 2], 500.0)  # one for all: taken
+    p.step(1.0 + small_site.card.dvfs_latency_s)
+    assert p.truth().level[1:3].tolist() == [3, 4]
+    assert p._limit[1:3].tolist() == [500.0, 500.0]
+
+
 # ------------------------------------------------------------------------------------------------
 # scheduling and jobs
 # ------------------------------------------------------------------------------------------------
