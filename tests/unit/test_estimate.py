@@ -372,3 +372,22 @@ def test_a_loop_that_goes_silent_in_a_pump_step_does_not_stop_its_cards_learning
             )
         est.update(r)
     assert np.all(est.estimates().r_ratio_sd[:16] < 0.05)  # rack 0's cards learnt
+
+
+def test_a_reading_delivered_again_changes_no_estimate(small_site: SiteSpec) -> None:
+    """At-least-once delivery: every reading arrives twice. A copy (the same time stamps) is no new
+    observation: the estimates are those of each reading once, bit for bit (a copy used to reset
+    the pump's flow averages to its one reading, restart nothing but count again in the power
+    coefficients)."""
+    p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(seed=5, phases=PHASES))
+    once, twice = Estimator(small_site), Estimator(small_site)
+    for _ in range(300):
+        p.step(1.0)
+        readings = p.readings()
+        once.update(readings)
+        twice.update(readings)
+        twice.update(readings)
+    a, b = once.estimates(), twice.estimates()
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
