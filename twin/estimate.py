@@ -1,7 +1,8 @@
 """Online calibration of every card and residual-based anomaly flags. Pure numpy, no I/O.
 
 ``Estimator(site).update(readings)`` after each :class:`twin.readings.Readings`; ``estimates()``
-and ``anomalies()`` at any time.
+and ``anomalies()`` at any time. A copy of a card or loop reading (stamped at the time of the one the
+estimator has: at-least-once delivery) is no new observation and changes nothing.
 
 Thermal resistance (per card). The die temperature rise over the coolant inlet is the response of
 the card's RC network to its power (``twin.thermal``, as ``fit_thermal`` fits it offline). The
@@ -338,6 +339,7 @@ class Estimator:
         with np.errstate(invalid="ignore"):
             pvalid = valid & awake & np.isfinite(util) & (util >= 0) & (util <= 1) & np.isfinite(clock) & (clock > 0)
             pvalid &= clock <= self.site.card.max_plausible_clock_mhz  # as the belief (twin.state)
+            pvalid &= t_card != self._last_pt  # a copy of the last reading is not a second observation
         self._update_power(pvalid, t_card, power, die_start, util, clock)
 
     def _rack_supply(self, r: int) -> float:
@@ -350,6 +352,8 @@ class Estimator:
             return
         if not (-20 < supply_c < 100 and -20 < return_c < 120 and flow_lpm >= 0):
             return
+        if t == self._rack_t[r]:
+            return  # the same reading again (at-least-once delivery): no new observation, no restart
         # a CDU that does not report its pump's speed (NaN): the flow it should give is unknown, and
         # a pump slowed on purpose is not judged weak (read as full speed, every slowed pump was)
         known = math.isfinite(speed)

@@ -10,7 +10,8 @@ import pytest
 
 from twin.estimate import Anomaly, AnomalyHistory, Estimator, EstimatorConfig
 from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation, StuckSensor
-from twin.readings import Readings
+from twin.power import PowerModel
+from twin.readings import CardBatch, LoopReading, PduReading, RackReading, Readings
 from twin.spec import SiteSpec
 from twin.state import TwinState
 from twin.workload import JobSpec, PhaseModel
@@ -407,3 +408,261 @@ def test_a_round_that_fails_half_way_leaves_no_trace(small_site: SiteSpec) -> No
         failed.update(readings, frozen_cards=(3,))
     _bit_for_bit(failed, whole)
     assert whole.estimates().time_s == p.time_s
+
+
+def test_a_reading_delivered_again_changes_no_estimate(small_site: SiteSpec) -> None:
+    """At-least-once delivery: every reading arrives twice. A copy (the same time stamps) is no new
+    observation: the estimates are those of each reading once, bit for bit (a copy used to reset
+    the pump's flow averages to its one reading, restart nothing but count again in the power
+    coefficients)."""
+    p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(seed=5, phases=PHASES))
+    once, twice = Estimator(small_site), Estimator(small_site)
+    for _ in range(300):
+        p.step(1.0)
+        readings = p.readings()
+        once.update(readings)
+        twice.update(readings)
+        twice.update(readings)
+    a, b = once.estimates(), twice.estimates()
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
+
+
+# ---- hand-made readings of rack 0 at a steady power: the spec network's rise is P x R_expected -----
+_P_W = 600.0  # every card of rack 0
+_SUPPLY_C = 30.0
+_SD_K = 0.7  # EstimatorConfig.die_noise_k
+_Q_PER_S = 0.1**2 / 3600.0  # the ratio's random walk: 10% over r_time_constant_s
+
+
+def _rack0(
+    site: SiteSpec,
+    t: float,
+    rise_k: float,
+    *,
+    power_w: float = _P_W,
+    clock_mhz: float = 1980.0,
+    flow_frac: float = 1.0,
+    speed: float = 1.0,
+    pdu_w: float = 20e3,
+    loop_dt_k: float = 5.0,
+    return_c: float | None = None,
+) -> Readings:
+    """Rack 0's 16 cards at ``power_w``, their dies ``rise_k`` over the supply; its loop at the nominal
+    flow (x ``flow_frac``), reporting ``speed``; its PDU at ``pdu_w``."""
+    n = 16
+    cards = CardBatch(
+        card_index=np.arange(n),
+        power_w=np.full(n, power_w),
+        die_temp_c=np.full(n, _SUPPLY_C + rise_k),
+        clock_mhz=np.full(n, clock_mhz),
+        utilization=np.full(n, 0.9),
+        level=np.zeros(n, dtype=np.int64),
+        low_power=np.zeros(n, dtype=bool),
+        waking=np.zeros(n, dtype=bool),
+        power_limit_w=np.full(n, 700.0),
+        failed=np.zeros(n, dtype=bool),
+    )
+    flow = site.loop_flow_per_rack_lpm() * flow_frac
+    ret = _SUPPLY_C + loop_dt_k if return_c is None else return_c
+    loop = LoopReading(_SUPPLY_C, ret, flow, 500.0, speed)
+    return Readings(t, (RackReading(0, t, cards=cards, loop=loop, pdu=PduReading(pdu_w)),))
+
+
+def _steady(site: SiteSpec, seconds: int, *ests: Estimator) -> float:
+    """Exact readings at the spec's rise (true ratio 1) for ``seconds`` s from t=1; the spec rise x (K)."""
+    x = _P_W * float(ests[0].estimates().r_expected_k_per_w[0])
+    for t in range(1, seconds + 1):
+        for est in ests:
+            est.update(_rack0(site, float(t), x))
+    return x
+
+
+def _tau_s(site: SiteSpec, est: Estimator) -> float:
+    """The spec network's slow time constant as the estimator takes it: (C_die + C_plate) x R."""
+    c = site.card.die_heat_capacity_j_per_k + site.cold_plate.heat_capacity_j_per_k
+    return c * float(est.estimates().r_expected_k_per_w[0])
+
+
+def test_learning_begins_settle_time_constants_after_a_start_and_a_sure_ratio_is_needed_to_flag(
+    small_site: SiteSpec,
+) -> None:
+    """No learning for 4 slow time constants after the model starts (t=1): the prior (1 +- 0.2)
+    holds. The first learnt reading (a rise 30% over the spec's, at a small 10.5 K rise) moves the
+    ratio by the Kalman gain: g = 1 + pg x / (x^2 pg + sd^2) * 0.3 x, pg = 0.2^2 + q. Its
+    standard deviation is then above a third of the 15% threshold: not yet flagged."""
+    est = Estimator(small_site)
+    power = 10.5 / float(est.estimates().r_expected_k_per_w[0])
+    x = 10.5
+    learn_from = 1.0 + 4.0 * _tau_s(small_site, est)
+    t = 1.0
+    while t < learn_from:
+        est.update(_rack0(small_site, t, x, power_w=power))
+        e = est.estimates()
+        assert e.r_ratio[0] == 1.0 and e.r_ratio_sd[0] == pytest.approx(0.2, abs=1e-12), t
+        t += 1.0
+    est.update(_rack0(small_site, t, 1.3 * x, power_w=power))
+    pg = 0.2**2 + _Q_PER_S
+    k = pg * x / (x * x * pg + _SD_K**2)
+    e = est.estimates()
+    assert e.r_ratio[:16] == pytest.approx(np.full(16, 1.0 + k * 0.3 * x), abs=1e-6)
+    assert e.r_ratio_sd[0] == pytest.approx(math.sqrt(pg * (1 - k * x)), rel=1e-6)
+    assert e.r_ratio[0] > 1.15 and 0.05 < e.r_ratio_sd[0] < 0.15  # above the threshold, not sure
+    assert est.anomalies() == []
+
+
+def test_the_gate_takes_an_innovation_of_4_sd_and_skips_one_of_6(small_site: SiteSpec) -> None:
+    """innovation_gate_sd=5: after learning ratio 1 at a steady load, a reading 4 predicted standard
+    deviations off moves the ratio by the Kalman gain; one 6 off is no observation."""
+    taken, skipped = Estimator(small_site), Estimator(small_site)
+    x = _steady(small_site, 300, taken, skipped)
+    sd = float(taken.estimates().r_ratio_sd[0])
+    pg = sd * sd + _Q_PER_S
+    s = x * x * pg + _SD_K**2
+    taken.update(_rack0(small_site, 301.0, x + 4.0 * math.sqrt(s)))
+    skipped.update(_rack0(small_site, 301.0, x + 6.0 * math.sqrt(s)))
+    assert taken.estimates().r_ratio[0] == pytest.approx(1.0 + pg * x / s * 4.0 * math.sqrt(s), rel=1e-9)
+    assert skipped.estimates().r_ratio[0] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_outliers_on_one_side_for_gate_confirm_s_are_taken_at_once_alternating_ones_never(
+    small_site: SiteSpec,
+) -> None:
+    """A plate fouls at once (the rise 40% up from t=301): its readings are outliers for 60 s
+    (gate_confirm_s), the ratio held; the 61st is taken with the variance grown to the step's,
+    pg = 0.4^2: g = 1 + 0.4 x^2 pg / (x^2 pg + sd^2), ~1.3986. A die sensor glitching 8 K up and
+    down for two minutes never moves it."""
+    fouled, glitchy = Estimator(small_site), Estimator(small_site)
+    x = _steady(small_site, 300, fouled, glitchy)
+    for i in range(120):
+        t = 301.0 + i
+        fouled.update(_rack0(small_site, t, 1.4 * x))
+        glitchy.update(_rack0(small_site, t, x + (8.0 if i % 2 else -8.0)))
+        g = float(fouled.estimates().r_ratio[0])
+        if i < 60:
+            assert g == pytest.approx(1.0, abs=1e-12), i
+        elif i == 60:
+            assert g == pytest.approx(1.0 + 0.4 * (x * x * 0.16) / (x * x * 0.16 + _SD_K**2), abs=1e-3)
+    assert fouled.estimates().r_ratio[0] == pytest.approx(1.4, abs=2e-3)
+    assert glitchy.estimates().r_ratio[0] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_run_of_outliers_does_not_outlast_a_restart_of_the_model(small_site: SiteSpec) -> None:
+    """Outliers (8 K up) for 10 s, a 40 s gap (the model restarts), then outliers again: the run
+    counts from the restart's first learnt reading, so 30 s of them are not yet confirmed."""
+    est = Estimator(small_site)
+    x = _steady(small_site, 300, est)
+    for t in range(301, 311):
+        est.update(_rack0(small_site, float(t), x + 8.0))
+    assert est.estimates().r_ratio[0] == pytest.approx(1.0, abs=1e-12)
+    restart = 350.0
+    learn_from = restart + 4.0 * _tau_s(small_site, est)
+    t = restart
+    est.update(_rack0(small_site, t, x))  # restarts at the spec's rise (ratio 1)
+    while t < learn_from + 30.0:
+        t += 1.0
+        est.update(_rack0(small_site, t, x + 8.0))
+    assert est.estimates().r_ratio[0] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_restarted_model_starts_at_equilibrium_with_the_die_through_the_learnt_ratio(
+    small_site: SiteSpec,
+) -> None:
+    """Ratio 1.4 learnt; a 40 s gap restarts the model from the measured die divided by 1.4, the plate
+    in equilibrium under the power. Readings at that same rise then agree with it: the ratio does
+    not move (it moved when the model started at the die's rise itself, or its plate at the die)."""
+    est = Estimator(small_site)
+    x = _steady(small_site, 300, est)
+    for t in range(301, 500):
+        est.update(_rack0(small_site, float(t), 1.4 * x))
+    g = float(est.estimates().r_ratio[0])
+    assert g == pytest.approx(1.4, abs=2e-3)
+    learn_from = 540.0 + 4.0 * _tau_s(small_site, est)
+    for t in range(540, int(learn_from) + 60):
+        est.update(_rack0(small_site, float(t), 1.4 * x))
+    assert est.estimates().r_ratio[0] == pytest.approx(g, abs=1e-7)
+
+
+def test_a_clock_gone_back_restarts_the_model_and_learning_resumes(small_site: SiteSpec) -> None:
+    """The site's clock goes back 1000 s (a restarted simulator) and the rise is 4% up from then on:
+    the card's model restarts on the new timeline and learns it after settling (it used to wait
+    until the new timeline passed the old)."""
+    est = Estimator(small_site)
+    x = _steady(small_site, 1300, est)
+    for t in range(301, 801):
+        est.update(_rack0(small_site, float(t), 1.04 * x))
+    assert est.estimates().r_ratio[0] > 1.01
+
+
+def test_implausible_pump_speeds_low_pdu_power_and_garbage_loop_readings_are_not_judged(
+    small_site: SiteSpec,
+) -> None:
+    """A CDU reporting a pump speed of 3 (outside 0.05..1.5) is read at full speed: the nominal flow
+    is no deficit. A rack under min_rack_power_w (3 kW): its loop dT, three times what its power
+    predicts, is not judged. A loop reading with the return at 130 deg C is refused: the estimates
+    are those without it."""
+    speed3, low, clean, garbage = (Estimator(small_site) for _ in range(4))
+    mcp = small_site.loop_flow_per_rack_lpm() / 60_000.0 * small_site.loop.density_kg_per_m3
+    mcp *= small_site.loop.specific_heat_j_per_kg_k
+    for t in range(1, 901):
+        speed3.update(_rack0(small_site, float(t), 30.0, speed=3.0, loop_dt_k=20e3 / mcp))
+        low.update(_rack0(small_site, float(t), 30.0, pdu_w=3e3, loop_dt_k=3 * 3e3 / mcp))
+        clean.update(_rack0(small_site, float(t), 30.0, loop_dt_k=20e3 / mcp))
+        garbage.update(_rack0(small_site, float(t), 30.0, loop_dt_k=20e3 / mcp))
+        if t % 100 == 0:
+            (rr,) = _rack0(small_site, t + 0.5, 30.0, return_c=130.0).racks
+            garbage.update(Readings(t + 0.5, (dataclasses.replace(rr, cards=None, pdu=None),)))
+    assert speed3.estimates().rack_flow_deficit[0] == pytest.approx(0.0, abs=1e-12) and speed3.anomalies() == []
+    assert math.isnan(low.estimates().rack_dt_ratio[0]) and low.anomalies() == []
+    assert clean.estimates().rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+    a, b = clean.estimates(), garbage.estimates()
+    for name in ("r_ratio", "rack_dt_ratio", "rack_flow_deficit", "r_expected_k_per_w"):
+        assert getattr(a, name).tobytes() == getattr(b, name).tobytes(), name
+
+
+def test_a_flow_deficit_is_flagged_with_the_ratio_of_expected_to_measured_flow(small_site: SiteSpec) -> None:
+    """The loop's flow 20% below what its pump speed gives (a rack under min_rack_power_w: the loop dT
+    is not judged): a weak pump, valued 1 / (1 - 0.2) = 1.25."""
+    est = Estimator(small_site)
+    for t in range(1, 11):
+        est.update(_rack0(small_site, float(t), 30.0, flow_frac=0.8, pdu_w=3e3))
+    (a,) = est.anomalies()
+    assert (a.kind, a.rack, a.card) == ("weak_pump", 0, None)
+    assert a.value == pytest.approx(1.25, rel=1e-9) and a.threshold == pytest.approx(1.15)
+
+
+def test_the_power_model_is_taken_at_the_level_the_clock_reads_and_an_implausible_clock_not_at_all(
+    small_site: SiteSpec,
+) -> None:
+    """Cards at level 3's clock (1650 MHz) draw exactly what the spec's model gives there (at the die
+    the spec network gives them): every scale stays 1. A reading at an implausible clock (above 5 x
+    the top) is no observation of the power model, whatever power it reads."""
+    est = Estimator(small_site)
+    model = PowerModel.from_card(small_site.card)
+    r = float(est.estimates().r_expected_k_per_w[0])
+    level3 = np.array([3])
+    power = 600.0
+    for _ in range(50):  # the steady state: P(T) with T = supply + P R
+        power = float(model.active_power_w(level3, np.array([0.9]), np.array([_SUPPLY_C + power * r]))[0])
+    for t in range(1, 61):
+        est.update(_rack0(small_site, float(t), power * r, power_w=power, clock_mhz=1650.0))
+    e = est.estimates()
+    for scales in (e.idle_scale, e.dynamic_scale, e.leakage_scale):
+        assert scales[:16] == pytest.approx(np.ones(16), abs=1e-6)
+    est.update(_rack0(small_site, 61.0, power * r, power_w=2 * power, clock_mhz=10_000.0))
+    after = est.estimates()
+    for name in ("idle_scale", "dynamic_scale", "leakage_scale"):
+        assert getattr(after, name).tobytes() == getattr(e, name).tobytes(), name
+
+
+def test_a_frozen_rack_keeps_its_cards_and_loop_estimates(small_site: SiteSpec) -> None:
+    """Rack 0 found stuck: its readings (a rise 50% over the spec's, a loop dT of 40 K) are no
+    observations; its cards keep the prior ratio, its loop is never judged."""
+    est = Estimator(small_site)
+    x = _P_W * float(est.estimates().r_expected_k_per_w[0])
+    for t in range(1, 901):
+        est.update(_rack0(small_site, float(t), 1.5 * x, loop_dt_k=40.0), frozen_racks=[0])
+    e = est.estimates()
+    assert e.r_ratio[:16].tolist() == [1.0] * 16 and e.r_ratio_sd[:16] == pytest.approx(np.full(16, 0.2))
+    assert math.isnan(e.rack_dt_ratio[0]) and est.anomalies() == []

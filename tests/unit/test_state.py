@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
-from twin.readings import CardBatch, JobEvent, RackReading, Readings
+from twin.readings import CardBatch, JobEvent, JobReading, LoopReading, PduReading, RackReading, Readings
 from twin.spec import SiteSpec
 from twin.state import TwinState
 from twin.workload import JobSpec, Phase, PhaseModel
@@ -230,6 +230,7 @@ def test_a_late_reading_does_not_overwrite_a_newer_one(small_site: SiteSpec) -> 
     np.testing.assert_array_equal(st.rack_power_w, pdu)
     assert st.late_count == small_site.n_cards + 2 * small_site.n_racks
     assert st.card_last_seen_s.min() == new.time_s
+    assert st.time_s == new.time_s and st.rack_cards_seen_s.tolist() == [new.time_s] * small_site.n_racks
 
 
 def test_each_part_of_a_rack_reading_keeps_its_own_time(small_site: SiteSpec) -> None:
@@ -468,3 +469,289 @@ def test_nan_to_num_is_numpys_bit_for_bit() -> None:
     x = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1.5, -2e308, 5e-324])
     assert _nan_to_num(x).tobytes() == np.nan_to_num(x).tobytes()
     assert np.isnan(x[0])  # the input is left alone
+
+
+# ---- hand-made readings: every value known, so the belief's answer can be derived by hand --------
+def _cards(rack: int, **cols: object) -> CardBatch:
+    """Rack ``rack``'s 16 cards of the small site, each at 300 W, 50 deg C, 1980 MHz, half utilization,
+    level 0, awake, a 700 W limit; ``cols`` replaces a column (a scalar: on every card)."""
+    base: dict[str, object] = {
+        "power_w": 300.0,
+        "die_temp_c": 50.0,
+        "clock_mhz": 1980.0,
+        "utilization": 0.5,
+        "level": 0,
+        "low_power": False,
+        "waking": False,
+        "power_limit_w": 700.0,
+        "failed": False,
+    }
+    base.update(cols)
+    kinds = {"level": np.int64, "low_power": bool, "waking": bool, "failed": bool}
+    arrays = {k: np.broadcast_to(np.asarray(v, dtype=kinds.get(k, np.float64)), 16).copy() for k, v in base.items()}
+    return CardBatch(card_index=np.arange(16 * rack, 16 * rack + 16), **arrays)  # type: ignore[arg-type]
+
+
+def _loop(supply_c: float = 30.0, **kw: float) -> LoopReading:
+    return LoopReading(supply_temp_c=supply_c, return_temp_c=supply_c + 8.0, flow_lpm=100.0, pump_power_w=500.0, **kw)
+
+
+def _at(t: float, *racks: RackReading) -> Readings:
+    return Readings(time_s=t, racks=racks)
+
+
+def test_the_small_sites_card_is_the_one_the_hand_made_readings_assume(small_site: SiteSpec) -> None:
+    card = small_site.card
+    assert card.power_limit_w == 700.0 and max(card.clocks_mhz) == 1980.0 and card.n_levels == 8
+    assert card.r_die_to_case_k_per_w + min(small_site.cold_plate.r_case_to_coolant_k_per_w) == pytest.approx(0.0497)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "taken"),
+    [
+        ("power_w", 3490.0, True),  # below 5 x the 700 W limit
+        ("power_w", 3510.0, False),  # above it
+        ("power_w", -0.5, False),
+        ("die_temp_c", -19.5, True),
+        ("die_temp_c", -20.5, False),
+        ("die_temp_c", 149.5, True),
+        ("die_temp_c", 150.5, False),
+        ("utilization", 1.0, True),
+        ("utilization", 1.01, False),
+        ("utilization", -0.01, False),
+        ("clock_mhz", 9900.0, True),  # 5 x the top clock (1980 MHz)
+        ("clock_mhz", 9910.0, False),
+    ],
+)
+def test_a_card_reading_is_taken_within_the_documented_bounds_and_refused_outside(
+    small_site: SiteSpec, column: str, value: float, taken: bool
+) -> None:
+    st = TwinState(small_site)
+    st.update(_at(1.0, RackReading(0, 1.0, cards=_cards(0))))
+    st.update(_at(2.0, RackReading(0, 2.0, cards=_cards(0, **{column: value}))))
+    held = getattr(st, f"card_{column}")[:16]
+    if taken:
+        assert held.tolist() == [value] * 16 and st.card_last_seen_s[:16].tolist() == [2.0] * 16
+        assert st.invalid_count.sum() == 0
+    else:  # the card keeps its previous reading and does not look fresher
+        assert held.tolist() == [getattr(_cards(0), column)[0]] * 16 and st.card_last_seen_s[:16].tolist() == [1.0] * 16
+        assert st.invalid_count[:16].tolist() == [1] * 16
+
+
+def test_a_level_outside_the_table_or_a_power_limit_not_above_zero_is_not_taken(small_site: SiteSpec) -> None:
+    """The rest of such a reading is taken: the card keeps its level (3) and limit (500 W)."""
+    st = TwinState(small_site)
+    st.update(_at(1.0, RackReading(0, 1.0, cards=_cards(0, level=3, power_limit_w=500.0))))
+    st.update(_at(2.0, RackReading(0, 2.0, cards=_cards(0, power_w=310.0, level=8, power_limit_w=0.0))))
+    st.update(_at(3.0, RackReading(0, 3.0, cards=_cards(0, power_w=320.0, level=-1, power_limit_w=-700.0))))
+    assert st.card_level[:16].tolist() == [3] * 16 and st.card_power_limit_w[:16].tolist() == [500.0] * 16
+    assert st.card_power_w[:16].tolist() == [320.0] * 16 and st.card_last_seen_s[:16].tolist() == [3.0] * 16
+
+
+def test_a_reading_delivered_again_is_neither_late_nor_new_evidence(small_site: SiteSpec) -> None:
+    """At-least-once delivery: every reading arrives three times. A copy (the same time stamp) is not
+    late (``late_count``: ``racktwin_late_readings_total``), not a repetition of a frozen sensor,
+    and not the card's next reading (``card_prev_seen_s``: where the interval the latest covers
+    begins, the agent's test of work it does not know of)."""
+    p = Plant(small_site, [_job("a", 32)], config=PlantConfig(phases=PHASES))
+    st = TwinState(small_site, stuck_after_readings=2)
+    for _ in range(30):
+        p.step(1.0)
+        readings = p.readings()
+        for _copy in range(3):
+            st.update(readings)
+        assert st.stuck_cards() == () and st.stuck_racks() == ()
+    assert st.late_count == 0
+    assert st.card_last_seen_s.tolist() == [30.0] * 32 and st.card_prev_seen_s.tolist() == [29.0] * 32
+
+
+def test_a_sensor_is_stuck_after_exactly_stuck_after_readings_repeats(small_site: SiteSpec) -> None:
+    """stuck_after_readings=3: card 5 (and later all of rack 0) repeats its first reading (t=1) at
+    t=2, 3, 4 while the other cards change: stuck from the third repeat (t=4), not before."""
+    st = TwinState(small_site, stuck_after_readings=3)
+
+    def moving(t: float, rack: int) -> CardBatch:
+        return _cards(rack, power_w=300.0 + t, die_temp_c=50.0 + 0.1 * t)
+
+    first = moving(1.0, 0)
+
+    def frozen_card_5(t: float) -> CardBatch:
+        b, card_5 = moving(t, 0), first.card_index == 5
+        power, die = np.where(card_5, first.power_w, b.power_w), np.where(card_5, first.die_temp_c, b.die_temp_c)
+        return dataclasses.replace(b, power_w=power, die_temp_c=die)
+
+    for t in (1.0, 2.0, 3.0, 4.0):
+        st.update(_at(t, RackReading(0, t, cards=frozen_card_5(t)), RackReading(1, t, cards=moving(t, 1))))
+        assert st.stuck_cards() == ((5,) if t == 4.0 else ()), t
+    assert st.stuck_racks() == ()
+    # rack 0 freezes as a whole at t=5 (its t=5 reading from then on) while rack 1 changes
+    for t in (5.0, 6.0, 7.0, 8.0):
+        st.update(_at(t, RackReading(0, t, cards=moving(5.0, 0)), RackReading(1, t, cards=moving(t, 1))))
+        assert st.stuck_racks() == ((0,) if t == 8.0 else ()), t
+
+
+def test_a_frozen_die_is_stuck_once_its_power_or_supply_moved_it_by_stuck_die_move_k(small_site: SiteSpec) -> None:
+    """stuck_die_move_k=3 K through the lowest die-to-coolant resistance, 0.03 + 0.0197 = 0.0497 K/W:
+    a power step of 65 W (3.2 K) with the die frozen is a stuck die after 3 readings, one of 50 W
+    (2.5 K) is not (a die reading whole degrees may hold through it); a supply step of 4 K (power
+    moving by a watt) is."""
+
+    def run(power_w: tuple[float, float], supply_c: tuple[float, float]) -> tuple[int, ...]:
+        st = TwinState(small_site, stuck_after_readings=3)
+        for t in range(1, 6):
+            k = 0 if t == 1 else 1
+            cards = _cards(0, power_w=power_w[k] + (t % 2))
+            st.update(_at(float(t), RackReading(0, float(t), cards=cards, loop=_loop(supply_c[k] + 0.01 * t))))
+        return st.stuck_cards()
+
+    assert run((300.0, 365.0), (30.0, 30.0)) == tuple(range(16))
+    assert run((300.0, 350.0), (30.0, 30.0)) == ()
+    assert run((300.0, 300.0), (30.0, 34.0)) == tuple(range(16))
+    assert run((300.0, 300.0), (30.0, 32.0)) == ()
+
+
+def test_a_rack_whose_loop_alone_repeats_is_stuck_only_while_another_rack_changes(small_site: SiteSpec) -> None:
+    """Rack 0's loop repeats its reading while its cards change; rack 1's cards (no loop) repeat.
+    Rack 1 is stuck: rack 0 changed. Rack 0 is not: no other rack changed (its own cards do not
+    count: a loop steady while nothing else moves is a steady site)."""
+    st = TwinState(small_site, stuck_after_readings=3)
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        rack0 = RackReading(0, t, cards=_cards(0, power_w=300.0 + t), loop=_loop())
+        st.update(_at(t, rack0, RackReading(1, t, cards=_cards(1))))
+    assert st.stuck_racks() == (1,)
+
+
+def test_stale_is_not_seen_within_the_deadline(small_site: SiteSpec) -> None:
+    """Seen at 10 s: within a 5 s deadline at 15 s (not stale), no longer at 15.5 s."""
+    st = TwinState(small_site)
+    st.update(_at(10.0, *(RackReading(r, 10.0, cards=_cards(r), loop=_loop(), pdu=PduReading(20e3)) for r in (0, 1))))
+    assert st.stale_racks(15.0, 5.0) == () and st.stale_cards(15.0, 5.0) == ()
+    assert st.stale_racks(15.5, 5.0) == (0, 1) and st.stale_cards(15.5, 5.0) == tuple(range(32))
+
+
+def test_a_failed_card_that_sends_garbage_makes_neither_itself_nor_its_rack_stale(small_site: SiteSpec) -> None:
+    """Card 3 fails at 2 s and reads NaN from then on (refused: it is not seen again); the rest of
+    rack 0 reports until 20 s. Neither card 3 nor rack 0 is stale at 20 s; a rack whose cards all
+    failed is judged by when its card batch last came (its cards are no longer seen at all)."""
+    st = TwinState(small_site)
+    dead3 = _cards(0, failed=np.arange(16) == 3, die_temp_c=np.where(np.arange(16) == 3, np.nan, 50.0))
+    all_dead = _cards(1, failed=True, die_temp_c=np.nan)
+    st.update(_at(1.0, *(RackReading(r, 1.0, cards=_cards(r), loop=_loop(), pdu=PduReading(20e3)) for r in (0, 1))))
+    st.update(_at(2.0, *(RackReading(r, 2.0, cards=b) for r, b in ((0, dead3), (1, all_dead)))))
+    for t in range(3, 21):
+        racks = [RackReading(0, float(t), cards=dead3)] if t < 20 else []
+        racks += [RackReading(r, float(t), loop=_loop(), pdu=PduReading(20e3)) for r in (0, 1)]
+        st.update(_at(float(t), *racks))
+    assert st.card_last_seen_s[3] == 1.0 and bool(st.card_failed[3])
+    assert st.stale_cards(20.0, 5.0) == ()
+    assert st.rack_last_seen_s().tolist() == [19.0, 2.0]  # rack 1: its last card batch
+    assert st.stale_racks(20.0, 5.0) == (1,)
+
+
+def test_a_clock_gone_back_brings_every_time_the_belief_holds_back_to_it(small_site: SiteSpec) -> None:
+    st = TwinState(small_site)
+    for t in (100.0, 101.0):
+        st.update(_at(t, RackReading(0, t, cards=_cards(0), loop=_loop(), pdu=PduReading(20e3))))
+    st.apply_events(
+        [
+            JobEvent(100.0, "j", "submitted", Phase.WAITING, job=_job("j", 4)),
+            JobEvent(100.0, "j", "started", Phase.WAITING, cards=(0, 1, 2, 3)),
+            JobEvent(101.0, "j", "requeued", Phase.WAITING),
+        ]
+    )
+    st.clock_went_back(50.0)
+    for name in ("card_last_seen_s", "card_prev_seen_s", "card_released_s"):
+        assert getattr(st, name)[:4].tolist() == [50.0] * 4, name
+    assert st.card_prev_seen_s[4:16].tolist() == [50.0] * 12
+    assert st.rack_cards_seen_s[0] == st.rack_loop_seen_s[0] == st.rack_pdu_seen_s[0] == 50.0
+    assert st.time_s == 50.0 and st.jobs["j"].last_event_s == 50.0
+
+
+def test_a_late_copy_of_the_submission_of_a_job_that_failed_at_once_does_not_queue_it(small_site: SiteSpec) -> None:
+    """Submitted, started and failed within the same second: a copy of its submission (at-least-once
+    delivery) is not a new job."""
+    st = TwinState(small_site)
+    submitted = JobEvent(5.0, "j", "submitted", Phase.WAITING, job=_job("j", 4))
+    st.apply_events([submitted, JobEvent(5.0, "j", "started", Phase.WAITING, cards=(0, 1, 2, 3))])
+    st.apply_events([JobEvent(5.0, "j", "failed", Phase.WAITING), submitted])
+    assert st.queue() == () and st.jobs == {} and st.jobs_failed == 1
+
+
+def test_a_requeued_job_goes_to_the_front_of_the_queue_as_the_scheduler_puts_it(small_site: SiteSpec) -> None:
+    st = TwinState(small_site)
+    st.apply_events(
+        [
+            JobEvent(0.0, "a", "submitted", Phase.WAITING, job=_job("a", 8)),
+            JobEvent(1.0, "a", "started", Phase.WAITING, cards=tuple(range(8))),
+            JobEvent(2.0, "b", "submitted", Phase.WAITING, job=_job("b", 32)),
+            JobEvent(3.0, "a", "requeued", Phase.WAITING),
+        ]
+    )
+    assert [j.job_id for j in st.queue()] == ["a", "b"]
+
+
+def test_a_job_reading_as_new_as_the_jobs_last_event_is_taken_an_older_one_is_not(small_site: SiteSpec) -> None:
+    st = TwinState(small_site)
+    st.apply_events(
+        [
+            JobEvent(0.0, "j", "submitted", Phase.WAITING, job=_job("j", 4)),
+            JobEvent(10.0, "j", "started", Phase.WAITING, cards=(0, 1, 2, 3)),
+        ]
+    )
+    st.update(Readings(9.0, (), jobs=(JobReading("j", Phase.COMPUTE, 4, 0.5, 1.0),)))
+    assert st.jobs["j"].phase == Phase.WAITING and st.jobs["j"].progress_frac == 0.0
+    st.update(Readings(10.0, (), jobs=(JobReading("j", Phase.COMPUTE, 4, 0.25, 1.0),)))
+    assert st.jobs["j"].phase == Phase.COMPUTE and st.jobs["j"].progress_frac == 0.25
+
+
+def test_a_pump_speed_outside_0_to_1_5_is_not_taken_as_reported(small_site: SiteSpec) -> None:
+    st = TwinState(small_site)
+    st.update(_at(1.0, RackReading(0, 1.0, loop=_loop(pump_speed_frac=0.5))))
+    assert st.rack_pump_speed_frac[0] == 0.5 and bool(st.rack_pump_speed_reported[0])
+    for t, speed in ((2.0, 0.0), (3.0, 2.0)):
+        st.update(_at(t, RackReading(0, t, loop=_loop(pump_speed_frac=speed))))
+        assert st.rack_pump_speed_frac[0] == 0.5 and not st.rack_pump_speed_reported[0], speed
+
+
+def test_cards_asleep_or_of_a_host_off_are_not_stuck_for_holding_still(small_site: SiteSpec) -> None:
+    """Cards 0-3, asleep at 0 W and 30 deg C, are given a job (their activity moves, but asleep
+    their readings may hold until they wake); cards of hosts powered off hold theirs while the
+    supply steps by 4 K (a die of a powered-off host is not read)."""
+    asleep = _cards(0, power_w=0.0, die_temp_c=30.0, clock_mhz=0.0, utilization=0.0, low_power=True)
+    for host_off in (False, True):
+        st = TwinState(small_site, stuck_after_readings=3)
+        cards = dataclasses.replace(asleep, host_off=np.full(16, host_off))
+        st.apply_events([JobEvent(0.0, "j", "submitted", Phase.WAITING, job=_job("j", 4))])
+        for t in range(1, 7):
+            if t == 2:
+                st.apply_events([JobEvent(1.5, "j", "started", Phase.WAITING, cards=(0, 1, 2, 3))])
+            supply = 30.0 + 0.01 * t + (4.0 if host_off and t > 1 else 0.0)
+            st.update(_at(float(t), RackReading(0, float(t), cards=cards, loop=_loop(supply))))
+        assert st.stuck_cards() == () and st.stuck_racks() == (), host_off
+
+
+def test_a_cards_release_time_is_the_latest_a_job_left_it(small_site: SiteSpec) -> None:
+    """Job a leaves cards 0-3 at 20 s; job b's start on them at 5 s and its end at 8 s arrive after
+    that (overtaken on the way): the cards were last released at 20 s."""
+    st = TwinState(small_site)
+    st.apply_events(
+        [
+            JobEvent(0.0, "a", "submitted", Phase.WAITING, job=_job("a", 4)),
+            JobEvent(0.0, "b", "submitted", Phase.WAITING, job=_job("b", 4)),
+            JobEvent(1.0, "a", "started", Phase.WAITING, cards=(0, 1, 2, 3)),
+            JobEvent(20.0, "a", "requeued", Phase.WAITING),
+            JobEvent(5.0, "b", "started", Phase.WAITING, cards=(0, 1, 2, 3)),
+            JobEvent(8.0, "b", "finished", Phase.WAITING),
+        ]
+    )
+    assert st.card_released_s[:4].tolist() == [20.0] * 4
+
+
+def test_a_rack_whose_cards_went_silent_is_stale_not_stuck_whatever_its_pdu_reads(small_site: SiteSpec) -> None:
+    """Rack 0's card batches stop after 1 s while its PDU goes on, jumping by 15 kW (more than
+    stuck_pdu_move_w): the cards do not repeat anything, they are not there."""
+    st = TwinState(small_site, stuck_after_readings=3)
+    st.update(_at(1.0, RackReading(0, 1.0, cards=_cards(0), pdu=PduReading(20e3))))
+    for t in range(2, 8):
+        st.update(_at(float(t), RackReading(0, float(t), pdu=PduReading(20e3 if t == 2 else 35e3))))
+    assert st.stuck_racks() == () and 0 in st.stale_racks(7.0, 5.0)
