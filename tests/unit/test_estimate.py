@@ -37,6 +37,17 @@ def _run(p: Plant, est: Estimator, seconds: float) -> None:
         est.update(p.readings())
 
 
+def _bit_for_bit(a: Estimator, b: Estimator) -> None:
+    """The two estimators' estimates are equal bit for bit (arrays by their bytes)."""
+    ea, eb = a.estimates(), b.estimates()
+    for f in dataclasses.fields(ea):
+        x, y = getattr(ea, f.name), getattr(eb, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.tobytes() == y.tobytes(), f.name
+        else:
+            assert x == y, f.name
+
+
 def test_fouled_cold_plate_and_weak_pump_are_flagged_healthy_cards_are_not(small_site: SiteSpec) -> None:
     faults = [
         ColdPlateFouling(card=5, start_s=600.0, r_factor=2.0),
@@ -311,13 +322,7 @@ def test_array_and_list_batches_give_the_same_estimates_bit_for_bit(small_site: 
             racks.append(dataclasses.replace(rr, cards=b))
         fast.update(readings, frozen_cards=(3,))
         slow.update(dataclasses.replace(readings, racks=tuple(racks)), frozen_cards=(3,))
-    ea, eb = fast.estimates(), slow.estimates()
-    for f in dataclasses.fields(ea):
-        x, y = getattr(ea, f.name), getattr(eb, f.name)
-        if isinstance(x, np.ndarray):
-            assert x.tobytes() == y.tobytes(), f.name
-        else:
-            assert x == y, f.name
+    _bit_for_bit(fast, slow)
 
 
 @pytest.mark.parametrize(
@@ -373,16 +378,6 @@ def test_a_loop_that_goes_silent_in_a_pump_step_does_not_stop_its_cards_learning
             )
         est.update(r)
     assert np.all(est.estimates().r_ratio_sd[:16] < 0.05)  # rack 0's cards learnt
-
-
-def _bit_for_bit(a: Estimator, b: Estimator) -> None:
-    ea, eb = a.estimates(), b.estimates()
-    for f in dataclasses.fields(ea):
-        x, y = getattr(ea, f.name), getattr(eb, f.name)
-        if isinstance(x, np.ndarray):
-            assert x.tobytes() == y.tobytes(), f.name
-        else:
-            assert x == y, f.name
 
 
 def test_a_round_that_fails_half_way_leaves_no_trace(small_site: SiteSpec) -> None:
