@@ -4,6 +4,7 @@ highspy model, the deadline and the fallback."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -116,8 +117,17 @@ def test_decomposed_solve_matches_the_monolithic_optimum_within_caps(site: SiteS
     assert dec.dvfs.objective_per_h >= mono.dvfs.objective_per_h - 2e-3 * loss
 
 
+class _HungSolver(DvfsSolver):
+    """A solve that hangs for 5 s and then gives up without solving (a real late solve left running
+    in its worker thread would overlap the next tests' solves)."""
+
+    def solve(self, *args: object, **kwargs: object) -> Any:
+        time.sleep(5.0)
+        raise RuntimeError("hung solve gave up")
+
+
 class _FirstSolveHangs(CyclePlanner):
-    """A planner whose first set-point's solver starts 5 s late (a hung solve); the others are real."""
+    """A planner whose first set-point's solve hangs; the others are real."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -125,7 +135,7 @@ class _FirstSolveHangs(CyclePlanner):
 
     def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver:  # type: ignore[override]
         self.calls += 1
-        return LateSolver(late_by_s=5.0) if self.calls == 1 else DvfsSolver()
+        return _HungSolver() if self.calls == 1 else DvfsSolver()
 
 
 def test_a_hung_solve_at_one_set_point_leaves_the_others_their_share_of_the_time(site: SiteSpec) -> None:
