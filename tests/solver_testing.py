@@ -13,10 +13,14 @@ LATE_BY_S = 0.3
 
 
 class LateSolver(DvfsSolver):
-    """The real solve, started :data:`LATE_BY_S` late."""
+    """The real solve, started ``late_by_s`` (default :data:`LATE_BY_S`) late."""
+
+    def __init__(self, late_by_s: float = LATE_BY_S) -> None:
+        super().__init__()
+        self.late_by_s = late_by_s
 
     def solve(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(LATE_BY_S)
+        time.sleep(self.late_by_s)
         return super().solve(*args, **kwargs)
 
 

@@ -16,7 +16,7 @@ import pytest
 from models_helpers import card_die_c, card_power_w, job, judge, problem, rack_cards
 
 from models.plans import SolveStatus
-from models.solve import plan_cycle
+from models.solve import DvfsSolver, greedy_cycle, plan_cycle
 from twin.cooling import facility_cooling
 from twin.power import PowerModel
 from twin.spec import SiteSpec
@@ -97,6 +97,7 @@ def test_jobs_without_clock_sensitive_work_take_their_cheapest_level(site: SiteS
     p = problem(site, jobs, [rack_cards(1, 16, 16 * i) for i in range(4)], phases, options=[30.0])
     plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
     assert plan.status == SolveStatus.OPTIMAL and plan.dvfs is not None
+    assert plan.source == "milp"  # the MILP's own plan, not the greedy one kept as better
     voltages = np.asarray(site.card.voltages_v)
     assert np.flatnonzero(voltages == voltages.min()).tolist() == [5, 6, 7]
     assert int(plan.dvfs.job_level[0]) in (5, 6, 7)  # checkpoint: u = 0
@@ -214,3 +215,113 @@ def test_setpoint_with_least_facility_power_is_chosen(site: SiteSpec) -> None:
         return prices.energy_price_per_kwh * facility[s] + prices.pue_penalty_per_kwh * over_w
 
     assert plan2.supply_temp_c == min(facility, key=cost)
+
+
+def test_failed_cards_count_at_low_power_idle_in_their_racks_cap(site: SiteSpec) -> None:
+    # Rack r0: job a on its first 56 cards, its last 8 cards failed. A failed card runs nothing and
+    # is commanded to low-power idle: 49.040 W at a 30 deg C supply (see the reserve test above), so
+    # the rack draws host + 56 P(k) + 8 x 49.04 W at level k. The limit is set so that level 1 misses
+    # the cap by 100 W, which only the failed cards' 392 W decide: the optimum is level 2.
+    from models.problem import Margins, make_problem
+
+    model = PowerModel.from_card(site.card)
+    r = ThermalParams.from_site(site).r_total_k_per_w[:1]
+    lp_w = float(card_steady_power_w(model, np.array([7]), np.zeros(1), np.array([True]), 30.0, r)[0][0])
+    assert lp_w == pytest.approx(49.040, abs=0.002)
+    power = [HOST_W + 56 * card_power_w(site, 0.95, 0.5, k, 30.0) + 8 * lp_w for k in range(8)]
+    limits = np.full(8, 50_000.0)
+    limits[0] = power[1] - 100.0 + 1000.0  # + the 1 kW margin
+    failed = np.zeros(site.n_cards, dtype=bool)
+    failed[56:64] = True
+    p = make_problem(
+        site,
+        jobs=[job("a", 56, share=0.95)],
+        job_cards=[rack_cards(0, 56)],
+        failed=failed,
+        rack_limit_w=limits,
+        margins=Margins(1000.0, 2.0),
+        supply_temp_c=30.0,
+        ambient_c=25.0,
+        ready_reserve_cards=0,
+        supply_options_c=[30.0],
+    )
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.source == "milp" and plan.dvfs is not None
+    assert int(plan.dvfs.job_level[0]) == 2
+    rack_w, _ = judge(p, plan.dvfs, 30.0)
+    assert rack_w[0] == pytest.approx(power[2], rel=1e-9)
+    assert rack_w[0] <= limits[0] - 1000.0
+
+
+def test_a_ready_reserve_larger_than_the_idle_cards_wakes_them_all(site: SiteSpec) -> None:
+    # One 64-card job in r0, 448 idle cards in r1..r7, far below every cap. A reserve of 1,000 awake
+    # cards cannot be met by 448 idle cards: the reserve is what there is, all 448 awake (64 per
+    # rack), and the problem is not infeasible for it.
+    p = problem(site, [job("a", 64, share=0.8)], [rack_cards(0)], reserve=1000, options=[30.0])
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.source == "milp" and plan.dvfs is not None
+    assert plan.dvfs.rack_awake.tolist() == [0] + [64] * 7
+    assert int(plan.dvfs.card_low_power.sum()) == 0
+    assert int(plan.dvfs.job_level[0]) == 0
+
+
+@pytest.mark.parametrize(
+    ("energy_price", "pue_penalty", "expected"),
+    [(0.10, 0.20, 0), (1.5, 0.0, 3), (0.10, 50.0, 4)],
+)
+def test_energy_price_and_pue_penalty_slow_a_job_exactly_as_far_as_it_pays(
+    site: SiteSpec, energy_price: float, pue_penalty: float, expected: int
+) -> None:
+    # One 64-card job in r0 under a 100 kW limit (no cap binds), no idle card awake, 35 deg C ambient:
+    # the facility's power is affine in IT power here (chiller regime, slope b = 1.159 > PUE target
+    # 1.08), so each W of IT costs energy_price x b and, above the PUE target, pue_penalty x (b - 1.08).
+    # One level down gives up ~0.1/h of value per card and saves ~60 W. The best level, by brute
+    # force over the 8 levels with the twin's own assessment (throughput value - energy cost - PUE
+    # penalty): the top clock at the default prices; level 3 when a kWh costs 1.5; level 4 when each
+    # kWh above the PUE target costs 50. The MILP must find the same, and its objective is minus the
+    # loss against the top clock's value (2.0 x 64 = 128/h), the scale its relative gap is taken on.
+    from models.plans import assess_dvfs
+    from models.problem import Prices, dvfs_tables, facility_line, it_power_range_w
+
+    prices = Prices(energy_price_per_kwh=energy_price, pue_penalty_per_kwh=pue_penalty)
+    p = problem(site, [job("a", 64)], [rack_cards(0)], limit_w=100_000.0, ambient_c=35.0, options=[30.0], prices=prices)
+    t = dvfs_tables(p)
+    line = facility_line(site, 30.0, 35.0, *it_power_range_w(p, t))
+    assert line.b == pytest.approx(1.159, abs=1e-3) and line.max_error_w < 1.0
+    asleep = np.zeros(8, dtype=np.int64)
+    by_level = [assess_dvfs(p, np.array([k]), asleep, 30.0).objective_per_h for k in range(8)]
+    assert int(np.argmax(by_level)) == expected
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.source == "milp" and plan.dvfs is not None
+    assert int(plan.dvfs.job_level[0]) == expected
+    assert plan.dvfs.objective_per_h == pytest.approx(by_level[expected], rel=1e-9)
+    info, level, _awake = DvfsSolver(persistent=False).solve(p, t, line, 5.0, 1e-6)
+    assert level is not None and int(level[0]) == expected
+    assert info.objective == pytest.approx(by_level[expected] - 128.0, abs=0.01)
+    if pue_penalty == 0.0:  # the greedy prices energy only (models.heuristic): one job, it finds the optimum too
+        greedy = greedy_cycle(p, choose_setpoint=False)
+        assert greedy.dvfs is not None and int(greedy.dvfs.job_level[0]) == expected
+
+
+def test_jobs_without_clock_sensitive_work_stay_at_their_cheapest_level_when_it_power_pays(site: SiteSpec) -> None:
+    # At 10 deg C ambient the facility's slope b = 1.025 W per IT W is below the PUE target 1.08: each
+    # IT W lowers the facility power above the target by 0.055 W. With a PUE penalty of 5/kWh (above
+    # the bound Prices documents, energy price x b / (1.08 - b) = 1.86) that earns 0.275/kWh against
+    # 0.1025/kWh of energy: IT power pays for itself, and a job free to choose its level with no
+    # throughput to gain would take its most power-hungry one. Jobs in CHECKPOINT, COMMUNICATION or
+    # WAITING are pinned at their cheapest level (5..7 at u = 0, 7 at u = 0.2) whatever the prices.
+    from models.problem import Prices, dvfs_tables, facility_line, it_power_range_w
+
+    phases = [Phase.CHECKPOINT, Phase.COMMUNICATION, Phase.WAITING, Phase.COMPUTE]
+    jobs = [job(f"j{i}", 16) for i in range(4)]
+    prices = Prices(pue_penalty_per_kwh=5.0)
+    p = problem(
+        site, jobs, [rack_cards(1, 16, 16 * i) for i in range(4)], phases, ambient_c=10.0, options=[30.0], prices=prices
+    )
+    t = dvfs_tables(p)
+    assert facility_line(site, 30.0, 10.0, *it_power_range_w(p, t)).b == pytest.approx(1.025, abs=1e-3)
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=5.0)
+    assert plan.status == SolveStatus.OPTIMAL and plan.source == "milp" and plan.dvfs is not None
+    assert plan.dvfs.job_level.tolist()[:3] == t.cheapest_level.tolist()[:3]
+    assert int(plan.dvfs.job_level[0]) in (5, 6, 7) and int(plan.dvfs.job_level[1]) == 7
+    assert int(plan.dvfs.job_level[3]) == 0

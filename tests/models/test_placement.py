@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from models_helpers import EXAMPLES, job, problem, rack_cards
+from models_helpers import EXAMPLES, card_power_w, job, problem, rack_cards
 
 from models.placement import PlacementProblem, QueuedJob, make_placement_problem, place_jobs
 from twin.spec import SiteSpec, site_from_dict
@@ -130,3 +130,75 @@ def test_the_milp_plan_takes_its_cards_where_it_counted_them_and_reports_its_tru
     g_rack = np.bincount(site.card_rack()[greedy.cards["q"]], minlength=3)
     assert greedy.overload_w == pytest.approx(float(np.maximum(g_rack * 561.2 - pp.rack_headroom_w, 0.0).sum()))
     assert place_jobs(pp, method="auto").cards["q"].tolist() == plan.cards["q"].tolist()
+
+
+@pytest.mark.parametrize("roomy", [0, 1, 2])
+def test_the_milp_places_a_job_where_the_power_headroom_holds_it(roomy: int) -> None:
+    """Three racks of four cards, each with one free host (two cards). A two-card job of 500 W per card
+    fits on any one of them, but only rack ``roomy`` has the 1,000 W of headroom it needs (the others
+    100 W: 900 W over). The MILP weighs the overload: the job goes to ``roomy``, overload 0."""
+    site = _three_small_racks()
+    free = np.zeros(site.n_cards, dtype=bool)
+    free[[0, 1, 4, 5, 8, 9]] = True
+    head = np.full(3, 100.0)
+    head[roomy] = 2000.0
+    queue = (QueuedJob(job("q", 2), max_racks=1),)
+    pp = PlacementProblem(site=site, free=free, queue=queue, rack_headroom_w=head, card_power_w=np.array([500.0]))
+    plan = place_jobs(pp, method="milp")
+    assert plan.source == "milp" and plan.status == "optimal"
+    assert plan.racks["q"] == (roomy,)
+    assert plan.overload_w == 0.0
+
+
+def test_placement_data_count_an_awake_idle_card_once(site: SiteSpec) -> None:
+    """Job a runs on 32 cards of r0 (the rest idle). Headroom is what a rack has left with its jobs at
+    the top level and every idle card awake: r0: 49 kW - host 8.8 kW - 32 P(0) - 32 awake idle cards;
+    r1: 49 kW - 8.8 kW - 64 awake idle cards. An awake idle card (slowest level, no work) draws
+    57.617 W at a 30 deg C supply (49.040 W asleep + 8.577 W, see test_dvfs_hand), so a queued job's
+    card adds P(0) - 57.617 W over the awake idle card it replaces."""
+    p = problem(site, [job("a", 32)], [rack_cards(0, 32)], options=[30.0])
+    pp = make_placement_problem(p, [QueuedJob(job("q", 8))])
+    top_w = card_power_w(site, 0.95, 0.5, 0, 30.0)
+    awake_w = 57.617
+    assert pp.card_power_w[0] == pytest.approx(top_w - awake_w, abs=0.002)
+    assert pp.rack_headroom_w[0] == pytest.approx(49_000.0 - 8800.0 - 32 * top_w - 32 * awake_w, abs=0.1)
+    assert pp.rack_headroom_w[1] == pytest.approx(49_000.0 - 8800.0 - 64 * awake_w, abs=0.1)
+
+
+@pytest.mark.parametrize("method", ["greedy", "milp"])
+def test_a_rack_already_over_its_headroom_counts_only_what_the_placement_adds(method: str) -> None:
+    """Only r0 has free cards (one host, two cards) and it is already 500 W over its headroom. A
+    two-card job of 500 W per card must go there: the plan's overload is the 1,000 W it adds, not
+    the 1,500 W the rack ends up over (what was over before is not the placement's doing)."""
+    site = _three_small_racks()
+    free = np.zeros(site.n_cards, dtype=bool)
+    free[[0, 1]] = True
+    pp = PlacementProblem(
+        site=site,
+        free=free,
+        queue=(QueuedJob(job("q", 2)),),
+        rack_headroom_w=np.array([-500.0, 3000.0, 3000.0]),
+        card_power_w=np.array([500.0]),
+    )
+    plan = place_jobs(pp, method=method)
+    assert plan.racks["q"] == (0,)
+    assert plan.overload_w == pytest.approx(1000.0)
+
+
+def test_the_greedy_weighs_power_headroom_before_a_compact_block() -> None:
+    """r0 has one free host (cards 0, 1: adjacent) but 100 W of headroom; r1 two free cards on two
+    hosts (4, 7: diagonal) and 2,000 W. A two-card job of 500 W per card on one rack: the greedy puts it
+    in r1 (no overload) rather than the more compact block in r0 (900 W over)."""
+    site = _three_small_racks()
+    free = np.zeros(site.n_cards, dtype=bool)
+    free[[0, 1, 4, 7]] = True
+    pp = PlacementProblem(
+        site=site,
+        free=free,
+        queue=(QueuedJob(job("q", 2), max_racks=1),),
+        rack_headroom_w=np.array([100.0, 2000.0, 100.0]),
+        card_power_w=np.array([500.0]),
+    )
+    plan = place_jobs(pp, method="greedy")
+    assert plan.cards["q"].tolist() == [4, 7]
+    assert plan.overload_w == 0.0

@@ -74,3 +74,23 @@ def test_valid_problem_from_plain_arrays(site: SiteSpec) -> None:
     # measured 40 deg C is below the steady prediction of busy cards: no offset (offsets are only ever >= 0)
     assert float(p.die_offset_k[p.card_job >= 0].max()) == 0.0
     assert float(p.die_offset_k.min()) >= 0.0
+
+
+def test_the_facility_line_is_fitted_over_the_it_power_every_plan_can_reach(site: SiteSpec) -> None:
+    # One 64-card job in r0 (share 0.95), 448 idle cards. The least IT power of any plan is the job at
+    # its cheapest level (the slowest: 7) with every idle card asleep; the most, the job at the top
+    # clock with every idle card awake. The facility line must be fitted over exactly that range (the
+    # twin's assessment of those two plans), or the model prices plans outside its fit.
+    from models.plans import assess_dvfs
+    from models.problem import dvfs_tables, facility_line, it_power_range_w
+
+    p = make_problem(site, jobs=[job("a", 64)], job_cards=[rack_cards(0)], supply_temp_c=30.0, ready_reserve_cards=0)
+    t = dvfs_tables(p)
+    assert int(t.cheapest_level[0]) == 7
+    least = assess_dvfs(p, np.array([7]), np.zeros(8, dtype=np.int64), 30.0)
+    most = assess_dvfs(p, np.array([0]), np.array([0] + [64] * 7), 30.0)
+    lo, hi = it_power_range_w(p, t)
+    assert lo == pytest.approx(least.it_power_w, rel=1e-9)
+    assert hi == pytest.approx(most.it_power_w, rel=1e-9)
+    line = facility_line(site, 30.0, p.ambient_c, lo, hi)
+    assert (line.it_lo_w, line.it_hi_w) == (lo, hi)

@@ -3,10 +3,13 @@ highspy model, the deadline and the fallback."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 from models_helpers import job, judge, problem, rack_cards
-from solver_testing import LatePlanner
+from solver_testing import LatePlanner, LateSolver
 
 from models.dvfs import dvfs_matrix
 from models.plans import SolveStatus
@@ -112,3 +115,135 @@ def test_decomposed_solve_matches_the_monolithic_optimum_within_caps(site: SiteS
     assert int((~dec.dvfs.card_low_power & p.idle_mask()).sum()) >= 12
     loss = float(dvfs_tables(p).job_value.max(axis=1).sum()) - mono.dvfs.objective_per_h
     assert dec.dvfs.objective_per_h >= mono.dvfs.objective_per_h - 2e-3 * loss
+
+
+class _HungSolver(DvfsSolver):
+    """A solve that hangs for 5 s and then gives up without solving (a real late solve left running
+    in its worker thread would overlap the next tests' solves)."""
+
+    def solve(self, *args: object, **kwargs: object) -> Any:
+        time.sleep(5.0)
+        raise RuntimeError("hung solve gave up")
+
+
+class _FirstSolveHangs(CyclePlanner):
+    """A planner whose first set-point's solve hangs; the others are real."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver:  # type: ignore[override]
+        self.calls += 1
+        return _HungSolver() if self.calls == 1 else DvfsSolver()
+
+
+def test_a_hung_solve_at_one_set_point_leaves_the_others_their_share_of_the_time(site: SiteSpec) -> None:
+    # Three set-points share a 3 s budget: each gets what is left divided by the set-points still to
+    # solve. The first one's solve hangs: it is cancelled after its third (1 s + grace) and given up
+    # 0.5 s later; the two others get ~0.7 s each, far more than their real solves take, and are
+    # solved. The call ends within its budget plus that grace and wait.
+    p = problem(site, [job("a", 64), job("b", 32)], [rack_cards(0), rack_cards(1, 32)], options=[30.0, 35.0, 40.0])
+    t0 = time.monotonic()
+    plan = _FirstSolveHangs().plan(p, time_limit_s=3.0)
+    assert time.monotonic() - t0 < 3.0 + 0.6
+    assert sorted(r.status.value for r in plan.setpoint.options) == ["fallback", "optimal", "optimal"]
+
+
+def test_a_persistent_planner_plans_idle_cards_of_a_rack_that_had_none(site: SiteSpec) -> None:
+    # Cycle 1: one 64-card job in r0, every card of r5 failed, no reserve. Cycle 2: r5's cards are
+    # back (idle), and a reserve of 10 awake cards is asked where only r5 has room for them (the
+    # other idle racks' limits leave no room to wake a single card, as in test_dvfs_hand). The jobs
+    # are the same, so a persistent planner may keep its model only if it has r5's idle cards in it:
+    # the plan wakes 10 cards of r5, solved by the MILP.
+    from models.problem import Margins
+
+    def cycle(failed_r5: bool, reserve: int, limits: np.ndarray | None = None):  # type: ignore[no-untyped-def]
+        failed = np.zeros(site.n_cards, dtype=bool)
+        failed[5 * 64 : 6 * 64] = failed_r5
+        return make_problem(
+            site, jobs=[job("a", 64, share=0.8)], job_cards=[rack_cards(0)], failed=failed, rack_limit_w=limits,
+            margins=Margins(1000.0, 2.0), supply_temp_c=30.0, ambient_c=25.0, ready_reserve_cards=reserve,
+            supply_options_c=[30.0],
+        )  # fmt: skip
+
+    limits = dvfs_tables(cycle(False, 10)).rack_base_w + 1000.0 + 1.0
+    limits[[0, 5]] = 50_000.0
+    planner = CyclePlanner(persistent=True)
+    first = planner.plan(cycle(True, 0, limits), choose_setpoint=False, time_limit_s=5.0)
+    assert first.status == SolveStatus.OPTIMAL and first.dvfs is not None
+    assert first.dvfs.rack_awake.tolist() == [0] * 8
+    second = planner.plan(cycle(False, 10, limits), choose_setpoint=False, time_limit_s=5.0)
+    assert second.status == SolveStatus.OPTIMAL and second.source == "milp" and second.dvfs is not None
+    assert second.dvfs.rack_awake.tolist() == [0, 0, 0, 0, 0, 10, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("condition", "has_solution", "expected"),
+    [
+        ("convergenceCriteriaSatisfied", True, SolveStatus.OPTIMAL),
+        ("maxTimeLimit", True, SolveStatus.FEASIBLE),  # an incumbent, not proven within the gap
+        ("maxTimeLimit", False, SolveStatus.TIMEOUT_NO_SOLUTION),
+        ("interrupted", True, SolveStatus.FEASIBLE),  # cancelled at the deadline
+        ("iterationLimit", False, SolveStatus.TIMEOUT_NO_SOLUTION),
+        ("provenInfeasible", False, SolveStatus.INFEASIBLE),
+        ("infeasibleOrUnbounded", False, SolveStatus.INFEASIBLE),
+        ("error", False, SolveStatus.ERROR),
+        ("error", True, SolveStatus.FEASIBLE),
+    ],
+)
+def test_how_highs_ended_maps_to_the_status_a_plan_reports(
+    condition: str, has_solution: bool, expected: object
+) -> None:
+    # A time limit with an incumbent is FEASIBLE, never OPTIMAL (its gap is not proven): a plan's
+    # status is what tells an optimal plan from one cut short by the deadline.
+    from pyomo.contrib.solver.common.results import TerminationCondition
+
+    from models.solve import _map_status
+
+    assert _map_status(TerminationCondition[condition], has_solution) == expected
+
+
+def test_decomposed_solve_prices_the_pue_penalty_as_the_monolithic_model_does(site: SiteSpec) -> None:
+    # Two supernodes, one 64-card job in a rack of each, no cap binding (100 kW), 35 deg C ambient:
+    # the facility is affine in IT power with slope b = 1.159 above the PUE target 1.08, and every
+    # plan is above the target, so each IT W costs energy_price x b + pue_penalty x (b - 1.08) in
+    # the monolithic model. Each chunk of the decomposed solve prices IT power at that same marginal
+    # rate (the greedy plan is above the target too), so both find the same levels: with a penalty
+    # of 50/kWh, level 4 (test_dvfs_hand's brute force), not the top clock a price without the penalty gives.
+    from models.problem import Margins, Prices
+
+    big = site.with_supernodes(2)
+    p = make_problem(
+        big, jobs=[job("a", 64), job("b", 64)], job_cards=[rack_cards(0), rack_cards(8)], rack_limit_w=100_000.0,
+        margins=Margins(1000.0, 2.0), supply_temp_c=30.0, ambient_c=35.0, supply_options_c=[30.0],
+        ready_reserve_cards=0, prices=Prices(pue_penalty_per_kwh=50.0),
+    )  # fmt: skip
+    mono = plan_cycle(p, choose_setpoint=False, time_limit_s=10.0, planner=CyclePlanner(chunk_cards=None))
+    dec = plan_cycle(p, choose_setpoint=False, time_limit_s=10.0, planner=CyclePlanner(chunk_cards=512))
+    assert mono.status == dec.status == SolveStatus.OPTIMAL
+    assert mono.dvfs is not None and dec.dvfs is not None
+    assert mono.dvfs.job_level.tolist() == [4, 4]
+    assert dec.dvfs.job_level.tolist() == [4, 4]
+
+
+def test_a_decomposed_solve_with_a_chunk_left_unsolved_is_feasible_not_optimal(site: SiteSpec) -> None:
+    # Two supernodes, one job in each: two chunks sharing a 2 s budget. The first chunk's solve starts
+    # 2.5 s late (it still solves), so the second has no time left and keeps the greedy levels: the
+    # whole plan is FEASIBLE (one chunk not solved), not OPTIMAL, and still a plan.
+    from models.decompose import split_chunks
+    from models.heuristic import greedy_dvfs
+    from models.solve import DecomposedDvfsSolver
+
+    big = site.with_supernodes(2)
+    p = make_problem(big, jobs=[job("a", 64), job("b", 64)], job_cards=[rack_cards(0), rack_cards(8)])
+    t = dvfs_tables(p)
+    line = facility_line(big, p.supply_temp_c, p.ambient_c, *it_power_range_w(p, t))
+    g = greedy_dvfs(p, t, line)
+    assert [c.jobs.tolist() for c in split_chunks(t, g, 512, big.cards_per_rack)] == [[0], [1]]
+    solver = DecomposedDvfsSolver(chunk_cards=512)
+    solver._parts[0] = LateSolver(late_by_s=2.5)
+    info, level, awake = solver.solve(p, t, line, 2.0, 1e-3, greedy=g)
+    assert info.status == SolveStatus.FEASIBLE
+    assert level is not None and awake is not None
+    assert int(level[1]) == int(g.job_level[1])
