@@ -560,7 +560,9 @@ class CyclePlanner:
         """DVFS levels, idle states and (optionally) the set-point for one cycle.
 
         ``time_limit_s`` bounds the whole call (shared by the set-point options; the last one
-        gets what is left); ``previous_plan`` warm-starts the solver (when ``warm_start``). The
+        gets what is left), but for a solve still running at its share's end: it is cancelled and
+        waited for up to 0.5 s more, then given up (a solve that ignores the cancel can make the
+        call that much longer); ``previous_plan`` warm-starts the solver (when ``warm_start``). The
         greedy plan is always computed first, at every set-point, so a late, failed or worse solve
         falls back to it. ``refine_top=k`` runs the MILP only at the ``k`` set-points whose greedy
         plans score best (None: at all of them).
