@@ -691,6 +691,22 @@ def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:
     return line
 
 
+def _pue_penalty_warning(prices: PricesConfig, site: SiteSpec) -> str:
+    """A warning line when the PUE penalty is so high that a plan may wake idle cards only to lower
+    the PUE ratio: above ``energy_per_kwh * b / (pue_target - b)``, b being the marginal facility W
+    per IT W (``models.problem.Prices``); b is at least 1, where that bound is lowest."""
+    if site.pue_target <= 1.0:
+        return ""
+    bound = prices.energy_per_kwh / (site.pue_target - 1.0)
+    if prices.pue_penalty_per_kwh <= bound:
+        return ""
+    return (
+        f"\n                warning: pue_penalty_per_kwh ({prices.pue_penalty_per_kwh:g}) is above energy_per_kwh / "
+        f"(PUE target - 1) = {bound:.3g}: in mild weather a plan may wake idle cards only to lower the PUE "
+        "ratio (keep it near 2x energy_per_kwh)"
+    )
+
+
 def explain(loaded: LoadedConfig) -> str:
     """A human-readable account of a valid configuration (for ``racktwin agent --check-config``)."""
     cfg, site = loaded.config, loaded.site
@@ -722,7 +738,7 @@ def explain(loaded: LoadedConfig) -> str:
         "  hosts         " + _hosts_line(c, site),
         f"  commands      expire after {c.command_ttl_s:g} s, at most {c.command_retries} retries",
         f"  prices        {cfg.prices.energy_per_kwh:g} per kWh, {cfg.prices.card_hour_value:g} per card-hour, "
-        f"{cfg.prices.pue_penalty_per_kwh:g} per kWh above the PUE target",
+        f"{cfg.prices.pue_penalty_per_kwh:g} per kWh above the PUE target" + _pue_penalty_warning(cfg.prices, site),
         f"  journal       {cfg.journal.path} ("
         + (f"decisions kept {cfg.journal.keep_days:g} days)" if cfg.journal.keep_days > 0 else "everything kept)"),
         "  http          " + (f"http://{cfg.http.host}:{cfg.http.port}/metrics" if cfg.http.port else "disabled"),

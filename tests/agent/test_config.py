@@ -74,6 +74,23 @@ def test_a_ready_reserve_larger_than_the_hosts_kept_on_is_warned_about(tmp_path:
     )
 
 
+def test_a_pue_penalty_that_would_buy_it_power_to_lower_the_pue_ratio_is_warned_about(tmp_path: Path) -> None:
+    # The test site's PUE target is read from the loaded spec; energy 0.15 per kWh: the bound is
+    # 0.15 / (target - 1) (1.875 at 1.08). The default penalty (0.30) and one at the bound: no warning.
+    default = load_config(write(tmp_path, 'site = "site.toml"\n'), env={})
+    assert "warning" not in explain(default)
+    bound = 0.15 / (default.site.pue_target - 1.0)
+    at = load_config(write(tmp_path, f'site = "site.toml"\n[prices]\npue_penalty_per_kwh = {bound!r}\n'), env={})
+    assert "warning" not in explain(at)
+    above = load_config(
+        write(tmp_path, f'site = "site.toml"\n[prices]\npue_penalty_per_kwh = {bound * 1.01!r}\n'), env={}
+    )
+    assert (
+        f"warning: pue_penalty_per_kwh ({bound * 1.01:g}) is above energy_per_kwh / (PUE target - 1) = {bound:.3g}"
+        in (explain(above))
+    )
+
+
 def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:
     p = write(tmp_path, 'site = "site.toml"\n')
     loaded = load_config(
