@@ -160,5 +160,6 @@ def solve_joint_setpoint(
         awake[r] = round(pyo.value(m.a[r, s_best]) or 0.0)
     supply = p.supply_options_c[s_best]
     plan = assess_dvfs(p, level, awake, supply, t)
-    rec = SetpointOption(supply, info.status, plan.objective_per_h, plan.facility_power_w, plan.it_power_w, 0.0)
-    return info.status, plan, SetpointPlan(supply, (rec,)), time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    rec = SetpointOption(supply, info.status, plan.objective_per_h, plan.facility_power_w, plan.it_power_w, seconds)
+    return info.status, plan, SetpointPlan(supply, (rec,)), seconds

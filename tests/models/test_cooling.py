@@ -69,7 +69,7 @@ def test_joint_milp_picks_the_set_point_the_twin_prices_best(site: SiteSpec) -> 
     second = max(o[2].objective_per_h for o in others if o[0] != 35.0)
     assert best.objective_per_h - second > 0.05
 
-    status, plan, sp, _dt = solve_joint_setpoint(p, time_limit_s=10.0)
+    status, plan, sp, seconds = solve_joint_setpoint(p, time_limit_s=10.0)
     assert status == SolveStatus.OPTIMAL and plan is not None
     assert sp.supply_temp_c == 35.0 and plan.supply_temp_c == 35.0
     assert plan.job_level.tolist() == [0]
@@ -81,6 +81,7 @@ def test_joint_milp_picks_the_set_point_the_twin_prices_best(site: SiteSpec) -> 
     assert (rec.supply_temp_c, rec.status) == (35.0, SolveStatus.OPTIMAL)
     assert rec.objective_per_h == plan.objective_per_h
     assert (rec.facility_power_w, rec.it_power_w) == (plan.facility_power_w, plan.it_power_w)
+    assert rec.solve_time_s == seconds > 0  # the record says how long the solve took, as plan_cycle's do
 
 
 def test_joint_milp_keeps_the_caps_of_the_chosen_set_point_and_drops_one_that_cannot_meet_them(
