@@ -7,11 +7,12 @@ import math
 
 import numpy as np
 import pytest
+from readings_testing import card_batch
 
 from twin.estimate import Anomaly, AnomalyHistory, Estimator, EstimatorConfig
 from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation, StuckSensor
 from twin.power import PowerModel
-from twin.readings import CardBatch, LoopReading, PduReading, RackReading, Readings
+from twin.readings import LoopReading, PduReading, RackReading, Readings
 from twin.spec import SiteSpec
 from twin.state import TwinState
 from twin.workload import JobSpec, PhaseModel
@@ -447,17 +448,8 @@ def _rack0(
     """Rack 0's 16 cards at ``power_w``, their dies ``rise_k`` over the supply; its loop at the nominal
     flow (x ``flow_frac``), reporting ``speed``; its PDU at ``pdu_w``."""
     n = 16
-    cards = CardBatch(
-        card_index=np.arange(n),
-        power_w=np.full(n, power_w),
-        die_temp_c=np.full(n, _SUPPLY_C + rise_k),
-        clock_mhz=np.full(n, clock_mhz),
-        utilization=np.full(n, 0.9),
-        level=np.zeros(n, dtype=np.int64),
-        low_power=np.zeros(n, dtype=bool),
-        waking=np.zeros(n, dtype=bool),
-        power_limit_w=np.full(n, 700.0),
-        failed=np.zeros(n, dtype=bool),
+    cards = card_batch(
+        np.arange(n), power_w=power_w, die_temp_c=_SUPPLY_C + rise_k, clock_mhz=clock_mhz, utilization=0.9
     )
     flow = site.loop_flow_per_rack_lpm() * flow_frac
     ret = _SUPPLY_C + loop_dt_k if return_c is None else return_c

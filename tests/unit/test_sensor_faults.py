@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from readings_testing import card_batch
 
 from twin.faults import GarbageReadings, SensorDropout, StuckSensor
-from twin.readings import CardBatch, LoopReading, PduReading, RackReading
+from twin.readings import LoopReading, PduReading, RackReading
 from twin.sensor_faults import SensorFaults
 
 pytestmark = pytest.mark.unit
@@ -19,18 +20,7 @@ def values(x: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 
 def rack_reading(rack: int, time_s: float, power_w: float, n: int = 4) -> RackReading:
-    batch = CardBatch(
-        card_index=np.arange(n),
-        power_w=np.full(n, power_w),
-        die_temp_c=np.full(n, 60.0),
-        clock_mhz=np.full(n, 1980.0),
-        utilization=np.full(n, 0.9),
-        level=np.zeros(n, dtype=np.int64),
-        low_power=np.zeros(n, dtype=bool),
-        waking=np.zeros(n, dtype=bool),
-        power_limit_w=np.full(n, 700.0),
-        failed=np.zeros(n, dtype=bool),
-    )
+    batch = card_batch(np.arange(n), power_w=power_w, die_temp_c=60.0, utilization=0.9)
     loop = LoopReading(30.0, 40.0, 100.0, 500.0)
     return RackReading(rack=rack, time_s=time_s, cards=batch, loop=loop, pdu=PduReading(power_w * n))
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from readings_testing import card_batch
 
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import CardBatch, JobEvent, JobReading, LoopReading, PduReading, RackReading, Readings
@@ -473,23 +474,10 @@ def test_nan_to_num_is_numpys_bit_for_bit() -> None:
 
 # ---- hand-made readings: every value known, so the belief's answer can be derived by hand --------
 def _cards(rack: int, **cols: object) -> CardBatch:
-    """Rack ``rack``'s 16 cards of the small site, each at 300 W, 50 deg C, 1980 MHz, half utilization,
-    level 0, awake, a 700 W limit; ``cols`` replaces a column (a scalar: on every card)."""
-    base: dict[str, object] = {
-        "power_w": 300.0,
-        "die_temp_c": 50.0,
-        "clock_mhz": 1980.0,
-        "utilization": 0.5,
-        "level": 0,
-        "low_power": False,
-        "waking": False,
-        "power_limit_w": 700.0,
-        "failed": False,
-    }
-    base.update(cols)
-    kinds = {"level": np.int64, "low_power": bool, "waking": bool, "failed": bool}
-    arrays = {k: np.broadcast_to(np.asarray(v, dtype=kinds.get(k, np.float64)), 16).copy() for k, v in base.items()}
-    return CardBatch(card_index=np.arange(16 * rack, 16 * rack + 16), **arrays)  # type: ignore[arg-type]
+    """Rack ``rack``'s 16 cards of the small site at ``readings_testing.CARD_DEFAULTS`` (300 W,
+    50 deg C, 1980 MHz, half utilization, level 0, awake, a 700 W limit); ``cols`` replaces a column
+    (a scalar: on every card)."""
+    return card_batch(np.arange(16 * rack, 16 * rack + 16), **cols)
 
 
 def _loop(supply_c: float = 30.0, **kw: float) -> LoopReading:
