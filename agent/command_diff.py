@@ -74,7 +74,7 @@ class CommandDiff:
         # after the site clock stepped back, a mark from the old timeline dates from now at the latest
         # (the belief's last-seen times were moved back too), so that a reading on the new one clears it
         np.minimum(self.overlays.failed_by_ack_s, now_s, out=self.overlays.failed_by_ack_s)
-        said_failed = self.overlays.failed_by_ack_s > np.nan_to_num(snap.card_last_seen_s, nan=-math.inf)
+        said_failed = self.overlays.said_failed(snap.card_last_seen_s)
         alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool) | said_failed)
         ttl = min(self.control.command_ttl_s, wire.MAX_COMMAND_TTL_S)  # a rack refuses a longer life
         out = _Outbox(now_s=now_s, expires_s=now_s + ttl)

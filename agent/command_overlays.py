@@ -88,6 +88,22 @@ class Overlays:
         stamp = min(ack.ts_s, now_s) if math.isfinite(ack.ts_s) else now_s
         self.failed_by_ack_s[dead] = np.maximum(self.failed_by_ack_s[dead], stamp)
 
+    def said_failed(self, last_seen_s: FloatArray) -> BoolArray:
+        """Per card, whether a ``card_failed`` refusal marks it failed: no reading of it (``last_seen_s``,
+        the belief's; NaN: never read) is newer than the refusal."""
+        return self.failed_by_ack_s > np.nan_to_num(last_seen_s, nan=-math.inf)
+
+    def failed_marks(self, last_seen_s: FloatArray) -> dict[int, float]:
+        """The marks in force (:meth:`said_failed`): card -> the refusal's stamp (kept in the journal
+        for a restart: ``agent.resume.FailedCardsRecord``)."""
+        return {int(c): float(self.failed_by_ack_s[c]) for c in np.flatnonzero(self.said_failed(last_seen_s))}
+
+    def restore_failed_marks(self, marks: dict[int, float]) -> None:
+        """Marks kept by :meth:`failed_marks` before a restart (a card outside the site is passed over)."""
+        for card, stamp in marks.items():
+            if 0 <= card < self.failed_by_ack_s.size and math.isfinite(stamp):
+                self.failed_by_ack_s[card] = max(self.failed_by_ack_s[card], stamp)
+
     def lift_refusals_a_failure_explains(self, failed: BoolArray, now_s: float) -> None:
         """A rack refuses a command whole when one of its cards has failed, and the card may fail
         after the reading the command was decided on: once a card of a refused command reads failed,

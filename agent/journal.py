@@ -181,6 +181,11 @@ class Journal:
         self._lock_fd: int | None = None
         self._db: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
+        #: no open command expires before this site time (-inf: not known yet): :meth:`expire` writes
+        #: nothing before it. Kept by this connection's writes (commands are inserted only by
+        #: :meth:`record_decision`, and the service's lock keeps other agents out); a command another
+        #: connection inserts with an earlier expiry is expired at this time, or after a reopen
+        self._first_expiry_s = -math.inf
         memory = self.path == ":memory:"
         try:
             if not memory:
@@ -315,6 +320,7 @@ class Journal:
                 )
         except sqlite3.Error as exc:
             raise JournalError(f"journal {self.path}: {exc}") from None
+        self._first_expiry_s = min([self._first_expiry_s, *(c.expires_s for c in commands)])
         return decision_id
 
     @_journal_errors
@@ -365,14 +371,24 @@ class Journal:
 
     @_journal_errors
     def expire(self, site_time_s: float) -> int:
-        """Mark open commands past their expiry as expired; returns how many."""
+        """Mark open commands past their expiry as expired; returns how many. Before the first expiry
+        of the open commands nothing is written (no transaction: the publisher calls this every
+        0.25 s, and an empty one still takes the write lock, waiting up to the busy timeout for
+        another process that holds it)."""
+        if site_time_s < self._first_expiry_s:
+            return 0
         with self._transaction():
             cur = self._conn.execute(
                 "UPDATE commands SET state = 'expired', updated_wall_s = ? "
                 "WHERE state IN ('pending', 'sent') AND expires_s <= ?",
                 (time.time(), site_time_s),
             )
-        return int(cur.rowcount)
+            expired = int(cur.rowcount)
+            first = self._conn.execute(
+                "SELECT MIN(expires_s) FROM commands WHERE state IN ('pending', 'sent')"
+            ).fetchone()[0]
+        self._first_expiry_s = math.inf if first is None else float(first)
+        return expired
 
     @_journal_errors
     def abandon(self, command_ids: Iterable[str]) -> None:

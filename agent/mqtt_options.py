@@ -45,6 +45,34 @@ def _tls_why(exc: OSError, what: str) -> str:
     return f"cannot read it ({exc.strerror or exc})"
 
 
+def _cert_chain_error(cert_file: str, key_file: str | None, exc: OSError) -> TlsFileError:
+    """Which of the client certificate and key files made ``load_cert_chain`` fail, and why."""
+    if not isinstance(exc, ssl.SSLError):  # a file that cannot be read: OpenSSL does not say which
+        for field_name, path in (("cert_file", cert_file), ("key_file", key_file)):
+            if path is None:
+                continue
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as read_exc:
+                return TlsFileError(field_name, path, _tls_why(read_exc, ""))
+        return TlsFileError("cert_file", cert_file, _tls_why(exc, ""))
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        probe.load_verify_locations(cafile=cert_file)  # does the file hold a certificate at all?
+    except ssl.SSLError:
+        return TlsFileError("cert_file", cert_file, _tls_why(exc, "not a PEM certificate"))
+    except OSError as read_exc:
+        return TlsFileError("cert_file", cert_file, _tls_why(read_exc, ""))
+    if key_file is None:
+        return TlsFileError(
+            "cert_file", cert_file, _tls_why(exc, "holds no private key for the certificate (a key file is needed)")
+        )
+    if exc.reason == "KEY_VALUES_MISMATCH":
+        return TlsFileError("key_file", key_file, _tls_why(exc, f"does not match the certificate {cert_file}"))
+    return TlsFileError("key_file", key_file, _tls_why(exc, "not a PEM private key"))
+
+
 @dataclass(frozen=True)
 class MqttOptions:
     """How to reach the broker. TLS is on when ``tls`` is set or any certificate file is given;
@@ -132,34 +160,7 @@ class MqttOptions:
             try:
                 ctx.load_cert_chain(self.cert_file, self.key_file)
             except OSError as exc:
-                raise self._cert_chain_error(self.cert_file, exc) from None
+                raise _cert_chain_error(self.cert_file, self.key_file, exc) from None
         if self.tls_insecure:
             ctx.check_hostname = False
         return ctx
-
-    def _cert_chain_error(self, cert_file: str, exc: OSError) -> TlsFileError:
-        """Which of the client certificate and key files made ``load_cert_chain`` fail, and why."""
-        if not isinstance(exc, ssl.SSLError):  # a file that cannot be read: OpenSSL does not say which
-            for field_name, path in (("cert_file", cert_file), ("key_file", self.key_file)):
-                if path is None:
-                    continue
-                try:
-                    with open(path, "rb"):
-                        pass
-                except OSError as read_exc:
-                    return TlsFileError(field_name, path, _tls_why(read_exc, ""))
-            return TlsFileError("cert_file", cert_file, _tls_why(exc, ""))
-        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        try:
-            probe.load_verify_locations(cafile=cert_file)  # does the file hold a certificate at all?
-        except ssl.SSLError:
-            return TlsFileError("cert_file", cert_file, _tls_why(exc, "not a PEM certificate"))
-        except OSError as read_exc:
-            return TlsFileError("cert_file", cert_file, _tls_why(read_exc, ""))
-        if self.key_file is None:
-            return TlsFileError(
-                "cert_file", cert_file, _tls_why(exc, "holds no private key for the certificate (a key file is needed)")
-            )
-        if exc.reason == "KEY_VALUES_MISMATCH":
-            return TlsFileError("key_file", self.key_file, _tls_why(exc, f"does not match the certificate {cert_file}"))
-        return TlsFileError("key_file", self.key_file, _tls_why(exc, "not a PEM private key"))

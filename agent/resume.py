@@ -1,7 +1,8 @@
 """What a restarted agent takes up from its journal: the cycle count, the calibration, the jobs it
-knew (:func:`load_journal`; the jobs are written by :class:`JobsRecord` when they change) and the
-commands still open (:func:`open_commands_to_resume`: those not expired are sent again, an expired
-command is never sent again).
+knew and the cards racks refused commands for as failed (:func:`load_journal`; written by
+:class:`JobsRecord` and :class:`FailedCardsRecord` when they change) and the commands still open
+(:func:`open_commands_to_resume`: those not expired are sent again, an expired command is never
+sent again).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from twin.readings import JobEvent
 from twin.state import StateSnapshot, TwinState
 from twin.workload import JobSpec, Phase
 
-__all__ = ["JobsRecord", "load_journal", "open_commands_to_resume", "restore_jobs"]
+__all__ = ["FailedCardsRecord", "JobsRecord", "load_journal", "open_commands_to_resume", "restore_jobs"]
 
 log = logging.getLogger("racktwin.agent")
 
 
-def load_journal(journal: Journal, controller: Controller, state: TwinState) -> None:
-    """Take up the last run's cycle count and calibration (into ``controller``) and the jobs it knew
-    (into ``state``); a jobs record that cannot be read is passed over."""
+def load_journal(journal: Journal, controller: Controller, state: TwinState, book: CommandBook) -> None:
+    """Take up the last run's cycle count and calibration (into ``controller``), the jobs it knew
+    (into ``state``) and its ``card_failed`` marks (into ``book``); a record that cannot be read is
+    passed over."""
     j = journal
     last = j.last_decision()
     if last is not None:
@@ -39,6 +41,10 @@ def load_journal(journal: Journal, controller: Controller, state: TwinState) -> 
     if raw:
         with contextlib.suppress(ValueError, TypeError, KeyError):
             restore_jobs(state, json.loads(raw))
+    raw = j.get_meta(FailedCardsRecord.key)
+    if raw:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            book.overlays.restore_failed_marks({int(c): float(t) for c, t in json.loads(raw).items()})
     log.info(
         "journal opened",
         extra={
@@ -89,6 +95,27 @@ class JobsRecord:
         if digest != self._hash:
             self.journal.set_meta("jobs", raw)
             self._hash = digest
+
+
+class FailedCardsRecord:
+    """The cards a rack refused a command for as failed (``card_failed``) that no reading has shown
+    since (card -> the refusal's stamp: ``agent.command_overlays.Overlays.failed_marks``), written to
+    the journal's ``failed_cards`` entry with each decision, when they changed. Without it a
+    restarted agent sent a silent rack's caps to its dead cards again and had them refused once
+    more before it knew. A failed write raises :class:`agent.journal.JournalError`."""
+
+    key = "failed_cards"
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._raw = ""
+
+    def save(self, book: CommandBook, snap: StateSnapshot) -> None:
+        marks = book.overlays.failed_marks(snap.card_last_seen_s)
+        raw = json.dumps({str(c): t for c, t in marks.items()}, separators=(",", ":"))
+        if raw != self._raw:
+            self.journal.set_meta(self.key, raw)
+            self._raw = raw
 
 
 def open_commands_to_resume(journal: Journal, book: CommandBook, now_s: float) -> tuple[list[OpenCommand], int]:

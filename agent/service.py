@@ -88,7 +88,7 @@ from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
-from agent.resume import JobsRecord, load_journal, open_commands_to_resume
+from agent.resume import FailedCardsRecord, JobsRecord, load_journal, open_commands_to_resume
 from agent.solver_output import isolate_solver_output
 from agent.standby import Standby
 from agent.status import VERSION, StatusPublisher
@@ -287,6 +287,7 @@ class AgentService:
             self._calibration_error: str | None = None  # the last calibration write failed: why
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             self.jobs_record = JobsRecord(self.journal)  # the jobs known, for a restart
+            self.failed_cards_record = FailedCardsRecord(self.journal)  # cards refused as failed, for a restart
             self._failure: str | None = None  # why the service stopped, if a task failed
             self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
             self.metric_updates = MetricUpdates(
@@ -329,7 +330,7 @@ class AgentService:
             self._estimation_error_lines = _FailureLines()
             self.resumed_commands = 0
             self.expired_on_resume = 0
-            load_journal(self.journal, self.controller, self.state)
+            load_journal(self.journal, self.controller, self.state, self.book)
         except BaseException:
             self.journal.close()  # and its lock
             raise
@@ -833,6 +834,7 @@ class AgentService:
                 new_commands(commands),
             )
             self.jobs_record.save(snap)
+            self.failed_cards_record.save(self.book, snap)
             self._journal_error = None
         except JournalError as exc:
             # nothing is acted on that is not journaled first

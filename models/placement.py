@@ -520,7 +520,7 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
             qj = pp.queue[j]
             counts = {r: cnt for r in m2._win[(j, w)] if (cnt := round(pyo.value(m2.c[j, r], exception=False) or 0.0))}
             picked = _pick_planned(pp, j, free, counts, xyz, cards)
-            if picked.size < qj.spec.n_cards:
+            if picked.size != qj.spec.n_cards:  # left to the greedy pass below, as a stage that failed
                 status = "partial"
                 continue
             free[picked] = False
@@ -556,9 +556,14 @@ def _pick_planned(
     racks when that is no more over the racks' headroom (given the jobs ``placed`` so far) than
     taking each rack's count there, else each rack's count (compactly within the rack). The compact
     block of a window ignores the counts, and a block leaning on the rack with less headroom took a
-    rack 660 W over where the counts planned 141 W."""
+    rack 660 W over where the counts planned 141 W. No cards when the counts do not add up to the
+    job's cards (read off HiGHS's solution and rounded; ``sum_r c[j,r] = n_j`` holds only within
+    the solver's tolerances): a count too many took a card more than the job asked for (the caller
+    leaves the job to the greedy pass, as when a stage fails)."""
     site = pp.site
     n = pp.queue[j].spec.n_cards
+    if sum(counts.values()) != n:
+        return np.empty(0, dtype=np.int64)
     block, _ = _pick_compact(site, free, sorted(counts), n, xyz, pp.card_wait_s)
     left = free.copy()
     parts: list[IntArray] = []

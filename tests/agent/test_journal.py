@@ -312,3 +312,43 @@ def test_what_a_rack_answered_stays_answered_and_sends_are_counted(tmp_path: Pat
     db = sqlite3.connect(path)
     assert db.execute("SELECT command_id FROM acks ORDER BY id").fetchall() == [("a",), ("b",)]
     db.close()
+
+
+def test_expiring_writes_nothing_until_an_open_command_can_have_expired(tmp_path: Path) -> None:
+    """The publisher asks the journal to expire commands every 0.25 s: a transaction each time (the
+    write lock taken, ~4 a second) although nothing had expired. Only a call at or after the first
+    expiry of the open commands writes; one recorded expiring earlier moves that time forward;
+    another connection holding the write lock (a sqlite3 shell) does not hold up a call that has
+    nothing to expire."""
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    statements: list[str] = []
+    j._conn.set_trace_callback(statements.append)
+
+    def transactions() -> int:
+        n = sum(s.startswith("BEGIN") for s in statements)
+        statements.clear()
+        return n
+
+    assert j.expire(0.0) == 0 and transactions() == 1  # nothing known of the file yet: looked at once
+    assert [j.expire(t) for t in (0.25, 1.0, 1e9)] == [0, 0, 0] and transactions() == 0  # no open command
+    j.record_decision(1, 100.0, "enforce", "optimal", 0.0, {}, [cmd("a", 100.0), cmd("b", 100.0, ttl=60.0)])
+    assert transactions() == 1
+    assert [j.expire(100.0 + 0.25 * k) for k in range(119)] == [0] * 119 and transactions() == 0
+    j.record_decision(2, 101.0, "enforce", "optimal", 0.0, {}, [cmd("c", 101.0, ttl=5.0)])  # expires first
+    transactions()
+    assert j.expire(106.0) == 1 and transactions() == 1
+    assert j.command_counts() == {"expired": 1, "pending": 2}
+    assert j.expire(129.9) == 0 and transactions() == 0
+    assert j.expire(130.0) == 1 and transactions() == 1  # "a", at its expiry (as a rack judges it)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    t0 = time.perf_counter()
+    assert j.expire(159.0) == 0
+    assert time.perf_counter() - t0 < 0.1 and transactions() == 0  # not the busy timeout's 0.5 s
+    with pytest.raises(JournalError):
+        j.expire(160.0)  # "b" expires: that write waits for the lock, and fails
+    holder.execute("ROLLBACK")
+    assert j.expire(160.0) == 1 and j.command_counts() == {"expired": 3}
+    holder.close()
+    j.close()

@@ -4,6 +4,7 @@ retried every period, expiry closes, advice registers nothing; and the ``racktwi
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,14 @@ from guard_helpers import proposal
 from agent import wire
 from agent.cli import main
 from agent.config import ControlConfig
+from agent.controller import Controller
 from agent.decision import Decision, PlacementOrder
+from agent.journal import Journal
 from agent.publish import CommandBook, OpenCommand
+from agent.resume import FailedCardsRecord, load_journal
 from sim.commands import CommandHandler
 from twin.plant import Plant, PlantConfig
-from twin.state import StateSnapshot
+from twin.state import StateSnapshot, TwinState
 
 pytestmark = pytest.mark.agent
 
@@ -164,6 +168,46 @@ def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_readi
     assert r1.sent(dataclasses.replace(snap, card_last_seen_s=seen), NOW + 4.0) == [("r1", (5,))]
     assert wire.failed_cards_of("card_failed: the card is gone") == () == wire.failed_cards_of("x: card 3")
     assert wire.failed_cards_of("card_failed: card 99999999999999999999 of rack r1 has failed") == ()
+
+
+def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
+    scene: tuple[object, StateSnapshot], tmp_path: Path
+) -> None:
+    """The marks of ``card_failed`` refusals still in force are kept in the journal with each decision:
+    a restarted agent sent a silent rack's caps to its dead card again, and the rack refused them
+    once more before the mark was relearnt. After a restart the first command leaves the card out
+    until a reading of it newer than the refusal; then the journal's record is emptied."""
+    site, snap = scene
+    path = tmp_path / "journal.sqlite"
+    r1 = _RackR1Slowed(scene)
+    journal = Journal(path)
+    record = FailedCardsRecord(journal)
+    record.save(r1.book, snap)
+    assert journal.get_meta("failed_cards") == "{}"
+    reason = wire.card_failed_reason("r1", [5])
+    ack = wire.Acknowledgement(
+        "r1", uuid.UUID(r1.first.command_id), wire.AckResult.REJECTED, NOW + 1.0, 0, "sim", reason
+    )
+    r1.book.on_ack(ack, NOW + 1.0)
+    record.save(r1.book, snap)  # the next decision's (r1 silent: no reading since)
+    journal.close()
+
+    journal = Journal(path)  # the agent restarted: a new book, the same decision, r1 still silent
+    book = CommandBook(site, r1.codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    load_journal(journal, Controller(site), TwinState(site), book)  # type: ignore[arg-type]
+
+    def sent(snap: StateSnapshot, now_s: float) -> list[tuple[str, tuple[int, ...]]]:
+        msgs = [r1.codec.decode(c.topic, c.payload) for c in book.commands(r1.decision, snap, r1.applied, now_s)]
+        return [(m.rack, m.cards) for m in msgs]  # type: ignore[union-attr]
+
+    assert sent(snap, NOW + 60.0) == [("r1", tuple(c for c in range(64) if c != 5))]
+    seen = np.asarray(snap.card_last_seen_s, dtype=np.float64).copy()
+    seen[64 + 5] = NOW + 61.0  # a reading after the refusal: card 5 is alive (repaired)
+    shown = dataclasses.replace(snap, card_last_seen_s=seen)
+    assert sent(shown, NOW + 62.0) == [("r1", (5,))]
+    FailedCardsRecord(journal).save(book, shown)
+    assert json.loads(journal.get_meta("failed_cards") or "") == {}
+    journal.close()
 
 
 @pytest.mark.parametrize("case", ["ack stamped an hour ahead", "clock stepped back", "card out of range"])

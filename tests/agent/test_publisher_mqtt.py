@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -400,3 +401,40 @@ async def test_commands_that_expire_while_the_batches_ahead_of_them_are_sent_are
     assert publisher.stats.sent == window
     assert [oc.attempts for oc in opened] == [1] * window + [0] * 5
     d.journal.close()
+
+
+async def test_steps_with_nothing_to_expire_write_nothing_to_the_journal(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A step comes every 0.25 s and used to open a journal transaction to expire commands each time,
+    nothing expired or not: the write lock taken four times a second and, while another process held
+    it (a sqlite3 shell), the event loop held up for the busy timeout (0.5 s) at every step and an
+    error reported. Steps before any open command expires write nothing; the one after the expiry
+    records it."""
+    d = desk(tmp_path)
+    journal = d.journal
+    opened = d.decide(4)
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, journal, d.clock, d.control)
+        publisher.submit(opened)
+        await publisher.step()  # sent (nobody acks them)
+        assert publisher.stats.sent == 4 and journal.command_counts() == {"sent": 4}
+        statements: list[str] = []
+        journal._conn.set_trace_callback(statements.append)
+        for k in range(1, 21):  # unanswered, before their retry interval and expiry (TS + 30)
+            d.clock.observe(TS + 0.25 * k)
+            await publisher.step()
+        assert statements == []
+        holder = sqlite3.connect(journal.path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the journal's write lock
+        t0 = time.perf_counter()
+        await publisher.step()
+        assert time.perf_counter() - t0 < 0.25 and publisher.journal_errors == {}
+        holder.execute("ROLLBACK")
+        holder.close()
+        d.clock.observe(TS + 31.0)
+        await publisher.step()
+    assert publisher.stats.unacked_expired == 4 and not d.book.open
+    assert sum(s.startswith("BEGIN") for s in statements) == 1 and journal.command_counts() == {"expired": 4}
+    journal.close()

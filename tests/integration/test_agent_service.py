@@ -465,6 +465,80 @@ async def test_a_silent_rack_goes_to_failsafe_caps_within_three_periods(
     ], said
 
 
+async def test_a_restarted_agent_leaves_out_the_dead_card_a_silent_rack_refused_a_command_for(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """r1 goes silent, then its card 3 fails unseen: a command to r1's cards is refused ``card_failed``
+    naming it, and the next ones leave it out. The mark is journaled with each decision: an agent
+    restarted on the journal (r1 still silent) leaves the dead card out of its first command to r1
+    (it sent the card a command again, refused once more, before it knew again)."""
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, speed=20.0)
+    loaded = loaded_config(cfg, mosquitto)
+    journal = Path(loaded.config.journal.path)
+    dead = site.cards_per_rack + 3  # r1's card 3
+    faults = [
+        {"kind": "sensor_dropout", "rack": 1, "start_s": 20.0},
+        {"kind": "card_failure", "card": dead, "at_s": 21.0},
+    ]
+    clock: dict[str, Any] = {"sim": None}
+    obs = Observer(site_time=lambda: clock["sim"].site_time_s if clock["sim"] is not None else 0.0)
+
+    def agent() -> AgentService:
+        return AgentService(loaded, mqtt=mosquitto.options(client_id="racktwin-agent", clean_session=False), http=False)
+
+    def marked() -> bool:
+        db = sqlite3.connect(journal)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'failed_cards'").fetchone()
+        finally:
+            db.close()
+        return row is not None and str(dead) in json.loads(row[0])
+
+    def to_r1(after_wall: float) -> list[tuple[int, ...]]:
+        """The cards of the commands to r1 sent after ``after_wall``, in order."""
+        return [
+            m.cards
+            for w, _t, m in obs.commands
+            if w > after_wall and isinstance(m, wire.RackCommand) and m.rack == "r1"
+        ]
+
+    async with observing(mosquitto, site, obs):
+        a = agent()
+        a_task = asyncio.create_task(a.run())
+        await wait_for(lambda: a.bus.connected, what="agent A's connection")
+        sim = Simulator(
+            SimOptions(
+                scenario=full_load(site, 400.0, faults=faults), mqtt=mosquitto.options(), site_id=SITE_ID,
+                speed=20.0, start_epoch_s=START,
+            )
+        )  # fmt: skip
+        clock["sim"] = sim
+        sim_task = asyncio.create_task(sim.run())
+        try:
+            # refused whole, then sent without it, and the mark journaled
+            await wait_for(lambda: any(3 not in c for c in to_r1(0.0)) and marked(), 30, "A's commands without card 3")
+            assert any(3 in c for c in to_r1(0.0))
+            a.stop()
+            await asyncio.wait_for(a_task, 15)
+            b_start = time.monotonic()
+            b = agent()
+            b_task = asyncio.create_task(b.run())
+            try:
+                await wait_for(lambda: bool(to_r1(b_start)), 30, "agent B's first command to r1")
+                await asyncio.sleep(2 * PERIOD_S / 20.0)  # two periods more
+            finally:
+                b.stop()
+                await asyncio.wait_for(b_task, 15)
+        finally:
+            a.stop()
+            await asyncio.wait_for(a_task, 15)
+            sim_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sim_task
+    assert all(3 not in cards for cards in to_r1(b_start)), to_r1(b_start)
+
+
 async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
     site = load_site(write_site(tmp_path))
     topics = wire.Topics(SITE_ID)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from models_helpers import EXAMPLES, card_power_w, job, problem, rack_cards
 
-from models.placement import PlacementProblem, QueuedJob, make_placement_problem, place_jobs
+from models.placement import PlacementProblem, QueuedJob, _pick_planned, make_placement_problem, place_jobs
 from twin.spec import SiteSpec, site_from_dict
 from twin.tables import read_toml
 
@@ -202,3 +202,26 @@ def test_the_greedy_weighs_power_headroom_before_a_compact_block() -> None:
     plan = place_jobs(pp, method="greedy")
     assert plan.cards["q"].tolist() == [4, 7]
     assert plan.overload_w == 0.0
+
+
+@pytest.mark.parametrize("counts", [{0: 1, 1: 1, 2: 3}, {0: 1, 2: 4}, {0: 1, 2: 2}])
+def test_milp_counts_that_do_not_add_up_to_the_job_place_nothing(counts: dict[int, int]) -> None:
+    """The MILP's per-rack card counts are read off HiGHS's solution and rounded; ``sum_r c[j,r] =
+    n_j`` holds only within the solver's tolerances. Counts a card too many made a 4-card job take
+    5 cards (racks 0 and 1 short of headroom, the counts' cards less over than the compact block):
+    counts that do not add up give no cards (``milp_placement`` then leaves the job to its greedy
+    pass, as when a stage fails); counts that do are taken as planned."""
+    site = _three_small_racks()
+    free = np.ones(site.n_cards, dtype=bool)
+    pp = PlacementProblem(
+        site=site,
+        free=free,
+        queue=(QueuedJob(job("q", 4)),),
+        rack_headroom_w=np.array([500.0, 500.0, 5000.0]),
+        card_power_w=np.array([500.0]),
+        card_wait_s=np.zeros(site.n_cards),
+    )
+    xyz = site.card_torus_xyz()
+    assert _pick_planned(pp, 0, free, counts, xyz, {}).size == 0
+    planned = _pick_planned(pp, 0, free, {0: 1, 2: 3}, xyz, {})
+    assert np.bincount(site.card_rack()[planned], minlength=3).tolist() == [1, 0, 3]
