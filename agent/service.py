@@ -40,8 +40,9 @@ ended) and publishes ``offline`` itself, with the detail ``clean shutdown``; a t
 ``offline`` with ``error: <type>: <message>`` and :meth:`AgentService.run` raises :class:`AgentFailed`).
 The journal is locked while the service holds it (a second agent on it is refused,
 :class:`agent.journal.JournalInUseError`); a journal that cannot be written (decisions, acks,
-calibration, the publisher's record of sends), or whose file was removed or replaced, makes the
-agent not ready (``/readyz``); so does a broker that leaves commands unacknowledged. A restarted
+calibration, the publisher's record of sends, the jobs and ``card_failed`` marks kept for a restart),
+or whose file was removed or replaced, makes the agent not ready (``/readyz``); so does a broker that
+leaves commands unacknowledged. A restarted
 agent resumes from its journal (``agent.resume``): the cycle count, calibration, the jobs it knew,
 and the commands still open (re-sent if not expired; an expired command is never sent again). Acks
 go to the journal in batches (``agent.journal_upkeep``).
@@ -285,6 +286,7 @@ class AgentService:
             self._journal_error: str | None = None  # the last decision write failed: why
             self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
             self._calibration_error: str | None = None  # the last calibration write failed: why
+            self._records_error: str | None = None  # the last write of the jobs or card_failed marks failed: why
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             self.jobs_record = JobsRecord(self.journal)  # the jobs known, for a restart
             self.failed_cards_record = FailedCardsRecord(self.journal)  # cards refused as failed, for a restart
@@ -833,8 +835,6 @@ class AgentService:
                 summary,
                 new_commands(commands),
             )
-            self.jobs_record.save(snap)
-            self.failed_cards_record.save(self.book, snap)
             self._journal_error = None
         except JournalError as exc:
             # nothing is acted on that is not journaled first
@@ -844,6 +844,8 @@ class AgentService:
                 self.book.open.pop(oc.command_id, None)
                 self.book.forget(oc)
             return
+        # the decision and its commands are journaled (pending): they go out whatever comes of these
+        self._save_restart_records(snap)
         if enforce:
             if commands:
                 self._first_send[commands[0].command_id] = (trigger_wall, kind)
@@ -875,6 +877,33 @@ class AgentService:
             },
         )
         self.failsafe_log.changes(decision, snap, now)
+
+    def _save_restart_records(self, snap: StateSnapshot) -> None:
+        """The jobs known and the ``card_failed`` marks in force, for a restart (``agent.resume``). A
+        failed write is logged and makes the agent not ready; it is tried again with the next
+        decision (a record remembers only what it wrote), and the decision's commands are sent anyway:
+        they are journaled, and dropping them here left them open in the journal, to be sent after a
+        restart, while this run never sent them."""
+        failed: dict[str, str] = {}  # what was not saved: why
+        try:
+            self.jobs_record.save(snap)
+        except JournalError as exc:
+            failed["jobs"] = str(exc)
+        try:
+            self.failed_cards_record.save(self.book, snap)
+        except JournalError as exc:
+            failed["card_failed marks"] = str(exc)
+        if failed:
+            self._records_error = "; ".join(f"{what} not saved: {err}" for what, err in failed.items())
+            log.warning(
+                "journal write failed: %s not saved for a restart (tried again with the next decision); "
+                "this cycle's commands are sent",
+                " and ".join(failed),
+                extra={"fields": {"error": self._records_error}},
+            )
+        elif self._records_error is not None:
+            log.info("journal written again: jobs and card_failed marks saved for a restart")
+            self._records_error = None
 
     # ================================================================================================
     # health and metrics
@@ -918,6 +947,8 @@ class AgentService:
             reasons.append(f"journal (acks): {self.journal_acks.error}")
         if self._calibration_error:
             reasons.append(f"journal (calibration): {self._calibration_error}")
+        if self._records_error:
+            reasons.append(f"journal (restart records): {self._records_error}")
         if time.monotonic() - self.publisher.last_unconfirmed_wall < _UNCONFIRMED_READY_S:
             reasons.append(f"the broker is not acknowledging commands ({self.publisher.last_unconfirmed_error})")
         for what, err in self.publisher.journal_errors.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -442,6 +443,63 @@ async def test_command_sends_that_cannot_be_journaled_leave_the_agent_running_no
     messages = [r.getMessage() for r in caplog.records]
     assert sum("journal write failed: commands sent not recorded" in m for m in messages) == 1, messages
     assert "journal written again: commands sent recorded" in messages
+    assert service._failure is None  # a clean shutdown
+
+
+async def test_a_failed_write_of_the_jobs_record_still_sends_the_journaled_commands(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The jobs known are written to the journal's ``meta`` table after each decision and its
+    commands (for a restart). That write failing (here a trigger on the real journal refuses it) used
+    to be taken for a failed decision write: "nothing sent this cycle", the commands dropped from
+    the book while the journal kept them open (to be sent after a restart). Now the journaled
+    commands go out and are applied, the ``card_failed`` marks are still saved, the failure is
+    logged as what was not saved, ``/readyz`` says why, and the record is written at the next
+    decision once the journal takes it."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-f4")
+    refuse = sqlite3.connect(journal, isolation_level=None)
+    for event in ("INSERT", "UPDATE"):
+        refuse.execute(
+            f"CREATE TRIGGER refuse_jobs_{event.lower()} BEFORE {event} ON meta WHEN NEW.key = 'jobs' "
+            "BEGIN SELECT RAISE(ABORT, 'jobs record refused'); END"
+        )
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    why = "journal (restart records): jobs not saved: "
+    obs = Observer()
+    try:
+        async with observing(mosquitto, site, obs):
+            await wait_for(lambda: service.bus.connected, what="the agent's connection")
+            sim_task = asyncio.create_task(simulator(mosquitto, site, 200.0).run())
+            await wait_for(lambda: any(r.startswith(why) for r in service.readiness()), what="the refused write")
+            await wait_for(lambda: service.decisions >= 3 and bool(obs.commands), what="commands sent")
+            assert not task.done()
+            sent = {str(m.command_id) for _w, _s, m in obs.commands}
+
+            def states_of_sent() -> set[str]:
+                return {c["state"] for c in read_journal(journal)[1] if c["command_id"] in sent}
+
+            await wait_for(lambda: states_of_sent() == {"applied"}, what="the commands sent applied")
+            with contextlib.closing(Journal(journal)) as j:
+                assert j.get_meta("jobs") is None
+                assert j.get_meta("failed_cards") is not None  # the other record is saved
+            refuse.execute("DROP TRIGGER refuse_jobs_insert")
+            refuse.execute("DROP TRIGGER refuse_jobs_update")
+            await wait_for(lambda: not any(r.startswith(why) for r in service.readiness()), what="ready again")
+            with contextlib.closing(Journal(journal)) as j:
+                jobs = json.loads(j.get_meta("jobs") or "{}")
+            assert {item["spec"]["job_id"] for item in jobs["running"]} == {"a", "b"}, jobs
+    finally:
+        refuse.close()
+        await stop_both(service, task, sim_task)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("nothing sent this cycle" in m for m in messages), messages
+    refused = [r for r in caplog.records if "jobs not saved for a restart" in r.getMessage()]
+    assert refused and all(r.levelno == logging.WARNING for r in refused)
+    assert "jobs record refused" in str(refused[0].__dict__["fields"]["error"])
+    assert "card_failed marks" not in refused[0].getMessage()
+    assert "journal written again: jobs and card_failed marks saved for a restart" in messages
     assert service._failure is None  # a clean shutdown
 
 
