@@ -3,6 +3,12 @@ knew and the cards racks refused commands for as failed (:func:`load_journal`; w
 :class:`JobsRecord` and :class:`FailedCardsRecord` when they change) and the commands still open
 (:func:`open_commands_to_resume`: those not expired are sent again, an expired command is never
 sent again).
+
+The jobs and ``card_failed`` records hold site-wide card numbers: each names the site layout it
+was written for (:func:`site_layout`), and a restart on a site of another layout (racks or cards per
+rack changed) does not take them up, with a warning: card 70 of 4 racks of 64 cards is card 6 of
+rack r1, of 2 racks of 128 cards card 70 of rack r0. A record without a layout (written before the
+records named one) is taken up as before.
 """
 
 from __future__ import annotations
@@ -18,10 +24,18 @@ from agent.controller import Controller
 from agent.journal import Journal
 from agent.publish import CommandBook, OpenCommand
 from twin.readings import JobEvent
+from twin.spec import SiteSpec
 from twin.state import StateSnapshot, TwinState
 from twin.workload import JobSpec, Phase
 
-__all__ = ["FailedCardsRecord", "JobsRecord", "load_journal", "open_commands_to_resume", "restore_jobs"]
+__all__ = [
+    "FailedCardsRecord",
+    "JobsRecord",
+    "load_journal",
+    "open_commands_to_resume",
+    "restore_jobs",
+    "site_layout",
+]
 
 log = logging.getLogger("racktwin.agent")
 
@@ -37,14 +51,16 @@ def load_journal(journal: Journal, controller: Controller, state: TwinState, boo
     cards, r_th, leak = j.load_calibration()
     if cards.size:
         controller.load_calibration(cards, r_th, leak)
-    raw = j.get_meta("jobs")
-    if raw:
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            restore_jobs(state, json.loads(raw))
-    raw = j.get_meta(FailedCardsRecord.key)
-    if raw:
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            book.overlays.restore_failed_marks({int(c): float(t) for c, t in json.loads(raw).items()})
+    layout = site_layout(state.site)
+    doc = _record(j, JobsRecord.key, layout)
+    if doc is not None:
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            restore_jobs(state, doc)
+    doc = _record(j, FailedCardsRecord.key, layout)
+    if doc is not None:
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            marks = doc["marks"] if "site" in doc else doc  # without a layout: card -> stamp
+            book.overlays.restore_failed_marks({int(c): float(t) for c, t in marks.items()})
     log.info(
         "journal opened",
         extra={
@@ -56,6 +72,42 @@ def load_journal(journal: Journal, controller: Controller, state: TwinState, boo
             }
         },
     )
+
+
+def site_layout(site: SiteSpec) -> dict[str, int]:
+    """What a site-wide card number means on ``site`` (card ``c`` is card ``c % cards_per_rack`` of
+    rack ``c // cards_per_rack``), as the journal's records name it."""
+    return {"racks": int(site.n_racks), "cards_per_rack": int(site.cards_per_rack)}
+
+
+def _layout_text(layout: Any) -> str:
+    if isinstance(layout, dict):
+        return f"{layout.get('racks')} racks of {layout.get('cards_per_rack')} cards"
+    return repr(layout)
+
+
+def _record(journal: Journal, key: str, layout: dict[str, int]) -> dict[str, Any] | None:
+    """The journal's record ``key`` (a JSON object), or None: none, unreadable, or written for a site
+    of another layout than ``layout`` (logged: its card numbers mean other cards here)."""
+    raw = journal.get_meta(key)
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if "site" in doc and doc["site"] != layout:
+        log.warning(
+            "journal record %r not taken up: written for a site of %s, this site has %s",
+            key,
+            _layout_text(doc["site"]),
+            _layout_text(layout),
+            extra={"fields": {"record": key, "journal_layout": doc["site"], "site_layout": layout}},
+        )
+        return None
+    return doc
 
 
 def restore_jobs(state: TwinState, doc: dict[str, Any]) -> None:
@@ -72,12 +124,15 @@ def restore_jobs(state: TwinState, doc: dict[str, Any]) -> None:
 
 
 class JobsRecord:
-    """The jobs the agent knows (running: spec, cards, phase; queued: spec), written to the
-    journal's ``jobs`` entry with each decision, when they changed. A failed write raises
-    :class:`agent.journal.JournalError`."""
+    """The jobs the agent knows (running: spec, cards, phase; queued: spec) on a site of ``site``'s
+    layout, written to the journal's ``jobs`` entry with each decision, when they changed. A failed
+    write raises :class:`agent.journal.JournalError` (and is written at the next call)."""
 
-    def __init__(self, journal: Journal) -> None:
+    key = "jobs"
+
+    def __init__(self, journal: Journal, site: SiteSpec) -> None:
         self.journal = journal
+        self.layout = site_layout(site)
         self._hash = ""
 
     def save(self, snap: StateSnapshot) -> None:
@@ -85,6 +140,7 @@ class JobsRecord:
             return asdict(info.spec) if info.spec is not None else None
 
         doc = {
+            "site": self.layout,
             "running": [
                 {"spec": spec_of(j), "cards": list(j.cards), "phase": int(j.phase)} for j in snap.jobs if j.spec
             ],
@@ -93,7 +149,7 @@ class JobsRecord:
         raw = json.dumps(doc, separators=(",", ":"))
         digest = hashlib.sha1(raw.encode()).hexdigest()
         if digest != self._hash:
-            self.journal.set_meta("jobs", raw)
+            self.journal.set_meta(self.key, raw)
             self._hash = digest
 
 
@@ -102,17 +158,20 @@ class FailedCardsRecord:
     since (card -> the refusal's stamp: ``agent.command_overlays.Overlays.failed_marks``), written to
     the journal's ``failed_cards`` entry with each decision, when they changed. Without it a
     restarted agent sent a silent rack's caps to its dead cards again and had them refused once
-    more before it knew. A failed write raises :class:`agent.journal.JournalError`."""
+    more before it knew. The entry names the site layout (``{"site": ..., "marks": {card: stamp}}``).
+    A failed write raises :class:`agent.journal.JournalError` (and is written at the next call)."""
 
     key = "failed_cards"
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, site: SiteSpec) -> None:
         self.journal = journal
+        self.layout = site_layout(site)
         self._raw = ""
 
     def save(self, book: CommandBook, snap: StateSnapshot) -> None:
         marks = book.overlays.failed_marks(snap.card_last_seen_s)
-        raw = json.dumps({str(c): t for c, t in marks.items()}, separators=(",", ":"))
+        doc = {"site": self.layout, "marks": {str(c): t for c, t in marks.items()}}
+        raw = json.dumps(doc, separators=(",", ":"))
         if raw != self._raw:
             self.journal.set_meta(self.key, raw)
             self._raw = raw

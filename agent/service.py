@@ -288,8 +288,8 @@ class AgentService:
             self._calibration_error: str | None = None  # the last calibration write failed: why
             self._records_error: str | None = None  # the last write of the jobs or card_failed marks failed: why
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
-            self.jobs_record = JobsRecord(self.journal)  # the jobs known, for a restart
-            self.failed_cards_record = FailedCardsRecord(self.journal)  # cards refused as failed, for a restart
+            self.jobs_record = JobsRecord(self.journal, site)  # the jobs known, for a restart
+            self.failed_cards_record = FailedCardsRecord(self.journal, site)  # cards refused as failed, for a restart
             self._failure: str | None = None  # why the service stopped, if a task failed
             self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
             self.metric_updates = MetricUpdates(
@@ -897,7 +897,7 @@ class AgentService:
             self._records_error = "; ".join(f"{what} not saved: {err}" for what, err in failed.items())
             log.warning(
                 "journal write failed: %s not saved for a restart (tried again with the next decision); "
-                "this cycle's commands are sent",
+                "the decision is acted on",
                 " and ".join(failed),
                 extra={"fields": {"error": self._records_error}},
             )

@@ -181,9 +181,9 @@ def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
     path = tmp_path / "journal.sqlite"
     r1 = _RackR1Slowed(scene)
     journal = Journal(path)
-    record = FailedCardsRecord(journal)
+    record = FailedCardsRecord(journal, site)  # type: ignore[arg-type]
     record.save(r1.book, snap)
-    assert journal.get_meta("failed_cards") == "{}"
+    assert json.loads(journal.get_meta("failed_cards") or "")["marks"] == {}
     reason = wire.card_failed_reason("r1", [5])
     ack = wire.Acknowledgement(
         "r1", uuid.UUID(r1.first.command_id), wire.AckResult.REJECTED, NOW + 1.0, 0, "sim", reason
@@ -205,8 +205,8 @@ def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
     seen[64 + 5] = NOW + 61.0  # a reading after the refusal: card 5 is alive (repaired)
     shown = dataclasses.replace(snap, card_last_seen_s=seen)
     assert sent(shown, NOW + 62.0) == [("r1", (5,))]
-    FailedCardsRecord(journal).save(book, shown)
-    assert json.loads(journal.get_meta("failed_cards") or "") == {}
+    FailedCardsRecord(journal, site).save(book, shown)  # type: ignore[arg-type]
+    assert json.loads(journal.get_meta("failed_cards") or "")["marks"] == {}
     journal.close()
 
 

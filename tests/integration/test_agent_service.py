@@ -493,7 +493,7 @@ async def test_a_restarted_agent_leaves_out_the_dead_card_a_silent_rack_refused_
             row = db.execute("SELECT value FROM meta WHERE key = 'failed_cards'").fetchone()
         finally:
             db.close()
-        return row is not None and str(dead) in json.loads(row[0])
+        return row is not None and str(dead) in json.loads(row[0])["marks"]
 
     def to_r1(after_wall: float) -> list[tuple[int, ...]]:
         """The cards of the commands to r1 sent after ``after_wall``, in order."""
