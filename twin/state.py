@@ -79,6 +79,10 @@ _DIE_RANGE_C = (-20.0, 150.0)
 _GONE_KEPT = 4096
 #: A card's activity as the job events tell it (:meth:`TwinState.stuck_cards`).
 _IDLE, _COMPUTING, _BUSY_NOT_COMPUTING = 0, 1, 2
+#: A CDU reports its pump's speed to 0.01 % of nominal (the simulator's rounding, docs/sim.md): a
+#: reported speed at most half of that under the site's lowest speed is the lowest speed (1/3 of
+#: nominal reads 33.33 %, a hair under it; a consumer checking ``speed >= lowest`` would misread it).
+_PUMP_SPEED_SNAP_FRAC = 0.5e-4 + 1e-12
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,7 @@ class TwinState:
         self.rack_flow_lpm = rnan.copy()
         self.rack_pump_power_w = rnan.copy()
         self.rack_pump_speed_frac = np.ones(r)
+        self._min_pump_speed_frac = site.min_pump_speed_frac()
         self.rack_pump_speed_reported = np.zeros(r, dtype=bool)  # the latest loop reading gave the speed
         self.rack_cards_seen_s = np.full(r, _NEVER)
         self.rack_loop_seen_s = np.full(r, _NEVER)
@@ -267,9 +272,11 @@ class TwinState:
                     self.rack_supply_temp_c[r], self.rack_return_temp_c[r], self.rack_flow_lpm[r] = vals
                     if math.isfinite(lp.pump_power_w) and lp.pump_power_w >= 0:
                         self.rack_pump_power_w[r] = lp.pump_power_w
-                    reported = math.isfinite(lp.pump_speed_frac) and 0.0 < lp.pump_speed_frac <= 1.5
+                    speed = lp.pump_speed_frac
+                    reported = math.isfinite(speed) and 0.0 < speed <= 1.5
                     if reported:
-                        self.rack_pump_speed_frac[r] = lp.pump_speed_frac
+                        lo = self._min_pump_speed_frac
+                        self.rack_pump_speed_frac[r] = lo if lo - _PUMP_SPEED_SNAP_FRAC <= speed < lo else speed
                     self.rack_pump_speed_reported[r] = reported
                     self.rack_loop_seen_s[r] = t
                 else:

@@ -701,6 +701,20 @@ def test_a_pump_speed_outside_0_to_1_5_is_not_taken_as_reported(small_site: Site
         assert st.rack_pump_speed_frac[0] == 0.5 and not st.rack_pump_speed_reported[0], speed
 
 
+def test_a_pump_speed_a_hair_under_the_sites_lowest_is_the_lowest(small_site: SiteSpec) -> None:
+    """The CDU reports its pump's speed to 0.01 % (docs/sim.md): the site's lowest speed, 1/3 of nominal
+    (its plate's least measured flow over its nominal one), reads 0.3333. The belief takes a speed within
+    half of that step under the lowest as the lowest (``speed >= lowest`` holds), and no more: a speed a
+    step under it (a pump below its range) and speeds above it are kept as they are reported."""
+    lo = small_site.min_pump_speed_frac()
+    assert lo == pytest.approx(1.0 / 3.0, abs=1e-12)
+    st = TwinState(small_site)
+    cases = [(0.3333, lo), (1.0 / 3.0, lo), (lo - 0.5e-4, lo), (0.3332, 0.3332), (0.3334, 0.3334), (1.0, 1.0)]
+    for t, (speed, believed) in enumerate(cases, start=1):
+        st.update(_at(float(t), RackReading(0, float(t), loop=_loop(pump_speed_frac=speed))))
+        assert st.rack_pump_speed_frac[0] == believed and bool(st.rack_pump_speed_reported[0]), speed
+
+
 def test_cards_asleep_or_of_a_host_off_are_not_stuck_for_holding_still(small_site: SiteSpec) -> None:
     """Cards 0-3, asleep at 0 W and 30 deg C, are given a job (their activity moves, but asleep
     their readings may hold until they wake); cards of hosts powered off hold theirs while the
