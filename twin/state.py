@@ -135,8 +135,9 @@ class StateSnapshot:
     facility: FacilityReading | None
     jobs: tuple[JobInfo, ...]  # running jobs
     queue: tuple[JobInfo, ...]  # queued jobs, in queue order
-    # whether the rack's latest loop reading reported its pump's speed (a CDU that omits it: the speed
-    # above is the last one reported, or 1; the speed the agent commanded is the better guess)
+    # whether the rack's latest loop reading reported its pump's speed, 0 (a stopped pump) .. 1.5 (a CDU
+    # that omits it, or reports NaN or a speed outside that range: the speed above is the last one
+    # reported, or 1; the speed the agent commanded is the better guess)
     rack_pump_speed_reported: BoolArray | None = None
 
 
@@ -272,8 +273,13 @@ class TwinState:
                     self.rack_supply_temp_c[r], self.rack_return_temp_c[r], self.rack_flow_lpm[r] = vals
                     if math.isfinite(lp.pump_power_w) and lp.pump_power_w >= 0:
                         self.rack_pump_power_w[r] = lp.pump_power_w
+                    # 0 is reported: a stopped pump (the wire takes 0 %; the plant's speeds are never
+                    # under the site's lowest, its pump faults cut the flow, not the speed). Read as not
+                    # reported, the controller took the speed it last commanded for the one in force and
+                    # did not resend it (agent.command_diff); reported, it reads the measured flow as the
+                    # pump's whole (agent.pumps.full_speed_flow_lpm: a stalled pump) and commands the speed
                     speed = lp.pump_speed_frac
-                    reported = math.isfinite(speed) and 0.0 < speed <= 1.5
+                    reported = math.isfinite(speed) and 0.0 <= speed <= 1.5
                     if reported:
                         lo = self._min_pump_speed_frac
                         self.rack_pump_speed_frac[r] = lo if lo - _PUMP_SPEED_SNAP_FRAC <= speed < lo else speed

@@ -692,13 +692,16 @@ def test_a_job_reading_as_new_as_the_jobs_last_event_is_taken_an_older_one_is_no
     assert st.jobs["j"].phase == Phase.COMPUTE and st.jobs["j"].progress_frac == 0.25
 
 
-def test_a_pump_speed_outside_0_to_1_5_is_not_taken_as_reported(small_site: SiteSpec) -> None:
+def test_a_pump_speed_outside_0_to_1_5_is_not_taken_as_reported_0_is_a_stopped_pump(small_site: SiteSpec) -> None:
     st = TwinState(small_site)
     st.update(_at(1.0, RackReading(0, 1.0, loop=_loop(pump_speed_frac=0.5))))
     assert st.rack_pump_speed_frac[0] == 0.5 and bool(st.rack_pump_speed_reported[0])
-    for t, speed in ((2.0, 0.0), (3.0, 2.0)):
+    for t, speed in ((2.0, -0.01), (3.0, 2.0), (4.0, float("nan"))):
         st.update(_at(t, RackReading(0, t, loop=_loop(pump_speed_frac=speed))))
         assert st.rack_pump_speed_frac[0] == 0.5 and not st.rack_pump_speed_reported[0], speed
+    # 0 %: the pump stopped (was: not reported, the speed before kept)
+    st.update(_at(5.0, RackReading(0, 5.0, loop=_loop(pump_speed_frac=0.0))))
+    assert st.rack_pump_speed_frac[0] == 0.0 and bool(st.rack_pump_speed_reported[0])
 
 
 def test_a_pump_speed_a_hair_under_the_sites_lowest_is_the_lowest(small_site: SiteSpec) -> None:
