@@ -236,7 +236,7 @@ class Estimator:
         keep their estimates (a frozen rack also its loop's) until they report again.
 
         All or nothing: a round that raises (a defect, or readings no source sends, such as a batch
-        whose columns differ in length) leaves the estimator as it was before the round."""
+        whose power column is text) leaves the estimator as it was before the round."""
         before = self._state()
         try:
             self._update(readings, frozen_cards, frozen_racks)

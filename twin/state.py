@@ -250,11 +250,8 @@ class TwinState:
             r = rr.rack
             if not 0 <= r < self._n_racks:
                 continue
-            if rr.cards is not None:
-                if _consistent(rr.cards):
-                    batches.append((r, rr.part_time_s("cards"), rr.cards))
-                else:
-                    self.rack_invalid_count[r] += 1
+            if rr.cards is not None:  # (its columns' lengths agree: CardBatch checks them)
+                batches.append((r, rr.part_time_s("cards"), rr.cards))
             if rr.loop is not None:
                 lp = rr.loop
                 t = rr.part_time_s("loop")
@@ -714,25 +711,6 @@ def _nan_to_num(x: FloatArray) -> FloatArray:
 
 def _or_zeros(a: Any, n: int) -> Any:
     return a if a is not None else np.zeros(n, dtype=bool)
-
-
-def _consistent(b: CardBatch) -> bool:
-    """All arrays of a card batch have one entry per card."""
-    n = np.size(b.card_index)
-    if b.host_off is not None and np.size(b.host_off) != n:
-        return False
-    # (unrolled: every rack's batch, every reading)
-    return (
-        np.size(b.power_w) == n
-        and np.size(b.die_temp_c) == n
-        and np.size(b.clock_mhz) == n
-        and np.size(b.utilization) == n
-        and np.size(b.level) == n
-        and np.size(b.low_power) == n
-        and np.size(b.waking) == n
-        and np.size(b.power_limit_w) == n
-        and np.size(b.failed) == n
-    )
 
 
 def _plausible_loop(supply_c: float, return_c: float, flow_lpm: float) -> bool:

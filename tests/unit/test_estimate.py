@@ -385,7 +385,8 @@ def test_a_round_that_fails_half_way_leaves_no_trace(small_site: SiteSpec) -> No
     """The service counts a round whose estimation raises and goes on. The round used to leave the
     estimator partly updated: the estimator's time and every rack's loop averages were folded in
     before the cards' batches were read, so a batch that could not be read (here one whose power
-    column is a card short) raised with the loops already moved. Now the round is all or nothing:
+    column is text; it was one whose power column is a card short, which CardBatch now refuses to
+    build) raised with the loops already moved. Now the round is all or nothing:
     an estimator that had the failed round ends bit for bit as one that never saw it."""
     p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(phases=PHASES))
     whole, failed = Estimator(small_site), Estimator(small_site)
@@ -395,9 +396,9 @@ def test_a_round_that_fails_half_way_leaves_no_trace(small_site: SiteSpec) -> No
         if t in (60, 61, 150):  # the loops move at each of them (their averages, the time)
             rr = readings.racks[1]
             assert rr.cards is not None and rr.loop is not None
-            short = dataclasses.replace(rr.cards, power_w=rr.cards.power_w[:-1])
-            broken = dataclasses.replace(readings, racks=(readings.racks[0], dataclasses.replace(rr, cards=short)))
-            with pytest.raises(IndexError):
+            text = dataclasses.replace(rr.cards, power_w=np.full(rr.cards.power_w.size, "n/a"))
+            broken = dataclasses.replace(readings, racks=(readings.racks[0], dataclasses.replace(rr, cards=text)))
+            with pytest.raises(ValueError, match="could not convert string to float"):
                 failed.update(broken, frozen_cards=(3,))
             _bit_for_bit(failed, whole)
         whole.update(readings, frozen_cards=(3,))
