@@ -426,6 +426,36 @@ def test_a_reading_delivered_again_changes_no_estimate(small_site: SiteSpec) -> 
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
 
 
+def test_a_late_reading_changes_no_estimate_as_the_belief_takes_none_of_it(small_site: SiteSpec) -> None:
+    """Readings reordered on the way: every 10 s the reading of 7 s before arrives again after the
+    newest. The belief drops each (older than what it holds: ``late_count``); so does the estimator:
+    its estimates are those of the readings in order, bit for bit. Before, a late card reading
+    restarted the card's thermal model at its older time (learning paused for several time
+    constants), a late loop reading restarted the loop's flow and dT averages, and a late PDU
+    reading replaced the newer power."""
+    p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(seed=5, phases=PHASES))
+    in_order, reordered = Estimator(small_site), Estimator(small_site)
+    belief = TwinState(small_site)
+    past: list[Readings] = []
+    late = 0
+    for t in range(720):  # (the loops' dT ratio is judged after one pump_time_constant_s: 600 s)
+        p.step(1.0)
+        readings = p.readings()
+        past.append(readings)
+        in_order.update(readings)
+        reordered.update(readings)
+        belief.update(readings)
+        if t >= 60 and t % 10 == 0:
+            old = past[-8]
+            reordered.update(old)
+            belief.update(old)
+            late += 1
+    assert belief.late_count == late * (small_site.n_cards + 2 * small_site.n_racks)  # each card, loop and PDU
+    _bit_for_bit(in_order, reordered)
+    est = in_order.estimates()
+    assert np.all(np.isfinite(est.rack_dt_ratio))  # judged: a late PDU power would have moved it
+
+
 # ---- hand-made readings of rack 0 at a steady power: the spec network's rise is P x R_expected -----
 _P_W = 600.0  # every card of rack 0
 _SUPPLY_C = 30.0
@@ -618,6 +648,31 @@ def test_a_flow_deficit_is_flagged_with_the_ratio_of_expected_to_measured_flow(s
     (a,) = est.anomalies()
     assert (a.kind, a.rack, a.card) == ("weak_pump", 0, None)
     assert a.value == pytest.approx(1.25, rel=1e-9) and a.threshold == pytest.approx(1.15)
+
+
+def test_a_loop_or_pdu_reading_older_than_a_loops_gap_is_the_clock_gone_back_not_a_late_one(
+    small_site: SiteSpec,
+) -> None:
+    """Rack 0 loaded (20 kW) at its nominal flow for 700 s. A loop reading stamped 299 s back (within
+    ten max_gap_s) at 80% flow is late: dropped, no deficit. Readings from 400 s back on are the site's
+    clock gone back (a restarted simulator): the loop's averages restart there (a 20% deficit at
+    once) and the PDU's 10 kW there is the power the loop's dT is judged against (ratio 1; dropped as
+    late, the old 20 kW would read the loop as cooling twice what it carries)."""
+    mcp = small_site.loop_flow_per_rack_lpm() / 60_000.0 * small_site.loop.density_kg_per_m3
+    mcp *= small_site.loop.specific_heat_j_per_kg_k
+    est = Estimator(small_site)
+    for t in range(1, 701):
+        est.update(_rack0(small_site, float(t), 30.0, pdu_w=20e3, loop_dt_k=20e3 / mcp))
+    e = est.estimates()
+    assert e.rack_flow_deficit[0] == 0.0 and e.rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+    (rr,) = _rack0(small_site, 401.0, 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp).racks
+    est.update(Readings(401.0, (rr,)))
+    e = est.estimates()
+    assert e.rack_flow_deficit[0] == 0.0 and e.rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+    for t in range(300, 501):
+        est.update(_rack0(small_site, float(t), 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp))
+        assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2, rel=1e-9), t
+    assert est.estimates().rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
 
 
 def test_the_power_model_is_taken_at_the_level_the_clock_reads_and_an_implausible_clock_not_at_all(
