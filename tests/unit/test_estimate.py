@@ -675,6 +675,82 @@ def test_a_loop_or_pdu_reading_older_than_a_loops_gap_is_the_clock_gone_back_not
     assert est.estimates().rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
 
 
+def _power_kalman(phis: list[np.ndarray], powers: list[float], dts: list[float]) -> np.ndarray:
+    """The power coefficients by the module docstring's filter, written out: prior 1 +- (0.1, 0.1,
+    0.3), a random walk of that variance per coefficient_time_constant_s (a day), sensor sd 5 W."""
+    prior = np.array([0.1**2, 0.1**2, 0.3**2])
+    p, theta = np.diag(prior), np.ones(3)
+    for phi, y, dt in zip(phis, powers, dts, strict=True):
+        p = p + np.diag(prior / 86400.0) * dt
+        s = phi @ p @ phi + 5.0**2
+        k = p @ phi / s
+        theta = theta + k * (y - phi @ theta)
+        p = p - np.outer(k, phi @ p)
+    return theta
+
+
+def _card0_power(site: SiteSpec, t: float, die_c: float, supply_c: float = 30.0) -> Readings:
+    """Rack 0's cards at level 0 (1980 MHz), 50% utilization, 400 W, their dies at ``die_c``."""
+    cards = card_batch(np.arange(16), power_w=400.0, die_temp_c=die_c, utilization=0.5)
+    loop = LoopReading(supply_c, supply_c + 5.0, site.loop_flow_per_rack_lpm(), 500.0, 1.0)
+    return Readings(t, (RackReading(0, t, cards=cards, loop=loop, pdu=PduReading(20e3)),))
+
+
+@pytest.mark.parametrize("learnt", [False, True], ids=["ratio-1", "ratio-learnt"])
+def test_the_leakage_regressor_is_the_models_die_at_the_start_of_the_interval(
+    small_site: SiteSpec, learnt: bool
+) -> None:
+    """Level 0: idle 84.5 W, dynamic 569 W, leakage 0.47 W/K over 42 deg C. The first reading (die 50
+    deg C, a restart: the model starts from it) regresses on the measured die: phi = (84.5, 0.5 x 569,
+    0.47 x 8). The second, 1 s later, on the model's die at the interval's start: still 50 deg C (the
+    restart's, supply + ratio x rise), not the 55 deg C measured, nor where the model went over the
+    second (it cools toward its 400 W x 0.053 K/W = 21 K rise). The three scales are the filter's,
+    written out. ``ratio-learnt``: first 1500 s asleep (no power observations) at a rise 30% over the
+    spec's, so the card's resistance ratio is learnt well above 1 (the model's die is the supply plus
+    the ratio times the model's rise)."""
+    model = PowerModel.from_card(small_site.card)
+    assert (model.idle_w[0], model.dyn_w[0], model.leak_w_per_k[0], model.reference_temp_c) == (84.5, 569.0, 0.47, 42.0)
+    est = Estimator(small_site)
+    t0 = 0.0
+    if learnt:
+        x = 600.0 * float(est.estimates().r_expected_k_per_w[0])
+        for t in range(1, 1501):
+            cards = card_batch(np.arange(16), power_w=600.0, die_temp_c=30.0 + 1.3 * x, low_power=True)
+            loop = LoopReading(30.0, 35.0, small_site.loop_flow_per_rack_lpm(), 500.0, 1.0)
+            est.update(Readings(float(t), (RackReading(0, float(t), cards=cards, loop=loop, pdu=PduReading(20e3)),)))
+        e = est.estimates()
+        assert e.r_ratio[0] > 1.2 and e.idle_scale[0] == 1.0 and e.leakage_scale[0] == 1.0
+        t0 = 1600.0  # (a gap: the model restarts)
+    est.update(_card0_power(small_site, t0 + 1.0, 50.0))
+    est.update(_card0_power(small_site, t0 + 2.0, 55.0))
+    phi = np.array([84.5, 0.5 * 569.0, 0.47 * (50.0 - 42.0)])
+    want = _power_kalman([phi, phi], [400.0, 400.0], [0.0, 1.0])
+    e = est.estimates()
+    got = np.array([e.idle_scale[0], e.dynamic_scale[0], e.leakage_scale[0]])
+    assert got == pytest.approx(want, rel=1e-9)
+    measured = _power_kalman([phi, phi + np.array([0.0, 0.0, 0.47 * 5.0])], [400.0, 400.0], [0.0, 1.0])
+    assert abs(measured[2] - want[2]) > 1e-4  # (the measured die would move the leakage scale visibly)
+
+
+@pytest.mark.parametrize(("gap_s", "grown_s"), [(1000.0, 1000.0), (3600.0, 3600.0), (10_000.0, 3600.0)])
+def test_the_power_coefficients_uncertainty_grows_with_the_gap_up_to_an_hour(
+    small_site: SiteSpec, gap_s: float, grown_s: float
+) -> None:
+    """Between two readings of a card the coefficients' variance grows by the random walk's rate x
+    the gap, at most an hour's (a card silent for a day is not as unknown as a new one). Both
+    readings regress on the measured die (the second comes after more than max_gap_s: a restart)."""
+    est = Estimator(small_site)
+    est.update(_card0_power(small_site, 1.0, 50.0))
+    est.update(_card0_power(small_site, 1.0 + gap_s, 50.0))
+    phi = np.array([84.5, 0.5 * 569.0, 0.47 * (50.0 - 42.0)])
+    want = _power_kalman([phi, phi], [400.0, 400.0], [0.0, grown_s])
+    e = est.estimates()
+    assert [e.idle_scale[0], e.dynamic_scale[0], e.leakage_scale[0]] == pytest.approx(want, rel=1e-9)
+    # the gap matters at that precision: an hour's growth against 1000 s', or against 10,000 s'
+    other = _power_kalman([phi, phi], [400.0, 400.0], [0.0, 3600.0 if grown_s != 3600.0 else 10_000.0])
+    assert np.max(np.abs(other - want) / np.abs(want)) > 1e-6
+
+
 def test_the_power_model_is_taken_at_the_level_the_clock_reads_and_an_implausible_clock_not_at_all(
     small_site: SiteSpec,
 ) -> None:
