@@ -2,7 +2,12 @@
 
 ``Estimator(site).update(readings)`` after each :class:`twin.readings.Readings`; ``estimates()``
 and ``anomalies()`` at any time. A copy of a card or loop reading (stamped at the time of the one the
-estimator has: at-least-once delivery) is no new observation and changes nothing.
+estimator has: at-least-once delivery) is no new observation and changes nothing; nor does one
+stamped before it (late, reordered), which the belief (``twin.state``) does not take either, up to
+the gap after which a reading restarts a model (``max_gap_s`` for a card, ten times that for a
+loop): one older than that is the site's clock gone back (a restarted simulator; the belief is told
+so by ``agent.ingest``, the estimator reads it from the stamps) and restarts the model on the new
+timeline.
 
 Thermal resistance (per card). The die temperature rise over the coolant inlet is the response of
 the card's RC network to its power (``twin.thermal``, as ``fit_thermal`` fits it offline). The
@@ -211,6 +216,7 @@ class Estimator:
         self._flow_last = np.full(n_r, site.loop_flow_per_rack_lpm())  # the latest valid flow reading
         self._rack_t = np.full(n_r, -math.inf)
         self._rack_pdu_w = np.full(n_r, np.nan)
+        self._rack_pdu_t = np.full(n_r, -math.inf)
         self._supply = np.full(n_r, np.nan)
 
     def _params(self) -> ThermalParams:
@@ -236,7 +242,7 @@ class Estimator:
         keep their estimates (a frozen rack also its loop's) until they report again.
 
         All or nothing: a round that raises (a defect, or readings no source sends, such as a batch
-        whose columns differ in length) leaves the estimator as it was before the round."""
+        whose power column is text) leaves the estimator as it was before the round."""
         before = self._state()
         try:
             self._update(readings, frozen_cards, frozen_racks)
@@ -279,7 +285,9 @@ class Estimator:
                     r, rr.part_time_s("loop"), lp.supply_temp_c, lp.return_temp_c, lp.flow_lpm, lp.pump_speed_frac
                 )
             if rr.pdu is not None and math.isfinite(rr.pdu.power_w):
-                self._rack_pdu_w[r] = rr.pdu.power_w
+                t_pdu = rr.part_time_s("pdu")
+                if not self._late(t_pdu, self._rack_pdu_t[r]):
+                    self._rack_pdu_w[r], self._rack_pdu_t[r] = rr.pdu.power_w, t_pdu
             b = rr.cards
             if b is None:
                 continue
@@ -329,6 +337,10 @@ class Estimator:
                 & (die < 150)
             )
         valid[[c for c in frozen_cards if 0 <= c < n]] = False
+        # a card reading stamped before the last one taken (late, reordered) is dropped, as the belief
+        # drops it (it restarted the card's thermal model at the older time, pausing its learning);
+        # one more than max_gap_s older is a clock gone back: it restarts the model (_update_thermal)
+        valid &= ~((t_card < self._last_t) & (t_card >= self._last_t - self.config.max_gap_s))
         self._maybe_update_flow()
         # leakage sees the die temperature at the start of each interval (power is held over it);
         # the thermal model's prediction is used there because the noisy measured temperature as a
@@ -352,8 +364,10 @@ class Estimator:
             return
         if not (-20 < supply_c < 100 and -20 < return_c < 120 and flow_lpm >= 0):
             return
-        if t == self._rack_t[r]:
-            return  # the same reading again (at-least-once delivery): no new observation, no restart
+        if t == self._rack_t[r] or self._late(t, self._rack_t[r]):
+            # the same reading again (at-least-once delivery), or an older one (late, reordered: the
+            # belief drops it too): no new observation, no restart of the loop's averages
+            return
         # a CDU that does not report its pump's speed (NaN): the flow it should give is unknown, and
         # a pump slowed on purpose is not judged weak (read as full speed, every slowed pump was)
         known = math.isfinite(speed)
@@ -381,6 +395,11 @@ class Estimator:
             self._dt_meas[r] = lam * self._dt_meas[r] + (1 - lam) * (return_c - supply_c)
             self._dt_pred[r] = lam * self._dt_pred[r] + (1 - lam) * p / (self._mcp_nominal * speed)
             self._dt_weight[r] = lam * self._dt_weight[r] + (1 - lam)
+
+    def _late(self, t: float, last_t: float) -> bool:
+        """A loop or PDU reading stamped ``t`` is late (reordered) after one stamped ``last_t``: older,
+        but by no more than the gap that restarts a loop's averages (older still: the clock went back)."""
+        return last_t - self.config.max_gap_s * 10 <= t < last_t
 
     def _maybe_update_flow(self) -> None:
         moved = np.abs(self._flow_fast / self._flow_used - 1.0) > self.config.flow_update_frac

@@ -60,6 +60,30 @@ class CardBatch:
     failed: BoolArray
     host_off: BoolArray | None = None
 
+    def __post_init__(self) -> None:
+        # one value per card in every column (the wire's codec checks the wire's; in-process producers
+        # had no check, and the belief only counted such a batch invalid). Unrolled, with len(): a batch
+        # is built per rack per reading: measured +0.3 us a batch of 64 cards (1.1 -> 1.4 us; the belief's
+        # own check, dropped with it, took 1.5 us)
+        try:
+            n = len(self.card_index)
+            ok = (
+                len(self.power_w) == n
+                and len(self.die_temp_c) == n
+                and len(self.clock_mhz) == n
+                and len(self.utilization) == n
+                and len(self.level) == n
+                and len(self.low_power) == n
+                and len(self.waking) == n
+                and len(self.power_limit_w) == n
+                and len(self.failed) == n
+                and (self.host_off is None or len(self.host_off) == n)
+            )
+        except TypeError:  # a scalar where a column belongs
+            ok = False
+        if not ok:
+            raise ValueError(_card_batch_problem(self))
+
 
 @dataclass(frozen=True)
 class LoopReading:
@@ -163,3 +187,29 @@ class JobEvent:
     cards: tuple[int, ...] = ()
     job: JobSpec | None = None
     detail: str = ""
+
+
+_CARD_COLUMNS = (
+    "power_w",
+    "die_temp_c",
+    "clock_mhz",
+    "utilization",
+    "level",
+    "low_power",
+    "waking",
+    "power_limit_w",
+    "failed",
+    "host_off",
+)
+
+
+def _card_batch_problem(b: CardBatch) -> str:
+    """What is wrong with a card batch's column lengths (the first column found)."""
+    if np.ndim(b.card_index) != 1:
+        return f"CardBatch.card_index must be one-dimensional, got shape {np.shape(b.card_index)}"
+    n = len(b.card_index)
+    for name in _CARD_COLUMNS:
+        v = getattr(b, name)
+        if v is not None and (np.ndim(v) != 1 or len(v) != n):
+            return f"CardBatch.{name} has shape {np.shape(v)}, not one value for each of the {n} cards of card_index"
+    return "CardBatch: columns of different lengths"

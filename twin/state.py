@@ -79,6 +79,10 @@ _DIE_RANGE_C = (-20.0, 150.0)
 _GONE_KEPT = 4096
 #: A card's activity as the job events tell it (:meth:`TwinState.stuck_cards`).
 _IDLE, _COMPUTING, _BUSY_NOT_COMPUTING = 0, 1, 2
+#: A CDU reports its pump's speed to 0.01 % of nominal (the simulator's rounding, docs/sim.md): a
+#: reported speed at most half of that under the site's lowest speed is the lowest speed (1/3 of
+#: nominal reads 33.33 %, a hair under it; a consumer checking ``speed >= lowest`` would misread it).
+_PUMP_SPEED_SNAP_FRAC = 0.5e-4 + 1e-12
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,9 @@ class StateSnapshot:
     facility: FacilityReading | None
     jobs: tuple[JobInfo, ...]  # running jobs
     queue: tuple[JobInfo, ...]  # queued jobs, in queue order
-    # whether the rack's latest loop reading reported its pump's speed (a CDU that omits it: the speed
-    # above is the last one reported, or 1; the speed the agent commanded is the better guess)
+    # whether the rack's latest loop reading reported its pump's speed, 0 (a stopped pump) .. 1.5 (a CDU
+    # that omits it, or reports NaN or a speed outside that range: the speed above is the last one
+    # reported, or 1; the speed the agent commanded is the better guess)
     rack_pump_speed_reported: BoolArray | None = None
 
 
@@ -210,6 +215,7 @@ class TwinState:
         self.rack_flow_lpm = rnan.copy()
         self.rack_pump_power_w = rnan.copy()
         self.rack_pump_speed_frac = np.ones(r)
+        self._min_pump_speed_frac = site.min_pump_speed_frac()
         self.rack_pump_speed_reported = np.zeros(r, dtype=bool)  # the latest loop reading gave the speed
         self.rack_cards_seen_s = np.full(r, _NEVER)
         self.rack_loop_seen_s = np.full(r, _NEVER)
@@ -244,11 +250,8 @@ class TwinState:
             r = rr.rack
             if not 0 <= r < self._n_racks:
                 continue
-            if rr.cards is not None:
-                if _consistent(rr.cards):
-                    batches.append((r, rr.part_time_s("cards"), rr.cards))
-                else:
-                    self.rack_invalid_count[r] += 1
+            if rr.cards is not None:  # (its columns' lengths agree: CardBatch checks them)
+                batches.append((r, rr.part_time_s("cards"), rr.cards))
             if rr.loop is not None:
                 lp = rr.loop
                 t = rr.part_time_s("loop")
@@ -267,9 +270,16 @@ class TwinState:
                     self.rack_supply_temp_c[r], self.rack_return_temp_c[r], self.rack_flow_lpm[r] = vals
                     if math.isfinite(lp.pump_power_w) and lp.pump_power_w >= 0:
                         self.rack_pump_power_w[r] = lp.pump_power_w
-                    reported = math.isfinite(lp.pump_speed_frac) and 0.0 < lp.pump_speed_frac <= 1.5
+                    # 0 is reported: a stopped pump (the wire takes 0 %; the plant's speeds are never
+                    # under the site's lowest, its pump faults cut the flow, not the speed). Read as not
+                    # reported, the controller took the speed it last commanded for the one in force and
+                    # did not resend it (agent.command_diff); reported, it reads the measured flow as the
+                    # pump's whole (agent.pumps.full_speed_flow_lpm: a stalled pump) and commands the speed
+                    speed = lp.pump_speed_frac
+                    reported = math.isfinite(speed) and 0.0 <= speed <= 1.5
                     if reported:
-                        self.rack_pump_speed_frac[r] = lp.pump_speed_frac
+                        lo = self._min_pump_speed_frac
+                        self.rack_pump_speed_frac[r] = lo if lo - _PUMP_SPEED_SNAP_FRAC <= speed < lo else speed
                     self.rack_pump_speed_reported[r] = reported
                     self.rack_loop_seen_s[r] = t
                 else:
@@ -701,25 +711,6 @@ def _nan_to_num(x: FloatArray) -> FloatArray:
 
 def _or_zeros(a: Any, n: int) -> Any:
     return a if a is not None else np.zeros(n, dtype=bool)
-
-
-def _consistent(b: CardBatch) -> bool:
-    """All arrays of a card batch have one entry per card."""
-    n = np.size(b.card_index)
-    if b.host_off is not None and np.size(b.host_off) != n:
-        return False
-    # (unrolled: every rack's batch, every reading)
-    return (
-        np.size(b.power_w) == n
-        and np.size(b.die_temp_c) == n
-        and np.size(b.clock_mhz) == n
-        and np.size(b.utilization) == n
-        and np.size(b.level) == n
-        and np.size(b.low_power) == n
-        and np.size(b.waking) == n
-        and np.size(b.power_limit_w) == n
-        and np.size(b.failed) == n
-    )
 
 
 def _plausible_loop(supply_c: float, return_c: float, flow_lpm: float) -> bool:

@@ -326,6 +326,29 @@ def test_a_cdu_that_does_not_report_its_pump_speed_runs_at_the_speed_last_comman
     assert float(np.array(speeds[False]).mean()) < 0.8  # pumps were slowed
 
 
+def test_a_cdu_that_reports_its_pump_stopped_is_planned_with_the_flow_it_gives() -> None:
+    """A CDU that reports its pump at 0 % (stopped, the flow coasting down) reports its speed: the
+    agent reads the measured flow as all the pump gives (a stalled pump; speeding it up may not help).
+    Read as "not reported" (before), the agent took the speed it last commanded for the one in force
+    and planned the rack with the measured flow over it: 3 times the flow at the lowest speed."""
+    from twin.readings import LoopReading, RackReading, Readings
+
+    site = small_site()
+    _plant, state = belief(site, [], 60)  # an idle site: the pumps are slowed to the lowest speed
+    ctl = Controller(site, ControlConfig(period_s=10.0))
+    first = ctl.step(state.snapshot(), 60.0)
+    lowest = site.min_pump_speed_frac()
+    assert first.rack_pump_speed_frac is not None and first.rack_pump_speed_frac[0] == pytest.approx(lowest)
+    coasting_lpm = 0.2 * site.loop_flow_per_rack_lpm()
+    stopped = LoopReading(30.0, 31.0, coasting_lpm, 0.0, pump_speed_frac=0.0)
+    state.update(Readings(61.0, (RackReading(0, 61.0, loop=stopped),)))
+    snap = state.snapshot()
+    ctx = ctl.context(snap, 61.0)
+    assert ctx.rack_flow_full_lpm[0] == pytest.approx(coasting_lpm)  # was coasting_lpm / lowest
+    assert ctx.rack_pump_speed_frac[0] == 0.0
+    assert snap.rack_pump_speed_reported is not None and snap.rack_pump_speed_reported[0]
+
+
 def _per_card_r_total(site: SiteSpec, q: np.ndarray) -> np.ndarray:
     cp = site.cold_plate
     return site.card.r_die_to_case_k_per_w + plate_resistance_k_per_w(cp.flow_lpm, cp.r_case_to_coolant_k_per_w, q)

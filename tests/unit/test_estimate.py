@@ -385,7 +385,8 @@ def test_a_round_that_fails_half_way_leaves_no_trace(small_site: SiteSpec) -> No
     """The service counts a round whose estimation raises and goes on. The round used to leave the
     estimator partly updated: the estimator's time and every rack's loop averages were folded in
     before the cards' batches were read, so a batch that could not be read (here one whose power
-    column is a card short) raised with the loops already moved. Now the round is all or nothing:
+    column is text; it was one whose power column is a card short, which CardBatch now refuses to
+    build) raised with the loops already moved. Now the round is all or nothing:
     an estimator that had the failed round ends bit for bit as one that never saw it."""
     p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(phases=PHASES))
     whole, failed = Estimator(small_site), Estimator(small_site)
@@ -395,9 +396,9 @@ def test_a_round_that_fails_half_way_leaves_no_trace(small_site: SiteSpec) -> No
         if t in (60, 61, 150):  # the loops move at each of them (their averages, the time)
             rr = readings.racks[1]
             assert rr.cards is not None and rr.loop is not None
-            short = dataclasses.replace(rr.cards, power_w=rr.cards.power_w[:-1])
-            broken = dataclasses.replace(readings, racks=(readings.racks[0], dataclasses.replace(rr, cards=short)))
-            with pytest.raises(IndexError):
+            text = dataclasses.replace(rr.cards, power_w=np.full(rr.cards.power_w.size, "n/a"))
+            broken = dataclasses.replace(readings, racks=(readings.racks[0], dataclasses.replace(rr, cards=text)))
+            with pytest.raises(ValueError, match="could not convert string to float"):
                 failed.update(broken, frozen_cards=(3,))
             _bit_for_bit(failed, whole)
         whole.update(readings, frozen_cards=(3,))
@@ -423,6 +424,36 @@ def test_a_reading_delivered_again_changes_no_estimate(small_site: SiteSpec) -> 
     for f in dataclasses.fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
+
+
+def test_a_late_reading_changes_no_estimate_as_the_belief_takes_none_of_it(small_site: SiteSpec) -> None:
+    """Readings reordered on the way: every 10 s the reading of 7 s before arrives again after the
+    newest. The belief drops each (older than what it holds: ``late_count``); so does the estimator:
+    its estimates are those of the readings in order, bit for bit. Before, a late card reading
+    restarted the card's thermal model at its older time (learning paused for several time
+    constants), a late loop reading restarted the loop's flow and dT averages, and a late PDU
+    reading replaced the newer power."""
+    p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(seed=5, phases=PHASES))
+    in_order, reordered = Estimator(small_site), Estimator(small_site)
+    belief = TwinState(small_site)
+    past: list[Readings] = []
+    late = 0
+    for t in range(720):  # (the loops' dT ratio is judged after one pump_time_constant_s: 600 s)
+        p.step(1.0)
+        readings = p.readings()
+        past.append(readings)
+        in_order.update(readings)
+        reordered.update(readings)
+        belief.update(readings)
+        if t >= 60 and t % 10 == 0:
+            old = past[-8]
+            reordered.update(old)
+            belief.update(old)
+            late += 1
+    assert belief.late_count == late * (small_site.n_cards + 2 * small_site.n_racks)  # each card, loop and PDU
+    _bit_for_bit(in_order, reordered)
+    est = in_order.estimates()
+    assert np.all(np.isfinite(est.rack_dt_ratio))  # judged: a late PDU power would have moved it
 
 
 # ---- hand-made readings of rack 0 at a steady power: the spec network's rise is P x R_expected -----
@@ -617,6 +648,107 @@ def test_a_flow_deficit_is_flagged_with_the_ratio_of_expected_to_measured_flow(s
     (a,) = est.anomalies()
     assert (a.kind, a.rack, a.card) == ("weak_pump", 0, None)
     assert a.value == pytest.approx(1.25, rel=1e-9) and a.threshold == pytest.approx(1.15)
+
+
+def test_a_loop_or_pdu_reading_older_than_a_loops_gap_is_the_clock_gone_back_not_a_late_one(
+    small_site: SiteSpec,
+) -> None:
+    """Rack 0 loaded (20 kW) at its nominal flow for 700 s. A loop reading stamped 299 s back (within
+    ten max_gap_s) at 80% flow is late: dropped, no deficit. Readings from 400 s back on are the site's
+    clock gone back (a restarted simulator): the loop's averages restart there (a 20% deficit at
+    once) and the PDU's 10 kW there is the power the loop's dT is judged against (ratio 1; dropped as
+    late, the old 20 kW would read the loop as cooling twice what it carries)."""
+    mcp = small_site.loop_flow_per_rack_lpm() / 60_000.0 * small_site.loop.density_kg_per_m3
+    mcp *= small_site.loop.specific_heat_j_per_kg_k
+    est = Estimator(small_site)
+    for t in range(1, 701):
+        est.update(_rack0(small_site, float(t), 30.0, pdu_w=20e3, loop_dt_k=20e3 / mcp))
+    e = est.estimates()
+    assert e.rack_flow_deficit[0] == 0.0 and e.rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+    (rr,) = _rack0(small_site, 401.0, 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp).racks
+    est.update(Readings(401.0, (rr,)))
+    e = est.estimates()
+    assert e.rack_flow_deficit[0] == 0.0 and e.rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+    for t in range(300, 501):
+        est.update(_rack0(small_site, float(t), 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp))
+        assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2, rel=1e-9), t
+    assert est.estimates().rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+
+
+def _power_kalman(phis: list[np.ndarray], powers: list[float], dts: list[float]) -> np.ndarray:
+    """The power coefficients by the module docstring's filter, written out: prior 1 +- (0.1, 0.1,
+    0.3), a random walk of that variance per coefficient_time_constant_s (a day), sensor sd 5 W."""
+    prior = np.array([0.1**2, 0.1**2, 0.3**2])
+    p, theta = np.diag(prior), np.ones(3)
+    for phi, y, dt in zip(phis, powers, dts, strict=True):
+        p = p + np.diag(prior / 86400.0) * dt
+        s = phi @ p @ phi + 5.0**2
+        k = p @ phi / s
+        theta = theta + k * (y - phi @ theta)
+        p = p - np.outer(k, phi @ p)
+    return theta
+
+
+def _card0_power(site: SiteSpec, t: float, die_c: float, supply_c: float = 30.0) -> Readings:
+    """Rack 0's cards at level 0 (1980 MHz), 50% utilization, 400 W, their dies at ``die_c``."""
+    cards = card_batch(np.arange(16), power_w=400.0, die_temp_c=die_c, utilization=0.5)
+    loop = LoopReading(supply_c, supply_c + 5.0, site.loop_flow_per_rack_lpm(), 500.0, 1.0)
+    return Readings(t, (RackReading(0, t, cards=cards, loop=loop, pdu=PduReading(20e3)),))
+
+
+@pytest.mark.parametrize("learnt", [False, True], ids=["ratio-1", "ratio-learnt"])
+def test_the_leakage_regressor_is_the_models_die_at_the_start_of_the_interval(
+    small_site: SiteSpec, learnt: bool
+) -> None:
+    """Level 0: idle 84.5 W, dynamic 569 W, leakage 0.47 W/K over 42 deg C. The first reading (die 50
+    deg C, a restart: the model starts from it) regresses on the measured die: phi = (84.5, 0.5 x 569,
+    0.47 x 8). The second, 1 s later, on the model's die at the interval's start: still 50 deg C (the
+    restart's, supply + ratio x rise), not the 55 deg C measured, nor where the model went over the
+    second (it cools toward its 400 W x 0.053 K/W = 21 K rise). The three scales are the filter's,
+    written out. ``ratio-learnt``: first 1500 s asleep (no power observations) at a rise 30% over the
+    spec's, so the card's resistance ratio is learnt well above 1 (the model's die is the supply plus
+    the ratio times the model's rise)."""
+    model = PowerModel.from_card(small_site.card)
+    assert (model.idle_w[0], model.dyn_w[0], model.leak_w_per_k[0], model.reference_temp_c) == (84.5, 569.0, 0.47, 42.0)
+    est = Estimator(small_site)
+    t0 = 0.0
+    if learnt:
+        x = 600.0 * float(est.estimates().r_expected_k_per_w[0])
+        for t in range(1, 1501):
+            cards = card_batch(np.arange(16), power_w=600.0, die_temp_c=30.0 + 1.3 * x, low_power=True)
+            loop = LoopReading(30.0, 35.0, small_site.loop_flow_per_rack_lpm(), 500.0, 1.0)
+            est.update(Readings(float(t), (RackReading(0, float(t), cards=cards, loop=loop, pdu=PduReading(20e3)),)))
+        e = est.estimates()
+        assert e.r_ratio[0] > 1.2 and e.idle_scale[0] == 1.0 and e.leakage_scale[0] == 1.0
+        t0 = 1600.0  # (a gap: the model restarts)
+    est.update(_card0_power(small_site, t0 + 1.0, 50.0))
+    est.update(_card0_power(small_site, t0 + 2.0, 55.0))
+    phi = np.array([84.5, 0.5 * 569.0, 0.47 * (50.0 - 42.0)])
+    want = _power_kalman([phi, phi], [400.0, 400.0], [0.0, 1.0])
+    e = est.estimates()
+    got = np.array([e.idle_scale[0], e.dynamic_scale[0], e.leakage_scale[0]])
+    assert got == pytest.approx(want, rel=1e-9)
+    measured = _power_kalman([phi, phi + np.array([0.0, 0.0, 0.47 * 5.0])], [400.0, 400.0], [0.0, 1.0])
+    assert abs(measured[2] - want[2]) > 1e-4  # (the measured die would move the leakage scale visibly)
+
+
+@pytest.mark.parametrize(("gap_s", "grown_s"), [(1000.0, 1000.0), (3600.0, 3600.0), (10_000.0, 3600.0)])
+def test_the_power_coefficients_uncertainty_grows_with_the_gap_up_to_an_hour(
+    small_site: SiteSpec, gap_s: float, grown_s: float
+) -> None:
+    """Between two readings of a card the coefficients' variance grows by the random walk's rate x
+    the gap, at most an hour's (a card silent for a day is not as unknown as a new one). Both
+    readings regress on the measured die (the second comes after more than max_gap_s: a restart)."""
+    est = Estimator(small_site)
+    est.update(_card0_power(small_site, 1.0, 50.0))
+    est.update(_card0_power(small_site, 1.0 + gap_s, 50.0))
+    phi = np.array([84.5, 0.5 * 569.0, 0.47 * (50.0 - 42.0)])
+    want = _power_kalman([phi, phi], [400.0, 400.0], [0.0, grown_s])
+    e = est.estimates()
+    assert [e.idle_scale[0], e.dynamic_scale[0], e.leakage_scale[0]] == pytest.approx(want, rel=1e-9)
+    # the gap matters at that precision: an hour's growth against 1000 s', or against 10,000 s'
+    other = _power_kalman([phi, phi], [400.0, 400.0], [0.0, 3600.0 if grown_s != 3600.0 else 10_000.0])
+    assert np.max(np.abs(other - want) / np.abs(want)) > 1e-6
 
 
 def test_the_power_model_is_taken_at_the_level_the_clock_reads_and_an_implausible_clock_not_at_all(

@@ -692,13 +692,30 @@ def test_a_job_reading_as_new_as_the_jobs_last_event_is_taken_an_older_one_is_no
     assert st.jobs["j"].phase == Phase.COMPUTE and st.jobs["j"].progress_frac == 0.25
 
 
-def test_a_pump_speed_outside_0_to_1_5_is_not_taken_as_reported(small_site: SiteSpec) -> None:
+def test_a_pump_speed_outside_0_to_1_5_is_not_taken_as_reported_0_is_a_stopped_pump(small_site: SiteSpec) -> None:
     st = TwinState(small_site)
     st.update(_at(1.0, RackReading(0, 1.0, loop=_loop(pump_speed_frac=0.5))))
     assert st.rack_pump_speed_frac[0] == 0.5 and bool(st.rack_pump_speed_reported[0])
-    for t, speed in ((2.0, 0.0), (3.0, 2.0)):
+    for t, speed in ((2.0, -0.01), (3.0, 2.0), (4.0, float("nan"))):
         st.update(_at(t, RackReading(0, t, loop=_loop(pump_speed_frac=speed))))
         assert st.rack_pump_speed_frac[0] == 0.5 and not st.rack_pump_speed_reported[0], speed
+    # 0 %: the pump stopped (was: not reported, the speed before kept)
+    st.update(_at(5.0, RackReading(0, 5.0, loop=_loop(pump_speed_frac=0.0))))
+    assert st.rack_pump_speed_frac[0] == 0.0 and bool(st.rack_pump_speed_reported[0])
+
+
+def test_a_pump_speed_a_hair_under_the_sites_lowest_is_the_lowest(small_site: SiteSpec) -> None:
+    """The CDU reports its pump's speed to 0.01 % (docs/sim.md): the site's lowest speed, 1/3 of nominal
+    (its plate's least measured flow over its nominal one), reads 0.3333. The belief takes a speed within
+    half of that step under the lowest as the lowest (``speed >= lowest`` holds), and no more: a speed a
+    step under it (a pump below its range) and speeds above it are kept as they are reported."""
+    lo = small_site.min_pump_speed_frac()
+    assert lo == pytest.approx(1.0 / 3.0, abs=1e-12)
+    st = TwinState(small_site)
+    cases = [(0.3333, lo), (1.0 / 3.0, lo), (lo - 0.5e-4, lo), (0.3332, 0.3332), (0.3334, 0.3334), (1.0, 1.0)]
+    for t, (speed, believed) in enumerate(cases, start=1):
+        st.update(_at(float(t), RackReading(0, float(t), loop=_loop(pump_speed_frac=speed))))
+        assert st.rack_pump_speed_frac[0] == believed and bool(st.rack_pump_speed_reported[0]), speed
 
 
 def test_cards_asleep_or_of_a_host_off_are_not_stuck_for_holding_still(small_site: SiteSpec) -> None:
