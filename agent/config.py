@@ -195,6 +195,13 @@ class ControlConfig:
     # day at the default prices; benchmarks/results-evaluation.md,
     # "Holding the clock through pauses".
     resume_lag_s: float = field(default=0.0, metadata=rng(0.0, 3600.0))
+    # How long before a checkpoint's expected end (its start plus the job's declared
+    # checkpoint_duration_s) a job in a checkpoint gets its computing level back (s; 0 = off), so
+    # that it resumes at its clock instead of running its first second at the slow level it had
+    # while it wrote. One control period plus the plant's 1-s command latency (the default, 16 s
+    # at period_s = 15) raises it at the last periodic decision before the end. A checkpoint that
+    # overruns its expected end by more than this is slowed again.
+    checkpoint_end_lead_s: float = field(default=0.0, metadata=rng(0.0, 3600.0))
 
     def host_idle_off_s(self, site: SiteSpec) -> float:
         """How long a host stays idle before it goes off: ``host_off_after_s``, else the site's

@@ -93,7 +93,7 @@ from agent.hosts import HostTimes, choose_hosts_off, host_any
 from agent.load import SiteLoad, finite_or, site_load
 from agent.offsets import DieOffsetFilter
 from agent.placing import PlacementBook, cards_due, orders_seen_until, place_queued
-from agent.planning import cycle_problem, pinned_value_frac, plan_cycle
+from agent.planning import checkpoint_ends_soon, cycle_problem, pinned_value_frac, plan_cycle
 from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
 from agent.unexplained_power import UnexplainedPower
 from models.plans import CyclePlan
@@ -495,8 +495,14 @@ class Controller:
         for j in load.jobs:
             if bool(blind_card[j.cards].any()):
                 continue
-            if j.computing or (cfg.resume_lag_s > 0.0 and since.get(j.job_id, ctx.now_s) > prev.time_s):
-                # computing, or stopped since the last plan (valued as computing: see pinned_value_frac)
+            j_since = since.get(j.job_id, ctx.now_s)
+            if (
+                j.computing
+                or (cfg.resume_lag_s > 0.0 and j_since > prev.time_s)
+                or checkpoint_ends_soon(j.phase, j.spec, j_since, ctx.now_s, cfg.checkpoint_end_lead_s)
+            ):
+                # computing, stopped since the last plan (valued as computing: see pinned_value_frac),
+                # or at the end of a checkpoint
                 level[j.cards] = self._computing_level.get(j.job_id, 0)
             elif cfg.resume_lag_s > 0.0 and prev.card_busy[j.cards].all():
                 level[j.cards] = prev.card_level[j.cards]  # pinned at the last plan: its level there

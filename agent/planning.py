@@ -39,7 +39,7 @@ from twin.workload import JobSpec, Phase
 
 IntArray = npt.NDArray[np.int64]
 
-__all__ = ["cycle_problem", "pinned_value_frac", "plan_cycle", "relax"]
+__all__ = ["checkpoint_ends_soon", "cycle_problem", "pinned_value_frac", "plan_cycle", "relax"]
 
 #: Priority handed to the models for a job on a blind rack, and the least for a pinned job (one that
 #: does no clock-sensitive work now): its value is nil, so the MILP gives it its cheapest level while
@@ -69,6 +69,17 @@ def pinned_value_frac(resume_lag_s: float, pinned_for_s: float) -> float:
     return min(1.0, resume_lag_s / max(pinned_for_s, resume_lag_s))
 
 
+def checkpoint_ends_soon(phase: Phase, spec: JobSpec, phase_since_s: float, now_s: float, lead_s: float) -> bool:
+    """Whether a job in a checkpoint since ``phase_since_s`` is expected to resume computing within
+    ``lead_s`` of ``now_s`` (its declared ``checkpoint_duration_s`` after it began), and has not
+    overrun that expected end by more than ``lead_s``. Such a job is planned as computing so that its
+    clock is back when it resumes (``control.checkpoint_end_lead_s``; 0 = never)."""
+    if lead_s <= 0.0 or phase != Phase.CHECKPOINT:
+        return False
+    left_s = phase_since_s + spec.checkpoint_duration_s - now_s
+    return -lead_s < left_s <= lead_s
+
+
 def cycle_problem(
     site: SiteSpec,
     cfg: ControlConfig,
@@ -90,7 +101,9 @@ def cycle_problem(
         spec = j.spec
         if bool(blind_card[j.cards].any()):  # safety first: the slowest level, SLO or not
             spec = dataclasses.replace(spec, priority=_PINNED_PRIORITY, min_throughput_frac=0.0)
-        elif not j.computing:  # valued for the work its level costs at the resume (SLO kept)
+        elif not j.computing and not checkpoint_ends_soon(
+            j.phase, spec, since.get(j.job_id, ctx.now_s), ctx.now_s, cfg.checkpoint_end_lead_s
+        ):  # valued for the work its level costs at the resume (SLO kept)
             frac = pinned_value_frac(cfg.resume_lag_s, ctx.now_s - since.get(j.job_id, ctx.now_s))
             spec = dataclasses.replace(spec, priority=max(spec.priority * frac, _PINNED_PRIORITY))
         jobs.append(spec)

@@ -91,10 +91,13 @@ class CheckpointRun:
     computed_at: list[int]  # the level in force on each job's first card in every second the job computed
 
 
-def checkpoint_run(jobs: list[JobSpec], cfg: ControlConfig, seconds: float) -> CheckpointRun:
-    """The jobs in closed loop on the example site for ``seconds``."""
+def checkpoint_run(
+    jobs: list[JobSpec], cfg: ControlConfig, seconds: float, phases: PhaseModel | None = None
+) -> CheckpointRun:
+    """The jobs in closed loop on the example site for ``seconds`` (``phases``: the plant's default)."""
     site = example_site()
-    run = CheckpointRun(Plant(site, jobs, config=PlantConfig(seed=5)), [], [])
+    config = PlantConfig(seed=5) if phases is None else PlantConfig(seed=5, phases=phases)
+    run = CheckpointRun(Plant(site, jobs, config=config), [], [])
     loop: ClosedLoop
 
     def note(d: Decision, r: ApplyReport) -> None:
@@ -133,6 +136,23 @@ def test_with_a_resume_lag_a_short_pause_keeps_the_clock_and_the_resume_runs_fas
     computing = {lv for t, ph, lv in kept.seen if ph == Phase.COMPUTE and t > 0}
     assert computing and all(lv in computing for t, ph, lv in kept.seen if ph == Phase.CHECKPOINT and t < 15.0)
     assert max(kept.computed_at) < SLOWEST == max(slowed.computed_at)
+
+
+def test_with_a_checkpoint_lead_the_job_is_back_at_its_clock_when_the_checkpoint_ends() -> None:
+    """``checkpoint_end_lead_s``: a job in a checkpoint gets its computing level back within the lead
+    of the checkpoint's declared end, so its first second of compute runs at its clock, not at the
+    slowest level; early in the checkpoint it is still slowed."""
+    jobs = [job("c", 64, checkpoint_interval_s=60.0, checkpoint_duration_s=45.0)]
+    no_stalls = PhaseModel(comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)  # (no declared end)
+    raised = checkpoint_run(jobs, ControlConfig(period_s=15.0, checkpoint_end_lead_s=16.0), 400, no_stalls)
+    slowed = checkpoint_run(jobs, ControlConfig(period_s=15.0), 400, no_stalls)
+    computing = {lv for t, ph, lv in raised.seen if ph == Phase.COMPUTE and t > 0}
+    early = {lv for t, ph, lv in raised.seen if ph == Phase.CHECKPOINT and t < 45.0 - 16.0}
+    late = {lv for t, ph, lv in raised.seen if ph == Phase.CHECKPOINT and t >= 45.0 - 16.0}
+    assert early == {SLOWEST} and late and late <= computing
+    # after the first second of compute (the start-up's end, which has no declared duration)
+    assert max(raised.computed_at[1:]) < SLOWEST == max(slowed.computed_at[1:])
+    assert raised.plant.accounting().rack_over_limit_s == 0.0
 
 
 def test_with_a_resume_lag_a_long_pause_slows_step_by_step_as_it_lasts() -> None:

@@ -16,7 +16,7 @@ from guard_helpers import scene, step_context
 from agent.config import ControlConfig
 from agent.decision import StepContext
 from agent.load import site_load, spec_r_total_k_per_w
-from agent.planning import cycle_problem, pinned_value_frac, plan_cycle, relax
+from agent.planning import checkpoint_ends_soon, cycle_problem, pinned_value_frac, plan_cycle, relax
 from models.explain import min_rack_power_w
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, dvfs_tables
@@ -62,6 +62,25 @@ def test_a_pinned_job_keeps_its_whole_value_for_a_resume_lag_then_lag_over_time_
     assert pinned_value_frac(60.0, 60.0) == 1.0
     assert pinned_value_frac(60.0, 600.0) == pytest.approx(0.1)
     assert pinned_value_frac(60.0, 6000.0) == pytest.approx(0.01)
+
+
+# ---- checkpoint_ends_soon -----------------------------------------------------------------------
+
+
+def test_a_checkpoint_ends_soon_within_the_lead_of_its_declared_end_and_not_after_overrunning_it() -> None:
+    spec = SNAP.jobs[0].spec
+    assert spec is not None
+    spec = dataclasses.replace(spec, checkpoint_duration_s=60.0)
+    ckpt = Phase.CHECKPOINT
+    # began at t = 0: expected to end at t = 60
+    assert not checkpoint_ends_soon(ckpt, spec, 0.0, 43.9, 16.0)  # 16.1 s left
+    assert checkpoint_ends_soon(ckpt, spec, 0.0, 44.0, 16.0)  # 16 s left
+    assert checkpoint_ends_soon(ckpt, spec, 0.0, 60.0, 16.0)  # due now
+    assert checkpoint_ends_soon(ckpt, spec, 0.0, 75.9, 16.0)  # 15.9 s late
+    assert not checkpoint_ends_soon(ckpt, spec, 0.0, 76.0, 16.0)  # overran by the lead: slowed again
+    assert not checkpoint_ends_soon(ckpt, spec, 0.0, 59.0, 0.0)  # off
+    for phase in (Phase.COMPUTE, Phase.COMMUNICATION, Phase.WAITING):  # no declared end
+        assert not checkpoint_ends_soon(phase, spec, 0.0, 59.0, 16.0)
 
 
 # ---- cycle_problem ------------------------------------------------------------------------------
@@ -127,6 +146,16 @@ def test_a_job_out_of_compute_is_valued_for_its_resume_lag_over_the_time_it_has_
     assert problem(ControlConfig(resume_lag_s=60.0), snap=snap).jobs[0].priority == pytest.approx(0.1)
     assert problem(ControlConfig(resume_lag_s=0.0), snap=snap).jobs[0].priority == 1e-9
     assert problem(ControlConfig(resume_lag_s=60.0)).jobs[0].priority == 1.0  # computing: its whole value
+
+
+def test_a_job_whose_checkpoint_ends_within_the_lead_is_planned_at_its_whole_value() -> None:
+    # "a" (priority 1) began a 60 s checkpoint at t = 50: 10 s left at t = 100
+    snap = with_job(SNAP, 0, phase=Phase.CHECKPOINT, last_event_s=50.0, spec={"checkpoint_duration_s": 60.0})
+    assert problem(ControlConfig(checkpoint_end_lead_s=16.0), snap=snap).jobs[0].priority == 1.0
+    assert problem(ControlConfig(checkpoint_end_lead_s=9.0), snap=snap).jobs[0].priority == 1e-9  # not yet
+    assert problem(ControlConfig(), snap=snap).jobs[0].priority == 1e-9  # off by default
+    stalled = with_job(SNAP, 0, phase=Phase.COMMUNICATION, last_event_s=50.0, spec={"checkpoint_duration_s": 60.0})
+    assert problem(ControlConfig(checkpoint_end_lead_s=16.0), snap=stalled).jobs[0].priority == 1e-9
 
 
 # ---- plan_cycle ---------------------------------------------------------------------------------
