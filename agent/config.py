@@ -198,9 +198,10 @@ class ControlConfig:
     # How long before a checkpoint's expected end (its start plus the job's declared
     # checkpoint_duration_s) a job in a checkpoint gets its computing level back (s; 0 = off), so
     # that it resumes at its clock instead of running its first second at the slow level it had
-    # while it wrote. One control period plus the plant's 1-s command latency (the default, 16 s
-    # at period_s = 15) raises it at the last periodic decision before the end. A checkpoint that
-    # overruns its expected end by more than this is slowed again.
+    # while it wrote. The agent decides at once (no solve, as on a job event) when a checkpoint comes
+    # within the lead of its end: a few seconds suffice (the plant applies a level at its next 1-s
+    # step; through the simulator a command lands a second later). A checkpoint that overruns its
+    # expected end by more than the lead is slowed again. docs/agent.md, the configuration table.
     checkpoint_end_lead_s: float = field(default=0.0, metadata=rng(0.0, 3600.0))
 
     def host_idle_off_s(self, site: SiteSpec) -> float:

@@ -79,7 +79,7 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,7 +93,7 @@ from agent.hosts import HostTimes, choose_hosts_off, host_any
 from agent.load import SiteLoad, finite_or, site_load
 from agent.offsets import DieOffsetFilter
 from agent.placing import PlacementBook, cards_due, orders_seen_until, place_queued
-from agent.planning import checkpoint_ends_soon, cycle_problem, pinned_value_frac, plan_cycle
+from agent.planning import checkpoint_ends_soon, checkpoint_wake_s, cycle_problem, pinned_value_frac, plan_cycle
 from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
 from agent.unexplained_power import UnexplainedPower
 from models.plans import CyclePlan
@@ -457,6 +457,11 @@ class Controller:
             return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0).replace(queue_waits=waits)
         decision = self._decision(plan, p, snap, ctx, load, orders, notes, unseen_card, time.perf_counter() - t0)
         return decision.replace(queue_waits=waits)
+
+    def checkpoint_wake_s(self, jobs: Iterable[JobInfo], after_s: float) -> float:
+        """When the next decision is due for a checkpoint's end (``control.checkpoint_end_lead_s``;
+        :func:`agent.planning.checkpoint_wake_s`), after the last decision at ``after_s``; inf: none."""
+        return checkpoint_wake_s(jobs, after_s, self.control.checkpoint_end_lead_s)
 
     def propose_incremental(self, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """The last decision adjusted to job events, without a solve (a few ms; for decisions taken

@@ -10,7 +10,8 @@
   -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step`` -> ``apply_to_plant``: a decision every
   ``period_s`` of plant time and, like the service, at once (at most every
   ``min_replan_interval_s``; the incremental adjustment, no solve) when a job starts, ends, is
-  requeued, resumes computing or (when the agent places jobs) is submitted::
+  requeued, resumes computing or (when the agent places jobs) is submitted, and (with
+  ``checkpoint_end_lead_s``) when a checkpoint comes within that lead of its declared end::
 
       loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15)))
       loop.run(3600)                    # one hour of plant time, 1 s steps
@@ -173,6 +174,7 @@ class ClosedLoop:
         self._next_s = plant.time_s
         self._last_s = -math.inf
         self._urgent = False  # an event asked for a decision within min_replan_interval_s of the last one
+        self._wake_s = math.inf  # when a checkpoint's end calls for a decision (checkpoint_end_lead_s)
         self.telemetry = TelemetryRounds(plant.time_s, telemetry_period_s)
 
     def observe(self) -> bool:
@@ -183,12 +185,19 @@ class ClosedLoop:
         if readings is not None:
             self.state.update(readings)
         self.state.apply_events(events)
+        if events:
+            self._rewake()
         if self.estimator is not None and readings is not None:  # stuck sensors are no observations
             self.estimator.update(
                 readings, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks()
             )
         placing = self.controller.control.control_placement
         return self.replan and any(decides_again_on(e, placing) for e in events)
+
+    def _rewake(self) -> None:
+        """When the next checkpoint's end calls for a decision, after the last one (inf: none)."""
+        if self.controller.control.checkpoint_end_lead_s > 0.0:
+            self._wake_s = self.controller.checkpoint_wake_s(self.state.jobs.values(), self._last_s)
 
     def decide(self, *, incremental: bool = False) -> Decision:
         """One decision now, applied to the plant (``incremental``: the fast adjustment made on job
@@ -200,6 +209,7 @@ class ClosedLoop:
         self.decisions += 1
         self.last_decision = decision
         self._last_s = t
+        self._rewake()
         if self.on_decision is not None:
             self.on_decision(decision, report)
         return decision
@@ -215,7 +225,8 @@ class ClosedLoop:
                 self.decide()
                 self._urgent = False
                 self._next_s = max(self._next_s + self.period_s, t + 1e-9)
-            elif self._urgent and t - self._last_s >= min_gap:  # (an event within min_gap waits for it)
+            elif (self._urgent or t >= self._wake_s - 1e-9) and t - self._last_s >= min_gap:
+                # a job event, or a checkpoint's end near (either within min_gap of the last decision waits)
                 self.decide(incremental=True)
                 self._urgent = False
             self.plant.step(min(dt_s, end - self.plant.time_s))

@@ -21,6 +21,8 @@ configuration, its planner and its previous plan); the explanation lines go to `
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -33,13 +35,13 @@ from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, dvfs_tables, make_problem
 from models.solve import CyclePlanner, greedy_cycle
 from twin.spec import SiteSpec
-from twin.state import StateSnapshot
+from twin.state import JobInfo, StateSnapshot
 from twin.thermal import ThermalParams
 from twin.workload import JobSpec, Phase
 
 IntArray = npt.NDArray[np.int64]
 
-__all__ = ["checkpoint_ends_soon", "cycle_problem", "pinned_value_frac", "plan_cycle", "relax"]
+__all__ = ["checkpoint_ends_soon", "checkpoint_wake_s", "cycle_problem", "pinned_value_frac", "plan_cycle", "relax"]
 
 #: Priority handed to the models for a job on a blind rack, and the least for a pinned job (one that
 #: does no clock-sensitive work now): its value is nil, so the MILP gives it its cheapest level while
@@ -78,6 +80,23 @@ def checkpoint_ends_soon(phase: Phase, spec: JobSpec, phase_since_s: float, now_
         return False
     left_s = phase_since_s + spec.checkpoint_duration_s - now_s
     return -lead_s < left_s <= lead_s
+
+
+def checkpoint_wake_s(jobs: Iterable[JobInfo], after_s: float, lead_s: float) -> float:
+    """The earliest time after ``after_s`` (the last decision) at which a running job's checkpoint
+    comes within ``lead_s`` of its declared end (:func:`checkpoint_ends_soon`): when a decision gives
+    it its clock back. A checkpoint begun closer to its end than ``lead_s`` counts from its beginning.
+    inf when no job is due (or ``lead_s`` is 0)."""
+    wake = math.inf
+    if lead_s <= 0.0:
+        return wake
+    for info in jobs:
+        if info.state != "running" or info.phase != Phase.CHECKPOINT or info.spec is None:
+            continue
+        due = max(info.last_event_s + info.spec.checkpoint_duration_s - lead_s, info.last_event_s)
+        if due > after_s:
+            wake = min(wake, due)
+    return wake
 
 
 def cycle_problem(

@@ -96,6 +96,7 @@ from agent.status import VERSION, StatusPublisher
 from twin.estimate import AnomalyHistory, Estimator
 from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
+from twin.workload import Phase
 
 __all__ = [
     "VERSION",
@@ -275,6 +276,9 @@ class AgentService:
             self._stop = asyncio.Event()
             self._replan = asyncio.Event()
             self._replan_wall = 0.0
+            # a job event asked for a decision (``_replan`` is also set to wake the control loop when a
+            # checkpoint begins, so that it waits for that checkpoint's end too: checkpoint_end_lead_s)
+            self._replan_asked = False
             self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
             self._merger = RoundMerger()
             self._merger_corrections = 0  # the site clock's step backs the merger has seen
@@ -590,7 +594,10 @@ class AgentService:
         control = self.config.control
         if control.replan_on_job_events and decides_again_on(ev, control.control_placement):
             self._replan_wall = time.monotonic()
+            self._replan_asked = True
             self._replan.set()
+        elif control.checkpoint_end_lead_s > 0.0 and ev.kind == "phase" and ev.phase == Phase.CHECKPOINT:
+            self._replan.set()  # no decision yet: the control loop waits for this checkpoint's end too
 
     def _heard_since(self, target: str, site_s: float) -> bool:
         """Whether rack ``target`` sent telemetry stamped after ``site_s`` (the publisher's test of
@@ -740,9 +747,20 @@ class AgentService:
             now = self.clock.now() or next_t
             if next_t > now + cfg.period_s:  # the clock stepped back (see SiteClock): keep the period
                 next_t = now + cfg.period_s
-            reached = await self.clock.wait_until(next_t, wake=self._replan)
+            # a checkpoint's end near (checkpoint_end_lead_s) asks for a decision like a job event
+            wake_s = math.inf
+            if cfg.checkpoint_end_lead_s > 0.0 and last_cycle > -math.inf:
+                wake_s = self.controller.checkpoint_wake_s(self.state.jobs.values(), last_cycle)
+            target = min(next_t, wake_s)
+            reached = await self.clock.wait_until(target, wake=self._replan)
             if self._stop.is_set():
                 break
+            if not reached and not self._replan_asked:  # a checkpoint began: wait again, for its end too
+                self._replan.clear()
+                continue
+            if reached and target < next_t and (self.clock.now() or -math.inf) >= target:
+                reached = False  # (not the period: a step back of the clock also ends the wait, as before)
+                self._replan_wall = self.clock.target_reached_wall or time.monotonic()
             trigger_kind = "period" if reached else "event"
             if not reached:
                 trigger = self._replan_wall
@@ -761,6 +779,7 @@ class AgentService:
             # this decision takes every job event in the belief so far, also one that came with the period's
             # message or during the wait for min_replan_interval_s: only a later event asks for another
             self._replan.clear()
+            self._replan_asked = False
             now = self.clock.now() or next_t
             t0 = time.monotonic()
             await self._cycle(now, trigger, trigger_kind, incremental=not reached)

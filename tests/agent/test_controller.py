@@ -155,6 +155,21 @@ def test_with_a_checkpoint_lead_the_job_is_back_at_its_clock_when_the_checkpoint
     assert raised.plant.accounting().rack_over_limit_s == 0.0
 
 
+def test_with_a_short_checkpoint_lead_a_decision_is_made_for_the_checkpoints_end() -> None:
+    """With a period longer than the checkpoints, only a decision scheduled for the checkpoint's end
+    (its start plus its declared duration, less the lead) gives the job its clock back in time: the
+    loop makes one, and the job resumes at its computing level; the rest of the checkpoint stays slow."""
+    jobs = [job("c", 64, checkpoint_interval_s=60.0, checkpoint_duration_s=45.0)]
+    no_stalls = PhaseModel(comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+    raised = checkpoint_run(jobs, ControlConfig(period_s=60.0, checkpoint_end_lead_s=3.0), 400, no_stalls)
+    slowed = checkpoint_run(jobs, ControlConfig(period_s=60.0), 400, no_stalls)
+    computing = {lv for t, ph, lv in raised.seen if ph == Phase.COMPUTE and t > 0}
+    ends = [(t, lv) for t, ph, lv in raised.seen if ph == Phase.CHECKPOINT]
+    assert sum(t == 42.0 for t, _ in ends) >= 3  # a decision 3 s before each checkpoint's end
+    assert {lv for t, lv in ends if t >= 42.0} <= computing and {lv for t, lv in ends if t < 42.0} <= {SLOWEST}
+    assert max(raised.computed_at[1:]) < SLOWEST == max(slowed.computed_at[1:])
+
+
 def test_with_a_resume_lag_a_long_pause_slows_step_by_step_as_it_lasts() -> None:
     """Ski rental (``resume_lag_s``): a 600 s checkpoint starts at the job's computing level, slows as
     it lasts (its value falls as resume_lag_s / time out of compute) and reaches the slowest level

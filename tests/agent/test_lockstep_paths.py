@@ -302,8 +302,10 @@ def _count_changes(cov: dict[str, int], before: Truth, after: Truth) -> None:
     cov["setpoints"] += int(before.supply_setpoint_c != after.supply_setpoint_c)
 
 
-async def _lockstep_async(sc: RunScenario, seconds: int, journal: Path, later: bool) -> _Run:
-    control = ControlConfig()
+async def _lockstep_async(
+    sc: RunScenario, seconds: int, journal: Path, later: bool, control: ControlConfig | None = None
+) -> _Run:
+    control = control if control is not None else ControlConfig()
     a = _InProcess(sc, control)
     b = _ServicePath(sc, control, journal, later=later)
     diffs: dict[float, dict[str, list[int]]] = {}
@@ -339,8 +341,10 @@ async def _lockstep_async(sc: RunScenario, seconds: int, journal: Path, later: b
     return _Run(a, b, diffs, gaps, cov)
 
 
-def _lockstep(sc: RunScenario, seconds: int, journal: Path, *, later: bool = False) -> _Run:
-    return asyncio.run(_lockstep_async(sc, seconds, journal, later))
+def _lockstep(
+    sc: RunScenario, seconds: int, journal: Path, *, later: bool = False, control: ControlConfig | None = None
+) -> _Run:
+    return asyncio.run(_lockstep_async(sc, seconds, journal, later, control))
 
 
 def _decision_diff(a: Decision, b: Decision) -> dict[str, Any]:
@@ -442,6 +446,34 @@ def test_at_full_load_the_service_and_the_evaluation_are_the_same(tmp_path: Path
     assert run.service.sim.commands.counts.rejected == 0
     _accounting_close(run.evaluate.plant, run.service.plant, rel=1e-12)
     assert run.coverage["levels"] > 0
+
+
+def test_the_service_wakes_for_a_checkpoints_end_when_the_evaluation_does(tmp_path: Path) -> None:
+    """``checkpoint_end_lead_s`` with a period longer than the checkpoints: the decisions that give the
+    jobs their clock back come from the wait for each checkpoint's end (no event and no period falls
+    there). The service's control task wakes at the same site seconds as the in-process loop and
+    decides alike; the plants stay the same."""
+    sc = full_load_scenario(600.0, racks=2, seed=9)
+    jobs = tuple(
+        dataclasses.replace(
+            j,
+            checkpoint_interval_s=120.0,
+            checkpoint_duration_s=30.0 + 5.0 * i,
+            first_checkpoint_after_s=20.0 + 7.0 * i,
+        )
+        for i, j in enumerate(sc.jobs)
+    )
+    sc = dataclasses.replace(sc, jobs=jobs)
+    control = ControlConfig(period_s=60.0, checkpoint_end_lead_s=3.0)
+    run = _lockstep(sc, 420, tmp_path / "journal.sqlite", control=control)
+    ta, tb = _times(run)
+    assert ta == tb
+    for da, (db, _phase) in zip(run.evaluate.decisions, run.service.decisions, strict=False):
+        assert _decision_diff(da, db) == {}, da.time_s
+    off_period = [t for t in ta if t % 60.0]
+    assert len(off_period) >= 8, ta  # the wakes (3 s before an end) and the resumes' decisions
+    assert run.truth_diffs == {}
+    _accounting_close(run.evaluate.plant, run.service.plant, rel=1e-12)
 
 
 def test_as_the_simulator_paces_commands_land_a_second_later_and_cost_little(tmp_path: Path) -> None:

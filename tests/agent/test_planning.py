@@ -7,6 +7,7 @@ problem relaxed only as far as needed, flagged infeasible."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -16,12 +17,12 @@ from guard_helpers import scene, step_context
 from agent.config import ControlConfig
 from agent.decision import StepContext
 from agent.load import site_load, spec_r_total_k_per_w
-from agent.planning import checkpoint_ends_soon, cycle_problem, pinned_value_frac, plan_cycle, relax
+from agent.planning import checkpoint_ends_soon, checkpoint_wake_s, cycle_problem, pinned_value_frac, plan_cycle, relax
 from models.explain import min_rack_power_w
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, dvfs_tables
 from models.solve import CyclePlanner
-from twin.state import StateSnapshot
+from twin.state import JobInfo, StateSnapshot
 from twin.workload import Phase
 
 pytestmark = pytest.mark.agent
@@ -81,6 +82,25 @@ def test_a_checkpoint_ends_soon_within_the_lead_of_its_declared_end_and_not_afte
     assert not checkpoint_ends_soon(ckpt, spec, 0.0, 59.0, 0.0)  # off
     for phase in (Phase.COMPUTE, Phase.COMMUNICATION, Phase.WAITING):  # no declared end
         assert not checkpoint_ends_soon(phase, spec, 0.0, 59.0, 16.0)
+
+
+def test_the_wake_for_a_checkpoints_end_is_the_earliest_end_less_the_lead_after_the_last_decision() -> None:
+    a, b = SNAP.jobs[0], SNAP.jobs[1]
+    assert a.spec is not None and b.spec is not None
+
+    def in_checkpoint(info: JobInfo, since_s: float, duration_s: float) -> JobInfo:
+        spec = dataclasses.replace(info.spec, checkpoint_duration_s=duration_s)  # type: ignore[arg-type]
+        return dataclasses.replace(info, phase=Phase.CHECKPOINT, last_event_s=since_s, spec=spec)
+
+    jobs = [in_checkpoint(a, 100.0, 60.0), in_checkpoint(b, 90.0, 100.0)]  # ends at 160 and 190
+    assert checkpoint_wake_s(jobs, 100.0, 3.0) == 157.0
+    assert checkpoint_wake_s(jobs, 157.0, 3.0) == 187.0  # (157: decided then, the job raised)
+    assert checkpoint_wake_s(jobs, 187.0, 3.0) == math.inf
+    assert checkpoint_wake_s(jobs, 100.0, 0.0) == math.inf  # off
+    # a checkpoint shorter than the lead: due from its beginning
+    assert checkpoint_wake_s([in_checkpoint(a, 100.0, 2.0)], 99.0, 3.0) == 100.0
+    # computing or queued jobs have no checkpoint's end
+    assert checkpoint_wake_s([a, dataclasses.replace(jobs[0], state="queued")], 0.0, 3.0) == math.inf
 
 
 # ---- cycle_problem ------------------------------------------------------------------------------
