@@ -136,6 +136,10 @@ class NewCommand:
     expires_s: float
 
 
+#: The ``meta`` key naming the site layout the calibration rows were saved for (``save_calibration``).
+CALIBRATION_LAYOUT_KEY = "calibration_site"
+
+
 class JournalError(RuntimeError):
     """The journal file cannot be opened or written (disk full, wrong schema, permissions). Every
     ``sqlite3`` error of a :class:`Journal` method (the ``COMMIT`` of a transaction included) and every
@@ -481,8 +485,19 @@ class Journal:
         r_th_k_per_w: npt.NDArray[np.float64],
         leak_scale: npt.NDArray[np.float64],
         site_time_s: float,
+        layout: str | None = None,
     ) -> None:
+        """Each card's calibration, stamped ``site_time_s``. ``layout`` (what a card number means on the
+        site, ``agent.resume.site_layout`` as JSON) is kept with it: rows saved for another layout are
+        dropped first, as their card numbers mean other cards now."""
         with self._transaction():
+            if layout is not None:
+                row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (CALIBRATION_LAYOUT_KEY,)).fetchone()
+                if row is not None and str(row[0]) != layout:
+                    self._conn.execute("DELETE FROM calibration")
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (CALIBRATION_LAYOUT_KEY, layout)
+                )
             self._conn.executemany(
                 "INSERT OR REPLACE INTO calibration(card, r_th_k_per_w, leak_scale, site_time_s) VALUES (?, ?, ?, ?)",
                 [

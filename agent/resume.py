@@ -21,7 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 from agent.controller import Controller
-from agent.journal import Journal
+from agent.journal import CALIBRATION_LAYOUT_KEY, Journal
 from agent.publish import CommandBook, OpenCommand
 from twin.readings import JobEvent
 from twin.spec import SiteSpec
@@ -35,6 +35,7 @@ __all__ = [
     "open_commands_to_resume",
     "restore_jobs",
     "site_layout",
+    "site_layout_json",
 ]
 
 log = logging.getLogger("racktwin.agent")
@@ -48,10 +49,12 @@ def load_journal(journal: Journal, controller: Controller, state: TwinState, boo
     last = j.last_decision()
     if last is not None:
         controller.resume_cycle(last[0])
-    cards, r_th, leak = j.load_calibration()
-    if cards.size:
-        controller.load_calibration(cards, r_th, leak)
     layout = site_layout(state.site)
+    cards, r_th, leak = j.load_calibration()
+    if cards.size and not _for_another_layout(j.get_meta(CALIBRATION_LAYOUT_KEY), "calibration", layout):
+        controller.load_calibration(cards, r_th, leak)
+    else:
+        cards = cards[:0]
     doc = _record(j, JobsRecord.key, layout)
     if doc is not None:
         with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
@@ -80,6 +83,11 @@ def site_layout(site: SiteSpec) -> dict[str, int]:
     return {"racks": int(site.n_racks), "cards_per_rack": int(site.cards_per_rack)}
 
 
+def site_layout_json(site: SiteSpec) -> str:
+    """:func:`site_layout` as the journal keeps it with the calibration (``Journal.save_calibration``)."""
+    return json.dumps(site_layout(site), sort_keys=True, separators=(",", ":"))
+
+
 def _layout_text(layout: Any) -> str:
     if isinstance(layout, dict):
         return f"{layout.get('racks')} racks of {layout.get('cards_per_rack')} cards"
@@ -98,16 +106,32 @@ def _record(journal: Journal, key: str, layout: dict[str, int]) -> dict[str, Any
         return None
     if not isinstance(doc, dict):
         return None
-    if "site" in doc and doc["site"] != layout:
-        log.warning(
-            "journal record %r not taken up: written for a site of %s, this site has %s",
-            key,
-            _layout_text(doc["site"]),
-            _layout_text(layout),
-            extra={"fields": {"record": key, "journal_layout": doc["site"], "site_layout": layout}},
-        )
+    if "site" in doc and _for_another_layout(doc["site"], key, layout):
         return None
     return doc
+
+
+def _for_another_layout(written: Any, key: str, layout: dict[str, int]) -> bool:
+    """Whether the journal's record ``key`` was written for a site of another layout than ``layout``
+    (``written``: the layout it names, as a dict or its JSON text; None: it names none, as before the
+    layouts were kept, taken as this one). Logged: its card numbers mean other cards here."""
+    if written is None:
+        return False
+    if isinstance(written, str):
+        try:
+            written = json.loads(written)
+        except ValueError:
+            written = {"unreadable": written}
+    if written == layout:
+        return False
+    log.warning(
+        "journal record %r not taken up: written for a site of %s, this site has %s",
+        key,
+        _layout_text(written),
+        _layout_text(layout),
+        extra={"fields": {"record": key, "journal_layout": written, "site_layout": layout}},
+    )
+    return True
 
 
 def restore_jobs(state: TwinState, doc: dict[str, Any]) -> None:

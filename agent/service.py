@@ -89,7 +89,7 @@ from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
-from agent.resume import FailedCardsRecord, JobsRecord, load_journal, open_commands_to_resume
+from agent.resume import FailedCardsRecord, JobsRecord, load_journal, open_commands_to_resume, site_layout_json
 from agent.solver_output import isolate_solver_output
 from agent.standby import Standby
 from agent.status import VERSION, StatusPublisher
@@ -293,6 +293,7 @@ class AgentService:
             self._records_error: str | None = None  # the last write of the jobs or card_failed marks failed: why
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             self.jobs_record = JobsRecord(self.journal, site)  # the jobs known, for a restart
+            self._site_layout_json = site_layout_json(site)  # kept with the calibration
             self.failed_cards_record = FailedCardsRecord(self.journal, site)  # cards refused as failed, for a restart
             self._failure: str | None = None  # why the service stopped, if a task failed
             self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
@@ -711,7 +712,7 @@ class AgentService:
         if cards.size == 0:
             return
         try:
-            self.journal.save_calibration(cards, r_th, leak, now_s)
+            self.journal.save_calibration(cards, r_th, leak, now_s, layout=self._site_layout_json)
         except JournalError as exc:  # degraded (not ready), not stopped: the calibration is kept in memory
             self._calibration_error = str(exc)
             log.error("journal write failed: calibration not saved", extra={"fields": {"error": str(exc)}})

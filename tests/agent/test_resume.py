@@ -1,5 +1,5 @@
 """What a restarted agent takes up from its journal's records (``agent.resume``): the jobs it knew
-and the ``card_failed`` marks in force, on a site of the same layout only (their card numbers mean
+and the ``card_failed`` marks in force, and its calibration, on a site of the same layout only (their card numbers mean
 other cards on a site of other racks or cards per rack)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.journal import Journal
 from agent.publish import CommandBook
-from agent.resume import FailedCardsRecord, JobsRecord, load_journal
+from agent.resume import FailedCardsRecord, JobsRecord, load_journal, site_layout_json
 from twin.readings import JobEvent
 from twin.spec import SiteSpec
 from twin.state import TwinState
@@ -131,3 +131,57 @@ def test_the_records_name_the_layout_they_were_written_for(tmp_path: Path) -> No
         assert json.loads(journal.get_meta("failed_cards") or "{}")["marks"] == {str(FAILED_CARD): NOW}
     finally:
         journal.close()
+
+
+def test_the_calibration_is_taken_up_on_a_site_of_its_layout_only_and_saved_anew_for_another(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The journal's calibration rows are keyed by site-wide card number too: saved with the layout
+    they were made on, taken up on a site of that layout, passed over (and said so) on another, and
+    dropped when the calibration of another layout is saved over them (a card of the new layout not
+    calibrated yet would otherwise take another card's resistance)."""
+    written, other = small_site(2, (4, 4)), small_site(4, (2, 4))
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(path)
+    cards = np.arange(4, dtype=np.int64)
+    journal.save_calibration(cards, np.full(4, 0.05), np.ones(4), NOW, layout=site_layout_json(written))
+    journal.close()
+
+    def calibrated_on(site: SiteSpec) -> list[int]:
+        controller = Controller(site)
+        journal = Journal(path)
+        try:
+            load_journal(journal, controller, TwinState(site), book_of(site))
+        finally:
+            journal.close()
+        return controller.calibration()[0].tolist()
+
+    assert calibrated_on(written) == [0, 1, 2, 3]
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    assert calibrated_on(other) == []
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [
+        "journal record 'calibration' not taken up: written for a site of 2 racks of 16 cards,"
+        " this site has 4 racks of 8 cards"
+    ]
+    # the other layout's agent saves its first card's calibration: the rows of the old layout go
+    journal = Journal(path)
+    journal.save_calibration(cards[:1], np.full(1, 0.06), np.ones(1), NOW + 300.0, layout=site_layout_json(other))
+    assert journal.load_calibration()[0].tolist() == [0]
+    journal.save_calibration(cards[1:2], np.full(1, 0.06), np.ones(1), NOW + 600.0, layout=site_layout_json(other))
+    assert journal.load_calibration()[0].tolist() == [0, 1]  # the same layout: rows kept
+    journal.close()
+    assert calibrated_on(other) == [0, 1]
+
+
+def test_a_calibration_saved_without_a_layout_is_taken_up_as_before(tmp_path: Path) -> None:
+    site = small_site(2, (4, 4))
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(path)
+    journal.save_calibration(np.arange(2, dtype=np.int64), np.full(2, 0.05), np.ones(2), NOW)
+    journal.close()
+    controller = Controller(site)
+    journal = Journal(path)
+    load_journal(journal, controller, TwinState(site), book_of(site))
+    journal.close()
+    assert controller.calibration()[0].tolist() == [0, 1]
