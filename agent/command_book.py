@@ -197,7 +197,8 @@ class CommandBook:
         """An ack for one of ours closes it (None for an unknown id, or one acked before:
         :meth:`acked_before`). A refusal or a late arrival clears what the command would have set, so
         the next decision tries again (a refused card setting after ``command_ttl_s``, unless the rack
-        refused it as ``superseded``)."""
+        refused it as ``superseded``; a ``card_failed`` refusal marks the cards it names:
+        :meth:`agent.command_overlays.Overlays.note_failed`)."""
         oc = self.open.pop(str(ack.command_id), None)
         if oc is None:
             return None
@@ -206,12 +207,14 @@ class CommandBook:
             del self._acked[next(iter(self._acked))]
         oc.acked = True
         self._by_key.pop(oc.key, None)
-        if ack.result is not wire.AckResult.APPLIED:
+        if ack.result is wire.AckResult.APPLIED:
+            self.overlays.note_applied(oc, ack)
+        else:
             self.forget(oc)
             held = wire.reason_code(ack.reason) != wire.AckReason.SUPERSEDED  # the rack holds a newer one
             if ack.result is wire.AckResult.REJECTED and oc.kind >= 0 and held:
                 self.overlays.refuse(oc, now_s + self.control.command_ttl_s)
-                self.overlays.note_failed(oc, ack, now_s)
+                self.overlays.note_failed(oc, ack, now_s, self.control.command_ttl_s)
         return oc
 
     def forget(self, oc: OpenCommand) -> None:

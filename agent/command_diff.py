@@ -71,10 +71,8 @@ class CommandDiff:
 
     def diff(self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float) -> list[Item]:
         """The commands the decision needs, as ``(kind, message, lowers_power)``, lowering first."""
-        # after the site clock stepped back, a mark from the old timeline dates from now at the latest
-        # (the belief's last-seen times were moved back too), so that a reading on the new one clears it
-        np.minimum(self.overlays.failed_by_ack_s, now_s, out=self.overlays.failed_by_ack_s)
-        said_failed = self.overlays.said_failed(snap.card_last_seen_s)
+        # cards a card_failed refusal marks (until a newer reading, or a repeat's hold ends)
+        said_failed = self.overlays.failed_now(np.asarray(snap.card_last_seen_s, dtype=np.float64), now_s)
         alive = ~(np.asarray(decision.card_failed, dtype=bool) | np.asarray(snap.card_failed, dtype=bool) | said_failed)
         ttl = min(self.control.command_ttl_s, wire.MAX_COMMAND_TTL_S)  # a rack refuses a longer life
         out = _Outbox(now_s=now_s, expires_s=now_s + ttl)

@@ -10,10 +10,18 @@ per facility, rack pump and job the same for the set-point, the pump speeds and 
 A rejected card setting is held back for ``command_ttl_s`` on the cards of the refused command
 (:meth:`Overlays.refuse`), unless a card of it reads failed since (:meth:`Overlays.note_failed`,
 :meth:`Overlays.lift_refusals_a_failure_explains`: a rack refuses a command whole for one failed card).
+
+A card a ``card_failed`` refusal names counts as failed until a reading of it newer than the
+refusal. A card refused as failed again after a reading had cleared its mark (its telemetry reads it
+alive: a stale BMC status) would be put back into every command to its rack, refused whole each time,
+and the rack's other cards would never get their settings: such a card is held out of commands for
+``command_ttl_s``, twice that at the next repeat, and so on up to :data:`FAILED_HOLD_MAX_S`, whatever
+its readings say; a command applied to it (repaired, replaced) ends the repeats.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -27,7 +35,13 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["Overlays"]
+__all__ = ["FAILED_HOLD_MAX_S", "Overlays"]
+
+log = logging.getLogger("racktwin.agent")
+
+#: the longest a card refused as failed again, though its telemetry reads it alive, is held out of
+#: commands at a time (the holds double from ``command_ttl_s`` up to it)
+FAILED_HOLD_MAX_S = 3600.0
 
 
 class Overlays:
@@ -49,6 +63,15 @@ class Overlays:
         # when a rack refused a command because these cards had failed (its ack's stamp): a card counts
         # as failed until a reading of it newer than that shows what it is (a silent rack shows nothing)
         self.failed_by_ack_s = np.full(n, -math.inf)
+        # a card refused as failed again after a reading had cleared its mark: how many times in a row,
+        # held out of commands until when whatever its readings say, and for how long that hold was
+        self.failed_repeats = np.zeros(n, dtype=np.int64)
+        self.failed_hold_until_s = np.full(n, -math.inf)
+        self.failed_hold_s = np.zeros(n)
+        # when a decision found the card's mark cleared (by a reading, the hold over); inf while a mark
+        # is in force or none was ever cleared: a refusal of a command issued since is a repeat
+        self._failed_cleared_s = np.full(n, math.inf)
+        self._rack_names = site.rack_names
         self.setpoint: tuple[float, float, int] | None = None  # set-point, until, key
         self.placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
         self.pump: dict[int, tuple[float, float, int]] = {}  # rack -> speed, until, key
@@ -72,21 +95,67 @@ class Overlays:
         self.backoff[oc.kind, mine] = until_s
         self.refused_key[oc.kind, mine] = oc.key
 
-    def note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement, now_s: float) -> None:
+    def note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement, now_s: float, first_hold_s: float) -> None:
         """A ``card_failed`` refusal names the command's dead cards: they count as failed (the next
         decision's commands leave them out, and the refusal no longer holds the others back) until a
         reading of them newer than the ack. A card may fail unseen: its rack silent (the fail-safe caps
         of a silent rack were refused every ``command_ttl_s`` for the whole silence) or after the
-        reading the decision used."""
+        reading the decision used. A card refused again in a command issued after a decision found
+        its mark cleared is held out of commands whatever its readings say: ``first_hold_s``
+        (``command_ttl_s``) the first time, twice as long at each further repeat, at most
+        :data:`FAILED_HOLD_MAX_S` (logged once per card and repeat)."""
         local = [c for c in wire.failed_cards_of(ack.reason) if 0 <= c < self._cpr]
         if not local or not oc.cards.size:
             return
-        named = np.asarray(local, dtype=np.int64) + int(self._card_rack[oc.cards[0]]) * self._cpr
+        rack = int(self._card_rack[oc.cards[0]])
+        named = np.asarray(local, dtype=np.int64) + rack * self._cpr
         dead = named[np.isin(named, oc.cards)]
         # never later than the agent's clock: an ack stamped ahead would hold the mark past readings
         # that show the card alive (the belief refuses readings stamped that far ahead)
         stamp = min(ack.ts_s, now_s) if math.isfinite(ack.ts_s) else now_s
         self.failed_by_ack_s[dead] = np.maximum(self.failed_by_ack_s[dead], stamp)
+        again = dead[oc.issued_s >= self._failed_cleared_s[dead]]
+        self._failed_cleared_s[dead] = math.inf
+        for c in again.tolist():
+            self.failed_repeats[c] += 1
+            hold_s = min(max(first_hold_s, 1.0) * 2.0 ** (int(self.failed_repeats[c]) - 1), FAILED_HOLD_MAX_S)
+            self.failed_hold_s[c] = hold_s
+            self.failed_hold_until_s[c] = now_s + hold_s
+            log.warning(
+                "rack %s card %d refused as failed again although its telemetry reads it alive: left out of "
+                "commands for %g s",
+                self._rack_names[rack],
+                c - rack * self._cpr,
+                hold_s,
+                extra={"fields": {"rack": self._rack_names[rack], "card": c - rack * self._cpr, "hold_s": hold_s}},
+            )
+
+    def note_applied(self, oc: OpenCommand, ack: wire.Acknowledgement) -> None:
+        """A rack applied ``oc`` (a card setting): those of its cards refused as failed before the ack
+        are alive (repaired, replaced): their marks and repeats are dropped, and a later refusal of
+        them is a first one again."""
+        if oc.kind < 0 or not oc.cards.size:
+            return
+        alive = oc.cards[np.isfinite(self.failed_by_ack_s[oc.cards]) & (self.failed_by_ack_s[oc.cards] < ack.ts_s)]
+        self.failed_by_ack_s[alive] = -math.inf
+        self.failed_repeats[alive] = 0
+        self.failed_hold_until_s[alive] = -math.inf
+        self.failed_hold_s[alive] = 0.0
+        self._failed_cleared_s[alive] = math.inf
+
+    def failed_now(self, last_seen_s: FloatArray, now_s: float) -> BoolArray:
+        """Per card, whether the decision at ``now_s`` counts it failed by a ``card_failed`` refusal: a
+        mark no reading has cleared (:meth:`said_failed`) or a repeat's hold in force. Notes the marks
+        found cleared (a refusal of a command issued since is a repeat). After the site clock stepped
+        back, a mark dates from now at the latest (the belief's last-seen times were moved back too)
+        and a hold lasts no longer than it was given from now."""
+        np.minimum(self.failed_by_ack_s, now_s, out=self.failed_by_ack_s)
+        np.minimum(self.failed_hold_until_s, now_s + self.failed_hold_s, out=self.failed_hold_until_s)
+        marked = self.said_failed(last_seen_s)
+        held = self.failed_hold_until_s > now_s
+        cleared = np.isfinite(self.failed_by_ack_s) & ~marked & ~held & (self._failed_cleared_s == math.inf)
+        self._failed_cleared_s[cleared] = now_s
+        return np.asarray(marked | held, dtype=np.bool_)
 
     def said_failed(self, last_seen_s: FloatArray) -> BoolArray:
         """Per card, whether a ``card_failed`` refusal marks it failed: no reading of it (``last_seen_s``,
@@ -103,6 +172,27 @@ class Overlays:
         for card, stamp in marks.items():
             if 0 <= card < self.failed_by_ack_s.size and math.isfinite(stamp):
                 self.failed_by_ack_s[card] = max(self.failed_by_ack_s[card], stamp)
+
+    def failed_repeat_holds(self) -> dict[int, tuple[int, float, float]]:
+        """The cards refused as failed again (card -> repeats, the hold's end, its length), kept in the
+        journal with the marks for a restart (``agent.resume.FailedCardsRecord``)."""
+        return {
+            int(c): (int(self.failed_repeats[c]), float(self.failed_hold_until_s[c]), float(self.failed_hold_s[c]))
+            for c in np.flatnonzero(self.failed_repeats > 0)
+        }
+
+    def restore_failed_repeat_holds(self, holds: dict[int, tuple[int, float, float]]) -> None:
+        """Repeats kept by :meth:`failed_repeat_holds` before a restart (restore the marks first): a
+        hold goes on to its end; the next refusal of a card whose mark is not in force is a repeat
+        (a card outside the site, or a repeat count below 1, is passed over)."""
+        for card, (repeats, until_s, hold_s) in holds.items():
+            if not (0 <= card < self.failed_repeats.size and repeats >= 1 and math.isfinite(hold_s) and hold_s >= 0):
+                continue
+            self.failed_repeats[card] = repeats
+            self.failed_hold_s[card] = min(hold_s, FAILED_HOLD_MAX_S)
+            self.failed_hold_until_s[card] = until_s if math.isfinite(until_s) else -math.inf
+            if not math.isfinite(self.failed_by_ack_s[card]):
+                self._failed_cleared_s[card] = -math.inf
 
     def lift_refusals_a_failure_explains(self, failed: BoolArray, now_s: float) -> None:
         """A rack refuses a command whole when one of its cards has failed, and the card may fail

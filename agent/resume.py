@@ -64,6 +64,10 @@ def load_journal(journal: Journal, controller: Controller, state: TwinState, boo
         with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
             marks = doc["marks"] if "site" in doc else doc  # without a layout: card -> stamp
             book.overlays.restore_failed_marks({int(c): float(t) for c, t in marks.items()})
+            holds = doc.get("repeats", {}) if "site" in doc else {}  # none before the repeats were kept
+            book.overlays.restore_failed_repeat_holds(
+                {int(c): (int(h["repeats"]), float(h["hold_until_s"]), float(h["hold_s"])) for c, h in holds.items()}
+            )
     log.info(
         "journal opened",
         extra={
@@ -182,8 +186,13 @@ class FailedCardsRecord:
     since (card -> the refusal's stamp: ``agent.command_overlays.Overlays.failed_marks``), written to
     the journal's ``failed_cards`` entry with each decision, when they changed. Without it a
     restarted agent sent a silent rack's caps to its dead cards again and had them refused once
-    more before it knew. The entry names the site layout (``{"site": ..., "marks": {card: stamp}}``).
-    A failed write raises :class:`agent.journal.JournalError` (and is written at the next call)."""
+    more before it knew. The entry names the site layout (``{"site": ..., "marks": {card: stamp},
+    "repeats": {card: {"repeats": n, "hold_until_s": t, "hold_s": h}}}``); ``repeats`` are the cards
+    refused as failed again although their telemetry read them alive
+    (``Overlays.failed_repeat_holds``: a restarted agent holds them out for the rest of their hold, and
+    their next refusal doubles it), absent in entries written before they were kept (taken up without
+    repeats; an agent of before reads the marks only). A failed write raises
+    :class:`agent.journal.JournalError` (and is written at the next call)."""
 
     key = "failed_cards"
 
@@ -194,7 +203,12 @@ class FailedCardsRecord:
 
     def save(self, book: CommandBook, snap: StateSnapshot) -> None:
         marks = book.overlays.failed_marks(snap.card_last_seen_s)
-        doc = {"site": self.layout, "marks": {str(c): t for c, t in marks.items()}}
+        holds = book.overlays.failed_repeat_holds()
+        doc: dict[str, Any] = {"site": self.layout, "marks": {str(c): t for c, t in marks.items()}}
+        if holds:
+            doc["repeats"] = {
+                str(c): {"repeats": n, "hold_until_s": until, "hold_s": hold} for c, (n, until, hold) in holds.items()
+            }
         raw = json.dumps(doc, separators=(",", ":"))
         if raw != self._raw:
             self.journal.set_meta(self.key, raw)
