@@ -118,7 +118,8 @@ class Overlays:
         self._failed_cleared_s[dead] = math.inf
         for c in again.tolist():
             self.failed_repeats[c] += 1
-            hold_s = min(max(first_hold_s, 1.0) * 2.0 ** (int(self.failed_repeats[c]) - 1), FAILED_HOLD_MAX_S)
+            doublings = min(int(self.failed_repeats[c]) - 1, 64)  # (an hourly repeat for years: no overflow)
+            hold_s = min(max(first_hold_s, 1.0) * 2.0**doublings, FAILED_HOLD_MAX_S)
             self.failed_hold_s[c] = hold_s
             self.failed_hold_until_s[c] = now_s + hold_s
             log.warning(

@@ -171,8 +171,8 @@ def test_a_card_repaired_during_its_hold_is_commanded_after_it_and_counts_from_t
 
 def test_the_hold_doubles_from_the_command_ttl_up_to_an_hour() -> None:
     """Refused again and again, each time right after its hold ended and a reading showed the card
-    alive: held 30, 60, ... 1920 s, then an hour each time; a refusal of a command issued before the
-    mark was cleared (the same decision's other command) is no repeat."""
+    alive: held 30, 60, ... 1920 s, then an hour each time, also after 10,000 repeats; a refusal of a
+    command issued before the mark was cleared (the same decision's other command) is no repeat."""
     site = small_site(racks=2, xy=(4, 4))
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
     book = CommandBook(site, codec, ControlConfig(command_ttl_s=TTL_S))
@@ -181,6 +181,8 @@ def test_the_hold_doubles_from_the_command_ttl_up_to_an_hour() -> None:
     now = 1000.0
     holds: list[float] = []
     for level in range(12):
+        if level == 11:  # refused again every hour for more than a year (the doubling overflowed a float)
+            book.overlays.failed_repeats[DEAD] = 10_000
         decision = proposal(site, level % 2 + 1, time_s=now, card_power_limit_w=np.full(n, CAP_W))
         seen = dataclasses.replace(snap, card_last_seen_s=np.full(n, now - 0.5))
         sent = book.commands(decision, seen, np.full(n, -1, dtype=np.int64), now)
