@@ -18,10 +18,10 @@ from agent import wire
 from agent.bus import MqttOptions
 from agent.clock import SiteClock
 from agent.config import load_config
-from agent.ingest import Ingest, RoundMerger
+from agent.ingest import _DATES_KEPT, Ingest, RoundMerger
 from agent.logs import JsonFormatter
 from agent.service import AgentService
-from twin.readings import LoopReading, PduReading, RackReading, Readings
+from twin.readings import FacilityReading, LoopReading, PduReading, RackReading, Readings
 from twin.state import TwinState
 from twin.workload import JobSpec, Phase
 
@@ -507,6 +507,9 @@ def test_a_cdu_reading_made_without_its_pump_speed_is_unknown_as_on_the_wire() -
     snap = state.snapshot()
     assert snap.rack_pump_speed_reported is not None and not snap.rack_pump_speed_reported[1]
     assert snap.rack_pump_speed_frac[1] == 0.5  # the last reported, not full speed
+    ing.handle(_cdu("r1", T0 + 2.0))
+    r = ing.flush()  # what the estimator gets: unknown too (it takes a speed of 0 for full speed)
+    assert r is not None and r.racks[0].loop is not None and math.isnan(r.racks[0].loop.pump_speed_frac)
     assert "pump_speed_percent" not in json.loads(wire.encode(_cdu("r1", T0)))  # absent on the wire too
 
 
@@ -753,3 +756,197 @@ def test_after_the_clock_stepped_back_a_job_event_stamped_far_ahead_is_dated_at_
     assert ing.stats.ahead == 1
     assert dated[-1] == now  # the new timeline's now (was: just after T0 + 5, 594 s ahead of it)
     assert state.jobs["j1"].last_event_s == now
+
+
+def _facility(ts: float) -> wire.FacilityReading:
+    return wire.FacilityReading(
+        ambient_temp_c=20.0,
+        supply_temp_c=30.0,
+        return_temp_c=38.0,
+        cooling_power_w=10_000.0,
+        it_power_w=300_000.0,
+        facility_power_w=320_000.0,
+        supply_setpoint_c=30.0,
+        ts_s=ts,
+        seq=0,
+        publisher="sim",
+    )
+
+
+def _applied(rack: str, cards: list[int], levels: list[int], ts: float) -> wire.AppliedState:
+    n = len(cards)
+    return wire.AppliedState(
+        rack=rack,
+        card_index=np.asarray(cards, dtype=np.int64),
+        dvfs_level=np.asarray(levels, dtype=np.int64),
+        min_clock_mhz=np.full(n, 1210.0),
+        max_clock_mhz=np.full(n, 1980.0),
+        power_limit_w=np.full(n, 700.0),
+        low_power=np.zeros(n, dtype=bool),
+        last_command_id=None,
+        ts_s=ts,
+        seq=0,
+        publisher="sim",
+    )
+
+
+def test_a_round_is_dated_at_its_newest_stamp_also_one_of_the_facility_alone() -> None:
+    """A round of a rack's readings is dated at their stamp, and so is a round of the facility alone
+    (every rack's exporters are silent and the facility still reports); the belief's time moves with
+    them (not left where the last rack reading put it)."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    ing.handle(cards_msg("r0", T0))
+    r = ing.flush()
+    assert r is not None and r.time_s == T0 and state.snapshot().time_s == T0
+    ing.handle(_facility(T0 + 3.0))
+    r = ing.flush()
+    assert r is not None and r.time_s == T0 + 3.0 and r.racks == () and r.facility is not None
+    assert state.snapshot().time_s == T0 + 3.0
+
+
+def test_an_acks_timestamp_drives_the_site_clock() -> None:
+    """Every message's stamp drives the site clock, an ack's too (a restarted agent's persistent session
+    delivers the acks queued while it was away before any telemetry)."""
+    site = example_site()
+    clock = SiteClock(1.0)
+    acks: list[wire.Acknowledgement] = []
+    ing = Ingest(site, TwinState(site), clock, on_ack=acks.append)
+    ack = wire.Acknowledgement("r1", uuid.uuid4(), wire.AckResult.APPLIED, T0, 0, "sim")
+    ing.handle(ack)
+    assert acks == [ack]
+    assert clock.latest_ts_s == T0 and clock.now() is not None
+
+
+def test_an_applied_state_naming_cards_or_levels_the_site_lacks_sets_no_level() -> None:
+    """An applied state made in code (a rack bridge; the codec refuses these on the wire) that names
+    card 64 of a 64-card rack, level -1 or a level past the table: none of it is taken. r1's cards
+    keep the levels their rack applied before, r2's card 0 (site card 128, "card 64 of r1") its
+    level read from its clock (1870 MHz: level 1)."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    ing.handle(_applied("r1", [0, 1], [2, 2], T0))
+    ing.handle(_applied("r1", [0, 1, 64], [-1, site.card.n_levels, 0], T0))
+    ing.handle(cards_msg("r1", T0))
+    ing.handle(cards_msg("r2", T0))
+    ing.flush()
+    assert state.card_level[64:66].tolist() == [2, 2]
+    assert state.card_level[128] == 1
+
+
+def test_a_negative_clock_reading_changes_no_cards_failure() -> None:
+    """A clock of -1 MHz (a broken exporter's value) is no clock: a live card reading it at 0 W is not
+    taken for failed, a dead card reading it at 300 W is not taken for alive again."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    power, clock_mhz = np.full(64, 300.0), np.full(64, 1870.0)
+    power[0], clock_mhz[0] = 0.0, 0.0  # card 0: awake at 0 MHz and 0 W, dead
+    ing.handle(cards_msg("r0", T0, power_w=power, sm_clock_mhz=clock_mhz))
+    ing.flush()
+    assert state.card_failed[:2].tolist() == [True, False]
+    power, clock_mhz = np.full(64, 300.0), np.full(64, 1870.0)
+    power[1] = 0.0
+    clock_mhz[:2] = -1.0
+    ing.handle(cards_msg("r0", T0 + 1.0, power_w=power, sm_clock_mhz=clock_mhz))
+    ing.flush()
+    assert state.card_failed[:2].tolist() == [True, False]
+
+
+def test_a_job_events_cards_are_the_site_cards_of_its_racks_in_order() -> None:
+    """A job event (made in code: the codec refuses such cards on the wire) places the job on
+    rack-local cards of several racks, listed out of order, with a card past its rack's last and a
+    rack the site lacks: the belief holds the site cards that exist, in order (card 64 of r1 is not
+    r2's card 0)."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    spec = JobSpec(job_id="j1", n_cards=4, work_steps=100.0, step_time_s=1.0, compute_share=0.9)
+    ing.handle(wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", T0, 0, "sim", job=spec))
+    cards = {"r2": (4, 3), "r1": (1, 0, 64), "r9": (0,)}
+    ing.handle(wire.JobEvent(wire.JobEventType.STARTED, "j1", T0 + 1.0, 1, "sim", cards=cards))
+    assert state.jobs["j1"].cards == (64, 65, 131, 132)
+    assert state.jobs["j1"].phase == Phase.WAITING  # a start that does not say its phase: starting up
+
+
+def test_a_restart_stamped_after_the_start_is_a_restart_while_the_site_clock_stands() -> None:
+    """A scheduler an hour ahead restarts j1 on other cards 5 s (its time) after starting it, both
+    events arriving before the site's clock moves on: each is dated after the one before it, so the
+    belief takes the restart for one (dated at the same now, it looked like a copy of the start and
+    the job stayed on its old cards)."""
+    _wall, state, ing, spec, ahead, started = _scheduler_an_hour_ahead()
+    ing.handle(cards_msg("r0", T0))
+    ing.handle(wire.JobEvent(wire.JobEventType.SUBMITTED, "j1", ahead, 0, "sched", job=spec))
+    ing.handle(started)
+    assert state.jobs["j1"].cards == (64, 65, 66, 67)
+    ing.handle(wire.JobEvent(wire.JobEventType.STARTED, "j1", ahead + 6.0, 2, "sched", cards={"r2": (0, 1, 2, 3)}))
+    assert ing.stats.ahead == 3
+    assert state.jobs["j1"].cards == (128, 129, 130, 131)
+
+
+def test_the_dates_of_the_jobs_heard_from_last_are_kept_when_many_jobs_are() -> None:
+    """With more jobs than the ingest remembers the dates of (stamped far ahead), it forgets the job
+    heard from longest ago: a copy of the ``started`` of a job heard from recently (``j0``: started
+    after 4095 other jobs were submitted) or last (``jx``) is still a copy, not a restart that
+    releases its cards."""
+    wall, state, ing, spec, ahead, started = _scheduler_an_hour_ahead()
+    ing.handle(cards_msg("r0", T0))
+
+    def submitted(job_id: str) -> wire.JobEvent:
+        return wire.JobEvent(
+            wire.JobEventType.SUBMITTED, job_id, ahead, 0, "sched", job=dataclasses.replace(spec, job_id=job_id)
+        )
+
+    for i in range(_DATES_KEPT):
+        ing.handle(submitted(f"j{i}"))
+    j0 = dataclasses.replace(started, job_id="j0")
+    ing.handle(j0)
+    ing.handle(submitted("jx"))
+    jx = wire.JobEvent(wire.JobEventType.STARTED, "jx", ahead + 1.0, 1, "sched", cards={"r2": (0, 1, 2, 3)})
+    ing.handle(jx)
+    # the site's clock moves on (less than the wall second that would confirm the scheduler's timeline
+    # as the site's): a forgotten job's copy would be dated at the new now, later than its start
+    wall.t += 0.5
+    ing.handle(j0)
+    ing.handle(jx)
+    assert state.jobs["j0"].state == "running" and state.jobs["jx"].state == "running"
+    assert np.all(state.snapshot().card_released_s[[64, 65, 66, 67, 128, 129, 130, 131]] == -np.inf)
+
+
+def test_a_facility_reading_stamped_at_the_new_now_is_merged_into_its_round() -> None:
+    """As a rack's part (above): a facility reading stamped at the clock's new now, when it stepped
+    back, is on the new timeline and waits for the rest of its round; only the old round goes out."""
+    merger = RoundMerger()
+    assert merger.add(_pdu_round(T0 + 10.0, 0)) == []
+    fac = FacilityReading(T0 + 5.0, 20.0, 30.0, 38.0, 10_000.0, 300_000.0, 320_000.0, 30.0)
+    out = merger.step_back(Readings(time_s=T0 + 5.0, racks=(), facility=fac), T0 + 5.0)
+    assert [r.time_s - T0 for r in out] == [10.0]
+    assert merger.add(_pdu_round(T0 + 5.0, 1)) == []
+    out = merger.add(_pdu_round(T0 + 6.0, 0))
+    assert [(r.time_s - T0, [rr.rack for rr in r.racks], r.facility) for r in out] == [(5.0, [1], fac)]
+
+
+def test_a_racks_round_split_by_a_newer_cdu_reading_merges_into_the_newest_parts() -> None:
+    """r0's PDU and CDU report at T0, its cards at T0 + 1, then its CDU again at T0 + 1: two partial
+    rounds (a second reading of a kind folds the first in) of one time stamp, merged for the
+    estimator into one with the newer loop reading, and each part at its own time (the PDU's is
+    T0, not made fresh by the round's)."""
+    site = example_site()
+    merger = RoundMerger()
+    rounds: list[Readings] = []
+    ing = Ingest(site, TwinState(site), SiteClock(1.0), on_round=lambda r: rounds.extend(merger.add(r)))
+    ing.handle(wire.PduReading(rack="r0", power_w=40_000.0, ts_s=T0, seq=0, publisher="sim"))
+    ing.handle(_cdu("r0", T0))
+    ing.handle(cards_msg("r0", T0 + 1.0))
+    ing.handle(dataclasses.replace(_cdu("r0", T0 + 1.0), flow_lpm=120.0))
+    ing.flush()
+    assert ing.stats.rounds == 2 and rounds == []
+    ing.handle(cards_msg("r0", T0 + 2.0))
+    ing.flush()
+    assert len(rounds) == 1
+    (rr,) = rounds[0].racks
+    assert rr.loop is not None and rr.loop.flow_lpm == 120.0 and rr.part_time_s("loop") == T0 + 1.0
+    assert rr.pdu is not None and rr.part_time_s("pdu") == T0
+    assert rr.cards is not None and rr.part_time_s("cards") == T0 + 1.0

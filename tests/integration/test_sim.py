@@ -22,6 +22,7 @@ import pytest
 from mqtt_helpers import WAIT_S
 from sim_testing import (
     REPO,
+    SITE_ID,
     START_EPOCH_S,
     command_times,
     job,
@@ -33,6 +34,7 @@ from sim_testing import (
 
 from agent import wire
 from agent.broker import EmbeddedBroker
+from sim.runner import SimOptions, Simulator
 from sim.truth import truth_columns
 from twin.workload import Phase
 
@@ -92,10 +94,14 @@ async def test_telemetry_round_trip_matches_the_plant_readings(mosquitto: Embedd
     r0 = [b for b in batches if b.rack == "r0"]
     assert [b.seq for b in r0] == list(range(len(r0)))
     assert [b.ts_s - START_EPOCH_S for b in r0] == [float(i) for i in range(len(r0))]
-    # job events: the listed job was submitted and started on the first 16 cards (rack r0)
+    # job events: the listed job was submitted and started on the first 16 cards (rack r0), announced
+    # before the first telemetry round (as a site's scheduler knows its jobs before its racks report)
     events = obs.of(wire.JobEvent)
     kinds = [e.event for e in events if e.job_id == "train"]
     assert kinds[:2] == [wire.JobEventType.SUBMITTED, wire.JobEventType.STARTED]
+    first_batch = next(i for i, m in enumerate(obs.received) if isinstance(m, wire.CardBatch))
+    before = [m.event for m in obs.received[:first_batch] if isinstance(m, wire.JobEvent) and m.job_id == "train"]
+    assert before[:2] == [wire.JobEventType.SUBMITTED, wire.JobEventType.STARTED]
     started = next(e for e in events if e.event is wire.JobEventType.STARTED)
     assert started.cards == {"r0": tuple(range(16))}
     submitted = next(e for e in events if e.event is wire.JobEventType.SUBMITTED)
@@ -529,6 +535,7 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
     d = json.loads(summary.read_text(encoding="utf-8"))
     acc = sim.plant.accounting()
     assert d["duration_s"] == 121.0 and d["stopped_by"] == "duration"
+    assert d["start_ts_s"] == START_EPOCH_S and d["end_ts_s"] == START_EPOCH_S + 121.0
     assert d["facility_energy_kwh"] == pytest.approx(acc.facility_energy_j / 3.6e6)
     assert d["facility_energy_kwh"] == pytest.approx(float(rows[-1]["facility_energy_kwh"]), rel=1e-6)
     assert d["work_card_s"] == pytest.approx(float(rows[-1]["work_card_s"]), rel=1e-6)
@@ -700,3 +707,23 @@ async def test_a_long_step_lands_on_plant_fault_edges(mosquitto: EmbeddedBroker)
     ]
     assert stopped[0].ts_s - START_EPOCH_S == pytest.approx(15.0)
     assert requeued.reason == "card 3 failed" and requeued.ts_s - START_EPOCH_S == pytest.approx(20.0)
+
+
+async def test_a_run_that_cannot_keep_up_with_its_speed_runs_late_and_says_so(mosquitto: EmbeddedBroker) -> None:
+    """Asked for 1e9x, the run cannot keep up: it skips no physics (every site second is run) and
+    the summary says how far behind it ran."""
+    sim = Simulator(
+        SimOptions(
+            scenario=scenario(duration_s=30.0),
+            mqtt=mosquitto.options(),
+            site_id=SITE_ID,
+            speed=1e9,
+            start_epoch_s=START_EPOCH_S,
+        )
+    )
+    async with asyncio.timeout(WAIT_S):
+        summary = await sim.run()
+    assert summary.accounting.time_s == 30.0 and summary.truth_rows == 0
+    d = summary.to_dict()
+    assert d["max_behind_s"] > 0.0 and d["max_behind_s"] == summary.max_behind_s
+    assert d["speed_achieved"] < d["speed_requested"]

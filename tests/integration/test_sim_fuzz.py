@@ -136,6 +136,8 @@ async def test_fuzzed_command_payloads_are_rejected_counted_and_the_simulator_ke
         assert later.rack in ("r0", "r1")
     assert sim.summary is not None and sim.summary.stopped_by == "stop"
     assert math.isclose(sum(sim.summary.rejected_messages.values()), rejected)
+    d = sim.summary.to_dict()  # the --summary JSON: every refused message once, by reason and in all
+    assert d["rejected_messages_total"] == rejected and d["commands_malformed"] == rejected
 
 
 def test_hostile_messages_are_drawn_deterministically() -> None:

@@ -1,6 +1,7 @@
 """The simulator's MQTT link against a real mosquitto on a random loopback port: job events kept
 through a broker disconnect go out once each, in order; disconnect windows that touch are one
-outage; a restarted simulator does not apply what the broker queued for the run before it."""
+outage, and one shorter than a step still happens; a restarted simulator does not apply what the
+broker queued for the run before it."""
 
 from __future__ import annotations
 
@@ -108,3 +109,22 @@ async def test_a_restarted_simulator_does_not_apply_commands_queued_for_the_run_
         assert not [a for a in obs.of(wire.Acknowledgement) if a.command_id == stale.command_id]
         assert second.commands.power_limit_w[:4].tolist() == [SITE.card.power_limit_w] * 4
         assert second.commands.counts.applied == 1
+
+
+async def test_a_broker_outage_shorter_than_a_step_still_happens(mosquitto: EmbeddedBroker) -> None:
+    """Steps of 10 s and an outage from 12 s to 16 s: the step is shortened to land on both of its
+    edges (stepping over it, the run skipped the outage: the scenario's fault never happened)."""
+    sc = scenario(
+        faults=[{"kind": "broker_disconnect", "start_s": 12.0, "duration_s": 4.0}],
+        telemetry_period_s=10.0,
+        duration_s=30.0,
+    )
+    sim = Simulator(
+        SimOptions(
+            scenario=sc, mqtt=mosquitto.options(), site_id=SITE_ID, speed=0.0, start_epoch_s=START_EPOCH_S, step_s=10.0
+        )
+    )
+    async with asyncio.timeout(WAIT_S):
+        summary = await sim.run()
+    assert summary.disconnects == 1 and summary.telemetry_dropped == 0
+    assert summary.accounting.time_s == 30.0
