@@ -552,6 +552,39 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
     assert shown[-1] == 121.0 and all(a < b for a, b in itertools.pairwise(shown)), shown[-3:]
 
 
+async def test_a_peak_after_the_last_telemetry_round_is_the_summarys_maximum(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Telemetry every 30 s, a run of 75 s, and a job of 16 cards submitted at 1 s that computes from
+    ~62 s on (its cards woken, its hosts booted, started up): rack power peaks after the last round
+    (60 s). The summary's maximum rack power still counts that peak, as the truth log's last row
+    does: a peak between the last round and the end is no less a peak."""
+    sc = scenario(
+        jobs=[job("a", 4, running_at_start=True), job("b", 16, submit_time_s=1.0)],
+        plant={"noise": False, "placement": "builtin"},
+        telemetry_period_s=30.0,
+        duration_s=75.0,
+    )
+    truth = tmp_path / "truth.csv"
+    sim = Simulator(
+        SimOptions(
+            scenario=sc,
+            mqtt=mosquitto.options(),
+            site_id=SITE_ID,
+            speed=0.0,
+            start_epoch_s=START_EPOCH_S,
+            truth_log=truth,
+        )
+    )
+    async with asyncio.timeout(WAIT_S):
+        summary = await sim.run()
+    rows = list(csv.DictReader(truth.open(encoding="utf-8")))
+    assert [float(r["time_s"]) for r in rows] == [0.0, 30.0, 60.0, 75.0]
+    *published, last = (float(r["max_rack_power_w"]) for r in rows)
+    assert last > 1.2 * max(published)  # the peak came after the last round
+    assert summary.max_rack_power_w == pytest.approx(last, abs=0.01)  # the log rounds to 0.01 W
+
+
 def test_command_line_with_embedded_broker_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     truth, summary = tmp_path / "truth.csv", tmp_path / "summary.json"
     cmd = [

@@ -1,7 +1,7 @@
 """The simulator's MQTT link against a real mosquitto on a random loopback port: job events kept
 through a broker disconnect go out once each, in order; disconnect windows that touch are one
 outage, and one shorter than a step still happens; a restarted simulator does not apply what the
-broker queued for the run before it."""
+broker queued for the run before it; a connection lost during the run is counted in the summary."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sim_testing import SITE_ID, START_EPOCH_S, job, observer, running, scenario
 
 from agent import wire
 from agent.broker import EmbeddedBroker
+from agent.bus import Bus
 from sim.runner import SimOptions, Simulator
 
 pytestmark = pytest.mark.integration
@@ -128,3 +129,30 @@ async def test_a_broker_outage_shorter_than_a_step_still_happens(mosquitto: Embe
         summary = await sim.run()
     assert summary.disconnects == 1 and summary.telemetry_dropped == 0
     assert summary.accounting.time_s == 30.0
+
+
+async def test_a_connection_lost_during_the_run_counts_in_the_summarys_link_losses(mosquitto: EmbeddedBroker) -> None:
+    """Another client connects with the simulator's client id during the run: the broker closes the
+    simulator's connection, which reconnects and runs to its end. That unplanned loss of the link it
+    ended the run on is in the summary's ``link_losses`` (not in ``disconnects``: no fault planned it)."""
+    sc = scenario(duration_s=60.0)
+    sim = Simulator(
+        SimOptions(
+            scenario=sc,
+            mqtt=mosquitto.options(client_id="sim-taken", reconnect_min_s=0.05, reconnect_max_s=0.1),
+            site_id=SITE_ID,
+            speed=20.0,
+            start_epoch_s=START_EPOCH_S,
+        )
+    )
+    task = asyncio.create_task(sim.run())
+    async with asyncio.timeout(WAIT_S):
+        while not sim.connected:
+            await asyncio.sleep(0.01)
+        async with Bus(mosquitto.options(client_id="sim-taken"), name="intruder") as intruder:
+            await intruder.wait_connected(WAIT_S)  # the broker closed the simulator's connection for it
+        while not sim.connected:
+            await asyncio.sleep(0.01)
+        summary = await task
+    assert summary.stopped_by == "duration" and summary.site_time_s == START_EPOCH_S + 60.0
+    assert summary.disconnects == 0 and summary.link_losses >= 1

@@ -1,0 +1,189 @@
+"""The agent's status on ``agent/status`` (``agent.status.StatusPublisher``) over a real mosquitto:
+what it says, its last will, its client id while standing by, and how often it is published (a sign
+of life every STATUS_EVERY_S, an answer to another agent's status at most once a second). The two
+agents it serves are tested in test_agent_service.py and test_two_agents.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from mqtt_helpers import WAIT_S
+
+from agent import wire
+from agent.broker import EmbeddedBroker
+from agent.bus import Bus, Incoming, MqttOptions
+from agent.clock import SiteClock
+from agent.other_agents import AgentInstance, OtherAgents
+from agent.standby import Standby
+from agent.status import VERSION, StatusPublisher
+
+pytestmark = pytest.mark.integration
+
+SITE_ID = "site1"
+ME = AgentInstance("host-a", 4242, 1_800_000_000_000, "aaaaaaaaaaaa")
+OLDER = AgentInstance("host-b", 99, ME.started_ms - 1000, "bbbbbbbbbbbb")
+NEWER = AgentInstance("host-c", 98, ME.started_ms + 1000, "cccccccccccc")
+SITE_TS_S = 1_700_000_000.0
+
+
+def codec() -> wire.Codec:
+    return wire.Codec(wire.SiteLayout(SITE_ID, ("r0",), 4))
+
+
+def publisher(mqtt: MqttOptions, mode: str = "enforce") -> StatusPublisher:
+    """The status publisher of agent :data:`ME` on a bus not yet started (as the service makes it)."""
+    clock = SiteClock(1.0)
+    clock.observe(SITE_TS_S)
+    standby = Standby(
+        OtherAgents(ME),
+        mode=mode,
+        site_id=SITE_ID,
+        connected=lambda: True,
+        on_stand_by=lambda: None,
+        on_commanding=lambda: None,
+    )
+    made: list[StatusPublisher] = []
+    # as the service wires it: the status's will, and the status published on every connect
+    bus = Bus(mqtt, will=lambda: made[0].will(), on_connect=lambda b: made[0].publish_online(b), name="agent")
+    made.append(StatusPublisher(bus, codec(), clock, standby, mqtt=mqtt))
+    return made[0]
+
+
+def other_status(who: AgentInstance, seq: int, state: str = "online") -> wire.AgentStatus:
+    return wire.AgentStatus(wire.AgentState(state), "1", SITE_TS_S, seq, who.publisher, mode="enforce", detail="")
+
+
+@asynccontextmanager
+async def statuses(broker: EmbeddedBroker) -> AsyncIterator[list[tuple[float, bool, wire.AgentStatus]]]:
+    """Every status on the site's topic as it arrives: (wall time, retained, status)."""
+    c = codec()
+    seen: list[tuple[float, bool, wire.AgentStatus]] = []
+
+    def handle(m: Incoming) -> None:
+        msg = c.decode(m.topic, m.payload)
+        if isinstance(msg, wire.AgentStatus):
+            seen.append((time.monotonic(), m.retain, msg))
+
+    async with Bus(broker.options(), subscriptions=[c.topics.agent_status], on_message=handle, name="watch") as bus:
+        await bus.wait_connected(WAIT_S)
+        yield seen
+
+
+async def wait_until(cond: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + WAIT_S
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def mine(seen: list[tuple[float, bool, wire.AgentStatus]]) -> list[wire.AgentStatus]:
+    return [s for _w, _r, s in seen if s.publisher == ME.publisher]
+
+
+async def test_the_status_says_who_commands_and_the_will_says_offline(mosquitto: EmbeddedBroker) -> None:
+    """Online on connect (retained, stamped on the site clock, with the mode and who the agent is),
+    offline with why at a stop; the broker's last will is a retained offline too."""
+    status = publisher(mosquitto.options(client_id="agent-x"))
+    async with statuses(mosquitto) as seen, status.bus:
+        await wait_until(lambda: mine(seen), "the online status")
+        task = asyncio.create_task(status.run())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert len(mine(seen)) == 1  # the next one is due STATUS_EVERY_S (10 s) after the connect's
+        await status.publish_offline("clean shutdown")
+        await wait_until(lambda: len(mine(seen)) == 2, "the offline status")
+    online, offline = mine(seen)
+    assert online.state is wire.AgentState.ONLINE and online.mode == "enforce" and online.version == VERSION
+    assert online.ts_s == pytest.approx(SITE_TS_S, abs=5.0)  # the site's time, not the wall clock's
+    assert online.detail == f"enforce mode; {ME.describe()}, client id agent-x"
+    assert offline.state is wire.AgentState.OFFLINE and offline.detail == "clean shutdown"
+    assert offline.seq > online.seq
+    will = status.will()
+    assert will.retain and will.qos == 1 and will.topic == codec().topics.agent_status
+    dead = codec().decode(will.topic, will.payload)
+    assert isinstance(dead, wire.AgentStatus) and dead.state is wire.AgentState.OFFLINE
+    assert dead.detail == "connection lost" and dead.publisher == ME.publisher
+    advisory = publisher(mosquitto.options(client_id="agent-x"), mode="advisory")
+    says = codec().decode(codec().topics.agent_status, advisory.message(wire.AgentState.ONLINE, "").payload)
+    assert isinstance(says, wire.AgentStatus) and says.mode == "advisory"
+    assert advisory.online_detail().startswith("advisory mode; ")
+    # a later subscriber gets the last status, retained
+    async with statuses(mosquitto) as later:
+        await wait_until(lambda: mine(later), "the retained status")
+    assert later[0][1] and mine(later)[0].state is wire.AgentState.OFFLINE
+
+
+async def test_standing_by_the_agent_says_for_whom_under_a_client_id_of_its_own(mosquitto: EmbeddedBroker) -> None:
+    """Another agent that started first commands: this one's status names it at once, and it
+    reconnects under ``<client id>-standby-<its id>`` with a clean session (the configured id's
+    session stays with the other agent); once the other is offline, back to the configured id."""
+    mqtt = mosquitto.options(client_id="agent-x", clean_session=False)
+    status = publisher(mqtt)
+    assert status.wanted_mqtt() == mqtt
+    async with statuses(mosquitto) as seen, status.bus:
+        task = asyncio.create_task(status.run())
+        try:
+            await wait_until(lambda: mine(seen), "the online status")
+            status.standby.on_status(other_status(OLDER, 1), retained=False)
+            await wait_until(lambda: status.bus.connected and status.bus.options != mqtt, "the standby client id")
+            await wait_until(lambda: "standing by" in (mine(seen)[-1].detail or ""), "the standing-by status")
+            assert status.bus.options.client_id == "agent-x-standby-aaaaaaaa" and status.bus.options.clean_session
+            assert mine(seen)[-1].detail == (
+                f"enforce mode, standing by: {OLDER.describe()} commands this site; "
+                f"{ME.describe()}, client id agent-x-standby-aaaaaaaa"
+            )
+            status.standby.on_status(other_status(OLDER, 2, "offline"), retained=False)
+            await wait_until(lambda: status.bus.connected and status.bus.options == mqtt, "the configured client id")
+            await wait_until(lambda: mine(seen)[-1].detail == f"enforce mode; {ME.describe()}, client id agent-x", "")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    # without a configured client id (a random one) there is no session to leave alone
+    anon = publisher(mosquitto.options())
+    anon.standby.on_status(other_status(OLDER, 1), retained=False)
+    assert anon.standby.standing_by_for is not None and anon.wanted_mqtt() == mosquitto.options()
+    # a retained "online" of an agent that started first, not confirmed yet: the status says so, and
+    # the agent keeps its client id meanwhile
+    waiting = publisher(mqtt)
+    waiting.standby.on_status(other_status(OLDER, 1), retained=True)
+    waiting.standby.check()
+    assert waiting.online_detail() == (
+        f"enforce mode, waiting for a sign of life from {OLDER.describe()}; {ME.describe()}, client id agent-x"
+    )
+    assert waiting.wanted_mqtt() == mqtt
+
+
+async def test_the_status_is_a_sign_of_life_and_answers_another_agent_at_most_once_a_second(
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Published every STATUS_EVERY_S (0.4 s here) while commanding; another agent's statuses are
+    answered within a round trip, but never more than once a second however fast they come."""
+    monkeypatch.setattr("agent.status.STATUS_EVERY_S", 0.4)
+    status = publisher(mosquitto.options(client_id="agent-x"))
+    async with statuses(mosquitto) as seen, status.bus:
+        task = asyncio.create_task(status.run())
+        try:
+            await wait_until(lambda: mine(seen), "the online status")
+            t0 = time.monotonic()
+            await asyncio.sleep(2.0)
+            quiet = [w for w, _r, s in seen if s.publisher == ME.publisher and w >= t0]
+            assert 3 <= len(quiet) <= (time.monotonic() - t0) / 0.4 + 1, quiet  # every 0.4 s
+            monkeypatch.setattr("agent.status.STATUS_EVERY_S", 100.0)
+            await asyncio.sleep(1.5)  # the wait under way ends, and a second more
+            t1 = time.monotonic()
+            for seq in range(1, 41):  # a status every 0.05 s for 2 s, from an agent that started later
+                status.standby.on_status(other_status(NEWER, seq), retained=False)
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the answers in flight
+            answers = [w for w, _r, s in seen if s.publisher == ME.publisher and w >= t1]
+            elapsed_s = time.monotonic() - t1
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert answers and answers[0] - t1 < 0.5  # the first at once
+    assert len(answers) <= elapsed_s + 1, [round(w - t1, 2) for w in answers]  # then at most one a second
