@@ -105,7 +105,7 @@ def test_commands_from_a_publisher_that_names_no_instance_always_win() -> None:
     cannot be asked to stand by: this agent does, until it has been silent for 35 s."""
     watch = OtherAgents(ME)
     peer = watch.on_command("agent", now_wall=0.0)
-    assert peer.mode == "enforce" and watch.blocker(1.0) == (peer, True)
+    assert peer is not None and peer.mode == "enforce" and watch.blocker(1.0) == (peer, True)
     assert watch.blocker(36.0) is None
     # a command from a newer agent does not make this one stand by
     watch.on_command(other(ME.started_ms + 5).publisher, now_wall=40.0)
