@@ -38,7 +38,7 @@ from twin.state import JobInfo, StateSnapshot
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["PlacementBook", "cards_due", "orders_seen_until", "place_queued"]
+__all__ = ["PlacementBook", "cards_due", "orders_seen_until", "place_queued", "usable_free_cards"]
 
 #: A job id and the cards a placement order gives it.
 Placed = tuple[str, tuple[int, ...]]
@@ -123,6 +123,13 @@ class PlacementBook:
         self.reserved = None  # a reservation's promised start is recomputed on the new timeline
 
 
+def usable_free_cards(site: SiteSpec, load: SiteLoad, ctx: StepContext) -> BoolArray:
+    """Per card: free for a queued job in ``load`` and seen (not on a blind rack, its sensor not
+    stuck: ``StepContext.unseen_card_mask``). What :func:`place_queued` places on and counts free for a
+    reservation, and :func:`cards_due` counts free for the hosts to keep on."""
+    return load.idle & ~ctx.unseen_card_mask(site.card_rack())
+
+
 def place_queued(
     queue: Sequence[JobInfo],
     load: SiteLoad,
@@ -176,7 +183,7 @@ def place_queued(
             after = site_load(site, snap, [*placing, *((o.job_id, o.cards) for o in orders)])
             orders += place(after, rest, waits)
         return orders
-    n_free = int((load.idle & ~unseen_card).sum())
+    n_free = int(usable_free_cards(site, load, ctx).sum())
     res = book.hold(head.job_id, reservation(snap, load, head.n_cards, n_free, ctx.now_s, book.running_since))
     specs = [spec_of_info(q) for q in rest]
     picked = [rest[i] for i in backfill_candidates(rest, specs, res, ctx.now_s)]
@@ -249,8 +256,9 @@ def cards_due(
     """Cards of the queued jobs that neither this decision (``placements``) nor one in flight places
     and that are expected to start within a host's boot plus ``host_boot_lead_s``
     (``agent.backfill.expected_starts_s``: when their cards are expected to be free; a job holding a
-    reservation at its promised start, the jobs behind it not before). Their hosts are kept on or
-    powered on; hosts waiting for a start further away (a big job's drain) may go off meanwhile."""
+    reservation at its promised start, the jobs behind it not before; the cards free now are those
+    :func:`place_queued` may place on, :func:`usable_free_cards`). Their hosts are kept on or powered
+    on; hosts waiting for a start further away (a big job's drain) may go off meanwhile."""
     now = ctx.now_s
     placing = {o.job_id for o in placements} | set(book.pending_now(orders_seen_until(ctx, snap)))
     queue = [q for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= site.n_cards]
@@ -259,6 +267,7 @@ def cards_due(
     load = site_load(site, snap, book.pending_with(ctx, snap, placements))
     ids = {q.job_id for q in queue}
     held = book.reserved if book.reserved is not None and book.reserved[0] in ids else None
-    starts = expected_starts_s(snap, load, queue, int(load.idle.sum()), now, book.running_since, held)
+    n_free = int(usable_free_cards(site, load, ctx).sum())  # as place_queued: not blind or stuck cards
+    starts = expected_starts_s(snap, load, queue, n_free, now, book.running_since, held)
     horizon = now + site.rack.host_boot_s + host_boot_lead_s
     return sum(q.n_cards for q, start in zip(queue, starts, strict=True) if start <= horizon)

@@ -42,7 +42,9 @@ The journal is locked while the service holds it (a second agent on it is refuse
 :class:`agent.journal.JournalInUseError`); a journal that cannot be written (decisions, acks,
 calibration, the publisher's record of sends, the jobs and ``card_failed`` marks kept for a restart),
 or whose file was removed or replaced, makes the agent not ready (``/readyz``); so does a broker that
-leaves commands unacknowledged. A restarted
+leaves commands unacknowledged. A decision, calibration or restart-record write that keeps failing is
+logged once, then at most once a minute with a count (:class:`_FailureLines`), and once when it works
+again. A restarted
 agent resumes from its journal (``agent.resume``): the cycle count, calibration, the jobs it knew,
 and the commands still open (re-sent if not expired; an expired command is never sent again). Acks
 go to the journal in batches (``agent.journal_upkeep``).
@@ -122,10 +124,14 @@ _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.
 
 @dataclasses.dataclass
 class _FailureLines:
-    """Failures counted, and logged at most once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` of wall time."""
+    """Failures counted, and logged at most once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` of wall time.
+    A failure that lasts (a journal write on a full disk, tried each cycle) counts itself with
+    :meth:`failed` and ends with :meth:`recovered`: its first failure is logged at once, the repeats
+    once a minute with their number, and the next failure after a recovery at once again."""
 
     last_wall: float = -math.inf
     last_count: int = 0
+    failures: int = 0  # since the last recovery (counted by :meth:`failed`)
 
     def due(self, count: int) -> int | None:
         """With ``count`` failures so far: None while the last line is recent, else the number failed since
@@ -135,6 +141,17 @@ class _FailureLines:
             return None
         since, self.last_wall, self.last_count = count - self.last_count, wall, count
         return since
+
+    def failed(self) -> int | None:
+        """One more failure: :meth:`due` on the failures since the last recovery."""
+        self.failures += 1
+        return self.due(self.failures)
+
+    def recovered(self) -> int:
+        """The failures since the last recovery (0: none), forgotten, and so is the last line's time."""
+        n = self.failures
+        self.last_wall, self.last_count, self.failures = -math.inf, 0, 0
+        return n
 
 
 class _Shutdown(Exception):
@@ -288,9 +305,12 @@ class AgentService:
             self._solve_future: asyncio.Future[Decision] | None = None
             self._first_send: dict[str, tuple[float, str]] = {}
             self._journal_error: str | None = None  # the last decision write failed: why
+            self._journal_error_lines = _FailureLines()  # its log lines (a full disk fails every cycle)
             self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
             self._calibration_error: str | None = None  # the last calibration write failed: why
+            self._calibration_error_lines = _FailureLines()
             self._records_error: str | None = None  # the last write of the jobs or card_failed marks failed: why
+            self._records_error_lines = _FailureLines()
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             self.jobs_record = JobsRecord(self.journal, site)  # the jobs known, for a restart
             self._site_layout_json = site_layout_json(site)  # kept with the calibration
@@ -715,10 +735,17 @@ class AgentService:
             self.journal.save_calibration(cards, r_th, leak, now_s, layout=self._site_layout_json)
         except JournalError as exc:  # degraded (not ready), not stopped: the calibration is kept in memory
             self._calibration_error = str(exc)
-            log.error("journal write failed: calibration not saved", extra={"fields": {"error": str(exc)}})
+            since = self._calibration_error_lines.failed()
+            if since is not None:
+                log.error(
+                    "journal write failed: calibration not saved (%d failed since the last such line)",
+                    since,
+                    extra={"fields": {"error": str(exc)}},
+                )
             return
         if self._calibration_error is not None:
-            log.info("journal written again: calibration saved")
+            n = self._calibration_error_lines.recovered()
+            log.info("journal written again: calibration saved (after %d failed write(s))", n)
             self._calibration_error = None
 
     # ================================================================================================
@@ -855,11 +882,20 @@ class AgentService:
                 summary,
                 new_commands(commands),
             )
+            if self._journal_error is not None:
+                n = self._journal_error_lines.recovered()
+                log.info("journal written again: decisions recorded (after %d failed write(s))", n)
             self._journal_error = None
         except JournalError as exc:
             # nothing is acted on that is not journaled first
             self._journal_error = str(exc)
-            log.error("journal write failed: nothing sent this cycle", extra={"fields": {"error": str(exc)}})
+            since = self._journal_error_lines.failed()
+            if since is not None:
+                log.error(
+                    "journal write failed: nothing sent this cycle (%d cycle(s) failed since the last such line)",
+                    since,
+                    extra={"fields": {"error": str(exc)}},
+                )
             for oc in commands:
                 self.book.open.pop(oc.command_id, None)
                 self.book.forget(oc)
@@ -915,14 +951,20 @@ class AgentService:
             failed["card_failed marks"] = str(exc)
         if failed:
             self._records_error = "; ".join(f"{what} not saved: {err}" for what, err in failed.items())
-            log.warning(
-                "journal write failed: %s not saved for a restart (tried again with the next decision); "
-                "the decision is acted on",
-                " and ".join(failed),
-                extra={"fields": {"error": self._records_error}},
-            )
+            since = self._records_error_lines.failed()
+            if since is not None:
+                log.warning(
+                    "journal write failed: %s not saved for a restart (tried again with the next decision); "
+                    "the decision is acted on (%d decision(s) failed to save them since the last such line)",
+                    " and ".join(failed),
+                    since,
+                    extra={"fields": {"error": self._records_error}},
+                )
         elif self._records_error is not None:
-            log.info("journal written again: jobs and card_failed marks saved for a restart")
+            n = self._records_error_lines.recovered()
+            log.info(
+                "journal written again: jobs and card_failed marks saved for a restart (after %d failed write(s))", n
+            )
             self._records_error = None
 
     # ================================================================================================

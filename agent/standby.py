@@ -87,10 +87,13 @@ class Standby:
             level = logging.WARNING if peer.publisher in self._peers_reported else logging.INFO
             self._peers_reported.discard(peer.publisher)
             log.log(level, "%s went offline", peer.name(), extra={"fields": {"detail": peer.detail}})
-        if self.commanding():
+        commanded = self.commanding()
+        self.check()
+        # answered only while this agent commands, before and after: a status that makes it stand by
+        # (or command again) is a change, published at once by check(), not held as an answer
+        if commanded and self.commanding():
             self._answer_due = True
             self.status_due.set()
-        self.check()
 
     def on_command(self, publisher: str, age_s: float) -> bool:
         """A command this agent did not send (neither this run nor an earlier one on its journal, and

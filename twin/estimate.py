@@ -57,7 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from twin.power import PowerModel
-from twin.readings import CardBatch, Readings
+from twin.readings import CardBatch, Readings, pump_speed_in_range
 from twin.spec import SiteSpec
 from twin.thermal import ThermalNetwork, ThermalParams, plate_resistance_k_per_w
 
@@ -371,7 +371,9 @@ class Estimator:
         # a CDU that does not report its pump's speed (NaN): the flow it should give is unknown, and
         # a pump slowed on purpose is not judged weak (read as full speed, every slowed pump was)
         known = math.isfinite(speed)
-        speed = speed if known and 0.05 <= speed <= 1.5 else 1.0
+        if known and not pump_speed_in_range(speed):
+            return  # no pump runs so (twin.readings.MAX_PUMP_SPEED_FRAC): no reading, as for the belief
+        speed = speed if known and speed >= 0.05 else 1.0
         expected = speed * self.site.loop_flow_per_rack_lpm()
         self._supply[r] = supply_c
         cfg = self.config

@@ -26,6 +26,7 @@ BoolArray = npt.NDArray[np.bool_]
 
 __all__ = [
     "JOB_EVENT_KINDS",
+    "MAX_PUMP_SPEED_FRAC",
     "CardBatch",
     "FacilityReading",
     "JobEvent",
@@ -34,6 +35,7 @@ __all__ = [
     "PduReading",
     "RackReading",
     "Readings",
+    "pump_speed_in_range",
 ]
 
 
@@ -83,6 +85,21 @@ class CardBatch:
             ok = False
         if not ok:
             raise ValueError(_card_batch_problem(self))
+
+
+#: the fastest a rack loop's pump runs, as a fraction of its nominal speed: full speed. The plant
+#: refuses a faster command (``Plant.set_pump_speed``: the site's lowest speed .. 1), the wire carries
+#: 0 .. 100 % (``agent.wire``: a CDU reading or command beyond it is rejected whole), and the
+#: controller plans speeds from the site's lowest up to full speed (``agent.pumps``). A loop reading
+#: that reports a speed outside 0 .. this is no reading (``twin.state``, ``twin.estimate``), on the
+#: wire and in process alike.
+MAX_PUMP_SPEED_FRAC = 1.0
+
+
+def pump_speed_in_range(speed_frac: float) -> bool:
+    """A reported pump speed (fraction of nominal) a pump can have: 0 (stopped) .. full speed; False
+    for NaN (not reported: the caller knows no speed, which is no fault of the reading)."""
+    return 0.0 <= speed_frac <= MAX_PUMP_SPEED_FRAC
 
 
 @dataclass(frozen=True)

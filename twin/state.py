@@ -63,7 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from twin.power import PowerModel
-from twin.readings import CardBatch, FacilityReading, JobEvent, Readings
+from twin.readings import CardBatch, FacilityReading, JobEvent, Readings, pump_speed_in_range
 from twin.spec import SiteSpec
 from twin.workload import JobSpec, Phase
 
@@ -135,9 +135,10 @@ class StateSnapshot:
     facility: FacilityReading | None
     jobs: tuple[JobInfo, ...]  # running jobs
     queue: tuple[JobInfo, ...]  # queued jobs, in queue order
-    # whether the rack's latest loop reading reported its pump's speed, 0 (a stopped pump) .. 1.5 (a CDU
-    # that omits it, or reports NaN or a speed outside that range: the speed above is the last one
-    # reported, or 1; the speed the agent commanded is the better guess)
+    # whether the rack's latest loop reading reported its pump's speed, 0 (a stopped pump) .. full speed
+    # (a CDU that omits it, or reports NaN: the speed above is the last one reported, or 1; the speed the
+    # agent commanded is the better guess). A reading with a speed outside that range is no reading
+    # (twin.readings.MAX_PUMP_SPEED_FRAC), as on the wire, which rejects the whole CDU message.
     rack_pump_speed_reported: BoolArray | None = None
 
 
@@ -260,7 +261,11 @@ class TwinState:
                     self.late_count += 1  # late or reordered: older than what the belief holds
                 elif t == self.rack_loop_seen_s[r]:
                     pass  # the same reading again (at-least-once delivery)
-                elif all(math.isfinite(v) for v in vals) and _plausible_loop(*vals):
+                elif (
+                    all(math.isfinite(v) for v in vals)
+                    and _plausible_loop(*vals)
+                    and (math.isnan(lp.pump_speed_frac) or pump_speed_in_range(lp.pump_speed_frac))
+                ):
                     same = (
                         vals[0] == self.rack_supply_temp_c[r]
                         and vals[1] == self.rack_return_temp_c[r]
@@ -276,7 +281,7 @@ class TwinState:
                     # did not resend it (agent.command_diff); reported, it reads the measured flow as the
                     # pump's whole (agent.pumps.full_speed_flow_lpm: a stalled pump) and commands the speed
                     speed = lp.pump_speed_frac
-                    reported = math.isfinite(speed) and 0.0 <= speed <= 1.5
+                    reported = pump_speed_in_range(speed)  # (NaN: not reported)
                     if reported:
                         lo = self._min_pump_speed_frac
                         self.rack_pump_speed_frac[r] = lo if lo - _PUMP_SPEED_SNAP_FRAC <= speed < lo else speed

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.wire.topics import _IDENT_RE, FACILITY, SCHEDULER
+from twin.readings import MAX_PUMP_SPEED_FRAC
 from twin.workload import JobSpec, Phase
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -300,8 +301,8 @@ class CduCommand:
     publisher: str
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.pump_speed_frac) and 0.0 < self.pump_speed_frac <= 1.0):
-            raise ValueError(f"pump_speed_frac must be within (0, 1], got {self.pump_speed_frac}")
+        if not (math.isfinite(self.pump_speed_frac) and 0.0 < self.pump_speed_frac <= MAX_PUMP_SPEED_FRAC):
+            raise ValueError(f"pump_speed_frac must be within (0, {MAX_PUMP_SPEED_FRAC:g}], got {self.pump_speed_frac}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from agent.wire.topics import IDENT_PATTERN, MAX_CARDS_PER_RACK, Kind
+from twin.readings import MAX_PUMP_SPEED_FRAC
 from twin.workload import Phase
 
 _Ts = Annotated[float, Meta(ge=0.0, le=1.0e11)]
@@ -24,6 +25,8 @@ _RackPowerW = Annotated[float, Meta(ge=0.0, le=1.0e7)]
 _SitePowerW = Annotated[float, Meta(ge=0.0, le=1.0e10)]
 _TempC = Annotated[float, Meta(ge=-50.0, le=200.0)]
 _Percent = Annotated[float, Meta(ge=0.0, le=100.0)]
+_PumpSpeedPercent = Annotated[float, Meta(ge=0.0, le=100.0 * MAX_PUMP_SPEED_FRAC)]  # 0: a stopped pump
+_PumpSpeedCmdPercent = Annotated[float, Meta(gt=0.0, le=100.0 * MAX_PUMP_SPEED_FRAC)]
 _ClockMhz = Annotated[float, Meta(ge=0.0, le=10000.0)]
 _FlowLpm = Annotated[float, Meta(ge=0.0, le=1.0e5)]
 _PressureKpa = Annotated[float, Meta(ge=-100.0, le=1.0e4)]
@@ -72,7 +75,7 @@ class _CduW(_W, kw_only=True):
     flow_liters_per_minute: _FlowLpm
     delta_pressure_kpa: _PressureKpa
     pump_power_watts: _RackPowerW
-    pump_speed_percent: _Percent | None = None  # absent: unknown (publishers before the field)
+    pump_speed_percent: _PumpSpeedPercent | None = None  # absent: unknown (publishers before the field)
 
 
 class _PduW(_W, kw_only=True):
@@ -156,7 +159,7 @@ class _RackCmdW(_CommandW, kw_only=True):
 
 class _CduCmdW(_CommandW, kw_only=True):
     schema: Literal["racktwin.cdu_cmd/1"]
-    pump_speed_percent: Annotated[float, Meta(gt=0.0, le=100.0)]
+    pump_speed_percent: _PumpSpeedCmdPercent
 
 
 class _FacilityCmdW(_CommandW, kw_only=True):
@@ -221,7 +224,7 @@ class _AdviceW(_W, kw_only=True):
     predicted_it_power_watts: _SitePowerW | None = None
     predicted_facility_power_watts: _SitePowerW | None = None
     summary: _Text | None = None
-    pump_speed_percent: Annotated[dict[_Name, Annotated[float, Meta(gt=0.0, le=100.0)]], Meta(max_length=4096)] = {}
+    pump_speed_percent: Annotated[dict[_Name, _PumpSpeedCmdPercent], Meta(max_length=4096)] = {}
 
 
 _WIRE_TYPES: Final[dict[Kind, type[_W]]] = {

@@ -367,3 +367,24 @@ def test_the_cards_due_are_those_of_waiting_jobs_expected_to_start_within_a_boot
     assert cards_due(SITE, snap, ctx, book, [], 30.0) == 28 + 4 + 6
     book.reserved = ("gone", 130.0)  # a reservation of a job no longer queued holds nothing back
     assert cards_due(SITE, snap, ctx, book, [], 20.0) == 4 + 6
+
+
+def test_the_cards_due_count_free_only_the_cards_the_placement_may_use() -> None:
+    """Free cards the agent cannot see (a blind rack, stuck sensors) are never placed on: no job is
+    due to start on them, and no host is kept on for them. ``cards_due`` counted them free (the 8
+    free cards: "small" and "mid" due now, 10 cards) while ``place_queued`` placed nothing."""
+    snap = site_with_queue()
+    free = sorted(free_cards(snap))
+    blind = int(SITE.card_rack()[free[0]])
+    book = PlacementBook()
+    for ctx in (step_context(SITE, blind_racks=(blind,)), step_context(SITE, stuck_cards=tuple(free[:5]))):
+        orders, waits, _ = place(queued(snap, "small", "mid"), ctx=ctx)
+        assert orders == [] and waits["small"].kind == "no_window"
+        assert cards_due(SITE, snap, ctx, book, [], 60.0) == 0
+        # once "run" ends: "small" and "mid" on its cards, not "big" (28 cards: the unseen ones too)
+        assert cards_due(SITE, snap, ctx, book, [], 5000.0) == 4 + 6
+    # 4 free cards seen: "small" is placed on them, and is the one due
+    ctx = step_context(SITE, stuck_cards=tuple(free[:4]))
+    orders, _, _ = place(queued(snap, "small", "mid"), ctx=ctx)
+    assert [(o.job_id, o.cards) for o in orders] == [("small", tuple(free[4:]))]
+    assert cards_due(SITE, snap, ctx, book, [], 60.0) == 4

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from http_testing import http_get
 
+import agent.service as service_module
 from agent.broker import free_port
 from agent.bus import MqttOptions
 from agent.config import load_config
 from agent.journal import Journal
-from agent.service import AgentService, _report_late_solve
+from agent.service import AgentService, _FailureLines, _report_late_solve
 
 pytestmark = pytest.mark.agent
 
@@ -122,3 +123,22 @@ async def test_a_late_solve_that_fails_is_logged_when_it_ends(caplog: pytest.Log
     finished.set_result(None)
     await asyncio.sleep(0)
     assert len([r for r in caplog.records if "late solve" in r.getMessage()]) == 1
+
+
+def test_a_lasting_failure_is_logged_first_then_once_a_minute_with_a_count_and_again_after_it_recovers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rhythm of the service's lines for a write that fails every cycle (a full journal disk):
+    the first failure at once, then one line a minute with the number failed since the last line;
+    after a recovery (which says how many failed) the next failure is logged at once again."""
+    wall = [1000.0]
+    monkeypatch.setattr(service_module.time, "monotonic", lambda: wall[0])
+    lines = _FailureLines()
+    logged: list[int | None] = []
+    for _ in range(130):  # a cycle every second for 130 s
+        logged.append(lines.failed())
+        wall[0] += 1.0
+    assert [(i, n) for i, n in enumerate(logged) if n is not None] == [(0, 1), (60, 60), (120, 60)]
+    assert lines.recovered() == 130
+    assert lines.failed() == 1  # a new failure, at once, 10 s after the last line
+    assert lines.recovered() == 1 and lines.recovered() == 0

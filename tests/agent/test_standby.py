@@ -59,7 +59,7 @@ def test_an_agent_that_started_later_stands_by_says_so_and_commands_again_once_t
     assert sb.standing_by_for is not None and sb.standing_by_for.publisher == older.publisher
     assert not sb.commanding() and site.stood_by == 1 and site.took_up == 0
     assert site.status_due()  # the status says whom it stands by for
-    sb.take_answer_due()  # (the status publisher takes it: the status came while this agent commanded)
+    assert not sb.take_answer_due()  # that status tells a change: no answer (held by the answer gap)
     assert sb.readiness() and "standing by: agent bbbbbbbbbbbb on host host-b" in sb.readiness()[0]
     assert [p.publisher for p in sb.competing()] == [older.publisher]
     sb.on_status(status(older, seq=2), retained=False)  # its next status: nothing new
@@ -126,6 +126,23 @@ def test_another_agents_status_is_answered_once_while_this_one_commands() -> Non
     assert sb.commanding() and site.status_due()
     assert sb.take_answer_due() and not sb.take_answer_due()  # answered once
     assert [p.publisher for p in sb.competing()] == [newer.publisher]  # counted all the same
+
+
+def test_a_status_that_changes_whether_this_agent_commands_is_no_status_to_answer() -> None:
+    """Only an agent that commands answers another's status (the status publisher holds an answer up
+    to a second after its last status, against ping-pong). The status that makes this agent stand by
+    or wait used to be taken for one to answer (the flag was set before the check): the change went
+    out up to a second late, and the flag stayed set where the publisher reconnected under the
+    stand-by client id instead."""
+    site, older = Site(), other(ME.started_ms - 1000)
+    sb = site.standby
+    sb.on_status(status(older, seq=1), retained=False)
+    assert not sb.commanding() and site.status_due() and not sb.take_answer_due()
+    sb.on_status(status(older, "offline", seq=2), retained=False)  # commanding again: a change too
+    assert sb.commanding() and site.status_due() and not sb.take_answer_due()
+    site, newer = Site(), other(ME.started_ms + 1000)  # one that started later: answered
+    site.standby.on_status(status(newer, seq=1), retained=False)
+    assert site.standby.commanding() and site.status_due() and site.standby.take_answer_due()
 
 
 def test_an_agent_in_advisory_mode_never_commands_nor_stands_by() -> None:

@@ -18,6 +18,7 @@ from agent.clock import SiteClock
 from agent.ingest import Ingest
 from sim.telemetry import TelemetryEncoder
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
+from twin.readings import JobEvent, Readings
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot, TwinState
 
@@ -65,8 +66,9 @@ class _TwoBeliefs:
 
     def feed(self, plant: Plant) -> tuple[StateSnapshot, StateSnapshot]:
         """One telemetry round and the events since the last; both snapshots after it."""
-        readings = plant.readings()
-        events = plant.drain_events()
+        return self.feed_readings(plant.readings(), plant.drain_events())
+
+    def feed_readings(self, readings: Readings, events: list[JobEvent]) -> tuple[StateSnapshot, StateSnapshot]:
         self.direct.update(readings)
         self.direct.apply_events(events)
         messages = self.encoder.readings(readings, START + readings.time_s)
@@ -165,6 +167,38 @@ def test_the_pump_speed_goes_on_the_wire_to_0_01_percent_and_full_speed_stays_fu
     assert believed[0] == 1.0 and believed[3] == 1.0
     assert believed[1] == lowest and believed[1] >= site.min_pump_speed_frac()
     assert believed[2:6] == pytest.approx([0.4568, 1.0, 0.9999, 0.6], rel=0.0, abs=1e-12)
+
+
+def test_a_pump_speed_no_pump_runs_at_is_no_loop_reading_in_process_and_on_the_wire_alike() -> None:
+    """A CDU reading whose pump speed is beyond full speed (the plant refuses more, the controller never
+    plans more) or negative is rejected whole on the wire (0 .. 100 %). The belief fed in process
+    (``racktwin evaluate``) took speeds up to 150 % for a pump's speed, and took the loop's temperatures
+    and flow with any speed: now both beliefs refuse the reading and keep the one before."""
+    site = example_site()
+    plant = Plant(site, [], [], PlantConfig(seed=0))
+    plant.step(1.0)
+    beliefs = _TwoBeliefs(site)
+    before, _ = beliefs.feed(plant)
+    plant.step(1.0)
+    readings = plant.readings()
+    racks = list(readings.racks)
+    for r, speed in ((2, 1.2), (3, 1.5), (4, -0.01)):
+        loop = racks[r].loop
+        assert loop is not None
+        odd = dataclasses.replace(loop, supply_temp_c=loop.supply_temp_c + 3.0, pump_speed_frac=speed)
+        racks[r] = dataclasses.replace(racks[r], loop=odd)
+    direct, wired = beliefs.feed_readings(dataclasses.replace(readings, racks=tuple(racks)), [])
+    _same_belief(direct, wired)
+    assert sorted(rej.topic for rej in beliefs.rejected) == [
+        f"racktwin/v1/site1/rack/{site.rack_names[r]}/cdu" for r in (2, 3, 4)
+    ]
+    for snap in (direct, wired):
+        assert snap.rack_supply_temp_c[2:5] == pytest.approx(before.rack_supply_temp_c[2:5], abs=0.005)
+        assert (snap.rack_pump_speed_frac[2:5] == 1.0).all() and snap.rack_pump_speed_reported is not None
+        assert snap.rack_pump_speed_reported[2:5].all()  # (full speed, as the last reading said)
+    assert beliefs.direct.rack_invalid_count[2:5].tolist() == [1, 1, 1]
+    # full speed itself is a reading like any other
+    assert direct.rack_supply_temp_c[5] == pytest.approx(readings.racks[5].loop.supply_temp_c)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

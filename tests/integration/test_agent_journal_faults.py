@@ -473,7 +473,8 @@ async def test_a_failed_write_of_the_jobs_record_still_sends_the_journaled_comma
             await wait_for(lambda: service.bus.connected, what="the agent's connection")
             sim_task = asyncio.create_task(simulator(mosquitto, site, 200.0).run())
             await wait_for(lambda: any(r.startswith(why) for r in service.readiness()), what="the refused write")
-            await wait_for(lambda: service.decisions >= 3 and bool(obs.commands), what="commands sent")
+            await wait_for(lambda: service.decisions >= 4 and bool(obs.commands), what="commands sent")
+            refused_decisions = service.decisions - 1  # the first decision and those after it
             assert not task.done()
             sent = {str(m.command_id) for _w, _s, m in obs.commands}
 
@@ -496,10 +497,69 @@ async def test_a_failed_write_of_the_jobs_record_still_sends_the_journaled_comma
     messages = [r.getMessage() for r in caplog.records]
     assert not any("nothing sent this cycle" in m for m in messages), messages
     refused = [r for r in caplog.records if "jobs not saved for a restart" in r.getMessage()]
-    assert refused and all(r.levelno == logging.WARNING for r in refused)
+    # one warning for the whole failure, not one per decision (a full disk for hours: one per cycle)
+    assert len(refused) == 1 and refused[0].levelno == logging.WARNING, [r.getMessage() for r in refused]
     assert "jobs record refused" in str(refused[0].__dict__["fields"]["error"])
     assert "card_failed marks" not in refused[0].getMessage()
-    assert "journal written again: jobs and card_failed marks saved for a restart" in messages
+    again = [m for m in messages if m.startswith("journal written again: jobs and card_failed marks saved")]
+    assert len(again) == 1, again
+    n_failed = int(re.fullmatch(r".*\(after (\d+) failed write\(s\)\)", again[0])[1])  # type: ignore[index]
+    assert n_failed >= refused_decisions >= 3, again
+    assert service._failure is None  # a clean shutdown
+
+
+async def test_decision_and_calibration_writes_that_keep_failing_are_logged_once_until_they_work_again(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal that refuses the decisions and the calibration (triggers on the real journal: a full
+    disk fails them the same way, every cycle and every calibration save, for hours) used to be
+    logged as an error at each failed write. Now each failure is logged once (then once a minute with
+    the number failed meanwhile), and once more when its write works again, with that number."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, mode="advisory", speed=SPEED)
+    edit(cfg, 'path = "journal.sqlite"', 'path = "journal.sqlite"\ncalibration_every_s = 1.0')
+    journal = tmp_path / "journal.sqlite"
+    with contextlib.closing(Journal(journal)) as j:  # a calibration to save from the first telemetry on
+        r = spec_r_total_k_per_w(site)
+        j.save_calibration(np.arange(site.n_cards, dtype=np.int64), r, np.ones(site.n_cards), START - 1.0)
+    refuse = sqlite3.connect(journal, isolation_level=None)
+    for table in ("decisions", "calibration"):
+        refuse.execute(
+            f"CREATE TRIGGER refuse_{table} BEFORE INSERT ON {table} BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    service = AgentService(loaded_config(cfg, mosquitto), mqtt=mosquitto.options(client_id="agent-f5"), http=False)
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    try:
+        await wait_for(lambda: service.bus.connected, what="the agent's connection")
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 200.0).run())
+
+        def refused(what: str) -> bool:
+            return any(r.startswith(what) for r in service.readiness())
+
+        await wait_for(lambda: refused("journal: ") and refused("journal (calibration): "), what="both refused")
+        first = service.decisions
+        await wait_for(lambda: service.decisions >= first + 3, what="more decisions refused")
+        await asyncio.sleep(0.3)  # more calibration saves refused (one a site second: 20 a wall second)
+        assert not task.done()
+        refuse.execute("DROP TRIGGER refuse_decisions")
+        refuse.execute("DROP TRIGGER refuse_calibration")
+        await wait_for(lambda: not refused("journal"), what="ready again")
+    finally:
+        refuse.close()
+        await stop_both(service, task, sim_task)
+    messages = [r.getMessage() for r in caplog.records]
+    for failed, again, at_least in (
+        ("journal write failed: nothing sent this cycle", "journal written again: decisions recorded", 4),
+        ("journal write failed: calibration not saved", "journal written again: calibration saved", 4),
+    ):
+        lines = [m for m in messages if m.startswith(failed)]
+        assert len(lines) == 1 and re.search(r"\(1 .*failed since the last such line\)$", lines[0]), lines
+        recovered = [m for m in messages if m.startswith(again)]
+        assert len(recovered) == 1, recovered
+        n = int(re.fullmatch(r".*\(after (\d+) failed write\(s\)\)", recovered[0])[1])  # type: ignore[index]
+        assert n >= at_least, recovered
     assert service._failure is None  # a clean shutdown
 
 

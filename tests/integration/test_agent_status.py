@@ -158,6 +158,25 @@ async def test_standing_by_the_agent_says_for_whom_under_a_client_id_of_its_own(
     assert waiting.wanted_mqtt() == mqtt
 
 
+async def test_the_status_that_says_the_agent_stands_by_goes_out_at_once(mosquitto: EmbeddedBroker) -> None:
+    """Without a configured client id (no reconnect to stand by): the status that says whom the agent
+    stands by for goes out at once after the other agent's status, not held back as an answer to it
+    (at most one a second: it went out a second after the connect's status)."""
+    status = publisher(mosquitto.options())
+    async with statuses(mosquitto) as seen, status.bus:
+        task = asyncio.create_task(status.run())
+        try:
+            await wait_until(lambda: mine(seen), "the online status")
+            t0 = time.monotonic()
+            status.standby.on_status(other_status(OLDER, 1), retained=False)
+            await wait_until(lambda: "standing by" in (mine(seen)[-1].detail or ""), "the standing-by status")
+            took_s = [w for w, _r, s in seen if s.publisher == ME.publisher][-1] - t0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert len(mine(seen)) == 2 and took_s < 0.6, took_s
+
+
 async def test_the_status_is_a_sign_of_life_and_answers_another_agent_at_most_once_a_second(
     mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

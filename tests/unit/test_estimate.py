@@ -616,22 +616,31 @@ def test_a_clock_gone_back_restarts_the_model_and_learning_resumes(small_site: S
 def test_implausible_pump_speeds_low_pdu_power_and_garbage_loop_readings_are_not_judged(
     small_site: SiteSpec,
 ) -> None:
-    """A CDU reporting a pump speed of 3 (outside 0.05..1.5) is read at full speed: the nominal flow
-    is no deficit. A rack under min_rack_power_w (3 kW): its loop dT, three times what its power
-    predicts, is not judged. A loop reading with the return at 130 deg C is refused: the estimates
-    are those without it."""
-    speed3, low, clean, garbage = (Estimator(small_site) for _ in range(4))
+    """A CDU reporting a pump speed no pump runs at (above full speed, or below 0: the wire rejects the
+    message, twin.readings.MAX_PUMP_SPEED_FRAC) gives no loop reading: the estimates are those of a
+    rack whose loop never reported (1.2 was taken, 1.5 the bound: the nominal flow was then a 17%
+    deficit, a weak pump). A rack under min_rack_power_w (3 kW): its loop dT, three times what its
+    power predicts, is not judged. A loop reading with the return at 130 deg C is refused: the
+    estimates are those without it."""
+    speed12, speed3, negative, no_loop, low, clean, garbage = (Estimator(small_site) for _ in range(7))
     mcp = small_site.loop_flow_per_rack_lpm() / 60_000.0 * small_site.loop.density_kg_per_m3
     mcp *= small_site.loop.specific_heat_j_per_kg_k
     for t in range(1, 901):
+        speed12.update(_rack0(small_site, float(t), 30.0, speed=1.2, loop_dt_k=20e3 / mcp))
         speed3.update(_rack0(small_site, float(t), 30.0, speed=3.0, loop_dt_k=20e3 / mcp))
+        negative.update(_rack0(small_site, float(t), 30.0, speed=-0.01, loop_dt_k=20e3 / mcp))
+        (rr,) = _rack0(small_site, float(t), 30.0, loop_dt_k=20e3 / mcp).racks
+        no_loop.update(Readings(float(t), (dataclasses.replace(rr, loop=None),)))
         low.update(_rack0(small_site, float(t), 30.0, pdu_w=3e3, loop_dt_k=3 * 3e3 / mcp))
         clean.update(_rack0(small_site, float(t), 30.0, loop_dt_k=20e3 / mcp))
         garbage.update(_rack0(small_site, float(t), 30.0, loop_dt_k=20e3 / mcp))
         if t % 100 == 0:
             (rr,) = _rack0(small_site, t + 0.5, 30.0, return_c=130.0).racks
             garbage.update(Readings(t + 0.5, (dataclasses.replace(rr, cards=None, pdu=None),)))
-    assert speed3.estimates().rack_flow_deficit[0] == pytest.approx(0.0, abs=1e-12) and speed3.anomalies() == []
+    for odd in (speed12, speed3, negative):
+        assert odd.anomalies() == []
+        for name in ("r_ratio", "rack_dt_ratio", "rack_flow_deficit", "r_expected_k_per_w"):
+            assert getattr(odd.estimates(), name).tobytes() == getattr(no_loop.estimates(), name).tobytes(), name
     assert math.isnan(low.estimates().rack_dt_ratio[0]) and low.anomalies() == []
     assert clean.estimates().rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
     a, b = clean.estimates(), garbage.estimates()

@@ -692,16 +692,30 @@ def test_a_job_reading_as_new_as_the_jobs_last_event_is_taken_an_older_one_is_no
     assert st.jobs["j"].phase == Phase.COMPUTE and st.jobs["j"].progress_frac == 0.25
 
 
-def test_a_pump_speed_outside_0_to_1_5_is_not_taken_as_reported_0_is_a_stopped_pump(small_site: SiteSpec) -> None:
+def test_a_loop_reading_with_a_pump_speed_outside_0_to_full_speed_is_refused_nan_is_not_reported(
+    small_site: SiteSpec,
+) -> None:
+    """No pump runs above full speed (the plant refuses it, the wire rejects more than 100 %) or below 0:
+    such a reading is refused whole and counted, as the wire rejects the CDU message (the belief took
+    up to 150 % for the speed, and the loop's temperatures and flow with any speed). A NaN speed is one
+    not reported: the loop's readings are taken, the speed before kept. 0 is a stopped pump."""
     st = TwinState(small_site)
     st.update(_at(1.0, RackReading(0, 1.0, loop=_loop(pump_speed_frac=0.5))))
     assert st.rack_pump_speed_frac[0] == 0.5 and bool(st.rack_pump_speed_reported[0])
-    for t, speed in ((2.0, -0.01), (3.0, 2.0), (4.0, float("nan"))):
-        st.update(_at(t, RackReading(0, t, loop=_loop(pump_speed_frac=speed))))
-        assert st.rack_pump_speed_frac[0] == 0.5 and not st.rack_pump_speed_reported[0], speed
+    for n, (t, speed) in enumerate(((2.0, -0.01), (3.0, 1.0001), (4.0, 1.2), (5.0, 1.5), (6.0, 2.0)), start=1):
+        st.update(_at(t, RackReading(0, t, loop=_loop(supply_c=31.0, pump_speed_frac=speed))))
+        assert st.rack_invalid_count[0] == n and st.rack_loop_seen_s[0] == 1.0, speed
+        assert st.rack_supply_temp_c[0] == 30.0 and st.rack_pump_speed_frac[0] == 0.5, speed
+        assert bool(st.rack_pump_speed_reported[0]), speed
+    st.update(_at(7.0, RackReading(0, 7.0, loop=_loop(supply_c=31.0, pump_speed_frac=float("nan")))))
+    assert st.rack_supply_temp_c[0] == 31.0 and st.rack_pump_speed_frac[0] == 0.5
+    assert not st.rack_pump_speed_reported[0]
+    st.update(_at(8.0, RackReading(0, 8.0, loop=_loop(pump_speed_frac=1.0))))  # full speed: a reading
+    assert st.rack_pump_speed_frac[0] == 1.0 and bool(st.rack_pump_speed_reported[0])
     # 0 %: the pump stopped (was: not reported, the speed before kept)
-    st.update(_at(5.0, RackReading(0, 5.0, loop=_loop(pump_speed_frac=0.0))))
+    st.update(_at(9.0, RackReading(0, 9.0, loop=_loop(pump_speed_frac=0.0))))
     assert st.rack_pump_speed_frac[0] == 0.0 and bool(st.rack_pump_speed_reported[0])
+    assert st.rack_invalid_count[0] == 5
 
 
 def test_a_pump_speed_a_hair_under_the_sites_lowest_is_the_lowest(small_site: SiteSpec) -> None:
