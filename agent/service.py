@@ -43,8 +43,8 @@ The journal is locked while the service holds it (a second agent on it is refuse
 calibration, the publisher's record of sends, the jobs and ``card_failed`` marks kept for a restart),
 or whose file was removed or replaced, makes the agent not ready (``/readyz``); so does a broker that
 leaves commands unacknowledged. A decision, calibration or restart-record write that keeps failing is
-logged once, then at most once a minute with a count (:class:`_FailureLines`), and once when it works
-again. A restarted
+logged once, then at most once a minute with a count (``agent.failure_lines.FailureLines``), and once
+when it works again. A restarted
 agent resumes from its journal (``agent.resume``): the cycle count, calibration, the jobs it knew,
 and the commands still open (re-sent if not expired; an expired command is never sent again). Acks
 go to the journal in batches (``agent.journal_upkeep``).
@@ -67,7 +67,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -83,6 +82,7 @@ from agent.config import BrokerConfig, LoadedConfig
 from agent.controller import Controller, decides_again_on
 from agent.decision import Decision
 from agent.failsafe_log import FailsafeLog
+from agent.failure_lines import FailureLines
 from agent.first_round import await_first_round
 from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
@@ -113,45 +113,12 @@ log = logging.getLogger("racktwin.agent")
 
 
 _ROUND_QUEUE = 256
-_MESSAGE_ERROR_LOG_INTERVAL_S = 60.0  # wall s between two log lines of messages (or rounds) whose handling failed
 _HEALTH_INTERVAL_S = 1.0
 _ANOMALY_INTERVAL_S = 10.0
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 _ACK_KEYS_KEPT = 10_000  # ack messages remembered to count a second delivery once (acks_received)
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
-
-
-@dataclasses.dataclass
-class _FailureLines:
-    """Failures counted, and logged at most once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` of wall time.
-    A failure that lasts (a journal write on a full disk, tried each cycle) counts itself with
-    :meth:`failed` and ends with :meth:`recovered`: its first failure is logged at once, the repeats
-    once a minute with their number, and the next failure after a recovery at once again."""
-
-    last_wall: float = -math.inf
-    last_count: int = 0
-    failures: int = 0  # since the last recovery (counted by :meth:`failed`)
-
-    def due(self, count: int) -> int | None:
-        """With ``count`` failures so far: None while the last line is recent, else the number failed since
-        that line (this one is then said to be logged)."""
-        wall = time.monotonic()
-        if wall - self.last_wall < _MESSAGE_ERROR_LOG_INTERVAL_S:
-            return None
-        since, self.last_wall, self.last_count = count - self.last_count, wall, count
-        return since
-
-    def failed(self) -> int | None:
-        """One more failure: :meth:`due` on the failures since the last recovery."""
-        self.failures += 1
-        return self.due(self.failures)
-
-    def recovered(self) -> int:
-        """The failures since the last recovery (0: none), forgotten, and so is the last line's time."""
-        n = self.failures
-        self.last_wall, self.last_count, self.failures = -math.inf, 0, 0
-        return n
 
 
 class _Shutdown(Exception):
@@ -305,12 +272,12 @@ class AgentService:
             self._solve_future: asyncio.Future[Decision] | None = None
             self._first_send: dict[str, tuple[float, str]] = {}
             self._journal_error: str | None = None  # the last decision write failed: why
-            self._journal_error_lines = _FailureLines()  # its log lines (a full disk fails every cycle)
+            self._journal_error_lines = FailureLines()  # its log lines (a full disk fails every cycle)
             self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
             self._calibration_error: str | None = None  # the last calibration write failed: why
-            self._calibration_error_lines = _FailureLines()
+            self._calibration_error_lines = FailureLines()
             self._records_error: str | None = None  # the last write of the jobs or card_failed marks failed: why
-            self._records_error_lines = _FailureLines()
+            self._records_error_lines = FailureLines()
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             self.jobs_record = JobsRecord(self.journal, site)  # the jobs known, for a restart
             self._site_layout_json = site_layout_json(site)  # kept with the calibration
@@ -351,10 +318,10 @@ class AgentService:
             self.rounds_dropped = 0
             #: messages whose handling raised (dropped; see :meth:`_message_failed`)
             self.message_errors = 0
-            self._message_error_lines = _FailureLines()
+            self._message_error_lines = FailureLines()
             #: telemetry rounds whose estimation raised (dropped by the estimator; see :meth:`_estimation_failed`)
             self.estimation_errors = 0
-            self._estimation_error_lines = _FailureLines()
+            self._estimation_error_lines = FailureLines()
             self.resumed_commands = 0
             self.expired_on_resume = 0
             load_journal(self.journal, self.controller, self.state, self.book)
@@ -559,7 +526,7 @@ class AgentService:
 
     def _message_failed(self, topic: str) -> None:
         """Count the message being handled as failed and log it with the exception's traceback, at
-        most once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` (with the number failed since the last line)."""
+        most once every ``agent.failure_lines.LOG_INTERVAL_S`` (with the number failed since the last line)."""
         self.message_errors += 1
         self.metrics.message_handling_errors_total.inc()
         since = self._message_error_lines.due(self.message_errors)
@@ -698,7 +665,7 @@ class AgentService:
 
     def _estimation_failed(self, round_s: float) -> None:
         """Count the round being estimated as failed and log it with the exception's traceback, at most
-        once every ``_MESSAGE_ERROR_LOG_INTERVAL_S`` (with the number failed since the last line)."""
+        once every ``agent.failure_lines.LOG_INTERVAL_S`` (with the number failed since the last line)."""
         self.estimation_errors += 1
         self.metrics.estimation_errors_total.inc()
         since = self._estimation_error_lines.due(self.estimation_errors)

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from http_testing import http_get
 
-import agent.service as service_module
+import agent.failure_lines as failure_lines_module
 from agent.broker import free_port
 from agent.bus import MqttOptions
 from agent.config import load_config
+from agent.failure_lines import FailureLines
 from agent.journal import Journal
-from agent.service import AgentService, _FailureLines, _report_late_solve
+from agent.service import AgentService, _report_late_solve
 
 pytestmark = pytest.mark.agent
 
@@ -132,8 +133,8 @@ def test_a_lasting_failure_is_logged_first_then_once_a_minute_with_a_count_and_a
     the first failure at once, then one line a minute with the number failed since the last line;
     after a recovery (which says how many failed) the next failure is logged at once again."""
     wall = [1000.0]
-    monkeypatch.setattr(service_module.time, "monotonic", lambda: wall[0])
-    lines = _FailureLines()
+    monkeypatch.setattr(failure_lines_module.time, "monotonic", lambda: wall[0])
+    lines = FailureLines()
     logged: list[int | None] = []
     for _ in range(130):  # a cycle every second for 130 s
         logged.append(lines.failed())
