@@ -11,13 +11,14 @@
   A message whose handling fails (a defect: it passed validation) is dropped, counted
   (``racktwin_message_handling_errors_total``) and logged with its traceback (at most one a minute;
   the count in between is in the next line): one message does not stop the agent.
-* ``estimate``: each telemetry round updates ``twin.estimate.Estimator`` (thermal resistance and
-  leakage per card; fouled cold plates and weak pumps are flagged in metrics and logs); calibration
-  goes to the journal every ``journal.calibration_every_s``. A round whose estimation fails (a
-  defect in the estimator's update, the anomaly report or the calibration save) is counted
-  (``racktwin_estimation_errors_total``) and logged with its traceback as above (at most one line a
-  minute); the task goes on with the next round (a failed calibration save waits its interval). The
-  estimator's update is all or nothing: a round that fails in it leaves the estimates as they were.
+* ``estimate`` (``agent.estimation_loop.EstimationLoop``): each telemetry round updates
+  ``twin.estimate.Estimator`` (thermal resistance and leakage per card; fouled cold plates and weak
+  pumps are flagged in metrics and logs); calibration goes to the journal every
+  ``journal.calibration_every_s``. A round whose estimation fails (a defect in the estimator's
+  update, the anomaly report or the calibration save) is counted (``racktwin_estimation_errors_total``)
+  and logged with its traceback as above (at most one line a minute); the task goes on with the next
+  round (a failed calibration save waits its interval). The estimator's update is all or nothing: a
+  round that fails in it leaves the estimates as they were.
 * ``control``: every ``control.period_s`` of *site* time, and at once (at most every
   ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes computing, or is
   submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->
@@ -58,7 +59,7 @@ it decides and journals as before (mode ``standby``), sends no command, connects
 of its own, says so (``/readyz``, status, log, metrics) and commands again once the first is gone.
 
 This module wires those parts together and keeps what the tasks share: the ingest handlers (messages,
-acks, rounds, job events), the estimation and control loops, the command callbacks and the lifecycle.
+acks, rounds, job events), the control loop, the command callbacks and the lifecycle.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ from agent.clock import SiteClock
 from agent.config import BrokerConfig, LoadedConfig
 from agent.controller import Controller, decides_again_on
 from agent.decision import Decision
+from agent.estimation_loop import EstimationLoop
 from agent.failsafe_log import FailsafeLog
 from agent.failure_lines import FailureLines
 from agent.first_round import await_first_round
@@ -91,7 +93,7 @@ from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
-from agent.resume import FailedCardsRecord, JobsRecord, load_journal, open_commands_to_resume, site_layout_json
+from agent.resume import FailedCardsRecord, JobsRecord, load_journal, open_commands_to_resume
 from agent.solver_output import isolate_solver_output
 from agent.standby import Standby
 from agent.status import VERSION, StatusPublisher
@@ -114,7 +116,6 @@ log = logging.getLogger("racktwin.agent")
 
 _ROUND_QUEUE = 256
 _HEALTH_INTERVAL_S = 1.0
-_ANOMALY_INTERVAL_S = 10.0
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
 _ACK_KEYS_KEPT = 10_000  # ack messages remembered to count a second delivery once (acks_received)
@@ -206,7 +207,6 @@ class AgentService:
         self.codec = wire.Codec(self.layout, counter=wire.RejectionCounter(logger=logging.getLogger("racktwin.wire")))
         self.state = TwinState(site, stuck_after_readings=cfg.control.stuck_after_readings)
         self.clock = SiteClock(cfg.control.time_scale, infer=cfg.control.infer_time_scale)
-        self.estimator = Estimator(site)
         self.controller = controller if controller is not None else Controller.from_config(loaded)
         self.journal = Journal(cfg.journal.path, lock=True)  # JournalInUseError: another agent has it
         # from here on any failure closes the journal (and releases its lock): a caller that catches
@@ -274,13 +274,10 @@ class AgentService:
             self._journal_error: str | None = None  # the last decision write failed: why
             self._journal_error_lines = FailureLines()  # its log lines (a full disk fails every cycle)
             self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
-            self._calibration_error: str | None = None  # the last calibration write failed: why
-            self._calibration_error_lines = FailureLines()
             self._records_error: str | None = None  # the last write of the jobs or card_failed marks failed: why
             self._records_error_lines = FailureLines()
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             self.jobs_record = JobsRecord(self.journal, site)  # the jobs known, for a restart
-            self._site_layout_json = site_layout_json(site)  # kept with the calibration
             self.failed_cards_record = FailedCardsRecord(self.journal, site)  # cards refused as failed, for a restart
             self._failure: str | None = None  # why the service stopped, if a task failed
             self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
@@ -296,8 +293,17 @@ class AgentService:
                 standby=self.standby,
             )
             self.failsafe_log = FailsafeLog(site, cfg.control.telemetry_deadline_s)
-            #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
-            self.anomaly_history = AnomalyHistory()
+            #: the ``estimate`` task: the estimator, the anomalies it flags and the calibration it saves
+            self.estimation = EstimationLoop(
+                site,
+                rounds=self._rounds,
+                state=self.state,
+                clock=self.clock,
+                controller=self.controller,
+                journal=self.journal,
+                metrics=self.metrics,
+                calibration_every_s=cfg.journal.calibration_every_s,
+            )
             #: wall seconds from the message that triggered a decision to its first command (or advice) sent
             self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
             #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
@@ -319,9 +325,6 @@ class AgentService:
             #: messages whose handling raised (dropped; see :meth:`_message_failed`)
             self.message_errors = 0
             self._message_error_lines = FailureLines()
-            #: telemetry rounds whose estimation raised (dropped by the estimator; see :meth:`_estimation_failed`)
-            self.estimation_errors = 0
-            self._estimation_error_lines = FailureLines()
             self.resumed_commands = 0
             self.expired_on_resume = 0
             load_journal(self.journal, self.controller, self.state, self.book)
@@ -375,7 +378,7 @@ class AgentService:
             try:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._ingest_task(), name="ingest")
-                    tg.create_task(self._estimate_task(), name="estimate")
+                    tg.create_task(self.estimation.run(), name="estimate")
                     control = tg.create_task(self._control_task(), name="control")
                     tg.create_task(self.publisher.run(), name="publish")
                     tg.create_task(self._health_task(), name="health")
@@ -641,79 +644,22 @@ class AgentService:
         self.metrics.decision_latency_seconds.observe(lat)
 
     # ================================================================================================
-    # estimate
+    # estimate (agent.estimation_loop)
     # ================================================================================================
-    async def _estimate_task(self) -> None:
-        cfg = self.config
-        last_cal = -math.inf
-        last_anomaly = -math.inf
-        while True:
-            r = await self._rounds.get()
-            try:
-                # sensors the belief found stuck are no observations (the belief has this round already)
-                self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
-                now = self.clock.now() or r.time_s
-                if now - last_anomaly >= _ANOMALY_INTERVAL_S:
-                    last_anomaly = now
-                    self._report_anomalies(now)
-                if now - last_cal >= cfg.journal.calibration_every_s and now - last_cal >= 0:
-                    first, last_cal = last_cal == -math.inf, now  # a save that fails waits its interval too
-                    if not first:
-                        self._save_calibration(now)
-            except Exception:  # a defect: this round's update, anomaly report or save fails, not the agent
-                self._estimation_failed(r.time_s)
+    @property
+    def estimator(self) -> Estimator:
+        """The estimator the ``estimate`` task updates (its estimates go into each decision)."""
+        return self.estimation.estimator
 
-    def _estimation_failed(self, round_s: float) -> None:
-        """Count the round being estimated as failed and log it with the exception's traceback, at most
-        once every ``agent.failure_lines.LOG_INTERVAL_S`` (with the number failed since the last line)."""
-        self.estimation_errors += 1
-        self.metrics.estimation_errors_total.inc()
-        since = self._estimation_error_lines.due(self.estimation_errors)
-        if since is None:
-            return
-        log.exception(
-            "the estimation of the telemetry round at %.1f failed; the agent goes on (%d round(s) failed since "
-            "the last such line)",
-            round_s,
-            since,
-            extra={"fields": {"round_s": round_s, "estimation_errors": self.estimation_errors}},
-        )
+    @property
+    def anomaly_history(self) -> AnomalyHistory:
+        """Every anomaly the estimator flagged while the service ran (first flagged at, still flagged)."""
+        return self.estimation.anomaly_history
 
-    def _report_anomalies(self, now_s: float) -> None:
-        found = self.estimator.anomalies()
-        counts: dict[str, int] = {"fouled_cold_plate": 0, "weak_pump": 0}
-        for a in found:
-            counts[a.kind] = counts.get(a.kind, 0) + 1
-        for a in self.anomaly_history.update(found, now_s):
-            log.warning(
-                "anomaly: %s",
-                a.detail,
-                extra={"fields": {"kind": a.kind, "rack": self.site.rack_names[a.rack], "card": a.card}},
-            )
-        for kind, n in counts.items():
-            self.metrics.anomalies.labels(kind=kind).set(n)
-
-    def _save_calibration(self, now_s: float) -> None:
-        self.controller.update_calibration(self.estimator.estimates())
-        cards, r_th, leak = self.controller.calibration()
-        if cards.size == 0:
-            return
-        try:
-            self.journal.save_calibration(cards, r_th, leak, now_s, layout=self._site_layout_json)
-        except JournalError as exc:  # degraded (not ready), not stopped: the calibration is kept in memory
-            self._calibration_error = str(exc)
-            since = self._calibration_error_lines.failed()
-            if since is not None:
-                log.error(
-                    "journal write failed: calibration not saved (%d failed since the last such line)",
-                    since,
-                    extra={"fields": {"error": str(exc)}},
-                )
-            return
-        if self._calibration_error is not None:
-            n = self._calibration_error_lines.recovered()
-            log.info("journal written again: calibration saved (after %d failed write(s))", n)
-            self._calibration_error = None
+    @property
+    def estimation_errors(self) -> int:
+        """Telemetry rounds whose estimation raised (dropped by the estimator)."""
+        return self.estimation.errors
 
     # ================================================================================================
     # control
@@ -974,8 +920,8 @@ class AgentService:
             reasons.append(f"journal: {self._journal_error}")
         if self.journal_acks.error:
             reasons.append(f"journal (acks): {self.journal_acks.error}")
-        if self._calibration_error:
-            reasons.append(f"journal (calibration): {self._calibration_error}")
+        if self.estimation.calibration_error:
+            reasons.append(f"journal (calibration): {self.estimation.calibration_error}")
         if self._records_error:
             reasons.append(f"journal (restart records): {self._records_error}")
         if time.monotonic() - self.publisher.last_unconfirmed_wall < _UNCONFIRMED_READY_S:

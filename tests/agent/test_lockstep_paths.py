@@ -5,9 +5,10 @@ a broker: two plants built alike from one run scenario (site, jobs, faults, seed
 ``Controller.step``, ``agent.loop.apply_to_plant``), the other as the service and the simulator drive
 theirs: the simulator's ``TelemetryEncoder`` -> bytes -> the service's own ingest
 (``AgentService._take_message``: ``agent.wire.Codec`` -> ``agent.ingest.Ingest`` -> belief), its own
-``_control_task`` (decision timing), ``_estimate_task``, ``_cycle`` (the same controller) and
-``Publisher`` (``agent.publish.CommandBook``) -> command bytes -> the simulator's ``CommandHandler`` ->
-plant, its acks and applied state back through the codec into the book and the belief.
+``_control_task`` (decision timing), ``estimation.run`` (``agent.estimation_loop``), ``_cycle`` (the
+same controller) and ``Publisher`` (``agent.publish.CommandBook``) -> command bytes -> the
+simulator's ``CommandHandler`` -> plant, its acks and applied state back through the codec into the
+book and the belief.
 
 Lockstep: the plants step one site second at a time; the simulator's messages of a second reach the
 service in the order the simulator sends them (``sim.runner``: a step's job events right after the
@@ -176,7 +177,8 @@ class _ServicePath:
         self.wall = [0.0]
         self.clock = _Clock(control, self.wall)
         # every holder of the service's clock (it hands it over when built)
-        svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = svc.metric_updates.clock = self.clock
+        svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = self.clock
+        svc.metric_updates.clock = svc.estimation.clock = self.clock
         self.broker = _Broker()
         svc.publisher.bus = self.broker  # type: ignore[assignment]
         self.later = later
@@ -235,7 +237,7 @@ class _ServicePath:
         self._take(self.sim.telemetry.readings(self.plant.readings(), self.sim.site_time_s))
         svc = self.svc
         self.tasks = [
-            asyncio.create_task(svc._estimate_task()),
+            asyncio.create_task(svc.estimation.run()),
             asyncio.create_task(svc.publisher.run()),
             asyncio.create_task(svc._control_task()),
         ]

@@ -1,0 +1,146 @@
+"""The service's ``estimate`` task (:class:`EstimationLoop`): each whole telemetry round the ingest
+hands over (through a queue) updates ``twin.estimate.Estimator`` (thermal resistance and leakage per
+card; the sensors the belief found stuck are no observations). Every ``_ANOMALY_INTERVAL_S`` of site
+time the anomalies it flags (fouled cold plates, weak pumps) go to the metrics, and those newly
+flagged to the log (``twin.estimate.AnomalyHistory``); every ``journal.calibration_every_s`` the
+controller's calibration is brought up to date and saved to the journal.
+
+A round whose estimation fails (a defect in the estimator's update, the anomaly report or the
+calibration save) is counted (``racktwin_estimation_errors_total``) and logged with its traceback
+(at most one line a minute, :class:`agent.failure_lines.FailureLines`); the task goes on with the
+next round (a failed calibration save waits its interval). The estimator's update is all or
+nothing: a round that fails in it leaves the estimates as they were. A calibration write that fails
+is kept as :attr:`EstimationLoop.calibration_error` (the agent is not ready) and logged once, then
+at most once a minute with a count, and once when it works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from agent.clock import SiteClock
+from agent.controller import Controller
+from agent.failure_lines import FailureLines
+from agent.journal import Journal, JournalError
+from agent.metrics import AgentMetrics
+from agent.resume import site_layout_json
+from twin.estimate import AnomalyHistory, Estimator
+from twin.readings import Readings
+from twin.spec import SiteSpec
+from twin.state import TwinState
+
+__all__ = ["EstimationLoop"]
+
+log = logging.getLogger("racktwin.agent")
+
+_ANOMALY_INTERVAL_S = 10.0  # site seconds between two reports of the anomalies flagged
+
+
+class EstimationLoop:
+    """The estimator and what it flags, fed by :meth:`run` from ``rounds`` (whole telemetry rounds),
+    with the calibration it hands ``controller`` saved to ``journal`` every ``calibration_every_s``
+    of site time (see the module docstring)."""
+
+    def __init__(
+        self,
+        site: SiteSpec,
+        *,
+        rounds: asyncio.Queue[Readings],
+        state: TwinState,
+        clock: SiteClock,
+        controller: Controller,
+        journal: Journal,
+        metrics: AgentMetrics,
+        calibration_every_s: float,
+    ) -> None:
+        self.site = site
+        self.rounds = rounds
+        self.state = state
+        self.clock = clock
+        self.controller = controller
+        self.journal = journal
+        self.metrics = metrics
+        self.calibration_every_s = calibration_every_s
+        self.estimator = Estimator(site)
+        #: every anomaly the estimator flagged while the service ran (first flagged at, still flagged)
+        self.anomaly_history = AnomalyHistory()
+        #: telemetry rounds whose estimation raised (dropped by the estimator; see :meth:`_round_failed`)
+        self.errors = 0
+        self._error_lines = FailureLines()
+        self.calibration_error: str | None = None  # the last calibration write failed: why
+        self._calibration_error_lines = FailureLines()
+        self._site_layout_json = site_layout_json(site)  # kept with the calibration
+
+    async def run(self) -> None:
+        """The ``estimate`` task: every round from the queue, for ever."""
+        last_cal = -math.inf
+        last_anomaly = -math.inf
+        while True:
+            r = await self.rounds.get()
+            try:
+                # sensors the belief found stuck are no observations (the belief has this round already)
+                self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
+                now = self.clock.now() or r.time_s
+                if now - last_anomaly >= _ANOMALY_INTERVAL_S:
+                    last_anomaly = now
+                    self._report_anomalies(now)
+                if now - last_cal >= self.calibration_every_s and now - last_cal >= 0:
+                    first, last_cal = last_cal == -math.inf, now  # a save that fails waits its interval too
+                    if not first:
+                        self._save_calibration(now)
+            except Exception:  # a defect: this round's update, anomaly report or save fails, not the agent
+                self._round_failed(r.time_s)
+
+    def _round_failed(self, round_s: float) -> None:
+        """Count the round being estimated as failed and log it with the exception's traceback, at most
+        once every ``agent.failure_lines.LOG_INTERVAL_S`` (with the number failed since the last line)."""
+        self.errors += 1
+        self.metrics.estimation_errors_total.inc()
+        since = self._error_lines.due(self.errors)
+        if since is None:
+            return
+        log.exception(
+            "the estimation of the telemetry round at %.1f failed; the agent goes on (%d round(s) failed since "
+            "the last such line)",
+            round_s,
+            since,
+            extra={"fields": {"round_s": round_s, "estimation_errors": self.errors}},
+        )
+
+    def _report_anomalies(self, now_s: float) -> None:
+        found = self.estimator.anomalies()
+        counts: dict[str, int] = {"fouled_cold_plate": 0, "weak_pump": 0}
+        for a in found:
+            counts[a.kind] = counts.get(a.kind, 0) + 1
+        for a in self.anomaly_history.update(found, now_s):
+            log.warning(
+                "anomaly: %s",
+                a.detail,
+                extra={"fields": {"kind": a.kind, "rack": self.site.rack_names[a.rack], "card": a.card}},
+            )
+        for kind, n in counts.items():
+            self.metrics.anomalies.labels(kind=kind).set(n)
+
+    def _save_calibration(self, now_s: float) -> None:
+        self.controller.update_calibration(self.estimator.estimates())
+        cards, r_th, leak = self.controller.calibration()
+        if cards.size == 0:
+            return
+        try:
+            self.journal.save_calibration(cards, r_th, leak, now_s, layout=self._site_layout_json)
+        except JournalError as exc:  # degraded (not ready), not stopped: the calibration is kept in memory
+            self.calibration_error = str(exc)
+            since = self._calibration_error_lines.failed()
+            if since is not None:
+                log.error(
+                    "journal write failed: calibration not saved (%d failed since the last such line)",
+                    since,
+                    extra={"fields": {"error": str(exc)}},
+                )
+            return
+        if self.calibration_error is not None:
+            n = self._calibration_error_lines.recovered()
+            log.info("journal written again: calibration saved (after %d failed write(s))", n)
+            self.calibration_error = None
