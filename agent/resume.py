@@ -1,8 +1,8 @@
 """What a restarted agent takes up from its journal: the cycle count, the calibration, the jobs it
 knew and the cards racks refused commands for as failed (:func:`load_journal`; written by
-:class:`JobsRecord` and :class:`FailedCardsRecord` when they change) and the commands still open
-(:func:`open_commands_to_resume`: those not expired are sent again, an expired command is never
-sent again).
+:class:`JobsRecord` and :class:`FailedCardsRecord` when they change, both saved with each decision by
+:class:`RestartRecords`) and the commands still open (:func:`open_commands_to_resume`: those not
+expired are sent again, an expired command is never sent again).
 
 The jobs and ``card_failed`` records hold site-wide card numbers: each names the site layout it
 was written for (:func:`site_layout`), and a restart on a site of another layout (racks or cards per
@@ -21,7 +21,8 @@ from dataclasses import asdict
 from typing import Any
 
 from agent.controller import Controller
-from agent.journal import CALIBRATION_LAYOUT_KEY, Journal
+from agent.failure_lines import FailureLines
+from agent.journal import CALIBRATION_LAYOUT_KEY, Journal, JournalError
 from agent.publish import CommandBook, OpenCommand
 from twin.readings import JobEvent
 from twin.spec import SiteSpec
@@ -31,6 +32,7 @@ from twin.workload import JobSpec, Phase
 __all__ = [
     "FailedCardsRecord",
     "JobsRecord",
+    "RestartRecords",
     "load_journal",
     "open_commands_to_resume",
     "restore_jobs",
@@ -213,6 +215,50 @@ class FailedCardsRecord:
         if raw != self._raw:
             self.journal.set_meta(self.key, raw)
             self._raw = raw
+
+
+class RestartRecords:
+    """The jobs known (:class:`JobsRecord`) and the ``card_failed`` marks in force
+    (:class:`FailedCardsRecord`), saved with each decision (:meth:`save`) for a restart. A failed write
+    is kept as :attr:`error` (the agent is not ready) and logged once, then at most once a minute with
+    a count (:class:`agent.failure_lines.FailureLines`), and once when it works again; it is tried
+    again with the next decision (a record remembers only what it wrote)."""
+
+    def __init__(self, journal: Journal, site: SiteSpec) -> None:
+        self.jobs = JobsRecord(journal, site)
+        self.failed_cards = FailedCardsRecord(journal, site)
+        self.error: str | None = None  # the last write of the jobs or card_failed marks failed: why
+        self._error_lines = FailureLines()
+
+    def save(self, book: CommandBook, snap: StateSnapshot) -> None:
+        """Both records, each written when it changed; a failure is logged, never raised (the decision
+        is acted on all the same)."""
+        failed: dict[str, str] = {}  # what was not saved: why
+        try:
+            self.jobs.save(snap)
+        except JournalError as exc:
+            failed["jobs"] = str(exc)
+        try:
+            self.failed_cards.save(book, snap)
+        except JournalError as exc:
+            failed["card_failed marks"] = str(exc)
+        if failed:
+            self.error = "; ".join(f"{what} not saved: {err}" for what, err in failed.items())
+            since = self._error_lines.failed()
+            if since is not None:
+                log.warning(
+                    "journal write failed: %s not saved for a restart (tried again with the next decision); "
+                    "the decision is acted on (%d decision(s) failed to save them since the last such line)",
+                    " and ".join(failed),
+                    since,
+                    extra={"fields": {"error": self.error}},
+                )
+        elif self.error is not None:
+            n = self._error_lines.recovered()
+            log.info(
+                "journal written again: jobs and card_failed marks saved for a restart (after %d failed write(s))", n
+            )
+            self.error = None
 
 
 def open_commands_to_resume(journal: Journal, book: CommandBook, now_s: float) -> tuple[list[OpenCommand], int]:

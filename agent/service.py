@@ -45,10 +45,10 @@ calibration, the publisher's record of sends, the jobs and ``card_failed`` marks
 or whose file was removed or replaced, makes the agent not ready (``/readyz``); so does a broker that
 leaves commands unacknowledged. A decision, calibration or restart-record write that keeps failing is
 logged once, then at most once a minute with a count (``agent.failure_lines.FailureLines``), and once
-when it works again. A restarted
-agent resumes from its journal (``agent.resume``): the cycle count, calibration, the jobs it knew,
-and the commands still open (re-sent if not expired; an expired command is never sent again). Acks
-go to the journal in batches (``agent.journal_upkeep``).
+when it works again. The jobs and ``card_failed`` marks are saved with each decision for a restart
+(``agent.resume.RestartRecords``). A restarted agent resumes from its journal (``agent.resume``): the
+cycle count, calibration, the jobs it knew, and the commands still open (re-sent if not expired; an
+expired command is never sent again). Acks go to the journal in batches (``agent.journal_upkeep``).
 
 Another agent on the site (docs/agent.md, "Another agent on the site"): each run of the agent names
 itself in the ``publisher`` of its status and commands (``agent.other_agents.AgentInstance``),
@@ -93,7 +93,7 @@ from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
-from agent.resume import FailedCardsRecord, JobsRecord, load_journal, open_commands_to_resume
+from agent.resume import RestartRecords, load_journal, open_commands_to_resume
 from agent.solver_output import isolate_solver_output
 from agent.standby import Standby
 from agent.status import VERSION, StatusPublisher
@@ -274,11 +274,9 @@ class AgentService:
             self._journal_error: str | None = None  # the last decision write failed: why
             self._journal_error_lines = FailureLines()  # its log lines (a full disk fails every cycle)
             self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
-            self._records_error: str | None = None  # the last write of the jobs or card_failed marks failed: why
-            self._records_error_lines = FailureLines()
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
-            self.jobs_record = JobsRecord(self.journal, site)  # the jobs known, for a restart
-            self.failed_cards_record = FailedCardsRecord(self.journal, site)  # cards refused as failed, for a restart
+            #: the jobs known and the cards refused as failed, saved with each decision for a restart
+            self.restart_records = RestartRecords(self.journal, site)
             self._failure: str | None = None  # why the service stopped, if a task failed
             self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
             self.metric_updates = MetricUpdates(
@@ -814,7 +812,10 @@ class AgentService:
                 self.book.forget(oc)
             return
         # the decision and its commands are journaled (pending): they go out whatever comes of these
-        self._save_restart_records(snap)
+        # records (a failed write is logged, makes the agent not ready and is tried again with the next
+        # decision; dropping the commands here left them open in the journal, to be sent after a restart,
+        # while this run never sent them)
+        self.restart_records.save(self.book, snap)
         if enforce:
             if commands:
                 self._first_send[commands[0].command_id] = (trigger_wall, kind)
@@ -846,39 +847,6 @@ class AgentService:
             },
         )
         self.failsafe_log.changes(decision, snap, now)
-
-    def _save_restart_records(self, snap: StateSnapshot) -> None:
-        """The jobs known and the ``card_failed`` marks in force, for a restart (``agent.resume``). A
-        failed write is logged and makes the agent not ready; it is tried again with the next
-        decision (a record remembers only what it wrote), and the decision's commands are sent anyway:
-        they are journaled, and dropping them here left them open in the journal, to be sent after a
-        restart, while this run never sent them."""
-        failed: dict[str, str] = {}  # what was not saved: why
-        try:
-            self.jobs_record.save(snap)
-        except JournalError as exc:
-            failed["jobs"] = str(exc)
-        try:
-            self.failed_cards_record.save(self.book, snap)
-        except JournalError as exc:
-            failed["card_failed marks"] = str(exc)
-        if failed:
-            self._records_error = "; ".join(f"{what} not saved: {err}" for what, err in failed.items())
-            since = self._records_error_lines.failed()
-            if since is not None:
-                log.warning(
-                    "journal write failed: %s not saved for a restart (tried again with the next decision); "
-                    "the decision is acted on (%d decision(s) failed to save them since the last such line)",
-                    " and ".join(failed),
-                    since,
-                    extra={"fields": {"error": self._records_error}},
-                )
-        elif self._records_error is not None:
-            n = self._records_error_lines.recovered()
-            log.info(
-                "journal written again: jobs and card_failed marks saved for a restart (after %d failed write(s))", n
-            )
-            self._records_error = None
 
     # ================================================================================================
     # health and metrics
@@ -922,8 +890,8 @@ class AgentService:
             reasons.append(f"journal (acks): {self.journal_acks.error}")
         if self.estimation.calibration_error:
             reasons.append(f"journal (calibration): {self.estimation.calibration_error}")
-        if self._records_error:
-            reasons.append(f"journal (restart records): {self._records_error}")
+        if self.restart_records.error:
+            reasons.append(f"journal (restart records): {self.restart_records.error}")
         if time.monotonic() - self.publisher.last_unconfirmed_wall < _UNCONFIRMED_READY_S:
             reasons.append(f"the broker is not acknowledging commands ({self.publisher.last_unconfirmed_error})")
         for what, err in self.publisher.journal_errors.items():
