@@ -179,8 +179,9 @@ def test_the_power_brake_judges_the_power_the_card_draws_at_its_utilization(smal
 def test_the_power_brake_holds_cards_that_differ_from_the_spec(small_site: SiteSpec) -> None:
     """With the default card-to-card spread (idle, dynamic, leakage power and thermal resistance),
     every card stays within its own limit, whatever the limit: the brake works on each card's own
-    parameters."""
-    p = Plant(small_site, [job("a", small_site.n_cards)], config=exact(variation=CardVariation()))
+    parameters. One single-card job per card, so each runs at utilization 1 at its own braked level."""
+    jobs = [job(f"j{c}", 1) for c in range(small_site.n_cards)]
+    p = Plant(small_site, jobs, config=exact(variation=CardVariation()))
     p.run(120.0, 1.0)
     limits = np.linspace(380.0, 640.0, small_site.n_cards)
     p.set_power_limits(np.arange(small_site.n_cards), limits)
