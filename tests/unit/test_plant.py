@@ -27,6 +27,7 @@ from twin.power import SLOWDOWN_K_PER_LEVEL, PowerModel
 from twin.readings import Readings
 from twin.spec import SiteSpec
 from twin.steady import site_steady_state
+from twin.thermal import ThermalParams
 from twin.workload import GeneratorConfig, JobSpec, Phase, PhaseModel, generate_jobs, relative_throughput
 
 pytestmark = pytest.mark.unit
@@ -223,6 +224,24 @@ def test_thermal_slowdown_above_the_slowdown_temperature(small_site: SiteSpec) -
     healthy = np.arange(small_site.n_cards) != 3
     assert np.all(tr.die_temp_c[healthy] < slowdown)
     assert np.all(tr.effective_level[healthy] == 0)
+
+
+def test_the_steady_state_predicts_where_an_overheating_card_settles(small_site: SiteSpec) -> None:
+    """twin.steady (which judges racktwin optimize's plans) puts a card throttled by its firmware where
+    the plant settles it: a plate fouled to 4 x its resistance at 45 deg C water runs at level 5 with
+    its die 4.2 K over the slowdown temperature, in both (its job's other cards wait for it at a lower
+    utilization)."""
+    fouled = ColdPlateFouling(card=3, start_s=0.0, r_factor=4.0)
+    p = Plant(small_site, [job("a", small_site.n_cards)], [fouled], config=exact(supply_time_constant_s=0.0))
+    p.set_supply_temp(45.0)
+    p.run(1800.0, 1.0)
+    tr = p.truth()
+    th = ThermalParams.from_site(small_site)
+    th.r_case_coolant_k_per_w[3] *= 4.0
+    ss = site_steady_state(small_site, level=0, utilization=tr.utilization, supply_temp_c=45.0, thermal=th)
+    np.testing.assert_array_equal(ss.level, tr.effective_level)
+    assert int(ss.level[3]) == 5
+    np.testing.assert_allclose(ss.die_temp_c, tr.die_temp_c, atol=0.01)
 
 
 def test_dvfs_commands_take_effect_after_the_latency(small_site: SiteSpec) -> None:

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from twin.cooling import chiller_cop, facility_cooling, rack_mass_flow_kg_s
+from twin.power import PowerModel
 from twin.spec import SiteSpec
-from twin.steady import site_steady_state
+from twin.steady import card_steady_power_w, site_steady_state
+from twin.thermal import ThermalParams
 
 pytestmark = pytest.mark.unit
 
@@ -161,3 +163,24 @@ def test_without_heat_the_dry_cooler_fans_stop(site: SiteSpec) -> None:
     p = facility_cooling(site, 0.0, 40.0, 25.0)
     assert p.dry_cooler_fan_speed_frac == 0.0 and p.dry_cooler_fan_w == 0.0 and p.chiller_w == 0.0
     assert p.cooling_power_w == pytest.approx(4266.667 + 2305.317, rel=1e-6)
+
+
+def test_an_overheating_card_slows_only_as_far_as_its_firmware_asks(site: SiteSpec) -> None:
+    """A card whose plate is fouled (4 x the resistance) overheats at full load and 45 deg C water.
+    Its firmware slows it one level per K over the 87 deg C slowdown temperature (twin.power); the
+    steady state is the fastest level at which that asks for no slower level: level 5, with the die
+    between 4 and 5 K over (one level faster, level 4, the die would be more than 4 K over, asking for
+    5 levels). Not the slowest level, where the first guess (the die at the top clock, ~13 K over)
+    would send it. Its neighbours are untouched."""
+    th = ThermalParams.from_site(site)
+    th.r_case_coolant_k_per_w[3] *= 4.0
+    ss = site_steady_state(site, level=0, utilization=1.0, supply_temp_c=45.0, thermal=th)
+    slowdown = site.card.slowdown_temp_c
+    assert int(ss.level[3]) == 5
+    assert slowdown + 4.0 < ss.die_temp_c[3] <= slowdown + 5.0
+    model = PowerModel.from_card(site.card)
+    _, die_at_4 = card_steady_power_w(
+        model, np.array([4]), np.ones(1), np.zeros(1, dtype=bool), 45.0, th.r_total_k_per_w[3:4]
+    )
+    assert float(die_at_4[0]) > slowdown + 4.0
+    assert np.all(np.delete(ss.level, 3) == 0)
