@@ -6,8 +6,11 @@ temperatures, and by tests of the energy balance.
 At a fixed level, a card's power is linear in its die temperature, ``P = P_r + k (T - T_ref)``,
 and its steady die temperature is ``T = T_in + R P``; both hold at once for
 ``P = (P_r + k (T_in - T_ref)) / (1 - k R)``, solved exactly (``k R`` is ~0.03, far below 1).
-The card's own protection (power brake, thermal slowdown) may lower its level; levels only ever
-fall while iterating, so the fixed point is reached in at most ``L`` rounds.
+The card's own protection (power brake, thermal slowdown, ``PowerModel.protected_level``) may
+lower its level: a card runs at the fastest level at or below the commanded one where its
+protection, at that level's steady power and die temperature, asks for no slower level (as the
+plant's firmware settles it). Power and die temperature fall with the level, so levels fall one at
+a time while iterating and that level is reached in at most ``L`` rounds.
 """
 
 from __future__ import annotations
@@ -115,9 +118,13 @@ def site_steady_state(
 
     power, die = steady(lv)
     if protection:
+        # One level at a time, as long as the firmware, commanded ``lv0``, would slow the card below
+        # the level tried, at that level's die temperature. Taking the firmware's answer at a
+        # faster level whole overshoots: it is judged at that level's hotter die.
+        lv0 = lv.copy()
         for _ in range(model.n_levels):
-            new = model.protected_level(lv, u, die)
-            new = np.where(lp | unpowered, lv, np.maximum(new, lv))
+            slower = (model.protected_level(lv0, u, die) > lv) & ~(lp | unpowered)
+            new = np.where(slower, lv + 1, lv)
             if np.array_equal(new, lv):
                 break
             lv = new

@@ -154,6 +154,9 @@ def test_the_steady_state_with_hosts_off_is_the_plants(site: SiteSpec) -> None:
     ss = site_steady_state(site, level=0, utilization=tr.utilization, low_power=low, host_off=off)
     np.testing.assert_allclose(ss.card_power_w, tr.card_power_w, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ss.rack_power_w, tr.rack_power_w, rtol=1e-5)
+    # the dies too: an off host's cards sit at the supply temperature
+    np.testing.assert_allclose(ss.die_temp_c, tr.die_temp_c, atol=0.01)
+    np.testing.assert_allclose(ss.die_temp_c[off[site.card_host()]], site.facility.supply_temp_c)
     assert ss.cooling.facility_power_w == pytest.approx(tr.cooling.facility_power_w, rel=1e-5)
     # and every host on costs what the 20 hosts and their sleeping cards save
     on = site_steady_state(site, level=0, utilization=tr.utilization, low_power=low)

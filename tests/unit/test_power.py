@@ -81,3 +81,14 @@ def test_power_never_falls_below_half_the_idle_power(site: SiteSpec) -> None:
     np.testing.assert_allclose(m.active_power_w(lvl, u, t), [42.25, 84.5 + 0.47 * 18.0])
     np.testing.assert_allclose(m.low_power_w(t), [26.4, 52.8 + 0.4 * 18.0])
     np.testing.assert_allclose(m.level_power_table_w(u, t)[:, 0], [42.25, 84.5 + 0.47 * 18.0])
+
+
+def test_the_power_floor_is_half_of_each_levels_own_idle_power(site: SiteSpec) -> None:
+    """The floor scales with the level: at the slowest level (V = 0.851 of top) the idle power is
+    84.5 x 0.851^2 = 61.195 W, and a die at -100 deg C (61.195 - 0.47 x 0.851 x 142 = 4.40 W) is
+    floored at half of it, 30.597 W, not at half the top level's 84.5 W."""
+    m = PowerModel.from_card(site.card)
+    slowest = np.array([m.n_levels - 1])
+    cold = np.array([-100.0])
+    np.testing.assert_allclose(m.active_power_w(slowest, np.zeros(1), cold), [30.59749225])
+    np.testing.assert_allclose(m.level_power_table_w(np.zeros(1), cold)[:, -1], [30.59749225])

@@ -42,6 +42,8 @@ def test_perseus_fit_on_alternate_clocks_predicts_the_others_within_5_percent(sh
     # the whole sweep fits within 1%, and P(1005)/P(1410) is the measured 0.57 within 5%
     full = fit_power(f, p)
     assert full.mape < 0.01
+    # the reported MAPE is that of the fit's own predictions, relative to the measurements
+    assert full.mape == pytest.approx(float(np.mean(np.abs(full.predict_w(f) - p) / p)), rel=1e-12)
     ratio = float(full.predict_w(1005.0) / full.predict_w(1410.0))
     assert ratio == pytest.approx(float(p[f == 1005][0] / p[f == 1410][0]), rel=0.05)
 
@@ -133,6 +135,26 @@ def test_fit_recovers_synthetic_parameters_with_temperature() -> None:
     assert fit.mape < 0.002
     assert fit.leakage_w_per_k == pytest.approx(0.5, rel=0.05)
     assert fit.dynamic_power_w == pytest.approx(550, rel=0.02)
+    # it predicts the generating model at the corners of the sweep within 0.1%: the slowest clock
+    # (V on its 0.85 floor) with a hot die, where leakage scales with V (not V^2), and the top clock
+    t_med = float(np.median(t))
+    for clock, util, temp in [(900.0, 1.0, 80.0), (1980.0, 1.0, 40.0), (900.0, 0.5, 40.0)]:
+        v_c = max(0.85, 1 - 0.6 * (1 - clock / 1980))
+        true_w = v_c**2 * (80 + util * 550 * clock / 1980) + 0.5 * v_c * (temp - t_med)
+        assert float(fit.predict_w(clock, util, temp)) == pytest.approx(true_w, rel=1e-3)
+
+
+def test_a_temperature_spread_too_narrow_leaves_leakage_unidentified() -> None:
+    """A sweep whose die temperature spans only 0.4 K (under LEAKAGE_MIN_TEMP_SPAN_K) cannot
+    separate leakage from idle power: the slope is reported as 0 and flagged as not identified."""
+    rng = np.random.default_rng(0)
+    f = np.repeat(np.linspace(900, 1980, 12), 5)
+    u = rng.uniform(0.5, 1.0, f.size)
+    t = 50.0 + np.linspace(0.0, 0.4, f.size)
+    v = np.maximum(0.85, 1 - 0.6 * (1 - f / 1980))
+    fit = fit_power(f, v**2 * (80 + u * 550 * f / 1980) + 0.5 * v * (t - 50.2), u, t)
+    assert not fit.leakage_identified and fit.leakage_w_per_k == 0.0
+    assert fit.dynamic_identified
 
 
 def test_fit_refuses_too_few_clocks_and_nan() -> None:

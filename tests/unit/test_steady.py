@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from twin.cooling import chiller_cop, facility_cooling, rack_mass_flow_kg_s
+from twin.power import PowerModel
 from twin.spec import SiteSpec
-from twin.steady import site_steady_state
+from twin.steady import card_steady_power_w, site_steady_state
+from twin.thermal import ThermalParams
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +117,70 @@ def test_pump_power_follows_the_cube_of_flow(site: SiteSpec) -> None:
     half = facility_cooling(site, 400e3, 40.0, 25.0, flow_fraction=0.5)
     assert half.rack_pump_w == pytest.approx(full.rack_pump_w / 8)
     assert half.facility_pump_w == pytest.approx(full.facility_pump_w / 8)
+
+
+def test_ups_losses_follow_the_it_power_and_the_plant_the_heat(site: SiteSpec) -> None:
+    """In a transient the heat reaching the coolant differs from the IT power drawn (the dies and
+    plates store or release some): the UPS and distribution losses are on the electrical power
+    (2.5% of 400 kW = 10 kW), the dry cooler works on the heat. By hand, 380 kW of heat at 40 deg C
+    water and 25 deg C air: fan speed 6 K x (380/400) / 12 K = 0.475, fans 4.8 kW x 0.475^3 = 514.425 W."""
+    p = facility_cooling(site, 400e3, 40.0, 25.0, heat_w=380e3)
+    assert p.it_power_w == 400e3 and p.heat_w == 380e3
+    assert p.ups_loss_w == pytest.approx(10_000.0, rel=1e-12)
+    assert p.dry_cooler_fan_speed_frac == pytest.approx(0.475, rel=1e-12)
+    assert p.dry_cooler_fan_w == pytest.approx(514.425, rel=1e-9)
+
+
+def test_a_slower_loop_returns_warmer_facility_water_and_frees_more_cooling(site: SiteSpec) -> None:
+    """The facility flow is ``facility_flow_ratio`` times the rack loops' (as its pump power assumes):
+    at half the rack flow, by hand for 400 kW, 20 deg C supply (facility supply 17 deg C), 25 deg C air:
+    m c_p = 8 x 76.8 L/min x 1020 kg/m3 x 0.5 x 1.03 x 4180 J/(kg K) = 22484.52 W/K, return
+    17 + 400e3 / 22484.52 = 34.790 deg C; the dry cooler at full fans takes
+    22484.52 x 9.790 / (1 + 22484.52 x 6 / 400e3) = 164.607 kW (24.035 kW at full flow), the chiller
+    the other 235.393 kW at COP 7.20375: 32.676 kW."""
+    half = facility_cooling(site, 400e3, 20.0, 25.0, flow_fraction=0.5)
+    assert half.facility_return_temp_c == pytest.approx(34.790017, rel=1e-7)
+    assert half.chiller_heat_w == pytest.approx(235_392.86, rel=1e-7)
+    assert half.chiller_w == pytest.approx(32_676.434, rel=1e-7)
+    full = facility_cooling(site, 400e3, 20.0, 25.0, flow_fraction=1.0)
+    assert full.facility_return_temp_c == pytest.approx(25.895008, rel=1e-7)
+
+
+def test_half_the_flow_warms_the_dies_along_the_plate_table_and_doubles_the_loop_rise(site: SiteSpec) -> None:
+    """At half the pump speed each card gets 0.6 L/min, where the OCP table gives the plate 0.0300 K/W
+    (0.0230 at the nominal 1.2 L/min): the steady die is T_in + P (0.03 + 0.0300). Each loop carries its
+    heat at half the mass flow, so m c_p (T_return - T_supply) = Q with m half the nominal."""
+    ss = site_steady_state(site, level=2, utilization=0.7, supply_temp_c=35.0, flow_fraction=0.5)
+    np.testing.assert_allclose(ss.die_temp_c, 35.0 + ss.card_power_w * (0.03 + 0.0300), rtol=1e-9)
+    m_half = 64 * 1.2 / 60_000 * 1020.0 * 0.5  # kg/s per rack
+    carried = m_half * 3900.0 * (ss.rack_return_temp_c - 35.0)
+    np.testing.assert_allclose(carried, ss.rack_heat_to_coolant_w, rtol=1e-9)
+
+
+def test_without_heat_the_dry_cooler_fans_stop(site: SiteSpec) -> None:
+    """With no heat to reject (every rack off) the dry cooler's fans stand still rather than turn at
+    their minimum speed; the pumps still circulate (4266.67 W + 2305.32 W, as at 400 kW)."""
+    p = facility_cooling(site, 0.0, 40.0, 25.0)
+    assert p.dry_cooler_fan_speed_frac == 0.0 and p.dry_cooler_fan_w == 0.0 and p.chiller_w == 0.0
+    assert p.cooling_power_w == pytest.approx(4266.667 + 2305.317, rel=1e-6)
+
+
+def test_an_overheating_card_slows_only_as_far_as_its_firmware_asks(site: SiteSpec) -> None:
+    """A card whose plate is fouled (4 x the resistance) overheats at full load and 45 deg C water.
+    Its firmware slows it one level per K over the 87 deg C slowdown temperature (twin.power); the
+    steady state is the fastest level at which that asks for no slower level: level 5, with the die
+    between 4 and 5 K over (one level faster, level 4, the die would be more than 4 K over, asking for
+    5 levels). Not the slowest level, where the first guess (the die at the top clock, ~13 K over)
+    would send it. Its neighbours are untouched."""
+    th = ThermalParams.from_site(site)
+    th.r_case_coolant_k_per_w[3] *= 4.0
+    ss = site_steady_state(site, level=0, utilization=1.0, supply_temp_c=45.0, thermal=th)
+    slowdown = site.card.slowdown_temp_c
+    assert int(ss.level[3]) == 5
+    assert slowdown + 4.0 < ss.die_temp_c[3] <= slowdown + 5.0
+    model = PowerModel.from_card(site.card)
+    _, die_at_4 = card_steady_power_w(
+        model, np.array([4]), np.ones(1), np.zeros(1, dtype=bool), 45.0, th.r_total_k_per_w[3:4]
+    )
+    assert float(die_at_4[0]) > slowdown + 4.0
+    assert np.all(np.delete(ss.level, 3) == 0)

@@ -172,3 +172,44 @@ def test_the_cold_plate_and_cdu_figures_are_those_of_the_measurements(shared_dat
     assert fac_lo <= site.cdu.facility_pump_head_kpa <= fac_hi
     it_lo, _it_hi = (float(x) / 1e3 for x in deschutes["it_loop_dp_available_Pa"].split("-"))
     assert site.loop.pump_head_kpa <= it_lo  # one rack's short loop needs less than a row-scale CDU offers
+
+
+def test_time_constants_are_those_of_the_rc_ladder_and_govern_the_step_response(site: SiteSpec) -> None:
+    """For the two-node ladder the eigenvalues of the network satisfy, by hand,
+    tau_fast x tau_slow = R_dc R_pc C_d C_p and tau_fast + tau_slow = R_pc C_p + (R_dc + R_pc) C_d.
+    With the spec's R_dc 0.03 K/W, C_d 60 J/K, C_p 390 J/K and the OCP plate at 1.2 L/min (0.0230 K/W):
+    16.146 s^2 and 12.15 s, so tau_slow = 10.6313 s and tau_fast = 1.5187 s. Once the fast mode has
+    died out, the die's distance to its steady state shrinks by exp(-dt / tau_slow) per step."""
+    net = _network(site)
+    fast, slow = net.time_constants_s()
+    assert float(slow[0]) == pytest.approx(10.631273, rel=1e-6)
+    assert float(fast[0]) == pytest.approx(1.518727, rel=1e-6)
+    power = np.full(site.n_cards, 650.0)
+    die_ss, _ = net.steady_state(power, 30.0)
+    die, plate = np.full(site.n_cards, 30.0), np.full(site.n_cards, 30.0)
+    gaps = []
+    for _ in range(40):
+        die, plate = net.step(die, plate, power, 30.0, 1.0)
+        gaps.append(float(die_ss[0] - die[0]))
+    assert gaps[-1] / gaps[-2] == pytest.approx(np.exp(-1.0 / 10.631273), rel=1e-6)
+
+
+def test_fit_thermal_recovers_a_first_order_die_exactly_and_reports_the_noise() -> None:
+    """On samples of exactly the model it fits (tau dT/dt = T_in + R P - T, power held between samples,
+    tau 30 s, R 0.05 K/W) the fit returns R and tau to rounding and an RMSE of ~0; with 0.2 K of
+    Gaussian sensor noise added, the RMSE is that noise, in kelvin."""
+    t = np.arange(0.0, 900.0, 1.0)
+    power = np.where((t // 120) % 2 == 0, 650.0, 150.0)
+    inlet = np.full(t.size, 30.0)
+    a = np.exp(-1.0 / 30.0)
+    die = np.empty(t.size)
+    die[0] = 30.0 + 0.05 * 150.0
+    for k in range(1, t.size):
+        die[k] = a * die[k - 1] + (1 - a) * (inlet[k - 1] + 0.05 * power[k - 1])
+    fit = fit_thermal(t, power, inlet, die)
+    assert fit.r_th_k_per_w == pytest.approx(0.05, rel=1e-9)
+    assert fit.tau_s == pytest.approx(30.0, rel=1e-9)
+    assert fit.rmse_k < 1e-6
+    noisy = fit_thermal(t, power, inlet, die + np.random.default_rng(3).normal(0.0, 0.2, t.size))
+    assert noisy.r_th_k_per_w == pytest.approx(0.05, rel=0.01)
+    assert noisy.rmse_k == pytest.approx(0.2, rel=0.1)
