@@ -16,7 +16,9 @@ from evaluate_helpers import full_load_scenario, mixed_scenario
 
 from agent.config import ControlConfig, PricesConfig
 from agent.controller import Controller
+from agent.decision import Decision
 from agent.evaluate import _plant_for, run_policy
+from agent.loop import ApplyReport
 from agent.policies import AgentPolicy, GreedyController, ReactivePolicy, StaticCapPolicy, make_policy, static_cap_w
 from twin.faults import StuckSensor
 from twin.plant import Plant, PlantConfig
@@ -245,3 +247,38 @@ def test_static_cap_and_reactive_take_the_control_settings_the_docs_name() -> No
     assert np.all(tr.level == 0) and tr.supply_setpoint_c == plant.site.facility.supply_temp_c
     lim = np.concatenate([r.cards.power_limit_w for r in plant.readings().racks])  # type: ignore[union-attr]
     assert np.all(lim == plant.site.card.power_limit_w)
+
+
+def test_fallbacks_count_the_decisions_whose_own_solve_fell_short_not_the_adjustments_after_one() -> None:
+    """``fallbacks`` (docs/evaluation.md): racktwin's decisions whose solve was late, failed or
+    infeasible (the greedy plan, relaxed racks, held settings). An incremental adjustment to a job event
+    makes no solve and carries the plan status of the plan it adjusts: after a fallback every job event
+    was counted as one more (examples/day-fault-pump.toml in process: 29 counted for 26 infeasible
+    solves). A time-limited plan is not a fallback; greedy has no solver to fall back from."""
+    sc = full_load_scenario(30.0)
+    policy = make_policy("racktwin", sc.site)
+    assert isinstance(policy, AgentPolicy)
+    heard: list[tuple[Decision, ApplyReport]] = []
+    policy.decision_listeners.append(lambda d, report: heard.append((d, report)))
+    policy.bind(_plant_for(sc, policy))
+    policy.run(30.0, lambda: None)
+    d, report = heard[0]
+    kinds = [
+        ("milp", "optimal", 0),
+        ("milp", "feasible", 0),
+        ("milp", "infeasible", 1),
+        ("greedy", "fallback", 1),
+        ("hold", "error", 1),
+        ("incremental", "fallback", 0),
+        ("incremental", "infeasible", 0),
+        ("incremental", "optimal", 0),
+    ]
+    greedy = make_policy("greedy", sc.site)
+    assert isinstance(greedy, AgentPolicy)
+    for source, plan_status, counted in kinds:
+        before = policy.stats.fallbacks
+        variant = d.replace(source=source, plan_status=plan_status)
+        policy._on_decision(variant, report)
+        greedy._on_decision(variant, report)
+        assert policy.stats.fallbacks - before == counted, (source, plan_status)
+    assert greedy.stats.fallbacks == 0
