@@ -20,7 +20,7 @@ from agent.decision import Decision
 from agent.evaluate import _plant_for, run_policy
 from agent.loop import ApplyReport
 from agent.policies import AgentPolicy, GreedyController, ReactivePolicy, StaticCapPolicy, make_policy, static_cap_w
-from twin.faults import StuckSensor
+from twin.faults import CardFailure, StuckSensor
 from twin.plant import Plant, PlantConfig
 from twin.plant_types import SensorNoise
 from twin.scenario import build_plant
@@ -282,3 +282,22 @@ def test_fallbacks_count_the_decisions_whose_own_solve_fell_short_not_the_adjust
         greedy._on_decision(variant, report)
         assert policy.stats.fallbacks - before == counted, (source, plan_status)
     assert greedy.stats.fallbacks == 0
+
+
+def test_the_reactive_capper_leaves_out_cards_failed_since_its_last_telemetry() -> None:
+    """Telemetry every 20 s: a card that failed after the last round still reads healthy. The racks
+    refuse commands to failed cards, so the capper leaves it out and caps the others (a command naming
+    it was refused whole, and the rack stayed over its limit until the next round)."""
+    plant, policy = _reactive_rack()
+    top = plant.site.card.power_limit_w
+    policy.telemetry_period_s = 20.0
+    policy.bind(plant)  # t = 90 s: rounds at 90, 110, ...; it acts at 90, 93, ..., 108, 111
+    policy.run(19.0, lambda: None)  # capped at 90 s (and again at each act on the round of 90 s)
+    plant.set_power_limits(np.arange(16), top)  # uncapped behind its back at 109 s: over the limit again
+    policy.run(2.0, lambda: None)  # to t = 111 s, the round of 110 s read
+    plant.add_fault(CardFailure(card=0, at_s=plant.time_s))
+    actions = policy.stats.capping_actions
+    policy.run(1.0, lambda: None)  # acts on the round of 110 s: card 0 still reads healthy
+    assert policy.stats.refused_commands == 0 and policy.stats.capping_actions == actions + 1
+    _p, lim, _power = _rack_reading(plant)
+    assert np.all(lim[1:15] < top) and lim[0] == top
