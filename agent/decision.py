@@ -24,12 +24,21 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["QUEUE_WAIT_KINDS", "Decision", "PlacementOrder", "QueueWait", "StepContext"]
+__all__ = ["QUEUE_WAIT_KINDS", "Decision", "PlacementOrder", "QueueWait", "StepContext", "fell_back"]
 
 #: Decision statuses, worst first: a rack at fail-safe caps, no plan meets the caps, the greedy
 #: plan, a MILP plan stopped at its time limit, the last plan adjusted to job events without a
 #: solve, an optimal MILP plan.
 STATUSES = ("failsafe", "infeasible", "fallback", "feasible", "incremental", "optimal")
+
+
+def fell_back(plan_status: str, source: str) -> bool:
+    """Whether a decision's own solve was late, failed or infeasible (the greedy plan, relaxed racks,
+    held settings): ``racktwin evaluate``'s and ``racktwin demo``'s ``fallbacks``. An incremental
+    adjustment to job events makes no solve: it carries the plan status of the plan it adjusts and is
+    not a fallback of its own (it was counted again after every job event that followed one)."""
+    return source != "incremental" and plan_status not in ("optimal", "feasible")
+
 
 _SUMMARY_QUEUE_WAITS = 16  # queued jobs whose wait the summary explains one by one (all are counted)
 

@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from agent.config import AgentConfig, ControlConfig, LoadedConfig, PricesConfig
 from agent.controller import Controller
-from agent.decision import Decision
+from agent.decision import Decision, fell_back
 from agent.guard import failsafe_card_limit_w
 from agent.loop import ApplyReport, ClosedLoop, TelemetryRounds
 from twin.estimate import AnomalyHistory, Estimates
@@ -330,8 +330,8 @@ class AgentPolicy(Policy):
             self._anomalies.update(self.loop.estimator.anomalies(), decision.time_s)
         st.solve_times_s.append(decision.solve_time_s)
         st.statuses[decision.status] = st.statuses.get(decision.status, 0) + 1
-        if not self.greedy and decision.plan_status not in ("optimal", "feasible"):
-            st.fallbacks += 1  # the solve was late, failed or infeasible (greedy plan, relaxation, held settings)
+        if not self.greedy and fell_back(decision.plan_status, decision.source):
+            st.fallbacks += 1  # its solve was late, failed or infeasible (greedy plan, relaxation, held settings)
         st.refused_commands += len(report.refused)
         fs = set(decision.failsafe_racks)
         if fs:

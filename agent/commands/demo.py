@@ -252,7 +252,7 @@ class MqttRun:
     failsafe_entries: int  # times a rack went to fail-safe caps
     failsafe_racks: list[str]
     first_failsafe_s: float  # site seconds from the start (NaN: never)
-    fallbacks: int  # decisions without an optimal / time-limited MILP plan
+    fallbacks: int  # decisions whose solve was late, failed or infeasible (agent.decision.fell_back)
     invalid_readings: int  # card values the belief refused
     rejected_messages: int  # messages the codec refused
     anomalies: list[str]  # every anomaly flagged during the run, from when; ", cleared" if no longer flagged
@@ -451,6 +451,8 @@ def _journal_decisions(path: Path, site: Any, judge_from_s: float) -> dict[str, 
     telemetry, so its very first decisions may hold every rack at fail-safe caps)."""
     import sqlite3
 
+    from agent.decision import fell_back
+
     out: dict[str, Any] = {
         "statuses": {},
         "failsafe_entries": 0,
@@ -476,7 +478,7 @@ def _journal_decisions(path: Path, site: Any, judge_from_s: float) -> dict[str, 
             t0 = out["t0_s"] = float(t)
         status = str(d.get("status", "?"))
         out["statuses"][status] = out["statuses"].get(status, 0) + 1
-        if d.get("plan_status") not in ("optimal", "feasible"):
+        if fell_back(str(d.get("plan_status")), str(d.get("source"))):
             out["fallbacks"] += 1
         fs = set(d.get("failsafe_racks", []))
         if float(t) - t0 < judge_from_s:

@@ -76,10 +76,17 @@ def test_the_largest_differences_come_first_and_the_rest_are_summed() -> None:
     o = [JobWork(f"j{i}", 8, 0.0, 1000.0) for i in range(6)] + [JobWork("huge", 256, 0.0, 50_000.0)]
     p = [JobWork(f"j{i}", 8, 0.0 if i else -60.0, 1000.0 + 10.0 * (i + 1)) for i in range(6)]
     p.append(JobWork("huge", 256, 1200.0, 20_000.0))
+    order = [d.job_id for d in work_differences(p, o)]  # largest loss of p first, largest gain last
+    assert order[0] == "huge" and order[-1] == "j5"
     text = describe_work_gap(p, o, "reactive", top=2)
     assert text.startswith("by job (-29,790 card-s in all, 7 jobs differ): huge (256 cards, placed 1,200 s later")
     assert "j5 (8 cards, placed and computing with reactive, ran faster) +60 card-s" in text
     assert text.endswith("5 other jobs +150 card-s (+0.27%)")
+    # a job differs from a whole card-second on (min_card_s, 1 by default)
+    assert [
+        d.work_delta_card_s for d in work_differences([JobWork("a", 8, 0.0, 101.0)], [JobWork("a", 8, 0.0, 100.0)])
+    ] == [1.0]
+    assert work_differences([JobWork("a", 8, 0.0, 100.5)], [JobWork("a", 8, 0.0, 100.0)]) == []
     not_started, started = [JobWork("a", 8, None, 0.0)], [JobWork("a", 8, 5.0, 40.0)]
     (never,) = work_differences(not_started, started)
     assert never.start_delta_s is None and never.started == (False, True)

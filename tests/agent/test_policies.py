@@ -9,15 +9,24 @@ racktwin is the agent's controller with the agent's default configuration.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from agent_helpers import example_site, small_site
 from evaluate_helpers import full_load_scenario, mixed_scenario
 
 from agent.config import ControlConfig, PricesConfig
 from agent.controller import Controller
+from agent.decision import Decision
 from agent.evaluate import _plant_for, run_policy
-from agent.policies import AgentPolicy, GreedyController, ReactivePolicy, make_policy, static_cap_w
+from agent.loop import ApplyReport
+from agent.policies import AgentPolicy, GreedyController, ReactivePolicy, StaticCapPolicy, make_policy, static_cap_w
+from twin.faults import CardFailure, StuckSensor
+from twin.plant import Plant, PlantConfig
+from twin.plant_types import SensorNoise
 from twin.scenario import build_plant
+from twin.workload import JobSpec
+
+FloatArray = npt.NDArray[np.float64]
 
 pytestmark = pytest.mark.agent
 
@@ -132,3 +141,163 @@ def test_policies_that_read_telemetry_read_it_at_the_scenarios_telemetry_period(
     run_policy(full_load_scenario(duration_s=120.0), policy)
     expected = list(range(0, 120)) if policy == "racktwin" else list(range(0, 120, 3))  # reactive acts every 3 s
     assert sorted(set(read_at)) == [float(t) for t in expected]
+
+
+def _reactive_rack() -> tuple[Plant, ReactivePolicy]:
+    """One 16-card rack (limit 12.5 kW): 15 cards computing at the top clock (the rack just over its
+    capping threshold, limit - 0.5 kW), one idle; noise-free sensors: measured = true power."""
+    site = small_site(1)
+    jobs = [
+        JobSpec(n, k, 1e7, 1.0, 0.97, checkpoint_interval_s=1e6, noncompute_utilization=0.9)
+        for n, k in (("a", 8), ("b", 7))
+    ]
+    cfg = PlantConfig(seed=1, noise=SensorNoise.none(), placement="external", external_timeout_s=1e6)
+    plant = Plant(site, jobs, [], cfg)
+    plant.place_job("a", np.arange(8))
+    plant.place_job("b", np.arange(8, 15))
+    policy = ReactivePolicy(site, 3.0)
+    policy.bind(plant)
+    plant.run(90.0)  # past the jobs' start-up
+    return plant, policy
+
+
+def _rack_reading(plant: Plant) -> tuple[float, FloatArray, FloatArray]:
+    """The rack's measured power, and its cards' power limits and powers."""
+    (rr,) = plant.readings().racks
+    assert rr.pdu is not None and rr.cards is not None
+    return rr.pdu.power_w, np.asarray(rr.cards.power_limit_w), np.asarray(rr.cards.power_w)
+
+
+def test_the_reactive_bands_cap_to_the_target_hold_between_and_raise_the_capped_cards_below() -> None:
+    """The bands of the docstring on the small rack: capping threshold limit - 0.5 kW, target limit -
+    1.5 kW, uncapping threshold limit - 3 kW."""
+    plant, policy = _reactive_rack()
+    limit, top = plant.site.rack.power_limit_w, plant.site.card.power_limit_w
+    high, target, low = limit - 500.0, limit - 1500.0, limit - 3000.0
+    # above the capping threshold: the busy cards' limits take the rack to the target, the cut split
+    # by each card's power above the 200 W floor; the idle card keeps its limit
+    p, lim, power = _rack_reading(plant)
+    assert p > high
+    busy = power > 200.0
+    above = power[busy] - 200.0
+    policy.act(plant)
+    _p, new, _power = _rack_reading(plant)
+    assert np.array_equal(new[busy], np.floor(np.minimum(lim, power)[busy] - (p - target) * above / above.sum()))
+    assert np.all(new[~busy] == top) and (~busy).sum() == 1
+    plant.run(10.0)
+    settled, _lim, _power = _rack_reading(plant)
+    assert low < settled <= target  # the DVFS levels land at or below the target, above the uncapping band
+    # between the bands the limits hold, above the target and below it
+    for card_limit_w in (640.0, 530.0):
+        plant.set_power_limits(np.arange(16), card_limit_w)
+        plant.run(10.0)
+        p, lim, _power = _rack_reading(plant)
+        assert low < p < high and (p > target) == (card_limit_w == 640.0)
+        actions = policy.stats.capping_actions
+        policy.act(plant)
+        assert policy.stats.capping_actions == actions
+        assert np.array_equal(_rack_reading(plant)[1], lim)
+    # below the uncapping threshold: the capped cards (not those at the top limit) share the room up
+    # to the target evenly
+    limits = np.full(16, 380.0)
+    limits[12:] = top
+    plant.set_power_limits(np.arange(16), limits)
+    plant.run(10.0)
+    p, lim, _power = _rack_reading(plant)
+    assert p < low
+    policy.act(plant)
+    _p, new, _power = _rack_reading(plant)
+    assert np.all(new[:12] == np.floor(380.0 + (target - p) / 12))
+    assert np.all(new[12:] == top)
+
+
+def test_the_reactive_capper_acts_on_measured_power_only() -> None:
+    """A rack whose readings are stuck between the bands while its true power goes over the limit: the
+    capper sees nothing to do (the plant goes over, as a real capper's would)."""
+    plant, policy = _reactive_rack()
+    limit = plant.site.rack.power_limit_w
+    plant.set_power_limits(np.arange(16), 640.0)
+    plant.run(10.0)
+    plant.add_fault(StuckSensor(rack=0, start_s=plant.time_s))
+    stuck_p, _lim, _power = _rack_reading(plant)
+    plant.set_power_limits(np.arange(16), plant.site.card.power_limit_w)
+    plant.run(10.0)
+    assert float(plant.truth().rack_power_w[0]) > limit - 500.0 > stuck_p
+    actions = policy.stats.capping_actions
+    policy.act(plant)
+    assert policy.stats.capping_actions == actions
+
+
+def test_static_cap_and_reactive_take_the_control_settings_the_docs_name() -> None:
+    """``--control rack_margin_w`` / ``min_power_limit_w`` reach static-cap (its cap) and reactive (its
+    floor); the baseline runs every card at the top clock and full power limit at the site's set-point."""
+    site = example_site()
+    wide = ControlConfig(rack_margin_w=2000.0)
+    assert static_cap_w(site, wide) == np.floor((50_000.0 - 2_000.0 - 8_800.0) / 64)  # 612 W
+    cap = make_policy("static-cap", site, wide)
+    assert isinstance(cap, StaticCapPolicy) and cap.cap_w == static_cap_w(site, wide)
+    reactive = make_policy("reactive", site, ControlConfig(min_power_limit_w=300.0))
+    assert isinstance(reactive, ReactivePolicy) and reactive.min_limit_w == 300.0 and reactive.period_s == 3.0
+    plant = build_plant(full_load_scenario(60.0))
+    plant.set_levels(np.arange(plant.n_cards), 2)
+    plant.set_power_limits(np.arange(plant.n_cards), 500.0)
+    plant.set_supply_temp(40.0)
+    make_policy("baseline", plant.site).bind(plant)
+    tr = plant.truth()
+    assert np.all(tr.level == 0) and tr.supply_setpoint_c == plant.site.facility.supply_temp_c
+    lim = np.concatenate([r.cards.power_limit_w for r in plant.readings().racks])  # type: ignore[union-attr]
+    assert np.all(lim == plant.site.card.power_limit_w)
+
+
+def test_fallbacks_count_the_decisions_whose_own_solve_fell_short_not_the_adjustments_after_one() -> None:
+    """``fallbacks`` (docs/evaluation.md): racktwin's decisions whose solve was late, failed or
+    infeasible (the greedy plan, relaxed racks, held settings). An incremental adjustment to a job event
+    makes no solve and carries the plan status of the plan it adjusts: after a fallback every job event
+    was counted as one more (examples/day-fault-pump.toml in process: 29 counted for 26 infeasible
+    solves). A time-limited plan is not a fallback; greedy has no solver to fall back from."""
+    sc = full_load_scenario(30.0)
+    policy = make_policy("racktwin", sc.site)
+    assert isinstance(policy, AgentPolicy)
+    heard: list[tuple[Decision, ApplyReport]] = []
+    policy.decision_listeners.append(lambda d, report: heard.append((d, report)))
+    policy.bind(_plant_for(sc, policy))
+    policy.run(30.0, lambda: None)
+    d, report = heard[0]
+    kinds = [
+        ("milp", "optimal", 0),
+        ("milp", "feasible", 0),
+        ("milp", "infeasible", 1),
+        ("greedy", "fallback", 1),
+        ("hold", "error", 1),
+        ("incremental", "fallback", 0),
+        ("incremental", "infeasible", 0),
+        ("incremental", "optimal", 0),
+    ]
+    greedy = make_policy("greedy", sc.site)
+    assert isinstance(greedy, AgentPolicy)
+    for source, plan_status, counted in kinds:
+        before = policy.stats.fallbacks
+        variant = d.replace(source=source, plan_status=plan_status)
+        policy._on_decision(variant, report)
+        greedy._on_decision(variant, report)
+        assert policy.stats.fallbacks - before == counted, (source, plan_status)
+    assert greedy.stats.fallbacks == 0
+
+
+def test_the_reactive_capper_leaves_out_cards_failed_since_its_last_telemetry() -> None:
+    """Telemetry every 20 s: a card that failed after the last round still reads healthy. The racks
+    refuse commands to failed cards, so the capper leaves it out and caps the others (a command naming
+    it was refused whole, and the rack stayed over its limit until the next round)."""
+    plant, policy = _reactive_rack()
+    top = plant.site.card.power_limit_w
+    policy.telemetry_period_s = 20.0
+    policy.bind(plant)  # t = 90 s: rounds at 90, 110, ...; it acts at 90, 93, ..., 108, 111
+    policy.run(19.0, lambda: None)  # capped at 90 s (and again at each act on the round of 90 s)
+    plant.set_power_limits(np.arange(16), top)  # uncapped behind its back at 109 s: over the limit again
+    policy.run(2.0, lambda: None)  # to t = 111 s, the round of 110 s read
+    plant.add_fault(CardFailure(card=0, at_s=plant.time_s))
+    actions = policy.stats.capping_actions
+    policy.run(1.0, lambda: None)  # acts on the round of 110 s: card 0 still reads healthy
+    assert policy.stats.refused_commands == 0 and policy.stats.capping_actions == actions + 1
+    _p, lim, _power = _rack_reading(plant)
+    assert np.all(lim[1:15] < top) and lim[0] == top

@@ -108,6 +108,10 @@ def test_the_saving_ceiling_counts_only_what_the_levers_can_reach() -> None:
     c1 = saving_ceiling(site, b, total, 1.0, jobs)
     assert c1.parts_kwh["computing cards (DVFS within the loss budget)"] == pytest.approx(3500.0 * 0.01 * c1.dvfs_k)
     assert c1.total_pct > c0.total_pct
+    # at most all of the computing cards' energy, whatever the budget
+    assert (
+        saving_ceiling(site, b, total, 100.0, jobs).parts_kwh["computing cards (DVFS within the loss budget)"] == 3500.0
+    )
     # more host energy in the same total does not raise the bound
     assert saving_ceiling(site, {**b, "hosts": 5000.0}, total, 1.0, jobs).total_kwh <= c1.total_kwh
     # the host lever: every host with no busy card off, all the time (the example site's hosts can be)
@@ -119,6 +123,12 @@ def test_the_saving_ceiling_counts_only_what_the_levers_can_reach() -> None:
     assert c2.parts_kwh["idle hosts off"] == pytest.approx(hosts_kwh + asleep_left)
     assert c2.idle_host_kwh == pytest.approx(hosts_kwh)  # the hosts' own part (not their cards asleep)
     assert c2.total_kwh > c0.total_kwh + hosts_kwh  # (UPS losses shrink with the IT energy too)
+    # UPS and other overhead: in proportion to the IT energy removed, the idle hosts' part included
+    it_kwh = 1700.0 + 3500.0 + 60.0 + 400.0
+    for c in (c0, c1, c2):
+        removed = sum(v for k, v in c.parts_kwh.items() if k not in ("fans and chiller", "pumps at the lowest speed"))
+        removed -= c.parts_kwh["UPS and other overhead"]
+        assert c.parts_kwh["UPS and other overhead"] == pytest.approx(240.0 * removed / it_kwh)
 
 
 def test_a_missed_saving_says_by_how_much_and_gives_the_ceiling_a_met_one_says_nothing_more() -> None:
@@ -347,3 +357,35 @@ def test_targets_for_a_policy_that_did_not_run_are_said_not_judged_in_one_line(
     assert main([*argv, "--json", "--out", str(tmp_path / "o2")]) == 0
     out, err = capsys.readouterr()
     assert set(json.loads(out)) == {"policies"} and err.strip() == line
+
+
+def test_each_target_is_judged_at_its_bound_as_its_text_says() -> None:
+    """ ">= 22%" is met at 22%, "< 1%" is missed at 1%, "<= 1.08" is met at 1.08, "<= 0 rack-s" at 0;
+    equal energy is not less energy (nor the same decisions when the work differs); the tolerance of
+    "equal work" is in percent; a saving target without a loss bound allows no loss."""
+    site = example_site()
+    br = {"baseline": _breakdown(cards_computing=500.0)}
+    m = _metrics(facility_energy_saving_pct=22.0, throughput_loss_pct=1.0, pue=1.08)
+    tg = ScenarioTargets(
+        facility_saving_pct_min=22.0, throughput_loss_pct_max=1.0, pue_max=1.08, limit_violation_s_max=0.0
+    )
+    saving, loss, pue, limits = check_targets(tg, {"baseline": _metrics(), "racktwin": m}, br, site, [job("a", 8)])
+    assert (saving.met, loss.met, pue.met, limits.met) == (True, False, True, True)
+    assert loss.shortfall == "0.00 points over"
+    metrics = {
+        "racktwin": _metrics(facility_energy_kwh=1000.0, throughput=300.0),
+        "static-cap": _metrics(facility_energy_kwh=1000.0, throughput=290.0),  # the same energy, less work
+        "reactive": _metrics(facility_energy_kwh=1100.0, throughput=303.0),  # ~1% more work
+    }
+    for other, tol, met in (("static-cap", 0.0, False), ("reactive", 0.5, False), ("reactive", 1.5, True)):
+        (c,) = check_targets(
+            ScenarioTargets(better_than=(other,), equal_throughput_tolerance_pct=tol), metrics, br, site, []
+        )
+        assert c.met is met, (other, tol)
+        if other == "static-cap":  # the same energy for more work: not the same decisions
+            assert c.why == "energy +0.00% against static-cap"
+    # a saving target alone: its ceiling allows no throughput loss (the baseline only computed)
+    (alone,) = check_targets(
+        ScenarioTargets(facility_saving_pct_min=30.0), {"baseline": _metrics(), "racktwin": m}, br, site, [job("a", 8)]
+    )
+    assert alone.why == "with racktwin's levers nothing can be saved at this throughput-loss budget"  # DVFS needs one
