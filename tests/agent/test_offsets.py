@@ -3,7 +3,10 @@
 What users rely on: a job that leaves COMPUTE (a checkpoint) with its dies still hot is not throttled
 by the guard; a card that truly runs hot (a fouled cold plate) is still kept under the die limit, also
 through checkpoints and resumes; once the estimator's calibrated resistance explains a hot card, its
-offset does not count the same excess twice.
+offset does not count the same excess twice. A card is measured only after five slow time constants
+at its flow now, any change of its operating point (job, phase, level, power limit, supply, flow, an
+unexplained die jump) restarts the wait, and a card that never settles is covered by its smallest
+excess over a window.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from agent_helpers import belief, example_site, job, small_site
 from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.decision import Decision
-from agent.load import site_load, spec_r_total_k_per_w
+from agent.load import die_offsets_k, site_load, spec_r_total_k_per_w
 from agent.loop import ApplyReport, ClosedLoop
 from agent.offsets import DieOffsetFilter, slow_time_constants_s
 from twin.faults import ColdPlateFouling
@@ -226,3 +229,168 @@ def test_a_die_reading_the_agent_cannot_trust_is_no_offset(how: str) -> None:
         offsets = ctl.context(frozen, t).die_offset_k
         worst = max(worst, float(offsets[rack1[5]] if how == "card frozen" else offsets[rack1].max()))
     assert worst <= before + 0.5
+
+
+def _step(f: DieOffsetFilter, snap: StateSnapshot, t: float, **kw: object) -> np.ndarray:
+    site = f.site
+    inlet = kw.pop("inlet", np.asarray(snap.rack_supply_temp_c)[site.card_rack()])
+    r = kw.pop("r", spec_r_total_k_per_w(site))
+    return f.update(snap, site_load(site, snap), inlet, r, t, **kw)  # type: ignore[arg-type]
+
+
+def test_a_card_is_measured_after_five_slow_time_constants_at_its_flow_now_and_a_cool_card_has_no_offset() -> None:
+    """A pump slowed to 1/1.25 of the plate's resistance: the estimator's nominal resistance times
+    the flow's ratio is the spec's resistance (the readings' plant). The wait is five slow time
+    constants at the resistance now, and the offset is the excess over the prediction at it."""
+    site, snap = _steady()
+    load = site_load(site, snap)
+    card, cool = int(load.jobs[0].cards[0]), int(load.jobs[0].cards[1])
+    snap = _with_excess(_with_excess(snap, card, 6.0), cool, -6.0)
+    r = spec_r_total_k_per_w(site)
+    scale = np.full(site.n_cards, 1.25)
+    settle_s = float(5 * slow_time_constants_s(site, r)[card])
+    f = DieOffsetFilter(site)
+    t = 0.0
+    while t + 5.0 < settle_s:
+        off = _step(f, snap, t, r=r / scale, r_scale=scale)
+        assert off[card] == 0.0, t
+        t += 5.0
+    off = _step(f, snap, settle_s + 1.0, r=r / scale, r_scale=scale)
+    assert 4.5 <= off[card] <= 6.5 and off[card] == pytest.approx(f.last_raw_k[card], abs=1e-9)
+    assert off[cool] == 0.0
+
+
+@pytest.mark.parametrize("how", ["level", "power limit", "supply", "supply drift", "flow", "job", "die jump"])
+def test_a_change_of_a_cards_operating_point_restarts_its_wait(how: str) -> None:
+    """A card 6 K hot, settled; then its operating point changes while its die is where it was (the
+    plate's lag): what it reads until it settles again is a transient, and its offset stays."""
+    site, snap = _steady()
+    load = site_load(site, snap)
+    card = int(load.jobs[0].cards[0])
+    hot = _with_excess(snap, card, 6.0)
+    inlet = np.asarray(snap.rack_supply_temp_c)[site.card_rack()]
+    f = DieOffsetFilter(site)
+    t = 0.0
+    for _ in range(6):
+        settled = _step(f, hot, t, inlet=inlet)
+        t += 15.0
+    assert settled[card] >= 4.5
+    after, kw = hot, {}
+    if how == "level":  # the agent slowed the job: the die is still at its old level's temperature
+        level = np.asarray(hot.card_level).copy()
+        level[load.jobs[0].cards] = 3
+        after = dataclasses.replace(hot, card_level=level)
+    elif how == "power limit":
+        lim = np.asarray(hot.card_power_limit_w).copy()
+        lim[load.jobs[0].cards] = 450.0
+        after = dataclasses.replace(hot, card_power_limit_w=lim)
+    elif how == "job":  # another job, less compute-bound, on the same cards
+        other = dataclasses.replace(hot.jobs[0], job_id="a2", compute_share=0.6, spec=None)
+        after = dataclasses.replace(hot, jobs=(other, *hot.jobs[1:]))
+    elif how == "die jump":  # something the snapshots did not show (a short stall between two steps)
+        after = _with_excess(hot, card, 16.0)
+    for k in range(3):
+        if how == "supply":  # its rack's supply cooled (the other rack's cards stay settled)
+            kw = {"inlet": np.where(site.card_rack() == site.card_rack()[card], inlet - 5.0, inlet)}
+        elif how == "supply drift":  # 0.6 K a step: each within the 1 K tolerance of the last
+            kw = {"inlet": inlet - 0.6 * (k + 1)}
+        elif how == "flow":  # the pump sped up: the plate cools, the die not yet
+            kw = {"r_scale": np.full(site.n_cards, 0.8)}
+        off = _step(f, after, t + 5.0 * k, **kw)  # well within the wait (~53 s; ~40 s at the faster flow)
+        # within a step's drift of the settled offset (the first drift step is one the card is still
+        # settled at, within the supply's tolerance)
+        assert off[card] == pytest.approx(settled[card], abs=0.8 if how == "supply drift" else 1e-9), (k, off[card])
+
+
+def test_a_card_that_never_settles_is_covered_by_its_smallest_excess_over_a_window() -> None:
+    """Its power limit reads 700 W and 699 W in turn (above what it draws: the same prediction), so its
+    operating point changes at every step; it runs 6 K hot, then 10 K."""
+    site, snap = _steady()
+    card = int(site_load(site, snap).jobs[0].cards[0])
+    settle_s = float(5 * slow_time_constants_s(site, spec_r_total_k_per_w(site))[card])
+    f = DieOffsetFilter(site)
+
+    def jittered(k: int, excess_k: float) -> StateSnapshot:
+        lim = np.asarray(snap.card_power_limit_w).copy()
+        lim[card] = 700.0 - k % 2
+        return dataclasses.replace(_with_excess(snap, card, excess_k), card_power_limit_w=lim)
+
+    k = 0
+    while 15.0 * k < settle_s:  # not a full window of readings yet
+        assert _step(f, jittered(k, 6.0), 15.0 * k)[card] == 0.0
+        k += 1
+    for _ in range(4):
+        off = _step(f, jittered(k, 6.0), 15.0 * k)
+        assert 4.5 <= off[card] == pytest.approx(f.last_raw_k[card], abs=1e-9)
+        k += 1
+    six = off[card]
+    start = 15.0 * k
+    while 15.0 * k < start + settle_s:  # a rise is taken only once it lasted a window
+        assert _step(f, jittered(k, 10.0), 15.0 * k)[card] == pytest.approx(six, abs=1e-9)
+        k += 1
+    assert _step(f, jittered(k, 10.0), 15.0 * k)[card] == pytest.approx(six + 4.0, abs=1e-9)
+    assert not f.settled(15.0 * k, spec_r_total_k_per_w(site))[card]
+    # one reading 3 K lower (its die still cool after a short stall): the smallest excess of the window
+    k += 1
+    assert _step(f, jittered(k, 7.0), 15.0 * k)[card] == pytest.approx(six + 1.0, abs=1e-9)
+    k += 1
+    start = 15.0 * k  # it stands until the next reading is the last one at or before the window's start
+    while 15.0 * k < start + settle_s:
+        assert _step(f, jittered(k, 10.0), 15.0 * k)[card] == pytest.approx(six + 1.0, abs=1e-9)
+        k += 1
+    assert _step(f, jittered(k, 10.0), 15.0 * k)[card] == pytest.approx(six + 4.0, abs=1e-9)
+    # the site's clock steps back 1,200 s (a restarted simulator) and the card runs 4 K hotter still:
+    # the cooler readings of the old timeline are no part of the new one's window
+    back = 15.0 * k - 1200.0
+    for i in range(int(settle_s // 15.0) + 2):
+        off = _step(f, jittered(k + i + 1, 14.0), back + 15.0 * i)
+    assert off[card] == pytest.approx(six + 8.0, abs=1e-9)
+
+
+def test_a_power_limit_read_back_with_a_fraction_of_a_watt_is_the_same_operating_point() -> None:
+    site, snap = _steady()
+    r = spec_r_total_k_per_w(site)
+    settle_s = float(5 * slow_time_constants_s(site, r).max())
+    f = DieOffsetFilter(site)
+    k = 0
+    while 15.0 * k <= settle_s + 15.0:
+        lim = np.asarray(snap.card_power_limit_w, dtype=np.float64) + 0.3 * (k % 2)  # 700.0, 700.3, ...
+        _step(f, dataclasses.replace(snap, card_power_limit_w=lim), 15.0 * k)
+        k += 1
+    assert f.settled(15.0 * (k - 1), r).all()
+
+
+def test_a_busy_card_read_in_low_power_is_measured_at_its_jobs_work() -> None:
+    """A reading that still says low power while a job computes on the card (it lags the wake): the
+    card is predicted awake at its job's work (as ``agent.load.predict`` does), not idle."""
+    site, snap = _steady()
+    card = int(site_load(site, snap).jobs[0].cards[0])
+    low = np.asarray(snap.card_low_power).copy()
+    low[card] = True
+    stale = dataclasses.replace(_with_excess(snap, card, 6.0), card_low_power=low)
+    f, g = DieOffsetFilter(site), DieOffsetFilter(site)
+    for k in range(8):
+        off = _step(f, stale, 15.0 * k)
+        ref = _step(g, _with_excess(snap, card, 6.0), 15.0 * k)
+    assert 4.5 <= off[card] == pytest.approx(ref[card], abs=1e-9)
+    inlet = np.asarray(snap.rack_supply_temp_c)[site.card_rack()]
+    raw = die_offsets_k(site, stale, site_load(site, stale), inlet, spec_r_total_k_per_w(site))
+    assert raw[card] == pytest.approx(f.last_raw_k[card], abs=1e-9)
+
+
+def test_a_card_held_at_its_power_limit_is_measured_against_the_die_at_the_limit() -> None:
+    """Its power brake holds it at 450 W: its die reads 6 K over supply + R x 450 W."""
+    site, snap = _steady()
+    card = int(site_load(site, snap).jobs[0].cards[0])
+    r = spec_r_total_k_per_w(site)
+    inlet = np.asarray(snap.rack_supply_temp_c)[site.card_rack()]
+    lim = np.asarray(snap.card_power_limit_w).copy()
+    lim[card] = 450.0
+    die = np.asarray(snap.card_die_temp_c).copy()
+    die[card] = inlet[card] + r[card] * 450.0 + 6.0
+    held = dataclasses.replace(snap, card_power_limit_w=lim, card_die_temp_c=die)
+    f = DieOffsetFilter(site)
+    for k in range(8):
+        off = _step(f, held, 15.0 * k)
+    assert off[card] == pytest.approx(6.0, abs=1e-9)
+    assert die_offsets_k(site, held, site_load(site, held), inlet, r)[card] == pytest.approx(6.0, abs=1e-9)
