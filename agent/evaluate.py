@@ -236,7 +236,8 @@ class Recorder:
                 self.boot_wait_card_s += float(held.reshape(self.site.n_hosts, -1)[booting].sum()) * dt
         self.low_power_card_s += float(tr.low_power.sum()) * dt
         self.host_off_s += float(tr.host_off.sum()) * dt
-        self.idle_host_s += float(free.reshape(self.site.n_hosts, -1).all(axis=1).sum()) * dt
+        # a host none of whose cards a job holds (a failed card, held or not, does no work there)
+        self.idle_host_s += float((~held).reshape(self.site.n_hosts, -1).all(axis=1).sum()) * dt
         self.setpoint_c_s += tr.supply_setpoint_c * dt
         self.pump_speed_s += float(tr.rack_pump_speed_frac.mean()) * dt
         self._t = t

@@ -241,3 +241,27 @@ def test_a_rack_silent_for_a_minute_enters_fail_safe_once() -> None:
     assert m["failsafe_decisions"] >= 2
     assert m["failsafe_entries"] == 1 and m["failsafe_racks"] == "r1"
     assert m["limit_violation_s"] == 0.0
+
+
+def test_a_host_whose_only_unfree_card_failed_counts_as_idle() -> None:
+    """``idle_host_s`` is host-seconds with no card held by a job (docs/evaluation.md): a failed card
+    that no job holds does no work, so its host is as idle as one whose cards all are free (host
+    power-down could reach it). Two hosts of 16 cards, a 4-card job on host 0, card 20 (host 1)
+    failed at 10 s: host 1 is idle all 100 s."""
+    site = small_site(2)
+    job = {"id": "a", "n_cards": 4, "duration_s": 1e5, "step_time_s": 1.0, "running_at_start": True}
+    sc = run_scenario_from_dict(
+        {"name": "idle-host", "duration_s": 100.0, "seed": 1, "workload": {"source": "none"}, "jobs": [job]},
+        source="idle-host",
+        site=site,
+    )
+    plant = build_plant(sc)
+    plant.add_fault(CardFailure(card=20, at_s=10.0))
+    rec = Recorder(plant, judge_from_s=15.0)
+    for _ in range(100):
+        plant.step(1.0)
+        rec.on_step()
+    rec.finish()
+    assert bool(plant.truth().failed[20])
+    m = _metrics(sc, plant, rec, ControlStats())
+    assert m["idle_host_s"] == pytest.approx(100.0, rel=1e-12)  # host 1, before and after its card failed
