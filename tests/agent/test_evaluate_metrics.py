@@ -201,17 +201,19 @@ def test_queue_waits_slo_misses_throughput_and_the_comparison_with_the_baseline_
     assert b["throughput_loss_pct"] == 0.0 and b["facility_energy_saving_pct"] == 0.0
 
 
-def test_the_card_and_host_shares_are_time_averages_over_the_sites_cards_and_hosts() -> None:
-    """Two hosts of 16 cards: a 4-card job on host 0 for 100 s, the 28 other cards asleep. An eighth of
-    the cards held, seven eighths asleep, one host with no busy card; one of the two racks' pumps at half speed."""
+def _two_hosts_one_small_job() -> RunScenario:
+    """Two hosts of 16 cards (one rack each), a 4-card job on host 0 running from t = 0; 100 s."""
     site = small_site(2)
     assert site.n_hosts == 2
     job = {"id": "a", "n_cards": 4, "duration_s": 1e5, "step_time_s": 1.0, "running_at_start": True}
-    sc = run_scenario_from_dict(
-        {"name": "shares", "duration_s": 100.0, "seed": 1, "workload": {"source": "none"}, "jobs": [job]},
-        source="shares",
-        site=site,
-    )
+    data = {"name": "hosts", "duration_s": 100.0, "seed": 1, "workload": {"source": "none"}, "jobs": [job]}
+    return run_scenario_from_dict(data, source="hosts", site=site)
+
+
+def test_the_card_and_host_shares_are_time_averages_over_the_sites_cards_and_hosts() -> None:
+    """Two hosts of 16 cards: a 4-card job on host 0 for 100 s, the 28 other cards asleep. An eighth of
+    the cards held, seven eighths asleep, one host with no busy card; one of the two racks' pumps at half speed."""
+    sc = _two_hosts_one_small_job()
     plant = build_plant(sc)
     free = plant.free_cards()
     assert free.tolist() == list(range(4, 32))
@@ -248,13 +250,7 @@ def test_a_host_whose_only_unfree_card_failed_counts_as_idle() -> None:
     that no job holds does no work, so its host is as idle as one whose cards all are free (host
     power-down could reach it). Two hosts of 16 cards, a 4-card job on host 0, card 20 (host 1)
     failed at 10 s: host 1 is idle all 100 s."""
-    site = small_site(2)
-    job = {"id": "a", "n_cards": 4, "duration_s": 1e5, "step_time_s": 1.0, "running_at_start": True}
-    sc = run_scenario_from_dict(
-        {"name": "idle-host", "duration_s": 100.0, "seed": 1, "workload": {"source": "none"}, "jobs": [job]},
-        source="idle-host",
-        site=site,
-    )
+    sc = _two_hosts_one_small_job()
     plant = build_plant(sc)
     plant.add_fault(CardFailure(card=20, at_s=10.0))
     rec = Recorder(plant, judge_from_s=15.0)
