@@ -22,7 +22,7 @@ import math
 
 from agent.clock import SiteClock
 from agent.controller import Controller
-from agent.failure_lines import FailureLines
+from agent.failure_lines import FailureLines, WriteFailures
 from agent.journal import Journal, JournalError
 from agent.metrics import AgentMetrics
 from agent.resume import site_layout_json
@@ -69,9 +69,13 @@ class EstimationLoop:
         #: telemetry rounds whose estimation raised (dropped by the estimator; see :meth:`_round_failed`)
         self.errors = 0
         self._error_lines = FailureLines()
-        self.calibration_error: str | None = None  # the last calibration write failed: why
-        self._calibration_error_lines = FailureLines()
+        self._calibration_writes = WriteFailures()
         self._site_layout_json = site_layout_json(site)  # kept with the calibration
+
+    @property
+    def calibration_error(self) -> str | None:
+        """Why the last calibration write failed (None: it worked, or none was tried): the agent is not ready."""
+        return self._calibration_writes.error
 
     async def run(self) -> None:
         """The ``estimate`` task: every round from the queue, for ever."""
@@ -131,8 +135,7 @@ class EstimationLoop:
         try:
             self.journal.save_calibration(cards, r_th, leak, now_s, layout=self._site_layout_json)
         except JournalError as exc:  # degraded (not ready), not stopped: the calibration is kept in memory
-            self.calibration_error = str(exc)
-            since = self._calibration_error_lines.failed()
+            since = self._calibration_writes.failed_with(str(exc))
             if since is not None:
                 log.error(
                     "journal write failed: calibration not saved (%d failed since the last such line)",
@@ -140,7 +143,6 @@ class EstimationLoop:
                     extra={"fields": {"error": str(exc)}},
                 )
             return
-        if self.calibration_error is not None:
-            n = self._calibration_error_lines.recovered()
+        n = self._calibration_writes.succeeded()
+        if n:
             log.info("journal written again: calibration saved (after %d failed write(s))", n)
-            self.calibration_error = None

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import time
 
-__all__ = ["LOG_INTERVAL_S", "FailureLines"]
+__all__ = ["LOG_INTERVAL_S", "FailureLines", "WriteFailures"]
 
 LOG_INTERVAL_S = 60.0  # wall s between two log lines of the same failure (messages, rounds, journal writes)
 
@@ -45,3 +45,23 @@ class FailureLines:
         n = self.failures
         self.last_wall, self.last_count, self.failures = -math.inf, 0, 0
         return n
+
+
+@dataclasses.dataclass
+class WriteFailures(FailureLines):
+    """A write tried again and again (a journal write each cycle or interval): why the last one failed
+    (:attr:`error`, None once one works: the agent's readiness reads it) and the rhythm of its log lines."""
+
+    error: str | None = None
+
+    def failed_with(self, error: str) -> int | None:
+        """The write failed for ``error``: :meth:`failed`'s answer (a line is due when not None)."""
+        self.error = error
+        return self.failed()
+
+    def succeeded(self) -> int:
+        """The write worked: the failures it ends (0: none, no line due; else a line saying it works again)."""
+        if self.error is None:
+            return 0
+        self.error = None
+        return self.recovered()

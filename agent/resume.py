@@ -21,7 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 from agent.controller import Controller
-from agent.failure_lines import FailureLines
+from agent.failure_lines import WriteFailures
 from agent.journal import CALIBRATION_LAYOUT_KEY, Journal, JournalError
 from agent.publish import CommandBook, OpenCommand
 from twin.readings import JobEvent
@@ -227,8 +227,12 @@ class RestartRecords:
     def __init__(self, journal: Journal, site: SiteSpec) -> None:
         self.jobs = JobsRecord(journal, site)
         self.failed_cards = FailedCardsRecord(journal, site)
-        self.error: str | None = None  # the last write of the jobs or card_failed marks failed: why
-        self._error_lines = FailureLines()
+        self._writes = WriteFailures()
+
+    @property
+    def error(self) -> str | None:
+        """Why the last write of the jobs or card_failed marks failed (None: it worked): the agent is not ready."""
+        return self._writes.error
 
     def save(self, book: CommandBook, snap: StateSnapshot) -> None:
         """Both records, each written when it changed; a failure is logged, never raised (the decision
@@ -243,8 +247,7 @@ class RestartRecords:
         except JournalError as exc:
             failed["card_failed marks"] = str(exc)
         if failed:
-            self.error = "; ".join(f"{what} not saved: {err}" for what, err in failed.items())
-            since = self._error_lines.failed()
+            since = self._writes.failed_with("; ".join(f"{what} not saved: {err}" for what, err in failed.items()))
             if since is not None:
                 log.warning(
                     "journal write failed: %s not saved for a restart (tried again with the next decision); "
@@ -253,12 +256,10 @@ class RestartRecords:
                     since,
                     extra={"fields": {"error": self.error}},
                 )
-        elif self.error is not None:
-            n = self._error_lines.recovered()
+        elif n := self._writes.succeeded():
             log.info(
                 "journal written again: jobs and card_failed marks saved for a restart (after %d failed write(s))", n
             )
-            self.error = None
 
 
 def open_commands_to_resume(journal: Journal, book: CommandBook, now_s: float) -> tuple[list[OpenCommand], int]:

@@ -84,7 +84,7 @@ from agent.controller import Controller, decides_again_on
 from agent.decision import Decision
 from agent.estimation_loop import EstimationLoop
 from agent.failsafe_log import FailsafeLog
-from agent.failure_lines import FailureLines
+from agent.failure_lines import FailureLines, WriteFailures
 from agent.first_round import await_first_round
 from agent.ingest import Ingest, RoundMerger
 from agent.journal import Journal, JournalError
@@ -271,8 +271,7 @@ class AgentService:
             self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
             self._solve_future: asyncio.Future[Decision] | None = None
             self._first_send: dict[str, tuple[float, str]] = {}
-            self._journal_error: str | None = None  # the last decision write failed: why
-            self._journal_error_lines = FailureLines()  # its log lines (a full disk fails every cycle)
+            self._decision_writes = WriteFailures()  # why a decision write failed (a full disk: every cycle)
             self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             #: the jobs known and the cards refused as failed, saved with each decision for a restart
@@ -793,14 +792,12 @@ class AgentService:
                 summary,
                 new_commands(commands),
             )
-            if self._journal_error is not None:
-                n = self._journal_error_lines.recovered()
+            n = self._decision_writes.succeeded()
+            if n:
                 log.info("journal written again: decisions recorded (after %d failed write(s))", n)
-            self._journal_error = None
         except JournalError as exc:
             # nothing is acted on that is not journaled first
-            self._journal_error = str(exc)
-            since = self._journal_error_lines.failed()
+            since = self._decision_writes.failed_with(str(exc))
             if since is not None:
                 log.error(
                     "journal write failed: nothing sent this cycle (%d cycle(s) failed since the last such line)",
@@ -884,8 +881,8 @@ class AgentService:
             if stale:
                 names = ", ".join(self.site.rack_names[r] for r in stale[:16])
                 reasons.append(f"no fresh telemetry from {names}" + (" ..." if len(stale) > 16 else ""))
-        if self._journal_error:
-            reasons.append(f"journal: {self._journal_error}")
+        if self._decision_writes.error:
+            reasons.append(f"journal: {self._decision_writes.error}")
         if self.journal_acks.error:
             reasons.append(f"journal (acks): {self.journal_acks.error}")
         if self.estimation.calibration_error:

@@ -17,7 +17,7 @@ import agent.failure_lines as failure_lines_module
 from agent.broker import free_port
 from agent.bus import MqttOptions
 from agent.config import load_config
-from agent.failure_lines import FailureLines
+from agent.failure_lines import FailureLines, WriteFailures
 from agent.journal import Journal
 from agent.service import AgentService, _report_late_solve
 
@@ -143,3 +143,20 @@ def test_a_lasting_failure_is_logged_first_then_once_a_minute_with_a_count_and_a
     assert lines.recovered() == 130
     assert lines.failed() == 1  # a new failure, at once, 10 s after the last line
     assert lines.recovered() == 1 and lines.recovered() == 0
+
+
+def test_a_write_that_keeps_failing_holds_its_reason_until_one_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``WriteFailures`` (the decision, calibration and restart-record writes): the last failure's
+    reason is kept for readiness until a write works; a write that works after failures says how many
+    (one line), one that works with none before says 0 (no line)."""
+    wall = [1000.0]
+    monkeypatch.setattr(failure_lines_module.time, "monotonic", lambda: wall[0])
+    writes = WriteFailures()
+    assert writes.succeeded() == 0 and writes.error is None
+    assert writes.failed_with("disk full") == 1
+    wall[0] += 1.0
+    assert writes.failed_with("disk still full") is None  # within the minute: no line
+    assert writes.error == "disk still full"
+    assert writes.succeeded() == 2 and writes.error is None
+    assert writes.succeeded() == 0
+    assert writes.failed_with("read-only") == 1  # at once again after the recovery
