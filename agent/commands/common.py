@@ -114,14 +114,14 @@ def check_output_file(path: Path, option: str) -> None:
         raise UserError(f"{option} {path!r}: not a usable path ({exc})") from None
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """Make an object JSON-safe: numpy scalars/arrays to Python, non-finite floats to null."""
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     if hasattr(obj, "tolist"):
-        return _clean(obj.tolist())
+        return json_safe(obj.tolist())
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     return obj
@@ -129,6 +129,6 @@ def _clean(obj: Any) -> Any:
 
 def print_json(obj: Any) -> None:
     """Print one JSON object on stdout (machine-readable output of ``--json``)."""
-    json.dump(_clean(obj), sys.stdout, indent=None, separators=(",", ":"))
+    json.dump(json_safe(obj), sys.stdout, indent=None, separators=(",", ":"))
     sys.stdout.write("\n")
     sys.stdout.flush()

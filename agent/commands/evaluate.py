@@ -23,9 +23,9 @@ from typing import Any
 
 from agent.commands.common import (
     UserError,
-    _clean,
     check_telemetry_period,
     folder_name,
+    json_safe,
     path_arg,
     prepare_output_dir,
     print_json,
@@ -372,7 +372,7 @@ def write_outputs(ev: Evaluation, out_dir: Path) -> None:
             for n, r in ev.results.items()
         },
     }
-    (out_dir / "metrics.json").write_text(json.dumps(_clean(full), indent=1) + "\n", encoding="utf-8")
+    (out_dir / "metrics.json").write_text(json.dumps(json_safe(full), indent=1) + "\n", encoding="utf-8")
     keys = list(ev.results[names[0]].metrics)
     with open(out_dir / "metrics.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.commands.common import json_safe
 from agent.commands.optimize_scenario import Scenario
 from agent.report import figures_html, page, png_base64, pyplot
 from twin.spec import SiteSpec
@@ -111,9 +112,7 @@ def write_plan_json(
         "jobs": jobs_out,
         "cards": cards_out,
     }
-    from agent.commands.common import _clean
-
-    path.write_text(json.dumps(_clean(doc), indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(json_safe(doc), indent=1) + "\n", encoding="utf-8")
 
 
 def write_racks_csv(
