@@ -14,7 +14,9 @@ reactive   three-band rack power capping on MEASURED rack power, as the hierarch
            OSDI'20): above the high band the rack's busy cards get power limits that take the rack to
            the target (the cut split in proportion to each card's power above the lowest limit, so the
            hungriest cards give most), between the bands the limits hold, below the low band they are
-           raised toward the target. No idle management, fixed set-point, the plant's scheduler.
+           raised toward the target; it acts every 3 s on the latest telemetry round, once per round
+           (telemetry slower than that gives it nothing new to act on). No idle management, fixed
+           set-point, the plant's scheduler.
 greedy     the agent with ``models.heuristic`` plans instead of the MILP: the same ``Controller`` (the
            same context, placement, guard and estimator) with ``step(use_solver=False)``.
 racktwin   the agent: ``agent.controller.Controller`` in ``agent.loop.ClosedLoop`` (twin belief,
@@ -214,12 +216,21 @@ class ReactivePolicy(BaselinePolicy):
         self.high_w = float(high_band_w)
         self.target_w = float(target_band_w)
         self.low_w = float(low_band_w)
+        self._acted_on: Readings | None = None  # the telemetry round it last acted on
+
+    def bind(self, plant: Plant) -> None:
+        super().bind(plant)
+        self._acted_on = None
 
     def act(self, plant: Plant) -> None:
         site = self.site
         max_lim = site.card.power_limit_w
+        readings = self.telemetry(plant)
+        if readings is self._acted_on:
+            return  # telemetry slower than its period: no new reading to act on (a cut is made once)
+        self._acted_on = readings
         failed_now = plant.truth().failed  # the racks refuse commands to failed cards (as apply_to_plant)
-        for rr in self.telemetry(plant).racks:
+        for rr in readings.racks:
             p = rr.pdu.power_w if rr.pdu is not None else math.nan
             limit = float(site.rack_power_limits_w()[rr.rack])
             if not (math.isfinite(p) and 0.0 < p < 10.0 * limit):

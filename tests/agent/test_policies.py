@@ -292,7 +292,8 @@ def test_the_reactive_capper_leaves_out_cards_failed_since_its_last_telemetry() 
     top = plant.site.card.power_limit_w
     policy.telemetry_period_s = 20.0
     policy.bind(plant)  # t = 90 s: rounds at 90, 110, ...; it acts at 90, 93, ..., 108, 111
-    policy.run(19.0, lambda: None)  # capped at 90 s (and again at each act on the round of 90 s)
+    policy.run(19.0, lambda: None)  # capped at 90 s, once: its acts at 93 .. 108 s see no new round
+    assert policy.stats.capping_actions == 1
     plant.set_power_limits(np.arange(16), top)  # uncapped behind its back at 109 s: over the limit again
     policy.run(2.0, lambda: None)  # to t = 111 s, the round of 110 s read
     plant.add_fault(CardFailure(card=0, at_s=plant.time_s))
