@@ -21,6 +21,11 @@ waiting to the reason the agent's last decision gives for it (``Decision.queue_w
   (``draining``: the reservation's promised start has passed, so no card is spare and only jobs
   expected to end before it may start);
 * ``no window``: the placement found no window of consecutive racks for it (the reason is listed);
+  ``no window, hosts off``: the same, while the plant's free cards on hosts that are up (neither off
+  nor booting) are fewer than the job needs: the placement does not offer the cards of off hosts, the
+  decision powers hosts on for it and the next one places it on them while they boot, so its compute
+  start is set by the boot and the wait costs no work (traced job by job on 2026-12-03: each such
+  job computed a boot after the decision that found no window);
 * ``other``: the decision gives another reason (too large for the site, the placement failed, the
   guard dropped its placement);
 * ``not placed``: the decision gives no reason (it did not consider the job).
@@ -61,6 +66,7 @@ REASONS = (
     "behind a reservation",
     "behind a reservation, draining",
     "no window",
+    "no window, hosts off",
     "other",
     "not placed",
 )
@@ -84,6 +90,7 @@ class LastDecision:
     waits: dict[str, QueueWait] = dataclasses.field(default_factory=dict)  # Decision.queue_waits
     draining: bool = False  # the reservation's promised start has passed: the site drains for it
     free_cards: int = 0  # free cards at the plant right after the decision was applied
+    free_up_cards: int = 0  # of them, those whose host is up (neither off nor booting)
 
 
 def reason(spec: JobSpec, last: LastDecision, waits: Waits) -> str:
@@ -99,6 +106,8 @@ def reason(spec: JobSpec, last: LastDecision, waits: Waits) -> str:
     if wait.kind == "behind_reservation":
         return "behind a reservation, draining" if last.draining else "behind a reservation"
     if wait.kind == "no_window":
+        if spec.n_cards > last.free_up_cards:
+            return "no window, hosts off"
         waits.no_window[jid] = f"{jid}: {wait.why}"
         return "no window"
     return "other"
@@ -158,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_decision(d: Decision, report: ApplyReport) -> None:
         last.time_s, last.waits = d.time_s, d.queue_waits
         last.draining = any(w.kind == "reservation" and w.expected_start_s <= d.time_s for w in d.queue_waits.values())
-        last.free_cards = int(plant.free_cards().size)
+        free = plant.free_cards()
+        last.free_cards = int(free.size)
+        down = plant.host_off() | plant.host_booting()
+        last.free_up_cards = int((~down[scenario.site.card_host()[free]]).sum())
 
     policy.decision_listeners.append(on_decision)
 
