@@ -104,6 +104,22 @@ def test_a_command_arriving_at_its_expiry_instant_is_expired_and_not_applied() -
     assert (handler.counts.applied, handler.counts.expired) == (1, 1)
 
 
+def test_the_rules_are_judged_in_their_order() -> None:
+    """A command breaking several rules is answered for the first of them (docs/protocol.md): expiry
+    before its times (an expired command with a too long life is ``expired``), the order of commands
+    before a powered-off host (an older level to a card of an off host is ``superseded``)."""
+    _plant, handler, codec, _clock = _setup()
+    long_dead = _cmd(wire.CardSetting.dvfs(5), TS - 10_000.0, 0, cards=(1,), expires_s=TS - 1.0)
+    assert long_dead.expires_s - long_dead.ts_s > wire.MAX_COMMAND_TTL_S
+    assert _ack(handler, codec, long_dead).result is wire.AckResult.EXPIRED
+    assert _ack(handler, codec, _cmd(wire.CardSetting.dvfs(2), TS - 5.0, 1)).result is wire.AckResult.APPLIED
+    assert _ack(handler, codec, _cmd(wire.CardSetting.host_power_off(), TS - 4.0, 2)).result is wire.AckResult.APPLIED
+    older = _ack(handler, codec, _cmd(wire.CardSetting.dvfs(6), TS - 6.0, 0))
+    assert older.result is wire.AckResult.REJECTED and wire.reason_code(older.reason) == "superseded", older.reason
+    c = handler.counts
+    assert (c.expired, c.superseded) == (1, 1) and c.rejection_reasons == {"rack.superseded": 1}
+
+
 # ---- copies of commands answered before ----------------------------------------------------------
 
 
