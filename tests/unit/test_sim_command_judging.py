@@ -177,6 +177,9 @@ def test_a_copy_of_a_command_the_plant_refused_is_answered_as_a_copy_and_counted
     _is_copy_of(_ack(handler, codec, too_low), first)
     c = handler.counts
     assert (c.rejected, c.duplicates) == (1, 1) and c.rejection_reasons == {"rack.set_power_limit": 1}
+    # a refused command does not count in the order: one issued before it is still applied
+    assert _ack(handler, codec, _cmd(wire.CardSetting.power_limit(450.0), TS - 2.0, 1)).result is wire.AckResult.APPLIED
+    assert handler.power_limit_w[R1 + 8 : R1 + 16].tolist() == [450.0] * 8
 
 
 def test_a_copy_of_a_superseded_command_is_answered_as_a_copy_and_counted_once() -> None:
@@ -264,6 +267,13 @@ def test_the_applied_state_is_retained_and_acks_are_not() -> None:
         (codec.topics.rack_ack("r1"), 1, False),
         (codec.topics.applied("r1"), 1, True),
     ]
+    # each applied state of a rack takes the next seq; it shows every setting as applied
+    first = codec.decode(out[1].topic, out[1].payload)
+    second = _answer(handler, codec, _cmd(wire.CardSetting.power_limit(450.0), TS - 1.0, 1))[1]
+    assert isinstance(first, wire.AppliedState) and isinstance(second, wire.AppliedState)
+    assert second.seq == first.seq + 1
+    assert second.dvfs_level[8:].tolist() == [3] * 8 and second.max_clock_mhz[8:].tolist() == [1650.0] * 8
+    assert second.power_limit_w[8:].tolist() == [450.0] * 8 and second.power_limit_w[0] == 700.0
     pump = wire.CduCommand("r1", 0.8, uuid.uuid4(), TS + 30.0, TS - 1.0, 0, "agent")
     setpoint = wire.FacilityCommand(35.0, uuid.uuid4(), TS + 30.0, TS - 1.0, 0, "agent")
     place = wire.SchedulerCommand("queued", {"r0": (0, 1)}, uuid.uuid4(), TS + 30.0, TS - 1.0, 0, "agent")
