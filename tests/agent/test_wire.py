@@ -659,6 +659,52 @@ def test_rejections_are_logged_rate_limited(caplog: pytest.LogCaptureFixture) ->
     assert counter.count("malformed_json") == 21
 
 
+def test_each_interval_logs_a_fresh_burst_and_reports_what_the_last_one_left_out_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flood lasting several intervals logs ``log_burst`` lines in each; the first line of an
+    interval says how many the one before left out, the others say nothing of it."""
+    now = [0.0]
+    counter = wire.RejectionCounter(log_interval_s=10.0, log_burst=3, clock=lambda: now[0])
+    rej = Rejection(RejectReason.MALFORMED_JSON, "not json", CARDS)
+    lines: list[list[str]] = []
+    with caplog.at_level(logging.WARNING, logger="racktwin.wire"):
+        for t in (0.0, 11.0, 22.0):
+            now[0] = t
+            caplog.clear()
+            for _ in range(20):
+                counter.record(rej)
+            lines.append([r.getMessage() for r in caplog.records])
+    assert [len(ls) for ls in lines] == [3, 3, 3]
+    assert not any("more" in line for line in lines[0])
+    for later in lines[1:]:
+        assert "17 more malformed_json rejections not logged" in later[0]
+        assert not any("more" in line for line in later[1:]), later
+    assert counter.total == 60
+
+
+def test_a_flood_of_one_rejection_reason_does_not_silence_another(caplog: pytest.LogCaptureFixture) -> None:
+    """The log's rate limit is per reason: after a flood of malformed payloads, the first rejections
+    of another reason are still logged; ``total`` counts all of them."""
+    counter = wire.RejectionCounter(log_interval_s=10.0, log_burst=3, clock=lambda: 0.0)
+    with caplog.at_level(logging.WARNING, logger="racktwin.wire"):
+        for _ in range(20):
+            counter.record(Rejection(RejectReason.MALFORMED_JSON, "not json", CARDS))
+        caplog.clear()
+        counter.record(Rejection(RejectReason.UNKNOWN_RACK, "rack 'r9' is not in the site", CARDS))
+    assert len(caplog.records) == 1 and "unknown_rack" in caplog.records[0].getMessage()
+    assert counter.total == 21 and counter.snapshot()["unknown_rack"] == 1
+
+
+def test_a_rejection_log_line_is_bounded_whatever_the_message(caplog: pytest.LogCaptureFixture) -> None:
+    """A publisher's topic and detail are cut in the log line: a long one cannot flood the log."""
+    counter = wire.RejectionCounter()
+    with caplog.at_level(logging.WARNING, logger="racktwin.wire"):
+        counter.record(Rejection(RejectReason.INVALID, "d" * 100_000, "racktwin/v1/site1/" + "t" * 100_000))
+    (record,) = caplog.records
+    assert len(record.getMessage()) < 1000
+
+
 def test_sequencer_counts_per_topic(codec: Codec) -> None:
     seq = wire.Sequencer("sim")
     assert [seq.next("a"), seq.next("a"), seq.next("b"), seq.next("a")] == [0, 1, 0, 2]
