@@ -6,6 +6,7 @@ another), the broker's password and certificate rules, and what ``--check-config
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 import typing
@@ -135,6 +136,19 @@ def test_a_password_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -
     assert err.path == "broker.password_file" and "not a UTF-8 text file" in err.problem
 
 
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_a_password_or_certificate_file_the_agent_cannot_read_is_refused_naming_it(tmp_path: Path) -> None:
+    for name in ("pw", "agent.crt", "agent.key"):
+        (tmp_path / name).write_text("secret\n")
+        (tmp_path / name).chmod(0)
+    for text, field in [
+        ('[broker]\nusername = "agent"\npassword_file = "pw"\n', "broker.password_file"),
+        ('[broker]\ntls_cert_file = "agent.crt"\ntls_key_file = "agent.key"\n', "broker.tls_cert_file"),
+    ]:
+        err = refused(tmp_path, text)
+        assert err.path == field and "cannot read (permission denied)" in err.problem, err
+
+
 def test_the_broker_credential_rules(tmp_path: Path) -> None:
     (tmp_path / "pw").write_text("secret\n")
     (tmp_path / "agent.crt").write_text("pem\n")
@@ -188,7 +202,8 @@ def test_a_broker_host_name_dns_cannot_look_up_is_refused(tmp_path: Path, host: 
     url = f"mqtt://{host}:1883"
     err = refused(tmp_path, f'[broker]\nurl = "{url}"\n')
     assert err.path == "broker.url" and f"bad host {host!r}" in err.problem and "1 to 63 characters" in err.problem
-    for ok in ("broker.example.", "x" * 63 + ".example", ".".join(c * 63 for c in "abc") + "." + "d" * 61):
+    longest = ".".join(c * 63 for c in "abc") + "." + "d" * 61  # 253 characters
+    for ok in ("broker.example.", "x" * 63 + ".example", longest, longest + "."):  # "." ends an FQDN
         assert load_config(write(tmp_path, f'[broker]\nurl = "mqtt://{ok}:1883"\n'), env={}).config.broker.host == ok
 
 
