@@ -330,3 +330,41 @@ def test_a_site_whose_racks_cannot_be_addressed_on_the_wire_is_refused_under_sit
     with pytest.raises(SpecError) as info:
         load_config(write(tmp_path, "", site=big), env={})
     assert info.value.path == "site" and "cards_per_rack must be within 1..4096" in info.value.problem
+
+
+def test_check_config_explains_what_the_agent_will_and_will_not_control(tmp_path: Path) -> None:
+    text = explain(
+        load_config(
+            write(
+                tmp_path,
+                'mode = "enforce"\n[broker]\npersistent_session = false\n[control]\ncontrol_setpoint = false\n'
+                "control_placement = false\ncontrol_host_power = false\n",
+            ),
+            env={},
+        )
+    )
+    assert "  mode          enforce  (commands are published)" in text
+    assert " (clean session)" in text and "persistent session" not in text
+    assert "  set-point     fixed" in text
+    assert "  placement     left to the site's scheduler" in text
+    assert "  hosts         left on (control_host_power = false)" in text
+    text = explain(load_config(write(tmp_path, ""), env={}))
+    assert "  mode          advisory  (advice only, no command is sent)" in text
+    assert "  set-point     re-optimized every 300 s" in text and "queued jobs placed by the agent (auto)" in text
+    assert "2 idle per supernode kept on, booted 60 s before a queued job's expected start" in text
+
+
+def test_check_config_of_a_site_without_managed_hosts_or_a_pue_target_above_1(tmp_path: Path) -> None:
+    """A site spec without rack.hosts_per_rack keeps its hosts on; a PUE target of 1.0 (the lowest the
+    spec allows) leaves no overhead to penalize, and no warning to divide by zero."""
+    site = (EXAMPLES / "supernode-512.toml").read_text()
+    site = re.sub(r"^hosts_per_rack = .*$", "hosts_per_rack = 0", site, count=1, flags=re.M)
+    site = re.sub(r"^pue_target = .*$", "pue_target = 1.0", site, count=1, flags=re.M)
+    text = explain(load_config(write(tmp_path, "", site=site), env={}))
+    assert "  hosts         always on (the site spec has no rack.hosts_per_rack)" in text
+    assert "PUE target 1)" in text and "warning" not in text
+
+
+def test_a_lower_case_name_of_a_variable_racktwin_reads_elsewhere_says_names_are_upper_case(tmp_path: Path) -> None:
+    err = refused(tmp_path, "", env={"racktwin_mosquitto": ""})
+    assert err.path == "racktwin_mosquitto" and "did you mean RACKTWIN_MOSQUITTO? (names are upper case)" in err.problem
