@@ -354,7 +354,7 @@ def test_check_config_explains_what_the_agent_will_and_will_not_control(tmp_path
     assert "2 idle per supernode kept on, booted 60 s before a queued job's expected start" in text
 
 
-def test_check_config_of_a_site_without_managed_hosts_or_a_pue_target_above_1(tmp_path: Path) -> None:
+def test_check_config_of_a_site_without_managed_hosts_at_pue_target_1(tmp_path: Path) -> None:
     """A site spec without rack.hosts_per_rack keeps its hosts on; a PUE target of 1.0 (the lowest the
     spec allows) leaves no overhead to penalize, and no warning to divide by zero."""
     site = (EXAMPLES / "supernode-512.toml").read_text()
