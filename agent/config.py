@@ -99,7 +99,8 @@ class BrokerConfig:
 
     @property
     def tls(self) -> bool:
-        return urlsplit(self.url).scheme == "mqtts" or self.tls_ca_file is not None
+        # as the client (MqttOptions.use_tls): a CA file or a client certificate turns TLS on
+        return urlsplit(self.url).scheme == "mqtts" or self.tls_ca_file is not None or self.tls_cert_file is not None
 
     def resolved_client_id(self) -> str:
         """The client id with ``{host}`` replaced by this host's name."""
@@ -463,7 +464,10 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
 
 
 #: a broker host outside brackets: an IPv4 address or a host name (``_`` too: container names have it)
-_BROKER_HOST = re.compile(r"[A-Za-z0-9._-]+")
+#: of dot-separated labels of 1-63 characters (a trailing dot ends a fully qualified name); 253 in all
+#: (``_broker_host_ok``). An empty or longer label made the resolver raise UnicodeError, which the
+#: agent logged as an unexpected error with its traceback at every reconnect.
+_BROKER_HOST = re.compile(r"[A-Za-z0-9_-]{1,63}(?:\.[A-Za-z0-9_-]{1,63})*\.?")
 
 
 def _ascii_host(host: str) -> str:
@@ -473,6 +477,11 @@ def _ascii_host(host: str) -> str:
         return host.encode("idna").decode("ascii")
     except UnicodeError:
         return host
+
+
+def _broker_host_ok(host: str) -> bool:
+    """Whether ``host`` (ASCII, outside brackets) is an IPv4 address or a host name DNS can look up."""
+    return len(host.removesuffix(".")) <= 253 and _BROKER_HOST.fullmatch(host) is not None
 
 
 def url_host(hostname: str | None) -> str | None:
@@ -511,8 +520,11 @@ def broker_url_problem(url: str, *, credentials: str) -> str | None:
         return f"no user name or password in the URL, got {url!r}: use {credentials}"
     if not parts.hostname:
         return f"no host in {url!r}: {form}"
-    if "[" not in parts.netloc and not _BROKER_HOST.fullmatch(_ascii_host(parts.hostname)):  # urlsplit checks [IPv6]
-        return f"bad host {parts.hostname!r} in {url!r}: an IP address or a host name (letters, digits, '.', '-', '_')"
+    if "[" not in parts.netloc and not _broker_host_ok(_ascii_host(parts.hostname)):  # urlsplit checks [IPv6]
+        return (
+            f"bad host {parts.hostname!r} in {url!r}: an IP address or a host name (letters, digits, '.', '-', "
+            "'_'; labels of 1 to 63 characters between the dots, 253 characters in all)"
+        )
     if (problem := empty_zone_problem(url, parts.hostname)) is not None:
         return problem
     try:

@@ -54,6 +54,8 @@ def agent_config(tmp_path: Path, *lines: str) -> Path:
         ("mqtt://[zz]:1883", "not a URL: 'mqtt://[zz]:1883'"),
         ("mqtt://bad host:1883", "bad host 'bad host'"),  # was accepted: the agent retried a DNS error for ever
         ("mqtt://broker%201:1883", "bad host 'broker%201'"),
+        # was accepted: the agent logged the resolver's UnicodeError traceback at every reconnect
+        ("mqtt://broker..example:1883", "bad host 'broker..example'"),
         ("mqtt://[fe80::1%25]:1883", "no IPv6 zone after its '%25'"),
     ],
 )

@@ -25,7 +25,7 @@ import pytest
 from agent.cli import main
 from agent.commands.journal_cmd import parse_since
 from agent.journal import Journal, NewCommand
-from agent.journal_report import command_kind, read_journal
+from agent.journal_report import JournalSummary, command_kind, read_journal, summarize
 
 pytestmark = pytest.mark.unit
 
@@ -114,6 +114,14 @@ def journal_file(tmp_path: Path) -> Path:
     return path
 
 
+def _wall_times(path: Path) -> dict[int, float]:
+    db = sqlite3.connect(path)
+    try:
+        return {int(i): float(w) for i, w in db.execute("SELECT id, wall_time_s FROM decisions")}
+    finally:
+        db.close()
+
+
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     rc = main(["journal", *args])
     out, err = capsys.readouterr()
@@ -163,6 +171,13 @@ def test_the_summary_counts_what_was_journaled(journal_file: Path, capsys: pytes
     assert s["calibration"] == {"cards": 4, "last_site_s": 450.0}
     assert [d["id"] for d in s["recent"]] == [5, 6]  # the newest, oldest of them first
     assert s["solve_s"]["max"] == pytest.approx(0.06)
+    # the racks held most often first, each with the wall times of its first and last decision there
+    wall = _wall_times(journal_file)
+    assert list(s["failsafe_racks"]) == ["r3", "r0"]
+    assert (s["failsafe_racks"]["r3"]["first_wall_s"], s["failsafe_racks"]["r3"]["last_wall_s"]) == (wall[2], wall[5])
+    assert (s["first_wall_s"], s["last_wall_s"]) == (wall[1], wall[6])
+    assert (s["first_site_s"], s["last_site_s"]) == (100.0, 600.0)
+    assert s["since_wall_s"] is None
 
 
 def test_the_text_names_the_failsafe_racks_the_open_commands_and_the_reasons(
@@ -176,6 +191,9 @@ def test_the_text_names_the_failsafe_racks_the_open_commands_and_the_reasons(
     assert "2 x place_job: card 17 is busy" in out
     assert "acks         applied 3, expired 1, rejected 3; 2 repeated (copies sent again)" in out
     assert "#6" in out and "plan fallback (milp)" in out and "#5" not in out
+    # states in their order (open ones first), for all commands and for each kind
+    assert "  commands     11: pending 1, sent 1, applied 3, rejected 3, expired 3; 2 open" in out
+    assert "    rack_cmd       5: sent 1, applied 1, rejected 1, expired 2" in out
 
 
 def test_since_keeps_the_later_decisions_and_their_commands(
@@ -185,6 +203,7 @@ def test_since_keeps_the_later_decisions_and_their_commands(
     assert rc == 0
     s = json.loads(out)
     assert s["decisions"] == 2  # decisions 5 and 6
+    assert s["since_wall_s"] == pytest.approx(time.time() - 5400.0, abs=60.0)
     assert s["commands"]["by_state"] == {"pending": 1, "sent": 1, "rejected": 1, "expired": 2}
     assert s["acks"] == {"rejected": 1} and s["repeated_acks"] == 0
     assert list(s["failsafe_racks"]) == ["r3"] and s["failsafe_racks"]["r3"]["episodes"] == 1
@@ -203,6 +222,12 @@ def test_one_decision_with_its_commands_and_acks(journal_file: Path, capsys: pyt
     assert by_id["e1"]["acks"] == [{"result": "rejected", "reason": "rack r1: card 3 failed", "site_time_s": 501.0}]
     assert by_id["e3"]["kind"] == "cdu_cmd" and by_id["e3"]["acks"] == [] and by_id["e3"]["state"] == "expired"
     assert by_id["e1"]["payload"]["command_id"] == "e1"
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--decision", "2", "--json")
+    (b1,) = json.loads(out)["commands"]  # its acks in the order they came, no reason as null
+    assert [(a["reason"], a["site_time_s"]) for a in b1["acks"]] == [
+        (None, 230.0),
+        ("duplicate: command b1 was expired before; not applied again", 231.0),
+    ]
     rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--decision", "5")
     assert "e1  rack_cmd r1  rejected, sent 2x" in out and "ack: rejected (rack r1: card 3 failed)" in out
     assert "  3 commands (--json adds each payload):" in out
@@ -361,3 +386,158 @@ def test_command_kinds_from_topics() -> None:
     assert command_kind(f"{TOPIC}/rack/r7/cdu_cmd") == "cdu_cmd"
     assert command_kind(f"{TOPIC}/facility/cmd") == "facility_cmd"
     assert command_kind(f"{TOPIC}/scheduler/cmd") == "scheduler_cmd"
+
+
+def _read_summary(path: Path, **kw: Any) -> JournalSummary:
+    return read_journal(path, lambda db: summarize(db, **kw))
+
+
+def test_statuses_worst_first_modes_and_unknown_statuses_are_all_counted(tmp_path: Path) -> None:
+    """Worst first is not alphabetical (infeasible before fallback); a status this racktwin does not
+    know (a newer agent's) is counted after them, so the counts add up to the decisions."""
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    for i, (mode, status) in enumerate(
+        [("enforce", "fallback"), ("advisory", "infeasible"), ("enforce", "optimal"), ("standby", "paused")]
+    ):
+        j.record_decision(i, float(i), mode, status, 0.01, _summary(status, []))
+    j.close()
+    s = _read_summary(path)
+    assert list(s.statuses.items()) == [("infeasible", 1), ("fallback", 1), ("optimal", 1), ("paused", 1)]
+    assert s.modes == {"advisory": 1, "enforce": 2, "standby": 1}
+
+
+def test_solve_times_are_the_median_the_nearest_rank_p99_and_the_max(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    for i in range(100):  # 98 quick solves, one of 2 s (the 99th percentile), one of 5 s
+        j.record_decision(i, float(i), "enforce", "optimal", {98: 2.0, 99: 5.0}.get(i, 0.01), _summary("optimal", []))
+    j.close()
+    s = _read_summary(path)
+    assert (s.solve_median_s, s.solve_p99_s, s.solve_max_s) == (0.01, 2.0, 5.0)
+
+
+def test_last_0_shows_no_decision_but_still_counts_them(journal_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--json", "--last", "0")
+    s = json.loads(out)
+    assert rc == 0 and s["decisions"] == 6 and s["recent"] == [] and s["last_wall_s"] == _wall_times(journal_file)[6]
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--last", "0")
+    assert "  decisions    6 from " in out and "newest" not in out
+
+
+def test_since_keeps_a_decision_made_at_that_very_time(journal_file: Path) -> None:
+    wall = _wall_times(journal_file)
+    assert _read_summary(journal_file, since_wall_s=wall[5]).decisions == 2
+
+
+def test_of_decisions_at_the_same_wall_time_the_later_journaled_is_the_newest(
+    journal_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _set_wall(journal_file, 5, _wall_times(journal_file)[6])
+    rc, out, _ = run_cli(capsys, "--journal", str(journal_file), "--json", "--last", "1")
+    assert rc == 0 and [d["id"] for d in json.loads(out)["recent"]] == [6]
+
+
+def test_the_ten_most_frequent_rejection_reasons_and_the_count_of_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    reasons = [f"reason {k:02d}" for k in range(10) for _ in range(3)] + ["rare a", "rare a", "rare b", "rare b"]
+    cmds = [_cmd(f"c{i}", "rack_cmd", 10.0) for i in range(len(reasons))]
+    j.record_decision(0, 10.0, "enforce", "optimal", 0.01, _summary("optimal", []), cmds)
+    j.mark_sent([c.command_id for c in cmds])
+    j.record_acks([(c.command_id, 11.0, "rejected", why) for c, why in zip(cmds, reasons, strict=True)])
+    j.close()
+    s = _read_summary(path)
+    assert s.rejection_reasons == [(f"reason {k:02d}", 3) for k in range(10)]
+    assert s.other_rejections == 4  # rejections, not reasons
+
+
+def test_a_copy_answered_otherwise_and_the_newest_calibration(tmp_path: Path) -> None:
+    """A command's first ack is the rack's answer: a copy answered `rejected` afterwards leaves no
+    rejection in the counts (not even one of 0). The calibration's time is its newest."""
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    j.record_decision(0, 10.0, "enforce", "optimal", 0.01, _summary("optimal", []), [_cmd("a", "rack_cmd", 10.0)])
+    j.mark_sent(["a"])
+    j.mark_sent(["a"])
+    j.record_acks([("a", 11.0, "applied", None), ("a", 12.0, "rejected", "duplicate: command a was applied")])
+    j.save_calibration(np.arange(2), np.full(2, 0.1), np.ones(2), 450.0)
+    j.save_calibration(np.arange(2, 3), np.full(1, 0.1), np.ones(1), 100.0)
+    j.close()
+    s = _read_summary(path)
+    assert (s.acks_by_result, s.repeated_acks, s.rejection_reasons) == ({"applied": 1}, 1, [])
+    assert (s.calibrated_cards, s.last_calibration_site_s) == (3, 450.0)
+
+
+def test_summaries_of_other_shapes_are_shown_without_their_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "j.sqlite"
+    Journal(path).close()
+    db = sqlite3.connect(path)
+    with db:  # hand-written: a JSON list as the summary, a number as the fail-safe racks
+        db.execute(
+            "INSERT INTO decisions(cycle, site_time_s, wall_time_s, mode, status, solve_s, summary) "
+            "VALUES (0, 1.0, 1.0, 'enforce', 'optimal', 0.0, '[1, 2]'), "
+            "(1, 2.0, 2.0, 'enforce', 'failsafe', 0.0, '{\"failsafe_racks\": 5}')"
+        )
+    db.close()
+    rc, out, err = run_cli(capsys, "--journal", str(path), "--json")
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["decisions"] == 2 and s["failsafe_racks"] == {}
+    assert [d["summary"] for d in s["recent"]] == [{}, {"failsafe_racks": 5}]
+    rc, out, err = run_cli(capsys, "--journal", str(path), "--decision", "1")
+    assert rc == 0 and "#1" in out, err
+
+
+def test_a_read_that_fails_because_an_agent_started_meanwhile_is_read_again(tmp_path: Path) -> None:
+    """An immutable read of a file an agent starts writing may fail ("database disk image is
+    malformed"): the file changed, so it is read again, now as an ordinary reader."""
+    path = tmp_path / "j.sqlite"
+    Journal(path).close()
+    writer: list[Journal] = []
+
+    def read(db: sqlite3.Connection) -> int:
+        if not writer:
+            writer.append(Journal(path, lock=True))
+            writer[0].record_decision(0, 0.0, "enforce", "optimal", 0.0, _summary("optimal", []))
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        return int(db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+
+    try:
+        assert read_journal(path, read) == 1
+    finally:
+        writer[0].close()
+
+
+def test_a_journal_whose_path_has_url_characters_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "run #3 ?a=1 %20"
+    folder.mkdir()
+    j = Journal(folder / "j.sqlite")
+    j.record_decision(0, 0.0, "enforce", "optimal", 0.0, _summary("optimal", []))
+    j.close()
+    rc, out, err = run_cli(capsys, "--journal", str(folder / "j.sqlite"), "--json")
+    assert rc == 0 and json.loads(out)["decisions"] == 1, err
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); CREATE TABLE decisions (id INTEGER)", "not a racktwin"),
+        (
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); CREATE TABLE decisions (id INTEGER); "
+            "CREATE TABLE commands (x); CREATE TABLE acks (x)",
+            "schema version none, this racktwin reads 1",
+        ),
+    ],
+)
+def test_a_database_that_is_not_a_whole_racktwin_journal_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], schema: str, message: str
+) -> None:
+    path = tmp_path / "j.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(schema)
+    db.close()
+    rc, out, err = run_cli(capsys, "--journal", str(path))
+    assert rc == 2 and out == "" and message in err, err
