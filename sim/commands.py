@@ -36,7 +36,8 @@ rack applies"; the ack's reason starts with the code), in this order:
 
 Then it is applied through the plant, which either applies all of it or refuses all of it with a
 reason (``twin.plant.CommandError``); a card command refused because cards of it have failed answers
-``card_failed``, naming every failed card of it (``wire.card_failed_reason``):
+``card_failed``, naming every failed card of it (``wire.card_failed_reason``; as many as the
+reason's 1,024 characters hold, then ``and N more``):
 
 * ``set_dvfs_level``: ``Plant.set_levels``; takes effect ``card.dvfs_latency_s`` later; a level
   outside the card's table is rejected. Applied state: ``dvfs_level`` = the level, clock range =
@@ -287,7 +288,7 @@ class CommandHandler:
             ts_s=self.clock(),
             seq=self.sequencer.next(topic),
             publisher=self.publisher,
-            reason=None if reason is None else reason[:1024],
+            reason=None if reason is None else reason[: wire.MAX_TEXT_CHARS],
         )
         return wire.Outgoing(topic, wire.encode_ack(ack), 1, False)
 

@@ -102,6 +102,7 @@ from agent.wire.messages import FloatArray as FloatArray
 from agent.wire.messages import IntArray as IntArray
 from agent.wire.rejections import Rejection, RejectionCounter, RejectReason
 from agent.wire.rejections import log as log
+from agent.wire.schemas import MAX_TEXT_CHARS
 from agent.wire.topics import AGENT_KINDS as AGENT_KINDS
 from agent.wire.topics import (
     FACILITY,
@@ -125,6 +126,7 @@ __all__ = [
     "MAX_COMMAND_TTL_S",
     "MAX_ISSUE_AHEAD_S",
     "MAX_PAYLOAD_BYTES",
+    "MAX_TEXT_CHARS",
     "PROTOCOL_PREFIX",
     "SCHEDULER",
     "SCHEMAS",

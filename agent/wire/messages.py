@@ -15,6 +15,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from agent.wire.schemas import MAX_TEXT_CHARS
 from agent.wire.topics import _IDENT_RE, FACILITY, SCHEDULER
 from twin.readings import MAX_PUMP_SPEED_FRAC
 from twin.workload import JobSpec, Phase
@@ -364,26 +365,44 @@ MAX_ISSUE_AHEAD_S: Final = 10.0
 def card_failed_reason(rack: str, cards: Sequence[int]) -> str:
     """The reason of a rack command refused because cards of it have failed: ``card_failed: card 36 of
     rack r2 has failed`` or ``card_failed: cards 4, 36 of rack r2 have failed`` (rack-local indices,
-    every failed card of the command), read back by :func:`failed_cards_of`."""
-    listed = ", ".join(str(int(c)) for c in cards)
+    every failed card of the command), read back by :func:`failed_cards_of`. Within the wire's text
+    bound (``MAX_TEXT_CHARS``): a list too long for it names the first cards that fit and ``and N
+    more`` (``cards 0, 1, ..., 180 and 75 more of rack r2 have failed``), so that no number is cut."""
     verb = "has" if len(cards) == 1 else "have"
     noun = "card" if len(cards) == 1 else "cards"
-    return (
-        f"{AckReason.CARD_FAILED.value}: {noun} {listed} of rack {rack} {verb} failed (a dead card takes no "
-        "setting; the command's other cards would)"
-    )
+    tail = f" of rack {rack} {verb} failed (a dead card takes no setting; the command's other cards would)"
+    head = f"{AckReason.CARD_FAILED.value}: {noun} "
+    names = [str(int(c)) for c in cards]
+    listed = ", ".join(names)
+    if len(head) + len(listed) + len(tail) <= MAX_TEXT_CHARS:
+        return head + listed + tail
+    room = MAX_TEXT_CHARS - len(head) - len(tail) - len(f" and {len(names)} more")
+    kept: list[str] = []
+    used = 0
+    for name in names:
+        add = len(name) + (2 if kept else 0)
+        if used + add > room:
+            break
+        kept.append(name)
+        used += add
+    return f"{head}{', '.join(kept)} and {len(names) - len(kept)} more{tail}"
 
 
-_FAILED_CARDS = re.compile(r"\s*cards?\s+(\d{1,9}(?:\s*,\s*\d{1,9})*)\b")  # a card index: 9 digits at most
+# the list ends where the reason goes on ("and N more", "of rack"): a reason cut inside its list (by a
+# sender that cuts its text) names no card
+_FAILED_CARDS = re.compile(r"\s*cards?\s+(\d+(?:\s*,\s*\d+)*)(?:\s+and\s+\d+\s+more)?\s+of\s+rack\b")
+_MAX_CARD_DIGITS: Final = 9  # a longer number is no card of any rack (MAX_CARDS_PER_RACK): passed over
 
 
 def failed_cards_of(reason: str | None) -> tuple[int, ...]:
-    """The rack-local cards a ``card_failed`` refusal names (:func:`card_failed_reason`); empty for
-    any other reason, or one whose list cannot be read."""
+    """The rack-local cards a ``card_failed`` refusal names (:func:`card_failed_reason`; with ``and N
+    more``, those listed); empty for any other reason, or one whose list cannot be read."""
     if reason_code(reason) != AckReason.CARD_FAILED or reason is None:
         return ()
     m = _FAILED_CARDS.match(reason.split(":", 1)[1])
-    return tuple(int(c) for c in m[1].split(",")) if m else ()
+    if not m:
+        return ()
+    return tuple(int(c) for c in (t.strip() for t in m[1].split(",")) if len(c) <= _MAX_CARD_DIGITS)
 
 
 def reason_code(reason: str | None) -> str:

@@ -16,7 +16,9 @@ _Ts = Annotated[float, Meta(ge=0.0, le=1.0e11)]
 _Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 _Ident = Annotated[str, Meta(pattern=IDENT_PATTERN)]
 _Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")]
-_Text = Annotated[str, Meta(max_length=1024)]
+#: The longest free text a message carries (an ack's reason, an event's detail), in characters.
+MAX_TEXT_CHARS: Final = 1024
+_Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
 _CardIdx = Annotated[int, Meta(ge=0, le=MAX_CARDS_PER_RACK - 1)]
 _Level = Annotated[int, Meta(ge=0, le=255)]
 _CardPowerW = Annotated[float, Meta(ge=0.0, le=5000.0)]

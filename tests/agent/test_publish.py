@@ -170,6 +170,23 @@ def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_readi
     assert wire.failed_cards_of("card_failed: card 99999999999999999999 of rack r1 has failed") == ()
 
 
+def test_a_refusal_naming_more_failed_cards_than_an_ack_reason_holds_names_whole_numbers_only() -> None:
+    """An ack's reason is at most 1,024 characters (wire.MAX_TEXT_CHARS): a refusal naming 256 failed
+    cards of a rack lists the first that fit and "and N more", every number whole; a reason another
+    sender cut inside its list names no card (cut at "2" of "255", it named a card 2 that had not been
+    refused)."""
+    dead = list(range(0, 512, 2))  # 256 cards of a 512-card rack
+    reason = wire.card_failed_reason("r7", dead)
+    named = wire.failed_cards_of(reason)
+    assert len(reason) <= wire.MAX_TEXT_CHARS and wire.reason_code(reason) == wire.AckReason.CARD_FAILED
+    assert 0 < len(named) < len(dead) and named == tuple(dead[: len(named)])
+    assert f" and {len(dead) - len(named)} more of rack r7 have failed" in reason
+    full = "card_failed: cards " + ", ".join(map(str, dead)) + " of rack r7 have failed"
+    cut = full[: full.index(", 256") + 3]  # "..., 254, 2"
+    assert wire.failed_cards_of(cut) == () and wire.failed_cards_of(full) == tuple(dead)
+    assert wire.failed_cards_of(wire.card_failed_reason("r7", [3])) == (3,)
+
+
 def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
     scene: tuple[object, StateSnapshot], tmp_path: Path
 ) -> None:
