@@ -665,6 +665,8 @@ def _check(cfg: AgentConfig, site: SiteSpec, source: str) -> None:
         raise SpecError(
             source, "broker.tls_cert_file", "a client certificate needs both tls_cert_file and tls_key_file"
         )
+    if b.keepalive_s != int(b.keepalive_s):  # MQTT's keepalive is a whole number of seconds
+        raise SpecError(source, "broker.keepalive_s", f"must be a whole number of seconds, got {b.keepalive_s:g}")
     if not b.client_id.strip():
         raise SpecError(source, "broker.client_id", "empty: give an id (the default is racktwin-agent-{host})")
     if "{" in b.client_id.replace(CLIENT_ID_HOST, "") or "}" in b.client_id.replace(CLIENT_ID_HOST, ""):

@@ -262,6 +262,8 @@ def test_the_cross_field_checks_accept_their_documented_bounds(tmp_path: Path) -
         ("[control]\npump_speed_steps = 1\n", "control.pump_speed_steps", "must be >= 2"),
         ("[http]\nport = 65536\n", "http.port", "must be <= 65535"),
         ("[broker]\nkeepalive_s = 1\n", "broker.keepalive_s", "must be >= 5"),
+        # MQTT's keepalive is whole seconds: 7.9 was sent as 7 without a word
+        ("[broker]\nkeepalive_s = 7.9\n", "broker.keepalive_s", "must be a whole number of seconds, got 7.9"),
         ("[log]\nlevel = 'trace'\n", "log.level", "must be one of 'debug', 'info', 'warning', 'error'"),
     ],
 )
