@@ -332,7 +332,7 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
         f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE {where} {_NEWEST_FIRST} LIMIT ?",
         (since, max(recent, 1)),
     ).fetchall()
-    # commands and acks of those decisions; without a start, all (also those of pruned decisions)
+    # commands and acks of those decisions; without a start, all of them
     args: tuple[float, ...] = () if since_wall_s is None else (since,)
     in_range = "1" if since_wall_s is None else f"decision_id IN (SELECT id FROM decisions WHERE {where})"
     acks = "1" if since_wall_s is None else f"command_id IN (SELECT command_id FROM commands WHERE {in_range})"

@@ -226,7 +226,8 @@ class CommandHandler:
     # ---- entry point ----------------------------------------------------------------------
     def handle(self, topic: str, payload: bytes) -> list[wire.Outgoing]:
         """Decode, judge and apply one message; the ack (and, ``applied_with_ack``, the applied state
-        of the rack it changed) to publish. Never raises."""
+        of the rack it changed) to publish. Never raises on a message, whatever it holds (what a
+        message does wrong is answered in its ack)."""
         out = self._handle(topic, payload)
         if self.applied_with_ack:
             out.extend(self.applied_states())

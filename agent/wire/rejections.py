@@ -46,8 +46,9 @@ class Rejection:
 
 
 class RejectionCounter:
-    """Counts rejections by reason and logs them, at most ``log_burst`` lines per reason per
-    ``log_interval_s`` (the number left out is reported with the next line). Thread-safe.
+    """Counts rejections by reason and logs them, at most ``log_burst`` lines per reason in each
+    fixed window of ``log_interval_s`` (the number left out is reported with the next line; around a
+    window's edge up to twice ``log_burst`` lines may come close together). Thread-safe.
 
     The service exposes :meth:`snapshot` as ``racktwin_rejected_messages_total{reason=...}``.
     """
