@@ -21,7 +21,7 @@ time it has been running; a job the agent has no spec for never ends (it frees n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from agent.load import SiteLoad
 from twin.easy_backfill import Reservation, reservation_from_ends, spare_after_backfill
@@ -101,18 +101,24 @@ def expected_starts_s(
     now_s: float,
     running_since_s: Mapping[str, float],
     held: tuple[str, float] | None = None,
+    ahead: Collection[str] = (),
 ) -> list[float]:
     """Per queued job of ``queue``: the earliest time it is expected to start, as if it were first in
     line (when its cards are expected to be free, :func:`reservation`), except that where a job holds
     a reservation (``held``: its id and promised start) it starts then, and no job behind it before
-    (those that may start ahead of it, :func:`backfill_candidates`, start at once and are no longer
-    queued). ``inf`` for a job that can never fit."""
+    but those that may start ahead of it (:func:`backfill_candidates`): most are placed at once and
+    are no longer queued; ``ahead`` names those still queued (the placement found no window for them
+    on the cards it offers: those of hosts that are off are not offered), which start as if first in
+    line. ``inf`` for a job that can never fit."""
     ends = release_times(snap, load, now_s, running_since_s)
     out: list[float] = []
     for q in queue:
         start = reservation_from_ends(ends, q.n_cards, n_free, now_s).shadow_s
         if held is not None:
-            start = min(start, held[1]) if q.job_id == held[0] else max(start, held[1])
+            if q.job_id == held[0]:
+                start = min(start, held[1])
+            elif q.job_id not in ahead:
+                start = max(start, held[1])
         out.append(start)
     return out
 

@@ -371,7 +371,7 @@ class Controller:
             frozen_host=host_any(site, ctx.unseen_card_mask(self._card_rack)),
             off_after_s=cfg.host_idle_off_s(site),
             reserve_per_supernode=cfg.host_reserve_per_supernode,
-            due_cards=cards_due(site, snap, ctx, self._placements, d.placements, cfg.host_boot_lead_s),
+            due_cards=cards_due(site, snap, ctx, self._placements, d.placements, cfg.host_boot_lead_s, d.queue_waits),
             card_failed=d.card_failed,
         )
         low = d.card_low_power | np.repeat(choice.host_off, site.cards_per_host)

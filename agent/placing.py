@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -252,13 +252,16 @@ def cards_due(
     book: PlacementBook,
     placements: Sequence[PlacementOrder],
     host_boot_lead_s: float,
+    waits: Mapping[str, QueueWait] | None = None,
 ) -> int:
     """Cards of the queued jobs that neither this decision (``placements``) nor one in flight places
     and that are expected to start within a host's boot plus ``host_boot_lead_s``
     (``agent.backfill.expected_starts_s``: when their cards are expected to be free; a job holding a
-    reservation at its promised start, the jobs behind it not before; the cards free now are those
-    :func:`place_queued` may place on, :func:`usable_free_cards`). Their hosts are kept on or powered
-    on; hosts waiting for a start further away (a big job's drain) may go off meanwhile."""
+    reservation at its promised start, the jobs behind it not before, but those the backfilling picked
+    to start ahead of it that found no window (``waits``, the decision's ``queue_waits``: kind
+    ``no_window``); the cards free now are those :func:`place_queued` may place on,
+    :func:`usable_free_cards`). Their hosts are kept on or powered on; hosts waiting for a start
+    further away (a big job's drain) may go off meanwhile."""
     now = ctx.now_s
     placing = {o.job_id for o in placements} | set(book.pending_now(orders_seen_until(ctx, snap)))
     queue = [q for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= site.n_cards]
@@ -268,6 +271,7 @@ def cards_due(
     ids = {q.job_id for q in queue}
     held = book.reserved if book.reserved is not None and book.reserved[0] in ids else None
     n_free = int(usable_free_cards(site, load, ctx).sum())  # as place_queued: not blind or stuck cards
-    starts = expected_starts_s(snap, load, queue, n_free, now, book.running_since, held)
+    ahead = {jid for jid, w in (waits or {}).items() if w.kind == "no_window"}
+    starts = expected_starts_s(snap, load, queue, n_free, now, book.running_since, held, ahead)
     horizon = now + site.rack.host_boot_s + host_boot_lead_s
     return sum(q.n_cards for q, start in zip(queue, starts, strict=True) if start <= horizon)

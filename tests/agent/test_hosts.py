@@ -5,6 +5,7 @@ hosts really go off and come back for new work without a refused command or a ra
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -398,3 +399,45 @@ def test_host_times_record_the_last_busy_time_and_a_clock_step_back_bounds_them(
     fresh = HostTimes(SITE)
     fresh.clock_went_back(100.0)
     assert np.isnan(fresh.busy_last_s).all()  # never seen stays never seen
+
+
+def test_a_job_picked_to_start_ahead_of_a_reservation_boots_the_off_host_it_needs() -> None:
+    """Job big (24 cards) holds a reservation for the end of a (16 cards, ~3,000 s); small (8 cards,
+    ~100 s) would end long before it, so the backfilling picks it, but the only free cards are on a
+    host that went off, which the placement does not offer. That host is now powered on at once, small
+    placed on it at the next decision and computing once it has booted (was: counted as starting no
+    earlier than big's reservation, so no host was booted for it, and it waited for r's cards)."""
+    data: dict[str, Any] = read_toml(SITE_FILE)
+    data.update(name="small-2x16-hosts", racks_per_supernode=2, torus_dims=[4, 4, 2])
+    data["rack"] = {**data["rack"], "host_overhead_w": 2200.0, "hosts_per_rack": 2, "power_limit_w": 12500.0}
+    site = site_from_dict(data, source="2 racks of 2 hosts of 8 cards")
+    jobs = [
+        job("a", 16, work_steps=3000.0),
+        job("r", 8, work_steps=1400.0),
+        job("big", 24, submit_s=200.0),
+        job("small", 8, work_steps=100.0, submit_s=400.0),
+    ]
+    plant = Plant(site, jobs, [], PlantConfig(seed=7, placement="external", external_timeout_s=1e6))
+    cfg = ControlConfig(
+        period_s=5.0,
+        idle_reserve_cards=0,
+        host_off_after_s=30.0,
+        host_reserve_per_supernode=0,
+        placement_backfill_wait_s=60.0,  # big holds its reservation from 260 s
+    )
+    placed: dict[str, float] = {}
+    waits: dict[str, str] = {}
+
+    def note(d: Decision, r: ApplyReport) -> None:
+        placed.update((jid, d.time_s) for jid in r.placed if jid not in placed)
+        if "small" in d.queue_waits and not waits:  # the first decision that sees small queued
+            waits.update((jid, w.kind) for jid, w in d.queue_waits.items())
+
+    loop = ClosedLoop(plant, Controller(site, cfg), on_decision=note)
+    loop.run(399.0)
+    assert int(plant.truth().host_off.sum()) == 1 and "big" not in placed
+    loop.run(site.rack.host_boot_s + 60.0)
+    assert waits["small"] == "no_window" and waits["big"] == "reservation" and "big" not in placed
+    assert placed.get("small", math.inf) <= 420.0, placed
+    started = {rec.job_id: rec.compute_start_s for rec in plant.job_records()}
+    assert started["small"] is not None and started["small"] <= 400.0 + site.rack.host_boot_s + 20.0, started
