@@ -1,0 +1,251 @@
+"""What the codec refuses at the boundary, and why, where no other test held it (mutation audit of
+agent/wire/codec.py and agent/wire/encoding.py): topics, the size limit, per-card columns, command
+expiry of every command kind, job events with fields of another event, acks, advice, the detail of a
+rejection and the agent status' detail on the wire."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from mqtt_testing import sample_messages
+
+from agent import wire
+from agent.wire import Codec, Kind, Rejection, RejectReason
+
+pytestmark = pytest.mark.unit
+
+TS = 1_790_000_000.0
+CARDS = "racktwin/v1/site1/rack/r0/cards"
+APPLIED = "racktwin/v1/site1/rack/r0/applied"
+ADVICE = "racktwin/v1/site1/agent/advice"
+EVENTS = "racktwin/v1/site1/jobs/events"
+
+
+def _rejected(result: object, reason: RejectReason) -> Rejection:
+    assert isinstance(result, Rejection), result
+    assert result.reason is reason, result.detail
+    return result
+
+
+def _cards_body(n: int = 4) -> dict[str, Any]:
+    return {
+        "schema": "racktwin.cards/1",
+        "ts": TS,
+        "seq": 1,
+        "publisher": "sim",
+        "card_index": list(range(n)),
+        "power_watts": [300.0] * n,
+        "temperature_celsius": [55.0] * n,
+        "sm_clock_mhz": [1980.0] * n,
+        "utilization_percent": [90.0] * n,
+        "power_limit_watts": [700.0] * n,
+        "low_power": [False] * n,
+        "host_off": [False] * n,
+    }
+
+
+def _applied_body(n: int = 4) -> dict[str, Any]:
+    return {
+        "schema": "racktwin.applied/1",
+        "ts": TS,
+        "seq": 1,
+        "publisher": "sim",
+        "card_index": list(range(n)),
+        "dvfs_level": [0] * n,
+        "min_sm_clock_mhz": [1210.0] * n,
+        "max_sm_clock_mhz": [1980.0] * n,
+        "power_limit_watts": [700.0] * n,
+        "low_power": [False] * n,
+        "host_off": [False] * n,
+    }
+
+
+def _sample(cls: type) -> Any:
+    return next(m for m in sample_messages(TS) if isinstance(m, cls))
+
+
+# ---- topics --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "topic",
+    ["racktwin/v1/site1/racks/r0/cards", "racktwin/v1/site1/jobs/r0/cards", "racktwin/v1/site1/facility/r0/cmd"],
+)
+def test_a_three_level_topic_is_a_rack_topic_only_under_rack(codec: Codec, topic: str) -> None:
+    """``rack/{rack}/...`` is the only per-rack prefix: another first level is not a topic of the protocol."""
+    _rejected(codec.decode(topic, json.dumps(_cards_body())), RejectReason.UNKNOWN_TOPIC)
+    assert codec.counter.total == 1
+
+
+def test_parse_topic_refuses_and_counts_a_rack_the_site_does_not_have(codec: Codec) -> None:
+    _rejected(codec.parse_topic("racktwin/v1/site1/rack/r99/cards"), RejectReason.UNKNOWN_RACK)
+    assert codec.counter.count(RejectReason.UNKNOWN_RACK) == 1
+    assert codec.parse_topic("racktwin/v1/site1/rack/r7/cards") == wire.TopicInfo(Kind.CARDS, "r7")
+
+
+@pytest.mark.parametrize("rack", ["r99", None])
+def test_decode_kind_refuses_a_rack_kind_for_a_rack_the_site_does_not_have(codec: Codec, rack: str | None) -> None:
+    _rejected(codec.decode_kind(Kind.CARDS, json.dumps(_cards_body()), rack=rack), RejectReason.UNKNOWN_RACK)
+    assert codec.counter.total == 1
+    assert isinstance(codec.decode_kind(Kind.CARDS, json.dumps(_cards_body()), rack="r0"), wire.CardBatch)
+
+
+# ---- size ----------------------------------------------------------------------------------------
+
+
+def test_a_payload_of_exactly_the_size_limit_is_parsed(codec: Codec) -> None:
+    """At most 256 KiB: one of exactly that size is taken, one byte more is not."""
+    body = json.dumps(_cards_body()).encode()
+    exact = body + b" " * (wire.MAX_PAYLOAD_BYTES - len(body))
+    assert len(exact) == wire.MAX_PAYLOAD_BYTES
+    assert isinstance(codec.decode(CARDS, exact), wire.CardBatch)
+    _rejected(codec.decode(CARDS, exact + b" "), RejectReason.TOO_LARGE)
+
+
+# ---- per-card columns ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topic", "body", "column"),
+    [
+        *((CARDS, _cards_body(), c) for c in list(_cards_body())[5:]),
+        *((APPLIED, _applied_body(), c) for c in list(_applied_body())[5:]),
+    ],
+)
+def test_every_per_card_column_has_one_entry_per_listed_card(
+    codec: Codec, topic: str, body: dict[str, Any], column: str
+) -> None:
+    short = {**body, column: body[column][:-1]}
+    result = _rejected(codec.decode(topic, json.dumps(short)), RejectReason.LENGTH_MISMATCH)
+    assert column in result.detail
+    assert not isinstance(codec.decode(topic, json.dumps(body)), Rejection)
+
+
+@pytest.mark.parametrize("limits", [[300.0], [300.0, 300.0, 300.0]])
+def test_per_card_power_limits_are_one_per_listed_card_neither_fewer_nor_more(
+    codec: Codec, limits: list[float]
+) -> None:
+    cmd = json.loads(wire.encode(_sample(wire.RackCommand)))
+    body = {k: v for k, v in cmd.items() if k not in ("dvfs_level", "min_sm_clock_mhz", "max_sm_clock_mhz")}
+    body.update(cards=[0, 1], action="set_power_limit", power_limit_watts=limits)
+    _rejected(codec.decode(codec.topics.rack_cmd("r0"), json.dumps(body)), RejectReason.LENGTH_MISMATCH)
+    ok = codec.decode(codec.topics.rack_cmd("r0"), json.dumps({**body, "power_limit_watts": [300.0, 250.0]}))
+    assert isinstance(ok, wire.RackCommand) and ok.setting.power_limit_w == (300.0, 250.0)
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand])
+def test_every_command_kind_must_expire_after_it_was_issued(codec: Codec, cls: type) -> None:
+    msg = _sample(cls)
+    out = codec.outgoing(msg)
+    body = json.loads(out.payload)
+    _rejected(codec.decode(out.topic, json.dumps({**body, "expires_at": body["ts"]})), RejectReason.INCONSISTENT)
+    _rejected(codec.decode(out.topic, json.dumps({**body, "expires_at": body["ts"] - 1})), RejectReason.INCONSISTENT)
+    later = codec.decode(out.topic, json.dumps({**body, "expires_at": body["ts"] + 0.5}))
+    assert isinstance(later, cls) and later.expires_s == body["ts"] + 0.5
+
+
+@pytest.mark.parametrize("reason", ["", None])
+def test_a_rejected_ack_must_say_why(codec: Codec, reason: str | None) -> None:
+    body: dict[str, Any] = {
+        "schema": "racktwin.ack/1",
+        "ts": TS,
+        "seq": 0,
+        "publisher": "sim",
+        "command_id": str(uuid.uuid4()),
+        "result": "rejected",
+    }
+    if reason is not None:
+        body["reason"] = reason
+    _rejected(codec.decode("racktwin/v1/site1/rack/r0/ack", json.dumps(body)), RejectReason.INCONSISTENT)
+    # an applied or expired ack needs none
+    for result in ("applied", "expired"):
+        ack = codec.decode("racktwin/v1/site1/rack/r0/ack", json.dumps({**body, "result": result}))
+        assert isinstance(ack, wire.Acknowledgement) and ack.result.value == result
+
+
+# ---- job events ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "fields"),
+    [
+        ("finished", {"cards": {"r0": [0]}}),
+        ("failed", {"phase": "compute"}),
+        ("requeued", {"cards": {"r0": [0]}, "reason": "card 3 failed"}),
+        ("started", {"cards": {"r0": [0]}, "phase": "compute"}),
+        ("phase_changed", {"phase": "checkpoint", "reason": "why"}),
+    ],
+)
+def test_a_job_event_with_a_field_of_another_event_is_inconsistent(
+    codec: Codec, event: str, fields: dict[str, Any]
+) -> None:
+    """docs/protocol.md: "A field that does not belong to the event is rejected"."""
+    body = {"schema": "racktwin.job_event/1", "ts": TS, "seq": 0, "publisher": "s", "event": event, "job_id": "j"}
+    _rejected(codec.decode(EVENTS, json.dumps({**body, **fields})), RejectReason.INCONSISTENT)
+
+
+# ---- advice --------------------------------------------------------------------------------------
+
+
+def _advice_body() -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(wire.encode(_sample(wire.AgentAdvice)))
+    return body
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda b: b["items"][0].update(rack="r99"), RejectReason.UNKNOWN_RACK),
+        (lambda b: b["items"][0].update(cards=[0, 64]), RejectReason.CARD_OUT_OF_RACK),
+        (lambda b: b["items"][0].update(cards=[1, 1]), RejectReason.DUPLICATE_CARD),
+        (lambda b: b["pump_speed_percent"].update(r99=50.0), RejectReason.UNKNOWN_RACK),
+        (lambda b: b["placements"][0].update(cards={"r4": [64]}), RejectReason.CARD_OUT_OF_RACK),
+        (lambda b: b["placements"][0].update(cards={"r99": [0]}), RejectReason.UNKNOWN_RACK),
+    ],
+    ids=[
+        "item on an unknown rack",
+        "item card beyond the rack",
+        "item card twice",
+        "pump of an unknown rack",
+        "placement card beyond the rack",
+        "placement on an unknown rack",
+    ],
+)
+def test_advice_names_only_racks_and_cards_of_the_site(codec: Codec, change: Any, reason: RejectReason) -> None:
+    body = _advice_body()
+    assert isinstance(codec.decode(ADVICE, json.dumps(body)), wire.AgentAdvice)
+    change(body)
+    _rejected(codec.decode(ADVICE, json.dumps(body)), reason)
+
+
+# ---- what a rejection and a status say -----------------------------------------------------------
+
+
+def test_a_schema_rejection_names_the_field_it_is_about(codec: Codec) -> None:
+    """An operator reads the detail (log line) to find which field of a bridge's payload is wrong."""
+    body = _cards_body()
+    body["temperature_celsius"] = [55.0, 55.0, "hot", 55.0]
+    result = _rejected(codec.decode(CARDS, json.dumps(body)), RejectReason.WRONG_TYPE)
+    assert result.detail.endswith("at `$.temperature_celsius[2]`"), result.detail
+
+
+def test_the_agent_status_detail_travels(codec: Codec) -> None:
+    """The detail names the instance and, standing by, the agent that commands (docs/protocol.md)."""
+    status = wire.AgentStatus(
+        wire.AgentState.ONLINE,
+        "0.1.0",
+        ts_s=TS,
+        seq=3,
+        publisher="agent",
+        mode="enforce",
+        detail="standing by: agent X commands this site",
+    )
+    out = codec.outgoing(status)
+    assert json.loads(out.payload)["detail"] == "standing by: agent X commands this site"
+    assert codec.decode(out.topic, out.payload) == status
