@@ -249,3 +249,52 @@ def test_the_agent_status_detail_travels(codec: Codec) -> None:
     out = codec.outgoing(status)
     assert json.loads(out.payload)["detail"] == "standing by: agent X commands this site"
     assert codec.decode(out.topic, out.payload) == status
+
+
+# ---- card indices beyond any rack ----------------------------------------------------------------
+
+
+def _with_card(msg_cls: type, card: int) -> tuple[str, bytes]:
+    """The topic and payload of a sample message of ``msg_cls`` whose last listed card is ``card``."""
+    out = Codec(wire.SiteLayout("site1", tuple(f"r{i}" for i in range(8)), cards_per_rack=64)).outgoing(
+        _sample(msg_cls)
+    )
+    body = json.loads(out.payload)
+    if msg_cls is wire.CardBatch:
+        body["card_index"][-1] = card
+    elif msg_cls is wire.AgentAdvice:
+        body["items"][0]["cards"][-1] = card
+    elif msg_cls is wire.SchedulerCommand:
+        next(iter(body["cards"].values()))[-1] = card
+    else:
+        body["cards"][-1] = card
+    return out.topic, json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("msg_cls", [wire.CardBatch, wire.RackCommand, wire.SchedulerCommand, wire.AgentAdvice])
+@pytest.mark.parametrize("card", [64, 4095, 4096, 5000, 2**40])
+def test_a_card_index_beyond_the_rack_is_card_out_of_rack_however_far(codec: Codec, msg_cls: type, card: int) -> None:
+    """docs/protocol.md: ``card_out_of_rack``, "a card index >= cards per rack". An index beyond the
+    largest rack the schema allows (4,096 cards) was ``out_of_range`` while one of 64 .. 4,095 was
+    ``card_out_of_rack``: a bridge that numbers cards site-wide (card 5000) was told its values were
+    outside the allowed ones, not that they were no cards of the rack."""
+    topic, payload = _with_card(msg_cls, card)
+    _rejected(codec.decode(topic, payload), RejectReason.CARD_OUT_OF_RACK)
+    assert codec.counter.total == 1
+
+
+def test_a_card_index_beyond_any_rack_in_a_job_event_is_card_out_of_rack(codec: Codec) -> None:
+    body = {"schema": "racktwin.job_event/1", "ts": TS, "seq": 0, "publisher": "s", "event": "started", "job_id": "j"}
+    for card in (64, 5000):
+        result = codec.decode(EVENTS, json.dumps({**body, "cards": {"r0": [0, card]}}))
+        _rejected(result, RejectReason.CARD_OUT_OF_RACK)
+
+
+def test_a_negative_card_index_stays_out_of_range_and_a_big_level_is_no_card(codec: Codec) -> None:
+    topic, payload = _with_card(wire.RackCommand, -1)
+    _rejected(codec.decode(topic, payload), RejectReason.OUT_OF_RANGE)
+    body = json.loads(wire.encode(_sample(wire.RackCommand)))
+    body.update(action="set_dvfs_level", dvfs_level=5000)
+    for k in ("min_sm_clock_mhz", "max_sm_clock_mhz", "power_limit_watts"):
+        body.pop(k, None)
+    _rejected(codec.decode(codec.topics.rack_cmd("r0"), json.dumps(body)), RejectReason.OUT_OF_RANGE)
