@@ -5,6 +5,7 @@ rejection and the agent status' detail on the wire."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from typing import Any
@@ -298,3 +299,101 @@ def test_a_negative_card_index_stays_out_of_range_and_a_big_level_is_no_card(cod
     for k in ("min_sm_clock_mhz", "max_sm_clock_mhz", "power_limit_watts"):
         body.pop(k, None)
     _rejected(codec.decode(codec.topics.rack_cmd("r0"), json.dumps(body)), RejectReason.OUT_OF_RANGE)
+
+
+def test_a_card_beyond_the_rack_is_found_wherever_it_is_listed(codec: Codec) -> None:
+    body = _cards_body()
+    body["card_index"] = [64, 0, 1, 2]
+    _rejected(codec.decode(CARDS, json.dumps(body)), RejectReason.CARD_OUT_OF_RACK)
+    cmd = json.loads(wire.encode(_sample(wire.RackCommand)))
+    cmd["cards"] = [70, *cmd["cards"][1:]]
+    _rejected(codec.decode(codec.topics.rack_cmd("r0"), json.dumps(cmd)), RejectReason.CARD_OUT_OF_RACK)
+
+
+# ---- the codec's settings ------------------------------------------------------------------------
+
+
+def test_a_codec_takes_its_own_payload_limit(site_layout: wire.SiteLayout) -> None:
+    small = Codec(site_layout, max_payload_bytes=2000)
+    body = json.dumps(_cards_body()).encode()
+    assert len(body) < 2000
+    assert isinstance(small.decode(CARDS, body + b" " * (2000 - len(body))), wire.CardBatch)
+    _rejected(small.decode(CARDS, body + b" " * (2001 - len(body))), RejectReason.TOO_LARGE)
+
+
+def test_a_site_without_a_level_table_takes_any_level_the_wire_allows(site_layout: wire.SiteLayout) -> None:
+    """``SiteLayout.n_levels`` None: the levels are not known, so only the wire's bound (0..255) holds."""
+    codec = Codec(wire.SiteLayout(site_layout.site, site_layout.racks, cards_per_rack=64))
+    cmd = json.loads(wire.encode(_sample(wire.RackCommand)))
+    cmd.update(action="set_dvfs_level", dvfs_level=200)
+    for k in ("min_sm_clock_mhz", "max_sm_clock_mhz", "power_limit_watts"):
+        cmd.pop(k, None)
+    got = codec.decode(codec.topics.rack_cmd("r0"), json.dumps(cmd))
+    assert isinstance(got, wire.RackCommand) and got.setting.dvfs_level == 200
+    applied = {**_applied_body(), "dvfs_level": [0, 1, 2, 200]}
+    got_applied = codec.decode(APPLIED, json.dumps(applied))
+    assert isinstance(got_applied, wire.AppliedState) and got_applied.dvfs_level.tolist() == [0, 1, 2, 200]
+
+
+# ---- symmetry ------------------------------------------------------------------------------------
+
+
+def test_every_kind_round_trips_its_own_envelope(codec: Codec) -> None:
+    """The publisher, seq and ts of each message travel as they are (not the samples' common values)."""
+    for k, msg in enumerate(sample_messages(TS)):
+        other = dataclasses.replace(msg, publisher=f"bridge-{k}", seq=1000 + k, ts_s=TS + k + 0.5)
+        if hasattr(other, "expires_s"):
+            other = dataclasses.replace(other, expires_s=other.ts_s + 17.0)
+        out = codec.outgoing(other)
+        back = codec.decode(out.topic, out.payload)
+        assert not isinstance(back, Rejection), back
+        assert (back.publisher, back.seq, back.ts_s) == (f"bridge-{k}", 1000 + k, TS + k + 0.5)
+        assert wire.approx_equal(back, other), type(msg).__name__
+
+
+def test_a_submitted_job_keeps_its_own_submit_time_and_cards_keep_their_order(codec: Codec) -> None:
+    """A job's ``submit_ts`` is the time it was submitted, not the event's ``ts``; the cards a job,
+    command or placement lists keep the order the sender gave them."""
+    event = next(m for m in sample_messages(TS) if isinstance(m, wire.JobEvent) and m.job is not None)
+    assert event.job is not None
+    job = dataclasses.replace(event.job, submit_time_s=TS - 600.0)
+    submitted = dataclasses.replace(event, job=job, ts_s=TS + 3.0)
+    out = codec.outgoing(submitted)
+    assert json.loads(out.payload)["job"]["submit_ts"] == TS - 600.0
+    back = codec.decode(out.topic, out.payload)
+    assert isinstance(back, wire.JobEvent) and back.job is not None
+    assert back.job.submit_time_s == TS - 600.0 and back.ts_s == TS + 3.0
+
+    started = wire.JobEvent(
+        wire.JobEventType.STARTED, "j", ts_s=TS, seq=1, publisher="s", cards={"r1": (5, 2, 9), "r0": (3, 1)}
+    )
+    place = wire.SchedulerCommand("j", {"r1": (7, 0)}, uuid.uuid4(), TS + 30, TS, 2, "agent")
+    for msg in (started, place):
+        got = codec.decode(codec.topic_for(msg), wire.encode(msg))
+        assert got == msg
+        assert json.loads(wire.encode(got)) == json.loads(wire.encode(msg))  # lists: the same order
+
+
+def test_each_advice_item_keeps_its_own_setting(codec: Codec) -> None:
+    advice = dataclasses.replace(
+        _sample(wire.AgentAdvice),
+        items=(
+            wire.AdviceItem("r1", (0, 1), wire.CardSetting.dvfs(2)),
+            wire.AdviceItem("r2", (3,), wire.CardSetting.power_limit(450.0)),
+            wire.AdviceItem("r2", (4, 5), wire.CardSetting.clock_range(1210.0, 1650.0)),
+        ),
+    )
+    back = codec.decode(ADVICE, wire.encode(advice))
+    assert isinstance(back, wire.AgentAdvice)
+    assert [(it.rack, it.cards, it.setting) for it in back.items] == [
+        (it.rack, it.cards, it.setting) for it in advice.items
+    ]
+
+
+def test_a_batch_or_applied_state_of_no_cards_decodes(codec: Codec) -> None:
+    """A batch may hold a subset of the rack's cards (docs/protocol.md), the empty one included (every
+    card of the rack failed or unreadable): it is no malformed message."""
+    for topic, body in ((CARDS, _cards_body(0)), (APPLIED, _applied_body(0))):
+        got = codec.decode(topic, json.dumps(body))
+        assert isinstance(got, wire.CardBatch | wire.AppliedState), got
+        assert got.card_index.tolist() == []
