@@ -92,6 +92,15 @@ def _non_finite_literal(raw: bytes, text: str) -> bool:
     return _NON_FINITE_RE.search(_STRING_RE.sub(b'""', raw)) is not None
 
 
+def _size_bytes(payload: bytes | bytearray | memoryview | str) -> int:
+    """The payload's size in bytes (its UTF-8 encoding for a str; a memoryview's bytes, whatever its format)."""
+    if isinstance(payload, bytes):
+        return len(payload)
+    if isinstance(payload, str):  # a non-ASCII character takes 2-4 bytes
+        return len(payload) if payload.isascii() else len(payload.encode("utf-8", "surrogatepass"))
+    return memoryview(payload).nbytes
+
+
 def _classify(exc: msgspec.DecodeError, payload: Any) -> tuple[RejectReason, str]:
     text = str(exc)
     if not isinstance(exc, msgspec.ValidationError):
@@ -203,8 +212,9 @@ class Codec:
     ) -> Message | Rejection:
         """Decode a payload of a known kind (``rack`` for rack-scoped kinds). Never raises."""
         try:
-            if len(payload) > self.max_payload_bytes:
-                raise _Reject(RejectReason.TOO_LARGE, f"{len(payload)} bytes > {self.max_payload_bytes}")
+            size = _size_bytes(payload)
+            if size > self.max_payload_bytes:
+                raise _Reject(RejectReason.TOO_LARGE, f"{size} bytes > {self.max_payload_bytes}")
             if _KINDS[kind].rack_scoped and rack not in self._racks:
                 raise _Reject(RejectReason.UNKNOWN_RACK, f"rack {str(rack)[:64]!r} is not in the site")
             wire = self._decoders[kind].decode(payload)

@@ -5,6 +5,7 @@ rejection and the agent status' detail on the wire."""
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import json
 import uuid
@@ -104,6 +105,27 @@ def test_a_payload_of_exactly_the_size_limit_is_parsed(codec: Codec) -> None:
     assert len(exact) == wire.MAX_PAYLOAD_BYTES
     assert isinstance(codec.decode(CARDS, exact), wire.CardBatch)
     _rejected(codec.decode(CARDS, exact + b" "), RejectReason.TOO_LARGE)
+
+
+def test_the_size_limit_counts_bytes_whatever_the_payload_is_given_as(codec: Codec) -> None:
+    """256 KiB of UTF-8, also for a str payload (a non-ASCII character is 2-4 bytes) or a memoryview
+    of wider items: such a payload over the limit was parsed, its characters or items counted as bytes."""
+    ack = {"schema": "racktwin.ack/1", "ts": TS, "seq": 0, "publisher": "sim", "command_id": str(uuid.uuid4())}
+    text = json.dumps({**ack, "result": "rejected", "reason": "température"}, ensure_ascii=False)
+    exact = text + " " * (wire.MAX_PAYLOAD_BYTES - len(text.encode()))
+    assert len(exact.encode()) == wire.MAX_PAYLOAD_BYTES and len(exact) < wire.MAX_PAYLOAD_BYTES
+    got = codec.decode("racktwin/v1/site1/rack/r0/ack", exact)
+    assert isinstance(got, wire.Acknowledgement) and got.reason == "température"
+    over = '{"publisher": "' + "é" * (wire.MAX_PAYLOAD_BYTES // 2) + '"}'
+    assert len(over) < wire.MAX_PAYLOAD_BYTES < len(over.encode())
+    _rejected(codec.decode(CARDS, over), RejectReason.TOO_LARGE)
+    wide = memoryview(array.array("d", [0.0] * (wire.MAX_PAYLOAD_BYTES // 8 + 1)))
+    assert len(wide) < wire.MAX_PAYLOAD_BYTES < wide.nbytes
+    _rejected(codec.decode(CARDS, wide), RejectReason.TOO_LARGE)
+    as_str = json.dumps(_cards_body()) + " " * 10
+    assert isinstance(codec.decode(CARDS, as_str), wire.CardBatch)
+    assert isinstance(codec.decode(CARDS, bytearray(as_str.encode())), wire.CardBatch)
+    assert isinstance(codec.decode(CARDS, memoryview(as_str.encode())), wire.CardBatch)
 
 
 # ---- per-card columns ----------------------------------------------------------------------------
