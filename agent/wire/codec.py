@@ -60,6 +60,7 @@ from agent.wire.topics import (
     _RACK_PATHS,
     _SITE_PATHS,
     FACILITY,
+    MAX_CARDS_PER_RACK,
     MAX_PAYLOAD_BYTES,
     SCHEDULER,
     Kind,
@@ -75,6 +76,10 @@ _NON_FINITE_LITERALS: Final = (b"NaN", b"Infinity")  # what Python's json (and o
 #: JSON strings (the last one may be cut off by the end of the payload), and the literals outside them
 _STRING_RE: Final = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
 _NON_FINITE_RE: Final = re.compile(rb"NaN|Infinity")
+#: a card index above the schema's bound (the largest rack, ``MAX_CARDS_PER_RACK``): beyond the rack's cards
+#: like any index >= cards per rack, not a value outside the allowed ones
+_CARD_BOUND: Final = f"Expected `int` <= {MAX_CARDS_PER_RACK - 1}"
+_CARD_PATH_RE: Final = re.compile(r"\.card(?:s|_index)(?:\[\.\.\.\])?\[\d+\]$")
 
 
 def _non_finite_literal(raw: bytes, text: str) -> bool:
@@ -85,6 +90,15 @@ def _non_finite_literal(raw: bytes, text: str) -> bool:
     if at is not None:
         return raw.startswith(_NON_FINITE_LITERALS, int(at.group(1)))
     return _NON_FINITE_RE.search(_STRING_RE.sub(b'""', raw)) is not None
+
+
+def _size_bytes(payload: bytes | bytearray | memoryview | str) -> int:
+    """The payload's size in bytes (its UTF-8 encoding for a str; a memoryview's bytes, whatever its format)."""
+    if isinstance(payload, bytes):
+        return len(payload)
+    if isinstance(payload, str):  # a non-ASCII character takes 2-4 bytes
+        return len(payload) if payload.isascii() else len(payload.encode("utf-8", "surrogatepass"))
+    return memoryview(payload).nbytes
 
 
 def _classify(exc: msgspec.DecodeError, payload: Any) -> tuple[RejectReason, str]:
@@ -110,6 +124,8 @@ def _classify(exc: msgspec.DecodeError, payload: Any) -> tuple[RejectReason, str
         return RejectReason.NON_FINITE, text
     if text.startswith("Expected `") and ", got `" in text:
         return RejectReason.WRONG_TYPE, text
+    if text.startswith(_CARD_BOUND) and _CARD_PATH_RE.search(path):
+        return RejectReason.CARD_OUT_OF_RACK, text
     if text.startswith(("Expected `", "Invalid enum value")):
         return RejectReason.OUT_OF_RANGE, text  # bounds, lengths, regex, allowed values
     if text.startswith("Invalid UUID"):
@@ -196,8 +212,9 @@ class Codec:
     ) -> Message | Rejection:
         """Decode a payload of a known kind (``rack`` for rack-scoped kinds). Never raises."""
         try:
-            if len(payload) > self.max_payload_bytes:
-                raise _Reject(RejectReason.TOO_LARGE, f"{len(payload)} bytes > {self.max_payload_bytes}")
+            size = _size_bytes(payload)
+            if size > self.max_payload_bytes:
+                raise _Reject(RejectReason.TOO_LARGE, f"{size} bytes > {self.max_payload_bytes}")
             if _KINDS[kind].rack_scoped and rack not in self._racks:
                 raise _Reject(RejectReason.UNKNOWN_RACK, f"rack {str(rack)[:64]!r} is not in the site")
             wire = self._decoders[kind].decode(payload)
