@@ -178,6 +178,36 @@ def test_the_level_a_rack_applied_counts_over_telemetry_the_top_level_too(
     assert len(book.commands(_decision(lagging, card_level=top), lagging, NO_APPLIED, NOW + 1.0)) == 1
 
 
+def test_a_slowed_pump_is_renewed_every_pump_renew_s_also_after_the_clock_stepped_back(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """A CDU returns a slowed pump to full speed when no command renews it (the simulator's
+    ``pump_hold_s``, 60 s), so the agent renews it every ``pump_renew_s`` (docs/agent.md). The site
+    clock steps back (``agent.clock``: it ran ahead of a simulator starved of CPU; a restarted
+    simulator) further than issue times are held: the renewal comes ``pump_renew_s`` after the step
+    at the latest, not ``pump_renew_s`` after the last renewal's stamp on the old timeline (60 s back:
+    80 s without one, and the pump ran at full speed meanwhile)."""
+    site, snap = scene
+    book, codec = _book(site, pump_renew_s=20.0)
+    speed = np.ones(8)
+    speed[2] = 0.5
+    slowed = snap.__class__(**{**snap.__dict__, "rack_pump_speed_frac": speed})
+    d = _decision(slowed, rack_pump_speed_frac=speed)
+
+    def renewed(now_s: float) -> bool:
+        msgs = [codec.decode(c.topic, c.payload) for c in book.commands(d, slowed, NO_APPLIED, now_s)]
+        assert all(isinstance(m, wire.CduCommand) and m.rack == "r2" for m in msgs)
+        for oc in list(book.open.values()):
+            book.on_ack(_ack(oc, wire.AckResult.APPLIED), now_s)
+        return bool(msgs)
+
+    assert renewed(NOW)  # never renewed by this book: due
+    assert not renewed(NOW + 10.0)
+    assert renewed(NOW + 20.0)
+    back = NOW + 20.0 - 60.0  # the clock steps back 60 s
+    assert [renewed(back + s) for s in (0.0, 10.0, 20.0, 30.0, 40.0)] == [False, False, True, False, True]
+
+
 def test_power_limits_are_sent_to_a_tenth_of_a_watt_rounded_down_against_the_card_s_own_limit(
     scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
