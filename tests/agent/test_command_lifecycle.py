@@ -447,3 +447,20 @@ def test_a_command_applied_to_a_held_card_ends_its_hold(scene: tuple[SiteSpec, S
     assert r1.book.on_ack(applied, NOW + 2.0) is limit
     assert r1.book.overlays.failed_repeat_holds() == {}
     assert r1.sent(NOW + 3.0, decision=both) == [(5,)]
+
+
+def test_advice_carries_a_predicted_power_of_zero_and_no_unknown_or_negative_one(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """Advice carries the decision's predicted IT and facility power where known: 0 W is a prediction
+    (a value, not an unknown); NaN or a negative value is none (``None`` on the wire)."""
+    site, snap = scene
+    book, _codec = _book(site)
+    d = _decision(snap)
+    zero = book.advice(d.replace(predicted_it_power_w=0.0, predicted_facility_power_w=0.0), snap, NO_APPLIED, NOW)
+    assert (zero.predicted_it_power_w, zero.predicted_facility_power_w) == (0.0, 0.0)
+    unknown = book.advice(
+        d.replace(predicted_it_power_w=float("nan"), predicted_facility_power_w=-1.0), snap, NO_APPLIED, NOW
+    )
+    assert (unknown.predicted_it_power_w, unknown.predicted_facility_power_w) == (None, None)
+    assert book.open == {}
