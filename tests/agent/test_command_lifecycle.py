@@ -464,3 +464,16 @@ def test_advice_carries_a_predicted_power_of_zero_and_no_unknown_or_negative_one
     )
     assert (unknown.predicted_it_power_w, unknown.predicted_facility_power_w) == (None, None)
     assert book.open == {}
+
+
+def test_cards_never_read_are_commanded(scene: tuple[SiteSpec, StateSnapshot]) -> None:
+    """A card no reading has shown yet (its last-seen time NaN: a rack silent since the agent started,
+    which the fail-safe caps) counts as failed only where a ``card_failed`` refusal names it."""
+    r1 = _R1(scene)
+    seen = np.asarray(r1.snap.card_last_seen_s, dtype=np.float64).copy()
+    seen[64:128] = np.nan
+    unseen = r1.snap.__class__(**{**r1.snap.__dict__, "card_last_seen_s": seen})
+    (first,) = r1.book.commands(r1.decision, unseen, NO_APPLIED, NOW)
+    assert first.cards.tolist() == list(range(64, 128))
+    r1.refuse_as_failed(first.command_id, [5], NOW + 1.0)
+    assert r1.sent(NOW + 2.0, unseen) == [tuple(c for c in ALL_R1 if c != 5)]
