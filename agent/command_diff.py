@@ -225,7 +225,11 @@ class CommandDiff:
         out.mid.append((-1, fc, decision.supply_temp_c < have_sp))
 
     def _pump_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot) -> None:
-        """Pump speeds: a change, or a slowed pump's renewal (faster pumps lower die temperatures)."""
+        """Pump speeds: a change, or a slowed pump's renewal (faster pumps lower die temperatures).
+        After the site clock stepped back, a rack's last pump command dates from now at the latest:
+        its stamp on the old timeline would put the next renewal off by the step, and the CDU's hold
+        (the simulator's 60 s) run out meanwhile."""
+        np.minimum(self.overlays.pump_sent, out.now_s, out=self.overlays.pump_sent)
         if decision.rack_pump_speed_frac is None:
             return
         reported = np.asarray(snap.rack_pump_speed_frac, dtype=np.float64)
