@@ -205,7 +205,6 @@ class CommandBook:
         self._acked[oc.command_id] = None
         if len(self._acked) > _ACKED_KEPT:
             del self._acked[next(iter(self._acked))]
-        oc.acked = True
         self._by_key.pop(oc.key, None)
         if ack.result is wire.AckResult.APPLIED:
             self.overlays.note_applied(oc, ack)

@@ -160,7 +160,8 @@ class Overlays:
 
     def said_failed(self, last_seen_s: FloatArray) -> BoolArray:
         """Per card, whether a ``card_failed`` refusal marks it failed: no reading of it (``last_seen_s``,
-        the belief's; NaN: never read) is newer than the refusal."""
+        the belief's; NaN: never read) is as new as the refusal (a reading stamped the refusal's own
+        instant clears the mark: both come from one step of the rack)."""
         return self.failed_by_ack_s > np.nan_to_num(last_seen_s, nan=-math.inf)
 
     def failed_marks(self, last_seen_s: FloatArray) -> dict[int, float]:

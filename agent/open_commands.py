@@ -53,7 +53,6 @@ class OpenCommand:
     attempts: int = 0
     first_sent_s: float = -math.inf  # site time of its first send by this process
     last_sent_s: float = -math.inf
-    acked: bool = False
     superseded_by: str | None = None  # the newer command that closed it
 
 
