@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from agent_helpers import belief, example_site, job
-from guard_helpers import proposal
+from test_publish import NOW
+from test_publish import decision_like as _decision
 
 from agent import command_book, wire
 from agent.config import ControlConfig
@@ -26,7 +27,6 @@ from twin.state import StateSnapshot
 
 pytestmark = pytest.mark.agent
 
-NOW = 1000.0
 TTL_S = 30.0
 NO_APPLIED = np.full(512, -1)
 
@@ -36,19 +36,6 @@ def scene() -> tuple[SiteSpec, StateSnapshot]:
     site = example_site()
     _plant, state = belief(site, [job("a", 64), job("b", 64)], 5)
     return site, state.snapshot()
-
-
-def _decision(snap: StateSnapshot, **changes: Any) -> Decision:
-    """A decision that keeps every card as ``snap`` reports it (and its set-point); ``changes`` replace fields."""
-    fields: dict[str, Any] = dict(
-        time_s=NOW,
-        card_low_power=np.asarray(snap.card_low_power).copy(),
-        card_power_limit_w=np.asarray(snap.card_power_limit_w).copy(),
-        card_busy=snap.card_job >= 0,
-        supply_temp_c=snap.facility.supply_setpoint_c if snap.facility else 30.0,
-    )
-    fields.update(changes)
-    return proposal(example_site(), np.asarray(snap.card_level), **fields)
 
 
 def _cards_0_to_7_at(snap: StateSnapshot, level: int) -> Decision:
