@@ -309,6 +309,38 @@ def test_a_job_requeued_after_a_card_failure_boots_a_host_when_its_own_is_short_
     assert not plant.truth().host_off.any()
 
 
+def test_hosts_the_agent_cannot_see_hold_none_of_the_reserve() -> None:
+    """Rack r0 (hosts 0-7) is blind: its hosts stay on but cannot be placed on, so two of the other
+    hosts are kept on for the reserve."""
+    frozen = np.zeros(N_H, dtype=bool)
+    frozen[:8] = True
+    off = choose(frozen_host=frozen)
+    assert not off[:8].any() and int((~off[8:]).sum()) == 2
+
+
+def test_without_a_reserve_or_jobs_due_every_idle_host_goes_off() -> None:
+    assert choose(reserve_per_supernode=0).all()
+
+
+def test_the_reserve_already_on_powers_no_other_host_on() -> None:
+    """Two free hosts on (the reserve's 16 cards), every other host off: nothing changes."""
+    was_off = np.ones(N_H, dtype=bool)
+    was_off[[9, 40]] = False
+    choice = choose_hosts_off(
+        SITE,
+        now_s=10_000.0,
+        host_busy_last_s=np.zeros(N_H),
+        card_busy=np.zeros(SITE.n_cards, dtype=bool),
+        host_off_now=was_off,
+        host_awake=np.zeros(N_H, dtype=bool),
+        frozen_host=np.zeros(N_H, dtype=bool),
+        off_after_s=600.0,
+        reserve_per_supernode=2,
+    )
+    np.testing.assert_array_equal(choice.host_off, was_off)
+    assert not choice.powering_on.any() and not choice.powering_off.any()
+
+
 def test_a_host_idle_for_exactly_the_idle_time_goes_off() -> None:
     last = np.full(N_H, 10_000.0 - 600.0)  # every host idle for exactly off_after_s (600 s) at now
     assert int(choose(host_busy_last_s=last).sum()) == N_H - 2  # all but the reserve
@@ -375,6 +407,9 @@ def test_a_card_waits_for_its_hosts_boot_a_whole_one_while_it_is_off_the_rest_of
     assert wait is not None and set(wait[host_cards(3)]) == {200.0} and not wait[~host_cards(3)].any()
     wait = times.card_wait_s(none_off, 1_400.0)
     assert wait is not None and not wait.any()
+    # a host a decision keeps off does not boot
+    times.commit(none_off, np.isin(np.arange(N_H), [4]), host_cards(4), 1_050.0)
+    assert times.up_at_s[4] == -np.inf and times.busy_last_s[4] == 0.0
     # a later decision while it boots does not start the boot again
     times.commit(none_off, np.zeros(N_H, dtype=bool), host_cards(3), 1_100.0)
     assert times.up_at_s[3] == 1_300.0

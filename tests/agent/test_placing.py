@@ -151,6 +151,16 @@ def test_a_job_needing_every_card_of_the_site_is_not_too_large() -> None:
     assert orders == [] and waits["whole"].kind == "no_window"
 
 
+def test_a_job_needing_every_card_of_an_idle_site_is_placed_on_all_of_them_and_waits_for_nothing() -> None:
+    _plant, state = belief(SITE, [], 5)
+    whole = job("whole", N, submit_s=2.0)
+    state.apply_events([JobEvent(2.0, "whole", "submitted", Phase.WAITING, job=whole)])
+    snap = state.snapshot()
+    orders, waits, _ = place(list(snap.queue), snap=snap)
+    assert [(o.job_id, o.cards) for o in orders] == [("whole", tuple(range(N)))]
+    assert waits == {}
+
+
 def test_stuck_free_cards_are_not_counted_free_for_a_reservation() -> None:
     snap = site_with_queue()
     free = sorted(free_cards(snap))
@@ -203,6 +213,18 @@ def test_a_job_that_waited_long_enough_and_does_not_fit_holds_a_reservation_othe
     assert f"big (waiting 50 s) holds a reservation: expected start in ~{expected.shadow_s - 100.0:.0f} s" in notes
 
 
+def test_a_job_that_waited_exactly_the_backfill_wait_holds_a_reservation() -> None:
+    """At t = 100 s "big" (submitted at 50 s) has waited exactly placement_backfill_wait_s (50 s):
+    it holds a reservation and "mid" (6 cards, its long work past it; 4 spare) may not delay it."""
+    snap = site_with_queue()
+    orders, waits, _ = place(queued(snap, "big", "mid"), cfg=ControlConfig(placement_backfill_wait_s=50.0))
+    assert waits["big"].kind == "reservation"
+    assert orders == [] and waits["mid"].kind == "behind_reservation"
+    # a second longer to wait: nobody waited long enough, "mid" fits and goes
+    orders, waits, _ = place(queued(snap, "big", "mid"), cfg=ControlConfig(placement_backfill_wait_s=51.0))
+    assert [o.job_id for o in orders] == ["mid"] and waits["big"].kind == "no_window"
+
+
 def test_a_reservation_keeps_its_promised_start_when_the_running_jobs_run_late() -> None:
     snap = site_with_queue()
     cfg = ControlConfig(placement_backfill_wait_s=45.0)
@@ -225,6 +247,28 @@ def test_a_reservation_keeps_its_promised_start_when_the_running_jobs_run_late()
     _orders, waits, _ = place(queued(sick, "big"), snap=sick, cfg=cfg, book=book)
     assert waits["big"].kind == "reservation" and math.isinf(waits["big"].expected_start_s)
     assert waits["big"].why == "waiting 50 s; expected start in never (too few healthy cards)"
+
+
+def test_a_job_with_enough_free_cards_on_hosts_that_are_off_holds_a_reservation_due_now() -> None:
+    """5 of the 8 free cards are on hosts that are off (the placement does not offer them): "small"
+    (4 cards, waited 40 s) is not placed; its cards are free, so its reservation is due now (the hosts
+    are booted for it, :func:`cards_due`) with the 4 others spare, which "mid" (6 cards) would exceed."""
+    snap = site_with_queue()
+    free = sorted(free_cards(snap))
+    host_off = np.zeros(N, dtype=bool)
+    host_off[free[:5]] = True
+    off = dataclasses.replace(snap, card_host_off=host_off)
+    cfg = ControlConfig(placement_backfill_wait_s=38.0)
+    book = PlacementBook()
+    orders, waits, _ = place(queued(off, "small", "mid"), snap=off, cfg=cfg, book=book)
+    assert orders == []
+    assert waits["small"] == QueueWait(
+        "reservation", "waiting 40 s; expected start in now (due 0 s ago: the site drains for it)", 100.0
+    )
+    assert book.reserved == ("small", 100.0)
+    assert waits["mid"].kind == "behind_reservation"
+    # each job's start as if first in line, none before the reservation (due now): both are due
+    assert cards_due(SITE, off, step_context(SITE), book, [], 0.0) == 4 + 6
 
 
 def test_a_job_that_waited_long_enough_and_fits_goes_first_and_the_others_get_the_cards_left() -> None:
@@ -255,6 +299,27 @@ def test_jobs_placed_after_the_head_do_not_share_its_cards() -> None:
     assert set(orders[0].cards).isdisjoint(orders[1].cards)
     assert set(orders[0].cards) | set(orders[1].cards) == free_cards(snap)
     assert waits == {}
+
+
+def test_jobs_placed_after_the_head_do_not_take_the_cards_of_orders_in_flight() -> None:
+    """The order of "small" (sent earlier, not yet started) holds 4 of the 8 free cards; "a" (waited
+    40 s, past the 38 s) takes the other 4, and "b" finds no card left (not "small"'s)."""
+    snap = site_with_queue()
+    small = queued(snap, "small")[0]
+    assert small.spec is not None
+
+    def like_small(job_id: str, last_event_s: float) -> JobInfo:
+        assert small.spec is not None
+        spec = dataclasses.replace(small.spec, job_id=job_id)
+        return dataclasses.replace(small, job_id=job_id, last_event_s=last_event_s, spec=spec)
+
+    a, b = like_small("a", 60.0), like_small("b", 99.0)
+    snap2 = dataclasses.replace(snap, queue=(*snap.queue, a, b))
+    in_flight = (24, 25, 26, 27)
+    load = site_load(SITE, snap2, [("small", in_flight)])
+    orders, waits, _ = place([a, b], snap=snap2, load=load, cfg=ControlConfig(placement_backfill_wait_s=38.0))
+    assert [(o.job_id, o.cards) for o in orders] == [("a", (28, 29, 30, 31))]
+    assert waits["b"].kind == "no_window"
 
 
 # ---- PlacementBook ------------------------------------------------------------------------------
@@ -292,6 +357,8 @@ def test_orders_in_flight_are_those_of_queued_jobs_not_expired_by_the_time_the_s
     later = dataclasses.replace(snap, time_s=110.0)
     assert book.in_flight(ctx, later) == []
     assert orders_seen_until(ctx, dataclasses.replace(snap, time_s=float("nan"))) == 200.0
+    # no reading yet (the belief's time is -inf): the clock's now, not a time before every order
+    assert orders_seen_until(ctx, dataclasses.replace(snap, time_s=-math.inf)) == 200.0
     assert orders_seen_until(step_context(SITE, now_s=50.0), snap) == 50.0
     # in flight plus this decision's orders, each job once
     orders = [PlacementOrder("small", (28, 29, 30, 31)), PlacementOrder("mid", (16, 17, 18, 19, 20, 21))]
@@ -347,6 +414,9 @@ def test_the_cards_due_are_those_of_waiting_jobs_expected_to_start_within_a_boot
     # "small" and "mid" fit now, "big" waits for "run"'s end (~3,000 s), "huge" never fits
     assert cards_due(SITE, snap, ctx, book, [], 60.0) == 4 + 6
     assert cards_due(SITE, snap, ctx, book, [], 5000.0) == 4 + 6 + 28
+    # the horizon is a host's boot plus the lead: with a 5,000 s boot, "big" is due without a lead
+    slow_boot = dataclasses.replace(SITE, rack=dataclasses.replace(SITE.rack, host_boot_s=5000.0))
+    assert cards_due(slow_boot, snap, ctx, book, [], 0.0) == 4 + 6 + 28
     # a job this decision places, or one whose order is in flight, is not waiting, and its cards are
     # not free: "small" on 4 of the 8 free cards leaves "mid" (6) to wait for "run"'s end
     placing = [PlacementOrder("small", (24, 25, 26, 27))]
@@ -360,6 +430,8 @@ def test_the_cards_due_are_those_of_waiting_jobs_expected_to_start_within_a_boot
     assert cards_due(SITE, snap, step_context(SITE, now_s=130.0), book, [], 60.0) == 0
     seen = dataclasses.replace(snap, time_s=130.0)
     assert cards_due(SITE, seen, step_context(SITE, now_s=130.0), book, [], 60.0) == 4 + 6
+    # nor is "mid" itself due (it would be once "run" ends): it is still being placed
+    assert cards_due(SITE, snap, step_context(SITE, now_s=130.0), book, [], 5000.0) == 4
     # a job holding a reservation starts at its promise, and the jobs behind it not before
     book = PlacementBook()
     book.reserved = ("big", 130.0)
@@ -367,6 +439,12 @@ def test_the_cards_due_are_those_of_waiting_jobs_expected_to_start_within_a_boot
     assert cards_due(SITE, snap, ctx, book, [], 30.0) == 28 + 4 + 6
     book.reserved = ("gone", 130.0)  # a reservation of a job no longer queued holds nothing back
     assert cards_due(SITE, snap, ctx, book, [], 20.0) == 4 + 6
+
+
+def test_a_job_needing_every_card_of_an_idle_site_is_due_at_once() -> None:
+    _plant, state = belief(SITE, [], 5)
+    state.apply_events([JobEvent(2.0, "whole", "submitted", Phase.WAITING, job=job("whole", N, submit_s=2.0))])
+    assert cards_due(SITE, state.snapshot(), step_context(SITE), PlacementBook(), [], 60.0) == N
 
 
 def test_the_cards_due_count_free_only_the_cards_the_placement_may_use() -> None:
