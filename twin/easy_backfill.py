@@ -9,7 +9,7 @@ job behind it may start ahead only if it fits now and either is expected to end 
 reservation or fits in the cards the reservation leaves spare. The reservation is a promise: it does
 not slip when jobs ahead of it overrun their expected ends (expected run times are means, not the
 upper bounds of wall-time requests); once the promised start is past, no card is spare and the site
-drains for the job.
+drains for the job. A job that can no longer fit (cards failed since the promise) reserves nothing.
 
 ``twin.plant_jobs.PlantJobs`` (the virtual plant's own scheduler) and ``agent.backfill`` / ``agent.controller``
 (the agent's placements) both call these functions, so the two schedules follow one rule; each
@@ -56,8 +56,12 @@ def keep_promise(promised: tuple[str, float] | None, job_id: str, res: Reservati
     start computed for it) is this job's and earlier than ``res``, the promise stands and no card is
     spare (the promise already lacks cards: only jobs expected to end before it start ahead).
     Without this a big job waited 8,959 s on the nominal day and never started while a stream of
-    small jobs, each expected to end in time, kept its cards busy."""
-    if promised is not None and promised[0] == job_id and promised[1] < res.shadow_s:
+    small jobs, each expected to end in time, kept its cards busy. A job that can no longer fit
+    (``res`` is ``inf`` and ``inf``: cards failed since the promise left too few healthy ones) is
+    promised nothing: it reserves nothing (else the site drained, once the promise was due, for a job
+    that could not start, and every other job waited behind it)."""
+    never_fits = math.isinf(res.shadow_s) and math.isinf(res.spare_cards)
+    if promised is not None and promised[0] == job_id and promised[1] < res.shadow_s and not never_fits:
         return Reservation(promised[1], 0.0)
     return res
 

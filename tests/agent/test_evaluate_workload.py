@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import example_site, job
 
+from twin.faults import CardFailure
 from twin.plant import Plant, PlantConfig
 from twin.scenario import load_run_scenario, offered_allocation, run_scenario_from_dict
 
@@ -91,3 +92,23 @@ def test_a_reservation_holds_when_the_job_ahead_of_it_runs_late() -> None:
     ]
     assert not late_starts  # nothing started ahead of "big" once its reservation was due
     assert any(r.start_time_s is not None and r.start_time_s < 600.0 for r in recs.values() if r.job_id.startswith("s"))
+
+
+def test_a_blocked_job_that_can_no_longer_fit_holds_no_card_back() -> None:
+    """The job "whole" (every card of the site) is promised the end of "long"; then a free card fails for good,
+    so it can never start. Its promise holds nothing back: "small" (8 cards, long past the promise)
+    starts when submitted (was: it waited behind the promise, and once "long" ended the site drained
+    for "whole" and left 511 cards idle)."""
+    site = example_site()  # 512 cards
+    jobs = [
+        job("long", 448, work_steps=600.0),  # ends after ~11 minutes
+        job("whole", site.n_cards, submit_s=10.0),
+        job("small", 8, submit_s=200.0),
+    ]
+    plant = Plant(site, jobs, [CardFailure(card=511, at_s=100.0)], PlantConfig(seed=1, backfill_wait_s=0.0))
+    plant.step(1.0)
+    assert 511 not in set(plant.job_cards("long").tolist())
+    plant.run(1500.0)
+    recs = {r.job_id: r for r in plant.job_records()}
+    assert recs["whole"].start_time_s is None
+    assert recs["small"].start_time_s is not None and recs["small"].start_time_s <= 201.0

@@ -271,6 +271,28 @@ def test_a_job_with_enough_free_cards_on_hosts_that_are_off_holds_a_reservation_
     assert cards_due(SITE, off, step_context(SITE), book, [], 0.0) == 4 + 6
 
 
+def test_a_promise_to_a_job_that_can_no_longer_fit_holds_no_card_back() -> None:
+    """The job "big" (28 cards) was promised a start at 1,000 s; then 5 of the running job's cards failed: 27
+    healthy cards are left and "big" can never fit. It reserves nothing (the promise cannot be kept),
+    so "small" (4 cards, running long past 1,000 s) goes onto 4 of the 8 free cards. Was: the promise
+    stood with no card spare, and once due the site drained for a job that could not start (every
+    other job behind it, its hosts kept on)."""
+    snap = site_with_queue()
+    failed = np.zeros(N, dtype=bool)
+    failed[:5] = True  # cards of "run" (on cards 0-23)
+    assert not (failed & site_load(SITE, snap).idle).any()
+    sick = dataclasses.replace(snap, card_failed=failed)
+    cfg = ControlConfig(placement_backfill_wait_s=45.0)
+    book = PlacementBook()
+    book.reserved = ("big", 1000.0)
+    orders, waits, _ = place(queued(sick, "big", "small"), snap=sick, cfg=cfg, book=book)
+    assert waits["big"].kind == "reservation" and math.isinf(waits["big"].expected_start_s)
+    assert waits["big"].why == "waiting 50 s; expected start in never (too few healthy cards)"
+    assert [o.job_id for o in orders] == ["small"] and "small" not in waits
+    # nor is it due to start: no host is kept on for it
+    assert cards_due(SITE, sick, step_context(SITE), book, orders, 1e6) == 0
+
+
 def test_a_job_that_waited_long_enough_and_fits_goes_first_and_the_others_get_the_cards_left() -> None:
     snap = site_with_queue()
     # without waiting long: "mid" (first in the queue given) takes 6 of the 8 free cards, "small" waits

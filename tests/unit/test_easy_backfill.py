@@ -51,3 +51,14 @@ def test_a_reservation_is_a_promise_that_does_not_slip_when_running_jobs_overrun
     # another job's reservation, or none promised yet: as computed
     assert keep_promise(promised, "other", Reservation(400.0, 12.0)) == Reservation(400.0, 12.0)
     assert keep_promise(None, "big", Reservation(400.0, 12.0)) == Reservation(400.0, 12.0)
+
+
+def test_a_job_that_can_no_longer_fit_keeps_no_promise_and_reserves_nothing() -> None:
+    """Cards failed since "big" was promised 250 s: too few healthy ones are left for it. Its
+    reservation holds no card back (every job may start ahead of it), as for a job that never fit."""
+    never = Reservation(math.inf, math.inf)
+    assert keep_promise(("big", 250.0), "big", never) == never
+    assert spare_after_backfill(1e9, 64, keep_promise(("big", 250.0), "big", never), math.inf) == math.inf
+    # a start put off to no expected end (the cards it needs are held by a job with no known end)
+    # still lacks the cards: the promise stands
+    assert keep_promise(("big", 250.0), "big", Reservation(math.inf, 8.0)) == Reservation(250.0, 0.0)
