@@ -310,12 +310,15 @@ def test_a_job_requeued_after_a_card_failure_boots_a_host_when_its_own_is_short_
 
 
 def test_hosts_the_agent_cannot_see_hold_none_of_the_reserve() -> None:
-    """Rack r0 (hosts 0-7) is blind: its hosts stay on but cannot be placed on, so two of the other
-    hosts are kept on for the reserve."""
+    """Rack r0 (hosts 0-7) is blind: its hosts keep their state and cannot be placed on, so two of
+    the other hosts are kept on (or powered on) for the reserve."""
     frozen = np.zeros(N_H, dtype=bool)
     frozen[:8] = True
     off = choose(frozen_host=frozen)
     assert not off[:8].any() and int((~off[8:]).sum()) == 2
+    # every host off: r0's stay off, and two others come back for the reserve
+    off = choose(frozen_host=frozen, host_off_now=np.ones(N_H, dtype=bool))
+    assert off[:8].all() and int((~off[8:]).sum()) == 2
 
 
 def test_without_a_reserve_or_jobs_due_every_idle_host_goes_off() -> None:
