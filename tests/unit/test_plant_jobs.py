@@ -310,3 +310,23 @@ def test_a_failure_after_a_checkpoint_loses_only_the_training_since_it(small_sit
     acc = p.accounting()
     assert acc.lost_work_card_s == pytest.approx(16 * 88.0 * SEVEN_NINTHS, rel=1e-9)
     assert acc.work_card_s == pytest.approx(16 * 772.0 * SEVEN_NINTHS, rel=1e-9)
+
+
+def test_each_job_draws_its_stalls_from_its_own_stream(small_site: SiteSpec) -> None:
+    """A job's stalls come from its own random stream: the same with or without another job beside
+    it, and not the other job's (two jobs started together do not stall in lockstep)."""
+    phases = PhaseModel(startup_s=0.0, comm_stalls_per_hour=60.0, input_stalls_per_hour=30.0)
+
+    def stall_times(p: Plant, job_id: str) -> list[float]:
+        return [e.time_s for e in p.drain_events() if e.job_id == job_id and e.kind == "phase"]
+
+    alone = Plant(small_site, [_job("a", 16)], config=_config(phases))
+    alone.run(3600.0, 1.0)
+    together = Plant(small_site, [_job("a", 16), _job("b", 16)], config=_config(phases))
+    together.run(3600.0, 1.0)
+    events = together.drain_events()
+    a_times = [e.time_s for e in events if e.job_id == "a" and e.kind == "phase"]
+    b_times = [e.time_s for e in events if e.job_id == "b" and e.kind == "phase"]
+    assert a_times == stall_times(alone, "a")
+    assert len(a_times) > 20 and len(b_times) > 20
+    assert a_times != b_times
