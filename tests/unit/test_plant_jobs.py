@@ -330,3 +330,35 @@ def test_each_job_draws_its_stalls_from_its_own_stream(small_site: SiteSpec) -> 
     assert a_times == stall_times(alone, "a")
     assert len(a_times) > 20 and len(b_times) > 20
     assert a_times != b_times
+
+
+def test_a_job_is_backfilled_only_if_its_start_up_and_training_end_before_the_reservation(
+    small_site: SiteSpec,
+) -> None:
+    """EASY backfilling judges a job by its expected hold: start-up (60 s) plus its training in
+    seconds (150 steps of 2 s = 300 s). "big" (16 cards) waits for "short" (8 cards, computing 60..360);
+    "f" (8 cards, arriving at 20) would hold its cards until 20 + 60 + 300 = 380 > 360 and would
+    delay "big": it waits, and "big" starts when "short" ends."""
+    jobs = [
+        _job("long", 16),
+        _job("short", 8, work_steps=150.0),
+        _job("big", 16, submit_time_s=10.0),
+        _job("f", 8, submit_time_s=20.0, work_steps=150.0),
+    ]
+    p = Plant(small_site, jobs, config=_config(_quiet(startup_s=60.0), backfill_wait_s=0.0))
+    p.run(400.0, 1.0)
+    recs = {r.job_id: r for r in p.job_records()}
+    assert recs["short"].finish_time_s == 360.0
+    assert recs["big"].start_time_s == 360.0
+    assert recs["f"].start_time_s is None
+
+
+def test_a_reservation_counts_only_the_healthy_cards_a_failing_job_will_free(small_site: SiteSpec) -> None:
+    """Job "a" (12 cards) loses card 0 at 50 s and lets its cards go at 150 s (restart delay 100 s): 11
+    healthy ones. "big" (16 cards, blocked at 60 s with 8 free) expects 8 + 11 = 19 cards then: 3
+    spare, so a 4-card job arriving at 70 s that would run past 150 s would delay it, and waits."""
+    phases = _quiet(startup_s=0.0, restart_delay_s=100.0)
+    jobs = [_job("a", 12), _job("c", 12), _job("big", 16, submit_time_s=60.0), _job("f", 4, submit_time_s=70.0)]
+    p = Plant(small_site, jobs, (CardFailure(card=0, at_s=50.0),), config=_config(phases, backfill_wait_s=0.0))
+    p.run(140.0, 1.0)
+    assert [j.job_id for j in p.queued_jobs()] == ["big", "f"]
