@@ -8,7 +8,7 @@ is not overlapped, input) does not (DESIGN.md)::
 
 All cards of a job run at the speed of the slowest one. Phases: COMPUTE (training steps),
 COMMUNICATION (long collective stalls: cards wait on the network), CHECKPOINT (cards idle for
-minutes about every 15 minutes while state is written), WAITING (input stalls, a failed card,
+about a minute, 20 s to 5 min, about every 15 minutes while state is written), WAITING (input stalls, a failed card,
 not yet started).
 
 Work is counted in *top-clock-equivalent card-seconds*: a job of ``n`` cards that makes training
@@ -386,7 +386,8 @@ class GeneratorConfig:
       card model is calibrated on, averages over the whole computation, so a job of share 0.87
       draws the calibrated training power); exposed communication runs at a utilization drawn
       uniform in ``exposed_communication_utilization_range`` (0.1..0.3, assumption). So
-      ``ncu = ((c / s)(1 - s) + (1 - c / s) u_comm) / (1 - c)``: 1 at ``c = s``, ~0.36 at 0.60;
+      ``ncu = ((c / s)(1 - s) + (1 - c / s) u_comm) / (1 - c)``: 1 at ``c = s``, 0.30..0.46 at 0.60
+      (0.38 at the range's middle);
     * priority 0.5 / 1 / 2 with probabilities ``priority_probs`` (0.2 / 0.6 / 0.2), SLO
       (``min_throughput_frac``) 0 / 0.7 / 0.9 by priority (assumption).
     """
