@@ -459,6 +459,12 @@ def test_the_cards_due_are_those_of_waiting_jobs_expected_to_start_within_a_boot
     book.reserved = ("big", 130.0)
     assert cards_due(SITE, snap, ctx, book, [], 20.0) == 0
     assert cards_due(SITE, snap, ctx, book, [], 30.0) == 28 + 4 + 6
+    # a job the backfilling picked to start ahead that found no window starts as if first in line
+    # ("small" fits the 8 free cards now); one waiting behind the reservation does not
+    picked = {"small": QueueWait("no_window", "no window of consecutive racks")}
+    assert cards_due(SITE, snap, ctx, book, [], 20.0, picked) == 4
+    behind = {"small": QueueWait("behind_reservation", "behind big")}
+    assert cards_due(SITE, snap, ctx, book, [], 20.0, behind) == 0
     book.reserved = ("gone", 130.0)  # a reservation of a job no longer queued holds nothing back
     assert cards_due(SITE, snap, ctx, book, [], 20.0) == 4 + 6
 
