@@ -8,8 +8,9 @@ an open command sets, its expiry and the command's key (a host command covers al
 per facility, rack pump and job the same for the set-point, the pump speeds and the placements.
 
 A rejected card setting is held back for ``command_ttl_s`` on the cards of the refused command
-(:meth:`Overlays.refuse`), unless a card of it reads failed since (:meth:`Overlays.note_failed`,
-:meth:`Overlays.lift_refusals_a_failure_explains`: a rack refuses a command whole for one failed card).
+(:meth:`Overlays.refuse`), unless the refusal names a card of it as failed (``card_failed``:
+:meth:`Overlays.note_failed`) or a card of it reads failed since
+(:meth:`Overlays.lift_refusals_a_failure_explains`): a rack refuses a command whole for one failed card.
 
 A card a ``card_failed`` refusal names counts as failed until a reading of it newer than the
 refusal. A card refused as failed again after a reading had cleared its mark (its telemetry reads it
@@ -96,20 +97,27 @@ class Overlays:
         self.refused_key[oc.kind, mine] = oc.key
 
     def note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement, now_s: float, first_hold_s: float) -> None:
-        """A ``card_failed`` refusal names the command's dead cards: they count as failed (the next
-        decision's commands leave them out, and the refusal no longer holds the others back) until a
-        reading of them newer than the ack. A card may fail unseen: its rack silent (the fail-safe caps
-        of a silent rack were refused every ``command_ttl_s`` for the whole silence) or after the
-        reading the decision used. A card refused again in a command issued after a decision found
-        its mark cleared is held out of commands whatever its readings say: ``first_hold_s``
-        (``command_ttl_s``) the first time, twice as long at each further repeat, at most
-        :data:`FAILED_HOLD_MAX_S` (logged once per card and repeat)."""
+        """A ``card_failed`` refusal names the command's dead cards: the refusal no longer holds the
+        command's other cards back, and the dead ones count as failed (the next decision's commands
+        leave them out) until a reading of them newer than the ack. A card may fail unseen: its rack
+        silent (the fail-safe caps of a silent rack were refused every ``command_ttl_s`` for the whole
+        silence) or after the reading the decision used. A card refused again in a command issued after
+        a decision found its mark cleared is held out of commands whatever its readings say:
+        ``first_hold_s`` (``command_ttl_s``) the first time, twice as long at each further repeat, at
+        most :data:`FAILED_HOLD_MAX_S` (logged once per card and repeat)."""
         local = [c for c in wire.failed_cards_of(ack.reason) if 0 <= c < self._cpr]
         if not local or not oc.cards.size:
             return
         rack = int(self._card_rack[oc.cards[0]])
         named = np.asarray(local, dtype=np.int64) + rack * self._cpr
         dead = named[np.isin(named, oc.cards)]
+        if not dead.size:
+            return
+        # the refusal is explained: the command's other cards are not held back (the next decision
+        # leaves the dead cards out while their marks or holds are in force; a card whose mark a
+        # reading clears first is sent the setting again with them, and refused again, is a repeat)
+        mine = oc.cards[self.refused_key[oc.kind, oc.cards] == oc.key]
+        self.backoff[oc.kind, mine] = -math.inf
         # never later than the agent's clock: an ack stamped ahead would hold the mark past readings
         # that show the card alive (the belief refuses readings stamped that far ahead)
         stamp = min(ack.ts_s, now_s) if math.isfinite(ack.ts_s) else now_s

@@ -118,26 +118,30 @@ def _stale_dead_card(repair_after_s: float = float("inf")) -> list[Fault]:
 def test_the_other_cards_get_their_commands_although_the_dead_card_reads_alive(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The first refusal is as for any card failed unseen: the mark is cleared by the next reading,
-    the others wait out the refusal's backoff and the card is sent the setting again with them. Refused
-    again, it is left out for 30 s, then 60, 120, 240, 480 s (one warning each time, per card, not per
-    command): the other cards of r1 have their level and power limit from the next decision on; each
-    time a hold ends the card alone is refused. Without the holds every command to r1 was refused
-    (one level and one limit command every ``command_ttl_s``) and its other cards never got either."""
+    """The first refusal (10 s) is as for any card failed unseen: it names the card, so it holds the
+    other cards back no longer, and the card counts as failed until a newer reading, which clears the
+    mark; the next decision (20 s) sends the card the setting again with them, refused again: a repeat.
+    From then on it is left out for 30 s, then 60, 120, 240, 480 s (one warning each time, per card,
+    not per command): the other cards of r1 have their level and power limit from the decision after
+    the repeat (30 s) on; each time a hold ends the card alone is refused. Without the holds every
+    command to r1 was refused (one level and one limit command every decision) and its other cards
+    never got either; with the refusal's backoff kept on them (as before) they waited ``command_ttl_s``
+    for the repeat (40 s) and got their settings at 50 s."""
     s = _Site(_stale_dead_card())
-    s.run(20.0)
-    assert not s.state.snapshot().card_failed[DEAD]  # its telemetry reads it alive
-    assert np.all(s.rack.level[:16] == SLOW)  # rack r0 commanded at once
-    assert s.refused == [(10.0, tuple(range(16)))] * 2  # its level and its limit command, refused whole
     with caplog.at_level(logging.WARNING, logger="racktwin.agent"):
-        s.run(49.0)
-        assert s.refused[2:] == [(40.0, tuple(range(16)))] * 2  # the first refusal's mark: cleared by a reading
+        s.run(20.0)
+        assert not s.state.snapshot().card_failed[DEAD]  # its telemetry reads it alive
+        assert np.all(s.rack.level[:16] == SLOW)  # rack r0 commanded at once
+        # its level and its limit command, refused whole at 10 s and, the first mark cleared by a
+        # reading, again at 20 s
+        assert s.refused == [(10.0, tuple(range(16)))] * 2 + [(20.0, tuple(range(16)))] * 2
         assert not s.others_commanded()
-        s.run(50.0)
+        s.run(30.0)
         assert s.others_commanded()  # the next decision leaves the dead card out
         s.run(600.0)
     assert s.others_commanded() and s.rack.level[DEAD] == 0 and s.rack.power_limit_w[DEAD] != CAP_W
-    assert s.refused[4:] == [(t, (DEAD - 16,)) for t in (70.0, 130.0, 250.0, 490.0) for _ in range(2)]
+    # holds of 30, 60, 120 and 240 s from 20 s: refused alone at 50, 110, 230 and 470 s
+    assert s.refused[4:] == [(t, (DEAD - 16,)) for t in (50.0, 110.0, 230.0, 470.0) for _ in range(2)]
     warned = [r.getMessage() for r in caplog.records if "refused as failed again" in r.getMessage()]
     assert warned == [
         f"rack r1 card 4 refused as failed again although its telemetry reads it alive: left out of commands "
@@ -147,25 +151,26 @@ def test_the_other_cards_get_their_commands_although_the_dead_card_reads_alive(
 
 
 def test_a_card_repaired_during_its_hold_is_commanded_after_it_and_counts_from_the_start_again() -> None:
-    """The card is repaired at 105 s, during its 60-s hold (70-130 s): the decision at 130 s sends it
+    """The card is repaired at 105 s, during its 60-s hold (50-110 s): the decision at 110 s sends it
     the level and limit, which its rack applies. Failing again later (300 s), its first refusal is a
-    first one again: no hold, the mark cleared by the next reading."""
+    first one again: no hold, the mark cleared by the next reading, and the refusal of the decision
+    after it the first repeat."""
     s = _Site([*_stale_dead_card(repair_after_s=100.0), CardFailure(card=DEAD, at_s=300.0)])
-    s.run(129.0)
-    assert [t for t, _cards in s.refused] == [10.0, 10.0, 40.0, 40.0, 70.0, 70.0]
+    s.run(109.0)
+    assert [t for t, _cards in s.refused] == [10.0, 10.0, 20.0, 20.0, 50.0, 50.0]
     assert s.rack.level[DEAD] == 0 and s.book.overlays.failed_repeats[DEAD] == 2
-    s.run(130.0)
+    s.run(110.0)
     assert s.rack.level[DEAD] == SLOW and s.rack.power_limit_w[DEAD] == CAP_W  # repaired: applied
     assert s.book.overlays.failed_repeats[DEAD] == 0
     # failing again (300 s), it takes the next change of plan (r1 one level faster at 310 s) down with
-    # it: refused whole, the mark cleared by a reading, refused whole again after the backoff (340 s):
-    # a first refusal, then the first repeat
+    # it: refused whole, the mark cleared by a reading, refused whole again at the next decision
+    # (320 s): a first refusal, then the first repeat
     s.run(300.0)
     s.level = SLOW - 1
-    s.run(349.0)
-    assert s.refused[6:] == [(310.0, tuple(range(16))), (340.0, tuple(range(16)))]
+    s.run(329.0)
+    assert s.refused[6:] == [(310.0, tuple(range(16))), (320.0, tuple(range(16)))]
     assert s.book.overlays.failed_repeats[DEAD] == 1
-    s.run(350.0)
+    s.run(330.0)
     assert s.others_commanded() and s.rack.level[DEAD] == SLOW
 
 
@@ -211,12 +216,12 @@ def test_the_hold_doubles_from_the_command_ttl_up_to_an_hour() -> None:
 
 def test_a_restarted_agent_keeps_the_hold_and_the_count(tmp_path: Path) -> None:
     """The repeats are journaled with the ``card_failed`` marks (``agent.resume.FailedCardsRecord``): an
-    agent restarted during the card's 60-s hold (70-130 s) leaves it out until the hold ends, although
+    agent restarted during the card's 60-s hold (50-110 s) leaves it out until the hold ends, although
     its readings show it alive, and its next refusal holds it 120 s. Without them the restarted agent
     sent it its setting at once and counted from a first refusal again."""
     s = _Site(_stale_dead_card())
     s.run(75.0)
-    assert s.book.overlays.failed_repeat_holds() == {DEAD: (2, 130.0, 60.0)}
+    assert s.book.overlays.failed_repeat_holds() == {DEAD: (2, 110.0, 60.0)}
     path = tmp_path / "journal.sqlite"
     journal = Journal(path)
     FailedCardsRecord(journal, s.site).save(s.book, s.state.snapshot())
@@ -227,8 +232,8 @@ def test_a_restarted_agent_keeps_the_hold_and_the_count(tmp_path: Path) -> None:
     load_journal(journal, Controller(s.site), TwinState(s.site), s.book)
     journal.close()
     before = len(s.refused)
-    s.run(129.0)
+    s.run(109.0)
     assert s.refused[before:] == [] and s.others_commanded()
-    s.run(131.0)
-    assert s.refused[before:] == [(130.0, (DEAD - 16,))] * 2
-    assert s.book.overlays.failed_repeat_holds() == {DEAD: (3, 250.0, 120.0)}
+    s.run(111.0)
+    assert s.refused[before:] == [(110.0, (DEAD - 16,))] * 2
+    assert s.book.overlays.failed_repeat_holds() == {DEAD: (3, 230.0, 120.0)}
