@@ -98,6 +98,8 @@ def test_values_at_the_edges_of_their_ranges_are_accepted() -> None:
         (lambda: ColdPlateFouling(card=0, start_s=0.0, r_factor=0.5), "r_factor"),
         (lambda: ColdPlateFouling(card=0, start_s=0.0, r_factor=25.0), "r_factor"),
         (lambda: PiecewiseAmbient(times_s=(), temps_c=()), "non-empty"),
+        (lambda: HeatWave(start_s=0.0, peak_delta_k=5.0, ramp_s=-100.0, hold_s=300.0), "ramp_s"),
+        (lambda: HeatWave(start_s=0.0, peak_delta_k=5.0, ramp_s=100.0, hold_s=-50.0), "hold_s"),
     ],
 )
 def test_faults_made_in_code_are_checked_as_scenario_files_are(make: Callable[[], object], why: str) -> None:
@@ -124,3 +126,10 @@ def test_a_pump_degradation_is_in_force_from_its_start_to_its_end() -> None:
     ramped = PumpDegradation(rack=0, start_s=100.0, flow_fraction=0.4, ramp_s=60.0)
     assert [ramped.fraction_at(t) for t in (100.0, 130.0, 160.0, 1e6)] == pytest.approx([1.0, 0.7, 0.4, 0.4])
 
+
+def test_a_heat_wave_without_a_ramp_is_a_step_from_its_start_for_its_hold() -> None:
+    """Like every other fault's window, ``[start_s, start_s + hold_s)``: in force at ``start_s`` itself
+    (a wave from t = 0 is in the first readings), no longer at its end."""
+    step = HeatWave(start_s=100.0, peak_delta_k=5.0, ramp_s=0.0, hold_s=50.0)
+    assert [step.delta_k(t) for t in (99.5, 100.0, 149.5, 150.0, 200.0)] == [0.0, 5.0, 5.0, 0.0, 0.0]
+    assert HeatWave(start_s=0.0, peak_delta_k=-3.0, ramp_s=0.0, hold_s=10.0).delta_k(0.0) == -3.0
