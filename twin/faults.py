@@ -8,7 +8,7 @@ What each fault does in ``twin.plant.Plant`` (docs/twin.md, "Faults"):
 
 * :class:`SensorDropout`: the rack publishes nothing (no card batch, loop or PDU reading).
 * :class:`StuckSensor`: the rack's readings (or one card's) repeat the values of the first reading
-  taken after ``start_s``; timestamps still advance.
+  taken at or after ``start_s``; timestamps still advance.
 * :class:`GarbageReadings`: a share of the rack's card readings are NaN (``mode="nan"``) or
   implausible numbers (``mode="garbage"``: negative power, 1e4 deg C, utilization 7...).
 * :class:`CardFailure`: the card stops (draws 0 W, cools down, refuses commands). Its job, if any,
