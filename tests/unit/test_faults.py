@@ -113,8 +113,8 @@ def test_the_defaults_of_a_garbage_fault_and_of_a_heat_wave() -> None:
     g = decode_table(GarbageReadings, {"rack": 0, "start_s": 0.0}, "scenario.toml", "faults[0]")
     assert (g.mode, g.fraction) == ("nan", 1.0)
     wave = HeatWave(start_s=1000.0, peak_delta_k=8.0)
-    hours = [1000.0 + h * 3600.0 for h in (0.5, 1.0, 5.0, 5.5, 6.0)]
-    assert [wave.delta_k(t) for t in hours] == pytest.approx([4.0, 8.0, 8.0, 4.0, 0.0])
+    hours = [1000.0 + h * 3600.0 for h in (0.25, 1.0, 5.0, 5.25, 6.0)]
+    assert [wave.delta_k(t) for t in hours] == pytest.approx([2.0, 8.0, 8.0, 6.0, 0.0])
     assert DiurnalAmbient(mean_c=20.0).temp_at_c(15 * 3600.0) == pytest.approx(25.0)
 
 
