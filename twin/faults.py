@@ -8,7 +8,7 @@ What each fault does in ``twin.plant.Plant`` (docs/twin.md, "Faults"):
 
 * :class:`SensorDropout`: the rack publishes nothing (no card batch, loop or PDU reading).
 * :class:`StuckSensor`: the rack's readings (or one card's) repeat the values of the first reading
-  taken after ``start_s``; timestamps still advance.
+  taken at or after ``start_s``; timestamps still advance.
 * :class:`GarbageReadings`: a share of the rack's card readings are NaN (``mode="nan"``) or
   implausible numbers (``mode="garbage"``: negative power, 1e4 deg C, utilization 7...).
 * :class:`CardFailure`: the card stops (draws 0 W, cools down, refuses commands). Its job, if any,
@@ -158,21 +158,22 @@ class HeatWave:
 
     def __post_init__(self) -> None:
         _check_window("HeatWave", self.start_s, self.start_s + 2 * self.ramp_s + self.hold_s + 1e-9)
+        if not (self.ramp_s >= 0 and self.hold_s >= 0):
+            raise ValueError(f"HeatWave: ramp_s and hold_s must be >= 0, got {self.ramp_s} and {self.hold_s}")
 
     def delta_k(self, t_s: float) -> float:
-        """Ambient increase at ``t_s``."""
+        """Ambient increase at ``t_s``: in force over ``[start_s, start_s + 2 ramp_s + hold_s)`` like the
+        other faults' windows, so that a wave without a ramp is a step of ``hold_s`` from ``start_s`` on
+        (in the readings of ``start_s`` itself, and no longer in those of its end)."""
         x = t_s - self.start_s
-        if x <= 0.0:
-            return 0.0
-        top = self.ramp_s
         down = self.ramp_s + self.hold_s
-        if x < top:
-            return self.peak_delta_k * x / top
+        if x < 0.0 or x >= down + self.ramp_s:
+            return 0.0
+        if x < self.ramp_s:
+            return self.peak_delta_k * x / self.ramp_s
         if x <= down:
             return self.peak_delta_k
-        if x < down + self.ramp_s:
-            return self.peak_delta_k * (1.0 - (x - down) / self.ramp_s)
-        return 0.0
+        return self.peak_delta_k * (1.0 - (x - down) / self.ramp_s)
 
 
 Fault = SensorDropout | StuckSensor | GarbageReadings | CardFailure | PumpDegradation | ColdPlateFouling | HeatWave

@@ -13,6 +13,7 @@ from twin.plant import (
     CardVariation,
     ColdPlateFouling,
     CommandError,
+    ConstantAmbient,
     DiurnalAmbient,
     GarbageReadings,
     HeatWave,
@@ -578,6 +579,61 @@ def test_sensor_faults(small_site: SiteSpec) -> None:
     b = at(99.0).racks[0].cards
     assert a is not None and b is not None
     assert a.power_w[5] == b.power_w[5] and a.power_w[6] != b.power_w[6]
+
+
+def test_each_fault_is_in_force_from_its_start_up_to_its_end(small_site: SiteSpec) -> None:
+    """Read at every second: each fault shows from the reading at its start (``start_s``, ``at_s``) up to
+    the one before its end (``end_s``, the repair), on the rack or card it names and no other: a fault
+    a step late or early at either end would shift every figure judged on the truth log. A heat wave
+    without a ramp is a step like the others: in force for its ``hold_s``, from ``start_s`` on."""
+    base = ConstantAmbient(20.0)
+    faults = [
+        SensorDropout(rack=0, start_s=3.0, end_s=6.0),
+        GarbageReadings(rack=1, start_s=4.0, end_s=7.0, mode="nan"),
+        CardFailure(card=3, at_s=5.0, repair_after_s=3.0),
+        PumpDegradation(rack=1, start_s=2.0, flow_fraction=0.5, end_s=6.0),
+        ColdPlateFouling(card=20, start_s=3.0, r_factor=4.0, end_s=7.0),
+        HeatWave(start_s=4.0, peak_delta_k=10.0, ramp_s=0.0, hold_s=3.0),
+    ]
+    p = Plant(small_site, [], faults, config=exact(ambient=base))
+    nominal_lpm = small_site.loop_flow_per_rack_lpm()
+    seen: dict[str, list[int]] = {k: [] for k in ("dropped", "nan", "failed", "slow", "fouled", "hot", "other")}
+    for t in range(11):
+        if t:
+            p.step(1.0)
+        assert p.time_s == t
+        r, tr = p.readings(), p.truth()
+        by_rack = {rr.rack: rr for rr in r.racks}
+        r1 = by_rack[1].cards
+        assert r1 is not None
+        for key, now in (
+            ("dropped", 0 not in by_rack),
+            ("nan", bool(np.all(np.isnan(r1.power_w)))),
+            ("failed", bool(tr.failed[3])),
+            ("slow", tr.rack_flow_lpm[1] == pytest.approx(0.5 * nominal_lpm)),
+            ("fouled", tr.r_total_k_per_w[20] > 1.5 * tr.r_total_k_per_w[21]),  # same rack, same flow
+            ("hot", tr.ambient_temp_c == pytest.approx(30.0)),
+        ):
+            if now:
+                seen[key].append(t)
+        # and nowhere else
+        others = (
+            tr.failed.sum() - tr.failed[3] > 0
+            or tr.rack_flow_lpm[0] != pytest.approx(nominal_lpm)
+            or np.ptp(np.delete(tr.r_total_k_per_w[16:], 4)) > 1e-12
+            or (0 in by_rack and np.isnan(by_rack[0].cards.power_w).any())  # type: ignore[union-attr]
+        )
+        if others:
+            seen["other"].append(t)
+    assert seen == {
+        "dropped": [3, 4, 5],
+        "nan": [4, 5, 6],
+        "failed": [5, 6, 7],
+        "slow": [2, 3, 4, 5],
+        "fouled": [3, 4, 5, 6],
+        "hot": [4, 5, 6],
+        "other": [],
+    }
 
 
 def test_faults_from_t0_are_in_force_before_the_first_step(small_site: SiteSpec) -> None:

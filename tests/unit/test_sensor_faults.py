@@ -100,3 +100,61 @@ def test_dropouts_overlap_and_garbage_hits_the_share_asked() -> None:
     sf.switch(GarbageReadings(rack=1, start_s=0.0, mode="nan"), on=True)
     batch, loop = sf.garble(1, rr.cards, rr.loop, rng)
     assert np.all(np.isnan(batch.power_w)) and np.isnan(loop.supply_temp_c) and np.isnan(loop.return_temp_c)
+
+
+def test_a_stuck_card_freezes_each_of_its_four_values_at_its_own_reading() -> None:
+    """Power, die temperature, utilisation and clock of the stuck card each keep the value they had
+    in the fault's first reading (not one another's); the other cards read afresh."""
+    sf = SensorFaults(n_racks=1)
+    sf.switch(StuckSensor(rack=0, start_s=0.0, card=1), on=True)
+    first = np.array([500.0, 600.0]), np.array([60.0, 70.0]), np.array([0.5, 0.9]), np.array([1980.0, 1760.0])
+    sf.freeze_stuck_cards(*first)
+    later = np.array([100.0, 200.0]), np.array([30.0, 40.0]), np.array([0.1, 0.2]), np.array([1210.0, 1320.0])
+    sf.freeze_stuck_cards(*later)
+    assert [float(a[1]) for a in later] == [600.0, 70.0, 0.9, 1760.0]
+    assert [float(a[0]) for a in later] == [100.0, 30.0, 0.1, 1210.0]
+
+
+def test_garbage_replaces_every_card_value_and_at_a_share_of_one_the_loop() -> None:
+    """``garbage``: -1234.5 W, 10,000 deg C, utilisation 7 for every card hit; at a share of 1 the loop
+    returns -273 deg C at -1 l/min (its supply left as read). ``nan``: the three card values NaN and
+    the loop's two temperatures NaN (its flow left as read)."""
+    rr = rack_reading(0, 0.0, power_w=300.0)
+    assert rr.cards is not None and rr.loop is not None
+    rng = np.random.default_rng(1)
+    sf = SensorFaults(n_racks=1)
+    sf.switch(GarbageReadings(rack=0, start_s=0.0, mode="garbage"), on=True)
+    batch, loop = sf.garble(0, rr.cards, rr.loop, rng)
+    assert np.all(batch.power_w == -1234.5) and np.all(batch.die_temp_c == 1.0e4) and np.all(batch.utilization == 7.0)
+    assert (loop.supply_temp_c, loop.return_temp_c, loop.flow_lpm) == (30.0, -273.0, -1.0)
+    sf = SensorFaults(n_racks=1)
+    sf.switch(GarbageReadings(rack=0, start_s=0.0, mode="nan"), on=True)
+    batch, loop = sf.garble(0, rr.cards, rr.loop, rng)
+    assert np.all(np.isnan(batch.utilization)) and np.all(np.isnan(batch.die_temp_c))
+    assert np.isnan(loop.supply_temp_c) and np.isnan(loop.return_temp_c) and loop.flow_lpm == 100.0
+
+
+def test_garbage_hits_each_card_with_the_share_asked_and_overlapping_windows_each_draw() -> None:
+    """A share of 0.25 hits about a quarter of the cards (not three quarters); two windows of 0.5 in
+    force together hit about 1 - 0.5 x 0.5 = 3/4 of them, and when one ends the other still hits half."""
+    big = rack_reading(0, 0.0, power_w=300.0, n=4000)
+    assert big.cards is not None and big.loop is not None
+    rng = np.random.default_rng(2)
+    sf = SensorFaults(n_racks=1)
+    quarter = GarbageReadings(rack=0, start_s=0.0, mode="garbage", fraction=0.25)
+    sf.switch(quarter, on=True)
+    batch, _ = sf.garble(0, big.cards, big.loop, rng)
+    assert 0.22 < float(np.mean(batch.power_w == -1234.5)) < 0.28
+    sf.switch(quarter, on=False)
+    a = GarbageReadings(rack=0, start_s=0.0, end_s=100.0, mode="garbage", fraction=0.5)
+    b = GarbageReadings(rack=0, start_s=10.0, mode="garbage", fraction=0.5)
+    sf.switch(a, on=True)
+    sf.switch(b, on=True)
+    batch, _ = sf.garble(0, big.cards, big.loop, rng)
+    assert 0.72 < float(np.mean(batch.power_w == -1234.5)) < 0.78
+    sf.switch(a, on=False)
+    batch, _ = sf.garble(0, big.cards, big.loop, rng)
+    assert 0.47 < float(np.mean(batch.power_w == -1234.5)) < 0.53
+    sf.switch(b, on=False)
+    batch, loop = sf.garble(0, big.cards, big.loop, rng)
+    assert batch is big.cards and loop is big.loop  # the last window ended: untouched
