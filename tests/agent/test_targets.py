@@ -483,6 +483,14 @@ def test_a_policy_that_held_no_card_misses_the_loss_bound_with_a_reason() -> Non
     (c,) = check_targets(ScenarioTargets(throughput_loss_pct_max=1.0), metrics, {"baseline": _breakdown()}, site, [])
     assert (c.met, c.measured, c.shortfall) == (False, "100.00%", "99.00 points over")
     assert c.why == "racktwin held no card all run (baseline 60.00% of the cards)"
+    # with the runs' job records: the jobs it never placed
+    work = {"baseline": [JobWork("a", 8, 0.0, 300.0)], "racktwin": [JobWork("a", 8, None, 0.0)]}
+    tg = ScenarioTargets(throughput_loss_pct_max=1.0)
+    (c,) = check_targets(tg, metrics, {"baseline": _breakdown()}, site, [], job_work=work)
+    assert c.why == (
+        "racktwin held no card all run (baseline 60.00% of the cards); by job (-300 card-s in all, 1 job differs): "
+        "a (8 cards, never placed; under baseline it was) -300 card-s (-100.00%)"
+    )
 
 
 def test_the_loss_split_names_whose_share_of_the_cards_is_whose() -> None:
