@@ -16,7 +16,6 @@ Pure functions (no I/O); ``agent.evaluate`` records :class:`JobWork` per policy 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ class JobDifference:
     start_delta_s: float | None  # placement; None: one of them never placed it
     started: tuple[bool, bool]  # placed (under P, under O)
     compute_start_delta_s: float | None = None  # first step of training; None: one of them never began
+    computing: tuple[bool, bool] = (True, True)  # began training (under P, under O)
 
 
 def job_work(records: Iterable[JobRecord]) -> tuple[JobWork, ...]:
@@ -80,14 +80,20 @@ def work_differences(p: Sequence[JobWork], o: Sequence[JobWork], min_card_s: flo
                 start_delta_s=sp - so if sp is not None and so is not None else None,
                 started=(sp is not None, so is not None),
                 compute_start_delta_s=cp - co if cp is not None and co is not None else None,
+                computing=(cp is not None, co is not None),
             )
         )
     out.sort(key=lambda d: (d.work_delta_card_s, d.job_id))
     return out
 
 
+def _same(delta_s: float) -> bool:
+    """A time difference that rounds to 0 s (the whole seconds the texts print)."""
+    return round(abs(delta_s)) == 0
+
+
 def _shift(delta_s: float) -> str:
-    if abs(delta_s) < 0.5:
+    if _same(delta_s):
         return "at the same time"
     return f"{abs(delta_s):,.0f} s {'later' if delta_s > 0 else 'earlier'}"
 
@@ -97,14 +103,21 @@ def _how(d: JobDifference, other: str) -> str:
     but computing later waited for its cards to wake or its hosts to boot. A delay explains at most
     its cards times its length in work (a card does at most one top-clock second per second); a gap
     beyond that (more than a tenth more) came after the start as well: "then ran slower" (DVFS, a
-    slower card, a rollback after a failure)."""
+    slower card, a rollback after a failure). A job placed under both that began training under only
+    one of them (its hosts still booting at the end) says so."""
     if d.start_delta_s is not None:
+        when = f"with {other}" if _same(d.start_delta_s) else f"{_shift(d.start_delta_s)} than under {other}"
+        placed = f"placed {when}"
+        if d.computing == (False, True):
+            return f"{placed}, never computing; under {other} it was"
+        if d.computing == (True, False):
+            return f"{placed}, computing; under {other} never"
         c = d.compute_start_delta_s
-        if c is not None and abs(c - d.start_delta_s) >= 0.5:  # it waited longer (or less) once placed
+        if c is not None and not _same(c - d.start_delta_s):  # it waited longer (or less) once placed
             return f"placed {_shift(d.start_delta_s)}, computing {_shift(c)} than under {other}{_after(d, c)}"
-        if abs(d.start_delta_s) < 0.5:
+        if _same(d.start_delta_s):
             return f"placed and computing with {other}, ran {'slower' if d.work_delta_card_s < 0 else 'faster'}"
-        return f"placed {_shift(d.start_delta_s)} than under {other}{_after(d, d.start_delta_s)}"
+        return f"{placed}{_after(d, d.start_delta_s)}"
     if d.started[0]:
         return f"placed; under {other} never"
     return f"never placed; under {other} it was"
@@ -123,25 +136,28 @@ def _after(d: JobDifference, delay_s: float) -> str:
 
 def describe_work_gap(p: Sequence[JobWork], o: Sequence[JobWork], other: str, top: int = 3) -> str:
     """The jobs that make most of the work difference of ``p`` against ``o`` (the policy called
-    ``other``), largest first, then the rest together, each also as a share of ``o``'s work; "" when
-    no job's work differs."""
+    ``other``), largest first, then the rest together, each also as a share of ``o``'s work (none
+    where ``o`` did no work); "" when no job's work differs."""
     diffs = work_differences(p, o)
     if not diffs:
         return ""
     o_work = sum(j.work_card_s for j in o)
-    scale = 100.0 / o_work if o_work > 0 else math.nan
+
+    def share(card_s: float) -> str:
+        return f" ({100.0 * card_s / o_work:+.2f}%)" if o_work > 0 else ""
+
     ranked = sorted(diffs, key=lambda d: -abs(d.work_delta_card_s))
     named = ranked[:top]
     parts = [
-        f"{d.job_id} ({d.n_cards} cards, {_how(d, other)}) {d.work_delta_card_s:+,.0f} card-s "
-        f"({d.work_delta_card_s * scale:+.2f}%)"
+        f"{d.job_id} ({d.n_cards} cards, {_how(d, other)}) {d.work_delta_card_s:+,.0f} card-s"
+        + share(d.work_delta_card_s)
         for d in named
     ]
     rest = ranked[top:]
     if rest:
         rest_card_s = sum(d.work_delta_card_s for d in rest)
         others = f"{len(rest)} other job{'s' if len(rest) > 1 else ''}"
-        parts.append(f"{others} {rest_card_s:+,.0f} card-s ({rest_card_s * scale:+.2f}%)")
+        parts.append(f"{others} {rest_card_s:+,.0f} card-s{share(rest_card_s)}")
     total = sum(d.work_delta_card_s for d in diffs)
     differ = "1 job differs" if len(diffs) == 1 else f"{len(diffs)} jobs differ"
     return f"by job ({total:+,.0f} card-s in all, {differ}): " + "; ".join(parts)

@@ -31,7 +31,7 @@ for every target missed, explains the miss with numbers from the same run:
   per-job work is given, the jobs that make most of the difference (``agent.job_work``);
 * **better than a policy**: the energy and throughput differences, and for less work the jobs behind
   it (one big job started later often outweighs all the rest); identical results say the two made
-  the same decisions;
+  the same decisions; "less energy" is at least 0.01% less (less by under that is a tie);
 * PUE, limits and dies: the measured values beside the bounds.
 
 Pure functions of the metrics (no I/O); ``racktwin evaluate`` prints and writes the checks.
@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 #: Relative differences below this count as identical (two policies that made the same decisions
-#: differ only in the last digits of float sums).
+#: differ only in the last digits of float sums); "less energy" means less by at least this much.
 _SAME_FRAC = 1e-4
 
 
@@ -204,6 +204,10 @@ def _saving_why(name: str, got_pct: float, ceil: SavingCeiling, baseline_hosts_k
     )
 
 
+def _better_target(tol_pct: float) -> str:
+    return "less energy at equal or more work" + (f" (within {tol_pct:g}%)" if tol_pct else "")
+
+
 def _better_than(
     name: str, other: str, m: Mapping[str, Any], o: Mapping[str, Any], tol_pct: float, by_job: Callable[[str], str]
 ) -> tuple[str, str, bool, str]:
@@ -214,17 +218,20 @@ def _better_than(
     w_p, w_o = float(m["throughput"]), float(o["throughput"])
     d_e = 100.0 * (e_p / e_o - 1.0) if e_o > 0 else math.nan
     d_w = 100.0 * (w_p / w_o - 1.0) if w_o > 0 else math.nan
-    less_energy = e_p < e_o * (1.0 - _SAME_FRAC)
+    less_energy = e_p <= e_o * (1.0 - _SAME_FRAC)  # less by at least 0.01% (less by less is a tie)
     enough_work = w_p >= w_o * (1.0 - tol_pct / 100.0)
     if abs(d_e) < 100 * _SAME_FRAC and abs(d_w) < 100 * _SAME_FRAC:
         why = f"{name} and {other} gave the same energy and work (to 0.01%): they made the same decisions"
     else:
-        shortfalls = [] if less_energy else [f"energy {d_e:+.2f}% against {other}"]
+        shortfalls = []
+        if not less_energy and e_p < e_o:  # less, but within the tie band
+            shortfalls.append(f"energy {d_e:+.3f}% against {other} (less by under 0.01% counts as equal)")
+        elif not less_energy:
+            shortfalls.append(f"energy {d_e:+.2f}% against {other}")
         if not enough_work:
             shortfalls.append(f"work {d_w:+.2f}% against {other} (tolerance {tol_pct:g}%){by_job(other)}")
         why = "; ".join(shortfalls)
-    target = "less energy at equal or more work" + (f" (within {tol_pct:g}%)" if tol_pct else "")
-    return target, f"energy {d_e:+.2f}%, work {d_w:+.2f}%", less_energy and enough_work, why
+    return _better_target(tol_pct), f"energy {d_e:+.2f}%, work {d_w:+.2f}%", less_energy and enough_work, why
 
 
 def check_targets(
@@ -253,14 +260,16 @@ def check_targets(
     checks: list[TargetCheck] = []
 
     def add(title: str, target: str, measured: str, met: bool | None, shortfall: str = "", why: str = "") -> None:
-        checks.append(TargetCheck(title, target, measured, met, "" if met else shortfall, "" if met else why))
+        # a shortfall only for a target missed; the why of one not judged says why not
+        checks.append(TargetCheck(title, target, measured, met, shortfall if met is False else "", "" if met else why))
 
     loss_budget = targets.throughput_loss_pct_max if targets.throughput_loss_pct_max is not None else 0.0
     if targets.facility_saving_pct_min is not None:
         want = targets.facility_saving_pct_min
         got = float(m.get("facility_energy_saving_pct", math.nan))
         if base is None or not math.isfinite(got):
-            add("facility saving vs baseline", f">= {want:g}%", "-", None, why="the baseline did not run")
+            why = "the baseline did not run" if base is None else "the baseline used no energy"
+            add("facility saving vs baseline", f">= {want:g}%", "-", None, why=why)
         else:
             ceil = saving_ceiling(
                 site,
@@ -284,9 +293,13 @@ def check_targets(
         want = targets.throughput_loss_pct_max
         got = float(m.get("throughput_loss_pct", math.nan))
         why = ""
-        if base is not None and math.isfinite(got):
+        if base is None or not math.isfinite(got):  # not judged
+            why = "the baseline did not run" if base is None else "the baseline did no work"
+        else:
             busy_b, busy_p = float(base["allocated_card_frac"]), float(m["allocated_card_frac"])
-            if busy_b > 0 and busy_p > 0:
+            if busy_b > 0 and busy_p <= 0:
+                why = f"{name} held no card all run (baseline {100 * busy_b:.2f}% of the cards)" + by_job("baseline")
+            elif busy_b > 0:
                 busy_loss = 100.0 * (1.0 - busy_p / busy_b)
                 speed_b = float(base["throughput"]) / busy_b
                 speed_p = float(m["throughput"]) / busy_p
@@ -353,7 +366,7 @@ def check_targets(
     tol = targets.equal_throughput_tolerance_pct
     for other in targets.better_than or ():
         if other not in metrics:
-            add(f"better than {other}", "less energy, equal or more work", "-", None, why=f"{other} did not run")
+            add(f"better than {other}", _better_target(tol), "-", None, why=f"{other} did not run")
             continue
         target, measured, met, why = _better_than(name, other, m, metrics[other], tol, by_job)
         add(f"better than {other}", target, measured, met, "", why)

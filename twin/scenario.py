@@ -147,9 +147,10 @@ class ScenarioTargets:
     Every bound is optional; a scenario without ``[targets]`` is only measured. Savings and losses
     are against the baseline policy of the same run; limit violations are rack-seconds of TRUE rack
     power over the limit from the end of the first control period. ``better_than`` names policies
-    the judged one must beat on facility energy at equal or better throughput ("equal": within
-    ``equal_throughput_tolerance_pct`` of theirs). Policy names are checked by ``racktwin evaluate``
-    (this module does not know the policies). ``reference`` says where the targets come from.
+    the judged one must beat on facility energy (by at least 0.01%: closer is a tie) at equal or
+    better throughput ("equal": within ``equal_throughput_tolerance_pct`` of theirs). Policy names
+    are checked by ``racktwin evaluate`` (this module does not know the policies). ``reference``
+    says where the targets come from.
     """
 
     policy: str = "racktwin"

@@ -123,3 +123,87 @@ def test_evaluate_records_every_jobs_work() -> None:
     base = ev.results["baseline"]
     assert {j.job_id for j in base.jobs} == {"a", "b"}
     assert sum(j.work_card_s for j in base.jobs) == pytest.approx(base.metrics["work_card_s"], rel=1e-9)
+
+
+def test_a_job_placed_under_both_that_began_training_under_one_only_says_so() -> None:
+    """Placed at the same time, but under P its hosts were still booting at the end: it never computed
+    there. It read "placed and computing with o, ran slower" (and placed later: "then ran slower")."""
+    never = describe_work_gap([JobWork("j", 64, 100.0, 0.0, None)], [JobWork("j", 64, 100.0, 5000.0, 110.0)], "o")
+    assert never == (
+        "by job (-5,000 card-s in all, 1 job differs): j (64 cards, placed with o, never computing; under o it was) "
+        "-5,000 card-s (-100.00%)"
+    )
+    later = describe_work_gap([JobWork("j", 64, 130.0, 0.0, None)], [JobWork("j", 64, 100.0, 5000.0, 110.0)], "o")
+    assert "j (64 cards, placed 30 s later than under o, never computing; under o it was) -5,000 card-s" in later
+    o = [JobWork("j", 64, 100.0, 0.0, None), JobWork("k", 8, 0.0, 1000.0, 0.0)]
+    only_p = describe_work_gap([JobWork("j", 64, 100.0, 5000.0, 110.0), o[1]], o, "o")
+    assert "j (64 cards, placed with o, computing; under o never) +5,000 card-s (+500.00%)" in only_p
+
+
+def test_times_that_print_as_0_s_count_as_the_same_time() -> None:
+    """Half a second rounds to "0 s" in the text: it read "placed 0 s later" / "computing 0 s later"."""
+    half = describe_work_gap([JobWork("j", 64, 100.5, 5000.0, 110.5)], [JobWork("j", 64, 100.0, 5100.0, 110.0)], "o")
+    assert "j (64 cards, placed and computing with o, ran slower) -100 card-s" in half
+    waited = describe_work_gap([JobWork("j", 64, 100.0, 5000.0, 110.5)], [JobWork("j", 64, 100.0, 5100.0, 110.0)], "o")
+    assert "j (64 cards, placed and computing with o, ran slower)" in waited
+    # 1.5 s prints as 2 s; 100 card-s is within 1.1 x 64 cards x 1.5 s + 64: the delay explains it
+    late = describe_work_gap([JobWork("j", 64, 101.5, 5000.0, 111.5)], [JobWork("j", 64, 100.0, 5100.0, 110.0)], "o")
+    assert "j (64 cards, placed 2 s later than under o) -100 card-s" in late
+
+
+def test_a_gap_beyond_what_the_delay_explains_is_said_to_come_after_the_start() -> None:
+    """5 cards placed 20 s later explain 1.1 x 5 x 20 = 110 card-s, plus a second of the job's work (5):
+    up to 115 card-s is the delay alone, 116 also ran slower. A job placed earlier that gained what the
+    earlier start explains ran no faster; one placed later that gained ran faster."""
+
+    def how(p: JobWork, o: JobWork) -> str:
+        return describe_work_gap([p], [o], "o")
+
+    assert "(5 cards, placed 20 s later than under o) -115 card-s" in how(
+        JobWork("s", 5, 20.0, 885.0), JobWork("s", 5, 0.0, 1000.0)
+    )
+    assert "(5 cards, placed 20 s later than under o) -113 card-s" in how(
+        JobWork("s", 5, 20.0, 887.0), JobWork("s", 5, 0.0, 1000.0)
+    )
+    assert "(5 cards, placed 20 s later than under o, then ran slower) -116 card-s" in how(
+        JobWork("s", 5, 20.0, 884.0), JobWork("s", 5, 0.0, 1000.0)
+    )
+    assert "(8 cards, placed 100 s earlier than under o) +800 card-s" in how(
+        JobWork("s", 8, 0.0, 1800.0), JobWork("s", 8, 100.0, 1000.0)
+    )
+    assert "(8 cards, placed 100 s later than under o, then ran faster) +800 card-s" in how(
+        JobWork("s", 8, 100.0, 1800.0), JobWork("s", 8, 0.0, 1000.0)
+    )
+
+
+def test_the_named_jobs_the_rest_and_the_total_add_up() -> None:
+    """Four jobs of 1,000 card-s each under o (4,000 in all): p lost 400, 300 and 100 on three and gained
+    200 on one. Named by size of the gap (3 by default), each with its signed share of o's work."""
+    o = [JobWork(j, 8, 0.0, 1000.0) for j in "abcd"]
+    p = [JobWork("a", 8, 0.0, 600.0), JobWork("b", 8, 0.0, 700.0), JobWork("c", 8, 0.0, 1200.0)]
+    p.append(JobWork("d", 8, 0.0, 900.0))
+    assert describe_work_gap(p, o, "o") == (
+        "by job (-600 card-s in all, 4 jobs differ): a (8 cards, placed and computing with o, ran slower) -400 card-s "
+        "(-10.00%); b (8 cards, placed and computing with o, ran slower) -300 card-s (-7.50%); c (8 cards, placed and "
+        "computing with o, ran faster) +200 card-s (+5.00%); 1 other job -100 card-s (-2.50%)"
+    )
+    one = describe_work_gap(p, o, "o", top=1)  # the rest summed with their signs: -300 + 200 - 100
+    assert one.startswith("by job (-600 card-s in all, 4 jobs differ): a (")
+    assert one.endswith("; 3 other jobs -200 card-s (-5.00%)")
+
+
+def test_a_job_missing_from_one_run_counts_as_no_work_there_and_ties_go_by_job_id() -> None:
+    o = [JobWork("a", 8, 0.0, 1000.0), JobWork("x", 8, 0.0, 500.0)]
+    p = [JobWork("a", 8, 0.0, 1000.0), JobWork("y", 4, 0.0, 300.0)]
+    assert [(d.job_id, d.work_delta_card_s) for d in work_differences(p, o)] == [("x", -500.0), ("y", 300.0)]
+    text = describe_work_gap(p, o, "o")
+    assert "x (8 cards, never placed; under o it was) -500 card-s (-33.33%)" in text  # of o's 1,500
+    assert "y (4 cards, placed; under o never) +300 card-s (+20.00%)" in text
+    # o did no work at all: no share of it (it read "(+nan%)")
+    assert describe_work_gap([JobWork("j", 8, 0.0, 800.0, 0.0)], [JobWork("j", 8, None, 0.0)], "o") == (
+        "by job (+800 card-s in all, 1 job differs): j (8 cards, placed; under o never) +800 card-s"
+    )
+    # equal losses: in job-id order, whatever order the records came in
+    ties = [JobWork("b", 8, 0.0, 900.0), JobWork("a", 8, 0.0, 900.0)]
+    same = [JobWork("a", 8, 0.0, 1000.0), JobWork("b", 8, 0.0, 1000.0)]
+    assert [d.job_id for d in work_differences(ties, same)] == ["a", "b"]

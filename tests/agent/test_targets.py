@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import example_site, job
+from agent_helpers import example_site, job, small_site
 from evaluate_helpers import full_load_scenario
 
 from agent.cli import main
@@ -389,3 +389,190 @@ def test_each_target_is_judged_at_its_bound_as_its_text_says() -> None:
         ScenarioTargets(facility_saving_pct_min=30.0), {"baseline": _metrics(), "racktwin": m}, br, site, [job("a", 8)]
     )
     assert alone.why == "with racktwin's levers nothing can be saved at this throughput-loss budget"  # DVFS needs one
+
+
+def test_the_saving_why_gives_each_lever_its_kwh_and_share_of_the_baseline_and_the_share_reached() -> None:
+    """Worked by hand on the example site (idle 84.5 W, low-power idle 52.8 W, lowest pump speed 1/3):
+    idle 169 kWh x (1 - 52.8/84.5) = 63.4; busy not computing 10; no computing energy (so no DVFS
+    part at any budget); fans and chiller 100 + 99 = 199; pumps 27 x (1 - 1/27) = 26; UPS 40 x 73.4 /
+    734 kWh of IT = 4: 302.4 kWh, 30.24% of 1,000; hosts 555 kWh (55.5%) have no lever (none idle);
+    15.12% saved is 50% of the bound."""
+    site = example_site()
+    b = _breakdown(
+        hosts=555.0, cards_busy_not_computing=10.0, cards_idle_awake=169.0, pumps=27.0, fans=100.0, chiller=99.0
+    )
+    b["ups_and_other"] = 40.0
+    assert sum(b.values()) == pytest.approx(1000.0)
+    metrics = {
+        "baseline": _metrics(),
+        "racktwin": _metrics(facility_energy_kwh=848.8, facility_energy_saving_pct=15.12, throughput_loss_pct=0.4),
+    }
+    tg = ScenarioTargets(facility_saving_pct_min=22.0, throughput_loss_pct_max=1.0)
+    saving, _loss = check_targets(tg, metrics, {"baseline": b}, site, [job("a", 8)])
+    assert saving.met is False and saving.measured == "15.12%" and saving.shortfall == "6.88 points short"
+    assert saving.why == (
+        "with racktwin's levers the saving is at most 30.24% of the baseline's 1,000.0 kWh at 1% throughput loss: "
+        "idle cards to low-power idle 63.4 kWh (6.34%); busy cards not computing 10.0 kWh (1.00%); computing cards "
+        "(DVFS within the loss budget) 0.0 kWh (0.00%); fans and chiller 199.0 kWh (19.90%); pumps at the lowest "
+        "speed 26.0 kWh (2.60%); UPS and other overhead 4.0 kWh (0.40%). Hosts with a busy card, switches and the "
+        "standby power of hosts off (~55.5% of the baseline) have no lever; a DVFS step saves at most 2.18x its "
+        "relative throughput loss in card power. racktwin reached 50% of that bound."
+    )
+    # the host lever, from the BASELINE's idle host- and card-seconds: 12 h of one idle host (950 W on
+    # less 50 W off: 11.4 kWh) whose 8 cards are half of the idle card-seconds: 169 x 52.8/84.5 / 2 =
+    # 52.8 kWh of them asleep; 64.2 kWh (6.42%)
+    day = 86_400.0
+    metrics["baseline"] = {**metrics["baseline"], "idle_host_s": 0.5 * day, "idle_card_s": 8 * day}
+    metrics["racktwin"] = {**metrics["racktwin"], "idle_host_s": 0.0, "idle_card_s": 0.0}
+    saving, _loss = check_targets(tg, metrics, {"baseline": b}, site, [job("a", 8)])
+    assert "; idle hosts off 64.2 kWh (6.42%);" in saving.why
+    # of hosts: 555 less the idle one's own 11.4 kWh
+    assert "standby power of hosts off (~54.4% of the baseline)" in saving.why
+
+
+def test_the_saving_ceiling_at_its_edges() -> None:
+    """The host lever only where hosts can be powered off and some host was idle; the UPS share is of
+    the whole IT energy (cards in low-power idle included); a negative loss bound allows no DVFS; a
+    baseline with no energy has no ceiling (and no division by zero)."""
+    jobs = [job("a", 8)]
+    b = _breakdown(hosts=555.0, cards_busy_not_computing=10.0, cards_idle_awake=169.0, ups_and_other=40.0)
+    day = 86_400.0
+    fixed_hosts = small_site(racks=2)  # hosts that cannot be powered off (no host power modelled)
+    assert not fixed_hosts.hosts_managed
+    c = saving_ceiling(fixed_hosts, b, 1000.0, 0.0, jobs, idle_host_s=day, idle_card_s=16 * day)
+    assert "idle hosts off" not in c.parts_kwh and c.idle_host_kwh == 0.0
+    assert "idle hosts off" not in saving_ceiling(example_site(), b, 1000.0, 0.0, jobs, idle_card_s=16 * day).parts_kwh
+    # 73.4 kWh of IT removed (63.4 idle asleep + 10 busy not computing) of 734 + 266 low-power = 1,000
+    low = saving_ceiling(example_site(), {**b, "cards_low_power": 266.0}, 1266.0, 0.0, jobs)
+    assert low.parts_kwh["UPS and other overhead"] == pytest.approx(40.0 * 73.4 / 1000.0)
+    neg = saving_ceiling(example_site(), {**b, "cards_computing": 500.0}, 1500.0, -1.0, jobs)
+    assert neg.loss_budget_pct == 0.0 and neg.parts_kwh["computing cards (DVFS within the loss budget)"] == 0.0
+    empty = saving_ceiling(example_site(), _breakdown(), 0.0, 1.0, jobs)
+    assert empty.total_kwh == 0.0 and math.isnan(empty.total_pct)
+
+
+def test_a_target_not_judged_says_why_and_is_not_short_by_nan() -> None:
+    """Without the baseline a loss is not judged: it said nothing and printed "nan points over"; a
+    baseline that ran but did no work (no jobs) or used no energy leaves nothing to compare with."""
+    from agent.commands.evaluate import format_targets
+
+    site = example_site()
+    tg = ScenarioTargets(facility_saving_pct_min=22.0, throughput_loss_pct_max=1.0)
+    alone = _metrics(facility_energy_saving_pct=math.nan, throughput_loss_pct=math.nan)
+    saving, loss = check_targets(tg, {"racktwin": alone}, {}, site, [job("a", 8)])
+    for c in (saving, loss):
+        assert (c.met, c.measured, c.shortfall, c.why) == (None, "-", "", "the baseline did not run")
+    assert format_targets("racktwin", [loss]).splitlines()[1] == (
+        "  not judged throughput loss vs baseline: - (target < 1%)"
+    )
+    idle = _metrics(throughput=0.0, allocated_card_frac=0.0, facility_energy_kwh=0.0)
+    ran = {"baseline": idle, "racktwin": {**idle, "throughput_loss_pct": math.nan}}
+    (loss,) = check_targets(ScenarioTargets(throughput_loss_pct_max=1.0), ran, {"baseline": _breakdown()}, site, [])
+    assert (loss.met, loss.shortfall, loss.why) == (None, "", "the baseline did no work")
+    ran["racktwin"]["facility_energy_saving_pct"] = math.nan
+    (saving,) = check_targets(ScenarioTargets(facility_saving_pct_min=1.0), ran, {"baseline": _breakdown()}, site, [])
+    assert (saving.met, saving.shortfall, saving.why) == (None, "", "the baseline used no energy")
+
+
+def test_a_policy_that_held_no_card_misses_the_loss_bound_with_a_reason() -> None:
+    site = example_site()
+    metrics = {
+        "baseline": _metrics(),
+        "racktwin": _metrics(throughput=0.0, allocated_card_frac=0.0, throughput_loss_pct=100.0),
+    }
+    (c,) = check_targets(ScenarioTargets(throughput_loss_pct_max=1.0), metrics, {"baseline": _breakdown()}, site, [])
+    assert (c.met, c.measured, c.shortfall) == (False, "100.00%", "99.00 points over")
+    assert c.why == "racktwin held no card all run (baseline 60.00% of the cards)"
+    # with the runs' job records: the jobs it never placed
+    work = {"baseline": [JobWork("a", 8, 0.0, 300.0)], "racktwin": [JobWork("a", 8, None, 0.0)]}
+    tg = ScenarioTargets(throughput_loss_pct_max=1.0)
+    (c,) = check_targets(tg, metrics, {"baseline": _breakdown()}, site, [], job_work=work)
+    assert c.why == (
+        "racktwin held no card all run (baseline 60.00% of the cards); by job (-300 card-s in all, 1 job differs): "
+        "a (8 cards, never placed; under baseline it was) -300 card-s (-100.00%)"
+    )
+
+
+def test_the_loss_split_names_whose_share_of_the_cards_is_whose() -> None:
+    site = example_site()
+    metrics = {
+        "baseline": _metrics(allocated_card_frac=0.6, throughput=300.0),
+        "racktwin": _metrics(allocated_card_frac=0.594, throughput=297.0, throughput_loss_pct=1.0),
+    }
+    (c,) = check_targets(ScenarioTargets(throughput_loss_pct_max=0.5), metrics, {"baseline": _breakdown()}, site, [])
+    # 1% fewer card-seconds held; 297 / 0.594 = 500 = 300 / 0.6 work per held card-second
+    assert "+1.00% card-seconds held" in c.why and "+0.00% work per held card-second" in c.why
+    assert "racktwin held 59.40% of the cards, baseline 60.00%" in c.why
+
+
+def test_better_than_at_the_edges_of_the_tie_band() -> None:
+    """Less energy means at least 0.01% less (closer is a tie, said so in the why); at exactly 0.01%
+    less it is less; equal work is enough at a tolerance of 0; energy within 0.01% and work equal are
+    the same decisions, but not work 0.05% apart; the tolerance shows in the target's text."""
+    site = example_site()
+    br = {"baseline": _breakdown()}
+
+    def judge(p: dict[str, Any], o: dict[str, Any], tol: float = 0.0) -> Any:
+        metrics = {"racktwin": p, "reactive": o}
+        (c,) = check_targets(
+            ScenarioTargets(better_than=("reactive",), equal_throughput_tolerance_pct=tol), metrics, br, site, []
+        )
+        return c
+
+    other = _metrics(facility_energy_kwh=10_000.0, throughput=300.0)
+    assert judge(_metrics(facility_energy_kwh=9999.0, throughput=300.0), other).met is True  # exactly 0.01% less
+    assert judge(_metrics(facility_energy_kwh=9995.0, throughput=300.0), other).met is True  # 0.05% less, equal work
+    tie = judge(_metrics(facility_energy_kwh=9999.5, throughput=303.0), other)  # 0.005% less, 1% more work
+    assert tie.met is False
+    assert tie.why == "energy -0.005% against reactive (less by under 0.01% counts as equal)"
+    same = judge(_metrics(facility_energy_kwh=9999.5, throughput=300.0), other)
+    assert same.met is False and same.why == (
+        "racktwin and reactive gave the same energy and work (to 0.01%): they made the same decisions"
+    )
+    apart = judge(_metrics(facility_energy_kwh=10_000.0, throughput=299.85), other)  # work -0.05%
+    assert apart.met is False
+    assert apart.why == "energy +0.00% against reactive; work -0.05% against reactive (tolerance 0%)"
+    loose = judge(_metrics(facility_energy_kwh=9000.0, throughput=299.85), other, tol=0.5)
+    assert loose.met is True and loose.target == "less energy at equal or more work (within 0.5%)"
+    absent = check_targets(
+        ScenarioTargets(better_than=("greedy",), equal_throughput_tolerance_pct=0.5), {"racktwin": other}, br, site, []
+    )
+    assert absent[0].target == "less energy at equal or more work (within 0.5%)" and absent[0].met is None
+
+
+def test_the_jobs_behind_a_miss_are_named_only_where_both_runs_recorded_them() -> None:
+    site = example_site()
+    metrics = {
+        "baseline": _metrics(),
+        "reactive": _metrics(facility_energy_kwh=1100.0),
+        "racktwin": _metrics(throughput=297.0, throughput_loss_pct=1.0),
+    }
+    same = [JobWork("a", 8, 0.0, 1000.0)]
+    tg = ScenarioTargets(throughput_loss_pct_max=0.5, better_than=("reactive",))
+    # reactive's records missing: no "by job" for it (nor a KeyError); identical records: none either
+    loss, better = check_targets(tg, metrics, {}, site, [], job_work={"racktwin": same, "baseline": same})
+    assert better.why == "work -1.00% against reactive (tolerance 0%)"
+    assert loss.why.endswith("(DVFS levels, host boots and card wake-ups)")
+
+
+def test_the_limit_die_and_pue_reasons_carry_their_own_numbers() -> None:
+    """Hand-checked texts: the measured value (not the bound), the largest rack in kW, the die maximum
+    of the site's card (92 deg C; slowdown is 87), overhead = facility - IT - cooling."""
+    site = example_site()
+    m = _metrics(
+        limit_violation_s=45.0,
+        limit_violation_episodes=2,
+        limit_violation_longest_s=40.0,
+        limit_violation_kws=12.5,
+        max_rack_power_w=51_230.0,
+        die_over_max_card_s=3.0,
+        max_die_temp_c=93.5,
+        pue=1.09,
+    )
+    tg = ScenarioTargets(limit_violation_s_max=0.0, die_over_max_card_s_max=0.0, pue_max=1.08)
+    pue, over, die = check_targets(tg, {"racktwin": m}, {}, site, [])
+    assert pue.measured == "1.0900" and pue.target == "<= 1.08"
+    assert pue.why == "cooling 40.0 kWh and other overhead 30.0 kWh on 930.0 kWh of IT energy"
+    assert over.measured == "45 rack-s" and over.target == "<= 0 rack-s"
+    assert over.why == "2 episodes, longest 40 s, 12.5 kW x s over; largest rack 51.23 kW"
+    assert die.measured == "3 card-s" and die.why == "hottest die 93.5 deg C (maximum 92 deg C)"
