@@ -188,6 +188,22 @@ def _pct(x: float) -> str:
     return f"{x:.2f}%" if math.isfinite(x) else "-"
 
 
+def _count(x: float) -> str:
+    """A count of seconds (or card-seconds) for a verdict's text: whole where it is whole, else with
+    the decimals that tell it from its neighbours (a limit missed by 0.4 s reads "0.4", not "0")."""
+    if not math.isfinite(x) or x == round(x):
+        return f"{x:,.0f}"
+    return f"{x:,.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def _fewer(loss_pct: float, word: str) -> str:
+    """A loss in percent as words: ``1.00% fewer`` for a loss, ``1.00% more`` for a gain (``word`` is
+    "fewer" or "less")."""
+    if not math.isfinite(loss_pct):
+        return f"- {word}"
+    return f"{abs(loss_pct):.2f}% {word if loss_pct >= 0 else 'more'}"
+
+
 def _saving_why(name: str, got_pct: float, ceil: SavingCeiling, baseline_hosts_kwh: float) -> str:
     """Why a facility saving falls short: the ceiling of the policy's levers, part by part."""
     if ceil.total_pct <= 0:
@@ -305,10 +321,10 @@ def check_targets(
                 speed_p = float(m["throughput"]) / busy_p
                 speed_loss = 100.0 * (1.0 - speed_p / speed_b) if speed_b > 0 else math.nan
                 why = (
-                    f"{busy_loss:+.2f}% card-seconds held (when jobs ran: placement, queue order, jobs "
-                    f"still queued at the end; {name} held {100 * busy_p:.2f}% of the cards, baseline "
-                    f"{100 * busy_b:.2f}%) and {speed_loss:+.2f}% work per held card-second (DVFS levels, host "
-                    f"boots and card wake-ups)"
+                    f"{_fewer(busy_loss, 'fewer')} card-seconds held (when jobs ran: placement, queue order, "
+                    f"jobs still queued at the end; {name} held {100 * busy_p:.2f}% of the cards, baseline "
+                    f"{100 * busy_b:.2f}%) and {_fewer(speed_loss, 'less')} work per held card-second (DVFS "
+                    f"levels, host boots and card wake-ups)"
                 ) + by_job("baseline")
         add(
             "throughput loss vs baseline",
@@ -332,11 +348,18 @@ def check_targets(
         )
 
     def at_most(title: str, key: str, bound: float | None, unit: str, over: str, why: str) -> None:
-        """An upper bound on one metric (counts of seconds, rounded to whole ones in the text)."""
+        """An upper bound on one metric (counts of seconds: whole ones in the text where they are whole)."""
         if bound is None:
             return
         got = float(m[key])
-        add(title, f"<= {bound:g} {unit}", f"{got:,.0f} {unit}", got <= bound, f"{got - bound:,.0f} {unit} {over}", why)
+        add(
+            title,
+            f"<= {bound:g} {unit}",
+            f"{_count(got)} {unit}",
+            got <= bound,
+            f"{_count(got - bound)} {unit} {over}",
+            why,
+        )
 
     at_most(
         "true rack power over a limit",

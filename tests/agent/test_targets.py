@@ -169,7 +169,7 @@ def test_a_throughput_loss_is_split_into_busy_card_seconds_and_speed() -> None:
         ScenarioTargets(throughput_loss_pct_max=1.0), metrics, {"baseline": _breakdown()}, site, [job("a", 8)]
     )
     assert c.met is False and c.shortfall == "0.99 points over"
-    assert "+1.00% card-seconds held" in c.why and "+1.00% work per held card-second" in c.why
+    assert "1.00% fewer card-seconds held" in c.why and "1.00% less work per held card-second" in c.why
 
 
 def test_better_than_needs_less_energy_at_equal_or_more_work_and_names_identical_runs() -> None:
@@ -211,6 +211,17 @@ def test_limits_dies_and_pue_report_the_measured_numbers_when_missed() -> None:
     assert longest.shortfall == "10 s too long"
     assert "hottest die 93.5 deg C" in die.why
     assert pue.shortfall == "0.0100 over"
+
+
+def test_a_bound_missed_by_less_than_a_second_shows_the_fraction() -> None:
+    """At steps under a second a limit can be missed by 0.4 rack-s: the verdict reads "0.4 rack-s
+    over", not "0 rack-s over" next to MISSED; whole counts stay whole; 42.3 s reads 42.3 s."""
+    site = example_site()
+    m = _metrics(limit_violation_s=0.4, limit_violation_episodes=1, limit_violation_longest_s=42.3)
+    tg = ScenarioTargets(limit_violation_s_max=0.0, limit_violation_longest_s_max=30.0)
+    over, longest = check_targets(tg, {"racktwin": m}, {}, site, [])
+    assert over.met is False and over.shortfall == "0.4 rack-s over" and over.measured == "0.4 rack-s"
+    assert longest.met is False and longest.shortfall == "12.3 s too long" and longest.measured == "42.3 s"
 
 
 def test_targets_without_the_baseline_or_a_named_policy_are_not_judged() -> None:
@@ -501,8 +512,22 @@ def test_the_loss_split_names_whose_share_of_the_cards_is_whose() -> None:
     }
     (c,) = check_targets(ScenarioTargets(throughput_loss_pct_max=0.5), metrics, {"baseline": _breakdown()}, site, [])
     # 1% fewer card-seconds held; 297 / 0.594 = 500 = 300 / 0.6 work per held card-second
-    assert "+1.00% card-seconds held" in c.why and "+0.00% work per held card-second" in c.why
+    assert "1.00% fewer card-seconds held" in c.why and "0.00% less work per held card-second" in c.why
     assert "racktwin held 59.40% of the cards, baseline 60.00%" in c.why
+
+
+def test_the_loss_split_says_more_card_seconds_held_where_the_policy_held_more() -> None:
+    """The split's signs in words: a policy that held 1% more card-seconds than the baseline
+    (0.606 / 0.6) lost its work per held card-second: 297 / 0.606 = 490.10 against 300 / 0.6 = 500,
+    1.98% less (it read "-1.00% card-seconds held", a minus that looked like the loss)."""
+    site = example_site()
+    metrics = {
+        "baseline": _metrics(allocated_card_frac=0.6, throughput=300.0),
+        "racktwin": _metrics(allocated_card_frac=0.606, throughput=297.0, throughput_loss_pct=1.0),
+    }
+    (c,) = check_targets(ScenarioTargets(throughput_loss_pct_max=0.5), metrics, {"baseline": _breakdown()}, site, [])
+    assert c.met is False
+    assert "1.00% more card-seconds held" in c.why and "1.98% less work per held card-second" in c.why
 
 
 def test_better_than_at_the_edges_of_the_tie_band() -> None:
