@@ -116,14 +116,14 @@ def test_the_resistance_handed_on_is_clipped_to_0_9_to_3_times_the_spec_the_jour
 
 def test_the_journal_is_used_until_the_estimator_is_confident_and_bad_entries_are_ignored() -> None:
     cal = Calibration(SITE)
-    cards = np.array([1, 2, -1, N, 5, 6], dtype=np.int64)
-    r = np.array([1.3, 1.4, 1.0, 1.0, np.nan, 0.0]) * R_SPEC[0]
-    leak = np.array([1.1, 1.2, 9.0, 9.0, 9.0, 9.0])
+    cards = np.array([0, 1, 2, -1, N, 5, 6], dtype=np.int64)
+    r = np.array([1.2, 1.3, 1.4, 1.0, 1.0, np.nan, 0.0]) * R_SPEC[0]
+    leak = np.array([np.nan, 1.1, 1.2, 9.0, 9.0, 9.0, 9.0])
     cal.load(cards, r, leak)  # a card out of range, a NaN and a zero resistance are left out
     got_cards, got_r, got_leak = cal.calibrated()
-    assert got_cards.tolist() == [1, 2]
-    np.testing.assert_allclose(got_r, [1.3 * R_SPEC[0], 1.4 * R_SPEC[0]])
-    np.testing.assert_allclose(got_leak, [1.1, 1.2])
+    assert got_cards.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(got_r, [1.2 * R_SPEC[0], 1.3 * R_SPEC[0], 1.4 * R_SPEC[0]])
+    np.testing.assert_allclose(got_leak, [1.0, 1.1, 1.2])  # a resistance without a leakage scale: the spec's
     assert cal.r_total_k_per_w()[5] == R_SPEC[5] and cal.r_total_k_per_w()[6] == R_SPEC[6]
     # the estimator overrides the journal where it is confident, wherever the estimate lies
     cal.update(estimates(0.0, {2: 1.0}, leak={2: 0.8}))
@@ -131,5 +131,6 @@ def test_the_journal_is_used_until_the_estimator_is_confident_and_bad_entries_ar
     assert r_now[1] == pytest.approx(1.3 * R_SPEC[0])
     assert r_now[2] == pytest.approx(1.0 * R_SPEC[2])
     got_cards, got_r, got_leak = cal.calibrated()
-    assert got_cards.tolist() == [1, 2]
-    np.testing.assert_allclose(got_leak, [1.1, 0.8])
+    assert got_cards.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(got_r, [1.2 * R_SPEC[0], 1.3 * R_SPEC[0], 1.0 * R_SPEC[2]])  # journaled: the estimate
+    np.testing.assert_allclose(got_leak, [1.0, 1.1, 0.8])
