@@ -4,6 +4,8 @@ journal's, else the spec's, kept between 0.9 and 3 times the spec's."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from agent_helpers import small_site
@@ -101,6 +103,25 @@ def test_a_report_without_a_time_counts_at_the_latest_time() -> None:
     cal.update(estimates(float("nan"), {0: 1.1}))  # not a step back, not 120 s on: both count
     assert cal.r_total_k_per_w()[0] == pytest.approx(2.0 * R_SPEC[0])
     cal.update(estimates(1121.0, {0: 1.1}))
+    assert cal.r_total_k_per_w()[0] == pytest.approx(1.1 * R_SPEC[0])
+
+
+def test_reports_without_a_newer_time_keep_the_largest_in_one_entry_whatever_their_number() -> None:
+    cal = Calibration(SITE)
+    cal.update(estimates(0.0, {0: 1.5}))
+    cal.update(estimates(100.0, {0: 1.2}))
+    # telemetry lost: the estimator's time stands still at 100 s while decisions go on (one every 15 s)
+    tracemalloc.start()
+    before, _peak = tracemalloc.get_traced_memory()
+    for k in range(5000):
+        cal.update(estimates(100.0, {0: 1.3 if k == 0 else 1.1}))
+    after, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert after - before < 50_000  # not 5,000 reports' arrays (~2 MB)
+    assert cal.r_total_k_per_w()[0] == pytest.approx(1.5 * R_SPEC[0])
+    cal.update(estimates(121.0, {0: 1.1}))  # t = 0 is older than the hold; the reports of t = 100 are not
+    assert cal.r_total_k_per_w()[0] == pytest.approx(1.3 * R_SPEC[0])
+    cal.update(estimates(221.0, {0: 1.1}))  # now they are
     assert cal.r_total_k_per_w()[0] == pytest.approx(1.1 * R_SPEC[0])
 
 
