@@ -65,7 +65,12 @@ class Calibration:
         t = float(est.time_s) if math.isfinite(est.time_s) else (self._r_hist[-1][0] if self._r_hist else 0.0)
         while self._r_hist and self._r_hist[-1][0] > t:  # the site clock stepped back
             self._r_hist.pop()
-        self._r_hist.append((t, r_now))
+        if self._r_hist and self._r_hist[-1][0] == t:
+            # no newer reading (telemetry lost, a decision between two readings): one entry per time,
+            # else the history grows without bound while the estimator's time stands still
+            self._r_hist[-1] = (t, np.fmax(self._r_hist[-1][1], r_now))
+        else:
+            self._r_hist.append((t, r_now))
         while self._r_hist[0][0] < t - _CALIBRATION_HOLD_S:
             self._r_hist.popleft()
         self._r_est = np.asarray(np.fmax.reduce([r for _t, r in self._r_hist]), dtype=np.float64)

@@ -4,6 +4,8 @@ journal's, else the spec's, kept between 0.9 and 3 times the spec's."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from agent_helpers import small_site
@@ -104,6 +106,25 @@ def test_a_report_without_a_time_counts_at_the_latest_time() -> None:
     assert cal.r_total_k_per_w()[0] == pytest.approx(1.1 * R_SPEC[0])
 
 
+def test_reports_without_a_newer_time_keep_the_largest_in_one_entry_whatever_their_number() -> None:
+    cal = Calibration(SITE)
+    cal.update(estimates(0.0, {0: 1.5}))
+    cal.update(estimates(100.0, {0: 1.2}))
+    # telemetry lost: the estimator's time stands still at 100 s while decisions go on (one every 15 s)
+    tracemalloc.start()
+    before, _peak = tracemalloc.get_traced_memory()
+    for k in range(5000):
+        cal.update(estimates(100.0, {0: 1.3} if k == 0 else {}))  # then card 0 unknown
+    after, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert after - before < 50_000  # not 5,000 reports' arrays (~2 MB)
+    assert cal.r_total_k_per_w()[0] == pytest.approx(1.5 * R_SPEC[0])
+    cal.update(estimates(121.0, {0: 1.1}))  # t = 0 is older than the hold; the reports of t = 100 are not
+    assert cal.r_total_k_per_w()[0] == pytest.approx(1.3 * R_SPEC[0])
+    cal.update(estimates(221.0, {0: 1.1}))  # now they are
+    assert cal.r_total_k_per_w()[0] == pytest.approx(1.1 * R_SPEC[0])
+
+
 def test_the_resistance_handed_on_is_clipped_to_0_9_to_3_times_the_spec_the_journal_keeps_the_estimate() -> None:
     cal = Calibration(SITE)
     cal.update(estimates(0.0, {0: 0.5, 1: 5.0, 2: 0.9, 3: 3.0}))
@@ -116,14 +137,14 @@ def test_the_resistance_handed_on_is_clipped_to_0_9_to_3_times_the_spec_the_jour
 
 def test_the_journal_is_used_until_the_estimator_is_confident_and_bad_entries_are_ignored() -> None:
     cal = Calibration(SITE)
-    cards = np.array([1, 2, -1, N, 5, 6], dtype=np.int64)
-    r = np.array([1.3, 1.4, 1.0, 1.0, np.nan, 0.0]) * R_SPEC[0]
-    leak = np.array([1.1, 1.2, 9.0, 9.0, 9.0, 9.0])
+    cards = np.array([0, 1, 2, -1, N, 5, 6], dtype=np.int64)
+    r = np.array([1.2, 1.3, 1.4, 1.0, 1.0, np.nan, 0.0]) * R_SPEC[0]
+    leak = np.array([np.nan, 1.1, 1.2, 9.0, 9.0, 9.0, 9.0])
     cal.load(cards, r, leak)  # a card out of range, a NaN and a zero resistance are left out
     got_cards, got_r, got_leak = cal.calibrated()
-    assert got_cards.tolist() == [1, 2]
-    np.testing.assert_allclose(got_r, [1.3 * R_SPEC[0], 1.4 * R_SPEC[0]])
-    np.testing.assert_allclose(got_leak, [1.1, 1.2])
+    assert got_cards.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(got_r, [1.2 * R_SPEC[0], 1.3 * R_SPEC[0], 1.4 * R_SPEC[0]])
+    np.testing.assert_allclose(got_leak, [1.0, 1.1, 1.2])  # a resistance without a leakage scale: the spec's
     assert cal.r_total_k_per_w()[5] == R_SPEC[5] and cal.r_total_k_per_w()[6] == R_SPEC[6]
     # the estimator overrides the journal where it is confident, wherever the estimate lies
     cal.update(estimates(0.0, {2: 1.0}, leak={2: 0.8}))
@@ -131,5 +152,6 @@ def test_the_journal_is_used_until_the_estimator_is_confident_and_bad_entries_ar
     assert r_now[1] == pytest.approx(1.3 * R_SPEC[0])
     assert r_now[2] == pytest.approx(1.0 * R_SPEC[2])
     got_cards, got_r, got_leak = cal.calibrated()
-    assert got_cards.tolist() == [1, 2]
-    np.testing.assert_allclose(got_leak, [1.1, 0.8])
+    assert got_cards.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(got_r, [1.2 * R_SPEC[0], 1.3 * R_SPEC[0], 1.0 * R_SPEC[2]])  # journaled: the estimate
+    np.testing.assert_allclose(got_leak, [1.0, 1.1, 0.8])

@@ -59,6 +59,12 @@ def test_the_pdu_part_is_smoothed_and_budgeted_beyond_its_dead_band() -> None:
     up.update_pdu(pdu_reading(500.0, (0.0, 1000.0)), ())
     up.update_pdu(pdu_reading(500.0, (0.0, 1000.0)), ())
     assert up.budget_w()[1] == pytest.approx(210.0)
+    # nor is a PDU reading below its cards and hosts a credit against an excess already measured:
+    # it counts as no excess, the part falling as slowly as ever (0.7 x 1000 = 700, not 0.7 x 1000 - 300)
+    for _ in range(60):
+        up.update_pdu(pdu_reading(500.0, (1000.0, 0.0)), ())
+    up.update_pdu(pdu_reading(500.0, (-1000.0, 0.0)), ())
+    assert up.budget_w()[0] == pytest.approx(0.7 * 1000.0 - 300.0, abs=1e-3)  # 400 W
 
 
 def test_failed_cards_and_cards_without_a_reading_count_for_nothing_in_the_pdu_part() -> None:
@@ -154,10 +160,60 @@ def test_the_cards_part_of_a_rack_sums_its_busy_cards_and_is_dropped_when_anothe
     )
     up.update_cards(card_reading(load, high, 92.0), moved, seen, set())  # no new reading yet
     np.testing.assert_allclose(up.budget_w(), [200.0, 0.0])  # card 8's only
-    # job "b" ends: its card is idle, its part no longer budgeted
+    # "a2"'s first reading of card 0 has no earlier one of its job to compare with: taken alone
+    # (1500 W, not what "a"'s last reading of 500 W and it both show)
+    up.update_cards(card_reading(load, {0: 1500.0, 8: 500.0}, 93.0), moved, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [1500.0 + 500.0 - 300.0, 0.0])
+    # job "b" ends (and "a" holds card 0 again: "a2"'s part is dropped): nothing budgeted
     ended = SiteLoad(jobs=load.jobs[:1], card_job=np.where(load.card_job == 1, -1, load.card_job), failed=load.failed)
     up.update_cards(card_reading(load, high, 92.0), ended, seen, set())
     np.testing.assert_allclose(up.budget_w(), [0.0, 0.0])
+
+
+def test_a_further_rise_also_needs_two_readings_and_a_failsafe_reading_is_not_one_of_them() -> None:
+    load = site_load(SITE, computing())
+    seen = np.ones(N, dtype=bool)
+    up = UnexplainedPower(SITE)
+    for t in (91.0, 92.0):
+        up.update_cards(card_reading(load, {0: 1000.0}, t), load, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [700.0, 0.0])
+    # a rise on top of a part held: one reading is a level change, the part stays at what both show
+    up.update_cards(card_reading(load, {0: 2000.0}, 93.0), load, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [700.0, 0.0])
+    up.update_cards(card_reading(load, {0: 2000.0}, 94.0), load, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [1700.0, 0.0])
+    # card 1 reads 1000 W above the model while its rack is at fail-safe caps: that reading is no
+    # observation, so the next one alone does not show a rise
+    up.update_cards(card_reading(load, {0: 2000.0}, 95.0), load, seen, set())
+    up.update_cards(card_reading(load, {0: 2000.0, 1: 1000.0}, 96.0), load, seen, {0})
+    up.update_cards(card_reading(load, {0: 2000.0, 1: 1000.0}, 97.0), load, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [1700.0, 0.0])
+    up.update_cards(card_reading(load, {0: 2000.0, 1: 1000.0}, 98.0), load, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [2700.0, 0.0])
+
+
+def test_a_card_below_the_model_offsets_its_racks_cards_part_slowly_but_never_its_pdu_part() -> None:
+    load = site_load(SITE, computing())
+    seen = np.ones(N, dtype=bool)
+    up = UnexplainedPower(SITE)
+    # card 0 1000 W above the model, card 1 500 W below: the rack's cards draw their sum above it;
+    # card 1's fall from 0 is smoothed: 0.3 x -500 = -150, then 0.7 x -150 + 0.3 x -500 = -255
+    for t in (91.0, 92.0):
+        up.update_cards(card_reading(load, {0: 1000.0, 1: -500.0}, t), load, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [1000.0 - 255.0 - 300.0, 0.0])  # 445 W
+    for t in range(93, 153):
+        up.update_cards(card_reading(load, {0: 1000.0, 1: -500.0}, float(t)), load, seen, set())
+    np.testing.assert_allclose(up.budget_w(), [1000.0 - 500.0 - 300.0, 0.0], atol=1e-3)  # 200 W
+    # a rack whose cards draw less than the model: no credit against what its PDU shows
+    up2 = UnexplainedPower(SITE)
+    for t in (91.0, 92.0):  # card 0: -300, then 0.7 x -300 + 0.3 x -1000 = -510
+        up2.update_cards(card_reading(load, {0: -1000.0}, t), load, seen, set())
+    up2.update_pdu(pdu_reading(500.0, (4000.0, 0.0)), ())  # 0.3 x 4000 = 1200 W
+    np.testing.assert_allclose(up2.budget_w(), [900.0, 0.0])
+    assert up2.notes(1000.0) == [
+        f"{SITE.rack_names[0]} draws 1.20 kW more than the twin predicts at the settings in force (its cards "
+        "0.00 kW beyond the power model of their work, its PDU 1.20 kW beyond its cards and hosts): budgeted"
+    ]
 
 
 def test_after_the_clock_went_back_earlier_readings_are_new() -> None:
