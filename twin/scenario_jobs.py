@@ -30,8 +30,9 @@ from twin.workload import (
     load_trace,
 )
 
-#: Job ids must be valid on the wire (``agent.wire``: publisher/job ids).
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+#: Job ids must be valid on the wire (``agent.wire``: publisher/job ids). ``\Z``, not ``$``: ``$`` also
+#: matches before a final newline, so ``"a\n"`` (or 128 characters and a newline) would pass.
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}\Z")
 
 #: Smallest ``[workload] allocation_tolerance``: one day's offered allocation moves in steps of its
 #: heavy-tailed jobs (a 256-card job running an hour is 0.6% of a day of the example site), so on

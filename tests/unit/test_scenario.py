@@ -361,6 +361,8 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         ({"duration_s": 0.5}, "duration_s", "shorter than one plant step"),
         ({"jobs": [{"id": "a", "n_cards": 8}]}, "jobs[0].duration_s", "exactly one of duration_s and work_steps"),
         ({"jobs": [{"id": "a b", "n_cards": 8, "duration_s": 10}]}, "jobs[0].id", "wire identifier"),
+        # a final newline is not a character of an id ("$" alone let it through)
+        ({"jobs": [{"id": "a\n", "n_cards": 8, "duration_s": 10}]}, "jobs[0].id", "job id 'a\\n': use 1-128 of"),
         ({"jobs": [{"id": "a", "n_cards": 9999, "duration_s": 10}]}, "jobs[0].n_cards", "the site has 512"),
         (
             {"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10}, {"id": "a", "n_cards": 8, "duration_s": 10}]},
