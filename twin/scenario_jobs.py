@@ -129,6 +129,13 @@ def generator_config(site: SiteSpec, w: WorkloadSection, phases: PhaseModel, sou
             raise SpecError(
                 source, "workload.max_cards", f"must be at least one whole host ({host} cards), got {w.max_cards}"
             )
+        if w.max_cards % host:
+            raise SpecError(
+                source,
+                "workload.max_cards",
+                f"must be a whole number of hosts ({host} cards each: the generator's sizes are multiples of "
+                f"{host}), got {w.max_cards} (it would act as {w.max_cards // host * host})",
+            )
         if w.max_cards > site.n_cards:
             raise SpecError(
                 source,

@@ -728,6 +728,23 @@ def test_input_files_are_the_files_the_scenario_was_read_from(tmp_path: Path) ->
 # ---- where the jobs come from: bounds and rules (expected values worked out by hand) ------------
 
 
+def test_max_cards_is_a_whole_number_of_hosts_from_one_host_to_the_site(site: SiteSpec) -> None:
+    """`max_cards` bounds every generated job; 8 (one host) and the site's 512 cards are both allowed
+    (docs/sim.md: "8 (one host) up to the site's cards"); a size between two whole hosts is refused
+    (12 acted as 8: the generator's sizes are multiples of 8)."""
+    base = {"name": "x", "duration_s": 3600.0, "seed": 3}
+    one_host = run_scenario_from_dict({**base, "workload": {"max_cards": 8}}, source="x", site=site)
+    assert one_host.jobs and {j.n_cards for j in one_host.jobs} == {8}
+    assert max(j.n_cards for j in run_scenario_from_dict(base, source="x", site=site).jobs) > 8  # the default's are not
+    whole_site = run_scenario_from_dict({**base, "workload": {"max_cards": 512}}, source="x", site=site)
+    assert whole_site.jobs and max(j.n_cards for j in whole_site.jobs) <= 512
+    msg = _bad(site, {"workload": {"max_cards": 12}}, base={**base, "name": "bad"})
+    assert msg == (
+        "bad.toml: workload.max_cards: must be a whole number of hosts (8 cards each: the generator's sizes are "
+        "multiples of 8), got 12 (it would act as 8)"
+    ), msg
+
+
 def test_the_smallest_duration_scale_is_one_sixtieth(site: SiteSpec) -> None:
     """docs/sim.md: duration_scale is at least 1/60, so that the shortest generated job (60 s of
     training before scaling) lasts one plant step: 1/60 itself is allowed."""
