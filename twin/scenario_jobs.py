@@ -30,8 +30,9 @@ from twin.workload import (
     load_trace,
 )
 
-#: Job ids must be valid on the wire (``agent.wire``: publisher/job ids).
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+#: Job ids must be valid on the wire (``agent.wire``: publisher/job ids). ``\Z``, not ``$``: ``$`` also
+#: matches before a final newline, so ``"a\n"`` (or 128 characters and a newline) would pass.
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}\Z")
 
 #: Smallest ``[workload] allocation_tolerance``: one day's offered allocation moves in steps of its
 #: heavy-tailed jobs (a 256-card job running an hour is 0.6% of a day of the example site), so on
@@ -127,6 +128,13 @@ def generator_config(site: SiteSpec, w: WorkloadSection, phases: PhaseModel, sou
         if w.max_cards < host:
             raise SpecError(
                 source, "workload.max_cards", f"must be at least one whole host ({host} cards), got {w.max_cards}"
+            )
+        if w.max_cards % host:
+            raise SpecError(
+                source,
+                "workload.max_cards",
+                f"must be a whole number of hosts ({host} cards each: the generator's sizes are multiples of "
+                f"{host}), got {w.max_cards} (it would act as {w.max_cards // host * host})",
             )
         if w.max_cards > site.n_cards:
             raise SpecError(

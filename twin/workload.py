@@ -600,8 +600,8 @@ def read_csv_table(path: str | Path) -> CsvTable:
 
     Raises :class:`CsvError` naming the file, line and column when the file cannot be read, is not
     UTF-8, names a column twice, or has a data line with more or fewer fields than the header has
-    columns. An empty file is a table with no header; a header alone is a table with no rows (the
-    caller says what it expected).
+    columns (each line is one record: a quoted field may not span lines). An empty file is a table
+    with no header; a header alone is a table with no rows (the caller says what it expected).
     """
     source = str(path)
     try:
@@ -621,16 +621,21 @@ def read_csv_table(path: str | Path) -> CsvTable:
     ]
     if not numbered:
         return CsvTable(source, 0, (), ())
-    parsed = list(csv.reader([line for _, line in numbered]))
+    # one record per line: a quote left open on one line must not swallow the lines after it (a
+    # field spanning lines would leave fewer records than lines, and no line to name)
+    parsed = [next(csv.reader([line]), []) for _, line in numbered]
     header_line = numbered[0][0]
     header = tuple(h.strip() for h in parsed[0])
     if len(set(header)) != len(header):
         dup = next(c for c in header if header.count(c) > 1)
         raise CsvError(source, header_line, dup, "column appears twice")
     rows: list[tuple[int, tuple[str, ...]]] = []
-    for (lineno, _), row in zip(numbered[1:], parsed[1:], strict=True):
+    for (lineno, line), row in zip(numbered[1:], parsed[1:], strict=True):
         if len(row) != len(header):
-            raise CsvError(source, lineno, "", f"expected {len(header)} fields (one per header column), got {len(row)}")
+            quote = "; a quoted field must end on its line" if line.count('"') % 2 else ""
+            raise CsvError(
+                source, lineno, "", f"expected {len(header)} fields (one per header column), got {len(row)}{quote}"
+            )
         rows.append((lineno, tuple(v.strip() for v in row)))
     return CsvTable(source, header_line, header, tuple(rows))
 

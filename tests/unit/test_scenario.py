@@ -24,11 +24,13 @@ from twin.scenario import (
     build_plant,
     default_run_scenario,
     load_run_scenario,
+    offered_allocation,
     run_scenario_from_dict,
 )
+from twin.scenario_jobs import WorkloadSection, check_generated_count, generator_config
 from twin.spec import SiteSpec
-from twin.tables import SpecError
-from twin.workload import Phase, PhaseModel
+from twin.tables import SpecError, decode_table
+from twin.workload import KALOS, GeneratorConfig, JobSpec, Phase, PhaseModel, generate_jobs
 
 pytestmark = pytest.mark.unit
 
@@ -361,6 +363,8 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         ({"duration_s": 0.5}, "duration_s", "shorter than one plant step"),
         ({"jobs": [{"id": "a", "n_cards": 8}]}, "jobs[0].duration_s", "exactly one of duration_s and work_steps"),
         ({"jobs": [{"id": "a b", "n_cards": 8, "duration_s": 10}]}, "jobs[0].id", "wire identifier"),
+        # a final newline is not a character of an id ("$" alone let it through)
+        ({"jobs": [{"id": "a\n", "n_cards": 8, "duration_s": 10}]}, "jobs[0].id", "job id 'a\\n': use 1-128 of"),
         ({"jobs": [{"id": "a", "n_cards": 9999, "duration_s": 10}]}, "jobs[0].n_cards", "the site has 512"),
         (
             {"jobs": [{"id": "a", "n_cards": 8, "duration_s": 10}, {"id": "a", "n_cards": 8, "duration_s": 10}]},
@@ -719,3 +723,248 @@ def test_input_files_are_the_files_the_scenario_was_read_from(tmp_path: Path) ->
     )
     given = load_run_scenario(EXAMPLES / "sim-trace.toml", duration_s=60.0, site=sc.site)
     assert given.input_files == (EXAMPLES / "sim-trace.toml", EXAMPLES / "sim-trace.csv")  # the caller's site
+
+
+# ---- where the jobs come from: bounds and rules (expected values worked out by hand) ------------
+
+
+def test_max_cards_is_a_whole_number_of_hosts_from_one_host_to_the_site(site: SiteSpec) -> None:
+    """`max_cards` bounds every generated job; 8 (one host) and the site's 512 cards are both allowed
+    (docs/sim.md: "8 (one host) up to the site's cards"); a size between two whole hosts is refused
+    (12 acted as 8: the generator's sizes are multiples of 8)."""
+    base = {"name": "x", "duration_s": 3600.0, "seed": 3}
+    one_host = run_scenario_from_dict({**base, "workload": {"max_cards": 8}}, source="x", site=site)
+    assert one_host.jobs and {j.n_cards for j in one_host.jobs} == {8}
+    assert max(j.n_cards for j in run_scenario_from_dict(base, source="x", site=site).jobs) > 8  # the default's are not
+    whole_site = run_scenario_from_dict({**base, "workload": {"max_cards": 512}}, source="x", site=site)
+    assert whole_site.jobs and max(j.n_cards for j in whole_site.jobs) <= 512
+    msg = _bad(site, {"workload": {"max_cards": 12}}, base={**base, "name": "bad"})
+    assert msg == (
+        "bad.toml: workload.max_cards: must be a whole number of hosts (8 cards each: the generator's sizes are "
+        "multiples of 8), got 12 (it would act as 8)"
+    ), msg
+
+
+def test_the_smallest_duration_scale_is_one_sixtieth(site: SiteSpec) -> None:
+    """docs/sim.md: duration_scale is at least 1/60, so that the shortest generated job (60 s of
+    training before scaling) lasts one plant step: 1/60 itself is allowed."""
+    data = {"name": "x", "duration_s": 600.0, "seed": 1, "workload": {"duration_scale": 1 / 60}}
+    sc = run_scenario_from_dict(data, source="x", site=site)
+    fresh = [j for j in sc.jobs if j.job_id not in sc.running_at_start]
+    assert fresh and min(j.duration_s for j in fresh) >= 1.0 - 1e-9
+
+
+@pytest.mark.parametrize(
+    ("supernodes", "duration_s", "workload", "refused"),
+    [
+        # docs/sim.md and MAX_GENERATED_JOBS: a year of 4 supernodes (2,048 cards) at 65% fits
+        # (measured: 1.53 million jobs); at 100% it is ~1.53 / 0.65 = 2.35 million: refused
+        (4, 365 * 86400.0, {}, False),
+        (4, 365 * 86400.0, {"target_allocation": 1.0}, True),
+        # a year of the example site is ~380,000 jobs: ~742 per card over a year and its 625,800 s
+        # window, so the window alone is ~14.4 per card; 400 supernodes (204,800 cards): ~2.96
+        # million for a warm-started minute (refused), ~280 for a cold one
+        (400, 60.0, {}, True),
+        (400, 60.0, {"warm_start": False}, False),
+    ],
+)
+def test_the_generated_count_is_judged_from_the_rate_the_target_and_the_warm_start_window(
+    site: SiteSpec, supernodes: int, duration_s: float, workload: dict[str, Any], refused: bool
+) -> None:
+    """Judged before drawing (the accepted cases are not drawn here: a year of 2,048 cards takes ~47 s)."""
+    big = site.with_supernodes(supernodes)
+    w = decode_table(WorkloadSection, workload, "x.toml", "workload")
+    cfg = generator_config(big, w, PhaseModel(), "x.toml")
+    if not refused:
+        check_generated_count(big, duration_s, w, cfg, "x.toml")
+        return
+    with pytest.raises(SpecError, match=r"^x\.toml: workload: the generator would draw about "):
+        check_generated_count(big, duration_s, w, cfg, "x.toml")
+
+
+def test_a_tolerance_no_seed_meets_names_the_closest_of_all_seeds_tried(site: SiteSpec) -> None:
+    """A cold 10-minute run offers less than 100% whatever the seed, so the closest is the largest
+    offer: the seed named offers at least as much as each of the first ten seeds tried."""
+    data = {
+        "name": "x",
+        "duration_s": 600.0,
+        "workload": {"warm_start": False, "target_allocation": 1.0, "allocation_tolerance": 0.01},
+    }
+    with pytest.raises(SpecError) as info:
+        run_scenario_from_dict(data, source="x.toml", site=site)
+    closest = re.search(r"the closest, seed (\d+), offers (0\.\d{4})", str(info.value))
+    assert closest is not None, str(info.value)
+    plain = {"warm_start": False, "target_allocation": 1.0}
+    offers = [
+        run_scenario_from_dict({**data, "seed": s, "workload": plain}, source="x", site=site).offered_allocation
+        for s in range(10)
+    ]
+    assert all(a < 0.99 for a in offers)
+    assert float(closest[2]) >= round(max(offers), 4)
+
+
+def test_offered_allocation_counts_each_job_from_submission_for_its_expected_wall_time() -> None:
+    """Without stalls, a job of d s of training holds its cards startup + d x (1 + checkpoint / interval):
+    100 + 900 x (1 + 90/900) = 1,090 s; the run's end cuts it, and a job submitted at or after the
+    end (a trace reaching past it) holds nothing. 16 cards x 2,000 s = 32,000 card-seconds."""
+    ph = PhaseModel(startup_s=100.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+
+    def job(job_id: str, n_cards: int, submit_s: float) -> JobSpec:
+        return JobSpec(
+            job_id, n_cards, work_steps=450.0, step_time_s=2.0, compute_share=0.8, submit_time_s=submit_s,
+            checkpoint_interval_s=900.0, checkpoint_duration_s=90.0,
+        )  # fmt: skip
+
+    whole = job("whole", 8, 0.0)  # 8 x 1,090 = 8,720 card-s
+    cut = job("cut", 8, 1500.0)  # 8 x (2,000 - 1,500) = 4,000 card-s
+    at_end, past_end = job("at-end", 16, 2000.0), job("past-end", 16, 2500.0)  # nothing
+    assert offered_allocation([whole], 16, 2000.0, ph) == pytest.approx(8720.0 / 32000.0)
+    assert offered_allocation([whole, cut, at_end, past_end], 16, 2000.0, ph) == pytest.approx(12720.0 / 32000.0)
+    assert offered_allocation([past_end], 16, 2000.0, ph) == 0.0
+
+
+def test_a_scenarios_offered_allocation_uses_its_own_phases(site: SiteSpec) -> None:
+    """With a day of start-up ([phases] startup_s = 86400) every job of an hour's run holds its cards
+    from its submission to the end: the offer is sum(n_cards x (3600 - submit)) / (512 x 3600)
+    (with the default phases most of these jobs would end within the hour)."""
+    data = {"name": "x", "duration_s": 3600.0, "seed": 3, "phases": {"startup_s": 86400.0}}
+    sc = run_scenario_from_dict(data, source="x", site=site)
+    by_hand = sum(j.n_cards * (3600.0 - j.submit_time_s) for j in sc.jobs) / (512 * 3600.0)
+    assert sc.offered_allocation == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_a_warm_start_draws_one_scaled_longest_run_time_before_t0_and_keeps_the_work_left(site: SiteSpec) -> None:
+    """The warm-start rule (docs/sim.md, `warm_start`) checked against the generator's own draw: arrivals
+    come from one longest run time (x duration_scale) plus the start-up before t = 0; one that arrived
+    at t < 0 and whose expected wall time reaches past 0 runs from 0 with the share of its training
+    still to go (its wall time left / its wall time), and its first checkpoint here completes the
+    interval its training so far began (training gone by + first checkpoint = a whole number of
+    intervals); the others arrive at their time minus the window."""
+    data = {"name": "x", "duration_s": 600.0, "seed": 5, "workload": {"duration_scale": 2.0}}
+    sc = run_scenario_from_dict(data, source="x", site=site)
+    ph = PhaseModel()
+    window_s = 2.0 * KALOS.max_run_time_s + ph.startup_s
+    cfg = GeneratorConfig(duration_scale=2.0, phases=ph)
+    drawn = generate_jobs(site.n_cards, window_s + 600.0, 5, cfg)
+    got = {j.job_id: j for j in sc.jobs}
+    running: list[str] = []
+    for orig in drawn:
+        t = orig.submit_time_s - window_s
+        if t >= 0.0:
+            assert got[orig.job_id] == dataclasses.replace(orig, submit_time_s=t)
+            continue
+        wall = ph.expected_wall_time_s(orig.duration_s, orig.checkpoint_interval_s, orig.checkpoint_duration_s)
+        if t + wall <= 0.0:
+            assert orig.job_id not in got  # ended before t = 0
+            continue
+        running.append(orig.job_id)
+        job = got[orig.job_id]
+        assert job.submit_time_s == 0.0
+        assert job.duration_s == pytest.approx(orig.duration_s * (t + wall) / wall, rel=1e-9)
+        first = job.first_checkpoint_after_s
+        assert first is not None and 0.0 < first <= orig.checkpoint_interval_s
+        intervals = (orig.duration_s - job.duration_s + first) / orig.checkpoint_interval_s
+        assert intervals == pytest.approx(round(intervals), abs=1e-6) and round(intervals) >= 1
+    assert sc.running_at_start == tuple(running) and len(running) >= 5
+    assert len(sc.jobs) == len(got)  # no job twice
+
+
+def test_the_workload_line_of_a_cold_start_says_no_warm_start(site: SiteSpec) -> None:
+    data = {"name": "x", "duration_s": 600.0, "seed": 3, "workload": {"warm_start": False}}
+    sc = run_scenario_from_dict(data, source="x", site=site)
+    assert sc.workload == "generated (AcmeTrace Kalos, 65% allocation, seed 3)"
+    assert run_scenario_from_dict({**data, "workload": {}}, source="x", site=site).workload == (
+        "generated (AcmeTrace Kalos, 65% allocation, seed 3, warm start)"
+    )
+
+
+def test_time_offset_s_delays_every_traced_submission(site: SiteSpec) -> None:
+    """examples/sim-trace.csv submits at 0, 0, 120, 300, 330, 600, 660, 900 and 1500 s; 100 s later
+    with time_offset_s = 100."""
+    data = {"name": "x", "duration_s": 3600.0, "workload": {"source": "trace", "trace": "sim-trace.csv"}}
+    plain = run_scenario_from_dict(data, source="x", base_dir=EXAMPLES, site=site)
+    assert [j.submit_time_s for j in plain.jobs] == [0.0, 0.0, 120.0, 300.0, 330.0, 600.0, 660.0, 900.0, 1500.0]
+    later = {**data, "workload": {**data["workload"], "time_offset_s": 100.0}}
+    sc = run_scenario_from_dict(later, source="x", base_dir=EXAMPLES, site=site)
+    assert [j.submit_time_s for j in sc.jobs] == [100.0, 100.0, 220.0, 400.0, 430.0, 700.0, 760.0, 1000.0, 1600.0]
+    assert [dataclasses.replace(j, submit_time_s=0.0) for j in sc.jobs] == [
+        dataclasses.replace(j, submit_time_s=0.0) for j in plain.jobs
+    ]
+
+
+def test_two_listed_jobs_after_a_shortened_end_are_one_warning_line(site: SiteSpec) -> None:
+    data = {**BASE, "jobs": [{"id": f"j{i}", "n_cards": 8, "duration_s": 10, "submit_time_s": 100 + i} for i in (0, 1)]}
+    assert run_scenario_from_dict(data, source="x.toml", site=site, duration_s=60.0).warnings == (
+        "x.toml: 2 listed jobs are submitted at or after the end of this run (60 s, shortened from 600 s): "
+        "they are not submitted",
+    )
+
+
+def test_a_listed_job_at_the_files_own_end_is_an_error_even_in_a_shortened_run(site: SiteSpec) -> None:
+    """Only a job that the file's own duration reaches is a warning when an override shortens the run;
+    one submitted at the file's end (600 s) is never submitted in either run."""
+    data = {**BASE, "jobs": [{"id": "a", "n_cards": 8, "duration_s": 10, "submit_time_s": 600}]}
+    with pytest.raises(SpecError, match=r"^x\.toml: jobs\[0\]\.submit_time_s: 600 s is at or after the end of the run"):
+        run_scenario_from_dict(data, source="x.toml", site=site, duration_s=60.0)
+    late = {**BASE, "jobs": [{"id": "a", "n_cards": 8, "duration_s": 10, "submit_time_s": 599}]}
+    assert len(run_scenario_from_dict(late, source="x.toml", site=site, duration_s=60.0).warnings) == 1
+
+
+def test_every_key_of_a_listed_job_reaches_the_job(site: SiteSpec) -> None:
+    """A fresh listed job checkpoints after a whole interval (first_checkpoint_after_s None); its
+    work is duration_s / step_time_s = 3,000 / 1.5 = 2,000 steps."""
+    entry = {
+        "id": "a" * 128,  # the longest id: 128 characters
+        "n_cards": 16,
+        "duration_s": 3000.0,
+        "step_time_s": 1.5,
+        "compute_share": 0.55,
+        "priority": 3.0,
+        "submit_time_s": 45.0,
+        "checkpoint_interval_s": 1200.0,
+        "checkpoint_duration_s": 30.0,
+        "noncompute_utilization": 0.35,
+        "min_throughput_frac": 0.6,
+    }
+    sc = run_scenario_from_dict({**BASE, "jobs": [entry]}, source="x.toml", site=site)
+    assert sc.jobs == (
+        JobSpec(
+            "a" * 128, 16, work_steps=2000.0, step_time_s=1.5, compute_share=0.55, priority=3.0, submit_time_s=45.0,
+            checkpoint_interval_s=1200.0, checkpoint_duration_s=30.0, noncompute_utilization=0.35,
+            min_throughput_frac=0.6, first_checkpoint_after_s=None,
+        ),
+    )  # fmt: skip
+    assert sc.running_at_start == ()
+
+
+def test_a_listed_running_jobs_first_checkpoint_is_drawn_from_the_seed_and_the_id(site: SiteSpec) -> None:
+    data = {
+        **BASE,
+        "jobs": [{"id": i, "n_cards": 8, "duration_s": 3600.0, "running_at_start": True} for i in ("a", "b")],
+    }
+
+    def firsts(seed: int) -> list[float | None]:
+        return [j.first_checkpoint_after_s for j in run_scenario_from_dict(data, source="x", site=site, seed=seed).jobs]
+
+    one, other = firsts(1), firsts(2)
+    assert all(f is not None and 0.0 < f <= 900.0 for f in [*one, *other])
+    assert one[0] != one[1]  # another id, another draw
+    assert one[0] != other[0] and one[1] != other[1]  # another seed, another draw
+    assert firsts(1) == one
+
+
+def test_a_listed_jobs_problem_names_its_own_index_after_a_traced_workload(site: SiteSpec) -> None:
+    """Behind the trace's 9 jobs, the listed jobs are still jobs[0], jobs[1], ... of the file."""
+    base = {"name": "bad", "duration_s": 3600.0, "workload": {"source": "trace", "trace": "sim-trace.csv"}}
+    ok = {"id": "ok", "n_cards": 8, "duration_s": 10}
+    for listed, field, words in [
+        (
+            [ok, {"id": "big", "n_cards": 1024, "duration_s": 10}],
+            "jobs[1].n_cards",
+            "needs 1024 cards, the site has 512",
+        ),
+        ([{**ok, "id": "debug"}], "jobs[0].id", "duplicate job id 'debug'"),  # a job id of the trace
+    ]:
+        with pytest.raises(SpecError) as info:
+            run_scenario_from_dict({**base, "jobs": listed}, source="bad.toml", base_dir=EXAMPLES, site=site)
+        assert str(info.value).startswith(f"bad.toml: {field}: ") and words in str(info.value), str(info.value)

@@ -156,6 +156,20 @@ def test_trace_with_duration_and_defaults(tmp_path: Path) -> None:
             "duration_s",
             "exactly one",
         ),
+        # a quote left open on its line (here one that a CSV writer would close on the next line,
+        # leaving the record 6 fields): was a bare ValueError from zip(), naming no file or line
+        (
+            'job_id,submit_time_s,n_cards,duration_s,step_time_s,compute_share\n"a\n",0,8,100,1,0.5\n',
+            2,
+            "",
+            "expected 6 fields (one per header column), got 1; a quoted field must end on its line",
+        ),
+        (
+            'job_id,submit_time_s,n_cards,duration_s,step_time_s,compute_share\n"a,0,8,100,1,0.5\nb,0,8,100,1,0.5\n',
+            2,
+            "",
+            "got 1; a quoted field must end on its line",
+        ),
     ],
 )
 def test_trace_errors_name_file_line_and_column(
