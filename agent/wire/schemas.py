@@ -8,14 +8,14 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from agent.wire.topics import IDENT_PATTERN, MAX_CARDS_PER_RACK, Kind
+from agent.wire.topics import IDENT_PATTERN, MAX_CARDS_PER_RACK, NAME_PATTERN, Kind
 from twin.readings import MAX_PUMP_SPEED_FRAC
 from twin.workload import Phase
 
 _Ts = Annotated[float, Meta(ge=0.0, le=1.0e11)]
 _Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 _Ident = Annotated[str, Meta(pattern=IDENT_PATTERN)]
-_Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")]
+_Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 #: The longest free text a message carries (an ack's reason, an event's detail), in characters.
 MAX_TEXT_CHARS: Final = 1024
 _Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]

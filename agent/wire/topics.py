@@ -18,9 +18,12 @@ MAX_CARDS_PER_RACK: Final = 4096
 FACILITY: Final = "facility"
 SCHEDULER: Final = "scheduler"
 _RESERVED_NAMES: Final = frozenset({FACILITY, SCHEDULER, "rack", "jobs", "agent", "observer", "sim"})
-_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
-#: A publisher or job id in a payload (longer than a topic level may be).
-IDENT_PATTERN: Final = r"^[A-Za-z0-9_.:@-]{1,128}$"
+#: A site or rack name: one topic level. ``\Z``, not ``$``: ``$`` also matches before a final
+#: newline, so ``"r0\n"`` passed.
+NAME_PATTERN: Final = r"^[A-Za-z0-9_.:@-]{1,64}\Z"
+_NAME_RE: Final = re.compile(NAME_PATTERN)
+#: A publisher or job id in a payload (longer than a topic level may be; ``\Z`` as above).
+IDENT_PATTERN: Final = r"^[A-Za-z0-9_.:@-]{1,128}\Z"
 _IDENT_RE: Final = re.compile(IDENT_PATTERN)
 
 

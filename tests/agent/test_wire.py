@@ -47,7 +47,7 @@ def test_topic_names_follow_the_documented_table() -> None:
     assert set(t.agent_filters()).isdisjoint(t.plant_filters())
 
 
-@pytest.mark.parametrize("bad", ["", "a/b", "a+b", "#", "agent", "facility", "x" * 65, "s p"])
+@pytest.mark.parametrize("bad", ["", "a/b", "a+b", "#", "agent", "facility", "x" * 65, "s p", "r0\n"])
 def test_site_and_rack_names_must_be_single_safe_topic_levels(bad: str) -> None:
     with pytest.raises(ValueError):
         Topics(bad)
@@ -719,6 +719,20 @@ def test_sequencer_counts_per_topic(codec: Codec) -> None:
         wire.Sequencer("p" * 129)
     too_long = out.payload.replace(longest.encode(), b"p" * 129)
     assert isinstance(codec.decode(out.topic, too_long), Rejection)
+
+
+def test_ids_and_names_with_a_final_newline_are_refused(codec: Codec) -> None:
+    """A job id, a publisher id or a rack name is its documented characters and nothing else: a final
+    newline is not one of them (a pattern ending in ``$`` matched before it and let "job-17\n" in)."""
+    with pytest.raises(ValueError, match="1-128"):
+        wire.Sequencer("sim\n")
+    started = wire.JobEvent(wire.JobEventType.STARTED, "job-17", TS, 0, "scheduler", cards={"r0": (0, 1)})
+    out = codec.outgoing(started)
+    assert codec.decode(out.topic, out.payload) == started
+    for good, bad in ((b'"job-17"', b'"job-17\\n"'), (b'"scheduler"', b'"scheduler\\n"'), (b'"r0"', b'"r0\\n"')):
+        assert good in out.payload
+        refused = codec.decode(out.topic, out.payload.replace(good, bad))
+        assert isinstance(refused, Rejection), bad
 
 
 def test_samples_cover_every_kind() -> None:
