@@ -249,7 +249,7 @@ def _generated(
 def generated_line(w: WorkloadSection, from_seed: int, wseed: int, offered: float) -> str:
     """The workload line of a generated run. Where ``allocation_tolerance`` moved the workload seed
     past the seed given, it says so: every seed from the given one to the one used draws these jobs."""
-    what = f"generated (AcmeTrace Kalos, {w.target_allocation:.0%} allocation, "
+    what = f"generated (AcmeTrace Kalos, {100 * w.target_allocation:g}% allocation, "
     if wseed == from_seed:
         what += f"seed {wseed}"
     else:

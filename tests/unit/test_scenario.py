@@ -876,6 +876,9 @@ def test_the_workload_line_of_a_cold_start_says_no_warm_start(site: SiteSpec) ->
     assert run_scenario_from_dict({**data, "workload": {}}, source="x", site=site).workload == (
         "generated (AcmeTrace Kalos, 65% allocation, seed 3, warm start)"
     )
+    # the target as given, as the tolerance's clause writes it (it read "66%" for 0.655)
+    half = run_scenario_from_dict({**data, "workload": {"target_allocation": 0.655}}, source="x", site=site)
+    assert half.workload.startswith("generated (AcmeTrace Kalos, 65.5% allocation, seed 3")
 
 
 def test_time_offset_s_delays_every_traced_submission(site: SiteSpec) -> None:
