@@ -15,8 +15,8 @@ time stamps. A failed card stays in its rack's batch with 0 W, 0 MHz, utilizatio
 cools down.
 
 Where the site's hosts are managed (``rack.hosts_per_rack`` > 0) the card batch carries ``host_off``
-(the card's host is powered off; its card then reads ``low_power`` and 0 W); elsewhere the column is
-left out.
+(the card's host is powered off; its card then reads ``low_power`` and 0 W, except a failed card,
+which keeps reading failed: awake at 0 MHz); elsewhere the column is left out.
 
 Values are rounded to what such sensors resolve (and to keep messages small): card power 0.01 W, die
 temperature 0.01 deg C, utilization 0.01 %, coolant temperatures 0.01 deg C, flow 0.01 L/min, pump
