@@ -375,11 +375,22 @@ def site_from_dict(data: dict[str, Any], source: str = "<site>") -> SiteSpec:
 
 def _check_host_keys_given(data: dict[str, Any], source: str) -> None:
     """Host power-down is all four keys or none: a missing boot time or off power read as 0 would
-    power real hosts off the moment they idle (a 0 s break-even time) or overstate what they save."""
+    power real hosts off the moment they idle (a 0 s break-even time) or overstate what they save,
+    and host keys without ``hosts_per_rack`` would be ignored (hosts always on, silently)."""
     rack = data.get("rack")
     if not isinstance(rack, dict):
         return
-    hosts = rack.get("hosts_per_rack", 0)
+    if "hosts_per_rack" not in rack:
+        given = [k for k in _HOST_KEYS if k in rack]
+        if given:  # the other keys without it were read and ignored: hosts silently stayed on
+            raise SpecError(
+                source,
+                "rack.hosts_per_rack",
+                f"missing, but {', '.join(given)} {'is' if len(given) == 1 else 'are'} given: host power-down "
+                "is all four keys or none (hosts_per_rack = 0 keeps hosts always on)",
+            )
+        return
+    hosts = rack["hosts_per_rack"]
     if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts <= 0:
         return  # hosts not managed, or a value the table's own check refuses
     missing = [k for k in _HOST_KEYS if k not in rack]
