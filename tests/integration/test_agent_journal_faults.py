@@ -580,7 +580,7 @@ async def test_acks_that_come_while_another_process_holds_the_journal_are_record
         await asyncio.sleep(0.3)
     on_the_wire = {str(m.command_id) for _w, _s, m in obs.commands}
     journaled = {c["command_id"]: c for c in read_journal(journal)[1]}
-    assert on_the_wire and sim.commands.counts.rejected == 0
+    assert on_the_wire and sim.commands.counts.rejected == 0, sim.commands.counts.rejection_reasons
     assert all(i in journaled and journaled[i]["acked_s"] is not None for i in on_the_wire)
     assert {journaled[i]["state"] for i in on_the_wire} <= {"applied", "expired"}
     applied = sum(journaled[i]["state"] == "applied" for i in on_the_wire)
