@@ -735,6 +735,14 @@ def test_ids_and_names_with_a_final_newline_are_refused(codec: Codec) -> None:
         assert isinstance(refused, Rejection), bad
 
 
+def test_a_scenario_accepts_the_job_ids_the_wire_accepts() -> None:
+    """A scenario's job ids must go on the wire: ``twin`` cannot import the wire, so it keeps its own
+    copy of the pattern (both needed the same ``\\Z`` fix); this holds them equal."""
+    from twin.scenario import JOB_ID_PATTERN
+
+    assert JOB_ID_PATTERN.pattern == wire.topics.IDENT_PATTERN
+
+
 def test_samples_cover_every_kind() -> None:
     assert {wire.kind_of(m) for m in sample_messages()} == set(Kind)
 
