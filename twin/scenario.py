@@ -264,7 +264,8 @@ def run_scenario_from_dict(
         site = _run_site(top, base, source, inputs)
     scale = supernodes if supernodes is not None else top.supernodes
     if scale is not None:
-        site = site.with_supernodes(scale)
+        scaled_site = site  # a site of more than MAX_SITE_CARDS cards is refused at `supernodes`
+        site = wrap_value_error(source, "supernodes", lambda: scaled_site.with_supernodes(scale))
     ambient = _ambient(data.get("ambient"), site, source)
     phases = PhaseModel()
     if "phases" in data:

@@ -7,8 +7,10 @@ All quantities are SI with the unit in the key's name (``power_limit_w``, ``supp
 Every problem in a spec file is reported as a :class:`SpecError` that names the file, the field
 (dotted path) and what is wrong: unknown key (with the closest known key and its unit), missing
 field, wrong type, value out of its physical range, tables of unequal length, a DVFS table that
-is not ordered from the fastest level (0) down, an idle power at or above the card's power limit or
-a flow per card below the measured cold-plate table.
+is not ordered from the fastest level (0) down, an idle power at or above the card's power limit, a
+reference temperature above the card's slowdown temperature, a flow per card below the measured
+cold-plate table, a site of more than :data:`MAX_SITE_CARDS` cards, or a rack power limit at or below
+the least a rack that can run a job draws (:meth:`SiteSpec.rack_floor_w`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from twin.tables import SpecError, decode_table, read_toml
 from twin.tables import rng as _rng
 
 __all__ = [
+    "MAX_SITE_CARDS",
     "CardSpec",
     "CduSpec",
     "ColdPlateSpec",
@@ -38,6 +41,30 @@ __all__ = [
     "load_site",
     "site_from_dict",
 ]
+
+#: Most cards a site may have (``supernodes`` x ``torus_dims[0]`` x ``torus_dims[1]`` x ``torus_dims[2]``),
+#: checked before anything is allocated: a typo in ``torus_dims`` (up to 1,000 per axis, 10^9 cards per
+#: supernode) made the twin die with MemoryError, as it keeps float arrays per card and per card and
+#: DVFS level. A million cards is 122 times the largest site any benchmark or example runs (8,192
+#: cards: 16 supernodes of 512, benchmarks/bench_models.py, bench_sim.py, bench_twin.py), and its
+#: arrays stay small (8 MB per card array, 64 MB per card x 8-level table).
+MAX_SITE_CARDS = 1_000_000
+
+
+def check_card_count(supernodes: int, torus_dims: tuple[int, ...]) -> str | None:
+    """Why a site of ``supernodes`` supernodes of ``torus_dims`` cards is too large for the twin
+    (None: it is not): more than :data:`MAX_SITE_CARDS` cards."""
+    n = supernodes
+    for d in torus_dims:
+        n *= d
+    if n <= MAX_SITE_CARDS:
+        return None
+    dims = " x ".join(str(d) for d in torus_dims)
+    return (
+        f"{n:,} cards (supernodes {supernodes} x torus_dims {dims}) is more than the {MAX_SITE_CARDS:,} "
+        "cards a site may have: check torus_dims and supernodes for a typo"
+    )
+
 
 # --------------------------------------------------------------------------------------------
 # Sections
@@ -281,6 +308,34 @@ class SiteSpec:
         rack_z = (i // self.cards_per_rack) % z
         return np.stack([within // y, within % y, rack_z], axis=1)
 
+    def rack_floor_card_w(self) -> float:
+        """Least power one card of a powered host draws: asleep (low-power idle) with its die as cold as
+        it can be, at the coldest supply set-point (``facility.supply_temp_options_c``; a die is never
+        colder than the coolant that cools it), per the twin's power model (``twin.power``: low-power
+        leakage below ``reference_temp_c`` lowers it, never under its modelling floor)."""
+        from twin.power import PowerModel  # twin.power imports this module
+
+        coldest_c = np.array([min(self.facility.supply_temp_options_c)], dtype=np.float64)
+        return float(PowerModel.from_card(self.card).low_power_w(coldest_c)[0])
+
+    def rack_floor_w(self) -> float:
+        """Least power a rack that can run a job draws: its hosts and switches with as many hosts off as
+        may be, and the cards of the hosts on asleep at :meth:`rack_floor_card_w`. A rack limit at or
+        below it is refused: no rack could run work within it.
+
+        Hosts always on (``hosts_per_rack = 0``): ``host_overhead_w`` plus every card asleep. Hosts that
+        can be powered off lower it, as ``racktwin optimize`` plans idle hosts off to fit a tight
+        limit (tests/models/test_cli.py: an 11 kW limit, under the 11,616 W of every host on, holds one
+        8-card job with the other hosts off): the floor is then one host on with its cards asleep and
+        every other host off (``host_overhead_w`` less :meth:`host_saving_w` per off host; an off host's
+        cards draw nothing). Below that only every host off would fit: a rack that runs nothing. Failed
+        cards (0 W) are a fault, not a state to plan for."""
+        r = self.rack
+        if r.hosts_per_rack <= 0:
+            return r.host_overhead_w + self.cards_per_rack * self.rack_floor_card_w()
+        off = r.hosts_per_rack - 1
+        return r.host_overhead_w - off * self.host_saving_w() + self.cards_per_host * self.rack_floor_card_w()
+
     def rack_power_limits_w(self) -> npt.NDArray[np.float64]:
         return np.full(self.n_racks, self.rack.power_limit_w)
 
@@ -297,6 +352,8 @@ class SiteSpec:
         """The same hardware with another number of supernodes (for scale studies)."""
         if supernodes < 1:
             raise ValueError("supernodes must be >= 1")
+        if (problem := check_card_count(supernodes, self.torus_dims)) is not None:
+            raise ValueError(problem)
         return dataclasses.replace(self, supernodes=supernodes, name=f"{self.name}-x{supernodes}")
 
 
@@ -434,6 +491,17 @@ def _check_site(site: SiteSpec, source: str) -> None:
                 "voltage must not rise as the clock falls: "
                 f"level {k} ({card.voltages_v[k]:g} V) > level {k - 1} ({card.voltages_v[k - 1]:g} V)",
             )
+    if card.reference_temp_c > card.slowdown_temp_c:
+        # The idle powers are measured at the reference temperature at level 0; above the slowdown
+        # temperature the firmware slows the clock, so no card shows its level-0 idle power there, and
+        # every die the twin runs (below slowdown) would be a downward extrapolation of leakage.
+        raise SpecError(
+            source,
+            "card.reference_temp_c",
+            f"{card.reference_temp_c:g} deg C is above card.slowdown_temp_c ({card.slowdown_temp_c:g} deg C): "
+            "the idle powers (card.idle_power_w, card.low_power_idle_w) are measured at it at level 0, which "
+            "a card does not hold above its slowdown temperature",
+        )
     if card.slowdown_temp_c >= card.max_temp_c:
         raise SpecError(
             source,
@@ -486,6 +554,8 @@ def _check_site(site: SiteSpec, source: str) -> None:
         )
     if len(site.torus_dims) != 3:
         raise SpecError(source, "torus_dims", f"must have 3 entries (x, y, z), got {len(site.torus_dims)}")
+    if (problem := check_card_count(site.supernodes, site.torus_dims)) is not None:
+        raise SpecError(source, "torus_dims", problem)
     if site.torus_dims[2] != site.racks_per_supernode:
         raise SpecError(
             source,
@@ -502,6 +572,37 @@ def _check_site(site: SiteSpec, source: str) -> None:
         )
     if list(fac.supply_temp_options_c) != sorted(set(fac.supply_temp_options_c)):
         raise SpecError(source, "facility.supply_temp_options_c", "must be strictly increasing")
+    _check_rack_floor(site, source)
+
+
+def _check_rack_floor(site: SiteSpec, source: str) -> None:
+    """A rack limit at or below :meth:`SiteSpec.rack_floor_w` leaves no rack able to run work: refused."""
+    floor_w = site.rack_floor_w()
+    r = site.rack
+    if r.power_limit_w > floor_w:
+        return
+    card = site.card
+    asleep = (
+        f"{site.rack_floor_card_w():.4g} W asleep (card.low_power_idle_w {card.low_power_idle_w:g} W at "
+        f"{card.reference_temp_c:g} deg C, less card.low_power_leakage_w_per_k {card.low_power_leakage_w_per_k:g} "
+        f"W/K down to the coldest supply {min(site.facility.supply_temp_options_c):g} deg C)"
+    )
+    if r.hosts_per_rack > 0:
+        least = (
+            f"the least a rack draws with one host on and {r.hosts_per_rack - 1} off: rack.host_overhead_w "
+            f"{r.host_overhead_w:g} W - {r.hosts_per_rack - 1} x ({r.host_power_w:g} - {r.host_off_power_w:g}) W "
+            f"saved by the off hosts + {site.cards_per_host} cards x {asleep}"
+        )
+    else:
+        least = (
+            f"the least a rack draws with every host on: rack.host_overhead_w {r.host_overhead_w:g} W + "
+            f"{site.cards_per_rack} cards x {asleep}"
+        )
+    raise SpecError(
+        source,
+        "rack.power_limit_w",
+        f"{r.power_limit_w:g} W is at or below {least} = {floor_w:,.1f} W: no rack could run work within it",
+    )
 
 
 def _check_hosts(site: SiteSpec, source: str) -> None:

@@ -149,7 +149,10 @@ def _scenario(args: argparse.Namespace) -> RunScenario:
         else:
             assert site is not None
             if args.supernodes is not None:
-                site = site.with_supernodes(args.supernodes)
+                try:
+                    site = site.with_supernodes(args.supernodes)
+                except ValueError as exc:  # more cards than a site may have (twin.spec.MAX_SITE_CARDS)
+                    raise UserError(f"--supernodes: {exc}") from None
             duration = args.duration if args.duration is not None else DEFAULT_DURATION_S
             scenario = default_run_scenario(site, duration, args.seed if args.seed is not None else 0)
     except SpecError as exc:

@@ -617,14 +617,15 @@ def test_a_run_is_at_most_a_year_in_the_file_and_as_an_override(site: SiteSpec) 
 
 
 def test_a_generated_workload_too_large_to_hold_is_refused_before_it_is_drawn(site: SiteSpec) -> None:
-    """A year of 10,000 supernodes would be ~8e9 jobs: refused from the expected count, at once,
-    naming the count and the limit (and what to change), instead of failing to allocate."""
-    data = {"name": "big", "duration_s": 86400.0, "supernodes": 10_000}
+    """A day of 1,953 supernodes (the most a site may have: twin.spec.MAX_SITE_CARDS) would be ~1.7e7
+    jobs: refused from the expected count, at once, naming the count and the limit (and what to
+    change), instead of failing to allocate."""
+    data = {"name": "big", "duration_s": 86400.0, "supernodes": 1_953}
     with pytest.raises(SpecError) as info:
         run_scenario_from_dict(data, source="big.toml", site=site)
     msg = str(info.value)
     assert msg.startswith("big.toml: workload: the generator would draw about ") and "jobs" in msg, msg
-    assert f"at most {MAX_GENERATED_JOBS:,}" in msg and "5,120,000 cards" in msg, msg
+    assert f"at most {MAX_GENERATED_JOBS:,}" in msg and "999,936 cards" in msg, msg
     # listed jobs only: nothing is generated, nothing refused
     assert run_scenario_from_dict({**data, "workload": {"source": "none"}}, source="x", site=site).jobs == ()
 
