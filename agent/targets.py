@@ -34,6 +34,10 @@ for every target missed, explains the miss with numbers from the same run:
   the same decisions; "less energy" is at least 0.01% less (less by under that is a tie);
 * PUE, limits and dies: the measured values beside the bounds.
 
+A measured value that is not a finite number (a run with no IT energy has no PUE) is not measured:
+the target is not judged (``met`` None, measured ``-``, the why says "not measured"), never missed
+by "nan over"; no verdict's text holds a NaN.
+
 Pure functions of the metrics (no I/O); ``racktwin evaluate`` prints and writes the checks.
 """
 
@@ -188,6 +192,16 @@ def _pct(x: float) -> str:
     return f"{x:.2f}%" if math.isfinite(x) else "-"
 
 
+def _signed_pct(x: float) -> str:
+    return f"{x:+.2f}%" if math.isfinite(x) else "-"
+
+
+def _not_measured(what: str, got: float) -> str:
+    """Why a target on a non-finite measured value is not judged (NaN: a run with nothing to measure,
+    e.g. no IT energy for a PUE): it was not measured, which is neither met nor missed."""
+    return f"not measured: {what} is {'not a number' if math.isnan(got) else 'infinite'} in this run"
+
+
 def _count(x: float) -> str:
     """A count of seconds (or card-seconds) for a verdict's text: whole where it is whole, else with
     the decimals that tell it from its neighbours (a limit missed by 0.4 s reads "0.4", not "0")."""
@@ -226,12 +240,15 @@ def _better_target(tol_pct: float) -> str:
 
 def _better_than(
     name: str, other: str, m: Mapping[str, Any], o: Mapping[str, Any], tol_pct: float, by_job: Callable[[str], str]
-) -> tuple[str, str, bool, str]:
+) -> tuple[str, str, bool | None, str]:
     """Policy ``name`` (metrics ``m``) against ``other`` (``o``): the target's text, what was
-    measured, whether it used less energy for equal or more work (within ``tol_pct``), and why not
+    measured, whether it used less energy for equal or more work (within ``tol_pct``; None: not
+    measured, an energy or work that is not a number), and why not
     (``by_job(other)``: the jobs behind a shortfall of work, "; " first, or "")."""
     e_p, e_o = float(m["facility_energy_kwh"]), float(o["facility_energy_kwh"])
     w_p, w_o = float(m["throughput"]), float(o["throughput"])
+    if not all(math.isfinite(x) for x in (e_p, e_o, w_p, w_o)):
+        return _better_target(tol_pct), "-", None, _not_measured("energy or work", math.nan)
     d_e = 100.0 * (e_p / e_o - 1.0) if e_o > 0 else math.nan
     d_w = 100.0 * (w_p / w_o - 1.0) if w_o > 0 else math.nan
     less_energy = e_p <= e_o * (1.0 - _SAME_FRAC)  # less by at least 0.01% (less by less is a tie)
@@ -247,7 +264,8 @@ def _better_than(
         if not enough_work:
             shortfalls.append(f"work {d_w:+.2f}% against {other} (tolerance {tol_pct:g}%){by_job(other)}")
         why = "; ".join(shortfalls)
-    return _better_target(tol_pct), f"energy {d_e:+.2f}%, work {d_w:+.2f}%", less_energy and enough_work, why
+    measured = f"energy {_signed_pct(d_e)}, work {_signed_pct(d_w)}"  # "-" against a policy with none
+    return _better_target(tol_pct), measured, less_energy and enough_work, why
 
 
 def check_targets(
@@ -338,20 +356,27 @@ def check_targets(
         got = float(m["pue"])
         cool, it = float(m["cooling_energy_kwh"]), float(m["it_energy_kwh"])
         fac = float(m["facility_energy_kwh"])
-        add(
-            "time-weighted PUE",
-            f"<= {targets.pue_max:g}",
-            f"{got:.4f}",
-            got <= targets.pue_max,
-            f"{got - targets.pue_max:.4f} over",
-            f"cooling {cool:,.1f} kWh and other overhead {fac - it - cool:,.1f} kWh on {it:,.1f} kWh of IT energy",
-        )
+        if not math.isfinite(got):  # a run with no IT energy has no PUE (facility / IT): not a miss
+            why = "not measured: the run used no IT energy (PUE is facility / IT energy)" if it <= 0 else ""
+            add("time-weighted PUE", f"<= {targets.pue_max:g}", "-", None, why=why or _not_measured("PUE", got))
+        else:
+            add(
+                "time-weighted PUE",
+                f"<= {targets.pue_max:g}",
+                f"{got:.4f}",
+                got <= targets.pue_max,
+                f"{got - targets.pue_max:.4f} over",
+                f"cooling {cool:,.1f} kWh and other overhead {fac - it - cool:,.1f} kWh on {it:,.1f} kWh of IT energy",
+            )
 
     def at_most(title: str, key: str, bound: float | None, unit: str, over: str, why: str) -> None:
         """An upper bound on one metric (counts of seconds: whole ones in the text where they are whole)."""
         if bound is None:
             return
         got = float(m[key])
+        if not math.isfinite(got):
+            add(title, f"<= {bound:g} {unit}", "-", None, why=_not_measured(key, got))
+            return
         add(
             title,
             f"<= {bound:g} {unit}",
