@@ -10,11 +10,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+from agent_helpers import belief, job, small_site
 from guard_helpers import proposal, scene, step_context
 
 from agent.config import ControlConfig
 from agent.decision import PlacementOrder
 from agent.guard import Guard, failsafe_card_limit_w
+from twin.readings import JobEvent
+from twin.workload import Phase
 
 pytestmark = pytest.mark.agent
 
@@ -223,6 +226,21 @@ def test_a_job_is_placed_once_whatever_the_plan_asks() -> None:
         assert d.placements == (PlacementOrder("q", (20, 21, 22, 23)),)
         assert int(d.card_busy.sum()) == 8 + 12 + 4
         assert "q" not in d.queue_waits  # it was placed
+
+
+def test_two_queued_jobs_are_never_placed_on_the_same_card() -> None:
+    site = small_site()
+    jobs = [job("a", 8, share=0.97), job("b", 12, share=0.9, priority=2.0), job("q", 4), job("q2", 4)]
+    _plant, state = belief(site, jobs[:2], 90)
+    state.apply_events(
+        [JobEvent(time_s=90.0, job_id=j.job_id, kind="submitted", phase=Phase.WAITING, job=j) for j in jobs[2:]]
+    )
+    snap = state.snapshot()
+    placed = proposal(site, placements=(PlacementOrder("q", (20, 21, 22, 23)), PlacementOrder("q2", (22, 23, 24, 25))))
+    d = Guard(site, CFG).review(placed, snap, step_context(site))
+    assert d.placements == (PlacementOrder("q", (20, 21, 22, 23)),)
+    assert d.queue_waits["q2"].kind == "placement_dropped"
+    assert "q" not in d.queue_waits
 
 
 @pytest.mark.parametrize(
