@@ -6,8 +6,8 @@ fallback, or anything else) and returns the decision that may be sent. It recomp
 with the twin's own functions (``agent.load.predict``), independently of the solver's rows:
 
 1. **Sanity**: levels clipped to the DVFS table, power limits to the card's range, placements kept
-   only when the job is queued and its cards are free, awake, healthy and in racks with fresh
-   telemetry; busy cards are awake.
+   only when the job is queued (once per job) and its cards are free (idle, not failed) and seen
+   (not on a blind rack, not a stuck card); busy cards are awake (a placed card is woken).
 2. **Rate limits**: a card's level rises (toward faster clocks) by at most
    ``max_level_raise_per_period`` per decision; the supply set-point moves by at most
    ``max_setpoint_step_k``; an idle card whose low-power state changed less than
@@ -21,9 +21,10 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    seen; the stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle
    cards the agent cannot see (blind racks, stuck cards) are never woken on stale data nor placed on.
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
-   site's range; fail-safe racks get full speed; a rack where, at the levels so far with every busy
-   card computing, the twin predicts a die over its limit, the rack over its cap or the loop's rise
-   over ``max_delta_t_k`` at its proposed speed gets full speed. Steps 4-5 and the predictions then
+   site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
+   the levels so far with every busy card computing, the twin predicts a die over its limit, the
+   rack over its cap or the loop's rise over ``max_delta_t_k`` at its proposed speed gets full
+   speed. Steps 4-5 and the predictions then
    use each card's resistance at its rack's speed and its die offset scaled to that speed
    (``agent.pumps.offset_at_speed``).
 4. **Caps**: the twin predicts every card's power with every busy card *computing* at its level
@@ -149,7 +150,10 @@ class Guard:
             notes.append(f"guard: placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued")
             queued_ids = {q.job_id for q in snap.queue}
             why = "the guard dropped its placement: cards not free or not seen"
-            queue_waits.update((jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids)
+            placed_ids = {o.job_id for o in orders}
+            queue_waits.update(
+                (jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids - placed_ids
+            )
         load = site_load(site, snap, [(o.job_id, o.cards) for o in orders])
         busy = load.busy
         lp[busy] = False
@@ -180,8 +184,10 @@ class Guard:
                 for j in load.jobs:
                     if blind_card[j.cards].any():
                         lvl[j.cards] = slowest
-            else:
+            else:  # blind cards no faster than now; their jobs follow them (one level per job)
                 lvl = np.where(blind_card, np.maximum(lvl, cur), lvl)
+                for j in load.jobs:
+                    lvl[j.cards] = int(lvl[j.cards].max())
             lp = np.where(unseen_card & idle, lp | snap_lp, lp)
             names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
             stuck = f" (stuck sensor: card {', '.join(str(c) for c in ctx.stuck_cards[:4])})" if ctx.stuck_cards else ""
@@ -194,17 +200,12 @@ class Guard:
 
         # ---- 3b. pumps ---------------------------------------------------------------------------------
         speed = self._review_pumps(
-            proposal.rack_pump_speed_frac, load, lvl, lp, lim, inlet, off, measured_caps, fs_rack, ctx
+            proposal.rack_pump_speed_frac, load, lvl, lp, lim, inlet, off, measured_caps, fs_rack, ctx, notes
         )
         r_eff = ctx.r_total_k_per_w
         if speed is not None:  # resistances and offsets at the speeds that leave
             r_eff = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
             off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
-        if speed is not None and proposal.rack_pump_speed_frac is not None:
-            raised = np.flatnonzero(speed > np.asarray(proposal.rack_pump_speed_frac) + 1e-9)
-            if raised.size:
-                names = ", ".join(site.rack_names[r] for r in raised[:8])
-                notes.append(f"guard: pumps of {names} at full speed (dies, cap or loop rise at the proposed speed)")
 
         # ---- 4. caps ----------------------------------------------------------------------------------
         table = self._power_table(load, inlet, r_eff, off)
@@ -260,9 +261,12 @@ class Guard:
         measured_caps: FloatArray,
         fs_rack: BoolArray,
         ctx: StepContext,
+        notes: list[str],
     ) -> FloatArray | None:
         """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled).
-        ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra."""
+        ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra.
+        An undefined (NaN) speed is full speed; racks sent to full speed for their dies, cap or loop
+        rise get a line in ``notes`` (not those only clipped into the site's range, nor fail-safe racks)."""
         if proposed is None:
             return None
         site = self.site
@@ -284,6 +288,10 @@ class Guard:
             | (worst.rack_power_w > measured_caps + _TOL_W)
             | (worst.rack_power_w / np.maximum(mcp, 1e-9) > loop.max_delta_t_k + 1e-9)
         )
+        raised = np.flatnonzero(slow & bad)
+        if raised.size:
+            names = ", ".join(site.rack_names[r] for r in raised[:8])
+            notes.append(f"guard: pumps of {names} at full speed (dies, cap or loop rise at the proposed speed)")
         return np.asarray(np.where(slow & bad, 1.0, speed), dtype=np.float64)
 
     def _observe(self, snap_lp: BoolArray, now_s: float) -> None:
@@ -301,6 +309,7 @@ class Guard:
         free = now_load.idle & ~unseen_card
         queued = {q.job_id: q.n_cards for q in snap.queue}
         taken = np.zeros(n, dtype=bool)
+        placed: set[str] = set()  # a job is placed once: then it is no longer queued
         ok: list[PlacementOrder] = []
         dropped: list[str] = []
         for o in placements:
@@ -312,8 +321,9 @@ class Guard:
                 and bool(np.all((cards >= 0) & (cards < n)))
                 and np.unique(cards).size == cards.size
             )
-            if good and bool(np.all(free[cards])) and not bool(np.any(taken[cards])):
+            if good and o.job_id not in placed and bool(np.all(free[cards])) and not bool(np.any(taken[cards])):
                 taken[cards] = True
+                placed.add(o.job_id)
                 ok.append(PlacementOrder(o.job_id, tuple(int(c) for c in np.sort(cards))))
             else:
                 dropped.append(o.job_id)
