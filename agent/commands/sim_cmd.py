@@ -104,7 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="scale the site to N supernodes, 1..10000 (SiteSpec.with_supernodes; default: the scenario's or site's)",
+        help=(
+            "scale the site to N supernodes, 1..10000 and at most 1,000,000 cards in all (1,953 supernodes of the "
+            "default site; SiteSpec.with_supernodes; default: the scenario's or site's)"
+        ),
     )
     parser.add_argument(
         "--start-epoch-s",
