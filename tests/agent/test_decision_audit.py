@@ -15,6 +15,7 @@ import pytest
 from guard_helpers import proposal, scene, step_context
 
 from agent.config import ControlConfig
+from agent.decision import QueueWait, fell_back
 from agent.guard import Guard
 
 pytestmark = pytest.mark.agent
@@ -82,3 +83,57 @@ def test_a_blind_cards_sleep_is_kept() -> None:
     d = Guard(site, CFG).review(proposal(site), asleep, ctx)  # the plan wakes every card
     assert d.card_low_power[[21, 22]].all()
     assert not d.card_low_power[[20, 23]].any()
+
+
+# ---- fell_back, QueueWait and the summary (agent.decision's docstrings) -----------------------------
+
+
+def test_a_fallback_is_a_decisions_own_solve_that_was_late_failed_or_infeasible() -> None:
+    assert not fell_back("optimal", "milp") and not fell_back("feasible", "milp")
+    assert fell_back("fallback", "greedy") and fell_back("infeasible", "milp") and fell_back("time_limit", "hold")
+    # an incremental adjustment makes no solve: not a fallback, whatever plan it adjusts
+    assert not fell_back("fallback", "incremental") and not fell_back("infeasible", "incremental")
+
+
+def test_a_queue_wait_has_one_of_the_known_kinds() -> None:
+    assert QueueWait("no_window", "x").kind == "no_window"
+    with pytest.raises(ValueError, match=r"QueueWait\.kind"):
+        QueueWait("bored", "x")
+
+
+def test_the_summary_counts_live_cards_names_racks_and_lists_at_most_16_queue_waits() -> None:
+    site, _snap = scene()
+    n = site.n_cards
+    busy = np.zeros(n, dtype=bool)
+    busy[:10] = True
+    failed = np.zeros(n, dtype=bool)
+    failed[[0, 20]] = True  # a failed busy card and a failed idle one: counted nowhere
+    level = np.full(n, 7, dtype=np.int64)
+    level[:4] = 2
+    low = np.zeros(n, dtype=bool)
+    low[[20, 21, 22]] = True
+    limit = np.full(n, site.card.power_limit_w)
+    limit[[0, 5, 6]] = 500.0  # card 0 failed: 2 capped cards
+    waits = {f"j{i:02d}": QueueWait("no_window" if i % 3 else "no_spec", f"why {i}") for i in range(20)}
+    d = proposal(
+        site,
+        card_level=level,
+        card_busy=busy,
+        card_failed=failed,
+        card_low_power=low,
+        card_power_limit_w=limit,
+        max_power_limit_w=site.card.power_limit_w,
+        failsafe_racks=(1,),
+        rack_pump_speed_frac=np.array([0.5, 1.0]),
+        host_off=np.array([True, False, True, False]),
+        queue_waits=waits,
+    )
+    s = d.summary(("left", "right"))
+    assert s["busy_cards"] == 9 and s["low_power_cards"] == 2 and s["capped_cards"] == 2
+    assert s["busy_levels"] == {"2": 3, "7": 6}  # cards 1-3 at level 2, 4-9 at level 7
+    assert s["failsafe_racks"] == ["right"]
+    assert s["pump_speed_pct"] == [50.0, 100.0]
+    assert s["hosts_off"] == 2
+    assert len(s["queue_waits"]) == 16 and s["queue_waits"]["j01"] == "no_window: why 1"
+    assert s["queue_waits_by_kind"] == {"no_spec": 7, "no_window": 13} == d.queue_wait_counts()
+    assert proposal(site).summary()["hosts_off"] is None and proposal(site).summary()["pump_speed_pct"] is None
