@@ -113,7 +113,8 @@ class StepContext:
 
     def unseen_card_mask(self, card_rack: IntArray) -> BoolArray:
         """Per card: its own state is not seen (its rack is blind or its sensor stuck): never placed
-        on, woken or put to sleep."""
+        on, woken or put to sleep (an idle one keeps the low-power state it last reported; the
+        controller proposes that and ``agent.guard`` enforces it)."""
         unseen = self.blind_card_mask(card_rack)
         unseen[list(self.stuck_cards)] = True
         return unseen

@@ -19,7 +19,9 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    ``StepContext.blind_racks``) every card and every job touching them also gets the slowest level;
    a rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are
    seen; the stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle
-   cards the agent cannot see (blind racks, stuck cards) are never woken on stale data nor placed on.
+   cards the agent cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep
+   on stale data: they keep the low-power state they last reported (a command the agent cannot see
+   take effect, and that its rack's fail-safe limits make unnecessary for the cap).
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
    site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
    the levels so far with every busy card computing, the twin predicts a die over its limit, the
@@ -33,7 +35,7 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    (``StepContext.die_offset_k``: the twin's persistent error, never a transient, ``agent.offsets``;
    the same array the planner used). While a rack is over ``limit - margin - extra``, the
    job of that rack whose next slower level gives up the least value per watt saved steps down;
-   then awake idle cards go to low-power idle; if the rack is still over (its jobs all at the
+   then awake idle cards it can see go to low-power idle; if the rack is still over (its jobs all at the
    slowest level), every card of the rack gets the fail-safe power limit. That holds the cap unless
    the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts): the
    configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
@@ -188,7 +190,7 @@ class Guard:
                 lvl = np.where(blind_card, np.maximum(lvl, cur), lvl)
                 for j in load.jobs:
                     lvl[j.cards] = int(lvl[j.cards].max())
-            lp = np.where(unseen_card & idle, lp | snap_lp, lp)
+            lp = np.where(unseen_card & idle, snap_lp, lp)  # neither woken nor put to sleep: not seen
             names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
             stuck = f" (stuck sensor: card {', '.join(str(c) for c in ctx.stuck_cards[:4])})" if ctx.stuck_cards else ""
             notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
@@ -210,7 +212,9 @@ class Guard:
         # ---- 4. caps ----------------------------------------------------------------------------------
         table = self._power_table(load, inlet, r_eff, off)
         lp_w = self._low_power_w(inlet, r_eff, off)
-        lvl, lp, lim = self._enforce_caps(load, lvl, lp, lim, table, lp_w, modelled_caps, fs_lim, failed, notes)
+        lvl, lp, lim = self._enforce_caps(
+            load, lvl, lp, lim, table, lp_w, modelled_caps, fs_lim, failed, notes, unseen=unseen_card
+        )
 
         # ---- 5. dies --------------------------------------------------------------------------------
         lvl, lim = self._enforce_dies(load, lvl, lim, table, inlet, r_eff, off, notes)
@@ -386,7 +390,10 @@ class Guard:
         fs_lim: FloatArray,
         failed: BoolArray,
         notes: list[str],
+        *,
+        unseen: BoolArray,
     ) -> tuple[IntArray, BoolArray, FloatArray]:
+        """Step 4 (module docstring). ``unseen``: the cards the agent cannot see (never put to sleep)."""
         site = self.site
         card_rack = self._card_rack
         slowest = self._model.n_levels - 1
@@ -435,7 +442,7 @@ class Guard:
                 np.add.at(rack_p, card_rack[j.cards], power[j.cards] - before)
                 lowered[j.job_id] = k2
             if rack_p[r] > modelled_caps[r] + _TOL_W:
-                awake_idle = np.flatnonzero((card_rack == r) & load.idle & ~lp)
+                awake_idle = np.flatnonzero((card_rack == r) & load.idle & ~lp & ~unseen)
                 if awake_idle.size:
                     lp[awake_idle] = True
                     new = lp_w[awake_idle]
