@@ -257,3 +257,31 @@ async def test_a_calibration_write_that_fails_leaves_the_agent_not_ready_until_o
     again = [r for r in caplog.records if r.getMessage().startswith("journal written again")]
     assert [r.getMessage() for r in again] == ["journal written again: calibration saved (after 1 failed write(s))"]
     t.journal.close()
+
+
+async def test_after_the_site_clock_steps_back_reports_and_saves_go_on_from_the_new_time(tmp_path: Path) -> None:
+    """The site restarts its clock (a simulator restarted: rounds stamped 1..25 s, then 1..12 s again;
+    ``agent.clock`` steps back too). The anomalies are reported at once and every 10 s of the new time
+    (1, 11 s), and the calibration is saved every 5 s from it (6, 11 s): not only once the new time has
+    passed the old one's (21 s), which froze the metrics and the journal for as long as the clock had run."""
+    t = _Task(tmp_path)
+    reported: list[float] = []
+    update = t.loop.anomaly_history.update
+
+    def spy(found: Sequence[Anomaly], now_s: float) -> list[Anomaly]:
+        reported.append(now_s)
+        return update(found, now_s)
+
+    t.loop.anomaly_history.update = spy  # type: ignore[method-assign]
+    try:
+        for r in _rounds(t.site, 25):
+            await t.feed(r)
+        assert reported == [1.0, 11.0, 21.0] and t.saved_times() == [21.0]
+        for r in _rounds(t.site, 12):
+            await t.feed(r)
+    finally:
+        await t.stop()
+    assert reported == [1.0, 11.0, 21.0, 1.0, 11.0]
+    assert t.saved_times() == [11.0]
+    assert t.loop.errors == 0
+    t.journal.close()
