@@ -3,7 +3,10 @@ hands over (through a queue) updates ``twin.estimate.Estimator`` (thermal resist
 card; the sensors the belief found stuck are no observations). Every ``_ANOMALY_INTERVAL_S`` of site
 time the anomalies it flags (fouled cold plates, weak pumps) go to the metrics, and those newly
 flagged to the log (``twin.estimate.AnomalyHistory``); every ``journal.calibration_every_s`` the
-controller's calibration is brought up to date and saved to the journal.
+controller's calibration is brought up to date and saved to the journal. Site time is the site
+clock's (``agent.clock``), else the round's own stamp; the first round starts both intervals (the
+anomalies are reported at once, the calibration first saved an interval later), and so does a round
+at which site time stepped back (a restarted site clock).
 
 A round whose estimation fails (a defect in the estimator's update, the anomaly report or the
 calibration save) is counted (``racktwin_estimation_errors_total``) and logged with its traceback
@@ -87,10 +90,12 @@ class EstimationLoop:
                 # sensors the belief found stuck are no observations (the belief has this round already)
                 self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
                 now = self.clock.now() or r.time_s
-                if now - last_anomaly >= _ANOMALY_INTERVAL_S:
+                if now - last_anomaly >= _ANOMALY_INTERVAL_S or now < last_anomaly:  # or the clock stepped back
                     last_anomaly = now
                     self._report_anomalies(now)
-                if now - last_cal >= self.calibration_every_s and now - last_cal >= 0:
+                if now < last_cal:  # the site clock stepped back: the interval starts again from the new time
+                    last_cal = now
+                if now - last_cal >= self.calibration_every_s:
                     first, last_cal = last_cal == -math.inf, now  # a save that fails waits its interval too
                     if not first:
                         self._save_calibration(now)
