@@ -89,7 +89,8 @@ class EstimationLoop:
             try:
                 # sensors the belief found stuck are no observations (the belief has this round already)
                 self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
-                now = self.clock.now() or r.time_s
+                clock_now = self.clock.now()
+                now = r.time_s if clock_now is None else clock_now  # a clock at 0.0 s is a time too
                 if now - last_anomaly >= _ANOMALY_INTERVAL_S or now < last_anomaly:  # or the clock stepped back
                     last_anomaly = now
                     self._report_anomalies(now)

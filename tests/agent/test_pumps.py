@@ -170,8 +170,10 @@ def test_pinned_racks_keep_full_speed_and_offsets_follow_the_plate_flow() -> Non
 
 def test_the_facility_pump_is_priced_on_the_racks_total_flow() -> None:
     """Racks re-chosen against the exact facility pump (cube of the racks' total flow) end at the
-    brute-force optimum of small instances, pinned racks stay at full speed, and not-allowed speeds
-    are never chosen; the per-rack share (nominal / racks x speed^3) alone would miss it."""
+    brute-force optimum of these 40 small instances, pinned racks stay at full speed, and not-allowed
+    speeds are never chosen; the per-rack share (nominal / racks x speed^3) alone would miss it. The
+    re-choice is a descent, one rack at a time: with costs that are not convex in the speed it can
+    stop short of the optimum on other instances (about 1% seen), never above where it started."""
     import itertools
 
     rng = np.random.default_rng(7)
