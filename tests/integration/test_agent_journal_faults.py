@@ -580,7 +580,12 @@ async def test_acks_that_come_while_another_process_holds_the_journal_are_record
         await asyncio.sleep(0.3)
     on_the_wire = {str(m.command_id) for _w, _s, m in obs.commands}
     journaled = {c["command_id"]: c for c in read_journal(journal)[1]}
-    assert on_the_wire and sim.commands.counts.rejected == 0, sim.commands.counts.rejection_reasons
+    # on a failure, the racks' reasons name both commands' issue times and seqs (a refusal as
+    # ``superseded`` here, seen once in a loaded run, is not explained yet: the texts tell which path)
+    refused = [
+        (c["issued_s"], c["target"], c["body"].get("seq"), c["reason"]) for c in journaled.values() if c["reason"]
+    ]
+    assert on_the_wire and sim.commands.counts.rejected == 0, (sim.commands.counts.rejection_reasons, refused[:12])
     assert all(i in journaled and journaled[i]["acked_s"] is not None for i in on_the_wire)
     assert {journaled[i]["state"] for i in on_the_wire} <= {"applied", "expired"}
     applied = sum(journaled[i]["state"] == "applied" for i in on_the_wire)
