@@ -81,8 +81,8 @@ class SiteClock:
         self._reset_after_s = reset_after_s
         self._confirm_s = confirm_s
         self._ahead_tolerance_s = ahead_tolerance_s
-        # messages behind the newest timestamp after its timeline fell silent: (first wall, newest ts)
-        self._behind: tuple[float, float] | None = None
+        # messages behind the newest timestamp after its timeline fell silent: (first wall, first ts, newest ts)
+        self._behind: tuple[float, float, float] | None = None
         # messages stamped beyond the clock's extrapolation plus the tolerance, and the others since
         self._ahead: _Run | None = None
         # the first timestamp's timeline until a majority of the messages confirms it
@@ -164,11 +164,12 @@ class SiteClock:
         if ts_s >= self._anchor_ts - tol or w - self._anchor_wall < self._reset_after_s:
             self._behind = None
             return False
-        if self._behind is None or ts_s < self._behind[1]:  # a new run of messages behind
-            self._behind = (w, ts_s)
+        if self._behind is None or ts_s < self._behind[2]:  # a new run of messages behind
+            self._behind = (w, ts_s, ts_s)
             return False
-        self._behind = (self._behind[0], ts_s)
-        return w - self._behind[0] >= self._confirm_s
+        first_wall, first_ts, _ = self._behind
+        self._behind = (first_wall, first_ts, ts_s)
+        return w - first_wall >= self._confirm_s and ts_s > first_ts  # kept coming and advanced
 
     def _first_outvoted(self, ts_s: float, w: float, tol: float) -> bool:
         """While the first timestamp's timeline is not confirmed, a message stamped ``ts_s``: True once
@@ -311,8 +312,9 @@ class _Run:
         return True
 
     def confirmed(self, wall_s: float, confirm_s: float) -> bool:
-        """The run has lasted ``confirm_s`` and outnumbers the messages of the other timeline two to one."""
-        return wall_s - self.first_wall >= confirm_s and self.count > 2 * self.others
+        """The run has lasted ``confirm_s``, advanced (one stamp repeated is no timeline: a stuck clock)
+        and outnumbers the messages of the other timeline two to one."""
+        return wall_s - self.first_wall >= confirm_s and self.newest_ts > self.first_ts and self.count > 2 * self.others
 
 
 @dataclass

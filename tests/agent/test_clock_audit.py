@@ -431,3 +431,44 @@ async def test_the_wall_time_a_target_was_reached_is_that_of_its_first_message()
     wall.t = 121.0
     assert await clock.wait_until(T0 + 20.0) is True  # waiting again for it: reached at 120
     assert clock.target_reached_wall == 120.0
+
+
+# ---- one stamp repeated is no timeline ----------------------------------------------------------
+def _blackout(stuck: float) -> tuple[FakeWall, SiteClock]:
+    """The site's publishers (real time) fall silent for 3 wall s; then one publisher repeats the stamp
+    ``stuck`` (its clock stuck) every quarter wall second for 3 wall s."""
+    wall = FakeWall()
+    clock = SiteClock(1.0, wall=wall)
+    _steady(clock, wall, T0, 30, step_ts=0.25, step_wall=0.25)
+    wall.t += 3.0
+    for _ in range(12):
+        assert not clock.observe(stuck)
+        wall.t += 0.25
+    return wall, clock
+
+
+def test_a_stamp_repeated_far_ahead_during_a_blackout_does_not_move_the_clock() -> None:
+    """The clock jumps to messages ahead that keep coming *and advancing*: one stamp repeated (a
+    publisher's stuck clock) moved the site's time an hour ahead, every rack stale."""
+    _wall, clock = _blackout(T0 + 3600.0)
+    assert clock.jumps == 0 and clock.ahead_ignored == 12 and clock.latest_ts_s == T0 + 7.25
+
+
+def test_a_stamp_repeated_far_behind_after_a_silence_does_not_step_the_clock_back() -> None:
+    """The same behind: the clock steps back to messages that keep coming and advancing after its
+    timeline fell silent; one stamp repeated 600 s back stepped it back there."""
+    _wall, clock = _blackout(T0 - 600.0)
+    assert clock.corrections == 0 and clock.latest_ts_s == T0 + 7.25
+
+
+def test_a_stamp_repeated_behind_the_first_message_does_not_outvote_it() -> None:
+    """The first-timeline rule: a publisher an hour behind that repeats one stamp three times as
+    often as the site publishes does not outvote the first message's (advancing) timeline."""
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)
+    for i in range(60):  # 3 wall s
+        clock.observe(T0 + i)
+        for _ in range(3):
+            assert not clock.observe(T0 - 3600.0)
+        wall.t += 0.05
+    assert clock.corrections == 0 and clock.latest_ts_s == T0 + 59
