@@ -509,3 +509,41 @@ async def test_a_send_unconfirmed_for_longer_than_the_retry_interval_is_not_publ
         assert proxy.publishes == 1
     assert oc.attempts == 1 and publisher.stats.sent == 1 and publisher.stats.retried == 0
     d.journal.close()
+
+
+@pytest.mark.parametrize(("superseded_after_s", "missing"), [(1.0, False), (11.0, True)])
+async def test_an_ack_is_missing_a_retry_interval_after_the_command_went_out_not_after_its_issue(
+    mosquitto: EmbeddedBroker,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    superseded_after_s: float,
+    missing: bool,
+) -> None:
+    """A command issued while the broker was away goes out when it is back, 15 s later, and the next
+    decision supersedes it: 1 s after it went out its ack is not overdue (the retry interval: 10 s),
+    11 s after it is. It used to count from the issue: every command that waited out a broker restart
+    and was superseded before its ack came was reported as an ack missing, with a warning pointing at
+    a broker ACL."""
+    d = desk(tmp_path)
+    async with Bus(fast_reconnects(mosquitto.options()), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, heard_since=lambda target, site_s: True)
+        await asyncio.to_thread(mosquitto.stop, keep_files=True)
+        await until("the lost connection", lambda: not bus.connected)
+        old = d.issue("r5", (2,), 0)
+        publisher.submit([old])
+        await publisher.step()
+        assert old.attempts == 0
+        await asyncio.to_thread(mosquitto.start)
+        await until("the reconnect", lambda: bus.connected)
+        d.at(15.0)
+        await publisher.step()
+        assert old.attempts == 1 and old.first_sent_s >= TS + 15.0
+        d.at(15.0 + superseded_after_s)
+        d.issue("r5", (2,), 1, ts=TS + 15.0 + superseded_after_s)  # the same card's level: supersedes it
+        await publisher.step()
+    assert publisher.stats.superseded == 1
+    assert publisher.acks_missing == ({"r5": 1} if missing else {})
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no ack from r5")]
+    assert len(warnings) == (1 if missing else 0), warnings
+    d.journal.close()
