@@ -226,7 +226,10 @@ class Publisher:
         """``oc`` closed without an ack: an ack missing if it went out a retry interval before and its
         target sent something since (counted per target; a warning at most every
         ``ack_warning_interval_s`` per target)."""
-        if oc.attempts == 0 or now_s - oc.issued_s < self.retry_after_s:
+        # an ack is not overdue before the command went out: not its issue (it may have waited out a broker
+        # restart); one re-opened from the journal and not sent by this run went out no sooner than its issue
+        went_out_s = oc.first_sent_s if math.isfinite(oc.first_sent_s) else oc.issued_s
+        if oc.attempts == 0 or now_s - went_out_s < self.retry_after_s:
             return
         # since it first went out, not last: a rack whose telemetry comes less often than the retries
         # (every 20 s against a retry every 10 s) is often not heard between the last copy and the close
