@@ -95,6 +95,7 @@ class SiteClock:
         #: the last message given to :meth:`observe` was one of them
         self.last_was_ahead = False
         self._samples: collections.deque[tuple[float, float]] = collections.deque()
+        self._slot_wall = -math.inf  # wall time the newest sample's 0.2-s slot began
         self._advanced = asyncio.Event() if _has_loop() else None
         #: wall time (monotonic) at which the clock last moved forward on a message
         self.last_advance_wall: float | None = None
@@ -215,10 +216,16 @@ class SiteClock:
         return run.confirmed(w, self._confirm_s)
 
     def _sample(self, wall_s: float, ts_s: float) -> None:
+        """One sample per 0.2 wall-s slot (plenty), each the slot's newest message: after a loop stall
+        the messages queued meanwhile arrive in one burst, and the burst's first (oldest) stamp
+        paired with the wall time of the burst would read as a site that slowed down (the rate, and
+        with it :meth:`agent.command_book.CommandBook.stamp_hold_s`, dropped by up to half)."""
         s = self._samples
-        if s and wall_s - s[-1][0] < 0.2:  # one sample per 0.2 wall-s is plenty
-            return
-        s.append((wall_s, ts_s))
+        if s and wall_s - self._slot_wall < 0.2:
+            s[-1] = (wall_s, ts_s)
+        else:
+            s.append((wall_s, ts_s))
+            self._slot_wall = wall_s
         while s and wall_s - s[0][0] > self._window_s:
             s.popleft()
         w0, t0 = s[0]

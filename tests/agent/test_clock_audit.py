@@ -155,6 +155,24 @@ def test_by_default_the_rate_is_read_over_the_last_thirty_wall_seconds() -> None
     assert clock.rate == pytest.approx(10.0, rel=0.02)
 
 
+def test_after_a_loop_stall_the_burst_of_queued_messages_keeps_the_rate() -> None:
+    """The agent's loop stalls 4 wall s while the site (20x) keeps publishing; the messages queued
+    meanwhile arrive in one burst. Once the burst's newest stamp is in, the rate is still 20x (it
+    used to pair the burst's oldest stamp with the burst's wall time and read 14x, shrinking the
+    commands' stamp hold exactly when the clock had to step back)."""
+    wall = FakeWall()
+    clock = SiteClock(1.0, wall=wall)
+    last = _steady(clock, wall, T0, 200, step_ts=1.0, step_wall=0.05)  # 20x for 10 wall s
+    assert clock.rate == pytest.approx(20.0, rel=0.01)
+    wall.t += 4.0  # the stall: 80 messages (1 site s apart) wait in the queue
+    for i in range(1, 81):
+        clock.observe(last + i)
+        wall.t += 0.0005
+    assert clock.rate == pytest.approx(20.0, rel=0.02)
+    _steady(clock, wall, last + 81, 40, step_ts=1.0, step_wall=0.05)  # and 2 wall s later as well
+    assert clock.rate == pytest.approx(20.0, rel=0.02)
+
+
 def test_after_a_forward_jump_the_rate_is_the_new_timelines_pace() -> None:
     """The site (20x) restarts 5000 s later: once the jump is followed the rate is the new
     timeline's 20x, not the 5000 s gained over a few wall seconds across the two timelines."""
