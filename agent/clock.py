@@ -97,8 +97,6 @@ class SiteClock:
         self._samples: collections.deque[tuple[float, float]] = collections.deque()
         self._slot_wall = -math.inf  # wall time the newest sample's 0.2-s slot began
         self._advanced = asyncio.Event() if _has_loop() else None
-        #: wall time (monotonic) at which the clock last moved forward on a message
-        self.last_advance_wall: float | None = None
         self._target: float | None = None
         #: wall time at which the first message stamped at or after the last :meth:`wait_until`
         #: target arrived (None when extrapolation, not a message, reached it)
@@ -149,7 +147,6 @@ class SiteClock:
         elif self._anchor_ts is None:
             self._first = _FirstAnchor(first_wall=w)
         self._anchor_ts, self._anchor_wall = ts_s, w
-        self.last_advance_wall = w
         if self._target is not None and ts_s >= self._target and self.target_reached_wall is None:
             self.target_reached_wall = w
         if self._infer:
