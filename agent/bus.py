@@ -325,7 +325,9 @@ class Bus:
 
     def _note_ended(self, connected: bool) -> bool:
         """The connection attempt ended; whether the backoff starts again from its shortest delay
-        (only after a connection that lasted :data:`SHORT_LIVED_S`)."""
+        (after a connection, unless it was short-lived while the client id is contested). A connection
+        that lasted :data:`SHORT_LIVED_S` ends a fight: the take-overs before it are forgotten, so that
+        :meth:`contested` does not say so again while the bus is disconnected (a broker restart)."""
         if not connected:
             self._short_lived = False  # the broker is away: not a take-over
             return False
@@ -333,6 +335,7 @@ class Bus:
         self._short_lived = lived < SHORT_LIVED_S and not self._closing
         if self._short_lived:
             return self.contested() is None  # contested: the backoff grows, the fight slows down
+        self._takeover_walls.clear()
         if self._contested_logged:
             log.info("%s: connection to %s lasted %.0f s: no take-over since", self.name, self.options.url, lived)
             self._contested_logged = False
