@@ -23,7 +23,7 @@ import pytest
 from mqtt_testing import PubackDroppingProxy
 
 from agent.broker import EmbeddedBroker
-from agent.bus import Bus, BusPubackTimeout, Incoming, LastWill, MqttOptions
+from agent.bus import Bus, BusNotConnected, BusPubackTimeout, Incoming, LastWill, MqttOptions
 
 pytestmark = pytest.mark.agent
 
@@ -296,3 +296,27 @@ async def test_a_connection_that_lasts_ends_the_take_over_fight_for_good(
         await asyncio.to_thread(mosquitto.start)
         await wait_for("the reconnect", lambda: a.connected)
         assert a.contested() is None and a.stats.takeovers >= 3
+
+
+async def test_an_on_connect_that_cannot_publish_is_a_warning_and_the_connection_stays(
+    mosquitto: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``on_connect`` raising a :class:`BusError` (a publish it could not make) is logged as a one-line
+    warning (no traceback: not a defect), and the bus stays connected and subscribed."""
+
+    async def on_connect(bus: Bus) -> None:
+        raise BusNotConnected("the status could not go out")
+
+    async with (
+        Bus(mosquitto.options(), subscriptions=["audit/c"], on_connect=on_connect, name="sub") as sub,
+        Bus(mosquitto.options(), name="pub") as pub,
+    ):
+        await sub.wait_connected(WAIT_S)
+        await pub.wait_connected(WAIT_S)
+        await pub.publish("audit/c", b"still here", qos=1)
+        [m] = [m async for m in _take(sub, 1)]
+        assert m.payload == b"still here" and sub.stats.connects == 1 and sub.stats.unexpected_errors == 0
+    lines = [r for r in caplog.records if r.name == "racktwin.bus" and r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.getMessage(), r.exc_info) for r in lines] == [
+        (logging.WARNING, "sub: on_connect could not publish: the status could not go out", None)
+    ]
