@@ -207,6 +207,7 @@ async def test_a_tls_listener_that_requires_client_certificates_starts_and_refus
     one does not."""
     tls = dataclasses.replace(tls_files.broker_tls(), require_certificate=True)
     broker = mosquitto_factory(tls=tls, startup_timeout_s=5.0)
+    assert broker.url.startswith("mqtts://") and broker.options().url == broker.url  # its options say TLS
     with_cert = broker.options(ca_file=tls_files.ca_file, cert_file=tls_files.cert_file, key_file=tls_files.key_file)
     await check_connection(with_cert, timeout_s=WAIT_S)
     with pytest.raises(BusConnectError):
