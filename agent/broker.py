@@ -1,7 +1,8 @@
 """An embedded MQTT broker for the demo, the simulator and the tests.
 
 ``EmbeddedBroker`` runs mosquitto when it is installed (a temporary config, a listener on a free
-loopback port, started as a child process, ready once it accepts TCP connections, stopped on exit)
+loopback port, started as a child process, ready once it answers an MQTT CONNECT on that port and
+its log says that it is the one listening, stopped on exit)
 and otherwise amqtt, the pure-Python broker from PyPI (``pip install 'amqtt>=0.11'``, the ``[broker]``
 extra), either as a child process (default) or in a thread of this process. Neither available:
 :class:`BrokerUnavailable` with what to install. It is a sync and an async context manager::
@@ -418,9 +419,7 @@ class EmbeddedBroker:
                     f"{self._requested_name()} exited with status {self._proc.returncode} on start: "
                     + self._tail_logs()
                 )
-            if (marker is None or marker.search(self.log_text())) and mqtt_answers(
-                self.host, self.port, tls=self.tls is not None
-            ):
+            if (marker is None or marker.search(self.log_text())) and self._answers():
                 return
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(
@@ -428,6 +427,18 @@ class EmbeddedBroker:
                     f"within {self.startup_timeout_s} s: " + self._tail_logs()
                 )
             time.sleep(0.02)
+
+    def _answers(self) -> bool:
+        """Whether the broker answers on its port: an MQTT CONNECT gets a CONNACK; on a TLS listener that
+        requires client certificates (the probe has none to show: the handshake fails) a TCP connection
+        is accepted, the log's marker having said that it is our broker that listens."""
+        if self.tls is not None and self.tls.require_certificate:
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+        return mqtt_answers(self.host, self.port, tls=self.tls is not None)
 
     def _requested_name(self) -> str:
         return self._starting

@@ -32,7 +32,8 @@ socket), the older reconnects and closes the newer, and so on. A connection the 
 within :data:`SHORT_LIVED_S` of its start, followed by a reconnect that succeeds at once (the broker
 is up: no restart), is such a take-over (``BusStats.takeovers``); :meth:`Bus.contested` says so
 once three came within ten minutes, and from then on the bus does not reset its backoff after a
-short-lived connection, so a fight slows from two reconnects a second to one per ``reconnect_max_s``.
+short-lived connection, so a fight slows from two to four reconnects a second to one every
+``reconnect_max_s / 2`` to ``reconnect_max_s`` (the random factor).
 :meth:`Bus.reconnect_with` connects again with other options (another client id).
 
 A message on a topic that none of the bus's subscriptions matches is dropped and counted
@@ -98,8 +99,10 @@ class BusNotConnected(BusError):
 
 
 class BusPubackTimeout(BusError):
-    """The broker did not acknowledge a QoS 1 publish in time. The client keeps the message and sends
-    it again itself after a reconnect: publishing it again now would only add a copy."""
+    """The broker did not acknowledge a QoS 1 publish in time. The message is in flight on this
+    connection (the broker may well have it): publishing it again now would only add a copy. It is
+    not sent again after a reconnect (each connection is a new client with nothing in flight): a
+    caller that needs it there sends it again then, as the publisher does with its open commands."""
 
 
 class BusConnectError(BusError):
@@ -325,7 +328,9 @@ class Bus:
 
     def _note_ended(self, connected: bool) -> bool:
         """The connection attempt ended; whether the backoff starts again from its shortest delay
-        (only after a connection that lasted :data:`SHORT_LIVED_S`)."""
+        (after a connection, unless it was short-lived while the client id is contested). A connection
+        that lasted :data:`SHORT_LIVED_S` ends a fight: the take-overs before it are forgotten, so that
+        :meth:`contested` does not say so again while the bus is disconnected (a broker restart)."""
         if not connected:
             self._short_lived = False  # the broker is away: not a take-over
             return False
@@ -333,6 +338,7 @@ class Bus:
         self._short_lived = lived < SHORT_LIVED_S and not self._closing
         if self._short_lived:
             return self.contested() is None  # contested: the backoff grows, the fight slows down
+        self._takeover_walls.clear()
         if self._contested_logged:
             log.info("%s: connection to %s lasted %.0f s: no take-over since", self.name, self.options.url, lived)
             self._contested_logged = False
@@ -481,7 +487,10 @@ class Bus:
         self, topic: str, payload: bytes, *, qos: int = 0, retain: bool = False, timeout_s: float | None = None
     ) -> None:
         """Publish; at QoS 1 returns once the broker has acknowledged. Raises :class:`BusNotConnected`
-        when the link is down and :class:`BusError` when the publish fails (nothing is queued)."""
+        when the link is down (also when it goes down under a QoS 1 publish waiting for its PUBACK),
+        :class:`BusPubackTimeout` when the broker did not acknowledge within ``timeout_s`` (default
+        ``connect_timeout_s``; the message stays in flight on this connection), and :class:`BusError`
+        when the publish fails otherwise (nothing is queued)."""
         client = self._client
         if client is None or not self.connected:
             raise BusNotConnected(f"{self.name}: not connected to {self.options.url}")
