@@ -90,6 +90,9 @@ DEFAULT_EXTERNAL_TIMEOUT_S = 120.0
 #: Most of a computing job's time that its stalls (``[phases]``) may take: beyond, a job barely computes.
 MAX_STALL_SHARE = 0.9
 
+#: Largest seed, in the file and as an override (``--seed``): a 64-bit signed integer, as TOML holds.
+MAX_SEED = 2**63 - 1
+
 
 _AMBIENT_KINDS: Mapping[str, type[Any]] = {
     "constant": ConstantAmbient,
@@ -190,7 +193,7 @@ class _RunFile:
     duration_s: float = field(metadata=rng(0.0, lo_open=True))  # at most MAX_DURATION_S (checked with overrides)
     site: str | None = None
     supernodes: int | None = field(default=None, metadata=rng(1, 10_000))
-    seed: int = field(default=0, metadata=rng(0, 2**63 - 1))
+    seed: int = field(default=0, metadata=rng(0, MAX_SEED))
     telemetry_period_s: float = field(default=1.0, metadata=rng(0.01, 3600.0))
     workload: WorkloadSection = field(default_factory=WorkloadSection)
     plant: _PlantSection = field(default_factory=_PlantSection)
@@ -336,8 +339,8 @@ def run_scenario_from_dict(
 
 def _seed_and_duration(top: _RunFile, seed: int | None, duration_s: float | None, source: str) -> tuple[int, float]:
     """The run's seed and duration: the file's unless given in their place (command-line options)."""
-    if seed is not None and seed < 0:
-        raise SpecError(source, "seed", f"must be >= 0, got {seed}")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise SpecError(source, "seed", f"must be within 0..{MAX_SEED} (as in the file), got {seed}")
     if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
         raise SpecError(source, "duration_s", f"must be a positive number of seconds, got {duration_s}")
     the_seed = top.seed if seed is None else seed
