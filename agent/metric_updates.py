@@ -127,8 +127,9 @@ class MetricUpdates:
                     for c in range(site.n_cards)
                 ]
             gauges = self._card_gauges
-            for c in np.flatnonzero(np.isfinite(die)).tolist():
-                gauges[c].set(float(die[c]))
+            reading = st.card_die_temp_c  # every card as it reads, a failed one too (rack_max leaves it out)
+            for c in np.flatnonzero(np.isfinite(reading)).tolist():
+                gauges[c].set(float(reading[c]))
         fac = st.facility
         if fac is not None:
             m.it_power_watts.set(fac.it_power_w)

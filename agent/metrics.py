@@ -2,7 +2,7 @@
 
 Metric names follow Prometheus conventions (base units, ``_total`` for counters, ``_ratio`` for
 ratios). Each agent has its own registry, so several can run in one process (tests). The HTTP
-server (:class:`HttpEndpoint`) is a small asyncio handler for GET requests only, bounded in time,
+server (:class:`HttpEndpoint`) is a small asyncio handler for GET (and HEAD) requests only, bounded in time,
 size and connections because it shares the event loop with the control loop; it needs no framework.
 
 /healthz answers 200 while the event loop runs (a hung loop does not answer at all);
@@ -281,8 +281,9 @@ class HttpEndpoint:
 
     Hardened against clients that are slow, many or hostile, since the endpoint shares the event
     loop with the control loop: the request head (request line and headers) must arrive within
-    ``head_timeout_s`` in all, a line at most ``max_line_bytes`` (else 431), at most
-    ``max_header_lines`` lines; the reply must be taken within ``write_timeout_s``; at most
+    ``head_timeout_s`` in all, a line at most ``max_line_bytes`` with its line end (else 431), at most
+    ``max_header_lines`` header lines (else 431); the reply must be taken within ``write_timeout_s``
+    (else the connection is dropped, with what the transport still held of the reply); at most
     ``max_connections`` are served at once (one more is answered 503 and closed); ``/metrics`` is
     rendered at most once every ``metrics_max_age_s`` (a burst of scrapes costs one rendering; a
     rendering at 2,048 cards takes ~30 ms). :meth:`close` also ends the connections still open.
@@ -315,7 +316,7 @@ class HttpEndpoint:
         self._exposition: tuple[float, bytes] | None = None  # (time.monotonic(), body)
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port, limit=self.max_line_bytes)
+        self._server = await asyncio.start_server(self._handle, host, port, limit=max(self.max_line_bytes - 1, 1))
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     def close(self) -> None:
@@ -345,7 +346,7 @@ class HttpEndpoint:
             try:  # (the head is read even when refusing: closing on unread data would reset the answer)
                 async with asyncio.timeout(min(self.head_timeout_s, 0.5) if over else self.head_timeout_s):
                     request = await reader.readline()
-                    for _ in range(self.max_header_lines):
+                    for _ in range(self.max_header_lines + 1):  # the headers, then the empty line
                         if await reader.readline() in (b"\r\n", b"\n", b""):
                             break
                     else:
@@ -387,9 +388,13 @@ class HttpEndpoint:
         head = (
             f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         ).encode("latin-1")
-        async with asyncio.timeout(self.write_timeout_s):
-            writer.write(head + (b"" if method == "HEAD" else body))
-            await writer.drain()
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                writer.write(head + (b"" if method == "HEAD" else body))
+                await writer.drain()
+        except TimeoutError:  # not taken in time: drop the connection and what the transport still holds for it
+            writer.transport.abort()
+            raise
 
 
 async def serve_http(metrics: AgentMetrics, readiness: ReadinessCheck, host: str, port: int) -> HttpEndpoint:
