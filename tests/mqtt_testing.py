@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from agent.broker import BrokerTls, EmbeddedBroker
-from agent.bus import MqttOptions
+from agent.bus import Bus, Incoming, MqttOptions
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_MOSQUITTO_DIR = REPO / "deploy" / "mosquitto"
@@ -297,3 +298,25 @@ async def _mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
         if not byte[0] & 0x80:
             break
     return header + encoded + (await r.readexactly(length) if length else b"")
+
+
+async def wait_for(what: str, cond: Callable[[], bool], wait_s: float = 15.0) -> None:
+    """Wait until ``cond()`` holds; fail the test naming ``what`` after ``wait_s`` (a bound on a hang,
+    not a timing assertion)."""
+    try:
+        async with asyncio.timeout(wait_s):
+            while not cond():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        pytest.fail(f"no {what} within {wait_s} s")
+
+
+async def until_sentinel(bus: Bus, sentinel: bytes, wait_s: float = 15.0) -> list[Incoming]:
+    """What ``bus`` takes from :meth:`Bus.messages` before the message whose payload is ``sentinel``."""
+    out: list[Incoming] = []
+    async with asyncio.timeout(wait_s):
+        async for m in bus.messages():
+            if m.payload == sentinel:
+                return out
+            out.append(m)
+    return out

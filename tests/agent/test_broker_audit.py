@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from mqtt_testing import TlsFiles
+from mqtt_testing import TlsFiles, until_sentinel, wait_for
 
 from agent.broker import EmbeddedBroker, mqtt_answers
 from agent.bus import Bus, BusConnectError, Incoming, check_connection
@@ -116,7 +116,7 @@ async def test_a_restarted_broker_is_a_fresh_one(mosquitto: EmbeddedBroker) -> N
         await late.wait_connected(WAIT_S)
         await pub2.wait_connected(WAIT_S)
         await pub2.publish("audit/end", b"end", qos=1)
-        got = await _until(late, b"end")
+        got = await until_sentinel(late, b"end")
     assert got == []
 
 
@@ -138,27 +138,8 @@ async def test_a_persistent_session_away_gets_more_than_mosquittos_default_1000_
     received: list[Incoming] = []
     async with Bus(session, subscriptions=["audit/away"], on_message=received.append, name="back") as back:
         await back.wait_connected(WAIT_S)
-        await _wait_for("every queued message", lambda: len(received) >= n)
+        await wait_for("every queued message", lambda: len(received) >= n)
     assert sorted(int(m.payload) for m in received) == list(range(n))
-
-
-async def _wait_for(what: str, cond: Callable[[], bool]) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not cond():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        pytest.fail(f"no {what} within {WAIT_S} s")
-
-
-async def _until(bus: Bus, sentinel: bytes) -> list[Incoming]:
-    out: list[Incoming] = []
-    async with asyncio.timeout(WAIT_S):
-        async for m in bus.messages():
-            if m.payload == sentinel:
-                return out
-            out.append(m)
-    return out
 
 
 @dataclasses.dataclass

@@ -17,10 +17,10 @@ import asyncio
 import dataclasses
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
-from mqtt_testing import PubackDroppingProxy
+from mqtt_testing import PubackDroppingProxy, until_sentinel, wait_for
 
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus, BusNotConnected, BusPubackTimeout, Incoming, LastWill, MqttOptions
@@ -32,26 +32,6 @@ WAIT_S = 15.0  # a bound on every wait (a hang fails the test); nothing here ass
 
 def fast(options: MqttOptions) -> MqttOptions:
     return dataclasses.replace(options, reconnect_min_s=0.05, reconnect_max_s=0.3)
-
-
-async def wait_for(what: str, cond: Callable[[], bool]) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not cond():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        pytest.fail(f"no {what} within {WAIT_S} s")
-
-
-async def until_sentinel(bus: Bus, sentinel: bytes) -> list[Incoming]:
-    """What ``bus`` takes from :meth:`Bus.messages` before the message whose payload is ``sentinel``."""
-    out: list[Incoming] = []
-    async with asyncio.timeout(WAIT_S):
-        async for m in bus.messages():
-            if m.payload == sentinel:
-                return out
-            out.append(m)
-    return out
 
 
 async def test_the_connection_asks_for_the_client_id_session_keepalive_and_user_of_the_options(
