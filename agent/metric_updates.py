@@ -120,16 +120,17 @@ class MetricUpdates:
                 m.rack_max_die_temperature_celsius.labels(rack=name).set(float(rack_max[r]))
         if m.per_card_temperatures:
             if self._card_gauges is None:
-                cpr = site.cards_per_rack
-                names = site.rack_names
-                self._card_gauges = [
-                    m.card_die_temperature_celsius.labels(rack=names[c // cpr], card=str(c % cpr))
-                    for c in range(site.n_cards)
-                ]
+                self._card_gauges = [None] * site.n_cards
             gauges = self._card_gauges
+            cpr = site.cards_per_rack
             reading = st.card_die_temp_c  # every card as it reads, a failed one too (rack_max leaves it out)
             for c in np.flatnonzero(np.isfinite(reading)).tolist():
-                gauges[c].set(float(reading[c]))
+                g = gauges[c]
+                if g is None:  # a card's series starts with its first reading (not at 0 deg C before it)
+                    g = gauges[c] = m.card_die_temperature_celsius.labels(
+                        rack=site.rack_names[c // cpr], card=str(c % cpr)
+                    )
+                g.set(float(reading[c]))
         fac = st.facility
         if fac is not None:
             m.it_power_watts.set(fac.it_power_w)

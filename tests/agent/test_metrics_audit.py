@@ -204,6 +204,24 @@ def test_gauges_follow_the_site_in_base_units(service: AgentService) -> None:
     assert v(service, "racktwin_open_commands") == 0.0
 
 
+def test_a_rack_that_has_not_reported_exports_no_reading_rather_than_nan(service: AgentService) -> None:
+    """Before a rack's first reading the agent knows nothing of its power, coolant temperatures or dies:
+    their series have no sample (a NaN sample would plot as a gap and compare false in every alert
+    rule, hiding the rack); its limit is known from the site and is exported."""
+    service.metric_updates.update()
+    rack = service.site.rack_names[0]
+    for name in (
+        "racktwin_rack_power_watts",
+        "racktwin_rack_supply_temperature_celsius",
+        "racktwin_rack_return_temperature_celsius",
+        "racktwin_rack_max_die_temperature_celsius",
+        "racktwin_telemetry_age_seconds",
+    ):
+        assert _value(service, name, rack=rack) is None, name
+    assert _value(service, "racktwin_card_die_temperature_celsius", rack=rack, card="0") is None
+    assert _value(service, "racktwin_rack_power_limit_watts", rack=rack) == service.site.rack.power_limit_w
+
+
 def test_a_decisions_gauges_are_reset_when_their_cause_is_gone(service: AgentService) -> None:
     """A rack's fail-safe flag goes back to 0 once its caps are lifted, a kind of queue wait to 0 once no
     job waits so; without pump control the speed reads 1 (full speed, a ratio); hosts off counted per rack."""
