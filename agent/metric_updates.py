@@ -4,6 +4,14 @@ and each decision's plan (:meth:`MetricUpdates.after_decision`).
 
 The counters the service's parts keep only grow; what was counted into the metrics so far is kept
 here, so that each update adds the difference.
+
+A measured gauge exports a value only while it is known: a rack's power, its loop's supply and return
+temperatures, a card's die temperature and the rack's hottest die have no sample (the labelled series
+is removed) once their source has not been read validly within ``control.telemetry_deadline_s`` (the
+deadline after which the rack goes to fail-safe caps: a source silent, or sending only values the
+belief refuses, NaN among them), and come back with the source's next valid reading; the facility's
+gauges (no labels to remove) read NaN then. ``racktwin_telemetry_age_seconds`` keeps growing meanwhile:
+it is what says so (docs/agent.md, "Observability").
 """
 
 from __future__ import annotations
@@ -53,7 +61,9 @@ class MetricUpdates:
         self.bus = bus
         self.book = book
         self.standby = standby
-        self._card_gauges: list[Any] | None = None
+        #: the control config's deadline (the book's is the service's): older readings are not known values
+        self.telemetry_deadline_s = book.control.telemetry_deadline_s
+        self._card_gauges: list[Any] = [None] * site.n_cards  # each card's series while it is exported
         self._seen_rejections: dict[str, int] = {}
         self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
         self._seen_invalid = np.zeros(site.n_racks)  # readings refused per rack, counted so far
@@ -103,42 +113,55 @@ class MetricUpdates:
             m.invalid_readings_total.labels(rack=site.rack_names[i]).inc(float(invalid[i] - self._seen_invalid[i]))
         self._seen_invalid = invalid
         now = self.clock.now()
+        # a reading at or after this site time is a known value (none before the clock's first reading)
+        fresh_s = math.inf if now is None else now - self.telemetry_deadline_s
         last = st.rack_last_seen_s()
+        limit_w = site.rack.power_limit_w
         for r, name in enumerate(site.rack_names):
-            if math.isfinite(st.rack_power_w[r]):
+            m.rack_power_limit_watts.labels(rack=name).set(limit_w)
+            if st.rack_pdu_seen_s[r] >= fresh_s and math.isfinite(st.rack_power_w[r]):
                 m.rack_power_watts.labels(rack=name).set(float(st.rack_power_w[r]))
-            m.rack_power_limit_watts.labels(rack=name).set(site.rack.power_limit_w)
-            if math.isfinite(st.rack_supply_temp_c[r]):
-                m.rack_supply_temperature_celsius.labels(rack=name).set(float(st.rack_supply_temp_c[r]))
-                m.rack_return_temperature_celsius.labels(rack=name).set(float(st.rack_return_temp_c[r]))
+            else:
+                m.rack_power_watts.remove(name)
+            supply, ret = float(st.rack_supply_temp_c[r]), float(st.rack_return_temp_c[r])
+            if st.rack_loop_seen_s[r] >= fresh_s and math.isfinite(supply) and math.isfinite(ret):
+                m.rack_supply_temperature_celsius.labels(rack=name).set(supply)
+                m.rack_return_temperature_celsius.labels(rack=name).set(ret)
+            else:
+                m.rack_supply_temperature_celsius.remove(name)
+                m.rack_return_temperature_celsius.remove(name)
             if now is not None and math.isfinite(last[r]):
                 m.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
-        die = np.where(np.isfinite(st.card_die_temp_c) & ~st.card_failed, st.card_die_temp_c, -np.inf)
+        reading = st.card_die_temp_c  # every card as it reads, a failed one too (rack_max leaves it out)
+        known = np.isfinite(reading) & (st.card_last_seen_s >= fresh_s)
+        die = np.where(known & ~st.card_failed, reading, -np.inf)
         rack_max = die.reshape(site.n_racks, site.cards_per_rack).max(axis=1)
         for r, name in enumerate(site.rack_names):
             if math.isfinite(rack_max[r]):
                 m.rack_max_die_temperature_celsius.labels(rack=name).set(float(rack_max[r]))
-        if m.per_card_temperatures:
-            if self._card_gauges is None:
-                self._card_gauges = [None] * site.n_cards
-            gauges = self._card_gauges
-            cpr = site.cards_per_rack
-            reading = st.card_die_temp_c  # every card as it reads, a failed one too (rack_max leaves it out)
-            for c in np.flatnonzero(np.isfinite(reading)).tolist():
-                g = gauges[c]
-                if g is None:  # a card's series starts with its first reading (not at 0 deg C before it)
-                    g = gauges[c] = m.card_die_temperature_celsius.labels(
-                        rack=site.rack_names[c // cpr], card=str(c % cpr)
-                    )
-                g.set(float(reading[c]))
+            else:
+                m.rack_max_die_temperature_celsius.remove(name)
+        gauges = self._card_gauges
+        cpr = site.cards_per_rack
+        for c in np.flatnonzero(known).tolist():
+            g = gauges[c]
+            if g is None:  # a card's series starts with its first known reading (not at 0 deg C before it)
+                g = gauges[c] = m.card_die_temperature_celsius.labels(rack=site.rack_names[c // cpr], card=str(c % cpr))
+            g.set(float(reading[c]))
+        for c in np.flatnonzero(~known).tolist():
+            if gauges[c] is not None:  # its value is no longer known: the series goes until the next reading
+                m.card_die_temperature_celsius.remove(site.rack_names[c // cpr], str(c % cpr))
+                gauges[c] = None
         fac = st.facility
-        if fac is not None:
+        if fac is not None and fac.time_s >= fresh_s:
             m.it_power_watts.set(fac.it_power_w)
             m.facility_power_watts.set(fac.facility_power_w)
             m.cooling_power_watts.set(fac.cooling_power_w)
-            if fac.it_power_w > 0:
-                m.pue_ratio.set(fac.facility_power_w / fac.it_power_w)
+            m.pue_ratio.set(fac.facility_power_w / fac.it_power_w if fac.it_power_w > 0 else math.nan)
             m.ambient_temperature_celsius.set(fac.ambient_temp_c)
+        else:  # none read yet, or none within the deadline: unknown
+            for gauge in m.facility_gauges():
+                gauge.set(math.nan)
         m.anomalies.labels(kind="stuck_sensor").set(len(st.stuck_racks()) + len(st.stuck_cards()))
         m.open_commands.set(len(self.book.open))
         standby = self.standby

@@ -46,11 +46,10 @@ ReadinessCheck = Callable[[], list[str]]  # returns the reasons it is not ready 
 class AgentMetrics:
     """All metrics of one agent, on their own registry."""
 
-    def __init__(self, rack_names: Sequence[str], per_card_temperatures: bool = True) -> None:
+    def __init__(self, rack_names: Sequence[str]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.rack_names = tuple(rack_names)
-        self.per_card_temperatures = per_card_temperatures
         self.rack_power_watts = Gauge("racktwin_rack_power_watts", "Rack power (PDU)", ["rack"], registry=r)
         self.rack_power_limit_watts = Gauge("racktwin_rack_power_limit_watts", "Rack power limit", ["rack"], registry=r)
         self.rack_max_die_temperature_celsius = Gauge(
@@ -252,7 +251,21 @@ class AgentMetrics:
         )
         for name in self.rack_names:
             self.rack_failsafe.labels(rack=name).set(0)
+        # the facility's readings are unknown until its first one (unlabelled: NaN rather than a 0 W, 0 deg C that
+        # is no reading; agent.metric_updates sets NaN again when its readings stop)
+        for gauge in self.facility_gauges():
+            gauge.set(float("nan"))
         self._zero_counters()
+
+    def facility_gauges(self) -> tuple[Gauge, ...]:
+        """The gauges of the facility's readings (NaN while it has none known)."""
+        return (
+            self.it_power_watts,
+            self.facility_power_watts,
+            self.cooling_power_watts,
+            self.pue_ratio,
+            self.ambient_temperature_celsius,
+        )
 
     def _zero_counters(self) -> None:
         """Export every counter series the agent may count from the start, at 0: a series that first
