@@ -255,6 +255,9 @@ class AgentMetrics:
         # is no reading; agent.metric_updates sets NaN again when its readings stop)
         for gauge in self.facility_gauges():
             gauge.set(float("nan"))
+        # nor is there a decided set-point or a predicted facility power before the first decision
+        self.supply_setpoint_celsius.set(float("nan"))
+        self.predicted_facility_power_watts.set(float("nan"))
         self._zero_counters()
 
     def facility_gauges(self) -> tuple[Gauge, ...]:

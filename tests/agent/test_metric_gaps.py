@@ -322,3 +322,19 @@ def test_stuck_sensor_anomalies_count_stuck_cards_and_racks_and_clear_when_they_
     service.state.update(reading(n + 1, frozen=False))
     clock.t_s = T0 + n + 1
     assert _at(_scrape(service), "racktwin_anomalies", kind="stuck_sensor") == 0.0
+
+
+def test_the_decided_set_point_and_predicted_facility_power_read_nan_until_the_first_decision(
+    service: AgentService,
+) -> None:
+    """Before any decision there is no decided set-point and no prediction (before: 0 deg C and 0 W, a
+    set-point no plant could run at); after one, the decision's own values."""
+    s = _scrape(service)
+    assert math.isnan(_at(s, "racktwin_supply_setpoint_celsius") or 0.0)
+    assert math.isnan(_at(s, "racktwin_predicted_facility_power_watts") or 0.0)
+    _plant, state = belief(service.site, [job("a", 64)], 5)
+    d = decision_like(state.snapshot(), supply_temp_c=32.0, predicted_facility_power_w=412_000.0)
+    service.metric_updates.after_decision(d)
+    s = _scrape(service)
+    assert _at(s, "racktwin_supply_setpoint_celsius") == 32.0
+    assert _at(s, "racktwin_predicted_facility_power_watts") == 412_000.0
