@@ -58,6 +58,7 @@ from typing import Any
 
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.client import MQTT_LOG_ERR
 
 from agent.aio import cancel_and_wait, cancellation_kept, wait_event
 from agent.mqtt_options import MqttOptions, TlsFileError
@@ -518,12 +519,80 @@ class Bus:
         await self.publish(out.topic, out.payload, qos=out.qos, retain=out.retain, timeout_s=timeout_s)
 
 
+def _closed_before_connack(client: aiomqtt.Client) -> asyncio.Future[str]:
+    """A future set, with paho's last error line (or ""), when the connection of ``client`` ends before
+    the broker answered CONNECT. aiomqtt 2.x ignores such an end (its ``_on_disconnect`` returns early
+    while not connected) and waits out its timeout for a CONNACK that cannot come; paho reports it to
+    its ``on_disconnect`` callback, which this wraps (on the client aiomqtt keeps, when it has one)."""
+    loop = asyncio.get_running_loop()
+    closed: asyncio.Future[str] = loop.create_future()
+    paho = getattr(client, "_client", None)
+    if paho is None or not hasattr(paho, "on_disconnect") or not hasattr(paho, "on_connect"):
+        return closed  # another aiomqtt: never set (the caller's timeout stands)
+    state = {"connack": False, "error": ""}
+    then_connect, then_disconnect = paho.on_connect, paho.on_disconnect
+
+    def on_log(_paho: Any, _userdata: Any, level: int, buf: str) -> None:
+        if level == MQTT_LOG_ERR:  # e.g. "failed to receive on socket: [SSL: ...] ...": the part after the colon
+            state["error"] = buf.partition(": ")[2] if buf.startswith("failed to ") else buf
+
+    def on_connect(*args: Any) -> None:
+        state["connack"] = True
+        then_connect(*args)
+
+    def on_disconnect(*args: Any) -> None:
+        if not state["connack"]:
+            error = str(state["error"])
+            loop.call_soon_threadsafe(lambda: None if closed.done() else closed.set_result(error))
+        then_disconnect(*args)
+
+    paho.on_log, paho.on_connect, paho.on_disconnect = on_log, on_connect, on_disconnect
+    return closed
+
+
+def _closed_message(options: MqttOptions, error: str) -> str:
+    why = f": {error}" if error else ""
+    if not options.use_tls:
+        return f"{options.url} closed the connection before answering MQTT CONNECT{why}"
+    no_cert = options.cert_file is None
+    if "SSL" in error or "alert" in error.lower():
+        msg = f"{options.url} refused the TLS handshake (it closed the connection before answering MQTT CONNECT{why})"
+        if no_cert and "CERTIFICATE_REQUIRED" in error.upper():
+            return f"{msg}: the broker requires a client certificate and this client presents none"
+        return msg + (": does the broker require a client certificate? this client presents none" if no_cert else "")
+    msg = f"{options.url} closed the connection before answering MQTT CONNECT{why}"
+    if no_cert:
+        msg += " (over TLS, how a broker that requires a client certificate refuses a client that presents none)"
+    return msg
+
+
 async def check_connection(options: MqttOptions, timeout_s: float = 5.0) -> None:
-    """Connect once and disconnect; :class:`BusConnectError` saying why when that fails."""
+    """Connect once and disconnect; :class:`BusConnectError` saying why when that fails. A broker that
+    closes the connection before it answers CONNECT is reported as soon as it does (not after
+    ``timeout_s`` as "no answer"): over TLS, a refused handshake. With TLS 1.3 the client's side of
+    the handshake completes before the broker checks the client certificate, so a broker that
+    requires one refuses a client without one only with an alert read after CONNECT was sent."""
+    client = _client(options, None)
+    closed = _closed_before_connack(client)
+
+    async def connect_once() -> None:
+        async with client:
+            return
+
     try:
         async with asyncio.timeout(timeout_s):
-            async with _client(options, None):
-                return
+            task = asyncio.ensure_future(connect_once())
+            try:
+                either: set[asyncio.Future[Any]] = {task, closed}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, OSError):
+                    await task  # let it end; its error is raised below unless the early close says more
+            if closed.done():
+                raise BusConnectError(_closed_message(options, closed.result()))
+            await task
     except TimeoutError:
         raise BusConnectError(f"no answer from {options.url} within {timeout_s} s") from None
     except MqttConnectError as exc:

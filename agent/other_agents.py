@@ -101,10 +101,11 @@ class OtherAgents:
     command topics that it did not send.
 
     A status counts as a sign of life when it is published while this agent listens (not the retained
-    copy a subscription gets) or when a retained copy is newer than the one seen before; a command
-    always does. An agent is *alive* while online with a sign of life in the last
-    :data:`PEER_SILENT_S`; a retained "online" without one yet is *unconfirmed* for
-    :data:`PEER_PROOF_S` after it was first seen (then stale: a host that died before its will was
+    copy a subscription gets) or when a retained copy is newer than a status seen before; a command
+    always does, as of its stamp. An agent is *alive* while online with a sign of life in the last
+    :data:`PEER_SILENT_S`; a retained "online" without one since it was first seen (copies of its
+    commands stamped more than :data:`PEER_SILENT_S` ago prove nothing now, nor end the wait) is
+    *unconfirmed* for :data:`PEER_PROOF_S` after it was first seen (then stale: a host that died before its will was
     published), unless it names an earlier run on this host whose process is gone (a restart after a
     crash: stale at once). :meth:`blocker` applies the rule both sides agree on.
 
@@ -147,7 +148,7 @@ class OtherAgents:
         if status.publisher == self.me.publisher:
             return None
         now_wall = self._t(now_wall)
-        known = status.publisher in self.peers
+        known = status.publisher in self.peers and self.peers[status.publisher].seq >= 0  # a status seen before
         peer = self._peer(status.publisher, now_wall)
         online = status.state is wire.AgentState.ONLINE
         if known and online and status.seq <= peer.seq:
@@ -203,12 +204,16 @@ class OtherAgents:
         return [p for p in self.peers.values() if p.online and now_wall - p.alive_wall <= PEER_SILENT_S]
 
     def unconfirmed(self, now_wall: float) -> list[Peer]:
+        """Agents whose status says online (a retained copy) with no sign of life since they were first
+        seen (none at all, or only copies of commands stamped before: a sign of life then, not now),
+        within :data:`PEER_PROOF_S` of that."""
         now_wall = self._t(now_wall)
         return [
             p
             for p in self.peers.values()
             if p.online
-            and p.alive_wall == -math.inf
+            and p.seq >= 0
+            and p.alive_wall < p.seen_wall
             and now_wall - p.seen_wall < PEER_PROOF_S
             and not self.earlier_run_here(p.instance)
         ]

@@ -73,7 +73,7 @@ def decode_faults(
     if not isinstance(raw, list):
         raise SpecError(source, "faults", "expected a list of tables ([[faults]])")
     faults: list[Fault] = []
-    sim_faults: list[SimFault] = []
+    sim_faults: list[tuple[int, SimFault]] = []  # with its index in the file
     racks = {name: i for i, name in enumerate(site.rack_names)}
     for i, entry in enumerate(raw):
         where = f"faults[{i}]"
@@ -95,14 +95,19 @@ def decode_faults(
         _check_fault_target(fault, site, source, where)
         _check_fault_start(fault, source, where, duration_s, shortened_from_s, warn)
         if isinstance(fault, BrokerDisconnect):
-            sim_faults.append(fault)
+            sim_faults.append((i, fault))
         else:
             faults.append(fault)
-    sim_faults.sort(key=lambda f: f.start_s)
-    for a, b in itertools.pairwise(sim_faults):
+    sim_faults.sort(key=lambda item: item[1].start_s)
+    for (i, a), (j, b) in itertools.pairwise(sim_faults):
         if b.start_s < a.end_s:
-            raise SpecError(source, "faults", f"broker disconnects overlap ({a.start_s:g} s and {b.start_s:g} s)")
-    return faults, sim_faults
+            raise SpecError(
+                source,
+                f"faults[{j}].start_s",
+                f"broker disconnects overlap: this one starts at {b.start_s:g} s, before the one of faults[{i}] "
+                f"({a.start_s:g} s to {a.end_s:g} s) ends (back to back ones are one outage)",
+            )
+    return faults, [f for _, f in sim_faults]
 
 
 def _decode_fault(cls: type[Any], table: dict[str, Any], source: str, where: str) -> Any:

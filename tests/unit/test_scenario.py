@@ -412,7 +412,7 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         (
             {"faults": [{"kind": "broker_disconnect", "start_s": 10, "duration_s": 60},
                         {"kind": "broker_disconnect", "start_s": 30, "duration_s": 5}]},
-            "faults",
+            "faults[1].start_s",
             "overlap",
         ),
         ({"faults": {"kind": "heat_wave"}}, "faults", "list of tables"),
