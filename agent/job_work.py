@@ -5,10 +5,10 @@ card-seconds kept, ``twin.plant.JobRecord.work_done_card_s``; their sum is the r
 of per-job differences. A job that finishes within the run does the same work under both (its
 total); only the jobs still running or queued at the end differ, each by about its cards times how
 much later it started (a queue wait, a host's boot) or how much slower it ran (DVFS). On a day at
-65% allocation one big job started a few minutes later can outweigh everything else (the nominal day:
-one 256-card job started 1,215 s later under racktwin than under reactive cost 1.18% of the work,
-the other jobs gained 0.80%), so a throughput verdict is explained by the jobs behind it, not by a
-mean.
+65% allocation one big job started a few minutes later can outweigh everything else (the nominal day
+before 39da4ac: one 256-card job started 1,215 s later under racktwin than under reactive cost 1.18%
+of the work, the other jobs gained 0.80%; docs/evaluation.md), so a throughput verdict is explained
+by the jobs behind it, not by a mean.
 
 Pure functions (no I/O); ``agent.evaluate`` records :class:`JobWork` per policy and
 ``agent.targets`` names the largest differences in a missed target's why.
