@@ -3,7 +3,10 @@
 :class:`Bus` keeps one connection alive: an outer loop connects (username/password, TLS), re-issues
 every subscription on every connect, hands incoming messages to the caller, and after a lost
 connection or a refused one waits a randomized exponential backoff (``reconnect_min_s`` doubling to
-``reconnect_max_s``, times a random factor in [0.5, 1)) before trying again. The caller never sees
+``reconnect_max_s``, times a random factor in [0.5, 1)) before trying again. A broker that closes the
+connection before it answers CONNECT (over TLS: it refused the handshake, as one that requires a client
+certificate refuses a client without one) ends the attempt at once (aiomqtt alone waits out
+``connect_timeout_s``), and the log and ``BusStats.last_error`` say why. The caller never sees
 ``aiomqtt.MqttError``: it iterates :meth:`Bus.messages` (or passes ``on_message``) and publishes with
 :meth:`Bus.publish` / :meth:`Bus.send`, which raise :class:`BusNotConnected` while the link is down,
 and as soon as it goes down under a QoS 1 publish waiting for its PUBACK (aiomqtt would wait out its
@@ -59,6 +62,7 @@ from typing import Any
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.client import MQTT_LOG_ERR
+from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.aio import cancel_and_wait, cancellation_kept, wait_event
 from agent.mqtt_options import MqttOptions, TlsFileError
@@ -361,7 +365,7 @@ class Bus:
             _mute_disconnect_error(client)
             connected = False
             try:
-                async with client:
+                async with _Connection(client, self.options):
                     _mute_disconnect_error(client)
                     connected = True
                     self._note_connected()
@@ -389,7 +393,8 @@ class Bus:
                     log.warning("%s: connection to %s lost: %s", self.name, self.options.url, exc)
                 else:
                     self.stats.failed_connects += 1
-                    level = logging.ERROR if isinstance(exc, MqttConnectError) else logging.WARNING
+                    refused = isinstance(exc, (MqttConnectError, _ClosedBeforeConnack))  # not a broker away
+                    level = logging.ERROR if refused else logging.WARNING
                     log.log(level, "%s: cannot connect to %s: %s", self.name, self.options.url, exc)
             except Exception as exc:  # a defect in the client library or here: never the end of the bus
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -523,14 +528,18 @@ def _closed_before_connack(client: aiomqtt.Client) -> asyncio.Future[str]:
     """A future set, with paho's last error line (or ""), when the connection of ``client`` ends before
     the broker answered CONNECT. aiomqtt 2.x ignores such an end (its ``_on_disconnect`` returns early
     while not connected) and waits out its timeout for a CONNACK that cannot come; paho reports it to
-    its ``on_disconnect`` callback, which this wraps (on the client aiomqtt keeps, when it has one)."""
+    its ``on_disconnect`` callback, which this wraps on the paho client aiomqtt keeps.
+
+    That client is aiomqtt's private ``_client``: where it is missing (another aiomqtt), or lacks paho's
+    callbacks, the future is never set and the caller's wait ends as before (aiomqtt's "Operation timed
+    out" after ``connect_timeout_s``)."""
     loop = asyncio.get_running_loop()
     closed: asyncio.Future[str] = loop.create_future()
     paho = getattr(client, "_client", None)
-    if paho is None or not hasattr(paho, "on_disconnect") or not hasattr(paho, "on_connect"):
-        return closed  # another aiomqtt: never set (the caller's timeout stands)
+    if paho is None or not all(hasattr(paho, name) for name in ("on_connect", "on_disconnect", "on_log")):
+        return closed  # never set: the old behaviour
     state = {"connack": False, "error": ""}
-    then_connect, then_disconnect = paho.on_connect, paho.on_disconnect
+    then_connect, then_disconnect, then_log = paho.on_connect, paho.on_disconnect, paho.on_log
 
     def on_log(_paho: Any, _userdata: Any, level: int, buf: str) -> None:
         if level == MQTT_LOG_ERR:  # e.g. "failed to receive on socket: [SSL: ...] ...": the part after the colon
@@ -538,16 +547,56 @@ def _closed_before_connack(client: aiomqtt.Client) -> asyncio.Future[str]:
 
     def on_connect(*args: Any) -> None:
         state["connack"] = True
+        paho.on_log = then_log  # with on_log set paho formats every log line (one per message) for it
         then_connect(*args)
 
     def on_disconnect(*args: Any) -> None:
-        if not state["connack"]:
+        # paho itself ends a connection whose CONNACK has not come within keepalive_s (its keepalive
+        # check): the broker closed nothing, and aiomqtt's time-out says what happened
+        gave_up = any(isinstance(a, ReasonCode) and a == "Keep alive timeout" for a in args)
+        if not state["connack"] and not gave_up:
             error = str(state["error"])
             loop.call_soon_threadsafe(lambda: None if closed.done() else closed.set_result(error))
         then_disconnect(*args)
 
     paho.on_log, paho.on_connect, paho.on_disconnect = on_log, on_connect, on_disconnect
     return closed
+
+
+class _ClosedBeforeConnack(aiomqtt.MqttError):
+    """:class:`_Connection`: the broker closed the connection before it answered CONNECT (the message
+    says why, :func:`_closed_message`)."""
+
+
+class _Connection(contextlib.AbstractAsyncContextManager[aiomqtt.Client]):
+    """``async with _Connection(client, options)``: ``async with client``, except that a broker that
+    closes the connection before it answers CONNECT ends the connect at once, with
+    :class:`_ClosedBeforeConnack` saying why (over TLS, a refused handshake: with TLS 1.3 the client's
+    side of the handshake completes before the broker checks the client certificate, so a broker that
+    requires one refuses a client without one only with an alert read after CONNECT was sent), where
+    aiomqtt would wait out ``connect_timeout_s`` and say "Operation timed out". Other failures are
+    aiomqtt's, as with ``async with client``. Used by :class:`Bus` and :func:`check_connection`."""
+
+    def __init__(self, client: aiomqtt.Client, options: MqttOptions) -> None:
+        self._client = client
+        self._options = options
+
+    async def __aenter__(self) -> aiomqtt.Client:
+        closed = _closed_before_connack(self._client)
+        entering = asyncio.ensure_future(self._client.__aenter__())
+        try:
+            either: set[asyncio.Future[Any]] = {entering, closed}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not entering.done():
+                await cancel_and_wait(entering)  # a throw-away client: its lock and futures are never used again
+        failed = entering.cancelled() or entering.exception() is not None  # exception(): retrieved, not logged
+        if failed and closed.done():  # the early close says more than aiomqtt's error
+            raise _ClosedBeforeConnack(_closed_message(self._options, closed.result()))
+        return entering.result()  # aiomqtt's error, or the connected client
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._client.__aexit__(*exc)
 
 
 def _closed_message(options: MqttOptions, error: str) -> str:
@@ -572,27 +621,12 @@ async def check_connection(options: MqttOptions, timeout_s: float = 5.0) -> None
     ``timeout_s`` as "no answer"): over TLS, a refused handshake. With TLS 1.3 the client's side of
     the handshake completes before the broker checks the client certificate, so a broker that
     requires one refuses a client without one only with an alert read after CONNECT was sent."""
-    client = _client(options, None)
-    closed = _closed_before_connack(client)
-
-    async def connect_once() -> None:
-        async with client:
-            return
-
     try:
         async with asyncio.timeout(timeout_s):
-            task = asyncio.ensure_future(connect_once())
-            try:
-                either: set[asyncio.Future[Any]] = {task, closed}
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not task.done():
-                    task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError, OSError):
-                    await task  # let it end; its error is raised below unless the early close says more
-            if closed.done():
-                raise BusConnectError(_closed_message(options, closed.result()))
-            await task
+            async with _Connection(_client(options, None), options):
+                return
+    except _ClosedBeforeConnack as exc:
+        raise BusConnectError(str(exc)) from None
     except TimeoutError:
         raise BusConnectError(f"no answer from {options.url} within {timeout_s} s") from None
     except MqttConnectError as exc:
