@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import sqlite3
@@ -176,7 +177,7 @@ async def test_a_decision_every_period_of_site_time(mosquitto: EmbeddedBroker, t
     first = made[0][0]
     later = [t for t, _ in made if first < t <= first + 60.0]
     assert 5 <= len(later) <= 7, made
-    gaps = [b - a for a, b in zip([first, *later], later, strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise([first, *later])]
     assert all(period_s * 0.5 < g < period_s * 1.5 for g in gaps), gaps
 
 
