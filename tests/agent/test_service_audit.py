@@ -231,6 +231,7 @@ async def test_a_stop_before_any_telemetry_is_a_clean_shutdown_that_releases_the
         await wait_for("the run's end after stop()", task.done, 15.0)
     assert task.exception() is None
     assert service.decisions == 0
+    assert not service.bus.connected  # its client is gone, not left running
     status = await retained_status(mosquitto, site)
     assert status.state == wire.AgentState.OFFLINE and status.detail == "clean shutdown", status
     Journal(tmp_path / "journal.sqlite", lock=True).close()  # not held any more
@@ -329,3 +330,102 @@ async def test_a_late_solve_gives_the_greedy_plan_and_no_new_solve_until_it_retu
     assert after_hang[0] == LATE, hung
     assert all(note == STILL_RUNNING for note in after_hang[1:]), hung
     assert all(n == 2 for n, _ in hung[1:]), hung  # no new solve while the late one runs
+
+
+async def test_acks_taken_in_during_a_stop_on_a_busy_bus_are_journaled_before_it_closes(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """docs/agent.md: a clean stop "waits up to 2 s for the acks of the commands in flight: the
+    journal then records them ``applied`` or ``rejected``, not ``sent``". Acks go to the journal in
+    batches, when the client has nothing more waiting; on a busy bus (here: the client always has
+    more waiting once the stop is asked) the acks the stop waited for are in no batch yet, and the
+    journal the agent closes must still have them."""
+    service = service_on(mosquitto, tmp_path, period_s=5.0, speed=20.0, mode="enforce")
+    site = service.site
+    last: list[str] = []
+    submit = service.publisher.submit
+    pending = service.bus.pending
+    stopping: list[bool] = []
+
+    def submit_then_stop(commands: Any) -> None:
+        commands = list(commands)
+        submit(commands)
+        if commands and not last:
+            last.extend(oc.command_id for oc in commands)
+            stopping.append(True)
+            service.stop("test")
+
+    service.publisher.submit = submit_then_stop  # type: ignore[method-assign]
+    service.bus.pending = lambda: 1 if stopping else pending()  # type: ignore[method-assign]
+    task = asyncio.create_task(service.run())
+    sim_task: asyncio.Task[Any] | None = None
+    try:
+        await wait_for("the agent's connection", lambda: service.bus.connected)
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 20.0).run())
+        await wait_for("the run's end after the stop", task.done, 30.0)
+    finally:
+        if sim_task is not None:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+        service.stop()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, 15)
+    assert task.exception() is None
+    assert last, "no decision sent commands"
+    with contextlib.closing(sqlite3.connect(tmp_path / "journal.sqlite")) as db:
+        states = dict(db.execute("SELECT command_id, state FROM commands").fetchall())
+    assert {states[i] for i in last} == {"applied"}, [states[i] for i in last]
+
+
+async def test_a_loop_that_fell_behind_by_periods_decides_once_then_one_period_on(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A cycle that took two seconds (its advice held up on the way out: 20 s of site time, two
+    periods at 10x) is not followed by a burst of decisions for the periods it missed: the next one
+    comes at once, the one after it a period later (no two decisions less than half a period apart).
+    The service's docstring said "a period is never skipped": these two are, by design."""
+    service = service_on(mosquitto, tmp_path, period_s=10.0, speed=10.0)
+    site = service.site
+    real_send = service.bus.send
+    sends: list[float] = []
+
+    async def send(*args: Any, **kwargs: Any) -> Any:
+        sends.append(time.monotonic())
+        if len(sends) == 2:
+            await asyncio.sleep(2.0)  # a decision's advice waits for the broker (the 1st send is the status)
+        return await real_send(*args, **kwargs)
+
+    service.bus.send = send  # type: ignore[method-assign]
+    async with running(service):
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 10.0).run())
+        try:
+            await wait_for("five decisions", lambda: service.decisions >= 5, 30.0)
+        finally:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+    made = [t for t, _ in decisions(tmp_path / "journal.sqlite")]
+    assert len(made) >= 5, made
+    gaps = [b - a for a, b in itertools.pairwise(made)]
+    assert max(gaps) > 15.0, made  # the held-up cycle took two periods
+    assert min(gaps) > 5.0, made
+
+
+async def test_racks_gone_silent_make_the_agent_not_ready_and_say_which(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """docs/agent.md: ``/readyz`` is 200 only when "every rack's telemetry is fresh". Ready while the
+    simulator reports; once it stops, past ``telemetry_deadline_s`` (10 s of site time), not ready,
+    naming both racks."""
+    service = service_on(mosquitto, tmp_path, period_s=5.0, speed=20.0)
+    site = service.site
+    async with running(service):
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 20.0).run())
+        try:
+            await wait_for("ready", lambda: service.readiness() == [] and service.decisions >= 1, 30.0)
+        finally:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+        await wait_for("not ready for stale telemetry", lambda: "no fresh telemetry from r0, r1" in service.readiness())
