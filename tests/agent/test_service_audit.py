@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import re
+import socket
 import sqlite3
 import threading
 import time
@@ -31,7 +32,7 @@ from agent.broker import EmbeddedBroker
 from agent.bus import Bus, Incoming
 from agent.config import load_config
 from agent.journal import Journal
-from agent.service import AgentService
+from agent.service import AgentService, HttpListenError
 from sim.runner import SimOptions, Simulator
 from twin.scenario import RunScenario, run_scenario_from_dict
 from twin.spec import SiteSpec
@@ -64,19 +65,30 @@ def write_site(folder: Path) -> Path:
 
 
 def service_on(
-    broker: EmbeddedBroker, folder: Path, *, period_s: float, speed: float, mode: str = "advisory"
+    broker: EmbeddedBroker,
+    folder: Path,
+    *,
+    period_s: float,
+    speed: float,
+    mode: str = "advisory",
+    replan: bool = False,
+    min_replan_s: float = 1.0,
+    http_listen: tuple[str, int] | None = None,
+    **control: Any,
 ) -> AgentService:
     """A service (not started) on the test site, its journal in ``folder``; site time runs ``speed``
-    times the wall clock; no job events ask for decisions (only the period does)."""
+    times the wall clock; no job events ask for decisions (only the period does) unless ``replan``;
+    ``control``: more of the ``[control]`` table; ``http_listen``: its HTTP endpoint (none without)."""
     write_site(folder)
     control = {
         "period_s": period_s,
         "solve_deadline_s": 0.1,
         "telemetry_deadline_s": 2 * period_s,
         "time_scale": 1.0 / speed,
-        "replan_on_job_events": False,
-        "min_replan_interval_s": 1.0,
+        "replan_on_job_events": replan,
+        "min_replan_interval_s": min_replan_s,
         "command_ttl_s": max(30.0, period_s),
+        **control,
     }
     lines = [
         'site = "site.toml"',
@@ -92,14 +104,16 @@ def service_on(
     cfg = folder / "agent.toml"
     cfg.write_text("\n".join(lines) + "\n", encoding="utf-8")
     loaded = load_config(cfg, env={"RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{broker.port}"})
-    return AgentService(loaded, mqtt=broker.options(client_id=f"agent-{uuid.uuid4().hex[:8]}"), http=False)
+    options = broker.options(client_id=f"agent-{uuid.uuid4().hex[:8]}")
+    return AgentService(loaded, mqtt=options, http=http_listen is not None, http_listen=http_listen)
 
 
-def busy_site(site: SiteSpec, duration_s: float) -> RunScenario:
-    jobs = [
-        {"id": j, "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True}
-        for j in ("a", "b")
-    ]
+def busy_site(site: SiteSpec, duration_s: float, jobs: list[dict[str, Any]] | None = None) -> RunScenario:
+    if jobs is None:  # both racks busy from the start
+        jobs = [
+            {"id": j, "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True}
+            for j in ("a", "b")
+        ]
     data: dict[str, Any] = {
         "name": "service-audit",
         "duration_s": duration_s,
@@ -111,10 +125,12 @@ def busy_site(site: SiteSpec, duration_s: float) -> RunScenario:
     return run_scenario_from_dict(data, source="service-audit", site=site)
 
 
-def simulator(broker: EmbeddedBroker, site: SiteSpec, duration_s: float, speed: float) -> Simulator:
+def simulator(
+    broker: EmbeddedBroker, site: SiteSpec, duration_s: float, speed: float, jobs: list[dict[str, Any]] | None = None
+) -> Simulator:
     return Simulator(
         SimOptions(
-            scenario=busy_site(site, duration_s),
+            scenario=busy_site(site, duration_s, jobs),
             mqtt=broker.options(client_id=f"sim-{uuid.uuid4().hex[:6]}"),
             site_id=SITE_ID,
             speed=speed,
@@ -429,3 +445,84 @@ async def test_racks_gone_silent_make_the_agent_not_ready_and_say_which(
             with contextlib.suppress(BaseException):
                 await sim_task
         await wait_for("not ready for stale telemetry", lambda: "no fresh telemetry from r0, r1" in service.readiness())
+
+
+async def test_job_events_get_a_decision_at_once_at_most_every_min_replan_interval(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """docs/agent.md: a decision every period "and at once (at most every ``min_replan_interval_s``)
+    when a job starts, ends, ... or is submitted when the agent places jobs", the incremental one.
+    Jobs submitted at 23 s and 24 s of a 10 s period (the first placed at once, its start another
+    event) get incremental decisions between the periodic ones, none within 3 s of the last one."""
+    service = service_on(mosquitto, tmp_path, period_s=10.0, speed=10.0, replan=True, min_replan_s=3.0)
+    site = service.site
+    jobs = [
+        {"id": "a", "n_cards": 16, "duration_s": 36000.0, "compute_share": 0.97, "running_at_start": True},
+        {"id": "b", "n_cards": 8, "duration_s": 36000.0, "compute_share": 0.97, "submit_time_s": 23.0},
+        {"id": "c", "n_cards": 4, "duration_s": 36000.0, "compute_share": 0.97, "submit_time_s": 24.0},
+    ]
+    async with running(service):
+        await simulator(mosquitto, site, 45.0, 10.0, jobs).run()
+    made = decisions(tmp_path / "journal.sqlite")
+    incremental = [t for t, status in made if status == "incremental"]
+    assert any(23.0 <= t < 27.0 for t in incremental), made  # b's submission, at once (or 3 s on)
+    gaps = [(b[0] - a[0], b[1]) for a, b in itertools.pairwise(made)]
+    assert all(gap >= 3.0 for gap, status in gaps if status == "incremental"), made
+
+
+async def test_the_solve_deadline_is_capped_at_six_tenths_of_the_periods_wall_time(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """docs/agent.md (``control.solve_deadline_s``): "the service also caps it at 0.6 of the period's
+    wall time". A 10 s period at 10x is 1 s of wall time: a configured 8 s deadline gives the solver
+    0.6 s, and a solve that takes 2 s is late (the greedy plan) instead of holding up the decision."""
+    service = service_on(mosquitto, tmp_path, period_s=10.0, speed=10.0, solve_deadline_s=8.0)
+    site = service.site
+    real_context = service.controller.context
+    real_propose = service.controller.propose
+    limits: list[float] = []
+    notes: list[str] = []
+
+    def context(*args: Any, **kwargs: Any) -> Any:
+        limits.append(kwargs["time_limit_s"])
+        return real_context(*args, **kwargs)
+
+    def propose(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("use_solver", True):
+            time.sleep(2.0)
+        return real_propose(*args, **kwargs)
+
+    real_commit = service.controller.commit
+
+    def commit(decision: Any, *args: Any, **kwargs: Any) -> None:
+        notes.extend(line for line in decision.explanation if line in (LATE, STILL_RUNNING))
+        real_commit(decision, *args, **kwargs)
+
+    service.controller.context = context  # type: ignore[method-assign]
+    service.controller.propose = propose  # type: ignore[method-assign]
+    service.controller.commit = commit  # type: ignore[method-assign]
+    async with running(service):
+        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 10.0).run())
+        try:
+            await wait_for("a decision", lambda: service.decisions >= 1, 30.0)
+        finally:
+            sim_task.cancel()
+            with contextlib.suppress(BaseException):
+                await sim_task
+    assert limits and max(limits) == pytest.approx(0.6, rel=0.05), limits
+    assert notes[:1] == [LATE], notes
+
+
+async def test_an_http_port_taken_fails_the_start_and_releases_the_journal(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A start error (docs/agent.md: ``http.port``, the HTTP port is taken) raised by ``run()``
+    leaves the journal free: the caller that catches it can start again on the same journal."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        service = service_on(mosquitto, tmp_path, period_s=5.0, speed=20.0, http_listen=("127.0.0.1", port))
+        with pytest.raises(HttpListenError):
+            await asyncio.wait_for(service.run(), 15)
+    Journal(tmp_path / "journal.sqlite", lock=True).close()  # not held any more
