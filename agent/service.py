@@ -25,8 +25,10 @@
   ``Controller.propose`` in a worker thread under ``asyncio.timeout`` shorter than the period (a
   late solve: the greedy plan now, and no new solve until the late one returns) -> ``Guard.review``
   -> journal (the decision and its commands, before anything is sent) -> commands (enforce) or
-  advice (advisory). A period is never skipped. The first decision waits for every rack to report,
-  or one period (``agent.first_round``).
+  advice (advisory). No period is skipped for a slow solve (its deadline is shorter than the period);
+  a cycle that overran by more than a period (the event loop held up) is followed by one decision at
+  once and the next a period later, not by one for each period missed. The first decision waits for
+  every rack to report, or one period (``agent.first_round``).
 * ``publish``: commands at QoS 1, in order, never retained; retries and expiry (``agent.publish``).
 * ``health``: every second, the metrics (``agent.metrics``, brought up to date by
   ``agent.metric_updates``), the journal file's check and pruning (``agent.journal_upkeep``) and the
