@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import re
 import socket
 import sqlite3
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 from mqtt_testing import wait_for
+from site_testing import write_capped_small_site
 
 from agent import wire
 from agent.broker import EmbeddedBroker
@@ -48,20 +48,7 @@ STILL_RUNNING = "previous solve still running: greedy plan"  # ... and the next 
 
 def write_site(folder: Path) -> Path:
     """The example hardware as 2 racks of 16 cards (the rack limit scaled with the cards)."""
-    text = (REPO / "examples" / "supernode-512.toml").read_text(encoding="utf-8")
-    for pattern, new in (
-        (r'^name = ".*"', 'name = "small-2x16"'),
-        (r"^racks_per_supernode = 8\b", "racks_per_supernode = 2"),
-        (r"^torus_dims = \[8, 8, 8\]", "torus_dims = [4, 4, 2]"),
-        (r"^host_overhead_w = 8800\.0", "host_overhead_w = 2200.0"),
-        (r"^hosts_per_rack = 8\b", "hosts_per_rack = 2"),
-        (r"^power_limit_w = 50000\.0", "power_limit_w = 12500.0"),
-    ):
-        text, n = re.subn(pattern, new, text, flags=re.M)
-        assert n == 1, pattern
-    path = folder / "site.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_capped_small_site(folder, 12_500.0)
 
 
 def service_on(

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from http_testing import http_get
-from sim_testing import write_capped_small_site
+from site_testing import write_capped_small_site
 
 from agent import wire
 from agent.broker import EmbeddedBroker

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_testing import write_capped_small_site
+from site_testing import write_capped_small_site
 
 from agent.broker import EmbeddedBroker
 from agent.commands.demo import MqttRun, run_closed_loop

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_testing import write_capped_small_site
+from site_testing import write_capped_small_site
 from test_agent_service import LIMIT_W, SITE_ID, START, loaded_config, wait_for
 from test_agent_service import write_config as write_agent_config
 
