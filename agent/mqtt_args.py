@@ -100,6 +100,11 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
             raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: the first line (the password) is empty")
     elif os.environ.get(PASSWORD_ENV):
         password = os.environ[PASSWORD_ENV]
+    if password is not None and ns.mqtt_username is None:  # named here, not as a problem of --broker
+        source = (
+            f"--mqtt-password-file {ns.mqtt_password_file}:" if ns.mqtt_password_file else f"{PASSWORD_ENV} is set:"
+        )
+        raise UserError(f"{source} a password needs a user name: give --mqtt-username (or leave the password out)")
     for opt in ("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):
         value = getattr(ns, opt)
         if value is not None and not Path(value).is_file():
@@ -119,6 +124,8 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         kw["password"] = password
     kw.update(overrides)
     try:
+        if kw["tls_insecure"] and not MqttOptions.from_url(ns.broker, **{**kw, "tls_insecure": False}).use_tls:
+            raise UserError("--mqtt-tls-insecure needs TLS (--broker mqtts://...): it skips TLS's host name check")
         return MqttOptions.from_url(ns.broker, **kw)
     except ValueError as exc:
         raise UserError(f"--broker {ns.broker}: {exc}") from None

@@ -1,0 +1,355 @@
+"""The ``racktwin`` front end as its help, its docstrings, docs/agent.md and CONTRIBUTING describe it:
+a usage error is the help on stderr with exit status 2; ``--help`` is the help on stdout, exit 0; a
+problem the user can fix is one line on stderr, ``racktwin COMMAND: error: ...``, exit 2, never a
+traceback; Ctrl-C is exit 130; a reader that went away (``| head``) is exit 141; otherwise the exit
+status is the command's. ``racktwin agent --check-config`` vouches for the configuration;
+``racktwin journal`` reads the journal named by ``--journal`` or the configuration.
+
+Written for a mutation audit of agent/cli.py, agent/commands/common.py, agent_cmd.py and
+journal_cmd.py: each test kills a mutant the other tests let live."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import io
+import json
+import math
+import sqlite3
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.cli import COMMANDS, main
+from agent.commands.common import UserError, check_telemetry_period, print_json
+from agent.commands.journal_cmd import parse_since, site_time
+from agent.journal import Journal
+
+pytestmark = pytest.mark.agent
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SITE = EXAMPLES / "supernode-512.toml"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error(rc: int, out: str, err: str, command: str) -> str:
+    assert rc == 2, (rc, err)
+    assert out == "" and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"racktwin {command}: error: "), err
+    return lines[0]
+
+
+# ---- the dispatcher -------------------------------------------------------------------------------
+
+
+def test_no_command_is_a_usage_error_with_the_help_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys)
+    assert rc == 2 and out == ""
+    assert err.startswith("usage: racktwin") and "journal" in err and "fit-thermal" in err
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_is_on_stdout_with_exit_status_0(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, flag)
+    assert rc == 0 and err == ""
+    assert out.startswith("usage: racktwin") and all(name in out for name in COMMANDS)
+
+
+def test_an_unknown_command_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["jounral"])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "" and "Traceback" not in err
+    assert "racktwin: error: unknown command 'jounral' (choose from demo, agent, journal," in err
+
+
+def test_an_option_a_command_does_not_know_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["journal", "--journal", "j.sqlite", "--lsat", "3"])
+    assert info.value.code == 2
+    assert "racktwin journal: error: unrecognized arguments: --lsat 3" in capsys.readouterr().err
+
+
+def _probe(monkeypatch: pytest.MonkeyPatch, outcome: BaseException | int) -> None:
+    """``racktwin probe``: a command module (agent/commands/<module>.py's interface) whose run ends
+    with ``outcome``: an exit status, or an exception raised."""
+    module = types.ModuleType("agent.commands._audit_probe")
+
+    def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+        parser.add_argument("--x", default=None)
+
+    def run_probe(args: argparse.Namespace, command: str) -> int:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    module.add_arguments = add_arguments  # type: ignore[attr-defined]
+    module.run = run_probe  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "agent.commands._audit_probe", module)
+    monkeypatch.setitem(COMMANDS, "probe", ("_audit_probe", "a probe"))
+
+
+@pytest.mark.parametrize("status", [0, 1, 3])
+def test_the_exit_status_is_the_commands(
+    status: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _probe(monkeypatch, status)
+    assert run(capsys, "probe")[0] == status
+
+
+def test_a_user_error_is_one_line_on_stderr_with_exit_status_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _probe(monkeypatch, UserError("--x 3: too many"))
+    one_error(*run(capsys, "probe", "--x", "3"), "probe")
+    assert True
+
+
+def test_ctrl_c_is_exit_status_130_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _probe(monkeypatch, KeyboardInterrupt())
+    rc, out, err = run(capsys, "probe")
+    assert (rc, out, err) == (130, "", "racktwin probe: interrupted\n")
+
+
+def test_a_reader_that_went_away_is_exit_status_141_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _probe(monkeypatch, BrokenPipeError())
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # main replaces it; monkeypatch puts it back
+    rc = main(["probe"])
+    assert rc == 141 and capsys.readouterr().err == ""
+
+
+def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
+    _probe(monkeypatch, RuntimeError("a bug"))
+    with pytest.raises(RuntimeError):
+        main(["probe"])
+
+
+def test_a_command_missing_from_the_build_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(COMMANDS, "gone", ("_audit_no_such_module", "not built"))
+    rc, out, err = run(capsys, "gone")
+    assert (rc, out) == (2, "")
+    assert err == "racktwin gone: not available in this build (agent.commands._audit_no_such_module missing)\n"
+
+
+# ---- common ---------------------------------------------------------------------------------------
+
+
+def test_telemetry_as_far_apart_as_the_deadline_is_taken() -> None:
+    """ "give at most {deadline} s": the deadline itself is allowed, a little more is not."""
+    check_telemetry_period("s.toml", 30.0, 30.0, "agent.toml")
+    with pytest.raises(UserError, match="give at most 30 s"):
+        check_telemetry_period("s.toml", 30.5, 30.0, "agent.toml")
+
+
+def test_json_output_is_strict_json_also_inside_tuples(capsys: pytest.CaptureFixture[str]) -> None:
+    print_json({"pair": (1.0, math.nan), "inf": [math.inf]})
+    out = capsys.readouterr().out
+    assert json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON {c}")) == {
+        "pair": [1.0, None],
+        "inf": [None],
+    }
+
+
+# ---- racktwin agent -------------------------------------------------------------------------------
+
+
+def agent_config(folder: Path, *lines: str) -> Path:
+    path = folder / "agent.toml"
+    body = [f'site = "{SITE}"', f'journal.path = "{folder / "journal.sqlite"}"', *lines]
+    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+    return path
+
+
+def test_config_and_check_config_naming_one_file_two_ways_is_one_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = agent_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, "agent", "--config", "agent.toml", "--check-config", str(cfg))
+    assert rc == 0 and ": OK" in out, err
+
+
+def test_config_and_check_config_naming_two_files_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "b").mkdir()
+    a, b = agent_config(tmp_path), agent_config(tmp_path / "b")
+    line = one_error(*run(capsys, "agent", "--config", str(a), "--check-config", str(b)), "agent")
+    assert "name two files" in line
+
+
+def test_check_config_alone_needs_the_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_error(*run(capsys, "agent", "--check-config"), "agent")
+    assert "give the configuration: --config FILE" in line
+
+
+def test_mode_overrides_the_files_mode_in_the_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = agent_config(tmp_path, 'mode = "advisory"')
+    rc, out, _ = run(capsys, "agent", "--check-config", str(cfg), "--mode", "enforce")
+    assert rc == 0
+    assert [line.split()[:2] for line in out.splitlines() if line.strip().startswith("mode ")] == [["mode", "enforce"]]
+
+
+def test_an_unknown_mode_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["agent", "--check-config", str(agent_config(tmp_path)), "--mode", "enforcing"])
+    assert info.value.code == 2 and "invalid choice: 'enforcing'" in capsys.readouterr().err
+
+
+def test_check_config_vouches_for_the_brokers_certificate_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/agent.md: problems at the start are one line naming the field; the check reads the
+    certificate files, so that a file TLS cannot use fails the check, not the service later."""
+    junk = tmp_path / "ca.pem"
+    junk.write_text("not a certificate\n", encoding="utf-8")
+    cfg = agent_config(tmp_path, "[broker]", 'url = "mqtts://127.0.0.1"', f'tls_ca_file = "{junk}"')
+    line = one_error(*run(capsys, "agent", "--check-config", str(cfg)), "agent")
+    assert f"{cfg}: broker.tls_ca_file: {junk}: " in line, line
+
+
+# ---- racktwin journal -----------------------------------------------------------------------------
+
+
+def make_journal(path: Path, wall_times_s: list[float], summaries: list[dict[str, Any]] | None = None) -> Path:
+    """Decisions 1..n at site times 100, 200, ... s and the given wall times."""
+    j = Journal(path)
+    for i, _ in enumerate(wall_times_s):
+        summary = {"status": "optimal", "source": "milp"} if summaries is None else summaries[i]
+        j.record_decision(i, 100.0 * (i + 1), "enforce", str(summary.get("status", "optimal")), 0.01, summary, [])
+    j.close()
+    db = sqlite3.connect(path)
+    with db:
+        for i, wall_s in enumerate(wall_times_s):
+            db.execute("UPDATE decisions SET wall_time_s = ? WHERE id = ?", (wall_s, i + 1))
+    db.close()
+    return path
+
+
+def journal_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    rc, out, err = run(capsys, "journal", *argv, "--json")
+    assert rc == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("text", "back_s"), [("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0), ("1.5h", 5400.0), ("7d", 604800.0)]
+)
+def test_since_takes_a_duration_back_from_now(text: str, back_s: float) -> None:
+    assert parse_since(text, 1.0e9) == pytest.approx(1.0e9 - back_s)
+
+
+def test_since_reads_a_time_without_an_offset_as_utc_whatever_the_local_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    utc = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC).timestamp()
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert parse_since("2026-12-01T10:00", 0.0) == utc
+        assert parse_since("2026-12-01T10:00+01:00", 0.0) == utc - 3600.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_since_7d_keeps_the_last_week(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    now = time.time()
+    path = make_journal(tmp_path / "j.sqlite", [now - 8 * 86400.0, now - 6 * 86400.0, now - 60.0])
+    s = journal_json(capsys, "--journal", str(path), "--since", "7d")
+    assert s["decisions"] == 2 and s["since_wall_s"] == pytest.approx(now - 7 * 86400.0, abs=60.0)
+    rc, out, _ = run(capsys, "journal", "--journal", str(path), "--since", "7d")
+    assert rc == 0 and out.splitlines()[0].startswith(f"journal {path} (since ")
+
+
+def test_a_since_out_of_the_range_of_dates_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = make_journal(tmp_path / "j.sqlite", [time.time()])
+    line = one_error(*run(capsys, "journal", "--journal", str(path), "--since", "99999999d"), "journal")
+    assert "out of the range of dates" in line
+
+
+def test_the_newest_five_decisions_by_default_and_last_n_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = time.time()
+    path = make_journal(tmp_path / "j.sqlite", [now - 600.0 + 60.0 * i for i in range(7)])
+    assert [d["id"] for d in journal_json(capsys, "--journal", str(path))["recent"]] == [3, 4, 5, 6, 7]
+    assert journal_json(capsys, "--journal", str(path), "--last", "0")["recent"] == []  # "0 or more"
+    assert len(journal_json(capsys, "--journal", str(path), "--last", str(2**70))["recent"]) == 7  # all of it
+    line = one_error(*run(capsys, "journal", "--journal", str(path), "--last", "-1"), "journal")
+    assert "--last -1: must be 0 or more" in line
+
+
+def test_a_decision_id_beyond_what_sqlite_holds_is_no_such_decision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_journal(tmp_path / "j.sqlite", [time.time()])
+    line = one_error(*run(capsys, "journal", "--journal", str(path), "--decision", str(2**63)), "journal")
+    assert f"no decision {2**63}" in line
+
+
+def test_no_journal_given_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_error(*run(capsys, "journal"), "journal")
+    assert "give the journal: --config FILE" in line
+
+
+@pytest.mark.parametrize("extra", [[], ["--decision", "1"]])
+def test_a_file_that_is_no_journal_is_one_line(
+    extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junk = tmp_path / "journal.sqlite"
+    junk.write_bytes(b"SQLite format 3\x00" + b"\xff" * 2000)  # a corrupt database
+    line = one_error(*run(capsys, "journal", "--journal", str(junk), *extra), "journal")
+    assert str(junk) in line
+
+
+def test_the_text_gives_the_span_and_the_site_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Decisions 90 s apart: the span in seconds (under 2 min), site times as H:MM:SS from the run's
+    start; a decision whose source is not its status shows both."""
+    now = time.time()
+    summaries = [{"status": "optimal", "source": "milp"}, {"status": "fallback", "source": "previous plan"}]
+    path = make_journal(tmp_path / "j.sqlite", [now - 90.0, now], summaries)
+    rc, out, _ = run(capsys, "journal", "--journal", str(path))
+    assert rc == 0
+    assert "(90 s; site time 0:01:40 to 0:03:20)" in out, out
+    assert "fallback  previous plan" in out
+    assert site_time(3725.0) == "1:02:05"
+
+
+def test_a_boolean_in_a_summary_is_no_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = make_journal(tmp_path / "j.sqlite", [time.time()], [{"status": "optimal", "busy_cards": True}])
+    rc, out, _ = run(capsys, "journal", "--journal", str(path))
+    assert rc == 0 and "busy" not in out
+
+
+@pytest.mark.parametrize("extra", [[], ["--decision", "250"]])
+def test_a_journal_whose_data_pages_are_damaged_is_one_line(
+    extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The schema reads, the decisions do not ("database disk image is malformed"): one line, exit 2."""
+    path = tmp_path / "journal.sqlite"
+    j = Journal(path)
+    for i in range(300):
+        j.record_decision(i, 10.0 * (i + 1), "enforce", "optimal", 0.01, {"explanation": ["x" * 200]}, [])
+    j.close()
+    pages = path.stat().st_size // 4096
+    with path.open("r+b") as f:  # the second half of the pages overwritten
+        f.seek(pages // 2 * 4096)
+        f.write(b"\xa5" * 4096 * (pages - pages // 2))
+    line = one_error(*run(capsys, "journal", "--journal", str(path), *extra), "journal")
+    assert f"journal {path}: " in line
