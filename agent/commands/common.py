@@ -63,12 +63,12 @@ def prepare_output_dir(out_dir: Path, files: Iterable[str], option: str = "--out
     """Create ``out_dir`` (with its parents) and check, before a long run, that the named files can
     be written there: a problem is a :class:`UserError` naming the path, not a traceback at the end."""
     try:
+        if out_dir.exists() and not out_dir.is_dir():  # mkdir would say only "File exists"
+            raise UserError(f"{option} {out_dir}: exists and is not a folder")
         out_dir.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UserError(f"{option} {out_dir}: cannot create the folder ({why})") from None
-    if not out_dir.is_dir():
-        raise UserError(f"{option} {out_dir}: not a folder")
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise UserError(f"{option} {out_dir}: the folder is not writable")
     for name in files:

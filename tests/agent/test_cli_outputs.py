@@ -44,6 +44,8 @@ def test_output_folders_and_files_are_checked_before_writing(tmp_path: Path) -> 
     a_file.write_text("x")
     with pytest.raises(UserError, match="cannot create the folder"):
         prepare_output_dir(a_file / "sub", ())
+    with pytest.raises(UserError, match="plain: exists and is not a folder"):  # not mkdir's bare "File exists"
+        prepare_output_dir(a_file, ())
     with pytest.raises(UserError, match="does not exist"):
         check_output_file(tmp_path / "missing" / "t.csv", "--truth-log")
     fifo = tmp_path / "fifo"
