@@ -363,3 +363,22 @@ def test_fit_thermal_takes_a_hot_coolant_within_the_documented_range(
     path = _thermal(tmp_path / "hot.csv", t, power, inlet, _first_order(t, power, inlet, 0.05, 6.0))
     d = _json(capsys, "fit-thermal", str(path))
     assert d["r_th_k_per_w"] == pytest.approx(0.05, rel=0.01)
+
+
+@pytest.mark.parametrize(("line", "t_s", "before"), [(52, "49", "49"), (12, "5", "9")])
+def test_fit_thermal_names_the_line_where_time_goes_back(
+    line: int, t_s: str, before: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A repeated or earlier ``t_s`` is a line to blame: the error names it, as every other bad value's
+    does (docs/twin.md; it said only "t_s must be strictly increasing")."""
+    t = np.arange(0.0, 100.0, 1.0)
+    power = np.where(t >= 30.0, 500.0, 100.0)
+    inlet = np.full(t.size, 30.0)
+    die = _first_order(t, power, inlet, 0.05, 6.0)
+    path = _thermal(tmp_path / "back.csv", t, power, inlet, die)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    fields = lines[line - 1].split(",")
+    lines[line - 1] = ",".join([t_s, *fields[1:]])
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    err = _error(capsys, "fit-thermal", str(path))
+    assert f"{path}:{line}: column 't_s': {t_s} s is not after the previous sample's {before} s" in err, err
