@@ -246,3 +246,14 @@ def test_sigint_stops_the_run_and_a_summary_it_cannot_write_is_exit_2(
     assert lines[-1].startswith(f"racktwin sim: error: --summary {summary}: cannot write the summary"), err
     assert not any(line.strip().startswith("summary:") for line in lines), err
     assert len(_rows(truth)) > 20  # the truth log is kept, flushed
+
+
+def test_the_help_gives_the_ranges_it_enforces(capsys: pytest.CaptureFixture[str]) -> None:
+    """--telemetry-period-s (0.01..3600) and --seed (>= 0) were refused outside ranges the help and
+    docs/sim.md did not give."""
+    with pytest.raises(SystemExit) as info:
+        main(["sim", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "publishing period in site seconds, 0.01..3600" in text
+    assert "the plant and its sensors, >= 0" in text
