@@ -27,8 +27,9 @@ fit-thermal FILE.csv [--json]
 
 Lines starting with ``#`` are comments; extra columns are ignored. A bad file (missing, not UTF-8,
 missing columns, a column named twice, a line with more or fewer fields than the header, a value
-that is not a finite number or out of range, too few distinct points) is one line naming the file,
-line and column, exit status 2. Files are read as job traces are (``twin.workload.read_csv_table``).
+that is not a finite number or out of range, a ``t_s`` not after the previous line's, too few
+distinct points) is one line naming the file, line and column, exit status 2. Files are read as
+job traces are (``twin.workload.read_csv_table``).
 """
 
 from __future__ import annotations
@@ -281,6 +282,14 @@ def _run_thermal(args: argparse.Namespace) -> int:
     for name, (lo, hi, what) in THERMAL_RANGES.items():
         _check_range(path, cols, name, lo, hi, what)
     _check_unit_floor(path, cols, "power_w")
+    t_s = cols["t_s"]
+    back = np.flatnonzero(np.diff(t_s) <= 0.0)
+    if back.size:  # named here with its line: twin.thermal only knows the series is not increasing
+        k = int(back[0]) + 1
+        raise UserError(
+            f"{path}:{int(cols[_LINE][k])}: column 't_s': {t_s[k]:g} s is not after the previous sample's "
+            f"{t_s[k - 1]:g} s (t_s must be strictly increasing)"
+        )
     try:
         fit = fit_thermal(cols["t_s"], cols["power_w"], cols["inlet_temp_c"], cols["die_temp_c"])
     except ThermalFitError as exc:

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=None,
         metavar="P",
-        help="publishing period in site seconds (default: the scenario's, 1)",
+        help="publishing period in site seconds, 0.01..3600 (default: the scenario's, 1)",
     )
     parser.add_argument(
         "--truth-log",
@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--seed",
         type=int,
         default=None,
-        help="seed of the workload, the plant and its sensors (default: the scenario's)",
+        help="seed of the workload, the plant and its sensors, >= 0 (default: the scenario's)",
     )
     parser.add_argument(
         "--supernodes",
