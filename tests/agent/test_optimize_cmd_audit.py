@@ -130,7 +130,8 @@ def test_jobs_carry_their_phase_racks_and_the_clock_of_their_level(nominal: dict
 
 def test_racks_csv_limits_caps_and_busy_cards(nominal: dict[str, Any]) -> None:
     """racks.csv: the site's 50 kW limit, the cap 1 kW (rack_margin_w) below it, and per rack the
-    busy cards of plan.json (r0 and r1 hold llm-a's 128 cards, r2 llm-b's 64, r3 three jobs' 64)."""
+    busy cards of plan.json (r0 and r1 hold llm-a's 128 cards, r2 llm-b's 64, r3 three jobs' 64), which
+    the greedy plan runs too."""
     plan, rows = nominal["plan"], nominal["racks"]
     assert len(rows) == 8
     busy = [0] * 8
@@ -143,6 +144,11 @@ def test_racks_csv_limits_caps_and_busy_cards(nominal: dict[str, Any]) -> None:
         assert int(row["busy_cards"]) == busy[r]
         assert int(row["failed_cards"]) == 0
         assert float(row["power_w"]) <= float(row["cap_w"])
+        # the greedy plan runs the same jobs, the two placed ones too: at least the rack's hosts on
+        # (1000 W each, 50 W when off, 800 W of switches) and each busy card at the lowest clock and
+        # voltage (569 W x u x 0.851^2 x 1210/1980 of switching power, u ~ 0.9, on ~50 W of idle power)
+        hosts_w = HOST_OVERHEAD_W - 950.0 * int(row["hosts_off"])
+        assert float(row["greedy_power_w"]) > hosts_w + busy[r] * 150.0
 
 
 def test_plan_json_lists_every_set_point_option(nominal: dict[str, Any]) -> None:
@@ -160,12 +166,13 @@ def test_the_baseline_runs_at_the_scenario_set_point(nominal: dict[str, Any]) ->
 
 
 def test_a_fixed_set_point_and_die_margin_are_kept(tmp_path: Path) -> None:
-    """choose_setpoint = false keeps supply_temp_c (25 deg C here, not the site's 30) for the plan and
+    """choose_setpoint = false keeps supply_temp_c (40 deg C here, not the site's 30) for the plan and
     the baseline; die_margin_k = 10 keeps every die of the judged plan (pumps slowed) at or below
-    slowdown (87 deg C) - 10; --json's limit_w is the site's limit, not the cap."""
+    slowdown (87 deg C) - 10, where slowed pumps would warm them past it at this supply; --json's
+    limit_w is the site's limit, not the cap."""
     path = _nominal_variant(
         tmp_path / "fixed.toml",
-        ("supply_temp_c = 30.0", "supply_temp_c = 25.0"),
+        ("supply_temp_c = 30.0", "supply_temp_c = 40.0"),
         ("choose_setpoint = true", "choose_setpoint = false"),
         ("die_margin_k = 2.0", "die_margin_k = 10.0"),
     )
@@ -173,9 +180,9 @@ def test_a_fixed_set_point_and_die_margin_are_kept(tmp_path: Path) -> None:
     assert rc == 0
     doc = json.loads(stdout)
     plan, _rows, html = _outputs(tmp_path / "o")
-    assert plan["supply_temp_c"] == 25.0
-    assert [o["supply_temp_c"] for o in plan["setpoint_options"]] == [25.0]
-    assert "<td>25 deg C</td>" in _report_row(html, "baseline")
+    assert plan["supply_temp_c"] == 40.0
+    assert [o["supply_temp_c"] for o in plan["setpoint_options"]] == [40.0]
+    assert "<td>40 deg C</td>" in _report_row(html, "baseline")
     assert all(r["limit_w"] == RACK_LIMIT_W for r in doc["racks"])
     assert max(r["max_die_temp_c"] for r in doc["racks"]) <= 87.0 - 10.0 + 0.05
 
