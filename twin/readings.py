@@ -81,6 +81,12 @@ class CardBatch:
                 and len(self.failed) == n
                 and (self.host_off is None or len(self.host_off) == n)
             )
+            # and one value per card, not one row: a (n, 2) column has n rows (len) but 2n values (np.ndim, as
+            # columns may be lists: measured about +3 us a batch of 64 cards)
+            ok = ok and all(np.ndim(c) == 1 for c in (self.card_index, self.power_w, self.die_temp_c, self.clock_mhz))
+            ok = ok and all(np.ndim(c) == 1 for c in (self.utilization, self.level, self.low_power, self.waking))
+            ok = ok and np.ndim(self.power_limit_w) == np.ndim(self.failed) == 1
+            ok = ok and (self.host_off is None or np.ndim(self.host_off) == 1)
         except TypeError:  # a scalar where a column belongs
             ok = False
         if not ok:
