@@ -81,16 +81,36 @@ class CardBatch:
                 and len(self.failed) == n
                 and (self.host_off is None or len(self.host_off) == n)
             )
-            # and one value per card, not one row: a (n, 2) column has n rows (len) but 2n values (np.ndim, as
-            # columns may be lists: measured about +3 us a batch of 64 cards)
-            ok = ok and all(np.ndim(c) == 1 for c in (self.card_index, self.power_w, self.die_temp_c, self.clock_mhz))
-            ok = ok and all(np.ndim(c) == 1 for c in (self.utilization, self.level, self.low_power, self.waking))
-            ok = ok and np.ndim(self.power_limit_w) == np.ndim(self.failed) == 1
-            ok = ok and (self.host_off is None or np.ndim(self.host_off) == 1)
+            # and one value per card, not one row: a (n, 2) column has n rows (len) but 2n values
+            ok = ok and self._one_value_per_row()
         except TypeError:  # a scalar where a column belongs
             ok = False
         if not ok:
             raise ValueError(_card_batch_problem(self))
+
+    def _one_value_per_row(self) -> bool:
+        """Whether every column is one-dimensional: arrays' ``ndim`` unrolled (medians of 15 side by side,
+        a batch of 64 cards: +0.4 us over no check, where ``np.ndim`` on every column cost +2.3 us),
+        ``np.ndim`` where a column is a list (tests and in-process producers may pass lists)."""
+        try:
+            return (
+                self.card_index.ndim == 1
+                and self.power_w.ndim == 1
+                and self.die_temp_c.ndim == 1
+                and self.clock_mhz.ndim == 1
+                and self.utilization.ndim == 1
+                and self.level.ndim == 1
+                and self.low_power.ndim == 1
+                and self.waking.ndim == 1
+                and self.power_limit_w.ndim == 1
+                and self.failed.ndim == 1
+                and (self.host_off is None or self.host_off.ndim == 1)
+            )
+        except AttributeError:  # a list among the columns
+            columns = (self.card_index, self.power_w, self.die_temp_c, self.clock_mhz, self.utilization, self.level)
+            more = (self.low_power, self.waking, self.power_limit_w, self.failed)
+            host_off = () if self.host_off is None else (self.host_off,)
+            return all(np.ndim(c) == 1 for c in (*columns, *more, *host_off))
 
 
 #: the fastest a rack loop's pump runs, as a fraction of its nominal speed: full speed. The plant
