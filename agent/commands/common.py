@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -112,6 +113,21 @@ def check_output_file(path: Path, option: str) -> None:
             raise UserError(f"{option} {path}: exists and is not a regular file")
     except ValueError as exc:  # e.g. a NUL byte in the path
         raise UserError(f"{option} {path!r}: not a usable path ({exc})") from None
+
+
+def write_text_replacing(path: Path, text: str, newline: str | None = None) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into ``path.tmp`` in the same folder, then renamed
+    over ``path`` (``os.replace``), so a run stopped or a disk filled mid-write leaves the earlier
+    file as it was, never half of the new one. The temporary file is removed when the write fails.
+    ``newline`` as :func:`open`'s (``""`` for CSV text, whose rows end in ``\\r\\n`` already)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline=newline)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def json_safe(obj: Any) -> Any:

@@ -6,6 +6,7 @@ and the baseline), ``racks.csv`` (one row per rack), ``report.html`` (plots embe
 from __future__ import annotations
 
 import csv
+import io
 import json
 from html import escape
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.commands.common import json_safe
+from agent.commands.common import json_safe, write_text_replacing
 from agent.commands.optimize_scenario import Scenario
 from agent.report import figures_html, page, png_base64, pyplot
 from twin.spec import SiteSpec
@@ -112,7 +113,7 @@ def write_plan_json(
         "jobs": jobs_out,
         "cards": cards_out,
     }
-    path.write_text(json.dumps(json_safe(doc), indent=1) + "\n", encoding="utf-8")
+    write_text_replacing(path, json.dumps(json_safe(doc), indent=1) + "\n")
 
 
 def write_racks_csv(
@@ -123,42 +124,43 @@ def write_racks_csv(
     busy = np.bincount(card_rack[p.card_job >= 0], minlength=site.n_racks)
     failed = np.bincount(card_rack[p.failed], minlength=site.n_racks)
     hosts_off = judged["host_off"].reshape(site.n_racks, -1).sum(axis=1) if judged else None
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
+    fh = io.StringIO()
+    w = csv.writer(fh)
+    w.writerow(
+        [
+            "rack",
+            "limit_w",
+            "cap_w",
+            "power_w",
+            "max_die_temp_c",
+            "pump_speed_frac",
+            "busy_cards",
+            "failed_cards",
+            "hosts_off",
+            "greedy_power_w",
+            "baseline_power_w",
+            "baseline_max_die_temp_c",
+        ]
+    )
+    cap = p.rack_cap_w()
+    for r in range(site.n_racks):
         w.writerow(
             [
-                "rack",
-                "limit_w",
-                "cap_w",
-                "power_w",
-                "max_die_temp_c",
-                "pump_speed_frac",
-                "busy_cards",
-                "failed_cards",
-                "hosts_off",
-                "greedy_power_w",
-                "baseline_power_w",
-                "baseline_max_die_temp_c",
+                site.rack_names[r],
+                f"{p.rack_limit_w[r]:.1f}",
+                f"{cap[r]:.1f}",
+                f"{judged['rack_power_w'][r]:.1f}" if judged else "",
+                f"{judged['rack_max_die_c'][r]:.2f}" if judged else "",
+                f"{judged['pump_speed_frac'][r]:.3f}" if judged else "",
+                int(busy[r]),
+                int(failed[r]),
+                int(hosts_off[r]) if hosts_off is not None else "",
+                f"{greedy['rack_power_w'][r]:.1f}" if greedy else "",
+                f"{base['rack_power_w'][r]:.1f}",
+                f"{base['rack_max_die_c'][r]:.2f}",
             ]
         )
-        cap = p.rack_cap_w()
-        for r in range(site.n_racks):
-            w.writerow(
-                [
-                    site.rack_names[r],
-                    f"{p.rack_limit_w[r]:.1f}",
-                    f"{cap[r]:.1f}",
-                    f"{judged['rack_power_w'][r]:.1f}" if judged else "",
-                    f"{judged['rack_max_die_c'][r]:.2f}" if judged else "",
-                    f"{judged['pump_speed_frac'][r]:.3f}" if judged else "",
-                    int(busy[r]),
-                    int(failed[r]),
-                    int(hosts_off[r]) if hosts_off is not None else "",
-                    f"{greedy['rack_power_w'][r]:.1f}" if greedy else "",
-                    f"{base['rack_power_w'][r]:.1f}",
-                    f"{base['rack_max_die_c'][r]:.2f}",
-                ]
-            )
+    write_text_replacing(path, fh.getvalue(), newline="")
 
 
 def write_report(
@@ -276,7 +278,7 @@ planning, so the plan's caps count what they save; <code>[solver] choose_host_po
 at the top clock, idle cards in active idle, every host on, the scenario's set-point, pumps at full speed, only
 the cards' own protection.</p>
 {figures_html(imgs)}"""
-    path.write_text(page(f"racktwin optimize: {sc.name}", body), encoding="utf-8")
+    write_text_replacing(path, page(f"racktwin optimize: {sc.name}", body))
 
 
 def json_summary(

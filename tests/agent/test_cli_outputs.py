@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from agent.commands.common import UserError, check_output_file, folder_name, prepare_output_dir
+from agent.commands.common import UserError, check_output_file, folder_name, prepare_output_dir, write_text_replacing
 
 pytestmark = pytest.mark.agent
 
@@ -141,3 +141,17 @@ def test_help_gives_the_units_ranges_and_defaults_of_the_options(
     text = " ".join(capsys.readouterr().out.split())  # as one line, however argparse wraps it
     for phrase in phrases:
         assert phrase in text, phrase
+
+
+def test_an_output_file_is_replaced_whole_or_left_as_it_was(tmp_path: Path) -> None:
+    """A write that fails part way (here a text the encoder refuses after its first characters, as a
+    full disk would) leaves the earlier file as it was and no temporary file; one that succeeds
+    replaces it whole, CSV row ends kept as written."""
+    path = tmp_path / "plan.json"
+    path.write_text("earlier run\n", encoding="utf-8")
+    with pytest.raises(UnicodeEncodeError):
+        write_text_replacing(path, "new run " * 10_000 + "\ud800")
+    assert path.read_text(encoding="utf-8") == "earlier run\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+    write_text_replacing(path, "a,b\r\n1,2\r\n", newline="")
+    assert path.read_bytes() == b"a,b\r\n1,2\r\n"
