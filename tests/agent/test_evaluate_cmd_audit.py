@@ -11,7 +11,9 @@ loss and saving against itself are 0.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,86 @@ def test_the_progress_shows_each_run_and_where_the_report_went(
     assert "(+ baseline as reference)" not in err[0]  # asked for: not added
     assert any(line.startswith("racktwin evaluate: baseline   0:01:00 of 0:01:00 (100%)") for line in err)
     assert f"wrote {tmp_path}/report.html" in err[-1] and err[-1].startswith("racktwin evaluate: 1 runs")
+
+
+def test_progress_comes_every_900_site_seconds_and_once_at_the_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/evaluation.md: a line after every 900 site seconds a policy ran, at most one per 10 s of wall
+    # time, and one at its end -- a 30-minute baseline run takes a second or two: the 15-minute line, the end
+    argv = ["evaluate", "--scenario", FULL, "--duration", "1800", "--jobs", "1", "--out", str(tmp_path)]
+    assert main([*argv, "--policy", "baseline", "--sample-s", "600"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    runs = [line.split(",")[0] for line in err if line.startswith("racktwin evaluate: baseline ")]
+    assert runs == [
+        "racktwin evaluate: baseline   0:15:00 of 0:30:00 ( 50%)",
+        "racktwin evaluate: baseline   0:30:00 of 0:30:00 (100%)",
+    ]
+    assert err[2].endswith(", done") and "s left" in err[1]
+
+
+def test_control_seed_and_sample_settings_reach_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # static-cap caps every rack at its limit less --control rack_margin_w (docs/evaluation.md): 50 - 10 kW
+    rc = evaluate(
+        tmp_path, "--policy", "static-cap", "--control", "rack_margin_w=10000", "--seed", "7", "--sample-s", "10"
+    )
+    assert rc == 0
+    capsys.readouterr()
+    full = json.loads((tmp_path / "metrics.json").read_text())
+    assert full["scenario"]["seed"] == 7
+    assert 30_000.0 < full["policies"]["static-cap"]["metrics"]["max_rack_power_w"] <= 40_000.0
+    with open(tmp_path / "series.csv", newline="") as fh:
+        times = [float(r["time_s"]) for r in csv.DictReader(fh) if r["policy"] == "static-cap"]
+    steps = {round(b - a, 6) for a, b in itertools.pairwise(times)}
+    assert steps == {10.0} and times[-1] == 60.0  # every 10 s, a last sample at the run's end
+
+
+def test_the_default_out_is_named_after_the_scenario(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["evaluate", "--scenario", FULL, "--duration", "60", "--jobs", "1", "--policy", "baseline", "--quiet"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "out" / "evaluate-day-full-load").iterdir()) == [
+        "metrics.csv",
+        "metrics.json",
+        "report.html",
+        "series.csv",
+    ]
+
+
+def test_a_value_that_is_not_a_number_reads_as_a_dash_in_the_table() -> None:
+    from agent.commands.evaluate import _cell
+
+    assert _cell(math.nan, 1.0, "{:.4f}") == "-" and _cell(None, 1.0, "{:.4f}") == "-"
+    assert _cell(51_340.0, 1e3, "{:.2f}") == "51.34" and _cell(3, 1.0, "{:d}") == "3"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [  # the documented ranges (--help, docs/evaluation.md), just outside
+        (["--jobs", "257"], "--jobs must be within 1..256, got 257"),
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--sample-s", "0.5"], "--sample-s must be within 1..86400 s, got 0.5"),
+        (["--sample-s", "86401"], "--sample-s must be within 1..86400 s, got 86401"),
+        (["--duration", "nan"], "--duration must be a positive number of seconds"),
+    ],
+)
+def test_options_just_outside_their_documented_ranges_are_refused(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a short run after them, so that an option let through fails the test at once (a day takes minutes)
+    base = ["evaluate", "--scenario", FULL, "--duration", "60", "--jobs", "1", "--policy", "baseline"]
+    assert main([*base, *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"racktwin evaluate: error: {message}")
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_without_policy_every_policy_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --help: "(default: all; the baseline always runs)"
+    argv = ["evaluate", "--scenario", FULL, "--duration", "30", "--jobs", "1", "--json", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert list(obj["policies"]) == ["baseline", "static-cap", "reactive", "greedy", "racktwin"]
