@@ -16,6 +16,9 @@
    -- and a summary of both: facility and IT energy, throughput, PUE, time over a limit, the largest
    rack power and the hottest die. ``--json`` prints it as ``{"agent": {...}, "baseline": {...}}``.
 
+Exit status: 0; 130 when interrupted; 1 when the simulator or the agent stopped with an error (the
+summary still covers what ran); 2 for bad options, a broker that cannot start or be reached.
+
 The agent's numbers come from the simulator's truth log (true values, one row per site second), the
 baseline's from the in-process plant; both are judged from the end of the first control period on.
 """
@@ -202,7 +205,11 @@ def run(args: argparse.Namespace, command: str) -> int:
         print_json(summary)
     else:
         print(_format(summary, scenario, ran_s, wall_s, stats))
-    return 130 if stopped_by == "interrupted" else 0
+    if stopped_by == "interrupted":
+        return 130
+    # the summary covers what ran, but a demo whose simulator or agent failed did not do its job: a script
+    # running it (scripts/demo.sh) must see that (a killed simulator exited 0)
+    return 1 if stopped_by in ("simulator stopped", "agent stopped") or res.agent_error else 0
 
 
 def _say(msg: str) -> None:
@@ -631,7 +638,7 @@ def _format(summary: dict[str, dict[str, float]], scenario: Any, ran_s: float, w
         ("hottest die", "max_die_temp_c", "deg C", 1.0, "{:.1f}"),
     )
     lines = [
-        f"racktwin demo: {scenario.name}, {ran_s / 60:.0f} site minutes in {wall_s:.0f} s wall "
+        f"racktwin demo: {scenario.name}, {round(ran_s / 60, 1):g} site minutes in {wall_s:.0f} s wall "
         f"(agent: {stats.get('decisions', 0)} decisions)",
         f"{'':28}{'with agent':>12}{'without':>12}{'change':>9}",
     ]

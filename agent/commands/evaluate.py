@@ -122,7 +122,7 @@ def _fail(msg: str) -> UserError:
 def _check(args: argparse.Namespace) -> tuple[list[str], int]:
     if args.scenario is None:
         raise _fail("--scenario FILE is required (e.g. examples/day-nominal.toml)")
-    policies = args.policy or list(POLICY_NAMES)
+    policies = list(dict.fromkeys(args.policy or POLICY_NAMES))  # a policy asked twice runs (and is named) once
     for p in policies:
         if p not in POLICY_NAMES:
             raise _fail(f"unknown policy {p!r} (choose from {', '.join(POLICY_NAMES)})")
