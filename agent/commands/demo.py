@@ -49,6 +49,7 @@ from agent.commands.common import (
     path_arg,
     prepare_output_dir,
     print_json,
+    write_text_replacing,
 )
 from agent.config import ControlConfig
 from agent.solver_output import stdout_to_stderr
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if ran_s < duration_s - 1.0:
         _say(f"partial run ({stopped_by}): {ran_s / 60:.1f} of {args.minutes:g} site minutes")
     summary = {"agent": agent_m, "baseline": base_m}
-    (out_dir / "demo-summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    write_text_replacing(out_dir / "demo-summary.json", json.dumps(summary, indent=1) + "\n")
     if args.json:
         print_json(summary)
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import sys
@@ -29,6 +30,7 @@ from agent.commands.common import (
     path_arg,
     prepare_output_dir,
     print_json,
+    write_text_replacing,
 )
 from agent.config import ControlConfig, check_control
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
@@ -372,23 +374,26 @@ def write_outputs(ev: Evaluation, out_dir: Path) -> None:
             for n, r in ev.results.items()
         },
     }
-    (out_dir / "metrics.json").write_text(json.dumps(json_safe(full), indent=1) + "\n", encoding="utf-8")
+    # each file whole or not at all: a run stopped while writing leaves the earlier run's files as they were
+    write_text_replacing(out_dir / "metrics.json", json.dumps(json_safe(full), indent=1) + "\n")
     keys = list(ev.results[names[0]].metrics)
-    with open(out_dir / "metrics.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["policy", *keys, *(f"energy_{k}_kwh" for k in BREAKDOWN_KEYS)])
-        for n, r in ev.results.items():
-            w.writerow([n, *(r.metrics[k] for k in keys), *(r.breakdown_kwh[k] for k in BREAKDOWN_KEYS)])
-    with open(out_dir / "series.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        first = ev.results[names[0]]
-        cols = list(first.series)
-        n_r = len(first.rack_series_w)
-        w.writerow(["policy", *cols, *(f"r{i}_max_power_w" for i in range(n_r))])
-        for n, r in ev.results.items():
-            for i in range(len(r.series["time_s"])):
-                w.writerow([n, *(r.series[c][i] for c in cols), *(r.rack_series_w[k][i] for k in range(n_r))])
-    (out_dir / "report.html").write_text(_report_html(ev), encoding="utf-8")
+    fh = io.StringIO()
+    w = csv.writer(fh)
+    w.writerow(["policy", *keys, *(f"energy_{k}_kwh" for k in BREAKDOWN_KEYS)])
+    for n, r in ev.results.items():
+        w.writerow([n, *(r.metrics[k] for k in keys), *(r.breakdown_kwh[k] for k in BREAKDOWN_KEYS)])
+    write_text_replacing(out_dir / "metrics.csv", fh.getvalue(), newline="")
+    fh = io.StringIO()
+    w = csv.writer(fh)
+    first = ev.results[names[0]]
+    cols = list(first.series)
+    n_r = len(first.rack_series_w)
+    w.writerow(["policy", *cols, *(f"r{i}_max_power_w" for i in range(n_r))])
+    for n, r in ev.results.items():
+        for i in range(len(r.series["time_s"])):
+            w.writerow([n, *(r.series[c][i] for c in cols), *(r.rack_series_w[k][i] for k in range(n_r))])
+    write_text_replacing(out_dir / "series.csv", fh.getvalue(), newline="")
+    write_text_replacing(out_dir / "report.html", _report_html(ev))
 
 
 def _report_html(ev: Evaluation) -> str:
