@@ -205,6 +205,7 @@ def test_command_line_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("RACKTWIN_MQTT_PASSWORD", "from-env")
     o = mqtt_options_from_args(parser.parse_args(["--broker", "mqtt://h:1", "--mqtt-username", "agent"]))
     assert o is not None and o.password == "from-env"
+    monkeypatch.delenv("RACKTWIN_MQTT_PASSWORD")  # else refused first: a password with no user name
     with pytest.raises(UserError, match="--mqtt-ca-file"):
         mqtt_options_from_args(parser.parse_args(["--broker", "mqtts://h", "--mqtt-ca-file", str(tmp_path / "no")]))
     with pytest.raises(UserError, match="--broker"):
