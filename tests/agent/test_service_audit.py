@@ -138,6 +138,18 @@ async def running(service: AgentService) -> AsyncIterator[asyncio.Task[None]]:
             await asyncio.wait_for(task, 15)
 
 
+@contextlib.asynccontextmanager
+async def simulating(broker: EmbeddedBroker, site: SiteSpec, duration_s: float, speed: float) -> AsyncIterator[None]:
+    """The simulator of :func:`simulator` running beside the block, cancelled at its end."""
+    sim_task = asyncio.create_task(simulator(broker, site, duration_s, speed).run())
+    try:
+        yield
+    finally:
+        sim_task.cancel()
+        with contextlib.suppress(BaseException):
+            await sim_task
+
+
 def decisions(journal: Path) -> list[tuple[float, str]]:
     """(site time from START, status) of every decision journaled."""
     with contextlib.closing(sqlite3.connect(journal)) as db:
@@ -198,20 +210,11 @@ async def test_a_stop_between_periods_ends_the_run_without_waiting_for_the_next_
     period_s, speed = 600.0, 1.0
     service = service_on(mosquitto, tmp_path, period_s=period_s, speed=speed)
     site = service.site
-    task = asyncio.create_task(service.run())
-    try:
-        await wait_for("the agent's connection", lambda: service.bus.connected)
-        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 20.0).run())
-        await wait_for("the first decision", lambda: service.decisions >= 1, 30.0)
-        sim_task.cancel()
-        with contextlib.suppress(BaseException):
-            await sim_task
+    async with running(service) as task:
+        async with simulating(mosquitto, site, 600.0, 20.0):
+            await wait_for("the first decision", lambda: service.decisions >= 1, 30.0)
         service.stop()
         await wait_for("the run's end after stop()", task.done, 15.0)
-    finally:
-        service.stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(task, 15)
     assert task.exception() is None
     assert service.decisions == 1
     status = await retained_status(mosquitto, site)
@@ -262,20 +265,8 @@ async def test_a_stop_during_a_solve_lets_that_cycle_finish_and_journal_its_deci
         return real_propose(*args, **kwargs)
 
     service.controller.propose = propose  # type: ignore[method-assign]
-    task = asyncio.create_task(service.run())
-    sim_task: asyncio.Task[Any] | None = None
-    try:
-        await wait_for("the agent's connection", lambda: service.bus.connected)
-        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 10.0).run())
+    async with running(service) as task, simulating(mosquitto, site, 600.0, 10.0):
         await wait_for("the run's end after the stop", task.done, 30.0)
-    finally:
-        if sim_task is not None:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
-        service.stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(task, 15)
     assert task.exception() is None
     assert len(solves) == 2, solves
     assert len(decisions(tmp_path / "journal.sqlite")) == 2 == service.decisions
@@ -310,24 +301,14 @@ async def test_a_late_solve_gives_the_greedy_plan_and_no_new_solve_until_it_retu
 
     service.controller.propose = propose  # type: ignore[method-assign]
     service.controller.commit = commit  # type: ignore[method-assign]
-    task = asyncio.create_task(service.run())
-    sim_task: asyncio.Task[Any] | None = None
-    try:
-        await wait_for("the agent's connection", lambda: service.bus.connected)
-        sim_task = asyncio.create_task(simulator(mosquitto, site, 2000.0, 20.0).run())
-        await wait_for("four decisions while the second solve hangs", lambda: len(notes) >= 5, 30.0)
-        hung = list(notes)
-        release.set()
-        await wait_for("a solve after the late one returned", lambda: len(solves) >= 3, 30.0)
-    finally:
-        release.set()
-        if sim_task is not None:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
-        service.stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(task, 15)
+    async with running(service) as task, simulating(mosquitto, site, 2000.0, 20.0):
+        try:
+            await wait_for("four decisions while the second solve hangs", lambda: len(notes) >= 5, 30.0)
+            hung = list(notes)
+            release.set()
+            await wait_for("a solve after the late one returned", lambda: len(solves) >= 3, 30.0)
+        finally:
+            release.set()  # before the stop: a hung solve would hold it
     assert task.exception() is None
     after_hang = [note for n, note in hung[1:]]
     assert after_hang[0] == LATE, hung
@@ -360,20 +341,8 @@ async def test_acks_taken_in_during_a_stop_on_a_busy_bus_are_journaled_before_it
 
     service.publisher.submit = submit_then_stop  # type: ignore[method-assign]
     service.bus.pending = lambda: 1 if stopping else pending()  # type: ignore[method-assign]
-    task = asyncio.create_task(service.run())
-    sim_task: asyncio.Task[Any] | None = None
-    try:
-        await wait_for("the agent's connection", lambda: service.bus.connected)
-        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 20.0).run())
+    async with running(service) as task, simulating(mosquitto, site, 600.0, 20.0):
         await wait_for("the run's end after the stop", task.done, 30.0)
-    finally:
-        if sim_task is not None:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
-        service.stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(task, 15)
     assert task.exception() is None
     assert last, "no decision sent commands"
     with contextlib.closing(sqlite3.connect(tmp_path / "journal.sqlite")) as db:
@@ -400,14 +369,8 @@ async def test_a_loop_that_fell_behind_by_periods_decides_once_then_one_period_o
         return await real_send(*args, **kwargs)
 
     service.bus.send = send  # type: ignore[method-assign]
-    async with running(service):
-        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 10.0).run())
-        try:
-            await wait_for("five decisions", lambda: service.decisions >= 5, 30.0)
-        finally:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
+    async with running(service), simulating(mosquitto, site, 600.0, 10.0):
+        await wait_for("five decisions", lambda: service.decisions >= 5, 30.0)
     made = [t for t, _ in decisions(tmp_path / "journal.sqlite")]
     assert len(made) >= 5, made
     gaps = [b - a for a, b in itertools.pairwise(made)]
@@ -424,13 +387,8 @@ async def test_racks_gone_silent_make_the_agent_not_ready_and_say_which(
     service = service_on(mosquitto, tmp_path, period_s=5.0, speed=20.0)
     site = service.site
     async with running(service):
-        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 20.0).run())
-        try:
+        async with simulating(mosquitto, site, 600.0, 20.0):
             await wait_for("ready", lambda: service.readiness() == [] and service.decisions >= 1, 30.0)
-        finally:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
         await wait_for("not ready for stale telemetry", lambda: "no fresh telemetry from r0, r1" in service.readiness())
 
 
@@ -488,14 +446,8 @@ async def test_the_solve_deadline_is_capped_at_six_tenths_of_the_periods_wall_ti
     service.controller.context = context  # type: ignore[method-assign]
     service.controller.propose = propose  # type: ignore[method-assign]
     service.controller.commit = commit  # type: ignore[method-assign]
-    async with running(service):
-        sim_task = asyncio.create_task(simulator(mosquitto, site, 600.0, 10.0).run())
-        try:
-            await wait_for("a decision", lambda: service.decisions >= 1, 30.0)
-        finally:
-            sim_task.cancel()
-            with contextlib.suppress(BaseException):
-                await sim_task
+    async with running(service), simulating(mosquitto, site, 600.0, 10.0):
+        await wait_for("a decision", lambda: service.decisions >= 1, 30.0)
     assert limits and max(limits) == pytest.approx(0.6, rel=0.05), limits
     assert notes[:1] == [LATE], notes
 
