@@ -395,7 +395,10 @@ class Bus:
                     self.stats.failed_connects += 1
                     refused = isinstance(exc, (MqttConnectError, _ClosedBeforeConnack))  # not a broker away
                     level = logging.ERROR if refused else logging.WARNING
-                    log.log(level, "%s: cannot connect to %s: %s", self.name, self.options.url, exc)
+                    if isinstance(exc, _ClosedBeforeConnack):  # its message names the URL already
+                        log.log(level, "%s: cannot connect: %s", self.name, exc)
+                    else:
+                        log.log(level, "%s: cannot connect to %s: %s", self.name, self.options.url, exc)
             except Exception as exc:  # a defect in the client library or here: never the end of the bus
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
                 self.stats.unexpected_errors += 1

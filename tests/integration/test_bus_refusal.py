@@ -58,8 +58,9 @@ async def test_a_bus_without_the_client_certificate_the_broker_requires_says_so_
     assert "presents none" in why and broker.url in why, why
     msg = str(info.value)
     assert msg.startswith(f"nocert: not connected to {broker.url} after 0.2 s (last error: ") and why in msg, msg
-    refusals = [r for r in caplog.records if r.getMessage().startswith(f"nocert: cannot connect to {broker.url}: ")]
+    refusals = [r for r in caplog.records if r.getMessage().startswith(f"nocert: cannot connect: {broker.url} refused")]
     assert len(refusals) >= 4 and all("requires a client certificate" in r.getMessage() for r in refusals)
+    assert all(r.getMessage().count(broker.url) == 1 for r in refusals)  # the URL once, not twice
     assert all(r.levelno == logging.ERROR for r in refusals)  # a configuration to fix, as bad credentials
     assert not any("timed out" in r.getMessage() for r in caplog.records)
     # the backoff grows as documented (min(max, min * 2**attempt) times a factor in [0.5, 1)): no hot loop
