@@ -451,18 +451,20 @@ class Journal:
         return int(self._conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
 
     @_journal_errors
-    def prune(self, before_wall_s: float, max_decisions: int = 5000) -> tuple[int, int, int]:
+    def prune(self, before_wall_s: float, max_decisions: int = 5000) -> tuple[int, int, int, int]:
         """Delete what is journaled before ``before_wall_s`` (wall clock) and no longer needed: closed
         commands (applied, rejected, expired, abandoned, superseded) with their acks, and decisions none of whose
         commands is still open. Open commands, their decisions and the newest decision (the cycle count
         continues from it after a restart) are always kept. At most the ``max_decisions`` oldest
-        decisions are looked at per call (a short transaction; call again while it returns that many).
-        Returns (decisions, commands, acks) deleted. SQLite reuses the freed pages; the file does not
-        shrink."""
+        decisions are looked at per call (a short transaction). Returns (decisions, commands, acks)
+        deleted and the number of decisions looked at: while that is ``max_decisions`` and some were
+        deleted, there may be more to delete (call again); the kept ones are looked at again each call.
+        SQLite reuses the freed pages; the file does not shrink."""
         old = prune_candidates_sql(max_decisions)
         closed = f"decision_id IN ({old}) AND state NOT IN ('pending', 'sent')"
         try:
             with self._transaction():
+                looked_at = self._conn.execute(f"SELECT COUNT(*) FROM ({old})", (before_wall_s,)).fetchone()[0]
                 acks = self._conn.execute(
                     f"DELETE FROM acks WHERE command_id IN (SELECT command_id FROM commands WHERE {closed})",
                     (before_wall_s,),
@@ -475,7 +477,7 @@ class Journal:
                 ).rowcount
         except sqlite3.Error as exc:
             raise JournalError(f"journal {self.path}: {exc}") from None
-        return int(decisions), int(commands), int(acks)
+        return int(decisions), int(commands), int(acks), int(looked_at)
 
     # ---- calibration ------------------------------------------------------------------------------
     @_journal_errors

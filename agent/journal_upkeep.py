@@ -17,7 +17,7 @@ __all__ = ["JournalAcks", "JournalUpkeep", "knows_command"]
 log = logging.getLogger("racktwin.agent")
 
 _JOURNAL_PRUNE_INTERVAL_S = 3600.0  # wall seconds between deletions of journal rows past journal.keep_days
-_JOURNAL_PRUNE_BATCH = 5000  # decisions per deletion (a short pause of the event loop); more: again 1 s later
+_JOURNAL_PRUNE_BATCH = 5000  # decisions looked at per deletion (a short pause of the event loop); more: again 1 s later
 _JOURNAL_CHECK_INTERVAL_S = 2.0  # wall seconds between checks that the journal file is still the one open
 _ACK_RETRY_S = 2.0  # wall seconds before acks whose journal write failed are tried again
 _ACK_BATCH = 1000  # acks written at once at the latest, when the ingest task finds no end to a burst
@@ -104,11 +104,16 @@ class JournalUpkeep:
             return
         self._pruned_wall = time.monotonic()
         try:
-            decisions, commands, acks = self.journal.prune(time.time() - keep_days * 86_400.0, _JOURNAL_PRUNE_BATCH)
+            decisions, commands, acks, looked_at = self.journal.prune(
+                time.time() - keep_days * 86_400.0, _JOURNAL_PRUNE_BATCH
+            )
         except JournalError as exc:
             log.warning("journal prune failed: %s", exc)
             return
-        if decisions >= _JOURNAL_PRUNE_BATCH:  # a backlog (a first prune of a long history): the rest soon
+        if looked_at >= _JOURNAL_PRUNE_BATCH and decisions:
+            # a full batch looked at, some of it deleted: a backlog (a first prune of a long history), the rest
+            # soon. Whether all of it went does not matter (a kept decision: its command is still open); a full
+            # batch of kept decisions waits an hour like a partial one (nothing would change a second later).
             self._pruned_wall = -math.inf
         if decisions or commands:
             log.info(

@@ -90,10 +90,17 @@ def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
         return "\n".join(reasons)
     cap = reserve_capacity(t, p_min)
     if int(cap.sum()) < t.reserve:
+        # the racks whose headroom ran out before their idle cards did: what one more card there needs is
+        # what it lacks (a rack with no headroom at all, or with every idle card awake, says nothing)
+        short = (cap < t.rack_idle) & (t.rack_cap_w - p_min > 0.0)
+        if short.any():
+            wake = f"each further awake card adds up to {float(t.rack_wake_w[short].max()):.1f} W in the racks"
+            why = f"{wake} with idle cards and headroom left"
+        else:
+            why = "no rack with idle cards left has headroom"
         reasons.append(
             f"ready reserve: {t.reserve} awake idle cards are required but the racks' headroom at the lowest levels "
-            f"leaves room for only {int(cap.sum())} (each awake card adds up to "
-            f"{float(np.max(t.rack_wake_w, initial=0.0)):.1f} W)"
+            f"leaves room for only {int(cap.sum())} ({why})"
         )
     return "\n".join(reasons)
 

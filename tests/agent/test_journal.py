@@ -121,10 +121,10 @@ def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_pat
     assert j.record_ack("refused", 1.0, "rejected", "level out of range")
     assert j.record_ack("last", 46.0, "applied")
 
-    assert j.prune(time.time() - 3600.0) == (0, 0, 0)  # nothing is an hour old yet
+    assert j.prune(time.time() - 3600.0) == (0, 0, 0, 0)  # nothing is an hour old yet: nothing looked at
     cut = time.time() + 1.0  # everything journaled is older than this
-    assert j.prune(cut, max_decisions=1) == (1, 2, 2)  # the oldest decision only: cycle 1, its commands and acks
-    assert j.prune(cut) == (1, 0, 0)  # then cycle 3 (no commands); cycle 2 has an open one
+    assert j.prune(cut, max_decisions=1) == (1, 2, 2, 1)  # the oldest decision only: cycle 1, its commands and acks
+    assert j.prune(cut) == (1, 0, 0, 2)  # cycles 2 and 3 looked at: 3 goes (no commands), 2 has an open one
     assert j.command("done") is None and j.command("refused") is None
     open_cmd = j.command("open")
     assert open_cmd is not None and open_cmd.state is CommandState.SENT  # still resent after a restart

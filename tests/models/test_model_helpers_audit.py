@@ -143,6 +143,29 @@ def test_explain_counts_the_off_hosts_of_the_rack_it_names(site: SiteSpec) -> No
     assert "with 4 of its hosts off" in why
 
 
+def test_explain_a_short_reserve_names_what_a_further_card_needs_in_the_racks_it_could_go_to(site: SiteSpec) -> None:
+    # no jobs; caps 1 kW; at the lowest levels (no busy card: the base) the racks have 0/350/1000/150 W of
+    # headroom, 4/5/1/2 idle cards waking at 500/100/900/120 W each: room for 0 + 3 + 1 + 1 = 5 < 8.
+    # The racks whose headroom ran out with idle cards left are r1 (50 W left < 100 W) and r3 (30 W left
+    # < 120 W): a further card needs up to 120 W there. r0 (no headroom) and r2 (its one idle card awake)
+    # say nothing about it (before: 900 W, r2's, printed as what each awake card adds, the max over all racks)
+    t = _tables(
+        rack_cap_w=np.full(4, 1000.0),
+        rack_base_w=np.array([1000.0, 650.0, 0.0, 850.0]),
+        rack_idle=np.array([4, 5, 1, 2]),
+        rack_wake_w=np.array([500.0, 100.0, 900.0, 120.0]),
+        reserve=8,
+    )
+    p = problem(site, [], [], options=[30.0])  # its clocks and rack names; the tables above are the data
+    assert explain_infeasible(p, t) == (
+        "ready reserve: 8 awake idle cards are required but the racks' headroom at the lowest levels leaves room "
+        "for only 5 (each further awake card adds up to 120.0 W in the racks with idle cards and headroom left)"
+    )
+    # no headroom where idle cards are left (r1 and r3 at their caps): no figure, the reason in words
+    t2 = dataclasses.replace(t, rack_base_w=np.array([1000.0, 1000.0, 0.0, 1000.0]), reserve=3)
+    assert explain_infeasible(p, t2).endswith("leaves room for only 1 (no rack with idle cards left has headroom)")
+
+
 # ---------------------------------------------------------------- decompose
 
 
