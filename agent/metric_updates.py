@@ -11,7 +11,10 @@ is removed) once their source has not been read validly within ``control.telemet
 deadline after which the rack goes to fail-safe caps: a source silent, or sending only values the
 belief refuses, NaN among them), and come back with the source's next valid reading; the facility's
 gauges (no labels to remove) read NaN then. ``racktwin_telemetry_age_seconds`` keeps growing meanwhile:
-it is what says so (docs/agent.md, "Observability").
+it is what says so (docs/agent.md, "Observability"). A reading a stuck sensor froze
+(``TwinState.frozen_readings``: a card's die, frozen with its power or alone, every card's die of a rack
+whose cards froze as a whole, a rack's loop temperatures) is not known either, fresh as it is: its
+series has no sample while the sensor is stuck (a card's power frozen alone leaves its die series).
 """
 
 from __future__ import annotations
@@ -116,6 +119,8 @@ class MetricUpdates:
         # a reading at or after this site time is a known value (none before the clock's first reading)
         fresh_s = math.inf if now is None else now - self.telemetry_deadline_s
         last = st.rack_last_seen_s()
+        # readings a stuck sensor froze (fresh in time, but the controller does not take them either)
+        die_frozen, loop_frozen = st.frozen_readings()
         limit_w = site.rack.power_limit_w
         for r, name in enumerate(site.rack_names):
             m.rack_power_limit_watts.labels(rack=name).set(limit_w)
@@ -124,7 +129,8 @@ class MetricUpdates:
             else:
                 m.rack_power_watts.remove(name)
             supply, ret = float(st.rack_supply_temp_c[r]), float(st.rack_return_temp_c[r])
-            if st.rack_loop_seen_s[r] >= fresh_s and math.isfinite(supply) and math.isfinite(ret):
+            loop_known = st.rack_loop_seen_s[r] >= fresh_s and not loop_frozen[r]
+            if loop_known and math.isfinite(supply) and math.isfinite(ret):
                 m.rack_supply_temperature_celsius.labels(rack=name).set(supply)
                 m.rack_return_temperature_celsius.labels(rack=name).set(ret)
             else:
@@ -133,7 +139,7 @@ class MetricUpdates:
             if now is not None and math.isfinite(last[r]):
                 m.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
         reading = st.card_die_temp_c  # every card as it reads, a failed one too (rack_max leaves it out)
-        known = np.isfinite(reading) & (st.card_last_seen_s >= fresh_s)
+        known = np.isfinite(reading) & (st.card_last_seen_s >= fresh_s) & ~die_frozen
         die = np.where(known & ~st.card_failed, reading, -np.inf)
         rack_max = die.reshape(site.n_racks, site.cards_per_rack).max(axis=1)
         for r, name in enumerate(site.rack_names):
@@ -162,7 +168,10 @@ class MetricUpdates:
         else:  # none read yet, or none within the deadline: unknown
             for gauge in m.facility_gauges():
                 gauge.set(math.nan)
-        m.anomalies.labels(kind="stuck_sensor").set(len(st.stuck_racks()) + len(st.stuck_cards()))
+        # a stuck rack counts once, its stuck cards with it (the controller takes none of its cards' readings)
+        stuck_racks = set(st.stuck_racks())
+        stuck_cards = [c for c in st.stuck_cards() if c // site.cards_per_rack not in stuck_racks]
+        m.anomalies.labels(kind="stuck_sensor").set(len(stuck_racks) + len(stuck_cards))
         m.open_commands.set(len(self.book.open))
         standby = self.standby
         m.agent_standby.set(1 if standby.mode == "enforce" and not standby.commanding() else 0)

@@ -598,16 +598,8 @@ class TwinState:
         cards all repeated over ``stuck_after_readings`` PDU readings in which the PDU had moved by
         ``stuck_pdu_move_w`` (more than all of its hosts could: only its cards can) from what it
         read when they last changed (a site frozen as a whole, its PDUs read apart)."""
-        n = self.stuck_after_readings
-        cards_frozen = (self._card_same.reshape(self._n_racks, self._cpr) >= n).all(axis=1)
-        frozen = cards_frozen | (self._loop_same >= n)
-        pdu_says = self._pdu_moved >= n
-        if not (frozen.any() or pdu_says.any()):
-            return ()
-        moving = self._moving_racks()
-        n_moving = int(moving.sum())
-        hit = (frozen & (n_moving - moving.astype(np.int64) > 0)) | pdu_says
-        return tuple(int(r) for r in np.flatnonzero(hit))
+        cards, loop = self._stuck_rack_parts()
+        return tuple(int(r) for r in np.flatnonzero(cards | loop))
 
     def stuck_cards(self) -> tuple[int, ...]:
         """Cards frozen while others of their rack change (a rack frozen as a whole is in
@@ -620,15 +612,41 @@ class TwinState:
         ``stuck_power_move_w``, and cards awake whose power and die both held over
         ``stuck_after_readings`` readings in which their job's events had changed what they do
         (idle, computing, busy not computing): a site frozen as a whole, its PDUs with it."""
+        die, power = self._stuck_card_parts()
+        return tuple(int(c) for c in np.flatnonzero(die | power))
+
+    def frozen_readings(self) -> tuple[BoolArray, BoolArray]:
+        """Which readings the stuck cards and racks have frozen (:meth:`stuck_cards`,
+        :meth:`stuck_racks`): per card, its die temperature (the card frozen as a whole, its die
+        alone, or all of its rack's cards: not its power alone); per rack, its loop readings (not a
+        rack stuck for its cards only). New arrays; the belief is not changed."""
+        die, _ = self._stuck_card_parts()
+        cards, loop = self._stuck_rack_parts()
+        return die | np.repeat(cards, self._cpr), loop
+
+    def _stuck_rack_parts(self) -> tuple[BoolArray, BoolArray]:
+        """Per rack, of :meth:`stuck_racks`: stuck for its cards' readings, stuck for its loop's."""
+        n = self.stuck_after_readings
+        cards_frozen = (self._card_same.reshape(self._n_racks, self._cpr) >= n).all(axis=1)
+        loop_frozen = self._loop_same >= n
+        pdu_says = self._pdu_moved >= n
+        if not (cards_frozen.any() or loop_frozen.any() or pdu_says.any()):
+            return np.zeros(self._n_racks, dtype=bool), np.zeros(self._n_racks, dtype=bool)
+        moving = self._moving_racks()
+        others_moving = int(moving.sum()) - moving.astype(np.int64) > 0
+        return (cards_frozen & others_moving) | pdu_says, loop_frozen & others_moving
+
+    def _stuck_card_parts(self) -> tuple[BoolArray, BoolArray]:
+        """Per card, of :meth:`stuck_cards`: its die reading frozen, its power reading frozen."""
         n = self.stuck_after_readings
         same = self._card_same.reshape(self._n_racks, self._cpr)
-        frozen = same >= n
         moving = (same == 0).any(axis=1)
-        hit = (frozen & moving[:, None]).ravel()
-        alone = (self._die_moved >= n) | (self._power_moved >= n)
-        alone |= (self._activity_moved >= n) & ~self.card_low_power
-        hit |= alone & ~self.card_failed & ~self.card_host_off
-        return tuple(int(c) for c in np.flatnonzero(hit))
+        whole = ((same >= n) & moving[:, None]).ravel()
+        awake = ~self.card_failed & ~self.card_host_off
+        both = whole | ((self._activity_moved >= n) & ~self.card_low_power & awake)
+        die = both | ((self._die_moved >= n) & awake)
+        power = both | ((self._power_moved >= n) & awake)
+        return die, power
 
     def snapshot(self) -> StateSnapshot:
         running = [j for j in self._jobs.values() if j.state == "running"]
