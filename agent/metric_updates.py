@@ -19,6 +19,7 @@ series has no sample while the sensor is stuck (a card's power frozen alone leav
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -36,6 +37,13 @@ from twin.spec import SiteSpec
 from twin.state import TwinState
 
 __all__ = ["MetricUpdates"]
+
+
+def _no_sample(gauge: Any, *labels: str) -> None:
+    """Remove a labelled series, whether it is exported or not (prometheus-client releases before
+    client_python PR #1077 raise KeyError for a series that is not: a rack never read)."""
+    with contextlib.suppress(KeyError):
+        gauge.remove(*labels)
 
 
 class MetricUpdates:
@@ -127,15 +135,15 @@ class MetricUpdates:
             if st.rack_pdu_seen_s[r] >= fresh_s and math.isfinite(st.rack_power_w[r]):
                 m.rack_power_watts.labels(rack=name).set(float(st.rack_power_w[r]))
             else:
-                m.rack_power_watts.remove(name)
+                _no_sample(m.rack_power_watts, name)
             supply, ret = float(st.rack_supply_temp_c[r]), float(st.rack_return_temp_c[r])
             loop_known = st.rack_loop_seen_s[r] >= fresh_s and not loop_frozen[r]
             if loop_known and math.isfinite(supply) and math.isfinite(ret):
                 m.rack_supply_temperature_celsius.labels(rack=name).set(supply)
                 m.rack_return_temperature_celsius.labels(rack=name).set(ret)
             else:
-                m.rack_supply_temperature_celsius.remove(name)
-                m.rack_return_temperature_celsius.remove(name)
+                _no_sample(m.rack_supply_temperature_celsius, name)
+                _no_sample(m.rack_return_temperature_celsius, name)
             if now is not None and math.isfinite(last[r]):
                 m.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
         reading = st.card_die_temp_c  # every card as it reads, a failed one too (rack_max leaves it out)
@@ -146,7 +154,7 @@ class MetricUpdates:
             if math.isfinite(rack_max[r]):
                 m.rack_max_die_temperature_celsius.labels(rack=name).set(float(rack_max[r]))
             else:
-                m.rack_max_die_temperature_celsius.remove(name)
+                _no_sample(m.rack_max_die_temperature_celsius, name)
         gauges = self._card_gauges
         cpr = site.cards_per_rack
         for c in np.flatnonzero(known).tolist():
