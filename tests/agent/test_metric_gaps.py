@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 from agent_helpers import belief, job
 from prometheus_client.parser import text_string_to_metric_families
+from readings_testing import card_batch
 from test_publish import decision_like
 
 from agent import wire
 from agent.bus import MqttOptions
 from agent.config import load_config
 from agent.service import AgentService
-from twin.readings import CardBatch, FacilityReading, LoopReading, PduReading, RackReading, Readings
+from twin.readings import FacilityReading, LoopReading, PduReading, RackReading, Readings
 
 pytestmark = pytest.mark.agent
 
@@ -95,18 +96,7 @@ def _readings(
     out = []
     for r in range(site.n_racks) if racks is None else racks:
         sl = slice(r * cpr, (r + 1) * cpr)
-        batch = CardBatch(
-            card_index=np.arange(r * cpr, (r + 1) * cpr, dtype=np.int64),
-            power_w=power[sl],
-            die_temp_c=die[sl],
-            clock_mhz=np.full(cpr, 1980.0),
-            utilization=np.full(cpr, 0.9),
-            level=np.zeros(cpr, dtype=np.int64),
-            low_power=np.zeros(cpr, dtype=bool),
-            waking=np.zeros(cpr, dtype=bool),
-            power_limit_w=np.full(cpr, 700.0),
-            failed=np.zeros(cpr, dtype=bool),
-        )
+        batch = card_batch(np.arange(r * cpr, (r + 1) * cpr), power_w=power[sl], die_temp_c=die[sl], utilization=0.9)
         sup = (supply_c or {}).get(r, 30.0 + r)
         loop = LoopReading(sup, 40.0 + r, 100.0, 200.0, 1.0)
         out.append(RackReading(r, t, batch, loop, PduReading((pdu_w or {}).get(r, 40_000.0 + 100.0 * r))))

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from readings_testing import card_batch
 from test_metric_gaps import T0, _at, _scrape, _service, _SiteNow
 
 from agent.service import AgentService
-from twin.readings import CardBatch, LoopReading, PduReading, RackReading, Readings
+from twin.readings import LoopReading, PduReading, RackReading, Readings
 
 pytestmark = pytest.mark.agent
 
@@ -67,17 +68,8 @@ def _readings(
     racks = []
     for r in range(site.n_racks):
         sl = slice(r * cpr, (r + 1) * cpr)
-        batch = CardBatch(
-            card_index=np.arange(r * cpr, (r + 1) * cpr, dtype=np.int64),
-            power_w=power[sl],
-            die_temp_c=die[sl],
-            clock_mhz=np.full(cpr, 1980.0),
-            utilization=util[sl],
-            level=np.zeros(cpr, dtype=np.int64),
-            low_power=np.zeros(cpr, dtype=bool),
-            waking=np.zeros(cpr, dtype=bool),
-            power_limit_w=np.full(cpr, 700.0),
-            failed=np.zeros(cpr, dtype=bool),
+        batch = card_batch(
+            np.arange(r * cpr, (r + 1) * cpr), power_w=power[sl], die_temp_c=die[sl], utilization=util[sl]
         )
         supply = (supply_c or {}).get(r, 30.0 + r + 0.01 * k)
         loop = LoopReading(supply, 40.0 + r, 100.0, 200.0, 1.0)
