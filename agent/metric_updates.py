@@ -15,12 +15,23 @@ it is what says so (docs/agent.md, "Observability"). A reading a stuck sensor fr
 (``TwinState.frozen_readings``: a card's die, frozen with its power or alone, every card's die of a rack
 whose cards froze as a whole, a rack's loop temperatures) is not known either, fresh as it is: its
 series has no sample while the sensor is stuck (a card's power frozen alone leaves its die series).
+
+Each group of gauges is brought up to date in its own guarded step (the broker link, the message
+counts, the refused readings, rack power, telemetry age, loop temperatures, dies, the facility, stuck
+sensors, open commands, standby, the site clock): a step that raises (a defect) stops only its own
+group, which keeps its last values, but a measured group's series go (the facility's read NaN), since
+what they show is no longer known to be current. A step's first failure is logged with its traceback
+(``health metrics not updated: <group>: <error>``), a repeat of the same error is not, and its
+recovery is logged (``health metrics updated again: <group>``); :attr:`MetricUpdates.failing` names
+the steps failing now.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +48,8 @@ from twin.spec import SiteSpec
 from twin.state import TwinState
 
 __all__ = ["MetricUpdates"]
+
+log = logging.getLogger("racktwin.agent")
 
 
 def _no_sample(gauge: Any, *labels: str) -> None:
@@ -79,6 +92,8 @@ class MetricUpdates:
         self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
         self._seen_invalid = np.zeros(site.n_racks)  # readings refused per rack, counted so far
         self._seen_takeovers = 0
+        #: the steps of :meth:`update` failing now, with their error (each logged once per error)
+        self.failing: dict[str, str] = {}
 
     def after_decision(self, d: Decision) -> None:
         m = self.metrics
@@ -105,9 +120,53 @@ class MetricUpdates:
         m.plans_total.labels(status=d.plan_status, source=d.source).inc()
 
     def update(self) -> None:
+        """Every group of gauges in its own guarded step: a step that raises (a defect) leaves the others
+        to go on; its gauges keep their last values, but a measured group's series (rack power, loop
+        temperatures, dies, the facility's readings) go (no sample; NaN for the facility), since what
+        they read is no longer known to be current. The first failure of a step is logged with its
+        traceback, a repeat of the same error is not, and the step's recovery is logged."""
+        self._step("broker link", self._update_link)
+        self._step("message counts", self._update_message_counts)
+        self._step("invalid readings", self._update_invalid_readings)
+        self._step("rack power", self._update_rack_power, forget=self._forget_rack_power)
+        self._step("telemetry age", self._update_telemetry_age)
+        self._step("loop temperatures", self._update_loop_temperatures, forget=self._forget_loop_temperatures)
+        self._step("die temperatures", self._update_die_temperatures, forget=self._forget_die_temperatures)
+        self._step("facility", self._update_facility, forget=self._forget_facility)
+        self._step("stuck sensors", self._update_stuck_sensors)
+        self._step("open commands", self._update_open_commands)
+        self._step("standby", self._update_standby)
+        self._step("site clock", self._update_site_clock)
+
+    def _step(self, group: str, run: Callable[[], None], *, forget: Callable[[], None] | None = None) -> None:
+        try:
+            run()
+        except Exception as exc:  # a defect: this group stops here, the others go on; said once per error
+            what = f"{type(exc).__name__}: {exc}"
+            if self.failing.get(group) != what:
+                log.exception("health metrics not updated: %s: %s", group, what)
+            self.failing[group] = what
+            if forget is not None:
+                with contextlib.suppress(Exception):
+                    forget()
+        else:
+            if self.failing.pop(group, None) is not None:
+                log.info("health metrics updated again: %s", group)
+
+    def _fresh_s(self) -> float:
+        """A reading at or after this site time is a known value (none before the clock's first reading)."""
+        now = self.clock.now()
+        return math.inf if now is None else now - self.telemetry_deadline_s
+
+    def _update_link(self) -> None:
         m = self.metrics
-        site = self.site
         m.broker_connected.set(1 if self.bus.connected else 0)
+        takeovers = self.bus.stats.takeovers  # only grows
+        m.broker_takeovers_total.inc(max(takeovers - self._seen_takeovers, 0))
+        self._seen_takeovers = takeovers
+
+    def _update_message_counts(self) -> None:
+        m = self.metrics
         for reason, n in self.codec.counter.snapshot().items():
             seen = self._seen_rejections.get(reason, 0)
             if n > seen:
@@ -117,25 +176,45 @@ class MetricUpdates:
         m.messages_stamped_ahead_total.inc(max(ahead - self._seen_ignored[0], 0))
         m.late_readings_total.inc(max(late - self._seen_ignored[1], 0))
         self._seen_ignored = (ahead, late)
-        st = self.state
+
+    def _update_invalid_readings(self) -> None:
+        site, st = self.site, self.state
         per_rack = st.invalid_count.reshape(site.n_racks, site.cards_per_rack).sum(axis=1)
         invalid = np.asarray(per_rack + st.rack_invalid_count, dtype=np.float64)
         for i in np.flatnonzero(invalid > self._seen_invalid).tolist():
-            m.invalid_readings_total.labels(rack=site.rack_names[i]).inc(float(invalid[i] - self._seen_invalid[i]))
+            self.metrics.invalid_readings_total.labels(rack=site.rack_names[i]).inc(
+                float(invalid[i] - self._seen_invalid[i])
+            )
         self._seen_invalid = invalid
-        now = self.clock.now()
-        # a reading at or after this site time is a known value (none before the clock's first reading)
-        fresh_s = math.inf if now is None else now - self.telemetry_deadline_s
-        last = st.rack_last_seen_s()
-        # readings a stuck sensor froze (fresh in time, but the controller does not take them either)
-        die_frozen, loop_frozen = st.frozen_readings()
-        limit_w = site.rack.power_limit_w
-        for r, name in enumerate(site.rack_names):
+
+    def _update_rack_power(self) -> None:
+        m, st = self.metrics, self.state
+        fresh_s = self._fresh_s()
+        limit_w = self.site.rack.power_limit_w
+        for r, name in enumerate(self.site.rack_names):
             m.rack_power_limit_watts.labels(rack=name).set(limit_w)
             if st.rack_pdu_seen_s[r] >= fresh_s and math.isfinite(st.rack_power_w[r]):
                 m.rack_power_watts.labels(rack=name).set(float(st.rack_power_w[r]))
             else:
                 _no_sample(m.rack_power_watts, name)
+
+    def _forget_rack_power(self) -> None:
+        self.metrics.rack_power_watts.clear()
+
+    def _update_telemetry_age(self) -> None:
+        now = self.clock.now()
+        if now is None:
+            return
+        last = self.state.rack_last_seen_s()
+        for r, name in enumerate(self.site.rack_names):
+            if math.isfinite(last[r]):
+                self.metrics.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
+
+    def _update_loop_temperatures(self) -> None:
+        m, st = self.metrics, self.state
+        fresh_s = self._fresh_s()
+        _, loop_frozen = st.frozen_readings()  # a stuck sensor's readings: fresh in time, but not taken
+        for r, name in enumerate(self.site.rack_names):
             supply, ret = float(st.rack_supply_temp_c[r]), float(st.rack_return_temp_c[r])
             loop_known = st.rack_loop_seen_s[r] >= fresh_s and not loop_frozen[r]
             if loop_known and math.isfinite(supply) and math.isfinite(ret):
@@ -144,8 +223,15 @@ class MetricUpdates:
             else:
                 _no_sample(m.rack_supply_temperature_celsius, name)
                 _no_sample(m.rack_return_temperature_celsius, name)
-            if now is not None and math.isfinite(last[r]):
-                m.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
+
+    def _forget_loop_temperatures(self) -> None:
+        self.metrics.rack_supply_temperature_celsius.clear()
+        self.metrics.rack_return_temperature_celsius.clear()
+
+    def _update_die_temperatures(self) -> None:
+        m, st, site = self.metrics, self.state, self.site
+        fresh_s = self._fresh_s()
+        die_frozen, _ = st.frozen_readings()  # a stuck sensor's readings: fresh in time, but not taken
         reading = st.card_die_temp_c  # every card as it reads, a failed one too (rack_max leaves it out)
         known = np.isfinite(reading) & (st.card_last_seen_s >= fresh_s) & ~die_frozen
         die = np.where(known & ~st.card_failed, reading, -np.inf)
@@ -166,26 +252,44 @@ class MetricUpdates:
             if gauges[c] is not None:  # its value is no longer known: the series goes until the next reading
                 m.card_die_temperature_celsius.remove(site.rack_names[c // cpr], str(c % cpr))
                 gauges[c] = None
-        fac = st.facility
-        if fac is not None and fac.time_s >= fresh_s:
+
+    def _forget_die_temperatures(self) -> None:
+        self._card_gauges = [None] * self.site.n_cards
+        self.metrics.card_die_temperature_celsius.clear()
+        self.metrics.rack_max_die_temperature_celsius.clear()
+
+    def _update_facility(self) -> None:
+        m = self.metrics
+        fac = self.state.facility
+        if fac is not None and fac.time_s >= self._fresh_s():
             m.it_power_watts.set(fac.it_power_w)
             m.facility_power_watts.set(fac.facility_power_w)
             m.cooling_power_watts.set(fac.cooling_power_w)
             m.pue_ratio.set(fac.facility_power_w / fac.it_power_w if fac.it_power_w > 0 else math.nan)
             m.ambient_temperature_celsius.set(fac.ambient_temp_c)
         else:  # none read yet, or none within the deadline: unknown
-            for gauge in m.facility_gauges():
-                gauge.set(math.nan)
+            self._forget_facility()
+
+    def _forget_facility(self) -> None:
+        for gauge in self.metrics.facility_gauges():
+            gauge.set(math.nan)
+
+    def _update_stuck_sensors(self) -> None:
         # a stuck rack counts once, its stuck cards with it (the controller takes none of its cards' readings)
+        st = self.state
         stuck_racks = set(st.stuck_racks())
-        stuck_cards = [c for c in st.stuck_cards() if c // site.cards_per_rack not in stuck_racks]
-        m.anomalies.labels(kind="stuck_sensor").set(len(stuck_racks) + len(stuck_cards))
-        m.open_commands.set(len(self.book.open))
+        stuck_cards = [c for c in st.stuck_cards() if c // self.site.cards_per_rack not in stuck_racks]
+        self.metrics.anomalies.labels(kind="stuck_sensor").set(len(stuck_racks) + len(stuck_cards))
+
+    def _update_open_commands(self) -> None:
+        self.metrics.open_commands.set(len(self.book.open))
+
+    def _update_standby(self) -> None:
         standby = self.standby
-        m.agent_standby.set(1 if standby.mode == "enforce" and not standby.commanding() else 0)
-        m.competing_agents.set(len(standby.competing()))
-        takeovers = self.bus.stats.takeovers  # only grows
-        m.broker_takeovers_total.inc(max(takeovers - self._seen_takeovers, 0))
-        self._seen_takeovers = takeovers
-        m.site_time_seconds.set(now if now is not None else 0.0)
-        m.site_clock_rate.set(self.clock.rate)
+        self.metrics.agent_standby.set(1 if standby.mode == "enforce" and not standby.commanding() else 0)
+        self.metrics.competing_agents.set(len(standby.competing()))
+
+    def _update_site_clock(self) -> None:
+        now = self.clock.now()
+        self.metrics.site_time_seconds.set(now if now is not None else 0.0)
+        self.metrics.site_clock_rate.set(self.clock.rate)

@@ -855,7 +855,7 @@ class AgentService:
         while True:
             try:
                 self.metric_updates.update()
-            except Exception as exc:  # the metrics freeze, the service goes on: say so once per error
+            except Exception as exc:  # (each group is guarded in update: this is the rest) say so once per error
                 what = f"{type(exc).__name__}: {exc}"
                 if what != failing:
                     log.exception("health metrics not updated: %s", what)

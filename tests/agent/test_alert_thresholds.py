@@ -1,0 +1,97 @@
+"""The shipped alert rules (deploy/prometheus/racktwin-alerts.yml) agree with the agent they watch: each
+threshold tied to one of the agent's defaults is that default (its header names them), and each label
+an alert's text names is one its series carry (docs/agent.md's metrics table, which
+test_metrics_audit.py ties to what is exported). test_deploy.py checks the series names.
+
+RacktwinTelemetryStale used to fire at an age over 60 s held for 1 min (2 min of silence) while the
+agent's deadline is 30 s: from 30 s the rack is at fail-safe caps and its power, loop and die series are
+gone, so RacktwinRackOverLimit and RacktwinDieHot had ended and nothing fired for 90 s."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_metrics_audit import _documented
+
+from agent import bus
+from agent.config import ControlConfig, load_config
+from twin.spec import load_site
+
+pytestmark = pytest.mark.agent
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "deploy" / "prometheus" / "racktwin-alerts.yml"
+
+
+def _rules() -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    return {r["alert"]: r for g in doc["groups"] for r in g["rules"]}
+
+
+def _seconds(duration: str) -> float:
+    """A Prometheus duration of one unit (``30s``, ``2m``, ``1h``) in seconds."""
+    m = re.fullmatch(r"(\d+)(s|m|h)", duration)
+    assert m, duration
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _threshold(expr: str, series: str, op: str) -> float:
+    m = re.fullmatch(rf"{series}\s*{re.escape(op)}\s*([0-9.]+)", expr.strip())
+    assert m, expr
+    return float(m.group(1))
+
+
+def test_the_telemetry_stale_alert_starts_at_the_agents_telemetry_deadline() -> None:
+    """The age at which the rack goes to fail-safe caps (the default deadline, and the example's) is the
+    alert's threshold; held no longer than RacktwinRackOverLimit waits, so the gap between the
+    measured series going and this alert firing is at most that long."""
+    deadline_s = ControlConfig().telemetry_deadline_s
+    example = load_config(REPO / "examples" / "agent.toml", env={}).config.control.telemetry_deadline_s
+    assert deadline_s == example == 30.0
+    rules = _rules()
+    stale = rules["RacktwinTelemetryStale"]
+    assert _threshold(stale["expr"], "racktwin_telemetry_age_seconds", ">") == deadline_s
+    assert _seconds(stale["for"]) <= _seconds(rules["RacktwinRackOverLimit"]["for"])
+
+
+def test_the_over_limit_alert_waits_two_control_periods() -> None:
+    """Its comment: measured power over the limit for longer than two control periods (the agent gets a
+    period to bring the rack back and one for the rack to apply it)."""
+    rule = _rules()["RacktwinRackOverLimit"]
+    assert rule["expr"].strip() == "racktwin_rack_power_watts > racktwin_rack_power_limit_watts"
+    assert _seconds(rule["for"]) == 2 * ControlConfig().period_s == 30.0
+
+
+def test_the_die_hot_alert_is_the_guards_die_limit_on_the_example_site() -> None:
+    """The guard slows a job whose die is predicted above slowdown less the die margin: 87 - 2 = 85 deg C
+    on the example site (H100 SXM)."""
+    site = load_site(REPO / "examples" / "supernode-512.toml")
+    limit_c = site.card.slowdown_temp_c - ControlConfig().die_margin_k
+    assert limit_c == 85.0
+    assert _threshold(_rules()["RacktwinDieHot"]["expr"], "racktwin_rack_max_die_temperature_celsius", ">") == limit_c
+
+
+def test_the_client_id_alert_is_the_agents_take_over_rule() -> None:
+    """docs/agent.md: after three take-overs in ten minutes the agent says its client id is contested;
+    the alert counts the same number in the same window."""
+    expr = _rules()["RacktwinClientIdInUse"]["expr"]
+    m = re.fullmatch(r"increase\(racktwin_broker_takeovers_total\[(\w+)\]\)\s*>=\s*(\d+)", expr.strip())
+    assert m, expr
+    assert _seconds(m.group(1)) == bus._TAKEOVER_WINDOW_S == 600.0
+    assert int(m.group(2)) == bus._TAKEOVERS_CONTESTED == 3
+
+
+def test_every_label_an_alert_names_is_carried_by_the_series_it_fires_on() -> None:
+    """``{{ $labels.rack }}`` in an alert's text says nothing unless every racktwin series of its
+    expression has a ``rack`` label (``instance`` and ``job`` come from the scrape)."""
+    documented = _documented()
+    for name, rule in _rules().items():
+        text = " ".join(str(v) for v in rule["annotations"].values())
+        named = set(re.findall(r"\$labels\.(\w+)", text)) - {"instance", "job"}
+        series = set(re.findall(r"\bracktwin_[a-z_]+", rule["expr"]))
+        for s in series:
+            assert named <= documented[s], (name, s, named)

@@ -1,0 +1,139 @@
+"""A metrics update that raises part way (a defect) stops only its own group of gauges (agent.metric_updates,
+"Each group of gauges is brought up to date in its own guarded step"): the other groups go on moving; the
+failing group keeps its last values, but a measured group's series go (no sample) since what they show is
+no longer known to be current; each step's failure is logged once per distinct error, with its
+traceback, and its recovery once. Before, the first error froze every gauge after it in the update (the
+site clock, the facility, open commands, standby ...), and the log said only that "health metrics" failed.
+
+In process, on the service built from examples/agent.toml (not run: no broker); the failure comes from
+a method of the real twin state or of the codec's rejection counter made to raise; every value checked
+is the one a scrape sees."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_metric_gaps import T0, _at, _readings, _scrape, _service, _SiteNow
+
+from agent.service import AgentService
+
+pytestmark = pytest.mark.agent
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> AgentService:
+    return _service(tmp_path)
+
+
+def _frozen_readings_fail(*_args: object) -> tuple[np.ndarray, np.ndarray]:
+    raise RuntimeError("stuck-sensor arrays out of shape")
+
+
+def test_a_twin_state_method_that_raises_stops_only_the_gauges_that_need_it(
+    service: AgentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TwinState.frozen_readings`` raises: the loop temperatures and the dies (which need it to know
+    which readings a stuck sensor froze) cannot be brought up to date, and their series go rather than
+    showing the last values as current. Rack power, telemetry age, the facility, the site clock, the
+    open commands and the stuck-sensor count, which do not need it, follow the readings that come
+    meanwhile (before: frozen at the first reading's values, the update raising at the loops). When it
+    works again, the loops and dies are back."""
+    clock = _SiteNow(T0)
+    service.metric_updates.clock = clock  # type: ignore[assignment]
+    r0 = service.site.rack_names[0]
+    service.state.update(_readings(service, T0))
+    s = _scrape(service)
+    assert _at(s, "racktwin_rack_supply_temperature_celsius", rack=r0) == 30.0
+    assert _at(s, "racktwin_card_die_temperature_celsius", rack=r0, card="0") == 60.0
+    assert _at(s, "racktwin_site_time_seconds") == T0
+
+    monkeypatch.setattr(service.state, "frozen_readings", _frozen_readings_fail)
+    service.state.update(_readings(service, T0 + 10, die_c=65.0, pdu_w={0: 41_000.0}))
+    clock.t_s = T0 + 12
+    s = _scrape(service)
+    assert _at(s, "racktwin_rack_power_watts", rack=r0) == 41_000.0
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=r0) == 2.0
+    assert _at(s, "racktwin_site_time_seconds") == T0 + 12
+    assert _at(s, "racktwin_it_power_watts") == 300_000.0
+    assert _at(s, "racktwin_open_commands") == 0.0
+    assert _at(s, "racktwin_anomalies", kind="stuck_sensor") == 0.0
+    assert _at(s, "racktwin_broker_connected") == 0.0
+    # the groups that need the failing method: no stale value shown as current
+    assert _at(s, "racktwin_rack_supply_temperature_celsius", rack=r0) is None
+    assert _at(s, "racktwin_rack_return_temperature_celsius", rack=r0) is None
+    assert _at(s, "racktwin_card_die_temperature_celsius", rack=r0, card="0") is None
+    assert _at(s, "racktwin_rack_max_die_temperature_celsius", rack=r0) is None
+    assert set(service.metric_updates.failing) == {"loop temperatures", "die temperatures"}
+
+    monkeypatch.undo()
+    s = _scrape(service)
+    assert _at(s, "racktwin_rack_supply_temperature_celsius", rack=r0) == 30.0
+    assert _at(s, "racktwin_card_die_temperature_celsius", rack=r0, card="0") == 65.0
+    assert _at(s, "racktwin_rack_max_die_temperature_celsius", rack=r0) == 65.0
+    assert service.metric_updates.failing == {}
+
+
+def test_a_failure_in_the_first_steps_leaves_the_later_ones_to_go_on(
+    service: AgentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The codec's rejection counter raises (the second thing the update used to read): the rejection
+    counts stop, and everything after them still moves (before: only the broker link gauge, read first,
+    was ever set again)."""
+    clock = _SiteNow(T0)
+    service.metric_updates.clock = clock  # type: ignore[assignment]
+
+    def snapshot_fails() -> dict[str, int]:
+        raise KeyError("reason")
+
+    monkeypatch.setattr(service.codec.counter, "snapshot", snapshot_fails)
+    r1 = service.site.rack_names[1]
+    service.state.update(_readings(service, T0, die_c=70.0))
+    s = _scrape(service)
+    assert _at(s, "racktwin_rack_power_watts", rack=r1) == 40_100.0
+    assert _at(s, "racktwin_rack_max_die_temperature_celsius", rack=r1) == 70.0
+    assert _at(s, "racktwin_rack_supply_temperature_celsius", rack=r1) == 31.0
+    assert _at(s, "racktwin_site_time_seconds") == T0
+    assert set(service.metric_updates.failing) == {"message counts"}
+
+
+def test_each_steps_failure_is_logged_once_per_error_and_its_recovery_once(
+    service: AgentService, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three updates with one error: one line per failing step, with the traceback (the loops and the
+    dies both need the failing method: two lines, each naming its group and the error); another error
+    of the same step is logged again; once it works, one line per step saying so."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    mu = service.metric_updates
+    service.state.update(_readings(service, T0))
+    mu.clock = _SiteNow(T0)  # type: ignore[assignment]
+    monkeypatch.setattr(service.state, "frozen_readings", _frozen_readings_fail)
+    for _ in range(3):
+        mu.update()
+
+    def failed() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("health metrics not updated")]
+
+    assert sorted(r.getMessage() for r in failed()) == [
+        "health metrics not updated: die temperatures: RuntimeError: stuck-sensor arrays out of shape",
+        "health metrics not updated: loop temperatures: RuntimeError: stuck-sensor arrays out of shape",
+    ]
+    assert all(r.exc_info is not None for r in failed())
+
+    def other_error(*_args: object) -> tuple[np.ndarray, np.ndarray]:
+        raise ValueError("another defect")
+
+    monkeypatch.setattr(service.state, "frozen_readings", other_error)
+    mu.update()
+    mu.update()
+    assert len(failed()) == 4
+    monkeypatch.undo()
+    mu.update()
+    mu.update()
+    again = sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("health metrics updated"))
+    assert again == [
+        "health metrics updated again: die temperatures",
+        "health metrics updated again: loop temperatures",
+    ]
