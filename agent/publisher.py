@@ -21,6 +21,7 @@ from agent.bus import Bus, BusError, BusNotConnected, BusPubackTimeout
 from agent.clock import SiteClock
 from agent.command_book import CommandBook
 from agent.config import ControlConfig
+from agent.failure_lines import LOG_INTERVAL_S
 from agent.journal import Journal, JournalError
 from agent.open_commands import OpenCommand
 
@@ -59,7 +60,11 @@ class Publisher:
     #: wall seconds the publisher's journal writes are skipped after one failed
     journal_retry_s = 2.0
     #: wall seconds between two warnings about one target's missing acks
-    ack_warning_interval_s = 60.0
+    ack_warning_interval_s = LOG_INTERVAL_S
+    #: wall seconds between two warnings that the broker does not acknowledge commands (the log's rhythm
+    #: for a failure that repeats, ``agent.failure_lines``: wall time, as the operator reads the log, not
+    #: a command's life or the period, which are site time and shrink with a fast simulator)
+    unconfirmed_warning_interval_s = LOG_INTERVAL_S
 
     def __init__(
         self,
@@ -194,7 +199,7 @@ class Publisher:
                 continue
             self._queue.append(oc)
         while self._queue:
-            now = self.clock.now() or now
+            now = self._now(now)
             batch: list[OpenCommand] = []
             while self._queue and len(batch) < self.max_in_flight:
                 oc = self._queue.popleft()
@@ -221,6 +226,12 @@ class Publisher:
                     exc = next(r for r in results if r is not None)
                     log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
+
+    def _now(self, fallback_s: float) -> float:
+        """Site time now, ``fallback_s`` while the clock does not know it. 0.0 is a site time like any
+        other (a simulator started with ``--start-epoch-s 0``), not a missing one."""
+        now = self.clock.now()
+        return fallback_s if now is None else now
 
     def _no_ack(self, oc: OpenCommand, now_s: float) -> None:
         """``oc`` closed without an ack: an ack missing if it went out a retry interval before and its
@@ -257,7 +268,7 @@ class Publisher:
         try:
             await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=self.puback_timeout_s)
         except BusPubackTimeout as exc:  # handed over, not confirmed: see the class docstring
-            if time.monotonic() - self.last_unconfirmed_wall > 60.0:
+            if time.monotonic() - self.last_unconfirmed_wall > self.unconfirmed_warning_interval_s:
                 log.warning("the broker does not acknowledge commands: %s", exc)
             self.stats.unconfirmed += 1
             self.last_unconfirmed_wall = time.monotonic()
@@ -268,7 +279,7 @@ class Publisher:
             return exc
         retry = oc.attempts > 0
         oc.attempts += 1
-        oc.last_sent_s = self.clock.now() or now
+        oc.last_sent_s = self._now(now)
         if oc.first_sent_s == -math.inf:
             oc.first_sent_s = oc.last_sent_s
         if retry:
