@@ -53,7 +53,9 @@ class Publisher:
     A send whose PUBACK does not come within :attr:`puback_timeout_s` (an overloaded broker) counts
     as sent, unconfirmed: the client keeps the message and delivers it when it can, so it is not
     published again at once (that only piled copies into the client); the rack's ack closes it, and
-    the retry interval applies as to any command not acknowledged. The next batch goes on."""
+    the retry interval applies as to any command not acknowledged. The next batch goes on. A warning
+    says so at most every :attr:`unconfirmed_warning_interval_s` while it lasts (with the number of
+    sends unconfirmed since the last one)."""
 
     #: wall seconds a send waits for the broker's PUBACK
     puback_timeout_s = 5.0
@@ -102,6 +104,7 @@ class Publisher:
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
         self.last_unconfirmed_wall = -math.inf
         self.last_unconfirmed_error = ""
+        self._unconfirmed_warned = (-math.inf, 0)  # (time.monotonic(), stats.unconfirmed) at the last warning
         #: per target (rack, "facility", "scheduler"): commands closed without an ack although sent
         #: a retry interval before (expired, abandoned or superseded unanswered)
         self.acks_missing: dict[str, int] = {}
@@ -268,10 +271,22 @@ class Publisher:
         try:
             await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=self.puback_timeout_s)
         except BusPubackTimeout as exc:  # handed over, not confirmed: see the class docstring
-            if time.monotonic() - self.last_unconfirmed_wall > self.unconfirmed_warning_interval_s:
-                log.warning("the broker does not acknowledge commands: %s", exc)
             self.stats.unconfirmed += 1
-            self.last_unconfirmed_wall = time.monotonic()
+            self.last_unconfirmed_wall = wall = time.monotonic()
+            # counted from the last warning, not the last unconfirmed send: a broker that keeps not
+            # acknowledging is warned about again each interval, with the sends unconfirmed since
+            last_wall, last_n = self._unconfirmed_warned
+            if wall - last_wall >= self.unconfirmed_warning_interval_s:
+                self._unconfirmed_warned = (wall, self.stats.unconfirmed)
+                if math.isfinite(last_wall):
+                    since = self.stats.unconfirmed - last_n
+                    log.warning(
+                        "the broker does not acknowledge commands: %s (%d send(s) unconfirmed since the last warning)",
+                        exc,
+                        since,
+                    )
+                else:
+                    log.warning("the broker does not acknowledge commands: %s", exc)
             self.last_unconfirmed_error = str(exc)
             if self.on_unconfirmed is not None:
                 self.on_unconfirmed(oc)

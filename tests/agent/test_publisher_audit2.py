@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -259,3 +260,37 @@ async def test_after_the_service_reconnects_its_open_commands_go_out_again_at_on
             assert oc.attempts == 2  # once
     finally:
         service.journal.close()
+
+
+async def test_a_broker_that_keeps_not_acknowledging_is_warned_about_again_each_interval(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker that never acknowledges, a command sent at each step: the warning comes again once
+    the interval has passed since the last warning, with the number of sends unconfirmed since it
+    (the rhythm of failures that repeat, ``agent.failure_lines``). It used to count the interval from
+    the last unconfirmed send, so a failure that lasted gave one warning at its start and none after,
+    however long it went on."""
+    d = desk(tmp_path)
+    async with PubackDroppingProxy(mosquitto.port) as proxy:
+        options = dataclasses.replace(mosquitto.options(), port=proxy.port)
+        async with Bus(options, name="agent") as bus:
+            await bus.wait_connected(10)
+            publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
+            publisher.puback_timeout_s = 0.1  # each send waits this long: at most 10 sends a second
+            publisher.unconfirmed_warning_interval_s = 1.0
+            start = asyncio.get_running_loop().time()
+            card = 0
+            while asyncio.get_running_loop().time() - start < 1.2:  # past the interval, then one more send
+                publisher.submit([d.issue("r0", (card % 64,), card % 8, ts=TS)])
+                await publisher.step()
+                card += 1
+            publisher.submit([d.issue("r1", (0,), 1, ts=TS)])
+            await publisher.step()
+    warnings = unconfirmed_warnings(caplog)
+    assert publisher.stats.unconfirmed == card + 1
+    assert len(warnings) >= 2, warnings
+    since = [re.search(r"\((\d+) send\(s\) unconfirmed since the last warning\)", w) for w in warnings[1:]]
+    counts = [int(m.group(1)) for m in since if m is not None]
+    assert len(counts) == len(warnings) - 1 and min(counts) >= 1, warnings
+    assert sum(counts) <= publisher.stats.unconfirmed - 1  # the sends after the first, each in one line at most
+    d.journal.close()
