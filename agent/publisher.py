@@ -185,6 +185,7 @@ class Publisher:
                     self.on_closed(oc, "superseded")
         queued = {oc.command_id for oc in self._queue}
         resend_all, self._resend_all = self._resend_all, False
+        abandoned: list[OpenCommand] = []
         for oc in list(self.book.open.values()):
             if oc.command_id in queued or oc.attempts == 0:
                 continue
@@ -192,15 +193,20 @@ class Publisher:
             if not due:
                 continue
             if oc.attempts > self.control.command_retries and not resend_all:
+                abandoned.append(oc)  # retries used up before its expiry (a re-send after a reconnect counts)
+                continue
+            self._queue.append(oc)
+        if abandoned:
+            for oc in abandoned:
                 self.book.open.pop(oc.command_id, None)
                 self.book.forget(oc)
-                self._journal_write("abandoned", functools.partial(self.journal.abandon, [oc.command_id]))
+            ids = [oc.command_id for oc in abandoned]
+            self._journal_write("abandoned", functools.partial(self.journal.abandon, ids))  # one transaction
+            for oc in abandoned:
                 self.stats.abandoned += 1
                 self._no_ack(oc, now)
                 if self.on_closed is not None:
                     self.on_closed(oc, "abandoned")
-                continue
-            self._queue.append(oc)
         while self._queue:
             now = self._now(now)
             batch: list[OpenCommand] = []

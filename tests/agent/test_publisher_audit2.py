@@ -294,3 +294,35 @@ async def test_a_broker_that_keeps_not_acknowledging_is_warned_about_again_each_
     assert len(counts) == len(warnings) - 1 and min(counts) >= 1, warnings
     assert sum(counts) <= publisher.stats.unconfirmed - 1  # the sends after the first, each in one line at most
     d.journal.close()
+
+
+async def test_the_commands_abandoned_at_one_step_are_journaled_in_one_transaction(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """After a reconnect every open command has gone out once more, so their retries run out
+    together: the commands a step abandons are journaled ``abandoned`` in one transaction (as a
+    batch is marked sent), not one per command (each a write on the event loop)."""
+    wall = [0.0]
+    clock = SiteClock(1.0, infer=False, wall=lambda: wall[0])
+    clock.observe(TS)
+    d = desk(tmp_path, clock)
+    statements: list[str] = []
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
+        opened = [d.issue(f"r{k}", (0,), 1, ts=TS) for k in range(5)]
+        publisher.submit(opened)
+        await publisher.step()
+        wall[0] = 5.0
+        publisher.reconnected()
+        await publisher.step()
+        wall[0] = 15.0
+        await publisher.step()
+        assert [oc.attempts for oc in opened] == [3] * 5
+        wall[0] = 25.0
+        d.journal._conn.set_trace_callback(statements.append)
+        await publisher.step()
+        d.journal._conn.set_trace_callback(None)
+    assert publisher.stats.abandoned == 5 and d.journal.command_counts() == {"abandoned": 5}
+    assert sum(s.startswith("BEGIN") for s in statements) == 1, statements
+    d.journal.close()
