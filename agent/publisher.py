@@ -21,6 +21,7 @@ from agent.bus import Bus, BusError, BusNotConnected, BusPubackTimeout
 from agent.clock import SiteClock
 from agent.command_book import CommandBook
 from agent.config import ControlConfig
+from agent.failure_lines import LOG_INTERVAL_S
 from agent.journal import Journal, JournalError
 from agent.open_commands import OpenCommand
 
@@ -52,14 +53,20 @@ class Publisher:
     A send whose PUBACK does not come within :attr:`puback_timeout_s` (an overloaded broker) counts
     as sent, unconfirmed: the client keeps the message and delivers it when it can, so it is not
     published again at once (that only piled copies into the client); the rack's ack closes it, and
-    the retry interval applies as to any command not acknowledged. The next batch goes on."""
+    the retry interval applies as to any command not acknowledged. The next batch goes on. A warning
+    says so at most every :attr:`unconfirmed_warning_interval_s` while it lasts (with the number of
+    sends unconfirmed since the last one)."""
 
     #: wall seconds a send waits for the broker's PUBACK
     puback_timeout_s = 5.0
     #: wall seconds the publisher's journal writes are skipped after one failed
     journal_retry_s = 2.0
     #: wall seconds between two warnings about one target's missing acks
-    ack_warning_interval_s = 60.0
+    ack_warning_interval_s = LOG_INTERVAL_S
+    #: wall seconds between two warnings that the broker does not acknowledge commands (the log's rhythm
+    #: for a failure that repeats, ``agent.failure_lines``: wall time, as the operator reads the log, not
+    #: a command's life or the period, which are site time and shrink with a fast simulator)
+    unconfirmed_warning_interval_s = LOG_INTERVAL_S
 
     def __init__(
         self,
@@ -97,6 +104,7 @@ class Publisher:
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
         self.last_unconfirmed_wall = -math.inf
         self.last_unconfirmed_error = ""
+        self._unconfirmed_warned = (-math.inf, 0)  # (time.monotonic(), stats.unconfirmed) at the last warning
         #: per target (rack, "facility", "scheduler"): commands closed without an ack although sent
         #: a retry interval before (expired, abandoned or superseded unanswered)
         self.acks_missing: dict[str, int] = {}
@@ -177,6 +185,7 @@ class Publisher:
                     self.on_closed(oc, "superseded")
         queued = {oc.command_id for oc in self._queue}
         resend_all, self._resend_all = self._resend_all, False
+        abandoned: list[OpenCommand] = []
         for oc in list(self.book.open.values()):
             if oc.command_id in queued or oc.attempts == 0:
                 continue
@@ -184,17 +193,22 @@ class Publisher:
             if not due:
                 continue
             if oc.attempts > self.control.command_retries and not resend_all:
+                abandoned.append(oc)  # retries used up before its expiry (a re-send after a reconnect counts)
+                continue
+            self._queue.append(oc)
+        if abandoned:
+            for oc in abandoned:
                 self.book.open.pop(oc.command_id, None)
                 self.book.forget(oc)
-                self._journal_write("abandoned", functools.partial(self.journal.abandon, [oc.command_id]))
+            ids = [oc.command_id for oc in abandoned]
+            self._journal_write("abandoned", functools.partial(self.journal.abandon, ids))  # one transaction
+            for oc in abandoned:
                 self.stats.abandoned += 1
                 self._no_ack(oc, now)
                 if self.on_closed is not None:
                     self.on_closed(oc, "abandoned")
-                continue
-            self._queue.append(oc)
         while self._queue:
-            now = self.clock.now() or now
+            now = self._now(now)
             batch: list[OpenCommand] = []
             while self._queue and len(batch) < self.max_in_flight:
                 oc = self._queue.popleft()
@@ -221,6 +235,12 @@ class Publisher:
                     exc = next(r for r in results if r is not None)
                     log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
+
+    def _now(self, fallback_s: float) -> float:
+        """Site time now, ``fallback_s`` while the clock does not know it. 0.0 is a site time like any
+        other (a simulator started with ``--start-epoch-s 0``), not a missing one."""
+        now = self.clock.now()
+        return fallback_s if now is None else now
 
     def _no_ack(self, oc: OpenCommand, now_s: float) -> None:
         """``oc`` closed without an ack: an ack missing if it went out a retry interval before and its
@@ -257,10 +277,22 @@ class Publisher:
         try:
             await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=self.puback_timeout_s)
         except BusPubackTimeout as exc:  # handed over, not confirmed: see the class docstring
-            if time.monotonic() - self.last_unconfirmed_wall > 60.0:
-                log.warning("the broker does not acknowledge commands: %s", exc)
             self.stats.unconfirmed += 1
-            self.last_unconfirmed_wall = time.monotonic()
+            self.last_unconfirmed_wall = wall = time.monotonic()
+            # counted from the last warning, not the last unconfirmed send: a broker that keeps not
+            # acknowledging is warned about again each interval, with the sends unconfirmed since
+            last_wall, last_n = self._unconfirmed_warned
+            if wall - last_wall >= self.unconfirmed_warning_interval_s:
+                self._unconfirmed_warned = (wall, self.stats.unconfirmed)
+                if math.isfinite(last_wall):
+                    since = self.stats.unconfirmed - last_n
+                    log.warning(
+                        "the broker does not acknowledge commands: %s (%d send(s) unconfirmed since the last warning)",
+                        exc,
+                        since,
+                    )
+                else:
+                    log.warning("the broker does not acknowledge commands: %s", exc)
             self.last_unconfirmed_error = str(exc)
             if self.on_unconfirmed is not None:
                 self.on_unconfirmed(oc)
@@ -268,7 +300,7 @@ class Publisher:
             return exc
         retry = oc.attempts > 0
         oc.attempts += 1
-        oc.last_sent_s = self.clock.now() or now
+        oc.last_sent_s = self._now(now)
         if oc.first_sent_s == -math.inf:
             oc.first_sent_s = oc.last_sent_s
         if retry:

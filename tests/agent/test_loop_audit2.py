@@ -1,0 +1,53 @@
+"""Mutation audit of ``agent.loop`` (second round): the decision a checkpoint's end calls for.
+
+With ``checkpoint_end_lead_s`` the in-process loop decides at once (the incremental adjustment) when
+a job's checkpoint comes within the lead of its declared end (the module docstring; docs/agent.md,
+``control.checkpoint_end_lead_s``): one decision for that end, not one every ``min_replan_interval_s``
+until the checkpoint is over. On 2 racks of 16 cards, one job of 16 cards that checkpoints for 45 s
+every 60 s of compute (no stalls: those have no declared end).
+"""
+
+from __future__ import annotations
+
+import pytest
+from agent_helpers import job, small_site
+
+from agent.config import ControlConfig
+from agent.controller import Controller
+from agent.decision import Decision
+from agent.loop import ApplyReport, ClosedLoop
+from twin.plant import Plant, PlantConfig
+from twin.workload import Phase, PhaseModel
+
+pytestmark = pytest.mark.agent
+
+
+def test_a_checkpoints_end_gets_one_decision_at_its_lead_not_one_every_min_replan_interval() -> None:
+    """Period 60 s, lead 3 s, ``min_replan_interval_s`` 1 s, no decisions on job events: besides the
+    periodic decisions the loop decides once per checkpoint, 42 s into it (its declared 45 s less the
+    3 s lead), and not again at 43 and 44 s (the checkpoint's end is still near then, but the decision
+    for it was made: the loop's wake time moves past it). 400 s hold three checkpoints (60 s of compute
+    is more than 60 s of plant time: the job computes 95% of a step)."""
+    site = small_site()
+    no_stalls = PhaseModel(comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
+    plant = Plant(
+        site,
+        [job("c", 16, checkpoint_interval_s=60.0, checkpoint_duration_s=45.0)],
+        config=PlantConfig(seed=5, phases=no_stalls),
+    )
+    control = ControlConfig(period_s=60.0, checkpoint_end_lead_s=3.0, min_replan_interval_s=1.0)
+    # (plant time, the job's phase, seconds since its phase began) at each incremental decision
+    woken: list[tuple[float, Phase, float]] = []
+    loop: ClosedLoop
+
+    def note(decision: Decision, _report: ApplyReport) -> None:
+        if decision.source == "incremental":
+            (info,) = loop.state.snapshot().jobs
+            woken.append((decision.time_s, info.phase, decision.time_s - info.last_event_s))
+
+    loop = ClosedLoop(plant, Controller(site, control), estimator=False, replan_on_job_events=False, on_decision=note)
+    loop.run(400.0)
+    assert len(woken) >= 3, woken
+    assert all(phase == Phase.CHECKPOINT and into_s == 42.0 for _, phase, into_s in woken), woken
+    periodic = loop.decisions - len(woken)
+    assert periodic == 7  # at 0, 60, ..., 360
