@@ -261,6 +261,13 @@ class SiteClock:
         self._last_now = t
         return t
 
+    def now_or(self, fallback_s: float) -> float:
+        """Site time now, ``fallback_s`` while the clock knows none. A site time of 0.0 is a site time
+        like any other (a simulator started with ``--start-epoch-s 0``), not a missing one, so callers
+        use this rather than ``now() or fallback_s``."""
+        now = self.now()
+        return fallback_s if now is None else now
+
     def wall_seconds(self, site_s: float) -> float:
         """How long ``site_s`` of site time takes in wall time at the current rate."""
         return site_s / self._rate

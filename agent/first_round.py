@@ -56,9 +56,9 @@ async def await_first_round(
         fresh = state.rack_last_seen_s() >= now - telemetry_deadline_s
         if (now >= end_s and not jumping) or bool(np.all(fresh)):
             await _drain_inbox(stop, pending)
-            return clock.now() or now
+            return clock.now_or(now)
         await wait_event(stop, max(0.005, min(0.05, clock.wall_seconds(end_s - now))))
-    return clock.now() or start_s
+    return clock.now_or(start_s)
 
 
 async def _drain_inbox(stop: asyncio.Event, pending: Callable[[], int], max_wall_s: float = 0.2) -> None:

@@ -208,7 +208,7 @@ class Publisher:
                 if self.on_closed is not None:
                     self.on_closed(oc, "abandoned")
         while self._queue:
-            now = self._now(now)
+            now = self.clock.now_or(now)
             batch: list[OpenCommand] = []
             while self._queue and len(batch) < self.max_in_flight:
                 oc = self._queue.popleft()
@@ -235,12 +235,6 @@ class Publisher:
                     exc = next(r for r in results if r is not None)
                     log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
-
-    def _now(self, fallback_s: float) -> float:
-        """Site time now, ``fallback_s`` while the clock does not know it. 0.0 is a site time like any
-        other (a simulator started with ``--start-epoch-s 0``), not a missing one."""
-        now = self.clock.now()
-        return fallback_s if now is None else now
 
     def _no_ack(self, oc: OpenCommand, now_s: float) -> None:
         """``oc`` closed without an ack: an ack missing if it went out a retry interval before and its
@@ -300,7 +294,7 @@ class Publisher:
             return exc
         retry = oc.attempts > 0
         oc.attempts += 1
-        oc.last_sent_s = self._now(now)
+        oc.last_sent_s = self.clock.now_or(now)
         if oc.first_sent_s == -math.inf:
             oc.first_sent_s = oc.last_sent_s
         if retry:

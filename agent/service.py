@@ -684,7 +684,7 @@ class AgentService:
         next_t = now
         last_cycle = -math.inf
         while not self._stop.is_set():
-            now = self.clock.now() or next_t
+            now = self.clock.now_or(next_t)
             if next_t > now + cfg.period_s:  # the clock stepped back (see SiteClock): keep the period
                 next_t = now + cfg.period_s
             # a checkpoint's end near (checkpoint_end_lead_s) asks for a decision like a job event
@@ -698,7 +698,7 @@ class AgentService:
             if not reached and not self._replan_asked:  # a checkpoint began: wait again, for its end too
                 self._replan.clear()
                 continue
-            if reached and target < next_t and (self.clock.now() or -math.inf) >= target:
+            if reached and target < next_t and self.clock.now_or(-math.inf) >= target:
                 reached = False  # (not the period: a step back of the clock also ends the wait, as before)
                 self._replan_wall = self.clock.target_reached_wall or time.monotonic()
             trigger_kind = "period" if reached else "event"
@@ -708,19 +708,19 @@ class AgentService:
                 rest = self._last_cycle_end_wall + self._last_cycle_wall_s - time.monotonic()
                 if rest > 0 and await wait_event(self._stop, rest):
                     break
-                now = self.clock.now() or next_t
+                now = self.clock.now_or(next_t)
                 if now - last_cycle < cfg.min_replan_interval_s:
                     reached = await self.clock.wait_until(min(next_t, last_cycle + cfg.min_replan_interval_s))
                     if self._stop.is_set():
                         break
-                    reached = (self.clock.now() or 0.0) >= next_t
+                    reached = self.clock.now_or(0.0) >= next_t
             else:  # the message that crossed the period boundary (or now, when the clock got there alone)
                 trigger = self.clock.target_reached_wall or time.monotonic()
             # this decision takes every job event in the belief so far, also one that came with the period's
             # message or during the wait for min_replan_interval_s: only a later event asks for another
             self._replan.clear()
             self._replan_asked = False
-            now = self.clock.now() or next_t
+            now = self.clock.now_or(next_t)
             t0 = time.monotonic()
             await self._cycle(now, trigger, trigger_kind, incremental=not reached)
             self._last_cycle_end_wall = time.monotonic()

@@ -51,7 +51,7 @@ class StatusPublisher:
         msg = wire.AgentStatus(
             state=state,
             version=VERSION,
-            ts_s=self.clock.now() or time.time(),
+            ts_s=self.clock.now_or(time.time()),
             seq=self._seq.next(topic),
             publisher=self.instance.publisher,
             mode=self.standby.mode,
