@@ -84,6 +84,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("racktwin.bus")
+#: aiomqtt's and paho's log (paho's "Sending CONNECT" ... at debug level, its errors at error level)
+_MQTT_LOG = logging.getLogger("racktwin.bus.mqtt")
+#: paho's log while a connection waits for the broker's CONNACK (:func:`_closed_before_connack`)
+_CONNECTING_LOG = logging.getLogger("racktwin.bus.mqtt.connect")
+#: paho's error lines when reading the socket fails. Before the CONNACK, the bus says the same in its
+#: own line for the attempt ("cannot connect: ... closed the connection before answering MQTT
+#: CONNECT: <paho's reason>"), so there they are debug lines.
+_PAHO_SOCKET_ERRORS = ("failed to receive on socket", "timeout on socket")
 
 _AIOMQTT_TIMEOUT = "Operation timed out"  # the MqttError aiomqtt 2.x raises when its wait times out
 
@@ -177,7 +185,7 @@ def _client(
         max_inflight_messages=options.max_inflight,
         max_queued_incoming_messages=options.max_queued_incoming,
         queue_type=queue_type,
-        logger=logging.getLogger("racktwin.bus.mqtt"),
+        logger=_MQTT_LOG,
     )
     # aiomqtt warns above 10 concurrent publishes; callers may keep up to max_inflight in flight
     client.pending_calls_threshold = max(10, 4 * options.max_inflight)
@@ -543,6 +551,9 @@ def _closed_before_connack(client: aiomqtt.Client) -> asyncio.Future[str]:
         return closed  # never set: the old behaviour
     state = {"connack": False, "error": ""}
     then_connect, then_disconnect, then_log = paho.on_connect, paho.on_disconnect, paho.on_log
+    then_logger = getattr(paho, "logger", None)
+    if isinstance(then_logger, logging.Logger):  # paho's error line until the CONNACK is the bus's (on_log)
+        paho.logger = _CONNECTING_LOG
 
     def on_log(_paho: Any, _userdata: Any, level: int, buf: str) -> None:
         if level == MQTT_LOG_ERR:  # e.g. "failed to receive on socket: [SSL: ...] ...": the part after the colon
@@ -551,6 +562,8 @@ def _closed_before_connack(client: aiomqtt.Client) -> asyncio.Future[str]:
     def on_connect(*args: Any) -> None:
         state["connack"] = True
         paho.on_log = then_log  # with on_log set paho formats every log line (one per message) for it
+        if isinstance(then_logger, logging.Logger):  # a connection lost from now on: paho's reason is news
+            paho.logger = then_logger
         then_connect(*args)
 
     def on_disconnect(*args: Any) -> None:
@@ -564,6 +577,21 @@ def _closed_before_connack(client: aiomqtt.Client) -> asyncio.Future[str]:
 
     paho.on_log, paho.on_connect, paho.on_disconnect = on_log, on_connect, on_disconnect
     return closed
+
+
+class _SaidByTheBus(logging.Filter):
+    """On :data:`_CONNECTING_LOG`: paho's socket error line (:data:`_PAHO_SOCKET_ERRORS`), which the
+    bus's line for the attempt repeats, becomes a debug line (kept where debug lines are wanted);
+    every other line passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING and str(record.msg).startswith(_PAHO_SOCKET_ERRORS):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            return _CONNECTING_LOG.isEnabledFor(logging.DEBUG)
+        return True
+
+
+_CONNECTING_LOG.addFilter(_SaidByTheBus())
 
 
 class _ClosedBeforeConnack(aiomqtt.MqttError):

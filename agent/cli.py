@@ -7,6 +7,8 @@ raised as :class:`agent.commands.common.UserError` and printed as one line, exit
 name of the command (``racktwin twin steady: error: ...``: a command with subcommands sets ``_parser``
 to the subcommand's parser in its namespace, as :mod:`agent.commands.twin_cmd` does, and that parser
 also reports the arguments it does not know, which argparse leaves to the command's parser).
+:func:`main` returns the exit status to an in-process caller in every case: argparse's usage errors
+(its message on stderr) are 2 and a command's ``--help`` is 0, not a ``SystemExit``.
 """
 
 from __future__ import annotations
@@ -54,7 +56,29 @@ def _top_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_status(exc: SystemExit) -> int:
+    """The exit status a ``SystemExit`` asks for, as the interpreter reads it: argparse's (0 after
+    --help, 2 after a usage error, its message already on stderr); a message instead of a number is
+    printed to stderr, status 1."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``racktwin`` with ``argv`` (default: ``sys.argv[1:]``) and return its exit status: 0 done,
+    2 a usage error or a :class:`agent.commands.common.UserError` (one line on stderr), 130 interrupted,
+    141 the output's reader went away; a command's own status otherwise."""
+    try:
+        return _main(argv)
+    except SystemExit as exc:  # argparse's error() and --help exit; an in-process caller gets the status
+        return _exit_status(exc)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
     if not args:  # a usage error: the help on stderr, as argparse does with its errors

@@ -99,8 +99,9 @@ class BrokerConfig:
 
     @property
     def tls(self) -> bool:
-        # as the client (MqttOptions.use_tls): a CA file or a client certificate turns TLS on
-        return urlsplit(self.url).scheme == "mqtts" or self.tls_ca_file is not None or self.tls_cert_file is not None
+        # mqtts:// only: a CA file or a client certificate with an mqtt:// URL is refused (_check), as
+        # racktwin sim's --mqtt-ca-file with --broker mqtt://... (agent/mqtt_args.py)
+        return urlsplit(self.url).scheme == "mqtts"
 
     def resolved_client_id(self) -> str:
         """The client id with ``{host}`` replaced by this host's name."""
@@ -665,6 +666,13 @@ def _check(cfg: AgentConfig, site: SiteSpec, source: str) -> None:
         raise SpecError(
             source, "broker.tls_cert_file", "a client certificate needs both tls_cert_file and tls_key_file"
         )
+    for name in ("tls_ca_file", "tls_cert_file"):
+        if getattr(b, name) is not None and urlsplit(b.url).scheme != "mqtts":
+            raise SpecError(
+                source,
+                f"broker.{name}",
+                f"needs an mqtts:// broker.url (TLS, port 8883 by default): {b.url} is plain MQTT",
+            )
     if b.keepalive_s != int(b.keepalive_s):  # MQTT's keepalive is a whole number of seconds
         raise SpecError(source, "broker.keepalive_s", f"must be a whole number of seconds, got {b.keepalive_s:g}")
     if not b.client_id.strip():

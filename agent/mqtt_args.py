@@ -87,6 +87,8 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
             if getattr(ns, dest) not in (None, False):
                 raise UserError(f"{_flag(dest)} needs --broker (the embedded broker takes no credentials and no TLS)")
         return None
+    if ns.mqtt_username is not None and not ns.mqtt_username.strip():  # an unset shell variable: "$USER"
+        raise UserError("--mqtt-username: empty: give a user name (or leave the option out to connect anonymously)")
     password: str | None = None
     if ns.mqtt_password_file is not None:
         try:
@@ -111,6 +113,12 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
             raise UserError(f"{_flag(opt)} {value}: no such file")
     if ns.mqtt_key_file is not None and ns.mqtt_cert_file is None:
         raise UserError("--mqtt-key-file needs --mqtt-cert-file (the client certificate it goes with)")
+    for opt in ("mqtt_ca_file", "mqtt_cert_file"):  # as the agent's broker.tls_ca_file and tls_cert_file
+        if getattr(ns, opt) is not None and not _url_asks_for_tls(ns.broker):
+            raise UserError(
+                f"{_flag(opt)} needs an mqtts:// broker URL (TLS, port 8883 by default): --broker {ns.broker} is "
+                "plain MQTT"
+            )
     kw: dict[str, Any] = {
         "ca_file": ns.mqtt_ca_file,
         "cert_file": ns.mqtt_cert_file,
@@ -129,6 +137,15 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         return MqttOptions.from_url(ns.broker, **kw)
     except ValueError as exc:
         raise UserError(f"--broker {ns.broker}: {exc}") from None
+
+
+def _url_asks_for_tls(url: str) -> bool:
+    """Whether the broker URL itself asks for TLS (``mqtts://``); a URL that is not one is left to
+    :meth:`MqttOptions.from_url`'s error."""
+    try:
+        return MqttOptions.from_url(url).use_tls
+    except ValueError:
+        return True
 
 
 def check_tls_files_of_args(options: MqttOptions) -> None:

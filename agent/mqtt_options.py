@@ -122,7 +122,9 @@ class MqttOptions:
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> MqttOptions:
         """From ``mqtt://[user[:password]@]host[:port]`` or ``mqtts://...`` (TLS, default port 8883).
-        Keyword arguments override what the URL says."""
+        Keyword arguments override what the URL says. A CA or client certificate file (``ca_file``,
+        ``cert_file``) needs an ``mqtts://`` URL: with ``mqtt://`` it would turn TLS on at the plain
+        port 1883, whose broker does not speak TLS (a ValueError)."""
         parts = urlsplit(url if "://" in url else f"mqtt://{url}")
         if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
             raise ValueError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
@@ -143,6 +145,11 @@ class MqttOptions:
         if parts.password:
             kw["password"] = unquote(parts.password)
         kw.update(overrides)
+        if not kw["tls"] and (kw.get("ca_file") is not None or kw.get("cert_file") is not None):
+            raise ValueError(
+                f"broker URL {url!r} is plain MQTT: a CA or client certificate file needs an mqtts:// URL (TLS, "
+                "port 8883 by default)"
+            )
         return cls(**kw)
 
     def ssl_context(self) -> ssl.SSLContext | None:

@@ -66,18 +66,53 @@ def test_help_is_on_stdout_with_exit_status_0(flag: str, capsys: pytest.CaptureF
 
 
 def test_an_unknown_command_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["jounral"])
-    out, err = capsys.readouterr()
-    assert info.value.code == 2 and out == "" and "Traceback" not in err
+    rc, out, err = run(capsys, "jounral")
+    assert rc == 2 and out == "" and "Traceback" not in err
     assert "racktwin: error: unknown command 'jounral' (choose from demo, agent, journal," in err
 
 
 def test_an_option_a_command_does_not_know_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["journal", "--journal", "j.sqlite", "--lsat", "3"])
-    assert info.value.code == 2
-    assert "racktwin journal: error: unrecognized arguments: --lsat 3" in capsys.readouterr().err
+    rc, _, err = run(capsys, "journal", "--journal", "j.sqlite", "--lsat", "3")
+    assert rc == 2
+    assert "racktwin journal: error: unrecognized arguments: --lsat 3" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [
+        (["jounral"], 2),  # an unknown command
+        (["journal", "--lsat", "3"], 2),  # an option the command does not know
+        (["agent", "--mode", "enforcing"], 2),  # a value argparse refuses
+        (["twin", "steady", "--bogus"], 2),  # a subcommand's unknown option
+        (["journal", "--help"], 0),
+    ],
+)
+def test_main_returns_the_exit_status_of_a_usage_error_to_an_in_process_caller(
+    argv: list[str], status: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``main(argv) -> int``, as with a UserError (2) or a command's own status: argparse's usage errors
+    raised ``SystemExit(2)`` (and a command's --help ``SystemExit(0)``) out of it instead."""
+    rc, out, err = run(capsys, *argv)
+    assert rc == status
+    if status == 2:
+        assert out == "" and "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("racktwin"), err  # argparse's own message, on stderr
+        assert ": error: " in err.strip().splitlines()[-1], err
+    else:
+        assert out.startswith("usage: racktwin journal")
+
+
+def test_python_m_agent_cli_still_exits_2_after_a_usage_error() -> None:
+    """The process (``python -m agent.cli``, as the ``racktwin`` entry point: ``sys.exit(main())``)
+    exits with the status ``main`` returns."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "jounral"], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "racktwin: error: unknown command 'jounral'" in proc.stderr and proc.stdout == ""
 
 
 def _probe(monkeypatch: pytest.MonkeyPatch, outcome: BaseException | int) -> None:
@@ -207,9 +242,8 @@ def test_mode_overrides_the_files_mode_in_the_check(tmp_path: Path, capsys: pyte
 
 
 def test_an_unknown_mode_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["agent", "--check-config", str(agent_config(tmp_path)), "--mode", "enforcing"])
-    assert info.value.code == 2 and "invalid choice: 'enforcing'" in capsys.readouterr().err
+    rc, _, err = run(capsys, "agent", "--check-config", str(agent_config(tmp_path)), "--mode", "enforcing")
+    assert rc == 2 and "invalid choice: 'enforcing'" in err
 
 
 def test_check_config_vouches_for_the_brokers_certificate_files(

@@ -216,8 +216,8 @@ def test_relative_broker_files_are_taken_from_the_config_files_folder(
         (tmp_path / name).write_text("secret\n")
     p = write(
         tmp_path,
-        'site = "site.toml"\n[broker]\nusername = "agent"\npassword_file = "pw"\ntls_ca_file = "ca.pem"\n'
-        'tls_cert_file = "agent.crt"\ntls_key_file = "agent.key"\n',
+        'site = "site.toml"\n[broker]\nurl = "mqtts://127.0.0.1"\nusername = "agent"\npassword_file = "pw"\n'
+        'tls_ca_file = "ca.pem"\ntls_cert_file = "agent.crt"\ntls_key_file = "agent.key"\n',
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

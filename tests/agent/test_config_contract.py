@@ -108,20 +108,41 @@ def test_an_mqtts_url_without_a_port_is_port_8883_and_tls(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    "files",
+    ("files", "field"),
     [
-        'tls_ca_file = "ca.pem"\n',  # "CA certificate(s) to verify the broker (turns TLS on)"
-        'tls_cert_file = "agent.crt"\ntls_key_file = "agent.key"\n',  # mutual TLS is TLS
+        ('tls_ca_file = "ca.pem"\n', "broker.tls_ca_file"),
+        ('tls_cert_file = "agent.crt"\ntls_key_file = "agent.key"\n', "broker.tls_cert_file"),  # mutual TLS is TLS
     ],
 )
-def test_a_certificate_file_turns_tls_on_as_the_client_does(tmp_path: Path, files: str) -> None:
-    """With ``mqtt://`` and only a client certificate, the client connected with TLS while
-    --check-config (BrokerConfig.tls) said nothing of TLS."""
+def test_a_certificate_file_needs_an_mqtts_url_as_the_clients_options_do(
+    tmp_path: Path, files: str, field: str
+) -> None:
+    """docs/agent.md: the certificate files need an ``mqtts://`` ``broker.url``. With ``mqtt://`` they
+    turned TLS on at the plain port (1883 when the URL has none), where a broker does not speak TLS:
+    every connect failed. Refused naming the key, as ``racktwin sim --mqtt-ca-file`` with
+    ``--broker mqtt://...``; with ``mqtts://`` the same files are TLS."""
     for name in ("ca.pem", "agent.crt", "agent.key"):
         (tmp_path / name).write_text("pem\n")
-    loaded = load_config(write(tmp_path, f'[broker]\nurl = "mqtt://broker:1883"\n{files}'), env={})
+    for url in ("mqtt://broker:1883", "mqtt://broker"):
+        err = refused(tmp_path, f'[broker]\nurl = "{url}"\n{files}')
+        assert err.path == field and "needs an mqtts:// broker.url" in err.problem and url in err.problem, err
+    loaded = load_config(write(tmp_path, f'[broker]\nurl = "mqtts://broker"\n{files}'), env={})
     assert loaded.config.broker.tls and mqtt_options(loaded.config.broker).use_tls
-    assert "mqtt://broker:1883 as (anonymous) with TLS," in explain(loaded)
+    assert mqtt_options(loaded.config.broker).port == 8883
+    assert "mqtts://broker as (anonymous) with TLS," in explain(loaded)
+
+
+@pytest.mark.parametrize("env", [{}, {"RACKTWIN_BROKER_USERNAME": ""}])
+def test_an_empty_user_name_is_refused_naming_the_key(tmp_path: Path, env: dict[str, str]) -> None:
+    """An empty ``broker.username`` (or ``RACKTWIN_BROKER_USERNAME=""``: a variable left unset in a unit
+    file) is a mistake, not a login (the configuration's string keys are never empty: twin.tables), as
+    ``racktwin sim --mqtt-username ""`` is."""
+    text = "" if env else '[broker]\nusername = ""\n'
+    err = refused(tmp_path, text, env=env)
+    assert err.path == "broker.username" and "empty" in err.problem, err
+    err = refused(tmp_path, '[broker]\nusername = "  "\n')
+    assert err.path == "broker.username" and "empty" in err.problem, err
+    assert load_config(write(tmp_path, '[broker]\nusername = "agent"\n'), env={}).config.broker.username == "agent"
 
 
 def test_the_password_is_the_first_line_of_the_password_file(tmp_path: Path) -> None:

@@ -169,6 +169,54 @@ def test_an_empty_user_name_without_a_broker_is_still_a_credential() -> None:
     assert refused("--mqtt-username", "").startswith("--mqtt-username needs --broker")
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_user_name_is_refused_naming_the_option(name: str) -> None:
+    """``--mqtt-username "$MQTT_USER"`` with the variable unset: it logged in as the user "" (with
+    ``RACKTWIN_MQTT_PASSWORD`` set, the password check passed too), which the broker then refused."""
+    message = refused("--broker", "mqtt://h", "--mqtt-username", name)
+    assert message.startswith("--mqtt-username: empty: give a user name"), message
+    assert given("--broker", "mqtt://h", "--mqtt-username", "sim").username == "sim"
+
+
+@pytest.mark.parametrize(
+    ("option", "extra"),
+    [("--mqtt-ca-file", []), ("--mqtt-cert-file", []), ("--mqtt-cert-file", ["--mqtt-key-file"])],
+)
+@pytest.mark.parametrize("url", ["mqtt://h", "mqtt://h:1883", "mqtt://h:8883"])
+def test_a_certificate_file_needs_an_mqtts_broker_url(
+    option: str, extra: list[str], url: str, tls_files: TlsFiles
+) -> None:
+    """docs/protocol.md: the TLS options need ``--broker mqtts://``. A certificate file with
+    ``mqtt://h`` turned TLS on at port 1883, where a broker speaks plain MQTT: every connect failed
+    with a TLS error instead of the option being named."""
+    files = {
+        "--mqtt-ca-file": tls_files.ca_file,
+        "--mqtt-cert-file": tls_files.cert_file,
+        "--mqtt-key-file": tls_files.key_file,
+    }
+    argv = ["--broker", url, option, files[option], *(arg for e in extra for arg in (e, files[e]))]
+    message = refused(*argv)
+    assert message == f"{option} needs an mqtts:// broker URL (TLS, port 8883 by default): --broker {url} is plain MQTT"
+    tls = given("--broker", url.replace("mqtt://", "mqtts://"), *argv[2:])
+    assert tls.use_tls and tls.port == (8883 if url == "mqtt://h" else int(url.rsplit(":", 1)[1]))
+
+
+def test_the_options_refuse_a_certificate_file_with_a_plain_url_as_the_commands_do(tls_files: TlsFiles) -> None:
+    """``MqttOptions.from_url`` (the agent's ``[broker]`` and the commands' options both go through it)."""
+    with pytest.raises(ValueError, match="plain MQTT: a CA or client certificate file needs an mqtts:// URL"):
+        MqttOptions.from_url("mqtt://h", ca_file=tls_files.ca_file)
+    with pytest.raises(ValueError, match="plain MQTT"):
+        MqttOptions.from_url("mqtt://h", cert_file=tls_files.cert_file, key_file=tls_files.key_file)
+    assert MqttOptions.from_url("mqtts://h", ca_file=tls_files.ca_file).port == 8883
+
+
+def test_sim_says_an_empty_user_name_in_one_line_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["sim", "--broker", "mqtt://127.0.0.1:1", "--mqtt-username", "", "--duration", "5", "--speed", "0"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.startswith("racktwin sim: error: --mqtt-username: empty: give a user name") and err.count("\n") == 1, err
+
+
 def test_without_a_broker_and_credentials_there_are_no_options() -> None:
     assert options() is None
     assert options("--mqtt-client-id", "sim-7") is None  # the client id applies to the embedded broker too

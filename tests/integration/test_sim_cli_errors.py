@@ -318,9 +318,7 @@ def test_a_duration_over_a_year_is_refused_at_once(with_scenario: bool, capsys: 
 
 
 def test_the_help_gives_the_defaults_and_ranges(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["sim", "--help"])
-    assert info.value.code == 0
+    assert main(["sim", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "(0: none; default 5)" in text
     assert "1..10000" in text
