@@ -90,9 +90,11 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     m.pw = pyo.Param(m.PAIRS, m.K, mutable=True, initialize=0.0)
     m.jpw = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.val = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    m.x_gain = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.rhs = pyo.Param(m.R, mutable=True, initialize=0.0)
     m.wake = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.idle = pyo.Param(m.RI, mutable=True, initialize=0.0)
+    m.a_gain = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.base_total = pyo.Param(mutable=True, initialize=0.0)
     m.reserve = pyo.Param(mutable=True, initialize=0.0)
     m.fa = pyo.Param(mutable=True, initialize=0.0)
@@ -115,10 +117,14 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     _add_rack_power_constraints(m, p)
     _add_reserve_constraints(m, p)
     _add_pue_constraints(m, p)
+    # The objective's coefficients are whole params (see set_dvfs_data): value - price fb P for
+    # x[j,k], - price fb w for a[r]. Written as val x - price (fa + fb it_w), each would be an
+    # expression that Pyomo re-evaluates at every persistent re-solve.
     m.obj = pyo.Objective(
-        expr=sum(m.val[j, k] * m.x[j, k] for j in m.J for k in m.K)
+        expr=sum(m.x_gain[j, k] * m.x[j, k] for j in m.J for k in m.K)
+        + sum(m.a_gain[r] * m.a[r] for r in m.RI)
         - m.vmax
-        - m.price_w * (m.fa + m.fb * m.it_w)
+        - m.price_w * (m.fa + m.fb * m.base_total)
         - m.penalty_w * m.s,
         sense=pyo.maximize,
     )
@@ -161,6 +167,10 @@ def set_dvfs_data(
         m.pue = 1.0
         m.price_w = it_price_per_wh
         m.penalty_w = 0.0
+    # the objective's coefficients, as Pyomo evaluated val - price_w fb jpw (the same floats)
+    minus_price_fb = (-pyo.value(m.price_w)) * pyo.value(m.fb)
+    _store(m.x_gain, jk, t.job_value + minus_price_fb * t.job_power_w)
+    _store(m.a_gain, idle_racks, minus_price_fb * t.rack_wake_w[idle_racks])
 
 
 def _store(param: pyo.Param, keys: list[Any], values: npt.NDArray[Any]) -> None:
