@@ -1,0 +1,59 @@
+"""The objective HiGHS holds for the DVFS MILP is the one models.dvfs documents, per hour:
+``sum V[j,k] x[j,k] - Vmax - price (a + b IT) - penalty s`` with ``IT = B + sum P x + sum w a``,
+so the cost of column ``x[j,k]`` is ``V - price b P``, of ``a[r]`` ``-price b w``, and the offset
+``-Vmax - price (a + b B)``; also after a persistent re-solve with another price (a decomposed
+problem's part prices IT power at ``it_price`` with ``a = 0``, ``b = 1``), when only parameters change."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from models_helpers import job, problem, rack_cards
+
+from models.problem import dvfs_tables, facility_line, it_power_range_w
+from models.solve import DvfsSolver
+from twin.spec import SiteSpec
+
+pytestmark = pytest.mark.models
+
+
+def _highs_objective(
+    solver: DvfsSolver, n_jobs: int, n_levels: int, idle_racks: list[int]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]:
+    """The column costs of x[j,k] and a[r] and the offset in the HiGHS instance the solver holds."""
+    model, highs = solver._model, solver._solver
+    assert model is not None and highs is not None
+    lp = highs._solver_model.getLp()
+    cost = np.asarray(lp.col_cost_)
+    col = highs._pyomo_var_to_solver_var_map
+    x = np.array([[cost[col[id(model.x[j, k])]] for k in range(n_levels)] for j in range(n_jobs)])
+    a = np.array([cost[col[id(model.a[r])]] for r in idle_racks])
+    return x, a, float(lp.offset_)
+
+
+def test_highs_objective_is_value_less_energy_cost_also_after_a_price_change(site: SiteSpec) -> None:
+    # job a fills rack r0, job b half of r1: r1 keeps 32 idle cards, r2..r7 all theirs (columns a[r])
+    p = problem(site, [job("a", 64), job("b", 32, priority=2.0)], [rack_cards(0), rack_cards(1, 32)], reserve=4)
+    t = dvfs_tables(p, p.supply_temp_c)
+    line = facility_line(p.site, p.supply_temp_c, p.ambient_c, *it_power_range_w(p, t))
+    idle = [int(r) for r in np.flatnonzero(t.rack_idle > 0)]
+    assert idle == list(range(1, 8))
+    base_w = float(t.rack_base_w.sum())
+    v_max = float(t.job_value.max(axis=1).sum())
+    solver = DvfsSolver(persistent=True)
+
+    price_w = p.prices.energy_price_per_kwh / 1000.0  # per W-hour
+    solver.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-6)
+    x, a, offset = _highs_objective(solver, t.n_jobs, t.n_levels, idle)
+    assert x == pytest.approx(t.job_value - price_w * line.b * t.job_power_w, rel=1e-12)
+    assert a == pytest.approx(-price_w * line.b * t.rack_wake_w[idle], rel=1e-12)
+    assert offset == pytest.approx(-v_max - price_w * (line.a_w + line.b * base_w), rel=1e-12)
+
+    it_price = 7.5 * price_w  # the same structure: HiGHS's model is updated, not rebuilt
+    solver.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-6, it_price_per_wh=it_price)
+    assert solver.builds == 1
+    x, a, offset = _highs_objective(solver, t.n_jobs, t.n_levels, idle)
+    assert x == pytest.approx(t.job_value - it_price * t.job_power_w, rel=1e-12)
+    assert a == pytest.approx(-it_price * t.rack_wake_w[idle], rel=1e-12)
+    assert offset == pytest.approx(-v_max - it_price * base_w, rel=1e-12)
