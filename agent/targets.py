@@ -38,7 +38,9 @@ A measured value that is not a finite number (a run with no IT energy has no PUE
 the target is not judged (``met`` None, measured ``-``, the why says "not measured"), never missed
 by "nan over"; no verdict's text holds a NaN.
 
-Pure functions of the metrics (no I/O); ``racktwin evaluate`` prints and writes the checks.
+Pure functions of the metrics (no I/O); ``racktwin evaluate`` prints and writes the checks. Each kind
+of target has its own judge (``_judge_*``, listed in ``_JUDGES`` in the order the checks are listed):
+a new kind of target is one more judge.
 """
 
 from __future__ import annotations
@@ -268,6 +270,178 @@ def _better_than(
     return _better_target(tol_pct), measured, less_energy and enough_work, why
 
 
+@dataclass(frozen=True)
+class _Judged:
+    """What every judge reads: the targets, the judged policy's metrics (``m``), the baseline's
+    (``base``, None when it did not run) and everything else of the evaluation."""
+
+    targets: ScenarioTargets
+    name: str  # the judged policy (targets.policy)
+    m: Mapping[str, Any]
+    base: Mapping[str, Any] | None
+    metrics: Mapping[str, Mapping[str, Any]]
+    breakdown_kwh: Mapping[str, Mapping[str, float]]
+    site: SiteSpec
+    jobs: Sequence[JobSpec]
+    job_work: Mapping[str, Sequence[JobWork]] | None
+
+    def by_job(self, other: str) -> str:
+        """The jobs behind the judged policy's shortfall of work against ``other``, "; " first, or ""."""
+        if self.job_work is None or self.name not in self.job_work or other not in self.job_work:
+            return ""
+        gap = describe_work_gap(self.job_work[self.name], self.job_work[other], other)
+        return f"; {gap}" if gap else ""
+
+
+def _target_check(
+    title: str, target: str, measured: str, met: bool | None, shortfall: str = "", why: str = ""
+) -> TargetCheck:
+    """One target's check: a shortfall only for a target missed; the why of one not judged says why not."""
+    return TargetCheck(title, target, measured, met, shortfall if met is False else "", "" if met else why)
+
+
+#: A judge: the checks of one kind of target (none when the scenario does not set it).
+_Judge = Callable[[_Judged], list[TargetCheck]]
+
+
+def _judge_facility_saving(j: _Judged) -> list[TargetCheck]:
+    want = j.targets.facility_saving_pct_min
+    if want is None:
+        return []
+    title, target = "facility saving vs baseline", f">= {want:g}%"
+    got = float(j.m.get("facility_energy_saving_pct", math.nan))
+    if j.base is None or not math.isfinite(got):
+        why = "the baseline did not run" if j.base is None else "the baseline used no energy"
+        return [_target_check(title, target, "-", None, why=why)]
+    loss_budget = j.targets.throughput_loss_pct_max if j.targets.throughput_loss_pct_max is not None else 0.0
+    ceil = saving_ceiling(
+        j.site,
+        j.breakdown_kwh["baseline"],
+        float(j.base["facility_energy_kwh"]),
+        loss_budget,
+        j.jobs,
+        idle_host_s=float(j.base.get("idle_host_s", 0.0)),
+        idle_card_s=float(j.base.get("idle_card_s", 0.0)),
+    )
+    why = _saving_why(j.name, got, ceil, j.breakdown_kwh["baseline"].get("hosts", 0.0))
+    return [_target_check(title, target, _pct(got), got >= want, f"{want - got:.2f} points short", why)]
+
+
+def _throughput_loss_why(j: _Judged, base: Mapping[str, Any]) -> str:
+    """Why the judged policy did less work than the baseline: fewer card-seconds held, or less work
+    per held card-second (and the jobs behind it)."""
+    busy_b, busy_p = float(base["allocated_card_frac"]), float(j.m["allocated_card_frac"])
+    if busy_b > 0 and busy_p <= 0:
+        return f"{j.name} held no card all run (baseline {100 * busy_b:.2f}% of the cards)" + j.by_job("baseline")
+    if busy_b <= 0:
+        return ""
+    busy_loss = 100.0 * (1.0 - busy_p / busy_b)
+    speed_b = float(base["throughput"]) / busy_b
+    speed_p = float(j.m["throughput"]) / busy_p
+    speed_loss = 100.0 * (1.0 - speed_p / speed_b) if speed_b > 0 else math.nan
+    return (
+        f"{_fewer(busy_loss, 'fewer')} card-seconds held (when jobs ran: placement, queue order, "
+        f"jobs still queued at the end; {j.name} held {100 * busy_p:.2f}% of the cards, baseline "
+        f"{100 * busy_b:.2f}%) and {_fewer(speed_loss, 'less')} work per held card-second (DVFS "
+        f"levels, host boots and card wake-ups)"
+    ) + j.by_job("baseline")
+
+
+def _judge_throughput_loss(j: _Judged) -> list[TargetCheck]:
+    want = j.targets.throughput_loss_pct_max
+    if want is None:
+        return []
+    got = float(j.m.get("throughput_loss_pct", math.nan))
+    if j.base is None or not math.isfinite(got):  # not judged
+        why = "the baseline did not run" if j.base is None else "the baseline did no work"
+    else:
+        why = _throughput_loss_why(j, j.base)
+    met = (got < want) if math.isfinite(got) else None
+    return [
+        _target_check(
+            "throughput loss vs baseline", f"< {want:g}%", _pct(got), met, f"{got - want:.2f} points over", why
+        )
+    ]
+
+
+def _judge_pue(j: _Judged) -> list[TargetCheck]:
+    bound = j.targets.pue_max
+    if bound is None:
+        return []
+    title, target = "time-weighted PUE", f"<= {bound:g}"
+    got = float(j.m["pue"])
+    cool, it = float(j.m["cooling_energy_kwh"]), float(j.m["it_energy_kwh"])
+    fac = float(j.m["facility_energy_kwh"])
+    if not math.isfinite(got):  # a run with no IT energy has no PUE (facility / IT): not a miss
+        why = "not measured: the run used no IT energy (PUE is facility / IT energy)" if it <= 0 else ""
+        return [_target_check(title, target, "-", None, why=why or _not_measured("PUE", got))]
+    why = f"cooling {cool:,.1f} kWh and other overhead {fac - it - cool:,.1f} kWh on {it:,.1f} kWh of IT energy"
+    return [_target_check(title, target, f"{got:.4f}", got <= bound, f"{got - bound:.4f} over", why)]
+
+
+def _at_most(j: _Judged, title: str, key: str, bound: float, unit: str, over: str, why: str) -> list[TargetCheck]:
+    """An upper bound on one metric (counts of seconds: whole ones in the text where they are whole)."""
+    got = float(j.m[key])
+    target = f"<= {bound:g} {unit}"
+    if not math.isfinite(got):
+        return [_target_check(title, target, "-", None, why=_not_measured(key, got))]
+    return [
+        _target_check(title, target, f"{_count(got)} {unit}", got <= bound, f"{_count(got - bound)} {unit} {over}", why)
+    ]
+
+
+def _judge_limit_violation_s(j: _Judged) -> list[TargetCheck]:
+    bound, m = j.targets.limit_violation_s_max, j.m
+    if bound is None:
+        return []
+    why = (
+        f"{int(m['limit_violation_episodes'])} episodes, longest {float(m['limit_violation_longest_s']):,.0f} s, "
+        f"{float(m['limit_violation_kws']):,.1f} kW x s over; largest rack {float(m['max_rack_power_w']) / 1e3:.2f} kW"
+    )
+    return _at_most(j, "true rack power over a limit", "limit_violation_s", bound, "rack-s", "over", why)
+
+
+def _judge_limit_violation_longest_s(j: _Judged) -> list[TargetCheck]:
+    bound, m = j.targets.limit_violation_longest_s_max, j.m
+    if bound is None:
+        return []
+    why = f"{float(m['limit_violation_s']):,.0f} rack-s over in {int(m['limit_violation_episodes'])} episodes"
+    return _at_most(j, "longest time over a rack limit", "limit_violation_longest_s", bound, "s", "too long", why)
+
+
+def _judge_die_over_max(j: _Judged) -> list[TargetCheck]:
+    bound = j.targets.die_over_max_card_s_max
+    if bound is None:
+        return []
+    why = f"hottest die {float(j.m['max_die_temp_c']):.1f} deg C (maximum {j.site.card.max_temp_c:g} deg C)"
+    return _at_most(j, "dies over their maximum", "die_over_max_card_s", bound, "card-s", "over", why)
+
+
+def _judge_better_than(j: _Judged) -> list[TargetCheck]:
+    tol = j.targets.equal_throughput_tolerance_pct
+    checks: list[TargetCheck] = []
+    for other in j.targets.better_than or ():
+        title = f"better than {other}"
+        if other not in j.metrics:
+            checks.append(_target_check(title, _better_target(tol), "-", None, why=f"{other} did not run"))
+            continue
+        target, measured, met, why = _better_than(j.name, other, j.m, j.metrics[other], tol, j.by_job)
+        checks.append(_target_check(title, target, measured, met, "", why))
+    return checks
+
+
+#: Every kind of target, in the order the checks are listed; a new kind of target is one more judge here.
+_JUDGES: tuple[_Judge, ...] = (
+    _judge_facility_saving,
+    _judge_throughput_loss,
+    _judge_pue,
+    _judge_limit_violation_s,
+    _judge_limit_violation_longest_s,
+    _judge_die_over_max,
+    _judge_better_than,
+)
+
+
 def check_targets(
     targets: ScenarioTargets,
     metrics: Mapping[str, Mapping[str, Any]],
@@ -280,142 +454,9 @@ def check_targets(
     baseline must be among them for savings, losses and ceilings); ``job_work`` (per policy, the
     jobs' work at the end) names the jobs behind a throughput miss."""
     name = targets.policy
-
-    def by_job(other: str) -> str:
-        if job_work is None or name not in job_work or other not in job_work:
-            return ""
-        gap = describe_work_gap(job_work[name], job_work[other], other)
-        return f"; {gap}" if gap else ""
-
     if name not in metrics:
         raise TargetsError(f"targets.policy {name!r} did not run")
-    m = metrics[name]
-    base = metrics.get("baseline")
-    checks: list[TargetCheck] = []
-
-    def add(title: str, target: str, measured: str, met: bool | None, shortfall: str = "", why: str = "") -> None:
-        # a shortfall only for a target missed; the why of one not judged says why not
-        checks.append(TargetCheck(title, target, measured, met, shortfall if met is False else "", "" if met else why))
-
-    loss_budget = targets.throughput_loss_pct_max if targets.throughput_loss_pct_max is not None else 0.0
-    if targets.facility_saving_pct_min is not None:
-        want = targets.facility_saving_pct_min
-        got = float(m.get("facility_energy_saving_pct", math.nan))
-        if base is None or not math.isfinite(got):
-            why = "the baseline did not run" if base is None else "the baseline used no energy"
-            add("facility saving vs baseline", f">= {want:g}%", "-", None, why=why)
-        else:
-            ceil = saving_ceiling(
-                site,
-                breakdown_kwh["baseline"],
-                float(base["facility_energy_kwh"]),
-                loss_budget,
-                jobs,
-                idle_host_s=float(base.get("idle_host_s", 0.0)),
-                idle_card_s=float(base.get("idle_card_s", 0.0)),
-            )
-            why = _saving_why(name, got, ceil, breakdown_kwh["baseline"].get("hosts", 0.0))
-            add(
-                "facility saving vs baseline",
-                f">= {want:g}%",
-                _pct(got),
-                got >= want,
-                f"{want - got:.2f} points short",
-                why,
-            )
-    if targets.throughput_loss_pct_max is not None:
-        want = targets.throughput_loss_pct_max
-        got = float(m.get("throughput_loss_pct", math.nan))
-        why = ""
-        if base is None or not math.isfinite(got):  # not judged
-            why = "the baseline did not run" if base is None else "the baseline did no work"
-        else:
-            busy_b, busy_p = float(base["allocated_card_frac"]), float(m["allocated_card_frac"])
-            if busy_b > 0 and busy_p <= 0:
-                why = f"{name} held no card all run (baseline {100 * busy_b:.2f}% of the cards)" + by_job("baseline")
-            elif busy_b > 0:
-                busy_loss = 100.0 * (1.0 - busy_p / busy_b)
-                speed_b = float(base["throughput"]) / busy_b
-                speed_p = float(m["throughput"]) / busy_p
-                speed_loss = 100.0 * (1.0 - speed_p / speed_b) if speed_b > 0 else math.nan
-                why = (
-                    f"{_fewer(busy_loss, 'fewer')} card-seconds held (when jobs ran: placement, queue order, "
-                    f"jobs still queued at the end; {name} held {100 * busy_p:.2f}% of the cards, baseline "
-                    f"{100 * busy_b:.2f}%) and {_fewer(speed_loss, 'less')} work per held card-second (DVFS "
-                    f"levels, host boots and card wake-ups)"
-                ) + by_job("baseline")
-        add(
-            "throughput loss vs baseline",
-            f"< {want:g}%",
-            _pct(got),
-            (got < want) if math.isfinite(got) else None,
-            f"{got - want:.2f} points over",
-            why,
-        )
-    if targets.pue_max is not None:
-        got = float(m["pue"])
-        cool, it = float(m["cooling_energy_kwh"]), float(m["it_energy_kwh"])
-        fac = float(m["facility_energy_kwh"])
-        if not math.isfinite(got):  # a run with no IT energy has no PUE (facility / IT): not a miss
-            why = "not measured: the run used no IT energy (PUE is facility / IT energy)" if it <= 0 else ""
-            add("time-weighted PUE", f"<= {targets.pue_max:g}", "-", None, why=why or _not_measured("PUE", got))
-        else:
-            add(
-                "time-weighted PUE",
-                f"<= {targets.pue_max:g}",
-                f"{got:.4f}",
-                got <= targets.pue_max,
-                f"{got - targets.pue_max:.4f} over",
-                f"cooling {cool:,.1f} kWh and other overhead {fac - it - cool:,.1f} kWh on {it:,.1f} kWh of IT energy",
-            )
-
-    def at_most(title: str, key: str, bound: float | None, unit: str, over: str, why: str) -> None:
-        """An upper bound on one metric (counts of seconds: whole ones in the text where they are whole)."""
-        if bound is None:
-            return
-        got = float(m[key])
-        if not math.isfinite(got):
-            add(title, f"<= {bound:g} {unit}", "-", None, why=_not_measured(key, got))
-            return
-        add(
-            title,
-            f"<= {bound:g} {unit}",
-            f"{_count(got)} {unit}",
-            got <= bound,
-            f"{_count(got - bound)} {unit} {over}",
-            why,
-        )
-
-    at_most(
-        "true rack power over a limit",
-        "limit_violation_s",
-        targets.limit_violation_s_max,
-        "rack-s",
-        "over",
-        f"{int(m['limit_violation_episodes'])} episodes, longest {float(m['limit_violation_longest_s']):,.0f} s, "
-        f"{float(m['limit_violation_kws']):,.1f} kW x s over; largest rack {float(m['max_rack_power_w']) / 1e3:.2f} kW",
+    judged = _Judged(
+        targets, name, metrics[name], metrics.get("baseline"), metrics, breakdown_kwh, site, jobs, job_work
     )
-    at_most(
-        "longest time over a rack limit",
-        "limit_violation_longest_s",
-        targets.limit_violation_longest_s_max,
-        "s",
-        "too long",
-        f"{float(m['limit_violation_s']):,.0f} rack-s over in {int(m['limit_violation_episodes'])} episodes",
-    )
-    at_most(
-        "dies over their maximum",
-        "die_over_max_card_s",
-        targets.die_over_max_card_s_max,
-        "card-s",
-        "over",
-        f"hottest die {float(m['max_die_temp_c']):.1f} deg C (maximum {site.card.max_temp_c:g} deg C)",
-    )
-    tol = targets.equal_throughput_tolerance_pct
-    for other in targets.better_than or ():
-        if other not in metrics:
-            add(f"better than {other}", _better_target(tol), "-", None, why=f"{other} did not run")
-            continue
-        target, measured, met, why = _better_than(name, other, m, metrics[other], tol, by_job)
-        add(f"better than {other}", target, measured, met, "", why)
-    return checks
+    return [check for judge in _JUDGES for check in judge(judged)]

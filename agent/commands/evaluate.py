@@ -18,6 +18,7 @@ import math
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
 from agent.solver_output import stdout_to_stderr
 from agent.targets import TargetCheck, TargetsError, validate_targets
-from twin.scenario import MAX_DURATION_S
+from twin.scenario import MAX_DURATION_S, RunScenario
 from twin.tables import SpecError, decode_table
 
 #: Colours of the policies in the plots.
@@ -167,17 +168,49 @@ def control_of(settings: list[str]) -> ControlConfig | None:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
-    from twin.scenario import load_run_scenario
-
     policies, jobs = _check(args)
     control = control_of(args.control)
-    path = Path(args.scenario)
+    path = _scenario_path(args.scenario)
+    scenario = _load_scenario(args, path, control or ControlConfig(), policies, command)
+    out_dir = Path(args.out) if args.out is not None else Path("out") / f"evaluate-{folder_name(scenario.name)}"
+    try:
+        prepare_output_dir(out_dir, OUTPUT_FILES)
+    except UserError as exc:
+        raise _fail(str(exc)) from None
+    if not args.quiet:
+        _announce(scenario, policies, jobs)
+    ev = _run_policies(scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet))
+    write_outputs(ev, out_dir)
+    if not args.quiet:
+        print(
+            f"racktwin evaluate: {len(ev.results)} runs in {ev.wall_s:,.1f} s wall; wrote {out_dir}/report.html, "
+            "metrics.json, metrics.csv, series.csv",
+            file=sys.stderr,
+            flush=True,
+        )
+    _print_results(ev, _targets_text(ev, scenario), as_json=args.json)
+    return 0
+
+
+def _scenario_path(scenario: str) -> Path:
+    """``--scenario``'s file, refused when it is a folder or missing."""
+    path = Path(scenario)
     if path.is_dir():
         raise _fail(f"{path}: is a directory, expected a TOML file")
     if not path.is_file():
         raise _fail(f"{path}: scenario file not found")
-    control_in_force = control or ControlConfig()
-    period_s = control_in_force.period_s
+    return path
+
+
+def _load_scenario(
+    args: argparse.Namespace, path: Path, control: ControlConfig, policies: list[str], command: str
+) -> RunScenario:
+    """The scenario at ``path`` (``--seed``, ``--duration`` applied), checked against the control in
+    force: longer than one control period, telemetry within the agent's deadline, targets naming
+    known policies; its warnings go to stderr."""
+    from twin.scenario import load_run_scenario
+
+    period_s = control.period_s
 
     def too_short(duration_s: float) -> UserError:
         return _fail(
@@ -189,10 +222,10 @@ def run(args: argparse.Namespace, command: str) -> int:
     if args.duration is not None and args.duration <= period_s:
         raise too_short(args.duration)
     try:
-        check_control(control_in_force, None, "--control", prefix="")  # deadlines within the period
+        check_control(control, None, "--control", prefix="")  # deadlines within the period
         scenario = load_run_scenario(path, seed=args.seed, duration_s=args.duration)
         # and the margins within the site's limits
-        check_control(control_in_force, scenario.site, "--control", prefix="")
+        check_control(control, scenario.site, "--control", prefix="")
     except SpecError as exc:
         raise _fail(str(exc)) from None
     for warning in scenario.warnings:
@@ -200,20 +233,19 @@ def run(args: argparse.Namespace, command: str) -> int:
     if scenario.duration_s <= period_s:
         raise too_short(scenario.duration_s)
     if any(p in ("greedy", "racktwin") for p in policies):  # the agent's policies: stale racks go to fail-safe
-        deadline_s, setting = control_in_force.telemetry_deadline_s, "--control telemetry_deadline_s=S sets it"
+        deadline_s, setting = control.telemetry_deadline_s, "--control telemetry_deadline_s=S sets it"
         check_telemetry_period(path, scenario.telemetry_period_s, deadline_s, setting)
     if scenario.targets is not None:
         try:
             validate_targets(scenario.targets, POLICY_NAMES)
         except TargetsError as exc:
             raise _fail(f"{path}: {exc}") from None
-    out_dir = Path(args.out) if args.out is not None else Path("out") / f"evaluate-{folder_name(scenario.name)}"
-    try:
-        prepare_output_dir(out_dir, OUTPUT_FILES)
-    except UserError as exc:
-        raise _fail(str(exc)) from None
+    return scenario
 
-    quiet = args.quiet
+
+def _progress_printer(quiet: bool) -> Callable[[str, float, float, float], None]:
+    """``evaluate``'s progress callback: one stderr line per policy every 10 s of wall time and at its
+    end (nothing with ``--quiet``)."""
     last: dict[str, float] = {}
 
     def progress(name: str, t_s: float, duration_s: float, wall_s: float) -> None:
@@ -232,38 +264,54 @@ def run(args: argparse.Namespace, command: str) -> int:
             flush=True,
         )
 
-    if not quiet:
-        sc = scenario
-        print(
-            f"racktwin evaluate: {sc.name} [{sc.source}]: {sc.site.n_cards} cards, {_hms(sc.duration_s)}, "
-            f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} faults; policies {', '.join(policies)}"
-            + ("" if "baseline" in policies else " (+ baseline as reference)")
-            + f"; {jobs} worker process{'es' if jobs > 1 else ''}",
-            file=sys.stderr,
-            flush=True,
-        )
+    return progress
+
+
+def _announce(sc: RunScenario, policies: list[str], jobs: int) -> None:
+    """One stderr line saying what is about to run."""
+    print(
+        f"racktwin evaluate: {sc.name} [{sc.source}]: {sc.site.n_cards} cards, {_hms(sc.duration_s)}, "
+        f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} faults; policies {', '.join(policies)}"
+        + ("" if "baseline" in policies else " (+ baseline as reference)")
+        + f"; {jobs} worker process{'es' if jobs > 1 else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _run_policies(
+    scenario: RunScenario,
+    path: Path,
+    policies: list[str],
+    jobs: int,
+    control: ControlConfig | None,
+    sample_s: float,
+    progress: Callable[[str, float, float, float], None],
+) -> Evaluation:
+    """Every policy run and judged (``agent.evaluate.evaluate``); a policy's crash or targets that
+    cannot be judged are a UserError (the solvers' chatter goes to stderr)."""
     try:
         with stdout_to_stderr():
-            ev = evaluate(scenario, policies, jobs=jobs, control=control, sample_s=args.sample_s, progress=progress)
+            return evaluate(scenario, policies, jobs=jobs, control=control, sample_s=sample_s, progress=progress)
     except EvaluationError as exc:
         raise _fail(str(exc).splitlines()[0] + " (see the traceback above)") from exc
     except TargetsError as exc:
         raise _fail(f"{path}: {exc}") from None
-    write_outputs(ev, out_dir)
-    if not quiet:
-        print(
-            f"racktwin evaluate: {len(ev.results)} runs in {ev.wall_s:,.1f} s wall; wrote {out_dir}/report.html, "
-            "metrics.json, metrics.csv, series.csv",
-            file=sys.stderr,
-            flush=True,
-        )
-    targets = ""
+
+
+def _targets_text(ev: Evaluation, scenario: RunScenario) -> str:
+    """The targets' verdicts as printed ("" when the scenario has none)."""
     if ev.targets_policy is not None:
-        targets = format_targets(ev.targets_policy, ev.targets)
-    elif scenario.targets is not None:  # the policy they judge was not asked for: say so, in one line
+        return format_targets(ev.targets_policy, ev.targets)
+    if scenario.targets is not None:  # the policy they judge was not asked for: say so, in one line
         tp = scenario.targets.policy
-        targets = f"targets for {tp} (the scenario's [targets]): not judged, {tp} did not run (add --policy {tp})"
-    if args.json:  # stdout: the documented object only; the targets are in metrics.json
+        return f"targets for {tp} (the scenario's [targets]): not judged, {tp} did not run (add --policy {tp})"
+    return ""
+
+
+def _print_results(ev: Evaluation, targets: str, *, as_json: bool) -> None:
+    """The table (or with ``--json`` the documented object) on stdout, then the targets' verdicts."""
+    if as_json:  # stdout: the documented object only; the targets are in metrics.json
         print_json({"policies": ev.policies_json()})
         if targets:  # --quiet drops the progress, not the verdicts
             print(targets, file=sys.stderr, flush=True)
@@ -271,7 +319,6 @@ def run(args: argparse.Namespace, command: str) -> int:
         print(format_table(ev))
         if targets:
             print(targets)
-    return 0
 
 
 def _hms(t_s: float) -> str:
@@ -312,7 +359,7 @@ def _cell(v: Any, scale: float, fmt: str) -> str:
 
 
 def format_table(ev: Evaluation) -> str:
-    names = list(ev.requested) + [n for n in ev.results if n not in ev.requested]
+    names = _policy_order(ev)
     heads = ["policy"] + [h for _k, h, _s, _f in _TABLE]
     rows = [[n] + [_cell(ev.results[n].metrics[k], s, f) for k, _h, s, f in _TABLE] for n in names]
     widths = [max(len(heads[i]), *(len(r[i]) for r in rows)) for i in range(len(heads))]
@@ -396,116 +443,88 @@ def write_outputs(ev: Evaluation, out_dir: Path) -> None:
     write_text_replacing(out_dir / "report.html", _report_html(ev))
 
 
+#: The "More" table's metrics in the report.
+_MORE_KEYS = (
+    "allocated_card_frac",
+    "boot_wait_card_frac",
+    "low_power_card_frac",
+    "mean_supply_setpoint_c",
+    "mean_pump_speed_frac",
+    "jobs_finished",
+    "jobs_never_started",
+    "queue_wait_p95_s",
+    "slo_jobs_missed",
+    "limit_violation_episodes",
+    "limit_violation_longest_s",
+    "limit_violation_kws",
+    "die_over_slowdown_card_s",
+    "failsafe_entries",
+    "decisions",
+    "solve_median_s",
+)
+
+
 def _report_html(ev: Evaluation) -> str:
-    plt = pyplot()
+    """report.html: the scenario, the table, the targets' verdicts, where the energy went, more
+    metrics, the plots and examples of what the controllers did."""
     sc = ev.scenario
-    names = list(ev.requested) + [n for n in ev.results if n not in ev.requested]
-    res = ev.results
-    figs: list[tuple[str, str]] = []
-    limit_kw = sc["rack_power_limit_w"] / 1e3
-
-    def hours(r: Any) -> list[float]:
-        return [t / 3600.0 for t in r.series["time_s"]]
-
-    fig, ax = plt.subplots(figsize=(10, 3.4))
-    for n in names:
-        kw = [p / 1e3 for p in res[n].series["facility_power_w"]]
-        ax.plot(hours(res[n]), kw, label=n, color=_COLOURS.get(n), lw=1)
-    ax.set_xlabel("hour")
-    ax.set_ylabel("facility power (kW)")
-    ax.legend(fontsize=7, ncol=len(names))
-    figs.append(("Facility power", png_base64(fig)))
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(10, 3.4))
-    for n in names:
-        kw = [p / 1e3 for p in res[n].series["max_rack_power_w"]]
-        ax.plot(hours(res[n]), kw, label=n, color=_COLOURS.get(n), lw=1)
-    ax.axhline(limit_kw, color="red", lw=1.2, label="rack limit")
-    ax.set_xlabel("hour")
-    ax.set_ylabel("largest true rack power (kW)")
-    ax.legend(fontsize=7, ncol=len(names) + 1)
-    figs.append(("Largest rack power against the limit (peak of each sample interval)", png_base64(fig)))
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-    cols = [_COLOURS.get(n, "#555555") for n in names]
-    axes[0].bar(names, [res[n].metrics["facility_energy_kwh"] for n in names], color=cols)
-    axes[0].set_ylabel("facility energy (kWh)")
-    axes[1].bar(names, [res[n].metrics["pue"] for n in names], color=cols)
-    axes[1].axhline(sc["pue_target"], color="red", lw=1.0, label="target")
-    axes[1].set_ylim(1.0, max(max(res[n].metrics["pue"] for n in names), sc["pue_target"]) + 0.02)
-    axes[1].set_ylabel("time-weighted PUE")
-    axes[2].bar(names, [res[n].metrics["throughput"] for n in names], color=cols)
-    axes[2].set_ylabel("throughput (top-clock cards)")
-    for a in axes:
-        a.tick_params(axis="x", labelsize=7, rotation=20)
-    fig.tight_layout()
-    figs.append(("Energy, PUE and throughput", png_base64(fig)))
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(10, 3.6))
-    bottom = [0.0] * len(names)
-    palette = plt.get_cmap("tab10")
-    for i, k in enumerate(BREAKDOWN_KEYS):
-        vals = [res[n].breakdown_kwh[k] for n in names]
-        ax.bar(names, vals, bottom=bottom, label=k.replace("_", " "), color=palette(i))
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.set_ylabel("facility energy (kWh)")
-    ax.legend(fontsize=7, ncol=3, loc="lower right")
-    figs.append(("Where the facility energy went", png_base64(fig)))
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
-    for n in names:
-        axes[0].plot(hours(res[n]), res[n].series["supply_setpoint_c"], label=n, color=_COLOURS.get(n), lw=1)
-        axes[1].plot(hours(res[n]), res[n].series["low_power_cards"], label=n, color=_COLOURS.get(n), lw=1)
-        pumps = [100.0 * x for x in res[n].series["mean_pump_speed_frac"]]
-        axes[2].plot(hours(res[n]), pumps, label=n, color=_COLOURS.get(n), lw=1)
-    first = res[names[0]]
-    axes[0].plot(hours(first), first.series["ambient_c"], label="ambient", color="k", lw=0.8, ls=":")
-    axes[0].set_ylabel("supply set-point / ambient (deg C)")
-    axes[1].set_ylabel("cards in low-power idle")
-    axes[2].set_ylabel("mean rack pump speed (%)")
-    for a in axes:
-        a.set_xlabel("hour")
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    figs.append(("Coolant set-point, low-power idle and pump speed", png_base64(fig)))
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(10, 3.0))
-    for n in names:
-        ax.plot(hours(res[n]), res[n].series["max_die_temp_c"], label=n, color=_COLOURS.get(n), lw=1)
-    ax.set_xlabel("hour")
-    ax.set_ylabel("hottest die (deg C)")
-    ax.legend(fontsize=7, ncol=len(names))
-    figs.append(("Hottest die", png_base64(fig)))
-    plt.close(fig)
-
-    heads = ["policy"] + [h for _k, h, _s, _f in _TABLE]
-    rows = [[n] + [_cell(res[n].metrics[k], s, f) for k, _h, s, f in _TABLE] for n in names]
-    brk_rows = [[n] + [f"{res[n].breakdown_kwh[k]:,.1f}" for k in BREAKDOWN_KEYS] for n in names]
-    more_keys = (
-        "allocated_card_frac",
-        "boot_wait_card_frac",
-        "low_power_card_frac",
-        "mean_supply_setpoint_c",
-        "mean_pump_speed_frac",
-        "jobs_finished",
-        "jobs_never_started",
-        "queue_wait_p95_s",
-        "slo_jobs_missed",
-        "limit_violation_episodes",
-        "limit_violation_longest_s",
-        "limit_violation_kws",
-        "die_over_slowdown_card_s",
-        "failsafe_entries",
-        "decisions",
-        "solve_median_s",
+    names = _policy_order(ev)
+    notes = _notes_html(ev, names)
+    body = (
+        _intro_html(ev)
+        + _table_html(ev, names)
+        + _targets_html(ev)
+        + "<p>throughput: top-clock-equivalent cards of training (work done per second, the same jobs for every "
+        "policy; a slowed policy finishes fewer jobs, so work done is what is compared); loss and saving against "
+        "the baseline; over s: rack-seconds of true power over a limit from the end of the first control period; "
+        "max rack: largest true rack power over the same window.</p>"
+        + "<h2>Where the energy went (kWh)</h2>"
+        + _breakdown_table_html(ev, names)
+        + "<h2>More</h2>"
+        + _more_table_html(ev, names)
+        + figures_html(_figures(ev, names))
+        + ("<h2>What the controllers did (examples)</h2>" + notes if notes else "")
     )
-    more = [[n] + [_fmt_any(res[n].metrics[k]) for k in more_keys] for n in names]
-    notes = "".join(
+    return page(f"racktwin evaluate: {sc['name']}", body)
+
+
+def _policy_order(ev: Evaluation) -> list[str]:
+    """The policies as asked for, then the ones that ran as reference (the baseline)."""
+    return list(ev.requested) + [n for n in ev.results if n not in ev.requested]
+
+
+def _intro_html(ev: Evaluation) -> str:
+    sc = ev.scenario
+    return (
+        f"<p>Scenario <b>{escape(sc['name'])}</b> ({escape(str(sc['source']))}): {sc['n_cards']} cards in "
+        f"{sc['n_racks']} racks of {sc['rack_power_limit_w'] / 1e3:g} kW, {_hms(sc['duration_s'])}, {sc['jobs']} "
+        f"jobs ({escape(sc['workload'])}), faults: {escape(', '.join(sc['faults']) or 'none')}. Every policy ran "
+        f"the same plant (same jobs, weather, card spread, sensor noise, faults) in process; all numbers are the "
+        f"plant's true values. {len(ev.results)} runs took {ev.wall_s:,.0f} s wall.</p>"
+    )
+
+
+def _table_html(ev: Evaluation, names: list[str]) -> str:
+    """The printed table's columns, one row per policy."""
+    heads = ["policy"] + [h for _k, h, _s, _f in _TABLE]
+    rows = [[n] + [_cell(ev.results[n].metrics[k], s, f) for k, _h, s, f in _TABLE] for n in names]
+    return table_html(heads, rows)
+
+
+def _breakdown_table_html(ev: Evaluation, names: list[str]) -> str:
+    rows = [[n] + [f"{ev.results[n].breakdown_kwh[k]:,.1f}" for k in BREAKDOWN_KEYS] for n in names]
+    return table_html(["policy", *(k.replace("_", " ") for k in BREAKDOWN_KEYS)], rows)
+
+
+def _more_table_html(ev: Evaluation, names: list[str]) -> str:
+    rows = [[n] + [_fmt_any(ev.results[n].metrics[k]) for k in _MORE_KEYS] for n in names]
+    return table_html(["policy", *(k.replace("_", " ") for k in _MORE_KEYS)], rows)
+
+
+def _notes_html(ev: Evaluation, names: list[str]) -> str:
+    """Per policy, the controller's first notes and its anomalies ("" when no policy has any)."""
+    res = ev.results
+    return "".join(
         f"<h3>{escape(n)}</h3><ul>"
         + "".join(f"<li>{escape(x)}</li>" for x in res[n].stats.notes[:20])
         + (f"<li>anomalies flagged: {escape(res[n].metrics['anomalies'])}</li>" if res[n].metrics["anomalies"] else "")
@@ -513,26 +532,121 @@ def _report_html(ev: Evaluation) -> str:
         for n in names
         if res[n].stats.notes or res[n].metrics["anomalies"]
     )
-    body = (
-        f"<p>Scenario <b>{escape(sc['name'])}</b> ({escape(str(sc['source']))}): {sc['n_cards']} cards in "
-        f"{sc['n_racks']} racks of {limit_kw:g} kW, {_hms(sc['duration_s'])}, {sc['jobs']} jobs "
-        f"({escape(sc['workload'])}), faults: {escape(', '.join(sc['faults']) or 'none')}. Every policy ran the "
-        f"same plant (same jobs, weather, card spread, sensor noise, faults) in process; all numbers are the "
-        f"plant's true values. {len(res)} runs took {ev.wall_s:,.0f} s wall.</p>"
-        + table_html(heads, rows)
-        + _targets_html(ev)
-        + "<p>throughput: top-clock-equivalent cards of training (work done per second, the same jobs for every "
-        "policy; a slowed policy finishes fewer jobs, so work done is what is compared); loss and saving against "
-        "the baseline; over s: rack-seconds of true power over a limit from the end of the first control period; "
-        "max rack: largest true rack power over the same window.</p>"
-        + "<h2>Where the energy went (kWh)</h2>"
-        + table_html(["policy", *(k.replace("_", " ") for k in BREAKDOWN_KEYS)], brk_rows)
-        + "<h2>More</h2>"
-        + table_html(["policy", *(k.replace("_", " ") for k in more_keys)], more)
-        + figures_html(figs)
-        + ("<h2>What the controllers did (examples)</h2>" + notes if notes else "")
-    )
-    return page(f"racktwin evaluate: {sc['name']}", body)
+
+
+# --------------------------------------------------------------------------------------------
+# The report's plots: each a (title, base64 PNG) pair
+# --------------------------------------------------------------------------------------------
+
+
+def _figures(ev: Evaluation, names: list[str]) -> list[tuple[str, str]]:
+    plt = pyplot()
+    return [
+        _facility_power_figure(plt, ev, names),
+        _rack_power_figure(plt, ev, names),
+        _energy_pue_throughput_figure(plt, ev, names),
+        _breakdown_figure(plt, ev, names),
+        _cooling_figure(plt, ev, names),
+        _die_figure(plt, ev, names),
+    ]
+
+
+def _hours(r: Any) -> list[float]:
+    return [t / 3600.0 for t in r.series["time_s"]]
+
+
+def _png(plt: Any, fig: Any) -> str:
+    """The figure as base64 PNG, closed."""
+    png = png_base64(fig)
+    plt.close(fig)
+    return png
+
+
+def _facility_power_figure(plt: Any, ev: Evaluation, names: list[str]) -> tuple[str, str]:
+    res = ev.results
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    for n in names:
+        kw = [p / 1e3 for p in res[n].series["facility_power_w"]]
+        ax.plot(_hours(res[n]), kw, label=n, color=_COLOURS.get(n), lw=1)
+    ax.set_xlabel("hour")
+    ax.set_ylabel("facility power (kW)")
+    ax.legend(fontsize=7, ncol=len(names))
+    return "Facility power", _png(plt, fig)
+
+
+def _rack_power_figure(plt: Any, ev: Evaluation, names: list[str]) -> tuple[str, str]:
+    res = ev.results
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    for n in names:
+        kw = [p / 1e3 for p in res[n].series["max_rack_power_w"]]
+        ax.plot(_hours(res[n]), kw, label=n, color=_COLOURS.get(n), lw=1)
+    ax.axhline(ev.scenario["rack_power_limit_w"] / 1e3, color="red", lw=1.2, label="rack limit")
+    ax.set_xlabel("hour")
+    ax.set_ylabel("largest true rack power (kW)")
+    ax.legend(fontsize=7, ncol=len(names) + 1)
+    return "Largest rack power against the limit (peak of each sample interval)", _png(plt, fig)
+
+
+def _energy_pue_throughput_figure(plt: Any, ev: Evaluation, names: list[str]) -> tuple[str, str]:
+    res, pue_target = ev.results, ev.scenario["pue_target"]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    cols = [_COLOURS.get(n, "#555555") for n in names]
+    axes[0].bar(names, [res[n].metrics["facility_energy_kwh"] for n in names], color=cols)
+    axes[0].set_ylabel("facility energy (kWh)")
+    axes[1].bar(names, [res[n].metrics["pue"] for n in names], color=cols)
+    axes[1].axhline(pue_target, color="red", lw=1.0, label="target")
+    axes[1].set_ylim(1.0, max(max(res[n].metrics["pue"] for n in names), pue_target) + 0.02)
+    axes[1].set_ylabel("time-weighted PUE")
+    axes[2].bar(names, [res[n].metrics["throughput"] for n in names], color=cols)
+    axes[2].set_ylabel("throughput (top-clock cards)")
+    for a in axes:
+        a.tick_params(axis="x", labelsize=7, rotation=20)
+    fig.tight_layout()
+    return "Energy, PUE and throughput", _png(plt, fig)
+
+
+def _breakdown_figure(plt: Any, ev: Evaluation, names: list[str]) -> tuple[str, str]:
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    bottom = [0.0] * len(names)
+    palette = plt.get_cmap("tab10")
+    for i, k in enumerate(BREAKDOWN_KEYS):
+        vals = [ev.results[n].breakdown_kwh[k] for n in names]
+        ax.bar(names, vals, bottom=bottom, label=k.replace("_", " "), color=palette(i))
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("facility energy (kWh)")
+    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    return "Where the facility energy went", _png(plt, fig)
+
+
+def _cooling_figure(plt: Any, ev: Evaluation, names: list[str]) -> tuple[str, str]:
+    res = ev.results
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
+    for n in names:
+        axes[0].plot(_hours(res[n]), res[n].series["supply_setpoint_c"], label=n, color=_COLOURS.get(n), lw=1)
+        axes[1].plot(_hours(res[n]), res[n].series["low_power_cards"], label=n, color=_COLOURS.get(n), lw=1)
+        pumps = [100.0 * x for x in res[n].series["mean_pump_speed_frac"]]
+        axes[2].plot(_hours(res[n]), pumps, label=n, color=_COLOURS.get(n), lw=1)
+    first = res[names[0]]
+    axes[0].plot(_hours(first), first.series["ambient_c"], label="ambient", color="k", lw=0.8, ls=":")
+    axes[0].set_ylabel("supply set-point / ambient (deg C)")
+    axes[1].set_ylabel("cards in low-power idle")
+    axes[2].set_ylabel("mean rack pump speed (%)")
+    for a in axes:
+        a.set_xlabel("hour")
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    return "Coolant set-point, low-power idle and pump speed", _png(plt, fig)
+
+
+def _die_figure(plt: Any, ev: Evaluation, names: list[str]) -> tuple[str, str]:
+    res = ev.results
+    fig, ax = plt.subplots(figsize=(10, 3.0))
+    for n in names:
+        ax.plot(_hours(res[n]), res[n].series["max_die_temp_c"], label=n, color=_COLOURS.get(n), lw=1)
+    ax.set_xlabel("hour")
+    ax.set_ylabel("hottest die (deg C)")
+    ax.legend(fontsize=7, ncol=len(names))
+    return "Hottest die", _png(plt, fig)
 
 
 def _targets_html(ev: Evaluation) -> str:
