@@ -82,14 +82,18 @@ CREATE TABLE IF NOT EXISTS calibration (
 
 
 def prune_candidates_sql(max_decisions: int) -> str:
-    """The decisions a prune looks at (parameter: the wall-time cut): the oldest by wall time, never
-    the newest. Ordered by ``wall_time_s`` so that SQLite walks the ``decisions_wall`` index: ordered
-    by ``id`` it scanned the table by rowid, every summary (~1 KB each) included, three times per
-    prune: 0.25 s on the event loop each hour on a 30-day journal with nothing to delete
-    (``benchmarks/bench_journal.py``)."""
+    """The decisions a prune looks at (parameter: the wall-time cut): the oldest by wall time that can
+    go, never the newest and never one with an open command. Ordered by ``wall_time_s`` so that SQLite
+    walks the ``decisions_wall`` index: ordered by ``id`` it scanned the table by rowid, every summary
+    (~1 KB each) included, three times per prune: 0.25 s on the event loop each hour on a 30-day
+    journal with nothing to delete (``benchmarks/bench_journal.py``). The decisions kept for an open
+    command are skipped here (one lookup each in ``commands_decision``), not counted in the batch:
+    when they were, a batch of only such decisions was looked at again each hour and nothing newer
+    was ever deleted."""
     return (
-        "SELECT id FROM decisions WHERE wall_time_s < ? AND id < (SELECT MAX(id) FROM decisions) "
-        f"ORDER BY wall_time_s, id LIMIT {int(max_decisions)}"
+        "SELECT d.id FROM decisions d WHERE d.wall_time_s < ? AND d.id < (SELECT MAX(id) FROM decisions) "
+        "AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.decision_id = d.id AND c.state IN ('pending', 'sent')) "
+        f"ORDER BY d.wall_time_s, d.id LIMIT {int(max_decisions)}"
     )
 
 
@@ -456,10 +460,10 @@ class Journal:
         commands (applied, rejected, expired, abandoned, superseded) with their acks, and decisions none of whose
         commands is still open. Open commands, their decisions and the newest decision (the cycle count
         continues from it after a restart) are always kept. At most the ``max_decisions`` oldest
-        decisions are looked at per call (a short transaction). Returns (decisions, commands, acks)
-        deleted and the number of decisions looked at: while that is ``max_decisions`` and some were
-        deleted, there may be more to delete (call again); the kept ones are looked at again each call.
-        SQLite reuses the freed pages; the file does not shrink."""
+        decisions that can go are looked at per call (a short transaction; those kept for an open
+        command are passed over, not counted). Returns (decisions, commands, acks) deleted and the
+        number of decisions looked at: while that is ``max_decisions``, there may be more to delete
+        (call again). SQLite reuses the freed pages; the file does not shrink."""
         old = prune_candidates_sql(max_decisions)
         closed = f"decision_id IN ({old}) AND state NOT IN ('pending', 'sent')"
         try:

@@ -111,9 +111,9 @@ class JournalUpkeep:
             log.warning("journal prune failed: %s", exc)
             return
         if looked_at >= _JOURNAL_PRUNE_BATCH and decisions:
-            # a full batch looked at, some of it deleted: a backlog (a first prune of a long history), the rest
-            # soon. Whether all of it went does not matter (a kept decision: its command is still open); a full
-            # batch of kept decisions waits an hour like a partial one (nothing would change a second later).
+            # a full batch deleted: a backlog (a first prune of a long history), the rest soon. The batch holds
+            # only decisions that can go (those kept for an open command are passed over, so a run of them
+            # among the oldest does not stop the prune from reaching newer history).
             self._pruned_wall = -math.inf
         if decisions or commands:
             log.info(

@@ -48,7 +48,7 @@ def _pump_speeds(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> F
         site,
         load,
         dvfs.card_level,
-        dvfs.card_low_power | p.failed,
+        dvfs.card_low_power,  # the failed cards included: see judge
         np.full(site.n_cards, site.card.power_limit_w),
         np.full(site.n_cards, supply_c),
         p.r_total_k_per_w,
@@ -77,7 +77,10 @@ def judge(p: Any, dvfs: Any, supply_c: float, solver: SolverSection) -> dict[str
         "utilization": _card_utilization(p, dvfs.card_level),
         "supply_temp_c": supply_c,
         "ambient_c": p.ambient_c,
-        "low_power": dvfs.card_low_power | p.failed,
+        # the failed cards are among the plan's low-power ones: models.plans.assess_dvfs puts there every
+        # card neither busy nor awake, and a failed card is neither (make_problem, CycleProblem.idle_mask);
+        # an `| p.failed` here changed nothing (a mutation audit found it)
+        "low_power": dvfs.card_low_power,
         "flow_fraction": speed,
     }
     ss = site_steady_state(p.site, **state, host_off=host_off)

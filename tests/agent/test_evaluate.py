@@ -203,7 +203,11 @@ def test_bad_arguments_and_scenarios_are_one_line_and_exit_2(
     bad.write_text('name = "bad"\nduration_s = -1\nsite = "x.toml"\n')
     day = str(EXAMPLES / "day-nominal.toml")
     args = [a.replace("{day}", day).replace("{bad}", str(bad)) for a in argv]
-    rc = main(["evaluate", *args, "--out", str(tmp_path / "out")])
+    # a runnable scenario gets a short, one-policy, in-process run first on the line: should a refusal
+    # regress, the test fails on the exit status in seconds instead of simulating a whole day (the case's
+    # own --duration, --jobs come later and win; --policy appends, so an unknown name is still refused)
+    fast = ["--duration", "30", "--policy", "baseline", "--jobs", "1", "--quiet"] if "{day}" in argv else []
+    rc = main(["evaluate", *fast, *args, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("racktwin evaluate: error: ")

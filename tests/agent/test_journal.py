@@ -124,7 +124,7 @@ def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_pat
     assert j.prune(time.time() - 3600.0) == (0, 0, 0, 0)  # nothing is an hour old yet: nothing looked at
     cut = time.time() + 1.0  # everything journaled is older than this
     assert j.prune(cut, max_decisions=1) == (1, 2, 2, 1)  # the oldest decision only: cycle 1, its commands and acks
-    assert j.prune(cut) == (1, 0, 0, 2)  # cycles 2 and 3 looked at: 3 goes (no commands), 2 has an open one
+    assert j.prune(cut) == (1, 0, 0, 1)  # cycle 3 looked at and gone; cycle 2 (an open command) passed over
     assert j.command("done") is None and j.command("refused") is None
     open_cmd = j.command("open")
     assert open_cmd is not None and open_cmd.state is CommandState.SENT  # still resent after a restart
@@ -134,6 +134,29 @@ def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_pat
     j2 = Journal(path)
     assert j2.last_decision() == (4, 45.0, {"newest": True})
     assert [c.command_id for c in j2.unacked(50.0)] == ["open"]
+
+
+def test_decisions_kept_for_open_commands_do_not_hold_back_newer_history(tmp_path: Path) -> None:
+    """A prune deletes at most ``max_decisions`` per call, and the decisions an open command keeps
+    must not take up that batch: with the 3 oldest decisions all kept (their commands unanswered, as
+    after an agent stopped mid-send), the 4 newer old ones still go, 3 per call, and the cycle count's
+    newest decision stays. Before, the batch was the 3 oldest whatever their commands: every call
+    looked at the same kept decisions and deleted nothing, for ever."""
+    j = Journal(tmp_path / "j.sqlite")
+    for cycle in (1, 2, 3):
+        j.record_decision(cycle, 15.0 * cycle, "enforce", "optimal", 0.0, {}, [cmd(f"open{cycle}", 15.0, ttl=1e9)])
+    j.mark_sent(["open1", "open2", "open3"])
+    for cycle in (4, 5, 6, 7, 8):
+        j.record_decision(cycle, 15.0 * cycle, "enforce", "optimal", 0.0, {}, [cmd(f"done{cycle}", 15.0 * cycle)])
+        j.mark_sent([f"done{cycle}"])
+        assert j.record_ack(f"done{cycle}", 15.0 * cycle + 1.0, "applied")
+    cut = time.time() + 1.0  # all 8 are older than this
+    assert j.prune(cut, max_decisions=3) == (3, 3, 3, 3)  # cycles 4-6 with their commands and acks
+    assert j.prune(cut, max_decisions=3) == (1, 1, 1, 1)  # cycle 7; cycle 8 is the newest
+    assert j.prune(cut, max_decisions=3) == (0, 0, 0, 0)  # nothing left that can go
+    assert j.decision_count() == 4  # cycles 1-3 (open commands) and 8 (the newest)
+    assert sorted(c.command_id for c in j.unacked(100.0)) == ["open1", "open2", "open3"]
+    j.close()
 
 
 def test_the_prune_finds_old_decisions_through_the_wall_time_index(tmp_path: Path) -> None:

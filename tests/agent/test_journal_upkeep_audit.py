@@ -166,14 +166,13 @@ def test_a_backlog_longer_than_one_batch_goes_on_a_second_later(journal: Journal
     assert journal.decision_count() == 3
 
 
-def test_a_backlog_goes_on_a_second_later_when_an_open_command_keeps_one_of_the_batch(
+def test_a_backlog_goes_on_a_second_later_when_an_open_command_keeps_one_of_the_oldest(
     journal: Journal, clock: _Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The batch is the oldest decisions looked at, not those deleted: a backlog whose oldest decision
-    is kept (its command still open) goes on a second later as well (before: 4,999 of 5,000 deleted
-    waited an hour per batch). Batches of 4 here: 10 decisions 40 days old, the first with an open
-    command; each full batch deletes 3 (the kept one is looked at again each time), the last looks at
-    3 (the newest is never a candidate) and then the prune waits an hour."""
+    """A decision kept for an open command does not slow a backlog down: it is passed over, and each
+    full batch of decisions deleted is followed by the next a second later. Batches of 4 here: 10
+    decisions 40 days old, the first with an open command; d2-d5 go, then d6-d9, then nothing is
+    left that can go (d1 open, d10 the newest) and the prune waits an hour."""
     monkeypatch.setattr(journal_upkeep, "_JOURNAL_PRUNE_BATCH", 4)
     cid = str(uuid.uuid4())
     _decisions(journal, 10, command=cid)
@@ -185,38 +184,45 @@ def test_a_backlog_goes_on_a_second_later_when_an_open_command_keeps_one_of_the_
         upkeep.prune()
         counts.append(journal.decision_count())
         clock.mono_s += 1.0
-    assert counts == [7, 4, 2]  # d2-d4, d5-d7, d8-d9 deleted; d1 (open command) and d10 (the newest) stay
-    _decisions(journal, 2)  # two more decisions old enough to go: the last batch was partial, they wait an hour
+    assert counts == [6, 2, 2]  # d2-d5, then d6-d9 deleted; d1 (open command) and d10 (the newest) stay
+    _decisions(journal, 2)  # two more decisions old enough to go: the last prune found none, they wait an hour
     upkeep.prune()
     assert journal.decision_count() == 4
+    clock.mono_s += 3600.0
+    upkeep.prune()
+    assert journal.decision_count() == 2  # d1 and the newest
     assert knows_command(journal, cid)
 
 
-def test_a_full_batch_of_kept_decisions_waits_an_hour(
+def test_the_oldest_decisions_all_kept_for_open_commands_do_not_stop_the_prune(
     journal: Journal, clock: _Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch looked at in full of which nothing can go (each decision's command still open) is not
-    looked at again every second: the next prune is an hour later, when the commands may have closed.
-    Batches of 2: decisions 1 and 2 with open commands, 3 and 4 without."""
+    """Batches of 2: decisions 1 and 2 have open commands (kept), 3 and 4 are as old and can go, 5 is
+    the newest. Before, each hourly prune looked at decisions 1 and 2 only, kept both and deleted
+    nothing, so while they stayed open the journal never shrank (a silent disk leak). Now 3 and 4 go
+    at the first prune, and 1 and 2 once their commands are answered."""
     monkeypatch.setattr(journal_upkeep, "_JOURNAL_PRUNE_BATCH", 2)
     cids = [str(uuid.uuid4()) for _ in range(2)]
     for i, cid in enumerate(cids):
         cmd = NewCommand(cid, "r1", "t", b"{}", 0.0, 1e9)
         journal.record_decision(i + 1, float(i), "enforce", "optimal", 0.01, {}, [cmd])
-    for cycle in (3, 4):
+    for cycle in (3, 4, 5):
         journal.record_decision(cycle, float(cycle), "enforce", "optimal", 0.01, {}, [])
     journal.mark_sent(cids)
     clock.ahead_s = 40 * DAY_S
     upkeep = JournalUpkeep(journal, keep_days=1.0)
-    upkeep.prune()  # looks at decisions 1 and 2: both kept
-    assert journal.decision_count() == 4
-    journal.record_acks([(cid, 5.0, "applied", None) for cid in cids])  # now both could go
+    upkeep.prune()  # a full batch (3 and 4) deleted: the next prune a second later
+    assert journal.decision_count() == 3
+    clock.mono_s += 1.0
+    upkeep.prune()  # nothing more can go: the next prune an hour later
+    assert journal.decision_count() == 3
+    journal.record_acks([(cid, 5.0, "applied", None) for cid in cids])  # now 1 and 2 can go
     clock.mono_s += 1.0
     upkeep.prune()  # not a second later
-    assert journal.decision_count() == 4
+    assert journal.decision_count() == 3
     clock.mono_s += 3599.0
     upkeep.prune()  # an hour later
-    assert journal.decision_count() == 2
+    assert journal.decision_count() == 1
 
 
 def test_a_failed_prune_is_logged_and_tried_again_and_the_service_goes_on(
