@@ -261,3 +261,23 @@ def test_every_benchmark_option_named_in_the_docs_is_an_option_of_that_script() 
                     wrong.append(f"{path.relative_to(REPO)}: {m.group(1)} has no {option}")
     assert seen, "no benchmark option found"
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_default_written_in_a_usage_line_is_the_parsers() -> None:
+    """``racktwin twin sweep-supply [--from-c 20] [--to-c 55] ...`` (docs/twin.md's headings): a number
+    written as the value of an optional option in a usage line of a docs page is its default (the
+    examples' comments write suggested values: ``[--speed 60]``)."""
+    checked = 0
+    for path in sorted((REPO / "docs").glob("*.md")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in _COMMAND_AT.finditer(line):
+                if "/" in m.group(1):
+                    continue
+                command = f"{m.group(1)} {m.group(2)}" if m.group(2) else m.group(1)
+                actions = {o: a for a in PARSERS[command]._actions for o in a.option_strings}
+                for option, value in re.findall(r"\[(--[a-z0-9-]+) (-?[0-9]+(?:\.[0-9]+)?)\]", line[m.end() :]):
+                    default = actions[option].default
+                    where = f"{path.relative_to(REPO)}:{number}: racktwin {command} {option}"
+                    assert default is not None and float(default) == float(value), (where, value, default)
+                    checked += 1
+    assert checked >= 5
