@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import configparser
+import dataclasses
 import os
 import re
 import shlex
@@ -30,9 +31,9 @@ from pathlib import Path
 import pytest
 from mqtt_testing import SecuredBroker
 
-from agent.bus import Bus, Incoming
+from agent.bus import Bus, Incoming, MqttOptions
 from agent.commands import agent_cmd
-from agent.config import env_variables
+from agent.config import BrokerConfig, env_variables
 from agent.wire import Kind, Topics
 
 pytestmark = pytest.mark.agent
@@ -163,6 +164,19 @@ def test_every_file_the_shipped_mosquitto_conf_names_is_made_by_its_readme() -> 
         assert folder == "/etc/mosquitto/racktwin", path
         made = rf"mosquitto_passwd -c {name} " if name == "passwd" else rf"(-out|cp \S+|-keyout) {re.escape(name)}\b"
         assert re.search(made, readme), f"README.md does not make {name}"
+
+
+def test_the_shipped_broker_takes_every_keepalive_the_agent_accepts() -> None:
+    """mosquitto 2.0.12 and later refuse an MQTT 3.1.1 client whose keepalive exceeds max_keepalive
+    (CONNACK 2, "identifier rejected": eclipse-mosquitto issues 2117, 2361); racktwin's clients speak
+    3.1.1. The shipped max_keepalive 300 refused an agent with broker.keepalive_s 301..3600, which its
+    configuration accepts (docs/agent.md: 5..3600). Failed on the old mosquitto.conf. (The mosquitto
+    here, 2.0.11, applies max_keepalive to MQTT 5 clients only, so a broker run cannot show it.)"""
+    conf = (DEPLOY / "mosquitto" / "mosquitto.conf").read_text(encoding="utf-8")
+    [value] = re.findall(r"^max_keepalive (\d+)$", conf, flags=re.M)
+    longest = next(f for f in dataclasses.fields(BrokerConfig) if f.name == "keepalive_s").metadata["hi"]
+    assert int(value) >= longest
+    assert int(value) >= MqttOptions().keepalive_s  # the simulator's
 
 
 def protocol_table() -> list[tuple[str, str, str]]:
