@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import configparser
 import dataclasses
+import getpass
 import os
 import re
 import shlex
@@ -26,11 +27,13 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from mqtt_testing import SecuredBroker
+from mqtt_testing import SecuredBroker, TlsFiles, write_password_file
 
+from agent.broker import free_ports, mqtt_answers
 from agent.bus import Bus, Incoming, MqttOptions
 from agent.commands import agent_cmd
 from agent.config import BrokerConfig, env_variables
@@ -177,6 +180,67 @@ def test_the_shipped_broker_takes_every_keepalive_the_agent_accepts() -> None:
     longest = next(f for f in dataclasses.fields(BrokerConfig) if f.name == "keepalive_s").metadata["hi"]
     assert int(value) >= longest
     assert int(value) >= MqttOptions().keepalive_s  # the simulator's
+
+
+#: Debian's and Ubuntu's /etc/mosquitto/mosquitto.conf as the mosquitto package installs it (2.0), less
+#: comments: the main file that the shipped one joins when installed into conf.d.
+DEBIAN_MAIN_CONF = """pid_file /run/mosquitto/mosquitto.pid
+persistence true
+persistence_location /var/lib/mosquitto/
+log_dest file /var/log/mosquitto/mosquitto.log
+include_dir /etc/mosquitto/conf.d
+"""
+
+
+def _moved(text: str, folder: Path, ports: list[int]) -> str:
+    """A mosquitto config with its paths under ``folder`` and its listeners on loopback ``ports``."""
+    for old in ("/etc/mosquitto/racktwin/", "/var/lib/mosquitto/", "/var/log/mosquitto/", "/run/mosquitto/"):
+        text = text.replace(old, f"{folder}/")
+    text = text.replace("/etc/mosquitto/conf.d", f"{folder}/conf.d")
+    text = re.sub(r"^log_dest syslog$", "", text, flags=re.M)
+    listeners = iter(ports)
+    return re.sub(r"^listener \d+.*$", lambda _m: f"listener {next(listeners)} 127.0.0.1", text, flags=re.M)
+
+
+def test_the_shipped_mosquitto_conf_starts_installed_as_its_header_says(
+    tmp_path: Path, mosquitto_path: str, mosquitto_passwd_path: str, tls_files: TlsFiles
+) -> None:
+    """The header's install step on Debian/Ubuntu, run by a real mosquitto (paths moved into a tmp
+    folder, listeners on free loopback ports). It said "cp mosquitto.conf /etc/mosquitto/conf.d/
+    racktwin.conf", where Debian's main file already sets persistence_location: mosquitto refused to
+    start ("Error: Duplicate persistence_location value in configuration"). Failed on the old header."""
+    conf = (DEPLOY / "mosquitto" / "mosquitto.conf").read_text(encoding="utf-8")
+    [dest] = re.findall(r"^#\s+cp mosquitto\.conf (\S+)", conf, flags=re.M)
+    for name, src in (("ca.crt", tls_files.ca_file), ("server.crt", tls_files.cert_file)):
+        (tmp_path / name).write_bytes(Path(src).read_bytes())
+    (tmp_path / "server.key").write_bytes(Path(tls_files.key_file).read_bytes())
+    (tmp_path / "acl").write_bytes((DEPLOY / "mosquitto" / "acl").read_bytes())
+    write_password_file(tmp_path / "passwd", {"agent": "agent-pw"}, mosquitto_passwd_path)
+    (tmp_path / "conf.d").mkdir()
+    user = f"user {getpass.getuser()}\n"  # mosquitto started as root drops to this user (default: mosquitto)
+    for _attempt in range(3):  # a free port may be taken by another process meanwhile
+        ports = free_ports(2)
+        if dest == "/etc/mosquitto/mosquitto.conf":  # the shipped file replaces Debian's main file
+            main = tmp_path / "mosquitto.conf"
+            main.write_text(_moved(conf, tmp_path, ports) + user, encoding="utf-8")
+        else:
+            assert dest.startswith("/etc/mosquitto/conf.d/"), dest
+            (tmp_path / "conf.d" / Path(dest).name).write_text(_moved(conf, tmp_path, ports), encoding="utf-8")
+            main = tmp_path / "main.conf"
+            main.write_text(_moved(DEBIAN_MAIN_CONF, tmp_path, ports) + user, encoding="utf-8")
+        proc = subprocess.Popen([mosquitto_path, "-c", str(main)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(int(WAIT_S / 0.05)):
+                if proc.poll() is not None or mqtt_answers("127.0.0.1", ports[0]):
+                    break
+                time.sleep(0.05)
+            running = proc.poll() is None
+        finally:
+            proc.terminate()
+            out = proc.communicate(timeout=10)[0].decode(errors="replace")
+        if running or "Address already in use" not in out:
+            break
+    assert running, f"mosquitto -c {main.name} did not start: {out}"
 
 
 def protocol_table() -> list[tuple[str, str, str]]:
