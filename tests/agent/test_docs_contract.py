@@ -1,0 +1,283 @@
+"""What the documentation tells users to type exists: every ``racktwin COMMAND ... --option`` written in
+README.md, docs/*.md, deploy/**, scripts/*.sh and the examples' comments is an option of that command
+(its argparse parser, built in process as ``racktwin`` builds it), every option of every command is
+described somewhere, the defaults docs/sim.md's option table states are the parser's, every
+``section.key`` of the agent's configuration and every ``RACKTWIN_*`` variable named there exists, and
+every ``python benchmarks/X.py --option`` named in the docs is an option of that script.
+
+A helper found deploy/mosquitto telling operators to run ``racktwin agent --broker ... --mqtt-ca-file``,
+options only ``racktwin sim`` has: these tests catch that class of error."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import re
+import typing
+from pathlib import Path
+
+import pytest
+
+from agent.cli import COMMANDS
+from agent.config import OTHER_ENV_VARS, AgentConfig, env_variables
+
+pytestmark = pytest.mark.agent
+
+REPO = Path(__file__).resolve().parents[2]
+OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]")
+
+
+def _walk(parser: argparse.ArgumentParser, name: str, out: dict[str, argparse.ArgumentParser]) -> None:
+    out[name] = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                _walk(sub, f"{name} {sub_name}", out)
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser as ``racktwin`` builds it (agent/cli.py), subcommands as ``twin steady``."""
+    out: dict[str, argparse.ArgumentParser] = {}
+    for name, (module_name, help_text) in COMMANDS.items():
+        parser = argparse.ArgumentParser(prog=f"racktwin {name}", description=help_text)
+        importlib.import_module(f"agent.commands.{module_name}").add_arguments(parser, name)
+        _walk(parser, name, out)
+    return out
+
+
+def options_of(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+
+
+PARSERS = command_parsers()
+OPTIONS = {name: options_of(p) for name, p in PARSERS.items()}
+ALL_OPTIONS = set().union(*OPTIONS.values())
+
+
+def documented_files() -> list[Path]:
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    files += sorted(p for p in (REPO / "deploy").rglob("*") if p.is_file())
+    files += sorted((REPO / "scripts").glob("*.sh")) + sorted((REPO / "examples").glob("*.toml"))
+    return [*files, REPO / ".ci" / "run"]
+
+
+def command_line_section() -> str:
+    return (REPO / "README.md").read_text(encoding="utf-8").split("\n## Command line\n", 1)[1].split("\n## ", 1)[0]
+
+
+_NAME = "(?:" + "|".join(re.escape(c) for c in sorted(COMMANDS, key=len, reverse=True)) + ")"
+#: ``racktwin sim``, ``racktwin twin steady``, ``racktwin sim/agent`` (each of the two is meant)
+_COMMAND_AT = re.compile(rf"racktwin\s+({_NAME}(?:/{_NAME})*)(?![\w-])(?:\s+(steady|sweep-supply)(?![\w-]))?")
+
+
+def written_invocations(text: str) -> list[tuple[int, str, str]]:
+    """(line, command, option) for each ``--option`` written after ``racktwin COMMAND`` on one command
+    line (shell continuations joined), up to the end of its code span, a shell separator or the next
+    command."""
+    text = re.sub(r"\\\n\s*", " ", text)
+    out: list[tuple[int, str, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in _COMMAND_AT.finditer(line):
+            rest = re.split(r"`|;|\|\||&&|\||\bracktwin\s|\)|,\s|#", line[m.end() :])[0]
+            for name in m.group(1).split("/"):
+                command = f"{name} {m.group(2)}" if m.group(2) else name
+                out += [(number, command, o) for o in OPTION.findall(rest)]
+    return out
+
+
+def test_the_scanner_reads_a_command_line_as_a_user_would() -> None:
+    """The rule itself, on the line that was wrong in deploy/mosquitto (the agent has no --broker)."""
+    line = "run `racktwin agent --broker mqtts://b:8883 --mqtt-ca-file ca.crt` and `racktwin sim --seed 1`"
+    assert written_invocations(line) == [(1, "agent", "--broker"), (1, "agent", "--mqtt-ca-file"), (1, "sim", "--seed")]
+    # mosquitto.conf's comment said "racktwin sim/agent --broker ...": both commands are meant
+    assert written_invocations("# racktwin sim/agent --broker mqtts://b:8883") == [
+        (1, "sim", "--broker"),
+        (1, "agent", "--broker"),
+    ]
+    assert written_invocations("racktwin twin sweep-supply --ambient-c 25 \\\n    --to-c 50") == [
+        (1, "twin sweep-supply", "--ambient-c"),
+        (1, "twin sweep-supply", "--to-c"),
+    ]
+    assert {"--broker", "--mqtt-ca-file"} & OPTIONS["agent"] == set()
+
+
+def test_every_racktwin_command_line_written_anywhere_uses_options_of_that_command() -> None:
+    wrong = []
+    for path in documented_files():
+        for number, command, option in written_invocations(path.read_text(encoding="utf-8")):
+            # `racktwin twin --level 2` (a subcommand left out) is read as any subcommand's option
+            known = (
+                set().union(*(v for c, v in OPTIONS.items() if c.startswith("twin ")))
+                if command == "twin"
+                else OPTIONS[command]
+            )
+            if option not in known:
+                wrong.append(f"{path.relative_to(REPO)}:{number}: racktwin {command} has no {option}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_option_in_the_readmes_command_line_section_is_an_option_of_a_command() -> None:
+    """The section's text and table name options in backticks (`--json`, `sim --truth-log`); the
+    top-level --version and --help are the only others."""
+    section = command_line_section()
+    named = {o for span in re.findall(r"`([^`]+)`", section) for o in OPTION.findall(span)}
+    assert named, "no option found: the section moved?"
+    assert named - ALL_OPTIONS <= {"--version", "--help"}, sorted(named - ALL_OPTIONS)
+
+
+def test_the_readmes_option_list_names_each_option_under_its_own_command() -> None:
+    """Under "Their other options", each entry (- `cmd`: ...) names options of that command."""
+    section = command_line_section()
+    entries = re.findall(r"^- (`[^\n]*(?:\n  [^\n]*)*)", section, flags=re.M)
+    assert len(entries) >= len(COMMANDS) - 2, entries  # fit-power and fit-thermal have only what the table shows
+    wrong = []
+    for entry in entries:
+        # `twin steady`: ...; `twin sweep-supply`: ...: one entry may list two commands
+        parts = re.split(r"`((?:" + "|".join(re.escape(c) for c in PARSERS) + r"))`:", entry)
+        assert len(parts) >= 3, entry
+        for command, text in zip(parts[1::2], parts[2::2], strict=True):
+            for option in OPTION.findall(text):
+                if option not in OPTIONS[command]:
+                    wrong.append(f"README.md 'Command line': `{command}` lists {option}, which it does not have")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_option_of_every_command_is_described_in_the_readme_or_its_docs() -> None:
+    """An option `--help` shows and no document describes is one users cannot look up."""
+    docs = (REPO / "README.md").read_text(encoding="utf-8")
+    docs += "".join(p.read_text(encoding="utf-8") for p in (REPO / "docs").glob("*.md"))
+    missing = [
+        f"racktwin {c} {o}"
+        for c, opts in OPTIONS.items()
+        for o in sorted(opts)
+        if not re.search(re.escape(o) + r"(?![a-z0-9-])", docs)
+    ]
+    assert not missing, missing
+
+
+def test_the_defaults_in_the_simulators_option_table_are_the_parsers() -> None:
+    """docs/sim.md's table: where the default cell is a number or a literal, the parser has it."""
+    text = (REPO / "docs" / "sim.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(--[a-z0-9-]+)[^`]*` \| ([^|]*) \|", text, flags=re.M)
+    assert len(rows) >= 14, rows
+    actions = {o: a for a in PARSERS["sim"]._actions for o in a.option_strings}
+    assert {o for o, _ in rows} <= set(actions), {o for o, _ in rows} - set(actions)
+    assert OPTIONS["sim"] - {o for o, _ in rows} <= {o for o in OPTIONS["sim"] if o.startswith("--mqtt-")}
+    checked = 0
+    for option, cell in rows:
+        cell = cell.strip()
+        default = actions[option].default
+        if re.fullmatch(r"[0-9]+(\.[0-9]+)?", cell):
+            assert float(default) == float(cell), (option, cell, default)
+            checked += 1
+        elif re.fullmatch(r"`[^`]+`", cell):
+            assert str(default) == cell.strip("`"), (option, cell, default)
+            checked += 1
+        elif cell in ("none", ""):
+            assert default in (None, False), (option, default)
+    assert checked >= 4
+
+
+# ---- the agent's configuration keys and variables ---------------------------------------------------
+
+
+def config_keys() -> tuple[set[str], set[str]]:
+    """(every ``section.key`` and top-level key, the section names) of agent.config.AgentConfig."""
+    keys: set[str] = set()
+    sections: set[str] = set()
+    hints = typing.get_type_hints(AgentConfig)
+    for f in dataclasses.fields(AgentConfig):
+        hint = hints[f.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            sections.add(f.name)
+            keys |= {f"{f.name}.{sf.name}" for sf in dataclasses.fields(hint)}
+        else:
+            keys.add(f.name)
+    return keys, sections
+
+
+def test_every_configuration_key_named_in_the_docs_and_deploy_files_exists() -> None:
+    """``broker.tls_ca_file``, ``control.telemetry_deadline_s``, ``broker.tls_*_file``: written as
+    ``section.key``, not a file name (``journal.py``, ``journal.sqlite``) nor a host (``broker.example``)."""
+    keys, sections = config_keys()
+    pattern = re.compile(r"(?<![\w./-])(" + "|".join(sections) + r")\.([a-z_]+\*?[a-z_]*)")
+    wrong = []
+    for path in documented_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in pattern.finditer(line):
+                # broker.example (a host), broker.options() (Python), journal.py, journal.sqlite (files)
+                if m.group(2) in ("example", "options", "py", "sqlite"):
+                    continue
+                key = f"{m.group(1)}.{m.group(2)}"
+                exists = (
+                    any(re.fullmatch(re.escape(key).replace(r"\*", "[a-z_]+"), k) for k in keys)
+                    if "*" in key
+                    else key in keys
+                )
+                if not exists:
+                    wrong.append(f"{path.relative_to(REPO)}:{number}: {key}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_racktwin_variable_named_in_the_docs_and_deploy_files_exists() -> None:
+    """``RACKTWIN_BROKER_PASSWORD`` in the unit file's header, ``RACKTWIN_MQTT_PASSWORD``; a family
+    (``RACKTWIN_BROKER_*``) has at least one member; the misspelling docs/agent.md shows refused is
+    followed by its error message."""
+    known = set(env_variables()) | set(OTHER_ENV_VARS)
+    wrong = []
+    for path in documented_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in re.finditer(r"RACKTWIN_[A-Z0-9_]*", line):
+                name, after = m.group(0), line[m.end() : m.end() + 9]
+                if after.startswith(("*", "<")) or name == "RACKTWIN_":
+                    family = name + ("" if name.endswith("_") else "_")
+                    ok = after.startswith("<") or any(k.startswith(family) for k in known)
+                elif after.startswith(": unknown"):  # the error message of a misspelled variable
+                    ok = name not in known
+                else:
+                    ok = name in known
+                if not ok:
+                    wrong.append(f"{path.relative_to(REPO)}:{number}: {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+# ---- benchmarks named in the docs --------------------------------------------------------------------
+
+
+def test_every_benchmark_option_named_in_the_docs_is_an_option_of_that_script() -> None:
+    """``python benchmarks/bench_evaluate.py --faults``: rerunning a published figure starts here."""
+    wrong = []
+    seen = 0
+    for path in documented_files():
+        text = re.sub(r"\\\n\s*", " ", path.read_text(encoding="utf-8"))
+        for m in re.finditer(r"(benchmarks/[a-z_0-9]+\.py)([^`\n;)]*)", text):
+            script = REPO / m.group(1)
+            assert script.exists(), f"{path.relative_to(REPO)}: {m.group(1)} does not exist"
+            source = script.read_text(encoding="utf-8")
+            for option in OPTION.findall(m.group(2)):
+                seen += 1
+                if f'"{option}"' not in source:
+                    wrong.append(f"{path.relative_to(REPO)}: {m.group(1)} has no {option}")
+    assert seen, "no benchmark option found"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_default_written_in_a_usage_line_is_the_parsers() -> None:
+    """``racktwin twin sweep-supply [--from-c 20] [--to-c 55] ...`` (docs/twin.md's headings): a number
+    written as the value of an optional option in a usage line of a docs page is its default (the
+    examples' comments write suggested values: ``[--speed 60]``)."""
+    checked = 0
+    for path in sorted((REPO / "docs").glob("*.md")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in _COMMAND_AT.finditer(line):
+                if "/" in m.group(1):
+                    continue
+                command = f"{m.group(1)} {m.group(2)}" if m.group(2) else m.group(1)
+                actions = {o: a for a in PARSERS[command]._actions for o in a.option_strings}
+                for option, value in re.findall(r"\[(--[a-z0-9-]+) (-?[0-9]+(?:\.[0-9]+)?)\]", line[m.end() :]):
+                    default = actions[option].default
+                    where = f"{path.relative_to(REPO)}:{number}: racktwin {command} {option}"
+                    assert default is not None and float(default) == float(value), (where, value, default)
+                    checked += 1
+    assert checked >= 5
