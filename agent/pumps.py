@@ -121,7 +121,11 @@ def offset_at_speed(
     speed_frac: FloatArray,
 ) -> FloatArray:
     """Per card: its die offset (measured with its rack's pump at ``speed_now_frac``) with the pump at
-    ``speed_frac``: times the larger of the plate's and the whole path's resistance ratios."""
+    ``speed_frac``: times the larger of the plate's and the whole path's resistance ratios.
+
+    ``speed_frac`` is per rack, or one row of per-rack speeds per option (shape (options, racks)):
+    then one row of per-card offsets per option, each row the same to the bit as a call with that
+    row alone (the same elementwise operations)."""
     # every card of a rack has its rack's flow: the ratios are computed once per rack
     q_full = _rack_flow_per_card_lpm(site, rack_flow_full_lpm)
     q_now = q_full * np.clip(np.asarray(speed_now_frac, dtype=np.float64), 0.05, 1.0)
@@ -129,19 +133,22 @@ def offset_at_speed(
     plate_q, plate_now = _spec_r_plate(site, q), _spec_r_plate(site, q_now)
     r_dc = site.card.r_die_to_case_k_per_w
     ratio = np.maximum(plate_q / plate_now, (r_dc + plate_q) / (r_dc + plate_now))
-    return np.asarray(np.asarray(die_offset_k, dtype=np.float64) * ratio[site.card_rack()], dtype=np.float64)
+    return np.asarray(np.asarray(die_offset_k, dtype=np.float64) * ratio[..., site.card_rack()], dtype=np.float64)
 
 
 def r_at_speed(
     site: SiteSpec, r_full_k_per_w: FloatArray, rack_flow_full_lpm: FloatArray, speed_frac: FloatArray
 ) -> FloatArray:
     """Per card: die-to-inlet resistance with its rack's pump at ``speed_frac`` (per rack), from the
-    resistance at full speed scaled by the spec's ratio (module docstring)."""
+    resistance at full speed scaled by the spec's ratio (module docstring).
+
+    ``speed_frac`` may also be one row of per-rack speeds per option (shape (options, racks)): then
+    one row of per-card resistances per option, each the same to the bit as a call with that row."""
     rack = site.card_rack()
     q_full = _rack_flow_per_card_lpm(site, rack_flow_full_lpm)
     q = q_full * np.asarray(speed_frac, dtype=np.float64)
     return np.asarray(
-        r_full_k_per_w * _spec_r_total(site, q)[rack] / _spec_r_total(site, q_full)[rack], dtype=np.float64
+        r_full_k_per_w * _spec_r_total(site, q)[..., rack] / _spec_r_total(site, q_full)[rack], dtype=np.float64
     )
 
 
@@ -191,10 +198,14 @@ def choose_pump_speeds(
     lp = np.asarray(low_power, dtype=bool) & ~load.busy
     u_worst = card_utilization(site, load, lv, worst_case=True)
     u_expected = card_utilization(site, load, lv, worst_case=False)
+    # every option's resistances and offsets at once (rows: options), the cold plate's curve
+    # evaluated twice per call instead of four times per option
+    speeds = np.repeat(options[:, None], n_r, axis=1)
+    r_opt = r_at_speed(site, r_full_k_per_w, rack_flow_full, speeds)
+    off_opt = offset_at_speed(site, die_offset_k, rack_flow_full, rack_speed_now_frac, speeds)
     for i, s in enumerate(options):
-        speed = np.full(n_r, float(s))
-        r = r_at_speed(site, r_full_k_per_w, rack_flow_full, speed)
-        off = offset_at_speed(site, die_offset_k, rack_flow_full, rack_speed_now_frac, speed)
+        speed = speeds[i]
+        r, off = r_opt[i], off_opt[i]
         worst = predict_at(site, load, lv, lp, u_worst, power_limit_w, inlet_c, r, off, rack_extra_w)
         expected = predict_at(site, load, lv, lp, u_expected, power_limit_w, inlet_c, r, off, rack_extra_w)
         rise_k = worst.rack_power_w / np.maximum(mcp_full * s, 1e-9)

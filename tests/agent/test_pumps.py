@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -447,3 +448,84 @@ def test_the_cards_power_is_priced_at_the_facility_power_per_it_watt() -> None:
     cheap, dear, dearest = speeds(1.04), speeds(5.0), speeds(50.0)
     assert dear[0] > cheap[0] and dear[1] > cheap[1]
     assert dearest[0] == 1.0 and dearest[1] == 1.0
+
+
+def test_every_option_at_once_gives_each_options_resistances_and_offsets_bit_for_bit() -> None:
+    """choose_pump_speeds evaluates all its speed options in one call (rows: options): each row of
+    r_at_speed and offset_at_speed is the same to the bit as a call with that row's per-rack speeds
+    (weak pumps below the plate table, pumps slowed now, die offsets)."""
+    site = example_site()
+    rng = np.random.default_rng(11)
+    n, n_r = site.n_cards, site.n_racks
+    nominal = site.loop_flow_per_rack_lpm()
+    flow = nominal * np.array([1.0, 0.9, 0.7, 0.5, 0.3, 0.2, 0.05, MIN_FLOW_FRAC])[:n_r]
+    now = rng.uniform(0.3, 1.0, n_r)
+    off = rng.uniform(-1.0, 3.0, n)
+    r_full = spec_r_total_k_per_w(site) * rng.uniform(1.0, 1.3, n)
+    rows = np.vstack([np.full(n_r, float(s)) for s in speed_options(site, 9)] + [rng.uniform(0.3, 1.0, n_r)])
+    r_all = r_at_speed(site, r_full, flow, rows)
+    off_all = offset_at_speed(site, off, flow, now, rows)
+    assert r_all.shape == off_all.shape == (rows.shape[0], n)
+    for i, row in enumerate(rows):
+        assert r_all[i].tobytes() == r_at_speed(site, r_full, flow, row).tobytes()
+        assert off_all[i].tobytes() == offset_at_speed(site, off, flow, now, row).tobytes()
+
+
+def _doc_plate_r_k_per_w(flow_table_lpm: tuple[float, ...], r_table_k_per_w: tuple[float, ...], q_lpm: float) -> float:
+    """docs/twin.md: R_plate(flow) is linear in 1/flow between the OCP table's points, extrapolated
+    along the last segment below the table's smallest flow; held at the largest flow's value above it."""
+    pts = sorted((1.0 / f, r) for f, r in zip(flow_table_lpm, r_table_k_per_w, strict=True))
+    x = 1.0 / q_lpm
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, r0), (x1, r1) in itertools.pairwise(pts):
+        if x <= x1:
+            return r0 + (x - x0) * (r1 - r0) / (x1 - x0)
+    (x0, r0), (x1, r1) = pts[-2], pts[-1]
+    return r1 + (x - x1) * (r1 - r0) / (x1 - x0)
+
+
+def test_the_speeds_are_those_of_the_plate_curve_evaluated_one_flow_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a grid of rack loads, supply temperatures, weak pumps and pumps slowed now, the speeds chosen
+    with every option evaluated at once are those chosen with the documented plate curve evaluated one
+    plate flow at a time (a scalar reference, written from docs/twin.md), and the saving agrees."""
+    site, snap = _scene()
+    n, n_r = site.n_cards, site.n_racks
+    nominal = site.loop_flow_per_rack_lpm()
+    rng = np.random.default_rng(5)
+    paused = dataclasses.replace(snap, jobs=tuple(dataclasses.replace(j, phase=Phase.CHECKPOINT) for j in snap.jobs))
+
+    def reference_plate(flow_table: tuple[float, ...], r_table: tuple[float, ...], q: np.ndarray) -> np.ndarray:
+        flat = [_doc_plate_r_k_per_w(flow_table, r_table, float(v)) for v in np.ravel(q)]
+        return np.asarray(flat, dtype=np.float64).reshape(np.shape(q))
+
+    cases = []
+    for state in (snap, paused):
+        for supply in (25.0, 35.0, 45.0):
+            for weak in (np.ones(n_r), np.array([1.0, 0.75, 1.0, 0.5, 0.3, 1.0, 0.1, MIN_FLOW_FRAC])[:n_r]):
+                now = np.where(weak < 1.0, 1.0, rng.choice([1 / 3, 0.6, 1.0], n_r))
+                cases.append(
+                    {
+                        "snap": state,
+                        "supply_c": supply,
+                        "rack_flow_full_lpm": nominal * weak,
+                        "rack_speed_now_frac": now,
+                        "die_offset_k": rng.uniform(0.0, 4.0, n),
+                        "rack_extra_w": rng.uniform(0.0, 500.0, n_r),
+                    }
+                )
+    chosen = []
+    for case in cases:
+        kw = {k: v for k, v in case.items() if k not in ("snap", "supply_c")}
+        speed, args = _choose(site, case["snap"], case["supply_c"], **kw)  # type: ignore[arg-type]
+        chosen.append((speed, choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args).saved_w))  # type: ignore[arg-type]
+    monkeypatch.setattr("agent.pumps.plate_resistance_k_per_w", reference_plate)
+    slowed = 0
+    for case, (speed, saved_w) in zip(cases, chosen, strict=True):
+        kw = {k: v for k, v in case.items() if k not in ("snap", "supply_c")}
+        ref, args = _choose(site, case["snap"], case["supply_c"], **kw)  # type: ignore[arg-type]
+        ref_saved = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args).saved_w  # type: ignore[arg-type]
+        assert speed.tobytes() == ref.tobytes()
+        assert saved_w == pytest.approx(ref_saved, rel=1e-9, abs=1e-6)
+        slowed += int(np.sum((speed < 1.0) & (speed > site.min_pump_speed_frac() + 1e-9)))
+    assert slowed > 0  # some racks are held between the slowest and full speed: the bounds bite
