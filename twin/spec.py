@@ -460,7 +460,20 @@ def _check_host_keys_given(data: dict[str, Any], source: str) -> None:
 
 
 def _check_site(site: SiteSpec, source: str) -> None:
-    """Cross-field checks that a per-field range cannot express."""
+    """Cross-field checks that a per-field range cannot express, in this order (the first that fails is
+    reported)."""
+    _check_plate_fluid(site, source)
+    _check_card_levels(site, source)
+    _check_card_limits(site, source)
+    _check_cold_plate_table(site, source)
+    _check_layout(site, source)
+    _check_hosts(site, source)
+    _check_supply_temps(site, source)
+    _check_rack_floor(site, source)
+
+
+def _check_plate_fluid(site: SiteSpec, source: str) -> None:
+    """The cold plate's resistance table is for the coolant the loop carries."""
     if site.cold_plate.fluid.strip().casefold() != site.loop.fluid.strip().casefold():
         raise SpecError(
             source,
@@ -469,6 +482,10 @@ def _check_site(site: SiteSpec, source: str) -> None:
             "must be measured in the loop's coolant (fluid is a label: the table, density and heat capacity "
             "are what the twin computes with)",
         )
+
+
+def _check_card_levels(site: SiteSpec, source: str) -> None:
+    """The DVFS table: one voltage per clock level, clocks strictly falling, voltages never rising."""
     card = site.card
     if len(card.voltages_v) != len(card.clocks_mhz):
         raise SpecError(
@@ -491,6 +508,12 @@ def _check_site(site: SiteSpec, source: str) -> None:
                 "voltage must not rise as the clock falls: "
                 f"level {k} ({card.voltages_v[k]:g} V) > level {k - 1} ({card.voltages_v[k - 1]:g} V)",
             )
+
+
+def _check_card_limits(site: SiteSpec, source: str) -> None:
+    """The card's temperatures in order (reference <= slowdown < max) and its idle powers below its
+    power limit, low-power idle below active idle."""
+    card = site.card
     if card.reference_temp_c > card.slowdown_temp_c:
         # The idle powers are measured at the reference temperature at level 0; above the slowdown
         # temperature the firmware slows the clock, so no card shows its level-0 idle power there, and
@@ -529,6 +552,11 @@ def _check_site(site: SiteSpec, source: str) -> None:
             f"the low-power idle state must draw less than active idle ({card.idle_power_w:g} W), "
             f"got {card.low_power_idle_w:g}",
         )
+
+
+def _check_cold_plate_table(site: SiteSpec, source: str) -> None:
+    """The cold plate's table (flow rising, resistance never rising with it) covers the loop's flow
+    per card."""
     cp = site.cold_plate
     if len(cp.flow_lpm) != len(cp.r_case_to_coolant_k_per_w):
         raise SpecError(
@@ -552,6 +580,10 @@ def _check_site(site: SiteSpec, source: str) -> None:
             f"{site.loop.flow_per_card_lpm:g} L/min is below the cold-plate table (cold_plate.flow_lpm "
             f"{cp.flow_lpm[0]:g}..{cp.flow_lpm[-1]:g} L/min): the plate's resistance is not known there",
         )
+
+
+def _check_layout(site: SiteSpec, source: str) -> None:
+    """The torus: three dimensions holding the site's cards, one rack per plane of its last one."""
     if len(site.torus_dims) != 3:
         raise SpecError(source, "torus_dims", f"must have 3 entries (x, y, z), got {len(site.torus_dims)}")
     if (problem := check_card_count(site.supernodes, site.torus_dims)) is not None:
@@ -562,7 +594,10 @@ def _check_site(site: SiteSpec, source: str) -> None:
             "racks_per_supernode",
             f"must equal torus_dims[2] ({site.torus_dims[2]}): one rack per torus plane",
         )
-    _check_hosts(site, source)
+
+
+def _check_supply_temps(site: SiteSpec, source: str) -> None:
+    """The facility's supply set-point is one of its options, which are strictly increasing."""
     fac = site.facility
     if fac.supply_temp_c not in fac.supply_temp_options_c:
         raise SpecError(
@@ -572,7 +607,6 @@ def _check_site(site: SiteSpec, source: str) -> None:
         )
     if list(fac.supply_temp_options_c) != sorted(set(fac.supply_temp_options_c)):
         raise SpecError(source, "facility.supply_temp_options_c", "must be strictly increasing")
-    _check_rack_floor(site, source)
 
 
 def _check_rack_floor(site: SiteSpec, source: str) -> None:

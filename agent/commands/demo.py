@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from agent.commands.common import (
     EXAMPLES_DIR,
@@ -55,6 +55,7 @@ from agent.config import ControlConfig
 from agent.solver_output import stdout_to_stderr
 
 if TYPE_CHECKING:  # the service is imported when the demo runs (it loads the solver stack)
+    from agent.broker import EmbeddedBroker
     from agent.service import AgentService
 
 DEFAULT_SCENARIO = EXAMPLES_DIR / "day-demo.toml"
@@ -165,18 +166,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         check_broker_option(args.broker, credentials="a broker without them (the demo passes none)")
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
     prepare_output_dir(out_dir, OUTPUT_FILES)
-    broker = None
-    url = args.broker
-    if url is None:
-        from agent.broker import BrokerUnavailable, EmbeddedBroker
-
-        broker = EmbeddedBroker()
-        try:
-            broker.start()
-        except BrokerUnavailable as exc:
-            raise UserError(str(exc)) from None
-        url = broker.url
-        _say(f"embedded {broker.backend} broker at {url}")
+    broker = _start_embedded_broker() if args.broker is None else None
+    url = broker.url if broker is not None else args.broker
     t0 = time.monotonic()
     try:
         with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
@@ -211,6 +202,19 @@ def run(args: argparse.Namespace, command: str) -> int:
     # the summary covers what ran, but a demo whose simulator or agent failed did not do its job: a script
     # running it (scripts/demo.sh) must see that (a killed simulator exited 0)
     return 1 if stopped_by in ("simulator stopped", "agent stopped") or res.agent_error else 0
+
+
+def _start_embedded_broker() -> EmbeddedBroker:
+    """A broker on a free loopback port (mosquitto when installed, else amqtt); a UserError when none starts."""
+    from agent.broker import BrokerUnavailable, EmbeddedBroker
+
+    broker = EmbeddedBroker()
+    try:
+        broker.start()
+    except BrokerUnavailable as exc:
+        raise UserError(str(exc)) from None
+    _say(f"embedded {broker.backend} broker at {broker.url}")
+    return broker
 
 
 def _say(msg: str) -> None:
@@ -284,25 +288,48 @@ async def run_closed_loop(
     child process) over the broker at ``url``, for ``scenario.duration_s`` site seconds at ``speed``.
     ``control``: the agent's ``ControlConfig`` (default: the defaults, clock scaled to ``speed``).
     Writes truth.csv, summary.json, journal.sqlite and agent.log to ``out_dir``. ``stop`` ends it early."""
-    from agent.config import AgentConfig, ControlConfig, HttpConfig, JournalConfig, LoadedConfig, LogConfig
-    from agent.logs import setup_logging
-    from agent.mqtt_options import MqttOptions
-    from agent.service import AgentService
-
     for name in _FRESH_FILES:
         with contextlib.suppress(FileNotFoundError):
             (out_dir / name).unlink()
-    # the agent's warnings (commands expired or refused while the simulator starts, ...) go to a file;
-    # errors also to stderr
-    log_fh = open(out_dir / "agent.log", "w", encoding="utf-8")  # noqa: SIM115 - closed at the end of the run
+    log_fh, errors = _log_agent_to(out_dir / "agent.log")
+    if control is None:
+        control = ControlConfig(time_scale=1.0 / speed)
+    service = _agent_service(scenario_path, scenario, url, out_dir, control)
+    agent_task = asyncio.create_task(service.run(), name="agent")
+    stop = stop if stop is not None else asyncio.Event()
+    sim: subprocess.Popen[bytes] | None = None
+    try:
+        await _wait_until_connected(service, agent_task, url)
+        cmd = _simulator_command(scenario_path, scenario, url, speed, out_dir)
+        sim = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, env=_child_env())
+        progress = _Progress(out_dir / "truth.csv", scenario.site, control.period_s)
+        stopped_by = await _watch(sim, service, agent_task, stop, progress, progress_interval_s)
+        stopped_by = await _how_it_ended(stopped_by, sim, service, agent_task, stop, out_dir / "summary.json")
+    finally:
+        await _clean_up(sim, service, agent_task, log_fh, errors)
+    return _collect(out_dir, scenario.site, control.period_s, stopped_by, sim, service, agent_task)
+
+
+def _log_agent_to(path: Path) -> tuple[TextIO, logging.Handler]:
+    """The agent's warnings (commands expired or refused while the simulator starts, ...) go to the file
+    at ``path``; its errors also to stderr. The open file and the stderr handler, for :func:`_clean_up`."""
+    from agent.logs import setup_logging
+
+    log_fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at the end of the run (_clean_up)
     setup_logging("warning", "text", stream=log_fh)
     errors = logging.StreamHandler(sys.stderr)
     errors.setLevel(logging.ERROR)
     errors.setFormatter(logging.Formatter("racktwin demo: agent: %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(errors)
-    site = scenario.site
-    if control is None:
-        control = ControlConfig(time_scale=1.0 / speed)
+    return log_fh, errors
+
+
+def _agent_service(scenario_path: Path, scenario: Any, url: str, out_dir: Path, control: Any) -> AgentService:
+    """The demo's agent: enforce mode, ``control``, its journal in ``out_dir``, no HTTP endpoint."""
+    from agent.config import AgentConfig, HttpConfig, JournalConfig, LoadedConfig, LogConfig
+    from agent.mqtt_options import MqttOptions
+    from agent.service import AgentService
+
     cfg = AgentConfig(
         site=str(scenario_path),
         site_id=SITE_ID,
@@ -312,65 +339,109 @@ async def run_closed_loop(
         http=HttpConfig(port=0),
         log=LogConfig(level="warning", format="text"),
     )
-    loaded = LoadedConfig(config=cfg, site=site, source="racktwin demo", overrides=())
+    loaded = LoadedConfig(config=cfg, site=scenario.site, source="racktwin demo", overrides=())
     try:
         mqtt = MqttOptions.from_url(url, client_id=f"racktwin-demo-agent-{os.getpid()}")
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    service = AgentService(loaded, mqtt=mqtt, http=False)
-    agent_task = asyncio.create_task(service.run(), name="agent")
-    stop = stop if stop is not None else asyncio.Event()
-    truth = out_dir / "truth.csv"
-    sim: subprocess.Popen[bytes] | None = None
-    stopped_by = "duration"
-    try:
-        deadline = time.monotonic() + 15.0
-        while not service.bus.connected:
-            if agent_task.done() or time.monotonic() > deadline:
-                raise UserError(f"the agent could not connect to the broker {url}")
-            await asyncio.sleep(0.05)
-        cmd = _simulator_command(scenario_path, scenario, url, speed, out_dir)
-        sim = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, env=_child_env())
-        progress = _Progress(truth, site, control.period_s)
-        next_print = time.monotonic() + progress_interval_s
-        while sim.poll() is None and not stop.is_set():
-            if agent_task.done():
-                stopped_by = "agent stopped"
-                break
-            await asyncio.sleep(0.1)
-            if progress_interval_s > 0 and time.monotonic() >= next_print:
-                next_print += progress_interval_s
-                line = progress.line(service)
-                if line:
-                    print(line, file=sys.stderr, flush=True)
+    return AgentService(loaded, mqtt=mqtt, http=False)
+
+
+async def _wait_until_connected(service: AgentService, agent_task: asyncio.Task[Any], url: str) -> None:
+    """Until the agent is connected to the broker; a UserError if it stopped or took more than 15 s."""
+    deadline = time.monotonic() + 15.0
+    while not service.bus.connected:
+        if agent_task.done() or time.monotonic() > deadline:
+            raise UserError(f"the agent could not connect to the broker {url}")
+        await asyncio.sleep(0.05)
+
+
+async def _watch(
+    sim: subprocess.Popen[bytes],
+    service: AgentService,
+    agent_task: asyncio.Task[Any],
+    stop: asyncio.Event,
+    progress: _Progress,
+    progress_interval_s: float,
+) -> str:
+    """Until the simulator exits, ``stop`` is set or the agent stops, with a progress line on stderr every
+    ``progress_interval_s`` wall seconds (none when 0): "agent stopped" when the agent did, else "duration"."""
+    next_print = time.monotonic() + progress_interval_s
+    while sim.poll() is None and not stop.is_set():
+        if agent_task.done():
+            return "agent stopped"
+        await asyncio.sleep(0.1)
+        if progress_interval_s > 0 and time.monotonic() >= next_print:
+            next_print += progress_interval_s
+            line = progress.line(service)
+            if line:
+                print(line, file=sys.stderr, flush=True)
+    return "duration"
+
+
+async def _how_it_ended(
+    stopped_by: str,
+    sim: subprocess.Popen[bytes],
+    service: AgentService,
+    agent_task: asyncio.Task[Any],
+    stop: asyncio.Event,
+    summary_path: Path,
+) -> str:
+    """What stopped the run (:attr:`MqttRun.stopped_by`), from what :func:`_watch` saw: ``stop`` set
+    ("interrupted") or the simulator failing ("simulator stopped") come first. After a clean end of the
+    simulator the agent first takes in the racks' last acks."""
+    if stop.is_set():
+        return "interrupted"
+    if sim.returncode not in (None, 0):
+        return "simulator stopped"
+    if sim.returncode == 0 and not agent_task.done():
+        await _take_in_last_acks(service, summary_path, stop)
         if stop.is_set():
-            stopped_by = "interrupted"
-        elif sim.returncode not in (None, 0):
-            stopped_by = "simulator stopped"
-        elif sim.returncode == 0 and not agent_task.done():
-            await _take_in_last_acks(service, out_dir / "summary.json", stop)
-            if stop.is_set():
-                stopped_by = "interrupted"
-    finally:
-        if sim is not None:
-            await _stop_simulator(sim)
-        service.stop()
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(15):
-                await agent_task
-        logging.getLogger().removeHandler(errors)
-        log_fh.close()
+            return "interrupted"
+    return stopped_by
+
+
+async def _clean_up(
+    sim: subprocess.Popen[bytes] | None,
+    service: AgentService,
+    agent_task: asyncio.Task[Any],
+    log_fh: TextIO,
+    errors: logging.Handler,
+) -> None:
+    """However the run ended: the simulator stopped (killed when it does not stop), the agent stopped
+    (waited for at most 15 s), its stderr handler removed and its log closed."""
+    if sim is not None:
+        await _stop_simulator(sim)
+    service.stop()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(15):
+            await agent_task
+    logging.getLogger().removeHandler(errors)
+    log_fh.close()
+
+
+def _collect(
+    out_dir: Path,
+    site: Any,
+    period_s: float,
+    stopped_by: str,
+    sim: subprocess.Popen[bytes] | None,
+    service: AgentService,
+    agent_task: asyncio.Task[Any],
+) -> MqttRun:
+    """What the run did: the truth log's metrics (judged after the first control period ``period_s``),
+    the journal's decisions, the agent's counters and how it stopped, the simulator's summary."""
     agent_error = ""
     if agent_task.done() and not agent_task.cancelled() and agent_task.exception() is not None:
         agent_error = repr(agent_task.exception())
     elif not agent_task.done():
         agent_error = "the agent did not stop within 15 s"
-    journal = _journal_decisions(out_dir / "journal.sqlite", site, control.period_s)
+    journal = _journal_decisions(out_dir / "journal.sqlite", site, period_s)
     sim_summary: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         sim_summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
     return MqttRun(
-        metrics=truth_log_metrics(truth, site, judge_from_s=control.period_s),
+        metrics=truth_log_metrics(out_dir / "truth.csv", site, judge_from_s=period_s),
         stopped_by=stopped_by,
         decisions=service.decisions,
         statuses=journal["statuses"],
