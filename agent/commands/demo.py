@@ -38,8 +38,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from agent.commands.common import (
     EXAMPLES_DIR,
@@ -291,37 +292,51 @@ async def run_closed_loop(
     for name in _FRESH_FILES:
         with contextlib.suppress(FileNotFoundError):
             (out_dir / name).unlink()
-    log_fh, errors = _log_agent_to(out_dir / "agent.log")
     if control is None:
         control = ControlConfig(time_scale=1.0 / speed)
-    service = _agent_service(scenario_path, scenario, url, out_dir, control)
-    agent_task = asyncio.create_task(service.run(), name="agent")
-    stop = stop if stop is not None else asyncio.Event()
-    sim: subprocess.Popen[bytes] | None = None
-    try:
-        await _wait_until_connected(service, agent_task, url)
-        cmd = _simulator_command(scenario_path, scenario, url, speed, out_dir)
-        sim = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, env=_child_env())
-        progress = _Progress(out_dir / "truth.csv", scenario.site, control.period_s)
-        stopped_by = await _watch(sim, service, agent_task, stop, progress, progress_interval_s)
-        stopped_by = await _how_it_ended(stopped_by, sim, service, agent_task, stop, out_dir / "summary.json")
-    finally:
-        await _clean_up(sim, service, agent_task, log_fh, errors)
+    with (
+        _agent_logging_to(out_dir / "agent.log"),
+        _Progress(out_dir / "truth.csv", scenario.site, control.period_s) as progress,
+    ):
+        service = _agent_service(scenario_path, scenario, url, out_dir, control)
+        agent_task = asyncio.create_task(service.run(), name="agent")
+        stop = stop if stop is not None else asyncio.Event()
+        sim: subprocess.Popen[bytes] | None = None
+        try:
+            await _wait_until_connected(service, agent_task, url)
+            cmd = _simulator_command(scenario_path, scenario, url, speed, out_dir)
+            sim = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, env=_child_env())
+            stopped_by = await _watch(sim, service, agent_task, stop, progress, progress_interval_s)
+            stopped_by = await _how_it_ended(stopped_by, sim, service, agent_task, stop, out_dir / "summary.json")
+        finally:
+            await _clean_up(sim, service, agent_task)
     return _collect(out_dir, scenario.site, control.period_s, stopped_by, sim, service, agent_task)
 
 
-def _log_agent_to(path: Path) -> tuple[TextIO, logging.Handler]:
-    """The agent's warnings (commands expired or refused while the simulator starts, ...) go to the file
-    at ``path``; its errors also to stderr. The open file and the stderr handler, for :func:`_clean_up`."""
+@contextlib.contextmanager
+def _agent_logging_to(path: Path) -> Iterator[None]:
+    """While the run lasts, the agent's warnings (commands expired or refused while the simulator starts,
+    ...) go to the file at ``path`` and its errors also to stderr; afterwards the root logger has its
+    handlers and level back and the file is closed (a caller that runs several loops in one process,
+    the MQTT fault tests, the benchmarks, keeps its own logging and leaks no file)."""
     from agent.logs import setup_logging
 
-    log_fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at the end of the run (_clean_up)
-    setup_logging("warning", "text", stream=log_fh)
-    errors = logging.StreamHandler(sys.stderr)
-    errors.setLevel(logging.ERROR)
-    errors.setFormatter(logging.Formatter("racktwin demo: agent: %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(errors)
-    return log_fh, errors
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with open(path, "w", encoding="utf-8") as log_fh:
+        setup_logging("warning", "text", stream=log_fh)
+        errors = logging.StreamHandler(sys.stderr)
+        errors.setLevel(logging.ERROR)
+        errors.setFormatter(logging.Formatter("racktwin demo: agent: %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(errors)
+        try:
+            yield
+        finally:
+            for h in list(root.handlers):
+                root.removeHandler(h)
+            for h in handlers:
+                root.addHandler(h)
+            root.setLevel(level)
 
 
 def _agent_service(scenario_path: Path, scenario: Any, url: str, out_dir: Path, control: Any) -> AgentService:
@@ -401,23 +416,15 @@ async def _how_it_ended(
     return stopped_by
 
 
-async def _clean_up(
-    sim: subprocess.Popen[bytes] | None,
-    service: AgentService,
-    agent_task: asyncio.Task[Any],
-    log_fh: TextIO,
-    errors: logging.Handler,
-) -> None:
+async def _clean_up(sim: subprocess.Popen[bytes] | None, service: AgentService, agent_task: asyncio.Task[Any]) -> None:
     """However the run ended: the simulator stopped (killed when it does not stop), the agent stopped
-    (waited for at most 15 s), its stderr handler removed and its log closed."""
+    (waited for at most 15 s; its logging is undone after, by :func:`_agent_logging_to`)."""
     if sim is not None:
         await _stop_simulator(sim)
     service.stop()
     with contextlib.suppress(Exception):
         async with asyncio.timeout(15):
             await agent_task
-    logging.getLogger().removeHandler(errors)
-    log_fh.close()
 
 
 def _collect(
@@ -574,7 +581,8 @@ def _journal_decisions(path: Path, site: Any, judge_from_s: float) -> dict[str, 
 
 
 class _Progress:
-    """Reads the truth log as it grows and makes one progress line."""
+    """Reads the truth log as it grows and makes one progress line; a context manager that closes the
+    log when the run ends."""
 
     def __init__(self, path: Path, site: Any, period_s: float) -> None:
         self.path = path
@@ -587,11 +595,19 @@ class _Progress:
         self.over_s = 0.0
         self._prev_t: float | None = None
 
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
     def _read(self) -> None:
         if self._fh is None:
             if not self.path.exists():
                 return
-            self._fh = open(self.path, encoding="utf-8")  # noqa: SIM115 - read incrementally, closed by the OS
+            self._fh = open(self.path, encoding="utf-8")  # noqa: SIM115 - read as it grows, closed by __exit__
         chunk = self._fh.read()
         if not chunk:
             return

@@ -12,6 +12,9 @@ stuck rack, bad readings refused).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +146,27 @@ temp_c = 30.0
     return path
 
 
+def open_files_in(folder: Path) -> list[str]:
+    """The files under ``folder`` this process holds open (Linux: /proc/self/fd)."""
+    held = []
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith(str(folder)):
+                held.append(target)
+    return held
+
+
 async def run_fault(broker: EmbeddedBroker, folder: Path, kind: str) -> tuple[MqttRun, Any]:
+    """One closed loop in this process; it gives the caller's logging back and leaves no file open
+    (the tests run six loops in one process, as benchmarks/bench_evaluate.py does)."""
     path = write_scenario(folder, kind)
     scenario = load_run_scenario(path)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     res = await run_closed_loop(path, scenario, broker.url, folder, speed=SPEED)
+    assert root.handlers == handlers and root.level == level
+    assert open_files_in(folder) == []
     return res, scenario
 
 
