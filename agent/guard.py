@@ -10,7 +10,8 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    (not on a blind rack, not a stuck card); busy cards are awake (a placed card is woken).
 2. **Rate limits**: a card's level rises (toward faster clocks) by at most
    ``max_level_raise_per_period`` per decision; the supply set-point moves by at most
-   ``max_setpoint_step_k``; an idle card whose low-power state changed less than
+   ``max_setpoint_step_k`` (an undefined one stays at the one in force, or the site's design
+   set-point when none is known); an idle card whose low-power state changed less than
    ``low_power_hold_s`` ago keeps it (no flapping); all cards of a job get one level (the job runs at
    the pace of its slowest card).
 3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
@@ -447,11 +448,14 @@ class Guard:
 
     def _limit_setpoint(self, wanted_c: float, current_c: float, notes: list[str]) -> float:
         """Step 2 (module docstring), set-point: the proposed supply set-point (the one in force if it is
-        undefined) within the site's options, moved by at most ``max_setpoint_step_k`` from the one in
-        force (when that is known)."""
+        undefined; the site's design set-point if that is unknown too) within the site's options, moved
+        by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
         opts = self.site.facility.supply_temp_options_c
         lo, hi = min(opts), max(opts)
-        target = wanted_c if math.isfinite(wanted_c) else current_c
+        if math.isfinite(wanted_c):
+            target = wanted_c
+        else:  # never an undefined set-point: every prediction below would be NaN and hold no cap
+            target = current_c if math.isfinite(current_c) else self.site.facility.supply_temp_c
         target = min(max(target, lo), hi)
         step = self.control.max_setpoint_step_k
         if math.isfinite(current_c) and abs(target - current_c) > step + 1e-9:
