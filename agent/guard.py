@@ -10,7 +10,8 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    (not on a blind rack, not a stuck card); busy cards are awake (a placed card is woken).
 2. **Rate limits**: a card's level rises (toward faster clocks) by at most
    ``max_level_raise_per_period`` per decision; the supply set-point moves by at most
-   ``max_setpoint_step_k``; an idle card whose low-power state changed less than
+   ``max_setpoint_step_k`` (an undefined one stays at the one in force, or the site's design
+   set-point when none is known); an idle card whose low-power state changed less than
    ``low_power_hold_s`` ago keeps it (no flapping); all cards of a job get one level (the job runs at
    the pace of its slowest card).
 3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
@@ -54,6 +55,7 @@ every rack within ``limit - margin - extra`` wherever the fail-safe power limit 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -99,6 +101,35 @@ def failsafe_card_limit_w(site: SiteSpec, control: ControlConfig, rack_extra_w: 
     return np.asarray(np.clip(per_card, control.min_power_limit_w, site.card.power_limit_w), dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class _Sight:
+    """What the agent cannot trust this step (``StepContext``), as masks: fail-safe racks (stale or a
+    stuck sensor), cards on blind racks (stale, or frozen as a whole) and cards whose own state is not
+    seen (blind racks and stuck cards)."""
+
+    failsafe_rack: BoolArray
+    blind_card: BoolArray
+    unseen_card: BoolArray
+
+    @classmethod
+    def of(cls, site: SiteSpec, ctx: StepContext, card_rack: IntArray) -> _Sight:
+        failsafe_rack = np.zeros(site.n_racks, dtype=bool)
+        failsafe_rack[list(ctx.failsafe_racks)] = True
+        return cls(failsafe_rack, ctx.blind_card_mask(card_rack), ctx.unseen_card_mask(card_rack))
+
+
+@dataclass
+class _Draft:
+    """The decision under review as the guard's steps change it (its arrays are the review's own)."""
+
+    load: SiteLoad  # running jobs and the placements kept (which cards are busy)
+    orders: list[PlacementOrder]  # the placements kept
+    queue_waits: dict[str, QueueWait]
+    level: IntArray
+    low_power: BoolArray
+    power_limit_w: FloatArray
+
+
 class Guard:
     """Reviews decisions (see the module docstring). Keeps only what it needs to rate-limit the
     low-power state: when each card last changed it, as telemetry shows."""
@@ -120,33 +151,69 @@ class Guard:
         np.minimum(self._toggle_s, now_s, out=self._toggle_s)
 
     def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
-        """The decision that may be sent (see the module docstring)."""
-        site, cfg, model = self.site, self.control, self._model
-        n, n_lv = site.n_cards, model.n_levels
-        slowest = n_lv - 1
+        """The decision that may be sent: the steps of the module docstring, in its order (each step
+        works on what the steps before it let through; ``notes`` collects their explanation lines)."""
+        self._check_shapes(proposal)
+        site, cfg = self.site, self.control
+        notes: list[str] = []
+        snap_lp = np.asarray(snap.card_low_power, dtype=bool)
+        self._observe(snap_lp, ctx.now_s)
+        sight = _Sight.of(site, ctx, self._card_rack)
+
+        # 1. sanity; 2. rate limits
+        draft = self._sanitize(proposal, snap, sight, notes)
+        setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
+        self._limit_level_raises(draft, snap, notes)
+        self._hold_low_power(draft, snap_lp, ctx.now_s)
+
+        # 3. fail-safe racks
+        fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
+        if sight.failsafe_rack.any():
+            self._apply_failsafe(draft, snap, snap_lp, sight, fs_lim, ctx.stuck_cards, notes)
+
+        # 3b. pumps, then the thermal conditions steps 4-5 and the predictions use
+        inlet = np.maximum(ctx.card_inlet_c, setpoint)
+        off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
+        measured_caps = rack_measured_caps_w(site, cfg)
+        modelled_caps = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w)
+        speed = self._review_pumps(
+            proposal.rack_pump_speed_frac, draft, inlet, off, measured_caps, sight.failsafe_rack, ctx, notes
+        )
+        r_eff, off = self._thermal_at_speeds(speed, off, ctx)
+
+        # 4. caps; 5. dies
+        table = self._power_table(draft.load, inlet, r_eff, off)
+        lp_w = self._low_power_w(inlet, r_eff, off)
+        failed = np.asarray(snap.card_failed, dtype=bool)
+        self._enforce_caps(draft, table, lp_w, modelled_caps, fs_lim, failed, notes, unseen=sight.unseen_card)
+        self._enforce_dies(draft, table, inlet, r_eff, off, notes)
+
+        return self._reviewed(
+            proposal, draft, failed, setpoint, speed, sight, inlet, r_eff, off, measured_caps, ctx, notes
+        )
+
+    # ---- the steps of review, in its order -------------------------------------------------------
+    def _check_shapes(self, proposal: Decision) -> None:
+        """A proposal has one level, low-power flag and power limit per card (a ValueError if not)."""
+        n = self.site.n_cards
         for name in ("card_level", "card_low_power", "card_power_limit_w"):
             if np.shape(getattr(proposal, name)) != (n,):
                 raise ValueError(f"decision.{name} must have one entry per card ({n})")
-        card_rack = self._card_rack
-        now = ctx.now_s
-        notes: list[str] = []
-        failed = np.asarray(snap.card_failed, dtype=bool)
-        snap_lp = np.asarray(snap.card_low_power, dtype=bool)
-        self._observe(snap_lp, now)
 
-        # ---- 1. sanity ------------------------------------------------------------------------
+    def _sanitize(self, proposal: Decision, snap: StateSnapshot, sight: _Sight, notes: list[str]) -> _Draft:
+        """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one is the
+        slowest), power limits to the card's range (an undefined one is the largest), placements kept
+        only when valid (:meth:`_valid_placements`; a queued job whose placement is dropped gets a
+        ``placement_dropped`` queue wait), and busy cards awake."""
+        site, cfg = self.site, self.control
+        slowest = self._model.n_levels - 1
         raw = np.clip(np.nan_to_num(np.asarray(proposal.card_level, dtype=np.float64), nan=slowest), 0, slowest)
         lvl: IntArray = raw.astype(np.int64)
         max_lim = site.card.power_limit_w
         lim = np.asarray(proposal.card_power_limit_w, dtype=np.float64)
         lim = np.clip(np.where(np.isfinite(lim), lim, max_lim), cfg.min_power_limit_w, max_lim)
         lp = np.asarray(proposal.card_low_power, dtype=bool).copy()
-        fs_rack = np.zeros(site.n_racks, dtype=bool)
-        fs_rack[list(ctx.failsafe_racks)] = True
-        fs_card = fs_rack[card_rack]
-        blind_card = ctx.blind_card_mask(card_rack)
-        unseen_card = ctx.unseen_card_mask(card_rack)
-        orders, dropped = self._valid_placements(proposal.placements, snap, unseen_card)
+        orders, dropped = self._valid_placements(proposal.placements, snap, sight.unseen_card)
         queue_waits = dict(proposal.queue_waits)
         if dropped:
             notes.append(f"guard: placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued")
@@ -157,69 +224,102 @@ class Guard:
                 (jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids - placed_ids
             )
         load = site_load(site, snap, [(o.job_id, o.cards) for o in orders])
+        lp[load.busy] = False
+        return _Draft(load, orders, queue_waits, lvl, lp, lim)
+
+    def _limit_level_raises(self, draft: _Draft, snap: StateSnapshot, notes: list[str]) -> None:
+        """Step 2 (module docstring), rate limits on levels: a card's level rises (toward faster clocks)
+        by at most ``max_level_raise_per_period`` from the level telemetry reports; then all cards of a
+        job get one level, the slowest any of them has."""
+        step = self.control.max_level_raise_per_period
+        cur = self._reported_levels(snap)
+        limited = draft.level < cur - step
+        if limited[draft.load.busy].any():
+            notes.append(f"guard: level raises limited to {step} per decision")
+        draft.level = np.maximum(draft.level, cur - step)
+        self._one_level_per_job(draft)
+
+    def _hold_low_power(self, draft: _Draft, snap_lp: BoolArray, now_s: float) -> None:
+        """Step 2 (module docstring), no flapping: an idle card whose low-power state changed less than
+        ``low_power_hold_s`` ago (as telemetry showed it, :meth:`_observe`) keeps the state it reports."""
+        change = draft.load.idle & (draft.low_power != snap_lp)
+        held = change & (now_s - self._toggle_s < self.control.low_power_hold_s)
+        draft.low_power[held] = snap_lp[held]
+
+    def _apply_failsafe(
+        self,
+        draft: _Draft,
+        snap: StateSnapshot,
+        snap_lp: BoolArray,
+        sight: _Sight,
+        fs_lim: FloatArray,
+        stuck_cards: tuple[int, ...],
+        notes: list[str],
+    ) -> None:
+        """Step 3 (module docstring), fail-safe racks (stale telemetry or a stuck sensor): every card's
+        power limit becomes the lowest of the proposed one, the one it reports and its rack's fail-safe
+        limit ``fs_lim`` (:func:`failsafe_card_limit_w`; caps are never raised); cards on blind racks
+        and every job touching them get the slowest level (``failsafe_lowest_level``; otherwise no
+        faster than now, their jobs following them); idle cards the agent cannot see keep the
+        low-power state they last reported."""
+        site, cfg = self.site, self.control
+        card_rack = self._card_rack
+        fs_rack, blind_card = sight.failsafe_rack, sight.blind_card
+        slowest = self._model.n_levels - 1
+        max_lim = site.card.power_limit_w
+        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+        snap_lim = np.where(np.isfinite(snap_lim), snap_lim, max_lim)
+        cap_now = np.minimum(np.minimum(draft.power_limit_w, snap_lim), fs_lim[card_rack])
+        draft.power_limit_w = np.where(
+            fs_rack[card_rack], np.maximum(cap_now, cfg.min_power_limit_w), draft.power_limit_w
+        )
+        if cfg.failsafe_lowest_level:
+            draft.level[blind_card] = slowest
+            for j in draft.load.jobs:
+                if blind_card[j.cards].any():
+                    draft.level[j.cards] = slowest
+        else:  # blind cards no faster than now; their jobs follow them (one level per job)
+            draft.level = np.where(blind_card, np.maximum(draft.level, self._reported_levels(snap)), draft.level)
+            self._one_level_per_job(draft)
+        # neither woken nor put to sleep: not seen
+        draft.low_power = np.where(sight.unseen_card & draft.load.idle, snap_lp, draft.low_power)
+        names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
+        stuck = f" (stuck sensor: card {', '.join(str(c) for c in stuck_cards[:4])})" if stuck_cards else ""
+        notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
+
+    def _thermal_at_speeds(
+        self, speed: FloatArray | None, off: FloatArray, ctx: StepContext
+    ) -> tuple[FloatArray, FloatArray]:
+        """Step 3b's consequence (module docstring): each card's resistance and die offset at its rack's
+        pump speed that leaves, for steps 4-5 and the predictions (as measured when pumps are not
+        controlled)."""
+        if speed is None:
+            return ctx.r_total_k_per_w, off
+        r_eff = r_at_speed(self.site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
+        return r_eff, offset_at_speed(self.site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
+
+    def _reviewed(
+        self,
+        proposal: Decision,
+        draft: _Draft,
+        failed: BoolArray,
+        setpoint: float,
+        speed: FloatArray | None,
+        sight: _Sight,
+        inlet: FloatArray,
+        r_eff: FloatArray,
+        off: FloatArray,
+        measured_caps: FloatArray,
+        ctx: StepContext,
+        notes: list[str],
+    ) -> Decision:
+        """The decision that leaves, with the twin's predictions of it: rack power with every busy card
+        computing (the budget held to the caps, its hottest dies) and in the jobs' expected phases (the
+        prediction, the facility's power and PUE at it), status ``failsafe`` on any fail-safe rack."""
+        site = self.site
+        load, lvl, lp, lim = draft.load, draft.level, draft.low_power, draft.power_limit_w
         busy = load.busy
-        lp[busy] = False
-        setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
-
-        # ---- 2. rate limits -----------------------------------------------------------------------
-        cur = np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, slowest)
-        limited = lvl < cur - cfg.max_level_raise_per_period
-        if limited[busy].any():
-            notes.append(f"guard: level raises limited to {cfg.max_level_raise_per_period} per decision")
-        lvl = np.maximum(lvl, cur - cfg.max_level_raise_per_period)
-        for j in load.jobs:
-            lvl[j.cards] = int(lvl[j.cards].max())
-        idle = load.idle
-        change = idle & (lp != snap_lp)
-        held = change & (now - self._toggle_s < cfg.low_power_hold_s)
-        lp[held] = snap_lp[held]
-
-        # ---- 3. fail-safe racks ---------------------------------------------------------------------
-        fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
-        if fs_rack.any():
-            snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
-            snap_lim = np.where(np.isfinite(snap_lim), snap_lim, max_lim)
-            cap_now = np.minimum(np.minimum(lim, snap_lim), fs_lim[card_rack])
-            lim = np.where(fs_card, np.maximum(cap_now, cfg.min_power_limit_w), lim)
-            if cfg.failsafe_lowest_level:
-                lvl[blind_card] = slowest
-                for j in load.jobs:
-                    if blind_card[j.cards].any():
-                        lvl[j.cards] = slowest
-            else:  # blind cards no faster than now; their jobs follow them (one level per job)
-                lvl = np.where(blind_card, np.maximum(lvl, cur), lvl)
-                for j in load.jobs:
-                    lvl[j.cards] = int(lvl[j.cards].max())
-            lp = np.where(unseen_card & idle, snap_lp, lp)  # neither woken nor put to sleep: not seen
-            names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
-            stuck = f" (stuck sensor: card {', '.join(str(c) for c in ctx.stuck_cards[:4])})" if ctx.stuck_cards else ""
-            notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
-
-        inlet = np.maximum(ctx.card_inlet_c, setpoint)
-        off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
-        measured_caps = rack_measured_caps_w(site, cfg)
-        modelled_caps = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w)
-
-        # ---- 3b. pumps ---------------------------------------------------------------------------------
-        speed = self._review_pumps(
-            proposal.rack_pump_speed_frac, load, lvl, lp, lim, inlet, off, measured_caps, fs_rack, ctx, notes
-        )
-        r_eff = ctx.r_total_k_per_w
-        if speed is not None:  # resistances and offsets at the speeds that leave
-            r_eff = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
-            off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
-
-        # ---- 4. caps ----------------------------------------------------------------------------------
-        table = self._power_table(load, inlet, r_eff, off)
-        lp_w = self._low_power_w(inlet, r_eff, off)
-        lvl, lp, lim = self._enforce_caps(
-            load, lvl, lp, lim, table, lp_w, modelled_caps, fs_lim, failed, notes, unseen=unseen_card
-        )
-
-        # ---- 5. dies --------------------------------------------------------------------------------
-        lvl, lim = self._enforce_dies(load, lvl, lim, table, inlet, r_eff, off, notes)
-
-        # ---- predictions of what leaves ------------------------------------------------------------
+        fs_rack = sight.failsafe_rack
         budget = predict(site, load, lvl, lp, lim, inlet, r_eff, off, rack_extra_w=ctx.rack_extra_w)
         expected = predict(site, load, lvl, lp, lim, inlet, r_eff, off, worst_case=False, rack_extra_w=ctx.rack_extra_w)
         it_w = float(expected.rack_power_w.sum())
@@ -234,7 +334,7 @@ class Guard:
             card_failed=failed,
             card_busy=busy,
             supply_temp_c=setpoint,
-            placements=tuple(orders),
+            placements=tuple(draft.orders),
             status=status,
             failsafe_racks=tuple(int(r) for r in np.flatnonzero(fs_rack)),
             rack_cap_w=measured_caps,
@@ -244,22 +344,29 @@ class Guard:
             predicted_it_power_w=it_w,
             predicted_facility_power_w=cooling.facility_power_w,
             predicted_pue=cooling.pue,
-            max_power_limit_w=max_lim,
+            max_power_limit_w=site.card.power_limit_w,
             job_levels=job_levels,
             explanation=(*proposal.explanation, *notes[:_MAX_NOTES]),
-            queue_waits=queue_waits,
+            queue_waits=draft.queue_waits,
             guarded=True,
             rack_pump_speed_frac=speed,
         )
 
     # ---- helpers -------------------------------------------------------------------------------
+    def _reported_levels(self, snap: StateSnapshot) -> IntArray:
+        """Each card's level as telemetry reports it, within the DVFS table."""
+        return np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, self._model.n_levels - 1)
+
+    @staticmethod
+    def _one_level_per_job(draft: _Draft) -> None:
+        """All cards of a job get one level, the slowest of theirs (a job runs at its slowest card's pace)."""
+        for j in draft.load.jobs:
+            draft.level[j.cards] = int(draft.level[j.cards].max())
+
     def _review_pumps(
         self,
         proposed: FloatArray | None,
-        load: SiteLoad,
-        lvl: IntArray,
-        lp: BoolArray,
-        lim: FloatArray,
+        draft: _Draft,
         inlet: FloatArray,
         off: FloatArray,
         measured_caps: FloatArray,
@@ -270,7 +377,8 @@ class Guard:
         """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled).
         ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra.
         An undefined (NaN) speed is full speed; racks sent to full speed for their dies, cap or loop
-        rise get a line in ``notes`` (not those only clipped into the site's range, nor fail-safe racks)."""
+        rise get a line in ``notes`` (not those only clipped into the site's range, nor fail-safe racks).
+        The prediction is ``draft``'s levels, low-power states and limits so far, every busy card computing."""
         if proposed is None:
             return None
         site = self.site
@@ -284,6 +392,7 @@ class Guard:
             return speed
         r = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
         off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
+        load, lvl, lp, lim = draft.load, draft.level, draft.low_power, draft.power_limit_w
         worst = predict(site, load, lvl, lp, lim, inlet, r, off, rack_extra_w=ctx.rack_extra_w)
         loop = site.loop
         mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
@@ -308,6 +417,10 @@ class Guard:
     def _valid_placements(
         self, placements: tuple[PlacementOrder, ...], snap: StateSnapshot, unseen_card: BoolArray
     ) -> tuple[list[PlacementOrder], list[str]]:
+        """Step 1 (module docstring), placements: the orders kept (cards sorted) and the job ids of those
+        dropped. An order is kept when its job is queued, not placed by an earlier order, and its cards
+        are as many as the job asks, distinct, free (idle, not failed), seen (not ``unseen_card``) and
+        not taken by an earlier order."""
         n = self.site.n_cards
         now_load = site_load(self.site, snap)
         free = now_load.idle & ~unseen_card
@@ -334,9 +447,15 @@ class Guard:
         return ok, dropped
 
     def _limit_setpoint(self, wanted_c: float, current_c: float, notes: list[str]) -> float:
+        """Step 2 (module docstring), set-point: the proposed supply set-point (the one in force if it is
+        undefined; the site's design set-point if that is unknown too) within the site's options, moved
+        by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
         opts = self.site.facility.supply_temp_options_c
         lo, hi = min(opts), max(opts)
-        target = wanted_c if math.isfinite(wanted_c) else current_c
+        if math.isfinite(wanted_c):
+            target = wanted_c
+        else:  # never an undefined set-point: every prediction below would be NaN and hold no cap
+            target = current_c if math.isfinite(current_c) else self.site.facility.supply_temp_c
         target = min(max(target, lo), hi)
         step = self.control.max_setpoint_step_k
         if math.isfinite(current_c) and abs(target - current_c) > step + 1e-9:
@@ -380,10 +499,7 @@ class Guard:
 
     def _enforce_caps(
         self,
-        load: SiteLoad,
-        lvl: IntArray,
-        lp: BoolArray,
-        lim: FloatArray,
+        draft: _Draft,
         table: FloatArray,
         lp_w: FloatArray,
         modelled_caps: FloatArray,
@@ -392,18 +508,22 @@ class Guard:
         notes: list[str],
         *,
         unseen: BoolArray,
-    ) -> tuple[IntArray, BoolArray, FloatArray]:
-        """Step 4 (module docstring). ``unseen``: the cards the agent cannot see (never put to sleep)."""
+    ) -> None:
+        """Step 4 (module docstring), caps: ``draft``'s levels, low-power states and power limits
+        such that every rack's predicted power (``table``: every busy card computing) stays within
+        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep)."""
         site = self.site
         card_rack = self._card_rack
         slowest = self._model.n_levels - 1
+        load, lvl, lim = draft.load, draft.level, draft.power_limit_w
         busy = load.busy
-        lp = lp & ~busy
+        lp = draft.low_power & ~busy
         power = self._card_power(table, lp_w, lvl, lp, lim, failed)
         rack_p = np.bincount(card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
         over = np.flatnonzero(rack_p > modelled_caps + _TOL_W)
         if over.size == 0:
-            return lvl, lp, lim
+            draft.low_power = lp
+            return
         lvl, lp, lim = lvl.copy(), lp.copy(), lim.copy()
         jobs_in_rack: dict[int, list[int]] = {}
         for ji, j in enumerate(load.jobs):
@@ -472,27 +592,30 @@ class Guard:
             items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
             more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""
             notes.append(f"guard: slowed job(s) {items}{more} to keep racks under their caps (worst-case phases)")
-        return lvl, lp, lim
+        draft.level, draft.low_power, draft.power_limit_w = lvl, lp, lim
 
     def _enforce_dies(
         self,
-        load: SiteLoad,
-        lvl: IntArray,
-        lim: FloatArray,
+        draft: _Draft,
         table: FloatArray,
         inlet: FloatArray,
         r_total: FloatArray,
         off: FloatArray,
         notes: list[str],
-    ) -> tuple[IntArray, FloatArray]:
+    ) -> None:
+        """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
+        held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
+        first level where all its cards are under it; a card still over at the slowest level gets the
+        power limit (whole watts, down, within the card's range) that its die limit allows."""
         site, cfg = self.site, self.control
+        load, lvl, lim = draft.load, draft.level, draft.power_limit_w
         slowest = self._model.n_levels - 1
         die_limit = site.card.slowdown_temp_c - cfg.die_margin_k
         idx = np.arange(lvl.size)
         die = inlet + r_total * np.minimum(table[idx, lvl], lim) + off
         hot = load.busy & (die > die_limit + 1e-9)
         if not hot.any():
-            return lvl, lim
+            return
         lvl, lim = lvl.copy(), lim.copy()
         slowed: list[str] = []
         for j in load.jobs:
@@ -512,4 +635,4 @@ class Guard:
                 allowed = np.floor((die_limit - inlet[still] - off[still]) / r_total[still])  # whole watts, down
                 lim[still] = np.clip(np.minimum(lim[still], allowed), cfg.min_power_limit_w, site.card.power_limit_w)
         notes.append(f"guard: slowed job(s) {', '.join(slowed[:6])} to keep dies under {die_limit:g} deg C")
-        return lvl, lim
+        draft.level, draft.power_limit_w = lvl, lim

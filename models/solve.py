@@ -512,6 +512,99 @@ def _finish(
     )
 
 
+@dataclass(frozen=True)
+class _Option:
+    """A set-point whose greedy plan is feasible: the twin's tables and facility line there, the
+    greedy levels (the MILP's start and fallback) and the greedy plan as the twin rates it."""
+
+    supply_c: float
+    tables: DvfsTables
+    line: FacilityLine
+    greedy: GreedyDvfs
+    greedy_plan: DvfsPlan
+
+    def fallback(self) -> _Outcome:
+        """The greedy plan, as it is (status FALLBACK)."""
+        return _Outcome(SolveStatus.FALLBACK, self.greedy_plan, None, "greedy")
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """The plan kept at one set-point: its status, the MILP's gap and where the plan came from."""
+
+    status: SolveStatus
+    plan: DvfsPlan
+    gap: float | None
+    source: str  # "milp" or "greedy"
+
+    def record(self, supply_c: float, time_s: float) -> SetpointOption:
+        """What :attr:`CyclePlan.setpoint` reports of this set-point (``time_s``: the time spent on it)."""
+        plan = self.plan
+        return SetpointOption(
+            supply_c, self.status, plan.objective_per_h, plan.facility_power_w, plan.it_power_w, time_s
+        )
+
+
+def _check_limits(time_limit_s: float, mip_rel_gap: float) -> None:
+    """A positive, finite time limit and a relative gap within [0, 1) (a ValueError if not)."""
+    if not (time_limit_s > 0 and np.isfinite(time_limit_s)):
+        raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+    if not (0 <= mip_rel_gap < 1):
+        raise ValueError(f"mip_rel_gap must be within [0, 1), got {mip_rel_gap}")
+
+
+def _greedy_options(
+    p: CycleProblem, options: tuple[float, ...], records: list[SetpointOption], reasons: list[str]
+) -> list[_Option]:
+    """Step 1 of :meth:`CyclePlanner.plan`: the twin's tables and the greedy plan at every set-point.
+    A set-point where the greedy plan is infeasible gets an INFEASIBLE record and its reason (prefixed
+    with the set-point when there are several); the others are returned, in ``options``' order."""
+    cands: list[_Option] = []
+    for s in options:
+        t1 = time.monotonic()
+        t, line = _tables_and_line(p, s)
+        g = greedy_dvfs(p, t, line)
+        if not g.feasible:
+            reasons.append(f"supply {s:g} deg C: {g.explanation}" if len(options) > 1 else g.explanation)
+            records.append(SetpointOption(s, SolveStatus.INFEASIBLE, None, None, None, time.monotonic() - t1))
+            continue
+        cands.append(_Option(s, t, line, g, assess_dvfs(p, g.job_level, g.rack_awake, s, t)))
+    return cands
+
+
+def _warm_start(previous_plan: CyclePlan | None, c: _Option) -> tuple[IntArray, IntArray]:
+    """The MILP's start: the previous cycle's levels and awake cards when they fit this problem's
+    jobs, else the greedy plan's."""
+    if previous_plan is not None and previous_plan.dvfs is not None:
+        prev = previous_plan.dvfs
+        if prev.job_level.size == c.tables.n_jobs:
+            return prev.job_level, prev.rack_awake
+    return c.greedy.job_level, c.greedy.rack_awake
+
+
+def _judge_solution(
+    p: CycleProblem,
+    c: _Option,
+    info: SolveInfo,
+    level: IntArray | None,
+    awake: IntArray | None,
+    reasons: list[str],
+) -> _Outcome:
+    """A finished solve at one set-point, judged by the twin: a solution within the caps keeps HiGHS's
+    status and gap, and its plan unless the twin rates the greedy plan higher (the model's facility
+    line is an affine fit: the rare case keeps the greedy plan, source "greedy"); no solution or one
+    over the caps gives the greedy plan (status FALLBACK), with a reason when HiGHS says infeasible."""
+    if level is not None and awake is not None:
+        cand = assess_dvfs(p, level, awake, c.supply_c, c.tables)
+        if _within_caps(cand, p):
+            if cand.objective_per_h >= c.greedy_plan.objective_per_h - 1e-9:
+                return _Outcome(info.status, cand, info.gap, "milp")
+            return _Outcome(info.status, c.greedy_plan, info.gap, "greedy")
+    elif info.status == SolveStatus.INFEASIBLE:  # cannot happen when the greedy is feasible
+        reasons.append(f"supply {c.supply_c:g} deg C: HiGHS reports infeasible; greedy plan used")
+    return c.fallback()
+
+
 class CyclePlanner:
     """Plans control cycles, keeping one persistent :class:`DvfsSolver` per set-point alive.
 
@@ -567,94 +660,68 @@ class CyclePlanner:
         falls back to it. ``refine_top=k`` runs the MILP only at the ``k`` set-points whose greedy
         plans score best (None: at all of them).
         """
-        if not (time_limit_s > 0 and np.isfinite(time_limit_s)):
-            raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
-        if not (0 <= mip_rel_gap < 1):
-            raise ValueError(f"mip_rel_gap must be within [0, 1), got {mip_rel_gap}")
+        _check_limits(time_limit_s, mip_rel_gap)
         t_start = time.monotonic()
         deadline = t_start + time_limit_s
         options = p.supply_options_c if choose_setpoint else (p.supply_temp_c,)
-        best: DvfsPlan | None = None
-        best_status = SolveStatus.OPTIMAL
-        best_gap: float | None = None
-        best_source = "milp"
         records: list[SetpointOption] = []
         reasons: list[str] = []
         # 1. the twin's tables and the greedy plan at every set-point (cheap; also the fallback)
-        cands: list[tuple[float, DvfsTables, FacilityLine, GreedyDvfs, DvfsPlan]] = []
-        for s in options:
-            t1 = time.monotonic()
-            t, line = _tables_and_line(p, s)
-            g = greedy_dvfs(p, t, line)
-            if not g.feasible:
-                reasons.append(f"supply {s:g} deg C: {g.explanation}" if len(options) > 1 else g.explanation)
-                records.append(SetpointOption(s, SolveStatus.INFEASIBLE, None, None, None, time.monotonic() - t1))
-                continue
-            cands.append((s, t, line, g, assess_dvfs(p, g.job_level, g.rack_awake, s, t)))
-        # 2. the MILP for the set-points whose greedy plans score best (all unless refine_top)
-        cands.sort(key=lambda c: -c[4].objective_per_h)
+        cands = _greedy_options(p, options, records, reasons)
+        # 2. the MILP for the set-points whose greedy plans score best (all unless refine_top), each
+        #    given an equal share of the time left; the best plan of all set-points is kept
+        cands.sort(key=lambda c: -c.greedy_plan.objective_per_h)
         n_refine = len(cands) if refine_top is None else min(max(refine_top, 1), len(cands))
-        for i, (s, t, line, g, greedy_plan) in enumerate(cands):
+        best: _Outcome | None = None
+        for i, c in enumerate(cands):
             t1 = time.monotonic()
             left = deadline - time.monotonic()
             share = left / (n_refine - i) if i < n_refine else 0.0
-            status, plan, gap, src = SolveStatus.FALLBACK, greedy_plan, None, "greedy"
-            if share > 0.005:
-                solver = self.solver_for(s, self.chunking(t))
-                start = None
-                if previous_plan is not None and previous_plan.dvfs is not None:
-                    prev = previous_plan.dvfs
-                    if prev.job_level.size == t.n_jobs:
-                        start = (prev.job_level, prev.rack_awake)
-                if start is None:
-                    start = (g.job_level, g.rack_awake)
-                lim = max(share - DEADLINE_GRACE_S / 2, 0.001)
-
-                def call(
-                    solver: DvfsSolver | DecomposedDvfsSolver = solver,
-                    t: DvfsTables = t,
-                    line: FacilityLine = line,
-                    lim: float = lim,
-                    start: tuple[IntArray, IntArray] | None = start,
-                    g: GreedyDvfs = g,
-                ) -> tuple[SolveInfo, IntArray | None, IntArray | None]:
-                    return solver.solve(p, t, line, lim, mip_rel_gap, start, g)
-
-                try:
-                    done, out = _run_with_deadline(
-                        call,
-                        time.monotonic() + share + DEADLINE_GRACE_S,
-                        solver.cancel,
-                    )
-                except SolverConfigError:
-                    raise
-                except Exception as exc:  # the solver failed: fall back
-                    solver.drop()
-                    done, out = True, None
-                    reasons.append(f"supply {s:g} deg C: solver error {exc!r}; greedy plan used")
-                if not done:
-                    solver.drop()
-                elif out is not None:
-                    info, level, awake = out
-                    if level is not None and awake is not None:
-                        cand = assess_dvfs(p, level, awake, s, t)
-                        if _within_caps(cand, p):
-                            status, gap = info.status, info.gap
-                            # the twin judges: the model's facility line is an affine fit, so keep
-                            # the greedy plan in the rare case the twin rates it higher
-                            if cand.objective_per_h >= greedy_plan.objective_per_h - 1e-9:
-                                plan, src = cand, "milp"
-                    elif info.status == SolveStatus.INFEASIBLE:  # cannot happen when the greedy is feasible
-                        reasons.append(f"supply {s:g} deg C: HiGHS reports infeasible; greedy plan used")
-            records.append(
-                SetpointOption(
-                    s, status, plan.objective_per_h, plan.facility_power_w, plan.it_power_w, time.monotonic() - t1
-                )
-            )
-            if best is None or plan.objective_per_h > best.objective_per_h:
-                best, best_status, best_gap, best_source = plan, status, gap, src
+            out = self._refine(p, c, previous_plan, share, mip_rel_gap, reasons) if share > 0.005 else c.fallback()
+            records.append(out.record(c.supply_c, time.monotonic() - t1))
+            if best is None or out.plan.objective_per_h > best.plan.objective_per_h:
+                best = out
+        # 3. the result (nothing feasible at any set-point: the greedy plan flagged infeasible)
         records.sort(key=lambda r: r.supply_temp_c)
-        return _finish(p, best, records, reasons, time.monotonic() - t_start, best_status, best_gap, best_source)
+        elapsed = time.monotonic() - t_start
+        if best is None:
+            return _finish(p, None, records, reasons, elapsed, SolveStatus.OPTIMAL, None, "milp")
+        return _finish(p, best.plan, records, reasons, elapsed, best.status, best.gap, best.source)
+
+    def _refine(
+        self,
+        p: CycleProblem,
+        c: _Option,
+        previous_plan: CyclePlan | None,
+        share: float,
+        mip_rel_gap: float,
+        reasons: list[str],
+    ) -> _Outcome:
+        """Step 2 of :meth:`plan` at one set-point: the MILP, warm-started, run until ``share`` seconds
+        (plus :data:`DEADLINE_GRACE_S`) are up; the greedy plan (:meth:`_Option.fallback`) when the
+        solve is late, fails or finds nothing (why, in ``reasons``, for a failure or an infeasible
+        report), otherwise :func:`_judge_solution`'s."""
+        solver = self.solver_for(c.supply_c, self.chunking(c.tables))
+        start = _warm_start(previous_plan, c)
+        lim = max(share - DEADLINE_GRACE_S / 2, 0.001)
+
+        def call() -> tuple[SolveInfo, IntArray | None, IntArray | None]:
+            return solver.solve(p, c.tables, c.line, lim, mip_rel_gap, start, c.greedy)
+
+        try:
+            done, out = _run_with_deadline(call, time.monotonic() + share + DEADLINE_GRACE_S, solver.cancel)
+        except SolverConfigError:
+            raise
+        except Exception as exc:  # the solver failed: fall back
+            solver.drop()
+            reasons.append(f"supply {c.supply_c:g} deg C: solver error {exc!r}; greedy plan used")
+            return c.fallback()
+        if not done:  # late: cancelled, and the solver (maybe still running) is not reused
+            solver.drop()
+            return c.fallback()
+        if out is None:
+            return c.fallback()
+        return _judge_solution(p, c, *out, reasons)
 
 
 def plan_cycle(

@@ -146,3 +146,15 @@ def test_a_job_too_hot_at_its_slowest_level_gets_the_power_limit_its_die_allows(
     # (85 - 70) / 0.053 = 283.02 W, down to a whole watt; r1's cards run at 30 deg C, unlimited
     assert d.card_power_limit_w[:16].tolist() == [283.0] * 16
     assert d.card_power_limit_w[16:].tolist() == [700.0] * 16
+
+
+def test_with_no_set_point_in_force_or_proposed_the_site_design_one_leaves_and_the_caps_hold() -> None:
+    # an undefined proposed set-point keeps the one in force; with none known either, the site's design
+    # set-point (30 deg C here) leaves. At 30 deg C the caps need "a" at level 2 in r0: at level 0 it is
+    # 8 x 650 + 8 x 618 + 2200 = 12.3 kW, at 1 8 x 574 + 4944 + 2200 = 11.7 kW, at 2 8 x 503 + 7144 = 11.2 kW
+    site, snap = scene()
+    nan = float("nan")
+    d = Guard(site, CFG).review(proposal(site, 0, supply_temp_c=nan), snap, step_context(site, setpoint_c=nan))
+    assert d.supply_temp_c == site.facility.supply_temp_c == 30.0
+    assert d.job_levels == {"a": 2, "b": 0}
+    assert np.all(d.budget_rack_power_w <= site.rack.power_limit_w - CFG.rack_margin_w)
