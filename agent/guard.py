@@ -5,7 +5,8 @@ under its limit, whatever plan it is given.
 fallback, or anything else) and returns the decision that may be sent. It recomputes everything
 with the twin's own functions (``agent.load.predict``), independently of the solver's rows:
 
-1. **Sanity**: levels clipped to the DVFS table, power limits to the card's range, placements kept
+1. **Sanity**: levels clipped to the DVFS table (an undefined one the slowest, a fractional one the
+   slower of its two), power limits to the card's range, placements kept
    only when the job is queued (once per job) and its cards are free (idle, not failed) and seen
    (not on a blind rack, not a stuck card); busy cards are awake (a placed card is woken).
 2. **Rate limits**: a card's level rises (toward faster clocks) by at most
@@ -201,13 +202,16 @@ class Guard:
                 raise ValueError(f"decision.{name} must have one entry per card ({n})")
 
     def _sanitize(self, proposal: Decision, snap: StateSnapshot, sight: _Sight, notes: list[str]) -> _Draft:
-        """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one is the
-        slowest), power limits to the card's range (an undefined one is the largest), placements kept
-        only when valid (:meth:`_valid_placements`; a queued job whose placement is dropped gets a
-        ``placement_dropped`` queue wait), and busy cards awake."""
+        """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one, NaN or
+        infinite, is the slowest; a fractional one is rounded to the slower level), power limits to the
+        card's range (an undefined one is the largest), placements kept only when valid
+        (:meth:`_valid_placements`; a queued job whose placement is dropped gets a ``placement_dropped``
+        queue wait), and busy cards awake."""
         site, cfg = self.site, self.control
         slowest = self._model.n_levels - 1
-        raw = np.clip(np.nan_to_num(np.asarray(proposal.card_level, dtype=np.float64), nan=slowest), 0, slowest)
+        raw = np.asarray(proposal.card_level, dtype=np.float64)
+        # the safe side: an undefined level (NaN, +-inf) is the slowest, a fractional one the slower of its two
+        raw = np.clip(np.where(np.isfinite(raw), np.ceil(raw), slowest), 0, slowest)
         lvl: IntArray = raw.astype(np.int64)
         max_lim = site.card.power_limit_w
         lim = np.asarray(proposal.card_power_limit_w, dtype=np.float64)

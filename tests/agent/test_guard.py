@@ -41,6 +41,17 @@ def test_every_card_of_a_job_gets_the_slowest_level_proposed_for_any_of_them() -
     assert d.job_levels == {"a": 5, "b": 0}
 
 
+def test_a_fractional_level_is_rounded_to_the_slower_one_and_an_infinite_one_is_the_slowest() -> None:
+    """Levels count up toward slower clocks (0 the top clock, 7 the slowest of the scene's table): a
+    proposal that is not a whole level errs on the side of less power, never more."""
+    site, snap = scene()
+    level = np.zeros(site.n_cards)
+    level[:8] = 4.5  # job "a": between levels 4 and 5
+    level[8:20] = -np.inf  # job "b": undefined
+    d = Guard(site, CFG).review(dataclasses.replace(proposal(site, 0), card_level=level), snap, step_context(site))
+    assert d.job_levels == {"a": 5, "b": 7}
+
+
 def test_an_idle_card_keeps_a_low_power_state_that_changed_less_than_the_hold_ago() -> None:
     site, snap = scene()
     hold = CFG.low_power_hold_s  # 60 s
