@@ -329,7 +329,12 @@ def predict_at(
     rack_extra_w: FloatArray | None = None,
 ) -> Prediction:
     """:func:`predict` from its clipped levels ``lv``, low-power cards ``lp`` (not busy) and
-    utilizations ``u`` (``card_utilization``): for callers that vary only the thermal inputs."""
+    utilizations ``u`` (``card_utilization``): for callers that vary only the thermal inputs.
+
+    ``r_total_k_per_w`` and ``die_offset_k`` may also be one row of per-card values per option
+    (shape (options, n_cards)): then every field of the prediction has one row per option, each
+    row the same to the bit as a call with that row alone (the same elementwise operations, each
+    rack's power summed over its cards in the same order)."""
     model = power_model(site)
     power, die = card_steady_power_w(model, lv, u, lp, inlet_c, r_total_k_per_w)
     off = np.asarray(die_offset_k, dtype=np.float64)
@@ -338,13 +343,19 @@ def predict_at(
     power = np.where(lp, power, np.minimum(power, np.asarray(power_limit_w, dtype=np.float64)))
     power = np.where(load.failed, 0.0, power)
     die = np.where(load.failed, np.nan, inlet_c + r_total_k_per_w * power + off)
-    rack = site.card_rack()
-    rack_p = np.bincount(rack, weights=power, minlength=site.n_racks).astype(np.float64) + site.rack.host_overhead_w
+    n_r = site.n_racks
+    rows = power.shape[:-1]
+    n_rows = math.prod(rows)
+    # each row's racks are bins of their own: bincount adds each bin's cards in card order, as for one row
+    rack = (np.arange(n_rows, dtype=np.int64)[:, None] * n_r + site.card_rack()).reshape(-1)
+    rack_w = np.asarray(np.bincount(rack, weights=power.reshape(-1), minlength=n_rows * n_r), dtype=np.float64)
+    rack_p = rack_w.reshape(*rows, n_r) + site.rack.host_overhead_w
     if rack_extra_w is not None:
         rack_p = rack_p + rack_extra_w
     die_awake = np.where(lp | load.failed, -np.inf, die)
-    rack_die = np.full(site.n_racks, -np.inf)
-    np.maximum.at(rack_die, rack, die_awake)
+    rack_die = np.full(n_rows * n_r, -np.inf)
+    np.maximum.at(rack_die, rack, die_awake.reshape(-1))
+    rack_die = rack_die.reshape(*rows, n_r)
     return Prediction(power, die, rack_p, rack_die)
 
 

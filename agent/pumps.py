@@ -191,7 +191,6 @@ def choose_pump_speeds(
     rack_flow_full = np.asarray(rack_flow_full_lpm, dtype=np.float64)
     mcp_full = rack_flow_full / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
     fac_nominal = facility_pump_power_w(site)
-    cost = np.full((options.size, n_r), np.inf)
     # what does not depend on the speed, once (predict's levels and utilizations; the resistances
     # below are per rack, where every card of a rack has the same flow)
     lv = np.clip(np.asarray(level, dtype=np.int64), 0, power_model(site).n_levels - 1)
@@ -203,19 +202,18 @@ def choose_pump_speeds(
     speeds = np.repeat(options[:, None], n_r, axis=1)
     r_opt = r_at_speed(site, r_full_k_per_w, rack_flow_full, speeds)
     off_opt = offset_at_speed(site, die_offset_k, rack_flow_full, rack_speed_now_frac, speeds)
-    for i, s in enumerate(options):
-        speed = speeds[i]
-        r, off = r_opt[i], off_opt[i]
-        worst = predict_at(site, load, lv, lp, u_worst, power_limit_w, inlet_c, r, off, rack_extra_w)
-        expected = predict_at(site, load, lv, lp, u_expected, power_limit_w, inlet_c, r, off, rack_extra_w)
-        rise_k = worst.rack_power_w / np.maximum(mcp_full * s, 1e-9)
-        ok = (
-            (worst.rack_max_die_c <= die_limit_c + 1e-9)
-            & (worst.rack_power_w <= rack_cap_w + 1e-6)
-            & (rise_k <= loop.max_delta_t_k + 1e-9)
-        )
-        c = facility_w_per_it_w * expected.rack_power_w + rack_pump_power_w(site, speed)
-        cost[i] = np.where(ok | (s >= 1.0), c, np.inf)
+    # and every option's predictions at once (rows: options), each row as a call with that row alone
+    worst = predict_at(site, load, lv, lp, u_worst, power_limit_w, inlet_c, r_opt, off_opt, rack_extra_w)
+    expected = predict_at(site, load, lv, lp, u_expected, power_limit_w, inlet_c, r_opt, off_opt, rack_extra_w)
+    s = options[:, None]
+    rise_k = worst.rack_power_w / np.maximum(mcp_full * s, 1e-9)
+    ok = (
+        (worst.rack_max_die_c <= die_limit_c + 1e-9)
+        & (worst.rack_power_w <= rack_cap_w + 1e-6)
+        & (rise_k <= loop.max_delta_t_k + 1e-9)
+    )
+    c = facility_w_per_it_w * expected.rack_power_w + rack_pump_power_w(site, speeds)
+    cost = np.where(ok | (s >= 1.0), c, np.inf)
     pinned = np.zeros(n_r, dtype=bool) if full_speed_racks is None else np.asarray(full_speed_racks, dtype=bool)
     # first pass: the facility pump priced per rack as its share of the nominal
     best = np.argmin(cost + fac_nominal / n_r * options[:, None] ** 3, axis=0)

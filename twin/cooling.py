@@ -59,10 +59,14 @@ def rack_return_temp_c(
 
 
 def rack_pump_power_w(site: SiteSpec, flow_fraction: float | FloatArray = 1.0) -> FloatArray:
-    """Pump power of each rack loop (W): ``dp V_dot / eta`` at nominal flow, times fraction^3."""
+    """Pump power of each rack loop (W): ``dp V_dot / eta`` at nominal flow, times fraction^3.
+
+    ``flow_fraction``: one value for all, per rack, or one row of per-rack values per option
+    (shape (options, n_racks): then one row of pump powers per option)."""
     v_nom = site.loop_flow_per_rack_lpm() / LPM_PER_M3_S
     p_nom = site.loop.pump_head_kpa * 1e3 * v_nom / site.loop.pump_efficiency
-    frac = np.broadcast_to(np.asarray(flow_fraction, dtype=np.float64), (site.n_racks,))
+    frac = np.asarray(flow_fraction, dtype=np.float64)
+    frac = np.broadcast_to(frac, (*frac.shape[:-1], site.n_racks) if frac.ndim > 1 else (site.n_racks,))
     return np.asarray(p_nom * frac**3, dtype=np.float64)
 
 

@@ -184,6 +184,7 @@ class Estimator:
         self._card_rack = site.card_rack()
         self._model = PowerModel.from_card(site.card)
         self._clocks = self._model.clocks_mhz
+        self._max_clock_mhz = site.card.max_plausible_clock_mhz
         self.time_s = -math.inf
         # thermal
         self._flow_used = np.full(n_r, site.loop_flow_per_rack_lpm())
@@ -336,7 +337,8 @@ class Estimator:
                 & (die > -20)
                 & (die < 150)
             )
-        valid[[c for c in frozen_cards if 0 <= c < n]] = False
+        if frozen_cards:
+            valid[[c for c in frozen_cards if 0 <= c < n]] = False
         # a card reading stamped before the last one taken (late, reordered) is dropped, as the belief
         # drops it (it restarted the card's thermal model at the older time, pausing its learning);
         # one more than max_gap_s older is a clock gone back: it restarts the model (_update_thermal)
@@ -350,7 +352,7 @@ class Estimator:
         self._update_thermal(valid, t_card, power, die, supply)
         with np.errstate(invalid="ignore"):
             pvalid = valid & awake & np.isfinite(util) & (util >= 0) & (util <= 1) & np.isfinite(clock) & (clock > 0)
-            pvalid &= clock <= self.site.card.max_plausible_clock_mhz  # as the belief (twin.state)
+            pvalid &= clock <= self._max_clock_mhz  # as the belief (twin.state)
             pvalid &= t_card != self._last_pt  # a copy of the last reading is not a second observation
         self._update_power(pvalid, t_card, power, die_start, util, clock)
 
@@ -422,9 +424,12 @@ class Estimator:
         if not cont.any():
             return
         idx = np.flatnonzero(cont)
-        for step in np.unique(dt[idx]):
-            sel = idx[dt[idx] == step]
-            xd, xp = self._net.step(self._xd, self._xp, np.nan_to_num(power), 0.0, float(step))
+        held_w = np.nan_to_num(power)
+        steps = dt[idx]
+        one_step = bool(np.all(steps == steps[0]))  # (the usual: every card read at one time, no sort)
+        for step in steps[:1] if one_step else np.unique(steps):
+            sel = idx if one_step else idx[steps == step]
+            xd, xp = self._net.step(self._xd, self._xp, held_w, 0.0, float(step))
             self._xd[sel], self._xp[sel] = xd[sel], xp[sel]
         self._last_t[idx] = t_card[idx]
         # informative readings only (EstimatorConfig.min_rise_k), of a model that has settled, at a flow
@@ -500,7 +505,7 @@ class Estimator:
         dt = np.where(np.isfinite(dt) & (dt > 0), np.minimum(dt, 3600.0), 0.0)
         self._last_pt[idx] = t_card[idx]
         p = self._p_theta[idx]
-        p[:, [0, 1, 2], [0, 1, 2]] += self._q_theta[None, :] * dt[:, None]
+        p.reshape(-1, 9)[:, ::4] += self._q_theta[None, :] * dt[:, None]  # (each 3x3's diagonal, in place)
         p_phi = np.einsum("nij,nj->ni", p, phi)
         s = np.einsum("ni,ni->n", phi, p_phi) + self.config.power_noise_w**2
         k = p_phi / s[:, None]

@@ -329,7 +329,7 @@ class TwinState:
         waking = cat("waking", bool)
         failed = cat("failed", bool)
         lim = cat("power_limit_w", np.float64)
-        host_known = np.concatenate([np.full(len(b.card_index), b.host_off is not None) for _, _, b in batches])
+        host_known = np.repeat(np.asarray([b.host_off is not None for _, _, b in batches], dtype=bool), sizes)
         host_off = np.concatenate(
             [np.asarray(_or_zeros(b.host_off, len(b.card_index)), dtype=bool).reshape(-1) for _, _, b in batches]
         )
@@ -397,9 +397,10 @@ class TwinState:
         moved, and of the power alone while what drives it moved (see :meth:`stuck_cards`)."""
         same = (power == self.card_power_w[ok]) & (die == self.card_die_temp_c[ok])
         self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
-        self._rack_cards_changed[ok[~same] // self._cpr] = True
-        self._rack_cards_read[ok // self._cpr] = True
-        supply = self.rack_supply_temp_c[ok // self._cpr]
+        rack = ok // self._cpr
+        self._rack_cards_changed[rack[~same]] = True
+        self._rack_cards_read[rack] = True
+        supply = self.rack_supply_temp_c[rack]
         die_same = die == self.card_die_temp_c[ok]
         move = _nan_to_num(np.abs(power - self._die_ref_power_w[ok]) * self._r_min_k_per_w)
         move += _nan_to_num(np.abs(supply - self._die_ref_supply_c[ok]))

@@ -24,7 +24,7 @@ from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.decision import Decision
 from agent.evaluate import evaluate
-from agent.load import Prediction, predict, site_load, spec_r_total_k_per_w
+from agent.load import Prediction, card_utilization, predict, predict_at, site_load, spec_r_total_k_per_w
 from agent.pumps import (
     MIN_FLOW_FRAC,
     _descend_facility_pump,
@@ -35,6 +35,7 @@ from agent.pumps import (
     r_at_speed,
     speed_options,
 )
+from twin.cooling import rack_pump_power_w
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 from twin.thermal import plate_resistance_k_per_w
@@ -469,6 +470,47 @@ def test_every_option_at_once_gives_each_options_resistances_and_offsets_bit_for
     for i, row in enumerate(rows):
         assert r_all[i].tobytes() == r_at_speed(site, r_full, flow, row).tobytes()
         assert off_all[i].tobytes() == offset_at_speed(site, off, flow, now, row).tobytes()
+
+
+def test_every_option_at_once_gives_each_options_prediction_and_pump_power_bit_for_bit() -> None:
+    """choose_pump_speeds predicts all its speed options in one call (rows: options): each row of
+    predict_at (card powers and dies, rack powers with the hosts' overhead and the extra, hottest
+    awake die per rack) and of rack_pump_power_w is the same to the bit as a call with that row alone,
+    with failed, sleeping and power-limited cards among them."""
+    site, snap = _scene()
+    rng = np.random.default_rng(17)
+    n, n_r = site.n_cards, site.n_racks
+    load = site_load(site, snap)
+    failed = load.failed.copy()
+    failed[[3, 70, 200]] = True
+    load = dataclasses.replace(load, failed=failed)
+    lv = rng.integers(0, site.card.n_levels, n)
+    lp = ~load.busy & (rng.uniform(size=n) < 0.5)
+    u = card_utilization(site, load, lv, worst_case=False)
+    limit = np.where(rng.uniform(size=n) < 0.2, 300.0, site.card.power_limit_w)
+    inlet = np.full(n, 32.0)
+    extra = rng.uniform(0.0, 500.0, n_r)
+    speeds = np.vstack([np.full(n_r, float(s)) for s in speed_options(site, 9)] + [rng.uniform(0.3, 1.0, n_r)])
+    flow = np.full(n_r, site.loop_flow_per_rack_lpm())
+    r_all = r_at_speed(site, spec_r_total_k_per_w(site) * rng.uniform(1.0, 1.3, n), flow, speeds)
+    off_all = offset_at_speed(site, rng.uniform(0.0, 4.0, n), flow, np.ones(n_r), speeds)
+    for extra_w in (extra, None):
+        every = predict_at(site, load, lv, lp, u, limit, inlet, r_all, off_all, extra_w)
+        assert every.rack_power_w.shape == every.rack_max_die_c.shape == (speeds.shape[0], n_r)
+        for i in range(speeds.shape[0]):
+            one = predict_at(site, load, lv, lp, u, limit, inlet, r_all[i], off_all[i], extra_w)
+            for field in ("card_power_w", "card_die_c", "rack_power_w", "rack_max_die_c"):
+                assert getattr(every, field)[i].tobytes() == getattr(one, field).tobytes(), field
+    pump_all = rack_pump_power_w(site, speeds)
+    assert pump_all.shape == speeds.shape
+    for i, row in enumerate(speeds):
+        assert pump_all[i].tobytes() == rack_pump_power_w(site, row).tobytes()
+    # one rack's hottest awake die is what the docs say: failed and sleeping cards are left out
+    one = predict_at(site, load, lv, lp, u, limit, inlet, r_all[0], off_all[0], extra)
+    awake = ~(lp | load.failed)
+    for r in range(n_r):
+        dies = one.card_die_c[site.card_rack() == r][awake[site.card_rack() == r]]
+        assert one.rack_max_die_c[r] == (dies.max() if dies.size else -np.inf)
 
 
 def _doc_plate_r_k_per_w(flow_table_lpm: tuple[float, ...], r_table_k_per_w: tuple[float, ...], q_lpm: float) -> float:
