@@ -46,7 +46,9 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    power over its cap in the metrics; the periodic decision's plan, relaxed at the cap, is
    ``infeasible``) and no lever of the agent is left.
 5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
-   the slowest level its power limit is set to what the die limit allows.
+   the slowest level its power limit is set to what the die limit allows. The explanation lines say
+   which jobs were slowed (to which level), which were power-limited at the slowest level, and which
+   dies cannot be held even at ``control.min_power_limit_w`` (no lever of the agent is left for them).
 
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
@@ -690,7 +692,9 @@ class Guard:
         """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
         held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
         first level where all its cards are under it; a card still over at the slowest level gets the
-        power limit (whole watts, down, within the card's range) that its die limit allows."""
+        power limit (whole watts, down, within the card's range) that its die limit allows. ``notes``
+        says what was done (:meth:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose dies
+        are over their limit even at the lowest power limit a card accepts (no lever left)."""
         site, cfg = self.site, self.control
         load, lvl, lim = draft.load, draft.level, draft.power_limit_w
         slowest = self._model.n_levels - 1
@@ -701,22 +705,68 @@ class Guard:
         if not hot.any():
             return
         lvl, lim = lvl.copy(), lim.copy()
-        slowed: list[str] = []
+        slowed: dict[str, int] = {}
+        limited: list[str] = []
+        limited_cards: list[IntArray] = []
+        unheld: dict[str, float] = {}  # job -> its hottest die at the lowest power limit
         for j in load.jobs:
             if not hot[j.cards].any():
                 continue
-            k = int(lvl[j.cards[0]])
+            k0 = k = int(lvl[j.cards[0]])
             while k < slowest:
                 d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
                 if np.all(d <= die_limit + 1e-9):
                     break
                 k += 1
             lvl[j.cards] = k
-            slowed.append(j.job_id)
+            if k > k0:
+                slowed[j.job_id] = k
             d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
             still = j.cards[d > die_limit + 1e-9]
             if still.size:
                 allowed = np.floor((die_limit - inlet[still] - off[still]) / r_total[still])  # whole watts, down
+                before = lim[still].copy()
                 lim[still] = np.clip(np.minimum(lim[still], allowed), cfg.min_power_limit_w, site.card.power_limit_w)
-        notes.append(f"guard: slowed job(s) {', '.join(slowed[:6])} to keep dies under {die_limit:g} deg C")
+                lowered = still[lim[still] < before]
+                if lowered.size:
+                    limited.append(j.job_id)
+                    limited_cards.append(lowered)
+                held = inlet[still] + r_total[still] * np.minimum(table[still, k], lim[still]) + off[still]
+                if np.any(held > die_limit + 1e-9):
+                    unheld[j.job_id] = float(held.max())
+        self._note_dies(die_limit, slowed, limited, limited_cards, lim, unheld, notes)
         draft.level, draft.power_limit_w = lvl, lim
+
+    def _note_dies(
+        self,
+        die_limit: float,
+        slowed: dict[str, int],
+        limited: list[str],
+        limited_cards: list[IntArray],
+        lim: FloatArray,
+        unheld: dict[str, float],
+        notes: list[str],
+    ) -> None:
+        """Step 5's lines in ``notes``, each saying what the guard did for the dies: the jobs it slowed
+        (and to which level), the jobs at the slowest level whose cards it gave a lower power limit (how
+        many cards, the lowest limit), and the jobs whose dies it cannot hold under ``die_limit`` even at
+        the lowest power limit a card accepts (their hottest die predicted there)."""
+        keep = f"to keep dies under {die_limit:g} deg C"
+        if slowed:
+            items = ", ".join(f"{k} -> {v}" for k, v in list(slowed.items())[:6])
+            more = f" and {len(slowed) - 6} more" if len(slowed) > 6 else ""
+            notes.append(f"guard: slowed job(s) {items}{more} {keep}")
+        if limited:
+            cards = np.concatenate(limited_cards)
+            more = f" and {len(limited) - 6} more" if len(limited) > 6 else ""
+            notes.append(
+                f"guard: power-limited job(s) {', '.join(limited[:6])}{more} at the slowest level {keep} "
+                f"({cards.size} cards, lowest limit {float(lim[cards].min()):.0f} W)"
+            )
+        if unheld:
+            more = f" and {len(unheld) - 6} more" if len(unheld) > 6 else ""
+            notes.append(
+                f"guard: dies of job(s) {', '.join(list(unheld)[:6])}{more} cannot be held under {die_limit:g} deg C: "
+                f"up to {max(unheld.values()):.1f} deg C predicted at the lowest power limit a card accepts "
+                f"({self.control.min_power_limit_w:g} W)"
+            )
