@@ -46,7 +46,9 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    power over its cap in the metrics; the periodic decision's plan, relaxed at the cap, is
    ``infeasible``) and no lever of the agent is left.
 5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
-   the slowest level its power limit is set to what the die limit allows.
+   the slowest level its power limit is set to what the die limit allows. The explanation lines say
+   which jobs were slowed (to which level), which were power-limited at the slowest level, and which
+   dies cannot be held even at ``control.min_power_limit_w`` (no lever of the agent is left for them).
 
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
@@ -129,6 +131,23 @@ class _Draft:
     level: IntArray
     low_power: BoolArray
     power_limit_w: FloatArray
+
+
+@dataclass
+class _CapBudget:
+    """Step 4's working state (:meth:`Guard._enforce_caps`): the levels, low-power states and power
+    limits as the caps change them (copies of the draft's), each card's predicted power and each
+    rack's (its cards plus its hosts), kept up to date as each lever is taken."""
+
+    level: IntArray
+    low_power: BoolArray
+    power_limit_w: FloatArray
+    power_w: FloatArray
+    rack_w: FloatArray
+
+    def over(self, r: int, modelled_caps: FloatArray) -> bool:
+        """Rack ``r`` is predicted over its cap (``modelled_caps``, :func:`rack_modelled_caps_w`)."""
+        return bool(self.rack_w[r] > modelled_caps[r] + _TOL_W)
 
 
 class Guard:
@@ -515,88 +534,151 @@ class Guard:
     ) -> None:
         """Step 4 (module docstring), caps: ``draft``'s levels, low-power states and power limits
         such that every rack's predicted power (``table``: every busy card computing) stays within
-        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep)."""
+        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep). Each rack
+        over its cap, in turn, takes the levers in the docstring's order while it is still over:
+        :meth:`_slow_jobs_for_cap`, :meth:`_sleep_idle_for_cap`, :meth:`_limit_power_for_cap`."""
         site = self.site
-        card_rack = self._card_rack
-        slowest = self._model.n_levels - 1
-        load, lvl, lim = draft.load, draft.level, draft.power_limit_w
-        busy = load.busy
-        lp = draft.low_power & ~busy
-        power = self._card_power(table, lp_w, lvl, lp, lim, failed)
-        rack_p = np.bincount(card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
+        lp = draft.low_power & ~draft.load.busy
+        power = self._card_power(table, lp_w, draft.level, lp, draft.power_limit_w, failed)
+        rack_p = np.bincount(self._card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
         over = np.flatnonzero(rack_p > modelled_caps + _TOL_W)
         if over.size == 0:
             draft.low_power = lp
             return
-        lvl, lp, lim = lvl.copy(), lp.copy(), lim.copy()
-        jobs_in_rack: dict[int, list[int]] = {}
-        for ji, j in enumerate(load.jobs):
-            for r in np.unique(card_rack[j.cards]):
-                jobs_in_rack.setdefault(int(r), []).append(ji)
+        b = _CapBudget(draft.level.copy(), lp.copy(), draft.power_limit_w.copy(), power, np.asarray(rack_p, np.float64))
+        jobs_in_rack = self._jobs_by_rack(draft.load)
         lowered: dict[str, int] = {}
-        for r in over:
-            r = int(r)
-            while rack_p[r] > modelled_caps[r] + _TOL_W:
-                best: tuple[float, int, int] | None = None
-                for ji in jobs_in_rack.get(r, []):
-                    j = load.jobs[ji]
-                    k = int(lvl[j.cards[0]])
-                    if k >= slowest:
-                        continue
-                    in_r = j.cards[card_rack[j.cards] == r]
-                    now_w = float(np.minimum(table[in_r, k], lim[in_r]).sum())
-                    # the next level that saves power in this rack (levels sharing a voltage may not)
-                    for k2 in range(k + 1, slowest + 1):
-                        saved = now_w - float(np.minimum(table[in_r, k2], lim[in_r]).sum())
-                        if saved > 1e-9:
-                            lost = job_value_per_h(site, j, k, self.card_hour_value) - job_value_per_h(
-                                site, j, k2, self.card_hour_value
-                            )
-                            score = max(lost, 0.0) / saved
-                            if best is None or score < best[0]:
-                                best = (score, ji, k2)
-                            break
-                if best is None:
-                    break
-                _score, ji, k2 = best
-                j = load.jobs[ji]
-                before = power[j.cards].copy()
-                lvl[j.cards] = k2
-                power[j.cards] = np.minimum(table[j.cards, k2], lim[j.cards])
-                np.add.at(rack_p, card_rack[j.cards], power[j.cards] - before)
-                lowered[j.job_id] = k2
-            if rack_p[r] > modelled_caps[r] + _TOL_W:
-                awake_idle = np.flatnonzero((card_rack == r) & load.idle & ~lp & ~unseen)
-                if awake_idle.size:
-                    lp[awake_idle] = True
-                    new = lp_w[awake_idle]
-                    rack_p[r] += float((new - power[awake_idle]).sum())
-                    power[awake_idle] = new
-                    notes.append(f"guard: {site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap")
-            if rack_p[r] > modelled_caps[r] + _TOL_W:
-                in_r = (card_rack == r) & ~failed
-                lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
-                before_r = power[in_r].copy()
-                power[in_r] = np.where(lp[in_r], lp_w[in_r], np.minimum(table[in_r, lvl[in_r]], lim[in_r]))
-                rack_p[r] += float((power[in_r] - before_r).sum())
-                notes.append(
-                    f"guard: {site.rack_names[r]}: still over its cap at the slowest levels; "
-                    f"power limits of {fs_lim[r]:.0f} W per card"
-                )
-                if rack_p[r] > modelled_caps[r] + _TOL_W:
-                    cfg = self.control
-                    extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
-                    notes.append(
-                        f"guard: {site.rack_names[r]}: cannot be held under its cap: {rack_p[r] / 1e3:.1f} kW "
-                        f"predicted at the lowest power limit a card accepts ({cfg.min_power_limit_w:g} W) > "
-                        f"{modelled_caps[r] / 1e3:.1f} kW left for its cards and hosts "
-                        f"({extra / 1e3:.1f} kW on its PDU the twin does not explain)"
-                    )
+        for r_over in over:
+            r = int(r_over)
+            self._slow_jobs_for_cap(r, b, draft.load, jobs_in_rack.get(r, []), table, modelled_caps, lowered)
+            if b.over(r, modelled_caps):
+                self._sleep_idle_for_cap(r, b, draft.load, lp_w, unseen, notes)
+            if b.over(r, modelled_caps):
+                self._limit_power_for_cap(r, b, table, lp_w, modelled_caps, fs_lim, failed, notes)
         if lowered:
             items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
             more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""
             notes.append(f"guard: slowed job(s) {items}{more} to keep racks under their caps (worst-case phases)")
-        draft.level, draft.low_power, draft.power_limit_w = lvl, lp, lim
+        draft.level, draft.low_power, draft.power_limit_w = b.level, b.low_power, b.power_limit_w
+
+    def _jobs_by_rack(self, load: SiteLoad) -> dict[int, list[int]]:
+        """The indices (in ``load.jobs``) of the jobs with a card in each rack, in ``load.jobs``' order."""
+        card_rack = self._card_rack
+        jobs_in_rack: dict[int, list[int]] = {}
+        for ji, j in enumerate(load.jobs):
+            for r in np.unique(card_rack[j.cards]):
+                jobs_in_rack.setdefault(int(r), []).append(ji)
+        return jobs_in_rack
+
+    def _slow_jobs_for_cap(
+        self,
+        r: int,
+        b: _CapBudget,
+        load: SiteLoad,
+        jobs: list[int],
+        table: FloatArray,
+        modelled_caps: FloatArray,
+        lowered: dict[str, int],
+    ) -> None:
+        """Step 4's first lever (module docstring): while rack ``r`` is over its cap, the job of ``jobs``
+        (those with a card in it) whose next slower level gives up the least value per watt saved in the
+        rack (:meth:`_cheapest_step`) steps down, all its cards (on every rack); until none can.
+        ``lowered`` gets each job slowed and its new level."""
+        while b.over(r, modelled_caps):
+            step = self._cheapest_step(r, b, load, jobs, table)
+            if step is None:
+                break
+            ji, k2 = step
+            j = load.jobs[ji]
+            before = b.power_w[j.cards].copy()
+            b.level[j.cards] = k2
+            b.power_w[j.cards] = np.minimum(table[j.cards, k2], b.power_limit_w[j.cards])
+            np.add.at(b.rack_w, self._card_rack[j.cards], b.power_w[j.cards] - before)
+            lowered[j.job_id] = k2
+
+    def _cheapest_step(
+        self, r: int, b: _CapBudget, load: SiteLoad, jobs: list[int], table: FloatArray
+    ) -> tuple[int, int] | None:
+        """The step down that gives up the least value per watt saved in rack ``r``: (job index, new
+        level), each job judged at its first slower level that saves power in the rack (levels sharing a
+        voltage may not); None when every job of ``jobs`` is at the slowest level or no step saves."""
+        site = self.site
+        card_rack = self._card_rack
+        slowest = self._model.n_levels - 1
+        lvl, lim = b.level, b.power_limit_w
+        best: tuple[float, int, int] | None = None
+        for ji in jobs:
+            j = load.jobs[ji]
+            k = int(lvl[j.cards[0]])
+            if k >= slowest:
+                continue
+            in_r = j.cards[card_rack[j.cards] == r]
+            now_w = float(np.minimum(table[in_r, k], lim[in_r]).sum())
+            # the next level that saves power in this rack (levels sharing a voltage may not)
+            for k2 in range(k + 1, slowest + 1):
+                saved = now_w - float(np.minimum(table[in_r, k2], lim[in_r]).sum())
+                if saved > 1e-9:
+                    lost = job_value_per_h(site, j, k, self.card_hour_value) - job_value_per_h(
+                        site, j, k2, self.card_hour_value
+                    )
+                    score = max(lost, 0.0) / saved
+                    if best is None or score < best[0]:
+                        best = (score, ji, k2)
+                    break
+        if best is None:
+            return None
+        _score, ji, k2 = best
+        return ji, k2
+
+    def _sleep_idle_for_cap(
+        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, unseen: BoolArray, notes: list[str]
+    ) -> None:
+        """Step 4's second lever (module docstring), for rack ``r`` still over its cap with its jobs at
+        the slowest level they can take: its awake idle cards the agent can see (not ``unseen``) go to
+        low-power idle, with a line in ``notes``."""
+        awake_idle = np.flatnonzero((self._card_rack == r) & load.idle & ~b.low_power & ~unseen)
+        if awake_idle.size:
+            b.low_power[awake_idle] = True
+            new = lp_w[awake_idle]
+            b.rack_w[r] += float((new - b.power_w[awake_idle]).sum())
+            b.power_w[awake_idle] = new
+            notes.append(f"guard: {self.site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap")
+
+    def _limit_power_for_cap(
+        self,
+        r: int,
+        b: _CapBudget,
+        table: FloatArray,
+        lp_w: FloatArray,
+        modelled_caps: FloatArray,
+        fs_lim: FloatArray,
+        failed: BoolArray,
+        notes: list[str],
+    ) -> None:
+        """Step 4's last lever (module docstring), for rack ``r`` still over its cap after the other two:
+        every card of the rack (not failed) gets the fail-safe power limit ``fs_lim[r]`` (or keeps a lower
+        one), with a line in ``notes``; when even that does not hold the cap (the limit it would need is
+        below ``min_power_limit_w``), a line saying the rack cannot be held and by how much."""
+        site = self.site
+        in_r = (self._card_rack == r) & ~failed
+        lim, power = b.power_limit_w, b.power_w
+        lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
+        before_r = power[in_r].copy()
+        power[in_r] = np.where(b.low_power[in_r], lp_w[in_r], np.minimum(table[in_r, b.level[in_r]], lim[in_r]))
+        b.rack_w[r] += float((power[in_r] - before_r).sum())
+        notes.append(
+            f"guard: {site.rack_names[r]}: still over its cap at the slowest levels; "
+            f"power limits of {fs_lim[r]:.0f} W per card"
+        )
+        if b.over(r, modelled_caps):
+            cfg = self.control
+            extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
+            notes.append(
+                f"guard: {site.rack_names[r]}: cannot be held under its cap: {b.rack_w[r] / 1e3:.1f} kW "
+                f"predicted at the lowest power limit a card accepts ({cfg.min_power_limit_w:g} W) > "
+                f"{modelled_caps[r] / 1e3:.1f} kW left for its cards and hosts "
+                f"({extra / 1e3:.1f} kW on its PDU the twin does not explain)"
+            )
 
     def _enforce_dies(
         self,
@@ -610,7 +692,9 @@ class Guard:
         """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
         held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
         first level where all its cards are under it; a card still over at the slowest level gets the
-        power limit (whole watts, down, within the card's range) that its die limit allows."""
+        power limit (whole watts, down, within the card's range) that its die limit allows. ``notes``
+        says what was done (:meth:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose dies
+        are over their limit even at the lowest power limit a card accepts (no lever left)."""
         site, cfg = self.site, self.control
         load, lvl, lim = draft.load, draft.level, draft.power_limit_w
         slowest = self._model.n_levels - 1
@@ -621,22 +705,68 @@ class Guard:
         if not hot.any():
             return
         lvl, lim = lvl.copy(), lim.copy()
-        slowed: list[str] = []
+        slowed: dict[str, int] = {}
+        limited: list[str] = []
+        limited_cards: list[IntArray] = []
+        unheld: dict[str, float] = {}  # job -> its hottest die at the lowest power limit
         for j in load.jobs:
             if not hot[j.cards].any():
                 continue
-            k = int(lvl[j.cards[0]])
+            k0 = k = int(lvl[j.cards[0]])
             while k < slowest:
                 d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
                 if np.all(d <= die_limit + 1e-9):
                     break
                 k += 1
             lvl[j.cards] = k
-            slowed.append(j.job_id)
+            if k > k0:
+                slowed[j.job_id] = k
             d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
             still = j.cards[d > die_limit + 1e-9]
             if still.size:
                 allowed = np.floor((die_limit - inlet[still] - off[still]) / r_total[still])  # whole watts, down
+                before = lim[still].copy()
                 lim[still] = np.clip(np.minimum(lim[still], allowed), cfg.min_power_limit_w, site.card.power_limit_w)
-        notes.append(f"guard: slowed job(s) {', '.join(slowed[:6])} to keep dies under {die_limit:g} deg C")
+                lowered = still[lim[still] < before]
+                if lowered.size:
+                    limited.append(j.job_id)
+                    limited_cards.append(lowered)
+                held = inlet[still] + r_total[still] * np.minimum(table[still, k], lim[still]) + off[still]
+                if np.any(held > die_limit + 1e-9):
+                    unheld[j.job_id] = float(held.max())
+        self._note_dies(die_limit, slowed, limited, limited_cards, lim, unheld, notes)
         draft.level, draft.power_limit_w = lvl, lim
+
+    def _note_dies(
+        self,
+        die_limit: float,
+        slowed: dict[str, int],
+        limited: list[str],
+        limited_cards: list[IntArray],
+        lim: FloatArray,
+        unheld: dict[str, float],
+        notes: list[str],
+    ) -> None:
+        """Step 5's lines in ``notes``, each saying what the guard did for the dies: the jobs it slowed
+        (and to which level), the jobs at the slowest level whose cards it gave a lower power limit (how
+        many cards, the lowest limit), and the jobs whose dies it cannot hold under ``die_limit`` even at
+        the lowest power limit a card accepts (their hottest die predicted there)."""
+        keep = f"to keep dies under {die_limit:g} deg C"
+        if slowed:
+            items = ", ".join(f"{k} -> {v}" for k, v in list(slowed.items())[:6])
+            more = f" and {len(slowed) - 6} more" if len(slowed) > 6 else ""
+            notes.append(f"guard: slowed job(s) {items}{more} {keep}")
+        if limited:
+            cards = np.concatenate(limited_cards)
+            more = f" and {len(limited) - 6} more" if len(limited) > 6 else ""
+            notes.append(
+                f"guard: power-limited job(s) {', '.join(limited[:6])}{more} at the slowest level {keep} "
+                f"({cards.size} cards, lowest limit {float(lim[cards].min()):.0f} W)"
+            )
+        if unheld:
+            more = f" and {len(unheld) - 6} more" if len(unheld) > 6 else ""
+            notes.append(
+                f"guard: dies of job(s) {', '.join(list(unheld)[:6])}{more} cannot be held under {die_limit:g} deg C: "
+                f"up to {max(unheld.values()):.1f} deg C predicted at the lowest power limit a card accepts "
+                f"({self.control.min_power_limit_w:g} W)"
+            )

@@ -436,7 +436,9 @@ def _tables_and_line(p: CycleProblem, supply_c: float) -> tuple[DvfsTables, Faci
 
 
 def greedy_cycle(p: CycleProblem, choose_setpoint: bool = True) -> CyclePlan:
-    """The heuristic equivalent of :func:`plan_cycle` (no solver): greedy plan per set-point."""
+    """The heuristic equivalent of :func:`plan_cycle` (no solver): greedy plan per set-point. An
+    infeasible set-point's reason reads as :func:`plan_cycle`'s: prefixed with the set-point only when
+    there are several."""
     t0 = time.perf_counter()
     options = p.supply_options_c if choose_setpoint else (p.supply_temp_c,)
     best: DvfsPlan | None = None
@@ -447,7 +449,8 @@ def greedy_cycle(p: CycleProblem, choose_setpoint: bool = True) -> CyclePlan:
         t, line = _tables_and_line(p, s)
         g = greedy_dvfs(p, t, line)
         if not g.feasible:
-            reasons.append(f"supply {s:g} deg C: {g.explanation}")
+            # the set-point named only when there are several (as CyclePlanner.plan's reasons)
+            reasons.append(f"supply {s:g} deg C: {g.explanation}" if len(options) > 1 else g.explanation)
             records.append(SetpointOption(s, SolveStatus.INFEASIBLE, None, None, None, time.perf_counter() - t1))
             continue
         plan = assess_dvfs(p, g.job_level, g.rack_awake, s, t)

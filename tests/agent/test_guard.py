@@ -146,6 +146,8 @@ def test_a_die_over_its_limit_slows_its_job_to_the_first_level_under_it() -> Non
     # 85) and 557 W at level 1 (81.5 deg C); "a" is at level 2 for r0's cap (as above)
     assert d.job_levels == {"a": 2, "b": 1}
     assert d.predicted_rack_max_die_c[0] <= 85.0
+    assert "guard: slowed job(s) b -> 1 to keep dies under 85 deg C" in d.explanation
+    assert not any("power-limited" in e or "cannot be held" in e for e in d.explanation)
 
 
 def test_a_job_too_hot_at_its_slowest_level_gets_the_power_limit_its_die_allows() -> None:
@@ -157,6 +159,48 @@ def test_a_job_too_hot_at_its_slowest_level_gets_the_power_limit_its_die_allows(
     # (85 - 70) / 0.053 = 283.02 W, down to a whole watt; r1's cards run at 30 deg C, unlimited
     assert d.card_power_limit_w[:16].tolist() == [283.0] * 16
     assert d.card_power_limit_w[16:].tolist() == [700.0] * 16
+    # "a" went from level 2 (r0's cap) and "b" from 0 to the slowest, then the 16 cards of r0 were limited
+    assert "guard: slowed job(s) a -> 7, b -> 7 to keep dies under 85 deg C" in d.explanation
+    assert (
+        "guard: power-limited job(s) a, b at the slowest level to keep dies under 85 deg C "
+        "(16 cards, lowest limit 283 W)" in d.explanation
+    )
+
+
+def test_a_job_already_at_its_slowest_level_is_said_to_be_power_limited_not_slowed() -> None:
+    """An operator reads the notes in ``racktwin journal``: a job that only got a lower power limit was
+    not slowed (it proposed the slowest level itself)."""
+    site, snap = scene()
+    inlet = np.full(site.n_cards, 30.0)
+    inlet[:16] = 70.0
+    d = Guard(site, CFG).review(proposal(site, 7), snap, step_context(site, card_inlet_c=inlet))
+    assert d.job_levels == {"a": 7, "b": 7}
+    assert d.card_power_limit_w.tolist() == [283.0] * 16 + [700.0] * 16  # (85 - 70) / 0.053 = 283.02 W
+    guard_notes = [e for e in d.explanation if e.startswith("guard: ")]
+    assert guard_notes == [
+        "guard: power-limited job(s) a, b at the slowest level to keep dies under 85 deg C "
+        "(16 cards, lowest limit 283 W)"
+    ]
+
+
+def test_a_die_the_lowest_power_limit_cannot_hold_is_said_to_be_over_its_limit() -> None:
+    """At an 80 deg C inlet a die allows (85 - 80) / 0.053 = 94 W, under the 200 W a card accepts: at
+    200 W it is predicted at 80 + 0.053 x 200 = 90.6 deg C (the slowest level draws more than that).
+    The guard has no lever left and says so rather than that it held the dies."""
+    site, snap = scene()
+    inlet = np.full(site.n_cards, 30.0)
+    inlet[:16] = 80.0
+    d = Guard(site, CFG).review(proposal(site, 7), snap, step_context(site, card_inlet_c=inlet))
+    assert d.card_power_limit_w.tolist() == [200.0] * 16 + [700.0] * 16
+    assert (
+        "guard: power-limited job(s) a, b at the slowest level to keep dies under 85 deg C "
+        "(16 cards, lowest limit 200 W)" in d.explanation
+    )
+    assert (
+        "guard: dies of job(s) a, b cannot be held under 85 deg C: up to 90.6 deg C predicted at the "
+        "lowest power limit a card accepts (200 W)" in d.explanation
+    )
+    assert d.predicted_rack_max_die_c[0] == pytest.approx(90.6)
 
 
 def test_with_no_set_point_in_force_or_proposed_the_site_design_one_leaves_and_the_caps_hold() -> None:

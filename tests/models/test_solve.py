@@ -248,3 +248,20 @@ def test_a_decomposed_solve_with_a_chunk_left_unsolved_is_feasible_not_optimal(s
     assert info.status == SolveStatus.FEASIBLE
     assert level is not None and awake is not None
     assert int(level[1]) == int(g.job_level[1])
+
+
+def test_an_infeasible_cycle_reads_the_same_from_the_greedy_path_and_the_planner(site: SiteSpec) -> None:
+    """64 cards in r3 with a 25 kW limit are over its 24 kW cap at any level: with one set-point the
+    reason names the rack, not the set-point (there is no other); with several, each set-point's reason
+    is prefixed with it. ``greedy_cycle`` (the fallback) and ``plan_cycle`` say the same."""
+    limits = np.full(8, 50_000.0)
+    limits[3] = 25_000.0
+    p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, supply_c=30.0, options=[30.0, 35.0])
+    one_greedy, one_milp = greedy_cycle(p, choose_setpoint=False), plan_cycle(p, choose_setpoint=False)
+    assert one_greedy.status == one_milp.status == SolveStatus.INFEASIBLE
+    assert one_greedy.explanation.startswith("rack power: rack r3: 64 busy cards at their lowest allowed levels")
+    assert one_greedy.explanation == one_milp.explanation
+    several_greedy, several_milp = greedy_cycle(p, choose_setpoint=True), plan_cycle(p, choose_setpoint=True)
+    lines = several_greedy.explanation.split("\n")
+    assert [line.split(": rack power: rack r3:")[0] for line in lines] == ["supply 30 deg C", "supply 35 deg C"]
+    assert several_greedy.explanation == several_milp.explanation
