@@ -148,6 +148,9 @@ class Decision:
     max_power_limit_w: float = float("inf")  # the card's own (default) power limit
     job_levels: dict[str, int] = field(default_factory=dict)
     explanation: tuple[str, ...] = ()
+    # what the guard changed: one entry per explanation line it wrote (agent.guard.GUARD_ACTIONS), all of
+    # them even where the explanation keeps only its first lines; () when it changed nothing or is not guarded
+    guard_actions: tuple[str, ...] = ()
     guarded: bool = False
     choose_setpoint: bool = False
     # per rack: the loop pump's speed (fraction of nominal); None: pumps are not controlled

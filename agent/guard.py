@@ -50,6 +50,11 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    which jobs were slowed (to which level), which were power-limited at the slowest level, and which
    dies cannot be held even at ``control.min_power_limit_w`` (no lever of the agent is left for them).
 
+Each explanation line the guard writes (``guard: ...``) comes with its action, one of
+:data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper; the explanation
+keeps the guard's first 12 lines, the actions are all kept), which ``racktwin_guard_actions_total``
+counts (``agent.metric_updates``).
+
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
 every rack within ``limit - margin - extra`` wherever the fail-safe power limit can (above).
@@ -78,10 +83,33 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["Guard", "failsafe_card_limit_w", "rack_measured_caps_w", "rack_modelled_caps_w"]
+__all__ = ["GUARD_ACTIONS", "Guard", "failsafe_card_limit_w", "rack_measured_caps_w", "rack_modelled_caps_w"]
 
 _TOL_W = 1e-6
 _MAX_NOTES = 12
+
+#: What the guard changed in a decision (``Decision.guard_actions``, ``racktwin_guard_actions_total``),
+#: one entry per explanation line it writes, by the module docstring's steps: (1) placements dropped;
+#: (2) level raises limited, the set-point's move limited; (3) fail-safe caps; (3b) pumps sent to full
+#: speed; (4) for a rack's cap: jobs slowed (one line for all racks), idle cards to low power, power
+#: limits cut to the fail-safe limit, and the cap not held even so (one line each per rack); (5) for
+#: the dies: jobs slowed, jobs power-limited at the slowest level, dies not held even at
+#: ``min_power_limit_w`` (one line each per decision). ``cap_not_held`` and ``die_not_held`` mean no
+#: lever of the agent is left (alert ``RacktwinGuardCannotHold``).
+GUARD_ACTIONS = (
+    "placements_dropped",
+    "level_raise_limited",
+    "setpoint_limited",
+    "failsafe_caps",
+    "pumps_full_speed",
+    "cap_jobs_slowed",
+    "cap_idle_to_low_power",
+    "cap_power_limited",
+    "cap_not_held",
+    "die_jobs_slowed",
+    "die_power_limited",
+    "die_not_held",
+)
 
 
 def rack_measured_caps_w(site: SiteSpec, control: ControlConfig) -> FloatArray:
@@ -102,6 +130,22 @@ def failsafe_card_limit_w(site: SiteSpec, control: ControlConfig, rack_extra_w: 
     caps = rack_modelled_caps_w(site, control, rack_extra_w)
     per_card = np.floor((caps - site.rack.host_overhead_w) / site.cards_per_rack)
     return np.asarray(np.clip(per_card, control.min_power_limit_w, site.card.power_limit_w), dtype=np.float64)
+
+
+class _Notes:
+    """The guard's explanation lines and, with each, the action it names (:data:`GUARD_ACTIONS`): a line
+    and its action are written together (:meth:`add`), so the two records cannot drift apart."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.actions: list[str] = []
+
+    def add(self, action: str, text: str) -> None:
+        """The line ``guard: <text>`` for ``action`` (one of :data:`GUARD_ACTIONS`, a ValueError if not)."""
+        if action not in GUARD_ACTIONS:
+            raise ValueError(f"guard action must be one of {', '.join(GUARD_ACTIONS)}, got {action!r}")
+        self.lines.append(f"guard: {text}")
+        self.actions.append(action)
 
 
 @dataclass(frozen=True)
@@ -175,7 +219,7 @@ class Guard:
         works on what the steps before it let through; ``notes`` collects their explanation lines)."""
         self._check_shapes(proposal)
         site, cfg = self.site, self.control
-        notes: list[str] = []
+        notes = _Notes()
         snap_lp = np.asarray(snap.card_low_power, dtype=bool)
         self._observe(snap_lp, ctx.now_s)
         sight = _Sight.of(site, ctx, self._card_rack)
@@ -220,7 +264,7 @@ class Guard:
             if np.shape(getattr(proposal, name)) != (n,):
                 raise ValueError(f"decision.{name} must have one entry per card ({n})")
 
-    def _sanitize(self, proposal: Decision, snap: StateSnapshot, sight: _Sight, notes: list[str]) -> _Draft:
+    def _sanitize(self, proposal: Decision, snap: StateSnapshot, sight: _Sight, notes: _Notes) -> _Draft:
         """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one, NaN or
         infinite, is the slowest; a fractional one is rounded to the slower level), power limits to the
         card's range (an undefined one is the largest), placements kept only when valid
@@ -239,7 +283,9 @@ class Guard:
         orders, dropped = self._valid_placements(proposal.placements, snap, sight.unseen_card)
         queue_waits = dict(proposal.queue_waits)
         if dropped:
-            notes.append(f"guard: placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued")
+            notes.add(
+                "placements_dropped", f"placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued"
+            )
             queued_ids = {q.job_id for q in snap.queue}
             why = "the guard dropped its placement: cards not free or not seen"
             placed_ids = {o.job_id for o in orders}
@@ -250,7 +296,7 @@ class Guard:
         lp[load.busy] = False
         return _Draft(load, orders, queue_waits, lvl, lp, lim)
 
-    def _limit_level_raises(self, draft: _Draft, snap: StateSnapshot, notes: list[str]) -> None:
+    def _limit_level_raises(self, draft: _Draft, snap: StateSnapshot, notes: _Notes) -> None:
         """Step 2 (module docstring), rate limits on levels: a card's level rises (toward faster clocks)
         by at most ``max_level_raise_per_period`` from the level telemetry reports; then all cards of a
         job get one level, the slowest any of them has."""
@@ -258,7 +304,7 @@ class Guard:
         cur = self._reported_levels(snap)
         limited = draft.level < cur - step
         if limited[draft.load.busy].any():
-            notes.append(f"guard: level raises limited to {step} per decision")
+            notes.add("level_raise_limited", f"level raises limited to {step} per decision")
         draft.level = np.maximum(draft.level, cur - step)
         self._one_level_per_job(draft)
 
@@ -277,7 +323,7 @@ class Guard:
         sight: _Sight,
         fs_lim: FloatArray,
         stuck_cards: tuple[int, ...],
-        notes: list[str],
+        notes: _Notes,
     ) -> None:
         """Step 3 (module docstring), fail-safe racks (stale telemetry or a stuck sensor): every card's
         power limit becomes the lowest of the proposed one, the one it reports and its rack's fail-safe
@@ -308,7 +354,7 @@ class Guard:
         draft.low_power = np.where(sight.unseen_card & draft.load.idle, snap_lp, draft.low_power)
         names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
         stuck = f" (stuck sensor: card {', '.join(str(c) for c in stuck_cards[:4])})" if stuck_cards else ""
-        notes.append(f"guard: fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
+        notes.add("failsafe_caps", f"fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
 
     def _thermal_at_speeds(
         self, speed: FloatArray | None, off: FloatArray, ctx: StepContext
@@ -334,7 +380,7 @@ class Guard:
         off: FloatArray,
         measured_caps: FloatArray,
         ctx: StepContext,
-        notes: list[str],
+        notes: _Notes,
     ) -> Decision:
         """The decision that leaves, with the twin's predictions of it: rack power with every busy card
         computing (the budget held to the caps, its hottest dies) and in the jobs' expected phases (the
@@ -369,7 +415,8 @@ class Guard:
             predicted_pue=cooling.pue,
             max_power_limit_w=site.card.power_limit_w,
             job_levels=job_levels,
-            explanation=(*proposal.explanation, *notes[:_MAX_NOTES]),
+            explanation=(*proposal.explanation, *notes.lines[:_MAX_NOTES]),
+            guard_actions=(*proposal.guard_actions, *notes.actions),
             queue_waits=draft.queue_waits,
             guarded=True,
             rack_pump_speed_frac=speed,
@@ -395,7 +442,7 @@ class Guard:
         measured_caps: FloatArray,
         fs_rack: BoolArray,
         ctx: StepContext,
-        notes: list[str],
+        notes: _Notes,
     ) -> FloatArray | None:
         """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled).
         ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra.
@@ -427,7 +474,9 @@ class Guard:
         raised = np.flatnonzero(slow & bad)
         if raised.size:
             names = ", ".join(site.rack_names[r] for r in raised[:8])
-            notes.append(f"guard: pumps of {names} at full speed (dies, cap or loop rise at the proposed speed)")
+            notes.add(
+                "pumps_full_speed", f"pumps of {names} at full speed (dies, cap or loop rise at the proposed speed)"
+            )
         return np.asarray(np.where(slow & bad, 1.0, speed), dtype=np.float64)
 
     def _observe(self, snap_lp: BoolArray, now_s: float) -> None:
@@ -469,7 +518,7 @@ class Guard:
                 dropped.append(o.job_id)
         return ok, dropped
 
-    def _limit_setpoint(self, wanted_c: float, current_c: float, notes: list[str]) -> float:
+    def _limit_setpoint(self, wanted_c: float, current_c: float, notes: _Notes) -> float:
         """Step 2 (module docstring), set-point: the proposed supply set-point (the one in force if it is
         undefined; the site's design set-point if that is unknown too) within the site's options, moved
         by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
@@ -483,7 +532,7 @@ class Guard:
         step = self.control.max_setpoint_step_k
         if math.isfinite(current_c) and abs(target - current_c) > step + 1e-9:
             limited = current_c + math.copysign(step, target - current_c)
-            notes.append(f"guard: set-point move {current_c:g} -> {target:g} deg C limited to {limited:g}")
+            notes.add("setpoint_limited", f"set-point move {current_c:g} -> {target:g} deg C limited to {limited:g}")
             target = min(max(limited, lo), hi)
         return float(target)
 
@@ -528,7 +577,7 @@ class Guard:
         modelled_caps: FloatArray,
         fs_lim: FloatArray,
         failed: BoolArray,
-        notes: list[str],
+        notes: _Notes,
         *,
         unseen: BoolArray,
     ) -> None:
@@ -558,7 +607,9 @@ class Guard:
         if lowered:
             items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
             more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""
-            notes.append(f"guard: slowed job(s) {items}{more} to keep racks under their caps (worst-case phases)")
+            notes.add(
+                "cap_jobs_slowed", f"slowed job(s) {items}{more} to keep racks under their caps (worst-case phases)"
+            )
         draft.level, draft.low_power, draft.power_limit_w = b.level, b.low_power, b.power_limit_w
 
     def _jobs_by_rack(self, load: SiteLoad) -> dict[int, list[int]]:
@@ -631,7 +682,7 @@ class Guard:
         return ji, k2
 
     def _sleep_idle_for_cap(
-        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, unseen: BoolArray, notes: list[str]
+        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, unseen: BoolArray, notes: _Notes
     ) -> None:
         """Step 4's second lever (module docstring), for rack ``r`` still over its cap with its jobs at
         the slowest level they can take: its awake idle cards the agent can see (not ``unseen``) go to
@@ -642,7 +693,10 @@ class Guard:
             new = lp_w[awake_idle]
             b.rack_w[r] += float((new - b.power_w[awake_idle]).sum())
             b.power_w[awake_idle] = new
-            notes.append(f"guard: {self.site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap")
+            notes.add(
+                "cap_idle_to_low_power",
+                f"{self.site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap",
+            )
 
     def _limit_power_for_cap(
         self,
@@ -653,7 +707,7 @@ class Guard:
         modelled_caps: FloatArray,
         fs_lim: FloatArray,
         failed: BoolArray,
-        notes: list[str],
+        notes: _Notes,
     ) -> None:
         """Step 4's last lever (module docstring), for rack ``r`` still over its cap after the other two:
         every card of the rack (not failed) gets the fail-safe power limit ``fs_lim[r]`` (or keeps a lower
@@ -666,18 +720,20 @@ class Guard:
         before_r = power[in_r].copy()
         power[in_r] = np.where(b.low_power[in_r], lp_w[in_r], np.minimum(table[in_r, b.level[in_r]], lim[in_r]))
         b.rack_w[r] += float((power[in_r] - before_r).sum())
-        notes.append(
-            f"guard: {site.rack_names[r]}: still over its cap at the slowest levels; "
-            f"power limits of {fs_lim[r]:.0f} W per card"
+        notes.add(
+            "cap_power_limited",
+            f"{site.rack_names[r]}: still over its cap at the slowest levels; "
+            f"power limits of {fs_lim[r]:.0f} W per card",
         )
         if b.over(r, modelled_caps):
             cfg = self.control
             extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
-            notes.append(
-                f"guard: {site.rack_names[r]}: cannot be held under its cap: {b.rack_w[r] / 1e3:.1f} kW "
+            notes.add(
+                "cap_not_held",
+                f"{site.rack_names[r]}: cannot be held under its cap: {b.rack_w[r] / 1e3:.1f} kW "
                 f"predicted at the lowest power limit a card accepts ({cfg.min_power_limit_w:g} W) > "
                 f"{modelled_caps[r] / 1e3:.1f} kW left for its cards and hosts "
-                f"({extra / 1e3:.1f} kW on its PDU the twin does not explain)"
+                f"({extra / 1e3:.1f} kW on its PDU the twin does not explain)",
             )
 
     def _enforce_dies(
@@ -687,7 +743,7 @@ class Guard:
         inlet: FloatArray,
         r_total: FloatArray,
         off: FloatArray,
-        notes: list[str],
+        notes: _Notes,
     ) -> None:
         """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
         held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
@@ -745,7 +801,7 @@ class Guard:
         limited_cards: list[IntArray],
         lim: FloatArray,
         unheld: dict[str, float],
-        notes: list[str],
+        notes: _Notes,
     ) -> None:
         """Step 5's lines in ``notes``, each saying what the guard did for the dies: the jobs it slowed
         (and to which level), the jobs at the slowest level whose cards it gave a lower power limit (how
@@ -755,18 +811,20 @@ class Guard:
         if slowed:
             items = ", ".join(f"{k} -> {v}" for k, v in list(slowed.items())[:6])
             more = f" and {len(slowed) - 6} more" if len(slowed) > 6 else ""
-            notes.append(f"guard: slowed job(s) {items}{more} {keep}")
+            notes.add("die_jobs_slowed", f"slowed job(s) {items}{more} {keep}")
         if limited:
             cards = np.concatenate(limited_cards)
             more = f" and {len(limited) - 6} more" if len(limited) > 6 else ""
-            notes.append(
-                f"guard: power-limited job(s) {', '.join(limited[:6])}{more} at the slowest level {keep} "
-                f"({cards.size} cards, lowest limit {float(lim[cards].min()):.0f} W)"
+            notes.add(
+                "die_power_limited",
+                f"power-limited job(s) {', '.join(limited[:6])}{more} at the slowest level {keep} "
+                f"({cards.size} cards, lowest limit {float(lim[cards].min()):.0f} W)",
             )
         if unheld:
             more = f" and {len(unheld) - 6} more" if len(unheld) > 6 else ""
-            notes.append(
-                f"guard: dies of job(s) {', '.join(list(unheld)[:6])}{more} cannot be held under {die_limit:g} deg C: "
+            notes.add(
+                "die_not_held",
+                f"dies of job(s) {', '.join(list(unheld)[:6])}{more} cannot be held under {die_limit:g} deg C: "
                 f"up to {max(unheld.values()):.1f} deg C predicted at the lowest power limit a card accepts "
-                f"({self.control.min_power_limit_w:g} W)"
+                f"({self.control.min_power_limit_w:g} W)",
             )

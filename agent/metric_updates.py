@@ -1,6 +1,6 @@
 """The service's metrics (``agent.metrics.AgentMetrics``) brought up to date: the site's state, the
 broker link, rejections and counts every second (:meth:`MetricUpdates.update`, the health task),
-and each decision's plan (:meth:`MetricUpdates.after_decision`).
+and each decision's plan and what the guard changed in it (:meth:`MetricUpdates.after_decision`).
 
 The counters the service's parts keep only grow; what was counted into the metrics so far is kept
 here, so that each update adds the difference.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -118,6 +119,8 @@ class MetricUpdates:
             m.queued_jobs.labels(wait=kind).set(waiting.get(kind, 0))
         m.decision_status.labels(status=d.status).inc()
         m.plans_total.labels(status=d.plan_status, source=d.source).inc()
+        for action, n in Counter(d.guard_actions).items():  # one per explanation line the guard wrote
+            m.guard_actions_total.labels(action=action).inc(n)
 
     def update(self) -> None:
         """Every group of gauges in its own guarded step: a step that raises (a defect) leaves the others

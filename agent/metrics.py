@@ -170,6 +170,13 @@ class AgentMetrics:
             ["status", "source"],
             registry=r,
         )
+        self.guard_actions_total = Counter(
+            "racktwin_guard_actions_total",
+            "What the guard changed in the decisions it let out, one count per explanation line it wrote "
+            "(agent.guard.GUARD_ACTIONS); cap_not_held, die_not_held: a rack or a die it cannot hold, no lever left",
+            ["action"],
+            registry=r,
+        )
         self.predicted_rack_power_watts = Gauge(
             "racktwin_predicted_rack_power_watts",
             "Rack power the twin predicts for the last decision",
@@ -275,6 +282,7 @@ class AgentMetrics:
         appears at its first event has no earlier sample, so Prometheus' ``increase()`` (the alert
         rules in deploy/prometheus) would miss that first burst."""
         from agent.decision import STATUSES
+        from agent.guard import GUARD_ACTIONS
         from models.plans import SolveStatus
 
         for result in COMMAND_RESULTS:
@@ -283,6 +291,8 @@ class AgentMetrics:
             self.invalid_readings_total.labels(rack=rack)
         for status in STATUSES:
             self.decisions_total.labels(status=status)
+        for action in GUARD_ACTIONS:
+            self.guard_actions_total.labels(action=action)
         for source in PLAN_SOURCES:
             self.control_cycles_total.labels(source=source)
             for solve in SolveStatus:
