@@ -88,13 +88,13 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
 
     m.ub = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.pw = pyo.Param(m.PAIRS, m.K, mutable=True, initialize=0.0)
-    m.jpw = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
-    m.val = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.x_gain = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.rhs = pyo.Param(m.R, mutable=True, initialize=0.0)
     m.wake = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.idle = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.a_gain = pyo.Param(m.RI, mutable=True, initialize=0.0)
+    m.pue_x = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    m.pue_a = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.base_total = pyo.Param(mutable=True, initialize=0.0)
     m.reserve = pyo.Param(mutable=True, initialize=0.0)
     m.fa = pyo.Param(mutable=True, initialize=0.0)
@@ -108,11 +108,6 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     m.a = pyo.Var(m.RI, domain=pyo.NonNegativeIntegers, bounds=lambda m, r: (0, m.idle[r]))
     m.s = pyo.Var(domain=pyo.NonNegativeReals)
     set_dvfs_data(m, p, t, line)
-    m.it_w = pyo.Expression(
-        expr=m.base_total
-        + sum(m.jpw[j, k] * m.x[j, k] for j in m.J for k in m.K)
-        + sum(m.wake[r] * m.a[r] for r in m.RI)
-    )
     _add_level_choice_constraints(m, p)
     _add_rack_power_constraints(m, p)
     _add_reserve_constraints(m, p)
@@ -145,8 +140,6 @@ def set_dvfs_data(
     """
     jk = [(j, k) for j in range(t.n_jobs) for k in range(t.n_levels)]
     _store(m.ub, jk, level_upper_bounds(t))
-    _store(m.jpw, jk, t.job_power_w)
-    _store(m.val, jk, t.job_value)
     _store(m.pw, [(q, k) for q in range(t.pair_job.size) for k in range(t.n_levels)], t.pair_power_w)
     racks, idle_racks = list(m.R), list(m.RI)
     _store(m.rhs, racks, t.rack_cap_w[racks] - t.rack_base_w[racks])
@@ -167,10 +160,14 @@ def set_dvfs_data(
         m.pue = 1.0
         m.price_w = it_price_per_wh
         m.penalty_w = 0.0
-    # the objective's coefficients, as Pyomo evaluated val - price_w fb jpw (the same floats)
+    # the objective's coefficients, as Pyomo evaluated V - price_w fb P (the same floats)
     minus_price_fb = (-pyo.value(m.price_w)) * pyo.value(m.fb)
     _store(m.x_gain, jk, t.job_value + minus_price_fb * t.job_power_w)
     _store(m.a_gain, idle_racks, minus_price_fb * t.rack_wake_w[idle_racks])
+    # the PUE row's coefficients, as Pyomo evaluated (fb - pue) P and (fb - pue) w (the same floats)
+    fb_minus_pue = pyo.value(m.fb) - pyo.value(m.pue)
+    _store(m.pue_x, jk, fb_minus_pue * t.job_power_w)
+    _store(m.pue_a, idle_racks, fb_minus_pue * t.rack_wake_w[idle_racks])
 
 
 def _store(param: pyo.Param, keys: list[Any], values: npt.NDArray[Any]) -> None:
@@ -206,8 +203,18 @@ def _add_reserve_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
 def _add_pue_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
     """Soft PUE target: facility power ``F = a + b IT`` (affine fit of the twin's facility model at
     this set-point) must stay within ``pue_target * IT``; the excess ``s`` is paid at the PUE
-    penalty in the objective: ``(b - pue) IT - s <= -a``."""
-    m.pue_soft = pyo.Constraint(expr=(m.fb - m.pue) * m.it_w - m.s <= -m.fa)
+    penalty in the objective: ``(b - pue) IT - s <= -a`` with ``IT = B + sum P x + sum w a``.
+
+    The coefficients of ``x`` and ``a`` are whole params (``pue_x``, ``pue_a``, set with the data):
+    written as ``(fb - pue) * IT``, each would be an expression Pyomo re-evaluates at every
+    persistent re-solve and when loading the model (HiGHS gets the same floats either way)."""
+    m.pue_soft = pyo.Constraint(
+        expr=(m.fb - m.pue) * m.base_total
+        + sum(m.pue_x[j, k] * m.x[j, k] for j in m.J for k in m.K)
+        + sum(m.pue_a[r] * m.a[r] for r in m.RI)
+        - m.s
+        <= -m.fa
+    )
 
 
 def extract_dvfs(m: pyo.ConcreteModel, t: DvfsTables) -> tuple[IntArray, IntArray]:
