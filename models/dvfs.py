@@ -14,14 +14,15 @@ extra power of one awake idle card, ``V[j,k]`` the value per hour of job ``j`` a
 Levels a job may not use (its hottest card above the die limit, below its SLO, or any level but
 its cheapest when its phase does no clock-sensitive work) get the upper bound 0 on ``x[j,k]``
 instead of rows: a card's temperature depends only on its own job's level, so the exclusion is
-exact and costs nothing; bounds are mutable, so a persistent model keeps its structure when they change.
+exact and costs nothing; a bound that changes leaves the structure as it is (``set_dvfs_data``
+sets the bounds and says which changed, for a persistent solver to take).
 
 Objective (maximize, per hour): ``sum V[j,k] x[j,k] - Vmax - price (a + b IT) - penalty s`` where
 ``Vmax = sum_j max_k V[j,k]`` is a constant: the objective is minus the *loss* (throughput value
 given up plus facility energy cost plus PUE penalty), so HiGHS's relative gap is measured against
 that loss, not against the much larger total value (a 0.1% gap on the total would hide kilowatts).
 
-All numbers are mutable Pyomo parameters, so :class:`models.solve.DvfsSolver` can keep one model
+All other numbers are mutable Pyomo parameters, so :class:`models.solve.DvfsSolver` can keep one model
 and one HiGHS instance across control cycles while the jobs' rack spans stay the same.
 """
 
@@ -86,15 +87,14 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     for q, r in enumerate(m._pair_rack):
         m._rack_pairs[r].append(q)
 
-    m.ub = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.pw = pyo.Param(m.PAIRS, m.K, mutable=True, initialize=0.0)
-    m.jpw = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
-    m.val = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.x_gain = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
     m.rhs = pyo.Param(m.R, mutable=True, initialize=0.0)
     m.wake = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.idle = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.a_gain = pyo.Param(m.RI, mutable=True, initialize=0.0)
+    m.pue_x = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    m.pue_a = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.base_total = pyo.Param(mutable=True, initialize=0.0)
     m.reserve = pyo.Param(mutable=True, initialize=0.0)
     m.fa = pyo.Param(mutable=True, initialize=0.0)
@@ -104,15 +104,12 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     m.penalty_w = pyo.Param(mutable=True, initialize=0.0)
     m.vmax = pyo.Param(mutable=True, initialize=0.0)
 
-    m.x = pyo.Var(m.J, m.K, domain=pyo.Binary, bounds=lambda m, j, k: (0, m.ub[j, k]))
+    # x's upper bounds are plain numbers that set_dvfs_data changes (see there), starting at 0
+    m.x = pyo.Var(m.J, m.K, domain=pyo.Binary, bounds=(0, 0.0))
+    m._x_ub = np.zeros((t.n_jobs, t.n_levels))
     m.a = pyo.Var(m.RI, domain=pyo.NonNegativeIntegers, bounds=lambda m, r: (0, m.idle[r]))
     m.s = pyo.Var(domain=pyo.NonNegativeReals)
     set_dvfs_data(m, p, t, line)
-    m.it_w = pyo.Expression(
-        expr=m.base_total
-        + sum(m.jpw[j, k] * m.x[j, k] for j in m.J for k in m.K)
-        + sum(m.wake[r] * m.a[r] for r in m.RI)
-    )
     _add_level_choice_constraints(m, p)
     _add_rack_power_constraints(m, p)
     _add_reserve_constraints(m, p)
@@ -137,16 +134,26 @@ def set_dvfs_data(
     t: DvfsTables,
     line: FacilityLine,
     it_price_per_wh: float | None = None,
-) -> None:
+) -> list[Any]:
     """Load a cycle's numbers into the model's mutable parameters (same structure key required).
 
     ``it_price_per_wh`` (a part of a decomposed problem): IT power is priced at this marginal
     rate (currency per W-hour) and the site-level PUE row is switched off (see ``models.decompose``).
+
+    The upper bounds of ``x`` (:func:`level_upper_bounds`) are the variables' own bounds, plain
+    numbers, not params: Pyomo's HiGHS interface re-evaluates a mutable bound as two expressions
+    (``max(lb, 0)``, ``min(ub, 1)``) per column at every re-solve, which took a tenth of a DVFS
+    re-solve's time. Returns the ``x`` variables whose bound changed, for a persistent solver that
+    holds the model to take (``update_variables``); HiGHS gets the same bounds either way.
     """
     jk = [(j, k) for j in range(t.n_jobs) for k in range(t.n_levels)]
-    _store(m.ub, jk, level_upper_bounds(t))
-    _store(m.jpw, jk, t.job_power_w)
-    _store(m.val, jk, t.job_value)
+    ub = level_upper_bounds(t)
+    changed: list[Any] = []
+    for j, k in zip(*np.nonzero(ub != m._x_ub), strict=True):
+        v = m.x[int(j), int(k)]
+        v.setub(float(ub[j, k]))
+        changed.append(v)
+    m._x_ub = ub
     _store(m.pw, [(q, k) for q in range(t.pair_job.size) for k in range(t.n_levels)], t.pair_power_w)
     racks, idle_racks = list(m.R), list(m.RI)
     _store(m.rhs, racks, t.rack_cap_w[racks] - t.rack_base_w[racks])
@@ -167,10 +174,15 @@ def set_dvfs_data(
         m.pue = 1.0
         m.price_w = it_price_per_wh
         m.penalty_w = 0.0
-    # the objective's coefficients, as Pyomo evaluated val - price_w fb jpw (the same floats)
+    # the objective's coefficients, as Pyomo evaluated V - price_w fb P (the same floats)
     minus_price_fb = (-pyo.value(m.price_w)) * pyo.value(m.fb)
     _store(m.x_gain, jk, t.job_value + minus_price_fb * t.job_power_w)
     _store(m.a_gain, idle_racks, minus_price_fb * t.rack_wake_w[idle_racks])
+    # the PUE row's coefficients, as Pyomo evaluated (fb - pue) P and (fb - pue) w (the same floats)
+    fb_minus_pue = pyo.value(m.fb) - pyo.value(m.pue)
+    _store(m.pue_x, jk, fb_minus_pue * t.job_power_w)
+    _store(m.pue_a, idle_racks, fb_minus_pue * t.rack_wake_w[idle_racks])
+    return changed
 
 
 def _store(param: pyo.Param, keys: list[Any], values: npt.NDArray[Any]) -> None:
@@ -206,8 +218,18 @@ def _add_reserve_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
 def _add_pue_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
     """Soft PUE target: facility power ``F = a + b IT`` (affine fit of the twin's facility model at
     this set-point) must stay within ``pue_target * IT``; the excess ``s`` is paid at the PUE
-    penalty in the objective: ``(b - pue) IT - s <= -a``."""
-    m.pue_soft = pyo.Constraint(expr=(m.fb - m.pue) * m.it_w - m.s <= -m.fa)
+    penalty in the objective: ``(b - pue) IT - s <= -a`` with ``IT = B + sum P x + sum w a``.
+
+    The coefficients of ``x`` and ``a`` are whole params (``pue_x``, ``pue_a``, set with the data):
+    written as ``(fb - pue) * IT``, each would be an expression Pyomo re-evaluates at every
+    persistent re-solve and when loading the model (HiGHS gets the same floats either way)."""
+    m.pue_soft = pyo.Constraint(
+        expr=(m.fb - m.pue) * m.base_total
+        + sum(m.pue_x[j, k] * m.x[j, k] for j in m.J for k in m.K)
+        + sum(m.pue_a[r] * m.a[r] for r in m.RI)
+        - m.s
+        <= -m.fa
+    )
 
 
 def extract_dvfs(m: pyo.ConcreteModel, t: DvfsTables) -> tuple[IntArray, IntArray]:

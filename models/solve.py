@@ -204,7 +204,9 @@ class DvfsSolver:
         key = dvfs_structure_key(t)
         t0 = time.perf_counter()
         if self.persistent and self._model is not None and self._solver is not None and key == self._key:
-            set_dvfs_data(self._model, p, t, line, it_price)
+            changed = set_dvfs_data(self._model, p, t, line, it_price)
+            if changed and self._solver._pyomo_var_to_solver_var_map:  # else HiGHS reads them when loading
+                self._solver.update_variables(changed)
             self.last_build_s = time.perf_counter() - t0
             return self._model, self._solver
         model = build_dvfs_model(p, t, line)

@@ -265,3 +265,33 @@ def test_an_infeasible_cycle_reads_the_same_from_the_greedy_path_and_the_planner
     lines = several_greedy.explanation.split("\n")
     assert [line.split(": rack power: rack r3:")[0] for line in lines] == ["supply 30 deg C", "supply 35 deg C"]
     assert several_greedy.explanation == several_milp.explanation
+
+
+def test_a_persistent_solver_takes_levels_excluded_and_allowed_again(site: SiteSpec) -> None:
+    # The jobs stay (same structure: the model is kept), but each free job's chosen level is excluded
+    # in the next cycle (its die got too hot, say) and allowed again in the one after: the kept model
+    # must never run a job at an excluded level, and must reach the optimum a fresh model finds.
+    import dataclasses
+
+    p = _mixed(site)
+    t = dvfs_tables(p)
+    line = facility_line(site, p.supply_temp_c, p.ambient_c, *it_power_range_w(p, t))
+    kept = DvfsSolver(persistent=True)
+    info1, level1, _ = kept.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-6)
+    assert level1 is not None and info1.objective is not None
+    excluded = t.allowed.copy()
+    free = [j for j in range(t.n_jobs) if not t.fixed[j] and excluded[j].sum() > 1]
+    assert len(free) >= 3
+    excluded[free, level1[free]] = False
+    t2 = dataclasses.replace(t, allowed=excluded)
+
+    info2, level2, _ = kept.solve(p, t2, line, time_limit_s=10.0, mip_rel_gap=1e-6)
+    fresh, _, _ = DvfsSolver(persistent=False).solve(p, t2, line, time_limit_s=10.0, mip_rel_gap=1e-6)
+    assert kept.builds == 1
+    assert level2 is not None and info2.objective is not None and fresh.objective is not None
+    assert all(excluded[j, level2[j]] for j in range(t.n_jobs))
+    assert info2.objective == pytest.approx(fresh.objective, rel=1e-6, abs=1e-9)
+
+    info3, _, _ = kept.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-6)
+    assert kept.builds == 1
+    assert info3.objective == pytest.approx(info1.objective, rel=1e-6, abs=1e-9)
