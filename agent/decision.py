@@ -168,12 +168,20 @@ class Decision:
         """How many queued jobs wait for each reason (``queue_waits`` by kind; kinds with none left out)."""
         return dict(Counter(w.kind for w in self.queue_waits.values()))
 
+    def guard_action_counts(self) -> dict[str, int]:
+        """How many times the guard took each action (``guard_actions`` counted, in the order first
+        taken; actions it did not take left out): the summary's ``guard_actions``."""
+        return dict(Counter(self.guard_actions))
+
     @property
     def n_cards(self) -> int:
         return int(self.card_level.shape[0])
 
     def summary(self, rack_names: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """A compact JSON-able account (for the journal, logs and advice)."""
+        """A compact JSON-able account (for the journal, logs and advice). ``guard_actions``: what the
+        guard changed, per action of ``agent.guard.GUARD_ACTIONS`` the number of times it took it (only
+        those it took; ``{}`` where it changed nothing), all of them where ``explanation`` keeps only the
+        guard's first 12 lines. Journals written before it have summaries without the key."""
         names = rack_names or tuple(f"r{i}" for i in range(self.rack_cap_w.shape[0]))
         alive = ~self.card_failed
         levels = Counter(int(x) for x in self.card_level[alive & self.card_busy])
@@ -208,4 +216,5 @@ class Decision:
             "predicted_facility_power_w": round(self.predicted_facility_power_w, 1),
             "predicted_pue": round(self.predicted_pue, 5),
             "explanation": list(self.explanation),
+            "guard_actions": self.guard_action_counts(),
         }

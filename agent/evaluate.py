@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.config import ControlConfig, PricesConfig
+from agent.guard import GUARD_ACTIONS
 from agent.job_work import JobWork, job_work
 from agent.policies import POLICY_NAMES, ControlStats, Policy, make_policy
 from agent.solver_output import isolate_solver_output
@@ -410,6 +411,7 @@ def _metrics(scenario: RunScenario, plant: Plant, rec: Recorder, stats: ControlS
         "invalid_readings": stats.invalid_readings,
         "commands_refused": stats.refused_commands,
         "guard_interventions": stats.guard_notes,
+        "guard_actions": {a: stats.guard_actions[a] for a in GUARD_ACTIONS if a in stats.guard_actions},
         "duration_s": acc.time_s,
     }
 

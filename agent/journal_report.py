@@ -5,8 +5,9 @@ how each ended, and the acks. This module reads it **read-only** (an SQLite ``mo
 it never creates, migrates or writes the file, and takes no lock, so it is safe while the agent
 runs; WAL readers do not block the writer) and condenses it into what an operator asks first: how
 many decisions of which status, how long the solves took, which racks were held at fail-safe caps
-and when, how the commands ended (by kind), why racks refused any, which commands are still open,
-and the last few decisions with their explanations. :func:`decision_detail` gives one decision with
+and when, what the guard changed (its actions, ``agent.guard.GUARD_ACTIONS``, counted from each summary's
+``guard_actions``), how the commands ended (by kind), why racks refused any, which commands are still
+open, and the last few decisions with their explanations. :func:`decision_detail` gives one decision with
 its commands and acks.
 
 The per-decision fields are read with SQLite's JSON functions (built in since SQLite 3.38), so a
@@ -40,6 +41,7 @@ __all__ = [
     "JournalSummary",
     "command_kind",
     "decision_detail",
+    "guard_action_counts",
     "open_read_only",
     "read_journal",
     "summarize",
@@ -186,6 +188,12 @@ class JournalSummary:
     other_rejections: int  # rejections whose reason is not in rejection_reasons
     calibrated_cards: int
     last_calibration_site_s: float | None
+    # what the guard changed: per action, how many times it was taken (the most frequent first), in how
+    # many decisions it took any, and how many decisions' summaries have no record of it (journaled by a
+    # racktwin before Decision.guard_actions, or hand-written)
+    guard_actions: dict[str, int] = field(default_factory=dict)
+    guard_decisions: int = 0
+    guard_unrecorded: int = 0
     recent: list[DecisionRow] = field(default_factory=list)  # newest last
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,6 +230,11 @@ class JournalSummary:
                 "other": self.other_rejections,
             },
             "calibration": {"cards": self.calibrated_cards, "last_site_s": self.last_calibration_site_s},
+            "guard": {
+                "decisions": self.guard_decisions,
+                "actions": self.guard_actions,
+                "unrecorded_decisions": self.guard_unrecorded,
+            },
             "recent": [_decision_dict(d) for d in self.recent],
         }
 
@@ -262,6 +275,38 @@ def _decision(row: tuple[Any, ...]) -> DecisionRow:
         float(row[6]),
         summary if isinstance(summary, dict) else {},
     )
+
+
+def guard_action_counts(summary: dict[str, Any]) -> dict[str, int] | None:
+    """A decision summary's ``guard_actions`` (action -> times the guard took it; ``{}``: it changed
+    nothing); None where the summary has no such record (journaled by a racktwin before it, or
+    hand-written), and counts that are not whole numbers above 0 left out."""
+    counts = summary.get("guard_actions")
+    if not isinstance(counts, dict):
+        return None
+    return {str(k): n for k, n in counts.items() if isinstance(n, int) and not isinstance(n, bool) and n > 0}
+
+
+def _guard_totals(rows: list[str | None]) -> tuple[dict[str, int], int, int]:
+    """From each decision's ``guard_actions`` as ``json_extract`` gives it (JSON text, None where the
+    summary has none): the totals per action (the most frequent first), the decisions with any action,
+    the decisions without a record."""
+    totals: Counter[str] = Counter()
+    changed = unrecorded = 0
+    for text in rows:
+        if text == "{}":  # the guard changed nothing: most decisions, not decoded
+            continue
+        try:
+            value = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            value = None
+        counts = guard_action_counts({"guard_actions": value})
+        if counts is None:
+            unrecorded += 1
+        elif counts:
+            changed += 1
+            totals.update(counts)
+    return dict(sorted(totals.items(), key=lambda kn: (-kn[1], kn[0]))), changed, unrecorded
 
 
 def _ordered(counts: Counter[str], order: tuple[str, ...]) -> dict[str, int]:
@@ -319,7 +364,8 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
     where = "wall_time_s >= ?"
     decisions = db.execute(
         "SELECT status, mode, solve_s, wall_time_s, "
-        "CASE WHEN json_valid(summary) THEN json_extract(summary, '$.failsafe_racks') END "
+        "CASE WHEN json_valid(summary) THEN json_extract(summary, '$.failsafe_racks') END, "
+        "CASE WHEN json_valid(summary) THEN json_extract(summary, '$.guard_actions') END "
         f"FROM decisions WHERE {where} {_IN_ORDER}",
         (since,),
     ).fetchall()
@@ -369,6 +415,7 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
     reasons = sorted(((why, n) for why, n in reason_counts.items() if n > 0), key=lambda wn: (-wn[1], wn[0]))
     top = reasons[:TOP_REASONS]
     calibration = db.execute("SELECT COUNT(*), MAX(site_time_s) FROM calibration").fetchone()
+    guard_totals, guard_changed, guard_unrecorded = _guard_totals([r[5] for r in decisions])
     return JournalSummary(
         path=str(db.execute("PRAGMA database_list").fetchone()[2]),
         since_wall_s=since_wall_s,
@@ -391,6 +438,9 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
         other_rejections=sum(n for _, n in reasons[TOP_REASONS:]),
         calibrated_cards=int(calibration[0]),
         last_calibration_site_s=None if calibration[1] is None else float(calibration[1]),
+        guard_actions=guard_totals,
+        guard_decisions=guard_changed,
+        guard_unrecorded=guard_unrecorded,
         recent=[_decision(r) for r in reversed(newest[:recent])],
     )
 

@@ -85,7 +85,9 @@ class ControlStats:
     failsafe_racks: list[str] = field(default_factory=list)
     capping_actions: int = 0  # reactive: rack capping / uncapping moves
     refused_commands: int = 0  # commands the plant refused
-    guard_notes: int = 0  # decisions the guard changed (a note in the explanation)
+    guard_notes: int = 0  # decisions the guard changed (at least one action in Decision.guard_actions)
+    # what the guard changed: action (agent.guard.GUARD_ACTIONS) -> times it took it, over every decision
+    guard_actions: dict[str, int] = field(default_factory=dict)
     # every anomaly the estimator flagged during the run, from when; ", cleared" if no longer flagged
     anomalies: list[str] = field(default_factory=list)
     invalid_readings: int = 0  # card readings the belief refused (NaN, out of range)
@@ -356,9 +358,10 @@ class AgentPolicy(Policy):
             if name not in st.failsafe_racks:
                 st.failsafe_racks.append(name)
         self._prev_failsafe = fs
-        guard = [e for e in decision.explanation if e.startswith("guard:")]
-        if guard:
+        if decision.guard_actions:
             st.guard_notes += 1
+            for action in decision.guard_actions:
+                st.guard_actions[action] = st.guard_actions.get(action, 0) + 1
         interesting = [e for e in decision.explanation if e.startswith(("guard:", "infeasible", "relaxed", "no plan"))]
         for e in interesting:
             line = f"t={decision.time_s:.0f} s: {e}"

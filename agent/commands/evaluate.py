@@ -428,7 +428,8 @@ def write_outputs(ev: Evaluation, out_dir: Path) -> None:
     w = csv.writer(fh)
     w.writerow(["policy", *keys, *(f"energy_{k}_kwh" for k in BREAKDOWN_KEYS)])
     for n, r in ev.results.items():
-        w.writerow([n, *(r.metrics[k] for k in keys), *(r.breakdown_kwh[k] for k in BREAKDOWN_KEYS)])
+        cells = (json.dumps(v) if isinstance(v := r.metrics[k], dict) else v for k in keys)  # guard_actions: JSON
+        w.writerow([n, *cells, *(r.breakdown_kwh[k] for k in BREAKDOWN_KEYS)])
     write_text_replacing(out_dir / "metrics.csv", fh.getvalue(), newline="")
     fh = io.StringIO()
     w = csv.writer(fh)

@@ -2,9 +2,10 @@
 
 The journal is the agent's ``journal.path`` (``--config FILE``, environment overrides included) or
 ``--journal PATH``. Without ``--decision`` it prints a summary: decisions by status and mode, solve
-times, racks held at fail-safe caps (in how many decisions and episodes, first and last time), how
-the commands ended by kind, commands still open, rejection reasons, calibration, and the newest
-decisions with their explanations. ``--since`` keeps only the decisions from then on (wall clock)
+times, racks held at fail-safe caps (in how many decisions and episodes, first and last time), what
+the guard changed (in how many decisions, each action with its count), how the commands ended by
+kind, commands still open, rejection reasons, calibration, and the newest decisions with the guard's
+actions and their explanations. ``--since`` keeps only the decisions from then on (wall clock)
 and their commands. ``--decision ID`` prints one decision with each of its commands, how it ended
 and its acks. ``--json`` prints the same as one JSON object. Exit status 2 with one line when the
 journal is missing, is not a racktwin journal or the options are wrong.
@@ -37,8 +38,8 @@ _MAX_ID = 2**63 - 1
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.description = (
         "What the agent did, read from its journal (read-only; safe while the agent runs): decisions by "
-        "status, solve times, racks held at fail-safe caps, how the commands ended by kind, rejection "
-        "reasons, and the newest decisions with their explanations."
+        "status, solve times, racks held at fail-safe caps, what the guard changed (its actions, counted), "
+        "how the commands ended by kind, rejection reasons, and the newest decisions with their explanations."
     )
     parser.epilog = (
         "examples: racktwin journal --config /etc/racktwin/agent.toml --since 2h; "
@@ -193,6 +194,26 @@ def _decision_line(d: DecisionRow) -> str:
     return "  ".join(parts)
 
 
+def _guard_line(d: DecisionRow) -> list[str]:
+    """``guard actions: ...`` (each action the guard took, with how many times) where it changed the
+    decision; nothing where it did not, or the summary has no record of it (an older journal)."""
+    from agent.journal_report import guard_action_counts
+
+    counts = guard_action_counts(d.summary)
+    return [f"guard actions: {_counts(counts)}"] if counts else []
+
+
+def _guard_totals(s: JournalSummary) -> str:
+    text = (
+        f"{_n(s.guard_decisions, 'decision')} changed: {_counts(s.guard_actions)}"
+        if s.guard_decisions
+        else "no decision changed"
+    )
+    if s.guard_unrecorded:
+        text += f"; {_n(s.guard_unrecorded, 'decision')} without a record of it (journaled by an older racktwin)"
+    return "  guard        " + text
+
+
 def _explanation(d: DecisionRow) -> list[str]:
     lines = d.summary.get("explanation", [])
     return [str(e) for e in lines] if isinstance(lines, list) else [str(lines)]
@@ -220,6 +241,8 @@ def format_summary(s: JournalSummary) -> str:
             f"{head}{f.rack}: {_n(f.decisions, 'decision')} in {_n(f.episodes, 'episode')}, "
             f"{wall_time(f.first_wall_s)} to {wall_time(f.last_wall_s)}"
         )
+    if s.decisions:
+        lines.append(_guard_totals(s))
     total = sum(s.commands_by_state.values())
     still_open = "none open" if s.open_commands == 0 else f"{s.open_commands:,} open (pending or sent)"
     lines.append(
@@ -248,7 +271,7 @@ def format_summary(s: JournalSummary) -> str:
         lines.append(f"{newest} (racktwin journal --decision ID: one with its commands):")
         for d in s.recent:
             lines.append("  " + _decision_line(d))
-            lines.extend(f"      {e}" for e in _explanation(d))
+            lines.extend(f"      {e}" for e in (*_guard_line(d), *_explanation(d)))
     return "\n".join(lines)
 
 
@@ -266,7 +289,7 @@ def format_detail(detail: DecisionDetail) -> str:
     d = detail.decision
     s = d.summary
     lines = [_decision_line(d), f"  cycle {d.cycle}, mode {d.mode}, plan {s.get('plan_status', '?')}"]
-    lines.extend(f"  {e}" for e in _explanation(d))
+    lines.extend(f"  {e}" for e in (*_guard_line(d), *_explanation(d)))
     for key, label in (("queue_waits_by_kind", "queued jobs waiting"), ("placements", "placements")):
         value = s.get(key)
         if value and isinstance(value, dict):
