@@ -128,6 +128,7 @@ def _summary(i: int) -> str:
             "supply_temp_c": 45.0,
             "pump_speed_pct": [58.3] * 8,
             "failsafe_racks": racks[i % 8 : i % 8 + 1] if i % 100 == 0 else [],
+            "guard_actions": {"failsafe_caps": 1} if i % 100 == 0 else {},
             "busy_cards": 296,
             "low_power_cards": 208,
             "hosts_off": 25,
