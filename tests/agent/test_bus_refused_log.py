@@ -40,6 +40,16 @@ async def refused_attempts(options: MqttOptions, name: str) -> Bus:
     return bus
 
 
+def service_logging(caplog: pytest.LogCaptureFixture) -> None:
+    """Logging as the service sets it up at its default level (``agent.logs.setup_logging("info")``):
+    the root logger at INFO, ``racktwin.bus.mqtt`` at WARNING, and a handler of no level of its own, so
+    the loggers' levels and filters alone decide what is written. (``caplog.set_level`` also gives its
+    handler the level, which would hide a line relabelled DEBUG that the service would still write.)"""
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.WARNING, logger="racktwin.bus.mqtt")
+    caplog.handler.setLevel(logging.NOTSET)
+
+
 def warnings_and_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     """racktwin's warnings and errors (the bus's, paho's and aiomqtt's: ``racktwin.bus.mqtt``). Not
     asyncio's: aiomqtt schedules ``loop.add_writer`` for a socket that paho may have closed before it
@@ -59,7 +69,7 @@ def assert_one_line_per_attempt(caplog: pytest.LogCaptureFixture, bus: Bus, says
 async def test_a_broker_that_refuses_the_tls_handshake_is_one_error_line_per_attempt(
     mosquitto_factory: Callable[..., EmbeddedBroker], tls_files: TlsFiles, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO)  # the service's default level
+    service_logging(caplog)  # the service's default level
     tls = dataclasses.replace(tls_files.broker_tls(), require_certificate=True)
     broker = mosquitto_factory(tls=tls, startup_timeout_s=5.0)
     bus = await refused_attempts(broker.options(ca_file=tls_files.ca_file), "nocert")
@@ -84,7 +94,7 @@ async def test_a_server_that_resets_the_connection_is_one_error_line_per_attempt
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Without TLS: a reset read (ECONNRESET) before the CONNACK."""
-    caplog.set_level(logging.INFO)
+    service_logging(caplog)
 
     async def reset_after_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(1)  # the client's CONNECT has come

@@ -201,6 +201,14 @@ def test_a_die_the_lowest_power_limit_cannot_hold_is_said_to_be_over_its_limit()
         "lowest power limit a card accepts (200 W)" in d.explanation
     )
     assert d.predicted_rack_max_die_c[0] == pytest.approx(90.6)
+    # "up to": the hottest of the jobs not held. With b's cards of r0 (8-15) at a 79 deg C inlet, b is
+    # not held either ((85 - 79) / 0.053 = 113 W < 200 W) but runs cooler: 79 + 0.053 x 200 = 89.6 deg C
+    inlet[8:16] = 79.0
+    d = Guard(site, CFG).review(proposal(site, 7), snap, step_context(site, card_inlet_c=inlet))
+    assert (
+        "guard: dies of job(s) a, b cannot be held under 85 deg C: up to 90.6 deg C predicted at the "
+        "lowest power limit a card accepts (200 W)" in d.explanation
+    )
 
 
 def test_with_no_set_point_in_force_or_proposed_the_site_design_one_leaves_and_the_caps_hold() -> None:

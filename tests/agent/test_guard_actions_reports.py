@@ -144,6 +144,30 @@ def test_journal_counts_the_guards_actions_over_the_decisions(
     assert [d["summary"]["guard_actions"] for d in s["recent"]] == [CAP_NOT_HELD, {}, CAP_NOT_HELD, DIE_NOT_HELD]
 
 
+def test_journal_counts_an_action_taken_twice_in_one_decision_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The totals count actions, not decisions that took them: two racks not held in one decision (two
+    lines, ``cap_power_limited`` and ``cap_not_held`` twice each, as racktwin_guard_actions_total counts
+    them) and one more in the next decision are 3 of each; the actions that decisions took once, 1."""
+    path = tmp_path / "twice.sqlite"
+    j = Journal(path)
+    two_racks = cap_not_held().replace(guard_actions=("cap_power_limited", "cap_not_held") * 2)
+    assert _summary(two_racks)["guard_actions"] == {"cap_power_limited": 2, "cap_not_held": 2}
+    for i, d in enumerate((two_racks, cap_not_held())):
+        j.record_decision(i, 100.0 * (i + 1), "enforce", d.status, 0.01, _summary(d))
+    j.close()
+    rc, out, err = run_cli(capsys, "--journal", str(path), "--json")
+    assert rc == 0, err
+    guard = json.loads(out)["guard"]
+    assert list(guard["actions"]) == ["cap_not_held", "cap_power_limited", "cap_idle_to_low_power", "cap_jobs_slowed"]
+    assert guard == {
+        "decisions": 2,
+        "actions": {"cap_not_held": 3, "cap_power_limited": 3, "cap_idle_to_low_power": 1, "cap_jobs_slowed": 1},
+        "unrecorded_decisions": 0,
+    }
+
+
 def test_journal_text_names_the_actions_in_the_totals_and_per_decision(
     journal_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -32,6 +32,13 @@ def _highs_objective(
     return x, a, float(lp.offset_)
 
 
+def _highs_slack_cost(solver: DvfsSolver) -> float:
+    """The column cost of the PUE slack ``s`` (facility W above the target) in the HiGHS instance."""
+    model, highs = solver._model, solver._solver
+    assert model is not None and highs is not None
+    return float(highs._solver_model.getLp().col_cost_[highs._pyomo_var_to_solver_var_map[id(model.s)]])
+
+
 def test_highs_objective_is_value_less_energy_cost_also_after_a_price_change(site: SiteSpec) -> None:
     # job a fills rack r0, job b half of r1: r1 keeps 32 idle cards, r2..r7 all theirs (columns a[r])
     p = problem(site, [job("a", 64), job("b", 32, priority=2.0)], [rack_cards(0), rack_cards(1, 32)], reserve=4)
@@ -49,6 +56,10 @@ def test_highs_objective_is_value_less_energy_cost_also_after_a_price_change(sit
     assert x == pytest.approx(t.job_value - price_w * line.b * t.job_power_w, rel=1e-12)
     assert a == pytest.approx(-price_w * line.b * t.rack_wake_w[idle], rel=1e-12)
     assert offset == pytest.approx(-v_max - price_w * (line.a_w + line.b * base_w), rel=1e-12)
+    # "- penalty s": each W-hour of facility power above the target costs pue_penalty_per_kwh / 1000
+    penalty_w = p.prices.pue_penalty_per_kwh / 1000.0
+    assert penalty_w > 0.0  # the problem's default prices (models.problem.Prices: 0.20 per kWh)
+    assert _highs_slack_cost(solver) == pytest.approx(-penalty_w, rel=1e-12)
 
     it_price = 7.5 * price_w  # the same structure: HiGHS's model is updated, not rebuilt
     solver.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-6, it_price_per_wh=it_price)
