@@ -7,6 +7,7 @@ import from ``conftest``, which is ambiguous when several conftest.py files exis
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -298,6 +299,11 @@ async def _mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
         if not byte[0] & 0x80:
             break
     return header + encoded + (await r.readexactly(length) if length else b"")
+
+
+def fast_reconnects(options: MqttOptions) -> MqttOptions:
+    """``options`` with reconnects 0.05..0.3 s apart (a test that restarts its broker waits less)."""
+    return dataclasses.replace(options, reconnect_min_s=0.05, reconnect_max_s=0.3)
 
 
 async def wait_for(what: str, cond: Callable[[], bool], wait_s: float = 15.0) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from agent_helpers import example_site
-from mqtt_testing import PubackDroppingProxy
+from mqtt_testing import PubackDroppingProxy, fast_reconnects, wait_for
 
 from agent import wire
 from agent.broker import EmbeddedBroker
@@ -96,20 +96,6 @@ async def watching(options: MqttOptions, codec: wire.Codec) -> AsyncIterator[lis
             await asyncio.sleep(0.2)  # anything more would be here by now
         finally:
             task.cancel()
-
-
-def fast_reconnects(options: MqttOptions) -> MqttOptions:
-    return dataclasses.replace(options, reconnect_min_s=0.05, reconnect_max_s=0.3)
-
-
-async def until(what: str, cond: Callable[[], bool]) -> None:
-    """Wait (10 s at most) for ``what``."""
-    try:
-        async with asyncio.timeout(10):
-            while not cond():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        pytest.fail(f"no {what} within 10 s")
 
 
 async def test_a_command_is_sent_again_a_retry_interval_after_its_last_send_and_no_sooner(
@@ -207,7 +193,7 @@ async def test_after_a_reconnect_every_open_command_is_sent_again_once(
         assert (old.attempts, new.attempts) == (3, 1)
         d.at(25.0)
         await asyncio.to_thread(mosquitto.restart)
-        await until("the reconnect", lambda: len(connects) >= 2 and bus.connected)
+        await wait_for("the reconnect", lambda: len(connects) >= 2 and bus.connected)
         d.at(25.5)
         await publisher.step()
         assert (old.attempts, new.attempts) == (4, 2) and closed == []
@@ -234,14 +220,14 @@ async def test_commands_that_cannot_be_sent_wait_in_order_unjournaled_until_the_
         n = publisher.max_in_flight + 3  # more than one batch
         opened = [d.issue(f"r{k % 8}", (k // 8,), k % 8) for k in range(n)]
         await asyncio.to_thread(mosquitto.stop, keep_files=True)
-        await until("the lost connection", lambda: not bus.connected)
+        await wait_for("the lost connection", lambda: not bus.connected)
         publisher.submit(opened)
         async with asyncio.timeout(5):
             await publisher.step()
         assert publisher.stats.sent == 0 and publisher.stats.not_connected_waits == 1
         assert publisher.backlog() == n and d.journal.command_counts() == {"pending": n}
         await asyncio.to_thread(mosquitto.start)
-        await until("the reconnect", lambda: bus.connected)
+        await wait_for("the reconnect", lambda: bus.connected)
         async with watching(mosquitto.options(), d.codec) as received:
             d.at(1.0)
             await publisher.step()
@@ -314,7 +300,7 @@ async def test_commands_that_expire_or_are_superseded_while_the_broker_is_away_a
         expiring = d.issue("r0", (1,), 2)  # expires at TS + 30
         old = d.issue("r1", (1,), 0, ts=TS + 20.0)
         await asyncio.to_thread(mosquitto.stop, keep_files=True)
-        await until("the lost connection", lambda: not bus.connected)
+        await wait_for("the lost connection", lambda: not bus.connected)
         publisher.submit([expiring, old])
         d.at(20.0)
         await publisher.step()
@@ -323,7 +309,7 @@ async def test_commands_that_expire_or_are_superseded_while_the_broker_is_away_a
         new = d.issue("r1", (1,), 7, ts=TS + 31.0)  # the same card's level again: supersedes the old one
         publisher.submit([new])
         await asyncio.to_thread(mosquitto.start)
-        await until("the reconnect", lambda: bus.connected)
+        await wait_for("the reconnect", lambda: bus.connected)
         async with watching(mosquitto.options(), d.codec) as received:
             await publisher.step()
     assert [m.payload for m in received] == [new.payload]
@@ -529,13 +515,13 @@ async def test_an_ack_is_missing_a_retry_interval_after_the_command_went_out_not
         await bus.wait_connected(10)
         publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, heard_since=lambda target, site_s: True)
         await asyncio.to_thread(mosquitto.stop, keep_files=True)
-        await until("the lost connection", lambda: not bus.connected)
+        await wait_for("the lost connection", lambda: not bus.connected)
         old = d.issue("r5", (2,), 0)
         publisher.submit([old])
         await publisher.step()
         assert old.attempts == 0
         await asyncio.to_thread(mosquitto.start)
-        await until("the reconnect", lambda: bus.connected)
+        await wait_for("the reconnect", lambda: bus.connected)
         d.at(15.0)
         await publisher.step()
         assert old.attempts == 1 and old.first_sent_s >= TS + 15.0

@@ -20,17 +20,16 @@ import asyncio
 import dataclasses
 import re
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from agent_helpers import example_site
-from mqtt_testing import PubackDroppingProxy
+from mqtt_testing import PubackDroppingProxy, fast_reconnects, wait_for
 from site_testing import write_capped_small_site
 
 from agent import wire
 from agent.broker import EmbeddedBroker
-from agent.bus import Bus, MqttOptions
+from agent.bus import Bus
 from agent.clock import SiteClock
 from agent.command_book import CommandBook
 from agent.config import ControlConfig, load_config
@@ -76,20 +75,6 @@ def desk(tmp_path: Path, clock: SiteClock | None = None) -> Desk:
         clock = SiteClock(1.0, ahead_tolerance_s=3600.0)  # the tests move site time on by one message far ahead
         clock.observe(TS)
     return Desk(codec, control, CommandBook(site, codec, control), clock, Journal(tmp_path / "journal.sqlite"))
-
-
-def fast_reconnects(options: MqttOptions) -> MqttOptions:
-    return dataclasses.replace(options, reconnect_min_s=0.05, reconnect_max_s=0.3)
-
-
-async def until(what: str, cond: Callable[[], bool]) -> None:
-    """Wait (10 s at most) for ``what``."""
-    try:
-        async with asyncio.timeout(10):
-            while not cond():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        pytest.fail(f"no {what} within 10 s")
 
 
 # ---- abandoned ------------------------------------------------------------------------------------
@@ -251,7 +236,7 @@ async def test_after_the_service_reconnects_its_open_commands_go_out_again_at_on
             await service.publisher.step()
             assert oc.attempts == 1
             await asyncio.to_thread(mosquitto.restart)
-            await until("the reconnect", lambda: value("racktwin_broker_reconnects_total") == 2.0 and bus.connected)
+            await wait_for("the reconnect", lambda: value("racktwin_broker_reconnects_total") == 2.0 and bus.connected)
             await service.publisher.step()
             now = d.clock.now()
             assert oc.attempts == 2 and now is not None and now - TS < 10.0  # before the retry interval
