@@ -26,8 +26,9 @@ def test_a_checkpoints_end_gets_one_decision_at_its_lead_not_one_every_min_repla
     """Period 60 s, lead 3 s, ``min_replan_interval_s`` 1 s, no decisions on job events: besides the
     periodic decisions the loop decides once per checkpoint, 42 s into it (its declared 45 s less the
     3 s lead), and not again at 43 and 44 s (the checkpoint's end is still near then, but the decision
-    for it was made: the loop's wake time moves past it). 400 s hold three checkpoints (60 s of compute
-    is more than 60 s of plant time: the job computes 95% of a step)."""
+    for it was made: the loop's wake time moves past it). 400 s hold three checkpoints' ends (the 60 s
+    between checkpoints are training seconds at the top clock, ``JobSpec.checkpoint_interval_s``: at the
+    plan's lower clocks they take longer in plant time, 95% of a step scaling with 1/clock)."""
     site = small_site()
     no_stalls = PhaseModel(comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
     plant = Plant(
