@@ -509,14 +509,15 @@ def broker_url_problem(url: str, *, credentials: str) -> str | None:
     """What keeps ``url`` from being a broker URL (None: nothing): ``mqtt://`` or ``mqtts://``, a
     host, an optional port within 1..65535, nothing else; user name and password go in their own
     settings, which ``credentials`` names. The agent's ``broker.url``, ``racktwin sim --broker``
-    and ``racktwin demo --broker`` take the same URLs."""
+    and ``racktwin demo --broker`` take the same URLs, and so does ``MqttOptions.from_url`` (which
+    also takes a user name and password in the URL)."""
     form = "expected mqtt://host:port or mqtts://host:port"
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # e.g. an unclosed or invalid [IPv6] address
         return f"not a URL: {url!r} ({exc}): {form}"
     if parts.scheme not in ("mqtt", "mqtts"):
-        return f"must start with mqtt:// or mqtts://, got {url!r}"
+        return f"must start with mqtt:// or mqtts:// (no other scheme), got {url!r}"
     if parts.username is not None or parts.password is not None:
         return f"no user name or password in the URL, got {url!r}: use {credentials}"
     if not parts.hostname:

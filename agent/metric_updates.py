@@ -19,11 +19,11 @@ series has no sample while the sensor is stuck (a card's power frozen alone leav
 Each group of gauges is brought up to date in its own guarded step (the broker link, the message
 counts, the refused readings, rack power, telemetry age, loop temperatures, dies, the facility, stuck
 sensors, open commands, standby, the site clock): a step that raises (a defect) stops only its own
-group, which keeps its last values, but a measured group's series go (the facility's read NaN), since
-what they show is no longer known to be current. A step's first failure is logged with its traceback
-(``health metrics not updated: <group>: <error>``), a repeat of the same error is not, and its
-recovery is logged (``health metrics updated again: <group>``); :attr:`MetricUpdates.failing` names
-the steps failing now.
+group, which keeps its last values, but a measured group's series go (rack power, telemetry age, loop
+temperatures, dies; the facility's read NaN), since what they show is no longer known to be current.
+A step's first failure is logged with its traceback (``health metrics not updated: <group>: <error>``),
+a repeat of the same error is not, and its recovery is logged (``health metrics updated again:
+<group>``); :attr:`MetricUpdates.failing` names the steps failing now.
 """
 
 from __future__ import annotations
@@ -124,15 +124,15 @@ class MetricUpdates:
 
     def update(self) -> None:
         """Every group of gauges in its own guarded step: a step that raises (a defect) leaves the others
-        to go on; its gauges keep their last values, but a measured group's series (rack power, loop
-        temperatures, dies, the facility's readings) go (no sample; NaN for the facility), since what
+        to go on; its gauges keep their last values, but a measured group's series (rack power, telemetry
+        age, loop temperatures, dies, the facility's readings) go (no sample; NaN for the facility), since what
         they read is no longer known to be current. The first failure of a step is logged with its
         traceback, a repeat of the same error is not, and the step's recovery is logged."""
         self._step("broker link", self._update_link)
         self._step("message counts", self._update_message_counts)
         self._step("invalid readings", self._update_invalid_readings)
         self._step("rack power", self._update_rack_power, forget=self._forget_rack_power)
-        self._step("telemetry age", self._update_telemetry_age)
+        self._step("telemetry age", self._update_telemetry_age, forget=self._forget_telemetry_age)
         self._step("loop temperatures", self._update_loop_temperatures, forget=self._forget_loop_temperatures)
         self._step("die temperatures", self._update_die_temperatures, forget=self._forget_die_temperatures)
         self._step("facility", self._update_facility, forget=self._forget_facility)
@@ -212,6 +212,10 @@ class MetricUpdates:
         for r, name in enumerate(self.site.rack_names):
             if math.isfinite(last[r]):
                 self.metrics.telemetry_age_seconds.labels(rack=name).set(max(now - float(last[r]), 0.0))
+
+    def _forget_telemetry_age(self) -> None:
+        # an age that stays at its last value reads as fresh telemetry while it grows old: no age shown
+        self.metrics.telemetry_age_seconds.clear()
 
     def _update_loop_temperatures(self) -> None:
         m, st = self.metrics, self.state

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from agent.config import empty_zone_problem, url_host
+from agent.config import broker_url_problem, url_host
 
 __all__ = ["MqttOptions", "TlsFileError"]
 
@@ -36,6 +36,16 @@ class TlsFileError(OSError):
 
 
 _SSL_SOURCE_LINE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` without the user name and password it may hold (``mqtt://user:pw@host`` is
+    ``mqtt://host``), to check and to name in messages; ``url`` itself when it has none or is no URL."""
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        return url
+    return url.replace(netloc, netloc.rpartition("@")[2], 1) if "@" in netloc else url
 
 
 def _tls_why(exc: OSError, what: str) -> str:
@@ -121,34 +131,34 @@ class MqttOptions:
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> MqttOptions:
-        """From ``mqtt://[user[:password]@]host[:port]`` or ``mqtts://...`` (TLS, default port 8883).
-        Keyword arguments override what the URL says. A CA or client certificate file (``ca_file``,
-        ``cert_file``) needs an ``mqtts://`` URL: with ``mqtt://`` it would turn TLS on at the plain
-        port 1883, whose broker does not speak TLS (a ValueError)."""
-        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
-        if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
-            raise ValueError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
-        tls = parts.scheme in ("mqtts", "ssl")
-        try:
-            port = parts.port  # None when the URL has none; 0 is not "the default"
-        except ValueError:  # not a number, or beyond 65535
-            port = -1
-        if port is None:
-            port = 8883 if tls else 1883
-        elif not 0 < port < 65536:
-            raise ValueError(f"broker URL {url!r}: the port must be a number within 1..65535")
-        if (zone_problem := empty_zone_problem(url, parts.hostname)) is not None:
-            raise ValueError(zone_problem)  # the words of the configuration and --broker
-        kw: dict[str, Any] = {"host": url_host(parts.hostname) or "127.0.0.1", "port": port, "tls": tls}
+        """From ``mqtt://[user[:password]@]host[:port]`` or ``mqtts://...`` (TLS, default port 8883;
+        1883 without TLS). Keyword arguments override what the URL says. The URL is held to the rule of
+        the agent's ``broker.url`` and the commands' ``--broker`` (``agent.config.broker_url_problem``:
+        those two schemes only, a host, a port within 1..65535, no path, query or fragment), except that
+        a user name and password may be in it; a URL that breaks it is a ValueError in the same words.
+        TLS is what the scheme says: a ``tls`` override that contradicts it, or a CA or client
+        certificate file (``ca_file``, ``cert_file``) with ``mqtt://``, is a ValueError (TLS at the plain
+        port 1883, whose broker does not speak it, or plain MQTT at the TLS port)."""
+        if (problem := broker_url_problem(_without_userinfo(url), credentials="the URL")) is not None:
+            raise ValueError(problem)  # the words of the configuration and --broker; never the password
+        parts = urlsplit(url)
+        tls = parts.scheme == "mqtts"
+        port = parts.port or (8883 if tls else 1883)  # a port of 0 is refused above: it is not "the default"
+        kw: dict[str, Any] = {"host": url_host(parts.hostname), "port": port, "tls": tls}
         if parts.username:
             kw["username"] = unquote(parts.username)
         if parts.password:
             kw["password"] = unquote(parts.password)
-        kw.update(overrides)
-        if not kw["tls"] and (kw.get("ca_file") is not None or kw.get("cert_file") is not None):
+        if "tls" in overrides and bool(overrides["tls"]) != tls:
             raise ValueError(
-                f"broker URL {url!r} is plain MQTT: a CA or client certificate file needs an mqtts:// URL (TLS, "
-                "port 8883 by default)"
+                f"broker URL {_without_userinfo(url)!r}: tls={overrides['tls']!r} contradicts the URL: TLS is "
+                "mqtts:// (port 8883 by default), plain MQTT is mqtt:// (port 1883 by default)"
+            )
+        kw.update(overrides)
+        if not tls and (kw.get("ca_file") is not None or kw.get("cert_file") is not None):
+            raise ValueError(
+                f"broker URL {_without_userinfo(url)!r} is plain MQTT: a CA or client certificate file needs an "
+                "mqtts:// URL (TLS, port 8883 by default)"
             )
         return cls(**kw)
 

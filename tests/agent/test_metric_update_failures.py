@@ -137,3 +137,36 @@ def test_each_steps_failure_is_logged_once_per_error_and_its_recovery_once(
         "health metrics updated again: die temperatures",
         "health metrics updated again: loop temperatures",
     ]
+
+
+def test_a_failing_telemetry_age_step_shows_no_age_rather_than_its_last_one(
+    service: AgentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TwinState.rack_last_seen_s`` (which only the telemetry age needs) raises. The age's series go
+    while it does: before, each rack's age stayed at its last value, 5 s, while its readings grew 40 s
+    old, past the 30-s deadline, so RacktwinTelemetryStale (``racktwin_telemetry_age_seconds > 30``)
+    read a fresh rack. The other groups go on; when it works again the ages are back, 40 s."""
+    clock = _SiteNow(T0)
+    service.metric_updates.clock = clock  # type: ignore[assignment]
+    r0, r1 = service.site.rack_names[:2]
+    service.state.update(_readings(service, T0))
+    clock.t_s = T0 + 5
+    s = _scrape(service)
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=r0) == 5.0
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=r1) == 5.0
+
+    def last_seen_fails() -> np.ndarray:
+        raise IndexError("rack index out of range")
+
+    monkeypatch.setattr(service.state, "rack_last_seen_s", last_seen_fails)
+    clock.t_s = T0 + 40
+    s = _scrape(service)
+    assert all(name != "racktwin_telemetry_age_seconds" for name, _ in s)  # no rack's age: not known
+    assert set(service.metric_updates.failing) == {"telemetry age"}
+    assert _at(s, "racktwin_site_time_seconds") == T0 + 40  # the others go on
+
+    monkeypatch.undo()
+    s = _scrape(service)
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=r0) == 40.0
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=r1) == 40.0
+    assert service.metric_updates.failing == {}
