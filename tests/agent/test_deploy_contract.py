@@ -8,9 +8,10 @@ dashboard, the alert rules and the unit's main settings):
   ACL, on a real mosquitto, lets each role of docs/protocol.md's topic table publish its topics and
   read what it is sent with the subscriptions racktwin's code makes, and refuses commands from anyone
   but the agent;
-- scripts/*.sh: stop at the first error, shellcheck-clean where shellcheck is installed, a virtual
-  environment left without pip by a failed first run is made again; .ci/run runs the README's test
-  command.
+- scripts/*.sh: stop at the first error, shellcheck-clean where shellcheck is installed (the test extra brings it), a virtual
+  environment left without pip by a failed first run is made again; test.sh installs missing Debian
+  packages with sudo or as root, or says which are missing and how to install them; .ci/run runs the
+  README's test command.
 """
 
 from __future__ import annotations
@@ -476,3 +477,85 @@ def test_a_missing_python_is_one_line_saying_what_to_do(tmp_path: Path, python: 
         f"racktwin needs Python 3.11 or newer: {python} not found (install python3, or set PYTHON=/path/to/python3.11)"
     ]
     assert not (checkout / ".venv").exists()
+
+
+def _tool(folder: Path, name: str, body: str) -> None:
+    """A stand-in command ``name`` in ``folder`` running ``body`` (bash)."""
+    path = folder / name
+    path.write_text(f"#!{shutil.which('bash')}\n{body}\n", encoding="utf-8")
+    path.chmod(0o755)
+
+
+def _run_test_sh_package_step(tmp_path: Path, *, uid: int, tools: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """scripts/test.sh in a copy of the checkout whose setup-env.sh only logs and stops (exit 7), with a
+    PATH of stand-ins: ``id -u`` says ``uid``; ``tools`` among apt-get and sudo log their calls (sudo then
+    runs its command); no mosquitto_sub, no openssl."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "test.sh", checkout / "scripts" / "test.sh")
+    log = tmp_path / "calls.log"
+    (checkout / "scripts" / "setup-env.sh").write_text(f'echo "setup-env $*" >> {shlex.quote(str(log))}\nexit 7\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for real in ("bash", "dirname"):
+        (bin_dir / real).symlink_to(shutil.which(real) or f"/usr/bin/{real}")
+    _tool(bin_dir, "id", f'[ "$1" = "-u" ] && echo {uid}')
+    for name in tools:
+        run_it = ' && exec "$@"' if name == "sudo" else ""
+        _tool(bin_dir, name, f'echo "{name} $*" >> {shlex.quote(str(log))}{run_it}')
+    return subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(checkout / "scripts" / "test.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+        timeout=60,
+    )
+
+
+def _missing_here() -> str:
+    """What test.sh finds missing on the stand-ins' PATH: mosquitto only where /usr/sbin has none."""
+    return ("" if os.access("/usr/sbin/mosquitto", os.X_OK) else " mosquitto") + " mosquitto-clients openssl"
+
+
+def test_test_sh_without_sudo_names_the_missing_packages_and_how_to_install_them(tmp_path: Path) -> None:
+    """As a user on a machine without sudo, a missing Debian package stopped scripts/test.sh with
+    "sudo: command not found" (exit 127). Failed on the old test.sh."""
+    result = _run_test_sh_package_step(tmp_path, uid=1000, tools=("apt-get",))
+    missing = _missing_here()
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"the tests need these Debian packages, not installed here:{missing}",
+        f"install them as root (no sudo here), then run again: apt-get update && apt-get install -y{missing}",
+    ]
+    assert not (tmp_path / "calls.log").exists()  # neither apt-get nor the set-up ran
+
+
+def test_test_sh_without_apt_get_names_the_missing_packages(tmp_path: Path) -> None:
+    result = _run_test_sh_package_step(tmp_path, uid=0, tools=())
+    missing = _missing_here()
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"the tests need these packages, not installed here:{missing}",
+        f"install them with the system's package manager (Debian/Ubuntu: apt-get install{missing}) and run again",
+    ]
+    assert not (tmp_path / "calls.log").exists()
+
+
+@pytest.mark.parametrize(("uid", "tools", "prefix"), [(1000, ("apt-get", "sudo"), "sudo "), (0, ("apt-get",), "")])
+def test_test_sh_installs_the_missing_packages_with_sudo_or_as_root(
+    tmp_path: Path, uid: int, tools: tuple[str, ...], prefix: str
+) -> None:
+    result = _run_test_sh_package_step(tmp_path, uid=uid, tools=tools)
+    assert result.returncode == 7, result.stderr  # went on to the set-up
+    calls = (tmp_path / "calls.log").read_text(encoding="utf-8").splitlines()
+    install = f"apt-get install -y -qq --no-install-recommends{_missing_here()}"
+    if prefix:
+        assert calls == [
+            "sudo apt-get update -qq",
+            "apt-get update -qq",
+            f"sudo {install}",
+            install,
+            "setup-env test,broker",
+        ]
+    else:
+        assert calls == ["apt-get update -qq", install, "setup-env test,broker"]
