@@ -8,10 +8,10 @@ dashboard, the alert rules and the unit's main settings):
   ACL, on a real mosquitto, lets each role of docs/protocol.md's topic table publish its topics and
   read what it is sent with the subscriptions racktwin's code makes, and refuses commands from anyone
   but the agent;
-- scripts/*.sh: stop at the first error, shellcheck-clean where shellcheck is installed (the test extra brings it), a virtual
-  environment left without pip by a failed first run is made again; test.sh installs missing Debian
-  packages with sudo or as root, or says which are missing and how to install them; .ci/run runs the
-  README's test command.
+- scripts/*.sh: stop at the first error, shellcheck-clean where shellcheck is installed (the test
+  extra brings it), a virtual environment left without pip by a failed first run is made again;
+  test.sh installs missing Debian packages with sudo or as root, or says which are missing and how to
+  install them; .ci/run runs the README's test command.
 """
 
 from __future__ import annotations
