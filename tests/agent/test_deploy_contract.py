@@ -112,6 +112,24 @@ def test_the_unit_runs_the_program_its_install_steps_make() -> None:
     assert svc["User"] == "racktwin" and "useradd --system" in header and header.rstrip().count("racktwin") > 1
 
 
+def test_the_units_documentation_is_installed_by_its_steps_wherever_racktwin_is() -> None:
+    """Documentation=file:/opt/racktwin/docs/agent.md existed only for a checkout in /opt/racktwin, not
+    for a wheel installed there (README). Each file: page is now installed by a step of the header from
+    a file of the source tree, whose deploy/ the unit itself is copied from. Failed on the old unit."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(UNIT)
+    pages = unit["Unit"]["Documentation"].split()
+    assert pages and all(p.startswith("file:/") for p in pages), pages
+    header = unit_header()
+    assert "cp deploy/systemd/racktwin-agent.service /etc/systemd/system/" in header
+    for page in pages:
+        path = page.removeprefix("file:")
+        assert not path.startswith("/opt/racktwin/"), f"{path}: only a checkout there has it"
+        step = re.search(rf"^\s+install -D -m 0644 (\S+) {re.escape(path)}\s", header, flags=re.M)
+        assert step, f"no step of the header installs {path}"
+        assert (REPO / step.group(1)).is_file(), step.group(0)
+
+
 def test_a_configuration_error_stops_the_unit_without_restarts(tmp_path: Path) -> None:
     """The header: "a bad file fails the start with one line in the journal ... and systemd does not
     restart it (exit status 2)". RestartPreventExitStatus= applies to the main process only
