@@ -10,9 +10,21 @@ missing=""
 command -v mosquitto_sub >/dev/null 2>&1 || missing="$missing mosquitto-clients"
 command -v openssl >/dev/null 2>&1 || missing="$missing openssl"
 if [ -n "$missing" ]; then
-    echo "== installing Debian packages:$missing"
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    # Without apt-get (not Debian/Ubuntu), or as a user without sudo: say what is missing and how to
+    # install it, rather than fail on "sudo: command not found".
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "the tests need these packages, not installed here:$missing" >&2
+        echo "install them with the system's package manager (Debian/Ubuntu: apt-get install$missing) and run again" >&2
+        exit 1
+    fi
+    if [ -n "$SUDO" ] && ! command -v sudo >/dev/null 2>&1; then
+        echo "the tests need these Debian packages, not installed here:$missing" >&2
+        echo "install them as root (no sudo here), then run again: apt-get update && apt-get install -y$missing" >&2
+        exit 1
+    fi
+    echo "== installing Debian packages:$missing"
     $SUDO apt-get update -qq
     # shellcheck disable=SC2086 # word splitting of the package list is intended
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

