@@ -31,4 +31,4 @@ def card_batch(card_index: Sequence[int] | np.ndarray, **cols: object) -> CardBa
     arrays = {
         k: np.broadcast_to(np.asarray(v, dtype=_KINDS.get(k, np.float64)), idx.shape).copy() for k, v in values.items()
     }
-    return CardBatch(card_index=idx, **arrays)  # type: ignore[arg-type]
+    return CardBatch(card_index=idx, **arrays)

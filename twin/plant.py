@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -137,7 +138,7 @@ class Plant:
         self,
         site: SiteSpec,
         jobs: list[JobSpec] | tuple[JobSpec, ...] = (),
-        faults: list[Fault] | tuple[Fault, ...] = (),
+        faults: Sequence[Fault] = (),
         config: PlantConfig | None = None,
     ) -> None:
         cfg = config if config is not None else PlantConfig()

@@ -54,7 +54,7 @@ def card_steady_power_w(
     utilization: FloatArray,
     low_power: BoolArray,
     inlet_c: float | FloatArray,
-    r_total_k_per_w: FloatArray,
+    r_total_k_per_w: float | FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
     """Exact steady (power, die temperature) of cards at fixed levels, including leakage."""
     t_ref = model.reference_temp_c

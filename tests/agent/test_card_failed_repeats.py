@@ -101,6 +101,7 @@ def _dead_card_read_alive(readings: Readings) -> Readings:
     live values; in process the belief takes the plant's flag.)"""
     racks = list(readings.racks)
     r1 = racks[1]
+    assert r1.cards is not None
     failed = np.asarray(r1.cards.failed, dtype=bool).copy()
     failed[DEAD - 16] = False
     racks[1] = dataclasses.replace(r1, cards=dataclasses.replace(r1.cards, failed=failed))

@@ -9,6 +9,7 @@ import logging
 import math
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -457,7 +458,9 @@ def test_a_failed_card_stays_failed_while_its_host_is_off_and_reads_asleep() -> 
     assert np.flatnonzero(state.snapshot().card_failed).tolist() == [64 + 6]
     off = np.zeros(64, dtype=bool)
     off[:8] = True  # its host goes off: all of its cards read asleep at 0 W
-    asleep = dict(power_w=np.where(off, 0.0, 300.0), sm_clock_mhz=np.where(off, 0.0, 1870.0), low_power=off.copy())
+    asleep: dict[str, Any] = dict(
+        power_w=np.where(off, 0.0, 300.0), sm_clock_mhz=np.where(off, 0.0, 1870.0), low_power=off.copy()
+    )
     ing.handle(cards_msg("r1", T0 + 1, host_off=off, **asleep))
     ing.flush()
     snap = state.snapshot()
@@ -626,6 +629,7 @@ def test_a_first_message_from_a_publisher_far_ahead_does_not_anchor_the_site_clo
             now = clock.now()
             assert now is not None and now < T0 + 10.0 and state.stale_racks(now, 30.0) == ()
     now = clock.now()
+    assert now is not None
     assert now == pytest.approx(T0 + 40.0, abs=1e-6) and clock.corrections == 1 and clock.jumps == 0
     assert state.stale_racks(now, 30.0) == (5,)
     assert state.card_last_seen_s.max() == T0 + 39.0

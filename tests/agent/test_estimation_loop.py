@@ -17,6 +17,7 @@ from agent.controller import Controller
 from agent.estimation_loop import EstimationLoop
 from agent.journal import Journal
 from agent.metrics import AgentMetrics
+from twin.faults import Fault
 from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation
 from twin.readings import Readings
 from twin.state import TwinState
@@ -37,7 +38,7 @@ async def test_the_estimate_task_reports_a_fouled_plate_and_a_weak_pump_and_save
         JobSpec("a", half, work_steps=1e6, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=300.0),
         JobSpec("b", half, work_steps=1e6, step_time_s=2.0, compute_share=0.7, checkpoint_interval_s=450.0),
     ]
-    faults = [
+    faults: list[Fault] = [
         ColdPlateFouling(card=5, start_s=600.0, r_factor=2.0),
         PumpDegradation(rack=1, start_s=600.0, flow_fraction=0.6),
     ]

@@ -9,8 +9,10 @@ test (test_guard_properties.py) covers random plans; these pin what it cannot re
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from guard_helpers import proposal, scene, step_context
 
@@ -48,7 +50,9 @@ def test_a_fractional_level_is_rounded_to_the_slower_one_and_an_infinite_one_is_
     level = np.zeros(site.n_cards)
     level[:8] = 4.5  # job "a": between levels 4 and 5
     level[8:20] = -np.inf  # job "b": undefined
-    d = Guard(site, CFG).review(dataclasses.replace(proposal(site, 0), card_level=level), snap, step_context(site))
+    # float levels on purpose (a proposal's levels need not be whole): the guard rounds them
+    off_grid = cast(npt.NDArray[np.int64], level)
+    d = Guard(site, CFG).review(dataclasses.replace(proposal(site, 0), card_level=off_grid), snap, step_context(site))
     assert d.job_levels == {"a": 5, "b": 7}
 
 

@@ -272,6 +272,7 @@ def test_a_failed_card_reads_failed_again_after_its_host_was_off_and_a_repaired_
     plant.power_on_hosts([0, 1])
     plant.run(SITE.rack.host_boot_s + 10.0)
     cards = plant.readings().racks[0].cards
+    assert cards is not None
     assert cards.failed[3] and not cards.low_power[3] and cards.clock_mhz[3] == 0.0 and cards.power_w[3] == 0.0
     assert not cards.failed[12] and cards.low_power[12]
     assert cards.low_power[[0, 1, 2, 4, 5, 6, 7]].all()

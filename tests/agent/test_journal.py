@@ -100,6 +100,7 @@ def test_calibration_round_trip(tmp_path: Path) -> None:
 def test_wal_mode_and_schema_version_guard(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite"
     j = Journal(path)
+    assert j._db is not None
     assert j._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     j.set_meta("schema_version", "999")
     j.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cache
+from typing import Any
 
 import numpy as np
 import pytest
@@ -93,7 +94,7 @@ def _tiny() -> StateSnapshot:
 
 def _with(snap: StateSnapshot, **cards: dict[int, object]) -> StateSnapshot:
     """``snap`` with some cards' values of per-card fields replaced (``card_failed={1: True}``)."""
-    fields = {}
+    fields: dict[str, Any] = {}
     for name, values in cards.items():
         arr = np.asarray(getattr(snap, name)).copy()
         for c, v in values.items():

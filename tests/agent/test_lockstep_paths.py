@@ -54,7 +54,7 @@ from agent.evaluate import _plant_for
 from agent.policies import AgentPolicy, make_policy
 from agent.service import AgentService
 from sim.runner import SimOptions, Simulator
-from twin.faults import CardFailure, SensorDropout
+from twin.faults import CardFailure, Fault, SensorDropout
 from twin.plant import Plant, Truth
 from twin.scenario import RunScenario, load_run_scenario, run_scenario_from_dict
 from twin.spec import SiteSpec, site_from_dict
@@ -515,7 +515,7 @@ def test_a_silent_rack_with_a_dead_card_gets_its_fail_safe_caps_over_the_wire(tm
     The refusal now names the dead card (``card_failed``) and the next decision caps the others. (The
     cards of r2's powered-off host get no limit over the wire, by design: a rack refuses it.)"""
     sc = _mixed()
-    faults = [f for f in sc.faults if not isinstance(f, SensorDropout)]
+    faults: list[Fault] = [f for f in sc.faults if not isinstance(f, SensorDropout)]
     faults += [SensorDropout(rack=2, start_s=600.0, end_s=890.0), CardFailure(card=36, at_s=610.0)]
     run = _lockstep(dataclasses.replace(sc, faults=tuple(faults)), 720, tmp_path / "journal.sqlite")
     capped = [d for d in run.evaluate.decisions if 2 in d.failsafe_racks and d.time_s >= 630.0]

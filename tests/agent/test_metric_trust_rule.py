@@ -67,6 +67,7 @@ def test_a_hot_die_of_a_rack_whose_loop_sensor_froze_is_exported_over_the_die_ho
     _, loop_frozen = service.state.frozen_readings()
     assert service.state.stuck_racks() == (1,) and loop_frozen[1]
     hottest = _at(s, "racktwin_rack_max_die_temperature_celsius", rack=r1)
+    assert hottest is not None
     assert hottest == pytest.approx(87.0) and hottest > DIE_HOT_C
     assert _at(s, "racktwin_card_die_temperature_celsius", rack=r1, card="2") == pytest.approx(87.0)
     assert _at(s, "racktwin_rack_supply_temperature_celsius", rack=r1) is None

@@ -79,12 +79,12 @@ def test_a_fouled_cold_plate_is_kept_under_the_die_limit(estimator: bool) -> Non
     fouled = 70  # a card of the job on rack r1
     plant, ctl = _hot_jobs(fouled)
     levels: dict[str, list[int]] = {}
-    loop = ClosedLoop(
-        plant,
-        ctl,
-        estimator=estimator,
-        on_decision=lambda d, r: [levels.setdefault(j, []).append(lv) for j, lv in d.job_levels.items()],
-    )
+
+    def record(d: Decision, r: ApplyReport) -> None:
+        for j, lv in d.job_levels.items():
+            levels.setdefault(j, []).append(lv)
+
+    loop = ClosedLoop(plant, ctl, estimator=estimator, on_decision=record)
     die_limit = plant.site.card.slowdown_temp_c - ctl.control.die_margin_k
     hottest_later = 0.0
     for _ in range(600):

@@ -89,7 +89,8 @@ def test_the_wake_for_a_checkpoints_end_is_the_earliest_end_less_the_lead_after_
     assert a.spec is not None and b.spec is not None
 
     def in_checkpoint(info: JobInfo, since_s: float, duration_s: float) -> JobInfo:
-        spec = dataclasses.replace(info.spec, checkpoint_duration_s=duration_s)  # type: ignore[arg-type]
+        assert info.spec is not None
+        spec = dataclasses.replace(info.spec, checkpoint_duration_s=duration_s)
         return dataclasses.replace(info, phase=Phase.CHECKPOINT, last_event_s=since_s, spec=spec)
 
     jobs = [in_checkpoint(a, 100.0, 60.0), in_checkpoint(b, 90.0, 100.0)]  # ends at 160 and 190
@@ -200,6 +201,7 @@ def test_the_solver_plans_within_the_caps_and_without_it_the_greedy_plan_is_said
     solved = plan(p, notes)
     assert solved.status == SolveStatus.OPTIMAL and solved.source == "milp"
     assert notes == []
+    assert solved.dvfs is not None
     assert (solved.dvfs.rack_power_w <= p.rack_cap_w() + 1e-6).all()
     greedy = plan(p, notes, use_solver=False)
     assert greedy.source == "greedy" and greedy.status.has_plan
@@ -214,6 +216,7 @@ def test_a_solve_out_of_time_gives_the_greedy_plan_within_the_caps() -> None:
     notes: list[str] = []
     late = plan(p, notes, solver_time_limit_s=1e-6)
     assert late.status == SolveStatus.FALLBACK and late.source == "greedy"  # computed before the solve
+    assert late.dvfs is not None
     assert (late.dvfs.rack_power_w <= p.rack_cap_w() + 1e-6).all()
 
 

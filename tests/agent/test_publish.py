@@ -7,7 +7,7 @@ import dataclasses
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -215,7 +215,7 @@ def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
 
     def sent(snap: StateSnapshot, now_s: float) -> list[tuple[str, tuple[int, ...]]]:
         msgs = [r1.codec.decode(c.topic, c.payload) for c in book.commands(r1.decision, snap, r1.applied, now_s)]
-        return [(m.rack, m.cards) for m in msgs]  # type: ignore[union-attr]
+        return [(m.rack, m.cards) for m in cast(list[wire.RackCommand], msgs)]
 
     assert sent(snap, NOW + 60.0) == [("r1", tuple(c for c in range(64) if c != 5))]
     seen = np.asarray(snap.card_last_seen_s, dtype=np.float64).copy()
@@ -289,7 +289,7 @@ def test_per_card_power_limits_are_one_command_per_rack_and_direction(scene: tup
     """The guard's die limits differ card by card (the demo: 64 distinct values on a rack); they go as
     one command per rack (per direction: lowering first), one value per card, not one per value."""
     site, snap = scene
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))  # type: ignore[arg-type]
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
     book = CommandBook(site, codec, ControlConfig())  # type: ignore[arg-type]
     applied = np.full(512, -1)
     lim = np.asarray(snap.card_power_limit_w).copy()
@@ -311,9 +311,9 @@ def test_per_card_power_limits_are_one_command_per_rack_and_direction(scene: tup
     lim2[0:10] = 200.0
     lim2[40:50] = 600.0
     cmds2 = book.commands(decision_like(snap, card_power_limit_w=lim2), snap, applied, NOW + 2.0)
-    d2 = [codec.decode(c.topic, c.payload) for c in cmds2]
-    assert [(m.rack, m.cards[0], len(m.cards)) for m in d2] == [("r0", 1, 9), ("r0", 40, 10)]  # type: ignore[union-attr]
-    assert d2[0].setting.power_limit_w == 200.0 and d2[1].setting.power_limit_w == 600.0  # type: ignore[union-attr]
+    d2 = cast(list[wire.RackCommand], [codec.decode(c.topic, c.payload) for c in cmds2])
+    assert [(m.rack, m.cards[0], len(m.cards)) for m in d2] == [("r0", 1, 9), ("r0", 40, 10)]
+    assert d2[0].setting.power_limit_w == 200.0 and d2[1].setting.power_limit_w == 600.0
 
 
 def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: tuple[object, StateSnapshot]) -> None:
@@ -330,7 +330,10 @@ def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: t
     lvl = np.asarray(snap.card_level).copy()
     lvl[0:64] = 3  # a slower level (lowers power)
     d = decision_like(snap5, card_level=lvl, rack_pump_speed_frac=speed)  # r5 back to full speed: faster
-    msgs = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap5, applied, NOW)]
+    msgs = cast(
+        list[wire.RackCommand | wire.CduCommand],
+        [codec.decode(c.topic, c.payload) for c in book.commands(d, snap5, applied, NOW)],
+    )
     order = [(type(m).__name__, m.rack) for m in msgs]
     assert order == [("RackCommand", "r0"), ("CduCommand", "r5"), ("CduCommand", "r2")]
     assert [c.topic for c in book.open.values() if "cdu_cmd" in c.topic] == [

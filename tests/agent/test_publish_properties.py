@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import uuid
 from functools import cache
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -178,7 +179,9 @@ def test_the_commands_of_a_decision_bring_the_site_to_it(
     card_host = site.card_host()
     was_off = np.asarray(snap.card_host_off, dtype=bool)
     if d.host_off is None:  # hosts not managed: a host stays as it is unless a card of it is woken
-        woken = (was_off & ~d.card_low_power).reshape(site.n_hosts, site.cards_per_host).any(axis=1)
+        woken = cast(
+            npt.NDArray[np.bool_], (was_off & ~d.card_low_power).reshape(site.n_hosts, site.cards_per_host).any(axis=1)
+        )
         want_off = was_off & ~woken[card_host]
     else:
         want_off = np.asarray(d.host_off, dtype=bool)[card_host]

@@ -99,11 +99,12 @@ def _bounds_hold(site: SiteSpec, args: dict[str, object], speed: np.ndarray) -> 
     mcp = (
         np.asarray(args["rack_flow_full_lpm"]) * speed / 60_000 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
     )
-    return (
+    holds: np.ndarray = (
         (pr.rack_max_die_c <= float(args["die_limit_c"]) + 1e-9)  # type: ignore[arg-type]
         & (pr.rack_power_w <= np.asarray(args["rack_cap_w"]) + 1e-6)
         & (pr.rack_power_w / mcp <= loop.max_delta_t_k + 1e-9)
     )
+    return holds
 
 
 def test_idle_racks_run_slowest_loaded_ones_only_as_slow_as_their_bounds_allow() -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ FAILED_CARD = 20  # card 4 of rack r1 on 2 racks of 16 cards; card 4 of rack r2 
 
 def book_of(site: SiteSpec) -> CommandBook:
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    return CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    return CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
 
 
 def write_records(path: Path, site: SiteSpec) -> None:
@@ -154,7 +155,7 @@ def test_the_calibration_is_taken_up_on_a_site_of_its_layout_only_and_saved_anew
             load_journal(journal, controller, TwinState(site), book_of(site))
         finally:
             journal.close()
-        return controller.calibration()[0].tolist()
+        return cast(list[int], controller.calibration()[0].tolist())
 
     assert calibrated_on(written) == [0, 1, 2, 3]
     caplog.set_level(logging.INFO, logger="racktwin.agent")

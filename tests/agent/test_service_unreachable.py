@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from http_testing import http_get
 
-import agent.failure_lines as failure_lines_module
 from agent.broker import free_port
 from agent.bus import MqttOptions
 from agent.config import load_config
@@ -133,7 +133,7 @@ def test_a_lasting_failure_is_logged_first_then_once_a_minute_with_a_count_and_a
     the first failure at once, then one line a minute with the number failed since the last line;
     after a recovery (which says how many failed) the next failure is logged at once again."""
     wall = [1000.0]
-    monkeypatch.setattr(failure_lines_module.time, "monotonic", lambda: wall[0])
+    monkeypatch.setattr(time, "monotonic", lambda: wall[0])  # the clock of agent.failure_lines
     lines = FailureLines()
     logged: list[int | None] = []
     for _ in range(130):  # a cycle every second for 130 s
@@ -150,7 +150,7 @@ def test_a_write_that_keeps_failing_holds_its_reason_until_one_works(monkeypatch
     reason is kept for readiness until a write works; a write that works after failures says how many
     (one line), one that works with none before says 0 (no line)."""
     wall = [1000.0]
-    monkeypatch.setattr(failure_lines_module.time, "monotonic", lambda: wall[0])
+    monkeypatch.setattr(time, "monotonic", lambda: wall[0])  # the clock of agent.failure_lines
     writes = WriteFailures()
     assert writes.succeeded() == 0 and writes.error is None
     assert writes.failed_with("disk full") == 1

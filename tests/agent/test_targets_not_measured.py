@@ -76,7 +76,8 @@ def test_a_pue_of_a_run_with_no_it_energy_is_not_measured_not_missed() -> None:
     ],
 )
 def test_a_bound_on_a_metric_that_is_not_a_number_is_not_measured(field: str, key: str, value: float) -> None:
-    (check,) = _judge(ScenarioTargets(**{field: 10.0}), _metrics(**{key: value}))
+    bound: dict[str, Any] = {field: 10.0}
+    (check,) = _judge(ScenarioTargets(**bound), _metrics(**{key: value}))
     assert check.met is None and check.measured == "-" and check.shortfall == "", check
     assert check.why.startswith(f"not measured: {key} is "), check
     _no_nan_anywhere([check])

@@ -834,14 +834,18 @@ def test_an_implausible_clock_reading_is_refused_and_sets_neither_level_nor_fail
     ingest = Ingest(site, state, SiteClock(1.0))
     clocks = site.card.clocks_mhz
     first = _cards_payload(power_watts=[0.0, 300.0, 300.0, 300.0], sm_clock_mhz=[0.0, clocks[1], clocks[1], clocks[1]])
-    ingest.handle(codec.decode(CARDS, first))
+    msg = codec.decode(CARDS, first)
+    assert not isinstance(msg, Rejection)
+    ingest.handle(msg)
     ingest.flush()
     assert state.card_failed[:4].tolist() == [True, False, False, False]
     assert state.card_level[1:4].tolist() == [1, 1, 1]
     later = json.loads(first)
     later["ts"] = TS + 1.0
     later["sm_clock_mhz"] = [1e300, 1e300, clocks[1], 5.0 * max(clocks) + 1.0]
-    ingest.handle(codec.decode(CARDS, json.dumps(later).encode()))
+    msg = codec.decode(CARDS, json.dumps(later).encode())
+    assert not isinstance(msg, Rejection)
+    ingest.handle(msg)
     ingest.flush()
     assert codec.counter.total == 0
     assert state.invalid_count[:4].tolist() == [1, 1, 0, 1]

@@ -163,7 +163,10 @@ def test_per_card_power_limits_are_one_per_listed_card_neither_fewer_nor_more(
 
 
 @pytest.mark.parametrize("cls", [wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand])
-def test_every_command_kind_must_expire_after_it_was_issued(codec: Codec, cls: type) -> None:
+def test_every_command_kind_must_expire_after_it_was_issued(
+    codec: Codec,
+    cls: type[wire.RackCommand] | type[wire.CduCommand] | type[wire.FacilityCommand] | type[wire.SchedulerCommand],
+) -> None:
     msg = _sample(cls)
     out = codec.outgoing(msg)
     body = json.loads(out.payload)

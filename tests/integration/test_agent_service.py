@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from http_testing import http_get
@@ -733,7 +733,7 @@ async def test_a_calibration_save_that_keeps_failing_counts_once_per_interval_no
     async def inject(service: AgentService, sim: Simulator) -> None:
         await wait_for(lambda: service.decisions >= 2, what="two decisions")
 
-        def defective(*_args: Any) -> None:
+        def defective(*_args: Any) -> NoReturn:
             saves.append(service.clock.now() or 0.0)
             raise RuntimeError("an injected defect")
 
@@ -1094,6 +1094,7 @@ async def test_two_agents_with_one_client_id_stop_taking_the_session_from_each_o
         tasks = [asyncio.create_task(s.run()) for s in services]
         try:
             await wait_for(lambda: b.standing_by_for is not None, 10, "agent B standing by")
+            assert b.standing_by_for is not None
             assert b.standing_by_for.instance == a.instance and a.standing_by_for is None
 
             def settled() -> bool:  # B under a client id of its own, A back in its session

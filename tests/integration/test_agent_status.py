@@ -73,7 +73,7 @@ async def statuses(broker: EmbeddedBroker) -> AsyncIterator[list[tuple[float, bo
         yield seen
 
 
-async def wait_until(cond: Callable[[], bool], what: str) -> None:
+async def wait_until(cond: Callable[[], object], what: str) -> None:
     end = time.monotonic() + WAIT_S
     while not cond():
         assert time.monotonic() < end, f"timed out waiting for {what}"

@@ -653,7 +653,7 @@ async def test_plant_faults_on_the_wire(mosquitto: EmbeddedBroker) -> None:
         await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 25)
     bad = obs.codec.counter.snapshot()
 
-    def at(cls: type, rack: str | None = None) -> dict[int, object]:
+    def at(cls: type, rack: str | None = None) -> dict[int, Any]:
         return {
             round(m.ts_s - START_EPOCH_S): m for m in obs.of(cls) if rack is None or getattr(m, "rack", None) == rack
         }

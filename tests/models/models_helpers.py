@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from models.problem import CycleProblem, Margins, Prices, make_problem
 from twin.spec import SiteSpec
@@ -33,7 +34,7 @@ def problem(
     cards: Sequence[Sequence[int]],
     phases: Sequence[Phase] | None = None,
     *,
-    limit_w: float | Sequence[float] | None = None,
+    limit_w: float | Sequence[float] | npt.NDArray[np.float64] | None = None,
     margin_w: float = 1000.0,
     die_margin_k: float = 2.0,
     supply_c: float = 30.0,
@@ -84,7 +85,7 @@ def card_die_c(site: SiteSpec, share: float, nu: float, level: int, supply_c: fl
     return supply_c + r * card_power_w(site, share, nu, level, supply_c)
 
 
-def judge(p: CycleProblem, plan_dvfs: object, supply_c: float) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[type-arg]
+def judge(p: CycleProblem, plan_dvfs: object, supply_c: float) -> tuple[np.ndarray, np.ndarray]:
     """(rack power W, card die temperature deg C) of a plan as the twin computes them
     (``twin.steady.site_steady_state`` at the plan's levels and idle states, firmware protection on)."""
     from models.problem import phase_utilization

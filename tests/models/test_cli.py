@@ -147,7 +147,7 @@ def test_idle_hosts_go_off_but_a_reserve_and_every_host_with_a_busy_card_stay_on
         variant("reserve", "host_reserve_per_supernode = 2", "host_reserve_per_supernode = 6"),
         tmp_path / "reserve",
     )
-    assert more["hosts_off"] == off["hosts_off"] - 4  # type: ignore[operator]
+    assert more["hosts_off"] == off["hosts_off"] - 4
 
 
 def test_the_pump_choice_counts_the_heat_of_the_hosts_the_plan_powers_off(

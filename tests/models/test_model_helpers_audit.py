@@ -8,16 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from models_helpers import job, problem, rack_cards
 
 from models.decompose import it_price_per_wh, restrict_tables, split_chunks
 from models.explain import explain_infeasible, min_rack_power_w, reserve_capacity
 from models.from_state import job_spec_of, problem_from_snapshot
-from models.heuristic import greedy_dvfs
-from models.problem import DvfsTables, FacilityLine, Prices, dvfs_tables, facility_line, it_power_range_w, make_problem
+from models.heuristic import GreedyDvfs, greedy_dvfs
+from models.problem import (
+    CycleProblem,
+    DvfsTables,
+    FacilityLine,
+    Prices,
+    dvfs_tables,
+    facility_line,
+    it_power_range_w,
+    make_problem,
+)
 from models.synthetic import acme_workload, pack_jobs, synthetic_workload
 from twin.readings import FacilityReading
 from twin.spec import SiteSpec
@@ -169,13 +180,14 @@ def test_explain_a_short_reserve_names_what_a_further_card_needs_in_the_racks_it
 # ---------------------------------------------------------------- decompose
 
 
-def _two_supernode_problem(site: SiteSpec, reserve: int = 12) -> tuple[object, DvfsTables, object]:
+def _two_supernode_problem(site: SiteSpec, reserve: int = 12) -> tuple[CycleProblem, DvfsTables, GreedyDvfs]:
     """Two supernodes (16 racks): a 128-card job on r1-r2, 32-card jobs on r5 and r9, a 64-card job on r12.
     Rack limits differ (40 kW + 100 W x rack) so that a rack's numbers tell which rack they are."""
     big = site.with_supernodes(2)
     jobs = [job("two", 128), job("s5", 32), job("s9", 32), job("r12", 64)]
     cards = [list(range(64, 192)), rack_cards(5, 32), rack_cards(9, 32), rack_cards(12)]
-    limits = 40_000.0 + 100.0 * np.arange(16)
+    # float64 (numpy's stubs type a float times an int64 array as floating[Any])
+    limits = cast(npt.NDArray[np.float64], 40_000.0 + 100.0 * np.arange(16))
     p = make_problem(
         big, jobs=jobs, job_cards=[np.asarray(c) for c in cards], rack_limit_w=limits, supply_temp_c=30.0,
         ambient_c=25.0, supply_options_c=[30.0], ready_reserve_cards=reserve,
@@ -224,8 +236,8 @@ def test_decompose_a_chunk_carries_its_own_racks_numbers_and_its_share_of_the_re
         for i, j in enumerate(c.jobs.tolist()):
             mine = ct.pair_job == i
             racks = sorted(c.racks[ct.pair_rack[mine]].tolist())
-            assert racks == sorted({r // 64 for r in p.job_cards(j).tolist()})  # type: ignore[attr-defined]
-            assert int(ct.pair_cards[mine].sum()) == p.jobs[j].n_cards  # type: ignore[attr-defined]
+            assert racks == sorted({r // 64 for r in p.job_cards(j).tolist()})
+            assert int(ct.pair_cards[mine].sum()) == p.jobs[j].n_cards
             assert ct.job_power_w[i].tolist() == t.job_power_w[j].tolist()
     assert sum(c.tables.reserve for c in chunks) == int(g.rack_awake.sum()) >= 12
 

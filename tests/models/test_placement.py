@@ -7,14 +7,21 @@ import numpy as np
 import pytest
 from models_helpers import EXAMPLES, card_power_w, job, problem, rack_cards
 
-from models.placement import PlacementProblem, QueuedJob, _pick_planned, make_placement_problem, place_jobs
+from models.placement import (
+    PlacementPlan,
+    PlacementProblem,
+    QueuedJob,
+    _pick_planned,
+    make_placement_problem,
+    place_jobs,
+)
 from twin.spec import SiteSpec, site_from_dict
 from twin.tables import read_toml
 
 pytestmark = pytest.mark.models
 
 
-def _check_plan(site: SiteSpec, free: np.ndarray, queue: list[QueuedJob], plan) -> None:  # type: ignore[no-untyped-def,type-arg]
+def _check_plan(site: SiteSpec, free: np.ndarray, queue: list[QueuedJob], plan: PlacementPlan) -> None:
     used = np.zeros(site.n_cards, dtype=int)
     per_sn = site.cards_per_supernode
     for q in queue:

@@ -138,7 +138,7 @@ class _FirstSolveHangs(CyclePlanner):
         super().__init__()
         self.calls = 0
 
-    def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver:  # type: ignore[override]
+    def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver:
         self.calls += 1
         return _HungSolver() if self.calls == 1 else DvfsSolver()
 

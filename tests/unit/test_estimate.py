@@ -10,6 +10,7 @@ import pytest
 from readings_testing import card_batch
 
 from twin.estimate import Anomaly, AnomalyHistory, Estimator, EstimatorConfig
+from twin.faults import Fault
 from twin.plant import ColdPlateFouling, Plant, PlantConfig, PumpDegradation, StuckSensor
 from twin.power import PowerModel
 from twin.readings import LoopReading, PduReading, RackReading, Readings
@@ -50,7 +51,7 @@ def _bit_for_bit(a: Estimator, b: Estimator) -> None:
 
 
 def test_fouled_cold_plate_and_weak_pump_are_flagged_healthy_cards_are_not(small_site: SiteSpec) -> None:
-    faults = [
+    faults: list[Fault] = [
         ColdPlateFouling(card=5, start_s=600.0, r_factor=2.0),
         PumpDegradation(rack=1, start_s=600.0, flow_fraction=0.6),
     ]
@@ -571,6 +572,7 @@ def test_a_run_of_outliers_does_not_outlast_a_restart_of_the_model(small_site: S
     counts from the restart's first learnt reading, so 30 s of them are not yet confirmed."""
     est = Estimator(small_site)
     x = _steady(small_site, 300, est)
+    t: float  # whole seconds first, then from the restart's 350.0 on
     for t in range(301, 311):
         est.update(_rack0(small_site, float(t), x + 8.0))
     assert est.estimates().r_ratio[0] == pytest.approx(1.0, abs=1e-12)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from twin.faults import Fault
 from twin.plant import (
     CardFailure,
     CardVariation,
@@ -267,7 +268,7 @@ def test_wake_latency_is_honoured_and_a_job_on_sleeping_cards_waits(small_site: 
     t0 = p.time_s
     r = p.readings()
     assert r.racks[0].cards is not None and bool(r.racks[0].cards.waking[0])
-    phases = []
+    phases: list[tuple[float, Phase]] = []
     while p.time_s < t0 + wake + 2.0:
         p.step(0.5)
         phases.extend((e.time_s, e.phase) for e in p.drain_events() if e.kind == "phase")
@@ -549,7 +550,7 @@ def test_overlapping_failures_of_a_card_end_with_the_last_repair(small_site: Sit
 # faults and sensors
 # ------------------------------------------------------------------------------------------------
 def test_sensor_faults(small_site: SiteSpec) -> None:
-    faults = [
+    faults: list[Fault] = [
         SensorDropout(rack=0, start_s=10.0, end_s=20.0),
         StuckSensor(rack=1, start_s=30.0, end_s=60.0),
         GarbageReadings(rack=0, start_s=40.0, end_s=50.0, mode="nan"),
@@ -587,7 +588,7 @@ def test_each_fault_is_in_force_from_its_start_up_to_its_end(small_site: SiteSpe
     a step late or early at either end would shift every figure judged on the truth log. A heat wave
     without a ramp is a step like the others: in force for its ``hold_s``, from ``start_s`` on."""
     base = ConstantAmbient(20.0)
-    faults = [
+    faults: list[Fault] = [
         SensorDropout(rack=0, start_s=3.0, end_s=6.0),
         GarbageReadings(rack=1, start_s=4.0, end_s=7.0, mode="nan"),
         CardFailure(card=3, at_s=5.0, repair_after_s=3.0),
@@ -639,7 +640,7 @@ def test_each_fault_is_in_force_from_its_start_up_to_its_end(small_site: SiteSpe
 def test_faults_from_t0_are_in_force_before_the_first_step(small_site: SiteSpec) -> None:
     """A fault starting at t = 0 shows in the readings and truth of t = 0, taken before any step
     (the simulator publishes them as its first telemetry round)."""
-    faults = [
+    faults: list[Fault] = [
         SensorDropout(rack=0, start_s=0.0, end_s=5.0),
         GarbageReadings(rack=1, start_s=0.0, end_s=5.0, mode="garbage", fraction=1.0),
         CardFailure(card=19, at_s=0.0),
@@ -661,7 +662,7 @@ def test_faults_from_t0_are_in_force_before_the_first_step(small_site: SiteSpec)
 
 
 def test_next_fault_change_is_the_next_edge_of_a_plant_fault(small_site: SiteSpec) -> None:
-    faults = [
+    faults: list[Fault] = [
         CardFailure(card=3, at_s=15.0, repair_after_s=10.0),
         SensorDropout(rack=0, start_s=7.5, end_s=8.0),
         HeatWave(start_s=1.0, peak_delta_k=5.0),  # smooth: no edge
@@ -714,7 +715,7 @@ def test_heat_wave_adds_to_the_ambient_profile(small_site: SiteSpec) -> None:
 def _trajectory(site: SiteSpec, seed: int, read_every: int) -> tuple[list[np.ndarray], list[str]]:
     cfg = GeneratorConfig(max_cards=16, duration_scale=0.1, target_allocation=0.9)
     jobs = generate_jobs(site.n_cards, 1800, seed=seed, config=cfg)
-    faults = [CardFailure(card=7, at_s=400.0), PumpDegradation(rack=0, start_s=300.0, flow_fraction=0.7)]
+    faults: list[Fault] = [CardFailure(card=7, at_s=400.0), PumpDegradation(rack=0, start_s=300.0, flow_fraction=0.7)]
     p = Plant(site, jobs, faults, config=PlantConfig(seed=seed))
     truth, events = [], []
     for k in range(900):

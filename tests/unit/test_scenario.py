@@ -885,7 +885,11 @@ def test_the_workload_line_of_a_cold_start_says_no_warm_start(site: SiteSpec) ->
 def test_time_offset_s_delays_every_traced_submission(site: SiteSpec) -> None:
     """examples/sim-trace.csv submits at 0, 0, 120, 300, 330, 600, 660, 900 and 1500 s; 100 s later
     with time_offset_s = 100."""
-    data = {"name": "x", "duration_s": 3600.0, "workload": {"source": "trace", "trace": "sim-trace.csv"}}
+    data: dict[str, Any] = {
+        "name": "x",
+        "duration_s": 3600.0,
+        "workload": {"source": "trace", "trace": "sim-trace.csv"},
+    }
     plain = run_scenario_from_dict(data, source="x", base_dir=EXAMPLES, site=site)
     assert [j.submit_time_s for j in plain.jobs] == [0.0, 0.0, 120.0, 300.0, 330.0, 600.0, 660.0, 900.0, 1500.0]
     later = {**data, "workload": {**data["workload"], "time_offset_s": 100.0}}

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import tomllib
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,13 +72,14 @@ def _cmd(
     return wire.RackCommand("r1", cards, setting, cid or uuid.uuid4(), expires, ts_s, seq, "agent")
 
 
-def _answer(handler: CommandHandler, codec: wire.Codec, cmd: wire.Command) -> list[wire.Message]:
-    topic = {
+def _answer(handler: CommandHandler, codec: wire.Codec, cmd: wire.Command) -> list[wire.Message | wire.Rejection]:
+    topics: dict[type, Callable[[Any], str]] = {
         wire.RackCommand: lambda c: codec.topics.rack_cmd(c.rack),
         wire.CduCommand: lambda c: codec.topics.cdu_cmd(c.rack),
         wire.FacilityCommand: lambda _c: codec.topics.facility_cmd,
         wire.SchedulerCommand: lambda _c: codec.topics.scheduler_cmd,
-    }[type(cmd)](cmd)
+    }
+    topic = topics[type(cmd)](cmd)
     return [codec.decode(o.topic, o.payload) for o in handler.handle(topic, wire.encode(cmd))]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import pytest
@@ -282,7 +283,8 @@ def test_a_repeated_or_overtaken_job_event_does_not_move_a_job_back(small_site: 
     st.apply_events([JobEvent(1.0, "j1", "phase", Phase.COMPUTE), started])  # a phase at the start's time
     assert st.jobs["j1"].phase == Phase.COMPUTE
     st.apply_events([JobEvent(20.0, "j1", "phase", Phase.CHECKPOINT), JobEvent(10.0, "j1", "phase", Phase.COMPUTE)])
-    assert st.jobs["j1"].phase == Phase.CHECKPOINT and st.jobs["j1"].last_event_s == 20.0
+    # (a cast: mypy keeps the phase narrowed to COMPUTE by the assert above across apply_events)
+    assert cast(Phase, st.jobs["j1"].phase) == Phase.CHECKPOINT and st.jobs["j1"].last_event_s == 20.0
     st.apply_events([started])
     info = st.jobs["j1"]
     assert info.state == "running" and info.phase == Phase.CHECKPOINT and info.cards == a
@@ -329,7 +331,11 @@ def test_a_power_sensor_frozen_alone_is_stuck_once_utilization_or_level_moves(sm
         if t == 60:
             frozen = float(readings.racks[0].cards.power_w[5])  # type: ignore[union-attr]
         if t >= 60:
-            readings = _with_power(readings, lambda b, w=frozen: np.where(b.card_index == 5, w, b.power_w))
+
+            def held(b: CardBatch, w: float = frozen) -> np.ndarray:
+                return np.where(b.card_index == 5, w, b.power_w)
+
+            readings = _with_power(readings, held)
         st.update(readings)
         if flagged_at is None and st.stuck_cards() == (5,):
             flagged_at = t
@@ -355,7 +361,11 @@ def test_a_power_sensor_reading_whole_watts_is_not_stuck(small_site: SiteSpec) -
         p.step(1.0)
         before = st.card_power_w.copy()
         step_w = 5.0 if t >= 200 else 1.0
-        st.update(_with_power(p.readings(), lambda b, q=step_w: np.round(b.power_w / q) * q))
+
+        def quantized(b: CardBatch, q: float = step_w) -> np.ndarray:
+            return np.round(b.power_w / q) * q
+
+        st.update(_with_power(p.readings(), quantized))
         repeats += int((st.card_power_w == before).sum())
         assert st.stuck_cards() == () and st.stuck_racks() == ()
     assert repeats > 1000  # the rounded values did repeat, often
@@ -689,7 +699,8 @@ def test_a_job_reading_as_new_as_the_jobs_last_event_is_taken_an_older_one_is_no
     st.update(Readings(9.0, (), jobs=(JobReading("j", Phase.COMPUTE, 4, 0.5, 1.0),)))
     assert st.jobs["j"].phase == Phase.WAITING and st.jobs["j"].progress_frac == 0.0
     st.update(Readings(10.0, (), jobs=(JobReading("j", Phase.COMPUTE, 4, 0.25, 1.0),)))
-    assert st.jobs["j"].phase == Phase.COMPUTE and st.jobs["j"].progress_frac == 0.25
+    # (a cast: mypy keeps the phase narrowed to WAITING by the assert above across update)
+    assert cast(Phase, st.jobs["j"].phase) == Phase.COMPUTE and st.jobs["j"].progress_frac == 0.25
 
 
 def test_a_loop_reading_with_a_pump_speed_outside_0_to_full_speed_is_refused_nan_is_not_reported(

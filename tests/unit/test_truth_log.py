@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sim.truth import TruthLog, truth_columns
+from twin.faults import Fault
 from twin.plant import CardFailure, CardVariation, ConstantAmbient, Plant, PlantConfig, PumpDegradation, SensorNoise
 from twin.spec import SiteSpec, site_from_dict
 from twin.workload import JobSpec, PhaseModel
@@ -69,7 +70,7 @@ def test_each_column_holds_its_quantity_for_its_rack(tmp_path: Path) -> None:
     15 kW limit and r1 under it, the link down."""
     site = capped_small_site()
     jobs = [job("a", 16), job("c", 4), job("b", 32)]
-    faults = [CardFailure(card=20, at_s=0.0), PumpDegradation(rack=1, start_s=0.0, flow_fraction=0.5)]
+    faults: list[Fault] = [CardFailure(card=20, at_s=0.0), PumpDegradation(rack=1, start_s=0.0, flow_fraction=0.5)]
     p = Plant(site, jobs, faults, config=exact(ambient=ConstantAmbient(21.5)))
     p.step(1.0)  # the jobs are placed
     assert p.job_cards("a").tolist() == list(range(16)) and p.job_cards("c").tolist() == [16, 17, 18, 19]
