@@ -34,6 +34,11 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"
 .venv/bin/mypy
+# every conftest.py is the module `conftest` to mypy, which checks one module per name in a run:
+# the folder conftests that pyproject.toml leaves out are checked one at a time
+for conftest in tests/unit/conftest.py tests/models/conftest.py; do
+    .venv/bin/mypy "$conftest"
+done
 # One worker per core, at most 4 (pytest-xdist): most tests wait on a broker or a simulator in real
 # time, not on the CPU. `-n 0` among the extra arguments runs them in this process, one by one.
 echo "== pytest (the 15 slowest tests listed at the end: the suite should stay under about 10 minutes)"
