@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from agent_helpers import example_site
 
-from agent.pumps import FLOW_DEADBAND_FRAC, full_speed_flow_lpm
+from agent.pumps import FLOW_DEADBAND_FRAC, full_speed_flow_lpm, offset_at_speed
 
 pytestmark = pytest.mark.agent
 
@@ -37,3 +37,24 @@ def test_a_full_speed_flow_at_exactly_the_deadband_counts_as_nominal() -> None:
     assert full_speed_flow_lpm(site, np.full(n_r, edge), speed) == pytest.approx(np.full(n_r, nominal))
     below = edge - 0.1
     assert full_speed_flow_lpm(site, np.full(n_r, below), speed) == pytest.approx(np.full(n_r, below))
+
+
+def test_a_die_offset_measured_on_a_stopped_pump_is_scaled_from_five_percent_flow_not_dropped() -> None:
+    # A pump reading 0% speed (tripped) gives 0 L/min: the offset measured now is scaled as if measured
+    # at 5% of the flow (the least the estimate trusts), so it is not divided away by an infinite plate
+    # resistance. Example site, 1.2 L/min per plate at full speed: now 0.06 L/min, below the OCP table
+    # (0.4 L/min: 0.0389 K/W, 0.5 L/min: 0.0325 K/W), extrapolated linearly in 1/flow:
+    # 0.0389 + (0.0389 - 0.0325) / (2.5 - 2.0) x (1 / 0.06 - 2.5) = 0.22023 K/W. At a third of the
+    # speed (0.4 L/min) the plate is 0.0389 K/W; the larger of the plate's ratio (0.0389 / 0.22023 =
+    # 0.1766) and the whole path's ((0.03 + 0.0389) / (0.03 + 0.22023) = 0.2753): a 10 K offset reads
+    # 2.753 K. (Without the 5% floor the plate at 0 L/min is ~1e4 K/W and the offset ~0 K.)
+    site = example_site()
+    n_r = site.n_racks
+    off = np.zeros(site.n_cards)
+    off[0] = 10.0  # card 0, rack 0
+    flow = np.full(n_r, site.loop_flow_per_rack_lpm())
+    got = offset_at_speed(site, off, flow, np.zeros(n_r), np.full(n_r, site.min_pump_speed_frac()))
+    r_now = 0.0389 + (0.0389 - 0.0325) / (2.5 - 2.0) * (1.0 / 0.06 - 2.5)
+    assert got[0] == pytest.approx(10.0 * (0.03 + 0.0389) / (0.03 + r_now), rel=1e-6)
+    assert got[0] == pytest.approx(2.753, abs=1e-3)
+    assert np.all(got[1:] == 0.0)
