@@ -85,8 +85,8 @@ MIN_FLOW_FRAC = 0.01
 
 def full_speed_flow_lpm(site: SiteSpec, flow_lpm: FloatArray, speed_frac: FloatArray) -> FloatArray:
     """Per rack: the loop flow its pump gives at full speed now: measured flow / reported speed; the
-    measured flow itself where the speed is unknown or under 5% (a stalled pump: speeding it up may
-    not help); the nominal flow where the flow is unknown (NaN) or within ``FLOW_DEADBAND_FRAC`` of
+    measured flow itself where the speed is unknown or at most 5% (a stalled pump: speeding it up
+    may not help); the nominal flow where the flow is unknown (NaN) or within ``FLOW_DEADBAND_FRAC`` of
     nominal; at most the nominal flow (a healthy pump gives no more) and at least ``MIN_FLOW_FRAC`` of
     it. A measured 0 L/min is a failed pump, not an unknown flow."""
     nominal = site.loop_flow_per_rack_lpm()
