@@ -524,6 +524,7 @@ def evaluate(
             scenario.site,
             scenario.jobs,
             job_work={n: r.jobs for n, r in ev.results.items()},
+            prices=prices,
         )
     return ev
 

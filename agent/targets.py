@@ -31,7 +31,10 @@ for every target missed, explains the miss with numbers from the same run:
   per-job work is given, the jobs that make most of the difference (``agent.job_work``);
 * **better than a policy**: the energy and throughput differences, and for less work the jobs behind
   it (one big job started later often outweighs all the rest); identical results say the two made
-  the same decisions; "less energy" is at least 0.01% less (less by under that is a tie);
+  the same decisions; "less energy" is at least 0.01% less (less by under that is a tie); a miss that
+  is a trade (more energy for more work, or less work for less energy) is also priced at the
+  controller's own prices (``agent.config.PricesConfig``: a kWh of facility energy, a top-clock
+  card-hour of work), which says whether the trade was worth making by the objective it plans with;
 * PUE, limits and dies: the measured values beside the bounds.
 
 A measured value that is not a finite number (a run with no IT energy has no PUE) is not measured:
@@ -52,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.config import PricesConfig
 from agent.job_work import JobWork, describe_work_gap
 from twin.power import PowerModel
 from twin.scenario import ScenarioTargets
@@ -240,13 +244,40 @@ def _better_target(tol_pct: float) -> str:
     return "less energy at equal or more work" + (f" (within {tol_pct:g}%)" if tol_pct else "")
 
 
+def _trade_value(name: str, other: str, m: Mapping[str, Any], o: Mapping[str, Any], prices: PricesConfig) -> str:
+    """For a policy that spent more energy for more work than ``other`` (or less for less): that
+    trade priced at ``prices`` (facility kWh, top-clock card-hours of work from ``work_card_s``), "; "
+    first; "" when it is no trade or the work is not in the metrics."""
+    try:
+        d_kwh = float(m["facility_energy_kwh"]) - float(o["facility_energy_kwh"])
+        d_card_h = (float(m["work_card_s"]) - float(o["work_card_s"])) / 3600.0
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if not (math.isfinite(d_kwh) and math.isfinite(d_card_h)) or d_kwh * d_card_h <= 0.0:
+        return ""
+    value = d_card_h * prices.card_hour_value - d_kwh * prices.energy_per_kwh
+    verdict = "worth it" if value > 0 else "not worth it"
+    return (
+        f"; a trade: {name} used {d_kwh:+,.1f} kWh for {d_card_h:+,.1f} card-hours of top-clock work against"
+        f" {other}, {value:+,.2f} at the prices it plans with ({prices.energy_per_kwh:g} per kWh,"
+        f" {prices.card_hour_value:g} per card-hour): {verdict} by its own objective"
+    )
+
+
 def _better_than(
-    name: str, other: str, m: Mapping[str, Any], o: Mapping[str, Any], tol_pct: float, by_job: Callable[[str], str]
+    name: str,
+    other: str,
+    m: Mapping[str, Any],
+    o: Mapping[str, Any],
+    tol_pct: float,
+    by_job: Callable[[str], str],
+    prices: PricesConfig | None = None,
 ) -> tuple[str, str, bool | None, str]:
     """Policy ``name`` (metrics ``m``) against ``other`` (``o``): the target's text, what was
     measured, whether it used less energy for equal or more work (within ``tol_pct``; None: not
     measured, an energy or work that is not a number), and why not
-    (``by_job(other)``: the jobs behind a shortfall of work, "; " first, or "")."""
+    (``by_job(other)``: the jobs behind a shortfall of work, "; " first, or ""; a trade of energy
+    for work priced at ``prices``, default :class:`PricesConfig`)."""
     e_p, e_o = float(m["facility_energy_kwh"]), float(o["facility_energy_kwh"])
     w_p, w_o = float(m["throughput"]), float(o["throughput"])
     if not all(math.isfinite(x) for x in (e_p, e_o, w_p, w_o)):
@@ -266,6 +297,8 @@ def _better_than(
         if not enough_work:
             shortfalls.append(f"work {d_w:+.2f}% against {other} (tolerance {tol_pct:g}%){by_job(other)}")
         why = "; ".join(shortfalls)
+        if shortfalls:
+            why += _trade_value(name, other, m, o, prices if prices is not None else PricesConfig())
     measured = f"energy {_signed_pct(d_e)}, work {_signed_pct(d_w)}"  # "-" against a policy with none
     return _better_target(tol_pct), measured, less_energy and enough_work, why
 
@@ -284,6 +317,7 @@ class _Judged:
     site: SiteSpec
     jobs: Sequence[JobSpec]
     job_work: Mapping[str, Sequence[JobWork]] | None
+    prices: PricesConfig | None = None  # the controller's prices (a trade of energy for work is priced at them)
 
     def by_job(self, other: str) -> str:
         """The jobs behind the judged policy's shortfall of work against ``other``, "; " first, or ""."""
@@ -425,7 +459,7 @@ def _judge_better_than(j: _Judged) -> list[TargetCheck]:
         if other not in j.metrics:
             checks.append(_target_check(title, _better_target(tol), "-", None, why=f"{other} did not run"))
             continue
-        target, measured, met, why = _better_than(j.name, other, j.m, j.metrics[other], tol, j.by_job)
+        target, measured, met, why = _better_than(j.name, other, j.m, j.metrics[other], tol, j.by_job, j.prices)
         checks.append(_target_check(title, target, measured, met, "", why))
     return checks
 
@@ -449,14 +483,16 @@ def check_targets(
     site: SiteSpec,
     jobs: Sequence[JobSpec],
     job_work: Mapping[str, Sequence[JobWork]] | None = None,
+    prices: PricesConfig | None = None,
 ) -> list[TargetCheck]:
     """Judge ``targets`` on an evaluation's ``metrics`` and ``breakdown_kwh`` (per policy; the
     baseline must be among them for savings, losses and ceilings); ``job_work`` (per policy, the
-    jobs' work at the end) names the jobs behind a throughput miss."""
+    jobs' work at the end) names the jobs behind a throughput miss; ``prices`` (the controller's,
+    default :class:`PricesConfig`) price a "better than" miss that is a trade of energy for work."""
     name = targets.policy
     if name not in metrics:
         raise TargetsError(f"targets.policy {name!r} did not run")
     judged = _Judged(
-        targets, name, metrics[name], metrics.get("baseline"), metrics, breakdown_kwh, site, jobs, job_work
+        targets, name, metrics[name], metrics.get("baseline"), metrics, breakdown_kwh, site, jobs, job_work, prices
     )
     return [check for judge in _JUDGES for check in judge(judged)]

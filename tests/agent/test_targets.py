@@ -21,6 +21,7 @@ from agent_helpers import example_site, job, small_site
 from evaluate_helpers import full_load_scenario
 
 from agent.cli import main
+from agent.config import PricesConfig
 from agent.evaluate import BREAKDOWN_KEYS, evaluate
 from agent.job_work import JobWork
 from agent.policies import POLICY_NAMES
@@ -190,6 +191,44 @@ def test_better_than_needs_less_energy_at_equal_or_more_work_and_names_identical
     loose = ScenarioTargets(better_than=("static-cap", "reactive"), equal_throughput_tolerance_pct=0.5)
     cap2, reactive2 = check_targets(loose, metrics, br, site, [job("a", 8)])
     assert cap2.met is True and reactive2.met is True
+
+
+def test_a_better_than_miss_that_trades_energy_for_work_is_priced_at_the_controllers_prices() -> None:
+    site = example_site()
+    br = {"baseline": _breakdown()}
+    hour_s = 3600.0
+    metrics = {
+        "baseline": _metrics(work_card_s=1000.0 * hour_s),
+        # 0.8 kWh more than greedy (+0.08%) for 2 card-hours more work: the greedy day's kind of miss
+        "racktwin": _metrics(facility_energy_kwh=1000.8, throughput=300.2, work_card_s=1002.0 * hour_s),
+        "greedy": _metrics(facility_energy_kwh=1000.0, throughput=300.0, work_card_s=1000.0 * hour_s),
+        # less energy but less work: a trade the other way
+        "reactive": _metrics(facility_energy_kwh=1001.0, throughput=300.3, work_card_s=1003.0 * hour_s),
+        # more energy AND less work: no trade, nothing to price
+        "static-cap": _metrics(facility_energy_kwh=999.0, throughput=301.0, work_card_s=1010.0 * hour_s),
+    }
+    tg = ScenarioTargets(better_than=("greedy",))
+    (greedy,) = check_targets(tg, metrics, br, site, [job("a", 8)])
+    assert greedy.met is False
+    # default prices 0.15 per kWh, 2.0 per card-hour: 2 x 2.0 - 0.8 x 0.15 = +3.88
+    assert "energy +0.08% against greedy" in greedy.why
+    assert "used +0.8 kWh for +2.0 card-hours" in greedy.why and "+3.88" in greedy.why
+    assert "worth it by its own objective" in greedy.why and "not worth it" not in greedy.why
+    cheap_work = PricesConfig(energy_per_kwh=0.15, card_hour_value=0.01)  # 2 x 0.01 - 0.12 = -0.10
+    (greedy2,) = check_targets(tg, metrics, br, site, [job("a", 8)], prices=cheap_work)
+    assert "-0.10 at the prices it plans with (0.15 per kWh, 0.01 per card-hour): not worth it" in greedy2.why
+    # against reactive racktwin used 0.2 kWh less for 1 card-hour less: 1 x 2.0 - 0.2 x 0.15 = 1.97 the
+    # other way (missed on work, priced -1.97)
+    (reactive,) = check_targets(ScenarioTargets(better_than=("reactive",)), metrics, br, site, [job("a", 8)])
+    assert reactive.met is False and "used -0.2 kWh for -1.0 card-hours" in reactive.why
+    assert "-1.97" in reactive.why and "not worth it" in reactive.why
+    # against static-cap: more energy and less work, no trade to price
+    (cap,) = check_targets(ScenarioTargets(better_than=("static-cap",)), metrics, br, site, [job("a", 8)])
+    assert cap.met is False and "a trade" not in cap.why
+    # metrics without the work in card-seconds (an older evaluation): the miss is told without a price
+    no_work = {k: {kk: vv for kk, vv in v.items() if kk != "work_card_s"} for k, v in metrics.items()}
+    (old,) = check_targets(tg, no_work, br, site, [job("a", 8)])
+    assert old.met is False and "energy +0.08% against greedy" in old.why and "a trade" not in old.why
 
 
 def test_limits_dies_and_pue_report_the_measured_numbers_when_missed() -> None:
