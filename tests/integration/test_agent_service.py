@@ -389,7 +389,7 @@ async def test_the_first_decision_waits_for_every_rack_to_report(
         assert PERIOD_S - 1.0 <= first_s <= PERIOD_S + 1.0  # one period after r0's first message
     else:
         assert r1_from_s <= first_s < PERIOD_S
-    logged = [r.fields for r in caplog.records if r.getMessage() == "decision"]  # type: ignore[attr-defined]
+    logged = [r.__dict__["fields"] for r in caplog.records if r.getMessage() == "decision"]  # extra={"fields": ...}
     db = sqlite3.connect(loaded.config.journal.path)
     try:
         ids = db.execute("SELECT id, cycle FROM decisions ORDER BY id").fetchall()
