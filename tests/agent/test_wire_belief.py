@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 from agent_helpers import example_site, job
+from readings_testing import loop_of
 
 from agent import wire
 from agent.clock import SiteClock
@@ -198,7 +199,7 @@ def test_a_pump_speed_no_pump_runs_at_is_no_loop_reading_in_process_and_on_the_w
         assert snap.rack_pump_speed_reported[2:5].all()  # (full speed, as the last reading said)
     assert beliefs.direct.rack_invalid_count[2:5].tolist() == [1, 1, 1]
     # full speed itself is a reading like any other
-    assert direct.rack_supply_temp_c[5] == pytest.approx(readings.racks[5].loop.supply_temp_c)  # type: ignore[union-attr]
+    assert direct.rack_supply_temp_c[5] == pytest.approx(loop_of(readings.racks[5]).supply_temp_c)
 
 
 @pytest.mark.parametrize(

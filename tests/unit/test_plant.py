@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from readings_testing import cards_of
 
 from twin.faults import Fault
 from twin.plant import (
@@ -274,7 +275,7 @@ def test_wake_latency_is_honoured_and_a_job_on_sleeping_cards_waits(small_site: 
         phases.extend((e.time_s, e.phase) for e in p.drain_events() if e.kind == "phase")
     start = [t for t, ph in phases if ph == Phase.COMPUTE]
     assert start and start[0] >= t0 + wake - 1e-9
-    assert not p.readings().racks[0].cards.waking[0]  # type: ignore[union-attr]
+    assert not cards_of(p.readings().racks[0]).waking[0]
 
 
 def test_a_card_put_back_to_sleep_while_waking_waits_its_whole_next_wake(small_site: SiteSpec) -> None:
@@ -622,7 +623,7 @@ def test_each_fault_is_in_force_from_its_start_up_to_its_end(small_site: SiteSpe
             tr.failed.sum() - tr.failed[3] > 0
             or tr.rack_flow_lpm[0] != pytest.approx(nominal_lpm)
             or np.ptp(np.delete(tr.r_total_k_per_w[16:], 4)) > 1e-12
-            or (0 in by_rack and np.isnan(by_rack[0].cards.power_w).any())  # type: ignore[union-attr]
+            or (0 in by_rack and np.isnan(cards_of(by_rack[0]).power_w).any())
         )
         if others:
             seen["other"].append(t)

@@ -9,7 +9,7 @@ from typing import cast
 
 import numpy as np
 import pytest
-from readings_testing import card_batch
+from readings_testing import card_batch, cards_of
 
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import CardBatch, JobEvent, JobReading, LoopReading, PduReading, RackReading, Readings
@@ -181,7 +181,7 @@ def test_a_die_frozen_alone_is_stuck_once_its_power_or_supply_moves(small_site: 
         p.step(1.0)
         readings = p.readings()
         if t == 60:
-            frozen = float(readings.racks[0].cards.die_temp_c[5])  # type: ignore[union-attr]
+            frozen = float(cards_of(readings.racks[0]).die_temp_c[5])
         if t >= 60:
             readings = _with_die(readings, functools.partial(_die_of_card_5_at, frozen))
         st.update(readings)
@@ -329,7 +329,7 @@ def test_a_power_sensor_frozen_alone_is_stuck_once_utilization_or_level_moves(sm
         p.step(1.0)
         readings = p.readings()
         if t == 60:
-            frozen = float(readings.racks[0].cards.power_w[5])  # type: ignore[union-attr]
+            frozen = float(cards_of(readings.racks[0]).power_w[5])
         if t >= 60:
 
             def held(b: CardBatch, w: float = frozen) -> np.ndarray:
