@@ -4,12 +4,13 @@ jobs, faults, determinism."""
 from __future__ import annotations
 
 import math
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
 from readings_testing import cards_of
 
-from twin.faults import Fault
+from twin.faults import Ambient, Fault
 from twin.plant import (
     CardFailure,
     CardVariation,
@@ -38,26 +39,64 @@ pytestmark = pytest.mark.unit
 QUIET = PhaseModel(startup_s=0.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
 
 
-def exact(**kw: object) -> PlantConfig:
+class PlantFields(TypedDict, total=False):
+    """The ``PlantConfig`` fields ``exact`` sets or a test here overrides."""
+
+    variation: CardVariation
+    noise: SensorNoise
+    phases: PhaseModel
+    ambient: Ambient | None
+    placement: str
+    external_timeout_s: float
+    supply_time_constant_s: float
+    initial_low_power: bool
+    pump_hold_s: float
+
+
+class _JobOptions(TypedDict, total=False):
+    """The ``JobSpec`` fields with a default that ``job`` sets or a test here overrides."""
+
+    submit_time_s: float
+    checkpoint_interval_s: float
+    checkpoint_duration_s: float
+    first_checkpoint_after_s: float | None
+    noncompute_utilization: float
+
+
+class JobFields(_JobOptions, total=False):
+    """What a test here may override in ``job``."""
+
+    step_time_s: float
+    compute_share: float
+
+
+class _JobArgs(_JobOptions):
+    """``job``'s arguments of ``JobSpec`` after ``work_steps``."""
+
+    step_time_s: float
+    compute_share: float
+
+
+def exact(**kw: Unpack[PlantFields]) -> PlantConfig:
     """No card spread, no sensor noise, no stalls: results comparable with closed forms."""
-    base: dict[str, object] = {
+    base: PlantFields = {
         "variation": CardVariation.none(),
         "noise": SensorNoise.none(),
         "phases": QUIET,
+        **kw,
     }
-    base.update(kw)
-    return PlantConfig(**base)  # type: ignore[arg-type]
+    return PlantConfig(**base)
 
 
-def job(job_id: str, n_cards: int, work_steps: float = 1e9, **kw: object) -> JobSpec:
-    args: dict[str, object] = {
+def job(job_id: str, n_cards: int, work_steps: float = 1e9, **kw: Unpack[JobFields]) -> JobSpec:
+    args: _JobArgs = {
         "step_time_s": 1.0,
         "compute_share": 1.0,
         "checkpoint_interval_s": 1e9,
         "noncompute_utilization": 0.0,
+        **kw,
     }
-    args.update(kw)
-    return JobSpec(job_id, n_cards, work_steps=work_steps, **args)  # type: ignore[arg-type]
+    return JobSpec(job_id, n_cards, work_steps=work_steps, **args)
 
 
 # ------------------------------------------------------------------------------------------------

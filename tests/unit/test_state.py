@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import cast
+from typing import TypedDict, Unpack, cast
 
 import numpy as np
 import pytest
@@ -22,8 +22,15 @@ pytestmark = pytest.mark.unit
 PHASES = PhaseModel(startup_s=5.0, restart_delay_s=20.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
 
 
-def _job(job_id: str, n: int, **kw: object) -> JobSpec:
-    return JobSpec(job_id, n, work_steps=1e6, step_time_s=1.0, compute_share=0.8, **kw)  # type: ignore[arg-type]
+class JobFields(TypedDict, total=False):
+    """The ``JobSpec`` fields a test here sets besides ``_job``'s."""
+
+    priority: float
+    min_throughput_frac: float
+
+
+def _job(job_id: str, n: int, **kw: Unpack[JobFields]) -> JobSpec:
+    return JobSpec(job_id, n, work_steps=1e6, step_time_s=1.0, compute_share=0.8, **kw)
 
 
 def _feed(p: Plant, st: TwinState, seconds: float, dt: float = 1.0) -> None:
