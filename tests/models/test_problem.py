@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from models_helpers import job, rack_cards
@@ -54,9 +56,9 @@ def test_bad_data_is_refused(site: SiteSpec, kwargs: dict[str, object], message:
         (lambda: Margins(rack_margin_w=-1.0), "margins.rack_margin_w"),
     ],
 )
-def test_bad_prices_and_margins(factory: object, message: str) -> None:
+def test_bad_prices_and_margins(factory: Callable[[], object], message: str) -> None:
     with pytest.raises(ProblemError, match=message):
-        factory()  # type: ignore[operator]
+        factory()
 
 
 def test_valid_problem_from_plain_arrays(site: SiteSpec) -> None:
