@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from models_helpers import job, rack_cards
 
 from models.problem import Margins, Prices, ProblemError, make_problem
 from twin.spec import SiteSpec
+from twin.workload import JobSpec
 
 pytestmark = pytest.mark.models
 
@@ -43,9 +45,21 @@ def test_problem_error_is_a_value_error() -> None:
         ),
     ],
 )
-def test_bad_data_is_refused(site: SiteSpec, kwargs: dict[str, object], message: str) -> None:
+class ProblemFields(TypedDict, total=False):
+    """The ``make_problem`` arguments the cases above set (of the right type, with values it refuses)."""
+
+    jobs: Sequence[JobSpec]
+    job_cards: Sequence[Sequence[int]]
+    failed: np.ndarray
+    die_temp_c: np.ndarray
+    rack_limit_w: float | Sequence[float]
+    ambient_c: float
+    ready_reserve_cards: int
+
+
+def test_bad_data_is_refused(site: SiteSpec, kwargs: ProblemFields, message: str) -> None:
     with pytest.raises(ProblemError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        make_problem(site, **kwargs)  # type: ignore[arg-type]
+        make_problem(site, **kwargs)
 
 
 @pytest.mark.parametrize(
