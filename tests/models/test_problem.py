@@ -20,6 +20,18 @@ def test_problem_error_is_a_value_error() -> None:
     assert issubclass(ProblemError, ValueError)
 
 
+class ProblemFields(TypedDict, total=False):
+    """The ``make_problem`` arguments the cases below set (of the right type, with values it refuses)."""
+
+    jobs: Sequence[JobSpec]
+    job_cards: Sequence[Sequence[int]]
+    failed: np.ndarray
+    die_temp_c: np.ndarray
+    rack_limit_w: float | Sequence[float]
+    ambient_c: float
+    ready_reserve_cards: int
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -45,18 +57,6 @@ def test_problem_error_is_a_value_error() -> None:
         ),
     ],
 )
-class ProblemFields(TypedDict, total=False):
-    """The ``make_problem`` arguments the cases above set (of the right type, with values it refuses)."""
-
-    jobs: Sequence[JobSpec]
-    job_cards: Sequence[Sequence[int]]
-    failed: np.ndarray
-    die_temp_c: np.ndarray
-    rack_limit_w: float | Sequence[float]
-    ambient_c: float
-    ready_reserve_cards: int
-
-
 def test_bad_data_is_refused(site: SiteSpec, kwargs: ProblemFields, message: str) -> None:
     with pytest.raises(ProblemError, match=message.replace("(", r"\(").replace(")", r"\)")):
         make_problem(site, **kwargs)
