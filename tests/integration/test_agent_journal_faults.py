@@ -617,7 +617,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
                 holder.execute("BEGIN IMMEDIATE")
             submit(commands)
 
-        service.publisher.submit = lock_then_submit  # type: ignore[method-assign]
+        service.publisher.submit = lock_then_submit  # type: ignore[method-assign]  # test double
         try:
             await wait_for(lambda: holder.in_transaction, what="a decision with commands")
             await wait_for(
@@ -627,7 +627,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
             )
             await asyncio.sleep(2.5)  # more acks, kept
         finally:
-            service.publisher.submit = submit  # type: ignore[method-assign]
+            service.publisher.submit = submit  # type: ignore[method-assign]  # test double
             if holder.in_transaction:
                 holder.execute("ROLLBACK")
             holder.close()
@@ -666,7 +666,7 @@ async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_
             time.sleep(1.0)
         return real_propose(*args, **kwargs)
 
-    service.controller.propose = late_propose  # type: ignore[method-assign]
+    service.controller.propose = late_propose  # type: ignore[method-assign]  # test double
     sim = simulator(mosquitto, site, 2000.0)
     ticks: list[float] = []
 

@@ -658,7 +658,7 @@ async def test_a_message_whose_handling_fails_is_dropped_counted_and_logged_and_
                 raise RuntimeError("an injected defect")
             return handle(msg)
 
-        service.ingest.handle = defective  # type: ignore[method-assign]
+        service.ingest.handle = defective  # type: ignore[method-assign]  # test double
         await wait_for(lambda: len(failed) == 5, what="five failed messages")
         before = service.decisions
         await wait_for(lambda: service.decisions >= before + 3, what="decisions after the failures")
@@ -696,7 +696,7 @@ async def test_a_round_whose_estimation_fails_is_dropped_counted_and_logged_and_
                 raise RuntimeError("an injected defect")
             update(readings, **kwargs)
 
-        service.estimator.update = defective  # type: ignore[method-assign]
+        service.estimator.update = defective  # type: ignore[method-assign]  # test double
         await wait_for(lambda: len(failed) == 5, what="five failed rounds")
         before = service.decisions
         await wait_for(lambda: service.decisions >= before + 3, what="decisions after the failures")
@@ -737,7 +737,7 @@ async def test_a_calibration_save_that_keeps_failing_counts_once_per_interval_no
             saves.append(service.clock.now() or 0.0)
             raise RuntimeError("an injected defect")
 
-        service.controller.calibration = defective  # type: ignore[method-assign]
+        service.controller.calibration = defective  # type: ignore[method-assign]  # test double
         await wait_for(lambda: len(saves) >= 3, what="three failed saves")
         seen["saves"], seen["errors"] = len(saves), service.estimation_errors
         seen["estimated_s"] = service.estimator.time_s

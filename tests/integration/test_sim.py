@@ -265,7 +265,7 @@ async def test_a_command_the_simulator_fails_on_costs_no_other_commands_ack(
                 raise RuntimeError("injected defect")
             return handle(topic, payload)
 
-        sim.commands.handle = handle_failing_on_one  # type: ignore[method-assign]
+        sim.commands.handle = handle_failing_on_one  # type: ignore[method-assign]  # test double
         out = [obs.codec.outgoing(m) for m in burst]
         await asyncio.gather(*(asyncio.ensure_future(obs.bus.send(o)) for o in out))  # all in flight at once
         acks = [await obs.ack_of(m.command_id) for k, m in enumerate(burst) if k != 20]
@@ -296,7 +296,7 @@ async def test_commands_are_applied_while_the_answers_of_earlier_ones_cannot_go_
                 await release.wait()
             await answer_all(bus, answers)
 
-        sim._answer_all = first_burst_hangs  # type: ignore[method-assign]
+        sim._answer_all = first_burst_hangs  # type: ignore[method-assign]  # test double
         await obs.send(first)
         async with asyncio.timeout(WAIT_S):
             while not held:  # the first command applied, its answers held

@@ -195,7 +195,7 @@ async def test_a_command_taken_just_before_the_end_is_answered_before_the_simula
         await asyncio.sleep(1.0)
         await answer_all(bus, answers)
 
-    sim._answer_all = slow_answers  # type: ignore[method-assign]
+    sim._answer_all = slow_answers  # type: ignore[method-assign]  # test double
     async with observer(mosquitto, SITE) as obs:
         task = asyncio.create_task(sim.run())
         await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 17.0)
