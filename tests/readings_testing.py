@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from twin.readings import CardBatch
+from twin.readings import CardBatch, LoopReading, RackReading
 
 #: Every column's value unless a test gives its own: a busy card at a modest power, awake, level 0.
 CARD_DEFAULTS: dict[str, object] = {
@@ -32,3 +32,17 @@ def card_batch(card_index: Sequence[int] | np.ndarray, **cols: object) -> CardBa
         k: np.broadcast_to(np.asarray(v, dtype=_KINDS.get(k, np.float64)), idx.shape).copy() for k, v in values.items()
     }
     return CardBatch(card_index=idx, **arrays)
+
+
+def cards_of(rack: RackReading) -> CardBatch:
+    """``rack``'s card readings, which the test expects it to have (``RackReading.cards`` is None when a rack
+    reads no cards)."""
+    assert rack.cards is not None, f"rack {rack.rack} read no cards"
+    return rack.cards
+
+
+def loop_of(rack: RackReading) -> LoopReading:
+    """``rack``'s loop reading, which the test expects it to have (``RackReading.loop`` is None when a rack
+    reads no loop)."""
+    assert rack.loop is not None, f"rack {rack.rack} read no loop"
+    return rack.loop

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import ssl
 from collections.abc import AsyncIterator
+from typing import TypedDict
 
 import pytest
 from mqtt_testing import PubackDroppingProxy, until_sentinel, wait_for
@@ -220,6 +221,16 @@ async def test_reconnect_with_connects_again_with_the_new_options(mosquitto: Emb
 # ---- MqttOptions: the values it refuses --------------------------------------------------------------
 
 
+class MqttFields(TypedDict, total=False):
+    """The ``MqttOptions`` fields the cases below set (values of the right type that cannot work)."""
+
+    port: int
+    password: str | None
+    key_file: str | None
+    reconnect_min_s: float
+    reconnect_max_s: float
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -231,9 +242,9 @@ async def test_reconnect_with_connects_again_with_the_new_options(mosquitto: Emb
         ({"reconnect_min_s": 2.0, "reconnect_max_s": 1.0}, "reconnect_min_s <= reconnect_max_s"),
     ],
 )
-def test_options_refuse_values_that_cannot_work(kwargs: dict[str, object], match: str) -> None:
+def test_options_refuse_values_that_cannot_work(kwargs: MqttFields, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        MqttOptions(**kwargs)  # type: ignore[arg-type]
+        MqttOptions(**kwargs)
 
 
 def test_options_take_one_port_and_equal_backoff_bounds() -> None:

@@ -128,8 +128,7 @@ def _probe(monkeypatch: pytest.MonkeyPatch, outcome: BaseException | int) -> Non
             raise outcome
         return outcome
 
-    module.add_arguments = add_arguments  # type: ignore[attr-defined]
-    module.run = run_probe  # type: ignore[attr-defined]
+    module.__dict__.update(add_arguments=add_arguments, run=run_probe)  # a module made at run time: no declared names
     monkeypatch.setitem(sys.modules, "agent.commands._audit_probe", module)
     monkeypatch.setitem(COMMANDS, "probe", ("_audit_probe", "a probe"))
 

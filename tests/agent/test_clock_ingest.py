@@ -9,7 +9,7 @@ import logging
 import math
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -355,17 +355,29 @@ async def test_a_message_far_ahead_does_not_end_the_wait_for_the_next_period() -
     assert await asyncio.wait_for(waiter, 1.0) is True
 
 
-def cards_msg(rack: str, ts: float, n: int = 64, **cols: object) -> wire.CardBatch:
-    base: dict[str, object] = {
+class CardColumns(TypedDict, total=False):
+    """The ``wire.CardBatch`` columns ``cards_msg`` sets or a test overrides."""
+
+    power_w: np.ndarray
+    temp_c: np.ndarray
+    sm_clock_mhz: np.ndarray
+    utilization: np.ndarray
+    power_limit_w: np.ndarray
+    low_power: np.ndarray
+    host_off: np.ndarray | None
+
+
+def cards_msg(rack: str, ts: float, n: int = 64, **cols: Unpack[CardColumns]) -> wire.CardBatch:
+    base: CardColumns = {
         "power_w": np.full(n, 300.0),
         "temp_c": np.full(n, 50.0),
         "sm_clock_mhz": np.full(n, 1870.0),
         "utilization": np.full(n, 0.5),
         "power_limit_w": np.full(n, 700.0),
         "low_power": np.zeros(n, dtype=bool),
+        **cols,
     }
-    base.update(cols)
-    return wire.CardBatch(rack=rack, card_index=np.arange(n), ts_s=ts, seq=0, publisher="sim", **base)  # type: ignore[arg-type]
+    return wire.CardBatch(rack=rack, card_index=np.arange(n), ts_s=ts, seq=0, publisher="sim", **base)
 
 
 def test_ingest_maps_rack_cards_to_site_cards_levels_failures_and_rounds() -> None:

@@ -9,7 +9,7 @@ fail-safe caps; busy cards of jobs the agent never heard of are budgeted, not pu
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +27,7 @@ from twin.faults import ColdPlateFouling, Fault
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent
 from twin.spec import SiteSpec, site_from_dict
-from twin.state import StateSnapshot, TwinState
+from twin.state import JobInfo, StateSnapshot, TwinState
 from twin.tables import read_toml
 from twin.workload import JobSpec, Phase, PhaseModel
 
@@ -267,7 +267,16 @@ def test_the_idle_reserve_is_kept_awake_per_supernode() -> None:
     assert int((~d.card_low_power & ~d.card_busy).sum()) == 3 * 2
 
 
-def fresh_at(snap: StateSnapshot, t: float, **changes: object) -> StateSnapshot:
+class SnapshotChanges(TypedDict, total=False):
+    """The ``StateSnapshot`` fields a test here changes in ``fresh_at``."""
+
+    card_power_w: np.ndarray
+    rack_power_w: np.ndarray
+    jobs: tuple[JobInfo, ...]
+    stuck_cards: tuple[int, ...]
+
+
+def fresh_at(snap: StateSnapshot, t: float, **changes: Unpack[SnapshotChanges]) -> StateSnapshot:
     """``snap`` with its newest readings (every card and rack seen) moved to site time ``t``."""
     dt = t - snap.time_s
     return dataclasses.replace(
@@ -276,7 +285,7 @@ def fresh_at(snap: StateSnapshot, t: float, **changes: object) -> StateSnapshot:
         card_last_seen_s=snap.card_last_seen_s + dt,
         card_prev_seen_s=snap.card_prev_seen_s + dt,
         rack_last_seen_s=snap.rack_last_seen_s + dt,
-        **changes,  # type: ignore[arg-type]
+        **changes,
     )
 
 
@@ -600,13 +609,13 @@ def test_cards_above_the_power_model_are_budgeted_once_two_readings_show_it_and_
     hot = np.where(busy, snap.card_power_w + 60.0, snap.card_power_w)  # 960 W over the model on r0
     ctl = Controller(site, ControlConfig(period_s=15.0, rack_margin_w=500.0))
 
-    def extra_w(t: float, **changes: object) -> float:
+    def extra_w(t: float, **changes: Unpack[SnapshotChanges]) -> float:
         return float(ctl.context(fresh_at(snap, t, **changes), t).rack_extra_w[0])
 
     assert extra_w(120.0) == 0.0
     assert extra_w(135.0, card_power_w=hot) == 0.0  # one reading
     assert extra_w(150.0, card_power_w=hot) == pytest.approx(960.0 - 300.0, abs=60.0)  # two: less the dead band
-    pause = [dataclasses.replace(j, phase=Phase.CHECKPOINT) for j in snap.jobs]
+    pause = tuple(dataclasses.replace(j, phase=Phase.CHECKPOINT) for j in snap.jobs)  # StateSnapshot.jobs is a tuple
     assert extra_w(165.0, jobs=pause, card_power_w=snap.card_power_w * 0.2) == pytest.approx(660.0, abs=60.0)
     d = ctl.step(fresh_at(snap, 180.0, jobs=pause), 180.0)
     assert [e[:12] for e in d.explanation if e.startswith("r0 draws")] == ["r0 draws 0.9"]  # > the margin

@@ -98,6 +98,7 @@ def test_counted_series_are_exported_at_zero_before_their_first_event() -> None:
 
 def test_the_systemd_unit() -> None:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
+    # the ignore: configparser's documented idiom to keep the keys' case; typeshed declares a method
     unit.optionxform = str  # type: ignore[assignment,method-assign]
     unit.read(DEPLOY / "systemd" / "racktwin-agent.service")
     svc = unit["Service"]

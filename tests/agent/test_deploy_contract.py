@@ -55,6 +55,7 @@ WAIT_S = 15.0
 
 def unit_service() -> configparser.SectionProxy:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
+    # the ignore: configparser's documented idiom to keep the keys' case; typeshed declares a method
     unit.optionxform = str  # type: ignore[assignment,method-assign]
     unit.read(UNIT)
     return unit["Service"]

@@ -99,7 +99,7 @@ async def test_anomalies_are_reported_every_ten_site_seconds_from_the_first_roun
         reported.append(now_s)
         return update(found, now_s)
 
-    t.loop.anomaly_history.update = spy  # type: ignore[method-assign]
+    t.loop.anomaly_history.update = spy  # type: ignore[method-assign]  # test double
     try:
         for r in _rounds(t.site, 35):
             await t.feed(r)
@@ -139,7 +139,7 @@ async def test_saves_are_stamped_with_the_site_clock_when_messages_set_it(tmp_pa
     assert clock.now() == 5000.0
     t = _Task(tmp_path, clock=clock)
     weak = Anomaly("weak_pump", 1, None, 0.6, 0.8, "r1: weak pump")
-    t.loop.estimator.anomalies = lambda: [weak]  # type: ignore[method-assign]
+    t.loop.estimator.anomalies = lambda: [weak]  # type: ignore[method-assign]  # test double
     try:
         for r in _rounds(t.site, 6):
             await t.feed(r)
@@ -162,7 +162,7 @@ async def test_two_fouled_plates_count_two_and_each_anomaly_is_logged_once(
         Anomaly("fouled_cold_plate", 1, 20, 2.0, 1.5, "card 20 of r1: cold plate fouled"),
         Anomaly("weak_pump", 1, None, 0.6, 0.8, "r1: weak pump"),
     ]
-    t.loop.estimator.anomalies = lambda: list(flagged)  # type: ignore[method-assign]
+    t.loop.estimator.anomalies = lambda: list(flagged)  # type: ignore[method-assign]  # test double
     try:
         for r in _rounds(t.site, 25):  # reports at 1, 11, 21 s
             await t.feed(r)
@@ -187,9 +187,9 @@ async def test_the_sensors_the_belief_found_stuck_are_no_observations(tmp_path: 
         seen.append(kwargs)
         update(readings, **kwargs)
 
-    t.loop.estimator.update = spy  # type: ignore[method-assign]
-    t.state.stuck_cards = lambda: (5, 9)  # type: ignore[method-assign]
-    t.state.stuck_racks = lambda: (1,)  # type: ignore[method-assign]
+    t.loop.estimator.update = spy  # type: ignore[method-assign]  # test double
+    t.state.stuck_cards = lambda: (5, 9)  # type: ignore[method-assign]  # test double
+    t.state.stuck_racks = lambda: (1,)  # type: ignore[method-assign]  # test double
     try:
         for r in _rounds(t.site, 3):
             await t.feed(r)
@@ -213,7 +213,7 @@ async def test_a_round_failing_with_any_exception_is_counted_and_the_task_goes_o
             raise ValueError("an injected defect")
         update(readings, **kwargs)
 
-    t.loop.estimator.update = defective  # type: ignore[method-assign]
+    t.loop.estimator.update = defective  # type: ignore[method-assign]  # test double
     try:
         for r in _rounds(t.site, 4):
             await t.feed(r)
@@ -272,7 +272,7 @@ async def test_after_the_site_clock_steps_back_reports_and_saves_go_on_from_the_
         reported.append(now_s)
         return update(found, now_s)
 
-    t.loop.anomaly_history.update = spy  # type: ignore[method-assign]
+    t.loop.anomaly_history.update = spy  # type: ignore[method-assign]  # test double
     try:
         for r in _rounds(t.site, 25):
             await t.feed(r)

@@ -6,7 +6,7 @@ hosts really go off and come back for new work without a refused command or a ra
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -29,8 +29,22 @@ SITE = example_site()
 N_H, CPH = SITE.n_hosts, SITE.cards_per_host
 
 
-def choose(**kw: object) -> np.ndarray:
-    args: dict[str, object] = {
+class HostArgs(TypedDict, total=False):
+    """``choose_hosts_off``'s keyword arguments, all of which ``choose`` sets or a test overrides."""
+
+    now_s: float
+    host_busy_last_s: np.ndarray
+    card_busy: np.ndarray
+    host_off_now: np.ndarray
+    host_awake: np.ndarray
+    frozen_host: np.ndarray
+    off_after_s: float
+    reserve_per_supernode: int
+    due_cards: int
+
+
+def choose(**kw: Unpack[HostArgs]) -> np.ndarray:
+    args: HostArgs = {
         "now_s": 10_000.0,
         "host_busy_last_s": np.zeros(N_H),
         "card_busy": np.zeros(SITE.n_cards, dtype=bool),
@@ -39,9 +53,9 @@ def choose(**kw: object) -> np.ndarray:
         "frozen_host": np.zeros(N_H, dtype=bool),
         "off_after_s": 600.0,
         "reserve_per_supernode": 2,
+        **kw,
     }
-    args.update(kw)
-    return choose_hosts_off(SITE, **args).host_off  # type: ignore[arg-type]
+    return choose_hosts_off(SITE, **args).host_off
 
 
 def test_idle_hosts_go_off_keeping_the_reserve_on_and_busy_hosts_never() -> None:

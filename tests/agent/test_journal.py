@@ -24,6 +24,13 @@ def cmd(cid: str, issued: float, ttl: float = 30.0) -> NewCommand:
     return NewCommand(cid, "r0", "racktwin/v1/s/r0/cmd", b'{"x":1}', issued, issued + ttl)
 
 
+def state_of(j: Journal, command_id: str) -> CommandState:
+    """The journaled state of a command the test wrote (``Journal.command`` is None for an unknown id)."""
+    c = j.command(command_id)
+    assert c is not None, command_id
+    return c.state
+
+
 def test_commands_survive_reopen_and_expired_ones_are_not_resumed(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite"
     j = Journal(path)
@@ -37,7 +44,8 @@ def test_commands_survive_reopen_and_expired_ones_are_not_resumed(tmp_path: Path
     resumable = j2.unacked(110.0)
     assert [c.command_id for c in resumable] == ["a"]
     assert resumable[0].state is CommandState.SENT and resumable[0].attempts == 1
-    assert j2.command("b") is not None and j2.command("b").state is CommandState.EXPIRED  # type: ignore[union-attr]
+    b = j2.command("b")
+    assert b is not None and b.state is CommandState.EXPIRED
 
 
 def test_acks_close_commands_and_unknown_ids_are_reported(tmp_path: Path) -> None:
@@ -63,7 +71,7 @@ def test_a_later_ack_does_not_undo_what_a_rack_answered_and_every_ack_is_kept(tm
     assert j.expire(10.0) == 1
     assert j.record_ack("c", 11.0, "applied")
     assert j.command_counts() == {"applied": 2, "rejected": 1}
-    assert {c: j.command(c).state for c in "abc"} == {  # type: ignore[union-attr]
+    assert {c: state_of(j, c) for c in "abc"} == {
         "a": CommandState.APPLIED,
         "b": CommandState.REJECTED,
         "c": CommandState.APPLIED,
@@ -292,8 +300,8 @@ def test_a_command_at_its_expiry_is_expired_not_resumed_as_a_rack_judges_it(tmp_
     assert [c.command_id for c in j.unacked(105.0)] == ["a"]  # b expires at 105
     assert j.expire(104.0) == 0
     assert j.expire(105.0) == 1
-    assert j.command("b").state is CommandState.EXPIRED  # type: ignore[union-attr]
-    assert j.command("a").state is CommandState.SENT  # type: ignore[union-attr]
+    assert state_of(j, "b") is CommandState.EXPIRED
+    assert state_of(j, "a") is CommandState.SENT
 
 
 def test_open_commands_are_resumed_oldest_issued_first(tmp_path: Path) -> None:
@@ -325,7 +333,7 @@ def test_what_a_rack_answered_stays_answered_and_sends_are_counted(tmp_path: Pat
     j.supersede(["a", "c"])
     j.abandon(["b", "d"])
     assert j.expire(100.0) == 1  # e only: the others were answered or closed
-    assert {x: j.command(x).state for x in "abcde"} == {  # type: ignore[union-attr]
+    assert {x: state_of(j, x) for x in "abcde"} == {
         "a": CommandState.APPLIED,
         "b": CommandState.REJECTED,
         "c": CommandState.SUPERSEDED,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cache
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -214,18 +214,30 @@ def test_a_jobs_value_per_hour_is_priority_times_cards_times_its_relative_throug
     assert job_value_per_h(TINY, b, slow, 10.0) == pytest.approx(2.0 * 10.0 * 2 / (0.8 / f + 0.2))
 
 
-def _predict(load: SiteLoad, **kw: object) -> Prediction:
+class PredictArgs(TypedDict, total=False):
+    """``predict``'s arguments after the load, all of which ``_predict`` sets or a test overrides."""
+
+    level: np.ndarray
+    low_power: np.ndarray
+    power_limit_w: np.ndarray
+    inlet_c: np.ndarray
+    r_total_k_per_w: np.ndarray
+    die_offset_k: np.ndarray
+    rack_extra_w: np.ndarray | None
+
+
+def _predict(load: SiteLoad, **kw: Unpack[PredictArgs]) -> Prediction:
     n = TINY.n_cards
-    args: dict[str, object] = {
+    args: PredictArgs = {
         "level": np.zeros(n, dtype=np.int64),
         "low_power": np.zeros(n, dtype=bool),
         "power_limit_w": np.full(n, TINY.card.power_limit_w),
         "inlet_c": np.full(n, 35.0),
         "r_total_k_per_w": spec_r_total_k_per_w(TINY),
         "die_offset_k": np.zeros(n),
+        **kw,
     }
-    args.update(kw)
-    return predict(TINY, load, **args)  # type: ignore[arg-type]
+    return predict(TINY, load, **args)
 
 
 def test_a_prediction_adds_the_die_offset_its_leakage_the_host_overhead_and_holds_cards_to_their_limits() -> None:

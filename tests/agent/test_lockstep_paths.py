@@ -180,7 +180,7 @@ class _ServicePath:
         svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = self.clock
         svc.metric_updates.clock = svc.estimation.clock = self.clock
         self.broker = _Broker()
-        svc.publisher.bus = self.broker  # type: ignore[assignment]
+        svc.publisher.bus = self.broker  # type: ignore[assignment]  # _Broker stands in for Bus (publish only)
         self.later = later
         self.held: list[tuple[str, bytes]] = []  # commands arriving after the simulator stepped on
         self.phase = "events"  # which of the simulator's bursts the service reacts to now

@@ -40,7 +40,7 @@ def trace(loop: ClosedLoop) -> list[tuple[str, float, Any]]:
             log.append(("events", plant.time_s, asking))
         return events
 
-    plant.drain_events = drained  # type: ignore[method-assign]
+    plant.drain_events = drained  # type: ignore[method-assign]  # test double
     loop.on_decision = lambda d, r: log.append(("decision", plant.time_s, d.source == "incremental"))
     return log
 

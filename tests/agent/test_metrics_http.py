@@ -119,7 +119,7 @@ async def test_a_burst_of_scrapes_renders_the_metrics_once() -> None:
         rendered[0] += 1
         return render()
 
-    m.exposition = counting  # type: ignore[method-assign]
+    m.exposition = counting  # type: ignore[method-assign]  # test double
     try:
         m.pue_ratio.set(1.05)
         bodies = await asyncio.gather(*(http_get(endpoint.port, "/metrics") for _ in range(20)))

@@ -12,6 +12,7 @@ excess over a window.
 from __future__ import annotations
 
 import dataclasses
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -231,11 +232,19 @@ def test_a_die_reading_the_agent_cannot_trust_is_no_offset(how: str) -> None:
     assert worst <= before + 0.5
 
 
-def _step(f: DieOffsetFilter, snap: StateSnapshot, t: float, **kw: object) -> np.ndarray:
+class StepInputs(TypedDict, total=False):
+    """What a test gives ``_step`` instead of the snapshot's supply and the spec's resistance (``r_scale``: none)."""
+
+    inlet: np.ndarray
+    r: np.ndarray
+    r_scale: np.ndarray
+
+
+def _step(f: DieOffsetFilter, snap: StateSnapshot, t: float, **kw: Unpack[StepInputs]) -> np.ndarray:
     site = f.site
-    inlet = kw.pop("inlet", np.asarray(snap.rack_supply_temp_c)[site.card_rack()])
-    r = kw.pop("r", spec_r_total_k_per_w(site))
-    return f.update(snap, site_load(site, snap), inlet, r, t, **kw)  # type: ignore[arg-type]
+    inlet = kw.get("inlet", np.asarray(snap.rack_supply_temp_c)[site.card_rack()])
+    r = kw.get("r", spec_r_total_k_per_w(site))
+    return f.update(snap, site_load(site, snap), inlet, r, t, r_scale=kw.get("r_scale"))
 
 
 def test_a_card_is_measured_after_five_slow_time_constants_at_its_flow_now_and_a_cool_card_has_no_offset() -> None:
@@ -275,7 +284,8 @@ def test_a_change_of_a_cards_operating_point_restarts_its_wait(how: str) -> None
         settled = _step(f, hot, t, inlet=inlet)
         t += 15.0
     assert settled[card] >= 4.5
-    after, kw = hot, {}
+    after = hot
+    kw: StepInputs = {}
     if how == "level":  # the agent slowed the job: the die is still at its old level's temperature
         level = np.asarray(hot.card_level).copy()
         level[load.jobs[0].cards] = 3

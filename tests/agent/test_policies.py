@@ -13,6 +13,7 @@ import numpy.typing as npt
 import pytest
 from agent_helpers import example_site, small_site
 from evaluate_helpers import full_load_scenario, mixed_scenario
+from readings_testing import cards_of
 
 from agent.config import ControlConfig, PricesConfig
 from agent.controller import Controller
@@ -39,7 +40,7 @@ def test_the_static_cap_fits_a_full_rack_under_its_limit_with_the_agents_margin(
     plant = build_plant(full_load_scenario(60.0))
     policy = make_policy("static-cap", plant.site)
     policy.bind(plant)
-    assert np.all(plant.readings().racks[0].cards.power_limit_w == static_cap_w(plant.site))  # type: ignore[union-attr]
+    assert np.all(cards_of(plant.readings().racks[0]).power_limit_w == static_cap_w(plant.site))
 
 
 def test_the_reactive_capper_caps_above_the_high_band_and_uncaps_below_the_low_band() -> None:
@@ -66,7 +67,7 @@ def test_the_reactive_capper_caps_above_the_high_band_and_uncaps_below_the_low_b
     p2.bind(plant2)
     plant2.set_power_limits(np.arange(plant2.n_cards), 300.0)  # capped hard: far below the low band
     p2.run(30.0, lambda: None)
-    lim = np.concatenate([r.cards.power_limit_w for r in plant2.readings().racks])  # type: ignore[union-attr]
+    lim = np.concatenate([cards_of(r).power_limit_w for r in plant2.readings().racks])
     assert lim.min() > 300.0
 
 
@@ -245,7 +246,7 @@ def test_static_cap_and_reactive_take_the_control_settings_the_docs_name() -> No
     make_policy("baseline", plant.site).bind(plant)
     tr = plant.truth()
     assert np.all(tr.level == 0) and tr.supply_setpoint_c == plant.site.facility.supply_temp_c
-    lim = np.concatenate([r.cards.power_limit_w for r in plant.readings().racks])  # type: ignore[union-attr]
+    lim = np.concatenate([cards_of(r).power_limit_w for r in plant.readings().racks])
     assert np.all(lim == plant.site.card.power_limit_w)
 
 

@@ -24,6 +24,7 @@ from agent.publish import CommandBook, OpenCommand
 from agent.resume import FailedCardsRecord, load_journal
 from sim.commands import CommandHandler
 from twin.plant import Plant, PlantConfig
+from twin.spec import SiteSpec
 from twin.state import StateSnapshot, TwinState
 
 pytestmark = pytest.mark.agent
@@ -46,17 +47,24 @@ def decision_like(snap: StateSnapshot, **changes: Any) -> Decision:
     return proposal(example_site(), np.asarray(snap.card_level), **fields)
 
 
+def rack_command(codec: wire.Codec, cmd: OpenCommand) -> wire.RackCommand:
+    """``cmd`` decoded, as the rack command it must be (narrows the codec's message-or-rejection for the checker)."""
+    msg = codec.decode(cmd.topic, cmd.payload)
+    assert isinstance(msg, wire.RackCommand), msg
+    return msg
+
+
 @pytest.fixture(scope="module")
-def scene() -> tuple[object, StateSnapshot]:
+def scene() -> tuple[SiteSpec, StateSnapshot]:
     site = example_site()
     _plant, state = belief(site, [job("a", 64), job("b", 64)], 5)
     return site, state.snapshot()
 
 
-def test_only_differences_are_commanded_lowering_first_and_not_twice(scene: tuple[object, StateSnapshot]) -> None:
+def test_only_differences_are_commanded_lowering_first_and_not_twice(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     applied = np.full(512, -1)
     assert book.commands(decision_like(snap), snap, applied, NOW) == []  # nothing differs
     lvl = np.asarray(snap.card_level).copy()
@@ -77,8 +85,11 @@ def test_only_differences_are_commanded_lowering_first_and_not_twice(scene: tupl
     ]
     for m in decoded:
         assert not isinstance(m, wire.Rejection)
-        assert m.expires_s == NOW + 30.0 and m.ts_s == NOW  # type: ignore[union-attr]
-    assert decoded[0].cards == tuple(range(64)) and decoded[0].setting.dvfs_level == 3  # type: ignore[union-attr]
+        assert isinstance(m, wire.RackCommand | wire.FacilityCommand)  # narrows: the kinds above
+        assert m.expires_s == NOW + 30.0 and m.ts_s == NOW
+    first = decoded[0]
+    assert isinstance(first, wire.RackCommand)  # narrows: the kinds above
+    assert first.cards == tuple(range(64)) and first.setting.dvfs_level == 3
     # open commands are not repeated while telemetry catches up
     assert book.commands(d, snap, applied, NOW + 1.0) == []
     # a refused setting is not retried within the ttl; an expired command frees the next decision
@@ -94,14 +105,14 @@ def test_only_differences_are_commanded_lowering_first_and_not_twice(scene: tupl
 
 
 def test_a_refusal_explained_by_a_failed_card_does_not_hold_back_the_other_cards(
-    scene: tuple[object, StateSnapshot],
+    scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
     """A card that fails after the reading a decision used makes its rack refuse the whole command;
     once telemetry shows it failed, the other cards get the setting at the next decision, not after
     the backoff. A refusal no failure explains stays held."""
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     applied = np.full(512, -1)
     lvl = np.asarray(snap.card_level).copy()
     lvl[0:64] = 3  # rack r0 slower
@@ -116,8 +127,8 @@ def test_a_refusal_explained_by_a_failed_card_does_not_hold_back_the_other_cards
     failed = np.zeros(512, dtype=bool)
     failed[5] = True  # r0's card 5 reads failed now
     snap_failed = dataclasses.replace(snap, card_failed=failed)
-    again = [codec.decode(c.topic, c.payload) for c in book.commands(d, snap_failed, applied, NOW + 4.0)]
-    assert [(m.rack, m.cards) for m in again] == [  # type: ignore[union-attr]
+    again = [rack_command(codec, c) for c in book.commands(d, snap_failed, applied, NOW + 4.0)]
+    assert [(m.rack, m.cards) for m in again] == [
         ("r0", tuple(c for c in range(64) if c != 5))
     ]  # r1's refusal is not explained by a failure: still held
     assert book.commands(d, snap_failed, applied, NOW + 6.0) == []  # r0's new command is open
@@ -127,10 +138,10 @@ def test_a_refusal_explained_by_a_failed_card_does_not_hold_back_the_other_cards
 class _RackR1Slowed:
     """A book that has just sent rack r1 one command (every card one level slower), and its codec."""
 
-    def __init__(self, scene: tuple[object, StateSnapshot]) -> None:
+    def __init__(self, scene: tuple[SiteSpec, StateSnapshot]) -> None:
         site, self.snap = scene
         self.codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-        self.book = CommandBook(site, self.codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+        self.book = CommandBook(site, self.codec, ControlConfig(command_ttl_s=30.0))
         self.applied = np.full(512, -1)
         lvl = np.asarray(self.snap.card_level).copy()
         lvl[64:128] = 3
@@ -148,7 +159,7 @@ class _RackR1Slowed:
 
 
 def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_reading_shows_it(
-    scene: tuple[object, StateSnapshot],
+    scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
     """A rack whose telemetry is silent shows no dead card; its ``card_failed`` refusal names it (wire
     card_failed_reason): the next decision's command leaves it out and the others get the setting at
@@ -188,7 +199,7 @@ def test_a_refusal_naming_more_failed_cards_than_an_ack_reason_holds_names_whole
 
 
 def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
-    scene: tuple[object, StateSnapshot], tmp_path: Path
+    scene: tuple[SiteSpec, StateSnapshot], tmp_path: Path
 ) -> None:
     """The marks of ``card_failed`` refusals still in force are kept in the journal with each decision:
     a restarted agent sent a silent rack's caps to its dead card again, and the rack refused them
@@ -198,7 +209,7 @@ def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
     path = tmp_path / "journal.sqlite"
     r1 = _RackR1Slowed(scene)
     journal = Journal(path)
-    record = FailedCardsRecord(journal, site)  # type: ignore[arg-type]
+    record = FailedCardsRecord(journal, site)
     record.save(r1.book, snap)
     assert json.loads(journal.get_meta("failed_cards") or "")["marks"] == {}
     reason = wire.card_failed_reason("r1", [5])
@@ -210,8 +221,8 @@ def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
     journal.close()
 
     journal = Journal(path)  # the agent restarted: a new book, the same decision, r1 still silent
-    book = CommandBook(site, r1.codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
-    load_journal(journal, Controller(site), TwinState(site), book)  # type: ignore[arg-type]
+    book = CommandBook(site, r1.codec, ControlConfig(command_ttl_s=30.0))
+    load_journal(journal, Controller(site), TwinState(site), book)
 
     def sent(snap: StateSnapshot, now_s: float) -> list[tuple[str, tuple[int, ...]]]:
         msgs = [r1.codec.decode(c.topic, c.payload) for c in book.commands(r1.decision, snap, r1.applied, now_s)]
@@ -222,14 +233,14 @@ def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
     seen[64 + 5] = NOW + 61.0  # a reading after the refusal: card 5 is alive (repaired)
     shown = dataclasses.replace(snap, card_last_seen_s=seen)
     assert sent(shown, NOW + 62.0) == [("r1", (5,))]
-    FailedCardsRecord(journal, site).save(book, shown)  # type: ignore[arg-type]
+    FailedCardsRecord(journal, site).save(book, shown)
     assert json.loads(journal.get_meta("failed_cards") or "")["marks"] == {}
     journal.close()
 
 
 @pytest.mark.parametrize("case", ["ack stamped an hour ahead", "clock stepped back", "card out of range"])
 def test_a_failure_mark_never_outlives_a_reading_that_shows_the_card(
-    scene: tuple[object, StateSnapshot], case: str
+    scene: tuple[SiteSpec, StateSnapshot], case: str
 ) -> None:
     """A ``card_failed`` mark holds until a reading of the card newer than it. A rack clock an hour
     ahead (the belief refuses its readings stamped that far ahead, not its acks) must not hold a
@@ -257,10 +268,10 @@ def test_a_failure_mark_never_outlives_a_reading_that_shows_the_card(
     assert r1.sent(dataclasses.replace(snap, card_last_seen_s=seen), later + 1.0) == [("r1", (5,))]
 
 
-def test_placements_and_advice(scene: tuple[object, StateSnapshot]) -> None:
+def test_placements_and_advice(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig())  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig())
     applied = np.full(512, -1)
     lvl = np.asarray(snap.card_level).copy()
     lvl[:64] = 0
@@ -285,25 +296,25 @@ def test_agent_check_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     assert "--config" in capsys.readouterr().err
 
 
-def test_per_card_power_limits_are_one_command_per_rack_and_direction(scene: tuple[object, StateSnapshot]) -> None:
+def test_per_card_power_limits_are_one_command_per_rack_and_direction(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     """The guard's die limits differ card by card (the demo: 64 distinct values on a rack); they go as
     one command per rack (per direction: lowering first), one value per card, not one per value."""
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig())  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig())
     applied = np.full(512, -1)
     lim = np.asarray(snap.card_power_limit_w).copy()
     lim[0:64] = np.floor(np.linspace(200.0, 285.0, 64))  # r0: 64 lower limits (whole watts, as the guard's)
     lim[70:74] = 450.0  # r1: one value
     cmds = book.commands(decision_like(snap, card_power_limit_w=lim), snap, applied, NOW)
-    decoded = [codec.decode(c.topic, c.payload) for c in cmds]
-    assert [(m.rack, m.setting.action.value) for m in decoded] == [  # type: ignore[union-attr]
+    decoded = [rack_command(codec, c) for c in cmds]
+    assert [(m.rack, m.setting.action.value) for m in decoded] == [
         ("r0", "set_power_limit"),
         ("r1", "set_power_limit"),
     ]
     r0, r1 = decoded
-    assert r0.cards == tuple(range(64)) and r0.setting.limits_w(64) == tuple(lim[0:64])  # type: ignore[union-attr]
-    assert r1.cards == (6, 7, 8, 9) and r1.setting.power_limit_w == 450.0  # type: ignore[union-attr]
+    assert r0.cards == tuple(range(64)) and r0.setting.limits_w(64) == tuple(lim[0:64])
+    assert r1.cards == (6, 7, 8, 9) and r1.setting.power_limit_w == 450.0
     # the book remembers each card's value: nothing is repeated while they are open
     assert book.commands(decision_like(snap, card_power_limit_w=lim), snap, applied, NOW + 1.0) == []
     # some limits rise, others fall, in one rack: two commands, the lowering one first
@@ -316,11 +327,11 @@ def test_per_card_power_limits_are_one_command_per_rack_and_direction(scene: tup
     assert d2[0].setting.power_limit_w == 200.0 and d2[1].setting.power_limit_w == 600.0
 
 
-def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: tuple[object, StateSnapshot]) -> None:
+def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
     cfg = ControlConfig(command_ttl_s=30.0, pump_renew_s=20.0)
-    book = CommandBook(site, codec, cfg)  # type: ignore[arg-type]
+    book = CommandBook(site, codec, cfg)
     applied = np.full(512, -1)
     reported = np.ones(8)
     reported[5] = 0.5  # r5 runs slowed now
@@ -362,12 +373,12 @@ def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: t
     assert isinstance(back, wire.AgentAdvice) and back.pump_speeds == {"r2": 0.5}
 
 
-def test_a_refused_pump_renewal_is_sent_again_at_the_next_decision(scene: tuple[object, StateSnapshot]) -> None:
+def test_a_refused_pump_renewal_is_sent_again_at_the_next_decision(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     """A CDU returns its pump to full speed when no command renews the slowed speed: a renewal it
     refused is not one, so the next decision renews again at once, not a whole ``pump_renew_s`` later."""
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0, pump_renew_s=20.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0, pump_renew_s=20.0))
     applied = np.full(512, -1)
     speed = np.ones(8)
     speed[2] = 0.5
@@ -391,25 +402,25 @@ def test_a_refused_pump_renewal_is_sent_again_at_the_next_decision(scene: tuple[
     assert pumps(NOW + 25.0) == [("r2", 0.5)]
 
 
-def test_host_power_is_commanded_by_whole_hosts_per_rack_and_not_twice(scene: tuple[object, StateSnapshot]) -> None:
+def test_host_power_is_commanded_by_whole_hosts_per_rack_and_not_twice(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     site, snap = scene
-    assert site.cards_per_host == 8 and site.n_hosts == 64  # type: ignore[attr-defined]
+    assert site.cards_per_host == 8 and site.n_hosts == 64
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     applied = np.full(512, -1)
     assert not snap.card_host_off.any() and snap.card_job[:8].min() >= 0  # host 0 runs job a
     # hosts off: all of r2 (hosts 16..23), r3's last two (30, 31: cards 240..255) and busy host 0;
     # one more card of r3 (host 24) only to sleep
     host_off = np.zeros(64, dtype=bool)
     host_off[[0, *range(16, 24), 30, 31]] = True
-    card_off = host_off[site.card_host()]  # type: ignore[attr-defined]
+    card_off = host_off[site.card_host()]
     lp = np.asarray(snap.card_low_power).copy() | (card_off & (snap.card_job < 0))
     lp[192:200] = True
     d = decision_like(snap, card_low_power=lp, host_off=host_off)
     cmds = book.commands(d, snap, applied, NOW)
-    decoded = [codec.decode(c.topic, c.payload) for c in cmds]
+    decoded = [rack_command(codec, c) for c in cmds]
     assert all(isinstance(m, wire.RackCommand) for m in decoded)
-    got = [(m.rack, m.setting.action.value, m.cards) for m in decoded]  # type: ignore[union-attr]
+    got = [(m.rack, m.setting.action.value, m.cards) for m in decoded]
     assert got == [
         ("r2", "host_power_off", tuple(range(64))),  # every card of every host, rack-local
         ("r3", "host_power_off", tuple(range(48, 64))),
@@ -432,14 +443,14 @@ def test_host_power_is_commanded_by_whole_hosts_per_rack_and_not_twice(scene: tu
     lp_on = lp.copy()
     lp_on[128:136] = False
     d_on = d.replace(host_off=np.zeros(64, dtype=bool), card_low_power=lp_on)
-    on = [codec.decode(c.topic, c.payload) for c in book.commands(d_on, reported, applied, NOW + 32.0)]
-    assert [(m.rack, m.setting.action.value, m.cards) for m in on] == [  # type: ignore[union-attr]
+    on = [rack_command(codec, c) for c in book.commands(d_on, reported, applied, NOW + 32.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in on] == [
         ("r2", "host_power_on", tuple(range(64))),
         ("r3", "host_power_on", tuple(range(48, 64))),
         ("r2", "wake", tuple(range(8))),
     ]
     # a refused power-on is not retried within the ttl, then it is
-    book2 = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book2 = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     first = book2.commands(d_on, reported, applied, NOW)
     refused = wire.AckResult.REJECTED
     for c in first:
@@ -450,11 +461,11 @@ def test_host_power_is_commanded_by_whole_hosts_per_rack_and_not_twice(scene: tu
     host_actions = {wire.CardAction.HOST_POWER_OFF, wire.CardAction.HOST_POWER_ON}
     unmanaged = book2.advice(d_on.replace(host_off=None), reported, applied, NOW + 62.0).items
     assert unmanaged and not [it for it in unmanaged if it.setting.action in host_actions]
-    advice = CommandBook(site, codec, ControlConfig()).advice(d, snap, applied, NOW)  # type: ignore[arg-type]
+    advice = CommandBook(site, codec, ControlConfig()).advice(d, snap, applied, NOW)
     assert [it.setting.action for it in advice.items][:2] == [wire.CardAction.HOST_POWER_OFF] * 2
 
 
-def test_a_newer_command_closes_the_open_older_one_for_the_same_setting(scene: tuple[object, StateSnapshot]) -> None:
+def test_a_newer_command_closes_the_open_older_one_for_the_same_setting(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     """Acks that never come (a broker ACL dropping a rack's acks) leave commands open; a command still
     open when a newer one for the same cards (pump, set-point) is issued is closed as superseded,
     never to be sent again: its re-send put the cards back under the newer one (an audit: 16 cards at
@@ -462,7 +473,7 @@ def test_a_newer_command_closes_the_open_older_one_for_the_same_setting(scene: t
     again at the next decision, and a rack's ``superseded`` refusal holds nothing back."""
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     applied = np.full(512, -1)
     assert not np.asarray(snap.card_level)[:16].any()
     speed = np.ones(8)
@@ -492,8 +503,8 @@ def test_a_newer_command_closes_the_open_older_one_for_the_same_setting(scene: t
     assert level_a.superseded_by == second[0].command_id
     assert book.take_superseded() == []
     # cards 0..7, which only the closed command set, are commanded again (the racks do not report them at 3)
-    third = [codec.decode(c.topic, c.payload) for c in book.commands(d2, snap, applied, NOW + 11.0)]
-    assert [(m.rack, m.cards, m.setting.dvfs_level) for m in third] == [("r0", tuple(range(8)), 3)]  # type: ignore[union-attr]
+    third = [rack_command(codec, c) for c in book.commands(d2, snap, applied, NOW + 11.0)]
+    assert [(m.rack, m.cards, m.setting.dvfs_level) for m in third] == [("r0", tuple(range(8)), 3)]
     # the rack refuses it as superseded (it holds a newer one): no back-off, the next decision tries again
     c = next(iter(oc for oc in book.open.values() if oc.cards.tolist() == list(range(8))))
     reason = "superseded: the DVFS level of card 0 of rack r0 has applied a command issued at ts 1011.000 (seq 9), ..."
@@ -503,36 +514,36 @@ def test_a_newer_command_closes_the_open_older_one_for_the_same_setting(scene: t
     assert len(book.commands(d2, snap, applied, NOW + 12.0)) == 1
     # a power state: a host switched off supersedes an open wake of its cards; a host powered on and
     # woken in one decision supersedes nothing
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     awake = np.asarray(snap.card_low_power).copy()
     assert not awake[192:256].any() and (np.asarray(snap.card_job)[192:256] < 0).all()  # r3: idle, awake
     host24 = np.arange(512) // 8 == 24
     asleep = dataclasses.replace(snap, card_low_power=awake | host24)
     wake = book.commands(decision_like(asleep, card_low_power=awake), asleep, applied, NOW)
-    assert [codec.decode(c.topic, c.payload).setting.action for c in wake] == [wire.CardAction.WAKE]  # type: ignore[union-attr]
+    assert [rack_command(codec, c).setting.action for c in wake] == [wire.CardAction.WAKE]
     host_off = np.zeros(64, dtype=bool)
     host_off[24] = True
     off = book.commands(decision_like(asleep, host_off=host_off), asleep, applied, NOW + 1.0)
-    assert [codec.decode(c.topic, c.payload).setting.action for c in off] == [wire.CardAction.HOST_POWER_OFF]  # type: ignore[union-attr]
+    assert [rack_command(codec, c).setting.action for c in off] == [wire.CardAction.HOST_POWER_OFF]
     assert [oc.command_id for oc in book.take_superseded()] == [wake[0].command_id]
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     reported_off = dataclasses.replace(snap, card_host_off=host24, card_low_power=awake | host24)
     all_on = np.zeros(64, dtype=bool)
     on = book.commands(decision_like(reported_off, host_off=all_on, card_low_power=awake), reported_off, applied, NOW)
-    assert [codec.decode(c.topic, c.payload).setting.action for c in on] == [  # type: ignore[union-attr]
+    assert [rack_command(codec, c).setting.action for c in on] == [
         wire.CardAction.HOST_POWER_ON,
         wire.CardAction.WAKE,
     ]
     assert book.take_superseded() == [] and set(book.open) == {oc.command_id for oc in on}
 
 
-def test_cards_of_hosts_that_are_off_get_no_level_or_power_limit(scene: tuple[object, StateSnapshot]) -> None:
+def test_cards_of_hosts_that_are_off_get_no_level_or_power_limit(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     """A rack refuses a level or a power limit for a card whose host is off (``host_off``: the card
     cannot be reached): the agent sends none to cards of hosts reported or commanded off, and sends
     them once the host is on."""
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     applied = np.full(512, -1)
     assert (np.asarray(snap.card_job)[128:192] < 0).all()  # r2 idle
     reported = dataclasses.replace(snap, card_host_off=np.arange(512) // 8 == 16)  # host 16: cards 128..135
@@ -543,8 +554,8 @@ def test_cards_of_hosts_that_are_off_get_no_level_or_power_limit(scene: tuple[ob
     host_off = np.zeros(64, dtype=bool)
     host_off[16] = True
     d = decision_like(reported, card_level=lvl, card_power_limit_w=lim, host_off=host_off)
-    got = [codec.decode(c.topic, c.payload) for c in book.commands(d, reported, applied, NOW)]
-    assert [(m.rack, m.setting.action.value, m.cards) for m in got] == [  # type: ignore[union-attr]
+    got = [rack_command(codec, c) for c in book.commands(d, reported, applied, NOW)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in got] == [
         ("r2", "set_dvfs_level", (8, 9, 10, 11)),
         ("r2", "set_power_limit", (8, 9)),
     ]
@@ -554,8 +565,8 @@ def test_cards_of_hosts_that_are_off_get_no_level_or_power_limit(scene: tuple[ob
     lvl2 = lvl.copy()
     lvl2[136:144] = 6
     d2 = d.replace(host_off=host_off.copy(), card_level=lvl2)
-    got2 = [codec.decode(c.topic, c.payload) for c in book.commands(d2, reported, applied, NOW + 1.0)]
-    assert [(m.rack, m.setting.action.value, m.cards) for m in got2] == [  # type: ignore[union-attr]
+    got2 = [rack_command(codec, c) for c in book.commands(d2, reported, applied, NOW + 1.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in got2] == [
         ("r2", "host_power_off", tuple(range(8, 16))),
     ]
     lvl3 = lvl2.copy()
@@ -565,19 +576,19 @@ def test_cards_of_hosts_that_are_off_get_no_level_or_power_limit(scene: tuple[ob
     on = dataclasses.replace(snap, card_host_off=np.zeros(512, dtype=bool))
     host_off[16] = False
     d3 = d2.replace(host_off=host_off.copy(), card_level=lvl3)
-    got3 = [codec.decode(c.topic, c.payload) for c in book.commands(d3, on, applied, NOW + 3.0)]
-    assert [(m.rack, m.setting.action.value, m.cards) for m in got3] == [  # type: ignore[union-attr]
+    got3 = [rack_command(codec, c) for c in book.commands(d3, on, applied, NOW + 3.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in got3] == [
         ("r2", "set_dvfs_level", tuple(range(8))),
         ("r2", "set_power_limit", tuple(range(2, 8))),
     ]
 
 
-def test_a_command_never_lives_longer_than_a_rack_accepts(scene: tuple[object, StateSnapshot]) -> None:
+def test_a_command_never_lives_longer_than_a_rack_accepts(scene: tuple[SiteSpec, StateSnapshot]) -> None:
     """A rack refuses a command that would live longer than ``wire.MAX_COMMAND_TTL_S`` (``ttl_too_long``):
     a longer ``command_ttl_s`` (the configuration allows a day) gives commands that maximum."""
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=7200.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=7200.0))
     lvl = np.asarray(snap.card_level).copy()
     lvl[0:8] = 2
     (oc,) = book.commands(decision_like(snap, card_level=lvl), snap, np.full(512, -1), NOW)
@@ -587,7 +598,7 @@ def test_a_command_never_lives_longer_than_a_rack_accepts(scene: tuple[object, S
 
 
 def test_after_the_agent_clock_steps_back_commands_keep_the_newest_issue_time(
-    scene: tuple[object, StateSnapshot],
+    scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
     """The agent's clock ran ahead of a simulator starved of CPU and steps back 45 s (``agent.clock``):
     the rack, whose clock is behind, applied the commands stamped on the old timeline; the next ones
@@ -605,11 +616,11 @@ def test_after_the_agent_clock_steps_back_commands_keep_the_newest_issue_time(
     # an agent following a simulator at 20x: a rack accepts ten wall seconds (200 site s) ahead; the
     # agent holds its stamps half as far
     control_20x = ControlConfig(command_ttl_s=30.0, time_scale=1 / 20)
-    book = CommandBook(site, codec, control_20x)  # type: ignore[arg-type]
+    book = CommandBook(site, codec, control_20x)
     assert book.stamp_hold_s() == 100.0
     # a simulator measured slower than configured: the slower rate bounds the hold
-    assert CommandBook(site, codec, control_20x, site_rate=lambda: 2.0).stamp_hold_s() == 10.0  # type: ignore[arg-type]
-    plant = Plant(site, [], config=PlantConfig(seed=1))  # type: ignore[arg-type]
+    assert CommandBook(site, codec, control_20x, site_rate=lambda: 2.0).stamp_hold_s() == 10.0
+    plant = Plant(site, [], config=PlantConfig(seed=1))
     rack_now = [NOW - 40.0]
     rack = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: rack_now[0], max_issue_ahead_s=200.0)
 
@@ -628,33 +639,33 @@ def test_after_the_agent_clock_steps_back_commands_keep_the_newest_issue_time(
     assert rack.level[0:8].tolist() == [5] * 8
     # once the clock has passed the held stamp, commands carry the clock's time again
     (third,) = book.commands(level_of_cards_0_to_7(2), snap, applied, NOW + 1.0)
-    assert codec.decode(third.topic, third.payload).ts_s == NOW + 1.0  # type: ignore[union-attr]
+    assert rack_command(codec, third).ts_s == NOW + 1.0
 
     # at 1x a rack accepts 10 s ahead: a larger step back (a restarted site clock) stamps the clock's time
-    book_1x = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book_1x = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     assert book_1x.stamp_hold_s() == wire.MAX_ISSUE_AHEAD_S / 2
     book_1x.commands(level_of_cards_0_to_7(3), snap, applied, NOW)
     (small,) = book_1x.commands(level_of_cards_0_to_7(5), snap, applied, NOW - 3.0)
-    assert codec.decode(small.topic, small.payload).ts_s == NOW  # type: ignore[union-attr]
+    assert rack_command(codec, small).ts_s == NOW
     (large,) = book_1x.commands(level_of_cards_0_to_7(2), snap, applied, NOW - 60.0)
-    assert codec.decode(large.topic, large.payload).ts_s == NOW - 60.0  # type: ignore[union-attr]
+    assert rack_command(codec, large).ts_s == NOW - 60.0
 
     # a restarted agent re-opens its journaled commands: the next ones are not issued before them
-    restarted = CommandBook(site, codec, control_20x)  # type: ignore[arg-type]
+    restarted = CommandBook(site, codec, control_20x)
     restarted.resume([(first.command_id, first.target, first.topic, first.payload, NOW, NOW + 30.0, 1)])
     (after_restart,) = restarted.commands(level_of_cards_0_to_7(6), snap, applied, NOW - 20.0)
-    assert codec.decode(after_restart.topic, after_restart.payload).ts_s == NOW  # type: ignore[union-attr]
+    assert rack_command(codec, after_restart).ts_s == NOW
 
 
 def test_a_host_powered_on_before_the_racks_reported_it_off_gets_wakes_and_no_sleeps(
-    scene: tuple[object, StateSnapshot],
+    scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
     """The agent powers host 16 off, then, before telemetry shows it off, wants it on again with two of
     its cards asleep. A host boots with its cards asleep: its cards get no sleep (the rack, its host
     still off, would refuse it: host_off) and the six wanted awake a wake after the power-on."""
     site, snap = scene
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))  # type: ignore[arg-type]
+    book = CommandBook(site, codec, ControlConfig(command_ttl_s=30.0))
     applied = np.full(512, -1)
     assert (np.asarray(snap.card_job)[128:136] < 0).all() and not snap.card_low_power[128:136].any()
     host_off = np.zeros(64, dtype=bool)
@@ -662,15 +673,15 @@ def test_a_host_powered_on_before_the_racks_reported_it_off_gets_wakes_and_no_sl
     lp = np.asarray(snap.card_low_power).copy()
     lp[128:136] = True
     off = [
-        codec.decode(c.topic, c.payload)
+        rack_command(codec, c)
         for c in book.commands(decision_like(snap, card_low_power=lp, host_off=host_off), snap, applied, NOW)
     ]
-    assert [(m.rack, m.setting.action.value) for m in off] == [("r2", "host_power_off")]  # type: ignore[union-attr]
+    assert [(m.rack, m.setting.action.value) for m in off] == [("r2", "host_power_off")]
     lp2 = np.asarray(snap.card_low_power).copy()
     lp2[128:130] = True
     d_on = decision_like(snap, card_low_power=lp2, host_off=np.zeros(64, dtype=bool))
-    on = [codec.decode(c.topic, c.payload) for c in book.commands(d_on, snap, applied, NOW + 5.0)]
-    assert [(m.rack, m.setting.action.value, m.cards) for m in on] == [  # type: ignore[union-attr]
+    on = [rack_command(codec, c) for c in book.commands(d_on, snap, applied, NOW + 5.0)]
+    assert [(m.rack, m.setting.action.value, m.cards) for m in on] == [
         ("r2", "host_power_on", tuple(range(8))),
         ("r2", "wake", tuple(range(2, 8))),
     ]

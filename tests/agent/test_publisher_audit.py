@@ -258,14 +258,14 @@ async def test_a_send_that_fails_within_a_batch_is_not_journaled_sent_and_goes_f
                 raise BusNotConnected("agent: the connection ended before the PUBACK")
             await real_publish(topic, payload, **kw)
 
-        bus.publish = connection_ends_under_two  # type: ignore[method-assign]
+        bus.publish = connection_ends_under_two  # type: ignore[method-assign]  # test double
         publisher.submit(opened)
         await publisher.step()
         assert publisher.stats.sent == publisher.max_in_flight - 2 and publisher.stats.not_connected_waits == 1
         states = {k: row.state for k in (1, 3) if (row := d.journal.command(opened[k].command_id))}
         assert states == {1: "pending", 3: "pending"}  # the two behind the batch are pending too
         assert d.journal.command_counts() == {"sent": n - 4, "pending": 4}
-        bus.publish = real_publish  # type: ignore[method-assign]
+        bus.publish = real_publish  # type: ignore[method-assign]  # test double
         await publisher.step()
     assert publisher.stats.sent == n and d.journal.command_counts() == {"sent": n}
     index = {oc.payload: k for k, oc in enumerate(opened)}

@@ -98,7 +98,7 @@ async def test_a_decisions_commands_are_pipelined_and_arrive_in_order(
             await real_publish(topic, payload, **kw)
             events.append(("done", index[payload]))
 
-        bus.publish = spy  # type: ignore[method-assign]
+        bus.publish = spy  # type: ignore[method-assign]  # test double
         publisher = Publisher(bus, book, journal, d.clock, d.control)
         publisher.submit(opened)
         await publisher.step()
@@ -395,7 +395,7 @@ async def test_commands_that_expire_while_the_batches_ahead_of_them_are_sent_are
             await real_publish(topic, payload, **kw)
             d.clock.observe(TS + 31.0)
 
-        bus.publish = publish_then_time_passes  # type: ignore[method-assign]
+        bus.publish = publish_then_time_passes  # type: ignore[method-assign]  # test double
         publisher.submit(opened)
         await publisher.step()
     assert publisher.stats.sent == window

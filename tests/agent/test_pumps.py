@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from collections.abc import Callable
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.decision import Decision
 from agent.evaluate import evaluate
-from agent.load import Prediction, card_utilization, predict, predict_at, site_load, spec_r_total_k_per_w
+from agent.load import Prediction, SiteLoad, card_utilization, predict, predict_at, site_load, spec_r_total_k_per_w
 from agent.pumps import (
     MIN_FLOW_FRAC,
     _descend_facility_pump,
@@ -36,6 +38,7 @@ from agent.pumps import (
     speed_options,
 )
 from twin.cooling import rack_pump_power_w
+from twin.readings import Readings
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 from twin.thermal import plate_resistance_k_per_w
@@ -46,6 +49,33 @@ pytestmark = pytest.mark.agent
 CFG = ControlConfig()
 
 
+class PumpOverrides(TypedDict, total=False):
+    """Arguments of ``choose_pump_speeds`` a test sets instead of ``_choose``'s defaults."""
+
+    rack_flow_full_lpm: np.ndarray
+    rack_speed_now_frac: np.ndarray
+    die_offset_k: np.ndarray
+    rack_extra_w: np.ndarray
+
+
+class PumpArgs(TypedDict):
+    """The positional arguments of ``choose_pump_speeds`` by name, as ``_choose`` passed them."""
+
+    site: SiteSpec
+    load: SiteLoad
+    level: np.ndarray
+    low_power: np.ndarray
+    power_limit_w: np.ndarray
+    inlet_c: np.ndarray
+    r_full_k_per_w: np.ndarray
+    die_offset_k: np.ndarray
+    rack_flow_full_lpm: np.ndarray
+    rack_speed_now_frac: np.ndarray
+    rack_cap_w: np.ndarray
+    rack_extra_w: np.ndarray
+    die_limit_c: float
+
+
 def _scene() -> tuple[SiteSpec, StateSnapshot]:
     """r0 full of a compute-bound job, r1 half busy, the other racks idle."""
     site = example_site()
@@ -54,10 +84,12 @@ def _scene() -> tuple[SiteSpec, StateSnapshot]:
     return site, state.snapshot()
 
 
-def _choose(site: SiteSpec, snap: StateSnapshot, supply_c: float, **kw: object) -> tuple[np.ndarray, dict[str, object]]:
+def _choose(
+    site: SiteSpec, snap: StateSnapshot, supply_c: float, **kw: Unpack[PumpOverrides]
+) -> tuple[np.ndarray, PumpArgs]:
     load = site_load(site, snap)
     n = site.n_cards
-    args: dict[str, object] = {
+    args: PumpArgs = {
         "site": site,
         "load": load,
         "level": np.where(load.busy, 2, site.card.n_levels - 1),  # the full rack fits its cap at level 2
@@ -71,36 +103,36 @@ def _choose(site: SiteSpec, snap: StateSnapshot, supply_c: float, **kw: object) 
         "rack_cap_w": site.rack_power_limits_w() - CFG.rack_margin_w,
         "rack_extra_w": np.zeros(site.n_racks),
         "die_limit_c": site.card.slowdown_temp_c - CFG.die_margin_k,
+        **kw,  # the test's overrides
     }
-    args.update(kw)
-    choice = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args)  # type: ignore[arg-type]
+    choice = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args)
     return choice.speed_frac, args
 
 
-def _predict_at(site: SiteSpec, args: dict[str, object], r: np.ndarray) -> Prediction:
+def _predict_at(site: SiteSpec, args: PumpArgs, r: np.ndarray) -> Prediction:
     """The twin's prediction of the choice's site (``args``) with the plates' resistances ``r``."""
     return predict(
         site,
-        args["load"],  # type: ignore[arg-type]
-        args["level"],  # type: ignore[arg-type]
-        args["low_power"],  # type: ignore[arg-type]
-        args["power_limit_w"],  # type: ignore[arg-type]
-        args["inlet_c"],  # type: ignore[arg-type]
+        args["load"],
+        args["level"],
+        args["low_power"],
+        args["power_limit_w"],
+        args["inlet_c"],
         r,
-        args["die_offset_k"],  # type: ignore[arg-type]
+        args["die_offset_k"],
     )
 
 
-def _bounds_hold(site: SiteSpec, args: dict[str, object], speed: np.ndarray) -> np.ndarray:
+def _bounds_hold(site: SiteSpec, args: PumpArgs, speed: np.ndarray) -> np.ndarray:
     """Per rack: dies, cap and loop rise within bounds at ``speed`` (every busy card computing)."""
-    r = r_at_speed(site, args["r_full_k_per_w"], args["rack_flow_full_lpm"], speed)  # type: ignore[arg-type]
+    r = r_at_speed(site, args["r_full_k_per_w"], args["rack_flow_full_lpm"], speed)
     pr = _predict_at(site, args, r)
     loop = site.loop
     mcp = (
         np.asarray(args["rack_flow_full_lpm"]) * speed / 60_000 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
     )
     holds: np.ndarray = (
-        (pr.rack_max_die_c <= float(args["die_limit_c"]) + 1e-9)  # type: ignore[arg-type]
+        (pr.rack_max_die_c <= float(args["die_limit_c"]) + 1e-9)
         & (pr.rack_power_w <= np.asarray(args["rack_cap_w"]) + 1e-6)
         & (pr.rack_power_w / mcp <= loop.max_delta_t_k + 1e-9)
     )
@@ -305,7 +337,7 @@ def test_a_cdu_that_does_not_report_its_pump_speed_runs_at_the_speed_last_comman
         plant = build_plant(default_run_scenario(site, 600.0, seed=1))
         read = plant.readings
 
-        def unreported(read=read):  # type: ignore[no-untyped-def]
+        def unreported(read: Callable[[], Readings] = read) -> Readings:
             r = read()
             racks = tuple(
                 dataclasses.replace(rr, loop=dataclasses.replace(rr.loop, pump_speed_frac=float("nan")))
@@ -316,7 +348,7 @@ def test_a_cdu_that_does_not_report_its_pump_speed_runs_at_the_speed_last_comman
             return dataclasses.replace(r, racks=racks)
 
         if not report:
-            plant.readings = unreported  # type: ignore[method-assign]
+            plant.readings = unreported  # type: ignore[method-assign]  # deliberate: the CDUs stop reporting the speed
         seen: list[np.ndarray] = []
 
         def note(d: Decision, _r: object, seen: list[np.ndarray] = seen) -> None:
@@ -324,7 +356,9 @@ def test_a_cdu_that_does_not_report_its_pump_speed_runs_at_the_speed_last_comman
 
         loop = ClosedLoop(plant, Controller(site, ControlConfig(period_s=15.0)), on_decision=note)
         loop.run(600.0)
-        assert report or not loop.state.snapshot().rack_pump_speed_reported.any()  # type: ignore[union-attr]
+        if not report:
+            reported = loop.state.snapshot().rack_pump_speed_reported
+            assert reported is not None and not reported.any()
         speeds[report] = seen
     assert len(speeds[True]) == len(speeds[False])
     assert np.array_equal(np.array(speeds[True]), np.array(speeds[False]))
@@ -413,7 +447,7 @@ def test_a_job_in_a_checkpoint_gets_the_pump_speed_it_needs_when_it_computes_aga
         slower = computing.copy()
         slower[0] = opts[k + 1]
         flow, now = args["rack_flow_full_lpm"], args["rack_speed_now_frac"]
-        scaled = offset_at_speed(site, offsets, flow, now, slower)  # type: ignore[arg-type]
+        scaled = offset_at_speed(site, offsets, flow, now, slower)
         assert not _bounds_hold(site, {**args, "die_offset_k": scaled}, slower)[0]
         checkpoint, _ = _choose(site, paused, supply, die_offset_k=offsets)
         assert checkpoint[0] == computing[0]
@@ -432,7 +466,7 @@ def test_a_rack_cap_that_only_full_speed_meets_keeps_the_pump_at_full_speed() ->
         cap = np.asarray(args["rack_cap_w"], dtype=np.float64).copy()
         cap[0] = cap_w
         args["rack_cap_w"] = cap
-        choice = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args)  # type: ignore[arg-type]
+        choice = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args)
         assert choice.speed_frac[0] == 1.0 and choice.speed_frac[1] == speed[1]
         assert np.isfinite(choice.saved_w) and choice.saved_w > 0.0
 
@@ -445,7 +479,7 @@ def test_the_cards_power_is_priced_at_the_facility_power_per_it_watt() -> None:
     _speed, args = _choose(site, snap, 30.0)
 
     def speeds(b: float) -> np.ndarray:
-        return choose_pump_speeds(facility_w_per_it_w=b, steps=9, **args).speed_frac  # type: ignore[arg-type]
+        return choose_pump_speeds(facility_w_per_it_w=b, steps=9, **args).speed_frac
 
     cheap, dear, dearest = speeds(1.04), speeds(5.0), speeds(50.0)
     assert dear[0] > cheap[0] and dear[1] > cheap[1]
@@ -542,32 +576,32 @@ def test_the_speeds_are_those_of_the_plate_curve_evaluated_one_flow_at_a_time(mo
         flat = [_doc_plate_r_k_per_w(flow_table, r_table, float(v)) for v in np.ravel(q)]
         return np.asarray(flat, dtype=np.float64).reshape(np.shape(q))
 
-    cases = []
+    cases: list[tuple[StateSnapshot, float, PumpOverrides]] = []
     for state in (snap, paused):
         for supply in (25.0, 35.0, 45.0):
             for weak in (np.ones(n_r), np.array([1.0, 0.75, 1.0, 0.5, 0.3, 1.0, 0.1, MIN_FLOW_FRAC])[:n_r]):
                 now = np.where(weak < 1.0, 1.0, rng.choice([1 / 3, 0.6, 1.0], n_r))
                 cases.append(
-                    {
-                        "snap": state,
-                        "supply_c": supply,
-                        "rack_flow_full_lpm": nominal * weak,
-                        "rack_speed_now_frac": now,
-                        "die_offset_k": rng.uniform(0.0, 4.0, n),
-                        "rack_extra_w": rng.uniform(0.0, 500.0, n_r),
-                    }
+                    (
+                        state,
+                        supply,
+                        {
+                            "rack_flow_full_lpm": nominal * weak,
+                            "rack_speed_now_frac": now,
+                            "die_offset_k": rng.uniform(0.0, 4.0, n),
+                            "rack_extra_w": rng.uniform(0.0, 500.0, n_r),
+                        },
+                    )
                 )
     chosen = []
-    for case in cases:
-        kw = {k: v for k, v in case.items() if k not in ("snap", "supply_c")}
-        speed, args = _choose(site, case["snap"], case["supply_c"], **kw)  # type: ignore[arg-type]
-        chosen.append((speed, choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args).saved_w))  # type: ignore[arg-type]
+    for state, supply_c, kw in cases:
+        speed, args = _choose(site, state, supply_c, **kw)
+        chosen.append((speed, choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args).saved_w))
     monkeypatch.setattr("agent.pumps.plate_resistance_k_per_w", reference_plate)
     slowed = 0
-    for case, (speed, saved_w) in zip(cases, chosen, strict=True):
-        kw = {k: v for k, v in case.items() if k not in ("snap", "supply_c")}
-        ref, args = _choose(site, case["snap"], case["supply_c"], **kw)  # type: ignore[arg-type]
-        ref_saved = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args).saved_w  # type: ignore[arg-type]
+    for (state, supply_c, kw), (speed, saved_w) in zip(cases, chosen, strict=True):
+        ref, args = _choose(site, state, supply_c, **kw)
+        ref_saved = choose_pump_speeds(facility_w_per_it_w=1.04, steps=9, **args).saved_w
         assert speed.tobytes() == ref.tobytes()
         assert saved_w == pytest.approx(ref_saved, rel=1e-9, abs=1e-6)
         slowed += int(np.sum((speed < 1.0) & (speed > site.min_pump_speed_frac() + 1e-9)))

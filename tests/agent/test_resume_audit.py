@@ -20,7 +20,7 @@ from agent_helpers import job, small_site
 from agent import wire
 from agent.config import ControlConfig
 from agent.controller import Controller
-from agent.journal import CALIBRATION_LAYOUT_KEY, Journal, NewCommand
+from agent.journal import CALIBRATION_LAYOUT_KEY, CommandState, Journal, NewCommand
 from agent.publish import CommandBook
 from agent.resume import JobsRecord, RestartRecords, load_journal, open_commands_to_resume
 from twin.readings import JobEvent
@@ -119,7 +119,7 @@ def test_a_calibration_whose_layout_cannot_be_read_is_not_taken_up(
     assert controller.calibration()[0].tolist() == []
     assert any("'calibration' not taken up" in r.getMessage() for r in caplog.records)
     (opened,) = [r for r in caplog.records if r.getMessage() == "journal opened"]
-    assert opened.fields["calibrated_cards"] == 0  # type: ignore[attr-defined]
+    assert opened.__dict__["fields"]["calibrated_cards"] == 0  # logged with extra={"fields": ...}
 
 
 def test_the_restart_records_are_written_with_the_next_decision_after_a_failed_write(
@@ -169,6 +169,13 @@ def rack_command(codec: wire.Codec, level: int, issued_s: float, expires_s: floa
     return NewCommand(str(cmd.command_id), "r0", out.topic, out.payload, issued_s, expires_s)
 
 
+def state_of(journal: Journal, command_id: str) -> CommandState:
+    """The journaled state of a command the test wrote (``Journal.command`` is None for an unknown id)."""
+    c = journal.command(command_id)
+    assert c is not None, command_id
+    return c.state
+
+
 def test_open_commands_not_expired_are_sent_again_and_expired_ones_never(tmp_path: Path) -> None:
     """A restart at site time 1,000 s: of the commands the journal still has open, the one that
     expired at 990 s and the one that expires at 1,000 s (no longer valid then) are closed
@@ -199,7 +206,7 @@ def test_open_commands_not_expired_are_sent_again_and_expired_ones_never(tmp_pat
             (pending.command_id, NOW + 29.0, 0),
         ]
         assert set(book.open) == {sent.command_id, pending.command_id}
-        states = {cid: journal.command(cid).state for cid in (old.command_id, at_now.command_id)}  # type: ignore[union-attr]
+        states = {cid: state_of(journal, cid) for cid in (old.command_id, at_now.command_id)}
         assert {str(s) for s in states.values()} == {"expired"}, states
         # a second restart finds nothing more to close and the same two to send
         again, expired_again = open_commands_to_resume(journal, book_of(site), NOW)

@@ -264,7 +264,7 @@ async def test_a_stop_during_a_solve_lets_that_cycle_finish_and_journal_its_deci
                 time.sleep(0.2)
         return real_propose(*args, **kwargs)
 
-    service.controller.propose = propose  # type: ignore[method-assign]
+    service.controller.propose = propose  # type: ignore[method-assign]  # test double
     async with running(service) as task, simulating(mosquitto, site, 600.0, 10.0):
         await wait_for("the run's end after the stop", task.done, 30.0)
     assert task.exception() is None
@@ -299,8 +299,8 @@ async def test_a_late_solve_gives_the_greedy_plan_and_no_new_solve_until_it_retu
         notes.append((len(solves), said[0] if said else ""))
         real_commit(decision, *args, **kwargs)
 
-    service.controller.propose = propose  # type: ignore[method-assign]
-    service.controller.commit = commit  # type: ignore[method-assign]
+    service.controller.propose = propose  # type: ignore[method-assign]  # test double
+    service.controller.commit = commit  # type: ignore[method-assign]  # test double
     async with running(service) as task, simulating(mosquitto, site, 2000.0, 20.0):
         try:
             await wait_for("four decisions while the second solve hangs", lambda: len(notes) >= 5, 30.0)
@@ -339,8 +339,8 @@ async def test_acks_taken_in_during_a_stop_on_a_busy_bus_are_journaled_before_it
             stopping.append(True)
             service.stop("test")
 
-    service.publisher.submit = submit_then_stop  # type: ignore[method-assign]
-    service.bus.pending = lambda: 1 if stopping else pending()  # type: ignore[method-assign]
+    service.publisher.submit = submit_then_stop  # type: ignore[method-assign]  # test double
+    service.bus.pending = lambda: 1 if stopping else pending()  # type: ignore[method-assign]  # test double
     async with running(service) as task, simulating(mosquitto, site, 600.0, 20.0):
         await wait_for("the run's end after the stop", task.done, 30.0)
     assert task.exception() is None
@@ -368,7 +368,7 @@ async def test_a_loop_that_fell_behind_by_periods_decides_once_then_one_period_o
             await asyncio.sleep(2.0)  # a decision's advice waits for the broker (the 1st send is the status)
         return await real_send(*args, **kwargs)
 
-    service.bus.send = send  # type: ignore[method-assign]
+    service.bus.send = send  # type: ignore[method-assign]  # test double
     async with running(service), simulating(mosquitto, site, 600.0, 10.0):
         await wait_for("five decisions", lambda: service.decisions >= 5, 30.0)
     made = [t for t, _ in decisions(tmp_path / "journal.sqlite")]
@@ -443,9 +443,9 @@ async def test_the_solve_deadline_is_capped_at_six_tenths_of_the_periods_wall_ti
         notes.extend(line for line in decision.explanation if line in (LATE, STILL_RUNNING))
         real_commit(decision, *args, **kwargs)
 
-    service.controller.context = context  # type: ignore[method-assign]
-    service.controller.propose = propose  # type: ignore[method-assign]
-    service.controller.commit = commit  # type: ignore[method-assign]
+    service.controller.context = context  # type: ignore[method-assign]  # test double
+    service.controller.propose = propose  # type: ignore[method-assign]  # test double
+    service.controller.commit = commit  # type: ignore[method-assign]  # test double
     async with running(service), simulating(mosquitto, site, 600.0, 10.0):
         await wait_for("a decision", lambda: service.decisions >= 1, 30.0)
     assert limits and max(limits) == pytest.approx(0.6, rel=0.05), limits

@@ -12,11 +12,13 @@ import json
 import numpy as np
 import pytest
 from agent_helpers import example_site, job
+from readings_testing import loop_of
 
 from agent import wire
 from agent.clock import SiteClock
 from agent.ingest import Ingest
 from sim.telemetry import TelemetryEncoder
+from twin.faults import Fault
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import JobEvent, Readings
 from twin.spec import SiteSpec
@@ -198,7 +200,7 @@ def test_a_pump_speed_no_pump_runs_at_is_no_loop_reading_in_process_and_on_the_w
         assert snap.rack_pump_speed_reported[2:5].all()  # (full speed, as the last reading said)
     assert beliefs.direct.rack_invalid_count[2:5].tolist() == [1, 1, 1]
     # full speed itself is a reading like any other
-    assert direct.rack_supply_temp_c[5] == pytest.approx(readings.racks[5].loop.supply_temp_c)  # type: ignore[union-attr]
+    assert direct.rack_supply_temp_c[5] == pytest.approx(loop_of(readings.racks[5]).supply_temp_c)
 
 
 @pytest.mark.parametrize(
@@ -212,11 +214,11 @@ def test_a_pump_speed_no_pump_runs_at_is_no_loop_reading_in_process_and_on_the_w
     ],
     ids=["nan", "garbage", "stuck-card", "stuck-rack", "dropout"],
 )
-def test_sensor_faults_reach_both_beliefs_alike(fault: object) -> None:
+def test_sensor_faults_reach_both_beliefs_alike(fault: Fault) -> None:
     site = example_site()
     jobs = [job("j1", 128, work_steps=900), job("j3", 96, work_steps=900), job("j4", 128, work_steps=900)]
     # card 130 (rack r2, where the NaN readings fall) fails first: a dead card read as missing
-    plant = Plant(site, jobs, [CardFailure(card=130, at_s=10.0), fault], PlantConfig(seed=4))  # type: ignore[list-item]
+    plant = Plant(site, jobs, [CardFailure(card=130, at_s=10.0), fault], PlantConfig(seed=4))
     beliefs = _TwoBeliefs(site)
     for _t in range(200):
         plant.step(1.0)

@@ -122,7 +122,7 @@ async def running(
             captured[round(r.time_s, 6)] = r
             return r
 
-        plant.readings = spy  # type: ignore[method-assign]
+        plant.readings = spy  # type: ignore[method-assign]  # test double
     task = asyncio.create_task(sim.run())
     try:
         yield sim, captured

@@ -59,6 +59,13 @@ pytestmark = pytest.mark.integration
 SPEED = 20.0
 
 
+def _failed_writes(line: str) -> int:
+    """The count in a "journal written again ... (after N failed write(s))" line."""
+    m = re.fullmatch(r".*\(after (\d+) failed write\(s\)\)", line)
+    assert m is not None, line
+    return int(m[1])
+
+
 def edit(cfg: Path, old: str, new: str) -> None:
     text = cfg.read_text()
     assert old in text
@@ -503,7 +510,7 @@ async def test_a_failed_write_of_the_jobs_record_still_sends_the_journaled_comma
     assert "card_failed marks" not in refused[0].getMessage()
     again = [m for m in messages if m.startswith("journal written again: jobs and card_failed marks saved")]
     assert len(again) == 1, again
-    n_failed = int(re.fullmatch(r".*\(after (\d+) failed write\(s\)\)", again[0])[1])  # type: ignore[index]
+    n_failed = _failed_writes(again[0])
     assert n_failed >= refused_decisions >= 3, again
     assert service._failure is None  # a clean shutdown
 
@@ -558,7 +565,7 @@ async def test_decision_and_calibration_writes_that_keep_failing_are_logged_once
         assert len(lines) == 1 and re.search(r"\(1 .*failed since the last such line\)$", lines[0]), lines
         recovered = [m for m in messages if m.startswith(again)]
         assert len(recovered) == 1, recovered
-        n = int(re.fullmatch(r".*\(after (\d+) failed write\(s\)\)", recovered[0])[1])  # type: ignore[index]
+        n = _failed_writes(recovered[0])
         assert n >= at_least, recovered
     assert service._failure is None  # a clean shutdown
 
@@ -610,7 +617,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
                 holder.execute("BEGIN IMMEDIATE")
             submit(commands)
 
-        service.publisher.submit = lock_then_submit  # type: ignore[method-assign]
+        service.publisher.submit = lock_then_submit  # type: ignore[method-assign]  # test double
         try:
             await wait_for(lambda: holder.in_transaction, what="a decision with commands")
             await wait_for(
@@ -620,7 +627,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
             )
             await asyncio.sleep(2.5)  # more acks, kept
         finally:
-            service.publisher.submit = submit  # type: ignore[method-assign]
+            service.publisher.submit = submit  # type: ignore[method-assign]  # test double
             if holder.in_transaction:
                 holder.execute("ROLLBACK")
             holder.close()
@@ -659,7 +666,7 @@ async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_
             time.sleep(1.0)
         return real_propose(*args, **kwargs)
 
-    service.controller.propose = late_propose  # type: ignore[method-assign]
+    service.controller.propose = late_propose  # type: ignore[method-assign]  # test double
     sim = simulator(mosquitto, site, 2000.0)
     ticks: list[float] = []
 

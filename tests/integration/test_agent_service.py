@@ -389,7 +389,7 @@ async def test_the_first_decision_waits_for_every_rack_to_report(
         assert PERIOD_S - 1.0 <= first_s <= PERIOD_S + 1.0  # one period after r0's first message
     else:
         assert r1_from_s <= first_s < PERIOD_S
-    logged = [r.fields for r in caplog.records if r.getMessage() == "decision"]  # type: ignore[attr-defined]
+    logged = [r.__dict__["fields"] for r in caplog.records if r.getMessage() == "decision"]  # extra={"fields": ...}
     db = sqlite3.connect(loaded.config.journal.path)
     try:
         ids = db.execute("SELECT id, cycle FROM decisions ORDER BY id").fetchall()
@@ -658,7 +658,7 @@ async def test_a_message_whose_handling_fails_is_dropped_counted_and_logged_and_
                 raise RuntimeError("an injected defect")
             return handle(msg)
 
-        service.ingest.handle = defective  # type: ignore[method-assign]
+        service.ingest.handle = defective  # type: ignore[method-assign]  # test double
         await wait_for(lambda: len(failed) == 5, what="five failed messages")
         before = service.decisions
         await wait_for(lambda: service.decisions >= before + 3, what="decisions after the failures")
@@ -696,7 +696,7 @@ async def test_a_round_whose_estimation_fails_is_dropped_counted_and_logged_and_
                 raise RuntimeError("an injected defect")
             update(readings, **kwargs)
 
-        service.estimator.update = defective  # type: ignore[method-assign]
+        service.estimator.update = defective  # type: ignore[method-assign]  # test double
         await wait_for(lambda: len(failed) == 5, what="five failed rounds")
         before = service.decisions
         await wait_for(lambda: service.decisions >= before + 3, what="decisions after the failures")
@@ -737,7 +737,7 @@ async def test_a_calibration_save_that_keeps_failing_counts_once_per_interval_no
             saves.append(service.clock.now() or 0.0)
             raise RuntimeError("an injected defect")
 
-        service.controller.calibration = defective  # type: ignore[method-assign]
+        service.controller.calibration = defective  # type: ignore[method-assign]  # test double
         await wait_for(lambda: len(saves) >= 3, what="three failed saves")
         seen["saves"], seen["errors"] = len(saves), service.estimation_errors
         seen["estimated_s"] = service.estimator.time_s

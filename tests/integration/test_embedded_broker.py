@@ -10,7 +10,7 @@ from mqtt_helpers import WAIT_S, next_messages
 from mqtt_testing import sample_messages
 
 from agent import broker as broker_mod
-from agent.broker import BrokerTls, BrokerUnavailable, EmbeddedBroker, free_ports, mqtt_answers
+from agent.broker import AmqttMode, Backend, BrokerTls, BrokerUnavailable, EmbeddedBroker, free_ports, mqtt_answers
 from agent.bus import Bus, check_connection
 from agent.wire import Codec
 
@@ -62,9 +62,9 @@ async def test_mosquitto_as_an_async_context_manager(mosquitto_path: str, codec:
 
 
 @pytest.mark.parametrize("mode", ["subprocess", "thread"])
-async def test_the_amqtt_fallback_can_be_forced(mode: str, codec: Codec) -> None:
+async def test_the_amqtt_fallback_can_be_forced(mode: AmqttMode, codec: Codec) -> None:
     pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (the [broker] extra)")
-    async with EmbeddedBroker(backend="amqtt", amqtt_mode=mode) as b:  # type: ignore[arg-type]
+    async with EmbeddedBroker(backend="amqtt", amqtt_mode=mode) as b:
         assert b.backend == "amqtt"
         await _round_trip(b, codec)
         port = b.port
@@ -73,7 +73,7 @@ async def test_the_amqtt_fallback_can_be_forced(mode: str, codec: Codec) -> None
 
 
 @pytest.mark.parametrize("backend", ["mosquitto", "amqtt"])
-async def test_a_client_gets_only_the_topics_it_subscribed_to(backend: str, request: pytest.FixtureRequest) -> None:
+async def test_a_client_gets_only_the_topics_it_subscribed_to(backend: Backend, request: pytest.FixtureRequest) -> None:
     """amqtt 0.12 sends every connecting client the retained messages of every other client's
     subscriptions: the simulator got the agent's retained status and counted it a bad command. The
     bus drops what none of its subscriptions matches, on either broker."""
@@ -83,7 +83,7 @@ async def test_a_client_gets_only_the_topics_it_subscribed_to(backend: str, requ
         pytest.importorskip("amqtt", reason="amqtt is the optional fallback broker (the [broker] extra)")
     status, cmd = "racktwin/v1/site1/agent/status", "racktwin/v1/site1/rack/+/cmd"
     async with (
-        EmbeddedBroker(backend=backend) as b,  # type: ignore[arg-type]
+        EmbeddedBroker(backend=backend) as b,
         Bus(b.options(), subscriptions=[status]) as agent,
     ):
         await agent.wait_connected(WAIT_S)

@@ -34,6 +34,7 @@ from sim_testing import (
 
 from agent import wire
 from agent.broker import EmbeddedBroker
+from agent.wire.messages import Command
 from sim.runner import SimOptions, Simulator
 from sim.truth import truth_columns
 from twin.workload import Phase
@@ -264,7 +265,7 @@ async def test_a_command_the_simulator_fails_on_costs_no_other_commands_ack(
                 raise RuntimeError("injected defect")
             return handle(topic, payload)
 
-        sim.commands.handle = handle_failing_on_one  # type: ignore[method-assign]
+        sim.commands.handle = handle_failing_on_one  # type: ignore[method-assign]  # test double
         out = [obs.codec.outgoing(m) for m in burst]
         await asyncio.gather(*(asyncio.ensure_future(obs.bus.send(o)) for o in out))  # all in flight at once
         acks = [await obs.ack_of(m.command_id) for k, m in enumerate(burst) if k != 20]
@@ -295,7 +296,7 @@ async def test_commands_are_applied_while_the_answers_of_earlier_ones_cannot_go_
                 await release.wait()
             await answer_all(bus, answers)
 
-        sim._answer_all = first_burst_hangs  # type: ignore[method-assign]
+        sim._answer_all = first_burst_hangs  # type: ignore[method-assign]  # test double
         await obs.send(first)
         async with asyncio.timeout(WAIT_S):
             while not held:  # the first command applied, its answers held
@@ -340,7 +341,7 @@ async def test_commands_outside_the_cards_range_are_rejected_with_a_reason(mosqu
         def rack(setting: wire.CardSetting, cards: tuple[int, ...] = (0,), r: str = "r1") -> wire.RackCommand:
             return wire.RackCommand(r, cards, setting, wire.new_command_id(), exp, ts, 0, "agent")
 
-        cases: list[tuple[wire.Message, str]] = [
+        cases: list[tuple[Command, str]] = [
             (rack(wire.CardSetting.dvfs(12)), "outside the card's table 0..7"),
             (rack(wire.CardSetting.power_limit(50.0)), "50 W is not within 200..700 W"),
             (rack(wire.CardSetting.power_limit(900.0)), "900 W is not within 200..700 W"),
@@ -351,7 +352,7 @@ async def test_commands_outside_the_cards_range_are_rejected_with_a_reason(mosqu
         ]
         for msg, reason in cases:
             await obs.send(msg)
-            ack = await obs.ack_of(msg.command_id)  # type: ignore[union-attr]
+            ack = await obs.ack_of(msg.command_id)
             assert ack.result is wire.AckResult.REJECTED
             assert ack.reason is not None and reason in ack.reason, (ack.reason, reason)
         # nothing of them was applied
@@ -548,7 +549,9 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
         assert key in d
     assert math.isfinite(d["pue"]) and d["pue"] > 1.0
     # progress: a line per step here, and no last line repeating the end with a speed of "0.00x"
-    shown = [float(re.search(r"t=([\d,.]+) s", line)[1].replace(",", "")) for line in lines]  # type: ignore[index]
+    found = [re.search(r"t=([\d,.]+) s", line) for line in lines]
+    shown = [float(m[1].replace(",", "")) for m in found if m is not None]
+    assert len(shown) == len(lines), lines  # every line shows the time
     assert shown[-1] == 121.0 and all(a < b for a, b in itertools.pairwise(shown)), shown[-3:]
 
 

@@ -20,6 +20,7 @@ from sim_testing import START_EPOCH_S, command_times, job, observer, running, sc
 
 from agent import wire
 from agent.broker import EmbeddedBroker
+from agent.bus import Bus
 
 pytestmark = pytest.mark.integration
 
@@ -190,11 +191,11 @@ async def test_a_command_taken_just_before_the_end_is_answered_before_the_simula
     )  # fmt: skip
     answer_all = sim._answer_all
 
-    async def slow_answers(bus: object, answers: list[wire.Outgoing]) -> None:
+    async def slow_answers(bus: Bus, answers: list[wire.Outgoing]) -> None:
         await asyncio.sleep(1.0)
-        await answer_all(bus, answers)  # type: ignore[arg-type]
+        await answer_all(bus, answers)
 
-    sim._answer_all = slow_answers  # type: ignore[method-assign]
+    sim._answer_all = slow_answers  # type: ignore[method-assign]  # test double
     async with observer(mosquitto, SITE) as obs:
         task = asyncio.create_task(sim.run())
         await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 17.0)

@@ -130,15 +130,16 @@ async def test_agent_status_last_will_says_offline_after_a_crash(mosquitto: Embe
         stdout=subprocess.PIPE,
         env=env,
     )
+    assert proc.stdout is not None and proc.stdin is not None  # both piped
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S)  # type: ignore[union-attr]
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S)
         assert line.strip() == b"online"
         async with Bus(mosquitto.options(), subscriptions=[codec.topics.agent_status]) as watcher:
             [retained] = await next_messages(watcher, 1)
             online = codec.decode(retained.topic, retained.payload)
             assert isinstance(online, wire.AgentStatus) and online.state is wire.AgentState.ONLINE
-            proc.stdin.write(b"crash\n")  # type: ignore[union-attr]
-            proc.stdin.flush()  # type: ignore[union-attr]
+            proc.stdin.write(b"crash\n")
+            proc.stdin.flush()
             [will] = await next_messages(watcher, 1)
     finally:
         proc.kill()

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from models.plans import DvfsPlan
 from models.problem import CycleProblem, Margins, Prices, make_problem
 from twin.spec import SiteSpec
 from twin.workload import JobSpec, Phase
@@ -85,14 +86,15 @@ def card_die_c(site: SiteSpec, share: float, nu: float, level: int, supply_c: fl
     return supply_c + r * card_power_w(site, share, nu, level, supply_c)
 
 
-def judge(p: CycleProblem, plan_dvfs: object, supply_c: float) -> tuple[np.ndarray, np.ndarray]:
+def judge(p: CycleProblem, plan_dvfs: DvfsPlan | None, supply_c: float) -> tuple[np.ndarray, np.ndarray]:
     """(rack power W, card die temperature deg C) of a plan as the twin computes them
     (``twin.steady.site_steady_state`` at the plan's levels and idle states, firmware protection on)."""
     from models.problem import phase_utilization
     from twin.steady import site_steady_state
 
-    level = plan_dvfs.card_level  # type: ignore[attr-defined]
-    low = plan_dvfs.card_low_power  # type: ignore[attr-defined]
+    assert plan_dvfs is not None, "the plan has no DVFS part to judge"
+    level = plan_dvfs.card_level
+    low = plan_dvfs.card_low_power
     u = np.zeros(p.n_cards)
     for j, jb in enumerate(p.jobs):
         cards = p.card_job == j

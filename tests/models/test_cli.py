@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Mapping
 from html import escape
 from pathlib import Path
+from typing import TypedDict, cast
 
 import pytest
 from models_helpers import EXAMPLES
@@ -28,7 +30,32 @@ KEYS = {
 }
 
 
-def _run(capsys: pytest.CaptureFixture[str], scenario: Path, out: Path) -> dict[str, object]:
+class RackJson(TypedDict):
+    """One rack of ``racktwin optimize --json`` (``agent.commands.optimize_outputs.json_summary``), with a plan."""
+
+    rack: str
+    power_w: float
+    limit_w: float
+    max_die_temp_c: float
+    pump_speed_frac: float
+
+
+class OptimizeJson(TypedDict):
+    """The object ``racktwin optimize --json`` prints when there is a plan (None fields are for no plan)."""
+
+    status: str
+    solve_time_s: float
+    racks: list[RackJson]
+    pue: float
+    it_power_w: float
+    facility_power_w: float
+    baseline_facility_power_w: float
+    hosts_off: int
+    throughput: float
+    baseline_throughput: float
+
+
+def _run(capsys: pytest.CaptureFixture[str], scenario: Path, out: Path) -> OptimizeJson:
     rc = main(["optimize", str(scenario), "--out", str(out), "--json"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
@@ -37,10 +64,10 @@ def _run(capsys: pytest.CaptureFixture[str], scenario: Path, out: Path) -> dict[
     doc = json.loads(lines[0])
     assert isinstance(doc, dict)
     assert "racktwin optimize:" in captured.err  # progress lines go to stderr
-    return doc
+    return cast(OptimizeJson, doc)  # parsed JSON: the shape is what _check_shape asserts where a test relies on it
 
 
-def _check_shape(doc: dict[str, object]) -> None:
+def _check_shape(doc: Mapping[str, object]) -> None:
     for key, typ in KEYS.items():
         assert isinstance(doc[key], typ), (key, doc[key])
     racks = doc["racks"]
@@ -72,7 +99,7 @@ def test_nominal_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert doc["status"] in ("optimal", "feasible", "fallback")  # a plan (solver speed varies)
     # far from the caps: no throughput is given up, energy is saved (idle cards, stalled jobs, set-point)
     assert doc["throughput"] == pytest.approx(doc["baseline_throughput"])
-    assert doc["facility_power_w"] < doc["baseline_facility_power_w"]  # type: ignore[operator]
+    assert doc["facility_power_w"] < doc["baseline_facility_power_w"]
     plan = json.loads((tmp_path / "nominal" / "plan.json").read_text())
     assert plan["unplaced"] == {}
     assert {j["id"] for j in plan["jobs"] if j["placed_now"]} == {"sweep", "debug"}
@@ -94,15 +121,15 @@ def test_pumps_slow_where_the_plan_allows_and_full_speed_when_not_chosen(
         )
     )
     fixed = _run(capsys, fixed_file, tmp_path / "fixed")
-    slow_speed = [r["pump_speed_frac"] for r in slow["racks"]]  # type: ignore[attr-defined]
-    assert [r["pump_speed_frac"] for r in fixed["racks"]] == [1.0] * 8  # type: ignore[attr-defined]
+    slow_speed = [r["pump_speed_frac"] for r in slow["racks"]]
+    assert [r["pump_speed_frac"] for r in fixed["racks"]] == [1.0] * 8
     assert max(slow_speed) < 1.0 and min(slow_speed) == pytest.approx(1 / 3, abs=0.01)
     assert slow["throughput"] == pytest.approx(fixed["throughput"])
-    assert slow["facility_power_w"] < fixed["facility_power_w"] - 2000.0  # type: ignore[operator]
+    assert slow["facility_power_w"] < fixed["facility_power_w"] - 2000.0
     plan = json.loads((tmp_path / "slow" / "plan.json").read_text())
     assert plan["pump_power_w"] < plan["baseline"]["pump_power_w"]
     # the slower loops warm the dies, within the die limit (slowdown - margin)
-    assert all(r["max_die_temp_c"] <= 85.0 + 0.05 for r in slow["racks"])  # type: ignore[attr-defined]
+    assert all(r["max_die_temp_c"] <= 85.0 + 0.05 for r in slow["racks"])
 
 
 def test_idle_hosts_go_off_but_a_reserve_and_every_host_with_a_busy_card_stay_on(
@@ -134,10 +161,10 @@ def test_idle_hosts_go_off_but_a_reserve_and_every_host_with_a_busy_card_stay_on
     assert off["throughput"] == pytest.approx(on["throughput"])
     # what the off hosts save (950 W each) plus their cards asleep (~50 W each), and cooling on top;
     # host_saving_w counts both (it once counted the hosts alone)
-    saved_it_w = on["it_power_w"] - off["it_power_w"]  # type: ignore[operator]
+    saved_it_w = on["it_power_w"] - off["it_power_w"]
     assert plan["host_saving_w"] == pytest.approx((950.0 + 8 * 50.0) * off["hosts_off"], rel=0.05)
     assert saved_it_w == pytest.approx(plan["host_saving_w"], rel=0.01)
-    assert on["facility_power_w"] - off["facility_power_w"] > saved_it_w  # type: ignore[operator]
+    assert on["facility_power_w"] - off["facility_power_w"] > saved_it_w
     with (tmp_path / "off" / "racks.csv").open() as fh:
         assert sum(int(r["hosts_off"]) for r in csv.DictReader(fh)) == off["hosts_off"]
     assert "hosts off" in (tmp_path / "off" / "report.html").read_text()
@@ -169,7 +196,7 @@ def test_the_pump_choice_counts_the_heat_of_the_hosts_the_plan_powers_off(
     plan = json.loads((tmp_path / "o" / "plan.json").read_text())
     off_r0 = [h for h in plan["hosts_off"] if h < site.n_hosts // site.n_racks]
     assert off_r0 == [5, 6, 7]
-    r0 = doc["racks"][0]  # type: ignore[index]
+    r0 = doc["racks"][0]
     loop = site.loop
     mcp_full_w_per_k = site.loop_flow_per_rack_lpm() / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
     allowed_w = loop.max_delta_t_k * mcp_full_w_per_k * r0["pump_speed_frac"]
@@ -183,7 +210,7 @@ def test_full_load_scenario_caps_bind(tmp_path: Path, capsys: pytest.CaptureFixt
     _check_files(tmp_path / "full")
     assert doc["status"] in ("optimal", "feasible", "fallback")  # a plan (solver speed varies)
     # at the top clock every rack would exceed limit - margin: the plan gives up some throughput
-    assert doc["throughput"] < doc["baseline_throughput"]  # type: ignore[operator]
+    assert doc["throughput"] < doc["baseline_throughput"]
     with (tmp_path / "full" / "racks.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert all(float(r["baseline_power_w"]) > float(r["cap_w"]) for r in rows)
@@ -382,7 +409,7 @@ def test_a_plan_that_fits_only_with_the_idle_hosts_off_is_found(
     doc = _run(capsys, scenario, tmp_path / "o")
     assert doc["status"] in ("optimal", "feasible", "fallback")
     assert doc["throughput"] == pytest.approx(8.0)  # top clock
-    assert all(r["power_w"] <= 10_000.0 for r in doc["racks"])  # type: ignore[attr-defined]
+    assert all(r["power_w"] <= 10_000.0 for r in doc["racks"])
     plan = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert plan["jobs"][0]["level"] == 0 and plan["explanation"] == ""
     assert len(plan["hosts_off"]) == 64 - 1 - 2  # the job's host and the supernode's reserve of 2 stay on

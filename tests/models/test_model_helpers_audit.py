@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import cast
+from typing import TypedDict, Unpack, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -42,10 +42,26 @@ pytestmark = pytest.mark.models
 # ---------------------------------------------------------------- explain
 
 
-def _tables(**kw: object) -> DvfsTables:
+class TableFields(TypedDict, total=False):
+    """The ``DvfsTables`` fields a test here gives ``_tables``."""
+
+    n_racks: int
+    cheapest_level: np.ndarray
+    pair_job: np.ndarray
+    pair_rack: np.ndarray
+    pair_cards: np.ndarray
+    pair_power_w: np.ndarray
+    rack_base_w: np.ndarray
+    rack_idle: np.ndarray
+    rack_wake_w: np.ndarray
+    rack_cap_w: np.ndarray
+    reserve: int
+
+
+def _tables(**kw: Unpack[TableFields]) -> DvfsTables:
     """Hand-made tables: 3 levels, 4 racks; fields not given are empty or zero."""
     empty = np.zeros((0, 3))
-    base: dict[str, object] = dict(
+    base = DvfsTables(
         supply_c=30.0, n_levels=3, n_racks=4, job_power_w=empty, job_die_max_c=empty, job_value=empty,
         job_throughput=empty, allowed=np.zeros((0, 3), bool), die_ok=np.zeros((0, 3), bool),
         slo_ok=np.zeros((0, 3), bool), fixed=np.zeros(0, bool), cheapest_level=np.zeros(0, np.int64),
@@ -53,8 +69,7 @@ def _tables(**kw: object) -> DvfsTables:
         pair_power_w=empty, rack_base_w=np.zeros(4), rack_idle=np.zeros(4, np.int64), rack_wake_w=np.zeros(4),
         rack_cap_w=np.zeros(4), reserve=0, card_level_power_w=empty, card_level_die_c=empty, idle_awake_level=0,
     )  # fmt: skip
-    base.update(kw)
-    return DvfsTables(**base)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **kw)
 
 
 def test_explain_min_rack_power_adds_each_jobs_cheapest_level_to_its_own_racks() -> None:
@@ -273,8 +288,20 @@ def test_decompose_prices_an_it_watt_at_the_greedy_plans_marginal_rate(
 # ---------------------------------------------------------------- from_state
 
 
-def _snapshot(site: SiteSpec, **kw: object) -> StateSnapshot:
-    return dataclasses.replace(TwinState(site).snapshot(), **kw)  # type: ignore[arg-type]
+class SnapshotFields(TypedDict, total=False):
+    """The ``StateSnapshot`` fields a test here sets on an empty site's snapshot."""
+
+    card_level: np.ndarray
+    card_die_temp_c: np.ndarray
+    card_failed: np.ndarray
+    card_job: np.ndarray
+    facility: FacilityReading | None
+    jobs: tuple[JobInfo, ...]
+    queue: tuple[JobInfo, ...]
+
+
+def _snapshot(site: SiteSpec, **kw: Unpack[SnapshotFields]) -> StateSnapshot:
+    return dataclasses.replace(TwinState(site).snapshot(), **kw)
 
 
 def _info(job_id: str, n: int, phase: Phase = Phase.COMPUTE, spec: JobSpec | None = None, **kw: float) -> JobInfo:

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypedDict
+
 import numpy as np
 import pytest
 from models_helpers import job, rack_cards
 
 from models.problem import Margins, Prices, ProblemError, make_problem
 from twin.spec import SiteSpec
+from twin.workload import JobSpec
 
 pytestmark = pytest.mark.models
 
 
 def test_problem_error_is_a_value_error() -> None:
     assert issubclass(ProblemError, ValueError)
+
+
+class ProblemFields(TypedDict, total=False):
+    """The ``make_problem`` arguments the cases below set (of the right type, with values it refuses)."""
+
+    jobs: Sequence[JobSpec]
+    job_cards: Sequence[Sequence[int]]
+    failed: np.ndarray
+    die_temp_c: np.ndarray
+    rack_limit_w: float | Sequence[float]
+    ambient_c: float
+    ready_reserve_cards: int
 
 
 @pytest.mark.parametrize(
@@ -41,9 +57,9 @@ def test_problem_error_is_a_value_error() -> None:
         ),
     ],
 )
-def test_bad_data_is_refused(site: SiteSpec, kwargs: dict[str, object], message: str) -> None:
+def test_bad_data_is_refused(site: SiteSpec, kwargs: ProblemFields, message: str) -> None:
     with pytest.raises(ProblemError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        make_problem(site, **kwargs)  # type: ignore[arg-type]
+        make_problem(site, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -54,9 +70,9 @@ def test_bad_data_is_refused(site: SiteSpec, kwargs: dict[str, object], message:
         (lambda: Margins(rack_margin_w=-1.0), "margins.rack_margin_w"),
     ],
 )
-def test_bad_prices_and_margins(factory: object, message: str) -> None:
+def test_bad_prices_and_margins(factory: Callable[[], object], message: str) -> None:
     with pytest.raises(ProblemError, match=message):
-        factory()  # type: ignore[operator]
+        factory()
 
 
 def test_valid_problem_from_plain_arrays(site: SiteSpec) -> None:

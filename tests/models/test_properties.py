@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from models_helpers import EXAMPLES, judge
 
 from models.plans import CyclePlan, SolveStatus
-from models.problem import Margins, make_problem
+from models.problem import CycleProblem, Margins, make_problem
 from models.solve import CyclePlanner, greedy_cycle
 from twin.spec import load_site
 from twin.workload import JobSpec, Phase
@@ -31,10 +31,12 @@ job_st = st.tuples(
 
 
 @st.composite
-def problems(draw: st.DrawFn):  # type: ignore[no-untyped-def]
+def problems(draw: st.DrawFn) -> CycleProblem:
     specs = draw(st.lists(job_st, min_size=1, max_size=10))
     free = np.ones(SITE.n_cards, dtype=bool)
-    jobs, cards, phases = [], [], []
+    jobs: list[JobSpec] = []
+    cards: list[np.ndarray] = []
+    phases: list[Phase] = []
     for i, (n, share, prio, slo, phase) in enumerate(specs):
         starts = [s for s in range(0, SITE.n_cards - n + 1, 8) if free[s : s + n].all()]
         if not starts:
@@ -64,7 +66,7 @@ def problems(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     )
 
 
-def _check(p, plan: CyclePlan) -> None:  # type: ignore[no-untyped-def]
+def _check(p: CycleProblem, plan: CyclePlan) -> None:
     if plan.status.has_plan:
         assert plan.dvfs is not None
         rack_w, die = judge(p, plan.dvfs, plan.supply_temp_c)
@@ -80,7 +82,7 @@ def _check(p, plan: CyclePlan) -> None:  # type: ignore[no-untyped-def]
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.booleans())
-def test_no_plan_exceeds_a_cap(p, choose_setpoint: bool) -> None:  # type: ignore[no-untyped-def]
+def test_no_plan_exceeds_a_cap(p: CycleProblem, choose_setpoint: bool) -> None:
     milp = PLANNER.plan(p, choose_setpoint=choose_setpoint, time_limit_s=5.0)
     greedy = greedy_cycle(p, choose_setpoint=choose_setpoint)
     _check(p, milp)
@@ -94,6 +96,6 @@ def test_no_plan_exceeds_a_cap(p, choose_setpoint: bool) -> None:  # type: ignor
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
-def test_fallback_under_a_tiny_time_limit_is_within_caps(p) -> None:  # type: ignore[no-untyped-def]
+def test_fallback_under_a_tiny_time_limit_is_within_caps(p: CycleProblem) -> None:
     plan = CyclePlanner().plan(p, choose_setpoint=False, time_limit_s=0.002)
     _check(p, plan)

@@ -14,7 +14,7 @@ from solver_testing import LatePlanner, LateSolver
 
 from models.dvfs import dvfs_matrix
 from models.plans import SolveStatus
-from models.problem import dvfs_tables, facility_line, it_power_range_w, make_problem
+from models.problem import CycleProblem, dvfs_tables, facility_line, it_power_range_w, make_problem
 from models.solve import CyclePlanner, DvfsSolver, greedy_cycle, plan_cycle, solve_matrix_highspy
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec
@@ -22,7 +22,7 @@ from twin.spec import SiteSpec
 pytestmark = pytest.mark.models
 
 
-def _mixed(site: SiteSpec, seed: int = 3, allocation: float = 0.9, limit_w: float = 47_000.0):  # type: ignore[no-untyped-def]
+def _mixed(site: SiteSpec, seed: int = 3, allocation: float = 0.9, limit_w: float = 47_000.0) -> CycleProblem:
     wl = synthetic_workload(site, seed=seed, allocation=allocation, compute_share=(0.9, 0.99))
     return make_problem(
         site, jobs=wl.jobs, job_cards=wl.job_cards, job_phase=wl.job_phase, rack_limit_w=limit_w, ready_reserve_cards=8
@@ -165,7 +165,7 @@ def test_a_persistent_planner_plans_idle_cards_of_a_rack_that_had_none(site: Sit
     # the plan wakes 10 cards of r5, solved by the MILP.
     from models.problem import Margins
 
-    def cycle(failed_r5: bool, reserve: int, limits: np.ndarray | None = None):  # type: ignore[no-untyped-def]
+    def cycle(failed_r5: bool, reserve: int, limits: np.ndarray | None = None) -> CycleProblem:
         failed = np.zeros(site.n_cards, dtype=bool)
         failed[5 * 64 : 6 * 64] = failed_r5
         return make_problem(

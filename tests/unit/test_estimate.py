@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from readings_testing import card_batch
+from readings_testing import card_batch, cards_of
 
 from twin.estimate import Anomaly, AnomalyHistory, Estimator, EstimatorConfig
 from twin.faults import Fault
@@ -215,7 +215,7 @@ def test_one_outlier_die_reading_neither_moves_the_resistance_nor_flags_a_plate(
     _run(p, est, 900.0)
     before = float(est.estimates().r_ratio[5])
     p.step(1.0)
-    est.update(_biased(p.readings(), 5, 140.0 - float(p.readings().racks[0].cards.die_temp_c[5])))  # type: ignore[union-attr]
+    est.update(_biased(p.readings(), 5, 140.0 - float(cards_of(p.readings().racks[0]).die_temp_c[5])))
     assert est.estimates().r_ratio[5] == pytest.approx(before, abs=0.01)
     _run(p, est, 60.0)
     assert est.estimates().r_ratio[5] == pytest.approx(before, abs=0.01)

@@ -4,11 +4,13 @@ jobs, faults, determinism."""
 from __future__ import annotations
 
 import math
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
+from readings_testing import cards_of
 
-from twin.faults import Fault
+from twin.faults import Ambient, Fault
 from twin.plant import (
     CardFailure,
     CardVariation,
@@ -37,26 +39,64 @@ pytestmark = pytest.mark.unit
 QUIET = PhaseModel(startup_s=0.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
 
 
-def exact(**kw: object) -> PlantConfig:
+class PlantFields(TypedDict, total=False):
+    """The ``PlantConfig`` fields ``exact`` sets or a test here overrides."""
+
+    variation: CardVariation
+    noise: SensorNoise
+    phases: PhaseModel
+    ambient: Ambient | None
+    placement: str
+    external_timeout_s: float
+    supply_time_constant_s: float
+    initial_low_power: bool
+    pump_hold_s: float
+
+
+class _JobOptions(TypedDict, total=False):
+    """The ``JobSpec`` fields with a default that ``job`` sets or a test here overrides."""
+
+    submit_time_s: float
+    checkpoint_interval_s: float
+    checkpoint_duration_s: float
+    first_checkpoint_after_s: float | None
+    noncompute_utilization: float
+
+
+class JobFields(_JobOptions, total=False):
+    """What a test here may override in ``job``."""
+
+    step_time_s: float
+    compute_share: float
+
+
+class _JobArgs(_JobOptions):
+    """``job``'s arguments of ``JobSpec`` after ``work_steps``."""
+
+    step_time_s: float
+    compute_share: float
+
+
+def exact(**kw: Unpack[PlantFields]) -> PlantConfig:
     """No card spread, no sensor noise, no stalls: results comparable with closed forms."""
-    base: dict[str, object] = {
+    base: PlantFields = {
         "variation": CardVariation.none(),
         "noise": SensorNoise.none(),
         "phases": QUIET,
+        **kw,
     }
-    base.update(kw)
-    return PlantConfig(**base)  # type: ignore[arg-type]
+    return PlantConfig(**base)
 
 
-def job(job_id: str, n_cards: int, work_steps: float = 1e9, **kw: object) -> JobSpec:
-    args: dict[str, object] = {
+def job(job_id: str, n_cards: int, work_steps: float = 1e9, **kw: Unpack[JobFields]) -> JobSpec:
+    args: _JobArgs = {
         "step_time_s": 1.0,
         "compute_share": 1.0,
         "checkpoint_interval_s": 1e9,
         "noncompute_utilization": 0.0,
+        **kw,
     }
-    args.update(kw)
-    return JobSpec(job_id, n_cards, work_steps=work_steps, **args)  # type: ignore[arg-type]
+    return JobSpec(job_id, n_cards, work_steps=work_steps, **args)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -274,7 +314,7 @@ def test_wake_latency_is_honoured_and_a_job_on_sleeping_cards_waits(small_site: 
         phases.extend((e.time_s, e.phase) for e in p.drain_events() if e.kind == "phase")
     start = [t for t, ph in phases if ph == Phase.COMPUTE]
     assert start and start[0] >= t0 + wake - 1e-9
-    assert not p.readings().racks[0].cards.waking[0]  # type: ignore[union-attr]
+    assert not cards_of(p.readings().racks[0]).waking[0]
 
 
 def test_a_card_put_back_to_sleep_while_waking_waits_its_whole_next_wake(small_site: SiteSpec) -> None:
@@ -622,7 +662,7 @@ def test_each_fault_is_in_force_from_its_start_up_to_its_end(small_site: SiteSpe
             tr.failed.sum() - tr.failed[3] > 0
             or tr.rack_flow_lpm[0] != pytest.approx(nominal_lpm)
             or np.ptp(np.delete(tr.r_total_k_per_w[16:], 4)) > 1e-12
-            or (0 in by_rack and np.isnan(by_rack[0].cards.power_w).any())  # type: ignore[union-attr]
+            or (0 in by_rack and np.isnan(cards_of(by_rack[0]).power_w).any())
         )
         if others:
             seen["other"].append(t)

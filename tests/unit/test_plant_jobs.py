@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -29,29 +30,67 @@ pytestmark = pytest.mark.unit
 SEVEN_NINTHS = 1540.0 / 1980.0  # level 4 of the example card, relative to the top clock
 
 
-def _config(phases: PhaseModel, **kw: object) -> PlantConfig:
-    base: dict[str, object] = {"variation": CardVariation.none(), "noise": SensorNoise.none(), "phases": phases}
-    base.update(kw)
-    return PlantConfig(**base)  # type: ignore[arg-type]
+class PlantFields(TypedDict, total=False):
+    """The ``PlantConfig`` fields a test here sets besides ``_config``'s."""
+
+    backfill_wait_s: float
+    initial_level: int
 
 
-def _quiet(**kw: float) -> PhaseModel:
+class PhaseDelays(TypedDict, total=False):
+    """The ``PhaseModel`` delays ``_quiet`` takes."""
+
+    startup_s: float
+    restart_delay_s: float
+
+
+class _JobOptions(TypedDict, total=False):
+    """The ``JobSpec`` fields with a default that ``_job`` sets or a test here overrides."""
+
+    submit_time_s: float
+    checkpoint_interval_s: float
+    checkpoint_duration_s: float
+    noncompute_utilization: float
+    min_throughput_frac: float
+
+
+class JobFields(_JobOptions, total=False):
+    """What a test here may override in ``_job``."""
+
+    work_steps: float
+    step_time_s: float
+    compute_share: float
+
+
+class _JobArgs(_JobOptions):
+    """``_job``'s arguments of ``JobSpec`` after the id and the card count."""
+
+    work_steps: float
+    step_time_s: float
+    compute_share: float
+
+
+def _config(phases: PhaseModel, **kw: Unpack[PlantFields]) -> PlantConfig:
+    return PlantConfig(variation=CardVariation.none(), noise=SensorNoise.none(), phases=phases, **kw)
+
+
+def _quiet(**kw: Unpack[PhaseDelays]) -> PhaseModel:
     """No stalls; start-up and restart delay as given."""
-    return PhaseModel(comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0, **kw)  # type: ignore[arg-type]
+    return PhaseModel(comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0, **kw)
 
 
-def _job(job_id: str, n_cards: int, **kw: object) -> JobSpec:
+def _job(job_id: str, n_cards: int, **kw: Unpack[JobFields]) -> JobSpec:
     """A job whose whole step scales with the clock, two seconds a step at the top clock."""
-    args: dict[str, object] = {
+    args: _JobArgs = {
         "work_steps": 1e9,
         "step_time_s": 2.0,
         "compute_share": 1.0,
         "checkpoint_interval_s": 1e9,
         "checkpoint_duration_s": 0.0,
         "noncompute_utilization": 0.0,
+        **kw,
     }
-    args.update(kw)
-    return JobSpec(job_id, n_cards, **args)  # type: ignore[arg-type]
+    return JobSpec(job_id, n_cards, **args)
 
 
 def _phase_times(events: list[JobEvent], phase: Phase) -> list[float]:

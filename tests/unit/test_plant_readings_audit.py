@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from readings_testing import cards_of
 
 from twin.cooling import CoolingPoint
 from twin.faults import GarbageReadings
@@ -92,7 +93,7 @@ def test_exact_sensors_read_the_true_state_in_the_units_their_names_say(small_si
     assert rd.time_s == 100.0 and [r.rack for r in rd.racks] == [0, 1]
     assert all(r.time_s == 100.0 for r in rd.racks)
     # cards in site order: rack 1 holds cards 16..31
-    np.testing.assert_array_equal(rd.racks[1].cards.card_index, np.arange(16, 32))  # type: ignore[union-attr]
+    np.testing.assert_array_equal(cards_of(rd.racks[1]).card_index, np.arange(16, 32))
     np.testing.assert_array_equal(_cards(rd, "power_w"), np.full(32, 500.0))
     np.testing.assert_array_equal(_cards(rd, "die_temp_c"), np.full(32, 60.0))
     np.testing.assert_array_equal(_cards(rd, "utilization"), np.full(32, 0.5))

@@ -62,7 +62,7 @@ def test_each_part_of_a_rack_reading_has_its_own_time_stamp_or_the_readings() ->
     s = dataclasses.replace(r, cards_time_s=None, loop_time_s=8.0, pdu_time_s=9.0)
     assert (s.part_time_s("cards"), s.part_time_s("loop"), s.part_time_s("pdu")) == (10.0, 8.0, 9.0)
     with pytest.raises(ValueError, match="no part 'host'"):
-        r.part_time_s("host")  # type: ignore[arg-type]
+        r.part_time_s("host")  # type: ignore[arg-type]  # deliberately wrong: the test checks the refusal
 
 
 def test_the_job_event_kinds_are_the_six_documented() -> None:
@@ -73,6 +73,6 @@ def test_readings_are_frozen_so_a_shared_reading_cannot_be_changed_under_another
     b = card_batch(range(2))
     r = RackReading(rack=0, time_s=1.0, cards=b)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        b.power_w = np.zeros(2)  # type: ignore[misc]
+        b.power_w = np.zeros(2)  # type: ignore[misc]  # deliberate: the test checks the refusal
     with pytest.raises(dataclasses.FrozenInstanceError):
-        r.time_s = 2.0  # type: ignore[misc]
+        r.time_s = 2.0  # type: ignore[misc]  # deliberate: the test checks the refusal

@@ -41,6 +41,7 @@ def _scenario() -> RunScenario:
 )
 def test_options_a_run_cannot_use_are_refused(option: str, value: float) -> None:
     with pytest.raises(ValueError, match=option):
+        # the ignore: the field name is a parameter, so mypy cannot match it (each value has its field's type)
         SimOptions(scenario=_scenario(), mqtt=MqttOptions(), **{option: value})  # type: ignore[arg-type]
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import cast
+from typing import TypedDict, Unpack, cast
 
 import numpy as np
 import pytest
-from readings_testing import card_batch
+from readings_testing import card_batch, cards_of
 
 from twin.plant import CardFailure, GarbageReadings, Plant, PlantConfig, SensorDropout, StuckSensor
 from twin.readings import CardBatch, JobEvent, JobReading, LoopReading, PduReading, RackReading, Readings
@@ -22,8 +22,15 @@ pytestmark = pytest.mark.unit
 PHASES = PhaseModel(startup_s=5.0, restart_delay_s=20.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
 
 
-def _job(job_id: str, n: int, **kw: object) -> JobSpec:
-    return JobSpec(job_id, n, work_steps=1e6, step_time_s=1.0, compute_share=0.8, **kw)  # type: ignore[arg-type]
+class JobFields(TypedDict, total=False):
+    """The ``JobSpec`` fields a test here sets besides ``_job``'s."""
+
+    priority: float
+    min_throughput_frac: float
+
+
+def _job(job_id: str, n: int, **kw: Unpack[JobFields]) -> JobSpec:
+    return JobSpec(job_id, n, work_steps=1e6, step_time_s=1.0, compute_share=0.8, **kw)
 
 
 def _feed(p: Plant, st: TwinState, seconds: float, dt: float = 1.0) -> None:
@@ -181,7 +188,7 @@ def test_a_die_frozen_alone_is_stuck_once_its_power_or_supply_moves(small_site: 
         p.step(1.0)
         readings = p.readings()
         if t == 60:
-            frozen = float(readings.racks[0].cards.die_temp_c[5])  # type: ignore[union-attr]
+            frozen = float(cards_of(readings.racks[0]).die_temp_c[5])
         if t >= 60:
             readings = _with_die(readings, functools.partial(_die_of_card_5_at, frozen))
         st.update(readings)
@@ -329,7 +336,7 @@ def test_a_power_sensor_frozen_alone_is_stuck_once_utilization_or_level_moves(sm
         p.step(1.0)
         readings = p.readings()
         if t == 60:
-            frozen = float(readings.racks[0].cards.power_w[5])  # type: ignore[union-attr]
+            frozen = float(cards_of(readings.racks[0]).power_w[5])
         if t >= 60:
 
             def held(b: CardBatch, w: float = frozen) -> np.ndarray:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import csv
 import tomllib
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import pytest
 
 from sim.truth import TruthLog, truth_columns
-from twin.faults import Fault
+from twin.faults import Ambient, Fault
 from twin.plant import CardFailure, CardVariation, ConstantAmbient, Plant, PlantConfig, PumpDegradation, SensorNoise
 from twin.spec import SiteSpec, site_from_dict
 from twin.workload import JobSpec, PhaseModel
@@ -50,11 +51,15 @@ def job(job_id: str, n_cards: int, work_steps: float = 1e9) -> JobSpec:
     )
 
 
-def exact(**kw: object) -> PlantConfig:
+class PlantFields(TypedDict, total=False):
+    """The ``PlantConfig`` fields a test here sets besides ``exact``'s."""
+
+    ambient: Ambient | None
+
+
+def exact(**kw: Unpack[PlantFields]) -> PlantConfig:
     quiet = PhaseModel(startup_s=0.0, restart_delay_s=5.0, comm_stalls_per_hour=0.0, input_stalls_per_hour=0.0)
-    base: dict[str, object] = {"variation": CardVariation.none(), "noise": SensorNoise.none(), "phases": quiet}
-    base.update(kw)
-    return PlantConfig(**base)  # type: ignore[arg-type]
+    return PlantConfig(variation=CardVariation.none(), noise=SensorNoise.none(), phases=quiet, **kw)
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
