@@ -741,7 +741,7 @@ def _format(summary: dict[str, dict[str, float]], scenario: Any, ran_s: float, w
     lines.append(
         "throughput: top-clock-equivalent cards of training (work done); 'without': every card at its top clock, "
         "no idle management, fixed set-point, the plant's own scheduler (same scenario and seed, in process) -- "
-        "it runs racks over their limits, which the agent may not; over a limit: true rack power, after the first "
-        "control period."
+        "it runs racks over their limits, which the agent may not; over a limit and largest rack power: true rack "
+        "power, after the first control period (the simulator's report above counts from t = 0)."
     )
     return "\n".join(lines)
