@@ -51,6 +51,7 @@ from agent.commands.common import (
     path_arg,
     prepare_output_dir,
     print_json,
+    sigterm_interrupts,
     write_text_replacing,
 )
 from agent.config import ControlConfig
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     prepare_output_dir(out_dir, OUTPUT_FILES)
     # SIGTERM outside the run's own event loop (the broker starting, the run without the agent) is a
     # Ctrl-C too: its default action killed the demo there and left the embedded broker running
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         broker = _start_embedded_broker() if args.broker is None else None
     url = broker.url if broker is not None else args.broker
     t0 = time.monotonic()
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             res = asyncio.run(_demo(args, scenario, path, url, out_dir))
             _say("the same run without the agent (in-process plant, same scenario and seed) ...")
             try:
-                with _sigterm_interrupts():
+                with sigterm_interrupts():
                     base_m = _baseline(dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0))
             except KeyboardInterrupt:  # the agent's run is complete: summarize it, without the comparison
                 interrupted_baseline = True
@@ -215,26 +216,6 @@ def run(args: argparse.Namespace, command: str) -> int:
     # the summary covers what ran, but a demo whose simulator or agent failed did not do its job: a script
     # running it (scripts/demo.sh) must see that (a killed simulator exited 0)
     return 1 if stopped_by in ("simulator stopped", "agent stopped") or res.agent_error else 0
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that the ``finally`` that
-    stops the embedded broker runs (SIGTERM's default action ends the process at once; the broker runs
-    in a session of its own and outlived it); the previous handler is put back after."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: nothing to install
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _start_embedded_broker() -> EmbeddedBroker:

@@ -31,6 +31,7 @@ from agent.commands.common import (
     path_arg,
     prepare_output_dir,
     print_json,
+    sigterm_interrupts,
     write_text_replacing,
 )
 from agent.config import ControlConfig, check_control
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise _fail(str(exc)) from None
     if not args.quiet:
         _announce(scenario, policies, jobs)
-    ev = _run_policies(scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet))
+    with sigterm_interrupts():  # as Ctrl-C: the worker processes are stopped, not left running
+        ev = _run_policies(scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet))
     write_outputs(ev, out_dir)
     if not args.quiet:
         print(
