@@ -179,9 +179,9 @@ def run(args: argparse.Namespace, command: str) -> int:
     try:
         with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
             res = asyncio.run(_demo(args, scenario, path, url, out_dir))
-            _say("the same run without the agent (in-process plant, same scenario and seed) ...")
             try:
-                with sigterm_interrupts():
+                with sigterm_interrupts():  # before the line that announces it (a SIGTERM may follow it at once)
+                    _say("the same run without the agent (in-process plant, same scenario and seed) ...")
                     base_m = _baseline(dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0))
             except KeyboardInterrupt:  # the agent's run is complete: summarize it, without the comparison
                 interrupted_baseline = True
