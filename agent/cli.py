@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim_cmd", "run the MQTT rack simulator (virtual plant with workloads and faults)"),
     "optimize": ("optimize", "offline optimization of a scenario: plan.json, per-rack CSV, report.html"),
     "evaluate": ("evaluate", "closed-loop evaluation of control policies over a scenario"),
-    "twin": ("twin_cmd", "what-if runs of the digital twin (steady state of a site)"),
+    "twin": ("twin_cmd", "what-if runs of the digital twin: steady state of a site, supply set-point sweep"),
     "fit-power": ("fit", "fit the card power model to a clock sweep CSV"),
     "fit-thermal": ("fit", "fit a card's thermal resistance and time constant to a time series CSV"),
 }

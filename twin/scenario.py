@@ -370,7 +370,16 @@ def _run_site(top: _RunFile, base: Path, source: str, inputs: list[Path]) -> Sit
     try:
         return load_site(site_path)
     except SpecError as exc:
-        raise SpecError(source, "site", f"{exc}") from None
+        raise SpecError(source, "site", f"{exc}{missing_site_hint(top.site, site_path)}") from None
+
+
+def missing_site_hint(named: str, resolved: Path) -> str:
+    """What to do when the site spec a scenario names by a relative path is not there: such a path is
+    taken from the scenario's folder (a scenario copied out of ``examples/`` to be edited loses its
+    site spec); "" when the file exists or the path was absolute."""
+    if Path(named).is_absolute() or resolved.exists():
+        return ""
+    return " (a relative site is taken from the scenario's folder: give the site spec's path, or copy it there)"
 
 
 def _plant_config(

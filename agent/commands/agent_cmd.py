@@ -48,7 +48,22 @@ def _may_pass(cause: BaseException | None) -> bool:
     return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
+#: ``racktwin agent --help``'s epilog: what an operator asks first (how it stops, what its exit statuses
+#: mean, where the keys and the health endpoints are described), as docs/agent.md "Running it" says.
+AGENT_EPILOG = (
+    "It runs until SIGTERM or SIGINT (Ctrl-C): the current cycle finishes, its commands go out, exit "
+    "status 0. Exit status 2: a bad configuration or a start problem to fix (one line naming the field); "
+    "75: a start problem that may pass (the HTTP port still held, the name service not answering yet); "
+    "1: an unexpected error (traceback in the log). An unreachable broker is retried, not an error. "
+    "Every configuration key and RACKTWIN_* variable: docs/agent.md (Configuration); health: /metrics, "
+    "/healthz, /readyz on http.port; what it did: racktwin journal --config FILE. "
+    "examples: racktwin agent --check-config /etc/racktwin/agent.toml; "
+    "racktwin agent --config /etc/racktwin/agent.toml --mode enforce"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.epilog = AGENT_EPILOG
     parser.add_argument(
         "--config", type=path_arg, metavar="FILE", help="agent configuration (TOML, see examples/agent.toml)"
     )

@@ -8,8 +8,9 @@ import json
 import math
 import os
 import re
+import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,25 @@ def print_json(obj: Any) -> None:
     json.dump(json_safe(obj), sys.stdout, indent=None, separators=(",", ":"))
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that the ``finally`` blocks
+    that stop what a command started run (SIGTERM's default action ends the process at once: the demo's
+    embedded broker, in a session of its own, and ``evaluate``'s worker processes outlived it); the
+    previous handler is put back after. Outside an event loop's own handlers (asyncio puts SIGTERM back
+    to its default when its loop closes)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

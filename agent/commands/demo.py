@@ -47,9 +47,11 @@ from agent.commands.common import (
     UserError,
     check_broker_option,
     check_telemetry_period,
+    json_safe,
     path_arg,
     prepare_output_dir,
     print_json,
+    sigterm_interrupts,
     write_text_replacing,
 )
 from agent.config import ControlConfig
@@ -167,20 +169,31 @@ def run(args: argparse.Namespace, command: str) -> int:
         check_broker_option(args.broker, credentials="a broker without them (the demo passes none)")
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
     prepare_output_dir(out_dir, OUTPUT_FILES)
-    broker = _start_embedded_broker() if args.broker is None else None
+    # SIGTERM outside the run's own event loop (the broker starting, the run without the agent) is a
+    # Ctrl-C too: its default action killed the demo there and left the embedded broker running
+    with sigterm_interrupts():
+        broker = _start_embedded_broker() if args.broker is None else None
     url = broker.url if broker is not None else args.broker
     t0 = time.monotonic()
+    interrupted_baseline = False
     try:
         with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
             res = asyncio.run(_demo(args, scenario, path, url, out_dir))
-            _say("the same run without the agent (in-process plant, same scenario and seed) ...")
-            base_m = _baseline(dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0))
+            try:
+                with sigterm_interrupts():  # before the line that announces it (a SIGTERM may follow it at once)
+                    _say("the same run without the agent (in-process plant, same scenario and seed) ...")
+                    base_m = _baseline(dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0))
+            except KeyboardInterrupt:  # the agent's run is complete: summarize it, without the comparison
+                interrupted_baseline = True
+                base_m = {k: math.nan for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
     finally:
         if broker is not None:
             broker.stop()
     wall_s = time.monotonic() - t0
     agent_m = dict(res.metrics)
-    stopped_by = res.stopped_by
+    stopped_by = "interrupted" if interrupted_baseline else res.stopped_by
+    if interrupted_baseline:
+        _say("interrupted during the run without the agent: the summary has no comparison ('-')")
     if res.agent_error:
         _say(f"the agent stopped with an error: {res.agent_error}")
     if stopped_by == "simulator stopped":
@@ -193,7 +206,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if ran_s < duration_s - 1.0:
         _say(f"partial run ({stopped_by}): {ran_s / 60:.1f} of {args.minutes:g} site minutes")
     summary = {"agent": agent_m, "baseline": base_m}
-    write_text_replacing(out_dir / "demo-summary.json", json.dumps(summary, indent=1) + "\n")
+    write_text_replacing(out_dir / "demo-summary.json", json.dumps(json_safe(summary), indent=1) + "\n")
     if args.json:
         print_json(summary)
     else:
@@ -214,6 +227,9 @@ def _start_embedded_broker() -> EmbeddedBroker:
         broker.start()
     except BrokerUnavailable as exc:
         raise UserError(str(exc)) from None
+    except BaseException:  # interrupted while it started: a broker child already running must not outlive us
+        broker.stop()
+        raise
     _say(f"embedded {broker.backend} broker at {broker.url}")
     return broker
 
@@ -741,7 +757,7 @@ def _format(summary: dict[str, dict[str, float]], scenario: Any, ran_s: float, w
     lines.append(
         "throughput: top-clock-equivalent cards of training (work done); 'without': every card at its top clock, "
         "no idle management, fixed set-point, the plant's own scheduler (same scenario and seed, in process) -- "
-        "it runs racks over their limits, which the agent may not; over a limit: true rack power, after the first "
-        "control period."
+        "it runs racks over their limits, which the agent may not; over a limit and largest rack power: true rack "
+        "power, after the first control period (the simulator's report above counts from t = 0)."
     )
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from agent.commands.common import (
     path_arg,
     prepare_output_dir,
     print_json,
+    sigterm_interrupts,
     write_text_replacing,
 )
 from agent.config import ControlConfig, check_control
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         raise _fail(str(exc)) from None
     if not args.quiet:
         _announce(scenario, policies, jobs)
-    ev = _run_policies(scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet))
+    with sigterm_interrupts():  # as Ctrl-C: the worker processes are stopped, not left running
+        ev = _run_policies(scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet))
     write_outputs(ev, out_dir)
     if not args.quiet:
         print(
@@ -188,8 +190,21 @@ def run(args: argparse.Namespace, command: str) -> int:
             file=sys.stderr,
             flush=True,
         )
-    _print_results(ev, _targets_text(ev, scenario), as_json=args.json)
+    _print_results(ev, _targets_text(ev, scenario, _file_duration_s(path)), as_json=args.json)
     return 0
+
+
+def _file_duration_s(path: Path) -> float | None:
+    """The scenario file's own ``duration_s`` (None when it cannot be read: the loaded scenario was
+    checked already, so this only tells a ``--duration`` run from the run its targets were set for)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as fh:
+            value = tomllib.load(fh).get("duration_s")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _scenario_path(scenario: str) -> Path:
@@ -299,10 +314,21 @@ def _run_policies(
         raise _fail(f"{path}: {exc}") from None
 
 
-def _targets_text(ev: Evaluation, scenario: RunScenario) -> str:
-    """The targets' verdicts as printed ("" when the scenario has none)."""
+def _targets_text(ev: Evaluation, scenario: RunScenario, file_duration_s: float | None = None) -> str:
+    """The targets' verdicts as printed ("" when the scenario has none); when ``--duration`` made the
+    run shorter than the file's ``duration_s`` (``file_duration_s``), a line under the heading says the
+    targets were set for the file's run and judged on this one (a 10-minute run of a day's scenario
+    cannot meet a day's saving: a host's boot alone takes 300 s)."""
     if ev.targets_policy is not None:
-        return format_targets(ev.targets_policy, ev.targets)
+        text = format_targets(ev.targets_policy, ev.targets)
+        if file_duration_s is not None and scenario.duration_s < file_duration_s - 1e-9:
+            head, _, rest = text.partition("\n")
+            note = (
+                f"  (judged on this {_hms(scenario.duration_s)} run: --duration shortened the scenario's "
+                f"{_hms(file_duration_s)}, for which its targets were set)"
+            )
+            text = "\n".join((head, note, rest)) if rest else f"{head}\n{note}"
+        return text
     if scenario.targets is not None:  # the policy they judge was not asked for: say so, in one line
         tp = scenario.targets.policy
         return f"targets for {tp} (the scenario's [targets]): not judged, {tp} did not run (add --policy {tp})"

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.commands.common import UserError
+from twin.scenario import missing_site_hint
 from twin.spec import SiteSpec, SpecError, check_file_kind, load_site
 from twin.tables import choices, decode_table, read_toml, rng
 from twin.workload import JobSpec, Phase
@@ -223,7 +224,8 @@ def _read_scenario_file(p: Path, src: str) -> tuple[ScenarioFile, dict[str, list
         try:
             site = load_site(site_path)
         except SpecError as exc:
-            raise SpecError(src, "site", f"cannot load site spec {sf.site!r}: {exc}") from None
+            hint = missing_site_hint(sf.site, site_path)
+            raise SpecError(src, "site", f"cannot load site spec {sf.site!r}: {exc}{hint}") from None
     except SpecError as exc:
         raise UserError(str(exc)) from None
     return sf, entries, site

@@ -1,0 +1,67 @@
+"""An operator's walk-through of stopping `racktwin demo` with SIGTERM (docs/evaluation.md: "Ctrl-C (or
+SIGTERM) stops the simulator and the agent cleanly and summarizes the time run so far (exit status
+130)").
+
+SIGTERM while the demo ran the same scenario without the agent (after the simulator and the agent
+had finished) took its default action: the demo died at once (status -15, no summary) and its embedded
+mosquitto, started in a session of its own, kept running with its temporary folder, listening on its
+port for good. Now SIGTERM there is a Ctrl-C: the broker is stopped, the agent's run is summarized
+without the comparison, exit status 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.agent
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_sigterm_during_the_run_without_the_agent_stops_the_broker_and_summarizes(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = tmp_path / "out"
+    # 60 site minutes at 1000x: the closed loop takes a few seconds, the run without it a few more
+    argv = [sys.executable, "-m", "agent.cli", "demo", "--minutes", "60", "--speed", "1000", "--out", str(out)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert proc.stderr is not None and proc.stdout is not None
+    port = None
+    err_lines = []
+    try:
+        for line in proc.stderr:
+            err_lines.append(line)
+            if m := re.search(r"broker at mqtt://127\.0\.0\.1:(\d+)", line):
+                port = int(m.group(1))
+            if "the same run without the agent" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        stdout, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(err_lines) + rest
+    assert port is not None, err
+    assert proc.returncode == 130, err
+    assert not _accepts(port), "the embedded broker outlived the demo"
+    # the agent's run is summarized; the comparison it did not finish reads '-'
+    assert "racktwin demo: interrupted during the run without the agent" in err
+    table = {line[:28].strip(): line[28:].split() for line in stdout.splitlines()[2:9]}
+    assert table["facility energy (kWh)"][1] == "-" and float(table["facility energy (kWh)"][0]) > 0
+    summary = json.loads((out / "demo-summary.json").read_text())
+    assert summary["agent"]["facility_energy_kwh"] > 0 and summary["baseline"]["facility_energy_kwh"] is None
