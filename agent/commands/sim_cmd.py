@@ -338,16 +338,17 @@ def _report(s: SimSummary, options: Any, *, summary_written: bool = True, signal
         f"in {s.wall_s:,.1f} s ({s.speed_achieved:,.2f}x), CPU {s.cpu_share:.0%} of one core",
         f"  energy: IT {d['it_energy_kwh']:,.1f} kWh, facility {d['facility_energy_kwh']:,.1f} kWh, PUE "
         + (f"{pue:.4f}" if pue is not None else "-"),
-        f"  work: {d['work_card_s']:,.0f} card-s, jobs finished {d['jobs_finished']}, running {d['jobs_running']}, "
-        f"queued {d['jobs_queued']}; from t = 0: racks over limit {d['rack_over_limit_s']:,.0f} rack-s, "
-        f"max rack {d['max_rack_power_w'] / 1e3:,.2f} kW, max die {d['max_die_temp_c']:.1f} deg C",
+        f"  work: {d['work_card_s']:,.0f} card-s, jobs finished {d['jobs_finished']:,}, running "
+        f"{d['jobs_running']:,}, queued {d['jobs_queued']:,}; from t = 0: racks over limit "
+        f"{d['rack_over_limit_s']:,.0f} rack-s, max rack {d['max_rack_power_w'] / 1e3:,.2f} kW, "
+        f"max die {d['max_die_temp_c']:.1f} deg C",
         f"  messages: {s.messages_published:,} published, {s.telemetry_dropped:,} dropped while offline; commands "
-        f"{s.commands_applied} applied, {s.commands_rejected} rejected, {s.commands_expired} expired"
-        + (f", {s.commands_after_end} after the end (not taken)" if s.commands_after_end else "")
-        + f"; bad messages {d['rejected_messages_total']}",
+        f"{s.commands_applied:,} applied, {s.commands_rejected:,} rejected, {s.commands_expired:,} expired"
+        + (f", {s.commands_after_end:,} after the end (not taken)" if s.commands_after_end else "")
+        + f"; bad messages {d['rejected_messages_total']:,}",
     ]
     if options.truth_log is not None:
-        lines.append(f"  truth log: {options.truth_log} ({s.truth_rows} rows)")
+        lines.append(f"  truth log: {options.truth_log} ({s.truth_rows:,} rows)")
     if options.summary_path is not None and summary_written:
         lines.append(f"  summary: {options.summary_path}")
     print("\n".join(lines), file=sys.stderr, flush=True)
