@@ -184,8 +184,7 @@ class JournalSummary:
     sent_more_than_once: int
     acks_by_result: dict[str, int]  # each acked command once, by its first ack
     repeated_acks: int  # acks after a command's first (copies answered again, second deliveries)
-    rejection_reasons: list[tuple[str, int]]  # the most frequent first, at most TOP_REASONS
-    other_rejections: int  # rejections whose reason is not in rejection_reasons
+    rejection_reasons: list[tuple[str, int]]  # every reason with its count, the most frequent first
     calibrated_cards: int
     last_calibration_site_s: float | None
     # what the guard changed: per action, how many times it was taken (the most frequent first), in how
@@ -195,6 +194,16 @@ class JournalSummary:
     guard_decisions: int = 0
     guard_unrecorded: int = 0
     recent: list[DecisionRow] = field(default_factory=list)  # newest last
+
+    @property
+    def top_rejection_reasons(self) -> list[tuple[str, int]]:
+        """The TOP_REASONS most frequent rejection reasons (what the text view lists one by one)."""
+        return self.rejection_reasons[:TOP_REASONS]
+
+    @property
+    def other_rejections(self) -> int:
+        """Rejections whose reason is not among :attr:`top_rejection_reasons` (counted, not reasons)."""
+        return sum(n for _, n in self.rejection_reasons[TOP_REASONS:])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -225,9 +234,9 @@ class JournalSummary:
             },
             "acks": self.acks_by_result,
             "repeated_acks": self.repeated_acks,
-            "rejections": {
+            "rejections": {  # every reason (the text view lists the TOP_REASONS most frequent)
+                "total": sum(n for _, n in self.rejection_reasons),
                 "by_reason": [{"reason": r, "count": n} for r, n in self.rejection_reasons],
-                "other": self.other_rejections,
             },
             "calibration": {"cards": self.calibrated_cards, "last_site_s": self.last_calibration_site_s},
             "guard": {
@@ -413,7 +422,6 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
         if r == "rejected":
             reason_counts[str(why)] -= int(n)
     reasons = sorted(((why, n) for why, n in reason_counts.items() if n > 0), key=lambda wn: (-wn[1], wn[0]))
-    top = reasons[:TOP_REASONS]
     calibration = db.execute("SELECT COUNT(*), MAX(site_time_s) FROM calibration").fetchone()
     guard_totals, guard_changed, guard_unrecorded = _guard_totals([r[5] for r in decisions])
     return JournalSummary(
@@ -434,8 +442,7 @@ def _summarize(db: sqlite3.Connection, since_wall_s: float | None, recent: int) 
         sent_more_than_once=int(retried),
         acks_by_result={r: n for r, n in sorted(ack_results.items()) if n > 0},
         repeated_acks=repeated,
-        rejection_reasons=top,
-        other_rejections=sum(n for _, n in reasons[TOP_REASONS:]),
+        rejection_reasons=reasons,
         calibrated_cards=int(calibration[0]),
         last_calibration_site_s=None if calibration[1] is None else float(calibration[1]),
         guard_actions=guard_totals,

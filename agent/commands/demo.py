@@ -14,7 +14,9 @@
    same scenario and seed without the agent -- the in-process plant with every card at its top clock,
    no idle management, the site's fixed set-point and its own scheduler (``agent.policies.BaselinePolicy``)
    -- and a summary of both: facility and IT energy, throughput, PUE, time over a limit, the largest
-   rack power and the hottest die. ``--json`` prints it as ``{"agent": {...}, "baseline": {...}}``.
+   rack power and the hottest die. ``--json`` prints it as ``{"agent": {...}, "baseline": {...}}``. The
+   run without the agent shows its progress on stderr too, at the same interval (site time done,
+   speed, wall seconds left).
 
 Exit status: 0; 130 when interrupted; 1 when the simulator or the agent stopped with an error (the
 summary still covers what ran); 2 for bad options, a broker that cannot start or be reached.
@@ -129,7 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         type=float,
         default=5.0,
         metavar="S",
-        help="wall seconds between progress lines, > 0 (default %(default)g)",
+        help="wall seconds between progress lines (the run with the agent, then the one without), > 0 "
+        "(default %(default)g)",
     )
 
 
@@ -182,7 +185,10 @@ def run(args: argparse.Namespace, command: str) -> int:
             try:
                 with sigterm_interrupts():  # before the line that announces it (a SIGTERM may follow it at once)
                     _say("the same run without the agent (in-process plant, same scenario and seed) ...")
-                    base_m = _baseline(dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0))
+                    base_m = _baseline(
+                        dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0),
+                        args.progress_interval_s,
+                    )
             except KeyboardInterrupt:  # the agent's run is complete: summarize it, without the comparison
                 interrupted_baseline = True
                 base_m = {k: math.nan for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
@@ -660,7 +666,7 @@ class _Progress:
         dec = service.last_decision
         status = dec.status if dec is not None else "-"
         return (
-            f"racktwin demo: {int(t // 3600)}:{int(t % 3600 // 60):02d}:{int(t % 60):02d}  racks kW [{racks}] "
+            f"racktwin demo: {_hms(t)}  racks kW [{racks}] "
             f"(limit {limit_kw:g})  PUE {float(row['pue']):.3f}  facility {float(row['facility_energy_kwh']):,.1f} kWh"
             f"  over {self.over_s:,.0f} s  hottest die {float(row['max_die_temp_c']):.1f} C  "
             f"low-power cards {int(float(row['low_power_cards']))}  agent {service.decisions} decisions ({status})"
@@ -723,10 +729,34 @@ def truth_log_metrics(path: Path, site: Any, judge_from_s: float) -> dict[str, f
     return out
 
 
-def _baseline(scenario: Any) -> dict[str, float]:
+def _hms(t_s: float) -> str:
+    """Site seconds as ``H:MM:SS``, as the progress lines show them."""
+    return f"{int(t_s // 3600)}:{int(t_s % 3600 // 60):02d}:{int(t_s % 60):02d}"
+
+
+def _baseline(scenario: Any, progress_interval_s: float = 0.0) -> dict[str, float]:
+    """The run without the agent (``agent.evaluate.run_policy``'s ``baseline``), in this process, with a
+    progress line on stderr every ``progress_interval_s`` wall seconds (none when 0), as the run with the
+    agent has: ``racktwin demo: without the agent: H:MM:SS of H:MM:SS site time (N%), Xx real time, ~S s
+    left``. The plant reports every 900 site seconds, so a line comes at most that often in site time."""
     from agent.evaluate import run_policy
 
-    m = run_policy(scenario, "baseline").metrics
+    next_print_s = progress_interval_s
+
+    def progress(_name: str, t_s: float, duration_s: float, wall_s: float) -> None:
+        nonlocal next_print_s
+        if progress_interval_s <= 0 or wall_s < next_print_s:
+            return
+        next_print_s = wall_s + progress_interval_s
+        rate = t_s / wall_s if wall_s > 0 else math.inf
+        left = f"~{(duration_s - t_s) / rate:,.0f} s left" if t_s < duration_s - 1e-6 and rate > 0 else "done"
+        share = t_s / duration_s if duration_s > 0 else 1.0
+        _say(
+            f"without the agent: {_hms(t_s)} of {_hms(duration_s)} site time ({share:.0%}), "
+            f"{rate:,.0f}x real time, {left}"
+        )
+
+    m = run_policy(scenario, "baseline", progress=progress).metrics
     return {k: float(m[k]) for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
 
 

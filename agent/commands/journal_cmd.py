@@ -255,11 +255,12 @@ def format_summary(s: JournalSummary) -> str:
     repeated = f"; {s.repeated_acks:,} repeated (copies sent again)" if s.repeated_acks else ""
     lines.append(f"  acks         {_counts(s.acks_by_result)}{repeated}")
     if s.rejection_reasons:
-        for i, (reason, n) in enumerate(s.rejection_reasons):
+        for i, (reason, n) in enumerate(s.top_rejection_reasons):
             head = "  rejected     " if i == 0 else " " * 15
             lines.append(f"{head}{n:,} x {reason or '(no reason given)'}")
         if s.other_rejections:
-            lines.append(" " * 15 + f"{s.other_rejections:,} x other reasons")
+            n_others = len(s.rejection_reasons) - len(s.top_rejection_reasons)
+            lines.append(" " * 15 + f"{s.other_rejections:,} x other reasons ({n_others:,} more; --json lists each)")
     if s.calibrated_cards:
         last = s.last_calibration_site_s
         lines.append(

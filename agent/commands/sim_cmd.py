@@ -277,30 +277,37 @@ def run(args: argparse.Namespace, command: str) -> int:
             broker.stop()
         raise UserError(str(exc)) from None
     try:
-        summary, summary_error = asyncio.run(_run(options))
+        summary, summary_error, signal_name = asyncio.run(_run(options))
     except BusConnectError as exc:
         raise UserError(f"cannot connect to the broker: {exc}") from None
     finally:
         if broker is not None:
             broker.stop()
-    _report(summary, options, summary_written=summary_error is None)
+    _report(summary, options, summary_written=summary_error is None, signal_name=signal_name)
     if summary_error is not None:  # e.g. the disk filled up during the run: not a success
         raise UserError(f"--summary {options.summary_path}: cannot write the summary ({summary_error})")
     return 0
 
 
-async def _run(options: Any) -> tuple[SimSummary, str | None]:
-    """Run; the summary and why it could not be written to ``--summary`` (None: written or not asked)."""
+async def _run(options: Any) -> tuple[SimSummary, str | None, str | None]:
+    """Run; the summary, why it could not be written to ``--summary`` (None: written or not asked) and
+    the name of the first signal that stopped the run (``SIGINT``, ``SIGTERM``; None: none came)."""
     from sim.runner import Simulator
 
     try:
         sim = Simulator(options)
     except ValueError as exc:  # e.g. a site id that cannot be a topic level
         raise UserError(str(exc)) from None
+    signals: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        signals.append(sig.name)
+        sim.stop()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, sim.stop)
+            loop.add_signal_handler(sig, on_signal, sig)
     sc = options.scenario
     print(
         f"racktwin sim: scenario {sc.name} ({sc.source}): {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
@@ -311,27 +318,37 @@ async def _run(options: Any) -> tuple[SimSummary, str | None]:
         flush=True,
     )
     summary = await sim.run()
-    return summary, sim.summary_write_error
+    return summary, sim.summary_write_error, signals[0] if signals else None
 
 
-def _report(s: SimSummary, options: Any, *, summary_written: bool = True) -> None:
+def _how_it_stopped(stopped_by: str, signal_name: str | None) -> str:
+    """What ended the run, in the report's words: ``stopped by SIGINT`` / ``SIGTERM`` for a signal,
+    ``stopped by request`` for :meth:`sim.runner.Simulator.stop` without one, else the summary's
+    ``stopped_by`` (``duration``, ``cancelled``)."""
+    if stopped_by == "stop":
+        return f"stopped by {signal_name}" if signal_name else "stopped by request"
+    return f"stopped by {stopped_by}"
+
+
+def _report(s: SimSummary, options: Any, *, summary_written: bool = True, signal_name: str | None = None) -> None:
     d = s.to_dict()
     pue = d["pue"]
     lines = [
-        f"racktwin sim: stopped by {s.stopped_by} after {d['duration_s']:,.0f} s of site time in {s.wall_s:,.1f} s "
-        f"({s.speed_achieved:,.2f}x), CPU {s.cpu_share:.0%} of one core",
+        f"racktwin sim: {_how_it_stopped(s.stopped_by, signal_name)} after {d['duration_s']:,.0f} s of site time "
+        f"in {s.wall_s:,.1f} s ({s.speed_achieved:,.2f}x), CPU {s.cpu_share:.0%} of one core",
         f"  energy: IT {d['it_energy_kwh']:,.1f} kWh, facility {d['facility_energy_kwh']:,.1f} kWh, PUE "
         + (f"{pue:.4f}" if pue is not None else "-"),
-        f"  work: {d['work_card_s']:,.0f} card-s, jobs finished {d['jobs_finished']}, running {d['jobs_running']}, "
-        f"queued {d['jobs_queued']}; from t = 0: racks over limit {d['rack_over_limit_s']:,.0f} rack-s, "
-        f"max rack {d['max_rack_power_w'] / 1e3:,.2f} kW, max die {d['max_die_temp_c']:.1f} deg C",
+        f"  work: {d['work_card_s']:,.0f} card-s, jobs finished {d['jobs_finished']:,}, running "
+        f"{d['jobs_running']:,}, queued {d['jobs_queued']:,}; from t = 0: racks over limit "
+        f"{d['rack_over_limit_s']:,.0f} rack-s, max rack {d['max_rack_power_w'] / 1e3:,.2f} kW, "
+        f"max die {d['max_die_temp_c']:.1f} deg C",
         f"  messages: {s.messages_published:,} published, {s.telemetry_dropped:,} dropped while offline; commands "
-        f"{s.commands_applied} applied, {s.commands_rejected} rejected, {s.commands_expired} expired"
-        + (f", {s.commands_after_end} after the end (not taken)" if s.commands_after_end else "")
-        + f"; bad messages {d['rejected_messages_total']}",
+        f"{s.commands_applied:,} applied, {s.commands_rejected:,} rejected, {s.commands_expired:,} expired"
+        + (f", {s.commands_after_end:,} after the end (not taken)" if s.commands_after_end else "")
+        + f"; bad messages {d['rejected_messages_total']:,}",
     ]
     if options.truth_log is not None:
-        lines.append(f"  truth log: {options.truth_log} ({s.truth_rows} rows)")
+        lines.append(f"  truth log: {options.truth_log} ({s.truth_rows:,} rows)")
     if options.summary_path is not None and summary_written:
         lines.append(f"  summary: {options.summary_path}")
     print("\n".join(lines), file=sys.stderr, flush=True)

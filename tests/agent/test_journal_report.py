@@ -438,18 +438,47 @@ def test_of_decisions_at_the_same_wall_time_the_later_journaled_is_the_newest(
     assert rc == 0 and [d["id"] for d in json.loads(out)["recent"]] == [6]
 
 
-def test_the_ten_most_frequent_rejection_reasons_and_the_count_of_the_others(tmp_path: Path) -> None:
-    path = tmp_path / "j.sqlite"
+def _rejections_journal(path: Path) -> None:
+    """Ten reasons three times each, then "rare a" twice and "rare b" once: 33 rejections, 12 reasons."""
     j = Journal(path)
-    reasons = [f"reason {k:02d}" for k in range(10) for _ in range(3)] + ["rare a", "rare a", "rare b", "rare b"]
+    reasons = [f"reason {k:02d}" for k in range(10) for _ in range(3)] + ["rare a", "rare a", "rare b"]
     cmds = [_cmd(f"c{i}", "rack_cmd", 10.0) for i in range(len(reasons))]
     j.record_decision(0, 10.0, "enforce", "optimal", 0.01, _summary("optimal", []), cmds)
     j.mark_sent([c.command_id for c in cmds])
     j.record_acks([(c.command_id, 11.0, "rejected", why) for c, why in zip(cmds, reasons, strict=True)])
     j.close()
+
+
+def test_the_ten_most_frequent_rejection_reasons_and_the_count_of_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    _rejections_journal(path)
     s = _read_summary(path)
-    assert s.rejection_reasons == [(f"reason {k:02d}", 3) for k in range(10)]
-    assert s.other_rejections == 4  # rejections, not reasons
+    assert s.top_rejection_reasons == [(f"reason {k:02d}", 3) for k in range(10)]
+    assert s.other_rejections == 3  # rejections, not reasons
+    assert s.rejection_reasons == [*s.top_rejection_reasons, ("rare a", 2), ("rare b", 1)]
+
+
+def test_json_carries_every_rejection_reason_and_the_text_the_ten_most_frequent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script reading ``--json`` loses no reason (it had only the top ten and a count of the rest);
+    the text view keeps its top ten and one line for the others (docs/agent.md)."""
+    path = tmp_path / "j.sqlite"
+    _rejections_journal(path)
+    rc, out, _ = run_cli(capsys, "--journal", str(path), "--json")
+    assert rc == 0
+    rejections = json.loads(out)["rejections"]
+    assert rejections["by_reason"] == [
+        *({"reason": f"reason {k:02d}", "count": 3} for k in range(10)),
+        {"reason": "rare a", "count": 2},
+        {"reason": "rare b", "count": 1},
+    ]
+    assert rejections["total"] == 33
+    rc, out, _ = run_cli(capsys, "--journal", str(path))
+    assert rc == 0
+    assert "  rejected     3 x reason 00\n" in out and " " * 15 + "3 x reason 09\n" in out
+    assert "rare a" not in out and "rare b" not in out
+    assert " " * 15 + "3 x other reasons (2 more; --json lists each)\n" in out
 
 
 def test_a_copy_answered_otherwise_and_the_newest_calibration(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ def test_sigint_stops_the_run_and_a_summary_it_cannot_write_is_exit_2(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 2, err
-    assert "stopped by stop" in err and "Traceback" not in err
+    assert "racktwin sim: stopped by SIGINT after" in err and "Traceback" not in err
     lines = err.strip().splitlines()
     assert lines[-1].startswith(f"racktwin sim: error: --summary {summary}: cannot write the summary"), err
     assert not any(line.strip().startswith("summary:") for line in lines), err

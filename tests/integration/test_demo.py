@@ -46,10 +46,15 @@ def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]
 
 def test_demo_runs_without_mosquitto_and_prints_both_summaries(tmp_path: Path) -> None:
     # RACKTWIN_MOSQUITTO="" hides mosquitto: the embedded broker falls back to amqtt, as on a fresh machine
-    proc = demo("--minutes", "3", "--speed", "20", "--json", "--out", str(tmp_path), env={"RACKTWIN_MOSQUITTO": ""})
+    # a short --progress-interval-s: the run without the agent shows its progress too (its one report, at the end)
+    proc = demo(
+        "--minutes", "3", "--speed", "20", "--json", "--out", str(tmp_path), "--progress-interval-s", "0.001",
+        env={"RACKTWIN_MOSQUITTO": ""},
+    )  # fmt: skip
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "embedded amqtt broker" in err
+    assert "racktwin demo: without the agent: 0:03:00 of 0:03:00 site time (100%)" in err
     assert "Running HiGHS" not in err  # the solver's banner is not among the progress lines
     obj = json.loads(out)  # stdout carries only the JSON object
     assert set(obj) == {"agent", "baseline"}

@@ -612,7 +612,7 @@ def test_command_line_with_embedded_broker_stops_cleanly_on_sigterm(tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    assert "sim: t=" in err and "stopped by stop" in err
+    assert "sim: t=" in err and "racktwin sim: stopped by SIGTERM after" in err
     d = json.loads(summary.read_text(encoding="utf-8"))
     assert d["stopped_by"] == "stop" and 40 <= d["duration_s"] < 1800
     rows = list(csv.DictReader(truth.open(encoding="utf-8")))
