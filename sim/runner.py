@@ -290,6 +290,7 @@ class Simulator:
         self.job_events_published = 0
         self.job_snapshots = 0  # job snapshots made (``jobs/state``: one per step with job events, and at t = 0)
         self._snapshot_owed = False  # job events went to the backlog: a snapshot follows once they are out
+        self._snapshot_too_large = False  # a snapshot above the payload limit was reported
         self.disconnects = 0
         self._link_losses = 0
         self.max_rack_power_w = 0.0
@@ -462,7 +463,17 @@ class Simulator:
 
     def _job_state(self) -> wire.Outgoing:
         self.job_snapshots += 1
-        return self.telemetry.job_state(self.site_time_s)
+        out = self.telemetry.job_state(self.site_time_s)
+        if len(out.payload) > wire.MAX_PAYLOAD_BYTES and not self._snapshot_too_large:
+            self._snapshot_too_large = True  # (~360 bytes a running job, ~320 a queued one: some 700 jobs)
+            log.warning(
+                "sim: the job snapshot (%d jobs) is %d bytes, above the %d a receiver takes: agents that connect "
+                "later will not catch up with the jobs from it (said once)",
+                len(self.telemetry.jobs),
+                len(out.payload),
+                wire.MAX_PAYLOAD_BYTES,
+            )
+        return out
 
     async def _send_all(self, out: list[wire.Outgoing], *, keep: bool) -> int:
         """Publish in order; returns how many went out. ``keep``: on a lost link the rest goes to
