@@ -12,6 +12,9 @@
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
   repeated or overtaken event from a new one;
+* the scheduler's retained job snapshot (``racktwin.job_state/1``) is reconciled with the belief's
+  job table when it is newer than the last job event taken (``agent.job_catchup``): the catch-up of
+  an agent that connects after jobs started;
 * acks and applied states are handed to the caller (``on_ack``) and kept (``applied_level``);
 * every round folded into the belief is handed to ``on_round`` (the service's estimator);
 * every message's timestamp drives the :class:`agent.clock.SiteClock`.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -33,6 +36,7 @@ import numpy.typing as npt
 
 from agent import wire
 from agent.clock import SiteClock
+from agent.job_catchup import reconcile
 from twin.readings import CardBatch, FacilityReading, JobEvent, LoopReading, PduReading, RackReading, Readings
 from twin.spec import SiteSpec
 from twin.state import TwinState
@@ -64,6 +68,9 @@ class IngestStats:
     job_events: int = 0
     ignored: int = 0  # decoded messages the agent does not act on (commands of other agents...)
     ahead: int = 0  # messages stamped too far ahead of the site clock (their readings are not taken)
+    job_snapshots: int = 0  # job snapshots (jobs/state) reconciled with the job table
+    job_snapshot_changes: int = 0  # of those, the ones that changed it
+    job_snapshots_old: int = 0  # job snapshots not newer than the last job event or snapshot: ignored
 
 
 @dataclass
@@ -107,6 +114,8 @@ class Ingest:
         self._round_t = -math.inf
         # per job: the newest stamp of its events and the site time it was dated at
         self._event_dates: dict[str, tuple[float, float]] = {}
+        #: (ts, seq) of the newest job event or job snapshot taken (None: none yet, or the clock went back)
+        self._jobs_seen: tuple[float, int] | None = None
 
     # ---- messages -------------------------------------------------------------------------------
     def _observe(self, ts: float) -> bool:
@@ -124,6 +133,7 @@ class Ingest:
                 self.flush()
                 self.state.clock_went_back(now)
             self._event_dates.clear()  # stamps of the old timeline
+            self._jobs_seen = None
         if self.clock.last_was_ahead:
             self.stats.ahead += 1
             return False
@@ -163,6 +173,7 @@ class Ingest:
             self._round_t = max(self._round_t, ts)
         elif isinstance(msg, wire.JobEvent):
             ahead = not self._observe(ts)
+            self._newer_than_jobs_seen(msg.ts_s, msg.seq)
             ev = self._event(msg)
             if ev is not None:
                 ev = self._dated(ev, ahead)
@@ -171,6 +182,8 @@ class Ingest:
                 self.stats.job_events += 1
                 if self.on_event is not None:
                     self.on_event(ev)
+        elif isinstance(msg, wire.JobState):
+            self._catch_up(msg, ahead=not self._observe(ts))
         elif isinstance(msg, wire.Acknowledgement):
             self._observe(ts)
             if self.on_ack is not None:
@@ -223,18 +236,60 @@ class Ingest:
         kind = _EVENT_KINDS.get(m.event)
         if kind is None:
             return None
-        cards: tuple[int, ...] = ()
-        if m.cards is not None:
-            out: list[int] = []
-            for rack, local in m.cards.items():
-                r = self._rack.get(rack)
-                if r is not None:
-                    out.extend(int(c) + r * self._cpr for c in local if 0 <= c < self._cpr)
-            cards = tuple(sorted(out))
+        cards = () if m.cards is None else self._site_cards(m.cards)
         phase = m.phase if m.phase is not None else Phase.WAITING
         return JobEvent(
             time_s=m.ts_s, job_id=m.job_id, kind=kind, phase=phase, cards=cards, job=m.job, detail=m.reason or ""
         )
+
+    def _site_cards(self, cards: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+        """rack -> rack-local card indices (the wire's card map) as sorted site indices."""
+        out: list[int] = []
+        for rack, local in cards.items():
+            r = self._rack.get(rack)
+            if r is not None:
+                out.extend(int(c) + r * self._cpr for c in local if 0 <= c < self._cpr)
+        return tuple(sorted(out))
+
+    def _newer_than_jobs_seen(self, ts_s: float, seq: int) -> bool:
+        """Whether a job event or snapshot stamped ``(ts_s, seq)`` is newer than every one taken before
+        (the scheduler numbers both with one counter); notes it as the newest when it is."""
+        key = (ts_s, seq)
+        if self._jobs_seen is not None and key <= self._jobs_seen:
+            return False
+        self._jobs_seen = key
+        return True
+
+    def _catch_up(self, msg: wire.JobState, ahead: bool) -> None:
+        """The scheduler's job snapshot (``agent.job_catchup``): taken when it is newer than the last
+        job event (or snapshot) taken, else ignored (a retained copy that arrived after newer events)."""
+        if not self._newer_than_jobs_seen(msg.ts_s, msg.seq):
+            self.stats.job_snapshots_old += 1
+            return
+        self.stats.job_snapshots += 1
+        now = self.clock.now()
+        time_s = now if ahead and now is not None else msg.ts_s
+        site_cards = {e.job_id: self._site_cards(e.cards) for e in msg.jobs if e.cards is not None}
+        catch = reconcile(msg, self.state.jobs, site_cards, time_s)
+        if not catch.changed:
+            return
+        self.flush()
+        self.state.apply_events(catch.events)
+        self.stats.job_snapshot_changes += 1
+        log.info(
+            "job snapshot of %s (ts %.3f, seq %d, %d jobs) changed the agent's job table: %d added, %d corrected, "
+            "%d dropped",
+            msg.publisher,
+            msg.ts_s,
+            msg.seq,
+            len(msg.jobs),
+            catch.added,
+            catch.corrected,
+            catch.dropped,
+        )
+        if self.on_event is not None:
+            for ev in catch.events:
+                self.on_event(ev)
 
     def _dated(self, ev: JobEvent, ahead: bool) -> JobEvent:
         """``ev`` dated in site time. One stamped far ahead of the site clock (``ahead``) happened, but

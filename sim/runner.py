@@ -288,6 +288,9 @@ class Simulator:
         self.card_readings_published = 0
         self.telemetry_dropped = 0
         self.job_events_published = 0
+        self.job_snapshots = 0  # job snapshots made (``jobs/state``: one per step with job events, and at t = 0)
+        self._snapshot_owed = False  # job events went to the backlog: a snapshot follows once they are out
+        self._snapshot_too_large = False  # a snapshot above the payload limit was reported
         self.disconnects = 0
         self._link_losses = 0
         self.max_rack_power_w = 0.0
@@ -360,9 +363,9 @@ class Simulator:
         # the jobs submitted and started at t = 0 are announced before the first telemetry round, as a
         # site's scheduler knows them before its racks report: an agent that has heard every rack never
         # sees a job submitted and not yet started that is in fact running
-        events = plant.drain_events()
-        if events:
-            await self._publish_events(events)
+        # ... and the job snapshot (retained) follows them, also when there is no job: it replaces what
+        # an earlier run left retained on the broker
+        await self._publish_events(plant.drain_events(), snapshot=True)
         while True:
             t = plant.time_s
             change = self.chaos.transition(t) if t < end - _EPS_S and not self._stopping else None
@@ -392,7 +395,7 @@ class Simulator:
                 self._period_max_rack_w = rack_max
             events = plant.drain_events()
             if events:
-                await self._publish_events(events)
+                await self._publish_events(events)  # and the job snapshot after them
             # pacing against the wall clock
             if math.isfinite(speed):
                 target = wall0 + plant.time_s / speed
@@ -435,18 +438,42 @@ class Simulator:
             self.card_readings_published += cards
         self.telemetry_dropped += len(out) - sent
 
-    async def _publish_events(self, events: list[Any]) -> None:
+    async def _publish_events(self, events: list[Any], *, snapshot: bool = False) -> None:
+        """The job events of a step, then the scheduler's job snapshot (``jobs/state``, retained) once,
+        when there were events (or ``snapshot``). While the link is down (or events wait in the backlog)
+        the events join the backlog and one snapshot is owed: made once the backlog is out, so that it
+        follows every event it includes and the events and snapshots keep numbering 0, 1, 2, ... with
+        no number skipped (a snapshot per offline step would fill the backlog with stale copies)."""
         out = []
         for ev in events:
             o = self.telemetry.job_event(ev, self.start_epoch_s)
             if o is not None:
                 out.append(o)
+        if not out and not snapshot:
+            return
         if not self.connected or self._backlog:
             self._backlog.extend(out)
+            self._snapshot_owed = True
             if self.connected:
                 await self._flush_backlog()
             return
-        self.job_events_published += await self._send_all(out, keep=True)
+        out.append(self._job_state())
+        sent = await self._send_all(out, keep=True)
+        self.job_events_published += sum(1 for o in out[:sent] if not o.retain)  # (the snapshot is retained)
+
+    def _job_state(self) -> wire.Outgoing:
+        self.job_snapshots += 1
+        out = self.telemetry.job_state(self.site_time_s)
+        if len(out.payload) > wire.MAX_PAYLOAD_BYTES and not self._snapshot_too_large:
+            self._snapshot_too_large = True  # (~360 bytes a running job, ~320 a queued one: some 700 jobs)
+            log.warning(
+                "sim: the job snapshot (%d jobs) is %d bytes, above the %d a receiver takes: agents that connect "
+                "later will not catch up with the jobs from it (said once)",
+                len(self.telemetry.jobs),
+                len(out.payload),
+                wire.MAX_PAYLOAD_BYTES,
+            )
+        return out
 
     async def _send_all(self, out: list[wire.Outgoing], *, keep: bool) -> int:
         """Publish in order; returns how many went out. ``keep``: on a lost link the rest goes to
@@ -477,7 +504,12 @@ class Simulator:
         goes out once; an event leaves the backlog only once it is sent (a failed send keeps it)."""
         async with self._flushing:
             bus = self._bus
-            while self._backlog and bus is not None and bus.connected:
+            while bus is not None and bus.connected:
+                if not self._backlog:
+                    if not self._snapshot_owed:
+                        return
+                    self._snapshot_owed = False  # every event is out: the snapshot follows them
+                    self._backlog.append(self._job_state())
                 o = self._backlog[0]
                 try:
                     await bus.send(o)
@@ -486,7 +518,7 @@ class Simulator:
                 if self._backlog and self._backlog[0] is o:  # (a full backlog may have dropped it meanwhile)
                     self._backlog.popleft()
                 self.messages_published += 1
-                self.job_events_published += 1
+                self.job_events_published += not o.retain  # (a job snapshot is retained, an event is not)
 
     # ---- connection ---------------------------------------------------------------------------
     async def _discard_old_session(self) -> None:

@@ -37,9 +37,9 @@ import numpy as np
 from agent import wire
 from twin.readings import JobEvent, Readings
 from twin.spec import SiteSpec
-from twin.workload import Phase
+from twin.workload import JobSpec, Phase
 
-__all__ = ["TelemetryEncoder"]
+__all__ = ["JobTable", "TelemetryEncoder"]
 
 
 class TelemetryEncoder:
@@ -59,6 +59,9 @@ class TelemetryEncoder:
         self._topics = [(topics.cards(r), topics.cdu(r), topics.pdu(r)) for r in self._names]
         self._facility_topic = topics.facility
         self._events_topic = topics.job_events
+        self._state_topic = topics.job_state
+        #: the scheduler's jobs as its events announced them (what ``jobs/state`` sends)
+        self.jobs = JobTable()
 
     def _seq(self, topic: str) -> int:
         return self.sequencer.next(topic)
@@ -136,7 +139,8 @@ class TelemetryEncoder:
         return {r: tuple(v) for r, v in out.items()}
 
     def job_event(self, ev: JobEvent, start_epoch_s: float) -> wire.Outgoing | None:
-        """A plant job event as a ``racktwin.job_event/1`` message (None for an unknown kind)."""
+        """A plant job event as a ``racktwin.job_event/1`` message (None for an unknown kind); the
+        scheduler's job table (:attr:`jobs`, what :meth:`job_state` sends) takes it in."""
         ts_s = start_epoch_s + ev.time_s
         job = None
         cards = None
@@ -163,6 +167,7 @@ class TelemetryEncoder:
             kind = wire.JobEventType.FAILED
         else:  # pragma: no cover - the plant has no other kinds
             return None
+        self.jobs.take(kind, ev.job_id, job=job, cards=cards, phase=ev.phase)
         topic = self._events_topic
         msg = wire.JobEvent(
             event=kind,
@@ -176,3 +181,60 @@ class TelemetryEncoder:
             reason=reason,
         )
         return wire.Outgoing(topic, wire.encode_job_event(msg), 1, False)
+
+    def job_state(self, ts_s: float) -> wire.Outgoing:
+        """The scheduler's jobs now (:attr:`jobs`) as a retained ``racktwin.job_state/1`` snapshot,
+        numbered by the job events' ``seq`` counter: after every event it includes, before any later one."""
+        msg = wire.JobState(
+            jobs=self.jobs.entries(), ts_s=ts_s, seq=self._seq(self._events_topic), publisher=self.publisher
+        )
+        return wire.Outgoing(self._state_topic, wire.encode_job_state(msg), 1, True)
+
+
+class JobTable:
+    """The queued and running jobs as the job events announce them (wire form: epoch submit times,
+    rack -> card maps): the fold of the events, so that a snapshot says what an agent that took every
+    event knows. Queued jobs in the order they were queued (a requeued job last)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, JobSpec] = {}
+        self._queued: dict[str, None] = {}
+        self._running: dict[str, tuple[dict[str, tuple[int, ...]], Phase]] = {}
+
+    def take(
+        self,
+        kind: wire.JobEventType,
+        job_id: str,
+        *,
+        job: JobSpec | None = None,
+        cards: dict[str, tuple[int, ...]] | None = None,
+        phase: Phase = Phase.WAITING,
+    ) -> None:
+        if kind is wire.JobEventType.SUBMITTED:
+            if job is not None:
+                self._specs[job_id] = job
+                self._queued[job_id] = None
+        elif job_id not in self._specs:
+            return
+        elif kind is wire.JobEventType.STARTED:
+            self._queued.pop(job_id, None)
+            self._running[job_id] = (dict(cards or {}), Phase.WAITING)
+        elif kind is wire.JobEventType.PHASE_CHANGED:
+            if job_id in self._running:
+                self._running[job_id] = (self._running[job_id][0], phase)
+        elif kind is wire.JobEventType.REQUEUED:
+            self._running.pop(job_id, None)
+            self._queued[job_id] = None
+        else:  # finished, failed
+            self._running.pop(job_id, None)
+            self._queued.pop(job_id, None)
+            del self._specs[job_id]
+
+    def entries(self) -> tuple[wire.JobStateEntry, ...]:
+        running = tuple(
+            wire.JobStateEntry(self._specs[j], cards=cards, phase=phase) for j, (cards, phase) in self._running.items()
+        )
+        return running + tuple(wire.JobStateEntry(self._specs[j]) for j in self._queued)
+
+    def __len__(self) -> int:
+        return len(self._specs)

@@ -139,6 +139,19 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
             wire.JobEventType.PHASE_CHANGED, "job-17", ts_s=ts_s, seq=3, publisher="sim", phase=Phase.CHECKPOINT
         ),
         wire.JobEvent(wire.JobEventType.FAILED, "job-17", ts_s=ts_s, seq=4, publisher="sim", reason="card r1/5 failed"),
+        wire.JobState(  # the scheduler's retained snapshot: a running job and a queued one
+            jobs=(
+                wire.JobStateEntry(
+                    JobSpec("job-17", 3, 5000.0, 1.5, 0.75, priority=2.0, submit_time_s=ts_s),
+                    cards={"r0": (0, 1), "r1": (5,)},
+                    phase=Phase.CHECKPOINT,
+                ),
+                wire.JobStateEntry(JobSpec("job-18", 8, 900.0, 2.0, 0.5, submit_time_s=ts_s, min_throughput_frac=0.25)),
+            ),
+            ts_s=ts_s,
+            seq=5,
+            publisher="sim",
+        ),
         wire.RackCommand(
             "r2",
             (0, 1, 2, 3),

@@ -18,7 +18,7 @@ code's units. See ``docs/protocol.md`` for the topic table and every payload.
 
 * Topics live under ``racktwin/v1/{site}/``: per rack
   ``rack/{rack}/{cards,cdu,pdu,cmd,cdu_cmd,ack,applied}``,
-  per site ``facility``, ``facility/cmd``, ``facility/ack``, ``jobs/events``, ``scheduler/cmd``,
+  per site ``facility``, ``facility/cmd``, ``facility/ack``, ``jobs/events``, ``jobs/state``, ``scheduler/cmd``,
   ``scheduler/ack``, ``agent/status``, ``agent/advice``. :class:`Topics` builds them.
 * Payloads are JSON objects with ``schema`` (``"racktwin.cards/1"``: name and major version),
   ``ts`` (seconds since the epoch on the publisher's clock; a simulator's accelerated clock is its
@@ -56,6 +56,7 @@ from agent.wire.encoding import (
     encode_facility,
     encode_facility_command,
     encode_job_event,
+    encode_job_state,
     encode_pdu,
     encode_rack_command,
     encode_scheduler_command,
@@ -81,6 +82,8 @@ from agent.wire.messages import (
     FacilityReading,
     JobEvent,
     JobEventType,
+    JobState,
+    JobStateEntry,
     Message,
     PduReading,
     Placement,
@@ -148,6 +151,8 @@ __all__ = [
     "FacilityReading",
     "JobEvent",
     "JobEventType",
+    "JobState",
+    "JobStateEntry",
     "Kind",
     "Message",
     "Outgoing",
@@ -177,6 +182,7 @@ __all__ = [
     "encode_facility",
     "encode_facility_command",
     "encode_job_event",
+    "encode_job_state",
     "encode_pdu",
     "encode_rack_command",
     "encode_scheduler_command",

@@ -28,6 +28,8 @@ from agent.wire.messages import (
     FacilityReading,
     JobEvent,
     JobEventType,
+    JobState,
+    JobStateEntry,
     Message,
     PduReading,
     Placement,
@@ -51,6 +53,8 @@ from agent.wire.schemas import (
     _FacilityCmdW,
     _FacilityW,
     _JobEventW,
+    _JobStateW,
+    _JobW,
     _PduW,
     _RackCmdW,
     _SchedulerCmdW,
@@ -359,6 +363,61 @@ def _conv_facility(c: Codec, w: _FacilityW, rack: str | None) -> FacilityReading
     )
 
 
+def _job_spec(job_id: str, j: _JobW, where: str) -> JobSpec:
+    try:
+        return JobSpec(
+            job_id=job_id,
+            n_cards=j.n_cards,
+            work_steps=j.work_steps,
+            step_time_s=j.step_time_seconds,
+            compute_share=j.compute_share,
+            priority=j.priority,
+            submit_time_s=j.submit_ts,
+            checkpoint_interval_s=j.checkpoint_interval_seconds,
+            checkpoint_duration_s=j.checkpoint_duration_seconds,
+            noncompute_utilization=j.noncompute_utilization_percent / 100.0,
+            min_throughput_frac=j.min_throughput_percent / 100.0,
+        )
+    except ValueError as exc:
+        raise _Reject(RejectReason.INCONSISTENT, f"{where}: {exc}") from None
+
+
+def _conv_job_state(c: Codec, w: _JobStateW, rack: str | None) -> JobState:
+    """Each job once; a running job with its cards and phase, a queued one with neither; no card held
+    by two running jobs."""
+    entries = []
+    seen: set[str] = set()
+    holder: dict[tuple[str, int], str] = {}
+    for k, e in enumerate(w.jobs):
+        where = f"jobs[{k}]"
+        if e.job_id in seen:
+            raise _Reject(RejectReason.INCONSISTENT, f"{where}: job {e.job_id!r} is listed twice")
+        seen.add(e.job_id)
+        running = e.state == "running"
+        if running != (e.cards is not None) or running != (e.phase is not None):
+            takes = "takes cards and phase" if running else "takes neither cards nor phase"
+            raise _Reject(RejectReason.INCONSISTENT, f"{where}: a {e.state} job {takes}")
+        cards = None
+        if e.cards is not None:
+            cards = c._card_map(e.cards, f"{where}.cards")
+            for r, idx in cards.items():
+                for i in idx:
+                    other = holder.setdefault((r, i), e.job_id)
+                    if other != e.job_id:
+                        raise _Reject(
+                            RejectReason.INCONSISTENT,
+                            f"{where}: card {i} of rack {r} is held by jobs {other!r} and {e.job_id!r}",
+                        )
+        entries.append(
+            JobStateEntry(
+                job=_job_spec(e.job_id, e.job, f"{where}.job"),
+                cards=cards,
+                phase=None if e.phase is None else _PHASES[e.phase],
+            )
+        )
+    return JobState(jobs=tuple(entries), ts_s=w.ts, seq=w.seq, publisher=w.publisher)
+
+
 def _conv_job_event(c: Codec, w: _JobEventW, rack: str | None) -> JobEvent:
     required, optional = _EVENT_FIELDS[w.event]
     present = {f for f in ("job", "cards", "phase", "reason") if getattr(w, f) is not None}
@@ -367,25 +426,7 @@ def _conv_job_event(c: Codec, w: _JobEventW, rack: str | None) -> JobEvent:
             RejectReason.INCONSISTENT,
             f"event {w.event} takes {sorted(required)} (optional {sorted(optional)}), got {sorted(present)}",
         )
-    job = None
-    if w.job is not None:
-        j = w.job
-        try:
-            job = JobSpec(
-                job_id=w.job_id,
-                n_cards=j.n_cards,
-                work_steps=j.work_steps,
-                step_time_s=j.step_time_seconds,
-                compute_share=j.compute_share,
-                priority=j.priority,
-                submit_time_s=j.submit_ts,
-                checkpoint_interval_s=j.checkpoint_interval_seconds,
-                checkpoint_duration_s=j.checkpoint_duration_seconds,
-                noncompute_utilization=j.noncompute_utilization_percent / 100.0,
-                min_throughput_frac=j.min_throughput_percent / 100.0,
-            )
-        except ValueError as exc:
-            raise _Reject(RejectReason.INCONSISTENT, str(exc)) from None
+    job = None if w.job is None else _job_spec(w.job_id, w.job, "job")
     return JobEvent(
         event=JobEventType(w.event),
         job_id=w.job_id,
@@ -547,6 +588,7 @@ _CONVERTERS: Final[dict[Kind, Any]] = {
     Kind.FACILITY_CMD: _conv_facility_cmd,
     Kind.FACILITY_ACK: _ack_converter(FACILITY),
     Kind.JOB_EVENT: _conv_job_event,
+    Kind.JOB_STATE: _conv_job_state,
     Kind.SCHEDULER_CMD: _conv_scheduler_cmd,
     Kind.SCHEDULER_ACK: _ack_converter(SCHEDULER),
     Kind.AGENT_STATUS: _conv_agent_status,

@@ -29,6 +29,7 @@ from agent.wire.messages import (
     FloatArray,
     IntArray,
     JobEvent,
+    JobState,
     Message,
     PduReading,
     RackCommand,
@@ -47,6 +48,8 @@ from agent.wire.schemas import (
     _FacilityCmdW,
     _FacilityW,
     _JobEventW,
+    _JobStateEntryW,
+    _JobStateW,
     _JobW,
     _PduW,
     _PlacementW,
@@ -54,6 +57,7 @@ from agent.wire.schemas import (
     _SchedulerCmdW,
 )
 from agent.wire.topics import _KINDS, FACILITY, SCHEDULER, Kind
+from twin.workload import JobSpec
 
 _encoder = msgspec.json.Encoder()
 
@@ -157,22 +161,23 @@ def encode_facility(m: FacilityReading) -> bytes:
     )
 
 
+def _job_wire(j: JobSpec) -> _JobW:
+    return _JobW(
+        n_cards=j.n_cards,
+        work_steps=j.work_steps,
+        step_time_seconds=j.step_time_s,
+        compute_share=j.compute_share,
+        priority=j.priority,
+        submit_ts=j.submit_time_s,
+        checkpoint_interval_seconds=j.checkpoint_interval_s,
+        checkpoint_duration_seconds=j.checkpoint_duration_s,
+        noncompute_utilization_percent=j.noncompute_utilization * 100.0,
+        min_throughput_percent=j.min_throughput_frac * 100.0,
+    )
+
+
 def encode_job_event(m: JobEvent) -> bytes:
-    job = None
-    if m.job is not None:
-        j = m.job
-        job = _JobW(
-            n_cards=j.n_cards,
-            work_steps=j.work_steps,
-            step_time_seconds=j.step_time_s,
-            compute_share=j.compute_share,
-            priority=j.priority,
-            submit_ts=j.submit_time_s,
-            checkpoint_interval_seconds=j.checkpoint_interval_s,
-            checkpoint_duration_seconds=j.checkpoint_duration_s,
-            noncompute_utilization_percent=j.noncompute_utilization * 100.0,
-            min_throughput_percent=j.min_throughput_frac * 100.0,
-        )
+    job = None if m.job is None else _job_wire(m.job)
     return _encoder.encode(
         _JobEventW(
             schema="racktwin.job_event/1",
@@ -185,6 +190,27 @@ def encode_job_event(m: JobEvent) -> bytes:
             cards=None if m.cards is None else _card_map(m.cards),
             phase=None if m.phase is None else _PHASE_NAMES[m.phase],  # type: ignore[arg-type]
             reason=m.reason,
+        )
+    )
+
+
+def encode_job_state(m: JobState) -> bytes:
+    return _encoder.encode(
+        _JobStateW(
+            schema="racktwin.job_state/1",
+            ts=m.ts_s,
+            seq=m.seq,
+            publisher=m.publisher,
+            jobs=[
+                _JobStateEntryW(
+                    job_id=e.job.job_id,
+                    state="running" if e.cards is not None else "queued",
+                    job=_job_wire(e.job),
+                    cards=None if e.cards is None else _card_map(e.cards),
+                    phase=None if e.phase is None else _PHASE_NAMES[e.phase],  # type: ignore[arg-type]
+                )
+                for e in m.jobs
+            ],
         )
     )
 
@@ -323,6 +349,7 @@ _ENCODERS: Final[dict[type, Any]] = {
     PduReading: encode_pdu,
     FacilityReading: encode_facility,
     JobEvent: encode_job_event,
+    JobState: encode_job_state,
     RackCommand: encode_rack_command,
     CduCommand: encode_cdu_command,
     FacilityCommand: encode_facility_command,
@@ -345,6 +372,7 @@ _SIMPLE_KINDS: Final[dict[type, Kind]] = {
     PduReading: Kind.PDU,
     FacilityReading: Kind.FACILITY,
     JobEvent: Kind.JOB_EVENT,
+    JobState: Kind.JOB_STATE,
     RackCommand: Kind.RACK_CMD,
     CduCommand: Kind.CDU_CMD,
     FacilityCommand: Kind.FACILITY_CMD,

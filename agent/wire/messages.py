@@ -136,6 +136,36 @@ class JobEvent:
     reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class JobStateEntry:
+    """One job of a :class:`JobState`: its spec (as in ``submitted``) and, for a running job, its
+    ``cards`` (rack -> card indices, as in ``started``) and ``phase``; both None for a queued job."""
+
+    job: JobSpec
+    cards: Mapping[str, tuple[int, ...]] | None = None
+    phase: Phase | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def running(self) -> bool:
+        return self.cards is not None
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """The scheduler's jobs (``racktwin.job_state/1``, retained): every queued and running job, sent
+    after the job events of a change and numbered by the same ``seq`` counter as those events (so a
+    receiver tells which is newer: a later ``ts``, or the same ``ts`` and a higher ``seq``)."""
+
+    jobs: tuple[JobStateEntry, ...]
+    ts_s: float
+    seq: int
+    publisher: str
+
+
 class CardAction(enum.StrEnum):
     SET_DVFS_LEVEL = "set_dvfs_level"  # dvfs_level
     SET_CLOCK_RANGE = "set_clock_range"  # min_clock_mhz, max_clock_mhz
@@ -512,6 +542,7 @@ Message: TypeAlias = (
     | PduReading
     | FacilityReading
     | JobEvent
+    | JobState
     | RackCommand
     | CduCommand
     | FacilityCommand

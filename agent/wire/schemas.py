@@ -133,6 +133,23 @@ _EVENT_FIELDS: Final = {
 }  # event -> (required, optional) among job, cards, phase, reason
 
 
+#: The most jobs a snapshot lists (the payload limit, 256 KiB, bounds it sooner: ~300 bytes a queued job).
+MAX_SNAPSHOT_JOBS: Final = 100_000
+
+
+class _JobStateEntryW(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    job_id: _Ident
+    state: Literal["queued", "running"]
+    job: _JobW
+    cards: _CardMap | None = None  # running jobs only
+    phase: Literal["compute", "communication", "checkpoint", "waiting"] | None = None  # running jobs only
+
+
+class _JobStateW(_W, kw_only=True):
+    schema: Literal["racktwin.job_state/1"]
+    jobs: Annotated[list[_JobStateEntryW], Meta(max_length=MAX_SNAPSHOT_JOBS)]
+
+
 class _CommandW(_W, kw_only=True):
     command_id: uuid.UUID
     expires_at: _Ts
@@ -241,6 +258,7 @@ _WIRE_TYPES: Final[dict[Kind, type[_W]]] = {
     Kind.FACILITY_CMD: _FacilityCmdW,
     Kind.FACILITY_ACK: _AckW,
     Kind.JOB_EVENT: _JobEventW,
+    Kind.JOB_STATE: _JobStateW,
     Kind.SCHEDULER_CMD: _SchedulerCmdW,
     Kind.SCHEDULER_ACK: _AckW,
     Kind.AGENT_STATUS: _AgentStatusW,

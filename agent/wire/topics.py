@@ -41,6 +41,7 @@ class Kind(enum.StrEnum):
     FACILITY_CMD = "facility_cmd"
     FACILITY_ACK = "facility_ack"
     JOB_EVENT = "job_event"
+    JOB_STATE = "job_state"
     SCHEDULER_CMD = "scheduler_cmd"
     SCHEDULER_ACK = "scheduler_ack"
     AGENT_STATUS = "agent_status"
@@ -68,6 +69,7 @@ _KINDS: Final[dict[Kind, _KindSpec]] = {
     Kind.FACILITY_CMD: _KindSpec("facility/cmd", False, "racktwin.facility_cmd/1", 1, False),
     Kind.FACILITY_ACK: _KindSpec("facility/ack", False, "racktwin.ack/1", 1, False),
     Kind.JOB_EVENT: _KindSpec("jobs/events", False, "racktwin.job_event/1", 1, False),
+    Kind.JOB_STATE: _KindSpec("jobs/state", False, "racktwin.job_state/1", 1, True),
     Kind.SCHEDULER_CMD: _KindSpec("scheduler/cmd", False, "racktwin.scheduler_cmd/1", 1, False),
     Kind.SCHEDULER_ACK: _KindSpec("scheduler/ack", False, "racktwin.ack/1", 1, False),
     Kind.AGENT_STATUS: _KindSpec("agent/status", False, "racktwin.agent_status/1", 1, True),
@@ -89,6 +91,7 @@ PLANT_KINDS: Final = (
     Kind.FACILITY,
     Kind.FACILITY_ACK,
     Kind.JOB_EVENT,
+    Kind.JOB_STATE,
     Kind.SCHEDULER_ACK,
 )
 #: Kinds only the agent publishes.
@@ -108,7 +111,8 @@ def qos_of(kind: Kind) -> int:
 
 
 def retain_of(kind: Kind) -> bool:
-    """Whether a kind is published retained (applied state and agent status only; never commands)."""
+    """Whether a kind is published retained (applied state, the scheduler's job snapshot and the agent
+    status only; never commands)."""
     return _KINDS[kind].retain
 
 
@@ -179,6 +183,10 @@ class Topics:
         return self.of(Kind.JOB_EVENT)
 
     @property
+    def job_state(self) -> str:
+        return self.of(Kind.JOB_STATE)
+
+    @property
     def scheduler_cmd(self) -> str:
         return self.of(Kind.SCHEDULER_CMD)
 
@@ -203,7 +211,7 @@ class Topics:
         return tuple(self.filter(k) for k in kinds)
 
     def agent_filters(self) -> tuple[str, ...]:
-        """What the agent subscribes to: all telemetry, acks, applied state and job events."""
+        """What the agent subscribes to: all telemetry, acks, applied state, job events and the job snapshot."""
         return self.filters(PLANT_KINDS)
 
     def plant_filters(self, racks: Iterable[str] | None = None) -> tuple[str, ...]:

@@ -111,7 +111,7 @@ def test_qos_and_retain_per_kind(codec: Codec, all_messages: list[Any]) -> None:
         kind = wire.kind_of(msg)
         if isinstance(msg, wire.RackCommand | wire.FacilityCommand | wire.SchedulerCommand):
             assert (out.qos, out.retain) == (1, False)
-        elif kind in (Kind.APPLIED, Kind.AGENT_STATUS):
+        elif kind in (Kind.APPLIED, Kind.AGENT_STATUS, Kind.JOB_STATE):
             assert (out.qos, out.retain) == (1, True)
         elif kind in (Kind.CARDS, Kind.CDU, Kind.PDU, Kind.FACILITY):
             assert (out.qos, out.retain) == (0, False)
