@@ -109,7 +109,7 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
                 "--minutes N site minutes to run, more than one control period of the agent (0.25, i.e. 15 s) "
                 "and at most 10080 (a week) (default 75)",
                 "--speed X site seconds per wall second, 1..1000 (default 30;",
-                "wall seconds between progress lines, > 0 (default 5)",
+                "wall seconds between progress lines (the run with the agent, then the one without), > 0 (default 5)",
             ],
         ),
         (
