@@ -14,10 +14,15 @@
   repeated or overtaken event from a new one;
 * the scheduler's retained job snapshot (``racktwin.job_state/1``) is reconciled with the belief's
   job table when it is newer than the last job event taken (``agent.job_catchup``): the catch-up of
-  an agent that connects after jobs started;
+  an agent that connects after jobs started. Being retained, a snapshot may come from an earlier
+  run of the scheduler on another timeline (a simulator restarted at t = 0 finds its predecessor's
+  last snapshot on the broker): it never moves the site clock, waits until the clock is known (the
+  first telemetry), and is ignored when stamped ahead of the site's time by more than the clock's
+  ahead tolerance (10 s, or two wall seconds of site time if more). Taken as the site's time, such
+  a snapshot drove the clock 2,192 s ahead and every command after it was refused ``issued_ahead``;
 * acks and applied states are handed to the caller (``on_ack``) and kept (``applied_level``);
 * every round folded into the belief is handed to ``on_round`` (the service's estimator);
-* every message's timestamp drives the :class:`agent.clock.SiteClock`.
+* every other message's timestamp drives the :class:`agent.clock.SiteClock`.
 
 What a flush folds in is also returned; :class:`RoundMerger` merges those partial readings into one
 :class:`twin.readings.Readings` per telemetry timestamp for the estimator (which costs the same
@@ -71,6 +76,7 @@ class IngestStats:
     job_snapshots: int = 0  # job snapshots (jobs/state) reconciled with the job table
     job_snapshot_changes: int = 0  # of those, the ones that changed it
     job_snapshots_old: int = 0  # job snapshots not newer than the last job event or snapshot: ignored
+    job_snapshots_ahead: int = 0  # job snapshots stamped ahead of the site clock (another timeline): ignored
 
 
 @dataclass
@@ -116,6 +122,8 @@ class Ingest:
         self._event_dates: dict[str, tuple[float, float]] = {}
         #: (ts, seq) of the newest job event or job snapshot taken (None: none yet, or the clock went back)
         self._jobs_seen: tuple[float, int] | None = None
+        #: the newest job snapshot received while the site clock was not known yet
+        self._pending_snapshot: wire.JobState | None = None
 
     # ---- messages -------------------------------------------------------------------------------
     def _observe(self, ts: float) -> bool:
@@ -183,7 +191,7 @@ class Ingest:
                 if self.on_event is not None:
                     self.on_event(ev)
         elif isinstance(msg, wire.JobState):
-            self._catch_up(msg, ahead=not self._observe(ts))
+            self._pending_snapshot = msg  # retained: it never drives the clock, and waits for it
         elif isinstance(msg, wire.Acknowledgement):
             self._observe(ts)
             if self.on_ack is not None:
@@ -198,6 +206,8 @@ class Ingest:
                 self.applied_level[idx[ok][good] + r * self._cpr] = lv[good]
         else:
             self.stats.ignored += 1
+        if self._pending_snapshot is not None:
+            self._take_pending_snapshot()
         return kind
 
     def _cards(self, b: wire.CardBatch) -> CardBatch | None:
@@ -260,15 +270,36 @@ class Ingest:
         self._jobs_seen = key
         return True
 
-    def _catch_up(self, msg: wire.JobState, ahead: bool) -> None:
+    def _take_pending_snapshot(self) -> None:
+        """The job snapshot received last, once the site clock is known: ignored when stamped ahead of
+        the site's time by more than the clock's ahead tolerance (a retained copy from an earlier run of
+        the scheduler, on another timeline), else reconciled (:meth:`_catch_up`)."""
+        msg, now = self._pending_snapshot, self.clock.now()
+        if msg is None or now is None:
+            return
+        self._pending_snapshot = None
+        tolerance_s = max(10.0, 2.0 * self.clock.rate)  # the clock's own ahead tolerance (SiteClock)
+        if not msg.ts_s <= now + tolerance_s:
+            self.stats.job_snapshots_ahead += 1
+            log.warning(
+                "job snapshot of %s stamped %.3f is %.0f s ahead of the site clock (%.3f): from another timeline "
+                "(an earlier run of the scheduler?), ignored",
+                msg.publisher,
+                msg.ts_s,
+                msg.ts_s - now,
+                now,
+            )
+            return
+        self._catch_up(msg)
+
+    def _catch_up(self, msg: wire.JobState) -> None:
         """The scheduler's job snapshot (``agent.job_catchup``): taken when it is newer than the last
         job event (or snapshot) taken, else ignored (a retained copy that arrived after newer events)."""
         if not self._newer_than_jobs_seen(msg.ts_s, msg.seq):
             self.stats.job_snapshots_old += 1
             return
         self.stats.job_snapshots += 1
-        now = self.clock.now()
-        time_s = now if ahead and now is not None else msg.ts_s
+        time_s = msg.ts_s
         site_cards = {e.job_id: self._site_cards(e.cards) for e in msg.jobs if e.cards is not None}
         catch = reconcile(msg, self.state.jobs, site_cards, time_s)
         if not catch.changed:

@@ -52,7 +52,9 @@ class Agent:
         self.site = example_site()
         self.state = TwinState(self.site)
         self.handed: list[JobEvent] = []
-        self.ingest = Ingest(self.site, self.state, SiteClock(1.0, infer=False), on_event=self.handed.append)
+        self.clock = SiteClock(1.0, infer=False)
+        self.clock.observe(T0 + 30)  # the site's time known (telemetry came first), as a snapshot waits for it
+        self.ingest = Ingest(self.site, self.state, self.clock, on_event=self.handed.append)
 
     def busy_cards(self) -> dict[str, tuple[int, ...]]:
         snap = self.state.snapshot()
@@ -158,3 +160,58 @@ def test_events_after_a_snapshot_go_on_as_before() -> None:
     assert [agent.state.jobs["j1"].phase] == [Phase.CHECKPOINT]
     ing.handle(event(wire.JobEventType.FINISHED, "j1", T0 + 15, 22))
     assert agent.state.jobs == {} and agent.busy_cards() == {}
+
+
+def _facility(ts_s: float) -> wire.FacilityReading:
+    return wire.FacilityReading(
+        ts_s=ts_s,
+        seq=0,
+        publisher="facility",
+        ambient_temp_c=25.0,
+        supply_temp_c=30.0,
+        return_temp_c=38.0,
+        cooling_power_w=1000.0,
+        it_power_w=100_000.0,
+        facility_power_w=104_000.0,
+        supply_setpoint_c=30.0,
+    )
+
+
+def test_a_snapshot_that_comes_before_any_telemetry_waits_for_the_site_clock() -> None:
+    """A retained snapshot is delivered at subscription, before any telemetry: it is taken once a
+    reading makes the site's time known, not before, and its stamp never sets the clock."""
+    site = example_site()
+    state = TwinState(site)
+    clock = SiteClock(1.0, infer=False)
+    ingest = Ingest(site, state, clock)
+    ingest.handle(snapshot(T0 + 30, 7, running("j1", {"r1": (0, 1, 2, 3)}, Phase.CHECKPOINT)))
+    assert state.jobs == {} and clock.now() is None  # waiting; the snapshot's stamp did not start the clock
+    ingest.handle(_facility(T0 + 31))
+    assert set(state.jobs) == {"j1"} and ingest.stats.job_snapshots == 1
+
+
+def test_a_retained_snapshot_from_an_earlier_run_stamped_ahead_of_the_site_is_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fault benchmark's case: a simulator restarted at t = 0 on the same broker, whose predecessor
+    left its last snapshot retained 2,400 s later on the same epoch. Taken as the site's time it drove the
+    agent's clock 2,192 s ahead (every command refused ``issued_ahead``) and its jobs hid the new run's.
+    Now: ignored with a warning, the clock follows the telemetry, the new run's events are taken."""
+    site = example_site()
+    state = TwinState(site)
+    clock = SiteClock(1.0, infer=False)
+    ingest = Ingest(site, state, clock)
+    with caplog.at_level(logging.WARNING, logger="racktwin.agent.ingest"):
+        ingest.handle(snapshot(T0 + 2400, 900, running("old", {"r0": (0, 1, 2, 3)}, Phase.COMPUTE)))
+        ingest.handle(_facility(T0 + 1))
+    now = clock.now()
+    assert now is not None and now < T0 + 2  # the clock is the telemetry's, not the snapshot's
+    assert state.jobs == {} and ingest.stats.job_snapshots_ahead == 1 and ingest.stats.job_snapshots == 0
+    assert any("2399 s ahead of the site clock" in r.getMessage() for r in caplog.records), caplog.records
+    # the new run's own events are taken (a snapshot taken at T0 + 2400 would have made them "older")
+    ingest.handle(event(wire.JobEventType.SUBMITTED, "new", T0 + 2, 1, job=spec("new", 4)))
+    ingest.handle(event(wire.JobEventType.STARTED, "new", T0 + 3, 2, cards={"r2": (0, 1, 2, 3)}))
+    assert set(state.jobs) == {"new"}
+    # 10 s ahead or less (the clock's own tolerance at 1x) is the same timeline: taken
+    ingest.handle(snapshot(T0 + 12, 3, running("new", {"r2": (0, 1, 2, 3)}, Phase.COMPUTE)))
+    assert ingest.stats.job_snapshots == 1 and ingest.stats.job_snapshots_ahead == 1
