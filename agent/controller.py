@@ -343,8 +343,13 @@ class Controller:
     # ---- pumps and the guard ----------------------------------------------------------------------
     def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """Steps 4-5: the proposal's pump speeds (:meth:`with_pump_speeds`), the guard, then the hosts
-        (:meth:`with_hosts`)."""
-        return self.with_hosts(self.guard.review(self.with_pump_speeds(proposal, snap, ctx), snap, ctx), snap, ctx)
+        (:meth:`with_hosts`). The guard counts the cards of the placements in flight (sent by earlier
+        decisions, their jobs not yet seen started) busy, as the proposal did: without them it took
+        those cards for idle ones, budgeted them asleep and, where telemetry still read them asleep
+        within ``low_power_hold_s``, sent them back to low-power idle (the rack refused: busy)."""
+        in_flight = self._placements.in_flight(ctx, snap)
+        reviewed = self.guard.review(self.with_pump_speeds(proposal, snap, ctx), snap, ctx, in_flight=in_flight)
+        return self.with_hosts(reviewed, snap, ctx)
 
     def with_hosts(self, d: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
         """``d`` with the hosts to have off (``agent.hosts``) and their cards in low-power idle.

@@ -7,8 +7,11 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
 
 1. **Sanity**: levels clipped to the DVFS table (an undefined one the slowest, a fractional one the
    slower of its two), power limits to the card's range, placements kept
-   only when the job is queued (once per job) and its cards are free (idle, not failed) and seen
-   (not on a blind rack, not a stuck card); busy cards are awake (a placed card is woken).
+   only when the job is queued (once per job) and its cards are free (idle, not failed, not held by
+   a placement in flight) and seen (not on a blind rack, not a stuck card); busy cards are awake (a
+   placed card is woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs
+   not yet seen started) hold their cards as busy like the decision's own: awake, budgeted as
+   computing, never put to low-power idle (neither for a cap nor by the low-power hold).
 2. **Rate limits**: a card's level rises (toward faster clocks) by at most
    ``max_level_raise_per_period`` per decision; the supply set-point moves by at most
    ``max_setpoint_step_k`` (an undefined one stays at the one in force, or the site's design
@@ -63,6 +66,7 @@ every rack within ``limit - margin - extra`` wherever the fail-safe power limit 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,9 +218,18 @@ class Guard:
         as made now (the hold against toggling lasts its time from now, not until the old times)."""
         np.minimum(self._toggle_s, now_s, out=self._toggle_s)
 
-    def review(self, proposal: Decision, snap: StateSnapshot, ctx: StepContext) -> Decision:
+    def review(
+        self,
+        proposal: Decision,
+        snap: StateSnapshot,
+        ctx: StepContext,
+        *,
+        in_flight: Sequence[tuple[str, Sequence[int]]] = (),
+    ) -> Decision:
         """The decision that may be sent: the steps of the module docstring, in its order (each step
-        works on what the steps before it let through; ``notes`` collects their explanation lines)."""
+        works on what the steps before it let through; ``notes`` collects their explanation lines).
+        ``in_flight``: ``(job id, cards)`` of placements earlier decisions sent whose jobs the snapshot
+        still shows queued (``agent.placing.PlacementBook.in_flight``): their cards are busy."""
         self._check_shapes(proposal)
         site, cfg = self.site, self.control
         notes = _Notes()
@@ -225,7 +238,7 @@ class Guard:
         sight = _Sight.of(site, ctx, self._card_rack)
 
         # 1. sanity; 2. rate limits
-        draft = self._sanitize(proposal, snap, sight, notes)
+        draft = self._sanitize(proposal, snap, sight, notes, in_flight)
         setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
         self._limit_level_raises(draft, snap, notes)
         self._hold_low_power(draft, snap_lp, ctx.now_s)
@@ -264,7 +277,14 @@ class Guard:
             if np.shape(getattr(proposal, name)) != (n,):
                 raise ValueError(f"decision.{name} must have one entry per card ({n})")
 
-    def _sanitize(self, proposal: Decision, snap: StateSnapshot, sight: _Sight, notes: _Notes) -> _Draft:
+    def _sanitize(
+        self,
+        proposal: Decision,
+        snap: StateSnapshot,
+        sight: _Sight,
+        notes: _Notes,
+        in_flight: Sequence[tuple[str, Sequence[int]]] = (),
+    ) -> _Draft:
         """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one, NaN or
         infinite, is the slowest; a fractional one is rounded to the slower level), power limits to the
         card's range (an undefined one is the largest), placements kept only when valid
@@ -280,7 +300,12 @@ class Guard:
         lim = np.asarray(proposal.card_power_limit_w, dtype=np.float64)
         lim = np.clip(np.where(np.isfinite(lim), lim, max_lim), cfg.min_power_limit_w, max_lim)
         lp = np.asarray(proposal.card_low_power, dtype=bool).copy()
-        orders, dropped = self._valid_placements(proposal.placements, snap, sight.unseen_card)
+        # placements in flight: valid ones only (site_load), the decision's own order for a job replaces them
+        own = {o.job_id for o in proposal.placements}
+        flying = [(jid, tuple(int(c) for c in cards)) for jid, cards in in_flight if jid not in own]
+        flying_load = site_load(site, snap, flying)
+        held = [(j.job_id, tuple(int(c) for c in j.cards)) for j in flying_load.jobs if j.origin == "placing"]
+        orders, dropped = self._valid_placements(proposal.placements, snap, sight.unseen_card, held)
         queue_waits = dict(proposal.queue_waits)
         if dropped:
             notes.add(
@@ -292,7 +317,7 @@ class Guard:
             queue_waits.update(
                 (jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids - placed_ids
             )
-        load = site_load(site, snap, [(o.job_id, o.cards) for o in orders])
+        load = site_load(site, snap, [*held, *((o.job_id, o.cards) for o in orders)])
         lp[load.busy] = False
         return _Draft(load, orders, queue_waits, lvl, lp, lim)
 
@@ -487,17 +512,23 @@ class Guard:
         self._seen_lp = snap_lp.copy()
 
     def _valid_placements(
-        self, placements: tuple[PlacementOrder, ...], snap: StateSnapshot, unseen_card: BoolArray
+        self,
+        placements: tuple[PlacementOrder, ...],
+        snap: StateSnapshot,
+        unseen_card: BoolArray,
+        in_flight: Sequence[tuple[str, tuple[int, ...]]] = (),
     ) -> tuple[list[PlacementOrder], list[str]]:
         """Step 1 (module docstring), placements: the orders kept (cards sorted) and the job ids of those
         dropped. An order is kept when its job is queued, not placed by an earlier order, and its cards
         are as many as the job asks, distinct, free (idle, not failed), seen (not ``unseen_card``) and
-        not taken by an earlier order."""
+        not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
         n = self.site.n_cards
         now_load = site_load(self.site, snap)
         free = now_load.idle & ~unseen_card
         queued = {q.job_id: q.n_cards for q in snap.queue}
         taken = np.zeros(n, dtype=bool)
+        for _jid, held in in_flight:
+            taken[list(held)] = True
         placed: set[str] = set()  # a job is placed once: then it is no longer queued
         ok: list[PlacementOrder] = []
         dropped: list[str] = []
