@@ -186,3 +186,36 @@ async def test_an_agent_that_took_every_event_finds_nothing_to_change_in_the_sna
     assert stats.job_snapshots >= 5 and stats.job_snapshot_changes == 0
     assert any(r.restarts >= 1 for r in sim.plant.job_records())  # the requeue happened
     assert not refused_busy(journal)
+
+
+def refused_ahead(journal: Path) -> int:
+    db = sqlite3.connect(journal)
+    try:
+        (n,) = db.execute(
+            "SELECT COUNT(*) FROM acks WHERE result = 'rejected' AND reason LIKE 'issued_ahead%'"
+        ).fetchone()
+    finally:
+        db.close()
+    return int(n)
+
+
+async def test_a_snapshot_left_retained_by_an_earlier_run_does_not_move_the_agents_clock(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """The six-fault benchmark's case: one broker, runs one after another, each simulator starting at
+    the same epoch. The first run leaves its last snapshot retained, stamped ~150 s into its run; the
+    second run's agent, started first, gets it before any telemetry. Taken as the site's time it put
+    the agent's clock ahead of the racks', and they refused its commands ``issued_ahead`` (the
+    benchmark's pump, dropout and stuck days ran ~15,000 rack-s over a limit); now it is ignored."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    await run(mosquitto, tmp_path / "first", agent_after_s=None)
+    service, _sim, _site, journal = await run(mosquitto, tmp_path / "second", agent_after_s=None)
+    stats = service.ingest.stats
+    assert stats.job_snapshots_ahead == 1  # the first run's snapshot, ignored
+    # before: it moved the clock ~150 s ahead (the clock then stepped back to the racks' time) and put the
+    # first run's jobs in the table (2 snapshots changed it); an agent that took every event finds nothing
+    assert service.clock.corrections == 0
+    assert stats.job_snapshot_changes == 0
+    assert refused_ahead(journal) == 0  # 150 s ahead is within what a rack accepts; 2,192 s was not
+    assert not refused_busy(journal)
