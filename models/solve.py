@@ -443,24 +443,19 @@ def greedy_cycle(p: CycleProblem, choose_setpoint: bool = True) -> CyclePlan:
     there are several."""
     t0 = time.perf_counter()
     options = p.supply_options_c if choose_setpoint else (p.supply_temp_c,)
-    best: DvfsPlan | None = None
     records: list[SetpointOption] = []
     reasons: list[str] = []
-    for s in options:
-        t1 = time.perf_counter()
-        t, line = _tables_and_line(p, s)
-        g = greedy_dvfs(p, t, line)
-        if not g.feasible:
-            # the set-point named only when there are several (as CyclePlanner.plan's reasons)
-            reasons.append(f"supply {s:g} deg C: {g.explanation}" if len(options) > 1 else g.explanation)
-            records.append(SetpointOption(s, SolveStatus.INFEASIBLE, None, None, None, time.perf_counter() - t1))
-            continue
-        plan = assess_dvfs(p, g.job_level, g.rack_awake, s, t)
+    best: DvfsPlan | None = None
+    for c in _greedy_options(p, options, records, reasons):  # the planner's own first step
+        plan = c.greedy_plan
         records.append(
-            SetpointOption(s, SolveStatus.FALLBACK, plan.objective_per_h, plan.facility_power_w, plan.it_power_w, 0.0)
+            SetpointOption(
+                c.supply_c, SolveStatus.FALLBACK, plan.objective_per_h, plan.facility_power_w, plan.it_power_w, 0.0
+            )
         )
         if best is None or plan.objective_per_h > best.objective_per_h:
             best = plan
+    records.sort(key=lambda r: options.index(r.supply_temp_c))  # in the options' order, as before (stable)
     return _finish(p, best, records, reasons, time.perf_counter() - t0, SolveStatus.FALLBACK, None, "greedy")
 
 
