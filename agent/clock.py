@@ -261,6 +261,13 @@ class SiteClock:
         self._last_now = t
         return t
 
+    def stamped_too_far_ahead(self, ts_s: float) -> bool:
+        """Whether a message stamped ``ts_s`` lies beyond the site's time by more than the ahead
+        tolerance (the rule :meth:`observe` applies), judged without observing it: for stamps that must
+        not move the clock (a retained message may come from another timeline). False while the clock
+        knows no time."""
+        return self._anchor_ts is not None and self._too_far_ahead(ts_s, self._wall())
+
     def now_or(self, fallback_s: float) -> float:
         """Site time now, ``fallback_s`` while the clock knows none. A site time of 0.0 is a site time
         like any other (a simulator started with ``--start-epoch-s 0``), not a missing one, so callers

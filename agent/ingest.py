@@ -278,8 +278,7 @@ class Ingest:
         if msg is None or now is None:
             return
         self._pending_snapshot = None
-        tolerance_s = max(10.0, 2.0 * self.clock.rate)  # the clock's own ahead tolerance (SiteClock)
-        if not msg.ts_s <= now + tolerance_s:
+        if not math.isfinite(msg.ts_s) or self.clock.stamped_too_far_ahead(msg.ts_s):
             self.stats.job_snapshots_ahead += 1
             log.warning(
                 "job snapshot of %s stamped %.3f is %.0f s ahead of the site clock (%.3f): from another timeline "
