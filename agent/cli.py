@@ -112,7 +112,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(module.run(ns, name))
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_status
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

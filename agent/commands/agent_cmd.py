@@ -21,7 +21,6 @@ import asyncio
 import errno
 import logging
 import socket
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -162,8 +161,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             message = f"{path}: http.port {exc.port} ({exc.host}): {exc.strerror or exc}"
         if not _may_pass(exc.__cause__):
             raise UserError(message) from None
-        print(f"racktwin {command}: error: {message} (may pass: exit status {EXIT_TEMPORARY})", file=sys.stderr)
-        return EXIT_TEMPORARY
+        raise UserError(f"{message} (may pass: exit status {EXIT_TEMPORARY})", exit_status=EXIT_TEMPORARY) from None
     except OSError as exc:  # anything else the operating system refused at the start: say what, not where
         where = f": {exc.filename}" if exc.filename else ""
         raise UserError(f"cannot start: {exc.strerror or exc}{where}") from None

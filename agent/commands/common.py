@@ -31,7 +31,12 @@ DEFAULT_SITE = EXAMPLES_DIR / "supernode-512.toml"
 
 
 class UserError(Exception):
-    """A problem the user can fix (bad file, bad option). Printed as one line, exit status 2."""
+    """A problem the user can fix (bad file, bad option). Printed as one line, exit status 2, or
+    ``exit_status`` where the problem may pass by itself (``racktwin agent``'s 75)."""
+
+    def __init__(self, message: str, *, exit_status: int = 2) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def path_arg(text: str) -> str:
