@@ -47,8 +47,19 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["SiteClock"]
+__all__ = ["SiteClock", "SiteTime"]
+
+
+class SiteTime(Protocol):
+    """What a reader of the site's time uses of :class:`SiteClock`: its time now (None before any reading)
+    and its rate."""
+
+    @property
+    def rate(self) -> float: ...
+
+    def now(self) -> float | None: ...
 
 
 class SiteClock:

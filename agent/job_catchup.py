@@ -11,8 +11,10 @@ the snapshot says, all dated at ``time_s``:
 * a running job whose cards, phase or state differ (or a queued one the snapshot lists running):
   ``started`` on the snapshot's cards in its phase, or ``phase``; a running job the snapshot lists
   queued: ``requeued`` (corrected);
-* a job the belief holds that the snapshot does not list: ``finished`` (dropped: it ended while the
-  agent was not listening, or its end was lost).
+* a job the belief holds that the snapshot does not list: ``finished`` marked ``dropped`` (it ended
+  while the agent was not listening, or its end was lost; finished or cancelled, the agent cannot
+  tell): its cards are free and the service decides again as on a ``finished``, but the belief counts
+  it in ``TwinState.jobs_dropped``, not in ``jobs_finished``.
 
 The caller (:class:`agent.ingest.Ingest`) applies a snapshot only when it is newer than the last job
 event it took (a later ``ts``, or the same ``ts`` and a higher ``seq``: the scheduler numbers both
@@ -89,7 +91,14 @@ def reconcile(
     for jid, info in jobs.items():
         if jid not in listed:
             events.append(
-                JobEvent(_after(time_s, info), jid, "finished", info.phase, detail="not in the scheduler's snapshot")
+                JobEvent(
+                    _after(time_s, info),
+                    jid,
+                    "finished",
+                    info.phase,
+                    detail="not in the scheduler's snapshot",
+                    dropped=True,
+                )
             )
             dropped += 1
     return Catchup(tuple(events), added, corrected, dropped)

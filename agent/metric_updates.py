@@ -39,7 +39,7 @@ import numpy as np
 
 from agent import wire
 from agent.bus import Bus
-from agent.clock import SiteClock
+from agent.clock import SiteTime
 from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest
 from agent.metrics import AgentMetrics
@@ -70,7 +70,7 @@ class MetricUpdates:
         site: SiteSpec,
         *,
         state: TwinState,
-        clock: SiteClock,
+        clock: SiteTime,
         codec: wire.Codec,
         ingest: Ingest,
         bus: Bus,

@@ -15,17 +15,29 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent.aio import wait_event
-from agent.bus import Bus, BusError, BusNotConnected, BusPubackTimeout
+from agent.bus import BusError, BusNotConnected, BusPubackTimeout
 from agent.clock import SiteClock
 from agent.command_book import CommandBook
 from agent.config import ControlConfig
 from agent.failure_lines import LOG_INTERVAL_S
 from agent.journal import Journal, JournalError
+from agent.mqtt_options import MqttOptions
 from agent.open_commands import OpenCommand
 
-__all__ = ["PublishStats", "Publisher"]
+__all__ = ["CommandLink", "PublishStats", "Publisher"]
+
+
+class CommandLink(Protocol):
+    """What the publisher uses of :class:`agent.bus.Bus`: its options (the in-flight window) and publishes."""
+
+    @property
+    def options(self) -> MqttOptions: ...
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool, timeout_s: float) -> None: ...
+
 
 log = logging.getLogger("racktwin.agent.publish")
 
@@ -70,7 +82,7 @@ class Publisher:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: CommandLink,
         book: CommandBook,
         journal: Journal,
         clock: SiteClock,

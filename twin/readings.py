@@ -220,7 +220,9 @@ class JobEvent:
     * ``started``: placed on ``cards`` (the job then WAITs for start-up and for sleeping cards).
     * ``phase``: the job entered ``phase``.
     * ``requeued``: a card failed; the job rolled back to its last checkpoint and is queued again.
-    * ``finished`` / ``failed``: the job is gone; its cards are free.
+    * ``finished`` / ``failed``: the job is gone; its cards are free. A ``finished`` with ``dropped``
+      was not received: the agent inferred it (``agent.job_catchup``: the scheduler's snapshot no longer
+      lists the job), and whether the job finished or was cancelled is not known.
     """
 
     time_s: float
@@ -230,6 +232,7 @@ class JobEvent:
     cards: tuple[int, ...] = ()
     job: JobSpec | None = None
     detail: str = ""
+    dropped: bool = False  # a ``finished`` inferred, not received (see above)
 
 
 _CARD_COLUMNS = (

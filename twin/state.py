@@ -239,6 +239,8 @@ class TwinState:
         self._card_key = np.full(n, -1, dtype=np.int64)
         self.jobs_finished = 0
         self.jobs_failed = 0
+        #: jobs gone from the scheduler's snapshot without an event (``JobEvent.dropped``): not in jobs_finished
+        self.jobs_dropped = 0
 
     # ================================================================================================
     # readings
@@ -504,7 +506,9 @@ class TwinState:
             self._gone[ev.job_id] = ev.time_s
             if len(self._gone) > _GONE_KEPT:
                 del self._gone[next(iter(self._gone))]
-            if ev.kind == "finished":
+            if ev.dropped:
+                self.jobs_dropped += 1  # gone while the agent did not listen: finished or cancelled, unknown
+            elif ev.kind == "finished":
                 self.jobs_finished += 1
             else:
                 self.jobs_failed += 1
@@ -702,6 +706,7 @@ class TwinState:
             "jobs_queued": len(self._queue),
             "jobs_finished": self.jobs_finished,
             "jobs_failed": self.jobs_failed,
+            "jobs_dropped": self.jobs_dropped,
             "stale_racks": list(self.stale_racks(self.time_s, deadline_s)),
             "stuck_racks": list(self.stuck_racks()),
             "stuck_cards": list(self.stuck_cards()),

@@ -15,6 +15,7 @@ from agent_helpers import example_site
 
 from agent import wire
 from agent.clock import SiteClock
+from agent.controller import decides_again_on
 from agent.ingest import Ingest
 from twin.readings import JobEvent
 from twin.state import TwinState
@@ -110,8 +111,32 @@ def test_the_snapshot_corrects_a_running_jobs_cards_and_phase_and_drops_jobs_it_
     assert jobs["j2"].phase is Phase.CHECKPOINT and jobs["j2"].cards == (128, 129)
     assert jobs["j3"].state == "queued" and jobs["j3"].cards == ()
     assert agent.busy_cards() == {"j1": (260, 261, 262, 263), "j2": (128, 129)}  # r1's and r3's cards free
-    assert agent.state.jobs_finished == 1  # "gone": treated as finished
+    # "gone": its end was not seen (finished or cancelled, the agent cannot tell): dropped, not finished
+    assert (agent.state.jobs_finished, agent.state.jobs_dropped) == (0, 1)
     assert ing.stats.job_snapshot_changes == 1
+
+
+def test_a_job_the_snapshot_drops_is_counted_apart_from_the_finished_ones() -> None:
+    """A job the agent held running that the scheduler no longer lists may have finished or been
+    cancelled while the agent was not listening: the belief frees its cards and counts it dropped, not
+    finished (a job whose ``finished`` event came is); the service still decides again on it (its cards
+    are free for the queue)."""
+    agent = Agent()
+    ing = agent.ingest
+    ing.handle(event(wire.JobEventType.SUBMITTED, "done", T0, 0, job=spec("done", 2)))
+    ing.handle(event(wire.JobEventType.STARTED, "done", T0, 1, cards={"r1": (0, 1)}))
+    ing.handle(event(wire.JobEventType.SUBMITTED, "gone", T0, 2, job=spec("gone", 2)))
+    ing.handle(event(wire.JobEventType.STARTED, "gone", T0, 3, cards={"r2": (0, 1)}))
+    ing.handle(event(wire.JobEventType.SUBMITTED, "waiting", T0, 4, job=spec("waiting", 4)))
+    ing.handle(event(wire.JobEventType.FINISHED, "done", T0 + 5, 5))
+    agent.handed.clear()
+    ing.handle(snapshot(T0 + 10, 9))  # the scheduler lists no job any more
+    assert agent.state.jobs == {} and agent.busy_cards() == {}
+    assert agent.state.jobs_finished == 1  # "done" alone: its event said so
+    assert agent.state.jobs_dropped == 2  # "gone" (running) and "waiting" (queued)
+    summary = agent.state.summary()
+    assert (summary["jobs_finished"], summary["jobs_dropped"]) == (1, 2)
+    assert {ev.job_id for ev in agent.handed if decides_again_on(ev)} == {"gone", "waiting"}
 
 
 def test_a_snapshot_older_than_the_last_event_taken_is_ignored() -> None:

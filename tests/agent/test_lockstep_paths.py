@@ -154,6 +154,8 @@ class _Clock(SiteClock):
 class _Broker:
     """What the publisher publishes (PUBACK at once)."""
 
+    options = MqttOptions(port=1)
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
 
@@ -180,7 +182,7 @@ class _ServicePath:
         svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = self.clock
         svc.metric_updates.clock = svc.estimation.clock = self.clock
         self.broker = _Broker()
-        svc.publisher.bus = self.broker  # type: ignore[assignment]  # _Broker stands in for Bus (publish only)
+        svc.publisher.bus = self.broker
         self.later = later
         self.held: list[tuple[str, bytes]] = []  # commands arriving after the simulator stepped on
         self.phase = "events"  # which of the simulator's bursts the service reacts to now

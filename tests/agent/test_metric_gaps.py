@@ -122,7 +122,7 @@ def test_a_rack_whose_readings_turn_nan_past_the_deadline_shows_no_stale_value_t
     r0, r1, r2 = site.rack_names[:3]
     hot = 3  # card 3 of r0
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
     service.state.update(_readings(service, T0, card_die_c={hot: 70.0}))
     s = _scrape(service)
     assert _at(s, "racktwin_rack_power_watts", rack=r1) == 40_100.0
@@ -183,7 +183,7 @@ def test_a_silent_rack_has_no_power_temperatures_or_dies_past_the_deadline_only_
     deadline_s = service.config.control.telemetry_deadline_s
     name = service.site.rack_names[2]
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
     service.state.update(_readings(service, T0))
     others = tuple(r for r in range(service.site.n_racks) if r != 2)
     t = T0 + deadline_s + 5.0
@@ -221,7 +221,7 @@ def test_the_facility_reads_nan_before_its_first_reading_and_once_it_is_past_the
     for name in names:
         assert math.isnan(first[name]), name
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
     s = _scrape(service)
     for name in names:
         assert math.isnan(_at(s, name) or 0.0), name
@@ -293,7 +293,7 @@ def test_stuck_sensor_anomalies_count_stuck_cards_and_racks_and_clear_when_they_
     n = service.config.control.stuck_after_readings
     assert n == 20  # examples/agent.toml
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
     n_racks = service.site.n_racks
 
     def reading(k: int, frozen: bool) -> Readings:

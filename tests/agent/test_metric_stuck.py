@@ -80,7 +80,7 @@ def _readings(
 def _feed(service: AgentService, reading: Callable[[int], Readings], ks: range) -> Scrape:
     """Readings ``ks`` into the belief, the site clock at the last one; what a scrape sees then."""
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
     for k in ks:
         service.state.update(reading(k))
         clock.t_s = T0 + k

@@ -42,7 +42,7 @@ def test_a_twin_state_method_that_raises_stops_only_the_gauges_that_need_it(
     meanwhile (before: frozen at the first reading's values, the update raising at the loops). When it
     works again, the loops and dies are back."""
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
     r0 = service.site.rack_names[0]
     service.state.update(_readings(service, T0))
     s = _scrape(service)
@@ -83,7 +83,7 @@ def test_a_failure_in_the_first_steps_leaves_the_later_ones_to_go_on(
     counts stop, and everything after them still moves (before: only the broker link gauge, read first,
     was ever set again)."""
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
 
     def snapshot_fails() -> dict[str, int]:
         raise KeyError("reason")
@@ -108,7 +108,7 @@ def test_each_steps_failure_is_logged_once_per_error_and_its_recovery_once(
     caplog.set_level(logging.INFO, logger="racktwin.agent")
     mu = service.metric_updates
     service.state.update(_readings(service, T0))
-    mu.clock = _SiteNow(T0)  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    mu.clock = _SiteNow(T0)
     monkeypatch.setattr(service.state, "frozen_readings", _frozen_readings_fail)
     for _ in range(3):
         mu.update()
@@ -147,7 +147,7 @@ def test_a_failing_telemetry_age_step_shows_no_age_rather_than_its_last_one(
     old, past the 30-s deadline, so RacktwinTelemetryStale (``racktwin_telemetry_age_seconds > 30``)
     read a fresh rack. The other groups go on; when it works again the ages are back, 40 s."""
     clock = _SiteNow(T0)
-    service.metric_updates.clock = clock  # type: ignore[assignment]  # _SiteNow stands in for SiteClock
+    service.metric_updates.clock = clock
     r0, r1 = service.site.rack_names[:2]
     service.state.update(_readings(service, T0))
     clock.t_s = T0 + 5

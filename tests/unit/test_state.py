@@ -259,6 +259,20 @@ def test_each_part_of_a_rack_reading_keeps_its_own_time(small_site: SiteSpec) ->
     assert RackReading(rack=0, time_s=5.0).part_time_s("cards") == 5.0
 
 
+def test_a_dropped_job_frees_its_cards_and_is_counted_apart_from_finished_ones(small_site: SiteSpec) -> None:
+    """A ``finished`` marked ``dropped`` (the agent inferred it: the scheduler stopped listing the job)
+    frees the job's cards like a received one, and a late copy of its submission stays ignored, but the
+    belief cannot say the job finished: it is counted in ``jobs_dropped``."""
+    spec = _job("j1", 8)
+    st = TwinState(small_site)
+    submitted = JobEvent(0.0, "j1", "submitted", Phase.WAITING, job=spec)
+    st.apply_events([submitted, JobEvent(1.0, "j1", "started", Phase.COMPUTE, cards=tuple(range(8)))])
+    st.apply_events([JobEvent(50.0, "j1", "finished", Phase.COMPUTE, dropped=True), submitted])
+    assert st.jobs == {} and st.queue() == () and st.snapshot().card_job[:8].tolist() == [-1] * 8
+    assert (st.jobs_finished, st.jobs_failed, st.jobs_dropped) == (0, 0, 1)
+    assert st.summary()["jobs_dropped"] == 1 and st.summary()["jobs_finished"] == 0
+
+
 def test_a_repeated_submission_does_not_requeue_a_running_or_finished_job(small_site: SiteSpec) -> None:
     """Job events come at least once (MQTT QoS 1): a second ``submitted`` of a job the belief knows
     (running, queued or finished since) is the same event again, not a new job."""
