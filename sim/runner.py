@@ -771,8 +771,8 @@ class _Progress:
         link = "up" if sim.connected else "DOWN"
         line = (
             f"sim: t={t:,.0f} s ({clock} UTC) speed {speed:.2f}x, IT {it / 1e3:,.1f} kW, PUE {pue:.3f}, "
-            f"msgs {msgs:,} ({rate:,.0f}/s), link {link}, commands {c.applied} applied / {c.rejected} rejected / "
-            f"{c.expired} expired, bad messages {rejected}"
+            f"msgs {msgs:,} ({rate:,.0f}/s), link {link}, commands {c.applied:,} applied / {c.rejected:,} rejected / "
+            f"{c.expired:,} expired, bad messages {rejected:,}"
         )
         requested = sim.options.speed
         if sim.behind_s > 1.0 and not sim.options.as_fast_as_possible:

@@ -135,6 +135,10 @@ class RunScenario:
     # names (not one the caller passed) and its trace; what a command must not write over (not part
     # of what the scenario is: two scenarios read from different files may be equal)
     input_files: tuple[Path, ...] = field(default=(), compare=False)
+    # the scenario's own ``duration_s`` (its file's), which a ``duration_s`` override replaced; the run
+    # its ``targets`` are set for (``racktwin evaluate`` says when ``--duration`` shortened it). None for
+    # a scenario not built by :func:`run_scenario_from_dict`. Not part of what the run is, as ``input_files``
+    file_duration_s: float | None = field(default=None, compare=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,6 +338,7 @@ def run_scenario_from_dict(
         workload_seed=wseed,
         warnings=tuple(warnings),
         input_files=tuple(inputs),
+        file_duration_s=float(top.duration_s),
     )
 
 

@@ -47,7 +47,9 @@ from typing import TYPE_CHECKING, Any
 from agent.commands.common import (
     EXAMPLES_DIR,
     UserError,
+    add_progress_interval_argument,
     check_broker_option,
+    check_progress_interval,
     check_telemetry_period,
     json_safe,
     path_arg,
@@ -57,6 +59,7 @@ from agent.commands.common import (
     write_text_replacing,
 )
 from agent.config import ControlConfig
+from agent.durations import hms, percent_done
 from agent.solver_output import stdout_to_stderr
 
 if TYPE_CHECKING:  # the service is imported when the demo runs (it loads the solver stack)
@@ -126,14 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         metavar="FILE",
         help="run-scenario TOML (default examples/day-demo.toml)",
     )
-    parser.add_argument(
-        "--progress-interval-s",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="wall seconds between progress lines (the run with the agent, then the one without), > 0 "
-        "(default %(default)g)",
-    )
+    add_progress_interval_argument(parser, default_s=5.0, lines=" (the run with the agent, then the one without)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -146,8 +142,7 @@ def _check(args: argparse.Namespace) -> None:
         )
     if not (math.isfinite(args.speed) and 1.0 <= args.speed <= 1000.0):
         raise UserError(f"--speed must be within 1..1000, got {args.speed:g}")
-    if not (math.isfinite(args.progress_interval_s) and args.progress_interval_s > 0):
-        raise UserError(f"--progress-interval-s must be positive, got {args.progress_interval_s:g}")
+    check_progress_interval(args.progress_interval_s)
 
 
 def run(args: argparse.Namespace, command: str) -> int:
@@ -666,7 +661,7 @@ class _Progress:
         dec = service.last_decision
         status = dec.status if dec is not None else "-"
         return (
-            f"racktwin demo: {_hms(t)}  racks kW [{racks}] "
+            f"racktwin demo: {hms(t)}  racks kW [{racks}] "
             f"(limit {limit_kw:g})  PUE {float(row['pue']):.3f}  facility {float(row['facility_energy_kwh']):,.1f} kWh"
             f"  over {self.over_s:,.0f} s  hottest die {float(row['max_die_temp_c']):.1f} C  "
             f"low-power cards {int(float(row['low_power_cards']))}  agent {service.decisions} decisions ({status})"
@@ -729,11 +724,6 @@ def truth_log_metrics(path: Path, site: Any, judge_from_s: float) -> dict[str, f
     return out
 
 
-def _hms(t_s: float) -> str:
-    """Site seconds as ``H:MM:SS``, as the progress lines show them."""
-    return f"{int(t_s // 3600)}:{int(t_s % 3600 // 60):02d}:{int(t_s % 60):02d}"
-
-
 def _baseline(scenario: Any, progress_interval_s: float = 0.0) -> dict[str, float]:
     """The run without the agent (``agent.evaluate.run_policy``'s ``baseline``), in this process, with a
     progress line on stderr every ``progress_interval_s`` wall seconds (none when 0), as the run with the
@@ -750,9 +740,8 @@ def _baseline(scenario: Any, progress_interval_s: float = 0.0) -> dict[str, floa
         next_print_s = wall_s + progress_interval_s
         rate = t_s / wall_s if wall_s > 0 else math.inf
         left = f"~{(duration_s - t_s) / rate:,.0f} s left" if t_s < duration_s - 1e-6 and rate > 0 else "done"
-        share = t_s / duration_s if duration_s > 0 else 1.0
         _say(
-            f"without the agent: {_hms(t_s)} of {_hms(duration_s)} site time ({share:.0%}), "
+            f"without the agent: {hms(t_s)} of {hms(duration_s)} site time ({percent_done(t_s, duration_s)}%), "
             f"{rate:,.0f}x real time, {left}"
         )
 

@@ -25,6 +25,8 @@ from typing import Any
 
 from agent.commands.common import (
     UserError,
+    add_progress_interval_argument,
+    check_progress_interval,
     check_telemetry_period,
     folder_name,
     json_safe,
@@ -35,6 +37,7 @@ from agent.commands.common import (
     write_text_replacing,
 )
 from agent.config import ControlConfig, check_control
+from agent.durations import hms, percent_done
 from agent.evaluate import BREAKDOWN_KEYS, Evaluation, EvaluationError, default_jobs, evaluate
 from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
@@ -113,8 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="no progress on stderr (warnings and the targets' verdicts still print)"
     )
+    add_progress_interval_argument(
+        parser, default_s=PROGRESS_INTERVAL_S, lines=" (per policy, after its 900-s reports; one at its end)"
+    )
 
 
+#: Default wall seconds between a policy's progress lines (``--progress-interval-s``).
+PROGRESS_INTERVAL_S = 10.0
 #: What ``--out`` receives (checked writable before the run).
 OUTPUT_FILES = ("metrics.json", "metrics.csv", "series.csv", "report.html")
 
@@ -144,6 +152,7 @@ def _check(args: argparse.Namespace) -> tuple[list[str], int]:
         raise _fail(f"--seed must be >= 0, got {args.seed}")
     if not (math.isfinite(args.sample_s) and 1.0 <= args.sample_s <= 86400.0):
         raise _fail(f"--sample-s must be within 1..86400 s, got {args.sample_s:g}")
+    check_progress_interval(args.progress_interval_s)
     return policies, jobs
 
 
@@ -181,7 +190,15 @@ def run(args: argparse.Namespace, command: str) -> int:
     if not args.quiet:
         _announce(scenario, policies, jobs)
     with sigterm_interrupts():  # as Ctrl-C: the worker processes are stopped, not left running
-        ev = _run_policies(scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet))
+        ev = _run_policies(
+            scenario,
+            path,
+            policies,
+            jobs,
+            control,
+            args.sample_s,
+            _progress_printer(args.quiet, args.progress_interval_s),
+        )
     write_outputs(ev, out_dir)
     if not args.quiet:
         print(
@@ -190,21 +207,8 @@ def run(args: argparse.Namespace, command: str) -> int:
             file=sys.stderr,
             flush=True,
         )
-    _print_results(ev, _targets_text(ev, scenario, _file_duration_s(path)), as_json=args.json)
+    _print_results(ev, _targets_text(ev, scenario), as_json=args.json)
     return 0
-
-
-def _file_duration_s(path: Path) -> float | None:
-    """The scenario file's own ``duration_s`` (None when it cannot be read: the loaded scenario was
-    checked already, so this only tells a ``--duration`` run from the run its targets were set for)."""
-    import tomllib
-
-    try:
-        with open(path, "rb") as fh:
-            value = tomllib.load(fh).get("duration_s")
-    except (OSError, tomllib.TOMLDecodeError):
-        return None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _scenario_path(scenario: str) -> Path:
@@ -258,22 +262,25 @@ def _load_scenario(
     return scenario
 
 
-def _progress_printer(quiet: bool) -> Callable[[str, float, float, float], None]:
-    """``evaluate``'s progress callback: one stderr line per policy every 10 s of wall time and at its
-    end (nothing with ``--quiet``)."""
+def _progress_printer(
+    quiet: bool, interval_s: float = PROGRESS_INTERVAL_S
+) -> Callable[[str, float, float, float], None]:
+    """``evaluate``'s progress callback: a policy's report (every 900 site seconds, ``agent.evaluate``)
+    makes a stderr line when it is the policy's first, its last, or ``interval_s`` wall seconds
+    (``--progress-interval-s``) or more after its previous line (nothing with ``--quiet``)."""
     last: dict[str, float] = {}
 
     def progress(name: str, t_s: float, duration_s: float, wall_s: float) -> None:
         if quiet:
             return
         now = time.monotonic()
-        if t_s < duration_s - 1e-6 and now - last.get(name, -math.inf) < 10.0:
+        if t_s < duration_s - 1e-6 and now - last.get(name, -math.inf) < interval_s:
             return
         last[name] = now
         rate = t_s / wall_s if wall_s > 0 else math.inf
         eta = (duration_s - t_s) / rate if rate > 0 else math.inf
         print(
-            f"racktwin evaluate: {name:<10} {_hms(t_s)} of {_hms(duration_s)} ({t_s / duration_s:4.0%}), "
+            f"racktwin evaluate: {name:<10} {hms(t_s)} of {hms(duration_s)} ({percent_done(t_s, duration_s):3d}%), "
             f"{rate:,.0f}x real time, {wall_s:,.0f} s" + (f", ~{eta:,.0f} s left" if t_s < duration_s else ", done"),
             file=sys.stderr,
             flush=True,
@@ -285,7 +292,7 @@ def _progress_printer(quiet: bool) -> Callable[[str, float, float, float], None]
 def _announce(sc: RunScenario, policies: list[str], jobs: int) -> None:
     """One stderr line saying what is about to run."""
     print(
-        f"racktwin evaluate: {sc.name} [{sc.source}]: {sc.site.n_cards} cards, {_hms(sc.duration_s)}, "
+        f"racktwin evaluate: {sc.name} [{sc.source}]: {sc.site.n_cards} cards, {hms(sc.duration_s)}, "
         f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} faults; policies {', '.join(policies)}"
         + ("" if "baseline" in policies else " (+ baseline as reference)")
         + f"; {jobs} worker process{'es' if jobs > 1 else ''}",
@@ -314,18 +321,19 @@ def _run_policies(
         raise _fail(f"{path}: {exc}") from None
 
 
-def _targets_text(ev: Evaluation, scenario: RunScenario, file_duration_s: float | None = None) -> str:
+def _targets_text(ev: Evaluation, scenario: RunScenario) -> str:
     """The targets' verdicts as printed ("" when the scenario has none); when ``--duration`` made the
-    run shorter than the file's ``duration_s`` (``file_duration_s``), a line under the heading says the
-    targets were set for the file's run and judged on this one (a 10-minute run of a day's scenario
-    cannot meet a day's saving: a host's boot alone takes 300 s)."""
+    run shorter than the file's ``duration_s`` (``scenario.file_duration_s``), a line under the heading
+    says the targets were set for the file's run and judged on this one (a 10-minute run of a day's
+    scenario cannot meet a day's saving: a host's boot alone takes 300 s)."""
     if ev.targets_policy is not None:
         text = format_targets(ev.targets_policy, ev.targets)
+        file_duration_s = scenario.file_duration_s
         if file_duration_s is not None and scenario.duration_s < file_duration_s - 1e-9:
             head, _, rest = text.partition("\n")
             note = (
-                f"  (judged on this {_hms(scenario.duration_s)} run: --duration shortened the scenario's "
-                f"{_hms(file_duration_s)}, for which its targets were set)"
+                f"  (judged on this {hms(scenario.duration_s)} run: --duration shortened the scenario's "
+                f"{hms(file_duration_s)}, for which its targets were set)"
             )
             text = "\n".join((head, note, rest)) if rest else f"{head}\n{note}"
         return text
@@ -345,11 +353,6 @@ def _print_results(ev: Evaluation, targets: str, *, as_json: bool) -> None:
         print(format_table(ev))
         if targets:
             print(targets)
-
-
-def _hms(t_s: float) -> str:
-    t = round(t_s)
-    return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -394,7 +397,7 @@ def format_table(ev: Evaluation) -> str:
         lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
     sc = ev.scenario
     lines.append(
-        f"scenario {sc['name']}: {sc['n_cards']} cards, {_hms(sc['duration_s'])}; throughput = top-clock-equivalent "
+        f"scenario {sc['name']}: {sc['n_cards']} cards, {hms(sc['duration_s'])}; throughput = top-clock-equivalent "
         "cards of training (work done, the same jobs for every policy); over s = rack-seconds of true power over a "
         "limit after the first control period"
     )
@@ -524,7 +527,7 @@ def _intro_html(ev: Evaluation) -> str:
     sc = ev.scenario
     return (
         f"<p>Scenario <b>{escape(sc['name'])}</b> ({escape(str(sc['source']))}): {sc['n_cards']} cards in "
-        f"{sc['n_racks']} racks of {sc['rack_power_limit_w'] / 1e3:g} kW, {_hms(sc['duration_s'])}, {sc['jobs']} "
+        f"{sc['n_racks']} racks of {sc['rack_power_limit_w'] / 1e3:g} kW, {hms(sc['duration_s'])}, {sc['jobs']} "
         f"jobs ({escape(sc['workload'])}), faults: {escape(', '.join(sc['faults']) or 'none')}. Every policy ran "
         f"the same plant (same jobs, weather, card spread, sensor noise, faults) in process; all numbers are the "
         f"plant's true values. {len(ev.results)} runs took {ev.wall_s:,.0f} s wall.</p>"

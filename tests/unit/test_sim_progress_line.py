@@ -1,0 +1,40 @@
+"""The progress line of ``racktwin sim`` (sim/runner.py, docs/sim.md) writes its counts as the final
+report does (tests/unit/test_sim_report.py): with thousands separators, so that ``1,373 applied``
+reads next to ``msgs 114,295``, not ``1373 applied``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import wire
+from agent.mqtt_options import MqttOptions
+from sim.runner import SimOptions, Simulator, _Progress
+from twin.scenario import load_run_scenario
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_the_progress_line_has_thousands_separators_in_every_count(tmp_path: Path) -> None:
+    scen = tmp_path / "quiet.toml"
+    scen.write_text(
+        f'name = "quiet"\nsite = "{EXAMPLES / "supernode-512.toml"}"\nduration_s = 60.0\n[workload]\nsource = "none"\n'
+    )
+    sim = Simulator(SimOptions(scenario=load_run_scenario(scen), mqtt=MqttOptions(), start_epoch_s=0.0))
+    sim.messages_published = 114_295
+    counts = sim.commands.counts
+    counts.applied, counts.rejected, counts.expired = 1_373, 2_001, 1_002
+    sim.codec.counter = wire.RejectionCounter(logger=logging.getLogger("test-quiet"))
+    for _ in range(1_234):
+        sim.codec.counter.record(wire.Rejection(wire.RejectReason.MALFORMED_JSON, "not JSON", "racktwin/site1/x"))
+    lines: list[str] = []
+    # an interval of 0: the line is due at once (nothing here depends on how long anything took)
+    _Progress(sim, time.monotonic(), lines.append, 0.0).maybe()
+    assert len(lines) == 1, lines
+    assert "msgs 114,295 (" in lines[0]
+    assert "commands 1,373 applied / 2,001 rejected / 1,002 expired, bad messages 1,234" in lines[0]
