@@ -18,10 +18,13 @@ from agent_helpers import job, small_site
 from agent import wire
 from agent.bus import MqttOptions
 from agent.config import AgentConfig, ControlConfig, JournalConfig, LoadedConfig
+from agent.controller import Controller
 from agent.decision import Decision
+from agent.loop import ClosedLoop
 from agent.publish import OpenCommand
 from agent.service import AgentService
 from sim.commands import CommandHandler
+from twin.estimate import Estimates
 from twin.faults import CardFailure
 from twin.plant import Plant, PlantConfig
 from twin.state import StateSnapshot
@@ -151,3 +154,50 @@ def test_an_applied_placement_stays_in_flight_until_its_job_runs(tmp_path: Path)
     finally:
         site.svc._executor.shutdown(wait=True)
         site.svc.journal.close()
+
+
+class _CardFailsAfterDecision(Controller):
+    """The agent's controller; the first card of its first placement fails in ``plant`` right after the
+    decision (before the decision is applied: the readings it used showed the card alive)."""
+
+    plant: Plant
+    failed: int | None = None
+
+    def step(
+        self,
+        snap: StateSnapshot,
+        now_s: float | None = None,
+        estimates: Estimates | None = None,
+        *,
+        use_solver: bool = True,
+        incremental: bool = False,
+    ) -> Decision:
+        d = super().step(snap, now_s, estimates, use_solver=use_solver, incremental=incremental)
+        if self.failed is None and d.placements:
+            self.failed = d.placements[0].cards[0]
+            self.plant.add_fault(CardFailure(self.failed, at_s=self.plant.time_s))
+        return d
+
+
+def test_in_process_a_placement_the_plant_refuses_is_placed_again_at_the_next_decision() -> None:
+    """``racktwin evaluate``'s loop (``agent.loop.ClosedLoop``) as the service: the plant refuses the
+    placement onto the card that just failed, and the next decision (15 s later) places the job on
+    healthy cards, not once the refused order expired (30 s)."""
+    plant = Plant(SITE, [job("run", 16)], [], PlantConfig(seed=1, placement="external"))
+    plant.place_job("run", RUN_CARDS)
+    plant.submit(job("q", 8, submit_s=20.0))
+    controller = _CardFailsAfterDecision(SITE, ControlConfig(period_s=15.0, command_ttl_s=30.0))
+    controller.plant = plant
+    refusals: list[tuple[float, list[str]]] = []
+    loop = ClosedLoop(
+        plant,
+        controller,
+        estimator=False,
+        replan_on_job_events=False,
+        on_decision=lambda d, report: refusals.append((d.time_s, report.refused)),
+    )
+    loop.run(46.0)  # decisions at 0, 15, 30 ("q", submitted at 20 s, placed and refused) and 45 s
+    assert controller.failed is not None
+    assert [t for t, refused in refusals if refused] == [30.0]
+    cards = plant.job_cards("q").tolist()
+    assert len(cards) == 8 and controller.failed not in cards and not set(cards) & set(RUN_CARDS)
