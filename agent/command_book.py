@@ -198,7 +198,9 @@ class CommandBook:
         :meth:`acked_before`). A refusal or a late arrival clears what the command would have set, so
         the next decision tries again (a refused card setting after ``command_ttl_s``, unless the rack
         refused it as ``superseded``; a ``card_failed`` refusal marks the cards it names:
-        :meth:`agent.command_overlays.Overlays.note_failed`)."""
+        :meth:`agent.command_overlays.Overlays.note_failed`; a refused placement marks nothing, its
+        scheduler names no cards in that form, and is sent again as soon as a decision places the job
+        again: the service tells the controller, :meth:`placement_of`)."""
         oc = self.open.pop(str(ack.command_id), None)
         if oc is None:
             return None
@@ -215,6 +217,19 @@ class CommandBook:
                 self.overlays.refuse(oc, now_s + self.control.command_ttl_s)
                 self.overlays.note_failed(oc, ack, now_s, self.control.command_ttl_s)
         return oc
+
+    def placement_of(self, oc: OpenCommand) -> tuple[str, tuple[int, ...]] | None:
+        """The job and the cards (site indices, sorted) of a scheduler command of ours; None for other
+        commands (``agent.service`` tells the controller's ``PlacementBook`` of a placement not
+        applied: ``Controller.placement_refused``)."""
+        if oc.target != wire.SCHEDULER:
+            return None
+        msg = self.codec.decode(oc.topic, oc.payload)
+        if not isinstance(msg, wire.SchedulerCommand):
+            return None
+        cpr, names = self._cpr, self._names
+        cards = sorted(names.index(rack) * cpr + int(c) for rack, local in msg.cards.items() for c in local)
+        return msg.job_id, tuple(cards)
 
     def forget(self, oc: OpenCommand) -> None:
         """Forget what a closed command would have set (what it alone set: not what a newer command

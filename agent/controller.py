@@ -745,3 +745,11 @@ class Controller:
 
     def pending_placements(self) -> dict[str, tuple[int, ...]]:
         return self._placements.placements()
+
+    def placement_refused(self, job_id: str, cards: Sequence[int], issued_s: float) -> bool:
+        """The scheduler did not apply the placement of ``job_id`` on ``cards`` whose command was issued
+        at ``issued_s`` (an ack ``rejected`` or ``expired``): the order is no longer in flight, its job
+        may be placed again and its cards are free for the next decision
+        (:meth:`agent.placing.PlacementBook.refused`; a newer order of the job stays). Returns whether
+        an order was forgotten. Runs on the event loop, like :meth:`commit`."""
+        return self._placements.refused(job_id, cards, issued_s)

@@ -5,7 +5,9 @@
   first, slower ones last; a slowed pump is renewed at every decision), host power (hosts to power
   on before the wakes, hosts to power off last). Cards that failed are left
   alone; a command the plant refuses (a busy card asked to sleep, a job no longer queued) is
-  reported, not raised.
+  reported, not raised. :class:`ClosedLoop` tells the controller of a placement refused
+  (``Controller.placement_refused``), as the service does on a ``rejected`` ack: the job may be placed
+  again at the next decision, its cards are not held for it.
 * :class:`ClosedLoop` runs plant -> readings (every ``telemetry_period_s``: :class:`TelemetryRounds`)
   -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step`` -> ``apply_to_plant``: a decision every
   ``period_s`` of plant time and, like the service, at once (at most every
@@ -28,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.controller import Controller, decides_again_on
-from agent.decision import Decision
+from agent.decision import Decision, PlacementOrder
 from twin.estimate import Estimator
 from twin.plant import CommandError, Plant
 from twin.state import TwinState
@@ -50,6 +52,7 @@ class ApplyReport:
     hosts_off: int = 0
     placed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    refused_placements: list[PlacementOrder] = field(default_factory=list)  # also in ``refused``
 
 
 def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
@@ -102,6 +105,8 @@ def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
         cards = np.asarray(order.cards, dtype=np.int64)
         if attempt(f"place_job {order.job_id}", _placer(plant, order.job_id, cards)):
             rep.placed.append(order.job_id)
+        else:
+            rep.refused_placements.append(order)
     if host_off is not None:
         down = np.flatnonzero(host_off & ~truth.host_off)
         if down.size and attempt("power_off_hosts", lambda: plant.power_off_hosts(down)):
@@ -206,6 +211,8 @@ class ClosedLoop:
         est = self.estimator.estimates() if self.estimator is not None else None
         decision = self.controller.step(self.state.snapshot(), t, est, incremental=incremental)
         report = apply_to_plant(decision, self.plant)
+        for order in report.refused_placements:  # not in flight: placed again at the next decision
+            self.controller.placement_refused(order.job_id, order.cards, t)
         self.decisions += 1
         self.last_decision = decision
         self._last_s = t

@@ -9,7 +9,8 @@ they do not delay it. Every job left queued gets a ``QueueWait`` saying why.
 :class:`PlacementBook` is what the next steps must remember: the orders in flight (sent, not yet
 started, not expired; their jobs are budgeted from the step they were placed on and not placed
 twice), the reservation's promised start (``twin.easy_backfill.keep_promise``) and since when each
-running job has run (for the expected ends of ``agent.backfill``). :func:`cards_due` tells the
+running job has run (for the expected ends of ``agent.backfill``). An order the scheduler answers as
+not applied is forgotten at once (:meth:`PlacementBook.refused`). :func:`cards_due` tells the
 hosts (``agent.hosts``) how many cards queued jobs are expected to need within a host's boot.
 
 The controller (``agent.controller.Controller``) keeps one book; the functions take what they read
@@ -60,7 +61,8 @@ class PlacementBook:
     the old ones."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, tuple[tuple[int, ...], float]] = {}  # job id -> (cards, order expires)
+        # job id -> (cards, order expires, order made at)
+        self._pending: dict[str, tuple[tuple[int, ...], float, float]] = {}
         self.reserved: tuple[str, float] | None = None  # the blocked job and its earliest expected start
         self.running_since: dict[str, float] = {}  # when each running job was first seen running
 
@@ -70,14 +72,14 @@ class PlacementBook:
 
     def pending_now(self, now_s: float) -> dict[str, tuple[int, ...]]:
         """Placements sent whose orders have not expired: job id -> cards."""
-        return {jid: cards for jid, (cards, until) in self._pending.items() if until > now_s}
+        return {jid: cards for jid, (cards, until, _made) in self._pending.items() if until > now_s}
 
     def in_flight(self, ctx: StepContext, snap: StateSnapshot) -> list[Placed]:
         """Placements sent and not yet started (their jobs still queued, their orders not expired by
         the time the snapshot shows)."""
         queued_ids = {q.job_id for q in snap.queue}
         seen = orders_seen_until(ctx, snap)
-        return [(jid, c) for jid, (c, until) in self._pending.items() if until > seen and jid in queued_ids]
+        return [(jid, c) for jid, (c, until, _made) in self._pending.items() if until > seen and jid in queued_ids]
 
     def pending_with(self, ctx: StepContext, snap: StateSnapshot, orders: Sequence[PlacementOrder]) -> list[Placed]:
         """Placements in flight plus ``orders``: the jobs about to run."""
@@ -112,15 +114,39 @@ class PlacementBook:
         # a new dict, bound at once: a late solve in a worker thread may be reading the old one
         pending = dict(self._pending)
         for o in placements:
-            pending[o.job_id] = (o.cards, now_s + ttl_s)
+            pending[o.job_id] = (o.cards, now_s + ttl_s, now_s)
         self._pending = {k: v for k, v in pending.items() if v[1] > seen and k not in running}
 
     def clock_went_back(self, now_s: float, ttl_s: float) -> None:
         """The site's clock went back to ``now_s`` (``Controller.clock_went_back``)."""
         self.running_since = {j: min(t, now_s) for j, t in self.running_since.items()}
         # a placement sent on the old timeline lasts at most its order's time to live from now
-        self._pending = {j: (c, min(u, now_s + ttl_s)) for j, (c, u) in self._pending.items()}
+        self._pending = {j: (c, min(u, now_s + ttl_s), min(m, now_s)) for j, (c, u, m) in self._pending.items()}
         self.reserved = None  # a reservation's promised start is recomputed on the new timeline
+
+    def refused(self, job_id: str, cards: Collection[int], issued_s: float) -> bool:
+        """The scheduler answered the placement of ``job_id`` on ``cards`` ordered at ``issued_s`` (the
+        issue time of its command: the time of the decision that made it) as not applied: ``rejected``
+        (a card busy or failed, the job not queued, ...) or ``expired`` (it came after its expiry).
+        The order is forgotten at once: its job is no longer in flight, its cards no longer held busy
+        and awake for it, and the next decision may place the job again (before, they stayed held
+        until the order's ``command_ttl_s`` ran out, 30 s by default, or longer while readings lagged
+        the clock). Only the same order is forgotten: the same job on the same cards, made no later
+        than the refused command; a newer placement of the job sent since stays. Returns whether an
+        order was forgotten.
+
+        A job placed again at once can be refused again where the agent's view is what was wrong: a
+        card the scheduler sees busy or failed that the agent does not see so yet. A card is busy with
+        a job whose start the scheduler published (``jobs/events``, ``jobs/state``) before it refused,
+        and a failed card shows in its rack's next telemetry, so the agent's view usually catches up
+        by the next decision; until it does, a placement refused again costs one command per
+        decision, as it did before each time the order expired."""
+        held = self._pending.get(job_id)
+        if held is None or sorted(held[0]) != sorted(int(c) for c in cards) or held[2] > issued_s:
+            return False
+        # a new dict, bound at once: a late solve in a worker thread may be reading the old one
+        self._pending = {k: v for k, v in self._pending.items() if k != job_id}
+        return True
 
 
 def usable_free_cards(site: SiteSpec, load: SiteLoad, ctx: StepContext) -> BoolArray:

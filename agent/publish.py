@@ -36,9 +36,11 @@ An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it and lets the
 again (after ``command_ttl_s`` for a rejected setting of a card, so that a refusal is not repeated
 every period; at once, less the failed card, when a card of the refused command reads failed since:
 a rack refuses a command whole for one failed card; at once for a refusal as ``superseded``: the
-rack holds a newer command). Cards of hosts that are (reported or commanded) off get no level or
-power-limit commands: the rack cannot reach them and refuses them (``host_off``); the next decision
-after the host is on sends them. Nor do the cards of hosts the same decision powers off (a faster
+rack holds a newer command; a placement at once: the service tells the controller's
+``agent.placing.PlacementBook`` too, ``Controller.placement_refused``). Cards of hosts that are
+(reported or commanded) off get no level or power-limit commands: the rack cannot reach them and
+refuses them (``host_off``); the next decision after the host is on sends them.
+Nor do the cards of hosts the same decision powers off (a faster
 level after the power-off would be refused). The same diff, unregistered, is the advice of advisory mode
 (:meth:`CommandBook.advice`).
 

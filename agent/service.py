@@ -622,6 +622,22 @@ class AgentService:
                 ack.result.value,
                 extra={"fields": {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}},
             )
+            if oc is not None:
+                self._placement_not_applied(oc)
+
+    def _placement_not_applied(self, oc: OpenCommand) -> None:
+        """A placement the scheduler refused (or got after its expiry) no longer holds its job and cards
+        (``Controller.placement_refused``): the next decision may place the job again at once, not
+        ``command_ttl_s`` later. Only an ack that closes an open command does this; a late ack, for a
+        command already closed by its expiry, names an order whose time to live is over (the
+        ``PlacementBook`` forgets it by its own rule) and cannot tell it from a newer one of the job."""
+        placed = self.book.placement_of(oc)
+        if placed is not None and self.controller.placement_refused(*placed, oc.issued_s):
+            log.info(
+                "placement of %s not applied: the job may be placed again",
+                placed[0],
+                extra={"fields": {"command_id": oc.command_id, "job_id": placed[0]}},
+            )
 
     def _on_sent(self, oc: OpenCommand, retry: bool) -> None:
         self.metrics.commands_total.labels(result="retried" if retry else "sent").inc()

@@ -494,3 +494,59 @@ def test_the_cards_due_count_free_only_the_cards_the_placement_may_use() -> None
     orders, _, _ = place(queued(snap, "small", "mid"), ctx=ctx)
     assert [(o.job_id, o.cards) for o in orders] == [("small", tuple(free[4:]))]
     assert cards_due(SITE, snap, ctx, book, [], 60.0) == 4
+
+
+def test_a_refused_order_is_forgotten_at_once_and_its_cards_are_free_again() -> None:
+    """The scheduler refused the order of "small" on 4 of the 8 free cards (t = 90 s): "small" is no
+    longer in flight (the next decision may place it again) and its cards count free, not 30 s later."""
+    snap = site_with_queue()
+    ctx = step_context(SITE, now_s=95.0)
+    book = PlacementBook()
+    book.commit([PlacementOrder("small", (24, 25, 26, 27))], running={"run"}, now_s=90.0, ttl_s=30.0)
+    assert book.in_flight(ctx, snap) == [("small", (24, 25, 26, 27))]
+    assert not site_load(SITE, snap, book.in_flight(ctx, snap)).idle[24:28].any()
+    assert book.refused("small", (27, 26, 25, 24), issued_s=90.0)  # cards in any order
+    assert book.in_flight(ctx, snap) == []
+    assert book.placements() == {}
+    assert book.pending_with(ctx, snap, []) == []
+    assert site_load(SITE, snap, book.in_flight(ctx, snap)).idle[24:32].all()  # all 8 free cards
+    # nor does it hold the hosts' count of cards due: "small" (4) and "mid" (6) wait to be placed
+    assert cards_due(SITE, snap, ctx, book, [], 60.0) == 4 + 6
+    assert not book.refused("small", (24, 25, 26, 27), issued_s=90.0)  # a second answer: nothing left
+
+
+def test_a_refusal_of_an_older_order_leaves_a_newer_order_of_the_job() -> None:
+    book = PlacementBook()
+    book.commit([PlacementOrder("small", (24, 25, 26, 27))], running=(), now_s=90.0, ttl_s=30.0)
+    book.commit([], running=(), now_s=125.0, ttl_s=30.0)  # its order expired (readings of 125 s)
+    book.commit([PlacementOrder("small", (28, 29, 30, 31))], running=(), now_s=125.0, ttl_s=30.0)
+    assert not book.refused("small", (24, 25, 26, 27), issued_s=90.0)  # the old cards: not this order
+    book.commit([], running=(), now_s=160.0, ttl_s=30.0)
+    book.commit([PlacementOrder("small", (24, 25, 26, 27))], running=(), now_s=160.0, ttl_s=30.0)
+    assert not book.refused("small", (24, 25, 26, 27), issued_s=90.0)  # the same cards, ordered since
+    assert not book.refused("mid", (24, 25, 26, 27), issued_s=160.0)  # another job
+    assert book.placements() == {"small": (24, 25, 26, 27)}
+    assert book.refused("small", (24, 25, 26, 27), issued_s=160.0)
+    assert book.placements() == {}
+
+
+def test_an_order_sent_before_the_clock_went_back_is_forgotten_when_refused() -> None:
+    book = PlacementBook()
+    book.commit([PlacementOrder("small", (24, 25, 26, 27))], running=(), now_s=1000.0, ttl_s=30.0)
+    book.clock_went_back(200.0, 30.0)
+    assert book.refused("small", (24, 25, 26, 27), issued_s=1000.0)  # its command, stamped on the old timeline
+    assert book.placements() == {}
+
+
+def test_forgetting_a_refused_order_leaves_the_dicts_a_late_solve_reads_as_they_were() -> None:
+    book = PlacementBook()
+    book.commit(
+        [PlacementOrder("small", (24, 25, 26, 27)), PlacementOrder("mid", (16, 17, 18, 19, 20, 21))],
+        running=(),
+        now_s=90.0,
+        ttl_s=30.0,
+    )
+    before = book._pending
+    assert book.refused("small", (24, 25, 26, 27), issued_s=90.0)
+    assert set(before) == {"small", "mid"}  # the dict a solve in a worker thread may hold is unchanged
+    assert set(book.placements()) == {"mid"}

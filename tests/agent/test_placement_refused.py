@@ -1,0 +1,203 @@
+"""A placement the scheduler refuses no longer holds its job and cards: through the service's ack path.
+
+What users rely on: when the scheduler answers a ``place`` command ``rejected`` (here the simulator's
+scheduler, ``sim.commands.CommandHandler``: a card of the placement failed after the readings the
+decision used), the agent's next decision places the job again at once, on cards it can use, and
+does not count the refused placement's cards as busy (before, the job and its cards stayed held
+until the order's ``command_ttl_s`` ran out: 30 s of a job waiting and cards kept awake for nothing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from agent_helpers import job, small_site
+
+from agent import wire
+from agent.bus import MqttOptions
+from agent.config import AgentConfig, ControlConfig, JournalConfig, LoadedConfig
+from agent.controller import Controller
+from agent.decision import Decision
+from agent.loop import ClosedLoop
+from agent.publish import OpenCommand
+from agent.service import AgentService
+from sim.commands import CommandHandler
+from twin.estimate import Estimates
+from twin.faults import CardFailure
+from twin.plant import Plant, PlantConfig
+from twin.state import StateSnapshot
+
+pytestmark = pytest.mark.agent
+
+SITE = small_site()  # 2 racks of 16 cards
+RUN_CARDS = list(range(16))  # rack r0, busy with "run"
+
+
+class _Site:
+    """A plant whose queued jobs wait for the agent (external placement), the simulator's command
+    handler on it, and an agent service (enforce mode, not connected) whose belief reads the plant."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.plant = Plant(SITE, [job("run", 16)], [], PlantConfig(seed=1, placement="external"))
+        self.plant.place_job("run", RUN_CARDS)
+        self.plant.submit(job("q", 8, submit_s=20.0))
+        layout = wire.SiteLayout(site="site1", racks=tuple(SITE.rack_names), cards_per_rack=SITE.cards_per_rack)
+        self.scheduler = CommandHandler(
+            self.plant, wire.Codec(layout), wire.Sequencer("sim"), lambda: self.plant.time_s
+        )
+        cfg = AgentConfig(
+            site="(test)",
+            mode="enforce",
+            control=ControlConfig(command_ttl_s=30.0),
+            journal=JournalConfig(path=str(tmp_path / "journal.sqlite")),
+        )
+        loaded = LoadedConfig(config=cfg, site=SITE, source="(test)", overrides=())
+        self.svc = AgentService(loaded, mqtt=MqttOptions(port=1), http=False)  # not run: no connection
+
+    def run_to(self, t_s: float) -> None:
+        while self.plant.time_s < t_s - 1e-9:
+            self.plant.step(1.0)
+            self.read()
+
+    def read(self) -> None:
+        self.svc.state.update(self.plant.readings())
+        self.svc.state.apply_events(self.plant.drain_events())
+
+    def decide(self) -> tuple[Decision, StateSnapshot, list[OpenCommand]]:
+        snap = self.svc.state.snapshot()
+        now = self.plant.time_s
+        decision = self.svc.controller.step(snap, now)
+        commands = self.svc.book.commands(decision, snap, self.svc.ingest.applied_level, now)
+        return decision, snap, [c for c in commands if c.target == wire.SCHEDULER]
+
+    def answer(self, command: OpenCommand) -> wire.Acknowledgement:
+        """The scheduler's answer to ``command``, taken by the service's ack path."""
+        (out,) = self.scheduler.handle(command.topic, command.payload)
+        ack = self.svc.codec.decode(out.topic, out.payload)
+        assert isinstance(ack, wire.Acknowledgement)
+        self.svc._on_ack(ack)
+        return ack
+
+
+def test_a_refused_placement_frees_its_job_and_cards_for_the_next_decision(tmp_path: Path) -> None:
+    site = _Site(tmp_path)
+    try:
+        site.run_to(60.0)
+        first, snap, (sent,) = site.decide()
+        assert [o.job_id for o in first.placements] == ["q"]
+        assert [q.job_id for q in snap.queue] == ["q"]
+        cards = first.placements[0].cards
+        assert len(cards) == 8 and not set(cards) & set(RUN_CARDS)
+        # a card of the placement fails before the command arrives (after the readings the agent used)
+        dead = cards[0]
+        site.plant.add_fault(CardFailure(dead, at_s=site.plant.time_s))
+        site.plant.step(1.0)
+        ack = site.answer(sent)
+        assert ack.result is wire.AckResult.REJECTED and "failed" in (ack.reason or "")
+        assert "q" not in site.svc.controller.pending_placements()
+        # the next readings show the dead card; the decision right after places "q" on 8 healthy free
+        # cards (15 left on rack r1), not 30 s later once the refused order expired
+        site.read()
+        second, snap, (again,) = site.decide()
+        assert [q.job_id for q in snap.queue] == ["q"]
+        assert [o.job_id for o in second.placements] == ["q"]
+        new_cards = second.placements[0].cards
+        assert len(new_cards) == 8 and dead not in new_cards and not set(new_cards) & set(RUN_CARDS)
+        # the busy cards are those of "run" and of the new placement: none held for the refused one
+        assert set(np.flatnonzero(second.card_busy).tolist()) == set(RUN_CARDS) | set(new_cards)
+        assert site.answer(again).result is wire.AckResult.APPLIED
+        site.run_to(site.plant.time_s + 1.0)
+        assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
+def test_a_placement_answered_expired_is_placed_again_although_the_readings_lag(tmp_path: Path) -> None:
+    """The command reached the scheduler after its expiry (``expired``: not applied). The readings lag
+    the clock, so by the book's own rule the order would have been held until readings newer than its
+    expiry came; the scheduler's answer says the job cannot start from it."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(60.0)
+        first, _snap, (sent,) = site.decide()
+        assert [o.job_id for o in first.placements] == ["q"]
+        # the command is held up past its 30 s; the agent's readings stop at 70 s (within the telemetry
+        # deadline of the next decision at 91 s, but older than the order's expiry at 90 s)
+        site.plant.run(10.0)  # the plant runs on, the agent reads none of it...
+        site.read()  # ...until its readings of 70 s
+        site.plant.run(21.0)
+        assert site.answer(sent).result is wire.AckResult.EXPIRED
+        assert "q" not in site.svc.controller.pending_placements()
+        second, snap, (again,) = site.decide()
+        assert (snap.time_s, site.plant.time_s) == (70.0, 91.0)
+        assert [o.job_id for o in second.placements] == ["q"]
+        assert site.answer(again).result is wire.AckResult.APPLIED
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
+def test_an_applied_placement_stays_in_flight_until_its_job_runs(tmp_path: Path) -> None:
+    """The other answer, for contrast: an applied placement keeps its job from being placed twice."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(60.0)
+        first, _snap, (sent,) = site.decide()
+        assert site.answer(sent).result is wire.AckResult.APPLIED
+        assert site.svc.controller.pending_placements() == {"q": first.placements[0].cards}
+        second, _snap, again = site.decide()  # before the job's start shows in the readings
+        assert not second.placements
+        assert again == []
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
+class _CardFailsAfterDecision(Controller):
+    """The agent's controller; the first card of its first placement fails in ``plant`` right after the
+    decision (before the decision is applied: the readings it used showed the card alive)."""
+
+    plant: Plant
+    failed: int | None = None
+
+    def step(
+        self,
+        snap: StateSnapshot,
+        now_s: float | None = None,
+        estimates: Estimates | None = None,
+        *,
+        use_solver: bool = True,
+        incremental: bool = False,
+    ) -> Decision:
+        d = super().step(snap, now_s, estimates, use_solver=use_solver, incremental=incremental)
+        if self.failed is None and d.placements:
+            self.failed = d.placements[0].cards[0]
+            self.plant.add_fault(CardFailure(self.failed, at_s=self.plant.time_s))
+        return d
+
+
+def test_in_process_a_placement_the_plant_refuses_is_placed_again_at_the_next_decision() -> None:
+    """``racktwin evaluate``'s loop (``agent.loop.ClosedLoop``) as the service: the plant refuses the
+    placement onto the card that just failed, and the next decision (15 s later) places the job on
+    healthy cards, not once the refused order expired (30 s)."""
+    plant = Plant(SITE, [job("run", 16)], [], PlantConfig(seed=1, placement="external"))
+    plant.place_job("run", RUN_CARDS)
+    plant.submit(job("q", 8, submit_s=20.0))
+    controller = _CardFailsAfterDecision(SITE, ControlConfig(period_s=15.0, command_ttl_s=30.0))
+    controller.plant = plant
+    refusals: list[tuple[float, list[str]]] = []
+    loop = ClosedLoop(
+        plant,
+        controller,
+        estimator=False,
+        replan_on_job_events=False,
+        on_decision=lambda d, report: refusals.append((d.time_s, report.refused)),
+    )
+    loop.run(46.0)  # decisions at 0, 15, 30 ("q", submitted at 20 s, placed and refused) and 45 s
+    assert controller.failed is not None
+    assert [t for t, refused in refusals if refused] == [30.0]
+    cards = plant.job_cards("q").tolist()
+    assert len(cards) == 8 and controller.failed not in cards and not set(cards) & set(RUN_CARDS)
