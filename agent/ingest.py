@@ -75,6 +75,9 @@ class IngestStats:
     ahead: int = 0  # messages stamped too far ahead of the site clock (their readings are not taken)
     job_snapshots: int = 0  # job snapshots (jobs/state) reconciled with the job table
     job_snapshot_changes: int = 0  # of those, the ones that changed it
+    job_snapshot_added: int = 0  # jobs those added to the job table (the agent did not hold them)
+    job_snapshot_corrected: int = 0  # jobs whose cards, phase or state those corrected
+    job_snapshot_dropped: int = 0  # jobs the agent held that those no longer listed (dropped from the table)
     job_snapshots_old: int = 0  # job snapshots not newer than the last job event or snapshot: ignored
     job_snapshots_ahead: int = 0  # job snapshots stamped ahead of the site clock (another timeline): ignored
 
@@ -306,6 +309,9 @@ class Ingest:
         self.flush()
         self.state.apply_events(catch.events)
         self.stats.job_snapshot_changes += 1
+        self.stats.job_snapshot_added += catch.added
+        self.stats.job_snapshot_corrected += catch.corrected
+        self.stats.job_snapshot_dropped += catch.dropped
         log.info(
             "job snapshot of %s (ts %.3f, seq %d, %d jobs) changed the agent's job table: %d added, %d corrected, "
             "%d dropped",

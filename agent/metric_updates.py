@@ -23,7 +23,13 @@ group, which keeps its last values, but a measured group's series go (rack power
 temperatures, dies; the facility's read NaN), since what they show is no longer known to be current.
 A step's first failure is logged with its traceback (``health metrics not updated: <group>: <error>``),
 a repeat of the same error is not, and its recovery is logged (``health metrics updated again:
-<group>``); :attr:`MetricUpdates.failing` names the steps failing now.
+<group>``); :attr:`MetricUpdates.failing` names the steps failing now, and
+``racktwin_metrics_group_failing{group}`` (``agent.metrics.METRICS_GROUPS``: the group's id, its words in
+snake_case) reads 1 while a group's step fails, 0 otherwise, so that the alert rules can say which
+alerts are blind meanwhile (``RacktwinMetricsNotUpdated``).
+
+The message counts include the jobs the scheduler's job snapshots changed in the job table
+(``racktwin_job_snapshot_changes_total{change}``: added, corrected, dropped; ``agent.job_catchup``).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from agent.bus import Bus
 from agent.clock import SiteTime
 from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest
-from agent.metrics import AgentMetrics
+from agent.metrics import JOB_SNAPSHOT_CHANGES, METRICS_GROUPS, AgentMetrics
 from agent.publish import CommandBook
 from agent.standby import Standby
 from twin.spec import SiteSpec
@@ -93,7 +99,9 @@ class MetricUpdates:
         self._seen_ignored = (0, 0)  # messages stamped ahead, late readings: counted into the metrics so far
         self._seen_invalid = np.zeros(site.n_racks)  # readings refused per rack, counted so far
         self._seen_takeovers = 0
-        #: the steps of :meth:`update` failing now, with their error (each logged once per error)
+        self._seen_job_snapshot = dict.fromkeys(JOB_SNAPSHOT_CHANGES, 0)  # jobs changed by snapshots, counted so far
+        #: the steps of :meth:`update` failing now (named as the log names them), with their error (each
+        #: logged once per error); ``racktwin_metrics_group_failing`` says the same by group id
         self.failing: dict[str, str] = {}
 
     def after_decision(self, d: Decision) -> None:
@@ -128,23 +136,28 @@ class MetricUpdates:
         age, loop temperatures, dies, the facility's readings) go (no sample; NaN for the facility), since what
         they read is no longer known to be current. The first failure of a step is logged with its
         traceback, a repeat of the same error is not, and the step's recovery is logged."""
-        self._step("broker link", self._update_link)
-        self._step("message counts", self._update_message_counts)
-        self._step("invalid readings", self._update_invalid_readings)
-        self._step("rack power", self._update_rack_power, forget=self._forget_rack_power)
-        self._step("telemetry age", self._update_telemetry_age, forget=self._forget_telemetry_age)
-        self._step("loop temperatures", self._update_loop_temperatures, forget=self._forget_loop_temperatures)
-        self._step("die temperatures", self._update_die_temperatures, forget=self._forget_die_temperatures)
+        self._step("broker_link", self._update_link)
+        self._step("message_counts", self._update_message_counts)
+        self._step("invalid_readings", self._update_invalid_readings)
+        self._step("rack_power", self._update_rack_power, forget=self._forget_rack_power)
+        self._step("telemetry_age", self._update_telemetry_age, forget=self._forget_telemetry_age)
+        self._step("loop_temperatures", self._update_loop_temperatures, forget=self._forget_loop_temperatures)
+        self._step("die_temperatures", self._update_die_temperatures, forget=self._forget_die_temperatures)
         self._step("facility", self._update_facility, forget=self._forget_facility)
-        self._step("stuck sensors", self._update_stuck_sensors)
-        self._step("open commands", self._update_open_commands)
+        self._step("stuck_sensors", self._update_stuck_sensors)
+        self._step("open_commands", self._update_open_commands)
         self._step("standby", self._update_standby)
-        self._step("site clock", self._update_site_clock)
+        self._step("site_clock", self._update_site_clock)
 
-    def _step(self, group: str, run: Callable[[], None], *, forget: Callable[[], None] | None = None) -> None:
+    def _step(self, group_id: str, run: Callable[[], None], *, forget: Callable[[], None] | None = None) -> None:
+        """Run one group's update (``group_id``: a key of ``agent.metrics.METRICS_GROUPS``); its
+        ``racktwin_metrics_group_failing`` series reads 1 while it raises, 0 once it does not."""
+        group = METRICS_GROUPS[group_id]  # as the log names it
+        failing = self.metrics.metrics_group_failing.labels(group=group_id)
         try:
             run()
         except Exception as exc:  # a defect: this group stops here, the others go on; said once per error
+            failing.set(1)
             what = f"{type(exc).__name__}: {exc}"
             if self.failing.get(group) != what:
                 log.exception("health metrics not updated: %s: %s", group, what)
@@ -153,6 +166,7 @@ class MetricUpdates:
                 with contextlib.suppress(Exception):
                     forget()
         else:
+            failing.set(0)
             if self.failing.pop(group, None) is not None:
                 log.info("health metrics updated again: %s", group)
 
@@ -179,6 +193,11 @@ class MetricUpdates:
         m.messages_stamped_ahead_total.inc(max(ahead - self._seen_ignored[0], 0))
         m.late_readings_total.inc(max(late - self._seen_ignored[1], 0))
         self._seen_ignored = (ahead, late)
+        stats = self.ingest.stats  # jobs the scheduler's job snapshots changed in the job table: only grow
+        changed = (stats.job_snapshot_added, stats.job_snapshot_corrected, stats.job_snapshot_dropped)
+        for change, n in zip(JOB_SNAPSHOT_CHANGES, changed, strict=True):
+            m.job_snapshot_changes_total.labels(change=change).inc(max(n - self._seen_job_snapshot[change], 0))
+            self._seen_job_snapshot[change] = n
 
     def _update_invalid_readings(self) -> None:
         site, st = self.site, self.state

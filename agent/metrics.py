@@ -39,6 +39,27 @@ COMMAND_RESULTS = (
 )
 #: Planners behind a decision (``Decision.source``).
 PLAN_SOURCES = ("milp", "greedy", "incremental", "hold")
+#: The groups of gauges ``agent.metric_updates`` brings up to date each in its own guarded step, in its
+#: order: the ``group`` label of ``racktwin_metrics_group_failing`` -> the group as its log lines name it
+#: (``health metrics not updated: <words>: <error>``).
+METRICS_GROUPS: dict[str, str] = {
+    "broker_link": "broker link",
+    "message_counts": "message counts",
+    "invalid_readings": "invalid readings",
+    "rack_power": "rack power",
+    "telemetry_age": "telemetry age",
+    "loop_temperatures": "loop temperatures",
+    "die_temperatures": "die temperatures",
+    "facility": "facility",
+    "stuck_sensors": "stuck sensors",
+    "open_commands": "open commands",
+    "standby": "standby",
+    "site_clock": "site clock",
+}
+#: What ``racktwin_job_snapshot_changes_total`` counts, per job (``agent.job_catchup.Catchup``): a job the
+#: agent did not hold, a job whose cards, phase or state it held wrong, a job it held that the snapshot
+#: no longer lists.
+JOB_SNAPSHOT_CHANGES = ("added", "corrected", "dropped")
 
 ReadinessCheck = Callable[[], list[str]]  # returns the reasons it is not ready (empty = ready)
 
@@ -256,8 +277,25 @@ class AgentMetrics:
             "Acks of commands already acked: copies sent again and answered again, or a broker's second delivery",
             registry=r,
         )
+        self.metrics_group_failing = Gauge(
+            "racktwin_metrics_group_failing",
+            "1 while the update of a group of these metrics fails (a defect; the group's measured series have no "
+            "sample, its others keep their last values; the log has the traceback), 0 otherwise",
+            ["group"],
+            registry=r,
+        )
+        self.job_snapshot_changes_total = Counter(
+            "racktwin_job_snapshot_changes_total",
+            "Jobs the scheduler's job snapshot (jobs/state) changed in the agent's job table, by change: added, "
+            "corrected, dropped (held queued or running, no longer listed: its events were lost, or the agent "
+            "was away)",
+            ["change"],
+            registry=r,
+        )
         for name in self.rack_names:
             self.rack_failsafe.labels(rack=name).set(0)
+        for group in METRICS_GROUPS:
+            self.metrics_group_failing.labels(group=group).set(0)
         # the facility's readings are unknown until its first one (unlabelled: NaN rather than a 0 W, 0 deg C that
         # is no reading; agent.metric_updates sets NaN again when its readings stop)
         for gauge in self.facility_gauges():
@@ -289,6 +327,8 @@ class AgentMetrics:
             self.commands_total.labels(result=result)
         for rack in self.rack_names:
             self.invalid_readings_total.labels(rack=rack)
+        for change in JOB_SNAPSHOT_CHANGES:
+            self.job_snapshot_changes_total.labels(change=change)
         for status in STATUSES:
             self.decisions_total.labels(status=status)
         for action in GUARD_ACTIONS:

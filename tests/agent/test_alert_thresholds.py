@@ -19,6 +19,7 @@ from test_metrics_audit import _documented
 
 from agent import bus
 from agent.config import ControlConfig, load_config
+from agent.metrics import AgentMetrics
 from twin.spec import load_site
 
 pytestmark = pytest.mark.agent
@@ -95,3 +96,63 @@ def test_every_label_an_alert_names_is_carried_by_the_series_it_fires_on() -> No
         series = set(re.findall(r"\bracktwin_[a-z_]+", rule["expr"]))
         for s in series:
             assert named <= documented[s], (name, s, named)
+
+
+#: the series each group of agent.metric_updates brings up to date (docs/agent.md, "A metrics update that
+#: fails", and its metrics table)
+GROUP_SERIES = {
+    "broker_link": {"racktwin_broker_connected", "racktwin_broker_takeovers_total"},
+    "message_counts": {
+        "racktwin_rejected_messages_total",
+        "racktwin_messages_stamped_ahead_total",
+        "racktwin_late_readings_total",
+        "racktwin_job_snapshot_changes_total",
+    },
+    "invalid_readings": {"racktwin_invalid_readings_total"},
+    "rack_power": {"racktwin_rack_power_watts", "racktwin_rack_power_limit_watts"},
+    "telemetry_age": {"racktwin_telemetry_age_seconds"},
+    "loop_temperatures": {"racktwin_rack_supply_temperature_celsius", "racktwin_rack_return_temperature_celsius"},
+    "die_temperatures": {"racktwin_card_die_temperature_celsius", "racktwin_rack_max_die_temperature_celsius"},
+    "facility": {
+        "racktwin_it_power_watts",
+        "racktwin_facility_power_watts",
+        "racktwin_cooling_power_watts",
+        "racktwin_pue_ratio",
+        "racktwin_ambient_temperature_celsius",
+    },
+    "stuck_sensors": {"racktwin_anomalies"},
+    "open_commands": {"racktwin_open_commands"},
+    "standby": {"racktwin_agent_standby", "racktwin_competing_agents"},
+    "site_clock": {"racktwin_site_time_seconds", "racktwin_site_clock_rate_ratio"},
+}
+
+
+def test_a_failing_metrics_group_has_an_alert_naming_the_alerts_it_blinds() -> None:
+    """While a group's update raises, its measured series have no sample and its others stand still: the
+    alerts on them cannot fire. RacktwinMetricsNotUpdated fires on ``racktwin_metrics_group_failing``
+    (1 while failing), no later than the staleness alert would have, and its description names, per
+    group, every shipped alert on one of that group's series, and asks for the log line to report."""
+    exported = {
+        s.labels["group"]
+        for fam in AgentMetrics(["r0"]).registry.collect()
+        for s in fam.samples
+        if s.name == "racktwin_metrics_group_failing"
+    }
+    assert exported == set(GROUP_SERIES)  # every group's series, from the start
+    rules = _rules()
+    rule = rules["RacktwinMetricsNotUpdated"]
+    assert rule["expr"].strip() == "racktwin_metrics_group_failing == 1"
+    assert rule["labels"]["severity"] == "warning"
+    assert _seconds(rule["for"]) <= _seconds(rules["RacktwinTelemetryStale"]["for"])
+    text = rule["annotations"]["description"]
+    assert "health metrics not updated" in text and "report" in text
+    blinded = 0
+    for group, series in GROUP_SERIES.items():
+        m = re.search(rf"\b{group}: ([^;]*)", text)
+        named = m.group(1) if m else ""
+        assert group in text, group
+        for name, other in rules.items():
+            if set(re.findall(r"\bracktwin_[a-z_]+", other["expr"])) & series:
+                assert name in named, (group, name)
+                blinded += 1
+    assert blinded >= 7  # over limit, stale, die hot, broker, client id, clock ahead, invalid, another agent

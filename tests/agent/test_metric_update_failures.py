@@ -4,6 +4,8 @@ failing group keeps its last values, but a measured group's series go (no sample
 no longer known to be current; each step's failure is logged once per distinct error, with its
 traceback, and its recovery once. Before, the first error froze every gauge after it in the update (the
 site clock, the facility, open commands, standby ...), and the log said only that "health metrics" failed.
+``racktwin_metrics_group_failing{group}`` reads 1 while a group fails, 0 otherwise: before, only the log
+said that a group's alerts (RacktwinTelemetryStale, RacktwinRackOverLimit, RacktwinDieHot ...) were blind.
 
 In process, on the service built from examples/agent.toml (not run: no broker); the failure comes from
 a method of the real twin state or of the codec's rejection counter made to raise; every value checked
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_metric_gaps import T0, _at, _readings, _scrape, _service, _SiteNow
 
 from agent.service import AgentService
@@ -170,3 +173,76 @@ def test_a_failing_telemetry_age_step_shows_no_age_rather_than_its_last_one(
     assert _at(s, "racktwin_telemetry_age_seconds", rack=r0) == 40.0
     assert _at(s, "racktwin_telemetry_age_seconds", rack=r1) == 40.0
     assert service.metric_updates.failing == {}
+
+
+def _failing(scrape: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
+    """``racktwin_metrics_group_failing`` as a scrape shows it: group -> value."""
+    return {
+        dict(labels)["group"]: v for (name, labels), v in scrape.items() if name == "racktwin_metrics_group_failing"
+    }
+
+
+GROUPS = {  # docs/agent.md, "A metrics update that fails": the groups, by the id the gauge names them with
+    "broker_link",
+    "message_counts",
+    "invalid_readings",
+    "rack_power",
+    "telemetry_age",
+    "loop_temperatures",
+    "die_temperatures",
+    "facility",
+    "stuck_sensors",
+    "open_commands",
+    "standby",
+    "site_clock",
+}
+
+
+def test_a_failing_group_is_said_by_its_gauge_while_it_fails_and_not_after(
+    service: AgentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the telemetry age's update raises, its series are gone, so RacktwinTelemetryStale cannot fire;
+    before, only the log said so. ``racktwin_metrics_group_failing{group="telemetry_age"}`` reads 1 then
+    (every other group 0), and 0 again once the update works. Every group's series is there from the
+    start, at 0 (before the first update: no group has failed), so that a rule on it sees the change."""
+    assert _failing(_scrape_before_update(service)) == dict.fromkeys(GROUPS, 0.0)
+    clock = _SiteNow(T0)
+    service.metric_updates.clock = clock
+    service.state.update(_readings(service, T0))
+    assert _failing(_scrape(service)) == dict.fromkeys(GROUPS, 0.0)
+
+    def last_seen_fails() -> np.ndarray:
+        raise IndexError("rack index out of range")
+
+    monkeypatch.setattr(service.state, "rack_last_seen_s", last_seen_fails)
+    clock.t_s = T0 + 40
+    for _ in range(2):  # a repeat of the same error (not logged again) still reads failing
+        s = _scrape(service)
+        assert all(name != "racktwin_telemetry_age_seconds" for name, _ in s)  # the blind alert's series
+        assert _failing(s) == {**dict.fromkeys(GROUPS, 0.0), "telemetry_age": 1.0}
+
+    monkeypatch.undo()
+    s = _scrape(service)
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=service.site.rack_names[0]) == 40.0
+    assert _failing(s) == dict.fromkeys(GROUPS, 0.0)
+
+
+def test_one_failing_method_behind_two_groups_sets_both(service: AgentService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TwinState.frozen_readings`` raising stops the loop temperatures and the dies (RacktwinDieHot's
+    series): both groups read 1, and 0 when it works again."""
+    service.metric_updates.clock = _SiteNow(T0)
+    service.state.update(_readings(service, T0))
+    monkeypatch.setattr(service.state, "frozen_readings", _frozen_readings_fail)
+    failing = _failing(_scrape(service))
+    assert {g for g, v in failing.items() if v == 1.0} == {"loop_temperatures", "die_temperatures"}
+    monkeypatch.undo()
+    assert set(_failing(_scrape(service)).values()) == {0.0}
+
+
+def _scrape_before_update(service: AgentService) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    body = service.metrics.exposition().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
