@@ -198,9 +198,11 @@ class CommandBook:
         :meth:`acked_before`). A refusal or a late arrival clears what the command would have set, so
         the next decision tries again (a refused card setting after ``command_ttl_s``, unless the rack
         refused it as ``superseded``; a ``card_failed`` refusal marks the cards it names:
-        :meth:`agent.command_overlays.Overlays.note_failed`; a refused placement marks nothing, its
-        scheduler names no cards in that form, and is sent again as soon as a decision places the job
-        again: the service tells the controller, :meth:`placement_of`)."""
+        :meth:`agent.command_overlays.Overlays.note_failed`; a refused placement is sent again as soon
+        as a decision places the job again: the service tells the controller, :meth:`placement_of`;
+        one refused ``card_failed`` marks the cards of it the scheduler names the same way,
+        :meth:`agent.command_overlays.Overlays.note_failed_placement`, and the next decision, which
+        sees them failed (:meth:`decision_snapshot`), places the job on others)."""
         oc = self.open.pop(str(ack.command_id), None)
         if oc is None:
             return None
@@ -216,7 +218,17 @@ class CommandBook:
             if ack.result is wire.AckResult.REJECTED and oc.kind >= 0 and held:
                 self.overlays.refuse(oc, now_s + self.control.command_ttl_s)
                 self.overlays.note_failed(oc, ack, now_s, self.control.command_ttl_s)
+            if ack.result is wire.AckResult.REJECTED and wire.reason_code(ack.reason) == wire.AckReason.CARD_FAILED:
+                placed = self.placement_of(oc)
+                if placed is not None:
+                    cards = np.asarray(placed[1], dtype=np.int64)
+                    self.overlays.note_failed_placement(cards, ack, oc.issued_s, now_s, self.control.command_ttl_s)
         return oc
+
+    def decision_snapshot(self, snap: StateSnapshot) -> StateSnapshot:
+        """The belief's ``snap`` with the idle cards a ``card_failed`` refusal marks counted failed, as
+        the next decision is to see it (:meth:`agent.command_overlays.Overlays.decision_snapshot`)."""
+        return self.overlays.decision_snapshot(snap)
 
     def placement_of(self, oc: OpenCommand) -> tuple[str, tuple[int, ...]] | None:
         """The job and the cards (site indices, sorted) of a scheduler command of ours; None for other

@@ -13,7 +13,12 @@ A rejected card setting is held back for ``command_ttl_s`` on the cards of the r
 (:meth:`Overlays.lift_refusals_a_failure_explains`): a rack refuses a command whole for one failed card.
 
 A card a ``card_failed`` refusal names counts as failed until a reading of it newer than the
-refusal. A card refused as failed again after a reading had cleared its mark (its telemetry reads it
+refusal: left out of card commands, and, idle, counted failed by the decisions
+(:meth:`Overlays.decision_snapshot`), so that no job is placed on it. A scheduler's refusal of a
+placement names its failed cards per rack (``wire.placement_card_failed_reason``) and marks them
+the same way (:meth:`Overlays.note_failed_placement`).
+
+A card refused as failed again after a reading had cleared its mark (its telemetry reads it
 alive: a stale BMC status) would be put back into every command to its rack, refused whole each time,
 and the rack's other cards would never get their settings: such a card is held out of commands for
 ``command_ttl_s``, twice that at the next repeat, and so on up to :data:`FAILED_HOLD_MAX_S`, whatever
@@ -22,6 +27,7 @@ its readings say; a command applied to it (repaired, replaced) ends the repeats.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -31,12 +37,13 @@ import numpy.typing as npt
 from agent import wire
 from agent.open_commands import N_KINDS, OpenCommand
 from twin.spec import SiteSpec
+from twin.state import StateSnapshot
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["FAILED_HOLD_MAX_S", "Overlays"]
+__all__ = ["FAILED_HOLD_MAX_S", "Overlays", "with_idle_failed"]
 
 log = logging.getLogger("racktwin.agent")
 
@@ -118,13 +125,39 @@ class Overlays:
         # reading clears first is sent the setting again with them, and refused again, is a repeat)
         mine = oc.cards[self.refused_key[oc.kind, oc.cards] == oc.key]
         self.backoff[oc.kind, mine] = -math.inf
+        self.mark_failed(dead, ack.ts_s, oc.issued_s, now_s, first_hold_s)
+
+    def note_failed_placement(
+        self, cards: IntArray, ack: wire.Acknowledgement, issued_s: float, now_s: float, first_hold_s: float
+    ) -> None:
+        """A scheduler refused a placement on ``cards`` (site indices) issued at ``issued_s`` as
+        ``card_failed`` (``wire.placement_card_failed_reason``): the cards of the placement it names
+        count as failed as those of a card setting's refusal (:meth:`note_failed`: until a reading of
+        them newer than the ack; a repeat is held out), so that the next decision neither places the
+        job on them again nor sends them settings (a job requeued by the failure asks for a decision
+        at once, before the rack's telemetry shows the card)."""
+        named: list[int] = []
+        for rack, local in wire.failed_cards_by_rack(ack.reason).items():
+            if rack in self._rack_names:
+                base = self._rack_names.index(rack) * self._cpr
+                named.extend(base + c for c in local if 0 <= c < self._cpr)
+        dead = np.unique(np.asarray(named, dtype=np.int64))
+        dead = dead[np.isin(dead, cards)]
+        if dead.size:
+            self.mark_failed(dead, ack.ts_s, issued_s, now_s, first_hold_s)
+
+    def mark_failed(self, dead: IntArray, ack_ts_s: float, issued_s: float, now_s: float, first_hold_s: float) -> None:
+        """Cards ``dead`` (site indices) refused as failed by an ack stamped ``ack_ts_s`` to a command
+        issued at ``issued_s``: marked failed until a reading of them newer than the ack; those refused
+        again after a decision found their marks cleared are held out (:meth:`note_failed`)."""
         # never later than the agent's clock: an ack stamped ahead would hold the mark past readings
         # that show the card alive (the belief refuses readings stamped that far ahead)
-        stamp = min(ack.ts_s, now_s) if math.isfinite(ack.ts_s) else now_s
+        stamp = min(ack_ts_s, now_s) if math.isfinite(ack_ts_s) else now_s
         self.failed_by_ack_s[dead] = np.maximum(self.failed_by_ack_s[dead], stamp)
-        again = dead[oc.issued_s >= self._failed_cleared_s[dead]]
+        again = dead[issued_s >= self._failed_cleared_s[dead]]
         self._failed_cleared_s[dead] = math.inf
         for c in again.tolist():
+            rack = c // self._cpr
             self.failed_repeats[c] += 1
             doublings = min(int(self.failed_repeats[c]) - 1, 64)  # (an hourly repeat for years: no overflow)
             hold_s = min(max(first_hold_s, 1.0) * 2.0**doublings, FAILED_HOLD_MAX_S)
@@ -171,6 +204,14 @@ class Overlays:
         the belief's; NaN: never read) is as new as the refusal (a reading stamped the refusal's own
         instant clears the mark: both come from one step of the rack)."""
         return self.failed_by_ack_s > np.nan_to_num(last_seen_s, nan=-math.inf)
+
+    def decision_snapshot(self, snap: StateSnapshot) -> StateSnapshot:
+        """``snap`` as the next decision is to see it: its idle cards a ``card_failed`` refusal marks
+        (:meth:`said_failed`: no reading of them since) counted failed (:func:`with_idle_failed`), so
+        that the decision places no job on them (a job requeued by a card's failure asks for a
+        decision at once, before the rack's telemetry shows the card). A card running a job keeps
+        what its readings say (its job's end or requeue comes as a job event)."""
+        return with_idle_failed(snap, self.said_failed(np.asarray(snap.card_last_seen_s, dtype=np.float64)))
 
     def failed_marks(self, last_seen_s: FloatArray) -> dict[int, float]:
         """The marks in force (:meth:`said_failed`): card -> the refusal's stamp (kept in the journal
@@ -233,3 +274,12 @@ class Overlays:
         for jid, (_until, key) in list(self.placing.items()):
             if key == oc.key:
                 del self.placing[jid]
+
+
+def with_idle_failed(snap: StateSnapshot, failed: BoolArray) -> StateSnapshot:
+    """``snap`` with the idle cards (no job in the belief) of ``failed`` counted failed (``snap``
+    itself when there are none)."""
+    extra = np.asarray(failed, dtype=np.bool_) & (np.asarray(snap.card_job) < 0) & ~np.asarray(snap.card_failed)
+    if not extra.any():
+        return snap
+    return dataclasses.replace(snap, card_failed=np.asarray(snap.card_failed, dtype=np.bool_) | extra)

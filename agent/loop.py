@@ -7,7 +7,9 @@
   alone; a command the plant refuses (a busy card asked to sleep, a job no longer queued) is
   reported, not raised. :class:`ClosedLoop` tells the controller of a placement refused
   (``Controller.placement_refused``), as the service does on a ``rejected`` ack: the job may be placed
-  again at the next decision, its cards are not held for it.
+  again at the next decision, its cards are not held for it; the cards a placement was refused for
+  as failed count as failed in the next decisions until a reading of them newer than the refusal
+  (as the service's ``card_failed`` ack: ``agent.command_overlays.Overlays.decision_snapshot``).
 * :class:`ClosedLoop` runs plant -> readings (every ``telemetry_period_s``: :class:`TelemetryRounds`)
   -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step`` -> ``apply_to_plant``: a decision every
   ``period_s`` of plant time and, like the service, at once (at most every
@@ -27,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
+from agent.command_overlays import Overlays
 from agent.controller import Controller, decides_again_on
 from agent.decision import Decision, PlacementOrder
 from twin.estimate import Estimator
@@ -53,6 +55,8 @@ class ApplyReport:
     placed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     refused_placements: list[PlacementOrder] = field(default_factory=list)  # also in ``refused``
+    # the cards a refused placement found failed (``CommandError.failed_cards``, site indices)
+    placement_failed_cards: list[int] = field(default_factory=list)
 
 
 def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
@@ -102,11 +106,14 @@ def apply_to_plant(decision: Decision, plant: Plant) -> ApplyReport:
     if new_setpoint and attempt("set_supply_temp", lambda: plant.set_supply_temp(decision.supply_temp_c)):
         rep.setpoint_c = decision.supply_temp_c
     for order in decision.placements:
-        cards = np.asarray(order.cards, dtype=np.int64)
-        if attempt(f"place_job {order.job_id}", _placer(plant, order.job_id, cards)):
-            rep.placed.append(order.job_id)
-        else:
+        try:
+            plant.place_job(order.job_id, np.asarray(order.cards, dtype=np.int64))
+        except CommandError as exc:
+            rep.refused.append(f"place_job {order.job_id}: {exc.reason}")
             rep.refused_placements.append(order)
+            rep.placement_failed_cards.extend(exc.failed_cards)
+        else:
+            rep.placed.append(order.job_id)
     if host_off is not None:
         down = np.flatnonzero(host_off & ~truth.host_off)
         if down.size and attempt("power_off_hosts", lambda: plant.power_off_hosts(down)):
@@ -139,10 +146,6 @@ class TelemetryRounds:
         while self.start_s + self._n * self.period_s <= t_s + 1e-9:
             self._n += 1
         return True
-
-
-def _placer(plant: Plant, job_id: str, cards: npt.NDArray[np.int64]) -> Callable[[], None]:
-    return lambda: plant.place_job(job_id, cards)
 
 
 class ClosedLoop:
@@ -181,6 +184,9 @@ class ClosedLoop:
         self._urgent = False  # an event asked for a decision within min_replan_interval_s of the last one
         self._wake_s = math.inf  # when a checkpoint's end calls for a decision (checkpoint_end_lead_s)
         self.telemetry = TelemetryRounds(plant.time_s, telemetry_period_s)
+        # cards a refused placement found failed, counted failed until a reading of them newer (as the
+        # service's card_failed acks: agent.command_overlays)
+        self.refusals = Overlays(plant.site)
 
     def observe(self) -> bool:
         """Fold the plant's readings (when a telemetry round is due) and its events into the belief;
@@ -209,10 +215,16 @@ class ClosedLoop:
         events, as the service does)."""
         t = self.plant.time_s
         est = self.estimator.estimates() if self.estimator is not None else None
-        decision = self.controller.step(self.state.snapshot(), t, est, incremental=incremental)
+        snap = self.refusals.decision_snapshot(self.state.snapshot())
+        decision = self.controller.step(snap, t, est, incremental=incremental)
         report = apply_to_plant(decision, self.plant)
         for order in report.refused_placements:  # not in flight: placed again at the next decision
             self.controller.placement_refused(order.job_id, order.cards, t)
+        if report.placement_failed_cards:  # as the service's card_failed ack: not placed on again unseen
+            dead = np.unique(np.asarray(report.placement_failed_cards, dtype=np.int64))
+            # stamped just after t: the readings of t were taken before this decision, so they do not end it
+            after = float(np.nextafter(t, math.inf))
+            self.refusals.mark_failed(dead, after, t, after, self.controller.control.command_ttl_s)
         self.decisions += 1
         self.last_decision = decision
         self._last_s = t

@@ -758,9 +758,16 @@ class AgentService:
             # late solve's end, telemetry, acks, HTTP, the stop).
             await asyncio.sleep(0)
 
+    def decision_snapshot(self) -> StateSnapshot:
+        """The belief as a decision sees it: its idle cards a ``card_failed`` refusal (of a card
+        setting or a placement) marks, with no reading of them since, counted failed
+        (``CommandBook.decision_snapshot``): a placement refused onto a card that failed is not made
+        again onto it while the rack's telemetry does not show the failure yet."""
+        return self.book.decision_snapshot(self.state.snapshot())
+
     async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
-        snap = self.state.snapshot()
+        snap = self.decision_snapshot()
         est = self.estimator.estimates()
         period_wall = self.clock.wall_seconds(cfg.period_s)
         limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)

@@ -63,7 +63,9 @@ reason's 1,024 characters hold, then ``and N more``):
 * facility ``supply_setpoint_celsius``: ``Plant.set_supply_temp`` (within the site's options'
   range); the rack supply follows with the plant's lag.
 * scheduler ``place``: ``Plant.place_job`` (rack-local card indices on the wire); the job must be
-  queued, get exactly its number of cards, none failed or busy.
+  queued, get exactly its number of cards, none failed or busy. A placement with failed cards is
+  rejected ``card_failed``, naming every failed card of it per rack
+  (``wire.placement_card_failed_reason``), so that the agent places the job on others.
 
 Commands to a failed card are rejected (``card_failed``), except host power commands (a host with
 a failed card can still be powered off and on). After the card's own protection the card may run slower
@@ -556,7 +558,14 @@ class CommandHandler:
         try:
             self.plant.place_job(cmd.job_id, np.asarray(cards, dtype=np.int64))
         except CommandError as exc:
-            return self._refuse("place", wire.SCHEDULER, cmd.command_id, exc.reason, cmd)
+            reason = exc.reason
+            if exc.failed_cards:  # named per rack, so that the agent places the job on others (docs/protocol.md)
+                cpr, names = self._cpr, self.site.rack_names
+                by_rack: dict[str, list[int]] = {}
+                for c in exc.failed_cards:
+                    by_rack.setdefault(names[c // cpr], []).append(c % cpr)
+                reason = wire.placement_card_failed_reason(by_rack)
+            return self._refuse("place", wire.SCHEDULER, cmd.command_id, reason, cmd)
         return self._applied(wire.SCHEDULER, cmd)
 
 

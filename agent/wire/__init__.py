@@ -94,9 +94,11 @@ from agent.wire.messages import (
     approx_equal,
     card_failed_reason,
     command_time_problem,
+    failed_cards_by_rack,
     failed_cards_of,
     is_expired,
     new_command_id,
+    placement_card_failed_reason,
     reason_code,
 )
 from agent.wire.messages import BoolArray as BoolArray
@@ -186,9 +188,11 @@ __all__ = [
     "encode_pdu",
     "encode_rack_command",
     "encode_scheduler_command",
+    "failed_cards_by_rack",
     "failed_cards_of",
     "is_expired",
     "kind_of",
     "new_command_id",
+    "placement_card_failed_reason",
     "reason_code",
 ]

@@ -398,29 +398,61 @@ def card_failed_reason(rack: str, cards: Sequence[int]) -> str:
     every failed card of the command), read back by :func:`failed_cards_of`. Within the wire's text
     bound (``MAX_TEXT_CHARS``): a list too long for it names the first cards that fit and ``and N
     more`` (``cards 0, 1, ..., 180 and 75 more of rack r2 have failed``), so that no number is cut."""
-    verb = "has" if len(cards) == 1 else "have"
-    noun = "card" if len(cards) == 1 else "cards"
-    tail = f" of rack {rack} {verb} failed (a dead card takes no setting; the command's other cards would)"
-    head = f"{AckReason.CARD_FAILED.value}: {noun} "
-    names = [str(int(c)) for c in cards]
-    listed = ", ".join(names)
-    if len(head) + len(listed) + len(tail) <= MAX_TEXT_CHARS:
-        return head + listed + tail
-    room = MAX_TEXT_CHARS - len(head) - len(tail) - len(f" and {len(names)} more")
-    kept: list[str] = []
-    used = 0
-    for name in names:
-        add = len(name) + (2 if kept else 0)
-        if used + add > room:
-            break
-        kept.append(name)
-        used += add
-    return f"{head}{', '.join(kept)} and {len(names) - len(kept)} more{tail}"
+    return _card_failed_text({rack: cards}, "a dead card takes no setting; the command's other cards would")
+
+
+def placement_card_failed_reason(cards: Mapping[str, Sequence[int]]) -> str:
+    """The reason of a scheduler's ``place`` refused because cards of it have failed, naming every
+    failed card of the placement per rack (rack-local indices), one clause per rack in the form of
+    :func:`card_failed_reason`, joined by ``; ``: ``card_failed: card 5 of rack r0 has failed; cards
+    2, 7 of rack r1 have failed (...)``, read back by :func:`failed_cards_by_rack`. Within the wire's
+    text bound (``MAX_TEXT_CHARS``): the racks' clauses that fit whole, then the first cards of the
+    next that fit with ``and N more``; the racks after it are left out (the next refusal names them)."""
+    return _card_failed_text(cards, "a dead card takes no job; the placement may be sent again without it")
+
+
+def _card_failed_text(cards: Mapping[str, Sequence[int]], note: str) -> str:
+    head = f"{AckReason.CARD_FAILED.value}: "
+    tail = f" ({note})"
+    room = MAX_TEXT_CHARS - len(head) - len(tail)
+    clauses: list[str] = []
+    for rack, local in cards.items():
+        if not local:
+            continue
+        sep = "; " if clauses else ""
+        verb = "has" if len(local) == 1 else "have"
+        noun = "card" if len(local) == 1 else "cards"
+        names = [str(int(c)) for c in local]
+        whole = f"{sep}{noun} {', '.join(names)} of rack {rack} {verb} failed"
+        if len(whole) <= room:
+            clauses.append(whole)
+            room -= len(whole)
+            continue
+        # the first cards that fit, and how many more: no number is cut
+        fixed = len(f"{sep}{noun}  and {len(names)} more of rack {rack} {verb} failed")
+        kept: list[str] = []
+        used = 0
+        for name in names:
+            add = len(name) + (2 if kept else 0)
+            if fixed + used + add > room:
+                break
+            kept.append(name)
+            used += add
+        if kept:
+            clauses.append(
+                f"{sep}{noun} {', '.join(kept)} and {len(names) - len(kept)} more of rack {rack} {verb} failed"
+            )
+        break
+    return head + "".join(clauses) + tail
 
 
 # the list ends where the reason goes on ("and N more", "of rack"): a reason cut inside its list (by a
 # sender that cuts its text) names no card
 _FAILED_CARDS = re.compile(r"\s*cards?\s+(\d+(?:\s*,\s*\d+)*)(?:\s+and\s+\d+\s+more)?\s+of\s+rack\b")
+# one rack's clause of a placement's card_failed reason, read whole (its rack and "failed" included)
+_FAILED_CLAUSE = re.compile(
+    r"\s*cards?\s+(\d+(?:\s*,\s*\d+)*)(?:\s+and\s+\d+\s+more)?\s+of\s+rack\s+([A-Za-z0-9_.:@-]+)\s+(?:has|have)\s+failed"
+)
 _MAX_CARD_DIGITS: Final = 9  # a longer number is no card of any rack (MAX_CARDS_PER_RACK): passed over
 
 
@@ -429,10 +461,35 @@ def failed_cards_of(reason: str | None) -> tuple[int, ...]:
     more``, those listed); empty for any other reason, or one whose list cannot be read."""
     if reason_code(reason) != AckReason.CARD_FAILED or reason is None:
         return ()
-    m = _FAILED_CARDS.match(reason.split(":", 1)[1])
+    m = _FAILED_CARDS.match(reason.partition(":")[2])  # (a bare "card_failed" names none)
     if not m:
         return ()
-    return tuple(int(c) for c in (t.strip() for t in m[1].split(",")) if len(c) <= _MAX_CARD_DIGITS)
+    return _card_numbers(m[1])
+
+
+def failed_cards_by_rack(reason: str | None) -> dict[str, tuple[int, ...]]:
+    """The cards a ``card_failed`` refusal names, per rack (rack name -> rack-local cards): the
+    clauses of :func:`placement_card_failed_reason` (a rack command's :func:`card_failed_reason` is
+    one clause), read in order up to the first that cannot be read whole (a reason cut inside a
+    clause names none of its cards); empty for any other reason."""
+    if reason_code(reason) != AckReason.CARD_FAILED or reason is None:
+        return {}
+    text = reason.partition(":")[2]
+    out: dict[str, tuple[int, ...]] = {}
+    pos = 0
+    while True:
+        m = _FAILED_CLAUSE.match(text, pos)
+        if not m:
+            return out
+        out[m[2]] = out.get(m[2], ()) + _card_numbers(m[1])
+        pos = m.end()
+        if not text.startswith(";", pos):
+            return out
+        pos += 1
+
+
+def _card_numbers(listed: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in (t.strip() for t in listed.split(",")) if len(c) <= _MAX_CARD_DIGITS)
 
 
 def reason_code(reason: str | None) -> str:

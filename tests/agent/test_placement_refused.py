@@ -66,7 +66,7 @@ class _Site:
         self.svc.state.apply_events(self.plant.drain_events())
 
     def decide(self) -> tuple[Decision, StateSnapshot, list[OpenCommand]]:
-        snap = self.svc.state.snapshot()
+        snap = self.svc.decision_snapshot()  # as the service's cycle: the belief with card_failed marks
         now = self.plant.time_s
         decision = self.svc.controller.step(snap, now)
         commands = self.svc.book.commands(decision, snap, self.svc.ingest.applied_level, now)
@@ -109,6 +109,44 @@ def test_a_refused_placement_frees_its_job_and_cards_for_the_next_decision(tmp_p
         assert set(np.flatnonzero(second.card_busy).tolist()) == set(RUN_CARDS) | set(new_cards)
         assert site.answer(again).result is wire.AckResult.APPLIED
         site.run_to(site.plant.time_s + 1.0)
+        assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
+def test_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_again_before_telemetry_shows_it(
+    tmp_path: Path,
+) -> None:
+    """The scheduler refuses the placement as ``card_failed`` naming the dead card
+    (``wire.placement_card_failed_reason``); the failure requeues nothing here, but a job a failure
+    requeues asks for a decision at once, before the rack's next telemetry: the decision made with
+    readings that still show the card healthy places the job on 8 other cards. Before, it placed it
+    onto the same dead card again (refused again, once per decision, until telemetry showed it)."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(60.0)
+        first, _snap, (sent,) = site.decide()
+        cards = first.placements[0].cards
+        dead = cards[3]
+        site.plant.add_fault(CardFailure(dead, at_s=site.plant.time_s))
+        site.plant.step(1.0)
+        ack = site.answer(sent)
+        assert ack.result is wire.AckResult.REJECTED and wire.reason_code(ack.reason) == wire.AckReason.CARD_FAILED
+        r, local = divmod(dead, SITE.cards_per_rack)
+        assert wire.failed_cards_by_rack(ack.reason) == {SITE.rack_names[r]: (local,)}
+        # no reading since: the belief still shows the card healthy and idle
+        assert not site.svc.state.snapshot().card_failed[dead]
+        second, snap, (again,) = site.decide()
+        assert snap.card_failed[dead]  # the decision counts it failed
+        assert [o.job_id for o in second.placements] == ["q"]
+        new_cards = second.placements[0].cards
+        assert len(new_cards) == 8 and dead not in new_cards and not set(new_cards) & set(RUN_CARDS)
+        assert site.answer(again).result is wire.AckResult.APPLIED
+        # a reading newer than the refusal ends the mark: the belief's own reading says failed now
+        site.run_to(site.plant.time_s + 1.0)
+        assert site.svc.book.overlays.failed_marks(site.svc.state.snapshot().card_last_seen_s) == {}
+        assert site.svc.decision_snapshot().card_failed[dead]
         assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
     finally:
         site.svc._executor.shutdown(wait=True)
@@ -199,5 +237,32 @@ def test_in_process_a_placement_the_plant_refuses_is_placed_again_at_the_next_de
     loop.run(46.0)  # decisions at 0, 15, 30 ("q", submitted at 20 s, placed and refused) and 45 s
     assert controller.failed is not None
     assert [t for t, refused in refusals if refused] == [30.0]
+    cards = plant.job_cards("q").tolist()
+    assert len(cards) == 8 and controller.failed not in cards and not set(cards) & set(RUN_CARDS)
+
+
+def test_in_process_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_again_while_readings_lag() -> None:
+    """As the service: with telemetry read every 30 s, the decision after the refusal (45 s) still
+    reads the dead card healthy; the plant's refusal named it (``CommandError.failed_cards``), so
+    the job goes onto other cards at once. Before, it was placed onto the dead card again at 45 s
+    (and refused again) and went onto healthy cards only after the telemetry round at 60 s."""
+    plant = Plant(SITE, [job("run", 16)], [], PlantConfig(seed=1, placement="external"))
+    plant.place_job("run", RUN_CARDS)
+    plant.submit(job("q", 8, submit_s=20.0))
+    controller = _CardFailsAfterDecision(SITE, ControlConfig(period_s=15.0, command_ttl_s=30.0))
+    controller.plant = plant
+    refusals: list[tuple[float, list[str]]] = []
+    loop = ClosedLoop(
+        plant,
+        controller,
+        estimator=False,
+        replan_on_job_events=False,
+        on_decision=lambda d, report: refusals.append((d.time_s, report.refused)),
+        telemetry_period_s=30.0,
+    )
+    loop.run(46.0)  # readings at 0 and 30 s (before the decision); decisions at 0, 15, 30 (refused), 45 s
+    assert controller.failed is not None
+    assert [t for t, refused in refusals if refused] == [30.0]
+    assert not loop.state.snapshot().card_failed[controller.failed]  # no reading shows it yet
     cards = plant.job_cards("q").tolist()
     assert len(cards) == 8 and controller.failed not in cards and not set(cards) & set(RUN_CARDS)
