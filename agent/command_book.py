@@ -286,8 +286,9 @@ class CommandBook:
         was due before the clock got back there: the next decision commands what it still wants,
         stamped on the new timeline. They wait in :attr:`_left_behind` for :meth:`expire` (the
         publisher journals them expired). A command stamped within the allowance stays open: a rack
-        accepts it, and it expires at most the allowance and its life from now. Without a step back
-        no open command is stamped that far ahead (an issue time is held at most
+        accepts it, and it expires at most the allowance and its life from now. The holds of refused
+        commands stamped that far ahead are lifted (:meth:`Overlays.lift_refusals_stamped_after`).
+        Without a step back no command is stamped that far ahead (an issue time is held at most
         :meth:`stamp_hold_s` ahead)."""
         ahead_s = now_s + self.accept_ahead_s()
         left = [oc for oc in self.open.values() if oc.ts_s > ahead_s]
@@ -295,6 +296,9 @@ class CommandBook:
             del self.open[oc.command_id]
             self.forget(oc)
         self._left_behind.extend(left)
+        # the refusals of such commands hold nothing back (the racks refused most of them as issued
+        # ahead: commands decided on the old timeline after the site restarted, before the clock followed)
+        self.overlays.lift_refusals_stamped_after(ahead_s)
 
     # ---- advisory mode ----------------------------------------------------------------------------
     def advice(

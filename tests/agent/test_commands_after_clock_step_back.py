@@ -175,31 +175,50 @@ def test_after_a_step_back_the_set_point_left_unanswered_is_commanded_again(
     assert isinstance(msg, wire.FacilityCommand) and msg.ts_s == NOW - STEP_S
 
 
-def test_after_a_step_back_a_refused_setting_is_held_back_its_time_from_the_new_now(
+def test_a_setting_refused_as_issued_ahead_by_a_restarted_rack_is_sent_again_once_the_clock_followed(
     scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
-    """A rack refused the level of cards 0..7 at NOW: they get none for ``command_ttl_s`` (30 s). The
-    clock restarts 760 s back: the hold lasts at most 30 s from the new now (before: until NOW + 30,
-    ~790 site s in which the decisions could not set those cards' levels)."""
+    """The simulator restarted 760 s back; until the agent's clock follows (2 + 1 wall s of messages
+    on the new timeline), its decisions are stamped on the old one, and the restarted rack refuses
+    them as ``issued_ahead``. Once the clock stepped back, the next decision sends the setting again,
+    stamped on the new timeline, and the rack applies it. Before, the refusal held the cards back
+    ``command_ttl_s`` from the refusal on the old timeline: ~790 site s without a level for them
+    (seen with mosquitto: no command reached the restarted racks in the 120 s it ran)."""
     site, snap = scene
     codec, book = book_for(site)
     applied = np.full(site.n_cards, -1)
+    new_now = NOW - STEP_S
+    rack = restarted_rack(site, codec, new_now)
+    (cmd,) = book.commands(slower_cards_0_to_7(snap), snap, applied, NOW)
+    refusal = answer(rack, codec, cmd)
+    assert wire.reason_code(refusal.reason) == wire.AckReason.ISSUED_AHEAD
+    assert book.on_ack(refusal, NOW + 1.0) is cmd
+    assert book.commands(slower_cards_0_to_7(snap), snap, applied, NOW + 5.0) == []  # held back, as any refusal
+    (again,) = book.commands(slower_cards_0_to_7(snap), snap, applied, new_now + 5.0)  # the clock followed
+    assert decoded(codec, again).ts_s == new_now + 5.0
+    ack = answer(rack, codec, again)
+    assert ack.result is wire.AckResult.APPLIED, ack.reason
+    assert rack.level[0:8].tolist() == [3] * 8
+
+
+def test_after_a_small_step_back_a_refused_setting_is_held_back_at_most_its_time_from_the_new_now(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """A rack refused the level of cards 0..7 at NOW: they get none for ``command_ttl_s`` (30 s). The
+    agent's clock, which ran ahead of a simulator at 20x, steps back 45 s (within the 200 site s a
+    rack accepts ahead: the refusal stands): the hold lasts at most 30 s from the new now (before:
+    until NOW + 30, 75 s from it)."""
+    site, snap = scene
+    codec, book = book_for(site, time_scale=1 / 20)
+    applied = np.full(site.n_cards, -1)
     (cmd,) = book.commands(slower_cards_0_to_7(snap), snap, applied, NOW)
     msg = decoded(codec, cmd)
-    refusal = wire.Acknowledgement(
-        command_id=msg.command_id,
-        target=msg.rack,
-        result=wire.AckResult.REJECTED,
-        reason="out_of_range: level 3 is not allowed now",
-        ts_s=NOW,
-        seq=1,
-        publisher="sim",
-    )
+    refusal = wire.Acknowledgement(msg.rack, msg.command_id, wire.AckResult.REJECTED, NOW, 1, "sim", "out_of_range")
     assert book.on_ack(refusal, NOW) is cmd
     assert book.commands(slower_cards_0_to_7(snap), snap, applied, NOW + 10.0) == []  # held back
-    new_now = NOW - STEP_S
-    assert book.commands(slower_cards_0_to_7(snap), snap, applied, new_now + 10.0) == []  # still: 30 s from now
-    (again,) = book.commands(slower_cards_0_to_7(snap), snap, applied, new_now + TTL_S + 10.0)
+    back = NOW - 45.0
+    assert book.commands(slower_cards_0_to_7(snap), snap, applied, back + 10.0) == []  # held: 30 s from now
+    (again,) = book.commands(slower_cards_0_to_7(snap), snap, applied, back + 10.0 + TTL_S)
     assert decoded(codec, again).cards == tuple(range(8))
 
 
