@@ -2,7 +2,8 @@
 
 :class:`CommandBook` numbers and encodes the commands of a decision (``agent.command_diff``), stamps
 them (issue times never go back), registers them as open (the overlays of ``agent.command_overlays``
-set) and closes them: an ack, an expiry, or a newer command for what they set (superseded). The same
+set) and closes them: an ack, an expiry, a newer command for what they set (superseded), or a step
+back of the site clock that leaves them stamped beyond what a rack accepts (expired). The same
 diff, unregistered, is the advice of advisory mode (:meth:`CommandBook.advice`). ``agent.publish``
 explains the whole; ``agent.publisher`` sends what the book hands it.
 """
@@ -63,6 +64,8 @@ class CommandBook:
         self._by_key: dict[int, OpenCommand] = {}  # the open commands by key
         #: open commands closed by a newer one for what they set, not yet taken (:meth:`take_superseded`)
         self.superseded: list[OpenCommand] = []
+        #: open commands closed because the site clock stepped back, not yet taken (:meth:`expire`)
+        self._left_behind: list[OpenCommand] = []
         self._next_key = 1
 
     def diff(self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float) -> list[Item]:
@@ -71,16 +74,20 @@ class CommandBook:
         return self._differ.diff(decision, snap, applied_level, now_s)
 
     # ---- enforce mode -----------------------------------------------------------------------------
-    def stamp_hold_s(self) -> float:
-        """How far a command's issue time may stay ahead of the agent's clock after the clock stepped
-        back: half of how far ahead of its clock a rack accepts one (``wire.MAX_ISSUE_AHEAD_S``; a
-        simulator at ``speed`` x accepts ten wall seconds of its site time: ``sim.runner``), at the
+    def accept_ahead_s(self) -> float:
+        """How far ahead of its clock a rack accepts a command's issue time (``wire.MAX_ISSUE_AHEAD_S``;
+        a simulator at ``speed`` x accepts ten wall seconds of its site time: ``sim.runner``), at the
         slower of the configured and the measured rate (the agent's clock may still run a little
         ahead of the rack's)."""
         rate = 1.0 / self.control.time_scale
         if self._site_rate is not None:
             rate = min(rate, self._site_rate())
-        return 0.5 * max(wire.MAX_ISSUE_AHEAD_S, wire.MAX_ISSUE_AHEAD_S * rate)
+        return max(wire.MAX_ISSUE_AHEAD_S, wire.MAX_ISSUE_AHEAD_S * rate)
+
+    def stamp_hold_s(self) -> float:
+        """How far a command's issue time may stay ahead of the agent's clock after the clock stepped
+        back: half of how far ahead of its clock a rack accepts one (:meth:`accept_ahead_s`)."""
+        return 0.5 * self.accept_ahead_s()
 
     def _stamp(self, now_s: float) -> float:
         """The issue time of commands made at ``now_s``: never before the newest one given (within
@@ -95,6 +102,7 @@ class CommandBook:
     ) -> list[OpenCommand]:
         """The commands of a decision, encoded, registered as open (overlays set); send in order."""
         out: list[OpenCommand] = []
+        self._leave_old_timeline(now_s)
         items = self.diff(decision, snap, applied_level, now_s)
         stamp = self._stamp(now_s) if items else now_s
         for kind, msg, _low in items:
@@ -107,7 +115,9 @@ class CommandBook:
                 if isinstance(msg, wire.RackCommand | wire.CduCommand)
                 else (wire.FACILITY if isinstance(msg, wire.FacilityCommand) else wire.SCHEDULER)
             )
-            oc = OpenCommand(str(msg.command_id), target, o.topic, o.payload, now_s, msg.expires_s, kind=kind)
+            oc = OpenCommand(
+                str(msg.command_id), target, o.topic, o.payload, now_s, msg.expires_s, kind=kind, stamp_s=msg.ts_s
+            )
             self._register(oc, msg)
             out.append(oc)
         return out
@@ -187,7 +197,7 @@ class CommandBook:
             msg = self.codec.decode(topic, payload)
             if not isinstance(msg, wire.RackCommand | wire.CduCommand | wire.FacilityCommand | wire.SchedulerCommand):
                 continue
-            oc = OpenCommand(cid, target, topic, payload, issued, expires, attempts=attempts)
+            oc = OpenCommand(cid, target, topic, payload, issued, expires, attempts=attempts, stamp_s=msg.ts_s)
             self._register(oc, msg)
             self._last_stamp_s = max(self._last_stamp_s, msg.ts_s)  # the next ones are not issued before them
             out.append(oc)
@@ -251,12 +261,44 @@ class CommandBook:
         self.overlays.release(oc)
 
     def expire(self, now_s: float) -> list[OpenCommand]:
-        """Close open commands past their expiry without an ack (returned)."""
+        """Close open commands past their expiry without an ack, and those the site clock left behind
+        (:meth:`_leave_old_timeline`: their ``expires_s`` is still ahead of ``now_s``); returns them.
+        After the clock stepped back, a command sent on the old timeline counts as sent now at the
+        latest (its next retry is due a retry interval from now, not once the clock is back there)."""
+        self._leave_old_timeline(now_s)
+        left, self._left_behind = self._left_behind, []
         gone = [oc for oc in self.open.values() if oc.expires_s <= now_s]
         for oc in gone:
             del self.open[oc.command_id]
             self.forget(oc)
-        return gone
+        for oc in self.open.values():
+            oc.last_sent_s = min(oc.last_sent_s, now_s)
+            oc.first_sent_s = min(oc.first_sent_s, now_s)
+        return left + gone
+
+    def _leave_old_timeline(self, now_s: float) -> None:
+        """The site clock stepped back (a restarted simulator, a site's time source corrected; the
+        agent's clock ran ahead during a silence): close the open commands stamped more than a rack
+        accepts ahead of ``now_s`` (:meth:`accept_ahead_s`). No rack on the new timeline applies them
+        (``issued_ahead``: docs/protocol.md, "Which commands a rack applies"); left open, their
+        expiries on the old timeline held what they set (a card's level or limit, a placement on its
+        way, the set-point, a pump speed) for as long as the step back and their life, and no retry
+        was due before the clock got back there: the next decision commands what it still wants,
+        stamped on the new timeline. They wait in :attr:`_left_behind` for :meth:`expire` (the
+        publisher journals them expired). A command stamped within the allowance stays open: a rack
+        accepts it, and it expires at most the allowance and its life from now. The holds of refused
+        commands stamped that far ahead are lifted (:meth:`Overlays.lift_refusals_stamped_after`).
+        Without a step back no command is stamped that far ahead (an issue time is held at most
+        :meth:`stamp_hold_s` ahead)."""
+        ahead_s = now_s + self.accept_ahead_s()
+        left = [oc for oc in self.open.values() if oc.ts_s > ahead_s]
+        for oc in left:
+            del self.open[oc.command_id]
+            self.forget(oc)
+        self._left_behind.extend(left)
+        # the refusals of such commands hold nothing back (the racks refused most of them as issued
+        # ahead: commands decided on the old timeline after the site restarted, before the clock followed)
+        self.overlays.lift_refusals_stamped_after(ahead_s)
 
     # ---- advisory mode ----------------------------------------------------------------------------
     def advice(

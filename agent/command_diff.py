@@ -77,6 +77,9 @@ class CommandDiff:
         ttl = min(self.control.command_ttl_s, wire.MAX_COMMAND_TTL_S)  # a rack refuses a longer life
         out = _Outbox(now_s=now_s, expires_s=now_s + ttl)
         self.overlays.lift_refusals_a_failure_explains(~alive, now_s)
+        # a refused setting is held back command_ttl_s from its refusal: after the site clock stepped
+        # back, at most that from now (not until the new clock gets back to the old timeline's end)
+        np.minimum(self.overlays.backoff, now_s + self.control.command_ttl_s, out=self.overlays.backoff)
         ok_now = self.overlays.backoff <= now_s
         # the cards of hosts that are (or are commanded) off: a rack refuses their levels and limits
         # (host_off: the card cannot be reached); sent once the host is on. Nor do the cards of hosts

@@ -68,6 +68,7 @@ class Overlays:
         self.key = np.zeros((N_KINDS, n), dtype=np.int64)
         self.backoff = np.full((N_KINDS, n), -math.inf)
         self.refused_key = np.zeros((N_KINDS, n), dtype=np.int64)  # the refused command of a backoff
+        self.refused_stamp_s = np.full((N_KINDS, n), -math.inf)  # its issue time on the wire
         # when a rack refused a command because these cards had failed (its ack's stamp): a card counts
         # as failed until a reading of it newer than that shows what it is (a silent rack shows nothing)
         self.failed_by_ack_s = np.full(n, -math.inf)
@@ -102,6 +103,13 @@ class Overlays:
         mine = oc.cards
         self.backoff[oc.kind, mine] = until_s
         self.refused_key[oc.kind, mine] = oc.key
+        self.refused_stamp_s[oc.kind, mine] = oc.ts_s
+
+    def lift_refusals_stamped_after(self, t_s: float) -> None:
+        """Lift the holds of refused commands stamped after ``t_s``: the site clock stepped back past
+        them (``CommandBook``), and a rack on the new timeline judges their settings again (a refusal
+        of one as ``issued_ahead``, its stamp on the old timeline, said nothing of the setting)."""
+        self.backoff[self.refused_stamp_s > t_s] = -math.inf
 
     def note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement, now_s: float, first_hold_s: float) -> None:
         """A ``card_failed`` refusal names the command's dead cards: the refusal no longer holds the

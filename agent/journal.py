@@ -399,6 +399,12 @@ class Journal:
         return expired
 
     @_journal_errors
+    def expire_commands(self, command_ids: Iterable[str]) -> None:
+        """Mark open commands expired before their expiry: the site clock stepped back past their
+        issue, and no rack applies them now (``CommandBook.expire``)."""
+        self._close_open(command_ids, CommandState.EXPIRED)
+
+    @_journal_errors
     def abandon(self, command_ids: Iterable[str]) -> None:
         """Close open commands whose retries ran out."""
         self._close_open(command_ids, CommandState.ABANDONED)

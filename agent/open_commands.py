@@ -54,6 +54,14 @@ class OpenCommand:
     first_sent_s: float = -math.inf  # site time of its first send by this process
     last_sent_s: float = -math.inf
     superseded_by: str | None = None  # the newer command that closed it
+    #: its issue time on the wire (``ts``: ``issued_s``, or the newest stamp given when the site clock
+    #: stepped back, ``CommandBook.stamp_hold_s``); NaN: ``issued_s``
+    stamp_s: float = math.nan
+
+    @property
+    def ts_s(self) -> float:
+        """Its issue time on the wire (``stamp_s``, else ``issued_s``)."""
+        return self.stamp_s if math.isfinite(self.stamp_s) else self.issued_s
 
 
 def new_commands(opens: Iterable[OpenCommand]) -> list[NewCommand]:

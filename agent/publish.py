@@ -31,7 +31,10 @@ issue time given so far, ordered after it by ``seq``, so that racks do not refus
 site s of refusals at 20x). The hold is bounded by how far ahead of its clock a rack accepts a
 command (half of it: :meth:`CommandBook.stamp_hold_s`); a larger step back (a restarted simulator,
 a clock set back by hours) stamps the clock's time again. Commands re-opened from the journal after
-a restart count as given. The book keeps each open command (topic, payload, expiry, attempts).
+a restart count as given. Open commands stamped more than a rack accepts ahead of the clock after it
+stepped back are closed at once, as expired (:meth:`CommandBook.expire`: no rack applies them, and
+their expiries on the old timeline would hold what they set for as long as the step). The book
+keeps each open command (topic, payload, expiry, attempts).
 An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it and lets the next decision try
 again (after ``command_ttl_s`` for a rejected setting of a card, so that a refusal is not repeated
 every period; at once, less the failed card, when a card of the refused command reads failed since:

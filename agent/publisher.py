@@ -179,12 +179,17 @@ class Publisher:
         now = self.clock.now()
         if now is None:
             return
-        for oc in self.book.expire(now):
+        gone = self.book.expire(now)
+        for oc in gone:
             self.stats.unacked_expired += 1
             self._no_ack(oc, now)
             if self.on_closed is not None:
                 self.on_closed(oc, "unacked")
         self._journal_write("expired", functools.partial(self.journal.expire, now))
+        # closed before their expiry: the site clock stepped back past their issue (CommandBook.expire)
+        left = [oc.command_id for oc in gone if oc.expires_s > now]
+        if left:
+            self._journal_write("expired", functools.partial(self.journal.expire_commands, left))
         superseded = self.book.take_superseded()
         if superseded:
             # the journal has no state of its own for them: closed unacked, never sent again
