@@ -295,6 +295,7 @@ class CommandBook:
         for oc in left:
             del self.open[oc.command_id]
             self.forget(oc)
+            oc.left_behind = True
         self._left_behind.extend(left)
         # the refusals of such commands hold nothing back (the racks refused most of them as issued
         # ahead: commands decided on the old timeline after the site restarted, before the clock followed)

@@ -626,11 +626,13 @@ class AgentService:
                 self._placement_not_applied(oc)
 
     def _placement_not_applied(self, oc: OpenCommand) -> None:
-        """A placement the scheduler refused (or got after its expiry) no longer holds its job and cards
-        (``Controller.placement_refused``): the next decision may place the job again at once, not
-        ``command_ttl_s`` later. Only an ack that closes an open command does this; a late ack, for a
-        command already closed by its expiry, names an order whose time to live is over (the
-        ``PlacementBook`` forgets it by its own rule) and cannot tell it from a newer one of the job."""
+        """A placement the scheduler refused (or got after its expiry), or one the site clock left behind
+        (closed unacked: stamped beyond what the scheduler accepts after the clock stepped back,
+        ``CommandBook.expire``), no longer holds its job and cards (``Controller.placement_refused``):
+        the next decision may place the job again at once, not ``command_ttl_s`` later. Only an ack
+        that closes an open command does this; a late ack, for a command already closed by its
+        expiry, names an order whose time to live is over (the ``PlacementBook`` forgets it by its own
+        rule) and cannot tell it from a newer one of the job."""
         placed = self.book.placement_of(oc)
         if placed is not None and self.controller.placement_refused(*placed, oc.issued_s):
             log.info(
@@ -648,6 +650,8 @@ class AgentService:
     def _on_closed(self, oc: OpenCommand, why: str) -> None:
         self.metrics.commands_total.labels(result=why).inc()
         self._first_send.pop(oc.command_id, None)  # closed unsent (e.g. expired while the broker was away)
+        if oc.left_behind:  # no scheduler on the new timeline applies it (its ack, if any, finds it closed)
+            self._placement_not_applied(oc)
 
     def _on_unconfirmed(self, _oc: OpenCommand) -> None:
         self.metrics.commands_total.labels(result="unconfirmed").inc()

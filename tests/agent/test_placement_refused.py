@@ -194,6 +194,31 @@ def test_an_applied_placement_stays_in_flight_until_its_job_runs(tmp_path: Path)
         site.svc.journal.close()
 
 
+def test_a_placement_the_site_clock_left_behind_is_placed_again_at_the_next_decision(tmp_path: Path) -> None:
+    """A placement sent at 60 s, unanswered; the site's clock steps back to 40 s (a scheduler restarted
+    on an earlier clock): stamped more than a scheduler accepts ahead (``wire.MAX_ISSUE_AHEAD_S``,
+    10 s at 1x), no scheduler applies it, and the publisher's next step closes it unacked
+    (``CommandBook.expire``; the scheduler's ``issued_ahead`` answer, if any, finds it closed). As a
+    refused placement, it no longer holds its job and cards: the next decision places the job again
+    (before, the controller held it in flight for the order's 30 s)."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(60.0)
+        first, _snap, (sent,) = site.decide()
+        assert [o.job_id for o in first.placements] == ["q"]
+        gone = site.svc.book.expire(40.0)  # the publisher's step after the clock stepped back...
+        assert sent in gone  # (with the card settings of that decision)
+        for oc in gone:
+            site.svc._on_closed(oc, "unacked")  # ...and what it reports of each command it closed
+        assert "q" not in site.svc.controller.pending_placements()
+        second, _snap, (again,) = site.decide()
+        assert [o.job_id for o in second.placements] == ["q"]
+        assert site.answer(again).result is wire.AckResult.APPLIED
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
 class _CardFailsAfterDecision(Controller):
     """The agent's controller; the first card of its first placement fails in ``plant`` right after the
     decision (before the decision is applied: the readings it used showed the card alive)."""
