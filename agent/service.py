@@ -822,17 +822,21 @@ class AgentService:
             # late solve's end, telemetry, acks, HTTP, the stop).
             await asyncio.sleep(0)
 
-    def decision_snapshot(self) -> StateSnapshot:
-        """The belief as a decision sees it: its idle cards a ``card_failed`` refusal (of a card
-        setting or a placement) marks, with no reading of them since, counted failed
+    def decision_snapshot(self, now_s: float | None = None) -> StateSnapshot:
+        """The belief as a decision at ``now_s`` (default: the site clock's now, else the belief's time)
+        sees it: its idle cards a ``card_failed`` refusal (of a card setting or a placement) marks,
+        with no reading of them since, or a repeat's hold holds out, counted failed
         (``CommandBook.decision_snapshot``): a placement refused onto a card that failed is not made
-        again onto it while the rack's telemetry does not show the failure yet."""
-        return self.book.decision_snapshot(self.state.snapshot())
+        again onto it while the rack's telemetry does not show the failure yet, nor, for the hold,
+        onto one refused as failed again although its telemetry reads it alive."""
+        snap = self.state.snapshot()
+        now = now_s if now_s is not None else self.clock.now()
+        return self.book.decision_snapshot(snap, now if now is not None else snap.time_s)
 
     async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
         self._ahead_episode_ends(now)
-        snap = self.decision_snapshot()
+        snap = self.decision_snapshot(now)
         est = self.estimator.estimates()
         period_wall = self.clock.wall_seconds(cfg.period_s)
         limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)
