@@ -235,10 +235,11 @@ class CommandBook:
                     self.overlays.note_failed_placement(cards, ack, oc.issued_s, now_s, self.control.command_ttl_s)
         return oc
 
-    def decision_snapshot(self, snap: StateSnapshot) -> StateSnapshot:
-        """The belief's ``snap`` with the idle cards a ``card_failed`` refusal marks counted failed, as
-        the next decision is to see it (:meth:`agent.command_overlays.Overlays.decision_snapshot`)."""
-        return self.overlays.decision_snapshot(snap)
+    def decision_snapshot(self, snap: StateSnapshot, now_s: float | None = None) -> StateSnapshot:
+        """The belief's ``snap`` with the idle cards a ``card_failed`` refusal marks (or a repeat's hold
+        holds out at ``now_s``) counted failed, as the next decision is to see it
+        (:meth:`agent.command_overlays.Overlays.decision_snapshot`)."""
+        return self.overlays.decision_snapshot(snap, now_s)
 
     def placement_of(self, oc: OpenCommand) -> tuple[str, tuple[int, ...]] | None:
         """The job and the cards (site indices, sorted) of a scheduler command of ours; None for other
@@ -295,6 +296,7 @@ class CommandBook:
         for oc in left:
             del self.open[oc.command_id]
             self.forget(oc)
+            oc.left_behind = True
         self._left_behind.extend(left)
         # the refusals of such commands hold nothing back (the racks refused most of them as issued
         # ahead: commands decided on the old timeline after the site restarted, before the clock followed)

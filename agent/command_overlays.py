@@ -20,9 +20,12 @@ the same way (:meth:`Overlays.note_failed_placement`).
 
 A card refused as failed again after a reading had cleared its mark (its telemetry reads it
 alive: a stale BMC status) would be put back into every command to its rack, refused whole each time,
-and the rack's other cards would never get their settings: such a card is held out of commands for
-``command_ttl_s``, twice that at the next repeat, and so on up to :data:`FAILED_HOLD_MAX_S`, whatever
-its readings say; a command applied to it (repaired, replaced) ends the repeats.
+and the rack's other cards would never get their settings (a scheduler with a stale view of it would
+refuse every placement onto it): such a card is held out of commands, and, idle, out of placements
+(:meth:`Overlays.decision_snapshot`), for ``command_ttl_s``, twice that at the next repeat, and so on
+up to :data:`FAILED_HOLD_MAX_S`, whatever its readings say; a card setting its rack applies to it
+(repaired, replaced) ends the repeats (:meth:`Overlays.note_applied`; a placement the scheduler
+applies does not: the rack, not the scheduler, is the authority on a card's health).
 """
 
 from __future__ import annotations
@@ -183,7 +186,11 @@ class Overlays:
     def note_applied(self, oc: OpenCommand, ack: wire.Acknowledgement) -> None:
         """A rack applied ``oc`` (a card setting): those of its cards refused as failed before the ack
         are alive (repaired, replaced): their marks and repeats are dropped, and a later refusal of
-        them is a first one again."""
+        them is a first one again. A placement the scheduler applied (``kind`` -1) changes nothing:
+        the scheduler takes a card it believes healthy, it does not reach the card, and its view of a
+        failure may lag the rack's; a mark ends with the card's next reading anyway, and the decisions
+        place no job on an idle card marked or held (:meth:`decision_snapshot`), so such a placement
+        was sent before the refusal."""
         if oc.kind < 0 or not oc.cards.size:
             return
         alive = oc.cards[np.isfinite(self.failed_by_ack_s[oc.cards]) & (self.failed_by_ack_s[oc.cards] < ack.ts_s)]
@@ -213,13 +220,19 @@ class Overlays:
         instant clears the mark: both come from one step of the rack)."""
         return self.failed_by_ack_s > np.nan_to_num(last_seen_s, nan=-math.inf)
 
-    def decision_snapshot(self, snap: StateSnapshot) -> StateSnapshot:
-        """``snap`` as the next decision is to see it: its idle cards a ``card_failed`` refusal marks
-        (:meth:`said_failed`: no reading of them since) counted failed (:func:`with_idle_failed`), so
-        that the decision places no job on them (a job requeued by a card's failure asks for a
-        decision at once, before the rack's telemetry shows the card). A card running a job keeps
-        what its readings say (its job's end or requeue comes as a job event)."""
-        return with_idle_failed(snap, self.said_failed(np.asarray(snap.card_last_seen_s, dtype=np.float64)))
+    def decision_snapshot(self, snap: StateSnapshot, now_s: float | None = None) -> StateSnapshot:
+        """``snap`` as the next decision, at ``now_s``, is to see it: its idle cards a ``card_failed``
+        refusal marks (:meth:`said_failed`: no reading of them since) or a repeat's hold holds out
+        (refused as failed again although their telemetry read them alive; from ``now_s``, when
+        given) counted failed (:func:`with_idle_failed`), so that the decision places no job on them
+        (a job requeued by a card's failure asks for a decision at once, before the rack's telemetry
+        shows the card; a scheduler whose view of a card is stale would refuse every placement on it
+        again, one per reading of the card). A card running a job keeps what its readings say (its
+        job's end or requeue comes as a job event)."""
+        failed = self.said_failed(np.asarray(snap.card_last_seen_s, dtype=np.float64))
+        if now_s is not None:
+            failed |= self.failed_hold_until_s > now_s
+        return with_idle_failed(snap, failed)
 
     def failed_marks(self, last_seen_s: FloatArray) -> dict[int, float]:
         """The marks in force (:meth:`said_failed`): card -> the refusal's stamp (kept in the journal

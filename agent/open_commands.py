@@ -57,6 +57,8 @@ class OpenCommand:
     #: its issue time on the wire (``ts``: ``issued_s``, or the newest stamp given when the site clock
     #: stepped back, ``CommandBook.stamp_hold_s``); NaN: ``issued_s``
     stamp_s: float = math.nan
+    #: closed because the site clock stepped back past its stamp (``CommandBook.expire``): no rack applies it
+    left_behind: bool = False
 
     @property
     def ts_s(self) -> float:

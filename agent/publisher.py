@@ -113,6 +113,7 @@ class Publisher:
         #: "abandoned", "superseded"), with the error; an entry goes when that write succeeds again
         self.journal_errors: dict[str, str] = {}
         self._journal_retry_wall = -math.inf  # time.monotonic() before which journal writes are skipped
+        self._left_unjournaled: list[str] = []  # commands the site clock left behind, their expiry not yet journaled
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
         self.last_unconfirmed_wall = -math.inf
         self.last_unconfirmed_error = ""
@@ -138,16 +139,17 @@ class Publisher:
     def backlog(self) -> int:
         return len(self._queue)
 
-    def _journal_write(self, what: str, write: Callable[[], object]) -> None:
+    def _journal_write(self, what: str, write: Callable[[], object]) -> bool:
         """One journal write (``what`` names it in the log); a failure is logged once and kept in
         :attr:`journal_errors`, never raised: the command has been journaled and sent already. For
         ``journal_retry_s`` after a failure the publisher's writes are skipped (each try may wait for
         SQLite's busy timeout on the event loop, and a step comes every 0.25 s): what they would
         record is lost as when they fail (expiries are recorded by the next one that succeeds). An
         entry of :attr:`journal_errors` goes when a write of its kind succeeds, every entry when a
-        batch is marked sent (rows written: the journal takes writes again)."""
+        batch is marked sent (rows written: the journal takes writes again). Returns whether it was
+        written."""
         if time.monotonic() < self._journal_retry_wall:
-            return
+            return False
         try:
             write()
         except JournalError as exc:
@@ -155,12 +157,13 @@ class Publisher:
                 log.error("journal write failed: commands %s not recorded", what, extra={"fields": {"error": str(exc)}})
             self.journal_errors[what] = str(exc)
             self._journal_retry_wall = time.monotonic() + self.journal_retry_s
-            return
+            return False
         if what == "sent" and self.journal_errors:
             log.info("journal written again: commands sent recorded")
             self.journal_errors.clear()
         elif self.journal_errors.pop(what, None) is not None:
             log.info("journal written again: commands %s recorded", what)
+        return True
 
     async def run(self) -> None:
         while True:
@@ -186,10 +189,14 @@ class Publisher:
             if self.on_closed is not None:
                 self.on_closed(oc, "unacked")
         self._journal_write("expired", functools.partial(self.journal.expire, now))
-        # closed before their expiry: the site clock stepped back past their issue (CommandBook.expire)
-        left = [oc.command_id for oc in gone if oc.expires_s > now]
-        if left:
-            self._journal_write("expired", functools.partial(self.journal.expire_commands, left))
+        # closed before their expiry: the site clock stepped back past their issue (CommandBook.expire);
+        # kept until written (the journal's expiry of the next step does not close them: theirs lie on
+        # the old timeline)
+        self._left_unjournaled.extend(oc.command_id for oc in gone if oc.left_behind)
+        if self._left_unjournaled and self._journal_write(
+            "expired", functools.partial(self.journal.expire_commands, list(self._left_unjournaled))
+        ):
+            self._left_unjournaled.clear()
         superseded = self.book.take_superseded()
         if superseded:
             # the journal has no state of its own for them: closed unacked, never sent again

@@ -78,6 +78,7 @@ import uuid
 from typing import Any
 
 from agent import wire
+from agent.ahead_refusals import AheadRefusals
 from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
@@ -319,6 +320,9 @@ class AgentService:
             #: a restarted publisher numbers from 0 again)
             self.acks_received = 0
             self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
+            # issued_ahead refusals: one episode's lines (agent.ahead_refusals); the clock's step backs seen
+            self._ahead = AheadRefusals()
+            self._ahead_corrections = 0
             self.last_decision: Decision | None = None
             self.rounds_dropped = 0
             #: messages whose handling raised (dropped; see :meth:`_message_failed`)
@@ -616,21 +620,79 @@ class AgentService:
             self.metrics.foreign_acks_total.inc()
             return  # another agent's command, or a forged ack
         self.metrics.commands_total.labels(result=ack.result.value).inc()
-        if ack.result is not wire.AckResult.APPLIED:
-            log.warning(
-                "command %s",
-                ack.result.value,
-                extra={"fields": {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}},
+        self._ahead_episode_ends(now)
+        if ack.result is wire.AckResult.APPLIED:
+            n = self._ahead.applied(ack.target)
+            if n:
+                log.info(
+                    "%s applies commands again after %d refused as issued ahead of its clock",
+                    ack.target,
+                    n,
+                    extra={"fields": {"target": ack.target, "refused": n}},
+                )
+            return
+        fields = {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}
+        if wire.reason_code(ack.reason) == wire.AckReason.ISSUED_AHEAD:
+            since = self._ahead.refused(ack.target, left_behind=self._left_behind(oc, str(ack.command_id), now))
+            if since is None:
+                log.debug("command %s", ack.result.value, extra={"fields": fields})
+            else:
+                log.warning(
+                    "command %s: issued ahead of the target's clock (%d such refusal(s) since the last such line; "
+                    "the rest are counted, and summed up when the agent's clock steps back or the target applies "
+                    "a command)",
+                    ack.result.value,
+                    since,
+                    extra={"fields": {**fields, "since_last_line": since}},
+                )
+        else:
+            log.warning("command %s", ack.result.value, extra={"fields": fields})
+        if oc is not None:
+            self._placement_not_applied(oc)
+
+    def _left_behind(self, oc: OpenCommand | None, command_id: str, now: float | None) -> bool:
+        """Whether a command of ours (``oc``, or the journal's row of one closed already) is stamped
+        beyond what a target accepts ahead of the agent's clock ``now``: decided on a timeline the
+        site clock has left (``CommandBook._leave_old_timeline``; a journaled command's issue time,
+        which its stamp is never before)."""
+        if now is None:
+            return False
+        if oc is not None:
+            stamp = oc.ts_s
+        else:
+            try:
+                row = self.journal.command(command_id)
+            except JournalError:
+                return False
+            if row is None:
+                return False
+            stamp = row.issued_s
+        return stamp > now + self.book.accept_ahead_s()
+
+    def _ahead_episode_ends(self, now: float | None) -> None:
+        """When the agent's clock has stepped back since the last call: one INFO line of the
+        ``issued_ahead`` refusals the episode counted (``agent.ahead_refusals``)."""
+        if self.clock.corrections == self._ahead_corrections:
+            return
+        self._ahead_corrections = self.clock.corrections
+        refused = self._ahead.clock_stepped_back()
+        if refused:
+            log.info(
+                "the site clock stepped back: %d command(s) decided on the old timeline had been refused as issued "
+                "ahead of the targets' clocks (%s)",
+                sum(refused.values()),
+                ", ".join(f"{t} {n}" for t, n in refused.items()),
+                extra={"fields": {"refused": refused, "site_time_s": now}},
             )
-            if oc is not None:
-                self._placement_not_applied(oc)
 
     def _placement_not_applied(self, oc: OpenCommand) -> None:
-        """A placement the scheduler refused (or got after its expiry) no longer holds its job and cards
-        (``Controller.placement_refused``): the next decision may place the job again at once, not
-        ``command_ttl_s`` later. Only an ack that closes an open command does this; a late ack, for a
-        command already closed by its expiry, names an order whose time to live is over (the
-        ``PlacementBook`` forgets it by its own rule) and cannot tell it from a newer one of the job."""
+        """A placement the scheduler refused (or got after its expiry), or one the site clock left behind
+        (closed unacked: stamped beyond what the scheduler accepts after the clock stepped back,
+        ``CommandBook.expire``), no longer holds its job and cards (``Controller.placement_refused``):
+        the next decision may place the job again at once, not ``command_ttl_s`` later. Only an ack
+        that closes an open command does this; a late ack, for a command already closed by its
+        expiry, names an order whose time to live is over (the ``PlacementBook`` forgets it by its own
+        rule) and cannot tell it from a newer one of the job."""
         placed = self.book.placement_of(oc)
         if placed is not None and self.controller.placement_refused(*placed, oc.issued_s):
             log.info(
@@ -648,6 +710,8 @@ class AgentService:
     def _on_closed(self, oc: OpenCommand, why: str) -> None:
         self.metrics.commands_total.labels(result=why).inc()
         self._first_send.pop(oc.command_id, None)  # closed unsent (e.g. expired while the broker was away)
+        if oc.left_behind:  # no scheduler on the new timeline applies it (its ack, if any, finds it closed)
+            self._placement_not_applied(oc)
 
     def _on_unconfirmed(self, _oc: OpenCommand) -> None:
         self.metrics.commands_total.labels(result="unconfirmed").inc()
@@ -758,16 +822,21 @@ class AgentService:
             # late solve's end, telemetry, acks, HTTP, the stop).
             await asyncio.sleep(0)
 
-    def decision_snapshot(self) -> StateSnapshot:
-        """The belief as a decision sees it: its idle cards a ``card_failed`` refusal (of a card
-        setting or a placement) marks, with no reading of them since, counted failed
+    def decision_snapshot(self, now_s: float | None = None) -> StateSnapshot:
+        """The belief as a decision at ``now_s`` (default: the site clock's now, else the belief's time)
+        sees it: its idle cards a ``card_failed`` refusal (of a card setting or a placement) marks,
+        with no reading of them since, or a repeat's hold holds out, counted failed
         (``CommandBook.decision_snapshot``): a placement refused onto a card that failed is not made
-        again onto it while the rack's telemetry does not show the failure yet."""
-        return self.book.decision_snapshot(self.state.snapshot())
+        again onto it while the rack's telemetry does not show the failure yet, nor, for the hold,
+        onto one refused as failed again although its telemetry reads it alive."""
+        snap = self.state.snapshot()
+        now = now_s if now_s is not None else self.clock.now()
+        return self.book.decision_snapshot(snap, now if now is not None else snap.time_s)
 
     async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
-        snap = self.decision_snapshot()
+        self._ahead_episode_ends(now)
+        snap = self.decision_snapshot(now)
         est = self.estimator.estimates()
         period_wall = self.clock.wall_seconds(cfg.period_s)
         limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)

@@ -30,7 +30,8 @@ from agent.bus import Bus
 from agent.clock import SiteClock
 from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder
-from agent.journal import Journal
+from agent.journal import Journal, JournalError
+from agent.mqtt_options import MqttOptions
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
 from sim.commands import CommandHandler
 from twin.plant import Plant, PlantConfig
@@ -338,3 +339,59 @@ def test_a_command_stamped_within_what_a_rack_accepts_ahead_is_kept() -> None:
     assert [oc.command_id for oc in gone] == ["left"] and list(book.open) == ["kept"]
     assert math.isnan(OpenCommand("x", "r0", "t", b"", NOW, NOW + 1.0).stamp_s)
     assert OpenCommand("x", "r0", "t", b"", NOW, NOW + 1.0).ts_s == NOW
+
+
+class _Link:
+    """A broker link that takes every publish at once (what the publisher sends)."""
+
+    options = MqttOptions(port=1)
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int, retain: bool, timeout_s: float) -> None:
+        self.sent.append(payload)
+
+
+async def test_a_left_behind_command_whose_expiry_write_failed_is_journaled_expired_at_the_next_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal write that closes the commands the site clock left behind fails once (a full disk,
+    a locked file). The journal's own expiry never closes them (their expiries lie on the old
+    timeline, 760 s ahead), so the publisher writes them again at its next step: the journal does not
+    keep 'sent' a command no rack applies (a restarted agent would take it up again). Before, the
+    write was lost and the row stayed 'sent' until the clock got back to its expiry."""
+    site = example_site()
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
+    control = ControlConfig(command_ttl_s=TTL_S)
+    book = CommandBook(site, codec, control)
+    clock, wall = stepped_clock(NOW)
+    journal = Journal(tmp_path / "journal.sqlite")
+    cmd = wire.RackCommand("r0", (0, 1), wire.CardSetting.dvfs(3), uuid.uuid4(), NOW + TTL_S, NOW, 1, "agent")
+    out = codec.outgoing(cmd)
+    (oc,) = book.resume([(str(cmd.command_id), "r0", out.topic, out.payload, NOW, NOW + TTL_S, 0)])
+    journal.record_decision(1, NOW, "enforce", "optimal", 0.0, {}, new_commands([oc]))
+    publisher = Publisher(_Link(), book, journal, clock, control)
+    publisher.journal_retry_s = 0.0  # the next step writes again
+    publisher.submit([oc])
+    await publisher.step()
+    step_back(clock, wall, NOW - STEP_S)
+    real = journal.expire_commands
+    failures = [0]
+
+    def fails_once(ids: Any) -> None:
+        if not failures[0]:
+            failures[0] += 1
+            raise JournalError("disk full")
+        real(ids)
+
+    monkeypatch.setattr(journal, "expire_commands", fails_once)
+    await publisher.step()
+    assert not book.open and failures[0] == 1 and "expired" in publisher.journal_errors
+    row = journal.command(oc.command_id)
+    assert row is not None and row.state == "sent"
+    await publisher.step()
+    row = journal.command(oc.command_id)
+    assert row is not None and row.state == "expired"
+    assert publisher.journal_errors == {}
+    journal.close()

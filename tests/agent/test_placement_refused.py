@@ -9,6 +9,7 @@ until the order's ``command_ttl_s`` ran out: 30 s of a job waiting and cards kep
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from agent_helpers import job, small_site
 
 from agent import wire
 from agent.bus import MqttOptions
+from agent.command_overlays import Overlays
 from agent.config import AgentConfig, ControlConfig, JournalConfig, LoadedConfig
 from agent.controller import Controller
 from agent.decision import Decision
@@ -153,6 +155,45 @@ def test_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_again_before
         site.svc.journal.close()
 
 
+def test_a_card_a_stale_scheduler_refuses_again_is_held_out_of_placements(tmp_path: Path) -> None:
+    """A scheduler whose view of a card is stale (it says the card failed; the rack's telemetry reads
+    it alive) refuses every placement onto it as ``card_failed``. The first refusal marks the card
+    until the next reading; the decision after that reading places the job onto it again, and the
+    second refusal, after a reading had cleared the mark, is a repeat: the card is held out for
+    ``command_ttl_s`` whatever its readings say (agent.command_overlays), out of placements too. The
+    third decision places the job on other cards. Before, the hold kept the card out of card
+    commands only: the job was placed onto it again after every reading, refused each time."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(60.0)
+
+        def stale_refusal(command: OpenCommand, card: int) -> None:
+            r, local = divmod(card, SITE.cards_per_rack)
+            reason = wire.placement_card_failed_reason({SITE.rack_names[r]: [local]})
+            ack = wire.Acknowledgement(
+                wire.SCHEDULER, uuid.UUID(command.command_id), wire.AckResult.REJECTED, site.plant.time_s, 1, "sched",
+                reason,
+            )  # fmt: skip
+            site.svc._on_ack(ack)
+
+        first, _snap, (sent,) = site.decide()
+        stale = first.placements[0].cards[0]
+        stale_refusal(sent, stale)
+        site.run_to(site.plant.time_s + 1.0)  # a reading of the card, alive: the mark ends
+        assert not site.svc.decision_snapshot().card_failed[stale]
+        second, _snap, (sent,) = site.decide()
+        assert stale in second.placements[0].cards  # (the cards the decision likes best)
+        stale_refusal(sent, stale)  # refused as failed again although the rack reads it alive: a repeat
+        site.run_to(site.plant.time_s + 1.0)
+        third, snap, (sent,) = site.decide()
+        assert snap.card_failed[stale]
+        assert [o.job_id for o in third.placements] == ["q"] and stale not in third.placements[0].cards
+        assert site.answer(sent).result is wire.AckResult.APPLIED
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
 def test_a_placement_answered_expired_is_placed_again_although_the_readings_lag(tmp_path: Path) -> None:
     """The command reached the scheduler after its expiry (``expired``: not applied). The readings lag
     the clock, so by the book's own rule the order would have been held until readings newer than its
@@ -189,6 +230,31 @@ def test_an_applied_placement_stays_in_flight_until_its_job_runs(tmp_path: Path)
         second, _snap, again = site.decide()  # before the job's start shows in the readings
         assert not second.placements
         assert again == []
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
+def test_a_placement_the_site_clock_left_behind_is_placed_again_at_the_next_decision(tmp_path: Path) -> None:
+    """A placement sent at 60 s, unanswered; the site's clock steps back to 40 s (a scheduler restarted
+    on an earlier clock): stamped more than a scheduler accepts ahead (``wire.MAX_ISSUE_AHEAD_S``,
+    10 s at 1x), no scheduler applies it, and the publisher's next step closes it unacked
+    (``CommandBook.expire``; the scheduler's ``issued_ahead`` answer, if any, finds it closed). As a
+    refused placement, it no longer holds its job and cards: the next decision places the job again
+    (before, the controller held it in flight for the order's 30 s)."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(60.0)
+        first, _snap, (sent,) = site.decide()
+        assert [o.job_id for o in first.placements] == ["q"]
+        gone = site.svc.book.expire(40.0)  # the publisher's step after the clock stepped back...
+        assert sent in gone  # (with the card settings of that decision)
+        for oc in gone:
+            site.svc._on_closed(oc, "unacked")  # ...and what it reports of each command it closed
+        assert "q" not in site.svc.controller.pending_placements()
+        second, _snap, (again,) = site.decide()
+        assert [o.job_id for o in second.placements] == ["q"]
+        assert site.answer(again).result is wire.AckResult.APPLIED
     finally:
         site.svc._executor.shutdown(wait=True)
         site.svc.journal.close()
@@ -266,3 +332,18 @@ def test_in_process_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_a
     assert not loop.state.snapshot().card_failed[controller.failed]  # no reading shows it yet
     cards = plant.job_cards("q").tolist()
     assert len(cards) == 8 and controller.failed not in cards and not set(cards) & set(RUN_CARDS)
+
+
+def test_a_placement_the_scheduler_applies_does_not_end_a_racks_failed_mark() -> None:
+    """A placement sent before a rack refused a setting of card 20 as ``card_failed``, applied by the
+    scheduler after the refusal: the scheduler does not reach the card (its view of the failure may
+    lag the rack's), so the card stays marked until its next reading, and a later refusal of a
+    setting to it is not counted a first one again (agent.command_overlays: only a card setting
+    the rack applies ends the marks and repeats)."""
+    overlays = Overlays(SITE)
+    dead = np.asarray([20], dtype=np.int64)
+    overlays.mark_failed(dead, 61.0, 60.0, 61.0, 30.0)
+    placement = OpenCommand("p1", wire.SCHEDULER, "t", b"", 59.0, 89.0, cards=np.arange(16, 24, dtype=np.int64))
+    applied = wire.Acknowledgement(wire.SCHEDULER, uuid.uuid4(), wire.AckResult.APPLIED, 62.0, 1, "sched")
+    overlays.note_applied(placement, applied)
+    assert overlays.said_failed(np.full(SITE.n_cards, 60.5))[20]

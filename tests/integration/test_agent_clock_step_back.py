@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import time
 import uuid
@@ -93,7 +94,7 @@ async def wait_for(cond: Any, timeout_s: float, what: str) -> None:
 
 
 async def test_after_a_simulator_restarted_760_s_back_the_old_timelines_commands_close_and_the_racks_get_new_ones(
-    mosquitto: EmbeddedBroker, tmp_path: Path
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A first simulator runs 40 s and ends; the racks fall silent and the agent caps them (fail-safe),
     commands nobody answers. A second simulator starts 760 s back on the site clock (new session,
@@ -101,7 +102,11 @@ async def test_after_a_simulator_restarted_760_s_back_the_old_timelines_commands
     timeline are closed, expired in the journal (before, they stayed open, 'sent', until the new clock
     got back to their expiries, ~790 site s), and the restarted racks get the caps the decisions still
     want while the fail-safe hold lasts (before, the open caps' overlays said the racks had them: the
-    restarted racks ran uncapped through the hold), stamped on the new timeline and applied."""
+    restarted racks ran uncapped through the hold), stamped on the new timeline and applied. The
+    commands decided on the old timeline before the agent's clock followed, refused ``issued_ahead``
+    by the restarted racks, make one WARNING line and one INFO line with their number once the clock
+    stepped back (before: a WARNING line each, ~39)."""
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
     site = load_site(write_capped_small_site(tmp_path, 12_500.0))
     cfg = write_config(tmp_path)
     loaded = load_config(cfg, env={"RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{mosquitto.port}"})
@@ -169,3 +174,13 @@ async def test_after_a_simulator_restarted_760_s_back_the_old_timelines_commands
     assert all(acks[m.command_id].result is wire.AckResult.APPLIED for m in early if m.command_id in acks)
     # nothing stamped on the old timeline went to the restarted racks
     assert not [m for w, m in seen if isinstance(m, wire.RackCommand) and w >= stepped_wall and m.ts_s > START]
+    # the refusals as issued ahead: one WARNING line, then one INFO line with their number
+    ahead = [m for _w, m in seen if isinstance(m, wire.Acknowledgement) and (m.reason or "").startswith("issued_ahead")]
+    assert len(ahead) >= 2
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and r.getMessage().startswith("command ")]
+    assert len(warned) == 1 and "issued_ahead" in warned[0].fields["reason"]  # type: ignore[attr-defined]
+    (summed,) = [r for r in caplog.records if r.getMessage().startswith("the site clock stepped back:")]
+    assert summed.levelno == logging.INFO
+    # (an answer that came after the clock stepped back, of a command stamped on the old timeline, is
+    # counted apart without a line)
+    assert 2 <= sum(summed.fields["refused"].values()) <= len(ahead)  # type: ignore[attr-defined]
