@@ -28,6 +28,7 @@ from twin.state import StateSnapshot
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 __all__ = ["CommandBook"]
 
@@ -212,7 +213,7 @@ class CommandBook:
         as a decision places the job again: the service tells the controller, :meth:`placement_of`;
         one refused ``card_failed`` marks the cards of it the scheduler names the same way,
         :meth:`agent.command_overlays.Overlays.note_failed_placement`, and the next decision, which
-        sees them failed (:meth:`decision_snapshot`), places the job on others)."""
+        places no job on them (:meth:`unplaceable`), places the job on others)."""
         oc = self.open.pop(str(ack.command_id), None)
         if oc is None:
             return None
@@ -235,11 +236,11 @@ class CommandBook:
                     self.overlays.note_failed_placement(cards, ack, oc.issued_s, now_s, self.control.command_ttl_s)
         return oc
 
-    def decision_snapshot(self, snap: StateSnapshot, now_s: float | None = None) -> StateSnapshot:
-        """The belief's ``snap`` with the idle cards a ``card_failed`` refusal marks (or a repeat's hold
-        holds out at ``now_s``) counted failed, as the next decision is to see it
-        (:meth:`agent.command_overlays.Overlays.decision_snapshot`)."""
-        return self.overlays.decision_snapshot(snap, now_s)
+    def unplaceable(self, last_seen_s: FloatArray, now_s: float | None = None) -> BoolArray:
+        """Per card, whether a ``card_failed`` refusal marks it (no reading of it, ``last_seen_s``, since)
+        or a repeat's hold holds it out at ``now_s``: the next decision places no job on it and sees
+        it otherwise as its readings say (:meth:`agent.command_overlays.Overlays.unplaceable`)."""
+        return self.overlays.unplaceable(last_seen_s, now_s)
 
     def placement_of(self, oc: OpenCommand) -> tuple[str, tuple[int, ...]] | None:
         """The job and the cards (site indices, sorted) of a scheduler command of ours; None for other

@@ -13,8 +13,9 @@ A rejected card setting is held back for ``command_ttl_s`` on the cards of the r
 (:meth:`Overlays.lift_refusals_a_failure_explains`): a rack refuses a command whole for one failed card.
 
 A card a ``card_failed`` refusal names counts as failed until a reading of it newer than the
-refusal: left out of card commands, and, idle, counted failed by the decisions
-(:meth:`Overlays.decision_snapshot`), so that no job is placed on it. A scheduler's refusal of a
+refusal: left out of card commands, and out of the decisions' placements
+(:meth:`Overlays.unplaceable`), so that no job is placed on it; the decisions budget it as its
+readings say (a card a stale scheduler calls failed may be alive and draw power). A scheduler's refusal of a
 placement names its failed cards per rack (``wire.placement_card_failed_reason``) and marks them
 the same way (:meth:`Overlays.note_failed_placement`).
 
@@ -22,7 +23,7 @@ A card refused as failed again after a reading had cleared its mark (its telemet
 alive: a stale BMC status) would be put back into every command to its rack, refused whole each time,
 and the rack's other cards would never get their settings (a scheduler with a stale view of it would
 refuse every placement onto it): such a card is held out of commands, and, idle, out of placements
-(:meth:`Overlays.decision_snapshot`), for ``command_ttl_s``, twice that at the next repeat, and so on
+(:meth:`Overlays.unplaceable`), for ``command_ttl_s``, twice that at the next repeat, and so on
 up to :data:`FAILED_HOLD_MAX_S`, whatever its readings say; a card setting its rack applies to it
 (repaired, replaced) ends the repeats (:meth:`Overlays.note_applied`; a placement the scheduler
 applies does not: the rack, not the scheduler, is the authority on a card's health).
@@ -30,7 +31,6 @@ applies does not: the rack, not the scheduler, is the authority on a card's heal
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 
@@ -40,13 +40,12 @@ import numpy.typing as npt
 from agent import wire
 from agent.open_commands import N_KINDS, OpenCommand
 from twin.spec import SiteSpec
-from twin.state import StateSnapshot
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["FAILED_HOLD_MAX_S", "Overlays", "with_idle_failed"]
+__all__ = ["FAILED_HOLD_MAX_S", "Overlays"]
 
 log = logging.getLogger("racktwin.agent")
 
@@ -189,7 +188,7 @@ class Overlays:
         them is a first one again. A placement the scheduler applied (``kind`` -1) changes nothing:
         the scheduler takes a card it believes healthy, it does not reach the card, and its view of a
         failure may lag the rack's; a mark ends with the card's next reading anyway, and the decisions
-        place no job on an idle card marked or held (:meth:`decision_snapshot`), so such a placement
+        place no job on a card marked or held (:meth:`unplaceable`), so such a placement
         was sent before the refusal."""
         if oc.kind < 0 or not oc.cards.size:
             return
@@ -220,19 +219,21 @@ class Overlays:
         instant clears the mark: both come from one step of the rack)."""
         return self.failed_by_ack_s > np.nan_to_num(last_seen_s, nan=-math.inf)
 
-    def decision_snapshot(self, snap: StateSnapshot, now_s: float | None = None) -> StateSnapshot:
-        """``snap`` as the next decision, at ``now_s``, is to see it: its idle cards a ``card_failed``
-        refusal marks (:meth:`said_failed`: no reading of them since) or a repeat's hold holds out
-        (refused as failed again although their telemetry read them alive; from ``now_s``, when
-        given) counted failed (:func:`with_idle_failed`), so that the decision places no job on them
-        (a job requeued by a card's failure asks for a decision at once, before the rack's telemetry
-        shows the card; a scheduler whose view of a card is stale would refuse every placement on it
-        again, one per reading of the card). A card running a job keeps what its readings say (its
-        job's end or requeue comes as a job event)."""
-        failed = self.said_failed(np.asarray(snap.card_last_seen_s, dtype=np.float64))
+    def unplaceable(self, last_seen_s: FloatArray, now_s: float | None = None) -> BoolArray:
+        """Per card, whether the next decision, at ``now_s``, is to place no job on it: a
+        ``card_failed`` refusal marks it (:meth:`said_failed`: no reading of it, ``last_seen_s``, since)
+        or a repeat's hold holds it out (refused as failed again although its telemetry read it alive;
+        from ``now_s``, when given). A job requeued by a card's failure asks for a decision at once,
+        before the rack's telemetry shows the card; a scheduler whose view of a card is stale would
+        refuse every placement on it again, one per reading of the card. Only placement leaves such a
+        card out (``agent.decision.StepContext.refused_failed_cards``): the decision budgets, levels
+        and puts it to sleep as its readings say (a card a stale scheduler calls failed while its rack
+        reads it alive draws its power); a busy one is no free card anyway. Changes nothing (unlike
+        :meth:`failed_now`)."""
+        out = self.said_failed(np.asarray(last_seen_s, dtype=np.float64))
         if now_s is not None:
-            failed |= self.failed_hold_until_s > now_s
-        return with_idle_failed(snap, failed)
+            out |= self.failed_hold_until_s > now_s
+        return out
 
     def failed_marks(self, last_seen_s: FloatArray) -> dict[int, float]:
         """The marks in force (:meth:`said_failed`): card -> the refusal's stamp (kept in the journal
@@ -295,12 +296,3 @@ class Overlays:
         for jid, (_until, key) in list(self.placing.items()):
             if key == oc.key:
                 del self.placing[jid]
-
-
-def with_idle_failed(snap: StateSnapshot, failed: BoolArray) -> StateSnapshot:
-    """``snap`` with the idle cards (no job in the belief) of ``failed`` counted failed (``snap``
-    itself when there are none)."""
-    extra = np.asarray(failed, dtype=np.bool_) & (np.asarray(snap.card_job) < 0) & ~np.asarray(snap.card_failed)
-    if not extra.any():
-        return snap
-    return dataclasses.replace(snap, card_failed=np.asarray(snap.card_failed, dtype=np.bool_) | extra)

@@ -27,7 +27,9 @@ What a step does:
    A decision says so when a rack draws more than the margin above the twin's prediction.
 2. **Placement** of queued jobs (``agent.placing``: ``models.placement.place_jobs`` with EASY
    backfilling) onto free, healthy cards the agent sees (not on blind racks, not a card with a stuck
-   sensor); placed jobs are budgeted from this step on and not placed twice.
+   sensor, not one a ``card_failed`` refusal says failed before a reading confirms it:
+   ``StepContext.refused_failed_cards``, counted alive everywhere else); placed jobs are budgeted
+   from this step on and not placed twice.
 3. **Plan** (``agent.planning``; ``models.solve.CyclePlanner``: DVFS + low-power idle + set-point
    MILP with the greedy fallback). Jobs that compute get the level the MILP gives them (top clocks where the caps allow;
    at full load the jobs with the least value per watt slow down first). Jobs that do not compute
@@ -199,11 +201,14 @@ class Controller:
         *,
         use_solver: bool = True,
         incremental: bool = False,
+        refused_failed: BoolArray | None = None,
     ) -> Decision:
         """Context, proposal, guard, commit: the decision to apply (see the module docstring).
         ``incremental=True``: the fast adjustment of the last plan made on job events
-        (:meth:`propose_incremental`)."""
-        ctx = self.context(snap, now_s, estimates)
+        (:meth:`propose_incremental`). ``refused_failed``: per card, a ``card_failed`` refusal says it
+        failed and no reading has confirmed it (``agent.command_overlays.Overlays.unplaceable``): no
+        job is placed on it, everything else sees it as its readings say (:meth:`context`)."""
+        ctx = self.context(snap, now_s, estimates, refused_failed=refused_failed)
         if incremental:
             proposal = self.propose_incremental(snap, ctx)
         else:
@@ -241,8 +246,17 @@ class Controller:
         estimates: Estimates | None = None,
         *,
         time_limit_s: float | None = None,
+        refused_failed: BoolArray | None = None,
     ) -> StepContext:
-        """Everything the step needs besides the snapshot (see the module docstring)."""
+        """Everything the step needs besides the snapshot (see the module docstring).
+        ``refused_failed``: per card, a ``card_failed`` refusal (of a card setting or a placement) says
+        it failed and no reading of it since confirms or clears it, or a repeat's hold holds it out
+        (``agent.command_overlays.Overlays.unplaceable``): ``StepContext.refused_failed_cards``, kept
+        out of placement only (a job requeued by a card's failure asks for a decision at once, before
+        the rack's telemetry shows it; a scheduler whose view of a card is stale refuses every
+        placement onto it). The guard's budget, the levels, low-power idle and the hosts see such a
+        card as its readings say: one a stale scheduler calls failed while its rack reads it alive
+        draws its power."""
         site, cfg = self.site, self.control
         now = finite_or(now_s, finite_or(snap.time_s, 0.0))
         if now < self._latest_now_s - cfg.period_s:  # the site's clock went back (agent.clock)
@@ -321,6 +335,9 @@ class Controller:
             rack_extra_w=self._unexplained.budget_w(),
             choose_setpoint=choose,
             solver_time_limit_s=max(limit, 0.005),
+            refused_failed_cards=(
+                () if refused_failed is None else tuple(int(c) for c in np.flatnonzero(np.asarray(refused_failed)))
+            ),
         )
 
     # ---- calibration ------------------------------------------------------------------------------

@@ -106,6 +106,11 @@ class StepContext:
     rack_pump_speed_frac: FloatArray  # per rack: the pump speed in force (as the CDU reports it)
     choose_setpoint: bool  # the set-point is re-optimized this step
     solver_time_limit_s: float  # wall seconds the solve may take
+    # cards a ``card_failed`` refusal says failed and no reading has confirmed (a mark no reading newer
+    # than the refusal has cleared, or a repeat's hold: agent.command_overlays.Overlays.unplaceable):
+    # kept out of placement only; the budget, levels, low-power idle and hosts see them as their
+    # readings say (a card a stale scheduler calls failed while its rack reads it alive draws power)
+    refused_failed_cards: tuple[int, ...] = ()
 
     def blind_card_mask(self, card_rack: IntArray) -> BoolArray:
         """Per card (``card_rack``: each card's rack): its rack is blind."""
@@ -118,6 +123,14 @@ class StepContext:
         unseen = self.blind_card_mask(card_rack)
         unseen[list(self.stuck_cards)] = True
         return unseen
+
+    def unplaceable_card_mask(self, card_rack: IntArray) -> BoolArray:
+        """Per card: no job is placed on it: its own state is not seen (:meth:`unseen_card_mask`) or a
+        ``card_failed`` refusal says it failed and no reading has confirmed it (``refused_failed_cards``;
+        counted alive everywhere else)."""
+        out = self.unseen_card_mask(card_rack)
+        out[list(self.refused_failed_cards)] = True
+        return out
 
 
 @dataclass(frozen=True, eq=False)

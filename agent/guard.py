@@ -8,7 +8,9 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
 1. **Sanity**: levels clipped to the DVFS table (an undefined one the slowest, a fractional one the
    slower of its two), power limits to the card's range, placements kept
    only when the job is queued (once per job) and its cards are free (idle, not failed, not held by
-   a placement in flight) and seen (not on a blind rack, not a stuck card); busy cards are awake (a
+   a placement in flight), seen (not on a blind rack, not a stuck card) and not said failed by a
+   ``card_failed`` refusal no reading has confirmed (``StepContext.refused_failed_cards``; counted as
+   their readings say everywhere else); busy cards are awake (a
    placed card is woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs
    not yet seen started) hold their cards as busy like the decision's own: awake, budgeted as
    computing, never put to low-power idle (neither for a cap nor by the low-power hold).
@@ -161,12 +163,14 @@ class _Sight:
     failsafe_rack: BoolArray
     blind_card: BoolArray
     unseen_card: BoolArray
+    unplaceable_card: BoolArray  # unseen, or said failed by a refusal no reading confirmed: no placement
 
     @classmethod
     def of(cls, site: SiteSpec, ctx: StepContext, card_rack: IntArray) -> _Sight:
         failsafe_rack = np.zeros(site.n_racks, dtype=bool)
         failsafe_rack[list(ctx.failsafe_racks)] = True
-        return cls(failsafe_rack, ctx.blind_card_mask(card_rack), ctx.unseen_card_mask(card_rack))
+        unseen = ctx.unseen_card_mask(card_rack)
+        return cls(failsafe_rack, ctx.blind_card_mask(card_rack), unseen, ctx.unplaceable_card_mask(card_rack))
 
 
 @dataclass
@@ -305,7 +309,7 @@ class Guard:
         flying = [(jid, tuple(int(c) for c in cards)) for jid, cards in in_flight if jid not in own]
         flying_load = site_load(site, snap, flying)
         held = [(j.job_id, tuple(int(c) for c in j.cards)) for j in flying_load.jobs if j.origin == "placing"]
-        orders, dropped = self._valid_placements(proposal.placements, snap, sight.unseen_card, held)
+        orders, dropped = self._valid_placements(proposal.placements, snap, sight.unplaceable_card, held)
         queue_waits = dict(proposal.queue_waits)
         if dropped:
             notes.add(
@@ -515,16 +519,17 @@ class Guard:
         self,
         placements: tuple[PlacementOrder, ...],
         snap: StateSnapshot,
-        unseen_card: BoolArray,
+        unplaceable_card: BoolArray,
         in_flight: Sequence[tuple[str, tuple[int, ...]]] = (),
     ) -> tuple[list[PlacementOrder], list[str]]:
         """Step 1 (module docstring), placements: the orders kept (cards sorted) and the job ids of those
         dropped. An order is kept when its job is queued, not placed by an earlier order, and its cards
-        are as many as the job asks, distinct, free (idle, not failed), seen (not ``unseen_card``) and
-        not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
+        are as many as the job asks, distinct, free (idle, not failed), placeable (not
+        ``unplaceable_card``: seen, not said failed by a refusal, ``StepContext.unplaceable_card_mask``)
+        and not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
         n = self.site.n_cards
         now_load = site_load(self.site, snap)
-        free = now_load.idle & ~unseen_card
+        free = now_load.idle & ~unplaceable_card
         queued = {q.job_id: q.n_cards for q in snap.queue}
         taken = np.zeros(n, dtype=bool)
         for _jid, held in in_flight:

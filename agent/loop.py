@@ -8,8 +8,9 @@
   reported, not raised. :class:`ClosedLoop` tells the controller of a placement refused
   (``Controller.placement_refused``), as the service does on a ``rejected`` ack: the job may be placed
   again at the next decision, its cards are not held for it; the cards a placement was refused for
-  as failed count as failed in the next decisions until a reading of them newer than the refusal
-  (as the service's ``card_failed`` ack: ``agent.command_overlays.Overlays.decision_snapshot``).
+  as failed get no placement in the next decisions until a reading of them newer than the refusal
+  (as the service's ``card_failed`` ack: ``agent.command_overlays.Overlays.unplaceable``; the
+  decisions budget them as their readings say).
 * :class:`ClosedLoop` runs plant -> readings (every ``telemetry_period_s``: :class:`TelemetryRounds`)
   -> ``TwinState`` (+ ``Estimator``) -> ``Controller.step`` -> ``apply_to_plant``: a decision every
   ``period_s`` of plant time and, like the service, at once (at most every
@@ -184,8 +185,8 @@ class ClosedLoop:
         self._urgent = False  # an event asked for a decision within min_replan_interval_s of the last one
         self._wake_s = math.inf  # when a checkpoint's end calls for a decision (checkpoint_end_lead_s)
         self.telemetry = TelemetryRounds(plant.time_s, telemetry_period_s)
-        # cards a refused placement found failed, counted failed until a reading of them newer (as the
-        # service's card_failed acks: agent.command_overlays)
+        # cards a refused placement found failed, placed on by no decision until a reading of them newer
+        # (as the service's card_failed acks: agent.command_overlays)
         self.refusals = Overlays(plant.site)
 
     def observe(self) -> bool:
@@ -215,8 +216,9 @@ class ClosedLoop:
         events, as the service does)."""
         t = self.plant.time_s
         est = self.estimator.estimates() if self.estimator is not None else None
-        snap = self.refusals.decision_snapshot(self.state.snapshot())
-        decision = self.controller.step(snap, t, est, incremental=incremental)
+        snap = self.state.snapshot()
+        refused = self.refusals.unplaceable(np.asarray(snap.card_last_seen_s, dtype=np.float64), t)
+        decision = self.controller.step(snap, t, est, incremental=incremental, refused_failed=refused)
         report = apply_to_plant(decision, self.plant)
         for order in report.refused_placements:  # not in flight: placed again at the next decision
             self.controller.placement_refused(order.job_id, order.cards, t)

@@ -1,7 +1,8 @@
 """Placing queued jobs: which go now, onto which cards, and what the agent remembers of it.
 
 :func:`place_queued` turns the queue into placement orders (``models.placement.place_jobs``) onto
-the free, healthy cards the agent sees (not on blind racks, not a card with a stuck sensor), with
+the free, healthy cards the agent sees (not on blind racks, not a card with a stuck sensor, not one a
+``card_failed`` refusal says failed before a reading confirms it), with
 EASY backfilling (``agent.backfill``): once a job has waited ``placement_backfill_wait_s``, it is
 placed first; if it does not fit, it holds a reservation and jobs behind it are placed only where
 they do not delay it. Every job left queued gets a ``QueueWait`` saying why.
@@ -150,10 +151,11 @@ class PlacementBook:
 
 
 def usable_free_cards(site: SiteSpec, load: SiteLoad, ctx: StepContext) -> BoolArray:
-    """Per card: free for a queued job in ``load`` and seen (not on a blind rack, its sensor not
-    stuck: ``StepContext.unseen_card_mask``). What :func:`place_queued` places on and counts free for a
-    reservation, and :func:`cards_due` counts free for the hosts to keep on."""
-    return load.idle & ~ctx.unseen_card_mask(site.card_rack())
+    """Per card: free for a queued job in ``load``, seen (not on a blind rack, its sensor not stuck)
+    and not said failed by a refusal no reading has confirmed (``StepContext.unplaceable_card_mask``).
+    What :func:`place_queued` places on and counts free for a reservation, and :func:`cards_due`
+    counts free for the hosts to keep on."""
+    return load.idle & ~ctx.unplaceable_card_mask(site.card_rack())
 
 
 def place_queued(
@@ -177,10 +179,11 @@ def place_queued(
     ``card_wait_s``: per card, how long until its host is up (None where hosts are not managed);
     ``method``: the placement method (default ``cfg.placement_method``)."""
     unseen_card = ctx.unseen_card_mask(site.card_rack())
+    unplaceable = ctx.unplaceable_card_mask(site.card_rack())
     how = method if method is not None else cfg.placement_method
 
     def place(on: SiteLoad, jobs: Sequence[JobInfo], why: dict[str, QueueWait]) -> list[PlacementOrder]:
-        return _place_jobs(on, ctx, unseen_card, jobs, notes, why, how, problem_of, card_wait_s)
+        return _place_jobs(on, ctx, unseen_card, unplaceable, jobs, notes, why, how, problem_of, card_wait_s)
 
     fits = [q for q in queue if 0 < q.n_cards <= site.n_cards]
     for q in queue:
@@ -236,6 +239,7 @@ def _place_jobs(
     load: SiteLoad,
     ctx: StepContext,
     unseen_card: BoolArray,
+    unplaceable: BoolArray,
     queue: Sequence[JobInfo],
     notes: list[str],
     waits: dict[str, QueueWait],
@@ -243,8 +247,9 @@ def _place_jobs(
     problem_of: Callable[[SiteLoad], CycleProblem],
     card_wait_s: FloatArray | None,
 ) -> list[PlacementOrder]:
-    """``queue`` onto the free cards of ``load`` (``models.placement.place_jobs``); ``waits`` gets
-    why each job left out stays queued."""
+    """``queue`` onto the free cards of ``load`` (``models.placement.place_jobs``) but those of
+    ``unplaceable`` (``StepContext.unplaceable_card_mask``, of which ``unseen_card`` are also left out of
+    the racks' headroom); ``waits`` gets why each job left out stays queued."""
     specs = [spec_of_info(q) for q in queue]
     if not specs:
         return []
@@ -253,6 +258,9 @@ def _place_jobs(
         # cards the agent cannot see are not offered (blind racks, stuck sensors)
         p0 = dataclasses.replace(p0, failed=p0.failed | unseen_card)
         pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, card_wait_s)
+        # nor are those a refusal says failed before a reading confirms it: left in the problem, as
+        # their readings say, so that the racks' headroom counts what they draw
+        pp = dataclasses.replace(pp, free=pp.free & ~unplaceable)
         placement = place_jobs(pp, method=method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
     except ProblemError as exc:
         notes.append(f"placement skipped: {exc}")

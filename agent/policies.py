@@ -51,6 +51,7 @@ from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 __all__ = [
     "POLICY_NAMES",
@@ -286,8 +287,11 @@ class GreedyController(Controller):
         *,
         use_solver: bool = True,
         incremental: bool = False,
+        refused_failed: BoolArray | None = None,
     ) -> Decision:
-        return super().step(snap, now_s, estimates, use_solver=False, incremental=incremental)
+        return super().step(
+            snap, now_s, estimates, use_solver=False, incremental=incremental, refused_failed=refused_failed
+        )
 
 
 class AgentPolicy(Policy):

@@ -77,6 +77,9 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from agent import wire
 from agent.ahead_refusals import AheadRefusals
 from agent.aio import wait_ended, wait_event
@@ -113,6 +116,8 @@ __all__ = [
     "mqtt_options",
     "run",
 ]
+
+BoolArray = npt.NDArray[np.bool_]
 
 log = logging.getLogger("racktwin.agent")
 
@@ -822,25 +827,29 @@ class AgentService:
             # late solve's end, telemetry, acks, HTTP, the stop).
             await asyncio.sleep(0)
 
-    def decision_snapshot(self, now_s: float | None = None) -> StateSnapshot:
-        """The belief as a decision at ``now_s`` (default: the site clock's now, else the belief's time)
-        sees it: its idle cards a ``card_failed`` refusal (of a card setting or a placement) marks,
-        with no reading of them since, or a repeat's hold holds out, counted failed
-        (``CommandBook.decision_snapshot``): a placement refused onto a card that failed is not made
-        again onto it while the rack's telemetry does not show the failure yet, nor, for the hold,
-        onto one refused as failed again although its telemetry reads it alive."""
-        snap = self.state.snapshot()
+    def unplaceable_cards(self, snap: StateSnapshot, now_s: float | None = None) -> BoolArray:
+        """Per card, whether a decision at ``now_s`` (default: the site clock's now, else ``snap``'s
+        time) on the belief's ``snap`` places no job on it for a ``card_failed`` refusal (of a card
+        setting or a placement) that marks it, with no reading of it since, or a repeat's hold
+        (``CommandBook.unplaceable``): a placement refused onto a card that failed is not made again
+        onto it while the rack's telemetry does not show the failure yet, nor, for the hold, onto one
+        refused as failed again although its telemetry reads it alive. The decision's
+        ``Controller.context`` takes it (``refused_failed``); only placement leaves such a card out,
+        the budget and the card's settings follow its readings."""
         now = now_s if now_s is not None else self.clock.now()
-        return self.book.decision_snapshot(snap, now if now is not None else snap.time_s)
+        return self.book.unplaceable(
+            np.asarray(snap.card_last_seen_s, dtype=np.float64), now if now is not None else snap.time_s
+        )
 
     async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
         self._ahead_episode_ends(now)
-        snap = self.decision_snapshot(now)
+        snap = self.state.snapshot()
         est = self.estimator.estimates()
         period_wall = self.clock.wall_seconds(cfg.period_s)
         limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)
-        ctx = self.controller.context(snap, now, est, time_limit_s=limit)
+        refused = self.unplaceable_cards(snap, now)
+        ctx = self.controller.context(snap, now, est, time_limit_s=limit, refused_failed=refused)
         proposal: Decision | None = None
         note = ""
         if incremental:  # on a job event: the last plan adjusted, no solve (a few ms, on the loop)

@@ -102,6 +102,23 @@ def test_a_placement_is_kept_only_on_as_many_free_seen_cards_as_its_job_asks(
         assert d.queue_waits["q"].kind == "placement_dropped"
 
 
+def test_a_placement_onto_a_card_a_refusal_says_failed_is_dropped_and_the_card_budgeted_alive() -> None:
+    """A card a ``card_failed`` refusal says failed (``StepContext.refused_failed_cards``) while its
+    readings show it alive and idle: no placement onto it, but the rack's budget is that of the same
+    decision without the refusal (the card draws its power)."""
+    site, snap = scene()
+    order = PlacementOrder("q", (28, 29, 30, 31))
+    plain = Guard(site, CFG).review(proposal(site, placements=(order,)), snap, step_context(site))
+    refused = step_context(site, refused_failed_cards=(29,))
+    d = Guard(site, CFG).review(proposal(site, placements=(order,)), snap, refused)
+    assert plain.placements == (order,)
+    assert d.placements == () and d.queue_waits["q"].kind == "placement_dropped"
+    d_free = Guard(site, CFG).review(proposal(site), snap, refused)
+    free = Guard(site, CFG).review(proposal(site), snap, step_context(site))
+    assert not d_free.card_failed[29]
+    assert d_free.budget_rack_power_w == pytest.approx(free.budget_rack_power_w, rel=1e-12)
+
+
 def test_idle_cards_asleep_on_a_rack_the_agent_cannot_see_are_not_woken() -> None:
     site, snap = scene()
     lp = snap.card_low_power.copy()

@@ -9,10 +9,12 @@ until the order's ``command_ttl_s`` ran out: 30 s of a job waiting and cards kep
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from agent_helpers import job, small_site
 
@@ -41,9 +43,9 @@ class _Site:
     """A plant whose queued jobs wait for the agent (external placement), the simulator's command
     handler on it, and an agent service (enforce mode, not connected) whose belief reads the plant."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.plant = Plant(SITE, [job("run", 16)], [], PlantConfig(seed=1, placement="external"))
-        self.plant.place_job("run", RUN_CARDS)
+    def __init__(self, tmp_path: Path, run_cards: list[int] = RUN_CARDS) -> None:
+        self.plant = Plant(SITE, [job("run", len(run_cards))], [], PlantConfig(seed=1, placement="external"))
+        self.plant.place_job("run", run_cards)
         self.plant.submit(job("q", 8, submit_s=20.0))
         layout = wire.SiteLayout(site="site1", racks=tuple(SITE.rack_names), cards_per_rack=SITE.cards_per_rack)
         self.scheduler = CommandHandler(
@@ -68,11 +70,16 @@ class _Site:
         self.svc.state.apply_events(self.plant.drain_events())
 
     def decide(self) -> tuple[Decision, StateSnapshot, list[OpenCommand]]:
-        snap = self.svc.decision_snapshot()  # as the service's cycle: the belief with card_failed marks
+        snap = self.svc.state.snapshot()
         now = self.plant.time_s
-        decision = self.svc.controller.step(snap, now)
+        # as the service's cycle: the cards card_failed refusals keep out of placement
+        decision = self.svc.controller.step(snap, now, refused_failed=self.unplaceable(snap))
         commands = self.svc.book.commands(decision, snap, self.svc.ingest.applied_level, now)
         return decision, snap, [c for c in commands if c.target == wire.SCHEDULER]
+
+    def unplaceable(self, snap: StateSnapshot | None = None) -> npt.NDArray[np.bool_]:
+        """Per card, kept out of the next decision's placements by a ``card_failed`` refusal."""
+        return self.svc.unplaceable_cards(self.svc.state.snapshot() if snap is None else snap, self.plant.time_s)
 
     def answer(self, command: OpenCommand) -> wire.Acknowledgement:
         """The scheduler's answer to ``command``, taken by the service's ack path."""
@@ -139,8 +146,8 @@ def test_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_again_before
         assert wire.failed_cards_by_rack(ack.reason) == {SITE.rack_names[r]: (local,)}
         # no reading since: the belief still shows the card healthy and idle
         assert not site.svc.state.snapshot().card_failed[dead]
-        second, snap, (again,) = site.decide()
-        assert snap.card_failed[dead]  # the decision counts it failed
+        assert site.unplaceable()[dead]  # the decision places nothing on it
+        second, _snap, (again,) = site.decide()
         assert [o.job_id for o in second.placements] == ["q"]
         new_cards = second.placements[0].cards
         assert len(new_cards) == 8 and dead not in new_cards and not set(new_cards) & set(RUN_CARDS)
@@ -148,7 +155,7 @@ def test_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_again_before
         # a reading newer than the refusal ends the mark: the belief's own reading says failed now
         site.run_to(site.plant.time_s + 1.0)
         assert site.svc.book.overlays.failed_marks(site.svc.state.snapshot().card_last_seen_s) == {}
-        assert site.svc.decision_snapshot().card_failed[dead]
+        assert site.svc.state.snapshot().card_failed[dead] and not site.unplaceable()[dead]
         assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
     finally:
         site.svc._executor.shutdown(wait=True)
@@ -180,15 +187,69 @@ def test_a_card_a_stale_scheduler_refuses_again_is_held_out_of_placements(tmp_pa
         stale = first.placements[0].cards[0]
         stale_refusal(sent, stale)
         site.run_to(site.plant.time_s + 1.0)  # a reading of the card, alive: the mark ends
-        assert not site.svc.decision_snapshot().card_failed[stale]
+        assert not site.unplaceable()[stale]
         second, _snap, (sent,) = site.decide()
         assert stale in second.placements[0].cards  # (the cards the decision likes best)
         stale_refusal(sent, stale)  # refused as failed again although the rack reads it alive: a repeat
         site.run_to(site.plant.time_s + 1.0)
+        assert site.unplaceable()[stale]
         third, snap, (sent,) = site.decide()
-        assert snap.card_failed[stale]
+        assert not snap.card_failed[stale]  # (the belief reads it alive)
         assert [o.job_id for o in third.placements] == ["q"] and stale not in third.placements[0].cards
         assert site.answer(sent).result is wire.AckResult.APPLIED
+    finally:
+        site.svc._executor.shutdown(wait=True)
+        site.svc.journal.close()
+
+
+def test_a_card_held_out_of_placements_while_it_reads_alive_is_budgeted_at_its_power(tmp_path: Path) -> None:
+    """Card 15 of rack r0 (the rest of r0 runs "run") is refused as failed again after a reading had
+    cleared its first mark, while its rack reads it alive and idle (a stale status): held out for
+    ``command_ttl_s`` (agent.command_overlays). The decision places "q" elsewhere, but the card still
+    draws its idle power: r0's budget counts it, as a decision without the hold does. Before, the
+    decision counted the held card failed and budgeted it at 0 W (the rack's cap short for up to an
+    hour in the repeat-hold case), and left it out of its levels and low-power idle."""
+    held = 15
+    site = _Site(tmp_path, run_cards=list(range(15)))
+    try:
+        site.run_to(60.0)
+        overlays = site.svc.book.overlays
+        dead = np.asarray([held], dtype=np.int64)
+        overlays.mark_failed(dead, 60.0, 59.0, 60.0, 30.0)  # a first card_failed refusal: marked
+        site.run_to(61.0)  # a reading of the card, alive: the mark ends (found so by a decision's commands)
+        assert not overlays.failed_now(site.svc.state.snapshot().card_last_seen_s, 61.0)[held]
+        overlays.mark_failed(dead, 61.0, 61.0, 61.0, 30.0)  # refused again for a command issued since
+        site.run_to(62.0)  # read alive again: the repeat's hold holds it out until 91 s
+        snap = site.svc.state.snapshot()
+        assert not snap.card_failed[held] and snap.card_job[held] < 0
+        assert site.unplaceable(snap)[held]
+        decision, _snap, (sent,) = site.decide()
+        assert [o.job_id for o in decision.placements] == ["q"] and held not in decision.placements[0].cards
+        assert site.answer(sent).result is wire.AckResult.APPLIED
+        # the decision sees the card as its readings say: alive and idle, budgeted as a decision without
+        # the hold budgets it (same placement, on rack r1), with the same settings
+        free = Controller(SITE, ControlConfig(command_ttl_s=30.0)).step(snap, 62.0)
+        assert free.placements == decision.placements
+        assert not decision.card_failed[held]
+        assert decision.card_low_power[held] == free.card_low_power[held]
+        assert decision.card_level[held] == free.card_level[held]
+        assert decision.budget_rack_power_w == pytest.approx(free.budget_rack_power_w, rel=1e-9)
+        # and r0's budget exceeds that of a decision whose readings show the card dead by the card's idle
+        # power, by hand (examples/supernode-512.toml): awake at level k, 84.5 W * (V_k/V_0)^2 + 0.47 W/K *
+        # (V_k/V_0) * (die - 42 deg C); asleep, 52.8 W + 0.4 W/K * (die - 42 deg C); its die between the
+        # 30 deg C supply and 42 deg C (an idle card at ~60 W, ~0.1 K/W above its coolant)
+        failed = np.asarray(snap.card_failed, dtype=bool).copy()
+        failed[held] = True
+        gone = Controller(SITE, ControlConfig(command_ttl_s=30.0)).step(
+            dataclasses.replace(snap, card_failed=failed), 62.0
+        )
+        card_w = float(decision.budget_rack_power_w[0] - gone.budget_rack_power_w[0])
+        if decision.card_low_power[held]:
+            lo_w, hi_w = 52.8 + 0.4 * (30.0 - 42.0), 52.8
+        else:
+            v = SITE.card.voltages_v[int(decision.card_level[held])] / SITE.card.voltages_v[0]
+            lo_w, hi_w = 84.5 * v**2 + 0.47 * v * (30.0 - 42.0), 84.5 * v**2
+        assert lo_w <= card_w <= hi_w
     finally:
         site.svc._executor.shutdown(wait=True)
         site.svc.journal.close()
@@ -275,8 +336,11 @@ class _CardFailsAfterDecision(Controller):
         *,
         use_solver: bool = True,
         incremental: bool = False,
+        refused_failed: npt.NDArray[np.bool_] | None = None,
     ) -> Decision:
-        d = super().step(snap, now_s, estimates, use_solver=use_solver, incremental=incremental)
+        d = super().step(
+            snap, now_s, estimates, use_solver=use_solver, incremental=incremental, refused_failed=refused_failed
+        )
         if self.failed is None and d.placements:
             self.failed = d.placements[0].cards[0]
             self.plant.add_fault(CardFailure(self.failed, at_s=self.plant.time_s))

@@ -20,7 +20,7 @@ from agent.backfill import Reservation, reservation
 from agent.config import ControlConfig
 from agent.decision import PlacementOrder, QueueWait, StepContext
 from agent.load import SiteLoad, site_load
-from agent.placing import PlacementBook, cards_due, orders_seen_until, place_queued
+from agent.placing import PlacementBook, cards_due, orders_seen_until, place_queued, usable_free_cards
 from agent.planning import cycle_problem
 from models.problem import CycleProblem, Margins, Prices, ProblemError
 from twin.readings import JobEvent
@@ -142,6 +142,22 @@ def test_cards_the_agent_cannot_see_are_not_offered_whatever_the_models_problem_
         queued(snap, "small"), ctx=step_context(SITE, stuck_cards=tuple(free[:5])), problem_of=seeing_all
     )
     assert orders == [] and waits["small"].kind == "no_window"
+
+
+@pytest.mark.parametrize("method", ["greedy", "milp"])
+def test_cards_a_refusal_says_failed_are_not_placed_on_nor_counted_free(method: str) -> None:
+    """``StepContext.refused_failed_cards`` (a ``card_failed`` refusal no reading confirmed): as stuck
+    cards, kept out of placement by either method and of the free cards a reservation and the hosts
+    count (``usable_free_cards``), though the cards read alive and idle."""
+    snap = site_with_queue()
+    free = sorted(free_cards(snap))
+    ctx = step_context(SITE, refused_failed_cards=tuple(free[:5]))  # 3 left: too few for "small"
+    orders, waits, _ = place(queued(snap, "small"), ctx=ctx, method=method)
+    assert orders == [] and waits["small"].kind == "no_window"
+    ctx = step_context(SITE, refused_failed_cards=tuple(free[:4]))  # "small" gets the other 4
+    orders, _, _ = place(queued(snap, "small"), ctx=ctx, method=method)
+    assert [o.cards for o in orders] == [tuple(free[4:])]
+    assert int(usable_free_cards(SITE, site_load(SITE, snap), ctx).sum()) == 4
 
 
 def test_a_job_needing_every_card_of_the_site_is_not_too_large() -> None:
