@@ -54,7 +54,6 @@ class CommandBook:
         self.control = control
         self._site_rate = site_rate
         self.sequencer = wire.Sequencer(publisher)
-        self._cpr = site.cards_per_rack
         self._names = site.rack_names
         #: what our open commands will have set, until when, and which command set it
         self.overlays = Overlays(site)
@@ -128,8 +127,7 @@ class CommandBook:
         self._next_key += 1
         oc.key = key
         if isinstance(msg, wire.RackCommand):
-            r = self.site.rack_names.index(msg.rack)
-            cards = np.asarray(msg.cards, dtype=np.int64) + r * self._cpr
+            cards = np.asarray(self.site.site_cards({msg.rack: msg.cards}), dtype=np.int64)
             oc.cards = cards
             s = msg.setting
             value: float | FloatArray
@@ -251,9 +249,7 @@ class CommandBook:
         msg = self.codec.decode(oc.topic, oc.payload)
         if not isinstance(msg, wire.SchedulerCommand):
             return None
-        cpr, names = self._cpr, self._names
-        cards = sorted(names.index(rack) * cpr + int(c) for rack, local in msg.cards.items() for c in local)
-        return msg.job_id, tuple(cards)
+        return msg.job_id, tuple(sorted(self.site.site_cards(msg.cards)))  # the codec checked racks and cards
 
     def forget(self, oc: OpenCommand) -> None:
         """Forget what a closed command would have set (what it alone set: not what a newer command

@@ -260,10 +260,7 @@ class CommandDiff:
             held = self.overlays.placing.get(o.job_id)
             if held is not None and held[0] > out.now_s:
                 continue
-            by_rack: dict[str, list[int]] = {}
-            for c in o.cards:
-                r = int(self._card_rack[c])
-                by_rack.setdefault(self._names[r], []).append(int(c) - r * self._cpr)
+            by_rack = self.site.cards_by_rack(o.cards)
             sc = wire.SchedulerCommand(
                 job_id=o.job_id,
                 cards={k: tuple(v) for k, v in by_rack.items()},

@@ -61,6 +61,7 @@ class Overlays:
 
     def __init__(self, site: SiteSpec) -> None:
         n = site.n_cards
+        self._site = site
         self._cpr = site.cards_per_rack
         self._card_rack = site.card_rack()
         # per kind and card: the value our open commands will have set, until when, and which command
@@ -146,12 +147,13 @@ class Overlays:
         them newer than the ack; a repeat is held out), so that the next decision neither places the
         job on them again nor sends them settings (a job requeued by the failure asks for a decision
         at once, before the rack's telemetry shows the card)."""
-        named: list[int] = []
-        for rack, local in wire.failed_cards_by_rack(ack.reason).items():
-            if rack in self._rack_names:
-                base = self._rack_names.index(rack) * self._cpr
-                named.extend(base + c for c in local if 0 <= c < self._cpr)
-        dead = np.unique(np.asarray(named, dtype=np.int64))
+        # free text from the wire: racks the site does not have and cards outside a rack name none of ours
+        named = {
+            rack: [c for c in local if 0 <= c < self._cpr]
+            for rack, local in wire.failed_cards_by_rack(ack.reason).items()
+            if rack in self._rack_names
+        }
+        dead = np.unique(np.asarray(self._site.site_cards(named), dtype=np.int64))
         dead = dead[np.isin(dead, cards)]
         if dead.size:
             self.mark_failed(dead, ack.ts_s, issued_s, now_s, first_hold_s)

@@ -66,8 +66,11 @@ connection comes back (a broker restarted without persistence forgets what it ha
 The sends of a batch are journaled in one transaction (``Journal.mark_sent``) after the broker
 acknowledged them; the commands themselves were journaled before, with their decision. A journal
 write of the publisher that fails (a full disk: ``JournalError``) does not stop it: the commands were
-journaled before they were sent, so what is lost is their record of being sent, expired or abandoned
-(a restarted agent sends again what its journal still has open and valid, and closes the rest).
+journaled before they were sent, so what is lost is their record of being sent (a restarted agent
+sends again what its journal still has open and valid, and closes the rest); a close (``abandoned``,
+``superseded``, or ``expired`` because the site clock stepped back) is kept and written by the next
+step whose write succeeds (plain expiries by the journal's next expiry pass), as otherwise a
+restarted agent would send a closed command again.
 A command superseded by a newer one is journaled ``superseded``, counted in
 :attr:`PublishStats.superseded` and reported as closed ``superseded``. A command closed without
 an ack although it went out a retry interval before (expired, abandoned or superseded) is an ack

@@ -113,7 +113,10 @@ class Publisher:
         #: "abandoned", "superseded"), with the error; an entry goes when that write succeeds again
         self.journal_errors: dict[str, str] = {}
         self._journal_retry_wall = -math.inf  # time.monotonic() before which journal writes are skipped
-        self._left_unjournaled: list[str] = []  # commands the site clock left behind, their expiry not yet journaled
+        #: commands closed without an ack whose close is not journaled yet, by the journal write that
+        #: closes them ("expired": left behind by the site clock, "abandoned", "superseded"): kept until
+        #: written (:meth:`_journal_closes`)
+        self._unjournaled_closes: dict[str, list[str]] = {}
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
         self.last_unconfirmed_wall = -math.inf
         self.last_unconfirmed_error = ""
@@ -144,7 +147,8 @@ class Publisher:
         :attr:`journal_errors`, never raised: the command has been journaled and sent already. For
         ``journal_retry_s`` after a failure the publisher's writes are skipped (each try may wait for
         SQLite's busy timeout on the event loop, and a step comes every 0.25 s): what they would
-        record is lost as when they fail (expiries are recorded by the next one that succeeds). An
+        record is lost as when they fail, except closes, which :meth:`_journal_closes` keeps until
+        written (plain expiries are recorded by the journal's next expiry pass that succeeds). An
         entry of :attr:`journal_errors` goes when a write of its kind succeeds, every entry when a
         batch is marked sent (rows written: the journal takes writes again). Returns whether it was
         written."""
@@ -190,18 +194,12 @@ class Publisher:
                 self.on_closed(oc, "unacked")
         self._journal_write("expired", functools.partial(self.journal.expire, now))
         # closed before their expiry: the site clock stepped back past their issue (CommandBook.expire);
-        # kept until written (the journal's expiry of the next step does not close them: theirs lie on
-        # the old timeline)
-        self._left_unjournaled.extend(oc.command_id for oc in gone if oc.left_behind)
-        if self._left_unjournaled and self._journal_write(
-            "expired", functools.partial(self.journal.expire_commands, list(self._left_unjournaled))
-        ):
-            self._left_unjournaled.clear()
+        # the journal's expiry of a later step does not close them (theirs lie on the old timeline)
+        self._close_later("expired", [oc for oc in gone if oc.left_behind])
         superseded = self.book.take_superseded()
         if superseded:
-            # the journal has no state of its own for them: closed unacked, never sent again
-            ids = [oc.command_id for oc in superseded]
-            self._journal_write("superseded", functools.partial(self.journal.supersede, ids))
+            # closed unacked, never sent again
+            self._close_later("superseded", superseded)
             for oc in superseded:
                 self.stats.superseded += 1
                 self._no_ack(oc, now)
@@ -224,13 +222,13 @@ class Publisher:
             for oc in abandoned:
                 self.book.open.pop(oc.command_id, None)
                 self.book.forget(oc)
-            ids = [oc.command_id for oc in abandoned]
-            self._journal_write("abandoned", functools.partial(self.journal.abandon, ids))  # one transaction
+            self._close_later("abandoned", abandoned)
             for oc in abandoned:
                 self.stats.abandoned += 1
                 self._no_ack(oc, now)
                 if self.on_closed is not None:
                     self.on_closed(oc, "abandoned")
+        self._journal_closes()
         while self._queue:
             now = self.clock.now_or(now)
             batch: list[OpenCommand] = []
@@ -259,6 +257,23 @@ class Publisher:
                     exc = next(r for r in results if r is not None)
                     log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
+
+    def _close_later(self, state: str, closed: list[OpenCommand]) -> None:
+        """Commands closed without an ack, to be journaled ``state`` by :meth:`_journal_closes`."""
+        if closed:
+            self._unjournaled_closes.setdefault(state, []).extend(oc.command_id for oc in closed)
+
+    def _journal_closes(self) -> None:
+        """Journal the closes not written yet, one transaction per state; those whose write fails or is
+        skipped (``journal_retry_s``) are kept for the next step. Left in the journal ``sent``, a closed
+        command would be re-opened and sent again by a restarted agent (``agent.resume``) while its
+        expiry is ahead: a level a newer command replaced, a command whose retries ran out, one stamped
+        on a timeline the site clock left."""
+        j = self.journal
+        writes = {"expired": j.expire_commands, "abandoned": j.abandon, "superseded": j.supersede}
+        for state, ids in list(self._unjournaled_closes.items()):
+            if self._journal_write(state, functools.partial(writes[state], list(ids))):
+                del self._unjournaled_closes[state]
 
     def _no_ack(self, oc: OpenCommand, now_s: float) -> None:
         """``oc`` closed without an ack: an ack missing if it went out a retry interval before and its

@@ -551,20 +551,13 @@ class CommandHandler:
         early = self._judge(cmd, wire.SCHEDULER)
         if early is not None:
             return early
-        cards: list[int] = []
-        for rack, local in cmd.cards.items():
-            base = self._rack_index[rack] * self._cpr
-            cards.extend(base + int(c) for c in local)
+        cards = self.site.site_cards(cmd.cards)  # decoded: the codec checked racks and cards
         try:
             self.plant.place_job(cmd.job_id, np.asarray(cards, dtype=np.int64))
         except CommandError as exc:
             reason = exc.reason
             if exc.failed_cards:  # named per rack, so that the agent places the job on others (docs/protocol.md)
-                cpr, names = self._cpr, self.site.rack_names
-                by_rack: dict[str, list[int]] = {}
-                for c in exc.failed_cards:
-                    by_rack.setdefault(names[c // cpr], []).append(c % cpr)
-                reason = wire.placement_card_failed_reason(by_rack)
+                reason = wire.placement_card_failed_reason(self.site.cards_by_rack(exc.failed_cards))
             return self._refuse("place", wire.SCHEDULER, cmd.command_id, reason, cmd)
         return self._applied(wire.SCHEDULER, cmd)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,6 +246,37 @@ class SiteSpec:
     def card_rack(self) -> npt.NDArray[np.int64]:
         """Rack index of every card, shape (n_cards,)."""
         return np.repeat(np.arange(self.n_racks, dtype=np.int64), self.cards_per_rack)
+
+    def site_cards(self, by_rack: Mapping[str, Iterable[int]]) -> list[int]:
+        """The site indices of cards named per rack (rack name -> rack-local indices, as the wire names
+        them: a placement, a ``card_failed`` refusal), rack by rack in the order given. ValueError for a
+        rack the site does not have or a rack-local index outside 0..cards_per_rack-1 (a decoded message
+        names neither; a caller reading names from elsewhere leaves those out first)."""
+        cpr = self.cards_per_rack
+        index = {name: r for r, name in enumerate(self.rack_names)}
+        out: list[int] = []
+        for rack, local in by_rack.items():
+            r = index.get(rack)
+            if r is None:
+                raise ValueError(f"rack {rack!r} is not in the site")
+            for c in local:
+                if not 0 <= int(c) < cpr:
+                    raise ValueError(f"card {int(c)} of rack {rack} is not within 0..{cpr - 1}")
+                out.append(r * cpr + int(c))
+        return out
+
+    def cards_by_rack(self, cards: Iterable[int]) -> dict[str, list[int]]:
+        """Site card indices per rack (the reverse of :meth:`site_cards`): rack name -> rack-local
+        indices, the racks in the order of their first card, the cards in the order given. ValueError
+        for an index outside 0..n_cards-1."""
+        cpr, names, n = self.cards_per_rack, self.rack_names, self.n_cards
+        out: dict[str, list[int]] = {}
+        for c in cards:
+            if not 0 <= int(c) < n:
+                raise ValueError(f"card {int(c)} is not within the site's 0..{n - 1}")
+            r, local = divmod(int(c), cpr)
+            out.setdefault(names[r], []).append(local)
+        return out
 
     def rack_supernode(self) -> npt.NDArray[np.int64]:
         """Supernode index of every rack, shape (n_racks,)."""

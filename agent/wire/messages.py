@@ -377,7 +377,7 @@ class AckReason(enum.StrEnum):
     carry free text."""
 
     TTL_TOO_LONG = "ttl_too_long"  # rejected: expires_at - ts above MAX_COMMAND_TTL_S
-    ISSUED_AHEAD = "issued_ahead"  # rejected: ts too far ahead of the rack's clock
+    ISSUED_AHEAD = "issued_ahead"  # rejected: ts too far ahead of the target's clock
     DUPLICATE = "duplicate"  # a copy of a command already answered: that answer again, not applied again
     SUPERSEDED = "superseded"  # rejected: a command issued later was applied to a card (pump, set-point) of it
     HOST_OFF = "host_off"  # rejected: a card of it is on a powered-off host (the card cannot be reached)
@@ -387,8 +387,9 @@ class AckReason(enum.StrEnum):
 #: The longest a command may live, ``expires_at - ts`` (site seconds): a rack refuses a longer one
 #: (``ttl_too_long``). A command is meant for the next minutes; the agent sends 30 s by default.
 MAX_COMMAND_TTL_S: Final = 3600.0
-#: How far a command's ``ts`` may lie ahead of the rack's clock (site seconds) before the rack refuses
-#: it (``issued_ahead``). The simulator allows ten wall seconds of its site time when that is more.
+#: How far a command's ``ts`` may lie ahead of its target's clock (a rack's, the facility's, the
+#: scheduler's; site seconds) before the target refuses it (``issued_ahead``). The simulator allows
+#: ten wall seconds of its site time when that is more.
 MAX_ISSUE_AHEAD_S: Final = 10.0
 
 
@@ -621,9 +622,11 @@ def is_expired(cmd: Command, now_s: float) -> bool:
 
 
 def command_time_problem(cmd: Command, now_s: float, max_ahead_s: float = MAX_ISSUE_AHEAD_S) -> str | None:
-    """Why a rack must refuse ``cmd`` for its times (an ack reason, ``"<code>: <detail>"``), or None:
-    it lives longer than :data:`MAX_COMMAND_TTL_S`, or its issue time is more than ``max_ahead_s``
-    ahead of the rack's clock ``now_s``. Judge :func:`is_expired` first."""
+    """Why the target (a rack, the facility, the scheduler) must refuse ``cmd`` for its times (an ack
+    reason, ``"<code>: <detail>"``), or None: it lives longer than :data:`MAX_COMMAND_TTL_S`, or its
+    issue time is more than ``max_ahead_s`` ahead of the target's clock ``now_s`` (the reason names
+    whose: ``the clock of rack r0``, ``of the facility``, ``of the scheduler``). Judge
+    :func:`is_expired` first."""
     ttl_s = cmd.expires_s - cmd.ts_s
     if ttl_s > MAX_COMMAND_TTL_S:
         return (
@@ -633,8 +636,8 @@ def command_time_problem(cmd: Command, now_s: float, max_ahead_s: float = MAX_IS
     ahead_s = cmd.ts_s - now_s
     if ahead_s > max_ahead_s:
         return (
-            f"{AckReason.ISSUED_AHEAD.value}: ts {cmd.ts_s:.3f} is {ahead_s:.6g} s ahead of the rack's clock "
-            f"({now_s:.3f}); at most {max_ahead_s:g} s is accepted"
+            f"{AckReason.ISSUED_AHEAD.value}: ts {cmd.ts_s:.3f} is {ahead_s:.6g} s ahead of the clock of "
+            f"{_target_words(cmd)} ({now_s:.3f}); at most {max_ahead_s:g} s is accepted"
         )
     return None
 
@@ -644,13 +647,20 @@ def ack_for(
 ) -> Acknowledgement:
     """The acknowledgement of ``cmd`` (its target follows the command's kind: a rack's pump command is
     acked on the rack's ack topic)."""
-    if isinstance(cmd, RackCommand | CduCommand):
-        target = cmd.rack
-    elif isinstance(cmd, FacilityCommand):
-        target = FACILITY
-    else:
-        target = SCHEDULER
+    target = _target(cmd)
     return Acknowledgement(target, cmd.command_id, result, ts_s=ts_s, seq=seq, publisher=publisher, reason=reason)
+
+
+def _target(cmd: Command) -> str:
+    """Who applies ``cmd``: its rack (a card or pump command), :data:`FACILITY` or :data:`SCHEDULER`."""
+    if isinstance(cmd, RackCommand | CduCommand):
+        return cmd.rack
+    return FACILITY if isinstance(cmd, FacilityCommand) else SCHEDULER
+
+
+def _target_words(cmd: Command) -> str:
+    """``_target`` in a reason's words: ``rack r0``, ``the facility``, ``the scheduler``."""
+    return f"rack {cmd.rack}" if isinstance(cmd, RackCommand | CduCommand) else f"the {_target(cmd)}"
 
 
 class Sequencer:

@@ -33,6 +33,7 @@ from agent.clock import SiteClock
 from agent.config import ControlConfig
 from agent.journal import Journal
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
+from agent.resume import open_commands_to_resume
 
 pytestmark = pytest.mark.agent
 
@@ -533,3 +534,57 @@ async def test_an_ack_is_missing_a_retry_interval_after_the_command_went_out_not
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no ack from r5")]
     assert len(warnings) == (1 if missing else 0), warnings
     d.journal.close()
+
+
+@pytest.mark.parametrize("why", ["superseded", "abandoned"])
+async def test_a_close_the_journal_could_not_take_is_written_later_and_a_restart_does_not_reopen_it(
+    mosquitto: EmbeddedBroker, tmp_path: Path, why: str
+) -> None:
+    """A command closed ``superseded`` (a newer command for the same card) or ``abandoned`` (its
+    retries used up) at a step whose journal writes fail: the step's expiry write fails first (a
+    full disk), the close is then skipped (``journal_retry_s``). Once the journal takes writes again
+    the next step records the close, and a restarted agent (``open_commands_to_resume``) re-opens
+    only what is still open: never the closed command, which no rack is to apply. The plain expiry
+    of the step is recorded too (the journal's next expiry pass). Before, the close was lost: the
+    row stayed ``sent`` and a restart sent the closed command again."""
+    d = desk(tmp_path)
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
+        publisher.journal_retry_s = 0.3
+        if why == "superseded":
+            close_at, still_open = 5.0, 1  # the newer command
+            old = d.issue("r0", (3,), 0)
+            expiring = d.issue("r1", (2,), 1, life_s=close_at - 1.0)
+            publisher.submit([old, expiring])
+            await publisher.step()
+            d.at(close_at)
+            newer = d.issue("r0", (3,), 6, ts=TS + close_at)  # the same card's level: supersedes the old one
+            publisher.submit([newer])
+        else:
+            close_at, still_open = 31.5, 0
+            old = d.issue("r1", (4, 5), 2, life_s=60.0)  # outlives its retries (every 10 s, 2 of them)
+            expiring = d.issue("r0", (1,), 1, life_s=close_at - 1.0)
+            publisher.submit([old, expiring])
+            for t in (0.0, 10.5, 21.0):
+                d.at(t)
+                await publisher.step()
+            d.at(close_at)  # the third retry would be due: abandoned
+        d.journal._conn.execute("PRAGMA query_only = ON")  # this step's writes fail (or are skipped)
+        await publisher.step()
+        d.journal._conn.execute("PRAGMA query_only = OFF")
+        assert getattr(publisher.stats, why) == 1 and old.command_id not in d.book.open
+        row = d.journal.command(old.command_id)
+        assert row is not None and row.state == "sent"  # not closed yet
+        await asyncio.sleep(publisher.journal_retry_s + 0.1)  # the journal is tried again from here on
+        d.at(close_at + 1.0)
+        await publisher.step()
+    assert publisher.journal_errors == {}
+    d.journal.close()
+    journal = Journal(tmp_path / "journal.sqlite")  # the agent restarted
+    book = CommandBook(d.book.site, d.codec, d.control)
+    opened, _expired = open_commands_to_resume(journal, book, TS + close_at + 2.0)
+    assert old.command_id not in {oc.command_id for oc in opened} and len(opened) == still_open
+    states = {c: row.state for c in (old.command_id, expiring.command_id) if (row := journal.command(c))}
+    assert states == {old.command_id: why, expiring.command_id: "expired"}
+    journal.close()

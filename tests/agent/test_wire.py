@@ -222,6 +222,24 @@ def test_a_command_may_live_an_hour_and_be_issued_up_to_ten_seconds_ahead_of_the
     assert wire.command_time_problem(cmd(TS + 200.001, 30.0), TS, max_ahead_s=200.0) is not None
 
 
+def test_a_command_issued_ahead_is_refused_naming_the_clock_of_its_target() -> None:
+    """The ``issued_ahead`` reason names whose clock the command is ahead of (docs/protocol.md,
+    "Which commands a rack applies"): the rack's for a rack or pump command, the facility's, the
+    scheduler's. It said "the rack's clock" for the facility and the scheduler too."""
+    cid, ts = uuid.uuid4(), TS + 20.0
+    commands: list[tuple[wire.Command, str]] = [
+        (wire.RackCommand("r0", (0,), wire.CardSetting.dvfs(3), cid, ts + 30, ts, 0, "agent"), "rack r0"),
+        (wire.CduCommand("r2", 0.8, cid, ts + 30, ts, 0, "agent"), "rack r2"),
+        (wire.FacilityCommand(20.0, cid, ts + 30, ts, 0, "agent"), "the facility"),
+        (wire.SchedulerCommand("j", {"r1": (0,)}, cid, ts + 30, ts, 0, "agent"), "the scheduler"),
+    ]
+    for command, whose in commands:
+        reason = wire.command_time_problem(command, TS)
+        assert reason == (
+            f"issued_ahead: ts {ts:.3f} is 20 s ahead of the clock of {whose} ({TS:.3f}); at most 10 s is accepted"
+        )
+
+
 def test_card_settings_take_exactly_their_parameters() -> None:
     with pytest.raises(ValueError, match="takes dvfs_level"):
         wire.CardSetting(wire.CardAction.SET_DVFS_LEVEL)

@@ -12,9 +12,13 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent import wire
+from agent.command_overlays import Overlays
+from agent.config import ControlConfig
+from agent.publish import CommandBook, OpenCommand
 from sim.commands import CommandHandler
 from twin.plant import CardFailure, Plant, PlantConfig
 from twin.spec import load_site
@@ -108,3 +112,54 @@ def test_a_card_failed_reason_without_detail_names_no_card() -> None:
     raised IndexError before, in the agent's ack handler (``Overlays.note_failed``)."""
     assert wire.failed_cards_of("card_failed") == () == wire.failed_cards_of(" card_failed ")
     assert wire.failed_cards_by_rack("card_failed") == {}
+
+
+def test_a_placement_refusal_marks_only_cards_of_the_placement_the_site_has() -> None:
+    """The agent reads a scheduler's ``card_failed`` refusal as free text from the wire: a rack the
+    site does not have (r99) and a card number outside a rack (64 of r0: 64 cards per rack) name no
+    card of ours (not card 0 of r1, which is site card 64), and a card not in the placement (card 9
+    of r1) is not marked either; card 3 of r0 (site 3) and card 5 of r1 (site 69) are."""
+    site = load_site(SITE)
+    assert site.cards_per_rack == 64
+    overlays = Overlays(site)
+    reason = wire.placement_card_failed_reason({"r99": [2], "r0": [64, 3], "r1": [5, 9]})
+    ack = wire.Acknowledgement(wire.SCHEDULER, uuid.uuid4(), wire.AckResult.REJECTED, TS, 0, "sim", reason)
+    overlays.note_failed_placement(np.array([3, 64, 69], dtype=np.int64), ack, TS - 1.0, TS, 30.0)
+    assert np.flatnonzero(np.isfinite(overlays.failed_by_ack_s)).tolist() == [3, 69]
+
+
+def test_the_cards_of_a_placement_the_agent_sent_are_read_back_site_wide() -> None:
+    """``CommandBook.placement_of`` (what a refused placement held: ``Controller.placement_refused``):
+    cards 5 and 0 of r1 and 3 of r0 are site cards 64, 69 and 3, sorted; a scheduler command naming a
+    rack the site does not have, or a card outside a rack, is not one of ours: None."""
+    site = load_site(SITE)
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, "site1"))
+    book = CommandBook(site, codec, ControlConfig())
+
+    def sent(cards: dict[str, tuple[int, ...]], layout: wire.SiteLayout = codec.layout) -> OpenCommand:
+        cmd = wire.SchedulerCommand("j", cards, uuid.uuid4(), TS + 30.0, TS, 0, "agent")
+        out = wire.Codec(layout).outgoing(cmd)
+        return OpenCommand(str(cmd.command_id), wire.SCHEDULER, out.topic, out.payload, TS, TS + 30.0)
+
+    assert book.placement_of(sent({"r1": (5, 0), "r0": (3,)})) == ("j", (3, 64, 69))
+    wider = wire.SiteLayout("site1", (*codec.layout.racks, "r99"), cards_per_rack=128)
+    assert book.placement_of(sent({"r99": (0,)}, wider)) is None
+    assert book.placement_of(sent({"r0": (64,)}, wider)) is None
+
+
+def test_the_simulated_scheduler_refuses_a_placement_on_cards_the_site_does_not_have() -> None:
+    """A placement naming card 64 of r0 (64 cards per rack) or a rack r99 is refused, and the job is
+    placed nowhere: not on card 0 of r1 (site card 64)."""
+    site = load_site(SITE)
+    job = JobSpec(job_id="q", n_cards=1, work_steps=1e6, step_time_s=1.0, compute_share=0.9)
+    plant = Plant(site, [job], [], config=PlantConfig(seed=1, placement="external"))
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, "site1"))
+    handler = CommandHandler(plant, codec, wire.Sequencer("sim"), lambda: TS)
+    wider = wire.Codec(wire.SiteLayout("site1", (*codec.layout.racks, "r99"), cards_per_rack=128))
+    for seq, cards in enumerate([{"r0": (64,)}, {"r99": (0,)}]):
+        cmd = wire.SchedulerCommand("q", cards, uuid.uuid4(), TS + 30.0, TS, seq, "agent")
+        (out,) = handler.handle(codec.topics.scheduler_cmd, wider.outgoing(cmd).payload)
+        ack = codec.decode(out.topic, out.payload)
+        assert isinstance(ack, wire.Acknowledgement) and ack.command_id == cmd.command_id
+        assert ack.result is wire.AckResult.REJECTED
+    assert plant.job_cards("q").size == 0 and plant.free_cards().size == site.n_cards

@@ -150,3 +150,34 @@ def test_level_of_a_clock(site: SiteSpec, clock_mhz: float, level: int) -> None:
 
 def test_the_largest_plausible_clock_is_five_times_the_top(site: SiteSpec) -> None:
     assert site.card.max_plausible_clock_mhz == 5.0 * 1980.0
+
+
+def test_cards_named_per_rack_convert_to_site_indices_and_back(example_data: dict[str, Any]) -> None:
+    """The wire names cards per rack, rack-local (a placement, a ``card_failed`` refusal); the agent
+    and the plant index them site-wide: card c of rack r is r * cards_per_rack + c. Two supernodes of
+    3 racks of 8 cards (r0..r5): card 5 of r1 is 13, card 0 of r3 is 24, card 7 of r5 is 47."""
+    site = _two_supernodes(example_data)
+    assert site.site_cards({"r1": (5, 0), "r3": [0], "r5": (7,)}) == [13, 8, 24, 47]  # rack by rack, as given
+    assert site.site_cards({}) == [] and site.site_cards({"r2": ()}) == []
+    assert site.cards_by_rack([13, 2, 14, 47]) == {"r1": [5, 6], "r0": [2], "r5": [7]}
+    assert site.cards_by_rack(np.array([47, 40], dtype=np.int64)) == {"r5": [7, 0]}
+    assert site.site_cards(site.cards_by_rack(range(48))) == list(range(48))
+
+
+@pytest.mark.parametrize(
+    ("by_rack", "message"),
+    [
+        ({"r6": [0]}, "rack 'r6' is not in the site"),  # 6 racks: r0..r5
+        ({"r0": [8]}, "card 8 of rack r0 is not within 0..7"),  # not card 0 of r1
+        ({"r1": [-1]}, "card -1 of rack r1 is not within 0..7"),  # not card 7 of r0
+    ],
+)
+def test_cards_a_site_does_not_have_are_refused_not_moved_to_another_rack(
+    example_data: dict[str, Any], by_rack: dict[str, list[int]], message: str
+) -> None:
+    site = _two_supernodes(example_data)
+    with pytest.raises(ValueError, match=message):
+        site.site_cards(by_rack)
+    for card in (-1, 48):
+        with pytest.raises(ValueError, match=f"card {card} is not within the site's 0..47"):
+            site.cards_by_rack([0, card])
