@@ -47,7 +47,7 @@ _SUMMARY_QUEUE_WAITS = 16  # queued jobs whose wait the summary explains one by 
 #: reservation (``agent.backfill``); another job holds it and this one would delay it; the placement
 #: found no window of racks for it; it needs more cards than the site has; the agent does not know
 #: how many cards it needs (no ``submitted`` event with its spec was seen); the placement failed; the
-#: guard dropped its placement (cards not free, or not seen).
+#: guard dropped its placement (cards not free, not seen, or said failed by a refusal).
 QUEUE_WAIT_KINDS = (
     "reservation",
     "behind_reservation",

@@ -316,7 +316,7 @@ class Guard:
                 "placements_dropped", f"placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued"
             )
             queued_ids = {q.job_id for q in snap.queue}
-            why = "the guard dropped its placement: cards not free or not seen"
+            why = "the guard dropped its placement: cards not free, not seen or said failed by a refusal"
             placed_ids = {o.job_id for o in orders}
             queue_waits.update(
                 (jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids - placed_ids
