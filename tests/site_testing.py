@@ -1,10 +1,13 @@
 """The small test site written as a file, for the tests whose service or simulator reads a site file
-(tests/agent and tests/integration alike)."""
+(tests/agent and tests/integration alike), and the agent configuration that names it."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,4 +29,29 @@ def write_capped_small_site(folder: Path, limit_w: float) -> Path:
         assert n == 1, pattern
     path = folder / "site.toml"
     path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_agent_config(
+    folder: Path, site_id: str, control: Mapping[str, Any], *, mode: str = "enforce", http_port: int | None = 0
+) -> Path:
+    """``folder/agent.toml`` for an agent on ``folder/site.toml``: ``control`` as its ``[control]``
+    table, a journal in ``folder``, text logs, ``[http] port = http_port`` (none when None) and a
+    placeholder broker URL that the test's broker fixture replaces."""
+    lines = [
+        'site = "site.toml"',
+        f'site_id = "{site_id}"',
+        f'mode = "{mode}"',
+        "[broker]",
+        'url = "mqtt://127.0.0.1:1"',  # replaced by the fixture's broker
+        "[control]",
+        *(f"{k} = {json.dumps(v)}" for k, v in control.items()),
+        "[journal]",
+        'path = "journal.sqlite"',
+        *(() if http_port is None else ("[http]", f"port = {http_port}")),
+        "[log]",
+        'format = "text"',
+    ]
+    path = folder / "agent.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import pytest
 from http_testing import http_get
-from site_testing import write_capped_small_site
+from site_testing import write_agent_config, write_capped_small_site
 
 from agent import wire
 from agent.broker import EmbeddedBroker
@@ -82,24 +82,7 @@ def write_config(
         "setpoint_interval_s": 60.0,
     }
     values.update(control)
-    lines = [
-        'site = "site.toml"',
-        f'site_id = "{SITE_ID}"',
-        f'mode = "{mode}"',
-        "[broker]",
-        'url = "mqtt://127.0.0.1:1"',  # replaced by the fixture's broker
-        "[control]",
-        *(f"{k} = {json.dumps(v)}" for k, v in values.items()),
-        "[journal]",
-        'path = "journal.sqlite"',
-        "[http]",
-        "port = 0",
-        "[log]",
-        'format = "text"',
-    ]
-    path = folder / "agent.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_agent_config(folder, SITE_ID, values, mode=mode, http_port=0)
 
 
 def job(job_id: str, n_cards: int, **kw: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from site_testing import write_capped_small_site
+from site_testing import write_agent_config, write_capped_small_site
 
 from agent.broker import EmbeddedBroker
 from agent.config import load_config
@@ -51,24 +51,7 @@ def write_config(folder: Path) -> Path:
         "min_replan_interval_s": 1.0,
         "setpoint_interval_s": 60.0,
     }
-    lines = [
-        'site = "site.toml"',
-        f'site_id = "{SITE_ID}"',
-        'mode = "enforce"',
-        "[broker]",
-        'url = "mqtt://127.0.0.1:1"',  # replaced by the fixture's broker
-        "[control]",
-        *(f"{k} = {json.dumps(v)}" for k, v in control.items()),
-        "[journal]",
-        'path = "journal.sqlite"',
-        "[http]",
-        "port = 0",
-        "[log]",
-        'format = "text"',
-    ]
-    path = folder / "agent.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_agent_config(folder, SITE_ID, control, mode="enforce", http_port=0)
 
 
 def refused_busy(journal: Path) -> list[tuple[str, dict[str, Any], str]]:
