@@ -10,8 +10,9 @@ temperatures, a card's die temperature and the rack's hottest die have no sample
 is removed) once their source has not been read validly within ``control.telemetry_deadline_s`` (the
 deadline after which the rack goes to fail-safe caps: a source silent, or sending only values the
 belief refuses, NaN among them), and come back with the source's next valid reading; the facility's
-gauges (no labels to remove) read NaN then. ``racktwin_telemetry_age_seconds`` keeps growing meanwhile:
-it is what says so (docs/agent.md, "Observability"). A reading a stuck sensor froze
+gauges (no labels to remove) read NaN then, and the site time before the site clock's first reading.
+``racktwin_telemetry_age_seconds`` keeps growing meanwhile: it is what says so (docs/agent.md,
+"Observability"). A reading a stuck sensor froze
 (``TwinState.frozen_readings``: a card's die, frozen with its power or alone, every card's die of a rack
 whose cards froze as a whole, a rack's loop temperatures) is not known either, fresh as it is: its
 series has no sample while the sensor is stuck (a card's power frozen alone leaves its die series).
@@ -317,5 +318,6 @@ class MetricUpdates:
 
     def _update_site_clock(self) -> None:
         now = self.clock.now()
-        self.metrics.site_time_seconds.set(now if now is not None else 0.0)
+        # no site time before the first reading: NaN, not 0.0 (1970, and a site time a simulator may start at)
+        self.metrics.site_time_seconds.set(math.nan if now is None else now)
         self.metrics.site_clock_rate.set(self.clock.rate)

@@ -237,7 +237,9 @@ class AgentMetrics:
             "racktwin_open_commands", "Commands journaled and not yet closed (sent or still to send)", registry=r
         )
         self.site_time_seconds = Gauge(
-            "racktwin_site_time_seconds", "The site clock (epoch seconds, from telemetry timestamps)", registry=r
+            "racktwin_site_time_seconds",
+            "The site clock (epoch seconds, from telemetry timestamps; NaN before its first reading)",
+            registry=r,
         )
         self.site_clock_rate = Gauge(
             "racktwin_site_clock_rate_ratio", "Site seconds per wall second (1 against real racks)", registry=r
@@ -303,6 +305,8 @@ class AgentMetrics:
         # nor is there a decided set-point or a predicted facility power before the first decision
         self.supply_setpoint_celsius.set(float("nan"))
         self.predicted_facility_power_watts.set(float("nan"))
+        # nor a site time before the site clock's first reading (0.0 is one: a simulator's --start-epoch-s 0)
+        self.site_time_seconds.set(float("nan"))
         self._zero_counters()
 
     def facility_gauges(self) -> tuple[Gauge, ...]:

@@ -179,12 +179,21 @@ def test_a_silent_rack_has_no_power_temperatures_or_dies_past_the_deadline_only_
     service: AgentService,
 ) -> None:
     """A rack that stops publishing altogether: past the deadline none of its measured series has a
-    sample (its hottest die neither: no die of it is known), its age is the time since it reported."""
+    sample (its hottest die neither: no die of it is known), its age is the time since it reported; its
+    next round brings them back. (Scraped while it reports first, so that each series shown to go was
+    exported: a rack's hottest die kept its value while every die of the rack went unknown, untested.)"""
     deadline_s = service.config.control.telemetry_deadline_s
     name = service.site.rack_names[2]
     clock = _SiteNow(T0)
     service.metric_updates.clock = clock
     service.state.update(_readings(service, T0))
+    s = _scrape(service)
+    assert _at(s, "racktwin_rack_power_watts", rack=name) == 40_200.0
+    assert _at(s, "racktwin_rack_supply_temperature_celsius", rack=name) == 32.0
+    assert _at(s, "racktwin_rack_return_temperature_celsius", rack=name) == 42.0
+    assert _at(s, "racktwin_rack_max_die_temperature_celsius", rack=name) == 60.0
+    for card in range(service.site.cards_per_rack):
+        assert _at(s, "racktwin_card_die_temperature_celsius", rack=name, card=str(card)) == 60.0
     others = tuple(r for r in range(service.site.n_racks) if r != 2)
     t = T0 + deadline_s + 5.0
     service.state.update(_readings(service, t, racks=others))
@@ -201,6 +210,15 @@ def test_a_silent_rack_has_no_power_temperatures_or_dies_past_the_deadline_only_
         assert _at(s, "racktwin_card_die_temperature_celsius", rack=name, card=str(card)) is None
     assert _at(s, "racktwin_telemetry_age_seconds", rack=name) == deadline_s + 5.0
     assert _at(s, "racktwin_rack_failsafe", rack=name) == 0.0  # (set by decisions, not by readings)
+    back = t + 1.0
+    service.state.update(_readings(service, back, die_c=62.0))
+    clock.t_s = back
+    s = _scrape(service)
+    assert _at(s, "racktwin_rack_power_watts", rack=name) == 40_200.0
+    assert _at(s, "racktwin_rack_supply_temperature_celsius", rack=name) == 32.0
+    assert _at(s, "racktwin_rack_max_die_temperature_celsius", rack=name) == 62.0
+    assert _at(s, "racktwin_card_die_temperature_celsius", rack=name, card="0") == 62.0
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=name) == 0.0
 
 
 def test_the_facility_reads_nan_before_its_first_reading_and_once_it_is_past_the_deadline(
