@@ -78,8 +78,9 @@ missing: counted per target (:attr:`Publisher.acks_missing`) and logged as a war
 most once a minute per target (acks dropped by a broker ACL are otherwise silent), unless the
 target has been silent since the command first went out (``heard_since``: its telemetry stopped
 too, which has its own signs: stale telemetry, fail-safe caps; a simulator that ended).
-The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
-until the same write succeeds again (any error, once a batch is marked sent); for 2 s after a failure
+The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``;
+one entry per kind of write: ``sent``, the expiry pass, each state of close) until the same write
+succeeds again (any error, once a batch is marked sent); for 2 s after a failure
 the publisher does not try its journal writes (each try may wait for SQLite's busy timeout).
 
 The modules: ``agent.open_commands`` (:class:`OpenCommand`, the kinds of card setting, what
