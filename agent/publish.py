@@ -69,8 +69,9 @@ write of the publisher that fails (a full disk: ``JournalError``) does not stop 
 journaled before they were sent, so what is lost is their record of being sent (a restarted agent
 sends again what its journal still has open and valid, and closes the rest); a close (``abandoned``,
 ``superseded``, or ``expired`` because the site clock stepped back) is kept and written by the next
-step whose write succeeds (plain expiries by the journal's next expiry pass), as otherwise a
-restarted agent would send a closed command again.
+step whose write succeeds (plain expiries by the journal's next expiry pass) or at shutdown, as
+otherwise a restarted agent would send a closed command again (:meth:`Publisher.unjournaled_closes`
+counts those waiting: the service's ``/readyz``).
 A command superseded by a newer one is journaled ``superseded``, counted in
 :attr:`PublishStats.superseded` and reported as closed ``superseded``. A command closed without
 an ack although it went out a retry interval before (expired, abandoned or superseded) is an ack

@@ -8,6 +8,10 @@ docs/agent.md "Journal").
   which writes nothing before the first open command's expiry and so "succeeds" on a full disk,
   logged "journal written again" and cleared the close's error at every retry while the close kept
   failing; and a close written cleared the expiry pass's error while that kept failing.
+* Closes not journaled yet are counted per state (``Publisher.unjournaled_closes``) and named by
+  ``/readyz`` until written; a shutdown writes them once more whatever ``journal_retry_s`` says and
+  logs what it could not write (before, they were lost, and a restarted agent sent those commands
+  again while valid, ``agent.resume``).
 
 Journal writes fail for real: SQLite's ``query_only`` (every write refused, as on a full disk) or a
 trigger that refuses one row's update; the publisher sends to a real mosquitto."""
@@ -23,11 +27,12 @@ from agent_helpers import example_site
 
 from agent import wire
 from agent.broker import EmbeddedBroker
-from agent.bus import Bus
+from agent.bus import Bus, MqttOptions
 from agent.clock import SiteClock
 from agent.config import load_config
 from agent.journal import Journal
 from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
+from agent.service import AgentService
 
 pytestmark = pytest.mark.agent
 
@@ -104,6 +109,7 @@ async def test_a_failing_left_behind_close_stays_a_journal_error_while_the_expir
         for _ in range(4):
             await publisher.step()
             assert set(publisher.journal_errors) == {LEFT_BEHIND}
+            assert publisher.unjournaled_closes() == {"expired": 1}
         assert not book.open and state_of(journal, oc) == "sent"
         assert messages(caplog, "journal written again") == []
         failed = messages(caplog, "journal write failed")
@@ -111,7 +117,7 @@ async def test_a_failing_left_behind_close_stays_a_journal_error_while_the_expir
         journal._conn.execute("PRAGMA query_only = OFF")
         await publisher.step()
     assert state_of(journal, oc) == "expired"
-    assert publisher.journal_errors == {}
+    assert publisher.journal_errors == {} and publisher.unjournaled_closes() == {}
     assert messages(caplog, "journal written again") == [f"journal written again: commands {LEFT_BEHIND} recorded"]
     journal.close()
 
@@ -148,4 +154,67 @@ async def test_a_failing_expiry_pass_stays_a_journal_error_when_a_left_behind_cl
         assert state_of(journal, oc) == "expired" and state_of(journal, old) == "pending"
         assert set(publisher.journal_errors) == {"expired"}
         assert "database or disk is full" in publisher.journal_errors["expired"]
+        assert publisher.unjournaled_closes() == {}
+    journal.close()
+
+
+def service_with_a_command(tmp_path: Path, retry_s: float) -> tuple[AgentService, OpenCommand]:
+    """The service of examples/agent.toml (not run: no broker), its journal in ``tmp_path``, with one
+    command journaled at NOW whose retries ran out (its next publisher step closes it ``abandoned``),
+    every journal write refused (``query_only``) and the publisher's writes skipped ``retry_s`` after
+    a failure."""
+    loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
+    service = AgentService(loaded, mqtt=MqttOptions(port=1), http=False)
+    retries = service.config.control.command_retries
+    oc = command(service.codec, service.book, service.journal, 1, NOW, attempts=retries + 1)
+    service.journal.mark_sent([oc.command_id])
+    service.clock.observe(NOW)
+    service.publisher.journal_retry_s = retry_s
+    service.journal._conn.execute("PRAGMA query_only = ON")
+    return service, oc
+
+
+async def test_readyz_names_the_closes_not_journaled_until_they_are(tmp_path: Path) -> None:
+    service, oc = service_with_a_command(tmp_path, retry_s=0.0)
+    await service.publisher.step()  # closed abandoned; its write refused
+    assert not service.book.open and state_of(service.journal, oc) == "sent"
+    reasons = service.readiness()
+    assert (
+        "journal (commands closed): 1 close(s) not written yet (abandoned 1); "
+        "a restart would send those commands again while valid"
+    ) in reasons, reasons
+    assert any(r.startswith("journal (commands abandoned): ") for r in reasons), reasons
+    service.journal._conn.execute("PRAGMA query_only = OFF")
+    await service.publisher.step()
+    assert state_of(service.journal, oc) == "abandoned"
+    assert not any(r.startswith("journal (commands") for r in service.readiness())
+    await service._close()
+
+
+async def test_a_shutdown_journals_the_closes_that_a_failed_write_left_pending(tmp_path: Path) -> None:
+    """A write failed a moment ago and the publisher skips its writes for ``journal_retry_s``: the
+    close stays pending. The journal takes writes again before the agent stops: the shutdown writes
+    the close (before, it was lost: the row stayed ``sent`` and a restart sent the command again)."""
+    service, oc = service_with_a_command(tmp_path, retry_s=3600.0)
+    await service.publisher.step()  # the expiry pass fails: the close is skipped for an hour
+    assert service.publisher.unjournaled_closes() == {"abandoned": 1}
+    service.journal._conn.execute("PRAGMA query_only = OFF")
+    await service._close()
+    journal = Journal(tmp_path / "j.sqlite")
+    assert state_of(journal, oc) == "abandoned"
+    journal.close()
+
+
+async def test_a_shutdown_logs_the_closes_it_cannot_journal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    service, oc = service_with_a_command(tmp_path, retry_s=0.0)
+    await service.publisher.step()
+    await service._close()
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("stopping with")]
+    assert record.levelno == logging.ERROR
+    assert record.getMessage() == (
+        "stopping with 1 command close(s) not journaled (abandoned 1): a restart sends those commands again while valid"
+    )
+    assert record.__dict__["fields"] == {"closes": {"abandoned": 1}, "command_ids": [oc.command_id]}
+    journal = Journal(tmp_path / "j.sqlite")
+    assert state_of(journal, oc) == "sent"  # a restart sends it again while valid
     journal.close()
