@@ -308,7 +308,7 @@ async def _run(options: Any) -> tuple[SimSummary, str | None, str | None]:
         f"racktwin sim: scenario {sc.name} ({sc.source}): {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
         f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} plant faults, {len(sc.sim_faults)} disconnects; "
         f"site {options.site_id} on {options.mqtt.url}, speed "
-        f"{'max' if options.as_fast_as_possible else f'{options.speed:g}x'}",
+        f"{'max' if options.as_fast_as_possible else f'{options.speed:,g}x'}",
         file=sys.stderr,
         flush=True,
     )
