@@ -69,8 +69,9 @@ write of the publisher that fails (a full disk: ``JournalError``) does not stop 
 journaled before they were sent, so what is lost is their record of being sent (a restarted agent
 sends again what its journal still has open and valid, and closes the rest); a close (``abandoned``,
 ``superseded``, or ``expired`` because the site clock stepped back) is kept and written by the next
-step whose write succeeds (plain expiries by the journal's next expiry pass), as otherwise a
-restarted agent would send a closed command again.
+step whose write succeeds (plain expiries by the journal's next expiry pass) or at shutdown, as
+otherwise a restarted agent would send a closed command again (:meth:`Publisher.unjournaled_closes`
+counts those waiting: the service's ``/readyz``).
 A command superseded by a newer one is journaled ``superseded``, counted in
 :attr:`PublishStats.superseded` and reported as closed ``superseded``. A command closed without
 an ack although it went out a retry interval before (expired, abandoned or superseded) is an ack
@@ -78,8 +79,9 @@ missing: counted per target (:attr:`Publisher.acks_missing`) and logged as a war
 most once a minute per target (acks dropped by a broker ACL are otherwise silent), unless the
 target has been silent since the command first went out (``heard_since``: its telemetry stopped
 too, which has its own signs: stale telemetry, fail-safe caps; a simulator that ended).
-The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``)
-until the same write succeeds again (any error, once a batch is marked sent); for 2 s after a failure
+The failure is logged once and kept in :attr:`Publisher.journal_errors` (the service's ``/readyz``;
+one entry per kind of write: ``sent``, the expiry pass, each state of close) until the same write
+succeeds again (any error, once a batch is marked sent); for 2 s after a failure
 the publisher does not try its journal writes (each try may wait for SQLite's busy timeout).
 
 The modules: ``agent.open_commands`` (:class:`OpenCommand`, the kinds of card setting, what

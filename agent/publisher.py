@@ -27,7 +27,7 @@ from agent.journal import Journal, JournalError
 from agent.mqtt_options import MqttOptions
 from agent.open_commands import OpenCommand
 
-__all__ = ["CommandLink", "PublishStats", "Publisher"]
+__all__ = ["CLOSE_WRITES", "EXPIRY_PASS", "CommandLink", "PublishStats", "Publisher"]
 
 
 class CommandLink(Protocol):
@@ -40,6 +40,18 @@ class CommandLink(Protocol):
 
 
 log = logging.getLogger("racktwin.agent.publish")
+
+#: the key in :attr:`Publisher.journal_errors` (and the log's name) of the journal's expiry pass (the
+#: commands past their expiry, ``Journal.expire``), apart from the closes of :data:`CLOSE_WRITES`
+EXPIRY_PASS = "expired"
+#: per state a command is closed in without an ack, the key in :attr:`Publisher.journal_errors` (and
+#: the log's name) of the write that closes commands in it (:meth:`Publisher._journal_closes`); each
+#: its own, so that one write that succeeds never clears another's error while that one fails
+CLOSE_WRITES = {
+    "expired": "expired at a clock step back",  # left behind by the site clock (CommandBook.expire)
+    "abandoned": "abandoned",
+    "superseded": "superseded",
+}
 
 
 @dataclass
@@ -109,13 +121,14 @@ class Publisher:
         self._wake = asyncio.Event()
         self._resend_all = False
         self._stepping = asyncio.Lock()  # one step at a time (the run loop's, a clean shutdown's)
-        #: the publisher's journal writes that failed last time they were tried ("sent", "expired",
-        #: "abandoned", "superseded"), with the error; an entry goes when that write succeeds again
+        #: the publisher's journal writes that failed last time they were tried ("sent", the expiry pass
+        #: :data:`EXPIRY_PASS`, the closes of :data:`CLOSE_WRITES`), with the error; an entry goes when
+        #: that write succeeds again
         self.journal_errors: dict[str, str] = {}
         self._journal_retry_wall = -math.inf  # time.monotonic() before which journal writes are skipped
-        #: commands closed without an ack whose close is not journaled yet, by the journal write that
-        #: closes them ("expired": left behind by the site clock, "abandoned", "superseded"): kept until
-        #: written (:meth:`_journal_closes`)
+        #: commands closed without an ack whose close is not journaled yet, by the state they are closed
+        #: in ("expired": left behind by the site clock, "abandoned", "superseded"): kept until written
+        #: (:meth:`_journal_closes`)
         self._unjournaled_closes: dict[str, list[str]] = {}
         #: time.monotonic() of the last send the broker did not acknowledge in time, and why
         self.last_unconfirmed_wall = -math.inf
@@ -142,17 +155,31 @@ class Publisher:
     def backlog(self) -> int:
         return len(self._queue)
 
-    def _journal_write(self, what: str, write: Callable[[], object]) -> bool:
-        """One journal write (``what`` names it in the log); a failure is logged once and kept in
-        :attr:`journal_errors`, never raised: the command has been journaled and sent already. For
-        ``journal_retry_s`` after a failure the publisher's writes are skipped (each try may wait for
-        SQLite's busy timeout on the event loop, and a step comes every 0.25 s): what they would
-        record is lost as when they fail, except closes, which :meth:`_journal_closes` keeps until
-        written (plain expiries are recorded by the journal's next expiry pass that succeeds). An
-        entry of :attr:`journal_errors` goes when a write of its kind succeeds, every entry when a
-        batch is marked sent (rows written: the journal takes writes again). Returns whether it was
-        written."""
-        if time.monotonic() < self._journal_retry_wall:
+    def unjournaled_closes(self) -> dict[str, int]:
+        """How many commands closed without an ack are not journaled closed yet, per state (none: an
+        empty dict): a restarted agent would take them up from the journal and send them again while
+        valid (``agent.resume``). The service's ``/readyz`` names them."""
+        return {state: len(ids) for state, ids in self._unjournaled_closes.items() if ids}
+
+    def journal_closes_now(self) -> dict[str, list[str]]:
+        """A shutdown's last try (``agent.service``): write the closes not journaled yet, each
+        state's write tried whatever ``journal_retry_s`` says; returns the ids still not written, per
+        state (an empty dict: all written)."""
+        self._journal_closes(force=True)
+        return {state: list(ids) for state, ids in self._unjournaled_closes.items() if ids}
+
+    def _journal_write(self, what: str, write: Callable[[], object], *, force: bool = False) -> bool:
+        """One journal write (``what`` names it in the log and in :attr:`journal_errors`: one name per
+        kind of write); a failure is logged once and kept in :attr:`journal_errors`, never raised: the
+        command has been journaled and sent already. For ``journal_retry_s`` after a failure the
+        publisher's writes are skipped (each try may wait for SQLite's busy timeout on the event loop,
+        and a step comes every 0.25 s) unless ``force``: what they would record is lost as when they
+        fail, except closes, which :meth:`_journal_closes` keeps until written (plain expiries are
+        recorded by the journal's next expiry pass that succeeds). An entry of :attr:`journal_errors`
+        goes when a write of its kind succeeds, every entry when a batch is marked sent (rows written:
+        the journal takes writes again; closes still to write show in :meth:`unjournaled_closes`).
+        Returns whether it was written."""
+        if not force and time.monotonic() < self._journal_retry_wall:
             return False
         try:
             write()
@@ -192,7 +219,7 @@ class Publisher:
             self._no_ack(oc, now)
             if self.on_closed is not None:
                 self.on_closed(oc, "unacked")
-        self._journal_write("expired", functools.partial(self.journal.expire, now))
+        self._journal_write(EXPIRY_PASS, functools.partial(self.journal.expire, now))
         # closed before their expiry: the site clock stepped back past their issue (CommandBook.expire);
         # the journal's expiry of a later step does not close them (theirs lie on the old timeline)
         self._close_later("expired", [oc for oc in gone if oc.left_behind])
@@ -263,16 +290,18 @@ class Publisher:
         if closed:
             self._unjournaled_closes.setdefault(state, []).extend(oc.command_id for oc in closed)
 
-    def _journal_closes(self) -> None:
+    def _journal_closes(self, *, force: bool = False) -> None:
         """Journal the closes not written yet, one transaction per state; those whose write fails or is
-        skipped (``journal_retry_s``) are kept for the next step. Left in the journal ``sent``, a closed
-        command would be re-opened and sent again by a restarted agent (``agent.resume``) while its
-        expiry is ahead: a level a newer command replaced, a command whose retries ran out, one stamped
-        on a timeline the site clock left."""
+        skipped (``journal_retry_s``, unless ``force``) are kept for the next step.
+        Left in the journal ``sent``, a closed command would be re-opened and sent again by a restarted
+        agent (``agent.resume``) while its expiry is ahead: a level a newer command replaced, a command
+        whose retries ran out, one stamped on a timeline the site clock left. What is kept while the
+        journal fails grows with the commands closed meanwhile (each is closed once), none dropped:
+        about 130 bytes per command (13 MB for 100,000 closes); :meth:`unjournaled_closes` counts them."""
         j = self.journal
         writes = {"expired": j.expire_commands, "abandoned": j.abandon, "superseded": j.supersede}
         for state, ids in list(self._unjournaled_closes.items()):
-            if self._journal_write(state, functools.partial(writes[state], list(ids))):
+            if self._journal_write(CLOSE_WRITES[state], functools.partial(writes[state], list(ids)), force=force):
                 del self._unjournaled_closes[state]
 
     def _no_ack(self, oc: OpenCommand, now_s: float) -> None:

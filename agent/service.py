@@ -451,6 +451,7 @@ class AgentService:
                 await self._http_server.wait_closed()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.journal_acks.write(now_or_never=True)  # the last acks (those a clean stop waited for among them)
+        self._journal_last_closes()
         with contextlib.suppress(Exception):
             self.journal.close()
         if self._failure is None:
@@ -459,6 +460,22 @@ class AgentService:
             log.info("agent stopped", extra={"fields": {"decisions": self.decisions, "open_commands": open_commands}})
         else:
             log.error("agent stopped after an error", extra={"fields": {"decisions": self.decisions, "error": detail}})
+
+    def _journal_last_closes(self) -> None:
+        """At shutdown, the commands closed without an ack whose close the journal has not recorded (it
+        failed, or was skipped for ``Publisher.journal_retry_s`` after a failure): written now, once
+        more; what is still not written is logged (a restart sends those commands again while valid,
+        ``agent.resume``)."""
+        left = self.publisher.journal_closes_now()
+        if not left:
+            return
+        ids = [cid for state_ids in left.values() for cid in state_ids]
+        log.error(
+            "stopping with %d command close(s) not journaled (%s): a restart sends those commands again while valid",
+            len(ids),
+            ", ".join(f"{state} {len(state_ids)}" for state, state_ids in left.items()),
+            extra={"fields": {"closes": {s: len(v) for s, v in left.items()}, "command_ids": ids[:16]}},
+        )
 
     # ================================================================================================
     # status and other agents on the site (agent.status, agent.standby)
@@ -996,6 +1013,13 @@ class AgentService:
             reasons.append(f"the broker is not acknowledging commands ({self.publisher.last_unconfirmed_error})")
         for what, err in self.publisher.journal_errors.items():
             reasons.append(f"journal (commands {what}): {err}")
+        closes = self.publisher.unjournaled_closes()
+        if closes:  # until written: a batch marked sent clears journal_errors before they may be
+            by_state = ", ".join(f"{state} {n}" for state, n in closes.items())
+            reasons.append(
+                f"journal (commands closed): {sum(closes.values())} close(s) not written yet ({by_state}); "
+                "a restart would send those commands again while valid"
+            )
         if self.journal_upkeep.file_problem:
             reasons.append(self.journal_upkeep.file_problem)
         reasons.extend(self.standby.readiness())

@@ -770,11 +770,11 @@ class _Progress:
         clock = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sim.site_time_s))
         link = "up" if sim.connected else "DOWN"
         line = (
-            f"sim: t={t:,.0f} s ({clock} UTC) speed {speed:.2f}x, IT {it / 1e3:,.1f} kW, PUE {pue:.3f}, "
+            f"sim: t={t:,.0f} s ({clock} UTC) speed {speed:,.2f}x, IT {it / 1e3:,.1f} kW, PUE {pue:.3f}, "
             f"msgs {msgs:,} ({rate:,.0f}/s), link {link}, commands {c.applied:,} applied / {c.rejected:,} rejected / "
             f"{c.expired:,} expired, bad messages {rejected:,}"
         )
-        requested = sim.options.speed
         if sim.behind_s > 1.0 and not sim.options.as_fast_as_possible:
-            line += f"; BEHIND by {sim.behind_s:,.1f} s: cannot keep up with speed {requested:g}x (physics not skipped)"
+            line += f"; BEHIND by {sim.behind_s:,.1f} s: cannot keep up with speed {sim.options.speed:,g}x"
+            line += " (physics not skipped)"
         self.emit(line)

@@ -691,29 +691,6 @@ class TwinState:
             rack_pump_speed_reported=self.rack_pump_speed_reported.copy(),
         )
 
-    def summary(self, deadline_s: float = 10.0) -> dict[str, Any]:
-        """A few aggregates for logs and status pages (staleness judged at ``deadline_s``)."""
-        seen = np.isfinite(self.card_last_seen_s)
-        die = self.card_die_temp_c[seen & ~self.card_failed]
-        return {
-            "time_s": self.time_s,
-            "cards_seen": int(seen.sum()),
-            "cards_failed": int(self.card_failed.sum()),
-            "cards_low_power": int(self.card_low_power.sum()),
-            "rack_power_w": float(np.nansum(self.rack_power_w)),
-            "max_die_temp_c": float(die.max()) if die.size else math.nan,
-            "jobs_running": sum(1 for j in self._jobs.values() if j.state == "running"),
-            "jobs_queued": len(self._queue),
-            "jobs_finished": self.jobs_finished,
-            "jobs_failed": self.jobs_failed,
-            "jobs_dropped": self.jobs_dropped,
-            "stale_racks": list(self.stale_racks(self.time_s, deadline_s)),
-            "stuck_racks": list(self.stuck_racks()),
-            "stuck_cards": list(self.stuck_cards()),
-            "invalid_card_readings": int(self.invalid_count.sum()),
-            "facility_power_w": self.facility.facility_power_w if self.facility else math.nan,
-        }
-
 
 def _with_progress(info: JobInfo, phase: Phase, progress_frac: float, throughput_frac: float) -> JobInfo:
     """``replace(info, phase=phase, progress_frac=..., throughput_frac=...)``: the same frozen copy

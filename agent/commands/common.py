@@ -82,26 +82,32 @@ def prepare_output_dir(out_dir: Path, files: Iterable[str], option: str = "--out
         check_output_file(out_dir / name, option)
 
 
-#: ``--progress-interval-s``'s name (``racktwin demo``, ``racktwin evaluate``; ``racktwin sim``'s own takes 0 for none).
+#: ``--progress-interval-s``'s name (``racktwin demo``, ``racktwin evaluate``, ``racktwin sim``).
 PROGRESS_INTERVAL_OPTION = "--progress-interval-s"
 
 
-def add_progress_interval_argument(parser: argparse.ArgumentParser, *, default_s: float, lines: str = "") -> None:
-    """``--progress-interval-s S`` (``args.progress_interval_s``): wall seconds between progress lines, > 0,
+def add_progress_interval_argument(
+    parser: argparse.ArgumentParser, *, default_s: float, lines: str = "", zero_for_none: bool = False
+) -> None:
+    """``--progress-interval-s S`` (``args.progress_interval_s``): wall seconds between progress lines, > 0
+    (or 0 for none with ``zero_for_none``: ``racktwin sim``, which the demo runs without progress lines),
     checked by :func:`check_progress_interval`; ``lines`` says which lines (e.g. ``" (each policy's run)"``)."""
     parser.add_argument(
         PROGRESS_INTERVAL_OPTION,
         type=float,
         default=default_s,
         metavar="S",
-        help=f"wall seconds between progress lines{lines}, > 0 (default %(default)g)",
+        help=f"wall seconds between progress lines{lines}, > 0{', or 0: none' if zero_for_none else ''} "
+        "(default %(default)g)",
     )
 
 
-def check_progress_interval(interval_s: float) -> None:
-    """A ``--progress-interval-s`` that is not a positive finite number is a :class:`UserError`."""
-    if not (math.isfinite(interval_s) and interval_s > 0):
-        raise UserError(f"{PROGRESS_INTERVAL_OPTION} must be positive, got {interval_s:g}")
+def check_progress_interval(interval_s: float, *, zero_for_none: bool = False) -> None:
+    """A ``--progress-interval-s`` that is not a positive finite number (nor 0 with ``zero_for_none``) is a
+    :class:`UserError`."""
+    if not (math.isfinite(interval_s) and (interval_s > 0 or (zero_for_none and interval_s == 0))):
+        allowed = "positive, or 0 for no progress lines" if zero_for_none else "positive"
+        raise UserError(f"{PROGRESS_INTERVAL_OPTION} must be {allowed}, got {interval_s:g}")
 
 
 def check_telemetry_period(source: str | Path, telemetry_period_s: float, deadline_s: float, setting: str) -> None:

@@ -31,8 +31,10 @@ from agent.bus import BusConnectError
 from agent.commands.common import (
     DEFAULT_SITE,
     UserError,
+    add_progress_interval_argument,
     check_broker_option,
     check_output_file,
+    check_progress_interval,
     load_site_or_fail,
     path_arg,
 )
@@ -119,13 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--step-s", type=float, default=1.0, metavar="S", help="plant time step in site seconds (default 1)"
     )
-    parser.add_argument(
-        "--progress-interval-s",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="wall seconds between progress lines on stderr (0: none; default 5)",
-    )
+    add_progress_interval_argument(parser, default_s=5.0, lines=" on stderr", zero_for_none=True)
     add_mqtt_arguments(parser, client_id_default="racktwin-sim-SITE_ID, a persistent session")
 
 
@@ -219,8 +215,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if not (math.isfinite(args.step_s) and args.step_s > 0):
         raise UserError(f"--step-s must be positive, got {args.step_s:g}")
     interval = args.progress_interval_s
-    if not (math.isfinite(interval) and interval >= 0):
-        raise UserError(f"--progress-interval-s must be a number of seconds >= 0 (0: no progress), got {interval:g}")
+    check_progress_interval(interval, zero_for_none=True)
     try:  # checked here, not after the embedded broker has started and printed its URL
         Topics(args.site_id)
     except ValueError as exc:
@@ -313,7 +308,7 @@ async def _run(options: Any) -> tuple[SimSummary, str | None, str | None]:
         f"racktwin sim: scenario {sc.name} ({sc.source}): {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
         f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} plant faults, {len(sc.sim_faults)} disconnects; "
         f"site {options.site_id} on {options.mqtt.url}, speed "
-        f"{'max' if options.as_fast_as_possible else f'{options.speed:g}x'}",
+        f"{'max' if options.as_fast_as_possible else f'{options.speed:,g}x'}",
         file=sys.stderr,
         flush=True,
     )

@@ -134,8 +134,6 @@ def test_a_job_the_snapshot_drops_is_counted_apart_from_the_finished_ones() -> N
     assert agent.state.jobs == {} and agent.busy_cards() == {}
     assert agent.state.jobs_finished == 1  # "done" alone: its event said so
     assert agent.state.jobs_dropped == 2  # "gone" (running) and "waiting" (queued)
-    summary = agent.state.summary()
-    assert (summary["jobs_finished"], summary["jobs_dropped"]) == (1, 2)
     assert {ev.job_id for ev in agent.handed if decides_again_on(ev)} == {"gone", "waiting"}
 
 

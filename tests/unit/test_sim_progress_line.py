@@ -38,3 +38,23 @@ def test_the_progress_line_has_thousands_separators_in_every_count(tmp_path: Pat
     assert len(lines) == 1, lines
     assert "msgs 114,295 (" in lines[0]
     assert "commands 1,373 applied / 2,001 rejected / 1,002 expired, bad messages 1,234" in lines[0]
+
+
+def test_the_progress_lines_speeds_have_thousands_separators_as_the_demos_and_evaluates(tmp_path: Path) -> None:
+    """A run far faster than real time (speed 0: thousands of site seconds per wall second), or one
+    asked for 2,000x that cannot keep up: its speeds read ``12,345.00x`` and ``2,000x``, as the final
+    report's ``(12,345.00x)`` and the demo's and evaluate's ``12,345x real time``."""
+    scen = tmp_path / "quiet.toml"
+    scen.write_text(
+        f'name = "quiet"\nsite = "{EXAMPLES / "supernode-512.toml"}"\nduration_s = 60.0\n[workload]\nsource = "none"\n'
+    )
+    options = SimOptions(scenario=load_run_scenario(scen), mqtt=MqttOptions(), start_epoch_s=0.0, speed=2_000.0)
+    sim = Simulator(options)
+    sim.behind_s = 1_234.5
+    lines: list[str] = []
+    progress = _Progress(sim, 0.0, lines.append, 1.0)
+    progress.last_t = sim.plant.time_s - 12_345.0  # 12,345 site seconds in the one wall second to 1.0
+    progress._line(1.0)
+    assert len(lines) == 1, lines
+    assert " speed 12,345.00x, " in lines[0]
+    assert lines[0].endswith("; BEHIND by 1,234.5 s: cannot keep up with speed 2,000x (physics not skipped)")

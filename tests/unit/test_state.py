@@ -62,7 +62,6 @@ def test_state_follows_the_plant(small_site: SiteSpec) -> None:
     snap.card_power_w[:] = 0
     assert st.card_power_w[0] > 0
     assert st.stale_racks(p.time_s, 5.0) == ()
-    assert st.summary()["jobs_running"] == 1
 
 
 def test_queue_requeue_and_finish_from_events(small_site: SiteSpec) -> None:
@@ -90,7 +89,6 @@ def test_dropout_makes_a_rack_stale(small_site: SiteSpec) -> None:
     _feed(p, st, 30.0)
     assert st.stale_racks(p.time_s, 5.0) == (1,)
     assert st.stale_cards(p.time_s, 5.0) == tuple(range(16, 32))
-    assert 1 in st.summary(deadline_s=5.0)["stale_racks"]
     _feed(p, st, 15.0)
     assert st.stale_racks(p.time_s, 5.0) == ()
 
@@ -270,7 +268,6 @@ def test_a_dropped_job_frees_its_cards_and_is_counted_apart_from_finished_ones(s
     st.apply_events([JobEvent(50.0, "j1", "finished", Phase.COMPUTE, dropped=True), submitted])
     assert st.jobs == {} and st.queue() == () and st.snapshot().card_job[:8].tolist() == [-1] * 8
     assert (st.jobs_finished, st.jobs_failed, st.jobs_dropped) == (0, 0, 1)
-    assert st.summary()["jobs_dropped"] == 1 and st.summary()["jobs_finished"] == 0
 
 
 def test_a_repeated_submission_does_not_requeue_a_running_or_finished_job(small_site: SiteSpec) -> None:
