@@ -285,6 +285,13 @@ class Publisher:
                     log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
 
+    def close_abandoned(self, closed: list[OpenCommand]) -> None:
+        """Commands the service closed ``abandoned`` itself (it stands by: another agent commands the
+        site), already out of the book: journaled now, or kept with the publisher's other closes until
+        a write succeeds (:meth:`unjournaled_closes`), never lost to one failed write."""
+        self._close_later("abandoned", closed)
+        self._journal_closes()
+
     def _close_later(self, state: str, closed: list[OpenCommand]) -> None:
         """Commands closed without an ack, to be journaled ``state`` by :meth:`_journal_closes`."""
         if closed:

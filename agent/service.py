@@ -523,10 +523,9 @@ class AgentService:
             self.metrics.commands_total.labels(result="abandoned").inc()
         if not dropped:
             return
-        try:
-            self.journal.abandon([oc.command_id for oc in dropped])
-        except JournalError as exc:
-            log.error("journal write failed: commands abandoned not recorded", extra={"fields": {"error": str(exc)}})
+        # through the publisher: a failed write is kept and tried again (left ``sent``, a restarted
+        # agent would take the commands up from the journal and send them again while valid)
+        self.publisher.close_abandoned(dropped)
         log.warning("%d open command(s) abandoned: another agent commands the site", len(dropped))
 
     def _take_up_journal_commands(self) -> None:

@@ -218,3 +218,20 @@ async def test_a_shutdown_logs_the_closes_it_cannot_journal(tmp_path: Path, capl
     journal = Journal(tmp_path / "j.sqlite")
     assert state_of(journal, oc) == "sent"  # a restart sends it again while valid
     journal.close()
+
+
+async def test_commands_dropped_on_standing_by_stay_pending_until_the_journal_takes_their_close(tmp_path: Path) -> None:
+    """Another agent commands the site: this one closes its open commands ``abandoned``. A refused
+    write keeps the closes with the publisher's (``/readyz`` names them) and the next step writes
+    them (before, the failure was only logged: the rows stayed ``sent`` and a restarted agent sent
+    the commands again while valid)."""
+    service, oc = service_with_a_command(tmp_path, retry_s=0.0)
+    service._drop_open_commands()
+    assert not service.book.open and state_of(service.journal, oc) == "sent"
+    assert service.publisher.unjournaled_closes() == {"abandoned": 1}
+    assert any(r.startswith("journal (commands closed): 1 close(s)") for r in service.readiness())
+    service.journal._conn.execute("PRAGMA query_only = OFF")
+    await service.publisher.step()
+    assert state_of(service.journal, oc) == "abandoned"
+    assert service.publisher.unjournaled_closes() == {}
+    await service._close()
