@@ -235,3 +235,21 @@ async def test_commands_dropped_on_standing_by_stay_pending_until_the_journal_ta
     assert state_of(service.journal, oc) == "abandoned"
     assert service.publisher.unjournaled_closes() == {}
     await service._close()
+
+
+async def test_a_defect_in_the_shutdowns_journal_writes_still_closes_the_journal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in the shutdown's last journal writes is logged and the journal is
+    still closed: its lock is released, so another agent (or a restart in the same process, as the
+    demo's) can open it (before, the exception skipped ``Journal.close``)."""
+    service, _ = service_with_a_command(tmp_path, retry_s=0.0)
+    service.journal._conn.execute("PRAGMA query_only = OFF")
+
+    def broken() -> dict[str, list[str]]:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(service.publisher, "journal_closes_now", broken)
+    await service._close()
+    assert any(r.getMessage() == "journal not brought up to date at shutdown" for r in caplog.records)
+    Journal(tmp_path / "j.sqlite", lock=True).close()  # the lock is free (flock: another descriptor would wait)
