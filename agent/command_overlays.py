@@ -227,10 +227,11 @@ class Overlays:
         or a repeat's hold holds it out (refused as failed again although its telemetry read it alive;
         from ``now_s``, when given). A job requeued by a card's failure asks for a decision at once,
         before the rack's telemetry shows the card; a scheduler whose view of a card is stale would
-        refuse every placement on it again, one per reading of the card. Only placement leaves such a
-        card out (``agent.decision.StepContext.refused_failed_cards``): the decision budgets, levels
-        and puts it to sleep as its readings say (a card a stale scheduler calls failed while its rack
-        reads it alive draws its power); a busy one is no free card anyway. Changes nothing (unlike
+        refuse every placement on it again, one per reading of the card. Only placement (and so the
+        ready reserve) leaves such a card out (``agent.decision.StepContext.refused_failed_cards``):
+        the decision budgets and levels it as its readings say, an idle one in the low-power state it
+        reports (a card a stale scheduler calls failed while its rack reads it alive draws its power);
+        a busy one is no free card anyway. Changes nothing (unlike
         :meth:`failed_now`)."""
         out = self.said_failed(np.asarray(last_seen_s, dtype=np.float64))
         if now_s is not None:
