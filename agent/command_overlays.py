@@ -161,7 +161,9 @@ class Overlays:
     def mark_failed(self, dead: IntArray, ack_ts_s: float, issued_s: float, now_s: float, first_hold_s: float) -> None:
         """Cards ``dead`` (site indices) refused as failed by an ack stamped ``ack_ts_s`` to a command
         issued at ``issued_s``: marked failed until a reading of them newer than the ack; those refused
-        again after a decision found their marks cleared are held out (:meth:`note_failed`)."""
+        again after a decision found their marks cleared are held out (:meth:`note_failed`). A rack's
+        ack and its readings are stamped by its own clock: a rack whose clock lags the agent's (the other
+        racks keep the agent's clock) is judged on it, its next reading after the ack clears the mark."""
         # never later than the agent's clock: an ack stamped ahead would hold the mark past readings
         # that show the card alive (the belief refuses readings stamped that far ahead)
         stamp = min(ack_ts_s, now_s) if math.isfinite(ack_ts_s) else now_s
@@ -204,16 +206,29 @@ class Overlays:
     def failed_now(self, last_seen_s: FloatArray, now_s: float) -> BoolArray:
         """Per card, whether the decision at ``now_s`` counts it failed by a ``card_failed`` refusal: a
         mark no reading has cleared (:meth:`said_failed`) or a repeat's hold in force. Notes the marks
-        found cleared (a refusal of a command issued since is a repeat). After the site clock stepped
-        back, a mark dates from now at the latest (the belief's last-seen times were moved back too)
-        and a hold lasts no longer than it was given from now."""
-        np.minimum(self.failed_by_ack_s, now_s, out=self.failed_by_ack_s)
-        np.minimum(self.failed_hold_until_s, now_s + self.failed_hold_s, out=self.failed_hold_until_s)
+        found cleared (a refusal of a command issued since is a repeat). Marks and holds from before a
+        step back of the site clock are dated on the new timeline first (:meth:`_date_marks`)."""
+        self._date_marks(now_s)
         marked = self.said_failed(last_seen_s)
         held = self.failed_hold_until_s > now_s
         cleared = np.isfinite(self.failed_by_ack_s) & ~marked & ~held & (self._failed_cleared_s == math.inf)
         self._failed_cleared_s[cleared] = now_s
         return np.asarray(marked | held, dtype=np.bool_)
+
+    def _date_marks(self, now_s: float) -> None:
+        """After the site clock stepped back to before ``now_s``'s decision, the marks and holds of the
+        old timeline on the new one: a mark stamped after ``now_s`` dates from just after it, so that it
+        lasts until a reading of the card stamped after the first decision on the new timeline (the
+        last-seen times the belief brought back to the step, ``TwinState.clock_went_back``, are no new
+        readings: a mark dated ``now_s`` itself was cleared by them when the decision came at the
+        step's instant, and the card's next refusal counted as a repeat); a hold lasts no longer than
+        it was given from ``now_s``. Without a step back it changes nothing (a mark is never stamped
+        after the decision that notes it: :meth:`mark_failed`). Called with each decision's time
+        before its marks are read: the same for its placements (:meth:`unplaceable`) and its commands
+        (:meth:`failed_now`)."""
+        after = float(np.nextafter(now_s, math.inf))
+        np.minimum(self.failed_by_ack_s, after, out=self.failed_by_ack_s)
+        np.minimum(self.failed_hold_until_s, now_s + self.failed_hold_s, out=self.failed_hold_until_s)
 
     def said_failed(self, last_seen_s: FloatArray) -> BoolArray:
         """Per card, whether a ``card_failed`` refusal marks it failed: no reading of it (``last_seen_s``,
@@ -227,11 +242,16 @@ class Overlays:
         or a repeat's hold holds it out (refused as failed again although its telemetry read it alive;
         from ``now_s``, when given). A job requeued by a card's failure asks for a decision at once,
         before the rack's telemetry shows the card; a scheduler whose view of a card is stale would
-        refuse every placement on it again, one per reading of the card. Only placement leaves such a
-        card out (``agent.decision.StepContext.refused_failed_cards``): the decision budgets, levels
-        and puts it to sleep as its readings say (a card a stale scheduler calls failed while its rack
-        reads it alive draws its power); a busy one is no free card anyway. Changes nothing (unlike
-        :meth:`failed_now`)."""
+        refuse every placement on it again, one per reading of the card. Only placement (and so the
+        ready reserve) leaves such a card out (``agent.decision.StepContext.refused_failed_cards``):
+        the decision budgets and levels it as its readings say, an idle one in the low-power state it
+        reports (a card a stale scheduler calls failed while its rack reads it alive draws its power);
+        a busy one is no free card anyway. Notes no mark cleared (unlike :meth:`failed_now`); with
+        ``now_s``, dates the marks and holds of a timeline the site clock stepped back from as
+        :meth:`failed_now` does (:meth:`_date_marks`), so that the decision at ``now_s`` judges them
+        alike for its placements and its commands."""
+        if now_s is not None:
+            self._date_marks(now_s)
         out = self.said_failed(np.asarray(last_seen_s, dtype=np.float64))
         if now_s is not None:
             out |= self.failed_hold_until_s > now_s

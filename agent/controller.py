@@ -252,11 +252,13 @@ class Controller:
         ``refused_failed``: per card, a ``card_failed`` refusal (of a card setting or a placement) says
         it failed and no reading of it since confirms or clears it, or a repeat's hold holds it out
         (``agent.command_overlays.Overlays.unplaceable``): ``StepContext.refused_failed_cards``, kept
-        out of placement only (a job requeued by a card's failure asks for a decision at once, before
+        out of placement (a job requeued by a card's failure asks for a decision at once, before
         the rack's telemetry shows it; a scheduler whose view of a card is stale refuses every
-        placement onto it). The guard's budget, the levels, low-power idle and the hosts see such a
-        card as its readings say: one a stale scheduler calls failed while its rack reads it alive
-        draws its power."""
+        placement onto it), and so out of the ready reserve (``agent.planning.cycle_problem``: an idle
+        card no job can take is no reserve). The guard's budget, the levels, low-power idle and the
+        hosts see such a card as its readings say: one a stale scheduler calls failed while its rack
+        reads it alive draws its power, and an idle one keeps the low-power state it reports (no
+        command reaches it: ``agent.command_diff``)."""
         site, cfg = self.site, self.control
         now = finite_or(now_s, finite_or(snap.time_s, 0.0))
         if now < self._latest_now_s - cfg.period_s:  # the site's clock went back (agent.clock)
@@ -450,7 +452,6 @@ class Controller:
     def _propose(self, snap: StateSnapshot, ctx: StepContext, *, use_solver: bool) -> Decision:
         t0 = time.perf_counter()
         site, cfg = self.site, self.control
-        unseen_card = ctx.unseen_card_mask(self._card_rack)
         pending = self._placements.in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = self._unexplained.notes(cfg.rack_margin_w)
@@ -477,7 +478,7 @@ class Controller:
         except ProblemError as exc:
             notes.append(f"no plan ({exc}): current settings held")
             return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0).replace(queue_waits=waits)
-        decision = self._decision(plan, p, snap, ctx, load, orders, notes, unseen_card, time.perf_counter() - t0)
+        decision = self._decision(plan, p, snap, ctx, load, orders, notes, time.perf_counter() - t0)
         return decision.replace(queue_waits=waits)
 
     def checkpoint_wake_s(self, jobs: Iterable[JobInfo], after_s: float) -> float:
@@ -501,7 +502,6 @@ class Controller:
         site, cfg = self.site, self.control
         slowest = site.card.n_levels - 1
         blind_card = ctx.blind_card_mask(self._card_rack)
-        unseen_card = ctx.unseen_card_mask(self._card_rack)
         pending = self._placements.in_flight(ctx, snap)
         load = site_load(site, snap, pending)
         notes: list[str] = [
@@ -540,7 +540,7 @@ class Controller:
         snap_lp = np.asarray(snap.card_low_power, dtype=bool)
         was_idle = ~prev.card_busy & ~prev.card_failed
         low = np.where(was_idle, prev.card_low_power, True)  # idle cards keep their state, freed ones sleep
-        low = np.where(unseen_card, snap_lp, low) & ~load.busy
+        low = np.where(ctx.unplaceable_card_mask(self._card_rack), snap_lp, low) & ~load.busy  # as _decision
         return self._unpredicted_decision(
             ctx,
             card_level=level,
@@ -619,7 +619,6 @@ class Controller:
         load: SiteLoad,
         orders: list[PlacementOrder],
         notes: list[str],
-        unseen_card: BoolArray,
         elapsed_s: float,
     ) -> Decision:
         site = self.site
@@ -654,7 +653,9 @@ class Controller:
             cand = cand[np.lexsort((-host_used_s[cand], ~host_busy[cand]))][: min(int(left[r]), extra)]
             low[cand] = False
             extra -= cand.size
-        low = np.where(unseen_card & load.idle, snap_lp, low)
+        # idle cards no command reaches keep the state they report: those the agent cannot see, and
+        # those a card_failed refusal keeps out of placement (agent.command_diff leaves them out)
+        low = np.where(ctx.unplaceable_card_mask(self._card_rack) & load.idle, snap_lp, low)
         status = plan.status.value if plan.status.value in ("optimal", "feasible", "infeasible") else "fallback"
         lines = [
             f"plan {plan.status.value} ({plan.source}) in {plan.solve_time_s:.3f} s "

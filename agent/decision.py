@@ -108,8 +108,10 @@ class StepContext:
     solver_time_limit_s: float  # wall seconds the solve may take
     # cards a ``card_failed`` refusal says failed and no reading has confirmed (a mark no reading newer
     # than the refusal has cleared, or a repeat's hold: agent.command_overlays.Overlays.unplaceable):
-    # kept out of placement only; the budget, levels, low-power idle and hosts see them as their
-    # readings say (a card a stale scheduler calls failed while its rack reads it alive draws power)
+    # kept out of placement (and so out of the ready reserve: agent.planning.cycle_problem); the budget,
+    # levels, low-power idle and hosts see them as their readings say (a card a stale scheduler calls
+    # failed while its rack reads it alive draws power; an idle one keeps the low-power state it
+    # reports, as no command reaches it)
     refused_failed_cards: tuple[int, ...] = ()
 
     def blind_card_mask(self, card_rack: IntArray) -> BoolArray:

@@ -258,8 +258,9 @@ def _place_jobs(
         # cards the agent cannot see are not offered (blind racks, stuck sensors)
         p0 = dataclasses.replace(p0, failed=p0.failed | unseen_card)
         pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, card_wait_s)
-        # nor are those a refusal says failed before a reading confirms it: left in the problem, as
-        # their readings say, so that the racks' headroom counts what they draw
+        # nor are those a refusal says failed before a reading confirms it (idle ones are out of the
+        # problem's idle cards, their racks' headroom counting what they draw as they report:
+        # agent.planning.cycle_problem; a busy one is no free card anyway)
         pp = dataclasses.replace(pp, free=pp.free & ~unplaceable)
         placement = place_jobs(pp, method=method, time_limit_s=min(1.0, ctx.solver_time_limit_s))
     except ProblemError as exc:

@@ -4,10 +4,11 @@
   do not compute now and those touching a blind rack *pinned*: handed to the models as computing
   jobs of no value, or with the opt-in ``resume_lag_s`` of the value :func:`pinned_value_frac`
   gives them, so that they get their cheapest level while their computing power is budgeted), the
-  cards the models may not use (failed, unseen idle, idle on hosts that are off), the calibrated
+  cards the models may not use (failed, unseen idle, idle on hosts that are off, idle and kept out of
+  placement by a ``card_failed`` refusal: none of them is ready reserve), the calibrated
   thermal parameters and measured die offsets of the step's context, the set-point options within
-  ``max_setpoint_step_k``, each rack's cap less the power the twin does not explain, the ready
-  reserve;
+  ``max_setpoint_step_k``, each rack's cap less the power the twin does not explain (and the wake
+  power of the refused idle cards that are awake), the ready reserve on the cards a job can take;
 * :func:`plan_cycle`: the planner's plan (``models.solve.CyclePlanner``; the greedy plan without the
   solver); where no plan meets every constraint, the plan of the problem :func:`relax` leaves,
   flagged infeasible;
@@ -34,12 +35,16 @@ from models.explain import is_feasible, min_rack_power_w
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, Margins, Prices, dvfs_tables, make_problem
 from models.solve import CyclePlanner, greedy_cycle
+from twin.power import PowerModel
 from twin.spec import SiteSpec
 from twin.state import JobInfo, StateSnapshot
+from twin.steady import card_steady_power_w
 from twin.thermal import ThermalParams
 from twin.workload import JobSpec, Phase
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 __all__ = ["checkpoint_ends_soon", "checkpoint_wake_s", "cycle_problem", "pinned_value_frac", "plan_cycle", "relax"]
 
@@ -131,7 +136,14 @@ def cycle_problem(
     # so are the idle cards of hosts that are off: the plan cannot wake them (a wake would boot the
     # host), so the ready reserve must sit on hosts that are on (budgeted at low-power idle, as now)
     unusable = ctx.unseen_card_mask(card_rack) | np.asarray(snap.card_host_off, dtype=bool)
-    failed = np.asarray(snap.card_failed, dtype=bool) | (unusable & load.idle)
+    # and so are the idle cards a card_failed refusal keeps out of placement (marked or held:
+    # ``StepContext.refused_failed_cards``): no job can take them, so they are no ready reserve, and no
+    # command reaches them (``agent.command_diff``): they stay in the state they report, an awake one
+    # budgeted awake (its wake power off its rack's limit; the models count such cards asleep)
+    held = np.zeros(site.n_cards, dtype=bool)
+    held[list(ctx.refused_failed_cards)] = True
+    held &= load.idle & ~unusable
+    failed = np.asarray(snap.card_failed, dtype=bool) | ((unusable | held) & load.idle)
     die = np.asarray(snap.card_die_temp_c, dtype=np.float64)
     die = np.where(np.isfinite(die), die, ctx.card_inlet_c)
     r_dc = np.full(site.n_cards, site.card.r_die_to_case_k_per_w)
@@ -144,7 +156,8 @@ def cycle_problem(
     options = tuple(
         o for o in site.facility.supply_temp_options_c if abs(o - ctx.setpoint_c) <= cfg.max_setpoint_step_k + 1e-9
     ) or (ctx.setpoint_c,)
-    n_idle = int((load.idle & ~failed).sum())
+    snap_lp = np.asarray(snap.card_low_power, dtype=bool)
+    n_idle = int((load.idle & ~failed).sum())  # idle cards a job can be placed on, on hosts that are on
     reserve = min(cfg.idle_reserve_cards * site.supernodes, n_idle)
     return make_problem(
         site,
@@ -158,11 +171,24 @@ def cycle_problem(
         ambient_c=ctx.ambient_c,
         supply_temp_c=ctx.setpoint_c,
         supply_options_c=options,
-        rack_limit_w=site.rack_power_limits_w() - ctx.rack_extra_w,
+        rack_limit_w=site.rack_power_limits_w() - ctx.rack_extra_w - _wake_w(site, ctx, held & ~snap_lp),
         ready_reserve_cards=reserve,
         margins=margins,
         prices=prices,
     )
+
+
+def _wake_w(site: SiteSpec, ctx: StepContext, awake: BoolArray) -> FloatArray:
+    """Per rack, what its ``awake`` idle cards draw beyond low-power idle at the set-point in force
+    (the twin's steady power at the slowest level, as the models price a wake)."""
+    model = PowerModel.from_card(site.card)
+    cards = np.flatnonzero(awake)
+    level = np.full(cards.size, model.n_levels - 1)
+    idle_u = np.zeros(cards.size)
+    r = ctx.r_total_k_per_w[cards]
+    lp_w, _ = card_steady_power_w(model, level, idle_u, np.ones(cards.size, dtype=bool), ctx.setpoint_c, r)
+    aw_w, _ = card_steady_power_w(model, level, idle_u, np.zeros(cards.size, dtype=bool), ctx.setpoint_c, r)
+    return np.bincount(site.card_rack()[cards], weights=aw_w - lp_w, minlength=site.n_racks).astype(np.float64)
 
 
 def plan_cycle(
