@@ -12,8 +12,8 @@ A rejected card setting is held back for ``command_ttl_s`` on the cards of the r
 :meth:`Overlays.note_failed`) or a card of it reads failed since
 (:meth:`Overlays.lift_refusals_a_failure_explains`): a rack refuses a command whole for one failed card.
 
-A card a ``card_failed`` refusal names counts as failed until a reading of it newer than the
-refusal: left out of card commands, and out of the decisions' placements
+A card a ``card_failed`` refusal names counts as failed until a reading of it at least as new
+as the refusal: left out of card commands, and out of the decisions' placements
 (:meth:`Overlays.unplaceable`), so that no job is placed on it; the decisions budget it as its
 readings say (a card a stale scheduler calls failed may be alive and draw power). A scheduler's refusal of a
 placement names its failed cards per rack (``wire.placement_card_failed_reason``) and marks them
@@ -117,7 +117,7 @@ class Overlays:
     def note_failed(self, oc: OpenCommand, ack: wire.Acknowledgement, now_s: float, first_hold_s: float) -> None:
         """A ``card_failed`` refusal names the command's dead cards: the refusal no longer holds the
         command's other cards back, and the dead ones count as failed (the next decision's commands
-        leave them out) until a reading of them newer than the ack. A card may fail unseen: its rack
+        leave them out) until a reading of them at least as new as the ack. A card may fail unseen: its rack
         silent (the fail-safe caps of a silent rack were refused every ``command_ttl_s`` for the whole
         silence) or after the reading the decision used. A card refused again in a command issued after
         a decision found its mark cleared is held out of commands whatever its readings say:
@@ -144,7 +144,7 @@ class Overlays:
         """A scheduler refused a placement on ``cards`` (site indices) issued at ``issued_s`` as
         ``card_failed`` (``wire.placement_card_failed_reason``): the cards of the placement it names
         count as failed as those of a card setting's refusal (:meth:`note_failed`: until a reading of
-        them newer than the ack; a repeat is held out), so that the next decision neither places the
+        them at least as new as the ack; a repeat is held out), so that the next decision neither places the
         job on them again nor sends them settings (a job requeued by the failure asks for a decision
         at once, before the rack's telemetry shows the card)."""
         # free text from the wire: racks the site does not have and cards outside a rack name none of ours
@@ -160,7 +160,7 @@ class Overlays:
 
     def mark_failed(self, dead: IntArray, ack_ts_s: float, issued_s: float, now_s: float, first_hold_s: float) -> None:
         """Cards ``dead`` (site indices) refused as failed by an ack stamped ``ack_ts_s`` to a command
-        issued at ``issued_s``: marked failed until a reading of them newer than the ack; those refused
+        issued at ``issued_s``: marked failed until a reading of them at least as new as the ack; those refused
         again after a decision found their marks cleared are held out (:meth:`note_failed`). A rack's
         ack and its readings are stamped by its own clock: a rack whose clock lags the agent's (the other
         racks keep the agent's clock) is judged on it, its next reading after the ack clears the mark."""

@@ -106,8 +106,8 @@ class StepContext:
     rack_pump_speed_frac: FloatArray  # per rack: the pump speed in force (as the CDU reports it)
     choose_setpoint: bool  # the set-point is re-optimized this step
     solver_time_limit_s: float  # wall seconds the solve may take
-    # cards a ``card_failed`` refusal says failed and no reading has confirmed (a mark no reading newer
-    # than the refusal has cleared, or a repeat's hold: agent.command_overlays.Overlays.unplaceable):
+    # cards a ``card_failed`` refusal says failed and no reading has confirmed (a mark no reading at least
+    # as new as the refusal has cleared, or a repeat's hold: agent.command_overlays.Overlays.unplaceable):
     # kept out of placement (and so out of the ready reserve: agent.planning.cycle_problem); the budget,
     # levels, low-power idle and hosts see them as their readings say (a card a stale scheduler calls
     # failed while its rack reads it alive draws power; an idle one keeps the low-power state it
