@@ -8,7 +8,7 @@
   reported, not raised. :class:`ClosedLoop` tells the controller of a placement refused
   (``Controller.placement_refused``), as the service does on a ``rejected`` ack: the job may be placed
   again at the next decision, its cards are not held for it; the cards a placement was refused for
-  as failed get no placement in the next decisions until a reading of them newer than the refusal
+  as failed get no placement in the next decisions until a reading of them at least as new as the refusal
   (as the service's ``card_failed`` ack: ``agent.command_overlays.Overlays.unplaceable``; the
   decisions budget them as their readings say).
 * :class:`ClosedLoop` runs plant -> readings (every ``telemetry_period_s``: :class:`TelemetryRounds`)
