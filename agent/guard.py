@@ -10,7 +10,7 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    only when the job is queued (once per job) and its cards are free (idle, not failed, not held by
    a placement in flight), seen (not on a blind rack, not a stuck card) and not said failed by a
    ``card_failed`` refusal no reading has confirmed (``StepContext.refused_failed_cards``; counted as
-   their readings say everywhere else); busy cards are awake (a
+   their readings say everywhere else, at the settings they report: step 3a); busy cards are awake (a
    placed card is woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs
    not yet seen started) hold their cards as busy like the decision's own: awake, budgeted as
    computing, never put to low-power idle (neither for a cap nor by the low-power hold).
@@ -29,6 +29,14 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    cards the agent cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep
    on stale data: they keep the low-power state they last reported (a command the agent cannot see
    take effect, and that its rack's fail-safe limits make unnecessary for the cap).
+3a. **Cards no command reaches**: a card a ``card_failed`` refusal says failed, no reading having
+   confirmed it (``StepContext.refused_failed_cards``), gets no command (``agent.command_diff`` leaves
+   it out of levels, power limits, sleeps and wakes) while its rack may read it alive (a stale
+   scheduler's refusal, a repeat's hold): it keeps the level and power limit it reports (a busy one
+   too; its job's other cards get the job's level, and ``Decision.job_levels`` is theirs) and an idle
+   one the low-power state it reports, neither woken nor put to sleep. Steps 3b-5 count it so and
+   take no lever on it (no sleep, slowing or power limit for a cap or a die): a rack or die they cannot
+   hold without it is said not held.
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
    site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
    the levels so far with every busy card computing, the twin predicts a die over its limit, the
@@ -43,8 +51,10 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the same array the planner used). While a rack is over ``limit - margin - extra``, the
    job of that rack whose next slower level gives up the least value per watt saved steps down;
    then awake idle cards it can see go to low-power idle; if the rack is still over (its jobs all at the
-   slowest level), every card of the rack gets the fail-safe power limit. That holds the cap unless
-   the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts): the
+   slowest level), every card of the rack that commands reach gets the fail-safe power limit (cards
+   no command reaches keep what they report, step 3a). That holds the cap unless
+   the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts), or cards
+   no command reaches draw more than it: the
    configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
    but not power the twin does not explain (``rack_extra_w``, e.g. 30 kW more on a PDU than its cards
    and hosts draw); then the guard says the rack cannot be held (an explanation line, its predicted
@@ -53,7 +63,8 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
 5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
    the slowest level its power limit is set to what the die limit allows. The explanation lines say
    which jobs were slowed (to which level), which were power-limited at the slowest level, and which
-   dies cannot be held even at ``control.min_power_limit_w`` (no lever of the agent is left for them).
+   dies cannot be held even at ``control.min_power_limit_w`` or are on cards no command reaches (step
+   3a; no lever of the agent is left for them).
 
 Each explanation line the guard writes (``guard: ...``) comes with its action, one of
 :data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper; the explanation
@@ -62,7 +73,9 @@ counts (``agent.metric_updates``).
 
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
-every rack within ``limit - margin - extra`` wherever the fail-safe power limit can (above).
+every rack within ``limit - margin - extra`` wherever the fail-safe power limit can (above); with
+cards no command reaches (tests/agent/test_guard_refused_cards.py) the budget is what the racks draw
+with those cards at the settings they report, within the cap or the rack said not held.
 """
 
 from __future__ import annotations
@@ -100,8 +113,8 @@ _MAX_NOTES = 12
 #: speed; (4) for a rack's cap: jobs slowed (one line for all racks), idle cards to low power, power
 #: limits cut to the fail-safe limit, and the cap not held even so (one line each per rack); (5) for
 #: the dies: jobs slowed, jobs power-limited at the slowest level, dies not held even at
-#: ``min_power_limit_w`` (one line each per decision). ``cap_not_held`` and ``die_not_held`` mean no
-#: lever of the agent is left (alert ``RacktwinGuardCannotHold``).
+#: ``min_power_limit_w`` or on cards no command reaches (one line each per decision). ``cap_not_held``
+#: and ``die_not_held`` mean no lever of the agent is left (alert ``RacktwinGuardCannotHold``).
 GUARD_ACTIONS = (
     "placements_dropped",
     "level_raise_limited",
@@ -164,13 +177,20 @@ class _Sight:
     blind_card: BoolArray
     unseen_card: BoolArray
     unplaceable_card: BoolArray  # unseen, or said failed by a refusal no reading confirmed: no placement
+    # said failed by a refusal no reading confirmed, read alive: no command reaches it (agent.command_diff)
+    unreached_card: BoolArray
 
     @classmethod
-    def of(cls, site: SiteSpec, ctx: StepContext, card_rack: IntArray) -> _Sight:
+    def of(cls, site: SiteSpec, ctx: StepContext, card_rack: IntArray, snap: StateSnapshot) -> _Sight:
         failsafe_rack = np.zeros(site.n_racks, dtype=bool)
         failsafe_rack[list(ctx.failsafe_racks)] = True
         unseen = ctx.unseen_card_mask(card_rack)
-        return cls(failsafe_rack, ctx.blind_card_mask(card_rack), unseen, ctx.unplaceable_card_mask(card_rack))
+        unreached = np.zeros(site.n_cards, dtype=bool)
+        unreached[list(ctx.refused_failed_cards)] = True
+        unreached &= ~np.asarray(snap.card_failed, dtype=bool)  # a failed card is budgeted at 0 W anyway
+        return cls(
+            failsafe_rack, ctx.blind_card_mask(card_rack), unseen, ctx.unplaceable_card_mask(card_rack), unreached
+        )
 
 
 @dataclass
@@ -239,7 +259,7 @@ class Guard:
         notes = _Notes()
         snap_lp = np.asarray(snap.card_low_power, dtype=bool)
         self._observe(snap_lp, ctx.now_s)
-        sight = _Sight.of(site, ctx, self._card_rack)
+        sight = _Sight.of(site, ctx, self._card_rack, snap)
 
         # 1. sanity; 2. rate limits
         draft = self._sanitize(proposal, snap, sight, notes, in_flight)
@@ -251,6 +271,9 @@ class Guard:
         fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
         if sight.failsafe_rack.any():
             self._apply_failsafe(draft, snap, snap_lp, sight, fs_lim, ctx.stuck_cards, notes)
+        # cards no command reaches keep what they report (before any prediction counts on them)
+        if sight.unreached_card.any():
+            self._keep_reported(draft, snap, snap_lp, sight.unreached_card)
 
         # 3b. pumps, then the thermal conditions steps 4-5 and the predictions use
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
@@ -266,8 +289,18 @@ class Guard:
         table = self._power_table(draft.load, inlet, r_eff, off)
         lp_w = self._low_power_w(inlet, r_eff, off)
         failed = np.asarray(snap.card_failed, dtype=bool)
-        self._enforce_caps(draft, table, lp_w, modelled_caps, fs_lim, failed, notes, unseen=sight.unseen_card)
-        self._enforce_dies(draft, table, inlet, r_eff, off, notes)
+        self._enforce_caps(
+            draft,
+            table,
+            lp_w,
+            modelled_caps,
+            fs_lim,
+            failed,
+            notes,
+            unseen=sight.unseen_card,
+            unreached=sight.unreached_card,
+        )
+        self._enforce_dies(draft, table, inlet, r_eff, off, notes, unreached=sight.unreached_card)
 
         return self._reviewed(
             proposal, draft, failed, setpoint, speed, sight, inlet, r_eff, off, measured_caps, ctx, notes
@@ -385,6 +418,20 @@ class Guard:
         stuck = f" (stuck sensor: card {', '.join(str(c) for c in stuck_cards[:4])})" if stuck_cards else ""
         notes.add("failsafe_caps", f"fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
 
+    def _keep_reported(self, draft: _Draft, snap: StateSnapshot, snap_lp: BoolArray, unreached: BoolArray) -> None:
+        """Step 3a (module docstring), cards no command reaches (``unreached``: a ``card_failed`` refusal
+        says them failed, no reading has confirmed it, ``StepContext.refused_failed_cards``; their rack
+        reads them alive): ``agent.command_diff`` sends them no level, power limit, sleep or wake, so
+        they keep the level and power limit they report (a busy one too: its job's other cards get the
+        job's level), and an idle one the low-power state it reports (neither woken nor put to sleep)."""
+        max_lim = self.site.card.power_limit_w
+        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+        draft.level = np.where(unreached, self._reported_levels(snap), draft.level)
+        draft.power_limit_w = np.where(
+            unreached, np.where(np.isfinite(snap_lim), snap_lim, max_lim), draft.power_limit_w
+        )
+        draft.low_power = np.where(unreached & draft.load.idle, snap_lp, draft.low_power)
+
     def _thermal_at_speeds(
         self, speed: FloatArray | None, off: FloatArray, ctx: StepContext
     ) -> tuple[FloatArray, FloatArray]:
@@ -424,7 +471,7 @@ class Guard:
         flow = None if speed is None else speed * ctx.rack_flow_full_lpm / site.loop_flow_per_rack_lpm()
         cooling = facility_cooling(site, it_w, setpoint, ctx.ambient_c, flow_fraction=1.0 if flow is None else flow)
         status = "failsafe" if fs_rack.any() else proposal.status
-        job_levels = {j.job_id: int(lvl[j.cards[0]]) for j in load.jobs}
+        job_levels = {j.job_id: self._job_level(lvl, j.cards, sight.unreached_card) for j in load.jobs}
         return proposal.replace(
             card_level=lvl,
             card_low_power=lp & ~busy,
@@ -455,6 +502,13 @@ class Guard:
     def _reported_levels(self, snap: StateSnapshot) -> IntArray:
         """Each card's level as telemetry reports it, within the DVFS table."""
         return np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, self._model.n_levels - 1)
+
+    @staticmethod
+    def _job_level(lvl: IntArray, cards: IntArray, unreached: BoolArray) -> int:
+        """A job's level: the one its cards that commands reach share (a card no command reaches keeps
+        the level it reports, step 3a); the slowest of its cards' when no command reaches any."""
+        reached = cards[~unreached[cards]]
+        return int(lvl[reached if reached.size else cards].max())
 
     @staticmethod
     def _one_level_per_job(draft: _Draft) -> None:
@@ -616,12 +670,15 @@ class Guard:
         notes: _Notes,
         *,
         unseen: BoolArray,
+        unreached: BoolArray,
     ) -> None:
         """Step 4 (module docstring), caps: ``draft``'s levels, low-power states and power limits
         such that every rack's predicted power (``table``: every busy card computing) stays within
-        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep). Each rack
-        over its cap, in turn, takes the levers in the docstring's order while it is still over:
-        :meth:`_slow_jobs_for_cap`, :meth:`_sleep_idle_for_cap`, :meth:`_limit_power_for_cap`."""
+        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep);
+        ``unreached``: the cards no command reaches (step 3a: no lever changes them, their power counts
+        at the settings they report). Each rack over its cap, in turn, takes the levers in the
+        docstring's order while it is still over: :meth:`_slow_jobs_for_cap`,
+        :meth:`_sleep_idle_for_cap`, :meth:`_limit_power_for_cap`."""
         site = self.site
         lp = draft.low_power & ~draft.load.busy
         power = self._card_power(table, lp_w, draft.level, lp, draft.power_limit_w, failed)
@@ -635,11 +692,11 @@ class Guard:
         lowered: dict[str, int] = {}
         for r_over in over:
             r = int(r_over)
-            self._slow_jobs_for_cap(r, b, draft.load, jobs_in_rack.get(r, []), table, modelled_caps, lowered)
+            self._slow_jobs_for_cap(r, b, draft.load, jobs_in_rack.get(r, []), table, modelled_caps, lowered, unreached)
             if b.over(r, modelled_caps):
-                self._sleep_idle_for_cap(r, b, draft.load, lp_w, unseen, notes)
+                self._sleep_idle_for_cap(r, b, draft.load, lp_w, unseen | unreached, notes)
             if b.over(r, modelled_caps):
-                self._limit_power_for_cap(r, b, table, lp_w, modelled_caps, fs_lim, failed, notes)
+                self._limit_power_for_cap(r, b, table, lp_w, modelled_caps, fs_lim, failed, unreached, notes)
         if lowered:
             items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
             more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""
@@ -666,29 +723,32 @@ class Guard:
         table: FloatArray,
         modelled_caps: FloatArray,
         lowered: dict[str, int],
+        unreached: BoolArray,
     ) -> None:
         """Step 4's first lever (module docstring): while rack ``r`` is over its cap, the job of ``jobs``
         (those with a card in it) whose next slower level gives up the least value per watt saved in the
-        rack (:meth:`_cheapest_step`) steps down, all its cards (on every rack); until none can.
-        ``lowered`` gets each job slowed and its new level."""
+        rack (:meth:`_cheapest_step`) steps down, all its cards (on every rack) that commands reach (not
+        ``unreached``); until none can. ``lowered`` gets each job slowed and its new level."""
         while b.over(r, modelled_caps):
-            step = self._cheapest_step(r, b, load, jobs, table)
+            step = self._cheapest_step(r, b, load, jobs, table, unreached)
             if step is None:
                 break
             ji, k2 = step
             j = load.jobs[ji]
-            before = b.power_w[j.cards].copy()
-            b.level[j.cards] = k2
-            b.power_w[j.cards] = np.minimum(table[j.cards, k2], b.power_limit_w[j.cards])
-            np.add.at(b.rack_w, self._card_rack[j.cards], b.power_w[j.cards] - before)
+            cards = j.cards[~unreached[j.cards]]
+            before = b.power_w[cards].copy()
+            b.level[cards] = k2
+            b.power_w[cards] = np.minimum(table[cards, k2], b.power_limit_w[cards])
+            np.add.at(b.rack_w, self._card_rack[cards], b.power_w[cards] - before)
             lowered[j.job_id] = k2
 
     def _cheapest_step(
-        self, r: int, b: _CapBudget, load: SiteLoad, jobs: list[int], table: FloatArray
+        self, r: int, b: _CapBudget, load: SiteLoad, jobs: list[int], table: FloatArray, unreached: BoolArray
     ) -> tuple[int, int] | None:
         """The step down that gives up the least value per watt saved in rack ``r``: (job index, new
         level), each job judged at its first slower level that saves power in the rack (levels sharing a
-        voltage may not); None when every job of ``jobs`` is at the slowest level or no step saves."""
+        voltage may not) on its cards that commands reach (not ``unreached``: those keep their power);
+        None when every job of ``jobs`` is at the slowest level or no step saves."""
         site = self.site
         card_rack = self._card_rack
         slowest = self._model.n_levels - 1
@@ -696,10 +756,13 @@ class Guard:
         best: tuple[float, int, int] | None = None
         for ji in jobs:
             j = load.jobs[ji]
-            k = int(lvl[j.cards[0]])
+            cards = j.cards[~unreached[j.cards]]
+            if cards.size == 0:
+                continue
+            k = int(lvl[cards[0]])
             if k >= slowest:
                 continue
-            in_r = j.cards[card_rack[j.cards] == r]
+            in_r = cards[card_rack[cards] == r]
             now_w = float(np.minimum(table[in_r, k], lim[in_r]).sum())
             # the next level that saves power in this rack (levels sharing a voltage may not)
             for k2 in range(k + 1, slowest + 1):
@@ -718,12 +781,13 @@ class Guard:
         return ji, k2
 
     def _sleep_idle_for_cap(
-        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, unseen: BoolArray, notes: _Notes
+        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, kept: BoolArray, notes: _Notes
     ) -> None:
         """Step 4's second lever (module docstring), for rack ``r`` still over its cap with its jobs at
-        the slowest level they can take: its awake idle cards the agent can see (not ``unseen``) go to
-        low-power idle, with a line in ``notes``."""
-        awake_idle = np.flatnonzero((self._card_rack == r) & load.idle & ~b.low_power & ~unseen)
+        the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
+        and those no command reaches keep the state they report) go to low-power idle, with a line in
+        ``notes``."""
+        awake_idle = np.flatnonzero((self._card_rack == r) & load.idle & ~b.low_power & ~kept)
         if awake_idle.size:
             b.low_power[awake_idle] = True
             new = lp_w[awake_idle]
@@ -743,14 +807,16 @@ class Guard:
         modelled_caps: FloatArray,
         fs_lim: FloatArray,
         failed: BoolArray,
+        unreached: BoolArray,
         notes: _Notes,
     ) -> None:
         """Step 4's last lever (module docstring), for rack ``r`` still over its cap after the other two:
-        every card of the rack (not failed) gets the fail-safe power limit ``fs_lim[r]`` (or keeps a lower
-        one), with a line in ``notes``; when even that does not hold the cap (the limit it would need is
-        below ``min_power_limit_w``), a line saying the rack cannot be held and by how much."""
+        every card of the rack that commands reach (not failed, not ``unreached``) gets the fail-safe
+        power limit ``fs_lim[r]`` (or keeps a lower one), with a line in ``notes``; when even that does
+        not hold the cap (the limit it would need is below ``min_power_limit_w``, or cards no command
+        reaches draw more than it), a line saying the rack cannot be held and by how much."""
         site = self.site
-        in_r = (self._card_rack == r) & ~failed
+        in_r = (self._card_rack == r) & ~failed & ~unreached
         lim, power = b.power_limit_w, b.power_w
         lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
         before_r = power[in_r].copy()
@@ -764,10 +830,14 @@ class Guard:
         if b.over(r, modelled_caps):
             cfg = self.control
             extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
+            n_out = int(np.count_nonzero(unreached & (self._card_rack == r) & ~failed))
+            them = f"{n_out} card no command reaches at the settings it reports" if n_out == 1 else ""
+            them = them or f"{n_out} cards no command reaches at the settings they report"
+            out = f"; {them}" if n_out else ""
             notes.add(
                 "cap_not_held",
                 f"{site.rack_names[r]}: cannot be held under its cap: {b.rack_w[r] / 1e3:.1f} kW "
-                f"predicted at the lowest power limit a card accepts ({cfg.min_power_limit_w:g} W) > "
+                f"predicted at the lowest power limit a card accepts ({cfg.min_power_limit_w:g} W{out}) > "
                 f"{modelled_caps[r] / 1e3:.1f} kW left for its cards and hosts "
                 f"({extra / 1e3:.1f} kW on its PDU the twin does not explain)",
             )
@@ -780,13 +850,17 @@ class Guard:
         r_total: FloatArray,
         off: FloatArray,
         notes: _Notes,
+        *,
+        unreached: BoolArray,
     ) -> None:
         """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
         held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
         first level where all its cards are under it; a card still over at the slowest level gets the
-        power limit (whole watts, down, within the card's range) that its die limit allows. ``notes``
-        says what was done (:meth:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose dies
-        are over their limit even at the lowest power limit a card accepts (no lever left)."""
+        power limit (whole watts, down, within the card's range) that its die limit allows. Cards no
+        command reaches (``unreached``, step 3a) are neither slowed nor limited: the job's other cards
+        are judged alone, and a die of theirs over the limit has no lever. ``notes`` says what was done
+        (:meth:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose dies are over their limit
+        even at the lowest power limit a card accepts or on cards no command reaches (no lever left)."""
         site, cfg = self.site, self.control
         load, lvl, lim = draft.load, draft.level, draft.power_limit_w
         slowest = self._model.n_levels - 1
@@ -801,20 +875,27 @@ class Guard:
         limited: list[str] = []
         limited_cards: list[IntArray] = []
         unheld: dict[str, float] = {}  # job -> its hottest die at the lowest power limit
+        out_hot: dict[str, float] = {}  # job -> its hottest die on a card no command reaches
+        n_out_hot = int(np.count_nonzero(hot & unreached))
         for j in load.jobs:
             if not hot[j.cards].any():
                 continue
-            k0 = k = int(lvl[j.cards[0]])
+            if (hot & unreached)[j.cards].any():
+                out_hot[j.job_id] = float(die[j.cards[(hot & unreached)[j.cards]]].max())
+            cards = j.cards[~unreached[j.cards]]  # the cards commands reach (all of them, but for refusals)
+            if not hot[cards].any():
+                continue
+            k0 = k = int(lvl[cards[0]])
             while k < slowest:
-                d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
+                d = inlet[cards] + r_total[cards] * np.minimum(table[cards, k], lim[cards]) + off[cards]
                 if np.all(d <= die_limit + 1e-9):
                     break
                 k += 1
-            lvl[j.cards] = k
+            lvl[cards] = k
             if k > k0:
                 slowed[j.job_id] = k
-            d = inlet[j.cards] + r_total[j.cards] * np.minimum(table[j.cards, k], lim[j.cards]) + off[j.cards]
-            still = j.cards[d > die_limit + 1e-9]
+            d = inlet[cards] + r_total[cards] * np.minimum(table[cards, k], lim[cards]) + off[cards]
+            still = cards[d > die_limit + 1e-9]
             if still.size:
                 allowed = np.floor((die_limit - inlet[still] - off[still]) / r_total[still])  # whole watts, down
                 before = lim[still].copy()
@@ -826,7 +907,7 @@ class Guard:
                 held = inlet[still] + r_total[still] * np.minimum(table[still, k], lim[still]) + off[still]
                 if np.any(held > die_limit + 1e-9):
                     unheld[j.job_id] = float(held.max())
-        self._note_dies(die_limit, slowed, limited, limited_cards, lim, unheld, notes)
+        self._note_dies(die_limit, slowed, limited, limited_cards, lim, unheld, notes, out_hot, n_out_hot)
         draft.level, draft.power_limit_w = lvl, lim
 
     def _note_dies(
@@ -838,11 +919,15 @@ class Guard:
         lim: FloatArray,
         unheld: dict[str, float],
         notes: _Notes,
+        out_hot: dict[str, float],
+        n_out_hot: int,
     ) -> None:
         """Step 5's lines in ``notes``, each saying what the guard did for the dies: the jobs it slowed
         (and to which level), the jobs at the slowest level whose cards it gave a lower power limit (how
         many cards, the lowest limit), and the jobs whose dies it cannot hold under ``die_limit`` even at
-        the lowest power limit a card accepts (their hottest die predicted there)."""
+        the lowest power limit a card accepts (``unheld``: their hottest die predicted there) or on cards
+        no command reaches (``out_hot``: their hottest die at the settings those report; ``n_out_hot``
+        such cards), in one line."""
         keep = f"to keep dies under {die_limit:g} deg C"
         if slowed:
             items = ", ".join(f"{k} -> {v}" for k, v in list(slowed.items())[:6])
@@ -856,11 +941,23 @@ class Guard:
                 f"power-limited job(s) {', '.join(limited[:6])}{more} at the slowest level {keep} "
                 f"({cards.size} cards, lowest limit {float(lim[cards].min()):.0f} W)",
             )
-        if unheld:
-            more = f" and {len(unheld) - 6} more" if len(unheld) > 6 else ""
+        if unheld or out_hot:
+            jobs = list(dict.fromkeys([*unheld, *out_hot]))
+            more = f" and {len(jobs) - 6} more" if len(jobs) > 6 else ""
+            why: list[str] = []
+            if unheld:
+                why.append(
+                    f"up to {max(unheld.values()):.1f} deg C predicted at the lowest power limit a card accepts "
+                    f"({self.control.min_power_limit_w:g} W)"
+                )
+            if out_hot:
+                n_cards = f"{n_out_hot} card{'s' if n_out_hot != 1 else ''}"
+                why.append(
+                    f"up to {max(out_hot.values()):.1f} deg C predicted on {n_cards} no command reaches "
+                    "(a card_failed refusal), at the settings reported"
+                )
             notes.add(
                 "die_not_held",
-                f"dies of job(s) {', '.join(list(unheld)[:6])}{more} cannot be held under {die_limit:g} deg C: "
-                f"up to {max(unheld.values()):.1f} deg C predicted at the lowest power limit a card accepts "
-                f"({self.control.min_power_limit_w:g} W)",
+                f"dies of job(s) {', '.join(jobs[:6])}{more} cannot be held under {die_limit:g} deg C: "
+                + "; ".join(why),
             )

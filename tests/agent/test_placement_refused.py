@@ -206,7 +206,8 @@ def test_a_card_held_out_of_placements_while_it_reads_alive_is_budgeted_at_its_p
     """Card 15 of rack r0 (the rest of r0 runs "run") is refused as failed again after a reading had
     cleared its first mark, while its rack reads it alive and idle (a stale status): held out for
     ``command_ttl_s`` (agent.command_overlays). The decision places "q" elsewhere, but the card still
-    draws its idle power: r0's budget counts it, as a decision without the hold does. Before, the
+    draws its idle power: r0's budget counts it, at the settings the card reports (no command reaches
+    it, so the guard counts on none). Before, the
     decision counted the held card failed and budgeted it at 0 W (the rack's cap short for up to an
     hour in the repeat-hold case), and left it out of its levels and low-power idle."""
     held = 15
@@ -226,14 +227,16 @@ def test_a_card_held_out_of_placements_while_it_reads_alive_is_budgeted_at_its_p
         decision, _snap, (sent,) = site.decide()
         assert [o.job_id for o in decision.placements] == ["q"] and held not in decision.placements[0].cards
         assert site.answer(sent).result is wire.AckResult.APPLIED
-        # the decision sees the card as its readings say: alive and idle, budgeted as a decision without
-        # the hold budgets it (same placement, on rack r1), with the same settings
+        # the decision sees the card as its readings say: alive and idle, at the settings it reports (no
+        # command reaches it: agent.command_diff leaves it out), and places "q" as a decision without the
+        # hold does (on rack r1), whose budget it shares but for r0's held card
         free = Controller(SITE, ControlConfig(command_ttl_s=30.0)).step(snap, 62.0)
         assert free.placements == decision.placements
         assert not decision.card_failed[held]
-        assert decision.card_low_power[held] == free.card_low_power[held]
-        assert decision.card_level[held] == free.card_level[held]
-        assert decision.budget_rack_power_w == pytest.approx(free.budget_rack_power_w, rel=1e-9)
+        assert decision.card_low_power[held] == snap.card_low_power[held]
+        assert decision.card_level[held] == snap.card_level[held]
+        assert decision.card_power_limit_w[held] == snap.card_power_limit_w[held]
+        assert decision.budget_rack_power_w[1:] == pytest.approx(free.budget_rack_power_w[1:], rel=1e-9)
         # and r0's budget exceeds that of a decision whose readings show the card dead by the card's idle
         # power, by hand (examples/supernode-512.toml): awake at level k, 84.5 W * (V_k/V_0)^2 + 0.47 W/K *
         # (V_k/V_0) * (die - 42 deg C); asleep, 52.8 W + 0.4 W/K * (die - 42 deg C); its die between the
