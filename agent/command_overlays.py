@@ -73,7 +73,7 @@ class Overlays:
         self.refused_key = np.zeros((N_KINDS, n), dtype=np.int64)  # the refused command of a backoff
         self.refused_stamp_s = np.full((N_KINDS, n), -math.inf)  # its issue time on the wire
         # when a rack refused a command because these cards had failed (its ack's stamp): a card counts
-        # as failed until a reading of it newer than that shows what it is (a silent rack shows nothing)
+        # as failed until a reading of it at least as new as that shows what it is (a silent rack shows nothing)
         self.failed_by_ack_s = np.full(n, -math.inf)
         # a card refused as failed again after a reading had cleared its mark: how many times in a row,
         # held out of commands until when whatever its readings say, and for how long that hold was

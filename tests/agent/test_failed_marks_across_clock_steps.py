@@ -1,7 +1,7 @@
 """Cards a ``card_failed`` refusal marks failed, judged across site clock steps and rack clocks.
 
 What users rely on: a card a rack refused as failed gets no job and no setting until a reading of it
-newer than the refusal shows what it is (``agent.command_overlays.Overlays``), and
+at least as new as the refusal shows what it is (``agent.command_overlays.Overlays``), and
 
 * after the site clock stepped back (a simulator restarted 760 s back, a time source corrected), a
   mark stamped on the old timeline dates from the first decision on the new one: the card stays out
