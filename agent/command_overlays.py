@@ -73,7 +73,7 @@ class Overlays:
         self.refused_key = np.zeros((N_KINDS, n), dtype=np.int64)  # the refused command of a backoff
         self.refused_stamp_s = np.full((N_KINDS, n), -math.inf)  # its issue time on the wire
         # when a rack refused a command because these cards had failed (its ack's stamp): a card counts
-        # as failed until a reading of it newer than that shows what it is (a silent rack shows nothing)
+        # as failed until a reading of it at least as new as that shows what it is (a silent rack shows nothing)
         self.failed_by_ack_s = np.full(n, -math.inf)
         # a card refused as failed again after a reading had cleared its mark: how many times in a row,
         # held out of commands until when whatever its readings say, and for how long that hold was
@@ -83,6 +83,8 @@ class Overlays:
         # when a decision found the card's mark cleared (by a reading, the hold over); inf while a mark
         # is in force or none was ever cleared: a refusal of a command issued since is a repeat
         self._failed_cleared_s = np.full(n, math.inf)
+        # the time of the last decision that read the marks (:meth:`_date_marks`; -inf: none yet)
+        self._decided_s = -math.inf
         self._rack_names = site.rack_names
         self.setpoint: tuple[float, float, int] | None = None  # set-point, until, key
         self.placing: dict[str, tuple[float, int]] = {}  # job id -> until, key
@@ -222,10 +224,16 @@ class Overlays:
         last-seen times the belief brought back to the step, ``TwinState.clock_went_back``, are no new
         readings: a mark dated ``now_s`` itself was cleared by them when the decision came at the
         step's instant, and the card's next refusal counted as a repeat); a hold lasts no longer than
-        it was given from ``now_s``. Without a step back it changes nothing (a mark is never stamped
-        after the decision that notes it: :meth:`mark_failed`). Called with each decision's time
-        before its marks are read: the same for its placements (:meth:`unplaceable`) and its commands
-        (:meth:`failed_now`)."""
+        it was given from ``now_s``. Called with each decision's time before its marks are read: the
+        same for its placements (:meth:`unplaceable`) and its commands (:meth:`failed_now`). A step
+        back is a decision's time before the last one's (and the first decision, whose marks may come
+        from a journal written on another timeline); without one it changes nothing: an ack noted while
+        a decision is made (the service's solve runs off the event loop) is stamped after that
+        decision's time, and dated back to it, a reading taken before the refusal would clear its mark."""
+        stepped_back = now_s < self._decided_s or self._decided_s == -math.inf
+        self._decided_s = now_s
+        if not stepped_back:
+            return
         after = float(np.nextafter(now_s, math.inf))
         np.minimum(self.failed_by_ack_s, after, out=self.failed_by_ack_s)
         np.minimum(self.failed_hold_until_s, now_s + self.failed_hold_s, out=self.failed_hold_until_s)

@@ -22,8 +22,10 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the pace of its slowest card).
 3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
    get per-card power limits whose sum plus host overhead stays under the rack's cap
-   (``(limit - margin - extra - host) / cards``). On *blind* racks (stale, or frozen as a whole:
-   ``StepContext.blind_racks``) every card and every job touching them also gets the slowest level;
+   (``(limit - margin - extra - host) / cards``; with cards no command reaches, step 3a, at the limits
+   they report, the other cards share what those leave, no more than that). On *blind* racks (stale,
+   or frozen as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets
+   the slowest level;
    a rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are
    seen; the stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle
    cards the agent cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep
@@ -52,7 +54,8 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    job of that rack whose next slower level gives up the least value per watt saved steps down;
    then awake idle cards it can see go to low-power idle; if the rack is still over (its jobs all at the
    slowest level), every card of the rack that commands reach gets the fail-safe power limit (cards
-   no command reaches keep what they report, step 3a). That holds the cap unless
+   no command reaches keep what they report, step 3a: the others share what their limits leave).
+   That holds the cap unless
    the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts), or cards
    no command reaches draw more than it: the
    configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
@@ -269,6 +272,8 @@ class Guard:
 
         # 3. fail-safe racks
         fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
+        if sight.unreached_card.any():  # the limits the others share beside those of cards no command reaches
+            fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.unreached_card, ctx.rack_extra_w)
         if sight.failsafe_rack.any():
             self._apply_failsafe(draft, snap, snap_lp, sight, fs_lim, ctx.stuck_cards, notes)
         # cards no command reaches keep what they report (before any prediction counts on them)
@@ -389,7 +394,8 @@ class Guard:
     ) -> None:
         """Step 3 (module docstring), fail-safe racks (stale telemetry or a stuck sensor): every card's
         power limit becomes the lowest of the proposed one, the one it reports and its rack's fail-safe
-        limit ``fs_lim`` (:func:`failsafe_card_limit_w`; caps are never raised); cards on blind racks
+        limit ``fs_lim`` (:func:`failsafe_card_limit_w`, less beside cards no command reaches:
+        :meth:`_failsafe_beside_kept`; caps are never raised); cards on blind racks
         and every job touching them get the slowest level (``failsafe_lowest_level``; otherwise no
         faster than now, their jobs following them); idle cards the agent cannot see keep the
         low-power state they last reported."""
@@ -424,13 +430,27 @@ class Guard:
         reads them alive): ``agent.command_diff`` sends them no level, power limit, sleep or wake, so
         they keep the level and power limit they report (a busy one too: its job's other cards get the
         job's level), and an idle one the low-power state it reports (neither woken nor put to sleep)."""
-        max_lim = self.site.card.power_limit_w
-        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
         draft.level = np.where(unreached, self._reported_levels(snap), draft.level)
-        draft.power_limit_w = np.where(
-            unreached, np.where(np.isfinite(snap_lim), snap_lim, max_lim), draft.power_limit_w
-        )
+        draft.power_limit_w = np.where(unreached, self._reported_limits_w(snap), draft.power_limit_w)
         draft.low_power = np.where(unreached & draft.load.idle, snap_lp, draft.low_power)
+
+    def _failsafe_beside_kept(
+        self, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, rack_extra_w: FloatArray
+    ) -> FloatArray:
+        """Per rack, the fail-safe power limit (steps 3 and 4) for its cards that commands reach when
+        ``kept`` cards (no command reaches them, step 3a) keep the limits they report: what those leave of
+        the rack's cap shared among the others (floored to a watt, within the card's accepted range), never
+        above ``fs_lim`` (:func:`failsafe_card_limit_w`, every card at it). All the rack's cards at their
+        limits then stay within its cap, as without such cards, unless the others would need less than
+        ``min_power_limit_w``."""
+        site, cfg = self.site, self.control
+        rack = self._card_rack[kept]
+        kept_w = np.bincount(rack, weights=self._reported_limits_w(snap)[kept], minlength=site.n_racks)
+        others = site.cards_per_rack - np.bincount(rack, minlength=site.n_racks)
+        left_w = rack_modelled_caps_w(site, cfg, rack_extra_w) - site.rack.host_overhead_w - kept_w
+        per_card = np.floor(left_w / np.maximum(others, 1))
+        per_card = np.clip(per_card, cfg.min_power_limit_w, site.card.power_limit_w)
+        return np.asarray(np.minimum(fs_lim, per_card), dtype=np.float64)
 
     def _thermal_at_speeds(
         self, speed: FloatArray | None, off: FloatArray, ctx: StepContext
@@ -502,6 +522,11 @@ class Guard:
     def _reported_levels(self, snap: StateSnapshot) -> IntArray:
         """Each card's level as telemetry reports it, within the DVFS table."""
         return np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, self._model.n_levels - 1)
+
+    def _reported_limits_w(self, snap: StateSnapshot) -> FloatArray:
+        """Each card's power limit as telemetry reports it (an undefined one: the card's largest)."""
+        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+        return np.asarray(np.where(np.isfinite(snap_lim), snap_lim, self.site.card.power_limit_w), dtype=np.float64)
 
     @staticmethod
     def _job_level(lvl: IntArray, cards: IntArray, unreached: BoolArray) -> int:

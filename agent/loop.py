@@ -186,7 +186,8 @@ class ClosedLoop:
         self._wake_s = math.inf  # when a checkpoint's end calls for a decision (checkpoint_end_lead_s)
         self.telemetry = TelemetryRounds(plant.time_s, telemetry_period_s)
         # cards a refused placement found failed, placed on by no decision until a reading of them newer
-        # (as the service's card_failed acks: agent.command_overlays)
+        # than the decision that found them (marked just after it: as the service's card_failed acks,
+        # agent.command_overlays)
         self.refusals = Overlays(plant.site)
 
     def observe(self) -> bool:

@@ -1,7 +1,7 @@
 """Cards a ``card_failed`` refusal marks failed, judged across site clock steps and rack clocks.
 
 What users rely on: a card a rack refused as failed gets no job and no setting until a reading of it
-newer than the refusal shows what it is (``agent.command_overlays.Overlays``), and
+at least as new as the refusal shows what it is (``agent.command_overlays.Overlays``), and
 
 * after the site clock stepped back (a simulator restarted 760 s back, a time source corrected), a
   mark stamped on the old timeline dates from the first decision on the new one: the card stays out
@@ -84,6 +84,26 @@ def test_without_a_step_back_dating_marks_changes_nothing() -> None:
     assert ov.failed_by_ack_s[DEAD] == 100.0
     last_seen[DEAD] = 100.0  # a reading stamped the refusal's own instant clears it
     assert not ov.unplaceable(last_seen, 105.0)[DEAD] and not ov.failed_now(last_seen, 105.0)[DEAD]
+
+
+def test_a_refusal_noted_while_a_decision_is_made_keeps_its_stamp_for_that_decisions_commands() -> None:
+    """Without a step back, an ack that comes while a decision is being made (the service's solve runs off
+    the event loop) is stamped after that decision's time; its commands (``failed_now`` at that time) must
+    not date the mark back to the decision: a reading taken between the two, before the refusal, would
+    clear it, the requeued job's decision would place it on the dead card again, and the scheduler's next
+    refusal would count as a repeat (a hold, a warning that its telemetry reads it alive)."""
+    ov = Overlays(SITE)
+    last_seen = np.full(SITE.n_cards, 99.0)
+    assert not ov.unplaceable(last_seen, 100.0).any()  # the decision at 100 s: its placements
+    ov.mark_failed(np.array([DEAD]), 100.4, 95.0, 100.4, TTL_S)  # an ack during its solve
+    last_seen[DEAD] = 100.2  # a reading of the card taken before the refusal
+    assert ov.failed_now(last_seen, 100.0)[DEAD]  # the decision's commands leave it out
+    assert ov.failed_by_ack_s[DEAD] == 100.4
+    assert ov.unplaceable(last_seen, 100.5)[DEAD]  # the requeued job's decision: not placed on it again
+    assert ov.failed_now(last_seen, 100.5)[DEAD]
+    last_seen[DEAD] = 100.4  # a reading as new as the refusal clears it
+    assert not ov.unplaceable(last_seen, 101.0)[DEAD] and not ov.failed_now(last_seen, 101.0)[DEAD]
+    assert ov.failed_repeats[DEAD] == 0
 
 
 # ---- a rack whose clock lags the agent's ---------------------------------------------------------

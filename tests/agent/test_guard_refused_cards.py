@@ -211,3 +211,24 @@ def test_every_budget_is_what_the_cards_draw_and_within_the_cap_unless_the_guard
     idle_refused = [c for c in refused if not d.card_busy[c]]
     assert (d.card_low_power[idle_refused] == snap.card_low_power[idle_refused]).all()
     assert not any(c in refused for p in d.placements for c in p.cards)
+
+
+@pytest.mark.parametrize("refused", [(16,), (16, 20, 21)])
+def test_a_fail_safe_racks_card_limits_hold_its_cap_with_refused_cards_at_the_limits_they_report(
+    refused: tuple[int, ...],
+) -> None:
+    """A fail-safe rack is held by its cards' power limits alone, whatever its stale readings say: the
+    limits of all its cards plus its hosts within its cap. A refused card keeps the limit it reports (700 W
+    here), so the cards commands reach share what it leaves; at the 581 W every card of r1 gets without
+    refusals, r1's limits would sum to 15 x 581 + 700 + 2200 = 11,615 W > 11,500 W per refused card."""
+    blind = (1,)
+    ctx = step_context(SITE, refused_failed_cards=refused, stale_racks=blind, blind_racks=blind, failsafe_racks=blind)
+    d = Guard(SITE, CFG).review(proposal(SITE, 0), SNAP, ctx)
+    kept = np.zeros(SITE.n_cards, dtype=bool)
+    kept[list(refused)] = True
+    limit = np.where(kept, np.asarray(SNAP.card_power_limit_w), d.card_power_limit_w)
+    r1 = SITE.card_rack() == 1
+    assert limit[kept].tolist() == [700.0] * len(refused)  # as they report: no command reaches them
+    assert float(limit[r1].sum()) + SITE.rack.host_overhead_w <= rack_measured_caps_w(SITE, CFG)[1] + 1e-6
+    # the other rack's fail-safe-free limits are untouched
+    assert d.card_power_limit_w[~r1].tolist() == [700.0] * int((~r1).sum())

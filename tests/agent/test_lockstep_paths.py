@@ -514,8 +514,10 @@ def test_a_silent_rack_with_a_dead_card_gets_its_fail_safe_caps_over_the_wire(tm
     (apply_to_plant skips the dead card by the plant's truth). Over the wire the rack refuses the caps
     whole for the dead card; it used to refuse them again every ``command_ttl_s`` for the whole silence
     (the book held back a refusal no reading explained, and no reading came), so the rack ran uncapped.
-    The refusal now names the dead card (``card_failed``) and the next decision caps the others. (The
-    cards of r2's powered-off host get no limit over the wire, by design: a rack refuses it.)"""
+    The refusal now names the dead card (``card_failed``) and the next decision caps the others, their
+    limits leaving room for the dead card at the limit it last reported (no command reaches it, and the
+    agent cannot tell a dead card from one a stale view calls dead). (The cards of r2's powered-off host
+    get no limit over the wire, by design: a rack refuses it.)"""
     sc = _mixed()
     faults: list[Fault] = [f for f in sc.faults if not isinstance(f, SensorDropout)]
     faults += [SensorDropout(rack=2, start_s=600.0, end_s=890.0), CardFailure(card=36, at_s=610.0)]
@@ -528,7 +530,13 @@ def test_a_silent_rack_with_a_dead_card_gets_its_fail_safe_caps_over_the_wire(tm
     assert live.size >= 8
     in_process = plant._limit[live]  # (the plant's power limits in force; no reading from r2)
     assert np.all(in_process < plant.site.card.power_limit_w)  # capped in process
-    assert np.allclose(run.service.plant._limit[live], in_process, atol=0.6)  # ... and over the wire
+    # ... and over the wire: no command reaches the dead card, which reads (stale) at the 700 W limit it
+    # last reported, so the fail-safe limits of the others leave room for it (agent.guard, step 3a)
+    dead_w = float(run.service.svc.state.snapshot().card_power_limit_w[36])
+    assert dead_w == plant.site.card.power_limit_w
+    over_wire = run.service.plant._limit[live]
+    assert np.ptp(over_wire) == 0.0 and np.all(over_wire < in_process)
+    assert 15 * over_wire[0] + dead_w <= 16 * (in_process[0] + 1.0)  # the rack's limits within its cap
     refused = [r for r in run.service.sim.commands.counts.rejection_reasons.items() if r[0] == "rack.set_power_limit"]
     assert refused == [("rack.set_power_limit", 1)]  # once, not every command_ttl_s
 

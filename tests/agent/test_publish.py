@@ -163,7 +163,7 @@ def test_a_refusal_that_names_the_failed_cards_frees_the_others_before_any_readi
 ) -> None:
     """A rack whose telemetry is silent shows no dead card; its ``card_failed`` refusal names it (wire
     card_failed_reason): the next decision's command leaves it out and the others get the setting at
-    once. The card counts as failed until a reading of it newer than the refusal; one showing it alive
+    once. The card counts as failed until a reading of it at least as new as the refusal; one showing it alive
     (repaired) gives it the setting again. A refusal naming a card of another rack names nothing."""
     r1 = _RackR1Slowed(scene)
     snap, book = r1.snap, r1.book
@@ -204,7 +204,7 @@ def test_a_card_failed_mark_outlives_a_restart_until_a_reading_shows_the_card(
     """The marks of ``card_failed`` refusals still in force are kept in the journal with each decision:
     a restarted agent sent a silent rack's caps to its dead card again, and the rack refused them
     once more before the mark was relearnt. After a restart the first command leaves the card out
-    until a reading of it newer than the refusal; then the journal's record is emptied."""
+    until a reading of it at least as new as the refusal; then the journal's record is emptied."""
     site, snap = scene
     path = tmp_path / "journal.sqlite"
     r1 = _RackR1Slowed(scene)

@@ -3,7 +3,7 @@
 What users rely on: ``control.idle_reserve_cards`` awake idle cards per supernode wait for arriving
 jobs, so that a job placed on them starts without waiting for a wake. A card a ``card_failed``
 refusal keeps out of placement (``StepContext.refused_failed_cards``: marked until a reading of it
-newer than the refusal, or held out after a repeat, whatever its readings say) takes no job: kept
+at least as new as the refusal, or held out after a repeat, whatever its readings say) takes no job: kept
 awake as part of the reserve, the site had fewer usable awake cards than promised (here none of
 the 4). Cards of a placement in flight are busy for the plan, never part of the reserve.
 """
