@@ -240,6 +240,12 @@ class CommandBook:
         it otherwise as its readings say (:meth:`agent.command_overlays.Overlays.unplaceable`)."""
         return self.overlays.unplaceable(last_seen_s, now_s)
 
+    def held_back(self, failed: BoolArray, now_s: float) -> BoolArray:
+        """Per kind of card setting and card, whether a refusal holds it back at ``now_s`` (``failed``: per
+        card, read or said failed): the decision sends none, its guard keeps it as the card reports it
+        (:meth:`agent.command_overlays.Overlays.held_back`)."""
+        return self.overlays.held_back(failed, now_s)
+
     def placement_of(self, oc: OpenCommand) -> tuple[str, tuple[int, ...]] | None:
         """The job and the cards (site indices, sorted) of a scheduler command of ours; None for other
         commands (``agent.service`` tells the controller's ``PlacementBook`` of a placement not

@@ -11,6 +11,8 @@ A rejected card setting is held back for ``command_ttl_s`` on the cards of the r
 (:meth:`Overlays.refuse`), unless the refusal names a card of it as failed (``card_failed``:
 :meth:`Overlays.note_failed`) or a card of it reads failed since
 (:meth:`Overlays.lift_refusals_a_failure_explains`): a rack refuses a command whole for one failed card.
+The decisions' guard keeps a held setting as the cards report it (:meth:`Overlays.held_back`,
+``agent.decision.StepContext.held_level_cards`` and its siblings), so that it budgets what they draw.
 
 A card a ``card_failed`` refusal names counts as failed until a reading of it at least as new
 as the refusal: left out of card commands, and out of the decisions' placements
@@ -302,14 +304,29 @@ class Overlays:
         after the reading the command was decided on: once a card of a refused command reads failed,
         the refusal is explained and the command's other cards are not held back for the rest of
         their backoff (the decision leaves the failed card out)."""
+        self.backoff[self._explained(self.backoff > now_s, failed)] = -math.inf
+
+    def held_back(self, failed: BoolArray, now_s: float) -> BoolArray:
+        """Per kind of card setting (``agent.open_commands``: LEVEL, SLEEP, LIMIT, HOST) and card, whether
+        a refusal holds that setting back at ``now_s``: the decision at ``now_s`` sends the card none of
+        that kind (``agent.command_diff``), and the guard keeps it as the card reports it. ``failed``: per
+        card, read failed or said failed by a ``card_failed`` refusal; a refusal such a card explains holds
+        nothing back (:meth:`lift_refusals_a_failure_explains`, which the diff applies first)."""
         held = self.backoff > now_s
+        return np.asarray(held & ~self._explained(held, np.asarray(failed, dtype=bool)), dtype=np.bool_)
+
+    def _explained(self, held: BoolArray, failed: BoolArray) -> BoolArray:
+        """Per kind and card, the ``held`` refusals a ``failed`` card explains: those of every refused
+        command with a failed card among the cards it holds back."""
+        out = np.zeros_like(held)
         explained = held & failed[np.newaxis, :]
         if not explained.any():
-            return
+            return out
         for kind in range(N_KINDS):
             keys = np.unique(self.refused_key[kind, explained[kind]])
             if keys.size:
-                self.backoff[kind, held[kind] & np.isin(self.refused_key[kind], keys)] = -math.inf
+                out[kind] = held[kind] & np.isin(self.refused_key[kind], keys)
+        return out
 
     def release(self, oc: OpenCommand) -> None:
         """Clear what a closed command would have set (what it alone set: not what a newer command

@@ -94,6 +94,7 @@ from agent.guard import Guard, rack_measured_caps_w
 from agent.hosts import HostTimes, choose_hosts_off, host_any
 from agent.load import SiteLoad, finite_or, site_load
 from agent.offsets import DieOffsetFilter
+from agent.open_commands import LEVEL, LIMIT, SLEEP
 from agent.placing import PlacementBook, cards_due, orders_seen_until, place_queued
 from agent.planning import checkpoint_ends_soon, checkpoint_wake_s, cycle_problem, pinned_value_frac, plan_cycle
 from agent.pumps import choose_pump_speeds, full_speed_flow_lpm, r_at_speed
@@ -140,6 +141,11 @@ def decides_again_on(ev: JobEvent, placing: bool = True) -> bool:
         or (ev.kind == "phase" and ev.phase == Phase.COMPUTE)
         or (placing and ev.kind == "submitted")
     )
+
+
+def _cards_of(mask: BoolArray | None) -> tuple[int, ...]:
+    """The cards a per-card mask sets (none for no mask)."""
+    return () if mask is None else tuple(int(c) for c in np.flatnonzero(np.asarray(mask)))
 
 
 class Controller:
@@ -247,6 +253,7 @@ class Controller:
         *,
         time_limit_s: float | None = None,
         refused_failed: BoolArray | None = None,
+        held_back: BoolArray | None = None,
     ) -> StepContext:
         """Everything the step needs besides the snapshot (see the module docstring).
         ``refused_failed``: per card, a ``card_failed`` refusal (of a card setting or a placement) says
@@ -258,7 +265,10 @@ class Controller:
         card no job can take is no reserve). The guard's budget, the levels, low-power idle and the
         hosts see such a card as its readings say: one a stale scheduler calls failed while its rack
         reads it alive draws its power, and an idle one keeps the low-power state it reports (no
-        command reaches it: ``agent.command_diff``)."""
+        command reaches it: ``agent.command_diff``). ``held_back``: per kind of card setting
+        (``agent.open_commands``: LEVEL, SLEEP, LIMIT, HOST rows) and card, a refusal holds that setting
+        back (``agent.command_overlays.Overlays.held_back``): ``StepContext.held_level_cards``,
+        ``held_limit_cards`` and ``held_sleep_cards``, which the guard keeps as the cards report them."""
         site, cfg = self.site, self.control
         now = finite_or(now_s, finite_or(snap.time_s, 0.0))
         if now < self._latest_now_s - cfg.period_s:  # the site's clock went back (agent.clock)
@@ -337,9 +347,10 @@ class Controller:
             rack_extra_w=self._unexplained.budget_w(),
             choose_setpoint=choose,
             solver_time_limit_s=max(limit, 0.005),
-            refused_failed_cards=(
-                () if refused_failed is None else tuple(int(c) for c in np.flatnonzero(np.asarray(refused_failed)))
-            ),
+            refused_failed_cards=_cards_of(refused_failed),
+            held_level_cards=_cards_of(None if held_back is None else held_back[LEVEL]),
+            held_limit_cards=_cards_of(None if held_back is None else held_back[LIMIT]),
+            held_sleep_cards=_cards_of(None if held_back is None else held_back[SLEEP]),
         )
 
     # ---- calibration ------------------------------------------------------------------------------

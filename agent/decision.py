@@ -113,6 +113,13 @@ class StepContext:
     # failed while its rack reads it alive draws power; an idle one keeps the low-power state it
     # reports, as no command reaches it)
     refused_failed_cards: tuple[int, ...] = ()
+    # cards a refusal of a setting of theirs holds that kind back on (``command_ttl_s`` from the refusal,
+    # ``agent.command_overlays.Overlays.held_back``): the decision's commands carry no level, power limit
+    # or low-power idle / wake to them (``agent.command_diff``), so the guard keeps that setting as they
+    # report it (its step 3a); their other settings are sent as usual
+    held_level_cards: tuple[int, ...] = ()
+    held_limit_cards: tuple[int, ...] = ()
+    held_sleep_cards: tuple[int, ...] = ()
 
     def blind_card_mask(self, card_rack: IntArray) -> BoolArray:
         """Per card (``card_rack``: each card's rack): its rack is blind."""

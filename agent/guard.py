@@ -22,8 +22,8 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the pace of its slowest card).
 3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
    get per-card power limits whose sum plus host overhead stays under the rack's cap
-   (``(limit - margin - extra - host) / cards``; with cards no command reaches, step 3a, at the limits
-   they report, the other cards share what those leave, no more than that). On *blind* racks (stale,
+   (``(limit - margin - extra - host) / cards``; with cards at the limits they report, step 3a, the
+   other cards share what those leave, no more than that). On *blind* racks (stale,
    or frozen as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets
    the slowest level;
    a rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are
@@ -31,14 +31,18 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    cards the agent cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep
    on stale data: they keep the low-power state they last reported (a command the agent cannot see
    take effect, and that its rack's fail-safe limits make unnecessary for the cap).
-3a. **Cards no command reaches**: a card a ``card_failed`` refusal says failed, no reading having
+3a. **Settings no command changes**: a card a ``card_failed`` refusal says failed, no reading having
    confirmed it (``StepContext.refused_failed_cards``), gets no command (``agent.command_diff`` leaves
    it out of levels, power limits, sleeps and wakes) while its rack may read it alive (a stale
    scheduler's refusal, a repeat's hold): it keeps the level and power limit it reports (a busy one
    too; its job's other cards get the job's level, and ``Decision.job_levels`` is theirs) and an idle
-   one the low-power state it reports, neither woken nor put to sleep. Steps 3b-5 count it so and
-   take no lever on it (no sleep, slowing or power limit for a cap or a die): a rack or die they cannot
-   hold without it is said not held.
+   one the low-power state it reports, neither woken nor put to sleep. A card a refusal of another
+   reason holds one kind of setting back on (``Overlays.backoff``, ``command_ttl_s`` from the
+   refusal: ``StepContext.held_level_cards``, ``held_limit_cards``, ``held_sleep_cards``) keeps that
+   kind alone as it reports it (its level, its power limit, or, idle, its low-power state); its other
+   settings are the decision's (a card whose level is held may still get a power limit or sleep).
+   Steps 3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit
+   for a cap or a die): a rack or die they cannot hold without it is said not held.
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
    site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
    the levels so far with every busy card computing, the twin predicts a die over its limit, the
@@ -53,11 +57,11 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the same array the planner used). While a rack is over ``limit - margin - extra``, the
    job of that rack whose next slower level gives up the least value per watt saved steps down;
    then awake idle cards it can see go to low-power idle; if the rack is still over (its jobs all at the
-   slowest level), every card of the rack that commands reach gets the fail-safe power limit (cards
-   no command reaches keep what they report, step 3a: the others share what their limits leave).
+   slowest level), every card of the rack whose power limit commands set gets the fail-safe power
+   limit (cards that keep the limit they report, step 3a, keep it: the others share what it leaves).
    That holds the cap unless
    the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts), or cards
-   no command reaches draw more than it: the
+   at settings they report (step 3a) draw more than it: the
    configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
    but not power the twin does not explain (``rack_extra_w``, e.g. 30 kW more on a PDU than its cards
    and hosts draw); then the guard says the rack cannot be held (an explanation line, its predicted
@@ -66,8 +70,8 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
 5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
    the slowest level its power limit is set to what the die limit allows. The explanation lines say
    which jobs were slowed (to which level), which were power-limited at the slowest level, and which
-   dies cannot be held even at ``control.min_power_limit_w`` or are on cards no command reaches (step
-   3a; no lever of the agent is left for them).
+   dies cannot be held even at ``control.min_power_limit_w`` or are on cards that keep the power limit
+   they report (step 3a; no lever of the agent is left for them).
 
 Each explanation line the guard writes (``guard: ...``) comes with its action, one of
 :data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper; the explanation
@@ -77,8 +81,9 @@ counts (``agent.metric_updates``).
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
 every rack within ``limit - margin - extra`` wherever the fail-safe power limit can (above); with
-cards no command reaches (tests/agent/test_guard_refused_cards.py) the budget is what the racks draw
-with those cards at the settings they report, within the cap or the rack said not held.
+cards no command reaches or settings a refusal holds back (tests/agent/test_guard_refused_cards.py,
+tests/agent/test_guard_held_back.py) the budget is what the racks draw with those settings as the
+cards report them, within the cap or the rack said not held.
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ _MAX_NOTES = 12
 #: speed; (4) for a rack's cap: jobs slowed (one line for all racks), idle cards to low power, power
 #: limits cut to the fail-safe limit, and the cap not held even so (one line each per rack); (5) for
 #: the dies: jobs slowed, jobs power-limited at the slowest level, dies not held even at
-#: ``min_power_limit_w`` or on cards no command reaches (one line each per decision). ``cap_not_held``
+#: ``min_power_limit_w`` or on cards at the power limits they report (one line each per decision). ``cap_not_held``
 #: and ``die_not_held`` mean no lever of the agent is left (alert ``RacktwinGuardCannotHold``).
 GUARD_ACTIONS = (
     "placements_dropped",
@@ -182,18 +187,39 @@ class _Sight:
     unplaceable_card: BoolArray  # unseen, or said failed by a refusal no reading confirmed: no placement
     # said failed by a refusal no reading confirmed, read alive: no command reaches it (agent.command_diff)
     unreached_card: BoolArray
+    # the cards whose level, power limit or low-power state no command of the decision changes (step 3a):
+    # those no command reaches, and those a refusal holds that kind of setting back on (StepContext.held_*)
+    level_kept: BoolArray
+    limit_kept: BoolArray
+    sleep_kept: BoolArray
 
     @classmethod
     def of(cls, site: SiteSpec, ctx: StepContext, card_rack: IntArray, snap: StateSnapshot) -> _Sight:
         failsafe_rack = np.zeros(site.n_racks, dtype=bool)
         failsafe_rack[list(ctx.failsafe_racks)] = True
         unseen = ctx.unseen_card_mask(card_rack)
-        unreached = np.zeros(site.n_cards, dtype=bool)
-        unreached[list(ctx.refused_failed_cards)] = True
-        unreached &= ~np.asarray(snap.card_failed, dtype=bool)  # a failed card is budgeted at 0 W anyway
+        alive = ~np.asarray(snap.card_failed, dtype=bool)  # a failed card is budgeted at 0 W anyway
+
+        def mask(cards: tuple[int, ...]) -> BoolArray:
+            out = np.zeros(site.n_cards, dtype=bool)
+            out[list(cards)] = True
+            return np.asarray(out & alive, dtype=np.bool_)
+
+        unreached = mask(ctx.refused_failed_cards)
         return cls(
-            failsafe_rack, ctx.blind_card_mask(card_rack), unseen, ctx.unplaceable_card_mask(card_rack), unreached
+            failsafe_rack,
+            ctx.blind_card_mask(card_rack),
+            unseen,
+            ctx.unplaceable_card_mask(card_rack),
+            unreached,
+            unreached | mask(ctx.held_level_cards),
+            unreached | mask(ctx.held_limit_cards),
+            unreached | mask(ctx.held_sleep_cards),
         )
+
+    def any_kept(self) -> bool:
+        """Some card keeps a setting as it reports it (step 3a)."""
+        return bool(self.level_kept.any() or self.limit_kept.any() or self.sleep_kept.any())
 
 
 @dataclass
@@ -272,13 +298,13 @@ class Guard:
 
         # 3. fail-safe racks
         fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
-        if sight.unreached_card.any():  # the limits the others share beside those of cards no command reaches
-            fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.unreached_card, ctx.rack_extra_w)
+        if sight.limit_kept.any():  # the limits the others share beside those no command changes
+            fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.limit_kept, ctx.rack_extra_w)
         if sight.failsafe_rack.any():
             self._apply_failsafe(draft, snap, snap_lp, sight, fs_lim, ctx.stuck_cards, notes)
-        # cards no command reaches keep what they report (before any prediction counts on them)
-        if sight.unreached_card.any():
-            self._keep_reported(draft, snap, snap_lp, sight.unreached_card)
+        # settings no command changes stay as reported (before any prediction counts on them)
+        if sight.any_kept():
+            self._keep_reported(draft, snap, snap_lp, sight)
 
         # 3b. pumps, then the thermal conditions steps 4-5 and the predictions use
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
@@ -303,9 +329,9 @@ class Guard:
             failed,
             notes,
             unseen=sight.unseen_card,
-            unreached=sight.unreached_card,
+            sight=sight,
         )
-        self._enforce_dies(draft, table, inlet, r_eff, off, notes, unreached=sight.unreached_card)
+        self._enforce_dies(draft, table, inlet, r_eff, off, notes, sight=sight)
 
         return self._reviewed(
             proposal, draft, failed, setpoint, speed, sight, inlet, r_eff, off, measured_caps, ctx, notes
@@ -424,15 +450,18 @@ class Guard:
         stuck = f" (stuck sensor: card {', '.join(str(c) for c in stuck_cards[:4])})" if stuck_cards else ""
         notes.add("failsafe_caps", f"fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
 
-    def _keep_reported(self, draft: _Draft, snap: StateSnapshot, snap_lp: BoolArray, unreached: BoolArray) -> None:
-        """Step 3a (module docstring), cards no command reaches (``unreached``: a ``card_failed`` refusal
-        says them failed, no reading has confirmed it, ``StepContext.refused_failed_cards``; their rack
-        reads them alive): ``agent.command_diff`` sends them no level, power limit, sleep or wake, so
-        they keep the level and power limit they report (a busy one too: its job's other cards get the
-        job's level), and an idle one the low-power state it reports (neither woken nor put to sleep)."""
-        draft.level = np.where(unreached, self._reported_levels(snap), draft.level)
-        draft.power_limit_w = np.where(unreached, self._reported_limits_w(snap), draft.power_limit_w)
-        draft.low_power = np.where(unreached & draft.load.idle, snap_lp, draft.low_power)
+    def _keep_reported(self, draft: _Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: _Sight) -> None:
+        """Step 3a (module docstring), settings no command of the decision changes: ``agent.command_diff``
+        sends no level, power limit, sleep or wake to a card a ``card_failed`` refusal says failed, no
+        reading having confirmed it (``StepContext.refused_failed_cards``; its rack reads it alive), and
+        none of a kind a refusal holds back on a card (``StepContext.held_level_cards``,
+        ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps the level (``sight.level_kept``;
+        a busy one too: its job's other cards get the job's level) and the power limit
+        (``sight.limit_kept``) it reports, and an idle one the low-power state it reports
+        (``sight.sleep_kept``: neither woken nor put to sleep); its other settings are the decision's."""
+        draft.level = np.where(sight.level_kept, self._reported_levels(snap), draft.level)
+        draft.power_limit_w = np.where(sight.limit_kept, self._reported_limits_w(snap), draft.power_limit_w)
+        draft.low_power = np.where(sight.sleep_kept & draft.load.idle, snap_lp, draft.low_power)
 
     def _failsafe_beside_kept(
         self, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, rack_extra_w: FloatArray
@@ -491,7 +520,7 @@ class Guard:
         flow = None if speed is None else speed * ctx.rack_flow_full_lpm / site.loop_flow_per_rack_lpm()
         cooling = facility_cooling(site, it_w, setpoint, ctx.ambient_c, flow_fraction=1.0 if flow is None else flow)
         status = "failsafe" if fs_rack.any() else proposal.status
-        job_levels = {j.job_id: self._job_level(lvl, j.cards, sight.unreached_card) for j in load.jobs}
+        job_levels = {j.job_id: self._job_level(lvl, j.cards, sight.level_kept) for j in load.jobs}
         return proposal.replace(
             card_level=lvl,
             card_low_power=lp & ~busy,
@@ -529,10 +558,10 @@ class Guard:
         return np.asarray(np.where(np.isfinite(snap_lim), snap_lim, self.site.card.power_limit_w), dtype=np.float64)
 
     @staticmethod
-    def _job_level(lvl: IntArray, cards: IntArray, unreached: BoolArray) -> int:
-        """A job's level: the one its cards that commands reach share (a card no command reaches keeps
-        the level it reports, step 3a); the slowest of its cards' when no command reaches any."""
-        reached = cards[~unreached[cards]]
+    def _job_level(lvl: IntArray, cards: IntArray, level_kept: BoolArray) -> int:
+        """A job's level: the one its cards whose level commands set share (a card ``level_kept`` keeps
+        the level it reports, step 3a); the slowest of its cards' when commands set none's."""
+        reached = cards[~level_kept[cards]]
         return int(lvl[reached if reached.size else cards].max())
 
     @staticmethod
@@ -695,15 +724,16 @@ class Guard:
         notes: _Notes,
         *,
         unseen: BoolArray,
-        unreached: BoolArray,
+        sight: _Sight,
     ) -> None:
         """Step 4 (module docstring), caps: ``draft``'s levels, low-power states and power limits
         such that every rack's predicted power (``table``: every busy card computing) stays within
-        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep);
-        ``unreached``: the cards no command reaches (step 3a: no lever changes them, their power counts
-        at the settings they report). Each rack over its cap, in turn, takes the levers in the
-        docstring's order while it is still over: :meth:`_slow_jobs_for_cap`,
-        :meth:`_sleep_idle_for_cap`, :meth:`_limit_power_for_cap`."""
+        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep); ``sight``'s
+        ``level_kept``, ``sleep_kept`` and ``limit_kept``: the cards whose level, low-power state or
+        power limit no command changes (step 3a: no lever changes that setting, their power counts at
+        it as they report it). Each rack over its cap, in turn, takes the levers in the docstring's
+        order while it is still over: :meth:`_slow_jobs_for_cap`, :meth:`_sleep_idle_for_cap`,
+        :meth:`_limit_power_for_cap`."""
         site = self.site
         lp = draft.low_power & ~draft.load.busy
         power = self._card_power(table, lp_w, draft.level, lp, draft.power_limit_w, failed)
@@ -717,11 +747,12 @@ class Guard:
         lowered: dict[str, int] = {}
         for r_over in over:
             r = int(r_over)
-            self._slow_jobs_for_cap(r, b, draft.load, jobs_in_rack.get(r, []), table, modelled_caps, lowered, unreached)
+            jobs = jobs_in_rack.get(r, [])
+            self._slow_jobs_for_cap(r, b, draft.load, jobs, table, modelled_caps, lowered, sight.level_kept)
             if b.over(r, modelled_caps):
-                self._sleep_idle_for_cap(r, b, draft.load, lp_w, unseen | unreached, notes)
+                self._sleep_idle_for_cap(r, b, draft.load, lp_w, unseen | sight.sleep_kept, notes)
             if b.over(r, modelled_caps):
-                self._limit_power_for_cap(r, b, table, lp_w, modelled_caps, fs_lim, failed, unreached, notes)
+                self._limit_power_for_cap(r, b, draft.load, table, lp_w, modelled_caps, fs_lim, failed, sight, notes)
         if lowered:
             items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
             more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""
@@ -748,19 +779,20 @@ class Guard:
         table: FloatArray,
         modelled_caps: FloatArray,
         lowered: dict[str, int],
-        unreached: BoolArray,
+        level_kept: BoolArray,
     ) -> None:
         """Step 4's first lever (module docstring): while rack ``r`` is over its cap, the job of ``jobs``
         (those with a card in it) whose next slower level gives up the least value per watt saved in the
-        rack (:meth:`_cheapest_step`) steps down, all its cards (on every rack) that commands reach (not
-        ``unreached``); until none can. ``lowered`` gets each job slowed and its new level."""
+        rack (:meth:`_cheapest_step`) steps down, all its cards (on every rack) whose level commands set
+        (not ``level_kept``: those keep the level they report, step 3a); until none can. ``lowered`` gets
+        each job slowed and its new level."""
         while b.over(r, modelled_caps):
-            step = self._cheapest_step(r, b, load, jobs, table, unreached)
+            step = self._cheapest_step(r, b, load, jobs, table, level_kept)
             if step is None:
                 break
             ji, k2 = step
             j = load.jobs[ji]
-            cards = j.cards[~unreached[j.cards]]
+            cards = j.cards[~level_kept[j.cards]]
             before = b.power_w[cards].copy()
             b.level[cards] = k2
             b.power_w[cards] = np.minimum(table[cards, k2], b.power_limit_w[cards])
@@ -768,11 +800,11 @@ class Guard:
             lowered[j.job_id] = k2
 
     def _cheapest_step(
-        self, r: int, b: _CapBudget, load: SiteLoad, jobs: list[int], table: FloatArray, unreached: BoolArray
+        self, r: int, b: _CapBudget, load: SiteLoad, jobs: list[int], table: FloatArray, level_kept: BoolArray
     ) -> tuple[int, int] | None:
         """The step down that gives up the least value per watt saved in rack ``r``: (job index, new
         level), each job judged at its first slower level that saves power in the rack (levels sharing a
-        voltage may not) on its cards that commands reach (not ``unreached``: those keep their power);
+        voltage may not) on its cards whose level commands set (not ``level_kept``: those keep their power);
         None when every job of ``jobs`` is at the slowest level or no step saves."""
         site = self.site
         card_rack = self._card_rack
@@ -781,7 +813,7 @@ class Guard:
         best: tuple[float, int, int] | None = None
         for ji in jobs:
             j = load.jobs[ji]
-            cards = j.cards[~unreached[j.cards]]
+            cards = j.cards[~level_kept[j.cards]]
             if cards.size == 0:
                 continue
             k = int(lvl[cards[0]])
@@ -827,21 +859,24 @@ class Guard:
         self,
         r: int,
         b: _CapBudget,
+        load: SiteLoad,
         table: FloatArray,
         lp_w: FloatArray,
         modelled_caps: FloatArray,
         fs_lim: FloatArray,
         failed: BoolArray,
-        unreached: BoolArray,
+        sight: _Sight,
         notes: _Notes,
     ) -> None:
         """Step 4's last lever (module docstring), for rack ``r`` still over its cap after the other two:
-        every card of the rack that commands reach (not failed, not ``unreached``) gets the fail-safe
-        power limit ``fs_lim[r]`` (or keeps a lower one), with a line in ``notes``; when even that does
-        not hold the cap (the limit it would need is below ``min_power_limit_w``, or cards no command
-        reaches draw more than it), a line saying the rack cannot be held and by how much."""
+        every card of the rack whose power limit commands set (not failed, not ``sight.limit_kept``) gets
+        the fail-safe power limit ``fs_lim[r]`` (or keeps a lower one), with a line in ``notes``; when
+        even that does not hold the cap (the limit it would need is below ``min_power_limit_w``, or
+        cards at settings they report, step 3a, draw more than it), a line saying the rack cannot be
+        held and by how much, naming how many cards keep settings they report (no command reaches them,
+        or a refusal holds one back: a level, a power limit, an awake idle card's sleep)."""
         site = self.site
-        in_r = (self._card_rack == r) & ~failed & ~unreached
+        in_r = (self._card_rack == r) & ~failed & ~sight.limit_kept
         lim, power = b.power_limit_w, b.power_w
         lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
         before_r = power[in_r].copy()
@@ -855,10 +890,17 @@ class Guard:
         if b.over(r, modelled_caps):
             cfg = self.control
             extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
-            n_out = int(np.count_nonzero(unreached & (self._card_rack == r) & ~failed))
+            rack_r = (self._card_rack == r) & ~failed
+            n_out = int(np.count_nonzero(sight.unreached_card & rack_r))
             them = f"{n_out} card no command reaches at the settings it reports" if n_out == 1 else ""
             them = them or f"{n_out} cards no command reaches at the settings they report"
             out = f"; {them}" if n_out else ""
+            awake_idle = load.idle & ~b.low_power
+            held = (sight.level_kept | sight.limit_kept | (sight.sleep_kept & awake_idle)) & ~sight.unreached_card
+            n_held = int(np.count_nonzero(held & rack_r))
+            if n_held:
+                s_ = "" if n_held == 1 else "s"
+                out += f"; {n_held} card{s_} at a setting a refusal holds back"
             notes.add(
                 "cap_not_held",
                 f"{site.rack_names[r]}: cannot be held under its cap: {b.rack_w[r] / 1e3:.1f} kW "
@@ -876,16 +918,18 @@ class Guard:
         off: FloatArray,
         notes: _Notes,
         *,
-        unreached: BoolArray,
+        sight: _Sight,
     ) -> None:
         """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
         held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
         first level where all its cards are under it; a card still over at the slowest level gets the
-        power limit (whole watts, down, within the card's range) that its die limit allows. Cards no
-        command reaches (``unreached``, step 3a) are neither slowed nor limited: the job's other cards
-        are judged alone, and a die of theirs over the limit has no lever. ``notes`` says what was done
-        (:meth:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose dies are over their limit
-        even at the lowest power limit a card accepts or on cards no command reaches (no lever left)."""
+        power limit (whole watts, down, within the card's range) that its die limit allows. A card whose
+        level no command sets (``sight.level_kept``, step 3a) is not slowed: the job's other cards are
+        judged alone; one whose power limit no command sets (``sight.limit_kept``: no command reaches it,
+        or a refusal holds its limit back) is not limited, and its die over the limit has no lever.
+        ``notes`` says what was done (:meth:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose
+        dies are over their limit even at the lowest power limit a card accepts or on cards whose limit
+        no command sets (no lever left)."""
         site, cfg = self.site, self.control
         load, lvl, lim = draft.load, draft.level, draft.power_limit_w
         slowest = self._model.n_levels - 1
@@ -900,27 +944,33 @@ class Guard:
         limited: list[str] = []
         limited_cards: list[IntArray] = []
         unheld: dict[str, float] = {}  # job -> its hottest die at the lowest power limit
-        out_hot: dict[str, float] = {}  # job -> its hottest die on a card no command reaches
-        n_out_hot = int(np.count_nonzero(hot & unreached))
+        out_hot: dict[str, float] = {}  # job -> its hottest die on a card whose limit no command sets
+        n_out_hot = 0
         for j in load.jobs:
             if not hot[j.cards].any():
                 continue
-            if (hot & unreached)[j.cards].any():
-                out_hot[j.job_id] = float(die[j.cards[(hot & unreached)[j.cards]]].max())
-            cards = j.cards[~unreached[j.cards]]  # the cards commands reach (all of them, but for refusals)
-            if not hot[cards].any():
-                continue
-            k0 = k = int(lvl[cards[0]])
-            while k < slowest:
-                d = inlet[cards] + r_total[cards] * np.minimum(table[cards, k], lim[cards]) + off[cards]
-                if np.all(d <= die_limit + 1e-9):
-                    break
-                k += 1
-            lvl[cards] = k
-            if k > k0:
-                slowed[j.job_id] = k
-            d = inlet[cards] + r_total[cards] * np.minimum(table[cards, k], lim[cards]) + off[cards]
-            still = cards[d > die_limit + 1e-9]
+            cards = j.cards[~sight.level_kept[j.cards]]  # those whose level commands set (all, but for refusals)
+            if hot[cards].any():
+                k0 = k = int(lvl[cards[0]])
+                while k < slowest:
+                    d = inlet[cards] + r_total[cards] * np.minimum(table[cards, k], lim[cards]) + off[cards]
+                    if np.all(d <= die_limit + 1e-9):
+                        break
+                    k += 1
+                lvl[cards] = k
+                if k > k0:
+                    slowed[j.job_id] = k
+            d = (
+                inlet[j.cards]
+                + r_total[j.cards] * np.minimum(table[j.cards, lvl[j.cards]], lim[j.cards])
+                + off[j.cards]
+            )
+            over = d > die_limit + 1e-9
+            kept = over & sight.limit_kept[j.cards]
+            if kept.any():
+                out_hot[j.job_id] = float(d[kept].max())
+                n_out_hot += int(np.count_nonzero(kept))
+            still = j.cards[over & ~kept]
             if still.size:
                 allowed = np.floor((die_limit - inlet[still] - off[still]) / r_total[still])  # whole watts, down
                 before = lim[still].copy()
@@ -929,7 +979,8 @@ class Guard:
                 if lowered.size:
                     limited.append(j.job_id)
                     limited_cards.append(lowered)
-                held = inlet[still] + r_total[still] * np.minimum(table[still, k], lim[still]) + off[still]
+                at = np.minimum(table[still, lvl[still]], lim[still])
+                held = inlet[still] + r_total[still] * at + off[still]
                 if np.any(held > die_limit + 1e-9):
                     unheld[j.job_id] = float(held.max())
         self._note_dies(die_limit, slowed, limited, limited_cards, lim, unheld, notes, out_hot, n_out_hot)
@@ -951,8 +1002,8 @@ class Guard:
         (and to which level), the jobs at the slowest level whose cards it gave a lower power limit (how
         many cards, the lowest limit), and the jobs whose dies it cannot hold under ``die_limit`` even at
         the lowest power limit a card accepts (``unheld``: their hottest die predicted there) or on cards
-        no command reaches (``out_hot``: their hottest die at the settings those report; ``n_out_hot``
-        such cards), in one line."""
+        whose power limit no command sets (``out_hot``: their hottest die at the limits those report;
+        ``n_out_hot`` such cards), in one line."""
         keep = f"to keep dies under {die_limit:g} deg C"
         if slowed:
             items = ", ".join(f"{k} -> {v}" for k, v in list(slowed.items())[:6])
@@ -979,7 +1030,7 @@ class Guard:
                 n_cards = f"{n_out_hot} card{'s' if n_out_hot != 1 else ''}"
                 why.append(
                     f"up to {max(out_hot.values()):.1f} deg C predicted on {n_cards} no command reaches "
-                    "(a card_failed refusal), at the settings reported"
+                    "(a card_failed refusal) or whose power limit a refusal holds back, at the limits reported"
                 )
             notes.add(
                 "die_not_held",

@@ -37,7 +37,8 @@ their expiries on the old timeline would hold what they set for as long as the s
 keeps each open command (topic, payload, expiry, attempts).
 An ack ``applied`` closes it; ``rejected`` or ``expired`` closes it and lets the next decision try
 again (after ``command_ttl_s`` for a rejected setting of a card, so that a refusal is not repeated
-every period; at once, less the failed card, when a card of the refused command reads failed since:
+every period, the decisions' guard keeping that setting as the card reports it meanwhile:
+``Overlays.held_back``; at once, less the failed card, when a card of the refused command reads failed since:
 a rack refuses a command whole for one failed card; at once for a refusal as ``superseded``: the
 rack holds a newer command; a placement at once: the service tells the controller's
 ``agent.placing.PlacementBook`` too, ``Controller.placement_refused``). Cards of hosts that are

@@ -868,7 +868,9 @@ class AgentService:
         period_wall = self.clock.wall_seconds(cfg.period_s)
         limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)
         refused = self.unplaceable_cards(snap, now)
-        ctx = self.controller.context(snap, now, est, time_limit_s=limit, refused_failed=refused)
+        # the settings refusals hold back: the commands carry none, the guard keeps them as reported
+        held = self.book.held_back(np.asarray(snap.card_failed, dtype=bool) | refused, now)
+        ctx = self.controller.context(snap, now, est, time_limit_s=limit, refused_failed=refused, held_back=held)
         proposal: Decision | None = None
         note = ""
         if incremental:  # on a job event: the last plan adjusted, no solve (a few ms, on the loop)
