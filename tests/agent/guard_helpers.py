@@ -6,10 +6,11 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from agent_helpers import belief, job, small_site
 
 from agent.decision import Decision, StepContext
-from agent.load import spec_r_total_k_per_w
+from agent.load import predict, site_load, spec_r_total_k_per_w
 from twin.readings import JobEvent
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
@@ -86,3 +87,28 @@ def proposal(site: SiteSpec, level: Any = 0, **changes: Any) -> Decision:
     )
     fields.update(changes)
     return Decision(**fields)
+
+
+def drawn_rack_power_w(site: SiteSpec, d: Decision, snap: StateSnapshot, ctx: StepContext) -> npt.NDArray[np.float64]:
+    """What each rack will draw (every busy card computing, the twin, plus the power it does not explain):
+    the decision's settings, but each kind a refusal holds back (``ctx.held_*_cards``) and every kind on
+    the cards no command reaches (``ctx.refused_failed_cards``) as the card reports it: what the guard's
+    budget must equal (agent.guard, step 3a)."""
+
+    def mask(cards: tuple[int, ...]) -> npt.NDArray[np.bool_]:
+        out = np.zeros(site.n_cards, dtype=bool)
+        out[list(cards)] = True
+        return out
+
+    unreached = mask(ctx.refused_failed_cards)
+    level = np.where(unreached | mask(ctx.held_level_cards), np.asarray(snap.card_level), d.card_level)
+    low = np.where(
+        unreached | mask(ctx.held_sleep_cards), np.asarray(snap.card_low_power, dtype=bool), d.card_low_power
+    )
+    limit = np.where(unreached | mask(ctx.held_limit_cards), np.asarray(snap.card_power_limit_w), d.card_power_limit_w)
+    load = site_load(site, snap, [(p.job_id, p.cards) for p in d.placements])
+    inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
+    got = predict(
+        site, load, level, low, limit, inlet, ctx.r_total_k_per_w, ctx.die_offset_k, rack_extra_w=ctx.rack_extra_w
+    )
+    return np.asarray(got.rack_power_w, dtype=np.float64)

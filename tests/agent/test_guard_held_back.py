@@ -20,20 +20,17 @@ import uuid
 import numpy as np
 import numpy.typing as npt
 import pytest
-from guard_helpers import proposal, scene, step_context
+from guard_helpers import drawn_rack_power_w, proposal, scene, step_context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import wire
 from agent.config import ControlConfig
 from agent.controller import Controller
-from agent.decision import Decision, PlacementOrder, StepContext
+from agent.decision import PlacementOrder
 from agent.guard import Guard, rack_measured_caps_w
-from agent.load import predict, site_load
 from agent.open_commands import LEVEL, LIMIT, SLEEP
 from agent.publish import CommandBook
-from twin.spec import SiteSpec
-from twin.state import StateSnapshot
 
 pytestmark = pytest.mark.agent
 
@@ -47,22 +44,6 @@ def _mask(cards: tuple[int, ...]) -> npt.NDArray[np.bool_]:
     out = np.zeros(SITE.n_cards, dtype=bool)
     out[list(cards)] = True
     return out
-
-
-def drawn_rack_power_w(site: SiteSpec, d: Decision, snap: StateSnapshot, ctx: StepContext) -> npt.NDArray[np.float64]:
-    """What each rack will draw (every busy card computing, the twin, plus the power it does not explain):
-    the decision's settings, but each kind a refusal holds back (and every kind on the cards no command
-    reaches) as the card reports it."""
-    out = _mask(ctx.refused_failed_cards)
-    level = np.where(out | _mask(ctx.held_level_cards), np.asarray(snap.card_level), d.card_level)
-    low = np.where(out | _mask(ctx.held_sleep_cards), np.asarray(snap.card_low_power, dtype=bool), d.card_low_power)
-    limit = np.where(out | _mask(ctx.held_limit_cards), np.asarray(snap.card_power_limit_w), d.card_power_limit_w)
-    load = site_load(site, snap, [(p.job_id, p.cards) for p in d.placements])
-    inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
-    got = predict(
-        site, load, level, low, limit, inlet, ctx.r_total_k_per_w, ctx.die_offset_k, rack_extra_w=ctx.rack_extra_w
-    )
-    return np.asarray(got.rack_power_w, dtype=np.float64)
 
 
 def test_idle_cards_whose_sleep_is_held_back_stay_awake_and_get_the_cap_s_power_limit() -> None:
@@ -161,7 +142,7 @@ _CARDS = st.sets(st.integers(0, N - 1), max_size=12).map(lambda s: tuple(sorted(
     held_level=_CARDS,
     held_limit=_CARDS,
     held_sleep=_CARDS,
-    refused=st.sets(st.integers(0, N - 1), max_size=4).map(lambda s: tuple(sorted(s))),
+    refused=_CARDS,
     lv=st.lists(st.integers(0, 7), min_size=N, max_size=N),
     lp=st.lists(st.booleans(), min_size=N, max_size=N),
     reported_lv=st.lists(st.integers(0, 7), min_size=N, max_size=N),
@@ -188,8 +169,9 @@ def test_every_budget_is_what_the_cards_draw_with_held_settings_as_reported(
     place: list[int],
 ) -> None:
     """Any proposal, any settings held back (per kind, idle or busy cards, with or without cards no command
-    reaches): the guard's budget is what the racks will draw with the held kinds as reported, each rack
-    within its cap or said not held, and no idle card whose sleep is held woken or put to sleep."""
+    reaches): the guard's budget is what the racks will draw with the held kinds (and every kind on the
+    refused cards) as reported, each rack within its cap or said not held, no idle card whose sleep is
+    held or that is refused woken or put to sleep, and no job placed on a refused card."""
     busy = np.asarray(SNAP.card_job) >= 0
     snap = dataclasses.replace(
         SNAP,
@@ -223,8 +205,9 @@ def test_every_budget_is_what_the_cards_draw_with_held_settings_as_reported(
     not_held = {e.split(":")[1].strip() for e in d.explanation if "cannot be held under its cap" in e}
     for r in range(SITE.n_racks):
         assert drawn[r] <= cap[r] + 1e-6 or SITE.rack_names[r] in not_held
-    idle_held = [c for c in held_sleep if not d.card_busy[c]]
-    assert (d.card_low_power[idle_held] == snap.card_low_power[idle_held]).all()
+    idle_kept = [c for c in set(held_sleep) | set(refused) if not d.card_busy[c]]
+    assert (d.card_low_power[idle_kept] == snap.card_low_power[idle_kept]).all()
+    assert not any(c in refused for p in d.placements for c in p.cards)  # no placement on a refused card
 
 
 # ---- through the command book: the refusal, the context, the guard and the commands ----------------
