@@ -196,7 +196,7 @@ async def test_a_shutdown_journals_the_closes_that_a_failed_write_left_pending(t
     close stays pending. The journal takes writes again before the agent stops: the shutdown writes
     the close (before, it was lost: the row stayed ``sent`` and a restart sent the command again)."""
     service, oc = service_with_a_command(tmp_path, retry_s=3600.0)
-    await service.publisher.step()  # the expiry pass fails: the close is skipped for an hour
+    await service.publisher.step()  # a write fails: the publisher skips its writes (the close) for an hour
     assert service.publisher.unjournaled_closes() == {"abandoned": 1}
     service.journal._conn.execute("PRAGMA query_only = OFF")
     await service._close()
