@@ -6,10 +6,11 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from agent_helpers import belief, job, small_site
 
 from agent.decision import Decision, StepContext
-from agent.load import spec_r_total_k_per_w
+from agent.load import predict, site_load, spec_r_total_k_per_w
 from twin.readings import JobEvent
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
@@ -86,3 +87,24 @@ def proposal(site: SiteSpec, level: Any = 0, **changes: Any) -> Decision:
     )
     fields.update(changes)
     return Decision(**fields)
+
+
+def drawn_rack_power_w(site: SiteSpec, d: Decision, snap: StateSnapshot, ctx: StepContext) -> npt.NDArray[np.float64]:
+    """What each rack will draw (every busy card computing, the twin, plus the power it does not explain):
+    the decision's settings, but each kind a refusal holds back (and every kind on the cards no command
+    reaches) as the card reports it."""
+    mask = np.zeros((4, site.n_cards), dtype=bool)
+    for row, cards in enumerate(
+        (ctx.refused_failed_cards, ctx.held_level_cards, ctx.held_sleep_cards, ctx.held_limit_cards)
+    ):
+        mask[row, list(cards)] = True
+    out, held_level, held_sleep, held_limit = mask
+    level = np.where(out | held_level, np.asarray(snap.card_level), d.card_level)
+    low = np.where(out | held_sleep, np.asarray(snap.card_low_power, dtype=bool), d.card_low_power)
+    limit = np.where(out | held_limit, np.asarray(snap.card_power_limit_w), d.card_power_limit_w)
+    load = site_load(site, snap, [(p.job_id, p.cards) for p in d.placements])
+    inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
+    got = predict(
+        site, load, level, low, limit, inlet, ctx.r_total_k_per_w, ctx.die_offset_k, rack_extra_w=ctx.rack_extra_w
+    )
+    return np.asarray(got.rack_power_w, dtype=np.float64)

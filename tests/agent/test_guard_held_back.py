@@ -20,20 +20,17 @@ import uuid
 import numpy as np
 import numpy.typing as npt
 import pytest
-from guard_helpers import proposal, scene, step_context
+from guard_helpers import drawn_rack_power_w, proposal, scene, step_context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import wire
 from agent.config import ControlConfig
 from agent.controller import Controller
-from agent.decision import Decision, PlacementOrder, StepContext
+from agent.decision import PlacementOrder
 from agent.guard import Guard, rack_measured_caps_w
-from agent.load import predict, site_load
 from agent.open_commands import LEVEL, LIMIT, SLEEP
 from agent.publish import CommandBook
-from twin.spec import SiteSpec
-from twin.state import StateSnapshot
 
 pytestmark = pytest.mark.agent
 
@@ -47,22 +44,6 @@ def _mask(cards: tuple[int, ...]) -> npt.NDArray[np.bool_]:
     out = np.zeros(SITE.n_cards, dtype=bool)
     out[list(cards)] = True
     return out
-
-
-def drawn_rack_power_w(site: SiteSpec, d: Decision, snap: StateSnapshot, ctx: StepContext) -> npt.NDArray[np.float64]:
-    """What each rack will draw (every busy card computing, the twin, plus the power it does not explain):
-    the decision's settings, but each kind a refusal holds back (and every kind on the cards no command
-    reaches) as the card reports it."""
-    out = _mask(ctx.refused_failed_cards)
-    level = np.where(out | _mask(ctx.held_level_cards), np.asarray(snap.card_level), d.card_level)
-    low = np.where(out | _mask(ctx.held_sleep_cards), np.asarray(snap.card_low_power, dtype=bool), d.card_low_power)
-    limit = np.where(out | _mask(ctx.held_limit_cards), np.asarray(snap.card_power_limit_w), d.card_power_limit_w)
-    load = site_load(site, snap, [(p.job_id, p.cards) for p in d.placements])
-    inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)
-    got = predict(
-        site, load, level, low, limit, inlet, ctx.r_total_k_per_w, ctx.die_offset_k, rack_extra_w=ctx.rack_extra_w
-    )
-    return np.asarray(got.rack_power_w, dtype=np.float64)
 
 
 def test_idle_cards_whose_sleep_is_held_back_stay_awake_and_get_the_cap_s_power_limit() -> None:
