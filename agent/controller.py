@@ -329,7 +329,7 @@ class Controller:
         offsets = self.offsets.update(seen, load, inlet, r_nominal, now, r_scale=r_now / r_nominal)
         failsafe = blind | capped
         self._unexplained.update_cards(snap, load, card_seen, failsafe)
-        return StepContext(
+        ctx = StepContext(
             now_s=now,
             cycle=self._cycle,
             stale_racks=tuple(int(r) for r in stale),
@@ -347,6 +347,21 @@ class Controller:
             rack_extra_w=self._unexplained.budget_w(),
             choose_setpoint=choose,
             solver_time_limit_s=max(limit, 0.005),
+        )
+        return self.with_refusals(ctx, refused_failed=refused_failed, held_back=held_back)
+
+    @staticmethod
+    def with_refusals(
+        ctx: StepContext, *, refused_failed: BoolArray | None = None, held_back: BoolArray | None = None
+    ) -> StepContext:
+        """``ctx`` with the refusals in force (``refused_failed``, ``held_back``: as :meth:`context`
+        takes them) in place of those it had. The service reads them again from its command book after
+        the proposal, before the guard reviews it: a refusal acked while the solve ran (the ack path
+        runs meanwhile on the event loop) keeps its settings out of that decision's commands, so the
+        guard must see it too (its budget is what the cards will draw; a placement onto a card refused
+        as failed meanwhile is dropped)."""
+        return dataclasses.replace(
+            ctx,
             refused_failed_cards=_cards_of(refused_failed),
             held_level_cards=_cards_of(None if held_back is None else held_back[LEVEL]),
             held_limit_cards=_cards_of(None if held_back is None else held_back[LIMIT]),

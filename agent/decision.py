@@ -116,7 +116,8 @@ class StepContext:
     # cards a refusal of a setting of theirs holds that kind back on (``command_ttl_s`` from the refusal,
     # ``agent.command_overlays.Overlays.held_back``): the decision's commands carry no level, power limit
     # or low-power idle / wake to them (``agent.command_diff``), so the guard keeps that setting as they
-    # report it (its step 3a); their other settings are sent as usual
+    # report it (its step 3a); their other settings are sent as usual. The service reads these four again
+    # after the proposal (``Controller.with_refusals``): the guard sees the refusals acked during the solve
     held_level_cards: tuple[int, ...] = ()
     held_limit_cards: tuple[int, ...] = ()
     held_sleep_cards: tuple[int, ...] = ()

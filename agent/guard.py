@@ -42,7 +42,8 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    kind alone as it reports it (its level, its power limit, or, idle, its low-power state); its other
    settings are the decision's (a card whose level is held may still get a power limit or sleep).
    Steps 3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit
-   for a cap or a die): a rack or die they cannot hold without it is said not held.
+   for a cap or a die): a rack or die they cannot hold without it is said not held. The service's
+   context has the refusals in force when the guard reviews, those acked during the solve included.
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
    site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
    the levels so far with every busy card computing, the twin predicts a die over its limit, the

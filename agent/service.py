@@ -860,6 +860,15 @@ class AgentService:
             np.asarray(snap.card_last_seen_s, dtype=np.float64), now if now is not None else snap.time_s
         )
 
+    def _refusals(self, snap: StateSnapshot, now_s: float) -> tuple[BoolArray, BoolArray]:
+        """The refusals in force for a decision at ``now_s`` on ``snap``, as ``Controller.context``
+        takes them: per card, kept out of placement by a ``card_failed`` refusal
+        (:meth:`unplaceable_cards`), and per kind of card setting and card, held back by a refusal
+        (``CommandBook.held_back``: the commands carry none, the guard keeps it as reported)."""
+        refused = self.unplaceable_cards(snap, now_s)
+        held = self.book.held_back(np.asarray(snap.card_failed, dtype=bool) | refused, now_s)
+        return refused, held
+
     async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
         self._ahead_episode_ends(now)
@@ -867,9 +876,7 @@ class AgentService:
         est = self.estimator.estimates()
         period_wall = self.clock.wall_seconds(cfg.period_s)
         limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)
-        refused = self.unplaceable_cards(snap, now)
-        # the settings refusals hold back: the commands carry none, the guard keeps them as reported
-        held = self.book.held_back(np.asarray(snap.card_failed, dtype=bool) | refused, now)
+        refused, held = self._refusals(snap, now)
         ctx = self.controller.context(snap, now, est, time_limit_s=limit, refused_failed=refused, held_back=held)
         proposal: Decision | None = None
         note = ""
@@ -893,6 +900,11 @@ class AgentService:
         if proposal is None:
             proposal = self.controller.propose(snap, ctx, use_solver=False)
             proposal = proposal.replace(explanation=(*proposal.explanation, note))
+        # refusals acked while the solve ran (the ack path runs meanwhile on the loop) hold settings
+        # back from this decision's commands (``_act``) and cards out of its placements: the guard
+        # reviews with the refusals in force now, so its budget counts what the cards will draw
+        refused, held = self._refusals(snap, now)
+        ctx = self.controller.with_refusals(ctx, refused_failed=refused, held_back=held)
         decision = self.controller.review(proposal, snap, ctx)
         self.controller.commit(decision, snap, ctx)
         self.last_decision = decision
