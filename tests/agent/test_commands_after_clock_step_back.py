@@ -282,14 +282,11 @@ def step_back(clock: SiteClock, wall: list[float], to_s: float) -> None:
     assert clock.corrections == 1
 
 
-async def test_the_publisher_never_resends_a_command_the_site_clock_left_behind(
-    mosquitto: EmbeddedBroker, tmp_path: Path
-) -> None:
-    """A command sent at TS, unanswered; the site's clock steps back 760 s (``SiteClock``). At its
-    next step the publisher closes it, as expired (counted, reported ``unacked``, journaled
-    ``expired``), and sends it no more: not at once, not a retry interval later. Before, it stayed
-    open and unsent until the clock got back to TS + 10 (its retry) and was then sent with its old
-    stamp, for a rack to refuse as issued ahead."""
+def journaled_level_command(
+    tmp_path: Path,
+) -> tuple[ControlConfig, CommandBook, SiteClock, list[float], Journal, OpenCommand]:
+    """A level command to cards 0-1 of r0, stamped NOW and journaled (a decision's) in ``tmp_path``, open
+    in a command book of the example site, with a site clock at NOW on a wall clock the test moves."""
     site = example_site()
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
     control = ControlConfig(command_ttl_s=TTL_S)
@@ -300,6 +297,18 @@ async def test_the_publisher_never_resends_a_command_the_site_clock_left_behind(
     out = codec.outgoing(cmd)
     (oc,) = book.resume([(str(cmd.command_id), "r0", out.topic, out.payload, NOW, NOW + TTL_S, 0)])
     journal.record_decision(1, NOW, "enforce", "optimal", 0.0, {}, new_commands([oc]))
+    return control, book, clock, wall, journal, oc
+
+
+async def test_the_publisher_never_resends_a_command_the_site_clock_left_behind(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A command sent at TS, unanswered; the site's clock steps back 760 s (``SiteClock``). At its
+    next step the publisher closes it, as expired (counted, reported ``unacked``, journaled
+    ``expired``), and sends it no more: not at once, not a retry interval later. Before, it stayed
+    open and unsent until the clock got back to TS + 10 (its retry) and was then sent with its old
+    stamp, for a rack to refuse as issued ahead."""
+    control, book, clock, wall, journal, oc = journaled_level_command(tmp_path)
     sent: list[bytes] = []
     closed: list[str] = []
     async with Bus(mosquitto.options(), name="agent") as bus:
@@ -361,16 +370,7 @@ async def test_a_left_behind_command_whose_expiry_write_failed_is_journaled_expi
     timeline, 760 s ahead), so the publisher writes them again at its next step: the journal does not
     keep 'sent' a command no rack applies (a restarted agent would take it up again). Before, the
     write was lost and the row stayed 'sent' until the clock got back to its expiry."""
-    site = example_site()
-    codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
-    control = ControlConfig(command_ttl_s=TTL_S)
-    book = CommandBook(site, codec, control)
-    clock, wall = stepped_clock(NOW)
-    journal = Journal(tmp_path / "journal.sqlite")
-    cmd = wire.RackCommand("r0", (0, 1), wire.CardSetting.dvfs(3), uuid.uuid4(), NOW + TTL_S, NOW, 1, "agent")
-    out = codec.outgoing(cmd)
-    (oc,) = book.resume([(str(cmd.command_id), "r0", out.topic, out.payload, NOW, NOW + TTL_S, 0)])
-    journal.record_decision(1, NOW, "enforce", "optimal", 0.0, {}, new_commands([oc]))
+    control, book, clock, wall, journal, oc = journaled_level_command(tmp_path)
     publisher = Publisher(_Link(), book, journal, clock, control)
     publisher.journal_retry_s = 0.0  # the next step writes again
     publisher.submit([oc])

@@ -350,10 +350,13 @@ class _CardFailsAfterDecision(Controller):
         return d
 
 
-def test_in_process_a_placement_the_plant_refuses_is_placed_again_at_the_next_decision() -> None:
-    """``racktwin evaluate``'s loop (``agent.loop.ClosedLoop``) as the service: the plant refuses the
-    placement onto the card that just failed, and the next decision (15 s later) places the job on
-    healthy cards, not once the refused order expired (30 s)."""
+def _loop_whose_placed_card_fails(
+    telemetry_period_s: float = 1.0,
+) -> tuple[Plant, _CardFailsAfterDecision, ClosedLoop, list[tuple[float, list[str]]]]:
+    """The in-process loop over a plant with job "run" on ``RUN_CARDS`` and an 8-card job "q" submitted
+    at 20 s, decided every 15 s by :class:`_CardFailsAfterDecision`; each decision's time and the
+    commands the plant refused are appended to the returned list; readings every ``telemetry_period_s``
+    (``ClosedLoop``'s default 1 s)."""
     plant = Plant(SITE, [job("run", 16)], [], PlantConfig(seed=1, placement="external"))
     plant.place_job("run", RUN_CARDS)
     plant.submit(job("q", 8, submit_s=20.0))
@@ -366,7 +369,16 @@ def test_in_process_a_placement_the_plant_refuses_is_placed_again_at_the_next_de
         estimator=False,
         replan_on_job_events=False,
         on_decision=lambda d, report: refusals.append((d.time_s, report.refused)),
+        telemetry_period_s=telemetry_period_s,
     )
+    return plant, controller, loop, refusals
+
+
+def test_in_process_a_placement_the_plant_refuses_is_placed_again_at_the_next_decision() -> None:
+    """``racktwin evaluate``'s loop (``agent.loop.ClosedLoop``) as the service: the plant refuses the
+    placement onto the card that just failed, and the next decision (15 s later) places the job on
+    healthy cards, not once the refused order expired (30 s)."""
+    plant, controller, loop, refusals = _loop_whose_placed_card_fails()
     loop.run(46.0)  # decisions at 0, 15, 30 ("q", submitted at 20 s, placed and refused) and 45 s
     assert controller.failed is not None
     assert [t for t, refused in refusals if refused] == [30.0]
@@ -379,20 +391,7 @@ def test_in_process_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_a
     reads the dead card healthy; the plant's refusal named it (``CommandError.failed_cards``), so
     the job goes onto other cards at once. Before, it was placed onto the dead card again at 45 s
     (and refused again) and went onto healthy cards only after the telemetry round at 60 s."""
-    plant = Plant(SITE, [job("run", 16)], [], PlantConfig(seed=1, placement="external"))
-    plant.place_job("run", RUN_CARDS)
-    plant.submit(job("q", 8, submit_s=20.0))
-    controller = _CardFailsAfterDecision(SITE, ControlConfig(period_s=15.0, command_ttl_s=30.0))
-    controller.plant = plant
-    refusals: list[tuple[float, list[str]]] = []
-    loop = ClosedLoop(
-        plant,
-        controller,
-        estimator=False,
-        replan_on_job_events=False,
-        on_decision=lambda d, report: refusals.append((d.time_s, report.refused)),
-        telemetry_period_s=30.0,
-    )
+    plant, controller, loop, refusals = _loop_whose_placed_card_fails(telemetry_period_s=30.0)
     loop.run(46.0)  # readings at 0 and 30 s (before the decision); decisions at 0, 15, 30 (refused), 45 s
     assert controller.failed is not None
     assert [t for t, refused in refusals if refused] == [30.0]
