@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from agent_helpers import belief, example_site, job
-from guard_helpers import proposal
+from test_publish import decision_like
 
 from agent import wire
 from agent.broker import EmbeddedBroker
@@ -53,16 +53,9 @@ def scene() -> tuple[SiteSpec, StateSnapshot]:
 
 
 def decision(snap: StateSnapshot, **changes: Any) -> Decision:
-    """A decision that keeps every card as ``snap`` reports it (and its set-point); ``changes`` replace fields."""
-    fields: dict[str, Any] = dict(
-        time_s=NOW,
-        card_low_power=np.asarray(snap.card_low_power).copy(),
-        card_power_limit_w=np.asarray(snap.card_power_limit_w).copy(),
-        card_busy=snap.card_job >= 0,
-        supply_temp_c=snap.facility.supply_setpoint_c if snap.facility else 30.0,
-    )
-    fields.update(changes)
-    return proposal(example_site(), np.asarray(snap.card_level), **fields)
+    """A decision that keeps every card as ``snap`` reports it (and its set-point), at this file's NOW;
+    ``changes`` replace fields."""
+    return decision_like(snap, **{"time_s": NOW, **changes})
 
 
 def slower_cards_0_to_7(snap: StateSnapshot, level: int = 3) -> Decision:
