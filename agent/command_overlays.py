@@ -11,7 +11,7 @@ A rejected card setting is held back for ``command_ttl_s`` on the cards of the r
 (:meth:`Overlays.refuse`), unless the refusal names a card of it as failed (``card_failed``:
 :meth:`Overlays.note_failed`) or a card of it reads failed since
 (:meth:`Overlays.lift_refusals_a_failure_explains`): a rack refuses a command whole for one failed card.
-The decisions' guard keeps a held setting as the cards report it (:meth:`Overlays.held_back`,
+The decisions' guard keeps a held setting as in force (:meth:`Overlays.held_back`,
 ``agent.decision.StepContext.held_level_cards`` and its siblings), so that it budgets what they draw.
 
 A card a ``card_failed`` refusal names counts as failed until a reading of it at least as new

@@ -268,7 +268,8 @@ class Controller:
         command reaches it: ``agent.command_diff``). ``held_back``: per kind of card setting
         (``agent.open_commands``: LEVEL, SLEEP, LIMIT, HOST rows) and card, a refusal holds that setting
         back (``agent.command_overlays.Overlays.held_back``): ``StepContext.held_level_cards``,
-        ``held_limit_cards`` and ``held_sleep_cards``, which the guard keeps as the cards report them."""
+        ``held_limit_cards`` and ``held_sleep_cards``, which the guard keeps as in force (as the cards
+        report them, or as their racks confirmed: :meth:`with_refusals`)."""
         site, cfg = self.site, self.control
         now = finite_or(now_s, finite_or(snap.time_s, 0.0))
         if now < self._latest_now_s - cfg.period_s:  # the site's clock went back (agent.clock)
@@ -352,20 +353,32 @@ class Controller:
 
     @staticmethod
     def with_refusals(
-        ctx: StepContext, *, refused_failed: BoolArray | None = None, held_back: BoolArray | None = None
+        ctx: StepContext,
+        *,
+        refused_failed: BoolArray | None = None,
+        held_back: BoolArray | None = None,
+        applied_level: IntArray | None = None,
+        applied_power_limit_w: FloatArray | None = None,
     ) -> StepContext:
         """``ctx`` with the refusals in force (``refused_failed``, ``held_back``: as :meth:`context`
-        takes them) in place of those it had. The service reads them again from its command book after
-        the proposal, before the guard reviews it: a refusal acked while the solve ran (the ack path
-        runs meanwhile on the event loop) keeps its settings out of that decision's commands, so the
-        guard must see it too (its budget is what the cards will draw; a placement onto a card refused
-        as failed meanwhile is dropped)."""
+        takes them) and what the racks confirmed applying (``applied_level``, ``applied_power_limit_w``:
+        ``agent.ingest.Ingest``'s, copied; None: nothing confirmed) in place of those it had. The service
+        reads them again after the proposal, before the guard reviews it: a refusal acked while the solve
+        ran (the ack path runs meanwhile on the event loop) keeps its settings out of that decision's
+        commands, so the guard must see it too (its budget is what the cards will draw; a placement onto
+        a card refused as failed meanwhile is dropped), and the guard keeps a card no command reaches at
+        the faster level and the higher limit of what it reports and what its rack confirmed
+        (``agent.guard``, step 3a), the level the commands' diff counts from."""
         return dataclasses.replace(
             ctx,
             refused_failed_cards=_cards_of(refused_failed),
             held_level_cards=_cards_of(None if held_back is None else held_back[LEVEL]),
             held_limit_cards=_cards_of(None if held_back is None else held_back[LIMIT]),
             held_sleep_cards=_cards_of(None if held_back is None else held_back[SLEEP]),
+            applied_level=None if applied_level is None else np.array(applied_level, dtype=np.int64),
+            applied_power_limit_w=(
+                None if applied_power_limit_w is None else np.array(applied_power_limit_w, dtype=np.float64)
+            ),
         )
 
     # ---- calibration ------------------------------------------------------------------------------

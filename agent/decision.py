@@ -115,12 +115,20 @@ class StepContext:
     refused_failed_cards: tuple[int, ...] = ()
     # cards a refusal of a setting of theirs holds that kind back on (``command_ttl_s`` from the refusal,
     # ``agent.command_overlays.Overlays.held_back``): the decision's commands carry no level, power limit
-    # or low-power idle / wake to them (``agent.command_diff``), so the guard keeps that setting as they
-    # report it (its step 3a); their other settings are sent as usual. The service reads these four again
-    # after the proposal (``Controller.with_refusals``): the guard sees the refusals acked during the solve
+    # or low-power idle / wake to them (``agent.command_diff``), so the guard keeps that setting as in
+    # force (its step 3a: as reported, or as confirmed below); their other settings are sent as usual.
+    # The service reads these four again after the proposal (``Controller.with_refusals``): the guard
+    # sees the refusals acked during the solve
     held_level_cards: tuple[int, ...] = ()
     held_limit_cards: tuple[int, ...] = ()
     held_sleep_cards: tuple[int, ...] = ()
+    # per card: the DVFS level and the power limit its rack confirmed applying (its retained applied
+    # state, ``agent.ingest.Ingest.applied_level`` and ``applied_power_limit_w``; -1 / NaN: none
+    # confirmed; None: none for any card, as in the in-process loop). Telemetry shows a setting the rack
+    # applied up to one telemetry period later: the guard keeps a card its step 3a keeps at the faster
+    # level and the higher limit of the two. The service sets them with the refusals before the review
+    applied_level: IntArray | None = None
+    applied_power_limit_w: FloatArray | None = None
 
     def blind_card_mask(self, card_rack: IntArray) -> BoolArray:
         """Per card (``card_rack``: each card's rack): its rack is blind."""

@@ -10,7 +10,7 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    only when the job is queued (once per job) and its cards are free (idle, not failed, not held by
    a placement in flight), seen (not on a blind rack, not a stuck card) and not said failed by a
    ``card_failed`` refusal no reading has confirmed (``StepContext.refused_failed_cards``; counted as
-   their readings say everywhere else, at the settings they report: step 3a); busy cards are awake (a
+   their readings say everywhere else, at the settings in force: step 3a); busy cards are awake (a
    placed card is woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs
    not yet seen started) hold their cards as busy like the decision's own: awake, budgeted as
    computing, never put to low-power idle (neither for a cap nor by the low-power hold).
@@ -22,7 +22,7 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the pace of its slowest card).
 3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
    get per-card power limits whose sum plus host overhead stays under the rack's cap
-   (``(limit - margin - extra - host) / cards``; with cards at the limits they report, step 3a, the
+   (``(limit - margin - extra - host) / cards``; with cards at the limits in force, step 3a, the
    other cards share what those leave, no more than that). On *blind* racks (stale,
    or frozen as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets
    the slowest level;
@@ -34,16 +34,22 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
 3a. **Settings no command changes**: a card a ``card_failed`` refusal says failed, no reading having
    confirmed it (``StepContext.refused_failed_cards``), gets no command (``agent.command_diff`` leaves
    it out of levels, power limits, sleeps and wakes) while its rack may read it alive (a stale
-   scheduler's refusal, a repeat's hold): it keeps the level and power limit it reports (a busy one
+   scheduler's refusal, a repeat's hold): it keeps the level and power limit in force (a busy one
    too; its job's other cards get the job's level, and ``Decision.job_levels`` is theirs) and an idle
    one the low-power state it reports, neither woken nor put to sleep. A card a refusal of another
    reason holds one kind of setting back on (``Overlays.backoff``, ``command_ttl_s`` from the
    refusal: ``StepContext.held_level_cards``, ``held_limit_cards``, ``held_sleep_cards``) keeps that
-   kind alone as it reports it (its level, its power limit, or, idle, its low-power state); its other
-   settings are the decision's (a card whose level is held may still get a power limit or sleep).
+   kind alone as in force (its level, its power limit, or, idle, the low-power state it reports); its
+   other settings are the decision's (a card whose level is held may still get a power limit or sleep).
+   A level or power limit *in force* is the one telemetry reports or, where the card's rack confirmed
+   applying a faster level or a higher limit (its retained applied state:
+   ``StepContext.applied_level``, ``applied_power_limit_w``; the commands' diff counts from the
+   confirmed level), the confirmed one: telemetry shows a setting the rack applied up to one telemetry
+   period later, and the card draws at it meanwhile (where nothing is confirmed, as reported).
    Steps 3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit
    for a cap or a die): a rack or die they cannot hold without it is said not held. The service's
-   context has the refusals in force when the guard reviews, those acked during the solve included.
+   context has the refusals in force, and what the racks confirmed, when the guard reviews, those
+   acked during the solve included.
 3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
    site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
    the levels so far with every busy card computing, the twin predicts a die over its limit, the
@@ -59,10 +65,10 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    job of that rack whose next slower level gives up the least value per watt saved steps down;
    then awake idle cards it can see go to low-power idle; if the rack is still over (its jobs all at the
    slowest level), every card of the rack whose power limit commands set gets the fail-safe power
-   limit (cards that keep the limit they report, step 3a, keep it: the others share what it leaves).
+   limit (cards that keep the limit in force, step 3a, keep it: the others share what it leaves).
    That holds the cap unless
    the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts), or cards
-   at settings they report (step 3a) draw more than it: the
+   at settings in force (step 3a) draw more than it: the
    configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
    but not power the twin does not explain (``rack_extra_w``, e.g. 30 kW more on a PDU than its cards
    and hosts draw); then the guard says the rack cannot be held (an explanation line, its predicted
@@ -72,7 +78,7 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    the slowest level its power limit is set to what the die limit allows. The explanation lines say
    which jobs were slowed (to which level), which were power-limited at the slowest level, and which
    dies cannot be held even at ``control.min_power_limit_w`` or are on cards that keep the power limit
-   they report (step 3a; no lever of the agent is left for them).
+   in force (step 3a; no lever of the agent is left for them).
 
 Each explanation line the guard writes (``guard: ...``) comes with its action, one of
 :data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper; the explanation
@@ -83,8 +89,9 @@ Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed 
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
 every rack within ``limit - margin - extra`` wherever the fail-safe power limit can (above); with
 cards no command reaches or settings a refusal holds back (tests/agent/test_guard_refused_cards.py,
-tests/agent/test_guard_held_back.py) the budget is what the racks draw with those settings as the
-cards report them, within the cap or the rack said not held.
+tests/agent/test_guard_held_back.py) the budget is what the racks draw with those settings in force
+(as the cards report them, or as their racks confirmed a faster level or a higher limit:
+tests/agent/test_guard_confirmed_settings.py), within the cap or the rack said not held.
 """
 
 from __future__ import annotations
@@ -122,7 +129,7 @@ _MAX_NOTES = 12
 #: speed; (4) for a rack's cap: jobs slowed (one line for all racks), idle cards to low power, power
 #: limits cut to the fail-safe limit, and the cap not held even so (one line each per rack); (5) for
 #: the dies: jobs slowed, jobs power-limited at the slowest level, dies not held even at
-#: ``min_power_limit_w`` or on cards at the power limits they report (one line each per decision). ``cap_not_held``
+#: ``min_power_limit_w`` or on cards at the power limits in force (one line each per decision). ``cap_not_held``
 #: and ``die_not_held`` mean no lever of the agent is left (alert ``RacktwinGuardCannotHold``).
 GUARD_ACTIONS = (
     "placements_dropped",
@@ -219,7 +226,7 @@ class _Sight:
         )
 
     def any_kept(self) -> bool:
-        """Some card keeps a setting as it reports it (step 3a)."""
+        """Some card keeps a setting as in force (step 3a)."""
         return bool(self.level_kept.any() or self.limit_kept.any() or self.sleep_kept.any())
 
 
@@ -300,12 +307,12 @@ class Guard:
         # 3. fail-safe racks
         fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
         if sight.limit_kept.any():  # the limits the others share beside those no command changes
-            fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.limit_kept, ctx.rack_extra_w)
+            fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.limit_kept, ctx)
         if sight.failsafe_rack.any():
             self._apply_failsafe(draft, snap, snap_lp, sight, fs_lim, ctx.stuck_cards, notes)
-        # settings no command changes stay as reported (before any prediction counts on them)
+        # settings no command changes stay as the racks have them (before any prediction counts on them)
         if sight.any_kept():
-            self._keep_reported(draft, snap, snap_lp, sight)
+            self._keep_in_force(draft, snap, snap_lp, sight, ctx)
 
         # 3b. pumps, then the thermal conditions steps 4-5 and the predictions use
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
@@ -451,33 +458,36 @@ class Guard:
         stuck = f" (stuck sensor: card {', '.join(str(c) for c in stuck_cards[:4])})" if stuck_cards else ""
         notes.add("failsafe_caps", f"fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
 
-    def _keep_reported(self, draft: _Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: _Sight) -> None:
+    def _keep_in_force(
+        self, draft: _Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: _Sight, ctx: StepContext
+    ) -> None:
         """Step 3a (module docstring), settings no command of the decision changes: ``agent.command_diff``
         sends no level, power limit, sleep or wake to a card a ``card_failed`` refusal says failed, no
         reading having confirmed it (``StepContext.refused_failed_cards``; its rack reads it alive), and
         none of a kind a refusal holds back on a card (``StepContext.held_level_cards``,
-        ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps the level (``sight.level_kept``;
-        a busy one too: its job's other cards get the job's level) and the power limit
-        (``sight.limit_kept``) it reports, and an idle one the low-power state it reports
+        ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps its level (``sight.level_kept``;
+        a busy one too: its job's other cards get the job's level) and its power limit
+        (``sight.limit_kept``) as in force (:meth:`_kept_levels`, :meth:`_kept_limits_w`: as reported,
+        or as its rack confirmed where that draws more), and an idle one the low-power state it reports
         (``sight.sleep_kept``: neither woken nor put to sleep); its other settings are the decision's."""
-        draft.level = np.where(sight.level_kept, self._reported_levels(snap), draft.level)
-        draft.power_limit_w = np.where(sight.limit_kept, self._reported_limits_w(snap), draft.power_limit_w)
+        draft.level = np.where(sight.level_kept, self._kept_levels(snap, ctx), draft.level)
+        draft.power_limit_w = np.where(sight.limit_kept, self._kept_limits_w(snap, ctx), draft.power_limit_w)
         draft.low_power = np.where(sight.sleep_kept & draft.load.idle, snap_lp, draft.low_power)
 
     def _failsafe_beside_kept(
-        self, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, rack_extra_w: FloatArray
+        self, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, ctx: StepContext
     ) -> FloatArray:
         """Per rack, the fail-safe power limit (steps 3 and 4) for its cards that commands reach when
-        ``kept`` cards (no command reaches them, step 3a) keep the limits they report: what those leave of
-        the rack's cap shared among the others (floored to a watt, within the card's accepted range), never
-        above ``fs_lim`` (:func:`failsafe_card_limit_w`, every card at it). All the rack's cards at their
-        limits then stay within its cap, as without such cards, unless the others would need less than
-        ``min_power_limit_w``."""
+        ``kept`` cards (no command reaches them, step 3a) keep the limits in force (:meth:`_kept_limits_w`):
+        what those leave of the rack's cap shared among the others (floored to a watt, within the card's
+        accepted range), never above ``fs_lim`` (:func:`failsafe_card_limit_w`, every card at it). All the
+        rack's cards at their limits then stay within its cap, as without such cards, unless the others
+        would need less than ``min_power_limit_w``."""
         site, cfg = self.site, self.control
         rack = self._card_rack[kept]
-        kept_w = np.bincount(rack, weights=self._reported_limits_w(snap)[kept], minlength=site.n_racks)
+        kept_w = np.bincount(rack, weights=self._kept_limits_w(snap, ctx)[kept], minlength=site.n_racks)
         others = site.cards_per_rack - np.bincount(rack, minlength=site.n_racks)
-        left_w = rack_modelled_caps_w(site, cfg, rack_extra_w) - site.rack.host_overhead_w - kept_w
+        left_w = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w) - site.rack.host_overhead_w - kept_w
         per_card = np.floor(left_w / np.maximum(others, 1))
         per_card = np.clip(per_card, cfg.min_power_limit_w, site.card.power_limit_w)
         return np.asarray(np.minimum(fs_lim, per_card), dtype=np.float64)
@@ -558,10 +568,32 @@ class Guard:
         snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
         return np.asarray(np.where(np.isfinite(snap_lim), snap_lim, self.site.card.power_limit_w), dtype=np.float64)
 
+    def _kept_levels(self, snap: StateSnapshot, ctx: StepContext) -> IntArray:
+        """Each card's level as step 3a keeps it: the faster (level 0 is the fastest) of the one telemetry
+        reports and the one its rack confirmed applying (``ctx.applied_level``, -1: none; the commands'
+        diff counts from it, ``agent.command_diff``): telemetry shows a raise the rack applied up to one
+        telemetry period later, and the card draws the faster level's power meanwhile."""
+        reported = self._reported_levels(snap)
+        if ctx.applied_level is None:
+            return reported
+        confirmed = np.asarray(ctx.applied_level, dtype=np.int64)
+        faster = np.minimum(reported, np.clip(confirmed, 0, self._model.n_levels - 1))
+        return np.asarray(np.where(confirmed >= 0, faster, reported), dtype=np.int64)
+
+    def _kept_limits_w(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray:
+        """Each card's power limit as step 3a keeps it: the higher of the one telemetry reports
+        (:meth:`_reported_limits_w`) and the one its rack confirmed applying (``ctx.applied_power_limit_w``,
+        NaN: none), as :meth:`_kept_levels`."""
+        reported = self._reported_limits_w(snap)
+        if ctx.applied_power_limit_w is None:
+            return reported
+        confirmed = np.asarray(ctx.applied_power_limit_w, dtype=np.float64)
+        return np.asarray(np.where(np.isfinite(confirmed), np.fmax(reported, confirmed), reported), dtype=np.float64)
+
     @staticmethod
     def _job_level(lvl: IntArray, cards: IntArray, level_kept: BoolArray) -> int:
         """A job's level: the one its cards whose level commands set share (a card ``level_kept`` keeps
-        the level it reports, step 3a); the slowest of its cards' when commands set none's."""
+        the level in force, step 3a); the slowest of its cards' when commands set none's."""
         reached = cards[~level_kept[cards]]
         return int(lvl[reached if reached.size else cards].max())
 
@@ -732,7 +764,7 @@ class Guard:
         ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep); ``sight``'s
         ``level_kept``, ``sleep_kept`` and ``limit_kept``: the cards whose level, low-power state or
         power limit no command changes (step 3a: no lever changes that setting, their power counts at
-        it as they report it). Each rack over its cap, in turn, takes the levers in the docstring's
+        it as in force). Each rack over its cap, in turn, takes the levers in the docstring's
         order while it is still over: :meth:`_slow_jobs_for_cap`, :meth:`_sleep_idle_for_cap`,
         :meth:`_limit_power_for_cap`."""
         site = self.site
@@ -785,7 +817,7 @@ class Guard:
         """Step 4's first lever (module docstring): while rack ``r`` is over its cap, the job of ``jobs``
         (those with a card in it) whose next slower level gives up the least value per watt saved in the
         rack (:meth:`_cheapest_step`) steps down, all its cards (on every rack) whose level commands set
-        (not ``level_kept``: those keep the level they report, step 3a); until none can. ``lowered`` gets
+        (not ``level_kept``: those keep the level in force, step 3a); until none can. ``lowered`` gets
         each job slowed and its new level."""
         while b.over(r, modelled_caps):
             step = self._cheapest_step(r, b, load, jobs, table, level_kept)
@@ -873,8 +905,8 @@ class Guard:
         every card of the rack whose power limit commands set (not failed, not ``sight.limit_kept``) gets
         the fail-safe power limit ``fs_lim[r]`` (or keeps a lower one), with a line in ``notes``; when
         even that does not hold the cap (the limit it would need is below ``min_power_limit_w``, or
-        cards at settings they report, step 3a, draw more than it), a line saying the rack cannot be
-        held and by how much, naming how many cards keep settings they report (no command reaches them,
+        cards at settings in force, step 3a, draw more than it), a line saying the rack cannot be
+        held and by how much, naming how many cards keep settings in force (no command reaches them,
         or a refusal holds one back: a level, a power limit, an awake idle card's sleep)."""
         site = self.site
         in_r = (self._card_rack == r) & ~failed & ~sight.limit_kept
@@ -893,8 +925,8 @@ class Guard:
             extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
             rack_r = (self._card_rack == r) & ~failed
             n_out = int(np.count_nonzero(sight.unreached_card & rack_r))
-            them = f"{n_out} card no command reaches at the settings it reports" if n_out == 1 else ""
-            them = them or f"{n_out} cards no command reaches at the settings they report"
+            them = f"{n_out} card no command reaches at the settings in force" if n_out == 1 else ""
+            them = them or f"{n_out} cards no command reaches at the settings in force"
             out = f"; {them}" if n_out else ""
             awake_idle = load.idle & ~b.low_power
             held = (sight.level_kept | sight.limit_kept | (sight.sleep_kept & awake_idle)) & ~sight.unreached_card
@@ -1003,7 +1035,7 @@ class Guard:
         (and to which level), the jobs at the slowest level whose cards it gave a lower power limit (how
         many cards, the lowest limit), and the jobs whose dies it cannot hold under ``die_limit`` even at
         the lowest power limit a card accepts (``unheld``: their hottest die predicted there) or on cards
-        whose power limit no command sets (``out_hot``: their hottest die at the limits those report;
+        whose power limit no command sets (``out_hot``: their hottest die at the limits in force there;
         ``n_out_hot`` such cards), in one line."""
         keep = f"to keep dies under {die_limit:g} deg C"
         if slowed:
@@ -1031,7 +1063,7 @@ class Guard:
                 n_cards = f"{n_out_hot} card{'s' if n_out_hot != 1 else ''}"
                 why.append(
                     f"up to {max(out_hot.values()):.1f} deg C predicted on {n_cards} no command reaches "
-                    "(a card_failed refusal) or whose power limit a refusal holds back, at the limits reported"
+                    "(a card_failed refusal) or whose power limit a refusal holds back, at the limits in force"
                 )
             notes.add(
                 "die_not_held",

@@ -20,7 +20,9 @@
   first telemetry), and is ignored when stamped ahead of the site's time by more than the clock's
   ahead tolerance (10 s, or two wall seconds of site time if more). Taken as the site's time, such
   a snapshot drove the clock 2,192 s ahead and every command after it was refused ``issued_ahead``;
-* acks and applied states are handed to the caller (``on_ack``) and kept (``applied_level``);
+* acks are handed to the caller (``on_ack``); applied states are kept (``applied_level``,
+  ``applied_power_limit_w``: what each rack confirmed applying to each card, which its telemetry shows
+  up to one period later);
 * every round folded into the belief is handed to ``on_round`` (the service's estimator);
 * every other message's timestamp drives the :class:`agent.clock.SiteClock`.
 
@@ -118,6 +120,8 @@ class Ingest:
         self._clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
         #: per card: the DVFS level the rack reports as applied (-1: not reported yet)
         self.applied_level = np.full(site.n_cards, -1, dtype=np.int64)
+        #: per card: the power limit the rack reports as applied (NaN: not reported yet)
+        self.applied_power_limit_w = np.full(site.n_cards, np.nan)
         self._round: dict[int, _Partial] = {}
         self._facility: FacilityReading | None = None
         self._round_t = -math.inf
@@ -207,6 +211,9 @@ class Ingest:
                 lv = np.asarray(msg.dvfs_level, dtype=np.int64)[ok]
                 good = (lv >= 0) & (lv < self._clocks.size)
                 self.applied_level[idx[ok][good] + r * self._cpr] = lv[good]
+                lim = np.asarray(msg.power_limit_w, dtype=np.float64)[ok]
+                known = np.isfinite(lim) & (lim > 0.0)
+                self.applied_power_limit_w[idx[ok][known] + r * self._cpr] = lim[known]
         else:
             self.stats.ignored += 1
         if self._pending_snapshot is not None:

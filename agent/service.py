@@ -902,9 +902,17 @@ class AgentService:
             proposal = proposal.replace(explanation=(*proposal.explanation, note))
         # refusals acked while the solve ran (the ack path runs meanwhile on the loop) hold settings
         # back from this decision's commands (``_act``) and cards out of its placements: the guard
-        # reviews with the refusals in force now, so its budget counts what the cards will draw
+        # reviews with the refusals in force now, so its budget counts what the cards will draw; and
+        # with what the racks confirmed applying now (the levels ``_act``'s commands are diffed against):
+        # a card no command reaches keeps a confirmed raise its telemetry does not show yet
         refused, held = self._refusals(snap, now)
-        ctx = self.controller.with_refusals(ctx, refused_failed=refused, held_back=held)
+        ctx = self.controller.with_refusals(
+            ctx,
+            refused_failed=refused,
+            held_back=held,
+            applied_level=self.ingest.applied_level,
+            applied_power_limit_w=self.ingest.applied_power_limit_w,
+        )
         decision = self.controller.review(proposal, snap, ctx)
         self.controller.commit(decision, snap, ctx)
         self.last_decision = decision

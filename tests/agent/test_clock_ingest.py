@@ -807,6 +807,26 @@ def _applied(rack: str, cards: list[int], levels: list[int], ts: float) -> wire.
     )
 
 
+def test_ingest_keeps_the_level_and_power_limit_each_rack_confirmed_applying() -> None:
+    """A rack's retained applied state says, per card, the level and power limit it applied (at once,
+    telemetry up to a period later): kept per site card (``applied_level``, -1, and
+    ``applied_power_limit_w``, NaN, where no rack said), what the guard keeps a card no command reaches
+    at (``agent.guard``, step 3a); an undefined or non-positive limit says nothing."""
+    site = example_site()
+    ing = Ingest(site, TwinState(site), SiteClock(1.0))
+    assert (ing.applied_level == -1).all() and np.isnan(ing.applied_power_limit_w).all()
+    msg = _applied("r1", [0, 1, 2, 3], [0, 2, 4, 7], T0)
+    msg = dataclasses.replace(msg, power_limit_w=np.array([450.0, math.nan, 0.0, 700.0]))
+    ing.handle(msg)
+    cpr = site.cards_per_rack
+    assert ing.applied_level[cpr : cpr + 4].tolist() == [0, 2, 4, 7]
+    assert ing.applied_power_limit_w[[cpr, cpr + 3]].tolist() == [450.0, 700.0]
+    assert np.isnan(ing.applied_power_limit_w[[cpr + 1, cpr + 2]]).all()  # undefined, 0 W: not confirmed
+    others = np.ones(site.n_cards, dtype=bool)
+    others[cpr : cpr + 4] = False
+    assert (ing.applied_level[others] == -1).all() and np.isnan(ing.applied_power_limit_w[others]).all()
+
+
 def test_a_round_is_dated_at_its_newest_stamp_also_one_of_the_facility_alone() -> None:
     """A round of a rack's readings is dated at their stamp, and so is a round of the facility alone
     (every rack's exporters are silent and the facility still reports); the belief's time moves with

@@ -148,6 +148,8 @@ _CARDS = st.sets(st.integers(0, N - 1), max_size=12).map(lambda s: tuple(sorted(
     reported_lv=st.lists(st.integers(0, 7), min_size=N, max_size=N),
     reported_lp=st.lists(st.booleans(), min_size=N, max_size=N),
     reported_lim=st.lists(st.sampled_from([200.0, 450.0, 700.0]), min_size=N, max_size=N),
+    confirmed_lv=st.lists(st.integers(-1, 7), min_size=N, max_size=N),
+    confirmed_lim=st.lists(st.sampled_from([np.nan, 200.0, 450.0, 700.0]), min_size=N, max_size=N),
     extra=st.lists(st.floats(0.0, 8000.0), min_size=2, max_size=2),
     inlet=st.lists(st.floats(25.0, 70.0), min_size=2, max_size=2),
     stale=st.lists(st.booleans(), min_size=2, max_size=2),
@@ -163,15 +165,18 @@ def test_every_budget_is_what_the_cards_draw_with_held_settings_as_reported(
     reported_lv: list[int],
     reported_lp: list[bool],
     reported_lim: list[float],
+    confirmed_lv: list[int],
+    confirmed_lim: list[float],
     extra: list[float],
     inlet: list[float],
     stale: list[bool],
     place: list[int],
 ) -> None:
     """Any proposal, any settings held back (per kind, idle or busy cards, with or without cards no command
-    reaches): the guard's budget is what the racks will draw with the held kinds (and every kind on the
-    refused cards) as reported, each rack within its cap or said not held, no idle card whose sleep is
-    held or that is refused woken or put to sleep, and no job placed on a refused card."""
+    reaches), any levels and limits the racks confirmed (or not): the guard's budget is what the racks will
+    draw with the held kinds (and every kind on the refused cards) in force (as reported, or as confirmed
+    where that draws more: ``guard_helpers.in_force``), each rack within its cap or said not held, no idle
+    card whose sleep is held or that is refused woken or put to sleep, and no job placed on a refused card."""
     busy = np.asarray(SNAP.card_job) >= 0
     snap = dataclasses.replace(
         SNAP,
@@ -191,6 +196,8 @@ def test_every_budget_is_what_the_cards_draw_with_held_settings_as_reported(
         stale_racks=blind,
         blind_racks=blind,
         failsafe_racks=blind,
+        applied_level=np.asarray(confirmed_lv, dtype=np.int64),
+        applied_power_limit_w=np.asarray(confirmed_lim, dtype=np.float64),
     )
     planned = proposal(
         SITE,

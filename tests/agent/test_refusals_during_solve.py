@@ -6,7 +6,9 @@ meanwhile holds its setting back from the decision's commands (``CommandBook.com
 ``card_failed``, keeps its cards out of them and of placement. Before, the guard reviewed the
 proposal with the refusals read before the solve: it budgeted the decision's value of a setting no
 command would carry (here r1's idle cards asleep while they stay awake), and kept a placement onto a
-card refused as failed meanwhile. Now the cycle reads the refusals again before the guard reviews.
+card refused as failed meanwhile. Now the cycle reads the refusals again before the guard reviews, and
+with them the levels and power limits the racks confirmed applying (a card no command reaches keeps the
+faster level of what it reports and what its rack confirmed, ``agent.guard`` step 3a).
 
 The service (enforce mode, not connected: no broker) reads the plant through the simulator's
 encoder, the wire and its ingest; its real controller solves; a thin wrapper around the real
@@ -173,5 +175,52 @@ async def test_a_placement_onto_a_card_refused_as_failed_during_the_solve_is_dro
         placed = [site.svc.book.placement_of(oc) for oc in sent]
         assert not any(p is not None and dead[0] in p[1] for p in placed)
         assert dead[0] in site.reviewed[-1].refused_failed_cards
+    finally:
+        await site.svc._close()
+
+
+async def test_a_card_no_command_reaches_is_budgeted_at_the_level_its_rack_confirmed_after_its_last_reading(
+    tmp_path: Path,
+) -> None:
+    """r0's cards read level 7; r0 then applies a raise to level 4 and confirms it (its retained applied
+    state) before their next reading, and refuses the older level command as ``card_failed`` for card 3
+    while the solve runs: no command reaches card 3, which draws at level 4. The guard reviews with what
+    the racks confirmed at that moment (the levels the decision's commands are diffed against) and keeps
+    card 3 at level 4 (before: at the level 7 its telemetry still showed, budgeting it slower than it runs)."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(30.0)
+        _first, sent = await site.decide()
+        (level,) = [oc for oc in sent if oc.kind == LEVEL and oc.target == "r0"]  # r0's cards to level 7
+        site.plant.set_levels(R0, 7)
+        site.run_to(40.0)
+        snap = site.svc.state.snapshot()
+        assert snap.card_level[R0].tolist() == [7] * len(R0)
+        site.plant.set_levels(R0, 4)  # applied, not read yet
+        confirmed = wire.AppliedState(
+            rack="r0",
+            card_index=np.arange(len(R0)),
+            dvfs_level=np.full(len(R0), 4),
+            min_clock_mhz=np.full(len(R0), SITE.card.clocks_mhz[-1]),
+            max_clock_mhz=np.full(len(R0), SITE.card.clocks_mhz[4]),
+            power_limit_w=np.full(len(R0), SITE.card.power_limit_w),
+            low_power=np.zeros(len(R0), dtype=bool),
+            last_command_id=None,
+            ts_s=40.5,
+            seq=1,
+            publisher="sim",
+        )
+
+        def confirm_then_refuse_card_3(_proposal: Decision) -> None:
+            site.svc.ingest.handle(confirmed)
+            site.refuse(level, wire.card_failed_reason("r0", [3]))
+
+        decision, _sent = await site.decide(confirm_then_refuse_card_3)
+        ctx = site.reviewed[-1]
+        assert ctx.refused_failed_cards == (3,)
+        assert ctx.applied_level is not None and ctx.applied_level[R0].tolist() == [4] * len(R0)
+        assert decision.card_level[3] == 4  # in force: the level r0 confirmed
+        drawn = drawn_rack_power_w(SITE, decision, snap, ctx)
+        assert decision.budget_rack_power_w == pytest.approx(drawn, rel=1e-12)
     finally:
         await site.svc._close()
