@@ -142,7 +142,11 @@ class CommandDiff:
 
     def _limit_items(self, out: _Outbox, decision: Decision, snap: StateSnapshot, may: BoolArray) -> None:
         """Power limits: one command per rack and direction, the cards' limits as one value or one per
-        card."""
+        card. What the racks have is the reported limit (overlaid), not the one a rack confirmed
+        (``agent.ingest.Ingest.applied_power_limit_w``; levels count from the confirmed level, which the
+        belief's levels are too): a retained applied state changes only when a command is applied, so it
+        can be older than the telemetry (a limit changed outside the agent's commands), and counting from
+        it could hold back a cut the guard budgeted."""
         rep_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
         rep_lim = np.where(np.isfinite(rep_lim), rep_lim, self.site.card.power_limit_w)
         have_lim = self.overlays.have(LIMIT, rep_lim, out.now_s)

@@ -264,8 +264,8 @@ class Controller:
         placement onto it), and so out of the ready reserve (``agent.planning.cycle_problem``: an idle
         card no job can take is no reserve). The guard's budget, the levels, low-power idle and the
         hosts see such a card as its readings say: one a stale scheduler calls failed while its rack
-        reads it alive draws its power, and an idle one keeps the low-power state it reports (no
-        command reaches it: ``agent.command_diff``). ``held_back``: per kind of card setting
+        reads it alive draws its power, and an idle one keeps the low-power state in force (no
+        command reaches it: ``agent.command_diff``; the guard's step 3a). ``held_back``: per kind of card setting
         (``agent.open_commands``: LEVEL, SLEEP, LIMIT, HOST rows) and card, a refusal holds that setting
         back (``agent.command_overlays.Overlays.held_back``): ``StepContext.held_level_cards``,
         ``held_limit_cards`` and ``held_sleep_cards``, which the guard keeps as in force (as the cards
@@ -359,16 +359,18 @@ class Controller:
         held_back: BoolArray | None = None,
         applied_level: IntArray | None = None,
         applied_power_limit_w: FloatArray | None = None,
+        applied_low_power: FloatArray | None = None,
     ) -> StepContext:
         """``ctx`` with the refusals in force (``refused_failed``, ``held_back``: as :meth:`context`
-        takes them) and what the racks confirmed applying (``applied_level``, ``applied_power_limit_w``:
-        ``agent.ingest.Ingest``'s, copied; None: nothing confirmed) in place of those it had. The service
-        reads them again after the proposal, before the guard reviews it: a refusal acked while the solve
-        ran (the ack path runs meanwhile on the event loop) keeps its settings out of that decision's
-        commands, so the guard must see it too (its budget is what the cards will draw; a placement onto
-        a card refused as failed meanwhile is dropped), and the guard keeps a card no command reaches at
-        the faster level and the higher limit of what it reports and what its rack confirmed
-        (``agent.guard``, step 3a), the level the commands' diff counts from."""
+        takes them) and what the racks confirmed applying (``applied_level``, ``applied_power_limit_w``,
+        ``applied_low_power``: ``agent.ingest.Ingest``'s, copied; None: nothing confirmed) in place of those
+        it had. The service reads them again after the proposal, before the guard reviews it: a refusal
+        acked while the solve ran (the ack path runs meanwhile on the event loop) keeps its settings out of
+        that decision's commands, so the guard must see it too (its budget is what the cards will draw; a
+        placement onto a card refused as failed meanwhile is dropped), and the guard keeps a card no
+        command reaches at the faster level and the higher limit of what it reports and what its rack
+        confirmed, and an idle one awake where either says awake (``agent.guard``, step 3a; the level the
+        commands' diff counts from)."""
         return dataclasses.replace(
             ctx,
             refused_failed_cards=_cards_of(refused_failed),
@@ -379,6 +381,7 @@ class Controller:
             applied_power_limit_w=(
                 None if applied_power_limit_w is None else np.array(applied_power_limit_w, dtype=np.float64)
             ),
+            applied_low_power=None if applied_low_power is None else np.array(applied_low_power, dtype=np.float64),
         )
 
     # ---- calibration ------------------------------------------------------------------------------

@@ -110,8 +110,8 @@ class StepContext:
     # as new as the refusal has cleared, or a repeat's hold: agent.command_overlays.Overlays.unplaceable):
     # kept out of placement (and so out of the ready reserve: agent.planning.cycle_problem); the budget,
     # levels, low-power idle and hosts see them as their readings say (a card a stale scheduler calls
-    # failed while its rack reads it alive draws power; an idle one keeps the low-power state it
-    # reports, as no command reaches it)
+    # failed while its rack reads it alive draws power; an idle one keeps the low-power state in force,
+    # as no command reaches it: the guard's step 3a)
     refused_failed_cards: tuple[int, ...] = ()
     # cards a refusal of a setting of theirs holds that kind back on (``command_ttl_s`` from the refusal,
     # ``agent.command_overlays.Overlays.held_back``): the decision's commands carry no level, power limit
@@ -122,13 +122,16 @@ class StepContext:
     held_level_cards: tuple[int, ...] = ()
     held_limit_cards: tuple[int, ...] = ()
     held_sleep_cards: tuple[int, ...] = ()
-    # per card: the DVFS level and the power limit its rack confirmed applying (its retained applied
-    # state, ``agent.ingest.Ingest.applied_level`` and ``applied_power_limit_w``; -1 / NaN: none
-    # confirmed; None: none for any card, as in the in-process loop). Telemetry shows a setting the rack
-    # applied up to one telemetry period later: the guard keeps a card its step 3a keeps at the faster
-    # level and the higher limit of the two. The service sets them with the refusals before the review
+    # per card: the DVFS level, the power limit and the low-power state its rack confirmed applying (its
+    # retained applied state, ``agent.ingest.Ingest.applied_level``, ``applied_power_limit_w`` and
+    # ``applied_low_power``, 1.0 asleep / 0.0 awake; -1 / NaN / NaN: none confirmed; None: none for any
+    # card, as in the in-process loop). Telemetry shows a setting the rack applied up to one telemetry
+    # period later: the guard keeps a card its step 3a keeps at the faster level and the higher limit of
+    # the two, and an idle one awake where either says awake (what draws more). The service sets them
+    # with the refusals before the review
     applied_level: IntArray | None = None
     applied_power_limit_w: FloatArray | None = None
+    applied_low_power: FloatArray | None = None
 
     def blind_card_mask(self, card_rack: IntArray) -> BoolArray:
         """Per card (``card_rack``: each card's rack): its rack is blind."""

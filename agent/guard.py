@@ -36,16 +36,17 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    it out of levels, power limits, sleeps and wakes) while its rack may read it alive (a stale
    scheduler's refusal, a repeat's hold): it keeps the level and power limit in force (a busy one
    too; its job's other cards get the job's level, and ``Decision.job_levels`` is theirs) and an idle
-   one the low-power state it reports, neither woken nor put to sleep. A card a refusal of another
+   one the low-power state in force, neither woken nor put to sleep. A card a refusal of another
    reason holds one kind of setting back on (``Overlays.backoff``, ``command_ttl_s`` from the
    refusal: ``StepContext.held_level_cards``, ``held_limit_cards``, ``held_sleep_cards``) keeps that
-   kind alone as in force (its level, its power limit, or, idle, the low-power state it reports); its
+   kind alone as in force (its level, its power limit, or, idle, its low-power state); its
    other settings are the decision's (a card whose level is held may still get a power limit or sleep).
-   A level or power limit *in force* is the one telemetry reports or, where the card's rack confirmed
-   applying a faster level or a higher limit (its retained applied state:
-   ``StepContext.applied_level``, ``applied_power_limit_w``; the commands' diff counts from the
-   confirmed level), the confirmed one: telemetry shows a setting the rack applied up to one telemetry
-   period later, and the card draws at it meanwhile (where nothing is confirmed, as reported).
+   A setting *in force* is the one telemetry reports or, where the card's rack confirmed applying a
+   faster level, a higher limit or a wake (its retained applied state: ``StepContext.applied_level``,
+   ``applied_power_limit_w``, ``applied_low_power``; the commands' diff counts from the confirmed
+   level), the confirmed one: telemetry shows a setting the rack applied up to one telemetry period
+   later, and the card draws at it meanwhile (where nothing is confirmed, as reported). So a kept idle
+   card is asleep only where telemetry shows it asleep and its rack did not confirm it awake.
    Steps 3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit
    for a cap or a die): a rack or die they cannot hold without it is said not held. The service's
    context has the refusals in force, and what the racks confirmed, when the guard reviews, those
@@ -90,7 +91,7 @@ prediction (``min(P(level), limit)`` per awake card, low-power and failed cards 
 every rack within ``limit - margin - extra`` wherever the fail-safe power limit can (above); with
 cards no command reaches or settings a refusal holds back (tests/agent/test_guard_refused_cards.py,
 tests/agent/test_guard_held_back.py) the budget is what the racks draw with those settings in force
-(as the cards report them, or as their racks confirmed a faster level or a higher limit:
+(as the cards report them, or as their racks confirmed a faster level, a higher limit or a wake:
 tests/agent/test_guard_confirmed_settings.py), within the cap or the rack said not held.
 """
 
@@ -468,11 +469,14 @@ class Guard:
         ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps its level (``sight.level_kept``;
         a busy one too: its job's other cards get the job's level) and its power limit
         (``sight.limit_kept``) as in force (:meth:`_kept_levels`, :meth:`_kept_limits_w`: as reported,
-        or as its rack confirmed where that draws more), and an idle one the low-power state it reports
-        (``sight.sleep_kept``: neither woken nor put to sleep); its other settings are the decision's."""
+        or as its rack confirmed where that draws more), and an idle one its low-power state in force
+        (``sight.sleep_kept``: neither woken nor put to sleep; :meth:`_kept_low_power`); its other
+        settings are the decision's."""
         draft.level = np.where(sight.level_kept, self._kept_levels(snap, ctx), draft.level)
         draft.power_limit_w = np.where(sight.limit_kept, self._kept_limits_w(snap, ctx), draft.power_limit_w)
-        draft.low_power = np.where(sight.sleep_kept & draft.load.idle, snap_lp, draft.low_power)
+        draft.low_power = np.where(
+            sight.sleep_kept & draft.load.idle, self._kept_low_power(snap_lp, ctx), draft.low_power
+        )
 
     def _failsafe_beside_kept(
         self, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, ctx: StepContext
@@ -589,6 +593,16 @@ class Guard:
             return reported
         confirmed = np.asarray(ctx.applied_power_limit_w, dtype=np.float64)
         return np.asarray(np.where(np.isfinite(confirmed), np.fmax(reported, confirmed), reported), dtype=np.float64)
+
+    @staticmethod
+    def _kept_low_power(snap_lp: BoolArray, ctx: StepContext) -> BoolArray:
+        """Each card's low-power state as step 3a keeps it: asleep only where telemetry reports it asleep
+        (``snap_lp``) and its rack did not confirm it awake (``ctx.applied_low_power`` 0.0; NaN: none), as
+        :meth:`_kept_levels`: telemetry shows a wake the rack applied up to one telemetry period later, and
+        the card draws awake meanwhile (where its rack confirmed a sleep telemetry does not show, awake too)."""
+        if ctx.applied_low_power is None:
+            return snap_lp
+        return np.asarray(snap_lp & (np.asarray(ctx.applied_low_power, dtype=np.float64) != 0.0), dtype=np.bool_)
 
     @staticmethod
     def _job_level(lvl: IntArray, cards: IntArray, level_kept: BoolArray) -> int:
@@ -875,8 +889,8 @@ class Guard:
     ) -> None:
         """Step 4's second lever (module docstring), for rack ``r`` still over its cap with its jobs at
         the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
-        and those no command reaches keep the state they report) go to low-power idle, with a line in
-        ``notes``."""
+        keep the state they report, those no command reaches the state in force, step 3a) go to
+        low-power idle, with a line in ``notes``."""
         awake_idle = np.flatnonzero((self._card_rack == r) & load.idle & ~b.low_power & ~kept)
         if awake_idle.size:
             b.low_power[awake_idle] = True

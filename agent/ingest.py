@@ -21,8 +21,8 @@
   ahead tolerance (10 s, or two wall seconds of site time if more). Taken as the site's time, such
   a snapshot drove the clock 2,192 s ahead and every command after it was refused ``issued_ahead``;
 * acks are handed to the caller (``on_ack``); applied states are kept (``applied_level``,
-  ``applied_power_limit_w``: what each rack confirmed applying to each card, which its telemetry shows
-  up to one period later);
+  ``applied_power_limit_w``, ``applied_low_power``: what each rack confirmed applying to each card,
+  which its telemetry shows up to one period later);
 * every round folded into the belief is handed to ``on_round`` (the service's estimator);
 * every other message's timestamp drives the :class:`agent.clock.SiteClock`.
 
@@ -122,6 +122,9 @@ class Ingest:
         self.applied_level = np.full(site.n_cards, -1, dtype=np.int64)
         #: per card: the power limit the rack reports as applied (NaN: not reported yet)
         self.applied_power_limit_w = np.full(site.n_cards, np.nan)
+        #: per card: the low-power state the rack reports as applied (1.0 asleep, 0.0 awake or waking;
+        #: NaN: not reported yet)
+        self.applied_low_power = np.full(site.n_cards, np.nan)
         self._round: dict[int, _Partial] = {}
         self._facility: FacilityReading | None = None
         self._round_t = -math.inf
@@ -214,6 +217,7 @@ class Ingest:
                 lim = np.asarray(msg.power_limit_w, dtype=np.float64)[ok]
                 known = np.isfinite(lim) & (lim > 0.0)
                 self.applied_power_limit_w[idx[ok][known] + r * self._cpr] = lim[known]
+                self.applied_low_power[idx[ok] + r * self._cpr] = np.asarray(msg.low_power, dtype=bool)[ok]
         else:
             self.stats.ignored += 1
         if self._pending_snapshot is not None:

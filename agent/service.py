@@ -904,7 +904,7 @@ class AgentService:
         # back from this decision's commands (``_act``) and cards out of its placements: the guard
         # reviews with the refusals in force now, so its budget counts what the cards will draw; and
         # with what the racks confirmed applying now (the levels ``_act``'s commands are diffed against):
-        # a card no command reaches keeps a confirmed raise its telemetry does not show yet
+        # a card no command reaches keeps a confirmed raise or wake its telemetry does not show yet
         refused, held = self._refusals(snap, now)
         ctx = self.controller.with_refusals(
             ctx,
@@ -912,6 +912,7 @@ class AgentService:
             held_back=held,
             applied_level=self.ingest.applied_level,
             applied_power_limit_w=self.ingest.applied_power_limit_w,
+            applied_low_power=self.ingest.applied_low_power,
         )
         decision = self.controller.review(proposal, snap, ctx)
         self.controller.commit(decision, snap, ctx)

@@ -89,24 +89,29 @@ def proposal(site: SiteSpec, level: Any = 0, **changes: Any) -> Decision:
     return Decision(**fields)
 
 
-def in_force(snap: StateSnapshot, ctx: StepContext) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """Each card's level and power limit in force: as it reports them, or as its rack confirmed applying
-    them (``ctx.applied_level``, ``ctx.applied_power_limit_w``) where that is a faster level (a smaller
-    index) or a higher limit (agent.guard, step 3a)."""
+def in_force(
+    snap: StateSnapshot, ctx: StepContext
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """Each card's level, power limit and low-power state in force: as it reports them, or as its rack
+    confirmed applying them (``ctx.applied_level``, ``ctx.applied_power_limit_w``, ``ctx.applied_low_power``)
+    where that is a faster level (a smaller index), a higher limit or awake (agent.guard, step 3a)."""
     level = np.asarray(snap.card_level, dtype=np.int64)
     limit = np.asarray(snap.card_power_limit_w, dtype=np.float64)
+    low = np.asarray(snap.card_low_power, dtype=bool)
     if ctx.applied_level is not None:
         level = np.where(ctx.applied_level >= 0, np.minimum(level, ctx.applied_level), level)
     if ctx.applied_power_limit_w is not None:
         limit = np.where(np.isfinite(ctx.applied_power_limit_w), np.fmax(limit, ctx.applied_power_limit_w), limit)
-    return level, limit
+    if ctx.applied_low_power is not None:
+        low = low & (ctx.applied_low_power != 0.0)  # awake where either says awake (NaN: none confirmed)
+    return level, limit, low
 
 
 def drawn_rack_power_w(site: SiteSpec, d: Decision, snap: StateSnapshot, ctx: StepContext) -> npt.NDArray[np.float64]:
     """What each rack will draw (every busy card computing, the twin, plus the power it does not explain):
     the decision's settings, but each kind a refusal holds back (``ctx.held_*_cards``) and every kind on
-    the cards no command reaches (``ctx.refused_failed_cards``) as in force (:func:`in_force`; the
-    low-power state as the card reports it): what the guard's budget must equal (agent.guard, step 3a)."""
+    the cards no command reaches (``ctx.refused_failed_cards``) as in force (:func:`in_force`): what the
+    guard's budget must equal (agent.guard, step 3a)."""
 
     def mask(cards: tuple[int, ...]) -> npt.NDArray[np.bool_]:
         out = np.zeros(site.n_cards, dtype=bool)
@@ -114,11 +119,9 @@ def drawn_rack_power_w(site: SiteSpec, d: Decision, snap: StateSnapshot, ctx: St
         return out
 
     unreached = mask(ctx.refused_failed_cards)
-    level_now, limit_now = in_force(snap, ctx)
+    level_now, limit_now, low_now = in_force(snap, ctx)
     level = np.where(unreached | mask(ctx.held_level_cards), level_now, d.card_level)
-    low = np.where(
-        unreached | mask(ctx.held_sleep_cards), np.asarray(snap.card_low_power, dtype=bool), d.card_low_power
-    )
+    low = np.where(unreached | mask(ctx.held_sleep_cards), low_now, d.card_low_power)
     limit = np.where(unreached | mask(ctx.held_limit_cards), limit_now, d.card_power_limit_w)
     load = site_load(site, snap, [(p.job_id, p.cards) for p in d.placements])
     inlet = np.maximum(ctx.card_inlet_c, d.supply_temp_c)

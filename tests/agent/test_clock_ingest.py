@@ -827,6 +827,26 @@ def test_ingest_keeps_the_level_and_power_limit_each_rack_confirmed_applying() -
     assert (ing.applied_level[others] == -1).all() and np.isnan(ing.applied_power_limit_w[others]).all()
 
 
+def test_ingest_keeps_the_low_power_state_each_rack_confirmed_applying() -> None:
+    """A rack's retained applied state says, per card, whether it is in low-power idle (a wake it applied
+    at once, telemetry up to a period later): kept per site card (``applied_low_power``: 1.0 asleep, 0.0
+    awake, NaN where no rack said), the newest applied state replacing an older one, what the guard keeps
+    an idle card no command reaches awake by (``agent.guard``, step 3a)."""
+    site = example_site()
+    ing = Ingest(site, TwinState(site), SiteClock(1.0))
+    assert np.isnan(ing.applied_low_power).all()
+    asleep = dataclasses.replace(_applied("r1", [0, 1, 2], [7, 7, 7], T0), low_power=np.array([True, True, False]))
+    ing.handle(asleep)
+    cpr = site.cards_per_rack
+    assert ing.applied_low_power[cpr : cpr + 3].tolist() == [1.0, 1.0, 0.0]
+    woken = dataclasses.replace(_applied("r1", [1], [7], T0 + 1.0), low_power=np.array([False]))
+    ing.handle(woken)  # card 1 woken: confirmed awake before its telemetry shows it
+    assert ing.applied_low_power[cpr : cpr + 3].tolist() == [1.0, 0.0, 0.0]
+    others = np.ones(site.n_cards, dtype=bool)
+    others[cpr : cpr + 3] = False
+    assert np.isnan(ing.applied_low_power[others]).all()
+
+
 def test_a_round_is_dated_at_its_newest_stamp_also_one_of_the_facility_alone() -> None:
     """A round of a rack's readings is dated at their stamp, and so is a round of the facility alone
     (every rack's exporters are silent and the facility still reports); the belief's time moves with

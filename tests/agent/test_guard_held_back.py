@@ -20,7 +20,7 @@ import uuid
 import numpy as np
 import numpy.typing as npt
 import pytest
-from guard_helpers import drawn_rack_power_w, proposal, scene, step_context
+from guard_helpers import drawn_rack_power_w, in_force, proposal, scene, step_context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -150,6 +150,7 @@ _CARDS = st.sets(st.integers(0, N - 1), max_size=12).map(lambda s: tuple(sorted(
     reported_lim=st.lists(st.sampled_from([200.0, 450.0, 700.0]), min_size=N, max_size=N),
     confirmed_lv=st.lists(st.integers(-1, 7), min_size=N, max_size=N),
     confirmed_lim=st.lists(st.sampled_from([np.nan, 200.0, 450.0, 700.0]), min_size=N, max_size=N),
+    confirmed_lp=st.lists(st.sampled_from([np.nan, 0.0, 1.0]), min_size=N, max_size=N),
     extra=st.lists(st.floats(0.0, 8000.0), min_size=2, max_size=2),
     inlet=st.lists(st.floats(25.0, 70.0), min_size=2, max_size=2),
     stale=st.lists(st.booleans(), min_size=2, max_size=2),
@@ -167,16 +168,18 @@ def test_every_budget_is_what_the_cards_draw_with_held_settings_as_reported(
     reported_lim: list[float],
     confirmed_lv: list[int],
     confirmed_lim: list[float],
+    confirmed_lp: list[float],
     extra: list[float],
     inlet: list[float],
     stale: list[bool],
     place: list[int],
 ) -> None:
     """Any proposal, any settings held back (per kind, idle or busy cards, with or without cards no command
-    reaches), any levels and limits the racks confirmed (or not): the guard's budget is what the racks will
-    draw with the held kinds (and every kind on the refused cards) in force (as reported, or as confirmed
-    where that draws more: ``guard_helpers.in_force``), each rack within its cap or said not held, no idle
-    card whose sleep is held or that is refused woken or put to sleep, and no job placed on a refused card."""
+    reaches), any levels, limits and low-power states the racks confirmed (or not): the guard's budget is
+    what the racks will draw with the held kinds (and every kind on the refused cards) in force (as
+    reported, or as confirmed where that draws more: ``guard_helpers.in_force``), each rack within its cap
+    or said not held, no idle card whose sleep is held or that is refused woken or put to sleep (kept in
+    its low-power state in force), and no job placed on a refused card."""
     busy = np.asarray(SNAP.card_job) >= 0
     snap = dataclasses.replace(
         SNAP,
@@ -198,6 +201,7 @@ def test_every_budget_is_what_the_cards_draw_with_held_settings_as_reported(
         failsafe_racks=blind,
         applied_level=np.asarray(confirmed_lv, dtype=np.int64),
         applied_power_limit_w=np.asarray(confirmed_lim, dtype=np.float64),
+        applied_low_power=np.asarray(confirmed_lp, dtype=np.float64),
     )
     planned = proposal(
         SITE,
@@ -213,7 +217,7 @@ def test_every_budget_is_what_the_cards_draw_with_held_settings_as_reported(
     for r in range(SITE.n_racks):
         assert drawn[r] <= cap[r] + 1e-6 or SITE.rack_names[r] in not_held
     idle_kept = [c for c in set(held_sleep) | set(refused) if not d.card_busy[c]]
-    assert (d.card_low_power[idle_kept] == snap.card_low_power[idle_kept]).all()
+    assert (d.card_low_power[idle_kept] == in_force(snap, ctx)[2][idle_kept]).all()
     assert not any(c in refused for p in d.placements for c in p.cards)  # no placement on a refused card
 
 

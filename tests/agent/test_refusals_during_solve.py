@@ -7,8 +7,9 @@ meanwhile holds its setting back from the decision's commands (``CommandBook.com
 proposal with the refusals read before the solve: it budgeted the decision's value of a setting no
 command would carry (here r1's idle cards asleep while they stay awake), and kept a placement onto a
 card refused as failed meanwhile. Now the cycle reads the refusals again before the guard reviews, and
-with them the levels and power limits the racks confirmed applying (a card no command reaches keeps the
-faster level of what it reports and what its rack confirmed, ``agent.guard`` step 3a).
+with them the levels, power limits and low-power states the racks confirmed applying (a card no command
+reaches keeps the faster level of what it reports and what its rack confirmed, and an idle one is awake
+where either says awake: ``agent.guard`` step 3a).
 
 The service (enforce mode, not connected: no broker) reads the plant through the simulator's
 encoder, the wire and its ingest; its real controller solves; a thin wrapper around the real
@@ -220,6 +221,57 @@ async def test_a_card_no_command_reaches_is_budgeted_at_the_level_its_rack_confi
         assert ctx.refused_failed_cards == (3,)
         assert ctx.applied_level is not None and ctx.applied_level[R0].tolist() == [4] * len(R0)
         assert decision.card_level[3] == 4  # in force: the level r0 confirmed
+        drawn = drawn_rack_power_w(SITE, decision, snap, ctx)
+        assert decision.budget_rack_power_w == pytest.approx(drawn, rel=1e-12)
+    finally:
+        await site.svc._close()
+
+
+async def test_an_idle_card_no_command_reaches_is_budgeted_awake_after_a_wake_its_rack_confirmed(
+    tmp_path: Path,
+) -> None:
+    """r1's idle cards read asleep; r1 then wakes one of them and confirms it (its retained applied state)
+    before its next reading, and refuses the older sleep command as ``card_failed`` for that card while
+    the solve runs: no command reaches it, and it draws awake. The guard reviews with what the racks
+    confirmed at that moment and keeps the card awake (before: asleep, as its telemetry still showed)."""
+    site = _Site(tmp_path)
+    try:
+        site.run_to(30.0)
+        _first, sent = await site.decide()
+        (sleep,) = _sleeps_to_r1(sent)
+        asleep = sorted(sleep.cards.tolist())
+        site.plant.enter_low_power(asleep)
+        site.run_to(40.0)
+        snap = site.svc.state.snapshot()
+        assert snap.card_low_power[asleep].all()
+        woken = asleep[0]
+        local = woken - SITE.cards_per_rack
+        site.plant.wake([woken])  # applied, not read yet
+        low = np.asarray(snap.card_low_power[R1], dtype=bool)
+        low[local] = False
+        confirmed = wire.AppliedState(
+            rack="r1",
+            card_index=np.arange(len(R1)),
+            dvfs_level=np.asarray(snap.card_level[R1], dtype=np.int64),
+            min_clock_mhz=np.full(len(R1), SITE.card.clocks_mhz[-1]),
+            max_clock_mhz=np.full(len(R1), SITE.card.clocks_mhz[0]),
+            power_limit_w=np.full(len(R1), SITE.card.power_limit_w),
+            low_power=low,
+            last_command_id=None,
+            ts_s=40.5,
+            seq=1,
+            publisher="sim",
+        )
+
+        def confirm_then_refuse_it(_proposal: Decision) -> None:
+            site.svc.ingest.handle(confirmed)
+            site.refuse(sleep, wire.card_failed_reason("r1", [local]))
+
+        decision, _sent = await site.decide(confirm_then_refuse_it)
+        ctx = site.reviewed[-1]
+        assert ctx.refused_failed_cards == (woken,)
+        assert ctx.applied_low_power is not None and ctx.applied_low_power[woken] == 0.0
+        assert not decision.card_low_power[woken]  # in force: awake, as r1 confirmed
         drawn = drawn_rack_power_w(SITE, decision, snap, ctx)
         assert decision.budget_rack_power_w == pytest.approx(drawn, rel=1e-12)
     finally:
