@@ -8,7 +8,9 @@ the tests that need it fail with one clear message rather than being skipped.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,11 @@ def mosquitto_factory(mosquitto_path: str) -> Iterator[Callable[..., EmbeddedBro
 
     yield make
     for broker in started:
+        # killed, not terminated: after its first client, mosquitto takes 0.1 s to exit on SIGTERM (its
+        # main loop's tick), a wait at every test's teardown that tests nothing (no persistence to write;
+        # a test of the broker's own stop calls stop() itself). stop() then reaps it and removes its folder.
+        if broker.pid is not None:
+            os.kill(broker.pid, signal.SIGKILL)
         broker.stop()
 
 

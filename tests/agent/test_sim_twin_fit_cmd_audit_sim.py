@@ -5,6 +5,7 @@ agent/commands/sim_cmd.py found the existing tests let through. Runs use a real 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import pytest
 
 from agent.broker import EmbeddedBroker, free_ports
 from agent.cli import main
+from sim.runner import SimOptions
 
 pytestmark = pytest.mark.agent
 
@@ -195,8 +197,13 @@ def test_an_output_that_is_the_password_file_is_refused(tmp_path: Path, capsys: 
     assert pw.read_text(encoding="utf-8") == "secret\n"
 
 
-def test_an_unreachable_broker_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreachable_broker_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (port,) = free_ports(1)  # nothing listens there
+    # the simulator's first connect gives up after SimOptions.connect_timeout_s (10 s, not a command-line
+    # option): 1 s here, the same refused connects and the same error, without waiting 9 s more for it
+    monkeypatch.setattr("sim.runner.SimOptions", functools.partial(SimOptions, connect_timeout_s=1.0))
     rc, out, err = _sim(capsys, "--broker", f"mqtt://127.0.0.1:{port}", "--duration", "5", "--speed", "0")
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()

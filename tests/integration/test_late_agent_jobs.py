@@ -37,14 +37,14 @@ SPEED = 20.0
 AGENT_AFTER_S = 10.0  # site seconds the simulator runs before the agent starts
 
 
-def write_config(folder: Path) -> Path:
+def write_config(folder: Path, speed: float = SPEED) -> Path:
     control = {
         "period_s": 5.0,
         "solve_deadline_s": 0.1,
         "rack_margin_w": 250.0,
         "telemetry_deadline_s": 10.0,
         "command_ttl_s": 30.0,
-        "time_scale": 1.0 / SPEED,
+        "time_scale": 1.0 / speed,
         "idle_reserve_cards": 0,  # every idle card sleeps: the walk-through's refusals came from that
         "host_off_after_s": 20.0,
         "host_reserve_per_supernode": 0,
@@ -76,10 +76,11 @@ def commands_sent(journal: Path) -> list[dict[str, Any]]:
 
 
 async def run(
-    broker: EmbeddedBroker, tmp_path: Path, *, agent_after_s: float | None, **top: Any
+    broker: EmbeddedBroker, tmp_path: Path, *, agent_after_s: float | None, speed: float = SPEED, **top: Any
 ) -> tuple[AgentService, Simulator, SiteSpec, Path]:
     """The scenario above, the agent started ``agent_after_s`` site seconds after the simulator (None:
-    the agent first, connected before the simulator starts); ``top``: more scenario keys (faults)."""
+    the agent first, connected before the simulator starts), site time ``speed`` times the wall clock;
+    ``top``: more scenario keys (faults)."""
     site = load_site(write_capped_small_site(tmp_path, 12_500.0))
     base = {"duration_s": 36000.0, "compute_share": 0.97}
     jobs = [
@@ -102,9 +103,9 @@ async def run(
         site=site,
     )
     sim = Simulator(
-        SimOptions(scenario=scenario, mqtt=broker.options(), site_id=SITE_ID, speed=SPEED, start_epoch_s=START)
+        SimOptions(scenario=scenario, mqtt=broker.options(), site_id=SITE_ID, speed=speed, start_epoch_s=START)
     )
-    cfg = write_config(tmp_path)
+    cfg = write_config(tmp_path, speed)
     loaded = load_config(cfg, env={"RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{broker.port}"})
     service = AgentService(
         loaded, mqtt=broker.options(client_id=f"agent-{uuid.uuid4().hex[:8]}", clean_session=False), http=False
@@ -192,7 +193,10 @@ async def test_a_snapshot_left_retained_by_an_earlier_run_does_not_move_the_agen
     benchmark's pump, dropout and stuck days ran ~15,000 rack-s over a limit); now it is ignored."""
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
-    await run(mosquitto, tmp_path / "first", agent_after_s=None)
+    # the first run only leaves what a finished run leaves retained (its last snapshot, stamped in site
+    # time; its agent's offline status; the racks' applied states) and nothing of it is judged: at twice
+    # the speed it leaves them in half the wall time
+    await run(mosquitto, tmp_path / "first", agent_after_s=None, speed=2 * SPEED)
     service, _sim, _site, journal = await run(mosquitto, tmp_path / "second", agent_after_s=None)
     stats = service.ingest.stats
     assert stats.job_snapshots_ahead == 1  # the first run's snapshot, ignored
