@@ -617,6 +617,9 @@ class TwinState:
         ``stuck_power_move_w``, and cards awake whose power and die both held over
         ``stuck_after_readings`` readings in which their job's events had changed what they do
         (idle, computing, busy not computing): a site frozen as a whole, its PDUs with it."""
+        n = self.stuck_after_readings
+        if max(self._card_same.max(), self._activity_moved.max(), self._die_moved.max(), self._power_moved.max()) < n:
+            return ()  # no count has reached it: no part of _stuck_card_parts can hold (asked every reading)
         die, power = self._stuck_card_parts()
         return tuple(int(c) for c in np.flatnonzero(die | power))
 
