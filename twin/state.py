@@ -318,7 +318,14 @@ class TwinState:
         sizes = [len(b.card_index) for _, _, b in batches]
 
         def cat(name: str, dtype: Any) -> Any:
-            return np.concatenate([np.asarray(getattr(b, name), dtype=dtype).reshape(-1) for _, _, b in batches])
+            cols = [getattr(b, name) for _, _, b in batches]
+            try:  # the usual: one-dimensional arrays whose common type is the column's (values as converted)
+                out = np.concatenate(cols)
+            except (TypeError, ValueError):
+                out = None
+            if out is not None and out.dtype == dtype and out.ndim == 1:
+                return out
+            return np.concatenate([np.asarray(c, dtype=dtype).reshape(-1) for c in cols])
 
         idx = cat("card_index", np.int64)
         t_arr = np.repeat(np.asarray([t for _, t, _ in batches], dtype=np.float64), sizes)
