@@ -92,7 +92,7 @@ from agent.config import ControlConfig, LoadedConfig
 from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
 from agent.guard import Guard, rack_measured_caps_w
 from agent.hosts import HostTimes, choose_hosts_off, host_any
-from agent.load import SiteLoad, finite_or, site_load
+from agent.load import SiteLoad, SiteLoads, finite_or
 from agent.offsets import DieOffsetFilter
 from agent.open_commands import LEVEL, LIMIT, SLEEP
 from agent.placing import PlacementBook, cards_due, orders_seen_until, place_queued
@@ -326,7 +326,8 @@ class Controller:
         # card whose die is no observation keeps the offset it had (a frozen or stale die read against the
         # slowest level of a fail-safe rack would be a large offset that outlived the fault by minutes)
         seen = snap if card_seen.all() else dataclasses.replace(snap, card_die_temp_c=die)
-        load = site_load(site, snap)
+        loads = SiteLoads(site, snap)
+        load = loads.of(snap)
         offsets = self.offsets.update(seen, load, inlet, r_nominal, now, r_scale=r_now / r_nominal)
         failsafe = blind | capped
         self._unexplained.update_cards(snap, load, card_seen, failsafe)
@@ -348,6 +349,7 @@ class Controller:
             rack_extra_w=self._unexplained.budget_w(),
             choose_setpoint=choose,
             solver_time_limit_s=max(limit, 0.005),
+            loads=loads,
         )
         return self.with_refusals(ctx, refused_failed=refused_failed, held_back=held_back)
 
@@ -455,7 +457,7 @@ class Controller:
         site, cfg = self.site, self.control
         if not cfg.control_pump_speed or site.min_pump_speed_frac() >= 1.0:
             return d
-        load = site_load(site, snap, self._placements.pending_with(ctx, snap, d.placements))
+        load = ctx.load_of(site, snap, self._placements.pending_with(ctx, snap, d.placements))
         full = np.zeros(site.n_racks, dtype=bool)
         full[list(ctx.failsafe_racks)] = True
         full |= ctx.rack_flow_full_lpm < (1.0 - _WEAK_PUMP_FRAC) * site.loop_flow_per_rack_lpm()
@@ -495,7 +497,7 @@ class Controller:
         t0 = time.perf_counter()
         site, cfg = self.site, self.control
         pending = self._placements.in_flight(ctx, snap)
-        load = site_load(site, snap, pending)
+        load = ctx.load_of(site, snap, pending)
         notes: list[str] = self._unexplained.notes(cfg.rack_margin_w)
         waits: dict[str, QueueWait] = {}
         orders: list[PlacementOrder] = []
@@ -504,7 +506,7 @@ class Controller:
         if cfg.control_placement and to_place:
             orders = self._place(load, snap, ctx, to_place, notes, waits)
             if orders:
-                load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
+                load = ctx.load_of(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         try:
             p = self._problem(load, snap, ctx)
             plan = plan_cycle(
@@ -545,7 +547,7 @@ class Controller:
         slowest = site.card.n_levels - 1
         blind_card = ctx.blind_card_mask(self._card_rack)
         pending = self._placements.in_flight(ctx, snap)
-        load = site_load(site, snap, pending)
+        load = ctx.load_of(site, snap, pending)
         notes: list[str] = [
             "incremental: the last plan adjusted to job events",
             *self._unexplained.notes(cfg.rack_margin_w),
@@ -557,7 +559,7 @@ class Controller:
         if cfg.control_placement and to_place:
             orders = self._place(load, snap, ctx, to_place, notes, waits, method="greedy")
             if orders:
-                load = site_load(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
+                load = ctx.load_of(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         level = np.full(site.n_cards, slowest, dtype=np.int64)
         clocks = np.asarray(site.card.clocks_mhz, dtype=np.float64)
         since = {info.job_id: info.last_event_s for info in snap.jobs}

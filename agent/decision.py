@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from agent.load import SiteLoad, SiteLoads, site_load
 from models.plans import CyclePlan
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -132,6 +136,17 @@ class StepContext:
     applied_level: IntArray | None = None
     applied_power_limit_w: FloatArray | None = None
     applied_low_power: FloatArray | None = None
+    # the loads of the step's snapshot (``agent.load.SiteLoads``: each set of placements built once);
+    # None: every caller builds its own (``site_load``)
+    loads: SiteLoads | None = None
+
+    def load_of(
+        self, site: SiteSpec, snap: StateSnapshot, placements: Sequence[tuple[str, Sequence[int] | IntArray]] = ()
+    ) -> SiteLoad:
+        """``agent.load.site_load(site, snap, placements)``, from :attr:`loads` when it holds ``snap``."""
+        if self.loads is not None and self.loads.site is site:
+            return self.loads.of(snap, placements)
+        return site_load(site, snap, placements)
 
     def blind_card_mask(self, card_rack: IntArray) -> BoolArray:
         """Per card (``card_rack``: each card's rack): its rack is blind."""

@@ -106,7 +106,7 @@ import numpy.typing as npt
 
 from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
-from agent.load import SiteLoad, job_value_per_h, predict, site_load
+from agent.load import SiteLoad, job_value_per_h, predict
 from agent.pumps import offset_at_speed, r_at_speed
 from twin.cooling import facility_cooling
 from twin.power import PowerModel
@@ -300,7 +300,7 @@ class Guard:
         sight = _Sight.of(site, ctx, self._card_rack, snap)
 
         # 1. sanity; 2. rate limits
-        draft = self._sanitize(proposal, snap, sight, notes, in_flight)
+        draft = self._sanitize(proposal, snap, ctx, sight, notes, in_flight)
         setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
         self._limit_level_raises(draft, snap, notes)
         self._hold_low_power(draft, snap_lp, ctx.now_s)
@@ -358,6 +358,7 @@ class Guard:
         self,
         proposal: Decision,
         snap: StateSnapshot,
+        ctx: StepContext,
         sight: _Sight,
         notes: _Notes,
         in_flight: Sequence[tuple[str, Sequence[int]]] = (),
@@ -380,9 +381,9 @@ class Guard:
         # placements in flight: valid ones only (site_load), the decision's own order for a job replaces them
         own = {o.job_id for o in proposal.placements}
         flying = [(jid, tuple(int(c) for c in cards)) for jid, cards in in_flight if jid not in own]
-        flying_load = site_load(site, snap, flying)
+        flying_load = ctx.load_of(site, snap, flying)
         held = [(j.job_id, tuple(int(c) for c in j.cards)) for j in flying_load.jobs if j.origin == "placing"]
-        orders, dropped = self._valid_placements(proposal.placements, snap, sight.unplaceable_card, held)
+        orders, dropped = self._valid_placements(proposal.placements, snap, ctx, sight.unplaceable_card, held)
         queue_waits = dict(proposal.queue_waits)
         if dropped:
             notes.add(
@@ -394,7 +395,7 @@ class Guard:
             queue_waits.update(
                 (jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids - placed_ids
             )
-        load = site_load(site, snap, [*held, *((o.job_id, o.cards) for o in orders)])
+        load = ctx.load_of(site, snap, [*held, *((o.job_id, o.cards) for o in orders)])
         lp[load.busy] = False
         return _Draft(load, orders, queue_waits, lvl, lp, lim)
 
@@ -674,6 +675,7 @@ class Guard:
         self,
         placements: tuple[PlacementOrder, ...],
         snap: StateSnapshot,
+        ctx: StepContext,
         unplaceable_card: BoolArray,
         in_flight: Sequence[tuple[str, tuple[int, ...]]] = (),
     ) -> tuple[list[PlacementOrder], list[str]]:
@@ -683,7 +685,7 @@ class Guard:
         ``unplaceable_card``: seen, not said failed by a refusal, ``StepContext.unplaceable_card_mask``)
         and not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
         n = self.site.n_cards
-        now_load = site_load(self.site, snap)
+        now_load = ctx.load_of(self.site, snap)
         free = now_load.idle & ~unplaceable_card
         queued = {q.job_id: q.n_cards for q in snap.queue}
         taken = np.zeros(n, dtype=bool)

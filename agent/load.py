@@ -57,6 +57,7 @@ __all__ = [
     "JobLoad",
     "Prediction",
     "SiteLoad",
+    "SiteLoads",
     "die_offsets_k",
     "job_value_per_h",
     "model_gap_w",
@@ -213,6 +214,39 @@ def site_load(
             card_job[cards] = len(jobs)
             jobs.append(JobLoad(job_id, spec, cards, Phase.COMPUTE, "unknown"))
     return SiteLoad(tuple(jobs), card_job, failed)
+
+
+class SiteLoads:
+    """:func:`site_load` of one snapshot, built once per set of placements: one decision's loads.
+
+    A step asks for the load of its snapshot several times (the context, the proposal before and after
+    placing, the pump speeds, the guard's checks, the hosts' due cards), mostly with the same
+    placements; each distinct ``placements`` is built once here (``StepContext.loads``). The loads
+    handed out are shared, so their arrays are read-only. A snapshot other than this one's is not
+    kept: its load is built as :func:`site_load` builds it."""
+
+    def __init__(self, site: SiteSpec, snap: StateSnapshot, *, unknown_utilization: float = 0.05) -> None:
+        self.site = site
+        self.snap = snap
+        self.unknown_utilization = unknown_utilization
+        self._built: dict[tuple[tuple[str, tuple[int, ...]], ...], SiteLoad] = {}
+
+    def of(self, snap: StateSnapshot, placements: Sequence[tuple[str, Sequence[int] | IntArray]] = ()) -> SiteLoad:
+        """``site_load(site, snap, placements)``, the same arrays (read-only), built once per placements."""
+        if snap is not self.snap:
+            return site_load(self.site, snap, placements, unknown_utilization=self.unknown_utilization)
+        key = tuple(
+            (job_id, tuple(np.asarray(cards, dtype=np.int64).reshape(-1).tolist())) for job_id, cards in placements
+        )
+        load = self._built.get(key)
+        if load is None:
+            load = site_load(self.site, snap, key, unknown_utilization=self.unknown_utilization)
+            # (``failed`` is the snapshot's own array: a read-only view of it, the snapshot's left as it is)
+            load = replace(load, failed=load.failed.view())
+            for a in (load.card_job, load.failed, *(j.cards for j in load.jobs)):
+                a.flags.writeable = False
+            self._built[key] = load
+        return load
 
 
 def site_load_of_problem(

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from agent.backfill import Reservation, backfill_candidates, expected_starts_s, reservation
 from agent.config import ControlConfig
 from agent.decision import PlacementOrder, QueueWait, StepContext
-from agent.load import SiteLoad, site_load, spec_of_info
+from agent.load import SiteLoad, spec_of_info
 from models.placement import QueuedJob, make_placement_problem, place_jobs
 from models.problem import CycleProblem, ProblemError
 from twin.easy_backfill import keep_promise
@@ -209,7 +209,7 @@ def place_queued(
         book.reserved = None
         if rest:
             placing = [(j.job_id, j.cards) for j in load.jobs if j.origin == "placing"]
-            after = site_load(site, snap, [*placing, *((o.job_id, o.cards) for o in orders)])
+            after = ctx.load_of(site, snap, [*placing, *((o.job_id, o.cards) for o in orders)])
             orders += place(after, rest, waits)
         return orders
     n_free = int(usable_free_cards(site, load, ctx).sum())
@@ -302,7 +302,7 @@ def cards_due(
     queue = [q for q in snap.queue if q.job_id not in placing and 0 < q.n_cards <= site.n_cards]
     if not queue:
         return 0
-    load = site_load(site, snap, book.pending_with(ctx, snap, placements))
+    load = ctx.load_of(site, snap, book.pending_with(ctx, snap, placements))
     ids = {q.job_id for q in queue}
     held = book.reserved if book.reserved is not None and book.reserved[0] in ids else None
     n_free = int(usable_free_cards(site, load, ctx).sum())  # as place_queued: not blind or stuck cards

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyomo.environ as pyo
+from pyomo.core.base.param import ParamData
 
 from models.problem import CycleProblem, DvfsTables, FacilityLine
 
@@ -87,13 +88,15 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     for q, r in enumerate(m._pair_rack):
         m._rack_pairs[r].append(q)
 
-    m.pw = pyo.Param(m.PAIRS, m.K, mutable=True, initialize=0.0)
-    m.x_gain = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    # the (job or pair) x level params are filled by set_dvfs_data below, before any row reads them:
+    # an initial 0.0 here would be validated entry by entry (a quarter of the build's time)
+    m.pw = pyo.Param(m.PAIRS, m.K, mutable=True)
+    m.x_gain = pyo.Param(m.J, m.K, mutable=True)
     m.rhs = pyo.Param(m.R, mutable=True, initialize=0.0)
     m.wake = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.idle = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.a_gain = pyo.Param(m.RI, mutable=True, initialize=0.0)
-    m.pue_x = pyo.Param(m.J, m.K, mutable=True, initialize=0.0)
+    m.pue_x = pyo.Param(m.J, m.K, mutable=True)
     m.pue_a = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.base_total = pyo.Param(mutable=True, initialize=0.0)
     m.reserve = pyo.Param(mutable=True, initialize=0.0)
@@ -188,8 +191,21 @@ def set_dvfs_data(
 def _store(param: pyo.Param, keys: list[Any], values: npt.NDArray[Any]) -> None:
     """Set a mutable indexed param's values at ``keys`` (in order; ``values`` read row-major) in one call,
     unchecked: the keys are the param's own index set and the values plain floats, and Pyomo's
-    per-item assignment, which validates each one, took about a tenth of a DVFS solve's time."""
-    param.store_values(dict(zip(keys, values.reshape(-1).tolist(), strict=True)), check=False)
+    per-item assignment, which validates each one, took about a tenth of a DVFS solve's time.
+
+    A param built without values (``build_dvfs_model``'s job and pair tables) gets its entries here,
+    in ``keys``' order (its index set's), each as Pyomo's own first assignment makes it (its index
+    recorded), without that assignment's validation (a quarter of a build's time)."""
+    vals = values.reshape(-1).tolist()
+    data = param._data
+    if data:
+        param.store_values(dict(zip(keys, vals, strict=True)), check=False)
+        return
+    for key, v in zip(keys, vals, strict=True):
+        entry = ParamData(param)
+        entry._value = v
+        entry._index = key
+        data[key] = entry
 
 
 def _add_level_choice_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:

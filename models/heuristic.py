@@ -19,6 +19,7 @@ Placement (:func:`greedy_placement`) lives in ``models.placement`` next to its M
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,31 +68,42 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     bounds = np.searchsorted(t.pair_job[order], np.arange(t.n_jobs + 1))
     job_pairs = [order[bounds[j] : bounds[j + 1]] for j in range(t.n_jobs)]
 
-    # per job: its allowed levels, their powers and values, its racks and its pairs' powers at them
-    moves = []
+    # per job: its allowed levels, its powers and values at every level, its racks and its pairs' powers
+    # at every level, as Python floats: a job spans a rack or two and has a handful of levels, where
+    # numpy's per-call cost outweighs the arithmetic (the same IEEE operations, so the same plan)
+    moves: list[tuple[list[int], list[float], list[float], list[int], list[list[float]]]] = []
     for j in range(t.n_jobs):
-        ks = np.flatnonzero(t.allowed[j])
         pairs = job_pairs[j]
         moves.append(
-            (ks, t.job_power_w[j, ks], t.job_value[j, ks], t.pair_rack[pairs], t.pair_power_w[np.ix_(pairs, ks)])
+            (
+                np.flatnonzero(t.allowed[j]).tolist(),
+                t.job_power_w[j].tolist(),
+                t.job_value[j].tolist(),
+                t.pair_rack[pairs].tolist(),
+                t.pair_power_w[pairs].tolist(),
+            )
         )
+    cap_w: list[float] = t.rack_cap_w.tolist()
+    rack_w: list[float] = rack_p.tolist()
 
     def best_move(j: int) -> tuple[float, int] | None:
         """The job's move of best gain per watt that every rack it spans has room for (the first
         such level on a tie), or None."""
         cur = int(level[j])
         ks, power_w, value, racks, pair_power_w = moves[j]
-        d_p = power_w - t.job_power_w[j, cur]
-        gain = (value - t.job_value[j, cur]) - e_price * d_p
-        head = t.rack_cap_w[racks] - rack_p[racks]
-        d_pair = pair_power_w - t.pair_power_w[job_pairs[j], cur][:, None]
-        ok = (gain > 1e-12) & ~(d_pair > head[:, None] + 1e-9).any(axis=0)
-        if not ok.any():
-            return None
-        ratio = np.full(ks.size, np.inf)
-        np.divide(gain, d_p, out=ratio, where=d_p > 1e-9)
-        best = int(np.where(ok, ratio, -np.inf).argmax())
-        return float(ratio[best]), int(ks[best])
+        head = [cap_w[r] - rack_w[r] + 1e-9 for r in racks]
+        best_k, best_ratio = -1, -math.inf
+        for k in ks:
+            d_p = power_w[k] - power_w[cur]
+            gain = (value[k] - value[cur]) - e_price * d_p
+            if not gain > 1e-12:
+                continue
+            if any(pw[k] - pw[cur] > h for pw, h in zip(pair_power_w, head, strict=True)):
+                continue  # a rack it spans has no room for it
+            ratio = gain / d_p if d_p > 1e-9 else math.inf
+            if best_k < 0 or ratio > best_ratio:
+                best_k, best_ratio = k, ratio
+        return None if best_k < 0 else (best_ratio, best_k)
 
     heap: list[tuple[float, int, int]] = []
     for j in range(t.n_jobs):
@@ -104,12 +116,12 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     while heap:
         _neg, j, k = heapq.heappop(heap)
         cur = int(level[j])
-        pairs = job_pairs[j]
-        delta = t.pair_power_w[pairs, k] - t.pair_power_w[pairs, cur]
-        racks = t.pair_rack[pairs]
-        if np.all(delta <= t.rack_cap_w[racks] - rack_p[racks] + 1e-9):
+        _ks, _power_w, _value, racks, pair_power_w = moves[j]
+        delta = [pw[k] - pw[cur] for pw in pair_power_w]
+        if all(d <= cap_w[r] - rack_w[r] + 1e-9 for d, r in zip(delta, racks, strict=True)):
             level[j] = k
-            rack_p[racks] += delta
+            for d, r in zip(delta, racks, strict=True):
+                rack_w[r] += d
         mv = best_move(j)
         if mv is not None:
             heapq.heappush(heap, (-mv[0], j, mv[1]))

@@ -522,10 +522,10 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
     levels = np.arange(n_lv, dtype=np.int64)
 
     # utilization per busy card per level (n_busy, L)
-    util = np.zeros((busy_idx.size, n_lv))
+    job_util = np.zeros((p.n_jobs, n_lv))
     for j, job in enumerate(p.jobs):
-        rows = jb == j
-        util[rows, :] = phase_utilization(job, p.job_phase[j], site, levels)[None, :]
+        job_util[j] = phase_utilization(job, p.job_phase[j], site, levels)
+    util = job_util[jb]
     lv_grid = np.broadcast_to(levels[None, :], util.shape)
     r_b = p.r_total_k_per_w[busy_idx][:, None]
     pw, die = card_steady_power_w(model, lv_grid, util, np.zeros(util.shape, dtype=bool), supply, r_b)

@@ -37,7 +37,6 @@ from models.dvfs import (
     DvfsMatrix,
     build_dvfs_model,
     dvfs_structure_key,
-    extract_dvfs,
     set_dvfs_data,
 )
 from models.heuristic import GreedyDvfs, greedy_dvfs
@@ -139,8 +138,12 @@ def _option(h: Any, name: str) -> float:
     return float(v[1] if isinstance(v, tuple) else v)
 
 
-def highs_solve(solver: Highs, model: pyo.ConcreteModel, time_limit_s: float, mip_rel_gap: float) -> SolveInfo:
-    """One HiGHS solve through ``pyomo.contrib.solver`` with the limit and gap verified."""
+def highs_solve(
+    solver: Highs, model: pyo.ConcreteModel, time_limit_s: float, mip_rel_gap: float, *, load_vars: bool = True
+) -> SolveInfo:
+    """One HiGHS solve through ``pyomo.contrib.solver`` with the limit and gap verified. ``load_vars=False``
+    leaves the solution in HiGHS (the model's variables keep their values) for a caller that reads
+    it from there (:meth:`DvfsSolver.solve`)."""
     t0 = time.perf_counter()
     # HiGHS's run time is cumulative over runs of one instance: measure the difference
     before = float(solver._solver_model.getRunTime()) if solver._solver_model is not None else 0.0
@@ -161,7 +164,7 @@ def highs_solve(solver: Highs, model: pyo.ConcreteModel, time_limit_s: float, mi
         )
     has_sol = res.solution_status in (SolutionStatus.optimal, SolutionStatus.feasible)
     status = _map_status(res.termination_condition, has_sol)
-    if has_sol:
+    if has_sol and load_vars:
         res.solution_loader.load_vars()
     obj = res.incumbent_objective if has_sol else None
     bound = res.objective_bound
@@ -256,10 +259,10 @@ class DvfsSolver:
         model, solver = self._prepare(p, t, line, it_price_per_wh)
         if self.warm_start and start is not None and solver._solver_model is not None:
             self._set_start(model, solver, t, start)
-        info = highs_solve(solver, model, time_limit_s, mip_rel_gap)
+        info = highs_solve(solver, model, time_limit_s, mip_rel_gap, load_vars=False)
         if info.objective is None:
             return info, None, None
-        level, awake = extract_dvfs(model, t)
+        level, awake = _dvfs_from_highs(model, solver, t)
         return info, level, awake
 
     def _set_start(
@@ -279,6 +282,29 @@ class DvfsSolver:
             idx.append(vmap[id(model.a[r])])
             val.append(float(awake[r]))
         solver._solver_model.setSolution(len(idx), np.asarray(idx, dtype=np.int32), np.asarray(val))
+
+
+def _dvfs_from_highs(model: pyo.ConcreteModel, solver: Highs, t: DvfsTables) -> tuple[IntArray, IntArray]:
+    """``extract_dvfs`` read from HiGHS's solution columns (the values ``load_vars`` would put in the
+    model's variables: every ``x`` and ``a`` is in a row), without loading them into the model first:
+    the same levels (the first largest ``x[j, k]`` of each job) and awake cards (``a[r]`` rounded)."""
+    cols = getattr(model, "_solution_cols", None)
+    if cols is None:  # the model's columns in HiGHS (fixed for the model's life: its structure never changes)
+        vmap = solver._pyomo_var_to_solver_var_map
+        x_cols = np.asarray(
+            [[vmap[id(model.x[j, k])] for k in range(t.n_levels)] for j in range(t.n_jobs)], dtype=np.int64
+        ).reshape(t.n_jobs, t.n_levels)
+        racks = np.asarray(list(model.RI), dtype=np.int64)
+        a_cols = np.asarray([vmap[id(model.a[int(r)])] for r in racks], dtype=np.int64)
+        cols = model._solution_cols = (x_cols, racks, a_cols)
+    x_cols, racks, a_cols = cols
+    value = np.asarray(solver._solver_model.getSolution().col_value, dtype=np.float64)
+    level = np.full(t.n_jobs, t.n_levels - 1, dtype=np.int64)
+    if t.n_jobs:
+        level[:] = np.argmax(value[x_cols], axis=1)
+    awake = np.zeros(t.n_racks, dtype=np.int64)
+    awake[racks] = [round(v) for v in value[a_cols].tolist()]
+    return level, awake
 
 
 class DecomposedDvfsSolver:

@@ -73,11 +73,17 @@ def rack_pump_power_w(site: SiteSpec, flow_fraction: float | FloatArray = 1.0) -
 def facility_pump_power_w(site: SiteSpec, flow_fraction: float | FloatArray = 1.0) -> float:
     """Facility-side pump power (W): its flow is ``facility_flow_ratio`` times the rack loops' total
     (kg/s of water at ~1000 kg/m3), ``dp V_dot / eta`` at nominal flow times (flow / nominal)^3."""
+    return _facility_pump_power_w(site, float(np.sum(rack_mass_flow_kg_s(site, flow_fraction))))
+
+
+def _facility_pump_power_w(site: SiteSpec, rack_mass_flow_sum_kg_s: float) -> float:
+    """:func:`facility_pump_power_w` from the racks' total mass flow (``np.sum`` of
+    :func:`rack_mass_flow_kg_s` at the flow fraction): callers that have it pass it."""
     cdu = site.cdu
     m_nom = float(np.sum(rack_mass_flow_kg_s(site)))
     if m_nom <= 0:
         return 0.0
-    frac = float(np.sum(rack_mass_flow_kg_s(site, flow_fraction))) / m_nom
+    frac = rack_mass_flow_sum_kg_s / m_nom
     v_nom = m_nom * cdu.facility_flow_ratio / 1000.0
     return float(cdu.facility_pump_head_kpa * 1e3 * v_nom / cdu.facility_pump_efficiency * frac**3)
 
@@ -151,8 +157,8 @@ def facility_cooling(
     q_design = design_heat_w(site)
     t_fs = supply_temp_c - cdu.approach_k
 
-    m_it = rack_mass_flow_kg_s(site, flow_fraction)
-    m_fac = float(np.sum(m_it)) * cdu.facility_flow_ratio
+    m_it_sum = float(np.sum(rack_mass_flow_kg_s(site, flow_fraction)))  # (also the facility pump's flow)
+    m_fac = m_it_sum * cdu.facility_flow_ratio
     mcp_fac = max(m_fac * cdu.facility_specific_heat_j_per_kg_k, 1e-9)
     t_fr = t_fs + q / mcp_fac
 
@@ -173,7 +179,7 @@ def facility_cooling(
     cop = chiller_cop(site, t_fs, ambient_c)
     chiller_w = q_ch / cop
 
-    fac_pump = facility_pump_power_w(site, flow_fraction)
+    fac_pump = _facility_pump_power_w(site, m_it_sum)
 
     return CoolingPoint(
         it_power_w=float(it_power_w),

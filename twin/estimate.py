@@ -424,7 +424,8 @@ class Estimator:
         if not cont.any():
             return
         idx = np.flatnonzero(cont)
-        held_w = np.nan_to_num(power)
+        # (np.nan_to_num's own checks cost more than the step itself: only a round with a card unread needs it)
+        held_w = power if np.isfinite(power).all() else np.nan_to_num(power)
         steps = dt[idx]
         one_step = bool(np.all(steps == steps[0]))  # (the usual: every card read at one time, no sort)
         for step in steps[:1] if one_step else np.unique(steps):

@@ -247,19 +247,24 @@ class PlantJobs:
     def readings(self) -> tuple[JobReading, ...]:
         """What the running jobs report: phase, progress, pace over the last step."""
         jobs = []
+        # every running job, every step: the frozen readings are filled without their __init__'s
+        # per-field object.__setattr__ (as twin.state's _with_progress); the same fields and values
+        with np.errstate(divide="ignore", invalid="ignore"):  # (free slots: never read)
+            progress = (self._s_progress / self._s_work).tolist()
+        rate = self._s_rate.tolist()
         for job in self._slot_job:
             if job is None:
                 continue
             s = job.slot
-            jobs.append(
-                JobReading(
-                    job_id=job.spec.job_id,
-                    phase=job.phase,
-                    n_cards=job.spec.n_cards,
-                    progress_frac=float(min(max(self._s_progress[s] / self._s_work[s], 0.0), 1.0)),
-                    throughput_frac=float(self._s_rate[s]),
-                )
+            reading = object.__new__(JobReading)
+            reading.__dict__.update(
+                job_id=job.spec.job_id,
+                phase=job.phase,
+                n_cards=job.spec.n_cards,
+                progress_frac=min(max(progress[s], 0.0), 1.0),
+                throughput_frac=rate[s],
             )
+            jobs.append(reading)
         return tuple(jobs)
 
     # ================================================================================================

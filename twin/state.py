@@ -318,7 +318,14 @@ class TwinState:
         sizes = [len(b.card_index) for _, _, b in batches]
 
         def cat(name: str, dtype: Any) -> Any:
-            return np.concatenate([np.asarray(getattr(b, name), dtype=dtype).reshape(-1) for _, _, b in batches])
+            cols = [getattr(b, name) for _, _, b in batches]
+            try:  # the usual: one-dimensional arrays whose common type is the column's (values as converted)
+                out = np.concatenate(cols)
+            except (TypeError, ValueError):
+                out = None
+            if out is not None and out.dtype == dtype and out.ndim == 1:
+                return out
+            return np.concatenate([np.asarray(c, dtype=dtype).reshape(-1) for c in cols])
 
         idx = cat("card_index", np.int64)
         t_arr = np.repeat(np.asarray([t for _, t, _ in batches], dtype=np.float64), sizes)
@@ -617,6 +624,9 @@ class TwinState:
         ``stuck_power_move_w``, and cards awake whose power and die both held over
         ``stuck_after_readings`` readings in which their job's events had changed what they do
         (idle, computing, busy not computing): a site frozen as a whole, its PDUs with it."""
+        n = self.stuck_after_readings
+        if max(self._card_same.max(), self._activity_moved.max(), self._die_moved.max(), self._power_moved.max()) < n:
+            return ()  # no count has reached it: no part of _stuck_card_parts can hold (asked every reading)
         die, power = self._stuck_card_parts()
         return tuple(int(c) for c in np.flatnonzero(die | power))
 

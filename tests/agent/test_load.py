@@ -22,6 +22,7 @@ from agent.load import (
     UNKNOWN_JOB_PREFIX,
     Prediction,
     SiteLoad,
+    SiteLoads,
     card_utilization,
     job_value_per_h,
     power_model,
@@ -152,6 +153,29 @@ def test_a_placement_is_taken_only_on_free_cards_of_its_size(cards: tuple[int, .
     lv = np.zeros(TINY.n_cards, dtype=np.int64)
     assert card_utilization(TINY, load, lv, worst_case=False)[6:].tolist() == [0.0, 0.0]
     assert card_utilization(TINY, load, lv, worst_case=True)[6:] == pytest.approx([0.92, 0.92])
+
+
+@pytest.mark.parametrize(
+    "placements",
+    [(), (("q", (6, 7)),), (("q", [6, 7]),), (("q", np.array([7, 6])),), (("q", (6, 6)),), (("nosuchjob", (6, 7)),)],
+)
+def test_a_steps_loads_are_site_load_built_once_per_placements_and_read_only(placements: Any) -> None:
+    snap = _queued(_with(_tiny(), card_failed={3: True}), 2)
+    loads = SiteLoads(TINY, snap)
+    got, want = loads.of(snap, placements), site_load(TINY, snap, placements)
+    assert [(j.job_id, j.cards.tolist(), j.phase, j.origin, j.spec) for j in got.jobs] == [
+        (j.job_id, j.cards.tolist(), j.phase, j.origin, j.spec) for j in want.jobs
+    ]
+    assert got.card_job.tolist() == want.card_job.tolist() and got.failed.tolist() == want.failed.tolist()
+    # asked again (the same placements, however spelled): the same load, whose arrays no caller may change
+    assert loads.of(snap, [(jid, tuple(int(c) for c in cards)) for jid, cards in placements]) is got
+    for a in (got.card_job, got.failed, *(j.cards for j in got.jobs)):
+        with pytest.raises(ValueError):
+            a[...] = a
+    assert snap.card_failed.flags.writeable  # the snapshot's own array is left as it was
+    # another snapshot is not this step's: its load is built afresh
+    other = dataclasses.replace(snap, card_failed=np.zeros(TINY.n_cards, dtype=bool))
+    assert loads.of(other, placements).failed.tolist() == [False] * TINY.n_cards
 
 
 def test_unknown_work_is_a_busy_awake_card_of_no_job_one_pseudo_job_per_rack_budgeted_at_full_utilization() -> None:

@@ -12,7 +12,7 @@ import pytest
 from models_helpers import job, judge, problem, rack_cards
 from solver_testing import LatePlanner, LateSolver
 
-from models.dvfs import dvfs_matrix
+from models.dvfs import dvfs_matrix, extract_dvfs
 from models.plans import SolveStatus
 from models.problem import CycleProblem, dvfs_tables, facility_line, it_power_range_w, make_problem
 from models.solve import CyclePlanner, DvfsSolver, greedy_cycle, plan_cycle, solve_matrix_highspy
@@ -51,6 +51,25 @@ def test_persistent_model_is_reused_and_gives_the_fresh_optimum(site: SiteSpec) 
         assert kept.status == fresh.status == SolveStatus.OPTIMAL
         assert kept.objective_per_h == pytest.approx(fresh.objective_per_h, rel=1e-4)
     assert planner.solver_for(p.supply_temp_c, planner.chunking(dvfs_tables(p))).builds == 1
+
+
+def test_a_dvfs_solution_is_read_from_highs_as_the_loaded_model_reads_it(site: SiteSpec) -> None:
+    # DvfsSolver reads the levels and awake cards from HiGHS's columns (the model's variables are not
+    # loaded): the same as loading them into the model and reading them there, at every re-solve
+    solver = DvfsSolver()
+    for seed, limit in ((3, 47_000.0), (3, 45_500.0), (5, 47_000.0)):
+        p = _mixed(site, seed=seed, limit_w=limit)
+        t = dvfs_tables(p)
+        lo, hi = it_power_range_w(p, t)
+        line = facility_line(site, p.supply_temp_c, p.ambient_c, lo, hi)
+        info, level, awake = solver.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-4)
+        assert info.status == SolveStatus.OPTIMAL and level is not None and awake is not None
+        model, highs = solver._model, solver._solver
+        assert model is not None and highs is not None
+        highs._load_vars()
+        want_level, want_awake = extract_dvfs(model, t)
+        assert level.tolist() == want_level.tolist() and awake.tolist() == want_awake.tolist()
+        assert awake.sum() >= t.reserve
 
 
 def test_direct_highspy_model_has_the_same_optimum(site: SiteSpec) -> None:
