@@ -577,7 +577,17 @@ async def test_malformed_traffic_is_counted_and_ignored(mosquitto: EmbeddedBroke
             await bus.publish(topics.cards("r0"), hot, qos=1)
         before = service.decisions
         await wait_for(lambda: service.decisions >= before + 3, what="decisions after the garbage")
-        await asyncio.sleep(1.2)  # the health task folds the counts into the metrics every second
+        folded = (
+            'racktwin_rejected_messages_total{reason="unknown_rack"} 3.0',
+            "racktwin_messages_stamped_ahead_total 3.0",
+            'racktwin_invalid_readings_total{rack="r0"} 1.0',
+        )
+        # the health task folds the counts into the metrics every second; the readings stamped 20 site s
+        # ahead moved the site clock on, so the racks' readings look stale until it has caught up (1 s)
+        await wait_for(
+            lambda: all(line in service.metrics.exposition().decode() for line in folded) and not service.readiness(),
+            what="the garbage's counts in the metrics, and the agent ready",
+        )
         assert service.http_port is not None
         seen["metrics"] = await http_get(service.http_port, "/metrics")
         seen["ready"] = await http_get(service.http_port, "/readyz")
@@ -1131,7 +1141,9 @@ async def test_another_client_taking_the_agents_client_id_is_reported(
         await wait_for(lambda: service.bus.connected, what="the agent's connection")
         rogue.start()
         await wait_for(lambda: service.bus.contested() is not None, 20, "the client id seen contested")
-        await asyncio.sleep(1.2)  # the health task folds the count into the metrics every second
+        await wait_for(  # the health task folds the count into the metrics every second
+            lambda: metric(service, "racktwin_broker_takeovers_total") >= 3, what="the take-overs counted"
+        )
         assert service.http_port is not None
         status, body = await http_get(service.http_port, "/readyz")
         assert status == 503 and "another client uses client id 'racktwin-agent-x'" in body, body
