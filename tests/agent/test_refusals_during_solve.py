@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from agent_helpers import job, small_site
 from guard_helpers import drawn_rack_power_w
@@ -124,6 +125,25 @@ class _Site:
         self.svc._on_ack(ack)
 
 
+def _applied_state(rack: str, levels: npt.NDArray[np.int64], low_power: npt.NDArray[np.bool_]) -> wire.AppliedState:
+    """The retained applied state ``rack`` publishes at site time 40.5 s: every card of it at its full
+    power limit, ``levels`` (a card's clock range up to its level's clock) and ``low_power``."""
+    n = len(levels)
+    return wire.AppliedState(
+        rack=rack,
+        card_index=np.arange(n),
+        dvfs_level=levels,
+        min_clock_mhz=np.full(n, SITE.card.clocks_mhz[-1]),
+        max_clock_mhz=np.asarray(SITE.card.clocks_mhz)[levels],
+        power_limit_w=np.full(n, SITE.card.power_limit_w),
+        low_power=low_power,
+        last_command_id=None,
+        ts_s=40.5,
+        seq=1,
+        publisher="sim",
+    )
+
+
 def _sleeps_to_r1(commands: list[OpenCommand]) -> list[OpenCommand]:
     return [oc for oc in commands if oc.kind == SLEEP and set(oc.cards.tolist()) <= set(R1)]
 
@@ -198,19 +218,7 @@ async def test_a_card_no_command_reaches_is_budgeted_at_the_level_its_rack_confi
         snap = site.svc.state.snapshot()
         assert snap.card_level[R0].tolist() == [7] * len(R0)
         site.plant.set_levels(R0, 4)  # applied, not read yet
-        confirmed = wire.AppliedState(
-            rack="r0",
-            card_index=np.arange(len(R0)),
-            dvfs_level=np.full(len(R0), 4),
-            min_clock_mhz=np.full(len(R0), SITE.card.clocks_mhz[-1]),
-            max_clock_mhz=np.full(len(R0), SITE.card.clocks_mhz[4]),
-            power_limit_w=np.full(len(R0), SITE.card.power_limit_w),
-            low_power=np.zeros(len(R0), dtype=bool),
-            last_command_id=None,
-            ts_s=40.5,
-            seq=1,
-            publisher="sim",
-        )
+        confirmed = _applied_state("r0", np.full(len(R0), 4), np.zeros(len(R0), dtype=bool))
 
         def confirm_then_refuse_card_3(_proposal: Decision) -> None:
             site.svc.ingest.handle(confirmed)
@@ -249,19 +257,7 @@ async def test_an_idle_card_no_command_reaches_is_budgeted_awake_after_a_wake_it
         site.plant.wake([woken])  # applied, not read yet
         low = np.asarray(snap.card_low_power[R1], dtype=bool)
         low[local] = False
-        confirmed = wire.AppliedState(
-            rack="r1",
-            card_index=np.arange(len(R1)),
-            dvfs_level=np.asarray(snap.card_level[R1], dtype=np.int64),
-            min_clock_mhz=np.full(len(R1), SITE.card.clocks_mhz[-1]),
-            max_clock_mhz=np.full(len(R1), SITE.card.clocks_mhz[0]),
-            power_limit_w=np.full(len(R1), SITE.card.power_limit_w),
-            low_power=low,
-            last_command_id=None,
-            ts_s=40.5,
-            seq=1,
-            publisher="sim",
-        )
+        confirmed = _applied_state("r1", np.asarray(snap.card_level[R1], dtype=np.int64), low)
 
         def confirm_then_refuse_it(_proposal: Decision) -> None:
             site.svc.ingest.handle(confirmed)
