@@ -15,7 +15,9 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    not yet seen started) hold their cards as busy like the decision's own: awake, budgeted as
    computing, never put to low-power idle (neither for a cap nor by the low-power hold).
 2. **Rate limits**: a card's level rises (toward faster clocks) by at most
-   ``max_level_raise_per_period`` per decision; the supply set-point moves by at most
+   ``max_level_raise_per_period`` per decision, counted from the level in force (step 3a: as reported
+   or, where its rack confirmed a faster one since, that one: the rate limit never slows a card below
+   what its rack applied); the supply set-point moves by at most
    ``max_setpoint_step_k`` (an undefined one stays at the one in force, or the site's design
    set-point when none is known); an idle card whose low-power state changed less than
    ``low_power_hold_s`` ago keeps it (no flapping); all cards of a job get one level (the job runs at
@@ -25,7 +27,7 @@ with the twin's own functions (``agent.load.predict``), independently of the sol
    (``(limit - margin - extra - host) / cards``; with cards at the limits in force, step 3a, the
    other cards share what those leave, no more than that). On *blind* racks (stale,
    or frozen as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets
-   the slowest level;
+   the slowest level (``failsafe_lowest_level``; otherwise no faster than the level in force, step 3a);
    a rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are
    seen; the stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle
    cards the agent cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep
@@ -302,7 +304,8 @@ class Guard:
         # 1. sanity; 2. rate limits
         draft = self._sanitize(proposal, snap, ctx, sight, notes, in_flight)
         setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
-        self._limit_level_raises(draft, snap, notes)
+        in_force_lv = self._kept_levels(snap, ctx)  # the levels the cards run at (reported or confirmed)
+        self._limit_level_raises(draft, in_force_lv, notes)
         self._hold_low_power(draft, snap_lp, ctx.now_s)
 
         # 3. fail-safe racks
@@ -310,7 +313,7 @@ class Guard:
         if sight.limit_kept.any():  # the limits the others share beside those no command changes
             fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.limit_kept, ctx)
         if sight.failsafe_rack.any():
-            self._apply_failsafe(draft, snap, snap_lp, sight, fs_lim, ctx.stuck_cards, notes)
+            self._apply_failsafe(draft, snap, snap_lp, in_force_lv, sight, fs_lim, ctx.stuck_cards, notes)
         # settings no command changes stay as the racks have them (before any prediction counts on them)
         if sight.any_kept():
             self._keep_in_force(draft, snap, snap_lp, sight, ctx)
@@ -399,12 +402,13 @@ class Guard:
         lp[load.busy] = False
         return _Draft(load, orders, queue_waits, lvl, lp, lim)
 
-    def _limit_level_raises(self, draft: _Draft, snap: StateSnapshot, notes: _Notes) -> None:
+    def _limit_level_raises(self, draft: _Draft, in_force_lv: IntArray, notes: _Notes) -> None:
         """Step 2 (module docstring), rate limits on levels: a card's level rises (toward faster clocks)
-        by at most ``max_level_raise_per_period`` from the level telemetry reports; then all cards of a
-        job get one level, the slowest any of them has."""
+        by at most ``max_level_raise_per_period`` from the level in force (``in_force_lv``,
+        :meth:`_kept_levels`: as reported, or the faster one its rack confirmed since, from which the
+        commands' diff counts); then all cards of a job get one level, the slowest any of them has."""
         step = self.control.max_level_raise_per_period
-        cur = self._reported_levels(snap)
+        cur = in_force_lv
         limited = draft.level < cur - step
         if limited[draft.load.busy].any():
             notes.add("level_raise_limited", f"level raises limited to {step} per decision")
@@ -423,6 +427,7 @@ class Guard:
         draft: _Draft,
         snap: StateSnapshot,
         snap_lp: BoolArray,
+        in_force_lv: IntArray,
         sight: _Sight,
         fs_lim: FloatArray,
         stuck_cards: tuple[int, ...],
@@ -433,8 +438,8 @@ class Guard:
         limit ``fs_lim`` (:func:`failsafe_card_limit_w`, less beside cards no command reaches:
         :meth:`_failsafe_beside_kept`; caps are never raised); cards on blind racks
         and every job touching them get the slowest level (``failsafe_lowest_level``; otherwise no
-        faster than now, their jobs following them); idle cards the agent cannot see keep the
-        low-power state they last reported."""
+        faster than the level in force, ``in_force_lv``, :meth:`_kept_levels`, their jobs following
+        them); idle cards the agent cannot see keep the low-power state they last reported."""
         site, cfg = self.site, self.control
         card_rack = self._card_rack
         fs_rack, blind_card = sight.failsafe_rack, sight.blind_card
@@ -451,8 +456,8 @@ class Guard:
             for j in draft.load.jobs:
                 if blind_card[j.cards].any():
                     draft.level[j.cards] = slowest
-        else:  # blind cards no faster than now; their jobs follow them (one level per job)
-            draft.level = np.where(blind_card, np.maximum(draft.level, self._reported_levels(snap)), draft.level)
+        else:  # blind cards no faster than they run (not slowed to an older reading); their jobs follow them
+            draft.level = np.where(blind_card, np.maximum(draft.level, in_force_lv), draft.level)
             self._one_level_per_job(draft)
         # neither woken nor put to sleep: not seen
         draft.low_power = np.where(sight.unseen_card & draft.load.idle, snap_lp, draft.low_power)
@@ -574,10 +579,11 @@ class Guard:
         return np.asarray(np.where(np.isfinite(snap_lim), snap_lim, self.site.card.power_limit_w), dtype=np.float64)
 
     def _kept_levels(self, snap: StateSnapshot, ctx: StepContext) -> IntArray:
-        """Each card's level as step 3a keeps it: the faster (level 0 is the fastest) of the one telemetry
-        reports and the one its rack confirmed applying (``ctx.applied_level``, -1: none; the commands'
-        diff counts from it, ``agent.command_diff``): telemetry shows a raise the rack applied up to one
-        telemetry period later, and the card draws the faster level's power meanwhile."""
+        """Each card's level in force, as step 3a keeps it and steps 2 and 3 count from it: the faster
+        (level 0 is the fastest) of the one telemetry reports and the one its rack confirmed applying
+        (``ctx.applied_level``, -1: none; the commands' diff counts from it, ``agent.command_diff``):
+        telemetry shows a raise the rack applied up to one telemetry period later, and the card runs at
+        the faster level meanwhile."""
         reported = self._reported_levels(snap)
         if ctx.applied_level is None:
             return reported

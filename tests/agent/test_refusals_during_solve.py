@@ -54,11 +54,16 @@ class _Site:
     """A plant whose queued jobs wait for the agent (external placement) and an agent service whose
     belief reads the plant's telemetry through the simulator's encoder and the wire."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, **control_changes: Any) -> None:
+        """``control_changes``: fields of the agent's ``ControlConfig`` other than the tests' defaults."""
         self.plant = Plant(SITE, [job("run", len(R0))], [], PlantConfig(seed=1, placement="external"))
         self.plant.place_job("run", R0)
         control = ControlConfig(
-            command_ttl_s=30.0, control_host_power=False, control_pump_speed=False, idle_reserve_cards=0
+            command_ttl_s=30.0,
+            control_host_power=False,
+            control_pump_speed=False,
+            idle_reserve_cards=0,
+            **control_changes,
         )
         cfg = AgentConfig(
             site="(test)",
