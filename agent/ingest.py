@@ -8,6 +8,14 @@
   become site indices; the DVFS level of each card is what the rack last reported as applied
   (``racktwin.applied/1``) or, before that, the level of its clock; a card reading 0 W at 0 MHz
   while awake has failed (that is how a rack reports a dead card);
+* a card reading disproves what the rack confirmed where it cannot be (:meth:`Ingest._disprove`):
+  stamped more than :data:`CONFIRMATION_MARGIN_S` after the applied state, a clock more than half a
+  DVFS step above the confirmed level's (a card never runs faster than its applied level allows), a
+  card awake that was confirmed asleep, a power limit apart from the confirmed one; that part of the
+  confirmation is forgotten (counted in :class:`IngestStats`), so the level comes from the clock
+  again and the commands' diff commands the card again. The retained applied state outlives a rack
+  that reset its cards or had them changed without republishing it: trusted, it had the agent plan
+  such a card at the old slower level and never command it;
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
@@ -58,6 +66,13 @@ log = logging.getLogger("racktwin.agent.ingest")
 #: jobs whose latest event stamp is remembered (to date events stamped far ahead in their order)
 _DATES_KEPT = 4096
 
+#: a card reading stamped more than this after its rack's applied state may disprove it
+#: (:meth:`Ingest._disprove`): a reading stamped earlier may have been taken before the setting
+#: applied. Above the telemetry period of every example site (1 s); the agent is not told the period.
+CONFIRMATION_MARGIN_S = 1.5
+#: a power limit reading this far from the confirmed one disproves it (the wire's 0.1 W, with room)
+_LIMIT_TOL_W = 0.5
+
 _EVENT_KINDS = {
     wire.JobEventType.SUBMITTED: "submitted",
     wire.JobEventType.STARTED: "started",
@@ -82,6 +97,11 @@ class IngestStats:
     job_snapshot_dropped: int = 0  # jobs the agent held that those no longer listed (dropped from the table)
     job_snapshots_old: int = 0  # job snapshots not newer than the last job event or snapshot: ignored
     job_snapshots_ahead: int = 0  # job snapshots stamped ahead of the site clock (another timeline): ignored
+    # cards whose confirmed (applied state's) level, power limit or low-power state a later reading
+    # disproved: forgotten (a rack reset or changed outside the agent's commands, not republished)
+    applied_levels_disproved: int = 0
+    applied_limits_disproved: int = 0
+    applied_low_power_disproved: int = 0
 
 
 @dataclass
@@ -125,6 +145,10 @@ class Ingest:
         #: per card: the low-power state the rack reports as applied (1.0 asleep, 0.0 awake or waking;
         #: NaN: not reported yet)
         self.applied_low_power = np.full(site.n_cards, np.nan)
+        #: per card: the stamp of the applied state that confirmed it (NaN: none)
+        self._applied_ts_s = np.full(site.n_cards, np.nan)
+        #: per level k >= 1: halfway between its clock and the next faster level's (level 0: +inf)
+        self._faster_than_mhz = np.concatenate(([math.inf], 0.5 * (self._clocks[1:] + self._clocks[:-1])))
         self._round: dict[int, _Partial] = {}
         self._facility: FacilityReading | None = None
         self._round_t = -math.inf
@@ -218,6 +242,7 @@ class Ingest:
                 known = np.isfinite(lim) & (lim > 0.0)
                 self.applied_power_limit_w[idx[ok][known] + r * self._cpr] = lim[known]
                 self.applied_low_power[idx[ok] + r * self._cpr] = np.asarray(msg.low_power, dtype=bool)[ok]
+                self._applied_ts_s[idx[ok] + r * self._cpr] = msg.ts_s
         else:
             self.stats.ignored += 1
         if self._pending_snapshot is not None:
@@ -240,6 +265,9 @@ class Ingest:
             plausible = np.isfinite(clock) & (clock >= 0.0) & (clock <= self.state.max_plausible_clock_mhz)
             failed = np.where(plausible, ~low & (clock <= 0.0) & ~(power > 0.5), self.state.card_failed[idx])
             from_clock = np.abs(clock[:, None] - self._clocks[None, :]).argmin(axis=1)
+        self._disprove(
+            idx, b.ts_s, np.where(plausible, clock, np.nan), low, np.asarray(b.power_limit_w, dtype=np.float64)
+        )
         known = self.applied_level[idx]
         level = np.where(known >= 0, known, np.where(plausible & (clock > 0), from_clock, -1)).astype(np.int64)
         return CardBatch(
@@ -255,6 +283,57 @@ class Ingest:
             failed=failed,
             host_off=None if b.host_off is None else np.asarray(b.host_off, dtype=bool),
         )
+
+    def _disprove(
+        self,
+        idx: IntArray,
+        ts_s: float,
+        clock_mhz: npt.NDArray[np.float64],
+        low: npt.NDArray[np.bool_],
+        limit_w: npt.NDArray[np.float64],
+    ) -> None:
+        """Forget what a card reading stamped ``ts_s`` disproves of its rack's confirmation (the
+        retained applied state outlives the rack: reset to defaults or changed by an operator, a rack
+        that does not republish would have the agent believe, and never command, the old settings).
+        A card never runs faster than its applied level's clock, so a clock (``clock_mhz``, NaN where
+        implausible) nearer a faster level's clock than the confirmed level's (above halfway to it:
+        a reading's noise and averaging stay well under half a DVFS step, and it is the rule levels
+        are read from clocks by) disproves the confirmed level; a reading awake, a confirmed sleep; a
+        reading's power limit more than 0.5 W from the confirmed one, that limit. Only readings
+        stamped more than :data:`CONFIRMATION_MARGIN_S` after the applied state count (just after a
+        confirmed slow-down, a reading taken before it applied still shows the faster clock), or any
+        when the applied state is stamped too far ahead of the site clock (a retained copy from an
+        earlier run of the rack, on another timeline); none of a card or rack the belief holds stuck
+        (``TwinState.stuck_cards``, ``stuck_racks``)."""
+        at = self._applied_ts_s[idx]
+        after = ts_s > at + CONFIRMATION_MARGIN_S  # False where NaN: nothing confirmed
+        pending = at[np.isfinite(at) & ~after]
+        for t in np.unique(pending) if pending.size else ():
+            if self.clock.stamped_too_far_ahead(float(t)):
+                after |= at == t
+        if not after.any():
+            return
+        known = self.applied_level[idx]
+        with np.errstate(invalid="ignore"):
+            faster = after & (known >= 1) & (clock_mhz > self._faster_than_mhz[np.maximum(known, 0)])
+            conf_lim = self.applied_power_limit_w[idx]
+            lim_off = after & (limit_w > 0.0) & (np.abs(limit_w - conf_lim) > _LIMIT_TOL_W)
+        awake = after & ~low & (self.applied_low_power[idx] == 1.0)
+        if not (faster.any() or lim_off.any() or awake.any()):
+            return
+        stuck_cards, stuck_racks = self.state.stuck_cards(), self.state.stuck_racks()
+        if stuck_cards or stuck_racks:  # a frozen sensor repeats the clock it read before a slow-down
+            frozen = np.isin(idx, stuck_cards) | np.isin(idx // self._cpr, stuck_racks)
+            faster, lim_off, awake = faster & ~frozen, lim_off & ~frozen, awake & ~frozen
+        if faster.any():
+            self.applied_level[idx[faster]] = -1
+            self.stats.applied_levels_disproved += int(faster.sum())
+        if lim_off.any():
+            self.applied_power_limit_w[idx[lim_off]] = np.nan
+            self.stats.applied_limits_disproved += int(lim_off.sum())
+        if awake.any():
+            self.applied_low_power[idx[awake]] = np.nan
+            self.stats.applied_low_power_disproved += int(awake.sum())
 
     def _event(self, m: wire.JobEvent) -> JobEvent | None:
         kind = _EVENT_KINDS.get(m.event)

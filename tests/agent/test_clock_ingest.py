@@ -1007,3 +1007,112 @@ def test_a_racks_round_split_by_a_newer_cdu_reading_merges_into_the_newest_parts
     assert rr.loop is not None and rr.loop.flow_lpm == 120.0 and rr.part_time_s("loop") == T0 + 1.0
     assert rr.pdu is not None and rr.part_time_s("pdu") == T0
     assert rr.cards is not None and rr.part_time_s("cards") == T0 + 1.0
+
+
+def _rack_applied(rack: str, ts: float, level: int, *, limit_w: float = 700.0, low: bool = False) -> wire.AppliedState:
+    """A rack's applied state: every one of its 64 cards at ``level``, ``limit_w`` and ``low``."""
+    msg = _applied(rack, list(range(64)), [level] * 64, ts)
+    return dataclasses.replace(msg, power_limit_w=np.full(64, limit_w), low_power=np.full(64, low))
+
+
+def _confirmed_level_5(clock: SiteClock | None = None) -> tuple[TwinState, Ingest]:
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, clock or SiteClock(1.0))
+    ing.handle(_rack_applied("r0", T0 + 10.0, 5))  # level 5: 1430 MHz at most
+    return state, ing
+
+
+def test_a_confirmed_level_a_later_reading_runs_faster_than_is_forgotten() -> None:
+    """A card never runs faster than its applied level's clock: the retained applied state outlives a
+    rack that reset its cards to the top clock (or an operator's change) and did not republish it, and a
+    reading stamped a telemetry period after it at the top clock disproves its level. Kept, the belief
+    had the card at level 5 for good (planned at that level's power) and the diff, counting from the
+    confirmed level, never commanded it again."""
+    state, ing = _confirmed_level_5()
+    ing.handle(cards_msg("r0", T0 + 20.0, sm_clock_mhz=np.full(64, 1980.0)))
+    ing.flush()
+    assert np.all(state.card_level[:64] == 0)  # from the clock
+    assert np.all(ing.applied_level[:64] == -1)  # the diff counts from the belief's level again
+    assert np.all(ing.applied_level[64:] == -1)  # (nothing confirmed elsewhere)
+    assert ing.stats.applied_levels_disproved == 64
+    # the confirmed limit and sleep were not disproved: the readings show the same
+    assert np.all(ing.applied_power_limit_w[:64] == 700.0) and np.all(ing.applied_low_power[:64] == 0.0)
+    # the rack confirms again (the agent commanded it): taken, and kept by readings that agree
+    ing.handle(_rack_applied("r0", T0 + 21.0, 5))
+    ing.handle(cards_msg("r0", T0 + 25.0, sm_clock_mhz=np.full(64, 1430.0)))
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == 5) and np.all(state.card_level[:64] == 5)
+
+
+def test_a_reading_taken_before_a_confirmed_slow_down_applied_does_not_disprove_it() -> None:
+    """Just after a confirmed slow-down, telemetry taken before it applied still shows the faster clock:
+    a reading stamped within the margin of the applied state keeps the confirmation."""
+    state, ing = _confirmed_level_5()
+    ing.handle(cards_msg("r0", T0 + 10.4, sm_clock_mhz=np.full(64, 1980.0)))
+    ing.handle(cards_msg("r0", T0 + 9.0, sm_clock_mhz=np.full(64, 1980.0)))  # late, stamped before
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == 5) and np.all(state.card_level[:64] == 5)
+
+
+def test_a_card_running_below_or_near_its_confirmed_levels_clock_keeps_the_level() -> None:
+    """A capped or throttled card runs below its level's clock: that disproves nothing (its level is the
+    confirmed one, not its clock's). Nor does a clock within half a DVFS step above it (1430 MHz + 50)."""
+    state, ing = _confirmed_level_5()
+    clock_mhz = np.full(64, 1210.0)  # throttled to the bottom clock
+    clock_mhz[1] = 1480.0  # 5 MHz under halfway to level 4 (1540 MHz)
+    clock_mhz[2] = 1430.0
+    ing.handle(cards_msg("r0", T0 + 20.0, sm_clock_mhz=clock_mhz))
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == 5) and np.all(state.card_level[:64] == 5)
+
+
+def test_a_confirmed_sleep_or_limit_the_readings_disprove_is_forgotten_and_only_that() -> None:
+    """A reading awake after the margin disproves a confirmed sleep, a reading's power limit apart from the
+    confirmed one disproves that limit; what agrees stays confirmed."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    ing.handle(_rack_applied("r0", T0 + 10.0, 0, limit_w=500.0, low=True))
+    low = np.ones(64, dtype=bool)
+    low[0] = False  # card 0 reads awake
+    limit_w = np.full(64, 500.0)
+    limit_w[1] = 700.0  # card 1 reads the default limit
+    clock_mhz = np.where(low, 0.0, 1980.0)
+    ing.handle(cards_msg("r0", T0 + 10.5, low_power=low, power_limit_w=limit_w, sm_clock_mhz=clock_mhz))
+    assert np.all(ing.applied_low_power[:64] == 1.0) and np.all(ing.applied_power_limit_w[:64] == 500.0)
+    ing.handle(cards_msg("r0", T0 + 12.0, low_power=low, power_limit_w=limit_w, sm_clock_mhz=clock_mhz))
+    ing.flush()
+    assert np.isnan(ing.applied_low_power[0]) and np.all(ing.applied_low_power[1:64] == 1.0)
+    assert np.isnan(ing.applied_power_limit_w[1]) and ing.applied_power_limit_w[0] == 500.0
+    assert np.all(ing.applied_power_limit_w[2:64] == 500.0) and np.all(ing.applied_level[:64] == 0)
+    assert (ing.stats.applied_low_power_disproved, ing.stats.applied_limits_disproved) == (1, 1)
+
+
+def test_an_applied_state_from_an_earlier_run_stamped_far_ahead_is_disproved_by_the_readings() -> None:
+    """A retained applied state from an earlier run of the rack on another timeline (stamped an hour ahead
+    of the site's time) cannot be judged by the stamps: the readings disprove it at once."""
+    wall = FakeWall()
+    state, ing = _confirmed_level_5(SiteClock(1.0, wall=wall))
+    ing.handle(cards_msg("r0", T0 - 3600.0, sm_clock_mhz=np.full(64, 1980.0)))
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == -1) and np.all(state.card_level[:64] == 0)
+
+
+def test_a_stuck_cards_frozen_clock_does_not_disprove_its_confirmed_level() -> None:
+    """A card whose sensor froze before its slow-down repeats the faster clock: the belief holds it stuck,
+    and its frozen reading disproves nothing (it would have the agent command it again and again)."""
+    state, ing = _confirmed_level_5()
+    rng = np.random.default_rng(1)
+    for i in range(state.stuck_after_readings + 2):
+        power = 300.0 + rng.uniform(-5.0, 5.0, 64)
+        power[0], clock_mhz = 300.0, np.full(64, 1430.0)
+        clock_mhz[0] = 1980.0  # card 0: frozen at the top clock
+        ing.handle(cards_msg("r0", T0 + 10.4 + i * 0.1, power_w=power, sm_clock_mhz=clock_mhz))
+        ing.handle(cards_msg("r1", T0 + 10.4 + i * 0.1, power_w=power))
+        ing.flush()
+    assert 0 in state.stuck_cards()
+    power = np.where(np.arange(64) == 0, 300.0, 310.0)
+    ing.handle(cards_msg("r0", T0 + 20.0, power_w=power, sm_clock_mhz=np.where(np.arange(64) == 0, 1980.0, 1430.0)))
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == 5)
