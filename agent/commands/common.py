@@ -187,9 +187,9 @@ def print_json(obj: Any) -> None:
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that the ``finally`` blocks
-    that stop what a command started run (SIGTERM's default action ends the process at once: the demo's
-    embedded broker, in a session of its own, and ``evaluate``'s worker processes outlived it); the
-    previous handler is put back after. Outside an event loop's own handlers (asyncio puts SIGTERM back
+    that stop what a command started run (SIGTERM's default action ends the process at once:
+    ``evaluate``'s worker processes outlived it; the demo has its own, :mod:`agent.commands.demo_signals`);
+    the previous handler is put back after. Outside an event loop's own handlers (asyncio puts SIGTERM back
     to its default when its loop closes)."""
 
     def interrupt(signum: int, frame: object) -> None:

@@ -16,7 +16,10 @@
    -- and a summary of both: facility and IT energy, throughput, PUE, time over a limit, the largest
    rack power and the hottest die. ``--json`` prints it as ``{"agent": {...}, "baseline": {...}}``. The
    run without the agent shows its progress on stderr too, at the same interval (site time done,
-   speed, wall seconds left).
+   speed, wall seconds left). A Ctrl-C during that run, or one that comes once the simulator has run its
+   whole time (the agent taking in the last acks or stopping), summarizes the agent's whole run with '-'
+   for the comparison (it is not run, or not to its end). SIGTERM is a Ctrl-C throughout
+   (:mod:`agent.commands.demo_signals`).
 
 Exit status: 0; 130 when interrupted; 1 when the simulator or the agent stopped with an error (the
 summary still covers what ran); 2 for bad options, a broker that cannot start or be reached.
@@ -55,9 +58,9 @@ from agent.commands.common import (
     path_arg,
     prepare_output_dir,
     print_json,
-    sigterm_interrupts,
     write_text_replacing,
 )
+from agent.commands.demo_signals import DemoSignals
 from agent.config import ControlConfig
 from agent.durations import hms, percent_done
 from agent.solver_output import stdout_to_stderr
@@ -167,34 +170,29 @@ def run(args: argparse.Namespace, command: str) -> int:
         check_broker_option(args.broker, credentials="a broker without them (the demo passes none)")
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
     prepare_output_dir(out_dir, OUTPUT_FILES)
-    # SIGTERM outside the run's own event loop (the broker starting, the run without the agent) is a
-    # Ctrl-C too: its default action killed the demo there and left the embedded broker running
-    with sigterm_interrupts():
+    # one pair of signal handlers from the broker's start to the end of the run without the agent: a SIGTERM's
+    # default action killed the demo and left the embedded broker running; a signal at the end of the run with
+    # the agent, in its event loop's handlers, went unnoticed
+    with DemoSignals() as signals:
         broker = _start_embedded_broker() if args.broker is None else None
-    url = broker.url if broker is not None else args.broker
-    t0 = time.monotonic()
-    interrupted_baseline = False
-    try:
-        with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
-            res = asyncio.run(_demo(args, scenario, path, url, out_dir))
-            try:
-                with sigterm_interrupts():  # before the line that announces it (a SIGTERM may follow it at once)
-                    _say("the same run without the agent (in-process plant, same scenario and seed) ...")
-                    base_m = _baseline(
-                        dataclasses.replace(scenario, duration_s=res.metrics["duration_s"] or 1.0),
-                        args.progress_interval_s,
-                    )
-            except KeyboardInterrupt:  # the agent's run is complete: summarize it, without the comparison
-                interrupted_baseline = True
-                base_m = {k: math.nan for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
-    finally:
-        if broker is not None:
-            broker.stop()
+        url = broker.url if broker is not None else args.broker
+        t0 = time.monotonic()
+        try:
+            with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
+                res = asyncio.run(_demo(args, scenario, path, url, out_dir, signals))
+                comparison, base_m = _run_without_agent(
+                    scenario, res.metrics["duration_s"], args.progress_interval_s, signals
+                )
+        finally:
+            if broker is not None:
+                broker.stop()
     wall_s = time.monotonic() - t0
     agent_m = dict(res.metrics)
-    stopped_by = "interrupted" if interrupted_baseline else res.stopped_by
-    if interrupted_baseline:
+    stopped_by = "interrupted" if signals.received else res.stopped_by
+    if comparison == "interrupted":
         _say("interrupted during the run without the agent: the summary has no comparison ('-')")
+    elif comparison == "skipped":
+        _say("interrupted at the end of the run with the agent: no run without it, the summary has no comparison ('-')")
     if res.agent_error:
         _say(f"the agent stopped with an error: {res.agent_error}")
     if stopped_by == "simulator stopped":
@@ -217,6 +215,25 @@ def run(args: argparse.Namespace, command: str) -> int:
     # the summary covers what ran, but a demo whose simulator or agent failed did not do its job: a script
     # running it (scripts/demo.sh) must see that (a killed simulator exited 0)
     return 1 if stopped_by in ("simulator stopped", "agent stopped") or res.agent_error else 0
+
+
+def _run_without_agent(
+    scenario: Any, ran_s: float, progress_interval_s: float, signals: DemoSignals
+) -> tuple[str, dict[str, float]]:
+    """The same scenario without the agent for the ``ran_s`` site seconds the run with it covered
+    (:func:`_baseline`), and how that went: "run"; "interrupted" by a signal (Ctrl-C, SIGTERM) during it;
+    "skipped", the signal came once the simulator had run its whole time (the agent taking in the last
+    acks, stopping): the agent's run is complete and the operator wants to stop, not wait as long again.
+    Not run, or not to its end, its summary is NaN ('-') everywhere."""
+    nothing = {k: math.nan for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
+    if signals.received and ran_s >= scenario.duration_s - 1.0:
+        return "skipped", nothing
+    try:
+        with signals.raising():  # before the line that announces it (a SIGTERM may follow it at once)
+            _say("the same run without the agent (in-process plant, same scenario and seed) ...")
+            return "run", _baseline(dataclasses.replace(scenario, duration_s=ran_s or 1.0), progress_interval_s)
+    except KeyboardInterrupt:  # summarize the agent's run, without the comparison
+        return "interrupted", nothing
 
 
 def _start_embedded_broker() -> EmbeddedBroker:
@@ -244,13 +261,11 @@ def _say(msg: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-async def _demo(args: argparse.Namespace, scenario: Any, path: Path, url: str, out_dir: Path) -> MqttRun:
-    """The demo's run: signals stop it cleanly; progress lines on stderr."""
+async def _demo(
+    args: argparse.Namespace, scenario: Any, path: Path, url: str, out_dir: Path, signals: DemoSignals
+) -> MqttRun:
+    """The demo's run: ``signals`` stop it cleanly; progress lines on stderr."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
     control = ControlConfig(time_scale=1.0 / args.speed)
     site = scenario.site
     _say(
@@ -259,16 +274,17 @@ async def _demo(args: argparse.Namespace, scenario: Any, path: Path, url: str, o
         f"(~{scenario.duration_s / args.speed:.0f} s); agent in enforce mode, a decision every "
         f"{control.period_s:g} site s; Ctrl-C stops both and summarizes"
     )
-    return await run_closed_loop(
-        path,
-        scenario,
-        url,
-        out_dir,
-        speed=args.speed,
-        control=control,
-        progress_interval_s=args.progress_interval_s,
-        stop=stop,
-    )
+    with signals.stopping(stop):
+        return await run_closed_loop(
+            path,
+            scenario,
+            url,
+            out_dir,
+            speed=args.speed,
+            control=control,
+            progress_interval_s=args.progress_interval_s,
+            stop=stop,
+        )
 
 
 @dataclasses.dataclass

@@ -99,3 +99,78 @@ def test_sigterm_during_the_run_without_the_agent_stops_the_broker_and_summarize
     assert table["facility energy (kWh)"][1] == "-" and float(table["facility energy (kWh)"][0]) > 0
     summary = json.loads((out / "demo-summary.json").read_text())
     assert summary["agent"]["facility_energy_kwh"] > 0 and summary["baseline"]["facility_energy_kwh"] is None
+
+
+#: where the test driver (:data:`SIGNAL_AT_END_DEMO`) sends the demo its own SIGTERM, once the
+#: simulator has run its whole time: just before the agent takes in the racks' last acks; when the run
+#: with the agent has returned, its event loop still running; when ``asyncio.run`` has returned, before
+#: the run without the agent
+END_POINTS = ("last acks", "run returned", "loop closed")
+SIGNALLED = "test driver: SIGTERM at"
+#: ``racktwin`` with the demo's own functions wrapped so that the signal comes at ``END_POINTS[i]``
+#: (argv[1]), from the demo's own process: it lands there, whatever the machine's speed
+SIGNAL_AT_END_DEMO = f"""
+import asyncio, os, signal, sys
+import agent.commands.demo as demo
+from agent.cli import main
+
+point = sys.argv.pop(1)
+
+def sigterm():
+    print("{SIGNALLED}", point, file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+take_in_last_acks, run_closed_loop, asyncio_run = demo._take_in_last_acks, demo.run_closed_loop, asyncio.run
+
+async def signal_then_take_in_last_acks(*args, **kwargs):
+    sigterm()
+    await take_in_last_acks(*args, **kwargs)
+
+async def run_closed_loop_then_signal(*args, **kwargs):
+    res = await run_closed_loop(*args, **kwargs)
+    sigterm()
+    return res
+
+def asyncio_run_then_signal(main, **kwargs):
+    demo_run = getattr(main, "__name__", "") == "_demo"
+    res = asyncio_run(main, **kwargs)
+    if demo_run:
+        sigterm()
+    return res
+
+if point == "{END_POINTS[0]}":
+    demo._take_in_last_acks = signal_then_take_in_last_acks
+elif point == "{END_POINTS[1]}":
+    demo.run_closed_loop = run_closed_loop_then_signal
+else:
+    asyncio.run = asyncio_run_then_signal
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("point", END_POINTS)
+def test_sigterm_at_the_end_of_the_run_with_the_agent_skips_the_comparison(tmp_path: Path, point: str) -> None:
+    # A Ctrl-C once the simulator had run its whole time was lost, or cost the whole run without the agent
+    # (minutes for a long demo): in the event loop's own handlers it went unnoticed when the run had looked
+    # at its stop event for the last time (exit 0 after the comparison), else it came after that run
+    # (exit 130); after the event loop had closed, a SIGTERM killed the demo (-15, no summary, the broker
+    # left running). Now each is a Ctrl-C at the end of the agent's run: its whole run summarized, '-' for
+    # the comparison, which is not run.
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = tmp_path / "out"
+    argv = [sys.executable, "-c", SIGNAL_AT_END_DEMO, point, "demo", "--minutes", "0.5", "--speed", "30"]
+    proc = subprocess.run(
+        [*argv, "--out", str(out)], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=180
+    )
+    err = proc.stderr
+    assert f"{SIGNALLED} {point}" in err, err
+    assert proc.returncode == 130, err
+    port = re.search(r"broker at mqtt://127\.0\.0\.1:(\d+)", err)
+    assert port is not None and not _accepts(int(port.group(1))), "the embedded broker outlived the demo"
+    assert "racktwin demo: the same run without the agent" not in err, err  # no comparison run after the signal
+    assert "racktwin demo: interrupted at the end of the run with the agent" in err, err
+    assert "partial run" not in err, err  # the agent's whole run
+    table = {line[:28].strip(): line[28:].split() for line in proc.stdout.splitlines()[2:9]}
+    assert table["facility energy (kWh)"][1] == "-" and float(table["facility energy (kWh)"][0]) > 0
+    summary = json.loads((out / "demo-summary.json").read_text())
+    assert summary["agent"]["facility_energy_kwh"] > 0 and summary["baseline"]["facility_energy_kwh"] is None

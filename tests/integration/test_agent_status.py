@@ -15,6 +15,7 @@ import pytest
 from mqtt_helpers import WAIT_S
 
 from agent import wire
+from agent.aio import wait_event
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus, Incoming, MqttOptions
 from agent.clock import SiteClock
@@ -87,19 +88,32 @@ def mine(seen: list[tuple[float, bool, wire.AgentStatus]]) -> list[wire.AgentSta
     return [s for _w, _r, s in seen if s.publisher == ME.publisher]
 
 
-async def test_the_status_says_who_commands_and_the_will_says_offline(mosquitto: EmbeddedBroker) -> None:
+async def test_the_status_says_who_commands_and_the_will_says_offline(
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Online on connect (retained, stamped on the site clock, with the mode and who the agent is),
-    offline with why at a stop; the broker's last will is a retained offline too."""
+    offline with why at a stop; the broker's last will is a retained offline too. The publisher's run
+    sends no status of its own when it starts: the next one is due STATUS_EVERY_S (LONG_S here, longer
+    than the test) after the connect's."""
+    monkeypatch.setattr("agent.status.STATUS_EVERY_S", LONG_S)
+    waits_s: list[float | None] = []
+
+    async def recorded_wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
+        waits_s.append(timeout_s)
+        return await wait_event(event, timeout_s)
+
+    monkeypatch.setattr("agent.status.wait_event", recorded_wait_event)
     status = publisher(mosquitto.options(client_id="agent-x"))
     async with statuses(mosquitto) as seen, status.bus:
         await wait_until(lambda: mine(seen), "the online status")
         task = asyncio.create_task(status.run())
-        await asyncio.sleep(0.5)
+        # until the run waits for its next status (after any it would send at once), however long that takes
+        await wait_until(lambda: any(w is not None and w > 0 for w in waits_s), "the run waiting for its next status")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        assert len(mine(seen)) == 1  # the next one is due STATUS_EVERY_S (10 s) after the connect's
-        await status.publish_offline("clean shutdown")
-        await wait_until(lambda: len(mine(seen)) == 2, "the offline status")
+        await status.publish_offline("clean shutdown")  # on the same topic, after any status the run sent
+        await wait_until(lambda: mine(seen)[-1].state is wire.AgentState.OFFLINE, "the offline status")
+    assert len(mine(seen)) == 2, mine(seen)  # none from the run in between
     online, offline = mine(seen)
     assert online.state is wire.AgentState.ONLINE and online.mode == "enforce" and online.version == VERSION
     assert online.ts_s == pytest.approx(SITE_TS_S, abs=5.0)  # the site's time, not the wall clock's

@@ -4,7 +4,7 @@ highspy model, the deadline and the fallback."""
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -137,42 +137,72 @@ def test_decomposed_solve_matches_the_monolithic_optimum_within_caps(site: SiteS
     assert dec.dvfs.objective_per_h >= mono.dvfs.objective_per_h - 2e-3 * loss
 
 
-class _HungSolver(DvfsSolver):
-    """A solve that hangs for 12 s, longer than the test's whole 9-s budget, and then gives up without
-    solving (a sleep: a real late solve left running in its worker thread would overlap the next
-    tests' solves); ``gave_up`` is set when it does."""
+#: the most a hung solve waits for its test to end: a planner that waited for it would fail the test
+#: after this long (the solve given up) rather than hang it for good
+_HANG_CAP_S = 120.0
 
-    gave_up = threading.Event()
+
+class _HungSolver(DvfsSolver):
+    """A solve that hangs until ``release`` is set (at its test's end, longer than the planner's whole
+    budget), and then gives up without solving (a wait: a real late solve left running in its worker
+    thread would overlap the next tests' solves); ``gave_up`` is set when it does, its thread is in
+    ``threads``."""
+
+    def __init__(self, release: threading.Event, gave_up: threading.Event, threads: list[threading.Thread]) -> None:
+        super().__init__()
+        self.release, self.gave_up, self.threads = release, gave_up, threads
 
     def solve(self, *args: object, **kwargs: object) -> Any:
-        time.sleep(12.0)
+        self.threads.append(threading.current_thread())
+        self.release.wait(_HANG_CAP_S)
         self.gave_up.set()
         raise RuntimeError("hung solve gave up")
 
 
 class _FirstSolveHangs(CyclePlanner):
-    """A planner whose first set-point's solve hangs; the others are real."""
+    """A planner whose first set-point's solve hangs (:class:`_HungSolver`) until :meth:`release`; the
+    others are real."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
+        self.hung_gave_up = threading.Event()
+        self._release = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver:
         self.calls += 1
-        return _HungSolver() if self.calls == 1 else DvfsSolver()
+        return _HungSolver(self._release, self.hung_gave_up, self._threads) if self.calls == 1 else DvfsSolver()
+
+    def release(self) -> None:
+        """The hung solve gives up; returns when its thread has ended."""
+        self._release.set()
+        for th in self._threads:
+            th.join()
 
 
-def test_a_hung_solve_at_one_set_point_leaves_the_others_their_share_of_the_time(site: SiteSpec) -> None:
+@pytest.fixture
+def first_solve_hangs() -> Iterator[_FirstSolveHangs]:
+    """A :class:`_FirstSolveHangs` whose hung solve ends with the test (no thread outlives it)."""
+    planner = _FirstSolveHangs()
+    try:
+        yield planner
+    finally:
+        planner.release()
+
+
+def test_a_hung_solve_at_one_set_point_leaves_the_others_their_share_of_the_time(
+    site: SiteSpec, first_solve_hangs: _FirstSolveHangs
+) -> None:
     # Three set-points share a 9 s budget: each gets what is left divided by the set-points still to
-    # solve. The first one's solve hangs (12 s, longer than the whole budget): it is cancelled after
-    # its third (3 s) and given up 0.5 s later; the two others get ~2.75 s each, far more than their
-    # real solves take even on a loaded 2-core machine, and are solved (if the hung one took the whole
-    # budget, they would get none: fallback). The call returns while the hung solve still hangs: the
-    # planner did not wait for it (no wall-time bound asserted).
-    _HungSolver.gave_up.clear()
+    # solve. The first one's solve hangs (until the test ends, longer than the whole budget): it is
+    # cancelled after its third (3 s) and given up 0.5 s later; the two others get ~2.75 s each, far
+    # more than their real solves take even on a loaded 2-core machine, and are solved (if the hung one
+    # took the whole budget, they would get none: fallback). The call returns while the hung solve
+    # still hangs: the planner did not wait for it (no wall-time bound asserted).
     p = problem(site, [job("a", 64), job("b", 32)], [rack_cards(0), rack_cards(1, 32)], options=[30.0, 35.0, 40.0])
-    plan = _FirstSolveHangs().plan(p, time_limit_s=9.0)
-    assert not _HungSolver.gave_up.is_set()
+    plan = first_solve_hangs.plan(p, time_limit_s=9.0)
+    assert not first_solve_hangs.hung_gave_up.is_set()
     assert sorted(r.status.value for r in plan.setpoint.options) == ["fallback", "optimal", "optimal"]
 
 
