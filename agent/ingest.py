@@ -15,10 +15,10 @@
   :attr:`Ingest.reading_interval_s`), a clock more than half a DVFS step above the confirmed level's
   (a card never runs faster than its applied level allows), a card awake that was confirmed asleep, a
   power limit apart from the confirmed one; that part of the confirmation is forgotten (counted in
-  :class:`IngestStats`), so the level comes from the clock again and the commands' diff commands the
-  card again. The retained applied state outlives a rack that reset its cards or had them changed
-  without republishing it: trusted, it had the agent plan such a card at the old slower level and
-  never command it;
+  :class:`IngestStats`, exported as ``racktwin_applied_state_disproved_total``), so the level comes
+  from the clock again and the commands' diff commands the card again. The retained applied state
+  outlives a rack that reset its cards or had them changed without republishing it: trusted, it had
+  the agent plan such a card at the old slower level and never command it;
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
