@@ -9,13 +9,16 @@
   (``racktwin.applied/1``) or, before that, the level of its clock; a card reading 0 W at 0 MHz
   while awake has failed (that is how a rack reports a dead card);
 * a card reading disproves what the rack confirmed where it cannot be (:meth:`Ingest._disprove`):
-  stamped more than :data:`CONFIRMATION_MARGIN_S` after the applied state, a clock more than half a
-  DVFS step above the confirmed level's (a card never runs faster than its applied level allows), a
-  card awake that was confirmed asleep, a power limit apart from the confirmed one; that part of the
-  confirmation is forgotten (counted in :class:`IngestStats`), so the level comes from the clock
-  again and the commands' diff commands the card again. The retained applied state outlives a rack
-  that reset its cards or had them changed without republishing it: trusted, it had the agent plan
-  such a card at the old slower level and never command it;
+  stamped after the applied state by more than the rack's confirmation margin
+  (:data:`CONFIRMATION_MARGIN_S`, or :data:`CONFIRMATION_PERIODS` of the rack's reading interval where
+  that is longer: the interval is learnt from the stamps of its card readings,
+  :attr:`Ingest.reading_interval_s`), a clock more than half a DVFS step above the confirmed level's
+  (a card never runs faster than its applied level allows), a card awake that was confirmed asleep, a
+  power limit apart from the confirmed one; that part of the confirmation is forgotten (counted in
+  :class:`IngestStats`, exported as ``racktwin_applied_state_disproved_total``), so the level comes
+  from the clock again and the commands' diff commands the card again. The retained applied state
+  outlives a rack that reset its cards or had them changed without republishing it: trusted, it had
+  the agent plan such a card at the old slower level and never command it;
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -68,8 +72,23 @@ _DATES_KEPT = 4096
 
 #: a card reading stamped more than this after its rack's applied state may disprove it
 #: (:meth:`Ingest._disprove`): a reading stamped earlier may have been taken before the setting
-#: applied. Above the telemetry period of every example site (1 s); the agent is not told the period.
+#: applied. 1.5 telemetry periods at the 1 s period of every example site; a rack that reads its cards
+#: less often gets :data:`CONFIRMATION_PERIODS` of its own interval instead (the agent is not told the
+#: period: it learns it from the stamps, :attr:`Ingest.reading_interval_s`)
 CONFIRMATION_MARGIN_S = 1.5
+#: ... at least this many of the rack's reading intervals. A reading stamped ``t`` may show its cards
+#: as they were at any time of the period before ``t`` (a sample taken at the period's start and sent
+#: at its end, or an average over the period): only one stamped more than a whole period after the
+#: applied state was surely taken after the setting applied; the half period more is room for the
+#: stamps' jitter and a rack whose interval varies. A longer margin only delays, by that much, the
+#: agent's noticing a rack reset without a new applied state; a shorter one has it forget, and command
+#: again, settings the rack did apply (a 5 s rack's reading 3 s after a slow-down, taken before it).
+CONFIRMATION_PERIODS = 1.5
+#: a rack's reading interval is the median of its last this many gaps between card reading stamps
+#: (positive gaps no longer than the telemetry deadline: a copy, a late reading or a silence is no
+#: period), known once it has :data:`_INTERVAL_MIN_GAPS` of them (one odd gap is no period either)
+_INTERVAL_GAPS = 7
+_INTERVAL_MIN_GAPS = 3
 #: a power limit reading this far from the confirmed one disproves it (the wire's 0.1 W, with room)
 _LIMIT_TOL_W = 0.5
 
@@ -127,6 +146,7 @@ class Ingest:
         on_ack: Callable[[wire.Acknowledgement], None] | None = None,
         on_event: Callable[[JobEvent], None] | None = None,
         on_round: Callable[[Readings], None] | None = None,
+        telemetry_deadline_s: float = 30.0,
     ) -> None:
         self.site = site
         self.state = state
@@ -149,6 +169,15 @@ class Ingest:
         self._applied_ts_s = np.full(site.n_cards, np.nan)
         #: per level k >= 1: halfway between its clock and the next faster level's (level 0: +inf)
         self._faster_than_mhz = np.concatenate(([math.inf], 0.5 * (self._clocks[1:] + self._clocks[:-1])))
+        #: a gap between a rack's card readings longer than this is a silence, not its period (the
+        #: deadline after which the controller takes the rack for stale, ``control.telemetry_deadline_s``)
+        self.telemetry_deadline_s = telemetry_deadline_s
+        #: per rack: the site seconds between its card readings, the median of its last gaps
+        #: (:data:`_INTERVAL_GAPS`; NaN: not known yet, before :data:`_INTERVAL_MIN_GAPS` gaps)
+        self.reading_interval_s = np.full(site.n_racks, np.nan)
+        self._gaps_s: list[deque[float]] = [deque(maxlen=_INTERVAL_GAPS) for _ in range(site.n_racks)]
+        #: per rack: the newest stamp of its card readings (NaN: none yet, or the site clock stepped back)
+        self._cards_ts_s = np.full(site.n_racks, np.nan)
         self._round: dict[int, _Partial] = {}
         self._facility: FacilityReading | None = None
         self._round_t = -math.inf
@@ -176,6 +205,7 @@ class Ingest:
                 self.state.clock_went_back(now)
             self._event_dates.clear()  # stamps of the old timeline
             self._jobs_seen = None
+            self._cards_ts_s.fill(np.nan)  # (a rack's reading interval stays: its period did not change)
         if self.clock.last_was_ahead:
             self.stats.ahead += 1
             return False
@@ -255,6 +285,7 @@ class Ingest:
             return None
         local = np.asarray(b.card_index, dtype=np.int64)
         idx = local + r * self._cpr
+        margin_s = self._confirmation_margin_s(r, b.ts_s)
         clock = np.asarray(b.sm_clock_mhz, dtype=np.float64)
         power = np.asarray(b.power_w, dtype=np.float64)
         low = np.asarray(b.low_power, dtype=bool)
@@ -266,7 +297,12 @@ class Ingest:
             failed = np.where(plausible, ~low & (clock <= 0.0) & ~(power > 0.5), self.state.card_failed[idx])
             from_clock = np.abs(clock[:, None] - self._clocks[None, :]).argmin(axis=1)
         self._disprove(
-            idx, b.ts_s, np.where(plausible, clock, np.nan), low, np.asarray(b.power_limit_w, dtype=np.float64)
+            idx,
+            b.ts_s,
+            margin_s,
+            np.where(plausible, clock, np.nan),
+            low,
+            np.asarray(b.power_limit_w, dtype=np.float64),
         )
         known = self.applied_level[idx]
         level = np.where(known >= 0, known, np.where(plausible & (clock > 0), from_clock, -1)).astype(np.int64)
@@ -284,10 +320,29 @@ class Ingest:
             host_off=None if b.host_off is None else np.asarray(b.host_off, dtype=bool),
         )
 
+    def _confirmation_margin_s(self, r: int, ts_s: float) -> float:
+        """Rack ``r``'s confirmation margin, once its card reading stamped ``ts_s`` is counted into its
+        reading interval (:attr:`reading_interval_s`): :data:`CONFIRMATION_PERIODS` of the interval, at
+        least :data:`CONFIRMATION_MARGIN_S` (all of it while the interval is not known)."""
+        last_s = float(self._cards_ts_s[r])
+        gap_s = ts_s - last_s  # NaN before the rack's first reading
+        if 0.0 < gap_s <= self.telemetry_deadline_s:
+            gaps = self._gaps_s[r]
+            gaps.append(gap_s)
+            if len(gaps) >= _INTERVAL_MIN_GAPS:
+                self.reading_interval_s[r] = sorted(gaps)[len(gaps) // 2]
+        if not ts_s <= last_s:  # newer (a late reading leaves it), or the first
+            self._cards_ts_s[r] = ts_s
+        interval_s = float(self.reading_interval_s[r])
+        if interval_s * CONFIRMATION_PERIODS > CONFIRMATION_MARGIN_S:  # False while NaN
+            return interval_s * CONFIRMATION_PERIODS
+        return CONFIRMATION_MARGIN_S
+
     def _disprove(
         self,
         idx: IntArray,
         ts_s: float,
+        margin_s: float,
         clock_mhz: npt.NDArray[np.float64],
         low: npt.NDArray[np.bool_],
         limit_w: npt.NDArray[np.float64],
@@ -300,13 +355,14 @@ class Ingest:
         a reading's noise and averaging stay well under half a DVFS step, and it is the rule levels
         are read from clocks by) disproves the confirmed level; a reading awake, a confirmed sleep; a
         reading's power limit more than 0.5 W from the confirmed one, that limit. Only readings
-        stamped more than :data:`CONFIRMATION_MARGIN_S` after the applied state count (just after a
-        confirmed slow-down, a reading taken before it applied still shows the faster clock), or any
+        stamped more than ``margin_s`` (:meth:`_confirmation_margin_s`) after the applied state count
+        (just after a confirmed slow-down, a reading taken before it applied still shows the faster
+        clock: up to a telemetry period after it applied, whether sampled or averaged), or any
         when the applied state is stamped too far ahead of the site clock (a retained copy from an
         earlier run of the rack, on another timeline); none of a card or rack the belief holds stuck
         (``TwinState.stuck_cards``, ``stuck_racks``)."""
         at = self._applied_ts_s[idx]
-        after = ts_s > at + CONFIRMATION_MARGIN_S  # False where NaN: nothing confirmed
+        after = ts_s > at + margin_s  # False where NaN: nothing confirmed
         pending = at[np.isfinite(at) & ~after]
         for t in np.unique(pending) if pending.size else ():
             if self.clock.stamped_too_far_ahead(float(t)):

@@ -60,6 +60,10 @@ METRICS_GROUPS: dict[str, str] = {
 #: agent did not hold, a job whose cards, phase or state it held wrong, a job it held that the snapshot
 #: no longer lists.
 JOB_SNAPSHOT_CHANGES = ("added", "corrected", "dropped")
+#: What ``racktwin_applied_state_disproved_total`` counts, per card (``agent.ingest.Ingest._disprove``,
+#: ``IngestStats.applied_levels_disproved``, ``applied_limits_disproved``, ``applied_low_power_disproved``):
+#: the setting of a rack's retained applied state that a later reading of the card disproved.
+APPLIED_SETTINGS = ("level", "power_limit", "low_power")
 
 ReadinessCheck = Callable[[], list[str]]  # returns the reasons it is not ready (empty = ready)
 
@@ -294,6 +298,15 @@ class AgentMetrics:
             ["change"],
             registry=r,
         )
+        self.applied_state_disproved_total = Counter(
+            "racktwin_applied_state_disproved_total",
+            "Cards whose setting, as their rack's retained applied state confirmed it, a later reading disproved "
+            "(forgotten: the card is commanded again), by setting: level (a clock above the confirmed level's), "
+            "power_limit (another limit), low_power (awake, confirmed asleep); the rack reset or changed outside "
+            "the agent's commands without publishing its applied state again",
+            ["setting"],
+            registry=r,
+        )
         for name in self.rack_names:
             self.rack_failsafe.labels(rack=name).set(0)
         for group in METRICS_GROUPS:
@@ -333,6 +346,8 @@ class AgentMetrics:
             self.invalid_readings_total.labels(rack=rack)
         for change in JOB_SNAPSHOT_CHANGES:
             self.job_snapshot_changes_total.labels(change=change)
+        for setting in APPLIED_SETTINGS:
+            self.applied_state_disproved_total.labels(setting=setting)
         for status in STATUSES:
             self.decisions_total.labels(status=status)
         for action in GUARD_ACTIONS:

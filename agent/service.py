@@ -227,7 +227,13 @@ class AgentService:
                 site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
             )
             self.ingest = Ingest(
-                site, self.state, self.clock, on_ack=self._on_ack, on_event=self._on_event, on_round=self._on_round
+                site,
+                self.state,
+                self.clock,
+                on_ack=self._on_ack,
+                on_event=self._on_event,
+                on_round=self._on_round,
+                telemetry_deadline_s=cfg.control.telemetry_deadline_s,
             )
             self.mqtt = mqtt if mqtt is not None else mqtt_options(cfg.broker)
             t = self.codec.topics

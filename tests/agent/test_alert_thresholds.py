@@ -107,6 +107,7 @@ GROUP_SERIES = {
         "racktwin_messages_stamped_ahead_total",
         "racktwin_late_readings_total",
         "racktwin_job_snapshot_changes_total",
+        "racktwin_applied_state_disproved_total",
     },
     "invalid_readings": {"racktwin_invalid_readings_total"},
     "rack_power": {"racktwin_rack_power_watts", "racktwin_rack_power_limit_watts"},

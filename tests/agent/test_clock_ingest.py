@@ -1116,3 +1116,90 @@ def test_a_stuck_cards_frozen_clock_does_not_disprove_its_confirmed_level() -> N
     ing.handle(cards_msg("r0", T0 + 20.0, power_w=power, sm_clock_mhz=np.where(np.arange(64) == 0, 1980.0, 1430.0)))
     ing.flush()
     assert np.all(ing.applied_level[:64] == 5)
+
+
+def _every(ing: Ingest, rack: str, start_s: float, period_s: float, n: int, **cols: Unpack[CardColumns]) -> float:
+    """``n`` card readings of ``rack`` every ``period_s`` from ``start_s``; returns the last one's stamp."""
+    for i in range(n):
+        ing.handle(cards_msg(rack, start_s + i * period_s, **cols))
+    ing.flush()
+    return start_s + (n - 1) * period_s
+
+
+def test_a_rack_reading_every_5_s_keeps_a_confirmation_its_next_reading_taken_before_it_contradicts() -> None:
+    """A rack that reads its cards every 5 s (or averages over its 5 s) sends, 3 s after it confirmed a
+    slow-down and a raised power limit, a reading taken before they applied: the old clock and the old
+    limit. The margin is 1.5 of the rack's reading interval, learnt from its stamps (7.5 s): that reading
+    disproves nothing. With the fixed 1.5 s margin the agent forgot both, took the level from the old
+    clock and commanded the rack again. A reading past the margin still disproves (a reset rack)."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    old: CardColumns = {"sm_clock_mhz": np.full(64, 1980.0), "power_limit_w": np.full(64, 500.0)}
+    last_s = _every(ing, "r0", T0, 5.0, 4, **old)  # level 0, limit 500 W
+    ing.handle(_rack_applied("r0", last_s + 2.0, 5, limit_w=700.0))  # slowed to level 5, limit raised
+    ing.handle(cards_msg("r0", last_s + 5.0, **old))  # 3 s after the applied state: taken before it
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == 5) and np.all(state.card_level[:64] == 5)
+    assert np.all(ing.applied_power_limit_w[:64] == 700.0)
+    assert (ing.stats.applied_levels_disproved, ing.stats.applied_limits_disproved) == (0, 0)
+    assert ing.reading_interval_s[0] == 5.0 and np.isnan(ing.reading_interval_s[1])
+    new: CardColumns = {"sm_clock_mhz": np.full(64, 1430.0), "power_limit_w": np.full(64, 700.0)}
+    ing.handle(cards_msg("r0", last_s + 10.0, **new))  # the settings in force: agrees
+    ing.handle(cards_msg("r0", last_s + 15.0, **old))  # 13 s after: reset to the defaults
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == -1) and np.all(state.card_level[:64] == 0)
+    assert np.all(np.isnan(ing.applied_power_limit_w[:64]))
+    assert (ing.stats.applied_levels_disproved, ing.stats.applied_limits_disproved) == (64, 64)
+
+
+def test_a_rack_reading_every_second_keeps_the_1_5_s_margin() -> None:
+    """At the 1 s period of the example sites (and of the in-process loop) the margin stays 1.5 s: a
+    reading 0.8 s after the applied state keeps it, one 1.8 s after disproves it."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    last_s = _every(ing, "r0", T0, 1.0, 10, sm_clock_mhz=np.full(64, 1980.0))
+    assert ing.reading_interval_s[0] == 1.0
+    ing.handle(_rack_applied("r0", last_s + 0.2, 5))
+    ing.handle(cards_msg("r0", last_s + 1.0, sm_clock_mhz=np.full(64, 1980.0)))
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == 5)
+    ing.handle(cards_msg("r0", last_s + 2.0, sm_clock_mhz=np.full(64, 1980.0)))
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == -1) and ing.stats.applied_levels_disproved == 64
+
+
+def test_a_racks_reading_interval_ignores_copies_late_readings_silences_and_a_clock_step_back() -> None:
+    """The interval is the median of the rack's last gaps between reading stamps, once it has three (one
+    odd gap is no period): a copy (the same stamp), a late reading (stamped before the newest: here one
+    after every reading), a silence longer than the telemetry deadline and a missed reading now and then
+    do not change it. When the site's clock steps back (a simulator restarted, here
+    with another period) the new timeline's gaps count at once (the old timeline's stamps are forgotten:
+    measured from them, every gap was negative until the new timeline caught up, 10 minutes here)."""
+    site = example_site()
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+    ing = Ingest(site, TwinState(site), clock, telemetry_deadline_s=30.0)
+
+    def read(ts_s: float, wall_s: float) -> None:
+        wall.t += wall_s
+        ing.handle(cards_msg("r0", ts_s))
+        ing.flush()
+
+    for i in range(4):
+        read(T0 + 40.0 * i, 40.0)  # 40 s silent, three times: past the deadline
+    assert np.isnan(ing.reading_interval_s[0])
+    read(T0 + 125.0, 5.0)
+    read(T0 + 130.0, 5.0)
+    assert np.isnan(ing.reading_interval_s[0])  # two gaps: not known yet
+    for ts_s in (T0 + 135.0, T0 + 140.0, T0 + 145.0, T0 + 155.0, T0 + 160.0):  # one missed
+        read(ts_s, ts_s - (clock.now() or ts_s))
+        read(ts_s, 0.0)  # a copy
+        read(ts_s - 2.5, 0.0)  # late
+    assert ing.reading_interval_s[0] == 5.0 and np.isnan(ing.reading_interval_s[1])
+    wall.t += 3.0  # the site restarts 600 s back and reads its cards every 2 s
+    for i in range(12):
+        read(T0 - 600.0 + 2.0 * i, 2.0)
+    assert clock.corrections == 1
+    assert ing.reading_interval_s[0] == 2.0
