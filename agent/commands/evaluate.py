@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="set a [control] key of the agent's configuration for this run (docs/agent.md), e.g. "
-        "--control host_off_after_s=1800 --control control_host_power=false; repeatable; values as in "
+        "--control host_off_after_s=1800 --control control_host_power=false; repeatable, each key once; values as in "
         "TOML (default: the agent's defaults). greedy and racktwin use every key; static-cap its cap "
         "(rack_margin_w, min_power_limit_w), reactive min_power_limit_w only (its 3 s period and bands are fixed)",
     )
@@ -167,6 +167,8 @@ def control_of(settings: list[str]) -> ControlConfig | None:
         key = key.strip()
         if not sep or not key:
             raise _fail(f"--control {item!r}: expected KEY=VALUE, e.g. host_off_after_s=1800")
+        if key in table:  # as a key twice in a TOML table: which one was meant cannot be told
+            raise _fail(f"--control {key}: given twice; give each key once")
         try:
             table[key] = tomllib.loads(f"v = {raw.strip()}")["v"]
         except tomllib.TOMLDecodeError:

@@ -188,6 +188,8 @@ def test_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFix
         (["--scenario", "{day}", "--control", "host_off_after=3"], "did you mean 'host_off_after_s'"),
         (["--scenario", "{day}", "--control", "host_off_after_s=-3"], "host_off_after_s: must be >= 0 s"),
         (["--scenario", "{day}", "--control", "junk"], "expected KEY=VALUE"),
+        # the last of two used to win silently; a TOML table refuses a key twice
+        (["--scenario", "{day}", "--control", "period_s=10", "--control", "period_s=20"], "period_s: given twice"),
         (["--scenario", "{day}", "--duration", "10"], "(10 s) is not longer than one control period (15 s)"),
         # exactly one period: nothing is judged after it (the largest rack read 0.00 kW)
         (["--scenario", "{day}", "--duration", "15"], "(15 s) is not longer than one control period (15 s)"),
