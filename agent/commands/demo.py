@@ -98,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "supernode and the agent service in enforce mode; live progress, then a summary against the same "
         "run without the agent."
     )
+    parser.epilog = (
+        "Exit status 0 after the run; 130 when stopped by Ctrl-C or SIGTERM (the time run so far is "
+        "summarized); 1 when the simulator or the agent stopped with an error (the summary covers what ran); "
+        "2 for a bad option or scenario, or a broker it cannot start or reach (one line on stderr). "
+        "docs/evaluation.md (racktwin demo)"
+    )
     parser.add_argument(
         "--minutes",
         type=float,
