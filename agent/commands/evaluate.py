@@ -256,6 +256,15 @@ def _load_scenario(
         raise _fail(str(exc)) from None
     for warning in scenario.warnings:
         print(f"racktwin {command}: warning: {warning}", file=sys.stderr, flush=True)
+    # the simulator's own faults (those within the run; the others were warned of above): in process
+    # there is no broker to lose
+    if n := sum(f.start_s < scenario.duration_s for f in scenario.sim_faults):
+        print(
+            f"racktwin {command}: warning: {path}: {n} broker_disconnect fault{'s' if n > 1 else ''} not run: "
+            "evaluate runs the policies in process, with no broker to lose (racktwin sim and demo run them)",
+            file=sys.stderr,
+            flush=True,
+        )
     if scenario.duration_s <= period_s:
         raise too_short(scenario.duration_s)
     if any(p in ("greedy", "racktwin") for p in policies):  # the agent's policies: stale racks go to fail-safe

@@ -216,6 +216,24 @@ def test_bad_arguments_and_scenarios_are_one_line_and_exit_2(
     assert message in err[0]
 
 
+def test_a_broker_disconnect_the_run_cannot_do_is_a_warning_not_a_silent_no_op(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/fault-broker-disconnect.toml in process ran with '0 faults' and no word that its two
+    outages never happened (only racktwin sim has a broker to lose); one starting after a shortened
+    run's end is warned of once, as any fault's."""
+    scenario = str(EXAMPLES / "fault-broker-disconnect.toml")  # outages at 300 s and 900 s
+    argv = ["evaluate", "--scenario", scenario, "--duration", "400", "--policy", "baseline", "--jobs", "1"]
+    assert main([*argv, "--quiet", "--out", str(tmp_path)]) == 0
+    warnings = [w for w in capsys.readouterr().err.splitlines() if "warning" in w]
+    assert warnings == [
+        f"racktwin evaluate: warning: {scenario}: faults[1].start_s: 900 s is at or after the end of this run "
+        "(400 s, shortened from 1800 s): the fault does not happen",
+        f"racktwin evaluate: warning: {scenario}: 1 broker_disconnect fault not run: evaluate runs the policies "
+        "in process, with no broker to lose (racktwin sim and demo run them)",
+    ]
+
+
 def test_control_settings_reach_the_agent_policies_as_toml_values() -> None:
     from agent.commands.evaluate import control_of
 
