@@ -101,6 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "supernode and the agent service in enforce mode; live progress, then a summary against the same "
         "run without the agent."
     )
+    parser.epilog = (
+        "Exit status 0 after the run; 130 when stopped by Ctrl-C or SIGTERM (the time run so far is "
+        "summarized); 1 when the simulator or the agent stopped with an error (the summary covers what ran); "
+        "2 for a bad option or scenario, or a broker it cannot start or reach (one line on stderr). "
+        "docs/evaluation.md (racktwin demo)"
+    )
     parser.add_argument(
         "--minutes",
         type=float,
@@ -395,12 +401,21 @@ def _agent_service(scenario_path: Path, scenario: Any, url: str, out_dir: Path, 
     return AgentService(loaded, mqtt=mqtt, http=False)
 
 
+#: wall seconds the agent has to connect to the broker before the demo gives up (exit status 2)
+CONNECT_TIMEOUT_S = 15.0
+
+
 async def _wait_until_connected(service: AgentService, agent_task: asyncio.Task[Any], url: str) -> None:
-    """Until the agent is connected to the broker; a UserError if it stopped or took more than 15 s."""
-    deadline = time.monotonic() + 15.0
+    """Until the agent is connected to the broker; a UserError naming the bus's last error (refused, a
+    name not resolved, a TLS failure) if it stopped or took more than ``CONNECT_TIMEOUT_S``."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while not service.bus.connected:
         if agent_task.done() or time.monotonic() > deadline:
-            raise UserError(f"the agent could not connect to the broker {url}")
+            why = service.bus.stats.last_error
+            raise UserError(
+                f"the agent could not connect to the broker {url} within {CONNECT_TIMEOUT_S:g} s"
+                + (f" (last error: {why})" if why else "")
+            )
         await asyncio.sleep(0.05)
 
 

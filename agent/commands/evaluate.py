@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "Closed-loop evaluation: run control policies in process against the same virtual plant (same "
         "workload, weather, noise and faults) and compare energy, throughput, limits and temperatures."
     )
+    parser.epilog = (
+        "Exit status 0 after the runs (a missed target is reported, not an error); 130 when stopped by "
+        "Ctrl-C or SIGTERM (the workers too; nothing written); 2 for a bad option or scenario (one line on "
+        "stderr). docs/evaluation.md"
+    )
     parser.add_argument(
         "--scenario",
         default=None,
@@ -109,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="set a [control] key of the agent's configuration for this run (docs/agent.md), e.g. "
-        "--control host_off_after_s=1800 --control control_host_power=false; repeatable; values as in "
+        "--control host_off_after_s=1800 --control control_host_power=false; repeatable, each key once; values as in "
         "TOML (default: the agent's defaults). greedy and racktwin use every key; static-cap its cap "
         "(rack_margin_w, min_power_limit_w), reactive min_power_limit_w only (its 3 s period and bands are fixed)",
     )
@@ -167,6 +172,8 @@ def control_of(settings: list[str]) -> ControlConfig | None:
         key = key.strip()
         if not sep or not key:
             raise _fail(f"--control {item!r}: expected KEY=VALUE, e.g. host_off_after_s=1800")
+        if key in table:  # as a key twice in a TOML table: which one was meant cannot be told
+            raise _fail(f"--control {key}: given twice; give each key once")
         try:
             table[key] = tomllib.loads(f"v = {raw.strip()}")["v"]
         except tomllib.TOMLDecodeError:
@@ -249,6 +256,15 @@ def _load_scenario(
         raise _fail(str(exc)) from None
     for warning in scenario.warnings:
         print(f"racktwin {command}: warning: {warning}", file=sys.stderr, flush=True)
+    # the simulator's own faults (those within the run; the others were warned of above): in process
+    # there is no broker to lose
+    if n := sum(f.start_s < scenario.duration_s for f in scenario.sim_faults):
+        print(
+            f"racktwin {command}: warning: {path}: {n} broker_disconnect fault{'s' if n > 1 else ''} not run: "
+            "evaluate runs the policies in process, with no broker to lose (racktwin sim and demo run them)",
+            file=sys.stderr,
+            flush=True,
+        )
     if scenario.duration_s <= period_s:
         raise too_short(scenario.duration_s)
     if any(p in ("greedy", "racktwin") for p in policies):  # the agent's policies: stale racks go to fail-safe

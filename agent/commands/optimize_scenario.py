@@ -173,6 +173,12 @@ def load_scenario(path: str | Path) -> Scenario:
             f"{src}: supply_temp_c: must be one of the site's supply_temp_options_c "
             f"{list(site.facility.supply_temp_options_c)}, got {sf.supply_temp_c:g}"
         )
+    rack_limit_w = float(site.rack_power_limits_w().min())
+    if sf.margins.rack_margin_w >= rack_limit_w:  # as the agent's control.rack_margin_w (agent.config)
+        raise UserError(
+            f"{src}: margins.rack_margin_w: must be below the site's rack power limit ({rack_limit_w:g} W), "
+            f"got {sf.margins.rack_margin_w:g} W: no power would be left for the racks"
+        )
     running = _Running(used=failed.copy())
     for i, e in enumerate(entries["jobs"]):
         running.add(*_listed_running_job(e, i, site, running.used, src))

@@ -54,8 +54,18 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
     _common(sw)
     sw.add_argument("--from-c", type=float, default=20.0, help="first supply temperature, deg C, 5..60 (default 20)")
-    sw.add_argument("--to-c", type=float, default=55.0, help="last supply temperature, deg C, 5..60 (default 55)")
-    sw.add_argument("--step-k", type=float, default=1.0, help="step (default 1 K)")
+    sw.add_argument(
+        "--to-c",
+        type=float,
+        default=55.0,
+        help="last supply temperature, deg C, 5..60 (default 55; the sweep ends at the last step at or below it)",
+    )
+    sw.add_argument(
+        "--step-k",
+        type=float,
+        default=1.0,
+        help="step between supply temperatures, K, > 0 (default 1; 1,000 steps at most)",
+    )
     sw.add_argument("--level", type=int, default=0, help="DVFS level of every card (default 0)")
     sw.add_argument("--utilization", type=float, default=1.0, help="card utilization 0..1 (default 1)")
     sw.add_argument(
@@ -170,6 +180,10 @@ def _steady(site: SiteSpec, args: argparse.Namespace) -> int:
     return 0
 
 
+#: the most steps ``twin sweep-supply`` takes from --from-c to --to-c
+_MAX_SWEEP_STEPS = 1000
+
+
 def _sweep(site: SiteSpec, args: argparse.Namespace) -> int:
     lo, hi, step = args.from_c, args.to_c, args.step_k
     _check(lo, 5.0, 60.0, "--from-c", "deg C")
@@ -178,8 +192,11 @@ def _sweep(site: SiteSpec, args: argparse.Namespace) -> int:
         raise UserError(f"--step-k must be positive, got {step:g}")
     if hi < lo:
         raise UserError(f"--to-c ({hi:g}) must not be below --from-c ({lo:g})")
-    if (hi - lo) / step > 1000:
-        raise UserError("too many points: make --step-k larger")
+    if (hi - lo) / step > _MAX_SWEEP_STEPS:
+        raise UserError(
+            f"--step-k {step:g}: {(hi - lo) / step:,.0f} steps from {lo:g} to {hi:g} deg C, more than "
+            f"{_MAX_SWEEP_STEPS:,}: make --step-k larger"
+        )
     _check(args.compute_share, 0.0, 1.0, "--compute-share", "")
     level = _level(site, args.level, None)
     temps = [float(x) for x in np.arange(lo, hi + step * 1e-6, step)]

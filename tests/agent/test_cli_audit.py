@@ -65,6 +65,29 @@ def test_help_is_on_stdout_with_exit_status_0(flag: str, capsys: pytest.CaptureF
     assert out.startswith("usage: racktwin") and all(name in out for name in COMMANDS)
 
 
+@pytest.mark.parametrize(
+    ("command", "statuses"),
+    [
+        ("agent", ("status 0", "2:", "75:", "1:")),
+        ("demo", ("status 0", "130 ", "1 ", "2 ")),
+        ("sim", ("status 0", "status 2")),
+        ("optimize", ("status 0", "1 when no plan", "2 for a bad scenario")),
+        ("evaluate", ("status 0", "130 ", "2 for a bad option")),
+    ],
+)
+def test_the_help_of_a_long_running_command_says_what_its_exit_statuses_mean(
+    command: str, statuses: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script or a unit file that runs one of them needs to know what its exit status means (the
+    README and docs say it; only ``racktwin agent --help`` did): optimize's 1 for an infeasible plan,
+    demo's 1 for a run that failed, 130 for an interrupted demo or evaluation."""
+    rc, out, _ = run(capsys, command, "--help")
+    text = " ".join(out.split())  # argparse wraps the epilog
+    assert rc == 0 and "Exit status" in text
+    for status in statuses:
+        assert status in text, (command, status)
+
+
 def test_an_unknown_command_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, "jounral")
     assert rc == 2 and out == "" and "Traceback" not in err

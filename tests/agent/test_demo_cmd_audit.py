@@ -133,3 +133,24 @@ def test_options_out_of_their_documented_ranges_are_one_line_and_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"racktwin demo: error: {message}"]
     assert list(tmp_path.iterdir()) == []  # refused before anything ran
+
+
+def test_a_broker_it_cannot_reach_is_one_line_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: exit 2 for a broker it cannot reach; the line names why (the bus's last error), which
+    used to be only in out/agent.log: 'could not connect to the broker URL' said neither what failed
+    nor how long it had tried."""
+    import socket
+
+    import agent.commands.demo as demo
+
+    with socket.socket() as s:  # a loopback port nothing listens on: every connect is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(demo, "CONNECT_TIMEOUT_S", 2.0, raising=False)  # (the old code waited 15 s)
+    url = f"mqtt://127.0.0.1:{port}"
+    assert main(["demo", "--broker", url, "--minutes", "1", "--out", str(tmp_path)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"racktwin demo: error: the agent could not connect to the broker {url} within 2 s")
+    assert "(last error: " in last and "refused" in last.lower()

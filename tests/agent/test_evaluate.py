@@ -188,6 +188,8 @@ def test_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFix
         (["--scenario", "{day}", "--control", "host_off_after=3"], "did you mean 'host_off_after_s'"),
         (["--scenario", "{day}", "--control", "host_off_after_s=-3"], "host_off_after_s: must be >= 0 s"),
         (["--scenario", "{day}", "--control", "junk"], "expected KEY=VALUE"),
+        # the last of two used to win silently; a TOML table refuses a key twice
+        (["--scenario", "{day}", "--control", "period_s=10", "--control", "period_s=20"], "period_s: given twice"),
         (["--scenario", "{day}", "--duration", "10"], "(10 s) is not longer than one control period (15 s)"),
         # exactly one period: nothing is judged after it (the largest rack read 0.00 kW)
         (["--scenario", "{day}", "--duration", "15"], "(15 s) is not longer than one control period (15 s)"),
@@ -212,6 +214,24 @@ def test_bad_arguments_and_scenarios_are_one_line_and_exit_2(
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("racktwin evaluate: error: ")
     assert message in err[0]
+
+
+def test_a_broker_disconnect_the_run_cannot_do_is_a_warning_not_a_silent_no_op(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/fault-broker-disconnect.toml in process ran with '0 faults' and no word that its two
+    outages never happened (only racktwin sim has a broker to lose); one starting after a shortened
+    run's end is warned of once, as any fault's."""
+    scenario = str(EXAMPLES / "fault-broker-disconnect.toml")  # outages at 300 s and 900 s
+    argv = ["evaluate", "--scenario", scenario, "--duration", "400", "--policy", "baseline", "--jobs", "1"]
+    assert main([*argv, "--quiet", "--out", str(tmp_path)]) == 0
+    warnings = [w for w in capsys.readouterr().err.splitlines() if "warning" in w]
+    assert warnings == [
+        f"racktwin evaluate: warning: {scenario}: faults[1].start_s: 900 s is at or after the end of this run "
+        "(400 s, shortened from 1800 s): the fault does not happen",
+        f"racktwin evaluate: warning: {scenario}: 1 broker_disconnect fault not run: evaluate runs the policies "
+        "in process, with no broker to lose (racktwin sim and demo run them)",
+    ]
 
 
 def test_control_settings_reach_the_agent_policies_as_toml_values() -> None:

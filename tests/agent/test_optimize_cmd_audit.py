@@ -313,6 +313,9 @@ _BAD = [
         "[generate]\ncompute_share_min = 0.95\ncompute_share_max = 0.9\n",
         "generate.compute_share_min: must be <= compute_share_max",
     ),
+    # a margin that leaves no power under the 50 kW limit was solved and reported "infeasible" (exit 1),
+    # where the agent's control.rack_margin_w refuses it
+    ("[margins]\nrack_margin_w = 50000.0\n", "margins.rack_margin_w: must be below the site's rack power limit"),
 ]
 
 

@@ -192,7 +192,11 @@ def test_sweep_table_columns_match_the_json(capsys: pytest.CaptureFixture[str]) 
     ("args", "words"),
     [
         (["--step-k", "0"], "--step-k must be positive, got 0"),
-        (["--step-k", "0.01", "--from-c", "5", "--to-c", "60"], "too many points"),  # 5,500 points
+        # the limit and the count are named (the line said only "too many points")
+        (
+            ["--step-k", "0.01", "--from-c", "5", "--to-c", "60"],
+            "--step-k 0.01: 5,500 steps from 5 to 60 deg C, more than 1,000: make --step-k larger",
+        ),
         (["--compute-share", "1.5"], "--compute-share must be within 0..1, got 1.5"),
         (["--from-c", "4"], "--from-c must be within 5..60 deg C"),
         (["--to-c", "61"], "--to-c must be within 5..60 deg C"),
