@@ -442,8 +442,21 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
         raise fail("min_replan_interval_s", f"must not exceed {period}")
     if c.command_ttl_s < c.period_s:
         raise fail("command_ttl_s", f"must be at least {period}")
+    fixed = f"with {_join(prefix, 'control_setpoint')} = true the set-point never moves"
+    off = f"set {_join(prefix, 'control_setpoint')} = false to keep the site's set-point"
+    if c.control_setpoint and c.max_setpoint_step_k == 0:
+        raise fail("max_setpoint_step_k", f"0 K: {fixed}; {off}, or allow a step > 0 K")
     if site is None:
         return
+    fac = site.facility
+    gap_k = min((abs(o - fac.supply_temp_c) for o in fac.supply_temp_options_c if o != fac.supply_temp_c), default=0.0)
+    if c.control_setpoint and 0 < c.max_setpoint_step_k < gap_k - 1e-9:  # the planner's tolerance (agent.planning)
+        raise fail(
+            "max_setpoint_step_k",
+            f"{c.max_setpoint_step_k:g} K is less than the {gap_k:g} K from the site's set-point "
+            f"(facility.supply_temp_c, {fac.supply_temp_c:g} deg C) to its nearest other option: {fixed}; "
+            f"{off}, or allow a step of at least {gap_k:g} K",
+        )
     rack_limit = float(site.rack_power_limits_w().min())
     if c.rack_margin_w >= rack_limit:
         raise fail(

@@ -118,6 +118,26 @@ def test_a_pump_renewal_not_within_the_simulators_hold_is_warned_about(tmp_path:
     assert "  pumps         full speed (control_pump_speed = false)" in off and "warning" not in off
 
 
+def test_a_setpoint_step_that_never_lets_the_setpoint_move_is_refused_naming_both_keys(tmp_path: Path) -> None:
+    err = refused(tmp_path, 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 0\n')
+    assert err.path == "control.max_setpoint_step_k"
+    assert "0 K: with control.control_setpoint = true the set-point never moves" in err.problem
+    assert "set control.control_setpoint = false to keep the site's set-point" in err.problem
+    # the example site's options are 5 K apart around its 30 deg C: a 4 K step never reaches one
+    err = refused(tmp_path, 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 4.9\n')
+    assert err.path == "control.max_setpoint_step_k"
+    assert "4.9 K is less than the 5 K from the site's set-point (facility.supply_temp_c, 30 deg C)" in err.problem
+    assert "allow a step of at least 5 K" in err.problem
+    # a fixed set-point may have any step; a step that reaches the next option passes
+    fixed = 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 0\ncontrol_setpoint = false\n'
+    assert "  set-point     fixed" in explain(load_config(write(tmp_path, fixed), env={}))
+    assert load_config(write(tmp_path, 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 5\n'), env={})
+    # the keys as racktwin evaluate's --control names them, without a site too
+    with pytest.raises(SpecError) as info:
+        check_control(ControlConfig(max_setpoint_step_k=0.0), None, "--control", prefix="")
+    assert str(info.value).startswith("--control: max_setpoint_step_k: 0 K: with control_setpoint = true the")
+
+
 def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:
     p = write(tmp_path, 'site = "site.toml"\n')
     loaded = load_config(
