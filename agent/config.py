@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import math
 import os
 import re
 import socket
@@ -43,6 +44,7 @@ from urllib.parse import urlsplit
 
 from agent.wire.messages import MAX_COMMAND_TTL_S
 from agent.wire.topics import SiteLayout, Topics
+from twin.plant_types import DEFAULT_PUMP_HOLD_S
 from twin.spec import SiteSpec, check_file_kind, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 
@@ -161,8 +163,10 @@ class ControlConfig:
     control_pump_speed: bool = True
     # Speeds the pump chooser considers, evenly from full speed down to the site's lowest.
     pump_speed_steps: int = field(default=9, metadata=rng(2, 100))
-    # A slowed pump's speed is re-sent this often (s, site time): the plant returns a pump to full
-    # speed when no command renews it (its pump_hold_s, 60 s in the simulator).
+    # A slowed pump's speed is re-sent this often (s, site time), at the first decision this long after
+    # the last command for it: the plant returns a pump to full speed when no command renews it (its
+    # pump_hold_s, DEFAULT_PUMP_HOLD_S = 60 s in the simulator; --check-config warns when renewals, at
+    # whole periods, may come that late).
     pump_renew_s: float = field(default=20.0, metadata=rng(0.1, 86400.0))
     # Host power-down (agent.hosts; only where the site spec has rack.hosts_per_rack > 0): a host
     # none of whose cards has run a job for host_off_after_s is powered off, keeping
@@ -438,8 +442,21 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
         raise fail("min_replan_interval_s", f"must not exceed {period}")
     if c.command_ttl_s < c.period_s:
         raise fail("command_ttl_s", f"must be at least {period}")
+    fixed = f"with {_join(prefix, 'control_setpoint')} = true the set-point never moves"
+    off = f"set {_join(prefix, 'control_setpoint')} = false to keep the site's set-point"
+    if c.control_setpoint and c.max_setpoint_step_k == 0:
+        raise fail("max_setpoint_step_k", f"0 K: {fixed}; {off}, or allow a step > 0 K")
     if site is None:
         return
+    fac = site.facility
+    gap_k = min((abs(o - fac.supply_temp_c) for o in fac.supply_temp_options_c if o != fac.supply_temp_c), default=0.0)
+    if c.control_setpoint and 0 < c.max_setpoint_step_k < gap_k - 1e-9:  # the planner's tolerance (agent.planning)
+        raise fail(
+            "max_setpoint_step_k",
+            f"{c.max_setpoint_step_k:g} K is less than the {gap_k:g} K from the site's set-point "
+            f"(facility.supply_temp_c, {fac.supply_temp_c:g} deg C) to its nearest other option: {fixed}; "
+            f"{off}, or allow a step of at least {gap_k:g} K",
+        )
     rack_limit = float(site.rack_power_limits_w().min())
     if c.rack_margin_w >= rack_limit:
         raise fail(
@@ -724,6 +741,32 @@ def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:
     return line
 
 
+def _pumps_line(c: ControlConfig) -> str:
+    """The pump speed control, with a warning when a slowed pump is not renewed within the simulator's
+    hold (:data:`twin.plant_types.DEFAULT_PUMP_HOLD_S`): renewals come at decisions, the first one
+    ``pump_renew_s`` after the last command, so as late as ``pump_renew_s`` rounded up to whole periods."""
+    if not c.control_pump_speed:
+        return "full speed (control_pump_speed = false)"
+    every_s = math.ceil(c.pump_renew_s / c.period_s - 1e-9) * c.period_s
+    line = (
+        f"rack-loop speeds chosen among {c.pump_speed_steps} steps, a slowed pump's speed re-sent every "
+        f"{c.pump_renew_s:g} s"
+    )
+    if every_s < DEFAULT_PUMP_HOLD_S:
+        return line
+    renew = f"pump_renew_s ({c.pump_renew_s:g} s)"
+    if c.pump_renew_s < DEFAULT_PUMP_HOLD_S:
+        renew += (
+            f" at decisions every period_s ({c.period_s:g} s) renews a slowed pump as late as {every_s:g} s after "
+            "a command, which"
+        )
+    return (
+        line + f"\n                warning: {renew} is not under the simulator's pump hold (pump_hold_s, "
+        f"{DEFAULT_PUMP_HOLD_S:g} s): a slowed pump returns to full speed between renewals (a real site's "
+        "CDU hold may differ: renew well within it)"
+    )
+
+
 def _pue_penalty_warning(prices: PricesConfig, site: SiteSpec) -> str:
     """A warning line when the PUE penalty is so high that a plan may wake idle cards only to lower
     the PUE ratio: above ``energy_per_kwh * b / (pue_target - b)``, b being the marginal facility W
@@ -768,6 +811,7 @@ def explain(loaded: LoadedConfig) -> str:
             if c.control_placement
             else "left to the site's scheduler"
         ),
+        "  pumps         " + _pumps_line(c),
         "  hosts         " + _hosts_line(c, site),
         f"  commands      expire after {c.command_ttl_s:g} s, at most {c.command_retries} retries",
         f"  prices        {cfg.prices.energy_per_kwh:g} per kWh, {cfg.prices.card_hour_value:g} per card-hour, "

@@ -91,10 +91,14 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         raise UserError("--mqtt-username: empty: give a user name (or leave the option out to connect anonymously)")
     password: str | None = None
     if ns.mqtt_password_file is not None:
+        if (why := _file_why(ns.mqtt_password_file, regular=False)) is not None:
+            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: {why}")
         try:
             lines = Path(ns.mqtt_password_file).read_text(encoding="utf-8-sig").splitlines()
         except OSError as exc:
-            raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: {exc.strerror or exc}") from None
+            raise UserError(
+                f"--mqtt-password-file {ns.mqtt_password_file}: cannot read: {exc.strerror or exc}"
+            ) from None
         except UnicodeDecodeError:
             raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: not a UTF-8 text file") from None
         password = lines[0].strip() if lines else ""
@@ -109,8 +113,8 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         raise UserError(f"{source} a password needs a user name: give --mqtt-username (or leave the password out)")
     for opt in ("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):
         value = getattr(ns, opt)
-        if value is not None and not Path(value).is_file():
-            raise UserError(f"{_flag(opt)} {value}: no such file")
+        if value is not None and (why := _file_why(value)) is not None:
+            raise UserError(f"{_flag(opt)} {value}: {why}")
     if ns.mqtt_key_file is not None and ns.mqtt_cert_file is None:
         raise UserError("--mqtt-key-file needs --mqtt-cert-file (the client certificate it goes with)")
     for opt in ("mqtt_ca_file", "mqtt_cert_file"):  # as the agent's broker.tls_ca_file and tls_cert_file
@@ -137,6 +141,20 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         return MqttOptions.from_url(ns.broker, **kw)
     except ValueError as exc:
         raise UserError(f"--broker {ns.broker}: {exc}") from None
+
+
+def _file_why(path: str, *, regular: bool = True) -> str | None:
+    """Why ``path`` is no file to read (None: it is one), in the other commands' words (``<path>: file
+    not found``, as ``racktwin agent --config`` says it; the agent's broker files are checked alike).
+    ``regular=False`` lets a pipe through (``--mqtt-password-file <(pass show mqtt)``)."""
+    p = Path(path)
+    if not p.exists():
+        return "file not found"
+    if p.is_dir():
+        return "is a folder, not a file"
+    if regular and not p.is_file():
+        return "not a regular file"
+    return None
 
 
 def _url_asks_for_tls(url: str) -> bool:

@@ -89,8 +89,10 @@ class GarbageReadings:
     start_s: float = field(metadata=rng(0.0))
     end_s: float = field(default=_INF, metadata=rng(0.0))
     mode: str = field(default="nan", metadata=choices("nan", "garbage"))
-    #: share of the rack's card readings affected in each reading (chosen at random)
-    fraction: float = field(default=1.0, metadata=rng(0.0, 1.0))
+    #: share of the rack's card readings affected in each reading (chosen at random), 0..1; a scenario
+    #: file's ``[[faults]]`` must give more than 0 (the range below): there a fault that garbles nothing
+    #: is a mistake, as a window or broker outage of no length is
+    fraction: float = field(default=1.0, metadata=rng(0.0, 1.0, lo_open=True))
 
     def __post_init__(self) -> None:
         _check_window("GarbageReadings", self.start_s, self.end_s)

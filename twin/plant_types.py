@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -69,6 +70,12 @@ class CardVariation:
         return cls(0.0, 0.0, 0.0, 0.0)
 
 
+#: How long a rack-loop pump slowed by a command stays slowed without another one (s): the simulator's
+#: ``PlantConfig.pump_hold_s`` and the run scenario's ``[plant] pump_hold_s`` by default. The agent's
+#: ``racktwin agent --check-config`` warns when its pump renewals do not come sooner.
+DEFAULT_PUMP_HOLD_S: Final = 60.0
+
+
 @dataclass(frozen=True)
 class PlantConfig:
     """How the plant behaves beyond the site spec.
@@ -106,7 +113,7 @@ class PlantConfig:
     min_power_limit_w: float = 200.0
     initial_level: int = 0
     initial_low_power: bool = False
-    pump_hold_s: float = 60.0
+    pump_hold_s: float = DEFAULT_PUMP_HOLD_S
 
     def __post_init__(self) -> None:
         if self.placement not in ("builtin", "external"):

@@ -41,6 +41,7 @@ import numpy as np
 
 from twin.faults import Ambient, ConstantAmbient, DiurnalAmbient, Fault, PiecewiseAmbient
 from twin.plant import CardVariation, Plant, PlantConfig, SensorNoise
+from twin.plant_types import DEFAULT_PUMP_HOLD_S
 from twin.scenario_checks import MAX_DURATION_S, MIN_DURATION_S, wrap_value_error
 from twin.scenario_faults import FAULT_KINDS, BrokerDisconnect, SimFault, decode_faults
 from twin.scenario_jobs import (
@@ -185,7 +186,7 @@ class _PlantSection:
     initial_low_power: bool = False
     noise: bool = True
     variation: bool = True
-    pump_hold_s: float = field(default=60.0, metadata=rng(0.0, 1e9, lo_open=True))
+    pump_hold_s: float = field(default=DEFAULT_PUMP_HOLD_S, metadata=rng(0.0, 1e9, lo_open=True))
 
 
 @dataclass(frozen=True)

@@ -537,6 +537,7 @@ def _simulator_command(scenario_path: Path, scenario: Any, url: str, speed: floa
         str(out_dir / "summary.json"),
         "--progress-interval-s",
         "0",
+        "--no-scenario-warnings",  # the demo printed them (run() prints each once)
     ]
 
 

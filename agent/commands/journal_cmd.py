@@ -108,13 +108,14 @@ def run(args: argparse.Namespace, command: str) -> int:
     if last_n < 0:
         raise UserError(f"--last {last_n}: must be 0 or more")
     last = min(last_n, _MAX_ID)  # more than the journal holds is all of it
+    if args.decision is not None and args.decision < 1:
+        raise UserError(f"--decision {args.decision}: must be 1 or more (the journal numbers decisions from 1)")
     since = None if args.since is None else parse_since(args.since, time.time())
     path = _journal_path(args)
     if args.decision is not None:
-        if not 0 <= args.decision <= _MAX_ID:
-            raise UserError(f"journal {path}: no decision {args.decision} (never made, or pruned)")
-        try:
-            detail = read_journal(path, lambda db: decision_detail(db, args.decision))
+        wanted = args.decision
+        try:  # the journal is opened (and checked) whatever the id: one beyond SQLite's integers is none
+            detail = read_journal(path, lambda db: decision_detail(db, wanted) if wanted <= _MAX_ID else None)
         except JournalError as exc:
             raise UserError(str(exc)) from None
         except sqlite3.Error as exc:

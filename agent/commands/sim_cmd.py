@@ -127,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--step-s", type=float, default=1.0, metavar="S", help="plant time step in site seconds (default 1)"
     )
     add_progress_interval_argument(parser, default_s=5.0, lines=" on stderr", zero_for_none=True)
+    parser.add_argument(
+        "--no-scenario-warnings",
+        action="store_true",
+        help="do not print the scenario's warnings (listed jobs or faults after the end of the run); racktwin demo "
+        "passes it to its simulator, having printed them itself",
+    )
     add_mqtt_arguments(parser, client_id_default="racktwin-sim-SITE_ID, a persistent session")
 
 
@@ -161,7 +167,7 @@ def _scenario(args: argparse.Namespace) -> RunScenario:
             scenario = default_run_scenario(site, duration, args.seed if args.seed is not None else 0)
     except SpecError as exc:
         raise UserError(str(exc)) from None
-    for warning in scenario.warnings:
+    for warning in () if args.no_scenario_warnings else scenario.warnings:
         print(f"racktwin sim: warning: {warning}", file=sys.stderr, flush=True)
     if args.telemetry_period_s is not None:
         p = args.telemetry_period_s

@@ -18,6 +18,7 @@ from agent.config import (
     host_name,
     load_config,
 )
+from twin.plant_types import DEFAULT_PUMP_HOLD_S
 from twin.spec import load_site, site_from_dict
 from twin.tables import SpecError, read_toml
 
@@ -89,6 +90,52 @@ def test_a_pue_penalty_that_would_buy_it_power_to_lower_the_pue_ratio_is_warned_
         f"warning: pue_penalty_per_kwh ({bound * 1.01:g}) is above energy_per_kwh / (PUE target - 1) = {bound:.3g}"
         in (explain(above))
     )
+
+
+PUMPS = 'site = "site.toml"\n[control]\npump_renew_s = {renew}\n'
+
+
+def test_a_pump_renewal_not_within_the_simulators_hold_is_warned_about(tmp_path: Path) -> None:
+    # The simulator returns a slowed pump to full speed 60 s after the last command for it
+    # (twin.plant_types.DEFAULT_PUMP_HOLD_S); renewals come at decisions (every 15 s here).
+    assert DEFAULT_PUMP_HOLD_S == 60.0
+    default = explain(load_config(write(tmp_path, 'site = "site.toml"\n'), env={}))
+    assert "  pumps         rack-loop speeds chosen among 9 steps, a slowed pump's speed re-sent every 20 s" in default
+    assert "warning" not in default
+    assert "warning" not in explain(load_config(write(tmp_path, PUMPS.format(renew=45)), env={}))  # at 45 s
+    at = explain(load_config(write(tmp_path, PUMPS.format(renew=60)), env={}))
+    assert (
+        "warning: pump_renew_s (60 s) is not under the simulator's pump hold (pump_hold_s, 60 s): a slowed pump "
+        "returns to full speed between renewals" in at
+    )
+    # 50 s is under the hold, but the first decision 50 s after a command comes 60 s after it
+    late = explain(load_config(write(tmp_path, PUMPS.format(renew=50)), env={}))
+    assert (
+        "warning: pump_renew_s (50 s) at decisions every period_s (15 s) renews a slowed pump as late as 60 s after "
+        "a command, which is not under the simulator's pump hold" in late
+    )
+    off = explain(load_config(write(tmp_path, PUMPS.format(renew=60) + "control_pump_speed = false\n"), env={}))
+    assert "  pumps         full speed (control_pump_speed = false)" in off and "warning" not in off
+
+
+def test_a_setpoint_step_that_never_lets_the_setpoint_move_is_refused_naming_both_keys(tmp_path: Path) -> None:
+    err = refused(tmp_path, 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 0\n')
+    assert err.path == "control.max_setpoint_step_k"
+    assert "0 K: with control.control_setpoint = true the set-point never moves" in err.problem
+    assert "set control.control_setpoint = false to keep the site's set-point" in err.problem
+    # the example site's options are 5 K apart around its 30 deg C: a 4 K step never reaches one
+    err = refused(tmp_path, 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 4.9\n')
+    assert err.path == "control.max_setpoint_step_k"
+    assert "4.9 K is less than the 5 K from the site's set-point (facility.supply_temp_c, 30 deg C)" in err.problem
+    assert "allow a step of at least 5 K" in err.problem
+    # a fixed set-point may have any step; a step that reaches the next option passes
+    fixed = 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 0\ncontrol_setpoint = false\n'
+    assert "  set-point     fixed" in explain(load_config(write(tmp_path, fixed), env={}))
+    assert load_config(write(tmp_path, 'site = "site.toml"\n[control]\nmax_setpoint_step_k = 5\n'), env={})
+    # the keys as racktwin evaluate's --control names them, without a site too
+    with pytest.raises(SpecError) as info:
+        check_control(ControlConfig(max_setpoint_step_k=0.0), None, "--control", prefix="")
+    assert str(info.value).startswith("--control: max_setpoint_step_k: 0 K: with control_setpoint = true the")
 
 
 def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:

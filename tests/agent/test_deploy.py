@@ -47,6 +47,28 @@ def test_the_dashboard_queries_only_exported_metrics() -> None:
         assert what in titles
 
 
+def test_every_counter_counted_by_kind_has_a_panel_by_its_label() -> None:
+    """A counter with a label that says what was counted (not which rack) is shown on the dashboard
+    summed by that label (``sum by (setting) (increase(...))``): racktwin_applied_state_disproved_total
+    {setting} had no panel."""
+    dash = json.loads((DEPLOY / "grafana" / "racktwin-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    by_label: dict[str, set[str]] = {}
+    for metric in AgentMetrics(["r0"]).registry.collect():
+        if metric.type == "counter":
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    by_label.setdefault(sample.name, set()).update(set(sample.labels) - {"rack"})
+    counted = {name: labels for name, labels in by_label.items() if labels}
+    assert "racktwin_applied_state_disproved_total" in counted and "racktwin_guard_actions_total" in counted
+    missing = [
+        name
+        for name, labels in sorted(counted.items())
+        if not any(re.search(rf"\bby \(({'|'.join(labels)})\).*\b{name}\b", e) for e in exprs)
+    ]
+    assert not missing, missing
+
+
 def test_the_alert_rules_use_only_exported_metrics_and_say_what_to_do() -> None:
     rules = yaml.safe_load((DEPLOY / "prometheus" / "racktwin-alerts.yml").read_text())
     alerts = [r for g in rules["groups"] for r in g["rules"]]

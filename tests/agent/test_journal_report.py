@@ -338,6 +338,11 @@ def test_a_summary_with_non_finite_numbers_or_odd_fields_does_not_break_the_repo
         (["--journal", "{journal}", "--since", "1000000d"], "out of the range of dates"),
         (["--journal", "{journal}", "--since", "9999-12-31T23:59-01:00"], "out of the range of dates"),
         (["--journal", "{journal}", "--decision", "99999999999999999999"], "no decision 99999999999999999999"),
+        (["--journal", "{journal}", "--decision", "-1"], "--decision -1: must be 1 or more"),
+        (["--journal", "{journal}", "--decision", "0"], "--decision 0: must be 1 or more"),
+        # the file is checked before the decision is looked for
+        (["--journal", "{other_db}", "--decision", "99999999999999999999"], "not a racktwin journal"),
+        (["--journal", "{not_a_db}", "--decision", "3"], "file is not a database"),
         (["--config", "{missing}"], "file not found"),
     ],
 )

@@ -10,6 +10,7 @@ Written for a mutation audit of the module: each test kills a mutant the other t
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,22 @@ def test_the_password_is_the_first_line_of_the_password_file(tmp_path: Path) -> 
     pw.write_text("s3cret\nsecond line\n", encoding="utf-8")
     o = given("--broker", "mqtt://h", "--mqtt-username", "sim", "--mqtt-password-file", str(pw))
     assert (o.username, o.password) == ("sim", "s3cret")
+
+
+def test_a_password_file_that_is_no_file_says_so_as_the_other_commands_do(tmp_path: Path) -> None:
+    """It said the system's "No such file or directory" (and "Is a directory") where the other commands
+    say ``<path>: file not found``. A pipe is read (``--mqtt-password-file <(pass show mqtt)``)."""
+    base = ["--broker", "mqtt://h", "--mqtt-username", "sim", "--mqtt-password-file"]
+    missing = tmp_path / "missing"
+    assert refused(*base, str(missing)) == f"--mqtt-password-file {missing}: file not found"
+    assert refused(*base, str(tmp_path)) == f"--mqtt-password-file {tmp_path}: is a folder, not a file"
+    read, write = os.pipe()
+    os.write(write, b"piped\n")
+    os.close(write)
+    try:
+        assert given(*base, f"/dev/fd/{read}").password == "piped"
+    finally:
+        os.close(read)
 
 
 def test_the_password_comes_from_the_environment_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,7 +165,11 @@ def test_a_missing_certificate_file_is_named_before_any_tls(option: str, tmp_pat
     argv = ["--broker", "mqtts://h", option, missing]
     if option == "--mqtt-key-file":
         argv += ["--mqtt-cert-file", tls_files.cert_file]
-    assert refused(*argv) == f"{option} {missing}: no such file"
+    assert refused(*argv) == f"{option} {missing}: file not found"  # was "no such file"
+    assert (
+        refused(*[str(tmp_path) if a == missing else a for a in argv])
+        == f"{option} {tmp_path}: is a folder, not a file"
+    )
 
 
 def test_a_key_file_needs_its_certificate(tls_files: TlsFiles) -> None:

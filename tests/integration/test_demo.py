@@ -56,6 +56,9 @@ def test_demo_runs_without_mosquitto_and_prints_both_summaries(tmp_path: Path) -
     assert "embedded amqtt broker" in err
     assert "racktwin demo: without the agent: 0:03:00 of 0:03:00 site time (100%)" in err
     assert "Running HiGHS" not in err  # the solver's banner is not among the progress lines
+    # day-demo.toml lists jobs after 3 minutes: warned of once, by the demo (its simulator child said it again)
+    late = "listed jobs are submitted at or after the end of this run (180 s, shortened from 7200 s)"
+    assert err.count(late) == 1 and f"racktwin demo: warning: {REPO / 'examples' / 'day-demo.toml'}: 10 {late}" in err
     obj = json.loads(out)  # stdout carries only the JSON object
     assert set(obj) == {"agent", "baseline"}
     for m in obj.values():

@@ -406,6 +406,8 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         (fault(kind="pump_degradation", rack=0, start_s=0), "faults[0].flow_fraction", "missing"),
         (fault(kind="pump_degradation", rack=0, start_s=0, flow_fraction=0), "faults[0].flow_fraction", ">= 0.05"),
         (fault(kind="garbage_readings", rack=0, start_s=0, mode="junk"), "faults[0].mode", "one of"),
+        # it garbled nothing: a fault that is no fault, as a zero-length window or broker outage
+        (fault(kind="garbage_readings", rack=0, start_s=0, fraction=0), "faults[0].fraction", "must be > 0, got 0"),
         (fault(kind="heat_wave", start_s=0, peak_delta_k="hot"), "faults[0].peak_delta_k", "expected a number"),
         (fault(kind="broker_disconnect", start_s=10), "faults[0].duration_s", "missing"),
         (fault(kind="broker_disconnect", start_s=10, duration_s=0), "faults[0].duration_s", "> 0"),
