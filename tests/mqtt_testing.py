@@ -280,7 +280,7 @@ class PubackDroppingProxy:
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, to_broker: bool) -> None:
             try:
-                while (packet := await _mqtt_packet(r)) is not None:
+                while (packet := await read_mqtt_packet(r)) is not None:
                     kind = packet[0] >> 4
                     if to_broker and kind == 3:
                         self.publishes += 1
@@ -297,8 +297,9 @@ class PubackDroppingProxy:
         await asyncio.gather(pipe(client_r, broker_w, True), pipe(broker_r, client_w, False))
 
 
-async def _mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
-    """One MQTT control packet (fixed header, remaining length, body), or None at the end of the stream."""
+async def read_mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
+    """One MQTT control packet (fixed header, remaining length, body), or None at the end of the stream
+    (``asyncio.IncompleteReadError`` when it ends inside a packet)."""
     try:
         header = await r.readexactly(1)
     except asyncio.IncompleteReadError:
@@ -312,6 +313,20 @@ async def _mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
         if not byte[0] & 0x80:
             break
     return header + encoded + (await r.readexactly(length) if length else b"")
+
+
+def mqtt_publish_packet(topic: str, payload: bytes) -> bytes:
+    """An MQTT 3.1.1 PUBLISH packet, QoS 0, not retained (the protocol the bus speaks), to send on a
+    connection the test holds at the TCP level."""
+    name = topic.encode()
+    body = len(name).to_bytes(2, "big") + name + payload
+    length, encoded = len(body), b""
+    while True:
+        byte, length = length % 128, length // 128
+        encoded += bytes([byte | (0x80 if length else 0)])
+        if not length:
+            break
+    return bytes([0x30]) + encoded + body
 
 
 def fast_reconnects(options: MqttOptions) -> MqttOptions:
