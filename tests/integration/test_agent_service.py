@@ -132,6 +132,16 @@ class Observer:
 
         return handle
 
+    async def wait_offline(self, service: AgentService) -> None:
+        """Until the offline status ``service`` published as it stopped is here: the broker passes one
+        client's messages on in order, so everything the service published before it is here too."""
+        me = service.instance.publisher
+        await wait_for(
+            lambda: any(s.publisher == me and s.state == wire.AgentState.OFFLINE for s in self.status),
+            15,
+            "the agent's offline status",
+        )
+
 
 @contextlib.asynccontextmanager
 async def observing(broker: EmbeddedBroker, site: SiteSpec, obs: Observer) -> Any:
@@ -513,10 +523,12 @@ async def test_a_restarted_agent_leaves_out_the_dead_card_a_silent_rack_refused_
             b_task = asyncio.create_task(b.run())
             try:
                 await wait_for(lambda: bool(to_r1(b_start)), 30, "agent B's first command to r1")
-                await asyncio.sleep(2 * PERIOD_S / 20.0)  # two periods more
+                first = b.decisions
+                await wait_for(lambda: b.decisions >= first + 2, 30, "two decisions more")
             finally:
                 b.stop()
                 await asyncio.wait_for(b_task, 15)
+            await obs.wait_offline(b)  # and every command B sent
         finally:
             a.stop()
             await asyncio.wait_for(a_task, 15)
@@ -792,7 +804,7 @@ async def test_advisory_mode_sends_advice_and_no_command(mosquitto: EmbeddedBrok
     obs = Observer()
     async with observing(mosquitto, site, obs):
         res = await run_with_sim(mosquitto, write_config(tmp_path, mode="advisory"), full_load(site, 80.0), speed=25.0)
-        await asyncio.sleep(0.2)
+        await obs.wait_offline(res.service)  # after anything it sent
     assert not obs.commands
     assert res.summary.commands_applied + res.summary.commands_rejected + res.summary.commands_expired == 0
     assert len(obs.advice) >= 3
