@@ -245,13 +245,15 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
 class PubackDroppingProxy:
     """A TCP proxy on loopback in front of a broker that drops every PUBACK (MQTT packet type 4) on
     its way to the client, as a broker too overloaded to acknowledge would look. ``publishes`` counts
-    the PUBLISH packets (type 3) the client sent through it."""
+    the PUBLISH packets (type 3) the client sent through it, ``clients_ended`` the client connections
+    whose end it passed on (everything such a client sent is counted)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = 0
         self.publishes = 0
         self.pubacks_dropped = 0
+        self.clients_ended = 0
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
         self._handlers: list[asyncio.Task[Any]] = []
@@ -293,6 +295,8 @@ class PubackDroppingProxy:
                 pass
             finally:
                 w.close()
+                if to_broker:
+                    self.clients_ended += 1
 
         await asyncio.gather(pipe(client_r, broker_w, True), pipe(broker_r, client_w, False))
 
