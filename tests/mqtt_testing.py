@@ -245,13 +245,15 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
 class PubackDroppingProxy:
     """A TCP proxy on loopback in front of a broker that drops every PUBACK (MQTT packet type 4) on
     its way to the client, as a broker too overloaded to acknowledge would look. ``publishes`` counts
-    the PUBLISH packets (type 3) the client sent through it."""
+    the PUBLISH packets (type 3) the client sent through it, ``clients_ended`` the client connections
+    whose end it passed on (everything such a client sent is counted)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = 0
         self.publishes = 0
         self.pubacks_dropped = 0
+        self.clients_ended = 0
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
         self._handlers: list[asyncio.Task[Any]] = []
@@ -280,7 +282,7 @@ class PubackDroppingProxy:
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, to_broker: bool) -> None:
             try:
-                while (packet := await _mqtt_packet(r)) is not None:
+                while (packet := await read_mqtt_packet(r)) is not None:
                     kind = packet[0] >> 4
                     if to_broker and kind == 3:
                         self.publishes += 1
@@ -293,12 +295,15 @@ class PubackDroppingProxy:
                 pass
             finally:
                 w.close()
+                if to_broker:
+                    self.clients_ended += 1
 
         await asyncio.gather(pipe(client_r, broker_w, True), pipe(broker_r, client_w, False))
 
 
-async def _mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
-    """One MQTT control packet (fixed header, remaining length, body), or None at the end of the stream."""
+async def read_mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
+    """One MQTT control packet (fixed header, remaining length, body), or None at the end of the stream
+    (``asyncio.IncompleteReadError`` when it ends inside a packet)."""
     try:
         header = await r.readexactly(1)
     except asyncio.IncompleteReadError:
@@ -312,6 +317,20 @@ async def _mqtt_packet(r: asyncio.StreamReader) -> bytes | None:
         if not byte[0] & 0x80:
             break
     return header + encoded + (await r.readexactly(length) if length else b"")
+
+
+def mqtt_publish_packet(topic: str, payload: bytes) -> bytes:
+    """An MQTT 3.1.1 PUBLISH packet, QoS 0, not retained (the protocol the bus speaks), to send on a
+    connection the test holds at the TCP level."""
+    name = topic.encode()
+    body = len(name).to_bytes(2, "big") + name + payload
+    length, encoded = len(body), b""
+    while True:
+        byte, length = length % 128, length // 128
+        encoded += bytes([byte | (0x80 if length else 0)])
+        if not length:
+            break
+    return bytes([0x30]) + encoded + body
 
 
 def fast_reconnects(options: MqttOptions) -> MqttOptions:

@@ -18,6 +18,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,22 +80,40 @@ def desk(tmp_path: Path) -> Desk:
     return Desk(codec, control, CommandBook(site, codec, control), clock, Journal(tmp_path / "journal.sqlite"))
 
 
+@dataclass
+class Watch:
+    """The rack commands on the wire, as a rack sees them (``received``); :meth:`flush` after the last send."""
+
+    codec: wire.Codec
+    received: list[Incoming] = field(default_factory=list)
+    flushed: bool = False
+
+    async def flush(self, bus: Bus) -> None:
+        """A marker published on ``bus`` (the publisher's, after its last send), waited for: the broker
+        passes one client's messages on in order, so every command sent before it is in ``received``."""
+        marker = f"marker {uuid.uuid4()}".encode()
+        await bus.publish(self.codec.topics.rack_cmd("r0"), marker, qos=1)  # QoS 1: queued behind the commands
+        await wait_for("the marker", lambda: any(m.payload == marker for m in self.received), 10)
+        self.received[:] = [m for m in self.received if m.payload != marker]
+        self.flushed = True
+
+
 @asynccontextmanager
-async def watching(options: MqttOptions, codec: wire.Codec) -> AsyncIterator[list[Incoming]]:
-    """The rack commands on the wire, as a rack sees them."""
-    received: list[Incoming] = []
+async def watching(options: MqttOptions, codec: wire.Codec) -> AsyncIterator[Watch]:
+    """A :class:`Watch` of the rack command topics; the test calls :meth:`Watch.flush` at its end."""
+    watch = Watch(codec)
     watcher = Bus(options, subscriptions=[codec.topics.filter(wire.Kind.RACK_CMD)], name="watcher")
 
     async def collect() -> None:
         async for m in watcher.messages():
-            received.append(m)
+            watch.received.append(m)
 
     async with watcher:
         await watcher.wait_connected(10)
         task = asyncio.create_task(collect())
         try:
-            yield received
-            await asyncio.sleep(0.2)  # anything more would be here by now
+            yield watch
+            assert watch.flushed, "flush(bus) after the last send: a command on its way would be missed"
         finally:
             task.cancel()
 
@@ -107,7 +126,7 @@ async def test_a_command_is_sent_again_a_retry_interval_after_its_last_send_and_
     issue, not after its last send); ``on_sent`` says which sends are retries."""
     d = desk(tmp_path)
     sent: list[bool] = []
-    async with watching(mosquitto.options(), d.codec) as received, Bus(mosquitto.options(), name="agent") as bus:
+    async with watching(mosquitto.options(), d.codec) as watch, Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
         publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, on_sent=lambda oc, retry: sent.append(retry))
         assert publisher.retry_after_s == 10.0
@@ -118,9 +137,10 @@ async def test_a_command_is_sent_again_a_retry_interval_after_its_last_send_and_
             d.at(t)
             await publisher.step()
             attempts.append(oc.attempts)
+        await watch.flush(bus)
     assert attempts == [1, 1, 2, 2, 2, 3, 3]
     assert sent == [False, True, True] and publisher.stats.retried == 2 and publisher.stats.sent == 3
-    assert [m.payload for m in received] == [oc.payload] * 3
+    assert [m.payload for m in watch.received] == [oc.payload] * 3
     row = d.journal.command(oc.command_id)
     assert row is not None and row.state == "sent" and row.attempts == 3
     d.journal.close()
@@ -135,7 +155,7 @@ async def test_a_command_that_outlives_its_retries_is_abandoned_after_command_re
     overlay released (the next decision may command the card again), never sent again."""
     d = desk(tmp_path)
     closed: list[str] = []
-    async with watching(mosquitto.options(), d.codec) as received, Bus(mosquitto.options(), name="agent") as bus:
+    async with watching(mosquitto.options(), d.codec) as watch, Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
         publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, on_closed=lambda oc, why: closed.append(why))
         oc = d.issue("r1", (4, 5), 2, life_s=60.0)
@@ -153,7 +173,8 @@ async def test_a_command_that_outlives_its_retries_is_abandoned_after_command_re
         assert (have[oc.cards] == -1.0).all()  # what the racks report counts again
         d.at(45.0)
         await publisher.step()
-    assert [m.payload for m in received] == [oc.payload] * 3
+        await watch.flush(bus)
+    assert [m.payload for m in watch.received] == [oc.payload] * 3
     assert publisher.stats.sent == 3 and publisher.acks_missing == {"r1": 1}
     row = d.journal.command(oc.command_id)
     assert row is not None and row.state == "abandoned" and row.attempts == 3
@@ -229,12 +250,13 @@ async def test_commands_that_cannot_be_sent_wait_in_order_unjournaled_until_the_
         assert publisher.backlog() == n and d.journal.command_counts() == {"pending": n}
         await asyncio.to_thread(mosquitto.start)
         await wait_for("the reconnect", lambda: bus.connected)
-        async with watching(mosquitto.options(), d.codec) as received:
+        async with watching(mosquitto.options(), d.codec) as watch:
             d.at(1.0)
             await publisher.step()
+            await watch.flush(bus)
     assert publisher.stats.sent == n and publisher.backlog() == 0
     index = {oc.payload: k for k, oc in enumerate(opened)}
-    assert [index[m.payload] for m in received] == list(range(n))
+    assert [index[m.payload] for m in watch.received] == list(range(n))
     assert d.journal.command_counts() == {"sent": n}
     d.journal.close()
 
@@ -246,7 +268,7 @@ async def test_a_send_that_fails_within_a_batch_is_not_journaled_sent_and_goes_f
     them. Only those acknowledged are marked sent (the two stay ``pending``, as they are on no
     broker); the next step sends the two first, in their order, then the commands behind them."""
     d = desk(tmp_path)
-    async with watching(mosquitto.options(), d.codec) as received, Bus(mosquitto.options(), name="agent") as bus:
+    async with watching(mosquitto.options(), d.codec) as watch, Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
         publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
         n = publisher.max_in_flight + 2
@@ -268,10 +290,11 @@ async def test_a_send_that_fails_within_a_batch_is_not_journaled_sent_and_goes_f
         assert d.journal.command_counts() == {"sent": n - 4, "pending": 4}
         bus.publish = real_publish  # type: ignore[method-assign]  # test double
         await publisher.step()
+        await watch.flush(bus)
     assert publisher.stats.sent == n and d.journal.command_counts() == {"sent": n}
     index = {oc.payload: k for k, oc in enumerate(opened)}
     window = publisher.max_in_flight
-    assert [index[m.payload] for m in received] == [k for k in range(window) if k not in (1, 3)] + [
+    assert [index[m.payload] for m in watch.received] == [k for k in range(window) if k not in (1, 3)] + [
         1,
         3,
         *range(window, n),
@@ -311,9 +334,10 @@ async def test_commands_that_expire_or_are_superseded_while_the_broker_is_away_a
         publisher.submit([new])
         await asyncio.to_thread(mosquitto.start)
         await wait_for("the reconnect", lambda: bus.connected)
-        async with watching(mosquitto.options(), d.codec) as received:
+        async with watching(mosquitto.options(), d.codec) as watch:
             await publisher.step()
-    assert [m.payload for m in received] == [new.payload]
+            await watch.flush(bus)
+    assert [m.payload for m in watch.received] == [new.payload]
     assert sorted(closed) == sorted([(expiring.command_id, "unacked"), (old.command_id, "superseded")])
     assert publisher.acks_missing == {} and publisher.stats.acks_missing == 0
     assert not [r for r in caplog.records if r.getMessage().startswith("no ack from")]
@@ -328,14 +352,15 @@ async def test_a_command_resumed_from_the_journal_goes_out_once(mosquitto: Embed
     sent by this run), not twice."""
     d = desk(tmp_path)
     sent: list[bool] = []
-    async with watching(mosquitto.options(), d.codec) as received, Bus(mosquitto.options(), name="agent") as bus:
+    async with watching(mosquitto.options(), d.codec) as watch, Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
         publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, on_sent=lambda oc, retry: sent.append(retry))
         oc = d.issue("r2", (9,), 4, attempts=1)
         d.at(2.0)
         publisher.submit([oc])
         await publisher.step()
-    assert [m.payload for m in received] == [oc.payload]
+        await watch.flush(bus)
+    assert [m.payload for m in watch.received] == [oc.payload]
     assert oc.attempts == 2 and sent == [True] and publisher.stats.sent == 1
     d.journal.close()
 

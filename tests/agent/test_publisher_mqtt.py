@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import example_site
-from mqtt_testing import PubackDroppingProxy
+from mqtt_testing import PubackDroppingProxy, wait_for
 
 from agent import wire
 from agent.broker import EmbeddedBroker
@@ -208,7 +208,10 @@ async def test_commands_the_broker_does_not_acknowledge_go_out_once_and_the_next
             assert publisher.backlog() == 0
             assert publisher.stats.sent == n and publisher.stats.unconfirmed == n
             assert bus.stats.puback_timeouts == n
-            await asyncio.sleep(0.2)
+        # the bus closed: once the proxy has passed its end on, every PUBLISH it sent is counted (and the
+        # window's PUBACKs, dropped)
+        window = publisher.max_in_flight
+        await wait_for("the client's end", lambda: proxy.clients_ended == 1 and proxy.pubacks_dropped >= window)
         # never a copy: the first window went on the wire, the client holds the rest until PUBACKs come
         assert proxy.publishes == publisher.max_in_flight == proxy.pubacks_dropped
     assert journal.command_counts() == {"sent": n}
@@ -261,15 +264,16 @@ async def test_a_command_superseded_while_unacknowledged_is_never_sent_again(
         await publisher.step()
         clock.observe(TS + 22.0)  # the newer one is due again
         await publisher.step()
-        async with asyncio.timeout(10):
-            while len(received) < 3:
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)  # anything more would be here by now
         clock.observe(TS + 42.0)  # the newer one expires unacknowledged
         await publisher.step()
+        # a marker behind every command sent (QoS 1, on the same connection): once it is in, they all are
+        await bus.publish(codec.topics.rack_cmd("r0"), b"marker", qos=1)
+        async with asyncio.timeout(10):
+            while not any(m.payload == b"marker" for m in received):
+                await asyncio.sleep(0.01)
         task.cancel()
     order = {old.payload: "old", new.payload: "new"}
-    assert [order[m.payload] for m in received] == ["old", "new", "new"]
+    assert [order[m.payload] for m in received[:-1]] == ["old", "new", "new"] and received[-1].payload == b"marker"
     assert closed == [(old.command_id, "superseded"), (new.command_id, "unacked")]
     assert publisher.stats.superseded == 1 and publisher.stats.retried == 1
     old_row, new_row = journal.command(old.command_id), journal.command(new.command_id)

@@ -157,6 +157,13 @@ def in_process_agent(
     return site, folder / "journal.sqlite", service
 
 
+async def decisions_total(port: int) -> float:
+    """The agent's decisions so far, from its ``/metrics`` on ``port`` (every status)."""
+    status, body = await http_get(port, "/metrics")
+    assert status == 200, body
+    return sum(float(n) for n in re.findall(r'racktwin_decisions_total\{status="\w+"\} (\S+)', body))
+
+
 def statuses(obs: Observer, state: wire.AgentState) -> list[Any]:
     return [s for s in obs.status if s.state == state]
 
@@ -197,7 +204,11 @@ async def test_a_journal_that_cannot_be_written_leaves_the_agent_running_not_rea
             status, body = await http_get(port, "/readyz")
             assert status == 503, body
             assert "journal: journal " in body and "journal (calibration): journal " in body, body
-            await asyncio.sleep(1.0)  # more failed writes: still running
+            # still running: three more decisions (each write refused: the disk stays full) after both failures
+            failed_at = await decisions_total(port)
+            async with asyncio.timeout(15):
+                while await decisions_total(port) < failed_at + 3:
+                    await asyncio.sleep(0.05)
             assert agent.proc.returncode is None, agent.stderr[-3000:]
         finally:
             sim_task.cancel()
@@ -205,7 +216,7 @@ async def test_a_journal_that_cannot_be_written_leaves_the_agent_running_not_rea
                 await sim_task
         agent.proc.send_signal(signal.SIGTERM)
         assert await agent.wait(15) == 0, agent.stderr[-3000:]
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: bool(statuses(obs, wire.AgentState.OFFLINE)), 15, "the offline status")
     assert "Traceback" not in agent.stderr, agent.stderr[-3000:]
     assert obs.status[-1].state == wire.AgentState.OFFLINE and obs.status[-1].detail == "clean shutdown"
     # the log says the stop began (and why) and how it ended
@@ -216,15 +227,21 @@ async def test_a_journal_that_cannot_be_written_leaves_the_agent_running_not_rea
 _FAILING_TASK = textwrap.dedent(
     """
     import asyncio, sys
-    import agent.service
+    import agent.service, agent.status
     from agent.cli import main
 
+    online_sent = asyncio.Event()
+    publish_online = agent.status.StatusPublisher.publish_online
+
+    async def publish_online_then_note(self, bus):
+        await publish_online(self, bus)  # QoS 1: back once the broker has it
+        online_sent.set()
+
     async def failing_health_task(self):
-        while not self.bus.connected:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
+        await online_sent.wait()  # the online status is out, however long the connect took
         raise RuntimeError("injected failure")
 
+    agent.status.StatusPublisher.publish_online = publish_online_then_note
     agent.service.AgentService._health_task = failing_health_task
     sys.exit(main(["agent", "--config", sys.argv[1]]))
     """
@@ -241,7 +258,7 @@ async def test_a_task_that_fails_stops_the_agent_with_an_error_status_and_exit_s
     obs = Observer()
     async with observing(mosquitto, site, obs), agent_process(mosquitto, cfg, code=_FAILING_TASK) as agent:
         assert await agent.wait(30) == 1, agent.stderr[-3000:]
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: bool(statuses(obs, wire.AgentState.OFFLINE)), 15, "the offline status")
     assert statuses(obs, wire.AgentState.ONLINE), agent.stderr[-3000:]
     last = obs.status[-1]
     assert last.state == wire.AgentState.OFFLINE and last.detail == "error: RuntimeError: injected failure", last

@@ -25,13 +25,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 from http_testing import http_get
+from mqtt_testing import mqtt_publish_packet, read_mqtt_packet, until_sentinel
 from site_testing import write_agent_config, write_capped_small_site
 
 from agent import wire
@@ -130,6 +131,16 @@ class Observer:
                 self.status.append(msg)
 
         return handle
+
+    async def wait_offline(self, service: AgentService) -> None:
+        """Until the offline status ``service`` published as it stopped is here: the broker passes one
+        client's messages on in order, so everything the service published before it is here too."""
+        me = service.instance.publisher
+        await wait_for(
+            lambda: any(s.publisher == me and s.state == wire.AgentState.OFFLINE for s in self.status),
+            15,
+            "the agent's offline status",
+        )
 
 
 @contextlib.asynccontextmanager
@@ -512,10 +523,12 @@ async def test_a_restarted_agent_leaves_out_the_dead_card_a_silent_rack_refused_
             b_task = asyncio.create_task(b.run())
             try:
                 await wait_for(lambda: bool(to_r1(b_start)), 30, "agent B's first command to r1")
-                await asyncio.sleep(2 * PERIOD_S / 20.0)  # two periods more
+                first = b.decisions
+                await wait_for(lambda: b.decisions >= first + 2, 30, "two decisions more")
             finally:
                 b.stop()
                 await asyncio.wait_for(b_task, 15)
+            await obs.wait_offline(b)  # and every command B sent
         finally:
             a.stop()
             await asyncio.wait_for(a_task, 15)
@@ -791,7 +804,7 @@ async def test_advisory_mode_sends_advice_and_no_command(mosquitto: EmbeddedBrok
     obs = Observer()
     async with observing(mosquitto, site, obs):
         res = await run_with_sim(mosquitto, write_config(tmp_path, mode="advisory"), full_load(site, 80.0), speed=25.0)
-        await asyncio.sleep(0.2)
+        await obs.wait_offline(res.service)  # after anything it sent
     assert not obs.commands
     assert res.summary.commands_applied + res.summary.commands_rejected + res.summary.commands_expired == 0
     assert len(obs.advice) >= 3
@@ -1183,31 +1196,60 @@ async def test_commands_from_a_publisher_that_names_no_agent_make_the_agent_stan
         await asyncio.wait_for(task, 15)
 
 
-@contextlib.asynccontextmanager
-async def proxy_that_hides_a_dead_client(port: int) -> Any:
-    """A TCP proxy to the broker on ``port`` that does not pass a client's end on: the broker keeps
-    the connection, and holds its last will, until the keepalive runs out, as when a host dies."""
-    upstreams: list[asyncio.StreamWriter] = []
+@dataclass
+class HidingProxy:
+    """What :func:`proxy_that_hides_a_dead_client` yields: its port, the connections to the broker
+    it holds (one per client connection), and how many of those clients' ends it saw (and hid)."""
 
-    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, close: bool) -> None:
+    port: int
+    upstreams: list[asyncio.StreamWriter] = field(default_factory=list)
+    clients_ended: int = 0
+
+    async def publish_on_last_connection(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 PUBLISH on the broker connection of the last client, as if that client sent it: it
+        reaches subscribers only while the broker still holds the connection, so after anything the
+        broker had sent on that connection's behalf (its will) before."""
+        up = self.upstreams[-1]
+        assert not up.is_closing(), "the proxy closed the connection: the broker has the client's will"
+        up.write(mqtt_publish_packet(topic, payload))
+        await up.drain()
+
+
+@contextlib.asynccontextmanager
+async def proxy_that_hides_a_dead_client(port: int) -> AsyncIterator[HidingProxy]:
+    """A TCP proxy to the broker on ``port`` that does not pass a client's end on: the broker keeps
+    the connection, and holds its last will, until the keepalive runs out, as when a host dies. It
+    passes the client's packets whole (a client that dies inside one sends nothing of it), so that
+    :meth:`HidingProxy.publish_on_last_connection` can add one on the connection once the client
+    ended."""
+    proxy = HidingProxy(0)
+
+    async def to_broker(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError, asyncio.IncompleteReadError):
+            while (packet := await read_mqtt_packet(src)) is not None:
+                dst.write(packet)
+                await dst.drain()
+        proxy.clients_ended += 1  # and the connection to the broker stays open
+
+    async def to_client(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await src.read(65536):
                 dst.write(data)
                 await dst.drain()
-        if close:
-            dst.close()
+        dst.close()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
-        upstreams.append(up_writer)
-        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+        proxy.upstreams.append(up_writer)
+        await asyncio.gather(to_broker(reader, up_writer), to_client(up_reader, writer))
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    proxy.port = server.sockets[0].getsockname()[1]
     try:
-        yield server.sockets[0].getsockname()[1]
+        yield proxy
     finally:
         server.close()
-        for w in upstreams:
+        for w in proxy.upstreams:
             w.close()
 
 
@@ -1225,8 +1267,9 @@ async def test_an_agent_restarted_after_its_host_died_is_not_held_back_by_its_ea
     clock: dict[str, Any] = {"sim": None}
     obs = Observer(site_time=lambda: clock["sim"].site_time_s if clock["sim"] is not None else 0.0)
     log_a = (tmp_path / "agent-a.log").open("w")
-    async with observing(mosquitto, site, obs), proxy_that_hides_a_dead_client(mosquitto.port) as proxy_port:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{proxy_port}"}
+    codec = wire.Codec(wire.SiteLayout.from_spec(site, site=SITE_ID))
+    async with observing(mosquitto, site, obs), proxy_that_hides_a_dead_client(mosquitto.port) as proxy:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "RACKTWIN_BROKER_URL": f"mqtt://127.0.0.1:{proxy.port}"}
         a = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "agent", "--config", str(cfg)], env=env, stderr=log_a, cwd=REPO
         )
@@ -1242,9 +1285,21 @@ async def test_an_agent_restarted_after_its_host_died_is_not_held_back_by_its_ea
             a.send_signal(signal.SIGKILL)
             a.wait(10)
             log_a.close()
-        await asyncio.sleep(0.5)
-        a_status = obs.status[-1]
-        assert a_status.state == wire.AgentState.ONLINE and str(a.pid) in (a_status.detail or "")  # no will
+        # No will: once the proxy has seen A's end, a marker on A's connection reaches a subscriber to the
+        # status only while the broker holds that connection, after any will (and the retained status).
+        await wait_for(lambda: proxy.clients_ended == len(proxy.upstreams), 15, "the proxy seeing A's end")
+        marker_topic, marker = f"test/{uuid.uuid4()}", b"after A's end"
+        async with Bus(mosquitto.options(), subscriptions=[codec.topics.agent_status, marker_topic]) as watch:
+            await watch.wait_connected(10)
+            await proxy.publish_on_last_connection(marker_topic, marker)
+            try:
+                before_marker = await until_sentinel(watch, marker)
+            except TimeoutError:
+                pytest.fail("the marker on A's connection never came: the broker closed it (and sent the will)")
+        assert before_marker, "no retained status"
+        a_status = codec.decode(before_marker[-1].topic, before_marker[-1].payload)  # the retained one or later
+        assert isinstance(a_status, wire.AgentStatus), a_status
+        assert a_status.state == wire.AgentState.ONLINE and str(a.pid) in (a_status.detail or ""), a_status
         b = AgentService(loaded_config(cfg, mosquitto), http=False)  # the configuration's own client id
         b_started = time.monotonic()
         sim2 = Simulator(

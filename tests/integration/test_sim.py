@@ -324,8 +324,11 @@ async def test_expired_command_is_acked_expired_and_not_applied(mosquitto: Embed
         assert ack.result is wire.AckResult.EXPIRED and ack.ts_s >= stale.expires_s
         fac = wire.FacilityCommand(40.0, wire.new_command_id(), now - 1.0, now - 30.0, 1, "agent")
         await obs.send(fac)
-        assert (await obs.ack_of(fac.command_id)).result is wire.AckResult.EXPIRED
-        await asyncio.sleep(0.5)  # 10 site seconds: the DVFS latency has long passed
+        fac_ack = await obs.ack_of(fac.command_id)
+        assert fac_ack.result is wire.AckResult.EXPIRED
+        async with asyncio.timeout(WAIT_S):  # 10 site seconds on: the DVFS latency has long passed
+            while sim.site_time_s < max(ack.ts_s, fac_ack.ts_s) + 10.0:
+                await asyncio.sleep(0.02)
         truth = sim.plant.truth()
         assert truth.level[:2].tolist() == [0, 0] and truth.supply_setpoint_c == SITE.facility.supply_temp_c
         assert sim.commands.level[:2].tolist() == [0, 0]
@@ -480,8 +483,9 @@ async def test_broker_disconnect_loses_telemetry_and_delivers_queued_commands(mo
     )
     async with observer(mosquitto, SITE) as obs, running(mosquitto, sc, speed=5.0) as (sim, _):
         await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 9)
-        await asyncio.sleep(0.8)  # 4 site seconds: the simulator is offline now
-        assert not sim.connected
+        async with asyncio.timeout(WAIT_S):  # the simulator goes offline at 10 s
+            while sim.connected:
+                await asyncio.sleep(0.02)
         ts = START_EPOCH_S + 12.0
         keep = wire.RackCommand("r1", (4,), wire.CardSetting.dvfs(2), wire.new_command_id(), ts + 600.0, ts, 0, "agent")
         lapse = wire.RackCommand("r1", (5,), wire.CardSetting.dvfs(6), wire.new_command_id(), ts + 8.0, ts, 1, "agent")
@@ -517,8 +521,10 @@ async def test_truth_log_and_summary(mosquitto: EmbeddedBroker, tmp_path: Path) 
         mosquitto, sc, speed=0.0, truth_log=truth, summary_path=summary, progress=lines.append, progress_interval_s=1e-9
     )
     async with observer(mosquitto, SITE) as obs, runs as (sim, _):
-        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= START_EPOCH_S + 120)
-        await asyncio.sleep(0.3)  # the last round's other messages
+        end_s = START_EPOCH_S + 120
+        await obs.wait_for(lambda m: isinstance(m, wire.FacilityReading) and m.ts_s >= end_s)
+        racks = set(SITE.rack_names)  # and the last round's other messages: each rack's PDU reading
+        await obs.wait_for(lambda _m: {p.rack for p in obs.of(wire.PduReading) if p.ts_s >= end_s} == racks)
     rows = list(csv.DictReader(truth.open(encoding="utf-8")))
     assert list(rows[0]) == truth_columns(SITE)
     # one row per period, and the final state at the end (121 s is between two periods)
