@@ -6,8 +6,9 @@ per distinct level, low-power idle, wake, and ONE power-limit command per rack a
 ``power_limit_watts`` is a value per card when the cards' limits differ: a rack gets a handful of
 commands per decision, not one per distinct limit), one ``racktwin.facility_cmd/1`` for a new
 set-point, one ``racktwin.scheduler_cmd/1`` per placement, one ``racktwin.cdu_cmd/1`` per rack whose
-pump speed changes (and, for a slowed pump, again every ``pump_renew_s``: the plant returns a pump to
-full speed when no command renews it). Where the decision manages hosts (``Decision.host_off``), one
+pump speed changes (and, for a slowed pump, again at the first decision ``pump_renew_s`` or more after
+the last: the plant returns a pump to full speed when no command renews it). Where the decision manages
+hosts (``Decision.host_off``), one
 ``host_power_off`` per rack listing every card of the hosts to switch off that the racks report on
 (never a host with a busy card: the plant would refuse it) and one ``host_power_on`` for hosts to
 switch on that are reported off; the cards of hosts that are (to be) off get no low-power idle or

@@ -69,6 +69,59 @@ def test_every_counter_counted_by_kind_has_a_panel_by_its_label() -> None:
     assert not missing, missing
 
 
+#: Metrics agent.metrics declares that the dashboard deliberately shows in no panel, each with the reason.
+#: Empty: every metric has a panel (an operator watching the site sees them all); a metric added to
+#: agent.metrics goes on the dashboard or here, with why it is left off.
+LEFT_OFF_THE_DASHBOARD: dict[str, str] = {}
+
+
+def declared_metrics() -> dict[str, set[str]]:
+    """Every metric agent.metrics declares, by the name it is exported and queried under (a counter's
+    with its ``_total``) -> the series names a query may use for it (a histogram's ``_bucket``,
+    ``_sum``, ``_count``)."""
+    declared: dict[str, set[str]] = {}
+    for metric in AgentMetrics(["r0"]).registry.collect():
+        if metric.type == "counter":  # (prometheus_client names a counter's family without its _total)
+            declared[metric.name + "_total"] = {metric.name + "_total"}
+        elif metric.type == "histogram":
+            declared[metric.name] = {metric.name + suffix for suffix in ("_bucket", "_sum", "_count")}
+        else:
+            declared[metric.name] = {metric.name}
+    return declared
+
+
+def test_every_declared_metric_has_a_panel_or_a_reason_to_have_none() -> None:
+    """An operator sees on the dashboard every metric the agent exports, unless it is left off on
+    purpose (:data:`LEFT_OFF_THE_DASHBOARD`): racktwin_rack_pump_speed_ratio, racktwin_rack_hosts_off,
+    racktwin_site_time_seconds, racktwin_site_clock_rate_ratio, racktwin_foreign_acks_total and
+    racktwin_repeated_acks_total had no panel."""
+    dash = json.loads((DEPLOY / "grafana" / "racktwin-dashboard.json").read_text())
+    used = {n for p in dash["panels"] for t in p["targets"] for n in re.findall(r"\bracktwin_[a-z_]+", t["expr"])}
+    declared = declared_metrics()
+    assert {"racktwin_rack_pump_speed_ratio", "racktwin_foreign_acks_total", "racktwin_solve_seconds"} <= set(declared)
+    missing = sorted(
+        name for name, series in declared.items() if not series & used and name not in LEFT_OFF_THE_DASHBOARD
+    )
+    assert not missing, f"no panel shows {missing}: add one, or list them in LEFT_OFF_THE_DASHBOARD with why"
+    # the allow-list names declared metrics that are indeed off the dashboard, each with a reason
+    for name, why in LEFT_OFF_THE_DASHBOARD.items():
+        assert name in declared and not declared[name] & used and why.strip(), name
+
+
+def test_the_dashboard_panels_do_not_overlap() -> None:
+    """Every panel has its own place on Grafana's 24-column grid (a panel laid over another hides it)."""
+    dash = json.loads((DEPLOY / "grafana" / "racktwin-dashboard.json").read_text())
+    taken: dict[tuple[int, int], str] = {}
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["y"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in taken, f"{p['title']!r} overlaps {taken[(x, y)]!r}"
+                taken[(x, y)] = p["title"]
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+
+
 def test_the_alert_rules_use_only_exported_metrics_and_say_what_to_do() -> None:
     rules = yaml.safe_load((DEPLOY / "prometheus" / "racktwin-alerts.yml").read_text())
     alerts = [r for g in rules["groups"] for r in g["rules"]]
