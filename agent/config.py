@@ -749,8 +749,8 @@ def _pumps_line(c: ControlConfig) -> str:
         return "full speed (control_pump_speed = false)"
     every_s = math.ceil(c.pump_renew_s / c.period_s - 1e-9) * c.period_s
     line = (
-        f"rack-loop speeds chosen among {c.pump_speed_steps} steps, a slowed pump's speed re-sent every "
-        f"{c.pump_renew_s:g} s"
+        f"rack-loop speeds chosen among {c.pump_speed_steps} steps, a slowed pump's speed re-sent at the first "
+        f"decision {c.pump_renew_s:g} s after the last (every {every_s:g} s at one decision per {c.period_s:g} s)"
     )
     if every_s < DEFAULT_PUMP_HOLD_S:
         return line

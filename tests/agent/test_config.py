@@ -100,7 +100,10 @@ def test_a_pump_renewal_not_within_the_simulators_hold_is_warned_about(tmp_path:
     # (twin.plant_types.DEFAULT_PUMP_HOLD_S); renewals come at decisions (every 15 s here).
     assert DEFAULT_PUMP_HOLD_S == 60.0
     default = explain(load_config(write(tmp_path, 'site = "site.toml"\n'), env={}))
-    assert "  pumps         rack-loop speeds chosen among 9 steps, a slowed pump's speed re-sent every 20 s" in default
+    assert (
+        "  pumps         rack-loop speeds chosen among 9 steps, a slowed pump's speed re-sent at the first decision"
+        " 20 s after the last (every 30 s at one decision per 15 s)"
+    ) in default
     assert "warning" not in default
     assert "warning" not in explain(load_config(write(tmp_path, PUMPS.format(renew=45)), env={}))  # at 45 s
     at = explain(load_config(write(tmp_path, PUMPS.format(renew=60)), env={}))
