@@ -409,6 +409,15 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         # it garbled nothing: a fault that is no fault, as a zero-length window or broker outage
         (fault(kind="garbage_readings", rack=0, start_s=0, fraction=0), "faults[0].fraction", "must be > 0, got 0"),
         (fault(kind="heat_wave", start_s=0, peak_delta_k="hot"), "faults[0].peak_delta_k", "expected a number"),
+        # faults that change nothing, likewise: a pump at full flow, an unfouled plate, a wave of 0 K
+        (fault(kind="pump_degradation", rack=0, start_s=0, flow_fraction=1), "faults[0].flow_fraction", "< 1, got 1"),
+        (fault(kind="cold_plate_fouling", card=0, start_s=0, r_factor=1.0), "faults[0].r_factor", "> 1, got 1.0"),
+        (
+            fault(kind="heat_wave", start_s=0, peak_delta_k=0),
+            "faults[0].peak_delta_k",
+            "must be within -30..30 K and not 0, got 0",
+        ),
+        (fault(kind="heat_wave", start_s=0, peak_delta_k=-0.0), "faults[0].peak_delta_k", "not 0, got -0.0"),
         (fault(kind="broker_disconnect", start_s=10), "faults[0].duration_s", "missing"),
         (fault(kind="broker_disconnect", start_s=10, duration_s=0), "faults[0].duration_s", "> 0"),
         (
