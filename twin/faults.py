@@ -116,7 +116,10 @@ class CardFailure:
 class PumpDegradation:
     rack: int = field(metadata=rng(0))
     start_s: float = field(metadata=rng(0.0))
-    flow_fraction: float = field(metadata=rng(0.05, 1.0))
+    #: the rack loop's flow at the fault's full strength, a share of nominal, 0.05..1; a scenario file's
+    #: ``[[faults]]`` must give less than 1 (the range below): there a pump that keeps its full flow is a
+    #: mistake, as a window of no length is
+    flow_fraction: float = field(metadata=rng(0.05, 1.0, hi_open=True))
     ramp_s: float = field(default=0.0, metadata=rng(0.0))
     end_s: float = field(default=_INF, metadata=rng(0.0))
 
@@ -141,7 +144,9 @@ class PumpDegradation:
 class ColdPlateFouling:
     card: int = field(metadata=rng(0))
     start_s: float = field(metadata=rng(0.0))
-    r_factor: float = field(metadata=rng(1.0, 20.0))
+    #: multiplies the card's case-to-coolant resistance, 1..20; a scenario file's ``[[faults]]`` must give
+    #: more than 1 (the range below): there a plate that is not fouled is a mistake
+    r_factor: float = field(metadata=rng(1.0, 20.0, lo_open=True))
     end_s: float = field(default=_INF, metadata=rng(0.0))
 
     def __post_init__(self) -> None:
@@ -153,7 +158,9 @@ class ColdPlateFouling:
 @dataclass(frozen=True)
 class HeatWave:
     start_s: float = field(metadata=rng(0.0))
-    peak_delta_k: float = field(metadata=rng(-30.0, 30.0))
+    #: added to the ambient at the peak, -30..30 K (negative: a cold snap); a scenario file's ``[[faults]]``
+    #: must not give 0 (the range below): there a wave that leaves the ambient as it is is a mistake
+    peak_delta_k: float = field(metadata=rng(-30.0, 30.0, not_zero=True))
     # the shape of the event, not a measurement: an hour's rise, four hours at the peak (the afternoon)
     ramp_s: float = field(default=3600.0, metadata=rng(0.0))
     hold_s: float = field(default=4 * 3600.0, metadata=rng(0.0))

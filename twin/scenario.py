@@ -56,8 +56,10 @@ from twin.scenario_jobs import (
     decode_listed_jobs,
     generated_line,
     generator_config,
+    jobs_line,
     offered_allocation,
     traced_jobs,
+    workload_line,
 )
 from twin.spec import SiteSpec, check_file_kind, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
@@ -76,6 +78,7 @@ __all__ = [
     "SimFault",
     "build_plant",
     "default_run_scenario",
+    "jobs_line",
     "load_run_scenario",
     "offered_allocation",
     "place_compact",
@@ -121,7 +124,7 @@ class RunScenario:
     plant_config: PlantConfig
     telemetry_period_s: float
     running_at_start: tuple[str, ...] = ()
-    workload: str = ""  # one line: where the jobs come from
+    workload: str = ""  # one line: where the jobs come from (:func:`workload_line`)
     # share of the site's card-seconds the jobs would hold over the run with unlimited cards
     # (:func:`offered_allocation`; generated workloads only, else NaN)
     offered_allocation: float = math.nan
@@ -288,6 +291,7 @@ def run_scenario_from_dict(
     offered = math.nan
     running: list[str] = []
     jobs: list[JobSpec] = []
+    what: str | None = None  # where the [workload] jobs come from; None: none
     if w.source == "generate":
         cfg = generator_config(site, w, phases, source)
         check_generated_count(site, duration, w, cfg, source)
@@ -298,16 +302,12 @@ def run_scenario_from_dict(
     elif w.source == "trace":
         jobs.extend(traced_jobs(w, base, source, inputs))
         what = f"trace {w.trace}"
-    else:
-        what = "listed jobs only"
     listed = data.get("jobs", [])
     if not isinstance(listed, list):
         raise SpecError(source, "jobs", "expected a list of tables ([[jobs]])")
     warnings: list[str] = []
     listed_jobs, listed_running = decode_listed_jobs(listed, source, duration, shortened_from, the_seed, warnings)
     jobs.extend(listed_jobs)
-    if listed:
-        what += f" + {len(listed)} listed"
     check_jobs(jobs, site, source, listed_from=len(jobs) - len(listed))
     check_listed_running(listed_running, site, source)
     # the listed running jobs are placed first (they were running); generated ones that do not fit
@@ -333,7 +333,7 @@ def run_scenario_from_dict(
         plant_config=config,
         telemetry_period_s=top.telemetry_period_s,
         running_at_start=tuple(running),
-        workload=what,
+        workload=workload_line(what, len(listed)),
         offered_allocation=offered if w.source == "generate" else math.nan,
         targets=top.targets,
         workload_seed=wseed,

@@ -264,6 +264,32 @@ def generated_line(w: WorkloadSection, from_seed: int, wseed: int, offered: floa
     return what + (", warm start)" if w.warm_start else ")")
 
 
+#: ``RunScenario.workload`` of a run with no ``[workload]`` jobs (``source = "none"``): with listed jobs
+#: and without any.
+LISTED_JOBS_ONLY = "listed jobs"
+NO_JOBS = "no jobs"
+
+
+def workload_line(source_line: str | None, n_listed: int) -> str:
+    """Where a run's jobs come from, in one line (``RunScenario.workload``): ``source_line`` (the
+    generator's :func:`generated_line`, ``trace FILE``; None: no ``[workload]`` jobs) and the count of
+    listed ``[[jobs]]``: ``generated (...) + 13 listed``, ``trace t.csv``, ``listed jobs``, ``no jobs``."""
+    if source_line is None:
+        return LISTED_JOBS_ONLY if n_listed else NO_JOBS
+    return f"{source_line} + {n_listed} listed" if n_listed else source_line
+
+
+def jobs_line(n_jobs: int, workload: str) -> str:
+    """A run's jobs for the summary lines of ``racktwin sim`` and ``evaluate`` and the report: ``18
+    listed jobs``, ``no jobs``, else the count and ``workload`` (:func:`workload_line`): ``45 jobs
+    (generated (AcmeTrace Kalos, 65% allocation, seed 0) + 13 listed)``, ``1 job (trace t.csv)``."""
+    if workload == NO_JOBS and n_jobs == 0:
+        return NO_JOBS
+    if workload == LISTED_JOBS_ONLY:
+        return f"{n_jobs} listed job{'' if n_jobs == 1 else 's'}"
+    return f"{n_jobs} job{'' if n_jobs == 1 else 's'} ({workload})"
+
+
 def offered_allocation(
     jobs: Sequence[JobSpec], n_cards: int, duration_s: float, phases: PhaseModel | None = None
 ) -> float:

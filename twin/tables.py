@@ -56,9 +56,17 @@ class SpecError(ValueError):
         super().__init__(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
 
 
-def rng(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> dict[str, Any]:
-    """Field metadata: the physically sensible range of a value (inclusive unless ``lo_open``)."""
-    return {"lo": lo, "hi": hi, "lo_open": lo_open}
+def rng(
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    not_zero: bool = False,
+) -> dict[str, Any]:
+    """Field metadata: the physically sensible range of a value (inclusive unless ``lo_open`` /
+    ``hi_open``; ``not_zero``: 0, inside the range, is refused too)."""
+    return {"lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open, "not_zero": not_zero}
 
 
 def choices(*allowed: str) -> dict[str, Any]:
@@ -199,10 +207,14 @@ def _decode_scalar(hint: Any, raw: Any, source: str, path: str, meta: Any, unit_
     else:  # pragma: no cover - programming error
         raise TypeError(f"unsupported field type {hint}")
     lo, hi = meta.get("lo"), meta.get("hi")
-    lo_open = meta.get("lo_open", False)
+    lo_open, hi_open = meta.get("lo_open", False), meta.get("hi_open", False)
     if lo is not None and (value < lo or (lo_open and value <= lo)):
         bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
         raise SpecError(source, path, f"must be {bound}{unit_txt}, got {_shown(raw)}")
-    if hi is not None and value > hi:
-        raise SpecError(source, path, f"must be <= {hi:g}{unit_txt}, got {_shown(raw)}")
+    if hi is not None and (value > hi or (hi_open and value >= hi)):
+        bound = f"< {hi:g}" if hi_open else f"<= {hi:g}"
+        raise SpecError(source, path, f"must be {bound}{unit_txt}, got {_shown(raw)}")
+    if meta.get("not_zero", False) and value == 0:
+        within = f"within {lo:g}..{hi:g}{unit_txt} and " if lo is not None and hi is not None else ""
+        raise SpecError(source, path, f"must be {within}not 0, got {_shown(raw)}")
     return raw if hint is int else value

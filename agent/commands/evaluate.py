@@ -43,7 +43,7 @@ from agent.policies import POLICY_NAMES
 from agent.report import figures_html, page, png_base64, pyplot, table_html
 from agent.solver_output import stdout_to_stderr
 from agent.targets import TargetCheck, TargetsError, validate_targets
-from twin.scenario import MAX_DURATION_S, RunScenario
+from twin.scenario import MAX_DURATION_S, RunScenario, jobs_line
 from twin.tables import SpecError, decode_table
 
 #: Colours of the policies in the plots.
@@ -309,7 +309,7 @@ def _announce(sc: RunScenario, policies: list[str], jobs: int) -> None:
     """One stderr line saying what is about to run."""
     print(
         f"racktwin evaluate: {sc.name} [{sc.source}]: {sc.site.n_cards} cards, {hms(sc.duration_s)}, "
-        f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} faults; policies {', '.join(policies)}"
+        f"{jobs_line(len(sc.jobs), sc.workload)}, {len(sc.faults)} faults; policies {', '.join(policies)}"
         + ("" if "baseline" in policies else " (+ baseline as reference)")
         + f"; {jobs} worker process{'es' if jobs > 1 else ''}",
         file=sys.stderr,
@@ -543,10 +543,10 @@ def _intro_html(ev: Evaluation) -> str:
     sc = ev.scenario
     return (
         f"<p>Scenario <b>{escape(sc['name'])}</b> ({escape(str(sc['source']))}): {sc['n_cards']} cards in "
-        f"{sc['n_racks']} racks of {sc['rack_power_limit_w'] / 1e3:g} kW, {hms(sc['duration_s'])}, {sc['jobs']} "
-        f"jobs ({escape(sc['workload'])}), faults: {escape(', '.join(sc['faults']) or 'none')}. Every policy ran "
-        f"the same plant (same jobs, weather, card spread, sensor noise, faults) in process; all numbers are the "
-        f"plant's true values. {len(ev.results)} runs took {ev.wall_s:,.0f} s wall.</p>"
+        f"{sc['n_racks']} racks of {sc['rack_power_limit_w'] / 1e3:g} kW, {hms(sc['duration_s'])}, "
+        f"{escape(jobs_line(sc['jobs'], sc['workload']))}, faults: {escape(', '.join(sc['faults']) or 'none')}. "
+        f"Every policy ran the same plant (same jobs, weather, card spread, sensor noise, faults) in process; all "
+        f"numbers are the plant's true values. {len(ev.results)} runs took {ev.wall_s:,.0f} s wall.</p>"
     )
 
 

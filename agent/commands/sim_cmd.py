@@ -299,6 +299,7 @@ async def _run(options: Any) -> tuple[SimSummary, str | None, str | None]:
     """Run; the summary, why it could not be written to ``--summary`` (None: written or not asked) and
     the name of the first signal that stopped the run (``SIGINT``, ``SIGTERM``; None: none came)."""
     from sim.runner import Simulator
+    from twin.scenario import jobs_line
 
     try:
         sim = Simulator(options)
@@ -317,7 +318,7 @@ async def _run(options: Any) -> tuple[SimSummary, str | None, str | None]:
     sc = options.scenario
     print(
         f"racktwin sim: scenario {sc.name} ({sc.source}): {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
-        f"{len(sc.jobs)} jobs ({sc.workload}), {len(sc.faults)} plant faults, {len(sc.sim_faults)} disconnects; "
+        f"{jobs_line(len(sc.jobs), sc.workload)}, {len(sc.faults)} plant faults, {len(sc.sim_faults)} disconnects; "
         f"site {options.site_id} on {options.mqtt.url}, speed "
         f"{'max' if options.as_fast_as_possible else f'{options.speed:,g}x'}",
         file=sys.stderr,

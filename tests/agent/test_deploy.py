@@ -122,6 +122,23 @@ def test_the_dashboard_panels_do_not_overlap() -> None:
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
 
 
+def test_every_panel_shows_its_unit_or_words() -> None:
+    """A number on the dashboard carries its unit (``celsius``, ``watt``, ``s``; ``short`` for a count,
+    ``none`` for a ratio), or the panel maps its values to words (``up`` / ``down``): "Hottest die per
+    rack" showed bare numbers beside the deg C of the other temperature panels, and "Decisions by status,
+    plans by status and source" counts without a unit."""
+    dash = json.loads((DEPLOY / "grafana" / "racktwin-dashboard.json").read_text())
+    bare = [
+        p["title"]
+        for p in dash["panels"]
+        if not p["fieldConfig"]["defaults"].get("unit") and not p["fieldConfig"]["defaults"].get("mappings")
+    ]
+    assert not bare, f"panels without a unit: {bare}"
+    units = {p["title"]: p["fieldConfig"]["defaults"].get("unit") for p in dash["panels"]}
+    assert units["Hottest die per rack"] == units["Die temperatures (cards)"] == "celsius"
+    assert units["Decisions by status, plans by status and source"] == units["Guard actions per 15 min"] == "short"
+
+
 def test_the_alert_rules_use_only_exported_metrics_and_say_what_to_do() -> None:
     rules = yaml.safe_load((DEPLOY / "prometheus" / "racktwin-alerts.yml").read_text())
     alerts = [r for g in rules["groups"] for r in g["rules"]]

@@ -154,6 +154,9 @@ def test_the_progress_shows_each_run_and_where_the_report_went(
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("racktwin evaluate: day-full-load") and "policies baseline;" in err[0]
     assert "(+ baseline as reference)" not in err[0]  # asked for: not added
+    # the day's jobs are all listed: said so, as in the report (was "13 jobs (listed jobs only + 13 listed)")
+    assert ", 13 listed jobs, 0 faults;" in err[0]
+    assert ", 13 listed jobs, faults: none." in (tmp_path / "report.html").read_text()
     assert any(line.startswith("racktwin evaluate: baseline   0:01:00 of 0:01:00 (100%)") for line in err)
     assert f"wrote {tmp_path}/report.html" in err[-1] and err[-1].startswith("racktwin evaluate: 1 runs")
 

@@ -23,6 +23,7 @@ from twin.scenario import (
     BrokerDisconnect,
     build_plant,
     default_run_scenario,
+    jobs_line,
     load_run_scenario,
     offered_allocation,
     run_scenario_from_dict,
@@ -264,7 +265,7 @@ duration_s = 30
         )
     )
     sc = load_run_scenario(p)
-    assert sc.telemetry_period_s == 2.5 and sc.seed == 4 and sc.workload == "listed jobs only + 2 listed"
+    assert sc.telemetry_period_s == 2.5 and sc.seed == 4 and sc.workload == "listed jobs"
     a, b = sc.jobs
     assert (a.job_id, a.n_cards, a.work_steps, a.step_time_s, a.compute_share) == ("a", 64, 1000.0, 2.0, 0.8)
     assert b.work_steps == 200.0 and b.priority == 2.0 and b.min_throughput_frac == 0.8 and b.submit_time_s == 30.0
@@ -292,6 +293,43 @@ def test_trace_workload(tmp_path: Path) -> None:
     assert sc.workload == "trace sim-trace.csv" and len(sc.jobs) == 9 and sc.running_at_start == ()
     assert sc.jobs[0].job_id == "llm-pretrain" and sc.jobs[0].n_cards == 256
     assert sc.plant_config.external_timeout_s == 60.0
+
+
+_TWO_LISTED = [{"id": "a", "n_cards": 8, "duration_s": 10}, {"id": "b", "n_cards": 8, "duration_s": 10}]
+_GENERATED = "generated (AcmeTrace Kalos, 65% allocation, seed 3)"
+
+
+@pytest.mark.parametrize(
+    ("workload", "listed", "expected_workload", "expected_line"),
+    [
+        # only listed jobs: was "2 jobs (listed jobs only + 2 listed)"
+        ({"source": "none"}, _TWO_LISTED, "listed jobs", "2 listed jobs"),
+        ({"source": "none"}, _TWO_LISTED[:1], "listed jobs", "1 listed job"),
+        ({"source": "none"}, [], "no jobs", "no jobs"),  # was "0 jobs (listed jobs only)"
+        ({"source": "trace", "trace": "sim-trace.csv"}, [], "trace sim-trace.csv", "9 jobs (trace sim-trace.csv)"),
+        (
+            {"source": "trace", "trace": "sim-trace.csv"},
+            _TWO_LISTED,
+            "trace sim-trace.csv + 2 listed",
+            "11 jobs (trace sim-trace.csv + 2 listed)",
+        ),
+        ({"seed": 3, "warm_start": False}, [], _GENERATED, "{n} jobs (" + _GENERATED + ")"),
+        (
+            {"seed": 3, "warm_start": False},
+            _TWO_LISTED,
+            _GENERATED + " + 2 listed",
+            "{n} jobs (" + _GENERATED + " + 2 listed)",
+        ),
+    ],
+)
+def test_the_jobs_line_reads_naturally_for_every_source(
+    site: SiteSpec, workload: dict[str, Any], listed: list[Any], expected_workload: str, expected_line: str
+) -> None:
+    """What ``racktwin sim`` and ``evaluate`` print (and the report says) of a run's jobs."""
+    data = {**BASE, "workload": workload, "jobs": listed}
+    sc = run_scenario_from_dict(data, source="x.toml", base_dir=EXAMPLES, site=site)
+    assert sc.workload == expected_workload
+    assert jobs_line(len(sc.jobs), sc.workload) == expected_line.format(n=len(sc.jobs))
 
 
 def test_supernodes_scale_the_site() -> None:
@@ -409,6 +447,15 @@ def _bad(site: SiteSpec, change: dict[str, Any], base: dict[str, Any] | None = N
         # it garbled nothing: a fault that is no fault, as a zero-length window or broker outage
         (fault(kind="garbage_readings", rack=0, start_s=0, fraction=0), "faults[0].fraction", "must be > 0, got 0"),
         (fault(kind="heat_wave", start_s=0, peak_delta_k="hot"), "faults[0].peak_delta_k", "expected a number"),
+        # faults that change nothing, likewise: a pump at full flow, an unfouled plate, a wave of 0 K
+        (fault(kind="pump_degradation", rack=0, start_s=0, flow_fraction=1), "faults[0].flow_fraction", "< 1, got 1"),
+        (fault(kind="cold_plate_fouling", card=0, start_s=0, r_factor=1.0), "faults[0].r_factor", "> 1, got 1.0"),
+        (
+            fault(kind="heat_wave", start_s=0, peak_delta_k=0),
+            "faults[0].peak_delta_k",
+            "must be within -30..30 K and not 0, got 0",
+        ),
+        (fault(kind="heat_wave", start_s=0, peak_delta_k=-0.0), "faults[0].peak_delta_k", "not 0, got -0.0"),
         (fault(kind="broker_disconnect", start_s=10), "faults[0].duration_s", "missing"),
         (fault(kind="broker_disconnect", start_s=10, duration_s=0), "faults[0].duration_s", "> 0"),
         (

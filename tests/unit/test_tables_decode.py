@@ -82,6 +82,35 @@ def test_a_value_out_of_its_range_names_the_bound(key: str, value: float, messag
     assert str(_refused(**{key: value})) == f"f.toml: {message}"
 
 
+@dataclass(frozen=True)
+class _Fault:
+    share: float = field(metadata=rng(0.0, 1.0, hi_open=True))
+    offset_k: float = field(metadata=rng(-30.0, 30.0, not_zero=True))
+
+
+@pytest.mark.parametrize(("share", "offset_k"), [(0.0, -30.0), (0.999, 30.0), (0.5, -1e-9), (0.5, 1e-9)])
+def test_an_upper_bound_may_be_open_and_zero_refused_inside_a_range(share: float, offset_k: float) -> None:
+    assert decode_table(_Fault, {"share": share, "offset_k": offset_k}, "f.toml") == _Fault(share, offset_k)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("share", 1.0, "share: must be < 1, got 1.0"),
+        ("share", 1, "share: must be < 1, got 1"),
+        ("share", 1.5, "share: must be < 1, got 1.5"),
+        ("offset_k", 0.0, "offset_k: must be within -30..30 K and not 0, got 0.0"),
+        ("offset_k", -0.0, "offset_k: must be within -30..30 K and not 0, got -0.0"),
+        ("offset_k", 0, "offset_k: must be within -30..30 K and not 0, got 0"),
+        ("offset_k", 30.5, "offset_k: must be <= 30 K, got 30.5"),
+    ],
+)
+def test_an_open_upper_bound_and_a_refused_zero_are_named(key: str, value: float, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        decode_table(_Fault, {"share": 0.5, "offset_k": 1.0, key: value}, "f.toml")
+    assert str(info.value) == f"f.toml: {message}"
+
+
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_a_number_that_is_not_finite_is_refused_even_without_a_range(value: float) -> None:
     err = _refused(free=value)
