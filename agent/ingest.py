@@ -84,9 +84,10 @@ CONFIRMATION_MARGIN_S = 1.5
 #: agent's noticing a rack reset without a new applied state; a shorter one has it forget, and command
 #: again, settings the rack did apply (a 5 s rack's reading 3 s after a slow-down, taken before it).
 CONFIRMATION_PERIODS = 1.5
-#: a rack's reading interval is the median of its last this many gaps between card reading stamps
-#: (positive gaps no longer than the telemetry deadline: a copy, a late reading or a silence is no
-#: period), known once it has :data:`_INTERVAL_MIN_GAPS` of them (one odd gap is no period either)
+#: a rack's reading interval is the median of its last this many gaps between the stamps of its cards'
+#: successive readings (positive gaps no longer than the telemetry deadline: a copy, a late reading or a
+#: silence is no period), known once it has :data:`_INTERVAL_MIN_GAPS` of them (one odd gap is no period
+#: either); a gap is a card's, not the rack's: a rack may send its cards in several batches stamped apart
 _INTERVAL_GAPS = 7
 _INTERVAL_MIN_GAPS = 3
 #: a power limit reading this far from the confirmed one disproves it (the wire's 0.1 W, with room)
@@ -172,12 +173,12 @@ class Ingest:
         #: a gap between a rack's card readings longer than this is a silence, not its period (the
         #: deadline after which the controller takes the rack for stale, ``control.telemetry_deadline_s``)
         self.telemetry_deadline_s = telemetry_deadline_s
-        #: per rack: the site seconds between its card readings, the median of its last gaps
+        #: per rack: the site seconds between two readings of its cards, the median of its last gaps
         #: (:data:`_INTERVAL_GAPS`; NaN: not known yet, before :data:`_INTERVAL_MIN_GAPS` gaps)
         self.reading_interval_s = np.full(site.n_racks, np.nan)
         self._gaps_s: list[deque[float]] = [deque(maxlen=_INTERVAL_GAPS) for _ in range(site.n_racks)]
-        #: per rack: the newest stamp of its card readings (NaN: none yet, or the site clock stepped back)
-        self._cards_ts_s = np.full(site.n_racks, np.nan)
+        #: per card: the stamp of its newest reading (NaN: none yet, or the site clock stepped back)
+        self._cards_ts_s = np.full(site.n_cards, np.nan)
         self._round: dict[int, _Partial] = {}
         self._facility: FacilityReading | None = None
         self._round_t = -math.inf
@@ -285,7 +286,7 @@ class Ingest:
             return None
         local = np.asarray(b.card_index, dtype=np.int64)
         idx = local + r * self._cpr
-        margin_s = self._confirmation_margin_s(r, b.ts_s)
+        margin_s = self._confirmation_margin_s(r, idx, b.ts_s)
         clock = np.asarray(b.sm_clock_mhz, dtype=np.float64)
         power = np.asarray(b.power_w, dtype=np.float64)
         low = np.asarray(b.low_power, dtype=bool)
@@ -320,19 +321,21 @@ class Ingest:
             host_off=None if b.host_off is None else np.asarray(b.host_off, dtype=bool),
         )
 
-    def _confirmation_margin_s(self, r: int, ts_s: float) -> float:
-        """Rack ``r``'s confirmation margin, once its card reading stamped ``ts_s`` is counted into its
-        reading interval (:attr:`reading_interval_s`): :data:`CONFIRMATION_PERIODS` of the interval, at
-        least :data:`CONFIRMATION_MARGIN_S` (all of it while the interval is not known)."""
-        last_s = float(self._cards_ts_s[r])
-        gap_s = ts_s - last_s  # NaN before the rack's first reading
+    def _confirmation_margin_s(self, r: int, idx: IntArray, ts_s: float) -> float:
+        """Rack ``r``'s confirmation margin, once its reading of cards ``idx`` stamped ``ts_s`` is counted
+        into its reading interval (:attr:`reading_interval_s`): :data:`CONFIRMATION_PERIODS` of the
+        interval, at least :data:`CONFIRMATION_MARGIN_S` (all of it while the interval is not known).
+        The gap is to the newest earlier reading of the same cards, not of the rack: a rack whose cards
+        come in several batches (one per host, stamped apart) reads each card once a period."""
+        prev_s = self._cards_ts_s[idx]
+        last_s = float(np.fmax.reduce(prev_s)) if prev_s.size else math.nan  # NaN: none of them read yet
+        gap_s = ts_s - last_s
         if 0.0 < gap_s <= self.telemetry_deadline_s:
             gaps = self._gaps_s[r]
             gaps.append(gap_s)
             if len(gaps) >= _INTERVAL_MIN_GAPS:
                 self.reading_interval_s[r] = sorted(gaps)[len(gaps) // 2]
-        if not ts_s <= last_s:  # newer (a late reading leaves it), or the first
-            self._cards_ts_s[r] = ts_s
+        self._cards_ts_s[idx] = np.fmax(prev_s, ts_s)  # a late reading leaves the newer stamps
         interval_s = float(self.reading_interval_s[r])
         if interval_s * CONFIRMATION_PERIODS > CONFIRMATION_MARGIN_S:  # False while NaN
             return interval_s * CONFIRMATION_PERIODS

@@ -1203,3 +1203,31 @@ def test_a_racks_reading_interval_ignores_copies_late_readings_silences_and_a_cl
         read(T0 - 600.0 + 2.0 * i, 2.0)
     assert clock.corrections == 1
     assert ing.reading_interval_s[0] == 2.0
+
+
+def test_a_rack_that_sends_its_cards_in_batches_per_host_learns_the_period_of_its_cards() -> None:
+    """A batch may hold a subset of the rack's cards (docs/protocol.md): a rack whose hosts each send their
+    own cards every 5 s, 0.2 s apart, has readings stamped 0.2 s apart but reads each card every 5 s. Its
+    interval is 5 s and its margin 7.5 s: the next round, 3..4.4 s after a confirmed slow-down and taken
+    before it, disproves nothing. Learnt from the gaps between any two batches of the rack, the interval
+    was 0.2 s, the margin 1.5 s, and all 64 confirmations were forgotten and the cards commanded again."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    hosts = [np.arange(8 * h, 8 * h + 8) for h in range(8)]
+
+    def round_at(ts_s: float, clock_mhz: float) -> None:
+        for h, cards in enumerate(hosts):
+            full = cards_msg("r0", ts_s + 0.2 * h, n=8, sm_clock_mhz=np.full(8, clock_mhz))
+            ing.handle(dataclasses.replace(full, card_index=cards))
+        ing.flush()
+
+    for i in range(5):
+        round_at(T0 + 5.0 * i, 1980.0)  # level 0
+    assert ing.reading_interval_s[0] == 5.0
+    last_s = T0 + 20.0
+    ing.handle(_rack_applied("r0", last_s + 2.0, 5))  # slowed to level 5
+    round_at(last_s + 5.0, 1980.0)  # taken before it applied
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_levels_disproved == 0
+    round_at(last_s + 10.0, 1980.0)  # 8..9.4 s after: the rack was reset
+    assert np.all(ing.applied_level[:64] == -1) and ing.stats.applied_levels_disproved == 64
