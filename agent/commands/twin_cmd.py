@@ -189,7 +189,7 @@ def _sweep(site: SiteSpec, args: argparse.Namespace) -> int:
     _check(lo, 5.0, 60.0, "--from-c", "deg C")
     _check(hi, 5.0, 60.0, "--to-c", "deg C")
     if not (math.isfinite(step) and step > 0):
-        raise UserError(f"--step-k must be positive, got {step:g}")
+        raise UserError(f"--step-k must be a positive finite number of kelvin, got {step:g}")
     if hi < lo:
         raise UserError(f"--to-c ({hi:g}) must not be below --from-c ({lo:g})")
     if (hi - lo) / step > _MAX_SWEEP_STEPS:

@@ -191,7 +191,8 @@ def test_sweep_table_columns_match_the_json(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--step-k", "0"], "--step-k must be positive, got 0"),
+        (["--step-k", "0"], "--step-k must be a positive finite number of kelvin, got 0"),
+        (["--step-k", "inf"], "--step-k must be a positive finite number of kelvin, got inf"),
         # the limit and the count are named (the line said only "too many points")
         (
             ["--step-k", "0.01", "--from-c", "5", "--to-c", "60"],
