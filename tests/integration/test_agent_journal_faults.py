@@ -323,10 +323,10 @@ async def test_a_removed_journal_file_makes_the_agent_not_ready_and_is_logged_on
         await wait_for(lambda: service.decisions >= 2, what="two decisions")
         assert not any("journal" in r for r in service.readiness())
         journal.unlink()
-        removed = time.monotonic()
         why = f"journal file {journal} was removed or replaced: decisions are not being kept"
-        await wait_for(lambda: why in service.readiness(), 6, "readiness to tell the journal file is gone")
-        assert time.monotonic() - removed < 5.0
+        # checked every 2 s (docs/agent.md); the bound fails a check that never comes (or once a minute),
+        # not a slow machine's late one
+        await wait_for(lambda: why in service.readiness(), 30, "readiness to tell the journal file is gone")
         assert service.http_port is not None
         status, body = await http_get(service.http_port, "/readyz")
         assert status == 503 and why in body, body
@@ -565,7 +565,9 @@ async def test_decision_and_calibration_writes_that_keep_failing_are_logged_once
         await wait_for(lambda: refused("journal: ") and refused("journal (calibration): "), what="both refused")
         first = service.decisions
         await wait_for(lambda: service.decisions >= first + 3, what="more decisions refused")
-        await asyncio.sleep(0.3)  # more calibration saves refused (one a site second: 20 a wall second)
+        # more calibration saves refused (one a site second), counted by the agent, not waited for by wall time
+        calibration_writes = service.estimation._calibration_writes
+        await wait_for(lambda: calibration_writes.failures >= 4, what="four calibration saves refused")
         assert not task.done()
         refuse.execute("DROP TRIGGER refuse_decisions")
         refuse.execute("DROP TRIGGER refuse_calibration")
@@ -639,7 +641,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
             await wait_for(lambda: holder.in_transaction, what="a decision with commands")
             await wait_for(
                 lambda: any(r.startswith("journal (acks): ") for r in service.readiness()),
-                10,
+                30,
                 "an ack write refused while the lock is held",
             )
             await asyncio.sleep(2.5)  # more acks, kept
@@ -649,7 +651,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
                 holder.execute("ROLLBACK")
             holder.close()
         await wait_for(
-            lambda: not any(r.startswith("journal") for r in service.readiness()), 10, "the journal written again"
+            lambda: not any(r.startswith("journal") for r in service.readiness()), 30, "the journal written again"
         )
         service.stop()
         await asyncio.wait_for(task, 15)

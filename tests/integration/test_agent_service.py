@@ -1028,7 +1028,7 @@ async def test_a_second_agent_on_the_site_stands_by_until_the_first_is_gone(
         )
         b_task = asyncio.create_task(b.run())
         try:
-            await wait_for(lambda: b.standing_by_for is not None, 10, "agent B standing by")
+            await wait_for(lambda: b.standing_by_for is not None, 30, "agent B standing by")
             sim = Simulator(
                 SimOptions(
                     scenario=scenario, mqtt=mosquitto.options(), site_id=SITE_ID, speed=20.0, start_epoch_s=START
@@ -1036,7 +1036,7 @@ async def test_a_second_agent_on_the_site_stands_by_until_the_first_is_gone(
             )
             clock["sim"] = sim
             sim_task = asyncio.create_task(sim.run())
-            await wait_for(lambda: sim.site_time_s - START >= 60.0, 20, "site time 60 s")
+            await wait_for(lambda: sim.site_time_s - START >= 60.0, 60, "site time 60 s")
             assert b.http_port is not None
             seen["ready"] = await http_get(b.http_port, "/readyz")
             seen["metrics"] = await http_get(b.http_port, "/metrics")
@@ -1045,7 +1045,7 @@ async def test_a_second_agent_on_the_site_stands_by_until_the_first_is_gone(
             a.stop()
             await asyncio.wait_for(a_task, 15)
             a_stopped = time.monotonic()
-            await wait_for(b.commanding, 5, "agent B commanding once A stopped")
+            await wait_for(b.commanding, 30, "agent B commanding once A stopped")
             summary = await sim_task
         finally:
             a.stop()
@@ -1102,7 +1102,7 @@ async def test_two_agents_with_one_client_id_stop_taking_the_session_from_each_o
         a, b = services  # a started first: it commands
         tasks = [asyncio.create_task(s.run()) for s in services]
         try:
-            await wait_for(lambda: b.standing_by_for is not None, 10, "agent B standing by")
+            await wait_for(lambda: b.standing_by_for is not None, 30, "agent B standing by")
             assert b.standing_by_for is not None
             assert b.standing_by_for.instance == a.instance and a.standing_by_for is None
 
@@ -1110,7 +1110,7 @@ async def test_two_agents_with_one_client_id_stop_taking_the_session_from_each_o
                 standby_id = (b.bus.options.client_id or "").startswith("racktwin-agent-standby-")
                 return standby_id and b.bus.connected and a.bus.connected
 
-            await wait_for(settled, 10, "B connected as a standby, A connected")
+            await wait_for(settled, 30, "B connected as a standby, A connected")
             connects = a.bus.stats.connects
             sim = Simulator(
                 SimOptions(
@@ -1162,7 +1162,7 @@ async def test_another_client_taking_the_agents_client_id_is_reported(
         assert status == 503 and "another client uses client id 'racktwin-agent-x'" in body, body
         assert metric(service, "racktwin_broker_takeovers_total") >= 3
         connects = service.bus.stats.connects
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(3.0)  # a slow machine can only make fewer reconnects in it
         assert service.bus.stats.connects - connects <= 4  # was 2 per second, for as long as it went on
     finally:
         await rogue.close()
@@ -1187,10 +1187,10 @@ async def test_commands_from_a_publisher_that_names_no_agent_make_the_agent_stan
             await old.wait_connected(10)
             cmd = wire.CduCommand("r0", 1.0, uuid.uuid4(), START + 30.0, START, 0, "agent")
             await old.publish(topics.cdu_cmd("r0"), wire.encode(cmd), qos=1)
-            await wait_for(lambda: service.standing_by_for is not None, 5, "the agent standing by")
+            await wait_for(lambda: service.standing_by_for is not None, 30, "the agent standing by")
         assert any("standing by: publisher 'agent' commands site site1" in r for r in service.readiness())
         assert metric(service, "racktwin_foreign_commands_total") == 1.0
-        await wait_for(lambda: service.standing_by_for is None, 5, "the agent commanding again")
+        await wait_for(lambda: service.standing_by_for is None, 30, "the agent commanding again")
     finally:
         service.stop()
         await asyncio.wait_for(task, 15)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mqtt_helpers import WAIT_S, delivered, next_messages
+from mqtt_helpers import WAIT_S, delivered, next_messages, wait_for
 from mqtt_testing import SHIPPED_ACL, SHIPPED_CONF, SecuredBroker, TlsFiles, write_password_file
 
 from agent import wire
@@ -45,8 +45,9 @@ async def test_anonymous_and_wrong_passwords_are_refused(secured_mosquitto: Secu
 
 async def test_a_bus_with_bad_credentials_says_why(secured_mosquitto: SecuredBroker) -> None:
     async with Bus(secured_mosquitto.options("agent", password="guess")) as bus:
+        await wait_for(lambda: bus.stats.failed_connects >= 1, what="a refused attempt")  # its error is the why
         with pytest.raises(BusConnectError, match=r"(?i)not authori|bad user"):
-            await bus.wait_connected(1.0)
+            await bus.wait_connected(0.1)
 
 
 async def test_only_the_agent_may_publish_commands(secured_mosquitto: SecuredBroker, codec: Codec) -> None:

@@ -132,7 +132,7 @@ async def test_a_bus_keeps_trying_until_a_broker_appears() -> None:
     async with Bus(fast(MqttOptions(port=port))) as bus:
         with pytest.raises(BusConnectError, match="not connected"):
             await bus.wait_connected(0.3)
-        assert bus.stats.failed_connects >= 1
+        await wait_for(lambda: bus.stats.failed_connects >= 1, what="a failed attempt")
         with EmbeddedBroker(port=port, backend="mosquitto"):
             await bus.wait_connected(WAIT_S)
 
@@ -218,8 +218,8 @@ async def test_two_clients_with_one_client_id_are_told_apart_from_a_broker_resta
     """Two clients with one client id take the session from each other (the broker closes the older
     connection when the newer one connects; MQTT 3.1.1 says nothing more). Each bus says that another
     client uses its client id, counts the take-overs and backs off: the fight slows from a reconnect
-    every backoff minimum (40 in 2 s here) to one per backoff maximum. Once a connection lasts, it is
-    over."""
+    every backoff minimum (40 in 2 s here) to one per backoff maximum (at most 6 in 2 s: each is the
+    other client's reconnect, 0.4 s or more after the last). Once a connection lasts, it is over."""
     monkeypatch.setattr("agent.bus.SHORT_LIVED_S", 3.0)
     options = dataclasses.replace(
         mosquitto.options(client_id="one-id", clean_session=False), reconnect_min_s=0.05, reconnect_max_s=0.8
@@ -233,9 +233,14 @@ async def test_two_clients_with_one_client_id_are_told_apart_from_a_broker_resta
             why = a.contested()
             assert why is not None and why.startswith("another client uses client id 'one-id'"), why
             assert a.stats.takeovers >= 3 and b.stats.takeovers >= 3
-            await asyncio.sleep(1.0)  # the backoff grows
+            # the backoff grows with each reconnect (0.05 s doubled 4 times is 0.8 s): counted, not waited
+            # for by wall time (a machine slow meanwhile made fewer reconnects, then the fast ones came)
+            grown_a, grown_b = a.stats.takeovers + 4, b.stats.takeovers + 4
+            await wait_for(
+                lambda: a.stats.takeovers >= grown_a and b.stats.takeovers >= grown_b, what="four more reconnects each"
+            )
             before = a.stats.connects + b.stats.connects
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(2.0)  # a slow machine can only make fewer reconnects in it
             assert a.stats.connects + b.stats.connects - before <= 10
         await wait_for(lambda: a.connected, what="a alone")
         await asyncio.sleep(3.2)  # its connection lasts SHORT_LIVED_S: no take-over since

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -26,13 +27,15 @@ REPO = Path(__file__).resolve().parents[2]
 SHORT = ("--minutes", "0.5", "--speed", "30")
 
 
-def demo(*args: str) -> subprocess.Popen[str]:
+def demo(*args: str, stderr: IO[str] | None = None) -> subprocess.Popen[str]:
+    """``racktwin demo`` with ``args``; its stderr piped, or written to ``stderr`` (a file the test can
+    read while the demo runs)."""
     return subprocess.Popen(
         [sys.executable, "-m", "agent.cli", "demo", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr is None else stderr,
         text=True,
     )
 
@@ -104,21 +107,34 @@ def test_the_embedded_broker_is_stopped_and_its_port_freed_at_the_end(tmp_path: 
 def test_sigterm_stops_everything_cleanly_and_summarizes_the_same_window(tmp_path: Path) -> None:
     # docs/evaluation.md: "Ctrl-C (or SIGTERM) stops the simulator and the agent cleanly and summarizes
     # the time run so far (exit status 130)"; the simulator stopped cleanly writes its summary (docs/sim.md)
-    proc = demo("--minutes", "60", "--speed", "30", "--json", "--out", str(tmp_path), "--progress-interval-s", "0.5")
+    # progress: the racks' true power against the limit, from the truth log
+    progress = re.compile(r"racktwin demo: 0:\d\d:\d\d  racks kW \[[ 0-9.]+\] \(limit 50\)  PUE ")
+    err_path = tmp_path / "demo-stderr.txt"
+    with open(err_path, "w", encoding="utf-8") as err_file:
+        proc = demo(
+            "--minutes", "60", "--speed", "30", "--json", "--out", str(tmp_path), "--progress-interval-s", "0.5",
+            stderr=err_file,
+        )  # fmt: skip
     truth = tmp_path / "truth.csv"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not truth.exists() or truth.stat().st_size < 5_000):
-        time.sleep(0.2)
-    time.sleep(1.5)  # a few progress lines
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    try:
+        # some site time run, and a progress line out (a slow machine takes longer: a bound on a hang only)
+        deadline = time.monotonic() + 120
+        while not (truth.exists() and truth.stat().st_size >= 5_000 and progress.search(err_path.read_text())):
+            assert proc.poll() is None, err_path.read_text()[-2000:]
+            assert time.monotonic() < deadline, f"no progress line in 120 s: {err_path.read_text()[-2000:]}"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    err = err_path.read_text()
     assert proc.returncode == 130, err[-2000:]
     assert port_is_free(embedded_port(err))
     obj = json.loads(out)  # the partial summary still comes, alone on stdout
     assert set(obj) == {"agent", "baseline"}
     assert (tmp_path / "summary.json").exists()  # the simulator was stopped, not killed
-    # progress: the racks' true power against the limit, from the truth log
-    assert re.search(r"racktwin demo: 0:\d\d:\d\d  racks kW \[[ 0-9.]+\] \(limit 50\)  PUE ", err), err[-2000:]
     # the run without the agent covers the same site time: energies of one order, not 60 minutes against a few
     ratio = obj["agent"]["facility_energy_kwh"] / obj["baseline"]["facility_energy_kwh"]
     assert 0.5 < ratio < 1.2
