@@ -165,11 +165,12 @@ def test_the_level_a_rack_applied_counts_over_telemetry_the_top_level_too(
     assert len(book.commands(_decision(lagging, card_level=top), lagging, NO_APPLIED, NOW + 1.0)) == 1
 
 
-def test_a_slowed_pump_is_renewed_every_pump_renew_s_also_after_the_clock_stepped_back(
+def test_a_slowed_pump_is_renewed_pump_renew_s_after_its_last_command_also_after_the_clock_stepped_back(
     scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
     """A CDU returns a slowed pump to full speed when no command renews it (the simulator's
-    ``pump_hold_s``, 60 s), so the agent renews it every ``pump_renew_s`` (docs/agent.md). The site
+    ``pump_hold_s``, 60 s), so the agent renews it at the first decision ``pump_renew_s`` after its last
+    command for the rack (docs/agent.md). The site
     clock steps back (``agent.clock``: it ran ahead of a simulator starved of CPU; a restarted
     simulator) further than issue times are held: the renewal comes ``pump_renew_s`` after the step
     at the latest, not ``pump_renew_s`` after the last renewal's stamp on the old timeline (60 s back:

@@ -760,5 +760,5 @@ async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_
     held = [locked_at, *(t for t in ticks if locked_at < t < released_at), released_at]
     gaps = np.diff(held)
     # about 1.6 s at most here: a cycle's and the sends' and acks' journal writes, 0.5 s each, back to
-    # back; before, the whole 8 s
-    assert gaps.max() < 4.0, f"the event loop stalled {gaps.max():.1f} s while cycles overran their period"
+    # back; before, the whole 8 s (the bound is between the two, with room for a slow machine)
+    assert gaps.max() < 6.0, f"the event loop stalled {gaps.max():.1f} s while cycles overran their period"
