@@ -565,18 +565,27 @@ def _check_broker_url(url: str, source: str) -> None:
         raise SpecError(source, "broker.url", problem)
 
 
-def _file_problem(path: str) -> str | None:
-    """What keeps ``path`` from being read as a file (None: nothing)."""
+def file_reason(path: str, *, regular: bool = True) -> str | None:
+    """Why ``path`` cannot be read as a file, in words (None: it can): ``file not found``, ``is a folder,
+    not a file``, ``not a regular file`` (unless ``regular`` is False, which lets a pipe through: a
+    password file given as ``<(pass show mqtt)``), ``cannot read (permission denied)``. The agent's
+    configuration and the other commands' file options (``agent.mqtt_args``) say it alike."""
     p = Path(path)
     if not p.exists():
-        return f"file not found: {path}"
+        return "file not found"
     if p.is_dir():
-        return f"is a folder, not a file: {path}"
-    if not p.is_file():
-        return f"not a regular file: {path}"
+        return "is a folder, not a file"
+    if regular and not p.is_file():
+        return "not a regular file"
     if not os.access(p, os.R_OK):
-        return f"cannot read (permission denied): {path}"
+        return "cannot read (permission denied)"
     return None
+
+
+def _file_problem(path: str) -> str | None:
+    """What keeps ``path`` from being read as a file (None: nothing): :func:`file_reason`, the path after it."""
+    why = file_reason(path)
+    return None if why is None else f"{why}: {path}"
 
 
 #: file systems where the agent cannot keep a journal (no regular files can be created there), though

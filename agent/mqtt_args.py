@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.commands.common import UserError, path_arg
+from agent.config import file_reason
 from agent.mqtt_options import MqttOptions, TlsFileError
 
 __all__ = ["PASSWORD_ENV", "add_mqtt_arguments", "check_tls_files_of_args", "mqtt_options_from_args"]
@@ -91,7 +92,7 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         raise UserError("--mqtt-username: empty: give a user name (or leave the option out to connect anonymously)")
     password: str | None = None
     if ns.mqtt_password_file is not None:
-        if (why := _file_why(ns.mqtt_password_file, regular=False)) is not None:
+        if (why := file_reason(ns.mqtt_password_file, regular=False)) is not None:
             raise UserError(f"--mqtt-password-file {ns.mqtt_password_file}: {why}")
         try:
             lines = Path(ns.mqtt_password_file).read_text(encoding="utf-8-sig").splitlines()
@@ -113,7 +114,7 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         raise UserError(f"{source} a password needs a user name: give --mqtt-username (or leave the password out)")
     for opt in ("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file"):
         value = getattr(ns, opt)
-        if value is not None and (why := _file_why(value)) is not None:
+        if value is not None and (why := file_reason(value)) is not None:
             raise UserError(f"{_flag(opt)} {value}: {why}")
     if ns.mqtt_key_file is not None and ns.mqtt_cert_file is None:
         raise UserError("--mqtt-key-file needs --mqtt-cert-file (the client certificate it goes with)")
@@ -141,20 +142,6 @@ def mqtt_options_from_args(ns: argparse.Namespace, **overrides: Any) -> MqttOpti
         return MqttOptions.from_url(ns.broker, **kw)
     except ValueError as exc:
         raise UserError(f"--broker {ns.broker}: {exc}") from None
-
-
-def _file_why(path: str, *, regular: bool = True) -> str | None:
-    """Why ``path`` is no file to read (None: it is one), in the other commands' words (``<path>: file
-    not found``, as ``racktwin agent --config`` says it; the agent's broker files are checked alike).
-    ``regular=False`` lets a pipe through (``--mqtt-password-file <(pass show mqtt)``)."""
-    p = Path(path)
-    if not p.exists():
-        return "file not found"
-    if p.is_dir():
-        return "is a folder, not a file"
-    if regular and not p.is_file():
-        return "not a regular file"
-    return None
 
 
 def _url_asks_for_tls(url: str) -> bool:
