@@ -3,7 +3,9 @@ README.md, docs/*.md, deploy/**, scripts/*.sh and the examples' comments is an o
 (its argparse parser, built in process as ``racktwin`` builds it), every option of every command is
 described somewhere, the defaults docs/sim.md's option table states are the parser's, every
 ``section.key`` of the agent's configuration and every ``RACKTWIN_*`` variable named there exists, and
-every ``python benchmarks/X.py --option`` named in the docs is an option of that script.
+every ``python benchmarks/X.py --option`` named in the docs is an option of that script, every row of
+the topic tables in docs/protocol.md and the README has its topic's schema, QoS and retain flag, and
+every ``racktwin_*`` series the README and docs/*.md name is exported with the labels they name.
 
 A helper found deploy/mosquitto telling operators to run ``racktwin agent --broker ... --mqtt-ca-file``,
 options only ``racktwin sim`` has: these tests catch that class of error."""
@@ -18,9 +20,12 @@ import typing
 from pathlib import Path
 
 import pytest
+from test_metrics_audit import _documented
 
 from agent.cli import COMMANDS
 from agent.config import OTHER_ENV_VARS, AgentConfig, env_variables
+from agent.metrics import AgentMetrics
+from agent.wire.topics import SCHEMAS, Kind, Topics, qos_of, retain_of
 
 pytestmark = pytest.mark.agent
 
@@ -281,3 +286,64 @@ def test_a_default_written_in_a_usage_line_is_the_parsers() -> None:
                     assert default is not None and float(default) == float(value), (where, value, default)
                     checked += 1
     assert checked >= 5
+
+
+# ---- MQTT topics and metrics named in the docs -------------------------------------------------------
+
+_TOPIC_ROW = re.compile(
+    r"^\| ((?:`[a-z_/{}]+`(?:, )?)+) \| [^|]+ \| `(racktwin\.[a-z_]+/\d+)` \| (\d) \| \**(yes|no|never)\** \|", re.M
+)
+
+
+def test_the_topic_tables_give_each_topic_its_schema_qos_and_retain_flag() -> None:
+    """docs/protocol.md's and the README's topic tables against agent.wire.topics: a bridge is written
+    from these tables (topic, schema, QoS, retained)."""
+
+    topics = Topics("site1")
+    by_topic: dict[str, Kind] = {}
+    for k in Kind:
+        try:
+            by_topic[topics.of(k, "r0")] = k
+        except ValueError:  # a site topic
+            by_topic[topics.of(k)] = k
+    for name in ("docs/protocol.md", "README.md"):
+        rows = _TOPIC_ROW.findall((REPO / name).read_text(encoding="utf-8"))
+        named = []
+        for cell, schema, qos, retained in rows:
+            for path in re.findall(r"`([^`]+)`", cell):
+                topic = f"{topics.prefix}/{path.replace('{rack}', 'r0')}"
+                assert topic in by_topic, f"{name}: no such topic {path}"
+                kind = by_topic[topic]
+                named.append(kind)
+                assert schema == SCHEMAS[kind], (name, path, schema)
+                assert int(qos) == qos_of(kind), (name, path, qos)
+                assert (retained == "yes") == retain_of(kind), (name, path, retained)
+        assert set(named) == set(Kind), f"{name}'s topic table leaves out {set(Kind) - set(named)}"
+
+
+def test_every_metric_named_in_the_readme_and_docs_is_exported_with_the_labels_named() -> None:
+    """``racktwin_queued_jobs{wait}``, ``racktwin_anomalies{kind="stuck_sensor"}``: docs/agent.md's table is
+    tied to the registry with its labels (test_metrics_audit.py); the README and the other pages name
+    series too."""
+    labels: dict[str, set[str]] = {name: set(names) for name, names in _documented().items()}
+    for family in AgentMetrics(["r0"]).registry.collect():
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(set(sample.labels) - {"le"})
+        suffixes = {"counter": ("_total",), "histogram": ("", "_bucket", "_sum", "_count")}.get(family.type, ("",))
+        for suffix in suffixes:  # a labelled series with no sample yet is still the family's
+            labels.setdefault(family.name + suffix, set())
+    wrong = []
+    seen = 0
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in re.finditer(r"\b(racktwin_[a-z_]+)(\{([^}]*)\})?", line):
+                seen += 1
+                name, named = m.group(1), set(re.findall(r"([a-z_]+)(?:=~?\"[^\"]*\")?(?:,\s*|$)", m.group(3) or ""))
+                if name not in labels:
+                    wrong.append(f"{path.relative_to(REPO)}:{number}: {name} is not exported")
+                elif not named <= labels[name]:
+                    wrong.append(
+                        f"{path.relative_to(REPO)}:{number}: {name} has no label {sorted(named - labels[name])}"
+                    )
+    assert seen > 50, seen
+    assert not wrong, "\n".join(wrong)
