@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from agent import wire
 from agent.command_diff import CommandDiff
-from agent.command_overlays import Overlays
+from agent.command_overlays import Holds, Overlays
 from agent.config import ControlConfig
 from agent.decision import Decision
 from agent.open_commands import HOST, LEVEL, LIMIT, SLEEP, SUPERSEDES, Command, Item, OpenCommand
@@ -67,6 +67,7 @@ class CommandBook:
         #: open commands closed because the site clock stepped back, not yet taken (:meth:`expire`)
         self._left_behind: list[OpenCommand] = []
         self._next_key = 1
+        self._before: _Before | None = None  # the book before the last commands(), for undo()
 
     def diff(self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float) -> list[Item]:
         """The commands the decision needs, as ``(kind, message, lowers_power)``, lowering first
@@ -104,6 +105,7 @@ class CommandBook:
         out: list[OpenCommand] = []
         self._leave_old_timeline(now_s)
         items = self.diff(decision, snap, applied_level, now_s)
+        self._before = _Before.of(self) if items else None
         stamp = self._stamp(now_s) if items else now_s
         for kind, msg, _low in items:
             if stamp != now_s:  # the clock stepped back: the newest issue time, the same life
@@ -120,7 +122,31 @@ class CommandBook:
             )
             self._register(oc, msg)
             out.append(oc)
+        if self._before is not None:
+            self._before.ids = [oc.command_id for oc in out]
+            self._before.made = (self._next_key, len(self.open), len(self.superseded))
         return out
+
+    def undo(self, commands: list[OpenCommand]) -> None:
+        """Take back the last :meth:`commands` (its decision could not be journaled: nothing of it is
+        sent): its commands are dropped, and those they superseded are open again exactly as before
+        (the same objects: ids, expiries, attempts and send times; what they set held again, none of
+        them in :attr:`superseded`), as are the issue time and the sequence numbers they took. Call it
+        before anything else changes the book (the service does, right after the failed write);
+        commands the site clock left behind stay closed (:meth:`_leave_old_timeline`)."""
+        if not commands:
+            return
+        before, self._before = self._before, None
+        now = (self._next_key, len(self.open), len(self.superseded))
+        if before is None or before.made != now or before.ids != [oc.command_id for oc in commands]:
+            raise RuntimeError("CommandBook.undo: not the commands of the book's last change")
+        for oc in self.superseded[before.n_superseded :]:
+            oc.superseded_by = None
+        del self.superseded[before.n_superseded :]
+        self.open, self._by_key = before.open, before.by_key
+        self._last_stamp_s = before.last_stamp_s
+        self.sequencer.rewind(before.seq)
+        self.overlays.restore_holds(before.holds)
 
     def _register(self, oc: OpenCommand, msg: Command) -> None:
         key = self._next_key
@@ -341,6 +367,33 @@ class CommandBook:
             predicted_facility_power_w=_finite(decision.predicted_facility_power_w),
             summary=summary[:1024],
             pump_speeds=pumps,
+        )
+
+
+@dataclasses.dataclass
+class _Before:
+    """The book before :meth:`CommandBook.commands` registered a decision's commands (for
+    :meth:`CommandBook.undo`); ``made``: its next key and how many commands were open and superseded
+    once they were registered, ``ids``: theirs."""
+
+    open: dict[str, OpenCommand]
+    by_key: dict[int, OpenCommand]
+    n_superseded: int
+    last_stamp_s: float
+    seq: dict[str, int]
+    holds: Holds
+    made: tuple[int, int, int] = (0, 0, 0)
+    ids: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, book: CommandBook) -> _Before:
+        return cls(
+            dict(book.open),
+            dict(book._by_key),
+            len(book.superseded),
+            book._last_stamp_s,
+            book.sequencer.mark(),
+            book.overlays.holds(),
         )
 
 

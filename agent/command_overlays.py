@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -47,13 +48,26 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["FAILED_HOLD_MAX_S", "Overlays"]
+__all__ = ["FAILED_HOLD_MAX_S", "Holds", "Overlays"]
 
 log = logging.getLogger("racktwin.agent")
 
 #: the longest a card refused as failed again, though its telemetry reads it alive, is held out of
 #: commands at a time (the holds double from ``command_ttl_s`` up to it)
 FAILED_HOLD_MAX_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Holds:
+    """A copy of what :class:`Overlays` holds for the open commands (:meth:`Overlays.holds`)."""
+
+    value: FloatArray
+    until: FloatArray
+    key: IntArray
+    setpoint: tuple[float, float, int] | None
+    placing: dict[str, tuple[float, int]]
+    pump: dict[int, tuple[float, float, int]]
+    pump_sent: FloatArray
 
 
 class Overlays:
@@ -104,6 +118,30 @@ class Overlays:
         self.value[kind, cards] = value
         self.until[kind, cards] = until_s
         self.key[kind, cards] = key
+
+    def holds(self) -> Holds:
+        """A copy of what the open commands will have set (the values, expiries and keys of
+        :meth:`hold`, the set-point, the pumps, the placements), for :meth:`restore_holds`."""
+        return Holds(
+            self.value.copy(),
+            self.until.copy(),
+            self.key.copy(),
+            self.setpoint,
+            dict(self.placing),
+            dict(self.pump),
+            self.pump_sent.copy(),
+        )
+
+    def restore_holds(self, holds: Holds) -> None:
+        """Put back what :meth:`holds` copied (``CommandBook.undo``), in place; refusals and failed
+        marks stay."""
+        self.value[:], self.until[:], self.key[:] = holds.value, holds.until, holds.key
+        self.pump_sent[:] = holds.pump_sent
+        self.setpoint = holds.setpoint
+        self.placing.clear()
+        self.placing.update(holds.placing)
+        self.pump.clear()
+        self.pump.update(holds.pump)
 
     def refuse(self, oc: OpenCommand, until_s: float) -> None:
         """A rack refused ``oc`` (a card setting): its cards get no setting of its kind before ``until_s``."""

@@ -54,7 +54,10 @@ sleep or wake an older sleep or wake, a host power command an older one or a sle
 cards; a rack's pump; the set-point) supersedes it: the open one is closed at once
 (:attr:`CommandBook.superseded`, ``superseded`` to the publisher) and never sent again, not even for
 its cards the newer one does not list (their overlay is cleared: the next decision commands them
-again unless the racks report them so). A retry of an old command after a newer one would otherwise
+again unless the racks report them so), nor a copy already queued (:class:`Publisher` checks, as each
+send runs, that its command is still open). A decision the journal refuses is not acted on: the
+service takes its commands back (:meth:`CommandBook.undo`), and the commands they superseded are open
+again as they were. A retry of an old command after a newer one would otherwise
 undo the newer one on a rack that applies what it gets (acks lost to a broker ACL: re-sends put 16
 cards back at full clock and the rack 2% over its limit); a rack that follows docs/protocol.md
 refuses such an old command (``superseded``) anyway.

@@ -263,7 +263,7 @@ class Publisher:
                 oc = self._queue.popleft()
                 if oc.command_id in self.book.open and oc.expires_s > now:
                     batch.append(oc)
-                # else: acked meanwhile, or expired: never sent late
+                # else: acked meanwhile, or expired: never sent late (checked again as its send runs: _send)
             if not batch:
                 break
             # pipelined: every command of the batch is handed to the client now, in order (aiomqtt passes
@@ -271,17 +271,18 @@ class Publisher:
             # and the PUBACKs are awaited together: one round trip per batch, not one per command
             tasks = [asyncio.ensure_future(self._send(oc, now)) for oc in batch]
             results = await asyncio.gather(*tasks)
-            sent = [oc for oc, ok in zip(batch, results, strict=True) if ok is None]
+            sent = [oc for oc, r in zip(batch, results, strict=True) if r is True]
             if sent:
                 ids = [oc.command_id for oc in sent]
                 self._journal_write("sent", functools.partial(self.journal.mark_sent, ids))  # one transaction
-            failed = [oc for oc, ok in zip(batch, results, strict=True) if ok is not None]
-            if failed:
+            errors = [r for r in results if isinstance(r, BusError)]
+            if errors:
+                failed = [oc for oc, r in zip(batch, results, strict=True) if isinstance(r, BusError)]
                 self._queue.extendleft(reversed(failed))  # sent again, in order, at the next step
-                if any(isinstance(r, BusNotConnected) for r in results):
+                if any(isinstance(r, BusNotConnected) for r in errors):
                     self.stats.not_connected_waits += 1
                 else:
-                    exc = next(r for r in results if r is not None)
+                    exc = errors[0]
                     log.warning("%d command(s), first to %s, not sent: %s", len(failed), failed[0].target, exc)
                 return
 
@@ -340,9 +341,14 @@ class Publisher:
             extra={"fields": {"acks_missing": n, "last_command_id": oc.command_id, "attempts": oc.attempts}},
         )
 
-    async def _send(self, oc: OpenCommand, now: float) -> BusError | None:
+    async def _send(self, oc: OpenCommand, now: float) -> BusError | bool:
         """Publish one command (QoS 1) and note it sent once the broker acknowledged it (or did not
-        within ``puback_timeout_s``: sent, unconfirmed); the error when it could not be sent."""
+        within ``puback_timeout_s``: sent, unconfirmed): True; the error when it could not be sent;
+        False, unsent and not counted, when it is no longer open in the book as its turn comes (acked,
+        superseded or otherwise closed after its batch was built: the event loop runs what was ready
+        before the batch's sends, an ack, a decision)."""
+        if oc.command_id not in self.book.open:
+            return False
         try:
             await self.bus.publish(oc.topic, oc.payload, qos=1, retain=False, timeout_s=self.puback_timeout_s)
         except BusPubackTimeout as exc:  # handed over, not confirmed: see the class docstring
@@ -377,4 +383,4 @@ class Publisher:
         self.stats.sent += 1
         if self.on_sent is not None:
             self.on_sent(oc, retry)
-        return None
+        return True

@@ -955,9 +955,9 @@ class AgentService:
                     since,
                     extra={"fields": {"error": str(exc)}},
                 )
-            for oc in commands:
-                self.book.open.pop(oc.command_id, None)
-                self.book.forget(oc)
+            # and the open commands theirs would replace stay open as they were: closed superseded, they
+            # were no longer held or retried although nothing replaced them on the wire
+            self.book.undo(commands)
             return
         # the decision and its commands are journaled (pending): they go out whatever comes of these
         # records (a failed write is logged, makes the agent not ready and is tried again with the next

@@ -679,6 +679,15 @@ class Sequencer:
         self._next[topic] = n + 1
         return n
 
+    def mark(self) -> dict[str, int]:
+        """The next numbers per topic, for :meth:`rewind`."""
+        return dict(self._next)
+
+    def rewind(self, mark: dict[str, int]) -> None:
+        """Number again from ``mark`` (:meth:`mark`): the numbers drawn since were never published (a
+        receiver would see a gap in the sequence)."""
+        self._next = dict(mark)
+
 
 def approx_equal(a: Any, b: Any, *, rel_tol: float = 1e-9, abs_tol: float = 1e-12) -> bool:
     """Equality up to float rounding (unit conversions like percent <-> fraction are not exact)."""

@@ -8,6 +8,7 @@ of docs/agent.md ("Commands") and docs/protocol.md."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -468,3 +469,53 @@ def test_cards_never_read_are_commanded(scene: tuple[SiteSpec, StateSnapshot]) -
     assert first.cards.tolist() == list(range(64, 128))
     r1.refuse_as_failed(first.command_id, [5], NOW + 1.0)
     assert r1.sent(NOW + 2.0, unseen) == [tuple(c for c in ALL_R1 if c != 5)]
+
+
+def test_undo_takes_back_a_decisions_commands_and_reopens_those_they_superseded_as_they_were(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """A decision the journal refused is not acted on (``agent.service``): ``CommandBook.undo`` drops
+    its commands, and the commands they superseded (a level, the set-point, a pump speed, a placement)
+    are open again as they were: the same objects with their ids, expiries and retry state, what they
+    set held again, none reported superseded, and the sequence numbers drawn given again (a rack would
+    count a gap as lost messages). The next decision supersedes them as usual."""
+    site, snap = scene
+    book, _codec = _book(site, pump_renew_s=3600.0)
+    speed = np.ones(8)
+    speed[2] = 0.5
+    placed = (PlacementOrder("q", (256, 257, 258, 259)),)
+    lvl = np.asarray(snap.card_level).copy()
+    lvl[0:8] = 3
+    d1 = _decision(snap, card_level=lvl, supply_temp_c=35.0, rack_pump_speed_frac=speed, placements=placed)
+    first = book.commands(d1, snap, NO_APPLIED, NOW)
+    assert len(first) == 4
+    for oc in first:
+        oc.attempts, oc.first_sent_s, oc.last_sent_s = 2, NOW, NOW + 10.0
+    opened, holds = dict(book.open), book.overlays.holds()
+
+    lvl2, speed2 = lvl.copy(), speed.copy()
+    lvl2[0:4] = 5  # half of the level command's cards: it is superseded whole
+    speed2[2] = 0.6
+    d2 = _decision(snap, card_level=lvl2, supply_temp_c=36.0, rack_pump_speed_frac=speed2, placements=placed)
+    second = book.commands(d2, snap, NO_APPLIED, NOW + 12.0)
+    assert sum(oc.superseded_by is not None for oc in first) == 3  # (the same placement is kept)
+    seqs = [json.loads(oc.payload)["seq"] for oc in second]
+    book.undo(second)
+    assert book.open == opened and all(book.open[oc.command_id] is oc for oc in first)
+    assert [(oc.expires_s, oc.attempts, oc.last_sent_s, oc.superseded_by) for oc in first] == [
+        (NOW + TTL_S, 2, NOW + 10.0, None)
+    ] * 4
+    assert book.take_superseded() == []
+    after = book.overlays.holds()
+    for name in ("value", "until", "key", "pump_sent"):
+        assert np.array_equal(getattr(after, name), getattr(holds, name)), name
+    assert (after.setpoint, after.placing, after.pump) == (holds.setpoint, holds.placing, holds.pump)
+    # what they set is held: the same decision at their time commands nothing
+    assert book.diff(d1, snap, NO_APPLIED, NOW + 12.0) == []
+
+    again = book.commands(d2, snap, NO_APPLIED, NOW + 12.0)
+    assert [json.loads(oc.payload)["seq"] for oc in again] == seqs
+    gone = book.take_superseded()
+    assert {oc.command_id for oc in gone} == {oc.command_id for oc in first if oc.target != "scheduler"}
+    with pytest.raises(RuntimeError):
+        book.undo(again)  # not the book's last change any more: the superseded were taken

@@ -346,6 +346,46 @@ async def test_commands_that_expire_or_are_superseded_while_the_broker_is_away_a
     d.journal.close()
 
 
+async def test_a_retry_closed_after_its_batch_is_built_but_before_it_is_sent_does_not_go_out(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Retries of two commands are taken into a batch; before their sends run (the event loop runs what
+    was ready first: the ack path, a decision) one is acked and a newer command supersedes the other.
+    Neither retry goes out, nor counts as sent or failed (the newer command does go out); before, both
+    were published after their close, and the old level undid the newer one on a rack that applies
+    what it gets."""
+    d = desk(tmp_path)
+    sent: list[tuple[str, bool]] = []
+    async with watching(mosquitto.options(), d.codec) as watch, Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(
+            bus, d.book, d.journal, d.clock, d.control, on_sent=lambda oc, retry: sent.append((oc.command_id, retry))
+        )
+        acked, old = d.issue("r0", (0,), 3), d.issue("r1", (0,), 3)
+        publisher.submit([acked, old])
+        await publisher.step()
+        assert publisher.stats.sent == 2
+        newer: list[OpenCommand] = []
+
+        def closed_meanwhile() -> None:
+            ack = wire.Acknowledgement("r0", uuid.UUID(acked.command_id), wire.AckResult.APPLIED, TS + 11.0, 0, "sim")
+            assert d.book.on_ack(ack, TS + 11.0) is acked
+            newer.append(d.issue("r1", (0,), 5, ts=TS + 11.0))  # the same card's level: supersedes the old one
+            publisher.submit(newer)
+
+        d.at(10.5)  # both retries due
+        asyncio.get_running_loop().call_soon(closed_meanwhile)  # runs once the step has built the batch
+        await publisher.step()
+        await watch.flush(bus)
+    assert newer and old.superseded_by == newer[0].command_id
+    assert [m.payload for m in watch.received] == [acked.payload, old.payload, newer[0].payload]
+    assert (acked.attempts, old.attempts) == (1, 1) and (publisher.stats.sent, publisher.stats.retried) == (3, 0)
+    assert sent == [(acked.command_id, False), (old.command_id, False), (newer[0].command_id, False)]
+    assert publisher.stats.not_connected_waits == 0 and publisher.backlog() == 0
+    assert [row.attempts for oc in (acked, old) if (row := d.journal.command(oc.command_id))] == [1, 1]
+    d.journal.close()
+
+
 async def test_a_command_resumed_from_the_journal_goes_out_once(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
     """A restarted agent hands the publisher the journal's open commands, sent before by the run that
     ended (``attempts`` 1): each goes out once, as a retry (it is also due for one: it was never
