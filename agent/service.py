@@ -502,9 +502,12 @@ class AgentService:
         return self.status.will()
 
     async def _on_connect(self, bus: Bus) -> None:
+        # the publisher hears of the connection before anything is awaited, and the counter after it:
+        # a publisher step that sees the new connection counted sends the open commands again once
+        # (told after the status's publish, a step in between sent them and the next sent them again)
+        self.publisher.reconnected()
         self.metrics.reconnects_total.inc()
         await self.status.publish_online(bus)
-        self.publisher.reconnected()
 
     def _on_command_seen(self, cmd: Any) -> None:
         """A command on the site's command topics: this agent's own (the broker's copy of what it
