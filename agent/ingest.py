@@ -14,11 +14,14 @@
   that is longer: the interval is learnt from the stamps of its card readings,
   :attr:`Ingest.reading_interval_s`), a clock more than half a DVFS step above the confirmed level's
   (a card never runs faster than its applied level allows), a card awake that was confirmed asleep, a
-  power limit apart from the confirmed one; that part of the confirmation is forgotten (counted in
-  :class:`IngestStats`, exported as ``racktwin_applied_state_disproved_total``), so the level comes
-  from the clock again and the commands' diff commands the card again. The retained applied state
-  outlives a rack that reset its cards or had them changed without republishing it: trusted, it had
-  the agent plan such a card at the old slower level and never command it;
+  power limit apart from the confirmed one; that part of the confirmation is forgotten at once, so the
+  level comes from the clock again and the commands' diff commands the card again. The retained applied
+  state outlives a rack that reset its cards or had them changed without republishing it: trusted, it
+  had the agent plan such a card at the old slower level and never command it. The disproval is
+  counted (:class:`IngestStats`, exported as ``racktwin_applied_state_disproved_total``) only when no
+  late applied state explains it (:meth:`Ingest._explain`: the reading that showed the agent's own
+  command overtook its rack's applied state) by the time the site clock is the rack's confirmation
+  margin plus the telemetry deadline past the reading (:meth:`Ingest._settle_disprovals`);
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
@@ -63,7 +66,7 @@ from twin.workload import Phase
 
 IntArray = npt.NDArray[np.int64]
 
-__all__ = ["Ingest", "IngestStats", "RoundMerger"]
+__all__ = ["DISPROVABLE_SETTINGS", "Ingest", "IngestStats", "RoundMerger"]
 
 log = logging.getLogger("racktwin.agent.ingest")
 
@@ -92,6 +95,10 @@ _INTERVAL_GAPS = 7
 _INTERVAL_MIN_GAPS = 3
 #: a power limit reading this far from the confirmed one disproves it (the wire's 0.1 W, with room)
 _LIMIT_TOL_W = 0.5
+#: the settings of a rack's applied state a card reading may disprove, in the order of :class:`Ingest`'s
+#: pending disprovals (``racktwin_applied_state_disproved_total{setting}``)
+DISPROVABLE_SETTINGS = ("level", "power_limit", "low_power")
+_LEVEL, _LIMIT, _LOW = range(3)
 
 _EVENT_KINDS = {
     wire.JobEventType.SUBMITTED: "submitted",
@@ -117,11 +124,30 @@ class IngestStats:
     job_snapshot_dropped: int = 0  # jobs the agent held that those no longer listed (dropped from the table)
     job_snapshots_old: int = 0  # job snapshots not newer than the last job event or snapshot: ignored
     job_snapshots_ahead: int = 0  # job snapshots stamped ahead of the site clock (another timeline): ignored
-    # cards whose confirmed (applied state's) level, power limit or low-power state a later reading
-    # disproved: forgotten (a rack reset or changed outside the agent's commands, not republished)
-    applied_levels_disproved: int = 0
-    applied_limits_disproved: int = 0
-    applied_low_power_disproved: int = 0
+    #: per (setting, rack name): cards whose confirmed (applied state's) setting, ``level``, ``power_limit``
+    #: or ``low_power`` (:data:`DISPROVABLE_SETTINGS`), a later reading disproved and no late applied state
+    #: explained (:meth:`Ingest._disprove`): a rack reset or changed outside the agent's commands, not
+    #: republished. Counted once the bound passed (:meth:`Ingest._settle_disprovals`)
+    applied_disproved: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: disprovals a late applied state explained (the agent's own command: the rack's applied state
+    #: reached the agent after a reading that already showed it), not counted above
+    applied_disprovals_explained: int = 0
+
+    def disproved(self, setting: str) -> int:
+        """Cards whose confirmed ``setting`` was disproved and counted, all racks together."""
+        return sum(n for (s, _rack), n in self.applied_disproved.items() if s == setting)
+
+    @property
+    def applied_levels_disproved(self) -> int:
+        return self.disproved("level")
+
+    @property
+    def applied_limits_disproved(self) -> int:
+        return self.disproved("power_limit")
+
+    @property
+    def applied_low_power_disproved(self) -> int:
+        return self.disproved("low_power")
 
 
 @dataclass
@@ -179,6 +205,15 @@ class Ingest:
         self._gaps_s: list[deque[float]] = [deque(maxlen=_INTERVAL_GAPS) for _ in range(site.n_racks)]
         #: per card: the stamp of its newest reading (NaN: none yet, or the site clock stepped back)
         self._cards_ts_s = np.full(site.n_cards, np.nan)
+        #: per setting (:data:`DISPROVABLE_SETTINGS`) and card: a disproval not counted yet
+        #: (:meth:`_disprove`), as the newest stamp an applied state that explains it may have (the
+        #: reading's stamp plus the rack's confirmation margin; NaN: none pending)
+        self._explain_by_s = np.full((len(DISPROVABLE_SETTINGS), site.n_cards), np.nan)
+        #: per card: what the reading of a pending disproval showed, its clock and its power limit
+        self._shown_clock_mhz = np.full(site.n_cards, np.nan)
+        self._shown_limit_w = np.full(site.n_cards, np.nan)
+        #: no pending disproval is due before this site time (inf: none pending)
+        self._next_due_s = math.inf
         self._round: dict[int, _Partial] = {}
         self._facility: FacilityReading | None = None
         self._round_t = -math.inf
@@ -207,6 +242,8 @@ class Ingest:
             self._event_dates.clear()  # stamps of the old timeline
             self._jobs_seen = None
             self._cards_ts_s.fill(np.nan)  # (a rack's reading interval stays: its period did not change)
+            # an applied state of the new timeline cannot explain a reading of the old one
+            self._count_disprovals(np.isfinite(self._explain_by_s))
         if self.clock.last_was_ahead:
             self.stats.ahead += 1
             return False
@@ -274,10 +311,12 @@ class Ingest:
                 self.applied_power_limit_w[idx[ok][known] + r * self._cpr] = lim[known]
                 self.applied_low_power[idx[ok] + r * self._cpr] = np.asarray(msg.low_power, dtype=bool)[ok]
                 self._applied_ts_s[idx[ok] + r * self._cpr] = msg.ts_s
+                self._explain(idx[ok] + r * self._cpr, msg, ok)
         else:
             self.stats.ignored += 1
         if self._pending_snapshot is not None:
             self._take_pending_snapshot()
+        self._settle_disprovals()
         return kind
 
     def _cards(self, b: wire.CardBatch) -> CardBatch | None:
@@ -386,13 +425,79 @@ class Ingest:
             faster, lim_off, awake = faster & ~frozen, lim_off & ~frozen, awake & ~frozen
         if faster.any():
             self.applied_level[idx[faster]] = -1
-            self.stats.applied_levels_disproved += int(faster.sum())
+            self._shown_clock_mhz[idx[faster]] = clock_mhz[faster]
         if lim_off.any():
             self.applied_power_limit_w[idx[lim_off]] = np.nan
-            self.stats.applied_limits_disproved += int(lim_off.sum())
+            self._shown_limit_w[idx[lim_off]] = limit_w[lim_off]
         if awake.any():
             self.applied_low_power[idx[awake]] = np.nan
-            self.stats.applied_low_power_disproved += int(awake.sum())
+        for k, hit in ((_LEVEL, faster), (_LIMIT, lim_off), (_LOW, awake)):
+            if hit.any():
+                cards = idx[hit]
+                # one pending per card and setting: one still pending when its card's setting was confirmed
+                # again and disproved again was not explained by then, nor can it be now
+                self._count_disprovals(self._pending_of(k, cards))
+                self._explain_by_s[k, cards] = ts_s + margin_s
+                self._next_due_s = min(self._next_due_s, ts_s + margin_s + self.telemetry_deadline_s)
+
+    def _pending_of(self, k: int, cards: IntArray) -> npt.NDArray[np.bool_]:
+        """A mask over the pending disprovals: setting ``k``'s of ``cards`` that are pending."""
+        mask = np.zeros(self._explain_by_s.shape, dtype=bool)
+        mask[k, cards] = np.isfinite(self._explain_by_s[k, cards])
+        return mask
+
+    def _explain(self, cards: IntArray, msg: wire.AppliedState, ok: npt.NDArray[np.bool_]) -> None:
+        """Cancel the pending disprovals of ``cards`` (site indices) that their rack's applied state
+        ``msg`` (its entries ``ok``) explains: stamped no later than the disproving reading's stamp plus
+        the rack's confirmation margin, and agreeing with what that reading showed (a clock its level
+        allows, its power limit, awake). MQTT keeps no order between a QoS 0 reading and a QoS 1 applied
+        state: the reading that showed a setting the agent had just commanded, applied, often reached the
+        agent before the applied state stamped up to a second before it (0.3 to 2.2 site s after the
+        reading in a demo run), and disproved the confirmation before it: the agent's own command, not a
+        change behind its back."""
+        within = msg.ts_s <= self._explain_by_s[:, cards]  # False where NaN: none pending
+        if not within.any():
+            return
+        lv = np.asarray(msg.dvfs_level, dtype=np.int64)[ok]
+        valid = (lv >= 0) & (lv < self._clocks.size)
+        lim = np.asarray(msg.power_limit_w, dtype=np.float64)[ok]
+        with np.errstate(invalid="ignore"):
+            allowed = valid & ~(self._shown_clock_mhz[cards] > self._faster_than_mhz[np.where(valid, lv, 0)])
+            same_limit = np.abs(self._shown_limit_w[cards] - lim) <= _LIMIT_TOL_W
+        awake = ~np.asarray(msg.low_power, dtype=bool)[ok]
+        explained = within & np.stack((allowed, same_limit, awake))
+        if explained.any():
+            sel, col = np.nonzero(explained)
+            self._explain_by_s[sel, cards[col]] = np.nan
+            self.stats.applied_disprovals_explained += int(sel.size)
+
+    def _settle_disprovals(self) -> None:
+        """Count the pending disprovals no applied state explained in time: the site clock (``now``) is
+        past the reading's stamp plus the rack's confirmation margin plus the telemetry deadline. An
+        applied state that late is as late as telemetry the agent takes for stale (its rack at fail-safe
+        caps), 15 times the latest measured in a demo run (2.2 s), and a reset shows in the counts about
+        half a minute (1.5 + 30 s by default) after the first reading that showed it."""
+        now = self.clock.now()
+        if now is None or not now > self._next_due_s:
+            return
+        with np.errstate(invalid="ignore"):
+            self._count_disprovals(self._explain_by_s + self.telemetry_deadline_s < now)  # False where NaN
+        pending = np.isfinite(self._explain_by_s)
+        self._next_due_s = (
+            float(self._explain_by_s[pending].min()) + self.telemetry_deadline_s if pending.any() else math.inf
+        )
+
+    def _count_disprovals(self, mask: npt.NDArray[np.bool_]) -> None:
+        """Count the pending disprovals in ``mask`` (setting x card) per setting and rack, and clear them."""
+        if not mask.any():
+            return
+        names = self.site.rack_names
+        for k, setting in enumerate(DISPROVABLE_SETTINGS):
+            racks, counts = np.unique(np.flatnonzero(mask[k]) // self._cpr, return_counts=True)
+            for r, n in zip(racks.tolist(), counts.tolist(), strict=True):
+                key = (setting, names[r])
+                self.stats.applied_disproved[key] = self.stats.applied_disproved.get(key, 0) + n
+        self._explain_by_s[mask] = np.nan
 
     def _event(self, m: wire.JobEvent) -> JobEvent | None:
         kind = _EVENT_KINDS.get(m.event)

@@ -31,8 +31,8 @@ alerts are blind meanwhile (``RacktwinMetricsNotUpdated``).
 
 The message counts include the jobs the scheduler's job snapshots changed in the job table
 (``racktwin_job_snapshot_changes_total{change}``: added, corrected, dropped; ``agent.job_catchup``)
-and the cards whose confirmed setting a later reading disproved
-(``racktwin_applied_state_disproved_total{setting}``: level, power_limit, low_power; ``agent.ingest``).
+and the cards whose confirmed setting a later reading disproved and no late applied state explained
+(``racktwin_applied_state_disproved_total{setting,rack}``: level, power_limit, low_power; ``agent.ingest``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from agent.bus import Bus
 from agent.clock import SiteTime
 from agent.decision import QUEUE_WAIT_KINDS, Decision
 from agent.ingest import Ingest
-from agent.metrics import APPLIED_SETTINGS, JOB_SNAPSHOT_CHANGES, METRICS_GROUPS, AgentMetrics
+from agent.metrics import JOB_SNAPSHOT_CHANGES, METRICS_GROUPS, AgentMetrics
 from agent.publish import CommandBook
 from agent.standby import Standby
 from twin.spec import SiteSpec
@@ -103,7 +103,7 @@ class MetricUpdates:
         self._seen_invalid = np.zeros(site.n_racks)  # readings refused per rack, counted so far
         self._seen_takeovers = 0
         self._seen_job_snapshot = dict.fromkeys(JOB_SNAPSHOT_CHANGES, 0)  # jobs changed by snapshots, counted so far
-        self._seen_disproved = dict.fromkeys(APPLIED_SETTINGS, 0)  # confirmed settings disproved, counted so far
+        self._seen_disproved: dict[tuple[str, str], int] = {}  # (setting, rack): settings disproved, counted so far
         #: the steps of :meth:`update` failing now (named as the log names them), with their error (each
         #: logged once per error); ``racktwin_metrics_group_failing`` says the same by group id
         self.failing: dict[str, str] = {}
@@ -202,10 +202,10 @@ class MetricUpdates:
         for change, n in zip(JOB_SNAPSHOT_CHANGES, changed, strict=True):
             m.job_snapshot_changes_total.labels(change=change).inc(max(n - self._seen_job_snapshot[change], 0))
             self._seen_job_snapshot[change] = n
-        disproved = (stats.applied_levels_disproved, stats.applied_limits_disproved, stats.applied_low_power_disproved)
-        for setting, n in zip(APPLIED_SETTINGS, disproved, strict=True):  # cards: only grow
-            m.applied_state_disproved_total.labels(setting=setting).inc(max(n - self._seen_disproved[setting], 0))
-            self._seen_disproved[setting] = n
+        for (setting, rack), n in list(stats.applied_disproved.items()):  # cards: only grow
+            seen = self._seen_disproved.get((setting, rack), 0)
+            m.applied_state_disproved_total.labels(setting=setting, rack=rack).inc(max(n - seen, 0))
+            self._seen_disproved[setting, rack] = n
 
     def _update_invalid_readings(self) -> None:
         site, st = self.site, self.state

@@ -60,9 +60,9 @@ METRICS_GROUPS: dict[str, str] = {
 #: agent did not hold, a job whose cards, phase or state it held wrong, a job it held that the snapshot
 #: no longer lists.
 JOB_SNAPSHOT_CHANGES = ("added", "corrected", "dropped")
-#: What ``racktwin_applied_state_disproved_total`` counts, per card (``agent.ingest.Ingest._disprove``,
-#: ``IngestStats.applied_levels_disproved``, ``applied_limits_disproved``, ``applied_low_power_disproved``):
-#: the setting of a rack's retained applied state that a later reading of the card disproved.
+#: What ``racktwin_applied_state_disproved_total`` counts, per card and rack (``agent.ingest.Ingest._disprove``,
+#: ``IngestStats.applied_disproved``, ``agent.ingest.DISPROVABLE_SETTINGS``): the setting of a rack's retained
+#: applied state that a later reading of the card disproved and no late applied state explained.
 APPLIED_SETTINGS = ("level", "power_limit", "low_power")
 
 ReadinessCheck = Callable[[], list[str]]  # returns the reasons it is not ready (empty = ready)
@@ -301,10 +301,11 @@ class AgentMetrics:
         self.applied_state_disproved_total = Counter(
             "racktwin_applied_state_disproved_total",
             "Cards whose setting, as their rack's retained applied state confirmed it, a later reading disproved "
-            "(forgotten: the card is commanded again), by setting: level (a clock above the confirmed level's), "
-            "power_limit (another limit), low_power (awake, confirmed asleep); the rack reset or changed outside "
-            "the agent's commands without publishing its applied state again",
-            ["setting"],
+            "and no late applied state explained (the card is commanded again), by setting and rack: level (a "
+            "clock above the confirmed level's), power_limit (another limit), low_power (awake, confirmed "
+            "asleep); the rack reset or changed outside the agent's commands without publishing its applied "
+            "state again",
+            ["setting", "rack"],
             registry=r,
         )
         for name in self.rack_names:
@@ -347,7 +348,8 @@ class AgentMetrics:
         for change in JOB_SNAPSHOT_CHANGES:
             self.job_snapshot_changes_total.labels(change=change)
         for setting in APPLIED_SETTINGS:
-            self.applied_state_disproved_total.labels(setting=setting)
+            for rack in self.rack_names:
+                self.applied_state_disproved_total.labels(setting=setting, rack=rack)
         for status in STATUSES:
             self.decisions_total.labels(status=status)
         for action in GUARD_ACTIONS:

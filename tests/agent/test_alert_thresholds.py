@@ -86,6 +86,21 @@ def test_the_client_id_alert_is_the_agents_take_over_rule() -> None:
     assert int(m.group(2)) == bus._TAKEOVERS_CONTESTED == 3
 
 
+def test_the_settings_changed_alert_fires_on_one_count_of_a_change_outside_the_agents_commands() -> None:
+    """``racktwin_applied_state_disproved_total`` counts only disprovals no late applied state explained
+    (``agent.ingest``): the agent's own commands, whose reading overtook their applied state, are not
+    counted (0 in a demo run with no reset), so one count is a rack reset or changed by someone else. The
+    increase of one count stays above 0 for the window: the hold is shorter, so that one reset fires it."""
+    rule = _rules()["RacktwinRackSettingsChanged"]
+    m = re.fullmatch(r"increase\(racktwin_applied_state_disproved_total\[(\w+)\]\)\s*>\s*0", rule["expr"].strip())
+    assert m, rule["expr"]
+    window_s = _seconds(m.group(1))
+    assert _seconds(rule["for"]) < window_s
+    assert rule["labels"]["severity"] == "warning"
+    summary = rule["annotations"]["summary"]
+    assert "$labels.rack" in summary and "$labels.setting" in summary
+
+
 def test_every_label_an_alert_names_is_carried_by_the_series_it_fires_on() -> None:
     """``{{ $labels.rack }}`` in an alert's text says nothing unless every racktwin series of its
     expression has a ``rack`` label (``instance`` and ``job`` come from the scrape)."""

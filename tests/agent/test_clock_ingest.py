@@ -1015,6 +1015,19 @@ def _rack_applied(rack: str, ts: float, level: int, *, limit_w: float = 700.0, l
     return dataclasses.replace(msg, power_limit_w=np.full(64, limit_w), low_power=np.full(64, low))
 
 
+def past_the_bound(ing: Ingest, from_s: float, rack: str = "r7") -> float:
+    """PDU readings of ``rack`` every 5 site s (the site clock follows: never too far ahead of it) from the
+    site's now until twice the telemetry deadline after ``from_s``: past the bound a disproval by a reading
+    stamped ``from_s`` waits for a late applied state to explain it (the rack's confirmation margin plus
+    the deadline), so that it is counted. Returns the last stamp."""
+    t = ing.clock.now_or(from_s)
+    while t < from_s + 2.0 * ing.telemetry_deadline_s:
+        t += 5.0
+        ing.handle(wire.PduReading(rack=rack, power_w=20_000.0, ts_s=t, seq=0, publisher="sim"))
+    ing.flush()
+    return t
+
+
 def _confirmed_level_5(clock: SiteClock | None = None) -> tuple[TwinState, Ingest]:
     site = example_site()
     state = TwinState(site)
@@ -1035,7 +1048,6 @@ def test_a_confirmed_level_a_later_reading_runs_faster_than_is_forgotten() -> No
     assert np.all(state.card_level[:64] == 0)  # from the clock
     assert np.all(ing.applied_level[:64] == -1)  # the diff counts from the belief's level again
     assert np.all(ing.applied_level[64:] == -1)  # (nothing confirmed elsewhere)
-    assert ing.stats.applied_levels_disproved == 64
     # the confirmed limit and sleep were not disproved: the readings show the same
     assert np.all(ing.applied_power_limit_w[:64] == 700.0) and np.all(ing.applied_low_power[:64] == 0.0)
     # the rack confirms again (the agent commanded it): taken, and kept by readings that agree
@@ -1043,6 +1055,9 @@ def test_a_confirmed_level_a_later_reading_runs_faster_than_is_forgotten() -> No
     ing.handle(cards_msg("r0", T0 + 25.0, sm_clock_mhz=np.full(64, 1430.0)))
     ing.flush()
     assert np.all(ing.applied_level[:64] == 5) and np.all(state.card_level[:64] == 5)
+    past_the_bound(ing, T0 + 25.0)
+    assert ing.stats.applied_levels_disproved == 64  # level 5 again: it does not explain the top clock
+    assert ing.stats.applied_disproved == {("level", "r0"): 64}
 
 
 def test_a_reading_taken_before_a_confirmed_slow_down_applied_does_not_disprove_it() -> None:
@@ -1086,6 +1101,7 @@ def test_a_confirmed_sleep_or_limit_the_readings_disprove_is_forgotten_and_only_
     assert np.isnan(ing.applied_low_power[0]) and np.all(ing.applied_low_power[1:64] == 1.0)
     assert np.isnan(ing.applied_power_limit_w[1]) and ing.applied_power_limit_w[0] == 500.0
     assert np.all(ing.applied_power_limit_w[2:64] == 500.0) and np.all(ing.applied_level[:64] == 0)
+    past_the_bound(ing, T0 + 12.0)
     assert (ing.stats.applied_low_power_disproved, ing.stats.applied_limits_disproved) == (1, 1)
 
 
@@ -1150,6 +1166,7 @@ def test_a_rack_reading_every_5_s_keeps_a_confirmation_its_next_reading_taken_be
     ing.flush()
     assert np.all(ing.applied_level[:64] == -1) and np.all(state.card_level[:64] == 0)
     assert np.all(np.isnan(ing.applied_power_limit_w[:64]))
+    past_the_bound(ing, last_s + 15.0)
     assert (ing.stats.applied_levels_disproved, ing.stats.applied_limits_disproved) == (64, 64)
 
 
@@ -1167,7 +1184,9 @@ def test_a_rack_reading_every_second_keeps_the_1_5_s_margin() -> None:
     assert np.all(ing.applied_level[:64] == 5)
     ing.handle(cards_msg("r0", last_s + 2.0, sm_clock_mhz=np.full(64, 1980.0)))
     ing.flush()
-    assert np.all(ing.applied_level[:64] == -1) and ing.stats.applied_levels_disproved == 64
+    assert np.all(ing.applied_level[:64] == -1)
+    past_the_bound(ing, last_s + 2.0)
+    assert ing.stats.applied_levels_disproved == 64
 
 
 def test_a_racks_reading_interval_ignores_copies_late_readings_silences_and_a_clock_step_back() -> None:
@@ -1230,4 +1249,6 @@ def test_a_rack_that_sends_its_cards_in_batches_per_host_learns_the_period_of_it
     round_at(last_s + 5.0, 1980.0)  # taken before it applied
     assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_levels_disproved == 0
     round_at(last_s + 10.0, 1980.0)  # 8..9.4 s after: the rack was reset
-    assert np.all(ing.applied_level[:64] == -1) and ing.stats.applied_levels_disproved == 64
+    assert np.all(ing.applied_level[:64] == -1)
+    past_the_bound(ing, last_s + 11.4)
+    assert ing.stats.applied_levels_disproved == 64
