@@ -170,12 +170,13 @@ def test_a_slowed_pump_is_renewed_pump_renew_s_after_its_last_command_also_after
     scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
     """A CDU returns a slowed pump to full speed when no command renews it (the simulator's
-    ``pump_hold_s``, 60 s), so the agent renews it at the first decision ``pump_renew_s`` after its last
-    command for the rack (docs/agent.md). The site
-    clock steps back (``agent.clock``: it ran ahead of a simulator starved of CPU; a restarted
-    simulator) further than issue times are held: the renewal comes ``pump_renew_s`` after the step
-    at the latest, not ``pump_renew_s`` after the last renewal's stamp on the old timeline (60 s back:
-    80 s without one, and the pump ran at full speed meanwhile)."""
+    ``pump_hold_s``, 60 s), so the agent renews it at the first decision ``pump_renew_s`` or more after
+    its last command for the rack (docs/agent.md; decisions here every 10 s). The site clock steps
+    back (``agent.clock``: it ran ahead of a simulator starved of CPU; a restarted simulator) further
+    than issue times are held: the last command counts as sent at the step, so the renewal comes at
+    the first decision ``pump_renew_s`` or more after the step, not ``pump_renew_s`` after the last
+    renewal's stamp on the old timeline (60 s back: 80 s without one, and the pump ran at full speed
+    meanwhile)."""
     site, snap = scene
     book, codec = _book(site, pump_renew_s=20.0)
     speed = np.ones(8)

@@ -353,7 +353,8 @@ def test_pump_speeds_are_commanded_faster_first_slower_last_and_renewed(scene: t
     ]
     cdu = [m for m in msgs if isinstance(m, wire.CduCommand)]
     assert [m.pump_speed_frac for m in cdu] == [1.0, 0.5]
-    # while open, not repeated; a slowed pump is renewed every pump_renew_s, a full-speed one is not
+    # while open, not repeated; a slowed pump is renewed at the first decision pump_renew_s or more after its last
+    # command (NOW + 21 here), a full-speed one is not
     d2 = d.replace(card_level=np.asarray(snap.card_level).copy())
     assert [m for m in book.diff(d2, snap5, applied, NOW + 5) if isinstance(m[1], wire.CduCommand)] == []
     for oc in list(book.open.values()):  # everything acked applied

@@ -47,6 +47,7 @@ from test_agent_service import (
 
 from agent import wire
 from agent.broker import EmbeddedBroker, free_port
+from agent.bus import Bus
 from agent.journal import Journal, JournalError, JournalInUseError
 from agent.load import spec_r_total_k_per_w
 from agent.publish import OpenCommand
@@ -168,6 +169,32 @@ def statuses(obs: Observer, state: wire.AgentState) -> list[Any]:
     return [s for s in obs.status if s.state == state]
 
 
+async def statuses_after_the_end(broker: EmbeddedBroker, watch: Bus, obs: Observer, cfg: Path) -> tuple[list[Any], str]:
+    """Once the agent's process (configuration ``cfg``) has ended: every status ``obs`` got, and the
+    broker's log line for the end of the agent's last connection (``disconnected``: a DISCONNECT, its
+    will dropped; otherwise its will published). The broker publishes a will as it handles the end,
+    where it logs it: a marker status published on ``watch`` (QoS 1) once every connection of the
+    agent's has its end logged comes to ``obs`` behind anything routed before. (Waiting for the first
+    offline status left it to the machine's speed whether a will that came after it was seen.)"""
+    cid = re.escape(loaded_config(cfg, broker).config.broker.resolved_client_id())
+    connected = re.compile(rf" as {cid} \(")
+    ended = re.compile(
+        rf"Client {cid} (?:disconnected|closed its connection)\.|Socket error on client {cid}, disconnecting\."
+        rf"|Client {cid} has exceeded timeout, disconnecting\.|Client {cid} already connected, closing old connection\."
+    )
+
+    def ends() -> list[str]:
+        log = broker.log_text()
+        found = ended.findall(log)
+        return found if len(found) >= len(connected.findall(log)) >= 1 else []
+
+    await wait_for(lambda: bool(ends()), 30, "the broker's log of the end of every connection of the agent's")
+    marker = wire.AgentStatus(wire.AgentState.OFFLINE, "0", ts_s=START, seq=0, publisher=f"marker-{uuid.uuid4()}")
+    await watch.publish(wire.Topics(SITE_ID).agent_status, wire.encode(marker), qos=1)
+    await wait_for(lambda: any(s.publisher == marker.publisher for s in obs.status), 30, "the marker status")
+    return obs.status[: [s.publisher for s in obs.status].index(marker.publisher)], ends()[-1]
+
+
 # --------------------------------------------------------------------------------------------------
 # A: a journal that cannot be written degrades the agent, it does not stop it
 # --------------------------------------------------------------------------------------------------
@@ -191,7 +218,10 @@ async def test_a_journal_that_cannot_be_written_leaves_the_agent_running_not_rea
     j.save_calibration(np.arange(site.n_cards, dtype=np.int64), r, np.ones(site.n_cards), START - 1.0)
     j.close()
     obs = Observer()
-    async with observing(mosquitto, site, obs), agent_process(mosquitto, cfg, shell_prefix="ulimit -f 40") as agent:
+    async with (
+        observing(mosquitto, site, obs) as watch,
+        agent_process(mosquitto, cfg, shell_prefix="ulimit -f 40") as agent,
+    ):
         await wait_for(lambda: bool(statuses(obs, wire.AgentState.ONLINE)), 30, "the agent online")
         sim = simulator(mosquitto, site, 200.0)
         sim_task = asyncio.create_task(sim.run())
@@ -216,9 +246,10 @@ async def test_a_journal_that_cannot_be_written_leaves_the_agent_running_not_rea
                 await sim_task
         agent.proc.send_signal(signal.SIGTERM)
         assert await agent.wait(15) == 0, agent.stderr[-3000:]
-        await wait_for(lambda: bool(statuses(obs, wire.AgentState.OFFLINE)), 15, "the offline status")
+        got, end = await statuses_after_the_end(mosquitto, watch, obs, cfg)
     assert "Traceback" not in agent.stderr, agent.stderr[-3000:]
-    assert obs.status[-1].state == wire.AgentState.OFFLINE and obs.status[-1].detail == "clean shutdown"
+    assert end.endswith(" disconnected."), end  # no will: it said offline itself
+    assert got[-1].state == wire.AgentState.OFFLINE and got[-1].detail == "clean shutdown", got[-1]
     # the log says the stop began (and why) and how it ended
     assert "stopping (SIGTERM): the current cycle finishes" in agent.stderr, agent.stderr[-3000:]
     assert re.search(r"agent stopped.*open_commands", agent.stderr), agent.stderr[-3000:]
@@ -256,11 +287,12 @@ async def test_a_task_that_fails_stops_the_agent_with_an_error_status_and_exit_s
     site = load_site(write_site(tmp_path))
     cfg = write_config(tmp_path, speed=SPEED)
     obs = Observer()
-    async with observing(mosquitto, site, obs), agent_process(mosquitto, cfg, code=_FAILING_TASK) as agent:
+    async with observing(mosquitto, site, obs) as watch, agent_process(mosquitto, cfg, code=_FAILING_TASK) as agent:
         assert await agent.wait(30) == 1, agent.stderr[-3000:]
-        await wait_for(lambda: bool(statuses(obs, wire.AgentState.OFFLINE)), 15, "the offline status")
+        got, end = await statuses_after_the_end(mosquitto, watch, obs, cfg)
     assert statuses(obs, wire.AgentState.ONLINE), agent.stderr[-3000:]
-    last = obs.status[-1]
+    assert end.endswith(" disconnected."), end  # no will: it said offline itself
+    last = got[-1]
     assert last.state == wire.AgentState.OFFLINE and last.detail == "error: RuntimeError: injected failure", last
     assert "agent failed: error: RuntimeError: injected failure" in agent.stderr
     assert "agent stopped after an error" in agent.stderr

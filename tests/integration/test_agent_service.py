@@ -313,7 +313,8 @@ async def test_an_idle_racks_pump_is_slowed_over_mqtt_and_kept_slow_past_the_pla
     to_r1 = [c for c in cdu if c["target"] == "r1"]
     lowest = site.min_pump_speed_frac()
     assert to_r1[0]["body"]["pump_speed_percent"] == pytest.approx(100 * lowest, abs=1e-6)
-    # renewed every pump_renew_s (20 s), so the plant's 60 s hold never lapses: r1's flow stays low
+    # renewed at the first decision pump_renew_s (20 s) or more after the last command (20 s apart at 5 s periods), so
+    # the plant's 60 s hold never lapses: r1's flow stays low
     assert len(to_r1) >= 4
     nominal = site.loop_flow_per_rack_lpm()
     slowed_from = float(to_r1[0]["acked_s"]) + 1.0

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import os
 import random
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiomqtt
 import pytest
@@ -213,13 +214,15 @@ def test_command_line_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 async def test_two_clients_with_one_client_id_are_told_apart_from_a_broker_restart_and_slowed_down(
-    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two clients with one client id take the session from each other (the broker closes the older
     connection when the newer one connects; MQTT 3.1.1 says nothing more). Each bus says that another
     client uses its client id, counts the take-overs and backs off: the fight slows from a reconnect
-    every backoff minimum (40 in 2 s here) to one per backoff maximum (at most 6 in 2 s: each is the
-    other client's reconnect, 0.4 s or more after the last). Once a connection lasts, it is over."""
+    every backoff minimum (0.05 s here) to one per backoff maximum (each bus waits 0.4 to 0.8 s before
+    it reconnects, and each reconnect is the other client's, after its wait). Once a connection
+    lasts, it is over."""
+    caplog.set_level(logging.INFO, logger="racktwin.bus")
     monkeypatch.setattr("agent.bus.SHORT_LIVED_S", 3.0)
     options = dataclasses.replace(
         mosquitto.options(client_id="one-id", clean_session=False), reconnect_min_s=0.05, reconnect_max_s=0.8
@@ -239,12 +242,34 @@ async def test_two_clients_with_one_client_id_are_told_apart_from_a_broker_resta
             await wait_for(
                 lambda: a.stats.takeovers >= grown_a and b.stats.takeovers >= grown_b, what="four more reconnects each"
             )
-            before = a.stats.connects + b.stats.connects
-            await asyncio.sleep(2.0)  # a slow machine can only make fewer reconnects in it
-            assert a.stats.connects + b.stats.connects - before <= 10
+            # from now on each bus waits half the backoff maximum or more before each reconnect: the waits
+            # it logs over its next three reconnects (counting connects in 2 s of wall time, a slow machine
+            # made fewer whatever the waits)
+            since = len(caplog.records)
+            await wait_for(
+                lambda: all(len(reconnect_waits_s(caplog, since).get(n, [])) >= 3 for n in ("a", "b")),
+                30,
+                "three more reconnects each, their waits logged",
+            )
+            waits = reconnect_waits_s(caplog, since)
+            assert all(w >= 0.4 for ws in waits.values() for w in ws), waits
         await wait_for(lambda: a.connected, what="a alone")
-        await asyncio.sleep(3.2)  # its connection lasts SHORT_LIVED_S: no take-over since
-        assert a.contested() is None
+        alone = (a.stats.connects, a.stats.takeovers)
+        # its connection lasts SHORT_LIVED_S: asked of the bus until it says the fight is over (a sleep
+        # past SHORT_LIVED_S did not show that it was still that connection)
+        await wait_for(lambda: a.contested() is None, 30, "a's fight over once its connection lasted")
+        assert a.connected and (a.stats.connects, a.stats.takeovers) == alone  # that same connection
+
+
+def reconnect_waits_s(caplog: pytest.LogCaptureFixture, since: int) -> dict[str, list[float]]:
+    """The waits before a reconnect each bus logged (``NAME: reconnecting in S s``), by bus name,
+    from ``caplog``'s record ``since`` on."""
+    out: dict[str, list[float]] = {}
+    for r in caplog.records[since:]:
+        if r.name == "racktwin.bus" and r.msg == "%s: reconnecting in %.2f s" and isinstance(r.args, tuple):
+            name, wait_s = r.args
+            out.setdefault(str(name), []).append(float(cast(float, wait_s)))
+    return out
 
 
 async def test_a_broker_restart_is_no_session_take_over(mosquitto: EmbeddedBroker) -> None:

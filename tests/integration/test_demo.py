@@ -13,10 +13,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from demo_testing import wait_for_truth_log
 
 pytestmark = pytest.mark.integration
 
@@ -91,10 +91,7 @@ def test_demo_runs_without_mosquitto_and_prints_both_summaries(tmp_path: Path) -
 
 def test_ctrl_c_stops_everything_and_prints_a_partial_summary(tmp_path: Path) -> None:
     proc = demo("--minutes", "60", "--speed", "20", "--json", "--out", str(tmp_path), "--progress-interval-s", "1")
-    deadline = time.monotonic() + 60
-    truth = tmp_path / "truth.csv"
-    while time.monotonic() < deadline and (not truth.exists() or truth.stat().st_size < 20_000):
-        time.sleep(0.2)
+    wait_for_truth_log(proc, tmp_path / "truth.csv", 20_000)
 
     def sim_child_running() -> bool:  # the simulator child writes its truth log into tmp_path
         # -ww: whole command lines (without it ps cuts them at $COLUMNS, and the path would never match)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from demo_testing import wait_for_truth_log
 
 from agent.broker import EmbeddedBroker
 
@@ -142,12 +143,9 @@ def test_sigterm_stops_everything_cleanly_and_summarizes_the_same_window(tmp_pat
 
 def test_a_simulator_that_dies_fails_the_demo(tmp_path: Path) -> None:
     proc = demo("--minutes", "60", "--speed", "30", "--json", "--out", str(tmp_path))
-    truth = tmp_path / "truth.csv"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not truth.exists() or truth.stat().st_size < 5_000):
-        time.sleep(0.2)
+    wait_for_truth_log(proc, tmp_path / "truth.csv", 5_000)
     pid = sim_child_pid(tmp_path)
-    assert pid is not None
+    assert pid is not None, "no simulator child running, its truth log written"
     os.kill(pid, signal.SIGKILL)  # e.g. the kernel's out-of-memory killer
     out, err = proc.communicate(timeout=60)
     assert "the simulator exited with status -9" in err

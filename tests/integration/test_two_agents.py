@@ -28,6 +28,8 @@ from twin.spec import load_site
 pytestmark = pytest.mark.integration
 
 SPEED = 20.0
+#: how long another agent may be silent before it is taken for gone here (35 s in a deployment)
+SILENT_S = 2.5
 #: what mosquitto logs when a CONNECT takes the session of a client id that is connected
 SESSION_TAKEN = "already connected, closing old connection"
 
@@ -65,6 +67,32 @@ def agent_on(host: str, cfg: Path, broker: EmbeddedBroker, mqtt: MqttOptions) ->
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("agent.other_agents.host_name", lambda: host)
         return AgentService(loaded_config(cfg, broker), mqtt=mqtt, http=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One application of an agent's rule on the other agents (``Standby.check``), as it left the agent."""
+
+    wall: float  # time.monotonic() just after it
+    connected: bool
+    standing_by: bool  # standing by for another agent
+    commanding: bool
+
+
+def checks_of(agent: AgentService, monkeypatch: pytest.MonkeyPatch) -> list[Check]:
+    """Every check of ``agent``'s from now on: at each status and command of another agent's, and at
+    each of its health rounds (every second). The agent's own checks are what a test waits for, not
+    wall time: an event loop starved of CPU makes them late, and a test that samples the agent's state
+    on its own clock sees nothing happen."""
+    seen: list[Check] = []
+    check = agent.standby.check
+
+    def recorded() -> None:
+        check()
+        seen.append(Check(time.monotonic(), agent.bus.connected, agent.standing_by_for is not None, agent.commanding()))
+
+    monkeypatch.setattr(agent.standby, "check", recorded)
+    return seen
 
 
 @contextlib.asynccontextmanager
@@ -131,11 +159,12 @@ async def test_a_standby_cut_off_from_the_broker_goes_on_standing_by(
 ) -> None:
     """Agent B stands by for agent A (one client id shared by mistake: B under its own standby id).
     B's own link to the broker goes down for longer than A may be silent (35 s; 2.5 s here, statuses
-    every 0.5 s) while A goes on commanding. B heard nothing from A because it heard nothing at all:
+    every 0.5 s) while A goes on commanding: until B has checked, cut off, with A silent on the wall
+    clock for twice that. B heard nothing from A because it heard nothing at all:
     it must not take that for A's end. It used to: cut off, it logged A gone and took over (its
     status, /readyz and racktwin_agent_standby said it commanded), and went back to the shared client
     id, so that its reconnection took A's session from A (A's connection closed, its will published)."""
-    monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
+    monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", SILENT_S)
     monkeypatch.setattr("agent.status.STATUS_EVERY_S", 0.5)
     cfg_a, cfg_b = write_config(tmp_path / "a"), write_config(tmp_path / "b")
     scenario = two_jobs(tmp_path / "a" / "site.toml", submit_b_s=150.0)
@@ -152,6 +181,7 @@ async def test_a_standby_cut_off_from_the_broker_goes_on_standing_by(
         b = agent_on("host-b", cfg_b, mosquitto, b_options)
         b_task = asyncio.create_task(b.run())
         standing_by: list[bool] = []
+        checks = checks_of(b, monkeypatch)
         sim_task: asyncio.Task[Any] | None = None
         try:
             await wait_for(lambda: b.standing_by_for is not None, 30, "agent B standing by")
@@ -168,9 +198,14 @@ async def test_a_standby_cut_off_from_the_broker_goes_on_standing_by(
             await link.cut()
             cut_wall = time.monotonic()
             await wait_for(lambda: not b.bus.connected, 30, "agent B cut off")
-            for _ in range(25):  # cut off for twice A's allowed silence at least (A goes on commanding)
-                await asyncio.sleep(0.2)
-                standing_by.append(b.standing_by_for is not None and not b.commanding())
+            # A goes on commanding; B, cut off, last heard from A before the cut: a check of B's while
+            # still cut off, twice A's allowed silence after the cut, would find A gone on the wall clock
+            await wait_for(
+                lambda: any(c.wall > cut_wall + 2 * SILENT_S and not c.connected for c in checks),
+                60,
+                f"a check of agent B's, cut off, {2 * SILENT_S} s after the cut",
+            )
+            standing_by = [c.standing_by and not c.commanding for c in checks if c.wall > cut_wall]
             await link.up()
             await wait_for(lambda: b.bus.connected, 30, "agent B back")
             # the broker closes the connection whose client id a CONNECT takes (and logs it) before it
@@ -204,7 +239,7 @@ async def test_an_agent_that_took_over_from_a_silent_one_is_not_held_back_by_its
     persistent session, where the broker kept A's last commands for it. Those copies (command_ttl_s
     longer than the silence) are no sign that A lives now. They used to be: B stood by again for
     another silence, and the site went without an agent twice as long."""
-    monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", 2.5)
+    monkeypatch.setattr("agent.other_agents.PEER_SILENT_S", SILENT_S)
     monkeypatch.setattr("agent.status.STATUS_EVERY_S", 0.5)
     cfg_a, cfg_b = write_config(tmp_path / "a", ttl_s=300.0), write_config(tmp_path / "b", ttl_s=300.0)
     scenario = two_jobs(tmp_path / "a" / "site.toml", submit_b_s=20.0)
@@ -221,6 +256,7 @@ async def test_an_agent_that_took_over_from_a_silent_one_is_not_held_back_by_its
     try:
         await wait_for(lambda: a.bus.connected and a.bus.stats.published > 0, what="agent A online")
         b = agent_on("host-b", cfg_b, mosquitto, mosquitto.options(client_id="agent-b", clean_session=False))
+        checks = checks_of(b, monkeypatch)
         b_task = asyncio.create_task(b.run())
         await wait_for(lambda: b.standing_by_for is not None, 30, "agent B standing by")
         await wait_for(lambda: (b.bus.options.client_id or "").startswith("agent-b-standby-"), 30, "B's standby id")
@@ -230,6 +266,7 @@ async def test_an_agent_that_took_over_from_a_silent_one_is_not_held_back_by_its
         sim_task = asyncio.create_task(sim.run())
         await wait_for(lambda: a.publisher.stats.sent > 0 and b.decisions >= 3, 60, "agent A commanding")
         link.frozen = True
+        frozen_at = len(checks)
         await wait_for(lambda: b.standing_by_for is None, 30, "agent B taking over")
         await wait_for(lambda: b.bus.options.client_id == "agent-b" and b.bus.connected, 30, "B in its own session")
         # the broker hands B its session's backlog first, then what is published from now on: once B has
@@ -240,9 +277,16 @@ async def test_an_agent_that_took_over_from_a_silent_one_is_not_held_back_by_its
             offline = wire.AgentStatus(wire.AgentState.OFFLINE, "0", ts_s=START, seq=0, publisher="marker")
             await marker.publish(wire.Topics(SITE_ID).agent_status, wire.encode(offline), qos=1)
         await wait_for(lambda: "marker" in b.standby.others.peers, 30, "B taking in its session's backlog")
-        for _ in range(20):  # and a silence more
-            standing_by.append(not b.commanding())
-            await asyncio.sleep(0.2)
+        backlog_in = time.monotonic()
+        # and a silence more, connected: until a check of B's says so (each of A's old commands in the
+        # backlog was a check of B's too, so B standing by for one is among the checks on any machine)
+        await wait_for(
+            lambda: any(c.wall > backlog_in + SILENT_S and c.connected for c in checks),
+            60,
+            f"a check of agent B's {SILENT_S} s after it took in its session's backlog",
+        )
+        took_over = next(i for i in range(frozen_at, len(checks)) if not checks[i].standing_by)
+        standing_by = [not c.commanding for c in checks[took_over:]]
     finally:
         a.stop()
         if b_task is not None:
