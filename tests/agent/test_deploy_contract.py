@@ -11,7 +11,8 @@ dashboard, the alert rules and the unit's main settings):
 - scripts/*.sh: stop at the first error, shellcheck-clean where shellcheck is installed (the test
   extra brings it), a virtual environment left without pip by a failed first run is made again;
   test.sh installs missing Debian packages with sudo or as root, or says which are missing and how to
-  install them; .ci/run runs the README's test command.
+  install them, and takes promtool out of Debian's prometheus package into .venv/bin (once; updating
+  empty package lists; saying so where it cannot); .ci/run runs the README's test command.
 """
 
 from __future__ import annotations
@@ -578,3 +579,127 @@ def test_test_sh_installs_the_missing_packages_with_sudo_or_as_root(
         ]
     else:
         assert calls == ["apt-get update -qq", install, "setup-env test,broker"]
+
+
+# ---- scripts/test.sh: promtool out of Debian's prometheus package ----------------------------------------
+
+_STAND_IN_PROMTOOL = '#!/bin/sh\n[ "$1" = "--version" ] && echo "promtool, version 2.42.0+ds (stand-in)"\n'
+
+
+def _run_test_sh_promtool_step(
+    tmp_path: Path, *, lists: str, apt_get: bool = True, promtool: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """scripts/test.sh, as root, in a copy of the checkout whose set-up and tools (setup-env.sh, .venv's
+    ruff, mypy, python) only log, with mosquitto, mosquitto_sub and openssl there, ``promtool`` (a
+    script) in .venv/bin if given, and stand-ins logging their calls: apt-get, whose package lists are
+    ``lists`` (``full``: ``download prometheus`` leaves a package in the folder it runs in; ``empty``:
+    "Unable to locate package" until ``update``; ``unreachable``: ``update`` fails too), and dpkg-deb,
+    whose ``--fsys-tarfile`` gives the package's tar (./usr/bin/promtool: a stand-in answering
+    ``--version``)."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "test.sh", checkout / "scripts" / "test.sh")
+    log = tmp_path / "calls.log"
+    (checkout / "scripts" / "setup-env.sh").write_text(f'echo "setup-env $*" >> {shlex.quote(str(log))}\n')
+    venv_bin = checkout / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    for name in ("ruff", "mypy", "python"):
+        _tool(venv_bin, name, f'echo "{name}" >> {shlex.quote(str(log))}')
+    if promtool is not None:
+        (venv_bin / "promtool").write_text(promtool, encoding="utf-8")
+        (venv_bin / "promtool").chmod(0o755)
+    package = tmp_path / "prometheus_2.42.0+ds-5+deb12u1_amd64.deb"  # a tar here: dpkg-deb is a stand-in
+    member = tmp_path / "member" / "usr" / "bin" / "promtool"
+    member.parent.mkdir(parents=True)
+    member.write_text(_STAND_IN_PROMTOOL, encoding="utf-8")
+    member.chmod(0o755)
+    subprocess.run(["tar", "-cf", str(package), "-C", str(tmp_path / "member"), "./usr/bin/promtool"], check=True)
+    state = tmp_path / "lists"
+    state.write_text(lists, encoding="utf-8")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for real in ("bash", "dirname", "mktemp", "chmod", "mv", "rm", "sed", "tar", "cat", "cp"):
+        (bin_dir / real).symlink_to(shutil.which(real) or f"/usr/bin/{real}")
+    _tool(bin_dir, "id", '[ "$1" = "-u" ] && echo 0')  # root, no user _apt
+    for present in ("mosquitto", "mosquitto_sub", "openssl"):
+        _tool(bin_dir, present, "exit 0")
+    q_log, q_state = shlex.quote(str(log)), shlex.quote(str(state))
+    if apt_get:
+        _tool(
+            bin_dir,
+            "apt-get",
+            f'echo "apt-get $*" >> {q_log}\n'
+            f'if [ "$*" = "update -qq" ]; then\n'
+            f'  [ "$(cat {q_state})" = unreachable ] && {{ echo "E: could not reach the mirror" >&2; exit 100; }}\n'
+            f"  echo full > {q_state}; exit 0\n"
+            "fi\n"
+            f'[ "$(cat {q_state})" = full ] || {{ echo "E: Unable to locate package prometheus" >&2; exit 100; }}\n'
+            f"cp {shlex.quote(str(package))} .",
+        )
+    _tool(bin_dir, "dpkg-deb", f'echo "dpkg-deb $1" >> {q_log}\n[ "$1" = --fsys-tarfile ] && cat "$2"')
+    (tmp_path / "tmp").mkdir()
+    return subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(checkout / "scripts" / "test.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path), "TMPDIR": str(tmp_path / "tmp")},
+        timeout=60,
+    )
+
+
+def _calls(tmp_path: Path) -> list[str]:
+    return (tmp_path / "calls.log").read_text(encoding="utf-8").splitlines()
+
+
+_AFTER_SETUP = ["ruff", "mypy", "mypy", "mypy", "python"]  # ruff, mypy (+ two conftests), pytest
+
+
+@pytest.mark.parametrize(
+    ("lists", "downloads"),
+    [
+        ("full", ["apt-get download -qq prometheus"]),
+        # a fresh machine whose package lists are empty (mosquitto and openssl already there: the
+        # package step did not update them)
+        ("empty", ["apt-get download -qq prometheus", "apt-get update -qq", "apt-get download -qq prometheus"]),
+    ],
+)
+def test_test_sh_takes_promtool_out_of_debians_prometheus_package(
+    tmp_path: Path, lists: str, downloads: list[str]
+) -> None:
+    """Only promtool, into .venv/bin, never `apt-get install prometheus` (which starts a server); a
+    promtool there that does not run (a copy cut short) is fetched again."""
+    result = _run_test_sh_promtool_step(tmp_path, lists=lists, promtool="#!/bin/sh\nexit 1\n")
+    assert result.returncode == 0, result.stderr
+    assert _calls(tmp_path) == ["setup-env test,broker", *downloads, "dpkg-deb --fsys-tarfile", *_AFTER_SETUP]
+    promtool = tmp_path / "checkout" / ".venv" / "bin" / "promtool"
+    assert promtool.read_text(encoding="utf-8") == _STAND_IN_PROMTOOL
+    assert os.access(promtool, os.X_OK)
+    assert "promtool, version 2.42.0+ds (stand-in)" in result.stdout
+    assert sorted(p.name for p in promtool.parent.iterdir()) == ["mypy", "promtool", "python", "ruff"]
+    assert list((tmp_path / "tmp").iterdir()) == []  # the package's folder removed
+
+
+def test_test_sh_keeps_a_promtool_that_runs(tmp_path: Path) -> None:
+    result = _run_test_sh_promtool_step(tmp_path, lists="full", promtool=_STAND_IN_PROMTOOL)
+    assert result.returncode == 0, result.stderr
+    assert _calls(tmp_path) == ["setup-env test,broker", *_AFTER_SETUP]
+
+
+def test_test_sh_says_when_it_cannot_download_promtool(tmp_path: Path) -> None:
+    result = _run_test_sh_promtool_step(tmp_path, lists="unreachable")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-2:] == [
+        "could not download Debian's prometheus package for its promtool (apt-get download prometheus, above)",
+        "as root: apt-get update, then run again; or put Prometheus's promtool 2.x in .venv/bin",
+    ]
+    assert "E: could not reach the mirror" in result.stderr
+    assert _calls(tmp_path)[-1] == "apt-get download -qq prometheus"  # and no test ran
+    assert not (tmp_path / "checkout" / ".venv" / "bin" / "promtool").exists()
+
+
+def test_test_sh_without_apt_get_goes_on_without_promtool(tmp_path: Path) -> None:
+    """The promtool tests then skip (fail where CI is set: tests/agent/test_alert_rules_promtool.py)."""
+    result = _run_test_sh_promtool_step(tmp_path, lists="full", apt_get=False)
+    assert result.returncode == 0, result.stderr
+    assert "no promtool in .venv/bin and no apt-get to fetch it" in result.stderr
+    assert _calls(tmp_path) == ["setup-env test,broker", *_AFTER_SETUP]
