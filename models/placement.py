@@ -46,6 +46,7 @@ breaks into.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -480,10 +481,19 @@ def _add_headroom_constraints(m: pyo.ConcreteModel, pp: PlacementProblem) -> Non
     )
 
 
+#: One pyomo HiGHS interface per thread for the placement models: each solve gives it a new model,
+#: which it loads into a new HiGHS instance from a clean state (pyomo's set_instance), so reusing it
+#: saves only the interface's construction, per solve.
+_solvers = threading.local()
+
+
 def _solve(m: pyo.ConcreteModel, time_limit_s: float, gap: float) -> bool:
     from models.solve import highs_solve  # solve imports this module
 
-    info = highs_solve(Highs(), m, max(time_limit_s, 0.01), gap)
+    solver = getattr(_solvers, "highs", None)
+    if solver is None:
+        solver = _solvers.highs = Highs()
+    info = highs_solve(solver, m, max(time_limit_s, 0.01), gap)
     return info.objective is not None
 
 

@@ -145,8 +145,10 @@ def highs_solve(
     leaves the solution in HiGHS (the model's variables keep their values) for a caller that reads
     it from there (:meth:`DvfsSolver.solve`)."""
     t0 = time.perf_counter()
-    # HiGHS's run time is cumulative over runs of one instance: measure the difference
-    before = float(solver._solver_model.getRunTime()) if solver._solver_model is not None else 0.0
+    # HiGHS's run time is cumulative over runs of one instance: measure the difference (a model the
+    # solver does not hold yet is loaded into a new HiGHS instance, whose time starts at 0)
+    h0 = solver._solver_model
+    before = float(h0.getRunTime()) if h0 is not None and model is solver._model else 0.0
     res = solver.solve(
         model,
         time_limit=float(time_limit_s),
@@ -174,7 +176,7 @@ def highs_solve(
     return SolveInfo(
         status=status,
         wall_time_s=time.perf_counter() - t0,
-        highs_time_s=float(h.getRunTime()) - (before if h is solver._solver_model and before else 0.0),
+        highs_time_s=float(h.getRunTime()) - before,
         objective=obj,
         bound=bound,
         gap=_gap(obj, bound) if status != SolveStatus.OPTIMAL else (_gap(obj, bound) or 0.0),
@@ -208,34 +210,24 @@ class DvfsSolver:
         t0 = time.perf_counter()
         if self.persistent and self._model is not None and self._solver is not None and key == self._key:
             changed = set_dvfs_data(self._model, p, t, line, it_price)
-            if changed and self._solver._pyomo_var_to_solver_var_map:  # else HiGHS reads them when loading
+            if changed and self._solver._model is self._model:  # else HiGHS reads them when loading
                 self._solver.update_variables(changed)
             self.last_build_s = time.perf_counter() - t0
             return self._model, self._solver
         model = build_dvfs_model(p, t, line)
         if it_price is not None:
             set_dvfs_data(model, p, t, line, it_price)
-        solver = Highs()
-        cfg = solver.config.auto_updates
-        for name in (
-            "check_for_new_or_removed_constraints",
-            "check_for_new_or_removed_vars",
-            "check_for_new_or_removed_params",
-            "check_for_new_objective",
-            "update_constraints",
-            "update_vars",
-            "update_named_expressions",
-            "update_objective",
-        ):
-            setattr(cfg, name, False)
-        cfg.update_parameters = True
+        # the solver of the last model, when there is one: a model it does not hold is loaded anew
+        # (pyomo's set_instance starts from a clean interface and a new HiGHS instance, keeping only
+        # the options), so a new pyomo Highs object per build bought nothing but its construction
+        solver = self._solver if self._solver is not None else _parameter_only_highs()
         self._model, self._solver, self._key = model, solver, key
         self.builds += 1
         self.last_build_s = time.perf_counter() - t0
         return model, solver
 
     def drop(self) -> None:
-        """Forget the model (after a cancelled solve, the HiGHS instance must not be reused)."""
+        """Forget the model and the solver (after a cancelled solve, the HiGHS instance must not be reused)."""
         self._model = self._solver = None
         self._key = None
 
@@ -270,7 +262,7 @@ class DvfsSolver:
     ) -> None:
         level, awake = start
         vmap = solver._pyomo_var_to_solver_var_map
-        if not vmap:  # not yet loaded into HiGHS: the first solve has no start
+        if not vmap or solver._model is not model:  # not yet loaded into HiGHS: its first solve has no start
             return
         idx: list[int] = []
         val: list[float] = []
@@ -282,6 +274,26 @@ class DvfsSolver:
             idx.append(vmap[id(model.a[r])])
             val.append(float(awake[r]))
         solver._solver_model.setSolution(len(idx), np.asarray(idx, dtype=np.int32), np.asarray(val))
+
+
+def _parameter_only_highs() -> Highs:
+    """A pyomo HiGHS interface that, between solves of one model, looks only for changed parameter
+    values (the DVFS model's structure never changes; new variable bounds are passed explicitly)."""
+    solver = Highs()
+    cfg = solver.config.auto_updates
+    for name in (
+        "check_for_new_or_removed_constraints",
+        "check_for_new_or_removed_vars",
+        "check_for_new_or_removed_params",
+        "check_for_new_objective",
+        "update_constraints",
+        "update_vars",
+        "update_named_expressions",
+        "update_objective",
+    ):
+        setattr(cfg, name, False)
+    cfg.update_parameters = True
+    return solver
 
 
 def _dvfs_from_highs(model: pyo.ConcreteModel, solver: Highs, t: DvfsTables) -> tuple[IntArray, IntArray]:

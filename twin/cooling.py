@@ -46,9 +46,10 @@ def lpm_to_m3_s(flow_lpm: float | FloatArray) -> float | FloatArray:
 def rack_mass_flow_kg_s(site: SiteSpec, flow_fraction: float | FloatArray = 1.0) -> FloatArray:
     """Coolant mass flow of each rack loop (kg/s), shape (n_racks,)."""
     v = site.loop_flow_per_rack_lpm() / LPM_PER_M3_S
-    return np.broadcast_to(
-        np.asarray(flow_fraction * v * site.loop.density_kg_per_m3, dtype=np.float64), (site.n_racks,)
-    ).copy()
+    m = np.asarray(flow_fraction * v * site.loop.density_kg_per_m3, dtype=np.float64)
+    # (one value for all: np.full, the same array as broadcasting it, in a third of the time; the
+    # facility's cooling asks for it twice per call, at every plant step and plan)
+    return np.full(site.n_racks, m) if m.ndim == 0 else np.broadcast_to(m, (site.n_racks,)).copy()
 
 
 def rack_return_temp_c(
@@ -80,7 +81,7 @@ def _facility_pump_power_w(site: SiteSpec, rack_mass_flow_sum_kg_s: float) -> fl
     """:func:`facility_pump_power_w` from the racks' total mass flow (``np.sum`` of
     :func:`rack_mass_flow_kg_s` at the flow fraction): callers that have it pass it."""
     cdu = site.cdu
-    m_nom = float(np.sum(rack_mass_flow_kg_s(site)))
+    m_nom = float(rack_mass_flow_kg_s(site).sum())
     if m_nom <= 0:
         return 0.0
     frac = rack_mass_flow_sum_kg_s / m_nom
@@ -157,7 +158,7 @@ def facility_cooling(
     q_design = design_heat_w(site)
     t_fs = supply_temp_c - cdu.approach_k
 
-    m_it_sum = float(np.sum(rack_mass_flow_kg_s(site, flow_fraction)))  # (also the facility pump's flow)
+    m_it_sum = float(rack_mass_flow_kg_s(site, flow_fraction).sum())  # (also the facility pump's flow)
     m_fac = m_it_sum * cdu.facility_flow_ratio
     mcp_fac = max(m_fac * cdu.facility_specific_heat_j_per_kg_k, 1e-9)
     t_fr = t_fs + q / mcp_fac
@@ -188,7 +189,7 @@ def facility_cooling(
         facility_supply_temp_c=float(t_fs),
         facility_return_temp_c=float(t_fr),
         ambient_temp_c=float(ambient_c),
-        rack_pump_w=float(np.sum(rack_pump_power_w(site, flow_fraction))),
+        rack_pump_w=float(rack_pump_power_w(site, flow_fraction).sum()),
         facility_pump_w=float(fac_pump),
         dry_cooler_fan_w=float(fan_rated * speed**3),
         dry_cooler_fan_speed_frac=float(speed),

@@ -182,6 +182,7 @@ class Estimator:
         n, n_r, cpr = site.n_cards, site.n_racks, site.cards_per_rack
         self._n, self._n_r, self._cpr = n, n_r, cpr
         self._card_rack = site.card_rack()
+        self._site_order = np.arange(n, dtype=np.int64)  # the cards' indices in site order
         self._model = PowerModel.from_card(site.card)
         self._clocks = self._model.clocks_mhz
         self._max_clock_mhz = site.card.max_plausible_clock_mhz
@@ -297,19 +298,31 @@ class Estimator:
             # the racks' batches at once (as the loop below, in one pass of array operations)
             sizes = [b.card_index.size for _, _, b in batches]
             idx = np.concatenate([b.card_index for _, _, b in batches]).astype(np.int64, copy=False)
-            ok = (idx >= 0) & (idx < n)
-            idx = idx[ok]
+            if idx.size == n and np.array_equal(idx, self._site_order):
+                # every card once, in site order (the plant's readings, all racks reporting): the
+                # columns are the per-card arrays themselves, no card left unread to fill
+                def cat(name: str, dtype: type) -> Any:
+                    return np.concatenate([getattr(b, name) for _, _, b in batches]).astype(dtype, copy=False)
 
-            def cat(name: str, dtype: type) -> Any:
-                return np.concatenate([getattr(b, name) for _, _, b in batches]).astype(dtype, copy=False)[ok]
+                power, die = cat("power_w", np.float64), cat("die_temp_c", np.float64)
+                util, clock = cat("utilization", np.float64), cat("clock_mhz", np.float64)
+                awake = ~(cat("low_power", bool) | cat("failed", bool) | cat("waking", bool))
+                t_card = np.repeat(np.asarray([t for t, _, _ in batches], dtype=np.float64), sizes)
+                supply = np.repeat(np.asarray([c for _, c, _ in batches], dtype=np.float64), sizes)
+            else:
+                ok = (idx >= 0) & (idx < n)
+                idx = idx[ok]
 
-            power[idx] = cat("power_w", np.float64)
-            die[idx] = cat("die_temp_c", np.float64)
-            util[idx] = cat("utilization", np.float64)
-            clock[idx] = cat("clock_mhz", np.float64)
-            awake[idx] = ~(cat("low_power", bool) | cat("failed", bool) | cat("waking", bool))
-            t_card[idx] = np.repeat(np.asarray([t for t, _, _ in batches], dtype=np.float64), sizes)[ok]
-            supply[idx] = np.repeat(np.asarray([c for _, c, _ in batches], dtype=np.float64), sizes)[ok]
+                def cat_ok(name: str, dtype: type) -> Any:
+                    return np.concatenate([getattr(b, name) for _, _, b in batches]).astype(dtype, copy=False)[ok]
+
+                power[idx] = cat_ok("power_w", np.float64)
+                die[idx] = cat_ok("die_temp_c", np.float64)
+                util[idx] = cat_ok("utilization", np.float64)
+                clock[idx] = cat_ok("clock_mhz", np.float64)
+                awake[idx] = ~(cat_ok("low_power", bool) | cat_ok("failed", bool) | cat_ok("waking", bool))
+                t_card[idx] = np.repeat(np.asarray([t for t, _, _ in batches], dtype=np.float64), sizes)[ok]
+                supply[idx] = np.repeat(np.asarray([c for _, c, _ in batches], dtype=np.float64), sizes)[ok]
         else:
             for t_b, supply_b, b in batches:
                 idx = np.asarray(b.card_index, dtype=np.int64)
@@ -424,15 +437,16 @@ class Estimator:
         if not cont.any():
             return
         idx = np.flatnonzero(cont)
+        at = _every_or(idx, self._n)
         # (np.nan_to_num's own checks cost more than the step itself: only a round with a card unread needs it)
         held_w = power if np.isfinite(power).all() else np.nan_to_num(power)
-        steps = dt[idx]
+        steps = dt[at]
         one_step = bool(np.all(steps == steps[0]))  # (the usual: every card read at one time, no sort)
         for step in steps[:1] if one_step else np.unique(steps):
-            sel = idx if one_step else idx[steps == step]
+            sel = at if one_step else idx[steps == step]
             xd, xp = self._net.step(self._xd, self._xp, held_w, 0.0, float(step))
             self._xd[sel], self._xp[sel] = xd[sel], xp[sel]
-        self._last_t[idx] = t_card[idx]
+        self._last_t[at] = t_card[at]
         # informative readings only (EstimatorConfig.min_rise_k), of a model that has settled, at a flow
         # the model follows (not while its smoothed flow is still on the way to a new pump speed's)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -496,7 +510,7 @@ class Estimator:
     ) -> None:
         if not valid.any():
             return
-        idx = np.flatnonzero(valid)
+        idx = _every_or(np.flatnonzero(valid), self._n)
         m = self._model
         lvl = np.abs(clock[idx][:, None] - self._clocks[None, :]).argmin(axis=1)
         phi = np.stack(
@@ -505,7 +519,7 @@ class Estimator:
         dt = t_card[idx] - self._last_pt[idx]
         dt = np.where(np.isfinite(dt) & (dt > 0), np.minimum(dt, 3600.0), 0.0)
         self._last_pt[idx] = t_card[idx]
-        p = self._p_theta[idx]
+        p = self._p_theta[idx]  # (with every card a view: its diagonals grow in place, then p is replaced)
         p.reshape(-1, 9)[:, ::4] += self._q_theta[None, :] * dt[:, None]  # (each 3x3's diagonal, in place)
         p_phi = np.einsum("nij,nj->ni", p, phi)
         s = np.einsum("ni,ni->n", phi, p_phi) + self.config.power_noise_w**2
@@ -582,6 +596,13 @@ class Estimator:
                     )
                 )
         return out
+
+
+def _every_or(idx: IntArray, n: int) -> IntArray | slice:
+    """``idx`` (indices of cards, ascending and distinct, as ``np.flatnonzero`` gives them), or a slice
+    of every card when it is all ``n`` of them: it reads and writes the same entries of a per-card
+    array, as views, without gathering them (the usual round: every card read)."""
+    return slice(None) if idx.size == n else idx
 
 
 def _plain(b: CardBatch) -> bool:

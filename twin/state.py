@@ -170,6 +170,7 @@ class TwinState:
         self.stuck_pdu_move_w = stuck_pdu_move_w
         n, r = site.n_cards, site.n_racks
         self._n, self._n_racks, self._cpr = n, r, site.cards_per_rack
+        self._site_order = np.arange(n, dtype=np.int64)  # the cards' indices in site order
         card = site.card
         self._clocks = np.asarray(card.clocks_mhz, dtype=np.float64)
         self._max_power_w = 5.0 * card.power_limit_w
@@ -403,17 +404,22 @@ class TwinState:
     ) -> None:
         """Count exact repetitions for new valid readings of cards ``ok`` (before they are stored): of
         power and die together (a card frozen as a whole), of the die alone while what drives it
-        moved, and of the power alone while what drives it moved (see :meth:`stuck_cards`)."""
-        same = (power == self.card_power_w[ok]) & (die == self.card_die_temp_c[ok])
-        self._card_same[ok] = np.where(same, self._card_same[ok] + 1, 0)
+        moved, and of the power alone while what drives it moved (see :meth:`stuck_cards`).
+
+        ``at`` indexes the belief's per-card arrays: ``ok`` itself, or the whole array when ``ok``
+        is every card in site order (a full round, the usual: a slice reads and writes the same
+        entries as the index array, without gathering them)."""
+        at: IntArray | slice = slice(None) if np.array_equal(ok, self._site_order) else ok
+        same = (power == self.card_power_w[at]) & (die == self.card_die_temp_c[at])
+        self._card_same[at] = np.where(same, self._card_same[at] + 1, 0)
         rack = ok // self._cpr
         self._rack_cards_changed[rack[~same]] = True
         self._rack_cards_read[rack] = True
         supply = self.rack_supply_temp_c[rack]
-        die_same = die == self.card_die_temp_c[ok]
-        move = _nan_to_num(np.abs(power - self._die_ref_power_w[ok]) * self._r_min_k_per_w)
-        move += _nan_to_num(np.abs(supply - self._die_ref_supply_c[ok]))
-        self._die_moved[ok] = np.where(die_same, self._die_moved[ok] + (move >= self.stuck_die_move_k), 0)
+        die_same = die == self.card_die_temp_c[at]
+        move = _nan_to_num(np.abs(power - self._die_ref_power_w[at]) * self._r_min_k_per_w)
+        move += _nan_to_num(np.abs(supply - self._die_ref_supply_c[at]))
+        self._die_moved[at] = np.where(die_same, self._die_moved[at] + (move >= self.stuck_die_move_k), 0)
         changed = ok[~die_same]
         self._die_ref_power_w[changed] = power[~die_same]
         self._die_ref_supply_c[changed] = supply[~die_same]
@@ -422,13 +428,13 @@ class TwinState:
         pm = self._power_model
         level = np.abs(clock[:, None] - pm.clocks_mhz[None, :]).argmin(axis=1)
         model_w = pm.card_power_w(level, util, die, low)
-        power_same = power == self.card_power_w[ok]
-        p_move = _nan_to_num(np.abs(model_w - self._power_ref_model_w[ok]))
-        self._power_moved[ok] = np.where(power_same, self._power_moved[ok] + (p_move >= self.stuck_power_move_w), 0)
+        power_same = power == self.card_power_w[at]
+        p_move = _nan_to_num(np.abs(model_w - self._power_ref_model_w[at]))
+        self._power_moved[at] = np.where(power_same, self._power_moved[at] + (p_move >= self.stuck_power_move_w), 0)
         self._power_ref_model_w[ok[~power_same]] = model_w[~power_same]
-        activity = self._card_activity[ok]
-        activity_moved = activity != self._activity_ref[ok]
-        self._activity_moved[ok] = np.where(same, self._activity_moved[ok] + activity_moved, 0)
+        activity = self._card_activity[at]  # (a view with a slice: _card_activity is not written here)
+        activity_moved = activity != self._activity_ref[at]
+        self._activity_moved[at] = np.where(same, self._activity_moved[at] + activity_moved, 0)
         self._activity_ref[ok[~same]] = activity[~same]
 
     def _pdu_evidence(self, r: int, pdu_w: float) -> None:
@@ -610,6 +616,9 @@ class TwinState:
         cards all repeated over ``stuck_after_readings`` PDU readings in which the PDU had moved by
         ``stuck_pdu_move_w`` (more than all of its hosts could: only its cards can) from what it
         read when they last changed (a site frozen as a whole, its PDUs read apart)."""
+        n = self.stuck_after_readings
+        if max(self._card_same.max(), self._loop_same.max(), self._pdu_moved.max()) < n:
+            return ()  # no count has reached it: no part of _stuck_rack_parts can hold (asked every reading)
         cards, loop = self._stuck_rack_parts()
         return tuple(int(r) for r in np.flatnonzero(cards | loop))
 

@@ -350,3 +350,23 @@ def test_a_persistent_solver_takes_levels_excluded_and_allowed_again(site: SiteS
     info3, _, _ = kept.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-6)
     assert kept.builds == 1
     assert info3.objective == pytest.approx(info1.objective, rel=1e-6, abs=1e-9)
+
+
+def test_a_solver_whose_jobs_change_solves_the_new_model_as_a_new_solver_does(site: SiteSpec) -> None:
+    # A DvfsSolver keeps its pyomo HiGHS interface when the jobs change and the model is rebuilt: the
+    # new model is solved as a new solver solves it (warm-started or not: the old model's columns
+    # are no start for the new one), and HiGHS's time is the new model's run alone, within the call
+    for warm in (False, True):
+        kept = DvfsSolver(persistent=True, warm_start=warm)
+        for seed in (3, 5, 3):  # other jobs at each step: a rebuild each time
+            p = _mixed(site, seed=seed)
+            t = dvfs_tables(p)
+            line = facility_line(site, p.supply_temp_c, p.ambient_c, *it_power_range_w(p, t))
+            start = (np.full(t.n_jobs, t.n_levels - 1, dtype=np.int64), np.zeros(t.n_racks, dtype=np.int64))
+            info, level, awake = kept.solve(p, t, line, time_limit_s=10.0, mip_rel_gap=1e-6, start=start)
+            fresh, f_level, f_awake = DvfsSolver(persistent=False).solve(p, t, line, 10.0, 1e-6)
+            assert info.status == fresh.status == SolveStatus.OPTIMAL
+            assert info.objective == pytest.approx(fresh.objective, rel=1e-6, abs=1e-9)
+            assert level is not None and awake is not None and f_level is not None and f_awake is not None
+            assert 0.0 <= info.highs_time_s <= info.wall_time_s
+        assert kept.builds == 3
