@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -334,6 +334,17 @@ def mqtt_publish_packet(topic: str, payload: bytes) -> bytes:
         if not length:
             break
     return bytes([0x30]) + encoded + body
+
+
+def reconnect_waits_s(caplog: pytest.LogCaptureFixture, since: int) -> dict[str, list[float]]:
+    """The waits before a reconnect each bus logged (``NAME: reconnecting in S s``, at INFO on
+    ``racktwin.bus``), by bus name, from ``caplog``'s record ``since`` on."""
+    out: dict[str, list[float]] = {}
+    for r in caplog.records[since:]:
+        if r.name == "racktwin.bus" and r.msg == "%s: reconnecting in %.2f s" and isinstance(r.args, tuple):
+            name, wait_s = r.args
+            out.setdefault(str(name), []).append(float(cast(float, wait_s)))
+    return out
 
 
 def fast_reconnects(options: MqttOptions) -> MqttOptions:

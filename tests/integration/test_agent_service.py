@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import pytest
 from http_testing import http_get
-from mqtt_testing import mqtt_publish_packet, read_mqtt_packet, until_sentinel
+from mqtt_testing import mqtt_publish_packet, read_mqtt_packet, reconnect_waits_s, until_sentinel
 from site_testing import write_agent_config, write_capped_small_site
 
 from agent import wire
@@ -1133,16 +1133,21 @@ async def test_two_agents_with_one_client_id_stop_taking_the_session_from_each_o
 
 
 async def test_another_client_taking_the_agents_client_id_is_reported(
-    mosquitto: EmbeddedBroker, tmp_path: Path
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A client that is no agent (a tool started with the agent's client id) takes its session again
     and again: the agent does not just log reconnect warnings, /readyz says another client uses its
-    client id, the take-overs are counted, and its reconnects slow down."""
+    client id, the take-overs are counted, and its reconnects slow down (backoff 0.5 s doubling to
+    1 s here: each wait from then on is 0.5 s or more, not 0.25 to 0.5 s from a backoff reset after
+    each take-over)."""
+    caplog.set_level(logging.INFO, logger="racktwin.bus")
     site_cfg = write_config(tmp_path)
     write_site(tmp_path)
     service = AgentService(
         loaded_config(site_cfg, mosquitto),
-        mqtt=mosquitto.options(client_id="racktwin-agent-x", clean_session=False),
+        mqtt=mosquitto.options(
+            client_id="racktwin-agent-x", clean_session=False, reconnect_min_s=0.5, reconnect_max_s=1.0
+        ),
         http=True,
         http_listen=("127.0.0.1", 0),
     )
@@ -1162,9 +1167,16 @@ async def test_another_client_taking_the_agents_client_id_is_reported(
         status, body = await http_get(service.http_port, "/readyz")
         assert status == 503 and "another client uses client id 'racktwin-agent-x'" in body, body
         assert metric(service, "racktwin_broker_takeovers_total") >= 3
-        connects = service.bus.stats.connects
-        await asyncio.sleep(3.0)  # a slow machine can only make fewer reconnects in it
-        assert service.bus.stats.connects - connects <= 4  # was 2 per second, for as long as it went on
+        # the waits the agent's bus logs before its next three reconnects (its connects were counted
+        # over 3 s of wall time: a slow machine made fewer whatever the waits)
+        since = len(caplog.records)
+        await wait_for(
+            lambda: len(reconnect_waits_s(caplog, since).get("agent", [])) >= 3,
+            30,
+            "three more reconnects of the agent's, their waits logged",
+        )
+        waits = reconnect_waits_s(caplog, since)["agent"]
+        assert all(w >= 0.5 for w in waits), waits  # was 2 to 4 reconnects a second, for as long as it went on
     finally:
         await rogue.close()
         service.stop()

@@ -10,12 +10,12 @@ import os
 import random
 import signal
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiomqtt
 import pytest
 from mqtt_helpers import WAIT_S, next_messages, wait_for
-from mqtt_testing import PubackDroppingProxy
+from mqtt_testing import PubackDroppingProxy, reconnect_waits_s
 
 from agent import wire
 from agent.broker import EmbeddedBroker, free_port
@@ -267,17 +267,6 @@ async def test_two_clients_with_one_client_id_are_told_apart_from_a_broker_resta
         # past SHORT_LIVED_S did not show that it was still that connection)
         await wait_for(lambda: a.contested() is None, 30, "a's fight over once its connection lasted")
         assert a.connected and (a.stats.connects, a.stats.takeovers) == alone  # that same connection
-
-
-def reconnect_waits_s(caplog: pytest.LogCaptureFixture, since: int) -> dict[str, list[float]]:
-    """The waits before a reconnect each bus logged (``NAME: reconnecting in S s``), by bus name,
-    from ``caplog``'s record ``since`` on."""
-    out: dict[str, list[float]] = {}
-    for r in caplog.records[since:]:
-        if r.name == "racktwin.bus" and r.msg == "%s: reconnecting in %.2f s" and isinstance(r.args, tuple):
-            name, wait_s = r.args
-            out.setdefault(str(name), []).append(float(cast(float, wait_s)))
-    return out
 
 
 async def test_a_broker_restart_is_no_session_take_over(mosquitto: EmbeddedBroker) -> None:
