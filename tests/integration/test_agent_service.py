@@ -199,6 +199,15 @@ def read_journal(path: Path) -> tuple[list[tuple[int, float, dict[str, Any]]], l
     return decisions, commands
 
 
+def issued_since(path: Path, site_s: float) -> int:
+    """How many commands journal ``path`` holds that were issued after site time ``site_s``."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM commands WHERE issued_s > ?", (site_s,)).fetchone()[0])
+    finally:
+        db.close()
+
+
 async def run_with_sim(
     broker: EmbeddedBroker,
     cfg_path: Path,
@@ -765,12 +774,22 @@ async def test_the_agent_survives_a_broker_restart_without_losing_a_command(
 ) -> None:
     site = load_site(write_site(tmp_path))
     outage: dict[str, float] = {}
+    journal = tmp_path / "journal.sqlite"
+
+    def down_long_enough(service: AgentService) -> bool:
+        """The agent's clock is a telemetry deadline past the outage's start, and the agent has issued
+        a command since (one it cannot send)."""
+        now_s = (service.clock.now() or START) - START
+        return now_s > outage["start"] + 2 * PERIOD_S and issued_since(journal, START + outage["start"]) > 0
 
     async def restart(service: AgentService, sim: Simulator) -> None:
         await wait_for(lambda: sim.site_time_s - START >= 75.0, what="site time 75 s")
         outage["start"] = (service.clock.now() or START) - START  # the agent's clock, as the journal has it
         await asyncio.to_thread(mosquitto.stop, keep_files=True)
-        await asyncio.sleep(1.0)  # 20 s of site time: longer than the telemetry deadline
+        # down until the racks' silence is longer than the telemetry deadline on the agent's clock and a
+        # command waits to be sent (1 s of wall time was 20 site s, but an agent starved of CPU could
+        # issue nothing in it)
+        await wait_for(lambda: down_long_enough(service), 60, "a command issued while the broker is down")
         await asyncio.to_thread(mosquitto.start)
         await wait_for(lambda: service.bus.connected and sim.connected, what="reconnects")
         outage["end"] = (service.clock.now() or START) - START
