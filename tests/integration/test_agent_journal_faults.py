@@ -643,7 +643,7 @@ async def test_acks_that_come_while_another_process_holds_the_journal_are_record
     obs = Observer()
     async with observing(mosquitto, site, obs):
         await _run_with_the_journal_locked_a_while(service, sim, journal)
-        await asyncio.sleep(0.3)
+        await obs.wait_offline(service)  # behind every command the agent published (one client's order)
     on_the_wire = {str(m.command_id) for _w, _s, m in obs.commands}
     journaled = {c["command_id"]: c for c in read_journal(journal)[1]}
     # on a failure, the racks' reasons name both commands' issue times and seqs
@@ -666,6 +666,15 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
         await wait_for(lambda: service.decisions >= 2, what="two decisions")
         holder = sqlite3.connect(journal, isolation_level=None, timeout=0.0)
         submit = service.publisher.submit
+        record_acks = service.journal.record_acks
+        refused: list[set[Any]] = []  # per ack write the lock refused: the acks it carried
+
+        def recorded_acks(acks: Any) -> Any:
+            try:
+                return record_acks(acks)
+            except JournalError:
+                refused.append(set(acks))
+                raise
 
         def lock_then_submit(commands: Any) -> None:
             # the write lock, as a shell in a transaction holds it, taken as the next decision's
@@ -676,6 +685,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
             submit(commands)
 
         service.publisher.submit = lock_then_submit  # type: ignore[method-assign]  # test double
+        service.journal.record_acks = recorded_acks  # type: ignore[method-assign]  # test double, called through
         try:
             await wait_for(lambda: holder.in_transaction, what="a decision with commands")
             await wait_for(
@@ -683,8 +693,13 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
                 30,
                 "an ack write refused while the lock is held",
             )
-            await asyncio.sleep(2.5)  # more acks, kept
+            # the refused acks kept and tried again (2 s later) while the lock is still held: a write
+            # that carries them, refused too (2.5 s of wall time held it before: a slow machine could
+            # let it go before any retry)
+            await wait_for(lambda: len(refused) >= 2, 30, "the refused acks tried again, refused again")
+            assert refused[0] <= refused[1], refused  # kept (with any that came since), not dropped
         finally:
+            service.journal.record_acks = record_acks  # type: ignore[method-assign]  # test double
             service.publisher.submit = submit  # type: ignore[method-assign]  # test double
             if holder.in_transaction:
                 holder.execute("ROLLBACK")
