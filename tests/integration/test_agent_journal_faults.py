@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -759,13 +760,20 @@ async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_
     keeps ticking while the lock is held."""
     site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-f5")
     real_propose = service.controller.propose
-    slow_solves: list[float] = []
+    slow_solves: list[list[float]] = []  # [start, end] of each solve (time.monotonic(); end inf while it runs)
+    greedy: list[float] = []  # time.monotonic() of each greedy plan, made while a solve was late or still ran
 
     def late_propose(*args: Any, **kwargs: Any) -> Any:  # the solve, made late (real HiGHS after the wait)
-        if kwargs.get("use_solver", True):
-            slow_solves.append(time.monotonic())
-            time.sleep(1.0)
-        return real_propose(*args, **kwargs)
+        if not kwargs.get("use_solver", True):
+            greedy.append(time.monotonic())
+            return real_propose(*args, **kwargs)
+        solve = [time.monotonic(), math.inf]
+        slow_solves.append(solve)
+        time.sleep(1.0)
+        try:
+            return real_propose(*args, **kwargs)
+        finally:
+            solve[1] = time.monotonic()
 
     service.controller.propose = late_propose  # type: ignore[method-assign]  # test double
     sim = simulator(mosquitto, site, 2000.0)
@@ -796,14 +804,26 @@ async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_
         locked_at = time.monotonic()
         release.start()
         await wait_for(lambda: bool(released), 30.0, "the lock let go")
-        await asyncio.sleep(1.0)
+        # the agent goes on: the journal written again, and a solve begun after the lock went (the late
+        # one's end taken in), not 1 s of wall time
+        await wait_for(
+            lambda: (
+                not any(r.startswith("journal") for r in service.readiness())
+                and any(start > released[0] for start, _end in slow_solves)
+            ),
+            30,
+            "the journal written again and a solve begun after the lock went",
+        )
     finally:
         release.cancel()
         probe_task.cancel()
         await stop_both(service, task, sim_task)
         holder.close()
     [released_at] = released
-    assert slow_solves and min(slow_solves) < released_at  # a solve was late while the lock was held
+    # cycles that overran their period while the lock was held, with a late solve running on: greedy plans
+    # then (a solve begun before the lock, as the first decisions' were, said nothing of that)
+    overran = [g for g in greedy if locked_at < g < released_at and any(s < g < e for s, e in slow_solves)]
+    assert overran, (locked_at, released_at, greedy, slow_solves)
     held = [locked_at, *(t for t in ticks if locked_at < t < released_at), released_at]
     gaps = np.diff(held)
     # about 1.6 s at most here: a cycle's and the sends' and acks' journal writes, 0.5 s each, back to
