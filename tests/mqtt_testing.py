@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -244,13 +244,16 @@ def sample_messages(ts_s: float = 1_790_000_000.25) -> list[Any]:
 
 class PubackDroppingProxy:
     """A TCP proxy on loopback in front of a broker that drops every PUBACK (MQTT packet type 4) on
-    its way to the client, as a broker too overloaded to acknowledge would look. ``publishes`` counts
-    the PUBLISH packets (type 3) the client sent through it, ``clients_ended`` the client connections
-    whose end it passed on (everything such a client sent is counted)."""
+    its way to the client, as a broker too overloaded to acknowledge would look (while ``dropping``;
+    set it False to let them through). ``publishes`` counts the PUBLISH packets (type 3) the client
+    sent through it, ``pubacks_dropped`` the PUBACKs it dropped, ``clients_ended`` the client
+    connections whose end it passed on (everything such a client sent is counted). The broker's end
+    of a connection ends the client's."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = 0
+        self.dropping = True
         self.publishes = 0
         self.pubacks_dropped = 0
         self.clients_ended = 0
@@ -286,7 +289,7 @@ class PubackDroppingProxy:
                     kind = packet[0] >> 4
                     if to_broker and kind == 3:
                         self.publishes += 1
-                    if not to_broker and kind == 4:
+                    if not to_broker and kind == 4 and self.dropping:
                         self.pubacks_dropped += 1
                         continue
                     w.write(packet)
@@ -331,6 +334,17 @@ def mqtt_publish_packet(topic: str, payload: bytes) -> bytes:
         if not length:
             break
     return bytes([0x30]) + encoded + body
+
+
+def reconnect_waits_s(caplog: pytest.LogCaptureFixture, since: int) -> dict[str, list[float]]:
+    """The waits before a reconnect each bus logged (``NAME: reconnecting in S s``, at INFO on
+    ``racktwin.bus``), by bus name, from ``caplog``'s record ``since`` on."""
+    out: dict[str, list[float]] = {}
+    for r in caplog.records[since:]:
+        if r.name == "racktwin.bus" and r.msg == "%s: reconnecting in %.2f s" and isinstance(r.args, tuple):
+            name, wait_s = r.args
+            out.setdefault(str(name), []).append(float(cast(float, wait_s)))
+    return out
 
 
 def fast_reconnects(options: MqttOptions) -> MqttOptions:

@@ -79,21 +79,26 @@ async def test_cancel_and_wait_ends_the_task_quietly_and_raises_only_the_callers
     await cancel_and_wait(child)  # the child's cancellation is not raised here
     assert child.cancelled()
 
-    async def stubborn() -> None:  # takes a while to end once cancelled
+    ending, may_end = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> None:  # once cancelled, ends only when the test lets it
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
-            await asyncio.sleep(0.2)
+            ending.set()
+            await may_end.wait()
             raise
 
     slow = asyncio.ensure_future(stubborn())
     await asyncio.sleep(0)
     caller = asyncio.ensure_future(cancel_and_wait(slow))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(ending.wait(), 10.0)  # (0.01 s after the cancel, before: the child took 0.2 s to end)
     caller.cancel()  # the caller is cancelled while the child is still ending
     with pytest.raises(asyncio.CancelledError):
-        await caller
-    await asyncio.sleep(0.3)
+        await asyncio.wait_for(caller, 10.0)
+    assert not slow.done()  # still ending: the caller's cancel did not wait for it
+    may_end.set()
+    await asyncio.wait({slow}, timeout=10.0)  # (0.3 s of wall time before)
     assert slow.cancelled()
 
 

@@ -33,10 +33,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 class FakeWall:
+    """A wall clock the test moves; counts how often it is read (a waiter reads it at each check)."""
+
     def __init__(self) -> None:
         self.t = 100.0
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.t
 
 
@@ -346,9 +350,14 @@ async def test_a_message_far_ahead_does_not_end_the_wait_for_the_next_period() -
     clock = SiteClock(1.0, infer=False, wall=wall)
     clock.observe(T0)
     waiter = asyncio.create_task(clock.wait_until(T0 + 15.0, max_sleep_s=0.01))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0)  # its first check
     clock.observe(T0 + 3600.0)
-    await asyncio.sleep(0.05)
+    read = wall.reads
+    # a check of the waiter's after the message (it reads the wall at each), not 0.05 s of wall time in
+    # which a slow machine might have run none
+    async with asyncio.timeout(10.0):
+        while wall.reads == read:
+            await asyncio.sleep(0.001)
     assert not waiter.done()
     wall.t += 15.0
     clock.observe(T0 + 15.0)

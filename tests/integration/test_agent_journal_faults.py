@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -643,7 +644,7 @@ async def test_acks_that_come_while_another_process_holds_the_journal_are_record
     obs = Observer()
     async with observing(mosquitto, site, obs):
         await _run_with_the_journal_locked_a_while(service, sim, journal)
-        await asyncio.sleep(0.3)
+        await obs.wait_offline(service)  # behind every command the agent published (one client's order)
     on_the_wire = {str(m.command_id) for _w, _s, m in obs.commands}
     journaled = {c["command_id"]: c for c in read_journal(journal)[1]}
     # on a failure, the racks' reasons name both commands' issue times and seqs
@@ -666,6 +667,15 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
         await wait_for(lambda: service.decisions >= 2, what="two decisions")
         holder = sqlite3.connect(journal, isolation_level=None, timeout=0.0)
         submit = service.publisher.submit
+        record_acks = service.journal.record_acks
+        refused: list[set[Any]] = []  # per ack write the lock refused: the acks it carried
+
+        def recorded_acks(acks: Any) -> Any:
+            try:
+                return record_acks(acks)
+            except JournalError:
+                refused.append(set(acks))
+                raise
 
         def lock_then_submit(commands: Any) -> None:
             # the write lock, as a shell in a transaction holds it, taken as the next decision's
@@ -676,6 +686,7 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
             submit(commands)
 
         service.publisher.submit = lock_then_submit  # type: ignore[method-assign]  # test double
+        service.journal.record_acks = recorded_acks  # type: ignore[method-assign]  # test double, called through
         try:
             await wait_for(lambda: holder.in_transaction, what="a decision with commands")
             await wait_for(
@@ -683,8 +694,13 @@ async def _run_with_the_journal_locked_a_while(service: AgentService, sim: Simul
                 30,
                 "an ack write refused while the lock is held",
             )
-            await asyncio.sleep(2.5)  # more acks, kept
+            # the refused acks kept and tried again (2 s later) while the lock is still held: a write
+            # that carries them, refused too (2.5 s of wall time held it before: a slow machine could
+            # let it go before any retry)
+            await wait_for(lambda: len(refused) >= 2, 30, "the refused acks tried again, refused again")
+            assert refused[0] <= refused[1], refused  # kept (with any that came since), not dropped
         finally:
+            service.journal.record_acks = record_acks  # type: ignore[method-assign]  # test double
             service.publisher.submit = submit  # type: ignore[method-assign]  # test double
             if holder.in_transaction:
                 holder.execute("ROLLBACK")
@@ -744,13 +760,20 @@ async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_
     keeps ticking while the lock is held."""
     site, journal, service = in_process_agent(mosquitto, tmp_path, "agent-f5")
     real_propose = service.controller.propose
-    slow_solves: list[float] = []
+    slow_solves: list[list[float]] = []  # [start, end] of each solve (time.monotonic(); end inf while it runs)
+    greedy: list[float] = []  # time.monotonic() of each greedy plan, made while a solve was late or still ran
 
     def late_propose(*args: Any, **kwargs: Any) -> Any:  # the solve, made late (real HiGHS after the wait)
-        if kwargs.get("use_solver", True):
-            slow_solves.append(time.monotonic())
-            time.sleep(1.0)
-        return real_propose(*args, **kwargs)
+        if not kwargs.get("use_solver", True):
+            greedy.append(time.monotonic())
+            return real_propose(*args, **kwargs)
+        solve = [time.monotonic(), math.inf]
+        slow_solves.append(solve)
+        time.sleep(1.0)
+        try:
+            return real_propose(*args, **kwargs)
+        finally:
+            solve[1] = time.monotonic()
 
     service.controller.propose = late_propose  # type: ignore[method-assign]  # test double
     sim = simulator(mosquitto, site, 2000.0)
@@ -781,14 +804,26 @@ async def test_cycles_that_overrun_their_period_while_a_solve_is_late_leave_the_
         locked_at = time.monotonic()
         release.start()
         await wait_for(lambda: bool(released), 30.0, "the lock let go")
-        await asyncio.sleep(1.0)
+        # the agent goes on: the journal written again, and a solve begun after the lock went (the late
+        # one's end taken in), not 1 s of wall time
+        await wait_for(
+            lambda: (
+                not any(r.startswith("journal") for r in service.readiness())
+                and any(start > released[0] for start, _end in slow_solves)
+            ),
+            30,
+            "the journal written again and a solve begun after the lock went",
+        )
     finally:
         release.cancel()
         probe_task.cancel()
         await stop_both(service, task, sim_task)
         holder.close()
     [released_at] = released
-    assert slow_solves and min(slow_solves) < released_at  # a solve was late while the lock was held
+    # cycles that overran their period while the lock was held, with a late solve running on: greedy plans
+    # then (a solve begun before the lock, as the first decisions' were, said nothing of that)
+    overran = [g for g in greedy if locked_at < g < released_at and any(s < g < e for s, e in slow_solves)]
+    assert overran, (locked_at, released_at, greedy, slow_solves)
     held = [locked_at, *(t for t in ticks if locked_at < t < released_at), released_at]
     gaps = np.diff(held)
     # about 1.6 s at most here: a cycle's and the sends' and acks' journal writes, 0.5 s each, back to

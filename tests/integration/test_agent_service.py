@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import pytest
 from http_testing import http_get
-from mqtt_testing import mqtt_publish_packet, read_mqtt_packet, until_sentinel
+from mqtt_testing import mqtt_publish_packet, read_mqtt_packet, reconnect_waits_s, until_sentinel
 from site_testing import write_agent_config, write_capped_small_site
 
 from agent import wire
@@ -197,6 +197,15 @@ def read_journal(path: Path) -> tuple[list[tuple[int, float, dict[str, Any]]], l
         c["body"] = json.loads(c["payload"])
         c["reason"] = reasons.get(c["command_id"])  # the rack's reason, for a rejection (the last ack's)
     return decisions, commands
+
+
+def issued_since(path: Path, site_s: float) -> int:
+    """How many commands journal ``path`` holds that were issued after site time ``site_s``."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM commands WHERE issued_s > ?", (site_s,)).fetchone()[0])
+    finally:
+        db.close()
 
 
 async def run_with_sim(
@@ -765,12 +774,22 @@ async def test_the_agent_survives_a_broker_restart_without_losing_a_command(
 ) -> None:
     site = load_site(write_site(tmp_path))
     outage: dict[str, float] = {}
+    journal = tmp_path / "journal.sqlite"
+
+    def down_long_enough(service: AgentService) -> bool:
+        """The agent's clock is a telemetry deadline past the outage's start, and the agent has issued
+        a command since (one it cannot send)."""
+        now_s = (service.clock.now() or START) - START
+        return now_s > outage["start"] + 2 * PERIOD_S and issued_since(journal, START + outage["start"]) > 0
 
     async def restart(service: AgentService, sim: Simulator) -> None:
         await wait_for(lambda: sim.site_time_s - START >= 75.0, what="site time 75 s")
         outage["start"] = (service.clock.now() or START) - START  # the agent's clock, as the journal has it
         await asyncio.to_thread(mosquitto.stop, keep_files=True)
-        await asyncio.sleep(1.0)  # 20 s of site time: longer than the telemetry deadline
+        # down until the racks' silence is longer than the telemetry deadline on the agent's clock and a
+        # command waits to be sent (1 s of wall time was 20 site s, but an agent starved of CPU could
+        # issue nothing in it)
+        await wait_for(lambda: down_long_enough(service), 60, "a command issued while the broker is down")
         await asyncio.to_thread(mosquitto.start)
         await wait_for(lambda: service.bus.connected and sim.connected, what="reconnects")
         outage["end"] = (service.clock.now() or START) - START
@@ -1133,16 +1152,21 @@ async def test_two_agents_with_one_client_id_stop_taking_the_session_from_each_o
 
 
 async def test_another_client_taking_the_agents_client_id_is_reported(
-    mosquitto: EmbeddedBroker, tmp_path: Path
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A client that is no agent (a tool started with the agent's client id) takes its session again
     and again: the agent does not just log reconnect warnings, /readyz says another client uses its
-    client id, the take-overs are counted, and its reconnects slow down."""
+    client id, the take-overs are counted, and its reconnects slow down (backoff 0.5 s doubling to
+    1 s here: each wait from then on is 0.5 s or more, not 0.25 to 0.5 s from a backoff reset after
+    each take-over)."""
+    caplog.set_level(logging.INFO, logger="racktwin.bus")
     site_cfg = write_config(tmp_path)
     write_site(tmp_path)
     service = AgentService(
         loaded_config(site_cfg, mosquitto),
-        mqtt=mosquitto.options(client_id="racktwin-agent-x", clean_session=False),
+        mqtt=mosquitto.options(
+            client_id="racktwin-agent-x", clean_session=False, reconnect_min_s=0.5, reconnect_max_s=1.0
+        ),
         http=True,
         http_listen=("127.0.0.1", 0),
     )
@@ -1162,9 +1186,16 @@ async def test_another_client_taking_the_agents_client_id_is_reported(
         status, body = await http_get(service.http_port, "/readyz")
         assert status == 503 and "another client uses client id 'racktwin-agent-x'" in body, body
         assert metric(service, "racktwin_broker_takeovers_total") >= 3
-        connects = service.bus.stats.connects
-        await asyncio.sleep(3.0)  # a slow machine can only make fewer reconnects in it
-        assert service.bus.stats.connects - connects <= 4  # was 2 per second, for as long as it went on
+        # the waits the agent's bus logs before its next three reconnects (its connects were counted
+        # over 3 s of wall time: a slow machine made fewer whatever the waits)
+        since = len(caplog.records)
+        await wait_for(
+            lambda: len(reconnect_waits_s(caplog, since).get("agent", [])) >= 3,
+            30,
+            "three more reconnects of the agent's, their waits logged",
+        )
+        waits = reconnect_waits_s(caplog, since)["agent"]
+        assert all(w >= 0.5 for w in waits), waits  # was 2 to 4 reconnects a second, for as long as it went on
     finally:
         await rogue.close()
         service.stop()

@@ -10,11 +10,12 @@ import os
 import random
 import signal
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiomqtt
 import pytest
 from mqtt_helpers import WAIT_S, next_messages, wait_for
+from mqtt_testing import PubackDroppingProxy, reconnect_waits_s
 
 from agent import wire
 from agent.broker import EmbeddedBroker, free_port
@@ -104,28 +105,35 @@ async def test_publishing_while_the_broker_is_down_raises_not_connected(mosquitt
 
 
 async def test_a_publish_in_flight_when_the_connection_ends_fails_at_once(mosquitto: EmbeddedBroker) -> None:
-    """A QoS 1 publish sent just before the broker went away (no PUBACK will come on that connection):
-    aiomqtt waits for the PUBACK until its timeout, so the simulator's answers to commands, which go
-    out burst after burst in order, were held 10 s wall time after a broker restart (200 site s at
-    20x: no command acknowledged for the rest of a test run). Now it raises BusNotConnected as soon as
-    the connection ends, and the caller sends again once connected."""
-    async with Bus(fast(mosquitto.options())) as bus:
-        await bus.wait_connected(WAIT_S)
-        pid = mosquitto.pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)  # the broker takes no more: the publish stays in flight
-        try:
-            sending = asyncio.create_task(bus.publish("racktwin/v1/site1/rack/r0/ack", b"x", qos=1, timeout_s=60.0))
-            await asyncio.sleep(0.3)
-            assert not sending.done()
-        finally:
-            os.kill(pid, signal.SIGKILL)  # the connection ends
-        with pytest.raises(BusNotConnected, match="connection ended"):
-            await asyncio.wait_for(sending, 10.0)  # (before: BusPubackTimeout after 60 s)
-        mosquitto.stop()  # reaps the killed process
-        mosquitto.start()  # same port
-        await bus.wait_connected(WAIT_S)
-        await bus.publish("racktwin/v1/site1/rack/r0/ack", b"x", qos=1)
+    """A QoS 1 publish whose PUBACK does not come (a proxy drops it) when the broker goes away: aiomqtt
+    waits for the PUBACK until its timeout, so the simulator's answers to commands, which go out burst
+    after burst in order, were held 10 s wall time after a broker restart (200 site s at 20x: no
+    command acknowledged for the rest of a test run). Now it raises BusNotConnected as soon as the
+    connection ends, and the caller sends again once connected."""
+    topic, marker_topic = "racktwin/v1/site1/rack/r0/ack", "racktwin/v1/site1/rack/r0/marker"
+    async with PubackDroppingProxy(mosquitto.port) as proxy:
+        options = fast(dataclasses.replace(mosquitto.options(), port=proxy.port))
+        async with Bus(options, subscriptions=[marker_topic]) as bus, Bus(mosquitto.options(), name="marker") as other:
+            await bus.wait_connected(WAIT_S)
+            await other.wait_connected(WAIT_S)
+            sending = asyncio.create_task(bus.publish(topic, b"x", qos=1, timeout_s=60.0))
+            await wait_for(lambda: proxy.pubacks_dropped == 1, what="the broker's PUBACK, dropped")
+            # a message the broker sends on the bus's connection after that PUBACK: once the bus has it,
+            # it would have had the PUBACK too (a sleep here said nothing on a slow machine)
+            await other.publish(marker_topic, b"marker", qos=1)
+            [m] = await next_messages(bus, 1)
+            assert m.payload == b"marker"
+            assert not sending.done()  # in flight: waiting for its PUBACK
+            pid = mosquitto.pid
+            assert pid is not None
+            proxy.dropping = False  # for the publish after the reconnect
+            os.kill(pid, signal.SIGKILL)  # the broker goes away: the connection ends
+            with pytest.raises(BusNotConnected, match="connection ended"):
+                await asyncio.wait_for(sending, 10.0)  # (before: BusPubackTimeout after 60 s)
+            mosquitto.stop()  # reaps the killed process
+            mosquitto.start()  # same port
+            await bus.wait_connected(WAIT_S)
+            await bus.publish(topic, b"x", qos=1)
 
 
 async def test_a_bus_keeps_trying_until_a_broker_appears() -> None:
@@ -259,17 +267,6 @@ async def test_two_clients_with_one_client_id_are_told_apart_from_a_broker_resta
         # past SHORT_LIVED_S did not show that it was still that connection)
         await wait_for(lambda: a.contested() is None, 30, "a's fight over once its connection lasted")
         assert a.connected and (a.stats.connects, a.stats.takeovers) == alone  # that same connection
-
-
-def reconnect_waits_s(caplog: pytest.LogCaptureFixture, since: int) -> dict[str, list[float]]:
-    """The waits before a reconnect each bus logged (``NAME: reconnecting in S s``), by bus name,
-    from ``caplog``'s record ``since`` on."""
-    out: dict[str, list[float]] = {}
-    for r in caplog.records[since:]:
-        if r.name == "racktwin.bus" and r.msg == "%s: reconnecting in %.2f s" and isinstance(r.args, tuple):
-            name, wait_s = r.args
-            out.setdefault(str(name), []).append(float(cast(float, wait_s)))
-    return out
 
 
 async def test_a_broker_restart_is_no_session_take_over(mosquitto: EmbeddedBroker) -> None:
