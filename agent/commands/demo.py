@@ -180,10 +180,12 @@ def run(args: argparse.Namespace, command: str) -> int:
     # default action killed the demo and left the embedded broker running; a signal at the end of the run with
     # the agent, in its event loop's handlers, went unnoticed
     with DemoSignals() as signals:
-        broker = _start_embedded_broker() if args.broker is None else None
-        url = broker.url if broker is not None else args.broker
-        t0 = time.monotonic()
+        # started within the try (the object, no process yet, made before it): a signal just after the start
+        # raised KeyboardInterrupt with no `finally` to stop the broker
+        broker = _embedded_broker() if args.broker is None else None
         try:
+            url = _start_embedded_broker(broker).url if broker is not None else args.broker
+            t0 = time.monotonic()
             with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
                 res = asyncio.run(_demo(args, scenario, path, url, out_dir, signals))
                 comparison, base_m = _run_without_agent(
@@ -191,7 +193,8 @@ def run(args: argparse.Namespace, command: str) -> int:
                 )
         finally:
             if broker is not None:
-                broker.stop()
+                with signals.remembering():  # a second Ctrl-C, a SIGTERM after it, must not cut the stop short
+                    broker.stop()
     wall_s = time.monotonic() - t0
     agent_m = dict(res.metrics)
     stopped_by = "interrupted" if signals.received else res.stopped_by
@@ -242,18 +245,22 @@ def _run_without_agent(
         return "interrupted", nothing
 
 
-def _start_embedded_broker() -> EmbeddedBroker:
-    """A broker on a free loopback port (mosquitto when installed, else amqtt); a UserError when none starts."""
-    from agent.broker import BrokerUnavailable, EmbeddedBroker
+def _embedded_broker() -> EmbeddedBroker:
+    """The demo's broker, not started: on a free loopback port, mosquitto when installed, else amqtt."""
+    from agent.broker import EmbeddedBroker
 
-    broker = EmbeddedBroker()
+    return EmbeddedBroker()
+
+
+def _start_embedded_broker(broker: EmbeddedBroker) -> EmbeddedBroker:
+    """``broker`` started, said on stderr; a UserError when it does not start. The caller stops it, also when
+    this is interrupted (a broker child already running must not outlive the demo)."""
+    from agent.broker import BrokerUnavailable
+
     try:
         broker.start()
     except BrokerUnavailable as exc:
         raise UserError(str(exc)) from None
-    except BaseException:  # interrupted while it started: a broker child already running must not outlive us
-        broker.stop()
-        raise
     _say(f"embedded {broker.backend} broker at {broker.url}")
     return broker
 
