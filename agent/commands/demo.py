@@ -22,7 +22,8 @@
    (:mod:`agent.commands.demo_signals`).
 
 Exit status: 0; 130 when interrupted; 1 when the simulator or the agent stopped with an error (the
-summary still covers what ran); 2 for bad options, a broker that cannot start or be reached.
+summary still covers what ran); 2 for bad options, a broker that cannot start or be reached, a simulator
+that stopped before its first second of site time (nothing to summarize; the run without the agent is not run).
 
 The agent's numbers come from the simulator's truth log (true values, one row per site second), the
 baseline's from the in-process plant; both are judged from the end of the first control period on.
@@ -104,7 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.epilog = (
         "Exit status 0 after the run; 130 when stopped by Ctrl-C or SIGTERM (the time run so far is "
         "summarized); 1 when the simulator or the agent stopped with an error (the summary covers what ran); "
-        "2 for a bad option or scenario, or a broker it cannot start or reach (one line on stderr). "
+        "2 for a bad option or scenario, a broker it cannot start or reach, or a simulator that stopped before "
+        "its first second (one line on stderr). "
         "docs/evaluation.md (racktwin demo)"
     )
     parser.add_argument(
@@ -232,15 +234,18 @@ def _run_without_agent(
     """The same scenario without the agent for the ``ran_s`` site seconds the run with it covered
     (:func:`_baseline`), and how that went: "run"; "interrupted" by a signal (Ctrl-C, SIGTERM) during it;
     "skipped", the signal came once the simulator had run its whole time (the agent taking in the last
-    acks, stopping): the agent's run is complete and the operator wants to stop, not wait as long again.
-    Not run, or not to its end, its summary is NaN ('-') everywhere."""
+    acks, stopping): the agent's run is complete and the operator wants to stop, not wait as long again;
+    "not run", the simulator stopped before its first second (nothing to compare: the demo says so and
+    exits). Not run, or not to its end, its summary is NaN ('-') everywhere."""
     nothing = {k: math.nan for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
+    if ran_s <= 0:  # the simulator stopped before its first second: the demo has nothing to summarize
+        return "not run", nothing
     if signals.received and ran_s >= scenario.duration_s - 1.0:
         return "skipped", nothing
     try:
         with signals.raising():  # before the line that announces it (a SIGTERM may follow it at once)
             _say("the same run without the agent (in-process plant, same scenario and seed) ...")
-            return "run", _baseline(dataclasses.replace(scenario, duration_s=ran_s or 1.0), progress_interval_s)
+            return "run", _baseline(dataclasses.replace(scenario, duration_s=ran_s), progress_interval_s)
     except KeyboardInterrupt:  # summarize the agent's run, without the comparison
         return "interrupted", nothing
 
