@@ -22,7 +22,8 @@
    (:mod:`agent.commands.demo_signals`).
 
 Exit status: 0; 130 when interrupted; 1 when the simulator or the agent stopped with an error (the
-summary still covers what ran); 2 for bad options, a broker that cannot start or be reached.
+summary still covers what ran); 2 for bad options, a broker that cannot start or be reached, a simulator
+that stopped before its first second of site time (nothing to summarize; the run without the agent is not run).
 
 The agent's numbers come from the simulator's truth log (true values, one row per site second), the
 baseline's from the in-process plant; both are judged from the end of the first control period on.
@@ -104,7 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.epilog = (
         "Exit status 0 after the run; 130 when stopped by Ctrl-C or SIGTERM (the time run so far is "
         "summarized); 1 when the simulator or the agent stopped with an error (the summary covers what ran); "
-        "2 for a bad option or scenario, or a broker it cannot start or reach (one line on stderr). "
+        "2 for a bad option or scenario, a broker it cannot start or reach, or a simulator that stopped before "
+        "its first second (one line on stderr). "
         "docs/evaluation.md (racktwin demo)"
     )
     parser.add_argument(
@@ -180,10 +182,12 @@ def run(args: argparse.Namespace, command: str) -> int:
     # default action killed the demo and left the embedded broker running; a signal at the end of the run with
     # the agent, in its event loop's handlers, went unnoticed
     with DemoSignals() as signals:
-        broker = _start_embedded_broker() if args.broker is None else None
-        url = broker.url if broker is not None else args.broker
-        t0 = time.monotonic()
+        # started within the try (the object, no process yet, made before it): a signal just after the start
+        # raised KeyboardInterrupt with no `finally` to stop the broker
+        broker = _embedded_broker() if args.broker is None else None
         try:
+            url = _start_embedded_broker(broker).url if broker is not None else args.broker
+            t0 = time.monotonic()
             with stdout_to_stderr():  # stray output of libraries (the HiGHS banner) must not spoil --json
                 res = asyncio.run(_demo(args, scenario, path, url, out_dir, signals))
                 comparison, base_m = _run_without_agent(
@@ -191,7 +195,8 @@ def run(args: argparse.Namespace, command: str) -> int:
                 )
         finally:
             if broker is not None:
-                broker.stop()
+                with signals.remembering():  # a second Ctrl-C, a SIGTERM after it, must not cut the stop short
+                    broker.stop()
     wall_s = time.monotonic() - t0
     agent_m = dict(res.metrics)
     stopped_by = "interrupted" if signals.received else res.stopped_by
@@ -229,31 +234,38 @@ def _run_without_agent(
     """The same scenario without the agent for the ``ran_s`` site seconds the run with it covered
     (:func:`_baseline`), and how that went: "run"; "interrupted" by a signal (Ctrl-C, SIGTERM) during it;
     "skipped", the signal came once the simulator had run its whole time (the agent taking in the last
-    acks, stopping): the agent's run is complete and the operator wants to stop, not wait as long again.
-    Not run, or not to its end, its summary is NaN ('-') everywhere."""
+    acks, stopping): the agent's run is complete and the operator wants to stop, not wait as long again;
+    "not run", the simulator stopped before its first second (nothing to compare: the demo says so and
+    exits). Not run, or not to its end, its summary is NaN ('-') everywhere."""
     nothing = {k: math.nan for k in (*SUMMARY_KEYS, "limit_violation_longest_s")}
+    if ran_s <= 0:  # the simulator stopped before its first second: the demo has nothing to summarize
+        return "not run", nothing
     if signals.received and ran_s >= scenario.duration_s - 1.0:
         return "skipped", nothing
     try:
         with signals.raising():  # before the line that announces it (a SIGTERM may follow it at once)
             _say("the same run without the agent (in-process plant, same scenario and seed) ...")
-            return "run", _baseline(dataclasses.replace(scenario, duration_s=ran_s or 1.0), progress_interval_s)
+            return "run", _baseline(dataclasses.replace(scenario, duration_s=ran_s), progress_interval_s)
     except KeyboardInterrupt:  # summarize the agent's run, without the comparison
         return "interrupted", nothing
 
 
-def _start_embedded_broker() -> EmbeddedBroker:
-    """A broker on a free loopback port (mosquitto when installed, else amqtt); a UserError when none starts."""
-    from agent.broker import BrokerUnavailable, EmbeddedBroker
+def _embedded_broker() -> EmbeddedBroker:
+    """The demo's broker, not started: on a free loopback port, mosquitto when installed, else amqtt."""
+    from agent.broker import EmbeddedBroker
 
-    broker = EmbeddedBroker()
+    return EmbeddedBroker()
+
+
+def _start_embedded_broker(broker: EmbeddedBroker) -> EmbeddedBroker:
+    """``broker`` started, said on stderr; a UserError when it does not start. The caller stops it, also when
+    this is interrupted (a broker child already running must not outlive the demo)."""
+    from agent.broker import BrokerUnavailable
+
     try:
         broker.start()
     except BrokerUnavailable as exc:
         raise UserError(str(exc)) from None
-    except BaseException:  # interrupted while it started: a broker child already running must not outlive us
-        broker.stop()
-        raise
     _say(f"embedded {broker.backend} broker at {broker.url}")
     return broker
 

@@ -29,8 +29,9 @@ class DemoSignals:
 
     - within :meth:`stopping` (the run with the agent, in its event loop): set that run's ``stop`` event,
       the run stops cleanly;
-    - from the end of :meth:`stopping` until :meth:`raising`: nothing more (the event loop closes; the demo
-      looks at :attr:`received` when it has);
+    - from the end of :meth:`stopping` until :meth:`raising`, and within :meth:`remembering` (the broker
+      stopping): nothing more (the event loop closes, the broker stops; the demo looks at :attr:`received`
+      when it has);
     - otherwise (the broker starting; within :meth:`raising`, the run without the agent): raise
       KeyboardInterrupt, so that the ``finally`` blocks that stop what the demo started run.
 
@@ -86,3 +87,13 @@ class DemoSignals:
             yield
         finally:
             self._then = _ignore
+
+    @contextlib.contextmanager
+    def remembering(self) -> Iterator[None]:
+        """Within (what must not be cut short: the broker stopping, after a first signal too), a signal is only
+        remembered; after, it does what it did before."""
+        then, self._then = self._then, _ignore
+        try:
+            yield
+        finally:
+            self._then = then

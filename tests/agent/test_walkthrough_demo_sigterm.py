@@ -174,3 +174,98 @@ def test_sigterm_at_the_end_of_the_run_with_the_agent_skips_the_comparison(tmp_p
     assert table["facility energy (kWh)"][1] == "-" and float(table["facility energy (kWh)"][0]) > 0
     summary = json.loads((out / "demo-summary.json").read_text())
     assert summary["agent"]["facility_energy_kwh"] > 0 and summary["baseline"]["facility_energy_kwh"] is None
+
+
+#: where the test driver (:data:`SIGNAL_AT_START_DEMO`) sends the demo its own SIGTERM: just after the
+#: embedded broker has started (before the demo's run with the agent); as the demo starts that run, then a
+#: second one from inside ``EmbeddedBroker.stop`` (wrapping the real one, then calling it), as an
+#: impatient double Ctrl-C or a wrapper's SIGTERM after the operator's Ctrl-C would
+START_POINTS = ("broker started", "run starting, again as the broker stops")
+#: the broker's process id and its temporary folder, printed by the driver once it has started
+STARTED = "test driver: broker started"
+#: ``racktwin`` with the demo's own functions wrapped so that the signals come at ``START_POINTS[i]``
+#: (argv[1]). The driver holds the broker and ends with ``os._exit``: only the demo's own stop ends it, not
+#: ``EmbeddedBroker.__del__`` when the garbage collector gets to the object (after a KeyboardInterrupt that
+#: skipped the stop it did, but the broker's folder stayed, and a process killed meanwhile, by a SIGTERM
+#: once the demo's handlers were gone, left mosquitto running)
+SIGNAL_AT_START_DEMO = f"""
+import os, signal, sys
+import agent.commands.demo as demo
+from agent.broker import EmbeddedBroker
+from agent.cli import main
+
+point = sys.argv.pop(1)
+
+def sigterm(where):
+    print("{SIGNALLED}", where, file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+start_embedded_broker, run_with_agent, stop = demo._start_embedded_broker, demo._demo, EmbeddedBroker.stop
+
+held = []
+
+def start_embedded_broker_then_signal(*args, **kwargs):
+    broker = start_embedded_broker(*args, **kwargs)
+    held.append(broker)
+    print("{STARTED}", broker.pid, broker.log_path.parent, file=sys.stderr, flush=True)
+    if point == "{START_POINTS[0]}":
+        sigterm("broker started")
+    return broker
+
+def signal_then_run_with_agent(*args, **kwargs):
+    sigterm("run starting")
+    return run_with_agent(*args, **kwargs)
+
+def signal_then_stop(self, *args, **kwargs):
+    sigterm("broker stopping")
+    stop(self, *args, **kwargs)
+
+demo._start_embedded_broker = start_embedded_broker_then_signal
+if point == "{START_POINTS[1]}":
+    demo._demo = signal_then_run_with_agent
+    EmbeddedBroker.stop = signal_then_stop
+status = main(sys.argv[1:])
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)
+"""
+
+
+def _broker_running(pid: int, folder: str) -> bool:
+    """Whether the process ``pid`` runs, as the broker whose files are in ``folder`` (not a process that got
+    its id since)."""
+    try:
+        return folder in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("point", START_POINTS)
+def test_a_signal_as_the_demo_starts_or_again_as_it_stops_stops_the_broker(tmp_path: Path, point: str) -> None:
+    # A SIGTERM that came just after the embedded broker had started, before the block whose `finally`
+    # stops it, left mosquitto running; a second one while the broker stopped (a Ctrl-C as the demo
+    # started, then another while it cleaned up) cut `EmbeddedBroker.stop` short, the same. Now the broker
+    # is stopped, its process gone, its temporary folder removed, and the demo says it was interrupted.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
+    argv = [sys.executable, "-c", SIGNAL_AT_START_DEMO, point, "demo", "--minutes", "0.5", "--speed", "30"]
+    proc = subprocess.run(
+        [*argv, "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    err = proc.stderr
+    started = re.search(rf"{STARTED} (\d+) (\S+)", err)
+    port = re.search(r"broker at mqtt://127\.0\.0\.1:(\d+)", err)
+    assert started is not None and port is not None, err
+    pid, folder = int(started.group(1)), started.group(2)
+    try:
+        assert f"{SIGNALLED} {point.split(',')[0]}" in err, err
+        if point == START_POINTS[1]:
+            assert f"{SIGNALLED} broker stopping" in err, err
+        assert proc.returncode == 130, err
+        assert "racktwin demo: interrupted" in err, err
+        assert not _accepts(int(port.group(1))), "the embedded broker outlived the demo"
+        assert not _broker_running(pid, folder), "the embedded broker's process outlived the demo"
+        assert not Path(folder).exists(), "the embedded broker's temporary folder was left behind"
+        assert proc.stdout == ""  # nothing ran: no summary
+    finally:  # a broker the demo left running does not outlive the test
+        if _broker_running(pid, folder):
+            os.kill(pid, signal.SIGTERM)
