@@ -352,15 +352,17 @@ def fast_reconnects(options: MqttOptions) -> MqttOptions:
     return dataclasses.replace(options, reconnect_min_s=0.05, reconnect_max_s=0.3)
 
 
-async def wait_for(what: str, cond: Callable[[], bool], wait_s: float = 15.0) -> None:
+async def wait_for(
+    what: str, cond: Callable[[], bool], wait_s: float = 15.0, *, found: Callable[[], str] | None = None
+) -> None:
     """Wait until ``cond()`` holds; fail the test naming ``what`` after ``wait_s`` (a bound on a hang,
-    not a timing assertion)."""
+    not a timing assertion), with what ``found()`` says there is instead when given."""
     try:
         async with asyncio.timeout(wait_s):
             while not cond():
                 await asyncio.sleep(0.01)
     except TimeoutError:
-        pytest.fail(f"no {what} within {wait_s} s")
+        pytest.fail(f"no {what} within {wait_s} s" + ("" if found is None else f" ({found()})"))
 
 
 async def until_sentinel(bus: Bus, sentinel: bytes, wait_s: float = 15.0) -> list[Incoming]:

@@ -404,19 +404,35 @@ async def test_a_waiter_returns_when_extrapolation_reaches_its_target_not_after_
     assert time.monotonic() - t0 < 1.0
 
 
+async def _turns(n: int) -> None:
+    """Let the event loop run ``n`` times round (each task ready runs once a turn)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 async def test_a_waiter_sleeps_between_its_checks() -> None:
-    """A message arrived before the wait began: the waiter looks at the clock again after each sleep,
-    not over and over (woken again and again by the message it has already seen)."""
+    """A message arrived before the wait began: the waiter looks at the clock once per thing it
+    awaits (a message, the wake, its sleep's end), not over and over, woken again and again by the
+    message it has already seen. Counted in turns of the event loop, with a sleep no test outlasts:
+    no read is due to wall time, so a slow machine reads no more (a busy loop reads about once every
+    three turns)."""
     wall = FakeWall()
     clock = SiteClock(1.0, infer=False, wall=wall)
     clock.observe(T0)
     wake = asyncio.Event()
-    waiter = asyncio.create_task(clock.wait_until(T0 + 1e6, wake=wake, max_sleep_s=0.05))
+    waiter = asyncio.create_task(clock.wait_until(T0 + 1e6, wake=wake, max_sleep_s=3600.0))
     reads = wall.reads
-    await asyncio.sleep(0.2)
+    await _turns(100)
+    assert wall.reads - reads == 1, "reads of the clock in 100 turns of the loop, only its first check due"
+    wall.t += 1.0
+    clock.observe(T0 + 1.0)  # a message during the wait, far from the target
+    reads = wall.reads
+    await _turns(100)
+    assert wall.reads - reads == 1, "reads of the clock in 100 turns of the loop after one message"
+    assert not waiter.done()
     wake.set()
-    assert await asyncio.wait_for(waiter, 1.0) is False
-    assert wall.reads - reads < 20
+    assert await asyncio.wait_for(waiter, 10.0) is False
+    assert wall.reads - reads == 2  # and one for the wake
 
 
 async def test_the_wall_time_a_target_was_reached_is_that_of_its_first_message() -> None:

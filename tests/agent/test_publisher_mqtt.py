@@ -21,6 +21,7 @@ import pytest
 from agent_helpers import example_site
 from mqtt_testing import PubackDroppingProxy, wait_for
 
+from agent import publisher as publisher_module
 from agent import wire
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus, Incoming
@@ -102,10 +103,14 @@ async def test_a_decisions_commands_are_pipelined_and_arrive_in_order(
         publisher = Publisher(bus, book, journal, d.clock, d.control)
         publisher.submit(opened)
         await publisher.step()
-        deadline = time.monotonic() + 10.0
-        while len(received) < N_COMMANDS and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        watcher_task.cancel()
+        try:  # the test fails here, naming what did not arrive, rather than going on without it
+            await wait_for(
+                f"{N_COMMANDS} commands at the watcher",
+                lambda: len(received) >= N_COMMANDS,
+                found=lambda: f"{len(received)} arrived of the {publisher.stats.sent} sent",
+            )
+        finally:
+            watcher_task.cancel()
 
     # pipelined: the first batch (the client's in-flight window) is all handed over before any PUBACK
     window = min(publisher.max_in_flight, N_COMMANDS)
@@ -149,12 +154,25 @@ async def test_a_journal_that_refuses_the_publishers_writes_does_not_stop_it(
     journal.close()
 
 
+class _Monotonic:
+    """What ``agent.publisher`` reads as ``time``: a monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.s = 1000.0
+
+    def monotonic(self) -> float:
+        return self.s
+
+
 async def test_after_a_failed_journal_write_the_publisher_waits_before_writing_again(
-    mosquitto: EmbeddedBroker, tmp_path: Path
+    mosquitto: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each journal write may wait for SQLite's busy timeout on the event loop and a publisher step
     comes every 0.25 s: after a failure its writes are skipped for ``journal_retry_s``; the next
-    batch marked sent clears every error (the journal takes writes again)."""
+    batch marked sent clears every error (the journal takes writes again). The publisher's wall clock
+    is the test's: a step late on a slow machine is still within (or past) the interval it says."""
+    wall = _Monotonic()
+    monkeypatch.setattr(publisher_module, "time", wall)  # not time.monotonic itself: the event loop reads it
     d = desk(tmp_path)
     journal = d.journal
 
@@ -164,7 +182,7 @@ async def test_after_a_failed_journal_write_the_publisher_waits_before_writing_a
     async with Bus(mosquitto.options(), name="agent") as bus:
         await bus.wait_connected(10)
         publisher = Publisher(bus, d.book, journal, d.clock, d.control)
-        publisher.journal_retry_s = 0.5
+        retry_s = publisher.journal_retry_s
         first = decide(1)
         journal._conn.execute("PRAGMA query_only = ON")
         publisher.submit(first)
@@ -173,9 +191,10 @@ async def test_after_a_failed_journal_write_the_publisher_waits_before_writing_a
         journal._conn.execute("PRAGMA query_only = OFF")
         second = decide(2)
         publisher.submit(second)
-        await publisher.step()  # within journal_retry_s: not written although the journal takes writes
+        wall.s += retry_s - 0.25  # the last step within journal_retry_s
+        await publisher.step()  # not written although the journal takes writes
         assert journal.command_counts() == {"pending": 2}
-        await asyncio.sleep(0.6)
+        wall.s += 0.5  # past journal_retry_s (0.5 s of wall time before: a slower step got past it too)
         third = decide(3)
         publisher.submit(third)
         await publisher.step()
