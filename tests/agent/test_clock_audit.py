@@ -399,9 +399,8 @@ async def test_a_waiter_returns_false_at_once_when_woken() -> None:
 async def test_a_waiter_returns_when_extrapolation_reaches_its_target_not_after_its_longest_sleep() -> None:
     clock = SiteClock(1.0, infer=False, wall=time.monotonic)
     clock.observe(T0)
-    t0 = time.monotonic()
-    assert await asyncio.wait_for(clock.wait_until(T0 + 0.05, max_sleep_s=30.0), 2.0) is True
-    assert time.monotonic() - t0 < 1.0
+    # half its longest sleep: a waiter that slept it out would time out here
+    assert await asyncio.wait_for(clock.wait_until(T0 + 0.05, max_sleep_s=30.0), 15.0) is True
 
 
 async def _turns(n: int) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sqlite3
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -451,9 +450,8 @@ async def test_steps_with_nothing_to_expire_write_nothing_to_the_journal(
         assert statements == []
         holder = sqlite3.connect(journal.path, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")  # another process holds the journal's write lock
-        t0 = time.perf_counter()
         await publisher.step()
-        assert time.perf_counter() - t0 < 0.25 and publisher.journal_errors == {}
+        assert statements == [] and publisher.journal_errors == {}  # not even tried: nothing waited on the lock
         holder.execute("ROLLBACK")
         holder.close()
         d.clock.observe(TS + 31.0)
