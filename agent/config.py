@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 from agent.wire.messages import MAX_COMMAND_TTL_S
 from agent.wire.topics import SiteLayout, Topics
 from twin.plant_types import DEFAULT_PUMP_HOLD_S
-from twin.spec import SiteSpec, check_file_kind, load_site, site_spec_sections
+from twin.spec import MAX_RACK_POWER_W, SiteSpec, check_file_kind, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 
 ENV_PREFIX = "RACKTWIN_"
@@ -125,7 +125,7 @@ class ControlConfig:
     # Relative MIP gap of the DVFS solve (on the loss scale, see docs/models.md).
     mip_rel_gap: float = field(default=1e-3, metadata=rng(0.0, 0.5))
     # Plans keep every rack this far under its power limit (W), every die this far under its limit (K).
-    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, 1.0e5))
+    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, MAX_RACK_POWER_W))
     die_margin_k: float = field(default=2.0, metadata=rng(0.0, 50.0))
     # A rack whose telemetry is older than this is stale and goes to fail-safe caps (s).
     telemetry_deadline_s: float = field(default=30.0, metadata=rng(0.1, 86400.0))
@@ -457,19 +457,16 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
             f"(facility.supply_temp_c, {fac.supply_temp_c:g} deg C) to its nearest other option: {fixed}; "
             f"{off}, or allow a step of at least {gap_k:g} K",
         )
-    rack_limit = float(site.rack_power_limits_w().min())
-    if c.rack_margin_w >= rack_limit:
-        raise fail(
-            "rack_margin_w",
-            f"must be below the site's rack power limit ({rack_limit:g} W), got {c.rack_margin_w:g} W: "
-            "no power would be left for the racks",
-        )
+    margin_problem = site.rack_margin_problem(c.rack_margin_w)
+    if margin_problem is not None:
+        raise fail("rack_margin_w", margin_problem)
     if c.min_power_limit_w > site.card.power_limit_w:
         raise fail(
             "min_power_limit_w",
             f"must not exceed the site's card power limit (card.power_limit_w, {site.card.power_limit_w:g} W "
             f"for {site.card.model}), got {c.min_power_limit_w:g} W",
         )
+    rack_limit = float(site.rack_power_limits_w().min())
     floor_w = site.rack.host_overhead_w + site.cards_per_rack * c.min_power_limit_w + c.rack_margin_w
     if floor_w > rack_limit:
         raise fail(
