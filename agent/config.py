@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
-import math
 import os
 import re
 import socket
@@ -45,7 +44,7 @@ from urllib.parse import urlsplit
 from agent.wire.messages import MAX_COMMAND_TTL_S
 from agent.wire.topics import SiteLayout, Topics
 from twin.plant_types import DEFAULT_PUMP_HOLD_S
-from twin.spec import SiteSpec, check_file_kind, load_site, site_spec_sections
+from twin.spec import MAX_RACK_POWER_W, SiteSpec, check_file_kind, load_site, site_spec_sections
 from twin.tables import SpecError, choices, decode_table, read_toml, rng
 
 ENV_PREFIX = "RACKTWIN_"
@@ -125,7 +124,7 @@ class ControlConfig:
     # Relative MIP gap of the DVFS solve (on the loss scale, see docs/models.md).
     mip_rel_gap: float = field(default=1e-3, metadata=rng(0.0, 0.5))
     # Plans keep every rack this far under its power limit (W), every die this far under its limit (K).
-    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, 1.0e5))
+    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, MAX_RACK_POWER_W))
     die_margin_k: float = field(default=2.0, metadata=rng(0.0, 50.0))
     # A rack whose telemetry is older than this is stale and goes to fail-safe caps (s).
     telemetry_deadline_s: float = field(default=30.0, metadata=rng(0.1, 86400.0))
@@ -165,8 +164,8 @@ class ControlConfig:
     pump_speed_steps: int = field(default=9, metadata=rng(2, 100))
     # A slowed pump's speed is re-sent this often (s, site time), at the first decision this long after
     # the last command for it: the plant returns a pump to full speed when no command renews it (its
-    # pump_hold_s, DEFAULT_PUMP_HOLD_S = 60 s in the simulator; --check-config warns when renewals, at
-    # whole periods, may come that late).
+    # pump_hold_s, DEFAULT_PUMP_HOLD_S = 60 s in the simulator; --check-config warns when renewals may
+    # come that late: up to pump_renew_s + period_s after a command sent at a job event's decision).
     pump_renew_s: float = field(default=20.0, metadata=rng(0.1, 86400.0))
     # Host power-down (agent.hosts; only where the site spec has rack.hosts_per_rack > 0): a host
     # none of whose cards has run a job for host_off_after_s is powered off, keeping
@@ -457,19 +456,16 @@ def check_control(c: ControlConfig, site: SiteSpec | None, source: str, *, prefi
             f"(facility.supply_temp_c, {fac.supply_temp_c:g} deg C) to its nearest other option: {fixed}; "
             f"{off}, or allow a step of at least {gap_k:g} K",
         )
-    rack_limit = float(site.rack_power_limits_w().min())
-    if c.rack_margin_w >= rack_limit:
-        raise fail(
-            "rack_margin_w",
-            f"must be below the site's rack power limit ({rack_limit:g} W), got {c.rack_margin_w:g} W: "
-            "no power would be left for the racks",
-        )
+    margin_problem = site.rack_margin_problem(c.rack_margin_w)
+    if margin_problem is not None:
+        raise fail("rack_margin_w", margin_problem)
     if c.min_power_limit_w > site.card.power_limit_w:
         raise fail(
             "min_power_limit_w",
             f"must not exceed the site's card power limit (card.power_limit_w, {site.card.power_limit_w:g} W "
             f"for {site.card.model}), got {c.min_power_limit_w:g} W",
         )
+    rack_limit = float(site.rack_power_limits_w().min())
     floor_w = site.rack.host_overhead_w + site.cards_per_rack * c.min_power_limit_w + c.rack_margin_w
     if floor_w > rack_limit:
         raise fail(
@@ -751,23 +747,29 @@ def _hosts_line(c: ControlConfig, site: SiteSpec) -> str:
 
 
 def _pumps_line(c: ControlConfig) -> str:
-    """The pump speed control, with a warning when a slowed pump is not renewed within the simulator's
-    hold (:data:`twin.plant_types.DEFAULT_PUMP_HOLD_S`): renewals come at decisions, the first one
-    ``pump_renew_s`` after the last command, so as late as ``pump_renew_s`` rounded up to whole periods."""
+    """The pump speed control, with a warning when a slowed pump may not be renewed within the
+    simulator's hold (:data:`twin.plant_types.DEFAULT_PUMP_HOLD_S`). A renewal goes at the first
+    decision ``pump_renew_s`` or more after the last command for the pump (agent.command_diff).
+    Decisions come on the grid of ``period_s`` and, between, at job events (agent.service: an event's
+    decision leaves the grid where it was), so after a command at an event's decision the first
+    decision ``pump_renew_s`` later may be a grid's almost a whole period after that: a renewal may
+    wait up to ``pump_renew_s + period_s`` after the last command (on the grid alone, ``pump_renew_s``
+    rounded up to whole periods)."""
     if not c.control_pump_speed:
         return "full speed (control_pump_speed = false)"
-    every_s = math.ceil(c.pump_renew_s / c.period_s - 1e-9) * c.period_s
+    latest_s = c.pump_renew_s + c.period_s
     line = (
         f"rack-loop speeds chosen among {c.pump_speed_steps} steps, a slowed pump's speed re-sent at the first "
-        f"decision {c.pump_renew_s:g} s after the last (every {every_s:g} s at one decision per {c.period_s:g} s)"
+        f"decision {c.pump_renew_s:g} s after the last command for it: up to {latest_s:g} s after it "
+        f"(pump_renew_s + period_s: decisions every {c.period_s:g} s, and at job events in between)"
     )
-    if every_s < DEFAULT_PUMP_HOLD_S:
+    if latest_s < DEFAULT_PUMP_HOLD_S:
         return line
     renew = f"pump_renew_s ({c.pump_renew_s:g} s)"
     if c.pump_renew_s < DEFAULT_PUMP_HOLD_S:
         renew += (
-            f" at decisions every period_s ({c.period_s:g} s) renews a slowed pump as late as {every_s:g} s after "
-            "a command, which"
+            f" at decisions every period_s ({c.period_s:g} s) and at job events renews a slowed pump up to "
+            f"{latest_s:g} s after a command, which"
         )
     return (
         line + f"\n                warning: {renew} is not under the simulator's pump hold (pump_hold_s, "

@@ -29,6 +29,7 @@ from twin.tables import SpecError, decode_table, read_toml
 from twin.tables import rng as _rng
 
 __all__ = [
+    "MAX_RACK_POWER_W",
     "MAX_SITE_CARDS",
     "CardSpec",
     "CduSpec",
@@ -49,6 +50,11 @@ __all__ = [
 #: cards: 16 supernodes of 512, benchmarks/bench_models.py, bench_sim.py, bench_twin.py), and its
 #: arrays stay small (8 MB per card array, 64 MB per card x 8-level table).
 MAX_SITE_CARDS = 1_000_000
+
+#: Highest rack power limit a site may have (``rack.power_limit_w``, W), and so the range's top of a
+#: rack margin (``control.rack_margin_w``, a scenario's ``margins.rack_margin_w``): a narrower one
+#: would refuse a margin that a site with larger racks allows (:meth:`SiteSpec.rack_margin_problem`).
+MAX_RACK_POWER_W = 1.0e6
 
 
 def check_card_count(supernodes: int, torus_dims: tuple[int, ...]) -> str | None:
@@ -147,7 +153,7 @@ class RackSpec:
     """
 
     host_overhead_w: float = field(metadata=_rng(0.0, 1.0e6))
-    power_limit_w: float = field(metadata=_rng(1.0e3, 1.0e6))
+    power_limit_w: float = field(metadata=_rng(1.0e3, MAX_RACK_POWER_W))
     hosts_per_rack: int = field(default=0, metadata=_rng(0, 4096))
     host_power_w: float = field(default=0.0, metadata=_rng(0.0, 1.0e5))
     host_off_power_w: float = field(default=0.0, metadata=_rng(0.0, 1.0e4))
@@ -369,6 +375,19 @@ class SiteSpec:
 
     def rack_power_limits_w(self) -> npt.NDArray[np.float64]:
         return np.full(self.n_racks, self.rack.power_limit_w)
+
+    def rack_margin_problem(self, rack_margin_w: float) -> str | None:
+        """Why a rack margin (W kept free under every rack's power limit) does not fit this site, or
+        ``None`` when it does: it must be below the lowest rack power limit, or no power would be left
+        for the racks. One rule for the agent's ``control.rack_margin_w`` (agent.config) and a
+        scenario's ``margins.rack_margin_w`` (``racktwin optimize``); each caller names its own field."""
+        rack_limit_w = float(self.rack_power_limits_w().min())
+        if rack_margin_w < rack_limit_w:
+            return None
+        return (
+            f"must be below the site's rack power limit ({rack_limit_w:g} W), got {rack_margin_w:g} W: "
+            "no power would be left for the racks"
+        )
 
     def loop_flow_per_rack_lpm(self) -> float:
         return self.loop.flow_per_card_lpm * self.cards_per_rack

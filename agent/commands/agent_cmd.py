@@ -47,13 +47,19 @@ def _may_pass(cause: BaseException | None) -> bool:
     return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
-#: ``racktwin agent --help``'s epilog: what an operator asks first (how it stops, what its exit statuses
-#: mean, where the keys and the health endpoints are described), as docs/agent.md "Running it" says.
-AGENT_EPILOG = (
+#: how ``racktwin agent`` stops and what each exit status means, as its ``--help`` and the README
+#: (Command line) say it
+EXIT_STATUSES = (
     "It runs until SIGTERM or SIGINT (Ctrl-C): the current cycle finishes, its commands go out, exit "
     "status 0. Exit status 2: a bad configuration or a start problem to fix (one line naming the field); "
     "75: a start problem that may pass (the HTTP port still held, the name service not answering yet); "
-    "1: an unexpected error (traceback in the log). An unreachable broker is retried, not an error. "
+    "1: an unexpected error (traceback in the log). An unreachable broker is retried, not an error."
+)
+
+#: ``racktwin agent --help``'s epilog: what an operator asks first (how it stops, what its exit statuses
+#: mean, where the keys and the health endpoints are described), as docs/agent.md "Running it" says.
+AGENT_EPILOG = (
+    f"{EXIT_STATUSES} "
     "Every configuration key and RACKTWIN_* variable: docs/agent.md (Configuration); health: /metrics, "
     "/healthz, /readyz on http.port; what it did: racktwin journal --config FILE. "
     "examples: racktwin agent --check-config /etc/racktwin/agent.toml; "

@@ -96,19 +96,22 @@ SUMMARY_KEYS = (
 )
 
 
+#: what each exit status of ``racktwin demo`` means, as its ``--help`` and the README (Command line) say it
+EXIT_STATUSES = (
+    "Exit status 0 after the run; 130 when stopped by Ctrl-C or SIGTERM (the time run so far is "
+    "summarized); 1 when the simulator or the agent stopped with an error (the summary covers what ran); "
+    "2 for a bad option or scenario, a broker it cannot start or reach, or a simulator that stopped before "
+    "its first second (one line on stderr)."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.description = (
         "Closed-loop demo: an embedded MQTT broker, the rack simulator (a child process) on the example "
         "supernode and the agent service in enforce mode; live progress, then a summary against the same "
         "run without the agent."
     )
-    parser.epilog = (
-        "Exit status 0 after the run; 130 when stopped by Ctrl-C or SIGTERM (the time run so far is "
-        "summarized); 1 when the simulator or the agent stopped with an error (the summary covers what ran); "
-        "2 for a bad option or scenario, a broker it cannot start or reach, or a simulator that stopped before "
-        "its first second (one line on stderr). "
-        "docs/evaluation.md (racktwin demo)"
-    )
+    parser.epilog = f"{EXIT_STATUSES} docs/evaluation.md (racktwin demo)"
     parser.add_argument(
         "--minutes",
         type=float,

@@ -56,16 +56,20 @@ _COLOURS = {
 }
 
 
+#: what each exit status of ``racktwin evaluate`` means, as its ``--help`` and the README (Command line) say it
+EXIT_STATUSES = (
+    "Exit status 0 after the runs (a missed target is reported, not an error); 130 when stopped by "
+    "Ctrl-C or SIGTERM (the workers too; nothing written); 2 for a bad option or scenario (one line on "
+    "stderr)."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.description = (
         "Closed-loop evaluation: run control policies in process against the same virtual plant (same "
         "workload, weather, noise and faults) and compare energy, throughput, limits and temperatures."
     )
-    parser.epilog = (
-        "Exit status 0 after the runs (a missed target is reported, not an error); 130 when stopped by "
-        "Ctrl-C or SIGTERM (the workers too; nothing written); 2 for a bad option or scenario (one line on "
-        "stderr). docs/evaluation.md"
-    )
+    parser.epilog = f"{EXIT_STATUSES} docs/evaluation.md"
     parser.add_argument(
         "--scenario",
         default=None,

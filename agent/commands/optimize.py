@@ -33,12 +33,15 @@ from agent.commands.optimize_outputs import json_summary, summary_line, write_pl
 from agent.commands.optimize_scenario import load_scenario
 from twin.workload import Phase
 
+#: what each exit status of ``racktwin optimize`` means, as its ``--help`` and the README (Command line) say it
+EXIT_STATUSES = (
+    "Exit status 0 with a plan; 1 when no plan meets the limits (the files are still written, why on "
+    "stderr); 2 for a bad scenario or option (one line naming the file and the field)."
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.epilog = (
-        "Exit status 0 with a plan; 1 when no plan meets the limits (the files are still written, why on "
-        "stderr); 2 for a bad scenario or option (one line naming the file and the field). docs/models.md"
-    )
+    parser.epilog = f"{EXIT_STATUSES} docs/models.md"
     parser.add_argument("scenario", type=path_arg, help="scenario TOML file (see examples/scenario-*.toml)")
     parser.add_argument("--out", type=path_arg, metavar="DIR", help="output folder (default: ./out/<scenario name>)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from agent.commands.common import UserError
 from twin.scenario import missing_site_hint
-from twin.spec import SiteSpec, SpecError, check_file_kind, load_site
+from twin.spec import MAX_RACK_POWER_W, SiteSpec, SpecError, check_file_kind, load_site
 from twin.tables import choices, decode_table, read_toml, rng
 from twin.workload import JobSpec, Phase
 
@@ -92,7 +92,7 @@ class PricesSection:
 
 @dataclass(frozen=True)
 class MarginsSection:
-    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, 1e6))
+    rack_margin_w: float = field(default=1000.0, metadata=rng(0.0, MAX_RACK_POWER_W))
     die_margin_k: float = field(default=2.0, metadata=rng(0.0, 50.0))
 
 
@@ -173,12 +173,9 @@ def load_scenario(path: str | Path) -> Scenario:
             f"{src}: supply_temp_c: must be one of the site's supply_temp_options_c "
             f"{list(site.facility.supply_temp_options_c)}, got {sf.supply_temp_c:g}"
         )
-    rack_limit_w = float(site.rack_power_limits_w().min())
-    if sf.margins.rack_margin_w >= rack_limit_w:  # as the agent's control.rack_margin_w (agent.config)
-        raise UserError(
-            f"{src}: margins.rack_margin_w: must be below the site's rack power limit ({rack_limit_w:g} W), "
-            f"got {sf.margins.rack_margin_w:g} W: no power would be left for the racks"
-        )
+    margin_problem = site.rack_margin_problem(sf.margins.rack_margin_w)  # as the agent's control.rack_margin_w
+    if margin_problem is not None:
+        raise UserError(f"{src}: margins.rack_margin_w: {margin_problem}")
     running = _Running(used=failed.copy())
     for i, e in enumerate(entries["jobs"]):
         running.add(*_listed_running_job(e, i, site, running.used, src))

@@ -49,16 +49,21 @@ if TYPE_CHECKING:
 DEFAULT_DURATION_S = 86400.0
 
 
+#: how ``racktwin sim`` stops and what each exit status means, as its ``--help`` and the README
+#: (Command line) say it
+EXIT_STATUSES = (
+    "It runs for --duration site seconds or until SIGINT or SIGTERM (the truth log is flushed and the "
+    "summary written): exit status 0. Exit status 2: a bad option, scenario or site, an output it cannot "
+    "write, a broker it cannot reach within 10 s (one line on stderr)."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.description = (
         "Run the virtual plant (twin.plant) behind the racktwin MQTT protocol: telemetry, job events, "
         "commands with acks, faults from a scenario, a ground-truth log."
     )
-    parser.epilog = (
-        "It runs for --duration site seconds or until SIGINT or SIGTERM (the truth log is flushed and the "
-        "summary written): exit status 0. Exit status 2: a bad option, scenario or site, an output it cannot "
-        "write, a broker it cannot reach within 10 s (one line on stderr). docs/sim.md"
-    )
+    parser.epilog = f"{EXIT_STATUSES} docs/sim.md"
     parser.add_argument(
         "--site",
         default=None,

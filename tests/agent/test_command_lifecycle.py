@@ -198,6 +198,37 @@ def test_a_slowed_pump_is_renewed_pump_renew_s_after_its_last_command_also_after
     assert [renewed(back + s) for s in (0.0, 10.0, 20.0, 30.0, 40.0)] == [False, False, True, False, True]
 
 
+def test_a_pump_command_at_a_job_events_decision_is_renewed_up_to_a_period_later_than_pump_renew_s(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """Decisions come every ``period_s`` (15 s) on their grid and, between, at job events, which leave
+    the grid where it is (agent.service). A pump speed changed at an event's decision 10.5 s into a
+    period is due again 20 s later (``pump_renew_s``), 0.5 s after a grid decision: the renewal waits
+    for the next one, 34.5 s after the command. The worst case is ``pump_renew_s + period_s``, which
+    ``racktwin agent --check-config`` states (35 s at the defaults), not the 30 s of renewals on the
+    grid alone."""
+    site, snap = scene
+    book, codec = _book(site, pump_renew_s=20.0, period_s=15.0)
+
+    def at(speed_r2: float) -> StateSnapshot:
+        speed = np.ones(8)
+        speed[2] = speed_r2
+        return snap.__class__(**{**snap.__dict__, "rack_pump_speed_frac": speed})
+
+    def sent(reported: StateSnapshot, want: StateSnapshot, now_s: float) -> list[float]:
+        d = _decision(want, rack_pump_speed_frac=np.asarray(want.rack_pump_speed_frac))
+        msgs = [codec.decode(c.topic, c.payload) for c in book.commands(d, reported, NO_APPLIED, now_s)]
+        for oc in list(book.open.values()):
+            book.on_ack(_ack(oc, wire.AckResult.APPLIED), now_s)
+        assert all(isinstance(m, wire.CduCommand) and m.rack == "r2" for m in msgs)
+        return [m.pump_speed_frac for m in msgs if isinstance(m, wire.CduCommand)]
+
+    assert sent(at(1.0), at(0.5), NOW) == [0.5]  # a grid decision slows r2's pump
+    assert sent(at(0.5), at(0.6), NOW + 10.5) == [0.6]  # a job event's decision: a new speed
+    assert [sent(at(0.6), at(0.6), NOW + t) for t in (15.0, 30.0)] == [[], []]  # 4.5 s, 19.5 s after it
+    assert sent(at(0.6), at(0.6), NOW + 45.0) == [0.6]  # 34.5 s after it
+
+
 def test_power_limits_are_sent_to_a_tenth_of_a_watt_rounded_down_against_the_card_s_own_limit(
     scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:

@@ -184,6 +184,37 @@ def test_the_defaults_in_the_simulators_option_table_are_the_parsers() -> None:
     assert checked >= 4
 
 
+def readme_exit_statuses() -> dict[str, str]:
+    """The README's "Exit statuses" list (Command line): each entry's commands as written (`` `demo` ``,
+    or several joined by ``, ``) -> its words, with the lines joined."""
+    listed = command_line_section().split("\nExit statuses", 1)[1].split("\n\n", 2)[1]
+    entries = re.findall(r"^- ((?:`[^`]+`(?:, )?)+): ([^\n]*(?:\n  [^\n]*)*)", listed, flags=re.M)
+    assert entries, "no exit statuses found: the list moved?"
+    return {names: " ".join(text.split()) for names, text in entries}
+
+
+def test_the_readmes_exit_statuses_are_the_words_of_each_commands_help() -> None:
+    """A script or a unit file that runs a command reads what its exit status means in the README or
+    in ``--help``: both give the words of the command module's ``EXIT_STATUSES``, which its epilog
+    includes (the README said the demo's 2 meant bad options or a broker it cannot start or reach,
+    where ``--help`` also named a simulator that stopped before its first second). A command without
+    them says nothing of its exit statuses in its epilog, and the README lists it on the last line."""
+    entries = readme_exit_statuses()
+    own: dict[str, str] = {}
+    for name, (module_name, _help) in COMMANDS.items():
+        words = getattr(importlib.import_module(f"agent.commands.{module_name}"), "EXIT_STATUSES", None)
+        epilog = " ".join((PARSERS[name].epilog or "").split())
+        if words is None:
+            assert "exit status" not in epilog.lower(), f"racktwin {name}: exit statuses not in EXIT_STATUSES"
+            continue
+        own[f"`{name}`"] = " ".join(words.split())
+        assert own[f"`{name}`"] in epilog, name
+    rest = ", ".join(f"`{name}`" for name in COMMANDS if f"`{name}`" not in own)
+    assert set(entries) == {*own, rest}, sorted(entries)
+    for names, words in own.items():
+        assert entries[names] == words, names
+
+
 # ---- the agent's configuration keys and variables ---------------------------------------------------
 
 
