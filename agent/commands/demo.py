@@ -21,9 +21,8 @@
    for the comparison (it is not run, or not to its end). SIGTERM is a Ctrl-C throughout
    (:mod:`agent.commands.demo_signals`).
 
-Exit status: 0; 130 when interrupted; 1 when the simulator or the agent stopped with an error (the
-summary still covers what ran); 2 for bad options, a broker that cannot start or be reached, a simulator
-that stopped before its first second of site time (nothing to summarize; the run without the agent is not run).
+What each exit status means: :data:`EXIT_STATUSES` (``--help`` and the README's "Exit statuses" give
+its words).
 
 The agent's numbers come from the simulator's truth log (true values, one row per site second), the
 baseline's from the in-process plant; both are judged from the end of the first control period on.

@@ -1,7 +1,8 @@
 """The site clock's documented behaviours that no other test pinned (a mutation audit of ``agent.clock``).
 
 Each test drives :class:`agent.clock.SiteClock` on a wall the test moves (its ``wall`` argument), so
-none sleeps for the clock's seconds; the waiter tests sleep a few hundredths of a second at most."""
+none sleeps for the clock's seconds; the waiter tests turn the event loop a counted number of times
+(one waits a twentieth of a second for the wall to reach its target)."""
 
 from __future__ import annotations
 
@@ -371,6 +372,23 @@ def test_a_jump_is_pending_while_messages_far_ahead_keep_coming_and_not_after() 
 
 
 # ---- waiting ------------------------------------------------------------------------------------
+async def _turns(n: int) -> None:
+    """Let the event loop run ``n`` times round (each task ready runs once a turn)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _waiting(waiter: asyncio.Task[bool], wall: FakeWall) -> None:
+    """Turn the loop until ``waiter`` (just created, on a clock reading ``wall``) has made its first
+    check, and assert that it did and is waiting: one read of the wall (a waiter that has not run yet
+    read none, one that checks over and over more) and not done. Counted in turns, not wall time, so
+    a slow machine gives the same verdict; the waiter's sleep is seconds long, so no read is due to it."""
+    reads = wall.reads
+    await _turns(10)
+    assert wall.reads - reads == 1, "reads of the clock by the waiter in 10 turns of the loop: its first check"
+    assert not waiter.done()
+
+
 async def test_a_waiter_is_woken_by_the_message_that_reaches_its_target() -> None:
     """The wall stands still (nothing extrapolates): the message stamped at the target ends the wait
     at once, not after the waiter's longest sleep."""
@@ -378,8 +396,7 @@ async def test_a_waiter_is_woken_by_the_message_that_reaches_its_target() -> Non
     clock = SiteClock(1.0, infer=False, wall=wall)
     clock.observe(T0)
     waiter = asyncio.create_task(clock.wait_until(T0 + 8.0, max_sleep_s=30.0))
-    await asyncio.sleep(0.02)
-    assert not waiter.done()
+    await _waiting(waiter, wall)
     clock.observe(T0 + 8.0)  # within the ahead tolerance (10 s) of the clock standing at T0
     assert await asyncio.wait_for(waiter, 1.0) is True
 
@@ -390,8 +407,7 @@ async def test_a_waiter_returns_false_at_once_when_woken() -> None:
     clock.observe(T0)
     wake = asyncio.Event()
     waiter = asyncio.create_task(clock.wait_until(T0 + 15.0, wake=wake, max_sleep_s=30.0))
-    await asyncio.sleep(0.02)
-    assert not waiter.done()
+    await _waiting(waiter, wall)
     wake.set()
     assert await asyncio.wait_for(waiter, 1.0) is False
 
@@ -401,12 +417,6 @@ async def test_a_waiter_returns_when_extrapolation_reaches_its_target_not_after_
     clock.observe(T0)
     # half its longest sleep: a waiter that slept it out would time out here
     assert await asyncio.wait_for(clock.wait_until(T0 + 0.05, max_sleep_s=30.0), 15.0) is True
-
-
-async def _turns(n: int) -> None:
-    """Let the event loop run ``n`` times round (each task ready runs once a turn)."""
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 async def test_a_waiter_sleeps_between_its_checks() -> None:
@@ -442,7 +452,7 @@ async def test_the_wall_time_a_target_was_reached_is_that_of_its_first_message()
     clock = SiteClock(1.0, infer=False, wall=wall)
     clock.observe(T0)
     waiter = asyncio.create_task(clock.wait_until(T0 + 10.0, max_sleep_s=30.0))
-    await asyncio.sleep(0.01)
+    await _waiting(waiter, wall)  # its target set: the messages below are judged against it
     wall.t = 109.0
     clock.observe(T0 + 9.0)
     assert clock.target_reached_wall is None

@@ -117,7 +117,7 @@ def test_every_racktwin_command_line_written_anywhere_uses_options_of_that_comma
                 if command == "twin"
                 else OPTIONS[command]
             )
-            if option not in known:
+            if option not in known and option != "--help":  # argparse gives each command its --help
                 wrong.append(f"{path.relative_to(REPO)}:{number}: racktwin {command} has no {option}")
     assert not wrong, "\n".join(wrong)
 
@@ -213,6 +213,27 @@ def test_the_readmes_exit_statuses_are_the_words_of_each_commands_help() -> None
     assert set(entries) == {*own, rest}, sorted(entries)
     for names, words in own.items():
         assert entries[names] == words, names
+
+
+#: where the docs quote a command's exit statuses (``racktwin X --help` says: "..."``) rather than
+#: restating them in their own words (docs/models.md's optimize and docs/evaluation.md's demo once
+#: said a bad scenario alone, and "bad options, a broker that cannot start or be reached")
+EXIT_STATUS_QUOTES = {"docs/models.md": {"optimize"}, "docs/sim.md": {"sim"}, "docs/evaluation.md": {"demo"}}
+
+
+def test_the_docs_quote_each_commands_exit_statuses_in_the_words_of_its_help() -> None:
+    """A reader of docs/sim.md, docs/models.md or docs/evaluation.md finds there the same exit statuses
+    as ``--help`` and the README give: each quote names its command and holds the words of its
+    ``EXIT_STATUSES``, whole, wherever the README or docs/*.md quote them."""
+    quoted: dict[str, set[str]] = {}
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        for name, words in re.findall(r"`racktwin ([a-z-]+) --help` says: \"([^\"]*)\"", text):
+            quoted.setdefault(str(path.relative_to(REPO)), set()).add(name)
+            module = importlib.import_module(f"agent.commands.{COMMANDS[name][0]}")
+            assert words == " ".join(module.EXIT_STATUSES.split()), f"{path.relative_to(REPO)}: racktwin {name}"
+    for doc, names in EXIT_STATUS_QUOTES.items():
+        assert names <= quoted.get(doc, set()), f"{doc}: no quote of the exit statuses of {sorted(names)}"
 
 
 # ---- the agent's configuration keys and variables ---------------------------------------------------

@@ -49,8 +49,8 @@ def _scenario(path: Path, body: str, solver: str = "choose_setpoint = false\n", 
 
 
 def test_an_infeasible_plan_exits_1_with_its_files_and_the_explanation_on_stderr(tmp_path: Path) -> None:
-    """docs/models.md: exit status 1 when infeasible (files still written, the explanation on
-    stderr, even with --quiet). A rack margin of 45 kW leaves r0 a cap of 5 kW, below its hosts'
+    """docs/models.md and ``--help``: exit status 1 when no plan meets the limits (the files are still
+    written, why on stderr, even with --quiet). A rack margin of 45 kW leaves r0 a cap of 5 kW, below its hosts'
     8.8 kW alone: no plan can keep it."""
     path = _scenario(
         tmp_path / "cap.toml",
