@@ -21,7 +21,9 @@
   counted (:class:`IngestStats`, exported as ``racktwin_applied_state_disproved_total``) only when no
   late applied state explains it (:meth:`Ingest._explain`: the reading that showed the agent's own
   command overtook its rack's applied state) by the time the site clock is the rack's confirmation
-  margin plus the telemetry deadline past the reading (:meth:`Ingest._settle_disprovals`);
+  margin plus the telemetry deadline past the reading (:meth:`Ingest.settle_disprovals`: after each
+  message, and on the service's health tick, so that a count does not wait for the telemetry to come
+  back after a silence);
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
@@ -127,7 +129,7 @@ class IngestStats:
     #: per (setting, rack name): cards whose confirmed (applied state's) setting, ``level``, ``power_limit``
     #: or ``low_power`` (:data:`DISPROVABLE_SETTINGS`), a later reading disproved and no late applied state
     #: explained (:meth:`Ingest._disprove`): a rack reset or changed outside the agent's commands, not
-    #: republished. Counted once the bound passed (:meth:`Ingest._settle_disprovals`)
+    #: republished. Counted once the bound passed (:meth:`Ingest.settle_disprovals`)
     applied_disproved: dict[tuple[str, str], int] = field(default_factory=dict)
     #: disprovals a late applied state explained (the agent's own command: the rack's applied state
     #: reached the agent after a reading that already showed it), not counted above
@@ -316,7 +318,7 @@ class Ingest:
             self.stats.ignored += 1
         if self._pending_snapshot is not None:
             self._take_pending_snapshot()
-        self._settle_disprovals()
+        self.settle_disprovals()
         return kind
 
     def _cards(self, b: wire.CardBatch) -> CardBatch | None:
@@ -471,12 +473,17 @@ class Ingest:
             self._explain_by_s[sel, cards[col]] = np.nan
             self.stats.applied_disprovals_explained += int(sel.size)
 
-    def _settle_disprovals(self) -> None:
+    def settle_disprovals(self) -> None:
         """Count the pending disprovals no applied state explained in time: the site clock (``now``) is
         past the reading's stamp plus the rack's confirmation margin plus the telemetry deadline. An
         applied state that late is as late as telemetry the agent takes for stale (its rack at fail-safe
         caps), 15 times the latest measured in a demo run (2.2 s), and a reset shows in the counts about
-        half a minute (1.5 + 30 s by default) after the first reading that showed it."""
+        half a minute (1.5 + 30 s by default) after the first reading that showed it.
+
+        Called after each message (:meth:`handle`) and, without messages, on the service's health tick
+        while it is connected to the broker (``agent.service``): in a silence the site clock's ``now``
+        extrapolates from the newest stamp, so a count shows during a telemetry blackout too. Cheap when
+        nothing is due."""
         now = self.clock.now()
         if now is None or not now > self._next_due_s:
             return

@@ -31,8 +31,10 @@
   every rack to report, or one period (``agent.first_round``).
 * ``publish``: commands at QoS 1, in order, never retained; retries and expiry (``agent.publish``).
 * ``health``: every second, the metrics (``agent.metrics``, brought up to date by
-  ``agent.metric_updates``), the journal file's check and pruning (``agent.journal_upkeep``) and the
-  other agents' silence (``agent.standby``); readiness (:meth:`AgentService.readiness`);
+  ``agent.metric_updates``; first, while connected, the ingest's disprovals whose bound the site clock
+  passed are counted, also in a telemetry blackout: :meth:`AgentService._settle_disprovals`), the
+  journal file's check and pruning (``agent.journal_upkeep``) and the other agents' silence
+  (``agent.standby``); readiness (:meth:`AgentService.readiness`);
   ``/metrics``, ``/healthz``, ``/readyz``.
 * ``status``: the agent's status (``agent.status``), below.
 
@@ -1006,6 +1008,7 @@ class AgentService:
         failing: str | None = None  # the error of the last metrics update that failed
         while True:
             try:
+                self._settle_disprovals()  # before the metrics: a count shows at this tick
                 self.metric_updates.update()
             except Exception as exc:  # (each group is guarded in update: this is the rest) say so once per error
                 what = f"{type(exc).__name__}: {exc}"
@@ -1020,6 +1023,17 @@ class AgentService:
             self.journal_upkeep.prune()
             self.standby.check()  # agents gone silent, retained statuses that stay unconfirmed
             await asyncio.sleep(_HEALTH_INTERVAL_S)
+
+    def _settle_disprovals(self) -> None:
+        """The health tick's settling of the ingest's pending disprovals (``Ingest.settle_disprovals``):
+        the ingest settles them after each message, so without this a count waited for the next message
+        in a total telemetry blackout. It settles on the site clock's ``now``, which extrapolates from
+        the newest stamp in a silence; the newest stamp itself would not help (each message's handling
+        already settled on a ``now`` at least that far). Only while connected: in a broker outage the
+        applied state that explains a disproval may be what is held up (the broker hands its retained
+        copy over on the new subscription), so the count waits for the messages as before."""
+        if self.bus.connected:
+            self.ingest.settle_disprovals()
 
     def readiness(self) -> list[str]:
         """Why the agent is not ready (empty: ready): broker, telemetry, journal."""

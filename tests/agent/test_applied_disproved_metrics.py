@@ -10,10 +10,13 @@ may reach the agent before the QoS 1 applied state confirming it, stamped at or 
 forgets the older confirmation at once as before, but the late applied state explains the disproval;
 counted at once, a plain ``racktwin demo`` with no reset counted 864 levels and 168 low-power states in
 75 site minutes (2026-12-05). A disproval is counted once the site clock is past the reading's stamp plus
-the rack's confirmation margin plus the telemetry deadline with no applied state explaining it.
+the rack's confirmation margin plus the telemetry deadline with no applied state explaining it: after a
+message, or on the service's health tick while connected (a telemetry blackout), not while the broker is
+away (the applied state that explains it may be held up there).
 
 In process, through the service's ingest (the service built from examples/agent.toml, not run: no
-broker); every value checked is the one a scrape sees."""
+broker); the blackout through the running service against a real mosquitto. Every value checked is the
+one a scrape sees."""
 
 from __future__ import annotations
 
@@ -22,10 +25,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_clock_ingest import CardColumns, cards_msg, past_the_bound
+from mqtt_testing import wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from test_clock_ingest import CardColumns, FakeWall, cards_msg, past_the_bound
 from test_metric_gaps import _at, _scrape, _service
+from test_service_audit import SITE_ID, START, running, service_on
 
 from agent import wire
+from agent.broker import EmbeddedBroker
+from agent.bus import Bus
+from agent.clock import SiteClock
 from agent.ingest import DISPROVABLE_SETTINGS
 from agent.metrics import APPLIED_SETTINGS
 from agent.service import AgentService
@@ -58,13 +67,14 @@ NONE = {"level": 0.0, "power_limit": 0.0, "low_power": 0.0}
 
 
 def _applied(rack: str, ts_s: float, *, level: int, limit_w: float, low: np.ndarray) -> wire.AppliedState:
+    n = low.size
     return wire.AppliedState(
         rack=rack,
-        card_index=np.arange(N),
-        dvfs_level=np.full(N, level),
-        min_clock_mhz=np.full(N, 1210.0),
-        max_clock_mhz=np.full(N, 1980.0),
-        power_limit_w=np.full(N, limit_w),
+        card_index=np.arange(n),
+        dvfs_level=np.full(n, level),
+        min_clock_mhz=np.full(n, 1210.0),
+        max_clock_mhz=np.full(n, 1980.0),
+        power_limit_w=np.full(n, limit_w),
         low_power=low,
         last_command_id=None,
         ts_s=ts_s,
@@ -182,3 +192,86 @@ def test_a_rack_reset_to_its_defaults_is_counted_once_per_card_and_setting_on_it
     past_the_bound(ing, T0 + 20.0)
     assert _disproved(service, r1) == {"level": 128.0, "power_limit": 128.0, "low_power": 128.0}
     assert _disproved(service, r0) == NONE
+
+
+def _exported(service: AgentService, rack: str) -> float | None:
+    """The level count of ``rack`` on /metrics as the service's own health tick last brought it up to date
+    (no update here)."""
+    body = service.metrics.exposition().decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
+    return _at(samples, "racktwin_applied_state_disproved_total", setting="level", rack=rack)
+
+
+async def test_a_disproval_is_counted_in_a_telemetry_blackout_without_any_new_message(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """The running service, connected to a real mosquitto, site time 30 times the wall clock: rack r0
+    confirms its 16 cards at level 5 (1430 MHz), then a reading shows card 3 at the top clock (a reset
+    card) and the telemetry stops for good. No late applied state comes to explain it; the site clock
+    extrapolates past the bound (the reading plus the 1.5 s margin plus the 30 s telemetry deadline) and
+    the service's health tick counts it, and /metrics shows it, with no message taken in since the
+    reading. Before, only a message's handling settled a disproval: the count waited for the telemetry
+    to come back."""
+    service = service_on(
+        mosquitto, tmp_path, period_s=15.0, speed=30.0, telemetry_deadline_s=30.0, infer_time_scale=False
+    )
+    r0, r1 = service.site.rack_names
+    n = service.site.cards_per_rack
+    codec = wire.Codec(wire.SiteLayout.from_spec(service.site, site=SITE_ID))
+    top = np.full(n, 1430.0)
+    top[3] = 1980.0
+    messages: list[wire.Message] = [_applied(r0, START, level=5, limit_w=700.0, low=np.zeros(n, dtype=bool))]
+    for i in range(1, 4):  # r0 at its confirmed level, r1 alongside
+        messages += [cards_msg(r, START + i, n=n, sm_clock_mhz=np.full(n, 1430.0)) for r in (r0, r1)]
+    messages.append(cards_msg(r0, START + 5.0, n=n, sm_clock_mhz=top))  # the last message: card 3 disproves
+    ing = service.ingest
+    async with running(service), Bus(mosquitto.options(), subscriptions=(), name="racks") as racks:
+        await wait_for("the racks' connection", lambda: racks.connected)
+        for m in messages:
+            out = codec.outgoing(m)
+            await racks.publish(out.topic, out.payload, qos=out.qos, retain=out.retain)
+        await wait_for("the racks' messages", lambda: sum(ing.stats.by_kind.values()) == len(messages))
+        assert ing.applied_level[3] == -1 and np.all(ing.applied_level[4:n] == 5)  # disproved, pending
+        assert ing.stats.applied_levels_disproved == 0
+        taken = dict(ing.stats.by_kind)
+        await wait_for("the count on /metrics", lambda: _exported(service, r0) == 1.0)
+        assert ing.stats.by_kind == taken  # no message since the reading
+        assert ing.stats.applied_disproved == {("level", r0): 1} and ing.stats.applied_disprovals_explained == 0
+        clock_now = service.clock.now()
+        assert clock_now is not None and clock_now > START + 5.0 + 1.5 + 30.0
+        assert service.clock.latest_ts_s == START + 5.0  # extrapolated: the newest stamp is the reading's
+
+
+def test_in_a_broker_outage_the_health_tick_counts_nothing_and_the_applied_state_may_still_explain_it(
+    service: AgentService,
+) -> None:
+    """Not connected (a broker outage: the service here never connects), the health tick leaves a
+    disproval pending however far the site clock extrapolates: the applied state that explains it may
+    be what the outage holds up (the broker hands its retained copy over on the new subscription). Here
+    it comes after 100 silent site seconds, stamped before the reading: it explains the disproval, and
+    nothing is counted. Settled on the extrapolated clock, the tick would have counted 3 levels."""
+    rack = service.site.rack_names[0]
+    ing = service.ingest
+    wall = FakeWall()
+    ing.clock = SiteClock(1.0, infer=False, wall=wall)  # the ingest's clock, moved by the test
+    for i in range(3):
+        ing.handle(cards_msg(rack, T0 + i, sm_clock_mhz=np.full(N, 1430.0)))
+    ing.handle(_applied(rack, T0 + 2.2, level=5, limit_w=500.0, low=np.zeros(N, dtype=bool)))
+    clock_mhz = np.full(N, 1430.0)
+    clock_mhz[3:6] = 1980.0
+    ing.handle(cards_msg(rack, T0 + 6.0, sm_clock_mhz=clock_mhz, power_limit_w=np.full(N, 500.0)))
+    assert np.all(ing.applied_level[3:6] == -1)  # disproved, pending
+    assert not service.bus.connected
+    wall.t += 100.0  # 100 site s without a message: past the bound (T0 + 6 + 1.5 + 30)
+    service._settle_disprovals()
+    assert _disproved(service) == NONE and ing.stats.applied_disproved == {}
+    levels = np.full(N, 5)
+    levels[3:6] = 0
+    late = _applied(rack, T0 + 5.5, level=5, limit_w=500.0, low=np.zeros(N, dtype=bool))
+    ing.handle(dataclasses.replace(late, dvfs_level=levels))  # the late applied state, after the outage
+    service._settle_disprovals()
+    assert _disproved(service) == NONE and ing.stats.applied_disprovals_explained == 3
