@@ -99,6 +99,9 @@ class SiteClock:
         # the first timestamp's timeline until a majority of the messages confirms it
         self._first: _FirstAnchor | None = None
         self.corrections = 0
+        #: the corrections that followed the site's clock back to a new timeline (a site restarted, a
+        #: first timeline outvoted), not a step back after the clock ran ahead of the site during a silence
+        self.timelines_left = 0
         #: forward jumps followed (the site's clock jumped ahead: confirmed as for steps back)
         self.jumps = 0
         #: messages ignored because they were stamped too far ahead of the site clock
@@ -146,6 +149,7 @@ class SiteClock:
             self._last_now = ts_s  # the old timeline is gone: restart from this message
             self._samples.clear()
             self.corrections += 1
+            self.timelines_left += 1
             stepped_back = True
         elif ts_s < self._last_now - tol:
             self._last_now = ts_s  # the clock ran ahead of the site during a silence: step back

@@ -234,7 +234,7 @@ class Ingest:
         of the site's time (``SiteClock.last_was_ahead``): its readings are not taken (a reading
         stamped an hour ahead would keep its rack fresh for an hour, and newer readings would be
         refused as older than it)."""
-        corrections = self.clock.corrections
+        corrections, timelines_left = self.clock.corrections, self.clock.timelines_left
         self.clock.observe(ts)
         if self.clock.corrections != corrections:
             now = self.clock.now()
@@ -244,7 +244,10 @@ class Ingest:
             self._event_dates.clear()  # stamps of the old timeline
             self._jobs_seen = None
             self._cards_ts_s.fill(np.nan)  # (a rack's reading interval stays: its period did not change)
-            # an applied state of the new timeline cannot explain a reading of the old one
+        if self.clock.timelines_left != timelines_left:
+            # an applied state of the new timeline cannot explain a reading of the old one; after a mere
+            # step back (the clock ran ahead during a silence: a broker outage, a late batch) the late
+            # applied state of the same timeline may still come and explain it
             self._count_disprovals(np.isfinite(self._explain_by_s))
         if self.clock.last_was_ahead:
             self.stats.ahead += 1

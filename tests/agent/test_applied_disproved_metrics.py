@@ -275,3 +275,39 @@ def test_in_a_broker_outage_the_health_tick_counts_nothing_and_the_applied_state
     ing.handle(dataclasses.replace(late, dvfs_level=levels))  # the late applied state, after the outage
     service._settle_disprovals()
     assert _disproved(service) == NONE and ing.stats.applied_disprovals_explained == 3
+
+
+def test_after_a_broker_outage_the_clock_stepping_back_to_the_late_messages_counts_nothing_they_explain(
+    service: AgentService,
+) -> None:
+    """As above, but as the running service does it: the health tick reads the site clock every second
+    (its metrics), so the clock has extrapolated 100 s past the reading when the outage ends (it
+    ran ahead of the site during the silence) when the rack's queued messages come in: a reading stamped
+    a second after the disproving one steps the clock back (a correction on the same timeline), then the
+    applied state stamped before it. The step back does not count the pending disproval: the late applied
+    state explains it. Counted at every correction, these 3 levels were counted here, and a late batch
+    after commands raised RacktwinRackSettingsChanged; only a new timeline (the site's clock went back)
+    counts them at once."""
+    rack = service.site.rack_names[0]
+    ing = service.ingest
+    wall = FakeWall()
+    ing.clock = SiteClock(1.0, infer=False, wall=wall)
+    for i in range(3):
+        ing.handle(cards_msg(rack, T0 + i, sm_clock_mhz=np.full(N, 1430.0)))
+    ing.handle(_applied(rack, T0 + 2.2, level=5, limit_w=500.0, low=np.zeros(N, dtype=bool)))
+    clock_mhz = np.full(N, 1430.0)
+    clock_mhz[3:6] = 1980.0
+    ing.handle(cards_msg(rack, T0 + 6.0, sm_clock_mhz=clock_mhz, power_limit_w=np.full(N, 500.0)))
+    assert np.all(ing.applied_level[3:6] == -1)  # disproved, pending
+    for _ in range(100):  # the health tick's reads of the site clock, one a second, during the outage
+        wall.t += 1.0
+        assert ing.clock.now() is not None
+        service._settle_disprovals()  # not connected: nothing settled
+    corrections = ing.clock.corrections
+    ing.handle(cards_msg(rack, T0 + 7.0, sm_clock_mhz=clock_mhz, power_limit_w=np.full(N, 500.0)))  # queued
+    assert ing.clock.corrections == corrections + 1 and ing.clock.timelines_left == 0  # a step back, same timeline
+    levels = np.full(N, 5)
+    levels[3:6] = 0
+    late = _applied(rack, T0 + 5.5, level=5, limit_w=500.0, low=np.zeros(N, dtype=bool))
+    ing.handle(dataclasses.replace(late, dvfs_level=levels))  # the rack's applied state, queued behind it
+    assert _disproved(service) == NONE and ing.stats.applied_disprovals_explained == 3
