@@ -219,12 +219,13 @@ def test_the_readmes_exit_statuses_are_the_words_of_each_commands_help() -> None
 
 #: where the docs quote a command's exit statuses (``racktwin X --help` says: "..."``) rather than
 #: restating them in their own words (docs/models.md's optimize and docs/evaluation.md's demo once
-#: said a bad scenario alone, and "bad options, a broker that cannot start or be reached"; twin's and
-#: fit's were restated in docs/twin.md)
+#: said a bad scenario alone, and "bad options, a broker that cannot start or be reached"; evaluate's,
+#: the agent's, twin's and fit's were restated in docs/evaluation.md, docs/agent.md and docs/twin.md)
 EXIT_STATUS_QUOTES = {
     "docs/models.md": {"optimize"},
     "docs/sim.md": {"sim"},
-    "docs/evaluation.md": {"demo"},
+    "docs/evaluation.md": {"demo", "evaluate"},
+    "docs/agent.md": {"agent", "journal"},
     "docs/twin.md": {"twin", "fit-power"},
 }
 
