@@ -7,7 +7,7 @@ fit-power FILE.csv [--predict CLOCKS] [--json]
     Values must be a card's: 0 < clock_mhz < 10000, 0 < power_w < 10000, -50 < temperature_c < 200;
     a sweep with every clock under 50 MHz (in GHz?) or every power under 5 W (in kW?) is refused.
     A ``--predict`` clock outside half the lowest to 1.5 times the highest measured clock is refused
-    (exit status 2); one outside the measured clocks but within that span is predicted, with a
+    (one line on stderr); one outside the measured clocks but within that span is predicted, with a
     warning line on stderr that the prediction extrapolates the fit. A parameter the sweep cannot
     identify (leakage without a varying temperature_c, dynamic power with utilization 0 throughout)
     is reported as 0 with a note saying so.
@@ -28,8 +28,9 @@ fit-thermal FILE.csv [--json]
 Lines starting with ``#`` are comments; extra columns are ignored. A bad file (missing, not UTF-8,
 missing columns, a column named twice, a line with more or fewer fields than the header, a value
 that is not a finite number or out of range, a ``t_s`` not after the previous line's, too few
-distinct points) is one line naming the file, line and column, exit status 2. Files are read as
-job traces are (``twin.workload.read_csv_table``).
+distinct points) is one line naming the file, line and column. Files are read as job traces are
+(``twin.workload.read_csv_table``). What each exit status means: :data:`EXIT_STATUSES` (``--help``
+and the README's "Exit statuses" give its words).
 """
 
 from __future__ import annotations
@@ -53,8 +54,18 @@ POWER_OPTIONAL = ("utilization", "temperature_c")
 THERMAL_COLUMNS = ("t_s", "power_w", "inlet_temp_c", "die_temp_c")
 _LINE = "__line__"  # key of the file line number of every data row in read_columns' result
 
+#: what each exit status of ``racktwin fit-power`` and ``racktwin fit-thermal`` means, as their ``--help``
+#: and the README (Command line) say it
+EXIT_STATUSES = (
+    "Exit status 0 with the fit (a warning on stderr, such as a prediction that extrapolates or a time "
+    "constant no card has, does not change it); 2 for a bad option or file or data the model cannot be "
+    "fitted to (one line on stderr); 130 when stopped by Ctrl-C; 141 when the reader of its output went "
+    "away before all of it was written (`| head`)."
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.epilog = f"{EXIT_STATUSES} docs/twin.md"
     if command == "fit-power":
         parser.description = (
             "Fit the card power model P = V^2 (idle + u dyn f/f_top) + leak V (T - T_ref) to a clock "

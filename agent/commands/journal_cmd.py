@@ -7,8 +7,8 @@ the guard changed (in how many decisions, each action with its count), how the c
 kind, commands still open, rejection reasons, calibration, and the newest decisions with the guard's
 actions and their explanations. ``--since`` keeps only the decisions from then on (wall clock)
 and their commands. ``--decision ID`` prints one decision with each of its commands, how it ended
-and its acks. ``--json`` prints the same as one JSON object. Exit status 2 with one line when the
-journal is missing, is not a racktwin journal or the options are wrong.
+and its acks. ``--json`` prints the same as one JSON object. What each exit status means:
+:data:`EXIT_STATUSES` (``--help`` and the README's "Exit statuses" give its words).
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ _EPOCH_SITE_S = 1.0e9
 #: the largest decision id (and number of decisions) SQLite can hold (a signed 64-bit integer)
 _MAX_ID = 2**63 - 1
 
+#: what each exit status of ``racktwin journal`` means, as its ``--help`` and the README (Command line) say it
+EXIT_STATUSES = (
+    "Exit status 0 after the summary or the decision; 2 for a journal that is missing or is not a "
+    "racktwin journal, a decision it does not hold, a configuration it cannot read or a bad option (one "
+    "line on stderr); 130 when stopped by Ctrl-C; 141 when the reader of its output went away before "
+    "all of it was written (`| head`)."
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.description = (
@@ -42,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "how the commands ended by kind, rejection reasons, and the newest decisions with their explanations."
     )
     parser.epilog = (
+        f"{EXIT_STATUSES} "
         "examples: racktwin journal --config /etc/racktwin/agent.toml --since 2h; "
         "racktwin journal --journal out/demo/journal.sqlite --decision 120 --json"
     )

@@ -9,6 +9,9 @@ twin sweep-supply [--site FILE] [--from-c A] [--to-c B] [--step-k S] [--ambient-
             [--level K] [--utilization U] [--compute-share C] [--json]
     The supply-temperature trade-off at full load (``twin.sweep``): facility power falls as free
     cooling grows, then rises with leakage; past the throttle onset the site loses speed.
+
+What each exit status means: :data:`EXIT_STATUSES` (``--help`` of ``twin`` and of each action, and the
+README's "Exit statuses", give its words).
 """
 
 from __future__ import annotations
@@ -24,14 +27,25 @@ from twin.spec import SiteSpec
 from twin.steady import site_steady_state
 from twin.sweep import best_point, supply_sweep
 
+#: what each exit status of ``racktwin twin`` (either action) means, as its ``--help`` and the README
+#: (Command line) say it
+EXIT_STATUSES = (
+    "Exit status 0 after the table or the JSON; 2 for a bad option, value or site spec (one line on "
+    "stderr); 130 when stopped by Ctrl-C; 141 when the reader of its output went away before all of it "
+    "was written (`| head`)."
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    epilog = f"{EXIT_STATUSES} docs/twin.md"
+    parser.epilog = epilog
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     st = sub.add_parser(
         "steady",
         help="steady state of the site at one DVFS level (what-if)",
         description="Steady state of the site with every card at one DVFS level: card, rack, loop and facility "
         "power, temperatures and PUE (a what-if of the twin, no control).",
+        epilog=epilog,
     )
     _common(st)
     which = st.add_mutually_exclusive_group()
@@ -51,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="facility power vs coolant supply temperature at full load",
         description="Facility power, PUE and card throttling over a range of coolant supply temperatures, every "
         "card at one level and utilization (where the set-point that costs least lies).",
+        epilog=epilog,
     )
     _common(sw)
     sw.add_argument("--from-c", type=float, default=20.0, help="first supply temperature, deg C, 5..60 (default 20)")

@@ -15,7 +15,9 @@ import datetime as dt
 import io
 import json
 import math
+import signal
 import sqlite3
+import subprocess
 import sys
 import time
 import types
@@ -128,7 +130,6 @@ def test_main_returns_the_exit_status_of_a_usage_error_to_an_in_process_caller(
 def test_python_m_agent_cli_still_exits_2_after_a_usage_error() -> None:
     """The process (``python -m agent.cli``, as the ``racktwin`` entry point: ``sys.exit(main())``)
     exits with the status ``main`` returns."""
-    import subprocess
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
@@ -187,6 +188,44 @@ def test_a_reader_that_went_away_is_exit_status_141_quietly(
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # main replaces it; monkeypatch puts it back
     rc = main(["probe"])
     assert rc == 141 and capsys.readouterr().err == ""
+
+
+#: ``racktwin twin sweep-supply`` writing 700 points as one JSON object (about 215 kB, more than a pipe
+#: holds): the command is still writing it while its reader waits or goes away
+_SWEEP = ["twin", "sweep-supply", "--step-k", "0.05", "--json"]
+
+
+def _racktwin_process(*argv: str) -> subprocess.Popen[bytes]:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", *argv], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def test_a_command_whose_reader_went_away_exits_141_quietly_as_a_process() -> None:
+    """``racktwin twin sweep-supply --json | head -c 100`` exits 141 with nothing on stderr, as its
+    ``--help`` says: the status of the process running a real command, not only of ``main`` around a
+    probe that raises ``BrokenPipeError``."""
+    proc = _racktwin_process(*_SWEEP)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.read(100)
+    proc.stdout.close()  # the reader goes away with the rest of the object unread
+    err = proc.stderr.read()
+    assert (proc.wait(timeout=120), err) == (141, b"")
+    assert first.startswith(b'{"site":')
+
+
+def test_a_command_stopped_by_ctrl_c_exits_130_with_one_line_as_a_process() -> None:
+    """Ctrl-C while ``racktwin twin sweep-supply`` writes its output (blocked on a reader that has
+    not read it yet): exit status 130 and ``racktwin twin sweep-supply: interrupted``, as its
+    ``--help`` says, not a traceback."""
+    proc = _racktwin_process(*_SWEEP)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(1)  # it has begun its output, which the pipe cannot hold whole: it waits on us
+    proc.send_signal(signal.SIGINT)
+    proc.stdout.read()
+    err = proc.stderr.read()
+    assert (proc.wait(timeout=120), err) == (130, b"racktwin twin sweep-supply: interrupted\n")
 
 
 def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
