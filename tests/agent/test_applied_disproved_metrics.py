@@ -35,7 +35,7 @@ from agent import wire
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus
 from agent.clock import SiteClock
-from agent.ingest import DISPROVABLE_SETTINGS
+from agent.ingest import DISPROVABLE_SETTINGS, Ingest
 from agent.metrics import APPLIED_SETTINGS
 from agent.service import AgentService
 
@@ -64,6 +64,27 @@ def _all_disproved(service: AgentService) -> float:
 
 
 NONE = {"level": 0.0, "power_limit": 0.0, "low_power": 0.0}
+
+
+def _confirm_level_5(ing: Ingest, rack: str, *, clock_mhz: float, card_0_asleep: bool) -> None:
+    """Readings of ``rack`` at T0, T0 + 1, T0 + 2 (every card at ``clock_mhz``), then its applied state
+    stamped T0 + 2.2: level 5 (1430 MHz), a 500 W limit, card 0 asleep when ``card_0_asleep``."""
+    for i in range(3):
+        ing.handle(cards_msg(rack, T0 + i, sm_clock_mhz=np.full(N, clock_mhz)))
+    low = np.zeros(N, dtype=bool)
+    low[0] = card_0_asleep
+    ing.handle(_applied(rack, T0 + 2.2, level=5, limit_w=500.0, low=low))
+
+
+def _disproving(rack: str, ts_s: float, *, limits_raised: bool) -> wire.CardBatch:
+    """A reading of ``rack`` stamped ``ts_s``: every card awake, cards 3 to 5 at the top clock (1980 MHz),
+    the others at level 5's 1430 MHz; cards 1 and 2 at a 700 W limit when ``limits_raised`` (else 500 W)."""
+    clock_mhz = np.full(N, 1430.0)
+    clock_mhz[3:6] = 1980.0
+    limit_w = np.full(N, 500.0)
+    if limits_raised:
+        limit_w[1:3] = 700.0
+    return cards_msg(rack, ts_s, sm_clock_mhz=clock_mhz, power_limit_w=limit_w)
 
 
 def _applied(rack: str, ts_s: float, *, level: int, limit_w: float, low: np.ndarray) -> wire.AppliedState:
@@ -100,16 +121,8 @@ def test_each_card_whose_confirmed_setting_a_reading_disproves_is_counted_once_p
     rest."""
     rack = service.site.rack_names[0]
     ing = service.ingest
-    for i in range(3):
-        ing.handle(cards_msg(rack, T0 + i, sm_clock_mhz=np.full(N, 1980.0)))
-    low = np.zeros(N, dtype=bool)
-    low[0] = True
-    ing.handle(_applied(rack, T0 + 2.2, level=5, limit_w=500.0, low=low))
-    clock_mhz = np.full(N, 1430.0)
-    clock_mhz[3:6] = 1980.0
-    limit_w = np.full(N, 500.0)
-    limit_w[1:3] = 700.0
-    reading = cards_msg(rack, T0 + 4.0, sm_clock_mhz=clock_mhz, power_limit_w=limit_w)  # card 0 reads awake
+    _confirm_level_5(ing, rack, clock_mhz=1980.0, card_0_asleep=True)
+    reading = _disproving(rack, T0 + 4.0, limits_raised=True)  # card 0 reads awake
     ing.handle(reading)
     ing.flush()
     assert np.all(ing.applied_level[3:6] == -1) and np.isnan(ing.applied_low_power[0])  # forgotten at once
@@ -136,17 +149,9 @@ def test_a_reading_that_overtakes_the_applied_state_of_the_agents_own_command_co
     and 1,032 in a 75-minute demo run with no reset."""
     rack = service.site.rack_names[0]
     ing = service.ingest
-    for i in range(3):
-        ing.handle(cards_msg(rack, T0 + i, sm_clock_mhz=np.full(N, 1430.0)))
-    low = np.zeros(N, dtype=bool)
-    low[0] = True
-    ing.handle(_applied(rack, T0 + 2.2, level=5, limit_w=500.0, low=low))
-    clock_mhz = np.full(N, 1430.0)
-    clock_mhz[3:6] = 1980.0
-    limit_w = np.full(N, 500.0)
-    limit_w[1:3] = 700.0
+    _confirm_level_5(ing, rack, clock_mhz=1430.0, card_0_asleep=True)
     reading_s = T0 + 6.0
-    ing.handle(cards_msg(rack, reading_s, sm_clock_mhz=clock_mhz, power_limit_w=limit_w))  # card 0 awake
+    ing.handle(_disproving(rack, reading_s, limits_raised=True))  # card 0 awake
     ing.flush()
     assert np.all(ing.applied_level[3:6] == -1) and np.all(np.isnan(ing.applied_power_limit_w[1:3]))
     assert np.isnan(ing.applied_low_power[0])
@@ -258,12 +263,8 @@ def test_in_a_broker_outage_the_health_tick_counts_nothing_and_the_applied_state
     ing = service.ingest
     wall = FakeWall()
     ing.clock = SiteClock(1.0, infer=False, wall=wall)  # the ingest's clock, moved by the test
-    for i in range(3):
-        ing.handle(cards_msg(rack, T0 + i, sm_clock_mhz=np.full(N, 1430.0)))
-    ing.handle(_applied(rack, T0 + 2.2, level=5, limit_w=500.0, low=np.zeros(N, dtype=bool)))
-    clock_mhz = np.full(N, 1430.0)
-    clock_mhz[3:6] = 1980.0
-    ing.handle(cards_msg(rack, T0 + 6.0, sm_clock_mhz=clock_mhz, power_limit_w=np.full(N, 500.0)))
+    _confirm_level_5(ing, rack, clock_mhz=1430.0, card_0_asleep=False)
+    ing.handle(_disproving(rack, T0 + 6.0, limits_raised=False))
     assert np.all(ing.applied_level[3:6] == -1)  # disproved, pending
     assert not service.bus.connected
     wall.t += 100.0  # 100 site s without a message: past the bound (T0 + 6 + 1.5 + 30)
@@ -292,19 +293,15 @@ def test_after_a_broker_outage_the_clock_stepping_back_to_the_late_messages_coun
     ing = service.ingest
     wall = FakeWall()
     ing.clock = SiteClock(1.0, infer=False, wall=wall)
-    for i in range(3):
-        ing.handle(cards_msg(rack, T0 + i, sm_clock_mhz=np.full(N, 1430.0)))
-    ing.handle(_applied(rack, T0 + 2.2, level=5, limit_w=500.0, low=np.zeros(N, dtype=bool)))
-    clock_mhz = np.full(N, 1430.0)
-    clock_mhz[3:6] = 1980.0
-    ing.handle(cards_msg(rack, T0 + 6.0, sm_clock_mhz=clock_mhz, power_limit_w=np.full(N, 500.0)))
+    _confirm_level_5(ing, rack, clock_mhz=1430.0, card_0_asleep=False)
+    ing.handle(_disproving(rack, T0 + 6.0, limits_raised=False))
     assert np.all(ing.applied_level[3:6] == -1)  # disproved, pending
     for _ in range(100):  # the health tick's reads of the site clock, one a second, during the outage
         wall.t += 1.0
         assert ing.clock.now() is not None
         service._settle_disprovals()  # not connected: nothing settled
     corrections = ing.clock.corrections
-    ing.handle(cards_msg(rack, T0 + 7.0, sm_clock_mhz=clock_mhz, power_limit_w=np.full(N, 500.0)))  # queued
+    ing.handle(_disproving(rack, T0 + 7.0, limits_raised=False))  # queued
     assert ing.clock.corrections == corrections + 1 and ing.clock.timelines_left == 0  # a step back, same timeline
     levels = np.full(N, 5)
     levels[3:6] = 0
