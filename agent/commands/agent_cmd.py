@@ -1,17 +1,19 @@
 """``racktwin agent --config FILE [--check-config]``: the control agent service.
 
 ``--check-config`` (or ``--check-config FILE``) validates the configuration (environment
-overrides included) and explains it; exit 0 when it is valid, 2 with one line naming the file and
-the field when it is not. Without it the service runs until SIGTERM / SIGINT (clean shutdown, exit
-0); a journal another agent holds, a journal that cannot be opened, an HTTP host name that does not
-exist or an HTTP address it may not listen on stop it at the start (exit 2, one line naming the
-field: restarting does not help, and the systemd unit does not restart it). Two start errors may pass
-by themselves, at boot above all: the HTTP port still held (EADDRINUSE: a previous agent still
-stopping) and the name service not answering yet (EAI_AGAIN); they are the same one line with exit
-status 75 (:data:`EXIT_TEMPORARY`), which the unit's ``Restart=on-failure`` retries. A task failing
-later stops it with exit status 1 (the log has the traceback, the retained status ``error: ...``).
-An unreachable broker is not an error for a long-running service: it retries with backoff, says so
-in the logs, and ``/readyz`` tells why it is not ready.
+overrides included) and explains it, or names the file and the field that is wrong. Without it the
+service runs until SIGTERM / SIGINT (a clean shutdown); a journal another agent holds, a journal
+that cannot be opened, an HTTP host name that does not exist or an HTTP address it may not listen on
+stop it at the start (one line naming the field: restarting does not help, and the systemd unit does
+not restart it). Two start errors may pass by themselves, at boot above all: the HTTP port still
+held (EADDRINUSE: a previous agent still stopping) and the name service not answering yet
+(EAI_AGAIN); they are the same one line with its own exit status (:data:`EXIT_TEMPORARY`), which the
+unit's ``Restart=on-failure`` retries. A task failing later stops it (the log has the traceback, the
+retained status ``error: ...``). An unreachable broker is not an error for a long-running service:
+it retries with backoff, says so in the logs, and ``/readyz`` tells why it is not ready.
+
+What each exit status means: :data:`EXIT_STATUSES` (``--help`` and the README's "Exit statuses" give
+its words).
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ def _may_pass(cause: BaseException | None) -> bool:
 #: how ``racktwin agent`` stops and what each exit status means, as its ``--help`` and the README
 #: (Command line) say it
 EXIT_STATUSES = (
-    "It runs until SIGTERM or SIGINT (Ctrl-C): the current cycle finishes, its commands go out, exit "
-    "status 0. Exit status 2: a bad configuration or a start problem to fix (one line naming the field); "
+    "With --check-config: exit status 0 when the configuration is valid (explained on stdout), 2 when it "
+    "is not (one line naming the file and the field). Otherwise it runs until SIGTERM or SIGINT (Ctrl-C): "
+    "the current cycle finishes, its commands go out, exit status 0. Exit status 2: a bad configuration "
+    "or a start problem to fix (one line naming the field); "
     "75: a start problem that may pass (the HTTP port still held, the name service not answering yet); "
     "1: an unexpected error (traceback in the log). An unreachable broker is retried, not an error."
 )

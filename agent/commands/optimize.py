@@ -36,7 +36,9 @@ from twin.workload import Phase
 #: what each exit status of ``racktwin optimize`` means, as its ``--help`` and the README (Command line) say it
 EXIT_STATUSES = (
     "Exit status 0 with a plan; 1 when no plan meets the limits (the files are still written, why on "
-    "stderr); 2 for a bad scenario or option (one line naming the file and the field)."
+    "stderr); 2 for a bad scenario or option (one line naming the file and the field); 130 when stopped by "
+    "Ctrl-C (a file not yet written is left as it was); 141 when the reader of its output went away "
+    "before all of it was written (`| head`; the files are written)."
 )
 
 

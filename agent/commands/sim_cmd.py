@@ -54,7 +54,9 @@ DEFAULT_DURATION_S = 86400.0
 EXIT_STATUSES = (
     "It runs for --duration site seconds or until SIGINT or SIGTERM (the truth log is flushed and the "
     "summary written): exit status 0. Exit status 2: a bad option, scenario or site, an output it cannot "
-    "write, a broker it cannot reach within 10 s (one line on stderr)."
+    "write, a broker it cannot reach within 10 s (one line on stderr); 130: stopped by Ctrl-C while it "
+    "starts, before the run; 141: the reader of its output went away before the embedded broker's URL "
+    "was written (the run does not start)."
 )
 
 

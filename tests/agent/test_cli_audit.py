@@ -15,6 +15,7 @@ import datetime as dt
 import io
 import json
 import math
+import os
 import signal
 import sqlite3
 import subprocess
@@ -70,10 +71,10 @@ def test_help_is_on_stdout_with_exit_status_0(flag: str, capsys: pytest.CaptureF
 @pytest.mark.parametrize(
     ("command", "statuses"),
     [
-        ("agent", ("status 0", "2:", "75:", "1:")),
+        ("agent", ("With --check-config: exit status 0", "status 0", "2:", "75:", "1:")),
         ("demo", ("status 0", "130 ", "1 ", "2 ")),
-        ("sim", ("status 0", "status 2")),
-        ("optimize", ("status 0", "1 when no plan", "2 for a bad scenario")),
+        ("sim", ("status 0", "status 2", "130:", "141:")),
+        ("optimize", ("status 0", "1 when no plan", "2 for a bad scenario", "130 when", "141 when")),
         ("evaluate", ("status 0", "130 ", "2 for a bad option")),
     ],
 )
@@ -82,7 +83,8 @@ def test_the_help_of_a_long_running_command_says_what_its_exit_statuses_mean(
 ) -> None:
     """A script or a unit file that runs one of them needs to know what its exit status means (the
     README and docs say it; only ``racktwin agent --help`` did): optimize's 1 for an infeasible plan,
-    demo's 1 for a run that failed, 130 for an interrupted demo or evaluation."""
+    demo's 1 for a run that failed, 130 for an interrupted demo or evaluation, optimize's 130 and 141
+    and sim's 141, which --help did not say, and what --check-config's 0 and 2 mean."""
     rc, out, _ = run(capsys, command, "--help")
     text = " ".join(out.split())  # argparse wraps the epilog
     assert rc == 0 and "Exit status" in text
@@ -226,6 +228,45 @@ def test_a_command_stopped_by_ctrl_c_exits_130_with_one_line_as_a_process() -> N
     proc.stdout.read()
     err = proc.stderr.read()
     assert (proc.wait(timeout=120), err) == (130, b"racktwin twin sweep-supply: interrupted\n")
+
+
+def _racktwin_without_reader(*argv: str) -> tuple[int, bytes]:
+    """(exit status, stderr) of ``racktwin ARGV`` whose stdout is a pipe with no reader left, before it
+    starts: each write to it fails, whenever the command makes it (``racktwin ... | true``)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", *argv],
+            cwd=Path(__file__).resolve().parents[2],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(write_end)
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err
+
+
+def test_optimize_whose_reader_went_away_exits_141_with_its_files_written(tmp_path: Path) -> None:
+    """``racktwin optimize ... --json`` whose reader went away before the summary was printed exits
+    141, as its ``--help`` says, after writing its files: the summary is printed after them."""
+    out = tmp_path / "out"
+    status = _racktwin_without_reader(
+        "optimize", str(EXAMPLES / "scenario-nominal.toml"), "--out", str(out), "--json", "--quiet"
+    )
+    assert status == (141, b"")
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "racks.csv", "report.html"]
+
+
+def test_sim_whose_reader_went_away_before_the_brokers_url_exits_141_without_running(tmp_path: Path) -> None:
+    """``racktwin sim`` with its embedded broker prints the broker's URL on stdout before the run: a
+    reader gone by then is exit status 141, as its ``--help`` says, and the run does not start (no
+    summary written)."""
+    summary = tmp_path / "summary.json"
+    status = _racktwin_without_reader("sim", "--duration", "60", "--speed", "0", "--summary", str(summary))
+    assert status == (141, b"")
+    assert not summary.exists()
 
 
 def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
