@@ -256,40 +256,39 @@ def run(args: argparse.Namespace, command: str) -> int:
     mqtt = mqtt_options_from_args(args)
     if mqtt is not None:
         check_tls_files_of_args(mqtt)
-    broker: EmbeddedBroker | None = None
-    if mqtt is None:
-        broker = EmbeddedBroker()
-        try:
-            broker.start()
-        except BrokerUnavailable as exc:
-            raise UserError(str(exc)) from None
-        mqtt = broker.options(client_id=args.mqtt_client_id)
-        print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
     progress = None
     if interval > 0:
 
         def progress(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
 
+    broker = EmbeddedBroker() if mqtt is None else None
+    # started within the try, so that every way out stops it: a URL line to no reader (exit 141) left its folder
     try:
-        options = SimOptions(
-            scenario=scenario,
-            mqtt=mqtt,
-            site_id=args.site_id,
-            speed=args.speed,
-            duration_s=args.duration,
-            truth_log=truth_log,
-            summary_path=summary_path,
-            start_epoch_s=args.start_epoch_s,
-            step_s=args.step_s,
-            progress=progress,
-            progress_interval_s=interval if interval > 0 else 5.0,
-        )
-    except ValueError as exc:
         if broker is not None:
-            broker.stop()
-        raise UserError(str(exc)) from None
-    try:
+            try:
+                broker.start()
+            except BrokerUnavailable as exc:
+                raise UserError(str(exc)) from None
+            mqtt = broker.options(client_id=args.mqtt_client_id)
+            print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
+        assert mqtt is not None  # --broker's, else the embedded broker's
+        try:
+            options = SimOptions(
+                scenario=scenario,
+                mqtt=mqtt,
+                site_id=args.site_id,
+                speed=args.speed,
+                duration_s=args.duration,
+                truth_log=truth_log,
+                summary_path=summary_path,
+                start_epoch_s=args.start_epoch_s,
+                step_s=args.step_s,
+                progress=progress,
+                progress_interval_s=interval if interval > 0 else 5.0,
+            )
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         summary, summary_error, signal_name = asyncio.run(_run(options))
     except BusConnectError as exc:
         raise UserError(f"cannot connect to the broker: {exc}") from None

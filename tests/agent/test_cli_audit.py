@@ -230,7 +230,7 @@ def test_a_command_stopped_by_ctrl_c_exits_130_with_one_line_as_a_process() -> N
     assert (proc.wait(timeout=120), err) == (130, b"racktwin twin sweep-supply: interrupted\n")
 
 
-def _racktwin_without_reader(*argv: str) -> tuple[int, bytes]:
+def _racktwin_without_reader(*argv: str, env: dict[str, str] | None = None) -> tuple[int, bytes]:
     """(exit status, stderr) of ``racktwin ARGV`` whose stdout is a pipe with no reader left, before it
     starts: each write to it fails, whenever the command makes it (``racktwin ... | true``)."""
     read_end, write_end = os.pipe()
@@ -241,6 +241,7 @@ def _racktwin_without_reader(*argv: str) -> tuple[int, bytes]:
             cwd=Path(__file__).resolve().parents[2],
             stdout=write_end,
             stderr=subprocess.PIPE,
+            env=env,
         )
     finally:
         os.close(write_end)
@@ -262,11 +263,16 @@ def test_optimize_whose_reader_went_away_exits_141_with_its_files_written(tmp_pa
 def test_sim_whose_reader_went_away_before_the_brokers_url_exits_141_without_running(tmp_path: Path) -> None:
     """``racktwin sim`` with its embedded broker prints the broker's URL on stdout before the run: a
     reader gone by then is exit status 141, as its ``--help`` says, and the run does not start (no
-    summary written)."""
+    summary written). The broker is stopped with its temporary folder (it was left behind: the line was
+    printed outside the ``finally`` that stops the broker)."""
     summary = tmp_path / "summary.json"
-    status = _racktwin_without_reader("sim", "--duration", "60", "--speed", "0", "--summary", str(summary))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ("sim", "--duration", "60", "--speed", "0", "--summary", str(summary))
+    status = _racktwin_without_reader(*argv, env=dict(os.environ, TMPDIR=str(tmp)))
     assert status == (141, b"")
     assert not summary.exists()
+    assert list(tmp.iterdir()) == []
 
 
 def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
