@@ -275,6 +275,51 @@ def test_sim_whose_reader_went_away_before_the_brokers_url_exits_141_without_run
     assert list(tmp.iterdir()) == []
 
 
+#: ``racktwin`` with a Ctrl-C sent to itself as ``asyncio.run`` creates its event loop (from within
+#: ``BaseSelectorEventLoop.__init__``, before the loop has its self-pipe): it lands there, whatever the
+#: machine's speed
+CTRL_C_IN_LOOP_CREATION = """
+import asyncio, os, selectors, signal, sys
+from agent.cli import main
+
+asyncio_run, default_selector = asyncio.run, selectors.DefaultSelector
+
+def ctrl_c_then_selector(*args, **kwargs):
+    selectors.DefaultSelector = default_selector
+    os.kill(os.getpid(), signal.SIGINT)
+    return default_selector(*args, **kwargs)
+
+def run_with_ctrl_c(main, **kwargs):
+    selectors.DefaultSelector = ctrl_c_then_selector
+    return asyncio_run(main, **kwargs)
+
+asyncio.run = run_with_ctrl_c
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_sim_stopped_by_ctrl_c_as_its_event_loop_is_created_exits_130_with_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while ``racktwin sim`` creates its event loop, its embedded broker running: exit status 130
+    with ``racktwin sim: interrupted`` alone on stderr (there were also an AttributeError of the half-made
+    loop and "coroutine '_run' was never awaited"), the broker stopped with its temporary folder, the run
+    not started."""
+    root = Path(__file__).resolve().parents[2]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    summary = tmp_path / "summary.json"
+    argv = ["sim", "--duration", "60", "--speed", "0", "--summary", str(summary)]
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_LOOP_CREATION, *argv],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root), TMPDIR=str(tmp)),
+        capture_output=True,
+        timeout=300,
+    )
+    assert (proc.returncode, proc.stderr) == (130, b"racktwin sim: interrupted\n")
+    assert proc.stdout.startswith(b"racktwin sim: embedded ")  # the broker had started
+    assert list(tmp.iterdir()) == [] and not summary.exists()
+
+
 def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
     _probe(monkeypatch, RuntimeError("a bug"))
     with pytest.raises(RuntimeError):
