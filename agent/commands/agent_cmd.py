@@ -56,7 +56,8 @@ EXIT_STATUSES = (
     "is not (one line naming the file and the field). Otherwise it runs until SIGTERM or SIGINT (Ctrl-C): "
     "the current cycle finishes, its commands go out, exit status 0. Exit status 2: a bad configuration "
     "or a start problem to fix (one line naming the field); "
-    "75: a start problem that may pass (the HTTP port still held, the name service not answering yet); "
+    f"{EXIT_TEMPORARY}: a start problem that may pass (the HTTP port still held, the name service not "
+    "answering yet); "
     "1: an unexpected error (traceback in the log). An unreachable broker is retried, not an error."
 )
 

@@ -24,7 +24,9 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from agent.bus import BusConnectError
@@ -221,6 +223,52 @@ def _check_outputs_spare_inputs(
                 raise UserError(f"{option} {path}: is the same file as {other_option} {other}: give each its own path")
 
 
+class _StartInterrupts:
+    """Ctrl-C (SIGINT) in ``racktwin sim`` while it starts, until its event loop has its own handlers: while
+    :meth:`installed`, KeyboardInterrupt (exit status 130; the ``finally`` that stops the embedded broker
+    runs), except within :meth:`deferred` (``asyncio.run`` creating its event loop and the run's task: cut
+    there, the half-made loop and the coroutine never awaited put an AttributeError and a RuntimeWarning on
+    stderr), where it is kept until :meth:`resume`, in the run's coroutine, raises it. Not in the main
+    thread nothing is installed."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._raising = True
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True
+        if self._raising:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Within, the handler; the previous one is put back after."""
+        try:
+            previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Within, a Ctrl-C is only kept (until :meth:`resume`)."""
+        self._raising = False
+        try:
+            yield
+        finally:
+            self._raising = True
+
+    def resume(self) -> None:
+        """Raise KeyboardInterrupt for a Ctrl-C kept meanwhile; from now on a Ctrl-C raises it."""
+        self._raising = True
+        if self.received:
+            raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace, command: str) -> int:
     from agent.broker import BrokerUnavailable, EmbeddedBroker
     from agent.wire import Topics
@@ -256,58 +304,62 @@ def run(args: argparse.Namespace, command: str) -> int:
     mqtt = mqtt_options_from_args(args)
     if mqtt is not None:
         check_tls_files_of_args(mqtt)
-    broker: EmbeddedBroker | None = None
-    if mqtt is None:
-        broker = EmbeddedBroker()
-        try:
-            broker.start()
-        except BrokerUnavailable as exc:
-            raise UserError(str(exc)) from None
-        mqtt = broker.options(client_id=args.mqtt_client_id)
-        print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
     progress = None
     if interval > 0:
 
         def progress(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
 
-    try:
-        options = SimOptions(
-            scenario=scenario,
-            mqtt=mqtt,
-            site_id=args.site_id,
-            speed=args.speed,
-            duration_s=args.duration,
-            truth_log=truth_log,
-            summary_path=summary_path,
-            start_epoch_s=args.start_epoch_s,
-            step_s=args.step_s,
-            progress=progress,
-            progress_interval_s=interval if interval > 0 else 5.0,
-        )
-    except ValueError as exc:
-        if broker is not None:
-            broker.stop()
-        raise UserError(str(exc)) from None
-    try:
-        summary, summary_error, signal_name = asyncio.run(_run(options))
-    except BusConnectError as exc:
-        raise UserError(f"cannot connect to the broker: {exc}") from None
-    finally:
-        if broker is not None:
-            broker.stop()
+    interrupts = _StartInterrupts()
+    broker = EmbeddedBroker() if mqtt is None else None
+    # started within the try, so that every way out stops it: a URL line to no reader (exit 141) left its folder
+    with interrupts.installed():
+        try:
+            if broker is not None:
+                try:
+                    broker.start()
+                except BrokerUnavailable as exc:
+                    raise UserError(str(exc)) from None
+                mqtt = broker.options(client_id=args.mqtt_client_id)
+                print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
+            assert mqtt is not None  # --broker's, else the embedded broker's
+            try:
+                options = SimOptions(
+                    scenario=scenario,
+                    mqtt=mqtt,
+                    site_id=args.site_id,
+                    speed=args.speed,
+                    duration_s=args.duration,
+                    truth_log=truth_log,
+                    summary_path=summary_path,
+                    start_epoch_s=args.start_epoch_s,
+                    step_s=args.step_s,
+                    progress=progress,
+                    progress_interval_s=interval if interval > 0 else 5.0,
+                )
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+            with interrupts.deferred():  # asyncio.run's set-up (the loop, the run's task): _run raises it
+                summary, summary_error, signal_name = asyncio.run(_run(options, interrupts))
+        except BusConnectError as exc:
+            raise UserError(f"cannot connect to the broker: {exc}") from None
+        finally:
+            if broker is not None:
+                broker.stop()
     _report(summary, options, summary_written=summary_error is None, signal_name=signal_name)
     if summary_error is not None:  # e.g. the disk filled up during the run: not a success
         raise UserError(f"--summary {options.summary_path}: cannot write the summary ({summary_error})")
     return 0
 
 
-async def _run(options: Any) -> tuple[SimSummary, str | None, str | None]:
+async def _run(options: Any, interrupts: _StartInterrupts) -> tuple[SimSummary, str | None, str | None]:
     """Run; the summary, why it could not be written to ``--summary`` (None: written or not asked) and
-    the name of the first signal that stopped the run (``SIGINT``, ``SIGTERM``; None: none came)."""
+    the name of the first signal that stopped the run (``SIGINT``, ``SIGTERM``; None: none came). A Ctrl-C
+    before the event loop's own handlers are installed raises KeyboardInterrupt (``interrupts``)."""
     from sim.runner import Simulator
     from twin.scenario import jobs_line
 
+    interrupts.resume()
     try:
         sim = Simulator(options)
     except ValueError as exc:  # e.g. a site id that cannot be a topic level

@@ -230,7 +230,7 @@ def test_a_command_stopped_by_ctrl_c_exits_130_with_one_line_as_a_process() -> N
     assert (proc.wait(timeout=120), err) == (130, b"racktwin twin sweep-supply: interrupted\n")
 
 
-def _racktwin_without_reader(*argv: str) -> tuple[int, bytes]:
+def _racktwin_without_reader(*argv: str, env: dict[str, str] | None = None) -> tuple[int, bytes]:
     """(exit status, stderr) of ``racktwin ARGV`` whose stdout is a pipe with no reader left, before it
     starts: each write to it fails, whenever the command makes it (``racktwin ... | true``)."""
     read_end, write_end = os.pipe()
@@ -241,6 +241,7 @@ def _racktwin_without_reader(*argv: str) -> tuple[int, bytes]:
             cwd=Path(__file__).resolve().parents[2],
             stdout=write_end,
             stderr=subprocess.PIPE,
+            env=env,
         )
     finally:
         os.close(write_end)
@@ -262,11 +263,61 @@ def test_optimize_whose_reader_went_away_exits_141_with_its_files_written(tmp_pa
 def test_sim_whose_reader_went_away_before_the_brokers_url_exits_141_without_running(tmp_path: Path) -> None:
     """``racktwin sim`` with its embedded broker prints the broker's URL on stdout before the run: a
     reader gone by then is exit status 141, as its ``--help`` says, and the run does not start (no
-    summary written)."""
+    summary written). The broker is stopped with its temporary folder (it was left behind: the line was
+    printed outside the ``finally`` that stops the broker)."""
     summary = tmp_path / "summary.json"
-    status = _racktwin_without_reader("sim", "--duration", "60", "--speed", "0", "--summary", str(summary))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ("sim", "--duration", "60", "--speed", "0", "--summary", str(summary))
+    status = _racktwin_without_reader(*argv, env=dict(os.environ, TMPDIR=str(tmp)))
     assert status == (141, b"")
     assert not summary.exists()
+    assert list(tmp.iterdir()) == []
+
+
+#: ``racktwin`` with a Ctrl-C sent to itself as ``asyncio.run`` creates its event loop (from within
+#: ``BaseSelectorEventLoop.__init__``, before the loop has its self-pipe): it lands there, whatever the
+#: machine's speed
+CTRL_C_IN_LOOP_CREATION = """
+import asyncio, os, selectors, signal, sys
+from agent.cli import main
+
+asyncio_run, default_selector = asyncio.run, selectors.DefaultSelector
+
+def ctrl_c_then_selector(*args, **kwargs):
+    selectors.DefaultSelector = default_selector
+    os.kill(os.getpid(), signal.SIGINT)
+    return default_selector(*args, **kwargs)
+
+def run_with_ctrl_c(main, **kwargs):
+    selectors.DefaultSelector = ctrl_c_then_selector
+    return asyncio_run(main, **kwargs)
+
+asyncio.run = run_with_ctrl_c
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_sim_stopped_by_ctrl_c_as_its_event_loop_is_created_exits_130_with_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while ``racktwin sim`` creates its event loop, its embedded broker running: exit status 130
+    with ``racktwin sim: interrupted`` alone on stderr (there were also an AttributeError of the half-made
+    loop and "coroutine '_run' was never awaited"), the broker stopped with its temporary folder, the run
+    not started."""
+    root = Path(__file__).resolve().parents[2]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    summary = tmp_path / "summary.json"
+    argv = ["sim", "--duration", "60", "--speed", "0", "--summary", str(summary)]
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_LOOP_CREATION, *argv],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root), TMPDIR=str(tmp)),
+        capture_output=True,
+        timeout=300,
+    )
+    assert (proc.returncode, proc.stderr) == (130, b"racktwin sim: interrupted\n")
+    assert proc.stdout.startswith(b"racktwin sim: embedded ")  # the broker had started
+    assert list(tmp.iterdir()) == [] and not summary.exists()
 
 
 def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -218,6 +219,19 @@ def test_the_embedded_broker_is_stopped_on_exit(capsys: pytest.CaptureFixture[st
     assert m is not None, out
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=2):
         pass
+
+
+def test_an_embedded_broker_that_fails_to_start_is_one_line_and_leaves_no_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mosquitto that exits on start: exit 2, one line saying so, and the broker's temporary folder
+    removed (it was left behind: the error was raised without stopping the broker)."""
+    monkeypatch.setenv("RACKTWIN_MOSQUITTO", "/bin/false")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    rc, out, err = _sim(capsys, "--duration", "3", "--speed", "0")
+    assert (rc, out) == (2, "")
+    assert err.startswith("racktwin sim: error: mosquitto exited with status 1 on start"), err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sigint_stops_the_run_and_a_summary_it_cannot_write_is_exit_2(
