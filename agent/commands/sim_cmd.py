@@ -9,7 +9,9 @@ Runs a run scenario (``twin.scenario``; default: the embedded one, a generated w
 allocation and a diurnal ambient, for a day) at ``--speed`` site seconds per wall second, publishes
 its telemetry, applies and acks commands, and writes the truth log and the summary. Without
 ``--broker`` it starts an embedded broker (mosquitto, else amqtt) on a free loopback port, prints
-its URL on stdout and stops it on exit. SIGINT / SIGTERM stop it cleanly (summary written).
+its URL on stdout and stops it on exit. SIGINT / SIGTERM stop it cleanly (summary written); while it
+starts, either is a Ctrl-C (exit status 130, the embedded broker stopped), and neither cuts the embedded
+broker's stop short.
 Progress lines go to stderr. Documentation: docs/sim.md.
 """
 
@@ -56,8 +58,8 @@ DEFAULT_DURATION_S = 86400.0
 EXIT_STATUSES = (
     "It runs for --duration site seconds or until SIGINT or SIGTERM (the truth log is flushed and the "
     "summary written): exit status 0. Exit status 2: a bad option, scenario or site, an output it cannot "
-    "write, a broker it cannot reach within 10 s (one line on stderr); 130: stopped by Ctrl-C while it "
-    "starts, before the run; 141: the reader of its output went away before the embedded broker's URL "
+    "write, a broker it cannot reach within 10 s (one line on stderr); 130: stopped by Ctrl-C or SIGTERM "
+    "while it starts, before the run; 141: the reader of its output went away before the embedded broker's URL "
     "was written (the run does not start)."
 )
 
@@ -223,13 +225,19 @@ def _check_outputs_spare_inputs(
                 raise UserError(f"{option} {path}: is the same file as {other_option} {other}: give each its own path")
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class _StartInterrupts:
-    """Ctrl-C (SIGINT) in ``racktwin sim`` while it starts, until its event loop has its own handlers: while
-    :meth:`installed`, KeyboardInterrupt (exit status 130; the ``finally`` that stops the embedded broker
-    runs), except within :meth:`deferred` (``asyncio.run`` creating its event loop and the run's task: cut
-    there, the half-made loop and the coroutine never awaited put an AttributeError and a RuntimeWarning on
-    stderr), where it is kept until :meth:`resume`, in the run's coroutine, raises it. Not in the main
-    thread nothing is installed."""
+    """Ctrl-C (SIGINT) and SIGTERM, alike, in ``racktwin sim`` while it starts, until its event loop has its
+    own handlers: while :meth:`installed`, KeyboardInterrupt (exit status 130; the ``finally`` that stops the
+    embedded broker runs; SIGTERM's default action ended the process at once and left the broker running),
+    except within :meth:`deferred` (``asyncio.run`` creating its event loop and the run's task: cut there,
+    the half-made loop and the coroutine never awaited put an AttributeError and a RuntimeWarning on
+    stderr), where it is kept until :meth:`resume`, in the run's coroutine, raises it. Installed again
+    within :meth:`deferred` around the broker's stop, a signal is only kept there (the stop is not cut
+    short; the event loop, closing, put the default actions back). Not in the main thread nothing is
+    installed."""
 
     def __init__(self) -> None:
         self.received = False
@@ -242,20 +250,20 @@ class _StartInterrupts:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Within, the handler; the previous one is put back after."""
+        """Within, the handler of SIGINT and SIGTERM; the previous ones are put back after."""
+        previous: dict[signal.Signals, Any] = {}
         try:
-            previous = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread
-            yield
-            return
-        try:
+            with contextlib.suppress(ValueError):  # not the main thread: nothing to install
+                for sig in _SIGNALS:
+                    previous[sig] = signal.signal(sig, self._handle)
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
-        """Within, a Ctrl-C is only kept (until :meth:`resume`)."""
+        """Within, a signal is only kept (until :meth:`resume`)."""
         self._raising = False
         try:
             yield
@@ -263,7 +271,7 @@ class _StartInterrupts:
             self._raising = True
 
     def resume(self) -> None:
-        """Raise KeyboardInterrupt for a Ctrl-C kept meanwhile; from now on a Ctrl-C raises it."""
+        """Raise KeyboardInterrupt for a signal kept meanwhile; from now on a signal raises it."""
         self._raising = True
         if self.received:
             raise KeyboardInterrupt
@@ -345,7 +353,10 @@ def run(args: argparse.Namespace, command: str) -> int:
             raise UserError(f"cannot connect to the broker: {exc}") from None
         finally:
             if broker is not None:
-                broker.stop()
+                # a second Ctrl-C, or a SIGTERM (its default action again once the event loop has closed),
+                # must not cut the stop short: the broker left running, its folder left behind
+                with interrupts.deferred(), interrupts.installed():
+                    broker.stop()
     _report(summary, options, summary_written=summary_error is None, signal_name=signal_name)
     if summary_error is not None:  # e.g. the disk filled up during the run: not a success
         raise UserError(f"--summary {options.summary_path}: cannot write the summary ({summary_error})")
@@ -355,7 +366,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 async def _run(options: Any, interrupts: _StartInterrupts) -> tuple[SimSummary, str | None, str | None]:
     """Run; the summary, why it could not be written to ``--summary`` (None: written or not asked) and
     the name of the first signal that stopped the run (``SIGINT``, ``SIGTERM``; None: none came). A Ctrl-C
-    before the event loop's own handlers are installed raises KeyboardInterrupt (``interrupts``)."""
+    or SIGTERM before the event loop's own handlers are installed raises KeyboardInterrupt (``interrupts``)."""
     from sim.runner import Simulator
     from twin.scenario import jobs_line
 

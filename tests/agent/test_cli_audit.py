@@ -275,49 +275,147 @@ def test_sim_whose_reader_went_away_before_the_brokers_url_exits_141_without_run
     assert list(tmp.iterdir()) == []
 
 
-#: ``racktwin`` with a Ctrl-C sent to itself as ``asyncio.run`` creates its event loop (from within
-#: ``BaseSelectorEventLoop.__init__``, before the loop has its self-pipe): it lands there, whatever the
-#: machine's speed
-CTRL_C_IN_LOOP_CREATION = """
+#: the start of a driver of ``racktwin`` (:func:`_sim_driven`): the embedded broker's process id is written
+#: to $BROKER_PID_FILE once the broker is ready
+_BROKER_PID_WRITTEN = """
 import asyncio, os, selectors, signal, sys
+from pathlib import Path
+from agent.broker import EmbeddedBroker
 from agent.cli import main
 
-asyncio_run, default_selector = asyncio.run, selectors.DefaultSelector
+wait_ready = EmbeddedBroker._wait_ready
 
-def ctrl_c_then_selector(*args, **kwargs):
-    selectors.DefaultSelector = default_selector
-    os.kill(os.getpid(), signal.SIGINT)
-    return default_selector(*args, **kwargs)
+def ready_pid_written(self, marker):
+    wait_ready(self, marker)
+    Path(os.environ["BROKER_PID_FILE"]).write_text(str(self._proc.pid))
 
-def run_with_ctrl_c(main, **kwargs):
-    selectors.DefaultSelector = ctrl_c_then_selector
-    return asyncio_run(main, **kwargs)
-
-asyncio.run = run_with_ctrl_c
-raise SystemExit(main(sys.argv[1:]))
+EmbeddedBroker._wait_ready = ready_pid_written
 """
 
+#: ``racktwin`` (its arguments after the first) with the signal named by the first (SIGINT, a Ctrl-C, or
+#: SIGTERM) sent to itself as ``asyncio.run`` creates its event loop (from within
+#: ``BaseSelectorEventLoop.__init__``, before the loop has its self-pipe): it lands there, whatever the
+#: machine's speed
+SIGNAL_IN_LOOP_CREATION = (
+    _BROKER_PID_WRITTEN
+    + """
+sig = signal.Signals[sys.argv[1]]
+asyncio_run, default_selector = asyncio.run, selectors.DefaultSelector
 
-def test_sim_stopped_by_ctrl_c_as_its_event_loop_is_created_exits_130_with_one_line(tmp_path: Path) -> None:
-    """Ctrl-C while ``racktwin sim`` creates its event loop, its embedded broker running: exit status 130
-    with ``racktwin sim: interrupted`` alone on stderr (there were also an AttributeError of the half-made
-    loop and "coroutine '_run' was never awaited"), the broker stopped with its temporary folder, the run
-    not started."""
+def signal_then_selector(*args, **kwargs):
+    selectors.DefaultSelector = default_selector
+    os.kill(os.getpid(), sig)
+    return default_selector(*args, **kwargs)
+
+def run_with_signal(main, **kwargs):
+    selectors.DefaultSelector = signal_then_selector
+    return asyncio_run(main, **kwargs)
+
+asyncio.run = run_with_signal
+raise SystemExit(main(sys.argv[2:]))
+"""
+)
+
+#: ``racktwin`` (its arguments after the first two) sending itself the signal named by the first argument
+#: once its embedded broker is ready, within ``EmbeddedBroker.start`` (``-``: none), and the one named by the
+#: second as the broker's stop begins (``-``: none)
+SIGNALS_AT_THE_BROKERS_START_AND_STOP = (
+    _BROKER_PID_WRITTEN
+    + """
+at_start, at_stop = sys.argv[1:3]
+ready, kill = EmbeddedBroker._wait_ready, EmbeddedBroker._kill
+stopping = []
+
+def ready_then_signal(self, marker):
+    ready(self, marker)
+    if at_start != "-":
+        os.kill(os.getpid(), signal.Signals[at_start])
+
+def signal_then_kill(self):
+    if at_stop != "-" and not stopping:  # once: EmbeddedBroker.__del__ kills too
+        stopping.append(True)
+        os.kill(os.getpid(), signal.Signals[at_stop])
+    kill(self)
+
+EmbeddedBroker._wait_ready, EmbeddedBroker._kill = ready_then_signal, signal_then_kill
+raise SystemExit(main(sys.argv[3:]))
+"""
+)
+
+
+def _sim_driven(tmp_path: Path, driver: str, *argv: str) -> tuple[subprocess.CompletedProcess[bytes], bool, list[str]]:
+    """``python -c DRIVER ARGV`` (a driver of ``racktwin``, beginning with :data:`_BROKER_PID_WRITTEN`) with
+    $TMPDIR an empty folder: the finished process, whether the embedded broker's process was still running
+    after it (then killed here) and what was left in $TMPDIR (the broker's temporary folder)."""
     root = Path(__file__).resolve().parents[2]
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    summary = tmp_path / "summary.json"
-    argv = ["sim", "--duration", "60", "--speed", "0", "--summary", str(summary)]
+    pid_file = tmp_path / "broker.pid"
     proc = subprocess.run(
-        [sys.executable, "-c", CTRL_C_IN_LOOP_CREATION, *argv],
+        [sys.executable, "-c", driver, *argv],
         cwd=root,
-        env=dict(os.environ, PYTHONPATH=str(root), TMPDIR=str(tmp)),
+        env=dict(os.environ, PYTHONPATH=str(root), TMPDIR=str(tmp), BROKER_PID_FILE=str(pid_file)),
         capture_output=True,
         timeout=300,
     )
-    assert (proc.returncode, proc.stderr) == (130, b"racktwin sim: interrupted\n")
+    pid = int(pid_file.read_text())
+    try:  # still our broker (not a zombie, not another process): its command line names its folder in $TMPDIR
+        running = str(tmp) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        running = False
+    if running:
+        os.kill(pid, signal.SIGKILL)
+    return proc, running, sorted(p.name for p in tmp.iterdir())
+
+
+#: ``racktwin sim`` of 60 site seconds, as fast as it can, with its embedded broker
+_SIM = ("sim", "--duration", "60", "--speed", "0", "--progress-interval-s", "0")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_sim_stopped_by_a_signal_as_its_event_loop_is_created_exits_130_with_one_line(tmp_path: Path, sig: str) -> None:
+    """Ctrl-C or SIGTERM while ``racktwin sim`` creates its event loop, its embedded broker running: exit
+    status 130 with ``racktwin sim: interrupted`` alone on stderr (a Ctrl-C also put an AttributeError of the
+    half-made loop and "coroutine '_run' was never awaited" there; a SIGTERM killed the process, exit 143,
+    the broker left running), the broker stopped with its temporary folder, the run not started."""
+    summary = tmp_path / "summary.json"
+    proc, running, left = _sim_driven(tmp_path, SIGNAL_IN_LOOP_CREATION, sig, *_SIM, "--summary", str(summary))
+    assert (proc.returncode, proc.stderr, running, left) == (130, b"racktwin sim: interrupted\n", False, [])
     assert proc.stdout.startswith(b"racktwin sim: embedded ")  # the broker had started
-    assert list(tmp.iterdir()) == [] and not summary.exists()
+    assert not summary.exists()
+
+
+def test_sim_stopped_by_sigterm_as_its_broker_starts_exits_130_with_the_broker_stopped(tmp_path: Path) -> None:
+    """SIGTERM as ``racktwin sim``'s embedded broker has started is a Ctrl-C, as its ``--help`` says: exit
+    status 130 with ``racktwin sim: interrupted``, the broker's process stopped and its temporary folder
+    removed (its default action ended the process at once, exit 143, and left the broker running in its
+    own session with its folder)."""
+    proc, running, left = _sim_driven(tmp_path, SIGNALS_AT_THE_BROKERS_START_AND_STOP, "SIGTERM", "-", *_SIM)
+    assert (proc.returncode, proc.stderr, running, left) == (130, b"racktwin sim: interrupted\n", False, [])
+
+
+@pytest.mark.parametrize(
+    ("at_start", "at_stop", "status"),
+    [
+        ("SIGINT", "SIGINT", 130),  # a second Ctrl-C raised KeyboardInterrupt in the stop
+        ("SIGTERM", "SIGTERM", 130),
+        ("-", "SIGTERM", 0),  # after the run, the event loop had put SIGTERM's default action back
+        ("-", "SIGINT", 0),
+    ],
+)
+def test_a_signal_during_sims_broker_stop_does_not_cut_it_short(
+    tmp_path: Path, at_start: str, at_stop: str, status: int
+) -> None:
+    """A signal as ``racktwin sim`` stops its embedded broker (a second one after a Ctrl-C or SIGTERM as it
+    started, or one as the run has ended) is kept until the stop is done: the broker's process stopped,
+    its temporary folder removed, the exit status what it would have been without it (the run complete:
+    0 with its report)."""
+    proc, running, left = _sim_driven(tmp_path, SIGNALS_AT_THE_BROKERS_START_AND_STOP, at_start, at_stop, *_SIM)
+    assert (proc.returncode, running, left) == (status, False, [])
+    if status == 130:
+        assert proc.stderr == b"racktwin sim: interrupted\n"
+    else:
+        assert b"racktwin sim: stopped by duration after 60 s of site time" in proc.stderr
 
 
 def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
