@@ -492,6 +492,6 @@ class EmbeddedBroker:
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop)
 
-    def __del__(self) -> None:  # a forgotten broker must not outlive its owner
+    def __del__(self) -> None:  # a forgotten broker must not outlive its owner, nor its temporary folder
         with contextlib.suppress(Exception):
-            self._kill()
+            self.stop()

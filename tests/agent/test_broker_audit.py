@@ -89,6 +89,7 @@ def test_a_forgotten_broker_is_stopped_with_its_owner(mosquitto_path: str) -> No
         assert not mqtt_answers("127.0.0.1", port)
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # terminated and reaped
+        assert not folder.parent.exists()  # its temporary folder removed too (it was left behind)
     finally:
         with_pid_gone(pid)
 
