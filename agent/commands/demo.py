@@ -19,7 +19,7 @@
    speed, wall seconds left). A Ctrl-C during that run, or one that comes once the simulator has run its
    whole time (the agent taking in the last acks or stopping), summarizes the agent's whole run with '-'
    for the comparison (it is not run, or not to its end). SIGTERM is a Ctrl-C throughout
-   (:mod:`agent.commands.demo_signals`).
+   (:mod:`agent.commands.command_signals`).
 
 What each exit status means: :data:`EXIT_STATUSES` (``--help`` and the README's "Exit statuses" give
 its words).
@@ -47,6 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.commands.command_signals import CommandSignals
 from agent.commands.common import (
     EXAMPLES_DIR,
     UserError,
@@ -60,7 +61,6 @@ from agent.commands.common import (
     print_json,
     write_text_replacing,
 )
-from agent.commands.demo_signals import DemoSignals
 from agent.config import ControlConfig
 from agent.durations import hms, percent_done
 from agent.solver_output import stdout_to_stderr
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     # one pair of signal handlers from the broker's start to the end of the run without the agent: a SIGTERM's
     # default action killed the demo and left the embedded broker running; a signal at the end of the run with
     # the agent, in its event loop's handlers, went unnoticed
-    with DemoSignals() as signals:
+    with CommandSignals() as signals:
         # started within the try (the object, no process yet, made before it): a signal just after the start
         # raised KeyboardInterrupt with no `finally` to stop the broker
         broker = _embedded_broker() if args.broker is None else None
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 
 
 def _run_without_agent(
-    scenario: Any, ran_s: float, progress_interval_s: float, signals: DemoSignals
+    scenario: Any, ran_s: float, progress_interval_s: float, signals: CommandSignals
 ) -> tuple[str, dict[str, float]]:
     """The same scenario without the agent for the ``ran_s`` site seconds the run with it covered
     (:func:`_baseline`), and how that went: "run"; "interrupted" by a signal (Ctrl-C, SIGTERM) during it;
@@ -282,7 +282,7 @@ def _say(msg: str) -> None:
 
 
 async def _demo(
-    args: argparse.Namespace, scenario: Any, path: Path, url: str, out_dir: Path, signals: DemoSignals
+    args: argparse.Namespace, scenario: Any, path: Path, url: str, out_dir: Path, signals: CommandSignals
 ) -> MqttRun:
     """The demo's run: ``signals`` stop it cleanly; progress lines on stderr."""
     stop = asyncio.Event()
@@ -294,7 +294,7 @@ async def _demo(
         f"(~{scenario.duration_s / args.speed:.0f} s); agent in enforce mode, a decision every "
         f"{control.period_s:g} site s; Ctrl-C stops both and summarizes"
     )
-    with signals.stopping(stop):
+    with signals.stopping(stop.set):
         return await run_closed_loop(
             path,
             scenario,

@@ -11,7 +11,7 @@ its telemetry, applies and acks commands, and writes the truth log and the summa
 ``--broker`` it starts an embedded broker (mosquitto, else amqtt) on a free loopback port, prints
 its URL on stdout and stops it on exit. SIGINT / SIGTERM stop it cleanly (summary written); while it
 starts, either is a Ctrl-C (exit status 130, the embedded broker stopped), and neither cuts the embedded
-broker's stop short.
+broker's stop short (one pair of handlers for the whole command: :mod:`agent.commands.command_signals`).
 Progress lines go to stderr. Documentation: docs/sim.md.
 """
 
@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
 import os
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from agent.bus import BusConnectError
+from agent.commands.command_signals import CommandSignals
 from agent.commands.common import (
     DEFAULT_SITE,
     UserError,
@@ -225,58 +222,6 @@ def _check_outputs_spare_inputs(
                 raise UserError(f"{option} {path}: is the same file as {other_option} {other}: give each its own path")
 
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class _StartInterrupts:
-    """Ctrl-C (SIGINT) and SIGTERM, alike, in ``racktwin sim`` while it starts, until its event loop has its
-    own handlers: while :meth:`installed`, KeyboardInterrupt (exit status 130; the ``finally`` that stops the
-    embedded broker runs; SIGTERM's default action ended the process at once and left the broker running),
-    except within :meth:`deferred` (``asyncio.run`` creating its event loop and the run's task: cut there,
-    the half-made loop and the coroutine never awaited put an AttributeError and a RuntimeWarning on
-    stderr), where it is kept until :meth:`resume`, in the run's coroutine, raises it. Installed again
-    within :meth:`deferred` around the broker's stop, a signal is only kept there (the stop is not cut
-    short; the event loop, closing, put the default actions back). Not in the main thread nothing is
-    installed."""
-
-    def __init__(self) -> None:
-        self.received = False
-        self._raising = True
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received = True
-        if self._raising:
-            raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        """Within, the handler of SIGINT and SIGTERM; the previous ones are put back after."""
-        previous: dict[signal.Signals, Any] = {}
-        try:
-            with contextlib.suppress(ValueError):  # not the main thread: nothing to install
-                for sig in _SIGNALS:
-                    previous[sig] = signal.signal(sig, self._handle)
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        """Within, a signal is only kept (until :meth:`resume`)."""
-        self._raising = False
-        try:
-            yield
-        finally:
-            self._raising = True
-
-    def resume(self) -> None:
-        """Raise KeyboardInterrupt for a signal kept meanwhile; from now on a signal raises it."""
-        self._raising = True
-        if self.received:
-            raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace, command: str) -> int:
     from agent.broker import BrokerUnavailable, EmbeddedBroker
     from agent.wire import Topics
@@ -318,73 +263,68 @@ def run(args: argparse.Namespace, command: str) -> int:
         def progress(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
 
-    interrupts = _StartInterrupts()
     broker = EmbeddedBroker() if mqtt is None else None
-    # started within the try, so that every way out stops it: a URL line to no reader (exit 141) left its folder
-    with interrupts.installed():
+    # one pair of signal handlers for the whole command, not the event loop's: a SIGTERM as the loop closed
+    # (asyncio puts its default action back then) killed sim and left the embedded broker running
+    with CommandSignals() as signals:
+        # started within the try, so that every way out stops it: a URL line to no reader (exit 141) left its folder
         try:
-            if broker is not None:
+            with signals.raising():  # starting: a signal is a Ctrl-C (exit status 130, the broker stopped)
+                if broker is not None:
+                    try:
+                        broker.start()
+                    except BrokerUnavailable as exc:
+                        raise UserError(str(exc)) from None
+                    mqtt = broker.options(client_id=args.mqtt_client_id)
+                    print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
+                assert mqtt is not None  # --broker's, else the embedded broker's
                 try:
-                    broker.start()
-                except BrokerUnavailable as exc:
+                    options = SimOptions(
+                        scenario=scenario,
+                        mqtt=mqtt,
+                        site_id=args.site_id,
+                        speed=args.speed,
+                        duration_s=args.duration,
+                        truth_log=truth_log,
+                        summary_path=summary_path,
+                        start_epoch_s=args.start_epoch_s,
+                        step_s=args.step_s,
+                        progress=progress,
+                        progress_interval_s=interval if interval > 0 else 5.0,
+                    )
+                except ValueError as exc:
                     raise UserError(str(exc)) from None
-                mqtt = broker.options(client_id=args.mqtt_client_id)
-                print(f"racktwin sim: embedded {broker.backend} broker at {broker.url}", flush=True)
-            assert mqtt is not None  # --broker's, else the embedded broker's
-            try:
-                options = SimOptions(
-                    scenario=scenario,
-                    mqtt=mqtt,
-                    site_id=args.site_id,
-                    speed=args.speed,
-                    duration_s=args.duration,
-                    truth_log=truth_log,
-                    summary_path=summary_path,
-                    start_epoch_s=args.start_epoch_s,
-                    step_s=args.step_s,
-                    progress=progress,
-                    progress_interval_s=interval if interval > 0 else 5.0,
-                )
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
-            with interrupts.deferred():  # asyncio.run's set-up (the loop, the run's task): _run raises it
-                summary, summary_error, signal_name = asyncio.run(_run(options, interrupts))
+            # from here a signal is only remembered: during asyncio.run's set-up (cut there, the half-made loop
+            # and the coroutine never awaited put an AttributeError and a RuntimeWarning on stderr) _run raises
+            # it; after the run (the loop closing, the broker stopping) the run's report stands
+            summary, summary_error = asyncio.run(_run(options, signals))
         except BusConnectError as exc:
             raise UserError(f"cannot connect to the broker: {exc}") from None
         finally:
             if broker is not None:
-                # a second Ctrl-C, or a SIGTERM (its default action again once the event loop has closed),
-                # must not cut the stop short: the broker left running, its folder left behind
-                with interrupts.deferred(), interrupts.installed():
+                with signals.remembering():  # a second Ctrl-C, a SIGTERM after it, must not cut the stop short
                     broker.stop()
+    signal_name = signals.first.name if signals.first is not None else None
     _report(summary, options, summary_written=summary_error is None, signal_name=signal_name)
     if summary_error is not None:  # e.g. the disk filled up during the run: not a success
         raise UserError(f"--summary {options.summary_path}: cannot write the summary ({summary_error})")
     return 0
 
 
-async def _run(options: Any, interrupts: _StartInterrupts) -> tuple[SimSummary, str | None, str | None]:
-    """Run; the summary, why it could not be written to ``--summary`` (None: written or not asked) and
-    the name of the first signal that stopped the run (``SIGINT``, ``SIGTERM``; None: none came). A Ctrl-C
-    or SIGTERM before the event loop's own handlers are installed raises KeyboardInterrupt (``interrupts``)."""
+async def _run(options: Any, signals: CommandSignals) -> tuple[SimSummary, str | None]:
+    """Run; the summary and why it could not be written to ``--summary`` (None: written or not asked). A
+    Ctrl-C or SIGTERM before the run (one remembered during ``asyncio.run``'s set-up, one while the
+    simulator is made) raises KeyboardInterrupt; one during the run stops it (``signals``)."""
     from sim.runner import Simulator
     from twin.scenario import jobs_line
 
-    interrupts.resume()
-    try:
-        sim = Simulator(options)
-    except ValueError as exc:  # e.g. a site id that cannot be a topic level
-        raise UserError(str(exc)) from None
-    signals: list[str] = []
-
-    def on_signal(sig: signal.Signals) -> None:
-        signals.append(sig.name)
-        sim.stop()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, on_signal, sig)
+    with signals.raising():  # still starting
+        if signals.received:
+            raise KeyboardInterrupt
+        try:
+            sim = Simulator(options)
+        except ValueError as exc:  # e.g. a site id that cannot be a topic level
+            raise UserError(str(exc)) from None
     sc = options.scenario
     print(
         f"racktwin sim: scenario {sc.name} ({sc.source}): {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
@@ -394,8 +334,9 @@ async def _run(options: Any, interrupts: _StartInterrupts) -> tuple[SimSummary, 
         file=sys.stderr,
         flush=True,
     )
-    summary = await sim.run()
-    return summary, sim.summary_write_error, signals[0] if signals else None
+    with signals.stopping(sim.stop):
+        summary = await sim.run()
+    return summary, sim.summary_write_error
 
 
 def _how_it_stopped(stopped_by: str, signal_name: str | None) -> str:

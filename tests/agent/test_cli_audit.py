@@ -343,6 +343,25 @@ raise SystemExit(main(sys.argv[3:]))
 )
 
 
+#: ``racktwin`` (its arguments after the first) sending itself the signal named by the first as soon as
+#: ``asyncio.run`` has returned: the run's event loop closed, the embedded broker's stop not yet begun
+SIGNAL_AFTER_THE_EVENT_LOOP_CLOSED = (
+    _BROKER_PID_WRITTEN
+    + """
+sig = signal.Signals[sys.argv[1]]
+asyncio_run = asyncio.run
+
+def run_then_signal(main, **kwargs):
+    result = asyncio_run(main, **kwargs)
+    os.kill(os.getpid(), sig)
+    return result
+
+asyncio.run = run_then_signal
+raise SystemExit(main(sys.argv[2:]))
+"""
+)
+
+
 def _sim_driven(tmp_path: Path, driver: str, *argv: str) -> tuple[subprocess.CompletedProcess[bytes], bool, list[str]]:
     """``python -c DRIVER ARGV`` (a driver of ``racktwin``, beginning with :data:`_BROKER_PID_WRITTEN`) with
     $TMPDIR an empty folder: the finished process, whether the embedded broker's process was still running
@@ -416,6 +435,22 @@ def test_a_signal_during_sims_broker_stop_does_not_cut_it_short(
         assert proc.stderr == b"racktwin sim: interrupted\n"
     else:
         assert b"racktwin sim: stopped by duration after 60 s of site time" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_as_sims_event_loop_has_closed_does_not_cut_its_end_short(tmp_path: Path, sig: str) -> None:
+    """A signal just after ``racktwin sim``'s run, its event loop closed and its embedded broker's stop not
+    yet begun, is kept as one during the broker's stop is: the run's report, exit status 0, the broker's
+    process stopped and its temporary folder removed (the closing loop had put SIGTERM's default action
+    back: exit 143, the broker left running in its own session with its folder; a Ctrl-C there was exit
+    130 without the report of the complete run)."""
+    summary = tmp_path / "summary.json"
+    proc, running, left = _sim_driven(
+        tmp_path, SIGNAL_AFTER_THE_EVENT_LOOP_CLOSED, sig, *_SIM, "--summary", str(summary)
+    )
+    assert (proc.returncode, running, left) == (0, False, [])
+    assert b"racktwin sim: stopped by duration after 60 s of site time" in proc.stderr
+    assert json.loads(summary.read_text())["stopped_by"] == "duration"
 
 
 def test_another_error_is_not_taken_for_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
