@@ -104,145 +104,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from agent.config import ControlConfig
 from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
+from agent.guard_draft import (
+    GUARD_ACTIONS,
+    TOL_W,
+    BoolArray,
+    Draft,
+    FloatArray,
+    GuardSetup,
+    IntArray,
+    Notes,
+    Sight,
+    failsafe_card_limit_w,
+    one_level_per_job,
+    rack_measured_caps_w,
+    rack_modelled_caps_w,
+)
 from agent.load import SiteLoad, job_value_per_h, predict
 from agent.pumps import offset_at_speed, r_at_speed
 from twin.cooling import facility_cooling
-from twin.power import PowerModel
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 from twin.steady import card_steady_power_w
 from twin.workload import compute_utilization
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-
 __all__ = ["GUARD_ACTIONS", "Guard", "failsafe_card_limit_w", "rack_measured_caps_w", "rack_modelled_caps_w"]
 
-_TOL_W = 1e-6
 _MAX_NOTES = 12
-
-#: What the guard changed in a decision (``Decision.guard_actions``, ``racktwin_guard_actions_total``),
-#: one entry per explanation line it writes, by the module docstring's steps: (1) placements dropped;
-#: (2) level raises limited, the set-point's move limited; (3) fail-safe caps; (3b) pumps sent to full
-#: speed; (4) for a rack's cap: jobs slowed (one line for all racks), idle cards to low power, power
-#: limits cut to the fail-safe limit, and the cap not held even so (one line each per rack); (5) for
-#: the dies: jobs slowed, jobs power-limited at the slowest level, dies not held even at
-#: ``min_power_limit_w`` or on cards at the power limits in force (one line each per decision). ``cap_not_held``
-#: and ``die_not_held`` mean no lever of the agent is left (alert ``RacktwinGuardCannotHold``).
-GUARD_ACTIONS = (
-    "placements_dropped",
-    "level_raise_limited",
-    "setpoint_limited",
-    "failsafe_caps",
-    "pumps_full_speed",
-    "cap_jobs_slowed",
-    "cap_idle_to_low_power",
-    "cap_power_limited",
-    "cap_not_held",
-    "die_jobs_slowed",
-    "die_power_limited",
-    "die_not_held",
-)
-
-
-def rack_measured_caps_w(site: SiteSpec, control: ControlConfig) -> FloatArray:
-    """What each rack's PDU may read: its limit minus the margin. Compare with predictions that include
-    the rack's unexplained power (``predict(..., rack_extra_w=...)``) and with ``Decision.rack_cap_w``."""
-    return np.asarray(site.rack_power_limits_w() - control.rack_margin_w, dtype=np.float64)
-
-
-def rack_modelled_caps_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
-    """What the cards and hosts the twin models may draw in each rack: the measured cap minus the power
-    the twin does not explain (``StepContext.rack_extra_w``). Compare with predictions without it."""
-    return np.asarray(rack_measured_caps_w(site, control) - rack_extra_w, dtype=np.float64)
-
-
-def failsafe_card_limit_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
-    """Per rack, the power limit for every card such that all cards at it plus the host overhead stay
-    within the rack's cap (floored to a watt, within the card's accepted range)."""
-    caps = rack_modelled_caps_w(site, control, rack_extra_w)
-    per_card = np.floor((caps - site.rack.host_overhead_w) / site.cards_per_rack)
-    return np.asarray(np.clip(per_card, control.min_power_limit_w, site.card.power_limit_w), dtype=np.float64)
-
-
-class _Notes:
-    """The guard's explanation lines and, with each, the action it names (:data:`GUARD_ACTIONS`): a line
-    and its action are written together (:meth:`add`), so the two records cannot drift apart."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.actions: list[str] = []
-
-    def add(self, action: str, text: str) -> None:
-        """The line ``guard: <text>`` for ``action`` (one of :data:`GUARD_ACTIONS`, a ValueError if not)."""
-        if action not in GUARD_ACTIONS:
-            raise ValueError(f"guard action must be one of {', '.join(GUARD_ACTIONS)}, got {action!r}")
-        self.lines.append(f"guard: {text}")
-        self.actions.append(action)
-
-
-@dataclass(frozen=True)
-class _Sight:
-    """What the agent cannot trust this step (``StepContext``), as masks: fail-safe racks (stale or a
-    stuck sensor), cards on blind racks (stale, or frozen as a whole) and cards whose own state is not
-    seen (blind racks and stuck cards)."""
-
-    failsafe_rack: BoolArray
-    blind_card: BoolArray
-    unseen_card: BoolArray
-    unplaceable_card: BoolArray  # unseen, or said failed by a refusal no reading confirmed: no placement
-    # said failed by a refusal no reading confirmed, read alive: no command reaches it (agent.command_diff)
-    unreached_card: BoolArray
-    # the cards whose level, power limit or low-power state no command of the decision changes (step 3a):
-    # those no command reaches, and those a refusal holds that kind of setting back on (StepContext.held_*)
-    level_kept: BoolArray
-    limit_kept: BoolArray
-    sleep_kept: BoolArray
-
-    @classmethod
-    def of(cls, site: SiteSpec, ctx: StepContext, card_rack: IntArray, snap: StateSnapshot) -> _Sight:
-        failsafe_rack = np.zeros(site.n_racks, dtype=bool)
-        failsafe_rack[list(ctx.failsafe_racks)] = True
-        unseen = ctx.unseen_card_mask(card_rack)
-        alive = ~np.asarray(snap.card_failed, dtype=bool)  # a failed card is budgeted at 0 W anyway
-
-        def mask(cards: tuple[int, ...]) -> BoolArray:
-            out = np.zeros(site.n_cards, dtype=bool)
-            out[list(cards)] = True
-            return np.asarray(out & alive, dtype=np.bool_)
-
-        unreached = mask(ctx.refused_failed_cards)
-        return cls(
-            failsafe_rack,
-            ctx.blind_card_mask(card_rack),
-            unseen,
-            ctx.unplaceable_card_mask(card_rack),
-            unreached,
-            unreached | mask(ctx.held_level_cards),
-            unreached | mask(ctx.held_limit_cards),
-            unreached | mask(ctx.held_sleep_cards),
-        )
-
-    def any_kept(self) -> bool:
-        """Some card keeps a setting as in force (step 3a)."""
-        return bool(self.level_kept.any() or self.limit_kept.any() or self.sleep_kept.any())
-
-
-@dataclass
-class _Draft:
-    """The decision under review as the guard's steps change it (its arrays are the review's own)."""
-
-    load: SiteLoad  # running jobs and the placements kept (which cards are busy)
-    orders: list[PlacementOrder]  # the placements kept
-    queue_waits: dict[str, QueueWait]
-    level: IntArray
-    low_power: BoolArray
-    power_limit_w: FloatArray
 
 
 @dataclass
@@ -259,7 +149,7 @@ class _CapBudget:
 
     def over(self, r: int, modelled_caps: FloatArray) -> bool:
         """Rack ``r`` is predicted over its cap (``modelled_caps``, :func:`rack_modelled_caps_w`)."""
-        return bool(self.rack_w[r] > modelled_caps[r] + _TOL_W)
+        return bool(self.rack_w[r] > modelled_caps[r] + TOL_W)
 
 
 class Guard:
@@ -270,8 +160,7 @@ class Guard:
         self.site = site
         self.control = control if control is not None else ControlConfig()
         self.card_hour_value = card_hour_value
-        self._model = PowerModel.from_card(site.card)
-        self._card_rack = site.card_rack()
+        self._setup = GuardSetup.of(site, self.control, card_hour_value)
         n = site.n_cards
         self._seen_lp: BoolArray | None = None
         self._toggle_s = np.full(n, -math.inf)
@@ -296,10 +185,10 @@ class Guard:
         still shows queued (``agent.placing.PlacementBook.in_flight``): their cards are busy."""
         self._check_shapes(proposal)
         site, cfg = self.site, self.control
-        notes = _Notes()
+        notes = Notes()
         snap_lp = np.asarray(snap.card_low_power, dtype=bool)
         self._observe(snap_lp, ctx.now_s)
-        sight = _Sight.of(site, ctx, self._card_rack, snap)
+        sight = Sight.of(site, ctx, self._setup.card_rack, snap)
 
         # 1. sanity; 2. rate limits
         draft = self._sanitize(proposal, snap, ctx, sight, notes, in_flight)
@@ -362,17 +251,17 @@ class Guard:
         proposal: Decision,
         snap: StateSnapshot,
         ctx: StepContext,
-        sight: _Sight,
-        notes: _Notes,
+        sight: Sight,
+        notes: Notes,
         in_flight: Sequence[tuple[str, Sequence[int]]] = (),
-    ) -> _Draft:
+    ) -> Draft:
         """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one, NaN or
         infinite, is the slowest; a fractional one is rounded to the slower level), power limits to the
         card's range (an undefined one is the largest), placements kept only when valid
         (:meth:`_valid_placements`; a queued job whose placement is dropped gets a ``placement_dropped``
         queue wait), and busy cards awake."""
         site, cfg = self.site, self.control
-        slowest = self._model.n_levels - 1
+        slowest = self._setup.model.n_levels - 1
         raw = np.asarray(proposal.card_level, dtype=np.float64)
         # the safe side: an undefined level (NaN, +-inf) is the slowest, a fractional one the slower of its two
         raw = np.clip(np.where(np.isfinite(raw), np.ceil(raw), slowest), 0, slowest)
@@ -400,9 +289,9 @@ class Guard:
             )
         load = ctx.load_of(site, snap, [*held, *((o.job_id, o.cards) for o in orders)])
         lp[load.busy] = False
-        return _Draft(load, orders, queue_waits, lvl, lp, lim)
+        return Draft(load, orders, queue_waits, lvl, lp, lim)
 
-    def _limit_level_raises(self, draft: _Draft, in_force_lv: IntArray, notes: _Notes) -> None:
+    def _limit_level_raises(self, draft: Draft, in_force_lv: IntArray, notes: Notes) -> None:
         """Step 2 (module docstring), rate limits on levels: a card's level rises (toward faster clocks)
         by at most ``max_level_raise_per_period`` from the level in force (``in_force_lv``,
         :meth:`_kept_levels`: as reported, or the faster one its rack confirmed since, from which the
@@ -413,9 +302,9 @@ class Guard:
         if limited[draft.load.busy].any():
             notes.add("level_raise_limited", f"level raises limited to {step} per decision")
         draft.level = np.maximum(draft.level, cur - step)
-        self._one_level_per_job(draft)
+        one_level_per_job(draft)
 
-    def _hold_low_power(self, draft: _Draft, snap_lp: BoolArray, now_s: float) -> None:
+    def _hold_low_power(self, draft: Draft, snap_lp: BoolArray, now_s: float) -> None:
         """Step 2 (module docstring), no flapping: an idle card whose low-power state changed less than
         ``low_power_hold_s`` ago (as telemetry showed it, :meth:`_observe`) keeps the state it reports."""
         change = draft.load.idle & (draft.low_power != snap_lp)
@@ -424,14 +313,14 @@ class Guard:
 
     def _apply_failsafe(
         self,
-        draft: _Draft,
+        draft: Draft,
         snap: StateSnapshot,
         snap_lp: BoolArray,
         in_force_lv: IntArray,
-        sight: _Sight,
+        sight: Sight,
         fs_lim: FloatArray,
         stuck_cards: tuple[int, ...],
-        notes: _Notes,
+        notes: Notes,
     ) -> None:
         """Step 3 (module docstring), fail-safe racks (stale telemetry or a stuck sensor): every card's
         power limit becomes the lowest of the proposed one, the one it reports and its rack's fail-safe
@@ -441,9 +330,9 @@ class Guard:
         faster than the level in force, ``in_force_lv``, :meth:`_kept_levels`, their jobs following
         them); idle cards the agent cannot see keep the low-power state they last reported."""
         site, cfg = self.site, self.control
-        card_rack = self._card_rack
+        card_rack = self._setup.card_rack
         fs_rack, blind_card = sight.failsafe_rack, sight.blind_card
-        slowest = self._model.n_levels - 1
+        slowest = self._setup.model.n_levels - 1
         max_lim = site.card.power_limit_w
         snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
         snap_lim = np.where(np.isfinite(snap_lim), snap_lim, max_lim)
@@ -458,7 +347,7 @@ class Guard:
                     draft.level[j.cards] = slowest
         else:  # blind cards no faster than they run (not slowed to an older reading); their jobs follow them
             draft.level = np.where(blind_card, np.maximum(draft.level, in_force_lv), draft.level)
-            self._one_level_per_job(draft)
+            one_level_per_job(draft)
         # neither woken nor put to sleep: not seen
         draft.low_power = np.where(sight.unseen_card & draft.load.idle, snap_lp, draft.low_power)
         names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
@@ -466,7 +355,7 @@ class Guard:
         notes.add("failsafe_caps", f"fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
 
     def _keep_in_force(
-        self, draft: _Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: _Sight, ctx: StepContext
+        self, draft: Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: Sight, ctx: StepContext
     ) -> None:
         """Step 3a (module docstring), settings no command of the decision changes: ``agent.command_diff``
         sends no level, power limit, sleep or wake to a card a ``card_failed`` refusal says failed, no
@@ -494,7 +383,7 @@ class Guard:
         rack's cards at their limits then stay within its cap, as without such cards, unless the others
         would need less than ``min_power_limit_w``."""
         site, cfg = self.site, self.control
-        rack = self._card_rack[kept]
+        rack = self._setup.card_rack[kept]
         kept_w = np.bincount(rack, weights=self._kept_limits_w(snap, ctx)[kept], minlength=site.n_racks)
         others = site.cards_per_rack - np.bincount(rack, minlength=site.n_racks)
         left_w = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w) - site.rack.host_overhead_w - kept_w
@@ -516,17 +405,17 @@ class Guard:
     def _reviewed(
         self,
         proposal: Decision,
-        draft: _Draft,
+        draft: Draft,
         failed: BoolArray,
         setpoint: float,
         speed: FloatArray | None,
-        sight: _Sight,
+        sight: Sight,
         inlet: FloatArray,
         r_eff: FloatArray,
         off: FloatArray,
         measured_caps: FloatArray,
         ctx: StepContext,
-        notes: _Notes,
+        notes: Notes,
     ) -> Decision:
         """The decision that leaves, with the twin's predictions of it: rack power with every busy card
         computing (the budget held to the caps, its hottest dies) and in the jobs' expected phases (the
@@ -571,7 +460,7 @@ class Guard:
     # ---- helpers -------------------------------------------------------------------------------
     def _reported_levels(self, snap: StateSnapshot) -> IntArray:
         """Each card's level as telemetry reports it, within the DVFS table."""
-        return np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, self._model.n_levels - 1)
+        return np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, self._setup.model.n_levels - 1)
 
     def _reported_limits_w(self, snap: StateSnapshot) -> FloatArray:
         """Each card's power limit as telemetry reports it (an undefined one: the card's largest)."""
@@ -588,7 +477,7 @@ class Guard:
         if ctx.applied_level is None:
             return reported
         confirmed = np.asarray(ctx.applied_level, dtype=np.int64)
-        faster = np.minimum(reported, np.clip(confirmed, 0, self._model.n_levels - 1))
+        faster = np.minimum(reported, np.clip(confirmed, 0, self._setup.model.n_levels - 1))
         return np.asarray(np.where(confirmed >= 0, faster, reported), dtype=np.int64)
 
     def _kept_limits_w(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray:
@@ -618,22 +507,16 @@ class Guard:
         reached = cards[~level_kept[cards]]
         return int(lvl[reached if reached.size else cards].max())
 
-    @staticmethod
-    def _one_level_per_job(draft: _Draft) -> None:
-        """All cards of a job get one level, the slowest of theirs (a job runs at its slowest card's pace)."""
-        for j in draft.load.jobs:
-            draft.level[j.cards] = int(draft.level[j.cards].max())
-
     def _review_pumps(
         self,
         proposed: FloatArray | None,
-        draft: _Draft,
+        draft: Draft,
         inlet: FloatArray,
         off: FloatArray,
         measured_caps: FloatArray,
         fs_rack: BoolArray,
         ctx: StepContext,
-        notes: _Notes,
+        notes: Notes,
     ) -> FloatArray | None:
         """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled).
         ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra.
@@ -659,7 +542,7 @@ class Guard:
         mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
         bad = (
             (worst.rack_max_die_c > site.card.slowdown_temp_c - self.control.die_margin_k + 1e-9)
-            | (worst.rack_power_w > measured_caps + _TOL_W)
+            | (worst.rack_power_w > measured_caps + TOL_W)
             | (worst.rack_power_w / np.maximum(mcp, 1e-9) > loop.max_delta_t_k + 1e-9)
         )
         raised = np.flatnonzero(slow & bad)
@@ -717,7 +600,7 @@ class Guard:
                 dropped.append(o.job_id)
         return ok, dropped
 
-    def _limit_setpoint(self, wanted_c: float, current_c: float, notes: _Notes) -> float:
+    def _limit_setpoint(self, wanted_c: float, current_c: float, notes: Notes) -> float:
         """Step 2 (module docstring), set-point: the proposed supply set-point (the one in force if it is
         undefined; the site's design set-point if that is unknown too) within the site's options, moved
         by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
@@ -738,7 +621,7 @@ class Guard:
     def _power_table(self, load: SiteLoad, inlet: FloatArray, r_total: FloatArray, off: FloatArray) -> FloatArray:
         """Steady power of every card at every level when awake: busy cards computing (the job's
         utilization at that clock), idle cards at u = 0; leakage includes the measured die offset."""
-        site, model = self.site, self._model
+        site, model = self.site, self._setup.model
         n, n_lv = site.n_cards, model.n_levels
         cs = np.zeros(n)
         ncu = np.zeros(n)
@@ -755,7 +638,7 @@ class Guard:
         return np.asarray(p + model.leak_w_per_k[None, :] * off[:, None], dtype=np.float64)
 
     def _low_power_w(self, inlet: FloatArray, r_total: FloatArray, off: FloatArray) -> FloatArray:
-        model = self._model
+        model = self._setup.model
         n = self.site.n_cards
         p, _ = card_steady_power_w(
             model, np.zeros(n, dtype=np.int64), np.zeros(n), np.ones(n, dtype=bool), inlet, r_total
@@ -770,16 +653,16 @@ class Guard:
 
     def _enforce_caps(
         self,
-        draft: _Draft,
+        draft: Draft,
         table: FloatArray,
         lp_w: FloatArray,
         modelled_caps: FloatArray,
         fs_lim: FloatArray,
         failed: BoolArray,
-        notes: _Notes,
+        notes: Notes,
         *,
         unseen: BoolArray,
-        sight: _Sight,
+        sight: Sight,
     ) -> None:
         """Step 4 (module docstring), caps: ``draft``'s levels, low-power states and power limits
         such that every rack's predicted power (``table``: every busy card computing) stays within
@@ -792,8 +675,8 @@ class Guard:
         site = self.site
         lp = draft.low_power & ~draft.load.busy
         power = self._card_power(table, lp_w, draft.level, lp, draft.power_limit_w, failed)
-        rack_p = np.bincount(self._card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
-        over = np.flatnonzero(rack_p > modelled_caps + _TOL_W)
+        rack_p = np.bincount(self._setup.card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
+        over = np.flatnonzero(rack_p > modelled_caps + TOL_W)
         if over.size == 0:
             draft.low_power = lp
             return
@@ -818,7 +701,7 @@ class Guard:
 
     def _jobs_by_rack(self, load: SiteLoad) -> dict[int, list[int]]:
         """The indices (in ``load.jobs``) of the jobs with a card in each rack, in ``load.jobs``' order."""
-        card_rack = self._card_rack
+        card_rack = self._setup.card_rack
         jobs_in_rack: dict[int, list[int]] = {}
         for ji, j in enumerate(load.jobs):
             for r in np.unique(card_rack[j.cards]):
@@ -851,7 +734,7 @@ class Guard:
             before = b.power_w[cards].copy()
             b.level[cards] = k2
             b.power_w[cards] = np.minimum(table[cards, k2], b.power_limit_w[cards])
-            np.add.at(b.rack_w, self._card_rack[cards], b.power_w[cards] - before)
+            np.add.at(b.rack_w, self._setup.card_rack[cards], b.power_w[cards] - before)
             lowered[j.job_id] = k2
 
     def _cheapest_step(
@@ -862,8 +745,8 @@ class Guard:
         voltage may not) on its cards whose level commands set (not ``level_kept``: those keep their power);
         None when every job of ``jobs`` is at the slowest level or no step saves."""
         site = self.site
-        card_rack = self._card_rack
-        slowest = self._model.n_levels - 1
+        card_rack = self._setup.card_rack
+        slowest = self._setup.model.n_levels - 1
         lvl, lim = b.level, b.power_limit_w
         best: tuple[float, int, int] | None = None
         for ji in jobs:
@@ -893,13 +776,13 @@ class Guard:
         return ji, k2
 
     def _sleep_idle_for_cap(
-        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, kept: BoolArray, notes: _Notes
+        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, kept: BoolArray, notes: Notes
     ) -> None:
         """Step 4's second lever (module docstring), for rack ``r`` still over its cap with its jobs at
         the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
         keep the state they report, those no command reaches the state in force, step 3a) go to
         low-power idle, with a line in ``notes``."""
-        awake_idle = np.flatnonzero((self._card_rack == r) & load.idle & ~b.low_power & ~kept)
+        awake_idle = np.flatnonzero((self._setup.card_rack == r) & load.idle & ~b.low_power & ~kept)
         if awake_idle.size:
             b.low_power[awake_idle] = True
             new = lp_w[awake_idle]
@@ -920,8 +803,8 @@ class Guard:
         modelled_caps: FloatArray,
         fs_lim: FloatArray,
         failed: BoolArray,
-        sight: _Sight,
-        notes: _Notes,
+        sight: Sight,
+        notes: Notes,
     ) -> None:
         """Step 4's last lever (module docstring), for rack ``r`` still over its cap after the other two:
         every card of the rack whose power limit commands set (not failed, not ``sight.limit_kept``) gets
@@ -931,7 +814,7 @@ class Guard:
         held and by how much, naming how many cards keep settings in force (no command reaches them,
         or a refusal holds one back: a level, a power limit, an awake idle card's sleep)."""
         site = self.site
-        in_r = (self._card_rack == r) & ~failed & ~sight.limit_kept
+        in_r = (self._setup.card_rack == r) & ~failed & ~sight.limit_kept
         lim, power = b.power_limit_w, b.power_w
         lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
         before_r = power[in_r].copy()
@@ -945,7 +828,7 @@ class Guard:
         if b.over(r, modelled_caps):
             cfg = self.control
             extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
-            rack_r = (self._card_rack == r) & ~failed
+            rack_r = (self._setup.card_rack == r) & ~failed
             n_out = int(np.count_nonzero(sight.unreached_card & rack_r))
             them = f"{n_out} card no command reaches at the settings in force" if n_out == 1 else ""
             them = them or f"{n_out} cards no command reaches at the settings in force"
@@ -966,14 +849,14 @@ class Guard:
 
     def _enforce_dies(
         self,
-        draft: _Draft,
+        draft: Draft,
         table: FloatArray,
         inlet: FloatArray,
         r_total: FloatArray,
         off: FloatArray,
-        notes: _Notes,
+        notes: Notes,
         *,
-        sight: _Sight,
+        sight: Sight,
     ) -> None:
         """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
         held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
@@ -987,7 +870,7 @@ class Guard:
         no command sets (no lever left)."""
         site, cfg = self.site, self.control
         load, lvl, lim = draft.load, draft.level, draft.power_limit_w
-        slowest = self._model.n_levels - 1
+        slowest = self._setup.model.n_levels - 1
         die_limit = site.card.slowdown_temp_c - cfg.die_margin_k
         idx = np.arange(lvl.size)
         die = inlet + r_total * np.minimum(table[idx, lvl], lim) + off
@@ -1049,7 +932,7 @@ class Guard:
         limited_cards: list[IntArray],
         lim: FloatArray,
         unheld: dict[str, float],
-        notes: _Notes,
+        notes: Notes,
         out_hot: dict[str, float],
         n_out_hot: int,
     ) -> None:
