@@ -110,7 +110,6 @@ from agent.guard_caps import enforce_caps, low_power_w, power_table_w
 from agent.guard_dies import enforce_dies
 from agent.guard_draft import (
     GUARD_ACTIONS,
-    TOL_W,
     BoolArray,
     Draft,
     FloatArray,
@@ -123,8 +122,8 @@ from agent.guard_draft import (
     rack_measured_caps_w,
     rack_modelled_caps_w,
 )
+from agent.guard_pumps import review_pumps, thermal_at_speeds
 from agent.load import predict
-from agent.pumps import offset_at_speed, r_at_speed
 from twin.cooling import facility_cooling
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
@@ -194,10 +193,18 @@ class Guard:
         off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
         measured_caps = rack_measured_caps_w(site, cfg)
         modelled_caps = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w)
-        speed = self._review_pumps(
-            proposal.rack_pump_speed_frac, draft, inlet, off, measured_caps, sight.failsafe_rack, ctx, notes
+        speed = review_pumps(
+            self._setup,
+            proposal.rack_pump_speed_frac,
+            draft,
+            inlet,
+            off,
+            measured_caps,
+            sight.failsafe_rack,
+            ctx,
+            notes,
         )
-        r_eff, off = self._thermal_at_speeds(speed, off, ctx)
+        r_eff, off = thermal_at_speeds(self._setup, speed, off, ctx)
 
         # 4. caps; 5. dies
         table = power_table_w(self._setup, draft.load, inlet, r_eff, off)
@@ -374,17 +381,6 @@ class Guard:
         per_card = np.clip(per_card, cfg.min_power_limit_w, site.card.power_limit_w)
         return np.asarray(np.minimum(fs_lim, per_card), dtype=np.float64)
 
-    def _thermal_at_speeds(
-        self, speed: FloatArray | None, off: FloatArray, ctx: StepContext
-    ) -> tuple[FloatArray, FloatArray]:
-        """Step 3b's consequence (module docstring): each card's resistance and die offset at its rack's
-        pump speed that leaves, for steps 4-5 and the predictions (as measured when pumps are not
-        controlled)."""
-        if speed is None:
-            return ctx.r_total_k_per_w, off
-        r_eff = r_at_speed(self.site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
-        return r_eff, offset_at_speed(self.site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
-
     def _reviewed(
         self,
         proposal: Decision,
@@ -489,52 +485,6 @@ class Guard:
         the level in force, step 3a); the slowest of its cards' when commands set none's."""
         reached = cards[~level_kept[cards]]
         return int(lvl[reached if reached.size else cards].max())
-
-    def _review_pumps(
-        self,
-        proposed: FloatArray | None,
-        draft: Draft,
-        inlet: FloatArray,
-        off: FloatArray,
-        measured_caps: FloatArray,
-        fs_rack: BoolArray,
-        ctx: StepContext,
-        notes: Notes,
-    ) -> FloatArray | None:
-        """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled).
-        ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra.
-        An undefined (NaN) speed is full speed; racks sent to full speed for their dies, cap or loop
-        rise get a line in ``notes`` (not those only clipped into the site's range, nor fail-safe racks).
-        The prediction is ``draft``'s levels, low-power states and limits so far, every busy card computing."""
-        if proposed is None:
-            return None
-        site = self.site
-        speed = np.asarray(proposed, dtype=np.float64)
-        if speed.shape != (site.n_racks,):
-            raise ValueError(f"decision.rack_pump_speed_frac must have one entry per rack ({site.n_racks})")
-        speed = np.clip(np.where(np.isfinite(speed), speed, 1.0), site.min_pump_speed_frac(), 1.0)
-        speed = np.where(fs_rack, 1.0, speed)
-        slow = speed < 1.0
-        if not slow.any():
-            return speed
-        r = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
-        off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
-        load, lvl, lp, lim = draft.load, draft.level, draft.low_power, draft.power_limit_w
-        worst = predict(site, load, lvl, lp, lim, inlet, r, off, rack_extra_w=ctx.rack_extra_w)
-        loop = site.loop
-        mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
-        bad = (
-            (worst.rack_max_die_c > site.card.slowdown_temp_c - self.control.die_margin_k + 1e-9)
-            | (worst.rack_power_w > measured_caps + TOL_W)
-            | (worst.rack_power_w / np.maximum(mcp, 1e-9) > loop.max_delta_t_k + 1e-9)
-        )
-        raised = np.flatnonzero(slow & bad)
-        if raised.size:
-            names = ", ".join(site.rack_names[r] for r in raised[:8])
-            notes.add(
-                "pumps_full_speed", f"pumps of {names} at full speed (dies, cap or loop rise at the proposed speed)"
-            )
-        return np.asarray(np.where(slow & bad, 1.0, speed), dtype=np.float64)
 
     def _observe(self, snap_lp: BoolArray, now_s: float) -> None:
         """Note when each card's low-power state changed (as telemetry shows it)."""
