@@ -122,6 +122,8 @@ from agent.guard_draft import (
     rack_measured_caps_w,
     rack_modelled_caps_w,
 )
+from agent.guard_failsafe import apply_failsafe, failsafe_beside_kept
+from agent.guard_in_force import job_level, keep_in_force, kept_levels
 from agent.guard_pumps import review_pumps, thermal_at_speeds
 from agent.load import predict
 from twin.cooling import facility_cooling
@@ -174,19 +176,19 @@ class Guard:
         # 1. sanity; 2. rate limits
         draft = self._sanitize(proposal, snap, ctx, sight, notes, in_flight)
         setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
-        in_force_lv = self._kept_levels(snap, ctx)  # the levels the cards run at (reported or confirmed)
+        in_force_lv = kept_levels(self._setup, snap, ctx)  # the levels the cards run at (reported or confirmed)
         self._limit_level_raises(draft, in_force_lv, notes)
         self._hold_low_power(draft, snap_lp, ctx.now_s)
 
         # 3. fail-safe racks
         fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
         if sight.limit_kept.any():  # the limits the others share beside those no command changes
-            fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.limit_kept, ctx)
+            fs_lim = failsafe_beside_kept(self._setup, fs_lim, snap, sight.limit_kept, ctx)
         if sight.failsafe_rack.any():
-            self._apply_failsafe(draft, snap, snap_lp, in_force_lv, sight, fs_lim, ctx.stuck_cards, notes)
+            apply_failsafe(self._setup, draft, snap, snap_lp, in_force_lv, sight, fs_lim, ctx.stuck_cards, notes)
         # settings no command changes stay as the racks have them (before any prediction counts on them)
         if sight.any_kept():
-            self._keep_in_force(draft, snap, snap_lp, sight, ctx)
+            keep_in_force(self._setup, draft, snap, snap_lp, sight, ctx)
 
         # 3b. pumps, then the thermal conditions steps 4-5 and the predictions use
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
@@ -301,86 +303,6 @@ class Guard:
         held = change & (now_s - self._toggle_s < self.control.low_power_hold_s)
         draft.low_power[held] = snap_lp[held]
 
-    def _apply_failsafe(
-        self,
-        draft: Draft,
-        snap: StateSnapshot,
-        snap_lp: BoolArray,
-        in_force_lv: IntArray,
-        sight: Sight,
-        fs_lim: FloatArray,
-        stuck_cards: tuple[int, ...],
-        notes: Notes,
-    ) -> None:
-        """Step 3 (module docstring), fail-safe racks (stale telemetry or a stuck sensor): every card's
-        power limit becomes the lowest of the proposed one, the one it reports and its rack's fail-safe
-        limit ``fs_lim`` (:func:`failsafe_card_limit_w`, less beside cards no command reaches:
-        :meth:`_failsafe_beside_kept`; caps are never raised); cards on blind racks
-        and every job touching them get the slowest level (``failsafe_lowest_level``; otherwise no
-        faster than the level in force, ``in_force_lv``, :meth:`_kept_levels`, their jobs following
-        them); idle cards the agent cannot see keep the low-power state they last reported."""
-        site, cfg = self.site, self.control
-        card_rack = self._setup.card_rack
-        fs_rack, blind_card = sight.failsafe_rack, sight.blind_card
-        slowest = self._setup.model.n_levels - 1
-        max_lim = site.card.power_limit_w
-        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
-        snap_lim = np.where(np.isfinite(snap_lim), snap_lim, max_lim)
-        cap_now = np.minimum(np.minimum(draft.power_limit_w, snap_lim), fs_lim[card_rack])
-        draft.power_limit_w = np.where(
-            fs_rack[card_rack], np.maximum(cap_now, cfg.min_power_limit_w), draft.power_limit_w
-        )
-        if cfg.failsafe_lowest_level:
-            draft.level[blind_card] = slowest
-            for j in draft.load.jobs:
-                if blind_card[j.cards].any():
-                    draft.level[j.cards] = slowest
-        else:  # blind cards no faster than they run (not slowed to an older reading); their jobs follow them
-            draft.level = np.where(blind_card, np.maximum(draft.level, in_force_lv), draft.level)
-            one_level_per_job(draft)
-        # neither woken nor put to sleep: not seen
-        draft.low_power = np.where(sight.unseen_card & draft.load.idle, snap_lp, draft.low_power)
-        names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
-        stuck = f" (stuck sensor: card {', '.join(str(c) for c in stuck_cards[:4])})" if stuck_cards else ""
-        notes.add("failsafe_caps", f"fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
-
-    def _keep_in_force(
-        self, draft: Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: Sight, ctx: StepContext
-    ) -> None:
-        """Step 3a (module docstring), settings no command of the decision changes: ``agent.command_diff``
-        sends no level, power limit, sleep or wake to a card a ``card_failed`` refusal says failed, no
-        reading having confirmed it (``StepContext.refused_failed_cards``; its rack reads it alive), and
-        none of a kind a refusal holds back on a card (``StepContext.held_level_cards``,
-        ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps its level (``sight.level_kept``;
-        a busy one too: its job's other cards get the job's level) and its power limit
-        (``sight.limit_kept``) as in force (:meth:`_kept_levels`, :meth:`_kept_limits_w`: as reported,
-        or as its rack confirmed where that draws more), and an idle one its low-power state in force
-        (``sight.sleep_kept``: neither woken nor put to sleep; :meth:`_kept_low_power`); its other
-        settings are the decision's."""
-        draft.level = np.where(sight.level_kept, self._kept_levels(snap, ctx), draft.level)
-        draft.power_limit_w = np.where(sight.limit_kept, self._kept_limits_w(snap, ctx), draft.power_limit_w)
-        draft.low_power = np.where(
-            sight.sleep_kept & draft.load.idle, self._kept_low_power(snap_lp, ctx), draft.low_power
-        )
-
-    def _failsafe_beside_kept(
-        self, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, ctx: StepContext
-    ) -> FloatArray:
-        """Per rack, the fail-safe power limit (steps 3 and 4) for its cards that commands reach when
-        ``kept`` cards (no command reaches them, step 3a) keep the limits in force (:meth:`_kept_limits_w`):
-        what those leave of the rack's cap shared among the others (floored to a watt, within the card's
-        accepted range), never above ``fs_lim`` (:func:`failsafe_card_limit_w`, every card at it). All the
-        rack's cards at their limits then stay within its cap, as without such cards, unless the others
-        would need less than ``min_power_limit_w``."""
-        site, cfg = self.site, self.control
-        rack = self._setup.card_rack[kept]
-        kept_w = np.bincount(rack, weights=self._kept_limits_w(snap, ctx)[kept], minlength=site.n_racks)
-        others = site.cards_per_rack - np.bincount(rack, minlength=site.n_racks)
-        left_w = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w) - site.rack.host_overhead_w - kept_w
-        per_card = np.floor(left_w / np.maximum(others, 1))
-        per_card = np.clip(per_card, cfg.min_power_limit_w, site.card.power_limit_w)
-        return np.asarray(np.minimum(fs_lim, per_card), dtype=np.float64)
-
     def _reviewed(
         self,
         proposal: Decision,
@@ -409,7 +331,7 @@ class Guard:
         flow = None if speed is None else speed * ctx.rack_flow_full_lpm / site.loop_flow_per_rack_lpm()
         cooling = facility_cooling(site, it_w, setpoint, ctx.ambient_c, flow_fraction=1.0 if flow is None else flow)
         status = "failsafe" if fs_rack.any() else proposal.status
-        job_levels = {j.job_id: self._job_level(lvl, j.cards, sight.level_kept) for j in load.jobs}
+        job_levels = {j.job_id: job_level(lvl, j.cards, sight.level_kept) for j in load.jobs}
         return proposal.replace(
             card_level=lvl,
             card_low_power=lp & ~busy,
@@ -437,55 +359,6 @@ class Guard:
         )
 
     # ---- helpers -------------------------------------------------------------------------------
-    def _reported_levels(self, snap: StateSnapshot) -> IntArray:
-        """Each card's level as telemetry reports it, within the DVFS table."""
-        return np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, self._setup.model.n_levels - 1)
-
-    def _reported_limits_w(self, snap: StateSnapshot) -> FloatArray:
-        """Each card's power limit as telemetry reports it (an undefined one: the card's largest)."""
-        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
-        return np.asarray(np.where(np.isfinite(snap_lim), snap_lim, self.site.card.power_limit_w), dtype=np.float64)
-
-    def _kept_levels(self, snap: StateSnapshot, ctx: StepContext) -> IntArray:
-        """Each card's level in force, as step 3a keeps it and steps 2 and 3 count from it: the faster
-        (level 0 is the fastest) of the one telemetry reports and the one its rack confirmed applying
-        (``ctx.applied_level``, -1: none; the commands' diff counts from it, ``agent.command_diff``):
-        telemetry shows a raise the rack applied up to one telemetry period later, and the card runs at
-        the faster level meanwhile."""
-        reported = self._reported_levels(snap)
-        if ctx.applied_level is None:
-            return reported
-        confirmed = np.asarray(ctx.applied_level, dtype=np.int64)
-        faster = np.minimum(reported, np.clip(confirmed, 0, self._setup.model.n_levels - 1))
-        return np.asarray(np.where(confirmed >= 0, faster, reported), dtype=np.int64)
-
-    def _kept_limits_w(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray:
-        """Each card's power limit as step 3a keeps it: the higher of the one telemetry reports
-        (:meth:`_reported_limits_w`) and the one its rack confirmed applying (``ctx.applied_power_limit_w``,
-        NaN: none), as :meth:`_kept_levels`."""
-        reported = self._reported_limits_w(snap)
-        if ctx.applied_power_limit_w is None:
-            return reported
-        confirmed = np.asarray(ctx.applied_power_limit_w, dtype=np.float64)
-        return np.asarray(np.where(np.isfinite(confirmed), np.fmax(reported, confirmed), reported), dtype=np.float64)
-
-    @staticmethod
-    def _kept_low_power(snap_lp: BoolArray, ctx: StepContext) -> BoolArray:
-        """Each card's low-power state as step 3a keeps it: asleep only where telemetry reports it asleep
-        (``snap_lp``) and its rack did not confirm it awake (``ctx.applied_low_power`` 0.0; NaN: none), as
-        :meth:`_kept_levels`: telemetry shows a wake the rack applied up to one telemetry period later, and
-        the card draws awake meanwhile (where its rack confirmed a sleep telemetry does not show, awake too)."""
-        if ctx.applied_low_power is None:
-            return snap_lp
-        return np.asarray(snap_lp & (np.asarray(ctx.applied_low_power, dtype=np.float64) != 0.0), dtype=np.bool_)
-
-    @staticmethod
-    def _job_level(lvl: IntArray, cards: IntArray, level_kept: BoolArray) -> int:
-        """A job's level: the one its cards whose level commands set share (a card ``level_kept`` keeps
-        the level in force, step 3a); the slowest of its cards' when commands set none's."""
-        reached = cards[~level_kept[cards]]
-        return int(lvl[reached if reached.size else cards].max())
-
     def _observe(self, snap_lp: BoolArray, now_s: float) -> None:
         """Note when each card's low-power state changed (as telemetry shows it)."""
         if self._seen_lp is not None:
