@@ -105,7 +105,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from agent.config import ControlConfig
-from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
+from agent.decision import Decision, StepContext
 from agent.guard_caps import enforce_caps, low_power_w, power_table_w
 from agent.guard_dies import enforce_dies
 from agent.guard_draft import (
@@ -114,17 +114,17 @@ from agent.guard_draft import (
     Draft,
     FloatArray,
     GuardSetup,
-    IntArray,
     Notes,
     Sight,
     failsafe_card_limit_w,
-    one_level_per_job,
     rack_measured_caps_w,
     rack_modelled_caps_w,
 )
 from agent.guard_failsafe import apply_failsafe, failsafe_beside_kept
 from agent.guard_in_force import job_level, keep_in_force, kept_levels
 from agent.guard_pumps import review_pumps, thermal_at_speeds
+from agent.guard_rate_limits import hold_low_power, limit_level_raises, limit_setpoint
+from agent.guard_sanity import check_shapes, sanitize
 from agent.load import predict
 from twin.cooling import facility_cooling
 from twin.spec import SiteSpec
@@ -166,29 +166,30 @@ class Guard:
         works on what the steps before it let through; ``notes`` collects their explanation lines).
         ``in_flight``: ``(job id, cards)`` of placements earlier decisions sent whose jobs the snapshot
         still shows queued (``agent.placing.PlacementBook.in_flight``): their cards are busy."""
-        self._check_shapes(proposal)
+        gs = self._setup  # what every step reads (agent.guard_draft.GuardSetup)
+        check_shapes(gs, proposal)
         site, cfg = self.site, self.control
         notes = Notes()
         snap_lp = np.asarray(snap.card_low_power, dtype=bool)
         self._observe(snap_lp, ctx.now_s)
-        sight = Sight.of(site, ctx, self._setup.card_rack, snap)
+        sight = Sight.of(site, ctx, gs.card_rack, snap)
 
         # 1. sanity; 2. rate limits
-        draft = self._sanitize(proposal, snap, ctx, sight, notes, in_flight)
-        setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
-        in_force_lv = kept_levels(self._setup, snap, ctx)  # the levels the cards run at (reported or confirmed)
-        self._limit_level_raises(draft, in_force_lv, notes)
-        self._hold_low_power(draft, snap_lp, ctx.now_s)
+        draft = sanitize(gs, proposal, snap, ctx, sight, notes, in_flight)
+        setpoint = limit_setpoint(gs, proposal.supply_temp_c, ctx.setpoint_c, notes)
+        in_force_lv = kept_levels(gs, snap, ctx)  # the levels the cards run at (reported or confirmed)
+        limit_level_raises(gs, draft, in_force_lv, notes)
+        hold_low_power(gs, draft, snap_lp, ctx.now_s, self._toggle_s)
 
         # 3. fail-safe racks
         fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
         if sight.limit_kept.any():  # the limits the others share beside those no command changes
-            fs_lim = failsafe_beside_kept(self._setup, fs_lim, snap, sight.limit_kept, ctx)
+            fs_lim = failsafe_beside_kept(gs, fs_lim, snap, sight.limit_kept, ctx)
         if sight.failsafe_rack.any():
-            apply_failsafe(self._setup, draft, snap, snap_lp, in_force_lv, sight, fs_lim, ctx.stuck_cards, notes)
+            apply_failsafe(gs, draft, snap, snap_lp, in_force_lv, sight, fs_lim, ctx.stuck_cards, notes)
         # settings no command changes stay as the racks have them (before any prediction counts on them)
         if sight.any_kept():
-            keep_in_force(self._setup, draft, snap, snap_lp, sight, ctx)
+            keep_in_force(gs, draft, snap, snap_lp, sight, ctx)
 
         # 3b. pumps, then the thermal conditions steps 4-5 and the predictions use
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
@@ -196,113 +197,24 @@ class Guard:
         measured_caps = rack_measured_caps_w(site, cfg)
         modelled_caps = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w)
         speed = review_pumps(
-            self._setup,
-            proposal.rack_pump_speed_frac,
-            draft,
-            inlet,
-            off,
-            measured_caps,
-            sight.failsafe_rack,
-            ctx,
-            notes,
+            gs, proposal.rack_pump_speed_frac, draft, inlet, off, measured_caps, sight.failsafe_rack, ctx, notes
         )
-        r_eff, off = thermal_at_speeds(self._setup, speed, off, ctx)
+        r_eff, off = thermal_at_speeds(gs, speed, off, ctx)
 
         # 4. caps; 5. dies
-        table = power_table_w(self._setup, draft.load, inlet, r_eff, off)
-        lp_w = low_power_w(self._setup, inlet, r_eff, off)
+        table = power_table_w(gs, draft.load, inlet, r_eff, off)
+        lp_w = low_power_w(gs, inlet, r_eff, off)
         failed = np.asarray(snap.card_failed, dtype=bool)
         enforce_caps(
-            self._setup,
-            draft,
-            table,
-            lp_w,
-            modelled_caps,
-            fs_lim,
-            failed,
-            notes,
-            unseen=sight.unseen_card,
-            sight=sight,
+            gs, draft, table, lp_w, modelled_caps, fs_lim, failed, notes, unseen=sight.unseen_card, sight=sight
         )
-        enforce_dies(self._setup, draft, table, inlet, r_eff, off, notes, sight=sight)
+        enforce_dies(gs, draft, table, inlet, r_eff, off, notes, sight=sight)
 
         return self._reviewed(
             proposal, draft, failed, setpoint, speed, sight, inlet, r_eff, off, measured_caps, ctx, notes
         )
 
-    # ---- the steps of review, in its order -------------------------------------------------------
-    def _check_shapes(self, proposal: Decision) -> None:
-        """A proposal has one level, low-power flag and power limit per card (a ValueError if not)."""
-        n = self.site.n_cards
-        for name in ("card_level", "card_low_power", "card_power_limit_w"):
-            if np.shape(getattr(proposal, name)) != (n,):
-                raise ValueError(f"decision.{name} must have one entry per card ({n})")
-
-    def _sanitize(
-        self,
-        proposal: Decision,
-        snap: StateSnapshot,
-        ctx: StepContext,
-        sight: Sight,
-        notes: Notes,
-        in_flight: Sequence[tuple[str, Sequence[int]]] = (),
-    ) -> Draft:
-        """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one, NaN or
-        infinite, is the slowest; a fractional one is rounded to the slower level), power limits to the
-        card's range (an undefined one is the largest), placements kept only when valid
-        (:meth:`_valid_placements`; a queued job whose placement is dropped gets a ``placement_dropped``
-        queue wait), and busy cards awake."""
-        site, cfg = self.site, self.control
-        slowest = self._setup.model.n_levels - 1
-        raw = np.asarray(proposal.card_level, dtype=np.float64)
-        # the safe side: an undefined level (NaN, +-inf) is the slowest, a fractional one the slower of its two
-        raw = np.clip(np.where(np.isfinite(raw), np.ceil(raw), slowest), 0, slowest)
-        lvl: IntArray = raw.astype(np.int64)
-        max_lim = site.card.power_limit_w
-        lim = np.asarray(proposal.card_power_limit_w, dtype=np.float64)
-        lim = np.clip(np.where(np.isfinite(lim), lim, max_lim), cfg.min_power_limit_w, max_lim)
-        lp = np.asarray(proposal.card_low_power, dtype=bool).copy()
-        # placements in flight: valid ones only (site_load), the decision's own order for a job replaces them
-        own = {o.job_id for o in proposal.placements}
-        flying = [(jid, tuple(int(c) for c in cards)) for jid, cards in in_flight if jid not in own]
-        flying_load = ctx.load_of(site, snap, flying)
-        held = [(j.job_id, tuple(int(c) for c in j.cards)) for j in flying_load.jobs if j.origin == "placing"]
-        orders, dropped = self._valid_placements(proposal.placements, snap, ctx, sight.unplaceable_card, held)
-        queue_waits = dict(proposal.queue_waits)
-        if dropped:
-            notes.add(
-                "placements_dropped", f"placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued"
-            )
-            queued_ids = {q.job_id for q in snap.queue}
-            why = "the guard dropped its placement: cards not free, not seen or said failed by a refusal"
-            placed_ids = {o.job_id for o in orders}
-            queue_waits.update(
-                (jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids - placed_ids
-            )
-        load = ctx.load_of(site, snap, [*held, *((o.job_id, o.cards) for o in orders)])
-        lp[load.busy] = False
-        return Draft(load, orders, queue_waits, lvl, lp, lim)
-
-    def _limit_level_raises(self, draft: Draft, in_force_lv: IntArray, notes: Notes) -> None:
-        """Step 2 (module docstring), rate limits on levels: a card's level rises (toward faster clocks)
-        by at most ``max_level_raise_per_period`` from the level in force (``in_force_lv``,
-        :meth:`_kept_levels`: as reported, or the faster one its rack confirmed since, from which the
-        commands' diff counts); then all cards of a job get one level, the slowest any of them has."""
-        step = self.control.max_level_raise_per_period
-        cur = in_force_lv
-        limited = draft.level < cur - step
-        if limited[draft.load.busy].any():
-            notes.add("level_raise_limited", f"level raises limited to {step} per decision")
-        draft.level = np.maximum(draft.level, cur - step)
-        one_level_per_job(draft)
-
-    def _hold_low_power(self, draft: Draft, snap_lp: BoolArray, now_s: float) -> None:
-        """Step 2 (module docstring), no flapping: an idle card whose low-power state changed less than
-        ``low_power_hold_s`` ago (as telemetry showed it, :meth:`_observe`) keeps the state it reports."""
-        change = draft.load.idle & (draft.low_power != snap_lp)
-        held = change & (now_s - self._toggle_s < self.control.low_power_hold_s)
-        draft.low_power[held] = snap_lp[held]
-
+    # ---- the decision that leaves --------------------------------------------------------------
     def _reviewed(
         self,
         proposal: Decision,
@@ -365,61 +277,3 @@ class Guard:
             changed = snap_lp != self._seen_lp
             self._toggle_s[changed] = now_s
         self._seen_lp = snap_lp.copy()
-
-    def _valid_placements(
-        self,
-        placements: tuple[PlacementOrder, ...],
-        snap: StateSnapshot,
-        ctx: StepContext,
-        unplaceable_card: BoolArray,
-        in_flight: Sequence[tuple[str, tuple[int, ...]]] = (),
-    ) -> tuple[list[PlacementOrder], list[str]]:
-        """Step 1 (module docstring), placements: the orders kept (cards sorted) and the job ids of those
-        dropped. An order is kept when its job is queued, not placed by an earlier order, and its cards
-        are as many as the job asks, distinct, free (idle, not failed), placeable (not
-        ``unplaceable_card``: seen, not said failed by a refusal, ``StepContext.unplaceable_card_mask``)
-        and not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
-        n = self.site.n_cards
-        now_load = ctx.load_of(self.site, snap)
-        free = now_load.idle & ~unplaceable_card
-        queued = {q.job_id: q.n_cards for q in snap.queue}
-        taken = np.zeros(n, dtype=bool)
-        for _jid, held in in_flight:
-            taken[list(held)] = True
-        placed: set[str] = set()  # a job is placed once: then it is no longer queued
-        ok: list[PlacementOrder] = []
-        dropped: list[str] = []
-        for o in placements:
-            cards = np.asarray(o.cards, dtype=np.int64).reshape(-1)
-            good = (
-                o.job_id in queued
-                and cards.size == queued[o.job_id]
-                and cards.size > 0
-                and bool(np.all((cards >= 0) & (cards < n)))
-                and np.unique(cards).size == cards.size
-            )
-            if good and o.job_id not in placed and bool(np.all(free[cards])) and not bool(np.any(taken[cards])):
-                taken[cards] = True
-                placed.add(o.job_id)
-                ok.append(PlacementOrder(o.job_id, tuple(int(c) for c in np.sort(cards))))
-            else:
-                dropped.append(o.job_id)
-        return ok, dropped
-
-    def _limit_setpoint(self, wanted_c: float, current_c: float, notes: Notes) -> float:
-        """Step 2 (module docstring), set-point: the proposed supply set-point (the one in force if it is
-        undefined; the site's design set-point if that is unknown too) within the site's options, moved
-        by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
-        opts = self.site.facility.supply_temp_options_c
-        lo, hi = min(opts), max(opts)
-        if math.isfinite(wanted_c):
-            target = wanted_c
-        else:  # never an undefined set-point: every prediction below would be NaN and hold no cap
-            target = current_c if math.isfinite(current_c) else self.site.facility.supply_temp_c
-        target = min(max(target, lo), hi)
-        step = self.control.max_setpoint_step_k
-        if math.isfinite(current_c) and abs(target - current_c) > step + 1e-9:
-            limited = current_c + math.copysign(step, target - current_c)
-            notes.add("setpoint_limited", f"set-point move {current_c:g} -> {target:g} deg C limited to {limited:g}")
-            target = min(max(limited, lo), hi)
-        return float(target)
