@@ -2,91 +2,92 @@
 under its limit, whatever plan it is given.
 
 :meth:`Guard.review` takes a proposed :class:`agent.decision.Decision` (from the models, the greedy
-fallback, or anything else) and returns the decision that may be sent. It recomputes everything
-with the twin's own functions (``agent.load.predict``), independently of the solver's rows:
+fallback, or anything else) and returns the decision that may be sent. It recomputes everything with
+the twin's own functions (``agent.load.predict``), independently of the solver's rows, in the steps
+below, each in a module of its own that ``review`` calls in order (the low-power changes step 2 holds
+against are the one thing the guard remembers, :meth:`Guard._observe`); what they share (the draft
+decision, the masks of what is not seen or kept, the explanation lines, the caps in watts) is in
+``agent.guard_draft``:
 
-1. **Sanity**: levels clipped to the DVFS table (an undefined one the slowest, a fractional one the
-   slower of its two), power limits to the card's range, placements kept
-   only when the job is queued (once per job) and its cards are free (idle, not failed, not held by
-   a placement in flight), seen (not on a blind rack, not a stuck card) and not said failed by a
-   ``card_failed`` refusal no reading has confirmed (``StepContext.refused_failed_cards``; counted as
-   their readings say everywhere else, at the settings in force: step 3a); busy cards are awake (a
-   placed card is woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs
-   not yet seen started) hold their cards as busy like the decision's own: awake, budgeted as
-   computing, never put to low-power idle (neither for a cap nor by the low-power hold).
-2. **Rate limits**: a card's level rises (toward faster clocks) by at most
-   ``max_level_raise_per_period`` per decision, counted from the level in force (step 3a: as reported
-   or, where its rack confirmed a faster one since, that one: the rate limit never slows a card below
-   what its rack applied); the supply set-point moves by at most
-   ``max_setpoint_step_k`` (an undefined one stays at the one in force, or the site's design
-   set-point when none is known); an idle card whose low-power state changed less than
-   ``low_power_hold_s`` ago keeps it (no flapping); all cards of a job get one level (the job runs at
-   the pace of its slowest card).
-3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
-   get per-card power limits whose sum plus host overhead stays under the rack's cap
-   (``(limit - margin - extra - host) / cards``; with cards at the limits in force, step 3a, the
-   other cards share what those leave, no more than that). On *blind* racks (stale,
-   or frozen as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets
-   the slowest level (``failsafe_lowest_level``; otherwise no faster than the level in force, step 3a);
-   a rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are
-   seen; the stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle
-   cards the agent cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep
-   on stale data: they keep the low-power state they last reported (a command the agent cannot see
-   take effect, and that its rack's fail-safe limits make unnecessary for the cap).
-3a. **Settings no command changes**: a card a ``card_failed`` refusal says failed, no reading having
-   confirmed it (``StepContext.refused_failed_cards``), gets no command (``agent.command_diff`` leaves
-   it out of levels, power limits, sleeps and wakes) while its rack may read it alive (a stale
-   scheduler's refusal, a repeat's hold): it keeps the level and power limit in force (a busy one
-   too; its job's other cards get the job's level, and ``Decision.job_levels`` is theirs) and an idle
-   one the low-power state in force, neither woken nor put to sleep. A card a refusal of another
-   reason holds one kind of setting back on (``Overlays.backoff``, ``command_ttl_s`` from the
-   refusal: ``StepContext.held_level_cards``, ``held_limit_cards``, ``held_sleep_cards``) keeps that
-   kind alone as in force (its level, its power limit, or, idle, its low-power state); its
+1. **Sanity** (``agent.guard_sanity``): levels clipped to the DVFS table (an undefined one the slowest,
+   a fractional one the slower of its two), power limits to the card's range, placements kept only when
+   the job is queued (once per job) and its cards are free (idle, not failed, not held by a placement
+   in flight), seen (not on a blind rack, not a stuck card) and not said failed by a ``card_failed``
+   refusal no reading has confirmed (``StepContext.refused_failed_cards``; counted as their readings
+   say everywhere else, at the settings in force: step 3a); busy cards are awake (a placed card is
+   woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs not yet seen
+   started) hold their cards as busy like the decision's own: awake, budgeted as computing, never put
+   to low-power idle (neither for a cap nor by the low-power hold).
+2. **Rate limits** (``agent.guard_rate_limits``): a card's level rises (toward faster clocks) by at
+   most ``max_level_raise_per_period`` per decision, counted from the level in force (step 3a: as
+   reported or, where its rack confirmed a faster one since, that one: the rate limit never slows a
+   card below what its rack applied); the supply set-point moves by at most ``max_setpoint_step_k`` (an
+   undefined one stays at the one in force, or the site's design set-point when none is known); an idle
+   card whose low-power state changed less than ``low_power_hold_s`` ago keeps it (no flapping); all
+   cards of a job get one level (the job runs at the pace of its slowest card).
+3. **Fail-safe** (``agent.guard_failsafe``): racks whose telemetry is stale or has a stuck sensor
+   (``StepContext.failsafe_racks``) get per-card power limits whose sum plus host overhead stays under
+   the rack's cap (``(limit - margin - extra - host) / cards``; with cards at the limits in force, step
+   3a, the other cards share what those leave, no more than that). On *blind* racks (stale, or frozen
+   as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets the
+   slowest level (``failsafe_lowest_level``; otherwise no faster than the level in force, step 3a); a
+   rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are seen; the
+   stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle cards the agent
+   cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep on stale data: they
+   keep the low-power state they last reported (a command the agent cannot see take effect, and that
+   its rack's fail-safe limits make unnecessary for the cap).
+3a. **Settings no command changes** (``agent.guard_in_force``): a card a ``card_failed`` refusal says
+   failed, no reading having confirmed it (``StepContext.refused_failed_cards``), gets no command
+   (``agent.command_diff`` leaves it out of levels, power limits, sleeps and wakes) while its rack may
+   read it alive (a stale scheduler's refusal, a repeat's hold): it keeps the level and power limit in
+   force (a busy one too; its job's other cards get the job's level, and ``Decision.job_levels`` is
+   theirs) and an idle one the low-power state in force, neither woken nor put to sleep. A card a
+   refusal of another reason holds one kind of setting back on (``Overlays.backoff``, ``command_ttl_s``
+   from the refusal: ``StepContext.held_level_cards``, ``held_limit_cards``, ``held_sleep_cards``)
+   keeps that kind alone as in force (its level, its power limit, or, idle, its low-power state); its
    other settings are the decision's (a card whose level is held may still get a power limit or sleep).
    A setting *in force* is the one telemetry reports or, where the card's rack confirmed applying a
    faster level, a higher limit or a wake (its retained applied state: ``StepContext.applied_level``,
    ``applied_power_limit_w``, ``applied_low_power``; the commands' diff counts from the confirmed
    level), the confirmed one: telemetry shows a setting the rack applied up to one telemetry period
    later, and the card draws at it meanwhile (where nothing is confirmed, as reported). So a kept idle
-   card is asleep only where telemetry shows it asleep and its rack did not confirm it awake.
-   Steps 3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit
-   for a cap or a die): a rack or die they cannot hold without it is said not held. The service's
-   context has the refusals in force, and what the racks confirmed, when the guard reviews, those
-   acked during the solve included.
-3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
-   site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
-   the levels so far with every busy card computing, the twin predicts a die over its limit, the
-   rack over its cap or the loop's rise over ``max_delta_t_k`` at its proposed speed gets full
-   speed. Steps 4-5 and the predictions then
-   use each card's resistance at its rack's speed and its die offset scaled to that speed
-   (``agent.pumps.offset_at_speed``).
-4. **Caps**: the twin predicts every card's power with every busy card *computing* at its level
-   (a job in a stall or a checkpoint may resume at any moment) and its die at the warmer of the
-   rack's measured supply and the new set-point, plus the card's measured die offset
-   (``StepContext.die_offset_k``: the twin's persistent error, never a transient, ``agent.offsets``;
-   the same array the planner used). While a rack is over ``limit - margin - extra``, the
-   job of that rack whose next slower level gives up the least value per watt saved steps down;
-   then awake idle cards it can see go to low-power idle; if the rack is still over (its jobs all at the
-   slowest level), every card of the rack whose power limit commands set gets the fail-safe power
-   limit (cards that keep the limit in force, step 3a, keep it: the others share what it leaves).
-   That holds the cap unless
-   the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts), or cards
-   at settings in force (step 3a) draw more than it: the
-   configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
-   but not power the twin does not explain (``rack_extra_w``, e.g. 30 kW more on a PDU than its cards
-   and hosts draw); then the guard says the rack cannot be held (an explanation line, its predicted
-   power over its cap in the metrics; the periodic decision's plan, relaxed at the cap, is
-   ``infeasible``) and no lever of the agent is left.
-5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
-   the slowest level its power limit is set to what the die limit allows. The explanation lines say
-   which jobs were slowed (to which level), which were power-limited at the slowest level, and which
-   dies cannot be held even at ``control.min_power_limit_w`` or are on cards that keep the power limit
-   in force (step 3a; no lever of the agent is left for them).
+   card is asleep only where telemetry shows it asleep and its rack did not confirm it awake. Steps
+   3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit for a cap
+   or a die): a rack or die they cannot hold without it is said not held. The service's context has the
+   refusals in force, and what the racks confirmed, when the guard reviews, those acked during the
+   solve included.
+3b. **Pumps** (``agent.guard_pumps``; when the decision sets pump speeds, ``agent.pumps``): speeds are
+   clipped to the site's range (an undefined one is full speed); fail-safe racks get full speed; a rack
+   where, at the levels so far with every busy card computing, the twin predicts a die over its limit,
+   the rack over its cap or the loop's rise over ``max_delta_t_k`` at its proposed speed gets full
+   speed. Steps 4-5 and the predictions then use each card's resistance at its rack's speed and its die
+   offset scaled to that speed (``agent.pumps.offset_at_speed``).
+4. **Caps** (``agent.guard_caps``, with the power tables steps 4-5 predict with): the twin predicts
+   every card's power with every busy card *computing* at its level (a job in a stall or a checkpoint
+   may resume at any moment) and its die at the warmer of the rack's measured supply and the new
+   set-point, plus the card's measured die offset (``StepContext.die_offset_k``: the twin's persistent
+   error, never a transient, ``agent.offsets``; the same array the planner used). While a rack is over
+   ``limit - margin - extra``, the job of that rack whose next slower level gives up the least value
+   per watt saved steps down; then awake idle cards it can see go to low-power idle; if the rack is
+   still over (its jobs all at the slowest level), every card of the rack whose power limit commands
+   set gets the fail-safe power limit (cards that keep the limit in force, step 3a, keep it: the others
+   share what it leaves). That holds the cap unless the limit it needs is below
+   ``control.min_power_limit_w`` (the lowest a card accepts), or cards at settings in force (step 3a)
+   draw more than it: the configuration check rules that out for a site's own rack limits
+   (``agent.config.check_control``), but not power the twin does not explain (``rack_extra_w``, e.g.
+   30 kW more on a PDU than its cards and hosts draw); then the guard says the rack cannot be held (an
+   explanation line, its predicted power over its cap in the metrics; the periodic decision's plan,
+   relaxed at the cap, is ``infeasible``) and no lever of the agent is left.
+5. **Dies** (``agent.guard_dies``): a busy card predicted above ``slowdown_temp_c - die_margin_k``
+   slows its job down; at the slowest level its power limit is set to what the die limit allows. The
+   explanation lines say which jobs were slowed (to which level), which were power-limited at the
+   slowest level, and which dies cannot be held even at ``control.min_power_limit_w`` or are on cards
+   that keep the power limit in force (step 3a; no lever of the agent is left for them).
 
 Each explanation line the guard writes (``guard: ...``) comes with its action, one of
-:data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper; the explanation
-keeps the guard's first 12 lines, the actions are all kept), which ``racktwin_guard_actions_total``
-counts (``agent.metric_updates``).
+:data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper,
+``agent.guard_draft.Notes``; the explanation keeps the guard's first 12 lines, the actions are all
+kept), which ``racktwin_guard_actions_total`` counts (``agent.metric_updates``).
 
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps

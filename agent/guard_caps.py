@@ -45,7 +45,8 @@ class _CapBudget:
     rack_w: FloatArray
 
     def over(self, r: int, modelled_caps: FloatArray) -> bool:
-        """Rack ``r`` is predicted over its cap (``modelled_caps``, :func:`rack_modelled_caps_w`)."""
+        """Rack ``r`` is predicted over its cap (``modelled_caps``,
+        :func:`agent.guard_draft.rack_modelled_caps_w`)."""
         return bool(self.rack_w[r] > modelled_caps[r] + TOL_W)
 
 
@@ -99,14 +100,13 @@ def enforce_caps(
     unseen: BoolArray,
     sight: Sight,
 ) -> None:
-    """Step 4 (``agent.guard``'s module docstring), caps: ``draft``'s levels, low-power states and power limits
-    such that every rack's predicted power (``table``: every busy card computing) stays within
+    """Step 4 (``agent.guard``'s module docstring), caps: ``draft``'s levels, low-power states and power
+    limits such that every rack's predicted power (``table``: every busy card computing) stays within
     ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep); ``sight``'s
-    ``level_kept``, ``sleep_kept`` and ``limit_kept``: the cards whose level, low-power state or
-    power limit no command changes (step 3a: no lever changes that setting, their power counts at
-    it as in force). Each rack over its cap, in turn, takes the levers in the docstring's
-    order while it is still over: :func:`_slow_jobs_for_cap`, :func:`_sleep_idle_for_cap`,
-    :func:`_limit_power_for_cap`."""
+    ``level_kept``, ``sleep_kept`` and ``limit_kept``: the cards whose level, low-power state or power
+    limit no command changes (step 3a: no lever changes that setting, their power counts at it as in
+    force). Each rack over its cap, in turn, takes the levers in the docstring's order while it is still
+    over: :func:`_slow_jobs_for_cap`, :func:`_sleep_idle_for_cap`, :func:`_limit_power_for_cap`."""
     site = gs.site
     lp = draft.low_power & ~draft.load.busy
     power = card_power_w(table, lp_w, draft.level, lp, draft.power_limit_w, failed)
@@ -154,10 +154,10 @@ def _slow_jobs_for_cap(
     lowered: dict[str, int],
     level_kept: BoolArray,
 ) -> None:
-    """Step 4's first lever (``agent.guard``'s module docstring): while rack ``r`` is over its cap, the job of ``jobs``
-    (those with a card in it) whose next slower level gives up the least value per watt saved in the
-    rack (:func:`_cheapest_step`) steps down, all its cards (on every rack) whose level commands set
-    (not ``level_kept``: those keep the level in force, step 3a); until none can. ``lowered`` gets
+    """Step 4's first lever (``agent.guard``'s module docstring): while rack ``r`` is over its cap, the job
+    of ``jobs`` (those with a card in it) whose next slower level gives up the least value per watt saved
+    in the rack (:func:`_cheapest_step`) steps down, all its cards (on every rack) whose level commands
+    set (not ``level_kept``: those keep the level in force, step 3a); until none can. ``lowered`` gets
     each job slowed and its new level."""
     while b.over(r, modelled_caps):
         step = _cheapest_step(gs, r, b, load, jobs, table, level_kept)
@@ -215,10 +215,10 @@ def _cheapest_step(
 def _sleep_idle_for_cap(
     gs: GuardSetup, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, kept: BoolArray, notes: Notes
 ) -> None:
-    """Step 4's second lever (``agent.guard``'s module docstring), for rack ``r`` still over its cap with its jobs at
-    the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
-    keep the state they report, those no command reaches the state in force, step 3a) go to
-    low-power idle, with a line in ``notes``."""
+    """Step 4's second lever (``agent.guard``'s module docstring), for rack ``r`` still over its cap with its
+    jobs at the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
+    keep the state they report, those no command reaches the state in force, step 3a) go to low-power
+    idle, with a line in ``notes``."""
     awake_idle = np.flatnonzero((gs.card_rack == r) & load.idle & ~b.low_power & ~kept)
     if awake_idle.size:
         b.low_power[awake_idle] = True
@@ -244,13 +244,13 @@ def _limit_power_for_cap(
     sight: Sight,
     notes: Notes,
 ) -> None:
-    """Step 4's last lever (``agent.guard``'s module docstring), for rack ``r`` still over its cap after the other two:
-    every card of the rack whose power limit commands set (not failed, not ``sight.limit_kept``) gets
-    the fail-safe power limit ``fs_lim[r]`` (or keeps a lower one), with a line in ``notes``; when
-    even that does not hold the cap (the limit it would need is below ``min_power_limit_w``, or
-    cards at settings in force, step 3a, draw more than it), a line saying the rack cannot be
-    held and by how much, naming how many cards keep settings in force (no command reaches them,
-    or a refusal holds one back: a level, a power limit, an awake idle card's sleep)."""
+    """Step 4's last lever (``agent.guard``'s module docstring), for rack ``r`` still over its cap after the
+    other two: every card of the rack whose power limit commands set (not failed, not
+    ``sight.limit_kept``) gets the fail-safe power limit ``fs_lim[r]`` (or keeps a lower one), with a line
+    in ``notes``; when even that does not hold the cap (the limit it would need is below
+    ``min_power_limit_w``, or cards at settings in force, step 3a, draw more than it), a line saying the
+    rack cannot be held and by how much, naming how many cards keep settings in force (no command reaches
+    them, or a refusal holds one back: a level, a power limit, an awake idle card's sleep)."""
     site = gs.site
     in_r = (gs.card_rack == r) & ~failed & ~sight.limit_kept
     lim, power = b.power_limit_w, b.power_w

@@ -23,16 +23,15 @@ def enforce_dies(
     *,
     sight: Sight,
 ) -> None:
-    """Step 5 (``agent.guard``'s module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
-    held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
-    first level where all its cards are under it; a card still over at the slowest level gets the
-    power limit (whole watts, down, within the card's range) that its die limit allows. A card whose
-    level no command sets (``sight.level_kept``, step 3a) is not slowed: the job's other cards are
-    judged alone; one whose power limit no command sets (``sight.limit_kept``: no command reaches it,
-    or a refusal holds its limit back) is not limited, and its die over the limit has no lever.
-    ``notes`` says what was done (:func:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose
-    dies are over their limit even at the lowest power limit a card accepts or on cards whose limit
-    no command sets (no lever left)."""
+    """Step 5 (``agent.guard``'s module docstring), dies: a busy card whose die the twin predicts (``table``:
+    computing, held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
+    first level where all its cards are under it; a card still over at the slowest level gets the power
+    limit (whole watts, down, within the card's range) that its die limit allows. A card whose level no
+    command sets (``sight.level_kept``, step 3a) is not slowed: the job's other cards are judged alone;
+    one whose power limit no command sets (``sight.limit_kept``: no command reaches it, or a refusal holds
+    its limit back) is not limited, and its die over the limit has no lever. ``notes`` says what was done
+    (:func:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose dies are over their limit even
+    at the lowest power limit a card accepts or on cards whose limit no command sets (no lever left)."""
     site, cfg = gs.site, gs.control
     load, lvl, lim = draft.load, draft.level, draft.power_limit_w
     slowest = gs.model.n_levels - 1

@@ -37,13 +37,13 @@ def apply_failsafe(
     stuck_cards: tuple[int, ...],
     notes: Notes,
 ) -> None:
-    """Step 3 (``agent.guard``'s module docstring), fail-safe racks (stale telemetry or a stuck sensor): every card's
-    power limit becomes the lowest of the proposed one, the one it reports and its rack's fail-safe
-    limit ``fs_lim`` (:func:`failsafe_card_limit_w`, less beside cards no command reaches:
-    :func:`failsafe_beside_kept`; caps are never raised); cards on blind racks
-    and every job touching them get the slowest level (``failsafe_lowest_level``; otherwise no
-    faster than the level in force, ``in_force_lv``, :func:`agent.guard_in_force.kept_levels`, their jobs following
-    them); idle cards the agent cannot see keep the low-power state they last reported."""
+    """Step 3 (``agent.guard``'s module docstring), fail-safe racks (stale telemetry or a stuck sensor):
+    every card's power limit becomes the lowest of the proposed one, the one it reports and its rack's
+    fail-safe limit ``fs_lim`` (:func:`agent.guard_draft.failsafe_card_limit_w`, less beside cards no
+    command reaches: :func:`failsafe_beside_kept`; caps are never raised); cards on blind racks and every
+    job touching them get the slowest level (``failsafe_lowest_level``; otherwise no faster than the level
+    in force, ``in_force_lv``, :func:`agent.guard_in_force.kept_levels`, their jobs following them); idle
+    cards the agent cannot see keep the low-power state they last reported."""
     site, cfg = gs.site, gs.control
     card_rack = gs.card_rack
     fs_rack, blind_card = sight.failsafe_rack, sight.blind_card
@@ -71,12 +71,13 @@ def apply_failsafe(
 def failsafe_beside_kept(
     gs: GuardSetup, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, ctx: StepContext
 ) -> FloatArray:
-    """Per rack, the fail-safe power limit (steps 3 and 4) for its cards that commands reach when
-    ``kept`` cards (no command reaches them, step 3a) keep the limits in force (:func:`kept_limits_w`):
-    what those leave of the rack's cap shared among the others (floored to a watt, within the card's
-    accepted range), never above ``fs_lim`` (:func:`failsafe_card_limit_w`, every card at it). All the
-    rack's cards at their limits then stay within its cap, as without such cards, unless the others
-    would need less than ``min_power_limit_w``."""
+    """Per rack, the fail-safe power limit (steps 3 and 4) for its cards that commands reach when ``kept``
+    cards (no command reaches them, step 3a) keep the limits in force
+    (:func:`agent.guard_in_force.kept_limits_w`): what those leave of the rack's cap shared among the
+    others (floored to a watt, within the card's accepted range), never above ``fs_lim``
+    (:func:`agent.guard_draft.failsafe_card_limit_w`, every card at it). All the rack's cards at their
+    limits then stay within its cap, as without such cards, unless the others would need less than
+    ``min_power_limit_w``."""
     site, cfg = gs.site, gs.control
     rack = gs.card_rack[kept]
     kept_w = np.bincount(rack, weights=kept_limits_w(gs, snap, ctx)[kept], minlength=site.n_racks)

@@ -19,16 +19,15 @@ __all__ = ["job_level", "keep_in_force", "kept_levels", "kept_limits_w", "kept_l
 def keep_in_force(
     gs: GuardSetup, draft: Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: Sight, ctx: StepContext
 ) -> None:
-    """Step 3a (``agent.guard``'s module docstring), settings no command of the decision changes: ``agent.command_diff``
-    sends no level, power limit, sleep or wake to a card a ``card_failed`` refusal says failed, no
-    reading having confirmed it (``StepContext.refused_failed_cards``; its rack reads it alive), and
-    none of a kind a refusal holds back on a card (``StepContext.held_level_cards``,
-    ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps its level (``sight.level_kept``;
-    a busy one too: its job's other cards get the job's level) and its power limit
-    (``sight.limit_kept``) as in force (:func:`kept_levels`, :func:`kept_limits_w`: as reported,
-    or as its rack confirmed where that draws more), and an idle one its low-power state in force
-    (``sight.sleep_kept``: neither woken nor put to sleep; :func:`kept_low_power`); its other
-    settings are the decision's."""
+    """Step 3a (``agent.guard``'s module docstring), settings no command of the decision changes:
+    ``agent.command_diff`` sends no level, power limit, sleep or wake to a card a ``card_failed`` refusal
+    says failed, no reading having confirmed it (``StepContext.refused_failed_cards``; its rack reads it
+    alive), and none of a kind a refusal holds back on a card (``StepContext.held_level_cards``,
+    ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps its level (``sight.level_kept``; a busy
+    one too: its job's other cards get the job's level) and its power limit (``sight.limit_kept``) as in
+    force (:func:`kept_levels`, :func:`kept_limits_w`: as reported, or as its rack confirmed where that
+    draws more), and an idle one its low-power state in force (``sight.sleep_kept``: neither woken nor put
+    to sleep; :func:`kept_low_power`); its other settings are the decision's."""
     draft.level = np.where(sight.level_kept, kept_levels(gs, snap, ctx), draft.level)
     draft.power_limit_w = np.where(sight.limit_kept, kept_limits_w(gs, snap, ctx), draft.power_limit_w)
     draft.low_power = np.where(sight.sleep_kept & draft.load.idle, kept_low_power(snap_lp, ctx), draft.low_power)

@@ -27,11 +27,12 @@ def review_pumps(
     ctx: StepContext,
     notes: Notes,
 ) -> FloatArray | None:
-    """Step 3b (``agent.guard``'s module docstring): the pump speeds that may leave, or None (pumps not controlled).
-    ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra.
-    An undefined (NaN) speed is full speed; racks sent to full speed for their dies, cap or loop
-    rise get a line in ``notes`` (not those only clipped into the site's range, nor fail-safe racks).
-    The prediction is ``draft``'s levels, low-power states and limits so far, every busy card computing."""
+    """Step 3b (``agent.guard``'s module docstring): the pump speeds that may leave, or None (pumps not
+    controlled). ``measured_caps`` are :func:`agent.guard_draft.rack_measured_caps_w`: the prediction
+    below includes the extra. An undefined (NaN) speed is full speed; racks sent to full speed for their
+    dies, cap or loop rise get a line in ``notes`` (not those only clipped into the site's range, nor
+    fail-safe racks). The prediction is ``draft``'s levels, low-power states and limits so far, every busy
+    card computing."""
     if proposed is None:
         return None
     site = gs.site
@@ -64,8 +65,8 @@ def review_pumps(
 def thermal_at_speeds(
     gs: GuardSetup, speed: FloatArray | None, off: FloatArray, ctx: StepContext
 ) -> tuple[FloatArray, FloatArray]:
-    """Step 3b's consequence (``agent.guard``'s module docstring): each card's resistance and die offset at its rack's
-    pump speed that leaves, for steps 4-5 and the predictions (as measured when pumps are not
+    """Step 3b's consequence (``agent.guard``'s module docstring): each card's resistance and die offset at
+    its rack's pump speed that leaves, for steps 4-5 and the predictions (as measured when pumps are not
     controlled)."""
     if speed is None:
         return ctx.r_total_k_per_w, off

@@ -16,10 +16,11 @@ __all__ = ["hold_low_power", "limit_level_raises", "limit_setpoint"]
 
 
 def limit_level_raises(gs: GuardSetup, draft: Draft, in_force_lv: IntArray, notes: Notes) -> None:
-    """Step 2 (``agent.guard``'s module docstring), rate limits on levels: a card's level rises (toward faster clocks)
-    by at most ``max_level_raise_per_period`` from the level in force (``in_force_lv``,
-    :func:`agent.guard_in_force.kept_levels`: as reported, or the faster one its rack confirmed since, from which the
-    commands' diff counts); then all cards of a job get one level, the slowest any of them has."""
+    """Step 2 (``agent.guard``'s module docstring), rate limits on levels: a card's level rises (toward
+    faster clocks) by at most ``max_level_raise_per_period`` from the level in force (``in_force_lv``,
+    :func:`agent.guard_in_force.kept_levels`: as reported, or the faster one its rack confirmed since,
+    from which the commands' diff counts); then all cards of a job get one level, the slowest any of them
+    has."""
     step = gs.control.max_level_raise_per_period
     cur = in_force_lv
     limited = draft.level < cur - step
@@ -30,9 +31,9 @@ def limit_level_raises(gs: GuardSetup, draft: Draft, in_force_lv: IntArray, note
 
 
 def limit_setpoint(gs: GuardSetup, wanted_c: float, current_c: float, notes: Notes) -> float:
-    """Step 2 (``agent.guard``'s module docstring), set-point: the proposed supply set-point (the one in force if it is
-    undefined; the site's design set-point if that is unknown too) within the site's options, moved
-    by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
+    """Step 2 (``agent.guard``'s module docstring), set-point: the proposed supply set-point (the one in
+    force if it is undefined; the site's design set-point if that is unknown too) within the site's
+    options, moved by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
     opts = gs.site.facility.supply_temp_options_c
     lo, hi = min(opts), max(opts)
     if math.isfinite(wanted_c):
@@ -49,9 +50,9 @@ def limit_setpoint(gs: GuardSetup, wanted_c: float, current_c: float, notes: Not
 
 
 def hold_low_power(gs: GuardSetup, draft: Draft, snap_lp: BoolArray, now_s: float, toggle_s: FloatArray) -> None:
-    """Step 2 (``agent.guard``'s module docstring), no flapping: an idle card whose low-power state changed less than
-    ``low_power_hold_s`` ago (``toggle_s``: when it last changed as telemetry showed it, which the
-    guard notes, ``agent.guard.Guard``) keeps the state it reports."""
+    """Step 2 (``agent.guard``'s module docstring), no flapping: an idle card whose low-power state changed
+    less than ``low_power_hold_s`` ago (``toggle_s``: when it last changed as telemetry showed it, which
+    the guard notes, ``agent.guard.Guard``) keeps the state it reports."""
     change = draft.load.idle & (draft.low_power != snap_lp)
     held = change & (now_s - toggle_s < gs.control.low_power_hold_s)
     draft.low_power[held] = snap_lp[held]

@@ -34,11 +34,11 @@ def sanitize(
     notes: Notes,
     in_flight: Sequence[tuple[str, Sequence[int]]] = (),
 ) -> Draft:
-    """Step 1 (``agent.guard``'s module docstring), sanity: levels clipped to the DVFS table (an undefined one, NaN or
-    infinite, is the slowest; a fractional one is rounded to the slower level), power limits to the
-    card's range (an undefined one is the largest), placements kept only when valid
-    (:func:`_valid_placements`; a queued job whose placement is dropped gets a ``placement_dropped``
-    queue wait), and busy cards awake."""
+    """Step 1 (``agent.guard``'s module docstring), sanity: levels clipped to the DVFS table (an undefined
+    one, NaN or infinite, is the slowest; a fractional one is rounded to the slower level), power limits
+    to the card's range (an undefined one is the largest), placements kept only when valid
+    (:func:`_valid_placements`; a queued job whose placement is dropped gets a ``placement_dropped`` queue
+    wait), and busy cards awake."""
     site, cfg = gs.site, gs.control
     slowest = gs.model.n_levels - 1
     raw = np.asarray(proposal.card_level, dtype=np.float64)
@@ -79,11 +79,11 @@ def _valid_placements(
     unplaceable_card: BoolArray,
     in_flight: Sequence[tuple[str, tuple[int, ...]]] = (),
 ) -> tuple[list[PlacementOrder], list[str]]:
-    """Step 1 (``agent.guard``'s module docstring), placements: the orders kept (cards sorted) and the job ids of those
-    dropped. An order is kept when its job is queued, not placed by an earlier order, and its cards
-    are as many as the job asks, distinct, free (idle, not failed), placeable (not
-    ``unplaceable_card``: seen, not said failed by a refusal, ``StepContext.unplaceable_card_mask``)
-    and not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
+    """Step 1 (``agent.guard``'s module docstring), placements: the orders kept (cards sorted) and the job
+    ids of those dropped. An order is kept when its job is queued, not placed by an earlier order, and its
+    cards are as many as the job asks, distinct, free (idle, not failed), placeable (not
+    ``unplaceable_card``: seen, not said failed by a refusal, ``StepContext.unplaceable_card_mask``) and
+    not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
     n = gs.site.n_cards
     now_load = ctx.load_of(gs.site, snap)
     free = now_load.idle & ~unplaceable_card
