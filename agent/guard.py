@@ -2,91 +2,92 @@
 under its limit, whatever plan it is given.
 
 :meth:`Guard.review` takes a proposed :class:`agent.decision.Decision` (from the models, the greedy
-fallback, or anything else) and returns the decision that may be sent. It recomputes everything
-with the twin's own functions (``agent.load.predict``), independently of the solver's rows:
+fallback, or anything else) and returns the decision that may be sent. It recomputes everything with
+the twin's own functions (``agent.load.predict``), independently of the solver's rows, in the steps
+below, each in a module of its own that ``review`` calls in order (the low-power changes step 2 holds
+against are the one thing the guard remembers, :meth:`Guard._observe`); what they share (the draft
+decision, the masks of what is not seen or kept, the explanation lines, the caps in watts) is in
+``agent.guard_draft``:
 
-1. **Sanity**: levels clipped to the DVFS table (an undefined one the slowest, a fractional one the
-   slower of its two), power limits to the card's range, placements kept
-   only when the job is queued (once per job) and its cards are free (idle, not failed, not held by
-   a placement in flight), seen (not on a blind rack, not a stuck card) and not said failed by a
-   ``card_failed`` refusal no reading has confirmed (``StepContext.refused_failed_cards``; counted as
-   their readings say everywhere else, at the settings in force: step 3a); busy cards are awake (a
-   placed card is woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs
-   not yet seen started) hold their cards as busy like the decision's own: awake, budgeted as
-   computing, never put to low-power idle (neither for a cap nor by the low-power hold).
-2. **Rate limits**: a card's level rises (toward faster clocks) by at most
-   ``max_level_raise_per_period`` per decision, counted from the level in force (step 3a: as reported
-   or, where its rack confirmed a faster one since, that one: the rate limit never slows a card below
-   what its rack applied); the supply set-point moves by at most
-   ``max_setpoint_step_k`` (an undefined one stays at the one in force, or the site's design
-   set-point when none is known); an idle card whose low-power state changed less than
-   ``low_power_hold_s`` ago keeps it (no flapping); all cards of a job get one level (the job runs at
-   the pace of its slowest card).
-3. **Fail-safe**: racks whose telemetry is stale or has a stuck sensor (``StepContext.failsafe_racks``)
-   get per-card power limits whose sum plus host overhead stays under the rack's cap
-   (``(limit - margin - extra - host) / cards``; with cards at the limits in force, step 3a, the
-   other cards share what those leave, no more than that). On *blind* racks (stale,
-   or frozen as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets
-   the slowest level (``failsafe_lowest_level``; otherwise no faster than the level in force, step 3a);
-   a rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are
-   seen; the stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle
-   cards the agent cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep
-   on stale data: they keep the low-power state they last reported (a command the agent cannot see
-   take effect, and that its rack's fail-safe limits make unnecessary for the cap).
-3a. **Settings no command changes**: a card a ``card_failed`` refusal says failed, no reading having
-   confirmed it (``StepContext.refused_failed_cards``), gets no command (``agent.command_diff`` leaves
-   it out of levels, power limits, sleeps and wakes) while its rack may read it alive (a stale
-   scheduler's refusal, a repeat's hold): it keeps the level and power limit in force (a busy one
-   too; its job's other cards get the job's level, and ``Decision.job_levels`` is theirs) and an idle
-   one the low-power state in force, neither woken nor put to sleep. A card a refusal of another
-   reason holds one kind of setting back on (``Overlays.backoff``, ``command_ttl_s`` from the
-   refusal: ``StepContext.held_level_cards``, ``held_limit_cards``, ``held_sleep_cards``) keeps that
-   kind alone as in force (its level, its power limit, or, idle, its low-power state); its
+1. **Sanity** (``agent.guard_sanity``): levels clipped to the DVFS table (an undefined one the slowest,
+   a fractional one the slower of its two), power limits to the card's range, placements kept only when
+   the job is queued (once per job) and its cards are free (idle, not failed, not held by a placement
+   in flight), seen (not on a blind rack, not a stuck card) and not said failed by a ``card_failed``
+   refusal no reading has confirmed (``StepContext.refused_failed_cards``; counted as their readings
+   say everywhere else, at the settings in force: step 3a); busy cards are awake (a placed card is
+   woken). Placements in flight (``in_flight``: sent by earlier decisions, their jobs not yet seen
+   started) hold their cards as busy like the decision's own: awake, budgeted as computing, never put
+   to low-power idle (neither for a cap nor by the low-power hold).
+2. **Rate limits** (``agent.guard_rate_limits``): a card's level rises (toward faster clocks) by at
+   most ``max_level_raise_per_period`` per decision, counted from the level in force (step 3a: as
+   reported or, where its rack confirmed a faster one since, that one: the rate limit never slows a
+   card below what its rack applied); the supply set-point moves by at most ``max_setpoint_step_k`` (an
+   undefined one stays at the one in force, or the site's design set-point when none is known); an idle
+   card whose low-power state changed less than ``low_power_hold_s`` ago keeps it (no flapping); all
+   cards of a job get one level (the job runs at the pace of its slowest card).
+3. **Fail-safe** (``agent.guard_failsafe``): racks whose telemetry is stale or has a stuck sensor
+   (``StepContext.failsafe_racks``) get per-card power limits whose sum plus host overhead stays under
+   the rack's cap (``(limit - margin - extra - host) / cards``; with cards at the limits in force, step
+   3a, the other cards share what those leave, no more than that). On *blind* racks (stale, or frozen
+   as a whole: ``StepContext.blind_racks``) every card and every job touching them also gets the
+   slowest level (``failsafe_lowest_level``; otherwise no faster than the level in force, step 3a); a
+   rack with one card's sensor stuck keeps its jobs' levels (its PDU, loop and other dies are seen; the
+   stuck card's die is bounded by its cap in step 5). Caps are never raised, and idle cards the agent
+   cannot see (blind racks, stuck cards) are never placed on, woken or put to sleep on stale data: they
+   keep the low-power state they last reported (a command the agent cannot see take effect, and that
+   its rack's fail-safe limits make unnecessary for the cap).
+3a. **Settings no command changes** (``agent.guard_in_force``): a card a ``card_failed`` refusal says
+   failed, no reading having confirmed it (``StepContext.refused_failed_cards``), gets no command
+   (``agent.command_diff`` leaves it out of levels, power limits, sleeps and wakes) while its rack may
+   read it alive (a stale scheduler's refusal, a repeat's hold): it keeps the level and power limit in
+   force (a busy one too; its job's other cards get the job's level, and ``Decision.job_levels`` is
+   theirs) and an idle one the low-power state in force, neither woken nor put to sleep. A card a
+   refusal of another reason holds one kind of setting back on (``Overlays.backoff``, ``command_ttl_s``
+   from the refusal: ``StepContext.held_level_cards``, ``held_limit_cards``, ``held_sleep_cards``)
+   keeps that kind alone as in force (its level, its power limit, or, idle, its low-power state); its
    other settings are the decision's (a card whose level is held may still get a power limit or sleep).
    A setting *in force* is the one telemetry reports or, where the card's rack confirmed applying a
    faster level, a higher limit or a wake (its retained applied state: ``StepContext.applied_level``,
    ``applied_power_limit_w``, ``applied_low_power``; the commands' diff counts from the confirmed
    level), the confirmed one: telemetry shows a setting the rack applied up to one telemetry period
    later, and the card draws at it meanwhile (where nothing is confirmed, as reported). So a kept idle
-   card is asleep only where telemetry shows it asleep and its rack did not confirm it awake.
-   Steps 3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit
-   for a cap or a die): a rack or die they cannot hold without it is said not held. The service's
-   context has the refusals in force, and what the racks confirmed, when the guard reviews, those
-   acked during the solve included.
-3b. **Pumps** (when the decision sets pump speeds, ``agent.pumps``): speeds are clipped to the
-   site's range (an undefined one is full speed); fail-safe racks get full speed; a rack where, at
-   the levels so far with every busy card computing, the twin predicts a die over its limit, the
-   rack over its cap or the loop's rise over ``max_delta_t_k`` at its proposed speed gets full
-   speed. Steps 4-5 and the predictions then
-   use each card's resistance at its rack's speed and its die offset scaled to that speed
-   (``agent.pumps.offset_at_speed``).
-4. **Caps**: the twin predicts every card's power with every busy card *computing* at its level
-   (a job in a stall or a checkpoint may resume at any moment) and its die at the warmer of the
-   rack's measured supply and the new set-point, plus the card's measured die offset
-   (``StepContext.die_offset_k``: the twin's persistent error, never a transient, ``agent.offsets``;
-   the same array the planner used). While a rack is over ``limit - margin - extra``, the
-   job of that rack whose next slower level gives up the least value per watt saved steps down;
-   then awake idle cards it can see go to low-power idle; if the rack is still over (its jobs all at the
-   slowest level), every card of the rack whose power limit commands set gets the fail-safe power
-   limit (cards that keep the limit in force, step 3a, keep it: the others share what it leaves).
-   That holds the cap unless
-   the limit it needs is below ``control.min_power_limit_w`` (the lowest a card accepts), or cards
-   at settings in force (step 3a) draw more than it: the
-   configuration check rules that out for a site's own rack limits (``agent.config.check_control``),
-   but not power the twin does not explain (``rack_extra_w``, e.g. 30 kW more on a PDU than its cards
-   and hosts draw); then the guard says the rack cannot be held (an explanation line, its predicted
-   power over its cap in the metrics; the periodic decision's plan, relaxed at the cap, is
-   ``infeasible``) and no lever of the agent is left.
-5. **Dies**: a busy card predicted above ``slowdown_temp_c - die_margin_k`` slows its job down; at
-   the slowest level its power limit is set to what the die limit allows. The explanation lines say
-   which jobs were slowed (to which level), which were power-limited at the slowest level, and which
-   dies cannot be held even at ``control.min_power_limit_w`` or are on cards that keep the power limit
-   in force (step 3a; no lever of the agent is left for them).
+   card is asleep only where telemetry shows it asleep and its rack did not confirm it awake. Steps
+   3b-5 count each kept setting so and take no lever on it (no sleep, slowing or power limit for a cap
+   or a die): a rack or die they cannot hold without it is said not held. The service's context has the
+   refusals in force, and what the racks confirmed, when the guard reviews, those acked during the
+   solve included.
+3b. **Pumps** (``agent.guard_pumps``; when the decision sets pump speeds, ``agent.pumps``): speeds are
+   clipped to the site's range (an undefined one is full speed); fail-safe racks get full speed; a rack
+   where, at the levels so far with every busy card computing, the twin predicts a die over its limit,
+   the rack over its cap or the loop's rise over ``max_delta_t_k`` at its proposed speed gets full
+   speed. Steps 4-5 and the predictions then use each card's resistance at its rack's speed and its die
+   offset scaled to that speed (``agent.pumps.offset_at_speed``).
+4. **Caps** (``agent.guard_caps``, with the power tables steps 4-5 predict with): the twin predicts
+   every card's power with every busy card *computing* at its level (a job in a stall or a checkpoint
+   may resume at any moment) and its die at the warmer of the rack's measured supply and the new
+   set-point, plus the card's measured die offset (``StepContext.die_offset_k``: the twin's persistent
+   error, never a transient, ``agent.offsets``; the same array the planner used). While a rack is over
+   ``limit - margin - extra``, the job of that rack whose next slower level gives up the least value
+   per watt saved steps down; then awake idle cards it can see go to low-power idle; if the rack is
+   still over (its jobs all at the slowest level), every card of the rack whose power limit commands
+   set gets the fail-safe power limit (cards that keep the limit in force, step 3a, keep it: the others
+   share what it leaves). That holds the cap unless the limit it needs is below
+   ``control.min_power_limit_w`` (the lowest a card accepts), or cards at settings in force (step 3a)
+   draw more than it: the configuration check rules that out for a site's own rack limits
+   (``agent.config.check_control``), but not power the twin does not explain (``rack_extra_w``, e.g.
+   30 kW more on a PDU than its cards and hosts draw); then the guard says the rack cannot be held (an
+   explanation line, its predicted power over its cap in the metrics; the periodic decision's plan,
+   relaxed at the cap, is ``infeasible``) and no lever of the agent is left.
+5. **Dies** (``agent.guard_dies``): a busy card predicted above ``slowdown_temp_c - die_margin_k``
+   slows its job down; at the slowest level its power limit is set to what the die limit allows. The
+   explanation lines say which jobs were slowed (to which level), which were power-limited at the
+   slowest level, and which dies cannot be held even at ``control.min_power_limit_w`` or are on cards
+   that keep the power limit in force (step 3a; no lever of the agent is left for them).
 
 Each explanation line the guard writes (``guard: ...``) comes with its action, one of
-:data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper; the explanation
-keeps the guard's first 12 lines, the actions are all kept), which ``racktwin_guard_actions_total``
-counts (``agent.metric_updates``).
+:data:`GUARD_ACTIONS`, in ``Decision.guard_actions`` (written together by one helper,
+``agent.guard_draft.Notes``; the explanation keeps the guard's first 12 lines, the actions are all
+kept), which ``racktwin_guard_actions_total`` counts (``agent.metric_updates``).
 
 Property (tests/agent/test_guard_properties.py): for any proposal, the reviewed decision's twin
 prediction (``min(P(level), limit)`` per awake card, low-power and failed cards as they are) keeps
@@ -101,165 +102,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from agent.config import ControlConfig
-from agent.decision import Decision, PlacementOrder, QueueWait, StepContext
-from agent.load import SiteLoad, job_value_per_h, predict
-from agent.pumps import offset_at_speed, r_at_speed
+from agent.decision import Decision, StepContext
+from agent.guard_caps import enforce_caps, low_power_w, power_table_w
+from agent.guard_dies import enforce_dies
+from agent.guard_draft import (
+    GUARD_ACTIONS,
+    BoolArray,
+    Draft,
+    FloatArray,
+    GuardSetup,
+    Notes,
+    Sight,
+    failsafe_card_limit_w,
+    rack_measured_caps_w,
+    rack_modelled_caps_w,
+)
+from agent.guard_failsafe import apply_failsafe, failsafe_beside_kept
+from agent.guard_in_force import job_level, keep_in_force, kept_levels
+from agent.guard_pumps import review_pumps, thermal_at_speeds
+from agent.guard_rate_limits import hold_low_power, limit_level_raises, limit_setpoint
+from agent.guard_sanity import check_shapes, sanitize
+from agent.load import predict
 from twin.cooling import facility_cooling
-from twin.power import PowerModel
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
-from twin.steady import card_steady_power_w
-from twin.workload import compute_utilization
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 __all__ = ["GUARD_ACTIONS", "Guard", "failsafe_card_limit_w", "rack_measured_caps_w", "rack_modelled_caps_w"]
 
-_TOL_W = 1e-6
 _MAX_NOTES = 12
-
-#: What the guard changed in a decision (``Decision.guard_actions``, ``racktwin_guard_actions_total``),
-#: one entry per explanation line it writes, by the module docstring's steps: (1) placements dropped;
-#: (2) level raises limited, the set-point's move limited; (3) fail-safe caps; (3b) pumps sent to full
-#: speed; (4) for a rack's cap: jobs slowed (one line for all racks), idle cards to low power, power
-#: limits cut to the fail-safe limit, and the cap not held even so (one line each per rack); (5) for
-#: the dies: jobs slowed, jobs power-limited at the slowest level, dies not held even at
-#: ``min_power_limit_w`` or on cards at the power limits in force (one line each per decision). ``cap_not_held``
-#: and ``die_not_held`` mean no lever of the agent is left (alert ``RacktwinGuardCannotHold``).
-GUARD_ACTIONS = (
-    "placements_dropped",
-    "level_raise_limited",
-    "setpoint_limited",
-    "failsafe_caps",
-    "pumps_full_speed",
-    "cap_jobs_slowed",
-    "cap_idle_to_low_power",
-    "cap_power_limited",
-    "cap_not_held",
-    "die_jobs_slowed",
-    "die_power_limited",
-    "die_not_held",
-)
-
-
-def rack_measured_caps_w(site: SiteSpec, control: ControlConfig) -> FloatArray:
-    """What each rack's PDU may read: its limit minus the margin. Compare with predictions that include
-    the rack's unexplained power (``predict(..., rack_extra_w=...)``) and with ``Decision.rack_cap_w``."""
-    return np.asarray(site.rack_power_limits_w() - control.rack_margin_w, dtype=np.float64)
-
-
-def rack_modelled_caps_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
-    """What the cards and hosts the twin models may draw in each rack: the measured cap minus the power
-    the twin does not explain (``StepContext.rack_extra_w``). Compare with predictions without it."""
-    return np.asarray(rack_measured_caps_w(site, control) - rack_extra_w, dtype=np.float64)
-
-
-def failsafe_card_limit_w(site: SiteSpec, control: ControlConfig, rack_extra_w: FloatArray) -> FloatArray:
-    """Per rack, the power limit for every card such that all cards at it plus the host overhead stay
-    within the rack's cap (floored to a watt, within the card's accepted range)."""
-    caps = rack_modelled_caps_w(site, control, rack_extra_w)
-    per_card = np.floor((caps - site.rack.host_overhead_w) / site.cards_per_rack)
-    return np.asarray(np.clip(per_card, control.min_power_limit_w, site.card.power_limit_w), dtype=np.float64)
-
-
-class _Notes:
-    """The guard's explanation lines and, with each, the action it names (:data:`GUARD_ACTIONS`): a line
-    and its action are written together (:meth:`add`), so the two records cannot drift apart."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.actions: list[str] = []
-
-    def add(self, action: str, text: str) -> None:
-        """The line ``guard: <text>`` for ``action`` (one of :data:`GUARD_ACTIONS`, a ValueError if not)."""
-        if action not in GUARD_ACTIONS:
-            raise ValueError(f"guard action must be one of {', '.join(GUARD_ACTIONS)}, got {action!r}")
-        self.lines.append(f"guard: {text}")
-        self.actions.append(action)
-
-
-@dataclass(frozen=True)
-class _Sight:
-    """What the agent cannot trust this step (``StepContext``), as masks: fail-safe racks (stale or a
-    stuck sensor), cards on blind racks (stale, or frozen as a whole) and cards whose own state is not
-    seen (blind racks and stuck cards)."""
-
-    failsafe_rack: BoolArray
-    blind_card: BoolArray
-    unseen_card: BoolArray
-    unplaceable_card: BoolArray  # unseen, or said failed by a refusal no reading confirmed: no placement
-    # said failed by a refusal no reading confirmed, read alive: no command reaches it (agent.command_diff)
-    unreached_card: BoolArray
-    # the cards whose level, power limit or low-power state no command of the decision changes (step 3a):
-    # those no command reaches, and those a refusal holds that kind of setting back on (StepContext.held_*)
-    level_kept: BoolArray
-    limit_kept: BoolArray
-    sleep_kept: BoolArray
-
-    @classmethod
-    def of(cls, site: SiteSpec, ctx: StepContext, card_rack: IntArray, snap: StateSnapshot) -> _Sight:
-        failsafe_rack = np.zeros(site.n_racks, dtype=bool)
-        failsafe_rack[list(ctx.failsafe_racks)] = True
-        unseen = ctx.unseen_card_mask(card_rack)
-        alive = ~np.asarray(snap.card_failed, dtype=bool)  # a failed card is budgeted at 0 W anyway
-
-        def mask(cards: tuple[int, ...]) -> BoolArray:
-            out = np.zeros(site.n_cards, dtype=bool)
-            out[list(cards)] = True
-            return np.asarray(out & alive, dtype=np.bool_)
-
-        unreached = mask(ctx.refused_failed_cards)
-        return cls(
-            failsafe_rack,
-            ctx.blind_card_mask(card_rack),
-            unseen,
-            ctx.unplaceable_card_mask(card_rack),
-            unreached,
-            unreached | mask(ctx.held_level_cards),
-            unreached | mask(ctx.held_limit_cards),
-            unreached | mask(ctx.held_sleep_cards),
-        )
-
-    def any_kept(self) -> bool:
-        """Some card keeps a setting as in force (step 3a)."""
-        return bool(self.level_kept.any() or self.limit_kept.any() or self.sleep_kept.any())
-
-
-@dataclass
-class _Draft:
-    """The decision under review as the guard's steps change it (its arrays are the review's own)."""
-
-    load: SiteLoad  # running jobs and the placements kept (which cards are busy)
-    orders: list[PlacementOrder]  # the placements kept
-    queue_waits: dict[str, QueueWait]
-    level: IntArray
-    low_power: BoolArray
-    power_limit_w: FloatArray
-
-
-@dataclass
-class _CapBudget:
-    """Step 4's working state (:meth:`Guard._enforce_caps`): the levels, low-power states and power
-    limits as the caps change them (copies of the draft's), each card's predicted power and each
-    rack's (its cards plus its hosts), kept up to date as each lever is taken."""
-
-    level: IntArray
-    low_power: BoolArray
-    power_limit_w: FloatArray
-    power_w: FloatArray
-    rack_w: FloatArray
-
-    def over(self, r: int, modelled_caps: FloatArray) -> bool:
-        """Rack ``r`` is predicted over its cap (``modelled_caps``, :func:`rack_modelled_caps_w`)."""
-        return bool(self.rack_w[r] > modelled_caps[r] + _TOL_W)
 
 
 class Guard:
@@ -270,8 +144,7 @@ class Guard:
         self.site = site
         self.control = control if control is not None else ControlConfig()
         self.card_hour_value = card_hour_value
-        self._model = PowerModel.from_card(site.card)
-        self._card_rack = site.card_rack()
+        self._setup = GuardSetup.of(site, self.control, card_hour_value)
         n = site.n_cards
         self._seen_lp: BoolArray | None = None
         self._toggle_s = np.full(n, -math.inf)
@@ -294,239 +167,69 @@ class Guard:
         works on what the steps before it let through; ``notes`` collects their explanation lines).
         ``in_flight``: ``(job id, cards)`` of placements earlier decisions sent whose jobs the snapshot
         still shows queued (``agent.placing.PlacementBook.in_flight``): their cards are busy."""
-        self._check_shapes(proposal)
+        gs = self._setup  # what every step reads (agent.guard_draft.GuardSetup)
+        check_shapes(gs, proposal)
         site, cfg = self.site, self.control
-        notes = _Notes()
+        notes = Notes()
         snap_lp = np.asarray(snap.card_low_power, dtype=bool)
         self._observe(snap_lp, ctx.now_s)
-        sight = _Sight.of(site, ctx, self._card_rack, snap)
+        sight = Sight.of(site, ctx, gs.card_rack, snap)
 
         # 1. sanity; 2. rate limits
-        draft = self._sanitize(proposal, snap, ctx, sight, notes, in_flight)
-        setpoint = self._limit_setpoint(proposal.supply_temp_c, ctx.setpoint_c, notes)
-        in_force_lv = self._kept_levels(snap, ctx)  # the levels the cards run at (reported or confirmed)
-        self._limit_level_raises(draft, in_force_lv, notes)
-        self._hold_low_power(draft, snap_lp, ctx.now_s)
+        draft = sanitize(gs, proposal, snap, ctx, sight, notes, in_flight)
+        setpoint = limit_setpoint(gs, proposal.supply_temp_c, ctx.setpoint_c, notes)
+        in_force_lv = kept_levels(gs, snap, ctx)  # the levels the cards run at (reported or confirmed)
+        limit_level_raises(gs, draft, in_force_lv, notes)
+        hold_low_power(gs, draft, snap_lp, ctx.now_s, self._toggle_s)
 
         # 3. fail-safe racks
         fs_lim = failsafe_card_limit_w(site, cfg, ctx.rack_extra_w)
         if sight.limit_kept.any():  # the limits the others share beside those no command changes
-            fs_lim = self._failsafe_beside_kept(fs_lim, snap, sight.limit_kept, ctx)
+            fs_lim = failsafe_beside_kept(gs, fs_lim, snap, sight.limit_kept, ctx)
         if sight.failsafe_rack.any():
-            self._apply_failsafe(draft, snap, snap_lp, in_force_lv, sight, fs_lim, ctx.stuck_cards, notes)
+            apply_failsafe(gs, draft, snap, snap_lp, in_force_lv, sight, fs_lim, ctx.stuck_cards, notes)
         # settings no command changes stay as the racks have them (before any prediction counts on them)
         if sight.any_kept():
-            self._keep_in_force(draft, snap, snap_lp, sight, ctx)
+            keep_in_force(gs, draft, snap, snap_lp, sight, ctx)
 
         # 3b. pumps, then the thermal conditions steps 4-5 and the predictions use
         inlet = np.maximum(ctx.card_inlet_c, setpoint)
         off = np.asarray(ctx.die_offset_k, dtype=np.float64)  # persistent model error (agent.offsets)
         measured_caps = rack_measured_caps_w(site, cfg)
         modelled_caps = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w)
-        speed = self._review_pumps(
-            proposal.rack_pump_speed_frac, draft, inlet, off, measured_caps, sight.failsafe_rack, ctx, notes
+        speed = review_pumps(
+            gs, proposal.rack_pump_speed_frac, draft, inlet, off, measured_caps, sight.failsafe_rack, ctx, notes
         )
-        r_eff, off = self._thermal_at_speeds(speed, off, ctx)
+        r_eff, off = thermal_at_speeds(gs, speed, off, ctx)
 
         # 4. caps; 5. dies
-        table = self._power_table(draft.load, inlet, r_eff, off)
-        lp_w = self._low_power_w(inlet, r_eff, off)
+        table = power_table_w(gs, draft.load, inlet, r_eff, off)
+        lp_w = low_power_w(gs, inlet, r_eff, off)
         failed = np.asarray(snap.card_failed, dtype=bool)
-        self._enforce_caps(
-            draft,
-            table,
-            lp_w,
-            modelled_caps,
-            fs_lim,
-            failed,
-            notes,
-            unseen=sight.unseen_card,
-            sight=sight,
+        enforce_caps(
+            gs, draft, table, lp_w, modelled_caps, fs_lim, failed, notes, unseen=sight.unseen_card, sight=sight
         )
-        self._enforce_dies(draft, table, inlet, r_eff, off, notes, sight=sight)
+        enforce_dies(gs, draft, table, inlet, r_eff, off, notes, sight=sight)
 
         return self._reviewed(
             proposal, draft, failed, setpoint, speed, sight, inlet, r_eff, off, measured_caps, ctx, notes
         )
 
-    # ---- the steps of review, in its order -------------------------------------------------------
-    def _check_shapes(self, proposal: Decision) -> None:
-        """A proposal has one level, low-power flag and power limit per card (a ValueError if not)."""
-        n = self.site.n_cards
-        for name in ("card_level", "card_low_power", "card_power_limit_w"):
-            if np.shape(getattr(proposal, name)) != (n,):
-                raise ValueError(f"decision.{name} must have one entry per card ({n})")
-
-    def _sanitize(
-        self,
-        proposal: Decision,
-        snap: StateSnapshot,
-        ctx: StepContext,
-        sight: _Sight,
-        notes: _Notes,
-        in_flight: Sequence[tuple[str, Sequence[int]]] = (),
-    ) -> _Draft:
-        """Step 1 (module docstring), sanity: levels clipped to the DVFS table (an undefined one, NaN or
-        infinite, is the slowest; a fractional one is rounded to the slower level), power limits to the
-        card's range (an undefined one is the largest), placements kept only when valid
-        (:meth:`_valid_placements`; a queued job whose placement is dropped gets a ``placement_dropped``
-        queue wait), and busy cards awake."""
-        site, cfg = self.site, self.control
-        slowest = self._model.n_levels - 1
-        raw = np.asarray(proposal.card_level, dtype=np.float64)
-        # the safe side: an undefined level (NaN, +-inf) is the slowest, a fractional one the slower of its two
-        raw = np.clip(np.where(np.isfinite(raw), np.ceil(raw), slowest), 0, slowest)
-        lvl: IntArray = raw.astype(np.int64)
-        max_lim = site.card.power_limit_w
-        lim = np.asarray(proposal.card_power_limit_w, dtype=np.float64)
-        lim = np.clip(np.where(np.isfinite(lim), lim, max_lim), cfg.min_power_limit_w, max_lim)
-        lp = np.asarray(proposal.card_low_power, dtype=bool).copy()
-        # placements in flight: valid ones only (site_load), the decision's own order for a job replaces them
-        own = {o.job_id for o in proposal.placements}
-        flying = [(jid, tuple(int(c) for c in cards)) for jid, cards in in_flight if jid not in own]
-        flying_load = ctx.load_of(site, snap, flying)
-        held = [(j.job_id, tuple(int(c) for c in j.cards)) for j in flying_load.jobs if j.origin == "placing"]
-        orders, dropped = self._valid_placements(proposal.placements, snap, ctx, sight.unplaceable_card, held)
-        queue_waits = dict(proposal.queue_waits)
-        if dropped:
-            notes.add(
-                "placements_dropped", f"placements dropped ({', '.join(dropped[:5])}): cards not free or job not queued"
-            )
-            queued_ids = {q.job_id for q in snap.queue}
-            why = "the guard dropped its placement: cards not free, not seen or said failed by a refusal"
-            placed_ids = {o.job_id for o in orders}
-            queue_waits.update(
-                (jid, QueueWait("placement_dropped", why)) for jid in dropped if jid in queued_ids - placed_ids
-            )
-        load = ctx.load_of(site, snap, [*held, *((o.job_id, o.cards) for o in orders)])
-        lp[load.busy] = False
-        return _Draft(load, orders, queue_waits, lvl, lp, lim)
-
-    def _limit_level_raises(self, draft: _Draft, in_force_lv: IntArray, notes: _Notes) -> None:
-        """Step 2 (module docstring), rate limits on levels: a card's level rises (toward faster clocks)
-        by at most ``max_level_raise_per_period`` from the level in force (``in_force_lv``,
-        :meth:`_kept_levels`: as reported, or the faster one its rack confirmed since, from which the
-        commands' diff counts); then all cards of a job get one level, the slowest any of them has."""
-        step = self.control.max_level_raise_per_period
-        cur = in_force_lv
-        limited = draft.level < cur - step
-        if limited[draft.load.busy].any():
-            notes.add("level_raise_limited", f"level raises limited to {step} per decision")
-        draft.level = np.maximum(draft.level, cur - step)
-        self._one_level_per_job(draft)
-
-    def _hold_low_power(self, draft: _Draft, snap_lp: BoolArray, now_s: float) -> None:
-        """Step 2 (module docstring), no flapping: an idle card whose low-power state changed less than
-        ``low_power_hold_s`` ago (as telemetry showed it, :meth:`_observe`) keeps the state it reports."""
-        change = draft.load.idle & (draft.low_power != snap_lp)
-        held = change & (now_s - self._toggle_s < self.control.low_power_hold_s)
-        draft.low_power[held] = snap_lp[held]
-
-    def _apply_failsafe(
-        self,
-        draft: _Draft,
-        snap: StateSnapshot,
-        snap_lp: BoolArray,
-        in_force_lv: IntArray,
-        sight: _Sight,
-        fs_lim: FloatArray,
-        stuck_cards: tuple[int, ...],
-        notes: _Notes,
-    ) -> None:
-        """Step 3 (module docstring), fail-safe racks (stale telemetry or a stuck sensor): every card's
-        power limit becomes the lowest of the proposed one, the one it reports and its rack's fail-safe
-        limit ``fs_lim`` (:func:`failsafe_card_limit_w`, less beside cards no command reaches:
-        :meth:`_failsafe_beside_kept`; caps are never raised); cards on blind racks
-        and every job touching them get the slowest level (``failsafe_lowest_level``; otherwise no
-        faster than the level in force, ``in_force_lv``, :meth:`_kept_levels`, their jobs following
-        them); idle cards the agent cannot see keep the low-power state they last reported."""
-        site, cfg = self.site, self.control
-        card_rack = self._card_rack
-        fs_rack, blind_card = sight.failsafe_rack, sight.blind_card
-        slowest = self._model.n_levels - 1
-        max_lim = site.card.power_limit_w
-        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
-        snap_lim = np.where(np.isfinite(snap_lim), snap_lim, max_lim)
-        cap_now = np.minimum(np.minimum(draft.power_limit_w, snap_lim), fs_lim[card_rack])
-        draft.power_limit_w = np.where(
-            fs_rack[card_rack], np.maximum(cap_now, cfg.min_power_limit_w), draft.power_limit_w
-        )
-        if cfg.failsafe_lowest_level:
-            draft.level[blind_card] = slowest
-            for j in draft.load.jobs:
-                if blind_card[j.cards].any():
-                    draft.level[j.cards] = slowest
-        else:  # blind cards no faster than they run (not slowed to an older reading); their jobs follow them
-            draft.level = np.where(blind_card, np.maximum(draft.level, in_force_lv), draft.level)
-            self._one_level_per_job(draft)
-        # neither woken nor put to sleep: not seen
-        draft.low_power = np.where(sight.unseen_card & draft.load.idle, snap_lp, draft.low_power)
-        names = ", ".join(site.rack_names[r] for r in np.flatnonzero(fs_rack))
-        stuck = f" (stuck sensor: card {', '.join(str(c) for c in stuck_cards[:4])})" if stuck_cards else ""
-        notes.add("failsafe_caps", f"fail-safe caps ({fs_lim[fs_rack].min():.0f} W per card) on {names}{stuck}")
-
-    def _keep_in_force(
-        self, draft: _Draft, snap: StateSnapshot, snap_lp: BoolArray, sight: _Sight, ctx: StepContext
-    ) -> None:
-        """Step 3a (module docstring), settings no command of the decision changes: ``agent.command_diff``
-        sends no level, power limit, sleep or wake to a card a ``card_failed`` refusal says failed, no
-        reading having confirmed it (``StepContext.refused_failed_cards``; its rack reads it alive), and
-        none of a kind a refusal holds back on a card (``StepContext.held_level_cards``,
-        ``held_limit_cards``, ``held_sleep_cards``). Such a card keeps its level (``sight.level_kept``;
-        a busy one too: its job's other cards get the job's level) and its power limit
-        (``sight.limit_kept``) as in force (:meth:`_kept_levels`, :meth:`_kept_limits_w`: as reported,
-        or as its rack confirmed where that draws more), and an idle one its low-power state in force
-        (``sight.sleep_kept``: neither woken nor put to sleep; :meth:`_kept_low_power`); its other
-        settings are the decision's."""
-        draft.level = np.where(sight.level_kept, self._kept_levels(snap, ctx), draft.level)
-        draft.power_limit_w = np.where(sight.limit_kept, self._kept_limits_w(snap, ctx), draft.power_limit_w)
-        draft.low_power = np.where(
-            sight.sleep_kept & draft.load.idle, self._kept_low_power(snap_lp, ctx), draft.low_power
-        )
-
-    def _failsafe_beside_kept(
-        self, fs_lim: FloatArray, snap: StateSnapshot, kept: BoolArray, ctx: StepContext
-    ) -> FloatArray:
-        """Per rack, the fail-safe power limit (steps 3 and 4) for its cards that commands reach when
-        ``kept`` cards (no command reaches them, step 3a) keep the limits in force (:meth:`_kept_limits_w`):
-        what those leave of the rack's cap shared among the others (floored to a watt, within the card's
-        accepted range), never above ``fs_lim`` (:func:`failsafe_card_limit_w`, every card at it). All the
-        rack's cards at their limits then stay within its cap, as without such cards, unless the others
-        would need less than ``min_power_limit_w``."""
-        site, cfg = self.site, self.control
-        rack = self._card_rack[kept]
-        kept_w = np.bincount(rack, weights=self._kept_limits_w(snap, ctx)[kept], minlength=site.n_racks)
-        others = site.cards_per_rack - np.bincount(rack, minlength=site.n_racks)
-        left_w = rack_modelled_caps_w(site, cfg, ctx.rack_extra_w) - site.rack.host_overhead_w - kept_w
-        per_card = np.floor(left_w / np.maximum(others, 1))
-        per_card = np.clip(per_card, cfg.min_power_limit_w, site.card.power_limit_w)
-        return np.asarray(np.minimum(fs_lim, per_card), dtype=np.float64)
-
-    def _thermal_at_speeds(
-        self, speed: FloatArray | None, off: FloatArray, ctx: StepContext
-    ) -> tuple[FloatArray, FloatArray]:
-        """Step 3b's consequence (module docstring): each card's resistance and die offset at its rack's
-        pump speed that leaves, for steps 4-5 and the predictions (as measured when pumps are not
-        controlled)."""
-        if speed is None:
-            return ctx.r_total_k_per_w, off
-        r_eff = r_at_speed(self.site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
-        return r_eff, offset_at_speed(self.site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
-
+    # ---- the decision that leaves --------------------------------------------------------------
     def _reviewed(
         self,
         proposal: Decision,
-        draft: _Draft,
+        draft: Draft,
         failed: BoolArray,
         setpoint: float,
         speed: FloatArray | None,
-        sight: _Sight,
+        sight: Sight,
         inlet: FloatArray,
         r_eff: FloatArray,
         off: FloatArray,
         measured_caps: FloatArray,
         ctx: StepContext,
-        notes: _Notes,
+        notes: Notes,
     ) -> Decision:
         """The decision that leaves, with the twin's predictions of it: rack power with every busy card
         computing (the budget held to the caps, its hottest dies) and in the jobs' expected phases (the
@@ -541,7 +244,7 @@ class Guard:
         flow = None if speed is None else speed * ctx.rack_flow_full_lpm / site.loop_flow_per_rack_lpm()
         cooling = facility_cooling(site, it_w, setpoint, ctx.ambient_c, flow_fraction=1.0 if flow is None else flow)
         status = "failsafe" if fs_rack.any() else proposal.status
-        job_levels = {j.job_id: self._job_level(lvl, j.cards, sight.level_kept) for j in load.jobs}
+        job_levels = {j.job_id: job_level(lvl, j.cards, sight.level_kept) for j in load.jobs}
         return proposal.replace(
             card_level=lvl,
             card_low_power=lp & ~busy,
@@ -569,526 +272,9 @@ class Guard:
         )
 
     # ---- helpers -------------------------------------------------------------------------------
-    def _reported_levels(self, snap: StateSnapshot) -> IntArray:
-        """Each card's level as telemetry reports it, within the DVFS table."""
-        return np.clip(np.asarray(snap.card_level, dtype=np.int64), 0, self._model.n_levels - 1)
-
-    def _reported_limits_w(self, snap: StateSnapshot) -> FloatArray:
-        """Each card's power limit as telemetry reports it (an undefined one: the card's largest)."""
-        snap_lim = np.asarray(snap.card_power_limit_w, dtype=np.float64)
-        return np.asarray(np.where(np.isfinite(snap_lim), snap_lim, self.site.card.power_limit_w), dtype=np.float64)
-
-    def _kept_levels(self, snap: StateSnapshot, ctx: StepContext) -> IntArray:
-        """Each card's level in force, as step 3a keeps it and steps 2 and 3 count from it: the faster
-        (level 0 is the fastest) of the one telemetry reports and the one its rack confirmed applying
-        (``ctx.applied_level``, -1: none; the commands' diff counts from it, ``agent.command_diff``):
-        telemetry shows a raise the rack applied up to one telemetry period later, and the card runs at
-        the faster level meanwhile."""
-        reported = self._reported_levels(snap)
-        if ctx.applied_level is None:
-            return reported
-        confirmed = np.asarray(ctx.applied_level, dtype=np.int64)
-        faster = np.minimum(reported, np.clip(confirmed, 0, self._model.n_levels - 1))
-        return np.asarray(np.where(confirmed >= 0, faster, reported), dtype=np.int64)
-
-    def _kept_limits_w(self, snap: StateSnapshot, ctx: StepContext) -> FloatArray:
-        """Each card's power limit as step 3a keeps it: the higher of the one telemetry reports
-        (:meth:`_reported_limits_w`) and the one its rack confirmed applying (``ctx.applied_power_limit_w``,
-        NaN: none), as :meth:`_kept_levels`."""
-        reported = self._reported_limits_w(snap)
-        if ctx.applied_power_limit_w is None:
-            return reported
-        confirmed = np.asarray(ctx.applied_power_limit_w, dtype=np.float64)
-        return np.asarray(np.where(np.isfinite(confirmed), np.fmax(reported, confirmed), reported), dtype=np.float64)
-
-    @staticmethod
-    def _kept_low_power(snap_lp: BoolArray, ctx: StepContext) -> BoolArray:
-        """Each card's low-power state as step 3a keeps it: asleep only where telemetry reports it asleep
-        (``snap_lp``) and its rack did not confirm it awake (``ctx.applied_low_power`` 0.0; NaN: none), as
-        :meth:`_kept_levels`: telemetry shows a wake the rack applied up to one telemetry period later, and
-        the card draws awake meanwhile (where its rack confirmed a sleep telemetry does not show, awake too)."""
-        if ctx.applied_low_power is None:
-            return snap_lp
-        return np.asarray(snap_lp & (np.asarray(ctx.applied_low_power, dtype=np.float64) != 0.0), dtype=np.bool_)
-
-    @staticmethod
-    def _job_level(lvl: IntArray, cards: IntArray, level_kept: BoolArray) -> int:
-        """A job's level: the one its cards whose level commands set share (a card ``level_kept`` keeps
-        the level in force, step 3a); the slowest of its cards' when commands set none's."""
-        reached = cards[~level_kept[cards]]
-        return int(lvl[reached if reached.size else cards].max())
-
-    @staticmethod
-    def _one_level_per_job(draft: _Draft) -> None:
-        """All cards of a job get one level, the slowest of theirs (a job runs at its slowest card's pace)."""
-        for j in draft.load.jobs:
-            draft.level[j.cards] = int(draft.level[j.cards].max())
-
-    def _review_pumps(
-        self,
-        proposed: FloatArray | None,
-        draft: _Draft,
-        inlet: FloatArray,
-        off: FloatArray,
-        measured_caps: FloatArray,
-        fs_rack: BoolArray,
-        ctx: StepContext,
-        notes: _Notes,
-    ) -> FloatArray | None:
-        """Step 3b (module docstring): the pump speeds that may leave, or None (pumps not controlled).
-        ``measured_caps`` are :func:`rack_measured_caps_w`: the prediction below includes the extra.
-        An undefined (NaN) speed is full speed; racks sent to full speed for their dies, cap or loop
-        rise get a line in ``notes`` (not those only clipped into the site's range, nor fail-safe racks).
-        The prediction is ``draft``'s levels, low-power states and limits so far, every busy card computing."""
-        if proposed is None:
-            return None
-        site = self.site
-        speed = np.asarray(proposed, dtype=np.float64)
-        if speed.shape != (site.n_racks,):
-            raise ValueError(f"decision.rack_pump_speed_frac must have one entry per rack ({site.n_racks})")
-        speed = np.clip(np.where(np.isfinite(speed), speed, 1.0), site.min_pump_speed_frac(), 1.0)
-        speed = np.where(fs_rack, 1.0, speed)
-        slow = speed < 1.0
-        if not slow.any():
-            return speed
-        r = r_at_speed(site, ctx.r_total_k_per_w, ctx.rack_flow_full_lpm, speed)
-        off = offset_at_speed(site, off, ctx.rack_flow_full_lpm, ctx.rack_pump_speed_frac, speed)
-        load, lvl, lp, lim = draft.load, draft.level, draft.low_power, draft.power_limit_w
-        worst = predict(site, load, lvl, lp, lim, inlet, r, off, rack_extra_w=ctx.rack_extra_w)
-        loop = site.loop
-        mcp = ctx.rack_flow_full_lpm * speed / 60_000.0 * loop.density_kg_per_m3 * loop.specific_heat_j_per_kg_k
-        bad = (
-            (worst.rack_max_die_c > site.card.slowdown_temp_c - self.control.die_margin_k + 1e-9)
-            | (worst.rack_power_w > measured_caps + _TOL_W)
-            | (worst.rack_power_w / np.maximum(mcp, 1e-9) > loop.max_delta_t_k + 1e-9)
-        )
-        raised = np.flatnonzero(slow & bad)
-        if raised.size:
-            names = ", ".join(site.rack_names[r] for r in raised[:8])
-            notes.add(
-                "pumps_full_speed", f"pumps of {names} at full speed (dies, cap or loop rise at the proposed speed)"
-            )
-        return np.asarray(np.where(slow & bad, 1.0, speed), dtype=np.float64)
-
     def _observe(self, snap_lp: BoolArray, now_s: float) -> None:
         """Note when each card's low-power state changed (as telemetry shows it)."""
         if self._seen_lp is not None:
             changed = snap_lp != self._seen_lp
             self._toggle_s[changed] = now_s
         self._seen_lp = snap_lp.copy()
-
-    def _valid_placements(
-        self,
-        placements: tuple[PlacementOrder, ...],
-        snap: StateSnapshot,
-        ctx: StepContext,
-        unplaceable_card: BoolArray,
-        in_flight: Sequence[tuple[str, tuple[int, ...]]] = (),
-    ) -> tuple[list[PlacementOrder], list[str]]:
-        """Step 1 (module docstring), placements: the orders kept (cards sorted) and the job ids of those
-        dropped. An order is kept when its job is queued, not placed by an earlier order, and its cards
-        are as many as the job asks, distinct, free (idle, not failed), placeable (not
-        ``unplaceable_card``: seen, not said failed by a refusal, ``StepContext.unplaceable_card_mask``)
-        and not taken by an earlier order nor by a placement in flight (``in_flight``, other jobs')."""
-        n = self.site.n_cards
-        now_load = ctx.load_of(self.site, snap)
-        free = now_load.idle & ~unplaceable_card
-        queued = {q.job_id: q.n_cards for q in snap.queue}
-        taken = np.zeros(n, dtype=bool)
-        for _jid, held in in_flight:
-            taken[list(held)] = True
-        placed: set[str] = set()  # a job is placed once: then it is no longer queued
-        ok: list[PlacementOrder] = []
-        dropped: list[str] = []
-        for o in placements:
-            cards = np.asarray(o.cards, dtype=np.int64).reshape(-1)
-            good = (
-                o.job_id in queued
-                and cards.size == queued[o.job_id]
-                and cards.size > 0
-                and bool(np.all((cards >= 0) & (cards < n)))
-                and np.unique(cards).size == cards.size
-            )
-            if good and o.job_id not in placed and bool(np.all(free[cards])) and not bool(np.any(taken[cards])):
-                taken[cards] = True
-                placed.add(o.job_id)
-                ok.append(PlacementOrder(o.job_id, tuple(int(c) for c in np.sort(cards))))
-            else:
-                dropped.append(o.job_id)
-        return ok, dropped
-
-    def _limit_setpoint(self, wanted_c: float, current_c: float, notes: _Notes) -> float:
-        """Step 2 (module docstring), set-point: the proposed supply set-point (the one in force if it is
-        undefined; the site's design set-point if that is unknown too) within the site's options, moved
-        by at most ``max_setpoint_step_k`` from the one in force (when that is known)."""
-        opts = self.site.facility.supply_temp_options_c
-        lo, hi = min(opts), max(opts)
-        if math.isfinite(wanted_c):
-            target = wanted_c
-        else:  # never an undefined set-point: every prediction below would be NaN and hold no cap
-            target = current_c if math.isfinite(current_c) else self.site.facility.supply_temp_c
-        target = min(max(target, lo), hi)
-        step = self.control.max_setpoint_step_k
-        if math.isfinite(current_c) and abs(target - current_c) > step + 1e-9:
-            limited = current_c + math.copysign(step, target - current_c)
-            notes.add("setpoint_limited", f"set-point move {current_c:g} -> {target:g} deg C limited to {limited:g}")
-            target = min(max(limited, lo), hi)
-        return float(target)
-
-    def _power_table(self, load: SiteLoad, inlet: FloatArray, r_total: FloatArray, off: FloatArray) -> FloatArray:
-        """Steady power of every card at every level when awake: busy cards computing (the job's
-        utilization at that clock), idle cards at u = 0; leakage includes the measured die offset."""
-        site, model = self.site, self._model
-        n, n_lv = site.n_cards, model.n_levels
-        cs = np.zeros(n)
-        ncu = np.zeros(n)
-        for j in load.jobs:
-            cs[j.cards] = j.spec.compute_share
-            ncu[j.cards] = j.spec.noncompute_utilization
-        clocks = model.clocks_mhz
-        rel = clocks / clocks[0]
-        u = np.where(load.busy[:, None], compute_utilization(cs[:, None], rel[None, :], ncu[:, None]), 0.0)
-        levels = np.broadcast_to(np.arange(n_lv, dtype=np.int64)[None, :], (n, n_lv))
-        p, _die = card_steady_power_w(
-            model, levels, u, np.zeros((n, n_lv), dtype=bool), inlet[:, None], r_total[:, None]
-        )
-        return np.asarray(p + model.leak_w_per_k[None, :] * off[:, None], dtype=np.float64)
-
-    def _low_power_w(self, inlet: FloatArray, r_total: FloatArray, off: FloatArray) -> FloatArray:
-        model = self._model
-        n = self.site.n_cards
-        p, _ = card_steady_power_w(
-            model, np.zeros(n, dtype=np.int64), np.zeros(n), np.ones(n, dtype=bool), inlet, r_total
-        )
-        return np.asarray(p + model.low_power_leak_w_per_k * off, dtype=np.float64)
-
-    def _card_power(
-        self, table: FloatArray, lp_w: FloatArray, lvl: IntArray, lp: BoolArray, lim: FloatArray, failed: BoolArray
-    ) -> FloatArray:
-        awake = np.minimum(table[np.arange(lvl.size), lvl], lim)
-        return np.asarray(np.where(failed, 0.0, np.where(lp, lp_w, awake)), dtype=np.float64)
-
-    def _enforce_caps(
-        self,
-        draft: _Draft,
-        table: FloatArray,
-        lp_w: FloatArray,
-        modelled_caps: FloatArray,
-        fs_lim: FloatArray,
-        failed: BoolArray,
-        notes: _Notes,
-        *,
-        unseen: BoolArray,
-        sight: _Sight,
-    ) -> None:
-        """Step 4 (module docstring), caps: ``draft``'s levels, low-power states and power limits
-        such that every rack's predicted power (``table``: every busy card computing) stays within
-        ``modelled_caps``. ``unseen``: the cards the agent cannot see (never put to sleep); ``sight``'s
-        ``level_kept``, ``sleep_kept`` and ``limit_kept``: the cards whose level, low-power state or
-        power limit no command changes (step 3a: no lever changes that setting, their power counts at
-        it as in force). Each rack over its cap, in turn, takes the levers in the docstring's
-        order while it is still over: :meth:`_slow_jobs_for_cap`, :meth:`_sleep_idle_for_cap`,
-        :meth:`_limit_power_for_cap`."""
-        site = self.site
-        lp = draft.low_power & ~draft.load.busy
-        power = self._card_power(table, lp_w, draft.level, lp, draft.power_limit_w, failed)
-        rack_p = np.bincount(self._card_rack, weights=power, minlength=site.n_racks) + site.rack.host_overhead_w
-        over = np.flatnonzero(rack_p > modelled_caps + _TOL_W)
-        if over.size == 0:
-            draft.low_power = lp
-            return
-        b = _CapBudget(draft.level.copy(), lp.copy(), draft.power_limit_w.copy(), power, np.asarray(rack_p, np.float64))
-        jobs_in_rack = self._jobs_by_rack(draft.load)
-        lowered: dict[str, int] = {}
-        for r_over in over:
-            r = int(r_over)
-            jobs = jobs_in_rack.get(r, [])
-            self._slow_jobs_for_cap(r, b, draft.load, jobs, table, modelled_caps, lowered, sight.level_kept)
-            if b.over(r, modelled_caps):
-                self._sleep_idle_for_cap(r, b, draft.load, lp_w, unseen | sight.sleep_kept, notes)
-            if b.over(r, modelled_caps):
-                self._limit_power_for_cap(r, b, draft.load, table, lp_w, modelled_caps, fs_lim, failed, sight, notes)
-        if lowered:
-            items = ", ".join(f"{k} -> {v}" for k, v in list(lowered.items())[:6])
-            more = f" and {len(lowered) - 6} more" if len(lowered) > 6 else ""
-            notes.add(
-                "cap_jobs_slowed", f"slowed job(s) {items}{more} to keep racks under their caps (worst-case phases)"
-            )
-        draft.level, draft.low_power, draft.power_limit_w = b.level, b.low_power, b.power_limit_w
-
-    def _jobs_by_rack(self, load: SiteLoad) -> dict[int, list[int]]:
-        """The indices (in ``load.jobs``) of the jobs with a card in each rack, in ``load.jobs``' order."""
-        card_rack = self._card_rack
-        jobs_in_rack: dict[int, list[int]] = {}
-        for ji, j in enumerate(load.jobs):
-            for r in np.unique(card_rack[j.cards]):
-                jobs_in_rack.setdefault(int(r), []).append(ji)
-        return jobs_in_rack
-
-    def _slow_jobs_for_cap(
-        self,
-        r: int,
-        b: _CapBudget,
-        load: SiteLoad,
-        jobs: list[int],
-        table: FloatArray,
-        modelled_caps: FloatArray,
-        lowered: dict[str, int],
-        level_kept: BoolArray,
-    ) -> None:
-        """Step 4's first lever (module docstring): while rack ``r`` is over its cap, the job of ``jobs``
-        (those with a card in it) whose next slower level gives up the least value per watt saved in the
-        rack (:meth:`_cheapest_step`) steps down, all its cards (on every rack) whose level commands set
-        (not ``level_kept``: those keep the level in force, step 3a); until none can. ``lowered`` gets
-        each job slowed and its new level."""
-        while b.over(r, modelled_caps):
-            step = self._cheapest_step(r, b, load, jobs, table, level_kept)
-            if step is None:
-                break
-            ji, k2 = step
-            j = load.jobs[ji]
-            cards = j.cards[~level_kept[j.cards]]
-            before = b.power_w[cards].copy()
-            b.level[cards] = k2
-            b.power_w[cards] = np.minimum(table[cards, k2], b.power_limit_w[cards])
-            np.add.at(b.rack_w, self._card_rack[cards], b.power_w[cards] - before)
-            lowered[j.job_id] = k2
-
-    def _cheapest_step(
-        self, r: int, b: _CapBudget, load: SiteLoad, jobs: list[int], table: FloatArray, level_kept: BoolArray
-    ) -> tuple[int, int] | None:
-        """The step down that gives up the least value per watt saved in rack ``r``: (job index, new
-        level), each job judged at its first slower level that saves power in the rack (levels sharing a
-        voltage may not) on its cards whose level commands set (not ``level_kept``: those keep their power);
-        None when every job of ``jobs`` is at the slowest level or no step saves."""
-        site = self.site
-        card_rack = self._card_rack
-        slowest = self._model.n_levels - 1
-        lvl, lim = b.level, b.power_limit_w
-        best: tuple[float, int, int] | None = None
-        for ji in jobs:
-            j = load.jobs[ji]
-            cards = j.cards[~level_kept[j.cards]]
-            if cards.size == 0:
-                continue
-            k = int(lvl[cards[0]])
-            if k >= slowest:
-                continue
-            in_r = cards[card_rack[cards] == r]
-            now_w = float(np.minimum(table[in_r, k], lim[in_r]).sum())
-            # the next level that saves power in this rack (levels sharing a voltage may not)
-            for k2 in range(k + 1, slowest + 1):
-                saved = now_w - float(np.minimum(table[in_r, k2], lim[in_r]).sum())
-                if saved > 1e-9:
-                    lost = job_value_per_h(site, j, k, self.card_hour_value) - job_value_per_h(
-                        site, j, k2, self.card_hour_value
-                    )
-                    score = max(lost, 0.0) / saved
-                    if best is None or score < best[0]:
-                        best = (score, ji, k2)
-                    break
-        if best is None:
-            return None
-        _score, ji, k2 = best
-        return ji, k2
-
-    def _sleep_idle_for_cap(
-        self, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, kept: BoolArray, notes: _Notes
-    ) -> None:
-        """Step 4's second lever (module docstring), for rack ``r`` still over its cap with its jobs at
-        the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
-        keep the state they report, those no command reaches the state in force, step 3a) go to
-        low-power idle, with a line in ``notes``."""
-        awake_idle = np.flatnonzero((self._card_rack == r) & load.idle & ~b.low_power & ~kept)
-        if awake_idle.size:
-            b.low_power[awake_idle] = True
-            new = lp_w[awake_idle]
-            b.rack_w[r] += float((new - b.power_w[awake_idle]).sum())
-            b.power_w[awake_idle] = new
-            notes.add(
-                "cap_idle_to_low_power",
-                f"{self.site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap",
-            )
-
-    def _limit_power_for_cap(
-        self,
-        r: int,
-        b: _CapBudget,
-        load: SiteLoad,
-        table: FloatArray,
-        lp_w: FloatArray,
-        modelled_caps: FloatArray,
-        fs_lim: FloatArray,
-        failed: BoolArray,
-        sight: _Sight,
-        notes: _Notes,
-    ) -> None:
-        """Step 4's last lever (module docstring), for rack ``r`` still over its cap after the other two:
-        every card of the rack whose power limit commands set (not failed, not ``sight.limit_kept``) gets
-        the fail-safe power limit ``fs_lim[r]`` (or keeps a lower one), with a line in ``notes``; when
-        even that does not hold the cap (the limit it would need is below ``min_power_limit_w``, or
-        cards at settings in force, step 3a, draw more than it), a line saying the rack cannot be
-        held and by how much, naming how many cards keep settings in force (no command reaches them,
-        or a refusal holds one back: a level, a power limit, an awake idle card's sleep)."""
-        site = self.site
-        in_r = (self._card_rack == r) & ~failed & ~sight.limit_kept
-        lim, power = b.power_limit_w, b.power_w
-        lim[in_r] = np.minimum(lim[in_r], fs_lim[r])
-        before_r = power[in_r].copy()
-        power[in_r] = np.where(b.low_power[in_r], lp_w[in_r], np.minimum(table[in_r, b.level[in_r]], lim[in_r]))
-        b.rack_w[r] += float((power[in_r] - before_r).sum())
-        notes.add(
-            "cap_power_limited",
-            f"{site.rack_names[r]}: still over its cap at the slowest levels; "
-            f"power limits of {fs_lim[r]:.0f} W per card",
-        )
-        if b.over(r, modelled_caps):
-            cfg = self.control
-            extra = float(rack_measured_caps_w(site, cfg)[r] - modelled_caps[r])
-            rack_r = (self._card_rack == r) & ~failed
-            n_out = int(np.count_nonzero(sight.unreached_card & rack_r))
-            them = f"{n_out} card no command reaches at the settings in force" if n_out == 1 else ""
-            them = them or f"{n_out} cards no command reaches at the settings in force"
-            out = f"; {them}" if n_out else ""
-            awake_idle = load.idle & ~b.low_power
-            held = (sight.level_kept | sight.limit_kept | (sight.sleep_kept & awake_idle)) & ~sight.unreached_card
-            n_held = int(np.count_nonzero(held & rack_r))
-            if n_held:
-                s_ = "" if n_held == 1 else "s"
-                out += f"; {n_held} card{s_} at a setting a refusal holds back"
-            notes.add(
-                "cap_not_held",
-                f"{site.rack_names[r]}: cannot be held under its cap: {b.rack_w[r] / 1e3:.1f} kW "
-                f"predicted at the lowest power limit a card accepts ({cfg.min_power_limit_w:g} W{out}) > "
-                f"{modelled_caps[r] / 1e3:.1f} kW left for its cards and hosts "
-                f"({extra / 1e3:.1f} kW on its PDU the twin does not explain)",
-            )
-
-    def _enforce_dies(
-        self,
-        draft: _Draft,
-        table: FloatArray,
-        inlet: FloatArray,
-        r_total: FloatArray,
-        off: FloatArray,
-        notes: _Notes,
-        *,
-        sight: _Sight,
-    ) -> None:
-        """Step 5 (module docstring), dies: a busy card whose die the twin predicts (``table``: computing,
-        held to its power limit) above ``slowdown_temp_c - die_margin_k`` slows its job down to the
-        first level where all its cards are under it; a card still over at the slowest level gets the
-        power limit (whole watts, down, within the card's range) that its die limit allows. A card whose
-        level no command sets (``sight.level_kept``, step 3a) is not slowed: the job's other cards are
-        judged alone; one whose power limit no command sets (``sight.limit_kept``: no command reaches it,
-        or a refusal holds its limit back) is not limited, and its die over the limit has no lever.
-        ``notes`` says what was done (:meth:`_note_dies`): jobs slowed, jobs power-limited, and jobs whose
-        dies are over their limit even at the lowest power limit a card accepts or on cards whose limit
-        no command sets (no lever left)."""
-        site, cfg = self.site, self.control
-        load, lvl, lim = draft.load, draft.level, draft.power_limit_w
-        slowest = self._model.n_levels - 1
-        die_limit = site.card.slowdown_temp_c - cfg.die_margin_k
-        idx = np.arange(lvl.size)
-        die = inlet + r_total * np.minimum(table[idx, lvl], lim) + off
-        hot = load.busy & (die > die_limit + 1e-9)
-        if not hot.any():
-            return
-        lvl, lim = lvl.copy(), lim.copy()
-        slowed: dict[str, int] = {}
-        limited: list[str] = []
-        limited_cards: list[IntArray] = []
-        unheld: dict[str, float] = {}  # job -> its hottest die at the lowest power limit
-        out_hot: dict[str, float] = {}  # job -> its hottest die on a card whose limit no command sets
-        n_out_hot = 0
-        for j in load.jobs:
-            if not hot[j.cards].any():
-                continue
-            cards = j.cards[~sight.level_kept[j.cards]]  # those whose level commands set (all, but for refusals)
-            if hot[cards].any():
-                k0 = k = int(lvl[cards[0]])
-                while k < slowest:
-                    d = inlet[cards] + r_total[cards] * np.minimum(table[cards, k], lim[cards]) + off[cards]
-                    if np.all(d <= die_limit + 1e-9):
-                        break
-                    k += 1
-                lvl[cards] = k
-                if k > k0:
-                    slowed[j.job_id] = k
-            d = (
-                inlet[j.cards]
-                + r_total[j.cards] * np.minimum(table[j.cards, lvl[j.cards]], lim[j.cards])
-                + off[j.cards]
-            )
-            over = d > die_limit + 1e-9
-            kept = over & sight.limit_kept[j.cards]
-            if kept.any():
-                out_hot[j.job_id] = float(d[kept].max())
-                n_out_hot += int(np.count_nonzero(kept))
-            still = j.cards[over & ~kept]
-            if still.size:
-                allowed = np.floor((die_limit - inlet[still] - off[still]) / r_total[still])  # whole watts, down
-                before = lim[still].copy()
-                lim[still] = np.clip(np.minimum(lim[still], allowed), cfg.min_power_limit_w, site.card.power_limit_w)
-                lowered = still[lim[still] < before]
-                if lowered.size:
-                    limited.append(j.job_id)
-                    limited_cards.append(lowered)
-                at = np.minimum(table[still, lvl[still]], lim[still])
-                held = inlet[still] + r_total[still] * at + off[still]
-                if np.any(held > die_limit + 1e-9):
-                    unheld[j.job_id] = float(held.max())
-        self._note_dies(die_limit, slowed, limited, limited_cards, lim, unheld, notes, out_hot, n_out_hot)
-        draft.level, draft.power_limit_w = lvl, lim
-
-    def _note_dies(
-        self,
-        die_limit: float,
-        slowed: dict[str, int],
-        limited: list[str],
-        limited_cards: list[IntArray],
-        lim: FloatArray,
-        unheld: dict[str, float],
-        notes: _Notes,
-        out_hot: dict[str, float],
-        n_out_hot: int,
-    ) -> None:
-        """Step 5's lines in ``notes``, each saying what the guard did for the dies: the jobs it slowed
-        (and to which level), the jobs at the slowest level whose cards it gave a lower power limit (how
-        many cards, the lowest limit), and the jobs whose dies it cannot hold under ``die_limit`` even at
-        the lowest power limit a card accepts (``unheld``: their hottest die predicted there) or on cards
-        whose power limit no command sets (``out_hot``: their hottest die at the limits in force there;
-        ``n_out_hot`` such cards), in one line."""
-        keep = f"to keep dies under {die_limit:g} deg C"
-        if slowed:
-            items = ", ".join(f"{k} -> {v}" for k, v in list(slowed.items())[:6])
-            more = f" and {len(slowed) - 6} more" if len(slowed) > 6 else ""
-            notes.add("die_jobs_slowed", f"slowed job(s) {items}{more} {keep}")
-        if limited:
-            cards = np.concatenate(limited_cards)
-            more = f" and {len(limited) - 6} more" if len(limited) > 6 else ""
-            notes.add(
-                "die_power_limited",
-                f"power-limited job(s) {', '.join(limited[:6])}{more} at the slowest level {keep} "
-                f"({cards.size} cards, lowest limit {float(lim[cards].min()):.0f} W)",
-            )
-        if unheld or out_hot:
-            jobs = list(dict.fromkeys([*unheld, *out_hot]))
-            more = f" and {len(jobs) - 6} more" if len(jobs) > 6 else ""
-            why: list[str] = []
-            if unheld:
-                why.append(
-                    f"up to {max(unheld.values()):.1f} deg C predicted at the lowest power limit a card accepts "
-                    f"({self.control.min_power_limit_w:g} W)"
-                )
-            if out_hot:
-                n_cards = f"{n_out_hot} card{'s' if n_out_hot != 1 else ''}"
-                why.append(
-                    f"up to {max(out_hot.values()):.1f} deg C predicted on {n_cards} no command reaches "
-                    "(a card_failed refusal) or whose power limit a refusal holds back, at the limits in force"
-                )
-            notes.add(
-                "die_not_held",
-                f"dies of job(s) {', '.join(jobs[:6])}{more} cannot be held under {die_limit:g} deg C: "
-                + "; ".join(why),
-            )

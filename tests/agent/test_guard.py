@@ -2,7 +2,7 @@
 priority 1, on cards 0-7 and job "b", priority 2, on cards 8-15; rack r1: "b" on cards 16-19 and idle
 cards 20-31; "q" queued for 4 cards). Rack limit 12.5 kW, margin 1 kW: 11.5 kW for cards and 2.2 kW
 of hosts; die limit 87 - 2 = 85 deg C; 0.053 K/W from die to inlet. The values below are the twin's
-steady powers at a 30 deg C inlet (``Guard._power_table``): per card of "a" 650, 574, 503 W at levels
+steady powers at a 30 deg C inlet (``agent.guard_caps.power_table_w``): per card of "a" 650, 574, 503 W at levels
 0-2; of "b" 618 W at level 0 and 302 W at level 7; an idle card 81 W awake, 49 W asleep. The property
 test (test_guard_properties.py) covers random plans; these pin what it cannot reach."""
 

@@ -13,7 +13,7 @@ that applied just after it; a raise of another publisher), a decision in that la
 at once) held the card ``max_level_raise_per_period`` faster than the reported level, slower than it
 ran, and the diff sent that slow-down; the decision after the next reading raised it again (r0 below:
 level 1 confirmed, 7 read, level 4 sent, then 1 again). Now step 2 counts from the faster of the
-reported and the confirmed level (as step 3a keeps a level in force: ``Guard._kept_levels``), and so does
+reported and the confirmed level (as step 3a keeps a level in force: ``agent.guard_in_force.kept_levels``), and so does
 the fail-safe's "no faster than now" for blind cards (``failsafe_lowest_level = false``). Where no
 rack confirmed a level (-1; the in-process loop passes none), as reported.
 """
