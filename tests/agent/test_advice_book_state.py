@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import example_site, job
+from agent_helpers import belief, example_site, job
 from test_publish import NOW, decision_like
 
 from agent import wire
@@ -123,8 +123,6 @@ def _slowed_pump(snap: StateSnapshot) -> Decision:
 
 @pytest.fixture(scope="module")
 def snap() -> StateSnapshot:
-    from agent_helpers import belief
-
     _plant, state = belief(example_site(), [job("a", 64), job("b", 64)], 5)
     return state.snapshot()
 
