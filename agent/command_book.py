@@ -335,13 +335,26 @@ class CommandBook:
     def advice(
         self, decision: Decision, snap: StateSnapshot, applied_level: IntArray, now_s: float
     ) -> wire.AgentAdvice:
-        """What enforce mode would command now, as advice (nothing is registered)."""
+        """What enforce mode would command now (:meth:`commands`' diff), as advice: nothing is registered,
+        and the holds of the open commands are left as they were (``Overlays.holds``). Of them the diff
+        changes only the pumps' last issue times: after the site clock stepped back it dates them at
+        ``now_s`` at the latest (``CommandDiff._pump_items``), which would put the next pump renewal
+        :meth:`commands` sends at ``now_s`` plus ``pump_renew_s``, for advice that issued nothing. What
+        else the diff changes is a decision's reading of the refusals and failed marks, the same in
+        either mode and kept (``Overlays.failed_now``, ``lift_refusals_a_failure_explains``, the
+        refusals' holds clipped to ``command_ttl_s`` from ``now_s``). The service asks for advice only in
+        advisory mode, whose book registers no command: it holds nothing, refuses nothing, and its
+        advice is the commands a fresh book in enforce mode would send."""
         items: list[wire.AdviceItem] = []
         setpoint: float | None = None
         placements: list[wire.Placement] = []
         pumps: dict[str, float] = {}
-        saved = (self.overlays.until.copy(), self.overlays.setpoint, dict(self.overlays.placing))
-        for _kind, msg, _low in self.diff(decision, snap, applied_level, now_s):
+        held = self.overlays.holds()
+        try:
+            diffed = self.diff(decision, snap, applied_level, now_s)
+        finally:
+            self.overlays.restore_holds(held)
+        for _kind, msg, _low in diffed:
             if isinstance(msg, wire.RackCommand):
                 items.append(wire.AdviceItem(msg.rack, msg.cards, msg.setting))
             elif isinstance(msg, wire.CduCommand):
@@ -350,7 +363,6 @@ class CommandBook:
                 setpoint = msg.supply_setpoint_c
             else:
                 placements.append(wire.Placement(msg.job_id, msg.cards))
-        self.overlays.until, self.overlays.setpoint, self.overlays.placing = saved
         fs = ", ".join(self._names[r] for r in decision.failsafe_racks)
         summary = (
             f"cycle {decision.cycle}: {decision.status} ({decision.source}), supply {decision.supply_temp_c:g} deg C"

@@ -133,8 +133,8 @@ class Overlays:
         )
 
     def restore_holds(self, holds: Holds) -> None:
-        """Put back what :meth:`holds` copied (``CommandBook.undo``), in place; refusals and failed
-        marks stay."""
+        """Put back what :meth:`holds` copied (``CommandBook.undo``, ``CommandBook.advice``), in place;
+        refusals and failed marks stay."""
         self.value[:], self.until[:], self.key[:] = holds.value, holds.until, holds.key
         self.pump_sent[:] = holds.pump_sent
         self.setpoint = holds.setpoint

@@ -15,12 +15,14 @@ message, or on the service's health tick while connected (a telemetry blackout),
 away (the applied state that explains it may be held up there).
 
 In process, through the service's ingest (the service built from examples/agent.toml, not run: no
-broker); the blackout through the running service against a real mosquitto. Every value checked is the
-one a scrape sees."""
+broker); the blackout, and an agent standing by for another (it counts the same as the one that
+commands), through running services against a real mosquitto. Every value checked is the one a scrape
+sees."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -308,3 +310,97 @@ def test_after_a_broker_outage_the_clock_stepping_back_to_the_late_messages_coun
     late = _applied(rack, T0 + 5.5, level=5, limit_w=500.0, low=np.zeros(N, dtype=bool))
     ing.handle(dataclasses.replace(late, dvfs_level=levels))  # the rack's applied state, queued behind it
     assert _disproved(service) == NONE and ing.stats.applied_disprovals_explained == 3
+
+
+def _on_host(host: str, make: Callable[[], AgentService]) -> AgentService:
+    """An agent made as if on ``host`` (two agents of one process on one host, with one pid, would take
+    each other for an earlier run whose process is gone)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("agent.other_agents.host_name", lambda: host)
+        return make()
+
+
+async def _counted_once(name: str, agent: AgentService, kinds: dict[str, int], rack: str) -> None:
+    """Wait until ``agent`` has taken in the racks' messages (``kinds``: how many of each) and its
+    /metrics shows one level disproved on ``rack``."""
+    taken = agent.ingest.stats.by_kind
+    await wait_for(f"the racks' messages at {name}", lambda: all(taken.get(k, 0) >= v for k, v in kinds.items()))
+    await wait_for(
+        f"the count on {name}'s /metrics",
+        lambda: _exported(agent, rack) == 1.0,
+        30.0,
+        found=lambda: f"{_exported(agent, rack)} {agent.ingest.stats}",
+    )
+
+
+async def test_an_agent_standing_by_counts_the_same_disprovals_as_the_one_that_commands(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Two agents in enforce mode on one site and one real mosquitto: A commands, B, started later,
+    stands by. A rack's messages: r0 confirms its cards at level 5; a reading shows card 4 at the top
+    clock and the applied state confirming level 0 for it comes after it, stamped before it (A's
+    command applied: the reading overtook the confirmation); a later reading shows card 3 at the top
+    clock too, which no applied state explains (a card reset behind the agents' backs). Each agent
+    counts card 3 once and card 4 not at all: what a standby counts is a change outside any command
+    whose application its rack confirmed, the commanding agent's included, not that agent's settings.
+    It sees the same site as the agent that commands and counts the same, as it exports the same rack
+    powers, die temperatures and telemetry ages (docs/agent.md, "Observability":
+    ``RacktwinRackSettingsChanged`` fires on both agents, as every alert on what the racks report)."""
+
+    def make(folder: Path) -> AgentService:
+        folder.mkdir()
+        return service_on(
+            mosquitto,
+            folder,
+            period_s=15.0,
+            speed=30.0,
+            mode="enforce",
+            telemetry_deadline_s=30.0,
+            infer_time_scale=False,
+        )
+
+    a = _on_host("host-a", lambda: make(tmp_path / "a"))
+    b = _on_host("host-b", lambda: make(tmp_path / "b"))
+    r0, r1 = a.site.rack_names
+    n = a.site.cards_per_rack
+    codec = wire.Codec(wire.SiteLayout.from_spec(a.site, site=SITE_ID))
+    at_5 = np.full(n, 1430.0)  # level 5's clock
+    card_4_top = at_5.copy()
+    card_4_top[4] = 1980.0  # the top level's: level 0
+    both_top = card_4_top.copy()
+    both_top[3] = 1980.0
+    level_0_on_4 = np.full(n, 5)
+    level_0_on_4[4] = 0
+    messages: list[wire.Message] = [_applied(r0, START, level=5, limit_w=700.0, low=np.zeros(n, dtype=bool))]
+    for i in range(1, 4):
+        messages += [cards_msg(r, START + i, n=n, sm_clock_mhz=at_5) for r in (r0, r1)]
+    messages.append(cards_msg(r0, START + 5.0, n=n, sm_clock_mhz=card_4_top))
+    late = _applied(r0, START + 4.6, level=5, limit_w=700.0, low=np.zeros(n, dtype=bool))
+    messages.append(dataclasses.replace(late, dvfs_level=level_0_on_4))  # A's command, confirmed late
+    messages += [cards_msg(r0, START + t, n=n, sm_clock_mhz=card_4_top) for t in (6.0, 7.0)]
+    messages.append(cards_msg(r0, START + 8.0, n=n, sm_clock_mhz=both_top))  # card 3: reset
+    kinds: dict[str, int] = {}
+    for m in messages:
+        kinds[wire.kind_of(m).value] = kinds.get(wire.kind_of(m).value, 0) + 1
+    async with running(a):
+        await wait_for("agent A's status", lambda: a.bus.stats.published > 0)
+        async with running(b), Bus(mosquitto.options(), subscriptions=(), name="racks") as racks:
+            await wait_for("agent B standing by for A", lambda: b.standing_by_for is not None, 30.0)
+            await wait_for(  # it reconnects under a client id of its own (its second connection)
+                "B connected under its standby id",
+                lambda: (
+                    "-standby-" in (b.bus.options.client_id or "") and b.bus.connected and b.bus.stats.connects >= 2
+                ),
+                30.0,
+            )
+            await wait_for("the racks' connection", lambda: racks.connected)
+            for m in messages:
+                out = codec.outgoing(m)
+                await racks.publish(out.topic, out.payload, qos=out.qos, retain=out.retain)
+            for name, agent in (("A", a), ("B", b)):
+                await _counted_once(name, agent, kinds, r0)
+            assert a.commanding() and not b.commanding() and b.standing_by_for is not None
+            for agent in (a, b):
+                assert agent.ingest.stats.applied_disproved == {("level", r0): 1}
+                assert agent.ingest.applied_level[3] == -1 and agent.ingest.applied_level[4] == 0
+                assert _exported(agent, r1) == 0.0
