@@ -62,6 +62,7 @@ def _usage_options(capsys: pytest.CaptureFixture[str], *argv: str) -> set[tuple[
     [
         (("sim",), "docs/sim.md", "racktwin sim [--site FILE]"),
         (("twin", "steady"), "docs/twin.md", "### `racktwin twin steady ["),
+        (("demo",), "docs/evaluation.md", "## `racktwin demo ["),
     ],
 )
 def test_the_docs_synopsis_names_each_value_as_help_does(
