@@ -50,6 +50,8 @@ def _top_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # parsed by _main itself (before any command is imported); declared here for the help's option list
+    p.add_argument("--version", action="store_true", help="print racktwin's version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)

@@ -73,9 +73,18 @@ AGENT_EPILOG = (
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.description = (
+        "The control agent service: it reads the racks' telemetry and the scheduler's job events from an MQTT "
+        "broker, keeps the digital twin current, decides every control period (DVFS levels, low-power idle, "
+        "placements, hosts off, pump speeds, the coolant set-point), checks each decision with the twin's "
+        "physics, journals it and publishes it: advice in advisory mode, commands in enforce mode."
+    )
     parser.epilog = AGENT_EPILOG
     parser.add_argument(
-        "--config", type=path_arg, metavar="FILE", help="agent configuration (TOML, see examples/agent.toml)"
+        "--config",
+        type=path_arg,
+        metavar="FILE",
+        help="agent configuration (TOML, see examples/agent.toml); required unless --check-config names the file",
     )
     parser.add_argument(
         "--check-config",

@@ -61,10 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--since",
         metavar="WHEN",
         help="only decisions from then on: a duration back from now (90s, 30m, 2h, 7d) or a UTC time "
-        "(2026-12-01T10:00, or with an offset: 2026-12-01T10:00+01:00)",
+        "(2026-12-01T10:00, or with an offset: 2026-12-01T10:00+01:00); not with --decision",
     )
     parser.add_argument(
-        "--last", type=int, metavar="N", help="newest decisions shown with their explanation (default 5)"
+        "--last",
+        type=int,
+        metavar="N",
+        help="newest decisions shown with their explanation, 0 or more (default 5; not with --decision)",
     )
     parser.add_argument("--decision", type=int, metavar="ID", help="one decision (its id) with its commands and acks")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")

@@ -43,6 +43,13 @@ EXIT_STATUSES = (
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.description = (
+        "Offline plan for a snapshot scenario (the site, running jobs, the queue, ambient, prices): placements, "
+        "hosts off, DVFS levels and low-power idle, pump speeds and the coolant set-point under every rack's "
+        "limit, judged by the twin against a baseline (every card at its top clock, every host on, pumps at full "
+        "speed); one summary line (or --json) on "
+        "stdout, progress on stderr, plan.json, racks.csv and report.html in --out."
+    )
     parser.epilog = f"{EXIT_STATUSES} docs/models.md"
     parser.add_argument("scenario", type=path_arg, help="scenario TOML file (see examples/scenario-*.toml)")
     parser.add_argument("--out", type=path_arg, metavar="DIR", help="output folder (default: ./out/<scenario name>)")

@@ -71,15 +71,21 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--site",
         default=None,
         type=path_arg,
+        metavar="FILE",
         help="site spec TOML (default: the scenario's, else examples/supernode-512.toml)",
     )
     parser.add_argument(
-        "--scenario", default=None, type=path_arg, help="run-scenario TOML (default: the embedded one; docs/sim.md)"
+        "--scenario",
+        default=None,
+        type=path_arg,
+        metavar="FILE",
+        help="run-scenario TOML (default: the embedded one; docs/sim.md)",
     )
     parser.add_argument(
         "--speed",
         type=float,
         default=1.0,
+        metavar="X",
         help="site seconds per wall second (default 1 = real time; 0 or inf = as fast as possible)",
     )
     parser.add_argument(
@@ -90,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         # twin.scenario.MAX_DURATION_S (not imported here: `racktwin sim --help` stays light)
         help="site seconds to run, at most 31536000 (365 days) (default: the scenario's; 86400 without one)",
     )
-    parser.add_argument("--site-id", default="site1", help="site id in the MQTT topics (default site1)")
+    parser.add_argument("--site-id", default="site1", metavar="ID", help="site id in the MQTT topics (default site1)")
     parser.add_argument(
         "--telemetry-period-s",
         type=float,
@@ -112,6 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--seed",
         type=int,
         default=None,
+        metavar="N",
         help="seed of the workload, the plant and its sensors, >= 0 (default: the scenario's)",
     )
     parser.add_argument(

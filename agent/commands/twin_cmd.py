@@ -1,12 +1,12 @@
 """``racktwin twin``: what-if runs of the digital twin.
 
-twin steady [--site FILE] [--level K | --clock-mhz F] [--utilization U] [--supply-temp-c T]
-            [--ambient-c A] [--json]
+twin steady [--site FILE] [--level N | --clock-mhz MHZ] [--utilization U] [--supply-temp-c C]
+            [--ambient-c C] [--json]
     Steady state of the whole site with every card at one level (``twin.steady``): per-rack power
     against its limit, hottest die, coolant temperatures, then IT, cooling and facility power and PUE.
 
-twin sweep-supply [--site FILE] [--from-c A] [--to-c B] [--step-k S] [--ambient-c A]
-            [--level K] [--utilization U] [--compute-share C] [--json]
+twin sweep-supply [--site FILE] [--from-c C] [--to-c C] [--step-k K] [--ambient-c C]
+            [--level N] [--utilization U] [--compute-share SHARE] [--json]
     The supply-temperature trade-off at full load (``twin.sweep``): facility power falls as free
     cooling grows, then rises with leakage; past the throttle onset the site loses speed.
 
@@ -49,16 +49,23 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
     _common(st)
     which = st.add_mutually_exclusive_group()
-    which.add_argument("--level", type=int, default=None, help="DVFS level of every card, 0 = fastest (default 0)")
+    which.add_argument(
+        "--level", type=int, default=None, metavar="N", help="DVFS level of every card, 0 = fastest (default 0)"
+    )
     which.add_argument(
         "--clock-mhz",
         type=float,
         default=None,
+        metavar="MHZ",
         help="clock of every card in MHz, within the card's DVFS table (the nearest level at or above)",
     )
-    st.add_argument("--utilization", type=float, default=1.0, help="card utilization 0..1 (default 1)")
+    _utilization(st)
     st.add_argument(
-        "--supply-temp-c", type=float, default=None, help="rack supply set-point, deg C, 5..60 (default: the spec's)"
+        "--supply-temp-c",
+        type=float,
+        default=None,
+        metavar="C",
+        help="rack supply set-point, deg C, 5..60 (default: the spec's)",
     )
     sw = sub.add_parser(
         "sweep-supply",
@@ -68,33 +75,54 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         epilog=epilog,
     )
     _common(sw)
-    sw.add_argument("--from-c", type=float, default=20.0, help="first supply temperature, deg C, 5..60 (default 20)")
+    sw.add_argument(
+        "--from-c", type=float, default=20.0, metavar="C", help="first supply temperature, deg C, 5..60 (default 20)"
+    )
     sw.add_argument(
         "--to-c",
         type=float,
         default=55.0,
+        metavar="C",
         help="last supply temperature, deg C, 5..60 (default 55; the sweep ends at the last step at or below it)",
     )
     sw.add_argument(
         "--step-k",
         type=float,
         default=1.0,
+        metavar="K",
         help="step between supply temperatures, K, > 0 (default 1; 1,000 steps at most)",
     )
-    sw.add_argument("--level", type=int, default=0, help="DVFS level of every card (default 0)")
-    sw.add_argument("--utilization", type=float, default=1.0, help="card utilization 0..1 (default 1)")
     sw.add_argument(
-        "--compute-share", type=float, default=0.8, help="clock-sensitive share of a step, for throughput (0.8)"
+        "--level", type=int, default=0, metavar="N", help="DVFS level of every card, 0 = fastest (default 0)"
     )
+    _utilization(sw)
+    sw.add_argument(
+        "--compute-share",
+        type=float,
+        default=0.8,
+        metavar="SHARE",
+        help="clock-sensitive share of a step, for throughput, 0..1 (default 0.8)",
+    )
+
+
+def _utilization(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--utilization", type=float, default=1.0, metavar="U", help="card utilization 0..1 (default 1)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.set_defaults(_parser=p)  # agent.cli names "racktwin twin steady" in a UserError's line and unknown options
-    p.add_argument("--site", default=None, type=path_arg, help="site spec TOML (default: examples/supernode-512.toml)")
+    p.add_argument(
+        "--site",
+        default=None,
+        type=path_arg,
+        metavar="FILE",
+        help="site spec TOML (default: examples/supernode-512.toml)",
+    )
     p.add_argument(
         "--ambient-c",
         type=float,
         default=None,
+        metavar="C",
         help="outdoor (dry-bulb) temperature, deg C, -40..55 (default: the spec's)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -408,3 +408,18 @@ def test_every_metric_named_in_the_readme_and_docs_is_exported_with_the_labels_n
                     )
     assert seen > 50, seen
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_readmes_folder_table_names_every_module_of_its_folder() -> None:
+    """The "How it fits together" table names each module of twin/, models/, agent/ and sim/ (agent's
+    `commands/` and `wire/` as folders); agent/job_catchup.py, ahead_refusals.py and durations.py were
+    missing from it."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)/` \|.*$", readme, flags=re.M)}
+    missing = [
+        f"{folder}/{module.name}"
+        for folder in ("twin", "models", "agent", "sim")
+        for module in sorted((REPO / folder).glob("*.py"))
+        if module.name not in ("__init__.py", "__main__.py") and f"`{module.name}`" not in rows[folder]
+    ]
+    assert not missing, missing
