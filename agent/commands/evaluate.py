@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="site seconds to run, more than one control period (period_s, 15 s unless --control sets it) and at "
         f"most {MAX_DURATION_S:.0f} ({MAX_DURATION_S / 86400:.0f} days) (default: the scenario's duration_s)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed, >= 0")
+    parser.add_argument("--seed", type=int, default=None, metavar="N", help="override the scenario's seed, >= 0")
     parser.add_argument(
         "--sample-s",
         type=float,

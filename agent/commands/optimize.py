@@ -51,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "stdout, progress on stderr, plan.json, racks.csv and report.html in --out."
     )
     parser.epilog = f"{EXIT_STATUSES} docs/models.md"
-    parser.add_argument("scenario", type=path_arg, help="scenario TOML file (see examples/scenario-*.toml)")
+    parser.add_argument(
+        "scenario", type=path_arg, metavar="SCENARIO.toml", help="scenario TOML file (see examples/scenario-*.toml)"
+    )
     parser.add_argument("--out", type=path_arg, metavar="DIR", help="output folder (default: ./out/<scenario name>)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument(

@@ -119,7 +119,7 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
                 "sets it) and at most 31536000 (365 days)",
                 "--sample-s S time-series resolution in the report, 1..86400 site seconds (default 60)",
                 "--jobs N worker processes, 1..256",
-                "--seed SEED override the scenario's seed, >= 0",
+                "--seed N override the scenario's seed, >= 0",
             ],
         ),
         (
