@@ -63,7 +63,8 @@ it decides and journals as before (mode ``standby``), sends no command, connects
 of its own, says so (``/readyz``, status, log, metrics) and commands again once the first is gone.
 
 This module wires those parts together and keeps what the tasks share: the ingest handlers (messages,
-acks, rounds, job events), the control loop, the command callbacks and the lifecycle.
+rounds, job events), the control loop and the lifecycle. What became of the commands (the acks, the
+publisher's sends and closes, the latencies) is ``agent.command_outcomes.CommandOutcomes``.
 """
 
 from __future__ import annotations
@@ -76,17 +77,16 @@ import functools
 import logging
 import math
 import time
-import uuid
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from agent import wire
-from agent.ahead_refusals import AheadRefusals
 from agent.aio import wait_ended, wait_event
 from agent.bus import Bus, BusError, LastWill, MqttOptions
 from agent.clock import SiteClock
+from agent.command_outcomes import CommandOutcomes
 from agent.config import BrokerConfig, LoadedConfig
 from agent.controller import Controller, decides_again_on
 from agent.decision import Decision
@@ -128,7 +128,6 @@ _ROUND_QUEUE = 256
 _HEALTH_INTERVAL_S = 1.0
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
-_ACK_KEYS_KEPT = 10_000  # ack messages remembered to count a second delivery once (acks_received)
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
 
 
@@ -228,11 +227,21 @@ class AgentService:
             self.book = CommandBook(
                 site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
             )
+            self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
+            #: the acks taken in and the publisher's sends and closes: counted, logged, latencies observed
+            self.outcomes = CommandOutcomes(
+                clock=self.clock,
+                book=self.book,
+                journal=self.journal,
+                journal_acks=self.journal_acks,
+                controller=self.controller,
+                metrics=self.metrics,
+            )
             self.ingest = Ingest(
                 site,
                 self.state,
                 self.clock,
-                on_ack=self._on_ack,
+                on_ack=self.outcomes.on_ack,
                 on_event=self._on_event,
                 on_round=self._on_round,
                 telemetry_deadline_s=cfg.control.telemetry_deadline_s,
@@ -264,9 +273,9 @@ class AgentService:
                 self.journal,
                 self.clock,
                 cfg.control,
-                on_sent=self._on_sent,
-                on_closed=self._on_closed,
-                on_unconfirmed=self._on_unconfirmed,
+                on_sent=self.outcomes.on_sent,
+                on_closed=self.outcomes.on_closed,
+                on_unconfirmed=self.outcomes.on_unconfirmed,
                 heard_since=self._heard_since,
             )
             self.http = http
@@ -286,9 +295,7 @@ class AgentService:
             self._last_cycle_end_wall = 0.0
             self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
             self._solve_future: asyncio.Future[Decision] | None = None
-            self._first_send: dict[str, tuple[float, str]] = {}
             self._decision_writes = WriteFailures()  # why a decision write failed (a full disk: every cycle)
-            self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             #: the jobs known and the cards refused as failed, saved with each decision for a restart
             self.restart_records = RestartRecords(self.journal, site)
@@ -317,25 +324,11 @@ class AgentService:
                 metrics=self.metrics,
                 calibration_every_s=cfg.journal.calibration_every_s,
             )
-            #: wall seconds from the message that triggered a decision to its first command (or advice) sent
-            self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
-            #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
-            #: (a job event; its decision waits for ``min_replan_interval_s`` after the last one, and is a full
-            #: one if the period boundary passes meanwhile)
-            self.latency_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
             #: wall seconds each decision took to make and hand over (context, plan, guard, journal, commands
             #: queued), and its kind: "full" (the periodic MILP decision) or "incremental" (on a job event)
             self.decision_walls_s: collections.deque[float] = collections.deque(maxlen=100_000)
             self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
             self.decisions = 0
-            #: acks taken in (ours, copies answered again, other agents'), a broker's second delivery of one not
-            #: counted (the last ``_ACK_KEYS_KEPT`` ack messages are remembered by command, publisher and seq:
-            #: a restarted publisher numbers from 0 again)
-            self.acks_received = 0
-            self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
-            # issued_ahead refusals: one episode's lines (agent.ahead_refusals); the clock's step backs seen
-            self._ahead = AheadRefusals()
-            self._ahead_corrections = 0
             self.last_decision: Decision | None = None
             self.rounds_dropped = 0
             #: messages whose handling raised (dropped; see :meth:`_message_failed`)
@@ -533,7 +526,7 @@ class AgentService:
         for oc in dropped:
             self.book.open.pop(oc.command_id, None)
             self.book.forget(oc)
-            self._first_send.pop(oc.command_id, None)  # never sent now: no latency to observe
+            self.outcomes.never_sent(oc.command_id)
             self.metrics.commands_total.labels(result="abandoned").inc()
         if not dropped:
             return
@@ -638,124 +631,24 @@ class AgentService:
         st = self.state
         return bool(max(st.rack_cards_seen_s[r], st.rack_loop_seen_s[r], st.rack_pdu_seen_s[r]) > site_s)
 
-    def _on_ack(self, ack: wire.Acknowledgement) -> None:
-        key = (ack.command_id, ack.publisher, ack.seq)
-        if key not in self._ack_keys:
-            self.acks_received += 1
-            self._ack_keys[key] = None
-            if len(self._ack_keys) > _ACK_KEYS_KEPT:
-                del self._ack_keys[next(iter(self._ack_keys))]
-        now = self.clock.now()
-        oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
-        self.journal_acks.add(ack)
-        if oc is None and self.book.acked_before(str(ack.command_id)):
-            self.metrics.repeated_acks_total.inc()
-            return  # a copy sent again answered again (journaled, counted once)
-        if oc is None and not knows_command(self.journal, str(ack.command_id)):
-            self.metrics.foreign_acks_total.inc()
-            return  # another agent's command, or a forged ack
-        self.metrics.commands_total.labels(result=ack.result.value).inc()
-        self._ahead_episode_ends(now)
-        if ack.result is wire.AckResult.APPLIED:
-            n = self._ahead.applied(ack.target)
-            if n:
-                log.info(
-                    "%s applies commands again after %d refused as issued ahead of its clock",
-                    ack.target,
-                    n,
-                    extra={"fields": {"target": ack.target, "refused": n}},
-                )
-            return
-        fields = {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}
-        if wire.reason_code(ack.reason) == wire.AckReason.ISSUED_AHEAD:
-            since = self._ahead.refused(ack.target, left_behind=self._left_behind(oc, str(ack.command_id), now))
-            if since is None:
-                log.debug("command %s", ack.result.value, extra={"fields": fields})
-            else:
-                log.warning(
-                    "command %s: issued ahead of the target's clock (%d such refusal(s) since the last such line; "
-                    "the rest are counted, and summed up when the agent's clock steps back or the target applies "
-                    "a command)",
-                    ack.result.value,
-                    since,
-                    extra={"fields": {**fields, "since_last_line": since}},
-                )
-        else:
-            log.warning("command %s", ack.result.value, extra={"fields": fields})
-        if oc is not None:
-            self._placement_not_applied(oc)
+    # ================================================================================================
+    # what became of the commands (agent.command_outcomes)
+    # ================================================================================================
+    @property
+    def acks_received(self) -> int:
+        """Ack messages taken in (ours, copies answered again, other agents'), a broker's second
+        delivery of one not counted."""
+        return self.outcomes.acks_received
 
-    def _left_behind(self, oc: OpenCommand | None, command_id: str, now: float | None) -> bool:
-        """Whether a command of ours (``oc``, or the journal's row of one closed already) is stamped
-        beyond what a target accepts ahead of the agent's clock ``now``: decided on a timeline the
-        site clock has left (``CommandBook._leave_old_timeline``; a journaled command's issue time,
-        which its stamp is never before)."""
-        if now is None:
-            return False
-        if oc is not None:
-            stamp = oc.ts_s
-        else:
-            try:
-                row = self.journal.command(command_id)
-            except JournalError:
-                return False
-            if row is None:
-                return False
-            stamp = row.issued_s
-        return stamp > now + self.book.accept_ahead_s()
+    @property
+    def latencies_s(self) -> collections.deque[float]:
+        """Wall seconds from the message that triggered a decision to its first command (or advice) sent."""
+        return self.outcomes.latencies_s
 
-    def _ahead_episode_ends(self, now: float | None) -> None:
-        """When the agent's clock has stepped back since the last call: one INFO line of the
-        ``issued_ahead`` refusals the episode counted (``agent.ahead_refusals``)."""
-        if self.clock.corrections == self._ahead_corrections:
-            return
-        self._ahead_corrections = self.clock.corrections
-        refused = self._ahead.clock_stepped_back()
-        if refused:
-            log.info(
-                "the site clock stepped back: %d command(s) decided on the old timeline had been refused as issued "
-                "ahead of the targets' clocks (%s)",
-                sum(refused.values()),
-                ", ".join(f"{t} {n}" for t, n in refused.items()),
-                extra={"fields": {"refused": refused, "site_time_s": now}},
-            )
-
-    def _placement_not_applied(self, oc: OpenCommand) -> None:
-        """A placement the scheduler refused (or got after its expiry), or one the site clock left behind
-        (closed unacked: stamped beyond what the scheduler accepts after the clock stepped back,
-        ``CommandBook.expire``), no longer holds its job and cards (``Controller.placement_refused``):
-        the next decision may place the job again at once, not ``command_ttl_s`` later. Only an ack
-        that closes an open command does this; a late ack, for a command already closed by its
-        expiry, names an order whose time to live is over (the ``PlacementBook`` forgets it by its own
-        rule) and cannot tell it from a newer one of the job."""
-        placed = self.book.placement_of(oc)
-        if placed is not None and self.controller.placement_refused(*placed, oc.issued_s):
-            log.info(
-                "placement of %s not applied: the job may be placed again",
-                placed[0],
-                extra={"fields": {"command_id": oc.command_id, "job_id": placed[0]}},
-            )
-
-    def _on_sent(self, oc: OpenCommand, retry: bool) -> None:
-        self.metrics.commands_total.labels(result="retried" if retry else "sent").inc()
-        trigger = self._first_send.pop(oc.command_id, None)
-        if trigger is not None:
-            self._observe_latency(*trigger)
-
-    def _on_closed(self, oc: OpenCommand, why: str) -> None:
-        self.metrics.commands_total.labels(result=why).inc()
-        self._first_send.pop(oc.command_id, None)  # closed unsent (e.g. expired while the broker was away)
-        if oc.left_behind:  # no scheduler on the new timeline applies it (its ack, if any, finds it closed)
-            self._placement_not_applied(oc)
-
-    def _on_unconfirmed(self, _oc: OpenCommand) -> None:
-        self.metrics.commands_total.labels(result="unconfirmed").inc()
-
-    def _observe_latency(self, trigger_wall: float, kind: str) -> None:
-        lat = time.monotonic() - trigger_wall
-        self.latencies_s.append(lat)
-        self.latency_kinds.append(kind)
-        self.metrics.decision_latency_seconds.observe(lat)
+    @property
+    def latency_kinds(self) -> collections.deque[str]:
+        """What triggered each of :attr:`latencies_s`: "period" or "event"."""
+        return self.outcomes.latency_kinds
 
     # ================================================================================================
     # estimate (agent.estimation_loop)
@@ -882,7 +775,7 @@ class AgentService:
 
     async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
         cfg = self.config.control
-        self._ahead_episode_ends(now)
+        self.outcomes.ahead_episode_ends(now)
         snap = self.state.snapshot()
         est = self.estimator.estimates()
         period_wall = self.clock.wall_seconds(cfg.period_s)
@@ -971,13 +864,13 @@ class AgentService:
         self.restart_records.save(self.book, snap)
         if enforce:
             if commands:
-                self._first_send[commands[0].command_id] = (trigger_wall, kind)
+                self.outcomes.await_first_send(commands[0].command_id, trigger_wall, kind)
                 self.publisher.submit(commands)
         elif not standby:
             advice = self.book.advice(decision, snap, self.ingest.applied_level, now)
             try:
                 await self.bus.send(self.codec.outgoing(advice), timeout_s=5.0)
-                self._observe_latency(trigger_wall, kind)
+                self.outcomes.observe_latency(trigger_wall, kind)
             except BusError as exc:
                 log.warning("advice not published: %s", exc)
         log.info(

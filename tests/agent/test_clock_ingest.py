@@ -194,7 +194,7 @@ def _on_a_fake_wall(svc: AgentService) -> tuple[FakeWall, tuple[range, range]]:
     clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
     # every holder of the service's clock (it hands it over when built)
     svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = clock
-    svc.metric_updates.clock = svc.estimation.clock = clock
+    svc.metric_updates.clock = svc.estimation.clock = svc.outcomes.clock = clock
     n_racks = svc.site.n_racks
     return wall, (range(n_racks // 2), range(n_racks // 2, n_racks))
 

@@ -180,7 +180,7 @@ class _ServicePath:
         self.clock = _Clock(control, self.wall)
         # every holder of the service's clock (it hands it over when built)
         svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = self.clock
-        svc.metric_updates.clock = svc.estimation.clock = self.clock
+        svc.metric_updates.clock = svc.estimation.clock = svc.outcomes.clock = self.clock
         self.broker = _Broker()
         svc.publisher.bus = self.broker
         self.later = later

@@ -86,7 +86,7 @@ class _Site:
         (out,) = self.scheduler.handle(command.topic, command.payload)
         ack = self.svc.codec.decode(out.topic, out.payload)
         assert isinstance(ack, wire.Acknowledgement)
-        self.svc._on_ack(ack)
+        self.svc.outcomes.on_ack(ack)
         return ack
 
 
@@ -181,7 +181,7 @@ def test_a_card_a_stale_scheduler_refuses_again_is_held_out_of_placements(tmp_pa
                 wire.SCHEDULER, uuid.UUID(command.command_id), wire.AckResult.REJECTED, site.plant.time_s, 1, "sched",
                 reason,
             )  # fmt: skip
-            site.svc._on_ack(ack)
+            site.svc.outcomes.on_ack(ack)
 
         first, _snap, (sent,) = site.decide()
         stale = first.placements[0].cards[0]
@@ -314,7 +314,7 @@ def test_a_placement_the_site_clock_left_behind_is_placed_again_at_the_next_deci
         gone = site.svc.book.expire(40.0)  # the publisher's step after the clock stepped back...
         assert sent in gone  # (with the card settings of that decision)
         for oc in gone:
-            site.svc._on_closed(oc, "unacked")  # ...and what it reports of each command it closed
+            site.svc.outcomes.on_closed(oc, "unacked")  # ...and what it reports of each command it closed
         assert "q" not in site.svc.controller.pending_placements()
         second, _snap, (again,) = site.decide()
         assert [o.job_id for o in second.placements] == ["q"]

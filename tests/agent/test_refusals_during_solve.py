@@ -127,7 +127,7 @@ class _Site:
         last readings, as one that comes while a solve runs)."""
         ts = self.plant.time_s + 0.5
         ack = wire.Acknowledgement(oc.target, uuid.UUID(oc.command_id), wire.AckResult.REJECTED, ts, 0, "sim", reason)
-        self.svc._on_ack(ack)
+        self.svc.outcomes.on_ack(ack)
 
 
 def _applied_state(rack: str, levels: npt.NDArray[np.int64], low_power: npt.NDArray[np.bool_]) -> wire.AppliedState:
