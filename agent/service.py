@@ -100,8 +100,9 @@ from agent.journal_upkeep import JournalAcks, JournalUpkeep, knows_command
 from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import AgentInstance, OtherAgents, Peer
-from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
+from agent.publish import CommandBook, Publisher, new_commands
 from agent.resume import RestartRecords, load_journal, open_commands_to_resume
+from agent.shutdown import await_acks, journal_last_closes
 from agent.solver_output import isolate_solver_output
 from agent.standby import Standby
 from agent.status import VERSION, StatusPublisher
@@ -413,34 +414,8 @@ class AgentService:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await self.publisher.step()  # send what that cycle decided
-        await self._await_acks(_SHUTDOWN_ACK_WAIT_S)
+        await await_acks(self.book, self.publisher, self.clock, self.bus, _SHUTDOWN_ACK_WAIT_S)
         raise _Shutdown
-
-    async def _await_acks(self, max_wall_s: float) -> None:
-        """Before the ingest task stops: wait (at most ``max_wall_s``, while connected) for the acks
-        of the commands in flight (sent less than the publisher's retry interval ago and still open),
-        so that the journal records how the last decision's commands ended (they would otherwise stay
-        ``sent`` although applied, and be sent again on restart). Commands unanswered for longer (a
-        silent rack) are not waited for. What is still open is logged."""
-        deadline = time.monotonic() + max_wall_s
-        now = self.clock.now()
-        if now is None:
-            return
-        recent = now - self.publisher.retry_after_s
-        in_flight = [oc.command_id for oc in self.book.open.values() if oc.attempts > 0 and oc.last_sent_s > recent]
-
-        def unacked() -> list[OpenCommand]:
-            return [self.book.open[i] for i in in_flight if i in self.book.open]
-
-        while unacked() and self.bus.connected and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        left = unacked()
-        if left:
-            log.warning(
-                "stopping with %d command(s) sent and not acknowledged (sent again on restart while valid)",
-                len(left),
-                extra={"fields": {"targets": sorted({oc.target for oc in left})[:16]}},
-            )
 
     async def _close(self) -> None:
         detail = self._failure or "clean shutdown"
@@ -453,7 +428,7 @@ class AgentService:
         self._executor.shutdown(wait=False, cancel_futures=True)
         try:
             self.journal_acks.write(now_or_never=True)  # the last acks (those a clean stop waited for among them)
-            self._journal_last_closes()
+            journal_last_closes(self.publisher)
         except Exception:  # a defect: logged, and the journal still closed (its lock released)
             log.exception("journal not brought up to date at shutdown")
         with contextlib.suppress(Exception):
@@ -464,22 +439,6 @@ class AgentService:
             log.info("agent stopped", extra={"fields": {"decisions": self.decisions, "open_commands": open_commands}})
         else:
             log.error("agent stopped after an error", extra={"fields": {"decisions": self.decisions, "error": detail}})
-
-    def _journal_last_closes(self) -> None:
-        """At shutdown, the commands closed without an ack whose close the journal has not recorded (it
-        failed, or was skipped for ``Publisher.journal_retry_s`` after a failure): written now, once
-        more; what is still not written is logged (a restart sends those commands again while valid,
-        ``agent.resume``)."""
-        left = self.publisher.journal_closes_now()
-        if not left:
-            return
-        ids = [cid for state_ids in left.values() for cid in state_ids]
-        log.error(
-            "stopping with %d command close(s) not journaled (%s): a restart sends those commands again while valid",
-            len(ids),
-            ", ".join(f"{state} {len(state_ids)}" for state, state_ids in left.items()),
-            extra={"fields": {"closes": {s: len(v) for s, v in left.items()}, "command_ids": ids[:16]}},
-        )
 
     # ================================================================================================
     # status and other agents on the site (agent.status, agent.standby)
