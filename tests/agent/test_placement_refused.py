@@ -120,7 +120,7 @@ def test_a_refused_placement_frees_its_job_and_cards_for_the_next_decision(tmp_p
         site.run_to(site.plant.time_s + 1.0)
         assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -158,7 +158,7 @@ def test_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_again_before
         assert site.svc.state.snapshot().card_failed[dead] and not site.unplaceable()[dead]
         assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -198,7 +198,7 @@ def test_a_card_a_stale_scheduler_refuses_again_is_held_out_of_placements(tmp_pa
         assert [o.job_id for o in third.placements] == ["q"] and stale not in third.placements[0].cards
         assert site.answer(sent).result is wire.AckResult.APPLIED
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -254,7 +254,7 @@ def test_a_card_held_out_of_placements_while_it_reads_alive_is_budgeted_at_its_p
             lo_w, hi_w = 84.5 * v**2 + 0.47 * v * (30.0 - 42.0), 84.5 * v**2
         assert lo_w <= card_w <= hi_w
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -279,7 +279,7 @@ def test_a_placement_answered_expired_is_placed_again_although_the_readings_lag(
         assert [o.job_id for o in second.placements] == ["q"]
         assert site.answer(again).result is wire.AckResult.APPLIED
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -295,7 +295,7 @@ def test_an_applied_placement_stays_in_flight_until_its_job_runs(tmp_path: Path)
         assert not second.placements
         assert again == []
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -320,7 +320,7 @@ def test_a_placement_the_site_clock_left_behind_is_placed_again_at_the_next_deci
         assert [o.job_id for o in second.placements] == ["q"]
         assert site.answer(again).result is wire.AckResult.APPLIED
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 

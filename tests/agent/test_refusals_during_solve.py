@@ -115,7 +115,7 @@ class _Site:
 
             self.svc.controller.propose = propose_then  # type: ignore[method-assign]
         try:
-            await self.svc._cycle(self.plant.time_s, time.monotonic(), "period")
+            await self.svc.control.cycle(self.plant.time_s, time.monotonic(), "period")
         finally:
             self.svc.controller.__dict__.pop("propose", None)
         decision = self.svc.last_decision
