@@ -19,9 +19,9 @@
   and logged with its traceback as above (at most one line a minute); the task goes on with the next
   round (a failed calibration save waits its interval). The estimator's update is all or nothing: a
   round that fails in it leaves the estimates as they were.
-* ``control``: every ``control.period_s`` of *site* time, and at once (at most every
-  ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes computing, or is
-  submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->
+* ``control`` (``agent.control_loop.ControlLoop``): every ``control.period_s`` of *site* time, and
+  at once (at most every ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes
+  computing, or is submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->
   ``Controller.propose`` in a worker thread under ``asyncio.timeout`` shorter than the period (a
   late solve: the greedy plan now, and no new solve until the late one returns) -> ``Guard.review``
   -> journal (the decision and its commands, before anything is sent) -> commands (enforce) or
@@ -63,52 +63,52 @@ it decides and journals as before (mode ``standby``), sends no command, connects
 of its own, says so (``/readyz``, status, log, metrics) and commands again once the first is gone.
 
 This module wires those parts together and keeps what the tasks share: the ingest handlers (messages,
-acks, rounds, job events), the control loop, the command callbacks and the lifecycle.
+rounds, job events), the health tick and readiness, the standby callbacks and the lifecycle. The
+control task is ``agent.control_loop.ControlLoop``; what became of the commands (the acks, the
+publisher's sends and closes, the latencies) is ``agent.command_outcomes.CommandOutcomes``; what a
+clean shutdown waits for and writes last is ``agent.shutdown``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import functools
 import logging
-import math
 import time
-import uuid
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from agent import wire
-from agent.ahead_refusals import AheadRefusals
-from agent.aio import wait_ended, wait_event
-from agent.bus import Bus, BusError, LastWill, MqttOptions
+from agent.aio import wait_ended
+from agent.bus import Bus, LastWill, MqttOptions
 from agent.clock import SiteClock
+from agent.command_outcomes import CommandOutcomes
 from agent.config import BrokerConfig, LoadedConfig
-from agent.controller import Controller, decides_again_on
+from agent.control_loop import ControlLoop
+from agent.controller import Controller
 from agent.decision import Decision
 from agent.estimation_loop import EstimationLoop
 from agent.failsafe_log import FailsafeLog
-from agent.failure_lines import FailureLines, WriteFailures
-from agent.first_round import await_first_round
+from agent.failure_lines import FailureLines
 from agent.ingest import Ingest, RoundMerger
-from agent.journal import Journal, JournalError
+from agent.journal import Journal
 from agent.journal_upkeep import JournalAcks, JournalUpkeep, knows_command
 from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import AgentInstance, OtherAgents, Peer
-from agent.publish import CommandBook, OpenCommand, Publisher, new_commands
+from agent.publish import CommandBook, Publisher
 from agent.resume import RestartRecords, load_journal, open_commands_to_resume
+from agent.shutdown import await_acks, journal_last_closes
 from agent.solver_output import isolate_solver_output
 from agent.standby import Standby
 from agent.status import VERSION, StatusPublisher
 from twin.estimate import AnomalyHistory, Estimator
 from twin.readings import JobEvent, Readings
 from twin.state import StateSnapshot, TwinState
-from twin.workload import Phase
 
 __all__ = [
     "VERSION",
@@ -128,7 +128,6 @@ _ROUND_QUEUE = 256
 _HEALTH_INTERVAL_S = 1.0
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
-_ACK_KEYS_KEPT = 10_000  # ack messages remembered to count a second delivery once (acks_received)
 _COMMAND_TYPES = (wire.RackCommand, wire.CduCommand, wire.FacilityCommand, wire.SchedulerCommand)
 
 
@@ -160,13 +159,6 @@ def _failure_detail(exc: BaseException) -> str:
     text = str(leaf).replace("\n", " ").strip()
     detail = f"error: {type(leaf).__name__}" + (f": {text}" if text else "")
     return detail if len(detail) <= 300 else detail[:297] + "..."
-
-
-def _report_late_solve(fut: asyncio.Future[Decision]) -> None:
-    """A solve that outlived its deadline (its decision went by with the greedy plan): log its error,
-    if it failed, when it ends; nobody awaits it any more."""
-    if not fut.cancelled() and (exc := fut.exception()) is not None:
-        log.error("control: a late solve failed: %r", exc, exc_info=exc)
 
 
 def _first_error(exc: BaseException) -> BaseException:
@@ -228,11 +220,21 @@ class AgentService:
             self.book = CommandBook(
                 site, self.codec, cfg.control, publisher=self.instance.publisher, site_rate=lambda: self.clock.rate
             )
+            self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
+            #: the acks taken in and the publisher's sends and closes: counted, logged, latencies observed
+            self.outcomes = CommandOutcomes(
+                clock=self.clock,
+                book=self.book,
+                journal=self.journal,
+                journal_acks=self.journal_acks,
+                controller=self.controller,
+                metrics=self.metrics,
+            )
             self.ingest = Ingest(
                 site,
                 self.state,
                 self.clock,
-                on_ack=self._on_ack,
+                on_ack=self.outcomes.on_ack,
                 on_event=self._on_event,
                 on_round=self._on_round,
                 telemetry_deadline_s=cfg.control.telemetry_deadline_s,
@@ -264,9 +266,9 @@ class AgentService:
                 self.journal,
                 self.clock,
                 cfg.control,
-                on_sent=self._on_sent,
-                on_closed=self._on_closed,
-                on_unconfirmed=self._on_unconfirmed,
+                on_sent=self.outcomes.on_sent,
+                on_closed=self.outcomes.on_closed,
+                on_unconfirmed=self.outcomes.on_unconfirmed,
                 heard_since=self._heard_since,
             )
             self.http = http
@@ -274,21 +276,9 @@ class AgentService:
             self.http_port: int | None = None
             self._http_server: HttpEndpoint | None = None
             self._stop = asyncio.Event()
-            self._replan = asyncio.Event()
-            self._replan_wall = 0.0
-            # a job event asked for a decision (``_replan`` is also set to wake the control loop when a
-            # checkpoint begins, so that it waits for that checkpoint's end too: checkpoint_end_lead_s)
-            self._replan_asked = False
             self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
             self._merger = RoundMerger()
             self._merger_corrections = 0  # the site clock's step backs the merger has seen
-            self._last_cycle_wall_s = 0.0
-            self._last_cycle_end_wall = 0.0
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="racktwin-solve")
-            self._solve_future: asyncio.Future[Decision] | None = None
-            self._first_send: dict[str, tuple[float, str]] = {}
-            self._decision_writes = WriteFailures()  # why a decision write failed (a full disk: every cycle)
-            self.journal_acks = JournalAcks(self.journal)  # acks written in batches (and why the last write failed)
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             #: the jobs known and the cards refused as failed, saved with each decision for a restart
             self.restart_records = RestartRecords(self.journal, site)
@@ -317,26 +307,29 @@ class AgentService:
                 metrics=self.metrics,
                 calibration_every_s=cfg.journal.calibration_every_s,
             )
-            #: wall seconds from the message that triggered a decision to its first command (or advice) sent
-            self.latencies_s: collections.deque[float] = collections.deque(maxlen=100_000)
-            #: what triggered each of them: "period" (a telemetry message crossing a period boundary) or "event"
-            #: (a job event; its decision waits for ``min_replan_interval_s`` after the last one, and is a full
-            #: one if the period boundary passes meanwhile)
-            self.latency_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
-            #: wall seconds each decision took to make and hand over (context, plan, guard, journal, commands
-            #: queued), and its kind: "full" (the periodic MILP decision) or "incremental" (on a job event)
-            self.decision_walls_s: collections.deque[float] = collections.deque(maxlen=100_000)
-            self.decision_kinds: collections.deque[str] = collections.deque(maxlen=100_000)
-            self.decisions = 0
-            #: acks taken in (ours, copies answered again, other agents'), a broker's second delivery of one not
-            #: counted (the last ``_ACK_KEYS_KEPT`` ack messages are remembered by command, publisher and seq:
-            #: a restarted publisher numbers from 0 again)
-            self.acks_received = 0
-            self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
-            # issued_ahead refusals: one episode's lines (agent.ahead_refusals); the clock's step backs seen
-            self._ahead = AheadRefusals()
-            self._ahead_corrections = 0
-            self.last_decision: Decision | None = None
+            #: the ``control`` task: when to decide, the decision, and the journal, commands or advice it makes
+            self.control = ControlLoop(
+                site,
+                cfg.control,
+                mode=self.mode,
+                clock=self.clock,
+                state=self.state,
+                controller=self.controller,
+                estimation=self.estimation,
+                ingest=self.ingest,
+                book=self.book,
+                journal=self.journal,
+                restart_records=self.restart_records,
+                publisher=self.publisher,
+                bus=self.bus,
+                codec=self.codec,
+                standby=self.standby,
+                outcomes=self.outcomes,
+                metrics=self.metrics,
+                metric_updates=self.metric_updates,
+                failsafe_log=self.failsafe_log,
+                stop=self._stop,
+            )
             self.rounds_dropped = 0
             #: messages whose handling raised (dropped; see :meth:`_message_failed`)
             self.message_errors = 0
@@ -360,7 +353,7 @@ class AgentService:
                 _SHUTDOWN_ACK_WAIT_S,
             )
         self._stop.set()
-        self._replan.set()
+        self.control.wake()
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or until a task fails)."""
@@ -395,7 +388,7 @@ class AgentService:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._ingest_task(), name="ingest")
                     tg.create_task(self.estimation.run(), name="estimate")
-                    control = tg.create_task(self._control_task(), name="control")
+                    control = tg.create_task(self.control.run(), name="control")
                     tg.create_task(self.publisher.run(), name="publish")
                     tg.create_task(self._health_task(), name="health")
                     tg.create_task(self.status.run(), name="status")
@@ -420,34 +413,8 @@ class AgentService:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await self.publisher.step()  # send what that cycle decided
-        await self._await_acks(_SHUTDOWN_ACK_WAIT_S)
+        await await_acks(self.book, self.publisher, self.clock, self.bus, _SHUTDOWN_ACK_WAIT_S)
         raise _Shutdown
-
-    async def _await_acks(self, max_wall_s: float) -> None:
-        """Before the ingest task stops: wait (at most ``max_wall_s``, while connected) for the acks
-        of the commands in flight (sent less than the publisher's retry interval ago and still open),
-        so that the journal records how the last decision's commands ended (they would otherwise stay
-        ``sent`` although applied, and be sent again on restart). Commands unanswered for longer (a
-        silent rack) are not waited for. What is still open is logged."""
-        deadline = time.monotonic() + max_wall_s
-        now = self.clock.now()
-        if now is None:
-            return
-        recent = now - self.publisher.retry_after_s
-        in_flight = [oc.command_id for oc in self.book.open.values() if oc.attempts > 0 and oc.last_sent_s > recent]
-
-        def unacked() -> list[OpenCommand]:
-            return [self.book.open[i] for i in in_flight if i in self.book.open]
-
-        while unacked() and self.bus.connected and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        left = unacked()
-        if left:
-            log.warning(
-                "stopping with %d command(s) sent and not acknowledged (sent again on restart while valid)",
-                len(left),
-                extra={"fields": {"targets": sorted({oc.target for oc in left})[:16]}},
-            )
 
     async def _close(self) -> None:
         detail = self._failure or "clean shutdown"
@@ -457,10 +424,10 @@ class AgentService:
             self._http_server.close()
             with contextlib.suppress(Exception):
                 await self._http_server.wait_closed()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.control.close()
         try:
             self.journal_acks.write(now_or_never=True)  # the last acks (those a clean stop waited for among them)
-            self._journal_last_closes()
+            journal_last_closes(self.publisher)
         except Exception:  # a defect: logged, and the journal still closed (its lock released)
             log.exception("journal not brought up to date at shutdown")
         with contextlib.suppress(Exception):
@@ -471,22 +438,6 @@ class AgentService:
             log.info("agent stopped", extra={"fields": {"decisions": self.decisions, "open_commands": open_commands}})
         else:
             log.error("agent stopped after an error", extra={"fields": {"decisions": self.decisions, "error": detail}})
-
-    def _journal_last_closes(self) -> None:
-        """At shutdown, the commands closed without an ack whose close the journal has not recorded (it
-        failed, or was skipped for ``Publisher.journal_retry_s`` after a failure): written now, once
-        more; what is still not written is logged (a restart sends those commands again while valid,
-        ``agent.resume``)."""
-        left = self.publisher.journal_closes_now()
-        if not left:
-            return
-        ids = [cid for state_ids in left.values() for cid in state_ids]
-        log.error(
-            "stopping with %d command close(s) not journaled (%s): a restart sends those commands again while valid",
-            len(ids),
-            ", ".join(f"{state} {len(state_ids)}" for state, state_ids in left.items()),
-            extra={"fields": {"closes": {s: len(v) for s, v in left.items()}, "command_ids": ids[:16]}},
-        )
 
     # ================================================================================================
     # status and other agents on the site (agent.status, agent.standby)
@@ -533,7 +484,7 @@ class AgentService:
         for oc in dropped:
             self.book.open.pop(oc.command_id, None)
             self.book.forget(oc)
-            self._first_send.pop(oc.command_id, None)  # never sent now: no latency to observe
+            self.outcomes.never_sent(oc.command_id)
             self.metrics.commands_total.labels(result="abandoned").inc()
         if not dropped:
             return
@@ -620,13 +571,7 @@ class AgentService:
             self._rounds.put_nowait(whole)
 
     def _on_event(self, ev: JobEvent) -> None:
-        control = self.config.control
-        if control.replan_on_job_events and decides_again_on(ev, control.control_placement):
-            self._replan_wall = time.monotonic()
-            self._replan_asked = True
-            self._replan.set()
-        elif control.checkpoint_end_lead_s > 0.0 and ev.kind == "phase" and ev.phase == Phase.CHECKPOINT:
-            self._replan.set()  # no decision yet: the control loop waits for this checkpoint's end too
+        self.control.on_job_event(ev)  # (the control loop is made after the ingest)
 
     def _heard_since(self, target: str, site_s: float) -> bool:
         """Whether rack ``target`` sent telemetry stamped after ``site_s`` (the publisher's test of
@@ -638,124 +583,24 @@ class AgentService:
         st = self.state
         return bool(max(st.rack_cards_seen_s[r], st.rack_loop_seen_s[r], st.rack_pdu_seen_s[r]) > site_s)
 
-    def _on_ack(self, ack: wire.Acknowledgement) -> None:
-        key = (ack.command_id, ack.publisher, ack.seq)
-        if key not in self._ack_keys:
-            self.acks_received += 1
-            self._ack_keys[key] = None
-            if len(self._ack_keys) > _ACK_KEYS_KEPT:
-                del self._ack_keys[next(iter(self._ack_keys))]
-        now = self.clock.now()
-        oc = self.book.on_ack(ack, now if now is not None else ack.ts_s)
-        self.journal_acks.add(ack)
-        if oc is None and self.book.acked_before(str(ack.command_id)):
-            self.metrics.repeated_acks_total.inc()
-            return  # a copy sent again answered again (journaled, counted once)
-        if oc is None and not knows_command(self.journal, str(ack.command_id)):
-            self.metrics.foreign_acks_total.inc()
-            return  # another agent's command, or a forged ack
-        self.metrics.commands_total.labels(result=ack.result.value).inc()
-        self._ahead_episode_ends(now)
-        if ack.result is wire.AckResult.APPLIED:
-            n = self._ahead.applied(ack.target)
-            if n:
-                log.info(
-                    "%s applies commands again after %d refused as issued ahead of its clock",
-                    ack.target,
-                    n,
-                    extra={"fields": {"target": ack.target, "refused": n}},
-                )
-            return
-        fields = {"command_id": str(ack.command_id), "target": ack.target, "reason": ack.reason}
-        if wire.reason_code(ack.reason) == wire.AckReason.ISSUED_AHEAD:
-            since = self._ahead.refused(ack.target, left_behind=self._left_behind(oc, str(ack.command_id), now))
-            if since is None:
-                log.debug("command %s", ack.result.value, extra={"fields": fields})
-            else:
-                log.warning(
-                    "command %s: issued ahead of the target's clock (%d such refusal(s) since the last such line; "
-                    "the rest are counted, and summed up when the agent's clock steps back or the target applies "
-                    "a command)",
-                    ack.result.value,
-                    since,
-                    extra={"fields": {**fields, "since_last_line": since}},
-                )
-        else:
-            log.warning("command %s", ack.result.value, extra={"fields": fields})
-        if oc is not None:
-            self._placement_not_applied(oc)
+    # ================================================================================================
+    # what became of the commands (agent.command_outcomes)
+    # ================================================================================================
+    @property
+    def acks_received(self) -> int:
+        """Ack messages taken in (ours, copies answered again, other agents'), a broker's second
+        delivery of one not counted."""
+        return self.outcomes.acks_received
 
-    def _left_behind(self, oc: OpenCommand | None, command_id: str, now: float | None) -> bool:
-        """Whether a command of ours (``oc``, or the journal's row of one closed already) is stamped
-        beyond what a target accepts ahead of the agent's clock ``now``: decided on a timeline the
-        site clock has left (``CommandBook._leave_old_timeline``; a journaled command's issue time,
-        which its stamp is never before)."""
-        if now is None:
-            return False
-        if oc is not None:
-            stamp = oc.ts_s
-        else:
-            try:
-                row = self.journal.command(command_id)
-            except JournalError:
-                return False
-            if row is None:
-                return False
-            stamp = row.issued_s
-        return stamp > now + self.book.accept_ahead_s()
+    @property
+    def latencies_s(self) -> collections.deque[float]:
+        """Wall seconds from the message that triggered a decision to its first command (or advice) sent."""
+        return self.outcomes.latencies_s
 
-    def _ahead_episode_ends(self, now: float | None) -> None:
-        """When the agent's clock has stepped back since the last call: one INFO line of the
-        ``issued_ahead`` refusals the episode counted (``agent.ahead_refusals``)."""
-        if self.clock.corrections == self._ahead_corrections:
-            return
-        self._ahead_corrections = self.clock.corrections
-        refused = self._ahead.clock_stepped_back()
-        if refused:
-            log.info(
-                "the site clock stepped back: %d command(s) decided on the old timeline had been refused as issued "
-                "ahead of the targets' clocks (%s)",
-                sum(refused.values()),
-                ", ".join(f"{t} {n}" for t, n in refused.items()),
-                extra={"fields": {"refused": refused, "site_time_s": now}},
-            )
-
-    def _placement_not_applied(self, oc: OpenCommand) -> None:
-        """A placement the scheduler refused (or got after its expiry), or one the site clock left behind
-        (closed unacked: stamped beyond what the scheduler accepts after the clock stepped back,
-        ``CommandBook.expire``), no longer holds its job and cards (``Controller.placement_refused``):
-        the next decision may place the job again at once, not ``command_ttl_s`` later. Only an ack
-        that closes an open command does this; a late ack, for a command already closed by its
-        expiry, names an order whose time to live is over (the ``PlacementBook`` forgets it by its own
-        rule) and cannot tell it from a newer one of the job."""
-        placed = self.book.placement_of(oc)
-        if placed is not None and self.controller.placement_refused(*placed, oc.issued_s):
-            log.info(
-                "placement of %s not applied: the job may be placed again",
-                placed[0],
-                extra={"fields": {"command_id": oc.command_id, "job_id": placed[0]}},
-            )
-
-    def _on_sent(self, oc: OpenCommand, retry: bool) -> None:
-        self.metrics.commands_total.labels(result="retried" if retry else "sent").inc()
-        trigger = self._first_send.pop(oc.command_id, None)
-        if trigger is not None:
-            self._observe_latency(*trigger)
-
-    def _on_closed(self, oc: OpenCommand, why: str) -> None:
-        self.metrics.commands_total.labels(result=why).inc()
-        self._first_send.pop(oc.command_id, None)  # closed unsent (e.g. expired while the broker was away)
-        if oc.left_behind:  # no scheduler on the new timeline applies it (its ack, if any, finds it closed)
-            self._placement_not_applied(oc)
-
-    def _on_unconfirmed(self, _oc: OpenCommand) -> None:
-        self.metrics.commands_total.labels(result="unconfirmed").inc()
-
-    def _observe_latency(self, trigger_wall: float, kind: str) -> None:
-        lat = time.monotonic() - trigger_wall
-        self.latencies_s.append(lat)
-        self.latency_kinds.append(kind)
-        self.metrics.decision_latency_seconds.observe(lat)
+    @property
+    def latency_kinds(self) -> collections.deque[str]:
+        """What triggered each of :attr:`latencies_s`: "period" or "event"."""
+        return self.outcomes.latency_kinds
 
     # ================================================================================================
     # estimate (agent.estimation_loop)
@@ -776,230 +621,34 @@ class AgentService:
         return self.estimation.errors
 
     # ================================================================================================
-    # control
+    # control (agent.control_loop)
     # ================================================================================================
-    async def _control_task(self) -> None:
-        cfg = self.config.control
-        while not self.clock.known:
-            if self._stop.is_set():
-                return
-            await wait_event(self._stop, 0.02)
-        now = self.clock.now()
-        assert now is not None
-        self.standby.check()  # takes up the journal's open commands when this agent commands
-        now = await await_first_round(
-            now,
-            clock=self.clock,
-            state=self.state,
-            period_s=cfg.period_s,
-            telemetry_deadline_s=cfg.telemetry_deadline_s,
-            stop=self._stop,
-            pending=self.bus.pending,
-        )
-        next_t = now
-        last_cycle = -math.inf
-        while not self._stop.is_set():
-            now = self.clock.now_or(next_t)
-            if next_t > now + cfg.period_s:  # the clock stepped back (see SiteClock): keep the period
-                next_t = now + cfg.period_s
-            # a checkpoint's end near (checkpoint_end_lead_s) asks for a decision like a job event
-            wake_s = math.inf
-            if cfg.checkpoint_end_lead_s > 0.0 and last_cycle > -math.inf:
-                wake_s = self.controller.checkpoint_wake_s(self.state.jobs.values(), last_cycle)
-            target = min(next_t, wake_s)
-            reached = await self.clock.wait_until(target, wake=self._replan)
-            if self._stop.is_set():
-                break
-            if not reached and not self._replan_asked:  # a checkpoint began: wait again, for its end too
-                self._replan.clear()
-                continue
-            if reached and target < next_t and self.clock.now_or(-math.inf) >= target:
-                reached = False  # (not the period: a step back of the clock also ends the wait, as before)
-                self._replan_wall = self.clock.target_reached_wall or time.monotonic()
-            trigger_kind = "period" if reached else "event"
-            if not reached:
-                trigger = self._replan_wall
-                # load shedding: decisions on job events take at most half the wall time
-                rest = self._last_cycle_end_wall + self._last_cycle_wall_s - time.monotonic()
-                if rest > 0 and await wait_event(self._stop, rest):
-                    break
-                now = self.clock.now_or(next_t)
-                if now - last_cycle < cfg.min_replan_interval_s:
-                    reached = await self.clock.wait_until(min(next_t, last_cycle + cfg.min_replan_interval_s))
-                    if self._stop.is_set():
-                        break
-                    reached = self.clock.now_or(0.0) >= next_t
-            else:  # the message that crossed the period boundary (or now, when the clock got there alone)
-                trigger = self.clock.target_reached_wall or time.monotonic()
-            # this decision takes every job event in the belief so far, also one that came with the period's
-            # message or during the wait for min_replan_interval_s: only a later event asks for another
-            self._replan.clear()
-            self._replan_asked = False
-            now = self.clock.now_or(next_t)
-            t0 = time.monotonic()
-            await self._cycle(now, trigger, trigger_kind, incremental=not reached)
-            self._last_cycle_end_wall = time.monotonic()
-            took_s = self._last_cycle_end_wall - t0
-            kind = "full" if reached else "incremental"
-            self.decision_walls_s.append(took_s)
-            self.decision_kinds.append(kind)
-            self.metrics.decision_seconds.labels(kind=kind).observe(took_s)
-            if not reached:
-                self._last_cycle_wall_s = took_s
-            last_cycle = now
-            if reached:
-                next_t += cfg.period_s
-                if next_t <= now:  # fell behind by more than a period: decide again one period from now
-                    next_t = now + cfg.period_s
-            # A cycle need not suspend (a greedy plan while a late solve runs on, journal writes waiting
-            # for a lock) and the clock may already be past the next period: give the loop a turn, or
-            # cycles that overrun their period follow each other for ever with nothing else running (the
-            # late solve's end, telemetry, acks, HTTP, the stop).
-            await asyncio.sleep(0)
+    @property
+    def decisions(self) -> int:
+        """Decisions made since the service started."""
+        return self.control.decisions
+
+    @property
+    def last_decision(self) -> Decision | None:
+        """The last decision made (None before the first)."""
+        return self.control.last_decision
+
+    @property
+    def decision_walls_s(self) -> collections.deque[float]:
+        """Wall seconds each decision took to make and hand over (context, plan, guard, journal,
+        commands queued)."""
+        return self.control.decision_walls_s
+
+    @property
+    def decision_kinds(self) -> collections.deque[str]:
+        """The kind of each of :attr:`decision_walls_s`: "full" (the periodic MILP decision) or
+        "incremental" (on a job event)."""
+        return self.control.decision_kinds
 
     def unplaceable_cards(self, snap: StateSnapshot, now_s: float | None = None) -> BoolArray:
-        """Per card, whether a decision at ``now_s`` (default: the site clock's now, else ``snap``'s
-        time) on the belief's ``snap`` places no job on it for a ``card_failed`` refusal (of a card
-        setting or a placement) that marks it, with no reading of it since, or a repeat's hold
-        (``CommandBook.unplaceable``): a placement refused onto a card that failed is not made again
-        onto it while the rack's telemetry does not show the failure yet, nor, for the hold, onto one
-        refused as failed again although its telemetry reads it alive. The decision's
-        ``Controller.context`` takes it (``refused_failed``); only placement leaves such a card out,
-        the budget and the card's settings follow its readings."""
-        now = now_s if now_s is not None else self.clock.now()
-        return self.book.unplaceable(
-            np.asarray(snap.card_last_seen_s, dtype=np.float64), now if now is not None else snap.time_s
-        )
-
-    def _refusals(self, snap: StateSnapshot, now_s: float) -> tuple[BoolArray, BoolArray]:
-        """The refusals in force for a decision at ``now_s`` on ``snap``, as ``Controller.context``
-        takes them: per card, kept out of placement by a ``card_failed`` refusal
-        (:meth:`unplaceable_cards`), and per kind of card setting and card, held back by a refusal
-        (``CommandBook.held_back``: the commands carry none, the guard keeps it as reported)."""
-        refused = self.unplaceable_cards(snap, now_s)
-        held = self.book.held_back(np.asarray(snap.card_failed, dtype=bool) | refused, now_s)
-        return refused, held
-
-    async def _cycle(self, now: float, trigger_wall: float, trigger_kind: str, *, incremental: bool = False) -> None:
-        cfg = self.config.control
-        self._ahead_episode_ends(now)
-        snap = self.state.snapshot()
-        est = self.estimator.estimates()
-        period_wall = self.clock.wall_seconds(cfg.period_s)
-        limit = max(min(cfg.solve_deadline_s, 0.6 * period_wall), 0.005)
-        refused, held = self._refusals(snap, now)
-        ctx = self.controller.context(snap, now, est, time_limit_s=limit, refused_failed=refused, held_back=held)
-        proposal: Decision | None = None
-        note = ""
-        if incremental:  # on a job event: the last plan adjusted, no solve (a few ms, on the loop)
-            proposal = self.controller.propose_incremental(snap, ctx)
-        elif self._solve_future is None or self._solve_future.done():
-            loop = asyncio.get_running_loop()
-            fut = loop.run_in_executor(self._executor, functools.partial(self.controller.propose, snap, ctx))
-            try:
-                async with asyncio.timeout(max(min(limit + 0.25, 0.9 * period_wall), limit)):
-                    proposal = await asyncio.shield(fut)
-            except TimeoutError:
-                self._solve_future = fut
-                fut.add_done_callback(_report_late_solve)
-                note = "solve late: greedy plan"
-            except Exception as exc:  # the models failed: greedy plan, and say so
-                log.exception("control: the solve failed")
-                note = f"solve failed ({exc!r}): greedy plan"
-        else:
-            note = "previous solve still running: greedy plan"
-        if proposal is None:
-            proposal = self.controller.propose(snap, ctx, use_solver=False)
-            proposal = proposal.replace(explanation=(*proposal.explanation, note))
-        # refusals acked while the solve ran (the ack path runs meanwhile on the loop) hold settings
-        # back from this decision's commands (``_act``) and cards out of its placements: the guard
-        # reviews with the refusals in force now, so its budget counts what the cards will draw; and
-        # with what the racks confirmed applying now (the levels ``_act``'s commands are diffed against):
-        # a card no command reaches keeps a confirmed raise or wake its telemetry does not show yet
-        refused, held = self._refusals(snap, now)
-        ctx = self.controller.with_refusals(
-            ctx,
-            refused_failed=refused,
-            held_back=held,
-            applied_level=self.ingest.applied_level,
-            applied_power_limit_w=self.ingest.applied_power_limit_w,
-            applied_low_power=self.ingest.applied_low_power,
-        )
-        decision = self.controller.review(proposal, snap, ctx)
-        self.controller.commit(decision, snap, ctx)
-        self.last_decision = decision
-        self.decisions += 1
-        await self._act(decision, snap, now, trigger_wall, trigger_kind)
-        self.metric_updates.after_decision(decision)
-
-    async def _act(self, decision: Decision, snap: StateSnapshot, now: float, trigger_wall: float, kind: str) -> None:
-        enforce = self.commanding()
-        standby = self.mode == "enforce" and not enforce  # another agent commands the site (or may)
-        commands = self.book.commands(decision, snap, self.ingest.applied_level, now) if enforce else []
-        summary = decision.summary(self.site.rack_names)
-        summary["commands"] = len(commands)
-        try:
-            decision_id = self.journal.record_decision(
-                decision.cycle,
-                now,
-                "standby" if standby else self.mode,
-                decision.status,
-                decision.solve_time_s,
-                summary,
-                new_commands(commands),
-            )
-            n = self._decision_writes.succeeded()
-            if n:
-                log.info("journal written again: decisions recorded (after %d failed write(s))", n)
-        except JournalError as exc:
-            # nothing is acted on that is not journaled first
-            since = self._decision_writes.failed_with(str(exc))
-            if since is not None:
-                log.error(
-                    "journal write failed: nothing sent this cycle (%d cycle(s) failed since the last such line)",
-                    since,
-                    extra={"fields": {"error": str(exc)}},
-                )
-            # and the open commands theirs would replace stay open as they were: closed superseded, they
-            # were no longer held or retried although nothing replaced them on the wire
-            self.book.undo(commands)
-            return
-        # the decision and its commands are journaled (pending): they go out whatever comes of these
-        # records (a failed write is logged, makes the agent not ready and is tried again with the next
-        # decision; dropping the commands here left them open in the journal, to be sent after a restart,
-        # while this run never sent them)
-        self.restart_records.save(self.book, snap)
-        if enforce:
-            if commands:
-                self._first_send[commands[0].command_id] = (trigger_wall, kind)
-                self.publisher.submit(commands)
-        elif not standby:
-            advice = self.book.advice(decision, snap, self.ingest.applied_level, now)
-            try:
-                await self.bus.send(self.codec.outgoing(advice), timeout_s=5.0)
-                self._observe_latency(trigger_wall, kind)
-            except BusError as exc:
-                log.warning("advice not published: %s", exc)
-        log.info(
-            "decision",
-            extra={
-                "fields": {
-                    "cycle": decision.cycle,
-                    "decision": decision_id,  # the journal's id: racktwin journal --decision ID
-                    "site_time_s": round(now, 3),
-                    "status": decision.status,
-                    "source": decision.source,
-                    "solve_s": round(decision.solve_time_s, 4),
-                    "supply_c": decision.supply_temp_c,
-                    "failsafe": [self.site.rack_names[r] for r in decision.failsafe_racks],
-                    "commands": len(commands),
-                    "standby": standby,
-                    "max_budget_kw": round(float(decision.budget_rack_power_w.max()) / 1e3, 2),
-                    "queued_waiting": summary["queue_waits_by_kind"],
-                }
-            },
-        )
-        self.failsafe_log.changes(decision, snap, now)
+        """Per card, whether a decision at ``now_s`` places no job on it for a ``card_failed`` refusal
+        (:meth:`agent.control_loop.ControlLoop.unplaceable_cards`)."""
+        return self.control.unplaceable_cards(snap, now_s)
 
     # ================================================================================================
     # health and metrics
@@ -1049,8 +698,8 @@ class AgentService:
             if stale:
                 names = ", ".join(self.site.rack_names[r] for r in stale[:16])
                 reasons.append(f"no fresh telemetry from {names}" + (" ..." if len(stale) > 16 else ""))
-        if self._decision_writes.error:
-            reasons.append(f"journal: {self._decision_writes.error}")
+        if self.control.decision_writes.error:
+            reasons.append(f"journal: {self.control.decision_writes.error}")
         if self.journal_acks.error:
             reasons.append(f"journal (acks): {self.journal_acks.error}")
         if self.estimation.calibration_error:

@@ -194,7 +194,7 @@ def _on_a_fake_wall(svc: AgentService) -> tuple[FakeWall, tuple[range, range]]:
     clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
     # every holder of the service's clock (it hands it over when built)
     svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = clock
-    svc.metric_updates.clock = svc.estimation.clock = clock
+    svc.metric_updates.clock = svc.estimation.clock = svc.control.clock = svc.outcomes.clock = clock
     n_racks = svc.site.n_racks
     return wall, (range(n_racks // 2), range(n_racks // 2, n_racks))
 
@@ -213,7 +213,7 @@ def test_the_service_tells_the_publisher_whether_a_rack_was_heard_from_since_a_t
         assert not svc._heard_since("r0", T0 - 1e6)  # never heard from
         assert svc._heard_since("facility", T0 + 1e6) and svc._heard_since("scheduler", T0 + 1e6)
     finally:
-        svc._executor.shutdown(wait=True)
+        svc.control._executor.shutdown(wait=True)
         svc.journal.close()
 
 
@@ -253,7 +253,7 @@ def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_rou
         assert all(len(r.racks) == n_racks for r in rounds if r.time_s >= T0)  # the old timeline's: whole
         assert all(len(r.racks) == n_racks for r in after)
     finally:
-        svc._executor.shutdown(wait=True)
+        svc.control._executor.shutdown(wait=True)
         svc.journal.close()
 
 
@@ -287,7 +287,7 @@ def test_when_the_first_publisher_was_an_hour_ahead_its_last_round_is_not_held_f
         assert [r.time_s for r in after] == sorted({r.time_s for r in after})
         assert all(t <= now for t in svc._merger._rounds)  # nothing from an hour ahead held
     finally:
-        svc._executor.shutdown(wait=True)
+        svc.control._executor.shutdown(wait=True)
         svc.journal.close()
 
 

@@ -1,4 +1,4 @@
-"""A decision its journal cannot take changes nothing the agent holds (agent/service.py ``_act``,
+"""A decision its journal cannot take changes nothing the agent holds (``agent.control_loop.ControlLoop.act``,
 ``CommandBook.undo``; docs/agent.md "Journal").
 
 What users rely on: a decision that cannot be journaled is not acted on, and the commands open
@@ -10,7 +10,7 @@ or retried until a later decision commanded it again.
 
 The service of examples/agent.toml in enforce mode (not run: no broker), its real journal made to
 refuse every write by SQLite's ``query_only`` (as on a full disk), decisions acted on by the
-service's own ``_act``."""
+service's own ``control.act``."""
 
 from __future__ import annotations
 
@@ -59,14 +59,14 @@ async def test_a_decision_the_journal_refuses_leaves_the_commands_it_would_repla
     service = enforcing_service(tmp_path)
     book, journal, publisher = service.book, service.journal, service.publisher
     publisher.journal_retry_s = 0.0  # every step tries every write
-    await service._act(cards_0_to_7_at(snap, 3, 1), snap, NOW, time.monotonic(), "period")
+    await service.control.act(cards_0_to_7_at(snap, 3, 1), snap, NOW, time.monotonic(), "period")
     (old,) = book.open.values()
     old.attempts, old.first_sent_s, old.last_sent_s = 1, NOW, NOW  # sent once (no broker here)
     journal.mark_sent([old.command_id])
     held = (book.overlays.key[LEVEL, 0:8].copy(), book.overlays.until[LEVEL, 0:8].copy())
 
     journal._conn.execute("PRAGMA query_only = ON")  # every write fails (a full disk)
-    await service._act(cards_0_to_7_at(snap, 5, 2), snap, NOW + 1.0, time.monotonic(), "period")
+    await service.control.act(cards_0_to_7_at(snap, 5, 2), snap, NOW + 1.0, time.monotonic(), "period")
     assert any(r.startswith("journal: ") for r in service.readiness())  # the decision's write failed
     assert list(book.open.values()) == [old]
     assert (old.expires_s, old.attempts, old.last_sent_s, old.superseded_by) == (NOW + 30.0, 1, NOW, None)
@@ -78,7 +78,7 @@ async def test_a_decision_the_journal_refuses_leaves_the_commands_it_would_repla
     assert list(book.open.values()) == [old]
 
     journal._conn.execute("PRAGMA query_only = OFF")  # the journal takes writes again
-    await service._act(cards_0_to_7_at(snap, 5, 3), snap, NOW + 2.0, time.monotonic(), "period")
+    await service.control.act(cards_0_to_7_at(snap, 5, 3), snap, NOW + 2.0, time.monotonic(), "period")
     (new,) = book.open.values()
     assert old.superseded_by == new.command_id
     service.clock.observe(NOW + 2.0)

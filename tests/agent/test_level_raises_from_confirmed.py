@@ -122,7 +122,7 @@ async def test_the_service_sends_no_slow_down_below_a_level_its_rack_confirmed_a
         site.plant.set_levels(R0, 1)  # the raise applied and confirmed, not read yet
         site.svc.ingest.handle(_applied_state("r0", np.full(len(R0), 1), no_low_power))
         ack = wire.Acknowledgement("r0", uuid.UUID(raise_r0.command_id), wire.AckResult.APPLIED, 310.5, 0, "sim", None)
-        site.svc._on_ack(ack)
+        site.svc.outcomes.on_ack(ack)
 
         decision, sent = await site.decide()
         assert not SLOWING & set(decision.guard_actions)  # nothing asks for slower clocks

@@ -5,8 +5,8 @@ a broker: two plants built alike from one run scenario (site, jobs, faults, seed
 ``Controller.step``, ``agent.loop.apply_to_plant``), the other as the service and the simulator drive
 theirs: the simulator's ``TelemetryEncoder`` -> bytes -> the service's own ingest
 (``AgentService._take_message``: ``agent.wire.Codec`` -> ``agent.ingest.Ingest`` -> belief), its own
-``_control_task`` (decision timing), ``estimation.run`` (``agent.estimation_loop``), ``_cycle`` (the
-same controller) and ``Publisher`` (``agent.publish.CommandBook``) -> command bytes -> the
+``control.run`` (decision timing, ``agent.control_loop``), ``estimation.run`` (``agent.estimation_loop``),
+``control.cycle`` (the same controller) and ``Publisher`` (``agent.publish.CommandBook``) -> command bytes -> the
 simulator's ``CommandHandler`` -> plant, its acks and applied state back through the codec into the
 book and the belief.
 
@@ -180,7 +180,7 @@ class _ServicePath:
         self.clock = _Clock(control, self.wall)
         # every holder of the service's clock (it hands it over when built)
         svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = self.clock
-        svc.metric_updates.clock = svc.estimation.clock = self.clock
+        svc.metric_updates.clock = svc.estimation.clock = svc.control.clock = svc.outcomes.clock = self.clock
         self.broker = _Broker()
         svc.publisher.bus = self.broker
         self.later = later
@@ -241,7 +241,7 @@ class _ServicePath:
         self.tasks = [
             asyncio.create_task(svc.estimation.run()),
             asyncio.create_task(svc.publisher.run()),
-            asyncio.create_task(svc._control_task()),
+            asyncio.create_task(svc.control.run()),
         ]
         self.phase = "telemetry"
         await self._settle()
@@ -266,7 +266,7 @@ class _ServicePath:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.svc._executor.shutdown(wait=True)
+        self.svc.control._executor.shutdown(wait=True)
         self.svc.journal.close()
 
 
@@ -561,7 +561,7 @@ def test_a_round_followed_by_a_job_event_in_one_burst_reaches_the_estimator(tmp_
         # round 0 is whole (round 1 came after it); round 1 waits for a later one (agent.ingest.RoundMerger)
         assert [(r.time_s, len(r.racks)) for r in rounds] == [(START, plant.site.n_racks)]
     finally:
-        svc._executor.shutdown(wait=True)
+        svc.control._executor.shutdown(wait=True)
         svc.journal.close()
 
 

@@ -86,7 +86,7 @@ class _Site:
         (out,) = self.scheduler.handle(command.topic, command.payload)
         ack = self.svc.codec.decode(out.topic, out.payload)
         assert isinstance(ack, wire.Acknowledgement)
-        self.svc._on_ack(ack)
+        self.svc.outcomes.on_ack(ack)
         return ack
 
 
@@ -120,7 +120,7 @@ def test_a_refused_placement_frees_its_job_and_cards_for_the_next_decision(tmp_p
         site.run_to(site.plant.time_s + 1.0)
         assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -158,7 +158,7 @@ def test_a_placement_refused_onto_a_failed_card_is_not_made_onto_it_again_before
         assert site.svc.state.snapshot().card_failed[dead] and not site.unplaceable()[dead]
         assert sorted(site.plant.job_cards("q").tolist()) == sorted(new_cards)
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -181,7 +181,7 @@ def test_a_card_a_stale_scheduler_refuses_again_is_held_out_of_placements(tmp_pa
                 wire.SCHEDULER, uuid.UUID(command.command_id), wire.AckResult.REJECTED, site.plant.time_s, 1, "sched",
                 reason,
             )  # fmt: skip
-            site.svc._on_ack(ack)
+            site.svc.outcomes.on_ack(ack)
 
         first, _snap, (sent,) = site.decide()
         stale = first.placements[0].cards[0]
@@ -198,7 +198,7 @@ def test_a_card_a_stale_scheduler_refuses_again_is_held_out_of_placements(tmp_pa
         assert [o.job_id for o in third.placements] == ["q"] and stale not in third.placements[0].cards
         assert site.answer(sent).result is wire.AckResult.APPLIED
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -254,7 +254,7 @@ def test_a_card_held_out_of_placements_while_it_reads_alive_is_budgeted_at_its_p
             lo_w, hi_w = 84.5 * v**2 + 0.47 * v * (30.0 - 42.0), 84.5 * v**2
         assert lo_w <= card_w <= hi_w
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -279,7 +279,7 @@ def test_a_placement_answered_expired_is_placed_again_although_the_readings_lag(
         assert [o.job_id for o in second.placements] == ["q"]
         assert site.answer(again).result is wire.AckResult.APPLIED
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -295,7 +295,7 @@ def test_an_applied_placement_stays_in_flight_until_its_job_runs(tmp_path: Path)
         assert not second.placements
         assert again == []
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 
@@ -314,13 +314,13 @@ def test_a_placement_the_site_clock_left_behind_is_placed_again_at_the_next_deci
         gone = site.svc.book.expire(40.0)  # the publisher's step after the clock stepped back...
         assert sent in gone  # (with the card settings of that decision)
         for oc in gone:
-            site.svc._on_closed(oc, "unacked")  # ...and what it reports of each command it closed
+            site.svc.outcomes.on_closed(oc, "unacked")  # ...and what it reports of each command it closed
         assert "q" not in site.svc.controller.pending_placements()
         second, _snap, (again,) = site.decide()
         assert [o.job_id for o in second.placements] == ["q"]
         assert site.answer(again).result is wire.AckResult.APPLIED
     finally:
-        site.svc._executor.shutdown(wait=True)
+        site.svc.control._executor.shutdown(wait=True)
         site.svc.journal.close()
 
 

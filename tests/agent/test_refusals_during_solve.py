@@ -115,7 +115,7 @@ class _Site:
 
             self.svc.controller.propose = propose_then  # type: ignore[method-assign]
         try:
-            await self.svc._cycle(self.plant.time_s, time.monotonic(), "period")
+            await self.svc.control.cycle(self.plant.time_s, time.monotonic(), "period")
         finally:
             self.svc.controller.__dict__.pop("propose", None)
         decision = self.svc.last_decision
@@ -127,7 +127,7 @@ class _Site:
         last readings, as one that comes while a solve runs)."""
         ts = self.plant.time_s + 0.5
         ack = wire.Acknowledgement(oc.target, uuid.UUID(oc.command_id), wire.AckResult.REJECTED, ts, 0, "sim", reason)
-        self.svc._on_ack(ack)
+        self.svc.outcomes.on_ack(ack)
 
 
 def _applied_state(rack: str, levels: npt.NDArray[np.int64], low_power: npt.NDArray[np.bool_]) -> wire.AppliedState:

@@ -41,10 +41,10 @@ def test_a_repeated_ack_is_counted_apart_and_not_logged_again(tmp_path: Path, ca
     def ack(seq: int, reason: str | None) -> wire.Acknowledgement:
         return wire.Acknowledgement("r0", cid, wire.AckResult.EXPIRED, 131.0, seq, "sim", reason)
 
-    service._on_ack(ack(0, None))
+    service.outcomes.on_ack(ack(0, None))
     again = ack(1, f"duplicate: command {cid} was expired before; not applied again")
-    service._on_ack(again)
-    service._on_ack(again)  # the broker delivers that answer twice (QoS 1 is at least once)
+    service.outcomes.on_ack(again)
+    service.outcomes.on_ack(again)  # the broker delivers that answer twice (QoS 1 is at least once)
     assert _count(service, "racktwin_commands_total", result="expired") == 1.0
     assert _count(service, "racktwin_repeated_acks_total") == 2.0
     assert _count(service, "racktwin_foreign_acks_total") == 0.0

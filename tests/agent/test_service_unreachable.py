@@ -17,9 +17,10 @@ from http_testing import http_get
 from agent.broker import free_port
 from agent.bus import MqttOptions
 from agent.config import load_config
+from agent.control_loop import _report_late_solve
 from agent.failure_lines import FailureLines, WriteFailures
 from agent.journal import Journal
-from agent.service import AgentService, _report_late_solve
+from agent.service import AgentService
 
 pytestmark = pytest.mark.agent
 
