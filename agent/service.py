@@ -186,7 +186,9 @@ def mqtt_options(broker: BrokerConfig) -> MqttOptions:
 class AgentService:
     """The service (see the module docstring). ``mqtt`` overrides the configuration's broker;
     ``http=False`` starts no HTTP endpoint; ``http_listen=(host, port)`` overrides the configuration's
-    (port 0: any free port); ``http_port`` tells the port it listens on."""
+    (port 0: any free port); ``http_port`` tells the port it listens on. ``controller`` and ``clock``
+    replace the ones the configuration makes (tests: a controller of their own, a site clock on a wall
+    they move); the one clock is handed to every part that reads the site's time."""
 
     def __init__(
         self,
@@ -194,6 +196,7 @@ class AgentService:
         *,
         mqtt: MqttOptions | None = None,
         controller: Controller | None = None,
+        clock: SiteClock | None = None,
         http: bool = True,
         http_listen: tuple[str, int] | None = None,
     ) -> None:
@@ -208,7 +211,10 @@ class AgentService:
         self.metrics = AgentMetrics(site.rack_names)
         self.codec = wire.Codec(self.layout, counter=wire.RejectionCounter(logger=logging.getLogger("racktwin.wire")))
         self.state = TwinState(site, stuck_after_readings=cfg.control.stuck_after_readings)
-        self.clock = SiteClock(cfg.control.time_scale, infer=cfg.control.infer_time_scale)
+        # one site clock, handed to every part that reads the site's time (a test gives its own here)
+        if clock is None:
+            clock = SiteClock(cfg.control.time_scale, infer=cfg.control.infer_time_scale)
+        self.clock = clock
         self.controller = controller if controller is not None else Controller.from_config(loaded)
         self.journal = Journal(cfg.journal.path, lock=True)  # JournalInUseError: another agent has it
         # from here on any failure closes the journal (and releases its lock): a caller that catches

@@ -181,22 +181,38 @@ def test_when_the_clock_steps_back_the_beliefs_times_come_back_with_it() -> None
     assert set(state.stale_racks(now, 5.0)) >= set(range(1, site.n_racks))
 
 
-def _service(tmp_path: Path) -> AgentService:
-    """The example agent's service, not run (no connection is made)."""
+def _service(tmp_path: Path, clock: SiteClock | None = None) -> AgentService:
+    """The example agent's service, not run (no connection is made); ``clock``: its site clock."""
     loaded = load_config(EXAMPLES / "agent.toml", env={"RACKTWIN_JOURNAL_PATH": str(tmp_path / "j.sqlite")})
-    return AgentService(loaded, mqtt=MqttOptions(port=1), http=False)
+    return AgentService(loaded, mqtt=MqttOptions(port=1), http=False, clock=clock)
 
 
-def _on_a_fake_wall(svc: AgentService) -> tuple[FakeWall, tuple[range, range]]:
-    """The service's site clock on a wall the test moves (20 site s per wall s; a step back or jump
-    confirmed after 0.5 wall s), and its racks in two halves (a round in two bursts)."""
+def _service_on_a_fake_wall(tmp_path: Path) -> tuple[AgentService, FakeWall, tuple[range, range]]:
+    """The service with its site clock on a wall the test moves (20 site s per wall s; a step back or
+    jump confirmed after 0.5 wall s), and its racks in two halves (a round in two bursts)."""
     wall = FakeWall()
-    clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
-    # every holder of the service's clock (it hands it over when built)
-    svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = clock
-    svc.metric_updates.clock = svc.estimation.clock = svc.control.clock = svc.outcomes.clock = clock
+    svc = _service(tmp_path, SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5))
     n_racks = svc.site.n_racks
-    return wall, (range(n_racks // 2), range(n_racks // 2, n_racks))
+    return svc, wall, (range(n_racks // 2), range(n_racks // 2, n_racks))
+
+
+def test_every_part_of_the_service_reads_the_one_site_clock_it_was_given(tmp_path: Path) -> None:
+    """The service hands its one site clock to every part that reads the site's time (the ingest, the
+    publisher, the status, the metrics, the estimator's task, the control loop, the commands'
+    outcomes): a part with a clock of its own would date commands, acks and decisions on another
+    timeline. Tests that move the site's time give their clock to the service for the same reason
+    (they used to replace it part by part, and a part added later kept the real one unnoticed)."""
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)
+    svc = _service(tmp_path, clock)
+    try:
+        holders = {name: part for name, part in vars(svc).items() if hasattr(part, "clock")}
+        assert {"ingest", "publisher", "status", "metric_updates", "estimation", "control", "outcomes"} <= set(holders)
+        assert {name: part.clock is clock for name, part in holders.items()} == dict.fromkeys(holders, True)
+        assert svc.clock is clock
+    finally:
+        svc.control._executor.shutdown(wait=True)
+        svc.journal.close()
 
 
 def test_the_service_tells_the_publisher_whether_a_rack_was_heard_from_since_a_time(tmp_path: Path) -> None:
@@ -224,9 +240,8 @@ def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_rou
     sends for ten minutes: it goes to the estimator when the clock steps back, and the new
     timeline's rounds after it whole and in order (it used to stay held, so that every half round
     of the new timeline went out alone at once, and the old round out of order ten minutes later)."""
-    svc = _service(tmp_path)
+    svc, wall, halves = _service_on_a_fake_wall(tmp_path)
     try:
-        wall, halves = _on_a_fake_wall(svc)
         n_racks = svc.site.n_racks
 
         def send_round(ts: float) -> None:
@@ -264,9 +279,8 @@ def test_when_the_first_publisher_was_an_hour_ahead_its_last_round_is_not_held_f
     in the merger as the newest round, so that every round of the other racks went to the estimator in
     halves, as soon as part of it arrived, for an hour. It goes out at the step back, and the other
     racks' rounds whole after it."""
-    svc = _service(tmp_path)
+    svc, wall, halves = _service_on_a_fake_wall(tmp_path)
     try:
-        wall, halves = _on_a_fake_wall(svc)
         n_racks = svc.site.n_racks
         for i in range(40):
             for half in halves:  # two bursts, a flush after each; r0 first in the first one

@@ -175,12 +175,10 @@ class _ServicePath:
             http=HttpConfig(port=0),
         )  # fmt: skip
         loaded = LoadedConfig(config=cfg, site=sc.site, source="(lockstep)", overrides=())
-        self.svc = svc = AgentService(loaded, mqtt=MqttOptions(port=1), http=False)  # no connection is made
         self.wall = [0.0]
         self.clock = _Clock(control, self.wall)
-        # every holder of the service's clock (it hands it over when built)
-        svc.clock = svc.ingest.clock = svc.publisher.clock = svc.status.clock = self.clock
-        svc.metric_updates.clock = svc.estimation.clock = svc.control.clock = svc.outcomes.clock = self.clock
+        # no connection is made; the service hands its clock to every part that reads the site's time
+        self.svc = svc = AgentService(loaded, mqtt=MqttOptions(port=1), http=False, clock=self.clock)
         self.broker = _Broker()
         svc.publisher.bus = self.broker
         self.later = later
