@@ -378,6 +378,8 @@ class AgentService:
             "agent starting",
             extra={
                 "fields": {
+                    "config": self.loaded.source,
+                    "overrides": list(self.loaded.overrides),  # RACKTWIN_* variables over the file's values
                     "mode": self.mode,
                     "site": self.site.name,
                     "cards": self.site.n_cards,

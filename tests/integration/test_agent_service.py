@@ -393,6 +393,9 @@ async def test_the_first_decision_waits_for_every_rack_to_report(
         assert PERIOD_S - 1.0 <= first_s <= PERIOD_S + 1.0  # one period after r0's first message
     else:
         assert r1_from_s <= first_s < PERIOD_S
+    # the start's line names the file and the RACKTWIN_* variables that changed its values
+    (start,) = [r.__dict__["fields"] for r in caplog.records if r.getMessage() == "agent starting"]
+    assert start["config"] == loaded.source and start["overrides"] == ["RACKTWIN_BROKER_URL"], start
     logged = [r.__dict__["fields"] for r in caplog.records if r.getMessage() == "decision"]  # extra={"fields": ...}
     db = sqlite3.connect(loaded.config.journal.path)
     try:
