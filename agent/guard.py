@@ -141,15 +141,25 @@ class Guard:
     low-power state: when each card last changed it, as telemetry shows."""
 
     def __init__(self, site: SiteSpec, control: ControlConfig | None = None, *, card_hour_value: float = 2.0) -> None:
-        self.site = site
-        self.control = control if control is not None else ControlConfig()
-        self.card_hour_value = card_hour_value
-        self._setup = GuardSetup.of(site, self.control, card_hour_value)
+        self._setup = GuardSetup.of(site, control if control is not None else ControlConfig(), card_hour_value)
         n = site.n_cards
         self._seen_lp: BoolArray | None = None
         self._toggle_s = np.full(n, -math.inf)
 
     # ---- public -------------------------------------------------------------------------------
+    @property
+    def site(self) -> SiteSpec:
+        return self._setup.site
+
+    @property
+    def control(self) -> ControlConfig:
+        return self._setup.control
+
+    @property
+    def card_hour_value(self) -> float:
+        """The value of a card-hour the caps' choice of the job to slow uses (``agent.load.job_value_per_h``)."""
+        return self._setup.card_hour_value
+
     def clock_went_back(self, now_s: float) -> None:
         """The site's clock went back to ``now_s``: the low-power toggles kept on the old timeline count
         as made now (the hold against toggling lasts its time from now, not until the old times)."""

@@ -211,7 +211,7 @@ def test_a_file_of_another_kind_is_named_as_that_kind(
         (["fit-power", ""], "FILE.csv"),
         (["evaluate", "--scenario", ""], "--scenario"),
         (["evaluate", "--scenario", str(EXAMPLES / "day-nominal.toml"), "--out", ""], "--out"),
-        (["optimize", ""], "scenario"),
+        (["optimize", ""], "SCENARIO.toml"),  # the positional named as its --help names it
         (["optimize", str(EXAMPLES / "scenario-nominal.toml"), "--out", ""], "--out"),
         (["demo", "--out", ""], "--out"),  # ran the demo and wrote its files into the current folder
         (["demo", "--scenario", ""], "--scenario"),
