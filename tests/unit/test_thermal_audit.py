@@ -90,3 +90,15 @@ def test_fit_thermal_refuses_die_and_inlet_columns_swapped() -> None:
     die = _first_order_die(t, power, inlet, r=0.05, tau=30.0)
     with pytest.raises(ThermalFitError, match="does not rise with power: check the columns"):
         fit_thermal(t, power, die, inlet)
+
+
+def test_fit_thermal_refuses_a_series_without_a_power_step() -> None:
+    """At constant power the die's rise over the inlet cannot be told from a sensor offset, nor its
+    time constant from anything: a series whose power varies by less than 1 W is refused as such,
+    not fitted."""
+    t = np.arange(0.0, 900.0, 1.0)
+    power = 650.0 + 0.4 * np.sin(t / 50.0)
+    inlet = np.full(t.size, 30.0)
+    die = _first_order_die(t, power, inlet, r=0.05, tau=30.0)
+    with pytest.raises(ThermalFitError, match=r"power_w hardly varies \(< 1 W\)"):
+        fit_thermal(t, power, inlet, die)
