@@ -57,3 +57,19 @@ def test_a_slower_loop_pays_the_cube_of_its_speed_in_pump_power(site: SiteSpec) 
     # four racks at half speed, four at full: 4 x 533.33 / 8 + 4 x 533.33; the facility flow is 3/4 of nominal
     assert per_rack.cooling.rack_pump_w == pytest.approx(4 * 533.3333 / 8.0 + 4 * 533.3333, rel=1e-6)
     assert per_rack.cooling.facility_pump_w == pytest.approx(2305.317 * 0.75**3, rel=1e-6)
+
+
+def test_a_racks_own_pump_speed_sets_its_own_cards_plate_resistance(site: SiteSpec) -> None:
+    """Per-rack pump speeds reach the right cards: rack 0 at half speed, the others at full. Rack 0's
+    cards get 0.6 L/min, where the OCP table gives the plate 0.0300 K/W, so their dies sit at
+    T_in + P (0.03 + 0.0300); every other rack's at T_in + P (0.03 + 0.0230). Rack 0's loop carries its
+    heat at half the mass flow (64 x 1.2 L/min x 1020 kg/m3 x 0.5), so its rise is twice the others'
+    per watt."""
+    frac = np.array([0.5] + [1.0] * 7)
+    ss = site_steady_state(site, level=2, utilization=0.7, supply_temp_c=35.0, flow_fraction=frac)
+    rack = site.card_rack()
+    r_expected = np.where(rack == 0, 0.03 + 0.0300, 0.03 + 0.0230)
+    np.testing.assert_allclose(ss.die_temp_c, 35.0 + ss.card_power_w * r_expected, rtol=1e-9)
+    m_dot = 64 * 1.2 / 60_000 * 1020.0 * frac  # kg/s per rack
+    carried = m_dot * 3900.0 * (ss.rack_return_temp_c - 35.0)
+    np.testing.assert_allclose(carried, ss.rack_heat_to_coolant_w, rtol=1e-9)
