@@ -22,7 +22,9 @@ fit-thermal FILE.csv [--json]
     one at the lower end (the die follows the power within a sample) is printed with a warning line
     on stderr. So is one beyond ``MAX_PLAUSIBLE_TAU_S`` (1000 s), which no cold plate and die has:
     the warning names the likely mistake, ``t_s`` in milliseconds (tau comes out 1000 times too long;
-    r_th_k_per_w, the steady-state gain, holds either way).
+    r_th_k_per_w, the steady-state gain, holds either way). So is a fit whose ``rmse_k`` is over
+    ``MAX_PLAUSIBLE_RMSE_SHARE`` (20%) of the range of the die's rise over the inlet: the model explains
+    little of the series (a power column inverted or another card's, temperature columns swapped).
     ``--json`` prints ``{"r_th_k_per_w": float, "tau_s": float, "rmse_k": float}``.
 
 Lines starting with ``#`` are comments; extra columns are ignored. A bad file (missing, not UTF-8,
@@ -168,6 +170,12 @@ UNIT_FLOORS: dict[str, tuple[float, str, str]] = {
 #: plate's mass at twice its resistance stays under 500 s. Beyond it, ``t_s`` is most likely in
 #: milliseconds, which makes tau 1000 times too long (1.8 s to 6000 s and more) and leaves R as it is.
 MAX_PLAUSIBLE_TAU_S = 1000.0
+#: An error of the fitted response (``rmse_k``) above this share of the range of the die's rise over the
+#: inlet means the first-order model explains little of the series: columns swapped or inverted, another
+#: card's power, a throttling die. A clean fit is far below it (examples/thermal-step.csv: 1.6%, its
+#: noise of 0.2 K sd included; 0.6-0.8% sampled every 10-20 s); its power column inverted: 36-39%
+#: (R comes out positive all the same).
+MAX_PLAUSIBLE_RMSE_SHARE = 0.2
 
 #: ``--predict`` clocks are refused outside this multiple of the fitted clock range (lowest x 0.5
 #: to highest x 1.5); inside it but outside the measured clocks, a warning says the fit extrapolates.
@@ -321,6 +329,19 @@ def _run_thermal(args: argparse.Namespace) -> int:
             f"sample interval is {float(np.median(np.diff(cols['t_s']))):g} s: is t_s in milliseconds? (then tau_s "
             f"is {fit.tau_s / 1000.0:.3g} s: divide t_s by 1000); r_th_k_per_w, the steady-state gain, holds "
             "either way",
+            file=sys.stderr,
+            flush=True,
+        )
+    rise_range_k = float(np.ptp(cols["die_temp_c"] - cols["inlet_temp_c"]))
+    # (not with tau at the lower end: a die that follows the power within a sample misses the steps by a
+    # sample, which is that warning's case; the example sampled every 40 s errs by 30% of its range so)
+    if not fit.tau_at_lower_bound and fit.rmse_k > MAX_PLAUSIBLE_RMSE_SHARE * rise_range_k:
+        print(
+            f"racktwin fit-thermal: warning: {path}: the fit explains little of the series: rmse_k {fit.rmse_k:.3g} K "
+            f"against a {rise_range_k:.3g} K range of the die's rise over the inlet (over "
+            f"{MAX_PLAUSIBLE_RMSE_SHARE:.0%} of it): check that power_w is this card's power and rises with its "
+            "die's temperature (not inverted or shifted) and that die_temp_c and inlet_temp_c are not swapped; "
+            "r_th_k_per_w and tau_s are not to be trusted",
             file=sys.stderr,
             flush=True,
         )

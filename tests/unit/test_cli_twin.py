@@ -152,6 +152,32 @@ def test_fit_thermal_time_in_milliseconds_warns(tmp_path: Path, capsys: pytest.C
     assert "tau_s is 6 s" in err_lines[0]
 
 
+def test_fit_thermal_warns_when_the_fit_explains_little_of_the_series(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The example with its power column inverted (the die cools as the power rises): the fit still
+    gives a positive resistance (0.17 K/W, tau 352 s: neither implausible on its own), but its error
+    is 11 K of the die's 31 K rise range; one warning line says the fit is not to be trusted and what to
+    check. The example itself (an error of 0.5 K) warns of nothing (the test below)."""
+    lines = [line for line in THERMAL_EXAMPLE.read_text().splitlines() if line and not line.startswith("#")]
+    header = lines[0].split(",")
+    rows = [line.split(",") for line in lines[1:]]
+    k = header.index("power_w")
+    powers = [float(row[k]) for row in rows]
+    top, bottom = max(powers), min(powers)
+    for row, power in zip(rows, powers, strict=True):
+        row[k] = f"{top + bottom - power:g}"
+    path = tmp_path / "inverted.csv"
+    path.write_text("\n".join([lines[0], *(",".join(row) for row in rows)]) + "\n", encoding="utf-8")
+    code, out, err = _run(["fit-thermal", str(path), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["r_th_k_per_w"] > 0 and data["rmse_k"] > 10.0
+    err_lines = err.strip().splitlines()
+    assert len(err_lines) == 1 and "warning" in err_lines[0] and str(path) in err_lines[0], err
+    assert "the fit explains little of the series" in err_lines[0] and "not to be trusted" in err_lines[0]
+
+
 def test_fit_thermal_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(["fit-thermal", str(THERMAL_EXAMPLE)], capsys)
     assert code == 0 and "r_th_k_per_w" in out
