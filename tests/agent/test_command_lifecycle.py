@@ -249,6 +249,23 @@ def test_power_limits_are_sent_to_a_tenth_of_a_watt_rounded_down_against_the_car
     assert msg.rack == "r0" and msg.cards == tuple(range(8)) and msg.setting.power_limit_w == 400.0
 
 
+def test_a_limit_computed_a_hair_under_a_tenth_of_a_watt_is_sent_at_that_tenth(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """Rounding down to 0.1 W never takes a tenth off a limit that is a tenth up to floating-point
+    error: 700 - 290.4 W computes as 409.59999999999997 and goes as 409.6 W, not 409.5 W."""
+    site, snap = scene
+    book, _codec = _book(site)
+    computed = 700.0 - 0.1 * 2904
+    assert computed < 409.6  # one ulp under the tenth
+    lim = np.asarray(snap.card_power_limit_w, dtype=np.float64).copy()
+    assert (lim[0:8] > 410.0).all()
+    lim[0:8] = computed
+    ((kind, msg, lowers),) = book.diff(_decision(snap, card_power_limit_w=lim), snap, NO_APPLIED, NOW)
+    assert (kind, lowers) == (LIMIT, True) and isinstance(msg, wire.RackCommand)
+    assert msg.cards == tuple(range(8)) and msg.setting.power_limit_w == 409.6
+
+
 def test_a_host_some_of_whose_cards_read_off_is_powered_off_or_on_whole(
     scene: tuple[SiteSpec, StateSnapshot],
 ) -> None:
@@ -331,6 +348,21 @@ def test_a_set_point_change_of_a_twentieth_of_a_degree_is_commanded_and_a_lower_
     ((_k, down, lowers_down),) = book.diff(_decision(snap, supply_temp_c=have - 0.05), snap, NO_APPLIED, NOW)
     assert isinstance(up, wire.FacilityCommand) and up.supply_setpoint_c == have + 0.05 and not lowers_up
     assert isinstance(down, wire.FacilityCommand) and lowers_down
+
+
+def test_a_facility_that_never_reported_gets_the_decided_set_point_once(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """With no facility reading (the agent started before the facility's first report), what the
+    facility has is unknown: the decided set-point is commanded, and not again while it is open."""
+    site, snap = scene
+    book, codec = _book(site)
+    unheard = snap.__class__(**{**snap.__dict__, "facility": None})
+    d = _decision(unheard, supply_temp_c=30.0)
+    (sent,) = book.commands(d, unheard, NO_APPLIED, NOW)
+    fc = codec.decode(sent.topic, sent.payload)
+    assert isinstance(fc, wire.FacilityCommand) and fc.supply_setpoint_c == 30.0
+    assert book.commands(d, unheard, NO_APPLIED, NOW + 1.0) == []
 
 
 def test_a_busy_card_gets_no_sleep_so_the_idle_cards_sleep_command_is_not_refused(
