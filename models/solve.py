@@ -498,8 +498,10 @@ def greedy_cycle(p: CycleProblem, choose_setpoint: bool = True) -> CyclePlan:
 
 
 def _within_caps(plan: DvfsPlan, p: CycleProblem) -> bool:
-    """``plan.within_caps(p)``, the cards of the problem's least-power jobs exempt from the die limit."""
-    exempt = p.die_exempt_cards()
+    """``plan.within_caps(p)``, the cards of the problem's least-power jobs and the cards that run no job
+    exempt from the die limit: a plan sets no level of an idle card (its die is left to the agent's
+    guard, as the greedy plan leaves it); an idle card reading hot made every solver plan a fallback."""
+    exempt = p.die_exempt_cards() | (p.card_job < 0)
     if not exempt.any():
         return plan.within_caps(p)
     return bool(

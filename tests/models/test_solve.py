@@ -3,6 +3,7 @@ highspy model, the deadline and the fallback."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -370,3 +371,23 @@ def test_a_solver_whose_jobs_change_solves_the_new_model_as_a_new_solver_does(si
             assert level is not None and awake is not None and f_level is not None and f_awake is not None
             assert 0.0 <= info.highs_time_s <= info.wall_time_s
         assert kept.builds == 3
+
+
+def test_a_hot_idle_card_does_not_throw_the_solvers_plan_away(site: SiteSpec) -> None:
+    """An idle card whose die reads 80 K over its prediction (a sensor, a card left hot) is over the die
+    limit in every plan: no level of the plan is its, and the agent's guard looks after its die. The
+    solver's plan used to be judged over the limit on that card and replaced by the greedy one
+    (FALLBACK every cycle for as long as the card read hot: `RacktwinPlansFallingBack` for one
+    card); the greedy plan was never held to it. Now both leave idle cards to the guard."""
+    p = _mixed(site, allocation=0.6)
+    idle = np.flatnonzero(p.card_job < 0)
+    assert idle.size > 0
+    hot = np.zeros(p.n_cards)
+    hot[idle[0]] = 80.0
+    plain = plan_cycle(p)
+    with_hot = plan_cycle(dataclasses.replace(p, die_offset_k=hot))
+    assert (plain.status, plain.source) == (SolveStatus.OPTIMAL, "milp"), plain.explanation
+    assert with_hot.dvfs is not None and plain.dvfs is not None
+    assert with_hot.dvfs.card_die_temp_c[idle[0]] > p.die_limit_c  # over the limit in the plan: not its to cool
+    assert (with_hot.status, with_hot.source) == (SolveStatus.OPTIMAL, "milp"), with_hot.explanation
+    np.testing.assert_array_equal(with_hot.dvfs.job_level, plain.dvfs.job_level)
