@@ -250,7 +250,9 @@ def relax(p: CycleProblem, choose: bool, notes: list[str], rack_names: tuple[str
        not rise (``CycleProblem.least_power_jobs``);
     2. racks over their cap at their least power: left to the guard's caps;
     3. the ready reserve;
-    4. the measured die offsets (the guard caps hot cards).
+    4. the measured die offsets (the guard caps hot cards): a safety net; after 1-3 the plan's
+       feasibility check has nothing left to refuse (SLOs and dies, rack caps and the reserve are
+       lifted), so no known case reaches it (a mutation audit, 2026-12-05, found none).
     """
     coolest = min(p.supply_options_c) if choose else p.supply_temp_c
     q = p
