@@ -107,6 +107,17 @@ def test_differences_are_p_less_o_and_a_job_missing_from_one_did_no_work_there()
     assert late[0].computing == (False, True) and late[0].compute_start_delta_s is None
 
 
+def test_every_job_missing_from_p_did_no_work_there_however_many_follow_each_other() -> None:
+    """Two jobs only under o, one after the other: each counts its whole work as p's loss (the second
+    does not inherit the first's)."""
+    o = [JobWork("a", 8, 0.0, 100.0), JobWork("b", 8, 0.0, 300.0), JobWork("c", 8, 0.0, 500.0)]
+    diffs = work_differences([JobWork("a", 8, 0.0, 100.0)], o)
+    assert [(d.job_id, d.work_delta_card_s, d.started) for d in diffs] == [
+        ("c", -500.0, (False, True)),
+        ("b", -300.0, (False, True)),
+    ]
+
+
 def test_times_are_the_same_only_when_they_print_as_0_s() -> None:
     text = describe_work_gap([JobWork("j", 8, 100.7, 992.0)], [JobWork("j", 8, 100.0, 1000.0)], "o")
     assert "j (8 cards, placed 1 s later than under o) -8 card-s" in text  # 0.7 s prints as 1 s
