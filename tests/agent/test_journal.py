@@ -116,6 +116,23 @@ def test_wal_mode_and_schema_version_guard(tmp_path: Path) -> None:
         Journal(path)
 
 
+def test_a_journal_refused_at_open_does_not_keep_its_lock(tmp_path: Path) -> None:
+    """The service takes the lock before it reads the schema version: a journal it refuses (written by
+    another schema) must not stay locked by the refused open, so that the same process can open the
+    journal again once it is put right, and no other agent is told it is in use."""
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    j.set_meta("schema_version", "999")
+    j.close()
+    with pytest.raises(JournalError, match="schema version 999"):
+        Journal(path, lock=True)
+    fixer = sqlite3.connect(path)
+    fixer.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    fixer.commit()
+    fixer.close()
+    Journal(path, lock=True).close()  # not JournalInUseError (pid of this very process)
+
+
 def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_path: Path) -> None:
     """journal.keep_days: decisions and closed commands (with their acks) older than the cut-off go;
     an open command and its decision stay, and so does the newest decision (the cycle continues)."""
