@@ -264,6 +264,18 @@ def test_the_service_lock_refuses_a_second_holder_and_readers_still_open_it(tmp_
     again.close()
 
 
+def test_the_lock_names_its_holder_over_what_an_earlier_holder_left(tmp_path: Path) -> None:
+    """The lock file outlives its holder: a new holder's pid replaces the old one's whole (a longer
+    stale pid left behind it made the next refusal say "pid unknown" instead of who holds it)."""
+    path = tmp_path / "j.sqlite"
+    Path(f"{path}.lock").write_text("4194304999\n")  # a dead agent's pid, longer than ours
+    held = Journal(path, lock=True)
+    with pytest.raises(JournalInUseError) as info:
+        Journal(path, lock=True)
+    assert info.value.pid == os.getpid()
+    held.close()
+
+
 def test_a_killed_holder_releases_the_lock(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite"
     code = (
