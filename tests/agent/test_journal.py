@@ -116,6 +116,23 @@ def test_wal_mode_and_schema_version_guard(tmp_path: Path) -> None:
         Journal(path)
 
 
+def test_a_journal_refused_at_open_does_not_keep_its_lock(tmp_path: Path) -> None:
+    """The service takes the lock before it reads the schema version: a journal it refuses (written by
+    another schema) must not stay locked by the refused open, so that the same process can open the
+    journal again once it is put right, and no other agent is told it is in use."""
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    j.set_meta("schema_version", "999")
+    j.close()
+    with pytest.raises(JournalError, match="schema version 999"):
+        Journal(path, lock=True)
+    fixer = sqlite3.connect(path)
+    fixer.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    fixer.commit()
+    fixer.close()
+    Journal(path, lock=True).close()  # not JournalInUseError (pid of this very process)
+
+
 def test_prune_deletes_old_closed_history_and_keeps_what_a_restart_needs(tmp_path: Path) -> None:
     """journal.keep_days: decisions and closed commands (with their acks) older than the cut-off go;
     an open command and its decision stay, and so does the newest decision (the cycle continues)."""
@@ -245,6 +262,18 @@ def test_the_service_lock_refuses_a_second_holder_and_readers_still_open_it(tmp_
     held.close()
     again = Journal(path, lock=True)  # released on close
     again.close()
+
+
+def test_the_lock_names_its_holder_over_what_an_earlier_holder_left(tmp_path: Path) -> None:
+    """The lock file outlives its holder: a new holder's pid replaces the old one's whole (a longer
+    stale pid left behind it made the next refusal say "pid unknown" instead of who holds it)."""
+    path = tmp_path / "j.sqlite"
+    Path(f"{path}.lock").write_text("4194304999\n")  # a dead agent's pid, longer than ours
+    held = Journal(path, lock=True)
+    with pytest.raises(JournalInUseError) as info:
+        Journal(path, lock=True)
+    assert info.value.pid == os.getpid()
+    held.close()
 
 
 def test_a_killed_holder_releases_the_lock(tmp_path: Path) -> None:

@@ -81,6 +81,34 @@ def test_queued_and_running_jobs_are_taken_up_as_they_were(tmp_path: Path) -> No
     assert [(q.job_id, q.state, q.n_cards) for q in restarted.queue()] == [("b", "queued", 4)]
 
 
+def test_a_job_known_without_its_spec_is_left_out_and_the_others_are_taken_up(tmp_path: Path) -> None:
+    """A job the state knows without its spec (a submission that named none) cannot be restored: the
+    record leaves it out, running or queued, so that the jobs it does hold (``a`` running on cards
+    0-7, ``b`` queued) are still taken up. Written with it, its ``"spec": null`` made the whole
+    record unreadable and a restart knew no job at all."""
+    site = small_site(2, (4, 4))
+    state = TwinState(site)
+    state.apply_events(
+        [
+            JobEvent(NOW, "a", "submitted", Phase.WAITING, job=job("a", 8)),
+            JobEvent(NOW, "a", "started", Phase.COMPUTE, cards=tuple(range(8))),
+            JobEvent(NOW, "x", "submitted", Phase.WAITING),  # no spec
+            JobEvent(NOW, "x", "started", Phase.COMPUTE, cards=(8, 9)),
+            JobEvent(NOW, "b", "submitted", Phase.WAITING, job=job("b", 4)),
+            JobEvent(NOW, "y", "submitted", Phase.WAITING),  # no spec, queued
+        ]
+    )
+    assert state.jobs["x"].state == "running" and state.jobs["x"].spec is None
+    journal = Journal(tmp_path / "journal.sqlite")
+    JobsRecord(journal, site).save(state.snapshot())
+    journal.close()
+    _, restarted, _ = restart(tmp_path / "journal.sqlite", site)
+    assert {jid: (info.state, info.cards) for jid, info in restarted.jobs.items()} == {
+        "a": ("running", tuple(range(8))),
+        "b": ("queued", ()),
+    }
+
+
 @pytest.mark.parametrize(
     "jobs_text",
     ["{not json", '{"running": [{"spec": {"job_id": "a"}, "cards": [0], "phase": 1}], "queue": []}', "[1, 2]"],
