@@ -95,7 +95,7 @@ from agent.estimation_loop import EstimationLoop
 from agent.failsafe_log import FailsafeLog
 from agent.failure_lines import FailureLines
 from agent.ingest import Ingest, RoundMerger
-from agent.journal import Journal
+from agent.journal import Journal, JournalError
 from agent.journal_upkeep import JournalAcks, JournalUpkeep, knows_command
 from agent.metric_updates import MetricUpdates
 from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
@@ -290,6 +290,7 @@ class AgentService:
             self.restart_records = RestartRecords(self.journal, site)
             self._failure: str | None = None  # why the service stopped, if a task failed
             self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
+            self._take_up_failed = False  # a take-up failed (its warning logged once until one succeeds)
             self.metric_updates = MetricUpdates(
                 self.metrics,
                 site,
@@ -507,8 +508,15 @@ class AgentService:
         now = self.clock.now()
         if self._journal_resumed or now is None:
             return
+        try:
+            opened, self.expired_on_resume = open_commands_to_resume(self.journal, self.book, now)
+        except JournalError as exc:  # e.g. another process holds the write lock: tried again at the next check
+            if not self._take_up_failed:
+                log.warning("open commands of the journal not taken up yet (tried again): %s", exc)
+            self._take_up_failed = True
+            return
         self._journal_resumed = True
-        opened, self.expired_on_resume = open_commands_to_resume(self.journal, self.book, now)
+        self._take_up_failed = False
         self.resumed_commands = len(opened)
         self.publisher.submit(opened)
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -1275,3 +1276,37 @@ def test_a_rack_that_sends_its_cards_in_batches_per_host_learns_the_period_of_it
     assert np.all(ing.applied_level[:64] == -1)
     past_the_bound(ing, last_s + 11.4)
     assert ing.stats.applied_levels_disproved == 64
+
+
+def test_a_journal_busy_when_the_open_commands_are_taken_up_is_tried_again_not_fatal(tmp_path: Path) -> None:
+    """When the agent starts to command, it takes up the journal's open commands (expired ones closed,
+    the others sent again). Another process holding the journal's write lock past the busy timeout made
+    that a JournalError: raised out of the health tick or the control loop it stopped the agent, and
+    the take-up was marked done first, so it never came. Now it is logged and tried again at the next
+    check: once the lock is free, the expired command is closed and the valid one sent again."""
+    from agent.journal import Journal, NewCommand
+
+    path = tmp_path / "j.sqlite"
+    old = NewCommand(str(uuid.uuid4()), "r0", "racktwin/v1/x/racks/r0/cmd", b"{}", T0 - 40.0, T0 - 10.0)
+    journal = Journal(path)  # the previous run's
+    journal.record_decision(1, T0 - 40.0, "enforce", "optimal", 0.01, {}, [old])
+    journal.close()
+    wall = FakeWall()
+    svc = _service(tmp_path, SiteClock(1.0, infer=False, wall=wall))
+    other = None
+    try:
+        svc.clock.observe(T0)
+        assert svc.clock.now() is not None
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        svc._take_up_journal_commands()  # raised JournalError
+        assert svc.journal.command(old.command_id).state == "pending"  # type: ignore[union-attr]
+        other.execute("ROLLBACK")
+        svc._take_up_journal_commands()  # the next check
+        assert svc.journal.command(old.command_id).state == "expired"  # type: ignore[union-attr]
+        assert svc.expired_on_resume == 1
+    finally:
+        if other is not None:
+            other.close()
+        svc.control._executor.shutdown(wait=True)
+        svc.journal.close()
