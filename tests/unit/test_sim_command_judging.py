@@ -1,7 +1,8 @@
 """How the simulator judges a rack command before it applies it (docs/protocol.md, "Which commands a
 rack applies"), without a broker: expiry at the instant of ``expires_at``, copies of refused commands
 answered as copies (not judged anew, so never applied later), which settings a command is ordered
-with, and what a rack publishes (the retained applied state, acks not retained).
+with, and what a rack publishes (the retained applied state, acks not retained; after a burst answered
+at once, one applied state per rack it changed, stamped when made).
 
 What users rely on: an agent retries a command it got no ack for, and a broker may deliver an old
 command late; a copy of a command the rack refused must not be applied once the cause went away (a
@@ -283,3 +284,31 @@ def test_the_applied_state_is_retained_and_acks_are_not() -> None:
     for cmd in (pump, setpoint, place):
         (only,) = _answer(handler, codec, cmd)
         assert isinstance(only, wire.Acknowledgement) and only.result is wire.AckResult.APPLIED
+
+
+def test_a_burst_answered_at_once_republishes_each_touched_racks_applied_state_stamped_when_made() -> None:
+    """The simulator answers a burst of commands at once (``applied_with_ack=False``): the acks come
+    out one by one, and afterwards every rack a command of the burst changed gets its retained
+    applied state, one per rack however many of its commands were applied, stamped with the site
+    clock when it is made and showing every command of the burst. A rack left out would keep a stale
+    retained state: an agent that starts reads its settings back from it."""
+    plant, _handler, codec, clock = _setup()
+    handler = CommandHandler(plant, codec, wire.Sequencer("sim"), clock, applied_with_ack=False)
+    r0 = wire.RackCommand("r0", (0, 1), wire.CardSetting.dvfs(5), uuid.uuid4(), TS + 30.0, TS - 1.0, 1, "agent")
+    burst = [_cmd(wire.CardSetting.dvfs(3), TS - 1.0, 0), r0, _cmd(wire.CardSetting.power_limit(450.0), TS - 1.0, 2)]
+    for cmd in burst:
+        (ack,) = _answer(handler, codec, cmd)  # the ack alone
+        assert isinstance(ack, wire.Acknowledgement) and ack.result is wire.AckResult.APPLIED and ack.ts_s == TS
+    clock.now_s = TS + 5.0
+    states = [codec.decode(o.topic, o.payload) for o in handler.applied_states()]
+    assert all(isinstance(s, wire.AppliedState) for s in states)
+    by_rack = {s.rack: s for s in states if isinstance(s, wire.AppliedState)}
+    assert len(states) == 2 and set(by_rack) == {"r0", "r1"}
+    assert {s.ts_s for s in by_rack.values()} == {TS + 5.0}
+    r1_state = by_rack["r1"]
+    assert r1_state.last_command_id == burst[2].command_id
+    assert r1_state.dvfs_level[8:].tolist() == [3] * 8 and r1_state.power_limit_w[8:].tolist() == [450.0] * 8
+    r0_state = by_rack["r0"]
+    assert r0_state.last_command_id == r0.command_id
+    assert r0_state.dvfs_level[:3].tolist() == [5, 5, plant.config.initial_level]
+    assert handler.applied_states() == []  # nothing changed since

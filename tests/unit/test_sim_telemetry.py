@@ -229,3 +229,20 @@ def test_job_events_carry_site_clock_times_rack_local_cards_and_only_their_own_f
     long = _event(enc, JobEvent(500.0, "late", "failed", Phase.WAITING, detail="x" * 2000))
     assert long["reason"] == "x" * 1024  # (the wire takes reasons of at most 1024 characters)
     assert [sub["seq"], started["seq"], phase["seq"]] == [0, 1, 2]
+
+
+def test_the_job_table_forgets_a_job_once_it_finished_or_failed(small_site: SiteSpec) -> None:
+    """The job table (what the retained ``jobs/state`` snapshot sends, and the job count the
+    simulator's oversized-snapshot warning names) holds the queued and running jobs only: a finished
+    or failed job leaves it, and an event about it afterwards does not bring it back."""
+    enc = _encoder(small_site)
+    for job_id in ("a", "b"):
+        spec = JobSpec(job_id, 2, work_steps=100.0, step_time_s=1.0, compute_share=1.0, submit_time_s=0.0)
+        enc.job_event(JobEvent(0.0, job_id, "submitted", Phase.WAITING, job=spec), START)
+    enc.job_event(JobEvent(1.0, "a", "started", Phase.WAITING, cards=(0, 1)), START)
+    assert len(enc.jobs) == 2 and [e.job.job_id for e in enc.jobs.entries()] == ["a", "b"]
+    enc.job_event(JobEvent(50.0, "a", "finished", Phase.WAITING, detail="done"), START)
+    enc.job_event(JobEvent(60.0, "b", "failed", Phase.WAITING, detail="cancelled"), START)
+    assert len(enc.jobs) == 0 and enc.jobs.entries() == ()
+    enc.job_event(JobEvent(70.0, "a", "started", Phase.WAITING, cards=(2, 3)), START)
+    assert len(enc.jobs) == 0 and _json(enc.job_state(START + 70.0))["jobs"] == []
