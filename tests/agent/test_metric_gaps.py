@@ -346,3 +346,59 @@ def test_the_decided_set_point_and_predicted_facility_power_read_nan_until_the_f
     s = _scrape(service)
     assert _at(s, "racktwin_supply_setpoint_celsius") == 32.0
     assert _at(s, "racktwin_predicted_facility_power_watts") == 412_000.0
+
+
+# ------------------------------------------------------------------------------------------------
+# edges the mutation audit of agent/metric_updates.py found untested
+# ------------------------------------------------------------------------------------------------
+def test_a_reading_exactly_the_deadline_old_is_still_shown_and_one_a_moment_older_is_not(
+    service: AgentService,
+) -> None:
+    """The controller takes a source read ``control.telemetry_deadline_s`` ago for fresh (``last >= now -
+    deadline``: no fail-safe caps yet); /metrics shows its value as long, not a moment less, so that a
+    rack's power never goes missing while the agent still controls with it."""
+    deadline_s = service.config.control.telemetry_deadline_s
+    name = service.site.rack_names[1]
+    clock = _SiteNow(T0)
+    service.metric_updates.clock = clock
+    service.state.update(_readings(service, T0))
+    clock.t_s = T0 + deadline_s
+    s = _scrape(service)
+    assert _at(s, "racktwin_rack_power_watts", rack=name) == 40_100.0
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=name) == deadline_s
+    clock.t_s = T0 + deadline_s + 0.25
+    assert _at(_scrape(service), "racktwin_rack_power_watts", rack=name) is None
+
+
+def test_a_rack_that_never_reported_has_no_age_until_its_first_reading(service: AgentService) -> None:
+    """docs/agent.md: ``racktwin_telemetry_age_seconds`` has no sample before the rack's first reading (not
+    an infinite age, nor 0); the racks that report have theirs, and the rack's first reading brings its own."""
+    names = service.site.rack_names
+    clock = _SiteNow(T0)
+    service.metric_updates.clock = clock
+    service.state.update(_readings(service, T0, racks=(0, 1)))  # r2 has not reported yet
+    clock.t_s = T0 + 5.0
+    s = _scrape(service)
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=names[0]) == 5.0
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=names[2]) is None
+    service.state.update(_readings(service, T0 + 5.0, racks=(2,)))
+    s = _scrape(service)
+    assert _at(s, "racktwin_telemetry_age_seconds", rack=names[2]) == 0.0
+
+
+def test_a_facility_drawing_no_it_power_shows_its_readings_with_no_pue(service: AgentService) -> None:
+    """A facility reading of 0 W IT power (the wire allows it: every host off, a site at rest) has no PUE
+    (NaN, not a division by zero), but its facility and cooling power and outdoor temperature are shown
+    as read, and the facility group's update does not fail (a division by 0 W would raise, leave every
+    facility gauge NaN and set ``racktwin_metrics_group_failing{group="facility"}``)."""
+    clock = _SiteNow(T0)
+    service.metric_updates.clock = clock
+    fac = FacilityReading(T0, 12.0, 28.0, 38.0, 4_000.0, 0.0, 6_000.0, 30.0)
+    service.state.update(Readings(T0, (), fac))
+    s = _scrape(service)
+    assert _at(s, "racktwin_it_power_watts") == 0.0
+    assert _at(s, "racktwin_facility_power_watts") == 6_000.0
+    assert _at(s, "racktwin_cooling_power_watts") == 4_000.0
+    assert _at(s, "racktwin_ambient_temperature_celsius") == 12.0
+    assert math.isnan(_at(s, "racktwin_pue_ratio") or 0.0)
+    assert _at(s, "racktwin_metrics_group_failing", group="facility") == 0.0

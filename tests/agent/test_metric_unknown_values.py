@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_metric_gaps import T0, _at, _scrape, _service
+from test_metric_gaps import T0, _at, _scrape, _service, _SiteNow
 
 from agent.service import AgentService
 
@@ -52,3 +52,12 @@ def test_a_site_clock_at_epoch_zero_is_exported_as_zero_not_as_unknown(service: 
     service.clock.observe(0.0)
     site_t = _site_time(service)
     assert site_t is not None and 0.0 <= site_t < 60.0
+
+
+def test_the_site_clock_rate_is_the_clocks_rate(service: AgentService) -> None:
+    """``racktwin_site_clock_rate_ratio`` reads the site clock's rate (1 against real racks; a simulator
+    run faster, its factor), not the gauge's 0 as built."""
+    clock = _SiteNow(T0)
+    clock.rate = 12.0
+    service.metric_updates.clock = clock
+    assert _at(_scrape(service), "racktwin_site_clock_rate_ratio") == 12.0

@@ -246,3 +246,28 @@ def _scrape_before_update(service: AgentService) -> dict[tuple[str, tuple[tuple[
         for fam in text_string_to_metric_families(body)
         for s in fam.samples
     }
+
+
+class _RateFails:
+    """A site clock whose time reads but whose rate raises: only the site clock's step needs it."""
+
+    def __init__(self, t_s: float) -> None:
+        self.t_s = t_s
+
+    def now(self) -> float:
+        return self.t_s
+
+    @property
+    def rate(self) -> float:
+        raise ArithmeticError("rate of no samples")
+
+
+def test_a_failing_site_clock_step_is_said_under_its_own_group(service: AgentService) -> None:
+    """Each step is said failing under its own group id and log words (``agent.metrics.METRICS_GROUPS``):
+    the site clock's rate raising sets ``group="site_clock"`` alone (the standby step, next to it, runs
+    and reads 0), so that the alert names the series that went blind."""
+    service.metric_updates.clock = _RateFails(T0)
+    service.state.update(_readings(service, T0))
+    failing = _failing(_scrape(service))
+    assert {g for g, v in failing.items() if v == 1.0} == {"site_clock"}
+    assert set(service.metric_updates.failing) == {"site clock"}

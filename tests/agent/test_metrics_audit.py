@@ -76,7 +76,8 @@ def test_every_documented_series_is_exported_under_its_name_type_and_labels_and_
 
 def test_counters_are_exported_at_zero_from_the_start_for_every_documented_value() -> None:
     """docs/agent.md: every rack's invalid-readings series at 0 from the start (so that the alert's
-    increase() counts a first burst); the results, statuses and sources the table lists likewise."""
+    increase() counts a first burst); the results, statuses and sources the table lists likewise, and every
+    job-snapshot change and every applied setting per rack (their rows say "exported at 0 from the start")."""
     m = AgentMetrics(["r0", "r1"])
     values = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -99,6 +100,11 @@ def test_counters_are_exported_at_zero_from_the_start_for_every_documented_value
         assert zero("racktwin_control_cycles_total", source=source), source
         for status in ["optimal", "feasible", "fallback", "infeasible", "timeout_no_solution", "error"]:
             assert zero("racktwin_plans_total", status=status, source=source), (status, source)
+    for change in ["added", "corrected", "dropped"]:
+        assert zero("racktwin_job_snapshot_changes_total", change=change), change
+    for setting in ["level", "power_limit", "low_power"]:
+        for rack in ("r0", "r1"):
+            assert zero("racktwin_applied_state_disproved_total", setting=setting, rack=rack), (setting, rack)
 
 
 # ------------------------------------------------------------------------------------------------
