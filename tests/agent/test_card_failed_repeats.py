@@ -24,7 +24,7 @@ from agent_helpers import small_site
 from guard_helpers import proposal
 
 from agent import wire
-from agent.command_overlays import FAILED_HOLD_MAX_S
+from agent.command_overlays import FAILED_HOLD_MAX_S, Overlays
 from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.journal import Journal
@@ -238,3 +238,22 @@ def test_a_restarted_agent_keeps_the_hold_and_the_count(tmp_path: Path) -> None:
     s.run(111.0)
     assert s.refused[before:] == [(110.0, (DEAD - 16,))] * 2
     assert s.book.overlays.failed_repeat_holds() == {DEAD: (3, 230.0, 120.0)}
+
+
+def test_a_refusal_of_a_command_issued_during_a_repeats_hold_is_no_further_repeat() -> None:
+    """A repeat is a refusal of a command issued after a decision found the card's mark cleared
+    (``Overlays.failed_now``). While a repeat's hold is in force a decision counts the card failed
+    whatever its readings say: it finds no mark cleared, and a command it sends with the card (one
+    that covers the whole host) refused ``card_failed`` is no further repeat; the hold stays as given."""
+    overlays = Overlays(small_site(racks=2, xy=(4, 4)))
+    card = np.asarray([DEAD], dtype=np.int64)
+    seen = np.zeros(32)
+    overlays.mark_failed(card, 10.0, 5.0, 10.0, TTL_S)  # the first refusal: a mark
+    seen[DEAD] = 20.0
+    assert not overlays.failed_now(seen, 20.0)[DEAD]  # a reading cleared it
+    overlays.mark_failed(card, 25.0, 22.0, 25.0, TTL_S)  # refused again: a repeat, held out 30 s
+    assert (int(overlays.failed_repeats[DEAD]), overlays.failed_hold_until_s[DEAD]) == (1, 55.0)
+    seen[DEAD] = 30.0
+    assert overlays.failed_now(seen, 30.0)[DEAD]  # read alive, but held
+    overlays.mark_failed(card, 40.0, 35.0, 40.0, TTL_S)  # a command issued during the hold, refused
+    assert (int(overlays.failed_repeats[DEAD]), overlays.failed_hold_until_s[DEAD]) == (1, 55.0)

@@ -583,3 +583,35 @@ def test_undo_takes_back_a_decisions_commands_and_reopens_those_they_superseded_
     assert {oc.command_id for oc in gone} == {oc.command_id for oc in first if oc.target != "scheduler"}
     with pytest.raises(RuntimeError):
         book.undo(again)  # not the book's last change any more: the superseded were taken
+
+
+def test_undo_of_a_decision_placing_a_new_job_leaves_the_job_to_be_placed_again(
+    scene: tuple[SiteSpec, StateSnapshot],
+) -> None:
+    """A decision the journal refused placed a job no command placed before: after ``CommandBook.undo``
+    no placement of it is on its way, so the next decision places it at once (held as on its way, the
+    job would wait out the undone command's life, ``command_ttl_s``, unplaced)."""
+    site, snap = scene
+    book, codec = _book(site)
+    placed = (PlacementOrder("q", (256, 257, 258, 259)),)
+    undone = book.commands(_decision(snap, placements=placed), snap, NO_APPLIED, NOW)
+    assert [oc.target for oc in undone] == ["scheduler"]
+    book.undo(undone)
+    assert book.overlays.placing == {}
+    (again,) = book.commands(_decision(snap, placements=placed), snap, NO_APPLIED, NOW + 1.0)
+    msg = codec.decode(again.topic, again.payload)
+    assert isinstance(msg, wire.SchedulerCommand) and msg.job_id == "q"
+
+
+def test_undo_gives_back_the_issue_time_its_commands_took(scene: tuple[SiteSpec, StateSnapshot]) -> None:
+    """Issue times never go back while a rack accepts the newest one given (``stamp_hold_s``, 5 s):
+    an undone decision's commands never reach a rack, so their issue time is given back with them.
+    The next decision, after the clock stepped back a second, is stamped at its own time, as it would
+    have been without the undone one (held to it, its commands carried a time no rack saw)."""
+    site, snap = scene
+    book, codec = _book(site)
+    book.commands(_cards_0_to_7_at(snap, 3), snap, NO_APPLIED, NOW - 10.0)
+    book.undo(book.commands(_cards_0_to_7_at(snap, 4), snap, NO_APPLIED, NOW))
+    (oc,) = book.commands(_cards_0_to_7_at(snap, 4), snap, NO_APPLIED, NOW - 1.0)
+    msg = codec.decode(oc.topic, oc.payload)
+    assert isinstance(msg, wire.RackCommand) and msg.ts_s == NOW - 1.0

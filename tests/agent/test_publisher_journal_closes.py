@@ -237,6 +237,18 @@ async def test_commands_dropped_on_standing_by_stay_pending_until_the_journal_ta
     await service._close()
 
 
+async def test_commands_dropped_on_standing_by_are_journaled_closed_at_once(tmp_path: Path) -> None:
+    """Standing by (another agent commands the site), the agent journals its open commands
+    ``abandoned`` as it drops them, not at the publisher's next step: killed right after, a restarted
+    agent finds them closed and does not send them again while valid (``agent.resume``)."""
+    service, oc = service_with_a_command(tmp_path, retry_s=0.0)
+    service.journal._conn.execute("PRAGMA query_only = OFF")  # the journal takes writes
+    service._drop_open_commands()
+    assert state_of(service.journal, oc) == "abandoned"
+    assert service.publisher.unjournaled_closes() == {}
+    await service._close()
+
+
 async def test_a_defect_in_the_shutdowns_journal_writes_still_closes_the_journal(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,11 +61,18 @@ class Desk:
         return opened
 
 
-def desk(tmp_path: Path) -> Desk:
+def desk(tmp_path: Path, *, still: bool = False) -> Desk:
+    """``still``: the site clock's wall stands still, so site time is exactly the newest stamp observed
+    (the tests that hold a bound to the instant)."""
     site = example_site()
     codec = wire.Codec(wire.SiteLayout.from_spec(site, site="site1"))
     control = ControlConfig()
-    clock = SiteClock(1.0, ahead_tolerance_s=3600.0)  # the tests move site time on by one message far ahead
+    # the tests move site time on by one message far ahead
+    clock = (
+        SiteClock(1.0, infer=False, ahead_tolerance_s=3600.0, wall=lambda: 0.0)
+        if still
+        else SiteClock(1.0, ahead_tolerance_s=3600.0)
+    )
     clock.observe(TS)
     return Desk(codec, control, CommandBook(site, codec, control), clock, Journal(tmp_path / "journal.sqlite"))
 
@@ -422,6 +429,53 @@ async def test_commands_that_expire_while_the_batches_ahead_of_them_are_sent_are
         await publisher.step()
     assert publisher.stats.sent == window
     assert [oc.attempts for oc in opened] == [1] * window + [0] * 5
+    d.journal.close()
+
+
+async def test_a_command_is_not_sent_at_the_instant_it_expires(mosquitto: EmbeddedBroker, tmp_path: Path) -> None:
+    """A rack takes a command received at or after its ``expires_at`` as expired (docs/protocol.md,
+    "Expiry"): the site clock reaching a command's expiry exactly (TS + 30) while the batch ahead of
+    it waits for its PUBACKs, it never leaves."""
+    d = desk(tmp_path, still=True)
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
+        window = publisher.max_in_flight
+        opened = d.decide(window + 3)
+        real_publish = bus.publish
+
+        async def publish_then_the_expiry_comes(topic: str, payload: bytes, **kw: Any) -> None:
+            await real_publish(topic, payload, **kw)
+            d.clock.observe(TS + 30.0)
+
+        bus.publish = publish_then_the_expiry_comes  # type: ignore[method-assign]  # test double
+        publisher.submit(opened)
+        await publisher.step()
+    assert d.clock.now() == TS + 30.0
+    assert publisher.stats.sent == window
+    assert [oc.attempts for oc in opened] == [1] * window + [0] * 3
+    d.journal.close()
+
+
+async def test_a_command_superseded_a_whole_retry_interval_after_it_went_out_is_an_ack_missing(
+    mosquitto: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """An ack is overdue once a command went out a retry interval (10 s) before, the bound included
+    (the warning says "sent 10 s or more before they closed"): the next decision supersedes r0's
+    card 0 exactly 10 s after its command went out, unanswered though the rack is heard from."""
+    d = desk(tmp_path, still=True)
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control, heard_since=lambda target, site_s: True)
+        (old,) = d.decide(1)
+        publisher.submit([old])
+        await publisher.step()
+        assert (old.attempts, old.first_sent_s, publisher.retry_after_s) == (1, TS, 10.0)
+        d.clock.observe(TS + 10.0)
+        d.decide(1, cycle=2)  # the same card's level again: supersedes the first
+        await publisher.step()
+    assert publisher.stats.superseded == 1
+    assert publisher.acks_missing == {"r0": 1} and publisher.stats.acks_missing == 1
     d.journal.close()
 
 
