@@ -290,7 +290,8 @@ class AgentService:
             self.restart_records = RestartRecords(self.journal, site)
             self._failure: str | None = None  # why the service stopped, if a task failed
             self._journal_resumed = False  # the journal's open commands were taken up (once commanding)
-            self._take_up_failed = False  # a take-up failed (its warning logged once until one succeeds)
+            #: why the last take-up of the journal's open commands failed (None: none failed since one succeeded)
+            self._take_up_error: str | None = None
             self.metric_updates = MetricUpdates(
                 self.metrics,
                 site,
@@ -511,12 +512,12 @@ class AgentService:
         try:
             opened, self.expired_on_resume = open_commands_to_resume(self.journal, self.book, now)
         except JournalError as exc:  # e.g. another process holds the write lock: tried again at the next check
-            if not self._take_up_failed:
+            if self._take_up_error is None:
                 log.warning("open commands of the journal not taken up yet (tried again): %s", exc)
-            self._take_up_failed = True
+            self._take_up_error = str(exc)
             return
         self._journal_resumed = True
-        self._take_up_failed = False
+        self._take_up_error = None
         self.resumed_commands = len(opened)
         self.publisher.submit(opened)
 
@@ -722,6 +723,8 @@ class AgentService:
             reasons.append(f"journal (calibration): {self.estimation.calibration_error}")
         if self.restart_records.error:
             reasons.append(f"journal (restart records): {self.restart_records.error}")
+        if self._take_up_error is not None:
+            reasons.append(f"journal (open commands not taken up yet): {self._take_up_error}")
         if time.monotonic() - self.publisher.last_unconfirmed_wall < _UNCONFIRMED_READY_S:
             reasons.append(f"the broker is not acknowledging commands ({self.publisher.last_unconfirmed_error})")
         for what, err in self.publisher.journal_errors.items():

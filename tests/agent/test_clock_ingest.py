@@ -1283,7 +1283,7 @@ def test_a_journal_busy_when_the_open_commands_are_taken_up_is_tried_again_not_f
     the others sent again). Another process holding the journal's write lock past the busy timeout made
     that a JournalError: raised out of the health tick or the control loop it stopped the agent, and
     the take-up was marked done first, so it never came. Now it is logged and tried again at the next
-    check: once the lock is free, the expired command is closed and the valid one sent again."""
+    check (`/readyz` says why it waits): once the lock is free, the expired command is closed."""
     from agent.journal import Journal, NewCommand
 
     path = tmp_path / "j.sqlite"
@@ -1301,10 +1301,13 @@ def test_a_journal_busy_when_the_open_commands_are_taken_up_is_tried_again_not_f
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         svc._take_up_journal_commands()  # raised JournalError
         assert svc.journal.command(old.command_id).state == "pending"  # type: ignore[union-attr]
+        waiting = [r for r in svc.readiness() if r.startswith("journal (open commands not taken up yet)")]
+        assert len(waiting) == 1 and "locked" in waiting[0], svc.readiness()  # /readyz says why
         other.execute("ROLLBACK")
         svc._take_up_journal_commands()  # the next check
         assert svc.journal.command(old.command_id).state == "expired"  # type: ignore[union-attr]
         assert svc.expired_on_resume == 1
+        assert not [r for r in svc.readiness() if "open commands not taken up" in r]
     finally:
         if other is not None:
             other.close()
