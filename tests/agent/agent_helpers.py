@@ -76,3 +76,28 @@ def belief(
         state.update(plant.readings())
         state.apply_events(plant.drain_events())
     return plant, state
+
+
+def true_violations(
+    seen: Sequence[tuple[float, float, Any]], limit_w: Any, from_s: float
+) -> tuple[float, float, int, float, float]:
+    """The rack-limit violations of a run worked out by hand from its true steps (``(t0, dt, truth)``,
+    ``truth.rack_power_w`` per rack), from ``from_s`` on: rack-seconds over, kW x s over, episodes,
+    the longest episode (s) and the largest rack power seen (W): the oracle of the evaluation's metrics."""
+    rack_s, kws, episodes, longest, window_max = 0.0, 0.0, 0, 0.0, 0.0
+    for r in range(len(limit_w)):
+        run = 0.0
+        for t0, dt, tr in seen:
+            if t0 < from_s:
+                continue
+            p = float(tr.rack_power_w[r])
+            window_max = max(window_max, p)
+            if p > limit_w[r]:
+                episodes += run == 0.0
+                run += dt
+                rack_s += dt
+                kws += (p - limit_w[r]) * dt / 1e3
+                longest = max(longest, run)
+            else:
+                run = 0.0
+    return rack_s, kws, episodes, longest, window_max

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import small_site
+from agent_helpers import small_site, true_violations
 from evaluate_helpers import full_load_scenario
 
 from agent.evaluate import Recorder, _metrics, evaluate, run_policy
@@ -56,22 +56,7 @@ def test_limit_violations_are_counted_on_true_rack_power_from_the_end_of_the_fir
     _step(plant, rec, 0.5, seen)  # the run ends between two whole seconds
     rec.finish()
 
-    rack_s, kws, episodes, longest, window_max = 0.0, 0.0, 0, 0.0, 0.0
-    for r in range(site.n_racks):
-        run = 0.0
-        for t0, dt, tr in seen:
-            if t0 < 5.0:
-                continue
-            p = float(tr.rack_power_w[r])
-            window_max = max(window_max, p)
-            if p > limit[r]:
-                episodes += run == 0.0
-                run += dt
-                rack_s += dt
-                kws += (p - limit[r]) * dt / 1e3
-                longest = max(longest, run)
-            else:
-                run = 0.0
+    rack_s, kws, episodes, longest, window_max = true_violations(seen, limit, 5.0)
     assert episodes >= 4 and longest > 10.0  # the caps and the checkpoint made several episodes
     assert rec.violation_rack_s == pytest.approx(rack_s, rel=1e-12)
     assert (seen[-1][2].rack_power_w > limit).any()  # over during the last half second: half a rack-second

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from agent_helpers import example_site, small_site
+from agent_helpers import example_site, small_site, true_violations
 from evaluate_helpers import full_load_scenario
 
 from agent.evaluate import Recorder, _metrics, evaluate
@@ -56,21 +56,7 @@ def test_the_limit_metrics_are_the_judged_windows_counts_by_hand() -> None:
         seen += _run(plant, rec, [1.0])
     m = _metrics(sc, plant, rec, ControlStats())
 
-    rack_s, kws, episodes, longest = 0.0, 0.0, 0, 0.0
-    for r in range(plant.site.n_racks):
-        run = 0.0
-        for t0, dt, tr in seen:
-            p = float(tr.rack_power_w[r])
-            if t0 < 10.0:
-                continue
-            if p > limit[r]:
-                episodes += run == 0.0
-                run += dt
-                rack_s += dt
-                kws += (p - limit[r]) * dt / 1e3
-                longest = max(longest, run)
-            else:
-                run = 0.0
+    rack_s, kws, episodes, longest, _max_w = true_violations(seen, limit, 10.0)
     assert episodes >= 3 and longest > rack_s / episodes  # several episodes of different lengths
     assert m["limit_violation_s"] == pytest.approx(rack_s, rel=1e-12)
     assert m["limit_violation_episodes"] == episodes
