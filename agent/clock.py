@@ -18,7 +18,8 @@ time, so the agent reads its "now" from the messages it receives:
   went back (a simulator restarted, a publisher's clock stepped by NTP): messages stamped behind
   the newest timestamp seen are late or reordered ones, ignored, unless the newest one's timeline
   has fallen silent (nothing newer for ``reset_after_s`` wall seconds) and the messages behind it
-  keep coming and advancing for ``confirm_s`` wall seconds: then the clock steps back to them.
+  keep coming and advancing for ``confirm_s`` wall seconds (in any order within ``tolerance_s``
+  of each other: publishers' clocks differ, an ack overtakes a reading): then the clock steps back to them.
   A waiter in :meth:`wait_until` returns at once when the clock steps back (its target was on the
   old timeline);
 * forward jumps are confirmed the same way: a message stamped more than ``ahead_tolerance_s``
@@ -177,12 +178,17 @@ class SiteClock:
         if ts_s >= self._anchor_ts - tol or w - self._anchor_wall < self._reset_after_s:
             self._behind = None
             return False
-        if self._behind is None or ts_s < self._behind[2]:  # a new run of messages behind
+        # a new run of messages behind, unless this one continues the run: not more than ``tol`` behind its
+        # newest stamp (messages of one timeline reach the agent slightly out of order: racks' clocks
+        # differ by milliseconds, an ack overtakes the reading sent before it; a strict order reset the
+        # run at each such message, and a site whose messages interleave so never got confirmed)
+        if self._behind is None or ts_s < self._behind[2] - tol:
             self._behind = (w, ts_s, ts_s)
             return False
-        first_wall, first_ts, _ = self._behind
-        self._behind = (first_wall, first_ts, ts_s)
-        return w - first_wall >= self._confirm_s and ts_s > first_ts  # kept coming and advanced
+        first_wall, first_ts, newest_ts = self._behind
+        newest_ts = max(newest_ts, ts_s)
+        self._behind = (first_wall, first_ts, newest_ts)
+        return w - first_wall >= self._confirm_s and newest_ts > first_ts  # kept coming and advanced
 
     def _first_outvoted(self, ts_s: float, w: float, tol: float) -> bool:
         """While the first timestamp's timeline is not confirmed, a message stamped ``ts_s``: True once

@@ -229,6 +229,28 @@ def test_after_a_silence_stragglers_from_different_pasts_do_not_step_the_clock_b
     assert clock.corrections == 0
 
 
+def test_a_restarted_site_whose_messages_arrive_slightly_out_of_order_is_followed_back() -> None:
+    """The site falls silent and comes back 500 s behind from two publishers whose stamps differ by
+    0.3 s, the later one's message arriving first each round (two racks' clocks; an ack that overtakes
+    the reading sent before it): one timeline, followed after ``confirm_s``. Before, each message
+    behind the one before it started the run over, and such a site was never followed back (an
+    integration test timed out waiting for the step back when load reordered the simulator's
+    messages)."""
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall)
+    last = _steady(clock, wall, T0, 40)
+    wall.t += 3.0
+    b = last - 500.0
+    followed = []
+    for i in range(30):  # 1.5 wall s
+        followed.append(clock.observe(b + i + 0.3))
+        followed.append(clock.observe(b + i))
+        wall.t += 0.05
+    assert not any(followed[:38]) and any(followed[40:])  # ignored for confirm_s (1 wall s), then followed
+    assert clock.corrections == 1 and clock.timelines_left == 1
+    assert clock.latest_ts_s is not None and clock.latest_ts_s < T0
+
+
 def test_a_run_behind_counts_only_from_after_the_newest_timelines_last_message() -> None:
     """Messages 500 s behind come for half a wall second while the site is silent, stop, the site
     sends one more message, falls silent again, and they resume: their confirmation starts over
