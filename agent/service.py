@@ -1,7 +1,7 @@
 """The agent service: one asyncio TaskGroup of named tasks around the controller.
 
-``await AgentService(load_config("agent.toml")).run()`` (or :func:`run` for the command line) until
-:meth:`AgentService.stop` (SIGTERM / SIGINT in ``racktwin agent``). The tasks:
+``await AgentService(load_config("agent.toml")).run()`` until :meth:`AgentService.stop` (SIGTERM / SIGINT in
+``racktwin agent``: ``agent.commands.agent_cmd``, with the command's signal handlers). The tasks:
 
 * ``ingest``: every message from the broker (``agent.bus.Bus``: reconnects with randomized backoff
   and subscribes again on every connect) is decoded and validated by ``agent.wire.Codec`` (a
@@ -74,7 +74,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
 import time
 from typing import Any
@@ -116,7 +115,6 @@ __all__ = [
     "AgentService",
     "HttpListenError",
     "mqtt_options",
-    "run",
 ]
 
 BoolArray = npt.NDArray[np.bool_]
@@ -362,6 +360,12 @@ class AgentService:
             )
         self._stop.set()
         self.control.wake()
+
+    def discard(self) -> None:
+        """Give up a service made but never run (``racktwin agent`` stopped by a signal while it made it): its
+        journal closed (its lock released); nothing was connected or published. Not after :meth:`run`."""
+        self.control.close()
+        self.journal.close()
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or until a task fails)."""
@@ -743,23 +747,3 @@ class AgentService:
         if contested is not None:
             reasons.append(contested)
         return reasons
-
-
-async def run(loaded: LoadedConfig, *, mqtt: MqttOptions | None = None) -> None:
-    """Run the service until SIGTERM or SIGINT (clean shutdown)."""
-    import os
-    import signal
-    import sys
-
-    # the service writes nothing to stdout; native libraries' banners (HiGHS) go nowhere
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
-    service = AgentService(loaded, mqtt=mqtt)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, functools.partial(service.stop, sig.name))
-    await service.run()

@@ -2,7 +2,8 @@
 
 ``--check-config`` (or ``--check-config FILE``) validates the configuration (environment
 overrides included) and explains it, or names the file and the field that is wrong. Without it the
-service runs until SIGTERM / SIGINT (a clean shutdown); a journal another agent holds, a journal
+service runs until SIGTERM / SIGINT (a clean shutdown, exit status 0, whenever it comes: one before the
+service runs ends it before it connects); a journal another agent holds, a journal
 that cannot be opened, an HTTP host name that does not exist or an HTTP address it may not listen on
 stop it at the start (one line naming the field: restarting does not help, and the systemd unit does
 not restart it). Two start errors may pass by themselves, at boot above all: the HTTP port still
@@ -20,13 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
+import os
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from agent.commands.command_signals import CommandSignals
 from agent.commands.common import UserError, path_arg
 
 if TYPE_CHECKING:
@@ -137,10 +142,6 @@ def load_agent_config(path: str, *, check_tls: bool = True) -> LoadedConfig:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
-    import dataclasses
-
-    from agent.config import explain
-
     check = args.check_config
     if isinstance(check, str) and args.config is not None and Path(check).resolve() != Path(args.config).resolve():
         raise UserError(
@@ -150,22 +151,40 @@ def run(args: argparse.Namespace, command: str) -> int:
     path = check if isinstance(check, str) else args.config
     if path is None:
         raise UserError("give the configuration: --config FILE (or --check-config FILE)")
-    loaded = load_agent_config(path)
-    if args.mode is not None:
-        loaded = dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, mode=args.mode))
     if check is not None:
-        print(explain(loaded))
+        from agent.config import explain
+
+        print(explain(_loaded(path, args.mode)))
         return 0
+    # the service: one pair of signal handlers from here to its exit status, not the event loop's (a SIGTERM
+    # after the loop closed, asyncio having put its default action back, ended it with exit status 143); a
+    # signal before the service runs is remembered, and ends the command before it connects (exit status 0)
+    with CommandSignals(interrupting=False) as signals:
+        return _run_service(path, _loaded(path, args.mode), signals)
+
+
+def _loaded(path: str, mode: str | None) -> LoadedConfig:
+    """The configuration at ``path``, its mode replaced by ``--mode``'s (None: the file's)."""
+    import dataclasses
+
+    loaded = load_agent_config(path)
+    if mode is not None:
+        loaded = dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, mode=mode))
+    return loaded
+
+
+def _run_service(path: str, loaded: LoadedConfig, signals: CommandSignals) -> int:
+    """Run the service until SIGTERM or SIGINT (``signals``); its exit status, or a :class:`UserError` for a
+    problem at the start."""
     from agent.journal import JournalError, JournalInUseError
     from agent.logs import setup_logging
     from agent.mqtt_options import TlsFileError
     from agent.service import AgentFailed, HttpListenError
-    from agent.service import run as run_service
 
     cfg = loaded.config
     setup_logging(cfg.log.level, cfg.log.format)
     try:
-        asyncio.run(run_service(loaded))
+        asyncio.run(_serve(loaded, signals))
     except AgentFailed:  # a task failed after the start: logged with its traceback, status "error: ..."
         return 1
     except JournalInUseError as exc:  # another agent runs on this journal
@@ -186,3 +205,40 @@ def run(args: argparse.Namespace, command: str) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         raise UserError(f"cannot start: {exc.strerror or exc}{where}") from None
     return 0
+
+
+async def _serve(loaded: LoadedConfig, signals: CommandSignals) -> None:
+    """The service until a signal stops it cleanly (``AgentService.stop``, its name in the log's
+    ``stopping (SIGTERM)``). One that came before it runs (while the configuration was read, the event loop
+    set up, the service made) ends the command before it connects: the journal, if opened, closed."""
+    from agent.service import AgentService
+
+    _quiet_stdout()
+    if signals.received:
+        _stopped_before_start(signals)
+        return
+    service = AgentService(loaded)
+    if signals.received:
+        service.discard()
+        _stopped_before_start(signals)
+        return
+
+    def stop() -> None:
+        service.stop(signals.first.name if signals.first is not None else "asked to")
+
+    with signals.stopping(stop):  # (one that comes in between: the run stops as it begins)
+        await service.run()
+
+
+def _stopped_before_start(signals: CommandSignals) -> None:
+    name = signals.first.name if signals.first is not None else "a signal"
+    log.info("stopped (%s) before it started: nothing connected or published", name)
+
+
+def _quiet_stdout() -> None:
+    """The service writes nothing to stdout: native libraries' banners (HiGHS) go nowhere."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)

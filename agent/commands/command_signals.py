@@ -1,6 +1,7 @@
-"""Ctrl-C and SIGTERM in ``racktwin sim`` and ``racktwin demo``: one pair of handlers for the command's whole
-life (from the embedded broker's start to the end of its stop; the demo's run without the agent too), so that
-no signal in between is lost or kills the command.
+"""Ctrl-C and SIGTERM in ``racktwin sim``, ``racktwin demo`` and ``racktwin agent``: one pair of handlers for the
+command's whole life (from the embedded broker's start to the end of its stop; the demo's run without the agent
+too; the agent's from its configuration's reading to its exit status), so that no signal in between is lost or
+kills the command.
 
 An event loop's own handlers (``loop.add_signal_handler``) would not do: their signal waits in the loop's
 self-pipe for the loop's next turn (one that comes after the run has looked at its ``stop`` event for the
@@ -38,16 +39,18 @@ class CommandSignals:
       stopping): nothing more (the event loop closes, the broker stops; the command looks at
       :attr:`received` when it has);
     - otherwise (from the entry on: the broker starting; within :meth:`raising`): raise KeyboardInterrupt,
-      so that the ``finally`` blocks that stop what the command started run.
+      so that the ``finally`` blocks that stop what the command started run. With ``interrupting=False``
+      a signal from the entry on is only remembered instead (``racktwin agent`` looks at :attr:`received`
+      before it runs its service; :meth:`stopping` stops a run at once for one that came before).
 
     The previous handlers are put back on exit. Not in the main thread nothing is installed (signals
     reach only the main thread's handlers) and nothing is recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, interrupting: bool = True) -> None:
         #: the first signal received (SIGINT or SIGTERM); None: none came
         self.first: signal.Signals | None = None
         #: what a signal does beyond being recorded; None: raise KeyboardInterrupt
-        self._then: Callable[[], None] | None = None
+        self._then: Callable[[], None] | None = None if interrupting else _ignore
         self._previous: dict[signal.Signals, Any] = {}
 
     @property

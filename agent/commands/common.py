@@ -188,7 +188,7 @@ def print_json(obj: Any) -> None:
 def sigterm_interrupts() -> Iterator[None]:
     """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that the ``finally`` blocks
     that stop what a command started run (SIGTERM's default action ends the process at once:
-    ``evaluate``'s worker processes outlived it; ``demo`` and ``sim`` have their own,
+    ``evaluate``'s worker processes outlived it; ``demo``, ``sim`` and ``agent`` have their own,
     :mod:`agent.commands.command_signals`);
     the previous handler is put back after. Outside an event loop's own handlers (asyncio puts SIGTERM back
     to its default when its loop closes)."""

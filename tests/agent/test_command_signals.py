@@ -59,3 +59,21 @@ def test_stopping_calls_stop_in_the_loop_also_for_a_signal_received_before(befor
         asyncio.run(run(signals))
         _send(signal.SIGTERM)  # after the run: only remembered, no KeyboardInterrupt, no second stop
     assert (stops, signals.first) == (["stop"], signal.SIGINT)
+
+
+def test_not_interrupting_a_signal_from_the_entry_on_is_only_remembered_until_stopping() -> None:
+    """``CommandSignals(interrupting=False)`` (``racktwin agent``): from the entry on a signal raises nothing
+    and is remembered (the command then does not start its run); :meth:`stopping` calls ``stop`` at once for
+    it, and one after is only remembered too."""
+    stops: list[str] = []
+
+    async def run(signals: CommandSignals) -> None:
+        with signals.stopping(lambda: stops.append("stop")):
+            pass
+
+    with CommandSignals(interrupting=False) as signals:
+        _send(signal.SIGTERM)  # no KeyboardInterrupt
+        assert signals.first == signal.SIGTERM
+        asyncio.run(run(signals))
+        _send(signal.SIGINT)
+    assert (stops, signals.first) == (["stop"], signal.SIGTERM)
