@@ -52,7 +52,7 @@ from agent.job_work import JobWork, job_work
 from agent.policies import POLICY_NAMES, ControlStats, Policy, make_policy
 from agent.solver_output import isolate_solver_output
 from agent.targets import TargetCheck, check_targets, validate_targets
-from twin.plant import Plant
+from twin.plant import Plant, Truth
 from twin.scenario import RunScenario, build_plant
 
 FloatArray = npt.NDArray[np.float64]
@@ -85,6 +85,8 @@ BREAKDOWN_KEYS = (
     "chiller",
     "ups_and_other",
 )
+#: The cards' parts of :data:`BREAKDOWN_KEYS`, in the order of :func:`_card_categories`' indices.
+_CARD_CATEGORIES = ("cards_computing", "cards_busy_not_computing", "cards_idle_awake", "cards_low_power")
 
 
 class EvaluationError(RuntimeError):
@@ -209,19 +211,14 @@ class Recorder:
         if float(die.max()) > self._slowdown_c:
             self.over_slowdown_card_s += float(np.count_nonzero(die > self._slowdown_c)) * dt
             self.over_max_card_s += float(np.count_nonzero(die > self._max_c)) * dt
-        # where the energy went (the powers of the step just taken): one category per card, by its
-        # state during that step (free_cards() is already the state after it: a job that ended with
-        # the step filed its last step of computing as idle); the hosts' part is the rest of the rack
-        # power of that step (their power now counts a boot begun as the step ended)
-        free = ~tr.card_busy_in_step & ~tr.failed
-        cat = np.where(tr.low_power, 3, np.where(free, 2, np.where(tr.utilization > 0.0, 0, 1)))
-        by_cat = np.bincount(cat, weights=tr.card_power_w, minlength=4) * dt
+        # where the energy went (the powers of the step just taken): one category per card; the hosts'
+        # part is the rest of the rack power of that step (their power now counts a boot begun as the
+        # step ended)
+        by_cat = np.bincount(_card_categories(tr), weights=tr.card_power_w, minlength=4) * dt
         e = self.energy_j
         e["hosts"] += float(tr.rack_power_w.sum() - tr.card_power_w.sum()) * dt
-        e["cards_computing"] += float(by_cat[0])
-        e["cards_busy_not_computing"] += float(by_cat[1])
-        e["cards_idle_awake"] += float(by_cat[2])
-        e["cards_low_power"] += float(by_cat[3])
+        for k, key in enumerate(_CARD_CATEGORIES):
+            e[key] += float(by_cat[k])
         cp = tr.cooling
         e["pumps"] += (cp.rack_pump_w + cp.facility_pump_w) * dt
         e["fans"] += cp.dry_cooler_fan_w * dt
@@ -281,6 +278,15 @@ class Recorder:
         self._last_work = acc.work_card_s
         self._last_sample_t = t
         self._next_sample_s = t + self.sample_s
+
+
+def _card_categories(tr: Truth) -> npt.NDArray[np.intp]:
+    """Each card's part of the energy breakdown for the step just taken, as an index into
+    :data:`_CARD_CATEGORIES`, by its state during that step (not ``free_cards()``, the state after it,
+    which would file the last step of a job that ended with the step as idle): asleep; else
+    held by no job (idle awake: a failed card no job holds too, as it reads awake at 0 MHz and draws
+    0 W); else computing (utilization > 0) or busy not computing (a failed card its job still holds)."""
+    return np.where(tr.low_power, 3, np.where(~tr.card_busy_in_step, 2, np.where(tr.utilization > 0.0, 0, 1)))
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

@@ -144,6 +144,10 @@ class FitError(ValueError):
     """The samples cannot support a fit (too few distinct points, non-finite values...)."""
 
 
+#: The range ``fit_power`` searches for the voltage floor (V at the floor over V at the top clock): a
+#: sweep whose voltage falls lower is fitted with its floor at the range's lower bound.
+FIT_VOLTAGE_FLOOR_REL = (0.4, 1.0)
+
 #: The leakage slope is fitted only when ``temperature_c`` spans more than this (K); a narrower
 #: spread cannot separate leakage from idle power, and the slope is reported as 0.
 LEAKAGE_MIN_TEMP_SPAN_K = 0.5
@@ -238,6 +242,7 @@ def fit_power(
     with one spanning at most ``LEAKAGE_MIN_TEMP_SPAN_K``, the leakage slope is not identifiable and
     is reported as 0 at the reference temperature; with utilization 0 on every sample the dynamic
     power is not either and is reported as 0 (``PowerFit.leakage_identified``/``dynamic_identified``).
+    The voltage floor is searched within ``FIT_VOLTAGE_FLOOR_REL`` (0.4..1), the slope within 0..2.2.
     Raises :class:`FitError` when the samples cannot support the fit.
     """
     f = np.asarray(clock_mhz, dtype=np.float64)
@@ -270,9 +275,13 @@ def fit_power(
         coef = _nonneg_lstsq(a, p)
         return float(np.sum((a @ coef - p) ** 2)), coef
 
-    # Coarse grid over the voltage curve, then two finer grids around the best point.
-    floor_lo, floor_hi, slope_lo, slope_hi = 0.4, 1.0, 0.0, 2.0
-    best = (math.inf, 1.0, 0.0)
+    # Coarse grid over the voltage curve, then two finer grids around the best point. No range is ever
+    # inverted: the best floor (on the last grid, or the start while no error is finite) lies within
+    # FIT_VOLTAGE_FLOOR_REL, so clipping best -/+ d to it keeps lo <= best <= hi (one-sided at a bound:
+    # [0.4, 0.4 + d]); likewise the slope's, clipped at 0 only.
+    floor_lo, floor_hi = FIT_VOLTAGE_FLOOR_REL
+    slope_lo, slope_hi = 0.0, 2.0
+    best = (math.inf, floor_hi, slope_lo)
     for _ in range(3):
         for v_floor in np.linspace(floor_lo, floor_hi, 25):
             for slope in np.linspace(slope_lo, slope_hi, 25):
@@ -280,7 +289,8 @@ def fit_power(
                 if err < best[0]:
                     best = (err, float(v_floor), float(slope))
         d_floor, d_slope = (floor_hi - floor_lo) / 12, (slope_hi - slope_lo) / 12
-        floor_lo, floor_hi = max(0.4, best[1] - d_floor), min(1.0, best[1] + d_floor)
+        floor_lo = max(FIT_VOLTAGE_FLOOR_REL[0], best[1] - d_floor)
+        floor_hi = min(FIT_VOLTAGE_FLOOR_REL[1], best[1] + d_floor)
         slope_lo, slope_hi = max(0.0, best[2] - d_slope), best[2] + d_slope
     _, coef = solve(best[1], best[2])
     fit = PowerFit(

@@ -20,7 +20,7 @@ import pytest
 from agent_helpers import small_site, true_violations
 from evaluate_helpers import full_load_scenario
 
-from agent.evaluate import Recorder, _metrics, evaluate, run_policy
+from agent.evaluate import _CARD_CATEGORIES, Recorder, _card_categories, _metrics, evaluate, run_policy
 from agent.policies import ControlStats
 from twin.faults import CardFailure
 from twin.plant import Plant
@@ -246,3 +246,23 @@ def test_a_host_whose_only_unfree_card_failed_counts_as_idle() -> None:
     assert bool(plant.truth().failed[20])
     m = _metrics(sc, plant, rec, ControlStats())
     assert m["idle_host_s"] == pytest.approx(100.0, rel=1e-12)  # host 1, before and after its card failed
+
+
+def test_a_failed_card_is_filed_idle_awake_once_no_job_holds_it() -> None:
+    """Where the energy went is filed by whether a job holds the card (docs/evaluation.md): a failed
+    card (0 W, awake at 0 MHz) that no job holds is an idle awake card, not a busy one; one its job
+    still holds while it restarts is busy not computing. Card 20 (free) and card 2 (of the 4-card
+    job on host 0) fail at 10 s."""
+    plant = build_plant(_two_hosts_one_small_job())
+    plant.add_fault(CardFailure(card=20, at_s=10.0))
+    plant.add_fault(CardFailure(card=2, at_s=10.0))
+    for _ in range(12):
+        plant.step(1.0)
+    tr = plant.truth()
+    assert tr.failed[[2, 20]].all() and tr.card_busy_in_step[2] and not tr.card_busy_in_step[20]
+    assert tr.card_power_w[[2, 20]].tolist() == [0.0, 0.0]
+    filed = [_CARD_CATEGORIES[k] for k in _card_categories(tr)]
+    assert filed[20] == "cards_idle_awake"
+    assert filed[2] == "cards_busy_not_computing"  # its job holds it until it is queued again
+    assert filed[0] == "cards_busy_not_computing"  # as do the job's other cards (waiting to restart)
+    assert filed[21] == "cards_idle_awake"  # a free card beside it

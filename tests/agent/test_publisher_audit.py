@@ -4,12 +4,12 @@ A mutation audit of ``agent/publisher.py`` found behaviours that users rely on a
 line did not make any test fail: retries counted from the last send (from when the client gave up
 waiting for a PUBACK, too) and at most ``command_retries`` of them (then the command is closed
 ``abandoned``), every open command sent again once after a reconnect, commands that could not be
-sent (the broker away, a connection ended under a batch) kept in order, not journaled sent, and
-never sent once they expired or were superseded, a resumed command sent once, a batch marked sent
-in one transaction, journal errors logged once and all cleared by a batch marked sent, warnings
-about missing acks per target and counting those since the last one, a step waiting for the one in
-progress, ``on_unconfirmed`` called. Each test drives a Publisher against a real mosquitto, as
-``test_publisher_mqtt`` does."""
+sent (the broker away, a connection ended under a batch, a publish refused) kept in order, not
+journaled sent, tried once per step, and never sent once they expired or were superseded, a resumed
+command sent once, a batch marked sent in one transaction, journal errors logged once and all
+cleared by a batch marked sent, warnings about missing acks per target and counting those since the
+last one, a step waiting for the one in progress, ``on_unconfirmed`` called. Each test drives a
+Publisher against a real mosquitto, as ``test_publisher_mqtt`` does."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from mqtt_testing import PubackDroppingProxy, fast_reconnects, wait_for
 
 from agent import wire
 from agent.broker import EmbeddedBroker
-from agent.bus import Bus, BusNotConnected, Incoming, MqttOptions
+from agent.bus import Bus, BusError, BusNotConnected, Incoming, MqttOptions
 from agent.clock import SiteClock
 from agent.config import ControlConfig
 from agent.journal import Journal
@@ -299,6 +299,47 @@ async def test_a_send_that_fails_within_a_batch_is_not_journaled_sent_and_goes_f
         3,
         *range(window, n),
     ]
+    d.journal.close()
+
+
+async def test_a_publish_that_fails_otherwise_ends_the_step_and_is_tried_again_at_the_next(
+    mosquitto: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A publish that fails while the link is up (a ``BusError`` that is neither the link down nor a
+    PUBACK timeout: the client refused it): the step tries each command of the batch once, logs one
+    warning, journals nothing sent and returns; the commands wait, in order and ``pending``, for the
+    next step, which sends them once publishing works again. A step that went on to the next batch
+    instead would try the same commands again at once, without end (the event loop kept busy until
+    they expired): the step is awaited under a bound far longer than it takes, so that such a step
+    fails this test rather than hanging it, and the tries are counted."""
+    d = desk(tmp_path)
+    async with watching(mosquitto.options(), d.codec) as watch, Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
+        opened = [d.issue("r0", (k,), 2) for k in range(3)]
+        real_publish = bus.publish
+        tries: list[bytes] = []
+
+        async def refused(topic: str, payload: bytes, **kw: Any) -> None:
+            tries.append(payload)
+            raise BusError(f"agent: publish to {topic!r} failed: refused by the client")
+
+        bus.publish = refused  # type: ignore[method-assign]  # test double
+        publisher.submit(opened)
+        async with asyncio.timeout(10):  # a hang guard, not a timing: the step takes milliseconds
+            await publisher.step()
+        assert tries == [oc.payload for oc in opened]  # each tried once
+        assert publisher.stats.sent == 0 and publisher.stats.not_connected_waits == 0
+        assert publisher.backlog() == 3 and d.journal.command_counts() == {"pending": 3}
+        warnings = [r.getMessage() for r in caplog.records if "not sent:" in r.getMessage()]
+        assert warnings == [
+            f"3 command(s), first to r0, not sent: agent: publish to {opened[0].topic!r} failed: refused by the client"
+        ]
+        bus.publish = real_publish  # type: ignore[method-assign]  # test double
+        await publisher.step()
+        await watch.flush(bus)
+    assert publisher.stats.sent == 3 and d.journal.command_counts() == {"sent": 3}
+    assert [m.payload for m in watch.received] == [oc.payload for oc in opened]
     d.journal.close()
 
 

@@ -406,6 +406,28 @@ async def test_a_command_superseded_within_its_retry_interval_is_no_ack_missing(
     d.journal.close()
 
 
+async def send_as_site_time_moves_to(
+    mosquitto: EmbeddedBroker, d: Desk, site_s: float, behind: int
+) -> tuple[Publisher, list[OpenCommand]]:
+    """A decision of one batch (the client's in-flight window) and ``behind`` commands more, handed to
+    a publisher's step while site time moves on to ``site_s`` as each command of the first batch is
+    sent: the publisher and the commands, in the order decided."""
+    async with Bus(mosquitto.options(), name="agent") as bus:
+        await bus.wait_connected(10)
+        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
+        opened = d.decide(publisher.max_in_flight + behind)
+        real_publish = bus.publish
+
+        async def publish_then_time_passes(topic: str, payload: bytes, **kw: Any) -> None:
+            await real_publish(topic, payload, **kw)
+            d.clock.observe(site_s)
+
+        bus.publish = publish_then_time_passes  # type: ignore[method-assign]  # test double
+        publisher.submit(opened)
+        await publisher.step()
+    return publisher, opened
+
+
 async def test_commands_that_expire_while_the_batches_ahead_of_them_are_sent_are_not_sent_late(
     mosquitto: EmbeddedBroker, tmp_path: Path
 ) -> None:
@@ -413,20 +435,8 @@ async def test_commands_that_expire_while_the_batches_ahead_of_them_are_sent_are
     wait for their PUBACKs: the first batch goes, the rest (expired at TS + 30) never leave (a rack
     would refuse them as expired, and one that applies what it gets would apply a stale plan)."""
     d = desk(tmp_path)
-    async with Bus(mosquitto.options(), name="agent") as bus:
-        await bus.wait_connected(10)
-        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
-        window = publisher.max_in_flight
-        opened = d.decide(window + 5)
-        real_publish = bus.publish
-
-        async def publish_then_time_passes(topic: str, payload: bytes, **kw: Any) -> None:
-            await real_publish(topic, payload, **kw)
-            d.clock.observe(TS + 31.0)
-
-        bus.publish = publish_then_time_passes  # type: ignore[method-assign]  # test double
-        publisher.submit(opened)
-        await publisher.step()
+    publisher, opened = await send_as_site_time_moves_to(mosquitto, d, TS + 31.0, behind=5)
+    window = publisher.max_in_flight
     assert publisher.stats.sent == window
     assert [oc.attempts for oc in opened] == [1] * window + [0] * 5
     d.journal.close()
@@ -437,20 +447,8 @@ async def test_a_command_is_not_sent_at_the_instant_it_expires(mosquitto: Embedd
     "Expiry"): the site clock reaching a command's expiry exactly (TS + 30) while the batch ahead of
     it waits for its PUBACKs, it never leaves."""
     d = desk(tmp_path, still=True)
-    async with Bus(mosquitto.options(), name="agent") as bus:
-        await bus.wait_connected(10)
-        publisher = Publisher(bus, d.book, d.journal, d.clock, d.control)
-        window = publisher.max_in_flight
-        opened = d.decide(window + 3)
-        real_publish = bus.publish
-
-        async def publish_then_the_expiry_comes(topic: str, payload: bytes, **kw: Any) -> None:
-            await real_publish(topic, payload, **kw)
-            d.clock.observe(TS + 30.0)
-
-        bus.publish = publish_then_the_expiry_comes  # type: ignore[method-assign]  # test double
-        publisher.submit(opened)
-        await publisher.step()
+    publisher, opened = await send_as_site_time_moves_to(mosquitto, d, TS + 30.0, behind=3)
+    window = publisher.max_in_flight
     assert d.clock.now() == TS + 30.0
     assert publisher.stats.sent == window
     assert [oc.attempts for oc in opened] == [1] * window + [0] * 3

@@ -21,7 +21,7 @@ from agent.bus import Bus, Incoming, MqttOptions
 from agent.clock import SiteClock
 from agent.other_agents import AgentInstance, OtherAgents
 from agent.standby import Standby
-from agent.status import VERSION, StatusPublisher
+from agent.status import STATUS_EVERY_S, VERSION, StatusPublisher
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +38,10 @@ def codec() -> wire.Codec:
     return wire.Codec(wire.SiteLayout(SITE_ID, ("r0",), 4))
 
 
-def publisher(mqtt: MqttOptions, mode: str = "enforce") -> StatusPublisher:
-    """The status publisher of agent :data:`ME` on a bus not yet started (as the service makes it)."""
-    clock = SiteClock(1.0)
+def publisher(mqtt: MqttOptions, mode: str = "enforce", wall: Callable[[], float] = time.monotonic) -> StatusPublisher:
+    """The status publisher of agent :data:`ME` on a bus not yet started (as the service makes it);
+    ``wall``: its site clock's wall clock."""
+    clock = SiteClock(1.0, wall=wall)
     clock.observe(SITE_TS_S)
     standby = Standby(
         OtherAgents(ME),
@@ -197,24 +198,55 @@ async def test_the_status_that_says_the_agent_stands_by_goes_out_at_once(
     assert len(mine(seen)) == 2
 
 
+class _FakeWall:
+    """The wall clock of the status publisher and of its site clock, which only its waits move: a wait
+    for the status's event that is not set passes its whole timeout at once (the event loop still runs
+    in between), until the wall reaches ``end_s``; there it waits for the event, ``parked`` set."""
+
+    def __init__(self, end_s: float) -> None:
+        self.s = 0.0
+        self.end_s = end_s
+        self.parked = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return self.s
+
+    async def wait_event(self, event: asyncio.Event, timeout_s: float | None) -> bool:
+        await asyncio.sleep(0)
+        if event.is_set():
+            return True
+        if timeout_s is None or self.s + timeout_s > self.end_s:
+            self.parked.set()
+            await event.wait()
+            return True
+        self.s += timeout_s
+        return False
+
+
 async def test_the_status_is_a_sign_of_life_every_status_every_s(
     mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Published every STATUS_EVERY_S (0.4 s here) while commanding: the k-th sign of life goes out no
-    sooner than k periods after the connect's status."""
-    monkeypatch.setattr("agent.status.STATUS_EVERY_S", 0.4)
-    status = publisher(mosquitto.options(client_id="agent-x"))
-    before_connect = time.monotonic()
+    """Published every STATUS_EVERY_S of wall time while commanding, no more often and no less: on a
+    fake wall clock that only the publisher's waits move (its site clock's too, so each status is
+    stamped with the wall time it went out), the connect's status and five signs of life in the first
+    5.5 periods, stamped exactly a period apart. No timing is asserted: the stamps are the fake wall's."""
+    period_s = STATUS_EVERY_S
+    wall = _FakeWall(end_s=5.5 * period_s)
+    monkeypatch.setattr("agent.status.time", types.SimpleNamespace(monotonic=wall.monotonic, time=time.time))
+    monkeypatch.setattr("agent.status.wait_event", wall.wait_event)
+    status = publisher(mosquitto.options(client_id="agent-x"), wall=wall.monotonic)
     async with statuses(mosquitto) as seen, status.bus:
+        await wait_until(lambda: mine(seen), "the online status")
         task = asyncio.create_task(status.run())
         try:
-            await wait_until(lambda: len(mine(seen)) >= 4, "three signs of life after the connect's status")
-            signs = len(mine(seen)) - 1
-            elapsed_s = time.monotonic() - before_connect
+            await wait_until(wall.parked.is_set, f"the publisher's wall at {wall.end_s:g} s")
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    assert signs <= elapsed_s / 0.4 + 1, (signs, elapsed_s)  # not more often
+        await status.publish_offline("end of the test")  # on the same topic, after every status the run sent
+        await wait_until(lambda: mine(seen)[-1].state is wire.AgentState.OFFLINE, "the offline status")
+    online = [s for s in mine(seen) if s.state is wire.AgentState.ONLINE]
+    assert [s.ts_s - SITE_TS_S for s in online] == [k * period_s for k in range(6)]
 
 
 async def test_another_agents_status_is_answered_at_once_then_at_most_once_a_gap(

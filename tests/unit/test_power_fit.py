@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twin.power import FitError, PowerModel, fit_power
+from twin.power import FIT_VOLTAGE_FLOOR_REL, FitError, PowerModel, fit_power
 from twin.spec import SiteSpec
 from twin.workload import GeneratorConfig, compute_utilization, generate_jobs, noncompute_utilization_of
 
@@ -155,6 +155,28 @@ def test_a_temperature_spread_too_narrow_leaves_leakage_unidentified() -> None:
     fit = fit_power(f, v**2 * (80 + u * 550 * f / 1980) + 0.5 * v * (t - 50.2), u, t)
     assert not fit.leakage_identified and fit.leakage_w_per_k == 0.0
     assert fit.dynamic_identified
+
+
+@pytest.mark.parametrize(
+    ("floor_rel", "slope_rel", "fitted_floor_rel"),
+    [(0.4, 1.0, 0.4), (0.3, 1.0, 0.4), (1.0, 0.0, None), (0.6, 3.0, None)],
+)
+def test_the_voltage_floor_is_fitted_within_its_search_range_at_its_edges(
+    floor_rel: float, slope_rel: float, fitted_floor_rel: float | None
+) -> None:
+    """Sweeps whose voltage curve lies at or past the edges of ``FIT_VOLTAGE_FLOOR_REL`` (a floor at
+    its lower bound 0.4, under it at 0.3, no floor and no slope: V constant, and a slope past the
+    searched 0..2): the fit stays within the range, its refined grids never inverted; a floor of 0.4 is
+    recovered exactly and one of 0.3 is reported at the bound."""
+    f = np.linspace(200.0, 1400.0, 25)
+    v = np.maximum(floor_rel, 1.0 - slope_rel * (1.0 - f / 1400.0))
+    fit = fit_power(f, v**2 * (80.0 + 300.0 * f / 1400.0))
+    lo, hi = FIT_VOLTAGE_FLOOR_REL
+    assert lo <= fit.voltage_floor_rel <= hi and 0.0 <= fit.voltage_slope_rel <= 2.2
+    if fitted_floor_rel is not None:
+        assert fit.voltage_floor_rel == fitted_floor_rel
+    if floor_rel >= lo and slope_rel <= 2.0:  # within the model's reach: predicted to rounding
+        assert fit.mape < 1e-6
 
 
 def test_fit_refuses_too_few_clocks_and_nan() -> None:
