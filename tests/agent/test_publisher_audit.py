@@ -283,7 +283,8 @@ async def test_a_send_that_fails_within_a_batch_is_not_journaled_sent_and_goes_f
 
         bus.publish = connection_ends_under_two  # type: ignore[method-assign]  # test double
         publisher.submit(opened)
-        await publisher.step()
+        async with asyncio.timeout(10):  # a hang guard: a step that retried the lost two would spin till they expire
+            await publisher.step()
         assert publisher.stats.sent == publisher.max_in_flight - 2 and publisher.stats.not_connected_waits == 1
         states = {k: row.state for k in (1, 3) if (row := d.journal.command(opened[k].command_id))}
         assert states == {1: "pending", 3: "pending"}  # the two behind the batch are pending too
