@@ -2,8 +2,8 @@
 codec, encoding, messages, schemas, topics, rejections): each facility field in its own field; a card
 pinned to one clock; the layouts, topics and payload limit the protocol states; bounds of every kind
 whose refusal had another reason or none (a job's fields, pump speeds, texts, times, negative power);
-the constructors' bounds; ``card_failed`` reasons read back; equality of per-card messages; the
-rejection log's window edge."""
+the constructors' bounds; ``card_failed`` reasons read back, and one too long for the wire naming as
+many cards as fit; equality of per-card messages; the rejection log's window edge."""
 
 from __future__ import annotations
 
@@ -546,3 +546,25 @@ def test_a_new_log_window_opens_exactly_one_interval_after_the_last(caplog: pyte
         counter.record(rej)
     assert len(caplog.records) == 2
     assert "1 more malformed_json rejections not logged" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("n_cards", [300, 4096])
+def test_a_card_failed_reason_too_long_names_as_many_cards_as_fit(n_cards: int) -> None:
+    """docs/protocol.md: a list too long for the 1,024-character reason names the cards that fit and
+    ``and N more``: naming the next card too would pass the bound, for every length of rack name (one of
+    them fills the reason to the last character)."""
+    cards = list(range(n_cards))
+    exact = 0
+    for k in range(1, 65):
+        rack = "r" * k
+        reason = wire.card_failed_reason(rack, cards)
+        kept = wire.failed_cards_of(reason)
+        assert len(reason) <= wire.MAX_TEXT_CHARS and kept == tuple(cards[: len(kept)]) and kept
+        assert f" and {n_cards - len(kept)} more of rack {rack} have failed" in reason
+        one_more = reason.replace(
+            f"{kept[-1]} and {n_cards - len(kept)} more",
+            f"{kept[-1]}, {cards[len(kept)]} and {n_cards - len(kept) - 1} more",
+        )
+        assert len(one_more) > wire.MAX_TEXT_CHARS, (k, len(reason))
+        exact += len(reason) == wire.MAX_TEXT_CHARS
+    assert exact  # the bound itself was reached
