@@ -568,3 +568,36 @@ def test_a_card_failed_reason_too_long_names_as_many_cards_as_fit(n_cards: int) 
         assert len(one_more) > wire.MAX_TEXT_CHARS, (k, len(reason))
         exact += len(reason) == wire.MAX_TEXT_CHARS
     assert exact  # the bound itself was reached
+
+
+def test_per_card_limits_stay_with_their_cards_in_the_order_sent(codec: Codec) -> None:
+    """A command's ``cards`` keep the order they were sent in, since a per-card ``power_limit_watts``
+    is aligned with it: cards 5, 2, 9 at 300, 450, 600 W are card 5 at 300 W, card 2 at 450 W, card 9
+    at 600 W, both written by hand and through the encoder."""
+    cmd: dict[str, Any] = {
+        "schema": "racktwin.rack_cmd/1",
+        "ts": TS,
+        "seq": 0,
+        "publisher": "agent",
+        "command_id": "6f1f2a4e-2b8c-4d3a-9f1e-0a1b2c3d4e5f",
+        "expires_at": TS + 30,
+        "cards": [5, 2, 9],
+        "action": "set_power_limit",
+        "power_limit_watts": [300.0, 450.0, 600.0],
+    }
+    topic = "racktwin/v1/site1/rack/r0/cmd"
+    got = codec.decode(topic, json.dumps(cmd))
+    assert isinstance(got, wire.RackCommand), got
+    assert dict(zip(got.cards, got.setting.limits_w(3), strict=True)) == {5: 300.0, 2: 450.0, 9: 600.0}
+    assert json.loads(wire.encode(got))["cards"] == [5, 2, 9]
+    back = codec.decode(topic, wire.encode(got))
+    assert back == got
+
+
+def test_a_rejection_detail_is_bounded_whatever_the_payload(codec: Codec) -> None:
+    """A rejection's detail (kept with the rejection, logged, shown) is at most 300 characters, also
+    when the parser's message quotes a 10,000-character field name of the payload."""
+    body = {"schema": "racktwin.pdu/1", "ts": TS, "seq": 0, "publisher": "sim", "power_watts": 1.0, "x" * 10_000: 1}
+    got = codec.decode("racktwin/v1/site1/rack/r0/pdu", json.dumps(body))
+    assert isinstance(got, wire.Rejection) and got.reason is wire.RejectReason.UNKNOWN_FIELD, got
+    assert len(got.detail) <= 300
