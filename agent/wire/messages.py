@@ -429,12 +429,14 @@ def _card_failed_text(cards: Mapping[str, Sequence[int]], note: str) -> str:
             clauses.append(whole)
             room -= len(whole)
             continue
-        # the first cards that fit, and how many more: no number is cut
-        fixed = len(f"{sep}{noun}  and {len(names)} more of rack {rack} {verb} failed")
+        # the first cards that fit, and how many more (counted after each card: one digit less may let
+        # the next card fit): no number is cut
         kept: list[str] = []
         used = 0
         for name in names:
             add = len(name) + (2 if kept else 0)
+            left = len(names) - len(kept) - 1
+            fixed = len(f"{sep}{noun}  and {left} more of rack {rack} {verb} failed")
             if fixed + used + add > room:
                 break
             kept.append(name)
