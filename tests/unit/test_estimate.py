@@ -449,6 +449,7 @@ def test_a_late_reading_changes_no_estimate_as_the_belief_takes_none_of_it(small
         if t >= 60 and t % 10 == 0:
             old = past[-8]
             reordered.update(old)
+            assert reordered.estimates().time_s == readings.time_s  # (the calibration's hold counts on it)
             belief.update(old)
             late += 1
     assert belief.late_count == late * (small_site.n_cards + 2 * small_site.n_racks)  # each card, loop and PDU
@@ -684,6 +685,35 @@ def test_a_loop_or_pdu_reading_older_than_a_loops_gap_is_the_clock_gone_back_not
         est.update(_rack0(small_site, float(t), 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp))
         assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2, rel=1e-9), t
     assert est.estimates().rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_a_round_that_fails_after_the_flow_moved_leaves_the_thermal_network_as_it_was(
+    small_site: SiteSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All or nothing also for the thermal network: rack 0's flow halves in a round that then fails
+    (a defect past the point where the expected resistances follow the flow: here the power
+    coefficients' update raises). The network went to the halved flow's resistances in that round;
+    left there while the estimator's flow is put back, the cards' modelled rise ran on the wrong
+    resistances until the flow moved again (here its loop goes silent). The estimator ends bit for
+    bit as one that never saw the round."""
+    whole, failed = Estimator(small_site), Estimator(small_site)
+    x = _steady(small_site, 300, whole, failed)
+
+    def defect(*_args: object) -> None:
+        raise RuntimeError("a defect")
+
+    with monkeypatch.context() as m:
+        m.setattr(failed, "_update_power", defect)
+        with pytest.raises(RuntimeError, match="a defect"):
+            failed.update(_rack0(small_site, 301.0, x, flow_frac=0.5))
+    _bit_for_bit(failed, whole)
+    for t in range(302, 400):
+        (rr,) = _rack0(small_site, float(t), x).racks
+        silent = Readings(float(t), (dataclasses.replace(rr, loop=None),))
+        whole.update(silent)
+        failed.update(silent)
+    assert whole.estimates().r_ratio_sd[0] < 0.05  # (learning went on: the rise modelled mattered)
+    _bit_for_bit(failed, whole)
 
 
 def _power_kalman(phis: list[np.ndarray], powers: list[float], dts: list[float]) -> np.ndarray:
