@@ -826,3 +826,57 @@ def test_a_frozen_rack_keeps_its_cards_and_loop_estimates(small_site: SiteSpec) 
     e = est.estimates()
     assert e.r_ratio[:16].tolist() == [1.0] * 16 and e.r_ratio_sd[:16] == pytest.approx(np.full(16, 0.2))
     assert math.isnan(e.rack_dt_ratio[0]) and est.anomalies() == []
+
+
+def test_a_nan_in_a_reading_is_no_reading_and_poisons_no_estimate(small_site: SiteSpec) -> None:
+    """Rack 0's cards report for 5 s before its loop does (no supply temperature yet); then card 2's
+    die and card 4's power read NaN every 10th second, and the loop's flow, its supply and the PDU's
+    power each read NaN once. Each NaN is as if that part had not been read (bit for bit); no
+    estimate becomes NaN (a NaN ratio never learns again, and would reach the planner)."""
+    nan_fed, omitted = Estimator(small_site), Estimator(small_site)
+    x = _P_W * float(nan_fed.estimates().r_expected_k_per_w[0])
+    for t in range(1, 401):
+        (rr,) = _rack0(small_site, float(t), x).racks
+        cards, loop, pdu = rr.cards, rr.loop, rr.pdu
+        assert cards is not None and loop is not None
+        nan_cards, kept = cards, np.arange(16)
+        if t % 10 == 0:
+            die, power = cards.die_temp_c.copy(), cards.power_w.copy()
+            die[2], power[4] = np.nan, np.nan
+            nan_cards = dataclasses.replace(cards, die_temp_c=die, power_w=power)
+            kept = np.delete(kept, [2, 4])
+        nan_loop: LoopReading | None = loop
+        if t <= 5:
+            nan_loop = loop = None
+        elif t == 100:
+            nan_loop = dataclasses.replace(loop, flow_lpm=math.nan)
+        elif t == 150:
+            nan_loop = dataclasses.replace(loop, supply_temp_c=math.nan)
+        nan_pdu = PduReading(math.nan) if t == 200 else pdu
+        nan_fed.update(Readings(float(t), (dataclasses.replace(rr, cards=nan_cards, loop=nan_loop, pdu=nan_pdu),)))
+        part = dataclasses.replace(
+            rr,
+            cards=card_batch(kept, power_w=_P_W, die_temp_c=_SUPPLY_C + x, clock_mhz=1980.0, utilization=0.9),
+            loop=None if t in (100, 150) else loop,
+            pdu=None if t == 200 else pdu,
+        )
+        omitted.update(Readings(float(t), (part,)))
+    _bit_for_bit(nan_fed, omitted)
+    e = nan_fed.estimates()
+    for name in ("r_ratio", "r_ratio_sd", "r_th_k_per_w", "idle_scale", "dynamic_scale", "leakage_scale"):
+        assert np.isfinite(getattr(e, name)).all(), name
+    assert np.all(e.r_ratio_sd[:16] < 0.05)  # and the cards learnt
+    assert math.isfinite(e.rack_flow_deficit[0])
+
+
+def test_a_loop_reading_after_a_minute_of_silence_continues_its_averages(small_site: SiteSpec) -> None:
+    """Rack 0's CDU is silent for a minute (within ten max_gap_s), then reads its flow 20% low once (a
+    transient, a noisy reading): the pump is judged on the flow averaged over pump_time_constant_s,
+    that one reading weighted by the minute it stands for; restarted from it, the averages read
+    one reading as a 20% deficit and flagged a weak pump."""
+    est = Estimator(small_site)
+    for t in range(1, 301):
+        est.update(_rack0(small_site, float(t), 30.0, pdu_w=3e3))
+    est.update(_rack0(small_site, 360.0, 30.0, flow_frac=0.8, pdu_w=3e3))
+    assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2 * (1.0 - math.exp(-60.0 / 600.0)), rel=1e-9)
+    assert est.anomalies() == []
