@@ -880,3 +880,30 @@ def test_a_loop_reading_after_a_minute_of_silence_continues_its_averages(small_s
     est.update(_rack0(small_site, 360.0, 30.0, flow_frac=0.8, pdu_w=3e3))
     assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2 * (1.0 - math.exp(-60.0 / 600.0)), rel=1e-9)
     assert est.anomalies() == []
+
+
+@pytest.mark.parametrize("racks", ["every card", "one rack", "lists"])
+def test_a_waking_cards_power_is_no_observation_of_its_power_model(small_site: SiteSpec, racks: str) -> None:
+    """Cards waking from low power draw what their level's model does not say (here twice it): their
+    readings teach the power coefficients nothing, however the batches come (every card of the site
+    in order, one rack, batches of lists); awake, the same readings move them."""
+    loop = LoopReading(_SUPPLY_C, _SUPPLY_C + 5.0, small_site.loop_flow_per_rack_lpm(), 500.0, 1.0)
+
+    def readings(t: float, waking: bool) -> Readings:
+        out = []
+        for r in (0, 1) if racks == "every card" else (0,):
+            b = card_batch(16 * r + np.arange(16), power_w=1200.0, die_temp_c=70.0, utilization=0.9, waking=waking)
+            if racks == "lists":
+                cols = {f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
+                b = dataclasses.replace(b, **{k: v.tolist() for k, v in cols.items() if v is not None})
+            out.append(RackReading(r, t, cards=b, loop=loop, pdu=PduReading(20e3)))
+        return Readings(t, tuple(out))
+
+    waking, awake = Estimator(small_site), Estimator(small_site)
+    for t in range(1, 61):
+        waking.update(readings(float(t), True))
+        awake.update(readings(float(t), False))
+    w, a = waking.estimates(), awake.estimates()
+    for name in ("idle_scale", "dynamic_scale", "leakage_scale"):
+        assert getattr(w, name).tolist() == [1.0] * small_site.n_cards, name
+    assert np.all(a.dynamic_scale[:16] > 1.2)
