@@ -403,4 +403,122 @@ def test_a_card_held_at_its_power_limit_is_measured_against_the_die_at_the_limit
     for k in range(8):
         off = _step(f, held, 15.0 * k)
     assert off[card] == pytest.approx(6.0, abs=1e-9)
+    assert f.offsets_k(r)[card] == pytest.approx(6.0, abs=1e-9)  # the settled one, held through transients
     assert die_offsets_k(site, held, site_load(site, held), inlet, r)[card] == pytest.approx(6.0, abs=1e-9)
+
+
+def test_a_card_without_a_die_reading_has_no_offset_and_keeps_the_one_it_had() -> None:
+    """A card the belief has no die reading of (NaN: never read) is no observation: its offset is 0,
+    not NaN (a NaN offset reaches the planner's and the guard's die predictions); a hot card whose
+    die reading goes missing keeps the offset of its last settled reading."""
+    site, snap = _steady()
+    cards = site_load(site, snap).jobs[0].cards
+    card, blind = int(cards[0]), int(cards[1])
+    hot = _with_excess(snap, card, 6.0)
+    die = np.asarray(hot.card_die_temp_c).copy()
+    die[blind] = np.nan
+    unread = dataclasses.replace(hot, card_die_temp_c=die)
+    f = DieOffsetFilter(site)
+    for k in range(8):
+        off = _step(f, unread, 15.0 * k)
+        assert np.isfinite(off).all() and off[blind] == 0.0, k
+    assert off[card] >= 4.5
+    settled = off.copy()
+    die[card] = np.nan
+    both_unread = dataclasses.replace(hot, card_die_temp_c=die)
+    for k in range(8, 16):
+        off = _step(f, both_unread, 15.0 * k)
+        np.testing.assert_array_equal(off, settled)
+
+
+@pytest.mark.parametrize("settle_time_constants", [0.0, -1.0, float("nan")])
+def test_a_settle_wait_of_no_time_is_refused(settle_time_constants: float) -> None:
+    """With no wait every reading would be "settled": a checkpoint's transient taken as an offset."""
+    with pytest.raises(ValueError, match="settle_time_constants"):
+        DieOffsetFilter(small_site(), settle_time_constants=settle_time_constants)
+
+
+def test_an_idle_card_put_in_low_power_waits_again() -> None:
+    """An idle card 3 K hot, settled, is put in low power: its die is still at the idle temperature
+    while the twin predicts the cooler low-power die; that transient is no offset (taken as one, it
+    would follow the card into its next job)."""
+    site, snap = _steady()
+    idle = int(np.flatnonzero(~np.asarray(site_load(site, snap).busy))[0])
+    hot = _with_excess(snap, idle, 3.0)
+    f = DieOffsetFilter(site)
+    t = 0.0
+    for _ in range(6):
+        settled = _step(f, hot, t)
+        t += 15.0
+    assert settled[idle] >= 2.0
+    low = np.asarray(hot.card_low_power).copy()
+    low[idle] = True
+    asleep = dataclasses.replace(hot, card_low_power=low)
+    for k in range(3):
+        off = _step(f, asleep, t + 5.0 * k)
+        assert f.last_raw_k[idle] > settled[idle] + 1.0  # what the transient would have added
+        assert off[idle] == pytest.approx(settled[idle], abs=1e-9), k
+    t += 60.0  # settled in low power: measured against the low-power die
+    off = _step(f, asleep, t)
+    assert off[idle] == pytest.approx(f.last_raw_k[idle], abs=1e-9)
+    assert f.offsets_k(spec_r_total_k_per_w(site))[idle] == pytest.approx(off[idle], abs=1e-9)
+
+
+def test_a_die_still_warming_within_the_wait_does_not_restart_it() -> None:
+    """A hot card's job resumes: its die, still cool, warms 4 K a step toward its 6 K excess over
+    the twin's prediction. Moves within the wait are the transient the wait is for: the card is
+    measured five slow time constants after its operating point began (restarted by each move, the
+    wait would outlast the warm-up by another five, the card unprotected meanwhile: the window's
+    smallest excess is the cool die's 0)."""
+    site, snap = _steady()
+    card = int(site_load(site, snap).jobs[0].cards[0])
+    settle_s = float(5 * slow_time_constants_s(site, spec_r_total_k_per_w(site))[card])
+    assert 45.0 < settle_s <= 60.0
+    f = DieOffsetFilter(site)
+    for k, excess_k in enumerate((-6.0, -2.0, 2.0, 6.0)):
+        assert _step(f, _with_excess(snap, card, excess_k), 15.0 * k)[card] == 0.0
+    off = _step(f, _with_excess(snap, card, 6.0), 60.0)
+    assert 4.5 <= off[card] == pytest.approx(f.last_raw_k[card], abs=1e-9)
+
+
+def test_a_failed_cards_readings_are_no_observation_its_offset_stands_through_the_failure() -> None:
+    """A card 6 K hot fails for two minutes, its die cooling to its supply, then comes back: what it
+    read while failed is not its error (measured then, the cool die would have wiped its offset
+    and left it unprotected on its return until it settled again)."""
+    site, snap = _steady()
+    card = int(site_load(site, snap).jobs[0].cards[0])
+    hot = _with_excess(snap, card, 6.0)
+    f = DieOffsetFilter(site)
+    t = 0.0
+    for _ in range(6):
+        settled = _step(f, hot, t)
+        t += 15.0
+    assert settled[card] >= 4.5
+    failed = np.asarray(hot.card_failed).copy()
+    failed[card] = True
+    die = np.asarray(hot.card_die_temp_c).copy()
+    die[card] = float(np.asarray(hot.rack_supply_temp_c)[site.card_rack()[card]])
+    down = dataclasses.replace(hot, card_failed=failed, card_die_temp_c=die)
+    for _ in range(8):
+        assert _step(f, down, t)[card] == pytest.approx(settled[card], abs=1e-9), t
+        t += 15.0
+    assert _step(f, hot, t)[card] == pytest.approx(settled[card], abs=1e-9)
+
+
+def test_an_idle_card_back_from_a_failure_waits_from_its_return() -> None:
+    """An idle card fails and comes back idle: its operating point begins when it is back (its die
+    then still at its supply), not at its last failed reading."""
+    site, snap = _steady()
+    idle = int(np.flatnonzero(~np.asarray(site_load(site, snap).busy))[0])
+    r = spec_r_total_k_per_w(site)
+    settle_s = float(5 * slow_time_constants_s(site, r)[idle])
+    failed = np.asarray(snap.card_failed).copy()
+    failed[idle] = True
+    down = dataclasses.replace(snap, card_failed=failed)
+    f = DieOffsetFilter(site)
+    for k in range(6):
+        _step(f, snap if k < 4 else down, 15.0 * k)
+    back_s = 90.0
+    _step(f, snap, back_s)
+    assert not f.settled(back_s + settle_s - 1.0, r)[idle]
+    assert f.settled(back_s + settle_s, r)[idle]
