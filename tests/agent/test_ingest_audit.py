@@ -52,6 +52,32 @@ def test_after_the_clock_steps_back_the_new_timelines_job_snapshot_is_reconciled
     assert state.jobs["new"].cards == (128, 129, 130, 131) and state.jobs["new"].state == "running"
 
 
+def test_a_retained_applied_state_handed_over_again_does_not_confirm_what_a_reading_disproved() -> None:
+    """Rack r0 confirmed level 5; it was reset (a reading at the top clock disproved the level); the agent
+    reconnects and the broker hands it the rack's retained applied state again, the same message. Taken
+    again, it confirmed level 5 once more (the belief planned the reset cards at the old slower level, and
+    the diff did not command them) until the next reading disproved it a second time, and the one reset
+    was counted twice (128 disprovals for 64 cards)."""
+    site = example_site()
+    state = TwinState(site)
+    ing = Ingest(site, state, SiteClock(1.0))
+    confirmed = dataclasses.replace(_rack_applied("r0", T0 + 10.0, 5), seq=17)
+    ing.handle(confirmed)
+    ing.handle(cards_msg("r0", T0 + 20.0, sm_clock_mhz=np.full(64, 1980.0)))
+    ing.flush()
+    assert np.all(ing.applied_level[:64] == -1)
+    ing.handle(confirmed)  # the retained copy, at the agent's new subscription
+    assert np.all(ing.applied_level[:64] == -1) and np.all(state.card_level[:64] == 0)
+    ing.handle(cards_msg("r0", T0 + 21.0, sm_clock_mhz=np.full(64, 1980.0)))
+    past_the_bound(ing, T0 + 21.0)
+    assert ing.stats.applied_disproved == {("level", "r0"): 64}
+    # a new applied state of the rack (the agent commanded it again) is taken, also one at the same stamp
+    # (a second command applied in the same second: the rack's next seq)
+    ing.handle(dataclasses.replace(_rack_applied("r0", T0 + 80.0, 3), seq=18))
+    ing.handle(dataclasses.replace(_rack_applied("r0", T0 + 80.0, 4), seq=19))
+    assert np.all(ing.applied_level[:64] == 4)
+
+
 def test_a_facility_reading_stamped_far_ahead_is_not_taken_into_the_belief() -> None:
     """The facility meter stamps one reading an hour ahead of the site (a stepped clock): dropped like a
     rack's, counted ``ahead``. Taken, it moved the belief's time an hour ahead and stood for the site's
@@ -98,6 +124,10 @@ def test_a_disproval_pending_when_the_site_restarts_is_counted_at_once() -> None
     assert ing.stats.applied_disproved == {("level", "r0"): 64}
     ing.handle(_rack_applied("r0", T0 - 599.0, 0))  # the new run's own applied state: explains nothing old
     assert ing.stats.applied_disprovals_explained == 0
+    # the restarted rack replays its run: an applied state with the stamp and seq of the one disproved on
+    # the old timeline is the new run's, not a copy of it
+    ing.handle(_rack_applied("r0", T0, 5))
+    assert np.all(ing.applied_level[:64] == 5)
 
 
 def test_a_job_event_is_handed_on_after_the_readings_that_came_before_it() -> None:
