@@ -54,7 +54,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -699,10 +699,31 @@ class Ingest:
         return readings
 
 
+def _joined_cards(old: RackReading, new: RackReading) -> CardBatch | None:
+    """The cards of two parts of one rack's round, both with cards stamped alike, as one batch: a rack
+    that sends its cards in several batches (one per host) at one stamp has the ingest fold them in one
+    by one (it flushes at each second batch of a rack); the newer part's card where both hold one (a
+    copy). None where not both hold cards or their stamps differ (the newer part's are the rack's)."""
+    a, b = old.cards, new.cards
+    if a is None or b is None or old.part_time_s("cards") != new.part_time_s("cards"):
+        return None
+    keep = ~np.isin(a.card_index, b.card_index)
+    if not keep.any():
+        return None
+    cols = {
+        f.name: np.concatenate((getattr(a, f.name)[keep], getattr(b, f.name)))
+        for f in fields(CardBatch)
+        if f.name != "host_off"
+    }
+    host_off = None if a.host_off is None or b.host_off is None else np.concatenate((a.host_off[keep], b.host_off))
+    return CardBatch(**cols, host_off=host_off)
+
+
 class RoundMerger:
     """Merges partial readings (what :meth:`Ingest.flush` returns) into one :class:`Readings` per
-    timestamp: a round is complete when readings stamped later arrive (or after ``max_pending``
-    timestamps). :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns every
+    timestamp (a rack's card batches stamped alike, one per host, joined: :func:`_joined_cards`): a
+    round is complete when readings stamped later arrive (or after ``max_pending`` timestamps).
+    :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns every
     round held (when the site's clock stepped back, what is held is from the old timeline, and newer
     than anything the new one will send for a while: kept, it would take each new round for
     complete as soon as part of it arrived, and reach the estimator out of order much later);
@@ -725,7 +746,7 @@ class RoundMerger:
                 racks[rr.rack] = RackReading(
                     rack=rr.rack,
                     time_s=rr.time_s,
-                    cards=cards.cards,
+                    cards=_joined_cards(old, rr) or cards.cards,
                     loop=loop.loop,
                     pdu=pdu.pdu,
                     cards_time_s=cards.part_time_s("cards") if cards.cards is not None else None,

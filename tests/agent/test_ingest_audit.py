@@ -14,8 +14,8 @@ from test_job_catchup import _facility, event, queued, running, snapshot, spec
 
 from agent import wire
 from agent.clock import SiteClock
-from agent.ingest import Ingest
-from twin.readings import JobEvent
+from agent.ingest import Ingest, RoundMerger
+from twin.readings import JobEvent, Readings
 from twin.state import TwinState
 from twin.workload import Phase
 
@@ -353,3 +353,27 @@ def test_a_snapshot_that_corrects_only_a_jobs_phase_counts_it_corrected() -> Non
     ing.handle(snapshot(T0 + 5.0, 4, running("j1", {"r1": (0, 1)}, Phase.CHECKPOINT)))
     assert state.jobs["j1"].phase == Phase.CHECKPOINT
     assert (ing.stats.job_snapshot_corrected, ing.stats.job_snapshot_added, ing.stats.job_snapshot_dropped) == (1, 0, 0)
+
+
+def test_a_rack_that_sends_its_cards_in_one_batch_per_host_reaches_the_estimator_whole() -> None:
+    """Rack r0 sends its cards in two batches, one per host, at one stamp each second: the ingest folds
+    each into the belief (a second batch of a rack flushes the first), and the round the estimator gets
+    (``RoundMerger``) holds all 64 cards, each with its own reading. Before, the merger kept the last
+    batch's cards only: the estimator never saw the first host's cards."""
+    site = example_site()
+    merger = RoundMerger()
+    rounds: list[Readings] = []
+    ing = Ingest(site, TwinState(site), SiteClock(1.0), on_round=lambda r: rounds.extend(merger.add(r)))
+    die_c = 40.0 + np.arange(64, dtype=np.float64)
+    for t in (T0, T0 + 1.0, T0 + 2.0):
+        for host in (np.arange(32), np.arange(32, 64)):
+            msg = cards_msg("r0", t, temp_c=die_c)
+            cols = ("power_w", "temp_c", "sm_clock_mhz", "utilization", "power_limit_w", "low_power")
+            ing.handle(dataclasses.replace(msg, card_index=host, **{f: getattr(msg, f)[host] for f in cols}))
+        ing.flush()
+    assert [r.time_s for r in rounds] == [T0, T0 + 1.0]  # (the newest waits for the next stamp)
+    for r in rounds:
+        (rr,) = r.racks
+        assert rr.cards is not None and rr.cards_time_s == r.time_s
+        assert rr.cards.card_index.tolist() == list(range(64))
+        assert rr.cards.die_temp_c.tolist() == die_c.tolist()
