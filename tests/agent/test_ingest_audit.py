@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 from agent_helpers import example_site
-from test_clock_ingest import T0, FakeWall, _cdu, _rack_applied, cards_msg, past_the_bound
+from test_clock_ingest import T0, FakeWall, _cdu, _every, _rack_applied, cards_msg, past_the_bound
 from test_job_catchup import _facility, event, queued, running, snapshot, spec
 
 from agent import wire
@@ -377,3 +377,18 @@ def test_a_rack_that_sends_its_cards_in_one_batch_per_host_reaches_the_estimator
         assert rr.cards is not None and rr.cards_time_s == r.time_s
         assert rr.cards.card_index.tolist() == list(range(64))
         assert rr.cards.die_temp_c.tolist() == die_c.tolist()
+
+
+def test_a_5_s_rack_keeps_a_confirmation_through_a_reading_6_s_after_it() -> None:
+    """A rack that reads every 5 s has a margin of 1.5 of its interval, 7.5 s: its reading 6 s after a
+    confirmed slow-down (more than one period, within the room for jitter and a varying interval) keeps
+    it; one 8 s after disproves it."""
+    site = example_site()
+    ing = Ingest(site, TwinState(site), SiteClock(1.0))
+    top = np.full(64, 1980.0)
+    last_s = _every(ing, "r0", T0, 5.0, 4, sm_clock_mhz=top)
+    ing.handle(_rack_applied("r0", last_s - 1.0, 5))
+    ing.handle(cards_msg("r0", last_s + 5.0, sm_clock_mhz=top))  # 6 s after the applied state
+    assert np.all(ing.applied_level[:64] == 5)
+    ing.handle(cards_msg("r0", last_s + 7.0, sm_clock_mhz=top))  # 8 s after
+    assert np.all(ing.applied_level[:64] == -1)
