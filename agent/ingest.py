@@ -17,13 +17,14 @@
   power limit apart from the confirmed one; that part of the confirmation is forgotten at once, so the
   level comes from the clock again and the commands' diff commands the card again. The retained applied
   state outlives a rack that reset its cards or had them changed without republishing it: trusted, it
-  had the agent plan such a card at the old slower level and never command it. The disproval is
-  counted (:class:`IngestStats`, exported as ``racktwin_applied_state_disproved_total``) only when no
-  late applied state explains it (:meth:`Ingest._explain`: the reading that showed the agent's own
-  command overtook its rack's applied state) by the time the site clock is the rack's confirmation
-  margin plus the telemetry deadline past the reading (:meth:`Ingest.settle_disprovals`: after each
-  message, and on the service's health tick, so that a count does not wait for the telemetry to come
-  back after a silence);
+  had the agent plan such a card at the old slower level and never command it; a copy of the one a
+  reading disproved (handed over again at a new subscription) is not taken
+  (:meth:`Ingest._disproved_copies`). The disproval is counted (:class:`IngestStats`, exported as
+  ``racktwin_applied_state_disproved_total``) only when no late applied state explains it
+  (:meth:`Ingest._explain`: the reading that showed the agent's own command overtook its rack's applied
+  state) by the time the site clock is the rack's confirmation margin plus the telemetry deadline past
+  the reading (:meth:`Ingest.settle_disprovals`: after each message, and on the service's health tick,
+  so that a count does not wait for the telemetry to come back after a silence);
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
@@ -53,7 +54,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -196,6 +197,12 @@ class Ingest:
         self.applied_low_power = np.full(site.n_cards, np.nan)
         #: per card: the stamp of the applied state that confirmed it (NaN: none)
         self._applied_ts_s = np.full(site.n_cards, np.nan)
+        #: ... and its ``seq`` (-1: none)
+        self._applied_seq = np.full(site.n_cards, -1, dtype=np.int64)
+        #: per card: the stamp and ``seq`` of the applied state a reading disproved last (NaN, -1: none), to
+        #: tell a copy of it (:meth:`_disproved_copies`)
+        self._disproved_ts_s = np.full(site.n_cards, np.nan)
+        self._disproved_seq = np.full(site.n_cards, -1, dtype=np.int64)
         #: per level k >= 1: halfway between its clock and the next faster level's (level 0: +inf)
         self._faster_than_mhz = np.concatenate(([math.inf], 0.5 * (self._clocks[1:] + self._clocks[:-1])))
         #: a gap between a rack's card readings longer than this is a silence, not its period (the
@@ -249,6 +256,7 @@ class Ingest:
             # step back (the clock ran ahead during a silence: a broker outage, a late batch) the late
             # applied state of the same timeline may still come and explain it
             self._count_disprovals(np.isfinite(self._explain_by_s))
+            self._disproved_ts_s.fill(np.nan)  # a restarted rack's applied state may repeat a stamp and seq
         if self.clock.last_was_ahead:
             self.stats.ahead += 1
             return False
@@ -308,6 +316,7 @@ class Ingest:
             if r is not None:
                 idx = np.asarray(msg.card_index, dtype=np.int64)
                 ok = (idx >= 0) & (idx < self._cpr)
+                ok[np.flatnonzero(ok)[self._disproved_copies(idx[ok] + r * self._cpr, msg)]] = False
                 lv = np.asarray(msg.dvfs_level, dtype=np.int64)[ok]
                 good = (lv >= 0) & (lv < self._clocks.size)
                 self.applied_level[idx[ok][good] + r * self._cpr] = lv[good]
@@ -316,6 +325,7 @@ class Ingest:
                 self.applied_power_limit_w[idx[ok][known] + r * self._cpr] = lim[known]
                 self.applied_low_power[idx[ok] + r * self._cpr] = np.asarray(msg.low_power, dtype=bool)[ok]
                 self._applied_ts_s[idx[ok] + r * self._cpr] = msg.ts_s
+                self._applied_seq[idx[ok] + r * self._cpr] = msg.seq
                 self._explain(idx[ok] + r * self._cpr, msg, ok)
         else:
             self.stats.ignored += 1
@@ -428,6 +438,8 @@ class Ingest:
         if stuck_cards or stuck_racks:  # a frozen sensor repeats the clock it read before a slow-down
             frozen = np.isin(idx, stuck_cards) | np.isin(idx // self._cpr, stuck_racks)
             faster, lim_off, awake = faster & ~frozen, lim_off & ~frozen, awake & ~frozen
+        hit = idx[faster | lim_off | awake]
+        self._disproved_ts_s[hit], self._disproved_seq[hit] = self._applied_ts_s[hit], self._applied_seq[hit]
         if faster.any():
             self.applied_level[idx[faster]] = -1
             self._shown_clock_mhz[idx[faster]] = clock_mhz[faster]
@@ -450,6 +462,15 @@ class Ingest:
         mask = np.zeros(self._explain_by_s.shape, dtype=bool)
         mask[k, cards] = np.isfinite(self._explain_by_s[k, cards])
         return mask
+
+    def _disproved_copies(self, cards: IntArray, msg: wire.AppliedState) -> npt.NDArray[np.bool_]:
+        """Which of ``cards`` (site indices) ``msg`` is a copy of the applied state a reading disproved (the
+        same stamp and ``seq``): the broker hands a rack's retained applied state over again at every new
+        subscription (and QoS 1 may deliver one twice). Such a copy is not taken: taken, it confirmed again
+        what the reading had disproved (the belief planned a reset card at its old level, the diff did not
+        command it) until the next reading disproved it once more and counted the card a second time."""
+        same = (self._disproved_ts_s[cards] == msg.ts_s) & (self._disproved_seq[cards] == msg.seq)
+        return np.asarray(same, dtype=np.bool_)
 
     def _explain(self, cards: IntArray, msg: wire.AppliedState, ok: npt.NDArray[np.bool_]) -> None:
         """Cancel the pending disprovals of ``cards`` (site indices) that their rack's applied state
@@ -678,10 +699,31 @@ class Ingest:
         return readings
 
 
+def _joined_cards(old: RackReading, new: RackReading) -> CardBatch | None:
+    """The cards of two parts of one rack's round, both with cards stamped alike, as one batch: a rack
+    that sends its cards in several batches (one per host) at one stamp has the ingest fold them in one
+    by one (it flushes at each second batch of a rack); the newer part's card where both hold one (a
+    copy). None where not both hold cards or their stamps differ (the newer part's are the rack's)."""
+    a, b = old.cards, new.cards
+    if a is None or b is None or old.part_time_s("cards") != new.part_time_s("cards"):
+        return None
+    keep = ~np.isin(a.card_index, b.card_index)
+    if not keep.any():
+        return None
+    cols = {
+        f.name: np.concatenate((getattr(a, f.name)[keep], getattr(b, f.name)))
+        for f in fields(CardBatch)
+        if f.name != "host_off"
+    }
+    host_off = None if a.host_off is None or b.host_off is None else np.concatenate((a.host_off[keep], b.host_off))
+    return CardBatch(**cols, host_off=host_off)
+
+
 class RoundMerger:
     """Merges partial readings (what :meth:`Ingest.flush` returns) into one :class:`Readings` per
-    timestamp: a round is complete when readings stamped later arrive (or after ``max_pending``
-    timestamps). :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns every
+    timestamp (a rack's card batches stamped alike, one per host, joined: :func:`_joined_cards`): a
+    round is complete when readings stamped later arrive (or after ``max_pending`` timestamps).
+    :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns every
     round held (when the site's clock stepped back, what is held is from the old timeline, and newer
     than anything the new one will send for a while: kept, it would take each new round for
     complete as soon as part of it arrived, and reach the estimator out of order much later);
@@ -704,7 +746,7 @@ class RoundMerger:
                 racks[rr.rack] = RackReading(
                     rack=rr.rack,
                     time_s=rr.time_s,
-                    cards=cards.cards,
+                    cards=_joined_cards(old, rr) or cards.cards,
                     loop=loop.loop,
                     pdu=pdu.pdu,
                     cards_time_s=cards.part_time_s("cards") if cards.cards is not None else None,
