@@ -41,6 +41,7 @@ class HostArgs(TypedDict, total=False):
     off_after_s: float
     reserve_per_supernode: int
     due_cards: int
+    card_failed: np.ndarray
 
 
 def choose(**kw: Unpack[HostArgs]) -> np.ndarray:
@@ -375,6 +376,27 @@ def test_off_hosts_come_back_most_recently_used_first_and_only_as_many_as_the_ca
     was_off[12] = False  # host 12 is on and free: it holds 8 of the 16 cards of the reserve
     on = np.flatnonzero(~choose(host_off_now=was_off, host_busy_last_s=last)).tolist()
     assert on == [12, 30]
+
+
+def test_the_reserve_counts_only_the_healthy_cards_of_the_hosts_on_and_of_those_powered_on() -> None:
+    """A host with a failed card holds 7 of the 8 cards of a one-host reserve: a free host on with a
+    failed card does not make the reserve alone, and an off host with one is not enough to fill it
+    (else the supernode keeps 7 placeable idle cards on, and an arriving 8-card job waits for a boot)."""
+    was_off = np.ones(N_H, dtype=bool)
+    last = np.zeros(N_H)
+    last[[30, 41]] = [9_000.0, 7_000.0]  # the most recently used off hosts: 30, then 41
+
+    def on(failed_card: int | None = None) -> list[int]:
+        card_failed = np.isin(np.arange(SITE.n_cards), [] if failed_card is None else [failed_card])
+        off = choose(host_off_now=was_off, host_busy_last_s=last, reserve_per_supernode=1, card_failed=card_failed)
+        return np.flatnonzero(~off).tolist()
+
+    assert on() == [30]  # all healthy: one host holds the reserve
+    assert on(failed_card=30 * CPH + 2) == [30, 41]  # a card of host 30 failed: 41 comes back too
+    # host 12 is on and free, but one of its cards failed: the most recently used off host comes back
+    was_off[12] = False
+    assert on() == [12]
+    assert on(failed_card=12 * CPH + 5) == [12, 30]
 
 
 def test_the_cards_of_jobs_due_soon_are_spread_over_the_supernodes_rounding_up() -> None:
