@@ -10,7 +10,7 @@ from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pytest
-from agent_helpers import SITE_FILE, example_site, job, small_site
+from agent_helpers import SITE_FILE, belief, example_site, job, small_site
 
 from agent.config import ControlConfig
 from agent.controller import Controller
@@ -397,6 +397,28 @@ def test_the_reserve_counts_only_the_healthy_cards_of_the_hosts_on_and_of_those_
     was_off[12] = False
     assert on() == [12]
     assert on(failed_card=12 * CPH + 5) == [12, 30]
+
+
+def test_a_card_a_refusal_says_failed_holds_none_of_the_reserve_of_hosts_on() -> None:
+    """Host 12 is the only host on, free, its 8 cards the reserve's (one host). A ``card_failed``
+    refusal says one of them failed before any reading does: no job is placed on it, so the host holds
+    7 placeable cards and another host is powered on (was: counted as 8, nothing booted, and an 8-card
+    job waited for the scheduler or a reading to tell the agent)."""
+    plant, state = belief(SITE, [], 5.0)
+    plant.power_off_hosts([h for h in range(N_H) if h != 12])
+    for _ in range(10):
+        plant.step(1.0)
+        state.update(plant.readings())
+    snap = state.snapshot()
+    cfg = ControlConfig(host_reserve_per_supernode=1, idle_reserve_cards=0)
+    d = Controller(SITE, cfg).step(snap, 15.0)
+    assert d.host_off is not None and np.flatnonzero(~d.host_off).tolist() == [12]
+    refused = np.zeros(SITE.n_cards, dtype=bool)
+    refused[12 * CPH + 3] = True
+    d = Controller(SITE, cfg).step(snap, 15.0, refused_failed=refused)
+    assert d.host_off is not None
+    on = np.flatnonzero(~d.host_off).tolist()
+    assert len(on) == 2 and 12 in on
 
 
 def test_the_cards_of_jobs_due_soon_are_spread_over_the_supernodes_rounding_up() -> None:
