@@ -5,6 +5,7 @@ hosts really go off and come back for new work without a refused command or a ra
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, TypedDict, Unpack
 
@@ -538,3 +539,25 @@ def test_a_job_picked_to_start_ahead_of_a_reservation_boots_the_off_host_it_need
     assert placed.get("small", math.inf) <= 420.0, placed
     started = {rec.job_id: rec.compute_start_s for rec in plant.job_records()}
     assert started["small"] is not None and started["small"] <= 400.0 + site.rack.host_boot_s + 20.0, started
+
+
+def test_the_hosts_of_a_blind_rack_keep_their_state_and_the_cards_of_hosts_going_off_sleep() -> None:
+    """``Controller.with_hosts``: every host idle for longer than ``host_off_after_s`` goes off (no
+    reserve of hosts), but those of a rack the agent cannot see (blind: r0, hosts 0-7) keep their state,
+    on here (its telemetry cannot be trusted, and it takes no job). The cards of the hosts going off
+    are put in low-power idle with them, the ready reserve's awake ones included."""
+    cfg = ControlConfig(host_off_after_s=30.0, host_reserve_per_supernode=0)
+    ctl = Controller(SITE, cfg)
+    plant, state = belief(SITE, [], 10.0)
+    ctl.step(state.snapshot(), 10.0)  # every host idle since 10 s
+    for _ in range(90):
+        plant.step(1.0)
+        state.update(plant.readings())
+    snap = state.snapshot()
+    ctx = dataclasses.replace(ctl.context(snap, 100.0), blind_racks=(0,))
+    proposal = ctl.propose(snap, ctx)
+    assert not proposal.card_low_power[8 * CPH :].all()  # the ready reserve's cards, awake
+    d = ctl.with_hosts(proposal, snap, ctx)
+    assert d.host_off is not None
+    assert not d.host_off[:8].any() and d.host_off[8:].all()
+    assert d.card_low_power[8 * CPH :].all()
