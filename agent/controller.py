@@ -262,8 +262,9 @@ class Controller:
         out of placement (a job requeued by a card's failure asks for a decision at once, before
         the rack's telemetry shows it; a scheduler whose view of a card is stale refuses every
         placement onto it), and so out of the ready reserve (``agent.planning.cycle_problem``: an idle
-        card no job can take is no reserve). The guard's budget, the levels, low-power idle and the
-        hosts see such a card as its readings say: one a stale scheduler calls failed while its rack
+        card no job can take is no reserve) and out of the cards a free host holds for the hosts'
+        reserve (:meth:`with_hosts`). The guard's budget, the levels, low-power idle and the hosts'
+        power see such a card as its readings say: one a stale scheduler calls failed while its rack
         reads it alive draws its power, and an idle one keeps the low-power state in force (no
         command reaches it: ``agent.command_diff``; the guard's step 3a). ``held_back``: per kind of card setting
         (``agent.open_commands``: LEVEL, SLEEP, LIMIT, HOST rows) and card, a refusal holds that setting
@@ -440,7 +441,8 @@ class Controller:
             off_after_s=cfg.host_idle_off_s(site),
             reserve_per_supernode=cfg.host_reserve_per_supernode,
             due_cards=cards_due(site, snap, ctx, self._placements, d.placements, cfg.host_boot_lead_s, d.queue_waits),
-            card_failed=d.card_failed,
+            # a card a card_failed refusal keeps out of placement holds no job either: no reserve
+            card_failed=d.card_failed | ctx.unplaceable_card_mask(self._card_rack),
         )
         low = d.card_low_power | np.repeat(choice.host_off, site.cards_per_host)
         notes = d.explanation

@@ -112,8 +112,9 @@ class StepContext:
     solver_time_limit_s: float  # wall seconds the solve may take
     # cards a ``card_failed`` refusal says failed and no reading has confirmed (a mark no reading at least
     # as new as the refusal has cleared, or a repeat's hold: agent.command_overlays.Overlays.unplaceable):
-    # kept out of placement (and so out of the ready reserve: agent.planning.cycle_problem); the budget,
-    # levels, low-power idle and hosts see them as their readings say (a card a stale scheduler calls
+    # kept out of placement (and so out of the ready reserve: agent.planning.cycle_problem, and out of the
+    # cards a free host holds for the hosts' reserve: Controller.with_hosts); the budget, levels,
+    # low-power idle and hosts' power see them as their readings say (a card a stale scheduler calls
     # failed while its rack reads it alive draws power; an idle one keeps the low-power state in force,
     # as no command reaches it: the guard's step 3a)
     refused_failed_cards: tuple[int, ...] = ()

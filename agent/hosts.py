@@ -78,8 +78,8 @@ def choose_hosts_off(
     ``host_off_now``: per host, off as last reported; ``host_awake``: per host, holds idle cards the
     decision keeps awake (the ready reserve: such hosts are kept on first); ``frozen_host``: hosts to leave
     as they are; ``due_cards``: cards of the jobs still waiting after this decision's placements that are
-    due to start within a boot (their hosts are wanted on now); ``card_failed``: per card, failed (a free
-    host holds its healthy cards only; None: none failed)."""
+    due to start within a boot (their hosts are wanted on now); ``card_failed``: per card, failed or
+    kept out of placement (a free host holds its healthy cards only; None: none failed)."""
     off_now = np.asarray(host_off_now, dtype=bool)
     frozen = np.asarray(frozen_host, dtype=bool)
     busy = host_any(site, card_busy)

@@ -5,12 +5,13 @@ hosts really go off and come back for new work without a refused command or a ra
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pytest
-from agent_helpers import SITE_FILE, example_site, job, small_site
+from agent_helpers import SITE_FILE, belief, example_site, job, small_site
 
 from agent.config import ControlConfig
 from agent.controller import Controller
@@ -41,6 +42,7 @@ class HostArgs(TypedDict, total=False):
     off_after_s: float
     reserve_per_supernode: int
     due_cards: int
+    card_failed: np.ndarray
 
 
 def choose(**kw: Unpack[HostArgs]) -> np.ndarray:
@@ -377,6 +379,49 @@ def test_off_hosts_come_back_most_recently_used_first_and_only_as_many_as_the_ca
     assert on == [12, 30]
 
 
+def test_the_reserve_counts_only_the_healthy_cards_of_the_hosts_on_and_of_those_powered_on() -> None:
+    """A host with a failed card holds 7 of the 8 cards of a one-host reserve: a free host on with a
+    failed card does not make the reserve alone, and an off host with one is not enough to fill it
+    (else the supernode keeps 7 placeable idle cards on, and an arriving 8-card job waits for a boot)."""
+    was_off = np.ones(N_H, dtype=bool)
+    last = np.zeros(N_H)
+    last[[30, 41]] = [9_000.0, 7_000.0]  # the most recently used off hosts: 30, then 41
+
+    def on(failed_card: int | None = None) -> list[int]:
+        card_failed = np.isin(np.arange(SITE.n_cards), [] if failed_card is None else [failed_card])
+        off = choose(host_off_now=was_off, host_busy_last_s=last, reserve_per_supernode=1, card_failed=card_failed)
+        return np.flatnonzero(~off).tolist()
+
+    assert on() == [30]  # all healthy: one host holds the reserve
+    assert on(failed_card=30 * CPH + 2) == [30, 41]  # a card of host 30 failed: 41 comes back too
+    # host 12 is on and free, but one of its cards failed: the most recently used off host comes back
+    was_off[12] = False
+    assert on() == [12]
+    assert on(failed_card=12 * CPH + 5) == [12, 30]
+
+
+def test_a_card_a_refusal_says_failed_holds_none_of_the_reserve_of_hosts_on() -> None:
+    """Host 12 is the only host on, free, its 8 cards the reserve's (one host). A ``card_failed``
+    refusal says one of them failed before any reading does: no job is placed on it, so the host holds
+    7 placeable cards and another host is powered on (was: counted as 8, nothing booted, and an 8-card
+    job waited for the scheduler or a reading to tell the agent)."""
+    plant, state = belief(SITE, [], 5.0)
+    plant.power_off_hosts([h for h in range(N_H) if h != 12])
+    for _ in range(10):
+        plant.step(1.0)
+        state.update(plant.readings())
+    snap = state.snapshot()
+    cfg = ControlConfig(host_reserve_per_supernode=1, idle_reserve_cards=0)
+    d = Controller(SITE, cfg).step(snap, 15.0)
+    assert d.host_off is not None and np.flatnonzero(~d.host_off).tolist() == [12]
+    refused = np.zeros(SITE.n_cards, dtype=bool)
+    refused[12 * CPH + 3] = True
+    d = Controller(SITE, cfg).step(snap, 15.0, refused_failed=refused)
+    assert d.host_off is not None
+    on = np.flatnonzero(~d.host_off).tolist()
+    assert len(on) == 2 and 12 in on
+
+
 def test_the_cards_of_jobs_due_soon_are_spread_over_the_supernodes_rounding_up() -> None:
     """17 cards due within a boot on a site of two supernodes: 9 per supernode (not 8: 16 < 17), two
     hosts of 8 cards each, all hosts off before and no reserve."""
@@ -494,3 +539,25 @@ def test_a_job_picked_to_start_ahead_of_a_reservation_boots_the_off_host_it_need
     assert placed.get("small", math.inf) <= 420.0, placed
     started = {rec.job_id: rec.compute_start_s for rec in plant.job_records()}
     assert started["small"] is not None and started["small"] <= 400.0 + site.rack.host_boot_s + 20.0, started
+
+
+def test_the_hosts_of_a_blind_rack_keep_their_state_and_the_cards_of_hosts_going_off_sleep() -> None:
+    """``Controller.with_hosts``: every host idle for longer than ``host_off_after_s`` goes off (no
+    reserve of hosts), but those of a rack the agent cannot see (blind: r0, hosts 0-7) keep their state,
+    on here (its telemetry cannot be trusted, and it takes no job). The cards of the hosts going off
+    are put in low-power idle with them, the ready reserve's awake ones included."""
+    cfg = ControlConfig(host_off_after_s=30.0, host_reserve_per_supernode=0)
+    ctl = Controller(SITE, cfg)
+    plant, state = belief(SITE, [], 10.0)
+    ctl.step(state.snapshot(), 10.0)  # every host idle since 10 s
+    for _ in range(90):
+        plant.step(1.0)
+        state.update(plant.readings())
+    snap = state.snapshot()
+    ctx = dataclasses.replace(ctl.context(snap, 100.0), blind_racks=(0,))
+    proposal = ctl.propose(snap, ctx)
+    assert not proposal.card_low_power[8 * CPH :].all()  # the ready reserve's cards, awake
+    d = ctl.with_hosts(proposal, snap, ctx)
+    assert d.host_off is not None
+    assert not d.host_off[:8].any() and d.host_off[8:].all()
+    assert d.card_low_power[8 * CPH :].all()

@@ -554,6 +554,20 @@ def test_an_order_sent_before_the_clock_went_back_is_forgotten_when_refused() ->
     assert book.placements() == {}
 
 
+def test_a_late_refusal_from_before_the_clock_went_back_leaves_the_jobs_order_on_other_cards() -> None:
+    """After the clock went back, an order's time on the old timeline no longer tells it from a newer
+    one: only its cards do. "small", ordered onto 24-27 at 1,000 s on the old timeline, is placed again
+    onto 28-31 at 235 s on the new one; the old command's refusal (issued at 1,000 s) then comes: the
+    new order stays in flight (forgotten, the job would be placed a third time while its order runs)."""
+    book = PlacementBook()
+    book.commit([PlacementOrder("small", (24, 25, 26, 27))], running=(), now_s=1000.0, ttl_s=30.0)
+    book.clock_went_back(200.0, 30.0)
+    book.commit([], running=(), now_s=235.0, ttl_s=30.0)  # its order expired on the new timeline
+    book.commit([PlacementOrder("small", (28, 29, 30, 31))], running=(), now_s=235.0, ttl_s=30.0)
+    assert not book.refused("small", (24, 25, 26, 27), issued_s=1000.0)
+    assert book.placements() == {"small": (28, 29, 30, 31)}
+
+
 def test_forgetting_a_refused_order_leaves_the_dicts_a_late_solve_reads_as_they_were() -> None:
     book = PlacementBook()
     book.commit(
