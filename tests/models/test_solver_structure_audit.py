@@ -4,6 +4,8 @@ and the solve wrapper): behaviour an operator relies on that no other test held.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,22 +247,31 @@ def test_auto_placement_keeps_the_greedy_plan_when_the_milp_does_no_better(site:
     assert plan.source == "greedy" and set(plan.cards) == {"q0"}
 
 
-class _StoppedHighsPlanner(CyclePlanner):
-    """A planner whose HiGHS runs with ``options`` that stop it early, the same at every run (as a
-    deadline stops it, but deterministic): ``mip_max_improving_sols = 1`` stops it at its first
-    improving solution, ``mip_max_nodes = 0`` before it has any (pyomo reports both as
+class _StoppedHighsSolver(DvfsSolver):
+    """A :class:`DvfsSolver` whose HiGHS runs with ``options`` that stop it early, the same at every
+    run (as a deadline stops it, but deterministic): ``mip_max_improving_sols = 1`` stops it at its
+    first improving solution, ``mip_max_nodes = 0`` before it has any (pyomo reports both as
     ``iterationLimit``)."""
 
     def __init__(self, **options: object) -> None:
         super().__init__()
         self.options = options
 
+    def _prepare(self, *args: Any) -> tuple[Any, Highs]:
+        model, solver = super()._prepare(*args)
+        solver.config.solver_options.update(self.options)
+        return model, solver
+
+
+class _StoppedHighsPlanner(CyclePlanner):
+    """A planner whose every solver is a :class:`_StoppedHighsSolver` with ``options``."""
+
+    def __init__(self, **options: object) -> None:
+        super().__init__()
+        self.options = options
+
     def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver:
-        solver = DvfsSolver()
-        highs = Highs()
-        highs.config.solver_options.update(self.options)
-        solver._solver = highs
-        return solver
+        return _StoppedHighsSolver(**self.options)
 
 
 def _seed5(site: SiteSpec) -> CycleProblem:
@@ -311,3 +322,30 @@ def test_refine_top_runs_the_milp_only_at_the_best_set_points(site: SiteSpec) ->
     plan = CyclePlanner().plan(p, time_limit_s=10.0, refine_top=1)
     assert sorted(r.status.value for r in plan.setpoint.options) == ["fallback", "fallback", "optimal"]
     assert (plan.status, plan.source) == (SolveStatus.OPTIMAL, "milp")
+
+
+@pytest.fixture
+def placement_highs_stopped_before_a_solution() -> Iterator[None]:
+    """The placement MILP's HiGHS (``models.placement``'s per-thread interface) stopped before it has
+    any solution (``mip_max_nodes = 0``, no presolve nor heuristics: as a deadline that comes first),
+    for the test's duration."""
+    import models.placement as placement
+
+    highs = Highs()
+    highs.config.solver_options.update(mip_max_nodes=0, presolve="off", mip_heuristic_effort=0.0)
+    placement._solvers.highs = highs
+    try:
+        yield
+    finally:
+        del placement._solvers.highs
+
+
+@pytest.mark.usefixtures("placement_highs_stopped_before_a_solution")
+def test_a_placement_milp_with_no_solution_is_reported_as_the_greedy_fallback(site: SiteSpec) -> None:
+    """Stage 1 of the placement MILP ends without a solution: the plan is the greedy one, reported as
+    such (status "fallback", source "greedy"), not as an optimal MILP plan."""
+    from models.placement import milp_placement
+
+    plan = milp_placement(_pp(site, [8, 16], [40e3] * 8), time_limit_s=10.0)
+    assert (plan.status, plan.source) == ("fallback", "greedy")
+    assert sorted(plan.cards) == ["q0", "q1"] and plan.unplaced == {}
