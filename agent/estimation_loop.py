@@ -8,6 +8,14 @@ clock's (``agent.clock``), else the round's own stamp; the first round starts bo
 anomalies are reported at once, the calibration first saved an interval later), and so does a round
 at which site time stepped back (a restarted site clock).
 
+When the site clock steps back, the service puts a :class:`ClockWentBack` into the queue, between
+the old timeline's rounds and the new one's: the estimator's time and its sources' last readings
+come back to the new time (``Estimator.clock_went_back``; what it learnt stays), and with its time
+the calibration's (``agent.calibration``: its hold runs on the new timeline). The estimator's time
+never goes back with a round (a late round is not a step back), and it kept the old timeline's
+until the new one passed it: learning did not pause in a pump step, a small step back dropped the
+loops' readings as late, and the calibration's hold lasted as long as the clock had gone back.
+
 A round whose estimation fails (a defect in the estimator's update, the anomaly report or the
 calibration save) is counted (``racktwin_estimation_errors_total``) and logged with its traceback
 (at most one line a minute, :class:`agent.failure_lines.FailureLines`); the task goes on with the
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from dataclasses import dataclass
 
 from agent.clock import SiteClock
 from agent.controller import Controller
@@ -34,11 +43,20 @@ from twin.readings import Readings
 from twin.spec import SiteSpec
 from twin.state import TwinState
 
-__all__ = ["EstimationLoop"]
+__all__ = ["ClockWentBack", "EstimationLoop"]
 
 log = logging.getLogger("racktwin.agent")
 
 _ANOMALY_INTERVAL_S = 10.0  # site seconds between two reports of the anomalies flagged
+
+
+@dataclass(frozen=True)
+class ClockWentBack:
+    """In the ``estimate`` task's queue, after the old timeline's rounds and before the new one's: the
+    site's clock went back to ``now_s`` (``agent.clock.SiteClock``; the service puts it there as the
+    clock steps back)."""
+
+    now_s: float
 
 
 class EstimationLoop:
@@ -50,7 +68,7 @@ class EstimationLoop:
         self,
         site: SiteSpec,
         *,
-        rounds: asyncio.Queue[Readings],
+        rounds: asyncio.Queue[Readings | ClockWentBack],
         state: TwinState,
         clock: SiteClock,
         controller: Controller,
@@ -81,11 +99,14 @@ class EstimationLoop:
         return self._calibration_writes.error
 
     async def run(self) -> None:
-        """The ``estimate`` task: every round from the queue, for ever."""
+        """The ``estimate`` task: every round (and step back of the site clock) from the queue, for ever."""
         last_cal = -math.inf
         last_anomaly = -math.inf
         while True:
             r = await self.rounds.get()
+            if isinstance(r, ClockWentBack):
+                self.clock_went_back(r.now_s)
+                continue
             try:
                 # sensors the belief found stuck are no observations (the belief has this round already)
                 self.estimator.update(r, frozen_cards=self.state.stuck_cards(), frozen_racks=self.state.stuck_racks())
@@ -102,6 +123,12 @@ class EstimationLoop:
                         self._save_calibration(now)
             except Exception:  # a defect: this round's update, anomaly report or save fails, not the agent
                 self._round_failed(r.time_s)
+
+    def clock_went_back(self, now_s: float) -> None:
+        """The site's clock went back to ``now_s``: the estimator's time and its sources' last readings
+        come back to it (``twin.estimate.Estimator.clock_went_back``), and with the estimates' time the
+        calibration's (``agent.calibration.Calibration.update``)."""
+        self.estimator.clock_went_back(now_s)
 
     def _round_failed(self, round_s: float) -> None:
         """Count the round being estimated as failed and log it with the exception's traceback, at most

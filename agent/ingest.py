@@ -767,11 +767,13 @@ class RoundMerger:
         """Every round held, complete or not, oldest first."""
         return self._take(sorted(self._rounds))
 
-    def step_back(self, readings: Readings, now_s: float) -> list[Readings]:
+    def step_back(self, readings: Readings, now_s: float) -> tuple[list[Readings], list[Readings]]:
         """The site's clock stepped back to ``now_s`` and ``readings`` came: every round held, and the
         parts of ``readings`` stamped after ``now_s``, are the old timeline's (the ingest flushes what
         it collected when the clock steps back: after the clock stepped, before the belief went back),
-        all returned now, oldest first; the other parts are merged as :meth:`add` merges them."""
+        all returned now, oldest first; the other parts are merged as :meth:`add` merges them. Returns
+        the two apart, (the old timeline's rounds, the new one's rounds completed), so that the
+        estimator can be told of the step between them (``agent.estimation_loop.ClockWentBack``)."""
         racks_old = tuple(rr for rr in readings.racks if rr.time_s > now_s)
         fac = readings.facility
         fac_old = fac is not None and fac.time_s > now_s
@@ -782,7 +784,7 @@ class RoundMerger:
             facility=None if fac_old else fac,
         )
         out = self.add(old) + self.drain()
-        return out + self.add(new)
+        return out, self.add(new)
 
     def _take(self, done: list[float]) -> list[Readings]:
         out = []

@@ -90,7 +90,7 @@ from agent.config import BrokerConfig, LoadedConfig
 from agent.control_loop import ControlLoop
 from agent.controller import Controller
 from agent.decision import Decision
-from agent.estimation_loop import EstimationLoop
+from agent.estimation_loop import ClockWentBack, EstimationLoop
 from agent.failsafe_log import FailsafeLog
 from agent.failure_lines import FailureLines
 from agent.ingest import Ingest, RoundMerger
@@ -280,7 +280,7 @@ class AgentService:
             self.http_port: int | None = None
             self._http_server: HttpEndpoint | None = None
             self._stop = asyncio.Event()
-            self._rounds: asyncio.Queue[Readings] = asyncio.Queue(maxsize=_ROUND_QUEUE)
+            self._rounds: asyncio.Queue[Readings | ClockWentBack] = asyncio.Queue(maxsize=_ROUND_QUEUE)
             self._merger = RoundMerger()
             self._merger_corrections = 0  # the site clock's step backs the merger has seen
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
@@ -581,15 +581,27 @@ class AgentService:
             # are the parts of r stamped beyond the clock (the ingest's flush as the clock stepped back: the
             # first message came from a publisher an hour ahead, whose round was then held for an hour)
             self._merger_corrections = self.clock.corrections
-            whole_rounds = self._merger.step_back(r, now)
+            old, new = self._merger.step_back(r, now)
+            # and the estimator's time comes back with the clock: after the old timeline's rounds, before
+            # the new one's (it kept the old time until the new timeline passed it, and misread a pump step)
+            items: list[Readings | ClockWentBack] = [*old, ClockWentBack(now), *new]
         else:
-            whole_rounds = self._merger.add(r)
-        for whole in whole_rounds:  # the estimator gets whole telemetry rounds
-            if self._rounds.full():
-                with contextlib.suppress(asyncio.QueueEmpty):
-                    self._rounds.get_nowait()
-                    self.rounds_dropped += 1
-            self._rounds.put_nowait(whole)
+            items = list(self._merger.add(r))
+        for item in items:  # the estimator gets whole telemetry rounds
+            self._to_estimator(item)
+
+    def _to_estimator(self, item: Readings | ClockWentBack) -> None:
+        """Into the ``estimate`` task's queue. When it is full (the estimator far behind) its oldest
+        round is dropped (``rounds_dropped``); a step back of the clock at its head is not dropped but
+        applied now, which is in order: the task takes one item at a time and estimates it without
+        awaiting anything, so every round before the head has been estimated."""
+        if self._rounds.full():
+            oldest = self._rounds.get_nowait()
+            if isinstance(oldest, ClockWentBack):
+                self.estimation.clock_went_back(oldest.now_s)
+            else:
+                self.rounds_dropped += 1
+        self._rounds.put_nowait(item)
 
     def _on_event(self, ev: JobEvent) -> None:
         self.control.on_job_event(ev)  # (the control loop is made after the ingest)

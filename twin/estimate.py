@@ -5,9 +5,11 @@ and ``anomalies()`` at any time. A copy of a card or loop reading (stamped at th
 estimator has: at-least-once delivery) is no new observation and changes nothing; nor does one
 stamped before it (late, reordered), which the belief (``twin.state``) does not take either, up to
 the gap after which a reading restarts a model (``max_gap_s`` for a card, ten times that for a
-loop): one older than that is the site's clock gone back (a restarted simulator; the belief is told
-so by ``agent.ingest``, the estimator reads it from the stamps) and restarts the model on the new
-timeline.
+loop): one older than that is the site's clock gone back (a restarted simulator) and restarts the
+model on the new timeline. The estimator's time (``Estimates.time_s``, the newest stamp it took)
+never goes back with a reading; :meth:`Estimator.clock_went_back` (``agent.estimation_loop``, when the
+site clock steps back: the belief is told by ``agent.ingest``) brings it, and the last readings of
+the sources read after the new time, back to the new timeline, keeping what was learnt.
 
 Thermal resistance (per card). The die temperature rise over the coolant inlet is the response of
 the card's RC network to its power (``twin.thermal``, as ``fit_thermal`` fits it offline). The
@@ -265,8 +267,25 @@ class Estimator:
         if self._net.params is not params:
             self._net.set_params(params)
 
+    def clock_went_back(self, now_s: float) -> None:
+        """The site's clock went back to ``now_s`` (a restarted simulator, a publisher's clock stepped:
+        ``agent.clock.SiteClock`` tells; the service passes it on in order with the rounds, after the
+        old timeline's). The estimator's time, and every card, loop and PDU last read after ``now_s``
+        (on the old timeline), come back: the time follows the new timeline at once (learning pauses
+        in a pump step on it, the calibration's hold runs on it), and such a source's next reading
+        restarts it however little the clock went back (a card's thermal model settles again, a loop's
+        flow averages start from its reading; read as late, a loop's readings were dropped for as long
+        as the clock went back, up to ten ``max_gap_s``). What was learnt stays: a resistance ratio,
+        the power coefficients and a loop's heat-balance averages are true of the hardware on either
+        timeline. A reading never moves the time back (a late one is not a step back): only this does."""
+        if math.isnan(now_s):
+            return
+        self.time_s = min(self.time_s, now_s)
+        for last_s in (self._last_t, self._last_pt, self._rack_t, self._rack_pdu_t):
+            last_s[last_s > now_s] = -math.inf  # the old timeline's: the next reading (re)starts
+
     def _update(self, readings: Readings, frozen_cards: Collection[int], frozen_racks: Collection[int]) -> None:
-        self.time_s = max(self.time_s, readings.time_s)
+        self.time_s = max(self.time_s, readings.time_s)  # (a late reading is not a step back: clock_went_back)
         n = self._n
         skip_racks = {int(r) for r in frozen_racks}
         power = np.full(n, np.nan)

@@ -90,10 +90,21 @@ def test_an_unconfident_report_keeps_the_recent_confident_estimate() -> None:
     assert cal.r_total_k_per_w()[0] == pytest.approx(1.5 * R_SPEC[0])
 
 
-def test_estimates_from_after_a_clock_step_back_are_dropped() -> None:
+def test_after_a_clock_step_back_the_old_timelines_estimates_are_held_from_the_new_time() -> None:
+    """The site clock steps back, and the estimator's time with it (1000 s -> 50 s: it goes back for
+    nothing else). The estimates of the old timeline's last two minutes come back to the new time, as
+    the belief's times do, and their largest is held two minutes from it, as any; they used to be
+    dropped (a dip of a fouled plate warming up just after a restarted simulator went unheld)."""
     cal = Calibration(SITE)
-    cal.update(estimates(100.0, {0: 2.0}))
-    cal.update(estimates(50.0, {0: 1.1}))  # the site clock went back: t = 100 is on the old timeline
+    cal.update(estimates(850.0, {0: 2.5}))  # older than the hold at 1000 s: forgotten then
+    cal.update(estimates(950.0, {0: 2.0}))
+    cal.update(estimates(1000.0, {0: 1.2}))
+    assert cal.r_total_k_per_w()[0] == pytest.approx(2.0 * R_SPEC[0])
+    cal.update(estimates(50.0, {0: 1.1}))  # the site clock went back: 950 and 1000 s are the old timeline's
+    assert cal.r_total_k_per_w()[0] == pytest.approx(2.0 * R_SPEC[0])
+    cal.update(estimates(170.0, {0: 1.1}))  # exactly the hold from the new time: still held
+    assert cal.r_total_k_per_w()[0] == pytest.approx(2.0 * R_SPEC[0])
+    cal.update(estimates(171.0, {0: 1.1}))
     assert cal.r_total_k_per_w()[0] == pytest.approx(1.1 * R_SPEC[0])
 
 

@@ -20,6 +20,7 @@ from agent import wire
 from agent.bus import MqttOptions
 from agent.clock import SiteClock
 from agent.config import load_config
+from agent.estimation_loop import ClockWentBack
 from agent.ingest import _DATES_KEPT, Ingest, RoundMerger
 from agent.logs import JsonFormatter
 from agent.service import AgentService
@@ -259,11 +260,17 @@ def test_when_the_clock_steps_back_the_estimator_gets_the_old_timelines_last_rou
         for i in range(30):
             send_round(T0 - 600.0 + i)
         assert svc.clock.corrections == 1
-        rounds = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
+        items = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
+        (step,) = [i for i, x in enumerate(items) if isinstance(x, ClockWentBack)]
+        rounds = [x for x in items if isinstance(x, Readings)]
         times = [r.time_s - T0 for r in rounds]
         assert times[:9] == [float(i) for i in range(9)]
         last_old = times.index(9.0)  # out when the clock stepped back (before: the new timeline's late halves)
         after = rounds[last_old + 1 :]
+        # the estimator is told of the step right after the old timeline's last round, before the new ones
+        assert step == last_old + 1 and items[step + 1 :] == after
+        marker = items[step]
+        assert isinstance(marker, ClockWentBack) and T0 - 600.0 < marker.now_s < after[0].time_s + 1.0
         assert len(after) >= 15 and all(r.time_s < T0 - 570.0 for r in after)
         assert [r.time_s for r in after] == sorted({r.time_s for r in after})  # in order, once each
         assert all(len(r.racks) == n_racks for r in rounds if r.time_s >= T0)  # the old timeline's: whole
@@ -294,7 +301,12 @@ def test_when_the_first_publisher_was_an_hour_ahead_its_last_round_is_not_held_f
         assert svc.clock.corrections == 1
         now = svc.clock.now()
         assert now is not None and now < T0 + 41.0
-        rounds = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
+        items = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
+        (step,) = [i for i, x in enumerate(items) if isinstance(x, ClockWentBack)]
+        marker = items[step]  # the estimator told of the step after r0's rounds an hour ahead
+        assert isinstance(marker, ClockWentBack) and T0 <= marker.now_s <= now
+        assert all(isinstance(x, Readings) and x.time_s <= now for x in items[step + 1 :])
+        rounds = [x for x in items if isinstance(x, Readings)]
         ahead = [i for i, r in enumerate(rounds) if r.time_s > now]
         assert ahead  # r0's rounds (before the step back, between the others' halves)
         after = rounds[ahead[-1] + 1 :]
@@ -759,8 +771,8 @@ def test_after_the_clock_stepped_back_parts_stamped_at_the_new_now_are_merged_in
     now) and waits for the rest of its round (r2), which goes out whole once a later one begins."""
     merger = RoundMerger()
     assert merger.add(_pdu_round(T0 + 10.0, 0)) == []
-    out = merger.step_back(_pdu_round(T0 + 5.0, 1), T0 + 5.0)
-    assert [(r.time_s - T0, [rr.rack for rr in r.racks]) for r in out] == [(10.0, [0])]
+    out, new = merger.step_back(_pdu_round(T0 + 5.0, 1), T0 + 5.0)
+    assert [(r.time_s - T0, [rr.rack for rr in r.racks]) for r in out] == [(10.0, [0])] and new == []
     assert merger.add(_pdu_round(T0 + 5.0, 2)) == []
     out = merger.add(_pdu_round(T0 + 6.0, 0))
     assert [(r.time_s - T0, [rr.rack for rr in r.racks]) for r in out] == [(5.0, [1, 2])]
@@ -1002,8 +1014,8 @@ def test_a_facility_reading_stamped_at_the_new_now_is_merged_into_its_round() ->
     merger = RoundMerger()
     assert merger.add(_pdu_round(T0 + 10.0, 0)) == []
     fac = FacilityReading(T0 + 5.0, 20.0, 30.0, 38.0, 10_000.0, 300_000.0, 320_000.0, 30.0)
-    out = merger.step_back(Readings(time_s=T0 + 5.0, racks=(), facility=fac), T0 + 5.0)
-    assert [r.time_s - T0 for r in out] == [10.0]
+    out, new = merger.step_back(Readings(time_s=T0 + 5.0, racks=(), facility=fac), T0 + 5.0)
+    assert [r.time_s - T0 for r in out] == [10.0] and new == []
     assert merger.add(_pdu_round(T0 + 5.0, 1)) == []
     out = merger.add(_pdu_round(T0 + 6.0, 0))
     assert [(r.time_s - T0, [rr.rack for rr in r.racks], r.facility) for r in out] == [(5.0, [1], fac)]

@@ -14,7 +14,7 @@ from agent_helpers import small_site
 
 from agent.clock import SiteClock
 from agent.controller import Controller
-from agent.estimation_loop import EstimationLoop
+from agent.estimation_loop import ClockWentBack, EstimationLoop
 from agent.journal import Journal
 from agent.metrics import AgentMetrics
 from twin.faults import Fault
@@ -44,7 +44,7 @@ async def test_the_estimate_task_reports_a_fouled_plate_and_a_weak_pump_and_save
     ]
     phases = PhaseModel(startup_s=10.0, comm_stalls_per_hour=6.0, input_stalls_per_hour=3.0)
     plant = Plant(site, jobs, faults, config=PlantConfig(seed=11, phases=phases))
-    rounds: asyncio.Queue[Readings] = asyncio.Queue()
+    rounds: asyncio.Queue[Readings | ClockWentBack] = asyncio.Queue()
     metrics = AgentMetrics(site.rack_names)
     controller = Controller(site)
     journal = Journal(tmp_path / "journal.sqlite")

@@ -18,7 +18,7 @@ from agent_helpers import small_site
 
 from agent.clock import SiteClock
 from agent.controller import Controller
-from agent.estimation_loop import EstimationLoop
+from agent.estimation_loop import ClockWentBack, EstimationLoop
 from agent.journal import Journal
 from agent.metrics import AgentMetrics
 from twin.estimate import Anomaly
@@ -57,7 +57,7 @@ class _Task:
         if calibrated:  # a restarted agent's calibration, from the journal: there is something to save
             self.controller.load_calibration(self.cards, self.r_th, self.leak)
         self.metrics = AgentMetrics(self.site.rack_names)
-        self.queue: asyncio.Queue[Readings] = asyncio.Queue()
+        self.queue: asyncio.Queue[Readings | ClockWentBack] = asyncio.Queue()
         self.state = TwinState(self.site)
         self.loop = EstimationLoop(
             self.site,

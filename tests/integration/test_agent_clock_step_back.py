@@ -135,6 +135,12 @@ async def test_after_a_simulator_restarted_760_s_back_the_old_timelines_commands
             stepped_s = service.clock.now()
             assert stepped_s is not None and stepped_s < START
             await sim2_task
+
+            # the estimator's time followed the clock (it kept the old timeline's until the new one passed it)
+            def estimator_on_new_timeline() -> bool:
+                return new_start < service.estimator.estimates().time_s <= new_start + SIM2_S
+
+            await wait_for(estimator_on_new_timeline, 10, "the estimator's time on the new timeline")
         finally:
             service.stop()
             await asyncio.wait_for(agent, 15)

@@ -341,12 +341,23 @@ def test_a_pump_step_as_learning_begins_is_not_read_as_fouled_plates(
     readings learnt (at the prior's wide variance) read three healthy plates 12-18% above spec, as
     sure as a calibration: flagged fouled. The estimator now follows the flow within seconds and does
     not learn while its flow is on the way to a new pump speed's."""
+    p = _pump_step_plant(small_site)
+    _pump_step_as_learning_begins(p, Estimator(small_site, config))
+
+
+def _pump_step_plant(site: SiteSpec) -> Plant:
+    """Every card of ``site`` (32) computing, its pumps at 58%, warm (600 s run)."""
     jobs = [JobSpec("a", 32, work_steps=1e7, step_time_s=1.0, compute_share=0.85, checkpoint_interval_s=1e6)]
-    p = Plant(small_site, jobs, config=PlantConfig(seed=3, phases=PhaseModel(startup_s=10.0)))
-    speed = 0.58
-    p.set_pump_speed([0, 1], speed)
+    p = Plant(site, jobs, config=PlantConfig(seed=3, phases=PhaseModel(startup_s=10.0)))
+    p.set_pump_speed([0, 1], 0.58)
     p.run(600.0, 1.0)
-    est = Estimator(small_site, config)
+    return p
+
+
+def _pump_step_as_learning_begins(p: Plant, est: Estimator) -> None:
+    """300 s of ``p`` into ``est``, whose cards' models (re)start at
+    the first: the pumps slowed from 58% to 34% from 93 to 108 s, as the settle wait ends. No confident
+    ratio more than 0.06 off the plant's, no anomaly; and every card learnt."""
     true_ratio = p._s_r  # the plant's true resistance scales (private; read on purpose)
     for t in range(300):
         speed = 0.34 if 93 <= t < 108 else 0.58
@@ -359,6 +370,38 @@ def test_a_pump_step_as_learning_begins_is_not_read_as_fouled_plates(
         assert np.all(np.abs(e.r_ratio - true_ratio)[confident] < 0.06), (t, np.abs(e.r_ratio - true_ratio).max())
         assert est.anomalies() == [], t
     assert np.all(est.estimates().r_ratio_sd < 0.05)  # and it did learn
+
+
+def _shifted(r: Readings, by_s: float) -> Readings:
+    """``r`` stamped ``by_s`` later (the plant's readings: one stamp per rack)."""
+    assert all(rr.cards_time_s is rr.loop_time_s is rr.pdu_time_s is None for rr in r.racks)
+    racks = tuple(dataclasses.replace(rr, time_s=rr.time_s + by_s) for rr in r.racks)
+    return dataclasses.replace(r, time_s=r.time_s + by_s, racks=racks, facility=None)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [EstimatorConfig(), EstimatorConfig(flow_time_constant_s=10.0)],
+    ids=["default", "the old 10 s average: the pause alone"],
+)
+def test_after_the_clock_went_back_learning_pauses_in_a_pump_step_on_the_new_timeline(
+    small_site: SiteSpec, config: EstimatorConfig
+) -> None:
+    """The pump step above, a minute after the site's clock went back 760 s (a simulator restarted
+    with an earlier epoch; the service tells the estimator: ``Estimator.clock_went_back``). The
+    estimator's time follows the new timeline, so learning pauses in the step as it does on a first
+    timeline. It used to keep the old timeline's time until the new one passed it: no rack's loop
+    counted as reporting (its last reading more than ``max_gap_s`` before that time), and the pause
+    was off; with the 10 s average the first readings learnt were read up to 8.5% off, as sure as a
+    calibration."""
+    p = _pump_step_plant(small_site)
+    est = Estimator(small_site, config)
+    for _ in range(60):  # the first timeline, 760 s ahead (nothing learnt yet: the models settle)
+        p.step(1.0)
+        est.update(_shifted(p.readings(), 760.0))
+    est.clock_went_back(p.time_s)
+    assert est.estimates().time_s == p.time_s
+    _pump_step_as_learning_begins(p, est)
 
 
 def test_a_loop_that_goes_silent_in_a_pump_step_does_not_stop_its_cards_learning(small_site: SiteSpec) -> None:
@@ -685,6 +728,37 @@ def test_a_loop_or_pdu_reading_older_than_a_loops_gap_is_the_clock_gone_back_not
         est.update(_rack0(small_site, float(t), 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp))
         assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2, rel=1e-9), t
     assert est.estimates().rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_told_the_clock_went_back_a_little_the_new_timelines_readings_are_taken_at_once(
+    small_site: SiteSpec,
+) -> None:
+    """Rack 0 loaded (20 kW) at its nominal flow for 700 s; the site's clock goes back 100 s (less than
+    the gap after which a loop's older reading is taken for a step back: ten ``max_gap_s``) and the
+    service tells the estimator. Its time is the new one at once, and the new timeline's readings are
+    taken: the loop's flow 20% short from 601 s on is a 20% deficit at once (every such reading was
+    dropped as late until the new timeline passed 700 s: a weak pump went unseen for as long as the
+    clock had gone back). A reading late on the new timeline is still late: it changes nothing, the
+    time neither; nor does being told of a step back to a time after the estimator's."""
+    mcp = small_site.loop_flow_per_rack_lpm() / 60_000.0 * small_site.loop.density_kg_per_m3
+    mcp *= small_site.loop.specific_heat_j_per_kg_k
+    est = Estimator(small_site)
+    for t in range(1, 701):
+        est.update(_rack0(small_site, float(t), 30.0, pdu_w=20e3, loop_dt_k=20e3 / mcp))
+    assert est.estimates().rack_flow_deficit[0] == 0.0
+    est.clock_went_back(600.0)
+    assert est.estimates().time_s == 600.0
+    for t in range(601, 651):
+        est.update(_rack0(small_site, float(t), 30.0, flow_frac=0.8, pdu_w=20e3, loop_dt_k=20e3 / mcp))
+        assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2, rel=1e-9), t
+        assert est.estimates().time_s == float(t)
+    assert [a.kind for a in est.anomalies()] == ["weak_pump"]
+    before = est.estimates()
+    est.update(_rack0(small_site, 640.0, 30.0, pdu_w=10e3, loop_dt_k=10e3 / mcp))  # late: full flow, 10 kW
+    est.clock_went_back(700.0)  # (not back: the estimator's time is 650 s)
+    after = est.estimates()
+    for f in dataclasses.fields(after):
+        assert np.asarray(getattr(after, f.name)).tobytes() == np.asarray(getattr(before, f.name)).tobytes(), f.name
 
 
 def test_a_round_that_fails_after_the_flow_moved_leaves_the_thermal_network_as_it_was(
