@@ -27,7 +27,11 @@ and is re-exported here; the command-line options that make it (``--broker``, ``
 A last will (:class:`LastWill`, or a function returning one, called at every connect so its
 timestamp is fresh) is published by the broker only when the connection is lost *uncleanly*; a
 clean :meth:`Bus.close` sends DISCONNECT and the broker discards the will, so a service publishes
-its own "offline" status before closing.
+its own "offline" status before closing. A close that comes while the bus connects lets that attempt
+end first (at most ``connect_timeout_s`` more): cancelled, it left a connection the broker had taken
+without a DISCONNECT, and the broker published the will when the process ended. A connection made
+then is handed to ``on_connect`` with :attr:`Bus.closing` True (the owner says goodbye, not hello:
+the agent publishes its "offline" status there) and closed with DISCONNECT, with no subscription.
 
 Two clients with one client id take the session from each other: the broker closes the older
 connection when the newer one connects (MQTT 3.1.1 gives no reason; mosquitto just closes the
@@ -100,6 +104,8 @@ _AIOMQTT_TIMEOUT = "Operation timed out"  # the MqttError aiomqtt 2.x raises whe
 SHORT_LIVED_S = 15.0
 _TAKEOVERS_CONTESTED = 3  # take-overs within _TAKEOVER_WINDOW_S that make the client id contested
 _TAKEOVER_WINDOW_S = 600.0
+#: wall seconds :meth:`Bus.close` waits for an attempt to connect in progress beyond ``connect_timeout_s``
+_CLOSE_CONNECTING_GRACE_S = 1.0
 _TOPIC_CACHE_MAX = 10_000  # topics whose match against the subscriptions is remembered (a site has hundreds)
 
 
@@ -266,6 +272,7 @@ class Bus:
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._connecting = False  # an attempt to connect is in progress (its CONNECT may have been sent)
         self._rng = random.Random()
         self._connected_at = -math.inf  # time.monotonic() when the current connection was made
         self._short_lived = False  # the last connection was closed soon after its start
@@ -287,11 +294,24 @@ class Bus:
             self._task = asyncio.create_task(self._run(), name=f"{self.name}-connection")
 
     async def close(self) -> None:
-        """Disconnect cleanly (the broker drops our will) and stop reconnecting."""
+        """Disconnect cleanly (the broker drops our will) and stop reconnecting. An attempt to connect in
+        progress is let end first, for at most ``connect_timeout_s`` plus a second (its own bound): a
+        connection it makes goes to ``on_connect`` with :attr:`closing` True, then ends with DISCONNECT."""
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            await cancel_and_wait(task)
+            try:
+                if self._connecting:
+                    await asyncio.wait({task}, timeout=self.options.connect_timeout_s + _CLOSE_CONNECTING_GRACE_S)
+                    if not task.done():
+                        log.warning(
+                            "%s: the connection to %s was still being made when closing: abandoned (the broker may "
+                            "publish the will)",
+                            self.name,
+                            self.options.url,
+                        )
+            finally:
+                await cancel_and_wait(task)
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)  # ends messages()
 
@@ -310,6 +330,12 @@ class Bus:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`close` was called: ``on_connect`` of a connection made as the bus closes (it is
+        closed at once) finds it True."""
+        return self._closing
 
     def contested(self) -> str | None:
         """Why the client id seems to be in use by another client (see the module docstring), or
@@ -372,17 +398,22 @@ class Bus:
             client = _client(self.options, will, _forwarding_queue(self._deliver), self._tls_context)
             _mute_disconnect_error(client)
             connected = False
+            self._connecting = True
             try:
                 async with _Connection(client, self.options):
+                    self._connecting = False
                     _mute_disconnect_error(client)
                     connected = True
                     self._note_connected()
                     self._client = client
-                    if self._subs:  # one SUBSCRIBE: retained messages come in the order of the filters
+                    if self._subs and not self._closing:  # one SUBSCRIBE: retained messages in the filters' order
                         await _unless_disconnected(client, client.subscribe(list(self._subs.items())))
                     self.stats.connects += 1
                     self._connected.set()
-                    log.info("%s: connected to %s (%d subscriptions)", self.name, self.options.url, len(self._subs))
+                    if self._closing:  # made as the bus closes (close() waits): on_connect, then DISCONNECT
+                        log.info("%s: connected to %s as the bus closes: disconnecting", self.name, self.options.url)
+                    else:
+                        log.info("%s: connected to %s (%d subscriptions)", self.name, self.options.url, len(self._subs))
                     if self._on_connect is not None:
                         try:
                             await _unless_disconnected(client, self._on_connect(self))
@@ -392,8 +423,9 @@ class Bus:
                             log.warning("%s: on_connect could not publish: %s", self.name, exc)
                         except Exception:
                             log.exception("%s: on_connect failed", self.name)
-                    async for _ in client.messages:  # messages go to _deliver; this waits for a disconnect
-                        pass
+                    if not self._closing:
+                        async for _ in client.messages:  # messages go to _deliver; this waits for a disconnect
+                            pass
             except aiomqtt.MqttError as exc:
                 self.stats.last_error = str(exc)
                 if connected:
@@ -416,6 +448,7 @@ class Bus:
                     self.stats.failed_connects += 1
                 log.exception("%s: unexpected error on the connection to %s; reconnecting", self.name, self.options.url)
             finally:
+                self._connecting = False
                 self._connected.clear()
                 self._client = None
             if self._note_ended(connected):

@@ -28,7 +28,8 @@
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
   stamp's order among its job's events (:meth:`Ingest._dated`), so that the belief still tells a
-  repeated or overtaken event from a new one;
+  repeated or overtaken event from a new one, and it is newer or older than a job snapshot by that
+  date, not by its stamp (by its stamp, every snapshot of the next hour read as older than it);
 * the scheduler's retained job snapshot (``racktwin.job_state/1``) is reconciled with the belief's
   job table when it is newer than the last job event taken (``agent.job_catchup``): the catch-up of
   an agent that connects after jobs started. Being retained, a snapshot may come from an earlier
@@ -296,10 +297,15 @@ class Ingest:
             self._round_t = max(self._round_t, ts)
         elif isinstance(msg, wire.JobEvent):
             ahead = not self._observe(ts)
-            self._newer_than_jobs_seen(msg.ts_s, msg.seq)
             ev = self._event(msg)
-            if ev is not None:
+            if ev is None:
+                if not ahead:
+                    self._newer_than_jobs_seen(msg.ts_s, msg.seq)
+            else:
                 ev = self._dated(ev, ahead)
+                # noted at its date, not at a stamp the clock ignored: stamped an hour ahead, it had every
+                # snapshot of that hour read as older than it (the catch-up blocked)
+                self._newer_than_jobs_seen(ev.time_s, msg.seq)
                 self.flush()
                 self.state.apply_events([ev])
                 self.stats.job_events += 1
@@ -551,7 +557,8 @@ class Ingest:
 
     def _newer_than_jobs_seen(self, ts_s: float, seq: int) -> bool:
         """Whether a job event or snapshot stamped ``(ts_s, seq)`` is newer than every one taken before
-        (the scheduler numbers both with one counter); notes it as the newest when it is."""
+        (the scheduler numbers both with one counter); notes it as the newest when it is. A job event
+        stamped far ahead of the site clock is given at the date :meth:`_dated` gave it, not its stamp."""
         key = (ts_s, seq)
         if self._jobs_seen is not None and key <= self._jobs_seen:
             return False

@@ -204,7 +204,9 @@ def plan_cycle(
 ) -> CyclePlan:
     """The planner's plan (the greedy one without the solver; ``previous_plan`` warm-starts the
     solver); where no plan meets every constraint, the plan of the problem without what no plan can
-    meet (:func:`relax`), flagged infeasible."""
+    meet (:func:`relax`), flagged infeasible. Why a set-point the solver was run for kept the greedy
+    plan (late, failed, no solution: the plan's explanation) goes to ``notes`` as ``fallback: ...``,
+    the relaxed plan's too."""
     choose = ctx.choose_setpoint and len(p.supply_options_c) > 1
     if use_solver:
         plan = planner.plan(
@@ -219,6 +221,7 @@ def plan_cycle(
         plan = greedy_cycle(p, choose_setpoint=choose)
         notes.append("greedy plan (the solve was late or not asked for)")
     if plan.status != SolveStatus.INFEASIBLE:
+        notes.extend(f"fallback: {line}" for line in plan.explanation.splitlines()[:6])
         return plan
     notes.extend(f"infeasible: {line}" for line in plan.explanation.splitlines()[:6])
     q = relax(p, choose, notes, rack_names)
@@ -235,6 +238,7 @@ def plan_cycle(
         relaxed = greedy_cycle(q, choose_setpoint=choose and len(q.supply_options_c) > 1)
     if not relaxed.status.has_plan:
         return plan
+    notes.extend(f"fallback: {line}" for line in relaxed.explanation.splitlines()[:6])
     return dataclasses.replace(relaxed, status=SolveStatus.INFEASIBLE, explanation=plan.explanation)
 
 

@@ -41,8 +41,11 @@
 The agent's status is retained on ``agent/status`` (``online`` on every connect; the broker's last
 will says ``offline`` if the connection dies; a clean shutdown finishes the current cycle, sends what
 it decided, waits up to 2 s for the acks of the commands in flight (so the journal records how they
-ended) and publishes ``offline`` itself, with the detail ``clean shutdown``; a task failing publishes
-``offline`` with ``error: <type>: <message>`` and :meth:`AgentService.run` raises :class:`AgentFailed`).
+ended) and publishes ``offline`` itself, with the detail ``clean shutdown``, then disconnects (a
+connection still being made is let finish, at most the broker's ``connect_timeout_s``, and says
+``offline`` instead of ``online``: cancelled, it left the broker the will, ``connection lost``); a
+task failing publishes ``offline`` with ``error: <type>: <message>`` and :meth:`AgentService.run`
+raises :class:`AgentFailed`).
 The journal is locked while the service holds it (a second agent on it is refused,
 :class:`agent.journal.JournalInUseError`); a journal that cannot be written (decisions, acks,
 calibration, the publisher's record of sends, the jobs and ``card_failed`` marks kept for a restart),
@@ -433,6 +436,8 @@ class AgentService:
     async def _close(self) -> None:
         detail = self._failure or "clean shutdown"
         await self.status.publish_offline(detail)
+        # a connection still being made is let finish: its on_connect says offline (_on_connect), then
+        # DISCONNECT (cancelled, it left the broker the will: "connection lost" after a clean stop)
         await self.bus.close()
         if self._http_server is not None:
             self._http_server.close()
@@ -469,6 +474,9 @@ class AgentService:
         return self.status.will()
 
     async def _on_connect(self, bus: Bus) -> None:
+        if bus.closing:  # connected as the service closes (_close): offline, not online, and the bus disconnects
+            await self.status.publish_offline(self._failure or "clean shutdown")
+            return
         # the publisher hears of the connection before anything is awaited, and the counter after it:
         # a publisher step that sees the new connection counted sends the open commands again once
         # (told after the status's publish, a step in between sent them and the next sent them again)

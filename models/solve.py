@@ -494,20 +494,24 @@ def greedy_cycle(p: CycleProblem, choose_setpoint: bool = True) -> CyclePlan:
         if best is None or plan.objective_per_h > best.objective_per_h:
             best = plan
     records.sort(key=lambda r: options.index(r.supply_temp_c))  # in the options' order, as before (stable)
-    return _finish(p, best, records, reasons, time.perf_counter() - t0, SolveStatus.FALLBACK, None, "greedy")
+    return _finish(p, best, records, reasons, [], time.perf_counter() - t0, SolveStatus.FALLBACK, None, "greedy")
 
 
-def _within_caps(plan: DvfsPlan, p: CycleProblem) -> bool:
-    """``plan.within_caps(p)``, the cards of the problem's least-power jobs and the cards that run no job
-    exempt from the die limit: a plan sets no level of an idle card (its die is left to the agent's
-    guard, as the greedy plan leaves it); an idle card reading hot made every solver plan a fallback."""
+def _over_caps(plan: DvfsPlan, p: CycleProblem) -> str:
+    """What of ``plan`` the twin finds over the caps ("" when it is within them: ``plan.within_caps(p)``),
+    the cards of the problem's least-power jobs and the cards that run no job exempt from the die limit:
+    a plan sets no level of an idle card (its die is left to the agent's guard, as the greedy plan leaves
+    it); an idle card reading hot made every solver plan a fallback."""
     exempt = p.die_exempt_cards() | (p.card_job < 0)
-    if not exempt.any():
-        return plan.within_caps(p)
-    return bool(
-        np.all(plan.rack_power_w <= p.rack_cap_w() + 1e-6)
-        and np.all(plan.card_die_temp_c[~exempt] <= p.die_limit_c + 1e-6)
-    )
+    racks = np.flatnonzero(plan.rack_power_w > p.rack_cap_w() + 1e-6)
+    hot = np.flatnonzero(~exempt & (plan.card_die_temp_c > p.die_limit_c + 1e-6))
+    over = []
+    if racks.size:
+        names = ", ".join(p.site.rack_names[int(r)] for r in racks[:4]) + (", ..." if racks.size > 4 else "")
+        over.append(f"{racks.size} rack(s) over their cap ({names})")
+    if hot.size:
+        over.append(f"{hot.size} card(s) over the die limit")
+    return " and ".join(over)
 
 
 def _finish(
@@ -515,11 +519,14 @@ def _finish(
     best: DvfsPlan | None,
     records: list[SetpointOption],
     reasons: list[str],
+    fallbacks: list[str],
     elapsed: float,
     status: SolveStatus,
     gap: float | None,
     source: str,
 ) -> CyclePlan:
+    """The plan: ``best`` (None: no set-point has a feasible plan), explained by ``reasons`` (why none
+    is feasible) when it is None, else by ``fallbacks`` (why set-points kept their greedy plans)."""
     if best is None:
         # nothing feasible: the greedy heuristic's least-power plan at the set-point in force, flagged
         # INFEASIBLE (its source is "greedy" whatever was tried, no MILP plan is in it). Not the
@@ -545,7 +552,7 @@ def _finish(
         dvfs=best,
         setpoint=SetpointPlan(best.supply_temp_c, tuple(records)),
         solve_time_s=elapsed,
-        explanation="",
+        explanation="\n".join(fallbacks),
         objective_per_h=best.objective_per_h,
         mip_gap=gap,
         source=source,
@@ -633,16 +640,29 @@ def _judge_solution(
     """A finished solve at one set-point, judged by the twin: a solution within the caps keeps HiGHS's
     status and gap, and its plan unless the twin rates the greedy plan higher (the model's facility
     line is an affine fit: the rare case keeps the greedy plan, source "greedy"); no solution or one
-    over the caps gives the greedy plan (status FALLBACK), with a reason when HiGHS says infeasible."""
+    over the caps gives the greedy plan (status FALLBACK), with its reason in ``reasons``
+    (:func:`_fallback_reason`): what the twin found over the caps, or how HiGHS ended without one."""
     if level is not None and awake is not None:
         cand = assess_dvfs(p, level, awake, c.supply_c, c.tables)
-        if _within_caps(cand, p):
+        over = _over_caps(cand, p)
+        if not over:
             if cand.objective_per_h >= c.greedy_plan.objective_per_h - 1e-9:
                 return _Outcome(info.status, cand, info.gap, "milp")
             return _Outcome(info.status, c.greedy_plan, info.gap, "greedy")
+        why = f"the solver's plan ({info.status.value}) has {over} as the twin rates it"
     elif info.status == SolveStatus.INFEASIBLE:  # cannot happen when the greedy is feasible
-        reasons.append(f"supply {c.supply_c:g} deg C: HiGHS reports infeasible; greedy plan used")
+        why = "HiGHS reports infeasible"
+    elif info.status == SolveStatus.TIMEOUT_NO_SOLUTION:
+        why = f"HiGHS stopped at a limit before it found a solution ({info.message})"
+    else:
+        why = f"HiGHS ended with no solution ({info.status.value}, {info.message})"
+    reasons.append(_fallback_reason(c.supply_c, why))
     return c.fallback()
+
+
+def _fallback_reason(supply_c: float, why: str) -> str:
+    """One line of a plan's explanation: why the plan at set-point ``supply_c`` is the greedy fallback."""
+    return f"supply {supply_c:g} deg C: {why}; greedy plan used"
 
 
 class CyclePlanner:
@@ -699,13 +719,20 @@ class CyclePlanner:
         greedy plan is always computed first, at every set-point, so a late, failed or worse solve
         falls back to it. ``refine_top=k`` runs the MILP only at the ``k`` set-points whose greedy
         plans score best (None: at all of them).
+
+        The plan's ``explanation`` holds one line per reason: with no feasible plan (INFEASIBLE), why
+        each set-point has none; otherwise why each set-point the MILP was run for kept its greedy plan
+        (late, failed, stopped with no solution, infeasible, over the caps as the twin rates it, or no
+        time left: ``supply 30 deg C: ...; greedy plan used``), so that a FALLBACK always says why (a
+        set-point ``refine_top`` left out keeps its greedy plan with no line: it was not asked for).
         """
         _check_limits(time_limit_s, mip_rel_gap)
         t_start = time.monotonic()
         deadline = t_start + time_limit_s
         options = p.supply_options_c if choose_setpoint else (p.supply_temp_c,)
         records: list[SetpointOption] = []
-        reasons: list[str] = []
+        reasons: list[str] = []  # why a set-point has no feasible plan
+        fallbacks: list[str] = []  # why a set-point the MILP was run for keeps its greedy plan
         # 1. the twin's tables and the greedy plan at every set-point (cheap; also the fallback)
         cands = _greedy_options(p, options, records, reasons)
         # 2. the MILP for the set-points whose greedy plans score best (all unless refine_top), each
@@ -717,7 +744,12 @@ class CyclePlanner:
             t1 = time.monotonic()
             left = deadline - time.monotonic()
             share = left / (n_refine - i) if i < n_refine else 0.0
-            out = self._refine(p, c, previous_plan, share, mip_rel_gap, reasons) if share > 0.005 else c.fallback()
+            if share > 0.005:
+                out = self._refine(p, c, previous_plan, share, mip_rel_gap, fallbacks)
+            else:  # left out by refine_top (by request: no reason), or no time left for it
+                out = c.fallback()
+                if i < n_refine:
+                    fallbacks.append(_fallback_reason(c.supply_c, "the time limit was used up before its solve"))
             records.append(out.record(c.supply_c, time.monotonic() - t1))
             if best is None or out.plan.objective_per_h > best.plan.objective_per_h:
                 best = out
@@ -725,8 +757,8 @@ class CyclePlanner:
         records.sort(key=lambda r: r.supply_temp_c)
         elapsed = time.monotonic() - t_start
         if best is None:
-            return _finish(p, None, records, reasons, elapsed, SolveStatus.OPTIMAL, None, "milp")
-        return _finish(p, best.plan, records, reasons, elapsed, best.status, best.gap, best.source)
+            return _finish(p, None, records, reasons, fallbacks, elapsed, SolveStatus.OPTIMAL, None, "milp")
+        return _finish(p, best.plan, records, reasons, fallbacks, elapsed, best.status, best.gap, best.source)
 
     def _refine(
         self,
@@ -739,8 +771,7 @@ class CyclePlanner:
     ) -> _Outcome:
         """Step 2 of :meth:`plan` at one set-point: the MILP, warm-started, run until ``share`` seconds
         (plus :data:`DEADLINE_GRACE_S`) are up; the greedy plan (:meth:`_Option.fallback`) when the
-        solve is late, fails or finds nothing (why, in ``reasons``, for a failure or an infeasible
-        report), otherwise :func:`_judge_solution`'s."""
+        solve is late, fails or finds nothing (why, in ``reasons``), otherwise :func:`_judge_solution`'s."""
         solver = self.solver_for(c.supply_c, self.chunking(c.tables))
         start = _warm_start(previous_plan, c)
         lim = max(share - DEADLINE_GRACE_S / 2, 0.001)
@@ -754,12 +785,18 @@ class CyclePlanner:
             raise
         except Exception as exc:  # the solver failed: fall back
             solver.drop()
-            reasons.append(f"supply {c.supply_c:g} deg C: solver error {exc!r}; greedy plan used")
+            reasons.append(_fallback_reason(c.supply_c, f"solver error {exc!r}"))
             return c.fallback()
         if not done:  # late: cancelled, and the solver (maybe still running) is not reused
             solver.drop()
+            reasons.append(
+                _fallback_reason(
+                    c.supply_c, f"the solve was still running at the end of its {share:.3f} s share of the time limit"
+                )
+            )
             return c.fallback()
-        if out is None:
+        if out is None:  # pragma: no cover - the solve returns a tuple
+            reasons.append(_fallback_reason(c.supply_c, "the solver returned nothing"))
             return c.fallback()
         return _judge_solution(p, c, *out, reasons)
 

@@ -535,7 +535,9 @@ class Simulator:
 
     async def _on_connect(self, bus: Bus) -> None:
         """After every (re)connect: republish every rack's retained applied state, then the events
-        kept while offline."""
+        kept while offline; nothing on a connection made as the bus closes (``Bus.closing``)."""
+        if bus.closing:
+            return
         low = self._plant.truth().low_power
         for r in range(self.site.n_racks):
             await bus.send(self.commands.applied_state(r, low))

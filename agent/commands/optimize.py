@@ -81,6 +81,7 @@ def _warn(msg: str) -> None:
 
 def run(args: argparse.Namespace, command: str) -> int:
     from models.placement import QueuedJob, make_placement_problem, place_jobs
+    from models.plans import SolveStatus
     from models.problem import Margins, Prices, ProblemError, make_problem
     from models.solve import greedy_cycle, plan_cycle
 
@@ -158,9 +159,10 @@ def run(args: argparse.Namespace, command: str) -> int:
         args,
         f"plan: {plan.status.value} ({plan.source}) in {plan.solve_time_s:.3f} s, supply {plan.supply_temp_c:g} deg C",
     )
-    if plan.explanation:  # why there is no plan: not progress, so even with --quiet
-        for line in plan.explanation.splitlines():
-            print(f"racktwin optimize: infeasible: {line}", file=sys.stderr, flush=True)
+    # why there is no plan, or why a set-point kept the greedy plan: not progress, so even with --quiet
+    kind = "infeasible" if plan.status is SolveStatus.INFEASIBLE else "fallback"
+    for line in plan.explanation.splitlines():
+        print(f"racktwin optimize: {kind}: {line}", file=sys.stderr, flush=True)
     greedy = greedy_cycle(p1, choose_setpoint=sf.solver.choose_setpoint)
     judged = judge(p1, plan.dvfs, plan.supply_temp_c, sf.solver) if plan.dvfs is not None else None
     greedy_j = judge(p1, greedy.dvfs, greedy.supply_temp_c, sf.solver) if greedy.dvfs is not None else None

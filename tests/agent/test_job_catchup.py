@@ -238,3 +238,37 @@ def test_a_retained_snapshot_from_an_earlier_run_stamped_ahead_of_the_site_is_ig
     # 10 s ahead or less (the clock's own tolerance at 1x) is the same timeline: taken
     ingest.handle(snapshot(T0 + 12, 3, running("new", {"r2": (0, 1, 2, 3)}, Phase.COMPUTE)))
     assert ingest.stats.job_snapshots == 1 and ingest.stats.job_snapshots_ahead == 1
+
+
+class _Wall:
+    """A wall clock the test moves (the site clock extrapolates on it)."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_job_event_stamped_far_ahead_does_not_make_later_snapshots_old() -> None:
+    """One bad stamp an hour ahead on a job event: the clock ignores the stamp and the event is dated at
+    the site's now (``Ingest._dated``). Its stamp used to become the newest job message seen, so every
+    snapshot of the next hour read as older than it and the catch-up was blocked for that hour. Now the
+    event counts at the date it was given: a later snapshot is taken, and one made before the event
+    (stamped before that date) is still old (taken, it would drop the job the event submitted)."""
+    site = example_site()
+    state = TwinState(site)
+    wall = _Wall()
+    clock = SiteClock(1.0, infer=False, wall=wall)
+    ing = Ingest(site, state, clock)
+    ing.handle(_facility(T0))
+    wall.t += 5.0
+    ing.handle(event(wire.JobEventType.SUBMITTED, "j1", T0 + 3600.0, 4, job=spec("j1", 2)))
+    assert ing.stats.ahead == 1 and set(state.jobs) == {"j1"}
+    ing.handle(snapshot(T0 + 4.0, 3))  # made before the event: it does not list j1 yet
+    assert ing.stats.job_snapshots_old == 1 and set(state.jobs) == {"j1"}
+    wall.t += 1.0
+    ing.handle(_facility(T0 + 6.0))
+    ing.handle(snapshot(T0 + 6.0, 5, running("j1", {"r1": (0, 1)}, Phase.COMPUTE)))  # the event's start was lost
+    assert ing.stats.job_snapshots == 1 and ing.stats.job_snapshots_old == 1
+    assert state.jobs["j1"].state == "running" and state.jobs["j1"].cards == (64, 65)

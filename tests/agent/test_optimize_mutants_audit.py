@@ -311,3 +311,16 @@ def test_generate_ranges_at_their_limits_are_accepted(tmp_path: Path, generate: 
     path.write_text(f'name = "edge"\nsite = "{SITE}"\nambient_c = 20.0\n[generate]\nseed = 1\n{generate}')
     sc = load_scenario(path)
     assert sc.jobs and not sc.dropped
+
+
+def test_a_plan_that_fell_back_to_the_greedy_one_says_why_on_stderr_and_in_plan_json(tmp_path: Path) -> None:
+    """A time limit the greedy plans use up before any solve (1 ms): the plan is the greedy one
+    (status "fallback", exit 0) and says why, on stderr even with --quiet and in plan.json's
+    ``explanation`` (a fallback used to come with no reason: the explanation was empty)."""
+    path = _scenario(tmp_path / "short.toml", '[[jobs]]\nid = "a"\nn_cards = 64\nracks = [0]\n')
+    rc, _stdout, stderr = _optimize(path, tmp_path / "o", "--quiet", "--time-limit", "0.001")
+    assert rc == 0, stderr
+    why = "supply 30 deg C: the time limit was used up before its solve; greedy plan used"
+    assert stderr.splitlines() == [f"racktwin optimize: fallback: {why}"]
+    plan = _plan(tmp_path / "o")
+    assert (plan["status"], plan["source"], plan["explanation"]) == ("fallback", "greedy", why)

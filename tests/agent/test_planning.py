@@ -216,6 +216,10 @@ def test_a_solve_out_of_time_gives_the_greedy_plan_within_the_caps() -> None:
     notes: list[str] = []
     late = plan(p, notes, solver_time_limit_s=1e-6)
     assert late.status == SolveStatus.FALLBACK and late.source == "greedy"  # computed before the solve
+    # and the decision says why (it used to show a fallback with no reason)
+    assert notes == [
+        f"fallback: supply {p.supply_temp_c:g} deg C: the time limit was used up before its solve; greedy plan used"
+    ]
     assert late.dvfs is not None
     assert (late.dvfs.rack_power_w <= p.rack_cap_w() + 1e-6).all()
 

@@ -30,11 +30,12 @@ pytestmark = pytest.mark.integration
 #: $MOMENT_UNDER_TEST names: ``starting`` as ``asyncio.run`` begins (the service not made yet); ``making`` as
 #: the service, its journal opened (and locked), loads it; ``online`` once its online status is out;
 #: ``closed`` that and again as ``asyncio.run`` has returned (the run's event loop closed, the exit status
-#: not yet given)
+#: not yet given); ``connecting`` as the broker's CONNACK comes, which is held (the agent still connecting)
+#: until the stop closes the bus
 _SIGNALLING_AGENT = textwrap.dedent(
     """
     import asyncio, os, signal, sys
-    import agent.service, agent.status
+    import aiomqtt.client, agent.bus, agent.service, agent.status
     from agent.cli import main
 
     sig = signal.Signals[os.environ["SIGNAL_UNDER_TEST"]]
@@ -63,10 +64,26 @@ _SIGNALLING_AGENT = textwrap.dedent(
         send()
         return result
 
+    on_connack = aiomqtt.client.Client._on_connect
+    bus_close = agent.bus.Bus.close
+    held = []
+
+    def hold_connack_then_signal(self, *args, **kwargs):
+        held.append(lambda: on_connack(self, *args, **kwargs))
+        send()
+
+    async def let_connack_in_then_close(self):
+        while held:
+            held.pop(0)()
+        await bus_close(self)
+
     if moment == "starting":
         asyncio.run = signal_then_run
     elif moment == "making":
         agent.service.load_journal = signal_then_load
+    elif moment == "connecting":
+        aiomqtt.client.Client._on_connect = hold_connack_then_signal
+        agent.bus.Bus.close = let_connack_in_then_close
     else:
         agent.status.StatusPublisher.publish_online = publish_online_then_signal
         if moment == "closed":
@@ -124,4 +141,33 @@ async def test_a_signal_while_the_agent_runs_and_after_its_event_loop_closed_is_
     assert end.endswith(" disconnected."), end  # no will: it said offline itself
     assert statuses(obs, wire.AgentState.ONLINE), agent.stderr[-3000:]
     assert got[-1].state == wire.AgentState.OFFLINE and got[-1].detail == "clean shutdown", got[-1]
+    Journal(tmp_path / "journal.sqlite", lock=True).close()  # free for the next agent
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+async def test_a_signal_while_the_agent_connects_is_a_clean_stop_with_no_will(
+    mosquitto: EmbeddedBroker, tmp_path: Path, sig: str
+) -> None:
+    """A signal as the broker's CONNACK comes, before the agent took it: the stop closes the bus while it
+    still connects, and the connection made then says ``offline`` / ``clean shutdown`` (never ``online``)
+    and ends with a DISCONNECT. The bus used to cancel the connecting: no offline status, no DISCONNECT,
+    and as the process ended the broker published the agent's will, ``connection lost``, after a clean
+    stop. (The driver holds the CONNACK until the bus is closed: no wait on a sleep.)"""
+    site = load_site(write_site(tmp_path))
+    cfg = write_config(tmp_path, mode="advisory")
+    obs = Observer()
+    async with (
+        observing(mosquitto, site, obs) as watch,
+        agent_process(
+            mosquitto, cfg, code=_SIGNALLING_AGENT, SIGNAL_UNDER_TEST=sig, MOMENT_UNDER_TEST="connecting"
+        ) as agent,
+    ):
+        assert await agent.wait(30) == 0, agent.stderr[-3000:]
+        got, end = await statuses_after_the_end(mosquitto, watch, obs, cfg)
+    assert "Traceback" not in agent.stderr and "interrupted" not in agent.stderr, agent.stderr[-3000:]
+    assert f"stopping ({sig}): the current cycle finishes" in agent.stderr, agent.stderr[-3000:]
+    assert re.search(r"agent stopped.*open_commands", agent.stderr), agent.stderr[-3000:]
+    assert end.endswith(" disconnected."), end  # no will
+    assert not statuses(obs, wire.AgentState.ONLINE), got
+    assert got and got[-1].state == wire.AgentState.OFFLINE and got[-1].detail == "clean shutdown", got
     Journal(tmp_path / "journal.sqlite", lock=True).close()  # free for the next agent

@@ -279,3 +279,47 @@ async def test_a_broker_restart_is_no_session_take_over(mosquitto: EmbeddedBroke
             await wait_for(lambda: bus.connected, what="a reconnect")
             bus.stats.failed_connects = 0
         assert bus.stats.takeovers == 0 and bus.contested() is None
+
+
+async def test_a_bus_closed_while_it_connects_lets_the_connection_finish_and_disconnects(
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close()`` as the broker's CONNACK comes, before the bus took it (the test holds it until the close
+    has begun): the bus lets the connection finish, hands it to ``on_connect`` with ``closing`` True (the
+    owner's goodbye: the agent's offline status) and ends it with a DISCONNECT, so the broker drops the
+    will. It used to cancel the connecting: the connection the broker had taken was
+    left without a DISCONNECT, and its will was published when the process ended."""
+    from agent.bus import LastWill
+
+    real_on_connack = aiomqtt.client.Client._on_connect
+    held: list[Any] = []
+
+    def hold(self: Any, *args: Any, **kwargs: Any) -> None:
+        held.append(lambda: real_on_connack(self, *args, **kwargs))
+
+    monkeypatch.setattr(aiomqtt.client.Client, "_on_connect", hold)
+    seen: list[tuple[bool, bool]] = []
+
+    async def on_connect(bus: Bus) -> None:
+        seen.append((bus.closing, bus.connected))
+        await bus.publish("test/closing/status", b"offline", qos=1, retain=True)
+
+    will = LastWill("test/closing/status", b"connection lost", qos=1, retain=True)
+    bus = Bus(
+        mosquitto.options(client_id="closing-bus"), subscriptions=["test/closing/#"], will=will, on_connect=on_connect
+    )
+    bus.start()
+    await wait_for(lambda: bool(held), what="the CONNACK")
+    closing = asyncio.ensure_future(bus.close())
+    await asyncio.sleep(0)  # close() has begun: it waits for the connection being made
+    assert not closing.done()
+    held.pop()()  # the CONNACK comes in
+    await closing
+    monkeypatch.undo()  # CONNACKs come in again
+    assert seen == [(True, True)] and bus.stats.connects == 1
+    ended = ("Client closing-bus disconnected.", "Client closing-bus closed its connection.")
+    await wait_for(lambda: any(e in mosquitto.log_text() for e in ended), what="the broker's log of the end")
+    assert ended[0] in mosquitto.log_text(), mosquitto.log_text()[-2000:]  # a DISCONNECT: the will dropped
+    async with Bus(mosquitto.options(client_id="closing-reader"), subscriptions=["test/closing/status"]) as reader:
+        [m] = await next_messages(reader, 1)
+    assert m.payload == b"offline"

@@ -349,3 +349,62 @@ def test_a_placement_milp_with_no_solution_is_reported_as_the_greedy_fallback(si
     plan = milp_placement(_pp(site, [8, 16], [40e3] * 8), time_limit_s=10.0)
     assert (plan.status, plan.source) == ("fallback", "greedy")
     assert sorted(plan.cards) == ["q0", "q1"] and plan.unplaced == {}
+
+
+class _FailingSolver(DvfsSolver):
+    """A :class:`DvfsSolver` whose solve raises (a solver crash, as the planner meets it)."""
+
+    def solve(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("HiGHS crashed")
+
+
+class _FailingPlanner(CyclePlanner):
+    def solver_for(self, supply_c: float, chunk: int | None = None) -> DvfsSolver:
+        return _FailingSolver()
+
+
+def test_every_fallback_of_the_planner_says_why(site: SiteSpec) -> None:
+    """A plan that falls back to the greedy one says why in its explanation (the agent's decision log and
+    ``racktwin optimize`` show it): it used to say why only when HiGHS reported the problem infeasible,
+    so a solve stopped with no solution (a node limit here, a time limit alike), a late one, a failed one
+    or one over the caps gave a FALLBACK with an empty explanation."""
+    p = _seed5(site)
+    stopped = _StoppedHighsPlanner(mip_max_nodes=0).plan(p, choose_setpoint=False, time_limit_s=10.0)
+    assert stopped.status == SolveStatus.FALLBACK
+    assert stopped.explanation == (
+        "supply 30 deg C: HiGHS stopped at a limit before it found a solution (iterationLimit); greedy plan used"
+    )
+    failed = _FailingPlanner().plan(p, choose_setpoint=False, time_limit_s=10.0)
+    assert failed.status == SolveStatus.FALLBACK
+    assert failed.explanation == "supply 30 deg C: solver error RuntimeError('HiGHS crashed'); greedy plan used"
+    no_time = CyclePlanner().plan(p, choose_setpoint=False, time_limit_s=1e-6)  # the greedy plans used it up
+    assert no_time.status == SolveStatus.FALLBACK
+    assert no_time.explanation == "supply 30 deg C: the time limit was used up before its solve; greedy plan used"
+    # a solution the twin finds over a rack's cap (as in the test above: level 3 where r0's cap holds 4)
+    from models.solve import _greedy_options, _judge_solution
+
+    t = dvfs_tables(problem(site, [job("a", 64)], [rack_cards(0)], options=[30.0]))
+    limits = np.full(site.n_racks, 50_000.0)
+    limits[0] = t.rack_base_w[0] + t.pair_power_w[0, 4] + 1000.0 + 1.0
+    capped = problem(site, [job("a", 64)], [rack_cards(0)], options=[30.0], limit_w=limits)
+    (c,) = _greedy_options(capped, (30.0,), [], [])
+    reasons: list[str] = []
+    _judge_solution(capped, c, _optimal_info(), np.array([3]), np.zeros(site.n_racks, dtype=np.int64), reasons)
+    assert reasons == [
+        "supply 30 deg C: the solver's plan (optimal) has 1 rack(s) over their cap (r0) as the twin rates it; "
+        "greedy plan used"
+    ]
+    # an optimal plan has nothing to explain
+    assert CyclePlanner().plan(p, choose_setpoint=False, time_limit_s=10.0).explanation == ""
+
+
+def test_a_late_solve_says_it_was_late(site: SiteSpec) -> None:
+    """The solve still running at the end of its share of the time limit is cancelled: the greedy plan,
+    and why."""
+    from solver_testing import LatePlanner
+
+    p = _seed5(site)
+    plan = LatePlanner().plan(p, choose_setpoint=False, time_limit_s=0.05)
+    assert plan.status == SolveStatus.FALLBACK
+    assert plan.explanation.startswith("supply 30 deg C: the solve was still running at the end of its ")
+    assert plan.explanation.endswith(" s share of the time limit; greedy plan used")
