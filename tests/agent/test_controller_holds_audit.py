@@ -1,0 +1,180 @@
+"""The controller's holds, in time and across a step back of the site clock (mutation audit of
+``agent.controller``).
+
+What users rely on: a rack with a stuck card keeps its fail-safe caps ``failsafe_hold_s`` after the
+card reports again, no longer; a rack whose measured die reached the die limit keeps its pump at full
+speed for ten minutes (``_PUMP_LATCH_S``), no longer; and after the site clock went back every hold
+and time the controller keeps (fail-safe caps, the pump latch, the set-point's re-optimization, the
+guard's low-power toggles, the cards' power above the model) lasts at most its time from the new now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from agent_helpers import belief, full_load_jobs, job, small_site
+from guard_helpers import proposal, scene, step_context
+
+from agent.config import ControlConfig
+from agent.controller import Controller
+from twin.spec import SiteSpec
+from twin.state import StateSnapshot
+
+pytestmark = pytest.mark.agent
+
+
+def at(snap: StateSnapshot, t: float, **changes: object) -> StateSnapshot:
+    """``snap`` with every reading (cards, racks, facility) moved to site time ``t``."""
+    dt = t - snap.time_s
+    fac = snap.facility
+    moved: dict[str, object] = {
+        "time_s": t,
+        "card_last_seen_s": snap.card_last_seen_s + dt,
+        "card_prev_seen_s": snap.card_prev_seen_s + dt,
+        "rack_last_seen_s": snap.rack_last_seen_s + dt,
+        "facility": None if fac is None else dataclasses.replace(fac, time_s=fac.time_s + dt),
+    }
+    return dataclasses.replace(snap, **{**moved, **changes})  # type: ignore[arg-type]
+
+
+def _full_load() -> tuple[SiteSpec, StateSnapshot]:
+    site = small_site()
+    _plant, state = belief(site, full_load_jobs(site, 8), 60)
+    return site, state.snapshot()
+
+
+HOLD = ControlConfig(period_s=15.0, telemetry_deadline_s=30.0, failsafe_hold_s=30.0)
+
+
+def test_a_stuck_cards_rack_keeps_its_fail_safe_caps_for_the_hold_time_after_the_card_reports_again() -> None:
+    site, snap = _full_load()
+    ctl = Controller(site, HOLD)
+    assert ctl.step(at(snap, 5000.0, stuck_cards=(3,)), 5000.0).failsafe_racks == (0,)
+    for t, held in ((5015.0, (0,)), (5029.0, (0,)), (5031.0, ())):  # card 3 reports again from 5015 on
+        assert ctl.step(at(snap, t), t).failsafe_racks == held, t
+
+
+def test_after_the_clock_went_back_a_stuck_cards_rack_is_held_its_time_from_the_new_now() -> None:
+    site, snap = _full_load()
+    ctl = Controller(site, HOLD)
+    assert ctl.step(at(snap, 5000.0, stuck_cards=(3,)), 5000.0).failsafe_racks == (0,)
+    # the site restarts 4,000 s back, card 3 reporting again: held 30 s from the new now, not to 5,030
+    assert ctl.step(at(snap, 1000.0), 1000.0).failsafe_racks == (0,)
+    assert ctl.step(at(snap, 1031.0), 1031.0).failsafe_racks == ()
+
+
+def _hot(site: SiteSpec, snap: StateSnapshot, cfg: ControlConfig) -> np.ndarray:
+    """r0's card 5 reading exactly the die limit (slowdown - margin)."""
+    die = snap.card_die_temp_c.copy()
+    die[5] = site.card.slowdown_temp_c - cfg.die_margin_k
+    return die
+
+
+def _pump0(ctl: Controller, snap: StateSnapshot, t: float, **changes: object) -> float:
+    d = ctl.step(at(snap, t, **changes), t)
+    assert d.rack_pump_speed_frac is not None and d.failsafe_racks == ()
+    return float(d.rack_pump_speed_frac[0])
+
+
+def test_a_rack_whose_die_reached_the_die_limit_keeps_its_pump_at_full_speed_ten_minutes() -> None:
+    site, snap = _full_load()
+    cfg = ControlConfig(period_s=15.0)
+    ctl = Controller(site, cfg)
+    assert _pump0(ctl, snap, 60.0) < 1.0  # the plan slows r0's pump
+    assert _pump0(ctl, snap, 75.0, card_die_temp_c=_hot(site, snap, cfg)) == 1.0
+    assert _pump0(ctl, snap, 75.0 + 599.0) == 1.0  # the die back to normal: still latched
+    assert _pump0(ctl, snap, 75.0 + 601.0) < 1.0
+
+
+def test_after_the_clock_went_back_the_pump_latch_lasts_its_ten_minutes_from_the_new_now() -> None:
+    site, snap = _full_load()
+    cfg = ControlConfig(period_s=15.0)
+    ctl = Controller(site, cfg)
+    assert _pump0(ctl, snap, 5000.0, card_die_temp_c=_hot(site, snap, cfg)) == 1.0
+    assert _pump0(ctl, snap, 1000.0) == 1.0  # the site restarts 4,000 s back: latched from the new now
+    assert _pump0(ctl, snap, 1000.0 + 601.0) < 1.0  # not until 5,600 s
+
+
+def test_after_the_clock_went_back_the_set_point_is_reoptimized_an_interval_after_the_new_now() -> None:
+    site, snap = _full_load()
+    ctl = Controller(site, ControlConfig(period_s=15.0, setpoint_interval_s=600.0))
+    assert ctl.step(at(snap, 5000.0), 5000.0).choose_setpoint
+    assert not ctl.step(at(snap, 1000.0), 1000.0).choose_setpoint  # the clock went back 4,000 s
+    assert not ctl.step(at(snap, 1599.0), 1599.0).choose_setpoint
+    assert ctl.step(at(snap, 1600.0), 1600.0).choose_setpoint  # not at 5,600 s
+
+
+def test_after_the_clock_went_back_the_guards_low_power_hold_counts_from_the_new_now() -> None:
+    """The controller's step back reaches its guard: a card that went to sleep at t = 110 on the old
+    timeline may be woken ``low_power_hold_s`` after the new now (t = 50), not only 60 s after 110."""
+    site, snap = scene()
+    cfg = ControlConfig()
+    ctl = Controller(site, cfg)
+    ctl.guard.review(proposal(site), snap, step_context(site, now_s=100.0))
+    lp = snap.card_low_power.copy()
+    lp[25] = True
+    asleep = dataclasses.replace(snap, card_low_power=lp)
+    ctl.guard.review(proposal(site, card_low_power=lp), asleep, step_context(site, now_s=110.0))
+    ctl.clock_went_back(50.0)
+    wake, hold_s = proposal(site), cfg.low_power_hold_s
+    assert ctl.guard.review(wake, asleep, step_context(site, now_s=50.0 + hold_s - 1.0)).card_low_power[25]
+    free = ctl.guard.review(wake, asleep, step_context(site, now_s=50.0 + hold_s + 1.0))
+    assert not free.card_low_power[25]
+
+
+def test_after_the_clock_went_back_the_cards_readings_keep_the_power_above_the_model_up_to_date() -> None:
+    """Cards read 60 W above the power model on the old timeline (budgeted on r0); after the step back
+    their readings, on the new timeline, are new: back at the model, the budgeted power comes down
+    (was: frozen at its old value until the new clock passed the old readings' times)."""
+    site = small_site()
+    _plant, state = belief(site, [job("a", 16, share=0.97)], 120)
+    snap = state.snapshot()
+    hot = np.where(snap.card_job >= 0, snap.card_power_w + 60.0, snap.card_power_w)
+    ctl = Controller(site, ControlConfig(period_s=15.0, rack_margin_w=500.0))
+
+    def extra_w(t: float, power_w: np.ndarray) -> float:
+        return float(ctl.context(at(snap, t, card_power_w=power_w), t).rack_extra_w[0])
+
+    extra_w(5000.0, hot)
+    before = extra_w(5015.0, hot)
+    assert before > 0.0  # two readings above the model
+    assert extra_w(1000.0, snap.card_power_w) < before
+
+
+def test_a_step_back_of_a_few_periods_bounds_the_holds_too() -> None:
+    """A step back of four periods (60 s) is a step back (``clock_went_back``): a silent rack reporting
+    again is held 30 s from the new now, not 90 s."""
+    site, snap = _full_load()
+    ctl = Controller(site, HOLD)
+    last = np.full(site.n_racks, 5000.0)
+    last[1] = 4900.0
+    assert ctl.step(at(snap, 5000.0, rack_last_seen_s=last), 5000.0).failsafe_racks == (1,)
+    assert ctl.step(at(snap, 4940.0), 4940.0).failsafe_racks == (1,)
+    assert ctl.step(at(snap, 4971.0), 4971.0).failsafe_racks == ()
+
+
+def test_the_steps_after_a_step_back_are_no_step_back_a_reading_not_renewed_counts_once() -> None:
+    """After the clock went back, the next steps on the new timeline are ordinary ones: a reading above
+    the power model that telemetry has not renewed is still one reading, not budgeted (was the step
+    back taken again at every step until the new clock caught up, every reading counted new)."""
+    site = small_site()
+    _plant, state = belief(site, [job("a", 16, share=0.97)], 120)
+    snap = state.snapshot()
+    hot = np.where(snap.card_job >= 0, snap.card_power_w + 60.0, snap.card_power_w)
+    ctl = Controller(site, ControlConfig(period_s=15.0, rack_margin_w=500.0))
+    ctl.context(at(snap, 5000.0), 5000.0)
+    assert float(ctl.context(at(snap, 1000.0, card_power_w=hot), 1000.0).rack_extra_w[0]) == 0.0
+    lagging = dataclasses.replace(at(snap, 1000.0, card_power_w=hot), time_s=1015.0)  # no newer reading
+    assert float(ctl.context(lagging, 1015.0).rack_extra_w[0]) == 0.0
+
+
+def test_a_rack_whose_telemetry_is_exactly_the_deadline_old_is_not_stale() -> None:
+    """``telemetry_deadline_s``: a rack whose telemetry is *older* goes to fail-safe caps."""
+    site, snap = _full_load()
+    for age_s, failsafe in ((30.0, ()), (31.0, (1,))):
+        last = np.full(site.n_racks, 5000.0)
+        last[1] = 5000.0 - age_s
+        ctl = Controller(site, HOLD)
+        assert ctl.step(at(snap, 5000.0, rack_last_seen_s=last), 5000.0).failsafe_racks == failsafe, age_s
