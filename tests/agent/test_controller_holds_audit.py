@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from agent_helpers import belief, full_load_jobs, job, small_site
+from agent_helpers import belief, example_site, full_load_jobs, job, small_site
 from guard_helpers import proposal, scene, step_context
 
 from agent.config import ControlConfig
@@ -178,3 +178,38 @@ def test_a_rack_whose_telemetry_is_exactly_the_deadline_old_is_not_stale() -> No
         last[1] = 5000.0 - age_s
         ctl = Controller(site, HOLD)
         assert ctl.step(at(snap, 5000.0, rack_last_seen_s=last), 5000.0).failsafe_racks == failsafe, age_s
+
+
+def test_a_rack_stuck_as_a_whole_keeps_its_fail_safe_caps_for_the_hold_time_after_it_moves_again() -> None:
+    """A rack whose readings froze as a whole is blind like a silent one: held ``failsafe_hold_s`` after
+    its readings move again, and released exactly then."""
+    site, snap = _full_load()
+    ctl = Controller(site, HOLD)
+    assert ctl.step(at(snap, 5000.0, stuck_racks=(1,)), 5000.0).failsafe_racks == (1,)
+    for t, held in ((5015.0, (1,)), (5029.0, (1,)), (5030.0, ())):
+        assert ctl.step(at(snap, t), t).failsafe_racks == held, t
+
+
+def test_the_solve_gets_the_shorter_of_its_deadline_and_the_time_the_caller_has_left() -> None:
+    """``time_limit_s`` (the service: what is left of the period) shortens the solve below
+    ``solve_deadline_s``, never lengthens it."""
+    site, snap = _full_load()
+    ctl = Controller(site, ControlConfig(period_s=15.0, solve_deadline_s=5.0))
+    assert ctl.context(at(snap, 100.0), 100.0, time_limit_s=0.5).solver_time_limit_s == 0.5
+    assert ctl.context(at(snap, 115.0), 115.0, time_limit_s=50.0).solver_time_limit_s == 5.0
+
+
+def test_after_the_clock_went_back_idle_hosts_go_off_their_idle_time_after_the_new_now() -> None:
+    """Hosts idle since t = 5,000 s on the old timeline: after the site restarts 4,000 s back they go
+    off ``host_off_after_s`` after the new now (was: not before the new clock passed 5,000 + 600 s)."""
+    site = example_site()
+    assert site.hosts_managed
+    _plant, state = belief(site, [job("a", 8)], 60)
+    snap = state.snapshot()
+    ctl = Controller(site, ControlConfig(period_s=15.0, host_off_after_s=600.0))
+    d = ctl.step(at(snap, 5000.0), 5000.0)
+    assert d.host_off is not None and not d.host_off.any()  # first seen at 5,000 s: none idle long enough
+    back = ctl.step(at(snap, 1000.0), 1000.0)
+    assert back.host_off is not None and not back.host_off.any()
+    later = ctl.step(at(snap, 1601.0), 1601.0)
+    assert later.host_off is not None and later.host_off.any()
