@@ -19,6 +19,7 @@ from guard_helpers import proposal, scene, step_context
 
 from agent.config import ControlConfig
 from agent.controller import Controller
+from agent.open_commands import LEVEL, LIMIT, N_KINDS
 from twin.spec import SiteSpec
 from twin.state import StateSnapshot
 
@@ -213,3 +214,23 @@ def test_after_the_clock_went_back_idle_hosts_go_off_their_idle_time_after_the_n
     assert back.host_off is not None and not back.host_off.any()
     later = ctl.step(at(snap, 1601.0), 1601.0)
     assert later.host_off is not None and later.host_off.any()
+
+
+def test_a_level_and_a_power_limit_a_refusal_holds_back_reach_the_guard_and_stay_as_reported() -> None:
+    """``held_back`` (the service: ``Overlays.held_back``) per kind of setting: a card whose level a
+    refusal holds back keeps the level it reports, one whose power limit is held back keeps its limit
+    (no command reaches them, so the decision and its budget must not count on another)."""
+    site, snap = scene()
+    limits = np.asarray(snap.card_power_limit_w, dtype=np.float64).copy()
+    limits[3] = 650.0
+    snap = dataclasses.replace(snap, card_power_limit_w=limits)
+    held = np.zeros((N_KINDS, site.n_cards), dtype=bool)
+    held[LEVEL, 2] = True
+    held[LIMIT, 3] = True
+    cfg = ControlConfig(control_placement=False, control_host_power=False, control_pump_speed=False)
+    ctl = Controller(site, cfg)
+    ctx = ctl.context(snap, 100.0, held_back=held)
+    assert (ctx.held_level_cards, ctx.held_limit_cards, ctx.held_sleep_cards) == ((2,), (3,), ())
+    d = ctl.review(ctl.propose(snap, ctx, use_solver=False), snap, ctx)
+    assert d.card_level[2] == snap.card_level[2]
+    assert d.card_power_limit_w[3] == 650.0
