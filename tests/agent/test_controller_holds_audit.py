@@ -11,17 +11,21 @@ guard's low-power toggles, the cards' power above the model) lasts at most its t
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
-from agent_helpers import belief, example_site, full_load_jobs, job, small_site
+from agent_helpers import SITE_FILE, belief, example_site, full_load_jobs, job, small_site
 from guard_helpers import proposal, scene, step_context
 
 from agent.config import ControlConfig
 from agent.controller import Controller
 from agent.open_commands import LEVEL, LIMIT, N_KINDS
-from twin.spec import SiteSpec
+from twin.readings import JobEvent
+from twin.spec import SiteSpec, site_from_dict
 from twin.state import StateSnapshot
+from twin.tables import read_toml
+from twin.workload import Phase
 
 pytestmark = pytest.mark.agent
 
@@ -234,3 +238,29 @@ def test_a_level_and_a_power_limit_a_refusal_holds_back_reach_the_guard_and_stay
     d = ctl.review(ctl.propose(snap, ctx, use_solver=False), snap, ctx)
     assert d.card_level[2] == snap.card_level[2]
     assert d.card_power_limit_w[3] == 650.0
+
+
+def test_a_periodic_decision_reviewed_after_an_event_placed_a_job_keeps_that_jobs_host_on() -> None:
+    """The service reviews a periodic proposal after an event decision may have placed a job meanwhile
+    (``Controller.with_hosts``): the placed job's cards count busy, so their host is not powered off
+    under the job (2 racks of 2 hosts of 8 cards, "a" on r0's two hosts, r1's hosts idle 700 s, no
+    idle host kept as a reserve)."""
+    data: dict[str, Any] = read_toml(SITE_FILE)
+    data.update(name="small-2x16-hosts", racks_per_supernode=2, torus_dims=[4, 4, 2])
+    data["rack"] = {**data["rack"], "host_overhead_w": 2200.0, "hosts_per_rack": 2, "power_limit_w": 12500.0}
+    site = site_from_dict(data, source="2 racks of 2 hosts of 8 cards")
+    _plant, state = belief(site, [job("a", 16)], 60)
+    snap = state.snapshot()
+    state.apply_events([JobEvent(time_s=60.0, job_id="q", kind="submitted", phase=Phase.WAITING, job=job("q", 8))])
+    with_q = state.snapshot()
+    cfg = ControlConfig(period_s=15.0, host_off_after_s=600.0, host_reserve_per_supernode=0)
+    ctl = Controller(site, cfg)
+    ctl.step(at(snap, 1000.0), 1000.0)  # every host first seen at 1,000 s
+    ctx = ctl.context(at(snap, 1700.0), 1700.0)
+    periodic = ctl.propose(at(snap, 1700.0), ctx)  # the solve ran on a snapshot without q
+    event = ctl.step(at(with_q, 1700.0), 1700.0, incremental=True)  # meanwhile q was submitted and placed
+    (order,) = event.placements
+    reviewed = ctl.review(periodic, at(snap, 1700.0), ctx)
+    assert reviewed.host_off is not None
+    q_hosts = sorted({c // site.cards_per_host for c in order.cards})
+    assert q_hosts and not reviewed.host_off[q_hosts].any()
