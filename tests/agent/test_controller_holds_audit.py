@@ -264,3 +264,23 @@ def test_a_periodic_decision_reviewed_after_an_event_placed_a_job_keeps_that_job
     assert reviewed.host_off is not None
     q_hosts = sorted({c // site.cards_per_host for c in order.cards})
     assert q_hosts and not reviewed.host_off[q_hosts].any()
+
+
+def test_idle_hosts_of_a_rack_the_agent_cannot_see_are_never_powered_off() -> None:
+    """Hosts idle long enough go off, but not those of a silent rack (fail-safe: its cards' state is
+    not seen, so nothing is switched there)."""
+    site = example_site()
+    _plant, state = belief(site, [job("a", 8)], 60)
+    snap = state.snapshot()
+    ctl = Controller(site, ControlConfig(period_s=15.0, host_off_after_s=600.0))
+    ctl.step(at(snap, 1000.0), 1000.0)
+    silent = at(snap, 1601.0)
+    on_r3 = site.card_rack() == 3
+    seen = np.where(on_r3, 1500.0, silent.card_last_seen_s)
+    racks_seen = silent.rack_last_seen_s.copy()
+    racks_seen[3] = 1500.0
+    d = ctl.step(dataclasses.replace(silent, card_last_seen_s=seen, rack_last_seen_s=racks_seen), 1601.0)
+    assert 3 in d.failsafe_racks and d.host_off is not None
+    host_rack = site.card_rack()[:: site.cards_per_host]
+    assert d.host_off[host_rack != 3].any()  # idle hosts elsewhere go off
+    assert not d.host_off[host_rack == 3].any()
