@@ -284,3 +284,29 @@ def test_idle_hosts_of_a_rack_the_agent_cannot_see_are_never_powered_off() -> No
     host_rack = site.card_rack()[:: site.cards_per_host]
     assert d.host_off[host_rack != 3].any()  # idle hosts elsewhere go off
     assert not d.host_off[host_rack == 3].any()
+
+
+def test_an_incremental_decision_says_which_rack_draws_more_than_the_twin_predicts() -> None:
+    """The unexplained-power report is in every decision, the fast ones on job events included."""
+    site = small_site()
+    _plant, state = belief(site, [job("a", 16, share=0.97)], 120)
+    snap = state.snapshot()
+    hot = np.where(snap.card_job >= 0, snap.card_power_w + 60.0, snap.card_power_w)
+    ctl = Controller(site, ControlConfig(period_s=15.0, rack_margin_w=500.0))
+    for t in (5000.0, 5015.0):
+        ctl.step(at(snap, t, card_power_w=hot), t)
+    d = ctl.step(at(snap, 5020.0, card_power_w=hot), 5020.0, incremental=True)
+    assert d.source == "incremental"
+    assert any(e.startswith("r0 draws") for e in d.explanation)
+
+
+def test_an_incremental_decision_runs_a_job_new_since_the_last_plan_at_the_top_level() -> None:
+    """ "every job that computes gets the level it had the last time it computed (a new job: the top
+    level)" -- one rack's worth of load, no cap binding."""
+    site = small_site()
+    _plant, before = belief(site, [job("a", 4)], 120)
+    _plant, after = belief(site, [job("a", 4), job("b", 4)], 120)
+    ctl = Controller(site, ControlConfig(period_s=15.0, control_placement=False))
+    ctl.step(before.snapshot(), 120.0)
+    d = ctl.step(after.snapshot(), 125.0, incremental=True)
+    assert d.source == "incremental" and d.job_levels["b"] == 0
