@@ -310,3 +310,18 @@ def test_an_incremental_decision_runs_a_job_new_since_the_last_plan_at_the_top_l
     ctl.step(before.snapshot(), 120.0)
     d = ctl.step(after.snapshot(), 125.0, incremental=True)
     assert d.source == "incremental" and d.job_levels["b"] == 0
+
+
+def test_an_incremental_decision_puts_the_cards_a_finished_job_freed_to_sleep() -> None:
+    """ "idle cards keep their state and freed cards sleep": the cards of a job that ended since the
+    last plan go to low-power idle at once, not at the next periodic decision."""
+    site = small_site()
+    _plant, both = belief(site, [job("a", 4), job("b", 4)], 120)
+    _plant, a_only = belief(site, [job("a", 4)], 120)
+    snap = both.snapshot()
+    ctl = Controller(site, ControlConfig(period_s=15.0, control_placement=False))
+    first = ctl.step(snap, 120.0)
+    b_cards = np.flatnonzero(np.asarray(snap.card_job) == next(i for i, j in enumerate(snap.jobs) if j.job_id == "b"))
+    assert b_cards.size == 4 and not first.card_low_power[b_cards].any()
+    d = ctl.step(a_only.snapshot(), 125.0, incremental=True)
+    assert not d.card_busy[b_cards].any() and d.card_low_power[b_cards].all()
