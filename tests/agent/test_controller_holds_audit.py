@@ -325,3 +325,33 @@ def test_an_incremental_decision_puts_the_cards_a_finished_job_freed_to_sleep() 
     assert b_cards.size == 4 and not first.card_low_power[b_cards].any()
     d = ctl.step(a_only.snapshot(), 125.0, incremental=True)
     assert not d.card_busy[b_cards].any() and d.card_low_power[b_cards].all()
+
+
+def test_a_silent_facility_keeps_the_set_point_in_force_not_the_sites_default() -> None:
+    """The set-point in force (here the facility's report, 2 K below the site's default, not
+    re-optimized) is remembered: when the facility falls silent the decisions keep it."""
+    site, snap = _full_load()
+    assert snap.facility is not None
+    in_force_c = site.facility.supply_temp_c - 2.0
+    fac = dataclasses.replace(snap.facility, supply_setpoint_c=in_force_c)
+    ctl = Controller(site, ControlConfig(period_s=15.0, telemetry_deadline_s=30.0, control_setpoint=False))
+    reporting = at(dataclasses.replace(snap, facility=fac), 1000.0)
+    assert ctl.step(reporting, 1000.0).supply_temp_c == in_force_c
+    silent = dataclasses.replace(at(snap, 1060.0), facility=reporting.facility)  # its last report 60 s old
+    assert ctl.step(silent, 1060.0).supply_temp_c == in_force_c
+
+
+def test_a_job_on_a_rack_that_was_blind_gets_back_the_level_it_had_before() -> None:
+    """A blind rack's jobs run slow for safety, not by choice: once the rack is seen again, the fast
+    decisions on job events give its job the level it last computed at by choice (here the top)."""
+    site = small_site()
+    _plant, state = belief(site, [job("a", 4)], 120)
+    snap = state.snapshot()
+    ctl = Controller(site, HOLD)
+    assert ctl.step(at(snap, 1000.0), 1000.0).job_levels["a"] == 0
+    last = at(snap, 1015.0).rack_last_seen_s.copy()
+    last[0] = 900.0
+    blind = ctl.step(at(snap, 1015.0, rack_last_seen_s=last), 1015.0)
+    assert 0 in blind.failsafe_racks and blind.job_levels["a"] == site.card.n_levels - 1
+    d = ctl.step(at(snap, 1100.0), 1100.0, incremental=True)  # seen again, the hold over
+    assert d.failsafe_racks == () and d.job_levels["a"] == 0
