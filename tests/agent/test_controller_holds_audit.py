@@ -355,3 +355,18 @@ def test_a_job_on_a_rack_that_was_blind_gets_back_the_level_it_had_before() -> N
     assert 0 in blind.failsafe_racks and blind.job_levels["a"] == site.card.n_levels - 1
     d = ctl.step(at(snap, 1100.0), 1100.0, incremental=True)  # seen again, the hold over
     assert d.failsafe_racks == () and d.job_levels["a"] == 0
+
+
+def test_a_periodic_decision_committed_after_an_event_decision_does_not_number_back() -> None:
+    """The service commits an event decision while a periodic solve is in flight (its context taken
+    before): the cycle counter goes on from the event's, it does not fall back to the periodic's."""
+    site, snap = _full_load()
+    ctl = Controller(site, ControlConfig(period_s=15.0))
+    ctl.step(at(snap, 1000.0), 1000.0)
+    n = ctl.cycle
+    ctx = ctl.context(at(snap, 1015.0), 1015.0)
+    periodic = ctl.propose(at(snap, 1015.0), ctx, use_solver=False)
+    ctl.step(at(snap, 1016.0), 1016.0, incremental=True)
+    assert ctl.cycle == n + 1
+    ctl.commit(ctl.review(periodic, at(snap, 1015.0), ctx), at(snap, 1015.0), ctx)
+    assert ctl.cycle == n + 2
