@@ -41,7 +41,9 @@ is up: no restart), is such a take-over (``BusStats.takeovers``); :meth:`Bus.con
 once three came within ten minutes, and from then on the bus does not reset its backoff after a
 short-lived connection, so a fight slows from two to four reconnects a second to one every
 ``reconnect_max_s / 2`` to ``reconnect_max_s`` (the random factor).
-:meth:`Bus.reconnect_with` connects again with other options (another client id).
+:meth:`Bus.reconnect_with` connects again with other options (another client id); like a close, it lets an
+attempt to connect in progress end first, and a connection made then (with the old options) ends at once
+with DISCONNECT, with no subscription and no ``on_connect`` (cancelled, it left the broker the will).
 
 A message on a topic that none of the bus's subscriptions matches is dropped and counted
 (``BusStats.unsubscribed``): a broker must not send one, but amqtt 0.12 (the embedded fallback broker)
@@ -272,6 +274,7 @@ class Bus:
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._leaving = False  # the connection loop ends after its current attempt (close, reconnect_with)
         self._connecting = False  # an attempt to connect is in progress (its CONNECT may have been sent)
         self._rng = random.Random()
         self._connected_at = -math.inf  # time.monotonic() when the current connection was made
@@ -290,7 +293,7 @@ class Bus:
     def start(self) -> None:
         """Start the connection loop in the background (``async with`` does this)."""
         if self._task is None:
-            self._closing = False
+            self._closing = self._leaving = False
             self._task = asyncio.create_task(self._run(), name=f"{self.name}-connection")
 
     async def close(self) -> None:
@@ -298,34 +301,52 @@ class Bus:
         progress is let end first, for at most ``connect_timeout_s`` plus a second (its own bound): a
         connection it makes goes to ``on_connect`` with :attr:`closing` True, then ends with DISCONNECT."""
         self._closing = True
-        task, self._task = self._task, None
-        if task is not None:
-            try:
-                if self._connecting:
-                    await asyncio.wait({task}, timeout=self.options.connect_timeout_s + _CLOSE_CONNECTING_GRACE_S)
-                    if not task.done():
-                        log.warning(
-                            "%s: the connection to %s was still being made when closing: abandoned (the broker may "
-                            "publish the will)",
-                            self.name,
-                            self.options.url,
-                        )
-            finally:
+        try:
+            await self._end_run("closing")
+        finally:
+            task, self._task = self._task, None
+            if task is not None:
                 await cancel_and_wait(task)
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)  # ends messages()
 
     async def reconnect_with(self, options: MqttOptions) -> None:
         """Disconnect cleanly (the broker drops the will) and connect again with ``options`` (e.g.
-        another client id); subscriptions, will and callbacks stay."""
+        another client id); subscriptions, will and callbacks stay. An attempt to connect in progress is
+        let end first, as in :meth:`close`: a connection it makes (with the old options) ends with
+        DISCONNECT at once, with no subscription and no ``on_connect`` (the new connection's says hello)."""
+        running = self._task is not None
+        await self._end_run("switching to other options")  # cancelled meanwhile: the loop ends by itself (close waits)
         self.options = options
         self._takeover_walls.clear()
         self._short_lived = False
         self._contested_logged = False
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel_and_wait(task)
+        if running and not self._closing:  # a close() while the attempt ended: no new connection
+            self._leaving = False
             self._task = asyncio.create_task(self._run(), name=f"{self.name}-connection")
+
+    async def _end_run(self, why: str) -> None:
+        """End the connection loop: a connection ends with DISCONNECT (the broker drops the will). An attempt
+        to connect in progress is let end first, for at most ``connect_timeout_s`` plus a second (its own
+        bound): cancelled, it left a connection the broker had taken without a DISCONNECT, and the broker
+        published the will (at once when the process ended, else a keep-alive later). ``why`` is for the log."""
+        task = self._task
+        if task is None:
+            return
+        self._leaving = True  # a connection made now ends at once, and the loop after it
+        if self._connecting and not task.done():
+            await asyncio.wait({task}, timeout=self.options.connect_timeout_s + _CLOSE_CONNECTING_GRACE_S)
+            if not task.done():
+                log.warning(
+                    "%s: the connection to %s was still being made when %s: abandoned (the broker may publish "
+                    "the will)",
+                    self.name,
+                    self.options.url,
+                    why,
+                )
+        await cancel_and_wait(task)
+        if self._task is task:
+            self._task = None
 
     @property
     def connected(self) -> bool:
@@ -374,7 +395,7 @@ class Bus:
             self._short_lived = False  # the broker is away: not a take-over
             return False
         lived = time.monotonic() - self._connected_at
-        self._short_lived = lived < SHORT_LIVED_S and not self._closing
+        self._short_lived = lived < SHORT_LIVED_S and not self._leaving
         if self._short_lived:
             return self.contested() is None  # contested: the backoff grows, the fight slows down
         self._takeover_walls.clear()
@@ -393,7 +414,7 @@ class Bus:
 
     async def _run(self) -> None:
         attempt = 0
-        while not self._closing:
+        while not self._leaving:
             will = self._will() if callable(self._will) else self._will
             client = _client(self.options, will, _forwarding_queue(self._deliver), self._tls_context)
             _mute_disconnect_error(client)
@@ -406,24 +427,13 @@ class Bus:
                     connected = True
                     self._note_connected()
                     self._client = client
-                    if self._subs and not self._closing:  # one SUBSCRIBE: retained messages in the filters' order
-                        await _unless_disconnected(client, client.subscribe(list(self._subs.items())))
-                    self.stats.connects += 1
-                    self._connected.set()
-                    if self._closing:  # made as the bus closes (close() waits): on_connect, then DISCONNECT
-                        log.info("%s: connected to %s as the bus closes: disconnecting", self.name, self.options.url)
+                    if self._leaving and not self._closing:  # made as reconnect_with switches (it waits)
+                        # no subscription, no on_connect (the new connection says hello): DISCONNECT
+                        self.stats.connects += 1
+                        log.info("%s: connected to %s as the bus switches: disconnecting", self.name, self.options.url)
                     else:
-                        log.info("%s: connected to %s (%d subscriptions)", self.name, self.options.url, len(self._subs))
-                    if self._on_connect is not None:
-                        try:
-                            await _unless_disconnected(client, self._on_connect(self))
-                        except aiomqtt.MqttError:
-                            raise  # the connection ended: below
-                        except BusError as exc:
-                            log.warning("%s: on_connect could not publish: %s", self.name, exc)
-                        except Exception:
-                            log.exception("%s: on_connect failed", self.name)
-                    if not self._closing:
+                        await self._greet(client)
+                    if not self._leaving:
                         async for _ in client.messages:  # messages go to _deliver; this waits for a disconnect
                             pass
             except aiomqtt.MqttError as exc:
@@ -453,12 +463,32 @@ class Bus:
                 self._client = None
             if self._note_ended(connected):
                 attempt = 0
-            if self._closing:
+            if self._leaving:
                 break
             delay = backoff_delay_s(attempt, self.options.reconnect_min_s, self.options.reconnect_max_s, self._rng)
             attempt += 1
             log.info("%s: reconnecting in %.2f s", self.name, delay)
             await asyncio.sleep(delay)
+
+    async def _greet(self, client: aiomqtt.Client) -> None:
+        """A connection is made (``client``): subscribe (unless the bus closes), say so, call ``on_connect``."""
+        if self._subs and not self._closing:  # one SUBSCRIBE: retained messages in the filters' order
+            await _unless_disconnected(client, client.subscribe(list(self._subs.items())))
+        self.stats.connects += 1
+        self._connected.set()
+        if self._closing:  # made as the bus closes (close() waits): on_connect, then DISCONNECT
+            log.info("%s: connected to %s as the bus closes: disconnecting", self.name, self.options.url)
+        else:
+            log.info("%s: connected to %s (%d subscriptions)", self.name, self.options.url, len(self._subs))
+        if self._on_connect is not None:
+            try:
+                await _unless_disconnected(client, self._on_connect(self))
+            except aiomqtt.MqttError:
+                raise  # the connection ended: the caller's
+            except BusError as exc:
+                log.warning("%s: on_connect could not publish: %s", self.name, exc)
+            except Exception:
+                log.exception("%s: on_connect failed", self.name)
 
     # ---- receiving ------------------------------------------------------------------------
     def _wanted(self, topic: aiomqtt.Topic) -> bool:

@@ -422,8 +422,10 @@ class Controller:
         if not (cfg.control_host_power and site.hosts_managed):
             return d
         now = ctx.now_s
-        # busy: the decision's, plus placements committed since its snapshot was taken (the service
-        # reviews a periodic proposal after an event decision may have placed a job meanwhile)
+        # busy: the decision's, plus the placements sent and not expired (the proposal counted those in
+        # flight already: the service commits each decision before the next one's context is taken, and a
+        # late solve's proposal is dropped; the union covers a caller that reviews a proposal after
+        # committing another decision)
         card_busy = np.asarray(d.card_busy, dtype=bool).copy()
         for cards in self._placements.pending_now(orders_seen_until(ctx, snap)).values():
             card_busy[list(cards)] = True

@@ -366,7 +366,10 @@ class AgentPolicy(Policy):
             st.guard_notes += 1
             for action in decision.guard_actions:
                 st.guard_actions[action] = st.guard_actions.get(action, 0) + 1
-        interesting = [e for e in decision.explanation if e.startswith(("guard:", "infeasible", "relaxed", "no plan"))]
+        # why the guard acted, a plan was relaxed or none was found, and why a set-point's solve fell back
+        # to the greedy plan (models/solve.py: late, failed, stopped with no solution, over a cap, no time left)
+        kinds = ("guard:", "infeasible", "relaxed", "no plan", "fallback:")
+        interesting = [e for e in decision.explanation if e.startswith(kinds)]
         for e in interesting:
             line = f"t={decision.time_s:.0f} s: {e}"
             if len(st.notes) < _MAX_NOTES and not any(n.endswith(e) for n in st.notes):

@@ -25,7 +25,7 @@ from agent.loop import ApplyReport, ClosedLoop, apply_to_plant
 from twin.estimate import Estimates
 from twin.faults import ColdPlateFouling, Fault
 from twin.plant import ConstantAmbient, Plant, PlantConfig, SensorDropout, StuckSensor
-from twin.readings import JobEvent
+from twin.readings import JobEvent, PduReading
 from twin.spec import SiteSpec, site_from_dict
 from twin.state import JobInfo, StateSnapshot, TwinState
 from twin.tables import read_toml
@@ -744,3 +744,36 @@ def test_a_stuck_cards_frozen_reading_does_not_become_rack_power_the_twin_does_n
     ctx = ctl.context(fresh_at(snap, t_back), t_back)
     assert 0 not in ctx.failsafe_racks
     assert ctx.rack_extra_w[0] == 0.0  # (learnt from the frozen reading: ~300 W over the dead band)
+
+
+def test_a_problem_the_models_refuse_holds_the_settings_in_force() -> None:
+    """Problem data the models refuse (``models.problem.ProblemError``) give no plan: the decision holds
+    the settings in force, every card's level, low-power state and power limit as the readings say and
+    the set-point in force (source ``hold``, plan status ``error``, ``no plan (...): current settings
+    held``); the guard still enforces the caps. Reached here by a PDU reading of 1 MW on r0 (within
+    the range the belief takes): budgeted as power the twin does not explain, it leaves r0 no power
+    for its cards, and the models refuse a rack limit that is not positive."""
+    site = small_site()
+    plant, state = belief(site, full_load_jobs(site, 16), 60.0)
+    ctl = Controller(site, ControlConfig())
+    apply_to_plant(ctl.step(state.snapshot()), plant)  # full racks computing: a level below the top one
+    for _ in range(3):
+        plant.step(1.0)
+        state.update(plant.readings())
+        state.apply_events(plant.drain_events())
+    read = plant.readings()
+    racks = (dataclasses.replace(read.racks[0], pdu=PduReading(1e6)), *read.racks[1:])
+    state.update(dataclasses.replace(read, racks=racks))
+    ctl.step(state.snapshot())  # its commit budgets r0's unexplained power
+    plant.step(1.0)
+    state.update(plant.readings())
+    snap = state.snapshot()
+    ctx = ctl.context(snap)
+    held = ctl.propose(snap, ctx)
+    assert (held.source, held.plan_status) == ("hold", "error"), held.explanation
+    assert "no plan (rack_limit_w must be positive for every rack): current settings held" in held.explanation
+    assert np.all((snap.card_level > 0) & (snap.card_level < site.card.n_levels - 1))  # neither top nor slowest
+    assert np.array_equal(held.card_level, snap.card_level)
+    assert np.array_equal(held.card_low_power, snap.card_low_power)
+    assert np.array_equal(held.card_power_limit_w, snap.card_power_limit_w)
+    assert snap.facility is not None and held.supply_temp_c == ctx.setpoint_c == snap.facility.supply_setpoint_c

@@ -303,3 +303,23 @@ def test_the_reactive_capper_leaves_out_cards_failed_since_its_last_telemetry() 
     assert policy.stats.refused_commands == 0 and policy.stats.capping_actions == actions + 1
     _p, lim, _power = _rack_reading(plant)
     assert np.all(lim[1:15] < top) and lim[0] == top
+
+
+def test_the_report_notes_say_why_a_plan_fell_back() -> None:
+    """The controllers' notes (metrics.json, the report's "What the controllers did"): a decision whose
+    solve fell back to the greedy plan says why (``fallback: supply ... deg C: ...; greedy plan used``,
+    models/solve.py), next to the ``fallbacks`` count. Here the shortest solve deadline leaves the first
+    decision, which chooses among the set-points, less than a solve's least share (5 ms) per set-point.
+    The notes kept guard, infeasible, relaxed and no-plan lines only: a fallback was counted, never
+    explained."""
+    sc = full_load_scenario(30.0)
+    policy = make_policy("racktwin", sc.site, ControlConfig(solve_deadline_s=0.0101))
+    assert isinstance(policy, AgentPolicy)
+    heard: list[Decision] = []
+    policy.decision_listeners.append(lambda d, _report: heard.append(d))
+    policy.bind(_plant_for(sc, policy))
+    policy.run(30.0, lambda: None)
+    fell_back = [e for d in heard for e in d.explanation if e.startswith("fallback: ")]
+    assert policy.stats.fallbacks > 0 and fell_back, [d.explanation for d in heard]
+    notes = [n.split(": ", 1)[1] for n in policy.stats.notes]
+    assert fell_back[0] in notes and all(n.endswith("; greedy plan used") for n in notes if n.startswith("fallback"))

@@ -323,3 +323,80 @@ async def test_a_bus_closed_while_it_connects_lets_the_connection_finish_and_dis
     async with Bus(mosquitto.options(client_id="closing-reader"), subscriptions=["test/closing/status"]) as reader:
         [m] = await next_messages(reader, 1)
     assert m.payload == b"offline"
+
+
+async def test_a_reconnect_with_other_options_while_the_bus_connects_disconnects_the_connection_made(
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reconnect_with`` (the agent standing by takes a client id of its own, or gives it back) as the
+    broker's CONNACK comes, before the bus took it (held until the switch has begun): the connection made
+    under the old options ends with a DISCONNECT (the broker drops its will; no ``on_connect``: the new
+    connection says hello), then the bus connects with the new ones. It used to cancel the connecting: the
+    connection the broker had taken was left without a DISCONNECT, and its will, ``connection lost``, was
+    published over the status the new connection had said."""
+    from agent.bus import LastWill
+
+    real_on_connack = aiomqtt.client.Client._on_connect
+    held: list[Any] = []
+    first = [True]
+
+    def hold(self: Any, *args: Any, **kwargs: Any) -> None:  # the first CONNACK only
+        if first.pop() if first else False:
+            held.append(lambda: real_on_connack(self, *args, **kwargs))
+        else:
+            real_on_connack(self, *args, **kwargs)
+
+    monkeypatch.setattr(aiomqtt.client.Client, "_on_connect", hold)
+    seen: list[str | None] = []
+
+    async def on_connect(bus: Bus) -> None:
+        seen.append(bus.options.client_id)
+        await bus.publish("test/switch/status", f"online as {bus.options.client_id}".encode(), qos=1, retain=True)
+
+    will = LastWill("test/switch/status", b"connection lost", qos=1, retain=True)
+    bus = Bus(
+        mosquitto.options(client_id="switch-one"), subscriptions=["test/switch/#"], will=will, on_connect=on_connect
+    )
+    async with bus:
+        await wait_for(lambda: bool(held), what="the CONNACK")
+        switching = asyncio.ensure_future(bus.reconnect_with(mosquitto.options(client_id="switch-two")))
+        await asyncio.sleep(0)  # reconnect_with has begun: it waits for the connection being made
+        assert not switching.done()
+        held.pop()()  # the CONNACK comes in
+        await switching
+        await wait_for(lambda: bus.connected and bool(seen), what="the connection as switch-two")
+        assert seen == ["switch-two"] and bus.options.client_id == "switch-two"
+        ended = ("Client switch-one disconnected.", "Client switch-one closed its connection.")
+        await wait_for(lambda: any(e in mosquitto.log_text() for e in ended), what="the broker's log of the end")
+        assert ended[0] in mosquitto.log_text(), mosquitto.log_text()[-2000:]  # a DISCONNECT: the will dropped
+        assert bus.stats.takeovers == 0 and bus.contested() is None
+        async with Bus(mosquitto.options(client_id="switch-reader"), subscriptions=["test/switch/status"]) as reader:
+            [m] = await next_messages(reader, 1)
+        assert m.payload == b"online as switch-two"
+
+
+async def test_a_close_while_reconnect_with_waits_for_the_connecting_ends_the_bus(
+    mosquitto: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop while ``reconnect_with`` waits for the connection being made: that connection ends with a
+    DISCONNECT and the bus makes no new one (the switch does not outlive the close)."""
+    real_on_connack = aiomqtt.client.Client._on_connect
+    held: list[Any] = []
+
+    def hold(self: Any, *args: Any, **kwargs: Any) -> None:
+        held.append(lambda: real_on_connack(self, *args, **kwargs))
+
+    monkeypatch.setattr(aiomqtt.client.Client, "_on_connect", hold)
+    bus = Bus(mosquitto.options(client_id="stop-one"), subscriptions=["test/stop/#"])
+    bus.start()
+    await wait_for(lambda: bool(held), what="the CONNACK")
+    switching = asyncio.ensure_future(bus.reconnect_with(mosquitto.options(client_id="stop-two")))
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(bus.close())
+    await asyncio.sleep(0)
+    assert not switching.done() and not closing.done()
+    held.pop()()  # the CONNACK comes in
+    await asyncio.gather(switching, closing)
+    assert bus._task is None and not bus.connected and bus.stats.connects == 1
+    await wait_for(lambda: "Client stop-one disconnected." in mosquitto.log_text(), what="the DISCONNECT")
+    assert "stop-two" not in mosquitto.log_text()
