@@ -60,19 +60,7 @@ def test_each_facility_field_decodes_into_its_own_field(codec: Codec) -> None:
 def test_a_card_held_at_one_clock_is_a_valid_applied_state(codec: Codec) -> None:
     """``set_clock_range`` takes min = max (a card pinned to one clock, docs/protocol.md: min <= max):
     the rack then reports that range applied, which is no contradiction; min above max is."""
-    body: dict[str, Any] = {
-        "schema": "racktwin.applied/1",
-        "ts": TS,
-        "seq": 1,
-        "publisher": "sim",
-        "card_index": [0, 1],
-        "dvfs_level": [3, 7],
-        "min_sm_clock_mhz": [1500.0, 1210.0],
-        "max_sm_clock_mhz": [1500.0, 1980.0],
-        "power_limit_watts": [700.0, 700.0],
-        "low_power": [False, False],
-    }
-    got = codec.decode(APPLIED, json.dumps(body))
+    got = codec.decode(APPLIED, json.dumps(_applied(min_sm_clock_mhz=[1500.0, 1210.0])))
     assert isinstance(got, wire.AppliedState), got
     assert got.min_clock_mhz.tolist() == [1500.0, 1210.0]
     assert got.max_clock_mhz.tolist() == [1500.0, 1980.0]
@@ -204,23 +192,12 @@ def test_a_site_without_a_level_table_still_refuses_a_level_beyond_the_wire(site
     assert isinstance(got, wire.Rejection) and got.reason is wire.RejectReason.OUT_OF_RANGE, got
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("n_cards", 0),
-        ("work_steps", 0.0),
-        ("step_time_seconds", 0.0),
-        ("compute_share", 1.5),
-        ("checkpoint_interval_seconds", 0.0),
-        ("noncompute_utilization_percent", 100.5),
-        ("min_throughput_percent", 100.5),
-    ],
-)
-def test_a_job_field_outside_its_range_is_out_of_range(codec: Codec, field: str, value: float) -> None:
-    """A submitted job of no cards, no work, a share above 1 or a percentage above 100 holds a value
-    outside the allowed ones (out_of_range, docs/protocol.md's table), not fields that contradict each
-    other (inconsistent)."""
-    job = {
+EVENTS = "racktwin/v1/site1/jobs/events"
+
+
+def _submitted_event() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A valid ``submitted`` job event on :data:`EVENTS`: its job, and the whole body holding it."""
+    job: dict[str, Any] = {
         "n_cards": 8,
         "work_steps": 1000.0,
         "step_time_seconds": 1.0,
@@ -241,9 +218,28 @@ def test_a_job_field_outside_its_range_is_out_of_range(codec: Codec, field: str,
         "job_id": "j1",
         "job": job,
     }
-    events = "racktwin/v1/site1/jobs/events"
-    assert isinstance(codec.decode(events, json.dumps(body)), wire.JobEvent)
-    got = codec.decode(events, json.dumps({**body, "job": {**job, field: value}}))
+    return job, body
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n_cards", 0),
+        ("work_steps", 0.0),
+        ("step_time_seconds", 0.0),
+        ("compute_share", 1.5),
+        ("checkpoint_interval_seconds", 0.0),
+        ("noncompute_utilization_percent", 100.5),
+        ("min_throughput_percent", 100.5),
+    ],
+)
+def test_a_job_field_outside_its_range_is_out_of_range(codec: Codec, field: str, value: float) -> None:
+    """A submitted job of no cards, no work, a share above 1 or a percentage above 100 holds a value
+    outside the allowed ones (out_of_range, docs/protocol.md's table), not fields that contradict each
+    other (inconsistent)."""
+    job, body = _submitted_event()
+    assert isinstance(codec.decode(EVENTS, json.dumps(body)), wire.JobEvent)
+    got = codec.decode(EVENTS, json.dumps({**body, "job": {**job, field: value}}))
     assert isinstance(got, wire.Rejection) and got.reason is wire.RejectReason.OUT_OF_RANGE, got
 
 
@@ -305,7 +301,7 @@ def test_a_placement_or_a_start_on_no_cards_is_out_of_range(codec: Codec) -> Non
         "job_id": "j1",
         "cards": {},
     }
-    got = codec.decode("racktwin/v1/site1/jobs/events", json.dumps(started))
+    got = codec.decode(EVENTS, json.dumps(started))
     assert isinstance(got, wire.Rejection) and got.reason is wire.RejectReason.OUT_OF_RANGE, got
 
 
@@ -331,33 +327,12 @@ def test_a_text_field_holds_at_most_1024_characters(codec: Codec) -> None:
 def test_a_submitted_event_takes_its_job_and_nothing_else(codec: Codec) -> None:
     """docs/protocol.md: ``submitted`` carries ``job``; only ``finished``, ``failed`` and ``requeued``
     may carry a ``reason``, and "a field that does not belong to the event is rejected"."""
-    job = {
-        "n_cards": 8,
-        "work_steps": 1000.0,
-        "step_time_seconds": 1.0,
-        "compute_share": 0.7,
-        "priority": 1.0,
-        "submit_ts": TS,
-        "checkpoint_interval_seconds": 600.0,
-        "checkpoint_duration_seconds": 30.0,
-        "noncompute_utilization_percent": 20.0,
-        "min_throughput_percent": 50.0,
-    }
-    body = {
-        "schema": "racktwin.job_event/1",
-        "ts": TS,
-        "seq": 0,
-        "publisher": "sched",
-        "event": "submitted",
-        "job_id": "j1",
-        "job": job,
-    }
-    events = "racktwin/v1/site1/jobs/events"
-    assert isinstance(codec.decode(events, json.dumps(body)), wire.JobEvent)
-    got = codec.decode(events, json.dumps({**body, "reason": "resubmitted by hand"}))
+    _job, body = _submitted_event()
+    assert isinstance(codec.decode(EVENTS, json.dumps(body)), wire.JobEvent)
+    got = codec.decode(EVENTS, json.dumps({**body, "reason": "resubmitted by hand"}))
     assert isinstance(got, wire.Rejection) and got.reason is wire.RejectReason.INCONSISTENT, got
     for event in ("finished", "failed", "requeued"):
-        ended = codec.decode(events, json.dumps({**body, "event": event, "job": None, "reason": "why"}))
+        ended = codec.decode(EVENTS, json.dumps({**body, "event": event, "job": None, "reason": "why"}))
         assert isinstance(ended, wire.JobEvent) and ended.reason == "why", (event, ended)
 
 
