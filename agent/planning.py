@@ -8,7 +8,8 @@
   placement by a ``card_failed`` refusal: none of them is ready reserve), the calibrated
   thermal parameters and measured die offsets of the step's context, the set-point options within
   ``max_setpoint_step_k``, each rack's cap less the power the twin does not explain (and the wake
-  power of the refused idle cards that are awake), the ready reserve on the cards a job can take;
+  power of the refused idle cards that are awake), at least ``_NO_ROOM_W`` (a rack with no room is
+  then one :func:`relax` leaves to the guard), the ready reserve on the cards a job can take;
 * :func:`plan_cycle`: the planner's plan (``models.solve.CyclePlanner``; the greedy plan without the
   solver); where no plan meets every constraint, the plan of the problem :func:`relax` leaves,
   flagged infeasible;
@@ -55,6 +56,12 @@ _PINNED_PRIORITY = 1e-9
 
 #: A rack limit that never binds (racks the models cannot satisfy are left to the guard).
 _UNBOUNDED_W = 1e12
+
+#: The least rack limit handed to the models: a rack whose unexplained power leaves it no room (an
+#: absurd PDU reading the belief still takes: 1 MW on a 50-kW rack) gets this instead of a limit the
+#: models refuse (not positive), below its least power, so the site's problem is built and
+#: :func:`relax` leaves that rack alone to the guard's caps.
+_NO_ROOM_W = 1.0
 
 
 def pinned_value_frac(resume_lag_s: float, pinned_for_s: float) -> float:
@@ -171,7 +178,9 @@ def cycle_problem(
         ambient_c=ctx.ambient_c,
         supply_temp_c=ctx.setpoint_c,
         supply_options_c=options,
-        rack_limit_w=site.rack_power_limits_w() - ctx.rack_extra_w - _wake_w(site, ctx, held & ~snap_lp),
+        rack_limit_w=np.maximum(
+            site.rack_power_limits_w() - ctx.rack_extra_w - _wake_w(site, ctx, held & ~snap_lp), _NO_ROOM_W
+        ),
         ready_reserve_cards=reserve,
         margins=margins,
         prices=prices,

@@ -1,11 +1,13 @@
-"""A planner whose real HiGHS solves start late: the deadline and fallback paths of the planner and
-the controller, exercised with the real solver rather than a mock."""
+"""Planners for the controller's fallback paths: one whose real HiGHS solves start late (the deadline
+and fallback paths of the planner and the controller, exercised with the real solver rather than a
+mock), and one that refuses every problem."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from models.problem import ProblemError
 from models.solve import CyclePlanner, DvfsSolver
 
 #: How late each solve starts (s): past any deadline the tests give (0.05 s).
@@ -29,3 +31,13 @@ class LatePlanner(CyclePlanner):
 
     def solver_for(self, supply_c: float, chunk: int | None = None) -> Any:
         return LateSolver()
+
+
+class RefusingPlanner(CyclePlanner):
+    """A :class:`CyclePlanner` that refuses every problem (``models.problem.ProblemError``): the
+    controller's path for problem data the models refuse, which no known reading reaches."""
+
+    REASON = "refused by the test's planner"
+
+    def plan(self, *args: Any, **kwargs: Any) -> Any:
+        raise ProblemError(self.REASON)

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from agent_helpers import SITE_FILE, belief, example_site, full_load_jobs, job, small_site
-from solver_testing import LatePlanner
+from solver_testing import LatePlanner, RefusingPlanner
 
 from agent.config import ControlConfig
 from agent.controller import Controller, decides_again_on, pinned_value_frac
@@ -750,9 +750,9 @@ def test_a_problem_the_models_refuse_holds_the_settings_in_force() -> None:
     """Problem data the models refuse (``models.problem.ProblemError``) give no plan: the decision holds
     the settings in force, every card's level, low-power state and power limit as the readings say and
     the set-point in force (source ``hold``, plan status ``error``, ``no plan (...): current settings
-    held``); the guard still enforces the caps. Reached here by a PDU reading of 1 MW on r0 (within
-    the range the belief takes): budgeted as power the twin does not explain, it leaves r0 no power
-    for its cards, and the models refuse a rack limit that is not positive."""
+    held``); the guard still enforces the caps. No reading is known to lead there any more (a rack
+    whose unexplained power leaves it no room is planned at the least limit: the next test), so a
+    planner that refuses its problem stands in for the models."""
     site = small_site()
     plant, state = belief(site, full_load_jobs(site, 16), 60.0)
     ctl = Controller(site, ControlConfig())
@@ -761,19 +761,51 @@ def test_a_problem_the_models_refuse_holds_the_settings_in_force() -> None:
         plant.step(1.0)
         state.update(plant.readings())
         state.apply_events(plant.drain_events())
-    read = plant.readings()
-    racks = (dataclasses.replace(read.racks[0], pdu=PduReading(1e6)), *read.racks[1:])
-    state.update(dataclasses.replace(read, racks=racks))
-    ctl.step(state.snapshot())  # its commit budgets r0's unexplained power
-    plant.step(1.0)
-    state.update(plant.readings())
     snap = state.snapshot()
+    ctl.planner = RefusingPlanner()
     ctx = ctl.context(snap)
     held = ctl.propose(snap, ctx)
     assert (held.source, held.plan_status) == ("hold", "error"), held.explanation
-    assert "no plan (rack_limit_w must be positive for every rack): current settings held" in held.explanation
+    assert f"no plan ({RefusingPlanner.REASON}): current settings held" in held.explanation
     assert np.all((snap.card_level > 0) & (snap.card_level < site.card.n_levels - 1))  # neither top nor slowest
     assert np.array_equal(held.card_level, snap.card_level)
     assert np.array_equal(held.card_low_power, snap.card_low_power)
     assert np.array_equal(held.card_power_limit_w, snap.card_power_limit_w)
     assert snap.facility is not None and held.supply_temp_c == ctx.setpoint_c == snap.facility.supply_setpoint_c
+
+
+def test_an_absurd_pdu_reading_leaves_its_rack_no_room_and_the_other_racks_planned() -> None:
+    """A PDU reading of 1 MW on r0 (within the range the belief takes) is budgeted as power the twin
+    does not explain, more than r0's limit: r0 has no room. The other racks keep being planned by the
+    solver as if nothing happened (the levels a controller that never saw the reading gives them, not
+    the levels in force), while r0's busy cards get the slowest level and the least power limit the
+    guard gives, and the decision says why. (It held every card's settings of the site for ~5
+    decisions: the models refused r0's negative rack limit.)"""
+    site = small_site(racks=3)
+    plant, state = belief(site, full_load_jobs(site, 16), 60.0)  # one job per rack, at the top level
+    seen, ref = Controller(site, ControlConfig()), Controller(site, ControlConfig())
+    read = plant.readings()
+    racks = (dataclasses.replace(read.racks[0], pdu=PduReading(1e6)), *read.racks[1:])
+    ref.step(state.snapshot())
+    state.update(dataclasses.replace(read, racks=racks))
+    seen.step(state.snapshot())  # its commit budgets r0's unexplained power
+    plant.step(1.0)  # the plant keeps the levels in force; r0's PDU reads sane again
+    state.update(plant.readings())
+    snap = state.snapshot()
+    ctx = seen.context(snap)
+    assert ctx.rack_extra_w[0] > site.rack_power_limits_w()[0] and not ctx.rack_extra_w[1:].any()
+    d = seen.review(seen.propose(snap, ctx), snap, ctx)
+    expected = ref.step(snap)
+    rack = site.card_rack()
+    assert d.source == "milp" and d.plan_status == "infeasible", d.explanation
+    assert "relaxed: racks r0 left to the guard's caps" in d.explanation
+    others = rack > 0
+    assert np.array_equal(d.card_level[others], expected.card_level[others])
+    assert not np.array_equal(d.card_level[others], snap.card_level[others])  # chosen, not held
+    on_r0 = rack == 0
+    assert np.all(d.card_level[on_r0 & d.card_busy] == site.card.n_levels - 1)
+    assert np.all(d.card_low_power[on_r0 & ~d.card_busy])
+    floor_w = failsafe_card_limit_w(site, ControlConfig(), ctx.rack_extra_w)[0]
+    assert floor_w == ControlConfig().min_power_limit_w
+    assert np.all(d.card_power_limit_w[on_r0] == floor_w)
+    assert any(line.startswith("guard: r0: cannot be held under its cap") for line in d.explanation)
