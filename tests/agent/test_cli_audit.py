@@ -197,11 +197,22 @@ def test_a_reader_that_went_away_is_exit_status_141_quietly(
 _SWEEP = ["twin", "sweep-supply", "--step-k", "0.05", "--json"]
 
 
-def _racktwin_process(*argv: str) -> subprocess.Popen[bytes]:
+#: ``racktwin`` (its arguments) with Ctrl-C raising KeyboardInterrupt, as in a foreground process of a
+#: terminal, whatever the test's own launcher did: a shell's background job (``pytest ... &``, ``nohup``)
+#: starts with SIGINT ignored, its children inherit that, and Python then leaves SIGINT ignored (a
+#: clean-clone run started that way saw this test's command finish its output and exit 0)
+_WITH_CTRL_C = (
+    "import runpy, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "sys.argv = ['racktwin', *sys.argv[1:]]\n"
+    "runpy.run_module('agent.cli', run_name='__main__')\n"
+)
+
+
+def _racktwin_process(*argv: str, ctrl_c: bool = False) -> subprocess.Popen[bytes]:
     root = Path(__file__).resolve().parents[2]
-    return subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", *argv], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    start = ["-c", _WITH_CTRL_C] if ctrl_c else ["-m", "agent.cli"]
+    return subprocess.Popen([sys.executable, *start, *argv], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def test_a_command_whose_reader_went_away_exits_141_quietly_as_a_process() -> None:
@@ -221,7 +232,7 @@ def test_a_command_stopped_by_ctrl_c_exits_130_with_one_line_as_a_process() -> N
     """Ctrl-C while ``racktwin twin sweep-supply`` writes its output (blocked on a reader that has
     not read it yet): exit status 130 and ``racktwin twin sweep-supply: interrupted``, as its
     ``--help`` says, not a traceback."""
-    proc = _racktwin_process(*_SWEEP)
+    proc = _racktwin_process(*_SWEEP, ctrl_c=True)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(1)  # it has begun its output, which the pipe cannot hold whole: it waits on us
     proc.send_signal(signal.SIGINT)
