@@ -29,20 +29,7 @@ APPLIED = "racktwin/v1/site1/rack/r0/applied"
 def test_each_facility_field_decodes_into_its_own_field(codec: Codec) -> None:
     """Every number differs, so a field read from its neighbour (the supply temperature taken for the
     set-point the agent compares it with) shows."""
-    body: dict[str, Any] = {
-        "schema": "racktwin.facility/1",
-        "ts": TS,
-        "seq": 3,
-        "publisher": "bms",
-        "ambient_temperature_celsius": 21.0,
-        "supply_temperature_celsius": 31.5,
-        "return_temperature_celsius": 39.5,
-        "cooling_power_watts": 12_000.0,
-        "it_power_watts": 380_000.0,
-        "facility_power_watts": 410_000.0,
-        "supply_setpoint_celsius": 30.0,
-    }
-    got = codec.decode(FACILITY, json.dumps(body))
+    got = codec.decode(FACILITY, json.dumps(_facility()))
     assert got == wire.FacilityReading(
         ambient_temp_c=21.0,
         supply_temp_c=31.5,
