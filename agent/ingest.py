@@ -126,8 +126,10 @@ class IngestStats:
     job_events: int = 0
     ignored: int = 0  # decoded messages the agent does not act on (commands of other agents...)
     ahead: int = 0  # messages stamped too far ahead of the site clock (their readings are not taken)
+    # job_snapshots*: snapshots; job_snapshot_added, _corrected, _dropped: jobs, one count per job (exported as
+    # racktwin_job_snapshot_changes_total{change}: what a snapshot changed, job by job)
     job_snapshots: int = 0  # job snapshots (jobs/state) reconciled with the job table
-    job_snapshot_changes: int = 0  # of those, the ones that changed it
+    job_snapshots_changed: int = 0  # of those, the snapshots that changed it (one job or more)
     job_snapshot_added: int = 0  # jobs those added to the job table (the agent did not hold them)
     job_snapshot_corrected: int = 0  # jobs whose cards, phase or state those corrected
     job_snapshot_dropped: int = 0  # jobs the agent held that those no longer listed (dropped from the table)
@@ -665,7 +667,7 @@ class Ingest:
             return
         self.flush()
         self.state.apply_events(catch.events)
-        self.stats.job_snapshot_changes += 1
+        self.stats.job_snapshots_changed += 1
         self.stats.job_snapshot_added += catch.added
         self.stats.job_snapshot_corrected += catch.corrected
         self.stats.job_snapshot_dropped += catch.dropped
