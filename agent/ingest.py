@@ -37,7 +37,11 @@
   last snapshot on the broker): it never moves the site clock, waits until the clock is known (the
   first telemetry), and is ignored when stamped ahead of the site's time by more than the clock's
   ahead tolerance (10 s, or two wall seconds of site time if more). Taken as the site's time, such
-  a snapshot drove the clock 2,192 s ahead and every command after it was refused ``issued_ahead``;
+  a snapshot drove the clock 2,192 s ahead and every command after it was refused ``issued_ahead``.
+  One stamped behind is taken however far: the scheduler publishes it when its job set changes, so on
+  a quiet site (long jobs, none starting or ending) the one retained may be hours old and still true,
+  and it is what keeps an agent that (re)starts from sleeping or placing onto the cards of a job in a
+  checkpoint; an earlier run's is replaced by the next run's first snapshot, or undone by its events;
 * acks are handed to the caller (``on_ack``); applied states are kept (``applied_level``,
   ``applied_power_limit_w``, ``applied_low_power``: what each rack confirmed applying to each card,
   which its telemetry shows up to one period later), but not for a card whose applied state taken is
@@ -635,7 +639,8 @@ class Ingest:
     def _take_pending_snapshot(self) -> None:
         """The job snapshot received last, once the site clock is known: ignored when stamped ahead of
         the site's time by more than the clock's ahead tolerance (a retained copy from an earlier run of
-        the scheduler, on another timeline), else reconciled (:meth:`_catch_up`)."""
+        the scheduler, on another timeline), else reconciled (:meth:`_catch_up`), also when stamped
+        hours behind (a quiet site's: see the module docstring)."""
         msg, now = self._pending_snapshot, self.clock.now()
         if msg is None or now is None:
             return

@@ -15,7 +15,7 @@ from agent_helpers import example_site
 from mqtt_testing import wait_for
 from test_applied_disproved_metrics import _applied
 from test_clock_ingest import T0, FakeWall, _rack_applied, cards_msg, past_the_bound
-from test_job_catchup import _facility
+from test_job_catchup import _facility, event, running, snapshot, spec
 from test_service_audit import SITE_ID, START, service_on
 from test_service_audit import running as service_running
 
@@ -25,6 +25,7 @@ from agent.bus import Bus
 from agent.clock import SiteClock
 from agent.ingest import Ingest
 from twin.state import TwinState
+from twin.workload import Phase
 
 pytestmark = pytest.mark.agent
 
@@ -158,3 +159,38 @@ async def test_through_mosquitto_a_second_publishers_older_applied_state_does_no
         assert ing.stats.applied_states_old == 1
         assert np.all(ing.applied_level[:n] == 0)  # the rack's confirmation, not the bridge's
         assert ing.stats.applied_disproved == {} and np.all(np.isnan(ing._explain_by_s))  # nothing pending
+
+
+def test_a_snapshot_made_hours_before_the_site_now_is_taken() -> None:
+    """The scheduler publishes its snapshot when its job set changes: on a quiet site (long training jobs,
+    none ending or starting) the retained one an agent finds at its (re)start may be hours old and still
+    true, and it is what keeps a job in a checkpoint (its cards read idle) from being slept or placed on.
+    So a snapshot stamped behind the site's now is taken however far behind, unlike one stamped ahead of it
+    (only another timeline stamps there). Refused, an agent restarted four hours into such jobs took their
+    cards for idle. What an earlier run left behind is replaced by the new run's first snapshot (or undone
+    by its events): its jobs go then, counted dropped."""
+    state, ing = _ingest(SiteClock(1.0, infer=False))
+    ing.handle(_facility(T0 + 4 * 3600.0))
+    ing.handle(snapshot(T0, 41, running("long", {"r1": (0, 1, 2, 3)}, Phase.CHECKPOINT)))
+    assert ing.stats.job_snapshots == 1 and ing.stats.job_snapshots_ahead == 0
+    assert state.jobs["long"].state == "running" and state.jobs["long"].cards == (64, 65, 66, 67)
+    ing.handle(snapshot(T0 + 4 * 3600.0, 0))  # a new run of the scheduler (its seq from 0): no job
+    assert state.jobs == {} and ing.stats.job_snapshot_dropped == 1
+
+
+def test_a_snapshot_that_overtakes_the_end_it_includes_frees_the_cards_and_counts_the_job_once() -> None:
+    """A broker that keeps no order across topics (a bridge, a cluster; mosquitto keeps one publisher's
+    QoS 1 order) may hand the agent the snapshot made after a job's ``finished`` before the event. The
+    snapshot no longer lists the job: it goes at once, its cards free for the queue, counted dropped (the
+    agent cannot tell it finished); the event, when it comes, neither brings it back nor counts it again.
+    The plan is the same as in order; only the ``dropped`` count (no alert on it) says an end was lost."""
+    state, ing = _ingest(SiteClock(1.0, infer=False))
+    ing.handle(_facility(T0))
+    ing.handle(event(wire.JobEventType.SUBMITTED, "j1", T0, 0, job=spec("j1", 2)))
+    ing.handle(event(wire.JobEventType.STARTED, "j1", T0, 1, cards={"r1": (0, 1)}))
+    ing.handle(snapshot(T0 + 5.0, 3))  # made after the end (seq 2): lists no job
+    assert state.jobs == {} and (state.jobs_finished, state.jobs_dropped) == (0, 1)
+    assert ing.stats.job_snapshot_dropped == 1
+    ing.handle(event(wire.JobEventType.FINISHED, "j1", T0 + 5.0, 2))  # the end, overtaken
+    assert state.jobs == {} and (state.jobs_finished, state.jobs_dropped) == (0, 1)
+    assert ing.stats.job_snapshot_dropped == 1
