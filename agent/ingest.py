@@ -37,10 +37,19 @@
   last snapshot on the broker): it never moves the site clock, waits until the clock is known (the
   first telemetry), and is ignored when stamped ahead of the site's time by more than the clock's
   ahead tolerance (10 s, or two wall seconds of site time if more). Taken as the site's time, such
-  a snapshot drove the clock 2,192 s ahead and every command after it was refused ``issued_ahead``;
+  a snapshot drove the clock 2,192 s ahead and every command after it was refused ``issued_ahead``.
+  One stamped behind is taken however far: the scheduler publishes it when its job set changes, so on
+  a quiet site (long jobs, none starting or ending) the one retained may be hours old and still true,
+  and it is what keeps an agent that (re)starts from sleeping or placing onto the cards of a job in a
+  checkpoint; an earlier run's is replaced by the next run's first snapshot, or undone by its events;
 * acks are handed to the caller (``on_ack``); applied states are kept (``applied_level``,
   ``applied_power_limit_w``, ``applied_low_power``: what each rack confirmed applying to each card,
-  which its telemetry shows up to one period later);
+  which its telemetry shows up to one period later), but not for a card whose applied state taken is
+  stamped after the new one and not after the site's now (:meth:`Ingest._older_than_taken`: a second
+  publisher for the rack, a broker bridge reordering; counted in ``IngestStats.applied_states_old``
+  and logged): taken, it set the cards back to settings the rack had left and the next reading
+  counted a reset that never happened. The one refused last per rack is tried again when the site
+  clock steps back (a restarted rack's, stamped on its new timeline before the old one's);
 * every round folded into the belief is handed to ``on_round`` (the service's estimator);
 * every other message's timestamp drives the :class:`agent.clock.SiteClock`.
 
@@ -121,8 +130,10 @@ class IngestStats:
     job_events: int = 0
     ignored: int = 0  # decoded messages the agent does not act on (commands of other agents...)
     ahead: int = 0  # messages stamped too far ahead of the site clock (their readings are not taken)
+    # job_snapshots*: snapshots; job_snapshot_added, _corrected, _dropped: jobs, one count per job (exported as
+    # racktwin_job_snapshot_changes_total{change}: what a snapshot changed, job by job)
     job_snapshots: int = 0  # job snapshots (jobs/state) reconciled with the job table
-    job_snapshot_changes: int = 0  # of those, the ones that changed it
+    job_snapshots_changed: int = 0  # of those, the snapshots that changed it (one job or more)
     job_snapshot_added: int = 0  # jobs those added to the job table (the agent did not hold them)
     job_snapshot_corrected: int = 0  # jobs whose cards, phase or state those corrected
     job_snapshot_dropped: int = 0  # jobs the agent held that those no longer listed (dropped from the table)
@@ -136,6 +147,9 @@ class IngestStats:
     #: disprovals a late applied state explained (the agent's own command: the rack's applied state
     #: reached the agent after a reading that already showed it), not counted above
     applied_disprovals_explained: int = 0
+    #: applied states older, for some of their cards, than the one taken for them: not taken for those cards
+    #: (a second publisher for the rack, messages reordered; :meth:`Ingest._older_than_taken`)
+    applied_states_old: int = 0
 
     def disproved(self, setting: str) -> int:
         """Cards whose confirmed ``setting`` was disproved and counted, all racks together."""
@@ -233,6 +247,8 @@ class Ingest:
         self._jobs_seen: tuple[float, int] | None = None
         #: the newest job snapshot received while the site clock was not known yet
         self._pending_snapshot: wire.JobState | None = None
+        #: per rack: the newest applied state refused as older than the one taken (:meth:`_refuse_older`)
+        self._older_applied: dict[int, wire.AppliedState] = {}
 
     # ---- messages -------------------------------------------------------------------------------
     def _observe(self, ts: float) -> bool:
@@ -241,7 +257,9 @@ class Ingest:
         timeline is folded in first). False when the clock found the message stamped too far ahead
         of the site's time (``SiteClock.last_was_ahead``): its readings are not taken (a reading
         stamped an hour ahead would keep its rack fresh for an hour, and newer readings would be
-        refused as older than it)."""
+        refused as older than it). When the clock steps back, the applied state refused last per rack as
+        older than the one taken (:meth:`_refuse_older`) is tried again: a restarted rack's first, on
+        its new timeline, comes before the telemetry that has the clock follow it back."""
         corrections, timelines_left = self.clock.corrections, self.clock.timelines_left
         self.clock.observe(ts)
         if self.clock.corrections != corrections:
@@ -258,6 +276,10 @@ class Ingest:
             # applied state of the same timeline may still come and explain it
             self._count_disprovals(np.isfinite(self._explain_by_s))
             self._disproved_ts_s.fill(np.nan)  # a restarted rack's applied state may repeat a stamp and seq
+        if self.clock.corrections != corrections:
+            older, self._older_applied = self._older_applied, {}
+            for msg in older.values():  # refused as older than the old timeline's: maybe the new one's
+                self._applied_state(msg, again=True)
         if self.clock.last_was_ahead:
             self.stats.ahead += 1
             return False
@@ -318,27 +340,76 @@ class Ingest:
             if self.on_ack is not None:
                 self.on_ack(msg)
         elif isinstance(msg, wire.AppliedState):
-            r = self._rack.get(msg.rack)
-            if r is not None:
-                idx = np.asarray(msg.card_index, dtype=np.int64)
-                ok = (idx >= 0) & (idx < self._cpr)
-                ok[np.flatnonzero(ok)[self._disproved_copies(idx[ok] + r * self._cpr, msg)]] = False
-                lv = np.asarray(msg.dvfs_level, dtype=np.int64)[ok]
-                good = (lv >= 0) & (lv < self._clocks.size)
-                self.applied_level[idx[ok][good] + r * self._cpr] = lv[good]
-                lim = np.asarray(msg.power_limit_w, dtype=np.float64)[ok]
-                known = np.isfinite(lim) & (lim > 0.0)
-                self.applied_power_limit_w[idx[ok][known] + r * self._cpr] = lim[known]
-                self.applied_low_power[idx[ok] + r * self._cpr] = np.asarray(msg.low_power, dtype=bool)[ok]
-                self._applied_ts_s[idx[ok] + r * self._cpr] = msg.ts_s
-                self._applied_seq[idx[ok] + r * self._cpr] = msg.seq
-                self._explain(idx[ok] + r * self._cpr, msg, ok)
+            self._applied_state(msg)
         else:
             self.stats.ignored += 1
         if self._pending_snapshot is not None:
             self._take_pending_snapshot()
         self.settle_disprovals()
         return kind
+
+    def _applied_state(self, msg: wire.AppliedState, *, again: bool = False) -> None:
+        """Keep what a rack confirmed applying to each card it names, but not for a card where ``msg`` is
+        a copy of the applied state a reading disproved (:meth:`_disproved_copies`) or older than the one
+        taken (:meth:`_older_than_taken`; counted and kept, unless ``again``: the kept one, tried again
+        when the site clock stepped back)."""
+        r = self._rack.get(msg.rack)
+        if r is None:
+            return
+        idx = np.asarray(msg.card_index, dtype=np.int64)
+        ok = (idx >= 0) & (idx < self._cpr)
+        ok[np.flatnonzero(ok)[self._disproved_copies(idx[ok] + r * self._cpr, msg)]] = False
+        older = self._older_than_taken(idx[ok] + r * self._cpr, msg)
+        if older.any():
+            if not again:
+                self._refuse_older(r, msg, idx[ok][older] + r * self._cpr)
+            ok[np.flatnonzero(ok)[older]] = False
+        elif ok.any():
+            self._older_applied.pop(r, None)  # the rack spoke since the one kept: that one is no new timeline's
+        lv = np.asarray(msg.dvfs_level, dtype=np.int64)[ok]
+        good = (lv >= 0) & (lv < self._clocks.size)
+        self.applied_level[idx[ok][good] + r * self._cpr] = lv[good]
+        lim = np.asarray(msg.power_limit_w, dtype=np.float64)[ok]
+        known = np.isfinite(lim) & (lim > 0.0)
+        self.applied_power_limit_w[idx[ok][known] + r * self._cpr] = lim[known]
+        self.applied_low_power[idx[ok] + r * self._cpr] = np.asarray(msg.low_power, dtype=bool)[ok]
+        self._applied_ts_s[idx[ok] + r * self._cpr] = msg.ts_s
+        self._applied_seq[idx[ok] + r * self._cpr] = msg.seq
+        self._explain(idx[ok] + r * self._cpr, msg, ok)
+
+    def _older_than_taken(self, cards: IntArray, msg: wire.AppliedState) -> npt.NDArray[np.bool_]:
+        """Which of ``cards`` (site indices) hold an applied state stamped after ``msg`` and not after the
+        site's now. MQTT keeps the order of one topic's messages, but a second publisher for the rack (a
+        stale bridge) or a broker bridge can deliver an older one after a newer: taken, it set the cards
+        back to settings the rack had left (the diff commanded them again), and the next reading, showing
+        the newer setting, disproved it and counted a reset that never happened
+        (``racktwin_applied_state_disproved_total``). A taken one stamped after the site's now may be another
+        timeline's (a retained copy an earlier run left, the site's clock since gone back): the rack's
+        applied state on the new timeline, stamped before it, is taken; one refused while the clock had
+        not yet followed the site back is taken when it does (:meth:`_observe`)."""
+        now = self.clock.now()
+        if now is None:
+            return np.zeros(cards.size, dtype=bool)
+        held_s = self._applied_ts_s[cards]
+        return np.asarray((msg.ts_s < held_s) & (held_s <= now), dtype=np.bool_)  # False where NaN
+
+    def _refuse_older(self, r: int, msg: wire.AppliedState, cards: IntArray) -> None:
+        """Count and log rack ``r``'s applied state ``msg``, older than the one taken for ``cards``, and
+        keep it (the newest such per rack) to be taken if the site clock steps back (:meth:`_observe`)."""
+        self.stats.applied_states_old += 1
+        kept = self._older_applied.get(r)
+        if kept is None or msg.ts_s >= kept.ts_s:
+            self._older_applied[r] = msg
+        log.info(
+            "applied state of %s from %s (ts %.3f, seq %d) is older than the one taken for %d of its cards "
+            "(ts %.3f): not taken for them (a second publisher for the rack, or messages reordered)",
+            msg.rack,
+            msg.publisher,
+            msg.ts_s,
+            msg.seq,
+            cards.size,
+            float(np.nanmax(self._applied_ts_s[cards])),
+        )
 
     def _cards(self, b: wire.CardBatch) -> CardBatch | None:
         r = self._rack.get(b.rack)
@@ -568,7 +639,8 @@ class Ingest:
     def _take_pending_snapshot(self) -> None:
         """The job snapshot received last, once the site clock is known: ignored when stamped ahead of
         the site's time by more than the clock's ahead tolerance (a retained copy from an earlier run of
-        the scheduler, on another timeline), else reconciled (:meth:`_catch_up`)."""
+        the scheduler, on another timeline), else reconciled (:meth:`_catch_up`), also when stamped
+        hours behind (a quiet site's: see the module docstring)."""
         msg, now = self._pending_snapshot, self.clock.now()
         if msg is None or now is None:
             return
@@ -600,7 +672,7 @@ class Ingest:
             return
         self.flush()
         self.state.apply_events(catch.events)
-        self.stats.job_snapshot_changes += 1
+        self.stats.job_snapshots_changed += 1
         self.stats.job_snapshot_added += catch.added
         self.stats.job_snapshot_corrected += catch.corrected
         self.stats.job_snapshot_dropped += catch.dropped

@@ -14,7 +14,9 @@ the snapshot says, all dated at ``time_s``:
 * a job the belief holds that the snapshot does not list: ``finished`` marked ``dropped`` (it ended
   while the agent was not listening, or its end was lost; finished or cancelled, the agent cannot
   tell): its cards are free and the service decides again as on a ``finished``, but the belief counts
-  it in ``TwinState.jobs_dropped``, not in ``jobs_finished``.
+  it in ``TwinState.jobs_dropped``, not in ``jobs_finished``. A snapshot that overtook the job's
+  ``finished`` (a broker with no order across topics: a bridge, a cluster) drops it the same way; the
+  event, when it comes, finds no job and counts nothing: only the count says dropped, not finished.
 
 The caller (:class:`agent.ingest.Ingest`) applies a snapshot only when it is newer than the last job
 event it took (a later ``ts``, or the same ``ts`` and a higher ``seq``: the scheduler numbers both

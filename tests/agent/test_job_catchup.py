@@ -113,7 +113,7 @@ def test_the_snapshot_corrects_a_running_jobs_cards_and_phase_and_drops_jobs_it_
     assert agent.busy_cards() == {"j1": (260, 261, 262, 263), "j2": (128, 129)}  # r1's and r3's cards free
     # "gone": its end was not seen (finished or cancelled, the agent cannot tell): dropped, not finished
     assert (agent.state.jobs_finished, agent.state.jobs_dropped) == (0, 1)
-    assert ing.stats.job_snapshot_changes == 1
+    assert ing.stats.job_snapshots_changed == 1
 
 
 def test_a_job_the_snapshot_drops_is_counted_apart_from_the_finished_ones() -> None:
@@ -167,7 +167,7 @@ def test_a_snapshot_that_says_what_the_events_said_changes_nothing() -> None:
     before = (agent.state.jobs, agent.state.queue(), list(agent.handed))
     ing.handle(snapshot(T0 + 1, 5, running("j1", {"r1": (1, 0)}, Phase.COMPUTE), queued("j2", 8)))
     assert (agent.state.jobs, agent.state.queue(), agent.handed) == before
-    assert ing.stats.job_snapshots == 2 and ing.stats.job_snapshot_changes == 0
+    assert ing.stats.job_snapshots == 2 and ing.stats.job_snapshots_changed == 0
 
 
 def test_events_after_a_snapshot_go_on_as_before() -> None:

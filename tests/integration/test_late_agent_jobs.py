@@ -136,7 +136,7 @@ async def test_an_agent_started_after_the_simulator_sends_nothing_to_the_busy_ca
     mosquitto: EmbeddedBroker, tmp_path: Path
 ) -> None:
     service, sim, site, journal = await run(mosquitto, tmp_path, agent_after_s=AGENT_AFTER_S)
-    assert service.ingest.stats.job_snapshot_changes == 1  # the retained snapshot: then the events
+    assert service.ingest.stats.job_snapshots_changed == 1  # the retained snapshot: then the events
     sent = commands_sent(journal)
     assert any(c.get("action") == "low_power_idle" for c in sent)  # the agent did put idle cards to sleep
     t0_cards = {int(c) for j in ("ckpt", "steady") for c in sim.plant.job_cards(j)}
@@ -167,7 +167,7 @@ async def test_an_agent_that_took_every_event_finds_nothing_to_change_in_the_sna
         mosquitto, tmp_path, agent_after_s=None, faults=[fail], phases={"restart_delay_s": 10.0}
     )
     stats = service.ingest.stats
-    assert stats.job_snapshots >= 5 and stats.job_snapshot_changes == 0
+    assert stats.job_snapshots >= 5 and stats.job_snapshots_changed == 0
     assert any(r.restarts >= 1 for r in sim.plant.job_records())  # the requeue happened
     assert not refused_busy(journal)
 
@@ -203,6 +203,6 @@ async def test_a_snapshot_left_retained_by_an_earlier_run_does_not_move_the_agen
     # before: it moved the clock ~150 s ahead (the clock then stepped back to the racks' time) and put the
     # first run's jobs in the table (2 snapshots changed it); an agent that took every event finds nothing
     assert service.clock.corrections == 0
-    assert stats.job_snapshot_changes == 0
+    assert stats.job_snapshots_changed == 0
     assert refused_ahead(journal) == 0  # 150 s ahead is within what a rack accepts; 2,192 s was not
     assert not refused_busy(journal)
