@@ -3,13 +3,13 @@
 ``Estimator(site).update(readings)`` after each :class:`twin.readings.Readings`; ``estimates()``
 and ``anomalies()`` at any time. A copy of a card or loop reading (stamped at the time of the one the
 estimator has: at-least-once delivery) is no new observation and changes nothing; nor does one
-stamped before it (late, reordered), which the belief (``twin.state``) does not take either, up to
-the gap after which a reading restarts a model (``max_gap_s`` for a card, ten times that for a
-loop): one older than that is the site's clock gone back (a restarted simulator) and restarts the
-model on the new timeline. The estimator's time (``Estimates.time_s``, the newest stamp it took)
-never goes back with a reading; :meth:`Estimator.clock_went_back` (``agent.estimation_loop``, when the
-site clock steps back: the belief is told by ``agent.ingest``) brings it, and the last readings of
-the sources read after the new time, back to the new timeline, keeping what was learnt.
+stamped before it (late, reordered, a backlog replayed), however late, which the belief
+(``twin.state``) does not take either. The estimator's time (``Estimates.time_s``, the newest stamp
+it took) never goes back with a reading, and no stamp is taken for the site's clock gone back:
+:meth:`Estimator.clock_went_back` (``agent.estimation_loop``, when the site clock steps back: the
+belief is told by ``agent.ingest``) brings the time, and the last readings of the sources read after
+the new time, back to the new timeline, keeping what was learnt; the next readings of those sources
+then (re)start their models.
 
 Thermal resistance (per card). The die temperature rise over the coolant inlet is the response of
 the card's RC network to its power (``twin.thermal``, as ``fit_thermal`` fits it offline). The
@@ -274,8 +274,8 @@ class Estimator:
         (on the old timeline), come back: the time follows the new timeline at once (learning pauses
         in a pump step on it, the calibration's hold runs on it), and such a source's next reading
         restarts it however little the clock went back (a card's thermal model settles again, a loop's
-        flow averages start from its reading; read as late, a loop's readings were dropped for as long
-        as the clock went back, up to ten ``max_gap_s``). What was learnt stays: a resistance ratio,
+        flow averages start from its reading; untold, its readings are late, dropped until the new
+        timeline passes the old, as the belief drops them). What was learnt stays: a resistance ratio,
         the power coefficients and a loop's heat-balance averages are true of the hardware on either
         timeline. A reading never moves the time back (a late one is not a step back): only this does."""
         if math.isnan(now_s):
@@ -371,10 +371,10 @@ class Estimator:
             )
         if frozen_cards:
             valid[[c for c in frozen_cards if 0 <= c < n]] = False
-        # a card reading stamped before the last one taken (late, reordered) is dropped, as the belief
-        # drops it (it restarted the card's thermal model at the older time, pausing its learning);
-        # one more than max_gap_s older is a clock gone back: it restarts the model (_update_thermal)
-        valid &= ~((t_card < self._last_t) & (t_card >= self._last_t - self.config.max_gap_s))
+        # a card reading stamped before the last one taken (late, reordered, a backlog replayed) is
+        # dropped however late, as the belief drops it (it restarted the card's thermal model at the
+        # older time, pausing its learning); a step back of the site's clock comes as clock_went_back
+        valid &= ~(t_card < self._last_t)
         self._maybe_update_flow()
         # leakage sees the die temperature at the start of each interval (power is held over it);
         # the thermal model's prediction is used there because the noisy measured temperature as a
@@ -414,7 +414,7 @@ class Estimator:
         dt = t - self._rack_t[r]
         self._rack_t[r] = t
         self._flow_last[r] = flow_lpm
-        if not (0 < dt <= cfg.max_gap_s * 10):
+        if not (0 < dt <= cfg.max_gap_s * 10):  # its first reading, or the first after a silence
             self._flow_avg[r] = flow_lpm
             self._flow_fast[r] = flow_lpm
             self._flow_exp_avg[r] = expected if known else flow_lpm
@@ -432,10 +432,13 @@ class Estimator:
             self._dt_pred[r] = lam * self._dt_pred[r] + (1 - lam) * p / (self._mcp_nominal * speed)
             self._dt_weight[r] = lam * self._dt_weight[r] + (1 - lam)
 
-    def _late(self, t: float, last_t: float) -> bool:
-        """A loop or PDU reading stamped ``t`` is late (reordered) after one stamped ``last_t``: older,
-        but by no more than the gap that restarts a loop's averages (older still: the clock went back)."""
-        return last_t - self.config.max_gap_s * 10 <= t < last_t
+    @staticmethod
+    def _late(t: float, last_t: float) -> bool:
+        """A loop or PDU reading stamped ``t`` is late (reordered, a backlog replayed) after one stamped
+        ``last_t``: older, by however much. Formerly one older by more than ten ``max_gap_s`` was
+        taken for the site's clock gone back and restarted the loop's averages (and again at the next
+        live reading); the agent now says when the clock went back (:meth:`clock_went_back`)."""
+        return t < last_t
 
     def _maybe_update_flow(self) -> None:
         moved = np.abs(self._flow_fast / self._flow_used - 1.0) > self.config.flow_update_frac

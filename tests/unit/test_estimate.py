@@ -470,13 +470,23 @@ def test_a_reading_delivered_again_changes_no_estimate(small_site: SiteSpec) -> 
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
 
 
-def test_a_late_reading_changes_no_estimate_as_the_belief_takes_none_of_it(small_site: SiteSpec) -> None:
-    """Readings reordered on the way: every 10 s the reading of 7 s before arrives again after the
-    newest. The belief drops each (older than what it holds: ``late_count``); so does the estimator:
-    its estimates are those of the readings in order, bit for bit. Before, a late card reading
-    restarted the card's thermal model at its older time (learning paused for several time
-    constants), a late loop reading restarted the loop's flow and dT averages, and a late PDU
-    reading replaced the newer power."""
+@pytest.mark.parametrize(
+    "late_s",
+    [7, 45, 400],
+    ids=["within a card's gap", "beyond a card's gap (30 s)", "beyond a loop's gap (300 s)"],
+)
+def test_a_late_reading_changes_no_estimate_as_the_belief_takes_none_of_it(small_site: SiteSpec, late_s: int) -> None:
+    """Readings reordered on the way, or a backlog replayed (a rack's telemetry queued in an outage and
+    sent after its live readings resumed): every 10 s the reading of ``late_s`` before arrives again
+    after the newest. The belief drops each (older than what it holds: ``late_count``); so does the
+    estimator, however late: its estimates are those of the readings in order, bit for bit. Before, a
+    late card reading restarted the card's thermal model at its older time (learning paused for
+    several time constants), a late loop reading restarted the loop's flow and dT averages, and a late
+    PDU reading replaced the newer power; and formerly one older than the gap that restarts a
+    model (``max_gap_s``, 30 s, for a card; ten times that for a loop or a PDU) still did all that,
+    taken for the site's clock gone back, which the agent now tells the estimator of
+    (``Estimator.clock_went_back``): a reading 400 s late reset the loop's averages to it, and to the
+    next live reading after it."""
     p = Plant(small_site, _jobs(small_site.n_cards), config=PlantConfig(seed=5, phases=PHASES))
     in_order, reordered = Estimator(small_site), Estimator(small_site)
     belief = TwinState(small_site)
@@ -489,8 +499,9 @@ def test_a_late_reading_changes_no_estimate_as_the_belief_takes_none_of_it(small
         in_order.update(readings)
         reordered.update(readings)
         belief.update(readings)
-        if t >= 60 and t % 10 == 0:
-            old = past[-8]
+        if t >= late_s + 60 and t % 10 == 0:
+            old = past[-1 - late_s]
+            assert old.time_s == readings.time_s - late_s
             reordered.update(old)
             assert reordered.estimates().time_s == readings.time_s  # (the calibration's hold counts on it)
             belief.update(old)
@@ -649,11 +660,13 @@ def test_a_restarted_model_starts_at_equilibrium_with_the_die_through_the_learnt
 
 
 def test_a_clock_gone_back_restarts_the_model_and_learning_resumes(small_site: SiteSpec) -> None:
-    """The site's clock goes back 1000 s (a restarted simulator) and the rise is 4% up from then on:
-    the card's model restarts on the new timeline and learns it after settling (it used to wait
-    until the new timeline passed the old)."""
+    """The site's clock goes back 1000 s (a restarted simulator; the agent tells the estimator:
+    ``Estimator.clock_went_back``) and the rise is 4% up from then on: the card's model restarts on
+    the new timeline and learns it after settling (it used to wait until the new timeline passed the
+    old)."""
     est = Estimator(small_site)
     x = _steady(small_site, 1300, est)
+    est.clock_went_back(300.0)
     for t in range(301, 801):
         est.update(_rack0(small_site, float(t), 1.04 * x))
     assert est.estimates().r_ratio[0] > 1.01
@@ -705,25 +718,36 @@ def test_a_flow_deficit_is_flagged_with_the_ratio_of_expected_to_measured_flow(s
     assert a.value == pytest.approx(1.25, rel=1e-9) and a.threshold == pytest.approx(1.15)
 
 
-def test_a_loop_or_pdu_reading_older_than_a_loops_gap_is_the_clock_gone_back_not_a_late_one(
+def test_a_loop_or_pdu_reading_late_by_more_than_a_loops_gap_is_dropped_a_clock_gone_back_is_told(
     small_site: SiteSpec,
 ) -> None:
-    """Rack 0 loaded (20 kW) at its nominal flow for 700 s. A loop reading stamped 299 s back (within
-    ten max_gap_s) at 80% flow is late: dropped, no deficit. Readings from 400 s back on are the site's
-    clock gone back (a restarted simulator): the loop's averages restart there (a 20% deficit at
-    once) and the PDU's 10 kW there is the power the loop's dT is judged against (ratio 1; dropped as
-    late, the old 20 kW would read the loop as cooling twice what it carries)."""
+    """Rack 0 loaded (20 kW) at its nominal flow for 700 s. A loop and PDU reading stamped 299 s back,
+    and one 400 s back (beyond ten max_gap_s, the gap after which a loop's averages restart), at 80%
+    flow and 10 kW, are late (reordered, a backlog replayed): dropped, no deficit, the dT ratio as it
+    was. The one 400 s back used to be taken for the site's clock gone back: the loop's averages
+    restarted at its reading (a 20% deficit, a weak pump flagged from one reading) and again at the
+    next live one. A clock gone back comes with ``clock_went_back``: told, the readings from 300 s on
+    restart the loop's averages there (a 20% deficit at once) and the PDU's 10 kW there is the power
+    the loop's dT is judged against (ratio 1; dropped as late, the old 20 kW would read the loop as
+    cooling twice what it carries)."""
     mcp = small_site.loop_flow_per_rack_lpm() / 60_000.0 * small_site.loop.density_kg_per_m3
     mcp *= small_site.loop.specific_heat_j_per_kg_k
     est = Estimator(small_site)
     for t in range(1, 701):
         est.update(_rack0(small_site, float(t), 30.0, pdu_w=20e3, loop_dt_k=20e3 / mcp))
-    e = est.estimates()
-    assert e.rack_flow_deficit[0] == 0.0 and e.rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
-    (rr,) = _rack0(small_site, 401.0, 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp).racks
-    est.update(Readings(401.0, (rr,)))
-    e = est.estimates()
-    assert e.rack_flow_deficit[0] == 0.0 and e.rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+    before = est.estimates()
+    assert before.rack_flow_deficit[0] == 0.0 and before.rack_dt_ratio[0] == pytest.approx(1.0, rel=1e-9)
+    for late_s in (401.0, 300.0):
+        (rr,) = _rack0(small_site, late_s, 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp).racks
+        est.update(Readings(late_s, (dataclasses.replace(rr, cards=None),)))  # (late cards: the test above)
+        after = est.estimates()
+        for f in dataclasses.fields(after):
+            assert np.asarray(getattr(after, f.name)).tobytes() == np.asarray(getattr(before, f.name)).tobytes(), (
+                late_s,
+                f.name,
+            )
+        assert est.anomalies() == []
+    est.clock_went_back(300.0)
     for t in range(300, 501):
         est.update(_rack0(small_site, float(t), 30.0, flow_frac=0.8, pdu_w=10e3, loop_dt_k=10e3 / mcp))
         assert est.estimates().rack_flow_deficit[0] == pytest.approx(0.2, rel=1e-9), t
