@@ -28,8 +28,9 @@ from agent.commands.common import UserError, path_arg, print_json
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-#: site times above this are seconds since the epoch (real racks, the simulator); below, seconds
-#: since the start of a run (in-process evaluations)
+#: site times (the telemetry's clock, epoch seconds) from this on (2001-09-09) are dates (real racks, the
+#: simulator's default clock); below, a clock started near 0 (``racktwin sim --start-epoch-s 0``, whose
+#: site time is then the seconds since the run's start)
 _EPOCH_SITE_S = 1.0e9
 #: the largest decision id (and number of decisions) SQLite can hold (a signed 64-bit integer)
 _MAX_ID = 2**63 - 1
@@ -162,10 +163,12 @@ def wall_time(t_s: float) -> str:
 
 
 def site_time(t_s: float) -> str:
+    """A point on the site clock: a UTC date (``2026-12-05 11:56:11 UTC``), or below ``_EPOCH_SITE_S``
+    the seconds on a clock started near 0 (``t=7,200 s``, as the simulator's progress lines and the
+    evaluation's anomalies write it; ``2:00:00`` read as two o'clock, not two hours into the run)."""
     if t_s >= _EPOCH_SITE_S:
-        return dt.datetime.fromtimestamp(t_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    t = round(t_s)
-    return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}"
+        return dt.datetime.fromtimestamp(t_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"t={t_s:,.0f} s"
 
 
 def _counts(counts: dict[str, int]) -> str:
