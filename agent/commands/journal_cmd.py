@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from agent.journal_report import DecisionDetail, DecisionRow, JournalSummary
 
-from agent.commands.common import UserError, path_arg, print_json
+from agent.commands.common import UserError, path_arg, print_json, sigterm_interrupts
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -39,7 +39,7 @@ _MAX_ID = 2**63 - 1
 EXIT_STATUSES = (
     "Exit status 0 after the summary or the decision; 2 for a journal that is missing or is not a "
     "racktwin journal, a decision it does not hold, a configuration it cannot read or a bad option (one "
-    "line on stderr); 130 when stopped by Ctrl-C; 141 when the reader of its output went away before "
+    "line on stderr); 130 when stopped by Ctrl-C or SIGTERM; 141 when the reader of its output went away before "
     "all of it was written (`| head`)."
 )
 
@@ -111,6 +111,11 @@ def _journal_path(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
+    with sigterm_interrupts():  # as Ctrl-C: exit status 130 with one line, not killed without a word
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from agent.journal import JournalError
     from agent.journal_report import decision_detail, read_journal, summarize
 
