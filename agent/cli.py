@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from agent import racktwin_version
-from agent.commands.common import UserError
+from agent.commands.common import Interrupted, UserError
 
 #: command name -> (module under agent.commands, one-line help). Order is the order in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -72,8 +72,10 @@ def _exit_status(exc: SystemExit) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``racktwin`` with ``argv`` (default: ``sys.argv[1:]``) and return its exit status: 0 done,
-    2 a usage error or a :class:`agent.commands.common.UserError` (one line on stderr), 130 interrupted,
-    141 the output's reader went away; a command's own status otherwise."""
+    2 a usage error or a :class:`agent.commands.common.UserError` (one line on stderr), 130 interrupted
+    (``racktwin CMD: interrupted``, with what the command leaves behind where it says it:
+    :class:`agent.commands.common.Interrupted`), 141 the output's reader went away; a command's own status
+    otherwise."""
     try:
         return _main(argv)
     except SystemExit as exc:  # argparse's error() and --help exit; an in-process caller gets the status
@@ -115,8 +117,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_status
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM too where the command makes it one (sigterm_interrupts)
+        left = f": {exc.left}" if isinstance(exc, Interrupted) else ""
+        print(f"{prog}: interrupted{left}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader went away (e.g. `racktwin ... | head`): stop quietly, like standard tools

@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,17 @@ ANSWER_DRAIN_S = 5.0
 _EPS_S = 1e-9
 #: latest ``start_epoch_s`` accepted (year 2286): a larger value is not epoch seconds (milliseconds?)
 MAX_START_EPOCH_S = 1e10
+
+
+def speed_text(speed: float) -> str:
+    """A ``speed`` (site seconds per wall second) as the run's lines write it: ``as fast as possible`` for
+    0 or inf; else to six significant digits, with thousands separators and never an exponent
+    (``1,000,000,000x``, ``2,000x``, ``0.5x``; ``:,g`` wrote ``1e+09x``). A finite speed the loop cannot
+    reach (1e9) also runs as fast as it can, but is still a rate: its progress lines say how far
+    BEHIND it runs, and it keeps its issue-ahead tolerance (:attr:`SimOptions.max_issue_ahead_s`)."""
+    if speed == 0 or math.isinf(speed):
+        return "as fast as possible"
+    return f"{Decimal(f'{speed:.6g}'):,f}x"
 
 
 @dataclass
@@ -777,6 +789,6 @@ class _Progress:
             f"{c.expired:,} expired, bad messages {rejected:,}"
         )
         if sim.behind_s > 1.0 and not sim.options.as_fast_as_possible:
-            line += f"; BEHIND by {sim.behind_s:,.1f} s: cannot keep up with speed {sim.options.speed:,g}x"
+            line += f"; BEHIND by {sim.behind_s:,.1f} s: cannot keep up with speed {speed_text(sim.options.speed)}"
             line += " (physics not skipped)"
         self.emit(line)

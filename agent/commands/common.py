@@ -30,6 +30,16 @@ EXAMPLES_DIR = examples_dir()
 DEFAULT_SITE = EXAMPLES_DIR / "supernode-512.toml"
 
 
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C (or a SIGTERM, :func:`sigterm_interrupts`) that a command caught to say what it leaves
+    behind (``left``: e.g. ``racktwin optimize``'s files written and not): :mod:`agent.cli` ends the
+    command with ``racktwin CMD: interrupted: LEFT`` on stderr, exit status 130."""
+
+    def __init__(self, left: str) -> None:
+        super().__init__(left)
+        self.left = left
+
+
 class UserError(Exception):
     """A problem the user can fix (bad file, bad option). Printed as one line, exit status 2, or
     ``exit_status`` where the problem may pass by itself (``racktwin agent``'s 75)."""
@@ -187,9 +197,11 @@ def print_json(obj: Any) -> None:
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that the ``finally`` blocks
-    that stop what a command started run (SIGTERM's default action ends the process at once:
-    ``evaluate``'s worker processes outlived it; ``demo``, ``sim`` and ``agent`` have their own,
-    :mod:`agent.commands.command_signals`);
+    that stop what a command started run and the command ends as its ``--help`` says, exit status 130 with
+    one line (SIGTERM's default action ends the process at once, exit status 143 with no word:
+    ``evaluate``'s worker processes outlived it; ``journal``, ``twin``, ``fit-*`` and ``optimize`` ended
+    without saying so, an operator or a scheduler stopping a long one left guessing what was written;
+    ``demo``, ``sim`` and ``agent`` have their own, :mod:`agent.commands.command_signals`);
     the previous handler is put back after. Outside an event loop's own handlers (asyncio puts SIGTERM back
     to its default when its loop closes)."""
 

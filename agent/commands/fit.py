@@ -44,7 +44,7 @@ import sys
 import numpy as np
 import numpy.typing as npt
 
-from agent.commands.common import UserError, path_arg, print_json
+from agent.commands.common import UserError, path_arg, print_json, sigterm_interrupts
 from twin.power import LEAKAGE_MIN_TEMP_SPAN_K, FitError, fit_power
 from twin.thermal import ThermalFitError, fit_thermal
 from twin.workload import CsvError, read_csv_table
@@ -61,7 +61,7 @@ _LINE = "__line__"  # key of the file line number of every data row in read_colu
 EXIT_STATUSES = (
     "Exit status 0 with the fit (a warning on stderr, such as a prediction that extrapolates or a time "
     "constant no card has, does not change it); 2 for a bad option or file or data the model cannot be "
-    "fitted to (one line on stderr); 130 when stopped by Ctrl-C; 141 when the reader of its output went "
+    "fitted to (one line on stderr); 130 when stopped by Ctrl-C or SIGTERM; 141 when the reader of its output went "
     "away before all of it was written (`| head`)."
 )
 
@@ -92,9 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
-    if command == "fit-power":
-        return _run_power(args)
-    return _run_thermal(args)
+    with sigterm_interrupts():  # as Ctrl-C: exit status 130 with one line, not killed without a word
+        if command == "fit-power":
+            return _run_power(args)
+        return _run_thermal(args)
 
 
 # ------------------------------------------------------------------------------------------------

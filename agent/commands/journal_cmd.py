@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from agent.journal_report import DecisionDetail, DecisionRow, JournalSummary
 
-from agent.commands.common import UserError, path_arg, print_json
+from agent.commands.common import UserError, path_arg, print_json, sigterm_interrupts
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-#: site times above this are seconds since the epoch (real racks, the simulator); below, seconds
-#: since the start of a run (in-process evaluations)
+#: site times (the telemetry's clock, epoch seconds) from this on (2001-09-09) are dates (real racks, the
+#: simulator's default clock); below, a clock started near 0 (``racktwin sim --start-epoch-s 0``, whose
+#: site time is then the seconds since the run's start)
 _EPOCH_SITE_S = 1.0e9
 #: the largest decision id (and number of decisions) SQLite can hold (a signed 64-bit integer)
 _MAX_ID = 2**63 - 1
@@ -38,7 +39,7 @@ _MAX_ID = 2**63 - 1
 EXIT_STATUSES = (
     "Exit status 0 after the summary or the decision; 2 for a journal that is missing or is not a "
     "racktwin journal, a decision it does not hold, a configuration it cannot read or a bad option (one "
-    "line on stderr); 130 when stopped by Ctrl-C; 141 when the reader of its output went away before "
+    "line on stderr); 130 when stopped by Ctrl-C or SIGTERM; 141 when the reader of its output went away before "
     "all of it was written (`| head`)."
 )
 
@@ -110,6 +111,11 @@ def _journal_path(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
+    with sigterm_interrupts():  # as Ctrl-C: exit status 130 with one line, not killed without a word
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from agent.journal import JournalError
     from agent.journal_report import decision_detail, read_journal, summarize
 
@@ -162,10 +168,12 @@ def wall_time(t_s: float) -> str:
 
 
 def site_time(t_s: float) -> str:
+    """A point on the site clock: a UTC date (``2026-12-05 11:56:11 UTC``), or below ``_EPOCH_SITE_S``
+    the seconds on a clock started near 0 (``t=7,200 s``, as the simulator's progress lines and the
+    evaluation's anomalies write it; ``2:00:00`` read as two o'clock, not two hours into the run)."""
     if t_s >= _EPOCH_SITE_S:
-        return dt.datetime.fromtimestamp(t_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    t = round(t_s)
-    return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}"
+        return dt.datetime.fromtimestamp(t_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"t={t_s:,.0f} s"
 
 
 def _counts(counts: dict[str, int]) -> str:

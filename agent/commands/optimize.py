@@ -10,7 +10,9 @@ loop's pump the slowest speed the plan allows (``agent.pumps``, as the agent doe
 choose_pump_speed``), judges the plan with the twin (``twin.steady.site_steady_state``)
 against the all-cards-at-top-clock, full-pump-speed baseline and the greedy plan, and writes
 ``plan.json``, ``racks.csv`` and ``report.html`` (plots embedded as PNG) to ``--out`` (default
-``./out/<scenario name>``). ``--json`` prints a summary object.
+``./out/<scenario name>``). ``--json`` prints a summary object. Each file is written whole or not at
+all; a Ctrl-C or SIGTERM ends the command with exit status 130 and one line saying which it wrote
+(:class:`_Written`).
 
 The modules: ``agent.commands.optimize_scenario`` (the scenario file and :func:`load_scenario`),
 ``agent.commands.optimize_hosts`` (the hosts off), ``agent.commands.optimize_judge`` (the twin's
@@ -26,7 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.commands.common import UserError, folder_name, path_arg, prepare_output_dir, print_json
+from agent.commands.common import (
+    Interrupted,
+    UserError,
+    folder_name,
+    path_arg,
+    prepare_output_dir,
+    print_json,
+    sigterm_interrupts,
+)
 from agent.commands.optimize_hosts import hosts_off
 from agent.commands.optimize_judge import baseline, judge
 from agent.commands.optimize_outputs import json_summary, summary_line, write_plan_json, write_racks_csv, write_report
@@ -37,8 +47,9 @@ from twin.workload import Phase
 EXIT_STATUSES = (
     "Exit status 0 with a plan; 1 when no plan meets the limits (the files are still written, why on "
     "stderr); 2 for a bad scenario or option (one line naming the file and the field); 130 when stopped by "
-    "Ctrl-C (a file not yet written is left as it was); 141 when the reader of its output went away "
-    "before all of it was written (`| head`; the files are written)."
+    "Ctrl-C or SIGTERM (one line says which files it wrote: none is left half-written, one not yet written is "
+    "left as it was); 141 when the reader of its output went away before all of it was written (`| head`; the "
+    "files are written)."
 )
 
 
@@ -79,7 +90,43 @@ def _warn(msg: str) -> None:
     print(f"racktwin optimize: warning: {msg}", file=sys.stderr, flush=True)
 
 
+#: what ``racktwin optimize`` writes to ``--out``, in this order, each whole or not at all
+#: (``write_text_replacing``)
+OUTPUT_FILES = ("plan.json", "racks.csv", "report.html")
+
+
+class _Written:
+    """Where ``racktwin optimize`` writes (``out_dir``, None until it is known) and which of
+    :data:`OUTPUT_FILES` it has written there, for the line a Ctrl-C or SIGTERM ends it with."""
+
+    def __init__(self) -> None:
+        self.out_dir: Path | None = None
+        self.files: list[str] = []
+
+    def left(self) -> str:
+        """What an interrupted run leaves in ``--out``: ``no file written to DIR (...)``, ``wrote
+        DIR/plan.json; racks.csv, report.html not written (...)`` or ``wrote DIR/plan.json, racks.csv,
+        report.html``."""
+        if self.out_dir is None:
+            return "no file written"
+        whole = "none half-written; any from an earlier run are as they were"
+        if not self.files:
+            return f"no file written to {self.out_dir} ({whole})"
+        wrote = f"wrote {self.out_dir / self.files[0]}" + "".join(f", {name}" for name in self.files[1:])
+        not_yet = [name for name in OUTPUT_FILES if name not in self.files]
+        return f"{wrote}; {', '.join(not_yet)} not written ({whole})" if not_yet else wrote
+
+
 def run(args: argparse.Namespace, command: str) -> int:
+    written = _Written()
+    with sigterm_interrupts():  # as Ctrl-C: exit status 130 with a line saying what was written
+        try:
+            return _run(args, written)
+        except KeyboardInterrupt:
+            raise Interrupted(written.left()) from None
+
+
+def _run(args: argparse.Namespace, written: _Written) -> int:
     from models.placement import QueuedJob, make_placement_problem, place_jobs
     from models.plans import SolveStatus
     from models.problem import Margins, Prices, ProblemError, make_problem
@@ -93,7 +140,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     if not (0 < time_limit <= 3600):  # as the scenario's [solver] time_limit_s
         raise UserError(f"--time-limit must be within (0, 3600] seconds, got {args.time_limit:g}")
     out_dir = Path(args.out) if args.out else Path("out") / folder_name(sc.name)
-    prepare_output_dir(out_dir, ("plan.json", "racks.csv", "report.html"))
+    written.out_dir = out_dir
+    prepare_output_dir(out_dir, OUTPUT_FILES)
     prices = Prices(sf.prices.card_hour_value, sf.prices.energy_price_per_kwh, sf.prices.pue_penalty_per_kwh)
     margins = Margins(sf.margins.rack_margin_w, sf.margins.die_margin_k)
     supply = sf.supply_temp_c if sf.supply_temp_c is not None else site.facility.supply_temp_c
@@ -175,8 +223,11 @@ def run(args: argparse.Namespace, command: str) -> int:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_plan_json(out_dir / "plan.json", sc, p1, plan, placement, unplaced, judged, base, t_place)
+        written.files.append("plan.json")
         write_racks_csv(out_dir / "racks.csv", p1, judged, greedy_j, base)
+        written.files.append("racks.csv")
         write_report(out_dir / "report.html", sc, p1, plan, judged, greedy, greedy_j, base, t_place)
+        written.files.append("report.html")
     except OSError as exc:
         raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
     _progress(args, f"done in {time.perf_counter() - t_all:.1f} s")

@@ -322,7 +322,7 @@ async def _run(options: Any, signals: CommandSignals) -> tuple[SimSummary, str |
     """Run; the summary and why it could not be written to ``--summary`` (None: written or not asked). A
     Ctrl-C or SIGTERM before the run (one remembered during ``asyncio.run``'s set-up, one while the
     simulator is made) raises KeyboardInterrupt; one during the run stops it (``signals``)."""
-    from sim.runner import Simulator
+    from sim.runner import Simulator, speed_text
     from twin.scenario import jobs_line
 
     with signals.raising():  # still starting
@@ -336,8 +336,7 @@ async def _run(options: Any, signals: CommandSignals) -> tuple[SimSummary, str |
     print(
         f"racktwin sim: scenario {sc.name} ({sc.source}): {sc.site.n_cards} cards in {sc.site.n_racks} racks, "
         f"{jobs_line(len(sc.jobs), sc.workload)}, {len(sc.faults)} plant faults, {len(sc.sim_faults)} disconnects; "
-        f"site {options.site_id} on {options.mqtt.url}, speed "
-        f"{'max' if options.as_fast_as_possible else f'{options.speed:,g}x'}",
+        f"site {options.site_id} on {options.mqtt.url}, speed {speed_text(options.speed)}",
         file=sys.stderr,
         flush=True,
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.commands.common import UserError, load_site_or_fail, path_arg, print_json
+from agent.commands.common import UserError, load_site_or_fail, path_arg, print_json, sigterm_interrupts
 from twin.spec import SiteSpec
 from twin.steady import site_steady_state
 from twin.sweep import best_point, supply_sweep
@@ -31,7 +31,7 @@ from twin.sweep import best_point, supply_sweep
 #: (Command line) say it
 EXIT_STATUSES = (
     "Exit status 0 after the table or the JSON; 2 for a bad option, value or site spec (one line on "
-    "stderr); 130 when stopped by Ctrl-C; 141 when the reader of its output went away before all of it "
+    "stderr); 130 when stopped by Ctrl-C or SIGTERM; 141 when the reader of its output went away before all of it "
     "was written (`| head`)."
 )
 
@@ -129,6 +129,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
+    with sigterm_interrupts():  # as Ctrl-C: exit status 130 with one line, not killed without a word
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     site = load_site_or_fail(args.site)
     _check(args.ambient_c, -40.0, 55.0, "--ambient-c", "deg C")
     _check(args.utilization, 0.0, 1.0, "--utilization", "(a fraction, not percent)")

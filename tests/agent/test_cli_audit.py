@@ -650,16 +650,32 @@ def test_a_file_that_is_no_journal_is_one_line(
 
 
 def test_the_text_gives_the_span_and_the_site_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Decisions 90 s apart: the span in seconds (under 2 min), site times as H:MM:SS from the run's
-    start; a decision whose source is not its status shows both."""
+    """Decisions 90 s apart: the span in seconds (under 2 min), site times of a clock started at 0 (a
+    simulator's ``--start-epoch-s 0``) as its seconds, ``t=100 s``, not ``0:01:40``, which reads as a time
+    of day; a decision whose source is not its status shows both."""
     now = time.time()
     summaries = [{"status": "optimal", "source": "milp"}, {"status": "fallback", "source": "previous plan"}]
     path = make_journal(tmp_path / "j.sqlite", [now - 90.0, now], summaries)
     rc, out, _ = run(capsys, "journal", "--journal", str(path))
     assert rc == 0
-    assert "(90 s; site time 0:01:40 to 0:03:20)" in out, out
-    assert "fallback  previous plan" in out
-    assert site_time(3725.0) == "1:02:05"
+    assert "(90 s; site time t=100 s to t=200 s)" in out, out
+    assert "  (site t=200 s)  fallback  previous plan" in out, out
+    assert site_time(3725.0) == "t=3,725 s"
+
+
+def test_a_site_time_that_is_a_date_says_utc(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A site clock in epoch seconds (a rack's, the simulator's default) reads as a UTC date, as the wall
+    times beside it do, not as a date of no zone; --json keeps the seconds."""
+    path = make_journal(tmp_path / "j.sqlite", [time.time()])
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE decisions SET site_time_s = ?", (1_796_471_771.0,))
+    db.close()
+    rc, out, _ = run(capsys, "journal", "--journal", str(path))
+    assert rc == 0
+    assert "site time 2026-12-05 11:56:11 UTC to 2026-12-05 11:56:11 UTC)" in out, out
+    assert "  (site 2026-12-05 11:56:11 UTC)  optimal" in out, out
+    assert journal_json(capsys, "--journal", str(path))["last_site_s"] == 1_796_471_771.0
 
 
 def test_a_boolean_in_a_summary_is_no_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,7 +78,7 @@ def test_a_run_takes_every_option_it_is_given(
     rows = _rows(truth)
     assert [float(r["time_s"]) for r in rows] == [0.0, 10.0, 20.0, 30.0]  # one row per period
     assert [float(r["ts_s"]) for r in rows] == [EPOCH, EPOCH + 10, EPOCH + 20, EPOCH + 30]
-    assert "speed max" in err and "site audit7 on " in err  # --speed 0: as fast as possible
+    assert ", speed as fast as possible\n" in err and "site audit7 on " in err  # --speed 0
     assert "sim: t=" not in err  # --progress-interval-s 0: no progress lines
     # the report's energy line is the summary's: IT, then facility, PUE their ratio
     m = re.search(r"energy: IT ([0-9.,]+) kWh, facility ([0-9.,]+) kWh, PUE ([0-9.]+)", err)
@@ -100,6 +100,17 @@ def _truth_of(capsys: pytest.CaptureFixture[str], url: str, path: Path, *args: s
     rc, _, err = _sim(capsys, *base, "--start-epoch-s", f"{EPOCH:.0f}", "--truth-log", str(path), *args)
     assert rc == 0, err
     return _rows(path)
+
+
+def test_a_speed_the_run_cannot_reach_reads_in_digits(
+    mosquitto: EmbeddedBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--speed 1e9``: the line describing the run says ``speed 1,000,000,000x``, not ``1e+09x``."""
+    rc, _, err = _sim(
+        capsys, "--broker", mosquitto.url, "--duration", "5", "--speed", "1e9", "--progress-interval-s", "0"
+    )
+    assert rc == 0, err
+    assert ", speed 1,000,000,000x\n" in err, err
 
 
 def test_the_seed_is_taken_with_and_without_a_scenario(

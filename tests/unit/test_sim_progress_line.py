@@ -12,7 +12,7 @@ import pytest
 
 from agent import wire
 from agent.mqtt_options import MqttOptions
-from sim.runner import SimOptions, Simulator, _Progress
+from sim.runner import SimOptions, Simulator, _Progress, speed_text
 from twin.scenario import load_run_scenario
 
 pytestmark = pytest.mark.unit
@@ -58,3 +58,35 @@ def test_the_progress_lines_speeds_have_thousands_separators_as_the_demos_and_ev
     assert len(lines) == 1, lines
     assert " speed 12,345.00x, " in lines[0]
     assert lines[0].endswith("; BEHIND by 1,234.5 s: cannot keep up with speed 2,000x (physics not skipped)")
+
+
+def test_a_speed_far_beyond_what_the_loop_reaches_reads_in_digits_not_an_exponent(tmp_path: Path) -> None:
+    """``--speed 1e9`` (a rate no run reaches: it runs as fast as it can and says how far behind) reads
+    ``1,000,000,000x`` in the BEHIND line, as the speeds beside it, not ``1e+09x``."""
+    scen = tmp_path / "quiet.toml"
+    scen.write_text(
+        f'name = "quiet"\nsite = "{EXAMPLES / "supernode-512.toml"}"\nduration_s = 60.0\n[workload]\nsource = "none"\n'
+    )
+    options = SimOptions(scenario=load_run_scenario(scen), mqtt=MqttOptions(), start_epoch_s=0.0, speed=1e9)
+    sim = Simulator(options)
+    sim.behind_s = 59.5
+    lines: list[str] = []
+    _Progress(sim, 0.0, lines.append, 1.0)._line(1.0)
+    assert lines[0].endswith("; BEHIND by 59.5 s: cannot keep up with speed 1,000,000,000x (physics not skipped)")
+
+
+@pytest.mark.parametrize(
+    ("speed", "text"),
+    [
+        (0.0, "as fast as possible"),
+        (float("inf"), "as fast as possible"),
+        (1e9, "1,000,000,000x"),
+        (123_456_789.0, "123,457,000x"),  # six significant digits
+        (2_000.0, "2,000x"),
+        (60.0, "60x"),
+        (1.5, "1.5x"),
+        (1e-7, "0.0000001x"),
+    ],
+)
+def test_speeds_read_for_people(speed: float, text: str) -> None:
+    assert speed_text(speed) == text
