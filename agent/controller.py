@@ -677,6 +677,9 @@ class Controller:
         if dv is None:  # pragma: no cover - plans always carry a DVFS plan
             return self._hold(snap, ctx, load, orders, notes, elapsed_s)
         level = np.asarray(dv.card_level, dtype=np.int64).copy()
+        # idle cards at the slowest level: the plan's card levels already say so (models.plans.assess_dvfs
+        # gives every card without a job the slowest level, and the plan's problem has this step's load),
+        # so this only keeps it true should a plan ever say otherwise (a mutation that drops it lives)
         level[load.idle] = slowest
         # which idle cards stay awake: as many as the plan says, the ones awake now first (an awake
         # idle card draws ~30 W more than a sleeping one, so the rack matters little; the guard

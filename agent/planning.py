@@ -60,7 +60,8 @@ _UNBOUNDED_W = 1e12
 #: The least rack limit handed to the models: a rack whose unexplained power leaves it no room (an
 #: absurd PDU reading the belief still takes: 1 MW on a 50-kW rack) gets this instead of a limit the
 #: models refuse (not positive), below its least power, so the site's problem is built and
-#: :func:`relax` leaves that rack alone to the guard's caps.
+#: :func:`relax` leaves that rack alone to the guard's caps (``models.explain`` says "no room: its
+#: limit in this problem is 1 W", not a limit of 0.0 kW).
 _NO_ROOM_W = 1.0
 
 

@@ -32,6 +32,7 @@ steps) and calls ``on_step()`` after every step; :attr:`Policy.stats` tells what
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,8 +70,14 @@ __all__ = [
 #: The policies in the order reports list them.
 POLICY_NAMES = ("baseline", "static-cap", "reactive", "greedy", "racktwin")
 
-#: Decisions' explanations kept per policy (examples for the report).
+#: Decisions' explanations kept per policy (examples for the report): kinds of notes, each once.
 _MAX_NOTES = 40
+
+#: The measured numbers of a note (those with a decimal point: a late solve's time share, a rack's
+#: kW), masked to tell a note's kind: the same event at another value is one more of its kind, not a
+#: new note (a late solve's share, to three decimals, made every late solve a note of its own and
+#: filled the notes with them). Whole numbers (racks, set-points, card counts) tell kinds apart.
+_MEASURED = re.compile(r"\d+\.\d+")
 
 
 @dataclass
@@ -93,7 +100,8 @@ class ControlStats:
     anomalies: list[str] = field(default_factory=list)
     invalid_readings: int = 0  # card readings the belief refused (NaN, out of range)
     first_failsafe_s: float = math.nan
-    notes: list[str] = field(default_factory=list)  # a few explanations worth reading
+    # a few explanations worth reading: the first of each kind, with how many more of its kind followed
+    notes: list[str] = field(default_factory=list)
 
 
 def static_cap_w(site: SiteSpec, control: ControlConfig | None = None) -> float:
@@ -327,6 +335,8 @@ class AgentPolicy(Policy):
         self.decision_listeners: list[Callable[[Decision, ApplyReport], None]] = []
         self._prev_failsafe: set[int] = set()
         self._anomalies = AnomalyHistory()
+        # per kind of note (_MEASURED): its index in stats.notes, its first line and how many followed
+        self._note_kinds: dict[str, tuple[int, str, int]] = {}
 
     def bind(self, plant: Plant) -> None:
         super().bind(plant)
@@ -369,13 +379,28 @@ class AgentPolicy(Policy):
         # why the guard acted, a plan was relaxed or none was found, and why a set-point's solve fell back
         # to the greedy plan (models/solve.py: late, failed, stopped with no solution, over a cap, no time left)
         kinds = ("guard:", "infeasible", "relaxed", "no plan", "fallback:")
-        interesting = [e for e in decision.explanation if e.startswith(kinds)]
-        for e in interesting:
-            line = f"t={decision.time_s:.0f} s: {e}"
-            if len(st.notes) < _MAX_NOTES and not any(n.endswith(e) for n in st.notes):
-                st.notes.append(line)
+        for e in decision.explanation:
+            if e.startswith(kinds):
+                self._note(e, decision.time_s)
         for listen in self.decision_listeners:
             listen(decision, report)
+
+    def _note(self, e: str, time_s: float) -> None:
+        """Keep explanation line ``e`` of the decision at ``time_s`` among the notes: the first of its
+        kind (``_MEASURED``) as it reads, up to ``_MAX_NOTES`` kinds; a later one of its kind only
+        counts on it (``(and 12 more like it, the last at t=900 s)``), so that one frequent kind
+        does not crowd out the others."""
+        st = self.stats
+        kind = _MEASURED.sub("#", e)
+        seen = self._note_kinds.get(kind)
+        if seen is None:
+            if len(st.notes) < _MAX_NOTES:
+                self._note_kinds[kind] = (len(st.notes), f"t={time_s:.0f} s: {e}", 0)
+                st.notes.append(f"t={time_s:.0f} s: {e}")
+            return
+        i, first, more = seen
+        self._note_kinds[kind] = (i, first, more + 1)
+        st.notes[i] = f"{first} (and {more + 1} more like it, the last at t={time_s:.0f} s)"
 
     def finish(self) -> None:
         if self.loop is None:

@@ -79,10 +79,14 @@ def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
             continue
         n_off = 0 if p.host_off is None else int(p.host_off.reshape(p.site.n_racks, -1)[r].sum())
         hosts = f"host {p.rack_host_w()[r] / 1e3:.1f} kW" + (f" with {n_off} of its hosts off" if n_off else "")
+        draw = f"{busy} busy cards at their lowest allowed levels (+ {hosts}, idle cards in low power)"
+        if t.rack_cap_w[r] <= 0.0:
+            reasons.append(
+                f"rack power: rack {names[int(r)]}: {_no_room(p, int(r))}; {draw} draw {p_min[r] / 1e3:.1f} kW"
+            )
+            continue
         reasons.append(
-            f"rack power: rack {names[int(r)]}: {busy} busy cards at their lowest allowed levels (+ "
-            f"{hosts}, idle cards in low power) still draw "
-            f"{p_min[r] / 1e3:.1f} kW > "
+            f"rack power: rack {names[int(r)]}: {draw} still draw {p_min[r] / 1e3:.1f} kW > "
             f"{t.rack_cap_w[r] / 1e3:.1f} kW (limit {p.rack_limit_w[r] / 1e3:.1f} kW - margin "
             f"{p.margins.rack_margin_w / 1e3:.1f} kW)"
         )
@@ -103,6 +107,20 @@ def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
             f"leaves room for only {int(cap.sum())} ({why})"
         )
     return "\n".join(reasons)
+
+
+def _no_room(p: CycleProblem, r: int) -> str:
+    """Why rack ``r``, whose limit in ``p`` is at or below the margin, has no room at all: its limit in
+    watts (a caller may hand the models a token limit, as the agent does for a rack whose unexplained
+    power takes all of it: ``agent.planning``'s 1 W), next to the site's own where that is higher, so
+    that the line is not read as a misconfigured limit of 0.0 kW."""
+    limit_w = float(p.rack_limit_w[r])
+    site_w = float(p.site.rack_power_limits_w()[r])
+    site = f" (the site's limit is {site_w / 1e3:.1f} kW)" if site_w > limit_w else ""
+    return (
+        f"no room: its limit in this problem is {limit_w:,.0f} W{site}, not above the "
+        f"{p.margins.rack_margin_w / 1e3:.1f} kW margin"
+    )
 
 
 def is_feasible(p: CycleProblem, t: DvfsTables) -> bool:

@@ -87,7 +87,11 @@ class SolveInfo:
     gap: float | None
     time_limit_s: float  # as read back from HiGHS
     mip_rel_gap: float  # as read back from HiGHS
+    # HiGHS's termination condition; a chunked solve's: each status's chunks, and which had no solution
     message: str = ""
+    # the part of a plan with a solution that kept the greedy levels (a chunked solve's chunks with no
+    # solution, :class:`DecomposedDvfsSolver`); empty when none did
+    greedy_parts: str = ""
 
 
 def _map_status(tc: TerminationCondition, has_solution: bool) -> SolveStatus:
@@ -365,6 +369,7 @@ class DecomposedDvfsSolver:
         deadline = time.perf_counter() + time_limit_s
         obj = bound = 0.0
         statuses: list[SolveStatus] = []
+        unsolved: list[str] = []  # the chunks that keep the greedy levels, and why
         highs_s = 0.0
         for i, c in enumerate(chunks):
             if c.jobs.size == 0:
@@ -372,6 +377,7 @@ class DecomposedDvfsSolver:
             lim = (deadline - time.perf_counter()) / (len(chunks) - i)
             if lim < 1e-3:
                 statuses.append(SolveStatus.TIMEOUT_NO_SOLUTION)
+                unsolved.append(_chunk_line(p, i, c.racks, SolveStatus.TIMEOUT_NO_SOLUTION, "no time left"))
                 continue
             part = self._parts.get(i)
             if part is None:
@@ -383,6 +389,7 @@ class DecomposedDvfsSolver:
             highs_s += info.highs_time_s
             statuses.append(info.status)
             if lv is None or aw is None or info.objective is None:
+                unsolved.append(_chunk_line(p, i, c.racks, info.status, info.message))
                 continue  # this chunk keeps the greedy levels
             level[c.jobs] = lv
             awake[c.racks] = aw
@@ -404,9 +411,43 @@ class DecomposedDvfsSolver:
             gap=_gap(obj, bound) if has else None,
             time_limit_s=time_limit_s,
             mip_rel_gap=mip_rel_gap,
-            message=f"{len(chunks)} chunks",
+            message=_chunks_message(len(chunks), statuses, unsolved),
+            greedy_parts=_greedy_chunks(len(chunks), unsolved) if has else "",
         )
         return (info, level, awake) if has else (info, None, None)
+
+
+#: Chunks (and racks of a chunk) a chunked solve's message names one by one (the others are counted).
+_CHUNKS_NAMED = 4
+
+
+def _chunk_line(p: CycleProblem, i: int, racks: IntArray, status: SolveStatus, why: str) -> str:
+    """One chunk with no solution, for an operator: its index, its racks (the first few) and how its
+    solve ended (HiGHS's termination, or no time left for it)."""
+    names = _listed([p.site.rack_names[int(r)] for r in racks])
+    return f"chunk {i} (racks {names}: {status.value}, {why})"
+
+
+def _listed(items: list[str]) -> str:
+    """The first :data:`_CHUNKS_NAMED` of ``items``, then how many more."""
+    more = len(items) - _CHUNKS_NAMED
+    return ", ".join(items[:_CHUNKS_NAMED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _chunks_message(n_chunks: int, statuses: list[SolveStatus], unsolved: list[str]) -> str:
+    """A chunked solve's ``SolveInfo.message``: how many chunks ended in each status (chunks with no
+    jobs are not solved), then the chunks with no solution: ``8 chunks: 7 optimal, 1
+    timeout_no_solution; no solution in chunk 7 (racks r7: timeout_no_solution, no time left)``."""
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    tally = ", ".join(f"{k} {s.value}" for s, k in counts.items()) or "none solved (no jobs)"
+    return f"{n_chunks} chunks: {tally}" + (f"; no solution in {_listed(unsolved)}" if unsolved else "")
+
+
+def _greedy_chunks(n_chunks: int, unsolved: list[str]) -> str:
+    """``SolveInfo.greedy_parts`` of a chunked solve with a plan: its chunks with no solution."""
+    if not unsolved:
+        return ""
+    return f"{len(unsolved)} of {n_chunks} chunks had no solution: {_listed(unsolved)}"
 
 
 def solve_matrix_highspy(mat: DvfsMatrix, time_limit_s: float, mip_rel_gap: float) -> tuple[SolveInfo, Any]:
@@ -641,12 +682,15 @@ def _judge_solution(
     status and gap, and its plan unless the twin rates the greedy plan higher (the model's facility
     line is an affine fit: the rare case keeps the greedy plan, source "greedy"); no solution or one
     over the caps gives the greedy plan (status FALLBACK), with its reason in ``reasons``
-    (:func:`_fallback_reason`): what the twin found over the caps, or how HiGHS ended without one."""
+    (:func:`_fallback_reason`): what the twin found over the caps, or how HiGHS ended without one. A
+    chunked solution used with chunks that had none (``SolveInfo.greedy_parts``) says which, in ``reasons``."""
     if level is not None and awake is not None:
         cand = assess_dvfs(p, level, awake, c.supply_c, c.tables)
         over = _over_caps(cand, p)
         if not over:
             if cand.objective_per_h >= c.greedy_plan.objective_per_h - 1e-9:
+                if info.greedy_parts:  # a chunked solve, partly: say which chunks kept the greedy levels
+                    reasons.append(f"supply {c.supply_c:g} deg C: {info.greedy_parts}; their greedy levels used")
                 return _Outcome(info.status, cand, info.gap, "milp")
             return _Outcome(info.status, c.greedy_plan, info.gap, "greedy")
         why = f"the solver's plan ({info.status.value}) has {over} as the twin rates it"
@@ -724,7 +768,10 @@ class CyclePlanner:
         each set-point has none; otherwise why each set-point the MILP was run for kept its greedy plan
         (late, failed, stopped with no solution, infeasible, over the caps as the twin rates it, or no
         time left: ``supply 30 deg C: ...; greedy plan used``), so that a FALLBACK always says why (a
-        set-point ``refine_top`` left out keeps its greedy plan with no line: it was not asked for).
+        set-point ``refine_top`` left out keeps its greedy plan with no line: it was not asked for), and
+        which chunks of a chunked solve whose plan is used kept their greedy levels (``supply 30 deg C:
+        1 of 8 chunks had no solution: chunk 7 (racks r7: timeout_no_solution, no time left); their
+        greedy levels used``).
         """
         _check_limits(time_limit_s, mip_rel_gap)
         t_start = time.monotonic()

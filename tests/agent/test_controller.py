@@ -809,3 +809,20 @@ def test_an_absurd_pdu_reading_leaves_its_rack_no_room_and_the_other_racks_plann
     assert floor_w == ControlConfig().min_power_limit_w
     assert np.all(d.card_power_limit_w[on_r0] == floor_w)
     assert any(line.startswith("guard: r0: cannot be held under its cap") for line in d.explanation)
+
+
+def test_idle_cards_get_the_slowest_level_awake_or_asleep_and_busy_cards_their_jobs_level() -> None:
+    """A small site running job a on 8 of its 32 cards, every card at the top level: the decision
+    gives the 24 idle cards, the reserve kept awake and those put to sleep alike, the slowest level
+    (an awake idle card draws least there, and one woken for a job starts from it), and a's cards its
+    job's level."""
+    site = small_site()
+    _plant, state = belief(site, [job("a", 8)], 60)
+    snap = state.snapshot()
+    assert (np.asarray(snap.card_level) == 0).all()
+    ctl = Controller(site, ControlConfig(period_s=10.0, idle_reserve_cards=4))
+    d = ctl.step(snap, 60.0)
+    idle = ~d.card_busy
+    assert int(idle.sum()) == 24 and int((idle & ~d.card_low_power).sum()) == 4
+    assert (d.card_level[idle] == site.card.n_levels - 1).all()
+    assert (d.card_level[d.card_busy] == d.job_levels["a"]).all() and d.job_levels["a"] < site.card.n_levels - 1

@@ -238,6 +238,26 @@ def test_with_no_plan_within_every_cap_the_relaxed_plan_is_returned_flagged_infe
     assert got.dvfs.rack_power_w[1] <= p.rack_cap_w()[1] + 1e-6
 
 
+def test_a_rack_whose_unexplained_power_leaves_no_room_is_explained_as_no_room_not_a_limit_of_0_kw() -> None:
+    """A PDU reading 1 MW above what the twin explains on rack 0: the models get the least limit
+    (1 W), the rack is left to the guard. The decision's infeasible line says there is no room, with
+    the limit in watts beside the site's 12.5 kW; it read "... > -1.0 kW (limit 0.0 kW - margin 1.0
+    kW)", which an operator takes for a misconfigured limit."""
+    ctx = step_context(SITE, rack_extra_w=np.array([1e6, 0.0]))
+    p = problem(ctx=ctx)
+    assert p.rack_limit_w.tolist() == [1.0, 12500.0]
+    notes: list[str] = []
+    got = plan(p, notes, rack_extra_w=np.array([1e6, 0.0]))
+    assert got.status == SolveStatus.INFEASIBLE
+    line = next(n for n in notes if n.startswith("infeasible: "))
+    assert line.startswith(
+        f"infeasible: rack power: rack {NAMES[0]}: no room: its limit in this problem is 1 W (the site's limit is "
+        "12.5 kW), not above the 1.0 kW margin; 16 busy cards at their lowest allowed levels"
+    ), line
+    assert "0.0 kW" not in line and "-1.0 kW" not in line
+    assert f"relaxed: racks {NAMES[0]} left to the guard's caps" in notes
+
+
 # ---- relax --------------------------------------------------------------------------------------
 
 

@@ -8,11 +8,14 @@ racktwin is the agent's controller with the agent's default configuration.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import numpy.typing as npt
 import pytest
 from agent_helpers import example_site, small_site
 from evaluate_helpers import full_load_scenario, mixed_scenario
+from guard_helpers import proposal
 from readings_testing import cards_of
 
 from agent.config import ControlConfig, PricesConfig
@@ -321,5 +324,38 @@ def test_the_report_notes_say_why_a_plan_fell_back() -> None:
     policy.run(30.0, lambda: None)
     fell_back = [e for d in heard for e in d.explanation if e.startswith("fallback: ")]
     assert policy.stats.fallbacks > 0 and fell_back, [d.explanation for d in heard]
-    notes = [n.split(": ", 1)[1] for n in policy.stats.notes]
+    # a note is the first line of its kind, with how many more of its kind followed
+    notes = [
+        re.sub(r" \(and \d+ more like it, the last at t=\d+ s\)$", "", n.split(": ", 1)[1]) for n in policy.stats.notes
+    ]
     assert fell_back[0] in notes and all(n.endswith("; greedy plan used") for n in notes if n.startswith("fallback"))
+
+
+def test_notes_count_repeats_of_one_kind_on_its_first_note_and_keep_room_for_other_kinds() -> None:
+    """The notes (metrics.json, the report) keep the first note of each kind; a later one of its kind
+    that differs only in a measured number (a late solve's time share, to three decimals) counts on
+    it. 60 late solves, each with its own share, then a relaxed rack: the late solves are one note
+    with their count, and the relaxed rack still gets its note. Each share made a note of its own
+    before: the 40 notes were all late solves, and what followed was never told."""
+    site = small_site()
+    policy = AgentPolicy(site)
+    late = (
+        "fallback: supply 30 deg C: the solve was still running at the end of its {:.3f} s share of the time "
+        "limit; greedy plan used"
+    )
+    for i in range(60):
+        d = proposal(site, time_s=15.0 * (i + 1), explanation=("plan fallback (greedy)", late.format(0.3 + i / 1000)))
+        policy._on_decision(d, ApplyReport())
+    policy._on_decision(
+        proposal(site, time_s=915.0, explanation=("relaxed: racks r0 left to the guard's caps",)), ApplyReport()
+    )
+    # whole numbers tell kinds apart: another set-point's late solve is a note of its own
+    late_35 = late.replace("supply 30", "supply 35").format(0.5)
+    guard = "guard: r1: 4 idle cards to low power for the cap"
+    policy._on_decision(proposal(site, time_s=930.0, explanation=(late.format(0.5), late_35, guard)), ApplyReport())
+    assert policy.stats.notes == [
+        f"t=15 s: {late.format(0.3)} (and 60 more like it, the last at t=930 s)",
+        "t=915 s: relaxed: racks r0 left to the guard's caps",
+        f"t=930 s: {late_35}",
+        f"t=930 s: {guard}",
+    ]

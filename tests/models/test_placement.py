@@ -232,3 +232,33 @@ def test_milp_counts_that_do_not_add_up_to_the_job_place_nothing(counts: dict[in
     assert _pick_planned(pp, 0, free, counts, xyz, {}).size == 0
     planned = _pick_planned(pp, 0, free, {0: 1, 2: 3}, xyz, {})
     assert np.bincount(site.card_rack()[planned], minlength=3).tolist() == [1, 0, 3]
+
+
+def test_the_greedy_pass_after_the_milp_counts_the_power_of_the_jobs_the_milp_placed(site: SiteSpec) -> None:
+    """Two supernodes. Stage 1 sends a and b (8 cards, one rack each) to supernode 0, which has more
+    free cards (58: r0 9, r1-r7 7 each), and c (12 cards in one rack) to supernode 1, the only one with
+    a rack that holds it (r8: 20 free, r9: 8). Stage 2 fits only a in supernode 0 (r0), so b goes to
+    the greedy pass on what is left, which finds 8 free cards in r8 (beside c) and in r9. r8 had
+    8 kW of headroom and c takes 6 kW of it: b there (4 kW) would put r8 2 kW over, so b takes r9
+    (5 kW). The greedy pass saw r8's headroom without c's power and put b there."""
+    from models.placement import milp_placement
+
+    big = site.with_supernodes(2)
+    free = np.zeros(big.n_cards, dtype=bool)
+    free[rack_cards(0, 9)] = True
+    for r in range(1, 8):
+        free[rack_cards(r, 7)] = True
+    free[rack_cards(8, 20)] = free[rack_cards(9, 8)] = True
+    queue = (
+        QueuedJob(job("a", 8, priority=2.0), max_racks=1),
+        QueuedJob(job("b", 8), max_racks=1),
+        QueuedJob(job("c", 12), max_racks=1),
+    )
+    head = np.full(big.n_racks, 40e3)
+    head[8], head[9] = 8e3, 5e3
+    pp = PlacementProblem(big, free, queue, head, np.full(3, 500.0))
+    plan = milp_placement(pp, time_limit_s=10.0, mip_rel_gap=0.0)
+    _check_plan(big, free, list(queue), plan)
+    assert plan.unplaced == {}
+    assert (plan.racks["a"], plan.racks["c"], plan.racks["b"]) == ((0,), (8,), (9,))
+    assert plan.overload_w == 0.0

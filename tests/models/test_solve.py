@@ -391,3 +391,39 @@ def test_a_hot_idle_card_does_not_throw_the_solvers_plan_away(site: SiteSpec) ->
     assert with_hot.dvfs.card_die_temp_c[idle[0]] > p.die_limit_c  # over the limit in the plan: not its to cool
     assert (with_hot.status, with_hot.source) == (SolveStatus.OPTIMAL, "milp"), with_hot.explanation
     np.testing.assert_array_equal(with_hot.dvfs.job_level, plain.dvfs.job_level)
+
+
+def test_a_chunks_first_solve_prices_it_power_as_its_later_solves_do(site: SiteSpec) -> None:
+    # One job per rack, chunks of 64 cards (one rack each); no cap binds (100 kW) and at 15 deg C ambient
+    # the site stays under its PUE target, so every IT watt costs the energy price x b (b = 1.028, the
+    # facility's slope at 30 deg C), in each chunk (models.decompose.it_price_per_wh) as in the whole-site
+    # model. Job m's value per watt from its top level to the next (priority 0.0705) lies just under that
+    # price: m runs at level 1, the others at the top. A chunk's model built without that price, as the
+    # whole site's, holds the site's facility intercept (10 kW) against its own rack's IT power (50 kW):
+    # a PUE excess that more IT power shrinks, which kept m at the top clock in the chunk's first solve
+    # (a re-solve of the kept model loads the price).
+    from models.decompose import it_price_per_wh
+    from models.heuristic import greedy_dvfs
+    from models.solve import DecomposedDvfsSolver
+
+    jobs = [job(f"f{r}", 64) for r in range(7)] + [job("m", 64, priority=0.0705)]
+    p = make_problem(
+        site, jobs=jobs, job_cards=[rack_cards(r) for r in range(8)], rack_limit_w=100_000.0, ambient_c=15.0,
+        supply_temp_c=30.0, supply_options_c=[30.0], ready_reserve_cards=0,
+    )  # fmt: skip
+    t = dvfs_tables(p)
+    line = facility_line(site, 30.0, 15.0, *it_power_range_w(p, t))
+    g = greedy_dvfs(p, t, line)
+    greedy_it_w = float(t.rack_base_w.sum() + t.job_power_w[np.arange(8), g.job_level].sum())
+    price = it_price_per_wh(p, line, greedy_it_w)
+    assert price == pytest.approx(p.prices.energy_price_per_kwh / 1000.0 * line.b)  # under the PUE target
+    m_value_per_w = (t.job_value[7, 0] - t.job_value[7, 1]) / (t.job_power_w[7, 0] - t.job_power_w[7, 1])
+    assert 0.9 * price < m_value_per_w < price
+    want = [0] * 7 + [1]
+    whole, whole_level, _ = DvfsSolver().solve(p, t, line, 10.0, 1e-4)
+    assert whole.status == SolveStatus.OPTIMAL and whole_level is not None and whole_level.tolist() == want
+    solver = DecomposedDvfsSolver(chunk_cards=64)
+    for _ in range(2):  # the first solve builds each chunk's model, the second re-solves it
+        info, level, _awake = solver.solve(p, t, line, 10.0, 1e-4, greedy=g)
+        assert info.status == SolveStatus.OPTIMAL and level is not None and level.tolist() == want
+    assert solver.builds == 8

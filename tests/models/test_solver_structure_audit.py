@@ -13,9 +13,9 @@ from models_helpers import job, judge, problem, rack_cards
 from pyomo.contrib.solver.solvers.highs import Highs
 
 from models.placement import PlacementProblem, QueuedJob, greedy_placement
-from models.plans import SolveStatus
+from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, dvfs_tables, make_problem
-from models.solve import CyclePlanner, DvfsSolver, SolveInfo, greedy_cycle
+from models.solve import CyclePlanner, DecomposedDvfsSolver, DvfsSolver, SolveInfo, greedy_cycle
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec
 
@@ -396,6 +396,42 @@ def test_every_fallback_of_the_planner_says_why(site: SiteSpec) -> None:
     ]
     # an optimal plan has nothing to explain
     assert CyclePlanner().plan(p, choose_setpoint=False, time_limit_s=10.0).explanation == ""
+
+
+def test_a_chunked_solve_names_the_chunks_with_no_solution_and_how_each_ended(site: SiteSpec) -> None:
+    """Two supernodes, a chunk of 512 cards each (racks r0-r7 and r8-r15). Where a chunk's HiGHS stops
+    before it has a solution (``mip_max_nodes = 0``) that chunk keeps the greedy levels: the plan says
+    which chunk, its racks and how its solve ended, whether the other chunk's solution is used
+    (FEASIBLE) or no chunk has one (the greedy plan). The solve's message said only "2 chunks", and a
+    plan with a chunk left greedy said nothing."""
+    big = site.with_supernodes(2)
+    wl = synthetic_workload(big, seed=5, allocation=0.9, compute_share=(0.9, 0.99))
+    p = make_problem(
+        big, jobs=wl.jobs, job_cards=wl.job_cards, job_phase=wl.job_phase, rack_limit_w=46_000.0,
+        ready_reserve_cards=8, supply_options_c=[30.0],
+    )  # fmt: skip
+    stopped = "timeout_no_solution, iterationLimit"
+    chunk_0 = f"chunk 0 (racks r0, r1, r2, r3 and 4 more: {stopped})"
+    chunk_1 = f"chunk 1 (racks r8, r9, r10, r11 and 4 more: {stopped})"
+
+    def plan(stopped_chunks: list[int]) -> CyclePlan:
+        planner = CyclePlanner(chunk_cards=512)
+        solver = planner.solver_for(30.0, 512)
+        assert isinstance(solver, DecomposedDvfsSolver)
+        for i in stopped_chunks:
+            solver._parts[i] = _StoppedHighsSolver(mip_max_nodes=0)
+        return planner.plan(p, choose_setpoint=False, time_limit_s=20.0)
+
+    partly = plan([1])
+    assert (partly.status, partly.source) == (SolveStatus.FEASIBLE, "milp")
+    assert partly.explanation == f"supply 30 deg C: 1 of 2 chunks had no solution: {chunk_1}; their greedy levels used"
+    none = plan([0, 1])
+    assert (none.status, none.source) == (SolveStatus.FALLBACK, "greedy")
+    assert none.explanation == (
+        "supply 30 deg C: HiGHS stopped at a limit before it found a solution (2 chunks: 2 timeout_no_solution; "
+        f"no solution in {chunk_0}, {chunk_1}); greedy plan used"
+    )
+    assert plan([]).explanation == ""
 
 
 def test_a_late_solve_says_it_was_late(site: SiteSpec) -> None:
