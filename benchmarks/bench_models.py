@@ -46,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.solver_output import isolate_solver_output
 from models.cooling import solve_joint_setpoint
 from models.dvfs import dvfs_matrix
+from models.dvfs_highspy import solve_matrix_highspy
+from models.dvfs_solver import DecomposedDvfsSolver, DvfsSolver, highs_solve
 from models.heuristic import greedy_dvfs
 from models.placement import (
     PlacementProblem,
@@ -62,13 +64,7 @@ from models.problem import (
     it_power_range_w,
     make_problem,
 )
-from models.solve import (
-    CyclePlanner,
-    DecomposedDvfsSolver,
-    DvfsSolver,
-    highs_solve,
-    solve_matrix_highspy,
-)
+from models.solve import CyclePlanner
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec, load_site
 from twin.workload import Phase

@@ -75,15 +75,15 @@ def time_solver_layers() -> dict[str, float]:
     import highspy
     from pyomo.contrib.solver.solvers.highs import Highs
 
-    import models.solve as solve
+    import models.dvfs_solver as dvfs_solver
 
     layers = (
-        (solve, "highs_solve", "solves through Pyomo, in all"),
+        (dvfs_solver, "highs_solve", "solves through Pyomo, in all"),
         (highspy.Highs, "run", "  HiGHS's run (the solver itself)"),
         (Highs, "set_instance", "  Pyomo: load a new model"),
         (Highs, "update_parameters", "  Pyomo: update its parameters"),
-        (solve, "build_dvfs_model", "racktwin: build a DVFS model"),
-        (solve, "set_dvfs_data", "racktwin: set a DVFS model's data"),
+        (dvfs_solver, "build_dvfs_model", "racktwin: build a DVFS model"),
+        (dvfs_solver, "set_dvfs_data", "racktwin: set a DVFS model's data"),
     )
     spent_s = {key: 0.0 for _, _, key in layers}  # in this order when printed
     for owner, name, key in layers:

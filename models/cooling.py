@@ -131,7 +131,7 @@ def solve_joint_setpoint(
 ) -> tuple[SolveStatus, DvfsPlan | None, SetpointPlan, float]:
     """Build and solve the joint model; the plan is judged by the twin. Returns (status, plan,
     set-point record, seconds)."""
-    from models.solve import highs_solve
+    from models.dvfs_solver import highs_solve
 
     t0 = time.perf_counter()
     tabs: list[DvfsTables] = []

@@ -22,7 +22,7 @@ Objective (maximize, per hour): ``sum V[j,k] x[j,k] - Vmax - price (a + b IT) - 
 given up plus facility energy cost plus PUE penalty), so HiGHS's relative gap is measured against
 that loss, not against the much larger total value (a 0.1% gap on the total would hide kilowatts).
 
-All other numbers are mutable Pyomo parameters, so :class:`models.solve.DvfsSolver` can keep one model
+All other numbers are mutable Pyomo parameters, so :class:`models.dvfs_solver.DvfsSolver` can keep one model
 and one HiGHS instance across control cycles while the jobs' rack spans stay the same.
 """
 

@@ -1,7 +1,7 @@
 """pyomo's HiGHS interface kept off stdout (``agent.solver_output.isolate_solver_output``).
 
 Each case runs in a fresh interpreter (the isolation patches pyomo for the whole process and the
-capture it removes works on file descriptors): real HiGHS solves through ``models.solve`` (and
+capture it removes works on file descriptors): real HiGHS solves through ``models.dvfs_solver`` (and
 through an evaluation run, ``agent.evaluate.run_policy``), and a line written to file descriptor 1
 from inside each solve, as the agent's event loop writes its log while a solve runs in a worker
 thread.
@@ -26,7 +26,7 @@ _SCRIPT = textwrap.dedent(
     import highspy
     import pyomo.environ as pyo
     from pyomo.contrib.solver.solvers.highs import Highs
-    from models.solve import highs_solve
+    from models.dvfs_solver import highs_solve
 
     if sys.argv[1] == "isolated":
         from agent.solver_output import isolate_solver_output

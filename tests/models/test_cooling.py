@@ -21,10 +21,10 @@ from pyomo.contrib.solver.solvers.highs import Highs
 
 from models.cooling import build_joint_setpoint_model, solve_joint_setpoint
 from models.dvfs import level_upper_bounds
+from models.dvfs_solver import highs_solve
 from models.heuristic import greedy_dvfs
 from models.plans import DvfsPlan, SetpointPlan, SolveStatus, assess_dvfs
 from models.problem import CycleProblem, dvfs_tables, facility_line, it_power_range_w, make_problem
-from models.solve import highs_solve
 from models.synthetic import synthetic_workload
 from twin.cooling import facility_cooling
 from twin.spec import SiteSpec

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from models_helpers import card_die_c, card_power_w, job, judge, problem, rack_cards
 
+from models.dvfs_solver import DvfsSolver
 from models.plans import SolveStatus
-from models.solve import DvfsSolver, greedy_cycle, plan_cycle
+from models.solve import greedy_cycle, plan_cycle
 from twin.cooling import facility_cooling
 from twin.power import PowerModel
 from twin.spec import SiteSpec

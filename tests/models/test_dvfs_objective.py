@@ -11,8 +11,8 @@ import numpy.typing as npt
 import pytest
 from models_helpers import job, problem, rack_cards
 
+from models.dvfs_solver import DvfsSolver
 from models.problem import dvfs_tables, facility_line, it_power_range_w
-from models.solve import DvfsSolver
 from twin.spec import SiteSpec
 
 pytestmark = pytest.mark.models

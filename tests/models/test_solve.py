@@ -14,9 +14,11 @@ from models_helpers import job, judge, problem, rack_cards
 from solver_testing import LatePlanner, LateSolver
 
 from models.dvfs import dvfs_matrix, extract_dvfs
+from models.dvfs_highspy import solve_matrix_highspy
+from models.dvfs_solver import DvfsSolver
 from models.plans import SolveStatus
 from models.problem import CycleProblem, dvfs_tables, facility_line, it_power_range_w, make_problem
-from models.solve import CyclePlanner, DvfsSolver, greedy_cycle, plan_cycle, solve_matrix_highspy
+from models.solve import CyclePlanner, greedy_cycle, plan_cycle
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec
 
@@ -256,7 +258,7 @@ def test_how_highs_ended_maps_to_the_status_a_plan_reports(
     # status is what tells an optimal plan from one cut short by the deadline.
     from pyomo.contrib.solver.common.results import TerminationCondition
 
-    from models.solve import _map_status
+    from models.dvfs_solver import _map_status
 
     assert _map_status(TerminationCondition[condition], has_solution) == expected
 
@@ -289,8 +291,8 @@ def test_a_decomposed_solve_with_a_chunk_left_unsolved_is_feasible_not_optimal(s
     # 2.5 s late (it still solves), so the second has no time left and keeps the greedy levels: the
     # whole plan is FEASIBLE (one chunk not solved), not OPTIMAL, and still a plan.
     from models.decompose import split_chunks
+    from models.dvfs_solver import DecomposedDvfsSolver
     from models.heuristic import greedy_dvfs
-    from models.solve import DecomposedDvfsSolver
 
     big = site.with_supernodes(2)
     p = make_problem(big, jobs=[job("a", 64), job("b", 64)], job_cards=[rack_cards(0), rack_cards(8)])
@@ -403,8 +405,8 @@ def test_a_chunks_first_solve_prices_it_power_as_its_later_solves_do(site: SiteS
     # a PUE excess that more IT power shrinks, which kept m at the top clock in the chunk's first solve
     # (a re-solve of the kept model loads the price).
     from models.decompose import it_price_per_wh
+    from models.dvfs_solver import DecomposedDvfsSolver
     from models.heuristic import greedy_dvfs
-    from models.solve import DecomposedDvfsSolver
 
     jobs = [job(f"f{r}", 64) for r in range(7)] + [job("m", 64, priority=0.0705)]
     p = make_problem(

@@ -1,5 +1,6 @@
-"""Mutation audit of models/dvfs.py, models/placement.py and models/solve.py (the Pyomo/HiGHS models
-and the solve wrapper): behaviour an operator relies on that no other test held."""
+"""Mutation audit of models/dvfs.py, models/placement.py, models/dvfs_solver.py and models/solve.py (the
+Pyomo/HiGHS models, the solve wrapper and the cycle planner): behaviour an operator relies on that no
+other test held."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 from models_helpers import job, judge, problem, rack_cards
 from pyomo.contrib.solver.solvers.highs import Highs
 
+from models.dvfs_solver import DecomposedDvfsSolver, DvfsSolver, SolveInfo
 from models.placement import PlacementProblem, QueuedJob, greedy_placement
 from models.plans import CyclePlan, SolveStatus
 from models.problem import CycleProblem, dvfs_tables, make_problem
-from models.solve import CyclePlanner, DecomposedDvfsSolver, DvfsSolver, SolveInfo, greedy_cycle
+from models.solve import CyclePlanner, greedy_cycle
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec
 
