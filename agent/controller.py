@@ -43,7 +43,8 @@ What a step does:
    from step to step). The set-point is re-optimized every ``setpoint_interval_s`` among the options
    within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
    the greedy plan; a problem no plan can meet is relaxed rack by rack (the guard then caps those
-   racks) so that one bad rack never drags the whole site to its slowest levels.
+   racks, their idle cards asleep and no ready reserve) so that one bad rack never drags the whole
+   site to its slowest levels.
 4. **Pumps** (:meth:`Controller.with_pump_speeds`, ``agent.pumps``): each rack loop's pump as slow
    as the twin says the plan's dies, the rack's cap and the loop's rise allow (the plan itself is
    made with every pump at full speed).
@@ -517,7 +518,7 @@ class Controller:
                 load = ctx.load_of(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         try:
             p = self._problem(load, snap, ctx)
-            plan = plan_cycle(
+            plan, planned = plan_cycle(
                 p,
                 ctx,
                 notes,
@@ -530,7 +531,7 @@ class Controller:
         except ProblemError as exc:
             notes.append(f"no plan ({exc}): current settings held")
             return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0).replace(queue_waits=waits)
-        decision = self._decision(plan, p, snap, ctx, load, orders, notes, time.perf_counter() - t0)
+        decision = self._decision(plan, planned, snap, ctx, load, orders, notes, time.perf_counter() - t0)
         return decision.replace(queue_waits=waits)
 
     def checkpoint_wake_s(self, jobs: Iterable[JobInfo], after_s: float) -> float:
