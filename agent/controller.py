@@ -43,7 +43,8 @@ What a step does:
    from step to step). The set-point is re-optimized every ``setpoint_interval_s`` among the options
    within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
    the greedy plan; a problem no plan can meet is relaxed rack by rack (the guard then caps those
-   racks) so that one bad rack never drags the whole site to its slowest levels.
+   racks, their idle cards asleep and no ready reserve) so that one bad rack never drags the whole
+   site to its slowest levels.
 4. **Pumps** (:meth:`Controller.with_pump_speeds`, ``agent.pumps``): each rack loop's pump as slow
    as the twin says the plan's dies, the rack's cap and the loop's rise allow (the plan itself is
    made with every pump at full speed).
@@ -263,10 +264,11 @@ class Controller:
         the rack's telemetry shows it; a scheduler whose view of a card is stale refuses every
         placement onto it), and so out of the ready reserve (``agent.planning.cycle_problem``: an idle
         card no job can take is no reserve) and out of the cards a free host holds for the hosts'
-        reserve (:meth:`with_hosts`). The guard's budget, the levels, low-power idle and the hosts'
-        power see such a card as its readings say: one a stale scheduler calls failed while its rack
-        reads it alive draws its power, and an idle one keeps the low-power state in force (no
-        command reaches it: ``agent.command_diff``; the guard's step 3a). ``held_back``: per kind of card setting
+        reserve and out of the awake cards that have a host kept on first (:meth:`with_hosts`). The
+        guard's budget, the levels, low-power idle and the hosts' power see such a card as its
+        readings say: one a stale scheduler calls failed while its rack reads it alive draws its
+        power, and an idle one keeps the low-power state in force (no command reaches it:
+        ``agent.command_diff``; the guard's step 3a). ``held_back``: per kind of card setting
         (``agent.open_commands``: LEVEL, SLEEP, LIMIT, HOST rows) and card, a refusal holds that setting
         back (``agent.command_overlays.Overlays.held_back``): ``StepContext.held_level_cards``,
         ``held_limit_cards`` and ``held_sleep_cards``, which the guard keeps as in force (as the cards
@@ -432,19 +434,22 @@ class Controller:
         busy = host_any(site, card_busy)
         last = np.where(np.isnan(self._hosts.busy_last_s), now, self._hosts.busy_last_s)
         last = np.where(busy, now, last)
+        # a card a card_failed refusal keeps out of placement holds no job either: no reserve, neither
+        # of the hosts' cards nor of the ready reserve's awake ones (it may read awake: no command
+        # reaches it, the guard's step 3a), as a failed one
+        failed = d.card_failed | ctx.unplaceable_card_mask(self._card_rack)
         choice = choose_hosts_off(
             site,
             now_s=now,
             host_busy_last_s=last,
             card_busy=card_busy,
             host_off_now=host_any(site, snap.card_host_off),
-            host_awake=host_any(site, ~d.card_low_power & ~d.card_busy & ~d.card_failed),
+            host_awake=host_any(site, ~d.card_low_power & ~d.card_busy & ~failed),
             frozen_host=host_any(site, ctx.unseen_card_mask(self._card_rack)),
             off_after_s=cfg.host_idle_off_s(site),
             reserve_per_supernode=cfg.host_reserve_per_supernode,
             due_cards=cards_due(site, snap, ctx, self._placements, d.placements, cfg.host_boot_lead_s, d.queue_waits),
-            # a card a card_failed refusal keeps out of placement holds no job either: no reserve
-            card_failed=d.card_failed | ctx.unplaceable_card_mask(self._card_rack),
+            card_failed=failed,
         )
         low = d.card_low_power | np.repeat(choice.host_off, site.cards_per_host)
         notes = d.explanation
@@ -513,7 +518,7 @@ class Controller:
                 load = ctx.load_of(site, snap, [*pending, *((o.job_id, o.cards) for o in orders)])
         try:
             p = self._problem(load, snap, ctx)
-            plan = plan_cycle(
+            plan, planned = plan_cycle(
                 p,
                 ctx,
                 notes,
@@ -526,7 +531,7 @@ class Controller:
         except ProblemError as exc:
             notes.append(f"no plan ({exc}): current settings held")
             return self._hold(snap, ctx, load, orders, notes, time.perf_counter() - t0).replace(queue_waits=waits)
-        decision = self._decision(plan, p, snap, ctx, load, orders, notes, time.perf_counter() - t0)
+        decision = self._decision(plan, planned, snap, ctx, load, orders, notes, time.perf_counter() - t0)
         return decision.replace(queue_waits=waits)
 
     def checkpoint_wake_s(self, jobs: Iterable[JobInfo], after_s: float) -> float:

@@ -11,10 +11,10 @@
   power of the refused idle cards that are awake), at least ``_NO_ROOM_W`` (a rack with no room is
   then one :func:`relax` leaves to the guard), the ready reserve on the cards a job can take;
 * :func:`plan_cycle`: the planner's plan (``models.solve.CyclePlanner``; the greedy plan without the
-  solver); where no plan meets every constraint, the plan of the problem :func:`relax` leaves,
-  flagged infeasible;
+  solver) and the problem it plans; where no plan meets every constraint, the plan of the problem
+  :func:`relax` leaves, flagged infeasible, and that problem;
 * :func:`relax`: the problem without what no plan can meet, so that one job or rack never drags the
-  site to its slowest levels (the guard then caps those racks).
+  site to its slowest levels (the guard then caps those racks, their idle cards no ready reserve).
 
 Pure functions of their arguments (the controller, ``agent.controller.Controller``, hands them its
 configuration, its planner and its previous plan); the explanation lines go to ``notes``.
@@ -211,12 +211,13 @@ def plan_cycle(
     mip_rel_gap: float,
     use_solver: bool,
     rack_names: tuple[str, ...],
-) -> CyclePlan:
+) -> tuple[CyclePlan, CycleProblem]:
     """The planner's plan (the greedy one without the solver; ``previous_plan`` warm-starts the
-    solver); where no plan meets every constraint, the plan of the problem without what no plan can
-    meet (:func:`relax`), flagged infeasible. Why a set-point the solver was run for kept the greedy
-    plan (late, failed, no solution: the plan's explanation) goes to ``notes`` as ``fallback: ...``,
-    the relaxed plan's too."""
+    solver) and the problem it plans (``p``); where no plan meets every constraint, the plan of the
+    problem without what no plan can meet (:func:`relax`), flagged infeasible, and that problem (its
+    idle cards are those the plan may keep awake: not those of a rack left to the guard's caps). Why
+    a set-point the solver was run for kept the greedy plan (late, failed, no solution: the plan's
+    explanation) goes to ``notes`` as ``fallback: ...``, the relaxed plan's too."""
     choose = ctx.choose_setpoint and len(p.supply_options_c) > 1
     if use_solver:
         plan = planner.plan(
@@ -232,7 +233,7 @@ def plan_cycle(
         notes.append("greedy plan (the solve was late or not asked for)")
     if plan.status != SolveStatus.INFEASIBLE:
         notes.extend(f"fallback: {line}" for line in plan.explanation.splitlines()[:6])
-        return plan
+        return plan, p
     notes.extend(f"infeasible: {line}" for line in plan.explanation.splitlines()[:6])
     q = relax(p, choose, notes, rack_names)
     if use_solver:
@@ -247,9 +248,9 @@ def plan_cycle(
     else:
         relaxed = greedy_cycle(q, choose_setpoint=choose and len(q.supply_options_c) > 1)
     if not relaxed.status.has_plan:
-        return plan
+        return plan, p
     notes.extend(f"fallback: {line}" for line in relaxed.explanation.splitlines()[:6])
-    return dataclasses.replace(relaxed, status=SolveStatus.INFEASIBLE, explanation=plan.explanation)
+    return dataclasses.replace(relaxed, status=SolveStatus.INFEASIBLE, explanation=plan.explanation), q
 
 
 def relax(p: CycleProblem, choose: bool, notes: list[str], rack_names: tuple[str, ...]) -> CycleProblem:
@@ -262,7 +263,11 @@ def relax(p: CycleProblem, choose: bool, notes: list[str], rack_names: tuple[str
        under the die limit loses its SLO (it runs as fast as its dies allow); a job no level keeps
        under it runs at its least power, its hot cards left to the guard, and the set-point may
        not rise (``CycleProblem.least_power_jobs``);
-    2. racks over their cap at their least power: left to the guard's caps;
+    2. racks over their cap at their least power: left to the guard's caps, their idle cards asleep
+       and none of them ready reserve (marked ``failed``: the models may not wake them and budget
+       them asleep). No plan keeps such a rack within its cap, and the guard puts its awake idle
+       cards to low-power idle for the cap once its jobs are slowed: a reserve planned there was
+       put to sleep by the guard while other racks had room for it (until 2026-12-05);
     3. the ready reserve;
     4. the measured die offsets (the guard caps hot cards): a safety net; after 1-3 the plan's
        feasibility check has nothing left to refuse (SLOs and dies, rack caps and the reserve are
@@ -289,8 +294,10 @@ def relax(p: CycleProblem, choose: bool, notes: list[str], rack_names: tuple[str
         t = dvfs_tables(q, coolest)
     bad = min_rack_power_w(t) > t.rack_cap_w + 1e-6
     if bad.any():
-        q = dataclasses.replace(q, rack_limit_w=np.where(bad, _UNBOUNDED_W, q.rack_limit_w))
-        notes.append(f"relaxed: racks {', '.join(rack_names[r] for r in np.flatnonzero(bad))} left to the guard's caps")
+        asleep = (q.card_job < 0) & bad[q.site.card_rack()]  # the idle cards the guard puts to sleep
+        q = dataclasses.replace(q, rack_limit_w=np.where(bad, _UNBOUNDED_W, q.rack_limit_w), failed=q.failed | asleep)
+        names = ", ".join(rack_names[r] for r in np.flatnonzero(bad))
+        notes.append(f"relaxed: racks {names} left to the guard's caps (idle cards asleep: no reserve)")
         t = dvfs_tables(q, coolest)
     if not is_feasible(q, t):
         q = dataclasses.replace(q, ready_reserve_cards=0)

@@ -798,7 +798,7 @@ def test_an_absurd_pdu_reading_leaves_its_rack_no_room_and_the_other_racks_plann
     expected = ref.step(snap)
     rack = site.card_rack()
     assert d.source == "milp" and d.plan_status == "infeasible", d.explanation
-    assert "relaxed: racks r0 left to the guard's caps" in d.explanation
+    assert "relaxed: racks r0 left to the guard's caps (idle cards asleep: no reserve)" in d.explanation
     others = rack > 0
     assert np.array_equal(d.card_level[others], expected.card_level[others])
     assert not np.array_equal(d.card_level[others], snap.card_level[others])  # chosen, not held
@@ -826,3 +826,41 @@ def test_idle_cards_get_the_slowest_level_awake_or_asleep_and_busy_cards_their_j
     assert int(idle.sum()) == 24 and int((idle & ~d.card_low_power).sum()) == 4
     assert (d.card_level[idle] == site.card.n_levels - 1).all()
     assert (d.card_level[d.card_busy] == d.job_levels["a"]).all() and d.job_levels["a"] < site.card.n_levels - 1
+
+
+@pytest.mark.parametrize("use_solver", [True, False])
+def test_the_ready_reserve_sits_on_racks_the_plan_keeps_within_their_caps_not_on_a_relaxed_one(
+    use_solver: bool,
+) -> None:
+    """Job a runs on 8 of r0's 16 cards, every idle card of the 3 racks is awake, the ready reserve is
+    6 cards. A PDU reading of 1 MW leaves r0 no room: no plan fits it, and it is left to the guard's
+    caps, which put its awake idle cards to low-power idle. The 6 reserve cards stay awake on r1 and
+    r2, the plan and the guard agree on them (the guard sleeps none) and the decision says r0's idle
+    cards are no reserve. Was: the plan kept 6 of r0's awake idle cards as the reserve (the rack
+    without a cap in the relaxed problem), the guard put them to sleep, and the site had no card of
+    its reserve awake while r1 and r2 had room for it."""
+    site = small_site(racks=3)
+    plant, state = belief(site, [job("a", 8)], 60.0)
+    ctl = Controller(site, ControlConfig(idle_reserve_cards=6))
+    read = plant.readings()
+    state.update(
+        dataclasses.replace(read, racks=(dataclasses.replace(read.racks[0], pdu=PduReading(1e6)), *read.racks[1:]))
+    )
+    ctl.step(state.snapshot(), use_solver=use_solver)  # its commit budgets r0's unexplained power
+    plant.step(1.0)
+    state.update(plant.readings())
+    snap = state.snapshot()
+    rack = site.card_rack()
+    ctx = ctl.context(snap)
+    assert ctx.rack_extra_w[0] > site.rack_power_limits_w()[0]
+    proposal = ctl.propose(snap, ctx, use_solver=use_solver)
+    d = ctl.review(proposal, snap, ctx)
+    assert d.plan_status == "infeasible"
+    idle = ~d.card_busy & ~d.card_failed
+    assert np.bincount(rack[d.card_busy], minlength=3).tolist() == [8, 0, 0]  # a on r0
+    assert not snap.card_low_power[idle].any()  # every idle card reads awake
+    awake = idle & ~d.card_low_power
+    assert int(awake.sum()) == 6 and not awake[rack == 0].any()
+    assert np.array_equal(awake, idle & ~proposal.card_low_power)  # the guard put none of them to sleep
+    assert "relaxed: racks r0 left to the guard's caps (idle cards asleep: no reserve)" in d.explanation
+    assert not any("idle cards to low power" in line for line in d.explanation)

@@ -422,6 +422,35 @@ def test_a_card_a_refusal_says_failed_holds_none_of_the_reserve_of_hosts_on() ->
     assert len(on) == 2 and 12 in on
 
 
+@pytest.mark.parametrize("how", ["refused", "failed"])
+def test_a_failed_or_refused_card_that_reads_awake_keeps_no_host_on_as_ready_reserve(how: str) -> None:
+    """Hosts 12 and 13 are on and free, one host is the reserve, no ready reserve of awake cards. Card
+    3 of host 13 reads awake: it failed (a failed card reads awake at 0 MHz), or a ``card_failed``
+    refusal says it failed (no command reaches it, so it keeps the awake state it reports). Neither
+    holds a job, so neither is ready reserve: host 12 holds the reserve's 8 cards and host 13 goes off
+    once idle for ``host_off_after_s``. Was, for the refused card: its host counted as holding the
+    ready reserve's awake cards, was kept on first, and both hosts stayed on."""
+    card = 13 * CPH + 3
+    faults = [CardFailure(card=card, at_s=1.0)] if how == "failed" else []
+    refused = np.zeros(SITE.n_cards, dtype=bool)
+    refused[card] = how == "refused"
+    plant, state = belief(SITE, [], 5.0, faults)
+    plant.power_off_hosts([h for h in range(N_H) if h not in (12, 13)])
+    cfg = ControlConfig(host_reserve_per_supernode=1, idle_reserve_cards=0, host_off_after_s=30.0)
+    ctl = Controller(SITE, cfg)
+    on: list[list[int]] = []
+    for t in range(6, 61):
+        plant.step(1.0)
+        state.update(plant.readings())
+        if t % 15 == 0:
+            snap = state.snapshot()
+            assert not snap.card_low_power[card]  # it reads awake throughout
+            d = ctl.step(snap, float(t), refused_failed=refused)
+            assert d.host_off is not None
+            on.append(np.flatnonzero(~d.host_off).tolist())
+    assert on == [[12, 13], [12, 13], [12], [12]]  # first seen idle at 15 s: off at 45 s
+
+
 def test_the_cards_of_jobs_due_soon_are_spread_over_the_supernodes_rounding_up() -> None:
     """17 cards due within a boot on a site of two supernodes: 9 per supernode (not 8: 16 < 17), two
     hosts of 8 cards each, all hosts off before and no reserve."""

@@ -183,7 +183,7 @@ def test_a_job_whose_checkpoint_ends_within_the_lead_is_planned_at_its_whole_val
 
 
 def plan(p: CycleProblem, notes: list[str], *, use_solver: bool = True, **ctx_changes: Any) -> CyclePlan:
-    return plan_cycle(
+    got, _planned = plan_cycle(
         p,
         step_context(SITE, **ctx_changes),
         notes,
@@ -193,6 +193,7 @@ def plan(p: CycleProblem, notes: list[str], *, use_solver: bool = True, **ctx_ch
         use_solver=use_solver,
         rack_names=NAMES,
     )
+    return got
 
 
 def test_the_solver_plans_within_the_caps_and_without_it_the_greedy_plan_is_said_to_be_used() -> None:
@@ -233,7 +234,7 @@ def test_with_no_plan_within_every_cap_the_relaxed_plan_is_returned_flagged_infe
     assert got.dvfs is not None  # a plan to send, the guard caps rack 0
     assert f"rack power: rack {NAMES[0]}:" in got.explanation  # why the original problem has no plan
     assert any(n.startswith("infeasible: ") and f"rack {NAMES[0]}:" in n for n in notes)
-    assert f"relaxed: racks {NAMES[0]} left to the guard's caps" in notes
+    assert f"relaxed: racks {NAMES[0]} left to the guard's caps (idle cards asleep: no reserve)" in notes
     # rack 1, within its cap, is planned as usual
     assert got.dvfs.rack_power_w[1] <= p.rack_cap_w()[1] + 1e-6
 
@@ -255,7 +256,7 @@ def test_a_rack_whose_unexplained_power_leaves_no_room_is_explained_as_no_room_n
         "12.5 kW), not above the 1.0 kW margin; 16 busy cards at their lowest allowed levels"
     ), line
     assert "0.0 kW" not in line and "-1.0 kW" not in line
-    assert f"relaxed: racks {NAMES[0]} left to the guard's caps" in notes
+    assert f"relaxed: racks {NAMES[0]} left to the guard's caps (idle cards asleep: no reserve)" in notes
 
 
 # ---- relax --------------------------------------------------------------------------------------
@@ -298,9 +299,41 @@ def test_only_the_racks_over_their_cap_at_least_power_are_left_unbounded() -> No
     p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 12500.0]))
     notes: list[str] = []
     q = relax(p, False, notes, NAMES)
-    assert notes == [f"relaxed: racks {NAMES[0]} left to the guard's caps"]
+    assert notes == [f"relaxed: racks {NAMES[0]} left to the guard's caps (idle cards asleep: no reserve)"]
     assert q.rack_limit_w[0] >= 1e12 and q.rack_limit_w[1] == 12500.0
     assert q.ready_reserve_cards == p.ready_reserve_cards  # feasible once rack 0 is left to the guard
+
+
+@pytest.mark.parametrize("use_solver", [True, False])
+def test_the_idle_cards_of_a_rack_left_to_the_guards_caps_are_no_ready_reserve(use_solver: bool) -> None:
+    """Rack 1 (all 12 idle cards of the scene) is 10 W over its cap at its least power: it is left to
+    the guard's caps, which put its awake idle cards to low-power idle, so the relaxed problem has
+    them asleep (``failed``: the models may not wake them) and the plan keeps none of them awake as
+    reserve; :func:`plan_cycle` hands back that problem with its plan (the controller keeps awake
+    only cards it counts idle). Was: rack 1, without a cap in the relaxed problem, held the whole
+    reserve of 12 awake cards, which the guard put to sleep."""
+    p = problem()
+    least_w = min_rack_power_w(dvfs_tables(p, 30.0))
+    p = dataclasses.replace(p, rack_limit_w=np.array([12500.0, least_w[1] + p.margins.rack_margin_w - 10.0]))
+    assert p.ready_reserve_cards == 12 and p.idle_mask().sum() == 12
+    notes: list[str] = []
+    got, planned = plan_cycle(
+        p,
+        step_context(SITE),
+        notes,
+        planner=CyclePlanner(),
+        previous_plan=None,
+        mip_rel_gap=1e-4,
+        use_solver=use_solver,
+        rack_names=NAMES,
+    )
+    assert got.status == SolveStatus.INFEASIBLE and got.dvfs is not None
+    assert f"relaxed: racks {NAMES[1]} left to the guard's caps (idle cards asleep: no reserve)" in notes
+    assert planned.rack_limit_w[1] >= 1e12 and planned.ready_reserve_cards == 12
+    np.testing.assert_array_equal(planned.failed, p.failed | p.idle_mask())
+    assert not planned.idle_mask().any()
+    assert got.dvfs.rack_awake.tolist() == [0, 0]
+    assert got.dvfs.card_low_power[p.idle_mask()].all()
 
 
 def test_the_ready_reserve_goes_when_the_headroom_cannot_hold_it() -> None:

@@ -59,7 +59,7 @@ def with_job(snap: StateSnapshot, i: int, **changes: Any) -> StateSnapshot:
 
 
 def plan(p: CycleProblem, notes: list[str], *, use_solver: bool = True, **ctx_changes: Any) -> CyclePlan:
-    return plan_cycle(
+    got, _planned = plan_cycle(
         p,
         step_context(SITE, **ctx_changes),
         notes,
@@ -69,6 +69,7 @@ def plan(p: CycleProblem, notes: list[str], *, use_solver: bool = True, **ctx_ch
         use_solver=use_solver,
         rack_names=NAMES,
     )
+    return got
 
 
 # ---- checkpoint_wake_s ----------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def test_a_relaxed_plan_still_chooses_the_setpoint(use_solver: bool) -> None:
     p = dataclasses.replace(p, rack_limit_w=np.array([3000.0, 12500.0]))
     notes: list[str] = []
     got = plan(p, notes, use_solver=use_solver, choose_setpoint=True, **ctx)
-    assert f"relaxed: racks {NAMES[0]} left to the guard's caps" in notes
+    assert f"relaxed: racks {NAMES[0]} left to the guard's caps (idle cards asleep: no reserve)" in notes
     assert got.supply_temp_c == 35.0
 
 
@@ -180,7 +181,7 @@ def test_relaxing_a_chosen_setpoint_judges_slos_at_the_coolest_option() -> None:
     notes: list[str] = []
     got = plan(p, notes, use_solver=False, choose_setpoint=True)
     assert got.dvfs is not None
-    assert f"relaxed: racks {NAMES[1]} left to the guard's caps" in notes
+    assert f"relaxed: racks {NAMES[1]} left to the guard's caps (idle cards asleep: no reserve)" in notes
     assert not any(n.startswith("relaxed: SLO") for n in notes)
 
 
@@ -191,4 +192,4 @@ def test_a_rack_over_its_cap_at_least_power_by_less_than_a_kilowatt_is_left_to_t
     notes: list[str] = []
     got = plan(dataclasses.replace(p, rack_limit_w=limit), notes, use_solver=False)
     assert got.dvfs is not None
-    assert f"relaxed: racks {NAMES[1]} left to the guard's caps" in notes
+    assert f"relaxed: racks {NAMES[1]} left to the guard's caps (idle cards asleep: no reserve)" in notes
