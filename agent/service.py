@@ -602,7 +602,8 @@ class AgentService:
         """Into the ``estimate`` task's queue. When it is full (the estimator far behind) its oldest
         round is dropped (``rounds_dropped``); a step back of the clock at its head is not dropped but
         applied now, which is in order: the task takes one item at a time and estimates it without
-        awaiting anything, so every round before the head has been estimated."""
+        awaiting anything (it yields between items only), so every round before the head has been
+        estimated."""
         if self._rounds.full():
             oldest = self._rounds.get_nowait()
             if isinstance(oldest, ClockWentBack):
