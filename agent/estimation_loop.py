@@ -6,7 +6,9 @@ flagged to the log (``twin.estimate.AnomalyHistory``); every ``journal.calibrati
 controller's calibration is brought up to date and saved to the journal. Site time is the site
 clock's (``agent.clock``), else the round's own stamp; the first round starts both intervals (the
 anomalies are reported at once, the calibration first saved an interval later), and so does a round
-at which site time stepped back (a restarted site clock).
+at which site time stepped back (a restarted site clock). The task gives the event loop a turn after
+each item of the queue, never within one: a backlog (the estimator behind) is estimated a round a
+turn, not back to back with the control, ingest, publish and health tasks held up meanwhile.
 
 When the site clock steps back, the service puts a :class:`ClockWentBack` into the queue, between
 the old timeline's rounds and the new one's: the estimator's time and its sources' last readings
@@ -103,6 +105,11 @@ class EstimationLoop:
         last_cal = -math.inf
         last_anomaly = -math.inf
         while True:
+            # a turn for the other tasks between two items, never within one: get() suspends nothing while
+            # items wait, and a backlog (up to the queue's bound, 256 rounds, ~10 ms each at 8,192 cards)
+            # would hold up the control, ingest, publish and health tasks for seconds. Whenever this task is
+            # suspended, every item it took has been handled (the service's _to_estimator relies on it).
+            await asyncio.sleep(0)
             r = await self.rounds.get()
             if isinstance(r, ClockWentBack):
                 self.clock_went_back(r.now_s)

@@ -142,6 +142,13 @@ class AgentMetrics:
             "(a defect; the agent goes on with the next round; the log has the traceback)",
             registry=r,
         )
+        self.estimation_rounds_dropped_total = Counter(
+            "racktwin_estimation_rounds_dropped_total",
+            "Telemetry rounds the estimator never took: its queue full (the estimator that far behind), the "
+            "oldest round waiting was dropped for each new one (the agent's CPU does not keep up with the "
+            "site's telemetry, or its event loop is held up)",
+            registry=r,
+        )
         self.messages_stamped_ahead_total = Counter(
             "racktwin_messages_stamped_ahead_total",
             "Valid messages stamped far beyond the site clock (a publisher's clock runs ahead): their readings "

@@ -18,7 +18,10 @@
   update, the anomaly report or the calibration save) is counted (``racktwin_estimation_errors_total``)
   and logged with its traceback as above (at most one line a minute); the task goes on with the next
   round (a failed calibration save waits its interval). The estimator's update is all or nothing: a
-  round that fails in it leaves the estimates as they were.
+  round that fails in it leaves the estimates as they were. The rounds wait in a queue of 256; the
+  task estimates them one a turn of the event loop, and while the queue is full (the estimator that
+  far behind) the oldest round is dropped for each new one, counted
+  (``racktwin_estimation_rounds_dropped_total``).
 * ``control`` (``agent.control_loop.ControlLoop``): every ``control.period_s`` of *site* time, and
   at once (at most every ``min_replan_interval_s``) when a job starts, ends, is requeued or resumes
   computing, or is submitted when the agent places jobs (``agent.controller.decides_again_on``): snapshot ->
@@ -125,7 +128,7 @@ BoolArray = npt.NDArray[np.bool_]
 log = logging.getLogger("racktwin.agent")
 
 
-_ROUND_QUEUE = 256
+_ROUND_QUEUE = 256  # telemetry rounds waiting for the estimate task, at most
 _HEALTH_INTERVAL_S = 1.0
 _UNCONFIRMED_READY_S = 60.0  # wall seconds not ready after the broker left a command unacknowledged
 _SHUTDOWN_ACK_WAIT_S = 2.0  # wall seconds a clean shutdown waits for the acks of the commands it sent
@@ -339,6 +342,7 @@ class AgentService:
                 failsafe_log=self.failsafe_log,
                 stop=self._stop,
             )
+            #: telemetry rounds dropped unestimated from the ``estimate`` task's full queue (:meth:`_to_estimator`)
             self.rounds_dropped = 0
             #: messages whose handling raised (dropped; see :meth:`_message_failed`)
             self.message_errors = 0
@@ -600,15 +604,17 @@ class AgentService:
 
     def _to_estimator(self, item: Readings | ClockWentBack) -> None:
         """Into the ``estimate`` task's queue. When it is full (the estimator far behind) its oldest
-        round is dropped (``rounds_dropped``); a step back of the clock at its head is not dropped but
-        applied now, which is in order: the task takes one item at a time and estimates it without
-        awaiting anything, so every round before the head has been estimated."""
+        round is dropped (counted: ``rounds_dropped``, ``racktwin_estimation_rounds_dropped_total``); a
+        step back of the clock at its head is not dropped but applied now, which is in order: the task
+        takes one item at a time and estimates it without awaiting anything (it yields between items
+        only), so every round before the head has been estimated."""
         if self._rounds.full():
             oldest = self._rounds.get_nowait()
             if isinstance(oldest, ClockWentBack):
                 self.estimation.clock_went_back(oldest.now_s)
             else:
                 self.rounds_dropped += 1
+                self.metrics.estimation_rounds_dropped_total.inc()
         self._rounds.put_nowait(item)
 
     def _on_event(self, ev: JobEvent) -> None:

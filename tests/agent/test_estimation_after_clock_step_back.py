@@ -173,20 +173,25 @@ async def test_after_a_simulator_restarted_760_s_back_the_calibration_hold_runs_
 
 async def test_a_full_queue_drops_its_oldest_round_never_a_step_back(tmp_path: Path) -> None:
     """The estimator far behind (its queue full: 256 items), the oldest item makes room for the next
-    round. A round is dropped (counted); a step back of the clock at the head is applied at once
-    instead (every round before it has been estimated), not lost: the estimator would keep the old
-    timeline's time. Rounds keep their order."""
+    round. A round is dropped (counted, and exported for the operator from 0 on:
+    ``racktwin_estimation_rounds_dropped_total``); a step back of the clock at the head is applied at
+    once instead (every round before it has been estimated), not lost: the estimator would keep the
+    old timeline's time. Rounds keep their order."""
     s = _Site(tmp_path)
     try:
         svc = s.svc
+        dropped = "racktwin_estimation_rounds_dropped_total"
+        assert f"{dropped} 0.0" in svc.metrics.exposition().decode()
         svc.estimator.update(Readings(T0 + 100.0, racks=()))
         svc._to_estimator(ClockWentBack(T0))
         while not svc._rounds.full():
             svc._to_estimator(Readings(T0 + svc._rounds.qsize(), racks=()))
         svc._to_estimator(Readings(T0 + 500.0, racks=()))
         assert svc.estimator.estimates().time_s == T0 and svc.rounds_dropped == 0
+        assert svc.metrics.registry.get_sample_value(dropped) == 0.0
         svc._to_estimator(Readings(T0 + 501.0, racks=()))
         assert svc.rounds_dropped == 1
+        assert f"{dropped} 1.0" in svc.metrics.exposition().decode()
         items = [svc._rounds.get_nowait() for _ in range(svc._rounds.qsize())]
         times = [r.time_s - T0 for r in items if isinstance(r, Readings)]
         assert len(times) == len(items) and times == [*range(2, 256), 500.0, 501.0]
