@@ -21,8 +21,9 @@ from agent.bus import MqttOptions
 from agent.clock import SiteClock
 from agent.config import load_config
 from agent.estimation_loop import ClockWentBack
-from agent.ingest import _DATES_KEPT, Ingest, RoundMerger
+from agent.ingest import _DATES_KEPT, Ingest
 from agent.logs import JsonFormatter
+from agent.round_merger import RoundMerger
 from agent.service import AgentService
 from twin.readings import FacilityReading, LoopReading, PduReading, RackReading, Readings
 from twin.state import TwinState

@@ -1,6 +1,6 @@
-"""Mutation audit of the agent's ingest (``agent.ingest``, ``agent.job_catchup``): behaviour the audit
-found no test holding, each test named for what an operator relies on. Example site: 8 racks of 64
-cards (rack r1's card 0 is site card 64)."""
+"""Mutation audit of the agent's ingest (``agent.ingest``, ``agent.job_catchup``, ``agent.round_merger``):
+behaviour the audit found no test holding, each test named for what an operator relies on. Example site:
+8 racks of 64 cards (rack r1's card 0 is site card 64)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from test_job_catchup import _facility, event, queued, running, snapshot, spec
 
 from agent import wire
 from agent.clock import SiteClock
-from agent.ingest import Ingest, RoundMerger
+from agent.ingest import Ingest
+from agent.round_merger import RoundMerger
 from twin.readings import JobEvent, Readings
 from twin.state import TwinState
 from twin.workload import Phase
