@@ -219,7 +219,7 @@ def test_a_racks_reading_interval_is_its_period_when_a_card_drops_out_of_each_re
         cols = {f: getattr(msg, f)[keep] for f in ("power_w", "temp_c", "sm_clock_mhz", "utilization")}
         cols |= {f: getattr(msg, f)[keep] for f in ("power_limit_w", "low_power")}
         ing.handle(dataclasses.replace(msg, card_index=np.arange(64)[keep], **cols))
-    assert ing.reading_interval_s[0] == 1.0
+    assert ing.applied.reading_interval_s[0] == 1.0
 
 
 def _pdu(rack: str, ts_s: float) -> wire.PduReading:
