@@ -60,9 +60,10 @@ METRICS_GROUPS: dict[str, str] = {
 #: agent did not hold, a job whose cards, phase or state it held wrong, a job it held that the snapshot
 #: no longer lists.
 JOB_SNAPSHOT_CHANGES = ("added", "corrected", "dropped")
-#: What ``racktwin_applied_state_disproved_total`` counts, per card and rack (``agent.ingest.Ingest._disprove``,
-#: ``IngestStats.applied_disproved``, ``agent.ingest.DISPROVABLE_SETTINGS``): the setting of a rack's retained
-#: applied state that a later reading of the card disproved and no late applied state explained.
+#: What ``racktwin_applied_state_disproved_total`` counts, per card and rack
+#: (``agent.applied_states.AppliedStates._disprove``, ``IngestStats.applied_disproved``,
+#: ``agent.applied_states.DISPROVABLE_SETTINGS``): the setting of a rack's retained applied state that a later
+#: reading of the card disproved and no late applied state explained.
 APPLIED_SETTINGS = ("level", "power_limit", "low_power")
 
 ReadinessCheck = Callable[[], list[str]]  # returns the reasons it is not ready (empty = ready)

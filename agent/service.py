@@ -99,7 +99,7 @@ from agent.decision import Decision
 from agent.estimation_loop import ClockWentBack, EstimationLoop
 from agent.failsafe_log import FailsafeLog
 from agent.failure_lines import FailureLines
-from agent.ingest import Ingest, RoundMerger
+from agent.ingest import Ingest
 from agent.journal import Journal, JournalError
 from agent.journal_upkeep import JournalAcks, JournalUpkeep, knows_command
 from agent.metric_updates import MetricUpdates
@@ -107,6 +107,7 @@ from agent.metrics import AgentMetrics, HttpEndpoint, serve_http
 from agent.other_agents import AgentInstance, OtherAgents, Peer
 from agent.publish import CommandBook, Publisher
 from agent.resume import RestartRecords, load_journal, open_commands_to_resume
+from agent.round_merger import RoundMerger
 from agent.shutdown import await_acks, journal_last_closes
 from agent.solver_output import isolate_solver_output
 from agent.standby import Standby

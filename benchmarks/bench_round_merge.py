@@ -4,7 +4,7 @@ Every rack of a real site stamps its telemetry with its own clock (NTP keeps the
 Per site size, the plant of examples/sim-default.toml for some site seconds: each second's telemetry as
 the simulator encodes it, stamped by the site's clock (shared) or each rack's clock 0-50 ms ahead
 of it (offset), decoded by the agent's codec, taken in by its ingest (one flush a second),
-merged into rounds (``agent.ingest.RoundMerger``) and estimated (``twin.estimate.Estimator``): the
+merged into rounds (``agent.round_merger.RoundMerger``) and estimated (``twin.estimate.Estimator``): the
 estimator's updates a site second, its time a site second, the racks of a round, and whether the
 estimates at the end are the same (to the bit) as the shared clock's.
 
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent import wire
 from agent.bus import MqttOptions
 from agent.clock import SiteClock
-from agent.ingest import Ingest, RoundMerger
+from agent.ingest import Ingest
+from agent.round_merger import RoundMerger
 from sim.runner import SimOptions, Simulator
 from twin.estimate import Estimates, Estimator
 from twin.readings import Readings

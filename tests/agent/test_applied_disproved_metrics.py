@@ -1,6 +1,6 @@
 """``racktwin_applied_state_disproved_total{setting,rack}`` (docs/agent.md, "Observability"): the cards
 whose setting, as their rack's retained applied state confirmed it, a later reading disproved
-(``agent.ingest.Ingest._disprove``) and no late applied state explained: ``level`` (a clock above the
+(``agent.applied_states.AppliedStates._disprove``) and no late applied state explained: ``level`` (a clock above the
 confirmed level's), ``power_limit`` (another reported limit), ``low_power`` (awake, confirmed asleep). A
 rack reset or changed outside the agent's commands that does not publish its applied state again shows
 here; before, only ``IngestStats`` counted it, which nothing exported.
@@ -34,10 +34,11 @@ from test_metric_gaps import _at, _scrape, _service
 from test_service_audit import SITE_ID, START, running, service_on
 
 from agent import wire
+from agent.applied_states import DISPROVABLE_SETTINGS
 from agent.broker import EmbeddedBroker
 from agent.bus import Bus
 from agent.clock import SiteClock
-from agent.ingest import DISPROVABLE_SETTINGS, Ingest
+from agent.ingest import Ingest
 from agent.metrics import APPLIED_SETTINGS
 from agent.service import AgentService
 

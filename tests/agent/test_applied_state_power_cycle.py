@@ -7,7 +7,7 @@ rack, so the ``host_power_off`` and ``host_power_on`` commands themselves supers
 confirmed before: the belief takes no confirmation from before a power cycle that the rack did not
 send again with it. A card's level and power limit survive the cycle (the plant keeps them, and the
 applied states say so); a rack that resets its cards at boot and does not republish has the reset
-disproved by the first reading of the woken cards (``Ingest._disprove``). The one confirmation no
+disproved by the first reading of the woken cards (``AppliedStates._disprove``). The one confirmation no
 applied state renews, a card that failed awake and was repaired asleep on an off host, stays "awake"
 only while the belief holds the card failed (a failure is kept while its host is off: budgeted at
 0 W, kept by no guard step) and is superseded by the power-on's applied state.

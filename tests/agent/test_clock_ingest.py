@@ -21,8 +21,9 @@ from agent.bus import MqttOptions
 from agent.clock import SiteClock
 from agent.config import load_config
 from agent.estimation_loop import ClockWentBack
-from agent.ingest import _DATES_KEPT, Ingest, RoundMerger
+from agent.ingest import _DATES_KEPT, Ingest
 from agent.logs import JsonFormatter
+from agent.round_merger import RoundMerger
 from agent.service import AgentService
 from twin.readings import FacilityReading, LoopReading, PduReading, RackReading, Readings
 from twin.state import TwinState
@@ -1058,7 +1059,7 @@ def past_the_bound(ing: Ingest, from_s: float, rack: str = "r7") -> float:
     stamped ``from_s`` waits for a late applied state to explain it (the rack's confirmation margin plus
     the deadline), so that it is counted. Returns the last stamp."""
     t = ing.clock.now_or(from_s)
-    while t < from_s + 2.0 * ing.telemetry_deadline_s:
+    while t < from_s + 2.0 * ing.applied.telemetry_deadline_s:
         t += 5.0
         ing.handle(wire.PduReading(rack=rack, power_w=20_000.0, ts_s=t, seq=0, publisher="sim"))
     ing.flush()
@@ -1196,7 +1197,7 @@ def test_a_rack_reading_every_5_s_keeps_a_confirmation_its_next_reading_taken_be
     assert np.all(ing.applied_level[:64] == 5) and np.all(state.card_level[:64] == 5)
     assert np.all(ing.applied_power_limit_w[:64] == 700.0)
     assert (ing.stats.applied_levels_disproved, ing.stats.applied_limits_disproved) == (0, 0)
-    assert ing.reading_interval_s[0] == 5.0 and np.isnan(ing.reading_interval_s[1])
+    assert ing.applied.reading_interval_s[0] == 5.0 and np.isnan(ing.applied.reading_interval_s[1])
     new: CardColumns = {"sm_clock_mhz": np.full(64, 1430.0), "power_limit_w": np.full(64, 700.0)}
     ing.handle(cards_msg("r0", last_s + 10.0, **new))  # the settings in force: agrees
     ing.handle(cards_msg("r0", last_s + 15.0, **old))  # 13 s after: reset to the defaults
@@ -1214,7 +1215,7 @@ def test_a_rack_reading_every_second_keeps_the_1_5_s_margin() -> None:
     state = TwinState(site)
     ing = Ingest(site, state, SiteClock(1.0))
     last_s = _every(ing, "r0", T0, 1.0, 10, sm_clock_mhz=np.full(64, 1980.0))
-    assert ing.reading_interval_s[0] == 1.0
+    assert ing.applied.reading_interval_s[0] == 1.0
     ing.handle(_rack_applied("r0", last_s + 0.2, 5))
     ing.handle(cards_msg("r0", last_s + 1.0, sm_clock_mhz=np.full(64, 1980.0)))
     ing.flush()
@@ -1245,20 +1246,20 @@ def test_a_racks_reading_interval_ignores_copies_late_readings_silences_and_a_cl
 
     for i in range(4):
         read(T0 + 40.0 * i, 40.0)  # 40 s silent, three times: past the deadline
-    assert np.isnan(ing.reading_interval_s[0])
+    assert np.isnan(ing.applied.reading_interval_s[0])
     read(T0 + 125.0, 5.0)
     read(T0 + 130.0, 5.0)
-    assert np.isnan(ing.reading_interval_s[0])  # two gaps: not known yet
+    assert np.isnan(ing.applied.reading_interval_s[0])  # two gaps: not known yet
     for ts_s in (T0 + 135.0, T0 + 140.0, T0 + 145.0, T0 + 155.0, T0 + 160.0):  # one missed
         read(ts_s, ts_s - (clock.now() or ts_s))
         read(ts_s, 0.0)  # a copy
         read(ts_s - 2.5, 0.0)  # late
-    assert ing.reading_interval_s[0] == 5.0 and np.isnan(ing.reading_interval_s[1])
+    assert ing.applied.reading_interval_s[0] == 5.0 and np.isnan(ing.applied.reading_interval_s[1])
     wall.t += 3.0  # the site restarts 600 s back and reads its cards every 2 s
     for i in range(12):
         read(T0 - 600.0 + 2.0 * i, 2.0)
     assert clock.corrections == 1
-    assert ing.reading_interval_s[0] == 2.0
+    assert ing.applied.reading_interval_s[0] == 2.0
 
 
 def test_a_rack_that_sends_its_cards_in_batches_per_host_learns_the_period_of_its_cards() -> None:
@@ -1280,7 +1281,7 @@ def test_a_rack_that_sends_its_cards_in_batches_per_host_learns_the_period_of_it
 
     for i in range(5):
         round_at(T0 + 5.0 * i, 1980.0)  # level 0
-    assert ing.reading_interval_s[0] == 5.0
+    assert ing.applied.reading_interval_s[0] == 5.0
     last_s = T0 + 20.0
     ing.handle(_rack_applied("r0", last_s + 2.0, 5))  # slowed to level 5
     round_at(last_s + 5.0, 1980.0)  # taken before it applied

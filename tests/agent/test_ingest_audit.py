@@ -1,6 +1,6 @@
-"""Mutation audit of the agent's ingest (``agent.ingest``, ``agent.job_catchup``): behaviour the audit
-found no test holding, each test named for what an operator relies on. Example site: 8 racks of 64
-cards (rack r1's card 0 is site card 64)."""
+"""Mutation audit of the agent's ingest (``agent.ingest``, ``agent.job_catchup``, ``agent.round_merger``):
+behaviour the audit found no test holding, each test named for what an operator relies on. Example site:
+8 racks of 64 cards (rack r1's card 0 is site card 64)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from test_job_catchup import _facility, event, queued, running, snapshot, spec
 
 from agent import wire
 from agent.clock import SiteClock
-from agent.ingest import Ingest, RoundMerger
+from agent.ingest import Ingest
+from agent.round_merger import RoundMerger
 from twin.readings import JobEvent, Readings
 from twin.state import TwinState
 from twin.workload import Phase
@@ -218,7 +219,7 @@ def test_a_racks_reading_interval_is_its_period_when_a_card_drops_out_of_each_re
         cols = {f: getattr(msg, f)[keep] for f in ("power_w", "temp_c", "sm_clock_mhz", "utilization")}
         cols |= {f: getattr(msg, f)[keep] for f in ("power_limit_w", "low_power")}
         ing.handle(dataclasses.replace(msg, card_index=np.arange(64)[keep], **cols))
-    assert ing.reading_interval_s[0] == 1.0
+    assert ing.applied.reading_interval_s[0] == 1.0
 
 
 def _pdu(rack: str, ts_s: float) -> wire.PduReading:

@@ -158,7 +158,7 @@ async def test_through_mosquitto_a_second_publishers_older_applied_state_does_no
         await wait_for("every message", lambda: sum(ing.stats.by_kind.values()) == len(rack_msgs) + 2)
         assert ing.stats.applied_states_old == 1
         assert np.all(ing.applied_level[:n] == 0)  # the rack's confirmation, not the bridge's
-        assert ing.stats.applied_disproved == {} and np.all(np.isnan(ing._explain_by_s))  # nothing pending
+        assert ing.stats.applied_disproved == {} and np.all(np.isnan(ing.applied._explain_by_s))  # nothing pending
 
 
 def test_a_snapshot_made_hours_before_the_site_now_is_taken() -> None:

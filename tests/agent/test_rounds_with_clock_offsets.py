@@ -1,5 +1,5 @@
 """Racks whose clocks differ by milliseconds (every real site: each rack stamps its telemetry with its own
-clock, NTP keeps them milliseconds apart) and the estimator (``agent.ingest.RoundMerger`` ->
+clock, NTP keeps them milliseconds apart) and the estimator (``agent.round_merger.RoundMerger`` ->
 ``twin.estimate.Estimator``). The estimator is one rack at a time anyway (each card, loop and PDU is
 learnt from its own readings at their own stamps), so what it learns must not depend on how the racks'
 stamps line up; and it costs the same for one rack as for all, so the racks of one period must reach it
@@ -20,7 +20,8 @@ from test_clock_ingest import T0, _cdu, cards_msg
 from agent import wire
 from agent.bus import MqttOptions
 from agent.clock import SiteClock
-from agent.ingest import Ingest, RoundMerger
+from agent.ingest import Ingest
+from agent.round_merger import RoundMerger
 from sim.runner import SimOptions, Simulator
 from twin.estimate import Estimates, Estimator
 from twin.readings import Readings
