@@ -200,9 +200,13 @@ async def test_a_snapshot_left_retained_by_an_earlier_run_does_not_move_the_agen
     service, _sim, _site, journal = await run(mosquitto, tmp_path / "second", agent_after_s=None)
     stats = service.ingest.stats
     assert stats.job_snapshots_ahead == 1  # the first run's snapshot, ignored
-    # before: it moved the clock ~150 s ahead (the clock then stepped back to the racks' time) and put the
-    # first run's jobs in the table (2 snapshots changed it); an agent that took every event finds nothing
-    assert service.clock.corrections == 0
+    # before: it moved the clock ~150 s ahead, onto the first run's timeline, which the clock then left
+    # for the racks' (timelines_left 1), and put the first run's jobs in the table (2 snapshots changed
+    # it); an agent that took every event finds nothing. Not "no correction at all": the simulator runs
+    # in this process, and on a loaded machine a stall of the process stalls the site's time with it
+    # (the simulator runs late, it never skips), the clock extrapolates past the site and steps back to
+    # the next message, as it should (the site is the authority), on the same timeline
+    assert service.clock.timelines_left == 0
     assert stats.job_snapshots_changed == 0
     assert refused_ahead(journal) == 0  # 150 s ahead is within what a rack accepts; 2,192 s was not
     assert not refused_busy(journal)
