@@ -10,8 +10,10 @@ states, per site card:
   and not after the site's now (:meth:`AppliedStates._older_than_taken`: a second publisher for the
   rack, a broker bridge reordering; counted in ``IngestStats.applied_states_old`` and logged): taken,
   it set the cards back to settings the rack had left and the next reading counted a reset that never
-  happened. The one refused last per rack is tried again when the site clock steps back (a restarted
-  rack's, stamped on its new timeline before the old one's: :meth:`AppliedStates.clock_stepped_back`);
+  happened. The one refused last per rack is tried again when the site clock goes back to a new
+  timeline (a restarted rack's, stamped on its new timeline before the old one's:
+  :meth:`AppliedStates.clock_stepped_back`; not when it only steps back after running ahead of the site:
+  the stamps seen are still the site's);
 * a card reading disproves what the rack confirmed where it cannot be (:meth:`AppliedStates._disprove`):
   stamped after the applied state by more than the rack's confirmation margin
   (:data:`CONFIRMATION_MARGIN_S`, or :data:`CONFIRMATION_PERIODS` of the rack's reading interval where
@@ -32,7 +34,7 @@ states, per site card:
 
 The ingest hands it each applied state (:meth:`AppliedStates.take`), each card reading
 (:meth:`AppliedStates.note_reading`, before it reads the cards' levels from :attr:`AppliedStates.level`)
-and the site clock's steps back (:meth:`AppliedStates.new_timeline`,
+and the site clock's going back to a new timeline (:meth:`AppliedStates.new_timeline`, then
 :meth:`AppliedStates.clock_stepped_back`); it counts into the ingest's ``IngestStats`` and logs as the
 ingest (``racktwin.agent.ingest``).
 """
@@ -126,7 +128,7 @@ class AppliedStates:
         #: (:data:`_INTERVAL_GAPS`; NaN: not known yet, before :data:`_INTERVAL_MIN_GAPS` gaps)
         self.reading_interval_s = np.full(site.n_racks, np.nan)
         self._gaps_s: list[deque[float]] = [deque(maxlen=_INTERVAL_GAPS) for _ in range(site.n_racks)]
-        #: per card: the stamp of its newest reading (NaN: none yet, or the site clock stepped back)
+        #: per card: the stamp of its newest reading (NaN: none yet, or the site clock went back to a new timeline)
         self._cards_ts_s = np.full(site.n_cards, np.nan)
         #: per setting (:data:`DISPROVABLE_SETTINGS`) and card: a disproval not counted yet
         #: (:meth:`_disprove`), as the newest stamp an applied state that explains it may have (the
@@ -147,15 +149,18 @@ class AppliedStates:
         one; after a mere step back, the clock having run ahead during a silence, a broker outage, a late
         batch, the late applied state of the same timeline may still come and explain it), and the
         disproved applied states forgotten (a restarted rack's applied state may repeat a stamp and seq).
-        Called before :meth:`clock_stepped_back` when both happened."""
+        Called before :meth:`clock_stepped_back`."""
         self._count_disprovals(np.isfinite(self._explain_by_s))
         self._disproved_ts_s.fill(np.nan)
 
     def clock_stepped_back(self) -> None:
-        """The site clock stepped back: the cards' reading stamps, of the old timeline, are forgotten (a
-        rack's reading interval stays: its period did not change), and the applied state refused last per
-        rack as older than the one taken (:meth:`_refuse_older`) is tried again: a restarted rack's first,
-        on its new timeline, comes before the telemetry that has the clock follow it back."""
+        """The site clock went back to a new timeline (``SiteClock.timelines_left`` grew): the cards'
+        reading stamps, of the old timeline, are forgotten (a rack's reading interval stays: its period did
+        not change), and the applied state refused last per rack as older than the one taken
+        (:meth:`_refuse_older`) is tried again: a restarted rack's first, on its new timeline, comes before
+        the telemetry that has the clock follow it back. Not after a step back of the clock that ran ahead
+        of the site (a silence, a stall of the agent's loop): the stamps seen are the site's still, and the
+        one refused, tried against the earlier now, was taken wherever the one held is stamped after it."""
         self._cards_ts_s.fill(np.nan)
         older, self._older_applied = self._older_applied, {}
         for msg in older.values():  # refused as older than the old timeline's: maybe the new one's
@@ -166,7 +171,7 @@ class AppliedStates:
         """Keep what a rack confirmed applying to each card it names, but not for a card where ``msg`` is
         a copy of the applied state a reading disproved (:meth:`_disproved_copies`) or older than the one
         taken (:meth:`_older_than_taken`; counted and kept, unless ``again``: the kept one, tried again
-        when the site clock stepped back)."""
+        when the site clock went back to a new timeline)."""
         r = self._rack.get(msg.rack)
         if r is None:
             return
@@ -209,7 +214,7 @@ class AppliedStates:
 
     def _refuse_older(self, r: int, msg: wire.AppliedState, cards: IntArray) -> None:
         """Count and log rack ``r``'s applied state ``msg``, older than the one taken for ``cards``, and
-        keep it (the newest such per rack) to be taken if the site clock steps back
+        keep it (the newest such per rack) to be taken if the site clock goes back to a new timeline
         (:meth:`clock_stepped_back`)."""
         self.stats.applied_states_old += 1
         kept = self._older_applied.get(r)

@@ -5,11 +5,11 @@ it measured, with its standard deviation. :class:`Calibration` takes a card's ra
 certain (sd under 0.05) and keeps, per card, the largest confident estimate of the last
 ``_CALIBRATION_HOLD_S``: the estimator runs the spec's thermal time constants, so it reads a fouled
 plate ~10% low for the minute or so it warms up after a resume, and such a dip must not speed a hot
-card up. When the site clock steps back, so does the estimator's time, and the estimates of the old
-timeline come back to the new time (as the belief's times do, ``twin.state.TwinState.clock_went_back``):
-the hold runs on the new timeline. A restarted agent starts from the journal's calibration
-(:meth:`Calibration.load`) until the estimator is confident again; cards neither calibrated nor
-journaled get the spec's resistance.
+card up. When the site clock goes back to a new timeline, so does the estimator's time, and the
+estimates of the old timeline come back to the new time (as the belief's times do,
+``twin.state.TwinState.clock_went_back``): the hold runs on the new timeline. A restarted agent
+starts from the journal's calibration (:meth:`Calibration.load`) until the estimator is confident
+again; cards neither calibrated nor journaled get the spec's resistance.
 The resistance handed to the planner is kept within ``_CALIBRATION_RANGE`` of the spec's (a card
 cooler than the spec is believed only a little: underestimating a die is the dangerous direction).
 
@@ -67,8 +67,8 @@ class Calibration:
         r_now = np.asarray(np.where(ok, est.r_ratio * self._r_spec, np.nan), dtype=np.float64)
         t = float(est.time_s) if math.isfinite(est.time_s) else (self._r_hist[-1][0] if self._r_hist else 0.0)
         while self._r_hist and self._r_hist[-1][0] > t:
-            # the site clock stepped back (the estimator's time goes back only then: never for a late
-            # reading): the old timeline's estimates come back to the new time, as the belief's times
+            # the site clock went back to a new timeline (the estimator's time goes back only then: never
+            # for a late reading): the old timeline's estimates come back to the new time, as the belief's times
             # do, and are held from it (dropped, a dip just after a restarted simulator went unheld)
             r_now = np.fmax(r_now, self._r_hist.pop()[1])
         if self._r_hist and self._r_hist[-1][0] == t:

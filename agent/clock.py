@@ -13,15 +13,21 @@ time, so the agent reads its "now" from the messages it receives:
   the site time gained over the wall time elapsed in a sliding window of ``window_s`` wall seconds;
 * the site's clock is the authority: when messages come back after a silence stamped more than
   ``tolerance_s`` (default: 1 s or a quarter wall second of site time) *behind* what the clock had
-  extrapolated (the site ran slower than its usual rate meanwhile), the clock steps back to them
-  (``corrections`` counts it); otherwise it never goes back. The same when the site's clock itself
+  extrapolated (the site ran slower than its usual rate meanwhile; or the agent's own event loop
+  stalled, :meth:`now` was read after the stall and the messages queued meanwhile were handled
+  after it), the clock steps back to them; otherwise it never goes back. Such a message is still
+  newer than every stamp seen: only the clock's extrapolation went back, not the site's time
+  (``extrapolation_corrections`` counts it). The same when the site's clock itself
   went back (a simulator restarted, a publisher's clock stepped by NTP): messages stamped behind
   the newest timestamp seen are late or reordered ones, ignored, unless the newest one's timeline
   has fallen silent (nothing newer for ``reset_after_s`` wall seconds) and the messages behind it
   keep coming and advancing for ``confirm_s`` wall seconds (in any order within ``tolerance_s``
-  of each other: publishers' clocks differ, an ack overtakes a reading): then the clock steps back to them.
-  A waiter in :meth:`wait_until` returns at once when the clock steps back (its target was on the
-  old timeline);
+  of each other: publishers' clocks differ, an ack overtakes a reading): then the clock steps back to them,
+  onto a new timeline on which the stamps seen before are the old one's (``timelines_left`` counts
+  it). ``corrections`` counts both kinds: what was dated at the clock's now beyond the new now comes
+  back in either, what is keyed on the stamps seen only when the clock left their timeline.
+  A waiter in :meth:`wait_until` returns at once when the clock steps back, of either kind (its target
+  was on the old timeline, or as far ahead of the site's time as the clock had run ahead);
 * forward jumps are confirmed the same way: a message stamped more than ``ahead_tolerance_s``
   (default: 10 s or two wall seconds of site time) beyond where the clock expects the site to be
   (its newest timestamp plus the wall time since at its rate) is ignored (``ahead_ignored``,
@@ -33,7 +39,7 @@ time, so the agent reads its "now" from the messages it receives:
   read as stale, and the control loop's wait returned at once);
 * the first message's timeline is confirmed the same way: until its messages outnumber those behind
   it two to one (after ``confirm_s``), messages stamped behind it that keep coming and advancing for
-  ``confirm_s`` and outnumber it two to one meanwhile step the clock back to them (``corrections``),
+  ``confirm_s`` and outnumber it two to one meanwhile step the clock back to them (``timelines_left``),
   silent or not: a first message from a publisher far ahead of the others (it used to anchor the
   site's time there, and every other rack read as stale for as long as it kept publishing).
 
@@ -99,10 +105,13 @@ class SiteClock:
         self._ahead: _Run | None = None
         # the first timestamp's timeline until a majority of the messages confirms it
         self._first: _FirstAnchor | None = None
-        self.corrections = 0
-        #: the corrections that followed the site's clock back to a new timeline (a site restarted, a
-        #: first timeline outvoted), not a step back after the clock ran ahead of the site during a silence
+        #: steps back that followed the site's clock back to a new timeline (a site restarted, a clock
+        #: stepped, a first timeline outvoted): the stamps seen before are the old timeline's
         self.timelines_left = 0
+        #: steps back to a message newer than every stamp seen, only behind the clock's extrapolation (the
+        #: clock ran ahead of the site during a silence, or during a stall of the agent's event loop): no
+        #: stamp seen went back, only times dated at the clock's now beyond the new now
+        self.extrapolation_corrections = 0
         #: forward jumps followed (the site's clock jumped ahead: confirmed as for steps back)
         self.jumps = 0
         #: messages ignored because they were stamped too far ahead of the site clock
@@ -149,12 +158,11 @@ class SiteClock:
                 return False
             self._last_now = ts_s  # the old timeline is gone: restart from this message
             self._samples.clear()
-            self.corrections += 1
             self.timelines_left += 1
             stepped_back = True
         elif ts_s < self._last_now - tol:
-            self._last_now = ts_s  # the clock ran ahead of the site during a silence: step back
-            self.corrections += 1
+            self._last_now = ts_s  # the clock ran ahead of the site during a silence (or a loop stall): step back
+            self.extrapolation_corrections += 1
         self._behind = None
         if jumped:
             self._ahead = None
@@ -252,6 +260,12 @@ class SiteClock:
 
     # ---- reading ------------------------------------------------------------------------------
     @property
+    def corrections(self) -> int:
+        """Every step back of the clock: :attr:`timelines_left` (the site's clock went back) plus
+        :attr:`extrapolation_corrections` (the clock's extrapolation ran ahead of the site)."""
+        return self.timelines_left + self.extrapolation_corrections
+
+    @property
     def known(self) -> bool:
         return self._anchor_ts is not None
 
@@ -301,8 +315,9 @@ class SiteClock:
         return site_s / self._rate
 
     async def wait_until(self, t_site_s: float, wake: asyncio.Event | None = None, max_sleep_s: float = 0.5) -> bool:
-        """Wait until the site clock reaches ``t_site_s`` or steps back (True), or ``wake`` is set
-        (False)."""
+        """Wait until the site clock reaches ``t_site_s`` or steps back (True: of either kind, see
+        :attr:`corrections`; the target may then lie as far ahead of the site's time as the clock had
+        run ahead), or ``wake`` is set (False)."""
         if self._advanced is None:
             self._advanced = asyncio.Event()
         if self._target != t_site_s:

@@ -159,9 +159,11 @@ class CommandOutcomes:
             self._placement_not_applied(oc)
 
     def ahead_episode_ends(self, now: float | None) -> None:
-        """When the agent's clock has stepped back since the last call: one INFO line of the
-        ``issued_ahead`` refusals the episode counted (``agent.ahead_refusals``). Each ack and each
-        decision calls it."""
+        """When the agent's clock has stepped back since the last call, of either kind
+        (``SiteClock.corrections``: the site's clock went back, or the agent's ran ahead of the site
+        during a silence, and commands decided meanwhile were stamped ahead of the targets' clocks just
+        the same): one INFO line of the ``issued_ahead`` refusals the episode counted
+        (``agent.ahead_refusals``). Each ack and each decision calls it."""
         if self.clock.corrections == self._ahead_corrections:
             return
         self._ahead_corrections = self.clock.corrections

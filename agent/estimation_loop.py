@@ -10,13 +10,16 @@ at which site time stepped back (a restarted site clock). The task gives the eve
 each item of the queue, never within one: a backlog (the estimator behind) is estimated a round a
 turn, not back to back with the control, ingest, publish and health tasks held up meanwhile.
 
-When the site clock steps back, the service puts a :class:`ClockWentBack` into the queue, between
-the old timeline's rounds and the new one's: the estimator's time and its sources' last readings
-come back to the new time (``Estimator.clock_went_back``; what it learnt stays), and with its time
-the calibration's (``agent.calibration``: its hold runs on the new timeline). The estimator's time
-never goes back with a round (a late round is not a step back), and it kept the old timeline's
-until the new one passed it: learning did not pause in a pump step, a small step back dropped the
-loops' readings as late, and the calibration's hold lasted as long as the clock had gone back.
+When the site clock goes back to a new timeline (``SiteClock.timelines_left``), the service puts a
+:class:`ClockWentBack` into the queue, between the old timeline's rounds and the new one's (not when
+the clock only steps back after running ahead of the site, a silence or a stall of the agent's loop:
+every stamp the estimator took is behind the new now, and nothing of it goes back): the estimator's
+time and its sources' last readings come back to the new time (``Estimator.clock_went_back``; what
+it learnt stays), and with its time the calibration's (``agent.calibration``: its hold runs on the
+new timeline). The estimator's time never goes back with a round (a late round is not a step back),
+and it kept the old timeline's until the new one passed it: learning did not pause in a pump step, a
+small step back dropped the loops' readings as late, and the calibration's hold lasted as long as
+the clock had gone back.
 
 A round whose estimation fails (a defect in the estimator's update, the anomaly report or the
 calibration save) is counted (``racktwin_estimation_errors_total``) and logged with its traceback
@@ -56,7 +59,7 @@ _ANOMALY_INTERVAL_S = 10.0  # site seconds between two reports of the anomalies 
 class ClockWentBack:
     """In the ``estimate`` task's queue, after the old timeline's rounds and before the new one's: the
     site's clock went back to ``now_s`` (``agent.clock.SiteClock``; the service puts it there as the
-    clock steps back)."""
+    clock goes back to a new timeline)."""
 
     now_s: float
 

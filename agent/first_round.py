@@ -35,22 +35,26 @@ async def await_first_round(
     message alone would put every rack not heard from yet at fail-safe caps for a period (a site
     throttled at each agent restart) and treat the cards of jobs not yet announced as idle.
     The period counts on the clock's current timeline: when the clock jumps or steps to another one
-    (a restarted agent's persistent session first delivers the acks and job events queued while
-    it was away, stamped behind the telemetry that follows), it starts again from there, and while
+    (``SiteClock.jumps``, ``SiteClock.timelines_left``: a restarted agent's persistent session first
+    delivers the acks and job events queued while it was away, stamped behind the telemetry that
+    follows), it starts again from there; not when the clock only steps back after running ahead of
+    the site (``SiteClock.extrapolation_corrections``: a stall of the agent's loop as it starts, the
+    messages queued meanwhile handled after it): the site's time went on, and the period ends where it
+    did (it used to start again: a site with a rack not heard from waited up to a period more). While
     such a jump waits for its confirmation (``SiteClock.jump_pending``, for at most
     ``_FIRST_ROUND_JUMP_WAIT_S`` wall seconds) the period does not end. It used to end on the old
     timeline or at once on the jump, with every rack not heard from on the new one at fail-safe caps.
     ``stop`` ends the wait; ``pending`` tells the messages the client holds that the ingest task has
     not taken in yet (see :func:`_drain_inbox`)."""
     end_s = start_s + period_s
-    timeline = (clock.jumps, clock.corrections)
+    timeline = (clock.jumps, clock.timelines_left)
     jump_wait_end = time.monotonic() + _FIRST_ROUND_JUMP_WAIT_S
     while not stop.is_set():
         now = clock.now()
         if now is None:  # not before the first message (the control task waits for it)
             return start_s
-        if (clock.jumps, clock.corrections) != timeline:
-            timeline = (clock.jumps, clock.corrections)
+        if (clock.jumps, clock.timelines_left) != timeline:
+            timeline = (clock.jumps, clock.timelines_left)
             end_s = now + period_s
         jumping = clock.jump_pending and time.monotonic() < jump_wait_end
         fresh = state.rack_last_seen_s() >= now - telemetry_deadline_s

@@ -202,26 +202,35 @@ class Ingest:
 
     # ---- messages -------------------------------------------------------------------------------
     def _observe(self, ts: float) -> bool:
-        """The message's timestamp to the site clock; when the clock steps back, the belief's times
-        beyond it go back with it (``TwinState.clock_went_back``; what was collected on the old
-        timeline is folded in first). False when the clock found the message stamped too far ahead
-        of the site's time (``SiteClock.last_was_ahead``): its readings are not taken (a reading
-        stamped an hour ahead would keep its rack fresh for an hour, and newer readings would be
-        refused as older than it). The applied states hear of the clock going back to a new timeline
-        (:meth:`AppliedStates.new_timeline`) and then of its stepping back
-        (:meth:`AppliedStates.clock_stepped_back`)."""
+        """The message's timestamp to the site clock; when the clock steps back (of either kind:
+        ``SiteClock.corrections``), the belief's times beyond it go back with it
+        (``TwinState.clock_went_back``; what was collected before is folded in first), and so do the
+        dates job events stamped far ahead were given (at the clock's now: :meth:`_dated`). Only when
+        it went back to a new timeline (``SiteClock.timelines_left``) are the stamps seen before the
+        old timeline's: the job events' stamps and the newest job stamp taken are forgotten, and the
+        applied states hear of it (:meth:`AppliedStates.new_timeline`, then
+        :meth:`AppliedStates.clock_stepped_back`). A step back after the clock ran ahead of the site
+        (``SiteClock.extrapolation_corrections``: a silence, a stall of the agent's loop) leaves them:
+        the message is newer than every stamp seen. False when the clock found the message stamped
+        too far ahead of the site's time (``SiteClock.last_was_ahead``): its readings are not taken (a
+        reading stamped an hour ahead would keep its rack fresh for an hour, and newer readings would
+        be refused as older than it)."""
         corrections, timelines_left = self.clock.corrections, self.clock.timelines_left
         self.clock.observe(ts)
+        new_timeline = self.clock.timelines_left != timelines_left
         if self.clock.corrections != corrections:
             now = self.clock.now()
             if now is not None:
                 self.flush()
                 self.state.clock_went_back(now)
+                if not new_timeline:  # the same stamps, their dates (the site's now then) back with the clock
+                    for job_id, (stamp_s, date_s) in list(self._event_dates.items()):
+                        if date_s > now:
+                            self._event_dates[job_id] = (stamp_s, now)
+        if new_timeline:
             self._event_dates.clear()  # stamps of the old timeline
             self._jobs_seen = None
-        if self.clock.timelines_left != timelines_left:
             self.applied.new_timeline()
-        if self.clock.corrections != corrections:
             self.applied.clock_stepped_back()
         if self.clock.last_was_ahead:
             self.stats.ahead += 1

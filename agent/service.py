@@ -289,7 +289,7 @@ class AgentService:
             self._stop = asyncio.Event()
             self._rounds: asyncio.Queue[Readings | ClockWentBack] = asyncio.Queue(maxsize=_ROUND_QUEUE)
             self._merger = RoundMerger()
-            self._merger_corrections = 0  # the site clock's step backs the merger has seen
+            self._merger_timelines = 0  # the site clock's new timelines the merger has seen
             self.journal_upkeep = JournalUpkeep(self.journal, cfg.journal.keep_days)  # file checked, old rows pruned
             #: the jobs known and the cards refused as failed, saved with each decision for a restart
             self.restart_records = RestartRecords(self.journal, site)
@@ -589,11 +589,14 @@ class AgentService:
         """A round the belief took in (flushed here, or by the ingest before a job event that came
         right behind it), to the estimator."""
         now = self.clock.now()
-        if self.clock.corrections != self._merger_corrections and now is not None:
-            # the clock stepped back: the rounds the merger holds are the old timeline's, out first, and so
-            # are the parts of r stamped beyond the clock (the ingest's flush as the clock stepped back: the
-            # first message came from a publisher an hour ahead, whose round was then held for an hour)
-            self._merger_corrections = self.clock.corrections
+        if self.clock.timelines_left != self._merger_timelines and now is not None:
+            # the clock went back to a new timeline: the rounds the merger holds are the old timeline's, out
+            # first, and so are the parts of r stamped beyond the clock (the ingest's flush as the clock stepped
+            # back: the first message came from a publisher an hour ahead, whose round was then held for an
+            # hour). Not after a step back of the clock that ran ahead of the site (a silence, a stall of the
+            # agent's loop: SiteClock.extrapolation_corrections): every stamp seen, the estimator's included,
+            # is behind the new now, the round held is the site's current one, and nothing goes back
+            self._merger_timelines = self.clock.timelines_left
             old, new = self._merger.step_back(r, now)
             # and the estimator's time comes back with the clock: after the old timeline's rounds, before
             # the new one's (it kept the old time until the new timeline passed it, and misread a pump step)

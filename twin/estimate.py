@@ -6,8 +6,8 @@ estimator has: at-least-once delivery) is no new observation and changes nothing
 stamped before it (late, reordered, a backlog replayed), however late, which the belief
 (``twin.state``) does not take either. The estimator's time (``Estimates.time_s``, the newest stamp
 it took) never goes back with a reading, and no stamp is taken for the site's clock gone back:
-:meth:`Estimator.clock_went_back` (``agent.estimation_loop``, when the site clock steps back: the
-belief is told by ``agent.ingest``) brings the time, and the last readings of the sources read after
+:meth:`Estimator.clock_went_back` (``agent.estimation_loop``, when the site clock goes back to a new
+timeline: the belief is told by ``agent.ingest``) brings the time, and the last readings of the sources read after
 the new time, back to the new timeline, keeping what was learnt; the next readings of those sources
 then (re)start their models.
 
