@@ -227,7 +227,8 @@ def test_a_solve_out_of_time_gives_the_greedy_plan_within_the_caps() -> None:
 
 @pytest.mark.parametrize("use_solver", [True, False])
 def test_with_no_plan_within_every_cap_the_relaxed_plan_is_returned_flagged_infeasible(use_solver: bool) -> None:
-    p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 12500.0]))  # rack 0 runs 20 cards
+    # rack 0 runs 16 busy cards ("a"'s 8 and 8 of "b"'s 12): more than 3 kW at their lowest levels
+    p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 12500.0]))
     notes: list[str] = []
     got = plan(p, notes, use_solver=use_solver)
     assert got.status == SolveStatus.INFEASIBLE
