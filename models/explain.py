@@ -85,10 +85,13 @@ def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
                 f"rack power: rack {names[int(r)]}: {_no_room(p, int(r))}; {draw} draw {p_min[r] / 1e3:.1f} kW"
             )
             continue
+        limit_kw = f"{p.rack_limit_w[r] / 1e3:.1f}"
+        site_kw = f"{p.site.rack_power_limits_w()[r] / 1e3:.1f}"
+        site = f"; the site's limit is {site_kw} kW" if site_kw != limit_kw else ""
         reasons.append(
             f"rack power: rack {names[int(r)]}: {draw} still draw {p_min[r] / 1e3:.1f} kW > "
-            f"{t.rack_cap_w[r] / 1e3:.1f} kW (limit {p.rack_limit_w[r] / 1e3:.1f} kW - margin "
-            f"{p.margins.rack_margin_w / 1e3:.1f} kW)"
+            f"{t.rack_cap_w[r] / 1e3:.1f} kW (limit {limit_kw} kW - margin {p.margins.rack_margin_w / 1e3:.1f} kW"
+            f"{site})"
         )
     if reasons:
         return "\n".join(reasons)

@@ -7,8 +7,9 @@ Entry points for a synchronous controller:
 
 * :func:`plan_cycle` (or :meth:`CyclePlanner.plan` to keep the solver warm across cycles): DVFS
   levels per job, awake / low-power idle cards per rack and the coolant set-point for one cycle;
-* :func:`greedy_cycle`: the same from the greedy heuristic alone (no solver);
-* :func:`models.placement.place_jobs`: placement of queued jobs (re-exported here).
+* :func:`greedy_cycle`: the same from the greedy heuristic alone (no solver).
+
+The placement of queued jobs is :func:`models.placement.place_jobs`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import numpy.typing as npt
 
 from models.dvfs_solver import DecomposedDvfsSolver, DvfsSolver, SolveInfo, SolverConfigError, run_with_deadline
 from models.heuristic import GreedyDvfs, greedy_dvfs
-from models.placement import PlacementPlan, place_jobs
 from models.plans import CyclePlan, DvfsPlan, SetpointOption, SetpointPlan, SolveStatus, assess_dvfs
 from models.problem import CycleProblem, DvfsTables, FacilityLine, dvfs_tables, facility_line, it_power_range_w
 
@@ -29,9 +29,7 @@ IntArray = npt.NDArray[np.int64]
 
 __all__ = [
     "CyclePlanner",
-    "PlacementPlan",
     "greedy_cycle",
-    "place_jobs",
     "plan_cycle",
 ]
 

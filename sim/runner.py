@@ -61,15 +61,28 @@ _EPS_S = 1e-9
 MAX_START_EPOCH_S = 1e10
 
 
+#: Speeds written in digits (:func:`speed_text`): from this one up, and below :data:`_DIGITS_FROM_SPEED`,
+#: an exponent (``1e300x`` in digits is 301 of them).
+_DIGITS_BELOW_SPEED = Decimal("1e12")
+_DIGITS_FROM_SPEED = Decimal("1e-9")
+
+
 def speed_text(speed: float) -> str:
     """A ``speed`` (site seconds per wall second) as the run's lines write it: ``as fast as possible`` for
-    0 or inf; else to six significant digits, with thousands separators and never an exponent
-    (``1,000,000,000x``, ``2,000x``, ``0.5x``; ``:,g`` wrote ``1e+09x``). A finite speed the loop cannot
-    reach (1e9) also runs as fast as it can, but is still a rate: its progress lines say how far
-    BEHIND it runs, and it keeps its issue-ahead tolerance (:attr:`SimOptions.max_issue_ahead_s`)."""
+    0 or inf; else to six significant digits, with thousands separators and no exponent from 1e-9 up to
+    below 1e12 (``1,000,000,000x``, ``2,000x``, ``0.5x``; ``:,g`` wrote ``1e+09x``), with one outside it
+    (``1e-12x``; ``1.5e15x (out of reach: as fast as it can)``, where the digits ran to hundreds for
+    ``--speed 1e300``). A finite speed the loop cannot reach (1e9) also runs as fast as it can, but is
+    still a rate: its progress lines say how far BEHIND it runs, and it keeps its issue-ahead tolerance
+    (:attr:`SimOptions.max_issue_ahead_s`)."""
     if speed == 0 or math.isinf(speed):
         return "as fast as possible"
-    return f"{Decimal(f'{speed:.6g}'):,f}x"
+    rounded = Decimal(f"{speed:.6g}")
+    if _DIGITS_FROM_SPEED <= rounded < _DIGITS_BELOW_SPEED:
+        return f"{rounded:,f}x"
+    mantissa, _, exponent = f"{rounded:e}".partition("e")
+    text = f"{mantissa}e{int(exponent)}x"
+    return f"{text} (out of reach: as fast as it can)" if rounded >= _DIGITS_BELOW_SPEED else text
 
 
 @dataclass

@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,35 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, left: str) -> None:
         super().__init__(left)
         self.left = left
+
+
+class WrittenFiles:
+    """Where a command writes its files (``out_dir``, None until it is known) and which of ``names`` (in
+    the order it writes them, each whole or not at all: :func:`write_text_replacing`) it has written
+    there (``files``, each added by :meth:`wrote` once written), for the line a Ctrl-C or SIGTERM ends
+    it with (:class:`Interrupted`: ``racktwin optimize``, ``racktwin evaluate``)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self.out_dir: Path | None = None
+        self.files: list[str] = []
+
+    def wrote(self, name: str) -> None:
+        """``name`` (one of ``names``) is written."""
+        self.files.append(name)
+
+    def left(self) -> str:
+        """What an interrupted run leaves in ``out_dir``: ``no file written`` (the folder not known yet),
+        ``no file written to DIR (...)``, e.g. ``wrote DIR/plan.json; racks.csv, report.html not written
+        (...)`` or ``wrote DIR/plan.json, racks.csv, report.html``."""
+        if self.out_dir is None:
+            return "no file written"
+        whole = "none half-written; any from an earlier run are as they were"
+        if not self.files:
+            return f"no file written to {self.out_dir} ({whole})"
+        wrote = f"wrote {self.out_dir / self.files[0]}" + "".join(f", {name}" for name in self.files[1:])
+        not_yet = [name for name in self.names if name not in self.files]
+        return f"{wrote}; {', '.join(not_yet)} not written ({whole})" if not_yet else wrote
 
 
 class UserError(Exception):

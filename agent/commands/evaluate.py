@@ -4,8 +4,10 @@ Runs each policy (``agent.policies``: baseline, static-cap, reactive, greedy, ra
 against the scenario's plant (no broker, as fast as the machine allows), from the same seed, in
 ``--jobs`` worker processes, judges every run on the plant's true values (``agent.evaluate``) and
 writes ``metrics.json``, ``metrics.csv``, ``series.csv`` and ``report.html`` to ``--out``. The table
-goes to stdout (``--json``: one object ``{"policies": {NAME: {...}}}``), progress to stderr.
-Documentation: docs/evaluation.md.
+goes to stdout (``--json``: one object ``{"policies": {NAME: {...}}}``), progress to stderr. Each file
+is written whole or not at all; a Ctrl-C or SIGTERM stops the workers and ends the command with exit
+status 130 and one line saying which files it wrote (none before the runs end;
+:class:`agent.commands.common.WrittenFiles`). Documentation: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.commands.common import (
+    Interrupted,
     UserError,
+    WrittenFiles,
     add_progress_interval_argument,
     check_progress_interval,
     check_telemetry_period,
@@ -59,7 +63,8 @@ _COLOURS = {
 #: what each exit status of ``racktwin evaluate`` means, as its ``--help`` and the README (Command line) say it
 EXIT_STATUSES = (
     "Exit status 0 after the runs (a missed target is reported, not an error); 130 when stopped by "
-    "Ctrl-C or SIGTERM (the workers too; nothing written); 2 for a bad option or scenario (one line on "
+    "Ctrl-C or SIGTERM (the workers too; one line says which files it wrote: none before the runs end; none "
+    "is left half-written, one not yet written is left as it was); 2 for a bad option or scenario (one line on "
     "stderr)."
 )
 
@@ -132,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 #: Default wall seconds between a policy's progress lines (``--progress-interval-s``).
 PROGRESS_INTERVAL_S = 10.0
-#: What ``--out`` receives (checked writable before the run).
+#: What ``--out`` receives (checked writable before the run), in the order :func:`write_outputs` writes it.
 OUTPUT_FILES = ("metrics.json", "metrics.csv", "series.csv", "report.html")
 
 
@@ -189,28 +194,33 @@ def control_of(settings: list[str]) -> ControlConfig | None:
 
 
 def run(args: argparse.Namespace, command: str) -> int:
+    written = WrittenFiles(OUTPUT_FILES)
+    # as Ctrl-C: the worker processes are stopped, not left running; exit status 130 with a line saying
+    # what was written
+    with sigterm_interrupts():
+        try:
+            return _run(args, command, written)
+        except KeyboardInterrupt:
+            raise Interrupted(written.left()) from None
+
+
+def _run(args: argparse.Namespace, command: str, written: WrittenFiles) -> int:
     policies, jobs = _check(args)
     control = control_of(args.control)
     path = _scenario_path(args.scenario)
     scenario = _load_scenario(args, path, control or ControlConfig(), policies, command)
     out_dir = Path(args.out) if args.out is not None else Path("out") / f"evaluate-{folder_name(scenario.name)}"
+    written.out_dir = out_dir
     try:
         prepare_output_dir(out_dir, OUTPUT_FILES)
     except UserError as exc:
         raise _fail(str(exc)) from None
     if not args.quiet:
         _announce(scenario, policies, jobs)
-    with sigterm_interrupts():  # as Ctrl-C: the worker processes are stopped, not left running
-        ev = _run_policies(
-            scenario,
-            path,
-            policies,
-            jobs,
-            control,
-            args.sample_s,
-            _progress_printer(args.quiet, args.progress_interval_s),
-        )
-    write_outputs(ev, out_dir)
+    ev = _run_policies(
+        scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet, args.progress_interval_s)
+    )
+    write_outputs(ev, out_dir, written)
     if not args.quiet:
         print(
             f"racktwin evaluate: {len(ev.results)} runs in {ev.wall_s:,.1f} s wall; wrote {out_dir}/report.html, "
@@ -444,7 +454,9 @@ def format_targets(policy: str, checks: list[TargetCheck]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(ev: Evaluation, out_dir: Path) -> None:
+def write_outputs(ev: Evaluation, out_dir: Path, written: WrittenFiles) -> None:
+    """:data:`OUTPUT_FILES` to ``out_dir``, in that order, each whole or not at all, each added to
+    ``written`` once written."""
     names = list(ev.results)
     full = {
         "scenario": ev.scenario,
@@ -472,6 +484,7 @@ def write_outputs(ev: Evaluation, out_dir: Path) -> None:
     }
     # each file whole or not at all: a run stopped while writing leaves the earlier run's files as they were
     write_text_replacing(out_dir / "metrics.json", json.dumps(json_safe(full), indent=1) + "\n")
+    written.wrote("metrics.json")
     keys = list(ev.results[names[0]].metrics)
     fh = io.StringIO()
     w = csv.writer(fh)
@@ -480,6 +493,7 @@ def write_outputs(ev: Evaluation, out_dir: Path) -> None:
         cells = (json.dumps(v) if isinstance(v := r.metrics[k], dict) else v for k in keys)  # guard_actions: JSON
         w.writerow([n, *cells, *(r.breakdown_kwh[k] for k in BREAKDOWN_KEYS)])
     write_text_replacing(out_dir / "metrics.csv", fh.getvalue(), newline="")
+    written.wrote("metrics.csv")
     fh = io.StringIO()
     w = csv.writer(fh)
     first = ev.results[names[0]]
@@ -490,7 +504,9 @@ def write_outputs(ev: Evaluation, out_dir: Path) -> None:
         for i in range(len(r.series["time_s"])):
             w.writerow([n, *(r.series[c][i] for c in cols), *(r.rack_series_w[k][i] for k in range(n_r))])
     write_text_replacing(out_dir / "series.csv", fh.getvalue(), newline="")
+    written.wrote("series.csv")
     write_text_replacing(out_dir / "report.html", _report_html(ev))
+    written.wrote("report.html")
 
 
 #: The "More" table's metrics in the report.

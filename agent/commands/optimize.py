@@ -12,7 +12,7 @@ against the all-cards-at-top-clock, full-pump-speed baseline and the greedy plan
 ``plan.json``, ``racks.csv`` and ``report.html`` (plots embedded as PNG) to ``--out`` (default
 ``./out/<scenario name>``). ``--json`` prints a summary object. Each file is written whole or not at
 all; a Ctrl-C or SIGTERM ends the command with exit status 130 and one line saying which it wrote
-(:class:`_Written`).
+(:class:`agent.commands.common.WrittenFiles`).
 
 The modules: ``agent.commands.optimize_scenario`` (the scenario file and :func:`load_scenario`),
 ``agent.commands.optimize_hosts`` (the hosts off), ``agent.commands.optimize_judge`` (the twin's
@@ -31,6 +31,7 @@ from typing import Any
 from agent.commands.common import (
     Interrupted,
     UserError,
+    WrittenFiles,
     folder_name,
     path_arg,
     prepare_output_dir,
@@ -95,30 +96,8 @@ def _warn(msg: str) -> None:
 OUTPUT_FILES = ("plan.json", "racks.csv", "report.html")
 
 
-class _Written:
-    """Where ``racktwin optimize`` writes (``out_dir``, None until it is known) and which of
-    :data:`OUTPUT_FILES` it has written there, for the line a Ctrl-C or SIGTERM ends it with."""
-
-    def __init__(self) -> None:
-        self.out_dir: Path | None = None
-        self.files: list[str] = []
-
-    def left(self) -> str:
-        """What an interrupted run leaves in ``--out``: ``no file written to DIR (...)``, ``wrote
-        DIR/plan.json; racks.csv, report.html not written (...)`` or ``wrote DIR/plan.json, racks.csv,
-        report.html``."""
-        if self.out_dir is None:
-            return "no file written"
-        whole = "none half-written; any from an earlier run are as they were"
-        if not self.files:
-            return f"no file written to {self.out_dir} ({whole})"
-        wrote = f"wrote {self.out_dir / self.files[0]}" + "".join(f", {name}" for name in self.files[1:])
-        not_yet = [name for name in OUTPUT_FILES if name not in self.files]
-        return f"{wrote}; {', '.join(not_yet)} not written ({whole})" if not_yet else wrote
-
-
 def run(args: argparse.Namespace, command: str) -> int:
-    written = _Written()
+    written = WrittenFiles(OUTPUT_FILES)
     with sigterm_interrupts():  # as Ctrl-C: exit status 130 with a line saying what was written
         try:
             return _run(args, written)
@@ -126,7 +105,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             raise Interrupted(written.left()) from None
 
 
-def _run(args: argparse.Namespace, written: _Written) -> int:
+def _run(args: argparse.Namespace, written: WrittenFiles) -> int:
     from models.placement import QueuedJob, make_placement_problem, place_jobs
     from models.plans import SolveStatus
     from models.problem import Margins, Prices, ProblemError, make_problem
@@ -223,11 +202,11 @@ def _run(args: argparse.Namespace, written: _Written) -> int:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_plan_json(out_dir / "plan.json", sc, p1, plan, placement, unplaced, judged, base, t_place)
-        written.files.append("plan.json")
+        written.wrote("plan.json")
         write_racks_csv(out_dir / "racks.csv", p1, judged, greedy_j, base)
-        written.files.append("racks.csv")
+        written.wrote("racks.csv")
         write_report(out_dir / "report.html", sc, p1, plan, judged, greedy, greedy_j, base, t_place)
-        written.files.append("report.html")
+        written.wrote("report.html")
     except OSError as exc:
         raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
     _progress(args, f"done in {time.perf_counter() - t_all:.1f} s")

@@ -1,12 +1,14 @@
 """SIGTERM (``kill``, ``timeout``, systemd or a batch scheduler stopping a job) to ``racktwin journal``,
-``twin``, ``fit-*`` and ``optimize``, as processes: their ``--help`` says 130 with one line, as for a
-Ctrl-C, and optimize's line says which of its files it wrote.
+``twin``, ``fit-*``, ``optimize`` and ``evaluate``, as processes: their ``--help`` says 130 with one line,
+as for a Ctrl-C, and optimize's and evaluate's lines say which of their files they wrote (evaluate
+during its runs: tests/agent/test_walkthrough_evaluate_sigterm.py).
 
 SIGTERM took its default action in these commands: the process died (exit 143 in a shell, -15 here)
 with no word on stderr, an operator left to guess whether ``optimize`` had written its plan. Each test
 holds the command where it is working, not by timing: on its output (a pipe it fills that this test
-does not read yet), or, for optimize, on a file it is about to write (a FIFO where its temporary file
-goes, which blocks the write until a reader comes), after the command has said so on stderr.
+does not read yet), or, for optimize and evaluate, on a file it is about to write (a FIFO where its
+temporary file goes, which blocks the write until a reader comes), after the command has said so on
+stderr or has replaced the file it writes before.
 """
 
 from __future__ import annotations
@@ -163,3 +165,33 @@ def test_sigterm_while_optimize_writes_its_files_says_which_it_wrote(tmp_path: P
     assert (out / "plan.json").read_text().startswith("{")
     assert _files(out) == ["plan.json", "racks.csv", "report.html"]  # no temporary file left
     assert (out / "racks.csv").read_text() == "old" and (out / "report.html").read_text() == "old"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_sigterm_while_evaluate_writes_its_files_says_which_it_wrote(tmp_path: Path) -> None:
+    """SIGTERM once ``racktwin evaluate`` (30 site seconds of the baseline, in process) has written
+    metrics.json and is writing metrics.csv: exit status 130 and one line saying metrics.json was written
+    and the others were not (they are the earlier run's, whole). Its line said ``interrupted`` alone, its
+    --help "nothing written"; and SIGTERM here, after the runs, took its default action (-15, no word)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    names = ("metrics.json", "metrics.csv", "series.csv", "report.html")
+    for name in names:
+        (out / name).write_text("old")
+    _fifo(out / "metrics.csv.tmp")
+    argv = ["evaluate", "--scenario", str(EXAMPLES / "day-nominal.toml"), "--duration", "30", "--policy", "baseline"]
+    proc = _racktwin(*argv, "--jobs", "1", "--quiet", "--out", str(out), cwd=tmp_path)
+    deadline = time.monotonic() + 120  # metrics.json replaced: it has gone on to metrics.csv, where it is held
+    while (out / "metrics.json").read_text() == "old" and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rc, after = _stop(proc, [])
+    assert (rc, after[-1:]) == (
+        130,
+        [
+            f"racktwin evaluate: interrupted: wrote {out}/metrics.json; metrics.csv, series.csv, report.html not "
+            "written (none half-written; any from an earlier run are as they were)"
+        ],
+    ), after
+    assert (out / "metrics.json").read_text().startswith("{")
+    assert _files(out) == sorted(names)  # no temporary file left
+    assert all((out / name).read_text() == "old" for name in names[1:])

@@ -227,7 +227,8 @@ def test_a_solve_out_of_time_gives_the_greedy_plan_within_the_caps() -> None:
 
 @pytest.mark.parametrize("use_solver", [True, False])
 def test_with_no_plan_within_every_cap_the_relaxed_plan_is_returned_flagged_infeasible(use_solver: bool) -> None:
-    p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 12500.0]))  # rack 0 runs 20 cards
+    # rack 0 runs 16 busy cards ("a"'s 8 and 8 of "b"'s 12): more than 3 kW at their lowest levels
+    p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 12500.0]))
     notes: list[str] = []
     got = plan(p, notes, use_solver=use_solver)
     assert got.status == SolveStatus.INFEASIBLE
@@ -237,6 +238,21 @@ def test_with_no_plan_within_every_cap_the_relaxed_plan_is_returned_flagged_infe
     assert f"relaxed: racks {NAMES[0]} left to the guard's caps (idle cards asleep: no reserve)" in notes
     # rack 1, within its cap, is planned as usual
     assert got.dvfs.rack_power_w[1] <= p.rack_cap_w()[1] + 1e-6
+
+
+def test_a_rack_over_the_limit_its_unexplained_power_leaves_is_explained_with_the_sites_limit_beside() -> None:
+    """A PDU reading 9.5 kW above what the twin explains on rack 0: the models get 3 kW of its 12.5 kW,
+    which its 16 busy cards exceed at their slowest. The decision's infeasible line names both limits;
+    it named the 3.0 kW alone, which an operator takes for a misconfigured limit."""
+    ctx = step_context(SITE, rack_extra_w=np.array([9500.0, 0.0]))
+    p = problem(ctx=ctx)
+    assert p.rack_limit_w.tolist() == [3000.0, 12500.0]
+    notes: list[str] = []
+    got = plan(p, notes, rack_extra_w=np.array([9500.0, 0.0]))
+    assert got.status == SolveStatus.INFEASIBLE
+    line = next(n for n in notes if n.startswith("infeasible: "))
+    assert line.startswith(f"infeasible: rack power: rack {NAMES[0]}: 16 busy cards at their lowest allowed levels")
+    assert line.endswith("> 2.0 kW (limit 3.0 kW - margin 1.0 kW; the site's limit is 12.5 kW)"), line
 
 
 def test_a_rack_whose_unexplained_power_leaves_no_room_is_explained_as_no_room_not_a_limit_of_0_kw() -> None:

@@ -4,7 +4,8 @@ cancelled, `kill`).
 SIGTERM took its default action in the command's process: it died (status -15) and its worker
 processes went on computing their policies as orphans, holding the cores (and the pipes of whoever
 ran the command) until their runs ended, minutes for a day. Now SIGTERM is a Ctrl-C: the workers are
-stopped, exit status 130.
+stopped, exit status 130, and the last line says that no file was written (it said ``interrupted``
+alone; one stopped while it writes its files: tests/agent/test_cli_sigterm.py).
 """
 
 from __future__ import annotations
@@ -78,4 +79,7 @@ def test_sigterm_stops_the_worker_processes_and_exits_130(tmp_path: Path) -> Non
                 os.kill(w, signal.SIGKILL)
     assert rc == 130, (tmp_path / "err.txt").read_text()
     assert left == [], "worker processes outlived racktwin evaluate"
-    assert "racktwin evaluate: interrupted" in (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "err.txt").read_text().splitlines()[-1] == (
+        f"racktwin evaluate: interrupted: no file written to {tmp_path / 'out'} (none half-written; any from an "
+        "earlier run are as they were)"
+    )

@@ -25,10 +25,22 @@ def test_rack_over_its_cap_at_the_lowest_level(site: SiteSpec) -> None:
     plan = plan_cycle(p, choose_setpoint=False)
     assert plan.status == SolveStatus.INFEASIBLE
     assert plan.explanation.startswith("rack power: rack r3: 64 busy cards at their lowest allowed levels")
-    assert "> 24.0 kW (limit 25.0 kW - margin 1.0 kW)" in plan.explanation
+    # the limit the models got is below the site's 50 kW (as the agent's is, less the power the twin
+    # does not explain): the site's limit stands beside it
+    assert plan.explanation.endswith("> 24.0 kW (limit 25.0 kW - margin 1.0 kW; the site's limit is 50.0 kW)")
     assert plan.dvfs is not None  # the least-power plan is still returned for the caller's guard
     assert plan.source == "greedy"  # that plan is the greedy heuristic's (it was labelled "milp")
     assert greedy_cycle(p, choose_setpoint=False).status == SolveStatus.INFEASIBLE
+
+
+def test_a_rack_over_its_cap_at_the_sites_own_limit_names_that_limit_alone(site: SiteSpec) -> None:
+    """The site's 50 kW limit less a 35 kW margin leaves 15 kW, below what r3's 64 cards and host draw
+    at their lowest level: the limit in the line is the site's, said once."""
+    p = problem(site, [job("a", 64)], [rack_cards(3)], margin_w=35_000.0, options=[30.0])
+    assert p.rack_limit_w[3] == site.rack_power_limits_w()[3] == 50_000.0
+    explanation = greedy_cycle(p, choose_setpoint=False).explanation
+    assert explanation.startswith("rack power: rack r3: 64 busy cards at their lowest allowed levels")
+    assert explanation.endswith("> 15.0 kW (limit 50.0 kW - margin 35.0 kW)"), explanation
 
 
 def test_die_limit_even_at_the_lowest_level(site: SiteSpec) -> None:

@@ -115,7 +115,8 @@ def test_explain_a_rack_over_its_cap_but_under_its_limit_is_explained(site: Site
     p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, options=[30.0])
     why = explain_infeasible(p, dvfs_tables(p))
     assert why.startswith("rack power: rack r3: 64 busy cards")
-    assert f"> {(least_w - 500.0) / 1e3:.1f} kW (limit {(least_w + 500.0) / 1e3:.1f} kW - margin 1.0 kW)" in why
+    cap_kw, limit_kw = (least_w - 500.0) / 1e3, (least_w + 500.0) / 1e3
+    assert why.endswith(f"> {cap_kw:.1f} kW (limit {limit_kw:.1f} kW - margin 1.0 kW; the site's limit is 50.0 kW)")
 
 
 def test_explain_names_only_the_slo_jobs_of_a_rack_their_floor_and_what_it_could_drop_to(site: SiteSpec) -> None:

@@ -86,6 +86,13 @@ def test_a_speed_far_beyond_what_the_loop_reaches_reads_in_digits_not_an_exponen
         (60.0, "60x"),
         (1.5, "1.5x"),
         (1e-7, "0.0000001x"),
+        (1e-9, "0.000000001x"),
+        # beyond 1e12 and below 1e-9, an exponent: --speed 1e300 was written in 301 digits
+        (999_999_999_999.0, "1e12x (out of reach: as fast as it can)"),  # as rounded to six digits
+        (1.5e15, "1.5e15x (out of reach: as fast as it can)"),
+        (1e300, "1e300x (out of reach: as fast as it can)"),
+        (1.7976931348623157e308, "1.79769e308x (out of reach: as fast as it can)"),
+        (1e-300, "1e-300x"),
     ],
 )
 def test_speeds_read_for_people(speed: float, text: str) -> None:
