@@ -14,6 +14,11 @@ from models.problem import dvfs_tables, facility_line, it_power_range_w
 from models.solve import greedy_cycle, plan_cycle
 from twin.spec import SiteSpec
 
+# Time limit for solves whose plan a test asserts (the MILP's, not a fallback): these problems solve in
+# milliseconds, but plan_cycle's default 1 s, shared among the set-points, fell back to the greedy plan
+# once on a loaded 2-core machine (as on CI); a generous limit costs nothing when HiGHS finishes early.
+_SOLVE_S = 30.0
+
 pytestmark = pytest.mark.models
 
 
@@ -22,7 +27,7 @@ def test_rack_over_its_cap_at_the_lowest_level(site: SiteSpec) -> None:
     limits = np.full(8, 50_000.0)
     limits[3] = 25_000.0
     p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, options=[30.0])
-    plan = plan_cycle(p, choose_setpoint=False)
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=_SOLVE_S)
     assert plan.status == SolveStatus.INFEASIBLE
     assert plan.explanation.startswith("rack power: rack r3: 64 busy cards at their lowest allowed levels")
     # the limit the models got is below the site's 50 kW (as the agent's is, less the power the twin
@@ -45,7 +50,7 @@ def test_a_rack_over_its_cap_at_the_sites_own_limit_names_that_limit_alone(site:
 
 def test_die_limit_even_at_the_lowest_level(site: SiteSpec) -> None:
     p = problem(site, [job("hot", 8)], [rack_cards(0, 8)], die_margin_k=60.0, options=[30.0])
-    plan = plan_cycle(p, choose_setpoint=False)
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=_SOLVE_S)
     assert plan.status == SolveStatus.INFEASIBLE
     assert "die limit: job hot: hottest card reaches" in plan.explanation
     assert "27.0 deg C limit (slowdown 87 - margin 60)" in plan.explanation
@@ -57,7 +62,7 @@ def test_slo_against_die_limit(site: SiteSpec) -> None:
     t1, t2 = (card_die_c(site, 0.95, 0.5, k, 45.0) for k in (1, 2))
     margin = 87.0 - (t1 + t2) / 2.0
     p = problem(site, [job("slo", 64, slo=0.93)], [rack_cards(0)], die_margin_k=margin, supply_c=45.0, options=[45.0])
-    plan = plan_cycle(p, choose_setpoint=False)
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=_SOLVE_S)
     assert plan.status == SolveStatus.INFEASIBLE
     assert "SLO: job slo needs throughput >= 0.93 of top clock, i.e. level <= 1" in plan.explanation
     assert "die limit allows only level >= 2" in plan.explanation
@@ -70,7 +75,7 @@ def test_slo_against_rack_cap(site: SiteSpec) -> None:
     limits = np.full(8, 50_000.0)
     limits[4] = t.rack_base_w[4] + t.job_power_w[0, 3] + 1000.0  # room for level 3 only; SLO needs <= 1
     p = problem(site, [job("a", 64, share=0.95, slo=0.93)], [rack_cards(4)], limit_w=limits, options=[30.0])
-    plan = plan_cycle(p, choose_setpoint=False)
+    plan = plan_cycle(p, choose_setpoint=False, time_limit_s=_SOLVE_S)
     assert plan.status == SolveStatus.INFEASIBLE
     assert plan.explanation.startswith("SLO: rack r4: the SLOs of job(s) a keep it at")
 
@@ -81,9 +86,9 @@ def test_ready_reserve_that_cannot_wake(site: SiteSpec) -> None:
     limits = t.rack_base_w + 1000.0 + 3.5 * t.rack_wake_w  # every idle rack can wake 3 cards: 21 in r1..r7
     limits[0] = 50_000.0
     ok = problem(site, [job("a", 64)], [rack_cards(0)], reserve=21, limit_w=limits, options=[30.0])
-    assert plan_cycle(ok, choose_setpoint=False).status == SolveStatus.OPTIMAL
+    assert plan_cycle(ok, choose_setpoint=False, time_limit_s=_SOLVE_S).status == SolveStatus.OPTIMAL
     bad = problem(site, [job("a", 64)], [rack_cards(0)], reserve=22, limit_w=limits, options=[30.0])
-    plan = plan_cycle(bad, choose_setpoint=False)
+    plan = plan_cycle(bad, choose_setpoint=False, time_limit_s=_SOLVE_S)
     assert plan.status == SolveStatus.INFEASIBLE
     assert "ready reserve: 22 awake idle cards are required but" in plan.explanation
     assert "room for only 21" in plan.explanation
@@ -106,7 +111,7 @@ def test_a_problem_no_set_point_makes_feasible_keeps_the_set_point_in_force(site
     limits = np.full(8, 50_000.0)
     limits[3] = 25_000.0
     p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, supply_c=35.0, options=[30.0, 35.0, 40.0])
-    for plan in (plan_cycle(p, choose_setpoint=True), greedy_cycle(p, choose_setpoint=True)):
+    for plan in (plan_cycle(p, choose_setpoint=True, time_limit_s=_SOLVE_S), greedy_cycle(p, choose_setpoint=True)):
         assert plan.status == SolveStatus.INFEASIBLE
         assert plan.supply_temp_c == 35.0
         assert plan.dvfs is not None and plan.dvfs.supply_temp_c == 35.0
@@ -118,13 +123,14 @@ def test_a_least_power_job_is_pinned_at_its_least_power_and_exempt_from_the_die_
     hot_die_c = card_die_c(site, 0.95, 0.5, 7, 30.0)
     p = problem(site, [job("hot", 8), job("b", 8)], [rack_cards(0, 8), rack_cards(1, 8)], options=[30.0])
     p = dataclasses.replace(p, die_offset_k=np.where(p.card_job == 0, 95.0 - hot_die_c, 0.0))
-    assert plan_cycle(p, choose_setpoint=False).status == SolveStatus.INFEASIBLE
+    assert plan_cycle(p, choose_setpoint=False, time_limit_s=_SOLVE_S).status == SolveStatus.INFEASIBLE
     q = dataclasses.replace(p, least_power_jobs=np.array([True, False]))
     t = dvfs_tables(q)
     assert t.fixed[0] and t.cheapest_level[0] == int(np.argmin(t.job_power_w[0]))
     assert q.die_exempt_cards().tolist() == (p.card_job == 0).tolist()
-    for plan in (plan_cycle(q, choose_setpoint=False), greedy_cycle(q, choose_setpoint=False)):
+    for plan in (plan_cycle(q, choose_setpoint=False, time_limit_s=_SOLVE_S), greedy_cycle(q, choose_setpoint=False)):
         assert plan.status.has_plan
         assert plan.dvfs is not None
         assert plan.dvfs.job_level.tolist() == [t.cheapest_level[0], 0]
-    assert plan_cycle(q, choose_setpoint=False).source == "milp"  # the MILP's plan is kept (its hot card exempt)
+    # the MILP's plan is kept (its hot card exempt)
+    assert plan_cycle(q, choose_setpoint=False, time_limit_s=_SOLVE_S).source == "milp"

@@ -22,6 +22,11 @@ from models.solve import CyclePlanner, greedy_cycle, plan_cycle
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec
 
+# Time limit for solves whose plan a test asserts (the MILP's, not a fallback): these problems solve in
+# milliseconds, but plan_cycle's default 1 s, shared among the set-points, fell back to the greedy plan
+# once on a loaded 2-core machine (as on CI); a generous limit costs nothing when HiGHS finishes early.
+_SOLVE_S = 30.0
+
 pytestmark = pytest.mark.models
 
 
@@ -315,11 +320,13 @@ def test_an_infeasible_cycle_reads_the_same_from_the_greedy_path_and_the_planner
     limits = np.full(8, 50_000.0)
     limits[3] = 25_000.0
     p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, supply_c=30.0, options=[30.0, 35.0])
-    one_greedy, one_milp = greedy_cycle(p, choose_setpoint=False), plan_cycle(p, choose_setpoint=False)
+    one_greedy = greedy_cycle(p, choose_setpoint=False)
+    one_milp = plan_cycle(p, choose_setpoint=False, time_limit_s=_SOLVE_S)
     assert one_greedy.status == one_milp.status == SolveStatus.INFEASIBLE
     assert one_greedy.explanation.startswith("rack power: rack r3: 64 busy cards at their lowest allowed levels")
     assert one_greedy.explanation == one_milp.explanation
-    several_greedy, several_milp = greedy_cycle(p, choose_setpoint=True), plan_cycle(p, choose_setpoint=True)
+    several_greedy = greedy_cycle(p, choose_setpoint=True)
+    several_milp = plan_cycle(p, choose_setpoint=True, time_limit_s=_SOLVE_S)
     lines = several_greedy.explanation.split("\n")
     assert [line.split(": rack power: rack r3:")[0] for line in lines] == ["supply 30 deg C", "supply 35 deg C"]
     assert several_greedy.explanation == several_milp.explanation
@@ -386,8 +393,8 @@ def test_a_hot_idle_card_does_not_throw_the_solvers_plan_away(site: SiteSpec) ->
     assert idle.size > 0
     hot = np.zeros(p.n_cards)
     hot[idle[0]] = 80.0
-    plain = plan_cycle(p)
-    with_hot = plan_cycle(dataclasses.replace(p, die_offset_k=hot))
+    plain = plan_cycle(p, time_limit_s=_SOLVE_S)
+    with_hot = plan_cycle(dataclasses.replace(p, die_offset_k=hot), time_limit_s=_SOLVE_S)
     assert (plain.status, plain.source) == (SolveStatus.OPTIMAL, "milp"), plain.explanation
     assert with_hot.dvfs is not None and plain.dvfs is not None
     assert with_hot.dvfs.card_die_temp_c[idle[0]] > p.die_limit_c  # over the limit in the plan: not its to cool
