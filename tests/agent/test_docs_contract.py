@@ -4,8 +4,11 @@ README.md, docs/*.md, deploy/**, scripts/*.sh and the examples' comments is an o
 described somewhere, the defaults docs/sim.md's option table states are the parser's, every
 ``section.key`` of the agent's configuration and every ``RACKTWIN_*`` variable named there exists, and
 every ``python benchmarks/X.py --option`` named in the docs is an option of that script, every row of
-the topic tables in docs/protocol.md and the README has its topic's schema, QoS and retain flag, and
-every ``racktwin_*`` series the README and docs/*.md name is exported with the labels they name.
+the topic tables in docs/protocol.md and the README has its topic's schema, QoS and retain flag,
+every ``racktwin_*`` series the README and docs/*.md name is exported with the labels they name, every
+``Racktwin*`` alert they and the deploy files name is a shipped rule, every file of the checkout they
+name exists, and every Python name they write (``agent.round_merger.RoundMerger``,
+``SiteClock.timelines_left``) resolves.
 
 A helper found deploy/mosquitto telling operators to run ``racktwin agent --broker ... --mqtt-ca-file``,
 options only ``racktwin sim`` has: these tests catch that class of error."""
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import re
 import typing
 from pathlib import Path
@@ -423,3 +427,170 @@ def test_the_readmes_folder_table_names_every_module_of_its_folder() -> None:
         if module.name not in ("__init__.py", "__main__.py") and f"`{module.name}`" not in rows[folder]
     ]
     assert not missing, missing
+
+
+# ---- alerts, files and Python names the docs name ---------------------------------------------------
+
+ALERT_RULES = REPO / "deploy" / "prometheus" / "racktwin-alerts.yml"
+
+
+def shipped_alerts() -> set[str]:
+    return set(re.findall(r"^\s*- alert: (\w+)\s*$", ALERT_RULES.read_text(encoding="utf-8"), flags=re.M))
+
+
+def test_every_alert_named_in_the_docs_and_deploy_files_is_a_shipped_rule() -> None:
+    """``alert RacktwinEstimatorBehind``, ``RacktwinGuardCannotHold``: an operator looks the alert up in
+    deploy/prometheus/racktwin-alerts.yml (and silences or routes it by that name)."""
+    alerts = shipped_alerts()
+    assert {"RacktwinGuardCannotHold", "RacktwinEstimatorBehind"} <= alerts, "the rules file moved?"
+    wrong = []
+    for path in documented_files():
+        if path.name.startswith("racktwin-alerts"):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            wrong += [
+                f"{path.relative_to(REPO)}:{number}: {name} is no alert of {ALERT_RULES.relative_to(REPO)}"
+                for name in re.findall(r"\bRacktwin[A-Z]\w*", line)
+                if name not in alerts
+            ]
+    assert not wrong, "\n".join(wrong)
+
+
+#: a file of the checkout named in the docs: ``tests/agent/test_guard_held_back.py``, ``examples/day-demo.toml``
+_REPO_FILE = re.compile(
+    r"(?<![\w./-])((?:agent|models|twin|sim|tests|benchmarks|examples|deploy|scripts|docs)/[\w./-]*"
+    r"\.(?:py|md|toml|csv|yml|json|sh|service|conf))(?![\w/-])"
+)
+
+
+def test_every_file_of_the_checkout_the_readme_and_docs_name_exists() -> None:
+    """A test, script or example a doc points to (``tests/agent/test_level_raises_from_confirmed.py``,
+    ``agent/commands/command_signals.py``) is there: a file moved or renamed leaves no dangling name."""
+    wrong = []
+    seen = 0
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for name in _REPO_FILE.findall(line):
+                seen += 1
+                if not (REPO / name).is_file():
+                    wrong.append(f"{path.relative_to(REPO)}:{number}: {name} does not exist")
+    assert seen > 100, seen
+    assert not wrong, "\n".join(wrong)
+
+
+_PACKAGES = ("agent", "models", "twin", "sim")
+
+
+def _classes_by_name() -> dict[str, list[type]]:
+    """Every class defined in a module of the packages, by its name (a name may be defined twice)."""
+    out: dict[str, list[type]] = {}
+    for package in _PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            module = importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+            for name, obj in vars(module).items():
+                if isinstance(obj, type) and obj.__module__ == module.__name__:
+                    out.setdefault(name, []).append(obj)
+    return out
+
+
+def _has(owner: object, name: str) -> bool:
+    """``owner.name`` exists: an attribute, or a field or instance attribute a class declares (a
+    dataclass field without a default, ``self.name = ...`` in its methods)."""
+    if hasattr(owner, name):
+        return True
+    if not isinstance(owner, type):
+        return False
+    for klass in owner.__mro__:
+        if name in getattr(klass, "__annotations__", {}):
+            return True
+        try:
+            if re.search(rf"\bself\.{name}\b\s*(?::[^=\n]+)?=", inspect.getsource(klass)):
+                return True
+        except (OSError, TypeError):  # a built-in class
+            continue
+    return False
+
+
+def _resolves(name: str, classes: dict[str, list[type]]) -> bool | None:
+    """Whether a dotted name resolves: ``agent.applied_states.AppliedStates._disprove`` (a module path,
+    then attributes) or ``SiteClock.timelines_left`` (a class of the packages, then attributes); None
+    when it is neither (``journal.path``, a configuration key; ``asyncio.wait_for``)."""
+    parts = name.split(".")
+    if parts[0] in _PACKAGES:
+        for i in range(len(parts), 0, -1):
+            try:
+                owner: object = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                if not _has(owner, attr):
+                    return False
+                owner = getattr(owner, attr, None)
+                if owner is None:  # a field with no class value: nothing further to look up
+                    return attr == parts[-1]
+            return True
+        return False
+    if parts[0] not in classes:
+        return None
+    for klass in classes[parts[0]]:
+        owner = klass
+        for attr in parts[1:]:
+            if owner is None or not _has(owner, attr):
+                break
+            owner = getattr(owner, attr, None)
+        else:
+            return True
+    return False
+
+
+#: ``agent.x.Y``, ``Class.method(args) -> T`` at the start of a code span; not a file (``agent.log``)
+_PY_NAME = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?=[(`])")
+_FILE_SUFFIX = re.compile(r"\.(?:py|md|toml|csv|json|sqlite|yml|conf|service|sh|html|env|log|txt|lock)$")
+
+
+def unresolved_python_names(text: str, classes: dict[str, list[type]]) -> tuple[int, list[tuple[int, str]]]:
+    """(names checked, [(line, name)] of those that do not resolve) in a document's text."""
+    seen, wrong = 0, []
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in _PY_NAME.finditer(line):
+            name = m.group(1)
+            if _FILE_SUFFIX.search(name):
+                continue
+            ok = _resolves(name, classes)
+            if ok is not None:
+                seen += 1
+                if not ok:
+                    wrong.append((number, name))
+    return seen, wrong
+
+
+def test_the_python_name_scanner_finds_a_name_a_move_left_behind() -> None:
+    """The rule on what the split of agent/ingest.py (applied states to agent/applied_states.py) left
+    for docs/agent.md to update by hand: ``agent.ingest.Ingest._disprove`` moved, the class and module
+    that hold it now resolve, and a configuration key or a file is not taken for a Python name."""
+    classes = _classes_by_name()
+    text = (
+        "`agent.ingest.Ingest._disprove`; `agent.applied_states.AppliedStates._disprove`;\n"
+        "`Ingest._disproved_copies`, `AppliedStates._disproved_copies`, `SiteClock.timelines_left`;\n"
+        "`Controller.step(snapshot) -> Decision`, `Decision.no_such_field`; `journal.path`, `agent.log`"
+    )
+    assert unresolved_python_names(text, classes) == (
+        7,
+        [(1, "agent.ingest.Ingest._disprove"), (2, "Ingest._disproved_copies"), (3, "Decision.no_such_field")],
+    )
+
+
+def test_every_python_name_the_readme_and_docs_name_exists() -> None:
+    """``agent.round_merger.RoundMerger``, ``SiteClock.extrapolation_corrections``, ``Overlays.held_back``:
+    a reader who looks a name up finds it where the docs say, after a module is split or a class
+    renamed (``agent/ingest.py`` and ``models/solve.py`` were split on 2026-12-05)."""
+    classes = _classes_by_name()
+    wrong = []
+    seen = 0
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        n, bad = unresolved_python_names(path.read_text(encoding="utf-8"), classes)
+        seen += n
+        wrong += [f"{path.relative_to(REPO)}:{number}: {name} does not resolve" for number, name in bad]
+    assert seen > 100, seen
+    assert not wrong, "\n".join(wrong)
