@@ -44,7 +44,8 @@ class WrittenFiles:
     """Where a command writes its files (``out_dir``, None until it is known) and which of ``names`` (in
     the order it writes them, each whole or not at all: :func:`write_text_replacing`) it has written
     there (``files``, each added by :meth:`wrote` once written), for the line a Ctrl-C or SIGTERM ends
-    it with (:class:`Interrupted`: ``racktwin optimize``, ``racktwin evaluate``)."""
+    it with (:class:`Interrupted`: ``racktwin optimize``, ``racktwin evaluate``), or a write that failed
+    (:meth:`failed`)."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = tuple(names)
@@ -67,6 +68,18 @@ class WrittenFiles:
         wrote = f"wrote {self.out_dir / self.files[0]}" + "".join(f", {name}" for name in self.files[1:])
         not_yet = [name for name in self.names if name not in self.files]
         return f"{wrote}; {', '.join(not_yet)} not written ({whole})" if not_yet else wrote
+
+    def failed(self, exc: OSError) -> UserError:
+        """The one line a command ends with when writing its files failed after its work was done (a disk
+        that filled during the run, a quota, a file replaced by a folder meanwhile; the command prints its
+        results first): the file it was writing, the OS error (with the paths it names) and what
+        :meth:`left` says, e.g. ``cannot write DIR/racks.csv: No space left on device; wrote
+        DIR/plan.json; racks.csv, report.html not written (...)``; exit status 2."""
+        name = next((n for n in self.names if n not in self.files), None)
+        where = self.out_dir / name if self.out_dir is not None and name is not None else self.out_dir
+        paths = [repr(f) if isinstance(f, str) else str(f) for f in (exc.filename, exc.filename2) if f is not None]
+        why = f"{exc.strerror or exc}" + (f": {' -> '.join(paths)}" if paths else "")
+        return UserError(f"cannot write {where}: {why}; {self.left()}")
 
 
 class UserError(Exception):

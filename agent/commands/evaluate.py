@@ -7,7 +7,8 @@ writes ``metrics.json``, ``metrics.csv``, ``series.csv`` and ``report.html`` to 
 goes to stdout (``--json``: one object ``{"policies": {NAME: {...}}}``), progress to stderr. Each file
 is written whole or not at all; a Ctrl-C or SIGTERM stops the workers and ends the command with exit
 status 130 and one line saying which files it wrote (none before the runs end;
-:class:`agent.commands.common.WrittenFiles`). Documentation: docs/evaluation.md.
+:class:`agent.commands.common.WrittenFiles`); a write that fails after the runs (a full disk) ends it
+with exit status 2 and such a line, after the results on stdout. Documentation: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ EXIT_STATUSES = (
     "Exit status 0 after the runs (a missed target is reported, not an error); 130 when stopped by "
     "Ctrl-C or SIGTERM (the workers too; one line says which files it wrote: none before the runs end; none "
     "is left half-written, one not yet written is left as it was); 2 for a bad option or scenario (one line on "
-    "stderr)."
+    "stderr), or a file it cannot write after the runs (their results are printed all the same, then one line "
+    "says which files it wrote)."
 )
 
 
@@ -220,8 +222,12 @@ def _run(args: argparse.Namespace, command: str, written: WrittenFiles) -> int:
     ev = _run_policies(
         scenario, path, policies, jobs, control, args.sample_s, _progress_printer(args.quiet, args.progress_interval_s)
     )
-    write_outputs(ev, out_dir, written)
-    if not args.quiet:
+    failed: UserError | None = None
+    try:
+        write_outputs(ev, out_dir, written)
+    except OSError as exc:  # a disk that filled during the runs: their numbers still go to stdout, then one line
+        failed = written.failed(exc)
+    if not args.quiet and failed is None:
         print(
             f"racktwin evaluate: {len(ev.results)} runs in {ev.wall_s:,.1f} s wall; wrote {out_dir}/report.html, "
             "metrics.json, metrics.csv, series.csv",
@@ -229,6 +235,8 @@ def _run(args: argparse.Namespace, command: str, written: WrittenFiles) -> int:
             flush=True,
         )
     _print_results(ev, _targets_text(ev, scenario), as_json=args.json)
+    if failed is not None:
+        raise failed
     return 0
 
 

@@ -12,7 +12,8 @@ against the all-cards-at-top-clock, full-pump-speed baseline and the greedy plan
 ``plan.json``, ``racks.csv`` and ``report.html`` (plots embedded as PNG) to ``--out`` (default
 ``./out/<scenario name>``). ``--json`` prints a summary object. Each file is written whole or not at
 all; a Ctrl-C or SIGTERM ends the command with exit status 130 and one line saying which it wrote
-(:class:`agent.commands.common.WrittenFiles`).
+(:class:`agent.commands.common.WrittenFiles`), a write that fails (a full disk) with exit status 2 and
+such a line, after the summary on stdout.
 
 The modules: ``agent.commands.optimize_scenario`` (the scenario file and :func:`load_scenario`),
 ``agent.commands.optimize_hosts`` (the hosts off), ``agent.commands.optimize_judge`` (the twin's
@@ -47,7 +48,8 @@ from twin.workload import Phase
 #: what each exit status of ``racktwin optimize`` means, as its ``--help`` and the README (Command line) say it
 EXIT_STATUSES = (
     "Exit status 0 with a plan; 1 when no plan meets the limits (the files are still written, why on "
-    "stderr); 2 for a bad scenario or option (one line naming the file and the field); 130 when stopped by "
+    "stderr); 2 for a bad scenario or option (one line naming the file and the field), or a file it cannot "
+    "write (the summary is printed all the same, then one line says which files it wrote); 130 when stopped by "
     "Ctrl-C or SIGTERM (one line says which files it wrote: none is left half-written, one not yet written is "
     "left as it was); 141 when the reader of its output went away before all of it was written (`| head`; the "
     "files are written)."
@@ -199,6 +201,7 @@ def _run(args: argparse.Namespace, written: WrittenFiles) -> int:
     base = baseline(p1, supply)
     summary = json_summary(site, p1, plan, judged, base)
     _progress(args, f"writing {out_dir}/plan.json, racks.csv, report.html")
+    failed: UserError | None = None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_plan_json(out_dir / "plan.json", sc, p1, plan, placement, unplaced, judged, base, t_place)
@@ -207,11 +210,14 @@ def _run(args: argparse.Namespace, written: WrittenFiles) -> int:
         written.wrote("racks.csv")
         write_report(out_dir / "report.html", sc, p1, plan, judged, greedy, greedy_j, base, t_place)
         written.wrote("report.html")
-    except OSError as exc:
-        raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
-    _progress(args, f"done in {time.perf_counter() - t_all:.1f} s")
+    except OSError as exc:  # the plan still goes to stdout, then one line saying which files were written
+        failed = written.failed(exc)
+    if failed is None:
+        _progress(args, f"done in {time.perf_counter() - t_all:.1f} s")
     if args.json:
         print_json(summary)
     elif judged is not None:
         print(summary_line(sc.name, site, plan, judged, base, out_dir))
+    if failed is not None:
+        raise failed
     return 0 if plan.status.has_plan else 1
