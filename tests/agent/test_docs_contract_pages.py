@@ -284,3 +284,13 @@ def test_the_host_reasons_quoted_are_the_ones_a_rack_of_the_example_site_gives()
         text = " ".join(page(name).split())
         assert missing.split("; ")[1] in text, f"docs/{name}: {missing}"  # sim.md quotes it from "host 9"
         assert host_off in text, f"docs/{name}: {host_off}"
+
+
+def test_the_cut_card_failed_reason_quoted_is_the_wires() -> None:
+    """docs/protocol.md quotes a ``card_failed`` reason too long for the ack's 1,024 characters (every
+    card of a 256-card rack): its last number named and the count left out are the wire's."""
+    quoted = re.search(r"`cards 0, 1, \.\.\., (\d+) and (\d+) more of rack r2 have failed", page("protocol.md"))
+    assert quoted is not None
+    reason = wire.card_failed_reason("r2", tuple(range(256)))
+    assert len(reason) <= 1024
+    assert f", {quoted.group(1)} and {quoted.group(2)} more of rack r2 have failed" in reason
