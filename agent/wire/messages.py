@@ -398,7 +398,8 @@ def card_failed_reason(rack: str, cards: Sequence[int]) -> str:
     rack r2 has failed`` or ``card_failed: cards 4, 36 of rack r2 have failed`` (rack-local indices,
     every failed card of the command), read back by :func:`failed_cards_of`. Within the wire's text
     bound (``MAX_TEXT_CHARS``): a list too long for it names the first cards that fit and ``and N
-    more`` (``cards 0, 1, ..., 180 and 75 more of rack r2 have failed``), so that no number is cut."""
+    more`` (all 256 cards of a rack: ``cards 0, 1, ..., 202 and 53 more of rack r2 have failed``), so
+    that no number is cut."""
     return _card_failed_text({rack: cards}, "a dead card takes no setting; the command's other cards would")
 
 
