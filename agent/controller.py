@@ -39,9 +39,11 @@ What a step does:
    resumes; a blind rack's jobs get the slowest), and their power is budgeted as if they
    resumed computing at any moment (with the opt-in ``resume_lag_s`` a pinned job keeps part of
    its value, :func:`pinned_value_frac`, so it slows only once that pays). Idle cards beyond
-   ``idle_reserve_cards`` per supernode go to low-power idle (the awake ones stay the same cards
-   from step to step). The set-point is re-optimized every ``setpoint_interval_s`` among the options
-   within ``max_setpoint_step_k`` of the current one. A late, failed or infeasible solve falls back to
+   ``idle_reserve_cards`` per supernode go to low-power idle; each rack keeps as many awake as the
+   plan counts there (its rack power budgets them), the ones awake now first (the awake ones stay
+   the same cards from step to step while the plan keeps them on their racks). The set-point is
+   re-optimized every ``setpoint_interval_s`` among the options within ``max_setpoint_step_k`` of
+   the current one. A late, failed or infeasible solve falls back to
    the greedy plan; a problem no plan can meet is relaxed rack by rack (the guard then caps those
    racks, their idle cards asleep and no ready reserve) so that one bad rack never drags the whole
    site to its slowest levels.
@@ -147,6 +149,16 @@ def decides_again_on(ev: JobEvent, placing: bool = True) -> bool:
 def _cards_of(mask: BoolArray | None) -> tuple[int, ...]:
     """The cards a per-card mask sets (none for no mask)."""
     return () if mask is None else tuple(int(c) for c in np.flatnonzero(np.asarray(mask)))
+
+
+def _first_per_rack(mask: BoolArray, card_rack: IntArray, per_rack: IntArray) -> IntArray:
+    """The cards ``mask`` sets, at most the first ``per_rack[r]`` (in card order) of each rack ``r``."""
+    cards = np.flatnonzero(mask)
+    racks = card_rack[cards]
+    order = np.argsort(racks, kind="stable")  # by rack, in card order inside each
+    by_rack = racks[order]
+    rank = np.arange(cards.size) - np.searchsorted(by_rack, by_rack, side="left")
+    return np.sort(cards[order][rank < per_rack[by_rack]])
 
 
 class Controller:
@@ -686,29 +698,24 @@ class Controller:
         # gives every card without a job the slowest level, and the plan's problem has this step's load),
         # so this only keeps it true should a plan ever say otherwise (a mutation that drops it lives)
         level[load.idle] = slowest
-        # which idle cards stay awake: as many as the plan says, the ones awake now first (an awake
-        # idle card draws ~30 W more than a sleeping one, so the rack matters little; the guard
-        # puts idle cards to sleep where a cap needs it), then the plan's racks, on the hosts that
-        # stay on (``agent.hosts`` keeps the hosts holding awake cards on first): hosts with a busy
-        # card, then the most recently used
+        # which idle cards stay awake: in each rack as many as the plan says there (its rack power counts
+        # them: more on a rack with little room puts the rack over its cap, and the guard slows its jobs
+        # or puts them all to sleep), the ones awake now first (no card woken needlessly), then cards on
+        # the hosts that stay on (``agent.hosts`` keeps the hosts holding awake cards on first): hosts
+        # with a busy card, then the most recently used
+        idle_model = p.idle_mask()
+        budget = np.asarray(dv.rack_awake, dtype=np.int64)
         low = np.ones(n, dtype=bool)
         low[load.busy] = False
-        idle_model = p.idle_mask()
-        want = int(dv.rack_awake.sum())
-        keep = np.flatnonzero(idle_model & ~snap_lp)[:want]
-        low[keep] = False
-        left = np.asarray(dv.rack_awake, dtype=np.int64) - np.bincount(self._card_rack[keep], minlength=site.n_racks)
-        extra = want - keep.size
+        low[_first_per_rack(idle_model & ~snap_lp, self._card_rack, budget)] = False
+        left = budget - np.bincount(self._card_rack[idle_model & ~low], minlength=site.n_racks)
         card_host = site.card_host()
         host_busy = host_any(site, load.busy)[card_host]
         host_used_s = np.nan_to_num(self._hosts.busy_last_s, nan=ctx.now_s)[card_host]
-        for r in np.argsort(-left, kind="stable"):
-            if extra <= 0 or left[r] <= 0:
-                break
+        for r in np.flatnonzero(left > 0):
             cand = np.flatnonzero(idle_model & low & (self._card_rack == r))  # idle_model: not on an off host
-            cand = cand[np.lexsort((-host_used_s[cand], ~host_busy[cand]))][: min(int(left[r]), extra)]
+            cand = cand[np.lexsort((-host_used_s[cand], ~host_busy[cand]))][: int(left[r])]
             low[cand] = False
-            extra -= cand.size
         # idle cards no command reaches keep the state they report: those the agent cannot see, and
         # those a card_failed refusal keeps out of placement (agent.command_diff leaves them out)
         low = np.where(ctx.unplaceable_card_mask(self._card_rack) & load.idle, snap_lp, low)

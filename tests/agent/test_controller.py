@@ -864,3 +864,67 @@ def test_the_ready_reserve_sits_on_racks_the_plan_keeps_within_their_caps_not_on
     assert np.array_equal(awake, idle & ~proposal.card_low_power)  # the guard put none of them to sleep
     assert "relaxed: racks r0 left to the guard's caps (idle cards asleep: no reserve)" in d.explanation
     assert not any("idle cards to low power" in line for line in d.explanation)
+
+
+def reserve_on_a_tight_r0(jobs: list[JobSpec], r0_pdu_above_w: float, use_solver: bool) -> tuple[Decision, Decision]:
+    """Three racks of 16 cards running ``jobs`` for 60 s (every idle card awake), a ready reserve of
+    12 cards, and one PDU reading of r0 ``r0_pdu_above_w`` above what it draws (its commit budgets
+    the smoothed part as power the twin does not explain, which leaves r0 little room): the next
+    step's proposal and reviewed decision."""
+    site = small_site(racks=3)
+    plant, state = belief(site, jobs, 60.0)
+    ctl = Controller(site, ControlConfig(idle_reserve_cards=12))
+    read = plant.readings()
+    pdu = read.racks[0].pdu
+    assert pdu is not None
+    r0 = dataclasses.replace(read.racks[0], pdu=PduReading(pdu.power_w + r0_pdu_above_w))
+    state.update(dataclasses.replace(read, racks=(r0, *read.racks[1:])))
+    ctl.step(state.snapshot(), use_solver=use_solver)
+    plant.step(1.0)
+    state.update(plant.readings())
+    snap = state.snapshot()
+    ctx = ctl.context(snap)
+    assert ctx.rack_extra_w[0] > 0.0 and not ctx.rack_extra_w[1:].any()
+    proposal = ctl.propose(snap, ctx, use_solver=use_solver)
+    d = ctl.review(proposal, snap, ctx)
+    idle = ~d.card_busy & ~d.card_failed
+    assert not snap.card_low_power[idle].any()  # every idle card reads awake
+    assert not any(line.startswith("relaxed:") for line in d.explanation)  # r0 fits its cap at least power
+    return proposal, d
+
+
+def awake_idle_per_rack(d: Decision, low_power: npt.NDArray[np.bool_]) -> list[int]:
+    rack = np.repeat(np.arange(3), 16)
+    return [int(c) for c in np.bincount(rack[~d.card_busy & ~d.card_failed & ~low_power], minlength=3)]
+
+
+@pytest.mark.parametrize("use_solver", [True, False])
+def test_the_ready_reserve_is_kept_awake_on_the_racks_the_plan_has_room_for_it(use_solver: bool) -> None:
+    """No job runs; r0's PDU reads 29.2 kW above what it draws, which leaves r0 room for 5 of the 12
+    reserve cards (the solver's plan keeps 5 there and 7 on r1, the greedy plan all 12 on r1, the rack
+    with the most headroom). The decision keeps each rack's awake idle cards to the plan's count
+    there, and the guard puts none of them to sleep. Was: the controller kept the first 12 cards
+    awake now, all on r0, whatever the plan's split; r0 went over its cap and the guard put all 12 to
+    low-power idle, so the site had none of its reserve awake while r1 and r2 had room for it."""
+    proposal, d = reserve_on_a_tight_r0([], 29_200.0, use_solver)
+    assert proposal.plan is not None and proposal.plan.dvfs is not None
+    planned = proposal.plan.dvfs.rack_awake.tolist()
+    assert planned == ([5, 7, 0] if use_solver else [0, 12, 0])
+    assert awake_idle_per_rack(d, proposal.card_low_power) == planned
+    assert awake_idle_per_rack(d, d.card_low_power) == planned  # the guard put none of them to sleep
+    assert not any("idle cards to low power" in line for line in d.explanation)
+
+
+@pytest.mark.parametrize("use_solver", [True, False])
+def test_awake_idle_cards_beyond_the_plans_count_on_a_tight_rack_do_not_slow_its_job(use_solver: bool) -> None:
+    """Job a runs on 8 of r0's cards; r0's PDU reads 13.45 kW above what it draws: r0 has room for a
+    at its top level, but not with its 8 idle cards awake too. The plan keeps a at the top and the 12
+    reserve cards on r1; so does the decision, and the guard slows nothing. Was: the controller kept
+    r0's 8 idle cards awake (awake now, first in card order) and 4 on r1, and the guard slowed a to
+    level 1 to hold r0's cap."""
+    proposal, d = reserve_on_a_tight_r0([job("a", 8)], 13_450.0, use_solver)
+    assert proposal.plan is not None and proposal.plan.dvfs is not None
+    assert proposal.plan.dvfs.rack_awake.tolist() == [0, 12, 0]
+    assert proposal.job_levels == d.job_levels == {"a": 0}
+    assert awake_idle_per_rack(d, d.card_low_power) == [0, 12, 0]
+    assert not any(line.startswith("guard:") for line in d.explanation)
