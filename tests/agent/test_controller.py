@@ -267,6 +267,23 @@ def test_the_idle_reserve_is_kept_awake_per_supernode() -> None:
     assert int((~d.card_low_power & ~d.card_busy).sum()) == 3 * 2
 
 
+def test_the_idle_cards_kept_awake_are_as_many_as_the_plan_says_with_the_awake_ones_first() -> None:
+    """Two supernodes of one 16-card rack, every card idle, a reserve of 3 per supernode: the plan keeps
+    6 awake, on rack 0. Rack 1 reads 5 cards awake: those 5 stay awake (the ones awake now first) and
+    one more on rack 0 is woken, 6 in all, not the plan's 6 of rack 0 on top of the 5."""
+    site = small_site(racks=1).with_supernodes(2)
+    _plant, state = belief(site, [], 30)
+    snap = state.snapshot()
+    low = np.ones(site.n_cards, dtype=bool)
+    low[16:21] = False
+    d = Controller(site, ControlConfig(period_s=10.0, idle_reserve_cards=3)).step(
+        dataclasses.replace(snap, card_low_power=low), 30.0
+    )
+    assert d.plan is not None and d.plan.dvfs is not None and d.plan.dvfs.rack_awake.tolist() == [6, 0]
+    awake = ~d.card_low_power & ~d.card_busy
+    assert awake[16:21].all() and int(awake.sum()) == 6
+
+
 class SnapshotChanges(TypedDict, total=False):
     """The ``StateSnapshot`` fields a test here changes in ``fresh_at``."""
 
