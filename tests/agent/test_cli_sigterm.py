@@ -195,3 +195,35 @@ def test_sigterm_while_evaluate_writes_its_files_says_which_it_wrote(tmp_path: P
     assert (out / "metrics.json").read_text().startswith("{")
     assert _files(out) == sorted(names)  # no temporary file left
     assert all((out / name).read_text() == "old" for name in names[1:])
+
+
+def test_sigterm_while_optimize_writes_its_report_names_the_two_files_it_wrote(tmp_path: Path) -> None:
+    """SIGTERM once ``racktwin optimize`` has written plan.json and racks.csv and is writing report.html:
+    the line names both files written and report.html not written (the earlier run's, whole)."""
+    proc, out, lines = _optimize_held_at(tmp_path, "report.html")
+    deadline = time.monotonic() + 120  # racks.csv replaced: it has gone on to report.html, where it is held
+    while (out / "racks.csv").read_text() == "old" and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rc, after = _stop(proc, lines)
+    assert (rc, after) == (
+        130,
+        [
+            f"racktwin optimize: interrupted: wrote {out}/plan.json, racks.csv; report.html not written (none "
+            "half-written; any from an earlier run are as they were)"
+        ],
+    ), b"".join(lines)
+    assert (out / "plan.json").read_text().startswith("{") and (out / "racks.csv").read_text() != "old"
+    assert (out / "report.html").read_text() == "old"
+
+
+def test_optimize_interrupted_before_its_folder_is_known_or_after_its_files_says_so() -> None:
+    """The line of a Ctrl-C or SIGTERM before ``racktwin optimize`` knows its ``--out`` (reading the
+    scenario) and after it has written all three files (printing its summary)."""
+    from agent.commands.common import WrittenFiles
+    from agent.commands.optimize import OUTPUT_FILES
+
+    written = WrittenFiles(OUTPUT_FILES)
+    assert written.left() == "no file written"
+    written.out_dir = Path("out/nominal")
+    written.files.extend(OUTPUT_FILES)
+    assert written.left() == f"wrote {Path('out/nominal') / 'plan.json'}, racks.csv, report.html"

@@ -352,6 +352,47 @@ def test_the_idle_cards_of_a_rack_left_to_the_guards_caps_are_no_ready_reserve(u
     assert got.dvfs.card_low_power[p.idle_mask()].all()
 
 
+def test_a_relaxed_rack_marks_its_own_idle_cards_only_and_failed_cards_stay_failed() -> None:
+    """Rack 0 (jobs "a" and "b", no idle card) is over its cap at its least power, and idle cards 21
+    and 30 of rack 1 have failed. Relaxing rack 0 marks none of its busy cards (they run their jobs)
+    and none of rack 1's healthy idle cards, and keeps 21 and 30 failed: the relaxed plan may keep
+    only rack 1's 10 healthy idle cards awake as reserve, never a failed one."""
+    failed = np.zeros(N, dtype=bool)
+    failed[[21, 30]] = True
+    p = problem(snap=dataclasses.replace(SNAP, card_failed=failed))
+    p = dataclasses.replace(p, rack_limit_w=np.array([3000.0, 12500.0]))
+    notes: list[str] = []
+    q = relax(p, False, notes, NAMES)
+    assert notes == [f"relaxed: racks {NAMES[0]} left to the guard's caps (idle cards asleep: no reserve)"]
+    np.testing.assert_array_equal(q.failed, failed)
+    assert np.flatnonzero(q.idle_mask()).tolist() == [20, 22, 23, 24, 25, 26, 27, 28, 29, 31]
+    got, planned = plan_cycle(
+        p,
+        step_context(SITE),
+        notes,
+        planner=CyclePlanner(),
+        previous_plan=None,
+        mip_rel_gap=1e-4,
+        use_solver=True,
+        rack_names=NAMES,
+    )
+    assert got.status == SolveStatus.INFEASIBLE and got.dvfs is not None
+    np.testing.assert_array_equal(planned.failed, failed)
+    assert got.dvfs.card_low_power[[21, 30]].all()
+
+
+def test_with_both_racks_over_their_caps_the_notes_say_why_for_each_and_name_both() -> None:
+    """Both racks over their caps at their least power: the decision's notes carry the infeasible
+    line of each rack (an operator reads why each rack has no plan) and the relaxed line names both."""
+    p = dataclasses.replace(problem(), rack_limit_w=np.array([3000.0, 3000.0]))
+    notes: list[str] = []
+    got = plan(p, notes, use_solver=False)
+    assert got.status == SolveStatus.INFEASIBLE and got.dvfs is not None
+    infeasible = [n for n in notes if n.startswith("infeasible: ")]
+    assert [n.split(":", 3)[2] for n in infeasible] == [f" rack {NAMES[0]}", f" rack {NAMES[1]}"], infeasible
+    assert f"relaxed: racks {NAMES[0]}, {NAMES[1]} left to the guard's caps (idle cards asleep: no reserve)" in notes
+
+
 def test_the_ready_reserve_goes_when_the_headroom_cannot_hold_it() -> None:
     p = problem()
     t = dvfs_tables(p, 30.0)

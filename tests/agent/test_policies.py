@@ -359,3 +359,26 @@ def test_notes_count_repeats_of_one_kind_on_its_first_note_and_keep_room_for_oth
         f"t=930 s: {late_35}",
         f"t=930 s: {guard}",
     ]
+
+
+def test_the_notes_keep_40_kinds_and_a_kind_past_them_is_left_out_repeats_included() -> None:
+    """The notes keep at most 40 kinds (``_MAX_NOTES``): the 41st kind is left out, and so are its
+    repeats; repeats of a kept kind still count on its own note once the notes are full."""
+    site = small_site()
+    policy = AgentPolicy(site)
+    for i in range(41):  # whole numbers tell kinds apart: 41 kinds
+        d = proposal(site, time_s=15.0 * (i + 1), explanation=(f"guard: rack {i}: capped",))
+        policy._on_decision(d, ApplyReport())
+    policy._on_decision(
+        proposal(
+            site, time_s=900.0, explanation=("guard: rack 40: capped", "guard: rack 0: capped", "guard: rack 5: capped")
+        ),
+        ApplyReport(),
+    )
+    notes = policy.stats.notes
+    assert len(notes) == 40
+    assert notes[0] == "t=15 s: guard: rack 0: capped (and 1 more like it, the last at t=900 s)"
+    assert notes[5] == "t=90 s: guard: rack 5: capped (and 1 more like it, the last at t=900 s)"
+    assert notes[1:5] + notes[6:] == [
+        f"t={15 * (i + 1)} s: guard: rack {i}: capped" for i in (*range(1, 5), *range(6, 40))
+    ]

@@ -134,3 +134,23 @@ def test_a_least_power_job_is_pinned_at_its_least_power_and_exempt_from_the_die_
         assert plan.dvfs.job_level.tolist() == [t.cheapest_level[0], 0]
     # the MILP's plan is kept (its hot card exempt)
     assert plan_cycle(q, choose_setpoint=False, time_limit_s=_SOLVE_S).source == "milp"
+
+
+def test_a_rack_whose_limit_is_no_more_than_the_margin_is_explained_as_no_room(site: SiteSpec) -> None:
+    """A rack's limit equal to the margin leaves a cap of 0 W: the line says there is no room, with
+    the limit in watts beside the site's own (not "> 0.0 kW (limit 1.0 kW - margin 1.0 kW)"). A margin
+    as large as the site's limit (the problem's limit is the site's) says the limit once."""
+    limits = np.full(8, 50_000.0)
+    limits[3] = 1000.0
+    p = problem(site, [job("a", 64)], [rack_cards(3)], limit_w=limits, options=[30.0])
+    line = greedy_cycle(p, choose_setpoint=False).explanation.splitlines()[0]
+    assert line.startswith(
+        "rack power: rack r3: no room: its limit in this problem is 1,000 W (the site's limit is 50.0 kW), not "
+        "above the 1.0 kW margin; 64 busy cards at their lowest allowed levels"
+    ), line
+    p = problem(site, [job("a", 64)], [rack_cards(3)], margin_w=50_000.0, options=[30.0])
+    lines = greedy_cycle(p, choose_setpoint=False).explanation.splitlines()
+    r3 = next(n for n in lines if n.startswith("rack power: rack r3:"))
+    assert r3.startswith(
+        "rack power: rack r3: no room: its limit in this problem is 50,000 W, not above the 50.0 kW margin; 64 busy"
+    ), r3

@@ -311,6 +311,10 @@ def test_a_decomposed_solve_with_a_chunk_left_unsolved_is_feasible_not_optimal(s
     assert info.status == SolveStatus.FEASIBLE
     assert level is not None and awake is not None
     assert int(level[1]) == int(g.job_level[1])
+    # and it says which chunk kept the greedy levels, and why
+    chunk_1 = "chunk 1 (racks r8, r9, r10, r11 and 4 more: timeout_no_solution, no time left)"
+    assert info.message == f"2 chunks: 1 optimal, 1 timeout_no_solution; no solution in {chunk_1}"
+    assert info.greedy_parts == f"1 of 2 chunks had no solution: {chunk_1}"
 
 
 def test_an_infeasible_cycle_reads_the_same_from_the_greedy_path_and_the_planner(site: SiteSpec) -> None:

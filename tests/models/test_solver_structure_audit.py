@@ -16,7 +16,7 @@ from pyomo.contrib.solver.solvers.highs import Highs
 from models.dvfs_solver import DecomposedDvfsSolver, DvfsSolver, SolveInfo
 from models.placement import PlacementProblem, QueuedJob, greedy_placement
 from models.plans import CyclePlan, SolveStatus
-from models.problem import CycleProblem, dvfs_tables, make_problem
+from models.problem import CycleProblem, dvfs_tables, facility_line, it_power_range_w, make_problem
 from models.solve import CyclePlanner, greedy_cycle
 from models.synthetic import synthetic_workload
 from twin.spec import SiteSpec
@@ -446,3 +446,44 @@ def test_a_late_solve_says_it_was_late(site: SiteSpec) -> None:
     assert plan.status == SolveStatus.FALLBACK
     assert plan.explanation.startswith("supply 30 deg C: the solve was still running at the end of its ")
     assert plan.explanation.endswith(" s share of the time limit; greedy plan used")
+
+
+def test_a_chunk_stopped_with_a_solution_is_used_beside_a_chunk_stopped_without_one(site: SiteSpec) -> None:
+    """The scene of the test above: chunk 0's HiGHS stops before it has a solution, chunk 1's at its
+    first improving solution (``mip_max_improving_sols = 1``: a solution, not proven optimal, as a
+    deadline leaves one). The chunked solve has a solution (FEASIBLE): chunk 1's levels, chunk 0 at
+    the greedy levels, said in ``greedy_parts``; the first chunk's status does not decide the whole."""
+    big = site.with_supernodes(2)
+    wl = synthetic_workload(big, seed=5, allocation=0.9, compute_share=(0.9, 0.99))
+    p = make_problem(
+        big, jobs=wl.jobs, job_cards=wl.job_cards, job_phase=wl.job_phase, rack_limit_w=46_000.0,
+        ready_reserve_cards=8, supply_options_c=[30.0],
+    )  # fmt: skip
+    t = dvfs_tables(p)
+    line = facility_line(big, p.supply_temp_c, p.ambient_c, *it_power_range_w(p, t))
+    solver = DecomposedDvfsSolver(chunk_cards=512)
+    solver._parts[0] = _StoppedHighsSolver(mip_max_nodes=0)
+    solver._parts[1] = _StoppedHighsSolver(mip_max_improving_sols=1)
+    info, level, awake = solver.solve(p, t, line, 20.0, 1e-4)
+    assert info.status == SolveStatus.FEASIBLE and level is not None and awake is not None
+    chunk_0 = "chunk 0 (racks r0, r1, r2, r3 and 4 more: timeout_no_solution, iterationLimit)"
+    assert info.message == f"2 chunks: 1 timeout_no_solution, 1 feasible; no solution in {chunk_0}"
+    assert info.greedy_parts == f"1 of 2 chunks had no solution: {chunk_0}"
+
+
+def test_a_chunked_solve_of_a_site_with_no_jobs_is_optimal_and_says_no_chunk_was_solved(site: SiteSpec) -> None:
+    """No job anywhere: no chunk has anything to solve, so the greedy levels are the optimum (OPTIMAL,
+    not FEASIBLE) and the solve's message says none was solved."""
+    big = site.with_supernodes(2)
+    p = make_problem(big, jobs=[], job_cards=[], ready_reserve_cards=8, supply_options_c=[30.0])
+    t = dvfs_tables(p)
+    line = facility_line(big, p.supply_temp_c, p.ambient_c, *it_power_range_w(p, t))
+    info, level, awake = DecomposedDvfsSolver(chunk_cards=512).solve(p, t, line, 5.0, 1e-3)
+    assert (info.status, info.message, info.greedy_parts) == (
+        SolveStatus.OPTIMAL,
+        "2 chunks: none solved (no jobs)",
+        "",
+    )
+    assert level is not None and awake is not None
+    got = CyclePlanner(chunk_cards=512).plan(p, choose_setpoint=False, time_limit_s=5.0)
+    assert (got.status, got.source, got.explanation) == (SolveStatus.OPTIMAL, "milp", "")
