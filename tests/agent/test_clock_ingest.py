@@ -1254,6 +1254,8 @@ def test_a_racks_reading_interval_ignores_copies_late_readings_silences_and_a_cl
         read(ts_s, ts_s - (clock.now() or ts_s))
         read(ts_s, 0.0)  # a copy
         read(ts_s - 2.5, 0.0)  # late
+        if ts_s == T0 + 135.0:
+            assert ing.applied.reading_interval_s[0] == 5.0  # three gaps: known
     assert ing.applied.reading_interval_s[0] == 5.0 and np.isnan(ing.applied.reading_interval_s[1])
     wall.t += 3.0  # the site restarts 600 s back and reads its cards every 2 s
     for i in range(12):

@@ -242,6 +242,39 @@ def test_a_confirmed_level_or_limit_is_disproved_by_a_clock_past_halfway_or_a_li
     assert np.isnan(ing.applied_power_limit_w[64]) and np.all(ing.applied_power_limit_w[65:128] == 700.0)
 
 
+def test_a_card_confirmed_one_level_below_the_top_is_disproved_by_a_reading_at_the_top_clock() -> None:
+    """Level 1 runs at 1870 MHz at most, level 0 at 1980: r0's cards confirmed at level 1 and read at the top
+    clock were reset (or raised behind the agent's back): the confirmation is forgotten and, no late applied
+    state explaining it, counted. r1's read at 1900 MHz (under halfway, 1925) keep theirs. Trusted, the agent
+    planned r0's cards one level slower than they run and never commanded them."""
+    site = example_site()
+    ing = Ingest(site, TwinState(site), SiteClock(1.0))
+    for rack in ("r0", "r1"):
+        ing.handle(_rack_applied(rack, T0 + 10.0, 1))
+    ing.handle(cards_msg("r0", T0 + 20.0, sm_clock_mhz=np.full(64, 1980.0)))
+    ing.handle(cards_msg("r1", T0 + 20.0, sm_clock_mhz=np.full(64, 1900.0)))
+    assert np.all(ing.applied_level[:64] == -1) and np.all(ing.applied_level[64:128] == 1)
+    past_the_bound(ing, T0 + 20.0)
+    assert ing.stats.applied_disproved == {("level", "r0"): 64}
+
+
+def test_a_late_applied_state_explains_a_limit_disproval_within_the_wires_resolution() -> None:
+    """r0 confirmed 700 W; its reading at +20 s shows 600.2 W (the agent's own lower limit, applied); the
+    applied state of that command, 600 W, reaches the agent after the reading, stamped within the margin:
+    the rack reads its limit back to a tenth of a watt or so (the wire's 0.1 W), so it explains the
+    disproval, and nothing is counted (required to match to the watt, the rack was counted as reset)."""
+    site = example_site()
+    ing = Ingest(site, TwinState(site), SiteClock(1.0))
+    ing.handle(_rack_applied("r0", T0 + 10.0, 5, limit_w=700.0))
+    shown_w = np.full(64, 600.2)
+    ing.handle(cards_msg("r0", T0 + 20.0, sm_clock_mhz=np.full(64, 1430.0), power_limit_w=shown_w))
+    assert np.all(np.isnan(ing.applied_power_limit_w[:64]))
+    ing.handle(_rack_applied("r0", T0 + 21.0, 5, limit_w=600.0))
+    past_the_bound(ing, T0 + 20.0)
+    assert ing.stats.applied_disprovals_explained == 64 and ing.stats.applied_disproved == {}
+    assert np.all(ing.applied_power_limit_w[:64] == 600.0)
+
+
 def test_a_late_applied_state_explains_a_disproval_only_within_the_margin_and_agreeing() -> None:
     """Each rack confirmed level 5 at +10 s; a reading at +20 s shows its cards at the top clock. The
     rack's applied state of the agent's own raise reaches the agent after that reading: r0's stamped

@@ -194,3 +194,91 @@ def test_a_snapshot_that_overtakes_the_end_it_includes_frees_the_cards_and_count
     ing.handle(event(wire.JobEventType.FINISHED, "j1", T0 + 5.0, 2))  # the end, overtaken
     assert state.jobs == {} and (state.jobs_finished, state.jobs_dropped) == (0, 1)
     assert ing.stats.job_snapshot_dropped == 1
+
+
+def _restart_behind(ing: Ingest, wall: FakeWall, clock: SiteClock, at_s: float, mhz: float) -> None:
+    """The old run stops and a new one comes back on a timeline starting ``at_s``: rack r0's readings (its
+    cards at ``mhz``) until the site clock has followed it back."""
+    corrections = clock.corrections
+    wall.t += 2.0
+    for i in range(12):
+        ing.handle(cards_msg("r0", at_s + i, sm_clock_mhz=np.full(64, mhz)))
+        wall.t += 0.05
+    assert clock.corrections == corrections + 1 and clock.timelines_left >= 1
+
+
+def _r0_confirmed_5() -> tuple[FakeWall, SiteClock, Ingest]:
+    """Rack r0 read at level 5's clock for ten site seconds (a site at 20x) and confirmed level 5 (T0 + 9)."""
+    wall = FakeWall()
+    clock = SiteClock(0.05, infer=False, wall=wall, reset_after_s=1.0, confirm_s=0.5)
+    _state, ing = _ingest(clock)
+    for i in range(10):
+        ing.handle(cards_msg("r0", T0 + i, sm_clock_mhz=np.full(64, 1430.0)))
+        wall.t += 0.05
+    ing.handle(_rack_applied("r0", T0 + 9.0, 5))
+    return wall, clock, ing
+
+
+def _r0_confirmed_5_then_an_older_0_refused() -> tuple[FakeWall, SiteClock, Ingest]:
+    """:func:`_r0_confirmed_5`, then an applied state stamped T0 + 5 at level 0 (a stale bridge): refused,
+    counted and kept."""
+    wall, clock, ing = _r0_confirmed_5()
+    ing.handle(_rack_applied("r0", T0 + 5.0, 0))
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 1
+    return wall, clock, ing
+
+
+def test_a_refused_applied_state_still_older_after_a_mere_step_back_is_dropped_not_counted_again() -> None:
+    """The site clock runs ahead during a telemetry silence and steps back to the next reading (the same
+    timeline): the applied state refused as older is tried again and is older still. It is not counted a
+    second time (``racktwin_applied_states_old_total`` counts messages, not tries), and it is dropped: a later
+    restart of the site (a new timeline, behind the old one's confirmation) must not take it, two steps back
+    after the rack left that setting."""
+    wall, clock, ing = _r0_confirmed_5_then_an_older_0_refused()
+    wall.t += 1.0  # a silence: 20 site s at the clock's rate
+    assert clock.now() == pytest.approx(T0 + 30.0)
+    timelines = clock.timelines_left
+    ing.handle(cards_msg("r0", T0 + 11.0, sm_clock_mhz=np.full(64, 1430.0)))
+    assert clock.now() == pytest.approx(T0 + 11.0) and clock.timelines_left == timelines  # a mere step back
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 1
+    _restart_behind(ing, wall, clock, T0 - 600.0, 1430.0)
+    assert np.all(ing.applied_level[:64] == 5)  # the old run's confirmation, never the refused one
+    assert ing.stats.applied_states_old == 1
+
+
+def test_a_refused_applied_state_is_not_tried_again_once_its_rack_confirmed_a_newer_one() -> None:
+    """After refusing an older applied state, the rack confirms a newer one (level 3): the one refused is
+    no new timeline's (the rack spoke since). When the site restarts behind, it is not taken: the rack's
+    newest confirmation stands."""
+    wall, clock, ing = _r0_confirmed_5_then_an_older_0_refused()
+    ing.handle(_rack_applied("r0", T0 + 10.0, 3))
+    assert np.all(ing.applied_level[:64] == 3)
+    _restart_behind(ing, wall, clock, T0 - 600.0, 1430.0)
+    assert np.all(ing.applied_level[:64] == 3) and ing.stats.applied_states_old == 1
+
+
+@pytest.mark.parametrize("newest_first", [False, True])
+def test_of_the_applied_states_refused_the_newest_is_taken_when_the_site_restarts_behind(newest_first: bool) -> None:
+    """Two applied states of a restarted rack arrive while the site clock is still the old run's (T0 + 9):
+    both refused as older. When the clock follows the new timeline back, the newer of the two (T0 - 590, level
+    2) is taken, in whichever order they came: the older (T0 - 600, level 0) was the rack's setting before it."""
+    wall, clock, ing = _r0_confirmed_5()
+    first, second = _rack_applied("r0", T0 - 600.0, 0), _rack_applied("r0", T0 - 590.0, 2)
+    for msg in (second, first) if newest_first else (first, second):
+        ing.handle(msg)
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 2
+    _restart_behind(ing, wall, clock, T0 - 595.0, 1430.0)
+    assert np.all(ing.applied_level[:64] == 2)
+
+
+def test_an_older_applied_state_is_refused_when_the_one_taken_is_stamped_at_the_site_now() -> None:
+    """The rack's applied state is the newest stamp and no time has passed since (the site's now is its
+    stamp): it is of this timeline, and an older one arriving now is refused like any other."""
+    wall = FakeWall()
+    clock = SiteClock(1.0, infer=False, wall=wall)
+    _state, ing = _ingest(clock)
+    ing.handle(cards_msg("r0", T0 + 9.0, sm_clock_mhz=np.full(64, 1430.0)))
+    ing.handle(_rack_applied("r0", T0 + 9.0, 5))
+    assert clock.now() == T0 + 9.0
+    ing.handle(_rack_applied("r0", T0 + 5.0, 0))
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 1

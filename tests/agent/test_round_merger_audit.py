@@ -1,0 +1,141 @@
+"""Mutation audit of the round merger (``agent.round_merger.RoundMerger``): the window of a round (anchored
+at its earliest part, 0.25 s wide, its edge included), the stamps of a merged round and rack, the order in
+which late parts and the rounds they overtook reach the estimator (it drops a rack's reading stamped
+before one it took), one late round per window, a rack's host batches joined across its CDU's own stamp,
+and the old timeline's facility reading when the clock steps back. Each test failed on a mutant of the
+merger that the other tests let pass."""
+
+from __future__ import annotations
+
+import pytest
+from agent_helpers import example_site
+from test_clock_ingest import T0, _cdu
+from test_rounds_with_clock_offsets import _host_batches
+
+from agent.clock import SiteClock
+from agent.ingest import Ingest
+from agent.round_merger import ROUND_TOLERANCE_S, RoundMerger
+from twin.readings import FacilityReading, LoopReading, PduReading, RackReading, Readings
+from twin.state import TwinState
+
+pytestmark = pytest.mark.agent
+
+
+def _pdu(rack: int, t: float) -> RackReading:
+    return RackReading(rack=rack, time_s=t, pdu=PduReading(40_000.0))
+
+
+def _round(*racks: RackReading, facility: FacilityReading | None = None) -> Readings:
+    return Readings(time_s=max(rr.time_s for rr in racks), racks=racks, facility=facility)
+
+
+def _racks(rounds: list[Readings]) -> list[list[tuple[int, float]]]:
+    """Each round's racks as (rack, stamp - T0), stamps rounded to the millisecond."""
+    return [[(rr.rack, round(rr.time_s - T0, 3)) for rr in r.racks] for r in rounds]
+
+
+def test_a_part_stamped_the_tolerance_after_the_rounds_first_is_of_that_round() -> None:
+    assert ROUND_TOLERANCE_S == 0.25
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0), _pdu(1, T0 + 0.25))) == []
+    assert _racks(merger.add(_round(_pdu(0, T0 + 1.0)))) == [[(0, 0.0), (1, 0.25)]]
+
+
+def test_the_window_is_anchored_at_the_earliest_part_of_a_flush_whatever_the_order_of_its_racks() -> None:
+    """Parts stamped T0 + 0.2 (r0), T0 (r1) and T0 + 0.4 (r2) in one flush: the round is T0's, r0 joins it,
+    r2 (0.4 s after its first part) begins the next. Anchored at the first rack's part, all three made one
+    round 0.4 s wide."""
+    merger = RoundMerger()
+    out = merger.add(_round(_pdu(0, T0 + 0.2), _pdu(1, T0), _pdu(2, T0 + 0.4)))
+    assert _racks(out) == [[(0, 0.2), (1, 0.0)]]
+    assert merger.held_s == T0 + 0.4
+
+
+def test_a_part_merged_late_into_its_round_leaves_the_round_and_its_rack_at_their_newest_stamp() -> None:
+    """r0's PDU stamped T0 + 0.01 is held; r0's loop stamped T0 then r1's stamped T0 + 0.005 come later (a
+    rack's CDU behind its PDU on the way): both join the round, whose stamp (what the estimator's time
+    follows) stays its newest part's, T0 + 0.01, as does r0's reading's; each part keeps its own stamp."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0 + 0.01))) == []
+    loop = RackReading(rack=0, time_s=T0, loop=LoopReading(30.0, 40.0, 128.0, 100.0))
+    assert merger.add(_round(loop)) == []
+    assert merger.held_s == T0 + 0.01
+    assert merger.add(_round(_pdu(1, T0 + 0.005))) == []
+    assert merger.held_s == T0 + 0.01
+    (r,) = merger.add(_round(_pdu(0, T0 + 1.0)))
+    assert r.time_s == T0 + 0.01
+    r0 = r.racks[0]
+    assert (r0.time_s, r0.part_time_s("pdu"), r0.part_time_s("loop")) == (T0 + 0.01, T0 + 0.01, T0)
+
+
+def test_a_racks_reading_stamped_between_the_rounds_first_and_newest_parts_goes_out_before_the_round() -> None:
+    """The round held has r1 at T0 and r0 at T0 + 0.1; r0's PDU stamped T0 + 0.05 arrives (reordered): it
+    clashes with r0's part held, and it is older than the round's newest part, so it goes out at once and
+    the estimator gets r0's readings in the order of their stamps (given after T0 + 0.1, it dropped it as
+    late). Taken for the next round's, it completed the round held and went out after it."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(1, T0), _pdu(0, T0 + 0.1))) == []
+    out = merger.add(_round(_pdu(0, T0 + 0.05)))
+    out += merger.drain()
+    assert _racks(out) == [[(0, 0.05)], [(0, 0.1), (1, 0.0)]]
+
+
+def test_late_parts_of_one_window_go_out_in_one_round_before_the_round_they_arrived_with() -> None:
+    """The round held is T0 + 1's (r0). One flush brings r1 and r2 stamped T0 and T0 + 0.1 (late: one round
+    for the estimator, not one each) and r0 at T0 + 2 (the next round's: the one held is complete). The
+    estimator gets the late round first, then the one held: in the order of their stamps."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0 + 1.0))) == []
+    out = merger.add(_round(_pdu(0, T0 + 2.0), _pdu(1, T0), _pdu(2, T0 + 0.1)))
+    assert _racks(out) == [[(1, 0.0), (2, 0.1)], [(0, 1.0)]]
+    assert merger.held_s == T0 + 2.0
+
+
+def test_a_late_reading_and_the_round_it_overtook_go_out_in_the_order_of_their_stamps() -> None:
+    """The round held has r0 at T0 + 1; one flush brings r0's reading stamped T0 + 0.9 (late, reordered)
+    and r1's at T0 + 2 (the next round's). Both rounds go out at once: r0's T0 + 0.9 first (after its
+    T0 + 1 the estimator drops it as late)."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0 + 1.0))) == []
+    out = merger.add(_round(_pdu(0, T0 + 0.9), _pdu(1, T0 + 2.0)))
+    assert _racks(out) == [[(0, 0.9)], [(0, 1.0)]]
+
+
+def test_a_rack_sending_its_cards_per_host_with_its_cdu_stamped_apart_is_one_round_a_second() -> None:
+    """Rack r0 sends its cards in two batches stamped alike (one per host) and its CDU reading 3 ms after
+    them: the ingest flushes at the second batch, so the merger gets r0's first batch and CDU, then its
+    second batch, stamped apart from the rack's newest part. The cards of both batches are stamped alike:
+    they are joined, and the estimator gets one round a second with r0's 64 cards, not two."""
+    site = example_site()
+    merger = RoundMerger()
+    rounds: list[Readings] = []
+    ing = Ingest(site, TwinState(site), SiteClock(1.0), on_round=lambda r: rounds.extend(merger.add(r)))
+    for i in range(3):
+        t = T0 + i
+        first, second = _host_batches("r0", t)
+        ing.handle(first)
+        ing.handle(_cdu("r0", t + 0.003))
+        ing.handle(second)
+        ing.flush()
+    rounds += merger.drain()
+    assert len(rounds) == 3
+    for i, r in enumerate(rounds):
+        (r0,) = r.racks
+        assert r0.cards is not None and sorted(r0.cards.card_index.tolist()) == list(range(64))
+        assert r0.part_time_s("cards") == T0 + i and r0.part_time_s("loop") == pytest.approx(T0 + i + 0.003)
+
+
+def test_when_the_clock_steps_back_the_old_timelines_facility_reading_goes_out_with_its_round() -> None:
+    """The merger holds r0's round at T0 + 10 when the clock steps back to T0 + 5; the flush brings r1
+    stamped T0 + 4 (the new timeline) and the facility's reading stamped T0 + 10.1 (the old one's): that
+    goes out with the old timeline's round, and the new timeline's round held is r1's, at T0 + 4. Kept on
+    the new side, it anchored a round 6 s ahead of the new timeline, and every new part went out as late."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0 + 10.0))) == []
+    fac = FacilityReading(T0 + 10.1, 20.0, 30.0, 38.0, 10_000.0, 300_000.0, 320_000.0, 30.0)
+    out, new = merger.step_back(_round(_pdu(1, T0 + 4.0), facility=fac), T0 + 5.0)
+    assert _racks(out) == [[(0, 10.0)]] and out[0].facility is fac
+    assert new == [] and merger.held_s == T0 + 4.0
+    (r,) = merger.add(_round(_pdu(1, T0 + 5.0)))
+    assert _racks([r]) == [[(1, 4.0)]] and r.facility is None
+    assert merger.held_s == T0 + 5.0
