@@ -87,6 +87,10 @@ _INTERVAL_MIN_GAPS = 3
 _LIMIT_TOL_W = 0.5
 #: the settings of a rack's applied state a card reading may disprove, in the order of
 #: :class:`AppliedStates`'s pending disprovals (``racktwin_applied_state_disproved_total{setting}``)
+#: How far ahead of the new timeline's now a refused applied state may be stamped and still be tried again
+#: when the site clock goes back (:meth:`AppliedStates.clock_stepped_back`): racks' clocks differ by
+#: milliseconds, and a restarted rack's applied state precedes the readings the clock follows back.
+RETRY_AHEAD_S = 1.0
 DISPROVABLE_SETTINGS = ("level", "power_limit", "low_power")
 _LEVEL, _LIMIT, _LOW = range(3)
 
@@ -153,18 +157,22 @@ class AppliedStates:
         self._count_disprovals(np.isfinite(self._explain_by_s))
         self._disproved_ts_s.fill(np.nan)
 
-    def clock_stepped_back(self) -> None:
-        """The site clock went back to a new timeline (``SiteClock.timelines_left`` grew): the cards'
-        reading stamps, of the old timeline, are forgotten (a rack's reading interval stays: its period did
-        not change), and the applied state refused last per rack as older than the one taken
-        (:meth:`_refuse_older`) is tried again: a restarted rack's first, on its new timeline, comes before
-        the telemetry that has the clock follow it back. Not after a step back of the clock that ran ahead
-        of the site (a silence, a stall of the agent's loop): the stamps seen are the site's still, and the
-        one refused, tried against the earlier now, was taken wherever the one held is stamped after it."""
+    def clock_stepped_back(self, now_s: float) -> None:
+        """The site clock went back to a new timeline (``SiteClock.timelines_left`` grew) and reads
+        ``now_s``: the cards' reading stamps, of the old timeline, are forgotten (a rack's reading interval
+        stays: its period did not change), and the applied state refused last per rack as older than the
+        one taken (:meth:`_refuse_older`) is tried again if it is stamped no later than ``now_s`` (within
+        :data:`RETRY_AHEAD_S`): a restarted rack's first, on its new timeline, comes before the telemetry
+        that has the clock follow it back. One stamped further ahead is the old timeline's (a stale
+        bridge's, say) and is dropped: the new timeline would take it. Not called after a step back of the
+        clock that ran ahead of the site (a silence, a stall of the agent's loop): the stamps seen are the
+        site's still, and the one refused, tried against the earlier now, was taken wherever the one held
+        is stamped after it."""
         self._cards_ts_s.fill(np.nan)
         older, self._older_applied = self._older_applied, {}
         for msg in older.values():  # refused as older than the old timeline's: maybe the new one's
-            self.take(msg, again=True)
+            if msg.ts_s <= now_s + RETRY_AHEAD_S:
+                self.take(msg, again=True)
 
     # ---- applied states -------------------------------------------------------------------------
     def take(self, msg: wire.AppliedState, *, again: bool = False) -> None:

@@ -231,7 +231,8 @@ class Ingest:
             self._event_dates.clear()  # stamps of the old timeline
             self._jobs_seen = None
             self.applied.new_timeline()
-            self.applied.clock_stepped_back()
+            now_s = self.clock.now()
+            self.applied.clock_stepped_back(ts if now_s is None else now_s)
         if self.clock.last_was_ahead:
             self.stats.ahead += 1
             return False

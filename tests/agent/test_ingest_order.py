@@ -228,12 +228,13 @@ def _r0_confirmed_5_then_an_older_0_refused() -> tuple[FakeWall, SiteClock, Inge
     return wall, clock, ing
 
 
-def test_a_refused_applied_state_still_older_after_a_mere_step_back_is_dropped_not_counted_again() -> None:
+def test_a_refused_applied_state_of_the_old_timeline_is_not_taken_after_a_mere_step_back_or_a_restart() -> None:
     """The site clock runs ahead during a telemetry silence and steps back to the next reading (the same
-    timeline): the applied state refused as older is tried again and is older still. It is not counted a
-    second time (``racktwin_applied_states_old_total`` counts messages, not tries), and it is dropped: a later
-    restart of the site (a new timeline, behind the old one's confirmation) must not take it, two steps back
-    after the rack left that setting."""
+    timeline): the applied state refused as older (a stale bridge's, stamped T0 + 5) is not tried again
+    and not counted a second time (``racktwin_applied_states_old_total`` counts messages, not tries). A
+    later restart of the site (a new timeline, 600 s behind) must not take it either: it is stamped far
+    ahead of the new timeline's now, so it is the old timeline's (it was taken there, level 0 over the
+    confirmed 5, before ``AppliedStates.clock_stepped_back`` tried only those stamped up to its now)."""
     wall, clock, ing = _r0_confirmed_5_then_an_older_0_refused()
     wall.t += 1.0  # a silence: 20 site s at the clock's rate
     assert clock.now() == pytest.approx(T0 + 30.0)
