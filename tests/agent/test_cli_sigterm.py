@@ -13,6 +13,7 @@ stderr or has replaced the file it writes before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,6 +90,21 @@ def _fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
+def _until_blocked_on_a_fifo(proc: subprocess.Popen[bytes]) -> None:
+    """Wait until ``proc`` is blocked opening a FIFO for writing (Linux: ``/proc/PID/wchan`` reads
+    ``wait_for_partner``), or has ended. The file before it being replaced is not enough: the command
+    may still be rendering the next one (``racktwin optimize`` imports matplotlib for report.html, and a
+    SIGTERM inside that C extension's initialisation ended it with -2, -6 or an ImportError, about every
+    second run; noted in the project's notes, not a test's point)."""
+    wchan = Path(f"/proc/{proc.pid}/wchan")
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if wchan.read_text().strip() == "wait_for_partner":
+                return
+        time.sleep(0.02)
+
+
 def _files(folder: Path) -> list[str]:
     """The regular files in ``folder`` (not the FIFO of the test, which the command removes only when
     the signal came in the write it blocks)."""
@@ -154,6 +170,7 @@ def test_sigterm_while_optimize_writes_its_files_says_which_it_wrote(tmp_path: P
     deadline = time.monotonic() + 120  # plan.json replaced: it has gone on to racks.csv, where it is held
     while (out / "plan.json").read_text() == "old" and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    _until_blocked_on_a_fifo(proc)
     rc, after = _stop(proc, lines)
     assert (rc, after) == (
         130,
@@ -184,6 +201,7 @@ def test_sigterm_while_evaluate_writes_its_files_says_which_it_wrote(tmp_path: P
     deadline = time.monotonic() + 120  # metrics.json replaced: it has gone on to metrics.csv, where it is held
     while (out / "metrics.json").read_text() == "old" and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    _until_blocked_on_a_fifo(proc)
     rc, after = _stop(proc, [])
     assert (rc, after[-1:]) == (
         130,
@@ -204,6 +222,7 @@ def test_sigterm_while_optimize_writes_its_report_names_the_two_files_it_wrote(t
     deadline = time.monotonic() + 120  # racks.csv replaced: it has gone on to report.html, where it is held
     while (out / "racks.csv").read_text() == "old" and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    _until_blocked_on_a_fifo(proc)
     rc, after = _stop(proc, lines)
     assert (rc, after) == (
         130,
