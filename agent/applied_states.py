@@ -10,8 +10,9 @@ states, per site card:
   and not after the site's now (:meth:`AppliedStates._older_than_taken`: a second publisher for the
   rack, a broker bridge reordering; counted in ``IngestStats.applied_states_old`` and logged): taken,
   it set the cards back to settings the rack had left and the next reading counted a reset that never
-  happened. The one refused last per rack is tried again when the site clock goes back to a new
-  timeline (a restarted rack's, stamped on its new timeline before the old one's:
+  happened. The ones refused are kept, each with the cards it was refused for (``agent.refused_applied``,
+  up to :data:`agent.refused_applied.REFUSED_KEPT_PER_RACK` per rack), and tried again when the site clock
+  goes back to a new timeline (a restarted rack's, stamped on its new timeline before the old one's:
   :meth:`AppliedStates.clock_stepped_back`; not when it only steps back after running ahead of the site:
   the stamps seen are still the site's);
 * a card reading disproves what the rack confirmed where it cannot be (:meth:`AppliedStates._disprove`):
@@ -51,6 +52,7 @@ import numpy.typing as npt
 
 from agent import wire
 from agent.clock import SiteClock
+from agent.refused_applied import REFUSED_KEPT_PER_RACK, RefusedApplied
 from twin.spec import SiteSpec
 from twin.state import TwinState
 
@@ -85,12 +87,12 @@ _INTERVAL_GAPS = 7
 _INTERVAL_MIN_GAPS = 3
 #: a power limit reading this far from the confirmed one disproves it (the wire's 0.1 W, with room)
 _LIMIT_TOL_W = 0.5
-#: the settings of a rack's applied state a card reading may disprove, in the order of
-#: :class:`AppliedStates`'s pending disprovals (``racktwin_applied_state_disproved_total{setting}``)
 #: How far ahead of the new timeline's now a refused applied state may be stamped and still be tried again
 #: when the site clock goes back (:meth:`AppliedStates.clock_stepped_back`): racks' clocks differ by
 #: milliseconds, and a restarted rack's applied state precedes the readings the clock follows back.
 RETRY_AHEAD_S = 1.0
+#: the settings of a rack's applied state a card reading may disprove, in the order of
+#: :class:`AppliedStates`'s pending disprovals (``racktwin_applied_state_disproved_total{setting}``)
 DISPROVABLE_SETTINGS = ("level", "power_limit", "low_power")
 _LEVEL, _LIMIT, _LOW = range(3)
 
@@ -143,8 +145,9 @@ class AppliedStates:
         self._shown_limit_w = np.full(site.n_cards, np.nan)
         #: no pending disproval is due before this site time (inf: none pending)
         self._next_due_s = math.inf
-        #: per rack: the newest applied state refused as older than the one taken (:meth:`_refuse_older`)
-        self._older_applied: dict[int, wire.AppliedState] = {}
+        #: per rack: the applied states refused as older than the one taken, with the cards they were
+        #: refused for (:meth:`_refuse_older`)
+        self.refused = RefusedApplied()
 
     # ---- the site clock stepping back -----------------------------------------------------------
     def new_timeline(self) -> None:
@@ -160,39 +163,45 @@ class AppliedStates:
     def clock_stepped_back(self, now_s: float) -> None:
         """The site clock went back to a new timeline (``SiteClock.timelines_left`` grew) and reads
         ``now_s``: the cards' reading stamps, of the old timeline, are forgotten (a rack's reading interval
-        stays: its period did not change), and the applied state refused last per rack as older than the
-        one taken (:meth:`_refuse_older`) is tried again if it is stamped no later than ``now_s`` (within
-        :data:`RETRY_AHEAD_S`): a restarted rack's first, on its new timeline, comes before the telemetry
-        that has the clock follow it back. One stamped further ahead is the old timeline's (a stale
-        bridge's, say) and is dropped: the new timeline would take it. Not called after a step back of the
-        clock that ran ahead of the site (a silence, a stall of the agent's loop): the stamps seen are the
-        site's still, and the one refused, tried against the earlier now, was taken wherever the one held
-        is stamped after it."""
+        stays: its period did not change), and the applied states refused as older than the one taken
+        (:meth:`_refuse_older`) are tried again for the cards they were refused for, oldest-stamped first
+        (a card ends at the newest of them), those stamped no later than ``now_s`` (within
+        :data:`RETRY_AHEAD_S`): a restarted rack's, on its new timeline, come before the telemetry that has
+        the clock follow it back. One stamped further ahead is the old timeline's (a stale bridge's, say)
+        and is dropped: the new timeline would take it. Not called after a step back of the clock that ran
+        ahead of the site (a silence, a stall of the agent's loop): the stamps seen are the site's still,
+        and the one refused, tried against the earlier now, was taken wherever the one held is stamped
+        after it."""
         self._cards_ts_s.fill(np.nan)
-        older, self._older_applied = self._older_applied, {}
-        for msg in older.values():  # refused as older than the old timeline's: maybe the new one's
+        for msg, cards in self.refused.take_all():  # refused as older than the old timeline's: maybe the new one's
             if msg.ts_s <= now_s + RETRY_AHEAD_S:
-                self.take(msg, again=True)
+                self._take(msg, cards)
 
     # ---- applied states -------------------------------------------------------------------------
-    def take(self, msg: wire.AppliedState, *, again: bool = False) -> None:
+    def take(self, msg: wire.AppliedState) -> None:
         """Keep what a rack confirmed applying to each card it names, but not for a card where ``msg`` is
         a copy of the applied state a reading disproved (:meth:`_disproved_copies`) or older than the one
-        taken (:meth:`_older_than_taken`; counted and kept, unless ``again``: the kept one, tried again
-        when the site clock went back to a new timeline)."""
+        taken (:meth:`_older_than_taken`; counted and kept for those cards, :meth:`_refuse_older`)."""
+        self._take(msg, None)
+
+    def _take(self, msg: wire.AppliedState, again: IntArray | None) -> None:
+        """:meth:`take`, or with ``again`` the site cards a kept refused ``msg`` is tried again for (when the
+        site clock went back to a new timeline), for those only and not refused again."""
         r = self._rack.get(msg.rack)
         if r is None:
             return
         idx = np.asarray(msg.card_index, dtype=np.int64)
         ok = (idx >= 0) & (idx < self._cpr)
+        if again is not None:
+            ok &= np.isin(idx + r * self._cpr, again)
         ok[np.flatnonzero(ok)[self._disproved_copies(idx[ok] + r * self._cpr, msg)]] = False
         older = self._older_than_taken(idx[ok] + r * self._cpr, msg)
         if older.any():
-            if not again:
+            if again is None:
                 self._refuse_older(r, msg, idx[ok][older] + r * self._cpr)
             ok[np.flatnonzero(ok)[older]] = False
         elif ok.any():
-            self._older_applied.pop(r, None)  # the rack spoke since the one kept: that one is no new timeline's
+            self.refused.forget(r)  # the rack spoke since the ones kept: they are no new timeline's
         lv = np.asarray(msg.dvfs_level, dtype=np.int64)[ok]
         good = (lv >= 0) & (lv < self._clocks.size)
         self.level[idx[ok][good] + r * self._cpr] = lv[good]
@@ -222,12 +231,23 @@ class AppliedStates:
 
     def _refuse_older(self, r: int, msg: wire.AppliedState, cards: IntArray) -> None:
         """Count and log rack ``r``'s applied state ``msg``, older than the one taken for ``cards``, and
-        keep it (the newest such per rack) to be taken if the site clock goes back to a new timeline
-        (:meth:`clock_stepped_back`)."""
+        keep it for those cards, to be taken if the site clock goes back to a new timeline
+        (:meth:`clock_stepped_back`); past :data:`agent.refused_applied.REFUSED_KEPT_PER_RACK` kept for the
+        rack, the oldest-stamped is dropped (counted in ``IngestStats.applied_states_old_dropped`` and
+        logged)."""
         self.stats.applied_states_old += 1
-        kept = self._older_applied.get(r)
-        if kept is None or msg.ts_s >= kept.ts_s:
-            self._older_applied[r] = msg
+        dropped = self.refused.keep(r, msg, cards)
+        if dropped is not None:
+            self.stats.applied_states_old_dropped += 1
+            log.warning(
+                "more than %d applied states of %s refused as older than the one taken: the oldest (ts %.3f, "
+                "seq %d, from %s) is dropped, not tried again if the site clock goes back to a new timeline",
+                REFUSED_KEPT_PER_RACK,
+                dropped.rack,
+                dropped.ts_s,
+                dropped.seq,
+                dropped.publisher,
+            )
         log.info(
             "applied state of %s from %s (ts %.3f, seq %d) is older than the one taken for %d of its cards "
             "(ts %.3f): not taken for them (a second publisher for the rack, or messages reordered)",

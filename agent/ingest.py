@@ -111,6 +111,9 @@ class IngestStats:
     #: applied states older, for some of their cards, than the one taken for them: not taken for those cards
     #: (a second publisher for the rack, messages reordered; ``AppliedStates._older_than_taken``)
     applied_states_old: int = 0
+    #: of those, the ones dropped from the book of refused applied states to try again at a new timeline, past
+    #: its bound (``agent.refused_applied.REFUSED_KEPT_PER_RACK`` per rack; the oldest-stamped goes)
+    applied_states_old_dropped: int = 0
 
     def disproved(self, setting: str) -> int:
         """Cards whose confirmed ``setting`` was disproved and counted, all racks together."""
