@@ -193,8 +193,8 @@ def check_output_file(path: Path, option: str, *, replaced_whole: bool = False) 
     """A file about to be written: its folder exists and is writable, and the path itself, if it
     exists, is a regular file (not a folder, a device or a pipe, which a write would replace or
     block on). ``replaced_whole``: it is written through its :func:`temporary_path`
-    (:func:`write_text_replacing`, the simulator's summary), which must be creatable as well: not
-    a folder or anything but a writable regular file left there, a name not too long."""
+    (:func:`write_text_replacing`, the simulator's summary), which must be creatable as well
+    (:func:`_check_temporary`)."""
     if "\x00" in str(path):
         raise UserError(f"{option} {str(path)!r}: not a usable path (a NUL character)")
     try:
@@ -214,8 +214,11 @@ def check_output_file(path: Path, option: str, *, replaced_whole: bool = False) 
 
 
 def _check_temporary(path: Path, option: str) -> None:
-    """The temporary file a whole-or-nothing write of ``path`` goes through can be created (one a
-    failed run left behind is written over)."""
+    """The temporary file a whole-or-nothing write of ``path`` goes through can be opened for writing:
+    its name within what the file system takes, no folder there (nor a link to one), no regular file
+    there that may not be written (one a failed run left behind is written over). Where a link or a
+    special file there leads a write (a device, a pipe) is left to the write, as a disk that fills is
+    (the tests of a write that fails after the work, or is stopped, put one there)."""
     tmp = temporary_path(path)
     what = f"the temporary file {path.name} is written through"
     try:
@@ -224,8 +227,8 @@ def _check_temporary(path: Path, option: str) -> None:
         name_max = 255
     if len(os.fsencode(tmp.name)) > name_max:
         raise UserError(f"{option} {path}: the name is too long for {what} ({tmp.name}: over {name_max} bytes)")
-    if os.path.lexists(tmp) and not tmp.is_file():  # a folder, a pipe, a link to nothing
-        raise UserError(f"{option} {tmp}: exists and is not a regular file ({what}; remove it)")
+    if tmp.is_dir():
+        raise UserError(f"{option} {tmp}: is a folder ({what}; remove it)")
     if tmp.is_file() and not os.access(tmp, os.W_OK):
         raise UserError(f"{option} {tmp}: exists and is not writable ({what}; remove it)")
 

@@ -71,7 +71,7 @@ def test_a_folder_where_the_summarys_temporary_goes_is_refused_before_the_run(
     (tmp_path / "s.json.tmp").mkdir()
     rc, err = sim(capsys, "--summary", str(summary), "--truth-log", str(truth))
     assert rc == 2
-    assert f"--summary {summary}.tmp: exists and is not a regular file" in one_error_line(err)
+    assert f"--summary {summary}.tmp: is a folder (the temporary file s.json is written through" in one_error_line(err)
     assert not truth.exists() and not summary.exists()  # refused before the run started
 
 
