@@ -14,7 +14,8 @@ the agent's), the next ones are counted per target and logged at DEBUG, with a W
 once every :data:`agent.failure_lines.LOG_INTERVAL_S` of wall time naming how many came since (a rack
 whose clock lags on while the others keep the agent's clock where it is). The episode ends with one
 INFO line naming how many each target refused: when the agent's clock steps back (the commands were
-decided on the timeline it left) or, for one target, when that target applies a command again. A
+decided on the timeline it left, or while it ran ahead of the site during a silence: the line says
+which, ``agent.command_outcomes``) or, for one target, when that target applies a command again. A
 refusal of a command stamped beyond what the target accepts ahead of the agent's clock once that has
 stepped back (``CommandBook._leave_old_timeline`` closes such commands) is counted without a WARNING.
 Each is still counted in ``racktwin_commands_total{result="rejected"}`` (docs/agent.md, "Metrics").

@@ -32,6 +32,21 @@ from agent.publish import CommandBook, OpenCommand
 
 __all__ = ["CommandOutcomes"]
 
+#: the words of the line that ends an episode of ``issued_ahead`` refusals (:meth:`CommandOutcomes.ahead_episode_ends`)
+#: by the kind of step back of the agent's clock (its ``clock_step`` field): what stepped back, when the
+#: refused commands were decided
+_STEP_WORDS = {
+    "timeline_left": ("the site clock stepped back", "on the old timeline"),
+    "ran_ahead": (
+        "the agent's clock stepped back to the site's (it had run ahead of the site during a silence)",
+        "while it ran ahead",
+    ),
+    "both": (
+        "the site clock stepped back, and the agent's clock had run ahead of the site",
+        "on the old timeline or while the agent's clock ran ahead",
+    ),
+}
+
 log = logging.getLogger("racktwin.agent")
 
 _ACK_KEYS_KEPT = 10_000  # ack messages remembered to count a second delivery once (acks_received)
@@ -63,9 +78,10 @@ class CommandOutcomes:
         #: a restarted publisher numbers from 0 again)
         self.acks_received = 0
         self._ack_keys: dict[tuple[uuid.UUID, str, int], None] = {}
-        # issued_ahead refusals: one episode's lines (agent.ahead_refusals); the clock's step backs seen
+        # issued_ahead refusals: one episode's lines (agent.ahead_refusals); the clock's step backs seen, of
+        # each kind (SiteClock.timelines_left, SiteClock.extrapolation_corrections)
         self._ahead = AheadRefusals()
-        self._ahead_corrections = 0
+        self._ahead_steps = (0, 0)
         # command id -> (wall time of the message that triggered its decision, "period" or "event"):
         # the first command of each decision's, until it is sent (or closed unsent)
         self._first_send: dict[str, tuple[float, str]] = {}
@@ -159,22 +175,28 @@ class CommandOutcomes:
             self._placement_not_applied(oc)
 
     def ahead_episode_ends(self, now: float | None) -> None:
-        """When the agent's clock has stepped back since the last call, of either kind
-        (``SiteClock.corrections``: the site's clock went back, or the agent's ran ahead of the site
-        during a silence, and commands decided meanwhile were stamped ahead of the targets' clocks just
-        the same): one INFO line of the ``issued_ahead`` refusals the episode counted
-        (``agent.ahead_refusals``). Each ack and each decision calls it."""
-        if self.clock.corrections == self._ahead_corrections:
+        """When the agent's clock has stepped back since the last call, of either kind (the site's clock
+        went back: ``SiteClock.timelines_left``; or the agent's ran ahead of the site during a silence and
+        came back to it: ``SiteClock.extrapolation_corrections``; commands decided meanwhile were stamped
+        ahead of the targets' clocks just the same): one INFO line of the ``issued_ahead`` refusals the
+        episode counted (``agent.ahead_refusals``), its words and its ``clock_step`` field
+        (:data:`_STEP_WORDS`) saying which kind. Each ack and each decision calls it."""
+        steps = (self.clock.timelines_left, self.clock.extrapolation_corrections)
+        if steps == self._ahead_steps:
             return
-        self._ahead_corrections = self.clock.corrections
+        left, ran_ahead = (new != old for new, old in zip(steps, self._ahead_steps, strict=True))
+        self._ahead_steps = steps
         refused = self._ahead.clock_stepped_back()
         if refused:
+            kind = "both" if left and ran_ahead else "timeline_left" if left else "ran_ahead"
+            step, decided = _STEP_WORDS[kind]
             log.info(
-                "the site clock stepped back: %d command(s) decided on the old timeline had been refused as issued "
-                "ahead of the targets' clocks (%s)",
+                "%s: %d command(s) decided %s had been refused as issued ahead of the targets' clocks (%s)",
+                step,
                 sum(refused.values()),
+                decided,
                 ", ".join(f"{t} {n}" for t, n in refused.items()),
-                extra={"fields": {"refused": refused, "site_time_s": now}},
+                extra={"fields": {"refused": refused, "site_time_s": now, "clock_step": kind}},
             )
 
     def _left_behind(self, oc: OpenCommand | None, command_id: str, now: float | None) -> bool:

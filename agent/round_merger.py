@@ -32,6 +32,17 @@ ROUND_TOLERANCE_S = 0.25
 _PARTS: tuple[Literal["cards", "loop", "pdu"], ...] = ("cards", "loop", "pdu")
 
 
+def _clashing_parts(old: RackReading, new: RackReading) -> list[Literal["cards", "loop", "pdu"]]:
+    """The parts that both of one rack's readings hold, stamped apart: two readings of the rack's cards,
+    loop or PDU, which the estimator must get one after the other (each is learnt at its own stamp;
+    merged, the older is lost)."""
+    return [
+        p
+        for p in _PARTS
+        if getattr(old, p) is not None and getattr(new, p) is not None and old.part_time_s(p) != new.part_time_s(p)
+    ]
+
+
 def _joined_cards(old: RackReading, new: RackReading) -> CardBatch | None:
     """The cards of two parts of one rack's round, both with cards stamped alike, as one batch: a rack
     that sends its cards in several batches (one per host) at one stamp has the ingest fold them in one
@@ -55,13 +66,11 @@ def _joined_cards(old: RackReading, new: RackReading) -> CardBatch | None:
 def _merged(old: RackReading, new: RackReading) -> RackReading | None:
     """One rack's readings ``old`` and ``new`` (which came later) as one: each part from the newer one
     that has it (the cards of both joined where they are stamped alike: :func:`_joined_cards`), at its
-    own time. None where they clash: stamped apart, and both with a part stamped apart (two readings of
-    the rack's cards, loop or PDU, which the estimator must get one after the other). Stamped alike, the
-    newer part is taken (a copy; a rack's round the ingest flushed in two, at a second reading of a kind)."""
-    if old.time_s != new.time_s and any(
-        getattr(old, p) is not None and getattr(new, p) is not None and old.part_time_s(p) != new.part_time_s(p)
-        for p in _PARTS
-    ):
+    own time. None where they clash: both with a part stamped apart (:func:`_clashing_parts`), whatever
+    the readings' own stamps (the newest of their parts: a rack's cards at T and its CDU at T + 1, then
+    its cards at T + 1, are two readings stamped T + 1; merged, the cards at T never reached the
+    estimator). A part stamped alike in both is taken from the newer (a copy)."""
+    if _clashing_parts(old, new):
         return None
     cards = new if new.cards is not None else old
     loop = new if new.loop is not None else old
@@ -106,6 +115,19 @@ class _Round:
         self.newest_s = max(self.newest_s, part.time_s)
         return True
 
+    def is_after(self, part: RackReading | FacilityReading, tolerance_s: float) -> bool:
+        """Whether ``part``, which :meth:`take` refused, comes after this round (else it is late: it goes to
+        the estimator before it): stamped past its window, or a second reading of one of its parts (a rack's
+        cards, loop or PDU, the facility) stamped after the one held. Judged by the round's newest part, a
+        rack's next reading stamped before another rack's part (clocks milliseconds apart) went out first,
+        and the estimator dropped the rack's reading held as late."""
+        if abs(part.time_s - self.anchor_s) > tolerance_s:
+            return part.time_s > self.anchor_s
+        if isinstance(part, FacilityReading):
+            return self.facility is None or part.time_s > self.facility.time_s
+        old = self.racks[part.rack]
+        return all(part.part_time_s(p) > old.part_time_s(p) for p in _clashing_parts(old, part))
+
     def readings(self) -> Readings:
         return Readings(
             time_s=self.newest_s, racks=tuple(self.racks[r] for r in sorted(self.racks)), facility=self.facility
@@ -118,9 +140,9 @@ class RoundMerger:
     first part, each rack's parts in one reading, each part at its own time (a rack's card batches
     stamped alike, one per host, joined: :func:`_joined_cards`), taken in the order of their stamps. One
     round is held: it is complete when a part stamped past its window arrives, or one that clashes with
-    it (a second reading of a rack's cards, loop or PDU, or of the facility, stamped apart from the
-    first: the next round's); a part stamped before its window, or clashing with it and stamped before
-    its newest part (a late reading), goes out at once, in a round of the late parts. The estimator
+    it (a second reading of a rack's cards, loop or PDU, or of the facility, stamped after the first:
+    the next round's); a part stamped before its window, or clashing with it and stamped before the
+    reading it clashes with (a late reading), goes out at once, in a round of the late parts. The estimator
     costs the same for one rack as for all: racks whose clocks differ by milliseconds must not make a
     round each. :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns the round
     held (when the site's clock stepped back, what is held is from the old timeline, and newer than
@@ -147,7 +169,7 @@ class RoundMerger:
             held = self._held
             if held is not None and held.take(part, tol):
                 continue
-            if held is not None and part.time_s < held.newest_s:  # late (before the window, or a clash before)
+            if held is not None and not held.is_after(part, tol):  # late (before the window, or a clash before)
                 if not late or not late[-1].take(part, tol):
                     late.append(_Round(part.time_s))
                     late[-1].take(part, tol)

@@ -257,7 +257,7 @@ class SimSummary:
         p = Path(path)
         if p.exists() and not p.is_file():
             raise OSError(f"{p} exists and is not a regular file (not replaced)")
-        tmp = p.with_name(p.name + ".tmp")
+        tmp = p.with_name(p.name + ".tmp")  # as agent.commands.common.temporary_path: racktwin sim checks it first
         try:
             tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
             os.replace(tmp, p)

@@ -118,9 +118,13 @@ def folder_name(name: str) -> str:
     return _UNSAFE_IN_NAME.sub("_", name).lstrip(".") or "unnamed"
 
 
-def prepare_output_dir(out_dir: Path, files: Iterable[str], option: str = "--out") -> None:
+def prepare_output_dir(
+    out_dir: Path, files: Iterable[str], option: str = "--out", *, replaced_whole: Iterable[str] | None = None
+) -> None:
     """Create ``out_dir`` (with its parents) and check, before a long run, that the named files can
-    be written there: a problem is a :class:`UserError` naming the path, not a traceback at the end."""
+    be written there: a problem is a :class:`UserError` naming the path, not a traceback at the end.
+    ``replaced_whole`` (default: all of ``files``) are the ones written through their
+    :func:`temporary_path`, which is checked too."""
     try:
         if out_dir.exists() and not out_dir.is_dir():  # mkdir would say only "File exists"
             raise UserError(f"{option} {out_dir}: exists and is not a folder")
@@ -130,8 +134,10 @@ def prepare_output_dir(out_dir: Path, files: Iterable[str], option: str = "--out
         raise UserError(f"{option} {out_dir}: cannot create the folder ({why})") from None
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise UserError(f"{option} {out_dir}: the folder is not writable")
-    for name in files:
-        check_output_file(out_dir / name, option)
+    names = tuple(files)
+    whole = set(names if replaced_whole is None else replaced_whole)
+    for name in names:
+        check_output_file(out_dir / name, option, replaced_whole=name in whole)
 
 
 #: ``--progress-interval-s``'s name (``racktwin demo``, ``racktwin evaluate``, ``racktwin sim``).
@@ -183,10 +189,12 @@ def check_broker_option(url: str, *, credentials: str) -> None:
         raise UserError(f"--broker: {problem}")
 
 
-def check_output_file(path: Path, option: str) -> None:
+def check_output_file(path: Path, option: str, *, replaced_whole: bool = False) -> None:
     """A file about to be written: its folder exists and is writable, and the path itself, if it
     exists, is a regular file (not a folder, a device or a pipe, which a write would replace or
-    block on)."""
+    block on). ``replaced_whole``: it is written through its :func:`temporary_path`
+    (:func:`write_text_replacing`, the simulator's summary), which must be creatable as well
+    (:func:`_check_temporary`)."""
     if "\x00" in str(path):
         raise UserError(f"{option} {str(path)!r}: not a usable path (a NUL character)")
     try:
@@ -197,8 +205,39 @@ def check_output_file(path: Path, option: str) -> None:
             raise UserError(f"{option} {path}: the folder {folder} is not writable")
         if path.exists() and not path.is_file():
             raise UserError(f"{option} {path}: exists and is not a regular file")
+        if replaced_whole:
+            _check_temporary(path, option)
     except ValueError as exc:  # e.g. a NUL byte in the path
         raise UserError(f"{option} {path!r}: not a usable path ({exc})") from None
+    except OSError as exc:  # e.g. a name longer than the file system takes
+        raise UserError(f"{option} {path}: not a usable path ({exc.strerror or exc})") from None
+
+
+def _check_temporary(path: Path, option: str) -> None:
+    """The temporary file a whole-or-nothing write of ``path`` goes through can be opened for writing:
+    its name within what the file system takes, no folder there (nor a link to one), no regular file
+    there that may not be written (one a failed run left behind is written over). Where a link or a
+    special file there leads a write (a device, a pipe) is left to the write, as a disk that fills is
+    (the tests of a write that fails after the work, or is stopped, put one there)."""
+    tmp = temporary_path(path)
+    what = f"the temporary file {path.name} is written through"
+    try:
+        name_max = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(tmp.name)) > name_max:
+        raise UserError(f"{option} {path}: the name is too long for {what} ({tmp.name}: over {name_max} bytes)")
+    if tmp.is_dir():
+        raise UserError(f"{option} {tmp}: is a folder ({what}; remove it)")
+    if tmp.is_file() and not os.access(tmp, os.W_OK):
+        raise UserError(f"{option} {tmp}: exists and is not writable ({what}; remove it)")
+
+
+def temporary_path(path: Path) -> Path:
+    """``NAME.tmp`` in ``path``'s folder: the file a whole-or-nothing write of ``path`` goes through
+    before it is renamed over ``path`` (:func:`write_text_replacing`; ``sim.runner.Summary.write``
+    names its temporary the same way)."""
+    return path.with_name(path.name + ".tmp")
 
 
 def write_text_replacing(path: Path, text: str, newline: str | None = None) -> None:
@@ -206,7 +245,7 @@ def write_text_replacing(path: Path, text: str, newline: str | None = None) -> N
     over ``path`` (``os.replace``), so a run stopped or a disk filled mid-write leaves the earlier
     file as it was, never half of the new one. The temporary file is removed when the write fails.
     ``newline`` as :func:`open`'s (``""`` for CSV text, whose rows end in ``\\r\\n`` already)."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     try:
         tmp.write_text(text, encoding="utf-8", newline=newline)
         os.replace(tmp, path)

@@ -74,6 +74,8 @@ DEFAULT_SCENARIO = EXAMPLES_DIR / "day-demo.toml"
 _FRESH_FILES = ("truth.csv", "summary.json", "journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm")
 #: What ``--out`` receives (checked writable before the run).
 OUTPUT_FILES = (*_FRESH_FILES, "agent.log", "demo-summary.json")
+#: Those of :data:`OUTPUT_FILES` written whole or not at all, through ``NAME.tmp`` (checked too).
+_REPLACED_WHOLE = ("summary.json", "demo-summary.json")
 DEFAULT_MINUTES = 75.0
 MAX_MINUTES = 7 * 24 * 60.0
 #: the control period of the demo's agent (the default control configuration), site seconds
@@ -179,7 +181,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if args.broker is not None:  # the demo's simulator and agent connect without credentials
         check_broker_option(args.broker, credentials="a broker without them (the demo passes none)")
     out_dir = Path(args.out) if args.out is not None else Path("out") / "demo"
-    prepare_output_dir(out_dir, OUTPUT_FILES)
+    prepare_output_dir(out_dir, OUTPUT_FILES, replaced_whole=_REPLACED_WHOLE)
     # one pair of signal handlers from the broker's start to the end of the run without the agent: a SIGTERM's
     # default action killed the demo and left the embedded broker running; a signal at the end of the run with
     # the agent, in its event loop's handlers, went unnoticed

@@ -257,7 +257,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if truth_log is not None:
         check_output_file(truth_log, "--truth-log")
     if summary_path is not None:
-        check_output_file(summary_path, "--summary")
+        check_output_file(summary_path, "--summary", replaced_whole=True)  # through SUMMARY.tmp
     scenario = _scenario(args)
     outputs = [(option, path) for option, path in (("--truth-log", truth_log), ("--summary", summary_path)) if path]
     _check_outputs_spare_inputs(args, scenario, outputs)

@@ -100,6 +100,45 @@ def test_demo_refuses_an_unwritable_out_before_starting_anything(
     _one_line_error(capsys, rc, "truth.csv: exists and is not a regular file")
 
 
+def test_the_temporary_files_of_the_outputs_are_checked_before_writing(tmp_path: Path) -> None:
+    """Each output replaced whole is written through NAME.tmp: a folder there (or a link to one) is
+    refused with the outputs, a stale regular file there is not (it is written over)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.json.tmp").write_text("a failed run's\n", encoding="utf-8")
+    prepare_output_dir(out, ("a.json", "b.csv"))
+    (out / "b.csv.tmp").mkdir()
+    with pytest.raises(UserError, match=r"b\.csv\.tmp: is a folder \(the temporary file b\.csv is written through"):
+        prepare_output_dir(out, ("a.json", "b.csv"))
+    prepare_output_dir(out, ("a.json", "b.csv"), replaced_whole=("a.json",))  # b.csv is written in place
+    (out / "c.json.tmp").symlink_to(out / "b.csv.tmp")
+    with pytest.raises(UserError, match=r"c\.json\.tmp: is a folder"):
+        check_output_file(out / "c.json", "--summary", replaced_whole=True)
+    check_output_file(out / "c.json", "--summary")  # not through a temporary: it is not looked at
+    with pytest.raises(UserError, match="not a usable path"):  # not a traceback
+        check_output_file(out / ("x" * 300), "--summary")
+
+
+@pytest.mark.parametrize(
+    ("command", "file"),
+    [("optimize", "plan.json"), ("evaluate", "report.html"), ("demo", "demo-summary.json"), ("demo", "summary.json")],
+)
+def test_a_folder_where_an_output_is_written_through_is_refused_before_any_work(
+    command: str, file: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder NAME.tmp failed the command at the end, its work done: now one line before the work."""
+    out = tmp_path / "out"
+    (out / f"{file}.tmp").mkdir(parents=True)
+    args = {
+        "optimize": ["optimize", str(EXAMPLES / "scenario-nominal.toml"), "--quiet"],
+        "evaluate": ["evaluate", "--scenario", str(EXAMPLES / "day-nominal.toml"), "--duration", "60"],
+        "demo": ["demo", "--minutes", "1"],
+    }[command]
+    rc = main([*args, "--out", str(out)])
+    _one_line_error(capsys, rc, f"{out / file}.tmp: is a folder (the temporary file {file} is written through")
+    assert sorted(p.name for p in out.iterdir()) == [f"{file}.tmp"]  # nothing ran
+
+
 @pytest.mark.parametrize(
     ("command", "phrases"),
     [

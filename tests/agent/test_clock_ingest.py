@@ -1023,11 +1023,12 @@ def test_a_facility_reading_stamped_at_the_new_now_is_merged_into_its_round() ->
     assert [(r.time_s - T0, [rr.rack for rr in r.racks], r.facility) for r in out] == [(5.0, [1], fac)]
 
 
-def test_a_racks_round_split_by_a_newer_cdu_reading_merges_into_the_newest_parts() -> None:
+def test_a_racks_round_split_by_a_newer_cdu_reading_gives_the_estimator_both_loop_readings() -> None:
     """r0's PDU and CDU report at T0, its cards at T0 + 1, then its CDU again at T0 + 1: two partial
-    rounds (a second reading of a kind folds the first in) of one time stamp, merged for the
-    estimator into one with the newer loop reading, and each part at its own time (the PDU's is
-    T0, not made fresh by the round's)."""
+    rounds (a second reading of a kind folds the first in) of one time stamp. The estimator gets both
+    loop readings, in the order of their stamps, each part at its own time (the PDU's is T0, not made
+    fresh by the round's). Merged into one round as readings of one stamp, the loop reading at T0
+    never reached it."""
     site = example_site()
     merger = RoundMerger()
     rounds: list[Readings] = []
@@ -1037,12 +1038,13 @@ def test_a_racks_round_split_by_a_newer_cdu_reading_merges_into_the_newest_parts
     ing.handle(cards_msg("r0", T0 + 1.0))
     ing.handle(dataclasses.replace(_cdu("r0", T0 + 1.0), flow_lpm=120.0))
     ing.flush()
-    assert ing.stats.rounds == 2 and rounds == []
+    assert ing.stats.rounds == 2
     ing.handle(cards_msg("r0", T0 + 2.0))
     ing.flush()
-    assert len(rounds) == 1
+    assert len(rounds) == 2
+    loops = [(rr.part_time_s("loop"), rr.loop.flow_lpm) for r in rounds for rr in r.racks if rr.loop is not None]
+    assert loops == [(T0, 128.0), (T0 + 1.0, 120.0)]
     (rr,) = rounds[0].racks
-    assert rr.loop is not None and rr.loop.flow_lpm == 120.0 and rr.part_time_s("loop") == T0 + 1.0
     assert rr.pdu is not None and rr.part_time_s("pdu") == T0
     assert rr.cards is not None and rr.part_time_s("cards") == T0 + 1.0
 

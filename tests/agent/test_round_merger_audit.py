@@ -1,15 +1,17 @@
 """Mutation audit of the round merger (``agent.round_merger.RoundMerger``): the window of a round (anchored
 at its earliest part, 0.25 s wide, its edge included), the stamps of a merged round and rack, the order in
 which late parts and the rounds they overtook reach the estimator (it drops a rack's reading stamped
-before one it took), one late round per window, a rack's host batches joined across its CDU's own stamp,
-and the old timeline's facility reading when the clock steps back. Each test failed on a mutant of the
-merger that the other tests let pass."""
+before one it took), a rack's second reading of a part never merged over its first and sent after or
+before it by that part's stamps (not the round's newest), one late round per window, a rack's host
+batches joined across its CDU's own stamp, and the old timeline's facility reading when the clock steps
+back. Each test failed on a mutant of the merger that the other tests let pass."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from agent_helpers import example_site
-from test_clock_ingest import T0, _cdu
+from test_clock_ingest import T0, _cdu, cards_msg
 from test_rounds_with_clock_offsets import _host_batches
 
 from agent.clock import SiteClock
@@ -123,6 +125,56 @@ def test_a_rack_sending_its_cards_per_host_with_its_cdu_stamped_apart_is_one_rou
         (r0,) = r.racks
         assert r0.cards is not None and sorted(r0.cards.card_index.tolist()) == list(range(64))
         assert r0.part_time_s("cards") == T0 + i and r0.part_time_s("loop") == pytest.approx(T0 + i + 0.003)
+
+
+def _cards_reaching_the_estimator(rounds: list[Readings], rack: int) -> list[tuple[float, float]]:
+    """``rack``'s card readings in what the estimator was given, in order: (stamp - T0, die temperature)."""
+    return [
+        (round(rr.part_time_s("cards") - T0, 3), float(rr.cards.die_temp_c[0]))
+        for r in rounds
+        for rr in r.racks
+        if rr.rack == rack and rr.cards is not None
+    ]
+
+
+@pytest.mark.parametrize("other_rack_s", [None, 1.01])
+def test_a_racks_cards_overtaken_by_its_next_cdu_reading_reach_the_estimator_in_order(
+    other_rack_s: float | None,
+) -> None:
+    """r0's cards at T0, then its CDU reading at T0 + 1 (ahead of its cards of T0 + 1 on the way), then
+    those cards: the ingest flushes at the second batch, {cards T0, loop T0 + 1} then {cards T0 + 1},
+    two readings stamped alike (the newest of their parts). Both card readings reach the estimator, in
+    the order of their stamps. Taken as one reading of one stamp, the newer cards replaced the older:
+    the estimator never got them. ``other_rack_s``: r1's cards, stamped 10 ms after r0's (its clock
+    ahead), come in between; judged against the round's newest part, r0's cards of T0 + 1 went out as
+    late, before those of T0, which the estimator then dropped as late."""
+    site = example_site()
+    merger = RoundMerger()
+    rounds: list[Readings] = []
+    ing = Ingest(site, TwinState(site), SiteClock(1.0), on_round=lambda r: rounds.extend(merger.add(r)))
+    ing.handle(cards_msg("r0", T0, temp_c=np.full(64, 50.0)))
+    ing.handle(_cdu("r0", T0 + 1.0))
+    if other_rack_s is not None:
+        ing.handle(cards_msg("r1", T0 + other_rack_s))
+    ing.handle(cards_msg("r0", T0 + 1.0, temp_c=np.full(64, 51.0)))
+    ing.flush()
+    ing.handle(cards_msg("r0", T0 + 2.0, temp_c=np.full(64, 52.0)))
+    ing.flush()
+    rounds += merger.drain()
+    assert _cards_reaching_the_estimator(rounds, 0) == [(0.0, 50.0), (1.0, 51.0), (2.0, 52.0)]
+    assert [rr.part_time_s("loop") for r in rounds for rr in r.racks if rr.loop is not None] == [T0 + 1.0]
+
+
+def test_a_racks_next_reading_stamped_before_another_racks_part_of_the_round_goes_out_after_it() -> None:
+    """The round held has r0's PDU at T0 and r1's at T0 + 0.15 (its clock ahead); r0's next PDU reading,
+    at T0 + 0.1 (a rack that reads more often than the window), clashes with r0's: it is r0's next, not a
+    late one, and the estimator gets r0's readings in the order of their stamps. Judged against the
+    round's newest part (r1's), it went out first and r0's at T0 was dropped as late."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0), _pdu(1, T0 + 0.15))) == []
+    out = merger.add(_round(_pdu(0, T0 + 0.1)))
+    out += merger.drain()
+    assert _racks(out) == [[(0, 0.0), (1, 0.15)], [(0, 0.1)]]
 
 
 def test_when_the_clock_steps_back_the_old_timelines_facility_reading_goes_out_with_its_round() -> None:

@@ -63,6 +63,28 @@ def test_an_output_path_below_a_file_is_refused_before_the_run(
     assert "scenario" not in err  # refused before the run started
 
 
+def test_a_folder_where_the_summarys_temporary_goes_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary is written through SUMMARY.tmp: a folder there failed the write after the whole run."""
+    summary, truth = tmp_path / "s.json", tmp_path / "t.csv"
+    (tmp_path / "s.json.tmp").mkdir()
+    rc, err = sim(capsys, "--summary", str(summary), "--truth-log", str(truth))
+    assert rc == 2
+    assert f"--summary {summary}.tmp: is a folder (the temporary file s.json is written through" in one_error_line(err)
+    assert not truth.exists() and not summary.exists()  # refused before the run started
+
+
+def test_a_summary_name_too_long_for_its_temporary_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = tmp_path / ("s" * (os.pathconf(tmp_path, "PC_NAME_MAX") - 2))  # fits; NAME.tmp does not
+    rc, err = sim(capsys, "--summary", str(summary))
+    assert rc == 2
+    assert f"--summary {summary}: the name is too long for the temporary file" in one_error_line(err)
+    assert "scenario" not in err  # refused before the run started
+
+
 async def test_the_summary_is_never_written_over_a_pipe_and_the_failure_is_kept(
     mosquitto: EmbeddedBroker, tmp_path: Path
 ) -> None:
