@@ -284,7 +284,12 @@ def sigterm_interrupts() -> Iterator[None]:
     without saying so, an operator or a scheduler stopping a long one left guessing what was written;
     ``demo``, ``sim`` and ``agent`` have their own, :mod:`agent.commands.command_signals`);
     the previous handler is put back after. Outside an event loop's own handlers (asyncio puts SIGTERM back
-    to its default when its loop closes)."""
+    to its default when its loop closes). Neither SIGTERM nor Ctrl-C lands inside a C extension module's
+    initialisation (``optimize`` and ``evaluate`` import matplotlib for their reports, and HiGHS, within the
+    block): it is handled once that has finished (:mod:`agent.commands.deferred_signals`; it ended them with
+    an ImportError traceback or an abort, -6, instead of the line)."""
+
+    from agent.commands.deferred_signals import extension_inits_uninterrupted  # not for `racktwin --help`
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -295,6 +300,7 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
         return
     try:
-        yield
+        with extension_inits_uninterrupted():
+            yield
     finally:
         signal.signal(signal.SIGTERM, previous)

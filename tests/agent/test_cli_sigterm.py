@@ -94,9 +94,9 @@ def _until_blocked_on_a_fifo(proc: subprocess.Popen[bytes]) -> None:
     """Wait until ``proc`` is blocked opening a FIFO for writing (Linux: ``/proc/PID/wchan`` reads
     ``wait_for_partner``), or has ended: the test's one FIFO, so the files before it are written. The
     file before it being replaced is not enough: the command may still be rendering the next one
-    (``racktwin optimize`` imports matplotlib for report.html, and a SIGTERM inside that C extension's
-    initialisation ended it with -2, -6 or an ImportError, about every second run; noted in the
-    project's notes, not a test's point)."""
+    (``racktwin optimize`` imports matplotlib for report.html: a SIGTERM inside that C extension's
+    initialisation ended it with -6 or an ImportError, about every second run, until such a signal was
+    held back to the initialisation's end; tests/agent/test_cli_sigterm_import.py signals it there)."""
     wchan = Path(f"/proc/{proc.pid}/wchan")
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
