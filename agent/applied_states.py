@@ -235,10 +235,11 @@ class AppliedStates:
         (:meth:`clock_stepped_back`); past :data:`agent.refused_applied.REFUSED_KEPT_PER_RACK` kept for the
         rack, the oldest-stamped is dropped (counted in ``IngestStats.applied_states_old_dropped`` and
         logged)."""
-        self.stats.applied_states_old += 1
+        stats = self.stats
+        stats.applied_states_old[msg.rack] = stats.applied_states_old.get(msg.rack, 0) + 1
         dropped = self.refused.keep(r, msg, cards)
         if dropped is not None:
-            self.stats.applied_states_old_dropped += 1
+            stats.applied_states_old_dropped[dropped.rack] = stats.applied_states_old_dropped.get(dropped.rack, 0) + 1
             log.warning(
                 "more than %d applied states of %s refused as older than the one taken: the oldest (ts %.3f, "
                 "seq %d, from %s) is dropped, not tried again if the site clock goes back to a new timeline",

@@ -11,15 +11,16 @@
 * applied states (``racktwin.applied/1``) are kept per card (:attr:`Ingest.applied_level`,
   :attr:`Ingest.applied_power_limit_w`, :attr:`Ingest.applied_low_power`: what each rack confirmed
   applying to each card, which its telemetry shows up to one period later), but not for a card whose
-  applied state taken is newer (a second publisher for the rack, a broker bridge reordering; counted in
-  ``IngestStats.applied_states_old`` and logged). A card reading disproves what its rack confirmed where
-  it cannot be (a clock faster than the confirmed level allows, awake where confirmed asleep, another
-  power limit), stamped after the applied state by more than the rack's confirmation margin: that part
-  of the confirmation is forgotten at once, so the level comes from the clock again and the commands'
-  diff commands the card again; the disproval is counted (:class:`IngestStats`, exported as
-  ``racktwin_applied_state_disproved_total``) only when no late applied state explains it in time
-  (:meth:`Ingest.settle_disprovals`: after each message, and on the service's health tick, so that a
-  count does not wait for the telemetry to come back after a silence). That book is
+  applied state taken is newer (a second publisher for the rack, a broker bridge reordering; counted per
+  rack in ``IngestStats.applied_states_old``, exported as ``racktwin_applied_states_old_total``, and
+  logged). A card reading disproves what its rack confirmed where it cannot be (a clock faster than the
+  confirmed level allows, awake where confirmed asleep, another power limit), stamped after the applied
+  state by more than the rack's confirmation margin: that part of the confirmation is forgotten at once,
+  so the level comes from the clock again and the commands' diff commands the card again; the disproval
+  is counted (:class:`IngestStats`, exported as ``racktwin_applied_state_disproved_total``) only when no
+  late applied state explains it in time (:meth:`Ingest.settle_disprovals`: after each message, and on
+  the service's health tick, so that a count does not wait for the telemetry to come back after a
+  silence). That book is
   :attr:`Ingest.applied`, an :class:`agent.applied_states.AppliedStates` (its module tells the rules);
 * job events go to the ``TwinState`` at once (after the readings that came before them), dated by
   their stamp; one stamped far ahead of the site clock is dated at the site's now, but in its
@@ -108,12 +109,14 @@ class IngestStats:
     #: disprovals a late applied state explained (the agent's own command: the rack's applied state
     #: reached the agent after a reading that already showed it), not counted above
     applied_disprovals_explained: int = 0
-    #: applied states older, for some of their cards, than the one taken for them: not taken for those cards
-    #: (a second publisher for the rack, messages reordered; ``AppliedStates._older_than_taken``)
-    applied_states_old: int = 0
-    #: of those, the ones dropped from the book of refused applied states to try again at a new timeline, past
-    #: its bound (``agent.refused_applied.REFUSED_KEPT_PER_RACK`` per rack; the oldest-stamped goes)
-    applied_states_old_dropped: int = 0
+    #: per rack name: applied states older, for some of their cards, than the one taken for them: not taken for
+    #: those cards (a second publisher for the rack, messages reordered; ``AppliedStates._older_than_taken``);
+    #: one count per message (exported as ``racktwin_applied_states_old_total{rack}``)
+    applied_states_old: dict[str, int] = field(default_factory=dict)
+    #: per rack name: of those, the ones dropped from the book of refused applied states to try again at a new
+    #: timeline, past its bound (``agent.refused_applied.REFUSED_KEPT_PER_RACK`` per rack; the oldest-stamped
+    #: goes; exported as ``racktwin_applied_states_old_dropped_total{rack}``)
+    applied_states_old_dropped: dict[str, int] = field(default_factory=dict)
 
     def disproved(self, setting: str) -> int:
         """Cards whose confirmed ``setting`` was disproved and counted, all racks together."""

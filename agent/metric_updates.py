@@ -32,7 +32,10 @@ alerts are blind meanwhile (``RacktwinMetricsNotUpdated``).
 The message counts include the jobs the scheduler's job snapshots changed in the job table
 (``racktwin_job_snapshot_changes_total{change}``: added, corrected, dropped; ``agent.job_catchup``)
 and the cards whose confirmed setting a later reading disproved and no late applied state explained
-(``racktwin_applied_state_disproved_total{setting,rack}``: level, power_limit, low_power; ``agent.ingest``).
+(``racktwin_applied_state_disproved_total{setting,rack}``: level, power_limit, low_power; ``agent.ingest``),
+and per rack the applied states refused as older than the one taken for their cards and those dropped from
+the book of the refused (``racktwin_applied_states_old_total{rack}``,
+``racktwin_applied_states_old_dropped_total{rack}``; ``agent.applied_states``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -67,6 +70,13 @@ def _no_sample(gauge: Any, *labels: str) -> None:
     client_python PR #1077 raise KeyError for a series that is not: a rack never read)."""
     with contextlib.suppress(KeyError):
         gauge.remove(*labels)
+
+
+def _add_per_rack(counter: Any, counts: Mapping[str, int], seen: dict[str, int]) -> None:
+    """Add to ``counter``'s series of each rack what its count (which only grows) grew since ``seen``."""
+    for rack, n in list(counts.items()):
+        counter.labels(rack=rack).inc(max(n - seen.get(rack, 0), 0))
+        seen[rack] = n
 
 
 class MetricUpdates:
@@ -104,6 +114,8 @@ class MetricUpdates:
         self._seen_takeovers = 0
         self._seen_job_snapshot = dict.fromkeys(JOB_SNAPSHOT_CHANGES, 0)  # jobs changed by snapshots, counted so far
         self._seen_disproved: dict[tuple[str, str], int] = {}  # (setting, rack): settings disproved, counted so far
+        self._seen_old: dict[str, int] = {}  # rack: applied states refused as older, counted so far
+        self._seen_old_dropped: dict[str, int] = {}  # rack: of those, dropped from the book, counted so far
         #: the steps of :meth:`update` failing now (named as the log names them), with their error (each
         #: logged once per error); ``racktwin_metrics_group_failing`` says the same by group id
         self.failing: dict[str, str] = {}
@@ -206,6 +218,8 @@ class MetricUpdates:
             seen = self._seen_disproved.get((setting, rack), 0)
             m.applied_state_disproved_total.labels(setting=setting, rack=rack).inc(max(n - seen, 0))
             self._seen_disproved[setting, rack] = n
+        _add_per_rack(m.applied_states_old_total, stats.applied_states_old, self._seen_old)  # messages: only grow
+        _add_per_rack(m.applied_states_old_dropped_total, stats.applied_states_old_dropped, self._seen_old_dropped)
 
     def _update_invalid_readings(self) -> None:
         site, st = self.site, self.state

@@ -316,6 +316,21 @@ class AgentMetrics:
             ["setting", "rack"],
             registry=r,
         )
+        self.applied_states_old_total = Counter(
+            "racktwin_applied_states_old_total",
+            "Applied states of the rack refused for some of their cards: stamped before the one taken for them "
+            "(a second publisher for the rack, a stale bridge, or a broker bridge reordering; a rack restarted "
+            "on a new timeline, until the agent's clock follows it back); one count per message",
+            ["rack"],
+            registry=r,
+        )
+        self.applied_states_old_dropped_total = Counter(
+            "racktwin_applied_states_old_dropped_total",
+            "Of those, the ones dropped from the agent's book of refused applied states kept to try again at a "
+            "new timeline (past agent.refused_applied.REFUSED_KEPT_PER_RACK per rack; the oldest-stamped)",
+            ["rack"],
+            registry=r,
+        )
         for name in self.rack_names:
             self.rack_failsafe.labels(rack=name).set(0)
         for group in METRICS_GROUPS:
@@ -358,6 +373,9 @@ class AgentMetrics:
         for setting in APPLIED_SETTINGS:
             for rack in self.rack_names:
                 self.applied_state_disproved_total.labels(setting=setting, rack=rack)
+        for rack in self.rack_names:
+            self.applied_states_old_total.labels(rack=rack)
+            self.applied_states_old_dropped_total.labels(rack=rack)
         for status in STATUSES:
             self.decisions_total.labels(status=status)
         for action in GUARD_ACTIONS:

@@ -101,6 +101,21 @@ def test_the_settings_changed_alert_fires_on_one_count_of_a_change_outside_the_a
     assert "$labels.rack" in summary and "$labels.setting" in summary
 
 
+def test_the_out_of_order_applied_states_alert_waits_out_a_burst_and_fires_on_a_steady_count() -> None:
+    """``racktwin_applied_states_old_total{rack}`` counts a burst when a rack restarts on a new timeline (its
+    applied states refused until the agent's clock follows it back) or a broker bridge reorders a few: the
+    increase of a burst stays above 0 for the window only, so the hold is longer than the window (two
+    restarts within it do not fire either: racktwin-alerts.test.yml); a count in every window for the hold
+    is a second publisher for the rack, named per rack."""
+    rule = _rules()["RacktwinAppliedStatesOutOfOrder"]
+    m = re.fullmatch(r"increase\(racktwin_applied_states_old_total\[(\w+)\]\)\s*>\s*0", rule["expr"].strip())
+    assert m, rule["expr"]
+    assert _seconds(rule["for"]) >= 2 * _seconds(m.group(1))
+    assert rule["labels"]["severity"] == "warning"
+    assert "$labels.rack" in rule["annotations"]["summary"]
+    assert "racktwin_applied_states_old_dropped_total" in rule["annotations"]["description"]
+
+
 def test_every_label_an_alert_names_is_carried_by_the_series_it_fires_on() -> None:
     """``{{ $labels.rack }}`` in an alert's text says nothing unless every racktwin series of its
     expression has a ``rack`` label (``instance`` and ``job`` come from the scrape)."""
@@ -123,6 +138,8 @@ GROUP_SERIES = {
         "racktwin_late_readings_total",
         "racktwin_job_snapshot_changes_total",
         "racktwin_applied_state_disproved_total",
+        "racktwin_applied_states_old_total",
+        "racktwin_applied_states_old_dropped_total",
     },
     "invalid_readings": {"racktwin_invalid_readings_total"},
     "rack_power": {"racktwin_rack_power_watts", "racktwin_rack_power_limit_watts"},

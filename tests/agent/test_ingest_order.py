@@ -52,7 +52,7 @@ def test_an_applied_state_older_than_the_one_taken_is_refused_and_counted(caplog
     with caplog.at_level(logging.INFO, logger="racktwin.agent.ingest"):
         ing.handle(dataclasses.replace(_rack_applied("r0", T0 + 10.0, 5), seq=3, publisher="bridge-r0"))
     assert np.all(ing.applied_level[:64] == 0)
-    assert ing.stats.applied_states_old == 1
+    assert ing.stats.applied_states_old == {"r0": 1}
     lines = [r.getMessage() for r in caplog.records if "applied state of r0" in r.getMessage()]
     assert len(lines) == 1 and "bridge-r0" in lines[0] and "64 of its cards" in lines[0], lines
     ing.handle(cards_msg("r0", T0 + 22.0, sm_clock_mhz=np.full(64, TOP_MHZ)))
@@ -61,7 +61,7 @@ def test_an_applied_state_older_than_the_one_taken_is_refused_and_counted(caplog
     # a newer one, and one at the same stamp (a second command applied in the same second), are taken
     ing.handle(dataclasses.replace(_rack_applied("r0", T0 + 30.0, 4), seq=9))
     ing.handle(dataclasses.replace(_rack_applied("r0", T0 + 30.0, 3), seq=10))
-    assert np.all(ing.applied_level[:64] == 3) and ing.stats.applied_states_old == 1
+    assert np.all(ing.applied_level[:64] == 3) and ing.stats.applied_states_old == {"r0": 1}
 
 
 def test_an_older_applied_state_is_refused_only_for_the_cards_it_is_older_for() -> None:
@@ -85,7 +85,7 @@ def test_an_older_applied_state_is_refused_only_for_the_cards_it_is_older_for() 
     ing.handle(newer)
     ing.handle(_rack_applied("r0", T0 + 10.0, 5))
     assert np.all(ing.applied_level[:4] == 0) and np.all(ing.applied_level[4:64] == 5)
-    assert ing.stats.applied_states_old == 1
+    assert ing.stats.applied_states_old == {"r0": 1}
 
 
 def test_a_restarted_racks_applied_state_stamped_behind_the_old_timeline_is_taken_once_the_clock_follows() -> None:
@@ -103,14 +103,16 @@ def test_a_restarted_racks_applied_state_stamped_behind_the_old_timeline_is_take
     ing.handle(_rack_applied("r0", T0 + 9.0, 5))
     wall.t += 2.0  # the old run stops; the new one comes back 600 s behind
     ing.handle(_rack_applied("r0", T0 - 600.0, 0))
-    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 1  # the clock is the old run's
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == {
+        "r0": 1
+    }  # the clock is the old run's
     for i in range(12):
         ing.handle(cards_msg("r0", T0 - 600.0 + i, sm_clock_mhz=np.full(64, TOP_MHZ)))
         wall.t += 0.05
     assert clock.corrections == 1
     assert np.all(ing.applied_level[:64] == 0)  # taken when the clock stepped back
     ing.handle(_rack_applied("r0", T0 - 590.0, 2))
-    assert np.all(ing.applied_level[:64] == 2) and ing.stats.applied_states_old == 1
+    assert np.all(ing.applied_level[:64] == 2) and ing.stats.applied_states_old == {"r0": 1}
 
 
 def test_an_applied_state_taken_from_an_earlier_run_stamped_ahead_refuses_nothing() -> None:
@@ -120,7 +122,7 @@ def test_an_applied_state_taken_from_an_earlier_run_stamped_ahead_refuses_nothin
     ing.handle(_facility(T0))
     ing.handle(_rack_applied("r0", T0 + 3600.0, 5))
     ing.handle(_rack_applied("r0", T0 + 1.0, 0))
-    assert np.all(ing.applied_level[:64] == 0) and ing.stats.applied_states_old == 0
+    assert np.all(ing.applied_level[:64] == 0) and ing.stats.applied_states_old == {}
 
 
 async def test_through_mosquitto_a_second_publishers_older_applied_state_does_not_undo_the_racks(
@@ -156,7 +158,7 @@ async def test_through_mosquitto_a_second_publishers_older_applied_state_does_no
             if m is rack_msgs[-1]:  # the rack's applied state taken before the bridge's goes out
                 await wait_for("the rack's applied state", lambda: ing.stats.by_kind.get("applied", 0) == 1)
         await wait_for("every message", lambda: sum(ing.stats.by_kind.values()) == len(rack_msgs) + 2)
-        assert ing.stats.applied_states_old == 1
+        assert ing.stats.applied_states_old == {r0: 1}
         assert np.all(ing.applied_level[:n] == 0)  # the rack's confirmation, not the bridge's
         assert ing.stats.applied_disproved == {} and np.all(np.isnan(ing.applied._explain_by_s))  # nothing pending
 
@@ -224,7 +226,7 @@ def _r0_confirmed_5_then_an_older_0_refused() -> tuple[FakeWall, SiteClock, Inge
     counted and kept."""
     wall, clock, ing = _r0_confirmed_5()
     ing.handle(_rack_applied("r0", T0 + 5.0, 0))
-    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 1
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == {"r0": 1}
     return wall, clock, ing
 
 
@@ -241,10 +243,10 @@ def test_a_refused_applied_state_of_the_old_timeline_is_not_taken_after_a_mere_s
     timelines = clock.timelines_left
     ing.handle(cards_msg("r0", T0 + 11.0, sm_clock_mhz=np.full(64, 1430.0)))
     assert clock.now() == pytest.approx(T0 + 11.0) and clock.timelines_left == timelines  # a mere step back
-    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 1
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == {"r0": 1}
     _restart_behind(ing, wall, clock, T0 - 600.0, 1430.0)
     assert np.all(ing.applied_level[:64] == 5)  # the old run's confirmation, never the refused one
-    assert ing.stats.applied_states_old == 1
+    assert ing.stats.applied_states_old == {"r0": 1}
 
 
 def test_a_refused_applied_state_is_not_tried_again_once_its_rack_confirmed_a_newer_one() -> None:
@@ -255,7 +257,7 @@ def test_a_refused_applied_state_is_not_tried_again_once_its_rack_confirmed_a_ne
     ing.handle(_rack_applied("r0", T0 + 10.0, 3))
     assert np.all(ing.applied_level[:64] == 3)
     _restart_behind(ing, wall, clock, T0 - 600.0, 1430.0)
-    assert np.all(ing.applied_level[:64] == 3) and ing.stats.applied_states_old == 1
+    assert np.all(ing.applied_level[:64] == 3) and ing.stats.applied_states_old == {"r0": 1}
 
 
 @pytest.mark.parametrize("newest_first", [False, True])
@@ -267,7 +269,7 @@ def test_of_the_applied_states_refused_the_newest_is_taken_when_the_site_restart
     first, second = _rack_applied("r0", T0 - 600.0, 0), _rack_applied("r0", T0 - 590.0, 2)
     for msg in (second, first) if newest_first else (first, second):
         ing.handle(msg)
-    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 2
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == {"r0": 2}
     _restart_behind(ing, wall, clock, T0 - 595.0, 1430.0)
     assert np.all(ing.applied_level[:64] == 2)
 
@@ -282,4 +284,4 @@ def test_an_older_applied_state_is_refused_when_the_one_taken_is_stamped_at_the_
     ing.handle(_rack_applied("r0", T0 + 9.0, 5))
     assert clock.now() == T0 + 9.0
     ing.handle(_rack_applied("r0", T0 + 5.0, 0))
-    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 1
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == {"r0": 1}

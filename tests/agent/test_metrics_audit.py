@@ -77,7 +77,8 @@ def test_every_documented_series_is_exported_under_its_name_type_and_labels_and_
 def test_counters_are_exported_at_zero_from_the_start_for_every_documented_value() -> None:
     """docs/agent.md: every rack's invalid-readings series at 0 from the start (so that the alert's
     increase() counts a first burst); the results, statuses and sources the table lists likewise, and every
-    job-snapshot change and every applied setting per rack (their rows say "exported at 0 from the start")."""
+    job-snapshot change, every applied setting per rack and every rack's applied states refused as older and
+    dropped (their rows say "exported at 0 from the start")."""
     m = AgentMetrics(["r0", "r1"])
     values = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -105,6 +106,9 @@ def test_counters_are_exported_at_zero_from_the_start_for_every_documented_value
     for setting in ["level", "power_limit", "low_power"]:
         for rack in ("r0", "r1"):
             assert zero("racktwin_applied_state_disproved_total", setting=setting, rack=rack), (setting, rack)
+    for rack in ("r0", "r1"):
+        assert zero("racktwin_applied_states_old_total", rack=rack), rack
+        assert zero("racktwin_applied_states_old_dropped_total", rack=rack), rack
 
 
 # ------------------------------------------------------------------------------------------------

@@ -36,10 +36,10 @@ def test_a_restarted_racks_refused_applied_states_for_different_cards_are_all_ta
     wall, clock, ing = _r0_confirmed_5()
     ing.handle(_r0_applied(range(32), T0 - 600.0, 0, seq=0))
     ing.handle(_r0_applied(range(32, 64), T0 - 599.0, 2, seq=1))
-    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 2
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == {"r0": 2}
     _restart_behind(ing, wall, clock, T0 - 598.0, LEVEL_5_MHZ)
     assert np.all(ing.applied_level[:32] == 0) and np.all(ing.applied_level[32:64] == 2)
-    assert ing.stats.applied_states_old == 2 and ing.stats.applied_states_old_dropped == 0
+    assert ing.stats.applied_states_old == {"r0": 2} and ing.stats.applied_states_old_dropped == {}
 
 
 @pytest.mark.parametrize("bridge_first", [False, True])
@@ -55,7 +55,7 @@ def test_a_stale_bridges_refused_applied_state_does_not_displace_the_restarted_r
     stale = dataclasses.replace(_rack_applied("r0", T0 + 5.0, 3), seq=7, publisher="bridge-r0")
     for msg in (stale, own) if bridge_first else (own, stale):
         ing.handle(msg)
-    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == 2
+    assert np.all(ing.applied_level[:64] == 5) and ing.stats.applied_states_old == {"r0": 2}
     _restart_behind(ing, wall, clock, T0 - 600.0, LEVEL_5_MHZ)
     assert np.all(ing.applied_level[:64] == 0)
 
@@ -74,11 +74,11 @@ def test_a_copy_of_a_refused_applied_state_is_kept_once_and_past_the_bound_the_o
     for i in range(REFUSED_KEPT_PER_RACK - 1):
         ing.handle(_r0_applied(range(4, 64), T0 - 599.0 + i, 2, seq=i + 1))
     ing.handle(first)
-    assert ing.stats.applied_states_old == REFUSED_KEPT_PER_RACK + 1
-    assert len(ing.applied.refused) == REFUSED_KEPT_PER_RACK and ing.stats.applied_states_old_dropped == 0
+    assert ing.stats.applied_states_old == {"r0": REFUSED_KEPT_PER_RACK + 1}
+    assert len(ing.applied.refused) == REFUSED_KEPT_PER_RACK and ing.stats.applied_states_old_dropped == {}
     with caplog.at_level(logging.WARNING, logger="racktwin.agent.ingest"):
         ing.handle(_r0_applied(range(4, 64), T0 - 590.0, 3, seq=REFUSED_KEPT_PER_RACK))
-    assert len(ing.applied.refused) == REFUSED_KEPT_PER_RACK and ing.stats.applied_states_old_dropped == 1
+    assert len(ing.applied.refused) == REFUSED_KEPT_PER_RACK and ing.stats.applied_states_old_dropped == {"r0": 1}
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 1 and "of r0" in lines[0] and f"ts {T0 - 600.0:.3f}" in lines[0], lines
     _restart_behind(ing, wall, clock, T0 - 589.0, LEVEL_5_MHZ)
