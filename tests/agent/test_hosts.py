@@ -590,3 +590,46 @@ def test_the_hosts_of_a_blind_rack_keep_their_state_and_the_cards_of_hosts_going
     assert d.host_off is not None
     assert not d.host_off[:8].any() and d.host_off[8:].all()
     assert d.card_low_power[8 * CPH :].all()
+
+
+def test_a_decision_that_switches_hosts_says_how_many_are_off_going_off_and_coming_back() -> None:
+    """The explanation line a decision that switches hosts carries (``racktwin journal`` shows it)."""
+    all_on = choose_hosts_off(
+        SITE,
+        now_s=10_000.0,
+        host_busy_last_s=np.zeros(N_H),
+        card_busy=np.zeros(SITE.n_cards, dtype=bool),
+        host_off_now=np.zeros(N_H, dtype=bool),
+        host_awake=np.zeros(N_H, dtype=bool),
+        frozen_host=np.zeros(N_H, dtype=bool),
+        off_after_s=600.0,
+        reserve_per_supernode=2,
+    )
+    assert all_on.note() == f"hosts: {N_H - 2} off ({N_H - 2} powering off, 0 on again)"
+    was_off = np.ones(N_H, dtype=bool)
+    was_off[[9, 40]] = False  # two on; a reserve of 5 hosts (40 cards): host 40 holds 8, 4 come back
+    busy = host_cards(9)  # host 9 is taken by a job: it holds none of the reserve
+    back = choose_hosts_off(
+        SITE,
+        now_s=10_000.0,
+        host_busy_last_s=np.zeros(N_H),
+        card_busy=busy,
+        host_off_now=was_off,
+        host_awake=np.zeros(N_H, dtype=bool),
+        frozen_host=np.zeros(N_H, dtype=bool),
+        off_after_s=600.0,
+        reserve_per_supernode=5,
+    )
+    assert back.note() == f"hosts: {N_H - 2 - 4} off (0 powering off, 4 on again)"
+
+
+def test_hosts_used_equally_recently_come_back_in_host_order() -> None:
+    """Ties in the last use (the hosts of one job end together) go to the lowest host first, the same
+    on every machine: numpy's default sort leaves the order of ties to its implementation (a SIMD sort
+    on some CPUs), so the hosts a decision powers on would differ between machines."""
+    last = np.zeros(N_H)
+    last[[5, 17, 40, 63]] = 9_000.0  # used together most recently
+    off = choose(host_off_now=np.ones(N_H, dtype=bool), host_busy_last_s=last, reserve_per_supernode=3)
+    assert np.flatnonzero(~off).tolist() == [5, 17, 40]
+    off = choose(host_off_now=np.ones(N_H, dtype=bool), host_busy_last_s=last, reserve_per_supernode=5)
+    assert np.flatnonzero(~off).tolist() == [0, 5, 17, 40, 63]
