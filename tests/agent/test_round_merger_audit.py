@@ -17,7 +17,7 @@ from test_rounds_with_clock_offsets import _host_batches
 from agent.clock import SiteClock
 from agent.ingest import Ingest
 from agent.round_merger import ROUND_TOLERANCE_S, RoundMerger
-from twin.readings import FacilityReading, LoopReading, PduReading, RackReading, Readings
+from twin.readings import CardBatch, FacilityReading, LoopReading, PduReading, RackReading, Readings
 from twin.state import TwinState
 
 pytestmark = pytest.mark.agent
@@ -241,3 +241,46 @@ def test_a_late_reading_goes_out_before_the_round_it_was_late_to_when_the_same_f
     out = merger.add(_round(_pdu(0, T0 + 0.05), _pdu(2, T0 + 1.0)))
     assert _racks(out) == [[(0, 0.05)], [(0, 0.1), (1, 0.0)]]
     assert merger.held_s == T0 + 1.0
+
+
+def test_late_parts_of_two_windows_go_out_in_one_round_per_window() -> None:
+    """The round held is T0 + 5's (r0). One flush brings r1 at T0, r2 at T0 + 1 and r3 at T0 + 1.1, all late:
+    the estimator gets two late rounds (T0's; T0 + 1's with r2 and r3), oldest first, not one per part."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0 + 5.0))) == []
+    out = merger.add(_round(_pdu(1, T0), _pdu(2, T0 + 1.0), _pdu(3, T0 + 1.1)))
+    assert _racks(out) == [[(1, 0.0)], [(2, 1.0), (3, 1.1)]]
+    assert merger.held_s == T0 + 5.0
+
+
+def _host_cards(cards: range, *, host_off: bool) -> CardBatch:
+    """A batch of one host's cards, its host powered off or on (its cards asleep where off)."""
+    n = len(cards)
+    off = np.full(n, host_off)
+    zeros = np.zeros(n)
+    return CardBatch(
+        card_index=np.asarray(cards, dtype=np.int64),
+        power_w=np.where(off, 0.0, 300.0),
+        die_temp_c=np.full(n, 40.0),
+        clock_mhz=np.where(off, 0.0, 1980.0),
+        utilization=zeros,
+        level=np.zeros(n, dtype=np.int64),
+        low_power=off.copy(),
+        waking=np.zeros(n, dtype=bool),
+        power_limit_w=np.full(n, 700.0),
+        failed=np.zeros(n, dtype=bool),
+        host_off=off,
+    )
+
+
+def test_joined_host_batches_keep_each_cards_host_off_with_it() -> None:
+    """Rack r0's two host batches stamped alike, the first host on (cards 0-31), the second powered off
+    (32-63), come in two flushes: joined, each card keeps its own host's ``host_off``. Joined in the other
+    order, cards 0-31 were read as on a powered-off host and 32-63 as on a running one."""
+    merger = RoundMerger()
+    assert merger.add(_round(RackReading(rack=0, time_s=T0, cards=_host_cards(range(32), host_off=False)))) == []
+    assert merger.add(_round(RackReading(rack=0, time_s=T0, cards=_host_cards(range(32, 64), host_off=True)))) == []
+    ((r0,),) = [r.racks for r in merger.drain()]
+    assert r0.cards is not None and r0.cards.host_off is not None
+    off = dict(zip(r0.cards.card_index.tolist(), r0.cards.host_off.tolist(), strict=True))
+    assert off == {c: c >= 32 for c in range(64)}
