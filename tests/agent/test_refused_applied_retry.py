@@ -248,3 +248,23 @@ def test_the_book_is_emptied_when_its_applied_states_are_tried_again() -> None:
     book.keep(1, dataclasses.replace(_r0_applied(range(4), T0 + 6.0, 3), rack="r1"), np.arange(64, 68))
     assert [m.ts_s for m, _cards in book.take_all()] == [T0 + 5.0, T0 + 6.0]
     assert len(book) == 0 and book.take_all() == []
+
+
+def test_a_restarted_racks_applied_state_repeating_one_disproved_on_the_old_timeline_is_taken() -> None:
+    """r0 confirmed level 5 (T0 + 9, ``seq`` 0); its readings at the top clock from T0 + 10 disprove it. The
+    site restarts on the same start epoch (a simulator started again as before), 60 s behind; when the new
+    timeline reaches T0 + 9 the rack applies level 5 again, its applied state stamped T0 + 9 with ``seq`` 0
+    as before: it is the new timeline's, and taken. Taken for a copy of the one disproved (a retained copy
+    handed over again), the cards stayed unconfirmed (level -1) until the rack published again."""
+    wall, clock, ing = _r0_confirmed_5()
+    for t in (T0 + 10.0, T0 + 11.0):
+        ing.handle(cards_msg("r0", t, sm_clock_mhz=np.full(64, 1980.0)))
+        wall.t += 0.05
+    assert np.all(ing.applied_level[:64] == -1)
+    _restart_behind(ing, wall, clock, T0 - 60.0, LEVEL_5_MHZ)
+    for i in range(-48, 10):  # the new timeline runs on to the stamp of the rack's applied state
+        ing.handle(cards_msg("r0", T0 + i, sm_clock_mhz=np.full(64, LEVEL_5_MHZ)))
+        wall.t += 0.05
+    assert clock.timelines_left == 1 and clock.now() == T0 + 10.0
+    ing.handle(_r0_applied(range(64), T0 + 9.0, 5))
+    assert np.all(ing.applied_level[:64] == 5)
