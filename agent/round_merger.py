@@ -144,7 +144,9 @@ class RoundMerger:
     the next round's); a part stamped before its window, or clashing with it and stamped before the
     reading it clashes with (a late reading), goes out at once, in a round of the late parts. The estimator
     costs the same for one rack as for all: racks whose clocks differ by milliseconds must not make a
-    round each. :meth:`add` returns the rounds completed, oldest first; :meth:`drain` returns the round
+    round each. :meth:`add` returns the rounds completed, oldest first, a round of late parts before the round
+    they were late to (the one held when they came, though they may be stamped after its first part: a
+    rack's reading that overtook its next one); :meth:`drain` returns the round
     held (when the site's clock stepped back, what is held is from the old timeline, and newer than
     anything the new one will send for a while: kept, it would take each new part for late, and reach
     the estimator out of order much later); :meth:`step_back` does it when the clock stepped back."""
@@ -162,8 +164,8 @@ class RoundMerger:
         parts: list[RackReading | FacilityReading] = list(readings.racks)
         if readings.facility is not None:
             parts.append(readings.facility)
-        done: list[_Round] = []
-        late: list[_Round] = []
+        out: list[_Round] = []
+        late: list[_Round] = []  # the parts late to the round held, in rounds that go out before it
         tol = self.tolerance_s
         for part in sorted(parts, key=lambda p: p.time_s):
             held = self._held
@@ -174,11 +176,13 @@ class RoundMerger:
                     late.append(_Round(part.time_s))
                     late[-1].take(part, tol)
                 continue
+            out += late  # (before the round they were late to: a late part may be stamped after its first)
+            late = []
             if held is not None:  # stamped past its window, or the next reading of one of its parts
-                done.append(held)
+                out.append(held)
             self._held = held = _Round(part.time_s)
             held.take(part, tol)
-        return [r.readings() for r in sorted(late + done, key=lambda r: r.anchor_s)]
+        return [r.readings() for r in out + late]
 
     def drain(self) -> list[Readings]:
         """The round held, complete or not (none: empty)."""

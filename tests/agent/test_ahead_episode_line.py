@@ -145,3 +145,47 @@ def test_both_steps_before_the_line_are_both_named(
             "both",
         )
     ]
+
+
+# ---- mutation audit of ahead_episode_ends: each test below failed on a mutant the tests above let pass
+
+
+def _ran_ahead_and_back(clock: SiteClock, wall: _Wall) -> None:
+    """Telemetry at T0, then 10 wall s of silence: the agent's clock extrapolates to T0 + 10 (the site's next
+    message, stamped T0 + 1, steps it back)."""
+    clock.observe(T0)
+    wall.t += 10.0
+    assert clock.now() == T0 + 10.0
+
+
+def test_the_next_ack_ends_the_episode_and_the_refusals_after_it_wait_for_the_next_step_back(
+    service: tuple[AgentService, SiteClock, _Wall], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two commands refused as issued ahead while the agent's clock ran ahead; it steps back; the next ack
+    (a refusal of a command decided after) ends the episode with its line at once, without a decision.
+    The refusals after it are a new episode: no line until the clock steps back again. The episode's line
+    used to wait for the next decision (not at the ack); or each ack after the step ended an episode again,
+    a line per refusal."""
+    svc, clock, wall = service
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    _ran_ahead_and_back(clock, wall)
+    _refused_twice(svc, wall, T0 + 10.0)
+    assert clock.observe(T0 + 1.0) and clock.extrapolation_corrections == 1
+    _refused_twice(svc, wall, T0 + 9.0)
+    assert [step for _line, step in _episode_lines(caplog)] == ["ran_ahead"]
+    assert "2 command(s) decided while it ran ahead" in _episode_lines(caplog)[0][0]
+    svc.outcomes.ahead_episode_ends(clock.now())  # a decision, the clock not stepped back since
+    assert len(_episode_lines(caplog)) == 1
+
+
+def test_a_step_back_without_refusals_logs_no_episode_line(
+    service: tuple[AgentService, SiteClock, _Wall], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's clock runs ahead during a silence and steps back, no command refused meanwhile: no line
+    (there is no episode to end)."""
+    svc, clock, wall = service
+    caplog.set_level(logging.INFO, logger="racktwin.agent")
+    _ran_ahead_and_back(clock, wall)
+    assert clock.observe(T0 + 1.0) and clock.extrapolation_corrections == 1
+    svc.outcomes.ahead_episode_ends(clock.now())
+    assert _episode_lines(caplog) == []

@@ -192,3 +192,16 @@ def test_an_output_file_is_replaced_whole_or_left_as_it_was(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
     write_text_replacing(path, "a,b\r\n1,2\r\n", newline="")
     assert path.read_bytes() == b"a,b\r\n1,2\r\n"
+
+
+def test_an_output_whose_temporary_name_just_fits_is_accepted_and_written(tmp_path: Path) -> None:
+    """NAME.tmp exactly as long as the file system takes (``PC_NAME_MAX`` bytes) can be written: the output is
+    accepted, and written whole through it. Refused at that length, a name the write takes was refused."""
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    path = tmp_path / ("s" * (name_max - len(".tmp")))
+    check_output_file(path, "--summary", replaced_whole=True)
+    prepare_output_dir(tmp_path, (path.name,))
+    write_text_replacing(path, "{}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    with pytest.raises(UserError, match="the name is too long for the temporary file"):
+        check_output_file(tmp_path / (path.name + "s"), "--summary", replaced_whole=True)

@@ -17,7 +17,7 @@ from test_rounds_with_clock_offsets import _host_batches
 from agent.clock import SiteClock
 from agent.ingest import Ingest
 from agent.round_merger import ROUND_TOLERANCE_S, RoundMerger
-from twin.readings import FacilityReading, LoopReading, PduReading, RackReading, Readings
+from twin.readings import CardBatch, FacilityReading, LoopReading, PduReading, RackReading, Readings
 from twin.state import TwinState
 
 pytestmark = pytest.mark.agent
@@ -191,3 +191,96 @@ def test_when_the_clock_steps_back_the_old_timelines_facility_reading_goes_out_w
     (r,) = merger.add(_round(_pdu(1, T0 + 5.0)))
     assert _racks([r]) == [[(1, 4.0)]] and r.facility is None
     assert merger.held_s == T0 + 5.0
+
+
+def test_a_host_batch_delivered_twice_reaches_the_estimator_once_per_card() -> None:
+    """Rack r0 sends its cards in two batches stamped alike (one per host), and the broker delivers the
+    second one twice (QoS 1): the ingest flushes at the copy, and the merger joins the copy with the
+    round's batches. The estimator gets r0's 64 cards once each, a round a second. Joined with all the
+    cards held, the copied host's 32 cards reached it twice (96 entries)."""
+    site = example_site()
+    merger = RoundMerger()
+    rounds: list[Readings] = []
+    ing = Ingest(site, TwinState(site), SiteClock(1.0), on_round=lambda r: rounds.extend(merger.add(r)))
+    for i in range(2):
+        first, second = _host_batches("r0", T0 + i)
+        for msg in (first, second, second):
+            ing.handle(msg)
+        ing.flush()
+    rounds += merger.drain()
+    assert len(rounds) == 2
+    for r in rounds:
+        (r0,) = r.racks
+        assert r0.cards is not None and sorted(r0.cards.card_index.tolist()) == list(range(64))
+
+
+def test_the_facilitys_next_reading_within_the_window_goes_out_after_its_first_and_a_copy_is_merged() -> None:
+    """The round held has r0's PDU and the facility's reading at T0. A copy of the facility's reading (the
+    same stamp) merges into it; its next reading, at T0 + 0.1 (a facility that reads more often than the
+    window), completes it: the estimator gets both facility readings, in the order of their stamps. Merged
+    over the first, the facility's reading of T0 never reached the estimator; the copy refused, it went out
+    in a round of its own."""
+    merger = RoundMerger()
+    fac = FacilityReading(T0, 20.0, 30.0, 38.0, 10_000.0, 300_000.0, 320_000.0, 30.0)
+    assert merger.add(_round(_pdu(0, T0), facility=fac)) == []
+    assert merger.add(Readings(time_s=T0, racks=(), facility=fac)) == []
+    nxt = FacilityReading(T0 + 0.1, 20.0, 30.0, 38.0, 10_000.0, 300_000.0, 320_000.0, 30.0)
+    out = merger.add(Readings(time_s=T0 + 0.1, racks=(), facility=nxt))
+    out += merger.drain()
+    assert [(_racks([r])[0], r.facility) for r in out] == [([(0, 0.0)], fac), ([], nxt)]
+
+
+def test_a_late_reading_goes_out_before_the_round_it_was_late_to_when_the_same_flush_completes_it() -> None:
+    """The round held has r1 at T0 and r0 at T0 + 0.1; one flush brings r0's PDU stamped T0 + 0.05 (late: it
+    clashes with r0's part held and is stamped before it) and r2's at T0 + 1 (the next round's: the one held
+    is complete). r0's T0 + 0.05 goes out first, as it does when the two come in separate flushes. Ordered
+    by the stamps of the rounds' first parts, the round held (T0) went out before it, and the estimator,
+    given r0's T0 + 0.1 first, dropped r0's T0 + 0.05 as late."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(1, T0), _pdu(0, T0 + 0.1))) == []
+    out = merger.add(_round(_pdu(0, T0 + 0.05), _pdu(2, T0 + 1.0)))
+    assert _racks(out) == [[(0, 0.05)], [(0, 0.1), (1, 0.0)]]
+    assert merger.held_s == T0 + 1.0
+
+
+def test_late_parts_of_two_windows_go_out_in_one_round_per_window() -> None:
+    """The round held is T0 + 5's (r0). One flush brings r1 at T0, r2 at T0 + 1 and r3 at T0 + 1.1, all late:
+    the estimator gets two late rounds (T0's; T0 + 1's with r2 and r3), oldest first, not one per part."""
+    merger = RoundMerger()
+    assert merger.add(_round(_pdu(0, T0 + 5.0))) == []
+    out = merger.add(_round(_pdu(1, T0), _pdu(2, T0 + 1.0), _pdu(3, T0 + 1.1)))
+    assert _racks(out) == [[(1, 0.0)], [(2, 1.0), (3, 1.1)]]
+    assert merger.held_s == T0 + 5.0
+
+
+def _host_cards(cards: range, *, host_off: bool) -> CardBatch:
+    """A batch of one host's cards, its host powered off or on (its cards asleep where off)."""
+    n = len(cards)
+    off = np.full(n, host_off)
+    zeros = np.zeros(n)
+    return CardBatch(
+        card_index=np.asarray(cards, dtype=np.int64),
+        power_w=np.where(off, 0.0, 300.0),
+        die_temp_c=np.full(n, 40.0),
+        clock_mhz=np.where(off, 0.0, 1980.0),
+        utilization=zeros,
+        level=np.zeros(n, dtype=np.int64),
+        low_power=off.copy(),
+        waking=np.zeros(n, dtype=bool),
+        power_limit_w=np.full(n, 700.0),
+        failed=np.zeros(n, dtype=bool),
+        host_off=off,
+    )
+
+
+def test_joined_host_batches_keep_each_cards_host_off_with_it() -> None:
+    """Rack r0's two host batches stamped alike, the first host on (cards 0-31), the second powered off
+    (32-63), come in two flushes: joined, each card keeps its own host's ``host_off``. Joined in the other
+    order, cards 0-31 were read as on a powered-off host and 32-63 as on a running one."""
+    merger = RoundMerger()
+    assert merger.add(_round(RackReading(rack=0, time_s=T0, cards=_host_cards(range(32), host_off=False)))) == []
+    assert merger.add(_round(RackReading(rack=0, time_s=T0, cards=_host_cards(range(32, 64), host_off=True)))) == []
+    ((r0,),) = [r.racks for r in merger.drain()]
+    assert r0.cards is not None and r0.cards.host_off is not None
+    off = dict(zip(r0.cards.card_index.tolist(), r0.cards.host_off.tolist(), strict=True))
+    assert off == {c: c >= 32 for c in range(64)}
