@@ -151,7 +151,7 @@ def test_a_copy_refused_for_more_cards_than_the_first_is_tried_again_for_all_of_
     ing.handle(_r0_applied(range(64), T0 + 5.0, 3, seq=7, publisher="bridge-r0"))
     assert np.all(ing.applied_level[:32] == 5) and np.all(ing.applied_level[32:64] == 3)
     ing.handle(own)
-    assert ing.stats.applied_states_old == 3 and len(ing.applied.refused) == 2
+    assert ing.stats.applied_states_old == {"r0": 3} and len(ing.applied.refused) == 2
     _restart_behind(ing, wall, clock, T0 - 600.0, LEVEL_5_MHZ)
     assert np.all(ing.applied_level[:64] == 0)
 
@@ -166,7 +166,7 @@ def test_past_the_bound_of_two_stamped_alike_the_lower_seq_is_dropped() -> None:
     ing.handle(_r0_applied(range(4), T0 - 600.0, 1, seq=0))
     for i in range(REFUSED_KEPT_PER_RACK - 1):
         ing.handle(_r0_applied(range(4, 64), T0 - 599.0 + i, 3, seq=2 + i))
-    assert ing.stats.applied_states_old_dropped == 1
+    assert ing.stats.applied_states_old_dropped == {"r0": 1}
     _restart_behind(ing, wall, clock, T0 - 589.0, LEVEL_5_MHZ)
     assert np.all(ing.applied_level[:4] == 2) and np.all(ing.applied_level[4:64] == 3)
 
@@ -209,10 +209,10 @@ def test_a_retry_older_than_a_new_timelines_confirmation_is_neither_taken_nor_re
     ing.handle(_r0_applied(range(32, 64), T0 - 600.0, 0, seq=1))
     ing.handle(_r0_applied(range(64), T0 - 610.0, 2, seq=0))
     assert np.all(ing.applied_level[:32] == 5) and np.all(ing.applied_level[32:64] == 0)
-    assert ing.stats.applied_states_old == 1
+    assert ing.stats.applied_states_old == {"r0": 1}
     _restart_behind(ing, wall, clock, T0 - 600.0, LEVEL_5_MHZ)
     assert np.all(ing.applied_level[:32] == 2) and np.all(ing.applied_level[32:64] == 0)
-    assert ing.stats.applied_states_old == 1 and len(ing.applied.refused) == 0
+    assert ing.stats.applied_states_old == {"r0": 1} and len(ing.applied.refused) == 0
 
 
 def test_a_refused_applied_state_of_another_rack_than_the_first_is_taken_for_its_own_cards() -> None:
@@ -222,7 +222,7 @@ def test_a_refused_applied_state_of_another_rack_than_the_first_is_taken_for_its
     wall, clock, ing = _r0_confirmed_5()
     ing.handle(_rack_applied("r1", T0 + 9.0, 5))
     ing.handle(_rack_applied("r1", T0 - 600.0, 0))
-    assert np.all(ing.applied_level[64:128] == 5) and ing.stats.applied_states_old == 1
+    assert np.all(ing.applied_level[64:128] == 5) and ing.stats.applied_states_old == {"r1": 1}
     _restart_behind(ing, wall, clock, T0 - 598.0, LEVEL_5_MHZ)
     assert np.all(ing.applied_level[64:128] == 0) and np.all(ing.applied_level[:64] == 5)
 
