@@ -68,7 +68,8 @@ decision, the masks of what is not seen or kept, the explanation lines, the caps
    set-point, plus the card's measured die offset (``StepContext.die_offset_k``: the twin's persistent
    error, never a transient, ``agent.offsets``; the same array the planner used). While a rack is over
    ``limit - margin - extra``, the job of that rack whose next slower level gives up the least value
-   per watt saved steps down; then awake idle cards it can see go to low-power idle; if the rack is
+   per watt saved steps down; then as few awake idle cards it can see as bring it under go to low-power
+   idle, those whose sleep saves the most first (the others stay awake, the ready reserve); if the rack is
    still over (its jobs all at the slowest level), every card of the rack whose power limit commands
    set gets the fail-safe power limit (cards that keep the limit in force, step 3a, keep it: the others
    share what it leaves). That holds the cap unless the limit it needs is below

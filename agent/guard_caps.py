@@ -4,9 +4,9 @@ with: :func:`power_table_w` (every card's steady power at every level, busy card
 
 :func:`enforce_caps` takes, for each rack predicted over its cap and while it still is, the levers in
 order: the jobs whose next slower level gives up the least value per watt saved step down
-(:func:`_slow_jobs_for_cap`, :func:`_cheapest_step`), then awake idle cards it can see go to low-power
-idle (:func:`_sleep_idle_for_cap`), then the rack's cards get the fail-safe power limit, or the rack is
-said not held (:func:`_limit_power_for_cap`). No I/O."""
+(:func:`_slow_jobs_for_cap`, :func:`_cheapest_step`), then as few awake idle cards it can see as the cap
+needs go to low-power idle (:func:`_sleep_idle_for_cap`), then the rack's cards get the fail-safe power
+limit, or the rack is said not held (:func:`_limit_power_for_cap`). No I/O."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def enforce_caps(
         jobs = jobs_in_rack.get(r, [])
         _slow_jobs_for_cap(gs, r, b, draft.load, jobs, table, modelled_caps, lowered, sight.level_kept)
         if b.over(r, modelled_caps):
-            _sleep_idle_for_cap(gs, r, b, draft.load, lp_w, unseen | sight.sleep_kept, notes)
+            _sleep_idle_for_cap(gs, r, b, draft.load, lp_w, modelled_caps, unseen | sight.sleep_kept, notes)
         if b.over(r, modelled_caps):
             _limit_power_for_cap(gs, r, b, draft.load, table, lp_w, modelled_caps, fs_lim, failed, sight, notes)
     if lowered:
@@ -213,22 +213,38 @@ def _cheapest_step(
 
 
 def _sleep_idle_for_cap(
-    gs: GuardSetup, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, kept: BoolArray, notes: Notes
+    gs: GuardSetup,
+    r: int,
+    b: _CapBudget,
+    load: SiteLoad,
+    lp_w: FloatArray,
+    modelled_caps: FloatArray,
+    kept: BoolArray,
+    notes: Notes,
 ) -> None:
     """Step 4's second lever (``agent.guard``'s module docstring), for rack ``r`` still over its cap with its
-    jobs at the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
-    keep the state they report, those no command reaches the state in force, step 3a) go to low-power
-    idle, with a line in ``notes``."""
-    awake_idle = np.flatnonzero((gs.card_rack == r) & load.idle & ~b.low_power & ~kept)
-    if awake_idle.size:
-        b.low_power[awake_idle] = True
-        new = lp_w[awake_idle]
-        b.rack_w[r] += float((new - b.power_w[awake_idle]).sum())
-        b.power_w[awake_idle] = new
-        notes.add(
-            "cap_idle_to_low_power",
-            f"{gs.site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap",
-        )
+    jobs at the slowest level they can take: as few of its awake idle cards not ``kept`` (those the agent
+    cannot see keep the state they report, those no command reaches the state in force, step 3a) as bring
+    it under its cap go to low-power idle, those whose sleep saves the most first (card order among
+    equals), all of them when even that is not enough; the others stay awake, the ready reserve for the
+    next job. A line in ``notes`` says how many of how many."""
+    cand = np.flatnonzero((gs.card_rack == r) & load.idle & ~b.low_power & ~kept)
+    saved_w = b.power_w[cand] - lp_w[cand]
+    cand, saved_w = cand[saved_w > 0.0], saved_w[saved_w > 0.0]  # a sleep that saves nothing is no lever
+    if cand.size == 0:
+        return
+    order = np.argsort(-saved_w, kind="stable")  # most saved first; card order among equals
+    over_w = float(b.rack_w[r] - modelled_caps[r])  # to the cap itself: TOL_W left for rounding
+    n_sleep = min(int(np.searchsorted(np.cumsum(saved_w[order]), over_w)) + 1, cand.size)
+    to_sleep = cand[order[:n_sleep]]
+    b.low_power[to_sleep] = True
+    new = lp_w[to_sleep]
+    b.rack_w[r] += float((new - b.power_w[to_sleep]).sum())
+    b.power_w[to_sleep] = new
+    notes.add(
+        "cap_idle_to_low_power",
+        f"{gs.site.rack_names[r]}: {n_sleep} of {cand.size} awake idle cards to low power for the cap",
+    )
 
 
 def _limit_power_for_cap(
