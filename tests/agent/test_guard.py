@@ -180,16 +180,30 @@ def test_the_idle_cards_whose_sleep_saves_the_most_sleep_first() -> None:
     assert "guard: r1: 3 of 12 awake idle cards to low power for the cap" in d.explanation
 
 
-def test_when_its_jobs_at_the_slowest_level_are_not_enough_a_racks_idle_cards_sleep_before_limits_are_cut() -> None:
+def test_a_rack_over_its_cap_puts_idle_cards_to_sleep_before_it_slows_a_job() -> None:
+    """A sleep loses no work now, a slower job does (on all its cards, every rack): the idle cards go
+    first. Until 2026-12-05 the rack's jobs slowed first, here "b" (on r0 too) by a level."""
+    # r0 is over at level 0 (12345 W): "a" slows to 2 (below). r1: 4 x 617.7 + 12 x 80.9 + 2200 =
+    # 5641.4 W, over the 11500 - 5956 = 5544 W it has by 97.4 W: 4 idle cards asleep hold it
+    d = _r1_over_by(5956.0, 0)
+    assert d.job_levels == {"a": 2, "b": 0}
+    assert np.flatnonzero(d.card_low_power).tolist() == [20, 21, 22, 23]
+    assert d.budget_rack_power_w[1] <= 11500.0
+    assert "guard: r1: 4 of 12 awake idle cards to low power for the cap" in d.explanation
+    assert "guard: slowed job(s) a -> 2 to keep racks under their caps (worst-case phases)" in d.explanation
+
+
+def test_when_its_idle_cards_asleep_are_not_enough_a_racks_jobs_slow_and_cards_they_made_room_for_wake() -> None:
     d = _r1_over_by(7300.0, 0)
-    # r1 has 11500 - 7300 = 4200 W for cards and hosts: "b" at the slowest level and 12 awake idle
-    # cards draw 4 x 302 + 12 x 81 + 2200 = 4380 W, 180 W over: 6 idle cards asleep (31.8 W less each),
-    # 4189 W. No power limit needs cutting
-    assert d.job_levels["b"] == 7
-    assert np.flatnonzero(d.card_low_power).tolist() == list(range(20, 26))
+    # r1 has 11500 - 7300 = 4200 W for cards and hosts: "b" at level 0 and 12 idle cards asleep draw
+    # 4 x 617.7 + 12 x 49.0 + 2200 = 5259.4 W, so "b" slows too: to level 5, 4 x 343.6 W (level 6 would
+    # be 322.8 W); 4200 - 2200 - 4 x 343.6 - 12 x 49.0 = 37.2 W left, room for 1 card awake (31.8 W
+    # more). No power limit needs cutting. Until 2026-12-05 "b" went to level 7 and all 12 slept
+    assert d.job_levels["b"] == 5
+    assert np.flatnonzero(d.card_low_power).tolist() == list(range(20, 31))
     assert d.card_power_limit_w.tolist() == [700.0] * 32
     assert d.budget_rack_power_w[1] <= 11500.0
-    assert "guard: r1: 6 of 12 awake idle cards to low power for the cap" in d.explanation
+    assert "guard: r1: 11 of 12 awake idle cards to low power for the cap" in d.explanation
 
 
 def test_a_die_over_its_limit_slows_its_job_to_the_first_level_under_it() -> None:
