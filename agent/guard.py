@@ -67,10 +67,13 @@ decision, the masks of what is not seen or kept, the explanation lines, the caps
    may resume at any moment) and its die at the warmer of the rack's measured supply and the new
    set-point, plus the card's measured die offset (``StepContext.die_offset_k``: the twin's persistent
    error, never a transient, ``agent.offsets``; the same array the planner used). While a rack is over
-   ``limit - margin - extra``, the job of that rack whose next slower level gives up the least value
-   per watt saved steps down; then awake idle cards it can see go to low-power idle; if the rack is
-   still over (its jobs all at the slowest level), every card of the rack whose power limit commands
-   set gets the fail-safe power limit (cards that keep the limit in force, step 3a, keep it: the others
+   ``limit - margin - extra``, as few of its awake idle cards it can see as bring it under go to
+   low-power idle, those whose sleep saves the most first (the others stay awake, the ready reserve);
+   while it is still over, the job of that rack whose next slower level gives up the least value per
+   watt saved steps down, and the cards put to sleep that the slowing made room for stay awake after
+   all (a sleep loses no work now, a slower job does: the idle cards go first); if the rack is still
+   over (its idle cards asleep, its jobs all at the slowest level), every card of the rack whose power
+   limit commands set gets the fail-safe power limit (cards that keep the limit in force, step 3a, keep it: the others
    share what it leaves). That holds the cap unless the limit it needs is below
    ``control.min_power_limit_w`` (the lowest a card accepts), or cards at settings in force (step 3a)
    draw more than it: the configuration check rules that out for a site's own rack limits

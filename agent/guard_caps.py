@@ -3,10 +3,11 @@ with: :func:`power_table_w` (every card's steady power at every level, busy card
 :func:`low_power_w` (at low-power idle), :func:`card_power_w` (at given settings).
 
 :func:`enforce_caps` takes, for each rack predicted over its cap and while it still is, the levers in
-order: the jobs whose next slower level gives up the least value per watt saved step down
-(:func:`_slow_jobs_for_cap`, :func:`_cheapest_step`), then awake idle cards it can see go to low-power
-idle (:func:`_sleep_idle_for_cap`), then the rack's cards get the fail-safe power limit, or the rack is
-said not held (:func:`_limit_power_for_cap`). No I/O."""
+order: as few awake idle cards it can see as the cap needs go to low-power idle (:func:`_sleep_idle_for_cap`:
+a sleep loses no work now), then the jobs whose next slower level gives up the least value per watt
+saved step down (:func:`_slow_jobs_for_cap`, :func:`_cheapest_step`) and the cards put to sleep that the
+slowing made room for stay awake after all (:meth:`_Slept.wake_unneeded`), then the rack's cards get the fail-safe
+power limit, or the rack is said not held (:func:`_limit_power_for_cap`). No I/O."""
 
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def enforce_caps(
     ``level_kept``, ``sleep_kept`` and ``limit_kept``: the cards whose level, low-power state or power
     limit no command changes (step 3a: no lever changes that setting, their power counts at it as in
     force). Each rack over its cap, in turn, takes the levers in the docstring's order while it is still
-    over: :func:`_slow_jobs_for_cap`, :func:`_sleep_idle_for_cap`, :func:`_limit_power_for_cap`."""
+    over: :func:`_sleep_idle_for_cap`, :func:`_slow_jobs_for_cap` (then the idle cards the slowing made
+    room for stay awake after all, :meth:`_Slept.wake_unneeded`), :func:`_limit_power_for_cap`."""
     site = gs.site
     lp = draft.low_power & ~draft.load.busy
     power = card_power_w(table, lp_w, draft.level, lp, draft.power_limit_w, failed)
@@ -121,9 +123,11 @@ def enforce_caps(
     for r_over in over:
         r = int(r_over)
         jobs = jobs_in_rack.get(r, [])
-        _slow_jobs_for_cap(gs, r, b, draft.load, jobs, table, modelled_caps, lowered, sight.level_kept)
+        slept = _sleep_idle_for_cap(gs, r, b, draft.load, lp_w, modelled_caps, unseen | sight.sleep_kept)
         if b.over(r, modelled_caps):
-            _sleep_idle_for_cap(gs, r, b, draft.load, lp_w, unseen | sight.sleep_kept, notes)
+            _slow_jobs_for_cap(gs, r, b, draft.load, jobs, table, modelled_caps, lowered, sight.level_kept)
+            slept.wake_unneeded(r, b, lp_w, modelled_caps)
+        slept.note(gs, r, notes)
         if b.over(r, modelled_caps):
             _limit_power_for_cap(gs, r, b, draft.load, table, lp_w, modelled_caps, fs_lim, failed, sight, notes)
     if lowered:
@@ -154,11 +158,11 @@ def _slow_jobs_for_cap(
     lowered: dict[str, int],
     level_kept: BoolArray,
 ) -> None:
-    """Step 4's first lever (``agent.guard``'s module docstring): while rack ``r`` is over its cap, the job
-    of ``jobs`` (those with a card in it) whose next slower level gives up the least value per watt saved
-    in the rack (:func:`_cheapest_step`) steps down, all its cards (on every rack) whose level commands
-    set (not ``level_kept``: those keep the level in force, step 3a); until none can. ``lowered`` gets
-    each job slowed and its new level."""
+    """Step 4's second lever (``agent.guard``'s module docstring): while rack ``r`` is over its cap with its
+    idle cards asleep (:func:`_sleep_idle_for_cap`), the job of ``jobs`` (those with a card in it) whose
+    next slower level gives up the least value per watt saved in the rack (:func:`_cheapest_step`) steps
+    down, all its cards (on every rack) whose level commands set (not ``level_kept``: those keep the
+    level in force, step 3a); until none can. ``lowered`` gets each job slowed and its new level."""
     while b.over(r, modelled_caps):
         step = _cheapest_step(gs, r, b, load, jobs, table, level_kept)
         if step is None:
@@ -212,23 +216,68 @@ def _cheapest_step(
     return ji, k2
 
 
+@dataclass
+class _Slept:
+    """The awake idle cards of one rack :func:`_sleep_idle_for_cap` put to low-power idle (``cards``, most
+    saved first; ``awake_w``: each one's power awake) out of ``n_awake`` it could have."""
+
+    cards: IntArray
+    awake_w: FloatArray
+    n_awake: int
+
+    def wake_unneeded(self, r: int, b: _CapBudget, lp_w: FloatArray, modelled_caps: FloatArray) -> None:
+        """After the rack's jobs slowed (a step may save more than the cap needs): the cards put to
+        sleep stay awake after all, those that save the least first, while rack ``r`` stays under its
+        cap."""
+        keep = self.cards.size
+        for i in range(self.cards.size - 1, -1, -1):
+            c = int(self.cards[i])
+            more_w = float(self.awake_w[i] - lp_w[c])
+            if b.rack_w[r] + more_w > modelled_caps[r]:
+                break
+            b.low_power[c] = False
+            b.power_w[c] = self.awake_w[i]
+            b.rack_w[r] += more_w
+            keep = i
+        self.cards, self.awake_w = self.cards[:keep], self.awake_w[:keep]
+
+    def note(self, gs: GuardSetup, r: int, notes: Notes) -> None:
+        """The line in ``notes`` saying how many of how many, when any sleeps."""
+        if self.cards.size:
+            notes.add(
+                "cap_idle_to_low_power",
+                f"{gs.site.rack_names[r]}: {self.cards.size} of {self.n_awake} awake idle cards to low power "
+                "for the cap",
+            )
+
+
 def _sleep_idle_for_cap(
-    gs: GuardSetup, r: int, b: _CapBudget, load: SiteLoad, lp_w: FloatArray, kept: BoolArray, notes: Notes
-) -> None:
-    """Step 4's second lever (``agent.guard``'s module docstring), for rack ``r`` still over its cap with its
-    jobs at the slowest level they can take: its awake idle cards not ``kept`` (those the agent cannot see
-    keep the state they report, those no command reaches the state in force, step 3a) go to low-power
-    idle, with a line in ``notes``."""
-    awake_idle = np.flatnonzero((gs.card_rack == r) & load.idle & ~b.low_power & ~kept)
-    if awake_idle.size:
-        b.low_power[awake_idle] = True
-        new = lp_w[awake_idle]
-        b.rack_w[r] += float((new - b.power_w[awake_idle]).sum())
-        b.power_w[awake_idle] = new
-        notes.add(
-            "cap_idle_to_low_power",
-            f"{gs.site.rack_names[r]}: {awake_idle.size} idle cards to low power for the cap",
-        )
+    gs: GuardSetup,
+    r: int,
+    b: _CapBudget,
+    load: SiteLoad,
+    lp_w: FloatArray,
+    modelled_caps: FloatArray,
+    kept: BoolArray,
+) -> _Slept:
+    """Step 4's first lever (``agent.guard``'s module docstring), for rack ``r`` over its cap: as few of its
+    awake idle cards not ``kept`` (those the agent cannot see keep the state they report, those no command
+    reaches the state in force, step 3a) as bring it under its cap go to low-power idle, those whose sleep
+    saves the most first (card order among equals), all of them when even that is not enough; the others
+    stay awake, the ready reserve for the next job. A sleep loses no work, a slower job does: this lever
+    comes before :func:`_slow_jobs_for_cap`."""
+    cand = np.flatnonzero((gs.card_rack == r) & load.idle & ~b.low_power & ~kept)
+    saved_w = b.power_w[cand] - lp_w[cand]
+    cand, saved_w = cand[saved_w > 0.0], saved_w[saved_w > 0.0]  # a sleep that saves nothing is no lever
+    order = np.argsort(-saved_w, kind="stable")  # most saved first; card order among equals
+    over_w = float(b.rack_w[r] - modelled_caps[r])  # to the cap itself: TOL_W left for rounding
+    n_sleep = min(int(np.searchsorted(np.cumsum(saved_w[order]), over_w)) + 1, cand.size)
+    to_sleep = cand[order[:n_sleep]]
+    slept = _Slept(to_sleep, b.power_w[to_sleep].copy(), int(cand.size))
+    b.low_power[to_sleep] = True
+    b.rack_w[r] -= float(saved_w[order[:n_sleep]].sum())
+    b.power_w[to_sleep] = lp_w[to_sleep]
+    return slept
 
 
 def _limit_power_for_cap(

@@ -17,7 +17,7 @@ import pytest
 from guard_helpers import proposal, scene, step_context
 
 from agent.config import ControlConfig
-from agent.decision import PlacementOrder
+from agent.decision import Decision, PlacementOrder
 from agent.guard import Guard
 
 pytestmark = pytest.mark.agent
@@ -144,18 +144,66 @@ def test_a_rack_over_its_cap_slows_the_job_that_gives_up_the_least_value_per_wat
     assert d.budget_rack_power_w[0] <= 11500.0
 
 
-def test_when_its_jobs_at_the_slowest_level_are_not_enough_a_racks_idle_cards_sleep_before_limits_are_cut() -> None:
+def _r1_over_by(extra_w: float, level: object, **ctx: object) -> Decision:
+    """The guard's review of a plan at ``level`` with ``extra_w`` on r1's PDU the twin does not explain."""
     site, snap = scene()
-    ctx = step_context(site, rack_extra_w=np.array([0.0, 7300.0]))
-    d = Guard(site, CFG).review(proposal(site, 0), snap, ctx)
-    # r1 has 11500 - 7300 = 4200 W for cards and hosts: "b" at the slowest level and 12 awake idle
-    # cards draw 4 x 302 + 12 x 81 + 2200 = 4380 W; with the idle cards asleep 4 x 302 + 12 x 49 + 2200
-    # = 3996 W. No power limit needs cutting
-    assert d.job_levels["b"] == 7
-    assert d.card_low_power[20:].all() and not d.card_low_power[:20].any()
-    assert d.card_power_limit_w.tolist() == [700.0] * site.n_cards
+    return Guard(site, CFG).review(
+        proposal(site, level), snap, step_context(site, rack_extra_w=np.array([0.0, extra_w]), **ctx)
+    )
+
+
+# "a" and "b" at the slowest level, r1's idle cards awake at level 0
+SLOWEST_JOBS = np.array([7] * 20 + [0] * 12)
+
+
+def test_a_rack_over_its_cap_by_a_little_puts_only_as_many_idle_cards_to_sleep_as_the_cap_needs() -> None:
+    """The others stay awake: the ready reserve for the next job (a sleeping card waits its wake latency
+    first). Until 2026-12-05 every awake idle card of the rack went to sleep."""
+    # r1: 4 x 301.8 + 12 x 80.9 + 2200 = 4377.7 W, over the 11500 - 7170 = 4330 W it has by 47.7 W; a
+    # sleep saves 80.9 - 49.0 = 31.8 W: 2 cards, the first in card order (all save the same)
+    d = _r1_over_by(7170.0, SLOWEST_JOBS)
+    assert np.flatnonzero(d.card_low_power).tolist() == [20, 21]
+    assert d.job_levels == {"a": 7, "b": 7}
+    assert d.card_power_limit_w.tolist() == [700.0] * 32
     assert d.budget_rack_power_w[1] <= 11500.0
-    assert "guard: r1: 12 idle cards to low power for the cap" in d.explanation
+    assert "guard: r1: 2 of 12 awake idle cards to low power for the cap" in d.explanation
+
+
+def test_the_idle_cards_whose_sleep_saves_the_most_sleep_first() -> None:
+    # cards 28-31 at a 45 deg C inlet leak more: 88.1 W awake, 55.2 W asleep (32.9 W saved, 31.8 W for
+    # the others); r1 draws 4 x 7.2 W more, 4406.6 W: over by 76.6 W, 3 of the warm cards sleep
+    inlet = np.full(32, 30.0)
+    inlet[28:] = 45.0
+    d = _r1_over_by(7170.0, SLOWEST_JOBS, card_inlet_c=inlet)
+    assert np.flatnonzero(d.card_low_power).tolist() == [28, 29, 30]
+    assert d.budget_rack_power_w[1] <= 11500.0
+    assert "guard: r1: 3 of 12 awake idle cards to low power for the cap" in d.explanation
+
+
+def test_a_rack_over_its_cap_puts_idle_cards_to_sleep_before_it_slows_a_job() -> None:
+    """A sleep loses no work now, a slower job does (on all its cards, every rack): the idle cards go
+    first. Until 2026-12-05 the rack's jobs slowed first, here "b" (on r0 too) by a level."""
+    # r0 is over at level 0 (12345 W): "a" slows to 2 (below). r1: 4 x 617.7 + 12 x 80.9 + 2200 =
+    # 5641.4 W, over the 11500 - 5956 = 5544 W it has by 97.4 W: 4 idle cards asleep hold it
+    d = _r1_over_by(5956.0, 0)
+    assert d.job_levels == {"a": 2, "b": 0}
+    assert np.flatnonzero(d.card_low_power).tolist() == [20, 21, 22, 23]
+    assert d.budget_rack_power_w[1] <= 11500.0
+    assert "guard: r1: 4 of 12 awake idle cards to low power for the cap" in d.explanation
+    assert "guard: slowed job(s) a -> 2 to keep racks under their caps (worst-case phases)" in d.explanation
+
+
+def test_when_its_idle_cards_asleep_are_not_enough_a_racks_jobs_slow_and_cards_they_made_room_for_wake() -> None:
+    d = _r1_over_by(7300.0, 0)
+    # r1 has 11500 - 7300 = 4200 W for cards and hosts: "b" at level 0 and 12 idle cards asleep draw
+    # 4 x 617.7 + 12 x 49.0 + 2200 = 5259.4 W, so "b" slows too: to level 5, 4 x 343.6 W (level 6 would
+    # be 322.8 W); 4200 - 2200 - 4 x 343.6 - 12 x 49.0 = 37.2 W left, room for 1 card awake (31.8 W
+    # more). No power limit needs cutting. Until 2026-12-05 "b" went to level 7 and all 12 slept
+    assert d.job_levels["b"] == 5
+    assert np.flatnonzero(d.card_low_power).tolist() == list(range(20, 31))
+    assert d.card_power_limit_w.tolist() == [700.0] * 32
+    assert d.budget_rack_power_w[1] <= 11500.0
+    assert "guard: r1: 11 of 12 awake idle cards to low power for the cap" in d.explanation
 
 
 def test_a_die_over_its_limit_slows_its_job_to_the_first_level_under_it() -> None:

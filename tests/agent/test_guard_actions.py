@@ -39,7 +39,7 @@ LINES = (
     (r"guard: fail-safe caps \(\d+ W per card\) on ", "failsafe_caps"),
     (r"guard: pumps of .+ at full speed ", "pumps_full_speed"),
     (r"guard: slowed job\(s\) .+ to keep racks under their caps ", "cap_jobs_slowed"),
-    (r"guard: [\w-]+: \d+ idle cards to low power for the cap$", "cap_idle_to_low_power"),
+    (r"guard: [\w-]+: \d+ of \d+ awake idle cards to low power for the cap$", "cap_idle_to_low_power"),
     (r"guard: [\w-]+: still over its cap at the slowest levels; power limits of ", "cap_power_limited"),
     (r"guard: [\w-]+: cannot be held under its cap: ", "cap_not_held"),
     (r"guard: slowed job\(s\) .+ to keep dies under ", "die_jobs_slowed"),
@@ -87,7 +87,7 @@ def test_a_rack_the_lowest_power_limits_cannot_hold_records_cap_not_held() -> No
         "cap_power_limited": 1,
         "cap_not_held": 1,
     }
-    assert "guard: r1: 12 idle cards to low power for the cap" in d.explanation
+    assert "guard: r1: 12 of 12 awake idle cards to low power for the cap" in d.explanation
 
 
 def test_a_die_the_lowest_power_limit_cannot_hold_records_die_not_held() -> None:

@@ -271,10 +271,12 @@ def test_the_leakage_of_measured_die_offsets_counts_against_the_rack_cap() -> No
     off[20:] = 20.0  # r1's 12 idle cards (awake at level 0, 0.47 W/K of leakage each): +113 W
     extra = np.array([0.0, 5800.0])  # r1: 11500 - 5800 = 5700 W for its cards and hosts
     # r1 with "b" at level 0: 4 x 618 + 12 x 81 + 2200 = 5644 W fits 5700 W without the offsets'
-    # leakage, 5757 W does not: "b" (the only job on r1) steps down
+    # leakage, 5757 W does not: 2 idle cards (90 W awake with it, 57 W asleep) go to sleep (the cap's
+    # first lever), "b" keeps its level
     ctx = step_context(site, die_offset_k=off, rack_extra_w=extra)
     d = Guard(site, CFG).review(proposal(site, 0), snap, ctx)
-    assert d.job_levels["b"] > 0
+    assert np.flatnonzero(d.card_low_power).tolist() == [20, 21]
+    assert d.job_levels["b"] == 0
     assert d.budget_rack_power_w[1] <= 11500.0
 
 

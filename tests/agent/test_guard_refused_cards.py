@@ -49,9 +49,12 @@ def test_awake_idle_refused_cards_are_not_put_to_sleep_for_a_cap_other_levers_ho
 def test_only_the_idle_cards_commands_reach_are_put_to_sleep_for_a_cap() -> None:
     ctx = step_context(SITE, rack_extra_w=np.array([0.0, 7300.0]), refused_failed_cards=IDLE_R1[:4])
     d = Guard(SITE, CFG).review(proposal(SITE, 0), SNAP, ctx)
-    # 4 x 302 + 4 x 81 + 8 x 49 + 2200 = 4124 W <= 4200 W: no power limit needed
-    assert not d.card_low_power[20:24].any() and d.card_low_power[24:].all()
-    assert "guard: r1: 8 idle cards to low power for the cap" in d.explanation
+    # with "b" at level 0 the 8 others asleep are not enough (4 x 618 + 4 x 81 + 8 x 49 + 2200 = 5387 W):
+    # "b" slows to level 7, which leaves room for 2 of them awake again: 4 x 302 + 6 x 81 + 6 x 49 + 2200
+    # = 4187 W <= 4200 W, no power limit needed
+    assert not d.card_low_power[20:24].any() and d.card_low_power[24:30].all() and not d.card_low_power[30:].any()
+    assert d.job_levels["b"] == 7
+    assert "guard: r1: 6 of 8 awake idle cards to low power for the cap" in d.explanation
     assert d.card_power_limit_w.tolist() == [700.0] * SITE.n_cards
     drawn = drawn_rack_power_w(SITE, d, SNAP, ctx)
     assert d.budget_rack_power_w == pytest.approx(drawn, rel=1e-12)

@@ -351,7 +351,7 @@ def test_notes_count_repeats_of_one_kind_on_its_first_note_and_keep_room_for_oth
     )
     # whole numbers tell kinds apart: another set-point's late solve is a note of its own
     late_35 = late.replace("supply 30", "supply 35").format(0.5)
-    guard = "guard: r1: 4 idle cards to low power for the cap"
+    guard = "guard: r1: 4 of 12 awake idle cards to low power for the cap"
     policy._on_decision(proposal(site, time_s=930.0, explanation=(late.format(0.5), late_35, guard)), ApplyReport())
     assert policy.stats.notes == [
         f"t=15 s: {late.format(0.3)} (and 60 more like it, the last at t=930 s)",
