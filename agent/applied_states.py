@@ -31,7 +31,11 @@ states, per site card:
   (:meth:`AppliedStates._explain`: the reading that showed the agent's own command overtook its rack's
   applied state) by the time the site clock is the rack's confirmation margin plus the telemetry
   deadline past the reading (:meth:`AppliedStates.settle_disprovals`: after each message, and on the
-  service's health tick, so that a count does not wait for the telemetry to come back after a silence).
+  service's health tick, so that a count does not wait for the telemetry to come back after a silence),
+  and logged (a warning naming the rack, the setting and its cards); a card's confirmation taken while
+  its disproval was pending, stamped within that one's bound, and disproved again is the same disproval
+  (:meth:`AppliedStates._hold_pending`: the card counts once at most, and the applied state that
+  explains the first explains it).
 
 The ingest hands it each applied state (:meth:`AppliedStates.take`), each card reading
 (:meth:`AppliedStates.note_reading`, before it reads the cards' levels from :attr:`AppliedStates.level`)
@@ -318,7 +322,8 @@ class AppliedStates:
         clock: up to a telemetry period after it applied, whether sampled or averaged), or any
         when the applied state is stamped too far ahead of the site clock (a retained copy from an
         earlier run of the rack, on another timeline); none of a card or rack the belief holds stuck
-        (``TwinState.stuck_cards``, ``stuck_racks``)."""
+        (``TwinState.stuck_cards``, ``stuck_racks``). Each disproval is held pending
+        (:meth:`_hold_pending`) with what the reading showed."""
         at = self._ts_s[idx]
         after = ts_s > at + margin_s  # False where NaN: nothing confirmed
         pending = at[np.isfinite(at) & ~after]
@@ -343,20 +348,43 @@ class AppliedStates:
         self._disproved_ts_s[hit], self._disproved_seq[hit] = self._ts_s[hit], self._seq[hit]
         if faster.any():
             self.level[idx[faster]] = -1
-            self._shown_clock_mhz[idx[faster]] = clock_mhz[faster]
         if lim_off.any():
             self.power_limit_w[idx[lim_off]] = np.nan
-            self._shown_limit_w[idx[lim_off]] = limit_w[lim_off]
         if awake.any():
             self.low_power[idx[awake]] = np.nan
-        for k, hit in ((_LEVEL, faster), (_LIMIT, lim_off), (_LOW, awake)):
+        for k, hit, shown, values in (
+            (_LEVEL, faster, self._shown_clock_mhz, clock_mhz),
+            (_LIMIT, lim_off, self._shown_limit_w, limit_w),
+            (_LOW, awake, None, None),
+        ):
             if hit.any():
-                cards = idx[hit]
-                # one pending per card and setting: one still pending when its card's setting was confirmed
-                # again and disproved again was not explained by then, nor can it be now
-                self._count_disprovals(self._pending_of(k, cards))
-                self._explain_by_s[k, cards] = ts_s + margin_s
-                self._next_due_s = min(self._next_due_s, ts_s + margin_s + self.telemetry_deadline_s)
+                fresh = self._hold_pending(k, idx[hit], ts_s + margin_s)
+                if shown is not None and values is not None:
+                    shown[idx[hit][fresh]] = values[hit][fresh]
+
+    def _hold_pending(self, k: int, cards: IntArray, explain_by_s: float) -> npt.NDArray[np.bool_]:
+        """Hold the disproval of setting ``k`` of ``cards`` (site indices) by a reading, pending until an
+        applied state stamped no later than ``explain_by_s`` explains it (:meth:`_explain`) or the bound
+        passes (:meth:`settle_disprovals`); which of ``cards`` hold a new pending one (the reading's).
+
+        One pending per card and setting. A card whose setting an earlier reading disproved, still pending,
+        and confirmed again since by an applied state stamped within that pending one's bound (a late one
+        that did not explain it: published before the reading, it showed the old setting), may still get
+        the applied state that explains it: the rack's come in order (an older one is refused), and the
+        next may be stamped within the bound too. Its disproval by this reading is the same one, kept
+        pending as it is: the card counts once at most. Counted at once (before 2026-12-05), it was a false
+        alarm: a 75-minute demo run counted 8 cards' low power on a rack whose readings showing a wake
+        overtook the applied states of the commands it had applied a second before (still asleep) and of
+        the wake, which explained both. A pending one whose bound the confirmation disproved now is stamped
+        after was not explained, nor can it be now: counted."""
+        held = self._explain_by_s[k, cards]
+        same = self._ts_s[cards] <= held  # False where NaN: none pending
+        self._count_disprovals(self._pending_of(k, cards[~same]))
+        fresh = np.asarray(~same, dtype=np.bool_)
+        self._explain_by_s[k, cards[fresh]] = explain_by_s
+        if fresh.any():
+            self._next_due_s = min(self._next_due_s, explain_by_s + self.telemetry_deadline_s)
+        return fresh
 
     # ---- disprovals -----------------------------------------------------------------------------
     def _pending_of(self, k: int, cards: IntArray) -> npt.NDArray[np.bool_]:
@@ -426,8 +454,28 @@ class AppliedStates:
             return
         names = self._rack_names
         for k, setting in enumerate(DISPROVABLE_SETTINGS):
-            racks, counts = np.unique(np.flatnonzero(mask[k]) // self._cpr, return_counts=True)
+            cards = np.flatnonzero(mask[k])
+            racks, counts = np.unique(cards // self._cpr, return_counts=True)
             for r, n in zip(racks.tolist(), counts.tolist(), strict=True):
                 key = (setting, names[r])
                 self.stats.applied_disproved[key] = self.stats.applied_disproved.get(key, 0) + n
+                mine = cards[cards // self._cpr == r]
+                log.warning(
+                    "%s: the %s of %d card(s) as the rack's applied state confirmed it was disproved by a reading "
+                    "and no applied state stamped by ts %.3f explained it (a reset or a change outside the agent's "
+                    "commands?): cards %s",
+                    names[r],
+                    setting,
+                    n,
+                    float(np.nanmax(self._explain_by_s[k, mine])),
+                    _card_runs(mine - r * self._cpr),
+                )
         self._explain_by_s[mask] = np.nan
+
+
+def _card_runs(cards: IntArray) -> str:
+    """Sorted rack-local card indices as runs: ``0-3, 8, 40-47``."""
+    runs: list[str] = []
+    for run in np.split(cards, np.flatnonzero(np.diff(cards) != 1) + 1):
+        runs.append(f"{run[0]}-{run[-1]}" if run.size > 1 else f"{run[0]}")
+    return ", ".join(runs)

@@ -8,13 +8,15 @@ simulator in a child process, the agent in enforce mode in this process), one pu
 
 Prints the agent's applied states taken, those refused as older and dropped, per rack, and the cards whose
 confirmed setting was disproved (``racktwin_applied_state_disproved_total``) as the service's ingest counted
-them at the end of the run.
+them at the end of the run, with the agent's log line for each count (its rack, setting, cards and the
+stamp by which no applied state explained it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import tempfile
 import time
@@ -46,6 +48,14 @@ def main() -> int:
         return services[-1]
 
     demo._agent_service = kept
+    counted: list[str] = []  # the ingest's warning for each disproval it counts (agent.applied_states)
+
+    class Counted(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "was disproved" in record.getMessage():
+                counted.append(record.getMessage())
+
+    logging.getLogger("racktwin.agent.ingest").addHandler(Counted(logging.WARNING))
     broker = EmbeddedBroker().start()
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -67,6 +77,8 @@ def main() -> int:
     for rack in racks:
         print(f"| {rack} | {stats.applied_states_old.get(rack, 0)} | {stats.applied_states_old_dropped.get(rack, 0)} |")
     print(f"cards disproved (setting, rack): {stats.applied_disproved or 'none'}")
+    for line in counted:
+        print(f"  {line}")
     return 0
 
 

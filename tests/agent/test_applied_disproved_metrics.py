@@ -22,6 +22,7 @@ sees."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -178,13 +179,92 @@ def test_a_reading_that_overtakes_the_applied_state_of_the_agents_own_command_co
     assert ing.stats.applied_disprovals_explained == 6
 
 
+def test_a_wake_whose_reading_overtakes_the_racks_applied_states_of_that_second_and_the_last_counts_nothing(
+    service: AgentService,
+) -> None:
+    """What a 75-minute demo run counted as 8 low-power disprovals on one rack (2026-12-05): rack r5's
+    cards 40 to 47, confirmed asleep, are woken by the agent at T0 + 6, after other commands to the rack at
+    T0 + 5. The readings showing them awake reach the agent before the rack's applied states (QoS 0 ahead
+    of QoS 1): the one of T0 + 6 disproves the sleep (pending until an applied state stamped by T0 + 7.5
+    explains it); then the applied state of T0 + 5 comes, still showing them asleep (it explains nothing,
+    and confirms the sleep again), and the reading of T0 + 7 disproves that confirmation too; at last the
+    applied state of T0 + 6 confirms them awake. It explains both: nothing is counted, also well past the
+    bound. Before, the second disproval counted the first at once (8 cards, alert
+    ``RacktwinRackSettingsChanged``), as if no applied state could still explain it."""
+    rack = service.site.rack_names[5]
+    ing = service.ingest
+    asleep = np.ones(N, dtype=bool)
+    woken = np.ones(N, dtype=bool)
+    woken[40:48] = False
+
+    def reading(ts_s: float, low: np.ndarray) -> wire.CardBatch:
+        return cards_msg(rack, ts_s, sm_clock_mhz=np.where(low, 0.0, 1430.0), low_power=low)
+
+    ing.handle(_applied(rack, T0, level=5, limit_w=700.0, low=asleep))
+    for i in range(1, 6):
+        ing.handle(reading(T0 + i, asleep))
+    ing.handle(reading(T0 + 6.0, woken))  # the wake applied at T0 + 6
+    assert np.all(np.isnan(ing.applied_low_power[5 * N + 40 : 5 * N + 48]))
+    ing.handle(dataclasses.replace(_applied(rack, T0 + 5.0, level=5, limit_w=700.0, low=asleep), seq=6))
+    assert np.all(ing.applied_low_power[5 * N + 40 : 5 * N + 48] == 1.0)  # confirmed asleep again
+    ing.handle(reading(T0 + 7.0, woken))  # disproves it again
+    ing.flush()
+    assert ing.stats.applied_disproved == {}
+    ing.handle(dataclasses.replace(_applied(rack, T0 + 6.0, level=5, limit_w=700.0, low=woken), seq=7))
+    past_the_bound(ing, T0 + 7.0)
+    assert ing.stats.applied_disproved == {}
+    assert _disproved(service, rack) == NONE
+    assert _all_disproved(service) == 0.0
+    assert np.all(ing.applied_low_power[5 * N + 40 : 5 * N + 48] == 0.0)
+
+
+def test_a_confirmation_disproved_again_within_the_bound_counts_its_card_once_when_nothing_explains_it(
+    service: AgentService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same readings without the applied state that would explain them (the cards woken behind the
+    agent's back, the rack's applied states of that second still saying asleep): each card counts once,
+    when the bound of the first reading passed. A confirmation disproved again that was stamped after the
+    earlier disproval's bound still counts that one at once (no applied state to come can explain it).
+    Each count is logged with its rack, setting and the rack's cards (what an operator chasing alert
+    ``RacktwinRackSettingsChanged`` looks for)."""
+    rack = service.site.rack_names[5]
+    ing = service.ingest
+    asleep = np.ones(N, dtype=bool)
+    woken = np.ones(N, dtype=bool)
+    woken[40:48] = False
+
+    def reading(ts_s: float, low: np.ndarray) -> wire.CardBatch:
+        return cards_msg(rack, ts_s, sm_clock_mhz=np.where(low, 0.0, 1430.0), low_power=low)
+
+    ing.handle(_applied(rack, T0, level=5, limit_w=700.0, low=asleep))
+    for i in range(1, 6):
+        ing.handle(reading(T0 + i, asleep))
+    ing.handle(reading(T0 + 6.0, woken))
+    ing.handle(dataclasses.replace(_applied(rack, T0 + 5.0, level=5, limit_w=700.0, low=asleep), seq=6))
+    ing.handle(reading(T0 + 7.0, woken))
+    ing.flush()
+    assert ing.stats.applied_disproved == {}
+    ing.handle(dataclasses.replace(_applied(rack, T0 + 8.0, level=5, limit_w=700.0, low=asleep), seq=7))
+    assert ing.stats.applied_disproved == {}  # (stamped after the bound: it explains nothing, as asleep)
+    with caplog.at_level(logging.WARNING, logger="racktwin.agent.ingest"):
+        ing.handle(reading(T0 + 10.0, woken))  # disproves a confirmation stamped after the pending one's bound
+    assert ing.stats.applied_disproved == {("low_power", rack): 8}
+    lines = [r.getMessage() for r in caplog.records if "disproved" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("r5: the low_power of 8 card(s)"), lines
+    assert lines[0].endswith("cards 40-47") and f"ts {T0 + 7.5:.3f}" in lines[0], lines
+    past_the_bound(ing, T0 + 10.0)
+    assert _disproved(service, rack) == {"level": 0.0, "power_limit": 0.0, "low_power": 16.0}
+
+
 def test_a_rack_reset_to_its_defaults_is_counted_once_per_card_and_setting_on_its_rack(service: AgentService) -> None:
     """Rack r1 confirmed every card asleep at level 5 under a 500 W limit, then was reset to its defaults
     (awake, top clock, 700 W) without publishing its applied state. Its readings show the defaults for a
     while; the agent, its confirmation forgotten, commands the cards again and the rack confirms that
     (stamped after the readings, and not what they showed: no explanation), and a confirmation in the
     window that does not agree with the readings (an applied state stamped before them, showing the old
-    settings) explains nothing either. Each of the 64 cards counts once per setting, on r1 only."""
+    settings) explains nothing either. Each of the 64 cards counts once per setting, on r1 only: the
+    readings that disprove that confirmation again are the same disproval (it was stamped within the first
+    reading's bound; counted twice before, 128 per setting, when the card's setting was disproved again)."""
     r0, r1 = service.site.rack_names[:2]
     ing = service.ingest
     asleep = np.ones(N, dtype=bool)
@@ -198,7 +278,7 @@ def test_a_rack_reset_to_its_defaults_is_counted_once_per_card_and_setting_on_it
     ing.handle(_applied(r1, T0 + 20.0, level=5, limit_w=500.0, low=asleep))  # the agent's command again
     assert ing.applied_level[N] == 5
     past_the_bound(ing, T0 + 20.0)
-    assert _disproved(service, r1) == {"level": 128.0, "power_limit": 128.0, "low_power": 128.0}
+    assert _disproved(service, r1) == {"level": 64.0, "power_limit": 64.0, "low_power": 64.0}
     assert _disproved(service, r0) == NONE
 
 
