@@ -6,8 +6,11 @@ DVFS + idle (:func:`greedy_dvfs`), always within the rack caps and die limits wh
    clock-sensitive work stay there), every idle card in low-power idle; by monotonicity this is
    the least power every rack can reach, so if it breaks a cap no plan meets it (see
    ``models.explain``);
-2. the ready reserve is woken in the racks with the most headroom first (each rack takes as many
-   as fit), which fits whenever any plan's reserve fits, because step 1 left every rack at its least power;
+2. the ready reserve is kept on the idle cards awake now (``DvfsTables.rack_awake_now``), racks with
+   the most headroom first, then the rest is woken in the racks with the most headroom first (each
+   rack takes as many as fit), which fits whenever any plan's reserve fits, because step 1 left every
+   rack at its least power (the order moves no card beyond a rack's room); a split by headroom alone
+   moved between decisions and slept cards on one rack while it woke others on another;
 3. levels are raised, best gain per watt first (gain = priority-weighted throughput value minus
    the marginal facility energy cost), each move only if every rack the job spans keeps its cap.
    A lazy max-heap keeps this O(moves log jobs): headroom only shrinks, so a move that no longer
@@ -52,16 +55,20 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     awake = np.zeros(t.n_racks, dtype=np.int64)
     if explanation:
         return GreedyDvfs(level, awake, False, explanation)
-    # ready reserve: racks with the most headroom first
+    # ready reserve: the idle cards awake now first, then cards woken; racks with the most headroom first
     remaining = t.reserve
     room = reserve_capacity(t, rack_p)
-    for r in np.argsort(-(t.rack_cap_w - rack_p), kind="stable"):
-        if remaining <= 0:
-            break
-        k = int(min(room[r], remaining))
-        awake[r] = k
-        rack_p[r] += k * t.rack_wake_w[r]
-        remaining -= k
+    order = np.argsort(-(t.rack_cap_w - rack_p), kind="stable")
+    for limit in (np.minimum(room, t.rack_awake_now), room):
+        for r in order:
+            if remaining <= 0:
+                break
+            k = int(min(limit[r] - awake[r], remaining))
+            if k <= 0:
+                continue
+            awake[r] += k
+            rack_p[r] += k * t.rack_wake_w[r]
+            remaining -= k
 
     e_price = p.prices.energy_price_per_kwh / 1000.0 * line.b  # currency per W-hour of IT power
     order = np.argsort(t.pair_job, kind="stable")

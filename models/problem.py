@@ -28,6 +28,13 @@ A problem may also name jobs to run at their least-power level whatever their di
 limit has no plan, and one such job must not leave every other job without one; the agent's
 controller names them (``agent.controller``) and its guard caps their hot cards. Their cards are
 exempt from the die limit in the plan's checks (:meth:`CycleProblem.die_exempt_cards`).
+
+A problem may say which cards are awake now (``awake_now``, per card, or ``None``: none known), for
+the ready reserve's split between racks: the tables count each rack's idle cards awake now
+(``DvfsTables.rack_awake_now``), and every model charges each idle card it keeps awake on a rack beyond
+that count a wake tie-break of :data:`WAKE_TIE_W` watts' worth of IT power (the greedy plan fills the
+racks' cards awake now first). The plans are otherwise indifferent between racks with room for the
+reserve, and a split that moved between decisions slept cards on one rack and woke cards on another.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ BoolArray = npt.NDArray[np.bool_]
 _PHASES = PhaseModel()
 
 __all__ = [
+    "WAKE_TIE_W",
     "CycleProblem",
     "DvfsTables",
     "FacilityLine",
@@ -69,6 +77,12 @@ __all__ = [
 
 #: card index of an idle card in ``card_job``
 IDLE = -1
+
+#: The wake tie-break: an idle card a plan keeps awake on a rack beyond the idle cards awake there now
+#: (``DvfsTables.rack_awake_now``) costs as much as this many watts of IT power (priced as the objective
+#: prices IT power), not counted in the plan's power. It only breaks ties: racks with room for the
+#: ready reserve differ by fractions of a watt in a card's wake power, and a job's level is worth ~70 W.
+WAKE_TIE_W = 1.0
 
 
 class ProblemError(ValueError):
@@ -132,6 +146,8 @@ class CycleProblem:
     ``host_off`` (per host, or None: all on) names the hosts powered off for the cycle (see module docstring).
     ``least_power_jobs`` (per job, or None: none) names the jobs pinned at their least-power level,
     exempt from the die limit and their SLO (see module docstring).
+    ``awake_now`` (per card, or None: none) names the cards awake now, not in low-power idle (read for
+    the idle cards only: the ready reserve's split prefers them, see module docstring).
     """
 
     site: SiteSpec
@@ -152,6 +168,7 @@ class CycleProblem:
     queue: tuple[JobSpec, ...] = ()
     host_off: BoolArray | None = None
     least_power_jobs: BoolArray | None = None
+    awake_now: BoolArray | None = None
 
     @property
     def n_cards(self) -> int:
@@ -237,6 +254,7 @@ def make_problem(
     prices: Prices | None = None,
     queue: Sequence[JobSpec] = (),
     host_off: Sequence[bool] | BoolArray | None = None,
+    awake_now: Sequence[bool] | BoolArray | None = None,
 ) -> CycleProblem:
     """Build and validate a :class:`CycleProblem` from plain arrays.
 
@@ -250,6 +268,7 @@ def make_problem(
     offset; note that right after a phase, level or supply change that excess is a transient, not an
     error. Otherwise no offset. ``ready_reserve_cards`` (awake idle cards kept for
     queued work) defaults to the size of the largest queued job, clipped to the idle cards.
+    ``awake_now`` (per card) names the cards awake now (see :class:`CycleProblem`).
     Raises :class:`ProblemError` on any invalid data.
     """
     n = site.n_cards
@@ -334,6 +353,7 @@ def make_problem(
         prices=prices if prices is not None else Prices(),
         queue=tuple(queue),
         host_off=off_arr,
+        awake_now=None if awake_now is None else _as_array("awake_now", awake_now, (n,), bool).astype(np.bool_),
     )
 
 
@@ -525,6 +545,7 @@ class DvfsTables:
     rack_idle: IntArray  # idle cards
     rack_wake_w: FloatArray  # extra power of one idle card awake instead of low power (worst card)
     rack_cap_w: FloatArray  # limit - margin
+    rack_awake_now: IntArray  # idle cards awake now (CycleProblem.awake_now): kept awake, no wake tie-break
     reserve: int
     # per card (for plans)
     card_level_power_w: FloatArray  # (n_cards, L) steady power of each busy card at each level
@@ -608,6 +629,8 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
     wake = np.zeros(n_racks)
     np.maximum.at(wake, card_rack[idle], (aw_w - lp_w)[idle])
     rack_idle = np.bincount(card_rack[idle], minlength=n_racks).astype(np.int64)
+    awake_idle = idle & (False if p.awake_now is None else p.awake_now)
+    rack_awake_now = np.bincount(card_rack[awake_idle], minlength=n_racks).astype(np.int64)
     return DvfsTables(
         supply_c=supply,
         n_levels=n_lv,
@@ -629,6 +652,7 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
         rack_idle=rack_idle,
         rack_wake_w=wake,
         rack_cap_w=p.rack_cap_w(),
+        rack_awake_now=rack_awake_now,
         reserve=int(min(p.ready_reserve_cards, int(rack_idle.sum()))),
         card_level_power_w=card_level_power,
         card_level_die_c=card_level_die,
