@@ -6,11 +6,13 @@ DVFS + idle (:func:`greedy_dvfs`), always within the rack caps and die limits wh
    clock-sensitive work stay there), every idle card in low-power idle; by monotonicity this is
    the least power every rack can reach, so if it breaks a cap no plan meets it (see
    ``models.explain``);
-2. the ready reserve is kept on the idle cards awake now (``DvfsTables.rack_awake_now``), racks with
-   the most headroom first, then the rest is woken in the racks with the most headroom first (each
-   rack takes as many as fit), which fits whenever any plan's reserve fits, because step 1 left every
-   rack at its least power (the order moves no card beyond a rack's room); a split by headroom alone
-   moved between decisions and slept cards on one rack while it woke others on another;
+2. the ready reserve is kept on the idle cards awake now (``DvfsTables.rack_awake_now``) where their
+   rack holds them with its jobs at their most power (so that keeping them there never stops a job's
+   level from rising in step 3), racks with the most headroom first; the rest is woken in the racks
+   with the most headroom first (each rack takes as many as fit), which fits whenever any plan's
+   reserve fits, because step 1 left every rack at its least power (the order moves no card beyond
+   a rack's room); a split by headroom alone moved between decisions and slept cards on one rack
+   while it woke others on another;
 3. levels are raised, best gain per watt first (gain = priority-weighted throughput value minus
    the marginal facility energy cost), each move only if every rack the job spans keeps its cap.
    A lazy max-heap keeps this O(moves log jobs): headroom only shrinks, so a move that no longer
@@ -59,7 +61,7 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     remaining = t.reserve
     room = reserve_capacity(t, rack_p)
     order = np.argsort(-(t.rack_cap_w - rack_p), kind="stable")
-    for limit in (np.minimum(room, t.rack_awake_now), room):
+    for limit in (np.minimum(reserve_capacity(t, _most_power_w(t, level)), t.rack_awake_now), room):
         for r in order:
             if remaining <= 0:
                 break
@@ -133,3 +135,15 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
         if mv is not None:
             heapq.heappush(heap, (-mv[0], j, mv[1]))
     return GreedyDvfs(level, awake, True, "")
+
+
+def _most_power_w(t: DvfsTables, start: IntArray) -> npt.NDArray[np.float64]:
+    """Per rack: its power with every job at the most power step 3 may raise it to (a job's allowed
+    levels; a fixed job stays at ``start``, its first level) and no idle card awake."""
+    pairs = np.arange(t.pair_job.size)
+    allowed = t.allowed[t.pair_job] & ~t.fixed[t.pair_job][:, None]
+    allowed[pairs, start[t.pair_job]] = True
+    most = np.where(allowed, t.pair_power_w, -np.inf).max(axis=1, initial=-np.inf)
+    rack_w = t.rack_base_w.copy()
+    np.add.at(rack_w, t.pair_rack, most)
+    return rack_w
