@@ -26,7 +26,11 @@ decision, compares it with the plant's true state just before it is applied:
   0.5 W; hosts: one per rack and direction; the set-point; each placement; pump speeds that change by
   more than 0.005). Counted from the plant's truth, not from what the racks last reported (the in-process
   loop has no delay and no expired commands), and without the periodic renewal of a slowed pump: an
-  estimate of the wire traffic, exact for the low-power part.
+  estimate of the wire traffic, exact for the low-power part;
+* placed cards / asleep: the cards of each placement and those of them in low-power idle when it is
+  applied (a job placed there waits the cards' wake latency).
+
+The last line adds the share of host-seconds with the host off (``host_off_frac``, run_policy's).
 """
 
 from __future__ import annotations
@@ -125,6 +129,10 @@ def main() -> None:
         if decision.rack_pump_speed_frac is not None:
             other += int((np.abs(decision.rack_pump_speed_frac - truth.rack_pump_speed_frac) > 0.005).sum())
         h["commands"] += lp_cmds + other
+        for order in decision.placements:
+            placed = np.asarray(order.cards, dtype=np.int64)
+            h["placed_cards"] += int(placed.size)
+            h["placed_asleep"] += int(truth.low_power[placed].sum())
         return rep
 
     agent.loop.apply_to_plant = counted
@@ -132,7 +140,17 @@ def main() -> None:
     m = agent.evaluate.run_policy(scenario, args.policy).metrics
     cpu_s = time.process_time() - cpu0
 
-    keys = ("decisions", "slept", "woken", "swapped", "decisions_both", "lowpower_cmds", "commands")
+    keys = (
+        "decisions",
+        "slept",
+        "woken",
+        "swapped",
+        "decisions_both",
+        "lowpower_cmds",
+        "commands",
+        "placed_cards",
+        "placed_asleep",
+    )
     print(f"{args.policy}, {args.duration_s:g} site s of {Path(args.scenario).name}, packages of {tree}")
     print("| site hour | " + " | ".join(keys) + " |")
     print("|---:|" + "---:|" * len(keys))
@@ -142,7 +160,7 @@ def main() -> None:
     print("| all | " + " | ".join(str(total[k]) for k in keys) + " |")
     print(
         f"facility {m['facility_energy_kwh']:.3f} kWh, throughput {m['throughput']:.5f}, "
-        f"low-power card frac {m['low_power_card_frac']:.4f}, {cpu_s:.0f} CPU s"
+        f"low-power card frac {m['low_power_card_frac']:.4f}, host off frac {m['host_off_frac']:.4f}, {cpu_s:.0f} CPU s"
     )
     if args.json is not None:
         out = {
@@ -154,6 +172,7 @@ def main() -> None:
             "facility_energy_kwh": m["facility_energy_kwh"],
             "throughput": m["throughput"],
             "low_power_card_frac": m["low_power_card_frac"],
+            "host_off_frac": m["host_off_frac"],
             "cpu_s": cpu_s,
         }
         args.json.write_text(json.dumps(out, indent=1))
