@@ -6,13 +6,14 @@ DVFS + idle (:func:`greedy_dvfs`), always within the rack caps and die limits wh
    clock-sensitive work stay there), every idle card in low-power idle; by monotonicity this is
    the least power every rack can reach, so if it breaks a cap no plan meets it (see
    ``models.explain``);
-2. the ready reserve is kept on the idle cards awake now (``DvfsTables.rack_awake_now``) where their
-   rack holds them with its jobs at their most power (so that keeping them there never stops a job's
-   level from rising in step 3), racks with the most headroom first; the rest is woken in the racks
-   with the most headroom first (each rack takes as many as fit), which fits whenever any plan's
-   reserve fits, because step 1 left every rack at its least power (the order moves no card beyond
-   a rack's room); a split by headroom alone moved between decisions and slept cards on one rack
-   while it woke others on another;
+2. the ready reserve is woken in the racks with the most headroom first (each rack takes as many as
+   fit), which fits whenever any plan's reserve fits, because step 1 left every rack at its least
+   power. With a wake tie-break (``DvfsTables.wake_tie_w`` > 0) it is first kept on the idle cards
+   awake now (``DvfsTables.rack_awake_now``) where their rack holds them with its jobs at their most
+   power (so that keeping them there never stops a job's level from rising in step 3), racks with the
+   most headroom first, and only the rest is woken as above (the order moves no card beyond a rack's
+   room); a split by headroom alone moves between decisions and sleeps cards on one rack while it
+   wakes others on another;
 3. levels are raised, best gain per watt first (gain = priority-weighted throughput value minus
    the marginal facility energy cost), each move only if every rack the job spans keeps its cap.
    A lazy max-heap keeps this O(moves log jobs): headroom only shrinks, so a move that no longer
@@ -57,11 +58,15 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     awake = np.zeros(t.n_racks, dtype=np.int64)
     if explanation:
         return GreedyDvfs(level, awake, False, explanation)
-    # ready reserve: the idle cards awake now first, then cards woken; racks with the most headroom first
+    # ready reserve: racks with the most headroom first; with a wake tie-break, the idle cards awake now
+    # first (where their rack holds them with its jobs at their most power), then cards woken
     remaining = t.reserve
     room = reserve_capacity(t, rack_p)
     order = np.argsort(-(t.rack_cap_w - rack_p), kind="stable")
-    for limit in (np.minimum(reserve_capacity(t, _most_power_w(t, level)), t.rack_awake_now), room):
+    limits = [room]
+    if t.wake_tie_w > 0.0:
+        limits.insert(0, np.minimum(reserve_capacity(t, _most_power_w(t, level)), t.rack_awake_now))
+    for limit in limits:
         for r in order:
             if remaining <= 0:
                 break

@@ -29,12 +29,16 @@ limit has no plan, and one such job must not leave every other job without one; 
 controller names them (``agent.controller``) and its guard caps their hot cards. Their cards are
 exempt from the die limit in the plan's checks (:meth:`CycleProblem.die_exempt_cards`).
 
-A problem may say which cards are awake now (``awake_now``, per card, or ``None``: none known), for
-the ready reserve's split between racks: the tables count each rack's idle cards awake now
-(``DvfsTables.rack_awake_now``), and every model charges each idle card it keeps awake on a rack beyond
-that count a wake tie-break of :data:`WAKE_TIE_W` watts' worth of IT power (the greedy plan fills the
-racks' cards awake now first). The plans are otherwise indifferent between racks with room for the
-reserve, and a split that moved between decisions slept cards on one rack and woke cards on another.
+A problem may say which cards are awake now (``awake_now``, per card, or ``None``: none known) and
+weigh a wake tie-break (``wake_tie_w``, W per card woken; 0, the default, is off), for the ready
+reserve's split between racks. The tables count each rack's idle cards awake now
+(``DvfsTables.rack_awake_now``) and carry the weight (``DvfsTables.wake_tie_w``); with a weight above 0
+every model charges each idle card it keeps awake on a rack beyond that count as much as ``wake_tie_w``
+watts of IT power (the greedy plan fills the racks' cards awake now first). The plans are otherwise
+indifferent between racks with room for the reserve, and a split that moved between decisions slept
+cards on one rack and woke cards on another; the agent's setting is ``control.reserve_wake_tie_w``
+(opt-in: it trades fewer sleep/wake transitions for a little energy, docs/models.md). At 0 the models
+are built as without it: no extra column, row or parameter, the same greedy order.
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ BoolArray = npt.NDArray[np.bool_]
 _PHASES = PhaseModel()
 
 __all__ = [
-    "WAKE_TIE_W",
     "CycleProblem",
     "DvfsTables",
     "FacilityLine",
@@ -77,12 +80,6 @@ __all__ = [
 
 #: card index of an idle card in ``card_job``
 IDLE = -1
-
-#: The wake tie-break: an idle card a plan keeps awake on a rack beyond the idle cards awake there now
-#: (``DvfsTables.rack_awake_now``) costs as much as this many watts of IT power (priced as the objective
-#: prices IT power), not counted in the plan's power. It only breaks ties: racks with room for the
-#: ready reserve differ by fractions of a watt in a card's wake power, and a job's level is worth ~70 W.
-WAKE_TIE_W = 1.0
 
 
 class ProblemError(ValueError):
@@ -147,7 +144,9 @@ class CycleProblem:
     ``least_power_jobs`` (per job, or None: none) names the jobs pinned at their least-power level,
     exempt from the die limit and their SLO (see module docstring).
     ``awake_now`` (per card, or None: none) names the cards awake now, not in low-power idle (read for
-    the idle cards only: the ready reserve's split prefers them, see module docstring).
+    the idle cards only); ``wake_tie_w`` (W, >= 0; 0: off) is what the plans charge for each idle card
+    kept awake on a rack beyond those awake now there, a tie-break for the ready reserve's split (see
+    module docstring).
     """
 
     site: SiteSpec
@@ -169,6 +168,7 @@ class CycleProblem:
     host_off: BoolArray | None = None
     least_power_jobs: BoolArray | None = None
     awake_now: BoolArray | None = None
+    wake_tie_w: float = 0.0
 
     @property
     def n_cards(self) -> int:
@@ -255,6 +255,7 @@ def make_problem(
     queue: Sequence[JobSpec] = (),
     host_off: Sequence[bool] | BoolArray | None = None,
     awake_now: Sequence[bool] | BoolArray | None = None,
+    wake_tie_w: float = 0.0,
 ) -> CycleProblem:
     """Build and validate a :class:`CycleProblem` from plain arrays.
 
@@ -268,7 +269,8 @@ def make_problem(
     offset; note that right after a phase, level or supply change that excess is a transient, not an
     error. Otherwise no offset. ``ready_reserve_cards`` (awake idle cards kept for
     queued work) defaults to the size of the largest queued job, clipped to the idle cards.
-    ``awake_now`` (per card) names the cards awake now (see :class:`CycleProblem`).
+    ``awake_now`` (per card) names the cards awake now and ``wake_tie_w`` (W per card woken, finite,
+    >= 0; 0: off) weighs the wake tie-break (see :class:`CycleProblem`).
     Raises :class:`ProblemError` on any invalid data.
     """
     n = site.n_cards
@@ -335,6 +337,9 @@ def make_problem(
         if ready_reserve_cards < 0:
             raise ProblemError(f"ready_reserve_cards must be >= 0, got {ready_reserve_cards}")
         reserve = int(ready_reserve_cards)
+    tie_w = float(wake_tie_w)
+    if not (math.isfinite(tie_w) and tie_w >= 0.0):
+        raise ProblemError(f"wake_tie_w must be a finite number >= 0, got {wake_tie_w!r}")
     return CycleProblem(
         site=site,
         jobs=jobs,
@@ -354,6 +359,7 @@ def make_problem(
         queue=tuple(queue),
         host_off=off_arr,
         awake_now=None if awake_now is None else _as_array("awake_now", awake_now, (n,), bool).astype(np.bool_),
+        wake_tie_w=tie_w,
     )
 
 
@@ -551,6 +557,9 @@ class DvfsTables:
     card_level_power_w: FloatArray  # (n_cards, L) steady power of each busy card at each level
     card_level_die_c: FloatArray  # (n_cards, L)
     idle_awake_level: int
+    # the wake tie-break (CycleProblem.wake_tie_w): W of IT power per idle card kept awake on a rack beyond
+    # rack_awake_now; 0 = off, and the models are built without it
+    wake_tie_w: float = 0.0
 
     @property
     def n_jobs(self) -> int:
@@ -657,6 +666,7 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
         card_level_power_w=card_level_power,
         card_level_die_c=card_level_die,
         idle_awake_level=idle_lv,
+        wake_tie_w=float(p.wake_tie_w),
     )
 
 
