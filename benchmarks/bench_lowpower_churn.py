@@ -4,6 +4,7 @@ and wake, per site hour, and the commands the service would publish for them.
     python benchmarks/bench_lowpower_churn.py                                # racktwin, day-nominal.toml, 6 site h
     python benchmarks/bench_lowpower_churn.py --duration-s 86400 --json churn.json
     python benchmarks/bench_lowpower_churn.py --tree /tmp/old                # another checkout's packages
+    python benchmarks/bench_lowpower_churn.py --control reserve_wake_tie_w=1  # a [control] setting (repeatable)
 
 ``--tree DIR`` imports the packages of DIR (a ``git worktree add /tmp/old <commit>`` of an older commit)
 in place of this checkout's, so that two commits run side by side (one process each, at the same time);
@@ -65,17 +66,21 @@ def main() -> None:
     ap.add_argument("--duration-s", type=float, default=21600.0, help="site seconds from the start (default 21600)")
     ap.add_argument("--tree", type=Path, default=REPO, help="the checkout whose packages run (default this one)")
     ap.add_argument("--json", type=Path, help="also write the hourly rows and totals here")
+    ap.add_argument(
+        "--control", action="append", default=[], metavar="KEY=VALUE", help="a [control] setting (as evaluate)"
+    )
     args = ap.parse_args()
     tree = args.tree.resolve()
     sys.path.insert(0, str(tree))
 
     import numpy as np
 
+    import agent.commands.evaluate
     import agent.evaluate
     import agent.loop
     import twin.scenario
 
-    for mod in (agent.evaluate, agent.loop, twin.scenario):
+    for mod in (agent.commands.evaluate, agent.evaluate, agent.loop, twin.scenario):
         if tree not in Path(str(mod.__file__)).resolve().parents:
             raise SystemExit(f"{mod.__name__} came from {mod.__file__}, not from {tree}")
 
@@ -137,7 +142,8 @@ def main() -> None:
 
     agent.loop.apply_to_plant = counted
     cpu0 = time.process_time()
-    m = agent.evaluate.run_policy(scenario, args.policy).metrics
+    control = agent.commands.evaluate.control_of(args.control)
+    m = agent.evaluate.run_policy(scenario, args.policy, control=control).metrics
     cpu_s = time.process_time() - cpu0
 
     keys = (
@@ -151,7 +157,8 @@ def main() -> None:
         "placed_cards",
         "placed_asleep",
     )
-    print(f"{args.policy}, {args.duration_s:g} site s of {Path(args.scenario).name}, packages of {tree}")
+    settings = "".join(f", --control {c}" for c in args.control)
+    print(f"{args.policy}, {args.duration_s:g} site s of {Path(args.scenario).name}, packages of {tree}{settings}")
     print("| site hour | " + " | ".join(keys) + " |")
     print("|---:|" + "---:|" * len(keys))
     total = {k: sum(hours[i][k] for i in hours) for k in keys}
@@ -166,6 +173,7 @@ def main() -> None:
         out = {
             "tree": str(tree),
             "policy": args.policy,
+            "control": args.control,
             "duration_s": args.duration_s,
             "hours": {str(i): dict(hours[i]) for i in sorted(hours)},
             "total": total,
