@@ -9,7 +9,9 @@
   thermal parameters and measured die offsets of the step's context, the set-point options within
   ``max_setpoint_step_k``, each rack's cap less the power the twin does not explain (and the wake
   power of the refused idle cards that are awake), at least ``_NO_ROOM_W`` (a rack with no room is
-  then one :func:`relax` leaves to the guard), the ready reserve on the cards a job can take;
+  then one :func:`relax` leaves to the guard), the ready reserve on the cards a job can take, and which
+  of them are awake now (with the opt-in ``reserve_wake_tie_w``, the plan keeps the reserve on those
+  where racks tie: ``CycleProblem.wake_tie_w``);
 * :func:`plan_cycle`: the planner's plan (``models.solve.CyclePlanner``; the greedy plan without the
   solver) and the problem it plans; where no plan meets every constraint, the plan of the problem
   :func:`relax` leaves, flagged infeasible, and that problem;
@@ -185,6 +187,8 @@ def cycle_problem(
         ready_reserve_cards=reserve,
         margins=margins,
         prices=prices,
+        awake_now=~snap_lp,
+        wake_tie_w=cfg.reserve_wake_tie_w,
     )
 
 

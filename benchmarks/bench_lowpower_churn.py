@@ -4,6 +4,7 @@ and wake, per site hour, and the commands the service would publish for them.
     python benchmarks/bench_lowpower_churn.py                                # racktwin, day-nominal.toml, 6 site h
     python benchmarks/bench_lowpower_churn.py --duration-s 86400 --json churn.json
     python benchmarks/bench_lowpower_churn.py --tree /tmp/old                # another checkout's packages
+    python benchmarks/bench_lowpower_churn.py --control reserve_wake_tie_w=1  # a [control] setting (repeatable)
 
 ``--tree DIR`` imports the packages of DIR (a ``git worktree add /tmp/old <commit>`` of an older commit)
 in place of this checkout's, so that two commits run side by side (one process each, at the same time);
@@ -26,7 +27,11 @@ decision, compares it with the plant's true state just before it is applied:
   0.5 W; hosts: one per rack and direction; the set-point; each placement; pump speeds that change by
   more than 0.005). Counted from the plant's truth, not from what the racks last reported (the in-process
   loop has no delay and no expired commands), and without the periodic renewal of a slowed pump: an
-  estimate of the wire traffic, exact for the low-power part.
+  estimate of the wire traffic, exact for the low-power part;
+* placed cards / asleep: the cards of each placement and those of them in low-power idle when it is
+  applied (a job placed there waits the cards' wake latency).
+
+The last line adds the share of host-seconds with the host off (``host_off_frac``, run_policy's).
 """
 
 from __future__ import annotations
@@ -61,17 +66,21 @@ def main() -> None:
     ap.add_argument("--duration-s", type=float, default=21600.0, help="site seconds from the start (default 21600)")
     ap.add_argument("--tree", type=Path, default=REPO, help="the checkout whose packages run (default this one)")
     ap.add_argument("--json", type=Path, help="also write the hourly rows and totals here")
+    ap.add_argument(
+        "--control", action="append", default=[], metavar="KEY=VALUE", help="a [control] setting (as evaluate)"
+    )
     args = ap.parse_args()
     tree = args.tree.resolve()
     sys.path.insert(0, str(tree))
 
     import numpy as np
 
+    import agent.commands.evaluate
     import agent.evaluate
     import agent.loop
     import twin.scenario
 
-    for mod in (agent.evaluate, agent.loop, twin.scenario):
+    for mod in (agent.commands.evaluate, agent.evaluate, agent.loop, twin.scenario):
         if tree not in Path(str(mod.__file__)).resolve().parents:
             raise SystemExit(f"{mod.__name__} came from {mod.__file__}, not from {tree}")
 
@@ -125,15 +134,31 @@ def main() -> None:
         if decision.rack_pump_speed_frac is not None:
             other += int((np.abs(decision.rack_pump_speed_frac - truth.rack_pump_speed_frac) > 0.005).sum())
         h["commands"] += lp_cmds + other
+        for order in decision.placements:
+            placed = np.asarray(order.cards, dtype=np.int64)
+            h["placed_cards"] += int(placed.size)
+            h["placed_asleep"] += int(truth.low_power[placed].sum())
         return rep
 
     agent.loop.apply_to_plant = counted
     cpu0 = time.process_time()
-    m = agent.evaluate.run_policy(scenario, args.policy).metrics
+    control = agent.commands.evaluate.control_of(args.control)
+    m = agent.evaluate.run_policy(scenario, args.policy, control=control).metrics
     cpu_s = time.process_time() - cpu0
 
-    keys = ("decisions", "slept", "woken", "swapped", "decisions_both", "lowpower_cmds", "commands")
-    print(f"{args.policy}, {args.duration_s:g} site s of {Path(args.scenario).name}, packages of {tree}")
+    keys = (
+        "decisions",
+        "slept",
+        "woken",
+        "swapped",
+        "decisions_both",
+        "lowpower_cmds",
+        "commands",
+        "placed_cards",
+        "placed_asleep",
+    )
+    settings = "".join(f", --control {c}" for c in args.control)
+    print(f"{args.policy}, {args.duration_s:g} site s of {Path(args.scenario).name}, packages of {tree}{settings}")
     print("| site hour | " + " | ".join(keys) + " |")
     print("|---:|" + "---:|" * len(keys))
     total = {k: sum(hours[i][k] for i in hours) for k in keys}
@@ -142,18 +167,20 @@ def main() -> None:
     print("| all | " + " | ".join(str(total[k]) for k in keys) + " |")
     print(
         f"facility {m['facility_energy_kwh']:.3f} kWh, throughput {m['throughput']:.5f}, "
-        f"low-power card frac {m['low_power_card_frac']:.4f}, {cpu_s:.0f} CPU s"
+        f"low-power card frac {m['low_power_card_frac']:.4f}, host off frac {m['host_off_frac']:.4f}, {cpu_s:.0f} CPU s"
     )
     if args.json is not None:
         out = {
             "tree": str(tree),
             "policy": args.policy,
+            "control": args.control,
             "duration_s": args.duration_s,
             "hours": {str(i): dict(hours[i]) for i in sorted(hours)},
             "total": total,
             "facility_energy_kwh": m["facility_energy_kwh"],
             "throughput": m["throughput"],
             "low_power_card_frac": m["low_power_card_frac"],
+            "host_off_frac": m["host_off_frac"],
             "cpu_s": cpu_s,
         }
         args.json.write_text(json.dumps(out, indent=1))

@@ -53,6 +53,9 @@ def build_joint_setpoint_model(
     m.y = pyo.Var(m.S, domain=pyo.Binary, bounds=lambda m, s: (0, 1 if feasible[s] else 0))
     m.x = pyo.Var(m.J, m.K, m.S, domain=pyo.Binary, bounds=lambda m, j, k, s: (0, ubs[s][j, k]))
     m.a = pyo.Var(m.RI, m.S, domain=pyo.NonNegativeIntegers, bounds=lambda m, r, s: (0, int(t0.rack_idle[r])))
+    tie_w = t0.wake_tie_w  # the wake tie-break (0: off, no woken columns, rows or term)
+    if tie_w > 0.0:
+        m.woken = pyo.Var(m.RI, m.S, domain=pyo.NonNegativeReals)
     m.slack = pyo.Var(domain=pyo.NonNegativeReals)
 
     def it_w(s: int) -> object:
@@ -69,16 +72,20 @@ def build_joint_setpoint_model(
     _add_joint_rack_constraints(m, p)
     _add_joint_reserve_constraints(m, p)
     _add_joint_pue_constraints(m, p)
+    if tie_w > 0.0:
+        _add_joint_wake_constraints(m, p)
     price = p.prices.energy_price_per_kwh / 1000.0
     vmax = float(t0.job_value.max(axis=1, initial=0.0).sum())
     m.facility = pyo.Expression(expr=sum(lines[s].a_w * m.y[s] + lines[s].b * m.it[s] for s in m.S))
-    m.obj = pyo.Objective(
-        expr=sum(float(tabs[s].job_value[j, k]) * m.x[j, k, s] for j in m.J for k in m.K for s in m.S)
+    loss = (
+        sum(float(tabs[s].job_value[j, k]) * m.x[j, k, s] for j in m.J for k in m.K for s in m.S)
         - vmax
         - price * m.facility
-        - p.prices.pue_penalty_per_kwh / 1000.0 * m.slack,
-        sense=pyo.maximize,
+        - p.prices.pue_penalty_per_kwh / 1000.0 * m.slack
     )
+    if tie_w > 0.0:
+        loss = loss - price * tie_w * sum(lines[s].b * m.woken[r, s] for r in m.RI for s in m.S)
+    m.obj = pyo.Objective(expr=loss, sense=pyo.maximize)
     return m
 
 
@@ -124,6 +131,14 @@ def _add_joint_pue_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
     m.pue_soft = pyo.Constraint(
         expr=sum(m._lines[s].a_w * m.y[s] + (m._lines[s].b - pue) * m.it[s] for s in m.S) <= m.slack
     )
+
+
+def _add_joint_wake_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
+    """Cards woken at each set-point: ``a[r,s] - u[r,s] <= n[r]`` (``n[r]`` idle cards of rack ``r`` awake
+    now, ``u`` = ``m.woken``), ``u`` priced as ``DvfsTables.wake_tie_w`` watts of IT power each in the
+    objective (the wake tie-break of ``models.dvfs``; only when that weight is above 0)."""
+    now = m._tabs[0].rack_awake_now
+    m.kept_awake = pyo.Constraint(m.RI, m.S, rule=lambda m, r, s: m.a[r, s] - m.woken[r, s] <= int(now[r]))
 
 
 def solve_joint_setpoint(

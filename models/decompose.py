@@ -5,8 +5,9 @@ cross a supernode (placement's rule), so the job-rack graph falls apart into con
 of at most one supernode each. Only two rows are site-wide:
 
 * the ready reserve (``sum_r a[r] >= reserve``): it is split before solving, each part getting the
-  awake cards the greedy plan placed in its racks (racks with the most headroom); inside a part the
-  MILP may still move them between its racks;
+  awake cards the greedy plan placed in its racks (the idle cards awake now first, then racks with the
+  most headroom); inside a part the MILP may still move them between its racks (its wake tie-break
+  keeps them on the cards awake now where racks tie);
 * the soft PUE row: its penalty is linear in IT power while the PUE target is exceeded (or not).
   Each part prices IT power at the marginal rate of the greedy plan's state:
   ``energy_price * b + pue_penalty * (b - pue_target) * [greedy plan exceeds the target]``.
@@ -92,6 +93,7 @@ def restrict_tables(t: DvfsTables, jobs: IntArray, racks: IntArray, reserve: int
         rack_idle=t.rack_idle[racks],
         rack_wake_w=t.rack_wake_w[racks],
         rack_cap_w=t.rack_cap_w[racks],
+        rack_awake_now=t.rack_awake_now[racks],
         reserve=int(reserve),
         card_level_power_w=empty,
         card_level_die_c=empty,

@@ -4,7 +4,10 @@ Decisions, aggregated (DESIGN.md: one level per synchronous job, identical cards
 
 * ``x[j,k]`` in {0,1}: job ``j`` runs at level ``k`` (all its cards, in every rack it spans);
 * ``a[r]`` integer in 0..idle_r: idle cards of rack ``r`` kept awake (the rest in low-power idle);
-* ``s`` >= 0 W: facility power above the PUE target (soft constraint's slack).
+* ``s`` >= 0 W: facility power above the PUE target (soft constraint's slack);
+* ``u[r]`` >= 0, only with a wake tie-break (``DvfsTables.wake_tie_w`` > 0): idle cards of rack ``r`` kept
+  awake beyond those awake now (``a[r] - u[r] <= n[r]``, ``n[r]`` = ``DvfsTables.rack_awake_now``): the
+  cards the plan wakes there.
 
 Data (``models.problem.DvfsTables``, predicted by the twin at the supply set-point):
 ``P[j,r,k]`` the summed steady power of job ``j``'s cards in rack ``r`` at level ``k`` (with leakage
@@ -17,7 +20,10 @@ instead of rows: a card's temperature depends only on its own job's level, so th
 exact and costs nothing; a bound that changes leaves the structure as it is (``set_dvfs_data``
 sets the bounds and says which changed, for a persistent solver to take).
 
-Objective (maximize, per hour): ``sum V[j,k] x[j,k] - Vmax - price (a + b IT) - penalty s`` where
+Objective (maximize, per hour): ``sum V[j,k] x[j,k] - Vmax - price (a + b IT) - penalty s [- price b e sum u]``
+(``e`` = ``DvfsTables.wake_tie_w``, W per card woken, e.g. 1: a tie-break, so that the ready reserve stays
+on the racks whose idle cards are awake now when racks with room tie, not a power the plan draws; at
+``e`` = 0, the default, the model has no ``u`` columns, no rows for them and no term) where
 ``Vmax = sum_j max_k V[j,k]`` is a constant: the objective is minus the *loss* (throughput value
 given up plus facility energy cost plus PUE penalty), so HiGHS's relative gap is measured against
 that loss, not against the much larger total value (a 0.1% gap on the total would hide kilowatts).
@@ -70,6 +76,7 @@ def dvfs_structure_key(t: DvfsTables) -> tuple[object, ...]:
         t.pair_job.tobytes(),
         t.pair_rack.tobytes(),
         (t.rack_idle > 0).tobytes(),
+        t.wake_tie_w > 0.0,  # the wake tie-break's columns and rows (its weight is a parameter)
     )
 
 
@@ -106,26 +113,33 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     m.price_w = pyo.Param(mutable=True, initialize=0.0)
     m.penalty_w = pyo.Param(mutable=True, initialize=0.0)
     m.vmax = pyo.Param(mutable=True, initialize=0.0)
+    m._wake_tie = t.wake_tie_w > 0.0  # fixed for the model's life (dvfs_structure_key)
+    if m._wake_tie:
+        m.awake_now = pyo.Param(m.RI, mutable=True, initialize=0.0)
+        m.woken_gain = pyo.Param(mutable=True, initialize=0.0)
 
     # x's upper bounds are plain numbers that set_dvfs_data changes (see there), starting at 0
     m.x = pyo.Var(m.J, m.K, domain=pyo.Binary, bounds=(0, 0.0))
     m._x_ub = np.zeros((t.n_jobs, t.n_levels))
     m.a = pyo.Var(m.RI, domain=pyo.NonNegativeIntegers, bounds=lambda m, r: (0, m.idle[r]))
+    if m._wake_tie:
+        m.u = pyo.Var(m.RI, domain=pyo.NonNegativeReals)  # declared before s: the matrix's column order
     m.s = pyo.Var(domain=pyo.NonNegativeReals)
     set_dvfs_data(m, p, t, line)
     _add_level_choice_constraints(m, p)
     _add_rack_power_constraints(m, p)
     _add_reserve_constraints(m, p)
     _add_pue_constraints(m, p)
+    if m._wake_tie:
+        _add_wake_constraints(m, p)
     # The objective's coefficients are whole params (see set_dvfs_data): value - price fb P for
-    # x[j,k], - price fb w for a[r]. Written as val x - price (fa + fb it_w), each would be an
-    # expression that Pyomo re-evaluates at every persistent re-solve.
+    # x[j,k], - price fb w for a[r], - price fb e for u[r]. Written as val x - price (fa + fb it_w), each
+    # would be an expression that Pyomo re-evaluates at every persistent re-solve.
+    gain = sum(m.x_gain[j, k] * m.x[j, k] for j in m.J for k in m.K) + sum(m.a_gain[r] * m.a[r] for r in m.RI)
+    if m._wake_tie:
+        gain = gain + sum(m.woken_gain * m.u[r] for r in m.RI)
     m.obj = pyo.Objective(
-        expr=sum(m.x_gain[j, k] * m.x[j, k] for j in m.J for k in m.K)
-        + sum(m.a_gain[r] * m.a[r] for r in m.RI)
-        - m.vmax
-        - m.price_w * (m.fa + m.fb * m.base_total)
-        - m.penalty_w * m.s,
+        expr=gain - m.vmax - m.price_w * (m.fa + m.fb * m.base_total) - m.penalty_w * m.s,
         sense=pyo.maximize,
     )
     return m
@@ -181,6 +195,9 @@ def set_dvfs_data(
     minus_price_fb = (-pyo.value(m.price_w)) * pyo.value(m.fb)
     _store(m.x_gain, jk, t.job_value + minus_price_fb * t.job_power_w)
     _store(m.a_gain, idle_racks, minus_price_fb * t.rack_wake_w[idle_racks])
+    if m._wake_tie:
+        _store(m.awake_now, idle_racks, t.rack_awake_now[idle_racks].astype(np.float64))
+        m.woken_gain = minus_price_fb * t.wake_tie_w
     # the PUE row's coefficients, as Pyomo evaluated (fb - pue) P and (fb - pue) w (the same floats)
     fb_minus_pue = pyo.value(m.fb) - pyo.value(m.pue)
     _store(m.pue_x, jk, fb_minus_pue * t.job_power_w)
@@ -248,6 +265,12 @@ def _add_pue_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
     )
 
 
+def _add_wake_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
+    """Cards woken: ``a[r] - u[r] <= n[r]`` for every rack with idle cards (``n[r]`` of them awake now),
+    so that ``u[r]``, priced in the objective, is at least the cards kept awake beyond those awake now."""
+    m.woken = pyo.Constraint(m.RI, rule=lambda m, r: m.a[r] - m.u[r] <= m.awake_now[r])
+
+
 def extract_dvfs(m: pyo.ConcreteModel, t: DvfsTables) -> tuple[IntArray, IntArray]:
     """Job levels and awake idle cards per rack from a solved model."""
     level = np.full(t.n_jobs, t.n_levels - 1, dtype=np.int64)
@@ -267,8 +290,9 @@ def extract_dvfs(m: pyo.ConcreteModel, t: DvfsTables) -> tuple[IntArray, IntArra
 
 @dataclass(frozen=True, eq=False)
 class DvfsMatrix:
-    """Columns: x[j,k] (j-major), then a[r] for racks with idle cards, then s. Rows as in the
-    Pyomo model. Maximize ``c @ v + c0``. The matrix is in row-wise triplets."""
+    """Columns: x[j,k] (j-major), then a[r] for racks with idle cards, then (with a wake tie-break,
+    ``DvfsTables.wake_tie_w`` > 0) u[r] for the same racks, then s. Rows as in the Pyomo model.
+    Maximize ``c @ v + c0``. The matrix is in row-wise triplets."""
 
     c: FloatArray
     c0: float
@@ -289,18 +313,21 @@ def dvfs_matrix(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> DvfsMatri
     n_x = n_j * n_lv
     idle_racks = np.flatnonzero(t.rack_idle > 0).astype(np.int64)
     n_a = idle_racks.size
-    n_col = n_x + n_a + 1
+    n_u = n_a if t.wake_tie_w > 0.0 else 0  # the wake tie-break's columns (and rows)
+    n_col = n_x + n_a + n_u + 1
     price_w = p.prices.energy_price_per_kwh / 1000.0
     pue = p.site.pue_target
     jpw = t.job_power_w.reshape(-1)
     wake = t.rack_wake_w[idle_racks]
-    c = np.concatenate([t.job_value.reshape(-1) - price_w * line.b * jpw, -price_w * line.b * wake, [0.0]])
+    woken = np.full(n_u, -price_w * line.b * t.wake_tie_w)
+    c = np.concatenate([t.job_value.reshape(-1) - price_w * line.b * jpw, -price_w * line.b * wake, woken, [0.0]])
     c[-1] = -p.prices.pue_penalty_per_kwh / 1000.0
     c0 = -price_w * (line.a_w + line.b * float(t.rack_base_w.sum())) - float(t.job_value.max(axis=1, initial=0.0).sum())
     col_lo = np.zeros(n_col)
-    col_hi = np.concatenate([level_upper_bounds(t).reshape(-1), t.rack_idle[idle_racks].astype(np.float64), [np.inf]])
+    idle = t.rack_idle[idle_racks].astype(np.float64)
+    col_hi = np.concatenate([level_upper_bounds(t).reshape(-1), idle, np.full(n_u, np.inf), [np.inf]])
     integer = np.ones(n_col, dtype=bool)
-    integer[-1] = False
+    integer[n_x + n_a :] = False
     rows: list[IntArray] = []
     cols: list[IntArray] = []
     vals: list[FloatArray] = []
@@ -335,10 +362,17 @@ def dvfs_matrix(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> DvfsMatri
     r_pue = r_res + 1
     coef = line.b - pue
     rows.append(np.full(n_x + n_a + 1, r_pue))
-    cols.append(np.arange(n_col))
+    cols.append(np.concatenate([np.arange(n_x + n_a), [n_col - 1]]))
     vals.append(np.concatenate([coef * jpw, coef * wake, [-1.0]]))
     lo.append(-np.inf)
     hi.append(-line.a_w - coef * float(t.rack_base_w.sum()))
+    # cards woken (a wake tie-break only): a[r] - u[r] <= awake now
+    if n_u:
+        rows += [r_pue + 1 + np.arange(n_u)] * 2
+        cols += [n_x + np.arange(n_u), n_x + n_a + np.arange(n_u)]
+        vals += [np.ones(n_u), -np.ones(n_u)]
+        lo += [-np.inf] * n_u
+        hi += t.rack_awake_now[idle_racks].astype(np.float64).tolist()
     return DvfsMatrix(
         c=c,
         c0=c0,

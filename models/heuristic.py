@@ -6,8 +6,14 @@ DVFS + idle (:func:`greedy_dvfs`), always within the rack caps and die limits wh
    clock-sensitive work stay there), every idle card in low-power idle; by monotonicity this is
    the least power every rack can reach, so if it breaks a cap no plan meets it (see
    ``models.explain``);
-2. the ready reserve is woken in the racks with the most headroom first (each rack takes as many
-   as fit), which fits whenever any plan's reserve fits, because step 1 left every rack at its least power;
+2. the ready reserve is woken in the racks with the most headroom first (each rack takes as many as
+   fit), which fits whenever any plan's reserve fits, because step 1 left every rack at its least
+   power. With a wake tie-break (``DvfsTables.wake_tie_w`` > 0) it is first kept on the idle cards
+   awake now (``DvfsTables.rack_awake_now``) where their rack holds them with its jobs at their most
+   power (so that keeping them there never stops a job's level from rising in step 3), racks with the
+   most headroom first, and only the rest is woken as above (the order moves no card beyond a rack's
+   room); a split by headroom alone moves between decisions and sleeps cards on one rack while it
+   wakes others on another;
 3. levels are raised, best gain per watt first (gain = priority-weighted throughput value minus
    the marginal facility energy cost), each move only if every rack the job spans keeps its cap.
    A lazy max-heap keeps this O(moves log jobs): headroom only shrinks, so a move that no longer
@@ -52,16 +58,24 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
     awake = np.zeros(t.n_racks, dtype=np.int64)
     if explanation:
         return GreedyDvfs(level, awake, False, explanation)
-    # ready reserve: racks with the most headroom first
+    # ready reserve: racks with the most headroom first; with a wake tie-break, the idle cards awake now
+    # first (where their rack holds them with its jobs at their most power), then cards woken
     remaining = t.reserve
     room = reserve_capacity(t, rack_p)
-    for r in np.argsort(-(t.rack_cap_w - rack_p), kind="stable"):
-        if remaining <= 0:
-            break
-        k = int(min(room[r], remaining))
-        awake[r] = k
-        rack_p[r] += k * t.rack_wake_w[r]
-        remaining -= k
+    order = np.argsort(-(t.rack_cap_w - rack_p), kind="stable")
+    limits = [room]
+    if t.wake_tie_w > 0.0:
+        limits.insert(0, np.minimum(reserve_capacity(t, _most_power_w(t, level)), t.rack_awake_now))
+    for limit in limits:
+        for r in order:
+            if remaining <= 0:
+                break
+            k = int(min(limit[r] - awake[r], remaining))
+            if k <= 0:
+                continue
+            awake[r] += k
+            rack_p[r] += k * t.rack_wake_w[r]
+            remaining -= k
 
     e_price = p.prices.energy_price_per_kwh / 1000.0 * line.b  # currency per W-hour of IT power
     order = np.argsort(t.pair_job, kind="stable")
@@ -126,3 +140,15 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
         if mv is not None:
             heapq.heappush(heap, (-mv[0], j, mv[1]))
     return GreedyDvfs(level, awake, True, "")
+
+
+def _most_power_w(t: DvfsTables, start: IntArray) -> npt.NDArray[np.float64]:
+    """Per rack: its power with every job at the most power step 3 may raise it to (a job's allowed
+    levels; a fixed job stays at ``start``, its first level) and no idle card awake."""
+    pairs = np.arange(t.pair_job.size)
+    allowed = t.allowed[t.pair_job] & ~t.fixed[t.pair_job][:, None]
+    allowed[pairs, start[t.pair_job]] = True
+    most = np.where(allowed, t.pair_power_w, -np.inf).max(axis=1, initial=-np.inf)
+    rack_w = t.rack_base_w.copy()
+    np.add.at(rack_w, t.pair_rack, most)
+    return rack_w

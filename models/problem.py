@@ -28,6 +28,17 @@ A problem may also name jobs to run at their least-power level whatever their di
 limit has no plan, and one such job must not leave every other job without one; the agent's
 controller names them (``agent.controller``) and its guard caps their hot cards. Their cards are
 exempt from the die limit in the plan's checks (:meth:`CycleProblem.die_exempt_cards`).
+
+A problem may say which cards are awake now (``awake_now``, per card, or ``None``: none known) and
+weigh a wake tie-break (``wake_tie_w``, W per card woken; 0, the default, is off), for the ready
+reserve's split between racks. The tables count each rack's idle cards awake now
+(``DvfsTables.rack_awake_now``) and carry the weight (``DvfsTables.wake_tie_w``); with a weight above 0
+every model charges each idle card it keeps awake on a rack beyond that count as much as ``wake_tie_w``
+watts of IT power (the greedy plan fills the racks' cards awake now first). The plans are otherwise
+indifferent between racks with room for the reserve, and a split that moved between decisions slept
+cards on one rack and woke cards on another; the agent's setting is ``control.reserve_wake_tie_w``
+(opt-in: it trades fewer sleep/wake transitions for a little energy, docs/models.md). At 0 the models
+are built as without it: no extra column, row or parameter, the same greedy order.
 """
 
 from __future__ import annotations
@@ -132,6 +143,10 @@ class CycleProblem:
     ``host_off`` (per host, or None: all on) names the hosts powered off for the cycle (see module docstring).
     ``least_power_jobs`` (per job, or None: none) names the jobs pinned at their least-power level,
     exempt from the die limit and their SLO (see module docstring).
+    ``awake_now`` (per card, or None: none) names the cards awake now, not in low-power idle (read for
+    the idle cards only); ``wake_tie_w`` (W, >= 0; 0: off) is what the plans charge for each idle card
+    kept awake on a rack beyond those awake now there, a tie-break for the ready reserve's split (see
+    module docstring).
     """
 
     site: SiteSpec
@@ -152,6 +167,8 @@ class CycleProblem:
     queue: tuple[JobSpec, ...] = ()
     host_off: BoolArray | None = None
     least_power_jobs: BoolArray | None = None
+    awake_now: BoolArray | None = None
+    wake_tie_w: float = 0.0
 
     @property
     def n_cards(self) -> int:
@@ -237,6 +254,8 @@ def make_problem(
     prices: Prices | None = None,
     queue: Sequence[JobSpec] = (),
     host_off: Sequence[bool] | BoolArray | None = None,
+    awake_now: Sequence[bool] | BoolArray | None = None,
+    wake_tie_w: float = 0.0,
 ) -> CycleProblem:
     """Build and validate a :class:`CycleProblem` from plain arrays.
 
@@ -250,6 +269,8 @@ def make_problem(
     offset; note that right after a phase, level or supply change that excess is a transient, not an
     error. Otherwise no offset. ``ready_reserve_cards`` (awake idle cards kept for
     queued work) defaults to the size of the largest queued job, clipped to the idle cards.
+    ``awake_now`` (per card) names the cards awake now and ``wake_tie_w`` (W per card woken, finite,
+    >= 0; 0: off) weighs the wake tie-break (see :class:`CycleProblem`).
     Raises :class:`ProblemError` on any invalid data.
     """
     n = site.n_cards
@@ -316,6 +337,9 @@ def make_problem(
         if ready_reserve_cards < 0:
             raise ProblemError(f"ready_reserve_cards must be >= 0, got {ready_reserve_cards}")
         reserve = int(ready_reserve_cards)
+    tie_w = float(wake_tie_w)
+    if not (math.isfinite(tie_w) and tie_w >= 0.0):
+        raise ProblemError(f"wake_tie_w must be a finite number >= 0, got {wake_tie_w!r}")
     return CycleProblem(
         site=site,
         jobs=jobs,
@@ -334,6 +358,8 @@ def make_problem(
         prices=prices if prices is not None else Prices(),
         queue=tuple(queue),
         host_off=off_arr,
+        awake_now=None if awake_now is None else _as_array("awake_now", awake_now, (n,), bool).astype(np.bool_),
+        wake_tie_w=tie_w,
     )
 
 
@@ -525,11 +551,15 @@ class DvfsTables:
     rack_idle: IntArray  # idle cards
     rack_wake_w: FloatArray  # extra power of one idle card awake instead of low power (worst card)
     rack_cap_w: FloatArray  # limit - margin
+    rack_awake_now: IntArray  # idle cards awake now (CycleProblem.awake_now): kept awake, no wake tie-break
     reserve: int
     # per card (for plans)
     card_level_power_w: FloatArray  # (n_cards, L) steady power of each busy card at each level
     card_level_die_c: FloatArray  # (n_cards, L)
     idle_awake_level: int
+    # the wake tie-break (CycleProblem.wake_tie_w): W of IT power per idle card kept awake on a rack beyond
+    # rack_awake_now; 0 = off, and the models are built without it
+    wake_tie_w: float = 0.0
 
     @property
     def n_jobs(self) -> int:
@@ -608,6 +638,8 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
     wake = np.zeros(n_racks)
     np.maximum.at(wake, card_rack[idle], (aw_w - lp_w)[idle])
     rack_idle = np.bincount(card_rack[idle], minlength=n_racks).astype(np.int64)
+    awake_idle = idle & (False if p.awake_now is None else p.awake_now)
+    rack_awake_now = np.bincount(card_rack[awake_idle], minlength=n_racks).astype(np.int64)
     return DvfsTables(
         supply_c=supply,
         n_levels=n_lv,
@@ -629,10 +661,12 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
         rack_idle=rack_idle,
         rack_wake_w=wake,
         rack_cap_w=p.rack_cap_w(),
+        rack_awake_now=rack_awake_now,
         reserve=int(min(p.ready_reserve_cards, int(rack_idle.sum()))),
         card_level_power_w=card_level_power,
         card_level_die_c=card_level_die,
         idle_awake_level=idle_lv,
+        wake_tie_w=float(p.wake_tie_w),
     )
 
 

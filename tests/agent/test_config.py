@@ -46,6 +46,17 @@ def test_example_config_is_valid_and_explained() -> None:
     assert Path(loaded.config.journal.path).parent == EXAMPLES
 
 
+def test_the_wake_tie_break_is_off_by_default_and_explained_when_set(tmp_path: Path) -> None:
+    """``control.reserve_wake_tie_w`` (opt-in): 0 by default and in the example, where --check-config says
+    nothing of it; set, its line says what it does."""
+    default = load_config(write(tmp_path, 'site = "site.toml"\n'), env={})
+    assert default.config.control.reserve_wake_tie_w == 0.0 and "wake ties" not in explain(default)
+    assert load_config(EXAMPLES / "agent.toml", env={}).config.control.reserve_wake_tie_w == 0.0
+    on = load_config(write(tmp_path, 'site = "site.toml"\n[control]\nreserve_wake_tie_w = 1\n'), env={})
+    assert on.config.control.reserve_wake_tie_w == 1.0
+    assert "wake ties     1 W per idle card woken: the ready reserve stays on the idle cards awake now" in explain(on)
+
+
 def test_minimal_config_uses_defaults(tmp_path: Path) -> None:
     loaded = load_config(write(tmp_path, 'site = "site.toml"\n'), env={})
     assert loaded.config.control.period_s == 15.0
@@ -173,6 +184,14 @@ def test_environment_overrides_values_and_is_reported(tmp_path: Path) -> None:
         ('site = "site.toml"\n[broker]\nurl = "http://x"\n', {}, "broker.url", "mqtt://"),
         ('site = "missing.toml"\n', {}, "site", "missing.toml: file not found"),
         ("mode = 'enforce'\n", {}, "site", "missing required"),
+        # the opt-in wake tie-break: a weight of IT power per card woken, 0 (off) .. 10 W
+        ('site = "site.toml"\n[control]\nreserve_wake_tie_w = -1\n', {}, "control.reserve_wake_tie_w", ">= 0 W"),
+        (
+            'site = "site.toml"\n',
+            {"RACKTWIN_CONTROL_RESERVE_WAKE_TIE_W": "20"},
+            "control.reserve_wake_tie_w",
+            "<= 10 W",
+        ),
     ],
 )
 def test_bad_configs_name_field_and_problem(

@@ -267,23 +267,44 @@ def test_the_idle_reserve_is_kept_awake_per_supernode() -> None:
     assert int((~d.card_low_power & ~d.card_busy).sum()) == 3 * 2
 
 
-def test_the_idle_cards_kept_awake_are_as_many_as_the_plan_says_on_the_racks_it_says() -> None:
-    """Two supernodes of one 16-card rack, every card idle, a reserve of 3 per supernode: the plan keeps
-    6 awake, on rack 0. Rack 1 reads 5 cards awake: the decision keeps 6 awake in all, all 6 on rack 0
-    as the plan says (its rack power counts them there), not the plan's 6 on top of rack 1's 5, nor rack
-    1's 5 and one more (each rack keeps the plan's count, the ones awake now first; here the plan's split
-    is a tie between identical racks, and following it wakes 6 cards and puts 5 to sleep once)."""
+def _reserve_split(tie_w: float | None) -> tuple[list[int], npt.NDArray[np.bool_]]:
+    """Two supernodes of one 16-card rack, every card idle, a reserve of 3 per supernode, cards 16..20 (rack
+    1) awake now: the plan's awake cards per rack and the decision's awake idle cards, with
+    ``control.reserve_wake_tie_w`` = ``tie_w`` (None: the default)."""
     site = small_site(racks=1).with_supernodes(2)
     _plant, state = belief(site, [], 30)
     snap = state.snapshot()
     low = np.ones(site.n_cards, dtype=bool)
     low[16:21] = False
-    d = Controller(site, ControlConfig(period_s=10.0, idle_reserve_cards=3)).step(
-        dataclasses.replace(snap, card_low_power=low), 30.0
-    )
-    assert d.plan is not None and d.plan.dvfs is not None and d.plan.dvfs.rack_awake.tolist() == [6, 0]
-    awake = ~d.card_low_power & ~d.card_busy
+    cfg = ControlConfig(period_s=10.0, idle_reserve_cards=3)
+    if tie_w is not None:
+        cfg = dataclasses.replace(cfg, reserve_wake_tie_w=tie_w)
+    d = Controller(site, cfg).step(dataclasses.replace(snap, card_low_power=low), 30.0)
+    assert d.plan is not None and d.plan.dvfs is not None
+    return d.plan.dvfs.rack_awake.tolist(), ~d.card_low_power & ~d.card_busy
+
+
+def test_the_idle_cards_kept_awake_are_as_many_as_the_plan_says_on_the_racks_it_says() -> None:
+    """Two supernodes of one 16-card rack, every card idle, a reserve of 3 per supernode: the plan keeps
+    6 awake, on rack 0 (by default its split between identical racks is a tie it breaks for the first
+    rack). Rack 1 reads 5 cards awake: the decision keeps 6 awake in all, all 6 on rack 0 as the plan says
+    (its rack power counts them there), not the plan's 6 on top of rack 1's 5, nor rack 1's 5 and one
+    more (each rack keeps the plan's count, the ones awake now first; following the plan wakes 6 cards and
+    puts 5 to sleep once: the opt-in wake tie-break, next test, keeps rack 1's)."""
+    rack_awake, awake = _reserve_split(None)
+    assert rack_awake == [6, 0]
     assert int(awake.sum()) == 6 and int(awake[:16].sum()) == 6 and not awake[16:].any()
+    assert _reserve_split(0.0)[0] == [6, 0]
+
+
+def test_with_the_wake_tie_break_the_plan_keeps_the_reserve_on_the_cards_awake_now() -> None:
+    """The scene above with ``control.reserve_wake_tie_w = 1``: the plan keeps rack 1's 5 awake cards and
+    wakes one more on rack 0 (its split of the reserve between identical racks is a tie, which the plan
+    breaks for the cards awake now: ``CycleProblem.wake_tie_w``), and the decision keeps 6 awake in all,
+    as many on each rack as the plan says. Off (previous test) it splits [6, 0], wakes 6 and sleeps 5."""
+    rack_awake, awake = _reserve_split(1.0)
+    assert rack_awake == [1, 5]
+    assert int(awake.sum()) == 6 and int(awake[:16].sum()) == 1 and awake[16:21].all()
 
 
 class SnapshotChanges(TypedDict, total=False):

@@ -67,7 +67,8 @@ def _tables(**kw: Unpack[TableFields]) -> DvfsTables:
         slo_ok=np.zeros((0, 3), bool), fixed=np.zeros(0, bool), cheapest_level=np.zeros(0, np.int64),
         pair_job=np.zeros(0, np.int64), pair_rack=np.zeros(0, np.int64), pair_cards=np.zeros(0, np.int64),
         pair_power_w=empty, rack_base_w=np.zeros(4), rack_idle=np.zeros(4, np.int64), rack_wake_w=np.zeros(4),
-        rack_cap_w=np.zeros(4), reserve=0, card_level_power_w=empty, card_level_die_c=empty, idle_awake_level=0,
+        rack_cap_w=np.zeros(4), rack_awake_now=np.zeros(4, np.int64), reserve=0, card_level_power_w=empty,
+        card_level_die_c=empty, idle_awake_level=0,
     )  # fmt: skip
     return dataclasses.replace(base, **kw)
 
