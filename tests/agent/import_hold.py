@@ -2,9 +2,9 @@
 (tests/agent/test_cli_sigterm_import.py), not by timing.
 
 A ``sitecustomize.py`` that calls :func:`install` (on the child's PYTHONPATH) arms it: when the module named
-in ``RACKTWIN_TEST_HOLD_MODULE`` is imported, at the first Python function its initialisation calls (the
+in ``IMPORT_HOLD_MODULE`` is imported, at the first Python function its initialisation calls (the
 extension's C code calling Python: pybind11 making its enums), the process says ``HELD`` and the module's
-name on stderr and reads one byte from the file descriptor ``RACKTWIN_TEST_HOLD_FD`` (a pipe's read end the
+name on stderr and reads one byte from the file descriptor ``IMPORT_HOLD_FD`` (a pipe's read end the
 test passes it), then goes on. A signal the test sends after reading that line comes while the
 initialisation is in progress.
 """
@@ -57,7 +57,7 @@ class _Arm(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Arm the hold when ``RACKTWIN_TEST_HOLD_MODULE`` and ``RACKTWIN_TEST_HOLD_FD`` are set."""
-    module, fd = os.environ.get("RACKTWIN_TEST_HOLD_MODULE"), os.environ.get("RACKTWIN_TEST_HOLD_FD")
+    """Arm the hold when ``IMPORT_HOLD_MODULE`` and ``IMPORT_HOLD_FD`` are set."""
+    module, fd = os.environ.get("IMPORT_HOLD_MODULE"), os.environ.get("IMPORT_HOLD_FD")
     if module and fd:
         sys.meta_path.insert(0, _Arm(module, int(fd)))

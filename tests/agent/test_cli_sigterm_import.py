@@ -44,8 +44,8 @@ def _interrupted_while_initialising(
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(hold), str(REPO), str(Path(__file__).parent)]),
-        RACKTWIN_TEST_HOLD_MODULE=module,
-        RACKTWIN_TEST_HOLD_FD=str(read_end),
+        IMPORT_HOLD_MODULE=module,
+        IMPORT_HOLD_FD=str(read_end),
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent.cli", *argv],
