@@ -13,6 +13,17 @@ of commands at once) leaves it out and the caller takes :meth:`CommandHandler.ap
 the burst: one applied state per touched rack, made once, so that every ``seq`` number drawn is
 published and a receiver sees no gap in the sequence.
 
+A rack also publishes its applied state when its cards' settings change other than by a rack
+command (docs/protocol.md): the plant wakes the sleeping cards a job is placed on (a scheduler
+``place``, or the plant's own placement of a job no one placed within ``external_timeout_s``),
+booting their hosts; a card that fails asleep leaves the low-power state; a card repaired on an off
+host enters it. :meth:`CommandHandler.note_plant_changes` marks such racks as touched, as a rack
+command does, by comparing the plant's low-power and host-off state with what each rack's last
+applied state said; :meth:`CommandHandler.applied_states` calls it first, so the applied states of a
+burst include them, and the simulator calls that after each step it has no burst open
+(``sim.runner``). A card's level, clock range and power limit are the ones commanded: the plant
+changes none of them on its own.
+
 A decoded command is judged by the rules every rack follows (docs/protocol.md, "Which commands a
 rack applies"; the ack's reason starts with the code), in this order:
 
@@ -65,7 +76,9 @@ reason's 1,024 characters hold, then ``and N more``):
 * scheduler ``place``: ``Plant.place_job`` (rack-local card indices on the wire); the job must be
   queued, get exactly its number of cards, none failed or busy. A placement with failed cards is
   rejected ``card_failed``, naming every failed card of it per rack
-  (``wire.placement_card_failed_reason``), so that the agent places the job on others.
+  (``wire.placement_card_failed_reason``), so that the agent places the job on others. The job's
+  sleeping cards are woken (their hosts booted): the applied states of their racks follow with the
+  burst's (:meth:`CommandHandler.note_plant_changes`).
 
 Commands to a failed card are rejected (``card_failed``), except host power commands (a host with
 a failed card can still be powered off and on). After the card's own protection the card may run slower
@@ -218,6 +231,10 @@ class CommandHandler:
         self._answered: dict[uuid.UUID, tuple[float, wire.AckResult, str | None]] = {}
         self._since_prune = 0
         self._touched: dict[int, None] = {}  # racks whose applied state changed and was not yet made
+        # per card: what the rack's last applied state said of its low-power and host-off state
+        # (:meth:`note_plant_changes`); at first the plant's (every rack's is published on connect)
+        self._said_low = plant.low_power()
+        self._said_host_off = self._card_host_off()
         topics = codec.topics
         # the command topics of the site -> the ack target of a rejected message on them
         self._ack_targets = {topics.facility_cmd: wire.FACILITY, topics.scheduler_cmd: wire.SCHEDULER}
@@ -236,13 +253,37 @@ class CommandHandler:
         return out
 
     def applied_states(self) -> list[wire.Outgoing]:
-        """The applied state of every rack whose commands were applied since the last call, one
-        per rack, as it is now."""
+        """The applied state of every rack whose commands were applied, or whose cards the plant
+        woke, put to sleep or powered on (:meth:`note_plant_changes`), since the last call, one per
+        rack, as it is now."""
+        self.note_plant_changes()
         racks, self._touched = self._touched, {}
         if not racks:
             return []
-        low = self.plant.truth().low_power
+        low = self.plant.low_power()
         return [self.applied_state(r, low) for r in racks]
+
+    def note_plant_changes(self) -> list[int]:
+        """Mark as touched (their applied state is made by the next :meth:`applied_states`) the racks
+        with a card whose low-power or host-off state the plant changed since the rack's last applied
+        state said it, other than by a rack command: cards woken for a job placed on them (by a
+        ``place`` command or by the plant's own placement), their hosts booted; a card that failed
+        asleep or was repaired on an off host. Returns those racks."""
+        changed = self.plant.low_power() != self._said_low
+        if self.site.hosts_managed:
+            changed |= self._card_host_off() != self._said_host_off
+        if not changed.any():
+            return []
+        racks: list[int] = np.unique(np.flatnonzero(changed) // self._cpr).tolist()
+        for r in racks:
+            self._touched[r] = None
+        return racks
+
+    def _card_host_off(self) -> npt.NDArray[np.bool_]:
+        """Per card: its host is powered off (all False where the site's hosts are not managed)."""
+        if not self.site.hosts_managed:
+            return np.zeros(self.site.n_cards, dtype=np.bool_)
+        return self.plant.host_off()[self._card_host]
 
     def _handle(self, topic: str, payload: bytes) -> list[wire.Outgoing]:
         try:
@@ -510,8 +551,11 @@ class CommandHandler:
         cpr = self._cpr
         sl = slice(r * cpr, (r + 1) * cpr)
         if low_power is None:
-            low_power = self.plant.truth().low_power
+            low_power = self.plant.low_power()
         host_off = self.plant.host_off()[self._card_host[sl]] if self.site.hosts_managed else None
+        self._said_low[sl] = low_power[sl]
+        if host_off is not None:
+            self._said_host_off[sl] = host_off
         name = self.site.rack_names[r]
         topic = self.codec.topics.applied(name)
         msg = wire.AppliedState(

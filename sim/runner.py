@@ -16,7 +16,12 @@ Concurrency: one asyncio task steps the plant and publishes; commands are handle
 by a consumer task between steps (the plant is only touched from the event loop, never from two
 places at once), so a command is applied at the plant time of the last completed step. The
 consumer applies a burst of commands at once and publishes its answers pipelined (acks in order,
-one applied state per rack), so acks do not trail the commands by a round trip each.
+one applied state per rack), so acks do not trail the commands by a round trip each. A change the
+plant makes itself to what a rack's applied state says (cards woken for a job the plant placed,
+a card failing asleep or repaired on an off host: ``CommandHandler.note_plant_changes``) is
+published after the step that made it, in the same queue as the answers of the bursts (so the
+applied states of a rack go out in the order of their ``seq``), or with the answers of the burst
+open then.
 """
 
 from __future__ import annotations
@@ -302,6 +307,7 @@ class Simulator:
         self._taking_commands = True  # False from the run's end on (:meth:`_drain_answers`)
         self._answers_held = 0  # answers made and not yet handed to the answerer (the burst goes on)
         self._bursts_open = 0  # bursts of answers handed to the answerer and not yet sent (or given up)
+        self._bursts: asyncio.Queue[list[wire.Outgoing]] | None = None  # the answerer's queue (None: offline)
         self._commands_after_end = 0
         self._backlog: deque[wire.Outgoing] = deque(maxlen=EVENT_BACKLOG)
         self._flushing = asyncio.Lock()  # one flusher of the backlog at a time (step loop, on_connect)
@@ -421,6 +427,7 @@ class Simulator:
             events = plant.drain_events()
             if events:
                 await self._publish_events(events)  # and the job snapshot after them
+            self._answer_plant_changes()
             # pacing against the wall clock
             if math.isfinite(speed):
                 target = wall0 + plant.time_s / speed
@@ -563,7 +570,7 @@ class Simulator:
         kept while offline; nothing on a connection made as the bus closes (``Bus.closing``)."""
         if bus.closing:
             return
-        low = self._plant.truth().low_power
+        low = self._plant.low_power()
         for r in range(self.site.n_racks):
             await bus.send(self.commands.applied_state(r, low))
             self.messages_published += 1
@@ -631,6 +638,7 @@ class Simulator:
         after a lost link)."""
         bursts: asyncio.Queue[list[wire.Outgoing]] = asyncio.Queue()
         answerer = asyncio.create_task(self._answer_bursts(bus, bursts))
+        self._bursts = bursts
         try:
             while True:
                 answers: list[wire.Outgoing] = []
@@ -657,9 +665,25 @@ class Simulator:
                 except Exception:  # never stop taking commands
                     log.exception("sim: command consumer failed; going on")
         finally:
+            if self._bursts is bursts:
+                self._bursts = None
             await cancel_and_wait(answerer)
             self._bursts_open -= bursts.qsize()  # never sent (the connection is gone)
             self._answers_held = 0
+
+    def _answer_plant_changes(self) -> None:
+        """After a step: the applied state of each rack whose cards the plant woke, put to sleep or
+        powered on itself (``CommandHandler.note_plant_changes``: a job it placed, a failure, a
+        repair), handed to the answerer as a burst of its own, behind the answers before it. Not
+        while a burst of commands is open (its applied states, made at its end, include them), nor
+        while offline (every rack's applied state is published on connect)."""
+        bursts = self._bursts
+        if bursts is None or self._answers_held or not self._taking_commands:
+            return
+        out = self.commands.applied_states()
+        if out:
+            self._bursts_open += 1
+            bursts.put_nowait(out)
 
     async def _answer_bursts(self, bus: Bus, bursts: asyncio.Queue[list[wire.Outgoing]]) -> None:
         """Send the answers of each burst of commands, in the order of the bursts."""

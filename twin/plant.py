@@ -497,6 +497,13 @@ class Plant:
         """Per host: powered off (a copy; cheaper than :meth:`truth`)."""
         return self._host_off.copy()
 
+    def low_power(self) -> BoolArray:
+        """Per card: in the low-power state (a copy; cheaper than :meth:`truth`). A command changes it
+        (``enter_low_power``, ``wake``, ``power_off_hosts``), and so does the plant itself: a job placed
+        on sleeping cards wakes them (``place_job`` and the plant's own placement), a card that fails
+        asleep leaves it, a card repaired on an off host enters it."""
+        return self._low.copy()
+
     def host_booting(self) -> BoolArray:
         """Per host: on but still booting."""
         return ~self._host_off & (self._host_ready_at > self._t + _EPS_S)

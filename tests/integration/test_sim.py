@@ -474,6 +474,29 @@ async def test_queued_jobs_fall_back_to_the_builtin_scheduler_without_an_agent(m
     assert started.ts_s - START_EPOCH_S == pytest.approx(20.0)
 
 
+async def test_the_builtin_schedulers_placement_publishes_the_applied_state_of_the_cards_it_woke(
+    mosquitto: EmbeddedBroker,
+) -> None:
+    """The cards start asleep and no agent places the job: the plant's scheduler does, after
+    ``external_timeout_s``, and wakes its cards. The rack publishes its applied state again, naming
+    them awake (docs/protocol.md: a rack republishes it when its settings change other than by a
+    command), so an agent counts no ``low_power`` disproval and budgets them awake."""
+    sc = scenario(jobs=[job("waits", 8)], plant={"external_timeout_s": 20.0, "initial_low_power": True})
+    async with observer(mosquitto, SITE) as obs, running(mosquitto, sc):
+        started = await obs.wait_for(
+            lambda m: isinstance(m, wire.JobEvent) and m.event is wire.JobEventType.STARTED and m.job_id == "waits"
+        )
+        ((rack, cards),) = started.cards.items()
+        woken: wire.AppliedState = await obs.wait_for(
+            lambda m: isinstance(m, wire.AppliedState) and m.rack == rack and not m.low_power.all(),
+            label="an applied state naming the placed cards awake",
+        )
+    assert np.flatnonzero(~woken.low_power).tolist() == sorted(cards)
+    assert woken.ts_s - START_EPOCH_S == pytest.approx(20.0)
+    first = next(a for a in obs.of(wire.AppliedState) if a.rack == rack)
+    assert first.low_power.all() and woken.seq == first.seq + 1  # on connect, then once for the placement
+
+
 async def test_broker_disconnect_loses_telemetry_and_delivers_queued_commands(mosquitto: EmbeddedBroker) -> None:
     sc = scenario(
         faults=[{"kind": "broker_disconnect", "start_s": 10.0, "duration_s": 30.0}],
