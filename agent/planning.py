@@ -9,9 +9,10 @@
   thermal parameters and measured die offsets of the step's context, the set-point options within
   ``max_setpoint_step_k``, each rack's cap less the power the twin does not explain (and the wake
   power of the refused idle cards that are awake), at least ``_NO_ROOM_W`` (a rack with no room is
-  then one :func:`relax` leaves to the guard), the ready reserve on the cards a job can take, and which
-  of them are awake now (with the opt-in ``reserve_wake_tie_w``, the plan keeps the reserve on those
-  where racks tie: ``CycleProblem.wake_tie_w``);
+  then one :func:`relax` leaves to the guard), the ready reserve of each supernode
+  (``control.idle_reserve_cards``, capped by its cards a job can take: a job runs inside one
+  supernode), and which of its cards are awake now (with the opt-in ``reserve_wake_tie_w``, the plan
+  keeps the reserve on those where racks tie: ``CycleProblem.wake_tie_w``);
 * :func:`plan_cycle`: the planner's plan (``models.solve.CyclePlanner``; the greedy plan without the
   solver) and the problem it plans; where no plan meets every constraint, the plan of the problem
   :func:`relax` leaves, flagged infeasible, and that problem;
@@ -167,8 +168,10 @@ def cycle_problem(
         o for o in site.facility.supply_temp_options_c if abs(o - ctx.setpoint_c) <= cfg.max_setpoint_step_k + 1e-9
     ) or (ctx.setpoint_c,)
     snap_lp = np.asarray(snap.card_low_power, dtype=bool)
-    n_idle = int((load.idle & ~failed).sum())  # idle cards a job can be placed on, on hosts that are on
-    reserve = min(cfg.idle_reserve_cards * site.supernodes, n_idle)
+    # idle cards a job can be placed on, on hosts that are on, per supernode: a job runs inside one, so each
+    # keeps its own reserve
+    placeable = site.rack_supernode()[card_rack[load.idle & ~failed]]
+    reserve = np.minimum(cfg.idle_reserve_cards, np.bincount(placeable, minlength=site.supernodes))
     return make_problem(
         site,
         jobs=jobs,
@@ -272,7 +275,7 @@ def relax(p: CycleProblem, choose: bool, notes: list[str], rack_names: tuple[str
        them asleep). No plan keeps such a rack within its cap, and the guard puts its awake idle
        cards to low-power idle for the cap once its jobs are slowed: a reserve planned there was
        put to sleep by the guard while other racks had room for it (until 2026-12-05);
-    3. the ready reserve;
+    3. the ready reserve (of every supernode);
     4. the measured die offsets (the guard caps hot cards): a safety net; after 1-3 the plan's
        feasibility check has nothing left to refuse (SLOs and dies, rack caps and the reserve are
        lifted), so no known case reaches it (a mutation audit, 2026-12-05, found none).
@@ -304,7 +307,7 @@ def relax(p: CycleProblem, choose: bool, notes: list[str], rack_names: tuple[str
         notes.append(f"relaxed: racks {names} left to the guard's caps (idle cards asleep: no reserve)")
         t = dvfs_tables(q, coolest)
     if not is_feasible(q, t):
-        q = dataclasses.replace(q, ready_reserve_cards=0)
+        q = dataclasses.replace(q, ready_reserve_cards=np.zeros_like(q.ready_reserve_cards))
         notes.append("relaxed: no ready reserve")
         t = dvfs_tables(q, coolest)
     if not is_feasible(q, t):

@@ -26,7 +26,7 @@ import numpy.typing as npt
 import pyomo.environ as pyo
 from pyomo.contrib.solver.solvers.highs import Highs
 
-from models.dvfs import level_upper_bounds
+from models.dvfs import level_upper_bounds, reserve_supernodes
 from models.heuristic import greedy_dvfs
 from models.plans import DvfsPlan, SetpointOption, SetpointPlan, SolveStatus, assess_dvfs
 from models.problem import CycleProblem, DvfsTables, FacilityLine, dvfs_tables, facility_line, it_power_range_w
@@ -120,9 +120,13 @@ def _add_joint_rack_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
 
 
 def _add_joint_reserve_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
-    """Ready reserve at the chosen set-point: ``sum_r a[r,s] >= reserve y[s]``."""
-    res = m._tabs[0].reserve
-    m.reserve = pyo.Constraint(m.S, rule=lambda m, s: sum(m.a[r, s] for r in m.RI) >= res * m.y[s])
+    """Ready reserve at the chosen set-point, in every supernode ``n`` with idle cards:
+    ``sum_{r in n} a[r,s] >= reserve[n] y[s]`` (as ``models.dvfs``'s)."""
+    t0 = m._tabs[0]
+    res = t0.reserve
+    racks = {int(n): [r for r in m.RI if int(t0.rack_supernode[r]) == n] for n in reserve_supernodes(t0)}
+    m.SN = pyo.Set(initialize=list(racks))
+    m.reserve = pyo.Constraint(m.SN, m.S, rule=lambda m, n, s: sum(m.a[r, s] for r in racks[n]) >= int(res[n]) * m.y[s])
 
 
 def _add_joint_pue_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:

@@ -4,10 +4,12 @@ Rack rows couple only the jobs on that rack, and a job couples the racks it span
 cross a supernode (placement's rule), so the job-rack graph falls apart into connected components
 of at most one supernode each. Only two rows are site-wide:
 
-* the ready reserve (``sum_r a[r] >= reserve``): it is split before solving, each part getting the
-  awake cards the greedy plan placed in its racks (the idle cards awake now first, then racks with the
-  most headroom); inside a part the MILP may still move them between its racks (its wake tie-break
-  keeps them on the cards awake now where racks tie);
+* the ready reserve (``sum_{r in n} a[r] >= reserve[n]`` per supernode ``n``: a part holds racks of
+  several supernodes, a supernode's racks may fall in several parts): it is split before solving, each
+  part getting, per supernode, the awake cards the greedy plan placed in its racks (the greedy fills
+  each supernode's reserve in that supernode's racks: the idle cards awake now first, then racks with
+  the most headroom); inside a part the MILP may still move them between its racks of the same
+  supernode (its wake tie-break keeps them on the cards awake now where racks tie);
 * the soft PUE row: its penalty is linear in IT power while the PUE target is exceeded (or not).
   Each part prices IT power at the marginal rate of the greedy plan's state:
   ``energy_price * b + pue_penalty * (b - pue_target) * [greedy plan exceeds the target]``.
@@ -63,8 +65,9 @@ def _components(t: DvfsTables) -> list[IntArray]:
     return [np.flatnonzero(roots == root).astype(np.int64) for root in np.unique(roots)]
 
 
-def restrict_tables(t: DvfsTables, jobs: IntArray, racks: IntArray, reserve: int) -> DvfsTables:
-    """The tables of a subset of jobs and racks (every rack of every job must be in ``racks``)."""
+def restrict_tables(t: DvfsTables, jobs: IntArray, racks: IntArray, reserve: IntArray) -> DvfsTables:
+    """The tables of a subset of jobs and racks (every rack of every job must be in ``racks``), with
+    ``reserve`` per supernode of the site (its numbering is kept: ``rack_supernode``)."""
     job_map = np.full(t.n_jobs, -1, dtype=np.int64)
     job_map[jobs] = np.arange(jobs.size)
     rack_map = np.full(t.n_racks, -1, dtype=np.int64)
@@ -94,7 +97,8 @@ def restrict_tables(t: DvfsTables, jobs: IntArray, racks: IntArray, reserve: int
         rack_wake_w=t.rack_wake_w[racks],
         rack_cap_w=t.rack_cap_w[racks],
         rack_awake_now=t.rack_awake_now[racks],
-        reserve=int(reserve),
+        rack_supernode=t.rack_supernode[racks],
+        reserve=np.asarray(reserve, dtype=np.int64),
         card_level_power_w=empty,
         card_level_die_c=empty,
     )
@@ -122,7 +126,9 @@ def split_chunks(t: DvfsTables, greedy: GreedyDvfs, chunk_cards: int, cards_per_
         in_chunk = np.zeros(t.n_racks, dtype=bool)
         in_chunk[racks] = True
         jobs = np.flatnonzero(in_chunk[rack_of_job]).astype(np.int64) if t.n_jobs else np.zeros(0, dtype=np.int64)
-        reserve = int(greedy.rack_awake[racks].sum())
+        n_sn = t.reserve.size
+        reserve = np.bincount(t.rack_supernode[racks], weights=greedy.rack_awake[racks], minlength=n_sn)
+        reserve = reserve.astype(np.int64)
         chunks.append(Chunk(jobs, racks, restrict_tables(t, jobs, racks, reserve)))
     return chunks
 

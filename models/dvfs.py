@@ -54,6 +54,7 @@ __all__ = [
     "dvfs_structure_key",
     "extract_dvfs",
     "level_upper_bounds",
+    "reserve_supernodes",
     "set_dvfs_data",
 ]
 
@@ -76,6 +77,7 @@ def dvfs_structure_key(t: DvfsTables) -> tuple[object, ...]:
         t.pair_job.tobytes(),
         t.pair_rack.tobytes(),
         (t.rack_idle > 0).tobytes(),
+        t.rack_supernode.tobytes(),  # one reserve row per supernode with idle cards
         t.wake_tie_w > 0.0,  # the wake tie-break's columns and rows (its weight is a parameter)
     )
 
@@ -89,6 +91,8 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     racks_used = sorted(set(t.pair_rack.tolist()) | set(np.flatnonzero(t.rack_idle > 0).tolist()))
     m.R = pyo.Set(initialize=racks_used)
     m.RI = pyo.Set(initialize=np.flatnonzero(t.rack_idle > 0).tolist())
+    m.SN = pyo.Set(initialize=reserve_supernodes(t).tolist())
+    m._sn_racks = {int(s): [r for r in m.RI if int(t.rack_supernode[r]) == s] for s in m.SN}
     m._pair_job = t.pair_job.tolist()
     m._pair_rack = t.pair_rack.tolist()
     m._rack_pairs = {r: [] for r in racks_used}
@@ -106,7 +110,7 @@ def build_dvfs_model(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> pyo.
     m.pue_x = pyo.Param(m.J, m.K, mutable=True)
     m.pue_a = pyo.Param(m.RI, mutable=True, initialize=0.0)
     m.base_total = pyo.Param(mutable=True, initialize=0.0)
-    m.reserve = pyo.Param(mutable=True, initialize=0.0)
+    m.reserve = pyo.Param(m.SN, mutable=True, initialize=0.0)
     m.fa = pyo.Param(mutable=True, initialize=0.0)
     m.fb = pyo.Param(mutable=True, initialize=1.0)
     m.pue = pyo.Param(mutable=True, initialize=p.site.pue_target)
@@ -177,7 +181,8 @@ def set_dvfs_data(
     _store(m.wake, idle_racks, t.rack_wake_w[idle_racks])
     _store(m.idle, idle_racks, t.rack_idle[idle_racks].astype(np.float64))
     m.base_total = float(t.rack_base_w.sum())
-    m.reserve = float(t.reserve)
+    sns = list(m.SN)
+    _store(m.reserve, sns, t.reserve[sns].astype(np.float64))
     m.vmax = float(t.job_value.max(axis=1, initial=0.0).sum())
     if it_price_per_wh is None:
         m.fa = line.a_w
@@ -244,8 +249,10 @@ def _add_rack_power_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
 
 
 def _add_reserve_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
-    """Ready reserve: ``sum_r a[r] >= reserve`` awake idle cards for queued work (wake latency)."""
-    m.ready_reserve = pyo.Constraint(expr=sum(m.a[r] for r in m.RI) >= m.reserve)
+    """Ready reserve: ``sum_{r in n} a[r] >= reserve[n]`` awake idle cards for queued work (wake latency)
+    in every supernode ``n`` with idle cards (a job runs inside one supernode: a reserve in another does
+    not spare it the wake)."""
+    m.ready_reserve = pyo.Constraint(m.SN, rule=lambda m, n: sum(m.a[r] for r in m._sn_racks[n]) >= m.reserve[n])
 
 
 def _add_pue_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
@@ -269,6 +276,11 @@ def _add_wake_constraints(m: pyo.ConcreteModel, p: CycleProblem) -> None:
     """Cards woken: ``a[r] - u[r] <= n[r]`` for every rack with idle cards (``n[r]`` of them awake now),
     so that ``u[r]``, priced in the objective, is at least the cards kept awake beyond those awake now."""
     m.woken = pyo.Constraint(m.RI, rule=lambda m, r: m.a[r] - m.u[r] <= m.awake_now[r])
+
+
+def reserve_supernodes(t: DvfsTables) -> IntArray:
+    """The supernodes with idle cards, each one ready reserve row (in this order)."""
+    return np.unique(t.rack_supernode[t.rack_idle > 0]).astype(np.int64)
 
 
 def extract_dvfs(m: pyo.ConcreteModel, t: DvfsTables) -> tuple[IntArray, IntArray]:
@@ -351,15 +363,16 @@ def dvfs_matrix(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> DvfsMatri
     vals.append(wake)
     lo += [-np.inf] * racks_used.size
     hi += (t.rack_cap_w[racks_used] - t.rack_base_w[racks_used]).tolist()
-    # reserve
+    # reserve: one row per supernode with idle cards
     r_res = n_j + racks_used.size
-    rows.append(np.full(n_a, r_res))
+    sns = reserve_supernodes(t)
+    rows.append(r_res + np.searchsorted(sns, t.rack_supernode[idle_racks]))
     cols.append(n_x + np.arange(n_a))
     vals.append(np.ones(n_a))
-    lo.append(float(t.reserve))
-    hi.append(np.inf)
+    lo += t.reserve[sns].astype(np.float64).tolist()
+    hi += [np.inf] * sns.size
     # PUE soft row: (b - pue) (base + jpw x + wake a) - s <= -a
-    r_pue = r_res + 1
+    r_pue = r_res + sns.size
     coef = line.b - pue
     rows.append(np.full(n_x + n_a + 1, r_pue))
     cols.append(np.concatenate([np.arange(n_x + n_a), [n_col - 1]]))

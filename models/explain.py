@@ -4,9 +4,10 @@ A card's power and die temperature fall monotonically toward the cheapest level 
 at, and a job's cheapest level is the cheapest in every rack it spans at once. So the problem is
 feasible exactly when (1) every job has a level that keeps its hottest card under the die limit
 and meets its SLO, (2) every rack at the cheapest levels, with all idle cards in low power, stays
-under its limit minus margin, and (3) the ready reserve of awake idle cards fits into what the
-racks have left. :func:`explain_infeasible` checks these in order and names the group, the rack
-or the job and the numbers.
+under its limit minus margin, and (3) each supernode's ready reserve of awake idle cards fits into
+what its racks have left (a job runs inside one supernode, so the reserve is one per supernode).
+:func:`explain_infeasible` checks these in order and names the group, the rack, the job or the
+supernode and the numbers.
 """
 
 from __future__ import annotations
@@ -95,21 +96,39 @@ def explain_infeasible(p: CycleProblem, t: DvfsTables) -> str:
         )
     if reasons:
         return "\n".join(reasons)
-    cap = reserve_capacity(t, p_min)
-    if int(cap.sum()) < t.reserve:
+    reasons += _reserve_reasons(p, t, reserve_capacity(t, p_min), p_min)
+    return "\n".join(reasons)
+
+
+def _reserve_reasons(
+    p: CycleProblem, t: DvfsTables, cap: npt.NDArray[np.int64], p_min: npt.NDArray[np.float64]
+) -> list[str]:
+    """One line per supernode whose ready reserve does not fit in its racks' headroom (``cap`` per rack);
+    on a site of one supernode the line names none."""
+    reasons: list[str] = []
+    names = p.site.rack_names
+    for n in np.flatnonzero(t.reserve > 0):
+        mine = t.rack_supernode == n
+        room = int(cap[mine].sum())
+        if room >= int(t.reserve[n]):
+            continue
         # the racks whose headroom ran out before their idle cards did: what one more card there needs is
         # what it lacks (a rack with no headroom at all, or with every idle card awake, says nothing)
-        short = (cap < t.rack_idle) & (t.rack_cap_w - p_min > 0.0)
+        short = mine & (cap < t.rack_idle) & (t.rack_cap_w - p_min > 0.0)
         if short.any():
             wake = f"each further awake card adds up to {float(t.rack_wake_w[short].max()):.1f} W in the racks"
             why = f"{wake} with idle cards and headroom left"
         else:
             why = "no rack with idle cards left has headroom"
+        where = ""
+        if p.site.supernodes > 1:
+            first, last = (names[int(r)] for r in np.flatnonzero(mine)[[0, -1]])
+            where = f"supernode {int(n)} (" + (f"rack {first}" if first == last else f"racks {first}-{last}") + "): "
         reasons.append(
-            f"ready reserve: {t.reserve} awake idle cards are required but the racks' headroom at the lowest levels "
-            f"leaves room for only {int(cap.sum())} ({why})"
+            f"ready reserve: {where}{int(t.reserve[n])} awake idle cards are required but the racks' headroom at "
+            f"the lowest levels leaves room for only {room} ({why})"
         )
-    return "\n".join(reasons)
+    return reasons
 
 
 def _no_room(p: CycleProblem, r: int) -> str:

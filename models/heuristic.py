@@ -6,9 +6,9 @@ DVFS + idle (:func:`greedy_dvfs`), always within the rack caps and die limits wh
    clock-sensitive work stay there), every idle card in low-power idle; by monotonicity this is
    the least power every rack can reach, so if it breaks a cap no plan meets it (see
    ``models.explain``);
-2. the ready reserve is woken in the racks with the most headroom first (each rack takes as many as
-   fit), which fits whenever any plan's reserve fits, because step 1 left every rack at its least
-   power. With a wake tie-break (``DvfsTables.wake_tie_w`` > 0) it is first kept on the idle cards
+2. each supernode's ready reserve is woken in its racks with the most headroom first (each rack
+   takes as many as fit), which fits whenever any plan's reserve fits, because step 1 left every rack
+   at its least power. With a wake tie-break (``DvfsTables.wake_tie_w`` > 0) it is first kept on the idle cards
    awake now (``DvfsTables.rack_awake_now``) where their rack holds them with its jobs at their most
    power (so that keeping them there never stops a job's level from rising in step 3), racks with the
    most headroom first, and only the rest is woken as above (the order moves no card beyond a rack's
@@ -60,7 +60,7 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
         return GreedyDvfs(level, awake, False, explanation)
     # ready reserve: racks with the most headroom first; with a wake tie-break, the idle cards awake now
     # first (where their rack holds them with its jobs at their most power), then cards woken
-    remaining = t.reserve
+    remaining = t.reserve.copy()  # per supernode, filled in its racks
     room = reserve_capacity(t, rack_p)
     order = np.argsort(-(t.rack_cap_w - rack_p), kind="stable")
     limits = [room]
@@ -68,14 +68,13 @@ def greedy_dvfs(p: CycleProblem, t: DvfsTables, line: FacilityLine) -> GreedyDvf
         limits.insert(0, np.minimum(reserve_capacity(t, _most_power_w(t, level)), t.rack_awake_now))
     for limit in limits:
         for r in order:
-            if remaining <= 0:
-                break
-            k = int(min(limit[r] - awake[r], remaining))
+            n = t.rack_supernode[r]
+            k = int(min(limit[r] - awake[r], remaining[n]))
             if k <= 0:
                 continue
             awake[r] += k
             rack_p[r] += k * t.rack_wake_w[r]
-            remaining -= k
+            remaining[n] -= k
 
     e_price = p.prices.energy_price_per_kwh / 1000.0 * line.b  # currency per W-hour of IT power
     order = np.argsort(t.pair_job, kind="stable")

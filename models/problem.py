@@ -141,6 +141,9 @@ class CycleProblem:
     ``die_offset_k`` is added to every predicted die temperature of a card (>= 0; see
     :func:`make_problem`, which derives it from measured temperatures when the current levels are known).
     ``host_off`` (per host, or None: all on) names the hosts powered off for the cycle (see module docstring).
+    ``ready_reserve_cards`` (per supernode) is the ready reserve: idle cards each supernode keeps awake for
+    queued work (a job runs inside one supernode, so a reserve helps only the jobs placed there); the
+    tables cap each by its supernode's idle cards.
     ``least_power_jobs`` (per job, or None: none) names the jobs pinned at their least-power level,
     exempt from the die limit and their SLO (see module docstring).
     ``awake_now`` (per card, or None: none) names the cards awake now, not in low-power idle (read for
@@ -161,7 +164,7 @@ class CycleProblem:
     ambient_c: float
     supply_temp_c: float
     supply_options_c: tuple[float, ...]
-    ready_reserve_cards: int
+    ready_reserve_cards: IntArray  # per supernode
     margins: Margins = field(default_factory=Margins)
     prices: Prices = field(default_factory=Prices)
     queue: tuple[JobSpec, ...] = ()
@@ -249,7 +252,7 @@ def make_problem(
     supply_temp_c: float | None = None,
     supply_options_c: Sequence[float] | None = None,
     rack_limit_w: FloatArray | Sequence[float] | float | None = None,
-    ready_reserve_cards: int | None = None,
+    ready_reserve_cards: int | Sequence[int] | IntArray | None = None,
     margins: Margins | None = None,
     prices: Prices | None = None,
     queue: Sequence[JobSpec] = (),
@@ -268,7 +271,8 @@ def make_problem(
     current level and the problem's phases keeps that instantaneous excess as a (conservative)
     offset; note that right after a phase, level or supply change that excess is a transient, not an
     error. Otherwise no offset. ``ready_reserve_cards`` (awake idle cards kept for
-    queued work) defaults to the size of the largest queued job, clipped to the idle cards.
+    queued work, in each supernode: an integer, or one per supernode) defaults to the size of the
+    largest queued job, clipped to each supernode's idle cards.
     ``awake_now`` (per card) names the cards awake now and ``wake_tie_w`` (W per card woken, finite,
     >= 0; 0: off) weighs the wake tie-break (see :class:`CycleProblem`).
     Raises :class:`ProblemError` on any invalid data.
@@ -328,15 +332,8 @@ def make_problem(
 
     off_arr = _host_off(site, jobs, card_job, host_off)
     unpowered = np.zeros(n, dtype=bool) if off_arr is None else off_arr[site.card_host()]
-    n_idle = int(np.sum((card_job < 0) & ~failed_arr & ~unpowered))
-    if ready_reserve_cards is None:
-        reserve = min(max((job.n_cards for job in queue), default=0), n_idle)
-    else:
-        if isinstance(ready_reserve_cards, bool) or not isinstance(ready_reserve_cards, int | np.integer):
-            raise ProblemError(f"ready_reserve_cards must be an integer, got {ready_reserve_cards!r}")
-        if ready_reserve_cards < 0:
-            raise ProblemError(f"ready_reserve_cards must be >= 0, got {ready_reserve_cards}")
-        reserve = int(ready_reserve_cards)
+    idle = (card_job < 0) & ~failed_arr & ~unpowered
+    reserve = _ready_reserve(site, ready_reserve_cards, queue, idle)
     tie_w = float(wake_tie_w)
     if not (math.isfinite(tie_w) and tie_w >= 0.0):
         raise ProblemError(f"wake_tie_w must be a finite number >= 0, got {wake_tie_w!r}")
@@ -361,6 +358,33 @@ def make_problem(
         awake_now=None if awake_now is None else _as_array("awake_now", awake_now, (n,), bool).astype(np.bool_),
         wake_tie_w=tie_w,
     )
+
+
+def _ready_reserve(
+    site: SiteSpec,
+    ready_reserve_cards: int | Sequence[int] | IntArray | None,
+    queue: Sequence[JobSpec],
+    idle: BoolArray,
+) -> IntArray:
+    """``ready_reserve_cards`` checked, as one count per supernode (an integer: that many in each); the
+    default, the largest queued job in each supernode, clipped to that supernode's idle cards."""
+    if ready_reserve_cards is None:
+        idle_sn = np.bincount(site.rack_supernode()[site.card_rack()[idle]], minlength=site.supernodes)
+        largest = max((job.n_cards for job in queue), default=0)
+        return np.minimum(idle_sn, largest).astype(np.int64)
+    if isinstance(ready_reserve_cards, bool) or not isinstance(ready_reserve_cards, int | np.integer):
+        given = np.asarray(ready_reserve_cards)
+        if given.shape != (site.supernodes,) or not (given.size and np.issubdtype(given.dtype, np.integer)):
+            raise ProblemError(
+                f"ready_reserve_cards must be an integer or one integer per supernode ({site.supernodes}), "
+                f"got {ready_reserve_cards!r}"
+            )
+        reserve = given.astype(np.int64)
+    else:
+        reserve = np.full(site.supernodes, int(ready_reserve_cards), dtype=np.int64)
+    if np.any(reserve < 0):
+        raise ProblemError(f"ready_reserve_cards must be >= 0, got {ready_reserve_cards}")
+    return reserve
 
 
 def _card_job(
@@ -552,7 +576,8 @@ class DvfsTables:
     rack_wake_w: FloatArray  # extra power of one idle card awake instead of low power (worst card)
     rack_cap_w: FloatArray  # limit - margin
     rack_awake_now: IntArray  # idle cards awake now (CycleProblem.awake_now): kept awake, no wake tie-break
-    reserve: int
+    rack_supernode: IntArray  # the supernode of each rack (the site's numbering)
+    reserve: IntArray  # per supernode of the site: awake idle cards required in its racks (capped by their idle cards)
     # per card (for plans)
     card_level_power_w: FloatArray  # (n_cards, L) steady power of each busy card at each level
     card_level_die_c: FloatArray  # (n_cards, L)
@@ -640,6 +665,7 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
     rack_idle = np.bincount(card_rack[idle], minlength=n_racks).astype(np.int64)
     awake_idle = idle & (False if p.awake_now is None else p.awake_now)
     rack_awake_now = np.bincount(card_rack[awake_idle], minlength=n_racks).astype(np.int64)
+    rack_sn = site.rack_supernode()
     return DvfsTables(
         supply_c=supply,
         n_levels=n_lv,
@@ -662,7 +688,10 @@ def dvfs_tables(p: CycleProblem, supply_c: float | None = None) -> DvfsTables:
         rack_wake_w=wake,
         rack_cap_w=p.rack_cap_w(),
         rack_awake_now=rack_awake_now,
-        reserve=int(min(p.ready_reserve_cards, int(rack_idle.sum()))),
+        rack_supernode=rack_sn,
+        reserve=np.minimum(
+            p.ready_reserve_cards, np.bincount(rack_sn, weights=rack_idle, minlength=site.supernodes)
+        ).astype(np.int64),
         card_level_power_w=card_level_power,
         card_level_die_c=card_level_die,
         idle_awake_level=idle_lv,

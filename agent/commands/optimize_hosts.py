@@ -22,10 +22,10 @@ def hosts_off(p: Any, solver: SolverSection) -> npt.NDArray[np.bool_] | None:
     for arriving jobs, and none while jobs are still queued (they wait for cards). The ready reserve
     of awake idle cards must sit on hosts that are on: its cards are taken from the idle cards of
     hosts with a busy card (on anyway) first, then from whole idle hosts, in the racks with the most
-    headroom first; those hosts stay on (they count toward the supernode's reserve of hosts on, and
-    stay on beyond it). The other idle hosts go off in the racks with the least headroom first (a
-    snapshot has no idle times to order them by). None where the site's hosts cannot be powered off
-    or ``choose_host_power`` is false."""
+    headroom first, each supernode's reserve in its own racks; those hosts stay on (they count toward
+    the supernode's reserve of hosts on, and stay on beyond it). The other idle hosts go off in the
+    racks with the least headroom first (a snapshot has no idle times to order them by). None where the
+    site's hosts cannot be powered off or ``choose_host_power`` is false."""
     from agent.hosts import choose_hosts_off, host_any
     from models.explain import min_rack_power_w
     from models.problem import dvfs_tables
@@ -42,14 +42,17 @@ def hosts_off(p: Any, solver: SolverSection) -> npt.NDArray[np.bool_] | None:
     t = dvfs_tables(p)
     idle_hosts = np.bincount(host_rack[~host_busy], minlength=site.n_racks)
     head = t.rack_cap_w - min_rack_power_w(t) + idle_hosts * site.host_off_saving_w()
-    left = min(p.ready_reserve_cards, int(free.sum())) - int(free[host_busy].sum())
-    keep = np.zeros(n_h, dtype=bool)  # idle hosts on for the ready reserve
-    while left > 0:
-        cand = np.flatnonzero(~host_busy & ~keep & (free > 0))
-        h = int(cand[np.lexsort((-free[cand], -head[host_rack[cand]]))[0]])
-        keep[h] = True
-        left -= int(free[h])
-        head[host_rack[h]] -= site.host_off_saving_w() + free[h] * t.rack_wake_w[host_rack[h]]
+    host_sn = site.rack_supernode()[host_rack]
+    keep = np.zeros(n_h, dtype=bool)  # idle hosts on for the ready reserve, each supernode's in its racks
+    for n, reserve in enumerate(np.asarray(p.ready_reserve_cards).tolist()):
+        mine = host_sn == n
+        left = min(reserve, int(free[mine].sum())) - int(free[mine & host_busy].sum())
+        while left > 0:
+            cand = np.flatnonzero(mine & ~host_busy & ~keep & (free > 0))
+            h = int(cand[np.lexsort((-free[cand], -head[host_rack[cand]]))[0]])
+            keep[h] = True
+            left -= int(free[h])
+            head[host_rack[h]] -= site.host_off_saving_w() + free[h] * t.rack_wake_w[host_rack[h]]
     none = np.zeros(n_h, dtype=bool)
     off = choose_hosts_off(
         site,

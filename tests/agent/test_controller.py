@@ -267,16 +267,17 @@ def test_the_idle_reserve_is_kept_awake_per_supernode() -> None:
     assert int((~d.card_low_power & ~d.card_busy).sum()) == 3 * 2
 
 
-def _reserve_split(tie_w: float | None) -> tuple[list[int], npt.NDArray[np.bool_]]:
-    """Two supernodes of one 16-card rack, every card idle, a reserve of 3 per supernode, cards 16..20 (rack
-    1) awake now: the plan's awake cards per rack and the decision's awake idle cards, with
-    ``control.reserve_wake_tie_w`` = ``tie_w`` (None: the default)."""
-    site = small_site(racks=1).with_supernodes(2)
+def _reserve_split(tie_w: float | None, supernodes: int = 1) -> tuple[list[int], npt.NDArray[np.bool_]]:
+    """Two 16-card racks in one supernode (``supernodes`` = 2: two supernodes of one rack), every card idle,
+    a reserve of 6 (3 per supernode with two), cards 16..20 (rack 1) awake now: the plan's awake cards per
+    rack and the decision's awake idle cards, with ``control.reserve_wake_tie_w`` = ``tie_w`` (None: the
+    default)."""
+    site = small_site(racks=2) if supernodes == 1 else small_site(racks=1).with_supernodes(2)
     _plant, state = belief(site, [], 30)
     snap = state.snapshot()
     low = np.ones(site.n_cards, dtype=bool)
     low[16:21] = False
-    cfg = ControlConfig(period_s=10.0, idle_reserve_cards=3)
+    cfg = ControlConfig(period_s=10.0, idle_reserve_cards=6 // supernodes)
     if tie_w is not None:
         cfg = dataclasses.replace(cfg, reserve_wake_tie_w=tie_w)
     d = Controller(site, cfg).step(dataclasses.replace(snap, card_low_power=low), 30.0)
@@ -285,12 +286,13 @@ def _reserve_split(tie_w: float | None) -> tuple[list[int], npt.NDArray[np.bool_
 
 
 def test_the_idle_cards_kept_awake_are_as_many_as_the_plan_says_on_the_racks_it_says() -> None:
-    """Two supernodes of one 16-card rack, every card idle, a reserve of 3 per supernode: the plan keeps
-    6 awake, on rack 0 (by default its split between identical racks is a tie it breaks for the first
-    rack). Rack 1 reads 5 cards awake: the decision keeps 6 awake in all, all 6 on rack 0 as the plan says
-    (its rack power counts them there), not the plan's 6 on top of rack 1's 5, nor rack 1's 5 and one
-    more (each rack keeps the plan's count, the ones awake now first; following the plan wakes 6 cards and
-    puts 5 to sleep once: the opt-in wake tie-break, next test, keeps rack 1's)."""
+    """Two 16-card racks of one supernode, every card idle, a reserve of 6: the plan keeps 6 awake, on
+    rack 0 (by default its split between identical racks is a tie it breaks for the first rack). Rack 1
+    reads 5 cards awake: the decision keeps 6 awake in all, all 6 on rack 0 as the plan says (its rack
+    power counts them there), not the plan's 6 on top of rack 1's 5, nor rack 1's 5 and one more (each
+    rack keeps the plan's count, the ones awake now first; following the plan wakes 6 cards and puts 5 to
+    sleep once: the opt-in wake tie-break, next test, keeps rack 1's). (Until the reserve was one per
+    supernode, this scene was two supernodes of one rack each, whose reserve the plan put all on rack 0.)"""
     rack_awake, awake = _reserve_split(None)
     assert rack_awake == [6, 0]
     assert int(awake.sum()) == 6 and int(awake[:16].sum()) == 6 and not awake[16:].any()
@@ -305,6 +307,18 @@ def test_with_the_wake_tie_break_the_plan_keeps_the_reserve_on_the_cards_awake_n
     rack_awake, awake = _reserve_split(1.0)
     assert rack_awake == [1, 5]
     assert int(awake.sum()) == 6 and int(awake[:16].sum()) == 1 and awake[16:21].all()
+
+
+@pytest.mark.parametrize("tie_w", [None, 1.0])
+def test_each_supernode_keeps_its_reserve_and_the_decision_its_cards_awake_now_first(tie_w: float | None) -> None:
+    """The scene above as two supernodes of one rack, 3 per supernode: the plan keeps 3 on each rack, with
+    the wake tie-break or without (a supernode's reserve is in its racks: nothing to break a tie between),
+    and the decision keeps 3 of rack 1's 5 awake cards awake (the ones awake now first) and wakes 3 on
+    rack 0. Was: the plan kept the site's 6 on rack 0 (without the tie-break) or 5 on rack 1 and 1 on rack
+    0 (with it), and supernode 1's (or 0's) arriving job waited its wake latency on a short reserve."""
+    rack_awake, awake = _reserve_split(tie_w, supernodes=2)
+    assert rack_awake == [3, 3]
+    assert int(awake[:16].sum()) == 3 and awake[16:19].all() and not awake[19:].any()
 
 
 class SnapshotChanges(TypedDict, total=False):

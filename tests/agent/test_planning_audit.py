@@ -106,8 +106,9 @@ def test_failed_cards_are_out_of_the_models_hands() -> None:
 
 
 def test_the_ready_reserve_is_per_supernode() -> None:
-    """``control.idle_reserve_cards`` counts per supernode: the same 2 racks of 16 cards as two
-    supernodes of one rack keep twice as many awake (within the 12 idle cards)."""
+    """``control.idle_reserve_cards`` counts per supernode, and each supernode keeps its own: the same 2
+    racks of 16 cards as two supernodes of one rack, the 12 idle cards all in r1 (supernode 1), keep 4
+    there and none in supernode 0, which has no idle card (before: 8 site-wide, all of them in r1)."""
     data: dict[str, Any] = read_toml(SITE_FILE)
     data["torus_dims"] = [4, 4, 1]
     data["racks_per_supernode"] = 1
@@ -116,8 +117,10 @@ def test_the_ready_reserve_is_per_supernode() -> None:
     data["rack"] = {"host_overhead_w": 8800.0 * 16 / 64, "power_limit_w": 50000.0 * 16 / 64}
     two = site_from_dict(data, source="test")
     assert two.n_cards == N and two.supernodes == 2
-    assert problem(ControlConfig(idle_reserve_cards=4), site=two, ctx=step_context(two)).ready_reserve_cards == 8
-    assert problem(ControlConfig(idle_reserve_cards=4)).ready_reserve_cards == 4
+    assert problem(
+        ControlConfig(idle_reserve_cards=4), site=two, ctx=step_context(two)
+    ).ready_reserve_cards.tolist() == [0, 4]
+    assert problem(ControlConfig(idle_reserve_cards=4)).ready_reserve_cards.tolist() == [4]
 
 
 def test_the_measured_die_offsets_and_the_ambient_of_the_step_are_the_models() -> None:

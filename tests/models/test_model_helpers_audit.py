@@ -55,7 +55,7 @@ class TableFields(TypedDict, total=False):
     rack_idle: np.ndarray
     rack_wake_w: np.ndarray
     rack_cap_w: np.ndarray
-    reserve: int
+    reserve: np.ndarray
 
 
 def _tables(**kw: Unpack[TableFields]) -> DvfsTables:
@@ -67,7 +67,8 @@ def _tables(**kw: Unpack[TableFields]) -> DvfsTables:
         slo_ok=np.zeros((0, 3), bool), fixed=np.zeros(0, bool), cheapest_level=np.zeros(0, np.int64),
         pair_job=np.zeros(0, np.int64), pair_rack=np.zeros(0, np.int64), pair_cards=np.zeros(0, np.int64),
         pair_power_w=empty, rack_base_w=np.zeros(4), rack_idle=np.zeros(4, np.int64), rack_wake_w=np.zeros(4),
-        rack_cap_w=np.zeros(4), rack_awake_now=np.zeros(4, np.int64), reserve=0, card_level_power_w=empty,
+        rack_cap_w=np.zeros(4), rack_awake_now=np.zeros(4, np.int64), rack_supernode=np.zeros(4, np.int64),
+        reserve=np.zeros(1, np.int64), card_level_power_w=empty,
         card_level_die_c=empty, idle_awake_level=0,
     )  # fmt: skip
     return dataclasses.replace(base, **kw)
@@ -182,7 +183,7 @@ def test_explain_a_short_reserve_names_what_a_further_card_needs_in_the_racks_it
         rack_base_w=np.array([1000.0, 650.0, 0.0, 850.0]),
         rack_idle=np.array([4, 5, 1, 2]),
         rack_wake_w=np.array([500.0, 100.0, 900.0, 120.0]),
-        reserve=8,
+        reserve=np.array([8]),
     )
     p = problem(site, [], [], options=[30.0])  # its clocks and rack names; the tables above are the data
     assert explain_infeasible(p, t) == (
@@ -190,7 +191,7 @@ def test_explain_a_short_reserve_names_what_a_further_card_needs_in_the_racks_it
         "for only 5 (each further awake card adds up to 120.0 W in the racks with idle cards and headroom left)"
     )
     # no headroom where idle cards are left (r1 and r3 at their caps): no figure, the reason in words
-    t2 = dataclasses.replace(t, rack_base_w=np.array([1000.0, 1000.0, 0.0, 1000.0]), reserve=3)
+    t2 = dataclasses.replace(t, rack_base_w=np.array([1000.0, 1000.0, 0.0, 1000.0]), reserve=np.array([3]))
     assert explain_infeasible(p, t2).endswith("leaves room for only 1 (no rack with idle cards left has headroom)")
 
 
@@ -235,7 +236,8 @@ def test_decompose_packs_512_cards_per_chunk_in_rack_order(site: SiteSpec) -> No
 def test_decompose_a_chunk_carries_its_own_racks_numbers_and_its_share_of_the_reserve(site: SiteSpec) -> None:
     # Each chunk's rack r is global rack racks[r]: its cap (limit - 1 kW margin), idle cards (64 less
     # those of its jobs), base and wake power; its job i is jobs[i] with that job's pairs renumbered;
-    # its reserve is what the greedy plan woke in its racks, and the parts add up to the site's.
+    # its reserve is, per supernode, what the greedy plan woke in its racks, and the parts add up to each
+    # supernode's.
     p, t, g = _two_supernode_problem(site)
     limits = 40_000.0 + 100.0 * np.arange(16)
     busy = np.zeros(16, dtype=np.int64)
@@ -249,21 +251,22 @@ def test_decompose_a_chunk_carries_its_own_racks_numbers_and_its_share_of_the_re
         assert ct.rack_idle.tolist() == (64 - busy[c.racks]).tolist()
         assert ct.rack_base_w.tolist() == t.rack_base_w[c.racks].tolist()
         assert ct.rack_wake_w.tolist() == t.rack_wake_w[c.racks].tolist()
-        assert ct.reserve == int(g.rack_awake[c.racks].sum())
+        sn = p.site.rack_supernode()[c.racks]
+        assert ct.reserve.tolist() == np.bincount(sn, weights=g.rack_awake[c.racks], minlength=2).tolist()
         for i, j in enumerate(c.jobs.tolist()):
             mine = ct.pair_job == i
             racks = sorted(c.racks[ct.pair_rack[mine]].tolist())
             assert racks == sorted({r // 64 for r in p.job_cards(j).tolist()})
             assert int(ct.pair_cards[mine].sum()) == p.jobs[j].n_cards
             assert ct.job_power_w[i].tolist() == t.job_power_w[j].tolist()
-    assert sum(c.tables.reserve for c in chunks) == int(g.rack_awake.sum()) >= 12
+    assert np.sum([c.tables.reserve for c in chunks], axis=0).tolist() == [12, 12]  # each supernode's, in its racks
 
 
 def test_decompose_refuses_a_part_that_cuts_a_job(site: SiteSpec) -> None:
     # job "two" spans r1 and r2: a part with r1 only would check r1's cap without the job's r2 cards
     _p, t, _g = _two_supernode_problem(site)
     with pytest.raises(ValueError, match="spans a rack outside"):
-        restrict_tables(t, np.array([0]), np.array([1]), 0)
+        restrict_tables(t, np.array([0]), np.array([1]), np.zeros(2, np.int64))
 
 
 @pytest.mark.parametrize(
