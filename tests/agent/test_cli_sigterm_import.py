@@ -39,7 +39,13 @@ def _interrupted_while_initialising(
     sent ``signum`` while ``module`` initialises (run in ``tmp_path``)."""
     hold = tmp_path / "hold"
     hold.mkdir()
-    (hold / "sitecustomize.py").write_text("import import_hold\n\nimport_hold.install()\n")
+    # Ctrl-C raises KeyboardInterrupt as in a terminal's foreground process, whatever started the tests: a
+    # shell's background job (`pytest ... &`, nohup) has SIGINT ignored, which its children inherit (a
+    # clean-clone run started that way saw the Ctrl-C case exit 0; test_cli_audit.py's _WITH_CTRL_C)
+    (hold / "sitecustomize.py").write_text(
+        "import signal\n\nimport import_hold\n\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "import_hold.install()\n"
+    )
     read_end, write_end = os.pipe()  # the test keeps its read end too: the byte never meets a closed pipe
     env = dict(
         os.environ,
