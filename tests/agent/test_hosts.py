@@ -638,7 +638,9 @@ def test_hosts_used_equally_recently_come_back_in_host_order() -> None:
 def test_in_closed_loop_jobs_the_ready_reserve_holds_land_on_its_awake_cards() -> None:
     """Jobs of one host each arrive one by one while the other idle cards sleep: each lands on the
     awake idle cards the agent keeps (``idle_reserve_cards``), not on sleeping ones it must wake (a
-    woken card is usable ``wake_latency_s`` later; the third job used to land on 8 sleeping cards)."""
+    woken card is usable ``wake_latency_s`` later; the third job used to land on 8 sleeping cards). The
+    cards are checked, not the start: in the plant a job's start-up (``PhaseModel.startup_s``, 60 s)
+    outlasts the 5 s wake, so both start at the same time here."""
     jobs = [job("run", 64, work_steps=3_000.0)]
     jobs += [job(f"s{i}", CPH, work_steps=200.0, submit_s=600.0 + 300.0 * i) for i in range(4)]
     plant = Plant(SITE, jobs, config=PlantConfig(seed=4, placement="external"))
