@@ -73,8 +73,12 @@ def _check(p: CycleProblem, plan: CyclePlan) -> None:
         assert np.all(rack_w <= p.rack_cap_w() + 1e-6), (rack_w - p.rack_cap_w()).max()
         busy = p.card_job >= 0
         assert np.all(die[busy] <= p.die_limit_c + 1e-6), die[busy].max()
-        awake = int((~plan.dvfs.card_low_power & p.idle_mask()).sum())
-        assert awake >= min(p.ready_reserve_cards, int(p.idle_mask().sum()))
+        # each supernode keeps its reserve awake, or all its idle cards where it has fewer
+        card_sn = p.site.rack_supernode()[p.site.card_rack()]
+        n_sn = p.site.supernodes
+        awake = np.bincount(card_sn, weights=~plan.dvfs.card_low_power & p.idle_mask(), minlength=n_sn)
+        idle = np.bincount(card_sn, weights=p.idle_mask(), minlength=n_sn)
+        assert np.all(awake >= np.minimum(p.ready_reserve_cards, idle)), (awake, p.ready_reserve_cards)
     else:
         assert plan.status == SolveStatus.INFEASIBLE
         assert plan.explanation
