@@ -672,7 +672,6 @@ class Controller:
             problem_of=lambda on: self._problem(on, snap, ctx),
             card_wait_s=self._hosts.card_wait_s(snap.card_host_off, ctx.now_s),
             method=method,
-            card_asleep=np.asarray(snap.card_low_power, dtype=bool),
         )
 
     # ---- turning a plan into a decision ---------------------------------------------------------

@@ -172,22 +172,18 @@ def place_queued(
     problem_of: Callable[[SiteLoad], CycleProblem],
     card_wait_s: FloatArray | None,
     method: str | None = None,
-    card_asleep: BoolArray | None = None,
 ) -> list[PlacementOrder]:
     """Orders for the queued jobs that go now; ``waits`` gets why each of the others stays queued.
 
     ``problem_of``: the models' problem of a load (the step's, ``agent.planning.cycle_problem``);
     ``card_wait_s``: per card, how long until its host is up (None where hosts are not managed);
-    ``card_asleep``: per card, in the low-power state (a job placed there waits its wake latency);
     ``method``: the placement method (default ``cfg.placement_method``)."""
     unseen_card = ctx.unseen_card_mask(site.card_rack())
     unplaceable = ctx.unplaceable_card_mask(site.card_rack())
     how = method if method is not None else cfg.placement_method
 
     def place(on: SiteLoad, jobs: Sequence[JobInfo], why: dict[str, QueueWait]) -> list[PlacementOrder]:
-        return _place_jobs(
-            on, ctx, unseen_card, unplaceable, jobs, notes, why, how, problem_of, card_wait_s, card_asleep
-        )
+        return _place_jobs(on, ctx, unseen_card, unplaceable, jobs, notes, why, how, problem_of, card_wait_s)
 
     fits = [q for q in queue if 0 < q.n_cards <= site.n_cards]
     for q in queue:
@@ -250,7 +246,6 @@ def _place_jobs(
     method: str,
     problem_of: Callable[[SiteLoad], CycleProblem],
     card_wait_s: FloatArray | None,
-    card_asleep: BoolArray | None = None,
 ) -> list[PlacementOrder]:
     """``queue`` onto the free cards of ``load`` (``models.placement.place_jobs``) but those of
     ``unplaceable`` (``StepContext.unplaceable_card_mask``, of which ``unseen_card`` are also left out of
@@ -262,7 +257,7 @@ def _place_jobs(
         p0 = problem_of(load)
         # cards the agent cannot see are not offered (blind racks, stuck sensors)
         p0 = dataclasses.replace(p0, failed=p0.failed | unseen_card)
-        pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, card_wait_s, card_asleep)
+        pp = make_placement_problem(p0, [QueuedJob(s) for s in specs], ctx.setpoint_c, card_wait_s)
         # nor are those a refusal says failed before a reading confirms it (idle ones are out of the
         # problem's idle cards, their racks' headroom counting what they draw as they report:
         # agent.planning.cycle_problem; a busy one is no free card anyway)

@@ -41,19 +41,6 @@ powering hosts on for queued jobs instead), the shortest wait first; each class 
 block's centre. The greedy ranks windows that hold enough free cards on hosts that are up first and
 scores, after the overload, the card-seconds of waiting a window needs, then the wholly free hosts it
 breaks into.
-
-Sleeping cards (``PlacementProblem.card_asleep``, the agent's low-power idle cards): a job placed on
-one waits its wake latency (the plant: ready at max(host up, now) + ``card.wake_latency_s``). Where
-the awake free cards on hosts that are up can take the whole job (the ready reserve the agent keeps
-awake for queued work), it takes them: among the windows scored (ranked by headroom as before), a
-window's waiting counts the job's ``n`` cards times the wake latency when any of its cards sleeps,
-and the block is picked among hosts whose free cards are all awake before the others -- after the
-hosts' class (whole or partly used, up or not: an NVLink domain kept whole and hosts left to power
-off outweigh a few seconds of waiting) and before the distance to the block's centre (a less compact
-block of the same racks that starts at once beats a compact one that waits). A job the awake cards
-cannot hold waits a wake wherever it goes: it is placed as if every card slept, leaving the awake
-ones to the next job. Fewest racks still come first. The MILP chooses its racks without the wait (as
-with booting hosts); its cards are picked the same way.
 """
 
 from __future__ import annotations
@@ -106,9 +93,6 @@ class PlacementProblem:
     rack_headroom_w: FloatArray  # (n_racks,) cap - predicted power now
     card_power_w: FloatArray  # (n_queue,) predicted power of one card of each queued job at the top level
     card_wait_s: FloatArray | None = None  # (n_cards,) until the card's host is up: off or booting (None: all up)
-    # (n_cards,) in the low-power state: a job placed there waits the card's wake latency once its host
-    # is up (the plant: ready at max(host up, now) + ``card.wake_latency_s``); None: all awake
-    card_asleep: BoolArray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,12 +122,10 @@ def make_placement_problem(
     queue: Sequence[QueuedJob] | None = None,
     supply_c: float | None = None,
     card_wait_s: FloatArray | None = None,
-    card_asleep: BoolArray | None = None,
 ) -> PlacementProblem:
     """Placement data from a cycle problem: free cards, and headroom with running jobs at the top
     level (what they may draw once caps allow) and idle cards awake; ``card_wait_s``: per card, how
-    long until its host is up (0 where it is; a boot for an off host); ``card_asleep``: per card, in
-    the low-power state (a job placed there waits its wake latency)."""
+    long until its host is up (0 where it is; a boot for an off host)."""
     site = p.site
     q = tuple(queue) if queue is not None else tuple(QueuedJob(j) for j in p.queue)
     for qj in q:
@@ -171,7 +153,6 @@ def make_placement_problem(
         top_w = float(card_steady_power_w(model, np.array([0]), u, np.array([False]), supply, r)[0][0])
         pw[i] = max(top_w - awake_w, 0.0)
     wait = None if card_wait_s is None else np.asarray(card_wait_s, dtype=np.float64)
-    asleep = None if card_asleep is None else np.asarray(card_asleep, dtype=bool)
     return PlacementProblem(
         site=site,
         free=p.idle_mask(),
@@ -179,7 +160,6 @@ def make_placement_problem(
         rack_headroom_w=p.rack_cap_w() - rack_p,
         card_power_w=pw,
         card_wait_s=wait,
-        card_asleep=asleep,
     )
 
 
@@ -212,15 +192,12 @@ def _pick_compact(
     n: int,
     xyz: IntArray,
     card_wait_s: FloatArray | None = None,
-    card_asleep: BoolArray | None = None,
 ) -> tuple[IntArray, int]:
     """``n`` free cards of ``racks`` forming a compact block: the seed position (x, y) whose ``n``
     nearest free cards (torus distance, z measured from the window's middle plane) are closest.
-    Where the racks' awake free cards (``card_asleep``) alone are enough, each seed takes them before
-    sleeping ones and a seed whose block needs no wake wins over the more compact ones that do.
     Where hosts are managed, whole hosts in the order of the module docstring."""
     if site.hosts_managed:
-        return _pick_hosts(site, free, racks, n, xyz, card_wait_s, card_asleep)
+        return _pick_hosts(site, free, racks, n, xyz, card_wait_s)
     cpr = site.cards_per_rack
     cand = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in racks])
     cand = cand[free[cand]]
@@ -232,40 +209,19 @@ def _pick_compact(
     gx, gy = np.meshgrid(np.arange(dims[0]), np.arange(dims[1]), indexing="ij")
     seeds = np.stack([gx.ravel(), gy.ravel(), np.full(gx.size, z_mid)], axis=1)  # (S, 3)
     d = _torus_dist(xyz[cand][None, :, :], seeds[:, None, :], dims)  # (S, C)
-    sleepy = _sleepy(cand, n, card_asleep)
-    span = int(d.max()) + 1
-    order = np.argsort((sleepy[None, :] * span + d) * 1000 + zs[None, :], axis=1, kind="stable")[:, :n]
+    order = np.argsort(d * 1000 + zs[None, :], axis=1, kind="stable")[:, :n]
     cost = np.take_along_axis(d, order, axis=1).sum(axis=1)
-    best = int(np.lexsort((cost, sleepy[order].any(axis=1)))[0])
+    best = int(np.argmin(cost))
     return np.sort(cand[order[best]]), int(cost[best])
 
 
-def _sleepy(cand: IntArray, n: int, card_asleep: BoolArray | None, ready: BoolArray | None = None) -> IntArray:
-    """Per candidate card, 1 where it would make the job wait a wake (asleep, or not ``ready``) and the
-    ``ready`` awake ones alone can take all ``n`` cards; else 0 everywhere (no preference: a job that
-    waits a wake anyway leaves the awake ones to the next)."""
-    if card_asleep is None:
-        return np.zeros(cand.size, dtype=np.int64)
-    slow = card_asleep[cand] if ready is None else card_asleep[cand] | ~ready
-    if int((~slow).sum()) < n:
-        return np.zeros(cand.size, dtype=np.int64)
-    return slow.astype(np.int64)
-
-
 def _pick_hosts(
-    site: SiteSpec,
-    free: BoolArray,
-    racks: Sequence[int],
-    n: int,
-    xyz: IntArray,
-    card_wait_s: FloatArray | None,
-    card_asleep: BoolArray | None = None,
+    site: SiteSpec, free: BoolArray, racks: Sequence[int], n: int, xyz: IntArray, card_wait_s: FloatArray | None
 ) -> tuple[IntArray, int]:
     """``n`` free cards of ``racks`` host by host (see the module docstring): per seed position, hosts
-    ordered by class (whole and on or partly used, in the order that suits ``n``; off last), then, where
-    the hosts that are up with every free card awake hold ``n`` free cards, those before the others,
-    then by their nearest free card's distance to the seed; the seed whose pick is of the lowest
-    classes, then needs no wake, then is closest wins."""
+    ordered by class (whole and on or partly used, in the order that suits ``n``; off last), then by
+    their nearest free card's distance to the seed; the seed whose pick is of the lowest classes and
+    closest wins."""
     cpr, cph = site.cards_per_rack, site.cards_per_host
     cand = np.concatenate([np.arange(r * cpr, (r + 1) * cpr) for r in racks])
     cand = cand[free[cand]]
@@ -281,11 +237,6 @@ def _pick_hosts(
     whole = free.reshape(-1, cph)[hosts].all(axis=1)
     wait = card_wait_s.reshape(-1, cph)[hosts].max(axis=1) if card_wait_s is not None else np.zeros(hosts.size)
     off = wait > 0.0
-    # a host is ready when it is up and its free cards are awake: where such hosts hold the job, first
-    asleep_host = np.zeros(hosts.size, dtype=bool)
-    if card_asleep is not None:
-        np.logical_or.at(asleep_host, pos, card_asleep[cand])
-    sleepy = _sleepy(cand, n, card_asleep, ~(off | asleep_host)[pos])
     # a job of whole hosts takes whole hosts first; any other job fills partly used hosts first
     whole_first = n % cph == 0
     cls = np.where(off, 2, np.where(whole, 0 if whole_first else 1, 1 if whole_first else 0))[pos]  # (C,)
@@ -298,12 +249,11 @@ def _pick_hosts(
     host_d = np.where(off[None, :], wait_rank[None, :] * span + host_d, host_d)
     span = int(host_d.max()) + 1
     d_span = int(d.max()) + 1
-    rank = cls * 2 + sleepy  # (C,)
-    key = ((rank[None, :] * (span + 1) + host_d[:, pos]) * (hosts.size + 1) + pos[None, :]) * d_span + d
+    key = ((cls[None, :] * (span + 1) + host_d[:, pos]) * (hosts.size + 1) + pos[None, :]) * d_span + d
     order = np.argsort(key, axis=1, kind="stable")[:, :n]
     cost = np.take_along_axis(d, order, axis=1).sum(axis=1)
     cls_sum = cls[order].sum(axis=1)
-    best = int(np.lexsort((cost, sleepy[order].any(axis=1), cls_sum))[0])
+    best = int(np.lexsort((cost, cls_sum))[0])
     return np.sort(cand[order[best]]), int(cost[best])
 
 
@@ -360,8 +310,6 @@ def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
     cph = site.cards_per_host
     wait_s = pp.card_wait_s if pp.card_wait_s is not None else np.zeros(site.n_cards)
     up = wait_s <= 0.0
-    asleep = pp.card_asleep if pp.card_asleep is not None else np.zeros(site.n_cards, dtype=bool)
-    wake_s = site.card.wake_latency_s
     cards: dict[str, IntArray] = {}
     racks: dict[str, tuple[int, ...]] = {}
     unplaced: dict[str, str] = {}
@@ -376,19 +324,16 @@ def greedy_placement(pp: PlacementProblem) -> PlacementPlan:
         whole = _whole_free_hosts(site, free)
         for length in range(need_r, max_r + 1):
             fits = [w for _sn, w in _windows(site, length, length) if int(free_r[list(w)].sum()) >= n]
-            # enough free cards on hosts that are up first (no boot to wait for), then most headroom (the
-            # wake is weighed in the score: ranking windows by their awake cards here took jobs to racks
-            # with less headroom and cost 0.055% energy per unit of work on the nominal day)
+            # enough free cards on hosts that are up first (no boot to wait for), then most headroom
             fits.sort(key=lambda w: (int(on_r[list(w)].sum()) < n, -float(np.sum(head[list(w)]))))
             for w in fits[:_WINDOWS_SCORED]:
-                picked, compact = _pick_compact(site, free, w, n, xyz, pp.card_wait_s, pp.card_asleep)
+                picked, compact = _pick_compact(site, free, w, n, xyz, pp.card_wait_s)
                 if picked.size < n:
                     continue
                 add = np.bincount(card_rack[picked], minlength=site.n_racks) * pp.card_power_w[i]
                 after = head - add
                 over = float(np.maximum(-after[list(w)], 0.0).sum())
-                # card-seconds: each card's wait for its host, and the job's n cards the wake of any asleep
-                wait = float(wait_s[picked].sum()) + (n * wake_s if asleep[picked].any() else 0.0)
+                wait = float(wait_s[picked].sum())
                 n_whole = int(whole[np.unique(picked // cph)].sum()) if whole.size else 0
                 score = (over, wait, n_whole, -float(after[list(w)].min()), float(compact), len(w))
                 if chosen is None or score < chosen[0]:
@@ -607,7 +552,6 @@ def milp_placement(pp: PlacementProblem, time_limit_s: float = 2.0, mip_rel_gap:
             head,
             pp.card_power_w[np.asarray(left_idx)],
             pp.card_wait_s,
-            pp.card_asleep,
         )
         g = greedy_placement(rest)
         cards.update(g.cards)
@@ -631,11 +575,11 @@ def _pick_planned(
     n = pp.queue[j].spec.n_cards
     if sum(counts.values()) != n:
         return np.empty(0, dtype=np.int64)
-    block, _ = _pick_compact(site, free, sorted(counts), n, xyz, pp.card_wait_s, pp.card_asleep)
+    block, _ = _pick_compact(site, free, sorted(counts), n, xyz, pp.card_wait_s)
     left = free.copy()
     parts: list[IntArray] = []
     for r, cnt in sorted(counts.items()):
-        part, _ = _pick_compact(site, left, [r], cnt, xyz, pp.card_wait_s, pp.card_asleep)
+        part, _ = _pick_compact(site, left, [r], cnt, xyz, pp.card_wait_s)
         left[part] = False
         parts.append(part)
     by_count = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)

@@ -633,27 +633,3 @@ def test_hosts_used_equally_recently_come_back_in_host_order() -> None:
     assert np.flatnonzero(~off).tolist() == [5, 17, 40]
     off = choose(host_off_now=np.ones(N_H, dtype=bool), host_busy_last_s=last, reserve_per_supernode=5)
     assert np.flatnonzero(~off).tolist() == [0, 5, 17, 40, 63]
-
-
-def test_in_closed_loop_jobs_the_ready_reserve_holds_land_on_its_awake_cards() -> None:
-    """Jobs of one host each arrive one by one while the other idle cards sleep: each lands on the
-    awake idle cards the agent keeps (``idle_reserve_cards``), not on sleeping ones it must wake (a
-    woken card is usable ``wake_latency_s`` later; the third job used to land on 8 sleeping cards). The
-    cards are checked, not the start: in the plant a job's start-up (``PhaseModel.startup_s``, 60 s)
-    outlasts the 5 s wake, so both start at the same time here."""
-    jobs = [job("run", 64, work_steps=3_000.0)]
-    jobs += [job(f"s{i}", CPH, work_steps=200.0, submit_s=600.0 + 300.0 * i) for i in range(4)]
-    plant = Plant(SITE, jobs, config=PlantConfig(seed=4, placement="external"))
-    asleep_before: list[np.ndarray] = []
-    placed_asleep: dict[str, int] = {}
-
-    def note(d: Decision, r: ApplyReport) -> None:
-        if asleep_before:  # the cards the agent had asleep when it placed (its last decision's)
-            placed_asleep.update(
-                (o.job_id, int(asleep_before[-1][list(o.cards)].sum())) for o in d.placements if o.job_id in r.placed
-            )
-        asleep_before.append(d.card_low_power.copy())
-
-    loop = ClosedLoop(plant, Controller(SITE, ControlConfig(period_s=15.0)), on_decision=note)
-    loop.run(2_000.0)
-    assert placed_asleep == {f"s{i}": 0 for i in range(4)}

@@ -3,8 +3,6 @@ that stay queued."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from models_helpers import EXAMPLES, card_power_w, job, problem, rack_cards
@@ -264,41 +262,3 @@ def test_the_greedy_pass_after_the_milp_counts_the_power_of_the_jobs_the_milp_pl
     assert plan.unplaced == {}
     assert (plan.racks["a"], plan.racks["c"], plan.racks["b"]) == ((0,), (8,), (9,))
     assert plan.overload_w == 0.0
-
-
-def _awake_problem(site: SiteSpec, n: int, awake: list[int]) -> PlacementProblem:
-    """Racks 0-3 busy with a running job, racks 4-7 free on hosts that are up; every free card asleep
-    but ``awake``; one queued job of ``n`` cards."""
-    p = problem(site, [job("run", 256)], [list(range(256))])
-    asleep = np.ones(site.n_cards, dtype=bool)
-    asleep[awake] = False
-    asleep[:256] = False  # the running job's cards
-    return make_placement_problem(p, [QueuedJob(job("q", n))], card_wait_s=np.zeros(site.n_cards), card_asleep=asleep)
-
-
-@pytest.mark.parametrize(("method", "rack"), [("greedy", 6), ("auto", 6), ("milp", 4)])
-def test_a_job_that_fits_the_awake_idle_cards_lands_on_them(site: SiteSpec, method: str, rack: int) -> None:
-    """A sleeping card makes its job wait the card's wake latency (the plant: ready at host up + 5 s),
-    so a job the ready reserve (awake idle cards, here one whole host) can take goes there, not onto
-    the sleeping cards of a more compact block (the MILP: of the racks it chose, by headroom, as it
-    chooses them with hosts booting) or of a rack with more headroom (the greedy). (helper-250
-    measured 70-75% of the nominal day's placed cards asleep.)"""
-    host = list(range(rack * 64 + 24, rack * 64 + 32))
-    pp = _awake_problem(site, 8, host)
-    blind = place_jobs(dataclasses.replace(pp, card_asleep=None), method=method)
-    assert set(blind.cards["q"].tolist()) != set(host), "the block without the wake would be the reserve anyway"
-    plan = place_jobs(pp, method=method)
-    assert plan.cards["q"].tolist() == host
-    assert plan.racks["q"] == (rack,)
-
-
-@pytest.mark.parametrize("method", ["greedy", "auto"])
-def test_a_job_the_awake_cards_cannot_hold_is_placed_as_if_all_slept(site: SiteSpec, method: str) -> None:
-    """A job of more cards than the awake ones waits a wake wherever it goes: its block is the one it
-    got before the wait counted the wake (the awake cards stay for the next job, unless that block
-    holds them)."""
-    host = list(range(6 * 64 + 24, 6 * 64 + 32))
-    pp = _awake_problem(site, 24, host)
-    blind = place_jobs(dataclasses.replace(pp, card_asleep=None), method=method)
-    plan = place_jobs(pp, method=method)
-    assert plan.cards["q"].tolist() == blind.cards["q"].tolist()
